@@ -1,0 +1,203 @@
+//! Round-trips every wire type and checks that malformed encodings are rejected.
+
+use qcuda_proto::{ioctl::*, *};
+
+#[test]
+fn request_header_roundtrips() {
+    let mut h = RequestHeader::new(Op::Echo);
+    h.session = 0x1122_3344_5566_7788;
+    h.device = 3;
+    h.flags = FLAG_ASYNC;
+    h.args = [1, 2, 3, 4, 5, 6, 7, u64::MAX];
+    h.push_buffer(Direction::In, 100).unwrap();
+    h.push_buffer(Direction::Out, 100).unwrap();
+    let b = h.encode();
+    assert_eq!(b.len(), REQUEST_HEADER_SIZE);
+    let d = RequestHeader::decode(&b).unwrap();
+    assert_eq!(d, h);
+    assert_eq!(d.checked_op(), Ok(Op::Echo));
+    assert_eq!(d.totals(), (100, 100));
+}
+
+#[test]
+fn request_header_rejects_malformed() {
+    let mut h = RequestHeader::new(Op::Echo);
+    h.push_buffer(Direction::In, 8).unwrap();
+    h.push_buffer(Direction::Out, 8).unwrap();
+    let good = h.encode();
+    assert_eq!(
+        RequestHeader::decode(&good[..REQUEST_HEADER_SIZE - 1]),
+        Err(WireError::Short)
+    );
+    let mut b = good;
+    b[0] ^= 1;
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::BadMagic));
+    let mut b = good;
+    b[4] = 9;
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::BadVersion));
+    let mut b = good;
+    b[7] = 0x80;
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::Reserved));
+    let mut b = good;
+    b[12] = 9;
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::TooManyBuffers));
+    let mut b = good;
+    b[96 + 8] = 7; // bad direction of buffer 0
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::BadDirection));
+    let mut b = good;
+    b[96 + 8] = 2; // Out then In
+    b[96 + 16 + 8] = 1;
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::BadDirection));
+    let mut b = good;
+    b[96 + 7] = 0x10; // 2^60 bytes
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::BufferTooLong));
+    let mut b = good;
+    b[96 + 16 * 5] = 1; // unused slot not zero
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::Reserved));
+    let mut b = good;
+    b[28] = 1;
+    assert_eq!(RequestHeader::decode(&b), Err(WireError::Reserved));
+    // Wrong shape and unknown op decode, but are not valid ops.
+    let mut h2 = h;
+    h2.op = Op::Malloc as u32;
+    assert_eq!(
+        RequestHeader::decode(&h2.encode()).unwrap().checked_op(),
+        Err(WireError::BadShape)
+    );
+    h2.op = 0x7777;
+    assert_eq!(
+        RequestHeader::decode(&h2.encode()).unwrap().checked_op(),
+        Err(WireError::UnknownOp)
+    );
+}
+
+#[test]
+fn every_op_roundtrips_and_shapes_fit() {
+    for &op in Op::ALL {
+        assert_eq!(Op::from_u32(op as u32), Some(op));
+        let (i, o) = op.shape();
+        assert!(i + o <= MAX_BUFFERS);
+        let mut h = RequestHeader::new(op);
+        for _ in 0..i {
+            h.push_buffer(Direction::In, 1).unwrap();
+        }
+        for _ in 0..o {
+            h.push_buffer(Direction::Out, 1).unwrap();
+        }
+        assert_eq!(
+            RequestHeader::decode(&h.encode()).unwrap().checked_op(),
+            Ok(op)
+        );
+    }
+    assert!(Op::SessionClose.is_kernel_only());
+    assert!(!Op::Hello.is_kernel_only());
+}
+
+#[test]
+fn response_roundtrips() {
+    let r = ResponseHeader {
+        status: status::ILLEGAL_ADDRESS,
+        flags: RESP_FLAG_STICKY,
+        rets: [9, 8, 7, 6, 5, 4, 3],
+    };
+    let b = r.encode();
+    assert_eq!(ResponseHeader::decode(&b), Ok(r));
+    assert_eq!(ResponseHeader::decode(&b[..10]), Err(WireError::Short));
+}
+
+#[test]
+fn gpu_info_and_param_info_roundtrip() {
+    let mut g = GpuInfo {
+        total_mem: 80 << 30,
+        cc_major: 9,
+        cc_minor: 0,
+        multiprocessors: 132,
+        pci_bus: 0x1b,
+        ..GpuInfo::default()
+    };
+    g.set_name(b"NVIDIA H100 80GB HBM3");
+    g.uuid = [7; 16];
+    let d = GpuInfo::decode(&g.encode()).unwrap();
+    assert_eq!(d, g);
+    assert_eq!(d.name_bytes(), b"NVIDIA H100 80GB HBM3");
+    let mut long = GpuInfo::default();
+    long.set_name(&[b'x'; 1000]);
+    assert_eq!(long.name_bytes().len(), GPU_NAME_LEN - 1);
+    assert_eq!(GpuInfo::decode(&[0; 10]), Err(WireError::Short));
+    let p = ParamInfo {
+        offset: 16,
+        size: 8,
+    };
+    assert_eq!(ParamInfo::decode(&p.encode()), Ok(p));
+}
+
+#[test]
+fn ioctl_call_layout_matches_encoding() {
+    assert_eq!(core::mem::size_of::<IoctlCall>(), IOCTL_CALL_SIZE);
+    let mut c = IoctlCall::new(Op::Echo);
+    c.device = 1;
+    c.args[0] = 42;
+    c.push(Direction::In, 0x1000, 64).unwrap();
+    c.push(Direction::Out, 0x2000, 64).unwrap();
+    let b = c.encode();
+    // The repr(C) struct's bytes are its encoding on little-endian hosts.
+    // SAFETY: IoctlCall is repr(C), has no padding (size checked above) and is fully initialised.
+    let raw = unsafe {
+        core::slice::from_raw_parts((&c as *const IoctlCall).cast::<u8>(), IOCTL_CALL_SIZE)
+    };
+    assert_eq!(raw, &b[..]);
+    let d = IoctlCall::decode(&b).unwrap();
+    assert_eq!(d, c);
+    let h = d.header();
+    assert_eq!(h.checked_op(), Ok(Op::Echo));
+    assert_eq!(h.args[0], 42);
+    assert_eq!(IOCTL_CALL, 0xc000_5101 | ((IOCTL_CALL_SIZE as u32) << 16));
+}
+
+#[test]
+fn ioctl_call_rejects_malformed() {
+    let mut c = IoctlCall::new(Op::Echo);
+    c.push(Direction::In, 0x1000, 64).unwrap();
+    c.push(Direction::Out, 0x2000, 64).unwrap();
+    let good = c.encode();
+    let mut b = good;
+    b[4] = 0x10;
+    assert_eq!(IoctlCall::decode(&b), Err(WireError::Reserved));
+    let mut b = good;
+    b[12] = 200;
+    assert_eq!(IoctlCall::decode(&b), Err(WireError::TooManyBuffers));
+    let mut b = good;
+    b[144 + 16] = 3;
+    assert_eq!(IoctlCall::decode(&b), Err(WireError::BadDirection));
+    let mut b = good;
+    b[144 + 20] = 1;
+    assert_eq!(IoctlCall::decode(&b), Err(WireError::Reserved));
+    let mut b = good;
+    b[144 + 15] = 1;
+    assert_eq!(IoctlCall::decode(&b), Err(WireError::BufferTooLong));
+    let mut k = IoctlCall::new(Op::SessionClose);
+    k.nbufs = 0;
+    assert_eq!(IoctlCall::decode(&k.encode()), Err(WireError::UnknownOp));
+    let mut s = IoctlCall::new(Op::Malloc);
+    s.push(Direction::In, 0, 1).unwrap();
+    assert_eq!(IoctlCall::decode(&s.encode()), Err(WireError::BadShape));
+}
+
+#[test]
+fn checksum_is_split_invariant() {
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+    let whole = Checksum::of(&data);
+    for split in [0, 1, 3, 7, 8, 9, 4095, 9999, 10_000] {
+        let mut c = Checksum::new();
+        c.update(&data[..split]);
+        c.update(&data[split..]);
+        assert_eq!(c.finish(), whole, "split at {split}");
+    }
+    let mut c = Checksum::new();
+    for b in &data {
+        c.update(core::slice::from_ref(b));
+    }
+    assert_eq!(c.finish(), whole);
+    assert_ne!(Checksum::of(&data[..9999]), whole);
+    assert_ne!(Checksum::of(&[0]), Checksum::of(&[0, 0]));
+}

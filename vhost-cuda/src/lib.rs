@@ -1,0 +1,2 @@
+//! vhost-cuda: a vhost-user backend that executes qcuda requests on the host GPU.
+pub mod guest_buffer;
