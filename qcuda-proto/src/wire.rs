@@ -196,7 +196,8 @@ macro_rules! ops {
 
 ops! {
     /// Handshake. args[0] = guest wire version. rets[0] = host wire version,
-    /// rets[1] = number of GPUs, rets[2] = driver version (0: no driver).
+    /// rets[1] = number of GPUs, rets[2] = driver version (0: no driver),
+    /// rets[3] = sessions open on this device connection, the caller's included.
     Hello = 0x0001, ins 0, outs 0;
     /// Transport self-test: the device copies in-buffer 0 to out-buffer 0 (same length) and
     /// returns rets[0] = checksum of the bytes it read.

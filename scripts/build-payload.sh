@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# build-payload.sh: builds the guest user space that rides on top of the base initramfs and packs
+# it as build/guest/payload.cpio.gz (Linux unpacks concatenated cpio archives in order):
+#
+#   /usr/lib/qcuda/libcudart.so.13   guest-lib, our CUDA runtime
+#   /usr/bin/qcuda-smi               the guest CLI (host GPUs, transport self-test, stress)
+#   /opt/qcuda/tests/*               the CUDA test programs of tests/cuda (nvcc --cudart=shared)
+#   /opt/qcuda/bin/*                 the guest-side test scripts of tests/guest
+#
+# Everything is built on this machine (Debian 12); the base initramfs carries its glibc.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=$ROOT/build/guest
+cd "$ROOT"
+say() { printf '[build-payload] %s\n' "$*" >&2; }
+
+lib=$(guest-lib/build.sh | tail -n 1)
+cargo build --release -q -p qcuda-smi
+tests_dir=$(scripts/build-cuda-tests.sh | tail -n 1)
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+install -D -m 755 "$lib" "$stage/usr/lib/qcuda/libcudart.so.13"
+install -D -m 755 target/release/qcuda-smi "$stage/usr/bin/qcuda-smi"
+mkdir -p "$stage/opt/qcuda/tests" "$stage/opt/qcuda/bin"
+find "$tests_dir" -maxdepth 1 -type f -perm -u+x -exec cp {} "$stage/opt/qcuda/tests/" \;
+if [[ -d tests/guest ]]; then
+    find tests/guest -maxdepth 1 -type f -exec install -m 755 {} "$stage/opt/qcuda/bin/" \;
+fi
+mkdir -p "$OUT"
+(cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet | gzip -6) \
+    >"$OUT/payload.cpio.gz.tmp"
+mv "$OUT/payload.cpio.gz.tmp" "$OUT/payload.cpio.gz"
+say "payload: $(du -h "$OUT/payload.cpio.gz" | cut -f1), $(find "$stage" -type f | wc -l) files"
+echo "$OUT/payload.cpio.gz"

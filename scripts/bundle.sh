@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# bundle.sh: packs a relocatable release tarball, dist/qcuda-bundle.tar.gz, unpacking to qcuda/:
+#
+#   run-vm.sh                 the same runner as scripts/run-vm.sh (it detects this layout)
+#   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
+#   bin/vhost-cuda            the host daemon
+#   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
+#   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests)
+#   native-tests/             the CUDA test programs, for native runs against the host's CUDA
+#
+# It runs on any x86-64 Linux with glibc >= 2.34 and nothing else installed. Build everything
+# first (scripts/test.sh or scripts/demo.sh do); this script only packs.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+say() { printf '[bundle] %s\n' "$*" >&2; }
+for f in build/qemu/bin/qemu-system-x86_64 build/guest/bzImage build/guest/initramfs.cpio.gz \
+    build/guest/payload.cpio.gz target/release/vhost-cuda; do
+    [[ -e $f ]] || { say "missing $f: build first"; exit 1; }
+done
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+B=$stage/qcuda
+mkdir -p "$B/bin" "$B/qemu/bin" "$B/qemu/lib" "$B/qemu/share" "$B/guest" "$B/native-tests"
+install -m 755 scripts/run-vm.sh "$B/run-vm.sh"
+install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
+install -m 755 target/release/vhost-cuda "$B/bin/"
+strip "$B/bin/vhost-cuda"
+qemu=$(readlink -f build/qemu/bin/qemu-system-x86_64)
+install -m 755 "$qemu" "$B/qemu/bin/qemu-system-x86_64"
+# Every shared library but glibc's own travels with QEMU.
+ldd "$qemu" | awk '/=> \// {print $3}' | while read -r lib; do
+    case $(basename "$lib") in
+    libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libresolv.so*) ;;
+    *) cp -L "$lib" "$B/qemu/lib/" ;;
+    esac
+done
+cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
+cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
+[[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
+git rev-parse --short HEAD >"$B/VERSION" 2>/dev/null || echo unknown >"$B/VERSION"
+mkdir -p dist
+tar -C "$stage" -czf dist/qcuda-bundle.tar.gz qcuda
+size=$(stat -c %s dist/qcuda-bundle.tar.gz)
+say "dist/qcuda-bundle.tar.gz: $((size / 1024 / 1024)) MiB"
+((size < 60 * 1024 * 1024)) || { say "bundle is over 60 MiB"; exit 1; }
+echo "$ROOT/dist/qcuda-bundle.tar.gz"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# setup.sh: the system packages every qcuda build step shares, on Debian 12 (as root).
+# The heavy builds (build-qemu.sh, build-guest.sh) install their own extra dependencies.
+set -euo pipefail
+need=(build-essential pkg-config cpio gzip python3-venv python3-pip binutils file procps)
+missing=()
+for p in "${need[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+command -v cargo >/dev/null || { echo "setup: cargo (Rust >= 1.85) is required on PATH" >&2; exit 1; }
+cargo clippy --version >/dev/null && cargo fmt --version >/dev/null
+echo "setup: ok ($(cargo --version))"

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# test.sh: the qcuda test suite. README's test command; .ci/run calls exactly this.
+#
+# 1. setup and static checks: cargo fmt, clippy -D warnings, cargo test (unit, fuzz, protocol)
+# 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, guest payload
+#    (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
+# 3. the real stack: QEMU lists the device; a TCG guest sees it, loads qcuda.ko, runs the
+#    transport self-test, the concurrency and kill tests, and every CUDA test program against
+#    our libcudart.so.13 (on a host without a GPU they must report "no device" cleanly)
+# 4. the daemon's bad-input handling, and the relocatable bundle booting from a fresh folder
+#
+# Ends with "N passed, N failed, N skipped"; exits non-zero if anything failed.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+export CARGO_TERM_COLOR=never
+LOGS=$ROOT/build/test-logs
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+passed=0 failed=0 skipped=0 failures=()
+
+ok() { printf 'ok      %s\n' "$1"; passed=$((passed + 1)); }
+bad() { printf 'FAILED  %s\n' "$1"; failed=$((failed + 1)); failures+=("$1"); }
+skip() { printf 'skipped: %s\n' "$1"; skipped=$((skipped + 1)); }
+# step NAME CMD...: runs CMD with its output in a log; shows the log's tail on failure.
+step() {
+    local name=$1 log
+    shift
+    log=$LOGS/$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-60).log
+    local t0=$SECONDS
+    if "$@" >"$log" 2>&1; then
+        ok "$name ($((SECONDS - t0))s)"
+        return 0
+    fi
+    bad "$name ($((SECONDS - t0))s, log: ${log#"$ROOT"/})"
+    tail -n 40 "$log" | sed 's/^/    | /'
+    return 1
+}
+finish() {
+    echo
+    ((failed == 0)) || printf 'failed: %s\n' "${failures[@]}"
+    echo "$passed passed, $failed failed, $skipped skipped"
+    ((failed == 0))
+    exit $?
+}
+
+have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
+
+echo "== setup and static checks"
+step "setup: system packages" scripts/setup.sh || finish
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo test (unit, fuzz, vhost-user protocol)" cargo test --workspace --locked
+grep -E '^test result|skipped: no GPU' "$LOGS"/cargo_test*.log | sed 's/^[^:]*:/    /' | sort | uniq -c | sed 's/^/  /'
+grep -q 'skipped: no GPU' "$LOGS"/cargo_test*.log && skip "vhost-cuda GPU executor test (no GPU on this host)"
+
+echo "== builds"
+t_build=$SECONDS
+step "build patched QEMU" scripts/build-qemu.sh || finish
+step "build guest kernel, qcuda.ko, initramfs" scripts/build-guest.sh || finish
+step "build vhost-cuda (release)" cargo build --release --locked -p vhost-cuda || finish
+step "build guest payload (guest-lib, qcuda-smi, CUDA tests)" scripts/build-payload.sh || finish
+step "libcudart.so.13 exports match the version map" guest-lib/check-symbols.sh
+echo "   builds took $((SECONDS - t_build))s"
+
+echo "== the real stack"
+QEMU=build/qemu/bin/qemu-system-x86_64
+step "qemu -device help lists vhost-user-cuda-pci" sh -c "$QEMU -device help | grep -q '\"vhost-user-cuda-pci\"'"
+
+# One guest boot per suite; CHECK lines from inside the guest become results here.
+guest_suite() { # name, guest command
+    local name=$1 cmd=$2 dir=$LOGS/vm-$1 rc=0
+    mkdir -p "$dir"
+    local t0=$SECONDS
+    scripts/run-vm.sh --log-dir "$dir" --timeout 1200 -- "$cmd" >"$dir/console.log" 2>&1 || rc=$?
+    echo "   guest '$name' ran in $((SECONDS - t0))s (exit $rc)"
+    local line
+    while IFS= read -r line; do
+        case $line in
+        "CHECK ok "*) ok "guest: ${line#CHECK ok }" ;;
+        "CHECK SKIP "*) skip "guest: ${line#CHECK SKIP }" ;;
+        "CHECK FAIL "*) bad "guest: ${line#CHECK FAIL }" ;;
+        esac
+    done <"$dir/console.log"
+    grep -q '^CHECK ' "$dir/console.log" || { bad "guest '$name' produced no checks"; tail -n 30 "$dir/console.log" | sed 's/^/    | /'; }
+    grep -A40 '^CHECK FAIL' "$dir/console.log" | sed 's/^/    | /' | head -n 80
+    return $rc
+}
+daemon_logged() { grep -q "$2" "$LOGS/vm-$1/daemon.log"; }
+no_leftovers() { ! pgrep -f "qcuda-vm\.[A-Za-z0-9]{6}/" >/dev/null; }
+
+t_vm=$SECONDS
+guest_suite transport /opt/qcuda/bin/check-transport
+step "daemon log: negotiated features" daemon_logged transport 'acked features'
+step "daemon log: SET_MEM_TABLE" daemon_logged transport 'SET_MEM_TABLE'
+step "daemon log: every session closed" sh -c "grep 'sessions open:' '$LOGS/vm-transport/daemon.log' | tail -n 1 | grep -q 'sessions open: 0'"
+
+if have_gpu; then
+    guest_suite cuda /opt/qcuda/bin/check-cuda
+else
+    # No GPU: every program must load our library, see cudaErrorNoDevice with count 0, and say so.
+    mkdir -p "$LOGS/vm-cuda"
+    scripts/run-vm.sh --log-dir "$LOGS/vm-cuda" --timeout 900 -- /opt/qcuda/bin/check-cuda \
+        >"$LOGS/vm-cuda/console.log" 2>&1
+    n=$(grep -c '^CHECK SKIP cuda/' "$LOGS/vm-cuda/console.log")
+    nodev=$(grep -c '^SKIP .*no CUDA device (cudaErrorNoDevice)' "$LOGS/vm-cuda/console.log")
+    total=$(find build/cuda-tests -maxdepth 1 -type f -perm -u+x | wc -l)
+    if ((total > 0 && n == total && nodev == total)); then
+        ok "guest: all $total CUDA programs load libcudart.so.13 and report cudaErrorNoDevice"
+    else
+        bad "guest: CUDA programs without a GPU ($n of $total skipped, $nodev said cudaErrorNoDevice)"
+        grep -E '^(---|CHECK|SKIP|FAIL|PASS)' "$LOGS/vm-cuda/console.log" | sed 's/^/    | /' | head -n 40
+    fi
+    skip "CUDA programs computing on the GPU: no GPU (run scripts/bundle.sh and run-gpu-tests.sh on a GPU host)"
+fi
+echo "   VM part took $((SECONDS - t_vm))s"
+step "no qemu or vhost-cuda process left behind" no_leftovers
+
+echo "== bad input"
+step "daemon: missing socket directory is a clear error" sh -c \
+    'out=$(target/release/vhost-cuda --socket-path /nonexistent/dir/s.sock 2>&1); rc=$?; echo "$out"; [ $rc -ne 0 ] && echo "$out" | grep -qi "directory"'
+in_use() {
+    local d
+    d=$(mktemp -d)
+    target/release/vhost-cuda --socket-path "$d/s.sock" >"$d/a.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 50); do [ -S "$d/s.sock" ] && break; sleep 0.1; done
+    local rc=0
+    timeout 10 target/release/vhost-cuda --socket-path "$d/s.sock" >"$d/b.log" 2>&1 || rc=$?
+    kill "$pid"
+    wait "$pid" 2>/dev/null
+    cat "$d/b.log"
+    rm -rf "$d"
+    [ $rc -ne 0 ] && [ $rc -ne 124 ]
+}
+step "daemon: socket path already in use is a clear error" in_use
+
+echo "== release bundle"
+bundle_boots() {
+    local d tarball
+    tarball=$(scripts/bundle.sh | tail -n 1) || return 1
+    d=$(mktemp -d)
+    tar -xzf "$tarball" -C "$d"
+    echo "bundle: $tarball ($(du -h "$tarball" | cut -f1))"
+    # Out of reach: the repo's builds, the host's QEMU, Rust and everything else on PATH.
+    (cd / && env -i PATH=/usr/bin:/bin HOME="$d" TMPDIR="$d" "$d"/qcuda/run-vm.sh --timeout 300 -- \
+        'insmod /lib/modules/qcuda.ko && qcuda-smi && echo BUNDLE-OK')
+    local rc=$?
+    rm -rf "$d"
+    return $rc
+}
+step "bundle unpacked in a fresh folder boots and loads qcuda.ko" bundle_boots
+grep -q 'BUNDLE-OK' "$LOGS"/bundle*.log 2>/dev/null || true
+finish
