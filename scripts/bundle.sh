@@ -4,6 +4,7 @@
 #   run-vm.sh                 the same runner as scripts/run-vm.sh (it detects this layout)
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
 #   bin/vhost-cuda            the host daemon
+#   bin/busybox               static busybox (cpio for run-vm.sh where the host has none)
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
 #   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
@@ -26,6 +27,8 @@ install -m 755 scripts/run-vm.sh "$B/run-vm.sh"
 install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
+# run-vm.sh packs small initramfs archives; a bare GPU host may have no cpio.
+install -m 755 "$(command -v busybox)" "$B/bin/busybox"
 qemu=$(readlink -f build/qemu/bin/qemu-system-x86_64)
 install -m 755 "$qemu" "$B/qemu/bin/qemu-system-x86_64"
 # Every shared library but glibc's own travels with QEMU.

@@ -35,7 +35,7 @@ for t in "$B"/native-tests/*; do
     LD_LIBRARY_PATH=$cudart "$t" >"$logs/native-$n.log" 2>&1
     rc=$?
     e=$(date +%s.%N)
-    printf '%s %s\n' "$n" "$(echo "$e - $s" | bc)" >>"$logs/native-times"
+    awk -v n="$n" -v s="$s" -v e="$e" 'BEGIN { printf "%s %.3f\n", n, e - s }' >>"$logs/native-times"
     case $rc in 0) res ok "native/$n" ;; *) res FAIL "native/$n (exit $rc)"; tail -n 5 "$logs/native-$n.log" ;; esac
 done
 

@@ -97,7 +97,11 @@ trap cleanup EXIT
 trap 'say "interrupted"; exit 130' INT TERM
 
 # --- initramfs: base + payloads + extra files + the command ---------------------------------
-cpio_of_dir() { (cd "$1" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet | gzip -1); }
+# A GPU host may lack cpio: the bundle carries a static busybox for it. Linux takes concatenated
+# archives, compressed or not, so the small ones built here stay uncompressed.
+if command -v cpio >/dev/null; then CPIO=(cpio); elif [[ -x $ROOT/bin/busybox ]]; then CPIO=("$ROOT/bin/busybox" cpio); else
+    fail "need cpio (or the bundle's bin/busybox)"; fi
+cpio_of_dir() { (cd "$1" && find . -mindepth 1 | LC_ALL=C sort | "${CPIO[@]}" -o -H newc -R 0:0 2>/dev/null); }
 extra=$work/extra
 mkdir -p "$extra"
 for spec in "${adds[@]}"; do
