@@ -1,0 +1,238 @@
+//! Device management: count, selection, properties, attributes, versions, flags,
+//! synchronisation, reset, memory info.
+
+use core::ffi::{c_char, c_int, c_uint};
+
+use qcuda_proto::Op;
+
+use super::write_out;
+use crate::{
+    cuda_error::CudaError,
+    devices,
+    generated::{
+        cudaDeviceAttr, cudaDeviceLmemResizeToMax, cudaDeviceMapHost, cudaDeviceProp,
+        cudaDeviceScheduleMask, cudaDeviceSyncMemops, CUDART_VERSION,
+    },
+    runtime::{current, non_null, registry, runtime},
+    transport::Call,
+};
+
+/// Flags `cudaSetDeviceFlags` accepts.
+const DEVICE_FLAGS: u32 =
+    cudaDeviceScheduleMask | cudaDeviceMapHost | cudaDeviceLmemResizeToMax | cudaDeviceSyncMemops;
+
+/// `cudaInitDeviceFlagsAreValid`: `cudaInitDevice`'s `deviceFlags` are to be applied.
+const INIT_DEVICE_FLAGS_ARE_VALID: u32 = 1;
+
+/// Validates device flags: known bits, at most one scheduling mode.
+fn check_device_flags(flags: u32) -> Result<u32, CudaError> {
+    if flags & !DEVICE_FLAGS != 0 || (flags & cudaDeviceScheduleMask).count_ones() > 1 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    Ok(flags)
+}
+
+/// `bus`/`device`/`domain` of a device in CUDA's "domain:bus:device.function" form.
+fn pci_bus_id(domain: i32, bus: i32, device: i32) -> String {
+    format!("{domain:04x}:{bus:02x}:{device:02x}.0")
+}
+
+/// Parses "[domain:]bus:device[.function]" (hex), as `cudaDeviceGetByPCIBusId` accepts it.
+fn parse_pci_bus_id(s: &str) -> Option<(i32, i32, i32)> {
+    let s = s.split('.').next()?;
+    let parts: Vec<&str> = s.split(':').collect();
+    let hex = |p: &str| i32::from_str_radix(p, 16).ok();
+    match parts[..] {
+        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
+        [bus, device] => Some((0, hex(bus)?, hex(device)?)),
+        _ => None,
+    }
+}
+
+cuda_api! {
+    /// `cudaGetDeviceCount`: without a qcuda device, `*count` is 0 and the result
+    /// `cudaErrorNoDevice` (or the host's reason, e.g. `cudaErrorInsufficientDriver`).
+    fn cudaGetDeviceCount(count: *mut c_int) {
+        non_null(count)?;
+        let rt = runtime();
+        let n = rt.map_or(0, |rt| rt.devices.count());
+        // SAFETY: `count` is non-null and writable (API contract).
+        unsafe { write_out(count, n as c_int)? };
+        rt?.devices.any()
+    }
+
+    /// `cudaSetDevice`: validates the ordinal and makes it the thread's current device.
+    fn cudaSetDevice(device: c_int) {
+        let d = runtime()?.devices.check(device)?;
+        devices::set_current(d);
+        Ok(())
+    }
+
+    /// `cudaGetDevice`.
+    fn cudaGetDevice(device: *mut c_int) {
+        non_null(device)?;
+        let (_, d) = current()?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(device, d as c_int) }
+    }
+
+    /// `cudaInitDevice`: validates the device and applies `deviceFlags` when asked to.
+    fn cudaInitDevice(device: c_int, deviceFlags: c_uint, flags: c_uint) {
+        let rt = runtime()?;
+        let d = rt.devices.check(device)?;
+        if flags & !INIT_DEVICE_FLAGS_ARE_VALID != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        if flags & INIT_DEVICE_FLAGS_ARE_VALID != 0 {
+            rt.devices.set_flags(d, check_device_flags(deviceFlags)?);
+        }
+        Ok(())
+    }
+
+    /// `cudaGetDeviceProperties`: the host's record and attributes of `device`; capabilities
+    /// qcuda cannot carry into the guest read as 0 (device_prop.rs).
+    fn cudaGetDeviceProperties(prop: *mut cudaDeviceProp, device: c_int) {
+        non_null(prop)?;
+        let rt = runtime()?;
+        let d = rt.devices.check(device)?;
+        let p = rt.devices.properties(&rt.session, d)?;
+        // SAFETY: non-null and writable for a cudaDeviceProp (API contract).
+        unsafe { write_out(prop, p) }
+    }
+
+    /// `cudaDeviceGetAttribute`: `cudaDeviceAttr` values are the driver's attribute ids.
+    fn cudaDeviceGetAttribute(value: *mut c_int, attr: cudaDeviceAttr, device: c_int) {
+        non_null(value)?;
+        let rt = runtime()?;
+        let d = rt.devices.check(device)?;
+        let v = rt.devices.attribute(&rt.session, d, attr)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(value, v) }
+    }
+
+    /// `cudaDeviceGetPCIBusId`: "domain:bus:device.function" in hex, truncated to `len`.
+    fn cudaDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, device: c_int) {
+        non_null(pciBusId)?;
+        let len = usize::try_from(len).ok().filter(|&l| l > 0).ok_or(CudaError::INVALID_VALUE)?;
+        let rt = runtime()?;
+        let d = rt.devices.check(device)?;
+        let info = rt.devices.info(&rt.session, d)?;
+        let id = pci_bus_id(info.pci_domain, info.pci_bus, info.pci_device);
+        let n = id.len().min(len - 1);
+        // SAFETY: `pciBusId` is writable for `len` bytes (API contract); we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(id.as_ptr().cast::<c_char>(), pciBusId, n);
+            pciBusId.add(n).write(0);
+        }
+        Ok(())
+    }
+
+    /// `cudaDeviceGetByPCIBusId`.
+    fn cudaDeviceGetByPCIBusId(device: *mut c_int, pciBusId: *const c_char) {
+        non_null(device)?;
+        non_null(pciBusId)?;
+        // SAFETY: a NUL-terminated string (API contract).
+        let s = unsafe { std::ffi::CStr::from_ptr(pciBusId) };
+        let want = s.to_str().ok().and_then(parse_pci_bus_id).ok_or(CudaError::INVALID_VALUE)?;
+        let rt = runtime()?;
+        for d in 0..rt.devices.count() {
+            let info = rt.devices.info(&rt.session, d)?;
+            if (info.pci_domain, info.pci_bus, info.pci_device) == want {
+                // SAFETY: non-null and writable (API contract).
+                return unsafe { write_out(device, d as c_int) };
+            }
+        }
+        Err(CudaError::INVALID_DEVICE)
+    }
+
+    /// `cudaDeviceCanAccessPeer`: peer access does not cross qcuda, so always 0.
+    fn cudaDeviceCanAccessPeer(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) {
+        non_null(canAccessPeer)?;
+        let rt = runtime()?;
+        rt.devices.check(device)?;
+        rt.devices.check(peerDevice)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(canAccessPeer, 0) }
+    }
+
+    /// `cudaDriverGetVersion`: the host driver's version; 0 (and success) without a device, as
+    /// NVIDIA's runtime answers without a driver.
+    fn cudaDriverGetVersion(driverVersion: *mut c_int) {
+        non_null(driverVersion)?;
+        let v = runtime().map_or(0, |rt| rt.session.host().driver_version);
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(driverVersion, v) }
+    }
+
+    /// `cudaRuntimeGetVersion`: 13000, the CUDA runtime release this library stands in for.
+    fn cudaRuntimeGetVersion(runtimeVersion: *mut c_int) {
+        // SAFETY: writable when non-null (API contract).
+        unsafe { write_out(runtimeVersion, CUDART_VERSION as c_int) }
+    }
+
+    /// `cudaSetDeviceFlags`: recorded for `cudaGetDeviceFlags`. The host schedules its own
+    /// context, so the scheduling flags do not change how the guest waits.
+    fn cudaSetDeviceFlags(flags: c_uint) {
+        let (rt, d) = current()?;
+        rt.devices.set_flags(d, check_device_flags(flags)?);
+        Ok(())
+    }
+
+    /// `cudaGetDeviceFlags`.
+    fn cudaGetDeviceFlags(flags: *mut c_uint) {
+        non_null(flags)?;
+        let (rt, d) = current()?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(flags, rt.devices.flags(d)) }
+    }
+
+    /// `cudaDeviceSynchronize`: waits for all work of this process on the current device;
+    /// reports failures of earlier fire-and-forget work.
+    fn cudaDeviceSynchronize() {
+        let (rt, d) = current()?;
+        rt.session.submit(Call::new(Op::DeviceSynchronize, d))?;
+        Ok(())
+    }
+
+    /// `cudaDeviceReset`: frees everything of this process on the current device and clears its
+    /// sticky error.
+    fn cudaDeviceReset() {
+        let (rt, d) = current()?;
+        rt.reset_device(registry(), d)
+    }
+
+    /// `cudaMemGetInfo`.
+    fn cudaMemGetInfo(free: *mut usize, total: *mut usize) {
+        non_null(free)?;
+        non_null(total)?;
+        let (rt, d) = current()?;
+        let reply = rt.session.submit(Call::new(Op::MemGetInfo, d))?;
+        // SAFETY: both non-null and writable (API contract).
+        unsafe {
+            write_out(free, reply.rets[0] as usize)?;
+            write_out(total, reply.rets[1] as usize)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pci_bus_ids_round_trip() {
+        assert_eq!(pci_bus_id(0, 0x65, 0), "0000:65:00.0");
+        assert_eq!(parse_pci_bus_id("0000:65:00.0"), Some((0, 0x65, 0)));
+        assert_eq!(parse_pci_bus_id("00000001:0A:1f"), Some((1, 0xa, 0x1f)));
+        assert_eq!(parse_pci_bus_id("65:00.0"), Some((0, 0x65, 0)));
+        assert_eq!(parse_pci_bus_id("garbage"), None);
+    }
+
+    #[test]
+    fn device_flags_are_validated() {
+        assert_eq!(check_device_flags(0), Ok(0));
+        assert_eq!(check_device_flags(4 | 8), Ok(12));
+        assert_eq!(check_device_flags(1 | 2), Err(CudaError::INVALID_VALUE));
+        assert_eq!(check_device_flags(0x100), Err(CudaError::INVALID_VALUE));
+    }
+}

@@ -1,0 +1,150 @@
+//! The hidden registration API nvcc 13 emits into every program (crt/host_runtime.h): static
+//! constructors call `__cudaRegisterFatBinary`, then `__cudaRegisterFunction`/`__cudaRegisterVar`
+//! per kernel/variable, then `__cudaRegisterFatBinaryEnd`; `atexit` calls
+//! `__cudaUnregisterFatBinary`.
+//!
+//! All of this runs before `main`, so it only records (registry.rs): it never opens the device,
+//! never fails visibly, and works without a GPU. Modules are loaded at first use (modules.rs).
+//! None of these functions returns a `cudaError_t`: they return `void`, `void **` or `char`.
+
+use core::ffi::{c_char, c_int, c_void, CStr};
+
+use crate::{
+    fatbin,
+    generated::{dim3, uint3},
+    modules,
+    runtime::{registry, runtime_if_connected},
+    warnings::warn_once,
+};
+
+/// `__cudaRegisterFatBinary(void *fatCubin)`: records the embedded image and returns the fatbin
+/// handle (`void **`) that the other registration calls receive. The handle is never
+/// dereferenced by the application.
+///
+/// # Safety
+/// `fatCubin` is the `__fatBinC_Wrapper_t` nvcc emitted; its image stays mapped until
+/// `__cudaUnregisterFatBinary`.
+#[no_mangle]
+pub unsafe extern "C" fn __cudaRegisterFatBinary(fatCubin: *mut c_void) -> *mut *mut c_void {
+    // SAFETY: forwarded contract: nvcc's wrapper, whose data lives in a read-only section of the
+    // application or library for as long as it is registered.
+    let image = unsafe { fatbin::image_from_wrapper(fatCubin) };
+    registry().register_fatbin(image) as *mut *mut c_void
+}
+
+/// `__cudaRegisterFatBinaryEnd`: nothing to do, since modules load lazily.
+///
+/// # Safety
+/// Any value is accepted.
+#[no_mangle]
+pub unsafe extern "C" fn __cudaRegisterFatBinaryEnd(_fatCubinHandle: *mut *mut c_void) {}
+
+/// `__cudaUnregisterFatBinary`: forgets the image and its kernels and variables, and unloads its
+/// modules if any were loaded (never connecting just for that).
+///
+/// # Safety
+/// Any value is accepted; unknown handles are ignored.
+#[no_mangle]
+pub unsafe extern "C" fn __cudaUnregisterFatBinary(fatCubinHandle: *mut *mut c_void) {
+    if let Some(fatbin) = registry().unregister_fatbin(fatCubinHandle as usize) {
+        if let Some(rt) = runtime_if_connected() {
+            modules::unload(rt, fatbin);
+        }
+    }
+}
+
+/// `__cudaRegisterFunction`: records host stub `hostFun` → kernel `deviceName` in that image.
+/// The remaining arguments are always -1/null from nvcc and unused.
+///
+/// # Safety
+/// `deviceName` is null or a NUL-terminated string.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn __cudaRegisterFunction(
+    fatCubinHandle: *mut *mut c_void,
+    hostFun: *const c_char,
+    _deviceFun: *mut c_char,
+    deviceName: *const c_char,
+    _thread_limit: c_int,
+    _tid: *mut uint3,
+    _bid: *mut uint3,
+    _bDim: *mut dim3,
+    _gDim: *mut dim3,
+    _wSize: *mut c_int,
+) {
+    if hostFun.is_null() || deviceName.is_null() {
+        warn_once!("__cudaRegisterFunction called without a host function or name; ignored");
+        return;
+    }
+    // SAFETY: non-null and NUL-terminated (nvcc passes a string literal).
+    let name = unsafe { CStr::from_ptr(deviceName) };
+    if !registry().register_function(fatCubinHandle as usize, hostFun as usize, name) {
+        warn_once!("__cudaRegisterFunction with an unknown fatbin handle; kernel {name:?} ignored");
+    }
+}
+
+/// `__cudaRegisterVar`: records host shadow `hostVar` → device variable `deviceName` of `size`
+/// bytes (`constant`: `__constant__`).
+///
+/// # Safety
+/// `deviceName` is null or a NUL-terminated string.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn __cudaRegisterVar(
+    fatCubinHandle: *mut *mut c_void,
+    hostVar: *mut c_char,
+    _deviceAddress: *mut c_char,
+    deviceName: *const c_char,
+    _ext: c_int,
+    size: usize,
+    constant: c_int,
+    _global: c_int,
+) {
+    if hostVar.is_null() || deviceName.is_null() {
+        warn_once!("__cudaRegisterVar called without a host variable or name; ignored");
+        return;
+    }
+    // SAFETY: non-null and NUL-terminated (nvcc passes a string literal).
+    let name = unsafe { CStr::from_ptr(deviceName) };
+    let handle = fatCubinHandle as usize;
+    if !registry().register_var(handle, hostVar as usize, name, size, constant != 0) {
+        warn_once!("__cudaRegisterVar with an unknown fatbin handle; variable {name:?} ignored");
+    }
+}
+
+/// `__cudaRegisterManagedVar`: `__managed__` variables are not supported yet. Registration
+/// cannot fail, so this warns (once) and leaves the variable unbound; the program fails when it
+/// touches the variable, not merely because it declares one.
+///
+/// # Safety
+/// `deviceName` is null or a NUL-terminated string.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn __cudaRegisterManagedVar(
+    _fatCubinHandle: *mut *mut c_void,
+    _hostVarPtrAddress: *mut *mut c_void,
+    _deviceAddress: *mut c_char,
+    deviceName: *const c_char,
+    _ext: c_int,
+    _size: usize,
+    _constant: c_int,
+    _global: c_int,
+) {
+    let name = if deviceName.is_null() {
+        c"?"
+    } else {
+        // SAFETY: non-null and NUL-terminated (nvcc passes a string literal).
+        unsafe { CStr::from_ptr(deviceName) }
+    };
+    warn_once!("__cudaRegisterManagedVar: __managed__ variables (here {name:?}) are not supported");
+}
+
+/// `__cudaInitModule`: initialises the managed-memory runtime for an image, returning `char`
+/// (nonzero on success). Managed memory is not supported, so it reports 0.
+///
+/// # Safety
+/// Any value is accepted.
+#[no_mangle]
+pub unsafe extern "C" fn __cudaInitModule(_fatCubinHandle: *mut *mut c_void) -> c_char {
+    0
+}

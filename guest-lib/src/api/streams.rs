@@ -1,0 +1,173 @@
+//! Streams: create, destroy, synchronise, query, wait for an event, and the read-only queries
+//! answered from the guest's own records. The `_ptsz` exports are the per-thread-default-stream
+//! spellings; qcuda sends that stream to the host's legacy stream (streams.rs at the crate root).
+
+use core::ffi::{c_int, c_uint};
+
+use super::write_out;
+use crate::{
+    cuda_error::CudaResult,
+    generated::{cudaEvent_t, cudaStreamCaptureStatus, cudaStreamCaptureStatusNone, cudaStream_t},
+    runtime::{current, non_null},
+};
+
+fn synchronize(stream: cudaStream_t) -> CudaResult<()> {
+    let (rt, _) = current()?;
+    rt.streams.synchronize(&rt.session, stream as usize)
+}
+
+fn query(stream: cudaStream_t) -> CudaResult<()> {
+    let (rt, _) = current()?;
+    rt.streams.query(&rt.session, stream as usize)
+}
+
+fn wait_event(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) -> CudaResult<()> {
+    let (rt, _) = current()?;
+    rt.events.stream_wait(
+        &rt.session,
+        &rt.streams,
+        stream as usize,
+        event as usize,
+        flags,
+    )
+}
+
+unsafe fn get_flags(stream: cudaStream_t, flags: *mut c_uint) -> CudaResult<()> {
+    non_null(flags)?;
+    let (rt, _) = current()?;
+    let s = rt.streams.info(stream as usize)?;
+    // SAFETY: non-null and writable (API contract).
+    unsafe { write_out(flags, s.flags) }
+}
+
+unsafe fn get_priority(stream: cudaStream_t, priority: *mut c_int) -> CudaResult<()> {
+    non_null(priority)?;
+    let (rt, _) = current()?;
+    let s = rt.streams.info(stream as usize)?;
+    // SAFETY: non-null and writable (API contract).
+    unsafe { write_out(priority, s.priority) }
+}
+
+unsafe fn get_device(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()> {
+    non_null(device)?;
+    let (rt, _) = current()?;
+    let s = rt.streams.info(stream as usize)?;
+    // SAFETY: non-null and writable (API contract).
+    unsafe { write_out(device, s.device as c_int) }
+}
+
+unsafe fn is_capturing(
+    stream: cudaStream_t,
+    status: *mut cudaStreamCaptureStatus,
+) -> CudaResult<()> {
+    non_null(status)?;
+    let (rt, _) = current()?;
+    rt.streams.info(stream as usize)?;
+    // Stream capture is not supported, so no stream is ever capturing.
+    // SAFETY: non-null and writable (API contract).
+    unsafe { write_out(status, cudaStreamCaptureStatusNone) }
+}
+
+unsafe fn create(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> CudaResult<()> {
+    non_null(stream)?;
+    let (rt, d) = current()?;
+    let h = rt.streams.create(&rt.session, d, flags, priority)?;
+    // SAFETY: non-null and writable (API contract).
+    unsafe { write_out(stream, h as cudaStream_t) }
+}
+
+cuda_api! {
+    /// `cudaStreamCreate`.
+    fn cudaStreamCreate(pStream: *mut cudaStream_t) {
+        // SAFETY: forwarded API contract.
+        unsafe { create(pStream, 0, 0) }
+    }
+
+    /// `cudaStreamCreateWithFlags`.
+    fn cudaStreamCreateWithFlags(pStream: *mut cudaStream_t, flags: c_uint) {
+        // SAFETY: forwarded API contract.
+        unsafe { create(pStream, flags, 0) }
+    }
+
+    /// `cudaStreamCreateWithPriority`: the host clamps the priority to the device's range.
+    fn cudaStreamCreateWithPriority(pStream: *mut cudaStream_t, flags: c_uint, priority: c_int) {
+        // SAFETY: forwarded API contract.
+        unsafe { create(pStream, flags, priority) }
+    }
+
+    /// `cudaStreamDestroy`.
+    fn cudaStreamDestroy(stream: cudaStream_t) {
+        let (rt, _) = current()?;
+        rt.streams.destroy(&rt.session, stream as usize)
+    }
+
+    /// `cudaStreamSynchronize`.
+    fn cudaStreamSynchronize(stream: cudaStream_t) { synchronize(stream) }
+
+    /// `cudaStreamSynchronize` (per-thread default stream).
+    fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) { synchronize(stream) }
+
+    /// `cudaStreamQuery`: `cudaErrorNotReady` while work is pending (not recorded as an error).
+    fn cudaStreamQuery(stream: cudaStream_t) { query(stream) }
+
+    /// `cudaStreamQuery` (per-thread default stream).
+    fn cudaStreamQuery_ptsz(stream: cudaStream_t) { query(stream) }
+
+    /// `cudaStreamWaitEvent` (fire-and-forget).
+    fn cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) {
+        wait_event(stream, event, flags)
+    }
+
+    /// `cudaStreamWaitEvent` (per-thread default stream).
+    fn cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) {
+        wait_event(stream, event, flags)
+    }
+
+    /// `cudaStreamGetFlags`.
+    fn cudaStreamGetFlags(hStream: cudaStream_t, flags: *mut c_uint) {
+        // SAFETY: forwarded API contract.
+        unsafe { get_flags(hStream, flags) }
+    }
+
+    /// `cudaStreamGetFlags` (per-thread default stream).
+    fn cudaStreamGetFlags_ptsz(hStream: cudaStream_t, flags: *mut c_uint) {
+        // SAFETY: forwarded API contract.
+        unsafe { get_flags(hStream, flags) }
+    }
+
+    /// `cudaStreamGetPriority`: the priority asked for at creation.
+    fn cudaStreamGetPriority(hStream: cudaStream_t, priority: *mut c_int) {
+        // SAFETY: forwarded API contract.
+        unsafe { get_priority(hStream, priority) }
+    }
+
+    /// `cudaStreamGetPriority` (per-thread default stream).
+    fn cudaStreamGetPriority_ptsz(hStream: cudaStream_t, priority: *mut c_int) {
+        // SAFETY: forwarded API contract.
+        unsafe { get_priority(hStream, priority) }
+    }
+
+    /// `cudaStreamGetDevice`.
+    fn cudaStreamGetDevice(hStream: cudaStream_t, device: *mut c_int) {
+        // SAFETY: forwarded API contract.
+        unsafe { get_device(hStream, device) }
+    }
+
+    /// `cudaStreamGetDevice` (per-thread default stream).
+    fn cudaStreamGetDevice_ptsz(hStream: cudaStream_t, device: *mut c_int) {
+        // SAFETY: forwarded API contract.
+        unsafe { get_device(hStream, device) }
+    }
+
+    /// `cudaStreamIsCapturing`: always `cudaStreamCaptureStatusNone` (no capture support).
+    fn cudaStreamIsCapturing(stream: cudaStream_t, pCaptureStatus: *mut cudaStreamCaptureStatus) {
+        // SAFETY: forwarded API contract.
+        unsafe { is_capturing(stream, pCaptureStatus) }
+    }
+
+    /// `cudaStreamIsCapturing` (per-thread default stream).
+    fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, pCaptureStatus: *mut cudaStreamCaptureStatus) {
+        // SAFETY: forwarded API contract.
+        unsafe { is_capturing(stream, pCaptureStatus) }
+    }
+}

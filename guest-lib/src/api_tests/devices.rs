@@ -1,0 +1,225 @@
+use std::ffi::CStr;
+
+use super::*;
+use crate::{
+    api::devices::*,
+    fake_device::FakeDevice,
+    generated::{self as cu, cudaDeviceProp},
+    last_error,
+    runtime::Runtime,
+};
+use qcuda_proto::Op;
+
+#[test]
+fn without_a_device_count_is_zero_and_no_device() {
+    // No runtime installed: as without /dev/qcuda.
+    let mut n = -1;
+    // SAFETY: valid out-pointer.
+    assert_err(unsafe { cudaGetDeviceCount(&mut n) }, cu::cudaErrorNoDevice);
+    assert_eq!(n, 0);
+    let mut v = -1;
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cudaDriverGetVersion(&mut v) });
+    assert_eq!(v, 0);
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cudaRuntimeGetVersion(&mut v) });
+    assert_eq!(v, 13000);
+    // SAFETY: no pointers.
+    assert_err(unsafe { cudaSetDevice(0) }, cu::cudaErrorNoDevice);
+}
+
+#[test]
+fn a_host_whose_driver_is_unusable_says_why() {
+    let fake = FakeDevice::new(0);
+    fake.state().fail_next = Some((
+        Op::DeviceCount,
+        qcuda_proto::status::INSUFFICIENT_DRIVER,
+        false,
+    ));
+    fake.install();
+    let mut n = -1;
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_err(cudaGetDeviceCount(&mut n), cu::cudaErrorInsufficientDriver);
+        assert_eq!(n, 0);
+        assert_err(cudaSetDevice(0), cu::cudaErrorInsufficientDriver);
+        let mut v = 0;
+        ok(cudaDriverGetVersion(&mut v));
+        assert_eq!(v, 13000);
+    }
+    last_error::take();
+}
+
+#[test]
+fn a_host_without_gpus_counts_zero() {
+    FakeDevice::new(0).install();
+    let mut n = -1;
+    // SAFETY: valid out-pointer.
+    assert_err(unsafe { cudaGetDeviceCount(&mut n) }, cu::cudaErrorNoDevice);
+    assert_eq!(n, 0);
+    let mut d = 0;
+    // SAFETY: valid out-pointer.
+    assert_err(unsafe { cudaGetDevice(&mut d) }, cu::cudaErrorNoDevice);
+}
+
+#[test]
+fn set_device_validates_and_is_per_thread() {
+    FakeDevice::new(2).install();
+    let mut n = 0;
+    // SAFETY: valid out-pointers, no pointers.
+    unsafe {
+        ok(cudaGetDeviceCount(&mut n));
+        assert_eq!(n, 2);
+        ok(cudaSetDevice(1));
+        assert_err(cudaSetDevice(2), cu::cudaErrorInvalidDevice);
+        assert_err(cudaSetDevice(-1), cu::cudaErrorInvalidDevice);
+        let mut d = -1;
+        ok(cudaGetDevice(&mut d));
+        assert_eq!(d, 1);
+    }
+    std::thread::spawn(|| assert_eq!(crate::devices::current(), 0))
+        .join()
+        .unwrap();
+}
+
+#[test]
+fn properties_come_from_one_batched_request_and_mask_unremoted_features() {
+    let fake = setup();
+    let mut p = cudaDeviceProp::default();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cudaGetDeviceProperties(&mut p, 0) });
+    // SAFETY: the name is NUL-terminated.
+    let name = unsafe { CStr::from_ptr(p.name.as_ptr()) };
+    assert_eq!(name.to_str().unwrap(), "Fake H100 0");
+    assert_eq!((p.major, p.minor), (9, 0));
+    assert_eq!(p.totalGlobalMem, 80 << 30);
+    assert_eq!(p.maxThreadsPerBlock, 1024);
+    assert_eq!(p.maxGridSize, [i32::MAX, 65535, 65535]);
+    assert_eq!(p.warpSize, 32);
+    assert_eq!(p.multiProcessorCount, 132);
+    assert_eq!(p.unifiedAddressing, 1);
+    assert_eq!(
+        p.canMapHostMemory, 0,
+        "the host says 1, but qcuda cannot map host memory"
+    );
+    assert_eq!(p.managedMemory, 0);
+    assert_eq!(
+        p.clusterLaunch,
+        cu::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH as i32 * 10
+    );
+    let attribute_requests = || {
+        fake.ops()
+            .iter()
+            .filter(|o| **o == Op::DeviceAttributes)
+            .count()
+    };
+    assert_eq!(attribute_requests(), 1);
+
+    // Cached: neither a second call nor single attributes ask again.
+    // SAFETY: valid out-pointers.
+    unsafe {
+        ok(cudaGetDeviceProperties(&mut p, 0));
+        let mut v = 0;
+        ok(cudaDeviceGetAttribute(
+            &mut v,
+            cu::cudaDevAttrMaxThreadsPerBlock,
+            0,
+        ));
+        assert_eq!(v, 1024);
+        ok(cudaDeviceGetAttribute(
+            &mut v,
+            cu::cudaDevAttrCanMapHostMemory,
+            0,
+        ));
+        assert_eq!(v, 0);
+        assert_err(
+            cudaGetDeviceProperties(&mut p, 1),
+            cu::cudaErrorInvalidDevice,
+        );
+    }
+    assert_eq!(attribute_requests(), 1);
+}
+
+#[test]
+fn attributes_the_host_does_not_know_read_as_zero_in_properties() {
+    let fake = setup();
+    fake.state()
+        .unknown_attributes
+        .push(cu::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE as i32);
+    let mut p = cudaDeviceProp::default();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cudaGetDeviceProperties(&mut p, 0) });
+    assert_eq!(p.l2CacheSize, 0);
+    assert_eq!(p.maxThreadsPerBlock, 1024);
+    let mut v = 0;
+    // Asked alone, the host's error is the answer.
+    // SAFETY: valid out-pointer.
+    let r = unsafe { cudaDeviceGetAttribute(&mut v, cu::cudaDevAttrL2CacheSize, 0) };
+    assert_err(r, cu::cudaErrorInvalidValue);
+}
+
+#[test]
+fn versions_flags_pci_and_memory_info() {
+    FakeDevice::new(2).install();
+    // SAFETY: valid out-pointers and buffers throughout.
+    unsafe {
+        let mut v = 0;
+        ok(cudaDriverGetVersion(&mut v));
+        assert_eq!(v, 13000);
+        ok(cudaSetDeviceFlags(cu::cudaDeviceScheduleBlockingSync));
+        let mut f = 0;
+        ok(cudaGetDeviceFlags(&mut f));
+        assert_eq!(f, cu::cudaDeviceScheduleBlockingSync);
+        assert_err(cudaSetDeviceFlags(3), cu::cudaErrorInvalidValue);
+        let mut bus = [0i8; 32];
+        ok(cudaDeviceGetPCIBusId(bus.as_mut_ptr(), 32, 1));
+        let id = CStr::from_ptr(bus.as_ptr());
+        assert_eq!(id.to_str().unwrap(), "0000:11:00.0");
+        let mut d = -1;
+        ok(cudaDeviceGetByPCIBusId(&mut d, id.as_ptr()));
+        assert_eq!(d, 1);
+        let mut short = [0x7fi8; 5];
+        ok(cudaDeviceGetPCIBusId(short.as_mut_ptr(), 5, 0));
+        assert_eq!(CStr::from_ptr(short.as_ptr()).to_str().unwrap(), "0000");
+        let mut can = 1;
+        ok(cudaDeviceCanAccessPeer(&mut can, 0, 1));
+        assert_eq!(can, 0);
+        let (mut free, mut total) = (0, 0);
+        ok(cudaMemGetInfo(&mut free, &mut total));
+        assert_eq!(total, 80 << 30);
+        assert!(free <= total);
+    }
+}
+
+#[test]
+fn transport_failures_map_to_cuda_errors_and_eintr_is_retried() {
+    let fake = setup();
+    fake.state().errnos.extend([libc::EINTR, libc::EINTR]);
+    // SAFETY: no pointers.
+    ok(unsafe { cudaDeviceSynchronize() });
+    fake.state().errnos.push_back(libc::EIO);
+    // SAFETY: no pointers.
+    assert_err(
+        unsafe { cudaDeviceSynchronize() },
+        cu::cudaErrorDevicesUnavailable,
+    );
+    fake.state().errnos.push_back(libc::ENODEV);
+    // SAFETY: no pointers.
+    assert_err(
+        unsafe { cudaDeviceSynchronize() },
+        cu::cudaErrorDevicesUnavailable,
+    );
+    fake.state().errnos.push_back(libc::EFAULT);
+    // SAFETY: no pointers.
+    assert_err(
+        unsafe { cudaDeviceSynchronize() },
+        cu::cudaErrorInvalidValue,
+    );
+    last_error::take();
+
+    // A kernel module that does not know the ioctl: the handshake fails.
+    let old = FakeDevice::new(1);
+    old.state().errnos.push_back(libc::ENOTTY);
+    let err = Runtime::connect(Box::new(old.clone()), false).unwrap_err();
+    assert_eq!(err, crate::cuda_error::CudaError::INSUFFICIENT_DRIVER);
+}

@@ -1,0 +1,285 @@
+use std::{ffi::c_void, ptr};
+
+use qcuda_proto::{status, Op};
+
+use super::*;
+use crate::{
+    api::{errors::cudaGetLastError, launch::*},
+    fake_device::FakeDevice,
+    generated::{self as cu, cudaKernel_t, cudaStream_t, dim3},
+    last_error,
+};
+
+fn d3(x: u32, y: u32, z: u32) -> dim3 {
+    dim3 { x, y, z }
+}
+
+/// What nvcc's stub does for `kernel<<<grid, block, smem, stream>>>(args)`.
+///
+/// # Safety
+/// `args` must match the kernel's parameters.
+unsafe fn stub_launch(
+    host_fun: usize,
+    grid: dim3,
+    block: dim3,
+    smem: usize,
+    stream: cudaStream_t,
+    args: &mut [*mut c_void],
+) -> cu::cudaError_t {
+    if __cudaPushCallConfiguration(grid, block, smem, stream) != 0 {
+        return cu::cudaSuccess;
+    }
+    let mut handle: cudaKernel_t = ptr::null_mut();
+    // SAFETY: valid out-pointers, as in the stub.
+    unsafe {
+        let _ = __cudaGetKernel(&mut handle, host_fun as *const c_void);
+        let (mut g, mut b, mut s, mut st): (_, _, usize, cudaStream_t) =
+            (d3(0, 0, 0), d3(0, 0, 0), 0, ptr::null_mut());
+        let popped =
+            __cudaPopCallConfiguration(&mut g, &mut b, &mut s, (&raw mut st).cast::<c_void>());
+        if popped != cu::cudaSuccess {
+            return popped;
+        }
+        __cudaLaunchKernel(handle, g, b, args.as_mut_ptr(), s, st)
+    }
+}
+
+#[test]
+fn a_launch_loads_lazily_packs_parameters_and_does_not_wait() {
+    let fake = setup();
+    fake.add_kernel("_Z3addPfS_i", &[(0, 8), (8, 8), (16, 4)]);
+    let fatbin = register_fatbin();
+    let add = register_kernel(fatbin, c"_Z3addPfS_i");
+    assert!(
+        fake.ops().iter().all(|o| !matches!(o, Op::ModuleLoad)),
+        "nothing loads early"
+    );
+
+    let (mut a, mut b, mut n): (u64, u64, i32) = (0x1111, 0x2222, 1 << 20);
+    let mut args: [*mut c_void; 3] = [
+        (&raw mut a).cast(),
+        (&raw mut b).cast(),
+        (&raw mut n).cast(),
+    ];
+    // SAFETY: args match the kernel's (8, 8, 4)-byte parameters.
+    ok(unsafe {
+        stub_launch(
+            add,
+            d3(4096, 1, 1),
+            d3(256, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut args,
+        )
+    });
+    ok(cudaGetLastError());
+
+    let s = fake.state();
+    assert_eq!(s.modules.len(), 1);
+    assert_eq!(
+        s.modules.values().next().unwrap().len(),
+        IMAGE_LEN,
+        "the whole image is sent"
+    );
+    assert_eq!(s.launches.len(), 1);
+    let l = &s.launches[0];
+    assert!(l.fire_and_forget);
+    assert_eq!(
+        l.args[1..],
+        [4096 | 1 << 32, 1 | 256 << 32, 1 | 1 << 32, 0, 0]
+    );
+    let mut want = Vec::new();
+    want.extend_from_slice(&a.to_ne_bytes());
+    want.extend_from_slice(&b.to_ne_bytes());
+    want.extend_from_slice(&n.to_ne_bytes());
+    assert_eq!(l.params, want);
+    drop(s);
+
+    // The second launch reuses the module and the resolved function.
+    // SAFETY: args[2] points at `n`, an i32.
+    unsafe { args[2].cast::<i32>().write(7) };
+    // SAFETY: as above.
+    ok(unsafe {
+        stub_launch(
+            add,
+            d3(1, 1, 1),
+            d3(32, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut args,
+        )
+    });
+    let ops = fake.ops();
+    assert_eq!(ops.iter().filter(|o| **o == Op::ModuleLoad).count(), 1);
+    assert_eq!(
+        ops.iter().filter(|o| **o == Op::ModuleGetFunction).count(),
+        1
+    );
+    assert_eq!(
+        ops.iter().filter(|o| **o == Op::DeviceAttributes).count(),
+        1,
+        "limits cached"
+    );
+    assert_eq!(fake.state().launches[1].params[16..20], 7i32.to_ne_bytes());
+}
+
+#[test]
+fn cuda_launch_kernel_takes_a_host_stub_or_a_kernel_handle() {
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let fatbin = register_fatbin();
+    let k = register_kernel(fatbin, c"_Z1kv");
+    // SAFETY: the kernel takes no parameters, so args may be null.
+    unsafe {
+        ok(cudaLaunchKernel(
+            k as *const c_void,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            ptr::null_mut(),
+            0,
+            ptr::null_mut(),
+        ));
+        let mut h: cudaKernel_t = ptr::null_mut();
+        ok(cudaGetKernel(&mut h, k as *const c_void));
+        ok(cudaLaunchKernel_ptsz(
+            h as *const c_void,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            ptr::null_mut(),
+            0,
+            ptr::null_mut(),
+        ));
+        let mut name = ptr::null();
+        ok(cudaFuncGetName(&mut name, k as *const c_void));
+        assert_eq!(std::ffi::CStr::from_ptr(name), c"_Z1kv");
+        let unknown = host_address() as *const c_void;
+        assert_err(
+            cudaLaunchKernel(
+                unknown,
+                d3(1, 1, 1),
+                d3(1, 1, 1),
+                ptr::null_mut(),
+                0,
+                ptr::null_mut(),
+            ),
+            cu::cudaErrorInvalidDeviceFunction,
+        );
+    }
+    assert_eq!(fake.state().launches.len(), 2);
+    assert_eq!(fake.state().launches[0].params, Vec::<u8>::new());
+    last_error::take();
+}
+
+#[test]
+fn bad_configurations_fail_at_the_launch_without_reaching_the_host() {
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let k = register_kernel(register_fatbin(), c"_Z1kv");
+    // SAFETY: no parameters.
+    unsafe {
+        let r = stub_launch(k, d3(1, 1, 1), d3(2048, 1, 1), 0, ptr::null_mut(), &mut []);
+        assert_err(r, cu::cudaErrorInvalidValue);
+        assert_err(cudaGetLastError(), cu::cudaErrorInvalidValue);
+        let r = stub_launch(k, d3(0, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut []);
+        assert_err(r, cu::cudaErrorInvalidValue);
+    }
+    assert!(fake.state().launches.is_empty());
+    last_error::take();
+}
+
+#[test]
+fn pop_without_push_is_a_missing_configuration() {
+    setup();
+    let (mut g, mut b, mut s, mut st) =
+        (d3(0, 0, 0), d3(0, 0, 0), 0usize, ptr::null_mut::<c_void>());
+    // SAFETY: valid out-pointers.
+    let r = unsafe { __cudaPopCallConfiguration(&mut g, &mut b, &mut s, (&raw mut st).cast()) };
+    assert_err(r, cu::cudaErrorMissingConfiguration);
+    last_error::take();
+}
+
+#[test]
+fn kernels_with_many_parameters_are_asked_for_again() {
+    let fake = setup();
+    let layout: Vec<(u32, u32)> = (0..100).map(|i| (i * 4, 4)).collect();
+    fake.add_kernel("_Z4manyv", &layout);
+    let k = register_kernel(register_fatbin(), c"_Z4manyv");
+    let mut values: Vec<i32> = (0..100).collect();
+    let mut args: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut i32).cast()).collect();
+    // SAFETY: 100 four-byte parameters.
+    ok(unsafe { stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut args) });
+    assert_eq!(
+        fake.ops()
+            .iter()
+            .filter(|o| **o == Op::ModuleGetFunction)
+            .count(),
+        2
+    );
+    let params = &fake.state().launches[0].params;
+    assert_eq!(params.len(), 400);
+    assert_eq!(params[396..400], 99i32.to_ne_bytes());
+}
+
+#[test]
+fn an_image_the_device_cannot_use_is_sent_once() {
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let k = register_kernel(register_fatbin(), c"_Z1kv");
+    fake.state().fail_next = Some((Op::ModuleLoad, status::NO_KERNEL_IMAGE_FOR_DEVICE, false));
+    // SAFETY: no parameters.
+    unsafe {
+        for _ in 0..2 {
+            let r = stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut []);
+            assert_err(r, cu::cudaErrorNoKernelImageForDevice);
+        }
+    }
+    assert_eq!(
+        fake.ops().iter().filter(|o| **o == Op::ModuleLoad).count(),
+        1
+    );
+    last_error::take();
+}
+
+#[test]
+fn large_parameter_blocks_are_not_fire_and_forget() {
+    // Over the bounce threshold, qcuda.ko would keep the block pinned after returning, but the
+    // block is freed as soon as the launch returns; so such a launch waits.
+    let fake = setup();
+    fake.add_kernel("_Z3bigv", &[(0, 70_000)]);
+    let k = register_kernel(register_fatbin(), c"_Z3bigv");
+    let mut big = vec![5u8; 70_000];
+    let mut args: [*mut c_void; 1] = [big.as_mut_ptr().cast()];
+    // SAFETY: one 70 000-byte parameter.
+    ok(unsafe { stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut args) });
+    assert!(!fake.state().launches[0].fire_and_forget);
+}
+
+#[test]
+fn an_interrupted_fire_and_forget_launch_is_sent_again() {
+    // qcuda.ko returns EINTR for an async call only before queueing it.
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let k = register_kernel(register_fatbin(), c"_Z1kv");
+    // SAFETY: no parameters.
+    ok(unsafe { stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut []) });
+    fake.state().errnos.push_back(libc::EINTR);
+    // SAFETY: no parameters.
+    ok(unsafe { stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut []) });
+    assert_eq!(fake.state().launches.len(), 2);
+}
+
+#[test]
+fn launch_blocking_waits_and_reports_at_the_launch() {
+    let fake = FakeDevice::new(1);
+    crate::runtime::install(
+        crate::runtime::Runtime::connect(Box::new(fake.clone()), true).unwrap(),
+    );
+    fake.add_kernel("_Z1kv", &[]);
+    let k = register_kernel(register_fatbin(), c"_Z1kv");
+    fake.state().fail_next = Some((Op::LaunchKernel, status::LAUNCH_OUT_OF_RESOURCES, false));
+    // SAFETY: no parameters.
+    let r = unsafe { stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut []) };
+    assert_err(r, cu::cudaErrorLaunchOutOfResources);
+    assert!(!fake.state().launches[0].fire_and_forget);
+    last_error::take();
+}

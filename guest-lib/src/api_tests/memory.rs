@@ -1,0 +1,204 @@
+use std::{ffi::c_void, ptr};
+
+use qcuda_proto::{Op, COPY_CHUNK};
+
+use super::*;
+use crate::{
+    api::{errors::cudaGetLastError, memory::*},
+    generated::{self as cu, cudaPointerAttributes},
+};
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+#[test]
+fn large_copies_are_chunked_and_round_trip() {
+    let fake = setup();
+    let len = 2 * COPY_CHUNK as usize + 12345;
+    let src = pattern(len);
+    let mut back = vec![0u8; len];
+    let mut d: *mut c_void = ptr::null_mut();
+    // SAFETY: buffers of `len` bytes.
+    unsafe {
+        ok(cudaMalloc(&mut d, len));
+        ok(cudaMemcpy(
+            d,
+            src.as_ptr().cast(),
+            len,
+            cu::cudaMemcpyHostToDevice,
+        ));
+        ok(cudaMemcpy(
+            back.as_mut_ptr().cast(),
+            d,
+            len,
+            cu::cudaMemcpyDeviceToHost,
+        ));
+    }
+    assert!(back == src);
+    let s = fake.state();
+    let htod: Vec<u64> = s
+        .log
+        .iter()
+        .filter(|l| l.op == Op::MemcpyHtoD)
+        .map(|l| l.in_len)
+        .collect();
+    assert_eq!(htod, [COPY_CHUNK, COPY_CHUNK, 12345]);
+    let dtoh: Vec<u64> = s
+        .log
+        .iter()
+        .filter(|l| l.op == Op::MemcpyDtoH)
+        .map(|l| l.out_len)
+        .collect();
+    assert_eq!(dtoh, [COPY_CHUNK, COPY_CHUNK, 12345]);
+}
+
+#[test]
+fn every_kind_and_default_inference() {
+    let fake = setup();
+    let src = pattern(256);
+    let mut out = vec![0u8; 256];
+    let (mut a, mut b) = (ptr::null_mut(), ptr::null_mut());
+    // SAFETY: 256-byte buffers throughout.
+    unsafe {
+        ok(cudaMalloc(&mut a, 256));
+        ok(cudaMalloc(&mut b, 256));
+        ok(cudaMemcpy(
+            a,
+            src.as_ptr().cast(),
+            256,
+            cu::cudaMemcpyDefault,
+        ));
+        ok(cudaMemcpy(b, a, 256, cu::cudaMemcpyDefault));
+        ok(cudaMemcpy(
+            out.as_mut_ptr().cast(),
+            (b as *const u8).add(0).cast(),
+            256,
+            cu::cudaMemcpyDefault,
+        ));
+        assert!(out == src);
+        // Inside an allocation counts as device memory too.
+        ok(cudaMemcpy(
+            out.as_mut_ptr().cast(),
+            (a as *const u8).add(128).cast(),
+            128,
+            cu::cudaMemcpyDefault,
+        ));
+        assert_eq!(out[..128], src[128..]);
+        let mut host2 = vec![0u8; 256];
+        let before = fake.ops().len();
+        ok(cudaMemcpy(
+            host2.as_mut_ptr().cast(),
+            src.as_ptr().cast(),
+            256,
+            cu::cudaMemcpyHostToHost,
+        ));
+        ok(cudaMemcpy(
+            host2.as_mut_ptr().cast(),
+            src.as_ptr().cast(),
+            0,
+            cu::cudaMemcpyHostToDevice,
+        ));
+        assert_eq!(
+            fake.ops().len(),
+            before,
+            "host-to-host and empty copies stay local"
+        );
+        assert!(host2 == src);
+        assert_err(cudaMemcpy(a, b, 4, 7), cu::cudaErrorInvalidMemcpyDirection);
+        assert_err(
+            cudaMemcpy(ptr::null_mut(), b, 4, cu::cudaMemcpyDeviceToHost),
+            cu::cudaErrorInvalidValue,
+        );
+        ok(cudaMemset(a, 0x1ab, 256));
+        ok(cudaMemcpy(
+            out.as_mut_ptr().cast(),
+            a,
+            256,
+            cu::cudaMemcpyDeviceToHost,
+        ));
+        assert!(out.iter().all(|&x| x == 0xab));
+        ok(cudaMemcpyAsync(
+            b,
+            a,
+            256,
+            cu::cudaMemcpyDeviceToDevice,
+            ptr::null_mut(),
+        ));
+        ok(cudaMemsetAsync_ptsz(a, 0, 16, ptr::null_mut()));
+        ok(cudaMemcpy_ptds(
+            out.as_mut_ptr().cast(),
+            b,
+            256,
+            cu::cudaMemcpyDeviceToHost,
+        ));
+        assert!(out.iter().all(|&x| x == 0xab));
+        ok(cudaFree(a));
+        ok(cudaFree(ptr::null_mut()));
+        assert_err(cudaFree(a), cu::cudaErrorInvalidValue);
+    }
+    let log = &fake.state().log;
+    assert!(log
+        .iter()
+        .any(|l| l.op == Op::MemcpyDtoD && l.fire_and_forget));
+    assert!(log.iter().any(|l| l.op == Op::Memset && l.fire_and_forget));
+    assert!(log
+        .iter()
+        .filter(|l| l.op == Op::MemcpyHtoD)
+        .all(|l| !l.fire_and_forget));
+    cudaGetLastError();
+}
+
+#[test]
+fn zero_byte_malloc_is_null_without_a_round_trip() {
+    let fake = setup();
+    let mut p = ptr::dangling_mut::<c_void>();
+    // SAFETY: valid out-pointer.
+    ok(unsafe { cudaMalloc(&mut p, 0) });
+    assert!(p.is_null());
+    assert!(!fake.ops().contains(&Op::Malloc));
+}
+
+#[test]
+fn host_allocations_and_pointer_attributes() {
+    setup();
+    let (mut h, mut d) = (ptr::null_mut(), ptr::null_mut());
+    // SAFETY: valid pointers throughout.
+    unsafe {
+        ok(cudaMallocHost(&mut h, 100));
+        assert_eq!(h as usize % 4096, 0);
+        ok(cudaMalloc(&mut d, 100));
+        let mut a = cudaPointerAttributes::default();
+        ok(cudaPointerGetAttributes(&mut a, h));
+        assert_eq!((a.type_, a.hostPointer), (cu::cudaMemoryTypeHost, h));
+        ok(cudaPointerGetAttributes(
+            &mut a,
+            (d as *const u8).add(50).cast(),
+        ));
+        assert_eq!(a.type_, cu::cudaMemoryTypeDevice);
+        assert!(a.hostPointer.is_null() && !a.devicePointer.is_null());
+        let local = 5u8;
+        ok(cudaPointerGetAttributes(&mut a, (&raw const local).cast()));
+        assert_eq!(a.type_, cu::cudaMemoryTypeUnregistered);
+        assert_eq!(
+            (a.device, a.hostPointer),
+            (-2, (&raw const local).cast_mut().cast())
+        );
+        // Pinned memory works as a copy source and destination.
+        (h as *mut u8).write_bytes(9, 100);
+        ok(cudaMemcpy(d, h, 100, cu::cudaMemcpyDefault));
+        let mut f = 99;
+        ok(cudaHostGetFlags(&mut f, h));
+        assert_eq!(f, 0);
+        ok(cudaFreeHost(h));
+        assert_err(cudaFreeHost(h), cu::cudaErrorInvalidValue);
+        let mut m = ptr::null_mut();
+        assert_err(
+            cudaHostAlloc(&mut m, 10, cu::cudaHostAllocMapped),
+            cu::cudaErrorNotSupported,
+        );
+        ok(cudaHostAlloc(&mut m, 10, cu::cudaHostAllocPortable));
+        ok(cudaFreeHost(m));
+    }
+    cudaGetLastError();
+}

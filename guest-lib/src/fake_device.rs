@@ -1,0 +1,454 @@
+//! `FakeDevice`: an in-process test double for `/dev/qcuda` plus the host.
+//!
+//! It implements [`Transport`] by executing each call against a small simulated GPU: byte-array
+//! allocations, modules that "contain" the kernels and globals a test declares, streams, events,
+//! recorded launches, and the host's error rules (fire-and-forget failures reported at the next
+//! synchronising op, sticky errors until `DeviceReset`). Every call is first checked with the
+//! kernel module's own validation (`IoctlCall::decode`), so a malformed request fails the test.
+//! Tests can also inject errnos and failures.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use qcuda_proto::{
+    ioctl::IoctlCall, status, Direction, GpuInfo, Op, ParamInfo, FLAG_ASYNC, RESP_FLAG_STICKY,
+    VERSION,
+};
+
+use crate::{
+    runtime::{self, Runtime},
+    transport::{Call, Transport},
+};
+
+/// A recorded kernel launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    pub function: u64,
+    pub args: [u64; 6],
+    pub params: Vec<u8>,
+    pub fire_and_forget: bool,
+}
+
+/// One executed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Logged {
+    pub op: Op,
+    pub device: u32,
+    pub fire_and_forget: bool,
+    pub in_len: u64,
+    pub out_len: u64,
+}
+
+/// The simulated host.
+#[derive(Debug, Default)]
+pub struct FakeState {
+    pub devices: u32,
+    pub driver_version: i32,
+    /// Attribute values; ids below 150 not listed read as `id * 10`, except `unknown` ones.
+    pub attributes: HashMap<i32, i32>,
+    /// Attribute ids the fake driver does not know.
+    pub unknown_attributes: Vec<i32>,
+    pub memory: BTreeMap<u64, Vec<u8>>,
+    next_addr: u64,
+    pub modules: HashMap<u64, Vec<u8>>,
+    next_handle: u64,
+    /// Kernels every module contains: name → parameter layout.
+    pub kernels: HashMap<String, Vec<ParamInfo>>,
+    functions: Vec<String>,
+    /// Globals every module contains: name → device address (allocated in `memory`).
+    pub globals: HashMap<String, u64>,
+    pub launches: Vec<Launch>,
+    pub log: Vec<Logged>,
+    pub streams: Vec<u64>,
+    /// Event handle → recorded "time" in ms, if recorded.
+    pub events: HashMap<u64, Option<f32>>,
+    clock: f32,
+    /// errnos returned (instead of executing) by the next calls.
+    pub errnos: VecDeque<i32>,
+    /// The next call of this op fails with this status; the flag sets `RESP_FLAG_STICKY` on
+    /// the reply (as the host does for every reply while the session holds a sticky error).
+    pub fail_next: Option<(Op, u32, bool)>,
+    /// A fire-and-forget failure waiting for the next synchronising op.
+    pending: Option<(u32, bool)>,
+    /// The context's sticky error.
+    sticky: Option<u32>,
+}
+
+/// The test double; share it with the runtime through `Arc`.
+#[derive(Debug, Default)]
+pub struct FakeDevice {
+    state: Mutex<FakeState>,
+}
+
+/// Kernel name that makes a launch fail later with a sticky illegal address.
+pub const FAULTING_KERNEL: &str = "_Z5faultv";
+
+impl FakeDevice {
+    /// A host with `devices` H100-like GPUs.
+    pub fn new(devices: u32) -> Arc<Self> {
+        let fake = Self::default();
+        {
+            let mut s = fake.state();
+            s.devices = devices;
+            s.driver_version = 13000;
+            s.next_addr = 0x7f00_0000_0000;
+            s.next_handle = 1;
+            // Small handle values on purpose: the guest must not hand them out as cudaStream_t.
+            for (attr, v) in [
+                (1, 1024),
+                (2, 1024),
+                (3, 1024),
+                (4, 64),
+                (5, i32::MAX),
+                (6, 65535),
+                (7, 65535),
+                (8, 49152),
+                (10, 32),
+                (16, 132),
+                (19, 1),
+                (41, 1),
+                (75, 9),
+                (76, 0),
+                (83, 1),
+                (97, 232_448),
+            ] {
+                s.attributes.insert(attr, v);
+            }
+        }
+        Arc::new(fake)
+    }
+
+    pub fn state(&self) -> MutexGuard<'_, FakeState> {
+        self.state.lock().unwrap()
+    }
+
+    /// Declares a kernel that every loaded module contains.
+    pub fn add_kernel(&self, name: &str, params: &[(u32, u32)]) {
+        let params = params
+            .iter()
+            .map(|&(offset, size)| ParamInfo { offset, size })
+            .collect();
+        self.state().kernels.insert(name.to_owned(), params);
+    }
+
+    /// Declares a global of `size` bytes that every loaded module contains.
+    pub fn add_global(&self, name: &str, size: usize) -> u64 {
+        let mut s = self.state();
+        let addr = s.alloc(size as u64);
+        s.globals.insert(name.to_owned(), addr);
+        addr
+    }
+
+    /// The ops executed so far.
+    pub fn ops(&self) -> Vec<Op> {
+        self.state().log.iter().map(|l| l.op).collect()
+    }
+
+    /// A runtime connected to this fake, installed as the calling thread's runtime.
+    pub fn install(self: &Arc<Self>) -> &'static Runtime {
+        runtime::install(Runtime::connect(Box::new(self.clone()), false).unwrap())
+    }
+}
+
+impl FakeState {
+    fn alloc(&mut self, size: u64) -> u64 {
+        let addr = self.next_addr;
+        self.next_addr += size.max(1).next_multiple_of(256) + 256;
+        self.memory.insert(addr, vec![0; size as usize]);
+        addr
+    }
+
+    fn handle(&mut self) -> u64 {
+        let h = self.next_handle;
+        self.next_handle += 1;
+        h
+    }
+
+    /// The allocation holding `addr..addr + len`: (base, offset).
+    fn range(&mut self, addr: u64, len: u64) -> Option<(u64, usize)> {
+        let (&base, bytes) = self.memory.range(..=addr).next_back()?;
+        let off = addr - base;
+        (off + len <= bytes.len() as u64).then_some((base, off as usize))
+    }
+
+    fn device_bytes(&mut self, addr: u64, len: u64) -> Result<&mut [u8], u32> {
+        let (base, off) = self.range(addr, len).ok_or(status::INVALID_VALUE)?;
+        Ok(&mut self.memory.get_mut(&base).unwrap()[off..off + len as usize])
+    }
+}
+
+fn is_sync_point(op: Op) -> bool {
+    matches!(
+        op,
+        Op::DeviceSynchronize
+            | Op::StreamSynchronize
+            | Op::EventSynchronize
+            | Op::MemcpyDtoH
+            | Op::MemcpyHtoD
+            | Op::Malloc
+            | Op::Free
+    )
+}
+
+impl Transport for Arc<FakeDevice> {
+    fn execute(&self, call: &mut Call<'_>) -> Result<(), i32> {
+        let mut s = self.state();
+        if let Some(errno) = s.errnos.pop_front() {
+            return Err(errno);
+        }
+        let raw: IoctlCall = *call.raw();
+        IoctlCall::decode(&raw.encode()).expect("guest-lib built a call the kernel refuses");
+        let op = Op::from_u32(raw.op).unwrap();
+        let fire_and_forget = raw.flags & u32::from(FLAG_ASYNC) != 0;
+        let bufs = &raw.bufs[..raw.nbufs as usize];
+        let in_len = bufs
+            .iter()
+            .filter(|b| b.dir == Direction::In as u32)
+            .map(|b| b.len)
+            .sum();
+        let out_len = bufs
+            .iter()
+            .filter(|b| b.dir == Direction::Out as u32)
+            .map(|b| b.len)
+            .sum();
+        s.log.push(Logged {
+            op,
+            device: raw.device,
+            fire_and_forget,
+            in_len,
+            out_len,
+        });
+
+        let ins: Vec<&[u8]> = bufs
+            .iter()
+            .filter(|b| b.dir == Direction::In as u32)
+            // SAFETY: `Call` guarantees its buffers are valid for its lifetime, which spans
+            // this call; In buffers are only read.
+            .map(|b| unsafe { std::slice::from_raw_parts(b.addr as *const u8, b.len as usize) })
+            .collect();
+        let mut outs: Vec<&mut [u8]> = bufs
+            .iter()
+            .filter(|b| b.dir == Direction::Out as u32)
+            // SAFETY: as above; Out buffers are exclusively ours to write until we return.
+            .map(|b| unsafe { std::slice::from_raw_parts_mut(b.addr as *mut u8, b.len as usize) })
+            .collect();
+
+        let mut rets = [0u64; 7];
+        let result = run(&mut s, &raw, &ins, &mut outs, &mut rets);
+        let (mut st, mut sticky) = match result {
+            Ok(()) => (status::SUCCESS, false),
+            Err(code) => (code, s.sticky == Some(code)),
+        };
+        if st == status::SUCCESS {
+            if let Some((fop, code, flag)) = s.fail_next {
+                if fop == op {
+                    s.fail_next = None;
+                    (st, sticky) = (code, flag);
+                }
+            }
+        }
+        if fire_and_forget && st != status::SUCCESS {
+            // Reported at the next synchronising op, as the real device does.
+            s.pending.get_or_insert((st, sticky));
+            st = status::SUCCESS;
+            sticky = false;
+        } else if st == status::SUCCESS && is_sync_point(op) {
+            if let Some((code, was_sticky)) = s.pending.take() {
+                (st, sticky) = (code, was_sticky);
+            }
+        }
+        let c = call.raw_mut();
+        c.status = st;
+        c.resp_flags = if sticky { RESP_FLAG_STICKY } else { 0 };
+        c.rets = rets;
+        Ok(())
+    }
+}
+
+fn run(
+    s: &mut FakeState,
+    raw: &IoctlCall,
+    ins: &[&[u8]],
+    outs: &mut [&mut [u8]],
+    rets: &mut [u64; 7],
+) -> Result<(), u32> {
+    let (op, device, args) = (Op::from_u32(raw.op).unwrap(), raw.device, &raw.args);
+    let fire_and_forget = raw.flags & u32::from(FLAG_ASYNC) != 0;
+    let needs_context = crate::session::needs_context(op);
+    if needs_context {
+        if let Some(code) = s.sticky {
+            return Err(code);
+        }
+    }
+    if !matches!(op, Op::Hello | Op::DeviceCount | Op::DriverVersion) && device >= s.devices {
+        return Err(status::INVALID_DEVICE);
+    }
+    match op {
+        Op::Hello => {
+            *rets = [
+                u64::from(VERSION),
+                u64::from(s.devices),
+                s.driver_version as u64,
+                0,
+                0,
+                0,
+                0,
+            ];
+        }
+        Op::DeviceCount => rets[0] = u64::from(s.devices),
+        Op::DriverVersion => rets[0] = s.driver_version as u64,
+        Op::DeviceInfo => {
+            let mut g = GpuInfo::default();
+            g.set_name(format!("Fake H100 {device}").as_bytes());
+            g.uuid = [device as u8; 16];
+            g.total_mem = 80 << 30;
+            g.cc_major = 9;
+            g.multiprocessors = 132;
+            g.pci_bus = 0x10 + device as i32;
+            outs[0].copy_from_slice(&g.encode());
+        }
+        Op::DeviceAttributes => {
+            for (id, out) in ins[0].chunks_exact(4).zip(outs[0].chunks_exact_mut(4)) {
+                let id = i32::from_le_bytes(id.try_into().unwrap());
+                let known = id < 150 && !s.unknown_attributes.contains(&id);
+                let v = match s.attributes.get(&id) {
+                    Some(v) => *v,
+                    None if known => id * 10,
+                    None => return Err(status::INVALID_VALUE),
+                };
+                out.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        Op::DeviceSynchronize | Op::StreamSynchronize | Op::EventSynchronize => {}
+        Op::DeviceReset => {
+            s.sticky = None;
+            s.pending = None;
+            s.memory.clear();
+            s.modules.clear();
+            s.globals.clear();
+        }
+        Op::MemGetInfo => {
+            let used: u64 = s.memory.values().map(|m| m.len() as u64).sum();
+            *rets = [(80 << 30) - used, 80 << 30, 0, 0, 0, 0, 0];
+        }
+        Op::Malloc => rets[0] = s.alloc(args[0]),
+        Op::Free => {
+            if args[0] != 0 && s.memory.remove(&args[0]).is_none() {
+                return Err(status::INVALID_VALUE);
+            }
+        }
+        Op::MemcpyHtoD => s
+            .device_bytes(args[0], ins[0].len() as u64)?
+            .copy_from_slice(ins[0]),
+        Op::MemcpyDtoH => {
+            let len = outs[0].len() as u64;
+            outs[0].copy_from_slice(s.device_bytes(args[0], len)?);
+        }
+        Op::MemcpyDtoD => {
+            let src = s.device_bytes(args[1], args[2])?.to_vec();
+            s.device_bytes(args[0], args[2])?.copy_from_slice(&src);
+        }
+        Op::Memset => s.device_bytes(args[0], args[2])?.fill(args[1] as u8),
+        Op::ModuleLoad => {
+            if ins[0].len() < 16 || ins[0][..4] != 0xBA55_ED50u32.to_le_bytes() {
+                return Err(status::INVALID_KERNEL_IMAGE);
+            }
+            let h = s.handle();
+            s.modules.insert(h, ins[0].to_vec());
+            rets[0] = h;
+        }
+        Op::ModuleUnload => {
+            s.modules
+                .remove(&args[0])
+                .ok_or(status::INVALID_RESOURCE_HANDLE)?;
+        }
+        Op::ModuleGetFunction => {
+            if !s.modules.contains_key(&args[0]) {
+                return Err(status::INVALID_RESOURCE_HANDLE);
+            }
+            let name = String::from_utf8(ins[0].to_vec()).unwrap();
+            let params = s
+                .kernels
+                .get(&name)
+                .ok_or(status::INVALID_DEVICE_FUNCTION)?
+                .clone();
+            s.functions.push(name);
+            rets[0] = s.functions.len() as u64;
+            rets[1] = params.len() as u64;
+            for (p, out) in params.iter().zip(outs[0].chunks_exact_mut(8)) {
+                out.copy_from_slice(&p.encode());
+            }
+        }
+        Op::ModuleGetGlobal => {
+            if !s.modules.contains_key(&args[0]) {
+                return Err(status::INVALID_RESOURCE_HANDLE);
+            }
+            let name = String::from_utf8(ins[0].to_vec()).unwrap();
+            let addr = *s.globals.get(&name).ok_or(status::SYMBOL_NOT_FOUND)?;
+            rets[0] = addr;
+            rets[1] = s.memory[&addr].len() as u64;
+        }
+        Op::LaunchKernel => {
+            let function = args[0];
+            let name = s
+                .functions
+                .get((function as usize).wrapping_sub(1))
+                .ok_or(status::INVALID_RESOURCE_HANDLE)?
+                .clone();
+            s.launches.push(Launch {
+                function,
+                args: args[..6].try_into().unwrap(),
+                params: ins[0].to_vec(),
+                fire_and_forget,
+            });
+            if name == FAULTING_KERNEL {
+                s.sticky = Some(status::ILLEGAL_ADDRESS);
+                return Err(status::ILLEGAL_ADDRESS);
+            }
+        }
+        Op::StreamCreate => {
+            let h = s.handle();
+            s.streams.push(h);
+            rets[0] = h;
+        }
+        Op::StreamDestroy => {
+            let i = s.streams.iter().position(|&h| h == args[0]);
+            s.streams.remove(i.ok_or(status::INVALID_RESOURCE_HANDLE)?);
+        }
+        Op::StreamQuery | Op::EventQuery => {}
+        Op::StreamWaitEvent => {
+            s.events
+                .get(&args[1])
+                .ok_or(status::INVALID_RESOURCE_HANDLE)?;
+        }
+        Op::EventCreate => {
+            let h = s.handle();
+            s.events.insert(h, None);
+            rets[0] = h;
+        }
+        Op::EventDestroy => {
+            s.events
+                .remove(&args[0])
+                .ok_or(status::INVALID_RESOURCE_HANDLE)?;
+        }
+        Op::EventRecord => {
+            s.clock += 1.5;
+            let t = s.clock;
+            *s.events
+                .get_mut(&args[0])
+                .ok_or(status::INVALID_RESOURCE_HANDLE)? = Some(t);
+        }
+        Op::EventElapsedTime => {
+            let a = s.events.get(&args[0]).copied().flatten();
+            let b = s.events.get(&args[1]).copied().flatten();
+            let (Some(a), Some(b)) = (a, b) else {
+                return Err(status::INVALID_RESOURCE_HANDLE);
+            };
+            rets[0] = u64::from((b - a).to_bits());
+        }
+        Op::Echo | Op::HostInfo | Op::SessionClose => return Err(status::NOT_SUPPORTED),
+    }
+    Ok(())
+}

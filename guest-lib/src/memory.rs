@@ -1,0 +1,178 @@
+//! Device memory: `cudaMalloc`, `cudaFree`, the `cudaMemcpy` family and `cudaMemset`.
+//!
+//! Host<->device data goes through `copy.rs`; device<->device copies and memsets carry no data
+//! and are single requests. Host-to-host copies never leave the guest. `cu::cudaMemcpyDefault` is
+//! resolved with the guest's allocation table: a pointer inside a `cudaMalloc` allocation is
+//! device memory, anything else is host memory.
+
+use qcuda_proto::Op;
+
+use crate::{
+    allocations::Allocation,
+    copy,
+    cuda_error::{CudaError, CudaResult},
+    generated::{self as cu, cudaMemcpyKind},
+    runtime::Runtime,
+    transport::Call,
+};
+
+/// `cudaMalloc` of `size` bytes on `device`. Zero bytes gives a null pointer, as in CUDA.
+pub fn malloc(rt: &Runtime, device: u32, size: usize) -> CudaResult<u64> {
+    if size == 0 {
+        return Ok(0);
+    }
+    let reply = rt
+        .session
+        .submit(Call::new(Op::Malloc, device).args(&[size as u64]))?;
+    let base = reply.rets[0];
+    rt.allocations.insert(Allocation {
+        base,
+        size: size as u64,
+        device,
+    });
+    Ok(base)
+}
+
+/// `cudaFree`. Null is a no-op. The host decides whether the pointer is valid.
+pub fn free(rt: &Runtime, device: u32, ptr: u64) -> CudaResult<()> {
+    if ptr == 0 {
+        return Ok(());
+    }
+    let device = rt.allocations.find(ptr).map_or(device, |a| a.device);
+    rt.session
+        .submit(Call::new(Op::Free, device).args(&[ptr]))?;
+    rt.allocations.remove(ptr);
+    Ok(())
+}
+
+/// The direction of a copy, once `cu::cudaMemcpyDefault` is resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Host to host: done in the guest.
+    HostToHost,
+    /// Host to device.
+    HostToDevice,
+    /// Device to host.
+    DeviceToHost,
+    /// Device to device.
+    DeviceToDevice,
+}
+
+/// Resolves `kind` for a copy from `src` to `dst`.
+pub fn direction(rt: &Runtime, dst: u64, src: u64, kind: cudaMemcpyKind) -> CudaResult<Direction> {
+    Ok(match kind {
+        cu::cudaMemcpyHostToHost => Direction::HostToHost,
+        cu::cudaMemcpyHostToDevice => Direction::HostToDevice,
+        cu::cudaMemcpyDeviceToHost => Direction::DeviceToHost,
+        cu::cudaMemcpyDeviceToDevice => Direction::DeviceToDevice,
+        cu::cudaMemcpyDefault => {
+            let dst_dev = rt.allocations.find(dst).is_some();
+            let src_dev = rt.allocations.find(src).is_some();
+            match (src_dev, dst_dev) {
+                (false, false) => Direction::HostToHost,
+                (false, true) => Direction::HostToDevice,
+                (true, false) => Direction::DeviceToHost,
+                (true, true) => Direction::DeviceToDevice,
+            }
+        }
+        _ => return Err(CudaError::INVALID_MEMCPY_DIRECTION),
+    })
+}
+
+/// Where a copy or memset is ordered: a stream on a device, and whether the caller waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ordering {
+    /// The device for the request.
+    pub device: u32,
+    /// The stream handle on the wire (0: legacy stream).
+    pub stream: u64,
+    /// `*Async` variant: work that carries no guest data (device-to-device copies, memsets) is
+    /// fire-and-forget. Copies touching guest memory always wait, since the memory is pageable.
+    pub is_async: bool,
+}
+
+/// `cudaMemcpy`/`cudaMemcpyAsync` of `count` bytes.
+///
+/// # Safety
+/// Host-side ranges (`dst` for device-to-host and host-to-host, `src` for host-to-device and
+/// host-to-host) must be valid for `count` bytes, as the CUDA API requires.
+pub unsafe fn memcpy(
+    rt: &Runtime,
+    dst: u64,
+    src: u64,
+    count: usize,
+    kind: cudaMemcpyKind,
+    order: Ordering,
+) -> CudaResult<()> {
+    let dir = direction(rt, dst, src, kind)?;
+    rt.session.check_sticky(order.device)?;
+    if count == 0 {
+        return Ok(());
+    }
+    if dst == 0 || src == 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    match dir {
+        Direction::HostToHost => {
+            // SAFETY: both ranges are host memory valid for `count` bytes (caller contract);
+            // `copy` allows them to overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
+            Ok(())
+        }
+        // SAFETY: `src` is host memory readable for `count` bytes (caller contract).
+        Direction::HostToDevice => unsafe {
+            copy::host_to_device(
+                &rt.session,
+                order.device,
+                dst,
+                src as *const u8,
+                count,
+                order.stream,
+            )
+        },
+        // SAFETY: `dst` is host memory writable for `count` bytes (caller contract).
+        Direction::DeviceToHost => unsafe {
+            copy::device_to_host(
+                &rt.session,
+                order.device,
+                dst as *mut u8,
+                src,
+                count,
+                order.stream,
+            )
+        },
+        Direction::DeviceToDevice => {
+            let mut call = Call::new(Op::MemcpyDtoD, order.device).args(&[
+                dst,
+                src,
+                count as u64,
+                order.stream,
+            ]);
+            if order.is_async {
+                call = call.fire_and_forget();
+            }
+            rt.session.submit(call)?;
+            Ok(())
+        }
+    }
+}
+
+/// `cudaMemset`/`cudaMemsetAsync`: `count` bytes at device address `dst` set to the low byte of
+/// `value`.
+pub fn memset(rt: &Runtime, dst: u64, value: i32, count: usize, order: Ordering) -> CudaResult<()> {
+    rt.session.check_sticky(order.device)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let mut call = Call::new(Op::Memset, order.device).args(&[
+        dst,
+        u64::from(value as u8),
+        count as u64,
+        order.stream,
+    ]);
+    if order.is_async {
+        call = call.fire_and_forget();
+    }
+    rt.session.submit(call)?;
+    Ok(())
+}

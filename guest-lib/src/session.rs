@@ -1,0 +1,320 @@
+//! The session: this process's connection to the host through `/dev/qcuda`.
+//!
+//! It submits [`Call`]s through a [`Transport`] and owns the rules that apply to every call:
+//! the handshake, interrupted ioctls, turning errnos into CUDA errors, fire-and-forget policy,
+//! and sticky errors. A sticky error is one of the context-corrupting codes (illegal address,
+//! launch failure, ...) answered with `RESP_FLAG_STICKY`; it is kept per device, and from then on
+//! every call that needs that device's context fails with it locally, without a round trip,
+//! until `cudaDeviceReset`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use qcuda_proto::{Direction, Op, BOUNCE_THRESHOLD, RESP_FLAG_STICKY, VERSION};
+
+use crate::{
+    cuda_error::{CudaError, CudaResult},
+    generated as cu,
+    signal_mask::SignalsBlocked,
+    transport::{Call, Reply, Transport},
+    warnings::warn_once,
+};
+
+/// Device ordinals guest-lib tracks state for; a host with more GPUs shows the first 64.
+pub const MAX_DEVICES: usize = 64;
+
+/// What the host said in the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostInfo {
+    /// The host's wire version.
+    pub wire_version: u32,
+    /// GPUs on the host.
+    pub gpus: u32,
+    /// The host's `cuDriverGetVersion`, 0 without a driver.
+    pub driver_version: i32,
+}
+
+/// One process's connection to the host.
+pub struct Session {
+    transport: Box<dyn Transport>,
+    host: HostInfo,
+    /// Per device: the sticky `cudaError_t`, 0 while none.
+    sticky: [AtomicU32; MAX_DEVICES],
+    /// `CUDA_LAUNCH_BLOCKING=1`: every call waits for its result, so errors surface at the call
+    /// that caused them (as with NVIDIA's runtime).
+    launch_blocking: bool,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("host", &self.host)
+            .field("launch_blocking", &self.launch_blocking)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Performs the handshake over `transport`.
+    pub fn connect(transport: Box<dyn Transport>, launch_blocking: bool) -> CudaResult<Self> {
+        let mut session = Self {
+            transport,
+            host: HostInfo {
+                wire_version: 0,
+                gpus: 0,
+                driver_version: 0,
+            },
+            sticky: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            launch_blocking,
+        };
+        let reply = session.submit(Call::new(Op::Hello, 0).args(&[u64::from(VERSION)]))?;
+        session.host = HostInfo {
+            wire_version: reply.rets[0] as u32,
+            gpus: reply.rets[1] as u32,
+            driver_version: reply.rets[2] as i32,
+        };
+        Ok(session)
+    }
+
+    /// What the host said in the handshake.
+    pub fn host(&self) -> HostInfo {
+        self.host
+    }
+
+    /// Runs one call and returns the host's reply, or the CUDA error it stands for.
+    ///
+    /// Context ops on a device with a sticky error fail with it before anything is sent.
+    /// Fire-and-forget calls come back with `cudaSuccess` at once (the device reports their
+    /// failure at a later synchronising op), unless `CUDA_LAUNCH_BLOCKING=1` made them wait, or
+    /// they carry data that qcuda.ko would have to keep pinned (see [`may_fire_and_forget`]).
+    pub fn submit(&self, mut call: Call<'_>) -> CudaResult<Reply> {
+        let Some(op) = call.op() else {
+            return Err(CudaError::UNKNOWN);
+        };
+        if call.is_malformed() {
+            return Err(CudaError::UNKNOWN);
+        }
+        let device = call.device();
+        if needs_context(op) {
+            self.check_sticky(device)?;
+        }
+        if self.launch_blocking || !may_fire_and_forget(&call) {
+            call.wait_for_result();
+        }
+        if let Err(errno) = self.execute(op, &mut call) {
+            let e = call_errno_to_error(errno);
+            warn_once!(
+                "/dev/qcuda call {op:?} failed: {} (reported as {e:?}); further transport \
+                 failures are not logged",
+                std::io::Error::from_raw_os_error(errno)
+            );
+            return Err(e);
+        }
+        let reply = call.reply();
+        if let Some(e) = CudaError::from_code(reply.status) {
+            // RESP_FLAG_STICKY says the session holds a sticky error somewhere; the status is
+            // that error only if it is one of the sticky codes (another device's op, or a
+            // non-sticky failure, may carry the flag too).
+            if reply.flags & RESP_FLAG_STICKY != 0 && is_sticky(e) {
+                self.set_sticky(device, e);
+            }
+            return Err(e);
+        }
+        Ok(reply)
+    }
+
+    /// One ioctl, with the `EINTR` policy: a call that may safely run twice is sent again;
+    /// the others run with signals blocked, so that they are sent exactly once.
+    ///
+    /// A fire-and-forget call counts as repeatable: qcuda.ko queues it and returns at once, so
+    /// its only interruptible wait (for a free slot) comes before the request is queued
+    /// (docs/guest.md). That keeps the launch path free of signal-mask system calls.
+    fn execute(&self, op: Op, call: &mut Call<'_>) -> Result<(), i32> {
+        if is_idempotent(op) || call.is_fire_and_forget() {
+            loop {
+                match self.transport.execute(call) {
+                    Err(libc::EINTR) => continue,
+                    r => return r,
+                }
+            }
+        }
+        let _blocked = SignalsBlocked::block();
+        self.transport.execute(call)
+    }
+
+    /// The sticky error of `device`, if it has one.
+    pub fn sticky(&self, device: u32) -> Option<CudaError> {
+        let slot = self.sticky.get(device as usize)?;
+        CudaError::from_code(slot.load(Ordering::Acquire))
+    }
+
+    /// Fails with the sticky error of `device`, if it has one.
+    pub fn check_sticky(&self, device: u32) -> CudaResult<()> {
+        match self.sticky(device) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn set_sticky(&self, device: u32, e: CudaError) {
+        if let Some(slot) = self.sticky.get(device as usize) {
+            // The first sticky error is the one CUDA keeps reporting.
+            let _ = slot.compare_exchange(0, e.code(), Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Forgets the sticky error of `device` (after a successful `DeviceReset`).
+    pub fn clear_sticky(&self, device: u32) {
+        if let Some(slot) = self.sticky.get(device as usize) {
+            slot.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Whether `op` runs in a device context, so that a sticky error on that device fails it.
+/// Device queries, the handshake and `DeviceReset` (the way out of a sticky error) do not.
+pub fn needs_context(op: Op) -> bool {
+    match op {
+        Op::Hello
+        | Op::Echo
+        | Op::HostInfo
+        | Op::SessionClose
+        | Op::DeviceCount
+        | Op::DeviceInfo
+        | Op::DeviceAttributes
+        | Op::DriverVersion
+        | Op::DeviceReset => false,
+        Op::DeviceSynchronize
+        | Op::MemGetInfo
+        | Op::Malloc
+        | Op::Free
+        | Op::MemcpyHtoD
+        | Op::MemcpyDtoH
+        | Op::MemcpyDtoD
+        | Op::Memset
+        | Op::ModuleLoad
+        | Op::ModuleUnload
+        | Op::ModuleGetFunction
+        | Op::ModuleGetGlobal
+        | Op::LaunchKernel
+        | Op::StreamCreate
+        | Op::StreamDestroy
+        | Op::StreamSynchronize
+        | Op::StreamQuery
+        | Op::StreamWaitEvent
+        | Op::EventCreate
+        | Op::EventDestroy
+        | Op::EventRecord
+        | Op::EventSynchronize
+        | Op::EventElapsedTime
+        | Op::EventQuery => true,
+    }
+}
+
+/// Whether sending `op` twice has the same effect as sending it once, so that an interrupted
+/// call may simply be repeated.
+pub fn is_idempotent(op: Op) -> bool {
+    match op {
+        Op::Malloc
+        | Op::Free
+        | Op::ModuleLoad
+        | Op::ModuleUnload
+        | Op::LaunchKernel
+        | Op::StreamCreate
+        | Op::StreamDestroy
+        | Op::EventCreate
+        | Op::EventDestroy
+        | Op::SessionClose => false,
+        Op::Hello
+        | Op::Echo
+        | Op::HostInfo
+        | Op::DeviceCount
+        | Op::DeviceInfo
+        | Op::DeviceAttributes
+        | Op::DriverVersion
+        | Op::DeviceSynchronize
+        | Op::DeviceReset
+        | Op::MemGetInfo
+        | Op::MemcpyHtoD
+        | Op::MemcpyDtoH
+        | Op::MemcpyDtoD
+        | Op::Memset
+        | Op::ModuleGetFunction
+        | Op::ModuleGetGlobal
+        | Op::StreamSynchronize
+        | Op::StreamQuery
+        | Op::StreamWaitEvent
+        | Op::EventRecord
+        | Op::EventSynchronize
+        | Op::EventElapsedTime
+        | Op::EventQuery => true,
+    }
+}
+
+/// Whether qcuda.ko can take `call` fire-and-forget: no `Out` buffers (it refuses those), and
+/// every `In` buffer small enough to be copied into its bounce memory, so the caller may reuse
+/// or free its own buffer at once (a larger one would stay pinned until the device is done).
+pub fn may_fire_and_forget(call: &Call<'_>) -> bool {
+    let raw = call.raw();
+    raw.bufs[..raw.nbufs as usize]
+        .iter()
+        .all(|b| b.dir == Direction::In as u32 && b.len <= BOUNCE_THRESHOLD)
+}
+
+/// The sticky (context-corrupting) errors, as driver_types.h documents them and vhost-cuda
+/// treats them.
+pub fn is_sticky(e: CudaError) -> bool {
+    matches!(
+        e.code(),
+        cu::cudaErrorIllegalAddress
+            | cu::cudaErrorLaunchFailure
+            | cu::cudaErrorAssert
+            | cu::cudaErrorMisalignedAddress
+            | cu::cudaErrorIllegalInstruction
+            | cu::cudaErrorHardwareStackError
+            | cu::cudaErrorInvalidPc
+            | cu::cudaErrorInvalidAddressSpace
+            | cu::cudaErrorLaunchTimeout
+            | cu::cudaErrorContained
+            | cu::cudaErrorTensorMemoryLeak
+            | cu::cudaErrorMpsClientTerminated
+            | cu::cudaErrorExternalDevice
+            | cu::cudaErrorECCUncorrectable
+            | cu::cudaErrorNvlinkUncorrectable
+    )
+}
+
+/// The CUDA error that failing to open `/dev/qcuda` stands for.
+///
+/// | errno | meaning | cudaError_t |
+/// |---|---|---|
+/// | ENOENT, ENODEV, ENXIO | no qcuda device in this guest | cudaErrorNoDevice |
+/// | EACCES, EPERM | /dev/qcuda exists but is not accessible | cudaErrorNoDevice |
+/// | anything else | | cudaErrorUnknown |
+pub fn open_errno_to_error(errno: i32) -> CudaError {
+    match errno {
+        libc::ENOENT | libc::ENODEV | libc::ENXIO | libc::EACCES | libc::EPERM => {
+            CudaError::NO_DEVICE
+        }
+        _ => CudaError::UNKNOWN,
+    }
+}
+
+/// The CUDA error a failed `IOCTL_CALL` stands for.
+///
+/// | errno | meaning | cudaError_t |
+/// |---|---|---|
+/// | ENOTTY | the module does not speak this ioctl ABI | cudaErrorInsufficientDriver |
+/// | EFAULT, EINVAL, E2BIG | a buffer or size the module refused | cudaErrorInvalidValue |
+/// | ENOMEM | the guest kernel is out of memory | cudaErrorMemoryAllocation |
+/// | ENODEV, EIO | the device went away mid-session | cudaErrorDevicesUnavailable |
+/// | EINTR | a signal interrupted an op that is not repeated (signals were blocked, so only a kernel-side freeze gets here) | cudaErrorUnknown |
+/// | anything else | | cudaErrorUnknown |
+pub fn call_errno_to_error(errno: i32) -> CudaError {
+    match errno {
+        libc::ENOTTY => CudaError::INSUFFICIENT_DRIVER,
+        libc::EFAULT | libc::EINVAL | libc::E2BIG => CudaError::INVALID_VALUE,
+        libc::ENOMEM => CudaError::MEMORY_ALLOCATION,
+        libc::ENODEV | libc::EIO => CudaError::DEVICES_UNAVAILABLE,
+        _ => CudaError::UNKNOWN,
+    }
+}

@@ -1,0 +1,34 @@
+//! Shared by the integration tests: the libcudart.so.13 built from this very test run.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+/// guest-lib's directory.
+pub fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Links the staticlib cargo built for this test run (`<target>/<profile>/libqcudart.a`) with
+/// `link.sh` into `<tmp>/<name>/libcudart.so.13`, exactly as build.sh does for the release build.
+pub fn link_library(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // <target>/<profile>/deps/<test binary>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target profile dir");
+    let archive = profile_dir.join("libqcudart.a");
+    assert!(archive.exists(), "{} was not built", archive.display());
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(name)
+        .join("libcudart.so.13");
+    let status = Command::new(crate_dir().join("link.sh"))
+        .arg(&archive)
+        .arg(&out)
+        .status()
+        .expect("run link.sh");
+    assert!(status.success(), "link.sh failed");
+    out
+}
