@@ -1,1 +1,167 @@
-fn main() {}
+// SPDX-License-Identifier: Apache-2.0 OR MIT
+//! qcuda-smi: the guest's view of the qcuda transport, in the spirit of nvidia-smi.
+//!
+//! It talks to `/dev/qcuda` (qcuda.ko) directly with the generic call ioctl of qcuda-proto,
+//! bypassing guest-lib, so it can list the host's GPUs and test the transport on its own:
+//! `selftest` (echo over every size class, refused calls), `stress` (many sessions and threads
+//! with calls in flight) and `killtest` (processes killed mid-call); `sessions` prints how many
+//! sessions the host has open. docs/testing.md describes how the in-VM tests use it.
+
+mod call_plan;
+mod child_process;
+mod device;
+mod host_info;
+mod killtest;
+mod page_buffer;
+mod prng;
+mod selftest;
+mod shared_slots;
+mod size;
+mod stress;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+use qcuda_proto::ioctl::DEVICE_PATH;
+
+/// List the host GPUs seen through /dev/qcuda, or test the qcuda transport.
+#[derive(Debug, Parser)]
+#[command(name = "qcuda-smi", version)]
+struct Args {
+    /// The qcuda device node.
+    #[arg(long, global = true, default_value = DEVICE_PATH)]
+    device: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the number of sessions the host has open on this VM's device, this one included
+    /// (1 when no other process has /dev/qcuda open).
+    Sessions,
+    /// Echo over sizes from 0 B to --max-size, checking data and checksums, then check that
+    /// malformed calls are refused.
+    Selftest {
+        /// Largest echo (e.g. 64M, 256M). Transfers over one buffer's maximum (64 MiB) are
+        /// split into calls.
+        #[arg(long, default_value = "256M", value_parser = size::parse_size)]
+        max_size: u64,
+        /// Seed of the test data.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Processes x threads issuing random-size echo calls concurrently, all verified.
+    Stress {
+        /// Processes, each its own session.
+        #[arg(long, default_value_t = 8)]
+        procs: u32,
+        /// Threads per process, sharing its session.
+        #[arg(long, default_value_t = 4)]
+        threads: u32,
+        /// Calls per thread.
+        #[arg(long, default_value_t = 200)]
+        iters: u64,
+        /// Largest echo.
+        #[arg(long, default_value = "1M", value_parser = size::parse_size)]
+        max_size: u64,
+        /// Seed of sizes, offsets and data.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Children in endless large echo calls, each killed with SIGKILL mid-call and reaped.
+    Killtest {
+        /// Children to kill.
+        #[arg(long, default_value_t = 100)]
+        count: u32,
+        /// Children alive at once.
+        #[arg(long, default_value_t = 4)]
+        parallel: u32,
+        /// Echo size of the children's calls.
+        #[arg(long, default_value = "16M", value_parser = size::parse_size)]
+        size: u64,
+        /// Shortest delay before a kill, in ms.
+        #[arg(long, default_value_t = 5)]
+        min_delay_ms: u64,
+        /// Longest delay before a kill, in ms.
+        #[arg(long, default_value_t = 200)]
+        max_delay_ms: u64,
+        /// Seed of the delays.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`qcuda-smi selftest | head`), like other Unix tools,
+    // instead of panicking in println.
+    // SAFETY: called before any thread exists; SIG_DFL is a valid disposition for SIGPIPE.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let args = Args::parse();
+    let result = match &args.command {
+        None => device::Device::open(&args.device).and_then(|dev| host_info::run(&dev)),
+        Some(Command::Sessions) => device::Device::open(&args.device).and_then(|dev| {
+            let hello = dev.hello().map_err(|e| format!("hello: {e}"))?;
+            println!("{}", hello.sessions);
+            Ok(())
+        }),
+        Some(Command::Selftest { max_size, seed }) => {
+            device::Device::open(&args.device).and_then(|dev| {
+                selftest::run(
+                    &dev,
+                    &selftest::SelftestOptions {
+                        max_size: *max_size,
+                        seed: *seed,
+                    },
+                )
+            })
+        }
+        Some(Command::Stress {
+            procs,
+            threads,
+            iters,
+            max_size,
+            seed,
+        }) => stress::run(
+            &args.device,
+            &stress::StressOptions {
+                procs: *procs,
+                threads: *threads,
+                iters: *iters,
+                max_size: *max_size,
+                seed: *seed,
+            },
+        ),
+        Some(Command::Killtest {
+            count,
+            parallel,
+            size,
+            min_delay_ms,
+            max_delay_ms,
+            seed,
+        }) => killtest::run(
+            &args.device,
+            &killtest::KillOptions {
+                count: *count,
+                parallel: *parallel,
+                size: *size,
+                min_delay_ms: *min_delay_ms,
+                max_delay_ms: *max_delay_ms,
+                seed: *seed,
+            },
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let what = match &args.command {
+                None | Some(Command::Sessions) => "",
+                Some(Command::Selftest { .. }) => "selftest FAILED: ",
+                Some(Command::Stress { .. }) => "stress FAILED: ",
+                Some(Command::Killtest { .. }) => "killtest FAILED: ",
+            };
+            eprintln!("qcuda-smi: {what}{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: Apache-2.0 OR MIT
+//! `/dev/qcuda` as qcuda-smi sees it: an open file and the one generic call ioctl
+//! (qcuda-proto's `ioctl` module), plus the three transport ops, Hello, Echo and HostInfo.
+//!
+//! This is deliberately independent of guest-lib: qcuda-smi checks the transport itself, so it
+//! builds its [`IoctlCall`]s by hand, including malformed ones for the refusal checks.
+
+use std::{
+    fmt,
+    fs::{File, OpenOptions},
+    io,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+};
+
+use qcuda_proto::{
+    ioctl::{IoctlCall, IOCTL_CALL, IOCTL_CALL_SIZE},
+    status, Direction, GpuInfo, Op, GPU_INFO_SIZE, VERSION,
+};
+
+// The kernel copies exactly IOCTL_CALL_SIZE bytes in and out of this struct.
+const _: () = assert!(std::mem::size_of::<IoctlCall>() == IOCTL_CALL_SIZE);
+
+/// Why a call did not produce a response.
+#[derive(Debug)]
+pub enum CallError {
+    /// The ioctl itself failed: the kernel refused or could not carry the request.
+    Ioctl(io::Error),
+    /// The device answered with a status other than success.
+    Status(u32),
+}
+
+impl CallError {
+    /// The errno of a refused ioctl.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Ioctl(e) => e.raw_os_error(),
+            Self::Status(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ioctl(e) => match e.raw_os_error() {
+                Some(n) => write!(f, "ioctl failed with {} ({e})", errno_name(n)),
+                None => write!(f, "ioctl failed: {e}"),
+            },
+            Self::Status(s) => write!(f, "device answered status {} ({s})", status_name(*s)),
+        }
+    }
+}
+
+/// The symbolic name of the errnos the kernel module uses.
+pub fn errno_name(n: i32) -> &'static str {
+    match n {
+        libc::EPERM => "EPERM",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::E2BIG => "E2BIG",
+        libc::ENOMEM => "ENOMEM",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::ENODEV => "ENODEV",
+        libc::EINVAL => "EINVAL",
+        libc::ENOTTY => "ENOTTY",
+        libc::ENOSPC => "ENOSPC",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        _ => "errno",
+    }
+}
+
+/// The `cudaError_t` name of the statuses the transport ops can answer.
+pub fn status_name(s: u32) -> &'static str {
+    match s {
+        status::SUCCESS => "cudaSuccess",
+        status::INVALID_VALUE => "cudaErrorInvalidValue",
+        status::MEMORY_ALLOCATION => "cudaErrorMemoryAllocation",
+        status::INITIALIZATION_ERROR => "cudaErrorInitializationError",
+        status::INSUFFICIENT_DRIVER => "cudaErrorInsufficientDriver",
+        status::NO_DEVICE => "cudaErrorNoDevice",
+        status::NOT_SUPPORTED => "cudaErrorNotSupported",
+        status::UNKNOWN => "cudaErrorUnknown",
+        _ => "other",
+    }
+}
+
+/// What Hello answers.
+#[derive(Debug, Clone, Copy)]
+pub struct HelloReply {
+    /// The host's wire version.
+    pub host_version: u64,
+    /// GPUs the host offers.
+    pub gpu_count: u64,
+    /// cuDriverGetVersion, 0 without a driver.
+    pub driver_version: u64,
+    /// Sessions the host has open on this VM's device connection, the caller's included.
+    pub sessions: u64,
+}
+
+/// What HostInfo answers.
+#[derive(Debug, Clone)]
+pub struct HostInfoReply {
+    /// The GPUs, in host order.
+    pub gpus: Vec<GpuInfo>,
+    /// cuDriverGetVersion, 0 without a driver.
+    pub driver_version: u64,
+}
+
+/// An open `/dev/qcuda`: one session, for as long as it stays open.
+#[derive(Debug)]
+pub struct Device {
+    file: File,
+    path: PathBuf,
+}
+
+impl Device {
+    /// Opens the device node.
+    pub fn open(path: &Path) -> Result<Self, String> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| {
+                let hint = if e.kind() == io::ErrorKind::NotFound {
+                    " (is qcuda.ko loaded, and does the VM have a vhost-user-cuda-pci device?)"
+                } else {
+                    ""
+                };
+                format!("cannot open {}: {e}{hint}", path.display())
+            })?;
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+        })
+    }
+
+    /// The node this was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Issues `call` as is and returns the ioctl's result; `status`, `resp_flags` and `rets`
+    /// are filled in on success. Used directly only for deliberately malformed calls.
+    ///
+    /// # Safety
+    /// Every buffer `call` names must be valid for the device to read (`In`) or write (`Out`)
+    /// for the duration of the call, or lie outside this process's mappings (a bad address the
+    /// kernel must refuse with EFAULT).
+    pub unsafe fn call_raw(&self, call: &mut IoctlCall) -> Result<(), io::Error> {
+        // SAFETY: `call` is a live, exclusively borrowed #[repr(C)] IoctlCall of exactly
+        // IOCTL_CALL_SIZE bytes, which is what IOCTL_CALL encodes; the kernel reads and writes
+        // only those bytes. The buffers it names are the caller's responsibility (above).
+        let rc = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                IOCTL_CALL as libc::Ioctl,
+                call as *mut IoctlCall,
+            )
+        };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Issues an ioctl command number the module does not define (IOCTL_CALL's with another
+    /// number) with a valid argument; the module must answer ENOTTY.
+    pub fn unknown_ioctl(&self, call: &mut IoctlCall) -> Result<(), io::Error> {
+        let cmd = (IOCTL_CALL & !0xff) | 0x7f;
+        // SAFETY: `call` is a live, exclusively borrowed IoctlCall of the size the command
+        // encodes; a module that wrongly accepted the command could at most read and write it.
+        let rc = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                cmd as libc::Ioctl,
+                call as *mut IoctlCall,
+            )
+        };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Issues a call whose buffers are valid; a non-success status is an error. Retries a call
+    /// interrupted by a signal (EINTR): no op of this tool has side effects that matter.
+    ///
+    /// # Safety
+    /// As for [`Device::call_raw`], and every buffer must be valid.
+    unsafe fn call(&self, call: &mut IoctlCall) -> Result<(), CallError> {
+        loop {
+            // SAFETY: forwarded from the caller.
+            match unsafe { self.call_raw(call) } {
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(CallError::Ioctl(e)),
+                Ok(()) if call.status != status::SUCCESS => {
+                    return Err(CallError::Status(call.status))
+                }
+                Ok(()) => return Ok(()),
+            }
+        }
+    }
+
+    /// The version handshake.
+    pub fn hello(&self) -> Result<HelloReply, CallError> {
+        let mut call = IoctlCall::new(Op::Hello);
+        call.args[0] = u64::from(VERSION);
+        // SAFETY: Hello names no buffers.
+        unsafe { self.call(&mut call) }?;
+        Ok(HelloReply {
+            host_version: call.rets[0],
+            gpu_count: call.rets[1],
+            driver_version: call.rets[2],
+            sessions: call.rets[3],
+        })
+    }
+
+    /// The host's GPUs. Asks again with a larger buffer if the host has more than fit.
+    pub fn host_info(&self) -> Result<HostInfoReply, CallError> {
+        let mut room = 16usize;
+        loop {
+            let mut out = vec![0u8; room * GPU_INFO_SIZE];
+            let mut call = IoctlCall::new(Op::HostInfo);
+            call.push(Direction::Out, out.as_mut_ptr() as u64, out.len() as u64)
+                .expect("one buffer fits");
+            // SAFETY: `out` is a live, writable allocation of the length named, unused until
+            // the call returns.
+            unsafe { self.call(&mut call) }?;
+            let count = call.rets[0] as usize;
+            if count > room {
+                room = count;
+                continue;
+            }
+            let gpus = out
+                .chunks_exact(GPU_INFO_SIZE)
+                .take(count)
+                .map(|rec| GpuInfo::decode(rec).expect("record is GPU_INFO_SIZE bytes"))
+                .collect();
+            return Ok(HostInfoReply {
+                gpus,
+                driver_version: call.rets[1],
+            });
+        }
+    }
+
+    /// Echo: the device copies `input` into `output` (same length) and returns the checksum of
+    /// what it read.
+    pub fn echo(&self, input: &[u8], output: &mut [u8]) -> Result<u64, CallError> {
+        assert_eq!(input.len(), output.len(), "echo buffers differ in length");
+        let mut call = echo_call(
+            input.as_ptr() as u64,
+            output.as_mut_ptr() as u64,
+            input.len() as u64,
+        );
+        // SAFETY: `input` is readable and `output` writable, for their whole lengths, and both
+        // stay borrowed until the call returns; they may not overlap (`&` and `&mut`).
+        unsafe { self.call(&mut call) }?;
+        Ok(call.rets[0])
+    }
+}
+
+/// An Echo call from `in_addr` to `out_addr`, `len` bytes each.
+pub fn echo_call(in_addr: u64, out_addr: u64, len: u64) -> IoctlCall {
+    let mut call = IoctlCall::new(Op::Echo);
+    call.push(Direction::In, in_addr, len)
+        .expect("two buffers fit");
+    call.push(Direction::Out, out_addr, len)
+        .expect("two buffers fit");
+    call
+}
+
+/// A driver version as CUDA prints it: 13000 -> "13.0", 12040 -> "12.4".
+pub fn driver_version_text(v: u64) -> String {
+    format!("{}.{}", v / 1000, v % 1000 / 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_call_has_the_echo_shape() {
+        let call = echo_call(0x1000, 0x2000, 7);
+        let decoded = IoctlCall::decode(&call.encode()).expect("valid call");
+        assert_eq!(decoded.header().checked_op(), Ok(Op::Echo));
+        assert_eq!(decoded.bufs[0].addr, 0x1000);
+        assert_eq!(decoded.bufs[1].dir, Direction::Out as u32);
+    }
+
+    #[test]
+    fn in_memory_layout_is_the_encoding() {
+        let mut call = echo_call(0x1111_2222_3333_4444, 0x5555, 65537);
+        call.args[7] = 0xdead_beef;
+        call.flags = 1;
+        // SAFETY: IoctlCall is #[repr(C)], plain integers, no padding (asserted above), so
+        // viewing it as bytes is sound.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&call as *const IoctlCall).cast::<u8>(), IOCTL_CALL_SIZE)
+        };
+        assert_eq!(bytes, &call.encode()[..]);
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(driver_version_text(13000), "13.0");
+        assert_eq!(driver_version_text(12040), "12.4");
+        assert_eq!(errno_name(libc::EFAULT), "EFAULT");
+        assert_eq!(status_name(status::NOT_SUPPORTED), "cudaErrorNotSupported");
+    }
+}
