@@ -1,2 +1,370 @@
 //! vhost-cuda: a vhost-user backend that executes qcuda requests on the host GPU.
+//!
+//! The data path, top to bottom: `main.rs` (command line) → this file (sockets and the
+//! connection lifecycle) → `vhu_cuda.rs` (the vhost-user backend, draining the queue) →
+//! `chain.rs` (descriptor chain → validated [`guest_buffer::Request`]) → `session.rs` (one
+//! worker per guest process) → `transport_ops.rs` (Hello, Echo) or `cuda/` (every CUDA op).
+//!
+//! Lifecycle of one socket: bind once, then for each connection a fresh backend and
+//! `VhostUserDaemon`, `start` (accept) and `wait`. A disconnect, clean or not, closes that
+//! connection's sessions and the loop waits for the next frontend; the socket file stays.
+//! SIGINT/SIGTERM stop every socket's loop and remove the socket files.
+
+pub mod chain;
+pub mod cuda;
 pub mod guest_buffer;
+pub mod session;
+pub mod signals;
+pub mod socket;
+pub mod transport_ops;
+pub mod vhu_cuda;
+
+use std::{
+    os::fd::{AsRawFd, RawFd},
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard},
+    thread,
+    time::Duration,
+};
+
+use thiserror::Error as ThisError;
+use tracing::{error, info, warn};
+use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::GuestMemoryAtomic;
+
+use crate::{cuda::CudaHost, guest_buffer::GuestRam, vhu_cuda::VhostCudaBackend};
+
+/// Most sockets one process serves.
+pub const MAX_SOCKETS: u32 = 64;
+
+/// Consecutive failed accepts after which a socket is given up.
+const MAX_ACCEPT_FAILURES: u32 = 10;
+
+/// Errors of the daemon.
+#[derive(Debug, ThisError)]
+pub enum Error {
+    /// The directory that should hold the socket does not exist.
+    #[error("socket directory {0} does not exist")]
+    SocketDirMissing(PathBuf),
+    /// The socket's parent is not a directory.
+    #[error("{0} is not a directory")]
+    SocketDirNotDir(PathBuf),
+    /// The socket path has no file name.
+    #[error("socket path {0} does not name a file")]
+    SocketPathNoName(PathBuf),
+    /// The socket path does not fit a sockaddr_un.
+    #[error("socket path {0} is longer than the 107 bytes a Unix socket path may have")]
+    SocketPathTooLong(PathBuf),
+    /// `--socket-count` out of range.
+    #[error("--socket-count must be between 1 and {MAX_SOCKETS}, not {0}")]
+    BadSocketCount(u32),
+    /// The log filter does not parse.
+    #[error("invalid log level {0:?}: {1}")]
+    BadLogLevel(String, String),
+    /// `--gpu` names a GPU the host does not have.
+    #[error("--gpu: {0}")]
+    Gpu(#[from] cuda::HostError),
+    /// A socket cannot be bound.
+    #[error(transparent)]
+    Socket(#[from] socket::SocketError),
+    /// vhost-user-backend refused to create the daemon.
+    #[error("cannot create the vhost-user daemon: {0}")]
+    CreateDaemon(String),
+    /// A socket stopped accepting connections.
+    #[error("socket {path}: cannot accept connections: {reason}")]
+    Accept {
+        /// The socket path.
+        path: PathBuf,
+        /// The last accept error.
+        reason: String,
+    },
+    /// Signal handling cannot be set up.
+    #[error("cannot set up signal handling: {0}")]
+    Signals(std::io::Error),
+    /// A socket's thread cannot be started.
+    #[error("cannot start a thread: {0}")]
+    Thread(std::io::Error),
+    /// A socket's thread panicked (a bug).
+    #[error("a socket thread panicked")]
+    SocketThreadPanicked,
+}
+
+/// Result of daemon operations.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The socket path as given.
+    pub socket_path: PathBuf,
+    /// Sockets to serve: 1 serves `socket_path` itself; N > 1 serves `socket_path.0` ..
+    /// `socket_path.(N-1)`.
+    pub socket_count: u32,
+    /// Host GPU the guests are restricted to (they see it as their device 0).
+    pub gpu: Option<u32>,
+    /// The tracing filter (`info`, `vhost_cuda=debug`, ...).
+    pub log_filter: String,
+}
+
+impl Config {
+    /// The socket paths this configuration serves.
+    pub fn socket_paths(&self) -> Vec<PathBuf> {
+        if self.socket_count == 1 {
+            return vec![self.socket_path.clone()];
+        }
+        (0..self.socket_count)
+            .map(|i| {
+                let mut p = self.socket_path.clone().into_os_string();
+                p.push(format!(".{i}"));
+                PathBuf::from(p)
+            })
+            .collect()
+    }
+}
+
+/// Runs the daemon until SIGINT or SIGTERM: binds every socket, then serves one connection
+/// after another on each.
+pub fn start_backend(config: Config) -> Result<()> {
+    // Before any thread exists, so that every thread inherits the mask.
+    let signals = signals::block().map_err(Error::Signals)?;
+    let host = CudaHost::with_gpu_filter(config.gpu)?;
+    info!(
+        "CUDA: driver version {}, {} GPU(s) for guests{}",
+        host.driver_version(),
+        host.gpu_count(),
+        config
+            .gpu
+            .map_or(String::new(), |g| format!(" (host GPU {g} only)"))
+    );
+    let server = Server::bind(&config, host)?;
+    let stop = server.stop_handle();
+    signals
+        .spawn_handler(config.socket_paths(), move || stop.stop())
+        .map_err(Error::Signals)?;
+    server.run()
+}
+
+/// Stop state of one socket, shared between its serving thread and whoever stops it.
+#[derive(Debug)]
+struct SocketControl {
+    path: PathBuf,
+    listener_fd: RawFd,
+    state: Mutex<SocketState>,
+}
+
+#[derive(Default)]
+struct SocketState {
+    stopping: bool,
+    /// The listener is still open, so `listener_fd` is still ours.
+    listener_open: bool,
+    connection: Option<ShutdownHandle>,
+}
+
+impl std::fmt::Debug for SocketState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketState")
+            .field("stopping", &self.stopping)
+            .field("listener_open", &self.listener_open)
+            .field("connected", &self.connection.is_some())
+            .finish()
+    }
+}
+
+impl SocketControl {
+    fn state(&self) -> MutexGuard<'_, SocketState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stopping(&self) -> bool {
+        self.state().stopping
+    }
+
+    fn stop(&self) {
+        let mut st = self.state();
+        st.stopping = true;
+        if st.listener_open {
+            // Wakes a thread blocked in accept(2) on it (Linux returns EINVAL).
+            // SAFETY: the fd is the open listener: `listener_open` is cleared under this lock
+            // before the listener is closed, so the fd cannot have been reused.
+            unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
+        }
+        if let Some(c) = &st.connection {
+            c.shutdown();
+        }
+    }
+
+    /// Records the live connection; false if a stop came first.
+    fn connected(&self, handle: Option<ShutdownHandle>) -> bool {
+        let mut st = self.state();
+        st.connection = handle;
+        !st.stopping
+    }
+
+    fn disconnected(&self) {
+        self.state().connection = None;
+    }
+
+    fn close_listener(&self, listener: Listener) {
+        self.state().listener_open = false;
+        // Listener's drop removes the socket file.
+        drop(listener);
+    }
+}
+
+/// Stops a running [`Server`]; cheap to clone, usable from any thread.
+#[derive(Debug, Clone)]
+pub struct StopHandle {
+    sockets: Vec<Arc<SocketControl>>,
+}
+
+impl StopHandle {
+    /// Stops every socket: no new connections, live ones are shut down, sessions closed,
+    /// socket files removed. [`Server::run`] then returns.
+    pub fn stop(&self) {
+        for s in &self.sockets {
+            s.stop();
+        }
+    }
+}
+
+/// The bound sockets, ready to serve.
+pub struct Server {
+    sockets: Vec<(Listener, Arc<SocketControl>)>,
+    host: Arc<CudaHost>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.sockets.iter().map(|(_, c)| &c.path))
+            .finish()
+    }
+}
+
+impl Server {
+    /// Binds every socket of `config`. Fails without side effects if any is in use.
+    pub fn bind(config: &Config, host: Arc<CudaHost>) -> Result<Self> {
+        let mut sockets = Vec::new();
+        for path in config.socket_paths() {
+            // On error the listeners bound so far drop and remove their files.
+            let listener = socket::bind(&path)?;
+            let control = Arc::new(SocketControl {
+                listener_fd: listener.as_raw_fd(),
+                path,
+                state: Mutex::new(SocketState {
+                    listener_open: true,
+                    ..SocketState::default()
+                }),
+            });
+            sockets.push((listener, control));
+        }
+        Ok(Self { sockets, host })
+    }
+
+    /// A handle that stops this server.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            sockets: self.sockets.iter().map(|(_, c)| c.clone()).collect(),
+        }
+    }
+
+    /// Serves every socket, each on its own thread, until stopped. A socket that fails does
+    /// not stop the others; the first failure is returned once all have ended.
+    pub fn run(self) -> Result<()> {
+        let mut threads = Vec::new();
+        for (i, (listener, control)) in self.sockets.into_iter().enumerate() {
+            let host = self.host.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("qcuda-vm{i}"))
+                .spawn(move || serve_socket(listener, control, host));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    error!("cannot start the thread of socket {i}: {e}");
+                    return Err(Error::Thread(e));
+                }
+            }
+        }
+        let mut result = Ok(());
+        for t in threads {
+            let r = t.join().unwrap_or(Err(Error::SocketThreadPanicked));
+            if let Err(e) = r {
+                error!("{e}");
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+        }
+        result
+    }
+}
+
+/// One connection's daemon, ended properly: the vring worker threads are told to exit and
+/// joined (when the daemon drops), then the backend closes its sessions.
+fn end_connection(daemon: VhostUserDaemon<Arc<VhostCudaBackend>>, backend: &VhostCudaBackend) {
+    for handler in daemon.get_epoll_handlers() {
+        handler.send_exit_event();
+    }
+    drop(daemon);
+    backend.disconnect();
+}
+
+fn serve_socket(
+    mut listener: Listener,
+    control: Arc<SocketControl>,
+    host: Arc<CudaHost>,
+) -> Result<()> {
+    let label = control.path.display().to_string();
+    let mut failures = 0u32;
+    let result = loop {
+        if control.stopping() {
+            break Ok(());
+        }
+        let mem = GuestMemoryAtomic::new(GuestRam::new());
+        let backend = Arc::new(VhostCudaBackend::new(host.clone(), mem.clone(), &*label));
+        let mut daemon = match VhostUserDaemon::new("vhost-cuda".to_string(), backend.clone(), mem)
+        {
+            Ok(d) => d,
+            Err(e) => break Err(Error::CreateDaemon(e.to_string())),
+        };
+        info!(vm = %label, "waiting for a frontend");
+        if let Err(e) = daemon.start(&mut listener) {
+            end_connection(daemon, &backend);
+            if control.stopping() {
+                break Ok(());
+            }
+            failures += 1;
+            error!(vm = %label, "accept failed ({failures}/{MAX_ACCEPT_FAILURES}): {e}");
+            if failures >= MAX_ACCEPT_FAILURES {
+                break Err(Error::Accept {
+                    path: control.path.clone(),
+                    reason: e.to_string(),
+                });
+            }
+            thread::sleep(Duration::from_millis(100 * u64::from(failures)));
+            continue;
+        }
+        failures = 0;
+        if !control.connected(daemon.shutdown_handle()) {
+            daemon.request_shutdown();
+        }
+        info!(vm = %label, "frontend connected");
+        let ended = daemon.wait();
+        control.disconnected();
+        match ended {
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(VhostUserError::Disconnected)) => {
+                info!(vm = %label, "frontend disconnected")
+            }
+            Err(vhost_user_backend::Error::HandleRequest(
+                e @ (VhostUserError::PartialMessage | VhostUserError::SocketBroken(_)),
+            )) => warn!(vm = %label, "frontend disconnected abruptly: {e}"),
+            Err(e) => warn!(vm = %label, "frontend connection ended: {e}"),
+        }
+        end_connection(daemon, &backend);
+    };
+    control.close_listener(listener);
+    info!(vm = %label, "socket closed");
+    result
+}

@@ -1,1 +1,224 @@
-fn main() {}
+//! The `vhost-cuda` command: parse and validate the command line, set up logging, serve.
+//!
+//! Exit status: 0 after SIGINT/SIGTERM, 1 when serving fails (socket in use, bind or accept
+//! failure), 2 for an invalid command line or configuration.
+
+use std::{io::IsTerminal, path::PathBuf, process::exit};
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+use vhost_cuda::{start_backend, Config, Error, Result, MAX_SOCKETS};
+
+/// Longest socket path: sockaddr_un.sun_path holds 108 bytes including the NUL.
+const MAX_SOCKET_PATH: usize = 107;
+
+/// vhost-user backend for qcuda: runs the CUDA calls of a QEMU guest on this host's GPU.
+#[derive(Parser, Debug)]
+#[command(name = "vhost-cuda", version, about, long_about = None)]
+struct Args {
+    /// vhost-user Unix socket to listen on (QEMU's -chardev socket,path=...). Its directory
+    /// must exist. With --socket-count N > 1 the sockets are PATH.0 ... PATH.(N-1).
+    #[arg(long, value_name = "PATH")]
+    socket_path: PathBuf,
+
+    /// Number of sockets (VMs) this process serves, each isolated from the others.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    socket_count: u32,
+
+    /// Restrict the guests to this host GPU ordinal.
+    #[arg(long, value_name = "ORDINAL")]
+    gpu: Option<u32>,
+
+    /// Log filter: error, warn, info, debug, trace, or tracing directives such as
+    /// "vhost_cuda=debug". Default: $RUST_LOG, else info.
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+}
+
+impl TryFrom<Args> for Config {
+    type Error = Error;
+
+    fn try_from(args: Args) -> Result<Self> {
+        if args.socket_count == 0 || args.socket_count > MAX_SOCKETS {
+            return Err(Error::BadSocketCount(args.socket_count));
+        }
+        let path = args.socket_path;
+        if path.file_name().is_none() {
+            return Err(Error::SocketPathNoName(path));
+        }
+        // The longest path served: PATH itself or PATH.(N-1).
+        let suffix = if args.socket_count > 1 {
+            format!(".{}", args.socket_count - 1).len()
+        } else {
+            0
+        };
+        if path.as_os_str().len() + suffix > MAX_SOCKET_PATH {
+            return Err(Error::SocketPathTooLong(path));
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(Error::SocketDirNotDir(dir)),
+            Err(_) => return Err(Error::SocketDirMissing(dir)),
+        }
+        let log_filter = args
+            .log_level
+            .or_else(|| std::env::var("RUST_LOG").ok())
+            .unwrap_or_else(|| "info".to_string());
+        EnvFilter::try_new(&log_filter)
+            .map_err(|e| Error::BadLogLevel(log_filter.clone(), e.to_string()))?;
+        Ok(Config {
+            socket_path: path,
+            socket_count: args.socket_count,
+            gpu: args.gpu,
+            log_filter,
+        })
+    }
+}
+
+fn main() {
+    let config = match Config::try_from(Args::parse()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vhost-cuda: {e}");
+            exit(2);
+        }
+    };
+    // Validated in try_from; also bridges the `log` records of the rust-vmm crates.
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(&config.log_filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    if let Err(e) = start_backend(config) {
+        eprintln!("vhost-cuda: {e}");
+        exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(path: &str) -> Args {
+        Args {
+            socket_path: path.into(),
+            socket_count: 1,
+            gpu: None,
+            log_level: Some("info".into()),
+        }
+    }
+
+    fn tmp() -> String {
+        std::env::temp_dir().display().to_string()
+    }
+
+    #[test]
+    fn valid_arguments() {
+        let path = format!("{}/vm0.sock", tmp());
+        let config = Config::try_from(Args {
+            gpu: Some(1),
+            ..args(&path)
+        })
+        .unwrap();
+        assert_eq!(
+            config,
+            Config {
+                socket_path: path.clone().into(),
+                socket_count: 1,
+                gpu: Some(1),
+                log_filter: "info".into(),
+            }
+        );
+        assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);
+        // A bare file name lives in the current directory.
+        assert!(Config::try_from(args("vm0.sock")).is_ok());
+    }
+
+    #[test]
+    fn socket_count_names_the_sockets() {
+        let path = format!("{}/vm.sock", tmp());
+        let config = Config::try_from(Args {
+            socket_count: 3,
+            ..args(&path)
+        })
+        .unwrap();
+        let names: Vec<String> = config
+            .socket_paths()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            ["0", "1", "2"].map(|i| format!("{path}.{i}")).to_vec()
+        );
+        for n in [0, MAX_SOCKETS + 1] {
+            assert!(matches!(
+                Config::try_from(Args {
+                    socket_count: n,
+                    ..args(&path)
+                }),
+                Err(Error::BadSocketCount(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn missing_socket_directory_is_a_clear_error() {
+        let err = Config::try_from(args("/nonexistent-qcuda-dir/x/vm0.sock")).unwrap_err();
+        assert!(matches!(err, Error::SocketDirMissing(_)));
+        assert_eq!(
+            err.to_string(),
+            "socket directory /nonexistent-qcuda-dir/x does not exist"
+        );
+        // A file where the directory should be.
+        let file = std::env::temp_dir().join(format!("vhost-cuda-notdir-{}", std::process::id()));
+        std::fs::write(&file, b"").unwrap();
+        let err = Config::try_from(args(&format!("{}/vm0.sock", file.display()))).unwrap_err();
+        assert!(matches!(err, Error::SocketDirNotDir(_)));
+        std::fs::remove_file(file).unwrap();
+    }
+
+    #[test]
+    fn bad_paths_and_log_levels() {
+        assert!(matches!(
+            Config::try_from(args("/")),
+            Err(Error::SocketPathNoName(_))
+        ));
+        let long = format!("{}/{}", tmp(), "s".repeat(120));
+        assert!(matches!(
+            Config::try_from(args(&long)),
+            Err(Error::SocketPathTooLong(_))
+        ));
+        let path = format!("{}/vm0.sock", tmp());
+        assert!(matches!(
+            Config::try_from(Args {
+                log_level: Some("vhost_cuda=loud".into()),
+                ..args(&path)
+            }),
+            Err(Error::BadLogLevel(..))
+        ));
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Args::command().debug_assert();
+        let a = Args::try_parse_from([
+            "vhost-cuda",
+            "--socket-path",
+            "/run/qcuda/vm0.sock",
+            "--socket-count",
+            "2",
+            "--gpu",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(a.socket_count, 2);
+        assert_eq!(a.gpu, Some(0));
+        assert!(Args::try_parse_from(["vhost-cuda"]).is_err());
+    }
+}

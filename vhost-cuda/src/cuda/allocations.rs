@@ -1,0 +1,245 @@
+//! The device memory one session may touch on one device.
+//!
+//! Device pointers cross the wire as real `CUdeviceptr` values, because kernels dereference
+//! them. Every pointer the guest hands to a host-side copy, memset or free is therefore checked
+//! here first: a range must lie inside one region this session owns on that device, either an
+//! allocation of its own (`Malloc`) or a module global it looked up (`ModuleGetGlobal`).
+//! Nothing here calls the driver.
+
+use std::collections::BTreeMap;
+
+/// Most regions one session may hold on one device. Device memory bounds the count in
+/// practice; this only keeps a hostile guest from growing the host-side table without limit.
+pub(crate) const MAX_REGIONS: usize = 1 << 20;
+
+/// What a region is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RegionKind {
+    /// A `Malloc` allocation; `Free` releases it.
+    Allocation,
+    /// A global of the module with this session handle; unloading the module removes it.
+    Global { module: u64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Region {
+    size: u64,
+    kind: RegionKind,
+}
+
+/// Why a region could not be added or removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TableError {
+    /// The region is empty, or its end overflows the address space.
+    BadRange,
+    /// The region overlaps one already in the table.
+    Overlap,
+    /// The table holds [`MAX_REGIONS`] regions.
+    Full,
+    /// The pointer is not the base of an allocation.
+    NotAnAllocation,
+}
+
+/// The regions of one session on one device, keyed by base address.
+///
+/// # Invariants
+/// Regions are non-empty, their ends do not overflow, and no two overlap.
+#[derive(Debug, Default)]
+pub(crate) struct AllocationTable {
+    regions: BTreeMap<u64, Region>,
+}
+
+impl AllocationTable {
+    /// True if one more region fits.
+    pub(crate) fn has_room(&self) -> bool {
+        self.regions.len() < MAX_REGIONS
+    }
+
+    /// Number of regions.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.regions.len()
+    }
+
+    fn insert(&mut self, base: u64, size: u64, kind: RegionKind) -> Result<(), TableError> {
+        let end = base
+            .checked_add(size)
+            .filter(|_| size > 0)
+            .ok_or(TableError::BadRange)?;
+        if let Some((&b, r)) = self.regions.range(..=base).next_back() {
+            let same = b == base && r.size == size && r.kind == kind;
+            if same && matches!(kind, RegionKind::Global { .. }) {
+                // Looking up the same global twice registers it once.
+                return Ok(());
+            }
+            if b + r.size > base {
+                return Err(TableError::Overlap);
+            }
+        }
+        if let Some((&b, _)) = self.regions.range(base..).next() {
+            if b < end {
+                return Err(TableError::Overlap);
+            }
+        }
+        if !self.has_room() {
+            return Err(TableError::Full);
+        }
+        self.regions.insert(base, Region { size, kind });
+        Ok(())
+    }
+
+    /// Adds an allocation of `size` bytes at `base`.
+    pub(crate) fn insert_allocation(&mut self, base: u64, size: u64) -> Result<(), TableError> {
+        self.insert(base, size, RegionKind::Allocation)
+    }
+
+    /// Adds the global `[base, base + size)` of module `module` (idempotent).
+    pub(crate) fn insert_global(
+        &mut self,
+        base: u64,
+        size: u64,
+        module: u64,
+    ) -> Result<(), TableError> {
+        self.insert(base, size, RegionKind::Global { module })
+    }
+
+    /// True if `base` is the start of an allocation (what `Free` accepts).
+    pub(crate) fn is_allocation(&self, base: u64) -> bool {
+        matches!(
+            self.regions.get(&base),
+            Some(Region {
+                kind: RegionKind::Allocation,
+                ..
+            })
+        )
+    }
+
+    /// Removes the allocation starting at `base`; returns its size.
+    pub(crate) fn remove_allocation(&mut self, base: u64) -> Result<u64, TableError> {
+        if !self.is_allocation(base) {
+            return Err(TableError::NotAnAllocation);
+        }
+        self.regions
+            .remove(&base)
+            .map(|r| r.size)
+            .ok_or(TableError::NotAnAllocation)
+    }
+
+    /// Removes every global of module `module`.
+    pub(crate) fn remove_module(&mut self, module: u64) {
+        self.regions
+            .retain(|_, r| r.kind != RegionKind::Global { module });
+    }
+
+    /// The base addresses of all allocations (not globals).
+    pub(crate) fn allocations(&self) -> impl Iterator<Item = u64> + '_ {
+        self.regions
+            .iter()
+            .filter(|(_, r)| r.kind == RegionKind::Allocation)
+            .map(|(&b, _)| b)
+    }
+
+    /// True if `[ptr, ptr + len)` lies inside one region. An empty range is inside a region
+    /// if `ptr` is (callers skip empty copies before asking).
+    pub(crate) fn contains(&self, ptr: u64, len: u64) -> bool {
+        let Some(end) = ptr.checked_add(len) else {
+            return false;
+        };
+        match self.regions.range(..=ptr).next_back() {
+            // b + size cannot overflow (invariant).
+            Some((&b, r)) => ptr < b + r.size && end <= b + r.size,
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_must_lie_inside_one_region() {
+        let mut t = AllocationTable::default();
+        t.insert_allocation(0x1000, 0x100).unwrap();
+        t.insert_allocation(0x1100, 0x100).unwrap();
+        assert!(t.contains(0x1000, 0x100));
+        assert!(t.contains(0x10ff, 1));
+        assert!(t.contains(0x1100, 0x100));
+        assert!(t.contains(0x1080, 0));
+        // Spans two adjacent allocations.
+        assert!(!t.contains(0x10f0, 0x20));
+        // Past the end, before the start, and unknown.
+        assert!(!t.contains(0x1100, 0x101));
+        assert!(!t.contains(0xfff, 2));
+        assert!(!t.contains(0x1200, 1));
+        assert!(!t.contains(0x1200, 0));
+        assert!(!t.contains(0, 0));
+        // Overflowing ends.
+        assert!(!t.contains(0x1000, u64::MAX));
+        assert!(!t.contains(u64::MAX, 2));
+    }
+
+    #[test]
+    fn overlaps_and_bad_ranges_are_refused() {
+        let mut t = AllocationTable::default();
+        t.insert_allocation(0x1000, 0x100).unwrap();
+        assert_eq!(t.insert_allocation(0x1000, 0x10), Err(TableError::Overlap));
+        assert_eq!(t.insert_allocation(0x1000, 0x100), Err(TableError::Overlap));
+        assert_eq!(t.insert_allocation(0x10ff, 0x10), Err(TableError::Overlap));
+        assert_eq!(t.insert_allocation(0xff0, 0x11), Err(TableError::Overlap));
+        assert_eq!(t.insert_allocation(0xf00, 0x1000), Err(TableError::Overlap));
+        assert_eq!(t.insert_allocation(0x2000, 0), Err(TableError::BadRange));
+        assert_eq!(
+            t.insert_allocation(u64::MAX - 1, 4),
+            Err(TableError::BadRange)
+        );
+        t.insert_allocation(0xf00, 0x100).unwrap();
+        t.insert_allocation(0x1100, 1).unwrap();
+        // The very top of the address space is fine as long as the end does not overflow.
+        t.insert_allocation(u64::MAX - 4, 4).unwrap();
+        assert!(t.contains(u64::MAX - 4, 4));
+        assert_eq!(t.len(), 4);
+    }
+
+    #[test]
+    fn free_accepts_only_allocation_bases() {
+        let mut t = AllocationTable::default();
+        t.insert_allocation(0x1000, 0x100).unwrap();
+        t.insert_global(0x5000, 0x40, 7).unwrap();
+        assert_eq!(
+            t.remove_allocation(0x1001),
+            Err(TableError::NotAnAllocation)
+        );
+        assert_eq!(
+            t.remove_allocation(0x5000),
+            Err(TableError::NotAnAllocation)
+        );
+        assert_eq!(
+            t.remove_allocation(0x9000),
+            Err(TableError::NotAnAllocation)
+        );
+        assert_eq!(t.remove_allocation(0x1000), Ok(0x100));
+        assert_eq!(
+            t.remove_allocation(0x1000),
+            Err(TableError::NotAnAllocation)
+        );
+        assert!(!t.contains(0x1000, 1));
+    }
+
+    #[test]
+    fn globals_are_valid_ranges_until_their_module_goes() {
+        let mut t = AllocationTable::default();
+        t.insert_global(0x5000, 0x40, 7).unwrap();
+        t.insert_global(0x5000, 0x40, 7).unwrap();
+        t.insert_global(0x6000, 0x10, 8).unwrap();
+        assert_eq!(t.insert_global(0x5000, 0x40, 8), Err(TableError::Overlap));
+        assert!(t.contains(0x5000, 0x40));
+        assert!(!t.contains(0x5000, 0x41));
+        t.insert_allocation(0x1000, 8).unwrap();
+        assert_eq!(t.allocations().collect::<Vec<_>>(), [0x1000]);
+        t.remove_module(7);
+        assert!(!t.contains(0x5000, 1));
+        assert!(t.contains(0x6000, 0x10));
+        assert_eq!(t.len(), 2);
+    }
+}

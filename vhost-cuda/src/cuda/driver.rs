@@ -1,0 +1,764 @@
+//! The driver boundary: every CUDA driver call the executor makes, as one trait.
+//!
+//! [`CudaDriver`] implements it over cudarc's `sys` layer with dynamic loading; the unit tests
+//! implement it with a fake device (`fake_driver.rs`), so the session logic is tested on
+//! machines without a GPU. Driver objects cross the boundary as plain integers ([`Raw`]):
+//! they are never shown to the guest, only stored in the session's tables.
+//!
+//! The `sys` layer is used rather than cudarc's `result` layer because cudarc resolves each
+//! symbol on first call and panics if it is missing. [`CudaDriver::load`] therefore checks, by
+//! name, every symbol this file calls (a unit test keeps [`REQUIRED_SYMBOLS`] in step with the
+//! calls below), and a driver lacking one is reported as too old instead of panicking later.
+//!
+//! # Contract for callers
+//! Handles passed to a method must have come from the same driver and not have been destroyed,
+//! and the context they belong to must be current on the calling thread
+//! ([`DriverApi::ctx_set_current`]). The session tables uphold this: they are the only source
+//! of handles, and an object leaves its table when it or its context is destroyed. A handle of
+//! another context is an error the driver reports, not undefined behaviour.
+
+use std::{
+    ffi::{c_char, c_int, c_uint, c_void, CStr},
+    fmt,
+    ptr::null_mut,
+};
+
+use cudarc::driver::sys;
+use qcuda_proto::status;
+use tracing::{debug, warn};
+
+use super::{launch::LaunchConfig, status as cu_status};
+
+/// A driver object (context, module, function, stream, event) or pinned host pointer, as an
+/// integer. 0 is the NULL stream.
+pub(crate) type Raw = usize;
+
+/// The NULL stream: the context's legacy default stream.
+pub(crate) const NULL_STREAM: Raw = 0;
+
+/// Oldest driver the executor works with: CUDA 13.0 (compressed fatbins, the 13.0 symbol
+/// versions cudarc binds, `cuFuncGetParamInfo`).
+pub(crate) const MIN_DRIVER_VERSION: u32 = 13000;
+
+/// A failed driver call: a `CUresult` code other than CUDA_SUCCESS.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CuError(pub(crate) u32);
+
+impl CuError {
+    /// CUDA_ERROR_INVALID_VALUE.
+    pub(crate) const INVALID_VALUE: Self = Self(sys::CUresult::CUDA_ERROR_INVALID_VALUE as u32);
+    /// CUDA_ERROR_NOT_READY.
+    pub(crate) const NOT_READY: Self = Self(sys::CUresult::CUDA_ERROR_NOT_READY as u32);
+    /// CUDA_ERROR_FUNCTION_NOT_LOADED.
+    pub(crate) const FUNCTION_NOT_LOADED: Self =
+        Self(sys::CUresult::CUDA_ERROR_FUNCTION_NOT_LOADED as u32);
+    /// CUDA_ERROR_NO_DEVICE.
+    pub(crate) const NO_DEVICE: Self = Self(sys::CUresult::CUDA_ERROR_NO_DEVICE as u32);
+
+    /// The `cudaError_t` the runtime reports for this code.
+    pub(crate) fn status(self) -> u32 {
+        cu_status::cuda_status(self.0)
+    }
+}
+
+impl fmt::Debug for CuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Names come from the table, never from the driver: formatting must not call into a
+        // library that may be absent.
+        write!(f, "{}", cu_status::driver_name(self.0))
+    }
+}
+
+/// Result of a driver call.
+pub(crate) type CuResult<T> = Result<T, CuError>;
+
+fn check(r: sys::CUresult) -> CuResult<()> {
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(CuError(e as u32)),
+    }
+}
+
+/// The driver calls the executor makes. See the module documentation for the handle contract.
+pub(crate) trait DriverApi: Send + Sync {
+    /// cuDeviceGetCount.
+    fn device_count(&self) -> CuResult<i32>;
+    /// cuDeviceGet: the `CUdevice` of ordinal `ordinal`.
+    fn device_get(&self, ordinal: i32) -> CuResult<i32>;
+    /// cuDeviceGetName.
+    fn device_name(&self, dev: i32) -> CuResult<Vec<u8>>;
+    /// cuDeviceGetUuid.
+    fn device_uuid(&self, dev: i32) -> CuResult<[u8; 16]>;
+    /// cuDeviceTotalMem.
+    fn device_total_mem(&self, dev: i32) -> CuResult<u64>;
+    /// cuDeviceGetAttribute with any attribute id (unknown ids are the driver's
+    /// CUDA_ERROR_INVALID_VALUE).
+    fn device_attribute(&self, dev: i32, attr: i32) -> CuResult<i32>;
+
+    /// cuCtxCreate: a new context on `dev`. The calling thread's current context is left as it
+    /// was.
+    fn ctx_create(&self, dev: i32) -> CuResult<Raw>;
+    /// cuCtxDestroy: frees everything the context owns.
+    fn ctx_destroy(&self, ctx: Raw) -> CuResult<()>;
+    /// cuCtxSetCurrent.
+    fn ctx_set_current(&self, ctx: Raw) -> CuResult<()>;
+    /// cuCtxSynchronize.
+    fn ctx_synchronize(&self) -> CuResult<()>;
+
+    /// cuMemGetInfo: (free, total).
+    fn mem_get_info(&self) -> CuResult<(u64, u64)>;
+    /// cuMemAlloc.
+    fn mem_alloc(&self, size: usize) -> CuResult<u64>;
+    /// cuMemFree.
+    fn mem_free(&self, ptr: u64) -> CuResult<()>;
+    /// cuMemAllocHost: pinned host memory of the current context.
+    fn mem_alloc_host(&self, size: usize) -> CuResult<Raw>;
+    /// cuMemcpyHtoDAsync.
+    ///
+    /// # Safety
+    /// `src` must be readable for `len` bytes until `stream` has been synchronised.
+    unsafe fn memcpy_htod(&self, dst: u64, src: *const u8, len: usize, stream: Raw)
+        -> CuResult<()>;
+    /// cuMemcpyDtoHAsync.
+    ///
+    /// # Safety
+    /// `dst` must be writable for `len` bytes, and not otherwise accessed, until `stream` has
+    /// been synchronised.
+    unsafe fn memcpy_dtoh(&self, dst: *mut u8, src: u64, len: usize, stream: Raw) -> CuResult<()>;
+    /// cuMemcpyDtoDAsync.
+    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()>;
+    /// cuMemsetD8Async.
+    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Raw) -> CuResult<()>;
+
+    /// cuModuleLoadData. `image` is a checked image ending in a NUL byte.
+    fn module_load(&self, image: &[u8]) -> CuResult<Raw>;
+    /// cuModuleUnload.
+    fn module_unload(&self, module: Raw) -> CuResult<()>;
+    /// cuModuleGetFunction.
+    fn module_function(&self, module: Raw, name: &CStr) -> CuResult<Raw>;
+    /// cuModuleGetGlobal: (device address, size).
+    fn module_global(&self, module: Raw, name: &CStr) -> CuResult<(u64, u64)>;
+    /// cuFuncLoad (for lazily loaded modules).
+    fn function_load(&self, func: Raw) -> CuResult<()>;
+    /// cuFuncGetParamInfo: (offset, size) of parameter `index`; CUDA_ERROR_INVALID_VALUE
+    /// past the last one.
+    fn function_param_info(&self, func: Raw, index: usize) -> CuResult<(usize, usize)>;
+    /// cuLaunchKernel.
+    ///
+    /// # Safety
+    /// `params` has one pointer per kernel parameter, each readable for that parameter's
+    /// size for the duration of the call.
+    unsafe fn launch(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+    ) -> CuResult<()>;
+
+    /// cuStreamCreateWithPriority.
+    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw>;
+    /// cuStreamDestroy.
+    fn stream_destroy(&self, stream: Raw) -> CuResult<()>;
+    /// cuStreamSynchronize.
+    fn stream_synchronize(&self, stream: Raw) -> CuResult<()>;
+    /// cuStreamQuery: CUDA_ERROR_NOT_READY while work is pending.
+    fn stream_query(&self, stream: Raw) -> CuResult<()>;
+    /// cuStreamWaitEvent.
+    fn stream_wait_event(&self, stream: Raw, event: Raw, flags: u32) -> CuResult<()>;
+
+    /// cuEventCreate.
+    fn event_create(&self, flags: u32) -> CuResult<Raw>;
+    /// cuEventDestroy.
+    fn event_destroy(&self, event: Raw) -> CuResult<()>;
+    /// cuEventRecord.
+    fn event_record(&self, event: Raw, stream: Raw) -> CuResult<()>;
+    /// cuEventSynchronize.
+    fn event_synchronize(&self, event: Raw) -> CuResult<()>;
+    /// cuEventQuery: CUDA_ERROR_NOT_READY while pending.
+    fn event_query(&self, event: Raw) -> CuResult<()>;
+    /// cuEventElapsedTime, milliseconds.
+    fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32>;
+}
+
+/// Every driver symbol [`CudaDriver`] calls. Checked by [`CudaDriver::load`] before the first
+/// call, because cudarc panics on a missing symbol.
+pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetUuid_v2",
+    "cuDeviceTotalMem_v2",
+    "cuDeviceGetAttribute",
+    "cuCtxCreate_v4",
+    "cuCtxDestroy_v2",
+    "cuCtxSetCurrent",
+    "cuCtxPopCurrent_v2",
+    "cuCtxSynchronize",
+    "cuMemGetInfo_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemAllocHost_v2",
+    "cuMemcpyHtoDAsync_v2",
+    "cuMemcpyDtoHAsync_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8Async",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuModuleGetFunction",
+    "cuModuleGetGlobal_v2",
+    "cuFuncLoad",
+    "cuFuncGetParamInfo",
+    "cuLaunchKernel",
+    "cuStreamCreateWithPriority",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamQuery",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventQuery",
+    "cuEventElapsedTime_v2",
+];
+
+/// cuDeviceGetAttribute with the attribute as a plain `int`, as the C ABI passes it: the guest
+/// chooses the id, and cudarc's enum parameter cannot hold ids it does not list.
+type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUdevice) -> c_uint;
+
+/// The CUDA driver, loaded and initialised.
+pub(crate) struct CudaDriver {
+    device_get_attribute: DeviceGetAttributeFn,
+}
+
+impl fmt::Debug for CudaDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CudaDriver")
+    }
+}
+
+/// What loading the driver found.
+#[derive(Debug)]
+pub(crate) enum DriverLoad {
+    /// No libcuda on this host.
+    Absent,
+    /// libcuda is there but cannot serve: too old, missing symbols, or cuInit failed.
+    /// `status` is what CUDA ops answer (cudaErrorInsufficientDriver, cudaErrorNoDevice, ...).
+    Unusable {
+        /// cuDriverGetVersion, 0 if unknown.
+        version: u32,
+        /// The `cudaError_t` for CUDA ops.
+        status: u32,
+    },
+    /// Ready to use.
+    Ready {
+        /// The driver.
+        driver: CudaDriver,
+        /// cuDriverGetVersion.
+        version: u32,
+    },
+}
+
+impl CudaDriver {
+    /// Finds libcuda, checks its version and symbols, and calls cuInit. Never panics on a
+    /// missing or old library.
+    pub(crate) fn load() -> DriverLoad {
+        // SAFETY: is_culib_present only dlopens candidate names and closes them again; loading
+        // libcuda runs no initialisation that could affect this process beyond that.
+        if !unsafe { sys::is_culib_present() } {
+            return DriverLoad::Absent;
+        }
+        // SAFETY: a candidate loaded just above, so culib() finds one and does not panic.
+        let lib = unsafe { sys::culib() };
+        let has = |name: &str| {
+            // SAFETY: the symbol is only looked up, never called through this type.
+            unsafe { lib.get::<unsafe extern "C" fn()>(name) }.is_ok()
+        };
+        let too_old = |version| DriverLoad::Unusable {
+            version,
+            status: status::INSUFFICIENT_DRIVER,
+        };
+        if !has("cuDriverGetVersion") || !has("cuInit") {
+            warn!("libcuda lacks cuInit/cuDriverGetVersion; treating it as too old");
+            return too_old(0);
+        }
+        let mut v: c_int = 0;
+        // SAFETY: the symbol exists (checked above); `v` is a valid out pointer.
+        if let Err(e) = check(unsafe { sys::cuDriverGetVersion(&mut v) }) {
+            warn!(error = ?e, "cuDriverGetVersion failed");
+            return too_old(0);
+        }
+        let version = u32::try_from(v).unwrap_or(0);
+        if version < MIN_DRIVER_VERSION {
+            warn!(version, min = MIN_DRIVER_VERSION, "CUDA driver too old");
+            return too_old(version);
+        }
+        let missing: Vec<&str> = REQUIRED_SYMBOLS
+            .iter()
+            .copied()
+            .filter(|s| !has(s))
+            .collect();
+        if !missing.is_empty() {
+            warn!(version, ?missing, "CUDA driver lacks required entry points");
+            return too_old(version);
+        }
+        // SAFETY: the symbol exists; cuInit may be called any number of times.
+        if let Err(e) = check(unsafe { sys::cuInit(0) }) {
+            warn!(version, error = ?e, "cuInit failed");
+            return DriverLoad::Unusable {
+                version,
+                status: e.status(),
+            };
+        }
+        // SAFETY: the symbol exists (REQUIRED_SYMBOLS) and has this C signature: CUresult is a
+        // C enum (an unsigned int) and CUdevice_attribute is passed as an int.
+        let get_attr = unsafe { lib.get::<DeviceGetAttributeFn>("cuDeviceGetAttribute") };
+        match get_attr {
+            Ok(f) => DriverLoad::Ready {
+                driver: CudaDriver {
+                    device_get_attribute: *f,
+                },
+                version,
+            },
+            Err(_) => too_old(version),
+        }
+    }
+}
+
+fn ptr<T>(raw: Raw) -> *mut T {
+    raw as *mut T
+}
+
+// SAFETY (for every unsafe block in this impl): each call goes to a symbol that `load` found,
+// through cudarc's binding of its CUDA 13.0 prototype; out parameters point at live locals;
+// handles obey the module-level contract; input buffers are borrowed for the whole call.
+impl DriverApi for CudaDriver {
+    fn device_count(&self) -> CuResult<i32> {
+        let mut n: c_int = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceGetCount(&mut n) })?;
+        Ok(n)
+    }
+
+    fn device_get(&self, ordinal: i32) -> CuResult<i32> {
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
+        Ok(dev)
+    }
+
+    fn device_name(&self, dev: i32) -> CuResult<Vec<u8>> {
+        let mut buf = [0u8; 256];
+        let len = buf.len() as c_int;
+        // SAFETY: see the impl comment; the driver writes at most `len` bytes.
+        check(unsafe { sys::cuDeviceGetName(buf.as_mut_ptr().cast::<c_char>(), len, dev) })?;
+        let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+        Ok(buf[..end].to_vec())
+    }
+
+    fn device_uuid(&self, dev: i32) -> CuResult<[u8; 16]> {
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) })?;
+        Ok(uuid.bytes.map(|b| b as u8))
+    }
+
+    fn device_total_mem(&self, dev: i32) -> CuResult<u64> {
+        let mut bytes = 0usize;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceTotalMem_v2(&mut bytes, dev) })?;
+        Ok(bytes as u64)
+    }
+
+    fn device_attribute(&self, dev: i32, attr: i32) -> CuResult<i32> {
+        let mut v: c_int = 0;
+        // SAFETY: see the impl comment; the pointer was resolved with this exact C signature.
+        let code = unsafe { (self.device_get_attribute)(&mut v, attr, dev) };
+        match code {
+            0 => Ok(v),
+            e => Err(CuError(e)),
+        }
+    }
+
+    fn ctx_create(&self, dev: i32) -> CuResult<Raw> {
+        let mut ctx: sys::CUcontext = null_mut();
+        // Flags 0 is CU_CTX_SCHED_AUTO, what the runtime uses. No creation parameters.
+        // SAFETY: see the impl comment; a NULL ctxCreateParams asks for a plain context.
+        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+        // cuCtxCreate pushed the new context on this thread's stack; pop it so the stack is as
+        // it was. Ops bind their context with cuCtxSetCurrent.
+        let mut popped: sys::CUcontext = null_mut();
+        // SAFETY: see the impl comment.
+        if let Err(e) = check(unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }) {
+            debug!(error = ?e, "cuCtxPopCurrent after cuCtxCreate failed");
+        }
+        Ok(ctx as Raw)
+    }
+
+    fn ctx_destroy(&self, ctx: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxDestroy_v2(ptr(ctx)) })
+    }
+
+    fn ctx_set_current(&self, ctx: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxSetCurrent(ptr(ctx)) })
+    }
+
+    fn ctx_synchronize(&self) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxSynchronize() })
+    }
+
+    fn mem_get_info(&self) -> CuResult<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn mem_alloc(&self, size: usize) -> CuResult<u64> {
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemAlloc_v2(&mut p, size) })?;
+        Ok(p)
+    }
+
+    fn mem_free(&self, ptr: u64) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemFree_v2(ptr) })
+    }
+
+    fn mem_alloc_host(&self, size: usize) -> CuResult<Raw> {
+        let mut p: *mut c_void = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemAllocHost_v2(&mut p, size) })?;
+        Ok(p as Raw)
+    }
+
+    unsafe fn memcpy_htod(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Raw,
+    ) -> CuResult<()> {
+        // SAFETY: see the impl comment; the caller keeps `src` readable (method contract).
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, ptr(stream)) })
+    }
+
+    unsafe fn memcpy_dtoh(&self, dst: *mut u8, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment; the caller keeps `dst` writable (method contract).
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, ptr(stream)) })
+    }
+
+    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment; device addresses are checked by the driver.
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, ptr(stream)) })
+    }
+
+    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemsetD8Async(dst, value, len, ptr(stream)) })
+    }
+
+    fn module_load(&self, image: &[u8]) -> CuResult<Raw> {
+        if image.last() != Some(&0) {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let mut m: sys::CUmodule = null_mut();
+        // SAFETY: see the impl comment; the image was checked (module_image.rs) so the sizes
+        // it declares lie inside it, and it ends in a NUL for PTX.
+        check(unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr().cast()) })?;
+        Ok(m as Raw)
+    }
+
+    fn module_unload(&self, module: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuModuleUnload(ptr(module)) })
+    }
+
+    fn module_function(&self, module: Raw, name: &CStr) -> CuResult<Raw> {
+        let mut f: sys::CUfunction = null_mut();
+        // SAFETY: see the impl comment; `name` is NUL-terminated.
+        check(unsafe { sys::cuModuleGetFunction(&mut f, ptr(module), name.as_ptr()) })?;
+        Ok(f as Raw)
+    }
+
+    fn module_global(&self, module: Raw, name: &CStr) -> CuResult<(u64, u64)> {
+        let (mut p, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: see the impl comment; `name` is NUL-terminated.
+        check(unsafe { sys::cuModuleGetGlobal_v2(&mut p, &mut size, ptr(module), name.as_ptr()) })?;
+        Ok((p, size as u64))
+    }
+
+    fn function_load(&self, func: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuFuncLoad(ptr(func)) })
+    }
+
+    fn function_param_info(&self, func: Raw, index: usize) -> CuResult<(usize, usize)> {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuFuncGetParamInfo(ptr(func), index, &mut offset, &mut size) })?;
+        Ok((offset, size))
+    }
+
+    unsafe fn launch(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        let [gx, gy, gz] = cfg.grid;
+        let [bx, by, bz] = cfg.block;
+        let params_ptr = if params.is_empty() {
+            null_mut()
+        } else {
+            params.as_mut_ptr()
+        };
+        // SAFETY: see the impl comment; the caller guarantees one readable pointer per kernel
+        // parameter (method contract); the driver copies the values before returning.
+        check(unsafe {
+            sys::cuLaunchKernel(
+                ptr(func),
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                cfg.shared_mem,
+                ptr(stream),
+                params_ptr,
+                null_mut(),
+            )
+        })
+    }
+
+    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw> {
+        let mut s: sys::CUstream = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamCreateWithPriority(&mut s, flags, priority) })?;
+        Ok(s as Raw)
+    }
+
+    fn stream_destroy(&self, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamDestroy_v2(ptr(stream)) })
+    }
+
+    fn stream_synchronize(&self, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamSynchronize(ptr(stream)) })
+    }
+
+    fn stream_query(&self, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamQuery(ptr(stream)) })
+    }
+
+    fn stream_wait_event(&self, stream: Raw, event: Raw, flags: u32) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamWaitEvent(ptr(stream), ptr(event), flags) })
+    }
+
+    fn event_create(&self, flags: u32) -> CuResult<Raw> {
+        let mut e: sys::CUevent = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuEventCreate(&mut e, flags) })?;
+        Ok(e as Raw)
+    }
+
+    fn event_destroy(&self, event: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuEventDestroy_v2(ptr(event)) })
+    }
+
+    fn event_record(&self, event: Raw, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuEventRecord(ptr(event), ptr(stream)) })
+    }
+
+    fn event_synchronize(&self, event: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuEventSynchronize(ptr(event)) })
+    }
+
+    fn event_query(&self, event: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuEventQuery(ptr(event)) })
+    }
+
+    fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32> {
+        let mut ms = 0f32;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, ptr(start), ptr(end)) })?;
+        Ok(ms)
+    }
+}
+
+/// The driver of a host without a usable CUDA driver: every call fails with
+/// CUDA_ERROR_NO_DEVICE. Sessions of such a host answer before calling it; it exists so that
+/// a session always has a driver to hold.
+#[derive(Debug)]
+pub(crate) struct NoDriver;
+
+impl DriverApi for NoDriver {
+    fn device_count(&self) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_get(&self, _: i32) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_name(&self, _: i32) -> CuResult<Vec<u8>> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_uuid(&self, _: i32) -> CuResult<[u8; 16]> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_total_mem(&self, _: i32) -> CuResult<u64> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_attribute(&self, _: i32, _: i32) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_create(&self, _: i32) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_destroy(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_set_current(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_synchronize(&self) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_get_info(&self) -> CuResult<(u64, u64)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_alloc(&self, _: usize) -> CuResult<u64> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_free(&self, _: u64) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_alloc_host(&self, _: usize) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn memcpy_htod(&self, _: u64, _: *const u8, _: usize, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn memcpy_dtoh(&self, _: *mut u8, _: u64, _: usize, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memcpy_dtod(&self, _: u64, _: u64, _: usize, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memset_d8(&self, _: u64, _: u8, _: usize, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn module_load(&self, _: &[u8]) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn module_unload(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn module_function(&self, _: Raw, _: &CStr) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn module_global(&self, _: Raw, _: &CStr) -> CuResult<(u64, u64)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn function_load(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn function_param_info(&self, _: Raw, _: usize) -> CuResult<(usize, usize)> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn launch(
+        &self,
+        _: Raw,
+        _: &LaunchConfig,
+        _: Raw,
+        _: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_create(&self, _: u32, _: i32) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_destroy(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_synchronize(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_query(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_wait_event(&self, _: Raw, _: Raw, _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn event_create(&self, _: u32) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn event_destroy(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn event_record(&self, _: Raw, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn event_synchronize(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn event_query(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn event_elapsed(&self, _: Raw, _: Raw) -> CuResult<f32> {
+        Err(CuError::NO_DEVICE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `sys::cu*` call in this file is in REQUIRED_SYMBOLS (so `load` checks it), and
+    /// REQUIRED_SYMBOLS names nothing this file does not call (cuDeviceGetAttribute is
+    /// resolved by hand).
+    #[test]
+    fn required_symbols_match_the_calls() {
+        let src = include_str!("driver.rs");
+        let code = src.split("#[cfg(test)]").next().unwrap_or(src);
+        let mut called: Vec<&str> = code
+            .match_indices("sys::cu")
+            .map(|(i, _)| {
+                let rest = &code[i + 5..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .filter(|name| !["culib"].contains(name))
+            .collect();
+        called.push("cuDeviceGetAttribute");
+        called.sort_unstable();
+        called.dedup();
+        let mut required = REQUIRED_SYMBOLS.to_vec();
+        required.sort_unstable();
+        assert_eq!(called, required);
+    }
+
+    #[test]
+    fn errors_format_without_the_driver() {
+        assert_eq!(format!("{:?}", CuError(700)), "CUDA_ERROR_ILLEGAL_ADDRESS");
+        assert_eq!(CuError(700).status(), status::ILLEGAL_ADDRESS);
+        assert_eq!(CuError::NOT_READY.status(), status::NOT_READY);
+    }
+}

@@ -1,0 +1,627 @@
+//! A fake CUDA driver for unit tests: contexts, device memory as host vectors, a few kernels
+//! that really compute, sticky faults, streams and events. It checks what a real driver
+//! checks (current context, handles, device ranges), so the session logic above it is tested
+//! end to end without a GPU.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    ffi::{c_void, CStr},
+    sync::{Mutex, MutexGuard},
+    thread::{self, ThreadId},
+};
+
+use super::{
+    driver::{CuError, CuResult, DriverApi, Raw},
+    launch::LaunchConfig,
+};
+
+pub(crate) const TOTAL_MEM: u64 = 1 << 30;
+const INVALID_VALUE: CuError = CuError(1);
+const INVALID_CONTEXT: CuError = CuError(201);
+const INVALID_HANDLE: CuError = CuError(400);
+const NOT_FOUND: CuError = CuError(500);
+const NOT_READY: CuError = CuError(600);
+const ILLEGAL_ADDRESS: CuError = CuError(700);
+const OUT_OF_MEMORY: CuError = CuError(2);
+
+/// The kernels every fake module has: name and (offset, size) of each parameter.
+pub(crate) const KERNELS: &[(&str, &[(usize, usize)])] = &[
+    // void vadd(const float* a, const float* b, float* c, int n): c[i] = a[i] + b[i]
+    ("vadd", &[(0, 8), (8, 8), (16, 8), (24, 4)]),
+    // void fault(int* p): writes through a bad pointer -> sticky ILLEGAL_ADDRESS at the next
+    // synchronisation
+    ("fault", &[(0, 8)]),
+    // void spin(): never finishes (its stream stays busy)
+    ("spin", &[]),
+    // void lazy(char c): its module is loaded lazily, so param info needs cuFuncLoad first
+    ("lazy", &[(0, 1)]),
+];
+
+/// The global every fake module has.
+pub(crate) const GLOBAL: (&str, u64) = ("g", 64);
+
+#[derive(Debug, Default)]
+struct Ctx {
+    dev: i32,
+    sticky: Option<CuError>,
+    /// Raised at the next synchronising call.
+    pending_fault: Option<CuError>,
+    mem: BTreeMap<u64, Vec<u8>>,
+    next_addr: u64,
+    host: HashMap<Raw, Vec<u8>>,
+    modules: HashSet<Raw>,
+    /// Module -> address of its global.
+    globals: HashMap<Raw, u64>,
+    streams: HashSet<Raw>,
+    /// Streams (0: the NULL stream) running an endless kernel.
+    busy: HashSet<Raw>,
+    /// Event -> recorded.
+    events: HashMap<Raw, bool>,
+    loaded: HashSet<Raw>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next: Raw,
+    /// The current context of each thread.
+    current: HashMap<ThreadId, Raw>,
+    contexts: HashMap<Raw, Ctx>,
+    destroyed: usize,
+    calls: HashMap<&'static str, usize>,
+    /// Errors to return from the next call of a method.
+    fail: HashMap<&'static str, CuError>,
+}
+
+impl State {
+    /// The calling thread's current context (0: none).
+    fn cur(&self) -> Raw {
+        self.current
+            .get(&thread::current().id())
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The fake driver; `gpus` devices with CUdevice values 100, 101, ...
+#[derive(Debug)]
+pub(crate) struct FakeDriver {
+    gpus: i32,
+    state: Mutex<State>,
+}
+
+impl FakeDriver {
+    pub(crate) fn new(gpus: i32) -> Self {
+        Self {
+            gpus,
+            state: Mutex::new(State {
+                next: 0x1000,
+                ..State::default()
+            }),
+        }
+    }
+
+    fn st(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Contexts alive.
+    pub(crate) fn live_contexts(&self) -> usize {
+        self.st().contexts.len()
+    }
+
+    /// Contexts destroyed so far.
+    pub(crate) fn destroyed_contexts(&self) -> usize {
+        self.st().destroyed
+    }
+
+    /// How often method `name` was called.
+    pub(crate) fn calls(&self, name: &'static str) -> usize {
+        self.st().calls.get(name).copied().unwrap_or(0)
+    }
+
+    /// Makes the next call of `name` fail with `err`.
+    pub(crate) fn fail_next(&self, name: &'static str, err: u32) {
+        self.st().fail.insert(name, CuError(err));
+    }
+
+    /// Ends every endless kernel (their streams become idle).
+    pub(crate) fn release_spins(&self) {
+        for c in self.st().contexts.values_mut() {
+            c.busy.clear();
+        }
+    }
+
+    /// Bytes allocated on device `dev` over all contexts.
+    pub(crate) fn used_on(&self, dev: i32) -> u64 {
+        Self::used(&self.st(), 100 + dev)
+    }
+
+    /// Reads device memory directly (for assertions).
+    pub(crate) fn peek(&self, ptr: u64, len: usize) -> Option<Vec<u8>> {
+        let st = self.st();
+        st.contexts.values().find_map(|c| {
+            let (base, v) = c.mem.range(..=ptr).next_back()?;
+            let off = usize::try_from(ptr - base).ok()?;
+            v.get(off..off.checked_add(len)?).map(<[u8]>::to_vec)
+        })
+    }
+
+    /// Bytes allocated on device `dev` over all contexts.
+    fn used(st: &State, dev: i32) -> u64 {
+        st.contexts
+            .values()
+            .filter(|c| c.dev == dev)
+            .map(|c| c.mem.values().map(|v| v.len() as u64).sum::<u64>())
+            .sum()
+    }
+
+    /// Enters a call: counts it, applies injected failures, and returns the state.
+    fn enter(&self, name: &'static str) -> CuResult<MutexGuard<'_, State>> {
+        let mut st = self.st();
+        *st.calls.entry(name).or_default() += 1;
+        if let Some(e) = st.fail.remove(name) {
+            return Err(e);
+        }
+        Ok(st)
+    }
+
+    /// Runs `f` on the current context, which must exist and not be corrupted.
+    fn with_ctx<T>(
+        &self,
+        name: &'static str,
+        f: impl FnOnce(&mut Ctx, &mut Raw) -> CuResult<T>,
+    ) -> CuResult<T> {
+        let mut st = self.enter(name)?;
+        let st = &mut *st;
+        let cur = st.cur();
+        let ctx = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;
+        if let Some(e) = ctx.sticky {
+            return Err(e);
+        }
+        f(ctx, &mut st.next)
+    }
+
+    /// A synchronising call: raises a pending fault.
+    fn sync(&self, name: &'static str, stream: Option<Raw>) -> CuResult<()> {
+        self.with_ctx(name, |c, _| {
+            if let Some(s) = stream {
+                if s != 0 && !c.streams.contains(&s) {
+                    return Err(INVALID_HANDLE);
+                }
+            }
+            if let Some(e) = c.pending_fault.take() {
+                c.sticky = Some(e);
+                return Err(e);
+            }
+            Ok(())
+        })
+    }
+}
+
+fn slice_mut(c: &mut Ctx, ptr: u64, len: usize) -> CuResult<&mut [u8]> {
+    let (base, v) = c.mem.range_mut(..=ptr).next_back().ok_or(INVALID_VALUE)?;
+    let off = usize::try_from(ptr - base).map_err(|_| INVALID_VALUE)?;
+    let end = off.checked_add(len).ok_or(INVALID_VALUE)?;
+    v.get_mut(off..end).ok_or(INVALID_VALUE)
+}
+
+fn check_stream(c: &Ctx, s: Raw) -> CuResult<()> {
+    if s == 0 || c.streams.contains(&s) {
+        Ok(())
+    } else {
+        Err(INVALID_HANDLE)
+    }
+}
+
+fn fresh(next: &mut Raw) -> Raw {
+    *next += 0x10;
+    *next
+}
+
+/// Function handles encode (module, kernel index): module + 1 + index.
+fn kernel_of(c: &Ctx, func: Raw) -> CuResult<(Raw, usize)> {
+    c.modules
+        .iter()
+        .find_map(|&m| {
+            let i = func.checked_sub(m + 1)?;
+            (i < KERNELS.len()).then_some((m, i))
+        })
+        .ok_or(INVALID_HANDLE)
+}
+
+impl DriverApi for FakeDriver {
+    fn device_count(&self) -> CuResult<i32> {
+        let _st = self.enter("device_count")?;
+        Ok(self.gpus)
+    }
+
+    fn device_get(&self, ordinal: i32) -> CuResult<i32> {
+        let _st = self.enter("device_get")?;
+        if (0..self.gpus).contains(&ordinal) {
+            Ok(100 + ordinal)
+        } else {
+            Err(CuError(101))
+        }
+    }
+
+    fn device_name(&self, dev: i32) -> CuResult<Vec<u8>> {
+        let _st = self.enter("device_name")?;
+        Ok(format!("Fake GPU {}", dev - 100).into_bytes())
+    }
+
+    fn device_uuid(&self, dev: i32) -> CuResult<[u8; 16]> {
+        let _st = self.enter("device_uuid")?;
+        Ok([dev as u8; 16])
+    }
+
+    fn device_total_mem(&self, _: i32) -> CuResult<u64> {
+        let _st = self.enter("device_total_mem")?;
+        Ok(TOTAL_MEM)
+    }
+
+    fn device_attribute(&self, dev: i32, attr: i32) -> CuResult<i32> {
+        let _st = self.enter("device_attribute")?;
+        Ok(match attr {
+            1 => 1024,
+            2 | 3 => 1024,
+            4 => 64,
+            5 => i32::MAX,
+            6 | 7 => 65535,
+            16 => 132,
+            33 => 0x1b + dev - 100,
+            34 | 50 => 0,
+            75 => 9,
+            76 => 0,
+            8..=147 => attr * 10,
+            _ => return Err(INVALID_VALUE),
+        })
+    }
+
+    fn ctx_create(&self, dev: i32) -> CuResult<Raw> {
+        let mut st = self.enter("ctx_create")?;
+        let id = fresh(&mut st.next);
+        let n = st.contexts.len() as u64 + st.destroyed as u64;
+        st.contexts.insert(
+            id,
+            Ctx {
+                dev,
+                next_addr: 0x7f00_0000_0000 + (n << 32),
+                ..Ctx::default()
+            },
+        );
+        Ok(id)
+    }
+
+    fn ctx_destroy(&self, ctx: Raw) -> CuResult<()> {
+        let mut st = self.enter("ctx_destroy")?;
+        st.contexts.remove(&ctx).ok_or(INVALID_CONTEXT)?;
+        st.destroyed += 1;
+        st.current.retain(|_, c| *c != ctx);
+        Ok(())
+    }
+
+    fn ctx_set_current(&self, ctx: Raw) -> CuResult<()> {
+        let mut st = self.enter("ctx_set_current")?;
+        if !st.contexts.contains_key(&ctx) {
+            return Err(INVALID_CONTEXT);
+        }
+        st.current.insert(thread::current().id(), ctx);
+        Ok(())
+    }
+
+    fn ctx_synchronize(&self) -> CuResult<()> {
+        self.sync("ctx_synchronize", None)
+    }
+
+    fn mem_get_info(&self) -> CuResult<(u64, u64)> {
+        let st = self.enter("mem_get_info")?;
+        let c = st.contexts.get(&st.cur()).ok_or(INVALID_CONTEXT)?;
+        Ok((TOTAL_MEM - Self::used(&st, c.dev), TOTAL_MEM))
+    }
+
+    fn mem_alloc(&self, size: usize) -> CuResult<u64> {
+        let mut st = self.enter("mem_alloc")?;
+        let cur = st.cur();
+        let dev = st.contexts.get(&cur).ok_or(INVALID_CONTEXT)?.dev;
+        if Self::used(&st, dev) + size as u64 > TOTAL_MEM {
+            return Err(OUT_OF_MEMORY);
+        }
+        let c = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;
+        if let Some(e) = c.sticky {
+            return Err(e);
+        }
+        let p = c.next_addr;
+        // Leave a gap so adjacent allocations are not contiguous.
+        c.next_addr += (size as u64).div_ceil(256) * 256 + 256;
+        c.mem.insert(p, vec![0; size]);
+        Ok(p)
+    }
+
+    fn mem_free(&self, ptr: u64) -> CuResult<()> {
+        self.with_ctx("mem_free", |c, _| {
+            c.mem.remove(&ptr).map(|_| ()).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn mem_alloc_host(&self, size: usize) -> CuResult<Raw> {
+        self.with_ctx("mem_alloc_host", |c, _| {
+            let v = vec![0u8; size];
+            let p = v.as_ptr() as Raw;
+            c.host.insert(p, v);
+            Ok(p)
+        })
+    }
+
+    unsafe fn memcpy_htod(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Raw,
+    ) -> CuResult<()> {
+        self.with_ctx("memcpy_htod", |c, _| {
+            check_stream(c, stream)?;
+            let d = slice_mut(c, dst, len)?;
+            // SAFETY: the caller guarantees `src` is readable for `len` bytes.
+            let s = unsafe { std::slice::from_raw_parts(src, len) };
+            d.copy_from_slice(s);
+            Ok(())
+        })
+    }
+
+    unsafe fn memcpy_dtoh(&self, dst: *mut u8, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+        self.with_ctx("memcpy_dtoh", |c, _| {
+            check_stream(c, stream)?;
+            let s = slice_mut(c, src, len)?;
+            // SAFETY: the caller guarantees `dst` is writable for `len` bytes and not aliased.
+            let d = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+            d.copy_from_slice(s);
+            Ok(())
+        })
+    }
+
+    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+        self.with_ctx("memcpy_dtod", |c, _| {
+            check_stream(c, stream)?;
+            let data = slice_mut(c, src, len)?.to_vec();
+            slice_mut(c, dst, len)?.copy_from_slice(&data);
+            Ok(())
+        })
+    }
+
+    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Raw) -> CuResult<()> {
+        self.with_ctx("memset_d8", |c, _| {
+            check_stream(c, stream)?;
+            slice_mut(c, dst, len)?.fill(value);
+            Ok(())
+        })
+    }
+
+    fn module_load(&self, image: &[u8]) -> CuResult<Raw> {
+        self.with_ctx("module_load", |c, next| {
+            if image.last() != Some(&0) {
+                return Err(INVALID_VALUE);
+            }
+            // Room for the function handles (module + 1 + index) before the next id.
+            let m = fresh(next);
+            *next += KERNELS.len() + 1;
+            c.modules.insert(m);
+            // The module's global.
+            let g = c.next_addr;
+            c.next_addr += 0x1000;
+            c.mem.insert(g, vec![0; GLOBAL.1 as usize]);
+            c.globals.insert(m, g);
+            Ok(m)
+        })
+    }
+
+    fn module_unload(&self, module: Raw) -> CuResult<()> {
+        self.with_ctx("module_unload", |c, _| {
+            if !c.modules.remove(&module) {
+                return Err(INVALID_HANDLE);
+            }
+            if let Some(g) = c.globals.remove(&module) {
+                c.mem.remove(&g);
+            }
+            Ok(())
+        })
+    }
+
+    fn module_function(&self, module: Raw, name: &CStr) -> CuResult<Raw> {
+        self.with_ctx("module_function", |c, _| {
+            if !c.modules.contains(&module) {
+                return Err(INVALID_HANDLE);
+            }
+            let i = KERNELS
+                .iter()
+                .position(|(n, _)| n.as_bytes() == name.to_bytes())
+                .ok_or(NOT_FOUND)?;
+            Ok(module + 1 + i)
+        })
+    }
+
+    fn module_global(&self, module: Raw, name: &CStr) -> CuResult<(u64, u64)> {
+        self.with_ctx("module_global", |c, _| {
+            if !c.modules.contains(&module) {
+                return Err(INVALID_HANDLE);
+            }
+            if name.to_bytes() != GLOBAL.0.as_bytes() {
+                return Err(NOT_FOUND);
+            }
+            let g = c.globals.get(&module).ok_or(INVALID_HANDLE)?;
+            Ok((*g, GLOBAL.1))
+        })
+    }
+
+    fn function_load(&self, func: Raw) -> CuResult<()> {
+        self.with_ctx("function_load", |c, _| {
+            kernel_of(c, func)?;
+            c.loaded.insert(func);
+            Ok(())
+        })
+    }
+
+    fn function_param_info(&self, func: Raw, index: usize) -> CuResult<(usize, usize)> {
+        self.with_ctx("function_param_info", |c, _| {
+            let (_, k) = kernel_of(c, func)?;
+            let (name, params) = KERNELS[k];
+            if name == "lazy" && !c.loaded.contains(&func) {
+                return Err(CuError::FUNCTION_NOT_LOADED);
+            }
+            params.get(index).copied().ok_or(INVALID_VALUE)
+        })
+    }
+
+    unsafe fn launch(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        self.with_ctx("launch", |c, _| {
+            check_stream(c, stream)?;
+            let (_, k) = kernel_of(c, func)?;
+            let (name, layout) = KERNELS[k];
+            if params.len() != layout.len() || cfg.grid.contains(&0) {
+                return Err(INVALID_VALUE);
+            }
+            let read = |i: usize, size: usize| -> Vec<u8> {
+                let p = params[i].cast::<u8>();
+                // SAFETY: the caller guarantees each pointer is readable for its parameter's
+                // size, and `size` is that size (from KERNELS).
+                unsafe { std::slice::from_raw_parts(p, size) }.to_vec()
+            };
+            let u64_at = |i: usize| {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&read(i, 8));
+                u64::from_le_bytes(w)
+            };
+            match name {
+                "vadd" => {
+                    let mut w = [0u8; 4];
+                    w.copy_from_slice(&read(3, 4));
+                    let n = usize::try_from(i32::from_le_bytes(w)).unwrap_or(0);
+                    let (a, b, out) = (u64_at(0), u64_at(1), u64_at(2));
+                    let bytes = n * 4;
+                    let fault = |c: &mut Ctx| {
+                        c.pending_fault = Some(ILLEGAL_ADDRESS);
+                        Ok(())
+                    };
+                    let Ok(x) = slice_mut(c, a, bytes).map(|s| s.to_vec()) else {
+                        return fault(c);
+                    };
+                    let Ok(y) = slice_mut(c, b, bytes).map(|s| s.to_vec()) else {
+                        return fault(c);
+                    };
+                    let Ok(z) = slice_mut(c, out, bytes) else {
+                        return fault(c);
+                    };
+                    for i in 0..n {
+                        let f = |v: &[u8]| {
+                            f32::from_le_bytes([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]])
+                        };
+                        z[4 * i..4 * i + 4].copy_from_slice(&(f(&x) + f(&y)).to_le_bytes());
+                    }
+                }
+                "fault" => c.pending_fault = Some(ILLEGAL_ADDRESS),
+                "spin" => {
+                    c.busy.insert(stream);
+                }
+                _ => {}
+            }
+            Ok(())
+        })
+    }
+
+    fn stream_create(&self, flags: u32, _: i32) -> CuResult<Raw> {
+        self.with_ctx("stream_create", |c, next| {
+            if flags > 1 {
+                return Err(INVALID_VALUE);
+            }
+            let s = fresh(next);
+            c.streams.insert(s);
+            Ok(s)
+        })
+    }
+
+    fn stream_destroy(&self, stream: Raw) -> CuResult<()> {
+        self.with_ctx("stream_destroy", |c, _| {
+            c.streams
+                .remove(&stream)
+                .then_some(())
+                .ok_or(INVALID_HANDLE)
+        })
+    }
+
+    fn stream_synchronize(&self, stream: Raw) -> CuResult<()> {
+        self.sync("stream_synchronize", Some(stream))
+    }
+
+    fn stream_query(&self, stream: Raw) -> CuResult<()> {
+        self.with_ctx("stream_query", |c, _| {
+            check_stream(c, stream)?;
+            if c.busy.contains(&stream) {
+                return Err(NOT_READY);
+            }
+            Ok(())
+        })
+    }
+
+    fn stream_wait_event(&self, stream: Raw, event: Raw, _: u32) -> CuResult<()> {
+        self.with_ctx("stream_wait_event", |c, _| {
+            check_stream(c, stream)?;
+            c.events
+                .contains_key(&event)
+                .then_some(())
+                .ok_or(INVALID_HANDLE)
+        })
+    }
+
+    fn event_create(&self, flags: u32) -> CuResult<Raw> {
+        self.with_ctx("event_create", |c, next| {
+            if flags > 7 {
+                return Err(INVALID_VALUE);
+            }
+            let e = fresh(next);
+            c.events.insert(e, false);
+            Ok(e)
+        })
+    }
+
+    fn event_destroy(&self, event: Raw) -> CuResult<()> {
+        self.with_ctx("event_destroy", |c, _| {
+            c.events.remove(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+        })
+    }
+
+    fn event_record(&self, event: Raw, stream: Raw) -> CuResult<()> {
+        self.with_ctx("event_record", |c, _| {
+            check_stream(c, stream)?;
+            let e = c.events.get_mut(&event).ok_or(INVALID_HANDLE)?;
+            *e = true;
+            Ok(())
+        })
+    }
+
+    fn event_synchronize(&self, event: Raw) -> CuResult<()> {
+        self.with_ctx("event_synchronize", |c, _| {
+            c.events.get(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+        })
+    }
+
+    fn event_query(&self, event: Raw) -> CuResult<()> {
+        self.with_ctx("event_query", |c, _| {
+            c.events.get(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+        })
+    }
+
+    fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32> {
+        self.with_ctx("event_elapsed", |c, _| {
+            match (c.events.get(&start), c.events.get(&end)) {
+                (Some(true), Some(true)) => Ok(2.5),
+                _ => Err(INVALID_HANDLE),
+            }
+        })
+    }
+}

@@ -1,0 +1,325 @@
+//! The host's CUDA driver and GPUs, found once at daemon start and shared by all sessions.
+
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use qcuda_proto::{status, GpuInfo};
+use thiserror::Error;
+use tracing::{error, info, warn};
+
+use super::{
+    driver::{CudaDriver, DriverApi, DriverLoad, NoDriver},
+    graveyard::Graveyard,
+    launch::LaunchLimits,
+    session::CudaSession,
+};
+
+/// Errors of choosing GPUs.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum HostError {
+    /// `--gpu N` names a GPU the host does not have.
+    #[error("GPU {requested} requested, but the host has {available} CUDA device(s)")]
+    NoSuchGpu {
+        /// The ordinal asked for.
+        requested: u32,
+        /// How many the driver reports.
+        available: u32,
+    },
+}
+
+/// One GPU a guest may use.
+#[derive(Debug, Clone)]
+pub(crate) struct HostGpu {
+    /// The driver's `CUdevice`.
+    pub(crate) dev: i32,
+    /// The host ordinal (what `--gpu` names).
+    pub(crate) host_ordinal: u32,
+    /// What DeviceInfo and HostInfo report.
+    pub(crate) info: GpuInfo,
+    /// What launches are checked against.
+    pub(crate) limits: LaunchLimits,
+}
+
+/// Knobs of the executor; tests shrink them to reach every code path with small buffers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tuning {
+    /// Bytes of each of the two pinned staging halves per session and device.
+    pub(crate) staging_half: usize,
+    /// Guest runs at least this long are copied straight from or to guest memory; shorter
+    /// runs are gathered into (or scattered from) the staging buffer.
+    pub(crate) direct_min: usize,
+    /// How long closing a session waits for its queued GPU work; after that its context is
+    /// deferred (a killed guest process may leave an endless kernel behind).
+    pub(crate) idle_wait: Duration,
+    /// How often deferred contexts are polled.
+    pub(crate) reap_interval: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            staging_half: 2 << 20,
+            direct_min: 256 << 10,
+            idle_wait: Duration::from_secs(2),
+            reap_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+/// The process-wide CUDA state: the driver (if any) and the GPUs guests may use.
+///
+/// Guests see the selected GPUs as ordinals 0..[`CudaHost::gpu_count`], in host order.
+pub struct CudaHost {
+    pub(crate) driver: Arc<dyn DriverApi>,
+    version: u32,
+    /// What CUDA ops answer when there is no GPU to use (cudaErrorNoDevice,
+    /// cudaErrorInsufficientDriver, ...).
+    unavailable: u32,
+    pub(crate) gpus: Vec<HostGpu>,
+    pub(crate) tuning: Tuning,
+    /// The first sticky error any session hit (0: none). It corrupts the driver state of the
+    /// whole process, so it is the host's, not a session's.
+    sticky: AtomicU32,
+    /// Contexts of closed sessions waiting for the GPU to be idle before they are destroyed.
+    pub(crate) graveyard: Arc<Graveyard>,
+}
+
+impl fmt::Debug for CudaHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaHost")
+            .field("driver_version", &self.version)
+            .field("gpus", &self.gpus.len())
+            .field("unavailable", &self.unavailable)
+            .field("sticky_error", &self.sticky_error())
+            .field("deferred_contexts", &self.deferred_contexts())
+            .finish()
+    }
+}
+
+const ATTR_MAX_THREADS_PER_BLOCK: i32 = 1;
+const ATTR_MAX_BLOCK_DIM: [i32; 3] = [2, 3, 4];
+const ATTR_MAX_GRID_DIM: [i32; 3] = [5, 6, 7];
+const ATTR_MULTIPROCESSOR_COUNT: i32 = 16;
+const ATTR_PCI_BUS_ID: i32 = 33;
+const ATTR_PCI_DEVICE_ID: i32 = 34;
+const ATTR_PCI_DOMAIN_ID: i32 = 50;
+const ATTR_CC_MAJOR: i32 = 75;
+const ATTR_CC_MINOR: i32 = 76;
+
+/// Reads what the executor needs to know about GPU `ordinal`.
+fn describe(driver: &dyn DriverApi, ordinal: u32) -> Result<HostGpu, super::driver::CuError> {
+    let dev = driver.device_get(i32::try_from(ordinal).unwrap_or(i32::MAX))?;
+    let attr = |a| driver.device_attribute(dev, a);
+    let unsigned = |a| attr(a).map(|v| u32::try_from(v).unwrap_or(0));
+    let mut info = GpuInfo::default();
+    info.set_name(&driver.device_name(dev)?);
+    info.uuid = driver.device_uuid(dev)?;
+    info.total_mem = driver.device_total_mem(dev)?;
+    info.cc_major = attr(ATTR_CC_MAJOR)?;
+    info.cc_minor = attr(ATTR_CC_MINOR)?;
+    info.multiprocessors = attr(ATTR_MULTIPROCESSOR_COUNT)?;
+    info.pci_bus = attr(ATTR_PCI_BUS_ID)?;
+    info.pci_device = attr(ATTR_PCI_DEVICE_ID)?;
+    info.pci_domain = attr(ATTR_PCI_DOMAIN_ID)?;
+    let limits = LaunchLimits {
+        max_threads_per_block: unsigned(ATTR_MAX_THREADS_PER_BLOCK)?,
+        max_block: [
+            unsigned(ATTR_MAX_BLOCK_DIM[0])?,
+            unsigned(ATTR_MAX_BLOCK_DIM[1])?,
+            unsigned(ATTR_MAX_BLOCK_DIM[2])?,
+        ],
+        max_grid: [
+            unsigned(ATTR_MAX_GRID_DIM[0])?,
+            unsigned(ATTR_MAX_GRID_DIM[1])?,
+            unsigned(ATTR_MAX_GRID_DIM[2])?,
+        ],
+    };
+    Ok(HostGpu {
+        dev,
+        host_ordinal: ordinal,
+        info,
+        limits,
+    })
+}
+
+impl CudaHost {
+    /// Loads the CUDA driver if the host has one, initialises it and lists its GPUs. Never
+    /// panics: a host without libcuda (or with one too old to use) gets a `CudaHost` with no
+    /// GPUs, whose sessions answer cudaErrorNoDevice (or cudaErrorInsufficientDriver).
+    pub fn probe() -> Arc<CudaHost> {
+        Arc::new(Self::from_load(load_driver(), None).unwrap_or_else(|_| Self::without_driver()))
+    }
+
+    /// Like [`CudaHost::probe`], but guests see only host GPU `gpu` (as their device 0) when
+    /// `gpu` is `Some` (the daemon's `--gpu`). Fails if the driver works and has no such GPU;
+    /// a host without a usable driver still gets a GPU-less `CudaHost`, so a daemon started
+    /// with `--gpu` on such a host answers "no device" rather than refusing to start.
+    pub fn with_gpu_filter(gpu: Option<u32>) -> Result<Arc<CudaHost>, HostError> {
+        Self::from_load(load_driver(), gpu).map(Arc::new)
+    }
+
+    /// Number of GPUs guests may use (0 without a usable driver).
+    pub fn gpu_count(&self) -> u32 {
+        u32::try_from(self.gpus.len()).unwrap_or(u32::MAX)
+    }
+
+    /// cuDriverGetVersion (13000 for CUDA 13.0); 0 if the host has no CUDA driver.
+    pub fn driver_version(&self) -> u32 {
+        self.version
+    }
+
+    /// What the host reports about guest device `ordinal`.
+    pub fn gpu_info(&self, ordinal: u32) -> Option<&GpuInfo> {
+        self.gpus.get(ordinal as usize).map(|g| &g.info)
+    }
+
+    /// A new, empty session for guest process `id`. Its contexts are created on first use.
+    pub fn open_session(self: &Arc<Self>, id: u64) -> CudaSession {
+        CudaSession::new(Arc::clone(self), id)
+    }
+
+    /// The sticky error (a `cudaError_t` such as cudaErrorIllegalAddress) that has corrupted
+    /// this process's CUDA driver state, if any.
+    ///
+    /// CUDA documents these errors as leaving the process in an inconsistent state until it is
+    /// relaunched, and a real driver (580) indeed fails every context of the process, old and
+    /// new, once one kernel faulted. From then on every session answers it; only a new daemon
+    /// process clears it. The daemon may use this to restart once its sessions are gone.
+    pub fn sticky_error(&self) -> Option<u32> {
+        match self.sticky.load(Ordering::Acquire) {
+            0 => None,
+            s => Some(s),
+        }
+    }
+
+    /// Contexts of closed sessions not destroyed yet because GPU work of the process was still
+    /// running when they closed (see docs/executor.md, "Ending a session"). They are destroyed
+    /// once no deferred context has work left; a count that stays above 0 means an endless
+    /// kernel, which only a daemon restart stops.
+    pub fn deferred_contexts(&self) -> usize {
+        self.graveyard.len()
+    }
+
+    /// Records the first sticky error.
+    pub(crate) fn set_sticky_error(&self, status: u32) {
+        let first = self
+            .sticky
+            .compare_exchange(0, status, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if first {
+            error!(
+                status,
+                "a sticky CUDA error corrupted the driver state of this process: every CUDA \
+                 op now fails with it until vhost-cuda is restarted"
+            );
+        }
+    }
+
+    /// The status CUDA ops answer when there is no GPU to use; `None` if there is one.
+    pub(crate) fn unavailable(&self) -> Option<u32> {
+        self.gpus.is_empty().then_some(self.unavailable)
+    }
+
+    /// A host without any CUDA driver.
+    pub(crate) fn without_driver() -> Self {
+        Self {
+            driver: Arc::new(NoDriver),
+            version: 0,
+            unavailable: status::NO_DEVICE,
+            gpus: Vec::new(),
+            tuning: Tuning::default(),
+            sticky: AtomicU32::new(0),
+            graveyard: Arc::default(),
+        }
+    }
+
+    pub(crate) fn from_load(load: DriverLoad, gpu: Option<u32>) -> Result<Self, HostError> {
+        match load {
+            DriverLoad::Absent => {
+                info!("no CUDA driver on this host: guests will see no GPU");
+                Ok(Self::without_driver())
+            }
+            DriverLoad::Unusable { version, status } => {
+                warn!(
+                    version,
+                    status, "CUDA driver unusable: guests will see no GPU"
+                );
+                Ok(Self {
+                    version,
+                    unavailable: status,
+                    ..Self::without_driver()
+                })
+            }
+            DriverLoad::Ready { driver, version } => {
+                Self::from_driver(Arc::new(driver), version, gpu, Tuning::default())
+            }
+        }
+    }
+
+    /// Lists the GPUs of a working driver, keeping only `gpu` if given.
+    pub(crate) fn from_driver(
+        driver: Arc<dyn DriverApi>,
+        version: u32,
+        gpu: Option<u32>,
+        tuning: Tuning,
+    ) -> Result<Self, HostError> {
+        let count = match driver.device_count() {
+            Ok(n) => u32::try_from(n).unwrap_or(0),
+            Err(e) => {
+                warn!(error = ?e, "cuDeviceGetCount failed");
+                0
+            }
+        };
+        if let Some(g) = gpu {
+            if g >= count {
+                return Err(HostError::NoSuchGpu {
+                    requested: g,
+                    available: count,
+                });
+            }
+        }
+        let mut gpus = Vec::new();
+        for ordinal in 0..count {
+            if gpu.is_some_and(|g| g != ordinal) {
+                continue;
+            }
+            match describe(driver.as_ref(), ordinal) {
+                Ok(g) => {
+                    info!(
+                        ordinal,
+                        name = %String::from_utf8_lossy(g.info.name_bytes()),
+                        cc = %format!("{}.{}", g.info.cc_major, g.info.cc_minor),
+                        memory = g.info.total_mem,
+                        "GPU available to guests"
+                    );
+                    gpus.push(g);
+                }
+                Err(e) => warn!(ordinal, error = ?e, "skipping a GPU the driver cannot describe"),
+            }
+        }
+        Ok(Self {
+            driver,
+            version,
+            unavailable: status::NO_DEVICE,
+            gpus,
+            tuning,
+            sticky: AtomicU32::new(0),
+            graveyard: Arc::default(),
+        })
+    }
+}
+
+/// Loads the driver, turning a panic in the loader (which the checks in `CudaDriver::load`
+/// should make impossible) into "no driver".
+fn load_driver() -> DriverLoad {
+    std::panic::catch_unwind(CudaDriver::load).unwrap_or_else(|_| {
+        warn!("loading the CUDA driver panicked; continuing without a driver");
+        DriverLoad::Absent
+    })
+}

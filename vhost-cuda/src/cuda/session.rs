@@ -1,0 +1,991 @@
+//! The CUDA state of one guest process, and the op handlers that act on it.
+//!
+//! A [`CudaSession`] lives on its session's worker thread. It owns one CUDA context per device
+//! the guest process has used (created on first use, never the shared primary context), the
+//! allocation table of each context, and the session-local handle tables for modules,
+//! functions, streams and events. Every op binds its context to the calling thread first.
+//! Dropping the session destroys its contexts, which frees everything they own.
+//!
+//! A sticky error (an illegal address, a failed launch, ...) corrupts the CUDA state of the
+//! whole daemon process, not just the context it happened in: measured with driver 580, every
+//! other context of the process, and every context created afterwards, fails with the same
+//! error. So the executor records it on the [`CudaHost`], and from then on every op of every
+//! session that needs a context answers that error with `RESP_FLAG_STICKY`, without calling
+//! into the corrupted driver. Only a new daemon process clears it.
+
+use std::{
+    ffi::CString,
+    sync::Arc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use qcuda_proto::{status, Op, ResponseHeader, GPU_INFO_SIZE, PARAM_INFO_SIZE, RESP_FLAG_STICKY};
+use tracing::{debug, error, warn};
+
+use super::{
+    aligned_bytes::AlignedBytes,
+    allocations::AllocationTable,
+    copy::{self, Staging},
+    driver::{CuError, DriverApi, Raw, NULL_STREAM},
+    graveyard::{has_pending_work, Grave},
+    handles::{HandleCounter, HandleTable},
+    host::CudaHost,
+    launch::{LaunchConfig, ParamLayout},
+    module_image::ModuleImage,
+    status::{cuda_name, is_sticky},
+};
+use crate::guest_buffer::{GuestBuffer, Request};
+
+/// Most modules a session may have loaded.
+const MAX_MODULES: usize = 4096;
+/// Most function handles a session may hold.
+const MAX_FUNCTIONS: usize = 1 << 16;
+/// Most streams a session may hold.
+const MAX_STREAMS: usize = 1 << 14;
+/// Most events a session may hold.
+const MAX_EVENTS: usize = 1 << 16;
+/// Longest kernel or variable name.
+const MAX_NAME_LEN: usize = 4096;
+/// Most attributes one DeviceAttributes op may ask for.
+const MAX_ATTRIBUTES: usize = 1024;
+/// More parameters than any kernel can have (the parameter space is at most 32 764 bytes).
+const MAX_PARAMS: usize = 32 * 1024;
+/// cudaStreamNonBlocking.
+const STREAM_NON_BLOCKING: u64 = 1;
+/// cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess.
+const EVENT_FLAGS: u64 = 0x7;
+/// cudaEventWaitExternal.
+const EVENT_WAIT_FLAGS: u64 = 0x1;
+
+/// Why an op failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// A status decided here (validation, unknown handle, sticky error).
+    Status(u32),
+    /// A driver call on guest device `dev` failed.
+    Driver { dev: usize, err: CuError },
+}
+
+impl From<u32> for Fault {
+    fn from(status: u32) -> Self {
+        Fault::Status(status)
+    }
+}
+
+type OpResult = Result<ResponseHeader, Fault>;
+
+fn ok() -> OpResult {
+    Ok(ResponseHeader::with_status(status::SUCCESS))
+}
+
+fn ok_rets(rets: &[u64]) -> OpResult {
+    let mut r = ResponseHeader::with_status(status::SUCCESS);
+    for (slot, v) in r.rets.iter_mut().zip(rets) {
+        *slot = *v;
+    }
+    Ok(r)
+}
+
+/// Maps driver errors of calls on device `dev`.
+fn on(dev: usize) -> impl Fn(CuError) -> Fault {
+    move |err| Fault::Driver { dev, err }
+}
+
+fn to_usize(v: u64) -> Result<usize, Fault> {
+    usize::try_from(v).map_err(|_| Fault::Status(status::INVALID_VALUE))
+}
+
+/// A kernel or variable name from the guest: 1..=4096 bytes, no NUL.
+fn symbol_name(buf: &GuestBuffer) -> Result<CString, Fault> {
+    let len = buf.len();
+    if len == 0 || len > MAX_NAME_LEN {
+        return Err(status::INVALID_VALUE.into());
+    }
+    let bytes = buf.to_vec().map_err(|_| status::INVALID_VALUE)?;
+    CString::new(bytes).map_err(|_| status::INVALID_VALUE.into())
+}
+
+/// Stream priority from args[1]: an `int` the guest may have sign-extended to 64 bits or not.
+fn priority(arg: u64) -> Result<i32, Fault> {
+    if let Ok(v) = u32::try_from(arg) {
+        return Ok(v as i32);
+    }
+    i32::try_from(arg as i64).map_err(|_| status::INVALID_VALUE.into())
+}
+
+/// The CUDA context of a session on one device, with what lives in it.
+#[derive(Debug)]
+struct DeviceContext {
+    ctx: Raw,
+    memory: AllocationTable,
+    staging: StagingState,
+}
+
+#[derive(Debug)]
+enum StagingState {
+    NotYet,
+    Ready(Staging),
+    /// Allocation failed once; copies go direct from then on.
+    Unavailable,
+}
+
+#[derive(Debug)]
+struct ModuleEntry {
+    dev: usize,
+    raw: Raw,
+}
+
+#[derive(Debug)]
+struct FunctionEntry {
+    dev: usize,
+    module: u64,
+    raw: Raw,
+    layout: ParamLayout,
+}
+
+#[derive(Debug)]
+struct StreamEntry {
+    dev: usize,
+    raw: Raw,
+}
+
+#[derive(Debug)]
+struct EventEntry {
+    dev: usize,
+    raw: Raw,
+}
+
+/// The CUDA state of one guest process: contexts, allocations, modules, functions, streams
+/// and events. Runs on one worker thread at a time (it is `Send`, not `Sync`).
+pub struct CudaSession {
+    host: Arc<CudaHost>,
+    drv: Arc<dyn DriverApi>,
+    id: u64,
+    /// Indexed by guest device ordinal.
+    devices: Vec<Option<DeviceContext>>,
+    ids: HandleCounter,
+    modules: HandleTable<ModuleEntry>,
+    functions: HandleTable<FunctionEntry>,
+    streams: HandleTable<StreamEntry>,
+    events: HandleTable<EventEntry>,
+}
+
+impl std::fmt::Debug for CudaSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaSession")
+            .field("id", &self.id)
+            .field("contexts", &self.devices.iter().flatten().count())
+            .field("modules", &self.modules.len())
+            .field("streams", &self.streams.len())
+            .field("events", &self.events.len())
+            .finish()
+    }
+}
+
+impl CudaSession {
+    pub(crate) fn new(host: Arc<CudaHost>, id: u64) -> Self {
+        let drv = Arc::clone(&host.driver);
+        let devices = host.gpus.iter().map(|_| None).collect();
+        Self {
+            host,
+            drv,
+            id,
+            devices,
+            ids: HandleCounter::default(),
+            modules: HandleTable::new(MAX_MODULES),
+            functions: HandleTable::new(MAX_FUNCTIONS),
+            streams: HandleTable::new(MAX_STREAMS),
+            events: HandleTable::new(MAX_EVENTS),
+        }
+    }
+
+    /// Executes one op and returns its response. Handles every op except Hello, Echo and
+    /// SessionClose (answered cudaErrorNotSupported here). Never panics on any input.
+    ///
+    /// `FLAG_ASYNC` requests run like the others, in order, and report their real status.
+    pub fn execute(&mut self, req: &Request) -> ResponseHeader {
+        let mut resp = match self.dispatch(req) {
+            Ok(r) => r,
+            Err(Fault::Status(s)) => ResponseHeader::with_status(s),
+            Err(Fault::Driver { dev, err }) => {
+                ResponseHeader::with_status(self.driver_failed(req.op, dev, err))
+            }
+        };
+        if self.host.sticky_error().is_some() {
+            resp.flags |= RESP_FLAG_STICKY;
+        }
+        resp
+    }
+
+    /// Maps a driver error and, if it is sticky, records it on the host (see the module doc).
+    fn driver_failed(&mut self, op: Op, dev: usize, err: CuError) -> u32 {
+        let s = err.status();
+        if is_sticky(s) {
+            warn!(session = self.id, ?op, dev, error = ?err, "sticky error");
+            self.host.set_sticky_error(s);
+        } else {
+            debug!(session = self.id, ?op, dev, error = ?err, status = cuda_name(s), "driver call failed");
+        }
+        s
+    }
+
+    fn dispatch(&mut self, req: &Request) -> OpResult {
+        let args = &req.header.args;
+        match req.op {
+            Op::HostInfo => return self.host_info(req),
+            Op::DriverVersion => return ok_rets(&[u64::from(self.host.driver_version())]),
+            Op::Hello | Op::Echo | Op::SessionClose => {
+                debug!(session = self.id, op = ?req.op, "transport op reached the executor");
+                return Err(status::NOT_SUPPORTED.into());
+            }
+            _ => {}
+        }
+        if let Some(s) = self.host.unavailable() {
+            return Err(s.into());
+        }
+        match req.op {
+            Op::DeviceCount => ok_rets(&[u64::from(self.host.gpu_count())]),
+            Op::DeviceInfo => self.device_info(req),
+            Op::DeviceAttributes => self.device_attributes(req),
+            Op::DeviceSynchronize => self.device_synchronize(req),
+            Op::DeviceReset => {
+                let dev = self.device(req)?;
+                self.teardown(dev);
+                ok()
+            }
+            Op::MemGetInfo => {
+                let dev = self.bind_new(req)?;
+                let (free, total) = self.drv.mem_get_info().map_err(on(dev))?;
+                ok_rets(&[free, total])
+            }
+            Op::Malloc => self.malloc(req),
+            Op::Free => self.free(req),
+            Op::MemcpyHtoD => self.memcpy_htod(req),
+            Op::MemcpyDtoH => self.memcpy_dtoh(req),
+            Op::MemcpyDtoD => self.memcpy_dtod(req),
+            Op::Memset => self.memset(req),
+            Op::ModuleLoad => self.module_load(req),
+            Op::ModuleUnload => self.module_unload(args[0]),
+            Op::ModuleGetFunction => self.module_get_function(req),
+            Op::ModuleGetGlobal => self.module_get_global(req),
+            Op::LaunchKernel => self.launch_kernel(req),
+            Op::StreamCreate => self.stream_create(req),
+            Op::StreamDestroy => self.stream_destroy(args[0]),
+            Op::StreamSynchronize | Op::StreamQuery => self.stream_wait(req),
+            Op::StreamWaitEvent => self.stream_wait_event(args),
+            Op::EventCreate => self.event_create(req),
+            Op::EventDestroy => self.event_destroy(args[0]),
+            Op::EventRecord => self.event_record(args),
+            Op::EventSynchronize | Op::EventQuery => self.event_wait(req),
+            Op::EventElapsedTime => self.event_elapsed(args),
+            Op::HostInfo | Op::DriverVersion | Op::Hello | Op::Echo | Op::SessionClose => {
+                Err(status::NOT_SUPPORTED.into())
+            }
+        }
+    }
+
+    // ----- devices and contexts -------------------------------------------------------
+
+    /// The guest device ordinal of the request, checked.
+    fn device(&self, req: &Request) -> Result<usize, Fault> {
+        let dev = req.header.device as usize;
+        if dev < self.devices.len() {
+            Ok(dev)
+        } else {
+            Err(status::INVALID_DEVICE.into())
+        }
+    }
+
+    /// Binds the session's context on `dev` to this thread, creating it on first use. Fails
+    /// with the sticky error once the driver state is corrupted.
+    fn bind(&mut self, dev: usize) -> Result<&mut DeviceContext, Fault> {
+        if let Some(s) = self.host.sticky_error() {
+            return Err(s.into());
+        }
+        let slot = self
+            .devices
+            .get_mut(dev)
+            .ok_or(Fault::Status(status::INVALID_DEVICE))?;
+        if slot.is_none() {
+            let gpu = self
+                .host
+                .gpus
+                .get(dev)
+                .ok_or(Fault::Status(status::INVALID_DEVICE))?;
+            let ctx = self.drv.ctx_create(gpu.dev).map_err(on(dev))?;
+            debug!(
+                session = self.id,
+                dev,
+                gpu = gpu.host_ordinal,
+                "context created"
+            );
+            *slot = Some(DeviceContext {
+                ctx,
+                memory: AllocationTable::default(),
+                staging: StagingState::NotYet,
+            });
+        }
+        let c = slot.as_mut().ok_or(Fault::Status(status::UNKNOWN))?;
+        self.drv.ctx_set_current(c.ctx).map_err(on(dev))?;
+        Ok(c)
+    }
+
+    /// Binds the context of the request's device (creating it).
+    fn bind_new(&mut self, req: &Request) -> Result<usize, Fault> {
+        let dev = self.device(req)?;
+        self.bind(dev)?;
+        Ok(dev)
+    }
+
+    /// Binds the context on `dev` if the session has one; `false` if it has none (so there
+    /// is no work of this session to wait for). Fails with the sticky error in any case.
+    fn bind_existing(&mut self, dev: usize) -> Result<bool, Fault> {
+        if let Some(s) = self.host.sticky_error() {
+            return Err(s.into());
+        }
+        match self.devices.get(dev) {
+            Some(Some(_)) => self.bind(dev).map(|_| true),
+            Some(None) => Ok(false),
+            None => Err(status::INVALID_DEVICE.into()),
+        }
+    }
+
+    fn context(&mut self, dev: usize) -> Result<&mut DeviceContext, Fault> {
+        self.devices
+            .get_mut(dev)
+            .and_then(Option::as_mut)
+            .ok_or(Fault::Status(status::UNKNOWN))
+    }
+
+    fn host_info(&self, req: &Request) -> OpResult {
+        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let fit = out.len() / GPU_INFO_SIZE;
+        for (i, gpu) in self.host.gpus.iter().take(fit).enumerate() {
+            out.write_at(i * GPU_INFO_SIZE, &gpu.info.encode())
+                .map_err(|_| status::INVALID_VALUE)?;
+        }
+        ok_rets(&[
+            u64::from(self.host.gpu_count()),
+            u64::from(self.host.driver_version()),
+        ])
+    }
+
+    fn device_info(&self, req: &Request) -> OpResult {
+        let dev = self.device(req)?;
+        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let gpu = self.host.gpus.get(dev).ok_or(status::INVALID_DEVICE)?;
+        if out.len() < GPU_INFO_SIZE {
+            return Err(status::INVALID_VALUE.into());
+        }
+        out.write_at(0, &gpu.info.encode())
+            .map_err(|_| status::INVALID_VALUE)?;
+        ok()
+    }
+
+    fn device_attributes(&self, req: &Request) -> OpResult {
+        let dev = self.device(req)?;
+        let gpu = self.host.gpus.get(dev).ok_or(status::INVALID_DEVICE)?;
+        let (input, out) = match (req.inputs.first(), req.outputs.first()) {
+            (Some(i), Some(o)) => (i, o),
+            _ => return Err(status::INVALID_VALUE.into()),
+        };
+        let len = input.len();
+        if len != out.len() || len % 4 != 0 || len / 4 > MAX_ATTRIBUTES {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let ids = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
+        let mut values = Vec::with_capacity(len);
+        for id in ids.chunks_exact(4) {
+            let attr = i32::from_le_bytes([id[0], id[1], id[2], id[3]]);
+            let v = match self.drv.device_attribute(gpu.dev, attr) {
+                Ok(v) => v,
+                Err(CuError::INVALID_VALUE) => return Err(status::INVALID_VALUE.into()),
+                Err(err) => return Err(Fault::Driver { dev, err }),
+            };
+            values.extend_from_slice(&v.to_le_bytes());
+        }
+        out.write_at(0, &values)
+            .map_err(|_| status::INVALID_VALUE)?;
+        ok()
+    }
+
+    fn device_synchronize(&mut self, req: &Request) -> OpResult {
+        let dev = self.device(req)?;
+        if self.bind_existing(dev)? {
+            self.drv.ctx_synchronize().map_err(on(dev))?;
+        }
+        ok()
+    }
+
+    /// Destroys the session's context on `dev` (if any) and forgets everything in it: what
+    /// DeviceReset does, and what dropping the session does for each device. A sticky error
+    /// stays (it belongs to the process), but the context's memory is still given back.
+    ///
+    /// Queued work gets [`Tuning::idle_wait`](super::host::Tuning) to finish. Work still
+    /// running after that (a killed guest may have left an endless kernel) defers the context
+    /// to the host's graveyard instead, because cuCtxDestroy would wait for it, and so does any
+    /// deferred context: then this one frees its memory now and is destroyed later
+    /// (`graveyard.rs`). Either way this returns within the bound.
+    fn teardown(&mut self, dev: usize) {
+        let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
+            return;
+        };
+        let streams: Vec<Raw> = self
+            .streams
+            .values()
+            .filter(|s| s.dev == dev)
+            .map(|s| s.raw)
+            .collect();
+        let bound = self.drv.ctx_set_current(c.ctx);
+        if let Err(e) = bound {
+            debug!(session = self.id, dev, error = ?e, "binding for teardown failed");
+        }
+        // After a sticky error nothing runs any more; there is nothing to wait for.
+        let idle = bound.is_err() || self.host.sticky_error().is_some() || self.wait_idle(&streams);
+        let interval = self.host.tuning.reap_interval;
+        if !idle {
+            error!(
+                session = self.id,
+                dev,
+                wait = ?self.host.tuning.idle_wait,
+                "GPU work of a closed session is still running; its context is deferred until it ends"
+            );
+            let grave = Grave {
+                ctx: c.ctx,
+                streams,
+            };
+            self.host.graveyard.bury(&self.drv, grave, interval);
+        } else if !self.host.graveyard.is_empty() {
+            // cuCtxDestroy would wait for the deferred contexts' kernels: give the memory
+            // back now (cuMemFree does not wait) and leave the rest to the reaper.
+            if bound.is_ok() {
+                for ptr in c.memory.allocations() {
+                    if let Err(e) = self.drv.mem_free(ptr) {
+                        debug!(session = self.id, dev, error = ?e, "cuMemFree at teardown failed");
+                    }
+                }
+            }
+            debug!(
+                session = self.id,
+                dev, "context deferred behind a running one"
+            );
+            let grave = Grave {
+                ctx: c.ctx,
+                streams,
+            };
+            self.host.graveyard.bury(&self.drv, grave, interval);
+        } else {
+            // Destroying the context frees its allocations, pinned staging memory, modules,
+            // streams and events (cuCtxDestroy documentation).
+            match self.drv.ctx_destroy(c.ctx) {
+                Ok(()) => debug!(session = self.id, dev, "context destroyed"),
+                Err(e) => warn!(session = self.id, dev, error = ?e, "cuCtxDestroy failed"),
+            }
+        }
+        self.modules.retain(|m| m.dev != dev);
+        self.functions.retain(|f| f.dev != dev);
+        self.streams.retain(|s| s.dev != dev);
+        self.events.retain(|e| e.dev != dev);
+    }
+
+    /// Polls the legacy stream and `streams` of the bound context until none has work
+    /// pending, for at most the idle wait. True if they became idle.
+    fn wait_idle(&self, streams: &[Raw]) -> bool {
+        let deadline = Instant::now() + self.host.tuning.idle_wait;
+        loop {
+            if !has_pending_work(self.drv.as_ref(), streams) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    // ----- memory -----------------------------------------------------------------------
+
+    /// The stream for handle `handle` on `dev`: 0 is the legacy stream; others must be
+    /// streams of this session on the same device.
+    fn stream_on(&self, handle: u64, dev: usize) -> Result<Raw, Fault> {
+        if handle == 0 {
+            return Ok(NULL_STREAM);
+        }
+        match self.streams.get(handle) {
+            Some(s) if s.dev == dev => Ok(s.raw),
+            _ => Err(status::INVALID_RESOURCE_HANDLE.into()),
+        }
+    }
+
+    fn malloc(&mut self, req: &Request) -> OpResult {
+        let dev = self.bind_new(req)?;
+        let size = req.header.args[0];
+        if size == 0 {
+            // cudaMalloc(&p, 0) succeeds with a NULL pointer.
+            return ok_rets(&[0]);
+        }
+        let bytes = to_usize(size)?;
+        let (drv, id) = (Arc::clone(&self.drv), self.id);
+        let c = self.context(dev)?;
+        if !c.memory.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let ptr = drv.mem_alloc(bytes).map_err(on(dev))?;
+        if let Err(e) = c.memory.insert_allocation(ptr, size) {
+            warn!(
+                session = id,
+                dev,
+                ptr,
+                size,
+                ?e,
+                "driver returned an overlapping allocation"
+            );
+            let _ = drv.mem_free(ptr);
+            return Err(status::UNKNOWN.into());
+        }
+        ok_rets(&[ptr])
+    }
+
+    fn free(&mut self, req: &Request) -> OpResult {
+        let dev = self.bind_new(req)?;
+        let ptr = req.header.args[0];
+        if ptr == 0 {
+            return ok();
+        }
+        let drv = Arc::clone(&self.drv);
+        let c = self.context(dev)?;
+        if !c.memory.is_allocation(ptr) {
+            return Err(status::INVALID_VALUE.into());
+        }
+        drv.mem_free(ptr).map_err(on(dev))?;
+        let _ = c.memory.remove_allocation(ptr);
+        ok()
+    }
+
+    /// Checks that `[ptr, ptr + len)` is the session's memory on `dev`.
+    fn check_range(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
+        if self.context(dev)?.memory.contains(ptr, len) {
+            Ok(())
+        } else {
+            Err(status::INVALID_VALUE.into())
+        }
+    }
+
+    /// The staging buffer of `dev` if guest runs shorter than the direct threshold are to be
+    /// copied; allocated on first need.
+    fn staging_for<'c>(
+        drv: &dyn DriverApi,
+        c: &'c mut DeviceContext,
+        half: usize,
+        needed: bool,
+    ) -> Option<&'c mut Staging> {
+        if !needed {
+            return None;
+        }
+        if matches!(c.staging, StagingState::NotYet) {
+            c.staging = match Staging::create(drv, half) {
+                Ok(s) => StagingState::Ready(s),
+                Err(e) => {
+                    debug!(error = ?e, "no pinned staging buffer; copying run by run");
+                    StagingState::Unavailable
+                }
+            };
+        }
+        match &mut c.staging {
+            StagingState::Ready(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Common part of HtoD and DtoH: binds, resolves the stream, checks the range, plans.
+    fn copy_setup(
+        &mut self,
+        req: &Request,
+        ptr: u64,
+        stream: u64,
+        buf: &GuestBuffer,
+    ) -> Result<Option<(usize, Raw, Vec<copy::Step>)>, Fault> {
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        self.check_range(dev, ptr, buf.len() as u64)?;
+        let runs = copy::host_runs(buf).map_err(|_| status::INVALID_VALUE)?;
+        let tuning = self.host.tuning;
+        let needed = runs.iter().any(|r| r.len < tuning.direct_min);
+        let drv = Arc::clone(&self.drv);
+        let c = self.context(dev)?;
+        let half =
+            Self::staging_for(drv.as_ref(), c, tuning.staging_half, needed).map_or(0, |s| s.half());
+        Ok(Some((
+            dev,
+            stream,
+            copy::plan(&runs, half, tuning.direct_min),
+        )))
+    }
+
+    fn memcpy_htod(&mut self, req: &Request) -> OpResult {
+        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let dst = req.header.args[0];
+        let Some((dev, stream, steps)) = self.copy_setup(req, dst, req.header.args[1], buf)? else {
+            return ok();
+        };
+        let drv = Arc::clone(&self.drv);
+        let c = self.context(dev)?;
+        let staging = match &mut c.staging {
+            StagingState::Ready(s) => Some(s),
+            _ => None,
+        };
+        copy::to_device(drv.as_ref(), staging, dst, &steps, stream).map_err(on(dev))?;
+        ok()
+    }
+
+    fn memcpy_dtoh(&mut self, req: &Request) -> OpResult {
+        let buf = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let src = req.header.args[0];
+        let Some((dev, stream, steps)) = self.copy_setup(req, src, req.header.args[1], buf)? else {
+            return ok();
+        };
+        let drv = Arc::clone(&self.drv);
+        let c = self.context(dev)?;
+        let staging = match &mut c.staging {
+            StagingState::Ready(s) => Some(s),
+            _ => None,
+        };
+        copy::from_device(drv.as_ref(), staging, src, &steps, stream).map_err(on(dev))?;
+        ok()
+    }
+
+    fn memcpy_dtod(&mut self, req: &Request) -> OpResult {
+        let [dst, src, size, stream, ..] = req.header.args;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        if size == 0 {
+            return ok();
+        }
+        self.check_range(dev, dst, size)?;
+        self.check_range(dev, src, size)?;
+        self.drv
+            .memcpy_dtod(dst, src, to_usize(size)?, stream)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    fn memset(&mut self, req: &Request) -> OpResult {
+        let [dst, value, size, stream, ..] = req.header.args;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        if size == 0 {
+            return ok();
+        }
+        self.check_range(dev, dst, size)?;
+        // cudaMemset takes an int and uses its low byte.
+        self.drv
+            .memset_d8(dst, (value & 0xff) as u8, to_usize(size)?, stream)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    // ----- modules and launches -----------------------------------------------------------
+
+    fn module_load(&mut self, req: &Request) -> OpResult {
+        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let dev = self.bind_new(req)?;
+        let image = ModuleImage::from_guest(buf)?;
+        if !self.modules.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let raw = self.drv.module_load(image.as_bytes()).map_err(on(dev))?;
+        debug!(session = self.id, dev, kind = ?image.kind(), len = buf.len(), "module loaded");
+        let handle = self
+            .modules
+            .insert(&mut self.ids, ModuleEntry { dev, raw })
+            .ok_or(status::MEMORY_ALLOCATION)?;
+        ok_rets(&[handle])
+    }
+
+    fn module_unload(&mut self, handle: u64) -> OpResult {
+        let (dev, raw) = match self.modules.get(handle) {
+            Some(m) => (m.dev, m.raw),
+            None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+        };
+        self.bind(dev)?;
+        let result = self.drv.module_unload(raw);
+        // Forget the module even if the driver objected: its handle is no longer usable.
+        self.modules.remove(handle);
+        self.functions.retain(|f| f.module != handle);
+        self.context(dev)?.memory.remove_module(handle);
+        result.map_err(on(dev))?;
+        ok()
+    }
+
+    fn module_get_function(&mut self, req: &Request) -> OpResult {
+        let handle = req.header.args[0];
+        let (dev, module) = match self.modules.get(handle) {
+            Some(m) => (m.dev, m.raw),
+            None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+        };
+        let name = symbol_name(req.inputs.first().ok_or(status::INVALID_VALUE)?)?;
+        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        self.bind(dev)?;
+        let raw = self.drv.module_function(module, &name).map_err(on(dev))?;
+        let (fh, layout) = match self.functions.find(|f| f.module == handle && f.raw == raw) {
+            Some((fh, f)) => (fh, f.layout.clone()),
+            None => {
+                if !self.functions.has_room() {
+                    return Err(status::MEMORY_ALLOCATION.into());
+                }
+                let layout = self.param_layout(dev, raw)?;
+                let entry = FunctionEntry {
+                    dev,
+                    module: handle,
+                    raw,
+                    layout: layout.clone(),
+                };
+                let fh = self
+                    .functions
+                    .insert(&mut self.ids, entry)
+                    .ok_or(status::MEMORY_ALLOCATION)?;
+                (fh, layout)
+            }
+        };
+        let fit = out.len() / PARAM_INFO_SIZE;
+        let mut records = Vec::with_capacity(fit.min(layout.params().len()) * PARAM_INFO_SIZE);
+        for p in layout.params().iter().take(fit) {
+            records.extend_from_slice(&p.encode());
+        }
+        out.write_at(0, &records)
+            .map_err(|_| status::INVALID_VALUE)?;
+        ok_rets(&[fh, layout.params().len() as u64])
+    }
+
+    /// Asks the driver where each parameter of `func` sits, until it says there is no more.
+    fn param_layout(&self, dev: usize, func: Raw) -> Result<ParamLayout, Fault> {
+        let mut pairs = Vec::new();
+        let mut loaded = false;
+        while pairs.len() < MAX_PARAMS {
+            match self.drv.function_param_info(func, pairs.len()) {
+                Ok(p) => pairs.push(p),
+                Err(CuError::INVALID_VALUE) => {
+                    return ParamLayout::new(&pairs).ok_or(Fault::Status(status::UNKNOWN));
+                }
+                Err(CuError::FUNCTION_NOT_LOADED) if !loaded => {
+                    // A lazily loaded module: load the function, then ask again.
+                    self.drv.function_load(func).map_err(on(dev))?;
+                    loaded = true;
+                }
+                Err(err) => return Err(Fault::Driver { dev, err }),
+            }
+        }
+        warn!(
+            session = self.id,
+            "cuFuncGetParamInfo never reported the end of the list"
+        );
+        Err(status::UNKNOWN.into())
+    }
+
+    fn module_get_global(&mut self, req: &Request) -> OpResult {
+        let handle = req.header.args[0];
+        let (dev, module) = match self.modules.get(handle) {
+            Some(m) => (m.dev, m.raw),
+            None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+        };
+        let name = symbol_name(req.inputs.first().ok_or(status::INVALID_VALUE)?)?;
+        self.bind(dev)?;
+        let (ptr, size) = self.drv.module_global(module, &name).map_err(on(dev))?;
+        if size > 0 {
+            if let Err(e) = self.context(dev)?.memory.insert_global(ptr, size, handle) {
+                warn!(
+                    session = self.id,
+                    ptr,
+                    size,
+                    ?e,
+                    "module global not registered"
+                );
+            }
+        }
+        ok_rets(&[ptr, size])
+    }
+
+    fn launch_kernel(&mut self, req: &Request) -> OpResult {
+        let args = &req.header.args;
+        let (dev, raw, layout) = match self.functions.get(args[0]) {
+            Some(f) => (f.dev, f.raw, f.layout.clone()),
+            None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+        };
+        self.bind(dev)?;
+        let cfg = LaunchConfig::decode(args)?;
+        let limits = self
+            .host
+            .gpus
+            .get(dev)
+            .ok_or(status::INVALID_DEVICE)?
+            .limits;
+        cfg.check(&limits)?;
+        let stream = self.stream_on(args[5], dev)?;
+        let block_buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        if block_buf.len() < layout.block_len() {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let mut block = AlignedBytes::zeroed(layout.block_len());
+        block_buf
+            .read_at(0, block.as_mut_slice())
+            .map_err(|_| status::INVALID_VALUE)?;
+        let mut params = layout.pointers(&mut block).ok_or(status::INVALID_VALUE)?;
+        // SAFETY: `params` holds one pointer per kernel parameter (the driver's own layout for
+        // this function), each into `block`, which is at least `block_len` long and outlives
+        // the call; the driver copies the values before returning.
+        unsafe { self.drv.launch(raw, &cfg, stream, &mut params) }.map_err(on(dev))?;
+        ok()
+    }
+
+    // ----- streams and events -------------------------------------------------------------
+
+    fn stream_create(&mut self, req: &Request) -> OpResult {
+        let flags = req.header.args[0];
+        if flags & !STREAM_NON_BLOCKING != 0 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let prio = priority(req.header.args[1])?;
+        let dev = self.bind_new(req)?;
+        if !self.streams.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let raw = self
+            .drv
+            .stream_create(flags as u32, prio)
+            .map_err(on(dev))?;
+        let handle = self
+            .streams
+            .insert(&mut self.ids, StreamEntry { dev, raw })
+            .ok_or(status::MEMORY_ALLOCATION)?;
+        ok_rets(&[handle])
+    }
+
+    fn stream_destroy(&mut self, handle: u64) -> OpResult {
+        let (dev, raw) = match self.streams.get(handle) {
+            Some(s) => (s.dev, s.raw),
+            None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+        };
+        self.bind(dev)?;
+        let result = self.drv.stream_destroy(raw);
+        self.streams.remove(handle);
+        result.map_err(on(dev))?;
+        ok()
+    }
+
+    /// StreamSynchronize and StreamQuery. Handle 0 is the legacy stream of the request's
+    /// device.
+    fn stream_wait(&mut self, req: &Request) -> OpResult {
+        let handle = req.header.args[0];
+        let (dev, raw) = if handle == 0 {
+            let dev = self.device(req)?;
+            if !self.bind_existing(dev)? {
+                return ok();
+            }
+            (dev, NULL_STREAM)
+        } else {
+            let (dev, raw) = match self.streams.get(handle) {
+                Some(s) => (s.dev, s.raw),
+                None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+            };
+            self.bind(dev)?;
+            (dev, raw)
+        };
+        if req.op == Op::StreamQuery {
+            self.drv.stream_query(raw).map_err(on(dev))?;
+        } else {
+            self.drv.stream_synchronize(raw).map_err(on(dev))?;
+        }
+        ok()
+    }
+
+    fn event(&self, handle: u64) -> Result<(usize, Raw), Fault> {
+        self.events
+            .get(handle)
+            .map(|e| (e.dev, e.raw))
+            .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))
+    }
+
+    fn stream_wait_event(&mut self, args: &[u64]) -> OpResult {
+        let (dev, event) = self.event(args[1])?;
+        let stream = self.stream_on(args[0], dev)?;
+        if args[2] & !EVENT_WAIT_FLAGS != 0 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        self.bind(dev)?;
+        self.drv
+            .stream_wait_event(stream, event, args[2] as u32)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    fn event_create(&mut self, req: &Request) -> OpResult {
+        let flags = req.header.args[0];
+        if flags & !EVENT_FLAGS != 0 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let dev = self.bind_new(req)?;
+        if !self.events.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let raw = self.drv.event_create(flags as u32).map_err(on(dev))?;
+        let handle = self
+            .events
+            .insert(&mut self.ids, EventEntry { dev, raw })
+            .ok_or(status::MEMORY_ALLOCATION)?;
+        ok_rets(&[handle])
+    }
+
+    fn event_destroy(&mut self, handle: u64) -> OpResult {
+        let (dev, raw) = self.event(handle)?;
+        self.bind(dev)?;
+        let result = self.drv.event_destroy(raw);
+        self.events.remove(handle);
+        result.map_err(on(dev))?;
+        ok()
+    }
+
+    fn event_record(&mut self, args: &[u64]) -> OpResult {
+        let (dev, event) = self.event(args[0])?;
+        let stream = self.stream_on(args[1], dev)?;
+        self.bind(dev)?;
+        self.drv.event_record(event, stream).map_err(on(dev))?;
+        ok()
+    }
+
+    /// EventSynchronize and EventQuery.
+    fn event_wait(&mut self, req: &Request) -> OpResult {
+        let (dev, event) = self.event(req.header.args[0])?;
+        self.bind(dev)?;
+        if req.op == Op::EventQuery {
+            self.drv.event_query(event).map_err(on(dev))?;
+        } else {
+            self.drv.event_synchronize(event).map_err(on(dev))?;
+        }
+        ok()
+    }
+
+    fn event_elapsed(&mut self, args: &[u64]) -> OpResult {
+        let (dev, start) = self.event(args[0])?;
+        let (end_dev, end) = self.event(args[1])?;
+        if dev != end_dev {
+            return Err(status::INVALID_RESOURCE_HANDLE.into());
+        }
+        self.bind(dev)?;
+        let ms = self.drv.event_elapsed(start, end).map_err(on(dev))?;
+        ok_rets(&[u64::from(ms.to_bits())])
+    }
+}
+
+impl Drop for CudaSession {
+    /// Frees everything the session owns on the GPU by destroying its contexts, after giving
+    /// queued work a bounded time to finish. Works after the guest process was killed mid-kernel.
+    fn drop(&mut self) {
+        for dev in 0..self.devices.len() {
+            self.teardown(dev);
+        }
+    }
+}

@@ -1,0 +1,1135 @@
+//! Session tests over the fake driver (every op, every check) and over no driver at all.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use qcuda_proto::{
+    status, Direction, GpuInfo, Op, ParamInfo, RequestHeader, ResponseHeader, FLAG_ASYNC,
+    GPU_INFO_SIZE, MAX_ARGS, RESP_FLAG_STICKY,
+};
+use vm_memory::{Bytes, GuestAddress};
+
+use super::{
+    driver::DriverLoad,
+    fake_driver::{FakeDriver, TOTAL_MEM},
+    host::{CudaHost, Tuning},
+    launch::LaunchConfig,
+    module_image::tests::fatbin,
+    CudaSession, HostError,
+};
+use crate::guest_buffer::{GuestBuffer, GuestRam, Request};
+
+const RAM: usize = 32 << 20;
+const PTX: &[u8] = b".version 9.0\n.target sm_90\n.address_size 64\n";
+
+/// Guest RAM, a fake driver and a host over it, with tiny staging so that every copy path is
+/// taken by small buffers.
+struct Rig {
+    mem: Arc<GuestRam>,
+    fake: Arc<FakeDriver>,
+    host: Arc<CudaHost>,
+    next: u64,
+}
+
+impl Rig {
+    fn new(gpus: i32) -> Self {
+        let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), RAM)]).unwrap());
+        let fake = Arc::new(FakeDriver::new(gpus));
+        let tuning = Tuning {
+            staging_half: 64,
+            direct_min: 100,
+            idle_wait: Duration::from_millis(50),
+            reap_interval: Duration::from_millis(5),
+        };
+        let host = Arc::new(CudaHost::from_driver(fake.clone(), 13000, None, tuning).unwrap());
+        Self {
+            mem,
+            fake,
+            host,
+            next: 0x1000,
+        }
+    }
+
+    fn session(&self) -> CudaSession {
+        self.host.open_session(1)
+    }
+
+    /// A guest buffer holding `data`, split into runs of the given lengths (cycled) that lie
+    /// at scattered, descending guest addresses.
+    fn buf_runs(&mut self, data: &[u8], run_lens: &[usize]) -> GuestBuffer {
+        let mut ranges = Vec::new();
+        let mut at = 0usize;
+        let mut i = 0usize;
+        while at < data.len() {
+            let n = run_lens[i % run_lens.len()].min(data.len() - at).max(1);
+            ranges.push((at, n));
+            at += n;
+            i += 1;
+        }
+        // Place the runs in reverse order in guest RAM, with gaps between them.
+        let mut placed = vec![GuestAddress(0); ranges.len()];
+        for (k, &(off, n)) in ranges.iter().enumerate().rev() {
+            let addr = GuestAddress(self.next);
+            self.mem.write_slice(&data[off..off + n], addr).unwrap();
+            placed[k] = addr;
+            self.next += n as u64 + 96;
+        }
+        assert!((self.next as usize) < RAM, "rig out of guest RAM");
+        GuestBuffer::new(
+            self.mem.clone(),
+            ranges.iter().zip(&placed).map(|(&(_, n), &a)| (a, n)),
+        )
+        .unwrap()
+    }
+
+    /// A contiguous guest buffer holding `data`.
+    fn buf(&mut self, data: &[u8]) -> GuestBuffer {
+        let len = data.len().max(1);
+        self.buf_runs(data, &[len])
+    }
+
+    /// A contiguous guest buffer of `len` bytes filled with 0xee.
+    fn out(&mut self, len: usize) -> GuestBuffer {
+        self.buf(&vec![0xee; len])
+    }
+
+    fn out_runs(&mut self, len: usize, run_lens: &[usize]) -> GuestBuffer {
+        self.buf_runs(&vec![0xee; len], run_lens)
+    }
+}
+
+fn req(
+    op: Op,
+    device: u32,
+    args: &[u64],
+    inputs: Vec<GuestBuffer>,
+    outputs: Vec<GuestBuffer>,
+) -> Request {
+    let mut header = RequestHeader::new(op);
+    header.device = device;
+    header.session = 1;
+    header.args[..args.len()].copy_from_slice(args);
+    for b in &inputs {
+        header.push_buffer(Direction::In, b.len() as u64).unwrap();
+    }
+    for b in &outputs {
+        header.push_buffer(Direction::Out, b.len() as u64).unwrap();
+    }
+    Request {
+        header,
+        op,
+        inputs,
+        outputs,
+    }
+}
+
+fn run(s: &mut CudaSession, op: Op, args: &[u64]) -> ResponseHeader {
+    s.execute(&req(op, 0, args, vec![], vec![]))
+}
+
+fn ok(r: ResponseHeader) -> [u64; 7] {
+    assert_eq!(r.status, status::SUCCESS, "{r:?}");
+    r.rets
+}
+
+fn floats(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|f| f.to_le_bytes()).collect()
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+fn malloc(s: &mut CudaSession, size: u64) -> u64 {
+    ok(run(s, Op::Malloc, &[size]))[0]
+}
+
+fn htod(
+    rig: &mut Rig,
+    s: &mut CudaSession,
+    dst: u64,
+    data: &[u8],
+    runs: &[usize],
+) -> ResponseHeader {
+    let b = rig.buf_runs(data, runs);
+    s.execute(&req(Op::MemcpyHtoD, 0, &[dst, 0], vec![b], vec![]))
+}
+
+fn dtoh(
+    rig: &mut Rig,
+    s: &mut CudaSession,
+    src: u64,
+    len: usize,
+    runs: &[usize],
+) -> (ResponseHeader, Vec<u8>) {
+    let b = rig.out_runs(len, runs);
+    let r = s.execute(&req(Op::MemcpyDtoH, 0, &[src, 0], vec![], vec![b.clone()]));
+    (r, b.to_vec().unwrap())
+}
+
+fn load_module(rig: &mut Rig, s: &mut CudaSession) -> u64 {
+    let img = rig.buf(PTX);
+    ok(s.execute(&req(Op::ModuleLoad, 0, &[], vec![img], vec![])))[0]
+}
+
+fn get_function(
+    rig: &mut Rig,
+    s: &mut CudaSession,
+    module: u64,
+    name: &str,
+    out_len: usize,
+) -> (ResponseHeader, Vec<ParamInfo>) {
+    let n = rig.buf(name.as_bytes());
+    let out = rig.out(out_len);
+    let r = s.execute(&req(
+        Op::ModuleGetFunction,
+        0,
+        &[module],
+        vec![n],
+        vec![out.clone()],
+    ));
+    let params = out
+        .to_vec()
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| ParamInfo::decode(c).unwrap())
+        .collect();
+    (r, params)
+}
+
+fn launch_args(func: u64, grid: [u32; 3], block: [u32; 3], stream: u64) -> [u64; MAX_ARGS] {
+    let mut a = [0u64; MAX_ARGS];
+    a[0] = func;
+    a[1..5].copy_from_slice(
+        &LaunchConfig {
+            grid,
+            block,
+            shared_mem: 0,
+        }
+        .encode(),
+    );
+    a[5] = stream;
+    a
+}
+
+#[test]
+fn session_is_send() {
+    fn assert_send<T: Send>() {}
+    assert_send::<CudaSession>();
+    fn assert_sync<T: Send + Sync>() {}
+    assert_sync::<CudaHost>();
+}
+
+#[test]
+fn probe_never_panics_and_is_consistent() {
+    let host = CudaHost::probe();
+    if host.driver_version() == 0 {
+        assert_eq!(host.gpu_count(), 0);
+    }
+    match CudaHost::with_gpu_filter(Some(1000)) {
+        Ok(h) => assert_eq!(h.gpu_count(), 0),
+        Err(HostError::NoSuchGpu { requested, .. }) => assert_eq!(requested, 1000),
+    }
+}
+
+#[test]
+fn no_driver_answers_every_op_without_panicking() {
+    let host = Arc::new(CudaHost::without_driver());
+    assert_eq!((host.gpu_count(), host.driver_version()), (0, 0));
+    let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
+    let mut s = host.open_session(9);
+    for &op in Op::ALL {
+        let (ins, outs) = op.shape();
+        let b = |i: u64| GuestBuffer::new(mem.clone(), [(GuestAddress(i * 4096), 640)]).unwrap();
+        let inputs: Vec<GuestBuffer> = (0..ins as u64).map(b).collect();
+        let outputs: Vec<GuestBuffer> = (0..outs as u64).map(|i| b(i + 8)).collect();
+        for device in [0, 1, u32::MAX] {
+            let args = [1, 2, u64::MAX, 0, 4, 5, 6, 7];
+            let mut r = req(op, device, &args, inputs.clone(), outputs.clone());
+            r.header.flags = FLAG_ASYNC;
+            let resp = s.execute(&r);
+            let want = match op {
+                Op::HostInfo | Op::DriverVersion => status::SUCCESS,
+                Op::Hello | Op::Echo | Op::SessionClose => status::NOT_SUPPORTED,
+                _ => status::NO_DEVICE,
+            };
+            assert_eq!(resp.status, want, "{op:?}");
+            assert_eq!(resp.flags, 0);
+            assert_eq!(resp.rets, [0; 7], "{op:?}");
+        }
+    }
+}
+
+#[test]
+fn an_unusable_driver_answers_its_status() {
+    let load = DriverLoad::Unusable {
+        version: 12080,
+        status: status::INSUFFICIENT_DRIVER,
+    };
+    let host = Arc::new(CudaHost::from_load(load, Some(0)).unwrap());
+    assert_eq!((host.gpu_count(), host.driver_version()), (0, 12080));
+    let mut s = host.open_session(1);
+    let r = run(&mut s, Op::DeviceCount, &[]);
+    assert_eq!((r.status, r.rets[0]), (status::INSUFFICIENT_DRIVER, 0));
+    assert_eq!(
+        run(&mut s, Op::Malloc, &[16]).status,
+        status::INSUFFICIENT_DRIVER
+    );
+    assert_eq!(ok(run(&mut s, Op::DriverVersion, &[]))[0], 12080);
+}
+
+#[test]
+fn host_and_device_queries() {
+    let mut rig = Rig::new(2);
+    let mut s = rig.session();
+    let out = rig.out(2 * GPU_INFO_SIZE + 10);
+    let rets = ok(s.execute(&req(Op::HostInfo, 0, &[], vec![], vec![out.clone()])));
+    assert_eq!(rets[..2], [2, 13000]);
+    let bytes = out.to_vec().unwrap();
+    let g1 = GpuInfo::decode(&bytes[GPU_INFO_SIZE..]).unwrap();
+    assert_eq!(g1.name_bytes(), b"Fake GPU 1");
+    assert_eq!((g1.cc_major, g1.cc_minor, g1.multiprocessors), (9, 0, 132));
+    assert_eq!((g1.pci_bus, g1.total_mem), (0x1c, TOTAL_MEM));
+    assert_eq!(bytes[2 * GPU_INFO_SIZE..], [0xee; 10]);
+    // A buffer too small for one record: the count still comes back.
+    let small = rig.out(100);
+    let rets = ok(s.execute(&req(Op::HostInfo, 0, &[], vec![], vec![small.clone()])));
+    assert_eq!(rets[0], 2);
+    assert_eq!(small.to_vec().unwrap(), vec![0xee; 100]);
+
+    assert_eq!(ok(run(&mut s, Op::DeviceCount, &[]))[0], 2);
+    assert_eq!(ok(run(&mut s, Op::DriverVersion, &[]))[0], 13000);
+
+    let out = rig.out(GPU_INFO_SIZE);
+    ok(s.execute(&req(Op::DeviceInfo, 1, &[], vec![], vec![out.clone()])));
+    assert_eq!(GpuInfo::decode(&out.to_vec().unwrap()).unwrap(), g1);
+    let out = rig.out(GPU_INFO_SIZE);
+    let r = s.execute(&req(Op::DeviceInfo, 2, &[], vec![], vec![out]));
+    assert_eq!(r.status, status::INVALID_DEVICE);
+    let out = rig.out(GPU_INFO_SIZE - 1);
+    let r = s.execute(&req(Op::DeviceInfo, 0, &[], vec![], vec![out]));
+    assert_eq!(r.status, status::INVALID_VALUE);
+
+    let ids: Vec<u8> = [75i32, 76, 1, 16]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let (i, o) = (rig.buf(&ids), rig.out(16));
+    ok(s.execute(&req(Op::DeviceAttributes, 1, &[], vec![i], vec![o.clone()])));
+    let vals: Vec<i32> = o
+        .to_vec()
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(vals, [9, 0, 1024, 132]);
+    let ids: Vec<u8> = [75i32, 9999].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (i, o) = (rig.buf(&ids), rig.out(8));
+    let r = s.execute(&req(Op::DeviceAttributes, 0, &[], vec![i], vec![o.clone()]));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    assert_eq!(
+        o.to_vec().unwrap(),
+        vec![0xee; 8],
+        "nothing written on failure"
+    );
+    let (i, o) = (rig.buf(&[0; 8]), rig.out(4));
+    let r = s.execute(&req(Op::DeviceAttributes, 0, &[], vec![i], vec![o]));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    let (i, o) = (rig.buf(&[0; 6]), rig.out(6));
+    let r = s.execute(&req(Op::DeviceAttributes, 0, &[], vec![i], vec![o]));
+    assert_eq!(r.status, status::INVALID_VALUE);
+
+    // None of this needs a context.
+    assert_eq!(rig.fake.calls("ctx_create"), 0);
+}
+
+#[test]
+fn gpu_filter_exposes_one_gpu_as_device_zero() {
+    let fake = Arc::new(FakeDriver::new(3));
+    let host = CudaHost::from_driver(fake.clone(), 13000, Some(2), Tuning::default()).unwrap();
+    assert_eq!(host.gpu_count(), 1);
+    assert_eq!(host.gpu_info(0).unwrap().name_bytes(), b"Fake GPU 2");
+    assert_eq!(host.gpus[0].host_ordinal, 2);
+    assert!(host.gpu_info(1).is_none());
+    let err = CudaHost::from_driver(fake, 13000, Some(3), Tuning::default()).unwrap_err();
+    assert_eq!(
+        err,
+        HostError::NoSuchGpu {
+            requested: 3,
+            available: 3
+        }
+    );
+}
+
+#[test]
+fn copies_round_trip_through_staging_and_direct_runs() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let ptr = malloc(&mut s, 1000);
+    let data = pattern(1000);
+    // Runs of 10, 30, 150 (direct), 7, 64, 200 (direct), 1, ... with a 64-byte staging half.
+    ok(htod(
+        &mut rig,
+        &mut s,
+        ptr,
+        &data,
+        &[10, 30, 150, 7, 64, 200, 1],
+    ));
+    assert_eq!(rig.fake.peek(ptr, 1000).unwrap(), data);
+    for runs in [&[1000][..], &[3, 5, 120, 64, 65, 1], &[13], &[99, 100, 101]] {
+        let (r, got) = dtoh(&mut rig, &mut s, ptr, 1000, runs);
+        ok(r);
+        assert_eq!(got, data, "{runs:?}");
+    }
+    // A window in the middle.
+    let (r, got) = dtoh(&mut rig, &mut s, ptr + 100, 50, &[7]);
+    ok(r);
+    assert_eq!(got, data[100..150]);
+    // One staging buffer per context, reused.
+    assert_eq!(rig.fake.calls("mem_alloc_host"), 1);
+    // On a stream of the session.
+    let stream = ok(run(&mut s, Op::StreamCreate, &[1, 0]))[0];
+    let b = rig.buf_runs(&data[..300], &[40]);
+    ok(s.execute(&req(
+        Op::MemcpyHtoD,
+        0,
+        &[ptr + 700, stream],
+        vec![b],
+        vec![],
+    )));
+    assert_eq!(rig.fake.peek(ptr + 700, 300).unwrap(), data[..300]);
+    let b = rig.out_runs(300, &[33]);
+    ok(s.execute(&req(
+        Op::MemcpyDtoH,
+        0,
+        &[ptr + 700, stream],
+        vec![],
+        vec![b.clone()],
+    )));
+    assert_eq!(b.to_vec().unwrap(), data[..300]);
+    // Every copy ended with a stream synchronisation.
+    assert!(rig.fake.calls("stream_synchronize") >= 7);
+    // Empty copies succeed without touching the driver.
+    let before = rig.fake.calls("memcpy_htod");
+    let empty = GuestBuffer::new(rig.mem.clone(), []).unwrap();
+    ok(s.execute(&req(Op::MemcpyHtoD, 0, &[12345, 0], vec![empty], vec![])));
+    assert_eq!(rig.fake.calls("memcpy_htod"), before);
+}
+
+#[test]
+fn copies_go_direct_when_staging_cannot_be_allocated() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let ptr = malloc(&mut s, 500);
+    rig.fake.fail_next("mem_alloc_host", 2);
+    let data = pattern(500);
+    ok(htod(&mut rig, &mut s, ptr, &data, &[7, 11]));
+    let (r, got) = dtoh(&mut rig, &mut s, ptr, 500, &[5]);
+    ok(r);
+    assert_eq!(got, data);
+    assert_eq!(rig.fake.calls("mem_alloc_host"), 1, "not retried");
+}
+
+#[test]
+fn device_pointers_are_checked_against_the_session_allocations() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let a = malloc(&mut s, 256);
+    let b = malloc(&mut s, 256);
+    let bad = status::INVALID_VALUE;
+    let data = pattern(100);
+    assert_eq!(htod(&mut rig, &mut s, a + 200, &data, &[100]).status, bad);
+    assert_eq!(
+        htod(&mut rig, &mut s, a + 256, &data[..1], &[1]).status,
+        bad
+    );
+    assert_eq!(htod(&mut rig, &mut s, 0x1234, &data, &[100]).status, bad);
+    assert_eq!(
+        htod(&mut rig, &mut s, u64::MAX - 10, &data, &[100]).status,
+        bad
+    );
+    assert_eq!(dtoh(&mut rig, &mut s, a + 1, 256, &[256]).0.status, bad);
+    ok(htod(&mut rig, &mut s, a + 156, &data, &[100]));
+
+    ok(run(&mut s, Op::MemcpyDtoD, &[b, a, 256, 0]));
+    assert_eq!(rig.fake.peek(b + 156, 100).unwrap(), data);
+    assert_eq!(run(&mut s, Op::MemcpyDtoD, &[b, a + 1, 256, 0]).status, bad);
+    assert_eq!(run(&mut s, Op::MemcpyDtoD, &[b + 1, a, 256, 0]).status, bad);
+    assert_eq!(
+        run(&mut s, Op::MemcpyDtoD, &[b, a, u64::MAX, 0]).status,
+        bad
+    );
+    ok(run(&mut s, Op::MemcpyDtoD, &[0, 0, 0, 0]));
+
+    ok(run(&mut s, Op::Memset, &[a, 0x1ab, 256, 0]));
+    assert_eq!(rig.fake.peek(a, 256).unwrap(), vec![0xab; 256]);
+    assert_eq!(run(&mut s, Op::Memset, &[a + 250, 0, 10, 0]).status, bad);
+    assert_eq!(
+        run(&mut s, Op::Memset, &[a, 0, 16, 777]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+
+    assert_eq!(run(&mut s, Op::Free, &[a + 1]).status, bad);
+    ok(run(&mut s, Op::Free, &[a]));
+    assert_eq!(run(&mut s, Op::Free, &[a]).status, bad);
+    assert_eq!(htod(&mut rig, &mut s, a, &data, &[100]).status, bad);
+    ok(run(&mut s, Op::Free, &[0]));
+    assert_eq!(ok(run(&mut s, Op::Malloc, &[0]))[0], 0);
+    assert_eq!(
+        run(&mut s, Op::Malloc, &[TOTAL_MEM + 1]).status,
+        status::MEMORY_ALLOCATION
+    );
+    let r = s.execute(&req(Op::Malloc, 1, &[16], vec![], vec![]));
+    assert_eq!(r.status, status::INVALID_DEVICE);
+    let r = s.execute(&req(Op::Malloc, u32::MAX, &[16], vec![], vec![]));
+    assert_eq!(r.status, status::INVALID_DEVICE);
+
+    // Another session cannot touch this session's memory.
+    let mut other = rig.session();
+    let r = other.execute(&req(Op::MemcpyDtoD, 0, &[b, b, 16, 0], vec![], vec![]));
+    assert_eq!(r.status, bad);
+    assert_eq!(run(&mut other, Op::Free, &[b]).status, bad);
+}
+
+#[test]
+fn modules_functions_and_launches() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let m = load_module(&mut rig, &mut s);
+
+    let (r, params) = get_function(&mut rig, &mut s, m, "vadd", 40);
+    let rets = ok(r);
+    let f = rets[0];
+    assert_eq!(rets[1], 4);
+    let want = [(0, 8), (8, 8), (16, 8), (24, 4)].map(|(offset, size)| ParamInfo { offset, size });
+    assert_eq!(params[..4], want);
+    // Short output buffer: two records fit, the count is still 4, the rest is untouched.
+    let (r, params) = get_function(&mut rig, &mut s, m, "vadd", 20);
+    let rets = ok(r);
+    assert_eq!((rets[0], rets[1]), (f, 4), "same function, same handle");
+    assert_eq!(params[..2], want[..2]);
+    assert_eq!(
+        rig.fake.calls("function_param_info"),
+        5,
+        "layout asked once"
+    );
+
+    assert_eq!(
+        get_function(&mut rig, &mut s, m, "nope", 8).0.status,
+        status::SYMBOL_NOT_FOUND
+    );
+    assert_eq!(
+        get_function(&mut rig, &mut s, m, "va\0dd", 8).0.status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        get_function(&mut rig, &mut s, m, &"x".repeat(4097), 8)
+            .0
+            .status,
+        status::INVALID_VALUE
+    );
+    let empty = GuestBuffer::new(rig.mem.clone(), []).unwrap();
+    let out = rig.out(8);
+    let r = s.execute(&req(Op::ModuleGetFunction, 0, &[m], vec![empty], vec![out]));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    assert_eq!(
+        get_function(&mut rig, &mut s, 999, "vadd", 8).0.status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+
+    // A lazily loaded function: param info after cuFuncLoad.
+    let (r, params) = get_function(&mut rig, &mut s, m, "lazy", 8);
+    assert_eq!(ok(r)[1], 1);
+    assert_eq!(params[0], ParamInfo { offset: 0, size: 1 });
+    assert_eq!(rig.fake.calls("function_load"), 1);
+
+    // c = a + b over 100 floats.
+    let n = 100usize;
+    let (a, b, c) = (
+        malloc(&mut s, 400),
+        malloc(&mut s, 400),
+        malloc(&mut s, 400),
+    );
+    let xs: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let ys: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
+    ok(htod(&mut rig, &mut s, a, &floats(&xs), &[400]));
+    ok(htod(&mut rig, &mut s, b, &floats(&ys), &[17]));
+    let mut block = Vec::new();
+    for p in [a, b, c] {
+        block.extend_from_slice(&p.to_le_bytes());
+    }
+    block.extend_from_slice(&(n as i32).to_le_bytes());
+    block.extend_from_slice(&[0; 4]);
+    let pb = rig.buf(&block);
+    let args = launch_args(f, [1, 1, 1], [128, 1, 1], 0);
+    let mut r = req(Op::LaunchKernel, 0, &args, vec![pb.clone()], vec![]);
+    r.header.flags = FLAG_ASYNC;
+    ok(s.execute(&r));
+    let (r, got) = dtoh(&mut rig, &mut s, c, 400, &[400]);
+    ok(r);
+    let want: Vec<f32> = (0..n).map(|i| 1.5 * i as f32).collect();
+    assert_eq!(got, floats(&want));
+
+    // Parameter block too short, bad geometry, bad handles.
+    let short = rig.buf(&block[..27]);
+    let r = s.execute(&req(Op::LaunchKernel, 0, &args, vec![short], vec![]));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    for (grid, block_dim) in [
+        ([1, 1, 1], [2048, 1, 1]),
+        ([0, 1, 1], [1, 1, 1]),
+        ([1, 65536, 1], [1, 1, 1]),
+    ] {
+        let a = launch_args(f, grid, block_dim, 0);
+        let r = s.execute(&req(Op::LaunchKernel, 0, &a, vec![pb.clone()], vec![]));
+        assert_eq!(r.status, status::INVALID_CONFIGURATION);
+    }
+    let mut big_smem = args;
+    big_smem[4] = 1 << 33;
+    let r = s.execute(&req(
+        Op::LaunchKernel,
+        0,
+        &big_smem,
+        vec![pb.clone()],
+        vec![],
+    ));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    for bogus in [0, m, 12345] {
+        let a = launch_args(bogus, [1, 1, 1], [1, 1, 1], 0);
+        let r = s.execute(&req(Op::LaunchKernel, 0, &a, vec![pb.clone()], vec![]));
+        assert_eq!(r.status, status::INVALID_RESOURCE_HANDLE);
+    }
+    let a = launch_args(f, [1, 1, 1], [1, 1, 1], 4242);
+    let r = s.execute(&req(Op::LaunchKernel, 0, &a, vec![pb], vec![]));
+    assert_eq!(r.status, status::INVALID_RESOURCE_HANDLE);
+}
+
+#[test]
+fn module_images_are_checked_before_the_driver_sees_them() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    for (image, want) in [
+        (b"garbage".to_vec(), status::INVALID_KERNEL_IMAGE),
+        (
+            fatbin(&[(2, 64, 100)])[..50].to_vec(),
+            status::INVALID_KERNEL_IMAGE,
+        ),
+        (
+            b"\x7fELF\x02\x01\x01".to_vec(),
+            status::INVALID_KERNEL_IMAGE,
+        ),
+    ] {
+        let b = rig.buf(&image);
+        let r = s.execute(&req(Op::ModuleLoad, 0, &[], vec![b], vec![]));
+        assert_eq!(r.status, want);
+    }
+    let empty = GuestBuffer::new(rig.mem.clone(), []).unwrap();
+    let r = s.execute(&req(Op::ModuleLoad, 0, &[], vec![empty], vec![]));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    assert_eq!(rig.fake.calls("module_load"), 0);
+    // Valid shapes reach the driver, whose verdict is mapped.
+    let b = rig.buf(&fatbin(&[(2, 64, 100), (1, 80, 40)]));
+    ok(s.execute(&req(Op::ModuleLoad, 0, &[], vec![b], vec![])));
+    rig.fake.fail_next("module_load", 218);
+    let b = rig.buf(PTX);
+    let r = s.execute(&req(Op::ModuleLoad, 0, &[], vec![b], vec![]));
+    assert_eq!(r.status, status::INVALID_PTX);
+    rig.fake.fail_next("module_load", 209);
+    let b = rig.buf(PTX);
+    let r = s.execute(&req(Op::ModuleLoad, 0, &[], vec![b], vec![]));
+    assert_eq!(r.status, status::NO_KERNEL_IMAGE_FOR_DEVICE);
+}
+
+#[test]
+fn globals_are_valid_ranges_until_their_module_is_unloaded() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let m = load_module(&mut rig, &mut s);
+    let (f, _) = get_function(&mut rig, &mut s, m, "vadd", 0);
+    let f = ok(f)[0];
+    let name = rig.buf(b"g");
+    let rets = ok(s.execute(&req(
+        Op::ModuleGetGlobal,
+        0,
+        &[m],
+        vec![name.clone()],
+        vec![],
+    )));
+    let (g, size) = (rets[0], rets[1]);
+    assert_eq!(size, 64);
+    // Twice is fine (cudaMemcpyToSymbol looks it up each time).
+    ok(s.execute(&req(Op::ModuleGetGlobal, 0, &[m], vec![name], vec![])));
+    let data = pattern(64);
+    ok(htod(&mut rig, &mut s, g, &data, &[64]));
+    let (r, got) = dtoh(&mut rig, &mut s, g, 64, &[10]);
+    ok(r);
+    assert_eq!(got, data);
+    assert_eq!(
+        htod(&mut rig, &mut s, g, &pattern(65), &[65]).status,
+        status::INVALID_VALUE
+    );
+    // A global is not freeable.
+    assert_eq!(run(&mut s, Op::Free, &[g]).status, status::INVALID_VALUE);
+    let nope = rig.buf(b"h");
+    let r = s.execute(&req(Op::ModuleGetGlobal, 0, &[m], vec![nope], vec![]));
+    assert_eq!(r.status, status::SYMBOL_NOT_FOUND);
+
+    ok(run(&mut s, Op::ModuleUnload, &[m]));
+    assert_eq!(
+        htod(&mut rig, &mut s, g, &data, &[64]).status,
+        status::INVALID_VALUE
+    );
+    let pb = rig.buf(&[0; 32]);
+    let a = launch_args(f, [1, 1, 1], [1, 1, 1], 0);
+    let r = s.execute(&req(Op::LaunchKernel, 0, &a, vec![pb], vec![]));
+    assert_eq!(r.status, status::INVALID_RESOURCE_HANDLE);
+    assert_eq!(
+        run(&mut s, Op::ModuleUnload, &[m]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+}
+
+#[test]
+fn a_sticky_error_fails_every_session_from_then_on() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let mut other = rig.session();
+    let q = malloc(&mut other, 64);
+    let p = malloc(&mut s, 64);
+    let m = load_module(&mut rig, &mut s);
+    let (r, _) = get_function(&mut rig, &mut s, m, "fault", 8);
+    let f = ok(r)[0];
+    let pb = rig.buf(&8u64.to_le_bytes());
+    let a = launch_args(f, [1, 1, 1], [1, 1, 1], 0);
+    let r = s.execute(&req(Op::LaunchKernel, 0, &a, vec![pb], vec![]));
+    assert_eq!(
+        (r.status, r.flags),
+        (status::SUCCESS, 0),
+        "launch itself succeeds"
+    );
+    assert_eq!(rig.host.sticky_error(), None);
+
+    let sticky = (status::ILLEGAL_ADDRESS, RESP_FLAG_STICKY);
+    let r = run(&mut s, Op::DeviceSynchronize, &[]);
+    assert_eq!((r.status, r.flags), sticky);
+    assert_eq!(rig.host.sticky_error(), Some(status::ILLEGAL_ADDRESS));
+    let calls = |rig: &Rig| (rig.fake.calls("mem_alloc"), rig.fake.calls("memset_d8"));
+    let before = calls(&rig);
+    let r = run(&mut s, Op::Malloc, &[16]);
+    assert_eq!((r.status, r.flags), sticky);
+    let r = run(&mut s, Op::Free, &[p]);
+    assert_eq!((r.status, r.flags), sticky);
+    // Every other session too, old or new (as the real driver does), without driver calls.
+    let r = other.execute(&req(Op::Memset, 0, &[q, 1, 64, 0], vec![], vec![]));
+    assert_eq!((r.status, r.flags), sticky);
+    let mut late = rig.session();
+    let r = run(&mut late, Op::Malloc, &[16]);
+    assert_eq!((r.status, r.flags), sticky);
+    let r = run(&mut late, Op::DeviceSynchronize, &[]);
+    assert_eq!((r.status, r.flags), sticky);
+    assert_eq!(calls(&rig), before);
+    assert_eq!(rig.fake.calls("ctx_create"), 2);
+    // Ops that need no context still work, flagged.
+    let out = rig.out(GPU_INFO_SIZE);
+    let r = s.execute(&req(Op::DeviceInfo, 0, &[], vec![], vec![out]));
+    assert_eq!((r.status, r.flags), (status::SUCCESS, RESP_FLAG_STICKY));
+    let r = run(&mut s, Op::DeviceCount, &[]);
+    assert_eq!((r.status, r.flags), (status::SUCCESS, RESP_FLAG_STICKY));
+
+    // DeviceReset gives the context back; the error stays (it is the process's).
+    let r = run(&mut s, Op::DeviceReset, &[]);
+    assert_eq!((r.status, r.flags), (status::SUCCESS, RESP_FLAG_STICKY));
+    assert_eq!(rig.fake.destroyed_contexts(), 1);
+    assert_eq!(
+        run(&mut s, Op::Malloc, &[16]).status,
+        status::ILLEGAL_ADDRESS
+    );
+    // Sessions still close and free everything.
+    drop(other);
+    drop(late);
+    drop(s);
+    assert_eq!(rig.fake.live_contexts(), 0);
+}
+
+#[test]
+fn streams_and_events() {
+    let mut rig = Rig::new(2);
+    let mut s = rig.session();
+    // Waiting on the legacy stream of a device never used creates no context.
+    ok(run(&mut s, Op::StreamSynchronize, &[0]));
+    ok(run(&mut s, Op::StreamQuery, &[0]));
+    assert_eq!(rig.fake.calls("ctx_create"), 0);
+
+    let st = ok(run(&mut s, Op::StreamCreate, &[1, (-1i64) as u64]))[0];
+    let st2 = ok(run(&mut s, Op::StreamCreate, &[0, 0xffff_ffff]))[0];
+    assert!(st != 0 && st2 != 0 && st != st2);
+    assert_eq!(
+        run(&mut s, Op::StreamCreate, &[2, 0]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::StreamCreate, &[0, 1 << 40]).status,
+        status::INVALID_VALUE
+    );
+    let e1 = ok(run(&mut s, Op::EventCreate, &[0]))[0];
+    let e2 = ok(run(&mut s, Op::EventCreate, &[2]))[0];
+    assert_eq!(
+        run(&mut s, Op::EventCreate, &[8]).status,
+        status::INVALID_VALUE
+    );
+
+    ok(run(&mut s, Op::EventRecord, &[e1, st]));
+    let r = run(&mut s, Op::EventElapsedTime, &[e1, e2]);
+    assert_eq!(
+        r.status,
+        status::INVALID_RESOURCE_HANDLE,
+        "end not recorded"
+    );
+    ok(run(&mut s, Op::EventRecord, &[e2, 0]));
+    let ms = ok(run(&mut s, Op::EventElapsedTime, &[e1, e2]))[0];
+    assert_eq!(f32::from_bits(ms as u32), 2.5);
+    ok(run(&mut s, Op::EventQuery, &[e1]));
+    ok(run(&mut s, Op::EventSynchronize, &[e1]));
+    ok(run(&mut s, Op::StreamWaitEvent, &[st, e1, 0]));
+    ok(run(&mut s, Op::StreamWaitEvent, &[0, e1, 1]));
+    assert_eq!(
+        run(&mut s, Op::StreamWaitEvent, &[st, e1, 2]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::StreamWaitEvent, &[st, st, 0]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    assert_eq!(
+        run(&mut s, Op::EventRecord, &[st, 0]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    ok(run(&mut s, Op::StreamSynchronize, &[st]));
+    ok(run(&mut s, Op::StreamQuery, &[st]));
+
+    // Work still running: NOT_READY, not sticky.
+    let m = load_module(&mut rig, &mut s);
+    let (r, _) = get_function(&mut rig, &mut s, m, "spin", 0);
+    let spin = ok(r)[0];
+    let empty = GuestBuffer::new(rig.mem.clone(), []).unwrap();
+    let a = launch_args(spin, [1, 1, 1], [1, 1, 1], st);
+    ok(s.execute(&req(Op::LaunchKernel, 0, &a, vec![empty], vec![])));
+    let r = run(&mut s, Op::StreamQuery, &[st]);
+    assert_eq!((r.status, r.flags), (status::NOT_READY, 0));
+    ok(run(&mut s, Op::StreamQuery, &[st2]));
+
+    // Objects of device 0 do not mix with device 1.
+    let e_dev1 = ok(s.execute(&req(Op::EventCreate, 1, &[0], vec![], vec![])))[0];
+    assert_eq!(
+        run(&mut s, Op::EventRecord, &[e_dev1, st]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    ok(run(&mut s, Op::EventRecord, &[e_dev1, 0]));
+    assert_eq!(
+        run(&mut s, Op::EventElapsedTime, &[e1, e_dev1]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    let p1 = ok(s.execute(&req(Op::Malloc, 1, &[64], vec![], vec![])))[0];
+    let r = s.execute(&req(Op::Memset, 1, &[p1, 0, 64, st], vec![], vec![]));
+    assert_eq!(r.status, status::INVALID_RESOURCE_HANDLE);
+    // Device 0's table does not know device 1's pointer.
+    assert_eq!(
+        run(&mut s, Op::Memset, &[p1, 0, 64, 0]).status,
+        status::INVALID_VALUE
+    );
+
+    ok(run(&mut s, Op::StreamDestroy, &[st2]));
+    assert_eq!(
+        run(&mut s, Op::StreamDestroy, &[st2]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    assert_eq!(
+        run(&mut s, Op::StreamDestroy, &[0]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    ok(run(&mut s, Op::EventDestroy, &[e2]));
+    assert_eq!(
+        run(&mut s, Op::EventQuery, &[e2]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+
+    // Dropping with an endless kernel returns after the bounded wait; the contexts are
+    // deferred until the kernel ends.
+    let t = Instant::now();
+    drop(s);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(rig.host.deferred_contexts(), 2);
+    rig.fake.release_spins();
+    wait_for(|| rig.fake.live_contexts() == 0);
+    assert_eq!(rig.host.deferred_contexts(), 0);
+    assert_eq!(rig.fake.destroyed_contexts(), 2);
+}
+
+/// Waits up to 5 s for `cond`.
+fn wait_for(cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "condition not reached in 5 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn closing_behind_an_endless_kernel_never_blocks_and_frees_memory() {
+    let mut rig = Rig::new(1);
+    let mut spinner = rig.session();
+    let m = load_module(&mut rig, &mut spinner);
+    let (r, _) = get_function(&mut rig, &mut spinner, m, "spin", 0);
+    let spin = ok(r)[0];
+    let kept = malloc(&mut spinner, 1 << 20);
+    let empty = GuestBuffer::new(rig.mem.clone(), []).unwrap();
+    let a = launch_args(spin, [1, 1, 1], [1, 1, 1], 0);
+    ok(spinner.execute(&req(Op::LaunchKernel, 0, &a, vec![empty], vec![])));
+    let mut idle = rig.session();
+    malloc(&mut idle, 4 << 20);
+
+    // The spinning session closes within the bound and is deferred, memory and all.
+    let t = Instant::now();
+    drop(spinner);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert_eq!(rig.host.deferred_contexts(), 1);
+    assert_eq!(rig.fake.calls("ctx_destroy"), 0);
+    assert!(
+        rig.fake.peek(kept, 1).is_some(),
+        "a running kernel keeps its memory"
+    );
+
+    // An idle session closing now frees its memory but does not call cuCtxDestroy (which
+    // would wait for the endless kernel).
+    drop(idle);
+    assert_eq!(rig.fake.calls("ctx_destroy"), 0);
+    assert_eq!(rig.host.deferred_contexts(), 2);
+    assert_eq!(
+        rig.fake.used_on(0),
+        (1 << 20) + 64,
+        "the spinner's allocation and global"
+    );
+
+    // New sessions work meanwhile.
+    let mut fresh = rig.session();
+    let p = malloc(&mut fresh, 64);
+    ok(run(&mut fresh, Op::Free, &[p]));
+    // Still running: nothing is destroyed.
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(rig.host.deferred_contexts(), 2);
+
+    // The kernel ends: the reaper destroys both, and with no deferred context left the next
+    // close destroys its context directly again.
+    rig.fake.release_spins();
+    wait_for(|| rig.host.deferred_contexts() == 0);
+    assert_eq!(rig.fake.destroyed_contexts(), 2);
+    drop(fresh);
+    assert_eq!(rig.fake.destroyed_contexts(), 3);
+    assert_eq!(rig.fake.live_contexts(), 0);
+    assert_eq!(rig.fake.used_on(0), 0);
+}
+
+#[test]
+fn dropping_a_session_gives_all_memory_back() {
+    let mut rig = Rig::new(2);
+    let mut s = rig.session();
+    let mut observer = rig.session();
+    let free_before = ok(run(&mut observer, Op::MemGetInfo, &[]))[0];
+    assert_eq!(free_before, TOTAL_MEM);
+    for _ in 0..5 {
+        malloc(&mut s, 1 << 20);
+    }
+    ok(s.execute(&req(Op::Malloc, 1, &[4096], vec![], vec![])));
+    load_module(&mut rig, &mut s);
+    ok(run(&mut s, Op::StreamCreate, &[0, 0]));
+    ok(run(&mut s, Op::EventCreate, &[0]));
+    let p = malloc(&mut s, 100);
+    ok(htod(&mut rig, &mut s, p, &pattern(100), &[3]));
+    let free_during = ok(run(&mut observer, Op::MemGetInfo, &[]))[0];
+    assert!(free_during <= TOTAL_MEM - (5 << 20));
+    drop(s);
+    assert_eq!(ok(run(&mut observer, Op::MemGetInfo, &[]))[0], free_before);
+    assert_eq!(rig.fake.live_contexts(), 1);
+    drop(observer);
+    assert_eq!(rig.fake.live_contexts(), 0);
+}
+
+#[test]
+fn driver_failures_map_to_runtime_codes() {
+    let rig = Rig::new(1);
+    let mut s = rig.session();
+    rig.fake.fail_next("ctx_create", 2);
+    assert_eq!(
+        run(&mut s, Op::Malloc, &[16]).status,
+        status::MEMORY_ALLOCATION
+    );
+    let p = malloc(&mut s, 16);
+    rig.fake.fail_next("mem_free", 400);
+    assert_eq!(
+        run(&mut s, Op::Free, &[p]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    // The allocation stays known after a failed free.
+    ok(run(&mut s, Op::Free, &[p]));
+    rig.fake.fail_next("stream_synchronize", 719);
+    let r = run(&mut s, Op::StreamSynchronize, &[0]);
+    assert_eq!(
+        (r.status, r.flags),
+        (status::LAUNCH_FAILURE, RESP_FLAG_STICKY)
+    );
+    assert_eq!(
+        run(&mut s, Op::MemGetInfo, &[]).status,
+        status::LAUNCH_FAILURE
+    );
+}
+
+/// A small deterministic generator for the fuzz test.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 11
+    }
+    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
+        v[(self.next() % v.len() as u64) as usize]
+    }
+}
+
+#[test]
+fn random_requests_never_panic_and_drop_cleans_up() {
+    let mut rng = Lcg(0x5eed);
+    let mut succeeded = std::collections::BTreeSet::new();
+    // A fresh host per round: a sticky error (random launches make some) ends a host's use.
+    for round in 0..12 {
+        let mut rig = Rig::new(2);
+        let mut s = rig.session();
+        let mut seen: Vec<u64> = vec![0, 1, u64::MAX, 8, 1 << 32];
+        let (mut ptrs, mut funcs, mut mods): (Vec<u64>, Vec<u64>, Vec<u64>) = Default::default();
+        for _ in 0..1500 {
+            let op = rng.pick(Op::ALL);
+            let device = rng.pick(&[0u32, 0, 0, 1, 2, u32::MAX]);
+            let mut args = [0u64; MAX_ARGS];
+            for a in &mut args {
+                let recent =
+                    seen[seen.len().saturating_sub(1 + rng.next() as usize % 6)..].to_vec();
+                *a = match rng.next() % 8 {
+                    0 | 1 => rng.pick(&recent),
+                    2 => rng.pick(&seen),
+                    3 => rng.pick(&seen).wrapping_add(rng.next() % 512),
+                    4 | 5 => 0,
+                    6 => rng.next() % 300,
+                    _ => rng.next(),
+                };
+            }
+            // Half the time, arguments a well-behaved guest library would send.
+            let plausible = rng.next().is_multiple_of(2);
+            let mut block = Vec::new();
+            let mut inputs = Vec::new();
+            match op {
+                Op::Malloc => args[0] = 1 + args[0] % 4096,
+                Op::MemcpyHtoD | Op::MemcpyDtoH if plausible && !ptrs.is_empty() => {
+                    args[0] = rng.pick(&ptrs) + rng.next() % 8;
+                    args[1] = 0;
+                }
+                Op::ModuleGetFunction | Op::ModuleGetGlobal if plausible && !mods.is_empty() => {
+                    args[0] = rng.pick(&mods);
+                    let name: &[u8] = if op == Op::ModuleGetGlobal {
+                        b"g"
+                    } else {
+                        rng.pick(&[&b"vadd"[..], b"fault", b"lazy", b"spin"])
+                    };
+                    inputs.push(rig.buf(name));
+                }
+                Op::LaunchKernel => {
+                    let g = [1 + rng.next() as u32 % 3, 1, 1];
+                    args[1..5].copy_from_slice(
+                        &LaunchConfig {
+                            grid: g,
+                            block: g,
+                            shared_mem: 0,
+                        }
+                        .encode(),
+                    );
+                    if plausible && !funcs.is_empty() && !ptrs.is_empty() {
+                        args[0] = rng.pick(&funcs);
+                        args[5] = 0;
+                        for _ in 0..3 {
+                            block.extend_from_slice(&rng.pick(&ptrs).to_le_bytes());
+                        }
+                        block.extend_from_slice(&(rng.next() as i32 % 64).to_le_bytes());
+                    }
+                }
+                _ => {}
+            }
+            let (ins, outs) = op.shape();
+            if !block.is_empty() {
+                inputs.push(rig.buf_runs(&block, &[1 + rng.next() as usize % 40]));
+            }
+            for _ in inputs.len()..ins {
+                let len = rng.pick(&[0usize, 1, 5, 28, 32, 64, 200, 400]);
+                let named = matches!(op, Op::ModuleGetFunction | Op::ModuleGetGlobal);
+                let data = if op == Op::ModuleLoad && rng.next().is_multiple_of(2) {
+                    PTX.to_vec()
+                } else if rng.next().is_multiple_of(3) || (named && rng.next().is_multiple_of(2)) {
+                    rng.pick(&[&b"vadd"[..], b"fault", b"g", b"lazy"]).to_vec()
+                } else {
+                    (0..len).map(|_| rng.next() as u8).collect()
+                };
+                inputs.push(if data.is_empty() {
+                    GuestBuffer::new(rig.mem.clone(), []).unwrap()
+                } else {
+                    rig.buf_runs(&data, &[1 + rng.next() as usize % 80])
+                });
+            }
+            let outputs = (0..outs)
+                .map(|_| {
+                    let len = rng.pick(&[1usize, 8, 64, 320, 400]);
+                    rig.out_runs(len, &[1 + rng.next() as usize % 80])
+                })
+                .collect();
+            let r = s.execute(&req(op, device, &args, inputs, outputs));
+            if r.status == status::SUCCESS {
+                succeeded.insert(format!("{op:?}"));
+                match op {
+                    Op::Malloc => ptrs.push(r.rets[0]),
+                    Op::ModuleGetFunction => funcs.push(r.rets[0]),
+                    Op::ModuleLoad => mods.push(r.rets[0]),
+                    _ => {}
+                }
+            }
+            for v in r.rets.iter().take(2) {
+                if *v != 0 {
+                    seen.push(*v);
+                }
+            }
+            if rig.next as usize > RAM - (1 << 20) {
+                rig.next = 0x1000;
+            }
+        }
+        drop(s);
+        // Random launches of `spin` defer contexts; once it ends, all are destroyed.
+        rig.fake.release_spins();
+        wait_for(|| rig.fake.live_contexts() == 0);
+        assert_eq!(rig.host.deferred_contexts(), 0, "round {round}");
+    }
+    eprintln!("ops that succeeded at least once: {succeeded:?}");
+    // The generator reaches deep into the executor, not just its argument checks.
+    for op in [
+        "Malloc",
+        "MemcpyHtoD",
+        "MemcpyDtoH",
+        "ModuleLoad",
+        "ModuleGetFunction",
+        "ModuleGetGlobal",
+        "LaunchKernel",
+        "StreamCreate",
+        "EventRecord",
+    ] {
+        assert!(succeeded.contains(op), "{op} never succeeded");
+    }
+}

@@ -1,0 +1,564 @@
+//! The vhost-user edge: the [`VhostUserBackend`] of the qcuda device and the draining of its
+//! request queue.
+//!
+//! This is the only module that knows about vrings. It pops chains from queue 0, has
+//! `chain.rs` parse them, answers malformed ones on the spot and hands the rest to the
+//! [`SessionTable`], whose workers complete them later through a [`VringCompleter`].
+//! Queue 1 (host-to-guest events) is set up but not used yet: buffers the guest posts there
+//! stay queued.
+//!
+//! The backend implements the `&self` trait with fine-grained state (atomics, the session
+//! table's own lock, the vring's lock), so the vhost-user thread, the vring thread and the
+//! session workers never wait on one big lock. One backend serves one connection; `lib.rs`
+//! makes a new one for the next connection.
+
+use std::{
+    io,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, RwLock,
+    },
+    time::Duration,
+};
+
+use qcuda_proto::{EVENT_QUEUE, NUM_QUEUES, QUEUE_SIZE, REQUEST_QUEUE};
+use tracing::{debug, info, trace, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::bindings::{
+    virtio_config::VIRTIO_F_VERSION_1,
+    virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC},
+};
+use virtio_queue::QueueT;
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::{
+    epoll::EventSet,
+    event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier},
+};
+
+use crate::{
+    chain,
+    cuda::CudaHost,
+    guest_buffer::GuestRam,
+    session::{ChainCompleter, SessionTable},
+};
+
+/// Guest memory as vhost-user-backend shares it with us (swapped on SET_MEM_TABLE).
+pub type GuestMemoryHandle = GuestMemoryAtomic<GuestRam>;
+/// The vring type of this backend.
+pub type Vring = VringRwLock<GuestMemoryHandle>;
+
+/// How long GET_VRING_BASE waits for requests in flight before the ring is stopped anyway.
+pub const STOP_WAIT: Duration = Duration::from_secs(30);
+/// How long a disconnect or reset waits for sessions to close before moving on.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// The virtio features the device offers.
+pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+    | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+
+/// Names of the feature bits in `features`, e.g. `VERSION_1 | RING_EVENT_IDX`.
+pub fn feature_names(features: u64) -> String {
+    const NAMES: [(u64, &str); 4] = [
+        (1 << VIRTIO_F_VERSION_1, "VERSION_1"),
+        (1 << VIRTIO_RING_F_INDIRECT_DESC, "RING_INDIRECT_DESC"),
+        (1 << VIRTIO_RING_F_EVENT_IDX, "RING_EVENT_IDX"),
+        (
+            VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
+            "PROTOCOL_FEATURES",
+        ),
+    ];
+    let mut names: Vec<String> = NAMES
+        .iter()
+        .filter(|(bit, _)| features & bit != 0)
+        .map(|(_, n)| (*n).to_string())
+        .collect();
+    let rest = NAMES.iter().fold(features, |f, (bit, _)| f & !bit);
+    if rest != 0 {
+        names.push(format!("{rest:#x}"));
+    }
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(" | ")
+    }
+}
+
+/// Completes chains on the request vring, from any session worker.
+pub struct VringCompleter {
+    vring: Vring,
+    /// False once the ring was stopped (GET_VRING_BASE, reset, disconnect): after that the
+    /// ring belongs to the frontend again and must not be written.
+    live: Arc<RwLock<bool>>,
+}
+
+impl std::fmt::Debug for VringCompleter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VringCompleter").finish_non_exhaustive()
+    }
+}
+
+impl ChainCompleter for VringCompleter {
+    fn complete(&self, head: u16, used_len: u32) {
+        // Held across the update, so stopping the ring waits for a completion under way.
+        let live = self.live.read().unwrap_or_else(|p| p.into_inner());
+        if !*live {
+            warn!("chain {head} finished after its ring stopped; completion dropped");
+            return;
+        }
+        let mut vring = self.vring.get_mut();
+        if let Err(e) = vring.add_used(head, used_len) {
+            warn!("cannot complete chain {head}: {e}");
+            return;
+        }
+        // With EVENT_IDX the guest says when it wants an interrupt; without, it always does.
+        if vring.needs_notification().unwrap_or(true) {
+            if let Err(e) = vring.signal_used_queue() {
+                warn!("cannot signal the used queue: {e}");
+            }
+        }
+    }
+}
+
+/// The qcuda device backend for one vhost-user connection.
+pub struct VhostCudaBackend {
+    label: String,
+    mem: GuestMemoryHandle,
+    sessions: SessionTable,
+    live: Arc<RwLock<bool>>,
+    acked_features: AtomicU64,
+    event_idx: AtomicBool,
+    started: [AtomicBool; NUM_QUEUES],
+}
+
+impl std::fmt::Debug for VhostCudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostCudaBackend")
+            .field("label", &self.label)
+            .field("sessions", &self.sessions)
+            .finish()
+    }
+}
+
+impl VhostCudaBackend {
+    /// A backend for one connection. `mem` must be the same handle given to
+    /// `VhostUserDaemon::new`, so that SET_MEM_TABLE updates reach the chain parser.
+    pub fn new(host: Arc<CudaHost>, mem: GuestMemoryHandle, label: impl Into<String>) -> Self {
+        let label = label.into();
+        Self {
+            sessions: SessionTable::new(host, label.clone()),
+            label,
+            mem,
+            live: Arc::new(RwLock::new(false)),
+            acked_features: AtomicU64::new(0),
+            event_idx: AtomicBool::new(false),
+            started: [const { AtomicBool::new(false) }; NUM_QUEUES],
+        }
+    }
+
+    /// The sessions of this connection.
+    pub fn sessions(&self) -> &SessionTable {
+        &self.sessions
+    }
+
+    fn set_live(&self, live: bool) {
+        *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
+    }
+
+    /// The frontend is gone: stop completing chains and close every session.
+    pub fn disconnect(&self) {
+        self.set_live(false);
+        self.sessions.close_all(CLOSE_WAIT);
+    }
+
+    /// Logs a queue's layout the first time it is serviced after (re)starting.
+    fn note_started(&self, index: usize, vring: &Vring) {
+        if self.started[index].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let state = vring.get_ref();
+        let q = state.get_queue();
+        info!(
+            vm = %self.label,
+            "vring {index} started: size {}, desc {:#x}, avail {:#x}, used {:#x}, event_idx {}",
+            q.size(),
+            q.desc_table(),
+            q.avail_ring(),
+            q.used_ring(),
+            q.event_idx_enabled()
+        );
+    }
+
+    /// Drains the request queue: disable notifications, pop everything, re-enable, and go
+    /// again if the guest added chains in between.
+    fn process_requests(&self, vring: &Vring) {
+        if !vring.get_ref().get_queue().ready() {
+            return;
+        }
+        self.set_live(true);
+        let completer: Arc<dyn ChainCompleter> = Arc::new(VringCompleter {
+            vring: vring.clone(),
+            live: self.live.clone(),
+        });
+        loop {
+            if let Err(e) = vring.disable_notification() {
+                warn!(vm = %self.label, "request queue unusable: {e}");
+                return;
+            }
+            let popped = self.drain(vring, &completer);
+            trace!(vm = %self.label, "request queue: {popped} chain(s) taken");
+            match vring.enable_notification() {
+                Ok(true) if popped > 0 => continue,
+                // More announced but nothing poppable: a corrupt avail index. Don't spin.
+                Ok(true) => {
+                    warn!(vm = %self.label, "avail ring index is inconsistent; waiting for a kick");
+                    return;
+                }
+                Ok(false) => return,
+                Err(e) => {
+                    warn!(vm = %self.label, "request queue unusable: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn drain(&self, vring: &Vring, completer: &Arc<dyn ChainCompleter>) -> usize {
+        // One snapshot of the memory map per pass: each chain, and every buffer parsed from
+        // it, keeps the snapshot it was read with, even across a SET_MEM_TABLE.
+        let mem = self.mem.memory().into_inner();
+        let mut popped = 0;
+        loop {
+            let chain = vring
+                .get_mut()
+                .get_queue_mut()
+                .pop_descriptor_chain(mem.clone());
+            let Some(chain) = chain else {
+                return popped;
+            };
+            popped += 1;
+            let head = chain.head_index();
+            match chain::parse(&mem, chain) {
+                Ok(parsed) => self.sessions.dispatch(head, parsed, completer.clone()),
+                Err(rejected) => {
+                    debug!(vm = %self.label, "chain {head} rejected: {}", rejected.error);
+                    completer.complete(head, rejected.answer());
+                }
+            }
+        }
+    }
+}
+
+impl VhostUserBackend for VhostCudaBackend {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(QUEUE_SIZE)
+    }
+
+    fn features(&self) -> u64 {
+        DEVICE_FEATURES
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.acked_features.store(features, Ordering::Release);
+        info!(
+            vm = %self.label,
+            "acked features {features:#x} ({}); offered {DEVICE_FEATURES:#x}",
+            feature_names(features)
+        );
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::RESET_DEVICE
+    }
+
+    fn reset_device(&self) {
+        info!(vm = %self.label, "device reset: closing all sessions");
+        self.set_live(false);
+        for s in &self.started {
+            s.store(false, Ordering::Release);
+        }
+        self.sessions.close_all(CLOSE_WAIT);
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Release);
+        debug!(vm = %self.label, "event_idx {enabled}");
+    }
+
+    fn update_memory(&self, mem: GuestMemoryHandle) -> io::Result<()> {
+        let map = mem.memory();
+        let total: u64 = map.iter().map(|r| r.len()).sum();
+        info!(
+            vm = %self.label,
+            "SET_MEM_TABLE: {} region(s), {} MiB of guest RAM",
+            map.num_regions(),
+            total >> 20
+        );
+        for (i, r) in map.iter().enumerate() {
+            let start = r.start_addr().0;
+            info!(
+                vm = %self.label,
+                "SET_MEM_TABLE: region {i}: GPA {start:#x}..{:#x} ({} bytes)",
+                start.saturating_add(r.len()),
+                r.len()
+            );
+        }
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                warn!("cannot create the vring worker's exit event: {e}");
+                None
+            }
+        }
+    }
+
+    fn stop_vring(&self, index: u32) -> io::Result<()> {
+        if let Some(s) = self.started.get(index as usize) {
+            s.store(false, Ordering::Release);
+        }
+        if index == u32::from(REQUEST_QUEUE) {
+            // The ring goes back to the frontend when we return: let requests under way finish
+            // first, as the vhost-user spec asks.
+            if !self.sessions.wait_idle(STOP_WAIT) {
+                warn!(
+                    vm = %self.label,
+                    "request ring stopped with {} requests still running; their completions \
+                     will be dropped",
+                    self.sessions.in_flight()
+                );
+            }
+            self.set_live(false);
+        }
+        info!(vm = %self.label, "vring {index} stopped");
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        if !evset.contains(EventSet::IN) {
+            warn!(vm = %self.label, "unexpected event {evset:?} on {device_event}");
+            return Ok(());
+        }
+        let Some(vring) = vrings.get(usize::from(device_event)) else {
+            warn!(vm = %self.label, "event for unknown queue {device_event}");
+            return Ok(());
+        };
+        self.note_started(usize::from(device_event), vring);
+        match device_event {
+            REQUEST_QUEUE => self.process_requests(vring),
+            // Reserved for host-to-guest events: the guest's buffers wait there.
+            EVENT_QUEUE => {}
+            _ => {}
+        }
+        // Guest mistakes never end the vring thread: they are answered or logged above.
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use qcuda_proto::{
+        status, Checksum, Direction, Op, RequestHeader, ResponseHeader, RESPONSE_HEADER_SIZE,
+        VERSION,
+    };
+    use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
+    use virtio_queue::{
+        desc::{split::Descriptor, RawDescriptor},
+        mock::MockSplitQueue,
+    };
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::*;
+
+    const DATA: u64 = 0x10_0000;
+
+    struct Rig {
+        mem: GuestMemoryHandle,
+        backend: VhostCudaBackend,
+        vrings: Vec<Vring>,
+    }
+
+    fn rig() -> Rig {
+        let ram = GuestRam::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
+        let mem = GuestMemoryAtomic::new(ram);
+        let backend = VhostCudaBackend::new(CudaHost::probe(), mem.clone(), "test");
+        let vrings: Vec<Vring> = (0..NUM_QUEUES)
+            .map(|_| Vring::new(mem.clone(), QUEUE_SIZE).unwrap())
+            .collect();
+        Rig {
+            mem,
+            backend,
+            vrings,
+        }
+    }
+
+    fn used_entry(mem: &GuestRam, q: &MockSplitQueue<GuestRam>, i: u16) -> (u32, u32) {
+        let at = q.used_addr().0 + 4 + 8 * u64::from(i);
+        let id: u32 = mem.read_obj(GuestAddress(at)).unwrap();
+        let len: u32 = mem.read_obj(GuestAddress(at + 4)).unwrap();
+        (id, len)
+    }
+
+    fn used_idx(mem: &GuestRam, q: &MockSplitQueue<GuestRam>) -> u16 {
+        mem.read_obj(GuestAddress(q.used_addr().0 + 2)).unwrap()
+    }
+
+    #[test]
+    fn drains_requests_and_completes_them_on_the_used_ring() {
+        let r = rig();
+        let ram = r.mem.memory();
+        let q = MockSplitQueue::new(&*ram, QUEUE_SIZE);
+        {
+            let v = &r.vrings[0];
+            v.set_queue_size(QUEUE_SIZE);
+            v.set_queue_info(q.desc_table_addr().0, q.avail_addr().0, q.used_addr().0)
+                .unwrap();
+            v.set_queue_ready(true);
+            v.set_enabled(true);
+        }
+        // Chain A (descriptors 0-1): Hello. Chain B (2-4): Echo of 1000 bytes.
+        // Chain C (5): a lone readable descriptor, completed with used length 0.
+        let mut hello = RequestHeader::new(Op::Hello);
+        hello.args[0] = u64::from(VERSION);
+        ram.write_slice(&hello.encode(), GuestAddress(DATA))
+            .unwrap();
+        let mut echo = RequestHeader::new(Op::Echo);
+        echo.session = 2;
+        echo.push_buffer(Direction::In, 1000).unwrap();
+        echo.push_buffer(Direction::Out, 1000).unwrap();
+        let payload: Vec<u8> = (0..1000u32).map(|i| (i % 253) as u8).collect();
+        let mut stream = echo.encode().to_vec();
+        stream.extend_from_slice(&payload);
+        ram.write_slice(&stream, GuestAddress(DATA + 0x1000))
+            .unwrap();
+        let w = VRING_DESC_F_WRITE as u16;
+        let n = virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+        let d = |a, l, f, next| RawDescriptor::from(Descriptor::new(a, l, f, next));
+        let descs = [
+            d(DATA, 224, n, 1),
+            d(DATA + 0x800, 64, w, 0),
+            d(DATA + 0x1000, 1224, n, 3),
+            d(DATA + 0x2000, 1000, w | n, 4),
+            d(DATA + 0x3000, 64, w, 0),
+            d(DATA, 224, 0, 0),
+        ];
+        q.add_desc_chains(&descs, 0).unwrap();
+
+        r.backend
+            .handle_event(REQUEST_QUEUE, EventSet::IN, &r.vrings, 0)
+            .unwrap();
+        assert!(r.backend.sessions().wait_idle(Duration::from_secs(10)));
+        assert_eq!(used_idx(&ram, &q), 3);
+        let mut used: Vec<(u32, u32)> = (0..3).map(|i| used_entry(&ram, &q, i)).collect();
+        used.sort();
+        assert_eq!(used, vec![(0, 64), (2, 1064), (5, 0)]);
+
+        let mut b = [0u8; RESPONSE_HEADER_SIZE];
+        ram.read_slice(&mut b, GuestAddress(DATA + 0x800)).unwrap();
+        let resp = ResponseHeader::decode(&b).unwrap();
+        assert_eq!(resp.status, status::SUCCESS);
+        assert_eq!(resp.rets[0], u64::from(VERSION));
+        ram.read_slice(&mut b, GuestAddress(DATA + 0x3000)).unwrap();
+        let resp = ResponseHeader::decode(&b).unwrap();
+        assert_eq!(resp.status, status::SUCCESS);
+        assert_eq!(resp.rets[0], Checksum::of(&payload));
+        let mut out = vec![0u8; 1000];
+        ram.read_slice(&mut out, GuestAddress(DATA + 0x2000))
+            .unwrap();
+        assert_eq!(out, payload);
+
+        assert_eq!(r.backend.sessions().open_count(), 2);
+        r.backend.disconnect();
+        assert_eq!(r.backend.sessions().open_count(), 0);
+    }
+
+    #[test]
+    fn a_stopped_ring_is_not_written() {
+        let r = rig();
+        let ram = r.mem.memory();
+        let q = MockSplitQueue::new(&*ram, QUEUE_SIZE);
+        let v = &r.vrings[0];
+        v.set_queue_size(QUEUE_SIZE);
+        v.set_queue_info(q.desc_table_addr().0, q.avail_addr().0, q.used_addr().0)
+            .unwrap();
+        v.set_queue_ready(true);
+        r.backend
+            .handle_event(REQUEST_QUEUE, EventSet::IN, &r.vrings, 0)
+            .unwrap();
+        r.backend.stop_vring(0).unwrap();
+        let completer = VringCompleter {
+            vring: v.clone(),
+            live: r.backend.live.clone(),
+        };
+        completer.complete(0, 64);
+        assert_eq!(used_idx(&ram, &q), 0);
+    }
+
+    #[test]
+    fn device_reset_closes_every_session() {
+        let r = rig();
+        let ram = r.mem.memory();
+        let q = MockSplitQueue::new(&*ram, QUEUE_SIZE);
+        let v = &r.vrings[0];
+        v.set_queue_size(QUEUE_SIZE);
+        v.set_queue_info(q.desc_table_addr().0, q.avail_addr().0, q.used_addr().0)
+            .unwrap();
+        v.set_queue_ready(true);
+        let mut descs = Vec::new();
+        for session in 0..3u16 {
+            let mut h = RequestHeader::new(Op::Hello);
+            h.session = u64::from(session);
+            h.args[0] = u64::from(VERSION);
+            let at = DATA + u64::from(session) * 0x1000;
+            ram.write_slice(&h.encode(), GuestAddress(at)).unwrap();
+            let n = virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+            let w = VRING_DESC_F_WRITE as u16;
+            descs.push(RawDescriptor::from(Descriptor::new(
+                at,
+                224,
+                n,
+                2 * session + 1,
+            )));
+            descs.push(RawDescriptor::from(Descriptor::new(at + 0x800, 64, w, 0)));
+        }
+        q.add_desc_chains(&descs, 0).unwrap();
+        r.backend
+            .handle_event(REQUEST_QUEUE, EventSet::IN, &r.vrings, 0)
+            .unwrap();
+        assert!(r.backend.sessions().wait_idle(Duration::from_secs(10)));
+        assert_eq!(used_idx(&ram, &q), 3);
+        assert_eq!(r.backend.sessions().open_count(), 3);
+        r.backend.reset_device();
+        assert_eq!(r.backend.sessions().open_count(), 0);
+    }
+
+    #[test]
+    fn features_are_named() {
+        assert_eq!(
+            feature_names(DEVICE_FEATURES),
+            "VERSION_1 | RING_INDIRECT_DESC | RING_EVENT_IDX | PROTOCOL_FEATURES"
+        );
+        assert_eq!(feature_names(0), "none");
+        assert_eq!(feature_names(1 << 32 | 1), "VERSION_1 | 0x1");
+    }
+}
