@@ -6,6 +6,7 @@
 #   initramfs.cpio.gz   busybox + the host's glibc runtime + /lib/modules/qcuda.ko + /init
 #   kernel-version.txt  the versions that went in (archive keeps only the newest ones)
 #   ktree               symlink to the cached kernel build tree, for out-of-tree module builds
+#   tests/              guest/tests built for the guest (not in the initramfs; ship them as payload)
 #
 # Works as root on a fresh Debian 12 machine: it installs its own toolchain (apt sources it adds
 # are pinned at priority 1 so nothing else upgrades). It is idempotent; the kernel tree is cached
@@ -39,7 +40,7 @@ KMAKE=(make ARCH=x86_64 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc HOSTRUSTC=
 
 APT_PACKAGES=(
     "$KSRC_PKG" rustc-web rust-web-src libclang1-22 libclang-common-22-dev
-    gcc make bc flex bison libelf-dev libssl-dev xz-utils cpio busybox-static gzip
+    gcc g++ make bc flex bison libelf-dev libssl-dev xz-utils cpio busybox-static gzip
 )
 
 log() { printf '[build-guest] %s\n' "$*" >&2; }
@@ -216,14 +217,14 @@ kernel_key() {
 
 build_module() { # kdir
     local kdir=$1 stage=$OUT/kmod-build
-    local wire=$ROOT/qcuda-proto/src/wire.rs
     rm -rf "$stage"
-    mkdir -p "$stage"
-    # Kbuild wants every source inside M=; the module includes the protocol file as wire.rs.
-    cp -a "$ROOT"/guest-kmod/. "$stage"/
-    if [[ -f $wire ]]; then cp "$wire" "$stage"/wire.rs; fi
-    "${KMAKE[@]}" -C "$kdir" M="$stage" -j"$JOBS" modules
-    cp "$stage"/qcuda.ko "$OUT"/qcuda.ko
+    mkdir -p "$stage/guest-kmod" "$stage/qcuda-proto/src"
+    # Kbuild writes its objects next to the sources: build a copy that mirrors the repo layout,
+    # so that the module's `#[path = "../qcuda-proto/src/wire.rs"]` resolves as in the repo.
+    cp -a "$ROOT"/guest-kmod/. "$stage/guest-kmod/"
+    cp "$ROOT/qcuda-proto/src/wire.rs" "$stage/qcuda-proto/src/wire.rs"
+    "${KMAKE[@]}" -C "$kdir" M="$stage/guest-kmod" -j"$JOBS" modules
+    cp "$stage/guest-kmod/qcuda.ko" "$OUT/qcuda.ko"
 }
 
 GLIBC_LIBS=(libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1 libpthread.so.0 libdl.so.2
@@ -265,7 +266,28 @@ build_initramfs() { # kdir
     printf 'root:x:0:\ntty:x:5:\nnogroup:x:65534:\n' >"$OUT/etc/group"
     initramfs_spec "$kdir" >"$OUT/initramfs.spec"
     "$gen" -t 0 "$OUT/initramfs.spec" | gzip -9 -n >"$OUT/initramfs.cpio.gz.tmp"
+    # Pad with zeros to a multiple of 512 bytes. Linux skips zeros between concatenated archives,
+    # but takes an *uncompressed* cpio that follows a compressed one only at a 4-byte aligned
+    # offset (init/initramfs.c, unpack_to_rootfs); otherwise: "invalid magic at start of
+    # compressed archive". Whoever appends a plain cpio after a .gz must pad the same way.
+    truncate -s %512 "$OUT/initramfs.cpio.gz.tmp"
     mv "$OUT/initramfs.cpio.gz.tmp" "$OUT/initramfs.cpio.gz"
+}
+
+build_tests() {
+    # Guest-side tests of the initramfs runtime and of qcuda.ko (guest/tests/); built here so
+    # that the same glibc as in the initramfs is used. Payload builders ship them to /opt/qcuda/bin.
+    local t out=$OUT/tests
+    mkdir -p "$out"
+    for t in "$ROOT"/guest/tests/*.c; do
+        gcc -O2 -Wall -pthread -o "$out/$(basename "$t" .c)" "$t"
+    done
+    for t in "$ROOT"/guest/tests/*.cc; do
+        g++ -O2 -Wall -pthread -o "$out/$(basename "$t" .cc)" "$t"
+    done
+    for t in "$ROOT"/guest/tests/*.sh; do
+        install -m 755 "$t" "$out/"
+    done
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -305,9 +327,10 @@ main() {
     build_module "$kdir"
     log "module: built in $((SECONDS - tm)) s"
     build_initramfs "$kdir"
+    build_tests
 
     log "done in $((SECONDS - t0)) s:"
     (cd "$OUT" && ls -l bzImage initramfs.cpio.gz qcuda.ko kernel-version.txt ktree) | sed 's/^/[build-guest]   /' >&2
 }
 
-main "$@"
+main "$@"; exit

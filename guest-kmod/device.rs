@@ -1,0 +1,590 @@
+// SPDX-License-Identifier: GPL-2.0
+//! The qcuda virtio device: the request queue, the table of requests the device holds,
+//! completion, and removal.
+//!
+//! Neighbours: virtio.rs is the C edge (probe and remove arrive here from glue.c),
+//! request.rs is what gets queued, session.rs (one open file of /dev/qcuda) is who queues.
+//!
+//! Every request added to the ring owns a slot of the in-flight table; the slot index is the
+//! virtqueue token, so completions may arrive in any order. The slot keeps a reference to the
+//! request until the caller collects the result, or, when nobody waits any more (signal,
+//! fire-and-forget op, close timeout), until `reap` frees it in process context: unpinning
+//! pages may sleep, so nothing is ever freed in the interrupt handler.
+
+use core::ptr;
+
+use kernel::{
+    bindings,
+    device::Device,
+    error::to_result,
+    ffi::{c_int, c_long, c_uint, c_void},
+    miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
+    new_condvar, new_spinlock_irq,
+    prelude::*,
+    sync::{aref::ARef, Arc, CondVar, SpinLockIrq, SpinLockIrqGuard},
+    time::{msecs_to_jiffies, Instant, Monotonic},
+};
+
+use crate::{
+    request::{Request, SgList},
+    session::Session,
+    virtio::{self, VirtioDevice, Virtqueue},
+    wire::{ResponseHeader, MAX_CHAIN_SEGMENTS},
+};
+
+/// What became of the request in a slot.
+enum SlotState {
+    /// Unused.
+    Free,
+    /// In the ring; its caller waits.
+    Pending,
+    /// Completed by the device; its caller collects it.
+    Done,
+    /// Taken back from a removed device; its caller collects the error.
+    Failed(Error),
+    /// In the ring, but nobody waits for it any more.
+    Abandoned,
+    /// Completed while abandoned; `reap` frees it.
+    Reapable,
+}
+
+struct Slot {
+    req: Option<Arc<Request>>,
+    state: SlotState,
+}
+
+/// The request queue and the in-flight table.
+///
+/// # Invariants
+///
+/// - `vq` is the request virtqueue from `find_vqs`, or null once the device is being removed;
+///   it is only used with the lock held, which serialises all operations on it as virtio
+///   requires.
+/// - `free` holds the indices of exactly the `Free` slots (its capacity is `slots.len()`).
+/// - `in_ring` counts the `Pending` and `Abandoned` slots, `reapable` the `Reapable` ones.
+struct Queue {
+    vq: *mut Virtqueue,
+    ready: bool,
+    slots: KVec<Slot>,
+    free: KVec<usize>,
+    in_ring: usize,
+    reapable: usize,
+    space_waiters: usize,
+}
+
+// SAFETY: `vq` is only dereferenced (by the virtio core) with the lock held; the virtqueue may
+// be used from any CPU.
+unsafe impl Send for Queue {}
+
+type QueueGuard<'a> = SpinLockIrqGuard<'a, Queue>;
+
+/// How a caller waits for the device.
+pub(crate) enum Wait {
+    /// Until completion or a signal (then EINTR; the device keeps the request).
+    Interruptible,
+    /// Until completion or `timeout_ms` (then ETIMEDOUT), ignoring signals: used to close a
+    /// session, which also happens while a killed process exits.
+    Uninterruptible { timeout_ms: i64 },
+}
+
+/// A snapshot of the in-flight table (for fdinfo).
+pub(crate) struct QueueStats {
+    /// Chains the device holds.
+    pub(crate) in_ring: usize,
+    /// Of those, chains nobody waits for.
+    pub(crate) abandoned: usize,
+    /// Completed abandoned requests not yet freed.
+    pub(crate) reapable: usize,
+    /// Unused slots.
+    pub(crate) free_slots: usize,
+}
+
+/// One qcuda virtio device, shared by the driver binding and every open file.
+#[pin_data]
+pub(crate) struct QcudaDevice {
+    #[pin]
+    queue: SpinLockIrq<Queue>,
+    /// Notified when a slot or ring space is freed.
+    #[pin]
+    space: CondVar,
+    max_segments: usize,
+    dev: ARef<Device>,
+}
+
+/// Token passed to the virtio core for slot `idx`; never null.
+fn token(idx: usize) -> *mut c_void {
+    (idx + 1) as *mut c_void
+}
+
+impl QcudaDevice {
+    fn new(
+        vq: *mut Virtqueue,
+        ring_size: usize,
+        max_segments: usize,
+        dev: ARef<Device>,
+    ) -> Result<Arc<Self>> {
+        let mut slots = KVec::with_capacity(ring_size, GFP_KERNEL)?;
+        let mut free = KVec::with_capacity(ring_size, GFP_KERNEL)?;
+        for i in 0..ring_size {
+            slots.push(
+                Slot {
+                    req: None,
+                    state: SlotState::Free,
+                },
+                GFP_KERNEL,
+            )?;
+            // Pop from the end: low indices first.
+            free.push(ring_size - 1 - i, GFP_KERNEL)?;
+        }
+        let queue = Queue {
+            vq,
+            ready: false,
+            slots,
+            free,
+            in_ring: 0,
+            reapable: 0,
+            space_waiters: 0,
+        };
+        Arc::pin_init(
+            try_pin_init!(Self {
+                queue <- new_spinlock_irq!(queue, "qcuda_queue"),
+                space <- new_condvar!("qcuda_space"),
+                max_segments,
+                dev,
+            }),
+            GFP_KERNEL,
+        )
+    }
+
+    /// Counts of the in-flight table.
+    pub(crate) fn stats(&self) -> QueueStats {
+        let q = self.queue.lock();
+        QueueStats {
+            in_ring: q.in_ring,
+            abandoned: q
+                .slots
+                .iter()
+                .filter(|s| matches!(s.state, SlotState::Abandoned))
+                .count(),
+            reapable: q.reapable,
+            free_slots: q.free.len(),
+        }
+    }
+
+    /// Most descriptors one chain may have.
+    pub(crate) fn max_segments(&self) -> usize {
+        self.max_segments
+    }
+
+    /// Queues `req`, waits for the device as `wait` says, and returns its response.
+    pub(crate) fn execute(&self, req: &Arc<Request>, mut wait: Wait) -> Result<ResponseHeader> {
+        let mut sg = req.scatterlists()?;
+        let idx = self.submit(req, &mut sg, &mut wait)?;
+        drop(sg);
+        self.wait(idx, req, wait)?;
+        req.response()
+    }
+
+    /// Queues `req` with nobody waiting for it (a fire-and-forget op).
+    pub(crate) fn post(&self, req: &Arc<Request>) -> Result {
+        let mut sg = req.scatterlists()?;
+        let idx = self.submit(req, &mut sg, &mut Wait::Interruptible)?;
+        drop(sg);
+        let done = {
+            let mut q = self.queue.lock();
+            match q.slots.get_mut(idx) {
+                Some(slot) if matches!(slot.state, SlotState::Pending) => {
+                    slot.state = SlotState::Abandoned;
+                    None
+                }
+                // Already completed (or failed): collect it now.
+                Some(_) => Some(self.collect(&mut q, idx)),
+                None => None,
+            }
+        };
+        // Dropped here, unlocked: the request may hold pinned pages.
+        drop(done);
+        Ok(())
+    }
+
+    /// Adds `req` to the ring and kicks the device; waits for a slot or ring space if needed.
+    fn submit(&self, req: &Arc<Request>, sg: &mut SgList, wait: &mut Wait) -> Result<usize> {
+        let gfp = bindings::GFP_ATOMIC | bindings::__GFP_NOWARN;
+        let started = Instant::<Monotonic>::now();
+        let mut q = self.queue.lock();
+        loop {
+            if q.vq.is_null() || !q.ready {
+                return Err(ENODEV);
+            }
+            if let Some(idx) = q.free.pop() {
+                // SAFETY: `vq` is valid while non-null and we hold the lock (type invariant of
+                // `Queue`). `sg` holds `readable + writable` valid single-entry lists that point
+                // to memory `req` owns or pins; the slot keeps `req` alive until the device is
+                // done with it. The token is non-null. The indirect table is allocated
+                // atomically since we hold a spinlock.
+                let ret = unsafe {
+                    virtio::virtqueue_add_sgs(
+                        q.vq,
+                        sg.as_mut_ptr(),
+                        sg.readable,
+                        sg.writable,
+                        token(idx),
+                        gfp,
+                    )
+                };
+                if ret == 0 {
+                    if let Some(slot) = q.slots.get_mut(idx) {
+                        slot.req = Some(req.clone());
+                        slot.state = SlotState::Pending;
+                    }
+                    q.in_ring += 1;
+                    // SAFETY: As above.
+                    unsafe { virtio::virtqueue_kick(q.vq) };
+                    return Ok(idx);
+                }
+                // Cannot fail: the slot was just taken out of `free`.
+                let _ = q.free.push_within_capacity(idx);
+                let err = Error::from_errno(ret);
+                if err != ENOSPC && err != ENOMEM {
+                    return Err(err);
+                }
+                if q.in_ring == 0 {
+                    // No completion will ever make room (e.g. no memory for the indirect
+                    // table of a long chain).
+                    return Err(ENOMEM);
+                }
+            }
+            q.space_waiters += 1;
+            let slept;
+            (q, slept) = self.sleep(&self.space, q, wait, &started);
+            q.space_waiters = q.space_waiters.saturating_sub(1);
+            slept?;
+        }
+    }
+
+    /// Waits until slot `idx` (holding `req`) is completed or failed and collects it.
+    fn wait(&self, idx: usize, req: &Arc<Request>, mut wait: Wait) -> Result {
+        let started = Instant::<Monotonic>::now();
+        let mut q = self.queue.lock();
+        loop {
+            match q.slots.get(idx).map(|s| &s.state) {
+                Some(SlotState::Pending) => {}
+                Some(SlotState::Done) | Some(SlotState::Failed(_)) => {
+                    let (devref, result) = self.collect(&mut q, idx);
+                    drop(q);
+                    // Not the last reference (the caller holds `req`), but drop it unlocked
+                    // all the same.
+                    drop(devref);
+                    return result;
+                }
+                // Only this caller moves its slot out of `Pending`.
+                _ => return Err(EINVAL),
+            }
+            let slept;
+            (q, slept) = self.sleep(&req.done, q, &mut wait, &started);
+            if let Err(e) = slept {
+                if let Some(slot) = q.slots.get_mut(idx) {
+                    if matches!(slot.state, SlotState::Pending) {
+                        // The device still owns the chain: leave it the request.
+                        slot.state = SlotState::Abandoned;
+                        return Err(e);
+                    }
+                }
+                // Completed meanwhile: return the result after all.
+            }
+        }
+    }
+
+    /// Sleeps on `cv` with the queue unlocked; returns with it locked again.
+    fn sleep<'a>(
+        &'a self,
+        cv: &CondVar,
+        mut q: QueueGuard<'a>,
+        wait: &mut Wait,
+        started: &Instant<Monotonic>,
+    ) -> (QueueGuard<'a>, Result) {
+        match wait {
+            Wait::Interruptible => {
+                let signal = cv.wait_interruptible(&mut q);
+                (q, if signal { Err(EINTR) } else { Ok(()) })
+            }
+            Wait::Uninterruptible { timeout_ms } => {
+                const SLICE_MS: u32 = 10;
+                if started.elapsed().as_millis() >= *timeout_ms {
+                    return (q, Err(ETIMEDOUT));
+                }
+                if !kernel::current!().signal_pending() {
+                    // Woken by the notification, or after a slice to check the deadline.
+                    let _ = cv.wait_interruptible_timeout(&mut q, msecs_to_jiffies(SLICE_MS * 10));
+                    return (q, Ok(()));
+                }
+                // A killed task keeps its fatal signal pending while its files are released,
+                // so interruptible sleeps would return at once: poll in short slices.
+                drop(q);
+                // SAFETY: Plain sleep; no lock is held.
+                unsafe {
+                    bindings::schedule_timeout_uninterruptible(msecs_to_jiffies(SLICE_MS) as c_long)
+                };
+                (self.queue.lock(), Ok(()))
+            }
+        }
+    }
+
+    /// Frees slot `idx` (`Done` or `Failed`) and returns the device's reference to its request,
+    /// to be dropped after unlocking, and the outcome.
+    fn collect(&self, q: &mut Queue, idx: usize) -> (Option<Arc<Request>>, Result) {
+        let Some(slot) = q.slots.get_mut(idx) else {
+            return (None, Err(EINVAL));
+        };
+        let result = match core::mem::replace(&mut slot.state, SlotState::Free) {
+            SlotState::Failed(e) => Err(e),
+            _ => Ok(()),
+        };
+        let devref = slot.req.take();
+        // Cannot fail: `free` has room for every slot.
+        let _ = q.free.push_within_capacity(idx);
+        if q.space_waiters > 0 {
+            self.space.notify_all();
+        }
+        (devref, result)
+    }
+
+    /// Records the device's completion (or the removal's failure) of the chain `token`.
+    fn finish(&self, q: &mut Queue, token: *mut c_void, outcome: SlotState) {
+        let idx = (token as usize).wrapping_sub(1);
+        let Some(slot) = q.slots.get_mut(idx) else {
+            return;
+        };
+        match slot.state {
+            SlotState::Pending => {
+                slot.state = outcome;
+                if let Some(req) = &slot.req {
+                    req.done.notify_all();
+                }
+            }
+            SlotState::Abandoned => {
+                slot.state = SlotState::Reapable;
+                q.reapable += 1;
+            }
+            // Not a chain of ours in the ring; the virtio core validates ids, so unreachable.
+            _ => return,
+        }
+        q.in_ring = q.in_ring.saturating_sub(1);
+        if q.space_waiters > 0 {
+            self.space.notify_all();
+        }
+    }
+
+    /// Takes every completed chain off the ring.
+    fn drain_used(&self, q: &mut Queue) {
+        loop {
+            let mut len: c_uint = 0;
+            // SAFETY: `vq` is valid and the lock is held (checked by the callers).
+            let token = unsafe { virtio::virtqueue_get_buf(q.vq, &mut len) };
+            if token.is_null() {
+                return;
+            }
+            self.finish(q, token, SlotState::Done);
+        }
+    }
+
+    /// Used-buffer notification of the request queue (interrupt context).
+    fn complete(&self) {
+        let mut guard = self.queue.lock();
+        let q = &mut *guard;
+        if q.vq.is_null() {
+            return;
+        }
+        loop {
+            // SAFETY: `vq` is valid and the lock is held.
+            unsafe { virtio::virtqueue_disable_cb(q.vq) };
+            self.drain_used(q);
+            // SAFETY: As above.
+            if unsafe { virtio::virtqueue_enable_cb(q.vq) } {
+                return;
+            }
+        }
+    }
+
+    /// Frees the requests that completed after their callers gave up. Process context.
+    pub(crate) fn reap(&self) {
+        loop {
+            let devref = {
+                let mut guard = self.queue.lock();
+                let q = &mut *guard;
+                if q.reapable == 0 {
+                    return;
+                }
+                let Some(idx) = q
+                    .slots
+                    .iter()
+                    .position(|s| matches!(s.state, SlotState::Reapable))
+                else {
+                    q.reapable = 0;
+                    return;
+                };
+                q.reapable -= 1;
+                if let Some(slot) = q.slots.get_mut(idx) {
+                    slot.state = SlotState::Done;
+                }
+                self.collect(q, idx).0
+            };
+            // Unlocked: this may unpin pages.
+            drop(devref);
+        }
+    }
+
+    /// Stops the queue: resets the device, fails every waiter with ENODEV and deletes the
+    /// queues. Open files keep the (dead) device until they are closed; `reap` frees what the
+    /// device still held.
+    fn stop(&self, vdev: *mut VirtioDevice) {
+        self.queue.lock().ready = false;
+        // SAFETY: `vdev` is the device being removed. After the reset the device neither
+        // writes guest memory nor raises interrupts, and running callbacks have finished.
+        unsafe { virtio::virtio_reset_device(vdev) };
+        {
+            let mut guard = self.queue.lock();
+            let q = &mut *guard;
+            if !q.vq.is_null() {
+                self.drain_used(q);
+                loop {
+                    // SAFETY: `vq` is valid, the lock is held and the device is reset.
+                    let token = unsafe { virtio::virtqueue_detach_unused_buf(q.vq) };
+                    if token.is_null() {
+                        break;
+                    }
+                    self.finish(q, token, SlotState::Failed(ENODEV));
+                }
+                q.vq = ptr::null_mut();
+            }
+            self.space.notify_all();
+        }
+        // SAFETY: The queues are no longer used (`vq` is null under the lock).
+        unsafe { virtio::qcuda_glue_del_vqs(vdev) };
+    }
+}
+
+/// What probe leaves behind in `vdev->priv`: the misc device and the shared device state.
+///
+/// Teardown order is field drop order: `misc` first (deregistering /dev/qcuda waits for opens
+/// in progress, so no open can reach `device` afterwards), then `device`.
+#[pin_data]
+pub(crate) struct ProbedDevice {
+    #[pin]
+    pub(crate) misc: MiscDeviceRegistration<Session>,
+    pub(crate) device: Arc<QcudaDevice>,
+}
+
+fn probe(vdev: *mut VirtioDevice) -> Result {
+    let mut requests: *mut Virtqueue = ptr::null_mut();
+    let mut events: *mut Virtqueue = ptr::null_mut();
+    // SAFETY: `vdev` is the device being probed; the out pointers are valid.
+    to_result(unsafe { virtio::qcuda_glue_find_vqs(vdev, &mut requests, &mut events) })?;
+    let result = probe_with_queues(vdev, requests);
+    if result.is_err() {
+        // SAFETY: The queues were set up above and nothing uses them.
+        unsafe { virtio::qcuda_glue_del_vqs(vdev) };
+    }
+    result
+}
+
+fn probe_with_queues(vdev: *mut VirtioDevice, requests: *mut Virtqueue) -> Result {
+    // SAFETY: `requests` is a live virtqueue of `vdev`.
+    let ring_size = unsafe { virtio::virtqueue_get_vring_size(requests) } as usize;
+    // SAFETY: `vdev` is the device being probed.
+    let indirect = unsafe { virtio::qcuda_glue_has_indirect(vdev) };
+    // Without indirect descriptors a chain longer than the ring trips a WARN in virtio_ring.
+    let max_segments = if indirect {
+        MAX_CHAIN_SEGMENTS
+    } else {
+        ring_size
+    };
+    // SAFETY: `vdev` is valid, so is its embedded `struct device`; this takes a reference.
+    let dev = unsafe { Device::get_device(virtio::qcuda_glue_device(vdev)) };
+    if ring_size == 0 {
+        return Err(ENODEV);
+    }
+    let device = QcudaDevice::new(requests, ring_size, max_segments, dev.clone())?;
+    let shared = device.clone();
+    let probed = KBox::pin_init(
+        try_pin_init!(ProbedDevice {
+            // Initialised before `misc` registers /dev/qcuda: open() reads it.
+            device: shared,
+            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"qcuda" }),
+        }),
+        GFP_KERNEL,
+    )?;
+    // SAFETY: Ownership of `probed` passes to the device until `qcuda_rs_remove`; it is never
+    // moved out of the box (we only turn the pinned box into a raw pointer and back).
+    let raw = KBox::into_raw(unsafe { Pin::into_inner_unchecked(probed) });
+    // SAFETY: `vdev` is the device being probed. The request queue's callback reads this
+    // pointer; `qcuda_rs_remove` frees it only after the reset stopped the callbacks.
+    unsafe { virtio::qcuda_glue_set_priv(vdev, raw.cast()) };
+    // SAFETY: As above; the queues are set up, so the device may start.
+    unsafe { virtio::qcuda_glue_device_ready(vdev) };
+    device.queue.lock().ready = true;
+    dev_info!(
+        dev,
+        "/dev/qcuda ready (ring {}, indirect {}, up to {} descriptors per call)\n",
+        ring_size,
+        indirect,
+        max_segments
+    );
+    Ok(())
+}
+
+/// Called by glue.c when the virtio core binds a device with id 56.
+///
+/// # Safety
+///
+/// `vdev` is a device being probed by the virtio core.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn qcuda_rs_probe(vdev: *mut VirtioDevice) -> c_int {
+    match probe(vdev) {
+        Ok(()) => 0,
+        Err(e) => e.to_errno(),
+    }
+}
+
+/// Called by glue.c when the device goes away (unplug, unbind, module unload).
+///
+/// # Safety
+///
+/// `vdev` is a device this driver probed successfully.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn qcuda_rs_remove(vdev: *mut VirtioDevice) {
+    // SAFETY: `vdev` is valid per the function's contract.
+    let raw = unsafe { virtio::qcuda_glue_get_priv(vdev) }.cast::<ProbedDevice>();
+    if raw.is_null() {
+        return;
+    }
+    // SAFETY: `raw` came from `KBox::into_raw` in `probe_with_queues` and is still owned by
+    // the device.
+    let device = unsafe { (*raw).device.clone() };
+    // After this no callback runs any more, so nothing reads `vdev->priv`.
+    device.stop(vdev);
+    // SAFETY: `vdev` is valid.
+    unsafe { virtio::qcuda_glue_set_priv(vdev, ptr::null_mut()) };
+    // SAFETY: `raw` came from `KBox::into_raw` of a pinned box and is taken back exactly once.
+    let probed = unsafe { Pin::new_unchecked(KBox::from_raw(raw)) };
+    // Deregisters /dev/qcuda; open files keep `device` and get ENODEV.
+    drop(probed);
+    device.reap();
+    dev_info!(device.dev, "device removed\n");
+}
+
+/// Called by glue.c from the request queue's interrupt with `vdev->priv`.
+///
+/// # Safety
+///
+/// `data` is null or the `ProbedDevice` that `probe_with_queues` stored, which
+/// `qcuda_rs_remove` frees only after the callbacks have stopped.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn qcuda_rs_request_done(data: *mut c_void) {
+    if data.is_null() {
+        return;
+    }
+    // SAFETY: Per the function's contract.
+    let probed = unsafe { &*data.cast::<ProbedDevice>() };
+    probed.device.complete();
+}

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * glue.c: the C side of qcuda.ko, kept to what Rust cannot reach today.
+ *
+ * Linux has no Rust virtio abstraction and no virtio items in `bindings`, and several of
+ * the calls a virtio driver needs are macros or static inlines (register_virtio_driver,
+ * virtio_find_vqs, virtio_device_ready, vdev->config->del_vqs, sg_init_one, sg_set_page,
+ * page_to_pfn). This file wraps exactly those, owns the `struct virtio_driver` and forwards
+ * the driver callbacks to Rust (qcuda_rs_*, in device.rs). Exported virtio functions that
+ * are real symbols (virtqueue_add_sgs, virtqueue_get_buf, ...) are declared in Rust
+ * (virtio.rs) and called directly. Everything here can be replaced by a Rust virtio
+ * abstraction once one exists upstream.
+ */
+#include <linux/mm.h>
+#include <linux/module.h>
+#include <linux/scatterlist.h>
+#include <linux/virtio.h>
+#include <linux/virtio_config.h>
+#include <linux/virtio_ring.h>
+
+/* Must match qcuda-proto's VIRTIO_ID_CUDA (unassigned in the virtio spec). */
+#define QCUDA_VIRTIO_ID 56
+
+/* Implemented in Rust (device.rs). */
+int qcuda_rs_probe(struct virtio_device *vdev);
+void qcuda_rs_remove(struct virtio_device *vdev);
+void qcuda_rs_request_done(void *priv);
+
+/* Prototypes of the functions Rust calls (virtio.rs declares the same). */
+int qcuda_glue_register(void);
+void qcuda_glue_unregister(void);
+int qcuda_glue_find_vqs(struct virtio_device *vdev, struct virtqueue **requests,
+			struct virtqueue **events);
+void qcuda_glue_del_vqs(struct virtio_device *vdev);
+void qcuda_glue_device_ready(struct virtio_device *vdev);
+bool qcuda_glue_has_indirect(struct virtio_device *vdev);
+void qcuda_glue_set_priv(struct virtio_device *vdev, void *priv);
+void *qcuda_glue_get_priv(struct virtio_device *vdev);
+struct device *qcuda_glue_device(struct virtio_device *vdev);
+void qcuda_glue_sg_set_buf(struct scatterlist *sg, const void *buf, unsigned int len);
+void qcuda_glue_sg_set_page(struct scatterlist *sg, struct page *page, unsigned int len,
+			    unsigned int offset);
+unsigned long qcuda_glue_page_to_pfn(struct page *page);
+
+/*
+ * Used-buffer notification of the request queue: runs in interrupt context. The driver's
+ * state is vdev->priv; vq->priv belongs to the transport (virtio-pci keeps the queue's
+ * notify address there).
+ */
+static void qcuda_glue_requests_done(struct virtqueue *vq)
+{
+	qcuda_rs_request_done(vq->vdev->priv);
+}
+
+static int qcuda_glue_probe(struct virtio_device *vdev)
+{
+	return qcuda_rs_probe(vdev);
+}
+
+static void qcuda_glue_remove(struct virtio_device *vdev)
+{
+	qcuda_rs_remove(vdev);
+}
+
+static const struct virtio_device_id qcuda_id_table[] = {
+	{ QCUDA_VIRTIO_ID, VIRTIO_DEV_ANY_ID },
+	{ 0 },
+};
+MODULE_DEVICE_TABLE(virtio, qcuda_id_table);
+
+/*
+ * No device-specific feature bits. The transport features the device offers (VERSION_1,
+ * RING_INDIRECT_DESC, RING_EVENT_IDX) are accepted by the virtio core itself.
+ */
+static struct virtio_driver qcuda_virtio_driver = {
+	.driver.name = KBUILD_MODNAME,
+	.id_table = qcuda_id_table,
+	.probe = qcuda_glue_probe,
+	.remove = qcuda_glue_remove,
+};
+
+int qcuda_glue_register(void)
+{
+	return register_virtio_driver(&qcuda_virtio_driver);
+}
+
+void qcuda_glue_unregister(void)
+{
+	unregister_virtio_driver(&qcuda_virtio_driver);
+}
+
+/*
+ * Sets up queue 0 (requests, with a used-buffer callback) and queue 1 (reserved for
+ * host-to-guest events; no buffers are posted to it yet, so no callback).
+ */
+int qcuda_glue_find_vqs(struct virtio_device *vdev, struct virtqueue **requests,
+			struct virtqueue **events)
+{
+	struct virtqueue_info info[2] = {
+		{ .name = "requests", .callback = qcuda_glue_requests_done },
+		{ .name = "events" },
+	};
+	struct virtqueue *vqs[2];
+	int err;
+
+	err = virtio_find_vqs(vdev, 2, vqs, info, NULL);
+	if (err)
+		return err;
+	*requests = vqs[0];
+	*events = vqs[1];
+	return 0;
+}
+
+void qcuda_glue_del_vqs(struct virtio_device *vdev)
+{
+	vdev->config->del_vqs(vdev);
+}
+
+void qcuda_glue_device_ready(struct virtio_device *vdev)
+{
+	virtio_device_ready(vdev);
+}
+
+bool qcuda_glue_has_indirect(struct virtio_device *vdev)
+{
+	return virtio_has_feature(vdev, VIRTIO_RING_F_INDIRECT_DESC);
+}
+
+void qcuda_glue_set_priv(struct virtio_device *vdev, void *priv)
+{
+	vdev->priv = priv;
+}
+
+void *qcuda_glue_get_priv(struct virtio_device *vdev)
+{
+	return vdev->priv;
+}
+
+struct device *qcuda_glue_device(struct virtio_device *vdev)
+{
+	return &vdev->dev;
+}
+
+/* One terminated single-entry list over linear-mapped (kmalloc) memory. */
+void qcuda_glue_sg_set_buf(struct scatterlist *sg, const void *buf, unsigned int len)
+{
+	sg_init_one(sg, buf, len);
+}
+
+/*
+ * One terminated single-entry list over `len` bytes starting `offset` bytes into `page`;
+ * the caller guarantees that the range is physically contiguous.
+ */
+void qcuda_glue_sg_set_page(struct scatterlist *sg, struct page *page, unsigned int len,
+			    unsigned int offset)
+{
+	sg_init_table(sg, 1);
+	sg_set_page(sg, page, len, offset);
+}
+
+unsigned long qcuda_glue_page_to_pfn(struct page *page)
+{
+	return page_to_pfn(page);
+}
