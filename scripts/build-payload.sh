@@ -5,7 +5,8 @@
 #   /usr/lib/qcuda/libcudart.so.13   guest-lib, our CUDA runtime
 #   /usr/bin/qcuda-smi               the guest CLI (host GPUs, transport self-test, stress)
 #   /opt/qcuda/tests/*               the CUDA test programs of tests/cuda (nvcc --cudart=shared)
-#   /opt/qcuda/bin/*                 the guest-side test scripts of tests/guest
+#   /opt/qcuda/bin/*                 the guest-side test scripts of tests/guest and the
+#                                    module's transport tests (build/guest/tests)
 #
 # Everything is built on this machine (Debian 12); the base initramfs carries its glibc.
 set -euo pipefail
@@ -24,12 +25,17 @@ install -D -m 755 "$lib" "$stage/usr/lib/qcuda/libcudart.so.13"
 install -D -m 755 target/release/qcuda-smi "$stage/usr/bin/qcuda-smi"
 mkdir -p "$stage/opt/qcuda/tests" "$stage/opt/qcuda/bin"
 find "$tests_dir" -maxdepth 1 -type f -perm -u+x -exec cp {} "$stage/opt/qcuda/tests/" \;
-if [[ -d tests/guest ]]; then
-    find tests/guest -maxdepth 1 -type f -exec install -m 755 {} "$stage/opt/qcuda/bin/" \;
+find tests/guest -maxdepth 1 -type f -exec install -m 755 {} "$stage/opt/qcuda/bin/" \;
+# The module's own transport tests, built by build-guest.sh.
+if [[ -d build/guest/tests ]]; then
+    find build/guest/tests -maxdepth 1 -type f -perm -u+x -exec install -m 755 {} "$stage/opt/qcuda/bin/" \;
 fi
 mkdir -p "$OUT"
 (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet | gzip -6) \
     >"$OUT/payload.cpio.gz.tmp"
+# Linux finds an archive appended after a compressed one only at a 4-byte aligned offset;
+# run-vm.sh appends plain cpio archives, so pad (zeros are skipped between archives).
+truncate -s %512 "$OUT/payload.cpio.gz.tmp"
 mv "$OUT/payload.cpio.gz.tmp" "$OUT/payload.cpio.gz"
 say "payload: $(du -h "$OUT/payload.cpio.gz" | cut -f1), $(find "$stage" -type f | wc -l) files"
 echo "$OUT/payload.cpio.gz"

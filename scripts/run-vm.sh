@@ -116,11 +116,16 @@ if [[ -n $cmd ]]; then
     chmod 755 "$extra/qcuda/cmd"
 fi
 initrd=$work/initrd.cpio.gz
-cat "$GUEST_DIR/initramfs.cpio.gz" "${payloads[@]}" >"$initrd"
+# Linux finds each appended archive only at an aligned offset: pad after every piece.
+: >"$initrd"
+for piece in "$GUEST_DIR/initramfs.cpio.gz" "${payloads[@]}"; do
+    cat "$piece" >>"$initrd"
+    truncate -s %512 "$initrd"
+done
 [[ -z $(ls -A "$extra") ]] || cpio_of_dir "$extra" >>"$initrd"
 
 # --- accelerator ----------------------------------------------------------------------------
-qemu_base=(-M pc -cpu max -smp "$smp" -m "$mem" -display none -monitor none -no-reboot
+qemu_base=(-M pc -cpu max -smp "$smp" -m "$mem" -display none -monitor none -no-reboot -nic none
     -kernel "$GUEST_DIR/bzImage" -append "console=ttyS0 quiet panic=-1 rdinit=/init")
 [[ -n $LD_LIBRARY_PATH_QEMU ]] && qemu_env=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH_QEMU") || qemu_env=()
 datadir=$QEMU_DIR/share/qemu
