@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Build the patched QEMU that qcuda runs guests with, and point build/qemu at it.
+# Build the patched QEMU that qcuda runs guests with, and copy it to build/qemu/.
 #
 # Source: Debian's QEMU 10.0.x orig tarball from bookworm-backports, plus the
 # series in qemu-patches/ (vhost-user-cuda, vhost-user-cuda-pci). The result is
 # a minimal x86_64-softmmu (KVM, TCG, vhost-user) with the firmware a
 # `-M pc`/`-M q35` boot with `-kernel` needs, installed once per input hash
-# into ~/.cache/qcuda/qemu-<hash>/. build/qemu is a symlink to that entry.
+# into ~/.cache/qcuda/qemu-<hash>/, then copied to build/qemu/ (a copy, not a
+# symlink, so that build/ can be carried to another machine or bundled).
 #
 # Works on a fresh Debian 12 machine as root: it installs only the build
 # dependencies that are missing and upgrades nothing else on purpose (a -dev
@@ -24,15 +25,22 @@ set -euo pipefail
 readonly SUITE=bookworm-backports
 readonly MIN_MESON=1.5
 readonly TARGETS=x86_64-softmmu
-# Firmware the pc/q35 machines load, taken from Debian's binary packages of
-# the same suite: SeaBIOS and the VGA BIOSes from seabios; the option ROMs
-# (-kernel loaders, kvmvapic) from qemu-system-data, which Debian built from
-# this same QEMU source. Building the option ROMs here would need a 32-bit
-# libgcc (lib32gcc-12-dev and 18 more packages) only for configure's probe.
+# Firmware the pc/q35 machines load, taken from Debian's binary packages
+# (downloaded and unpacked, never installed):
+#  - seabios: the BIOS and the VGA BIOSes;
+#  - qemu-system-data: the option ROMs (-kernel loaders, kvmvapic), which
+#    Debian built from this same QEMU source. Building them here would need a
+#    32-bit libgcc (lib32gcc-12-dev and 18 more packages) for configure's probe;
+#  - ipxe-qemu: the ROMs of the default NICs (e1000 on pc, e1000e on q35) and
+#    virtio-net. Without them a command line without `-nic none` fails with
+#    'failed to find romfile "efi-e1000.rom"'.
 readonly SEABIOS_FILES=(bios-256k.bin bios.bin vgabios.bin vgabios-stdvga.bin
     vgabios-virtio.bin vgabios-cirrus.bin vgabios-qxl.bin vgabios-vmware.bin)
 readonly OPTION_ROMS=(kvmvapic.bin linuxboot_dma.bin linuxboot.bin
     multiboot_dma.bin multiboot.bin pvh.bin)
+readonly NIC_ROMS=(efi-e1000.rom efi-e1000e.rom efi-virtio.rom)
+# ipxe-qemu is not in bookworm-backports.
+readonly IPXE_SUITE=bookworm
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SCRIPT_PATH=$REPO_ROOT/scripts/$(basename "${BASH_SOURCE[0]}")
@@ -41,6 +49,7 @@ CACHE_ROOT=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
 SRC_CACHE=$CACHE_ROOT/src
 JOBS=${JOBS:-2}
 START_TIME=$SECONDS
+APT_UPDATED=0
 
 log() { printf '[build-qemu] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -55,27 +64,23 @@ apt_get() {
 
 # --- apt sources -----------------------------------------------------------
 
-# (grep without -q: an early exit would SIGPIPE apt-get and fail the pipe.)
-has_index_target() { # <deb|deb-src> <suite>
-    apt-get indextargets --no-release-info --format '$(TARGET_OF) $(RELEASE)' \
-        | grep -x "$1 $2" >/dev/null
-}
-
-has_index_file() { # <Packages|Sources> <suite>
-    apt-get indextargets --format '$(IDENTIFIER) $(RELEASE)' \
-        | grep -x "$1 $2" >/dev/null
-}
-
 # Adds what is missing of: deb + deb-src for bookworm-backports, deb-src for
 # bookworm. bookworm-backports is NotAutomatic (priority 100), so adding it
 # upgrades nothing unless a package is asked for with -t.
 ensure_apt_sources() {
     local file=/etc/apt/sources.list.d/qcuda-qemu.sources stanza=() changed=0
+    # What sources.list configures, and which index files are on disk.
+    local configured present
+    configured=$(apt-get indextargets --no-release-info --format '$(TARGET_OF) $(RELEASE)')
+    present=$(apt-get indextargets --format '$(IDENTIFIER) $(RELEASE)')
+    has_index_target() { grep -qx "$1 $2" <<<"$configured"; } # <deb|deb-src> <suite>
+    has_index_file() { grep -qx "$1 $2" <<<"$present"; }      # <Packages|Sources> <suite>
+
     has_index_target deb "$SUITE" || stanza+=(deb)
     has_index_target deb-src "$SUITE" || stanza+=(deb-src)
     if ((${#stanza[@]})) || ! has_index_target deb-src bookworm; then
         is_root || die "apt sources for $SUITE/deb-src are missing; run as root once"
-        log "adding $file (${stanza[*]:-} $SUITE, deb-src bookworm)"
+        log "adding $file"
         {
             echo "# Added by qcuda scripts/build-qemu.sh: QEMU source and meson >= $MIN_MESON."
             if ((${#stanza[@]})); then
@@ -94,6 +99,7 @@ ensure_apt_sources() {
         is_root || die "apt lists for $SUITE are missing; run as root once"
         log "apt-get update"
         apt_get update -qq
+        APT_UPDATED=1
     fi
 }
 
@@ -135,15 +141,19 @@ ensure_build_deps() {
 
 # --- sources ----------------------------------------------------------------
 
-# Asks apt's index, without downloading, which file `apt-get <subcommand>
-# <package>` would fetch: prints "<file name> <sha256>" of the first file
-# whose name matches <regex>. It runs in an empty directory because apt
-# leaves out files that already lie in the current one.
-resolve_uri() { # <subcommand> <package> <regex>
+# Asks apt's signed index, without downloading, which files `apt-get
+# <subcommand> <package...>` would fetch: prints "<file name> <sha256>" per
+# file. It runs in an empty directory because apt leaves out files that
+# already lie in the current one.
+resolve_uris() { # <subcommand> <package...>
     mkdir -p "$SRC_CACHE/.resolve"
-    (cd "$SRC_CACHE/.resolve" && apt-get "$1" --print-uris "$2" 2>/dev/null) \
-        | awk -v re="$3" '!found && $2 ~ re { sub(/^SHA256:/, "", $4); print $2, $4; found = 1 }
-                          END { exit !found }'
+    (cd "$SRC_CACHE/.resolve" && apt-get "$@" --print-uris 2>/dev/null) \
+        | awk 'index($0, "\047") == 1 { sub(/^SHA256:/, "", $4); print $2, $4 }' || true
+}
+
+# From resolve_uris output, the first file whose name matches <regex>.
+pick_file() { # <regex> <resolve_uris output>
+    awk -v re="$1" '!found && $1 ~ re { print; found = 1 } END { exit !found }' <<<"$2"
 }
 
 verify_sha256() { # <file> <sha256>
@@ -174,6 +184,8 @@ fetch_deb() { # <package/suite> <file> <sha256>
 # --- build --------------------------------------------------------------------
 
 # Runs a build step, logging to $LOG; on failure shows the end of the log.
+# A shell function run as a step executes with `set -e` off (it is an `if`
+# condition), so it must return its own errors.
 step() { # <description> <command...>
     local desc=$1 t0=$SECONDS
     shift
@@ -192,8 +204,14 @@ apply_patches() { # <source dir>
     local p
     for p in "${PATCHES[@]}"; do
         echo "applying $(basename "$p")"
-        patch -d "$1" -p1 --batch --forward --fuzz=0 --no-backup-if-mismatch <"$p"
+        patch -d "$1" -p1 --batch --forward --fuzz=0 --no-backup-if-mismatch <"$p" || return
     done
+}
+
+unpack_debs() { # <dir> <deb...>
+    local dir=$1 deb
+    shift
+    for deb in "$@"; do dpkg-deb -x "$deb" "$dir" || return; done
 }
 
 build_qemu() {
@@ -236,8 +254,8 @@ build_qemu() {
     install -D -m 0755 "$work/build/qemu-system-x86_64" "$DEST/bin/qemu-system-x86_64"
     strip --strip-unneeded "$DEST/bin/qemu-system-x86_64"
     mkdir -p "$datadir"
-    step "unpacking $SEABIOS_DEB and $QEMU_DATA_DEB" eval \
-        'dpkg-deb -x "$SRC_CACHE/$SEABIOS_DEB" "$work/fw" && dpkg-deb -x "$SRC_CACHE/$QEMU_DATA_DEB" "$work/fw"'
+    step "unpacking firmware packages" unpack_debs "$work/fw" \
+        "$SRC_CACHE/$SEABIOS_DEB" "$SRC_CACHE/$QEMU_DATA_DEB" "$SRC_CACHE/$IPXE_DEB"
     for f in "${SEABIOS_FILES[@]}"; do
         # Debian ships some of them as symlinks; install the file itself.
         install -m 0644 "$(readlink -f "$work/fw/usr/share/seabios/$f")" "$datadir/$f"
@@ -245,8 +263,12 @@ build_qemu() {
     for f in "${OPTION_ROMS[@]}"; do
         install -m 0644 "$work/fw/usr/share/qemu/$f" "$datadir/$f"
     done
+    for f in "${NIC_ROMS[@]}"; do
+        install -m 0644 "$work/fw/usr/lib/ipxe/qemu/$f" "$datadir/$f"
+    done
 
     write_build_info "$DEST/qcuda-build-info.txt"
+    log "removing the build tree $work"
     rm -rf "$work"
 }
 
@@ -257,6 +279,7 @@ write_build_info() { # <file>
         echo "tarball=$QEMU_TARBALL sha256=$QEMU_TARBALL_SHA"
         echo "seabios=$SEABIOS_DEB sha256=$SEABIOS_SHA"
         echo "option_roms=$QEMU_DATA_DEB sha256=$QEMU_DATA_SHA"
+        echo "nic_roms=$IPXE_DEB sha256=$IPXE_SHA"
         echo "needed_libs=$(readelf -d "$DEST/bin/qemu-system-x86_64" \
             | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | paste -sd' ')"
         echo "patches=$(for p in "${PATCHES[@]}"; do basename "$p"; done | paste -sd' ')"
@@ -266,25 +289,38 @@ write_build_info() { # <file>
     } >"$1"
 }
 
+# Copies the cache entry to <dir> unless it already holds this input hash.
+# The copy is made beside <dir> and renamed over it, so a reader never sees
+# half a tree.
+publish() { # <dir>
+    local dir=$1
+    if [[ -f $dir/.complete ]] && cmp -s "$dir/qcuda-build-info.txt" "$DEST/qcuda-build-info.txt"; then
+        return
+    fi
+    mkdir -p "$(dirname "$dir")"
+    rm -rf "$dir.new"
+    cp -a "$DEST" "$dir.new"
+    rm -rf "$dir"
+    mv "$dir.new" "$dir"
+}
+
 # --- main ---------------------------------------------------------------------
 
-main() {
-    mkdir -p "$SRC_CACHE"
-    mapfile -t PATCHES < <(find "$PATCH_DIR" -maxdepth 1 -name '*.patch' | LC_ALL=C sort)
-    ((${#PATCHES[@]})) || die "no patches in $PATCH_DIR"
-
-    ensure_apt_sources
-
-    local tarball seabios qemu_data
-    tarball=$(resolve_uri source "qemu/$SUITE" '\.orig\.tar\.') \
+# Sets the inputs (file names and SHA-256 from apt's index), HASH, DEST, LOG.
+resolve_inputs() {
+    local sources debs f p
+    sources=$(resolve_uris source "qemu/$SUITE")
+    debs=$(resolve_uris download "seabios/$SUITE" "qemu-system-data/$SUITE" "ipxe-qemu/$IPXE_SUITE")
+    f=$(pick_file '\.orig\.tar\.' "$sources") \
         || die "apt knows no qemu source in $SUITE (apt-get update?)"
-    seabios=$(resolve_uri download "seabios/$SUITE" '\.deb$') \
-        || die "apt knows no seabios package in $SUITE"
-    qemu_data=$(resolve_uri download "qemu-system-data/$SUITE" '\.deb$') \
-        || die "apt knows no qemu-system-data package in $SUITE"
-    read -r QEMU_TARBALL QEMU_TARBALL_SHA <<<"$tarball"
-    read -r SEABIOS_DEB SEABIOS_SHA <<<"$seabios"
-    read -r QEMU_DATA_DEB QEMU_DATA_SHA <<<"$qemu_data"
+    read -r QEMU_TARBALL QEMU_TARBALL_SHA <<<"$f"
+    f=$(pick_file '^seabios_' "$debs") || die "apt knows no seabios in $SUITE"
+    read -r SEABIOS_DEB SEABIOS_SHA <<<"$f"
+    f=$(pick_file '^qemu-system-data_' "$debs") || die "apt knows no qemu-system-data in $SUITE"
+    read -r QEMU_DATA_DEB QEMU_DATA_SHA <<<"$f"
+    f=$(pick_file '^ipxe-qemu_' "$debs") || die "apt knows no ipxe-qemu in $IPXE_SUITE"
+    read -r IPXE_DEB IPXE_SHA <<<"$f"
+    # The Debian version whose source uses this tarball, for the record.
     QEMU_DEB_VERSION=$(apt-cache showsrc --only-source qemu 2>/dev/null \
         | awk -v t="$QEMU_TARBALL" '/^Version:/ { v = $2 } !found && $NF == t { print v; found = 1 }')
 
@@ -298,13 +334,33 @@ main() {
         echo "$QEMU_TARBALL"
         echo "$SEABIOS_DEB"
         echo "$QEMU_DATA_DEB"
+        echo "$IPXE_DEB"
     } | sha256sum | cut -c1-16)
     DEST=$CACHE_ROOT/qemu-$HASH
     LOG=$CACHE_ROOT/qemu-$HASH.log
+}
+
+main() {
+    mkdir -p "$SRC_CACHE"
+    mapfile -t PATCHES < <(find "$PATCH_DIR" -maxdepth 1 -name '*.patch' | LC_ALL=C sort)
+    ((${#PATCHES[@]})) || die "no patches in $PATCH_DIR"
+
+    ensure_apt_sources
+
+    resolve_inputs
 
     # One builder per cache root at a time; a second waits, then hits the cache.
     exec 9>"$CACHE_ROOT/qemu.lock"
     flock 9
+
+    # Before a build, make sure apt's index is current: the archive keeps only
+    # the newest backport, so a stale index names files that are gone.
+    if [[ ! -f $DEST/.complete ]] && is_root && ((!APT_UPDATED)); then
+        log "apt-get update (refreshing the index before a build)"
+        apt_get update -qq
+        APT_UPDATED=1
+        resolve_inputs
+    fi
 
     if [[ -f $DEST/.complete ]]; then
         log "cache hit: $DEST"
@@ -315,19 +371,18 @@ main() {
         fetch_qemu_source
         fetch_deb "seabios/$SUITE" "$SEABIOS_DEB" "$SEABIOS_SHA"
         fetch_deb "qemu-system-data/$SUITE" "$QEMU_DATA_DEB" "$QEMU_DATA_SHA"
+        fetch_deb "ipxe-qemu/$IPXE_SUITE" "$IPXE_DEB" "$IPXE_SHA"
         build_qemu
         touch "$DEST/.complete"
         log "built in $((SECONDS - START_TIME)) s, log: $LOG"
     fi
 
-    mkdir -p "$REPO_ROOT/build"
-    rm -rf "$REPO_ROOT/build/qemu"
-    ln -s "$DEST" "$REPO_ROOT/build/qemu"
+    publish "$REPO_ROOT/build/qemu"
 
     local bin=$REPO_ROOT/build/qemu/bin/qemu-system-x86_64
     "$bin" --version | sed -n '1s/^/[build-qemu] /p' >&2
     sed 's/^/[build-qemu]   /' "$DEST/qcuda-build-info.txt" >&2
-    log "build/qemu -> $DEST"
+    log "build/qemu is a copy of $DEST"
     echo "qemu: $bin"
 }
 
