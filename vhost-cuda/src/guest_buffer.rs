@@ -204,6 +204,11 @@ impl GuestBuffer {
         &self.mem
     }
 
+    /// The memory map this buffer was checked against (a worker process is given the same).
+    pub fn shared_memory(&self) -> &Arc<GuestRam> {
+        &self.mem
+    }
+
     /// Writes `src` at guest address `addr` (used by the chain code for the response header).
     pub fn write_guest(mem: &GuestRam, addr: GuestAddress, src: &[u8]) -> Result<(), BufferError> {
         mem.write_slice(src, addr)

@@ -3,7 +3,10 @@
 //! The data path, top to bottom: `main.rs` (command line) → this file (sockets and the
 //! connection lifecycle) → `vhu_cuda.rs` (the vhost-user backend, draining the queue) →
 //! `chain.rs` (descriptor chain → validated [`guest_buffer::Request`]) → `session.rs` (one
-//! worker per guest process) → `transport_ops.rs` (Hello, Echo) or `cuda/` (every CUDA op).
+//! thread per guest process) → `transport_ops.rs` (Hello, Echo), the host queries, or the
+//! session's worker process: `worker_process.rs` (the daemon's side) → `worker_message.rs`
+//! (the socket between them) → `session_worker.rs` (the worker: `vhost-cuda --session-worker`,
+//! guest RAM mapped by `shared_guest_ram.rs`) → `cuda/` (every CUDA op).
 //!
 //! Lifecycle of one socket: bind once, then for each connection a fresh backend and
 //! `VhostUserDaemon`, `start` (accept) and `wait`. A disconnect, clean or not, closes that
@@ -14,10 +17,14 @@ pub mod chain;
 pub mod cuda;
 pub mod guest_buffer;
 pub mod session;
+pub mod session_worker;
+pub mod shared_guest_ram;
 pub mod signals;
 pub mod socket;
 pub mod transport_ops;
 pub mod vhu_cuda;
+pub mod worker_message;
+pub mod worker_process;
 
 use std::{
     os::fd::{AsRawFd, RawFd},
@@ -33,7 +40,10 @@ use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::GuestMemoryAtomic;
 
-use crate::{cuda::CudaHost, guest_buffer::GuestRam, vhu_cuda::VhostCudaBackend};
+use crate::{
+    cuda::CudaHost, guest_buffer::GuestRam, vhu_cuda::VhostCudaBackend,
+    worker_process::WorkerCommand,
+};
 
 /// Most sockets one process serves.
 pub const MAX_SOCKETS: u32 = 64;
@@ -79,6 +89,9 @@ pub enum Error {
         /// The last accept error.
         reason: String,
     },
+    /// No `--socket-path` (clap requires it outside worker mode).
+    #[error("--socket-path is required")]
+    NoSocketPath,
     /// Signal handling cannot be set up.
     #[error("cannot set up signal handling: {0}")]
     Signals(std::io::Error),
@@ -137,6 +150,18 @@ pub fn start_backend(config: Config) -> Result<()> {
             .gpu
             .map_or(String::new(), |g| format!(" (host GPU {g} only)"))
     );
+    for i in 0..host.gpu_count() {
+        if let Some(g) = host.gpu_info(i) {
+            info!(
+                "GPU {i}: {} (cc {}.{}, {} SMs, {} MiB)",
+                String::from_utf8_lossy(g.name_bytes()),
+                g.cc_major,
+                g.cc_minor,
+                g.multiprocessors,
+                g.total_mem >> 20
+            );
+        }
+    }
     let server = Server::bind(&config, host)?;
     let stop = server.stop_handle();
     signals
@@ -232,6 +257,7 @@ impl StopHandle {
 pub struct Server {
     sockets: Vec<(Listener, Arc<SocketControl>)>,
     host: Arc<CudaHost>,
+    workers: WorkerCommand,
 }
 
 impl std::fmt::Debug for Server {
@@ -259,7 +285,13 @@ impl Server {
             });
             sockets.push((listener, control));
         }
-        Ok(Self { sockets, host })
+        // Workers are this binary, told the daemon's --gpu and log filter.
+        let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone());
+        Ok(Self {
+            sockets,
+            host,
+            workers,
+        })
     }
 
     /// A handle that stops this server.
@@ -274,10 +306,10 @@ impl Server {
     pub fn run(self) -> Result<()> {
         let mut threads = Vec::new();
         for (i, (listener, control)) in self.sockets.into_iter().enumerate() {
-            let host = self.host.clone();
+            let (host, workers) = (self.host.clone(), self.workers.clone());
             let spawned = thread::Builder::new()
                 .name(format!("qcuda-vm{i}"))
-                .spawn(move || serve_socket(listener, control, host));
+                .spawn(move || serve_socket(listener, control, host, workers));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -314,6 +346,7 @@ fn serve_socket(
     mut listener: Listener,
     control: Arc<SocketControl>,
     host: Arc<CudaHost>,
+    workers: WorkerCommand,
 ) -> Result<()> {
     let label = control.path.display().to_string();
     let mut failures = 0u32;
@@ -322,7 +355,12 @@ fn serve_socket(
             break Ok(());
         }
         let mem = GuestMemoryAtomic::new(GuestRam::new());
-        let backend = Arc::new(VhostCudaBackend::new(host.clone(), mem.clone(), &*label));
+        let backend = Arc::new(VhostCudaBackend::new(
+            host.clone(),
+            workers.clone(),
+            mem.clone(),
+            &*label,
+        ));
         let mut daemon = match VhostUserDaemon::new("vhost-cuda".to_string(), backend.clone(), mem)
         {
             Ok(d) => d,

@@ -2,12 +2,18 @@
 //!
 //! Exit status: 0 after SIGINT/SIGTERM, 1 when serving fails (socket in use, bind or accept
 //! failure), 2 for an invalid command line or configuration.
+//!
+//! The same binary is also each session's worker process (`--session-worker`, hidden from
+//! `--help`): the daemon starts it that way itself (`vhost_cuda::worker_process`).
 
 use std::{io::IsTerminal, path::PathBuf, process::exit};
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
-use vhost_cuda::{start_backend, Config, Error, Result, MAX_SOCKETS};
+use vhost_cuda::{
+    session_worker::{self, WorkerConfig},
+    start_backend, Config, Error, Result, MAX_SOCKETS,
+};
 
 /// Longest socket path: sockaddr_un.sun_path holds 108 bytes including the NUL.
 const MAX_SOCKET_PATH: usize = 107;
@@ -18,8 +24,8 @@ const MAX_SOCKET_PATH: usize = 107;
 struct Args {
     /// vhost-user Unix socket to listen on (QEMU's -chardev socket,path=...). Its directory
     /// must exist. With --socket-count N > 1 the sockets are PATH.0 ... PATH.(N-1).
-    #[arg(long, value_name = "PATH")]
-    socket_path: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "session_worker")]
+    socket_path: Option<PathBuf>,
 
     /// Number of sockets (VMs) this process serves, each isolated from the others.
     #[arg(long, value_name = "N", default_value_t = 1)]
@@ -33,6 +39,40 @@ struct Args {
     /// "vhost_cuda=debug". Default: $RUST_LOG, else info.
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
+
+    /// Run as the worker process of one session, on the channel at fd 3 (the daemon starts
+    /// its workers this way; not for people).
+    #[arg(
+        long,
+        hide = true,
+        requires = "session_id",
+        conflicts_with = "socket_path"
+    )]
+    session_worker: bool,
+
+    /// The session a worker serves.
+    #[arg(long, hide = true, value_name = "ID")]
+    session_id: Option<u64>,
+
+    /// The VM a worker serves, for its logs.
+    #[arg(long, hide = true, value_name = "LABEL", default_value = "")]
+    vm: String,
+}
+
+/// The log filter: --log-level, else $RUST_LOG, else info.
+fn log_filter(level: Option<String>) -> String {
+    level
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".to_string())
+}
+
+fn init_logging(filter: &str) {
+    // Also bridges the `log` records of the rust-vmm crates.
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
 }
 
 impl TryFrom<Args> for Config {
@@ -42,7 +82,7 @@ impl TryFrom<Args> for Config {
         if args.socket_count == 0 || args.socket_count > MAX_SOCKETS {
             return Err(Error::BadSocketCount(args.socket_count));
         }
-        let path = args.socket_path;
+        let path = args.socket_path.ok_or(Error::NoSocketPath)?;
         if path.file_name().is_none() {
             return Err(Error::SocketPathNoName(path));
         }
@@ -64,10 +104,7 @@ impl TryFrom<Args> for Config {
             Ok(_) => return Err(Error::SocketDirNotDir(dir)),
             Err(_) => return Err(Error::SocketDirMissing(dir)),
         }
-        let log_filter = args
-            .log_level
-            .or_else(|| std::env::var("RUST_LOG").ok())
-            .unwrap_or_else(|| "info".to_string());
+        let log_filter = log_filter(args.log_level);
         EnvFilter::try_new(&log_filter)
             .map_err(|e| Error::BadLogLevel(log_filter.clone(), e.to_string()))?;
         Ok(Config {
@@ -79,20 +116,33 @@ impl TryFrom<Args> for Config {
     }
 }
 
+/// The hidden worker mode.
+fn session_worker_main(args: Args) -> i32 {
+    init_logging(&log_filter(args.log_level));
+    let Some(session) = args.session_id else {
+        eprintln!("vhost-cuda: --session-worker needs --session-id");
+        return 2;
+    };
+    session_worker::run(&WorkerConfig {
+        session,
+        gpu: args.gpu,
+        vm: args.vm,
+    })
+}
+
 fn main() {
-    let config = match Config::try_from(Args::parse()) {
+    let args = Args::parse();
+    if args.session_worker {
+        exit(session_worker_main(args));
+    }
+    let config = match Config::try_from(args) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("vhost-cuda: {e}");
             exit(2);
         }
     };
-    // Validated in try_from; also bridges the `log` records of the rust-vmm crates.
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::new(&config.log_filter))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    init_logging(&config.log_filter);
     if let Err(e) = start_backend(config) {
         eprintln!("vhost-cuda: {e}");
         exit(1);
@@ -105,10 +155,13 @@ mod tests {
 
     fn args(path: &str) -> Args {
         Args {
-            socket_path: path.into(),
+            socket_path: Some(path.into()),
             socket_count: 1,
             gpu: None,
             log_level: Some("info".into()),
+            session_worker: false,
+            session_id: None,
+            vm: String::new(),
         }
     }
 
@@ -220,5 +273,42 @@ mod tests {
         assert_eq!(a.socket_count, 2);
         assert_eq!(a.gpu, Some(0));
         assert!(Args::try_parse_from(["vhost-cuda"]).is_err());
+    }
+
+    #[test]
+    fn the_worker_mode_is_hidden_and_complete() {
+        use clap::CommandFactory;
+        let help = Args::command().render_long_help().to_string();
+        assert!(help.contains("--socket-path"), "{help}");
+        for hidden in ["session-worker", "session-id", "--vm"] {
+            assert!(!help.contains(hidden), "{hidden} in --help:\n{help}");
+        }
+        let a = Args::try_parse_from([
+            "vhost-cuda",
+            "--session-worker",
+            "--session-id",
+            "7",
+            "--vm",
+            "/run/qcuda/vm0.sock",
+            "--gpu",
+            "1",
+        ])
+        .unwrap();
+        assert!(a.session_worker && a.socket_path.is_none());
+        assert_eq!(
+            (a.session_id, a.gpu, a.vm.as_str()),
+            (Some(7), Some(1), "/run/qcuda/vm0.sock")
+        );
+        // A worker needs its session; it is no daemon.
+        assert!(Args::try_parse_from(["vhost-cuda", "--session-worker"]).is_err());
+        assert!(Args::try_parse_from([
+            "vhost-cuda",
+            "--session-worker",
+            "--session-id",
+            "1",
+            "--socket-path",
+            "/tmp/x.sock"
+        ])
+        .is_err());
     }
 }

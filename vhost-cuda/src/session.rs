@@ -1,24 +1,42 @@
-//! Sessions: one worker thread per guest process, so that a long op in one process never
-//! blocks another.
+//! Sessions: one thread per guest process in the daemon, and one worker process per guest
+//! process that uses the GPU.
 //!
 //! A session is identified by the id the guest kernel module stamps on every request (one per
-//! open file of `/dev/qcuda`). The [`SessionTable`] starts a worker on a session's first
-//! request; the worker owns the session's [`CudaSession`] and runs its requests in arrival
-//! order. It writes the outputs and the response into guest memory itself and completes the
+//! open file of `/dev/qcuda`). The [`SessionTable`] starts a session thread on a session's
+//! first request; the thread runs the session's requests in arrival order, so a long op in one
+//! process never blocks another. It writes each response into guest memory and completes the
 //! chain through a [`ChainCompleter`], so chains of different sessions complete out of order.
 //!
-//! `SessionClose` drops the `CudaSession` (which frees every GPU resource of the session) and
-//! ends the worker. When the VM goes away ([`SessionTable::close_all`]) every worker is told to
-//! drop its queued requests without touching the ring, and to close its session.
+//! The thread answers `Hello`, `Echo`, `SessionClose` and the host queries (HostInfo,
+//! DriverVersion, DeviceCount, DeviceInfo: [`CudaHost::answer_query`]) itself, without any CUDA
+//! context. Every other op runs in the session's worker process ([`WorkerProcess`]), started on
+//! the first such op. All CUDA contexts of one process share one GPU address space and one
+//! sticky error fails them all (measured with driver 580), so only separate processes isolate
+//! guest processes from each other; killing a worker also ends its kernels and frees all its
+//! GPU memory.
 //!
-//! The table's lock only guards the map from session id to worker and is never held while an
+//! A worker that dies unexpectedly fails the session: the op in flight and every later op that
+//! needs the GPU are answered `cudaErrorLaunchFailure` with `RESP_FLAG_STICKY` (a sticky error
+//! the guest library knows, so the guest program sees CUDA's own "reset or restart" state),
+//! until `DeviceReset`, which then answers success and lets the next op start a new worker. A
+//! `DeviceReset` after the worker reported a sticky error (`RESP_FLAG_STICKY`) likewise ends
+//! the worker, so the program recovers for real.
+//!
+//! `SessionClose` ends the worker (closing its channel, SIGKILL after [`CLOSE_WAIT`]) and the
+//! thread. If an op is still running in the worker when it arrives, its guest process is gone
+//! and nobody waits for the result, and the op may never end (an endless kernel): the worker is
+//! killed at once. When the VM goes away ([`SessionTable::close_all`]) every session is ended
+//! the same way, and queued requests are dropped without touching the ring. All of that waiting
+//! happens on the session's own thread.
+//!
+//! The table's lock only guards the map from session id to thread and is never held while an
 //! op runs. This module knows nothing about vrings: the virtio edge supplies the completer.
 
 use std::{
-    collections::HashMap,
-    panic::{catch_unwind, AssertUnwindSafe},
+    collections::{HashMap, VecDeque},
+    mem,
     sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
         mpsc::{self, Receiver, SendError, Sender},
         Arc, Condvar, Mutex, MutexGuard,
     },
@@ -28,17 +46,19 @@ use std::{
 
 use qcuda_proto::{status, Op, ResponseHeader, RESP_FLAG_STICKY};
 use tracing::{debug, error, info, warn};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::{
     chain::{ParsedRequest, Reply},
-    cuda::{CudaHost, CudaSession},
-    guest_buffer::Request,
+    cuda::CudaHost,
+    guest_buffer::{GuestRam, Request},
     transport_ops,
+    worker_process::{Waited, WorkerCommand, WorkerError, WorkerProcess, CLOSE_WAIT},
 };
 
-/// Most sessions one VM may have open at once. Each is a host thread; a guest kernel that
-/// invents session ids must not be able to exhaust the host. Requests of further sessions are
-/// answered with `cudaErrorMemoryAllocation`.
+/// Most sessions one VM may have open at once. Each is a host thread, and a worker process if
+/// it uses the GPU; a guest kernel that invents session ids must not be able to exhaust the
+/// host. Requests of further sessions are answered with `cudaErrorMemoryAllocation`.
 pub const MAX_SESSIONS: usize = 1024;
 
 /// Sessions open in this process, over all VMs.
@@ -47,6 +67,13 @@ static OPEN_SESSIONS_TOTAL: AtomicUsize = AtomicUsize::new(0);
 /// Sessions open in this process, over all sockets (VMs).
 pub fn open_sessions_total() -> usize {
     OPEN_SESSIONS_TOTAL.load(Ordering::Acquire)
+}
+
+/// The answer of every op that needs the GPU in a session whose worker died.
+fn worker_lost() -> ResponseHeader {
+    let mut resp = ResponseHeader::with_status(status::LAUNCH_FAILURE);
+    resp.flags = RESP_FLAG_STICKY;
+    resp
 }
 
 /// Puts a finished chain on the used ring. Implemented by the virtio edge; tests record calls.
@@ -60,14 +87,17 @@ pub trait ChainCompleter: Send + Sync {
 struct Counters {
     /// Chains dispatched and not yet completed or dropped.
     in_flight: usize,
-    /// Sessions with a live `CudaSession`.
+    /// Sessions with a thread (and maybe a worker process) not yet ended.
     open: usize,
 }
 
 struct Shared {
     host: Arc<CudaHost>,
+    command: WorkerCommand,
     label: String,
-    workers: Mutex<HashMap<u64, WorkerHandle>>,
+    threads: Mutex<HashMap<u64, SessionHandle>>,
+    /// The guest memory map of the last SET_MEM_TABLE, for new worker processes.
+    memory: Mutex<Arc<GuestRam>>,
     next_generation: AtomicU64,
     counters: Mutex<Counters>,
     changed: Condvar,
@@ -79,8 +109,15 @@ impl Shared {
         self.counters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn workers(&self) -> MutexGuard<'_, HashMap<u64, WorkerHandle>> {
-        self.workers.lock().unwrap_or_else(|p| p.into_inner())
+    fn threads(&self) -> MutexGuard<'_, HashMap<u64, SessionHandle>> {
+        self.threads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn memory(&self) -> Arc<GuestRam> {
+        self.memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn update(&self, f: impl FnOnce(&mut Counters)) -> Counters {
@@ -125,7 +162,7 @@ impl Drop for InFlight {
     }
 }
 
-/// One request on its way to a worker.
+/// One request on its way to a session thread.
 struct Job {
     head: u16,
     request: Request,
@@ -144,15 +181,45 @@ impl Job {
 
 enum Msg {
     Run(Box<Job>),
+    /// A new guest memory map (SET_MEM_TABLE), for the worker process.
+    Memory(Arc<GuestRam>),
     /// The VM is gone: close the session and stop.
     Shutdown,
 }
 
-struct WorkerHandle {
+impl Msg {
+    /// Whether this message ends the session.
+    fn ends_session(&self) -> bool {
+        match self {
+            Msg::Run(job) => job.request.op == Op::SessionClose,
+            Msg::Memory(_) => false,
+            Msg::Shutdown => true,
+        }
+    }
+}
+
+struct SessionHandle {
     tx: Sender<Msg>,
     generation: u64,
     /// Set when the VM goes away: queued requests are dropped, never completed.
     abandoned: Arc<AtomicBool>,
+    /// Rung with every message that ends the session, so that a thread waiting for its worker
+    /// looks at its queue.
+    wake: Arc<EventFd>,
+    /// The worker process's id, 0 while there is none.
+    pid: Arc<AtomicU32>,
+}
+
+impl SessionHandle {
+    /// Queues `msg`, ringing the wake-up if it ends the session.
+    fn send(&self, msg: Msg) -> Result<(), SendError<Msg>> {
+        let ends = msg.ends_session();
+        self.tx.send(msg)?;
+        if ends {
+            let _ = self.wake.write(1);
+        }
+        Ok(())
+    }
 }
 
 /// The sessions of one VM (one vhost-user connection).
@@ -171,13 +238,16 @@ impl std::fmt::Debug for SessionTable {
 }
 
 impl SessionTable {
-    /// An empty table. `label` names the VM (its socket) in logs.
-    pub fn new(host: Arc<CudaHost>, label: impl Into<String>) -> Self {
+    /// An empty table. `host` answers the host queries; `command` starts worker processes;
+    /// `label` names the VM (its socket) in logs.
+    pub fn new(host: Arc<CudaHost>, command: WorkerCommand, label: impl Into<String>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 host,
+                command,
                 label: label.into(),
-                workers: Mutex::new(HashMap::new()),
+                threads: Mutex::new(HashMap::new()),
+                memory: Mutex::new(Arc::new(GuestRam::new())),
                 next_generation: AtomicU64::new(0),
                 counters: Mutex::new(Counters::default()),
                 changed: Condvar::new(),
@@ -185,18 +255,32 @@ impl SessionTable {
         }
     }
 
-    /// Sessions of this VM with live CUDA state.
+    /// Sessions of this VM not yet ended.
     pub fn open_count(&self) -> usize {
         self.shared.counters().open
     }
 
-    /// Chains handed to workers and not yet completed.
+    /// Chains handed to session threads and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.shared.counters().in_flight
     }
 
-    /// Hands a parsed request to its session's worker, starting the worker if needed. The chain
-    /// is completed through `completer`, from the worker's thread.
+    /// The process id of session `id`'s worker, if it has one now.
+    pub fn worker_pid(&self, id: u64) -> Option<u32> {
+        let pid = self.shared.threads().get(&id)?.pid.load(Ordering::Acquire);
+        (pid != 0).then_some(pid)
+    }
+
+    /// Guest RAM from now on (SET_MEM_TABLE): new workers map it, live ones are sent it.
+    pub fn set_memory(&self, mem: Arc<GuestRam>) {
+        *self.shared.memory.lock().unwrap_or_else(|p| p.into_inner()) = mem.clone();
+        for w in self.shared.threads().values() {
+            let _ = w.send(Msg::Memory(mem.clone()));
+        }
+    }
+
+    /// Hands a parsed request to its session's thread, starting the thread if needed. The chain
+    /// is completed through `completer`, from the session's thread.
     pub fn dispatch(&self, head: u16, parsed: ParsedRequest, completer: Arc<dyn ChainCompleter>) {
         let id = parsed.request.header.session;
         let job = Job {
@@ -206,60 +290,74 @@ impl SessionTable {
             completer,
             _in_flight: InFlight::new(&self.shared),
         };
-        let mut workers = self.shared.workers();
+        let mut threads = self.shared.threads();
         let mut msg = Msg::Run(Box::new(job));
-        if let Some(w) = workers.get(&id) {
-            // The send happens under the map lock, so a worker that has removed itself from
+        if let Some(w) = threads.get(&id) {
+            // The send happens under the map lock, so a thread that has removed itself from
             // the map (SessionClose) cannot receive anything afterwards.
-            match w.tx.send(msg) {
+            match w.send(msg) {
                 Ok(()) => return,
                 Err(SendError(m)) => {
-                    // The worker died without removing itself (only a bug can do that).
-                    error!(vm = %self.shared.label, "session {id}: worker gone, starting anew");
-                    workers.remove(&id);
+                    // The thread died without removing itself (only a bug can do that).
+                    error!(vm = %self.shared.label, "session {id}: thread gone, starting anew");
+                    threads.remove(&id);
                     msg = m;
                 }
             }
         }
         let Msg::Run(job) = msg else { return };
         if job.request.op == Op::SessionClose {
-            drop(workers);
+            drop(threads);
             // Nothing open under this id: closing it is already done.
             job.finish(&ResponseHeader::with_status(status::SUCCESS));
             return;
         }
-        if workers.len() >= MAX_SESSIONS {
-            drop(workers);
+        if threads.len() >= MAX_SESSIONS {
+            drop(threads);
             warn!(vm = %self.shared.label, "session {id}: refused, {MAX_SESSIONS} sessions open");
             job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
             return;
         }
+        let wake = match EventFd::new(EFD_NONBLOCK) {
+            Ok(w) => Arc::new(w),
+            Err(e) => {
+                drop(threads);
+                error!(vm = %self.shared.label, "session {id}: cannot create its eventfd: {e}");
+                job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+                return;
+            }
+        };
         let (tx, rx) = mpsc::channel();
         let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
         let abandoned = Arc::new(AtomicBool::new(false));
-        let worker = Worker {
+        let pid = Arc::new(AtomicU32::new(0));
+        let thread = SessionThread {
             shared: self.shared.clone(),
             id,
             generation,
             abandoned: abandoned.clone(),
+            wake: wake.clone(),
+            pid: pid.clone(),
         };
         let spawned = thread::Builder::new()
             .name(format!("qcuda-s{id}"))
-            .spawn(move || worker.run(rx));
+            .spawn(move || thread.run(rx));
         if let Err(e) = spawned {
-            drop(workers);
-            error!(vm = %self.shared.label, "session {id}: cannot start worker: {e}");
+            drop(threads);
+            error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
             job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
             return;
         }
-        // The receiver lives until the worker ends, and it cannot end before receiving.
+        // The receiver lives until the thread ends, and it cannot end before receiving.
         let _ = tx.send(Msg::Run(job));
-        workers.insert(
+        threads.insert(
             id,
-            WorkerHandle {
+            SessionHandle {
                 tx,
                 generation,
                 abandoned,
+                wake,
+                pid,
             },
         );
     }
@@ -271,24 +369,24 @@ impl SessionTable {
     }
 
     /// Closes every session: queued requests are dropped without being completed (the ring
-    /// they came from is gone), each worker finishes the op it is running, then frees its
-    /// session. Waits up to `timeout` for that and returns the number still open; those close
-    /// in the background.
+    /// they came from is gone), a worker still running an op is killed, the others get their
+    /// usual bounded close. Waits up to `timeout` for that and returns the number still open;
+    /// those close in the background.
     pub fn close_all(&self, timeout: Duration) -> usize {
-        let workers: Vec<WorkerHandle> = self.shared.workers().drain().map(|(_, w)| w).collect();
-        if !workers.is_empty() {
-            info!(vm = %self.shared.label, "closing all {} sessions", workers.len());
+        let threads: Vec<SessionHandle> = self.shared.threads().drain().map(|(_, t)| t).collect();
+        if !threads.is_empty() {
+            info!(vm = %self.shared.label, "closing all {} sessions", threads.len());
         }
-        for w in workers {
-            w.abandoned.store(true, Ordering::Release);
-            let _ = w.tx.send(Msg::Shutdown);
+        for t in threads {
+            t.abandoned.store(true, Ordering::Release);
+            let _ = t.send(Msg::Shutdown);
         }
         let closed = self.shared.wait_for(timeout, |c| c.open == 0);
         let open = self.open_count();
         if !closed {
             warn!(
                 vm = %self.shared.label,
-                "{open} sessions still busy; they close when their current op ends"
+                "{open} sessions still busy; they close in the background"
             );
         }
         open
@@ -301,62 +399,106 @@ impl Drop for SessionTable {
     }
 }
 
-/// Ends a session's CUDA state: dropping a `CudaSession` frees everything it owns on the GPU.
-fn free(_state: State) {}
-
-/// The thread that owns one session.
-struct Worker {
+/// The thread of one session.
+struct SessionThread {
     shared: Arc<Shared>,
     id: u64,
     generation: u64,
     abandoned: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
+    pid: Arc<AtomicU32>,
 }
 
-/// A session's CUDA state, or why it has none.
-enum State {
-    Live(Box<CudaSession>),
-    /// The executor panicked; like a sticky CUDA error, every later op fails until close.
+/// A session's GPU side, seen from the daemon.
+enum Gpu {
+    /// No worker process (none needed yet, or the last one was ended by a reset).
+    Idle,
+    /// A worker process; `sticky` once it answered with `RESP_FLAG_STICKY` (it stays so).
+    Running {
+        process: WorkerProcess,
+        sticky: bool,
+    },
+    /// The worker died unexpectedly: ops that need the GPU fail until DeviceReset.
     Failed,
 }
 
-impl Worker {
+impl Gpu {
+    /// Whether responses of this session carry `RESP_FLAG_STICKY`.
+    fn sticky(&self) -> bool {
+        matches!(self, Gpu::Failed | Gpu::Running { sticky: true, .. })
+    }
+}
+
+/// How an op handed to the worker ended.
+enum Outcome {
+    Answered(ResponseHeader),
+    /// The session is ending (SessionClose or VM gone) while the op ran; the worker was killed.
+    Interrupted,
+}
+
+impl SessionThread {
+    fn abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
+    }
+
     fn run(self, rx: Receiver<Msg>) {
-        let mut state = Some(self.open());
-        while let Ok(msg) = rx.recv() {
-            let Msg::Run(job) = msg else { break };
-            if self.abandoned.load(Ordering::Acquire) {
+        self.opened();
+        let mut gpu = Gpu::Idle;
+        // Messages taken off the queue while an op was running in the worker.
+        let mut backlog: VecDeque<Msg> = VecDeque::new();
+        loop {
+            let msg = match backlog.pop_front() {
+                Some(m) => m,
+                None => match rx.recv() {
+                    Ok(m) => m,
+                    // The table is gone.
+                    Err(_) => break,
+                },
+            };
+            let job = match msg {
+                Msg::Shutdown => break,
+                Msg::Memory(mem) => {
+                    self.share_memory(&mut gpu, &mem);
+                    continue;
+                }
+                Msg::Run(job) => job,
+            };
+            if self.abandoned() {
                 continue;
             }
             if job.request.op == Op::SessionClose {
-                self.close(state.take(), "SessionClose");
+                self.close(&mut gpu, "SessionClose");
                 self.leave_table();
                 job.finish(&ResponseHeader::with_status(status::SUCCESS));
                 // Nothing can arrive any more; answer what was queued behind the close.
-                while let Ok(Msg::Run(late)) = rx.try_recv() {
-                    if !self.abandoned.load(Ordering::Acquire) {
+                for late in backlog.drain(..).chain(rx.try_iter()) {
+                    if let (Msg::Run(late), false) = (late, self.abandoned()) {
                         late.finish(&ResponseHeader::with_status(status::INVALID_VALUE));
                     }
                 }
                 return;
             }
-            let resp = self.run_op(&mut state, &job.request);
-            job.finish(&resp);
+            match self.run_op(&mut gpu, &job.request, &rx, &mut backlog) {
+                Outcome::Answered(resp) => job.finish(&resp),
+                Outcome::Interrupted if self.abandoned() => {}
+                Outcome::Interrupted => job.finish(&worker_lost()),
+            }
         }
-        // Shutdown, or the table is gone.
-        self.close(state.take(), "VM disconnected or reset");
+        self.close(&mut gpu, "VM disconnected or reset");
     }
 
-    fn open(&self) -> State {
-        let session = self.shared.host.open_session(self.id);
+    fn opened(&self) {
         let open = self.shared.update(|c| c.open += 1).open;
         OPEN_SESSIONS_TOTAL.fetch_add(1, Ordering::AcqRel);
         info!(vm = %self.shared.label, "session {} opened; sessions open: {open}", self.id);
-        State::Live(Box::new(session))
     }
 
-    fn close(&self, state: Option<State>, why: &str) {
-        let Some(state) = state else { return };
-        free(state);
+    /// Ends the session's worker (bounded; see `WorkerProcess::close`), then the session.
+    fn close(&self, gpu: &mut Gpu, why: &str) {
+        if let Gpu::Running { process, .. } = mem::replace(gpu, Gpu::Idle) {
+            process.close(CLOSE_WAIT);
+            self.pid.store(0, Ordering::Release);
+        }
         let open = self.shared.update(|c| c.open -= 1).open;
         OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
         info!(
@@ -365,45 +507,183 @@ impl Worker {
         );
     }
 
-    /// Removes this worker from the map, unless a newer worker took the id already.
+    /// Removes this thread from the map, unless a newer one took the id already.
     fn leave_table(&self) {
-        let mut workers = self.shared.workers();
-        if workers
+        let mut threads = self.shared.threads();
+        if threads
             .get(&self.id)
-            .is_some_and(|w| w.generation == self.generation)
+            .is_some_and(|t| t.generation == self.generation)
         {
-            workers.remove(&self.id);
+            threads.remove(&self.id);
         }
     }
 
-    fn run_op(&self, state: &mut Option<State>, req: &Request) -> ResponseHeader {
-        match req.op {
-            Op::Hello => {
-                let open = self.shared.counters().open;
-                return transport_ops::hello(&self.shared.host, req, open);
-            }
-            Op::Echo => return transport_ops::echo(req),
-            _ => {}
+    /// Kills the worker (if any) and reaps it.
+    fn end_worker(&self, gpu: &mut Gpu, next: Gpu) {
+        if let Gpu::Running { process, .. } = mem::replace(gpu, next) {
+            process.kill();
+            self.pid.store(0, Ordering::Release);
         }
-        let Some(State::Live(session)) = state else {
-            let mut resp = ResponseHeader::with_status(status::UNKNOWN);
-            resp.flags = RESP_FLAG_STICKY;
-            return resp;
-        };
-        debug!(session = self.id, op = ?req.op, "execute");
-        match catch_unwind(AssertUnwindSafe(|| session.execute(req))) {
-            Ok(resp) => resp,
-            Err(_) => {
+    }
+
+    /// The worker failed (died, or broke the channel): reap it and fail the session.
+    fn worker_failed(&self, gpu: &mut Gpu, op: Op, e: &WorkerError) -> ResponseHeader {
+        let pid = self.pid.load(Ordering::Acquire);
+        self.end_worker(gpu, Gpu::Failed);
+        error!(
+            vm = %self.shared.label,
+            "session {}: worker process {pid} lost during {op:?} ({e}); the session's GPU ops \
+             fail until DeviceReset",
+            self.id
+        );
+        worker_lost()
+    }
+
+    fn share_memory(&self, gpu: &mut Gpu, mem: &Arc<GuestRam>) {
+        if let Gpu::Running { process, .. } = gpu {
+            if let Err(e) = process.share_memory(mem) {
+                let pid = process.pid();
+                self.end_worker(gpu, Gpu::Failed);
                 error!(
                     vm = %self.shared.label,
-                    "session {}: executor panicked on {:?}; session failed", self.id, req.op
+                    "session {}: worker process {pid} lost taking a new memory table ({e})",
+                    self.id
                 );
-                *state = Some(State::Failed);
-                let mut resp = ResponseHeader::with_status(status::UNKNOWN);
-                resp.flags = RESP_FLAG_STICKY;
-                resp
             }
         }
+    }
+
+    fn run_op(
+        &self,
+        gpu: &mut Gpu,
+        req: &Request,
+        rx: &Receiver<Msg>,
+        backlog: &mut VecDeque<Msg>,
+    ) -> Outcome {
+        let host = &self.shared.host;
+        let mut resp = match req.op {
+            Op::Hello => {
+                let open = self.shared.counters().open;
+                return Outcome::Answered(transport_ops::hello(host, req, open));
+            }
+            Op::Echo => return Outcome::Answered(transport_ops::echo(req)),
+            Op::DeviceReset if gpu.sticky() => self.reset(gpu, req),
+            _ => match host.answer_query(req) {
+                Some(r) => r,
+                None => return self.on_worker(gpu, req, rx, backlog),
+            },
+        };
+        if gpu.sticky() {
+            resp.flags |= RESP_FLAG_STICKY;
+        }
+        Outcome::Answered(resp)
+    }
+
+    /// DeviceReset after a sticky error or a lost worker: CUDA says the process must be
+    /// restarted, so the worker is, and the session starts afresh on every device.
+    fn reset(&self, gpu: &mut Gpu, req: &Request) -> ResponseHeader {
+        if req.header.device >= self.shared.host.gpu_count() && !matches!(gpu, Gpu::Failed) {
+            return ResponseHeader::with_status(status::INVALID_DEVICE);
+        }
+        let pid = self.pid.load(Ordering::Acquire);
+        self.end_worker(gpu, Gpu::Idle);
+        info!(
+            vm = %self.shared.label,
+            "session {}: DeviceReset of a session whose worker failed{}; the next op starts a \
+             new worker",
+            self.id,
+            if pid != 0 { format!(": worker process {pid} ended") } else { String::new() }
+        );
+        ResponseHeader::with_status(status::SUCCESS)
+    }
+
+    /// Runs an op in the worker process, starting it if needed.
+    fn on_worker(
+        &self,
+        gpu: &mut Gpu,
+        req: &Request,
+        rx: &Receiver<Msg>,
+        backlog: &mut VecDeque<Msg>,
+    ) -> Outcome {
+        if let Gpu::Failed = gpu {
+            return Outcome::Answered(worker_lost());
+        }
+        if let Gpu::Idle = gpu {
+            let mut process =
+                match WorkerProcess::spawn(&self.shared.command, self.id, &self.shared.label) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        error!(vm = %self.shared.label, "session {}: {e}", self.id);
+                        return Outcome::Answered(ResponseHeader::with_status(
+                            status::MEMORY_ALLOCATION,
+                        ));
+                    }
+                };
+            self.pid.store(process.pid(), Ordering::Release);
+            let shared = process.share_memory(&self.shared.memory());
+            *gpu = Gpu::Running {
+                process,
+                sticky: false,
+            };
+            if let Err(e) = shared {
+                return Outcome::Answered(self.worker_failed(gpu, req.op, &e));
+            }
+        }
+        let Gpu::Running { process, sticky } = gpu else {
+            return Outcome::Answered(ResponseHeader::with_status(status::UNKNOWN));
+        };
+        debug!(vm = %self.shared.label, session = self.id, op = ?req.op, "to worker");
+        match process.send(req) {
+            Ok(()) => {}
+            Err(e @ WorkerError::Unsendable(_)) => {
+                warn!(vm = %self.shared.label, "session {}: {e}", self.id);
+                return Outcome::Answered(ResponseHeader::with_status(status::INVALID_VALUE));
+            }
+            Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op, &e)),
+        }
+        loop {
+            match process.wait(Some(&self.wake)) {
+                Ok(Waited::Done(mut resp)) => {
+                    // A worker's sticky error lasts as long as the worker, even on answers
+                    // that do not carry it (a request it refused).
+                    *sticky |= resp.flags & RESP_FLAG_STICKY != 0;
+                    if *sticky {
+                        resp.flags |= RESP_FLAG_STICKY;
+                    }
+                    return Outcome::Answered(resp);
+                }
+                Ok(Waited::Woken) => {
+                    if self.session_ending(rx, backlog) {
+                        warn!(
+                            vm = %self.shared.label,
+                            "session {}: ending worker process {} with {:?} still running \
+                             (the session is closing)",
+                            self.id,
+                            process.pid(),
+                            req.op
+                        );
+                        self.end_worker(gpu, Gpu::Idle);
+                        return Outcome::Interrupted;
+                    }
+                }
+                Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op, &e)),
+            }
+        }
+    }
+
+    /// Moves what is queued into `backlog` and says whether it ends the session. If it does,
+    /// the requests queued before the end are answered at once: their process is gone.
+    fn session_ending(&self, rx: &Receiver<Msg>, backlog: &mut VecDeque<Msg>) -> bool {
+        backlog.extend(rx.try_iter());
+        let Some(end) = backlog.iter().position(Msg::ends_session) else {
+            return self.abandoned();
+        };
+        for msg in backlog.drain(..end) {
+            if let (Msg::Run(job), false) = (msg, self.abandoned()) {
+                job.finish(&worker_lost());
+            }
+        }
+        true
     }
 }
 
@@ -505,7 +785,13 @@ mod tests {
         fn new() -> Self {
             Self {
                 mem: Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap()),
-                table: SessionTable::new(CudaHost::probe(), "test"),
+                // No test here starts a worker: the unit-test binary is not vhost-cuda
+                // (tests/session_workers.rs covers workers).
+                table: SessionTable::new(
+                    CudaHost::probe(),
+                    WorkerCommand::this_binary(None, "info"),
+                    "test",
+                ),
                 rec: Arc::new(Recorder::default()),
                 next: 0,
             }
@@ -651,14 +937,17 @@ mod tests {
     }
 
     #[test]
-    fn other_ops_go_to_the_executor() {
+    fn host_queries_are_answered_without_a_worker() {
         let mut g = Guest::new();
         let (p, out) = g.simple(Op::DriverVersion, 8);
         g.mem.write_slice(&[0xff; 64], GuestAddress(out)).unwrap();
         g.send(0, p);
-        // Whatever the executor answers (no GPU here), the chain completes with a response.
         assert_eq!(g.rec.wait(1)[0], (0, 64));
-        assert_ne!(g.response(out).status, 0xffff_ffff);
+        let r = g.response(out);
+        assert_eq!(r.status, status::SUCCESS);
+        assert_eq!(r.rets[0], u64::from(g.table.shared.host.driver_version()));
+        assert_eq!(g.table.worker_pid(8), None);
+        assert_eq!(g.table.open_count(), 1);
     }
 
     #[test]

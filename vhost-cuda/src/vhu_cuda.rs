@@ -41,6 +41,7 @@ use crate::{
     cuda::CudaHost,
     guest_buffer::GuestRam,
     session::{ChainCompleter, SessionTable},
+    worker_process::WorkerCommand,
 };
 
 /// Guest memory as vhost-user-backend shares it with us (swapped on SET_MEM_TABLE).
@@ -144,11 +145,17 @@ impl std::fmt::Debug for VhostCudaBackend {
 
 impl VhostCudaBackend {
     /// A backend for one connection. `mem` must be the same handle given to
-    /// `VhostUserDaemon::new`, so that SET_MEM_TABLE updates reach the chain parser.
-    pub fn new(host: Arc<CudaHost>, mem: GuestMemoryHandle, label: impl Into<String>) -> Self {
+    /// `VhostUserDaemon::new`, so that SET_MEM_TABLE updates reach the chain parser; `workers`
+    /// starts the sessions' worker processes.
+    pub fn new(
+        host: Arc<CudaHost>,
+        workers: WorkerCommand,
+        mem: GuestMemoryHandle,
+        label: impl Into<String>,
+    ) -> Self {
         let label = label.into();
         Self {
-            sessions: SessionTable::new(host, label.clone()),
+            sessions: SessionTable::new(host, workers, label.clone()),
             label,
             mem,
             live: Arc::new(RwLock::new(false)),
@@ -314,6 +321,8 @@ impl VhostUserBackend for VhostCudaBackend {
                 r.len()
             );
         }
+        // The sessions' worker processes map the new table too.
+        self.sessions.set_memory(map.into_inner());
         Ok(())
     }
 
@@ -401,7 +410,9 @@ mod tests {
     fn rig() -> Rig {
         let ram = GuestRam::from_ranges(&[(GuestAddress(0), 0x40_0000)]).unwrap();
         let mem = GuestMemoryAtomic::new(ram);
-        let backend = VhostCudaBackend::new(CudaHost::probe(), mem.clone(), "test");
+        // These tests only send ops the daemon answers itself, so no worker is started.
+        let workers = WorkerCommand::this_binary(None, "info");
+        let backend = VhostCudaBackend::new(CudaHost::probe(), workers, mem.clone(), "test");
         let vrings: Vec<Vring> = (0..NUM_QUEUES)
             .map(|_| Vring::new(mem.clone(), QUEUE_SIZE).unwrap())
             .collect();

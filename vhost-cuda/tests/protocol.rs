@@ -1,5 +1,6 @@
 //! Plays QEMU against the real daemon binary: a vhost-user frontend over memfd guest memory
-//! with a hand-laid split vring, requests through the ring, then a disconnect and a second
+//! with a hand-laid split vring, requests through the ring (one in a session worker process,
+//! which maps the guest RAM vhost-user handed the daemon), then a disconnect and a second
 //! connection served by the same process on the same socket.
 
 mod common;
@@ -7,11 +8,34 @@ mod common;
 use common::{eventually, scratch_dir, Daemon, GuestVm};
 use qcuda_proto::{status, Checksum, Op, RequestHeader, VERSION};
 
+fn header(session: u64, op: Op, arg0: u64) -> RequestHeader {
+    let mut h = RequestHeader::new(op);
+    h.session = session;
+    h.args[0] = arg0;
+    h
+}
+
+/// The pid in the log's "session N: worker process PID started".
+fn worker_pid(log: &str, session: u64) -> Option<u32> {
+    let key = format!("session {session}: worker process ");
+    log.lines()
+        .filter(|l| l.contains(" started"))
+        .find_map(|l| l.split(&key).nth(1)?.split(' ').next()?.parse().ok())
+}
+
 #[test]
 fn frontend_handshake_requests_and_reconnect() {
     let dir = scratch_dir("protocol");
     let socket = dir.join("vm0.sock");
-    let mut daemon = Daemon::start(&dir, &["--socket-path", socket.to_str().unwrap()]);
+    let mut daemon = Daemon::start(
+        &dir,
+        &[
+            "--socket-path",
+            socket.to_str().unwrap(),
+            "--log-level",
+            "info,vhost_cuda::session_worker=debug",
+        ],
+    );
 
     let mut vm = GuestVm::connect(&socket);
     let hello = vm.hello(1);
@@ -66,8 +90,49 @@ fn frontend_handshake_requests_and_reconnect() {
     assert_eq!(hello.status, status::SUCCESS);
     assert_eq!(hello.rets[3], 1, "the first VM's sessions are gone");
     assert_eq!(vm.echo(7, b"again").out, b"again");
+
+    // A GPU op runs in the session's worker process (without a driver: cudaErrorNoDevice).
+    let malloc = vm.call(&header(7, Op::Malloc, 64), &[], 0).resp;
+    let gpus = daemon.log().contains("GPU 0:");
+    assert!(
+        (gpus && malloc.status == status::SUCCESS) || (!gpus && malloc.status != status::SUCCESS),
+        "{malloc:?}"
+    );
+    let log = daemon.log();
+    let pid = worker_pid(&log, 7).unwrap_or_else(|| panic!("no worker started:\n{log}"));
+    // The worker mapped the guest RAM that QEMU (here: this test) gave the daemon, and logs
+    // with its session on every line.
+    assert!(
+        daemon.wait_log(
+            &format!(
+                "worker{{vm={} session=7}}: vhost_cuda::session_worker: guest RAM mapped: 1 \
+                 region(s), 16 MiB",
+                socket.display()
+            ),
+            1
+        ),
+        "{}",
+        daemon.log()
+    );
+    // The VM goes away with the worker running: it is ended and reaped with the session.
     drop(vm);
     assert!(daemon.wait_log("frontend disconnected", 2));
+    assert!(
+        daemon.wait_log(
+            &format!("session 7: worker process {pid} exited (exit status: 0)"),
+            1
+        ),
+        "{}",
+        daemon.log()
+    );
+    assert!(daemon.wait_log(
+        "session 7 closed (VM disconnected or reset); sessions open: 0",
+        1
+    ));
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "worker {pid} not reaped"
+    );
 
     let log = daemon.log();
     for needle in [

@@ -124,18 +124,6 @@ impl FakeDriver {
         self.st().fail.insert(name, CuError(err));
     }
 
-    /// Ends every endless kernel (their streams become idle).
-    pub(crate) fn release_spins(&self) {
-        for c in self.st().contexts.values_mut() {
-            c.busy.clear();
-        }
-    }
-
-    /// Bytes allocated on device `dev` over all contexts.
-    pub(crate) fn used_on(&self, dev: i32) -> u64 {
-        Self::used(&self.st(), 100 + dev)
-    }
-
     /// Reads device memory directly (for assertions).
     pub(crate) fn peek(&self, ptr: u64, len: usize) -> Option<Vec<u8>> {
         let st = self.st();

@@ -77,11 +77,6 @@ impl<T> HandleTable<T> {
             .map(|(&k, v)| (k, v))
     }
 
-    /// All objects.
-    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
-        self.entries.values()
-    }
-
     /// Number of objects.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()

@@ -6,16 +6,14 @@ use std::{
         atomic::{AtomicU32, Ordering},
         Arc,
     },
-    time::Duration,
 };
 
 use qcuda_proto::{status, GpuInfo};
 use thiserror::Error;
-use tracing::{error, info, warn};
+use tracing::{debug, error, warn};
 
 use super::{
     driver::{CudaDriver, DriverApi, DriverLoad, NoDriver},
-    graveyard::Graveyard,
     launch::LaunchLimits,
     session::CudaSession,
 };
@@ -54,11 +52,6 @@ pub(crate) struct Tuning {
     /// Guest runs at least this long are copied straight from or to guest memory; shorter
     /// runs are gathered into (or scattered from) the staging buffer.
     pub(crate) direct_min: usize,
-    /// How long closing a session waits for its queued GPU work; after that its context is
-    /// deferred (a killed guest process may leave an endless kernel behind).
-    pub(crate) idle_wait: Duration,
-    /// How often deferred contexts are polled.
-    pub(crate) reap_interval: Duration,
 }
 
 impl Default for Tuning {
@@ -66,8 +59,6 @@ impl Default for Tuning {
         Self {
             staging_half: 2 << 20,
             direct_min: 256 << 10,
-            idle_wait: Duration::from_secs(2),
-            reap_interval: Duration::from_millis(200),
         }
     }
 }
@@ -84,10 +75,9 @@ pub struct CudaHost {
     pub(crate) gpus: Vec<HostGpu>,
     pub(crate) tuning: Tuning,
     /// The first sticky error any session hit (0: none). It corrupts the driver state of the
-    /// whole process, so it is the host's, not a session's.
+    /// whole process, so it is the host's, not a session's (in a worker process the two are
+    /// the same).
     sticky: AtomicU32,
-    /// Contexts of closed sessions waiting for the GPU to be idle before they are destroyed.
-    pub(crate) graveyard: Arc<Graveyard>,
 }
 
 impl fmt::Debug for CudaHost {
@@ -97,7 +87,6 @@ impl fmt::Debug for CudaHost {
             .field("gpus", &self.gpus.len())
             .field("unavailable", &self.unavailable)
             .field("sticky_error", &self.sticky_error())
-            .field("deferred_contexts", &self.deferred_contexts())
             .finish()
     }
 }
@@ -189,21 +178,14 @@ impl CudaHost {
     ///
     /// CUDA documents these errors as leaving the process in an inconsistent state until it is
     /// relaunched, and a real driver (580) indeed fails every context of the process, old and
-    /// new, once one kernel faulted. From then on every session answers it; only a new daemon
-    /// process clears it. The daemon may use this to restart once its sessions are gone.
+    /// new, once one kernel faulted. From then on every session of this host answers it; only a
+    /// new process clears it. The daemon runs each session in a worker process of its own, so
+    /// this is one session's error, and its DeviceReset starts a new worker.
     pub fn sticky_error(&self) -> Option<u32> {
         match self.sticky.load(Ordering::Acquire) {
             0 => None,
             s => Some(s),
         }
-    }
-
-    /// Contexts of closed sessions not destroyed yet because GPU work of the process was still
-    /// running when they closed (see docs/executor.md, "Ending a session"). They are destroyed
-    /// once no deferred context has work left; a count that stays above 0 means an endless
-    /// kernel, which only a daemon restart stops.
-    pub fn deferred_contexts(&self) -> usize {
-        self.graveyard.len()
     }
 
     /// Records the first sticky error.
@@ -216,7 +198,7 @@ impl CudaHost {
             error!(
                 status,
                 "a sticky CUDA error corrupted the driver state of this process: every CUDA \
-                 op now fails with it until vhost-cuda is restarted"
+                 op now fails with it until the process ends (DeviceReset or close)"
             );
         }
     }
@@ -235,14 +217,13 @@ impl CudaHost {
             gpus: Vec::new(),
             tuning: Tuning::default(),
             sticky: AtomicU32::new(0),
-            graveyard: Arc::default(),
         }
     }
 
     pub(crate) fn from_load(load: DriverLoad, gpu: Option<u32>) -> Result<Self, HostError> {
         match load {
             DriverLoad::Absent => {
-                info!("no CUDA driver on this host: guests will see no GPU");
+                debug!("no CUDA driver on this host: guests will see no GPU");
                 Ok(Self::without_driver())
             }
             DriverLoad::Unusable { version, status } => {
@@ -291,7 +272,7 @@ impl CudaHost {
             }
             match describe(driver.as_ref(), ordinal) {
                 Ok(g) => {
-                    info!(
+                    debug!(
                         ordinal,
                         name = %String::from_utf8_lossy(g.info.name_bytes()),
                         cc = %format!("{}.{}", g.info.cc_major, g.info.cc_minor),
@@ -310,7 +291,6 @@ impl CudaHost {
             gpus,
             tuning,
             sticky: AtomicU32::new(0),
-            graveyard: Arc::default(),
         })
     }
 }

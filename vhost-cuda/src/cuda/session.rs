@@ -1,34 +1,30 @@
 //! The CUDA state of one guest process, and the op handlers that act on it.
 //!
-//! A [`CudaSession`] lives on its session's worker thread. It owns one CUDA context per device
-//! the guest process has used (created on first use, never the shared primary context), the
-//! allocation table of each context, and the session-local handle tables for modules,
+//! A [`CudaSession`] lives in its session's worker process (`crate::session_worker`), alone: the
+//! daemon runs every session's executor in a process of its own. It owns one CUDA context per
+//! device the guest process has used (created on first use, never the shared primary context),
+//! the allocation table of each context, and the session-local handle tables for modules,
 //! functions, streams and events. Every op binds its context to the calling thread first.
 //! Dropping the session destroys its contexts, which frees everything they own.
 //!
 //! A sticky error (an illegal address, a failed launch, ...) corrupts the CUDA state of the
-//! whole daemon process, not just the context it happened in: measured with driver 580, every
-//! other context of the process, and every context created afterwards, fails with the same
-//! error. So the executor records it on the [`CudaHost`], and from then on every op of every
-//! session that needs a context answers that error with `RESP_FLAG_STICKY`, without calling
-//! into the corrupted driver. Only a new daemon process clears it.
+//! whole process, not just the context it happened in: measured with driver 580, every other
+//! context of the process, and every context created afterwards, fails with the same error. So
+//! the executor records it on the [`CudaHost`], and from then on every op that needs a context
+//! answers that error with `RESP_FLAG_STICKY`, without calling into the corrupted driver. In a
+//! worker process that is exactly this session; only a new process clears it, which is what
+//! the daemon gives a session that asks for DeviceReset after a sticky error.
 
-use std::{
-    ffi::CString,
-    sync::Arc,
-    thread,
-    time::{Duration, Instant},
-};
+use std::{ffi::CString, sync::Arc};
 
-use qcuda_proto::{status, Op, ResponseHeader, GPU_INFO_SIZE, PARAM_INFO_SIZE, RESP_FLAG_STICKY};
-use tracing::{debug, error, warn};
+use qcuda_proto::{status, Op, ResponseHeader, PARAM_INFO_SIZE, RESP_FLAG_STICKY};
+use tracing::{debug, warn};
 
 use super::{
     aligned_bytes::AlignedBytes,
     allocations::AllocationTable,
     copy::{self, Staging},
     driver::{CuError, DriverApi, Raw, NULL_STREAM},
-    graveyard::{has_pending_work, Grave},
     handles::{HandleCounter, HandleTable},
     host::CudaHost,
     launch::{LaunchConfig, ParamLayout},
@@ -232,9 +228,10 @@ impl CudaSession {
 
     fn dispatch(&mut self, req: &Request) -> OpResult {
         let args = &req.header.args;
+        if let Some(resp) = self.host.answer_query(req) {
+            return Ok(resp);
+        }
         match req.op {
-            Op::HostInfo => return self.host_info(req),
-            Op::DriverVersion => return ok_rets(&[u64::from(self.host.driver_version())]),
             Op::Hello | Op::Echo | Op::SessionClose => {
                 debug!(session = self.id, op = ?req.op, "transport op reached the executor");
                 return Err(status::NOT_SUPPORTED.into());
@@ -245,8 +242,6 @@ impl CudaSession {
             return Err(s.into());
         }
         match req.op {
-            Op::DeviceCount => ok_rets(&[u64::from(self.host.gpu_count())]),
-            Op::DeviceInfo => self.device_info(req),
             Op::DeviceAttributes => self.device_attributes(req),
             Op::DeviceSynchronize => self.device_synchronize(req),
             Op::DeviceReset => {
@@ -279,9 +274,13 @@ impl CudaSession {
             Op::EventRecord => self.event_record(args),
             Op::EventSynchronize | Op::EventQuery => self.event_wait(req),
             Op::EventElapsedTime => self.event_elapsed(args),
-            Op::HostInfo | Op::DriverVersion | Op::Hello | Op::Echo | Op::SessionClose => {
-                Err(status::NOT_SUPPORTED.into())
-            }
+            Op::HostInfo
+            | Op::DriverVersion
+            | Op::DeviceCount
+            | Op::DeviceInfo
+            | Op::Hello
+            | Op::Echo
+            | Op::SessionClose => Err(status::NOT_SUPPORTED.into()),
         }
     }
 
@@ -358,31 +357,6 @@ impl CudaSession {
             .ok_or(Fault::Status(status::UNKNOWN))
     }
 
-    fn host_info(&self, req: &Request) -> OpResult {
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
-        let fit = out.len() / GPU_INFO_SIZE;
-        for (i, gpu) in self.host.gpus.iter().take(fit).enumerate() {
-            out.write_at(i * GPU_INFO_SIZE, &gpu.info.encode())
-                .map_err(|_| status::INVALID_VALUE)?;
-        }
-        ok_rets(&[
-            u64::from(self.host.gpu_count()),
-            u64::from(self.host.driver_version()),
-        ])
-    }
-
-    fn device_info(&self, req: &Request) -> OpResult {
-        let dev = self.device(req)?;
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
-        let gpu = self.host.gpus.get(dev).ok_or(status::INVALID_DEVICE)?;
-        if out.len() < GPU_INFO_SIZE {
-            return Err(status::INVALID_VALUE.into());
-        }
-        out.write_at(0, &gpu.info.encode())
-            .map_err(|_| status::INVALID_VALUE)?;
-        ok()
-    }
-
     fn device_attributes(&self, req: &Request) -> OpResult {
         let dev = self.device(req)?;
         let gpu = self.host.gpus.get(dev).ok_or(status::INVALID_DEVICE)?;
@@ -420,88 +394,24 @@ impl CudaSession {
 
     /// Destroys the session's context on `dev` (if any) and forgets everything in it: what
     /// DeviceReset does, and what dropping the session does for each device. A sticky error
-    /// stays (it belongs to the process), but the context's memory is still given back.
+    /// stays (it belongs to the process).
     ///
-    /// Queued work gets [`Tuning::idle_wait`](super::host::Tuning) to finish. Work still
-    /// running after that (a killed guest may have left an endless kernel) defers the context
-    /// to the host's graveyard instead, because cuCtxDestroy would wait for it, and so does any
-    /// deferred context: then this one frees its memory now and is destroyed later
-    /// (`graveyard.rs`). Either way this returns within the bound.
+    /// `cuCtxDestroy` frees the context's allocations, pinned staging memory, modules, streams
+    /// and events, and waits for the kernels still running in the process. The session is alone
+    /// in its worker process, so that wait stalls no other session; a daemon ending the session
+    /// does not wait for it beyond a bound, it kills the worker (`worker_process.rs`).
     fn teardown(&mut self, dev: usize) {
         let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
             return;
         };
-        let streams: Vec<Raw> = self
-            .streams
-            .values()
-            .filter(|s| s.dev == dev)
-            .map(|s| s.raw)
-            .collect();
-        let bound = self.drv.ctx_set_current(c.ctx);
-        if let Err(e) = bound {
-            debug!(session = self.id, dev, error = ?e, "binding for teardown failed");
-        }
-        // After a sticky error nothing runs any more; there is nothing to wait for.
-        let idle = bound.is_err() || self.host.sticky_error().is_some() || self.wait_idle(&streams);
-        let interval = self.host.tuning.reap_interval;
-        if !idle {
-            error!(
-                session = self.id,
-                dev,
-                wait = ?self.host.tuning.idle_wait,
-                "GPU work of a closed session is still running; its context is deferred until it ends"
-            );
-            let grave = Grave {
-                ctx: c.ctx,
-                streams,
-            };
-            self.host.graveyard.bury(&self.drv, grave, interval);
-        } else if !self.host.graveyard.is_empty() {
-            // cuCtxDestroy would wait for the deferred contexts' kernels: give the memory
-            // back now (cuMemFree does not wait) and leave the rest to the reaper.
-            if bound.is_ok() {
-                for ptr in c.memory.allocations() {
-                    if let Err(e) = self.drv.mem_free(ptr) {
-                        debug!(session = self.id, dev, error = ?e, "cuMemFree at teardown failed");
-                    }
-                }
-            }
-            debug!(
-                session = self.id,
-                dev, "context deferred behind a running one"
-            );
-            let grave = Grave {
-                ctx: c.ctx,
-                streams,
-            };
-            self.host.graveyard.bury(&self.drv, grave, interval);
-        } else {
-            // Destroying the context frees its allocations, pinned staging memory, modules,
-            // streams and events (cuCtxDestroy documentation).
-            match self.drv.ctx_destroy(c.ctx) {
-                Ok(()) => debug!(session = self.id, dev, "context destroyed"),
-                Err(e) => warn!(session = self.id, dev, error = ?e, "cuCtxDestroy failed"),
-            }
+        match self.drv.ctx_destroy(c.ctx) {
+            Ok(()) => debug!(session = self.id, dev, "context destroyed"),
+            Err(e) => warn!(session = self.id, dev, error = ?e, "cuCtxDestroy failed"),
         }
         self.modules.retain(|m| m.dev != dev);
         self.functions.retain(|f| f.dev != dev);
         self.streams.retain(|s| s.dev != dev);
         self.events.retain(|e| e.dev != dev);
-    }
-
-    /// Polls the legacy stream and `streams` of the bound context until none has work
-    /// pending, for at most the idle wait. True if they became idle.
-    fn wait_idle(&self, streams: &[Raw]) -> bool {
-        let deadline = Instant::now() + self.host.tuning.idle_wait;
-        loop {
-            if !has_pending_work(self.drv.as_ref(), streams) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            thread::sleep(Duration::from_millis(1));
-        }
     }
 
     // ----- memory -----------------------------------------------------------------------
@@ -981,8 +891,7 @@ impl CudaSession {
 }
 
 impl Drop for CudaSession {
-    /// Frees everything the session owns on the GPU by destroying its contexts, after giving
-    /// queued work a bounded time to finish. Works after the guest process was killed mid-kernel.
+    /// Frees everything the session owns on the GPU by destroying its contexts.
     fn drop(&mut self) {
         for dev in 0..self.devices.len() {
             self.teardown(dev);

@@ -1,8 +1,11 @@
 //! Test harness shared by the process-level tests: the `vhost-cuda` binary as a child process
 //! with its log in a file, and a minimal virtio driver ("guest VM") that plays QEMU's part
-//! over vhost-user with memfd guest memory and a hand-laid split vring.
+//! over vhost-user with memfd guest memory and a hand-laid split vring. `rig.rs`: a session
+//! table with real worker processes, without vhost-user.
 
 #![allow(dead_code)] // Each test file uses part of the harness.
+
+pub mod rig;
 
 use std::{
     fs::File,

@@ -1,0 +1,443 @@
+//! The worker process of one session: `vhost-cuda --session-worker --session-id N`.
+//!
+//! The daemon starts one per guest process that uses the GPU (`worker_process.rs`), because
+//! only separate processes isolate guest processes from each other on the GPU: measured with
+//! driver 580, all CUDA contexts of one process share one GPU address space (a kernel can
+//! write another context's memory), and one sticky error fails every context of the process.
+//! Here the session's [`CudaSession`] lives alone; a fault or an endless kernel ends with this
+//! process, and the driver frees everything it had when it exits.
+//!
+//! The worker maps guest RAM itself from the descriptors the daemon passes
+//! (`shared_guest_ram.rs`), and for each [`ToWorker::Run`] rebuilds the [`Request`] from the
+//! header bytes and the guest-physical runs, checking everything again as if the daemon were
+//! the guest: the header decodes and its op has the right shape, the runs match the buffer
+//! table, the session id is this worker's, and every run lies in guest RAM as this process maps
+//! it. A request that fails is answered `cudaErrorInvalidValue` and never reaches the driver.
+//! Outputs go straight into guest memory; the response header goes back to the daemon, which
+//! completes the chain.
+//!
+//! The worker ends when the daemon closes the channel (dropping the `CudaSession` frees its
+//! contexts), on a frame it cannot decode (the daemon is the same binary, so that is a broken
+//! daemon or channel), and with the daemon's thread that started it (`PR_SET_PDEATHSIG`).
+
+use std::{
+    io,
+    mem::MaybeUninit,
+    os::{
+        fd::{FromRawFd, RawFd},
+        unix::net::UnixStream,
+    },
+    sync::Arc,
+};
+
+use qcuda_proto::{status, Op, RequestHeader, ResponseHeader, WireError};
+use thiserror::Error;
+use tracing::{debug, error, error_span, warn};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+
+use crate::{
+    cuda::CudaHost,
+    guest_buffer::{BufferError, GuestBuffer, GuestRam, Request},
+    shared_guest_ram::map_regions,
+    signals, transport_ops,
+    worker_message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+};
+
+/// The descriptor the daemon puts the worker's end of the channel on.
+pub const CHANNEL_FD: RawFd = 3;
+
+/// What a worker is started with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// The session (guest process) it serves.
+    pub session: u64,
+    /// `--gpu` of the daemon.
+    pub gpu: Option<u32>,
+    /// The VM (socket path), for logs.
+    pub vm: String,
+}
+
+/// Why a request from the daemon is refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RunError {
+    /// The header does not decode, or its op is unknown or has the wrong shape.
+    #[error("bad request header: {0:?}")]
+    Header(WireError),
+    /// The request belongs to another session.
+    #[error("request of session {got} sent to the worker of session {expected}")]
+    Session {
+        /// This worker's session.
+        expected: u64,
+        /// The header's.
+        got: u64,
+    },
+    /// Not one run list per buffer of the header's table.
+    #[error(
+        "{inputs} input and {outputs} output run lists for the header's {want_in} and {want_out}"
+    )]
+    Shape {
+        /// Input run lists sent.
+        inputs: usize,
+        /// Output run lists sent.
+        outputs: usize,
+        /// Inputs in the header.
+        want_in: usize,
+        /// Outputs in the header.
+        want_out: usize,
+    },
+    /// A buffer's runs do not add up to its length in the header.
+    #[error("buffer {index}: runs of {got} bytes for a buffer of {expected}")]
+    Length {
+        /// The buffer's index in the table.
+        index: usize,
+        /// The header's length.
+        expected: u64,
+        /// The runs' total (saturating).
+        got: u64,
+    },
+    /// A run outside guest RAM.
+    #[error("{0}")]
+    Memory(#[from] BufferError),
+}
+
+/// Rebuilds and checks a request against this worker's map of guest RAM.
+pub fn build_request(
+    session: u64,
+    mem: &Arc<GuestRam>,
+    run: &RunRequest,
+) -> Result<Request, RunError> {
+    let header = RequestHeader::decode(&run.header).map_err(RunError::Header)?;
+    let op = header.checked_op().map_err(RunError::Header)?;
+    if header.session != session {
+        return Err(RunError::Session {
+            expected: session,
+            got: header.session,
+        });
+    }
+    let (want_in, want_out) = header.counts();
+    if run.inputs.len() != want_in || run.outputs.len() != want_out {
+        return Err(RunError::Shape {
+            inputs: run.inputs.len(),
+            outputs: run.outputs.len(),
+            want_in,
+            want_out,
+        });
+    }
+    // The table lists In buffers first (decode enforces it), like the run lists.
+    let lists = run.inputs.iter().chain(&run.outputs);
+    let mut buffers = Vec::with_capacity(header.buffers().len());
+    for (index, (desc, spans)) in header.buffers().iter().zip(lists).enumerate() {
+        let got = spans
+            .iter()
+            .try_fold(0u64, |t, s| t.checked_add(s.len))
+            .unwrap_or(u64::MAX);
+        if got != desc.len {
+            return Err(RunError::Length {
+                index,
+                expected: desc.len,
+                got,
+            });
+        }
+        // Each length is at most MAX_BUFFER_LEN here, so it fits a usize.
+        let ranges = spans
+            .iter()
+            .map(|&Span { gpa, len }| (GuestAddress(gpa), len as usize));
+        buffers.push(GuestBuffer::new(mem.clone(), ranges)?);
+    }
+    let outputs = buffers.split_off(want_in);
+    Ok(Request {
+        header,
+        op,
+        inputs: buffers,
+        outputs,
+    })
+}
+
+/// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
+/// request through `execute` (after [`build_request`]) and answers it. Returns the error that
+/// ended it otherwise (a broken channel or an undecodable frame).
+pub fn serve(
+    channel: &WorkerChannel,
+    session: u64,
+    mut execute: impl FnMut(&Request) -> ResponseHeader,
+) -> Result<(), MessageError> {
+    let mut mem = Arc::new(GuestRam::new());
+    while let Some((msg, files)) = channel.recv_to_worker()? {
+        match msg {
+            ToWorker::MemoryTable(regions) => {
+                mem = match map_regions(&regions, files) {
+                    Ok(m) => {
+                        let total: u64 = m.iter().map(|r| r.len()).sum();
+                        debug!(
+                            "guest RAM mapped: {} region(s), {} MiB",
+                            regions.len(),
+                            total >> 20
+                        );
+                        Arc::new(m)
+                    }
+                    Err(e) => {
+                        // Without a map every run is refused, which is what a bad table earns.
+                        error!("memory table refused: {e}");
+                        Arc::new(GuestRam::new())
+                    }
+                };
+            }
+            ToWorker::Run(run) => {
+                let resp = match build_request(session, &mem, &run) {
+                    Ok(req) => execute(&req),
+                    Err(e) => {
+                        warn!("request refused: {e}");
+                        ResponseHeader::with_status(status::INVALID_VALUE)
+                    }
+                };
+                channel.send_to_daemon(&FromWorker::Done(resp))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes the channel the daemon left on [`CHANNEL_FD`].
+fn take_channel() -> io::Result<WorkerChannel> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes at most one `struct stat` to the buffer it is given.
+    if unsafe { libc::fstat(CHANNEL_FD, st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded, so it initialised the buffer.
+    let st = unsafe { st.assume_init() };
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(io::Error::other(format!("fd {CHANNEL_FD} is not a socket")));
+    }
+    // SAFETY: the daemon started this process with its channel on CHANNEL_FD (see
+    // `worker_process.rs`) and nothing else in this process uses that descriptor, so the stream
+    // may own it.
+    let sock = unsafe { UnixStream::from_raw_fd(CHANNEL_FD) };
+    Ok(WorkerChannel::new(sock))
+}
+
+/// The worker's `main`: returns the exit status.
+pub fn run(config: &WorkerConfig) -> i32 {
+    // At ERROR level, so that the span (and the session id) is on every line that is logged.
+    let span = error_span!("worker", vm = %config.vm, session = config.session);
+    let _entered = span.enter();
+    // The daemon decides when a worker ends (a Ctrl-C in its terminal reaches us too).
+    if let Err(e) = signals::block() {
+        warn!("cannot block SIGINT/SIGTERM: {e}");
+    }
+    let channel = match take_channel() {
+        Ok(c) => c,
+        Err(e) => {
+            error!("no channel to the daemon: {e} (this mode is only for vhost-cuda itself)");
+            return 2;
+        }
+    };
+    let host = match CudaHost::with_gpu_filter(config.gpu) {
+        Ok(h) => h,
+        Err(e) => {
+            error!("{e}");
+            return 1;
+        }
+    };
+    let mut session = host.open_session(config.session);
+    debug!(
+        pid = std::process::id(),
+        gpus = host.gpu_count(),
+        "worker ready"
+    );
+    let served = serve(&channel, config.session, |req| match req.op {
+        // The transport self-test, here too: it proves this process's view of guest RAM.
+        Op::Echo => transport_ops::echo(req),
+        _ => session.execute(req),
+    });
+    // Dropping the session destroys its contexts; exiting would free them as well.
+    drop(session);
+    match served {
+        Ok(()) => {
+            debug!("channel closed; exiting");
+            0
+        }
+        Err(e) => {
+            error!("channel to the daemon broken: {e}; exiting");
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{fs::File, os::fd::AsRawFd, thread};
+
+    use qcuda_proto::{Direction, MAX_BUFFER_LEN};
+    use vm_memory::{Bytes, FileOffset};
+
+    use super::*;
+    use crate::{shared_guest_ram::region_table, worker_message::RegionSpec};
+
+    fn ram() -> Arc<GuestRam> {
+        Arc::new(
+            GuestRam::from_ranges(&[
+                (GuestAddress(0), 0x1_0000),
+                (GuestAddress(0x10_0000), 0x1_0000),
+            ])
+            .unwrap(),
+        )
+    }
+
+    fn copy_run(session: u64, len: u64, spans: Vec<Span>) -> RunRequest {
+        let mut h = RequestHeader::new(Op::MemcpyHtoD);
+        h.session = session;
+        h.push_buffer(Direction::In, len).unwrap();
+        RunRequest {
+            header: h.encode(),
+            inputs: vec![spans],
+            outputs: vec![],
+        }
+    }
+
+    fn span(gpa: u64, len: u64) -> Span {
+        Span { gpa, len }
+    }
+
+    #[test]
+    fn requests_are_rebuilt_and_checked_like_chains() {
+        let mem = ram();
+        mem.write_slice(b"hello ", GuestAddress(0x10_0000)).unwrap();
+        mem.write_slice(b"world", GuestAddress(0xfffb)).unwrap();
+        let ok = copy_run(4, 11, vec![span(0x10_0000, 6), span(0xfffb, 5)]);
+        let req = build_request(4, &mem, &ok).unwrap();
+        assert_eq!(req.op, Op::MemcpyHtoD);
+        assert_eq!(req.inputs[0].to_vec().unwrap(), b"hello world");
+        assert!(req.outputs.is_empty());
+
+        let refused = [
+            // Outside guest RAM: the gap, past the end, overflowing.
+            (copy_run(4, 16, vec![span(0x1_0000, 16)]), "memory"),
+            (copy_run(4, 16, vec![span(0x10_fff8, 16)]), "memory"),
+            (copy_run(4, 16, vec![span(u64::MAX - 3, 16)]), "memory"),
+            // Runs that do not add up, or overflow when added.
+            (copy_run(4, 16, vec![span(0, 15)]), "length"),
+            (copy_run(4, 16, vec![span(0, 8), span(0, 9)]), "length"),
+            (
+                copy_run(4, 16, vec![span(0, u64::MAX), span(0, 17)]),
+                "length",
+            ),
+            (
+                copy_run(4, MAX_BUFFER_LEN, vec![span(0, MAX_BUFFER_LEN)]),
+                "memory",
+            ),
+            // Another session's request.
+            (copy_run(5, 11, vec![span(0x10_0000, 11)]), "session"),
+        ];
+        for (run, why) in refused {
+            let e = build_request(4, &mem, &run).unwrap_err();
+            let kind = match e {
+                RunError::Memory(_) => "memory",
+                RunError::Length { .. } => "length",
+                RunError::Session { .. } => "session",
+                _ => "other",
+            };
+            assert_eq!(kind, why, "{e}");
+        }
+        // Run lists that do not match the buffer table, and a header that is not one.
+        let mut two = copy_run(4, 0, vec![]);
+        two.inputs.push(vec![]);
+        assert!(matches!(
+            build_request(4, &mem, &two),
+            Err(RunError::Shape { .. })
+        ));
+        let mut none = copy_run(4, 0, vec![]);
+        none.inputs.clear();
+        assert!(matches!(
+            build_request(4, &mem, &none),
+            Err(RunError::Shape { .. })
+        ));
+        let mut bad = copy_run(4, 0, vec![]);
+        bad.header[0] ^= 1;
+        assert!(matches!(
+            build_request(4, &mem, &bad),
+            Err(RunError::Header(WireError::BadMagic))
+        ));
+        let mut close = copy_run(4, 0, vec![]);
+        let mut h = RequestHeader::new(Op::Echo);
+        h.session = 4;
+        close.header = h.encode();
+        assert!(matches!(
+            build_request(4, &mem, &close),
+            Err(RunError::Header(WireError::BadShape))
+        ));
+    }
+
+    fn memfd(len: u64) -> File {
+        // SAFETY: memfd_create with a valid NUL-terminated name returns a new fd or -1.
+        let fd = unsafe { libc::memfd_create(c"qcuda-worker-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let f = unsafe { File::from_raw_fd(fd) };
+        f.set_len(len).unwrap();
+        f
+    }
+
+    #[test]
+    fn serve_maps_tables_answers_in_order_and_ends_with_the_channel() {
+        let file = memfd(0x1_0000);
+        let mem = GuestRam::from_ranges_with_files([(
+            GuestAddress(0x4000_0000),
+            0x1_0000,
+            Some(FileOffset::new(file, 0)),
+        )])
+        .unwrap();
+        mem.write_slice(b"shared", GuestAddress(0x4000_0100))
+            .unwrap();
+        let (daemon, theirs) = WorkerChannel::pair().unwrap();
+        let worker = thread::spawn(move || {
+            let ch = WorkerChannel::new(theirs);
+            let mut seen = Vec::new();
+            let r = serve(&ch, 9, |req| {
+                seen.push(req.inputs[0].to_vec().unwrap());
+                ResponseHeader::with_status(seen.len() as u32)
+            });
+            (r.is_ok(), seen)
+        });
+        let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
+        // Before any table: refused.
+        daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
+        let (regions, fds, _) = region_table(&mem);
+        daemon
+            .send_to_worker(&ToWorker::MemoryTable(regions), &fds)
+            .unwrap();
+        daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
+        // A table the worker cannot map leaves it without guest RAM.
+        let f = memfd(0x1000);
+        daemon
+            .send_to_worker(
+                &ToWorker::MemoryTable(vec![RegionSpec {
+                    gpa: 0,
+                    size: 0x2000,
+                    file_offset: 0,
+                }]),
+                &[f.as_raw_fd()],
+            )
+            .unwrap();
+        daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
+        let answers: Vec<u32> = (0..3)
+            .map(|_| match daemon.recv_from_worker().unwrap().unwrap() {
+                FromWorker::Done(r) => r.status,
+            })
+            .collect();
+        assert_eq!(answers, [status::INVALID_VALUE, 1, status::INVALID_VALUE]);
+        drop(daemon);
+        let (clean, seen) = worker.join().unwrap();
+        assert!(clean);
+        assert_eq!(seen, [b"shared".to_vec()]);
+
+        // An undecodable frame ends the worker with an error.
+        let (daemon, theirs) = WorkerChannel::pair().unwrap();
+        daemon.send_frame(&[0x7f, 1, 2], &[]).unwrap();
+        let ch = WorkerChannel::new(theirs);
+        assert!(matches!(
+            serve(&ch, 9, |_| unreachable!()),
+            Err(MessageError::UnknownTag(0x7f))
+        ));
+    }
+}

@@ -1,0 +1,715 @@
+//! The messages between the daemon and a session's worker process, and how they travel.
+//!
+//! Each session's CUDA work runs in a worker process of its own (`session_worker.rs`), which the
+//! daemon's session thread drives (`worker_process.rs`) over one Unix stream socket pair:
+//!
+//! - daemon → worker: [`ToWorker::MemoryTable`] (guest RAM, with one file descriptor per region
+//!   as `SCM_RIGHTS`; sent on spawn and on every SET_MEM_TABLE) and [`ToWorker::Run`] (one
+//!   request: its header bytes and the guest-physical runs of each buffer);
+//! - worker → daemon: [`FromWorker::Done`] (the response header), one per `Run`, in order.
+//!
+//! Closing the daemon's end ends the worker. A frame is the body length (u32, little-endian)
+//! followed by the body: a tag byte, then the message's fields, little-endian. The daemon
+//! always execs its own binary as the worker, so both ends are the same build and the format
+//! carries no version.
+//!
+//! Neither end trusts the other: decoding checks every length and count, and the worker still
+//! validates every run against its own map of guest RAM before it touches a byte.
+
+use std::{
+    fs::File,
+    io,
+    os::{
+        fd::{AsRawFd, FromRawFd, RawFd},
+        unix::net::UnixStream,
+    },
+    time::Duration,
+};
+
+use qcuda_proto::{ResponseHeader, MAX_BUFFERS, REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE};
+use thiserror::Error;
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+/// Longest frame body. A request has at most `MAX_SPANS` runs of 16 bytes each.
+pub const MAX_FRAME: usize = 2 << 20;
+/// Most regions a memory table may have (vhost-user without `CONFIGURE_MEM_SLOTS` sends at most
+/// 8; `SCM_RIGHTS` carries at most 253 descriptors per message).
+pub const MAX_REGIONS: usize = 64;
+/// Most guest-physical runs one request may have over all its buffers: a chain has at most
+/// `MAX_CHAIN_SEGMENTS` (4096) descriptors, each split at most at every region boundary.
+pub const MAX_SPANS: usize = 64 * 1024;
+
+const TAG_MEMORY_TABLE: u8 = 1;
+const TAG_RUN: u8 = 2;
+const TAG_DONE: u8 = 3;
+
+/// One region of guest RAM: where it sits in guest-physical space and where in its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionSpec {
+    /// Guest-physical start.
+    pub gpa: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// Offset of the region in its file.
+    pub file_offset: u64,
+}
+
+/// One guest-physical run of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Guest-physical start.
+    pub gpa: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// A request for the worker to execute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRequest {
+    /// The request header as the guest sent it (re-decoded and re-checked by the worker).
+    pub header: [u8; REQUEST_HEADER_SIZE],
+    /// The runs of each `In` buffer, in table order.
+    pub inputs: Vec<Vec<Span>>,
+    /// The runs of each `Out` buffer, in table order.
+    pub outputs: Vec<Vec<Span>>,
+}
+
+/// What the daemon sends a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToWorker {
+    /// Guest RAM from now on; one file descriptor per region travels with it, in order.
+    MemoryTable(Vec<RegionSpec>),
+    /// Execute a request and answer [`FromWorker::Done`].
+    Run(Box<RunRequest>),
+}
+
+/// What a worker sends the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FromWorker {
+    /// The response to the oldest `Run` not yet answered.
+    Done(ResponseHeader),
+}
+
+/// Errors of encoding, decoding and moving messages.
+#[derive(Debug, Error)]
+pub enum MessageError {
+    /// A frame announces (or a message needs) more than `MAX_FRAME` bytes.
+    #[error("frame of {0} bytes, at most {MAX_FRAME}")]
+    FrameTooLong(u64),
+    /// The body ends before the message does.
+    #[error("message ends early")]
+    Truncated,
+    /// Bytes after the end of the message.
+    #[error("{0} stray bytes after the message")]
+    TrailingBytes(usize),
+    /// An unknown tag byte.
+    #[error("unknown message tag {0}")]
+    UnknownTag(u8),
+    /// A memory table with too many regions.
+    #[error("memory table of {0} regions, at most {MAX_REGIONS}")]
+    TooManyRegions(u64),
+    /// A request with too many buffers.
+    #[error("{0} buffers, at most {MAX_BUFFERS}")]
+    TooManyBuffers(usize),
+    /// A request with too many runs.
+    #[error("more than {MAX_SPANS} guest runs")]
+    TooManySpans,
+    /// File descriptors that do not match the message.
+    #[error("{got} file descriptors with a message that carries {expected}")]
+    FdCount {
+        /// What the message needs.
+        expected: usize,
+        /// What arrived.
+        got: usize,
+    },
+    /// The peer closed the socket in the middle of a frame.
+    #[error("connection closed mid-frame")]
+    ClosedMidFrame,
+    /// The socket failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Reads little-endian fields from a body, front to back.
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], MessageError> {
+        if self.b.len() < n {
+            return Err(MessageError::Truncated);
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, MessageError> {
+        Ok(self.bytes(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, MessageError> {
+        let b = self.bytes(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, MessageError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.bytes(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn end(self) -> Result<(), MessageError> {
+        match self.b.len() {
+            0 => Ok(()),
+            n => Err(MessageError::TrailingBytes(n)),
+        }
+    }
+}
+
+fn put_spans(out: &mut Vec<u8>, buffers: &[Vec<Span>]) {
+    for spans in buffers {
+        out.extend_from_slice(&(spans.len() as u32).to_le_bytes());
+        for s in spans {
+            out.extend_from_slice(&s.gpa.to_le_bytes());
+            out.extend_from_slice(&s.len.to_le_bytes());
+        }
+    }
+}
+
+fn get_spans(
+    r: &mut Reader<'_>,
+    count: usize,
+    budget: &mut usize,
+) -> Result<Vec<Vec<Span>>, MessageError> {
+    let mut buffers = Vec::with_capacity(count);
+    for _ in 0..count {
+        let n = r.u32()? as usize;
+        *budget = budget.checked_sub(n).ok_or(MessageError::TooManySpans)?;
+        // Each span needs 16 bytes of body, so a lying count fails before it allocates much.
+        if n.saturating_mul(16) > r.b.len() {
+            return Err(MessageError::Truncated);
+        }
+        let mut spans = Vec::with_capacity(n);
+        for _ in 0..n {
+            spans.push(Span {
+                gpa: r.u64()?,
+                len: r.u64()?,
+            });
+        }
+        buffers.push(spans);
+    }
+    Ok(buffers)
+}
+
+impl ToWorker {
+    /// File descriptors that travel with this message.
+    pub fn fd_count(&self) -> usize {
+        match self {
+            Self::MemoryTable(regions) => regions.len(),
+            Self::Run(_) => 0,
+        }
+    }
+
+    /// The frame body. Fails if the message breaks a limit (the decoder would refuse it).
+    pub fn encode(&self) -> Result<Vec<u8>, MessageError> {
+        let mut out = Vec::new();
+        match self {
+            Self::MemoryTable(regions) => {
+                if regions.len() > MAX_REGIONS {
+                    return Err(MessageError::TooManyRegions(regions.len() as u64));
+                }
+                out.push(TAG_MEMORY_TABLE);
+                out.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+                for r in regions {
+                    out.extend_from_slice(&r.gpa.to_le_bytes());
+                    out.extend_from_slice(&r.size.to_le_bytes());
+                    out.extend_from_slice(&r.file_offset.to_le_bytes());
+                }
+            }
+            Self::Run(run) => {
+                let buffers = run.inputs.len() + run.outputs.len();
+                if buffers > MAX_BUFFERS {
+                    return Err(MessageError::TooManyBuffers(buffers));
+                }
+                let spans: usize = run.inputs.iter().chain(&run.outputs).map(Vec::len).sum();
+                if spans > MAX_SPANS {
+                    return Err(MessageError::TooManySpans);
+                }
+                out.push(TAG_RUN);
+                out.extend_from_slice(&run.header);
+                out.push(run.inputs.len() as u8);
+                out.push(run.outputs.len() as u8);
+                put_spans(&mut out, &run.inputs);
+                put_spans(&mut out, &run.outputs);
+            }
+        }
+        if out.len() > MAX_FRAME {
+            return Err(MessageError::FrameTooLong(out.len() as u64));
+        }
+        Ok(out)
+    }
+
+    /// Decodes a frame body.
+    pub fn decode(body: &[u8]) -> Result<Self, MessageError> {
+        let mut r = Reader { b: body };
+        let msg = match r.u8()? {
+            TAG_MEMORY_TABLE => {
+                let n = u64::from(r.u32()?);
+                if n > MAX_REGIONS as u64 {
+                    return Err(MessageError::TooManyRegions(n));
+                }
+                let mut regions = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    regions.push(RegionSpec {
+                        gpa: r.u64()?,
+                        size: r.u64()?,
+                        file_offset: r.u64()?,
+                    });
+                }
+                Self::MemoryTable(regions)
+            }
+            TAG_RUN => {
+                let mut header = [0u8; REQUEST_HEADER_SIZE];
+                header.copy_from_slice(r.bytes(REQUEST_HEADER_SIZE)?);
+                let (ins, outs) = (usize::from(r.u8()?), usize::from(r.u8()?));
+                if ins + outs > MAX_BUFFERS {
+                    return Err(MessageError::TooManyBuffers(ins + outs));
+                }
+                let mut budget = MAX_SPANS;
+                let inputs = get_spans(&mut r, ins, &mut budget)?;
+                let outputs = get_spans(&mut r, outs, &mut budget)?;
+                Self::Run(Box::new(RunRequest {
+                    header,
+                    inputs,
+                    outputs,
+                }))
+            }
+            tag => return Err(MessageError::UnknownTag(tag)),
+        };
+        r.end()?;
+        Ok(msg)
+    }
+}
+
+impl FromWorker {
+    /// The frame body.
+    pub fn encode(&self) -> Vec<u8> {
+        let Self::Done(resp) = self;
+        let mut out = Vec::with_capacity(1 + RESPONSE_HEADER_SIZE);
+        out.push(TAG_DONE);
+        out.extend_from_slice(&resp.encode());
+        out
+    }
+
+    /// Decodes a frame body.
+    pub fn decode(body: &[u8]) -> Result<Self, MessageError> {
+        let mut r = Reader { b: body };
+        let msg = match r.u8()? {
+            TAG_DONE => {
+                let bytes = r.bytes(RESPONSE_HEADER_SIZE)?;
+                Self::Done(ResponseHeader::decode(bytes).map_err(|_| MessageError::Truncated)?)
+            }
+            tag => return Err(MessageError::UnknownTag(tag)),
+        };
+        r.end()?;
+        Ok(msg)
+    }
+}
+
+/// A received frame: its body and the descriptors that came with it.
+#[derive(Debug)]
+pub struct Frame {
+    /// The body.
+    pub body: Vec<u8>,
+    /// The descriptors, in order.
+    pub files: Vec<File>,
+}
+
+/// One end of the socket between the daemon and a worker, moving whole frames.
+#[derive(Debug)]
+pub struct WorkerChannel {
+    sock: UnixStream,
+}
+
+impl WorkerChannel {
+    /// Wraps a connected stream socket.
+    pub fn new(sock: UnixStream) -> Self {
+        Self { sock }
+    }
+
+    /// A connected pair: (daemon end, worker end).
+    pub fn pair() -> io::Result<(Self, UnixStream)> {
+        let (a, b) = UnixStream::pair()?;
+        Ok((Self::new(a), b))
+    }
+
+    /// The socket's descriptor (for poll).
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Bounds how long one send or one read may block: a peer that stopped reading, or that
+    /// stopped in the middle of a frame. (The daemon reads only once poll says a frame has
+    /// begun, so the bound never cuts a long op short.)
+    pub fn set_timeouts(&self, timeout: Duration) -> io::Result<()> {
+        self.sock.set_write_timeout(Some(timeout))?;
+        self.sock.set_read_timeout(Some(timeout))
+    }
+
+    /// Sends a message to the worker, with `fds` (as many as the message carries).
+    pub fn send_to_worker(&self, msg: &ToWorker, fds: &[RawFd]) -> Result<(), MessageError> {
+        if fds.len() != msg.fd_count() {
+            return Err(MessageError::FdCount {
+                expected: msg.fd_count(),
+                got: fds.len(),
+            });
+        }
+        self.send_frame(&msg.encode()?, fds)
+    }
+
+    /// Receives a message from the daemon with its file descriptors; `None` when the daemon
+    /// closed its end.
+    pub fn recv_to_worker(&self) -> Result<Option<(ToWorker, Vec<File>)>, MessageError> {
+        let Some(Frame { body, files }) = self.recv_frame(MAX_REGIONS)? else {
+            return Ok(None);
+        };
+        let msg = ToWorker::decode(&body)?;
+        if files.len() != msg.fd_count() {
+            return Err(MessageError::FdCount {
+                expected: msg.fd_count(),
+                got: files.len(),
+            });
+        }
+        Ok(Some((msg, files)))
+    }
+
+    /// Sends a message to the daemon.
+    pub fn send_to_daemon(&self, msg: &FromWorker) -> Result<(), MessageError> {
+        self.send_frame(&msg.encode(), &[])
+    }
+
+    /// Receives a message from the worker; `None` when the worker closed its end (or died).
+    /// Descriptors a worker tries to pass are discarded by the kernel.
+    pub fn recv_from_worker(&self) -> Result<Option<FromWorker>, MessageError> {
+        match self.recv_frame(0)? {
+            Some(frame) => FromWorker::decode(&frame.body).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Sends one frame: the length, then the body; `fds` travel with the first bytes.
+    pub fn send_frame(&self, body: &[u8], fds: &[RawFd]) -> Result<(), MessageError> {
+        if body.len() > MAX_FRAME {
+            return Err(MessageError::FrameTooLong(body.len() as u64));
+        }
+        let mut frame = Vec::with_capacity(4 + body.len());
+        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        frame.extend_from_slice(body);
+        let (mut sent, mut fds) = (0, fds);
+        while sent < frame.len() {
+            match self.sock.send_with_fds(&[&frame[sent..]], fds) {
+                Ok(n) => {
+                    sent += n;
+                    fds = &[];
+                }
+                Err(e) if e.errno() == libc::EINTR => {}
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives one frame and the descriptors that came with it (at most `max_fds`); `None`
+    /// if the peer closed the socket between frames.
+    pub fn recv_frame(&self, max_fds: usize) -> Result<Option<Frame>, MessageError> {
+        let mut files = Vec::new();
+        let mut len = [0u8; 4];
+        match self.read_full(&mut len, max_fds, &mut files)? {
+            0 => return Ok(None),
+            4 => {}
+            _ => return Err(MessageError::ClosedMidFrame),
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if len > MAX_FRAME {
+            return Err(MessageError::FrameTooLong(len as u64));
+        }
+        let mut body = vec![0u8; len];
+        if self.read_full(&mut body, max_fds, &mut files)? != len {
+            return Err(MessageError::ClosedMidFrame);
+        }
+        Ok(Some(Frame { body, files }))
+    }
+
+    /// Reads until `buf` is full or the peer closes; returns the bytes read. Reads never ask
+    /// for more than `buf` holds, so they cannot take bytes (or descriptors) of the next frame.
+    fn read_full(
+        &self,
+        buf: &mut [u8],
+        max_fds: usize,
+        files: &mut Vec<File>,
+    ) -> Result<usize, MessageError> {
+        let mut pos = 0;
+        while pos < buf.len() {
+            let mut fds = vec![-1 as RawFd; max_fds.saturating_sub(files.len())];
+            let rest = &mut buf[pos..];
+            let mut iov = [libc::iovec {
+                iov_base: rest.as_mut_ptr().cast(),
+                iov_len: rest.len(),
+            }];
+            // SAFETY: the iovec covers `rest`, a live, exclusively borrowed byte slice, and any
+            // bytes may be written to it.
+            let got = unsafe { self.sock.recv_with_fds(&mut iov, &mut fds) };
+            match got {
+                Ok((n, nfds)) => {
+                    for &fd in &fds[..nfds] {
+                        // SAFETY: recvmsg just installed `fd` in this process for us; nothing
+                        // else owns it.
+                        files.push(unsafe { File::from_raw_fd(fd) });
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                    pos += n;
+                }
+                Err(e) if e.errno() == libc::EINTR => {}
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+        }
+        Ok(pos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Seek, Write};
+
+    use qcuda_proto::{Direction, Op, RequestHeader};
+
+    use super::*;
+
+    fn run_request() -> RunRequest {
+        let mut h = RequestHeader::new(Op::MemcpyHtoD);
+        h.push_buffer(Direction::In, 0x3000).unwrap();
+        RunRequest {
+            header: h.encode(),
+            inputs: vec![vec![
+                Span {
+                    gpa: 0x1000,
+                    len: 0x1000,
+                },
+                Span {
+                    gpa: u64::MAX - 7,
+                    len: 0x2000,
+                },
+            ]],
+            outputs: vec![vec![]],
+        }
+    }
+
+    fn table() -> ToWorker {
+        ToWorker::MemoryTable(vec![
+            RegionSpec {
+                gpa: 0,
+                size: 0xa_0000,
+                file_offset: 0,
+            },
+            RegionSpec {
+                gpa: 0x1_0000_0000,
+                size: 1 << 30,
+                file_offset: 0xa_0000,
+            },
+        ])
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        for msg in [
+            table(),
+            ToWorker::MemoryTable(vec![]),
+            ToWorker::Run(Box::new(run_request())),
+        ] {
+            assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
+        }
+        let mut resp = ResponseHeader::with_status(700);
+        resp.flags = 1;
+        resp.rets = [1, 2, 3, 4, 5, 6, u64::MAX];
+        let msg = FromWorker::Done(resp);
+        assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+    }
+
+    #[test]
+    fn malformed_bodies_are_refused() {
+        let good = ToWorker::Run(Box::new(run_request())).encode().unwrap();
+        // Every proper prefix is truncated; a longer body has trailing bytes.
+        for n in 0..good.len() {
+            assert!(
+                matches!(ToWorker::decode(&good[..n]), Err(MessageError::Truncated)),
+                "prefix of {n}"
+            );
+        }
+        let mut long = good.clone();
+        long.push(0);
+        assert!(matches!(
+            ToWorker::decode(&long),
+            Err(MessageError::TrailingBytes(1))
+        ));
+        assert!(matches!(
+            ToWorker::decode(&[9]),
+            Err(MessageError::UnknownTag(9))
+        ));
+        assert!(matches!(
+            FromWorker::decode(&good),
+            Err(MessageError::UnknownTag(TAG_RUN))
+        ));
+        // 9 buffers.
+        let mut nine = good.clone();
+        nine[1 + REQUEST_HEADER_SIZE] = 5;
+        nine[2 + REQUEST_HEADER_SIZE] = 4;
+        assert!(matches!(
+            ToWorker::decode(&nine),
+            Err(MessageError::TooManyBuffers(9))
+        ));
+        // A span count far beyond the body, and one beyond the limit.
+        let at = 3 + REQUEST_HEADER_SIZE;
+        let mut lying = good.clone();
+        lying[at..at + 4].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(matches!(
+            ToWorker::decode(&lying),
+            Err(MessageError::Truncated)
+        ));
+        lying[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            ToWorker::decode(&lying),
+            Err(MessageError::TooManySpans)
+        ));
+        // Too many regions.
+        let mut regions = vec![TAG_MEMORY_TABLE];
+        regions.extend_from_slice(&(MAX_REGIONS as u32 + 1).to_le_bytes());
+        assert!(matches!(
+            ToWorker::decode(&regions),
+            Err(MessageError::TooManyRegions(_))
+        ));
+        let too_many = ToWorker::MemoryTable(vec![
+            RegionSpec {
+                gpa: 0,
+                size: 1,
+                file_offset: 0
+            };
+            MAX_REGIONS + 1
+        ]);
+        assert!(too_many.encode().is_err());
+        // A short response.
+        assert!(matches!(
+            FromWorker::decode(&[TAG_DONE, 0, 0]),
+            Err(MessageError::Truncated)
+        ));
+    }
+
+    fn memfd(data: &[u8]) -> File {
+        // SAFETY: memfd_create with a valid NUL-terminated name returns a new fd or -1.
+        let fd = unsafe { libc::memfd_create(c"qcuda-msg-test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let mut f = unsafe { File::from_raw_fd(fd) };
+        f.write_all(data).unwrap();
+        f.rewind().unwrap();
+        f
+    }
+
+    #[test]
+    fn frames_carry_descriptors_and_keep_their_boundaries() {
+        let (daemon, worker) = WorkerChannel::pair().unwrap();
+        let worker = WorkerChannel::new(worker);
+        let (a, b) = (memfd(b"aaaa"), memfd(b"bbbbbbbb"));
+        daemon
+            .send_to_worker(&table(), &[a.as_raw_fd(), b.as_raw_fd()])
+            .unwrap();
+        daemon
+            .send_to_worker(&ToWorker::Run(Box::new(run_request())), &[])
+            .unwrap();
+        // A frame bigger than a socket buffer, sent from another thread.
+        let big = ToWorker::Run(Box::new(RunRequest {
+            inputs: vec![vec![Span { gpa: 1, len: 2 }; 50_000]],
+            ..run_request()
+        }));
+        let sent = big.clone();
+        let sender = std::thread::spawn(move || {
+            daemon.send_to_worker(&sent, &[]).unwrap();
+            daemon
+        });
+
+        let (msg, files) = worker.recv_to_worker().unwrap().unwrap();
+        assert_eq!(msg, table());
+        let sizes: Vec<u64> = files.iter().map(|f| f.metadata().unwrap().len()).collect();
+        assert_eq!(sizes, [4, 8]);
+        let (msg, files) = worker.recv_to_worker().unwrap().unwrap();
+        assert_eq!(
+            (msg, files.len()),
+            (ToWorker::Run(Box::new(run_request())), 0)
+        );
+        let (msg, _) = worker.recv_to_worker().unwrap().unwrap();
+        assert_eq!(msg, big);
+        let daemon = sender.join().unwrap();
+
+        worker
+            .send_to_daemon(&FromWorker::Done(ResponseHeader::with_status(3)))
+            .unwrap();
+        assert_eq!(
+            daemon.recv_from_worker().unwrap(),
+            Some(FromWorker::Done(ResponseHeader::with_status(3)))
+        );
+        drop(worker);
+        assert_eq!(daemon.recv_from_worker().unwrap(), None);
+    }
+
+    #[test]
+    fn descriptor_mismatches_and_broken_frames_are_refused() {
+        let (daemon, worker) = WorkerChannel::pair().unwrap();
+        let worker = WorkerChannel::new(worker);
+        let f = memfd(b"x");
+        assert!(matches!(
+            daemon.send_to_worker(&table(), &[f.as_raw_fd()]),
+            Err(MessageError::FdCount {
+                expected: 2,
+                got: 1
+            })
+        ));
+        // A run with a descriptor attached, sent raw.
+        let body = ToWorker::Run(Box::new(run_request())).encode().unwrap();
+        daemon.send_frame(&body, &[f.as_raw_fd()]).unwrap();
+        assert!(matches!(
+            worker.recv_to_worker(),
+            Err(MessageError::FdCount {
+                expected: 0,
+                got: 1
+            })
+        ));
+        // A frame length beyond the limit.
+        daemon
+            .sock
+            .try_clone()
+            .unwrap()
+            .write_all(&(MAX_FRAME as u32 + 1).to_le_bytes())
+            .unwrap();
+        assert!(matches!(
+            worker.recv_to_worker(),
+            Err(MessageError::FrameTooLong(_))
+        ));
+        // A frame cut short by the peer closing.
+        let (daemon, worker) = WorkerChannel::pair().unwrap();
+        let worker = WorkerChannel::new(worker);
+        daemon
+            .sock
+            .try_clone()
+            .unwrap()
+            .write_all(&[10, 0, 0, 0, TAG_DONE])
+            .unwrap();
+        drop(daemon);
+        assert!(matches!(
+            worker.recv_frame(0),
+            Err(MessageError::ClosedMidFrame)
+        ));
+    }
+}

@@ -1,0 +1,389 @@
+//! The daemon's side of a session's worker process: start it, share guest RAM with it, hand it
+//! requests, wait for its answers (or for a reason to stop waiting), end it and reap it.
+//!
+//! The session thread (`session.rs`) owns a [`WorkerProcess`] and is the only thread that
+//! talks to it, kills it or reaps it. The worker is this very binary in its hidden
+//! `--session-worker` mode (`session_worker.rs`), started with fork and exec (`Command`), which
+//! is safe in the multi-threaded daemon. In the forked child, before exec:
+//!
+//! - `PR_SET_PDEATHSIG(SIGKILL)`: the worker dies with the daemon thread that started it. That
+//!   is the session thread, which outlives its worker (it reaps it before it ends), so in effect
+//!   workers die with the daemon, however it ends;
+//! - the worker's end of the channel goes to fd 3 ([`CHANNEL_FD`]), and every other descriptor
+//!   is marked close-on-exec, so no worker inherits another session's channel, the guest's
+//!   eventfds or the vhost-user socket, whatever flags they were opened with.
+//!
+//! A worker is ended by closing the channel (it drops its CUDA session and exits); one still
+//! there after [`CLOSE_WAIT`] (behind an endless kernel, say) gets SIGKILL, which also stops its
+//! kernels: the driver tears the process's contexts down. Every worker is reaped, also when this
+//! handle is dropped on an error path.
+
+use std::{
+    io,
+    os::{
+        fd::{AsRawFd, RawFd},
+        unix::process::{CommandExt, ExitStatusExt},
+    },
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Arc, Weak},
+    thread,
+    time::{Duration, Instant},
+};
+
+use qcuda_proto::ResponseHeader;
+use thiserror::Error;
+use tracing::{info, warn};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::{
+    guest_buffer::{GuestBuffer, GuestRam, Request},
+    session_worker::CHANNEL_FD,
+    shared_guest_ram::region_table,
+    worker_message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+};
+
+/// How long an ending worker gets to exit by itself before SIGKILL.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How long a send to a worker, or the read of a frame it has begun, may block: a worker that
+/// stops reading or stops mid-frame is broken.
+const CHANNEL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The running binary, whatever happened to its file since it started.
+const THIS_BINARY: &str = "/proc/self/exe";
+/// `CLOSE_RANGE_CLOEXEC` (Linux 5.11).
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
+/// How to start a worker: the program and what it is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCommand {
+    program: PathBuf,
+    gpu: Option<u32>,
+    log_filter: String,
+}
+
+impl WorkerCommand {
+    /// Workers run this very binary (through `/proc/self/exe`, so replacing the file on disk
+    /// cannot pair the daemon with a worker of another build: the message format is unversioned).
+    pub fn this_binary(gpu: Option<u32>, log_filter: impl Into<String>) -> Self {
+        Self::program(THIS_BINARY, gpu, log_filter)
+    }
+
+    /// Workers run `program` (tests name the `vhost-cuda` binary; the test binary is not one).
+    pub fn program(
+        program: impl Into<PathBuf>,
+        gpu: Option<u32>,
+        log_filter: impl Into<String>,
+    ) -> Self {
+        Self {
+            program: program.into(),
+            gpu,
+            log_filter: log_filter.into(),
+        }
+    }
+
+    fn command(&self, session: u64, vm: &str) -> Command {
+        let mut cmd = Command::new(&self.program);
+        if self.program.as_os_str() == THIS_BINARY {
+            cmd.arg0("vhost-cuda");
+        }
+        cmd.arg("--session-worker")
+            .arg("--session-id")
+            .arg(session.to_string())
+            .arg("--vm")
+            .arg(vm)
+            .arg("--log-level")
+            .arg(&self.log_filter);
+        if let Some(g) = self.gpu {
+            cmd.arg("--gpu").arg(g.to_string());
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        cmd
+    }
+}
+
+/// Errors of talking to a worker.
+#[derive(Debug, Error)]
+pub enum WorkerError {
+    /// The process cannot be started.
+    #[error("cannot start a worker process: {0}")]
+    Spawn(io::Error),
+    /// A request that does not fit a message (cannot happen for a chain the parser accepted).
+    #[error("request cannot be sent: {0}")]
+    Unsendable(MessageError),
+    /// The channel failed or the worker sent garbage.
+    #[error("channel to the worker: {0}")]
+    Channel(#[from] MessageError),
+    /// The worker closed its end: it exited or was killed.
+    #[error("the worker closed its channel")]
+    Closed,
+}
+
+/// What [`WorkerProcess::wait`] saw first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// The worker answered.
+    Done(ResponseHeader),
+    /// The wake-up event fired (and was reset); the worker is still busy.
+    Woken,
+}
+
+/// A running worker process and the daemon's end of its channel.
+#[derive(Debug)]
+pub struct WorkerProcess {
+    session: u64,
+    vm: String,
+    pid: u32,
+    child: Child,
+    /// `None` once closed.
+    channel: Option<WorkerChannel>,
+    /// The map whose table the worker has now.
+    shared: Weak<GuestRam>,
+    reaped: bool,
+}
+
+/// Runs in the forked child before exec: only async-signal-safe calls, no allocation.
+fn prepare_child(channel: RawFd) -> io::Result<()> {
+    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of the calling process. The thread that
+    // forked us is blocked in spawn until we exec, so it cannot have ended yet.
+    if unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let rc = if channel == CHANNEL_FD {
+        // SAFETY: fcntl on an open descriptor of this process; clears close-on-exec.
+        unsafe { libc::fcntl(channel, libc::F_SETFD, 0) }
+    } else {
+        // SAFETY: dup2 of an open descriptor; the copy on CHANNEL_FD is not close-on-exec.
+        unsafe { libc::dup2(channel, CHANNEL_FD) }
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Best effort: kernels before 5.11 lack the flag, and then only descriptors opened
+    // close-on-exec stay out of the worker.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            (CHANNEL_FD + 1) as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    Ok(())
+}
+
+/// The guest-physical runs of a buffer, for the wire.
+fn spans(b: &GuestBuffer) -> Vec<Span> {
+    b.runs()
+        .iter()
+        .map(|r| Span {
+            gpa: r.addr.0,
+            len: r.len as u64,
+        })
+        .collect()
+}
+
+impl WorkerProcess {
+    /// Starts the worker of session `session` of VM `vm` (the label in logs).
+    pub fn spawn(cmd: &WorkerCommand, session: u64, vm: &str) -> Result<Self, WorkerError> {
+        let (channel, theirs) = WorkerChannel::pair().map_err(WorkerError::Spawn)?;
+        channel
+            .set_timeouts(CHANNEL_TIMEOUT)
+            .map_err(WorkerError::Spawn)?;
+        let theirs_fd = theirs.as_raw_fd();
+        let mut command = cmd.command(session, vm);
+        // SAFETY: `prepare_child` makes only async-signal-safe calls and does not allocate, as
+        // code between fork and exec in a multi-threaded process must; `theirs_fd` stays open
+        // in the parent (so also in the child) until spawn returns.
+        unsafe { command.pre_exec(move || prepare_child(theirs_fd)) };
+        let child = command.spawn().map_err(WorkerError::Spawn)?;
+        drop(theirs);
+        let pid = child.id();
+        info!(vm, "session {session}: worker process {pid} started");
+        Ok(Self {
+            session,
+            vm: vm.to_string(),
+            pid,
+            child,
+            channel: Some(channel),
+            shared: Weak::new(),
+            reaped: false,
+        })
+    }
+
+    /// The worker's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    fn channel(&self) -> Result<&WorkerChannel, WorkerError> {
+        self.channel.as_ref().ok_or(WorkerError::Closed)
+    }
+
+    /// Gives the worker `mem`'s memory table, unless it has it already.
+    pub fn share_memory(&mut self, mem: &Arc<GuestRam>) -> Result<(), WorkerError> {
+        if Weak::ptr_eq(&self.shared, &Arc::downgrade(mem)) {
+            return Ok(());
+        }
+        let (regions, fds, skipped) = region_table(mem);
+        if skipped > 0 {
+            warn!(
+                vm = %self.vm,
+                "session {}: {skipped} region(s) of guest RAM have no file and cannot be \
+                 shared with the worker",
+                self.session
+            );
+        }
+        self.channel()?
+            .send_to_worker(&ToWorker::MemoryTable(regions), &fds)?;
+        self.shared = Arc::downgrade(mem);
+        Ok(())
+    }
+
+    /// Sends a request. The worker first gets the memory map the request was checked against,
+    /// if it does not have it (the map may have changed since).
+    pub fn send(&mut self, req: &Request) -> Result<(), WorkerError> {
+        if let Some(b) = req.inputs.iter().chain(&req.outputs).next() {
+            self.share_memory(b.shared_memory())?;
+        }
+        let msg = ToWorker::Run(Box::new(RunRequest {
+            header: req.header.encode(),
+            inputs: req.inputs.iter().map(spans).collect(),
+            outputs: req.outputs.iter().map(spans).collect(),
+        }));
+        let body = msg.encode().map_err(WorkerError::Unsendable)?;
+        self.channel()?.send_frame(&body, &[])?;
+        Ok(())
+    }
+
+    /// Sends any message, as is (tests use it to play a confused daemon).
+    pub fn send_message(&mut self, msg: &ToWorker, fds: &[RawFd]) -> Result<(), WorkerError> {
+        self.channel()?.send_to_worker(msg, fds)?;
+        Ok(())
+    }
+
+    /// Sends a raw frame body (tests use it to send what no message encodes to).
+    pub fn send_frame(&mut self, body: &[u8]) -> Result<(), WorkerError> {
+        self.channel()?.send_frame(body, &[])?;
+        Ok(())
+    }
+
+    /// Waits for the worker's next answer, or until `wake` fires.
+    pub fn wait(&mut self, wake: Option<&EventFd>) -> Result<Waited, WorkerError> {
+        let ch = self.channel()?;
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: ch.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: wake.map_or(-1, |w| w.as_raw_fd()),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is an array of two initialised pollfds that outlives the call; poll
+            // ignores the entry with a negative fd.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(MessageError::Io(e).into());
+            }
+            // An answer that is there wins over the wake-up, which stays set.
+            if fds[0].revents != 0 {
+                return match ch.recv_from_worker()? {
+                    Some(FromWorker::Done(resp)) => Ok(Waited::Done(resp)),
+                    None => Err(WorkerError::Closed),
+                };
+            }
+            if fds[1].revents != 0 {
+                if let Some(w) = wake {
+                    let _ = w.read();
+                }
+                return Ok(Waited::Woken);
+            }
+        }
+    }
+
+    /// Sends a request and waits for its answer.
+    pub fn execute(&mut self, req: &Request) -> Result<ResponseHeader, WorkerError> {
+        self.send(req)?;
+        loop {
+            if let Waited::Done(resp) = self.wait(None)? {
+                return Ok(resp);
+            }
+        }
+    }
+
+    /// Ends the worker: closes the channel, gives it `bound` to exit by itself, then SIGKILL.
+    /// Returns once it is reaped.
+    pub fn close(mut self, bound: Duration) -> ExitStatus {
+        self.channel = None;
+        let deadline = Instant::now() + bound;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return self.reaped(status),
+                Ok(None) if Instant::now() < deadline => thread::sleep(Duration::from_millis(5)),
+                Ok(None) => {
+                    warn!(
+                        vm = %self.vm,
+                        "session {}: worker process {} still there {bound:?} after its session \
+                         closed; killing it",
+                        self.session, self.pid
+                    );
+                    return self.kill_and_reap();
+                }
+                Err(_) => return self.kill_and_reap(),
+            }
+        }
+    }
+
+    /// Ends the worker at once with SIGKILL (which also ends its running kernels) and reaps it.
+    pub fn kill(mut self) -> ExitStatus {
+        self.kill_and_reap()
+    }
+
+    fn kill_and_reap(&mut self) -> ExitStatus {
+        self.channel = None;
+        // Child::kill does nothing once the child has been reaped, so it never hits a reused pid.
+        let _ = self.child.kill();
+        let status = self
+            .child
+            .wait()
+            .unwrap_or_else(|_| ExitStatus::from_raw(libc::SIGKILL));
+        self.reaped(status)
+    }
+
+    fn reaped(&mut self, status: ExitStatus) -> ExitStatus {
+        self.reaped = true;
+        info!(
+            vm = %self.vm,
+            "session {}: worker process {} exited ({status})", self.session, self.pid
+        );
+        status
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.kill_and_reap();
+        }
+    }
+}

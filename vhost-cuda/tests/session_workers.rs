@@ -1,0 +1,416 @@
+//! Worker processes through the real code path, with no GPU needed: the session table starts
+//! the real `vhost-cuda --session-worker` binary over memfd guest memory.
+//!
+//! Ops that need the GPU run in the worker (without a driver it answers `cudaErrorNoDevice`);
+//! `SessionClose` reaps it; a worker killed mid-session fails the session with
+//! `cudaErrorLaunchFailure` + `RESP_FLAG_STICKY` until `DeviceReset` starts a new one; a close
+//! interrupts an op that never ends and kills a worker that does not exit; workers die with the
+//! daemon thread that started them; 50 sessions leave no process behind; and the worker
+//! refuses run lists that the daemon should never have sent.
+
+mod common;
+
+use std::{
+    fs,
+    os::unix::{fs::PermissionsExt, process::ExitStatusExt},
+    thread,
+    time::{Duration, Instant},
+};
+
+use common::{
+    rig::{
+        children_with, cmdline, guest_ram, header, is_our_child, process_state, within,
+        worker_binary, Rig, HIGH,
+    },
+    scratch_dir,
+};
+use qcuda_proto::{
+    status, Checksum, Direction, Op, RequestHeader, ResponseHeader, REQUEST_HEADER_SIZE,
+    RESP_FLAG_STICKY,
+};
+use vhost_cuda::{
+    guest_buffer::{GuestBuffer, Request},
+    worker_message::{RunRequest, Span, ToWorker},
+    worker_process::{Waited, WorkerCommand, WorkerError, WorkerProcess},
+};
+use vm_memory::{Bytes, GuestAddress};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// What a GPU op answers on this host when the worker runs it: `NO_DEVICE` without a driver,
+/// success with a GPU.
+fn expect_gpu_op(rig: &Rig, r: ResponseHeader) {
+    if rig.host.gpu_count() > 0 {
+        assert_eq!((r.status, r.flags), (status::SUCCESS, 0), "{r:?}");
+    } else if rig.host.driver_version() == 0 {
+        assert_eq!((r.status, r.flags), (status::NO_DEVICE, 0), "{r:?}");
+    } else {
+        assert_ne!(r.status, status::SUCCESS, "{r:?}");
+    }
+}
+
+fn lost(r: ResponseHeader) {
+    assert_eq!(
+        (r.status, r.flags),
+        (status::LAUNCH_FAILURE, RESP_FLAG_STICKY),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn gpu_ops_run_in_a_worker_process_that_close_reaps() {
+    let mut rig = Rig::new(worker_binary("warn"), "workers-basic");
+    // The daemon answers the handshake and the host queries itself: no worker.
+    assert_eq!(rig.op(11, Op::Hello, &[1]).rets[3], 1);
+    let count = rig.op(11, Op::DeviceCount, &[]);
+    assert_eq!(count.rets[0], u64::from(rig.host.gpu_count()));
+    assert_eq!(
+        rig.op(11, Op::DriverVersion, &[]).rets[0],
+        u64::from(rig.host.driver_version())
+    );
+    assert_eq!(rig.table.worker_pid(11), None);
+
+    // Malloc needs the GPU: it starts the worker, which answers it.
+    let r = rig.op(11, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    let pid = rig.table.worker_pid(11).expect("a worker process");
+    assert!(is_our_child(pid), "worker {pid} is not our child");
+    let cmd = cmdline(pid);
+    assert!(
+        cmd.contains("--session-worker --session-id 11 --vm workers-basic"),
+        "{cmd}"
+    );
+    // The same worker serves the session's next ops.
+    let r = rig.op(11, Op::MemGetInfo, &[]);
+    expect_gpu_op(&rig, r);
+    assert_eq!(rig.table.worker_pid(11), Some(pid));
+    // Hello counts the session, worker or not.
+    assert_eq!(rig.op(12, Op::Hello, &[1]).rets[3], 2);
+
+    let t = Instant::now();
+    assert_eq!(rig.op(11, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "a worker that exits by itself is not waited for: {:?}",
+        t.elapsed()
+    );
+    // Reaped before the close was answered: not even a zombie is left.
+    assert!(!is_our_child(pid), "worker {pid} not reaped");
+    assert_eq!(rig.table.worker_pid(11), None);
+    assert_eq!(rig.table.open_count(), 1);
+    assert_eq!(rig.op(12, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert_eq!(rig.table.open_count(), 0);
+}
+
+#[test]
+fn a_killed_worker_fails_the_session_until_device_reset() {
+    let mut rig = Rig::new(worker_binary("warn"), "workers-kill");
+    let r = rig.op(21, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    let first = rig.table.worker_pid(21).unwrap();
+    // SAFETY: kill(2) on our own, unreaped child has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
+
+    // The next op finds it dead: the documented error, and the session stays failed.
+    lost(rig.op(21, Op::Malloc, &[64]));
+    assert!(!is_our_child(first), "dead worker {first} not reaped");
+    assert_eq!(rig.table.worker_pid(21), None);
+    lost(rig.op(21, Op::MemGetInfo, &[]));
+    assert_eq!(
+        rig.table.worker_pid(21),
+        None,
+        "a failed session starts no worker"
+    );
+    // Queries the daemon answers still work, flagged; so does the handshake.
+    let q = rig.op(21, Op::DriverVersion, &[]);
+    assert_eq!((q.status, q.flags), (status::SUCCESS, RESP_FLAG_STICKY));
+    assert_eq!(rig.op(21, Op::Hello, &[1]).status, status::SUCCESS);
+
+    // DeviceReset recovers: success, then a new worker for the next op.
+    let r = rig.op(21, Op::DeviceReset, &[]);
+    assert_eq!((r.status, r.flags), (status::SUCCESS, 0));
+    let r = rig.op(21, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    let second = rig.table.worker_pid(21).unwrap();
+    assert_ne!(second, first);
+    assert!(is_our_child(second));
+    let q = rig.op(21, Op::DriverVersion, &[]);
+    assert_eq!(q.flags, 0, "the reset cleared the flag");
+    assert_eq!(rig.op(21, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert!(!is_our_child(second));
+}
+
+/// A stand-in worker that never reads, answers or exits by itself (`sleep`), keeping the
+/// channel open: an op stuck in an endless kernel, as far as the daemon can tell.
+fn stuck_worker(dir: &std::path::Path) -> WorkerCommand {
+    let script = dir.join("stuck-worker");
+    fs::write(&script, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    WorkerCommand::program(script, None, "warn")
+}
+
+#[test]
+fn closing_interrupts_an_op_that_never_ends() {
+    let dir = scratch_dir("stuck");
+    let mut rig = Rig::new(stuck_worker(&dir), "workers-stuck");
+    let running = rig.submit(&header(31, Op::Malloc, &[64]), &[], 0);
+    assert!(within(WAIT, || rig.table.worker_pid(31).is_some()));
+    let pid = rig.table.worker_pid(31).unwrap();
+    thread::sleep(Duration::from_millis(100));
+    assert!(!rig.done.is_done(running.head), "the stuck op completed");
+
+    // The guest process is gone: its close ends the worker at once, not after a bound.
+    let t = Instant::now();
+    let close = rig.submit(&header(31, Op::SessionClose, &[]), &[], 0);
+    lost(rig.wait(running, WAIT).resp);
+    assert_eq!(rig.wait(close, WAIT).resp.status, status::SUCCESS);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(!is_our_child(pid), "worker {pid} not reaped");
+
+    // The VM going away does the same, and drops the op without completing it.
+    let running = rig.submit(&header(32, Op::Malloc, &[64]), &[], 0);
+    assert!(within(WAIT, || rig.table.worker_pid(32).is_some()));
+    let pid = rig.table.worker_pid(32).unwrap();
+    assert_eq!(rig.table.close_all(WAIT), 0);
+    assert!(!is_our_child(pid), "worker {pid} not reaped");
+    assert!(!rig.done.is_done(running.head));
+    assert!(rig.table.wait_idle(WAIT));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_worker_that_cannot_start_fails_the_op_not_the_session() {
+    let mut rig = Rig::new(
+        WorkerCommand::program("/nonexistent/vhost-cuda", None, "warn"),
+        "workers-nostart",
+    );
+    for _ in 0..2 {
+        let r = rig.op(71, Op::Malloc, &[64]);
+        assert_eq!((r.status, r.flags), (status::MEMORY_ALLOCATION, 0));
+        assert_eq!(rig.table.worker_pid(71), None);
+    }
+    assert_eq!(rig.op(71, Op::SessionClose, &[]).status, status::SUCCESS);
+}
+
+#[test]
+fn a_worker_that_does_not_exit_is_killed_after_the_bound() {
+    let dir = scratch_dir("noexit");
+    let worker = WorkerProcess::spawn(&stuck_worker(&dir), 41, "workers-noexit").unwrap();
+    let pid = worker.pid();
+    let t = Instant::now();
+    let st = worker.close(Duration::from_millis(300));
+    let took = t.elapsed();
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    assert!(
+        (Duration::from_millis(300)..Duration::from_secs(5)).contains(&took),
+        "{took:?}"
+    );
+    assert!(!is_our_child(pid));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn workers_die_with_the_thread_that_started_them() {
+    let dir = scratch_dir("pdeathsig");
+    let command = stuck_worker(&dir);
+    let worker =
+        thread::spawn(move || WorkerProcess::spawn(&command, 51, "workers-pdeath").unwrap())
+            .join()
+            .unwrap();
+    let pid = worker.pid();
+    // PR_SET_PDEATHSIG: the starting thread has ended, so the kernel killed the worker; it
+    // waits as a zombie until it is reaped.
+    assert!(
+        within(WAIT, || process_state(pid) == Some('Z')),
+        "worker {pid} outlived the thread that started it ({:?})",
+        process_state(pid)
+    );
+    let st = worker.close(Duration::ZERO);
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    assert!(!is_our_child(pid));
+    let _ = fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fifty_sessions_leave_no_worker_behind() {
+    let label = "workers-fifty";
+    let mut rig = Rig::new(worker_binary("warn"), label);
+    let sessions: Vec<u64> = (1000..1050).collect();
+    let pending: Vec<_> = sessions
+        .iter()
+        .map(|&s| rig.submit(&header(s, Op::Malloc, &[64]), &[], 0))
+        .collect();
+    for p in pending {
+        expect_gpu_op(&rig, rig.wait(p, Duration::from_secs(60)).resp);
+    }
+    let pids: Vec<u32> = sessions
+        .iter()
+        .map(|&s| rig.table.worker_pid(s).unwrap())
+        .collect();
+    let mut distinct = pids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 50);
+    assert_eq!(children_with(label).len(), 50);
+    assert_eq!(rig.table.open_count(), 50);
+
+    // Half close one by one, the rest with the VM.
+    let closes: Vec<_> = sessions[..25]
+        .iter()
+        .map(|&s| rig.submit(&header(s, Op::SessionClose, &[]), &[], 0))
+        .collect();
+    for c in closes {
+        assert_eq!(rig.wait(c, WAIT).resp.status, status::SUCCESS);
+    }
+    assert_eq!(rig.table.open_count(), 25);
+    assert_eq!(rig.table.close_all(WAIT), 0);
+    for pid in pids {
+        assert!(!is_our_child(pid), "worker {pid} left behind");
+    }
+    assert_eq!(children_with(label), Vec::<u32>::new());
+}
+
+/// A request of `session` whose buffers lie in `mem` at the given ranges.
+fn request(
+    session: u64,
+    op: Op,
+    mem: &std::sync::Arc<vhost_cuda::guest_buffer::GuestRam>,
+    inputs: &[(u64, usize)],
+    outputs: &[(u64, usize)],
+) -> Request {
+    let mut h = RequestHeader::new(op);
+    h.session = session;
+    let buf = |&(a, l): &(u64, usize)| GuestBuffer::new(mem.clone(), [(GuestAddress(a), l)]);
+    let inputs: Vec<_> = inputs.iter().map(|r| buf(r).unwrap()).collect();
+    let outputs: Vec<_> = outputs.iter().map(|r| buf(r).unwrap()).collect();
+    for b in &inputs {
+        h.push_buffer(Direction::In, b.len() as u64).unwrap();
+    }
+    for b in &outputs {
+        h.push_buffer(Direction::Out, b.len() as u64).unwrap();
+    }
+    Request {
+        header: h,
+        op,
+        inputs,
+        outputs,
+    }
+}
+
+fn answer(w: &mut WorkerProcess) -> ResponseHeader {
+    match w.wait(None).unwrap() {
+        Waited::Done(r) => r,
+        Waited::Woken => unreachable!("no wake-up given"),
+    }
+}
+
+#[test]
+fn the_worker_maps_guest_ram_and_refuses_a_malformed_run_list() {
+    let mem = guest_ram();
+    let mut w = WorkerProcess::spawn(&worker_binary("error"), 61, "workers-malformed").unwrap();
+    w.share_memory(&mem).unwrap();
+
+    // Echo through the worker: it reads the low region and writes the high one (another file
+    // offset) through its own mapping; the bytes show up here.
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    mem.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
+    let echo = request(
+        61,
+        Op::Echo,
+        &mem,
+        &[(0x10_0000, data.len())],
+        &[(HIGH + 0x20_0000, data.len())],
+    );
+    let r = w.execute(&echo).unwrap();
+    assert_eq!(
+        (r.status, r.rets[0]),
+        (status::SUCCESS, Checksum::of(&data))
+    );
+    let mut back = vec![0u8; data.len()];
+    mem.read_slice(&mut back, GuestAddress(HIGH + 0x20_0000))
+        .unwrap();
+    assert!(back == data, "echo through the worker differs");
+
+    // Run lists the daemon must never send; the worker refuses each, untouched memory and all.
+    let good = RunRequest {
+        header: echo.header.encode(),
+        inputs: vec![vec![Span {
+            gpa: 0x10_0000,
+            len: 16,
+        }]],
+        outputs: vec![vec![Span {
+            gpa: HIGH + 0x30_0000,
+            len: 16,
+        }]],
+    };
+    let mut h = echo.header;
+    h.bufs[0].len = 16;
+    h.bufs[1].len = 16;
+    let good = RunRequest {
+        header: h.encode(),
+        ..good
+    };
+    let outside = |gpa| vec![Span { gpa, len: 16 }];
+    let mut other_session = h;
+    other_session.session = 62;
+    let bad = [
+        // In the gap between the regions, past the end, overflowing.
+        RunRequest {
+            outputs: vec![outside(0x1000_0000)],
+            ..good.clone()
+        },
+        RunRequest {
+            outputs: vec![outside(HIGH + (32 << 20) - 8)],
+            ..good.clone()
+        },
+        RunRequest {
+            inputs: vec![outside(u64::MAX - 8)],
+            ..good.clone()
+        },
+        // Runs that do not add up to the header's length.
+        RunRequest {
+            inputs: vec![vec![Span {
+                gpa: 0x10_0000,
+                len: 15,
+            }]],
+            ..good.clone()
+        },
+        // A missing run list.
+        RunRequest {
+            outputs: vec![],
+            ..good.clone()
+        },
+        // Another session's request.
+        RunRequest {
+            header: other_session.encode(),
+            ..good.clone()
+        },
+        // A header that does not decode.
+        RunRequest {
+            header: [0; REQUEST_HEADER_SIZE],
+            ..good.clone()
+        },
+    ];
+    mem.write_slice(&[0x5a; 16], GuestAddress(HIGH + 0x30_0000))
+        .unwrap();
+    for run in bad {
+        w.send_message(&ToWorker::Run(Box::new(run.clone())), &[])
+            .unwrap();
+        assert_eq!(answer(&mut w).status, status::INVALID_VALUE, "{run:x?}");
+    }
+    let mut out = [0u8; 16];
+    mem.read_slice(&mut out, GuestAddress(HIGH + 0x30_0000))
+        .unwrap();
+    assert_eq!(out, [0x5a; 16], "a refused request wrote guest memory");
+    // Still serving.
+    w.send_message(&ToWorker::Run(Box::new(good)), &[]).unwrap();
+    assert_eq!(answer(&mut w).status, status::SUCCESS);
+
+    // A frame that is no message: the worker gives up on the channel and exits.
+    w.send_frame(&[0x7f, 0, 0]).unwrap();
+    assert!(matches!(w.wait(None), Err(WorkerError::Closed)));
+    let pid = w.pid();
+    let st = w.close(WAIT);
+    assert_eq!(st.code(), Some(1), "{st:?}");
+    assert!(!is_our_child(pid));
+}
