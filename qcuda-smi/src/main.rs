@@ -77,8 +77,9 @@ enum Command {
         /// Children alive at once.
         #[arg(long, default_value_t = 4)]
         parallel: u32,
-        /// Echo size of the children's calls.
-        #[arg(long, default_value = "16M", value_parser = size::parse_size)]
+        /// Echo size of the children's calls. 4 MiB in plus 4 MiB out is the largest echo whose
+        /// pinned pages always fit in one chain (MAX_CHAIN_SEGMENTS), even when scattered.
+        #[arg(long, default_value = "4M", value_parser = size::parse_size)]
         size: u64,
         /// Shortest delay before a kill, in ms.
         #[arg(long, default_value_t = 5)]
