@@ -2,14 +2,17 @@
 # run-gpu-tests.sh: on a GPU host, from an unpacked bundle (scripts/bundle.sh): runs every CUDA
 # test program natively (the host's own libcudart) and inside the qcuda guest (ours, remoted to
 # this GPU), checks that a killed guest program leaves no GPU memory behind, and prints a table.
-#   ./run-gpu-tests.sh [--only NAME] [--log-dir DIR]
+#   ./run-gpu-tests.sh [--only NAME] [--log-dir DIR] [--samples DIR]
+# --samples DIR: also run third-party CUDA programs (e.g. NVIDIA's cuda-samples built with
+# nvcc --cudart=shared), natively and in the guest; each must exit 0.
 set -uo pipefail
 B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-only="" logs=$B/logs
+only="" logs=$B/logs samples=""
 while (($#)); do
     case $1 in
     --only) only=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
+    --samples) samples=$(cd "$2" && pwd); shift 2 ;;
     *) echo "usage: $0 [--only NAME] [--log-dir DIR]" >&2; exit 2 ;;
     esac
 done
@@ -52,21 +55,47 @@ while IFS= read -r l; do
 done < <(tr -d '\r' <"$logs/guest.log")
 grep -q 'sessions open: 0' "$logs/vm/daemon.log" && res ok "daemon: every session closed" || res FAIL "daemon: sessions left open"
 
+if [[ -n $samples ]]; then
+    echo "== third-party programs from $samples: native, then in the guest"
+    for t in "$samples"/*; do
+        n=$(basename "$t")
+        if LD_LIBRARY_PATH=$cudart "$t" >"$logs/sample-native-$n.log" 2>&1; then res ok "native/sample/$n"; else
+            res FAIL "native/sample/$n"; tail -n 5 "$logs/sample-native-$n.log"; fi
+    done
+    gcmd='insmod /lib/modules/qcuda.ko; for t in /opt/samples/*; do echo "--- $t"; "$t"; echo "SAMPLE-EXIT $(basename $t) $?"; done'
+    "$B/run-vm.sh" --log-dir "$logs/vm-samples" --timeout 900 --add "$samples:/opt/samples" -- "$gcmd" 2>&1 |
+        tr -d '\r' | tee "$logs/guest-samples.log" | grep -E '^(---|SAMPLE-EXIT|Result|Test|.*PASS|.*FAIL|Device [0-9]|  CUDA)' | head -n 60
+    while read -r _ n rc; do
+        if [[ $rc == 0 ]]; then res ok "guest/sample/$n"; else res FAIL "guest/sample/$n (exit $rc)"; fi
+    done < <(grep '^SAMPLE-EXIT ' "$logs/guest-samples.log")
+fi
+
 echo "== a guest program killed mid-run leaves no GPU memory behind"
 kill_check() {
+    # GPU memory lives in the daemon's per-session worker processes (vhost-cuda --session-worker).
     "$B/run-vm.sh" --log-dir "$logs/vm-kill" --timeout 600 -- \
-        'insmod /lib/modules/qcuda.ko; /opt/qcuda/tests/large_copy & p=$!; sleep 4; kill -9 $p; wait $p; echo KILLED-DONE; sleep 8' \
+        'insmod /lib/modules/qcuda.ko; /opt/qcuda/tests/large_copy & p=$!; sleep 8; kill -9 $p; wait $p; echo KILLED-DONE; sleep 8' \
         >"$logs/kill.log" 2>&1 &
-    local vm=$!
-    for _ in $(seq 600); do grep -q KILLED-DONE "$logs/kill.log" && break; sleep 0.5; done
-    sleep 2
-    local pid
-    pid=$(pgrep -f "$B/bin/vhost-cuda" | head -n1)
-    local used
-    used=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | awk -F', ' -v p="$pid" '$1 == p {print $2}')
-    echo "vhost-cuda pid $pid, GPU memory still held after the kill: ${used:-none}"
+    local vm=$! seen=0 workers used
+    worker_mem() { # MiB held by session workers now
+        local pids
+        pids=$(pgrep -f -- '--session-worker' | tr '\n' '|')
+        [[ -n $pids ]] || { echo 0; return; }
+        nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+            awk -F', ' -v re="^(${pids%|})$" '$1 ~ re { s += $2 } END { print s + 0 }'
+    }
+    for _ in $(seq 1200); do
+        grep -q KILLED-DONE "$logs/kill.log" && break
+        used=$(worker_mem)
+        ((used > seen)) && seen=$used
+        sleep 0.5
+    done
+    sleep 3
+    used=$(worker_mem)
+    workers=$(pgrep -fc -- '--session-worker' || true)
+    echo "GPU memory held by the session worker before the kill: ${seen} MiB; after: ${used} MiB; workers left: ${workers}"
     wait $vm
-    [[ -n $pid && -z $used ]]
+    ((seen > 0 && used == 0 && workers == 0))
 }
 kill_check && res ok "killed guest program: no GPU memory left" || res FAIL "killed guest program: GPU memory left"
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -192,7 +192,7 @@ fi
     </dev/null >"$log_dir/qemu.log" 2>&1 &
 qemu_pid=$!
 # Stream the console while the guest runs.
-tail -n +1 -f "$serial" --pid="$qemu_pid" 2>/dev/null | tr -d '\r' | grep -v '^QCUDA_EXIT=' &
+tail -n +1 -f "$serial" --pid="$qemu_pid" 2>/dev/null | sed -u -e 's/\r$//' -e '/^QCUDA_EXIT=/d' &
 tail_pid=$!
 deadline=$((SECONDS + timeout))
 while kill -0 "$qemu_pid" 2>/dev/null; do
