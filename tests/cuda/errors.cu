@@ -5,11 +5,13 @@
 //  - such errors are not sticky: the next call works;
 //  - a kernel that writes to an unmapped address makes cudaDeviceSynchronize return
 //    cudaErrorIllegalAddress, which is sticky: every later call that needs the context fails with
-//    it (and records it again as the last error) until cudaDeviceReset, after which kernels
-//    work again.
+//    it (and records it again as the last error); after cudaDeviceReset either the device works
+//    again (qcuda: a fresh host worker process) or stays unavailable until the process exits
+//    (NVIDIA's native runtime).
 #define TEST_NAME "errors"
 #include "selfcheck.cuh"
 
+#include <cstdlib>
 #include <cstring>
 
 // Pointers no allocation of this process can have: never returned by cudaMalloc.
@@ -144,19 +146,28 @@ int main()
     CHECK(cudaGetDeviceCount(&count));
     std::printf("errors: cudaErrorIllegalAddress is sticky\n");
 
-    // Reset destroys the faulted context; the next call gets a fresh one and the program's
-    // kernels are loaded again on their own. NVIDIA's native runtime with driver 580 cannot do
-    // this after an MMU fault (every call then returns cudaErrorDevicesUnavailable until the
-    // process exits); qcuda can, and must, because a guest process is not a host process.
+    // After cudaDeviceReset, CUDA documents two outcomes for a sticky error: the process can
+    // only be relaunched (NVIDIA's runtime with driver 580 then answers every call with
+    // cudaErrorDevicesUnavailable), or the device really is reset. qcuda gives each guest process
+    // its own host worker process, so its reset replaces that process and must recover. Any
+    // other answer fails.
     CHECK(cudaDeviceReset());
     EXPECT_ERR(cudaGetLastError(), cudaSuccess);
     void *fresh = nullptr;
     err = cudaMalloc(&fresh, 16);
+    // QCUDA_EXPECT_RESET_RECOVERY=1 (set by the guest checks) demands the recovery.
+    const char *want_recovery = std::getenv("QCUDA_EXPECT_RESET_RECOVERY");
+    if (err == cudaErrorDevicesUnavailable && !(want_recovery && want_recovery[0] == '1')) {
+        std::printf("errors: after cudaDeviceReset the device stays unavailable until the process "
+                    "exits (the native runtime's documented behaviour)\n");
+        return pass();
+    }
     if (err != cudaSuccess)
-        fail("cudaMalloc after cudaDeviceReset returned %s: the faulted context was not replaced "
-             "(this is what NVIDIA's native runtime does with driver 580; qcuda must recover)",
+        fail("cudaMalloc after cudaDeviceReset returned %s: neither a fresh context nor "
+             "cudaErrorDevicesUnavailable",
              cudaGetErrorName(err));
     CHECK(cudaFree(fresh));
     expect_working_kernel("after cudaDeviceReset");
+    std::printf("errors: cudaDeviceReset recovered from the sticky error\n");
     return pass();
 }
