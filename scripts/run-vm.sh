@@ -11,6 +11,7 @@
 #   --payload FILE     an extra .cpio.gz unpacked over the base initramfs (repeatable)
 #   --no-payload       do not add the default payload (guest-lib, qcuda-smi, CUDA tests)
 #   --no-device        boot without vhost-cuda and the qcuda device
+#   --socket PATH      attach to an already running vhost-cuda on PATH instead of starting one
 #   --daemon-arg ARG   extra argument for vhost-cuda (repeatable)
 #   --log-dir DIR      keep logs there: daemon.log, serial.log (default: a temp dir, removed)
 #   --mem SIZE         guest RAM (default 3G; memfd, share=on)
@@ -42,13 +43,14 @@ DAEMON=${QCUDA_DAEMON:-$DAEMON}
 CACHE=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
 
 adds=() payloads=() daemon_args=() log_dir="" mem=3G smp=2 accel=${QCUDA_ACCEL:-auto}
-timeout=900 use_device=1 use_payload=1 cmd=""
+timeout=900 use_device=1 use_payload=1 cmd="" ext_sock=""
 while (($#)); do
     case $1 in
     --add) adds+=("$2"); shift 2 ;;
     --payload) payloads+=("$2"); shift 2 ;;
     --no-payload) use_payload=0; shift ;;
     --no-device) use_device=0; shift ;;
+    --socket) ext_sock=$2; shift 2 ;;
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
     --log-dir) log_dir=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
@@ -68,7 +70,7 @@ fail() { say "error: $*"; exit 125; }
 for f in "$QEMU" "$GUEST_DIR/bzImage" "$GUEST_DIR/initramfs.cpio.gz"; do
     [[ -e $f ]] || fail "$f is missing (build with scripts/build-qemu.sh and scripts/build-guest.sh)"
 done
-((use_device == 0)) || [[ -x $DAEMON ]] || fail "$DAEMON is missing (cargo build --release -p vhost-cuda)"
+((use_device == 0)) || [[ -n $ext_sock ]] || [[ -x $DAEMON ]] || fail "$DAEMON is missing (cargo build --release -p vhost-cuda)"
 if ((use_payload)) && [[ -f $GUEST_DIR/payload.cpio.gz ]]; then
     payloads=("$GUEST_DIR/payload.cpio.gz" "${payloads[@]}")
 fi
@@ -163,7 +165,11 @@ say "accelerator: $accel"
 
 # --- daemon -----------------------------------------------------------------------------------
 qemu_dev=()
-if ((use_device)); then
+if ((use_device)) && [[ -n $ext_sock ]]; then
+    [[ -S $ext_sock ]] || fail "--socket $ext_sock: no such socket"
+    qemu_dev=(-object "memory-backend-memfd,id=mem,size=$mem,share=on" -numa node,memdev=mem
+        -chardev "socket,id=cuda0,path=$ext_sock" -device vhost-user-cuda-pci,chardev=cuda0)
+elif ((use_device)); then
     sock=$work/vhost-cuda.sock
     RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" "${daemon_args[@]}" \
         >"$log_dir/daemon.log" 2>&1 &

@@ -51,8 +51,14 @@ step "setup: system packages" scripts/setup.sh || finish
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test (unit, fuzz, vhost-user protocol)" cargo test --workspace --locked
-grep -E '^test result|skipped: no GPU' "$LOGS"/cargo_test*.log | sed 's/^[^:]*:/    /' | sort | uniq -c | sed 's/^/  /'
-grep -q 'skipped: no GPU' "$LOGS"/cargo_test*.log && skip "vhost-cuda GPU executor test (no GPU on this host)"
+awk '/^test result:/ { p += $4; f += $6 } END { printf "   cargo test: %d passed, %d failed\n", p, f }' "$LOGS"/cargo_test*.log
+gpu_tests() { cargo test --workspace --locked -q --test cuda_gpu --test worker_gpu -- --nocapture; }
+if step "vhost-cuda GPU tests (executor, worker isolation)" gpu_tests; then
+    if grep -q 'skipped: no GPU' "$LOGS"/vhost-cuda_GPU*.log; then
+        passed=$((passed - 1))
+        skip "vhost-cuda GPU tests: no GPU on this host"
+    fi
+fi
 
 echo "== builds"
 t_build=$SECONDS
@@ -134,6 +140,30 @@ in_use() {
     [ $rc -ne 0 ] && [ $rc -ne 124 ]
 }
 step "daemon: socket path already in use is a clear error" in_use
+qemu_dies() {
+    # A QEMU killed right after connecting, then a whole guest run on the same daemon.
+    local d rc=0
+    d=$(mktemp -d)
+    RUST_LOG=info target/release/vhost-cuda --socket-path "$d/s.sock" >"$d/daemon.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 50); do [ -S "$d/s.sock" ] && break; sleep 0.1; done
+    build/qemu/bin/qemu-system-x86_64 -L build/qemu/share/qemu -M pc -m 256M -nic none -display none \
+        -object memory-backend-memfd,id=mem,size=256M,share=on -numa node,memdev=mem \
+        -chardev socket,id=c,path="$d/s.sock" -device vhost-user-cuda-pci,chardev=c >/dev/null 2>&1 &
+    local q=$!
+    sleep 0.3
+    kill -KILL $q
+    wait $q 2>/dev/null
+    scripts/run-vm.sh --socket "$d/s.sock" --timeout 300 -- 'insmod /lib/modules/qcuda.ko && qcuda-smi' || rc=$?
+    kill -0 $pid || rc=1
+    kill -TERM $pid
+    wait $pid 2>/dev/null
+    cat "$d/daemon.log"
+    grep -q 'frontend disconnected' "$d/daemon.log" || rc=1
+    rm -rf "$d"
+    return $rc
+}
+step "daemon: a QEMU killed mid-handshake is logged, the next VM is served" qemu_dies
 
 echo "== release bundle"
 bundle_boots() {
