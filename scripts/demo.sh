@@ -20,7 +20,7 @@ else
 fi
 say "booting the guest; inside it: insmod qcuda.ko, qcuda-smi, then tests/cuda/vector_add with our libcudart.so.13"
 rc=0
-scripts/run-vm.sh -- 'insmod /lib/modules/qcuda.ko && qcuda-smi && echo && ldd /opt/qcuda/tests/vector_add | grep cudart && /opt/qcuda/tests/vector_add' || rc=$?
+scripts/run-vm.sh -- 'insmod /lib/modules/qcuda.ko && qcuda-smi && echo && LD_TRACE_LOADED_OBJECTS=1 /opt/qcuda/tests/vector_add | grep cudart && /opt/qcuda/tests/vector_add' || rc=$?
 case $rc in
 0) say "done: the CUDA program in the guest computed on the host GPU" ;;
 2) say "done: the whole stack ran, and the guest program reported cleanly that the host has no GPU"; rc=0 ;;
