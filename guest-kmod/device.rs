@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-//! The qcuda virtio device: the request queue, the table of requests the device holds,
-//! completion, and removal.
+//! The qcuda virtio device: binding (probe, the host's stale sessions, /dev/qcuda), the request
+//! queue, the table of requests the device holds, completion, and removal.
 //!
 //! Neighbours: virtio.rs is the C edge (probe and remove arrive here from glue.c),
 //! request.rs is what gets queued, session.rs (one open file of /dev/qcuda) is who queues.
@@ -10,6 +10,11 @@
 //! request until the caller collects the result, or, when nobody waits any more (signal,
 //! fire-and-forget op, close timeout), until `reap` frees it in process context: unpinning
 //! pages may sleep, so nothing is ever freed in the interrupt handler.
+//!
+//! A driver instance that goes away (unbind, guest reboot, module unload after a removal) cannot
+//! close its sessions on the host: the device is reset before its files are closed. So each new
+//! instance starts by sending `DriverReset`, before /dev/qcuda exists and thus before it has any
+//! session of its own, and the host closes every session it still holds for this device.
 
 use core::ptr;
 
@@ -21,7 +26,7 @@ use kernel::{
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
     new_condvar, new_spinlock_irq,
     prelude::*,
-    sync::{aref::ARef, Arc, CondVar, SpinLockIrq, SpinLockIrqGuard},
+    sync::{aref::ARef, Arc, CondVar, SetOnce, SpinLockIrq, SpinLockIrqGuard},
     time::{msecs_to_jiffies, Instant, Monotonic},
 };
 
@@ -29,8 +34,12 @@ use crate::{
     request::{Request, SgList},
     session::Session,
     virtio::{self, VirtioDevice, Virtqueue},
-    wire::{ResponseHeader, MAX_CHAIN_SEGMENTS},
+    wire::{status, Op, RequestHeader, ResponseHeader, MAX_CHAIN_SEGMENTS},
 };
+
+/// How long probe waits for the host to close the sessions of earlier driver instances. The
+/// host answers once their worker processes are reaped (it gives up waiting after 10 s).
+const DRIVER_RESET_TIMEOUT_MS: i64 = 30_000;
 
 /// What became of the request in a slot.
 enum SlotState {
@@ -83,7 +92,7 @@ pub(crate) enum Wait {
     /// Until completion or a signal (then EINTR; the device keeps the request).
     Interruptible,
     /// Until completion or `timeout_ms` (then ETIMEDOUT), ignoring signals: used to close a
-    /// session, which also happens while a killed process exits.
+    /// session, which also happens while a killed process exits, and by probe.
     Uninterruptible { timeout_ms: i64 },
 }
 
@@ -107,6 +116,8 @@ pub(crate) struct QcudaDevice {
     /// Notified when a slot or ring space is freed.
     #[pin]
     space: CondVar,
+    ring_size: usize,
+    indirect: bool,
     max_segments: usize,
     dev: ARef<Device>,
 }
@@ -120,6 +131,7 @@ impl QcudaDevice {
     fn new(
         vq: *mut Virtqueue,
         ring_size: usize,
+        indirect: bool,
         max_segments: usize,
         dev: ARef<Device>,
     ) -> Result<Arc<Self>> {
@@ -149,6 +161,8 @@ impl QcudaDevice {
             try_pin_init!(Self {
                 queue <- new_spinlock_irq!(queue, "qcuda_queue"),
                 space <- new_condvar!("qcuda_space"),
+                ring_size,
+                indirect,
                 max_segments,
                 dev,
             }),
@@ -434,6 +448,20 @@ impl QcudaDevice {
         }
     }
 
+    /// Has the host close every session it still holds for this device: they belong to earlier
+    /// driver instances, since this one has none yet. The host answers once they are closed,
+    /// with their number in rets[0]; a host that predates the op answers `NOT_SUPPORTED`.
+    fn reset_host_sessions(&self) -> Result<ResponseHeader> {
+        // Session 0 is no session (ids start at 1); the host ignores it for this op.
+        let req = Request::new(&RequestHeader::new(Op::DriverReset), &[])?;
+        self.execute(
+            &req,
+            Wait::Uninterruptible {
+                timeout_ms: DRIVER_RESET_TIMEOUT_MS,
+            },
+        )
+    }
+
     /// Stops the queue: resets the device, fails every waiter with ENODEV and deletes the
     /// queues. Open files keep the (dead) device until they are closed; `reap` frees what the
     /// device still held.
@@ -464,15 +492,25 @@ impl QcudaDevice {
     }
 }
 
-/// What probe leaves behind in `vdev->priv`: the misc device and the shared device state.
+/// /dev/qcuda of one device: the misc device and the device state its files use.
 ///
 /// Teardown order is field drop order: `misc` first (deregistering /dev/qcuda waits for opens
 /// in progress, so no open can reach `device` afterwards), then `device`.
 #[pin_data]
-pub(crate) struct ProbedDevice {
+pub(crate) struct DeviceNode {
     #[pin]
     pub(crate) misc: MiscDeviceRegistration<Session>,
     pub(crate) device: Arc<QcudaDevice>,
+}
+
+/// What probe leaves behind in `vdev->priv`, from before the device is ready until remove.
+///
+/// The request queue's interrupt uses `device` from the moment the device is ready; `node` is
+/// filled in later, once the host has closed the sessions of earlier driver instances.
+/// Teardown order is field drop order: `node` first (/dev/qcuda goes away), then `device`.
+struct Binding {
+    node: SetOnce<Pin<KBox<DeviceNode>>>,
+    device: Arc<QcudaDevice>,
 }
 
 fn probe(vdev: *mut VirtioDevice) -> Result {
@@ -480,15 +518,84 @@ fn probe(vdev: *mut VirtioDevice) -> Result {
     let mut events: *mut Virtqueue = ptr::null_mut();
     // SAFETY: `vdev` is the device being probed; the out pointers are valid.
     to_result(unsafe { virtio::qcuda_glue_find_vqs(vdev, &mut requests, &mut events) })?;
-    let result = probe_with_queues(vdev, requests);
-    if result.is_err() {
-        // SAFETY: The queues were set up above and nothing uses them.
-        unsafe { virtio::qcuda_glue_del_vqs(vdev) };
+    let device = match new_device(vdev, requests) {
+        Ok(device) => device,
+        Err(e) => {
+            // SAFETY: The queues were set up above and nothing uses them.
+            unsafe { virtio::qcuda_glue_del_vqs(vdev) };
+            return Err(e);
+        }
+    };
+    let binding = match KBox::new(
+        Binding {
+            node: SetOnce::new(),
+            device: device.clone(),
+        },
+        GFP_KERNEL,
+    ) {
+        Ok(b) => KBox::into_raw(b),
+        Err(e) => {
+            // Resets the device (not ready yet) and deletes the queues.
+            device.stop(vdev);
+            return Err(e.into());
+        }
+    };
+    // SAFETY: `vdev` is the device being probed. From here on the request queue's callback
+    // reads this pointer; `qcuda_rs_remove` (or the failure path below) frees it only after
+    // the reset stopped the callbacks.
+    unsafe { virtio::qcuda_glue_set_priv(vdev, binding.cast()) };
+    // SAFETY: As above; the queues are set up, so the device may start.
+    unsafe { virtio::qcuda_glue_device_ready(vdev) };
+    device.queue.lock().ready = true;
+
+    // Before /dev/qcuda exists, so every session the host closes is an earlier instance's.
+    match device.reset_host_sessions() {
+        Ok(r) if r.status == status::SUCCESS => dev_info!(
+            device.dev,
+            "host closed {} session(s) of an earlier driver instance\n",
+            r.rets[0]
+        ),
+        Ok(r) if r.status == status::NOT_SUPPORTED => dev_warn!(
+            device.dev,
+            "host does not support DriverReset: sessions of earlier driver instances stay \
+             open there until the VM disconnects\n"
+        ),
+        Ok(r) => dev_warn!(device.dev, "DriverReset: host status {}\n", r.status),
+        Err(e) => dev_warn!(device.dev, "DriverReset failed: {:?}\n", e),
     }
-    result
+
+    let shared = device.clone();
+    let node = KBox::pin_init(
+        try_pin_init!(DeviceNode {
+            // Initialised before `misc` registers /dev/qcuda: open() reads it.
+            device: shared,
+            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"qcuda" }),
+        }),
+        GFP_KERNEL,
+    );
+    // SAFETY: `binding` is valid until remove or the failure path below, and only this probe
+    // writes `node` (the callback reads `device` only).
+    let populated = node.map(|node| unsafe { (*binding).node.populate(node) });
+    if let Err(e) = populated {
+        device.stop(vdev);
+        // SAFETY: `vdev` is valid; after the reset no callback reads `vdev->priv`.
+        unsafe { virtio::qcuda_glue_set_priv(vdev, ptr::null_mut()) };
+        // SAFETY: `binding` came from `KBox::into_raw` above and is taken back exactly once.
+        drop(unsafe { KBox::from_raw(binding) });
+        return Err(e);
+    }
+    dev_info!(
+        device.dev,
+        "/dev/qcuda ready (ring {}, indirect {}, up to {} descriptors per call)\n",
+        device.ring_size,
+        device.indirect,
+        device.max_segments
+    );
+    Ok(())
 }
 
-fn probe_with_queues(vdev: *mut VirtioDevice, requests: *mut Virtqueue) -> Result {
+/// The device state for the request queue `requests` of `vdev`, not ready yet.
+fn new_device(vdev: *mut VirtioDevice, requests: *mut Virtqueue) -> Result<Arc<QcudaDevice>> {
     // SAFETY: `requests` is a live virtqueue of `vdev`.
     let ring_size = unsafe { virtio::virtqueue_get_vring_size(requests) } as usize;
     // SAFETY: `vdev` is the device being probed.
@@ -504,33 +611,7 @@ fn probe_with_queues(vdev: *mut VirtioDevice, requests: *mut Virtqueue) -> Resul
     if ring_size == 0 {
         return Err(ENODEV);
     }
-    let device = QcudaDevice::new(requests, ring_size, max_segments, dev.clone())?;
-    let shared = device.clone();
-    let probed = KBox::pin_init(
-        try_pin_init!(ProbedDevice {
-            // Initialised before `misc` registers /dev/qcuda: open() reads it.
-            device: shared,
-            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"qcuda" }),
-        }),
-        GFP_KERNEL,
-    )?;
-    // SAFETY: Ownership of `probed` passes to the device until `qcuda_rs_remove`; it is never
-    // moved out of the box (we only turn the pinned box into a raw pointer and back).
-    let raw = KBox::into_raw(unsafe { Pin::into_inner_unchecked(probed) });
-    // SAFETY: `vdev` is the device being probed. The request queue's callback reads this
-    // pointer; `qcuda_rs_remove` frees it only after the reset stopped the callbacks.
-    unsafe { virtio::qcuda_glue_set_priv(vdev, raw.cast()) };
-    // SAFETY: As above; the queues are set up, so the device may start.
-    unsafe { virtio::qcuda_glue_device_ready(vdev) };
-    device.queue.lock().ready = true;
-    dev_info!(
-        dev,
-        "/dev/qcuda ready (ring {}, indirect {}, up to {} descriptors per call)\n",
-        ring_size,
-        indirect,
-        max_segments
-    );
-    Ok(())
+    QcudaDevice::new(requests, ring_size, indirect, max_segments, dev)
 }
 
 /// Called by glue.c when the virtio core binds a device with id 56.
@@ -548,27 +629,30 @@ pub(crate) unsafe extern "C" fn qcuda_rs_probe(vdev: *mut VirtioDevice) -> c_int
 
 /// Called by glue.c when the device goes away (unplug, unbind, module unload).
 ///
+/// Nothing is sent to the host: the device may already be gone (unplug), and the sessions of
+/// files still open are closed by the host when the next driver instance binds (`DriverReset`)
+/// or when the VM disconnects.
+///
 /// # Safety
 ///
 /// `vdev` is a device this driver probed successfully.
 #[no_mangle]
 pub(crate) unsafe extern "C" fn qcuda_rs_remove(vdev: *mut VirtioDevice) {
     // SAFETY: `vdev` is valid per the function's contract.
-    let raw = unsafe { virtio::qcuda_glue_get_priv(vdev) }.cast::<ProbedDevice>();
+    let raw = unsafe { virtio::qcuda_glue_get_priv(vdev) }.cast::<Binding>();
     if raw.is_null() {
         return;
     }
-    // SAFETY: `raw` came from `KBox::into_raw` in `probe_with_queues` and is still owned by
-    // the device.
+    // SAFETY: `raw` came from `KBox::into_raw` in `probe` and is still owned by the device.
     let device = unsafe { (*raw).device.clone() };
     // After this no callback runs any more, so nothing reads `vdev->priv`.
     device.stop(vdev);
     // SAFETY: `vdev` is valid.
     unsafe { virtio::qcuda_glue_set_priv(vdev, ptr::null_mut()) };
-    // SAFETY: `raw` came from `KBox::into_raw` of a pinned box and is taken back exactly once.
-    let probed = unsafe { Pin::new_unchecked(KBox::from_raw(raw)) };
+    // SAFETY: `raw` came from `KBox::into_raw` and is taken back exactly once.
+    let binding = unsafe { KBox::from_raw(raw) };
     // Deregisters /dev/qcuda; open files keep `device` and get ENODEV.
-    drop(probed);
+    drop(binding);
     device.reap();
     dev_info!(device.dev, "device removed\n");
 }
@@ -577,14 +661,15 @@ pub(crate) unsafe extern "C" fn qcuda_rs_remove(vdev: *mut VirtioDevice) {
 ///
 /// # Safety
 ///
-/// `data` is null or the `ProbedDevice` that `probe_with_queues` stored, which
-/// `qcuda_rs_remove` frees only after the callbacks have stopped.
+/// `data` is null or the `Binding` that `probe` stored, which `qcuda_rs_remove` frees only
+/// after the callbacks have stopped.
 #[no_mangle]
 pub(crate) unsafe extern "C" fn qcuda_rs_request_done(data: *mut c_void) {
     if data.is_null() {
         return;
     }
-    // SAFETY: Per the function's contract.
-    let probed = unsafe { &*data.cast::<ProbedDevice>() };
-    probed.device.complete();
+    // SAFETY: Per the function's contract. Only `device` is used; probe may be filling in
+    // `node` meanwhile, which `SetOnce` allows.
+    let binding = unsafe { &*data.cast::<Binding>() };
+    binding.device.complete();
 }

@@ -26,7 +26,7 @@ use kernel::{
 };
 
 use crate::{
-    device::{ProbedDevice, QcudaDevice, Wait},
+    device::{DeviceNode, QcudaDevice, Wait},
     request::Request,
     wire::{
         ioctl::{IoctlCall, IOCTL_CALL, IOCTL_CALL_SIZE},
@@ -65,14 +65,14 @@ impl MiscDevice for Session {
     fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
         let misc = core::ptr::from_ref(misc).cast_mut();
         // SAFETY: Every `MiscDeviceRegistration<Session>` is the `misc` field of a
-        // `ProbedDevice` (device.rs registers it nowhere else). misc_open() holds misc_mtx
-        // during this call and deregistration takes it, so the `ProbedDevice` is alive, and
+        // `DeviceNode` (device.rs registers it nowhere else). misc_open() holds misc_mtx
+        // during this call and deregistration takes it, so the `DeviceNode` is alive, and
         // its `device` was initialised before the registration.
-        let probed = unsafe { &*kernel::container_of!(misc, ProbedDevice, misc) };
+        let node = unsafe { &*kernel::container_of!(misc, DeviceNode, misc) };
         Ok(KBox::new(
             Session {
                 id: NEXT_SESSION.fetch_add(1, Relaxed),
-                device: probed.device.clone(),
+                device: node.device.clone(),
                 used: Atomic::new(false),
             },
             GFP_KERNEL,

@@ -13,8 +13,8 @@ use std::{
 };
 
 use qcuda_proto::{
-    ioctl::IoctlCall, status, Direction, GpuInfo, Op, ParamInfo, FLAG_ASYNC, RESP_FLAG_STICKY,
-    VERSION,
+    ioctl::IoctlCall, status, Direction, GpuInfo, Op, ParamInfo, FLAG_ASYNC, RESP_DEFERRED_SHIFT,
+    RESP_FLAG_STICKY, VERSION,
 };
 
 use crate::{
@@ -179,19 +179,6 @@ impl FakeState {
     }
 }
 
-fn is_sync_point(op: Op) -> bool {
-    matches!(
-        op,
-        Op::DeviceSynchronize
-            | Op::StreamSynchronize
-            | Op::EventSynchronize
-            | Op::MemcpyDtoH
-            | Op::MemcpyHtoD
-            | Op::Malloc
-            | Op::Free
-    )
-}
-
 impl Transport for Arc<FakeDevice> {
     fn execute(&self, call: &mut Call<'_>) -> Result<(), i32> {
         let mut s = self.state();
@@ -249,19 +236,23 @@ impl Transport for Arc<FakeDevice> {
                 }
             }
         }
+        let mut deferred = 0;
         if fire_and_forget && st != status::SUCCESS {
-            // Reported at the next synchronising op, as the real device does.
+            // Nobody reads this reply: like vhost-cuda, carry the failure in the next reply to
+            // a waited-for op (RESP_DEFERRED_SHIFT).
             s.pending.get_or_insert((st, sticky));
             st = status::SUCCESS;
             sticky = false;
-        } else if st == status::SUCCESS && is_sync_point(op) {
+        } else if !fire_and_forget {
             if let Some((code, was_sticky)) = s.pending.take() {
-                (st, sticky) = (code, was_sticky);
+                deferred = code;
+                sticky |= was_sticky;
             }
         }
         let c = call.raw_mut();
         c.status = st;
-        c.resp_flags = if sticky { RESP_FLAG_STICKY } else { 0 };
+        c.resp_flags =
+            (if sticky { RESP_FLAG_STICKY } else { 0 }) | (deferred << RESP_DEFERRED_SHIFT);
         c.rets = rets;
         Ok(())
     }
@@ -448,7 +439,9 @@ fn run(
             };
             rets[0] = u64::from((b - a).to_bits());
         }
-        Op::Echo | Op::HostInfo | Op::SessionClose => return Err(status::NOT_SUPPORTED),
+        Op::Echo | Op::HostInfo | Op::SessionClose | Op::DriverReset => {
+            return Err(status::NOT_SUPPORTED)
+        }
     }
     Ok(())
 }

@@ -9,7 +9,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use qcuda_proto::{Direction, Op, BOUNCE_THRESHOLD, RESP_FLAG_STICKY, VERSION};
+use qcuda_proto::{
+    Direction, Op, BOUNCE_THRESHOLD, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY, VERSION,
+};
 
 use crate::{
     cuda_error::{CudaError, CudaResult},
@@ -110,6 +112,18 @@ impl Session {
             return Err(e);
         }
         let reply = call.reply();
+        // An earlier fire-and-forget op of this process failed on the host. Like CUDA's
+        // asynchronous errors it surfaces now: as the result of a synchronising call that
+        // otherwise succeeded, and as the thread's last error in any case.
+        if let Some(d) = CudaError::from_code(reply.flags >> RESP_DEFERRED_SHIFT) {
+            if is_sticky(d) && reply.flags & RESP_FLAG_STICKY != 0 {
+                self.set_sticky(device, d);
+            }
+            if reply.status == 0 && is_synchronizing(op) {
+                return Err(d);
+            }
+            crate::last_error::record(d);
+        }
         if let Some(e) = CudaError::from_code(reply.status) {
             // RESP_FLAG_STICKY says the session holds a sticky error somewhere; the status is
             // that error only if it is one of the sticky codes (another device's op, or a
@@ -178,6 +192,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::Echo
         | Op::HostInfo
         | Op::SessionClose
+        | Op::DriverReset
         | Op::DeviceCount
         | Op::DeviceInfo
         | Op::DeviceAttributes
@@ -223,7 +238,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::StreamDestroy
         | Op::EventCreate
         | Op::EventDestroy
-        | Op::SessionClose => false,
+        | Op::SessionClose
+        | Op::DriverReset => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -258,6 +274,14 @@ pub fn may_fire_and_forget(call: &Call<'_>) -> bool {
     raw.bufs[..raw.nbufs as usize]
         .iter()
         .all(|b| b.dir == Direction::In as u32 && b.len <= BOUNCE_THRESHOLD)
+}
+
+/// Ops that wait for earlier work and so report the failures of earlier fire-and-forget ops.
+pub fn is_synchronizing(op: Op) -> bool {
+    matches!(
+        op,
+        Op::DeviceSynchronize | Op::StreamSynchronize | Op::EventSynchronize
+    )
 }
 
 /// The sticky (context-corrupting) errors, as driver_types.h documents them and vhost-cuda

@@ -66,6 +66,11 @@ pub const KERNEL_ONLY_OP: u32 = 0x8000_0000;
 
 /// Response flag: the session holds a sticky (context-corrupting) error.
 pub const RESP_FLAG_STICKY: u32 = 1 << 0;
+/// Response flags bits 16..31 carry the `cudaError_t` of an earlier fire-and-forget
+/// (`FLAG_ASYNC`) op of the session that failed, 0 if none. Nobody waits for a fire-and-forget
+/// op's own response, so the device reports its failure once, in its reply to the session's next
+/// waited-for op, as CUDA reports asynchronous errors at a later call.
+pub const RESP_DEFERRED_SHIFT: u32 = 16;
 
 /// Why a byte sequence is not a valid wire value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +212,12 @@ ops! {
     HostInfo = 0x0003, ins 0, outs 1;
     /// Kernel module only: the session (open file) is gone; free everything it owns.
     SessionClose = 0x8000_0001, ins 0, outs 0;
+    /// Kernel module only: sent by the kernel module when a driver instance binds to the
+    /// device, before any session of it exists: every session the device still holds belongs
+    /// to a previous driver instance and is closed; rets[0] = number of sessions closed.
+    /// `hdr.session` carries no meaning (the module sends 0). A device that predates this op
+    /// answers `status::NOT_SUPPORTED`.
+    DriverReset = 0x8000_0002, ins 0, outs 0;
 
     /// rets[0] = number of devices the session may use.
     DeviceCount = 0x0100, ins 0, outs 0;
@@ -508,6 +519,22 @@ impl ResponseHeader {
             status,
             ..Self::default()
         }
+    }
+
+    /// The failed fire-and-forget op's status carried by this response, 0 if none.
+    pub fn deferred_error(&self) -> u32 {
+        self.flags >> RESP_DEFERRED_SHIFT
+    }
+
+    /// Carries `status` as the deferred error of an earlier fire-and-forget op (see
+    /// [`RESP_DEFERRED_SHIFT`]); statuses that do not fit in 16 bits become `status::UNKNOWN`.
+    pub fn set_deferred_error(&mut self, status: u32) {
+        let code = if status > 0xffff {
+            status::UNKNOWN
+        } else {
+            status
+        };
+        self.flags = (self.flags & 0xffff) | (code << RESP_DEFERRED_SHIFT);
     }
 
     /// Encodes the response.

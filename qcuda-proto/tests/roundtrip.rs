@@ -90,7 +90,17 @@ fn every_op_roundtrips_and_shapes_fit() {
         );
     }
     assert!(Op::SessionClose.is_kernel_only());
+    assert!(Op::DriverReset.is_kernel_only());
+    assert_eq!(Op::DriverReset as u32, 0x8000_0002);
+    assert_eq!(Op::DriverReset.shape(), (0, 0));
     assert!(!Op::Hello.is_kernel_only());
+    // Exactly the ops the kernel module sends itself are kernel-only.
+    let kernel_only: Vec<Op> = Op::ALL
+        .iter()
+        .copied()
+        .filter(|op| op.is_kernel_only())
+        .collect();
+    assert_eq!(kernel_only, [Op::SessionClose, Op::DriverReset]);
 }
 
 #[test]
@@ -175,9 +185,11 @@ fn ioctl_call_rejects_malformed() {
     let mut b = good;
     b[144 + 15] = 1;
     assert_eq!(IoctlCall::decode(&b), Err(WireError::BufferTooLong));
-    let mut k = IoctlCall::new(Op::SessionClose);
-    k.nbufs = 0;
-    assert_eq!(IoctlCall::decode(&k.encode()), Err(WireError::UnknownOp));
+    // User space cannot send the kernel module's own ops.
+    for op in [Op::SessionClose, Op::DriverReset] {
+        let k = IoctlCall::new(op);
+        assert_eq!(IoctlCall::decode(&k.encode()), Err(WireError::UnknownOp));
+    }
     let mut s = IoctlCall::new(Op::Malloc);
     s.push(Direction::In, 0, 1).unwrap();
     assert_eq!(IoctlCall::decode(&s.encode()), Err(WireError::BadShape));

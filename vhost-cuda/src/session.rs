@@ -29,6 +29,12 @@
 //! the same way, and queued requests are dropped without touching the ring. All of that waiting
 //! happens on the session's own thread.
 //!
+//! `DriverReset` comes from a guest driver instance that has just bound to the device, before
+//! it has any session: every session in the table belongs to an instance that went away without
+//! closing its files (a guest reboot, an unbind), so they are all ended as on a disconnect. A
+//! thread of its own waits for them (bounded by [`DRIVER_RESET_WAIT`]) and then answers how
+//! many there were, so the vring thread and new sessions never wait for it.
+//!
 //! The table's lock only guards the map from session id to thread and is never held while an
 //! op runs. This module knows nothing about vrings: the virtio edge supplies the completer.
 
@@ -44,7 +50,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use qcuda_proto::{status, Op, ResponseHeader, RESP_FLAG_STICKY};
+use qcuda_proto::{status, Op, ResponseHeader, FLAG_ASYNC, RESP_FLAG_STICKY};
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -60,6 +66,11 @@ use crate::{
 /// it uses the GPU; a guest kernel that invents session ids must not be able to exhaust the
 /// host. Requests of further sessions are answered with `cudaErrorMemoryAllocation`.
 pub const MAX_SESSIONS: usize = 1024;
+
+/// How long `DriverReset` waits for the sessions it ends before answering anyway (they then
+/// finish closing in the background). Well above a worker's own close bound ([`CLOSE_WAIT`]),
+/// and well below the guest module's wait for the answer (30 s).
+pub const DRIVER_RESET_WAIT: Duration = Duration::from_secs(10);
 
 /// Sessions open in this process, over all VMs.
 static OPEN_SESSIONS_TOTAL: AtomicUsize = AtomicUsize::new(0);
@@ -183,8 +194,9 @@ enum Msg {
     Run(Box<Job>),
     /// A new guest memory map (SET_MEM_TABLE), for the worker process.
     Memory(Arc<GuestRam>),
-    /// The VM is gone: close the session and stop.
-    Shutdown,
+    /// The VM, or the guest driver instance the session belonged to, is gone: close the
+    /// session (the reason is logged) and stop.
+    Shutdown(&'static str),
 }
 
 impl Msg {
@@ -193,7 +205,7 @@ impl Msg {
         match self {
             Msg::Run(job) => job.request.op == Op::SessionClose,
             Msg::Memory(_) => false,
-            Msg::Shutdown => true,
+            Msg::Shutdown(_) => true,
         }
     }
 }
@@ -208,6 +220,8 @@ struct SessionHandle {
     wake: Arc<EventFd>,
     /// The worker process's id, 0 while there is none.
     pid: Arc<AtomicU32>,
+    /// Set when the session has ended (its worker reaped), under the counters' lock.
+    ended: Arc<AtomicBool>,
 }
 
 impl SessionHandle {
@@ -280,7 +294,8 @@ impl SessionTable {
     }
 
     /// Hands a parsed request to its session's thread, starting the thread if needed. The chain
-    /// is completed through `completer`, from the session's thread.
+    /// is completed through `completer`, from the session's thread (a `DriverReset`'s from a
+    /// thread of its own).
     pub fn dispatch(&self, head: u16, parsed: ParsedRequest, completer: Arc<dyn ChainCompleter>) {
         let id = parsed.request.header.session;
         let job = Job {
@@ -290,6 +305,11 @@ impl SessionTable {
             completer,
             _in_flight: InFlight::new(&self.shared),
         };
+        if job.request.op == Op::DriverReset {
+            // Whatever session id it carries: it is about the whole table.
+            self.driver_reset(job);
+            return;
+        }
         let mut threads = self.shared.threads();
         let mut msg = Msg::Run(Box::new(job));
         if let Some(w) = threads.get(&id) {
@@ -331,6 +351,7 @@ impl SessionTable {
         let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
         let abandoned = Arc::new(AtomicBool::new(false));
         let pid = Arc::new(AtomicU32::new(0));
+        let ended = Arc::new(AtomicBool::new(false));
         let thread = SessionThread {
             shared: self.shared.clone(),
             id,
@@ -338,6 +359,7 @@ impl SessionTable {
             abandoned: abandoned.clone(),
             wake: wake.clone(),
             pid: pid.clone(),
+            ended: ended.clone(),
         };
         let spawned = thread::Builder::new()
             .name(format!("qcuda-s{id}"))
@@ -358,8 +380,58 @@ impl SessionTable {
                 abandoned,
                 wake,
                 pid,
+                ended,
             },
         );
+    }
+
+    /// `DriverReset`: ends every session in the table (they belong to a driver instance that is
+    /// gone) exactly as a disconnect does, and answers with their number once they have ended,
+    /// from a thread of its own. Sessions that start meanwhile are new ones and stay.
+    fn driver_reset(&self, job: Job) {
+        let stale = self.take_all();
+        let count = stale.len();
+        if count > 0 {
+            info!(
+                vm = %self.shared.label,
+                "driver reset: a new guest driver instance; closing {count} stale session(s)"
+            );
+        }
+        let ended: Vec<Arc<AtomicBool>> = stale.iter().map(|t| t.ended.clone()).collect();
+        end_sessions(stale, "guest driver reset");
+        let reply = DriverResetReply {
+            shared: self.shared.clone(),
+            job,
+            ended,
+        };
+        if count == 0 {
+            reply.finish();
+            return;
+        }
+        // If the thread cannot start, the closure (and the reply in it) comes back here.
+        let slot = Arc::new(Mutex::new(Some(reply)));
+        let theirs = slot.clone();
+        let spawned = thread::Builder::new()
+            .name("qcuda-reset".into())
+            .spawn(move || {
+                if let Some(r) = lock(&theirs).take() {
+                    r.finish();
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(
+                vm = %self.shared.label,
+                "driver reset: cannot start a thread to wait for the sessions ({e}); answering now"
+            );
+            if let Some(r) = lock(&slot).take() {
+                r.answer(count, self.open_count());
+            }
+        }
+    }
+
+    /// Takes every session out of the table: requests with their ids start new sessions.
+    fn take_all(&self) -> Vec<SessionHandle> {
+        self.shared.threads().drain().map(|(_, t)| t).collect()
     }
 
     /// Waits until every dispatched chain has been completed, at most `timeout`. Returns
@@ -373,14 +445,11 @@ impl SessionTable {
     /// usual bounded close. Waits up to `timeout` for that and returns the number still open;
     /// those close in the background.
     pub fn close_all(&self, timeout: Duration) -> usize {
-        let threads: Vec<SessionHandle> = self.shared.threads().drain().map(|(_, t)| t).collect();
+        let threads = self.take_all();
         if !threads.is_empty() {
             info!(vm = %self.shared.label, "closing all {} sessions", threads.len());
         }
-        for t in threads {
-            t.abandoned.store(true, Ordering::Release);
-            let _ = t.send(Msg::Shutdown);
-        }
+        end_sessions(threads, "VM disconnected or reset");
         let closed = self.shared.wait_for(timeout, |c| c.open == 0);
         let open = self.open_count();
         if !closed {
@@ -399,6 +468,61 @@ impl Drop for SessionTable {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Tells the threads of `sessions` to end their sessions: what they have queued is dropped
+/// without being completed (it came from a ring, or a driver instance, that is gone), a worker
+/// still running an op is killed, the others get their usual bounded close.
+fn end_sessions(sessions: Vec<SessionHandle>, why: &'static str) {
+    for t in sessions {
+        t.abandoned.store(true, Ordering::Release);
+        let _ = t.send(Msg::Shutdown(why));
+    }
+}
+
+/// The answer to a `DriverReset`, once the sessions it ended are gone.
+struct DriverResetReply {
+    shared: Arc<Shared>,
+    job: Job,
+    ended: Vec<Arc<AtomicBool>>,
+}
+
+impl DriverResetReply {
+    /// Waits (bounded) for the ended sessions, then answers.
+    fn finish(self) {
+        let all = self.shared.wait_for(DRIVER_RESET_WAIT, |_| {
+            self.ended.iter().all(|e| e.load(Ordering::Acquire))
+        });
+        let count = self.ended.len();
+        let open = self.shared.counters().open;
+        if !all {
+            let busy = self
+                .ended
+                .iter()
+                .filter(|e| !e.load(Ordering::Acquire))
+                .count();
+            warn!(
+                vm = %self.shared.label,
+                "driver reset: {busy} of {count} stale session(s) still closing after \
+                 {DRIVER_RESET_WAIT:?}; they close in the background"
+            );
+        }
+        self.answer(count, open);
+    }
+
+    fn answer(self, count: usize, open: usize) {
+        info!(
+            vm = %self.shared.label,
+            "driver reset: closed {count} stale session(s); sessions open: {open}"
+        );
+        let mut resp = ResponseHeader::with_status(status::SUCCESS);
+        resp.rets[0] = count as u64;
+        self.job.finish(&resp);
+    }
+}
+
 /// The thread of one session.
 struct SessionThread {
     shared: Arc<Shared>,
@@ -407,6 +531,7 @@ struct SessionThread {
     abandoned: Arc<AtomicBool>,
     wake: Arc<EventFd>,
     pid: Arc<AtomicU32>,
+    ended: Arc<AtomicBool>,
 }
 
 /// A session's GPU side, seen from the daemon.
@@ -446,6 +571,10 @@ impl SessionThread {
         let mut gpu = Gpu::Idle;
         // Messages taken off the queue while an op was running in the worker.
         let mut backlog: VecDeque<Msg> = VecDeque::new();
+        // Why the loop ended, unless a SessionClose ended the session.
+        let mut why = "VM disconnected or reset";
+        // The status of the first failed fire-and-forget op not yet reported.
+        let mut deferred = status::SUCCESS;
         loop {
             let msg = match backlog.pop_front() {
                 Some(m) => m,
@@ -456,7 +585,10 @@ impl SessionThread {
                 },
             };
             let job = match msg {
-                Msg::Shutdown => break,
+                Msg::Shutdown(reason) => {
+                    why = reason;
+                    break;
+                }
                 Msg::Memory(mem) => {
                     self.share_memory(&mut gpu, &mem);
                     continue;
@@ -478,13 +610,27 @@ impl SessionThread {
                 }
                 return;
             }
-            match self.run_op(&mut gpu, &job.request, &rx, &mut backlog) {
-                Outcome::Answered(resp) => job.finish(&resp),
-                Outcome::Interrupted if self.abandoned() => {}
-                Outcome::Interrupted => job.finish(&worker_lost()),
+            let fire_and_forget = job.request.header.flags & FLAG_ASYNC != 0;
+            let mut resp = match self.run_op(&mut gpu, &job.request, &rx, &mut backlog) {
+                // Ended meanwhile by a disconnect or a DriverReset: the chain is not ours to
+                // complete any more (the ring restarted since, or is gone).
+                _ if self.abandoned() => continue,
+                Outcome::Answered(resp) => resp,
+                Outcome::Interrupted => worker_lost(),
+            };
+            // Nobody reads a fire-and-forget op's response: keep its failure for the next
+            // waited-for op of the session (RESP_DEFERRED_SHIFT). The first one counts.
+            if fire_and_forget {
+                if resp.status != status::SUCCESS && deferred == status::SUCCESS {
+                    deferred = resp.status;
+                }
+            } else if deferred != status::SUCCESS {
+                resp.set_deferred_error(deferred);
+                deferred = status::SUCCESS;
             }
+            job.finish(&resp);
         }
-        self.close(&mut gpu, "VM disconnected or reset");
+        self.close(&mut gpu, why);
     }
 
     fn opened(&self) {
@@ -499,7 +645,14 @@ impl SessionThread {
             process.close(CLOSE_WAIT);
             self.pid.store(0, Ordering::Release);
         }
-        let open = self.shared.update(|c| c.open -= 1).open;
+        let open = self
+            .shared
+            .update(|c| {
+                c.open -= 1;
+                // Under the counters' lock, so whoever waits on them sees both at once.
+                self.ended.store(true, Ordering::Release);
+            })
+            .open;
         OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
         info!(
             vm = %self.shared.label,
@@ -869,6 +1022,34 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_fire_and_forget_op_is_reported_once_in_the_next_waited_for_reply() {
+        let mut g = Guest::new();
+        // Without a driver, DeviceCount fails (NO_DEVICE) in the daemon itself.
+        let mut h = RequestHeader::new(Op::DeviceCount);
+        h.session = 4;
+        h.flags = FLAG_ASYNC;
+        let (failing, _) = g.request(h, &[]);
+        let mut h = RequestHeader::new(Op::Echo);
+        h.session = 4;
+        h.flags = FLAG_ASYNC;
+        h.push_buffer(Direction::In, 1).unwrap();
+        h.push_buffer(Direction::Out, 1).unwrap();
+        let (async_echo, _) = g.request(h, b"y");
+        let (first, first_out) = g.simple(Op::Hello, 4);
+        let (second, second_out) = g.simple(Op::Hello, 4);
+        for (head, p) in [failing, async_echo, first, second].into_iter().enumerate() {
+            g.send(head as u16, p);
+        }
+        g.rec.wait(4);
+        let first = g.response(first_out);
+        assert_eq!(first.status, status::SUCCESS);
+        assert_eq!(first.deferred_error(), status::NO_DEVICE);
+        assert_eq!(g.response(second_out).deferred_error(), status::SUCCESS);
+        assert!(g.table.wait_idle(WAIT));
+        g.table.close_all(WAIT);
+    }
+
+    #[test]
     fn requests_of_one_session_complete_in_order() {
         let mut g = Guest::new();
         let reqs: Vec<_> = (0..40u8).map(|i| g.echo(3, &[i; 100]).0).collect();
@@ -934,6 +1115,89 @@ mod tests {
         g.send(3, again);
         g.rec.wait(4);
         assert_eq!(g.table.open_count(), 1);
+    }
+
+    #[test]
+    fn driver_reset_closes_every_session_and_counts_them() {
+        let mut g = Guest::new();
+        for (head, session) in [(0, 1), (1, 2), (2, 3)] {
+            let (hello, _) = g.simple(Op::Hello, session);
+            g.send(head, hello);
+        }
+        g.rec.wait(3);
+        assert_eq!(g.table.open_count(), 3);
+
+        // The module sends session 0; the id means nothing to the op.
+        let (reset, reset_out) = g.simple(Op::DriverReset, 0);
+        g.send(3, reset);
+        assert_eq!(g.rec.wait(4)[3], (3, 64));
+        let r = g.response(reset_out);
+        assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 3));
+        // Answered only once they had ended.
+        assert_eq!(g.table.open_count(), 0);
+        assert!(g.table.shared.threads().is_empty());
+
+        // Nothing left: nothing closed. A session opened afterwards is the only one, and an id
+        // of the old instance opens a new session.
+        let (reset, reset_out) = g.simple(Op::DriverReset, 7);
+        g.send(4, reset);
+        g.rec.wait(5);
+        assert_eq!(g.response(reset_out).rets[0], 0);
+        let (hello, hello_out) = g.simple(Op::Hello, 2);
+        g.send(5, hello);
+        g.rec.wait(6);
+        assert_eq!(g.response(hello_out).rets[3], 1);
+        assert_eq!(g.table.open_count(), 1);
+    }
+
+    #[test]
+    fn driver_reset_drops_stale_requests_and_blocks_no_new_session() {
+        let mut g = Guest::new();
+        let gate = Arc::new(Gate::default());
+        let entered = Arc::new(Gate::default());
+        let saw_open = Arc::new(Mutex::new(None));
+        // Session 1 of the old instance is stuck completing a chain, with more queued behind.
+        let (running, _) = g.simple(Op::Hello, 1);
+        g.table.dispatch(
+            0,
+            running,
+            Arc::new(GatedCompleter {
+                gate: gate.clone(),
+                entered: entered.clone(),
+                saw_open,
+                inner: g.rec.clone(),
+            }),
+        );
+        for head in 1..4 {
+            let (queued, _) = g.simple(Op::Hello, 1);
+            g.send(head, queued);
+        }
+        assert!(entered.wait(WAIT));
+
+        let (reset, reset_out) = g.simple(Op::DriverReset, 0);
+        g.send(10, reset);
+        // The reset waits for session 1; a session of the new instance is served meanwhile,
+        // and is not closed by the reset under way.
+        let (hello, hello_out) = g.simple(Op::Hello, 2);
+        g.send(11, hello);
+        assert_eq!(g.rec.wait(1), vec![(11, 64)]);
+        assert_eq!(g.response(hello_out).status, status::SUCCESS);
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            g.rec.done.lock().unwrap().len(),
+            1,
+            "the reset answered early"
+        );
+
+        gate.open();
+        let done = g.rec.wait(3);
+        assert_eq!(done[1..], [(0, 64), (10, 64)]);
+        assert_eq!(g.response(reset_out).rets[0], 1);
+        // The queued requests of the old instance were dropped, never completed.
+        assert!(g.table.wait_idle(WAIT));
+        assert_eq!(g.rec.done.lock().unwrap().len(), 3);
+        assert_eq!(g.table.open_count(), 1);
+        assert_eq!(g.table.close_all(WAIT), 0);
     }
 
     #[test]

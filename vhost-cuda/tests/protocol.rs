@@ -1,7 +1,7 @@
 //! Plays QEMU against the real daemon binary: a vhost-user frontend over memfd guest memory
 //! with a hand-laid split vring, requests through the ring (one in a session worker process,
-//! which maps the guest RAM vhost-user handed the daemon), then a disconnect and a second
-//! connection served by the same process on the same socket.
+//! which maps the guest RAM vhost-user handed the daemon), a `DriverReset`, then a disconnect and
+//! a second connection served by the same process on the same socket.
 
 mod common;
 
@@ -66,6 +66,22 @@ fn frontend_handshake_requests_and_reconnect() {
 
     assert_eq!(vm.close_session(2).status, status::SUCCESS);
     assert!(daemon.wait_log("session 2 closed (SessionClose); sessions open: 1", 1));
+
+    // A new guest driver instance binds (the guest rebooted, or the device was rebound): the
+    // sessions of the previous one, which never closed their files, are closed and counted.
+    assert_eq!(vm.hello(3).rets[3], 2);
+    let reset = vm.call(&header(0, Op::DriverReset, 0), &[], 0).resp;
+    assert_eq!((reset.status, reset.rets[0]), (status::SUCCESS, 2));
+    assert!(
+        daemon.wait_log(
+            "driver reset: closed 2 stale session(s); sessions open: 0",
+            1
+        ),
+        "{}",
+        daemon.log()
+    );
+    assert!(daemon.wait_log("session 3 closed (guest driver reset)", 1));
+    assert_eq!(vm.hello(1).rets[3], 1, "only the new instance's session");
 
     // The VM goes away: its sessions close, the daemon waits for the next one.
     drop(vm);

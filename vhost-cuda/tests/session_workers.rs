@@ -5,7 +5,8 @@
 //! `SessionClose` reaps it; a worker killed mid-session fails the session with
 //! `cudaErrorLaunchFailure` + `RESP_FLAG_STICKY` until `DeviceReset` starts a new one; a close
 //! interrupts an op that never ends and kills a worker that does not exit; workers die with the
-//! daemon thread that started them; 50 sessions leave no process behind; and the worker
+//! daemon thread that started them; 50 sessions leave no process behind; `DriverReset` (a new
+//! guest driver instance) ends every session and its worker and counts them; and the worker
 //! refuses run lists that the daemon should never have sent.
 
 mod common;
@@ -268,6 +269,73 @@ fn fifty_sessions_leave_no_worker_behind() {
         assert!(!is_our_child(pid), "worker {pid} left behind");
     }
     assert_eq!(children_with(label), Vec::<u32>::new());
+}
+
+#[test]
+fn driver_reset_ends_every_session_and_reaps_its_worker() {
+    let label = "workers-driver-reset";
+    let mut rig = Rig::new(worker_binary("warn"), label);
+    // The previous driver instance: three sessions with workers, one without.
+    for s in [81, 82, 83] {
+        let r = rig.op(s, Op::Malloc, &[64]);
+        expect_gpu_op(&rig, r);
+    }
+    assert_eq!(rig.op(84, Op::Hello, &[1]).rets[3], 4);
+    let pids: Vec<u32> = [81, 82, 83]
+        .iter()
+        .map(|&s| rig.table.worker_pid(s).expect("a worker"))
+        .collect();
+    assert_eq!(children_with(label).len(), 3);
+
+    // The new instance binds: every session is closed and counted, every worker reaped before
+    // the answer.
+    let t = Instant::now();
+    let r = rig.op(0, Op::DriverReset, &[]);
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 4), "{r:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "workers that exit by themselves are not waited for: {:?}",
+        t.elapsed()
+    );
+    assert_eq!(rig.table.open_count(), 0);
+    for pid in &pids {
+        assert!(!is_our_child(*pid), "worker {pid} not reaped");
+    }
+    assert_eq!(children_with(label), Vec::<u32>::new());
+
+    // Sessions of the new instance work as ever, with new workers; an id the old instance used
+    // is a new session.
+    assert_eq!(rig.op(81, Op::Hello, &[1]).rets[3], 1);
+    let r = rig.op(81, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    let new_pid = rig.table.worker_pid(81).expect("a new worker");
+    assert!(!pids.contains(&new_pid));
+    assert_eq!(rig.op(81, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert!(!is_our_child(new_pid));
+
+    // With nothing left, nothing is closed.
+    assert_eq!(rig.op(0, Op::DriverReset, &[]).rets[0], 0);
+}
+
+#[test]
+fn driver_reset_kills_a_worker_stuck_in_an_op_and_drops_the_op() {
+    let dir = scratch_dir("reset-stuck");
+    let mut rig = Rig::new(stuck_worker(&dir), "workers-reset-stuck");
+    let running = rig.submit(&header(91, Op::Malloc, &[64]), &[], 0);
+    assert!(within(WAIT, || rig.table.worker_pid(91).is_some()));
+    let pid = rig.table.worker_pid(91).unwrap();
+
+    // Its guest process belonged to the old instance: the worker is killed at once, not after
+    // the bound, and the op is dropped (its chain was on the old ring).
+    let t = Instant::now();
+    let r = rig.op(0, Op::DriverReset, &[]);
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 1));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(!is_our_child(pid), "worker {pid} not reaped");
+    assert!(rig.table.wait_idle(WAIT));
+    assert!(!rig.done.is_done(running.head), "a stale op was completed");
+    assert_eq!(rig.table.open_count(), 0);
+    let _ = fs::remove_dir_all(&dir);
 }
 
 /// A request of `session` whose buffers lie in `mem` at the given ranges.

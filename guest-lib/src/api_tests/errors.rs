@@ -144,6 +144,24 @@ fn a_failed_fire_and_forget_op_is_reported_once_at_the_next_sync() {
 }
 
 #[test]
+fn a_failed_fire_and_forget_op_reaches_the_last_error_through_a_non_sync_call() {
+    let fake = setup();
+    let (mut a, mut b) = (ptr::null_mut(), ptr::null_mut());
+    // SAFETY: valid pointers.
+    unsafe {
+        ok(cudaMalloc(&mut a, 64));
+        fake.state().fail_next = Some((Op::Memset, status::INVALID_VALUE, false));
+        ok(cudaMemsetAsync(a, 1, 64, ptr::null_mut()));
+        // The next waited-for op carries the failure: it succeeds itself, the error becomes
+        // the thread's last error, and a later synchronise has nothing more to report.
+        ok(cudaMalloc(&mut b, 64));
+        ok(cudaDeviceSynchronize());
+        assert_err(cudaGetLastError(), cu::cudaErrorInvalidValue);
+        ok(cudaGetLastError());
+    }
+}
+
+#[test]
 fn unsupported_functions_fail_honestly() {
     setup();
     assert_err(unsupported::cudaGraphCreate(), cu::cudaErrorNotSupported);

@@ -196,8 +196,9 @@ impl CudaSession {
         }
     }
 
-    /// Executes one op and returns its response. Handles every op except Hello, Echo and
-    /// SessionClose (answered cudaErrorNotSupported here). Never panics on any input.
+    /// Executes one op and returns its response. Handles every op except Hello, Echo and the
+    /// kernel module's SessionClose and DriverReset (answered cudaErrorNotSupported here). Never
+    /// panics on any input.
     ///
     /// `FLAG_ASYNC` requests run like the others, in order, and report their real status.
     pub fn execute(&mut self, req: &Request) -> ResponseHeader {
@@ -232,7 +233,7 @@ impl CudaSession {
             return Ok(resp);
         }
         match req.op {
-            Op::Hello | Op::Echo | Op::SessionClose => {
+            Op::Hello | Op::Echo | Op::SessionClose | Op::DriverReset => {
                 debug!(session = self.id, op = ?req.op, "transport op reached the executor");
                 return Err(status::NOT_SUPPORTED.into());
             }
@@ -280,7 +281,8 @@ impl CudaSession {
             | Op::DeviceInfo
             | Op::Hello
             | Op::Echo
-            | Op::SessionClose => Err(status::NOT_SUPPORTED.into()),
+            | Op::SessionClose
+            | Op::DriverReset => Err(status::NOT_SUPPORTED.into()),
         }
     }
 

@@ -247,7 +247,7 @@ fn no_driver_answers_every_op_without_panicking() {
             let resp = s.execute(&r);
             let want = match op {
                 Op::HostInfo | Op::DriverVersion => status::SUCCESS,
-                Op::Hello | Op::Echo | Op::SessionClose => status::NOT_SUPPORTED,
+                Op::Hello | Op::Echo | Op::SessionClose | Op::DriverReset => status::NOT_SUPPORTED,
                 _ => status::NO_DEVICE,
             };
             assert_eq!(resp.status, want, "{op:?}");
