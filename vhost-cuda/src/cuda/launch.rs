@@ -69,9 +69,10 @@ impl LaunchConfig {
     }
 
     /// Checks the geometry the way the runtime does: zero or too large dimensions are
-    /// cudaErrorInvalidConfiguration.
+    /// cudaErrorInvalidValue (what CUDA 13.0 returns for grid 0, block 2048, block z 65, grid y
+    /// 70000 and too much shared memory, measured with NVIDIA's runtime on an H200).
     pub(crate) fn check(&self, limits: &LaunchLimits) -> Result<(), u32> {
-        let bad = status::INVALID_CONFIGURATION;
+        let bad = status::INVALID_VALUE;
         if self.grid.contains(&0) || self.block.contains(&0) {
             return Err(bad);
         }
@@ -185,7 +186,7 @@ mod tests {
             shared_mem: 0,
         };
         assert_eq!(ok.check(&H100), Ok(()));
-        let bad = status::INVALID_CONFIGURATION;
+        let bad = status::INVALID_VALUE;
         for (grid, block) in [
             ([0, 1, 1], [1, 1, 1]),
             ([1, 1, 1], [1, 0, 1]),

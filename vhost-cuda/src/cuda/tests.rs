@@ -578,7 +578,7 @@ fn modules_functions_and_launches() {
     ] {
         let a = launch_args(f, grid, block_dim, 0);
         let r = s.execute(&req(Op::LaunchKernel, 0, &a, vec![pb.clone()], vec![]));
-        assert_eq!(r.status, status::INVALID_CONFIGURATION);
+        assert_eq!(r.status, status::INVALID_VALUE);
     }
     let mut big_smem = args;
     big_smem[4] = 1 << 33;
