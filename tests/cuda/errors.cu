@@ -99,6 +99,25 @@ int main()
     CHECK(cudaFree(twice));
     check_call_error(cudaFree(twice), "cudaFree of an already freed pointer");
 
+    // An asynchronous memset on an invalid pointer: CUDA may report it at the call or, as with
+    // any asynchronous error, at the next synchronisation; either way exactly once, and not
+    // sticky. (NVIDIA's runtime answers at the call; qcuda's fire-and-forget path at the sync.)
+    {
+        cudaError_t at_call = cudaMemsetAsync(BOGUS_DEVICE_PTR, 0, 64, 0);
+        cudaError_t at_sync = cudaStreamSynchronize(0);
+        cudaError_t seen = at_call != cudaSuccess ? at_call : at_sync;
+        if (seen != cudaErrorInvalidValue)
+            fail("cudaMemsetAsync on an invalid pointer: call %s, sync %s; expected "
+                 "cudaErrorInvalidValue at one of them",
+                 cudaGetErrorName(at_call), cudaGetErrorName(at_sync));
+        if (at_call != cudaSuccess && at_sync != cudaSuccess)
+            fail("cudaMemsetAsync's error was reported twice (%s)", cudaGetErrorName(at_sync));
+        std::printf("errors: cudaMemsetAsync on an invalid pointer -> %s at the %s\n",
+                    cudaGetErrorName(seen), at_call != cudaSuccess ? "call" : "next sync");
+        cudaGetLastError();
+        EXPECT_ERR(cudaStreamSynchronize(0), cudaSuccess);
+    }
+
     void *huge = nullptr;
     cudaError_t err = cudaMalloc(&huge, (size_t)1 << 50);
     if (err != cudaErrorMemoryAllocation)
