@@ -50,7 +50,7 @@ echo "== setup and static checks"
 step "setup: system packages" scripts/setup.sh || finish
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
-step "cargo test (unit, fuzz, vhost-user protocol)" cargo test --workspace --locked
+step "cargo test (unit, fuzz, vhost-user protocol)" cargo test --workspace --locked --no-fail-fast
 awk '/^test result:/ { p += $4; f += $6 } END { printf "   cargo test: %d passed, %d failed\n", p, f }' "$LOGS"/cargo_test*.log
 gpu_tests() { cargo test --workspace --locked -q --test cuda_gpu --test worker_gpu -- --nocapture; }
 if step "vhost-cuda GPU tests (executor, worker isolation)" gpu_tests; then

@@ -10,7 +10,8 @@ pub fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Links the staticlib cargo built for this test run (`<target>/<profile>/libqcudart.a`) with
+/// Links the staticlib cargo built for this test run (`<target>/<profile>/libqcudart.a`, built
+/// here if this run has none) with
 /// `link.sh` into `<tmp>/<name>/libcudart.so.13`, exactly as build.sh does for the release build.
 pub fn link_library(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
@@ -19,7 +20,22 @@ pub fn link_library(name: &str) -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("target profile dir");
-    let archive = profile_dir.join("libqcudart.a");
+    let mut archive = profile_dir.join("libqcudart.a");
+    if !archive.exists() {
+        // `cargo test` builds the rlib only; a fresh checkout has no staticlib yet. Build it in
+        // a target dir of its own: the one of this test run is locked by the running cargo.
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("staticlib");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "--lib", "--manifest-path"])
+            .arg(crate_dir().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target)
+            .status()
+            .expect("run cargo build for the staticlib");
+        assert!(status.success(), "cargo build of the staticlib failed");
+        archive = target.join("debug").join("libqcudart.a");
+    }
     assert!(archive.exists(), "{} was not built", archive.display());
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(name)
