@@ -93,7 +93,7 @@ guest_suite() { # name, guest command
     return $rc
 }
 daemon_logged() { grep -q "$2" "$LOGS/vm-$1/daemon.log"; }
-no_leftovers() { ! pgrep -f "qcuda-vm\.[A-Za-z0-9]{6}/" >/dev/null; }
+no_leftovers() { ! pgrep -f "qcuda-vm\.[A-Za-z0-9]{6}/" >/dev/null && ! pgrep -f -- "--session-worker" >/dev/null; }
 
 t_vm=$SECONDS
 guest_suite transport /opt/qcuda/bin/check-transport
@@ -120,7 +120,7 @@ else
     skip "CUDA programs computing on the GPU: no GPU (run scripts/bundle.sh and run-gpu-tests.sh on a GPU host)"
 fi
 echo "   VM part took $((SECONDS - t_vm))s"
-step "no qemu or vhost-cuda process left behind" no_leftovers
+step "no qemu, vhost-cuda or session worker process left behind" no_leftovers
 
 echo "== bad input"
 step "daemon: missing socket directory is a clear error" sh -c \
