@@ -134,6 +134,10 @@ pub mod status {
     pub const SYMBOL_NOT_FOUND: u32 = 500;
     /// cudaErrorNotReady
     pub const NOT_READY: u32 = 600;
+    /// cudaErrorHostMemoryAlreadyRegistered
+    pub const HOST_MEMORY_ALREADY_REGISTERED: u32 = 712;
+    /// cudaErrorHostMemoryNotRegistered
+    pub const HOST_MEMORY_NOT_REGISTERED: u32 = 713;
     /// cudaErrorIllegalAddress
     pub const ILLEGAL_ADDRESS: u32 = 700;
     /// cudaErrorLaunchOutOfResources
@@ -218,6 +222,19 @@ ops! {
     /// `hdr.session` carries no meaning (the module sends 0). A device that predates this op
     /// answers `status::NOT_SUPPORTED`.
     DriverReset = 0x8000_0002, ins 0, outs 0;
+    /// Kernel module only: guest pages the module holds for the session (allocated by mmap of
+    /// /dev/qcuda, or user pages it pinned) are to be mapped by the session's worker at guest
+    /// user address args[0] (page-aligned), args[1] bytes (a page multiple), and registered with
+    /// the driver (device-mapped, portable). args[2] = `HOST_MAP_*` flags. In-buffer 0 is the
+    /// run table: `HostRun` records, in address order, whose lengths add up to args[1].
+    /// rets[0] = the device address of args[0] (equal to it when the worker could map the
+    /// range at the same address). The pages stay held by the module until `HostUnmap` or
+    /// `SessionClose` is answered.
+    HostMap = 0x8000_0003, ins 1, outs 0;
+    /// Kernel module only: the worker unregisters and unmaps the range `HostMap` mapped at
+    /// args[0]. Answered `HOST_MEMORY_NOT_REGISTERED` if nothing is mapped there; after any
+    /// answer the host no longer maps it.
+    HostUnmap = 0x8000_0004, ins 0, outs 0;
 
     /// rets[0] = number of devices the session may use.
     DeviceCount = 0x0100, ins 0, outs 0;
@@ -249,6 +266,11 @@ ops! {
     MemcpyDtoD = 0x0114, ins 0, outs 0;
     /// args[0] = destination, args[1] = byte value, args[2] = size, args[3] = stream handle.
     Memset = 0x0115, ins 0, outs 0;
+    /// A copy between two device-addressable ranges, each the session's device memory or its
+    /// host-mapped guest memory (`HostMap`): args[0] = destination, args[1] = source (device
+    /// addresses), args[2] = size, args[3] = stream handle. The driver's own DMA moves the
+    /// bytes, in stream order; nothing crosses the virtqueue.
+    MemcpyMapped = 0x0116, ins 0, outs 0;
 
     /// In-buffer 0 is a whole fatbin (or cubin/PTX) image. rets[0] = module handle.
     ModuleLoad = 0x0120, ins 1, outs 0;
@@ -671,6 +693,54 @@ impl GpuInfo {
     }
 }
 
+/// The guest-user address window for host-mapped memory that the guest library allocates
+/// (`cudaHostAlloc`, `cudaMallocManaged`): guest-lib and every session worker reserve
+/// `[HOST_WINDOW_BASE, HOST_WINDOW_BASE + HOST_WINDOW_LEN)` at start, so that a range the guest
+/// maps there can be mapped at the same address on the host, and the device address of
+/// host-mapped memory equals the guest's pointer.
+pub const HOST_WINDOW_BASE: u64 = 0x2000_0000_0000;
+/// See [`HOST_WINDOW_BASE`] (1 TiB).
+pub const HOST_WINDOW_LEN: u64 = 1 << 40;
+/// Page granularity of host mappings.
+pub const HOST_PAGE_SIZE: u64 = 4096;
+/// `HostMap` flag: the device only reads the memory (`cudaHostRegisterReadOnly`).
+pub const HOST_MAP_READ_ONLY: u64 = 1 << 0;
+/// All `HostMap` flags.
+pub const HOST_MAP_FLAGS: u64 = HOST_MAP_READ_ONLY;
+
+/// Bytes of an encoded [`HostRun`].
+pub const HOST_RUN_SIZE: usize = 16;
+
+/// One guest-physically contiguous run of a host mapping: gpa u64 @0, len u64 @8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HostRun {
+    /// Guest-physical address (page-aligned).
+    pub gpa: u64,
+    /// Length in bytes (a page multiple).
+    pub len: u64,
+}
+
+impl HostRun {
+    /// Encodes the record.
+    pub fn encode(&self) -> [u8; HOST_RUN_SIZE] {
+        let mut b = [0u8; HOST_RUN_SIZE];
+        put(&mut b, 0, &self.gpa.to_le_bytes());
+        put(&mut b, 8, &self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes a record.
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < HOST_RUN_SIZE {
+            return Err(WireError::Short);
+        }
+        Ok(Self {
+            gpa: get_u64(b, 0),
+            len: get_u64(b, 8),
+        })
+    }
+}
+
 /// Bytes of an encoded [`ParamInfo`].
 pub const PARAM_INFO_SIZE: usize = 8;
 
@@ -850,6 +920,77 @@ pub mod ioctl {
 
     /// Device node path in the guest.
     pub const DEVICE_PATH: &str = "/dev/qcuda";
+
+    /// The argument of [`IOCTL_HOST_MAP`] and [`IOCTL_HOST_UNMAP`].
+    ///
+    /// Layout: addr u64 @0, len u64 @8, flags u64 @16 (in: `HOST_MAP_*`), device u32 @24 (in),
+    /// status u32 @28 (out: the host's `cudaError_t`), dev_addr u64 @32 (out).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    #[repr(C)]
+    pub struct HostMapCall {
+        /// User address of the range.
+        pub addr: u64,
+        /// Its length in bytes (`IOCTL_HOST_MAP` only).
+        pub len: u64,
+        /// `HOST_MAP_*` flags (`IOCTL_HOST_MAP` only).
+        pub flags: u64,
+        /// The CUDA device current for the caller.
+        pub device: u32,
+        /// Out: the host's `cudaError_t`.
+        pub status: u32,
+        /// Out: the device address of `addr` (`IOCTL_HOST_MAP` only).
+        pub dev_addr: u64,
+    }
+
+    /// Bytes of a [`HostMapCall`].
+    pub const HOST_MAP_CALL_SIZE: usize = 40;
+
+    /// `_IOWR('Q', 0x02, struct HostMapCall)`: makes the user range `[addr, addr + len)`
+    /// reachable by the GPU. A range that is exactly one mmap of /dev/qcuda uses the module's
+    /// pages; any other range is pinned (`FOLL_LONGTERM`) for as long as the mapping lives. The
+    /// module sends `Op::HostMap` and holds the pages until the host has dropped its mapping.
+    pub const IOCTL_HOST_MAP: u32 = ((IOC_READ | IOC_WRITE) << 30)
+        | ((HOST_MAP_CALL_SIZE as u32) << 16)
+        | ((b'Q' as u32) << 8)
+        | 0x02;
+    /// `_IOWR('Q', 0x03, struct HostMapCall)`: ends the mapping made at `addr` (`Op::HostUnmap`)
+    /// and releases its pages; for an mmap of /dev/qcuda that was never mapped, only forgets it.
+    pub const IOCTL_HOST_UNMAP: u32 = ((IOC_READ | IOC_WRITE) << 30)
+        | ((HOST_MAP_CALL_SIZE as u32) << 16)
+        | ((b'Q' as u32) << 8)
+        | 0x03;
+
+    impl HostMapCall {
+        /// Encodes the call as the kernel reads it.
+        pub fn encode(&self) -> [u8; HOST_MAP_CALL_SIZE] {
+            let mut b = [0u8; HOST_MAP_CALL_SIZE];
+            put(&mut b, 0, &self.addr.to_le_bytes());
+            put(&mut b, 8, &self.len.to_le_bytes());
+            put(&mut b, 16, &self.flags.to_le_bytes());
+            put(&mut b, 24, &self.device.to_le_bytes());
+            put(&mut b, 28, &self.status.to_le_bytes());
+            put(&mut b, 32, &self.dev_addr.to_le_bytes());
+            b
+        }
+
+        /// Decodes a call from user space (the out fields are ignored).
+        pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+            if b.len() < HOST_MAP_CALL_SIZE {
+                return Err(WireError::Short);
+            }
+            let c = Self {
+                addr: get_u64(b, 0),
+                len: get_u64(b, 8),
+                flags: get_u64(b, 16),
+                device: get_u32(b, 24),
+                ..Self::default()
+            };
+            if c.flags & !HOST_MAP_FLAGS != 0 {
+                return Err(WireError::Reserved);
+            }
+            Ok(c)
+        }
+    }
 
     impl IoctlCall {
         /// A call for `op` with no buffers.

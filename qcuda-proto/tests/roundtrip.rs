@@ -100,7 +100,47 @@ fn every_op_roundtrips_and_shapes_fit() {
         .copied()
         .filter(|op| op.is_kernel_only())
         .collect();
-    assert_eq!(kernel_only, [Op::SessionClose, Op::DriverReset]);
+    assert_eq!(
+        kernel_only,
+        [
+            Op::SessionClose,
+            Op::DriverReset,
+            Op::HostMap,
+            Op::HostUnmap
+        ]
+    );
+}
+
+#[test]
+fn host_map_calls_and_runs_roundtrip() {
+    use qcuda_proto::{
+        ioctl::{HostMapCall, HOST_MAP_CALL_SIZE, IOCTL_HOST_MAP, IOCTL_HOST_UNMAP},
+        HostRun, HOST_MAP_READ_ONLY, HOST_WINDOW_BASE, HOST_WINDOW_LEN,
+    };
+    assert_eq!(core::mem::size_of::<HostMapCall>(), HOST_MAP_CALL_SIZE);
+    // _IOWR('Q', 2 / 3, 40 bytes), as the kernel computes them.
+    assert_eq!(IOCTL_HOST_MAP, 0xc028_5102);
+    assert_eq!(IOCTL_HOST_UNMAP, 0xc028_5103);
+    let c = HostMapCall {
+        addr: 0x7f00_1234_5000,
+        len: 3 << 20,
+        flags: HOST_MAP_READ_ONLY,
+        device: 1,
+        status: 0,
+        dev_addr: 0,
+    };
+    assert_eq!(HostMapCall::decode(&c.encode()), Ok(c));
+    let bad = HostMapCall { flags: 2, ..c };
+    assert_eq!(HostMapCall::decode(&bad.encode()), Err(WireError::Reserved));
+    let r = HostRun {
+        gpa: 0x1_2345_6000,
+        len: 0x40_0000,
+    };
+    assert_eq!(HostRun::decode(&r.encode()), Ok(r));
+    assert!(HostRun::decode(&[0; 15]).is_err());
+    // The window is page-aligned and within the 47-bit user address space.
+    assert_eq!(HOST_WINDOW_BASE % 4096, 0);
+    assert!(HOST_WINDOW_BASE + HOST_WINDOW_LEN < 0x7fff_ffff_f000);
 }
 
 #[test]
