@@ -721,6 +721,10 @@ impl SessionThread {
             }
             Op::Echo => return Outcome::Answered(transport_ops::echo(req)),
             Op::DeviceReset if gpu.sticky() => self.reset(gpu, req),
+            // A worker that is not running maps nothing: no need to start one to say so.
+            Op::HostUnmap if !matches!(gpu, Gpu::Running { .. }) => {
+                ResponseHeader::with_status(status::HOST_MEMORY_NOT_REGISTERED)
+            }
             _ => match host.answer_query(req) {
                 Some(r) => r,
                 None => return self.on_worker(gpu, req, rx, backlog),

@@ -232,6 +232,10 @@ pub fn run(config: &WorkerConfig) -> i32 {
             return 2;
         }
     };
+    // Before the driver reserves address space of its own (see `cuda::reserve_window`).
+    if !crate::cuda::reserve_window() {
+        warn!("cannot reserve the host-mapping window: host memory will map at other addresses");
+    }
     let host = match CudaHost::with_gpu_filter(config.gpu) {
         Ok(h) => h,
         Err(e) => {

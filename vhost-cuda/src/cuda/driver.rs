@@ -127,6 +127,18 @@ pub(crate) trait DriverApi: Send + Sync {
     fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()>;
     /// cuMemsetD8Async.
     fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Raw) -> CuResult<()>;
+    /// cuMemcpyAsync between two device-addressable ranges (device memory or registered host
+    /// memory, by unified address).
+    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()>;
+    /// cuMemHostRegister (portable, device-mapped; read-only if asked) of `ptr..ptr + len`.
+    ///
+    /// # Safety
+    /// The range must be mapped in this process, and stay mapped until it is unregistered.
+    unsafe fn mem_host_register(&self, ptr: u64, len: usize, read_only: bool) -> CuResult<()>;
+    /// cuMemHostUnregister.
+    fn mem_host_unregister(&self, ptr: u64) -> CuResult<()>;
+    /// cuMemHostGetDevicePointer: the device address of registered host memory at `ptr`.
+    fn mem_host_device_pointer(&self, ptr: u64) -> CuResult<u64>;
 
     /// cuModuleLoadData. `image` is a checked image ending in a NUL byte.
     fn module_load(&self, image: &[u8]) -> CuResult<Raw>;
@@ -203,6 +215,10 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemcpyDtoHAsync_v2",
     "cuMemcpyDtoDAsync_v2",
     "cuMemsetD8Async",
+    "cuMemcpyAsync",
+    "cuMemHostRegister_v2",
+    "cuMemHostUnregister",
+    "cuMemHostGetDevicePointer_v2",
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
@@ -463,6 +479,33 @@ impl DriverApi for CudaDriver {
         check(unsafe { sys::cuMemsetD8Async(dst, value, len, ptr(stream)) })
     }
 
+    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment; both addresses were checked against the session's
+        // device memory and host mappings, and the driver checks them again.
+        check(unsafe { sys::cuMemcpyAsync(dst, src, len, ptr(stream)) })
+    }
+
+    unsafe fn mem_host_register(&self, p: u64, len: usize, read_only: bool) -> CuResult<()> {
+        const PORTABLE: u32 = 0x1;
+        const DEVICEMAP: u32 = 0x2;
+        const READ_ONLY: u32 = 0x8;
+        let flags = PORTABLE | DEVICEMAP | if read_only { READ_ONLY } else { 0 };
+        // SAFETY: see the impl comment; the caller keeps the range mapped (method contract).
+        check(unsafe { sys::cuMemHostRegister_v2(p as *mut c_void, len, flags) })
+    }
+
+    fn mem_host_unregister(&self, p: u64) -> CuResult<()> {
+        // SAFETY: see the impl comment; the driver refuses addresses it did not register.
+        check(unsafe { sys::cuMemHostUnregister(p as *mut c_void) })
+    }
+
+    fn mem_host_device_pointer(&self, p: u64) -> CuResult<u64> {
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: see the impl comment; the driver only looks the address up.
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p as *mut c_void, 0) })?;
+        Ok(d)
+    }
+
     fn module_load(&self, image: &[u8]) -> CuResult<Raw> {
         if image.last() != Some(&0) {
             return Err(CuError::INVALID_VALUE);
@@ -656,6 +699,18 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn memcpy_dtod(&self, _: u64, _: u64, _: usize, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memcpy(&self, _: u64, _: u64, _: usize, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn mem_host_register(&self, _: u64, _: usize, _: bool) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_host_unregister(&self, _: u64) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_host_device_pointer(&self, _: u64) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn memset_d8(&self, _: u64, _: u8, _: usize, _: Raw) -> CuResult<()> {

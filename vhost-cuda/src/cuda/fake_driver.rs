@@ -70,6 +70,8 @@ struct State {
     calls: HashMap<&'static str, usize>,
     /// Errors to return from the next call of a method.
     fail: HashMap<&'static str, CuError>,
+    /// Registered host memory (process-wide, as `CU_MEMHOSTREGISTER_PORTABLE` makes it).
+    registered: BTreeMap<u64, u64>,
 }
 
 impl State {
@@ -117,6 +119,11 @@ impl FakeDriver {
     /// How often method `name` was called.
     pub(crate) fn calls(&self, name: &'static str) -> usize {
         self.st().calls.get(name).copied().unwrap_or(0)
+    }
+
+    /// Host ranges registered now.
+    pub(crate) fn registered(&self) -> usize {
+        self.st().registered.len()
     }
 
     /// Makes the next call of `name` fail with `err`.
@@ -191,6 +198,12 @@ fn slice_mut(c: &mut Ctx, ptr: u64, len: usize) -> CuResult<&mut [u8]> {
     let off = usize::try_from(ptr - base).map_err(|_| INVALID_VALUE)?;
     let end = off.checked_add(len).ok_or(INVALID_VALUE)?;
     v.get_mut(off..end).ok_or(INVALID_VALUE)
+}
+
+/// The host pointer of a registered range holding `ptr..ptr + len`.
+fn host_slice(registered: &BTreeMap<u64, u64>, ptr: u64, len: usize) -> Option<*mut u8> {
+    let (&base, &l) = registered.range(..=ptr).next_back()?;
+    (ptr.checked_add(len as u64)? <= base + l).then_some(ptr as *mut u8)
 }
 
 fn check_stream(c: &Ctx, s: Raw) -> CuResult<()> {
@@ -378,11 +391,61 @@ impl DriverApi for FakeDriver {
     }
 
     fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Raw) -> CuResult<()> {
+        let registered = self.st().registered.clone();
         self.with_ctx("memset_d8", |c, _| {
             check_stream(c, stream)?;
-            slice_mut(c, dst, len)?.fill(value);
+            match host_slice(&registered, dst, len) {
+                // SAFETY: registered ranges stay mapped while registered (method contract of
+                // `mem_host_register`).
+                Some(p) => unsafe { std::ptr::write_bytes(p, value, len) },
+                None => slice_mut(c, dst, len)?.fill(value),
+            }
             Ok(())
         })
+    }
+
+    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+        let registered = self.st().registered.clone();
+        self.with_ctx("memcpy", |c, _| {
+            check_stream(c, stream)?;
+            let data = match host_slice(&registered, src, len) {
+                Some(p) => {
+                    // SAFETY: registered ranges stay mapped while registered (method contract
+                    // of `mem_host_register`).
+                    unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
+                }
+                None => slice_mut(c, src, len)?.to_vec(),
+            };
+            match host_slice(&registered, dst, len) {
+                // SAFETY: as above; `data` is a copy, so the ranges may overlap.
+                Some(p) => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, len) },
+                None => slice_mut(c, dst, len)?.copy_from_slice(&data),
+            }
+            Ok(())
+        })
+    }
+
+    unsafe fn mem_host_register(&self, ptr: u64, len: usize, _read_only: bool) -> CuResult<()> {
+        let mut st = self.enter("mem_host_register")?;
+        let end = ptr.checked_add(len as u64).ok_or(INVALID_VALUE)?;
+        if len == 0 || st.registered.iter().any(|(&b, &l)| b < end && ptr < b + l) {
+            return Err(INVALID_VALUE);
+        }
+        st.registered.insert(ptr, len as u64);
+        Ok(())
+    }
+
+    fn mem_host_unregister(&self, ptr: u64) -> CuResult<()> {
+        let mut st = self.enter("mem_host_unregister")?;
+        st.registered.remove(&ptr).map(|_| ()).ok_or(INVALID_VALUE)
+    }
+
+    fn mem_host_device_pointer(&self, ptr: u64) -> CuResult<u64> {
+        let st = self.enter("mem_host_device_pointer")?;
+        // Unified addressing: the device address is the host address.
+        host_slice(&st.registered, ptr, 1)
+            .map(|_| ptr)
+            .ok_or(INVALID_VALUE)
     }
 
     fn module_load(&self, image: &[u8]) -> CuResult<Raw> {

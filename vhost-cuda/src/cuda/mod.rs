@@ -18,6 +18,7 @@ mod copy;
 mod driver;
 mod handles;
 mod host;
+mod host_mappings;
 mod host_queries;
 mod launch;
 mod module_image;
@@ -32,4 +33,5 @@ mod test_kernels;
 mod tests;
 
 pub use host::{CudaHost, HostError};
+pub use host_mappings::reserve_window;
 pub use session::CudaSession;

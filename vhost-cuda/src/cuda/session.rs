@@ -17,7 +17,10 @@
 
 use std::{ffi::CString, sync::Arc};
 
-use qcuda_proto::{status, Op, ResponseHeader, PARAM_INFO_SIZE, RESP_FLAG_STICKY};
+use qcuda_proto::{
+    status, Op, ResponseHeader, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, PARAM_INFO_SIZE,
+    RESP_FLAG_STICKY,
+};
 use tracing::{debug, warn};
 
 use super::{
@@ -27,6 +30,7 @@ use super::{
     driver::{CuError, DriverApi, Raw, NULL_STREAM},
     handles::{HandleCounter, HandleTable},
     host::CudaHost,
+    host_mappings::{self, HostMappings, MapError},
     launch::{LaunchConfig, ParamLayout},
     module_image::ModuleImage,
     status::{cuda_name, is_sticky},
@@ -86,6 +90,16 @@ fn ok_rets(rets: &[u64]) -> OpResult {
 /// Maps driver errors of calls on device `dev`.
 fn on(dev: usize) -> impl Fn(CuError) -> Fault {
     move |err| Fault::Driver { dev, err }
+}
+
+/// The status a refused host mapping earns.
+fn map_status(e: MapError) -> u32 {
+    match e {
+        MapError::Invalid => status::INVALID_VALUE,
+        MapError::Overlap => status::HOST_MEMORY_ALREADY_REGISTERED,
+        MapError::NoMemory => status::MEMORY_ALLOCATION,
+        MapError::NotMapped => status::HOST_MEMORY_NOT_REGISTERED,
+    }
 }
 
 fn to_usize(v: u64) -> Result<usize, Fault> {
@@ -165,6 +179,8 @@ pub struct CudaSession {
     functions: HandleTable<FunctionEntry>,
     streams: HandleTable<StreamEntry>,
     events: HandleTable<EventEntry>,
+    /// Guest memory mapped into this process and registered (`HostMap`).
+    host_memory: HostMappings,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -175,6 +191,7 @@ impl std::fmt::Debug for CudaSession {
             .field("modules", &self.modules.len())
             .field("streams", &self.streams.len())
             .field("events", &self.events.len())
+            .field("host_mappings", &self.host_memory.len())
             .finish()
     }
 }
@@ -193,6 +210,7 @@ impl CudaSession {
             functions: HandleTable::new(MAX_FUNCTIONS),
             streams: HandleTable::new(MAX_STREAMS),
             events: HandleTable::new(MAX_EVENTS),
+            host_memory: HostMappings::default(),
         }
     }
 
@@ -261,6 +279,9 @@ impl CudaSession {
             Op::MemcpyDtoH => self.memcpy_dtoh(req),
             Op::MemcpyDtoD => self.memcpy_dtod(req),
             Op::Memset => self.memset(req),
+            Op::MemcpyMapped => self.memcpy_mapped(req),
+            Op::HostMap => self.host_map(req),
+            Op::HostUnmap => self.host_unmap(req),
             Op::ModuleLoad => self.module_load(req),
             Op::ModuleUnload => self.module_unload(args[0]),
             Op::ModuleGetFunction => self.module_get_function(req),
@@ -403,6 +424,13 @@ impl CudaSession {
     /// in its worker process, so that wait stalls no other session; a daemon ending the session
     /// does not wait for it beyond a bound, it kills the worker (`worker_process.rs`).
     fn teardown(&mut self, dev: usize) {
+        // Host mappings registered in this context go with it; their pages stay the guest's.
+        for guest in self.host_memory.on_device(dev) {
+            let drv = Arc::clone(&self.drv);
+            let _ = self.host_memory.unmap(guest, |m| {
+                let _ = drv.mem_host_unregister(m.local);
+            });
+        }
         let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
             return;
         };
@@ -475,13 +503,107 @@ impl CudaSession {
         ok()
     }
 
-    /// Checks that `[ptr, ptr + len)` is the session's memory on `dev`.
+    /// Checks that `[ptr, ptr + len)` is the session's memory on `dev`: device memory of its
+    /// own, or guest memory it host-mapped (portable, so reachable from every device).
     fn check_range(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
-        if self.context(dev)?.memory.contains(ptr, len) {
+        if self.context(dev)?.memory.contains(ptr, len)
+            || self.host_memory.contains_device(ptr, len)
+        {
             Ok(())
         } else {
             Err(status::INVALID_VALUE.into())
         }
+    }
+
+    /// `MemcpyMapped`: a copy between device-addressable ranges of the session (device memory
+    /// or host-mapped guest memory), done by the driver in stream order. A waited-for request
+    /// returns once the copy is complete, as `cudaMemcpy` does.
+    fn memcpy_mapped(&mut self, req: &Request) -> OpResult {
+        let [dst, src, size, stream, ..] = req.header.args;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        if size == 0 {
+            return ok();
+        }
+        self.check_range(dev, dst, size)?;
+        self.check_range(dev, src, size)?;
+        self.drv
+            .memcpy(dst, src, to_usize(size)?, stream)
+            .map_err(on(dev))?;
+        if req.header.flags & FLAG_ASYNC == 0 {
+            self.drv.stream_synchronize(stream).map_err(on(dev))?;
+        }
+        ok()
+    }
+
+    /// `HostMap` (from qcuda.ko only): maps the guest runs of in-buffer 0 at guest address
+    /// args[0] (args[1] bytes) and registers them in the context of the request's device.
+    fn host_map(&mut self, req: &Request) -> OpResult {
+        let [guest, len, flags, ..] = req.header.args;
+        if flags & !HOST_MAP_FLAGS != 0 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let table = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        host_mappings::check_range(guest, len).map_err(map_status)?;
+        let bytes = table.to_vec().map_err(|_| status::INVALID_VALUE)?;
+        let runs = host_mappings::decode_runs(&bytes, len).map_err(map_status)?;
+        let dev = self.bind_new(req)?;
+        let drv = Arc::clone(&self.drv);
+        let read_only = flags & HOST_MAP_READ_ONLY != 0;
+        let mut failure = None;
+        let mapped = self
+            .host_memory
+            .map(table.memory(), guest, len, &runs, dev, |local, len| {
+                let size = usize::try_from(len).map_err(|_| MapError::Invalid)?;
+                // SAFETY: `local..local + len` is mapped by the host-mapping table, which
+                // unregisters it (`unmap`, `teardown`) before it unmaps it.
+                if let Err(e) = unsafe { drv.mem_host_register(local, size, read_only) } {
+                    failure = Some(e);
+                    return Err(MapError::NoMemory);
+                }
+                drv.mem_host_device_pointer(local).map_err(|e| {
+                    let _ = drv.mem_host_unregister(local);
+                    failure = Some(e);
+                    MapError::NoMemory
+                })
+            });
+        match (mapped, failure) {
+            (Ok(m), _) => ok_rets(&[m.dev_addr]),
+            (Err(_), Some(err)) => Err(Fault::Driver { dev, err }),
+            (Err(e), None) => Err(map_status(e).into()),
+        }
+    }
+
+    /// `HostUnmap` (from qcuda.ko only): waits for the device's work (as `cudaFreeHost` and
+    /// `cudaHostUnregister` do), unregisters and unmaps. The pages stay the guest's.
+    fn host_unmap(&mut self, req: &Request) -> OpResult {
+        let guest = req.header.args[0];
+        let drv = Arc::clone(&self.drv);
+        let devices: Vec<usize> = (0..self.devices.len()).collect();
+        // Work still queued may read or write the memory: let it finish first. A failed or
+        // corrupted context has nothing left running.
+        if self.host.sticky_error().is_none() {
+            for dev in devices {
+                if matches!(self.devices.get(dev), Some(Some(_))) && self.bind(dev).is_ok() {
+                    let _ = drv.ctx_synchronize();
+                }
+            }
+        }
+        let dev_ctx: Vec<Option<Raw>> = self
+            .devices
+            .iter()
+            .map(|d| d.as_ref().map(|c| c.ctx))
+            .collect();
+        self.host_memory
+            .unmap(guest, |m| {
+                if let Some(Some(ctx)) = dev_ctx.get(m.dev) {
+                    if drv.ctx_set_current(*ctx).is_ok() {
+                        let _ = drv.mem_host_unregister(m.local);
+                    }
+                }
+            })
+            .map_err(map_status)?;
+        ok()
     }
 
     /// The staging buffer of `dev` if guest runs shorter than the direct threshold are to be
