@@ -41,6 +41,8 @@ void qcuda_glue_sg_set_buf(struct scatterlist *sg, const void *buf, unsigned int
 void qcuda_glue_sg_set_page(struct scatterlist *sg, struct page *page, unsigned int len,
 			    unsigned int offset);
 unsigned long qcuda_glue_page_to_pfn(struct page *page);
+struct page *qcuda_glue_alloc_chunk(unsigned int order);
+void qcuda_glue_free_page(struct page *page);
 
 /*
  * Used-buffer notification of the request queue: runs in interrupt context. The driver's
@@ -161,4 +163,28 @@ void qcuda_glue_sg_set_page(struct scatterlist *sg, struct page *page, unsigned 
 unsigned long qcuda_glue_page_to_pfn(struct page *page)
 {
 	return page_to_pfn(page);
+}
+
+/*
+ * 1 << order zeroed, physically contiguous pages for host-mapped memory, split into order-0
+ * pages (each with its own reference, as vm_insert_page wants). Larger orders fail fast
+ * rather than reclaim hard: the caller falls back to smaller chunks.
+ */
+struct page *qcuda_glue_alloc_chunk(unsigned int order)
+{
+	gfp_t gfp = GFP_USER | __GFP_ZERO | __GFP_NOWARN;
+	struct page *page;
+
+	if (order)
+		gfp |= __GFP_NORETRY;
+	page = alloc_pages(gfp, order);
+	if (page && order)
+		split_page(page, order);
+	return page;
+}
+
+/* Drops one reference to an order-0 page. */
+void qcuda_glue_free_page(struct page *page)
+{
+	__free_page(page);
 }

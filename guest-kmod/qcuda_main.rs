@@ -17,6 +17,7 @@
 use kernel::prelude::*;
 
 mod device;
+mod host_memory;
 mod request;
 mod session;
 mod user_buffer;

@@ -64,6 +64,26 @@ impl Request {
             let dir = Direction::from_u32(b.dir).ok_or(EINVAL)?;
             buffers.push(UserBuffer::new(b.addr, b.len, dir)?, GFP_KERNEL)?;
         }
+        Self::assemble(header, buffers)
+    }
+
+    /// A request whose one `In` buffer is data the module made (`pieces`, concatenated); the
+    /// header's buffer table must say so.
+    pub(crate) fn with_kernel_input(
+        header: &RequestHeader,
+        pieces: KVec<KVec<u8>>,
+    ) -> Result<Arc<Self>> {
+        let total: usize = pieces.iter().map(|p| p.len()).sum();
+        match header.buffers() {
+            [d] if d.dir == Direction::In as u32 && d.len == total as u64 => {}
+            _ => return Err(EINVAL),
+        }
+        let mut buffers = KVec::with_capacity(1, GFP_KERNEL)?;
+        buffers.push(UserBuffer::Kernel(pieces), GFP_KERNEL)?;
+        Self::assemble(header, buffers)
+    }
+
+    fn assemble(header: &RequestHeader, buffers: KVec<UserBuffer>) -> Result<Arc<Self>> {
         let header = KBox::new(header.encode(), GFP_KERNEL)?;
         // A device that completes the chain without writing a response leaves this status.
         let response = KBox::new(

@@ -10,27 +10,34 @@
 //!
 //! Neighbours: guest-lib calls this from user space; device.rs carries the requests.
 
-use core::mem::offset_of;
+use core::{mem::offset_of, ptr::NonNull};
 
 use kernel::{
     fs::File,
     miscdevice::{MiscDevice, MiscDeviceRegistration},
+    mm::virt::VmaNew,
+    new_mutex,
+    page::BorrowedPage,
     prelude::*,
     seq_file::SeqFile,
     seq_print,
     sync::{
         atomic::{Atomic, Relaxed},
-        Arc,
+        Arc, Mutex,
     },
     uaccess::{UserPtr, UserSlice},
 };
 
 use crate::{
     device::{DeviceNode, QcudaDevice, Wait},
+    host_memory::{held_pages, HostRegion},
     request::Request,
     wire::{
-        ioctl::{IoctlCall, IOCTL_CALL, IOCTL_CALL_SIZE},
-        status, Op, RequestHeader, ResponseHeader, FLAG_ASYNC, MAX_RETS,
+        ioctl::{
+            HostMapCall, IoctlCall, HOST_MAP_CALL_SIZE, IOCTL_CALL, IOCTL_CALL_SIZE,
+            IOCTL_HOST_MAP, IOCTL_HOST_UNMAP,
+        },
+        status, Direction, Op, RequestHeader, ResponseHeader, FLAG_ASYNC, MAX_RETS,
     },
 };
 
@@ -49,59 +56,111 @@ pub(crate) fn seed_session_ids() {
 
 /// How long closing a file waits for the host to confirm `SessionClose`.
 const CLOSE_TIMEOUT_MS: i64 = 30_000;
+/// How long `HostMap` and `HostUnmap` wait for the host. They are waited for uninterruptibly:
+/// the module must learn whether the host maps the pages before it may release them.
+const HOST_MAP_TIMEOUT_MS: i64 = 60_000;
+/// Largest single mmap of /dev/qcuda.
+const MAX_MMAP_LEN: usize = 64 << 30;
 
 /// One open file of /dev/qcuda.
+#[pin_data]
 pub(crate) struct Session {
     id: u64,
     device: Arc<QcudaDevice>,
     /// Set once a request went out: only then does the host know the session.
     used: Atomic<bool>,
+    /// Pages held for the host: mmaps of this file and pinned user ranges (host_memory.rs).
+    /// Never held across anything that takes the mmap lock or waits for the device.
+    #[pin]
+    regions: Mutex<KVec<HostRegion>>,
 }
 
 #[vtable]
 impl MiscDevice for Session {
-    type Ptr = KBox<Self>;
+    type Ptr = Pin<KBox<Self>>;
 
-    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<KBox<Self>> {
+    fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
         let misc = core::ptr::from_ref(misc).cast_mut();
         // SAFETY: Every `MiscDeviceRegistration<Session>` is the `misc` field of a
         // `DeviceNode` (device.rs registers it nowhere else). misc_open() holds misc_mtx
         // during this call and deregistration takes it, so the `DeviceNode` is alive, and
         // its `device` was initialised before the registration.
         let node = unsafe { &*kernel::container_of!(misc, DeviceNode, misc) };
-        Ok(KBox::new(
-            Session {
+        KBox::try_pin_init(
+            try_pin_init!(Session {
                 id: NEXT_SESSION.fetch_add(1, Relaxed),
                 device: node.device.clone(),
                 used: Atomic::new(false),
-            },
+                regions <- new_mutex!(KVec::new(), "qcuda_regions"),
+            }),
             GFP_KERNEL,
-        )?)
+        )
     }
 
-    fn release(session: KBox<Self>, _file: &File) {
-        session.close();
+    fn release(session: Pin<KBox<Self>>, _file: &File) {
+        let host_done = session.close();
+        let regions = core::mem::take(&mut *session.regions.lock());
+        for r in regions {
+            if r.host_mapped && !host_done {
+                r.leak();
+            }
+        }
     }
 
-    fn ioctl(session: &Session, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
+    fn ioctl(session: Pin<&Session>, _file: &File, cmd: u32, arg: usize) -> Result<isize> {
         match cmd {
             IOCTL_CALL => session.call(UserPtr::from_addr(arg)),
+            IOCTL_HOST_MAP => session.host_map(UserPtr::from_addr(arg)),
+            IOCTL_HOST_UNMAP => session.host_unmap(UserPtr::from_addr(arg)),
             _ => Err(ENOTTY),
         }
     }
 
-    /// `/proc/<pid>/fdinfo/<fd>`: the session id and the device's in-flight table, for
-    /// debugging and tests.
-    fn show_fdinfo(session: &Session, m: &SeqFile, _file: &File) {
+    /// Backs the mapping with zeroed module pages in large physically contiguous chunks, kept
+    /// until `IOCTL_HOST_UNMAP` or close (the VMA holds its own references). Not inherited by
+    /// children, not expandable, not dumped.
+    fn mmap(session: Pin<&Session>, _file: &File, vma: &VmaNew) -> Result {
+        let (start, end) = (vma.start(), vma.end());
+        // SAFETY: `vma` is the VMA being set up for this call; reading its offset is allowed.
+        let pgoff = unsafe { (*vma.as_ptr()).vm_pgoff };
+        let len = end - start;
+        if pgoff != 0 || len == 0 || len > MAX_MMAP_LEN {
+            return Err(EINVAL);
+        }
+        vma.set_dontcopy();
+        vma.set_dontexpand();
+        vma.set_dontdump();
+        let region = HostRegion::allocate(start, len)?;
+        let map = vma.set_mixedmap();
+        region.for_each_page(|addr, page| {
+            let page = NonNull::new(page).ok_or(EINVAL)?;
+            // SAFETY: `page` is held by `region`, which lives until after the insertion.
+            let page = unsafe { BorrowedPage::from_raw(page) };
+            map.vm_insert_page(addr, &page)
+        })?;
+        session.regions.lock().push(region, GFP_KERNEL)?;
+        Ok(())
+    }
+
+    /// `/proc/<pid>/fdinfo/<fd>`: the session id, the device's in-flight table and the pages
+    /// held for the host (this file's, and all files' together), for debugging and tests.
+    fn show_fdinfo(session: Pin<&Session>, m: &SeqFile, _file: &File) {
         let s = session.device.stats();
+        let (regions, pages) = {
+            let r = session.regions.lock();
+            (r.len(), r.iter().map(HostRegion::page_count).sum::<usize>())
+        };
         seq_print!(
             m,
-            "qcuda-session:\t{}\nqcuda-in-ring:\t{}\nqcuda-abandoned:\t{}\nqcuda-reapable:\t{}\nqcuda-free-slots:\t{}\n",
+            "qcuda-session:\t{}\nqcuda-in-ring:\t{}\nqcuda-abandoned:\t{}\nqcuda-reapable:\t{}\nqcuda-free-slots:\t{}\nqcuda-host-regions:\t{}\nqcuda-host-pages:\t{}\nqcuda-host-pages-all:\t{}\n",
             session.id,
             s.in_ring,
             s.abandoned,
             s.reapable,
-            s.free_slots
+            s.free_slots,
+            regions,
+            pages,
+            held_pages()
         );
     }
 }
@@ -147,11 +206,123 @@ impl Session {
         Ok(0)
     }
 
-    /// Tells the host that the session is gone and waits for it (bounded).
-    fn close(&self) {
+    /// `IOCTL_HOST_MAP`: makes a user range reachable by the GPU (see wire.rs). The result of
+    /// the host is the call's `status`; errno values are for the call itself.
+    fn host_map(&self, user: UserPtr) -> Result<isize> {
+        let mut call = read_host_map_call(user)?;
+        let addr = usize::try_from(call.addr).map_err(|_| EFAULT)?;
+        let len = usize::try_from(call.len).map_err(|_| EINVAL)?;
+        if len == 0 {
+            return Err(EINVAL);
+        }
+        // An mmap of this file, named exactly, uses its module pages; anything else is pinned.
+        let own = {
+            let mut regions = self.regions.lock();
+            let page_len = len.checked_next_multiple_of(kernel::page::PAGE_SIZE).ok_or(EINVAL)?;
+            match regions.iter().position(|r| r.addr == addr && r.len == page_len) {
+                Some(i) if regions[i].host_mapped => {
+                    drop(regions);
+                    call.status = status::HOST_MEMORY_ALREADY_REGISTERED;
+                    return write_host_map_call(user, &call);
+                }
+                Some(i) => regions.remove(i).ok(),
+                None => None,
+            }
+        };
+        let mut region = match own {
+            Some(r) => r,
+            None => HostRegion::pin(addr, len)?,
+        };
+        let table = region.run_table();
+        let result = table.and_then(|pieces| {
+            let mut header = RequestHeader::new(Op::HostMap);
+            header.session = self.id;
+            header.device = call.device;
+            header.args[0] = region.addr as u64;
+            header.args[1] = region.len as u64;
+            header.args[2] = call.flags;
+            let total: usize = pieces.iter().map(|p| p.len()).sum();
+            header.push_buffer(Direction::In, total as u64).map_err(|_| EINVAL)?;
+            let req = Request::with_kernel_input(&header, pieces)?;
+            self.used.store(true, Relaxed);
+            self.device.execute(&req, Wait::Uninterruptible { timeout_ms: HOST_MAP_TIMEOUT_MS })
+        });
+        let mut failed = None;
+        match result {
+            Ok(r) => {
+                call.status = r.status;
+                if r.status == status::SUCCESS {
+                    region.host_mapped = true;
+                    region.dev_addr = r.rets[0];
+                    // The device address of the first byte the caller named.
+                    call.dev_addr = r.rets[0] + (addr - region.addr) as u64;
+                }
+            }
+            Err(e) => {
+                // Without an answer the host may or may not map the pages: hold them until
+                // close, which the host does confirm.
+                region.host_mapped = e == ETIMEDOUT;
+                failed = Some(e);
+            }
+        }
+        // Held on: what the host maps, and mmaps of this file (still plain memory). Pinned
+        // user pages the host does not map are released here.
+        if region.host_mapped || region.is_module_memory() {
+            self.regions.lock().push(region, GFP_KERNEL)?;
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        write_host_map_call(user, &call)
+    }
+
+    /// `IOCTL_HOST_UNMAP`: the host drops its mapping of the range mapped at `addr`, then the
+    /// pages are released (an mmap of this file stays usable until munmap).
+    fn host_unmap(&self, user: UserPtr) -> Result<isize> {
+        let mut call = read_host_map_call(user)?;
+        let addr = usize::try_from(call.addr).map_err(|_| EFAULT)?;
+        let region = {
+            let mut regions = self.regions.lock();
+            let found = regions.iter().position(|r| r.user_addr == addr);
+            found.and_then(|i| regions.remove(i).ok())
+        };
+        let Some(region) = region else {
+            call.status = status::HOST_MEMORY_NOT_REGISTERED;
+            return write_host_map_call(user, &call);
+        };
+        call.status = status::SUCCESS;
+        if region.host_mapped {
+            let mut header = RequestHeader::new(Op::HostUnmap);
+            header.session = self.id;
+            header.device = call.device;
+            header.args[0] = region.addr as u64;
+            let outcome = Request::new(&header, &[]).and_then(|req| {
+                self.device.execute(&req, Wait::Uninterruptible { timeout_ms: HOST_MAP_TIMEOUT_MS })
+            });
+            match outcome {
+                // Whatever it says, the host maps nothing there any more.
+                Ok(r) => {
+                    if r.status != status::HOST_MEMORY_NOT_REGISTERED {
+                        call.status = r.status;
+                    }
+                }
+                Err(e) => {
+                    // No answer: the host may still map the pages. Keep them until close.
+                    self.regions.lock().push(region, GFP_KERNEL)?;
+                    return Err(e);
+                }
+            }
+        }
+        drop(region);
+        write_host_map_call(user, &call)
+    }
+
+    /// Tells the host that the session is gone and waits for it (bounded). Returns whether the
+    /// host confirmed (or never knew the session), so that what it mapped may be released.
+    fn close(&self) -> bool {
         self.device.reap();
         if !self.used.load(Relaxed) {
-            return;
+            return true;
         }
         let mut header = RequestHeader::new(Op::SessionClose);
         header.session = self.id;
@@ -164,11 +335,18 @@ impl Session {
             )
         });
         match result {
-            Ok(r) if r.status == status::SUCCESS => {}
-            Ok(r) => pr_warn!("session {} close: status {}\n", self.id, r.status),
-            // The device is gone, and with it the host's state.
-            Err(e) if e == ENODEV => {}
-            Err(e) => pr_warn!("session {} close failed: {:?}\n", self.id, e),
+            Ok(r) if r.status == status::SUCCESS => true,
+            Ok(r) => {
+                pr_warn!("session {} close: status {}\n", self.id, r.status);
+                true
+            }
+            // The device is gone; the host drops the session's state when the next driver
+            // instance binds (DriverReset), not before: what it mapped stays held.
+            Err(e) if e == ENODEV => false,
+            Err(e) => {
+                pr_warn!("session {} close failed: {:?}\n", self.id, e);
+                false
+            }
         }
     }
 }
@@ -197,4 +375,25 @@ fn write_response(user: UserPtr, r: &ResponseHeader) -> Result {
             .write_slice(bytes)?;
     }
     Ok(())
+}
+
+fn read_host_map_call(user: UserPtr) -> Result<HostMapCall> {
+    let mut raw = [0u8; HOST_MAP_CALL_SIZE];
+    UserSlice::new(user, raw.len())
+        .reader()
+        .read_slice(&mut raw)?;
+    HostMapCall::decode(&raw).map_err(|_| EINVAL)
+}
+
+/// Writes the output fields (`status`, `dev_addr`) of the user's `HostMapCall`.
+fn write_host_map_call(user: UserPtr, c: &HostMapCall) -> Result<isize> {
+    const STATUS_AT: usize = offset_of!(HostMapCall, status);
+    const END: usize = offset_of!(HostMapCall, dev_addr) + 8;
+    const _: () = assert!(END == HOST_MAP_CALL_SIZE);
+    let encoded = c.encode();
+    let bytes = encoded.get(STATUS_AT..END).ok_or(EINVAL)?;
+    UserSlice::new(user.wrapping_byte_add(STATUS_AT), bytes.len())
+        .writer()
+        .write_slice(bytes)?;
+    Ok(0)
 }

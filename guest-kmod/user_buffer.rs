@@ -42,6 +42,9 @@ pub(crate) enum UserBuffer {
     Bounce(BounceBuffer),
     /// Pinned user pages.
     Pinned(PinnedBuffer),
+    /// Input the module itself made (a `HostMap` run table), in kmalloc pieces, one descriptor
+    /// each.
+    Kernel(KVec<KVec<u8>>),
 }
 
 impl UserBuffer {
@@ -63,7 +66,7 @@ impl UserBuffer {
         match self {
             Self::Bounce(b) => b.dir,
             Self::Pinned(p) if p.device_writes => Direction::Out,
-            Self::Pinned(_) => Direction::In,
+            Self::Pinned(_) | Self::Kernel(_) => Direction::In,
         }
     }
 
@@ -72,6 +75,7 @@ impl UserBuffer {
         match self {
             Self::Bounce(b) => usize::from(!b.data.is_empty()),
             Self::Pinned(p) => p.runs.len(),
+            Self::Kernel(pieces) => pieces.iter().filter(|p| !p.is_empty()).count(),
         }
     }
 
@@ -93,6 +97,15 @@ impl UserBuffer {
                         page: run.page,
                         offset: run.offset,
                         len: run.len,
+                    })
+                }
+            }
+            Self::Kernel(pieces) => {
+                for piece in pieces.iter().filter(|p| !p.is_empty()) {
+                    f(Segment::Kernel {
+                        addr: piece.as_ptr(),
+                        // Pieces are at most a few hundred KiB (host_memory.rs).
+                        len: piece.len() as u32,
                     })
                 }
             }

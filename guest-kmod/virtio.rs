@@ -58,6 +58,8 @@ extern "C" {
         offset: c_uint,
     );
     pub(crate) fn qcuda_glue_page_to_pfn(page: *mut bindings::page) -> c_ulong;
+    pub(crate) fn qcuda_glue_alloc_chunk(order: c_uint) -> *mut bindings::page;
+    pub(crate) fn qcuda_glue_free_page(page: *mut bindings::page);
 
     // drivers/virtio (exported)
     pub(crate) fn virtqueue_add_sgs(
