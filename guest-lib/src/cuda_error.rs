@@ -47,6 +47,8 @@ named_errors! {
     LAUNCH_FAILURE = cudaErrorLaunchFailure;
     ILLEGAL_ADDRESS = cudaErrorIllegalAddress;
     NOT_SUPPORTED = cudaErrorNotSupported;
+    HOST_MEMORY_ALREADY_REGISTERED = cudaErrorHostMemoryAlreadyRegistered;
+    HOST_MEMORY_NOT_REGISTERED = cudaErrorHostMemoryNotRegistered;
     UNKNOWN = cudaErrorUnknown;
 }
 

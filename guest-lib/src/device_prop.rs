@@ -151,21 +151,19 @@ pub const PROP_ATTRIBUTES: &[(CUdevice_attribute, Setter)] = prop_attributes! {
     CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED => hostNumaMultinodeIpcSupported: int;
 };
 
-/// Capabilities the GPU may have but a guest application cannot use through qcuda yet: mapped
-/// and managed memory, host registration, memory pools, cooperative launches, IPC, interop.
-/// They read as 0 in both `cudaDeviceProp` and `cudaDeviceGetAttribute`, so applications that
-/// check before using a feature take the path that works.
+/// Capabilities the GPU may have but a guest application cannot use through qcuda yet: pageable
+/// memory access, host atomics, memory pools, cooperative launches, IPC, interop. They read as
+/// 0 in both `cudaDeviceProp` and `cudaDeviceGetAttribute`, so applications that check before
+/// using a feature take the path that works. Mapped host memory and host registration are
+/// carried (the host's own values pass through); managed memory has values of its own
+/// ([`QCUDA_VALUES`]).
 pub const NOT_REMOTED: &[CUdevice_attribute] = &[
-    cu::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
-    cu::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY,
     cu::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
     cu::CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST,
     cu::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS,
     cu::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES,
     cu::CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
-    cu::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED,
-    cu::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH,
     cu::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH,
     cu::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
@@ -187,13 +185,28 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED,
 ];
 
-/// True for attributes qcuda always reports as 0.
-pub fn is_not_remoted(attr: CUdevice_attribute) -> bool {
-    NOT_REMOTED.contains(&attr)
+/// Attributes whose value is qcuda's, not the GPU's: managed memory exists, built on
+/// host-mapped guest memory (docs/ARCHITECTURE.md, "Host memory"), without concurrent access or
+/// migration (so `concurrentManagedAccess` is in [`NOT_REMOTED`]). A registered host range is
+/// mapped at its own address on the host when that address is free there, which is not
+/// guaranteed, so `canUseHostPointerForRegisteredMem` is 0 (see [`NOT_REMOTED`]): programs use
+/// `cudaHostGetDevicePointer`, as CUDA requires then.
+pub const QCUDA_VALUES: &[(CUdevice_attribute, i32)] =
+    &[(cu::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1)];
+
+/// The value qcuda reports for `attr` whatever the GPU says, if any.
+pub fn fixed_value(attr: CUdevice_attribute) -> Option<i32> {
+    if NOT_REMOTED.contains(&attr) {
+        return Some(0);
+    }
+    QCUDA_VALUES
+        .iter()
+        .find(|(a, _)| *a == attr)
+        .map(|&(_, v)| v)
 }
 
 /// Builds `cudaDeviceProp` from the device record and the values of [`PROP_ATTRIBUTES`], in
-/// table order (already masked by [`is_not_remoted`]).
+/// table order (already masked by [`fixed_value`]).
 pub fn build(info: &GpuInfo, values: &[i32]) -> cudaDeviceProp {
     let mut p = cudaDeviceProp::default();
     for (dst, &src) in p.name.iter_mut().zip(info.name_bytes()) {

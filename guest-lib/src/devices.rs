@@ -148,7 +148,9 @@ impl Devices {
             let mut m: Vec<_> = attrs
                 .iter()
                 .copied()
-                .filter(|a| !device_prop::is_not_remoted(*a) && !cache.contains_key(&(device, *a)))
+                .filter(|a| {
+                    device_prop::fixed_value(*a).is_none() && !cache.contains_key(&(device, *a))
+                })
                 .collect();
             m.sort_unstable();
             m.dedup();
@@ -181,11 +183,8 @@ impl Devices {
         Ok(attrs
             .iter()
             .map(|a| {
-                if device_prop::is_not_remoted(*a) {
-                    0
-                } else {
-                    cache.get(&(device, *a)).copied().unwrap_or(0)
-                }
+                device_prop::fixed_value(*a)
+                    .unwrap_or_else(|| cache.get(&(device, *a)).copied().unwrap_or(0))
             })
             .collect())
     }

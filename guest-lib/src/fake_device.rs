@@ -13,8 +13,9 @@ use std::{
 };
 
 use qcuda_proto::{
-    ioctl::IoctlCall, status, Direction, GpuInfo, Op, ParamInfo, FLAG_ASYNC, RESP_DEFERRED_SHIFT,
-    RESP_FLAG_STICKY, VERSION,
+    ioctl::{HostMapCall, IoctlCall},
+    status, Direction, GpuInfo, Op, ParamInfo, FLAG_ASYNC, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY,
+    VERSION,
 };
 
 use crate::{
@@ -51,6 +52,9 @@ pub struct FakeState {
     /// Attribute ids the fake driver does not know.
     pub unknown_attributes: Vec<i32>,
     pub memory: BTreeMap<u64, Vec<u8>>,
+    /// Host-mapped guest ranges (`IOCTL_HOST_MAP`): address -> length. Their device address is
+    /// their address, as on the real host inside the window.
+    pub host_maps: BTreeMap<u64, u64>,
     next_addr: u64,
     pub modules: HashMap<u64, Vec<u8>>,
     next_handle: u64,
@@ -174,12 +178,70 @@ impl FakeState {
     }
 
     fn device_bytes(&mut self, addr: u64, len: u64) -> Result<&mut [u8], u32> {
+        if let Some((&b, &l)) = self.host_maps.range(..=addr).next_back() {
+            if addr + len <= b + l {
+                // SAFETY: host-mapped ranges are live mappings of the test process (made by
+                // `map_memory` or the test's own buffers) while they are in the table.
+                return Ok(unsafe {
+                    std::slice::from_raw_parts_mut(addr as *mut u8, len as usize)
+                });
+            }
+        }
         let (base, off) = self.range(addr, len).ok_or(status::INVALID_VALUE)?;
         Ok(&mut self.memory.get_mut(&base).unwrap()[off..off + len as usize])
     }
 }
 
 impl Transport for Arc<FakeDevice> {
+    /// Plain anonymous memory stands in for qcuda.ko's pages.
+    fn map_memory(&self, addr: usize, len: usize) -> Result<(), i32> {
+        // SAFETY: the caller owns the range (its reservation); MAP_FIXED replaces only it.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            Err(libc::ENOMEM)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn host_map(&self, call: &mut HostMapCall, unmap: bool) -> Result<(), i32> {
+        let mut s = self.state();
+        if let Some(errno) = s.errnos.pop_front() {
+            return Err(errno);
+        }
+        HostMapCall::decode(&call.encode()).expect("guest-lib built a call the kernel refuses");
+        let (addr, len) = (call.addr, call.len);
+        call.status = if unmap {
+            match s.host_maps.remove(&addr) {
+                Some(_) => status::SUCCESS,
+                None => status::HOST_MEMORY_NOT_REGISTERED,
+            }
+        } else if len == 0 {
+            return Err(libc::EINVAL);
+        } else if s
+            .host_maps
+            .range(..addr + len)
+            .next_back()
+            .is_some_and(|(&b, &l)| b + l > addr)
+        {
+            status::HOST_MEMORY_ALREADY_REGISTERED
+        } else {
+            s.host_maps.insert(addr, len);
+            call.dev_addr = addr;
+            status::SUCCESS
+        };
+        Ok(())
+    }
+
     fn execute(&self, call: &mut Call<'_>) -> Result<(), i32> {
         let mut s = self.state();
         if let Some(errno) = s.errnos.pop_front() {
@@ -342,6 +404,12 @@ fn run(
             s.device_bytes(args[0], args[2])?.copy_from_slice(&src);
         }
         Op::Memset => s.device_bytes(args[0], args[2])?.fill(args[1] as u8),
+        Op::MemcpyMapped => {
+            let src = s.device_bytes(args[1], args[2])?.to_vec();
+            s.device_bytes(args[0], args[2])?.copy_from_slice(&src);
+        }
+        // Only qcuda.ko sends these.
+        Op::HostMap | Op::HostUnmap => return Err(status::NOT_SUPPORTED),
         Op::ModuleLoad => {
             if ins[0].len() < 16 || ins[0][..4] != 0xBA55_ED50u32.to_le_bytes() {
                 return Err(status::INVALID_KERNEL_IMAGE);

@@ -12,6 +12,7 @@ use crate::{
     copy,
     cuda_error::{CudaError, CudaResult},
     generated::{self as cu, cudaMemcpyKind},
+    host_memory::HostKind,
     runtime::Runtime,
     transport::Call,
 };
@@ -33,10 +34,16 @@ pub fn malloc(rt: &Runtime, device: u32, size: usize) -> CudaResult<u64> {
     Ok(base)
 }
 
-/// `cudaFree`. Null is a no-op. The host decides whether the pointer is valid.
+/// `cudaFree`. Null is a no-op; managed memory is freed as such. The host decides whether any
+/// other pointer is valid.
 pub fn free(rt: &Runtime, device: u32, ptr: u64) -> CudaResult<()> {
     if ptr == 0 {
         return Ok(());
+    }
+    if let Some(m) = rt.host_memory.find(ptr as usize) {
+        if m.kind == HostKind::Managed && m.base as u64 == ptr {
+            return rt.host_memory.free(&rt.session, m.base, HostKind::Managed);
+        }
     }
     let device = rt.allocations.find(ptr).map_or(device, |a| a.device);
     rt.session
@@ -111,6 +118,28 @@ pub unsafe fn memcpy(
     }
     if dst == 0 || src == 0 {
         return Err(CudaError::INVALID_VALUE);
+    }
+    // Host memory the GPU maps: the driver copies it directly, in stream order, with nothing on
+    // the virtqueue; an `*Async` copy returns at once, as on native pinned memory.
+    let mapped = match dir {
+        Direction::HostToDevice => rt
+            .host_memory
+            .device_range(src as usize, count)
+            .map(|s| (dst, s)),
+        Direction::DeviceToHost => rt
+            .host_memory
+            .device_range(dst as usize, count)
+            .map(|d| (d, src)),
+        _ => None,
+    };
+    if let Some((dst, src)) = mapped {
+        let mut call =
+            Call::new(Op::MemcpyMapped, order.device).args(&[dst, src, count as u64, order.stream]);
+        if order.is_async {
+            call = call.fire_and_forget();
+        }
+        rt.session.submit(call)?;
+        return Ok(());
     }
     match dir {
         Direction::HostToHost => {

@@ -39,7 +39,7 @@ pub struct Runtime {
     pub devices: Devices,
     /// Live `cudaMalloc` allocations.
     pub allocations: Allocations,
-    /// Live `cudaMallocHost`/`cudaHostAlloc` allocations.
+    /// Live host-mapped memory: `cudaHostAlloc`, `cudaHostRegister`, `cudaMallocManaged`.
     pub host_memory: HostAllocations,
     /// Live streams.
     pub streams: Streams,
@@ -90,6 +90,7 @@ impl Runtime {
     pub fn reset_device(&self, registry: &Registry, device: u32) -> CudaResult<()> {
         self.session.submit(Call::new(Op::DeviceReset, device))?;
         self.allocations.forget_device(device);
+        self.host_memory.forget_device(&self.session, device);
         self.streams.forget_device(device);
         self.events.forget_device(device);
         registry.forget_device(device);

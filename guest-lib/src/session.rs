@@ -10,7 +10,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use qcuda_proto::{
-    Direction, Op, BOUNCE_THRESHOLD, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY, VERSION,
+    ioctl::HostMapCall, Direction, Op, BOUNCE_THRESHOLD, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY,
+    VERSION,
 };
 
 use crate::{
@@ -155,6 +156,40 @@ impl Session {
         self.transport.execute(call)
     }
 
+    /// Backs `addr..addr + len` (the caller's reservation) with memory the host can map.
+    pub fn map_memory(&self, addr: usize, len: usize) -> CudaResult<()> {
+        self.transport
+            .map_memory(addr, len)
+            .map_err(|_| CudaError::MEMORY_ALLOCATION)
+    }
+
+    /// Asks qcuda.ko to have the host map (`unmap == false`) or unmap the range of `call`;
+    /// returns the host's answer (`dev_addr` for a map).
+    pub fn host_map(&self, mut call: HostMapCall, unmap: bool) -> CudaResult<HostMapCall> {
+        let sent = {
+            // Sent exactly once: the module holds pages on the host's word.
+            let _blocked = SignalsBlocked::block();
+            self.transport.host_map(&mut call, unmap)
+        };
+        match sent {
+            Ok(()) => match CudaError::from_code(call.status) {
+                None => Ok(call),
+                Some(e) => Err(e),
+            },
+            Err(libc::ENOMEM | libc::E2BIG) => Err(CudaError::MEMORY_ALLOCATION),
+            Err(libc::EFAULT | libc::EINVAL) => Err(CudaError::INVALID_VALUE),
+            Err(errno) => {
+                let e = call_errno_to_error(errno);
+                warn_once!(
+                    "/dev/qcuda host {} failed: {} (reported as {e:?})",
+                    if unmap { "unmap" } else { "map" },
+                    std::io::Error::from_raw_os_error(errno)
+                );
+                Err(e)
+            }
+        }
+    }
+
     /// The sticky error of `device`, if it has one.
     pub fn sticky(&self, device: u32) -> Option<CudaError> {
         let slot = self.sticky.get(device as usize)?;
@@ -193,6 +228,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::HostInfo
         | Op::SessionClose
         | Op::DriverReset
+        | Op::HostMap
+        | Op::HostUnmap
         | Op::DeviceCount
         | Op::DeviceInfo
         | Op::DeviceAttributes
@@ -205,6 +242,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::MemcpyHtoD
         | Op::MemcpyDtoH
         | Op::MemcpyDtoD
+        | Op::MemcpyMapped
         | Op::Memset
         | Op::ModuleLoad
         | Op::ModuleUnload
@@ -239,7 +277,9 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::EventCreate
         | Op::EventDestroy
         | Op::SessionClose
-        | Op::DriverReset => false,
+        | Op::DriverReset
+        | Op::HostMap
+        | Op::HostUnmap => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -253,6 +293,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemcpyHtoD
         | Op::MemcpyDtoH
         | Op::MemcpyDtoD
+        | Op::MemcpyMapped
         | Op::Memset
         | Op::ModuleGetFunction
         | Op::ModuleGetGlobal

@@ -10,7 +10,7 @@
 use std::{fs::File, io, marker::PhantomData, os::fd::AsRawFd, path::Path};
 
 use qcuda_proto::{
-    ioctl::{IoctlCall, IOCTL_CALL},
+    ioctl::{HostMapCall, IoctlCall, IOCTL_CALL, IOCTL_HOST_MAP, IOCTL_HOST_UNMAP},
     Direction, Op, FLAG_ASYNC, MAX_ARGS, MAX_RETS,
 };
 
@@ -161,6 +161,17 @@ pub trait Transport: Send + Sync {
     /// Runs `call` to completion (or hands it off, for fire-and-forget calls) and stores the
     /// response in it. `Err(errno)` means the call did not get a response from the device.
     fn execute(&self, call: &mut Call<'_>) -> Result<(), i32>;
+
+    /// Backs `addr..addr + len` (page-aligned, inside a reservation of the caller's) with
+    /// memory the host can map: an mmap of `/dev/qcuda` over it (`MAP_FIXED`).
+    fn map_memory(&self, _addr: usize, _len: usize) -> Result<(), i32> {
+        Err(libc::ENODEV)
+    }
+
+    /// `IOCTL_HOST_MAP` (`unmap == false`) or `IOCTL_HOST_UNMAP`: fills `status` and `dev_addr`.
+    fn host_map(&self, _call: &mut HostMapCall, _unmap: bool) -> Result<(), i32> {
+        Err(libc::ENODEV)
+    }
 }
 
 /// The open `/dev/qcuda`; one per process, which the kernel module treats as one session.
@@ -186,13 +197,54 @@ impl Transport for DeviceFile {
         // `call` (Call's invariant), which spans this synchronous ioctl.
         let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), IOCTL_CALL as _, arg) };
         if rc < 0 {
-            Err(io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO))
+            Err(last_errno())
         } else {
             Ok(())
         }
     }
+
+    fn map_memory(&self, addr: usize, len: usize) -> Result<(), i32> {
+        let want = addr as *mut libc::c_void;
+        // SAFETY: the caller owns `addr..addr + len` (a PROT_NONE reservation of its own), so
+        // MAP_FIXED replaces nothing anyone else uses.
+        let p = unsafe {
+            libc::mmap(
+                want,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                self.file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_errno());
+        }
+        Ok(())
+    }
+
+    fn host_map(&self, call: &mut HostMapCall, unmap: bool) -> Result<(), i32> {
+        let cmd = if unmap {
+            IOCTL_HOST_UNMAP
+        } else {
+            IOCTL_HOST_MAP
+        };
+        let arg: *mut HostMapCall = call;
+        // SAFETY: `arg` points at a live HostMapCall, the structure both ioctls read and
+        // write back; the range it names is the caller's.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), cmd as _, arg) };
+        if rc < 0 {
+            Err(last_errno())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+fn last_errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
 }
 
 #[cfg(test)]

@@ -8,10 +8,12 @@ use super::write_out;
 use crate::{
     cuda_error::{CudaError, CudaResult},
     generated::{
-        cudaHostAllocMapped, cudaHostAllocPortable, cudaHostAllocWriteCombined, cudaMemcpyKind,
-        cudaMemoryTypeDevice, cudaMemoryTypeHost, cudaMemoryTypeUnregistered,
-        cudaPointerAttributes, cudaStream_t,
+        cudaHostAllocMapped, cudaHostAllocPortable, cudaHostAllocWriteCombined,
+        cudaHostRegisterIoMemory, cudaHostRegisterMapped, cudaHostRegisterPortable,
+        cudaHostRegisterReadOnly, cudaMemcpyKind, cudaMemoryTypeDevice, cudaMemoryTypeHost,
+        cudaMemoryTypeManaged, cudaMemoryTypeUnregistered, cudaPointerAttributes, cudaStream_t,
     },
+    host_memory::HostKind,
     memory::{self, Ordering},
     runtime::{current, non_null},
     warnings::warn_once,
@@ -78,18 +80,25 @@ fn memset_async(
     memory::memset(rt, dst as u64, value, count, order)
 }
 
+/// `cudaMemAttachGlobal`.
+const MEM_ATTACH_GLOBAL: c_uint = 1;
+/// `cudaMemAttachHost`.
+const MEM_ATTACH_HOST: c_uint = 2;
+
+/// `cudaHostAlloc`: every flag works. The memory is always portable and mapped (it is one
+/// registration, visible to every device, at a device address equal to the pointer);
+/// write-combining is a CPU caching hint that guest memory does not take, so it is recorded
+/// only.
 fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<()> {
     non_null(ptr)?;
     if flags & !(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined) != 0 {
         return Err(CudaError::INVALID_VALUE);
     }
-    if flags & cudaHostAllocMapped != 0 {
-        warn_once!("cudaHostAlloc: mapped (zero-copy) host memory is not supported yet");
-        return Err(CudaError::NOT_SUPPORTED);
-    }
     let (rt, d) = current()?;
     rt.session.check_sticky(d)?;
-    let p = rt.host_memory.alloc(size, flags, d)?;
+    let p = rt
+        .host_memory
+        .alloc(&rt.session, size, flags, d, HostKind::Allocated)?;
     // SAFETY: non-null and writable (API contract).
     unsafe { write_out(ptr, p as *mut c_void) }
 }
@@ -167,20 +176,83 @@ cuda_api! {
         memset_async(devPtr, value, count, stream)
     }
 
-    /// `cudaMallocHost`: page-aligned host memory (zero-copy pinned memory comes later).
+    /// `cudaMallocHost`: pinned guest memory the GPU reads and writes directly (host_memory.rs).
     fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) {
         host_alloc(ptr, size, 0)
     }
 
-    /// `cudaHostAlloc`: as `cudaMallocHost`; `cudaHostAllocMapped` is not supported yet.
+    /// `cudaHostAlloc`: as `cudaMallocHost`, with its flags.
     fn cudaHostAlloc(pHost: *mut *mut c_void, size: usize, flags: c_uint) {
         host_alloc(pHost, size, flags)
     }
 
-    /// `cudaFreeHost`.
+    /// `cudaFreeHost`: waits for the device's work, then the host drops its mapping.
     fn cudaFreeHost(ptr: *mut c_void) {
         let (rt, _) = current()?;
-        rt.host_memory.free(ptr as usize)
+        rt.host_memory.free(&rt.session, ptr as usize, HostKind::Allocated)
+    }
+
+    /// `cudaHostRegister`: qcuda.ko pins the pages and the host maps and registers them for as
+    /// long as the registration lives. `cudaHostRegisterIoMemory` (device memory of another
+    /// PCI device) has no guest equivalent.
+    fn cudaHostRegister(ptr: *mut c_void, size: usize, flags: c_uint) {
+        let known = cudaHostRegisterPortable
+            | cudaHostRegisterMapped
+            | cudaHostRegisterIoMemory
+            | cudaHostRegisterReadOnly;
+        if flags & !known != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        if flags & cudaHostRegisterIoMemory != 0 {
+            warn_once!("cudaHostRegister: cudaHostRegisterIoMemory is not supported in a guest");
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        let (rt, d) = current()?;
+        rt.session.check_sticky(d)?;
+        let read_only = flags & cudaHostRegisterReadOnly != 0;
+        rt.host_memory
+            .register(&rt.session, ptr as usize, size, flags, read_only, d)
+    }
+
+    /// `cudaHostUnregister`.
+    fn cudaHostUnregister(ptr: *mut c_void) {
+        let (rt, _) = current()?;
+        rt.host_memory.unregister(&rt.session, ptr as usize)
+    }
+
+    /// `cudaHostGetDevicePointer`: the device address of host-mapped memory.
+    fn cudaHostGetDevicePointer(pDevice: *mut *mut c_void, pHost: *mut c_void, flags: c_uint) {
+        non_null(pDevice)?;
+        if flags != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, _) = current()?;
+        let a = rt.host_memory.find(pHost as usize).ok_or(CudaError::INVALID_VALUE)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(pDevice, a.device_address(pHost as usize) as *mut c_void) }
+    }
+
+    /// `cudaMallocManaged`: guest memory mapped into the device at its own address, which the
+    /// program and its kernels share. Unlike native unified memory it never migrates: the GPU
+    /// reaches it over the bus (docs/ARCHITECTURE.md, "Host memory").
+    fn cudaMallocManaged(devPtr: *mut *mut c_void, size: usize, flags: c_uint) {
+        non_null(devPtr)?;
+        if size == 0 || (flags != MEM_ATTACH_GLOBAL && flags != MEM_ATTACH_HOST) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        rt.session.check_sticky(d)?;
+        let p = rt
+            .host_memory
+            .alloc(&rt.session, size, flags, d, HostKind::Managed)?;
+        if rt.host_memory.find(p).is_some_and(|a| a.dev_addr != p as u64) {
+            // Only memory at one address for both sides is managed memory.
+            let _ = rt.host_memory.free(&rt.session, p, HostKind::Managed);
+            warn_once!("cudaMallocManaged: the host could not map the memory at its own address");
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(devPtr, p as *mut c_void) }
     }
 
     /// `cudaHostGetFlags`: the flags an allocation was made with.
@@ -192,10 +264,10 @@ cuda_api! {
         unsafe { write_out(pFlags, a.flags) }
     }
 
-    /// `cudaPointerGetAttributes`: device memory from `cudaMalloc`, host memory from
-    /// `cudaMallocHost`/`cudaHostAlloc` (not mapped into the device, so no device pointer),
-    /// anything else unregistered (device -2, the pointer as host pointer, as NVIDIA's 13.0
-    /// runtime answers).
+    /// `cudaPointerGetAttributes`: device memory from `cudaMalloc`; host memory from
+    /// `cudaMallocHost`/`cudaHostAlloc`/`cudaHostRegister`, with its device address; managed
+    /// memory; anything else unregistered (device -2, the pointer as host pointer, as NVIDIA's
+    /// 13.0 runtime answers).
     fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, ptr: *const c_void) {
         non_null(attributes)?;
         let (rt, _) = current()?;
@@ -211,9 +283,14 @@ cuda_api! {
             a.devicePointer = ptr.cast_mut();
             a.hostPointer = std::ptr::null_mut();
         } else if let Some(h) = rt.host_memory.find(ptr as usize) {
-            a.type_ = cudaMemoryTypeHost;
+            a.type_ = if h.kind == HostKind::Managed {
+                cudaMemoryTypeManaged
+            } else {
+                cudaMemoryTypeHost
+            };
             a.device = h.device as c_int;
             a.hostPointer = ptr.cast_mut();
+            a.devicePointer = h.device_address(ptr as usize) as *mut c_void;
         }
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(attributes, a) }

@@ -98,11 +98,11 @@ fn properties_come_from_one_batched_request_and_mask_unremoted_features() {
     assert_eq!(p.warpSize, 32);
     assert_eq!(p.multiProcessorCount, 132);
     assert_eq!(p.unifiedAddressing, 1);
-    assert_eq!(
-        p.canMapHostMemory, 0,
-        "the host says 1, but qcuda cannot map host memory"
-    );
-    assert_eq!(p.managedMemory, 0);
+    // Mapped host memory is carried: the host's value passes through.
+    assert_eq!(p.canMapHostMemory, 1);
+    // Managed memory is qcuda's own; pageable access and concurrent managed access are not.
+    assert_eq!(p.managedMemory, 1);
+    assert_eq!((p.pageableMemoryAccess, p.concurrentManagedAccess), (0, 0));
     assert_eq!(
         p.clusterLaunch,
         cu::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH as i32 * 10
@@ -129,6 +129,12 @@ fn properties_come_from_one_batched_request_and_mask_unremoted_features() {
         ok(cudaDeviceGetAttribute(
             &mut v,
             cu::cudaDevAttrCanMapHostMemory,
+            0,
+        ));
+        assert_eq!(v, 1);
+        ok(cudaDeviceGetAttribute(
+            &mut v,
+            cu::cudaDevAttrPageableMemoryAccess,
             0,
         ));
         assert_eq!(v, 0);

@@ -161,7 +161,7 @@ fn zero_byte_malloc_is_null_without_a_round_trip() {
 
 #[test]
 fn host_allocations_and_pointer_attributes() {
-    setup();
+    let fake = setup();
     let (mut h, mut d) = (ptr::null_mut(), ptr::null_mut());
     // SAFETY: valid pointers throughout.
     unsafe {
@@ -193,12 +193,80 @@ fn host_allocations_and_pointer_attributes() {
         ok(cudaFreeHost(h));
         assert_err(cudaFreeHost(h), cu::cudaErrorInvalidValue);
         let mut m = ptr::null_mut();
-        assert_err(
-            cudaHostAlloc(&mut m, 10, cu::cudaHostAllocMapped),
-            cu::cudaErrorNotSupported,
-        );
         ok(cudaHostAlloc(&mut m, 10, cu::cudaHostAllocPortable));
         ok(cudaFreeHost(m));
+
+        // Mapped memory: in the window, device address == pointer, copies go MemcpyMapped.
+        ok(cudaHostAlloc(&mut m, 8192, cu::cudaHostAllocMapped));
+        assert_eq!(m as u64 & 0xfff, 0);
+        assert!(m as u64 >= qcuda_proto::HOST_WINDOW_BASE);
+        let mut dp = ptr::null_mut();
+        ok(cudaHostGetDevicePointer(
+            &mut dp,
+            (m as *mut u8).add(4096).cast(),
+            0,
+        ));
+        assert_eq!(dp as u64, m as u64 + 4096);
+        assert_err(
+            cudaHostGetDevicePointer(&mut dp, m, 1),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaHostGetDevicePointer(&mut dp, (&raw const local).cast_mut().cast(), 0),
+            cu::cudaErrorInvalidValue,
+        );
+        ok(cudaPointerGetAttributes(&mut a, m));
+        assert_eq!((a.type_, a.devicePointer), (cu::cudaMemoryTypeHost, m));
+        (m as *mut u8).write_bytes(7, 100);
+        ok(cudaMemcpy(d, m, 100, cu::cudaMemcpyHostToDevice));
+        (m as *mut u8).write_bytes(0, 100);
+        ok(cudaMemcpyAsync(
+            m,
+            d,
+            100,
+            cu::cudaMemcpyDeviceToHost,
+            ptr::null_mut(),
+        ));
+        assert_eq!(*(m as *const u8).add(99), 7);
+        assert!(
+            fake.ops()
+                .iter()
+                .filter(|o| **o == Op::MemcpyMapped)
+                .count()
+                >= 2
+        );
+        ok(cudaFreeHost(m));
+
+        // Registered malloc memory.
+        let mut buf = vec![0u8; 10_000];
+        let b = buf.as_mut_ptr().cast::<c_void>();
+        ok(cudaHostRegister(b, buf.len(), cu::cudaHostRegisterMapped));
+        assert_err(
+            cudaHostRegister((b as *mut u8).add(10).cast(), 10, 0),
+            cu::cudaErrorHostMemoryAlreadyRegistered,
+        );
+        ok(cudaHostGetDevicePointer(&mut dp, b, 0));
+        assert_eq!(dp, b);
+        ok(cudaMemcpy(b, d, 100, cu::cudaMemcpyDeviceToHost));
+        assert_eq!(buf[50], 7);
+        ok(cudaHostUnregister(b));
+        assert_err(cudaHostUnregister(b), cu::cudaErrorHostMemoryNotRegistered);
+        assert_err(
+            cudaHostRegister(b, 10, cu::cudaHostRegisterIoMemory),
+            cu::cudaErrorNotSupported,
+        );
+
+        // Managed memory: one pointer for both sides; cudaFree frees it.
+        assert_err(cudaMallocManaged(&mut m, 0, 1), cu::cudaErrorInvalidValue);
+        assert_err(cudaMallocManaged(&mut m, 64, 4), cu::cudaErrorInvalidValue);
+        ok(cudaMallocManaged(&mut m, 64, 1));
+        ok(cudaPointerGetAttributes(&mut a, m));
+        assert_eq!(
+            (a.type_, a.devicePointer, a.hostPointer),
+            (cu::cudaMemoryTypeManaged, m, m)
+        );
+        ok(cudaFree(m));
+        assert_eq!(fake.state().host_maps.len(), 0);
     }
     cudaGetLastError();
 }
