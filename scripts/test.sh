@@ -111,6 +111,12 @@ else
     n=$(grep -c '^CHECK SKIP cuda/' "$LOGS/vm-cuda/console.log")
     nodev=$(grep -c '^SKIP .*no CUDA device (cudaErrorNoDevice)' "$LOGS/vm-cuda/console.log")
     total=$(find build/cuda-tests -maxdepth 1 -type f -perm -u+x | wc -l)
+    while IFS= read -r line; do
+        case $line in
+        "CHECK ok cuda/host-mapped"*) ok "guest: ${line#CHECK ok }" ;;
+        "CHECK FAIL "*) bad "guest: ${line#CHECK FAIL }" ;;
+        esac
+    done <"$LOGS/vm-cuda/console.log"
     if ((total > 0 && n == total && nodev == total)); then
         ok "guest: all $total CUDA programs load libcudart.so.13 and report cudaErrorNoDevice"
     else
