@@ -268,6 +268,14 @@ impl QcudaDevice {
                     return Err(ENOMEM);
                 }
             }
+            if q.reapable > 0 {
+                // Completed fire-and-forget requests hold slots until someone frees them; the
+                // caller that waits for a slot must, or nobody may (all 256 abandoned).
+                drop(q);
+                self.reap();
+                q = self.queue.lock();
+                continue;
+            }
             q.space_waiters += 1;
             let slept;
             (q, slept) = self.sleep(&self.space, q, wait, &started);

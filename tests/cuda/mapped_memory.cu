@@ -82,6 +82,7 @@ int main()
     CHECK(cudaHostRegister(s, m * sizeof(unsigned int), cudaHostRegisterMapped));
     CHECK(cudaHostRegister(d, m * sizeof(unsigned int), cudaHostRegisterPortable));
     EXPECT_ERR(cudaHostRegister(s + 10, 64, 0), cudaErrorHostMemoryAlreadyRegistered);
+    cudaGetLastError(); // a failed call is also the thread's last error
     unsigned int *s_d = nullptr, *d_d = nullptr;
     CHECK(cudaHostGetDevicePointer((void **)&s_d, s, 0));
     CHECK(cudaHostGetDevicePointer((void **)&d_d, d, 0));

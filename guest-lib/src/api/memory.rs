@@ -237,7 +237,7 @@ cuda_api! {
     /// reaches it over the bus (docs/ARCHITECTURE.md, "Host memory").
     fn cudaMallocManaged(devPtr: *mut *mut c_void, size: usize, flags: c_uint) {
         non_null(devPtr)?;
-        if size == 0 || (flags != MEM_ATTACH_GLOBAL && flags != MEM_ATTACH_HOST) {
+        if flags != MEM_ATTACH_GLOBAL && flags != MEM_ATTACH_HOST {
             return Err(CudaError::INVALID_VALUE);
         }
         let (rt, d) = current()?;
