@@ -5,8 +5,9 @@
 # No GPU is needed. Programs whose binary is newer than their source, the shared headers and
 # this script are skipped. Each binary is checked to import libcudart.so.13 dynamically.
 #
-# Usage: scripts/build-cuda-tests.sh [-f|--force] [name...]   (prints the output directory)
-# Environment: NVCC_FLAGS adds flags; QCUDA_CACHE moves the toolchain cache.
+# Usage: scripts/build-cuda-tests.sh [-f|--force] [--src=DIR --out=DIR] [name...]   (prints the
+# output directory; --src/--out build another folder's programs the same way, e.g. the benchmark:
+# --src=bench --out=build/bench). Environment: NVCC_FLAGS adds flags; QCUDA_CACHE: toolchain cache.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,9 +19,11 @@ for a in "$@"; do
     case $a in
     -f | --force) force=1 ;;
     -h | --help)
-        sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
+    --src=*) src=$(realpath -m "${a#--src=}") ;;
+    --out=*) out=$(realpath -m "${a#--out=}") ;;
     -*)
         echo "build-cuda-tests: unknown option $a" >&2
         exit 64

@@ -3,11 +3,13 @@
 #
 #   run-vm.sh                 the same runner as scripts/run-vm.sh (it detects this layout)
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
+#   bench.sh                  runs the benchmark natively and inside the guest, prints the ratios
 #   bin/vhost-cuda            the host daemon
 #   bin/busybox               static busybox (cpio for run-vm.sh where the host has none)
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
 #   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
+#   bench/qcuda_bench         the benchmark, for the native run (the guest has its own copy)
 #
 # It runs on any x86-64 Linux with glibc >= 2.34 and nothing else installed. Build everything
 # first (scripts/test.sh or scripts/demo.sh do); this script only packs.
@@ -22,9 +24,10 @@ done
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 B=$stage/qcuda
-mkdir -p "$B/bin" "$B/qemu/bin" "$B/qemu/lib" "$B/qemu/share" "$B/guest" "$B/native-tests"
+mkdir -p "$B/bin" "$B/qemu/bin" "$B/qemu/lib" "$B/qemu/share" "$B/guest" "$B/native-tests" "$B/bench"
 install -m 755 scripts/run-vm.sh "$B/run-vm.sh"
 install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
+install -m 755 scripts/bench.sh "$B/bench.sh"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
 # run-vm.sh packs small initramfs archives; a bare GPU host may have no cpio.
@@ -41,6 +44,7 @@ done
 cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
 cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
 [[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
+[[ -x build/bench/qcuda_bench ]] && install -m 755 build/bench/qcuda_bench "$B/bench/"
 git rev-parse --short HEAD >"$B/VERSION" 2>/dev/null || echo unknown >"$B/VERSION"
 mkdir -p dist
 tar -C "$stage" -czf dist/qcuda-bundle.tar.gz qcuda

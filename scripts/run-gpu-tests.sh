@@ -74,7 +74,7 @@ echo "== a guest program killed mid-run leaves no GPU memory behind"
 kill_check() {
     # GPU memory lives in the daemon's per-session worker processes (vhost-cuda --session-worker).
     "$B/run-vm.sh" --log-dir "$logs/vm-kill" --timeout 600 -- \
-        'insmod /lib/modules/qcuda.ko; /opt/qcuda/tests/large_copy & p=$!; sleep 8; kill -9 $p; wait $p; echo KILLED-DONE; sleep 8' \
+        'insmod /lib/modules/qcuda.ko; /opt/qcuda/tests/large_copy >/tmp/lc.log 2>&1 & p=$!; n=0; until grep -q "GB/s" /tmp/lc.log || [ $n -ge 600 ]; do sleep 0.2; n=$((n+1)); done; sleep 1; kill -9 $p; wait $p; cat /tmp/lc.log; echo KILLED-DONE; sleep 8' \
         >"$logs/kill.log" 2>&1 &
     local vm=$! seen=0 workers used
     worker_mem() { # MiB held by session workers now

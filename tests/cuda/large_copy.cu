@@ -29,6 +29,7 @@ __global__ void transform_words(uint32_t *w, size_t n)
 static void report(const char *leg, size_t bytes, double secs)
 {
     std::printf("large_copy: %-26s %8.3f s  %7.2f GB/s\n", leg, secs, bytes / secs / 1e9);
+    std::fflush(stdout); // progress a watcher can see (run-gpu-tests.sh kills it mid-run)
 }
 
 // Returns the index of the first word that is not transformed(pattern(i), i), or n.

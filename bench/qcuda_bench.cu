@@ -1,0 +1,655 @@
+// SPDX-License-Identifier: Apache-2.0 OR MIT
+// qcuda_bench: the costs that separate a CUDA program in the qcuda guest from the same program on
+// the bare host. scripts/bench.sh runs it natively and in the guest, back to back, and divides.
+//
+// stdout is CSV, "metric,bytes,value,unit", one row per measurement; stderr is progress.
+//   h2d_pageable, d2h_pageable   cudaMemcpy from/to malloc'd memory, GB/s (1e9 bytes/s)
+//   h2d_pinned, d2h_pinned       cudaMemcpyAsync on a stream + cudaStreamSynchronize, from/to
+//                                cudaMallocHost memory, GB/s; 4 KiB .. 1 GiB (--max-bytes)
+//   h2d_pinned_stream, d2h_...   8 cudaMemcpyAsync of that size queued on one stream, then one
+//                                cudaStreamSynchronize: streaming throughput with copies in
+//                                flight, as pipelined programs (and NVIDIA's bandwidthTest) copy
+//   zerocopy_read, _write        a kernel reading/writing cudaHostAllocMapped memory, GB/s
+//   launch_sync_us ...           latencies in microseconds (bytes is the size moved, or 0)
+//
+// Copies are timed with the host clock, the whole call as the application sees it (in the guest
+// that includes the trip to the host); the best of several runs after a warm-up counts. The
+// warm-up copy of every size is checked against a pattern, so a wrong copy is a FAIL (exit 1),
+// never a fast number. A row that cannot be measured (an allocation or call fails) reads NA,
+// with the exact error on stderr, and the program goes on. No CUDA device: SKIP, exit 2.
+//
+// Usage: qcuda_bench [--quick] [--max-bytes N[K|M|G]]
+//   --quick   about a tenth of the repetitions, for a guest under TCG (all rows stay)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include <cuda_runtime.h>
+
+namespace {
+
+constexpr size_t kKiB = 1024, kMiB = kKiB * 1024, kGiB = kMiB * 1024;
+constexpr size_t kCopySizes[] = {4 * kKiB, 64 * kKiB, kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB, kGiB};
+constexpr size_t kZeroCopySizes[] = {64 * kMiB, 256 * kMiB};
+constexpr int kBlock = 256;
+
+// How much to repeat: full for the native baseline, a tenth with --quick.
+struct Plan {
+    double target_s;   // a bandwidth size is repeated until about this much time is spent
+    int min_runs;      // ... but at least this often
+    int max_runs;      // ... and at most this often
+    int launch_sync;   // launch + cudaDeviceSynchronize pairs
+    int launch_async;  // launches before one synchronize
+    int small_calls;   // idle stream syncs and 4-byte copies
+    int malloc_free;   // cudaMalloc + cudaFree pairs
+    size_t max_bytes;  // the largest buffer to try
+};
+
+Plan make_plan(bool quick, size_t max_bytes)
+{
+    if (quick)
+        return {0.03, 2, 100, 200, 2000, 200, 100, max_bytes};
+    return {0.3, 5, 1000, 2000, 20000, 2000, 1000, max_bytes};
+}
+
+// A row that cannot be measured; `why` goes to stderr and the row reads NA.
+struct Unavailable {
+    std::string why;
+};
+
+[[noreturn]] __attribute__((format(printf, 1, 2))) void unavailable(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    throw Unavailable{buf};
+}
+
+// Throws Unavailable naming the call and its exact error. The error is read off so that a
+// non-sticky one does not show up again in the next row.
+void need(cudaError_t err, const char *call, int line)
+{
+    if (err == cudaSuccess)
+        return;
+    cudaGetLastError();
+    unavailable("%s returned %s (%d: %s) at line %d", call, cudaGetErrorName(err), (int)err,
+                cudaGetErrorString(err), line);
+}
+#define NEED(call) need((call), #call, __LINE__)
+
+// A wrong result: prints the FAIL line and exits 1. A benchmark that cannot fail proves nothing.
+[[noreturn]] __attribute__((format(printf, 1, 2))) void fail(const char *fmt, ...)
+{
+    std::fflush(stdout);
+    std::printf("FAIL qcuda_bench: ");
+    va_list ap;
+    va_start(ap, fmt);
+    std::vprintf(fmt, ap);
+    va_end(ap);
+    std::printf("\n");
+    std::fflush(stdout);
+    std::exit(1);
+}
+
+double now_seconds()
+{
+    using clock = std::chrono::steady_clock;
+    return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+std::string size_label(size_t bytes)
+{
+    char buf[32];
+    if (bytes >= kGiB && bytes % kGiB == 0)
+        std::snprintf(buf, sizeof buf, "%zu GiB", bytes / kGiB);
+    else if (bytes >= kMiB && bytes % kMiB == 0)
+        std::snprintf(buf, sizeof buf, "%zu MiB", bytes / kMiB);
+    else if (bytes >= kKiB && bytes % kKiB == 0)
+        std::snprintf(buf, sizeof buf, "%zu KiB", bytes / kKiB);
+    else
+        std::snprintf(buf, sizeof buf, "%zu B", bytes);
+    return buf;
+}
+
+// One measured value and how it was obtained, for the progress line.
+struct Sample {
+    double value;
+    std::string how;
+};
+
+void print_row(const char *metric, size_t bytes, const char *value, const char *unit)
+{
+    std::printf("%s,%zu,%s,%s\n", metric, bytes, value, unit);
+    std::fflush(stdout); // rows already printed survive a crash later on
+}
+
+void print_na(const char *metric, size_t bytes, const char *unit, const std::string &why)
+{
+    print_row(metric, bytes, "NA", unit);
+    std::fprintf(stderr, "qcuda_bench: %-20s %8s  NA: %s\n", metric, size_label(bytes).c_str(),
+                 why.c_str());
+}
+
+// Runs one measurement and prints its row, NA if it throws Unavailable.
+template <class Measure> void measure(const char *metric, size_t bytes, const char *unit, Measure m)
+{
+    try {
+        Sample s = m();
+        char value[32];
+        std::snprintf(value, sizeof value, "%.3f", s.value);
+        print_row(metric, bytes, value, unit);
+        std::fprintf(stderr, "qcuda_bench: %-20s %8s  %10s %-4s  %s\n", metric,
+                     size_label(bytes).c_str(), value, unit, s.how.c_str());
+    } catch (const Unavailable &u) {
+        print_na(metric, bytes, unit, u.why);
+    }
+}
+
+// Calls `timed` (which returns the seconds of one run) until about plan.target_s is spent, within
+// [min_runs, max_runs]; returns the best time and how many runs it took.
+template <class Timed> double best_seconds(const Plan &plan, Timed timed, int &runs)
+{
+    double best = timed();
+    runs = (int)std::clamp(plan.target_s / std::max(best, 1e-9), (double)plan.min_runs,
+                           (double)plan.max_runs);
+    for (int i = 1; i < runs; i++)
+        best = std::min(best, timed());
+    return best;
+}
+
+std::string best_of(int runs)
+{
+    return "best of " + std::to_string(runs);
+}
+
+// --- memory that frees itself ----------------------------------------------------------------
+
+using Owned = std::unique_ptr<void, void (*)(void *)>;
+
+Owned device_alloc(size_t n)
+{
+    void *p = nullptr;
+    NEED(cudaMalloc(&p, n));
+    return Owned(p, [](void *q) { cudaFree(q); });
+}
+
+Owned pageable_alloc(size_t n)
+{
+    void *p = std::malloc(n);
+    if (!p)
+        unavailable("malloc(%zu) failed", n);
+    return Owned(p, std::free);
+}
+
+Owned pinned_alloc(size_t n)
+{
+    void *p = nullptr;
+    NEED(cudaMallocHost(&p, n));
+    return Owned(p, [](void *q) { cudaFreeHost(q); });
+}
+
+Owned mapped_alloc(size_t n)
+{
+    void *p = nullptr;
+    NEED(cudaHostAlloc(&p, n, cudaHostAllocMapped));
+    return Owned(p, [](void *q) { cudaFreeHost(q); });
+}
+
+class Stream {
+  public:
+    Stream() { NEED(cudaStreamCreate(&s_)); }
+    ~Stream() { cudaStreamDestroy(s_); }
+    Stream(const Stream &) = delete;
+    Stream &operator=(const Stream &) = delete;
+    cudaStream_t get() const { return s_; }
+
+  private:
+    cudaStream_t s_ = nullptr;
+};
+
+// Times kernels on the default stream with a pair of events: device time, no launch overhead.
+class KernelTimer {
+  public:
+    KernelTimer()
+    {
+        NEED(cudaEventCreate(&start_));
+        cudaError_t err = cudaEventCreate(&stop_);
+        if (err != cudaSuccess)
+            cudaEventDestroy(start_);
+        NEED(err);
+    }
+    ~KernelTimer()
+    {
+        cudaEventDestroy(start_);
+        cudaEventDestroy(stop_);
+    }
+    KernelTimer(const KernelTimer &) = delete;
+    KernelTimer &operator=(const KernelTimer &) = delete;
+
+    template <class Launch> double seconds(Launch launch)
+    {
+        NEED(cudaEventRecord(start_));
+        launch();
+        NEED(cudaGetLastError());
+        NEED(cudaEventRecord(stop_));
+        NEED(cudaEventSynchronize(stop_));
+        float ms = 0;
+        NEED(cudaEventElapsedTime(&ms, start_, stop_));
+        return ms / 1e3;
+    }
+
+  private:
+    cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+// --- patterns and the kernels ----------------------------------------------------------------
+
+// Word i of the pattern `seed`. Consecutive words differ (an odd multiplier is a bijection), so a
+// shifted or repeated chunk shows; two seeds differ in every word, so stale data shows.
+__host__ __device__ inline uint32_t pattern(size_t i, uint32_t seed)
+{
+    return ((uint32_t)i * 0x9E3779B1u + (uint32_t)(i >> 32)) ^ seed;
+}
+
+void fill_host(uint32_t *w, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = pattern(i, seed);
+}
+
+// The index of the first word that is not pattern(i, seed), or n.
+size_t first_mismatch_host(const uint32_t *w, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        if (w[i] != pattern(i, seed))
+            return i;
+    return n;
+}
+
+__global__ void fill_words(uint32_t *w, size_t n, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        w[i] = pattern(i, seed);
+}
+
+// Lowers *first_bad to the index of every word that is not pattern(i, seed).
+__global__ void find_mismatch(const uint32_t *w, size_t n, uint32_t seed,
+                              unsigned long long *first_bad)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        if (w[i] != pattern(i, seed))
+            atomicMin(first_bad, (unsigned long long)i);
+}
+
+// Adds up every 32-bit word of v[0, n) into *sum: one atomic per warp.
+__global__ void sum_words(const uint4 *v, size_t n, unsigned long long *sum)
+{
+    unsigned long long s = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 x = v[i];
+        s += (unsigned long long)x.x + x.y + x.z + x.w;
+    }
+    for (int offset = 16; offset > 0; offset /= 2)
+        s += __shfl_down_sync(0xffffffffu, s, offset);
+    if (threadIdx.x % 32 == 0)
+        atomicAdd(sum, s);
+}
+
+// v[i] = words 4i .. 4i+3 of the pattern `seed`.
+__global__ void write_words(uint4 *v, size_t n, uint32_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        v[i] = make_uint4(pattern(4 * i, seed), pattern(4 * i + 1, seed), pattern(4 * i + 2, seed),
+                          pattern(4 * i + 3, seed));
+}
+
+__global__ void empty_kernel() {}
+
+// Checks that device memory holds pattern `seed`; a mismatch is a FAIL naming `what`.
+void verify_device(const void *dev, size_t bytes, uint32_t seed, int grid, const char *what)
+{
+    const size_t n = bytes / 4;
+    Owned first_bad = device_alloc(sizeof(unsigned long long));
+    auto *bad_d = (unsigned long long *)first_bad.get();
+    NEED(cudaMemset(bad_d, 0xff, sizeof *bad_d));
+    find_mismatch<<<grid, kBlock>>>((const uint32_t *)dev, n, seed, bad_d);
+    NEED(cudaGetLastError());
+    unsigned long long bad = 0;
+    NEED(cudaMemcpy(&bad, bad_d, sizeof bad, cudaMemcpyDeviceToHost));
+    if (bad == ~0ull)
+        return;
+    uint32_t got = 0;
+    NEED(cudaMemcpy(&got, (const uint32_t *)dev + bad, 4, cudaMemcpyDeviceToHost));
+    fail("%s %s: device word %llu (byte %llu) is 0x%08x, expected 0x%08x", what,
+         size_label(bytes).c_str(), bad, bad * 4, got, pattern(bad, seed));
+}
+
+void verify_host(const void *host, size_t bytes, uint32_t seed, const char *what)
+{
+    const size_t n = bytes / 4;
+    const auto *w = (const uint32_t *)host;
+    size_t bad = first_mismatch_host(w, n, seed);
+    if (bad != n)
+        fail("%s %s: host word %zu (byte %zu) is 0x%08x, expected 0x%08x", what,
+             size_label(bytes).c_str(), bad, bad * 4, w[bad], pattern(bad, seed));
+}
+
+// --- the measurements ------------------------------------------------------------------------
+
+// h2d_<kind> and d2h_<kind> at one size. Pageable: cudaMemcpy; pinned: cudaMemcpyAsync on a
+// created stream, then cudaStreamSynchronize. The warm-up copy of each direction is verified.
+void copy_rows(const Plan &plan, bool pinned, size_t bytes, int grid)
+{
+    const char *h2d = pinned ? "h2d_pinned" : "h2d_pageable";
+    const char *d2h = pinned ? "d2h_pinned" : "d2h_pageable";
+    const uint32_t seed_h2d = 0x5a5a0000u ^ (uint32_t)bytes, seed_d2h = ~seed_h2d;
+    Owned host(nullptr, std::free), dev(nullptr, std::free);
+    std::unique_ptr<Stream> stream;
+    try {
+        dev = device_alloc(bytes);
+        host = pinned ? pinned_alloc(bytes) : pageable_alloc(bytes);
+        if (pinned)
+            stream = std::make_unique<Stream>();
+    } catch (const Unavailable &u) {
+        print_na(h2d, bytes, "GB/s", u.why);
+        print_na(d2h, bytes, "GB/s", u.why);
+        return;
+    }
+    void *h = host.get(), *d = dev.get();
+    auto copy = [&](void *to, const void *from, cudaMemcpyKind kind) {
+        if (!pinned) {
+            NEED(cudaMemcpy(to, from, bytes, kind));
+            return;
+        }
+        NEED(cudaMemcpyAsync(to, from, bytes, kind, stream->get()));
+        NEED(cudaStreamSynchronize(stream->get()));
+    };
+    auto timed = [&](void *to, const void *from, cudaMemcpyKind kind) {
+        double t = now_seconds();
+        copy(to, from, kind);
+        return now_seconds() - t;
+    };
+
+    measure(h2d, bytes, "GB/s", [&] {
+        fill_host((uint32_t *)h, bytes / 4, seed_h2d);
+        copy(d, h, cudaMemcpyHostToDevice);
+        verify_device(d, bytes, seed_h2d, grid, h2d);
+        int runs = 0;
+        double best = best_seconds(plan, [&] { return timed(d, h, cudaMemcpyHostToDevice); }, runs);
+        return Sample{bytes / best / 1e9, best_of(runs)};
+    });
+    measure(d2h, bytes, "GB/s", [&] {
+        // Every host word still differs from this pattern, so a copy that did not land shows.
+        fill_words<<<grid, kBlock>>>((uint32_t *)d, bytes / 4, seed_d2h);
+        NEED(cudaGetLastError());
+        NEED(cudaDeviceSynchronize());
+        copy(h, d, cudaMemcpyDeviceToHost);
+        verify_host(h, bytes, seed_d2h, d2h);
+        int runs = 0;
+        double best = best_seconds(plan, [&] { return timed(h, d, cudaMemcpyDeviceToHost); }, runs);
+        return Sample{bytes / best / 1e9, best_of(runs)};
+    });
+    if (!pinned)
+        return;
+    // The same buffers, kBatch copies in flight per synchronisation (data checked above).
+    constexpr int kBatch = 8;
+    auto batch = [&](void *to, const void *from, cudaMemcpyKind kind) {
+        double t = now_seconds();
+        for (int i = 0; i < kBatch; i++)
+            NEED(cudaMemcpyAsync(to, from, bytes, kind, stream->get()));
+        NEED(cudaStreamSynchronize(stream->get()));
+        return now_seconds() - t;
+    };
+    measure("h2d_pinned_stream", bytes, "GB/s", [&] {
+        batch(d, h, cudaMemcpyHostToDevice);
+        int runs = 0;
+        double best = best_seconds(plan, [&] { return batch(d, h, cudaMemcpyHostToDevice); }, runs);
+        return Sample{kBatch * bytes / best / 1e9, best_of(runs)};
+    });
+    measure("d2h_pinned_stream", bytes, "GB/s", [&] {
+        batch(h, d, cudaMemcpyDeviceToHost);
+        int runs = 0;
+        double best = best_seconds(plan, [&] { return batch(h, d, cudaMemcpyDeviceToHost); }, runs);
+        return Sample{kBatch * bytes / best / 1e9, best_of(runs)};
+    });
+}
+
+// zerocopy_read and zerocopy_write at one size: a kernel streams cudaHostAllocMapped memory
+// through its device pointer; events time the kernel alone.
+void zerocopy_rows(const Plan &plan, size_t bytes, int grid, bool can_map)
+{
+    const char *rd = "zerocopy_read", *wr = "zerocopy_write";
+    const uint32_t seed_rd = 0xc3c30000u ^ (uint32_t)bytes, seed_wr = ~seed_rd;
+    Owned host(nullptr, std::free), sum(nullptr, std::free);
+    void *mapped = nullptr;
+    std::unique_ptr<KernelTimer> timer;
+    try {
+        if (!can_map)
+            unavailable("the device cannot map host memory (cudaDevAttrCanMapHostMemory = 0)");
+        host = mapped_alloc(bytes);
+        NEED(cudaHostGetDevicePointer(&mapped, host.get(), 0));
+        sum = device_alloc(sizeof(unsigned long long));
+        timer = std::make_unique<KernelTimer>();
+    } catch (const Unavailable &u) {
+        print_na(rd, bytes, "GB/s", u.why);
+        print_na(wr, bytes, "GB/s", u.why);
+        return;
+    }
+    const size_t vecs = bytes / sizeof(uint4);
+    auto *h = (uint32_t *)host.get();
+    auto *sum_d = (unsigned long long *)sum.get();
+
+    measure(rd, bytes, "GB/s", [&] {
+        fill_host(h, bytes / 4, seed_rd);
+        unsigned long long want = 0;
+        for (size_t i = 0; i < bytes / 4; i++)
+            want += h[i];
+        NEED(cudaMemset(sum_d, 0, sizeof *sum_d));
+        auto launch = [&] { sum_words<<<grid, kBlock>>>((const uint4 *)mapped, vecs, sum_d); };
+        timer->seconds(launch);
+        unsigned long long got = 0;
+        NEED(cudaMemcpy(&got, sum_d, sizeof got, cudaMemcpyDeviceToHost));
+        if (got != want)
+            fail("%s %s: the kernel's sum of the mapped words is %llu, expected %llu", rd,
+                 size_label(bytes).c_str(), got, want);
+        int runs = 0;
+        double best = best_seconds(plan, [&] { return timer->seconds(launch); }, runs);
+        return Sample{bytes / best / 1e9, best_of(runs)};
+    });
+    measure(wr, bytes, "GB/s", [&] {
+        // The read row left pattern seed_rd there, which differs from seed_wr in every word.
+        auto launch = [&] { write_words<<<grid, kBlock>>>((uint4 *)mapped, vecs, seed_wr); };
+        timer->seconds(launch);
+        verify_host(h, bytes, seed_wr, wr);
+        int runs = 0;
+        double best = best_seconds(plan, [&] { return timer->seconds(launch); }, runs);
+        return Sample{bytes / best / 1e9, best_of(runs)};
+    });
+}
+
+// Mean microseconds per call of `op` over n calls, after a few warm-up calls.
+template <class Op> Sample mean_us(int n, Op op)
+{
+    for (int i = 0; i < std::min(n, 10); i++)
+        op(i);
+    double t = now_seconds();
+    for (int i = 0; i < n; i++)
+        op(i);
+    return Sample{(now_seconds() - t) / n * 1e6, "mean of " + std::to_string(n)};
+}
+
+void latency_rows(const Plan &plan)
+{
+    measure("launch_sync_us", 0, "us", [&] {
+        Sample s = mean_us(plan.launch_sync, [](int) {
+            empty_kernel<<<1, 1>>>();
+            NEED(cudaDeviceSynchronize());
+        });
+        NEED(cudaGetLastError()); // a refused launch stays recorded here
+        return s;
+    });
+    measure("launch_async_us", 0, "us", [&] {
+        const int n = plan.launch_async;
+        empty_kernel<<<1, 1>>>();
+        NEED(cudaDeviceSynchronize());
+        double t = now_seconds();
+        for (int i = 0; i < n; i++)
+            empty_kernel<<<1, 1>>>();
+        NEED(cudaGetLastError());
+        NEED(cudaDeviceSynchronize());
+        return Sample{(now_seconds() - t) / n * 1e6,
+                      std::to_string(n) + " launches, then one synchronize"};
+    });
+    measure("stream_sync_idle_us", 0, "us", [&] {
+        Stream stream;
+        return mean_us(plan.small_calls, [&](int) { NEED(cudaStreamSynchronize(stream.get())); });
+    });
+    measure("memcpy4_h2d_us", 4, "us", [&] {
+        Owned dev = device_alloc(4);
+        Sample s = mean_us(plan.small_calls, [&](int i) {
+            uint32_t v = 0x1000u + (uint32_t)i;
+            NEED(cudaMemcpy(dev.get(), &v, 4, cudaMemcpyHostToDevice));
+        });
+        uint32_t got = 0, want = 0x1000u + (uint32_t)plan.small_calls - 1;
+        NEED(cudaMemcpy(&got, dev.get(), 4, cudaMemcpyDeviceToHost));
+        if (got != want)
+            fail("memcpy4_h2d_us: the device holds 0x%08x after the last copy, expected 0x%08x",
+                 got, want);
+        return s;
+    });
+    measure("memcpy4_d2h_us", 4, "us", [&] {
+        Owned dev = device_alloc(4);
+        const uint32_t want = 0xfeedf00du;
+        NEED(cudaMemcpy(dev.get(), &want, 4, cudaMemcpyHostToDevice));
+        return mean_us(plan.small_calls, [&](int) {
+            uint32_t got = 0;
+            NEED(cudaMemcpy(&got, dev.get(), 4, cudaMemcpyDeviceToHost));
+            if (got != want)
+                fail("memcpy4_d2h_us: read 0x%08x, expected 0x%08x", got, want);
+        });
+    });
+    measure("malloc_free_1m_us", kMiB, "us", [&] {
+        return mean_us(plan.malloc_free, [](int) {
+            void *p = nullptr;
+            NEED(cudaMalloc(&p, kMiB));
+            NEED(cudaFree(p));
+        });
+    });
+}
+
+// Parses "N", "NK", "NM" or "NG" (binary units); 0 on a malformed number.
+size_t parse_bytes(const char *s)
+{
+    char *end = nullptr;
+    unsigned long long v = std::strtoull(s, &end, 10);
+    if (end == s)
+        return 0;
+    switch (*end) {
+    case '\0': return v;
+    case 'K': case 'k': v *= kKiB; break;
+    case 'M': case 'm': v *= kMiB; break;
+    case 'G': case 'g': v *= kGiB; break;
+    default: return 0;
+    }
+    return end[1] == '\0' ? v : 0;
+}
+
+[[noreturn]] void usage(const char *argv0, int code)
+{
+    std::fprintf(code ? stderr : stdout, "usage: %s [--quick] [--max-bytes N[K|M|G]]\n", argv0);
+    std::exit(code);
+}
+
+int device_attribute(cudaDeviceAttr attr, const char *name, int fallback)
+{
+    int v = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&v, attr, 0);
+    if (err == cudaSuccess)
+        return v;
+    cudaGetLastError();
+    std::fprintf(stderr, "qcuda_bench: cudaDeviceGetAttribute(%s) returned %s; taking %d\n", name,
+                 cudaGetErrorName(err), fallback);
+    return fallback;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    bool quick = false;
+    size_t max_bytes = kGiB;
+    for (int i = 1; i < argc; i++) {
+        if (!std::strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!std::strcmp(argv[i], "--max-bytes") && i + 1 < argc)
+            max_bytes = parse_bytes(argv[++i]);
+        else if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help"))
+            usage(argv[0], 0);
+        else
+            usage(argv[0], 64);
+        if (max_bytes == 0)
+            usage(argv[0], 64);
+    }
+    const Plan plan = make_plan(quick, max_bytes);
+
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+        (err == cudaSuccess && count == 0)) {
+        std::printf("SKIP: no CUDA device (%s)\n",
+                    err == cudaSuccess ? "device count 0" : cudaGetErrorName(err));
+        return 2;
+    }
+    if (err != cudaSuccess) // a broken transport must not pass for a host without a GPU
+        fail("cudaGetDeviceCount returned %s (%d: %s)", cudaGetErrorName(err), (int)err,
+             cudaGetErrorString(err));
+
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        cudaGetLastError();
+        std::snprintf(prop.name, sizeof prop.name, "(unknown: cudaGetDeviceProperties failed)");
+    }
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    const int sms = device_attribute(cudaDevAttrMultiProcessorCount, "MultiProcessorCount", 100);
+    const bool can_map =
+        device_attribute(cudaDevAttrCanMapHostMemory, "CanMapHostMemory", 0) != 0;
+    // Mapped host memory needs this flag on old drivers; with unified addressing it is implied.
+    if (can_map && (err = cudaSetDeviceFlags(cudaDeviceMapHost)) != cudaSuccess) {
+        cudaGetLastError();
+        std::fprintf(stderr, "qcuda_bench: cudaSetDeviceFlags(cudaDeviceMapHost) returned %s\n",
+                     cudaGetErrorName(err));
+    }
+    const int grid = 4 * sms;
+    std::fprintf(stderr,
+                 "qcuda_bench: %s, %d SMs, driver %d.%d, runtime %d.%d; %s run, up to %s\n",
+                 prop.name, sms, driver / 1000, driver % 1000 / 10, runtime / 1000,
+                 runtime % 1000 / 10, quick ? "quick" : "full", size_label(max_bytes).c_str());
+
+    std::printf("metric,bytes,value,unit\n");
+    double t = now_seconds();
+    latency_rows(plan);
+    for (bool pinned : {false, true})
+        for (size_t bytes : kCopySizes)
+            if (bytes <= plan.max_bytes)
+                copy_rows(plan, pinned, bytes, grid);
+    for (size_t bytes : kZeroCopySizes)
+        if (bytes <= plan.max_bytes)
+            zerocopy_rows(plan, bytes, grid, can_map);
+    std::fprintf(stderr, "qcuda_bench: done in %.1f s\n", now_seconds() - t);
+    return 0;
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# bench.sh: on a GPU host, runs qcuda_bench (bench/qcuda_bench.cu) natively against the host's
+# libcudart, then inside the qcuda guest against ours, and prints guest/native ratios.
+#   ./bench.sh [--out DIR] [--max-bytes N[K|M|G]] [--guest-mem SIZE] [--timeout SECONDS]
+# Writes to DIR (default: bench-out beside this script; build/bench-out in the repo):
+#   native.csv, guest.csv   metric,bytes,value,unit (the program's own rows)
+#   bench.csv               metric,bytes,native,guest,unit,ratio; ratio is guest/native for
+#                           bandwidth and native/guest for latency, so higher is better, 1 = parity
+#   native.log, guest.log, vm/   progress, the guest console, the daemon's and QEMU's logs
+# The guest runs with --quick (a guest under TCG is slow on the CPU side), the host in full.
+# Works from an unpacked bundle (scripts/bundle.sh) and from the repo. Without a GPU it says
+# "skipped: no GPU" and exits 0; it exits 1 if either run fails or prints no rows.
+set -uo pipefail
+B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [[ -f $B/guest/bzImage ]]; then # bundle layout
+    bench=$B/bench/qcuda_bench out=$B/bench-out
+else # repo layout: scripts/ beside build/
+    bench=$B/../build/bench/qcuda_bench out=$B/../build/bench-out
+fi
+max_args=() mem_args=() timeout=1800
+while (($#)); do
+    case $1 in
+    --out) out=$2; shift 2 ;;
+    --max-bytes) max_args=(--max-bytes "$2"); shift 2 ;;
+    --guest-mem) mem_args=(--mem "$2"); shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--timeout SECONDS]" >&2; exit 2 ;;
+    esac
+done
+
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo "skipped: no GPU"
+    exit 0
+fi
+[[ -x $bench ]] || { echo "bench: $bench is missing (scripts/build-payload.sh builds it)" >&2; exit 1; }
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+cudart=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [[ -d $d ]] && { cudart=$d; break; }
+done
+nvidia-smi -L
+
+# The program's rows, picked by their shape: the guest console mixes in progress, kernel log
+# lines and carriage returns.
+csv_rows() {
+    echo "metric,bytes,value,unit"
+    tr -d '\r' | grep -E '^[a-z0-9_]+,[0-9]+,([0-9]+(\.[0-9]+)?|NA),(GB/s|us)$'
+}
+status=0
+echo "== native (host libcudart from ${cudart:-the default library path}), full run"
+LD_LIBRARY_PATH=$cudart "$bench" "${max_args[@]}" >"$out/native.out" 2> >(tee "$out/native.log" >&2)
+rc=$?
+csv_rows <"$out/native.out" >"$out/native.csv"
+((rc == 0)) || { echo "bench: native run exited $rc: $(tail -n 1 "$out/native.out")"; status=1; }
+
+echo "== guest (through QEMU, qcuda.ko and vhost-cuda), --quick run"
+"$B/run-vm.sh" --log-dir "$out/vm" --timeout "$timeout" "${mem_args[@]}" -- \
+    "insmod /lib/modules/qcuda.ko && /opt/qcuda/bench/qcuda_bench --quick ${max_args[*]}" 2>&1 |
+    tee "$out/guest.log"
+rc=${PIPESTATUS[0]}
+csv_rows <"$out/guest.log" >"$out/guest.csv"
+((rc == 0)) || { echo "bench: guest run exited $rc: $(tr -d '\r' <"$out/guest.log" | grep -E '^(FAIL|SKIP)' | tail -n 1)"; status=1; }
+
+# Rows keyed by metric and size, in the native run's order, then any the guest alone has.
+awk -F, -v OFS=, '
+    FNR == 1 { next }
+    FILENAME == ARGV[1] { key = $1 FS $2; if (!(key in unit)) order[++n] = key; nat[key] = $3; unit[key] = $4; next }
+    { key = $1 FS $2; if (!(key in unit)) order[++n] = key; gst[key] = $3; unit[key] = $4 }
+    END {
+        print "metric,bytes,native,guest,unit,ratio"
+        for (i = 1; i <= n; i++) {
+            k = order[i]; a = (k in nat) ? nat[k] : "NA"; b = (k in gst) ? gst[k] : "NA"; r = "NA"
+            if (a != "NA" && b != "NA" && a + 0 > 0 && b + 0 > 0)
+                r = sprintf("%.3f", unit[k] == "us" ? a / b : b / a)
+            print k, a, b, unit[k], r
+        }
+    }' "$out/native.csv" "$out/guest.csv" >"$out/bench.csv"
+
+awk -F, '
+    function size(b) {
+        if (b == 0) return "-"
+        if (b % 1073741824 == 0) return b / 1073741824 " GiB"
+        if (b % 1048576 == 0) return b / 1048576 " MiB"
+        if (b % 1024 == 0) return b / 1024 " KiB"
+        return b " B"
+    }
+    NR == 1 { printf "%-20s %8s %12s %12s %-5s %7s\n", "metric", "size", "native", "guest", "unit", "ratio"; next }
+    { printf "%-20s %8s %12s %12s %-5s %7s\n", $1, size($2), $3, $4, $5, $6 }' "$out/bench.csv"
+rows() { tail -n +2 "$1" | grep -vc ',NA,' || true; }
+accel=$(sed -n 's/^\[run-vm\] accelerator: \([a-z]*\).*/\1/p' "$out/guest.log" | head -n 1)
+echo "native: $(rows "$out/native.csv") rows measured, guest (${accel:-unknown accelerator}):" \
+    "$(rows "$out/guest.csv"); ratio = guest/native for GB/s, native/guest for us (higher is" \
+    "better, 1.000 = parity); files in $out"
+(($(rows "$out/native.csv") > 0 && $(rows "$out/guest.csv") > 0)) || status=1
+exit $status
