@@ -8,7 +8,9 @@
 //                                cudaMallocHost memory, GB/s; 4 KiB .. 1 GiB (--max-bytes)
 //   h2d_pinned_stream, d2h_...   8 cudaMemcpyAsync of that size queued on one stream, then one
 //                                cudaStreamSynchronize: streaming throughput with copies in
-//                                flight, as pipelined programs (and NVIDIA's bandwidthTest) copy
+//                                flight, as pipelined programs copy (host clock)
+//   h2d_pinned_dma, d2h_...      the same 8 copies timed by CUDA events around them on the GPU,
+//                                as NVIDIA's bandwidthTest measures: the copy engine's rate
 //   zerocopy_read, _write        a kernel reading/writing cudaHostAllocMapped memory, GB/s
 //   launch_sync_us ...           latencies in microseconds (bytes is the size moved, or 0)
 //
@@ -423,6 +425,33 @@ void copy_rows(const Plan &plan, bool pinned, size_t bytes, int grid)
         batch(h, d, cudaMemcpyDeviceToHost);
         int runs = 0;
         double best = best_seconds(plan, [&] { return batch(h, d, cudaMemcpyDeviceToHost); }, runs);
+        return Sample{kBatch * bytes / best / 1e9, best_of(runs)};
+    });
+    // The same, timed on the GPU by events on the legacy stream around the copies.
+    std::unique_ptr<KernelTimer> timer;
+    try {
+        timer = std::make_unique<KernelTimer>();
+    } catch (const Unavailable &u) {
+        print_na("h2d_pinned_dma", bytes, "GB/s", u.why);
+        print_na("d2h_pinned_dma", bytes, "GB/s", u.why);
+        return;
+    }
+    auto events = [&](void *to, const void *from, cudaMemcpyKind kind) {
+        return timer->seconds([&] {
+            for (int i = 0; i < kBatch; i++)
+                NEED(cudaMemcpyAsync(to, from, bytes, kind, 0));
+        });
+    };
+    measure("h2d_pinned_dma", bytes, "GB/s", [&] {
+        events(d, h, cudaMemcpyHostToDevice);
+        int runs = 0;
+        double best = best_seconds(plan, [&] { return events(d, h, cudaMemcpyHostToDevice); }, runs);
+        return Sample{kBatch * bytes / best / 1e9, best_of(runs)};
+    });
+    measure("d2h_pinned_dma", bytes, "GB/s", [&] {
+        events(h, d, cudaMemcpyDeviceToHost);
+        int runs = 0;
+        double best = best_seconds(plan, [&] { return events(h, d, cudaMemcpyDeviceToHost); }, runs);
         return Sample{kBatch * bytes / best / 1e9, best_of(runs)};
     });
 }

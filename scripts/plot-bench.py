@@ -25,6 +25,8 @@ BANDWIDTH_ORDER = [
     "d2h_pinned",
     "h2d_pinned_stream",
     "d2h_pinned_stream",
+    "h2d_pinned_dma",
+    "d2h_pinned_dma",
     "zerocopy_read",
     "zerocopy_write",
 ]

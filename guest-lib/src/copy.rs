@@ -1,19 +1,65 @@
 //! Moving bytes between guest memory and device memory.
 //!
-//! Every host<->device copy goes through these two functions. A copy of any size is cut into
-//! `COPY_CHUNK` (8 MiB) requests, each well under the transport's `MAX_BUFFER_LEN`; today the
-//! chunks go one after another. This is the one place to pipeline them later (several chunks in
-//! flight from a few threads, so the guest's copying and pinning overlaps the host's DMA).
+//! Every host<->device copy of pageable memory goes through these two functions (host-mapped
+//! memory never does: the driver copies it directly, see memory.rs). A copy of any size is cut
+//! into `COPY_CHUNK` (8 MiB) requests, each well under the transport's `MAX_BUFFER_LEN`. Copies
+//! of several chunks keep [`IN_FLIGHT`] chunks in flight, from as many threads, so that pinning
+//! and describing the next chunk in the guest overlaps the host's copy of the current one. The
+//! chunks cover disjoint ranges and all go to the same stream, and the call returns only when
+//! every chunk is done, so the order in which they complete does not matter.
 
 use qcuda_proto::{Op, COPY_CHUNK};
 
 use crate::{
     cuda_error::{CudaError, CudaResult},
+    last_error,
     session::Session,
     transport::Call,
 };
 
 const CHUNK: usize = COPY_CHUNK as usize;
+/// Chunks of one copy in flight at once.
+const IN_FLIGHT: usize = 2;
+
+/// Runs `chunk(offset, len)` for every chunk of `len` bytes, [`IN_FLIGHT`] at a time, and
+/// returns the first failure (after every chunk has finished).
+fn for_each_chunk(
+    len: usize,
+    chunk: &(dyn Fn(usize, usize) -> CudaResult<()> + Sync),
+) -> CudaResult<()> {
+    let chunks = len.div_ceil(CHUNK);
+    let lane = |first: usize| -> CudaResult<()> {
+        let mut result = Ok(());
+        for i in (first..chunks).step_by(IN_FLIGHT) {
+            let at = i * CHUNK;
+            if let Err(e) = chunk(at, CHUNK.min(len - at)) {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    };
+    if chunks < 2 {
+        return lane(0);
+    }
+    std::thread::scope(|scope| {
+        let others: Vec<_> = (1..IN_FLIGHT.min(chunks))
+            .map(|first| {
+                // A reply may carry an earlier async failure, recorded as the last error of the
+                // thread that got it: hand it to the caller's thread.
+                scope.spawn(move || (lane(first), last_error::take()))
+            })
+            .collect();
+        let mut result = lane(0);
+        for o in others {
+            let (r, deferred) = o.join().unwrap_or((Err(CudaError::UNKNOWN), 0));
+            if let Some(e) = CudaError::from_code(deferred) {
+                last_error::record(e);
+            }
+            result = result.and(r);
+        }
+        result
+    })
+}
 
 /// Checks that `addr..addr + len` does not wrap around the device address space.
 fn device_range(addr: u64, len: usize) -> CudaResult<()> {
@@ -36,20 +82,17 @@ pub unsafe fn host_to_device(
     stream: u64,
 ) -> CudaResult<()> {
     device_range(dst, len)?;
-    let mut done = 0;
-    while done < len {
-        let n = CHUNK.min(len - done);
+    let src = src as usize;
+    for_each_chunk(len, &|done, n| {
         // SAFETY: `src + done .. src + done + n` lies inside the range the caller guarantees
-        // readable until we return, and the call is finished before the next iteration.
+        // readable until we return, and every chunk's call is finished before that.
         let call = unsafe {
             Call::new(Op::MemcpyHtoD, device)
                 .args(&[dst + done as u64, stream])
-                .input_raw(src.add(done), n)
+                .input_raw((src as *const u8).add(done), n)
         };
-        session.submit(call)?;
-        done += n;
-    }
-    Ok(())
+        session.submit(call).map(|_| ())
+    })
 }
 
 /// Copies `len` bytes from device address `src` to guest memory at `dst`, in stream order on
@@ -67,18 +110,16 @@ pub unsafe fn device_to_host(
     stream: u64,
 ) -> CudaResult<()> {
     device_range(src, len)?;
-    let mut done = 0;
-    while done < len {
-        let n = CHUNK.min(len - done);
+    let dst = dst as usize;
+    for_each_chunk(len, &|done, n| {
         // SAFETY: `dst + done .. dst + done + n` lies inside the range the caller guarantees
-        // writable and unshared until we return; the call finishes before the next iteration.
+        // writable and unshared until we return; chunks are disjoint, and every chunk's call is
+        // finished before that.
         let call = unsafe {
             Call::new(Op::MemcpyDtoH, device)
                 .args(&[src + done as u64, stream])
-                .output_raw(dst.add(done), n)
+                .output_raw((dst as *mut u8).add(done), n)
         };
-        session.submit(call)?;
-        done += n;
-    }
-    Ok(())
+        session.submit(call).map(|_| ())
+    })
 }
