@@ -1219,6 +1219,16 @@ mod tests {
     }
 
     #[test]
+    fn host_unmap_without_a_worker_maps_nothing_and_starts_none() {
+        let mut g = Guest::new();
+        let (p, out) = g.simple(Op::HostUnmap, 9);
+        g.send(0, p);
+        assert_eq!(g.rec.wait(1)[0], (0, 64));
+        assert_eq!(g.response(out).status, status::HOST_MEMORY_NOT_REGISTERED);
+        assert_eq!(g.table.worker_pid(9), None);
+    }
+
+    #[test]
     fn close_all_drops_queued_requests_without_completing_them() {
         let mut g = Guest::new();
         let gate = Arc::new(Gate::default());
