@@ -177,6 +177,11 @@ impl FakeState {
         (off + len <= bytes.len() as u64).then_some((base, off as usize))
     }
 
+    /// Device memory (or a host-mapped range) for a test to read or change.
+    pub fn device_bytes_for_test(&mut self, addr: u64, len: u64) -> &mut [u8] {
+        self.device_bytes(addr, len).expect("a valid device range")
+    }
+
     fn device_bytes(&mut self, addr: u64, len: u64) -> Result<&mut [u8], u32> {
         if let Some((&b, &l)) = self.host_maps.range(..=addr).next_back() {
             if addr + len <= b + l {

@@ -68,8 +68,14 @@ impl HostAllocation {
     }
 }
 
-/// The address window for allocations: reserved at first use, handed out first-fit.
-#[derive(Debug, Default)]
+/// The address window for allocations: reserved at first use, handed out first-fit. One per
+/// process, like the address space it reserves.
+static WINDOW: Mutex<Window> = Mutex::new(Window {
+    reserved: None,
+    free: BTreeMap::new(),
+});
+
+#[derive(Debug)]
 struct Window {
     reserved: Option<bool>,
     /// Free ranges: start -> length.
@@ -159,7 +165,6 @@ impl Window {
 #[derive(Debug, Default)]
 pub struct HostAllocations {
     by_base: Mutex<BTreeMap<usize, HostAllocation>>,
-    window: Mutex<Window>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -184,7 +189,7 @@ impl HostAllocations {
             .checked_next_multiple_of(PAGE)
             .ok_or(CudaError::MEMORY_ALLOCATION)?;
         let base = {
-            let mut w = lock(&self.window);
+            let mut w = lock(&WINDOW);
             if !w.reserve() {
                 return Err(CudaError::MEMORY_ALLOCATION);
             }
@@ -195,7 +200,7 @@ impl HostAllocations {
                 // The module forgets the mmap's pages (the host never mapped them).
                 let _ = session.host_map(call(base, 0, 0, device), true);
             }
-            lock(&self.window).give(base, mapped);
+            lock(&WINDOW).give(base, mapped);
         };
         if let Err(e) = session.map_memory(base, mapped) {
             undo(false);
@@ -254,7 +259,7 @@ impl HostAllocations {
                 // until the process ends); only the address range is lost.
                 return unmapped.map(|_| ());
             }
-            lock(&self.window).give(a.base, a.mapped);
+            lock(&WINDOW).give(a.base, a.mapped);
         }
         unmapped.map(|_| ())
     }

@@ -17,7 +17,7 @@ use crate::{
     call_config::CallConfig,
     cuda_error::{CudaError, CudaResult},
     generated::{self as cu, dim3},
-    modules, params,
+    managed_vars, modules, params,
     registry::KernelRecord,
     runtime::Runtime,
     transport::Call,
@@ -87,6 +87,7 @@ pub unsafe fn launch(
     let resolved = modules::kernel(rt, kernel, device)?;
     // SAFETY: forwarded caller contract; `resolved.params` is this kernel's layout.
     let block = unsafe { params::pack(&resolved.params, args)? };
+    managed_vars::before_launch(rt, device, stream.wire)?;
     rt.session.submit(
         Call::new(Op::LaunchKernel, device)
             .args(&wire_args(

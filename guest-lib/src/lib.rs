@@ -33,6 +33,7 @@ pub mod handles;
 pub mod host_memory;
 pub mod last_error;
 pub mod launch;
+pub mod managed_vars;
 pub mod memory;
 pub mod modules;
 pub mod params;

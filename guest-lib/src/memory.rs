@@ -139,7 +139,7 @@ pub unsafe fn memcpy(
             call = call.fire_and_forget();
         }
         rt.session.submit(call)?;
-        return Ok(());
+        return synchronised(rt, order);
     }
     match dir {
         Direction::HostToHost => {
@@ -148,28 +148,34 @@ pub unsafe fn memcpy(
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
             Ok(())
         }
-        // SAFETY: `src` is host memory readable for `count` bytes (caller contract).
-        Direction::HostToDevice => unsafe {
-            copy::host_to_device(
-                &rt.session,
-                order.device,
-                dst,
-                src as *const u8,
-                count,
-                order.stream,
-            )
-        },
-        // SAFETY: `dst` is host memory writable for `count` bytes (caller contract).
-        Direction::DeviceToHost => unsafe {
-            copy::device_to_host(
-                &rt.session,
-                order.device,
-                dst as *mut u8,
-                src,
-                count,
-                order.stream,
-            )
-        },
+        Direction::HostToDevice => {
+            // SAFETY: `src` is host memory readable for `count` bytes (caller contract).
+            unsafe {
+                copy::host_to_device(
+                    &rt.session,
+                    order.device,
+                    dst,
+                    src as *const u8,
+                    count,
+                    order.stream,
+                )?
+            };
+            synchronised(rt, order)
+        }
+        Direction::DeviceToHost => {
+            // SAFETY: `dst` is host memory writable for `count` bytes (caller contract).
+            unsafe {
+                copy::device_to_host(
+                    &rt.session,
+                    order.device,
+                    dst as *mut u8,
+                    src,
+                    count,
+                    order.stream,
+                )?
+            };
+            synchronised(rt, order)
+        }
         Direction::DeviceToDevice => {
             let mut call = Call::new(Op::MemcpyDtoD, order.device).args(&[
                 dst,
@@ -184,6 +190,15 @@ pub unsafe fn memcpy(
             Ok(())
         }
     }
+}
+
+/// After a blocking copy between host and device: the host's turn for `__managed__` variables
+/// (managed_vars.rs), as after any synchronisation.
+fn synchronised(rt: &Runtime, order: Ordering) -> CudaResult<()> {
+    if order.is_async {
+        return Ok(());
+    }
+    crate::managed_vars::after_sync(rt)
 }
 
 /// `cudaMemset`/`cudaMemsetAsync`: `count` bytes at device address `dst` set to the low byte of

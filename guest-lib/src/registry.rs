@@ -106,6 +106,8 @@ struct Maps {
 /// All registrations of the process.
 #[derive(Debug, Default)]
 pub struct Registry {
+    /// `__managed__` variables and whose turn they are (managed_vars.rs).
+    pub managed: crate::managed_vars::ManagedVars,
     maps: RwLock<Maps>,
 }
 
@@ -152,7 +154,7 @@ impl Registry {
         true
     }
 
-    /// Records a device variable of fatbin `handle`. Returns false for an unknown handle.
+    /// Records a device variable of fatbin `handle`. Returns None for an unknown handle.
     pub fn register_var(
         &self,
         handle: usize,
@@ -160,10 +162,8 @@ impl Registry {
         name: &CStr,
         size: usize,
         constant: bool,
-    ) -> bool {
-        let Some(fatbin) = self.fatbin(handle) else {
-            return false;
-        };
+    ) -> Option<&'static VarRecord> {
+        let fatbin = self.fatbin(handle)?;
         let record: &'static VarRecord = Box::leak(Box::new(VarRecord {
             fatbin,
             host_var,
@@ -173,7 +173,7 @@ impl Registry {
             resolved: Mutex::default(),
         }));
         self.write().vars.insert(host_var, record);
-        true
+        Some(record)
     }
 
     /// Removes a fatbin and everything registered against it; returns it so that the caller can
@@ -243,7 +243,7 @@ mod tests {
         let r = Registry::default();
         let fb = r.register_fatbin(Ok(&[1, 2, 3]));
         assert!(r.register_function(fb, 0x1000, c"_Z3addPf"));
-        assert!(r.register_var(fb, 0x2000, c"table", 64, true));
+        assert!(r.register_var(fb, 0x2000, c"table", 64, true).is_some());
         assert!(
             !r.register_function(fb + 8, 0x1008, c"nope"),
             "unknown fatbin handle"

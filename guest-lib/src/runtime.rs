@@ -90,6 +90,7 @@ impl Runtime {
     pub fn reset_device(&self, registry: &Registry, device: u32) -> CudaResult<()> {
         self.session.submit(Call::new(Op::DeviceReset, device))?;
         self.allocations.forget_device(device);
+        crate::managed_vars::forget_device(device);
         self.host_memory.forget_device(&self.session, device);
         self.streams.forget_device(device);
         self.events.forget_device(device);

@@ -1,9 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0 OR MIT
 // Managed memory (cudaMallocManaged): one pointer that the program and its kernels share. A
 // kernel reads what the host wrote and the host reads what a kernel wrote, with no copies;
-// cudaFree releases it; pointer attributes say managed.
+// cudaFree releases it; pointer attributes say managed. __managed__ variables: initialised in
+// the module, read and written by kernels and by the host in turns.
 #define TEST_NAME "managed_memory"
 #include "selfcheck.cuh"
+
+__managed__ int counter = 5;
+__managed__ float weights[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+
+// counter += step; weights[i] *= factor.
+__global__ void touch_managed(int step, float factor)
+{
+    if (threadIdx.x == 0)
+        counter += step;
+    if (threadIdx.x < 4)
+        weights[threadIdx.x] *= factor;
+}
 
 __global__ void scale_add(float *x, int n, float a, float b)
 {
@@ -88,6 +101,25 @@ int main()
     CHECK(cudaFree(v));
     CHECK(cudaFree(bins));
     CHECK(cudaFree(x));
+    // __managed__ variables: the module's initial values, then turns.
+    if (counter != 5 || weights[3] != 4.0f)
+        fail("__managed__ initial values: counter %d, weights[3] %f", counter, weights[3]);
+    touch_managed<<<1, 32>>>(10, 2.0f);
+    CHECK_LAUNCH();
+    CHECK(cudaDeviceSynchronize());
+    if (counter != 15 || weights[0] != 2.0f || weights[3] != 8.0f)
+        fail("after a kernel: counter %d, weights %f %f", counter, weights[0], weights[3]);
+    counter = 100;
+    weights[1] = -1.0f;
+    touch_managed<<<1, 32>>>(1, 3.0f);
+    CHECK_LAUNCH();
+    touch_managed<<<1, 32>>>(1, 1.0f);
+    CHECK_LAUNCH();
+    CHECK(cudaStreamSynchronize(0));
+    if (counter != 102 || weights[1] != -3.0f || weights[3] != 24.0f)
+        fail("host writes then two kernels: counter %d, weights %f %f", counter, weights[1],
+             weights[3]);
+
     // As natively: zero bytes is not an error.
     CHECK(cudaMallocManaged(&x, 0));
     CHECK(cudaFree(x));

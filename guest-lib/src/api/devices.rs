@@ -191,7 +191,7 @@ cuda_api! {
     fn cudaDeviceSynchronize() {
         let (rt, d) = current()?;
         rt.session.submit(Call::new(Op::DeviceSynchronize, d))?;
-        Ok(())
+        crate::managed_vars::after_sync(rt)
     }
 
     /// `cudaDeviceReset`: frees everything of this process on the current device and clears its

@@ -59,7 +59,8 @@ cuda_api! {
     /// `cudaEventSynchronize`.
     fn cudaEventSynchronize(event: cudaEvent_t) {
         let (rt, _) = current()?;
-        rt.events.synchronize(&rt.session, event as usize)
+        rt.events.synchronize(&rt.session, event as usize)?;
+        crate::managed_vars::after_sync(rt)
     }
 
     /// `cudaEventQuery`: `cudaErrorNotReady` while pending (not recorded as an error).

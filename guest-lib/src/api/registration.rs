@@ -12,7 +12,7 @@ use core::ffi::{c_char, c_int, c_void, CStr};
 use crate::{
     fatbin,
     generated::{dim3, uint3},
-    modules,
+    managed_vars, modules,
     runtime::{registry, runtime_if_connected},
     warnings::warn_once,
 };
@@ -47,6 +47,7 @@ pub unsafe extern "C" fn __cudaRegisterFatBinaryEnd(_fatCubinHandle: *mut *mut c
 #[no_mangle]
 pub unsafe extern "C" fn __cudaUnregisterFatBinary(fatCubinHandle: *mut *mut c_void) {
     if let Some(fatbin) = registry().unregister_fatbin(fatCubinHandle as usize) {
+        managed_vars::forget_fatbin(fatbin);
         if let Some(rt) = runtime_if_connected() {
             modules::unload(rt, fatbin);
         }
@@ -107,44 +108,65 @@ pub unsafe extern "C" fn __cudaRegisterVar(
     // SAFETY: non-null and NUL-terminated (nvcc passes a string literal).
     let name = unsafe { CStr::from_ptr(deviceName) };
     let handle = fatCubinHandle as usize;
-    if !registry().register_var(handle, hostVar as usize, name, size, constant != 0) {
+    if registry()
+        .register_var(handle, hostVar as usize, name, size, constant != 0)
+        .is_none()
+    {
         warn_once!("__cudaRegisterVar with an unknown fatbin handle; variable {name:?} ignored");
     }
 }
 
-/// `__cudaRegisterManagedVar`: `__managed__` variables are not supported yet. Registration
-/// cannot fail, so this warns (once) and leaves the variable unbound; the program fails when it
-/// touches the variable, not merely because it declares one.
+/// `__cudaRegisterManagedVar`: records a `__managed__` variable; `hostVarPtrAddress` is the
+/// program's pointer to it, which `__cudaInitModule` fills in (managed_vars.rs).
 ///
 /// # Safety
-/// `deviceName` is null or a NUL-terminated string.
+/// `deviceName` is null or a NUL-terminated string; `hostVarPtrAddress` is null or the
+/// program's own pointer variable for this managed variable.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn __cudaRegisterManagedVar(
-    _fatCubinHandle: *mut *mut c_void,
-    _hostVarPtrAddress: *mut *mut c_void,
+    fatCubinHandle: *mut *mut c_void,
+    hostVarPtrAddress: *mut *mut c_void,
     _deviceAddress: *mut c_char,
     deviceName: *const c_char,
     _ext: c_int,
-    _size: usize,
+    size: usize,
     _constant: c_int,
     _global: c_int,
 ) {
-    let name = if deviceName.is_null() {
-        c"?"
-    } else {
-        // SAFETY: non-null and NUL-terminated (nvcc passes a string literal).
-        unsafe { CStr::from_ptr(deviceName) }
-    };
-    warn_once!("__cudaRegisterManagedVar: __managed__ variables (here {name:?}) are not supported");
+    if hostVarPtrAddress.is_null() || deviceName.is_null() {
+        warn_once!("__cudaRegisterManagedVar called without a host pointer or name; ignored");
+        return;
+    }
+    // SAFETY: non-null and NUL-terminated (nvcc passes a string literal).
+    let name = unsafe { CStr::from_ptr(deviceName) };
+    let handle = fatCubinHandle as usize;
+    match registry().register_var(handle, hostVarPtrAddress as usize, name, size, false) {
+        Some(var) => managed_vars::register(var, hostVarPtrAddress as usize),
+        None => warn_once!(
+            "__cudaRegisterManagedVar with an unknown fatbin handle; variable {name:?} ignored"
+        ),
+    }
 }
 
-/// `__cudaInitModule`: initialises the managed-memory runtime for an image, returning `char`
-/// (nonzero on success). Managed memory is not supported, so it reports 0.
+/// `__cudaInitModule`: binds the image's `__managed__` variables (nvcc's host code calls it
+/// once, before the program's first access to one). Returns 1 on success; 0 if they cannot be
+/// bound (the program then finds a null pointer, and the reason is logged once).
 ///
 /// # Safety
 /// Any value is accepted.
 #[no_mangle]
-pub unsafe extern "C" fn __cudaInitModule(_fatCubinHandle: *mut *mut c_void) -> c_char {
-    0
+pub unsafe extern "C" fn __cudaInitModule(fatCubinHandle: *mut *mut c_void) -> c_char {
+    let Some(fatbin) = registry().fatbin(fatCubinHandle as usize) else {
+        warn_once!("__cudaInitModule with an unknown fatbin handle");
+        return 0;
+    };
+    match managed_vars::init_module(fatbin) {
+        Ok(()) => 1,
+        Err(e) => {
+            warn_once!("__cudaInitModule: __managed__ variables cannot be bound ({e:?})");
+            crate::last_error::record(e);
+            0
+        }
+    }
 }

@@ -13,7 +13,8 @@ use crate::{
 
 fn synchronize(stream: cudaStream_t) -> CudaResult<()> {
     let (rt, _) = current()?;
-    rt.streams.synchronize(&rt.session, stream as usize)
+    rt.streams.synchronize(&rt.session, stream as usize)?;
+    crate::managed_vars::after_sync(rt)
 }
 
 fn query(stream: cudaStream_t) -> CudaResult<()> {

@@ -283,3 +283,83 @@ fn launch_blocking_waits_and_reports_at_the_launch() {
     assert!(!fake.state().launches[0].fire_and_forget);
     last_error::take();
 }
+
+#[test]
+fn managed_variables_take_turns_between_launches_and_synchronisations() {
+    use crate::api::{devices::cudaDeviceSynchronize, registration::*};
+    let fake = setup();
+    fake.add_kernel("_Z3incv", &[]);
+    let p = fake.add_global("counter", 4);
+    fake.state()
+        .device_bytes_for_test(p, 4)
+        .copy_from_slice(&5u32.to_le_bytes());
+    let fatbin = register_fatbin();
+    let inc = register_kernel(fatbin, c"_Z3incv");
+    // nvcc's host code: a `static int *counter` that __cudaInitModule fills in.
+    let mut counter: *mut u32 = ptr::null_mut();
+    // SAFETY: arguments as nvcc passes them; `counter` outlives the test's use of it.
+    unsafe {
+        __cudaRegisterManagedVar(
+            fatbin,
+            (&raw mut counter).cast(),
+            c"counter".as_ptr().cast_mut(),
+            c"counter".as_ptr(),
+            0,
+            4,
+            0,
+            0,
+        );
+        assert_eq!(__cudaInitModule(fatbin), 1);
+        assert!(!counter.is_null());
+        // The module's initial value reached the program.
+        assert_eq!(*counter, 5);
+        // The host's turn: its write reaches the device at the next launch.
+        *counter = 9;
+        ok(stub_launch(
+            inc,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut [],
+        ));
+        let dev = |f: &FakeDevice| {
+            u32::from_le_bytes(f.state().device_bytes_for_test(p, 4).try_into().unwrap())
+        };
+        assert_eq!(dev(&fake), 9);
+        // The "kernel" changes it; the host sees that after synchronising, not before.
+        fake.state()
+            .device_bytes_for_test(p, 4)
+            .copy_from_slice(&11u32.to_le_bytes());
+        assert_eq!(*counter, 9);
+        ok(cudaDeviceSynchronize());
+        assert_eq!(*counter, 11);
+        // A second launch without a host turn in between copies nothing over the device's value.
+        fake.state()
+            .device_bytes_for_test(p, 4)
+            .copy_from_slice(&12u32.to_le_bytes());
+        ok(cudaDeviceSynchronize());
+        let copies = fake
+            .ops()
+            .iter()
+            .filter(|o| **o == Op::MemcpyMapped)
+            .count();
+        ok(stub_launch(
+            inc,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut [],
+        ));
+        assert_eq!(
+            fake.ops()
+                .iter()
+                .filter(|o| **o == Op::MemcpyMapped)
+                .count(),
+            copies + 1
+        );
+        __cudaUnregisterFatBinary(fatbin);
+    }
+    assert_eq!(fake.state().host_maps.len(), 0);
+}
