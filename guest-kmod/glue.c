@@ -172,11 +172,14 @@ unsigned long qcuda_glue_page_to_pfn(struct page *page)
  */
 struct page *qcuda_glue_alloc_chunk(unsigned int order)
 {
-	gfp_t gfp = GFP_USER | __GFP_ZERO | __GFP_NOWARN;
+	/*
+	 * Charged to the caller's memory cgroup, like any memory it maps; never the OOM killer's
+	 * business: a failed allocation is cudaErrorMemoryAllocation for the caller.
+	 */
+	gfp_t gfp = GFP_USER | __GFP_ZERO | __GFP_NOWARN | __GFP_ACCOUNT;
 	struct page *page;
 
-	if (order)
-		gfp |= __GFP_NORETRY;
+	gfp |= order ? __GFP_NORETRY : __GFP_RETRY_MAYFAIL;
 	page = alloc_pages(gfp, order);
 	if (page && order)
 		split_page(page, order);

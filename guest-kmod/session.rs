@@ -59,7 +59,7 @@ const CLOSE_TIMEOUT_MS: i64 = 30_000;
 /// How long `HostMap` and `HostUnmap` wait for the host. They are waited for uninterruptibly:
 /// the module must learn whether the host maps the pages before it may release them.
 const HOST_MAP_TIMEOUT_MS: i64 = 60_000;
-/// Largest single mmap of /dev/qcuda.
+/// Largest single mmap of /dev/qcuda, and largest range `IOCTL_HOST_MAP` pins.
 const MAX_MMAP_LEN: usize = 64 << 30;
 
 /// One open file of /dev/qcuda.
@@ -231,6 +231,7 @@ impl Session {
         };
         let mut region = match own {
             Some(r) => r,
+            None if len > MAX_MMAP_LEN => return Err(EINVAL),
             None => HostRegion::pin(addr, len)?,
         };
         let table = region.run_table();

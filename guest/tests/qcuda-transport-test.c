@@ -45,6 +45,16 @@ _Static_assert(offsetof(struct qcuda_call, rets) == 88, "rets");
 _Static_assert(offsetof(struct qcuda_call, bufs) == 144, "bufs");
 
 #define QCUDA_IOCTL_CALL _IOWR('Q', 0x01, struct qcuda_call)
+
+struct qcuda_host_map {
+	uint64_t addr, len, flags;
+	uint32_t device, status;
+	uint64_t dev_addr;
+};
+_Static_assert(sizeof(struct qcuda_host_map) == 40, "HOST_MAP_CALL_SIZE");
+#define QCUDA_IOCTL_HOST_MAP _IOWR('Q', 0x02, struct qcuda_host_map)
+#define QCUDA_IOCTL_HOST_UNMAP _IOWR('Q', 0x03, struct qcuda_host_map)
+#define HOST_MEMORY_NOT_REGISTERED 713
 #define DIR_IN 1
 #define DIR_OUT 2
 #define OP_HELLO 0x0001
@@ -510,6 +520,97 @@ struct unplug_arg {
 	long ok, enodev, other;
 };
 
+/*
+ * Host-mapped memory, without caring whether the host has a GPU: an mmap of /dev/qcuda gives
+ * zeroed, writable pages the module holds (fdinfo counts them); IOCTL_HOST_MAP of it and of a
+ * malloc'd buffer get a host status (success with a GPU, an error without), bad arguments get
+ * errnos, and every page is released once unmapped or refused, and at close.
+ */
+static void test_host_memory(void)
+{
+	int fd = open_dev();
+	const size_t len = 8u << 20;
+	unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	CHECK(p != MAP_FAILED, "mmap of 8 MiB: %s", p == MAP_FAILED ? strerror(errno) : "ok");
+	if (p == MAP_FAILED) {
+		close(fd);
+		return;
+	}
+	int zero = 1;
+	for (size_t i = 0; i < len; i += 4093)
+		zero &= p[i] == 0;
+	CHECK(zero, "mmapped pages are zeroed");
+	memset(p, 0x5a, len);
+	CHECK(fdinfo(fd, "qcuda-host-pages") == (long)(len / 4096), "module holds %ld pages for the mmap",
+	      fdinfo(fd, "qcuda-host-pages"));
+	CHECK(mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 4096) == MAP_FAILED && errno == EINVAL,
+	      "mmap at a non-zero offset: EINVAL");
+
+	struct qcuda_host_map m = { .addr = (uintptr_t)p, .len = len };
+	int rc = ioctl(fd, QCUDA_IOCTL_HOST_MAP, &m);
+	int mapped = rc == 0 && m.status == 0;
+	CHECK(rc == 0, "HOST_MAP of the mmap: rc %d errno %d, host status %u, device address %#llx", rc,
+	      rc ? errno : 0, m.status, (unsigned long long)m.dev_addr);
+	if (mapped)
+		CHECK(m.dev_addr != 0, "a mapped range has a device address");
+	struct qcuda_host_map again = { .addr = (uintptr_t)p, .len = len };
+	if (mapped) {
+		rc = ioctl(fd, QCUDA_IOCTL_HOST_MAP, &again);
+		CHECK(rc == 0 && again.status == 712, "mapping it twice: status %u", again.status);
+	}
+	struct qcuda_host_map bad = { .addr = (uintptr_t)p, .len = 0 };
+	CHECK(ioctl(fd, QCUDA_IOCTL_HOST_MAP, &bad) < 0 && errno == EINVAL, "zero length: EINVAL");
+	bad = (struct qcuda_host_map){ .addr = (uintptr_t)p, .len = 4096, .flags = 2 };
+	CHECK(ioctl(fd, QCUDA_IOCTL_HOST_MAP, &bad) < 0 && errno == EINVAL, "unknown flag: EINVAL");
+	bad = (struct qcuda_host_map){ .addr = 0x10, .len = 4096 };
+	CHECK(ioctl(fd, QCUDA_IOCTL_HOST_MAP, &bad) < 0 && errno == EFAULT, "unmapped user range: EFAULT");
+	bad = (struct qcuda_host_map){ .addr = 0x1000 };
+	rc = ioctl(fd, QCUDA_IOCTL_HOST_UNMAP, &bad);
+	CHECK(rc == 0 && bad.status == HOST_MEMORY_NOT_REGISTERED, "unmapping nothing: status %u",
+	      bad.status);
+
+	/* A malloc'd, unaligned buffer: pinned while mapped, released when refused or unmapped. */
+	unsigned char *b = malloc(3u << 20);
+	memset(b, 1, 3u << 20);
+	struct qcuda_host_map r = { .addr = (uintptr_t)(b + 100), .len = (3u << 20) - 200 };
+	rc = ioctl(fd, QCUDA_IOCTL_HOST_MAP, &r);
+	CHECK(rc == 0, "HOST_MAP of malloc memory: rc %d, status %u", rc, r.status);
+	long held = fdinfo(fd, "qcuda-host-pages");
+	if (rc == 0 && r.status == 0) {
+		CHECK(held > (long)(len / 4096), "pinned pages counted: %ld", held);
+		r.len = 0;
+		rc = ioctl(fd, QCUDA_IOCTL_HOST_UNMAP, &r);
+		CHECK(rc == 0 && r.status == 0, "HOST_UNMAP of malloc memory: status %u", r.status);
+	}
+	CHECK(fdinfo(fd, "qcuda-host-pages") == (long)(len / 4096),
+	      "pinned pages released: %ld held (the mmap's only)", fdinfo(fd, "qcuda-host-pages"));
+	free(b);
+
+	m.len = 0;
+	rc = ioctl(fd, QCUDA_IOCTL_HOST_UNMAP, &m);
+	CHECK(rc == 0 && (m.status == 0 || !mapped), "HOST_UNMAP of the mmap: status %u", m.status);
+	CHECK(fdinfo(fd, "qcuda-host-pages") == 0, "module released the mmap's pages: %ld held",
+	      fdinfo(fd, "qcuda-host-pages"));
+	int intact = 1;
+	for (size_t i = 0; i < len; i += 4093)
+		intact &= p[i] == 0x5a;
+	CHECK(intact, "the mapping stays readable until munmap (its own page references)");
+	munmap(p, len);
+
+	/* Closing a file with mapped memory releases everything. */
+	int fd2 = open_dev();
+	unsigned char *q = mmap(NULL, 1u << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd2, 0);
+	struct qcuda_host_map m2 = { .addr = (uintptr_t)q, .len = 1u << 20 };
+	rc = q == MAP_FAILED ? -1 : ioctl(fd2, QCUDA_IOCTL_HOST_MAP, &m2);
+	CHECK(rc == 0, "HOST_MAP on a second file: status %u", m2.status);
+	if (q != MAP_FAILED)
+		munmap(q, 1u << 20);
+	close(fd2);
+	CHECK(fdinfo(fd, "qcuda-host-pages-all") == 0, "nothing held after close: %ld",
+	      fdinfo(fd, "qcuda-host-pages-all"));
+	close(fd);
+}
+
 static void *unplug_worker(void *p)
 {
 	struct unplug_arg *u = p;
@@ -571,6 +672,8 @@ int main(int argc, char **argv)
 		test_signals();
 	if (all || !strcmp(what, "kill"))
 		test_kill();
+	if (all || !strcmp(what, "host-memory"))
+		test_host_memory();
 	if (!strcmp(what, "unplug")) /* not in "all": the caller must remove the device */
 		test_unplug();
 	printf("qcuda-transport-test: %d passed, %d failed\n", passed, failed);
