@@ -220,6 +220,15 @@ impl Device {
         })
     }
 
+    /// A fire-and-forget Hello: returns once queued (for latency measurements).
+    pub fn hello_async(&self) -> Result<(), CallError> {
+        let mut call = IoctlCall::new(Op::Hello);
+        call.args[0] = u64::from(VERSION);
+        call.flags = u32::from(qcuda_proto::FLAG_ASYNC);
+        // SAFETY: Hello names no buffers.
+        unsafe { self.call(&mut call) }
+    }
+
     /// The host's GPUs. Asks again with a larger buffer if the host has more than fit.
     pub fn host_info(&self) -> Result<HostInfoReply, CallError> {
         let mut room = 16usize;

@@ -69,6 +69,13 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Round-trip latency of the transport: Hello (answered by the daemon), fire-and-forget
+    /// Hello, and 4 KiB Echo, each `count` times; microseconds per call.
+    Latency {
+        /// Calls of each kind.
+        #[arg(long, default_value_t = 2000)]
+        count: u32,
+    },
     /// Children in endless large echo calls, each killed with SIGKILL mid-call and reaped.
     Killtest {
         /// Children to kill.
@@ -133,6 +140,9 @@ fn main() -> ExitCode {
                 seed: *seed,
             },
         ),
+        Some(Command::Latency { count }) => {
+            device::Device::open(&args.device).and_then(|dev| latency(&dev, *count))
+        }
         Some(Command::Killtest {
             count,
             parallel,
@@ -160,9 +170,43 @@ fn main() -> ExitCode {
                 Some(Command::Selftest { .. }) => "selftest FAILED: ",
                 Some(Command::Stress { .. }) => "stress FAILED: ",
                 Some(Command::Killtest { .. }) => "killtest FAILED: ",
+                Some(Command::Latency { .. }) => "latency FAILED: ",
             };
             eprintln!("qcuda-smi: {what}{e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// `qcuda-smi latency`: mean microseconds per call of each kind.
+fn latency(dev: &device::Device, count: u32) -> Result<(), String> {
+    let count = count.max(1);
+    let time = |what: &str, f: &mut dyn FnMut() -> Result<(), String>| -> Result<(), String> {
+        for _ in 0..count.min(20) {
+            f()?;
+        }
+        let t = std::time::Instant::now();
+        for _ in 0..count {
+            f()?;
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(count);
+        println!("latency: {what:<28} {us:9.1} us per call ({count} calls)");
+        Ok(())
+    };
+    time("hello (waited)", &mut || {
+        dev.hello().map(|_| ()).map_err(|e| format!("hello: {e}"))
+    })?;
+    time("hello (fire-and-forget)", &mut || {
+        dev.hello_async().map_err(|e| format!("async hello: {e}"))
+    })?;
+    // One waited call drains what the fire-and-forget ones left in flight.
+    dev.hello().map_err(|e| format!("hello: {e}"))?;
+    let input = vec![0x5au8; 4096];
+    let mut output = vec![0u8; 4096];
+    time("echo 4 KiB (waited)", &mut || {
+        dev.echo(&input, &mut output)
+            .map(|_| ())
+            .map_err(|e| format!("echo: {e}"))
+    })?;
+    Ok(())
 }
