@@ -75,6 +75,9 @@ impl From<u32> for Fault {
 
 type OpResult = Result<ResponseHeader, Fault>;
 
+/// A checked copy between two device addresses: destination, source, bytes.
+type DeviceCopy = (u64, u64, usize);
+
 fn ok() -> OpResult {
     Ok(ResponseHeader::with_status(status::SUCCESS))
 }
@@ -519,17 +522,10 @@ impl CudaSession {
     /// or host-mapped guest memory), done by the driver in stream order. A waited-for request
     /// returns once the copy is complete, as `cudaMemcpy` does.
     fn memcpy_mapped(&mut self, req: &Request) -> OpResult {
-        let [dst, src, size, stream, ..] = req.header.args;
-        let dev = self.bind_new(req)?;
-        let stream = self.stream_on(stream, dev)?;
-        if size == 0 {
+        let Some((dev, stream, (dst, src, size))) = self.device_copy_setup(req)? else {
             return ok();
-        }
-        self.check_range(dev, dst, size)?;
-        self.check_range(dev, src, size)?;
-        self.drv
-            .memcpy(dst, src, to_usize(size)?, stream)
-            .map_err(on(dev))?;
+        };
+        self.drv.memcpy(dst, src, size, stream).map_err(on(dev))?;
         if req.header.flags & FLAG_ASYNC == 0 {
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
@@ -693,18 +689,30 @@ impl CudaSession {
     }
 
     fn memcpy_dtod(&mut self, req: &Request) -> OpResult {
+        let Some((dev, stream, (dst, src, size))) = self.device_copy_setup(req)? else {
+            return ok();
+        };
+        self.drv
+            .memcpy_dtod(dst, src, size, stream)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    /// Common part of the copies between two device addresses (args: destination, source,
+    /// size, stream): binds, resolves the stream, checks both ranges. `None` for zero bytes.
+    fn device_copy_setup(
+        &mut self,
+        req: &Request,
+    ) -> Result<Option<(usize, Raw, DeviceCopy)>, Fault> {
         let [dst, src, size, stream, ..] = req.header.args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if size == 0 {
-            return ok();
+            return Ok(None);
         }
         self.check_range(dev, dst, size)?;
         self.check_range(dev, src, size)?;
-        self.drv
-            .memcpy_dtod(dst, src, to_usize(size)?, stream)
-            .map_err(on(dev))?;
-        ok()
+        Ok(Some((dev, stream, (dst, src, to_usize(size)?))))
     }
 
     fn memset(&mut self, req: &Request) -> OpResult {
