@@ -170,6 +170,31 @@ qemu_dies() {
     return $rc
 }
 step "daemon: a QEMU killed mid-handshake is logged, the next VM is served" qemu_dies
+flood_stalled() {
+    # A guest process floods fire-and-forget calls while the daemon is stopped for 1.5 s: the
+    # ring fills with requests nobody waits for, and the caller must get slots again after.
+    local d rc=0
+    d=$(mktemp -d)
+    target/release/vhost-cuda --socket-path "$d/s.sock" >"$d/daemon.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 50); do [ -S "$d/s.sock" ] && break; sleep 0.1; done
+    scripts/run-vm.sh --socket "$d/s.sock" --timeout 300 -- \
+        'insmod /lib/modules/qcuda.ko && /opt/qcuda/bin/qcuda-transport-test flood' >"$d/vm.log" 2>&1 &
+    local vm=$!
+    for _ in $(seq 1200); do grep -q FLOOD-START "$d/vm.log" && break; sleep 0.1; done
+    sleep 1
+    kill -STOP $pid
+    sleep 1.5
+    kill -CONT $pid
+    wait $vm || rc=1
+    kill -TERM $pid
+    wait $pid 2>/dev/null
+    tr -d '\r' <"$d/vm.log" | grep -E '^(ok|FAIL)|passed|FLOOD'
+    grep -q 'qcuda-transport-test: [0-9]* passed, 0 failed' "$d/vm.log" || rc=1
+    rm -rf "$d"
+    return $rc
+}
+step "guest: a fire-and-forget flood survives a stalled daemon (ring full, slots reaped)" flood_stalled
 
 echo "== release bundle"
 bundle_boots() {

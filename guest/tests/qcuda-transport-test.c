@@ -510,6 +510,50 @@ static void test_kill(void)
 	close(fd);
 }
 
+static void on_flood_watchdog(int sig)
+{
+	(void)sig;
+	static const char msg[] = "FAIL flood: stuck for 60 s (a full ring that nobody frees)\n";
+	write(1, msg, sizeof msg - 1);
+	_exit(1);
+}
+
+/*
+ * `flood`: fire-and-forget calls without any waited-for call in between, for 8 s, while the host
+ * stalls the daemon for a while (scripts/test.sh sends it SIGSTOP after "FLOOD-START", then
+ * SIGCONT): the ring fills with requests nobody waits for, the caller sleeps for a slot, and
+ * must get one once they complete. A watchdog fails the test if it hangs.
+ */
+static void test_flood(void)
+{
+	signal(SIGALRM, on_flood_watchdog);
+	alarm(60);
+	int fd = open_dev();
+	struct qcuda_call c;
+	long n = 0;
+	int rc = 0;
+	printf("FLOOD-START\n");
+	double t0 = now(), slowest = 0;
+	while (now() - t0 < 8.0) {
+		hello_call(&c);
+		c.flags = FLAG_ASYNC;
+		double t = now();
+		if ((rc = call(fd, &c)) != 0)
+			break;
+		if (now() - t > slowest)
+			slowest = now() - t;
+		n++;
+	}
+	alarm(0);
+	CHECK(rc == 0 && n > 256, "flood: %ld fire-and-forget calls in 8 s, slowest %.0f ms (rc %d)", n,
+	      slowest * 1e3, rc);
+	hello_call(&c);
+	rc = call(fd, &c);
+	CHECK(rc == 0 && c.status == 0, "waited call after the flood: rc %d", rc);
+	check_drained(fd, "the flood");
+	close(fd);
+}
+
 /*
  * `unplug`: keeps 4 threads calling until the device goes away (the caller unbinds it), then
  * checks that every call failed cleanly with ENODEV and that the session still closes.
@@ -676,6 +720,8 @@ int main(int argc, char **argv)
 		test_host_memory();
 	if (!strcmp(what, "unplug")) /* not in "all": the caller must remove the device */
 		test_unplug();
+	if (!strcmp(what, "flood")) /* not in "all": the caller stalls the daemon meanwhile */
+		test_flood();
 	printf("qcuda-transport-test: %d passed, %d failed\n", passed, failed);
 	return failed ? 1 : 0;
 }
