@@ -159,7 +159,11 @@ impl HostRegion {
             };
             if got <= 0 {
                 // `drop` unpins what was pinned so far.
-                return Err(if got < 0 { Error::from_errno(got) } else { EFAULT });
+                return Err(if got < 0 {
+                    Error::from_errno(got)
+                } else {
+                    EFAULT
+                });
             }
             // SAFETY: pin_user_pages_fast initialised `got <= want` more entries.
             unsafe { this.pages.inc_len(got as usize) };
@@ -179,7 +183,10 @@ impl HostRegion {
     }
 
     /// Calls `f` with each page, in address order (for inserting module pages into a VMA).
-    pub(crate) fn for_each_page(&self, mut f: impl FnMut(usize, *mut bindings::page) -> Result) -> Result {
+    pub(crate) fn for_each_page(
+        &self,
+        mut f: impl FnMut(usize, *mut bindings::page) -> Result,
+    ) -> Result {
         for (i, &page) in self.pages.iter().enumerate() {
             f(self.addr + (i << PAGE_SHIFT), page)?;
         }
@@ -231,7 +238,7 @@ impl HostRegion {
             self.addr
         );
         // The count stays: the pages are still held.
-        let pages = core::mem::replace(&mut self.pages, KVVec::new());
+        let pages = core::mem::take(&mut self.pages);
         core::mem::forget(pages);
     }
 }

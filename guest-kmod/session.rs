@@ -218,8 +218,13 @@ impl Session {
         // An mmap of this file, named exactly, uses its module pages; anything else is pinned.
         let own = {
             let mut regions = self.regions.lock();
-            let page_len = len.checked_next_multiple_of(kernel::page::PAGE_SIZE).ok_or(EINVAL)?;
-            match regions.iter().position(|r| r.addr == addr && r.len == page_len) {
+            let page_len = len
+                .checked_next_multiple_of(kernel::page::PAGE_SIZE)
+                .ok_or(EINVAL)?;
+            match regions
+                .iter()
+                .position(|r| r.addr == addr && r.len == page_len)
+            {
                 Some(i) if regions[i].host_mapped => {
                     drop(regions);
                     call.status = status::HOST_MEMORY_ALREADY_REGISTERED;
@@ -243,10 +248,17 @@ impl Session {
             header.args[1] = region.len as u64;
             header.args[2] = call.flags;
             let total: usize = pieces.iter().map(|p| p.len()).sum();
-            header.push_buffer(Direction::In, total as u64).map_err(|_| EINVAL)?;
+            header
+                .push_buffer(Direction::In, total as u64)
+                .map_err(|_| EINVAL)?;
             let req = Request::with_kernel_input(&header, pieces)?;
             self.used.store(true, Relaxed);
-            self.device.execute(&req, Wait::Uninterruptible { timeout_ms: HOST_MAP_TIMEOUT_MS })
+            self.device.execute(
+                &req,
+                Wait::Uninterruptible {
+                    timeout_ms: HOST_MAP_TIMEOUT_MS,
+                },
+            )
         });
         let mut failed = None;
         match result {
@@ -298,7 +310,12 @@ impl Session {
             header.device = call.device;
             header.args[0] = region.addr as u64;
             let outcome = Request::new(&header, &[]).and_then(|req| {
-                self.device.execute(&req, Wait::Uninterruptible { timeout_ms: HOST_MAP_TIMEOUT_MS })
+                self.device.execute(
+                    &req,
+                    Wait::Uninterruptible {
+                        timeout_ms: HOST_MAP_TIMEOUT_MS,
+                    },
+                )
             });
             match outcome {
                 // Whatever it says, the host maps nothing there any more.

@@ -39,7 +39,7 @@ KMAKE=(make ARCH=x86_64 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc HOSTRUSTC=
        BINDGEN="$BINDGEN")
 
 APT_PACKAGES=(
-    "$KSRC_PKG" rustc-web rust-web-src libclang1-22 libclang-common-22-dev
+    "$KSRC_PKG" rustc-web rust-web-src rust-web-clippy libclang1-22 libclang-common-22-dev
     gcc g++ make bc flex bison libelf-dev libssl-dev xz-utils cpio busybox-static gzip
 )
 

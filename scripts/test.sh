@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: the qcuda test suite. README's test command; .ci/run calls exactly this.
 #
-# 1. setup and static checks: cargo fmt, clippy -D warnings, cargo test (unit, fuzz, protocol)
+# 1. setup and static checks: cargo fmt, clippy -D warnings, cargo test (unit, fuzz, protocol);
+#    rustfmt and clippy over qcuda.ko once its kernel tree is built (scripts/check-kmod.sh)
 # 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, guest payload
 #    (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
 # 3. the real stack: QEMU lists the device; a TCG guest sees it, loads qcuda.ko, runs the
@@ -64,6 +65,7 @@ echo "== builds"
 t_build=$SECONDS
 step "build patched QEMU" scripts/build-qemu.sh || finish
 step "build guest kernel, qcuda.ko, initramfs" scripts/build-guest.sh || finish
+step "qcuda.ko: rustfmt and clippy (CLIPPY=1, warnings fail)" scripts/check-kmod.sh
 step "build vhost-cuda (release)" cargo build --release --locked -p vhost-cuda || finish
 step "build guest payload (guest-lib, qcuda-smi, CUDA tests)" scripts/build-payload.sh || finish
 step "libcudart.so.13 exports match the version map" guest-lib/check-symbols.sh

@@ -1061,7 +1061,7 @@ pub mod ioctl {
                 nbufs: get_u32(b, 12),
                 ..Self::default()
             };
-            if c.flags & !(KNOWN_FLAGS as u32) != 0 {
+            if c.flags & !u32::from(KNOWN_FLAGS) != 0 {
                 return Err(WireError::Reserved);
             }
             if c.nbufs as usize > MAX_BUFFERS {
