@@ -41,6 +41,14 @@ use crate::{
     },
 };
 
+// The ioctl numbers of wire.rs are the kernel's own `_IOWR` encodings of the structures.
+const _: () = {
+    use kernel::ioctl::_IOWR;
+    assert!(IOCTL_CALL == _IOWR::<IoctlCall>(b'Q' as u32, 1));
+    assert!(IOCTL_HOST_MAP == _IOWR::<HostMapCall>(b'Q' as u32, 2));
+    assert!(IOCTL_HOST_UNMAP == _IOWR::<HostMapCall>(b'Q' as u32, 3));
+};
+
 /// Session ids: never 0, never from user space, and unique for the VM's lifetime (see
 /// [`seed_session_ids`]).
 static NEXT_SESSION: Atomic<u64> = Atomic::new(1);
