@@ -22,12 +22,12 @@ use kernel::{
     bindings,
     device::Device,
     error::to_result,
-    ffi::{c_int, c_long, c_uint, c_void},
+    ffi::{c_int, c_uint, c_void},
     miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
     new_condvar, new_spinlock_irq,
     prelude::*,
     sync::{aref::ARef, Arc, CondVar, SetOnce, SpinLockIrq, SpinLockIrqGuard},
-    time::{msecs_to_jiffies, Instant, Monotonic},
+    time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
 use crate::{
@@ -362,10 +362,7 @@ impl QcudaDevice {
                 // A killed task keeps its fatal signal pending while its files are released,
                 // so interruptible sleeps would return at once: poll in short slices.
                 drop(q);
-                // SAFETY: Plain sleep; no lock is held.
-                unsafe {
-                    bindings::schedule_timeout_uninterruptible(msecs_to_jiffies(SLICE_MS) as c_long)
-                };
+                fsleep(Delta::from_millis(i64::from(SLICE_MS)));
                 (self.queue.lock(), Ok(()))
             }
         }

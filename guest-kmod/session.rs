@@ -25,6 +25,7 @@ use kernel::{
         atomic::{Atomic, Relaxed},
         Arc, Mutex,
     },
+    time::{ClockSource, Monotonic},
     uaccess::{UserPtr, UserSlice},
 };
 
@@ -57,8 +58,7 @@ static NEXT_SESSION: Atomic<u64> = Atomic::new(1);
 /// module reloads too (a reload takes far longer than one nanosecond per open since), so a new
 /// session can never be taken for one the host still holds from before a reload.
 pub(crate) fn seed_session_ids() {
-    // SAFETY: `ktime_get` has no preconditions.
-    let now = unsafe { kernel::bindings::ktime_get() };
+    let now = <Monotonic as ClockSource>::ktime_get();
     NEXT_SESSION.store(u64::try_from(now).unwrap_or(0).max(1), Relaxed);
 }
 
