@@ -16,7 +16,6 @@ use qcuda_proto::{
 
 use crate::{
     cuda_error::{CudaError, CudaResult},
-    generated as cu,
     signal_mask::SignalsBlocked,
     transport::{Call, Reply, Transport},
     warnings::warn_once,
@@ -325,27 +324,10 @@ pub fn is_synchronizing(op: Op) -> bool {
     )
 }
 
-/// The sticky (context-corrupting) errors, as driver_types.h documents them and vhost-cuda
-/// treats them.
+/// The sticky (context-corrupting) errors: qcuda-proto's `status::STICKY`, the list vhost-cuda
+/// uses too.
 pub fn is_sticky(e: CudaError) -> bool {
-    matches!(
-        e.code(),
-        cu::cudaErrorIllegalAddress
-            | cu::cudaErrorLaunchFailure
-            | cu::cudaErrorAssert
-            | cu::cudaErrorMisalignedAddress
-            | cu::cudaErrorIllegalInstruction
-            | cu::cudaErrorHardwareStackError
-            | cu::cudaErrorInvalidPc
-            | cu::cudaErrorInvalidAddressSpace
-            | cu::cudaErrorLaunchTimeout
-            | cu::cudaErrorContained
-            | cu::cudaErrorTensorMemoryLeak
-            | cu::cudaErrorMpsClientTerminated
-            | cu::cudaErrorExternalDevice
-            | cu::cudaErrorECCUncorrectable
-            | cu::cudaErrorNvlinkUncorrectable
-    )
+    qcuda_proto::status::is_sticky(e.code())
 }
 
 /// The CUDA error that failing to open `/dev/qcuda` stands for.
@@ -381,5 +363,36 @@ pub fn call_errno_to_error(errno: i32) -> CudaError {
         libc::ENOMEM => CudaError::MEMORY_ALLOCATION,
         libc::ENODEV | libc::EIO => CudaError::DEVICES_UNAVAILABLE,
         _ => CudaError::UNKNOWN,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generated as cu;
+
+    #[test]
+    fn the_sticky_set_is_the_documented_context_corrupting_errors() {
+        let mut named = [
+            cu::cudaErrorECCUncorrectable,
+            cu::cudaErrorNvlinkUncorrectable,
+            cu::cudaErrorContained,
+            cu::cudaErrorIllegalAddress,
+            cu::cudaErrorLaunchTimeout,
+            cu::cudaErrorAssert,
+            cu::cudaErrorHardwareStackError,
+            cu::cudaErrorIllegalInstruction,
+            cu::cudaErrorMisalignedAddress,
+            cu::cudaErrorInvalidAddressSpace,
+            cu::cudaErrorInvalidPc,
+            cu::cudaErrorLaunchFailure,
+            cu::cudaErrorTensorMemoryLeak,
+            cu::cudaErrorMpsClientTerminated,
+            cu::cudaErrorExternalDevice,
+        ];
+        named.sort_unstable();
+        assert_eq!(named, qcuda_proto::status::STICKY);
+        assert!(is_sticky(CudaError::ILLEGAL_ADDRESS));
+        assert!(!is_sticky(CudaError::INVALID_VALUE));
     }
 }

@@ -13,35 +13,16 @@ use cudarc::driver::sys::CUresult as R;
 /// cudaErrorUnknown: the answer for driver codes the table does not know.
 pub(crate) const UNKNOWN: u32 = qcuda_proto::status::UNKNOWN;
 
-/// One row: the driver code, the runtime code and its name, and whether the runtime code is
-/// sticky (the context is corrupted and every later call in it fails with the same error).
+/// One row: the driver code, the runtime code and its name. Which runtime codes are sticky is
+/// qcuda-proto's `status::STICKY`.
 struct Row {
     cu: R,
     cuda: u32,
     name: &'static str,
-    sticky: bool,
 }
 
 const fn row(cu: R, cuda: u32, name: &'static str) -> Row {
-    Row {
-        cu,
-        cuda,
-        name,
-        sticky: false,
-    }
-}
-
-/// A row whose error leaves the context unusable: the codes driver_types.h documents with "This
-/// leaves the process in an inconsistent state and any further CUDA work will return the same
-/// error" (or "the process must be terminated and relaunched"), plus uncorrectable ECC and
-/// NVLink errors, after which nothing in the context can be trusted either.
-const fn sticky(cu: R, cuda: u32, name: &'static str) -> Row {
-    Row {
-        cu,
-        cuda,
-        name,
-        sticky: true,
-    }
+    Row { cu, cuda, name }
 }
 
 /// Every `CUresult`, sorted by driver code.
@@ -142,7 +123,7 @@ static TABLE: &[Row] = &[
         213,
         "cudaErrorNotMappedAsPointer",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_ECC_UNCORRECTABLE,
         214,
         "cudaErrorECCUncorrectable",
@@ -168,7 +149,7 @@ static TABLE: &[Row] = &[
         219,
         "cudaErrorInvalidGraphicsContext",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_NVLINK_UNCORRECTABLE,
         220,
         "cudaErrorNvlinkUncorrectable",
@@ -198,7 +179,7 @@ static TABLE: &[Row] = &[
         225,
         "cudaErrorUnsupportedDevSideSync",
     ),
-    sticky(R::CUDA_ERROR_CONTAINED, 226, "cudaErrorContained"),
+    row(R::CUDA_ERROR_CONTAINED, 226, "cudaErrorContained"),
     row(R::CUDA_ERROR_INVALID_SOURCE, 300, "cudaErrorInvalidSource"),
     row(R::CUDA_ERROR_FILE_NOT_FOUND, 301, "cudaErrorFileNotFound"),
     row(
@@ -225,7 +206,7 @@ static TABLE: &[Row] = &[
     row(R::CUDA_ERROR_LOSSY_QUERY, 402, "cudaErrorLossyQuery"),
     row(R::CUDA_ERROR_NOT_FOUND, 500, "cudaErrorSymbolNotFound"),
     row(R::CUDA_ERROR_NOT_READY, 600, "cudaErrorNotReady"),
-    sticky(
+    row(
         R::CUDA_ERROR_ILLEGAL_ADDRESS,
         700,
         "cudaErrorIllegalAddress",
@@ -235,7 +216,7 @@ static TABLE: &[Row] = &[
         701,
         "cudaErrorLaunchOutOfResources",
     ),
-    sticky(R::CUDA_ERROR_LAUNCH_TIMEOUT, 702, "cudaErrorLaunchTimeout"),
+    row(R::CUDA_ERROR_LAUNCH_TIMEOUT, 702, "cudaErrorLaunchTimeout"),
     row(
         R::CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING,
         703,
@@ -261,7 +242,7 @@ static TABLE: &[Row] = &[
         709,
         "cudaErrorContextIsDestroyed",
     ),
-    sticky(R::CUDA_ERROR_ASSERT, 710, "cudaErrorAssert"),
+    row(R::CUDA_ERROR_ASSERT, 710, "cudaErrorAssert"),
     row(R::CUDA_ERROR_TOO_MANY_PEERS, 711, "cudaErrorTooManyPeers"),
     row(
         R::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
@@ -273,34 +254,34 @@ static TABLE: &[Row] = &[
         713,
         "cudaErrorHostMemoryNotRegistered",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_HARDWARE_STACK_ERROR,
         714,
         "cudaErrorHardwareStackError",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_ILLEGAL_INSTRUCTION,
         715,
         "cudaErrorIllegalInstruction",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_MISALIGNED_ADDRESS,
         716,
         "cudaErrorMisalignedAddress",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_INVALID_ADDRESS_SPACE,
         717,
         "cudaErrorInvalidAddressSpace",
     ),
-    sticky(R::CUDA_ERROR_INVALID_PC, 718, "cudaErrorInvalidPc"),
-    sticky(R::CUDA_ERROR_LAUNCH_FAILED, 719, "cudaErrorLaunchFailure"),
+    row(R::CUDA_ERROR_INVALID_PC, 718, "cudaErrorInvalidPc"),
+    row(R::CUDA_ERROR_LAUNCH_FAILED, 719, "cudaErrorLaunchFailure"),
     row(
         R::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE,
         720,
         "cudaErrorCooperativeLaunchTooLarge",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_TENSOR_MEMORY_LEAK,
         721,
         "cudaErrorTensorMemoryLeak",
@@ -343,7 +324,7 @@ static TABLE: &[Row] = &[
         809,
         "cudaErrorMpsMaxConnectionsReached",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_MPS_CLIENT_TERMINATED,
         810,
         "cudaErrorMpsClientTerminated",
@@ -405,7 +386,7 @@ static TABLE: &[Row] = &[
         910,
         "cudaErrorGraphExecUpdateFailure",
     ),
-    sticky(
+    row(
         R::CUDA_ERROR_EXTERNAL_DEVICE,
         911,
         "cudaErrorExternalDevice",
@@ -451,7 +432,7 @@ pub(crate) fn cuda_status(cu: u32) -> u32 {
 /// True if runtime status `status` corrupts the context: every later call in that context
 /// fails with it until the context is destroyed (cudaDeviceReset).
 pub(crate) fn is_sticky(status: u32) -> bool {
-    TABLE.iter().any(|r| r.sticky && r.cuda == status)
+    qcuda_proto::status::is_sticky(status)
 }
 
 /// A short name for driver code `cu`, for logs (`CUDA_ERROR_ILLEGAL_ADDRESS`).
