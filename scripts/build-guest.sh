@@ -18,25 +18,25 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 OUT=$ROOT/build/guest
-CACHE=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
+CACHE=$QCUDA_CACHE
 JOBS=${JOBS:-$(($(nproc) < 2 ? $(nproc) : 2))}
 
 KSERIES=7.3
 KSRC_PKG=linux-source-$KSERIES
 KSRC_TAR=/usr/src/$KSRC_PKG.tar.xz
 BACKPORTS_SUITE=trixie-backports
-BINDGEN_VERSION=0.73.2
+BINDGEN_VERSION=$QCUDA_BINDGEN_VERSION
 BINDGEN_ROOT=$CACHE/bindgen-$BINDGEN_VERSION
-BINDGEN=$BINDGEN_ROOT/bin/bindgen
+BINDGEN=$QCUDA_BINDGEN
 LLVM_DIR=/usr/lib/llvm-22
 export LIBCLANG_PATH=$LLVM_DIR/lib
 FRAGMENT=$ROOT/guest/kernel.fragment
 
-# The kernel Makefile sets RUSTC = rustc, which would find rustup's toolchain (no rust-src, and a
-# different version than the one the kernel was built with): pass the tools on every make line.
-KMAKE=(make ARCH=x86_64 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc HOSTRUSTC=/usr/bin/rustc
-       BINDGEN="$BINDGEN")
+# The Rust tools on every make line (lib.sh says why).
+KMAKE=(make "${QCUDA_KMAKE_FLAGS[@]}")
 
 APT_PACKAGES=(
     "$KSRC_PKG" rustc-web rust-web-src rust-web-clippy libclang1-22 libclang-common-22-dev

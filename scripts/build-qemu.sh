@@ -45,7 +45,9 @@ readonly IPXE_SUITE=bookworm
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SCRIPT_PATH=$REPO_ROOT/scripts/$(basename "${BASH_SOURCE[0]}")
 PATCH_DIR=$REPO_ROOT/qemu-patches
-CACHE_ROOT=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
+# shellcheck source=scripts/lib.sh
+source "$REPO_ROOT/scripts/lib.sh"
+CACHE_ROOT=$QCUDA_CACHE
 SRC_CACHE=$CACHE_ROOT/src
 JOBS=${JOBS:-2}
 START_TIME=$SECONDS

@@ -5,7 +5,9 @@
 # Usage: root=$(scripts/cuda-toolchain.sh)   ->  $root/bin/nvcc, $root/include, $root/lib
 #   compile: $root/bin/nvcc -L$root/lib --cudart=shared -gencode arch=compute_90,code=[sm_90,compute_90]
 set -euo pipefail
-CACHE=${QCUDA_CACHE:-$HOME/.cache/qcuda}
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+CACHE=$QCUDA_CACHE
 PKGS=(nvidia-cuda-nvcc==13.0.* nvidia-nvvm==13.0.* nvidia-cuda-runtime==13.0.* nvidia-cuda-crt==13.0.* nvidia-cuda-cccl==13.0.*)
 key=$(printf '%s\n' "${PKGS[@]}" v2 | sha256sum | cut -c1-12)
 venv=$CACHE/cuda-venv-$key

@@ -1,0 +1,15 @@
+# shellcheck shell=bash
+# lib.sh: the facts the qcuda build scripts share, in one place. `source` it; guest-kmod/Makefile
+# reads it too. (run-vm.sh repeats QCUDA_CACHE's default: it also runs from the release bundle,
+# where this file is not.)
+
+# Root of the build caches (QEMU, guest kernel, bindgen, the CUDA toolchain venv).
+QCUDA_CACHE=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
+# bindgen-cli that builds the guest kernel's Rust bindings (cargo install).
+QCUDA_BINDGEN_VERSION=0.73.2
+QCUDA_BINDGEN=$QCUDA_CACHE/bindgen-$QCUDA_BINDGEN_VERSION/bin/bindgen
+# The kernel Makefile sets RUSTC = rustc, which would find rustup's toolchain (no rust-src, and a
+# different version than the one the kernel was built with): these go on every make line of the
+# guest kernel and of qcuda.ko, configuration steps included.
+QCUDA_KMAKE_FLAGS=(ARCH=x86_64 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc
+    HOSTRUSTC=/usr/bin/rustc "BINDGEN=$QCUDA_BINDGEN")
