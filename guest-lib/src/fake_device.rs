@@ -415,6 +415,10 @@ fn run(
         }
         // Only qcuda.ko sends these.
         Op::HostMap | Op::HostUnmap => return Err(status::NOT_SUPPORTED),
+        // The fake's kernels print nothing.
+        Op::TakeOutput => rets[0] = 0,
+        Op::DeviceGetLimit => rets[0] = if args[0] == 1 { 1 << 20 } else { 0 },
+        Op::DeviceSetLimit => {}
         Op::ModuleLoad => {
             if ins[0].len() < 16 || ins[0][..4] != 0xBA55_ED50u32.to_le_bytes() {
                 return Err(status::INVALID_KERNEL_IMAGE);

@@ -81,7 +81,10 @@ impl Runtime {
             open_errno_to_error(errno)
         })?;
         let blocking = std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1");
-        Self::connect(Box::new(file), blocking)
+        let rt = Self::connect(Box::new(file), blocking)?;
+        // SAFETY: registering a plain extern "C" function; it runs once, at exit.
+        unsafe { libc::atexit(flush_device_output_at_exit) };
+        Ok(rt)
     }
 
     /// `cudaDeviceReset` for `device`: the host frees everything the session owns there, then
@@ -99,6 +102,13 @@ impl Runtime {
         // The calling thread starts over too; other threads keep what they last saw.
         last_error::take();
         Ok(())
+    }
+}
+
+/// Registered with `atexit`: brings back what kernels printed since the last synchronisation.
+extern "C" fn flush_device_output_at_exit() {
+    if let Some(rt) = runtime_if_connected() {
+        rt.session.flush_at_exit(rt.devices.count());
     }
 }
 

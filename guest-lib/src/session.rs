@@ -7,11 +7,11 @@
 //! every call that needs that device's context fails with it locally, without a round trip,
 //! until `cudaDeviceReset`.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use qcuda_proto::{
-    ioctl::HostMapCall, Direction, Op, BOUNCE_THRESHOLD, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY,
-    VERSION,
+    ioctl::HostMapCall, Direction, Op, BOUNCE_THRESHOLD, RESP_DEFERRED_SHIFT, RESP_FLAG_OUTPUT,
+    RESP_FLAG_STICKY, VERSION,
 };
 
 use crate::{
@@ -44,6 +44,8 @@ pub struct Session {
     /// `CUDA_LAUNCH_BLOCKING=1`: every call waits for its result, so errors surface at the call
     /// that caused them (as with NVIDIA's runtime).
     launch_blocking: bool,
+    /// Set once an op that needs a context was sent: only then can kernels have printed.
+    gpu_used: AtomicBool,
 }
 
 impl std::fmt::Debug for Session {
@@ -67,6 +69,7 @@ impl Session {
             },
             sticky: [const { AtomicU32::new(0) }; MAX_DEVICES],
             launch_blocking,
+            gpu_used: AtomicBool::new(false),
         };
         let reply = session.submit(Call::new(Op::Hello, 0).args(&[u64::from(VERSION)]))?;
         session.host = HostInfo {
@@ -98,6 +101,7 @@ impl Session {
         let device = call.device();
         if needs_context(op) {
             self.check_sticky(device)?;
+            self.gpu_used.store(true, Ordering::Relaxed);
         }
         if self.launch_blocking || !may_fire_and_forget(&call) {
             call.wait_for_result();
@@ -112,6 +116,9 @@ impl Session {
             return Err(e);
         }
         let reply = call.reply();
+        if reply.flags & RESP_FLAG_OUTPUT != 0 && op != Op::TakeOutput {
+            self.print_device_output(device);
+        }
         // An earlier fire-and-forget op of this process failed on the host. Like CUDA's
         // asynchronous errors it surfaces now: as the result of a synchronising call that
         // otherwise succeeded, and as the thread's last error in any case.
@@ -134,6 +141,42 @@ impl Session {
             return Err(e);
         }
         Ok(reply)
+    }
+
+    /// At process exit: NVIDIA's runtime destroys its contexts, which flushes what kernels
+    /// printed and never synchronised; here the host's contexts outlive the process a moment,
+    /// so each device is synchronised instead, which brings that output back too.
+    pub fn flush_at_exit(&self, devices: u32) {
+        if !self.gpu_used.load(Ordering::Relaxed) {
+            return;
+        }
+        for device in 0..devices.min(MAX_DEVICES as u32) {
+            let _ = self.submit(Call::new(Op::DeviceSynchronize, device));
+        }
+    }
+
+    /// Fetches the device `printf` output waiting on the host and writes it to the program's C
+    /// `stdout`, as NVIDIA's runtime does at the synchronisation that flushed it.
+    fn print_device_output(&self, device: u32) {
+        const CHUNK: usize = 64 * 1024;
+        let mut buf = vec![0u8; CHUNK];
+        // Bounded: the host keeps at most 16 MiB (vhost-cuda's device_output.rs).
+        for _ in 0..(16 << 20) / CHUNK + 1 {
+            let mut call = Call::new(Op::TakeOutput, device).output(&mut buf);
+            call.wait_for_result();
+            if self.execute(Op::TakeOutput, &mut call).is_err() {
+                return;
+            }
+            let reply = call.reply();
+            let n = usize::try_from(reply.rets[0]).unwrap_or(0).min(CHUNK);
+            if reply.status != 0 || n == 0 {
+                return;
+            }
+            write_c_stdout(&buf[..n]);
+            if reply.flags & RESP_FLAG_OUTPUT == 0 {
+                return;
+            }
+        }
     }
 
     /// One ioctl, with the `EINTR` policy: a call that may safely run twice is sent again;
@@ -229,6 +272,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DriverReset
         | Op::HostMap
         | Op::HostUnmap
+        | Op::TakeOutput
         | Op::DeviceCount
         | Op::DeviceInfo
         | Op::DeviceAttributes
@@ -236,6 +280,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceReset => false,
         Op::DeviceSynchronize
         | Op::MemGetInfo
+        | Op::DeviceGetLimit
+        | Op::DeviceSetLimit
         | Op::Malloc
         | Op::Free
         | Op::MemcpyHtoD
@@ -278,7 +324,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::SessionClose
         | Op::DriverReset
         | Op::HostMap
-        | Op::HostUnmap => false,
+        | Op::HostUnmap
+        | Op::TakeOutput => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -289,6 +336,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::DeviceSynchronize
         | Op::DeviceReset
         | Op::MemGetInfo
+        | Op::DeviceGetLimit
+        | Op::DeviceSetLimit
         | Op::MemcpyHtoD
         | Op::MemcpyDtoH
         | Op::MemcpyDtoD
@@ -328,6 +377,23 @@ pub fn is_synchronizing(op: Op) -> bool {
 /// uses too.
 pub fn is_sticky(e: CudaError) -> bool {
     qcuda_proto::status::is_sticky(e.code())
+}
+
+extern "C" {
+    /// glibc's `stdout` stream.
+    static mut stdout: *mut libc::FILE;
+}
+
+/// Writes `bytes` through the program's C `stdout` stream (so they interleave with its own
+/// `printf` output as natively) and flushes it.
+fn write_c_stdout(bytes: &[u8]) {
+    // SAFETY: `stdout` is glibc's initialised stream for the life of the process; fwrite and
+    // fflush lock it themselves, and `bytes` is valid for its length.
+    unsafe {
+        let out = stdout;
+        libc::fwrite(bytes.as_ptr().cast(), 1, bytes.len(), out);
+        libc::fflush(out);
+    }
 }
 
 /// The CUDA error that failing to open `/dev/qcuda` stands for.

@@ -66,6 +66,9 @@ pub const KERNEL_ONLY_OP: u32 = 0x8000_0000;
 
 /// Response flag: the session holds a sticky (context-corrupting) error.
 pub const RESP_FLAG_STICKY: u32 = 1 << 0;
+/// Response flag: the session's kernels printed (device `printf`) and the output, flushed by a
+/// synchronisation, waits on the host: fetch it with `Op::TakeOutput`.
+pub const RESP_FLAG_OUTPUT: u32 = 1 << 1;
 /// Response flags bits 16..31 carry the `cudaError_t` of an earlier fire-and-forget
 /// (`FLAG_ASYNC`) op of the session that failed, 0 if none. Nobody waits for a fire-and-forget
 /// op's own response, so the device reports its failure once, in its reply to the session's next
@@ -122,6 +125,8 @@ pub mod status {
     pub const NO_DEVICE: u32 = 100;
     /// cudaErrorInvalidDevice
     pub const INVALID_DEVICE: u32 = 101;
+    /// cudaErrorUnsupportedLimit
+    pub const UNSUPPORTED_LIMIT: u32 = 215;
     /// cudaErrorInvalidKernelImage
     pub const INVALID_KERNEL_IMAGE: u32 = 200;
     /// cudaErrorNoKernelImageForDevice
@@ -282,6 +287,15 @@ ops! {
     DeviceReset = 0x0105, ins 0, outs 0;
     /// rets[0] = free bytes, rets[1] = total bytes on device `hdr.device`.
     MemGetInfo = 0x0106, ins 0, outs 0;
+    /// Device `printf` output waiting on the host (see `RESP_FLAG_OUTPUT`), oldest first:
+    /// out-buffer 0 receives up to its length in bytes; rets[0] = bytes written. The response
+    /// carries `RESP_FLAG_OUTPUT` again while more remains.
+    TakeOutput = 0x0107, ins 0, outs 1;
+    /// args[0] = a `cudaLimit` (0..=6). rets[0] = its value in the session's context on
+    /// `hdr.device`.
+    DeviceGetLimit = 0x0108, ins 0, outs 0;
+    /// args[0] = a `cudaLimit` (0..=6), args[1] = the new value.
+    DeviceSetLimit = 0x0109, ins 0, outs 0;
 
     /// args[0] = size. rets[0] = device pointer.
     Malloc = 0x0110, ins 0, outs 0;

@@ -15,6 +15,7 @@
 
 pub mod chain;
 pub mod cuda;
+pub mod device_output;
 pub mod guest_buffer;
 pub mod session;
 pub mod session_worker;

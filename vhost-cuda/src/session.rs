@@ -725,6 +725,10 @@ impl SessionThread {
             Op::HostUnmap if !matches!(gpu, Gpu::Running { .. }) => {
                 ResponseHeader::with_status(status::HOST_MEMORY_NOT_REGISTERED)
             }
+            // Nor does it hold device output.
+            Op::TakeOutput if !matches!(gpu, Gpu::Running { .. }) => {
+                ResponseHeader::with_status(status::SUCCESS)
+            }
             _ => match host.answer_query(req) {
                 Some(r) => r,
                 None => return self.on_worker(gpu, req, rx, backlog),

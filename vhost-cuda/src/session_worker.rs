@@ -37,6 +37,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::{
     cuda::CudaHost,
+    device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request},
     shared_guest_ram::map_regions,
     signals, transport_ops,
@@ -232,6 +233,8 @@ pub fn run(config: &WorkerConfig) -> i32 {
             return 2;
         }
     };
+    // Before the driver is loaded: it prints device printf output to fd 1.
+    let mut output = DeviceOutput::capture();
     // Before the driver reserves address space of its own (see `cuda::reserve_window`).
     if !crate::cuda::reserve_window() {
         warn!("cannot reserve the host-mapping window: host memory will map at other addresses");
@@ -249,10 +252,15 @@ pub fn run(config: &WorkerConfig) -> i32 {
         gpus = host.gpu_count(),
         "worker ready"
     );
-    let served = serve(&channel, config.session, |req| match req.op {
-        // The transport self-test, here too: it proves this process's view of guest RAM.
-        Op::Echo => transport_ops::echo(req),
-        _ => session.execute(req),
+    let served = serve(&channel, config.session, |req| {
+        let mut resp = match req.op {
+            // The transport self-test, here too: it proves this process's view of guest RAM.
+            Op::Echo => transport_ops::echo(req),
+            Op::TakeOutput => output.take(req),
+            _ => session.execute(req),
+        };
+        output.flag(&mut resp);
+        resp
     });
     // Dropping the session destroys its contexts; exiting would free them as well.
     drop(session);

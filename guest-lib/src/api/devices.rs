@@ -186,6 +186,27 @@ cuda_api! {
         unsafe { write_out(flags, rt.devices.flags(d)) }
     }
 
+    /// `cudaDeviceGetLimit`: the limit in this process's context on the current device.
+    fn cudaDeviceGetLimit(pValue: *mut usize, limit: crate::generated::cudaLimit) {
+        non_null(pValue)?;
+        let (rt, d) = current()?;
+        let reply = rt
+            .session
+            .submit(Call::new(Op::DeviceGetLimit, d).args(&[u64::from(limit)]))?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(pValue, reply.rets[0] as usize) }
+    }
+
+    /// `cudaDeviceSetLimit`: stack size, printf FIFO, malloc heap, device-runtime depths, L2
+    /// fetch granularity and persisting L2 size, as the driver takes them.
+    fn cudaDeviceSetLimit(limit: crate::generated::cudaLimit, value: usize) {
+        let (rt, d) = current()?;
+        rt.session.submit(
+            Call::new(Op::DeviceSetLimit, d).args(&[u64::from(limit), value as u64]),
+        )?;
+        Ok(())
+    }
+
     /// `cudaDeviceSynchronize`: waits for all work of this process on the current device;
     /// reports failures of earlier fire-and-forget work.
     fn cudaDeviceSynchronize() {

@@ -102,6 +102,10 @@ pub(crate) trait DriverApi: Send + Sync {
     fn ctx_set_current(&self, ctx: Raw) -> CuResult<()>;
     /// cuCtxSynchronize.
     fn ctx_synchronize(&self) -> CuResult<()>;
+    /// cuCtxGetLimit of limit `limit` (a `CUlimit`, 0..=6) in the current context.
+    fn ctx_get_limit(&self, limit: u32) -> CuResult<usize>;
+    /// cuCtxSetLimit.
+    fn ctx_set_limit(&self, limit: u32, value: usize) -> CuResult<()>;
 
     /// cuMemGetInfo: (free, total).
     fn mem_get_info(&self) -> CuResult<(u64, u64)>;
@@ -207,6 +211,8 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuCtxSetCurrent",
     "cuCtxPopCurrent_v2",
     "cuCtxSynchronize",
+    "cuCtxGetLimit",
+    "cuCtxSetLimit",
     "cuMemGetInfo_v2",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
@@ -427,6 +433,18 @@ impl DriverApi for CudaDriver {
         check(unsafe { sys::cuCtxSynchronize() })
     }
 
+    fn ctx_get_limit(&self, limit: u32) -> CuResult<usize> {
+        let mut v = 0usize;
+        // SAFETY: see the impl comment; `limit` is a valid CUlimit (`cu_limit`).
+        check(unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(limit)?) })?;
+        Ok(v)
+    }
+
+    fn ctx_set_limit(&self, limit: u32, value: usize) -> CuResult<()> {
+        // SAFETY: see the impl comment; the driver checks the value.
+        check(unsafe { sys::cuCtxSetLimit(cu_limit(limit)?, value) })
+    }
+
     fn mem_get_info(&self) -> CuResult<(u64, u64)> {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: see the impl comment.
@@ -643,6 +661,21 @@ impl DriverApi for CudaDriver {
     }
 }
 
+/// The `CUlimit` the runtime's `cudaLimit` values 0..=6 name (the same numbers).
+fn cu_limit(limit: u32) -> CuResult<sys::CUlimit> {
+    use sys::CUlimit as L;
+    Ok(match limit {
+        0 => L::CU_LIMIT_STACK_SIZE,
+        1 => L::CU_LIMIT_PRINTF_FIFO_SIZE,
+        2 => L::CU_LIMIT_MALLOC_HEAP_SIZE,
+        3 => L::CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH,
+        4 => L::CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+        5 => L::CU_LIMIT_MAX_L2_FETCH_GRANULARITY,
+        6 => L::CU_LIMIT_PERSISTING_L2_CACHE_SIZE,
+        _ => return Err(CuError::INVALID_VALUE),
+    })
+}
+
 /// The driver of a host without a usable CUDA driver: every call fails with
 /// CUDA_ERROR_NO_DEVICE. Sessions of such a host answer before calling it; it exists so that
 /// a session always has a driver to hold.
@@ -678,6 +711,12 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_synchronize(&self) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_get_limit(&self, _: u32) -> CuResult<usize> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_set_limit(&self, _: u32, _: usize) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn mem_get_info(&self) -> CuResult<(u64, u64)> {

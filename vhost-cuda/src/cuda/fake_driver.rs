@@ -58,6 +58,8 @@ struct Ctx {
     /// Event -> recorded.
     events: HashMap<Raw, bool>,
     loaded: HashSet<Raw>,
+    /// cuCtxSetLimit values.
+    limits: HashMap<u32, usize>,
 }
 
 #[derive(Debug, Default)]
@@ -312,6 +314,27 @@ impl DriverApi for FakeDriver {
 
     fn ctx_synchronize(&self) -> CuResult<()> {
         self.sync("ctx_synchronize", None)
+    }
+
+    fn ctx_get_limit(&self, limit: u32) -> CuResult<usize> {
+        self.with_ctx("ctx_get_limit", |c, _| {
+            if limit > 6 {
+                return Err(INVALID_VALUE);
+            }
+            // The driver's defaults for the stack and the printf FIFO; 0 for the others.
+            let default = [1024, 1 << 20, 8 << 20, 2, 2048, 32, 0][limit as usize];
+            Ok(c.limits.get(&limit).copied().unwrap_or(default))
+        })
+    }
+
+    fn ctx_set_limit(&self, limit: u32, value: usize) -> CuResult<()> {
+        self.with_ctx("ctx_set_limit", |c, _| {
+            if limit > 6 {
+                return Err(INVALID_VALUE);
+            }
+            c.limits.insert(limit, value);
+            Ok(())
+        })
     }
 
     fn mem_get_info(&self) -> CuResult<(u64, u64)> {

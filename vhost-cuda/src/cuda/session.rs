@@ -271,6 +271,7 @@ impl CudaSession {
                 self.teardown(dev);
                 ok()
             }
+            Op::DeviceGetLimit | Op::DeviceSetLimit => self.limit(req),
             Op::MemGetInfo => {
                 let dev = self.bind_new(req)?;
                 let (free, total) = self.drv.mem_get_info().map_err(on(dev))?;
@@ -306,7 +307,9 @@ impl CudaSession {
             | Op::Hello
             | Op::Echo
             | Op::SessionClose
-            | Op::DriverReset => Err(status::NOT_SUPPORTED.into()),
+            | Op::DriverReset
+            // The worker process answers it (device_output.rs).
+            | Op::TakeOutput => Err(status::NOT_SUPPORTED.into()),
         }
     }
 
@@ -445,6 +448,24 @@ impl CudaSession {
         self.functions.retain(|f| f.dev != dev);
         self.streams.retain(|s| s.dev != dev);
         self.events.retain(|e| e.dev != dev);
+    }
+
+    /// `DeviceGetLimit` / `DeviceSetLimit`: `cuCtxGetLimit`/`SetLimit` in the session's context.
+    fn limit(&mut self, req: &Request) -> OpResult {
+        let [limit, value, ..] = req.header.args;
+        let limit = u32::try_from(limit)
+            .ok()
+            .filter(|l| *l <= 6)
+            .ok_or(status::UNSUPPORTED_LIMIT)?;
+        let dev = self.bind_new(req)?;
+        if req.op == Op::DeviceSetLimit {
+            self.drv
+                .ctx_set_limit(limit, to_usize(value)?)
+                .map_err(on(dev))?;
+            return ok();
+        }
+        let v = self.drv.ctx_get_limit(limit).map_err(on(dev))?;
+        ok_rets(&[v as u64])
     }
 
     // ----- memory -----------------------------------------------------------------------
