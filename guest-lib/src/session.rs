@@ -143,9 +143,9 @@ impl Session {
         Ok(reply)
     }
 
-    /// At process exit: NVIDIA's runtime destroys its contexts, which flushes what kernels
-    /// printed and never synchronised; here the host's contexts outlive the process a moment,
-    /// so each device is synchronised instead, which brings that output back too.
+    /// At process exit: each device is synchronised once, which brings back what kernels
+    /// printed since the last synchronisation (the host's contexts outlive the process a
+    /// moment, and their output would be lost with them).
     pub fn flush_at_exit(&self, devices: u32) {
         if !self.gpu_used.load(Ordering::Relaxed) {
             return;

@@ -3,8 +3,9 @@
 // the program points its stdout at a file, launches kernels that print (one line per thread of
 // 4 blocks, then a kernel printing several formats), synchronises, and reads the file back.
 // Lines of different threads may come in any order, so they are counted and compared sorted.
-// A child process that prints from a kernel and exits without synchronising must see its output
-// too (it is flushed when the process ends, as NVIDIA's runtime does when it tears down).
+// A child process that prints from a kernel and exits without synchronising: NVIDIA's runtime
+// (13.0, driver 580) drops that output, qcuda's flushes it at exit; either way no line may be
+// garbled or repeated.
 #define TEST_NAME "device_printf"
 #include "selfcheck.cuh"
 
@@ -103,8 +104,10 @@ int main()
         std::sort(got.begin(), got.end());
         std::vector<std::string> want = {"bye from thread 0", "bye from thread 1",
                                          "bye from thread 2", "bye from thread 3"};
-        if (got != want)
+        if (!got.empty() && got != want)
             fail("a child's unsynchronised kernel output at exit: '%s'", at_exit.c_str());
+        std::printf("unsynchronised output at exit: %s\n",
+                    got.empty() ? "dropped (as NVIDIA's runtime does)" : "flushed, complete");
     }
     size_t fifo = 0;
     CHECK(cudaDeviceGetLimit(&fifo, cudaLimitPrintfFifoSize));
