@@ -32,7 +32,7 @@ const LIMITS: [cu::CUdevice_attribute; 8] = [
     cu::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X,
     cu::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y,
     cu::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z,
-    // Not the opt-in maximum: opting in takes cudaFuncSetAttribute, which qcuda lacks so far.
+    // Without opting in (cudaFuncSetAttribute); `launch` raises it to the kernel's opt-in.
     cu::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK,
 ];
 
@@ -81,7 +81,13 @@ pub unsafe fn launch(
     rt.session.check_sticky(device)?;
     let stream = rt.streams.target(config.stream)?;
     // If the limits cannot be had, the host checks the configuration instead.
-    if let Ok(limits) = rt.devices.attributes(&rt.session, device, &LIMITS) {
+    if let Ok(mut limits) = rt.devices.attributes(&rt.session, device, &LIMITS) {
+        let opted_in = kernel
+            .max_dynamic_smem
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(smem) = limits.last_mut() {
+            *smem = (*smem).max(i32::try_from(opted_in).unwrap_or(i32::MAX));
+        }
         check_config(config, &limits)?;
     }
     let resolved = modules::kernel(rt, kernel, device)?;

@@ -60,6 +60,9 @@ pub struct KernelRecord {
     pub name: CString,
     /// Per device, once resolved.
     pub resolved: Mutex<Vec<(u32, Arc<ResolvedKernel>)>>,
+    /// Dynamic shared memory the program opted in to (`cudaFuncSetAttribute`,
+    /// `cudaFuncAttributeMaxDynamicSharedMemorySize`); 0 until it did.
+    pub max_dynamic_smem: std::sync::atomic::AtomicU32,
 }
 
 impl KernelRecord {
@@ -147,6 +150,7 @@ impl Registry {
             host_fun,
             name: name.to_owned(),
             resolved: Mutex::default(),
+            max_dynamic_smem: Default::default(),
         }));
         let mut maps = self.write();
         maps.kernels_by_host.insert(host_fun, record);

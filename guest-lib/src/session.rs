@@ -294,6 +294,9 @@ pub fn needs_context(op: Op) -> bool {
         | Op::ModuleGetFunction
         | Op::ModuleGetGlobal
         | Op::LaunchKernel
+        | Op::FuncAttributes
+        | Op::FuncSetAttribute
+        | Op::OccupancyMaxActiveBlocks
         | Op::StreamCreate
         | Op::StreamDestroy
         | Op::StreamSynchronize
@@ -338,6 +341,9 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemGetInfo
         | Op::DeviceGetLimit
         | Op::DeviceSetLimit
+        | Op::FuncAttributes
+        | Op::FuncSetAttribute
+        | Op::OccupancyMaxActiveBlocks
         | Op::MemcpyHtoD
         | Op::MemcpyDtoH
         | Op::MemcpyDtoD

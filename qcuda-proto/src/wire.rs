@@ -334,6 +334,16 @@ ops! {
     /// args[5] = stream handle. In-buffer 0 = the parameter block, each parameter at its
     /// `ParamInfo` offset.
     LaunchKernel = 0x0130, ins 1, outs 0;
+    /// args[0] = function handle; in-buffer 0 holds i32 `CUfunction_attribute` ids (0..=15),
+    /// out-buffer 0 (same length) receives their i32 values (cuFuncGetAttribute).
+    FuncAttributes = 0x0131, ins 1, outs 1;
+    /// args[0] = function handle, args[1] = `CUfunction_attribute` id (0..=15), args[2] = the
+    /// value (an i32, sign-extended or not).
+    FuncSetAttribute = 0x0132, ins 0, outs 0;
+    /// args[0] = function handle, args[1] = block size, args[2] = dynamic shared memory bytes,
+    /// args[3] = flags (cudaOccupancyDisableCachingOverride = 1). rets[0] = the most blocks of
+    /// that size one multiprocessor runs at once.
+    OccupancyMaxActiveBlocks = 0x0133, ins 0, outs 0;
 
     /// args[0] = flags (cudaStreamNonBlocking = 1), args[1] = priority. rets[0] = stream handle.
     StreamCreate = 0x0140, ins 0, outs 0;

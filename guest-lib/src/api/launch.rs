@@ -3,16 +3,22 @@
 //! `cudaLaunchKernel[_ptsz]` (legacy-launch builds and hand-written code; it accepts a host stub
 //! or a `cudaKernel_t`), `cudaGetKernel` and `cudaFuncGetName`.
 
-use core::ffi::{c_char, c_uint, c_void};
+use core::ffi::{c_char, c_int, c_uint, c_void};
+
+use qcuda_proto::Op;
 
 use super::write_out;
 use crate::{
     call_config::{self, CallConfig},
     cuda_error::{CudaError, CudaResult},
-    generated::{cudaKernel_t, cudaStream_t, dim3},
+    generated::{
+        cudaFuncAttribute, cudaFuncAttributeMax, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncAttributes, cudaKernel_t, cudaStream_t, dim3,
+    },
     launch,
     registry::KernelRecord,
     runtime::{non_null, registry, runtime},
+    transport::Call,
 };
 
 /// `__cudaPushCallConfiguration(grid, block, smem, stream)`: returns `unsigned` 0 (a nonzero
@@ -156,5 +162,125 @@ cuda_api! {
         let k = registry().kernel(func as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(name, k.name.as_ptr()) }
+    }
+}
+
+/// The host's handle of kernel `func` (a host stub or a `cudaKernel_t`) on the current device,
+/// loading its module if needed.
+fn function_handle(
+    func: *const c_void,
+) -> CudaResult<(&'static crate::runtime::Runtime, u32, u64)> {
+    let (rt, device) = crate::runtime::current()?;
+    let kernel = registry()
+        .kernel(func as usize)
+        .ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+    let resolved = crate::modules::kernel(rt, kernel, device)?;
+    Ok((rt, device, resolved.function))
+}
+
+fn occupancy(
+    num_blocks: *mut c_int,
+    func: *const c_void,
+    block_size: c_int,
+    shared: usize,
+    flags: c_uint,
+) -> CudaResult<()> {
+    non_null(num_blocks)?;
+    if flags > 1 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let (rt, device, f) = function_handle(func)?;
+    let reply = rt
+        .session
+        .submit(Call::new(Op::OccupancyMaxActiveBlocks, device).args(&[
+            f,
+            u64::try_from(block_size).map_err(|_| CudaError::INVALID_VALUE)?,
+            shared as u64,
+            u64::from(flags),
+        ]))?;
+    // SAFETY: non-null and writable (API contract).
+    unsafe { write_out(num_blocks, reply.rets[0] as c_int) }
+}
+
+cuda_api! {
+    /// `cudaFuncGetAttributes`: the driver's attributes of the kernel on the current device.
+    fn cudaFuncGetAttributes(attr: *mut cudaFuncAttributes, func: *const c_void) {
+        non_null(attr)?;
+        let (rt, device, f) = function_handle(func)?;
+        // CUfunction_attribute ids 0..=15, in order.
+        let ids: Vec<u8> = (0i32..16).flat_map(i32::to_le_bytes).collect();
+        let mut values = vec![0u8; ids.len()];
+        rt.session.submit(
+            Call::new(Op::FuncAttributes, device)
+                .args(&[f])
+                .input(&ids)
+                .output(&mut values),
+        )?;
+        let v: Vec<c_int> = values
+            .chunks_exact(4)
+            .map(|b| c_int::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let size = |x: c_int| usize::try_from(x).unwrap_or(0);
+        let a = cudaFuncAttributes {
+            maxThreadsPerBlock: v[0],
+            sharedSizeBytes: size(v[1]),
+            constSizeBytes: size(v[2]),
+            localSizeBytes: size(v[3]),
+            numRegs: v[4],
+            ptxVersion: v[5],
+            binaryVersion: v[6],
+            cacheModeCA: v[7],
+            maxDynamicSharedSizeBytes: v[8],
+            preferredShmemCarveout: v[9],
+            clusterDimMustBeSet: v[10],
+            requiredClusterWidth: v[11],
+            requiredClusterHeight: v[12],
+            requiredClusterDepth: v[13],
+            nonPortableClusterSizeAllowed: v[14],
+            clusterSchedulingPolicyPreference: v[15],
+            ..Default::default()
+        };
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(attr, a) }
+    }
+
+    /// `cudaFuncSetAttribute`: every `cudaFuncAttribute` (their ids are the driver's).
+    fn cudaFuncSetAttribute(func: *const c_void, attr: cudaFuncAttribute, value: c_int) {
+        if !(cudaFuncAttributeMaxDynamicSharedMemorySize..cudaFuncAttributeMax).contains(&attr) {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, device, f) = function_handle(func)?;
+        rt.session.submit(
+            Call::new(Op::FuncSetAttribute, device).args(&[f, u64::from(attr), value as u64]),
+        )?;
+        if attr == cudaFuncAttributeMaxDynamicSharedMemorySize {
+            if let Some(k) = registry().kernel(func as usize) {
+                k.max_dynamic_smem
+                    .store(u32::try_from(value).unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// `cudaOccupancyMaxActiveBlocksPerMultiprocessor`.
+    fn cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        numBlocks: *mut c_int,
+        func: *const c_void,
+        blockSize: c_int,
+        dynamicSMemSize: usize,
+    ) {
+        occupancy(numBlocks, func, blockSize, dynamicSMemSize, 0)
+    }
+
+    /// `cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` (`cudaOccupancyDefault` or
+    /// `cudaOccupancyDisableCachingOverride`).
+    fn cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        numBlocks: *mut c_int,
+        func: *const c_void,
+        blockSize: c_int,
+        dynamicSMemSize: usize,
+        flags: c_uint,
+    ) {
+        occupancy(numBlocks, func, blockSize, dynamicSMemSize, flags)
     }
 }

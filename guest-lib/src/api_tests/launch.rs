@@ -363,3 +363,46 @@ fn managed_variables_take_turns_between_launches_and_synchronisations() {
     }
     assert_eq!(fake.state().host_maps.len(), 0);
 }
+
+#[test]
+fn function_attributes_and_occupancy_go_to_the_kernel_s_host_function() {
+    use crate::generated::cudaFuncAttributes;
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let fatbin = register_fatbin();
+    let k = register_kernel(fatbin, c"_Z1kv") as *const c_void;
+    let mut fa = cudaFuncAttributes::default();
+    let mut n = 0;
+    // SAFETY: valid out-pointers; `k` is a registered host stub.
+    unsafe {
+        ok(cudaFuncGetAttributes(&mut fa, k));
+        // The fake answers 100 + attribute id.
+        assert_eq!(
+            (fa.maxThreadsPerBlock, fa.sharedSizeBytes, fa.numRegs),
+            (100, 101, 104)
+        );
+        assert_eq!(fa.clusterSchedulingPolicyPreference, 115);
+        ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &mut n, k, 256, 0,
+        ));
+        assert_eq!(n, 8);
+        assert_err(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut n, k, 256, 0, 7),
+            cu::cudaErrorInvalidValue,
+        );
+        ok(cudaFuncSetAttribute(
+            k,
+            cu::cudaFuncAttributeMaxDynamicSharedMemorySize,
+            96 * 1024,
+        ));
+        assert_err(cudaFuncSetAttribute(k, 99, 1), cu::cudaErrorInvalidValue);
+        assert_err(
+            cudaFuncGetAttributes(&mut fa, host_address() as *const c_void),
+            cu::cudaErrorInvalidDeviceFunction,
+        );
+    }
+    cudaGetLastError();
+    let ops = fake.ops();
+    assert!(ops.contains(&Op::FuncAttributes) && ops.contains(&Op::OccupancyMaxActiveBlocks));
+    assert!(ops.contains(&Op::FuncSetAttribute));
+}

@@ -170,6 +170,19 @@ pub(crate) trait DriverApi: Send + Sync {
         params: &mut [*mut c_void],
     ) -> CuResult<()>;
 
+    /// cuFuncGetAttribute of attribute `attr` (0..=15).
+    fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32>;
+    /// cuFuncSetAttribute.
+    fn func_set_attribute(&self, func: Raw, attr: i32, value: i32) -> CuResult<()>;
+    /// cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags.
+    fn occupancy_max_active_blocks(
+        &self,
+        func: Raw,
+        block: i32,
+        shared: usize,
+        flags: u32,
+    ) -> CuResult<i32>;
+
     /// cuStreamCreateWithPriority.
     fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw>;
     /// cuStreamDestroy.
@@ -232,6 +245,9 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuFuncLoad",
     "cuFuncGetParamInfo",
     "cuLaunchKernel",
+    "cuFuncGetAttribute",
+    "cuFuncSetAttribute",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
     "cuStreamCreateWithPriority",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
@@ -599,6 +615,39 @@ impl DriverApi for CudaDriver {
         })
     }
 
+    fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
+        let mut v: c_int = 0;
+        // SAFETY: see the impl comment; `func` is a live function of the session's module.
+        check(unsafe { sys::cuFuncGetAttribute(&mut v, func_attr(attr)?, ptr(func)) })?;
+        Ok(v)
+    }
+
+    fn func_set_attribute(&self, func: Raw, attr: i32, value: i32) -> CuResult<()> {
+        // SAFETY: as above; the driver checks the value.
+        check(unsafe { sys::cuFuncSetAttribute(ptr(func), func_attr(attr)?, value) })
+    }
+
+    fn occupancy_max_active_blocks(
+        &self,
+        func: Raw,
+        block: i32,
+        shared: usize,
+        flags: u32,
+    ) -> CuResult<i32> {
+        let mut n: c_int = 0;
+        // SAFETY: as above; the driver checks the sizes and flags.
+        check(unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+                &mut n,
+                ptr(func),
+                block,
+                shared,
+                flags,
+            )
+        })?;
+        Ok(n)
+    }
+
     fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw> {
         let mut s: sys::CUstream = null_mut();
         // SAFETY: see the impl comment.
@@ -661,6 +710,31 @@ impl DriverApi for CudaDriver {
     }
 }
 
+/// The `CUfunction_attribute` with id `attr` (0..=15, the runtime's `cudaFuncAttribute` ids of
+/// the settable ones are the same numbers).
+fn func_attr(attr: i32) -> CuResult<sys::CUfunction_attribute> {
+    use sys::CUfunction_attribute as A;
+    Ok(match attr {
+        0 => A::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+        1 => A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+        2 => A::CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
+        3 => A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+        4 => A::CU_FUNC_ATTRIBUTE_NUM_REGS,
+        5 => A::CU_FUNC_ATTRIBUTE_PTX_VERSION,
+        6 => A::CU_FUNC_ATTRIBUTE_BINARY_VERSION,
+        7 => A::CU_FUNC_ATTRIBUTE_CACHE_MODE_CA,
+        8 => A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        9 => A::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+        10 => A::CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET,
+        11 => A::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH,
+        12 => A::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT,
+        13 => A::CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH,
+        14 => A::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+        15 => A::CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
+        _ => return Err(CuError::INVALID_VALUE),
+    })
+}
+
 /// The `CUlimit` the runtime's `cudaLimit` values 0..=6 name (the same numbers).
 fn cu_limit(limit: u32) -> CuResult<sys::CUlimit> {
     use sys::CUlimit as L;
@@ -714,6 +788,15 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_get_limit(&self, _: u32) -> CuResult<usize> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn func_attribute(&self, _: Raw, _: i32) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn func_set_attribute(&self, _: Raw, _: i32, _: i32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn occupancy_max_active_blocks(&self, _: Raw, _: i32, _: usize, _: u32) -> CuResult<i32> {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_set_limit(&self, _: u32, _: usize) -> CuResult<()> {

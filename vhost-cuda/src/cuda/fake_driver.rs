@@ -60,6 +60,8 @@ struct Ctx {
     loaded: HashSet<Raw>,
     /// cuCtxSetLimit values.
     limits: HashMap<u32, usize>,
+    /// MAX_DYNAMIC_SHARED_SIZE_BYTES set per function.
+    func_smem: HashMap<Raw, i32>,
 }
 
 #[derive(Debug, Default)]
@@ -543,6 +545,49 @@ impl DriverApi for FakeDriver {
                 return Err(CuError::FUNCTION_NOT_LOADED);
             }
             params.get(index).copied().ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
+        self.with_ctx("func_attribute", |c, _| {
+            kernel_of(c, func)?;
+            match attr {
+                0 => Ok(1024),
+                4 => Ok(16),
+                8 => Ok(c.func_smem.get(&func).copied().unwrap_or(48 * 1024)),
+                1..=15 => Ok(0),
+                _ => Err(INVALID_VALUE),
+            }
+        })
+    }
+
+    fn func_set_attribute(&self, func: Raw, attr: i32, value: i32) -> CuResult<()> {
+        self.with_ctx("func_set_attribute", |c, _| {
+            kernel_of(c, func)?;
+            match attr {
+                8 if (0..=227 * 1024).contains(&value) => {
+                    c.func_smem.insert(func, value);
+                    Ok(())
+                }
+                9 => Ok(()),
+                _ => Err(INVALID_VALUE),
+            }
+        })
+    }
+
+    fn occupancy_max_active_blocks(
+        &self,
+        func: Raw,
+        block: i32,
+        _shared: usize,
+        _flags: u32,
+    ) -> CuResult<i32> {
+        self.with_ctx("occupancy_max_active_blocks", |c, _| {
+            kernel_of(c, func)?;
+            if !(1..=1024).contains(&block) {
+                return Err(INVALID_VALUE);
+            }
+            Ok(2048 / block)
         })
     }
 

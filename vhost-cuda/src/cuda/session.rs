@@ -291,6 +291,9 @@ impl CudaSession {
             Op::ModuleGetFunction => self.module_get_function(req),
             Op::ModuleGetGlobal => self.module_get_global(req),
             Op::LaunchKernel => self.launch_kernel(req),
+            Op::FuncAttributes => self.func_attributes(req),
+            Op::FuncSetAttribute => self.func_set_attribute(args),
+            Op::OccupancyMaxActiveBlocks => self.occupancy(args),
             Op::StreamCreate => self.stream_create(req),
             Op::StreamDestroy => self.stream_destroy(args[0]),
             Op::StreamSynchronize | Op::StreamQuery => self.stream_wait(req),
@@ -902,6 +905,62 @@ impl CudaSession {
         // the call; the driver copies the values before returning.
         unsafe { self.drv.launch(raw, &cfg, stream, &mut params) }.map_err(on(dev))?;
         ok()
+    }
+
+    /// A function of the session, its context bound.
+    fn function(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+        let (dev, raw) = match self.functions.get(handle) {
+            Some(f) => (f.dev, f.raw),
+            None => return Err(status::INVALID_DEVICE_FUNCTION.into()),
+        };
+        self.bind(dev)?;
+        Ok((dev, raw))
+    }
+
+    fn func_attributes(&mut self, req: &Request) -> OpResult {
+        let (dev, raw) = self.function(req.header.args[0])?;
+        let (input, out) = match (req.inputs.first(), req.outputs.first()) {
+            (Some(i), Some(o)) => (i, o),
+            _ => return Err(status::INVALID_VALUE.into()),
+        };
+        let len = input.len();
+        if len != out.len() || len % 4 != 0 || len / 4 > MAX_ATTRIBUTES {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let ids = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
+        let mut values = Vec::with_capacity(len);
+        for id in ids.chunks_exact(4) {
+            let attr = i32::from_le_bytes([id[0], id[1], id[2], id[3]]);
+            let v = self.drv.func_attribute(raw, attr).map_err(on(dev))?;
+            values.extend_from_slice(&v.to_le_bytes());
+        }
+        out.write_at(0, &values)
+            .map_err(|_| status::INVALID_VALUE)?;
+        ok()
+    }
+
+    fn func_set_attribute(&mut self, args: &[u64]) -> OpResult {
+        let (dev, raw) = self.function(args[0])?;
+        let attr = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
+        let value = priority(args[2])?;
+        self.drv
+            .func_set_attribute(raw, attr, value)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    fn occupancy(&mut self, args: &[u64]) -> OpResult {
+        let (dev, raw) = self.function(args[0])?;
+        let block = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
+        let flags = u32::try_from(args[3])
+            .ok()
+            .filter(|f| *f <= 1)
+            .ok_or(status::INVALID_VALUE)?;
+        let n = self
+            .drv
+            .occupancy_max_active_blocks(raw, block, to_usize(args[2])?, flags)
+            .map_err(on(dev))?;
+        ok_rets(&[n as u64])
     }
 
     // ----- streams and events -------------------------------------------------------------
