@@ -77,6 +77,21 @@ pub unsafe fn launch(
     config: &CallConfig,
     args: *const *const c_void,
 ) -> CudaResult<()> {
+    // SAFETY: forwarded contract.
+    unsafe { launch_with(rt, kernel, config, args, 0) }
+}
+
+/// [`launch`] with `LaunchKernel` flags (`LAUNCH_COOPERATIVE`).
+///
+/// # Safety
+/// As for [`launch`].
+pub unsafe fn launch_with(
+    rt: &Runtime,
+    kernel: &KernelRecord,
+    config: &CallConfig,
+    args: *const *const c_void,
+    flags: u64,
+) -> CudaResult<()> {
     let device = rt.devices.current()?;
     rt.session.check_sticky(device)?;
     let stream = rt.streams.target(config.stream)?;
@@ -96,13 +111,18 @@ pub unsafe fn launch(
     managed_vars::before_launch(rt, device, stream.wire)?;
     rt.session.submit(
         Call::new(Op::LaunchKernel, device)
-            .args(&wire_args(
-                resolved.function,
-                config.grid,
-                config.block,
-                config.shared_mem,
-                stream.wire,
-            ))
+            .args(&{
+                let mut a = [0u64; 7];
+                a[..6].copy_from_slice(&wire_args(
+                    resolved.function,
+                    config.grid,
+                    config.block,
+                    config.shared_mem,
+                    stream.wire,
+                ));
+                a[6] = flags;
+                a
+            })
             .input(&block)
             .fire_and_forget(),
     )?;

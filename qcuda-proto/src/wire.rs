@@ -331,8 +331,8 @@ ops! {
 
     /// args[0] = function handle, args[1] = grid x | grid y << 32, args[2] = grid z |
     /// block x << 32, args[3] = block y | block z << 32, args[4] = dynamic shared memory bytes,
-    /// args[5] = stream handle. In-buffer 0 = the parameter block, each parameter at its
-    /// `ParamInfo` offset.
+    /// args[5] = stream handle, args[6] = `LAUNCH_*` flags. In-buffer 0 = the parameter block,
+    /// each parameter at its `ParamInfo` offset.
     LaunchKernel = 0x0130, ins 1, outs 0;
     /// args[0] = function handle; in-buffer 0 holds i32 `CUfunction_attribute` ids (0..=15),
     /// out-buffer 0 (same length) receives their i32 values (cuFuncGetAttribute).
@@ -795,6 +795,10 @@ impl HostRun {
         })
     }
 }
+
+/// `LaunchKernel` flag (args[6]): a cooperative launch (`cudaLaunchCooperativeKernel`): every
+/// block resident at once, so that grid-wide synchronisation works.
+pub const LAUNCH_COOPERATIVE: u64 = 1 << 0;
 
 /// Bytes of an encoded [`ParamInfo`].
 pub const PARAM_INFO_SIZE: usize = 8;

@@ -165,6 +165,35 @@ cuda_api! {
     }
 }
 
+/// `cudaLaunchCooperativeKernel[_ptsz]`: every block resident at once (grid-wide
+/// synchronisation); the host's driver refuses grids that cannot be.
+///
+/// # Safety
+/// `args` as for `params::pack`.
+unsafe fn launch_cooperative(
+    func: *const c_void,
+    grid: dim3,
+    block: dim3,
+    args: *mut *mut c_void,
+    shared_mem: usize,
+    stream: cudaStream_t,
+) -> CudaResult<()> {
+    let rt = runtime()?;
+    let kernel = registry()
+        .kernel(func as usize)
+        .ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+    // SAFETY: forwarded contract.
+    unsafe {
+        launch::launch_with(
+            rt,
+            kernel,
+            &config(grid, block, shared_mem, stream),
+            args as *const *const c_void,
+            qcuda_proto::LAUNCH_COOPERATIVE,
+        )
+    }
+}
+
 /// The host's handle of kernel `func` (a host stub or a `cudaKernel_t`) on the current device,
 /// loading its module if needed.
 fn function_handle(
@@ -260,6 +289,32 @@ cuda_api! {
             }
         }
         Ok(())
+    }
+
+    /// `cudaLaunchCooperativeKernel`.
+    fn cudaLaunchCooperativeKernel(
+        func: *const c_void,
+        gridDim: dim3,
+        blockDim: dim3,
+        args: *mut *mut c_void,
+        sharedMem: usize,
+        stream: cudaStream_t,
+    ) {
+        // SAFETY: forwarded API contract.
+        unsafe { launch_cooperative(func, gridDim, blockDim, args, sharedMem, stream) }
+    }
+
+    /// `cudaLaunchCooperativeKernel` (per-thread default stream).
+    fn cudaLaunchCooperativeKernel_ptsz(
+        func: *const c_void,
+        gridDim: dim3,
+        blockDim: dim3,
+        args: *mut *mut c_void,
+        sharedMem: usize,
+        stream: cudaStream_t,
+    ) {
+        // SAFETY: forwarded API contract.
+        unsafe { launch_cooperative(func, gridDim, blockDim, args, sharedMem, stream) }
     }
 
     /// `cudaOccupancyMaxActiveBlocksPerMultiprocessor`.

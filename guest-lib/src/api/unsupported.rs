@@ -207,8 +207,6 @@ not_supported! {
     cudaIpcOpenEventHandle,
     cudaIpcOpenMemHandle,
     cudaKernelSetAttributeForDevice,
-    cudaLaunchCooperativeKernel,
-    cudaLaunchCooperativeKernel_ptsz,
     cudaLaunchHostFunc,
     cudaLaunchHostFunc_ptsz,
     cudaLaunchKernelExC,

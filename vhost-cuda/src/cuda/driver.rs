@@ -170,6 +170,18 @@ pub(crate) trait DriverApi: Send + Sync {
         params: &mut [*mut c_void],
     ) -> CuResult<()>;
 
+    /// cuLaunchCooperativeKernel: as [`DriverApi::launch`], every block resident at once.
+    ///
+    /// # Safety
+    /// As for [`DriverApi::launch`].
+    unsafe fn launch_cooperative(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+    ) -> CuResult<()>;
+
     /// cuFuncGetAttribute of attribute `attr` (0..=15).
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32>;
     /// cuFuncSetAttribute.
@@ -245,6 +257,7 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuFuncLoad",
     "cuFuncGetParamInfo",
     "cuLaunchKernel",
+    "cuLaunchCooperativeKernel",
     "cuFuncGetAttribute",
     "cuFuncSetAttribute",
     "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
@@ -615,6 +628,38 @@ impl DriverApi for CudaDriver {
         })
     }
 
+    unsafe fn launch_cooperative(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        let [gx, gy, gz] = cfg.grid;
+        let [bx, by, bz] = cfg.block;
+        let params_ptr = if params.is_empty() {
+            null_mut()
+        } else {
+            params.as_mut_ptr()
+        };
+        // SAFETY: as for `launch` (method contract); the driver refuses grids that cannot all be
+        // resident (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE).
+        check(unsafe {
+            sys::cuLaunchCooperativeKernel(
+                ptr(func),
+                gx,
+                gy,
+                gz,
+                bx,
+                by,
+                bz,
+                cfg.shared_mem,
+                ptr(stream),
+                params_ptr,
+            )
+        })
+    }
+
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
         let mut v: c_int = 0;
         // SAFETY: see the impl comment; `func` is a live function of the session's module.
@@ -788,6 +833,15 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_get_limit(&self, _: u32) -> CuResult<usize> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn launch_cooperative(
+        &self,
+        _: Raw,
+        _: &LaunchConfig,
+        _: Raw,
+        _: &mut [*mut c_void],
+    ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn func_attribute(&self, _: Raw, _: i32) -> CuResult<i32> {

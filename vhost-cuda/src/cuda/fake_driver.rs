@@ -548,6 +548,18 @@ impl DriverApi for FakeDriver {
         })
     }
 
+    unsafe fn launch_cooperative(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        *self.st().calls.entry("launch_cooperative").or_default() += 1;
+        // SAFETY: forwarded contract.
+        unsafe { self.launch(func, cfg, stream, params) }
+    }
+
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
         self.with_ctx("func_attribute", |c, _| {
             kernel_of(c, func)?;

@@ -18,8 +18,8 @@
 use std::{ffi::CString, sync::Arc};
 
 use qcuda_proto::{
-    status, Op, ResponseHeader, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, PARAM_INFO_SIZE,
-    RESP_FLAG_STICKY,
+    status, Op, ResponseHeader, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, LAUNCH_COOPERATIVE,
+    PARAM_INFO_SIZE, RESP_FLAG_STICKY,
 };
 use tracing::{debug, warn};
 
@@ -903,7 +903,16 @@ impl CudaSession {
         // SAFETY: `params` holds one pointer per kernel parameter (the driver's own layout for
         // this function), each into `block`, which is at least `block_len` long and outlives
         // the call; the driver copies the values before returning.
-        unsafe { self.drv.launch(raw, &cfg, stream, &mut params) }.map_err(on(dev))?;
+        let launched = match args[6] {
+            // SAFETY: as above.
+            0 => unsafe { self.drv.launch(raw, &cfg, stream, &mut params) },
+            // SAFETY: as above.
+            LAUNCH_COOPERATIVE => unsafe {
+                self.drv.launch_cooperative(raw, &cfg, stream, &mut params)
+            },
+            _ => return Err(status::INVALID_VALUE.into()),
+        };
+        launched.map_err(on(dev))?;
         ok()
     }
 

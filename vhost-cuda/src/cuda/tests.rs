@@ -1003,6 +1003,7 @@ fn random_requests_never_panic_and_drop_cleans_up() {
                     if plausible && !funcs.is_empty() && !ptrs.is_empty() {
                         args[0] = rng.pick(&funcs);
                         args[5] = 0;
+                        args[6] = rng.next() % 2;
                         for _ in 0..3 {
                             block.extend_from_slice(&rng.pick(&ptrs).to_le_bytes());
                         }
