@@ -2,12 +2,13 @@
 //! answered from the guest's own records. The `_ptsz` exports are the per-thread-default-stream
 //! spellings; qcuda sends that stream to the host's legacy stream (streams.rs at the crate root).
 
-use core::ffi::{c_int, c_uint};
+use core::ffi::{c_int, c_uint, c_void};
 
 use super::write_out;
 use crate::{
-    cuda_error::CudaResult,
+    cuda_error::{CudaError, CudaResult},
     generated::{cudaEvent_t, cudaStreamCaptureStatus, cudaStreamCaptureStatusNone, cudaStream_t},
+    host_memory::HostKind,
     runtime::{current, non_null},
 };
 
@@ -15,6 +16,39 @@ fn synchronize(stream: cudaStream_t) -> CudaResult<()> {
     let (rt, _) = current()?;
     rt.streams.synchronize(&rt.session, stream as usize)?;
     crate::managed_vars::after_sync(rt)
+}
+
+/// `cudaStreamAttachMemAsync`: which streams' work may touch a managed range while the CPU does.
+/// qcuda's managed memory is guest RAM that the CPU and the GPU reach coherently at all times
+/// (docs/ARCHITECTURE.md, "Host memory"), so every attachment already holds; the call checks its
+/// arguments as CUDA does and changes nothing.
+fn attach_mem(
+    stream: cudaStream_t,
+    ptr: *mut c_void,
+    length: usize,
+    flags: c_uint,
+) -> CudaResult<()> {
+    const GLOBAL: c_uint = 1;
+    const HOST: c_uint = 2;
+    const SINGLE: c_uint = 4;
+    if flags != GLOBAL && flags != HOST && flags != SINGLE {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let (rt, _) = current()?;
+    rt.streams.target(stream as usize)?;
+    if flags == SINGLE && stream.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let a = rt
+        .host_memory
+        .find(ptr as usize)
+        .filter(|a| a.kind == HostKind::Managed)
+        .ok_or(CudaError::INVALID_VALUE)?;
+    // Length 0 names the whole allocation, which `ptr` must then start.
+    if (length == 0 && a.base != ptr as usize) || (length != 0 && length != a.size) {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    Ok(())
 }
 
 fn query(stream: cudaStream_t) -> CudaResult<()> {
@@ -78,6 +112,16 @@ unsafe fn create(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> C
 }
 
 cuda_api! {
+    /// `cudaStreamAttachMemAsync` (see `attach_mem`).
+    fn cudaStreamAttachMemAsync(stream: cudaStream_t, devPtr: *mut c_void, length: usize, flags: c_uint) {
+        attach_mem(stream, devPtr, length, flags)
+    }
+
+    /// `cudaStreamAttachMemAsync` (per-thread default stream).
+    fn cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, devPtr: *mut c_void, length: usize, flags: c_uint) {
+        attach_mem(stream, devPtr, length, flags)
+    }
+
     /// `cudaStreamCreate`.
     fn cudaStreamCreate(pStream: *mut cudaStream_t) {
         // SAFETY: forwarded API contract.

@@ -315,8 +315,6 @@ not_supported! {
     cudaSignalExternalSemaphoresAsync_ptsz,
     cudaStreamAddCallback,
     cudaStreamAddCallback_ptsz,
-    cudaStreamAttachMemAsync,
-    cudaStreamAttachMemAsync_ptsz,
     cudaStreamBeginCapture,
     cudaStreamBeginCaptureToGraph,
     cudaStreamBeginCaptureToGraph_ptsz,

@@ -275,3 +275,35 @@ fn host_allocations_and_pointer_attributes() {
     }
     cudaGetLastError();
 }
+
+#[test]
+fn stream_attach_checks_its_managed_range() {
+    use crate::api::streams::cudaStreamAttachMemAsync;
+    setup();
+    let mut m = ptr::null_mut();
+    let mut local = 0u8;
+    // SAFETY: valid pointers; `m` is managed memory of 4096 bytes.
+    unsafe {
+        ok(cudaMallocManaged(&mut m, 4096, 1));
+        ok(cudaStreamAttachMemAsync(ptr::null_mut(), m, 0, 2));
+        ok(cudaStreamAttachMemAsync(ptr::null_mut(), m, 4096, 1));
+        assert_err(
+            cudaStreamAttachMemAsync(ptr::null_mut(), m, 4096, 4),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaStreamAttachMemAsync(ptr::null_mut(), m, 100, 1),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaStreamAttachMemAsync(ptr::null_mut(), (&raw mut local).cast(), 0, 1),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaStreamAttachMemAsync(ptr::null_mut(), m, 0, 3),
+            cu::cudaErrorInvalidValue,
+        );
+        ok(cudaFree(m));
+    }
+    cudaGetLastError();
+}
