@@ -82,6 +82,11 @@ struct Queue {
     in_ring: usize,
     reapable: usize,
     space_waiters: usize,
+    /// Callers sleeping until a completion: only while there are any does the device
+    /// interrupt (the used-buffer callback is enabled); otherwise completions wait in the used
+    /// ring until a caller takes them off (`drain_used`), which spares the guest an interrupt per
+    /// fire-and-forget request and per polled completion.
+    sleepers: usize,
 }
 
 // SAFETY: `vq` is only dereferenced (by the virtio core) with the lock held; the virtqueue may
@@ -159,6 +164,7 @@ impl QcudaDevice {
             in_ring: 0,
             reapable: 0,
             space_waiters: 0,
+            sleepers: 0,
         };
         Arc::pin_init(
             try_pin_init!(Self {
@@ -175,6 +181,7 @@ impl QcudaDevice {
 
     /// Counts of the in-flight table.
     pub(crate) fn stats(&self) -> QueueStats {
+        self.reap();
         let q = self.queue.lock();
         QueueStats {
             in_ring: q.in_ring,
@@ -271,6 +278,13 @@ impl QcudaDevice {
                     return Err(ENOMEM);
                 }
             }
+            if !q.vq.is_null() {
+                // Completions may wait in the used ring (no interrupt while nobody sleeps).
+                self.drain_used(&mut q);
+                if !q.free.is_empty() {
+                    continue;
+                }
+            }
             if q.reapable > 0 {
                 // Completed fire-and-forget requests hold slots until someone frees them; the
                 // caller that waits for a slot must, or nobody may (all 256 abandoned).
@@ -346,7 +360,13 @@ impl QcudaDevice {
     ) -> (QueueGuard<'a>, Result) {
         match wait {
             Wait::Interruptible => {
+                if !self.arm(&mut q) {
+                    // Completions arrived meanwhile and were taken: the caller looks again.
+                    self.disarm(&mut q);
+                    return (q, Ok(()));
+                }
                 let signal = cv.wait_interruptible(&mut q);
+                self.disarm(&mut q);
                 (q, if signal { Err(EINTR) } else { Ok(()) })
             }
             Wait::Uninterruptible { timeout_ms } => {
@@ -356,15 +376,50 @@ impl QcudaDevice {
                 }
                 if !kernel::current!().signal_pending() {
                     // Woken by the notification, or after a slice to check the deadline.
-                    let _ = cv.wait_interruptible_timeout(&mut q, msecs_to_jiffies(SLICE_MS * 10));
+                    if self.arm(&mut q) {
+                        let _ =
+                            cv.wait_interruptible_timeout(&mut q, msecs_to_jiffies(SLICE_MS * 10));
+                    }
+                    self.disarm(&mut q);
                     return (q, Ok(()));
                 }
                 // A killed task keeps its fatal signal pending while its files are released,
                 // so interruptible sleeps would return at once: poll in short slices.
                 drop(q);
                 fsleep(Delta::from_millis(i64::from(SLICE_MS)));
-                (self.queue.lock(), Ok(()))
+                let mut q = self.queue.lock();
+                if !q.vq.is_null() && q.ready {
+                    self.drain_used(&mut q);
+                }
+                (q, Ok(()))
             }
+        }
+    }
+
+    /// Before a caller sleeps: makes completions interrupt. Returns false if used buffers were
+    /// already waiting (they are taken off the ring now): the caller must look again instead of
+    /// sleeping, and call [`Self::disarm`] either way.
+    fn arm(&self, q: &mut Queue) -> bool {
+        q.sleepers += 1;
+        if q.vq.is_null() || !q.ready {
+            // Stopping: `stop` wakes every sleeper.
+            return true;
+        }
+        // SAFETY: `vq` is valid and the lock is held.
+        if unsafe { virtio::virtqueue_enable_cb(q.vq) } {
+            return true;
+        }
+        self.drain_used(q);
+        false
+    }
+
+    /// After a sleep (or an [`Self::arm`] that found completions): the last sleeper turns the
+    /// interrupt off again.
+    fn disarm(&self, q: &mut Queue) {
+        q.sleepers = q.sleepers.saturating_sub(1);
+        if q.sleepers == 0 && !q.vq.is_null() {
+            // SAFETY: `vq` is valid and the lock is held.
+            unsafe { virtio::virtqueue_disable_cb(q.vq) };
         }
     }
 
@@ -437,6 +492,10 @@ impl QcudaDevice {
             // SAFETY: `vq` is valid and the lock is held.
             unsafe { virtio::virtqueue_disable_cb(q.vq) };
             self.drain_used(q);
+            if q.sleepers == 0 {
+                // Nobody sleeps: the next completions wait in the ring for a caller.
+                return;
+            }
             // SAFETY: As above.
             if unsafe { virtio::virtqueue_enable_cb(q.vq) } {
                 return;
@@ -446,6 +505,14 @@ impl QcudaDevice {
 
     /// Frees the requests that completed after their callers gave up. Process context.
     pub(crate) fn reap(&self) {
+        {
+            // Completions nobody was interrupted for.
+            let mut guard = self.queue.lock();
+            let q = &mut *guard;
+            if !q.vq.is_null() && q.ready {
+                self.drain_used(q);
+            }
+        }
         loop {
             let devref = {
                 let mut guard = self.queue.lock();
@@ -570,7 +637,13 @@ fn probe(vdev: *mut VirtioDevice) -> Result {
     unsafe { virtio::qcuda_glue_set_priv(vdev, binding.cast()) };
     // SAFETY: As above; the queues are set up, so the device may start.
     unsafe { virtio::qcuda_glue_device_ready(vdev) };
-    device.queue.lock().ready = true;
+    {
+        let mut q = device.queue.lock();
+        q.ready = true;
+        // No sleeper yet: completions are taken by their callers (see `Queue::sleepers`).
+        // SAFETY: `vq` is the live request queue and the lock is held.
+        unsafe { virtio::virtqueue_disable_cb(q.vq) };
+    }
 
     // Before /dev/qcuda exists, so every session the host closes is an earlier instance's.
     match device.reset_host_sessions() {
