@@ -602,30 +602,8 @@ impl DriverApi for CudaDriver {
         stream: Raw,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
-        let [gx, gy, gz] = cfg.grid;
-        let [bx, by, bz] = cfg.block;
-        let params_ptr = if params.is_empty() {
-            null_mut()
-        } else {
-            params.as_mut_ptr()
-        };
-        // SAFETY: see the impl comment; the caller guarantees one readable pointer per kernel
-        // parameter (method contract); the driver copies the values before returning.
-        check(unsafe {
-            sys::cuLaunchKernel(
-                ptr(func),
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                cfg.shared_mem,
-                ptr(stream),
-                params_ptr,
-                null_mut(),
-            )
-        })
+        // SAFETY: forwarded method contract.
+        unsafe { launch_on(func, cfg, stream, params, false) }
     }
 
     unsafe fn launch_cooperative(
@@ -635,29 +613,8 @@ impl DriverApi for CudaDriver {
         stream: Raw,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
-        let [gx, gy, gz] = cfg.grid;
-        let [bx, by, bz] = cfg.block;
-        let params_ptr = if params.is_empty() {
-            null_mut()
-        } else {
-            params.as_mut_ptr()
-        };
-        // SAFETY: as for `launch` (method contract); the driver refuses grids that cannot all be
-        // resident (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE).
-        check(unsafe {
-            sys::cuLaunchCooperativeKernel(
-                ptr(func),
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                cfg.shared_mem,
-                ptr(stream),
-                params_ptr,
-            )
-        })
+        // SAFETY: forwarded method contract.
+        unsafe { launch_on(func, cfg, stream, params, true) }
     }
 
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
@@ -753,6 +710,38 @@ impl DriverApi for CudaDriver {
         check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, ptr(start), ptr(end)) })?;
         Ok(ms)
     }
+}
+
+/// cuLaunchKernel, or cuLaunchCooperativeKernel (the driver then refuses grids that cannot all
+/// be resident: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE).
+///
+/// # Safety
+/// As for [`DriverApi::launch`]: one readable pointer per kernel parameter in `params`.
+unsafe fn launch_on(
+    func: Raw,
+    cfg: &LaunchConfig,
+    stream: Raw,
+    params: &mut [*mut c_void],
+    cooperative: bool,
+) -> CuResult<()> {
+    let [gx, gy, gz] = cfg.grid;
+    let [bx, by, bz] = cfg.block;
+    let p = if params.is_empty() {
+        null_mut()
+    } else {
+        params.as_mut_ptr()
+    };
+    let (f, s, smem) = (ptr(func), ptr(stream), cfg.shared_mem);
+    // SAFETY: `func` and `stream` are live handles of the current context (the executor's
+    // handle tables), `p` holds one readable pointer per parameter (caller contract), and the
+    // driver copies the values before returning.
+    check(unsafe {
+        if cooperative {
+            sys::cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, smem, s, p)
+        } else {
+            sys::cuLaunchKernel(f, gx, gy, gz, bx, by, bz, smem, s, p, null_mut())
+        }
+    })
 }
 
 /// The `CUfunction_attribute` with id `attr` (0..=15, the runtime's `cudaFuncAttribute` ids of

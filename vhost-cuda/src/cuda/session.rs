@@ -95,6 +95,28 @@ fn on(dev: usize) -> impl Fn(CuError) -> Fault {
     move |err| Fault::Driver { dev, err }
 }
 
+/// The attribute ops (DeviceAttributes, FuncAttributes): in-buffer 0 holds i32 ids, out-buffer 0
+/// (the same length, at most `MAX_ATTRIBUTES` ids) receives `value(id)` for each.
+fn attribute_table(req: &Request, mut value: impl FnMut(i32) -> Result<i32, Fault>) -> OpResult {
+    let (input, out) = match (req.inputs.first(), req.outputs.first()) {
+        (Some(i), Some(o)) => (i, o),
+        _ => return Err(status::INVALID_VALUE.into()),
+    };
+    let len = input.len();
+    if len != out.len() || len % 4 != 0 || len / 4 > MAX_ATTRIBUTES {
+        return Err(status::INVALID_VALUE.into());
+    }
+    let ids = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
+    let mut values = Vec::with_capacity(len);
+    for id in ids.chunks_exact(4) {
+        let v = value(i32::from_le_bytes([id[0], id[1], id[2], id[3]]))?;
+        values.extend_from_slice(&v.to_le_bytes());
+    }
+    out.write_at(0, &values)
+        .map_err(|_| status::INVALID_VALUE)?;
+    ok()
+}
+
 /// The status a refused host mapping earns.
 fn map_status(e: MapError) -> u32 {
     match e {
@@ -392,28 +414,11 @@ impl CudaSession {
     fn device_attributes(&self, req: &Request) -> OpResult {
         let dev = self.device(req)?;
         let gpu = self.host.gpus.get(dev).ok_or(status::INVALID_DEVICE)?;
-        let (input, out) = match (req.inputs.first(), req.outputs.first()) {
-            (Some(i), Some(o)) => (i, o),
-            _ => return Err(status::INVALID_VALUE.into()),
-        };
-        let len = input.len();
-        if len != out.len() || len % 4 != 0 || len / 4 > MAX_ATTRIBUTES {
-            return Err(status::INVALID_VALUE.into());
-        }
-        let ids = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
-        let mut values = Vec::with_capacity(len);
-        for id in ids.chunks_exact(4) {
-            let attr = i32::from_le_bytes([id[0], id[1], id[2], id[3]]);
-            let v = match self.drv.device_attribute(gpu.dev, attr) {
-                Ok(v) => v,
-                Err(CuError::INVALID_VALUE) => return Err(status::INVALID_VALUE.into()),
-                Err(err) => return Err(Fault::Driver { dev, err }),
-            };
-            values.extend_from_slice(&v.to_le_bytes());
-        }
-        out.write_at(0, &values)
-            .map_err(|_| status::INVALID_VALUE)?;
-        ok()
+        attribute_table(req, |attr| match self.drv.device_attribute(gpu.dev, attr) {
+            Ok(v) => Ok(v),
+            Err(CuError::INVALID_VALUE) => Err(status::INVALID_VALUE.into()),
+            Err(err) => Err(Fault::Driver { dev, err }),
+        })
     }
 
     fn device_synchronize(&mut self, req: &Request) -> OpResult {
@@ -928,24 +933,8 @@ impl CudaSession {
 
     fn func_attributes(&mut self, req: &Request) -> OpResult {
         let (dev, raw) = self.function(req.header.args[0])?;
-        let (input, out) = match (req.inputs.first(), req.outputs.first()) {
-            (Some(i), Some(o)) => (i, o),
-            _ => return Err(status::INVALID_VALUE.into()),
-        };
-        let len = input.len();
-        if len != out.len() || len % 4 != 0 || len / 4 > MAX_ATTRIBUTES {
-            return Err(status::INVALID_VALUE.into());
-        }
-        let ids = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
-        let mut values = Vec::with_capacity(len);
-        for id in ids.chunks_exact(4) {
-            let attr = i32::from_le_bytes([id[0], id[1], id[2], id[3]]);
-            let v = self.drv.func_attribute(raw, attr).map_err(on(dev))?;
-            values.extend_from_slice(&v.to_le_bytes());
-        }
-        out.write_at(0, &values)
-            .map_err(|_| status::INVALID_VALUE)?;
-        ok()
+        let drv = Arc::clone(&self.drv);
+        attribute_table(req, |attr| drv.func_attribute(raw, attr).map_err(on(dev)))
     }
 
     fn func_set_attribute(&mut self, args: &[u64]) -> OpResult {
