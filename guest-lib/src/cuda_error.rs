@@ -31,6 +31,7 @@ named_errors! {
     INVALID_VALUE = cudaErrorInvalidValue;
     MEMORY_ALLOCATION = cudaErrorMemoryAllocation;
     INITIALIZATION = cudaErrorInitializationError;
+    CUDART_UNLOADING = cudaErrorCudartUnloading;
     INVALID_CONFIGURATION = cudaErrorInvalidConfiguration;
     INVALID_SYMBOL = cudaErrorInvalidSymbol;
     INVALID_DEVICE_POINTER = cudaErrorInvalidDevicePointer;

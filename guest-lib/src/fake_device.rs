@@ -9,7 +9,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Arc, Condvar, Mutex, MutexGuard},
 };
 
 use qcuda_proto::{
@@ -78,12 +78,19 @@ pub struct FakeState {
     pending: Option<(u32, bool)>,
     /// The context's sticky error.
     sticky: Option<u32>,
+    /// Host functions due (key, seq), for `HostFuncWait`.
+    pub host_due: VecDeque<(u64, u64)>,
+    next_seq: u64,
+    /// Sequence numbers the guest released, in order.
+    pub host_released: Vec<u64>,
 }
 
 /// The test double; share it with the runtime through `Arc`.
 #[derive(Debug, Default)]
 pub struct FakeDevice {
     state: Mutex<FakeState>,
+    /// Signalled when a host function becomes due.
+    host_due: Condvar,
 }
 
 /// Kernel name that makes a launch fail later with a sticky illegal address.
@@ -248,6 +255,23 @@ impl Transport for Arc<FakeDevice> {
     }
 
     fn execute(&self, call: &mut Call<'_>) -> Result<(), i32> {
+        if call.op() == Some(Op::HostFuncWait) {
+            // Like the daemon: beside the other requests, waiting for as long as it takes.
+            let mut s = self.state();
+            let c = call.raw_mut();
+            if c.args[0] != 0 {
+                s.host_released.push(c.args[0]);
+            }
+            let (key, seq) = loop {
+                if let Some(due) = s.host_due.pop_front() {
+                    break due;
+                }
+                s = self.host_due.wait(s).unwrap();
+            };
+            c.status = status::SUCCESS;
+            c.rets = [key, seq, 0, 0, 0, 0, 0];
+            return Ok(());
+        }
         let mut s = self.state();
         if let Some(errno) = s.errnos.pop_front() {
             return Err(errno);
@@ -291,6 +315,9 @@ impl Transport for Arc<FakeDevice> {
 
         let mut rets = [0u64; 7];
         let result = run(&mut s, &raw, &ins, &mut outs, &mut rets);
+        if op == Op::LaunchHostFunc && result.is_ok() {
+            self.host_due.notify_all();
+        }
         let (mut st, mut sticky) = match result {
             Ok(()) => (status::SUCCESS, false),
             Err(code) => (code, s.sticky == Some(code)),
@@ -494,6 +521,15 @@ fn run(
             s.streams.remove(i.ok_or(status::INVALID_RESOURCE_HANDLE)?);
         }
         Op::StreamQuery | Op::EventQuery => {}
+        Op::LaunchHostFunc => {
+            if args[0] != 0 && !s.streams.contains(&args[0]) {
+                return Err(status::INVALID_RESOURCE_HANDLE);
+            }
+            s.next_seq += 1;
+            let seq = s.next_seq;
+            s.host_due.push_back((args[1], seq));
+        }
+        Op::HostFuncWait => unreachable!("answered in execute"),
         Op::StreamWaitEvent => {
             s.events
                 .get(&args[1])

@@ -7,8 +7,8 @@
 //! application inwards:
 //!
 //! - `api/`: the exported C ABI, every symbol of NVIDIA's library declared once.
-//! - `launch`, `memory`, `symbols`, `streams`, `events`, `devices`, `host_memory`: the runtime
-//!   semantics, in safe Rust.
+//! - `launch`, `memory`, `symbols`, `streams`, `events`, `devices`, `host_memory`, `host_fns`:
+//!   the runtime semantics, in safe Rust.
 //! - `registry`, `fatbin`, `modules`: what static constructors register, and loading it lazily.
 //! - `session`, `signal_mask`, `transport`: requests, errnos, `EINTR`, sticky errors; the one
 //!   ioctl.
@@ -30,6 +30,7 @@ pub mod events;
 pub mod fatbin;
 pub mod generated;
 pub mod handles;
+pub mod host_fns;
 pub mod host_memory;
 pub mod last_error;
 pub mod launch;

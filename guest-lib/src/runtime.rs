@@ -21,6 +21,7 @@ use crate::{
     cuda_error::{CudaError, CudaResult},
     devices::Devices,
     events::Events,
+    host_fns::HostFns,
     host_memory::HostAllocations,
     last_error,
     registry::Registry,
@@ -45,6 +46,8 @@ pub struct Runtime {
     pub streams: Streams,
     /// Live events.
     pub events: Events,
+    /// Host functions and the thread that runs them.
+    pub host_fns: HostFns,
 }
 
 impl Runtime {
@@ -66,6 +69,7 @@ impl Runtime {
             host_memory: HostAllocations::default(),
             streams: Streams::default(),
             events: Events::default(),
+            host_fns: HostFns::default(),
         })
     }
 

@@ -277,7 +277,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceInfo
         | Op::DeviceAttributes
         | Op::DriverVersion
-        | Op::DeviceReset => false,
+        | Op::DeviceReset
+        | Op::HostFuncWait => false,
         Op::DeviceSynchronize
         | Op::MemGetInfo
         | Op::DeviceGetLimit
@@ -307,7 +308,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::EventRecord
         | Op::EventSynchronize
         | Op::EventElapsedTime
-        | Op::EventQuery => true,
+        | Op::EventQuery
+        | Op::LaunchHostFunc => true,
     }
 }
 
@@ -328,7 +330,10 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::DriverReset
         | Op::HostMap
         | Op::HostUnmap
-        | Op::TakeOutput => false,
+        | Op::TakeOutput
+        | Op::LaunchHostFunc
+        // An answer lost to a signal would be a function that never runs.
+        | Op::HostFuncWait => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo

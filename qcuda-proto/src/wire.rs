@@ -109,6 +109,8 @@ pub mod status {
     pub const MEMORY_ALLOCATION: u32 = 2;
     /// cudaErrorInitializationError
     pub const INITIALIZATION_ERROR: u32 = 3;
+    /// cudaErrorCudartUnloading
+    pub const CUDART_UNLOADING: u32 = 4;
     /// cudaErrorInvalidConfiguration
     pub const INVALID_CONFIGURATION: u32 = 9;
     /// cudaErrorInvalidSymbol
@@ -368,6 +370,21 @@ ops! {
     EventElapsedTime = 0x0154, ins 0, outs 0;
     /// args[0] = event handle. Status NOT_READY while pending.
     EventQuery = 0x0155, ins 0, outs 0;
+
+    /// Host function (`cudaLaunchHostFunc`, `cudaStreamAddCallback`): args[0] = stream handle,
+    /// args[1] = the guest's key for the function (nonzero; the device only hands it back).
+    /// In stream order the host announces the function as due (answer to `HostFuncWait`) and
+    /// holds the stream until the guest says it returned. rets[0] = 1 if the stream was
+    /// capturing, so the function became a graph node that can run again (the key must stay
+    /// valid), 0 for a one-shot function.
+    LaunchHostFunc = 0x01D0, ins 0, outs 0;
+    /// The guest's host-function thread: args[0] = the sequence number of the host function it
+    /// has just run (0: none), which releases that function's stream. Then waits, for as long
+    /// as it takes, until a host function of the session is due: rets[0] = its key, rets[1] =
+    /// its sequence number (nonzero). Answered outside the session's request order (it must
+    /// not wait behind a synchronisation that waits for the function). Status
+    /// `CUDART_UNLOADING` once the session is closing: the thread ends.
+    HostFuncWait = 0x01D1, ins 0, outs 0;
 }
 
 impl Op {

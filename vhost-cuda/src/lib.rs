@@ -17,6 +17,7 @@ pub mod chain;
 pub mod cuda;
 pub mod device_output;
 pub mod guest_buffer;
+pub mod host_function_link;
 pub mod session;
 pub mod session_worker;
 pub mod shared_guest_ram;

@@ -41,6 +41,7 @@
 use std::{
     collections::{HashMap, VecDeque},
     mem,
+    os::fd::AsRawFd,
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
         mpsc::{self, Receiver, SendError, Sender},
@@ -58,7 +59,9 @@ use crate::{
     chain::{ParsedRequest, Reply},
     cuda::CudaHost,
     guest_buffer::{GuestRam, Request},
+    host_function_link::{self, HostFnLink, Waiter},
     transport_ops,
+    worker_message::ToWorker,
     worker_process::{Waited, WorkerCommand, WorkerError, WorkerProcess, CLOSE_WAIT},
 };
 
@@ -190,6 +193,12 @@ impl Job {
     }
 }
 
+impl Waiter for Job {
+    fn answer(self: Box<Self>, resp: &ResponseHeader) {
+        self.finish(resp);
+    }
+}
+
 enum Msg {
     Run(Box<Job>),
     /// A new guest memory map (SET_MEM_TABLE), for the worker process.
@@ -222,6 +231,8 @@ struct SessionHandle {
     pid: Arc<AtomicU32>,
     /// Set when the session has ended (its worker reaped), under the counters' lock.
     ended: Arc<AtomicBool>,
+    /// Where `HostFuncWait` requests go, past the session's queue.
+    host_fns: Arc<HostFnLink>,
 }
 
 impl SessionHandle {
@@ -311,6 +322,14 @@ impl SessionTable {
             return;
         }
         let mut threads = self.shared.threads();
+        if job.request.op == Op::HostFuncWait {
+            if let Some(w) = threads.get(&id) {
+                let link = Arc::clone(&w.host_fns);
+                drop(threads);
+                link.wait(job.request.header.args[0], Box::new(job));
+                return;
+            }
+        }
         let mut msg = Msg::Run(Box::new(job));
         if let Some(w) = threads.get(&id) {
             // The send happens under the map lock, so a thread that has removed itself from
@@ -352,6 +371,7 @@ impl SessionTable {
         let abandoned = Arc::new(AtomicBool::new(false));
         let pid = Arc::new(AtomicU32::new(0));
         let ended = Arc::new(AtomicBool::new(false));
+        let host_fns = Arc::new(HostFnLink::default());
         let thread = SessionThread {
             shared: self.shared.clone(),
             id,
@@ -360,6 +380,7 @@ impl SessionTable {
             wake: wake.clone(),
             pid: pid.clone(),
             ended: ended.clone(),
+            host_fns: host_fns.clone(),
         };
         let spawned = thread::Builder::new()
             .name(format!("qcuda-s{id}"))
@@ -370,8 +391,13 @@ impl SessionTable {
             job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
             return;
         }
-        // The receiver lives until the thread ends, and it cannot end before receiving.
-        let _ = tx.send(Msg::Run(job));
+        if job.request.op == Op::HostFuncWait {
+            // The session's first request: its thread starts with nothing to do.
+            host_fns.wait(job.request.header.args[0], job);
+        } else {
+            // The receiver lives until the thread ends, and it cannot end before receiving.
+            let _ = tx.send(Msg::Run(job));
+        }
         threads.insert(
             id,
             SessionHandle {
@@ -381,6 +407,7 @@ impl SessionTable {
                 wake,
                 pid,
                 ended,
+                host_fns,
             },
         );
     }
@@ -532,6 +559,7 @@ struct SessionThread {
     wake: Arc<EventFd>,
     pid: Arc<AtomicU32>,
     ended: Arc<AtomicBool>,
+    host_fns: Arc<HostFnLink>,
 }
 
 /// A session's GPU side, seen from the daemon.
@@ -641,6 +669,8 @@ impl SessionThread {
 
     /// Ends the session's worker (bounded; see `WorkerProcess::close`), then the session.
     fn close(&self, gpu: &mut Gpu, why: &str) {
+        // First, so that the worker's waiting host functions return and it can end.
+        self.host_fns.close(!self.abandoned());
         if let Gpu::Running { process, .. } = mem::replace(gpu, Gpu::Idle) {
             process.close(CLOSE_WAIT);
             self.pid.store(0, Ordering::Release);
@@ -673,6 +703,7 @@ impl SessionThread {
 
     /// Kills the worker (if any) and reaps it.
     fn end_worker(&self, gpu: &mut Gpu, next: Gpu) {
+        self.host_fns.disconnect();
         if let Gpu::Running { process, .. } = mem::replace(gpu, next) {
             process.kill();
             self.pid.store(0, Ordering::Release);
@@ -781,7 +812,9 @@ impl SessionThread {
                     }
                 };
             self.pid.store(process.pid(), Ordering::Release);
-            let shared = process.share_memory(&self.shared.memory());
+            let shared = process
+                .share_memory(&self.shared.memory())
+                .and_then(|()| self.link_host_functions(&mut process));
             *gpu = Gpu::Running {
                 process,
                 sticky: false,
@@ -830,6 +863,14 @@ impl SessionThread {
                 Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op, &e)),
             }
         }
+    }
+
+    /// Gives a new worker its host-function link.
+    fn link_host_functions(&self, process: &mut WorkerProcess) -> Result<(), WorkerError> {
+        let (ours, theirs) = host_function_link::socket_pair().map_err(WorkerError::Spawn)?;
+        process.send_message(&ToWorker::HostFunctionLink, &[theirs.as_raw_fd()])?;
+        drop(theirs);
+        self.host_fns.connect(ours).map_err(WorkerError::Spawn)
     }
 
     /// Moves what is queued into `backlog` and says whether it ends the session. If it does,
@@ -1097,6 +1138,28 @@ mod tests {
         g.rec.wait(2);
         // Session 1's completion only went ahead once session 2's had run.
         assert_eq!(*saw_open.lock().unwrap(), Some(true));
+    }
+
+    #[test]
+    fn a_host_function_wait_parks_beside_the_session_queue_until_the_session_closes() {
+        let mut g = Guest::new();
+        let (wait, wait_out) = g.simple(Op::HostFuncWait, 6);
+        g.send(0, wait);
+        let (hello, _) = g.simple(Op::Hello, 6);
+        g.send(1, hello);
+        // The Hello behind it completes; the wait stays parked.
+        assert_eq!(g.rec.wait(1), vec![(1, 64)]);
+        let (again, again_out) = g.simple(Op::HostFuncWait, 6);
+        g.send(2, again);
+        let (close, _) = g.simple(Op::SessionClose, 6);
+        g.send(3, close);
+        let mut done: Vec<u16> = g.rec.wait(4).iter().map(|d| d.0).collect();
+        done.sort();
+        assert_eq!(done, [0, 1, 2, 3]);
+        for at in [wait_out, again_out] {
+            assert_eq!(g.response(at).status, status::CUDART_UNLOADING);
+        }
+        assert_eq!(g.table.open_count(), 0);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::{
     io,
     mem::MaybeUninit,
     os::{
-        fd::{FromRawFd, RawFd},
+        fd::{FromRawFd, OwnedFd, RawFd},
         unix::net::UnixStream,
     },
     sync::Arc,
@@ -161,6 +161,7 @@ pub fn serve(
     channel: &WorkerChannel,
     session: u64,
     mut execute: impl FnMut(&Request) -> ResponseHeader,
+    mut host_function_link: impl FnMut(UnixStream),
 ) -> Result<(), MessageError> {
     let mut mem = Arc::new(GuestRam::new());
     while let Some((msg, files)) = channel.recv_to_worker()? {
@@ -183,6 +184,11 @@ pub fn serve(
                     }
                 };
             }
+            ToWorker::HostFunctionLink => match files.into_iter().next() {
+                // fd_count() is 1 for this message, and recv_to_worker checked the count.
+                Some(f) => host_function_link(UnixStream::from(OwnedFd::from(f))),
+                None => warn!("host-function link without its socket"),
+            },
             ToWorker::Run(run) => {
                 let resp = match build_request(session, &mem, &run) {
                     Ok(req) => execute(&req),
@@ -252,16 +258,22 @@ pub fn run(config: &WorkerConfig) -> i32 {
         gpus = host.gpu_count(),
         "worker ready"
     );
-    let served = serve(&channel, config.session, |req| {
-        let mut resp = match req.op {
-            // The transport self-test, here too: it proves this process's view of guest RAM.
-            Op::Echo => transport_ops::echo(req),
-            Op::TakeOutput => output.take(req),
-            _ => session.execute(req),
-        };
-        output.flag(&mut resp);
-        resp
-    });
+    let host_functions = session.host_functions_attacher();
+    let served = serve(
+        &channel,
+        config.session,
+        |req| {
+            let mut resp = match req.op {
+                // The transport self-test, here too: it proves this process's view of guest RAM.
+                Op::Echo => transport_ops::echo(req),
+                Op::TakeOutput => output.take(req),
+                _ => session.execute(req),
+            };
+            output.flag(&mut resp);
+            resp
+        },
+        |link| host_functions.attach(link),
+    );
     // Dropping the session destroys its contexts; exiting would free them as well.
     drop(session);
     match served {
@@ -405,10 +417,15 @@ mod tests {
         let worker = thread::spawn(move || {
             let ch = WorkerChannel::new(theirs);
             let mut seen = Vec::new();
-            let r = serve(&ch, 9, |req| {
-                seen.push(req.inputs[0].to_vec().unwrap());
-                ResponseHeader::with_status(seen.len() as u32)
-            });
+            let r = serve(
+                &ch,
+                9,
+                |req| {
+                    seen.push(req.inputs[0].to_vec().unwrap());
+                    ResponseHeader::with_status(seen.len() as u32)
+                },
+                |_| unreachable!(),
+            );
             (r.is_ok(), seen)
         });
         let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
@@ -448,7 +465,7 @@ mod tests {
         daemon.send_frame(&[0x7f, 1, 2], &[]).unwrap();
         let ch = WorkerChannel::new(theirs);
         assert!(matches!(
-            serve(&ch, 9, |_| unreachable!()),
+            serve(&ch, 9, |_| unreachable!(), |_| unreachable!()),
             Err(MessageError::UnknownTag(0x7f))
         ));
     }

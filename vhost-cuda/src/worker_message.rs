@@ -42,6 +42,7 @@ pub const MAX_SPANS: usize = 64 * 1024;
 const TAG_MEMORY_TABLE: u8 = 1;
 const TAG_RUN: u8 = 2;
 const TAG_DONE: u8 = 3;
+const TAG_HOST_FUNCTION_LINK: u8 = 4;
 
 /// One region of guest RAM: where it sits in guest-physical space and where in its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +82,8 @@ pub enum ToWorker {
     MemoryTable(Vec<RegionSpec>),
     /// Execute a request and answer [`FromWorker::Done`].
     Run(Box<RunRequest>),
+    /// The host-function link (one socket travels with it): see `cuda/host_functions.rs`.
+    HostFunctionLink,
 }
 
 /// What a worker sends the daemon.
@@ -209,6 +212,7 @@ impl ToWorker {
         match self {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
+            Self::HostFunctionLink => 1,
         }
     }
 
@@ -244,6 +248,7 @@ impl ToWorker {
                 put_spans(&mut out, &run.inputs);
                 put_spans(&mut out, &run.outputs);
             }
+            Self::HostFunctionLink => out.push(TAG_HOST_FUNCTION_LINK),
         }
         if out.len() > MAX_FRAME {
             return Err(MessageError::FrameTooLong(out.len() as u64));
@@ -286,6 +291,7 @@ impl ToWorker {
                     outputs,
                 }))
             }
+            TAG_HOST_FUNCTION_LINK => Self::HostFunctionLink,
             tag => return Err(MessageError::UnknownTag(tag)),
         };
         r.end()?;
@@ -529,6 +535,7 @@ mod tests {
             table(),
             ToWorker::MemoryTable(vec![]),
             ToWorker::Run(Box::new(run_request())),
+            ToWorker::HostFunctionLink,
         ] {
             assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
         }

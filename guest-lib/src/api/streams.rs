@@ -8,8 +8,9 @@ use super::write_out;
 use crate::{
     cuda_error::{CudaError, CudaResult},
     generated::{cudaEvent_t, cudaStreamCaptureStatus, cudaStreamCaptureStatusNone, cudaStream_t},
+    host_fns::{self, HostCallback, HostFn, StreamCallback},
     host_memory::HostKind,
-    runtime::{current, non_null},
+    runtime::{current, non_null, runtime},
 };
 
 fn synchronize(stream: cudaStream_t) -> CudaResult<()> {
@@ -49,6 +50,44 @@ fn attach_mem(
         return Err(CudaError::INVALID_VALUE);
     }
     Ok(())
+}
+
+/// `cudaLaunchHostFunc`: `func(user_data)` runs in this process when the stream reaches it.
+fn launch_host_func(stream: cudaStream_t, func: HostFn, user_data: *mut c_void) -> CudaResult<()> {
+    let func = func.ok_or(CudaError::INVALID_VALUE)?;
+    let rt = runtime()?;
+    host_fns::launch(
+        rt,
+        stream as usize,
+        HostCallback::Func {
+            func,
+            data: user_data as usize,
+        },
+    )
+}
+
+/// `cudaStreamAddCallback`: as a host function, called with the stream and `cudaSuccess` (a
+/// stream whose context holds an error runs nothing, as CUDA documents). `flags` must be 0.
+fn add_callback(
+    stream: cudaStream_t,
+    callback: StreamCallback,
+    user_data: *mut c_void,
+    flags: c_uint,
+) -> CudaResult<()> {
+    let func = callback.ok_or(CudaError::INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let rt = runtime()?;
+    host_fns::launch(
+        rt,
+        stream as usize,
+        HostCallback::Stream {
+            func,
+            stream: stream as usize,
+            data: user_data as usize,
+        },
+    )
 }
 
 fn query(stream: cudaStream_t) -> CudaResult<()> {
@@ -112,6 +151,26 @@ unsafe fn create(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> C
 }
 
 cuda_api! {
+    /// `cudaLaunchHostFunc` (see `host_fns`).
+    fn cudaLaunchHostFunc(stream: cudaStream_t, fn_: HostFn, userData: *mut c_void) {
+        launch_host_func(stream, fn_, userData)
+    }
+
+    /// `cudaLaunchHostFunc` (per-thread default stream).
+    fn cudaLaunchHostFunc_ptsz(stream: cudaStream_t, fn_: HostFn, userData: *mut c_void) {
+        launch_host_func(stream, fn_, userData)
+    }
+
+    /// `cudaStreamAddCallback` (see `host_fns`).
+    fn cudaStreamAddCallback(stream: cudaStream_t, callback: StreamCallback, userData: *mut c_void, flags: c_uint) {
+        add_callback(stream, callback, userData, flags)
+    }
+
+    /// `cudaStreamAddCallback` (per-thread default stream).
+    fn cudaStreamAddCallback_ptsz(stream: cudaStream_t, callback: StreamCallback, userData: *mut c_void, flags: c_uint) {
+        add_callback(stream, callback, userData, flags)
+    }
+
     /// `cudaStreamAttachMemAsync` (see `attach_mem`).
     fn cudaStreamAttachMemAsync(stream: cudaStream_t, devPtr: *mut c_void, length: usize, flags: c_uint) {
         attach_mem(stream, devPtr, length, flags)

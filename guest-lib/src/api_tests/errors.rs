@@ -168,7 +168,7 @@ fn unsupported_functions_fail_honestly() {
     assert_err(unsupported::cudaGraphCreate(), cu::cudaErrorNotSupported);
     assert_err(cudaGetLastError(), cu::cudaErrorNotSupported);
     assert_err(
-        unsupported::cudaStreamAddCallback(),
+        unsupported::cudaGraphicsMapResources(),
         cu::cudaErrorNotSupported,
     );
     cudaGetLastError();

@@ -168,3 +168,69 @@ fn async_copies_of_guest_memory_wait_and_use_the_stream() {
         .filter(|l| matches!(l.op, Op::MemcpyHtoD | Op::MemcpyDtoH))
         .all(|l| !l.fire_and_forget));
 }
+
+static HOST_FN_RUNS: std::sync::Mutex<Vec<(usize, usize)>> = std::sync::Mutex::new(Vec::new());
+
+unsafe extern "C" fn record_host_fn(data: *mut c_void) {
+    HOST_FN_RUNS.lock().unwrap().push((0, data as usize));
+}
+
+unsafe extern "C" fn record_callback(
+    stream: cudaStream_t,
+    status: cu::cudaError_t,
+    data: *mut c_void,
+) {
+    assert_eq!(status, 0);
+    HOST_FN_RUNS
+        .lock()
+        .unwrap()
+        .push((stream as usize, data as usize));
+}
+
+#[test]
+fn host_functions_run_in_this_process_in_order_and_release_their_stream() {
+    let fake = setup();
+    let mut s = ptr::null_mut();
+    // SAFETY: valid pointers; the functions take any data.
+    unsafe {
+        ok(cudaStreamCreate(&mut s));
+        ok(cudaLaunchHostFunc(
+            s,
+            Some(record_host_fn),
+            11 as *mut c_void,
+        ));
+        ok(cudaStreamAddCallback(
+            s,
+            Some(record_callback),
+            12 as *mut c_void,
+            0,
+        ));
+        // CUDA's argument rules.
+        assert_err(
+            cudaStreamAddCallback(s, Some(record_callback), ptr::null_mut(), 1),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaLaunchHostFunc(s, None, ptr::null_mut()),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaLaunchHostFunc(0x77 as cudaStream_t, Some(record_host_fn), ptr::null_mut()),
+            cu::cudaErrorInvalidResourceHandle,
+        );
+        cudaGetLastError();
+    }
+    // The runtime's thread runs both, in order, and releases each run with its next wait.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fake.state().host_released.len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "host functions did not run"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(*HOST_FN_RUNS.lock().unwrap(), [(0, 11), (s as usize, 12)]);
+    assert_eq!(fake.state().host_released, [1, 2]);
+    // One-shot: forgotten after their run.
+    assert!(crate::runtime::runtime().unwrap().host_fns.is_empty());
+}

@@ -218,7 +218,24 @@ pub(crate) trait DriverApi: Send + Sync {
     fn event_query(&self, event: Raw) -> CuResult<()>;
     /// cuEventElapsedTime, milliseconds.
     fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32>;
+
+    /// cuStreamIsCapturing: whether work enqueued on `stream` now goes into a graph.
+    fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool>;
+    /// cuLaunchHostFunc: the driver calls `func(user_data)` on a thread of its own once the
+    /// stream reaches it, and the stream waits for it to return.
+    ///
+    /// # Safety
+    /// `user_data` must stay valid for `func` for as long as the driver may call it.
+    unsafe fn launch_host_func(
+        &self,
+        stream: Raw,
+        func: HostFn,
+        user_data: *mut c_void,
+    ) -> CuResult<()>;
 }
+
+/// A host function as the driver calls it (`CUhostFn`).
+pub(crate) type HostFn = unsafe extern "C" fn(*mut c_void);
 
 /// Every driver symbol [`CudaDriver`] calls. Checked by [`CudaDriver::load`] before the first
 /// call, because cudarc panics on a missing symbol.
@@ -269,6 +286,8 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventRecord",
+    "cuStreamIsCapturing",
+    "cuLaunchHostFunc",
     "cuEventSynchronize",
     "cuEventQuery",
     "cuEventElapsedTime_v2",
@@ -694,6 +713,23 @@ impl DriverApi for CudaDriver {
         check(unsafe { sys::cuEventRecord(ptr(event), ptr(stream)) })
     }
 
+    fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool> {
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: see the impl comment; the status is written to a local.
+        check(unsafe { sys::cuStreamIsCapturing(ptr(stream), &mut st) })?;
+        Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    unsafe fn launch_host_func(
+        &self,
+        stream: Raw,
+        func: HostFn,
+        user_data: *mut c_void,
+    ) -> CuResult<()> {
+        // SAFETY: see the impl comment; `user_data` stays valid for `func` by our contract.
+        check(unsafe { sys::cuLaunchHostFunc(ptr(stream), Some(func), user_data) })
+    }
+
     fn event_synchronize(&self, event: Raw) -> CuResult<()> {
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuEventSynchronize(ptr(event)) })
@@ -930,6 +966,12 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn event_record(&self, _: Raw, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_is_capturing(&self, _: Raw) -> CuResult<bool> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn launch_host_func(&self, _: Raw, _: HostFn, _: *mut c_void) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn event_synchronize(&self, _: Raw) -> CuResult<()> {

@@ -11,7 +11,7 @@ use std::{
 };
 
 use super::{
-    driver::{CuError, CuResult, DriverApi, Raw},
+    driver::{CuError, CuResult, DriverApi, HostFn, Raw},
     launch::LaunchConfig,
 };
 
@@ -754,5 +754,25 @@ impl DriverApi for FakeDriver {
                 _ => Err(INVALID_HANDLE),
             }
         })
+    }
+
+    fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool> {
+        self.with_ctx("stream_is_capturing", |c, _| {
+            check_stream(c, stream).map(|()| false)
+        })
+    }
+
+    unsafe fn launch_host_func(
+        &self,
+        stream: Raw,
+        func: HostFn,
+        user_data: *mut c_void,
+    ) -> CuResult<()> {
+        self.with_ctx("launch_host_func", |c, _| check_stream(c, stream))?;
+        // Like the driver: on a thread of its own.
+        let data = user_data as usize;
+        // SAFETY: the caller keeps `user_data` valid for `func` (our contract).
+        thread::spawn(move || unsafe { func(data as *mut c_void) });
+        Ok(())
     }
 }

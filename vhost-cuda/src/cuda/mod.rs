@@ -8,7 +8,7 @@
 //! Files, along the data path: `host.rs` (driver and GPUs), `host_queries.rs` (what is
 //! answered from the GPU list), `session.rs` (per-process state and the op handlers),
 //! `allocations.rs` and `handles.rs` (what a session may touch), `module_image.rs` and
-//! `launch.rs` (checking images and launches), `copy.rs` (guest RAM to and from the device),
+//! `launch.rs` (checking images and launches), `host_functions.rs` (host functions run by the guest), `copy.rs` (guest RAM to and from the device),
 //! `driver.rs` (the driver calls, behind a trait), `status.rs` (`CUresult` to `cudaError_t`).
 //! docs/executor.md describes the design.
 
@@ -18,6 +18,7 @@ mod copy;
 mod driver;
 mod handles;
 mod host;
+pub mod host_functions;
 mod host_mappings;
 mod host_queries;
 mod launch;

@@ -30,6 +30,7 @@ use super::{
     driver::{CuError, DriverApi, Raw, NULL_STREAM},
     handles::{HandleCounter, HandleTable},
     host::CudaHost,
+    host_functions::{trampoline, HostFunctions, LinkAttacher},
     host_mappings::{self, HostMappings, MapError},
     launch::{LaunchConfig, ParamLayout},
     module_image::ModuleImage,
@@ -206,6 +207,11 @@ pub struct CudaSession {
     events: HandleTable<EventEntry>,
     /// Guest memory mapped into this process and registered (`HostMap`).
     host_memory: HostMappings,
+    /// Host functions: the link to the guest's host-function thread.
+    host_functions: HostFunctions,
+    /// Host-function calls captured into graphs: they may run as long as a graph lives, so
+    /// they are freed with the session, after its contexts.
+    captured_calls: Vec<usize>,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -236,7 +242,15 @@ impl CudaSession {
             streams: HandleTable::new(MAX_STREAMS),
             events: HandleTable::new(MAX_EVENTS),
             host_memory: HostMappings::default(),
+            host_functions: HostFunctions::default(),
+            captured_calls: Vec::new(),
         }
+    }
+
+    /// Attaches the link host functions announce themselves on (it comes from the daemon,
+    /// once, between requests).
+    pub fn host_functions_attacher(&self) -> LinkAttacher {
+        self.host_functions.attacher()
     }
 
     /// Executes one op and returns its response. Handles every op except Hello, Echo and the
@@ -325,6 +339,7 @@ impl CudaSession {
             Op::EventRecord => self.event_record(args),
             Op::EventSynchronize | Op::EventQuery => self.event_wait(req),
             Op::EventElapsedTime => self.event_elapsed(args),
+            Op::LaunchHostFunc => self.launch_host_func(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount
@@ -334,7 +349,9 @@ impl CudaSession {
             | Op::SessionClose
             | Op::DriverReset
             // The worker process answers it (device_output.rs).
-            | Op::TakeOutput => Err(status::NOT_SUPPORTED.into()),
+            | Op::TakeOutput
+            // The daemon answers it, outside the request order (host_functions.rs).
+            | Op::HostFuncWait => Err(status::NOT_SUPPORTED.into()),
         }
     }
 
@@ -1088,6 +1105,44 @@ impl CudaSession {
         ok()
     }
 
+    /// LaunchHostFunc: the guest's function runs in the guest when the stream reaches it (see
+    /// host_functions.rs).
+    fn launch_host_func(&mut self, req: &Request) -> OpResult {
+        let key = req.header.args[1];
+        if key == 0 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(req.header.args[0], dev)?;
+        if !self.host_functions.linked() {
+            warn!(
+                session = self.id,
+                "host function launched without a host-function link"
+            );
+            return Err(status::NOT_SUPPORTED.into());
+        }
+        let capturing = self.drv.stream_is_capturing(stream).map_err(on(dev))?;
+        let call = self
+            .host_functions
+            .call(key, !capturing)
+            .ok_or(status::MEMORY_ALLOCATION)?;
+        // SAFETY: a one-shot call lives until its run frees it; a captured one until the
+        // session ends, after its contexts (and so its graphs) are destroyed.
+        match unsafe { self.drv.launch_host_func(stream, trampoline, call) } {
+            Ok(()) => {
+                if capturing {
+                    self.captured_calls.push(call as usize);
+                }
+                ok_rets(&[u64::from(capturing)])
+            }
+            Err(e) => {
+                // SAFETY: the driver refused it, so it will never run.
+                unsafe { HostFunctions::free(call) };
+                Err(on(dev)(e))
+            }
+        }
+    }
+
     fn event_elapsed(&mut self, args: &[u64]) -> OpResult {
         let (dev, start) = self.event(args[0])?;
         let (end_dev, end) = self.event(args[1])?;
@@ -1105,6 +1160,11 @@ impl Drop for CudaSession {
     fn drop(&mut self) {
         for dev in 0..self.devices.len() {
             self.teardown(dev);
+        }
+        // Every context is gone, and with it every graph that could run these.
+        for call in self.captured_calls.drain(..) {
+            // SAFETY: from `HostFunctions::call`, freed once, and no driver can run it now.
+            unsafe { HostFunctions::free(call as *mut std::ffi::c_void) };
         }
     }
 }
