@@ -3,9 +3,7 @@
 //! (where it answers `cudaErrorNotSupported`, logged once). This test fails when the document
 //! is stale; `QCUDA_BLESS=1 cargo test -p guest-lib --test api_coverage` rewrites it.
 
-mod common;
-
-use std::{collections::BTreeMap, fs};
+use std::{collections::BTreeMap, fs, path::Path};
 
 /// The names in the `not_supported!` list.
 fn not_supported(src: &str) -> Vec<String> {
@@ -184,7 +182,7 @@ fn render(exports: &[&str], unsupported: &[String]) -> String {
 
 #[test]
 fn the_coverage_table_in_docs_is_current() {
-    let krate = common::crate_dir();
+    let krate = Path::new(env!("CARGO_MANIFEST_DIR"));
     let exports = fs::read_to_string(krate.join("gen/exports.txt")).unwrap();
     let exports: Vec<&str> = exports.lines().filter(|l| !l.is_empty()).collect();
     let unsupported =
