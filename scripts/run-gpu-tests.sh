@@ -55,6 +55,21 @@ while IFS= read -r l; do
 done < <(tr -d '\r' <"$logs/guest.log")
 grep -q 'sessions open: 0' "$logs/vm/daemon.log" && res ok "daemon: every session closed" || res FAIL "daemon: sessions left open"
 
+# The guest sees the GPU's own attribute values, except those qcuda reports deliberately
+# (guest-lib/src/device_prop.rs: NOT_REMOTED and QCUDA_VALUES; a guest-lib test keeps this list
+# equal to them).
+QCUDA_OWN_ATTRIBUTES="83 86 88 89 91 96 100 101 102 103 112 114 115 116 117 118 119 121 124 125 128 142 143 144 146"
+if [[ -z $only || $only == device_attributes ]] && [[ -f $logs/native-device_attributes.log ]]; then
+    attrs() { grep -E '^(ATTR|PROP) ' | tr -d '\r' | awk -v own=" $QCUDA_OWN_ATTRIBUTES " '!($1 == "ATTR" && index(own, " " $3 " "))'; }
+    attrs <"$logs/native-device_attributes.log" >"$logs/attrs-native.txt"
+    sed -n '/^--- device_attributes/,/CHECK .* cuda\/device_attributes/p' "$logs/guest.log" | attrs >"$logs/attrs-guest.txt"
+    if [[ -s $logs/attrs-native.txt ]] && diff "$logs/attrs-native.txt" "$logs/attrs-guest.txt" >"$logs/attrs.diff"; then
+        res ok "guest attributes equal native ($(wc -l <"$logs/attrs-native.txt") values, $(wc -w <<<"$QCUDA_OWN_ATTRIBUTES") qcuda's own)"
+    else
+        res FAIL "guest attributes differ from native (see attrs.diff)"; head -n 20 "$logs/attrs.diff"
+    fi
+fi
+
 if [[ -n $samples ]]; then
     echo "== third-party programs from $samples: native, then in the guest"
     for t in "$samples"/*; do

@@ -233,6 +233,28 @@ mod tests {
     }
 
     #[test]
+    fn the_gpu_test_runner_allows_exactly_the_attributes_qcuda_reports_itself() {
+        let runner = include_str!("../../scripts/run-gpu-tests.sh");
+        let line = runner
+            .lines()
+            .find_map(|l| l.strip_prefix("QCUDA_OWN_ATTRIBUTES=\""))
+            .expect("run-gpu-tests.sh sets QCUDA_OWN_ATTRIBUTES");
+        let mut listed: Vec<u32> = line
+            .trim_end_matches('"')
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        listed.sort_unstable();
+        let mut ours: Vec<u32> = NOT_REMOTED
+            .iter()
+            .copied()
+            .chain(QCUDA_VALUES.iter().map(|&(a, _)| a))
+            .collect();
+        ours.sort_unstable();
+        assert_eq!(listed, ours, "update QCUDA_OWN_ATTRIBUTES in scripts/run-gpu-tests.sh");
+    }
+
+    #[test]
     fn runtime_attribute_ids_equal_driver_ids() {
         // cudaDeviceGetAttribute forwards cudaDeviceAttr values as CUdevice_attribute ids.
         for (rt, drv) in [
