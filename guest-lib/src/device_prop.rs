@@ -251,7 +251,10 @@ mod tests {
             .chain(QCUDA_VALUES.iter().map(|&(a, _)| a))
             .collect();
         ours.sort_unstable();
-        assert_eq!(listed, ours, "update QCUDA_OWN_ATTRIBUTES in scripts/run-gpu-tests.sh");
+        assert_eq!(
+            listed, ours,
+            "update QCUDA_OWN_ATTRIBUTES in scripts/run-gpu-tests.sh"
+        );
     }
 
     #[test]

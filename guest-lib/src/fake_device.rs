@@ -14,8 +14,8 @@ use std::{
 
 use qcuda_proto::{
     ioctl::{HostMapCall, IoctlCall},
-    status, Direction, GpuInfo, Op, ParamInfo, FLAG_ASYNC, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY,
-    VERSION,
+    status, BatchRecord, Direction, GpuInfo, Op, ParamInfo, BATCH_RECORD_SIZE, FLAG_ASYNC,
+    RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY, VERSION,
 };
 
 use crate::{
@@ -83,6 +83,10 @@ pub struct FakeState {
     next_seq: u64,
     /// Sequence numbers the guest released, in order.
     pub host_released: Vec<u64>,
+    /// A host function became due: wake `HostFuncWait`.
+    host_due_signal: bool,
+    /// `Batch` requests received.
+    pub batches: u64,
 }
 
 /// The test double; share it with the runtime through `Arc`.
@@ -278,27 +282,7 @@ impl Transport for Arc<FakeDevice> {
         }
         let raw: IoctlCall = *call.raw();
         IoctlCall::decode(&raw.encode()).expect("guest-lib built a call the kernel refuses");
-        let op = Op::from_u32(raw.op).unwrap();
-        let fire_and_forget = raw.flags & u32::from(FLAG_ASYNC) != 0;
         let bufs = &raw.bufs[..raw.nbufs as usize];
-        let in_len = bufs
-            .iter()
-            .filter(|b| b.dir == Direction::In as u32)
-            .map(|b| b.len)
-            .sum();
-        let out_len = bufs
-            .iter()
-            .filter(|b| b.dir == Direction::Out as u32)
-            .map(|b| b.len)
-            .sum();
-        s.log.push(Logged {
-            op,
-            device: raw.device,
-            fire_and_forget,
-            in_len,
-            out_len,
-        });
-
         let ins: Vec<&[u8]> = bufs
             .iter()
             .filter(|b| b.dir == Direction::In as u32)
@@ -312,44 +296,103 @@ impl Transport for Arc<FakeDevice> {
             // SAFETY: as above; Out buffers are exclusively ours to write until we return.
             .map(|b| unsafe { std::slice::from_raw_parts_mut(b.addr as *mut u8, b.len as usize) })
             .collect();
-
-        let mut rets = [0u64; 7];
-        let result = run(&mut s, &raw, &ins, &mut outs, &mut rets);
-        if op == Op::LaunchHostFunc && result.is_ok() {
+        let (status, flags, rets) = if raw.op == Op::Batch as u32 {
+            // Like vhost-cuda: each record as the fire-and-forget request it stands for.
+            s.batches += 1;
+            let mut at = 0usize;
+            for _ in 0..raw.args[0] {
+                let (op, rec) = BatchRecord::decode(&ins[0][at..]).expect("a valid batch record");
+                let data = &ins[0][at + BATCH_RECORD_SIZE..][..rec.in_len as usize];
+                let mut sub = IoctlCall::new(op);
+                sub.device = rec.device;
+                sub.args = rec.args;
+                sub.flags = u32::from(FLAG_ASYNC);
+                if op.shape().0 == 1 {
+                    sub.push(Direction::In, data.as_ptr() as u64, data.len() as u64)
+                        .unwrap();
+                }
+                let subs: Vec<&[u8]> = if op.shape().0 == 1 {
+                    vec![data]
+                } else {
+                    vec![]
+                };
+                execute_one(&mut s, &sub, &subs, &mut []);
+                at += rec.footprint();
+            }
+            (status::SUCCESS, 0, [0; 7])
+        } else {
+            execute_one(&mut s, &raw, &ins, &mut outs)
+        };
+        if std::mem::take(&mut s.host_due_signal) {
             self.host_due.notify_all();
         }
-        let (mut st, mut sticky) = match result {
-            Ok(()) => (status::SUCCESS, false),
-            Err(code) => (code, s.sticky == Some(code)),
-        };
-        if st == status::SUCCESS {
-            if let Some((fop, code, flag)) = s.fail_next {
-                if fop == op {
-                    s.fail_next = None;
-                    (st, sticky) = (code, flag);
-                }
-            }
-        }
-        let mut deferred = 0;
-        if fire_and_forget && st != status::SUCCESS {
-            // Nobody reads this reply: like vhost-cuda, carry the failure in the next reply to
-            // a waited-for op (RESP_DEFERRED_SHIFT).
-            s.pending.get_or_insert((st, sticky));
-            st = status::SUCCESS;
-            sticky = false;
-        } else if !fire_and_forget {
-            if let Some((code, was_sticky)) = s.pending.take() {
-                deferred = code;
-                sticky |= was_sticky;
-            }
-        }
         let c = call.raw_mut();
-        c.status = st;
-        c.resp_flags =
-            (if sticky { RESP_FLAG_STICKY } else { 0 }) | (deferred << RESP_DEFERRED_SHIFT);
+        c.status = status;
+        c.resp_flags = flags;
         c.rets = rets;
         Ok(())
     }
+}
+
+/// Logs and runs one request with the host's fire-and-forget rules: (status, flags, rets).
+fn execute_one(
+    s: &mut FakeState,
+    raw: &IoctlCall,
+    ins: &[&[u8]],
+    outs: &mut [&mut [u8]],
+) -> (u32, u32, [u64; 7]) {
+    let op = Op::from_u32(raw.op).unwrap();
+    let fire_and_forget = raw.flags & u32::from(FLAG_ASYNC) != 0;
+    let bufs = &raw.bufs[..raw.nbufs as usize];
+    let in_len = bufs
+        .iter()
+        .filter(|b| b.dir == Direction::In as u32)
+        .map(|b| b.len)
+        .sum();
+    let out_len = bufs
+        .iter()
+        .filter(|b| b.dir == Direction::Out as u32)
+        .map(|b| b.len)
+        .sum();
+    s.log.push(Logged {
+        op,
+        device: raw.device,
+        fire_and_forget,
+        in_len,
+        out_len,
+    });
+    let mut rets = [0u64; 7];
+    let result = run(s, raw, ins, outs, &mut rets);
+    if op == Op::LaunchHostFunc && result.is_ok() {
+        s.host_due_signal = true;
+    }
+    let (mut st, mut sticky) = match result {
+        Ok(()) => (status::SUCCESS, false),
+        Err(code) => (code, s.sticky == Some(code)),
+    };
+    if st == status::SUCCESS {
+        if let Some((fop, code, flag)) = s.fail_next {
+            if fop == op {
+                s.fail_next = None;
+                (st, sticky) = (code, flag);
+            }
+        }
+    }
+    let mut deferred = 0;
+    if fire_and_forget && st != status::SUCCESS {
+        // Nobody reads this reply: like vhost-cuda, carry the failure in the next reply to
+        // a waited-for op (RESP_DEFERRED_SHIFT).
+        s.pending.get_or_insert((st, sticky));
+        st = status::SUCCESS;
+        sticky = false;
+    } else if !fire_and_forget {
+        if let Some((code, was_sticky)) = s.pending.take() {
+            deferred = code;
+            sticky |= was_sticky;
+        }
+    }
+    let flags = (if sticky { RESP_FLAG_STICKY } else { 0 }) | (deferred << RESP_DEFERRED_SHIFT);
+    (st, flags, rets)
 }
 
 fn run(
@@ -529,7 +572,7 @@ fn run(
             let seq = s.next_seq;
             s.host_due.push_back((args[1], seq));
         }
-        Op::HostFuncWait => unreachable!("answered in execute"),
+        Op::HostFuncWait | Op::Batch => unreachable!("answered in execute"),
         Op::StreamWaitEvent => {
             s.events
                 .get(&args[1])

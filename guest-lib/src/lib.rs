@@ -10,8 +10,8 @@
 //! - `launch`, `memory`, `symbols`, `streams`, `events`, `devices`, `host_memory`, `host_fns`:
 //!   the runtime semantics, in safe Rust.
 //! - `registry`, `fatbin`, `modules`: what static constructors register, and loading it lazily.
-//! - `session`, `signal_mask`, `transport`: requests, errnos, `EINTR`, sticky errors; the one
-//!   ioctl.
+//! - `session`, `batch`, `signal_mask`, `transport`: requests, batching fire-and-forget work,
+//!   errnos, `EINTR`, sticky errors; the one ioctl.
 //! - `generated/`: ABI types and error tables from the CUDA 13.0 headers (gen/bindgen.sh).
 //!
 //! The crate builds as a staticlib that `build.sh` relinks with `libcudart.map`, so that the
@@ -21,6 +21,7 @@ mod warnings;
 
 pub mod allocations;
 pub mod api;
+pub mod batch;
 pub mod call_config;
 pub mod copy;
 pub mod cuda_error;

@@ -7,7 +7,10 @@
 //! every call that needs that device's context fails with it locally, without a round trip,
 //! until `cudaDeviceReset`.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{
+    atomic::{AtomicBool, AtomicU32, Ordering},
+    Arc,
+};
 
 use qcuda_proto::{
     ioctl::HostMapCall, Direction, Op, BOUNCE_THRESHOLD, RESP_DEFERRED_SHIFT, RESP_FLAG_OUTPUT,
@@ -15,6 +18,7 @@ use qcuda_proto::{
 };
 
 use crate::{
+    batch::Batcher,
     cuda_error::{CudaError, CudaResult},
     signal_mask::SignalsBlocked,
     transport::{Call, Reply, Transport},
@@ -37,7 +41,9 @@ pub struct HostInfo {
 
 /// One process's connection to the host.
 pub struct Session {
-    transport: Box<dyn Transport>,
+    transport: Arc<dyn Transport>,
+    /// Fire-and-forget work gathered into one request (batch.rs).
+    batch: Batcher,
     host: HostInfo,
     /// Per device: the sticky `cudaError_t`, 0 while none.
     sticky: [AtomicU32; MAX_DEVICES],
@@ -60,7 +66,9 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// Performs the handshake over `transport`.
     pub fn connect(transport: Box<dyn Transport>, launch_blocking: bool) -> CudaResult<Self> {
+        let transport: Arc<dyn Transport> = Arc::from(transport);
         let mut session = Self {
+            batch: Batcher::new(Arc::clone(&transport)),
             transport,
             host: HostInfo {
                 wire_version: 0,
@@ -78,6 +86,11 @@ impl Session {
             driver_version: reply.rets[2] as i32,
         };
         Ok(session)
+    }
+
+    /// Sends the gathered fire-and-forget work now (batch.rs).
+    pub fn flush_batch(&self) {
+        self.batch.flush();
     }
 
     /// What the host said in the handshake.
@@ -103,9 +116,16 @@ impl Session {
             self.check_sticky(device)?;
             self.gpu_used.store(true, Ordering::Relaxed);
         }
+        if let Some(errno) = self.batch.take_lost() {
+            crate::last_error::record(call_errno_to_error(errno));
+        }
         if self.launch_blocking || !may_fire_and_forget(&call) {
             call.wait_for_result();
+        } else if self.batch.try_append(&call) {
+            return Ok(Reply::default());
         }
+        // Whatever was gathered goes first, so requests keep program order.
+        self.batch.flush();
         if let Err(errno) = self.execute(op, &mut call) {
             let e = call_errno_to_error(errno);
             warn_once!(
@@ -208,6 +228,8 @@ impl Session {
     /// Asks qcuda.ko to have the host map (`unmap == false`) or unmap the range of `call`;
     /// returns the host's answer (`dev_addr` for a map).
     pub fn host_map(&self, mut call: HostMapCall, unmap: bool) -> CudaResult<HostMapCall> {
+        // Gathered work may still use the range.
+        self.batch.flush();
         let sent = {
             // Sent exactly once: the module holds pages on the host's word.
             let _blocked = SignalsBlocked::block();
@@ -309,7 +331,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::EventSynchronize
         | Op::EventElapsedTime
         | Op::EventQuery
-        | Op::LaunchHostFunc => true,
+        | Op::LaunchHostFunc
+        | Op::Batch => true,
     }
 }
 
@@ -332,6 +355,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::HostUnmap
         | Op::TakeOutput
         | Op::LaunchHostFunc
+        | Op::Batch
         // An answer lost to a signal would be a function that never runs.
         | Op::HostFuncWait => false,
         Op::Hello

@@ -385,6 +385,91 @@ ops! {
     /// not wait behind a synchronisation that waits for the function). Status
     /// `CUDART_UNLOADING` once the session is closing: the thread ends.
     HostFuncWait = 0x01D1, ins 0, outs 0;
+    /// Fire-and-forget work gathered by the guest: in-buffer 0 holds args[0] records
+    /// ([`BatchRecord`], each followed by its in-data padded to 8 bytes), executed in order
+    /// as if each had been sent alone with `FLAG_ASYNC`. Only [`BATCHABLE`] ops may appear.
+    /// The status is the first failure among them (`SUCCESS` if none); after a sticky error
+    /// the rest are not run.
+    Batch = 0x01D8, ins 1, outs 0;
+}
+
+/// Ops a [`Op::Batch`] may carry: stream-ordered work that returns nothing.
+pub const BATCHABLE: &[Op] = &[
+    Op::LaunchKernel,
+    Op::EventRecord,
+    Op::StreamWaitEvent,
+    Op::Memset,
+    Op::MemcpyDtoD,
+    Op::MemcpyMapped,
+    Op::MemcpyHtoD,
+];
+/// Bytes of an encoded [`BatchRecord`].
+pub const BATCH_RECORD_SIZE: usize = 80;
+/// Most in-data bytes one batch record may carry.
+pub const MAX_BATCH_DATA: u32 = 16 * 1024;
+
+/// One op inside a [`Op::Batch`]: op u32 @0, device u32 @4, in-data length u32 @8, reserved
+/// u32 @12, args [u64; 8] @16; its in-data follows, padded with zeros to a multiple of 8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BatchRecord {
+    /// An [`Op`] from [`BATCHABLE`], as u32.
+    pub op: u32,
+    /// The guest device ordinal.
+    pub device: u32,
+    /// Bytes of in-data (0 for an op without an `In` buffer).
+    pub in_len: u32,
+    /// The op's inline arguments.
+    pub args: [u64; MAX_ARGS],
+}
+
+impl BatchRecord {
+    /// The encoded record.
+    pub fn encode(&self) -> [u8; BATCH_RECORD_SIZE] {
+        let mut b = [0u8; BATCH_RECORD_SIZE];
+        put(&mut b, 0, &self.op.to_le_bytes());
+        put(&mut b, 4, &self.device.to_le_bytes());
+        put(&mut b, 8, &self.in_len.to_le_bytes());
+        for (i, a) in self.args.iter().enumerate() {
+            put(&mut b, 16 + 8 * i, &a.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes and checks a record: a batchable op, in-data present exactly when the op takes
+    /// an `In` buffer, at most [`MAX_BATCH_DATA`] bytes, reserved bytes zero.
+    pub fn decode(b: &[u8]) -> Result<(Op, Self), WireError> {
+        if b.len() < BATCH_RECORD_SIZE {
+            return Err(WireError::Short);
+        }
+        let op_code = get_u32(b, 0);
+        let op = Op::from_u32(op_code).ok_or(WireError::UnknownOp)?;
+        if !BATCHABLE.contains(&op) {
+            return Err(WireError::UnknownOp);
+        }
+        if get_u32(b, 12) != 0 {
+            return Err(WireError::Reserved);
+        }
+        let mut args = [0u64; MAX_ARGS];
+        for (i, a) in args.iter_mut().enumerate() {
+            *a = get_u64(b, 16 + 8 * i);
+        }
+        let rec = Self {
+            op: op_code,
+            device: get_u32(b, 4),
+            in_len: get_u32(b, 8),
+            args,
+        };
+        let (ins, _) = op.shape();
+        if rec.in_len > MAX_BATCH_DATA || (ins == 0 && rec.in_len != 0) {
+            return Err(WireError::BadShape);
+        }
+        Ok((op, rec))
+    }
+
+    /// Bytes this record and its padded in-data take in the batch.
+    pub fn footprint(&self) -> usize {
+        BATCH_RECORD_SIZE + (self.in_len as usize).next_multiple_of(8)
+    }
 }
 
 impl Op {

@@ -253,3 +253,35 @@ fn checksum_is_split_invariant() {
     assert_ne!(Checksum::of(&data[..9999]), whole);
     assert_ne!(Checksum::of(&[0]), Checksum::of(&[0, 0]));
 }
+
+#[test]
+fn batch_records_round_trip_and_refuse_what_cannot_be_batched() {
+    use qcuda_proto::{BatchRecord, BATCH_RECORD_SIZE, MAX_BATCH_DATA};
+    let rec = BatchRecord {
+        op: Op::LaunchKernel as u32,
+        device: 3,
+        in_len: 12,
+        args: [1, 2, 3, 4, 5, 6, 7, 8],
+    };
+    let b = rec.encode();
+    assert_eq!(BatchRecord::decode(&b), Ok((Op::LaunchKernel, rec)));
+    assert_eq!(rec.footprint(), BATCH_RECORD_SIZE + 16);
+    assert_eq!(BatchRecord::decode(&b[..79]), Err(WireError::Short));
+    for (op, in_len, want) in [
+        (Op::Malloc as u32, 0, WireError::UnknownOp),
+        (Op::Batch as u32, 0, WireError::UnknownOp),
+        (0xdead, 0, WireError::UnknownOp),
+        (Op::Memset as u32, 4, WireError::BadShape),
+        (
+            Op::MemcpyHtoD as u32,
+            MAX_BATCH_DATA + 1,
+            WireError::BadShape,
+        ),
+    ] {
+        let r = BatchRecord { op, in_len, ..rec };
+        assert_eq!(BatchRecord::decode(&r.encode()), Err(want));
+    }
+    let mut reserved = b;
+    reserved[12] = 1;
+    assert_eq!(BatchRecord::decode(&reserved), Err(WireError::Reserved));
+}

@@ -127,6 +127,31 @@ impl GuestBuffer {
         }
     }
 
+    /// The bytes `[offset, offset + len)` of this buffer as a buffer of their own.
+    pub fn slice(&self, offset: usize, len: usize) -> Result<Self, BufferError> {
+        self.check(offset, len)?;
+        let mut runs = Vec::new();
+        let (mut at, end) = (0usize, offset + len);
+        for r in &self.runs {
+            let (lo, hi) = (at.max(offset), (at + r.len).min(end));
+            if lo < hi {
+                runs.push(GuestRun {
+                    addr: GuestAddress(r.addr.0 + (lo - at) as u64),
+                    len: hi - lo,
+                });
+            }
+            at += r.len;
+            if at >= end {
+                break;
+            }
+        }
+        Ok(Self {
+            mem: Arc::clone(&self.mem),
+            runs,
+            len,
+        })
+    }
+
     /// Calls `f(buffer_offset, slice)` for each host slice overlapping `[offset, offset+len)`.
     pub fn for_each_slice<E>(
         &self,
@@ -282,5 +307,12 @@ mod tests {
         let mut mid = [0u8; 4];
         b.read_at(4, &mut mid).unwrap();
         assert_eq!(&mid, b"o wo");
+        // A slice across the run boundary, one inside a run, an empty one, one too long.
+        assert_eq!(b.slice(4, 4).unwrap().to_vec().unwrap(), b"o wo");
+        assert_eq!(b.slice(7, 3).unwrap().runs().len(), 1);
+        assert_eq!(b.slice(7, 3).unwrap().to_vec().unwrap(), b"orl");
+        assert!(b.slice(11, 0).unwrap().is_empty());
+        assert!(b.slice(5, 7).is_err());
+        assert!(b.slice(usize::MAX, 2).is_err());
     }
 }

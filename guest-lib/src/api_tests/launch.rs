@@ -74,6 +74,7 @@ fn a_launch_loads_lazily_packs_parameters_and_does_not_wait() {
     });
     ok(cudaGetLastError());
 
+    flush();
     let s = fake.state();
     assert_eq!(s.modules.len(), 1);
     assert_eq!(
@@ -120,6 +121,7 @@ fn a_launch_loads_lazily_packs_parameters_and_does_not_wait() {
         1,
         "limits cached"
     );
+    flush();
     assert_eq!(fake.state().launches[1].params[16..20], 7i32.to_ne_bytes());
 }
 
@@ -165,6 +167,7 @@ fn cuda_launch_kernel_takes_a_host_stub_or_a_kernel_handle() {
             cu::cudaErrorInvalidDeviceFunction,
         );
     }
+    flush();
     assert_eq!(fake.state().launches.len(), 2);
     assert_eq!(fake.state().launches[0].params, Vec::<u8>::new());
     last_error::take();
@@ -215,6 +218,7 @@ fn kernels_with_many_parameters_are_asked_for_again() {
             .count(),
         2
     );
+    flush();
     let params = &fake.state().launches[0].params;
     assert_eq!(params.len(), 400);
     assert_eq!(params[396..400], 99i32.to_ne_bytes());
@@ -262,10 +266,13 @@ fn an_interrupted_fire_and_forget_launch_is_sent_again() {
     let k = register_kernel(register_fatbin(), c"_Z1kv");
     // SAFETY: no parameters.
     ok(unsafe { stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut []) });
-    fake.state().errnos.push_back(libc::EINTR);
     // SAFETY: no parameters.
     ok(unsafe { stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut []) });
+    // Both travel in one batch, whose send is interrupted once and repeated.
+    fake.state().errnos.push_back(libc::EINTR);
+    flush();
     assert_eq!(fake.state().launches.len(), 2);
+    assert_eq!(fake.state().batches, 1);
 }
 
 #[test]
@@ -323,6 +330,7 @@ fn managed_variables_take_turns_between_launches_and_synchronisations() {
             ptr::null_mut(),
             &mut [],
         ));
+        flush();
         let dev = |f: &FakeDevice| {
             u32::from_le_bytes(f.state().device_bytes_for_test(p, 4).try_into().unwrap())
         };
@@ -352,6 +360,7 @@ fn managed_variables_take_turns_between_launches_and_synchronisations() {
             ptr::null_mut(),
             &mut [],
         ));
+        flush();
         assert_eq!(
             fake.ops()
                 .iter()
@@ -405,4 +414,83 @@ fn function_attributes_and_occupancy_go_to_the_kernel_s_host_function() {
     let ops = fake.ops();
     assert!(ops.contains(&Op::FuncAttributes) && ops.contains(&Op::OccupancyMaxActiveBlocks));
     assert!(ops.contains(&Op::FuncSetAttribute));
+}
+
+#[test]
+fn fire_and_forget_work_travels_in_batches_in_program_order() {
+    use crate::api::{devices::cudaDeviceSynchronize, errors::cudaGetLastError};
+    let fake = setup();
+    fake.add_kernel("_Z1kPi", &[(0, 8)]);
+    let k = register_kernel(register_fatbin(), c"_Z1kPi");
+    // SAFETY: one 8-byte parameter each time.
+    unsafe {
+        for i in 0..2000u64 {
+            let mut v = i;
+            let mut args: [*mut c_void; 1] = [(&raw mut v).cast()];
+            ok(stub_launch(
+                k,
+                d3(1, 1, 1),
+                d3(1, 1, 1),
+                0,
+                ptr::null_mut(),
+                &mut args,
+            ));
+        }
+        // The synchronisation goes after everything gathered before it.
+        ok(cudaDeviceSynchronize());
+    }
+    let s = fake.state();
+    assert_eq!(s.launches.len(), 2000);
+    assert!(s
+        .launches
+        .iter()
+        .enumerate()
+        .all(|(i, l)| l.params == (i as u64).to_ne_bytes()));
+    // 2000 launches of 88 bytes, in 64 KiB batches while the loop keeps adding (more if this
+    // machine stalls the loop past the flusher's idle time).
+    assert!((3..=100).contains(&s.batches), "{} batches", s.batches);
+    assert_eq!(s.log.last().unwrap().op, Op::DeviceSynchronize);
+    drop(s);
+
+    // Without a later call, the flusher sends the batch within moments.
+    // SAFETY: as above.
+    unsafe {
+        let mut v = 7u64;
+        let mut args: [*mut c_void; 1] = [(&raw mut v).cast()];
+        ok(stub_launch(
+            k,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut args,
+        ));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while fake.state().launches.len() < 2001 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the batch was never flushed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    // A batched op that fails is reported at the next synchronisation, as a single one is.
+    fake.state().fail_next = Some((Op::LaunchKernel, status::LAUNCH_OUT_OF_RESOURCES, false));
+    // SAFETY: as above.
+    unsafe {
+        let mut v = 8u64;
+        let mut args: [*mut c_void; 1] = [(&raw mut v).cast()];
+        ok(stub_launch(
+            k,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut args,
+        ));
+        assert_err(cudaDeviceSynchronize(), cu::cudaErrorLaunchOutOfResources);
+    }
+    assert_err(cudaGetLastError(), cu::cudaErrorLaunchOutOfResources);
+    ok(cudaGetLastError());
 }

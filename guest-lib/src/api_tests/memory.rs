@@ -230,6 +230,7 @@ fn host_allocations_and_pointer_attributes() {
             cu::cudaMemcpyDeviceToHost,
             ptr::null_mut(),
         ));
+        flush();
         assert_eq!(*(m as *const u8).add(99), 7);
         assert!(
             fake.ops()

@@ -26,6 +26,12 @@ mod symbols;
 pub const IMAGE_LEN: usize = 64;
 
 /// A fake with one device, installed as this thread's runtime.
+/// Sends the runtime's gathered fire-and-forget work to the fake now (as the flusher thread
+/// or the next call would), so a test can look at what the "host" did.
+pub fn flush() {
+    crate::runtime::runtime().unwrap().session.flush_batch();
+}
+
 pub fn setup() -> Arc<FakeDevice> {
     let fake = FakeDevice::new(1);
     fake.install();

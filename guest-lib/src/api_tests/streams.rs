@@ -33,6 +33,7 @@ fn streams_get_guest_handles_that_map_to_host_handles() {
             0,
             s,
         ));
+        flush();
         assert_eq!(fake.state().launches[0].args[5], host);
         ok(cudaLaunchKernel(
             k as *const _,
@@ -50,6 +51,7 @@ fn streams_get_guest_handles_that_map_to_host_handles() {
             0,
             LEGACY as cudaStream_t,
         ));
+        flush();
         assert_eq!(fake.state().launches[1].args[5], 0);
         assert_eq!(fake.state().launches[2].args[5], 0);
 

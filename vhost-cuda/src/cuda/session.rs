@@ -18,8 +18,9 @@
 use std::{ffi::CString, sync::Arc};
 
 use qcuda_proto::{
-    status, Op, ResponseHeader, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, LAUNCH_COOPERATIVE,
-    PARAM_INFO_SIZE, RESP_FLAG_STICKY,
+    status, BatchRecord, Direction, Op, RequestHeader, ResponseHeader, BATCH_RECORD_SIZE,
+    FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, LAUNCH_COOPERATIVE, PARAM_INFO_SIZE,
+    RESP_FLAG_STICKY,
 };
 use tracing::{debug, warn};
 
@@ -340,6 +341,7 @@ impl CudaSession {
             Op::EventSynchronize | Op::EventQuery => self.event_wait(req),
             Op::EventElapsedTime => self.event_elapsed(args),
             Op::LaunchHostFunc => self.launch_host_func(req),
+            Op::Batch => self.batch(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount
@@ -1101,6 +1103,71 @@ impl CudaSession {
             self.drv.event_query(event).map_err(on(dev))?;
         } else {
             self.drv.event_synchronize(event).map_err(on(dev))?;
+        }
+        ok()
+    }
+
+    /// Batch: each record runs as the fire-and-forget request it stands for. The records are
+    /// read from a private copy of the buffer, so their shape cannot change while they run;
+    /// in-data is read from guest memory as a single request's would be.
+    fn batch(&mut self, req: &Request) -> OpResult {
+        let input = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let bytes = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
+        let count = req.header.args[0];
+        let mut at = 0usize;
+        let mut first_failure = status::SUCCESS;
+        for _ in 0..count {
+            let (op, rec) = match BatchRecord::decode(bytes.get(at..).unwrap_or_default()) {
+                Ok(r) => r,
+                Err(e) => {
+                    warn!(
+                        session = self.id,
+                        ?e,
+                        at,
+                        "batch record refused; the rest dropped"
+                    );
+                    return Err(status::INVALID_VALUE.into());
+                }
+            };
+            let data_at = at + BATCH_RECORD_SIZE;
+            let data_len = rec.in_len as usize;
+            if data_at + data_len > bytes.len() {
+                return Err(status::INVALID_VALUE.into());
+            }
+            let mut header = RequestHeader::new(op);
+            header.flags = FLAG_ASYNC;
+            header.session = req.header.session;
+            header.device = rec.device;
+            header.args = rec.args;
+            let mut inputs = Vec::new();
+            if op.shape().0 == 1 {
+                header
+                    .push_buffer(Direction::In, rec.in_len.into())
+                    .map_err(|_| status::INVALID_VALUE)?;
+                inputs.push(
+                    input
+                        .slice(data_at, data_len)
+                        .map_err(|_| status::INVALID_VALUE)?,
+                );
+            }
+            let sub = Request {
+                header,
+                op,
+                inputs,
+                outputs: Vec::new(),
+            };
+            let resp = self.execute(&sub);
+            if resp.status != status::SUCCESS && first_failure == status::SUCCESS {
+                first_failure = resp.status;
+            }
+            if is_sticky(resp.status) {
+                // The context is lost: what follows cannot run.
+                break;
+            }
+            at += rec.footprint();
+        }
+        if first_failure != status::SUCCESS {
+            return Err(first_failure.into());
         }
         ok()
     }

@@ -1156,3 +1156,68 @@ fn host_mapped_guest_memory_is_device_addressable_at_the_guest_address() {
     drop(s);
     assert_eq!(rig.fake.live_contexts(), 0);
 }
+
+/// Encodes a batch of (op, args, in-data) records.
+fn batch_bytes(records: &[(Op, &[u64], &[u8])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for &(op, args, data) in records {
+        let mut rec = qcuda_proto::BatchRecord {
+            op: op as u32,
+            in_len: data.len() as u32,
+            ..Default::default()
+        };
+        rec.args[..args.len()].copy_from_slice(args);
+        out.extend_from_slice(&rec.encode());
+        out.extend_from_slice(data);
+        out.resize(out.len().next_multiple_of(8), 0);
+    }
+    out
+}
+
+#[test]
+fn a_batch_runs_its_records_in_order_and_reports_the_first_failure() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let dst = malloc(&mut s, 64);
+    // Two copies (the second overwrites part of the first), a memset, an event record: in order.
+    let bytes = batch_bytes(&[
+        (Op::MemcpyHtoD, &[dst, 0], &[1u8; 13]),
+        (Op::MemcpyHtoD, &[dst + 4, 0], &[2u8; 3]),
+        (Op::Memset, &[dst + 8, 9, 2, 0], &[]),
+    ]);
+    let b = rig.buf_runs(&bytes, &[50, 7, 300]);
+    ok(s.execute(&req(Op::Batch, 0, &[3], vec![b], vec![])));
+    let (r, got) = dtoh(&mut rig, &mut s, dst, 13, &[13]);
+    ok(r);
+    assert_eq!(got, [1, 1, 1, 1, 2, 2, 2, 1, 9, 9, 1, 1, 1]);
+
+    // A failing record: the others still run, the first failure is the status.
+    let bytes = batch_bytes(&[
+        (Op::Memset, &[1u64 << 40, 5, 1, 0], &[]),
+        (Op::Memset, &[dst, 7, 1, 0], &[]),
+    ]);
+    let b = rig.buf(&bytes);
+    assert_eq!(
+        s.execute(&req(Op::Batch, 0, &[2], vec![b], vec![])).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(dtoh(&mut rig, &mut s, dst, 1, &[1]).1, [7]);
+
+    // Ops that are not batchable, counts beyond the data, and truncated data are refused.
+    for (bytes, count) in [
+        (batch_bytes(&[(Op::Malloc, &[64], &[])]), 1),
+        (batch_bytes(&[(Op::Memset, &[dst, 1, 1, 0], &[])]), 2),
+        (
+            batch_bytes(&[(Op::MemcpyHtoD, &[dst, 0], &[1u8; 8])])[..84].to_vec(),
+            1,
+        ),
+        (batch_bytes(&[(Op::Memset, &[dst, 1, 1, 0], &[1u8; 8])]), 1),
+    ] {
+        let b = rig.buf(&bytes);
+        assert_eq!(
+            s.execute(&req(Op::Batch, 0, &[count], vec![b], vec![]))
+                .status,
+            status::INVALID_VALUE
+        );
+    }
+}

@@ -1,0 +1,210 @@
+//! Batching fire-and-forget work: many launches, event records and small async copies and
+//! memsets travel to the host as one `Batch` request.
+//!
+//! A fire-and-forget call of a batchable op (qcuda-proto's `BATCHABLE`) is appended to the
+//! process's batch as a record, its small in-data copied at once (so the caller may reuse its
+//! buffer, as with a single request), and returns. The batch is sent, fire-and-forget itself:
+//! - before any other request of the process is sent (so requests keep program order, across
+//!   threads too: whatever one thread enqueued before another thread's call is sent first),
+//! - when it is full (64 KiB, what qcuda.ko copies into bounce memory),
+//! - and by a flusher thread once nothing was added for [`FLUSH_AFTER`], so work reaches the
+//!   GPU without a later call, e.g. while the program polls mapped memory a kernel writes.
+//!   (While the program keeps adding, the batch fills and goes out by size.)
+//!
+//! The host runs the records in order, each as the single fire-and-forget request it stands
+//! for; a failure is reported like theirs, at the next waited-for call.
+
+use std::{
+    sync::{Arc, Condvar, Mutex, MutexGuard},
+    thread,
+    time::{Duration, Instant},
+};
+
+use qcuda_proto::{BatchRecord, Direction, Op, BATCHABLE, BOUNCE_THRESHOLD, MAX_BATCH_DATA};
+
+use crate::{
+    transport::{Call, Transport},
+    warnings::warn_once,
+};
+
+/// Most bytes of one batch: qcuda.ko copies a buffer this small, so the batch can be sent
+/// fire-and-forget.
+pub const BATCH_BYTES: usize = BOUNCE_THRESHOLD as usize;
+/// How long a batch may sit without a new record before the flusher sends it.
+pub const FLUSH_AFTER: Duration = Duration::from_micros(200);
+
+#[derive(Default)]
+struct State {
+    buf: Vec<u8>,
+    records: u64,
+    /// Device of the first record (the batch request's device field; records carry their own).
+    device: u32,
+    /// When the newest record was appended (`None` while the batch is empty).
+    since: Option<Instant>,
+    flusher_started: bool,
+    /// errno of a batch the device did not take: reported once, at the next call.
+    lost: Option<i32>,
+}
+
+struct Shared {
+    transport: Arc<dyn Transport>,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends what is gathered (caller holds the state lock).
+    fn flush_locked(&self, st: &mut State) {
+        if st.records == 0 {
+            return;
+        }
+        let mut call = Call::new(Op::Batch, st.device)
+            .args(&[st.records])
+            .input(&st.buf)
+            .fire_and_forget();
+        // A fire-and-forget call may be repeated on EINTR: the module queues it and returns,
+        // and its only interruptible wait comes before it is queued (session.rs).
+        let sent = loop {
+            match self.transport.execute(&mut call) {
+                Err(libc::EINTR) => continue,
+                r => break r,
+            }
+        };
+        if let Err(errno) = sent {
+            warn_once!(
+                "a batch of {} fire-and-forget requests was not taken by /dev/qcuda: {}",
+                st.records,
+                std::io::Error::from_raw_os_error(errno)
+            );
+            st.lost.get_or_insert(errno);
+        }
+        st.buf.clear();
+        st.records = 0;
+        st.since = None;
+    }
+}
+
+/// The process's batch. See the module documentation.
+pub struct Batcher {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.shared.state();
+        f.debug_struct("Batcher")
+            .field("records", &st.records)
+            .field("bytes", &st.buf.len())
+            .finish()
+    }
+}
+
+impl Batcher {
+    /// A batch sent through `transport`.
+    pub fn new(transport: Arc<dyn Transport>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                transport,
+                state: Mutex::new(State::default()),
+                wake: Condvar::new(),
+            }),
+        }
+    }
+
+    /// Appends `call` if it can travel in a batch (a batchable op, fire-and-forget, at most one
+    /// small `In` buffer); returns whether it did.
+    pub fn try_append(&self, call: &Call<'_>) -> bool {
+        let raw = call.raw();
+        let Some(op) = call.op() else { return false };
+        if !call.is_fire_and_forget() || !BATCHABLE.contains(&op) {
+            return false;
+        }
+        let bufs = &raw.bufs[..raw.nbufs as usize];
+        let (ins, outs) = op.shape();
+        if outs != 0 || bufs.len() != ins || bufs.iter().any(|b| b.dir != Direction::In as u32) {
+            return false;
+        }
+        let data: &[u8] = match bufs.first() {
+            Some(b) if b.len > u64::from(MAX_BATCH_DATA) => return false,
+            // SAFETY: `Call`'s invariant: its In buffers stay readable while it lives, and it
+            // outlives this function.
+            Some(b) => unsafe { std::slice::from_raw_parts(b.addr as *const u8, b.len as usize) },
+            None => &[],
+        };
+        let rec = BatchRecord {
+            op: raw.op,
+            device: raw.device,
+            in_len: data.len() as u32,
+            args: raw.args,
+        };
+        let shared = &self.shared;
+        let mut st = shared.state();
+        if st.buf.len() + rec.footprint() > BATCH_BYTES {
+            shared.flush_locked(&mut st);
+        }
+        if st.records == 0 {
+            st.device = raw.device;
+        }
+        st.since = Some(Instant::now());
+        st.buf.extend_from_slice(&rec.encode());
+        st.buf.extend_from_slice(data);
+        let padded = st.buf.len().next_multiple_of(8);
+        st.buf.resize(padded, 0);
+        st.records += 1;
+        if !st.flusher_started {
+            st.flusher_started = true;
+            let shared = Arc::clone(shared);
+            if thread::Builder::new()
+                .name("qcuda-batch".into())
+                .spawn(move || flusher(&shared))
+                .is_err()
+            {
+                // Without the flusher the batch still goes out with the next call or when full.
+                warn_once!("cannot start the batch flusher thread");
+            }
+        }
+        if st.records == 1 {
+            // The flusher sleeps until a batch starts.
+            shared.wake.notify_one();
+        }
+        true
+    }
+
+    /// Sends what is gathered, now.
+    pub fn flush(&self) {
+        let mut st = self.shared.state();
+        self.shared.flush_locked(&mut st);
+    }
+
+    /// The errno of a batch the device did not take since the last call, once.
+    pub fn take_lost(&self) -> Option<i32> {
+        self.shared.state().lost.take()
+    }
+}
+
+/// Sends a batch that got no new record for [`FLUSH_AFTER`].
+fn flusher(shared: &Shared) {
+    let mut st = shared.state();
+    loop {
+        match st.since {
+            None => st = shared.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
+            Some(since) => {
+                let due = since + FLUSH_AFTER;
+                let now = Instant::now();
+                if now >= due {
+                    shared.flush_locked(&mut st);
+                } else {
+                    st = shared
+                        .wake
+                        .wait_timeout(st, due - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+}
