@@ -32,6 +32,13 @@ use crate::{
 pub const BATCH_BYTES: usize = BOUNCE_THRESHOLD as usize;
 /// How long a batch may sit without a new record before the flusher sends it.
 pub const FLUSH_AFTER: Duration = Duration::from_micros(200);
+/// While the process is active the flusher looks every [`FLUSHER_TICK`] without being woken
+/// (a wake-up per batch would cost a context switch per launch-and-synchronise); after this long
+/// without any record it sleeps until the next one wakes it.
+const FLUSHER_PARKS_AFTER: Duration = Duration::from_millis(50);
+/// How often the active flusher looks at an empty batch: a record added then waits at most
+/// about this long plus [`FLUSH_AFTER`] for a flush nobody else makes.
+const FLUSHER_TICK: Duration = Duration::from_millis(1);
 
 #[derive(Default)]
 struct State {
@@ -42,6 +49,10 @@ struct State {
     /// When the newest record was appended (`None` while the batch is empty).
     since: Option<Instant>,
     flusher_started: bool,
+    /// The flusher sleeps until woken (the process was idle).
+    flusher_parked: bool,
+    /// When the last record was appended, empty batch or not.
+    last_append: Option<Instant>,
     /// errno of a batch the device did not take: reported once, at the next call.
     lost: Option<i32>,
 }
@@ -149,7 +160,9 @@ impl Batcher {
         if st.records == 0 {
             st.device = raw.device;
         }
-        st.since = Some(Instant::now());
+        let now = Instant::now();
+        st.since = Some(now);
+        st.last_append = Some(now);
         st.buf.extend_from_slice(&rec.encode());
         st.buf.extend_from_slice(data);
         let padded = st.buf.len().next_multiple_of(8);
@@ -167,8 +180,8 @@ impl Batcher {
                 warn_once!("cannot start the batch flusher thread");
             }
         }
-        if st.records == 1 {
-            // The flusher sleeps until a batch starts.
+        if st.flusher_parked {
+            st.flusher_parked = false;
             shared.wake.notify_one();
         }
         true
@@ -191,7 +204,22 @@ fn flusher(shared: &Shared) {
     let mut st = shared.state();
     loop {
         match st.since {
-            None => st = shared.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
+            None if st
+                .last_append
+                .is_none_or(|t| t.elapsed() >= FLUSHER_PARKS_AFTER) =>
+            {
+                st.flusher_parked = true;
+                while st.flusher_parked {
+                    st = shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+            None => {
+                st = shared
+                    .wake
+                    .wait_timeout(st, FLUSHER_TICK)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
             Some(since) => {
                 let due = since + FLUSH_AFTER;
                 let now = Instant::now();
