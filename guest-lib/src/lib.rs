@@ -34,6 +34,7 @@ pub mod handles;
 pub mod host_fns;
 pub mod host_memory;
 pub mod last_error;
+pub mod latency;
 pub mod launch;
 pub mod managed_vars;
 pub mod memory;

@@ -7,19 +7,23 @@
 //! every call that needs that device's context fails with it locally, without a round trip,
 //! until `cudaDeviceReset`.
 
-use std::sync::{
-    atomic::{AtomicBool, AtomicU32, Ordering},
-    Arc,
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU32, Ordering},
+        Arc,
+    },
+    time::Duration,
 };
 
 use qcuda_proto::{
-    ioctl::HostMapCall, Direction, Op, BOUNCE_THRESHOLD, RESP_DEFERRED_SHIFT, RESP_FLAG_OUTPUT,
-    RESP_FLAG_STICKY, VERSION,
+    ioctl::HostMapCall, Direction, Op, BOUNCE_THRESHOLD, LATENCY_RECORD_SIZE, RESP_DEFERRED_SHIFT,
+    RESP_FLAG_OUTPUT, RESP_FLAG_STICKY, VERSION,
 };
 
 use crate::{
     batch::Batcher,
     cuda_error::{CudaError, CudaResult},
+    latency::{self, Latency, Timer},
     signal_mask::SignalsBlocked,
     transport::{Call, Reply, Transport},
     warnings::warn_once,
@@ -52,6 +56,8 @@ pub struct Session {
     launch_blocking: bool,
     /// Set once an op that needs a context was sent: only then can kernels have printed.
     gpu_used: AtomicBool,
+    /// Per-op timings, with `QCUDA_LATENCY=1` (latency.rs).
+    latency: Option<Latency>,
 }
 
 impl std::fmt::Debug for Session {
@@ -78,6 +84,7 @@ impl Session {
             sticky: [const { AtomicU32::new(0) }; MAX_DEVICES],
             launch_blocking,
             gpu_used: AtomicBool::new(false),
+            latency: Latency::from_env(),
         };
         let reply = session.submit(Call::new(Op::Hello, 0).args(&[u64::from(VERSION)]))?;
         session.host = HostInfo {
@@ -108,6 +115,7 @@ impl Session {
         let Some(op) = call.op() else {
             return Err(CudaError::UNKNOWN);
         };
+        let timer = self.latency.as_ref().map(|_| Timer::start());
         if call.is_malformed() {
             return Err(CudaError::UNKNOWN);
         }
@@ -122,11 +130,19 @@ impl Session {
         if self.launch_blocking || !may_fire_and_forget(&call) {
             call.wait_for_result();
         } else if self.batch.try_append(&call) {
+            if let (Some(l), Some(t)) = (&self.latency, &timer) {
+                l.record(op, t.elapsed(), Duration::ZERO);
+            }
             return Ok(Reply::default());
         }
         // Whatever was gathered goes first, so requests keep program order.
         self.batch.flush();
-        if let Err(errno) = self.execute(op, &mut call) {
+        let ioctl = timer.as_ref().map(|_| Timer::start());
+        let executed = self.execute(op, &mut call);
+        if let (Some(l), Some(t), Some(i)) = (&self.latency, &timer, &ioctl) {
+            l.record(op, t.elapsed(), i.elapsed());
+        }
+        if let Err(errno) = executed {
             let e = call_errno_to_error(errno);
             warn_once!(
                 "/dev/qcuda call {op:?} failed: {} (reported as {e:?}); further transport \
@@ -173,6 +189,23 @@ impl Session {
         for device in 0..devices.min(MAX_DEVICES as u32) {
             let _ = self.submit(Call::new(Op::DeviceSynchronize, device));
         }
+        self.report_latency();
+    }
+
+    /// With `QCUDA_LATENCY=1`: prints the per-op report (latency.rs) on stderr.
+    fn report_latency(&self) {
+        let Some(l) = &self.latency else { return };
+        let mut buf = vec![0u8; 256 * LATENCY_RECORD_SIZE];
+        let mut call = Call::new(Op::HostLatency, 0).output(&mut buf);
+        call.wait_for_result();
+        let host = match self.execute(Op::HostLatency, &mut call) {
+            Ok(()) if call.reply().status == 0 => {
+                let n = usize::try_from(call.reply().rets[0]).unwrap_or(0);
+                latency::decode_host(&buf, n)
+            }
+            _ => Vec::new(),
+        };
+        eprint!("{}", l.report(&host));
     }
 
     /// Fetches the device `printf` output waiting on the host and writes it to the program's C
@@ -300,7 +333,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceAttributes
         | Op::DriverVersion
         | Op::DeviceReset
-        | Op::HostFuncWait => false,
+        | Op::HostFuncWait
+        | Op::HostLatency => false,
         Op::DeviceSynchronize
         | Op::MemGetInfo
         | Op::DeviceGetLimit
@@ -361,6 +395,7 @@ pub fn is_idempotent(op: Op) -> bool {
         Op::Hello
         | Op::Echo
         | Op::HostInfo
+        | Op::HostLatency
         | Op::DeviceCount
         | Op::DeviceInfo
         | Op::DeviceAttributes

@@ -391,6 +391,70 @@ ops! {
     /// The status is the first failure among them (`SUCCESS` if none); after a sticky error
     /// the rest are not run.
     Batch = 0x01D8, ins 1, outs 0;
+    /// Where the session's time went on the host so far, per op: out-buffer 0 receives up to
+    /// len / [`LATENCY_RECORD_SIZE`] [`LatencyRecord`]s; rets[0] = records written, rets[1] =
+    /// records the host has. Answered by the daemon without the worker.
+    HostLatency = 0x01D9, ins 0, outs 1;
+}
+
+/// Bytes of an encoded [`LatencyRecord`].
+pub const LATENCY_RECORD_SIZE: usize = 48;
+
+/// The host's time for one op of a session, summed over its requests (`Op::HostLatency`):
+/// op u32 @0, reserved u32 @4, count u64 @8, then nanoseconds: queue @16 (the chain taken off
+/// the ring until the session's thread starts it), hop @24 (to the worker and back, without the
+/// worker's own time), worker @32 (the worker rebuilding and executing it, CUDA calls
+/// included), host @40 (the chain taken off the ring until it is completed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LatencyRecord {
+    /// An [`Op`] as u32.
+    pub op: u32,
+    /// Requests counted.
+    pub count: u64,
+    /// Nanoseconds waiting for the session's thread.
+    pub queue_ns: u64,
+    /// Nanoseconds between the session's thread and the worker, both ways.
+    pub hop_ns: u64,
+    /// Nanoseconds in the worker.
+    pub worker_ns: u64,
+    /// Nanoseconds on the host in all.
+    pub host_ns: u64,
+}
+
+impl LatencyRecord {
+    /// The encoded record.
+    pub fn encode(&self) -> [u8; LATENCY_RECORD_SIZE] {
+        let mut b = [0u8; LATENCY_RECORD_SIZE];
+        put(&mut b, 0, &self.op.to_le_bytes());
+        for (i, v) in [
+            self.count,
+            self.queue_ns,
+            self.hop_ns,
+            self.worker_ns,
+            self.host_ns,
+        ]
+        .iter()
+        .enumerate()
+        {
+            put(&mut b, 8 + 8 * i, &v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a record (any op code; the reader decides what it knows).
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < LATENCY_RECORD_SIZE {
+            return Err(WireError::Short);
+        }
+        Ok(Self {
+            op: get_u32(b, 0),
+            count: get_u64(b, 8),
+            queue_ns: get_u64(b, 16),
+            hop_ns: get_u64(b, 24),
+            worker_ns: get_u64(b, 32),
+            host_ns: get_u64(b, 40),
+        })
+    }
 }
 
 /// Ops a [`Op::Batch`] may carry: stream-ordered work that returns nothing.

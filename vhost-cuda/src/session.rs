@@ -39,7 +39,8 @@
 //! op runs. This module knows nothing about vrings: the virtio edge supplies the completer.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    cell::{Cell, RefCell},
+    collections::{BTreeMap, HashMap, VecDeque},
     mem,
     os::fd::AsRawFd,
     sync::{
@@ -51,7 +52,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use qcuda_proto::{status, Op, ResponseHeader, FLAG_ASYNC, RESP_FLAG_STICKY};
+use qcuda_proto::{
+    status, LatencyRecord, Op, ResponseHeader, FLAG_ASYNC, LATENCY_RECORD_SIZE, RESP_FLAG_STICKY,
+};
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
@@ -179,6 +182,8 @@ impl Drop for InFlight {
 /// One request on its way to a session thread.
 struct Job {
     head: u16,
+    /// When the chain was taken off the ring (for the latency statistics).
+    received: Instant,
     request: Request,
     reply: Reply,
     completer: Arc<dyn ChainCompleter>,
@@ -311,6 +316,7 @@ impl SessionTable {
         let id = parsed.request.header.session;
         let job = Job {
             head,
+            received: Instant::now(),
             request: parsed.request,
             reply: parsed.reply,
             completer,
@@ -381,6 +387,8 @@ impl SessionTable {
             pid: pid.clone(),
             ended: ended.clone(),
             host_fns: host_fns.clone(),
+            latency: RefCell::default(),
+            last_hop: Cell::new((0, 0)),
         };
         let spawned = thread::Builder::new()
             .name(format!("qcuda-s{id}"))
@@ -560,6 +568,54 @@ struct SessionThread {
     pid: Arc<AtomicU32>,
     ended: Arc<AtomicBool>,
     host_fns: Arc<HostFnLink>,
+    /// Where the session's time went, per op (`Op::HostLatency`).
+    latency: RefCell<LatencyStats>,
+    /// The last worker round trip: (ns from send to answer, ns the worker said it took).
+    last_hop: Cell<(u64, u64)>,
+}
+
+/// Per-op sums of where a session's requests spent their time on the host.
+#[derive(Debug, Default)]
+struct LatencyStats {
+    by_op: BTreeMap<u32, LatencyRecord>,
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl LatencyStats {
+    fn record(&mut self, op: Op, queue: u64, hop: (u64, u64), host: u64) {
+        let r = self.by_op.entry(op as u32).or_insert(LatencyRecord {
+            op: op as u32,
+            ..LatencyRecord::default()
+        });
+        r.count += 1;
+        r.queue_ns = r.queue_ns.saturating_add(queue);
+        r.hop_ns = r.hop_ns.saturating_add(hop.0.saturating_sub(hop.1));
+        r.worker_ns = r.worker_ns.saturating_add(hop.1);
+        r.host_ns = r.host_ns.saturating_add(host);
+    }
+
+    /// `HostLatency`: the records, as many as fit.
+    fn answer(&self, req: &Request) -> ResponseHeader {
+        let Some(out) = req.outputs.first() else {
+            return ResponseHeader::with_status(status::INVALID_VALUE);
+        };
+        let fit = out.len() / LATENCY_RECORD_SIZE;
+        let mut bytes = Vec::with_capacity(out.len());
+        for r in self.by_op.values().take(fit) {
+            bytes.extend_from_slice(&r.encode());
+        }
+        bytes.resize(out.len(), 0);
+        if out.write_at(0, &bytes).is_err() {
+            return ResponseHeader::with_status(status::INVALID_VALUE);
+        }
+        let mut resp = ResponseHeader::with_status(status::SUCCESS);
+        resp.rets[0] = fit.min(self.by_op.len()) as u64;
+        resp.rets[1] = self.by_op.len() as u64;
+        resp
+    }
 }
 
 /// A session's GPU side, seen from the daemon.
@@ -639,6 +695,8 @@ impl SessionThread {
                 return;
             }
             let fire_and_forget = job.request.header.flags & FLAG_ASYNC != 0;
+            let queued = ns(job.received.elapsed());
+            self.last_hop.set((0, 0));
             let mut resp = match self.run_op(&mut gpu, &job.request, &rx, &mut backlog) {
                 // Ended meanwhile by a disconnect or a DriverReset: the chain is not ours to
                 // complete any more (the ring restarted since, or is gone).
@@ -656,7 +714,14 @@ impl SessionThread {
                 resp.set_deferred_error(deferred);
                 deferred = status::SUCCESS;
             }
+            let (op, received) = (job.request.op, job.received);
             job.finish(&resp);
+            self.latency.borrow_mut().record(
+                op,
+                queued,
+                self.last_hop.get(),
+                ns(received.elapsed()),
+            );
         }
         self.close(&mut gpu, why);
     }
@@ -751,6 +816,7 @@ impl SessionThread {
                 return Outcome::Answered(transport_ops::hello(host, req, open));
             }
             Op::Echo => return Outcome::Answered(transport_ops::echo(req)),
+            Op::HostLatency => return Outcome::Answered(self.latency.borrow().answer(req)),
             Op::DeviceReset if gpu.sticky() => self.reset(gpu, req),
             // A worker that is not running maps nothing: no need to start one to say so.
             Op::HostUnmap if !matches!(gpu, Gpu::Running { .. }) => {
@@ -827,6 +893,7 @@ impl SessionThread {
             return Outcome::Answered(ResponseHeader::with_status(status::UNKNOWN));
         };
         debug!(vm = %self.shared.label, session = self.id, op = ?req.op, "to worker");
+        let sent = Instant::now();
         match process.send(req) {
             Ok(()) => {}
             Err(e @ WorkerError::Unsendable(_)) => {
@@ -838,6 +905,8 @@ impl SessionThread {
         loop {
             match process.wait(Some(&self.wake)) {
                 Ok(Waited::Done(mut resp)) => {
+                    self.last_hop
+                        .set((ns(sent.elapsed()), process.last_exec_ns()));
                     // A worker's sticky error lasts as long as the worker, even on answers
                     // that do not carry it (a request it refused).
                     *sticky |= resp.flags & RESP_FLAG_STICKY != 0;
@@ -1138,6 +1207,29 @@ mod tests {
         g.rec.wait(2);
         // Session 1's completion only went ahead once session 2's had run.
         assert_eq!(*saw_open.lock().unwrap(), Some(true));
+    }
+
+    #[test]
+    fn host_latency_reports_where_each_op_spent_its_time() {
+        let mut g = Guest::new();
+        for i in 0..3 {
+            let (hello, _) = g.simple(Op::Hello, 8);
+            g.send(i, hello);
+        }
+        let mut h = RequestHeader::new(Op::HostLatency);
+        h.session = 8;
+        h.push_buffer(Direction::Out, 2 * LATENCY_RECORD_SIZE as u64)
+            .unwrap();
+        let (lat, out) = g.request(h, &[]);
+        g.send(3, lat);
+        g.rec.wait(4);
+        let r = g.response(out + 2 * LATENCY_RECORD_SIZE as u64);
+        assert_eq!((r.status, r.rets[0], r.rets[1]), (0, 1, 1));
+        let mut b = [0u8; LATENCY_RECORD_SIZE];
+        g.mem.read_slice(&mut b, GuestAddress(out)).unwrap();
+        let rec = LatencyRecord::decode(&b).unwrap();
+        assert_eq!((rec.op, rec.count, rec.worker_ns), (Op::Hello as u32, 3, 0));
+        assert!(rec.host_ns >= rec.queue_ns);
     }
 
     #[test]

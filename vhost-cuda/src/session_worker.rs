@@ -28,6 +28,7 @@ use std::{
         unix::net::UnixStream,
     },
     sync::Arc,
+    time::Instant,
 };
 
 use qcuda_proto::{status, Op, RequestHeader, ResponseHeader, WireError};
@@ -190,6 +191,7 @@ pub fn serve(
                 None => warn!("host-function link without its socket"),
             },
             ToWorker::Run(run) => {
+                let started = Instant::now();
                 let resp = match build_request(session, &mem, &run) {
                     Ok(req) => execute(&req),
                     Err(e) => {
@@ -197,7 +199,8 @@ pub fn serve(
                         ResponseHeader::with_status(status::INVALID_VALUE)
                     }
                 };
-                channel.send_to_daemon(&FromWorker::Done(resp))?;
+                let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                channel.send_to_daemon(&FromWorker::Done(resp, took))?;
             }
         }
     }
@@ -451,7 +454,7 @@ mod tests {
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
         let answers: Vec<u32> = (0..3)
             .map(|_| match daemon.recv_from_worker().unwrap().unwrap() {
-                FromWorker::Done(r) => r.status,
+                FromWorker::Done(r, _) => r.status,
             })
             .collect();
         assert_eq!(answers, [status::INVALID_VALUE, 1, status::INVALID_VALUE]);

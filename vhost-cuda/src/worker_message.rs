@@ -6,7 +6,8 @@
 //! - daemon → worker: [`ToWorker::MemoryTable`] (guest RAM, with one file descriptor per region
 //!   as `SCM_RIGHTS`; sent on spawn and on every SET_MEM_TABLE) and [`ToWorker::Run`] (one
 //!   request: its header bytes and the guest-physical runs of each buffer);
-//! - worker → daemon: [`FromWorker::Done`] (the response header), one per `Run`, in order.
+//! - worker → daemon: [`FromWorker::Done`] (the response header and how long the worker took),
+//!   one per `Run`, in order.
 //!
 //! Closing the daemon's end ends the worker. A frame is the body length (u32, little-endian)
 //! followed by the body: a tag byte, then the message's fields, little-endian. The daemon
@@ -89,8 +90,9 @@ pub enum ToWorker {
 /// What a worker sends the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FromWorker {
-    /// The response to the oldest `Run` not yet answered.
-    Done(ResponseHeader),
+    /// The response to the oldest `Run` not yet answered, and the nanoseconds the worker spent
+    /// on it (rebuilding and executing it), for the latency statistics.
+    Done(ResponseHeader, u64),
 }
 
 /// Errors of encoding, decoding and moving messages.
@@ -302,10 +304,11 @@ impl ToWorker {
 impl FromWorker {
     /// The frame body.
     pub fn encode(&self) -> Vec<u8> {
-        let Self::Done(resp) = self;
-        let mut out = Vec::with_capacity(1 + RESPONSE_HEADER_SIZE);
+        let Self::Done(resp, exec_ns) = self;
+        let mut out = Vec::with_capacity(1 + RESPONSE_HEADER_SIZE + 8);
         out.push(TAG_DONE);
         out.extend_from_slice(&resp.encode());
+        out.extend_from_slice(&exec_ns.to_le_bytes());
         out
     }
 
@@ -315,7 +318,8 @@ impl FromWorker {
         let msg = match r.u8()? {
             TAG_DONE => {
                 let bytes = r.bytes(RESPONSE_HEADER_SIZE)?;
-                Self::Done(ResponseHeader::decode(bytes).map_err(|_| MessageError::Truncated)?)
+                let resp = ResponseHeader::decode(bytes).map_err(|_| MessageError::Truncated)?;
+                Self::Done(resp, r.u64()?)
             }
             tag => return Err(MessageError::UnknownTag(tag)),
         };
@@ -542,7 +546,7 @@ mod tests {
         let mut resp = ResponseHeader::with_status(700);
         resp.flags = 1;
         resp.rets = [1, 2, 3, 4, 5, 6, u64::MAX];
-        let msg = FromWorker::Done(resp);
+        let msg = FromWorker::Done(resp, 1234);
         assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
     }
 
@@ -661,11 +665,11 @@ mod tests {
         let daemon = sender.join().unwrap();
 
         worker
-            .send_to_daemon(&FromWorker::Done(ResponseHeader::with_status(3)))
+            .send_to_daemon(&FromWorker::Done(ResponseHeader::with_status(3), 5))
             .unwrap();
         assert_eq!(
             daemon.recv_from_worker().unwrap(),
-            Some(FromWorker::Done(ResponseHeader::with_status(3)))
+            Some(FromWorker::Done(ResponseHeader::with_status(3), 5))
         );
         drop(worker);
         assert_eq!(daemon.recv_from_worker().unwrap(), None);

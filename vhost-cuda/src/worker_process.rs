@@ -141,6 +141,8 @@ pub struct WorkerProcess {
     /// The map whose table the worker has now.
     shared: Weak<GuestRam>,
     reaped: bool,
+    /// What the worker said its last answered request took (ns).
+    last_exec_ns: u64,
 }
 
 /// Runs in the forked child before exec: only async-signal-safe calls, no allocation.
@@ -219,12 +221,18 @@ impl WorkerProcess {
             channel: Some(channel),
             shared: Weak::new(),
             reaped: false,
+            last_exec_ns: 0,
         })
     }
 
     /// The worker's process id.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// Nanoseconds the worker spent on the last request it answered (its own measure).
+    pub fn last_exec_ns(&self) -> u64 {
+        self.last_exec_ns
     }
 
     fn channel(&self) -> Result<&WorkerChannel, WorkerError> {
@@ -308,7 +316,10 @@ impl WorkerProcess {
             // An answer that is there wins over the wake-up, which stays set.
             if fds[0].revents != 0 {
                 return match ch.recv_from_worker()? {
-                    Some(FromWorker::Done(resp)) => Ok(Waited::Done(resp)),
+                    Some(FromWorker::Done(resp, exec_ns)) => {
+                        self.last_exec_ns = exec_ns;
+                        Ok(Waited::Done(resp))
+                    }
                     None => Err(WorkerError::Closed),
                 };
             }

@@ -353,7 +353,8 @@ impl CudaSession {
             // The worker process answers it (device_output.rs).
             | Op::TakeOutput
             // The daemon answers it, outside the request order (host_functions.rs).
-            | Op::HostFuncWait => Err(status::NOT_SUPPORTED.into()),
+            | Op::HostFuncWait
+            | Op::HostLatency => Err(status::NOT_SUPPORTED.into()),
         }
     }
 
