@@ -19,7 +19,7 @@ use crate::{
 
 const CHUNK: usize = COPY_CHUNK as usize;
 /// Chunks of one copy in flight at once.
-const IN_FLIGHT: usize = 2;
+const IN_FLIGHT: usize = 4;
 
 /// Runs `chunk(offset, len)` for every chunk of `len` bytes, [`IN_FLIGHT`] at a time, and
 /// returns the first failure (after every chunk has finished).

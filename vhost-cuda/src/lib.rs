@@ -120,6 +120,8 @@ pub struct Config {
     pub gpu: Option<u32>,
     /// The tracing filter (`info`, `vhost_cuda=debug`, ...).
     pub log_filter: String,
+    /// How long each request queue is polled after its last request (0: wait for kicks).
+    pub poll: Duration,
 }
 
 impl Config {
@@ -260,6 +262,7 @@ pub struct Server {
     sockets: Vec<(Listener, Arc<SocketControl>)>,
     host: Arc<CudaHost>,
     workers: WorkerCommand,
+    poll: Duration,
 }
 
 impl std::fmt::Debug for Server {
@@ -293,6 +296,7 @@ impl Server {
             sockets,
             host,
             workers,
+            poll: config.poll,
         })
     }
 
@@ -308,10 +312,10 @@ impl Server {
     pub fn run(self) -> Result<()> {
         let mut threads = Vec::new();
         for (i, (listener, control)) in self.sockets.into_iter().enumerate() {
-            let (host, workers) = (self.host.clone(), self.workers.clone());
+            let (host, workers, poll) = (self.host.clone(), self.workers.clone(), self.poll);
             let spawned = thread::Builder::new()
                 .name(format!("qcuda-vm{i}"))
-                .spawn(move || serve_socket(listener, control, host, workers));
+                .spawn(move || serve_socket(listener, control, host, workers, poll));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -349,6 +353,7 @@ fn serve_socket(
     control: Arc<SocketControl>,
     host: Arc<CudaHost>,
     workers: WorkerCommand,
+    poll: Duration,
 ) -> Result<()> {
     let label = control.path.display().to_string();
     let mut failures = 0u32;
@@ -357,12 +362,10 @@ fn serve_socket(
             break Ok(());
         }
         let mem = GuestMemoryAtomic::new(GuestRam::new());
-        let backend = Arc::new(VhostCudaBackend::new(
-            host.clone(),
-            workers.clone(),
-            mem.clone(),
-            &*label,
-        ));
+        let backend = Arc::new(
+            VhostCudaBackend::new(host.clone(), workers.clone(), mem.clone(), &*label)
+                .with_poll(poll),
+        );
         let mut daemon = match VhostUserDaemon::new("vhost-cuda".to_string(), backend.clone(), mem)
         {
             Ok(d) => d,

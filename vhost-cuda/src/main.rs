@@ -6,7 +6,7 @@
 //! The same binary is also each session's worker process (`--session-worker`, hidden from
 //! `--help`): the daemon starts it that way itself (`vhost_cuda::worker_process`).
 
-use std::{io::IsTerminal, path::PathBuf, process::exit};
+use std::{io::IsTerminal, path::PathBuf, process::exit, time::Duration};
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -34,6 +34,13 @@ struct Args {
     /// Restrict the guests to this host GPU ordinal.
     #[arg(long, value_name = "ORDINAL")]
     gpu: Option<u32>,
+
+    /// Poll each request queue for this many microseconds after its last request before
+    /// waiting for the guest's next kick: the guest then does not kick, which saves an exit to
+    /// QEMU and a wake-up per request, while a host core spins for up to that long after each
+    /// burst. 0 turns polling off.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    poll_us: u64,
 
     /// Log filter: error, warn, info, debug, trace, or tracing directives such as
     /// "vhost_cuda=debug". Default: $RUST_LOG, else info.
@@ -112,6 +119,7 @@ impl TryFrom<Args> for Config {
             socket_count: args.socket_count,
             gpu: args.gpu,
             log_filter,
+            poll: Duration::from_micros(args.poll_us),
         })
     }
 }
@@ -158,6 +166,7 @@ mod tests {
             socket_path: Some(path.into()),
             socket_count: 1,
             gpu: None,
+            poll_us: 200,
             log_level: Some("info".into()),
             session_worker: false,
             session_id: None,
@@ -184,6 +193,7 @@ mod tests {
                 socket_count: 1,
                 gpu: Some(1),
                 log_filter: "info".into(),
+                poll: Duration::from_micros(200),
             }
         );
         assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);
