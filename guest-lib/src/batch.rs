@@ -68,10 +68,10 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sends what is gathered (caller holds the state lock).
-    fn flush_locked(&self, st: &mut State) {
+    /// Sends what is gathered (caller holds the state lock); whether there was anything.
+    fn flush_locked(&self, st: &mut State) -> bool {
         if st.records == 0 {
-            return;
+            return false;
         }
         let mut call = Call::new(Op::Batch, st.device)
             .args(&[st.records])
@@ -96,6 +96,7 @@ impl Shared {
         st.buf.clear();
         st.records = 0;
         st.since = None;
+        true
     }
 }
 
@@ -187,10 +188,10 @@ impl Batcher {
         true
     }
 
-    /// Sends what is gathered, now.
-    pub fn flush(&self) {
+    /// Sends what is gathered, now; whether there was anything.
+    pub fn flush(&self) -> bool {
         let mut st = self.shared.state();
-        self.shared.flush_locked(&mut st);
+        self.shared.flush_locked(&mut st)
     }
 
     /// The errno of a batch the device did not take since the last call, once.

@@ -136,7 +136,12 @@ impl Session {
             return Ok(Reply::default());
         }
         // Whatever was gathered goes first, so requests keep program order.
-        self.batch.flush();
+        let flush = timer.as_ref().map(|_| Timer::start());
+        if self.batch.flush() {
+            if let (Some(l), Some(f)) = (&self.latency, &flush) {
+                l.record(Op::Batch, f.elapsed(), f.elapsed());
+            }
+        }
         let ioctl = timer.as_ref().map(|_| Timer::start());
         let executed = self.execute(op, &mut call);
         if let (Some(l), Some(t), Some(i)) = (&self.latency, &timer, &ioctl) {
