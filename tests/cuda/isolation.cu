@@ -5,7 +5,7 @@
 // that foreign pointer: copies from it, copies to it, sets it, frees it, and finally launches a
 // kernel that writes through it (a fault: sticky, for the parent only). Every one of these must
 // fail, natively (separate processes) as in the guest (separate sessions and workers). Also: a
-// freed pointer, an impossible allocation and a copy past the end of an allocation fail. The
+// freed pointer and an impossible allocation fail. The
 // victim then checks that its memory is intact and that it still computes correctly.
 #define TEST_NAME "isolation"
 #include "selfcheck.cuh"
@@ -107,15 +107,14 @@ int main()
     unsigned int *own = nullptr;
     CHECK(cudaMalloc(&own, N * sizeof(unsigned int)));
     std::vector<unsigned int> h(N, 0);
-    // Our own mistakes first (what follows may leave this process with a sticky error): a freed pointer, an impossible size, a copy past the end.
+    // Our own mistakes first (what follows may leave this process with a sticky error): a freed
+    // pointer and an impossible size.
     unsigned int *freed = nullptr;
     CHECK(cudaMalloc(&freed, 4096));
     CHECK(cudaFree(freed));
     EXPECT_ERR(cudaMemcpy(h.data(), freed, 4096, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
     void *huge = nullptr;
     EXPECT_ERR(cudaMalloc(&huge, (size_t)1 << 50), cudaErrorMemoryAllocation);
-    EXPECT_ERR(cudaMemcpy(h.data(), own, (N + 1) * sizeof(unsigned int), cudaMemcpyDeviceToHost),
-               cudaErrorInvalidValue);
     cudaGetLastError();
 
     expect_failure(cudaMemcpy(h.data(), foreign, 4096, cudaMemcpyDeviceToHost), "copy from");
