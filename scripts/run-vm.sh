@@ -12,6 +12,7 @@
 #   --no-payload       do not add the default payload (guest-lib, qcuda-smi, CUDA tests)
 #   --no-device        boot without vhost-cuda and the qcuda device
 #   --socket PATH      attach to an already running vhost-cuda on PATH instead of starting one
+#   --reconnect MS     with --socket: QEMU reconnects to the daemon MS ms after losing it
 #   --daemon-arg ARG   extra argument for vhost-cuda (repeatable)
 #   --log-dir DIR      keep logs there: daemon.log, serial.log (default: a temp dir, removed)
 #   --mem SIZE         guest RAM (default 3G; memfd, share=on)
@@ -43,7 +44,7 @@ DAEMON=${QCUDA_DAEMON:-$DAEMON}
 CACHE=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
 
 adds=() payloads=() daemon_args=() log_dir="" mem=3G smp=2 accel=${QCUDA_ACCEL:-auto}
-timeout=900 use_device=1 use_payload=1 cmd="" ext_sock=""
+timeout=900 use_device=1 use_payload=1 cmd="" ext_sock="" reconnect=""
 while (($#)); do
     case $1 in
     --add) adds+=("$2"); shift 2 ;;
@@ -51,6 +52,7 @@ while (($#)); do
     --no-payload) use_payload=0; shift ;;
     --no-device) use_device=0; shift ;;
     --socket) ext_sock=$2; shift 2 ;;
+    --reconnect) reconnect=$2; shift 2 ;;
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
     --log-dir) log_dir=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
@@ -168,7 +170,8 @@ qemu_dev=()
 if ((use_device)) && [[ -n $ext_sock ]]; then
     [[ -S $ext_sock ]] || fail "--socket $ext_sock: no such socket"
     qemu_dev=(-object "memory-backend-memfd,id=mem,size=$mem,share=on" -numa node,memdev=mem
-        -chardev "socket,id=cuda0,path=$ext_sock" -device vhost-user-cuda-pci,chardev=cuda0)
+        -chardev "socket,id=cuda0,path=$ext_sock${reconnect:+,reconnect-ms=$reconnect}"
+        -device vhost-user-cuda-pci,chardev=cuda0)
 elif ((use_device)); then
     sock=$work/vhost-cuda.sock
     RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" "${daemon_args[@]}" \
