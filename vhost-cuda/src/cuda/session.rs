@@ -37,6 +37,9 @@ use super::{
 };
 use crate::guest_buffer::{GuestBuffer, Request};
 
+#[path = "session_arrays.rs"]
+mod arrays;
+
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
 /// Most function handles a session may hold.
@@ -206,6 +209,8 @@ pub struct CudaSession {
     events: HandleTable<EventEntry>,
     /// Guest memory mapped into this process and registered (`HostMap`).
     host_memory: HostMappings,
+    /// Arrays, mipmapped arrays, texture and surface objects (session_arrays.rs).
+    arrays: arrays::ArrayState,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -236,6 +241,7 @@ impl CudaSession {
             streams: HandleTable::new(MAX_STREAMS),
             events: HandleTable::new(MAX_EVENTS),
             host_memory: HostMappings::default(),
+            arrays: arrays::ArrayState::default(),
         }
     }
 
@@ -325,6 +331,16 @@ impl CudaSession {
             Op::EventRecord => self.event_record(args),
             Op::EventSynchronize | Op::EventQuery => self.event_wait(req),
             Op::EventElapsedTime => self.event_elapsed(args),
+            Op::MallocPitch => self.malloc_pitch(req),
+            Op::Memset3D => self.memset_3d(req),
+            Op::Memcpy3D | Op::Memcpy3DHtoD | Op::Memcpy3DDtoH => self.memcpy_3d(req),
+            Op::ArrayCreate => self.array_create(req),
+            Op::ArrayDestroy => self.array_destroy(req),
+            Op::MipmappedArrayLevel => self.mipmapped_level(req),
+            Op::ArrayInfo => self.array_info(req),
+            Op::TexObjectCreate => self.tex_object_create(req),
+            Op::SurfObjectCreate => self.surf_object_create(req),
+            Op::TexObjectDestroy | Op::SurfObjectDestroy => self.object_destroy(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount
@@ -456,6 +472,7 @@ impl CudaSession {
         self.functions.retain(|f| f.dev != dev);
         self.streams.retain(|s| s.dev != dev);
         self.events.retain(|e| e.dev != dev);
+        self.arrays.forget_device(dev);
     }
 
     /// `DeviceGetLimit` / `DeviceSetLimit`: `cuCtxGetLimit`/`SetLimit` in the session's context.
