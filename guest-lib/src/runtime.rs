@@ -45,6 +45,8 @@ pub struct Runtime {
     pub streams: Streams,
     /// Live events.
     pub events: Events,
+    /// Texture and surface objects, with what they were made from.
+    pub objects: crate::arrays::Objects,
 }
 
 impl Runtime {
@@ -66,6 +68,7 @@ impl Runtime {
             host_memory: HostAllocations::default(),
             streams: Streams::default(),
             events: Events::default(),
+            objects: crate::arrays::Objects::default(),
         })
     }
 
@@ -97,6 +100,7 @@ impl Runtime {
         self.host_memory.forget_device(&self.session, device);
         self.streams.forget_device(device);
         self.events.forget_device(device);
+        self.objects.forget_device(device);
         registry.forget_device(device);
         self.session.clear_sticky(device);
         // The calling thread starts over too; other threads keep what they last saw.

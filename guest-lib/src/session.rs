@@ -307,7 +307,20 @@ pub fn needs_context(op: Op) -> bool {
         | Op::EventRecord
         | Op::EventSynchronize
         | Op::EventElapsedTime
-        | Op::EventQuery => true,
+        | Op::EventQuery
+        | Op::MallocPitch
+        | Op::Memset3D
+        | Op::Memcpy3D
+        | Op::Memcpy3DHtoD
+        | Op::Memcpy3DDtoH
+        | Op::ArrayCreate
+        | Op::ArrayDestroy
+        | Op::MipmappedArrayLevel
+        | Op::ArrayInfo
+        | Op::TexObjectCreate
+        | Op::TexObjectDestroy
+        | Op::SurfObjectCreate
+        | Op::SurfObjectDestroy => true,
     }
 }
 
@@ -328,7 +341,14 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::DriverReset
         | Op::HostMap
         | Op::HostUnmap
-        | Op::TakeOutput => false,
+        | Op::TakeOutput
+        | Op::MallocPitch
+        | Op::ArrayCreate
+        | Op::ArrayDestroy
+        | Op::TexObjectCreate
+        | Op::TexObjectDestroy
+        | Op::SurfObjectCreate
+        | Op::SurfObjectDestroy => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -357,7 +377,13 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::EventRecord
         | Op::EventSynchronize
         | Op::EventElapsedTime
-        | Op::EventQuery => true,
+        | Op::EventQuery
+        | Op::Memset3D
+        | Op::Memcpy3D
+        | Op::Memcpy3DHtoD
+        | Op::Memcpy3DDtoH
+        | Op::MipmappedArrayLevel
+        | Op::ArrayInfo => true,
     }
 }
 
