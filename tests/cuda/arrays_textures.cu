@@ -135,7 +135,7 @@ static void pitched_2d()
     if (e != cudaErrorInvalidPitchValue && e != cudaErrorInvalidValue)
         fail("cudaMemcpy2D with width > spitch returned %s", cudaGetErrorName(e));
     std::printf("cudaMemcpy2D width > pitch: %s\n", cudaGetErrorName(e));
-    e = cudaMemset2D(d, pitch, 0, pitch + 1, 1);
+    e = cudaMemset2D(d, pitch, 0, pitch + 1, 2);
     if (e == cudaSuccess)
         fail("cudaMemset2D with width > pitch succeeded");
     std::printf("cudaMemset2D width > pitch: %s\n", cudaGetErrorName(e));
@@ -383,13 +383,16 @@ static void arrays_and_textures()
     CHECK(cudaFreeArray(ua));
 
     // Errors: a copy beyond the array; a freed array.
-    EXPECT_ERR(cudaMemcpy2DToArray(a2, 0, 0, img.data(), w * sizeof(float), w * sizeof(float), h + 1,
+    std::vector<float> tall(w * (h + 1));
+    EXPECT_ERR(cudaMemcpy2DToArray(a2, 0, 0, tall.data(), w * sizeof(float), w * sizeof(float), h + 1,
                                    cudaMemcpyHostToDevice),
                cudaErrorInvalidValue);
     cudaGetLastError();
     CHECK(cudaFreeArray(a2));
+    cudaChannelFormatDesc gone_desc;
     cudaExtent ext;
-    cudaError_t e = cudaArrayGetInfo(nullptr, &ext, nullptr, a2);
+    unsigned gone_flags;
+    cudaError_t e = cudaArrayGetInfo(&gone_desc, &ext, &gone_flags, a2);
     if (e == cudaSuccess)
         fail("cudaArrayGetInfo of a freed array succeeded");
     std::printf("cudaArrayGetInfo of a freed array: %s\n", cudaGetErrorName(e));
@@ -409,7 +412,10 @@ static void surfaces_layers_mipmaps()
     CHECK(cudaMallocArray(&a, &f, w, h, cudaArraySurfaceLoadStore));
     unsigned flags = 0;
     cudaExtent ext;
-    CHECK(cudaArrayGetInfo(nullptr, &ext, &flags, a));
+    cudaChannelFormatDesc got_desc;
+    CHECK(cudaArrayGetInfo(&got_desc, &ext, &flags, a));
+    if (got_desc.x != 32 || got_desc.f != cudaChannelFormatKindFloat)
+        fail("cudaArrayGetInfo: format %d bits kind %d", got_desc.x, (int)got_desc.f);
     if (!(flags & cudaArraySurfaceLoadStore) || ext.width != (size_t)w || ext.height != (size_t)h)
         fail("cudaArrayGetInfo: flags %u extent %zux%zu", flags, ext.width, ext.height);
     cudaResourceDesc res = {};
@@ -469,7 +475,7 @@ static void surfaces_layers_mipmaps()
     for (unsigned l = 0; l < 4; l++) {
         cudaArray_t level;
         CHECK(cudaGetMipmappedArrayLevel(&level, m, l));
-        CHECK(cudaArrayGetInfo(nullptr, &ext, nullptr, level));
+        CHECK(cudaArrayGetInfo(&got_desc, &ext, &flags, level));
         if (ext.width != (32u >> l) || ext.height != (32u >> l))
             fail("mipmap level %u is %zux%zu", l, ext.width, ext.height);
     }

@@ -107,8 +107,33 @@ fn pitched_2d_copies_each_direction_and_memset() {
             cu::cudaErrorInvalidValue,
         );
     }
+    // SAFETY: device memory only.
+    unsafe {
+        ok(cudaMemcpy2DAsync(
+            d,
+            pitch,
+            d,
+            pitch,
+            w,
+            1,
+            cu::cudaMemcpyDeviceToDevice,
+            ptr::null_mut(),
+        ));
+        ok(cudaMemset2DAsync(d, pitch, 1, w, 2, ptr::null_mut()));
+    }
     let s = fake.state();
-    assert!(s.log.iter().any(|l| l.op == Op::Memcpy3D));
+    assert!(s
+        .log
+        .iter()
+        .any(|l| l.op == Op::Memcpy3D && !l.fire_and_forget));
+    assert!(s
+        .log
+        .iter()
+        .any(|l| l.op == Op::Memcpy3D && l.fire_and_forget));
+    assert!(s
+        .log
+        .iter()
+        .any(|l| l.op == Op::Memset3D && l.fire_and_forget));
     assert_eq!(s.log.iter().filter(|l| l.op == Op::Memcpy3DHtoD).count(), 1);
 }
 
