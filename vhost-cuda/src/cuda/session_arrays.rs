@@ -202,7 +202,8 @@ impl CudaSession {
                     s.z.checked_mul(s.pitch.checked_mul(s.height).ok_or_else(invalid)?)
                         .and_then(|v| v.checked_add(s.y.checked_mul(s.pitch)?))
                         .ok_or_else(invalid)?;
-                // The span counted from the row start: add x back in through `span`.
+                // From the start of the first row touched: `span` counts x in (its width is
+                // x + w), so the check covers the first byte to the last.
                 let start = s.addr.checked_add(first).ok_or_else(invalid)?;
                 self.check_range_ro(dev, start, span)?;
                 Ok(CopySide {
