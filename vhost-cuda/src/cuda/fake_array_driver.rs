@@ -3,6 +3,8 @@
 //! bytes, objects are fresh numbers. Checks what the real driver checks that the session
 //! relies on: live handles, ranges inside allocations and arrays.
 
+use std::collections::BTreeMap;
+
 use super::{
     super::{
         array_driver::{
@@ -11,7 +13,7 @@ use super::{
         },
         driver::{CuResult, DriverApi, Raw},
     },
-    check_stream, fresh, slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
+    check_stream, fresh, host_slice, slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
 };
 
 /// Bytes per element, row pitch and rows per slice of an array.
@@ -25,6 +27,7 @@ fn array_layout(d: &ArrayDesc) -> (usize, usize, usize, usize) {
 /// The bytes of one row of a copy side: `len` bytes at row (`y`, `z`) from byte `x`.
 fn row<'a>(
     c: &'a mut Ctx,
+    registered: &BTreeMap<u64, u64>,
     s: &CopySide,
     x: usize,
     y: usize,
@@ -38,8 +41,13 @@ fn row<'a>(
             Ok(unsafe { std::slice::from_raw_parts_mut((p + off) as *mut u8, len) })
         }
         Mem::Device(d) => {
-            let off = ((z * s.height + y) * s.pitch + x) as u64;
-            slice_mut(c, d + off, len)
+            let addr = d + ((z * s.height + y) * s.pitch + x) as u64;
+            match host_slice(registered, addr, len) {
+                // SAFETY: registered ranges stay mapped while registered (method contract of
+                // `mem_host_register`).
+                Some(p) => Ok(unsafe { std::slice::from_raw_parts_mut(p, len) }),
+                None => slice_mut(c, addr, len),
+            }
         }
         Mem::Array(a) => {
             let (desc, bytes) = c.arrays.get_mut(&a).ok_or(INVALID_HANDLE)?;
@@ -72,27 +80,37 @@ impl ArrayDriverApi for FakeDriver {
         height: usize,
         stream: Raw,
     ) -> CuResult<()> {
+        let registered = self.st().registered.clone();
         self.with_ctx("memset_2d", |c, _| {
             check_stream(c, stream)?;
             if width > pitch {
                 return Err(INVALID_VALUE);
             }
+            let rows = CopySide {
+                mem: Mem::Device(dst),
+                pitch,
+                height,
+                x: 0,
+                y: 0,
+                z: 0,
+            };
             for y in 0..height {
-                slice_mut(c, dst + (y * pitch) as u64, width)?.fill(value);
+                row(c, &registered, &rows, 0, y, 0, width)?.fill(value);
             }
             Ok(())
         })
     }
 
     unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Raw) -> CuResult<()> {
+        let registered = self.st().registered.clone();
         self.with_ctx("memcpy_3d", |c, _| {
             check_stream(c, stream)?;
             let [w, h, d] = p.extent;
             for z in 0..d {
                 for y in 0..h {
                     let (s, t) = (&p.src, &p.dst);
-                    let data = row(c, s, s.x, s.y + y, s.z + z, w)?.to_vec();
-                    row(c, t, t.x, t.y + y, t.z + z, w)?.copy_from_slice(&data);
+                    let data = row(c, &registered, s, s.x, s.y + y, s.z + z, w)?.to_vec();
+                    row(c, &registered, t, t.x, t.y + y, t.z + z, w)?.copy_from_slice(&data);
                 }
             }
             Ok(())

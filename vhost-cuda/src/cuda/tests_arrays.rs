@@ -324,3 +324,61 @@ fn mipmaps_and_texture_objects_are_the_sessions_own() {
         status::INVALID_VALUE
     );
 }
+
+#[test]
+fn host_mapped_memory_is_a_device_side_of_3d_copies_within_its_mapping() {
+    use qcuda_proto::{HostRun, HOST_WINDOW_BASE};
+    use vm_memory::{Bytes, GuestAddress};
+    assert!(super::super::reserve_window());
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let guest = HOST_WINDOW_BASE + 0x7300_0000;
+    let table: Vec<u8> = HostRun {
+        gpa: 0x30_0000,
+        len: 0x1000,
+    }
+    .encode()
+    .to_vec();
+    let t = rig.buf(&table);
+    let r = s.execute(&req(Op::HostMap, 0, &[guest, 0x1000, 0], vec![t], vec![]));
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, guest));
+    let r = ok(run(&mut s, Op::MallocPitch, &[64, 4]));
+    let (p, pitch) = (r[0], r[1]);
+    let data = pattern(256);
+    assert_eq!(
+        put(
+            &mut rig,
+            &mut s,
+            copy(wire(), device(p, pitch, 4), [64, 4, 1]),
+            &data
+        ),
+        0
+    );
+    // Device rows (pitch 512) into the mapped page with a pitch of 100.
+    let d = rig.buf(&copy(device(p, pitch, 4), device(guest, 100, 4), [64, 4, 1]).encode());
+    ok(s.execute(&req(Op::Memcpy3D, 0, &[0], vec![d], vec![])));
+    for y in 0..4 {
+        let mut row = [0u8; 64];
+        rig.mem
+            .read_slice(&mut row, GuestAddress(0x30_0000 + y * 100))
+            .unwrap();
+        assert_eq!(row[..], data[y as usize * 64..(y as usize + 1) * 64]);
+    }
+    // A pitch that runs the last row past the mapping is refused.
+    let d = rig.buf(&copy(device(p, pitch, 4), device(guest, 1350, 4), [64, 4, 1]).encode());
+    assert_eq!(
+        s.execute(&req(Op::Memcpy3D, 0, &[0], vec![d], vec![]))
+            .status,
+        status::INVALID_VALUE
+    );
+    // Memsets reach it too.
+    assert_eq!(
+        run(&mut s, Op::Memset3D, &[guest, 100, 0x33, 8, 2, 1, 2, 0]).status,
+        status::SUCCESS
+    );
+    let mut b = [0u8; 1];
+    rig.mem
+        .read_slice(&mut b, GuestAddress(0x30_0000 + 107))
+        .unwrap();
+    assert_eq!(b[0], 0x33);
+}
