@@ -43,6 +43,11 @@ types=(
     cudaDeviceAttr CUdevice_attribute
     cudaStreamCaptureStatus cudaStreamCaptureMode
     cudaStream_t cudaEvent_t cudaKernel_t cudaFunction_t
+    cudaExtent cudaPitchedPtr cudaPos cudaMemcpy3DParms cudaMemcpy3DPeerParms
+    cudaArray_t cudaArray_const_t cudaMipmappedArray_t cudaMipmappedArray_const_t
+    cudaResourceDesc cudaResourceType cudaResourceViewDesc cudaResourceViewFormat
+    cudaTextureDesc cudaTextureAddressMode cudaTextureFilterMode cudaTextureReadMode
+    cudaTextureObject_t cudaSurfaceObject_t
 )
 vars=(
     'cudaHostAlloc[A-Za-z]*' 'cudaHostRegister[A-Za-z]*'
@@ -51,6 +56,7 @@ vars=(
     'cudaEventRecord(Default|External)' 'cudaEventWait(Default|External)'
     'cudaDevice(Schedule[A-Za-z]*|BlockingSync|MapHost|LmemResizeToMax|SyncMemops|Mask)'
     'CUDART_VERSION'
+    'cudaArray(Default|Layered|SurfaceLoadStore|Cubemap|TextureGather|ColorAttachment|SparseTransferable|Sparse|DeferredMapping)'
 )
 join() { local IFS='|'; echo "$*"; }
 

@@ -36,6 +36,8 @@ named_errors! {
     INVALID_SYMBOL = cudaErrorInvalidSymbol;
     INVALID_DEVICE_POINTER = cudaErrorInvalidDevicePointer;
     INVALID_MEMCPY_DIRECTION = cudaErrorInvalidMemcpyDirection;
+    INVALID_PITCH_VALUE = cudaErrorInvalidPitchValue;
+    INVALID_CHANNEL_DESCRIPTOR = cudaErrorInvalidChannelDescriptor;
     INSUFFICIENT_DRIVER = cudaErrorInsufficientDriver;
     DEVICES_UNAVAILABLE = cudaErrorDevicesUnavailable;
     MISSING_CONFIGURATION = cudaErrorMissingConfiguration;

@@ -87,6 +87,8 @@ pub struct FakeState {
     host_due_signal: bool,
     /// `Batch` requests received.
     pub batches: u64,
+    /// Arrays and texture/surface objects (fake_arrays.rs).
+    pub arrays: crate::fake_arrays::FakeArrays,
 }
 
 /// The test double; share it with the runtime through `Arc`.
@@ -173,6 +175,21 @@ impl FakeState {
         self.next_addr += size.max(1).next_multiple_of(256) + 256;
         self.memory.insert(addr, vec![0; size as usize]);
         addr
+    }
+
+    /// For fake_arrays.rs: a new allocation.
+    pub fn alloc_for_test(&mut self, size: u64) -> u64 {
+        self.alloc(size)
+    }
+
+    /// For fake_arrays.rs: a new handle.
+    pub fn handle_for_test(&mut self) -> u64 {
+        self.handle()
+    }
+
+    /// For fake_arrays.rs: a device range, or INVALID_VALUE.
+    pub fn device_bytes_checked(&mut self, addr: u64, len: u64) -> Result<&mut [u8], u32> {
+        self.device_bytes(addr, len)
     }
 
     fn handle(&mut self) -> u64 {
@@ -496,6 +513,19 @@ fn run(
             }
         }
         Op::FuncSetAttribute => {}
+        Op::MallocPitch
+        | Op::Memset3D
+        | Op::Memcpy3D
+        | Op::Memcpy3DHtoD
+        | Op::Memcpy3DDtoH
+        | Op::ArrayCreate
+        | Op::ArrayDestroy
+        | Op::MipmappedArrayLevel
+        | Op::ArrayInfo
+        | Op::TexObjectCreate
+        | Op::TexObjectDestroy
+        | Op::SurfObjectCreate
+        | Op::SurfObjectDestroy => crate::fake_arrays::run(s, op, args, ins, outs, rets)?,
         Op::OccupancyMaxActiveBlocks => rets[0] = 2048 / args[1].max(1),
         Op::ModuleLoad => {
             if ins[0].len() < 16 || ins[0][..4] != 0xBA55_ED50u32.to_le_bytes() {

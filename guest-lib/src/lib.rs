@@ -21,9 +21,11 @@ mod warnings;
 
 pub mod allocations;
 pub mod api;
+pub mod arrays;
 pub mod batch;
 pub mod call_config;
 pub mod copy;
+pub mod copy3d;
 pub mod cuda_error;
 pub mod device_prop;
 pub mod devices;
@@ -50,5 +52,7 @@ pub mod transport;
 
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod fake_arrays;
 #[cfg(test)]
 mod fake_device;

@@ -48,6 +48,8 @@ pub struct Runtime {
     pub events: Events,
     /// Host functions and the thread that runs them.
     pub host_fns: HostFns,
+    /// Texture and surface objects, with what they were made from.
+    pub objects: crate::arrays::Objects,
 }
 
 impl Runtime {
@@ -70,6 +72,7 @@ impl Runtime {
             streams: Streams::default(),
             events: Events::default(),
             host_fns: HostFns::default(),
+            objects: crate::arrays::Objects::default(),
         })
     }
 
@@ -101,6 +104,7 @@ impl Runtime {
         self.host_memory.forget_device(&self.session, device);
         self.streams.forget_device(device);
         self.events.forget_device(device);
+        self.objects.forget_device(device);
         registry.forget_device(device);
         self.session.clear_sticky(device);
         // The calling thread starts over too; other threads keep what they last saw.

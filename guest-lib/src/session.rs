@@ -371,7 +371,20 @@ pub fn needs_context(op: Op) -> bool {
         | Op::EventElapsedTime
         | Op::EventQuery
         | Op::LaunchHostFunc
-        | Op::Batch => true,
+        | Op::Batch
+        | Op::MallocPitch
+        | Op::Memset3D
+        | Op::Memcpy3D
+        | Op::Memcpy3DHtoD
+        | Op::Memcpy3DDtoH
+        | Op::ArrayCreate
+        | Op::ArrayDestroy
+        | Op::MipmappedArrayLevel
+        | Op::ArrayInfo
+        | Op::TexObjectCreate
+        | Op::TexObjectDestroy
+        | Op::SurfObjectCreate
+        | Op::SurfObjectDestroy => true,
     }
 }
 
@@ -396,7 +409,14 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::LaunchHostFunc
         | Op::Batch
         // An answer lost to a signal would be a function that never runs.
-        | Op::HostFuncWait => false,
+        | Op::HostFuncWait
+        | Op::MallocPitch
+        | Op::ArrayCreate
+        | Op::ArrayDestroy
+        | Op::TexObjectCreate
+        | Op::TexObjectDestroy
+        | Op::SurfObjectCreate
+        | Op::SurfObjectDestroy => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -426,7 +446,13 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::EventRecord
         | Op::EventSynchronize
         | Op::EventElapsedTime
-        | Op::EventQuery => true,
+        | Op::EventQuery
+        | Op::Memset3D
+        | Op::Memcpy3D
+        | Op::Memcpy3DHtoD
+        | Op::Memcpy3DDtoH
+        | Op::MipmappedArrayLevel
+        | Op::ArrayInfo => true,
     }
 }
 

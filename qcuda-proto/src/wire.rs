@@ -395,6 +395,47 @@ ops! {
     /// len / [`LATENCY_RECORD_SIZE`] [`LatencyRecord`]s; rets[0] = records written, rets[1] =
     /// records the host has. Answered by the daemon without the worker.
     HostLatency = 0x01D9, ins 0, outs 1;
+    /// Pitched device memory (cudaMallocPitch, cudaMalloc3D): args[0] = width in bytes,
+    /// args[1] = rows (height, or height × depth). cuMemAllocPitch with 16-byte elements.
+    /// rets[0] = device pointer, rets[1] = pitch; the allocation is pitch × rows bytes.
+    MallocPitch = 0x0160, ins 0, outs 0;
+    /// Memset of pitched device memory (cudaMemset2D/3D): args[0] = pointer, args[1] = pitch,
+    /// args[2] = byte value, args[3] = width in bytes, args[4] = rows per slice written,
+    /// args[5] = slices, args[6] = rows per slice in memory (slice stride pitch × args[6]),
+    /// args[7] = stream handle.
+    Memset3D = 0x0161, ins 0, outs 0;
+    /// A copy between device-addressable memory and arrays (cudaMemcpy2D/3D and the array
+    /// copies): args[0] = stream handle; in-buffer 0 = one [`Copy3D`] without `COPY_WIRE` sides.
+    Memcpy3D = 0x0162, ins 1, outs 0;
+    /// Guest bytes to device memory or an array: args[0] = stream handle; in-buffer 0 = one
+    /// [`Copy3D`] whose source is `COPY_WIRE`; in-buffer 1 = the bytes, packed (rows of `width`
+    /// bytes, `height` rows per slice, `depth` slices). Complete when answered.
+    Memcpy3DHtoD = 0x0163, ins 2, outs 0;
+    /// Device memory or an array to guest bytes: args[0] = stream handle; in-buffer 0 = one
+    /// [`Copy3D`] whose destination is `COPY_WIRE`; out-buffer 0 receives the bytes, packed.
+    Memcpy3DDtoH = 0x0164, ins 1, outs 1;
+    /// A CUDA array (cuArray3DCreate) or mipmapped array (cuMipmappedArrayCreate): args[0] =
+    /// width, args[1] = height, args[2] = depth (elements; 0 for an absent dimension),
+    /// args[3] = `CUarray_format`, args[4] = channels (1, 2 or 4), args[5] = `CUDA_ARRAY3D_*`
+    /// flags, args[6] = mipmap levels (0: a plain array). rets[0] = array handle.
+    ArrayCreate = 0x0165, ins 0, outs 0;
+    /// args[0] = array handle, args[1] = 1 for a mipmapped array, 0 for an array.
+    ArrayDestroy = 0x0166, ins 0, outs 0;
+    /// args[0] = mipmapped array handle, args[1] = level. rets[0] = an array handle for the
+    /// level, owned by the mipmapped array (gone with it, never destroyed alone).
+    MipmappedArrayLevel = 0x0167, ins 0, outs 0;
+    /// args[0] = array handle. rets[0] = width, rets[1] = height, rets[2] = depth,
+    /// rets[3] = `CUarray_format`, rets[4] = channels, rets[5] = `CUDA_ARRAY3D_*` flags.
+    ArrayInfo = 0x0168, ins 0, outs 0;
+    /// In-buffer 0 = `TEX_WORDS` little-endian u64 words (see [`tex`]). rets[0] = the
+    /// `CUtexObject` value itself, which kernels take as an argument.
+    TexObjectCreate = 0x0169, ins 1, outs 0;
+    /// args[0] = a `CUtexObject` this session created.
+    TexObjectDestroy = 0x016A, ins 0, outs 0;
+    /// args[0] = array handle. rets[0] = the `CUsurfObject` value itself.
+    SurfObjectCreate = 0x016B, ins 0, outs 0;
+    /// args[0] = a `CUsurfObject` this session created.
+    SurfObjectDestroy = 0x016C, ins 0, outs 0;
 }
 
 /// Bytes of an encoded [`LatencyRecord`].
@@ -998,6 +1039,167 @@ impl ParamInfo {
         })
     }
 }
+
+/// [`Copy3DSide::kind`]: bytes carried by the request (in-buffer 1 or out-buffer 0), packed.
+pub const COPY_WIRE: u32 = 0;
+/// [`Copy3DSide::kind`]: a device address of the session (device memory or host-mapped).
+pub const COPY_DEVICE: u32 = 1;
+/// [`Copy3DSide::kind`]: an array handle of the session.
+pub const COPY_ARRAY: u32 = 2;
+
+/// Bytes of an encoded [`Copy3DSide`].
+pub const COPY3D_SIDE_SIZE: usize = 56;
+/// Bytes of an encoded [`Copy3D`].
+pub const COPY3D_SIZE: usize = 2 * COPY3D_SIDE_SIZE + 24;
+
+/// One side of a [`Copy3D`]. For `COPY_WIRE` every field but `kind` is 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Copy3DSide {
+    /// `COPY_WIRE`, `COPY_DEVICE` or `COPY_ARRAY`.
+    pub kind: u32,
+    /// Device address of the memory (`COPY_DEVICE`) or array handle (`COPY_ARRAY`).
+    pub addr: u64,
+    /// Bytes from one row to the next (`COPY_DEVICE`).
+    pub pitch: u64,
+    /// Rows from one slice to the next (`COPY_DEVICE`).
+    pub height: u64,
+    /// Offset of the first byte in a row, in bytes.
+    pub x: u64,
+    /// First row.
+    pub y: u64,
+    /// First slice (layer, for layered arrays).
+    pub z: u64,
+}
+
+impl Copy3DSide {
+    fn encode_into(&self, b: &mut [u8]) {
+        put(b, 0, &u64::from(self.kind).to_le_bytes());
+        for (i, v) in [self.addr, self.pitch, self.height, self.x, self.y, self.z]
+            .iter()
+            .enumerate()
+        {
+            put(b, 8 + 8 * i, &v.to_le_bytes());
+        }
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, WireError> {
+        let kind = get_u64(b, 0);
+        if kind > u64::from(COPY_ARRAY) {
+            return Err(WireError::Reserved);
+        }
+        Ok(Self {
+            kind: kind as u32,
+            addr: get_u64(b, 8),
+            pitch: get_u64(b, 16),
+            height: get_u64(b, 24),
+            x: get_u64(b, 32),
+            y: get_u64(b, 40),
+            z: get_u64(b, 48),
+        })
+    }
+}
+
+/// A 3D copy (`CUDA_MEMCPY3D` in qcuda's terms): `depth` slices of `height` rows of `width`
+/// bytes from `src` to `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Copy3D {
+    /// Source.
+    pub src: Copy3DSide,
+    /// Destination.
+    pub dst: Copy3DSide,
+    /// Bytes per row.
+    pub width: u64,
+    /// Rows per slice.
+    pub height: u64,
+    /// Slices.
+    pub depth: u64,
+}
+
+impl Copy3D {
+    /// Encodes: src @0, dst @56 (each kind u64, addr, pitch, height, x, y, z), then width,
+    /// height, depth (u64 each) @112.
+    pub fn encode(&self) -> [u8; COPY3D_SIZE] {
+        let mut b = [0u8; COPY3D_SIZE];
+        self.src.encode_into(&mut b[..COPY3D_SIDE_SIZE]);
+        self.dst
+            .encode_into(&mut b[COPY3D_SIDE_SIZE..2 * COPY3D_SIDE_SIZE]);
+        let at = 2 * COPY3D_SIDE_SIZE;
+        put(&mut b, at, &self.width.to_le_bytes());
+        put(&mut b, at + 8, &self.height.to_le_bytes());
+        put(&mut b, at + 16, &self.depth.to_le_bytes());
+        b
+    }
+
+    /// Decodes a copy; the buffer must be exactly [`COPY3D_SIZE`] bytes.
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() != COPY3D_SIZE {
+            return Err(WireError::Short);
+        }
+        let at = 2 * COPY3D_SIDE_SIZE;
+        Ok(Self {
+            src: Copy3DSide::decode(&b[..COPY3D_SIDE_SIZE])?,
+            dst: Copy3DSide::decode(&b[COPY3D_SIDE_SIZE..at])?,
+            width: get_u64(b, at),
+            height: get_u64(b, at + 8),
+            depth: get_u64(b, at + 16),
+        })
+    }
+
+    /// Bytes a `COPY_WIRE` side carries: width × height × depth (None on overflow).
+    pub fn packed_len(&self) -> Option<u64> {
+        self.width.checked_mul(self.height)?.checked_mul(self.depth)
+    }
+}
+
+/// The words of `TexObjectCreate`'s in-buffer: the driver's resource, texture and view
+/// descriptors (`CUDA_RESOURCE_DESC`, `CUDA_TEXTURE_DESC`, `CUDA_RESOURCE_VIEW_DESC`), one
+/// little-endian u64 per field; floats as their f32 bits.
+pub mod tex {
+    /// `CUresourcetype` (0 array, 1 mipmapped array, 2 linear, 3 pitch 2D).
+    pub const RES_TYPE: usize = 0;
+    /// Array or mipmapped array handle, or the device address of linear memory.
+    pub const RES_HANDLE: usize = 1;
+    /// `CUarray_format` of linear and pitch-2D memory.
+    pub const RES_FORMAT: usize = 2;
+    /// Channels of linear and pitch-2D memory.
+    pub const RES_CHANNELS: usize = 3;
+    /// Size in bytes (linear) or width in elements (pitch 2D).
+    pub const RES_WIDTH: usize = 4;
+    /// Height in rows (pitch 2D).
+    pub const RES_HEIGHT: usize = 5;
+    /// Pitch in bytes (pitch 2D).
+    pub const RES_PITCH: usize = 6;
+    /// `CUaddress_mode` of dimensions 0, 1, 2.
+    pub const ADDRESS_MODE: usize = 7;
+    /// `CUfilter_mode`.
+    pub const FILTER_MODE: usize = 10;
+    /// `CU_TRSF_*` flags.
+    pub const FLAGS: usize = 11;
+    /// Maximum anisotropy.
+    pub const MAX_ANISOTROPY: usize = 12;
+    /// Mipmap `CUfilter_mode`.
+    pub const MIPMAP_FILTER_MODE: usize = 13;
+    /// Mipmap level bias (f32 bits).
+    pub const MIPMAP_LEVEL_BIAS: usize = 14;
+    /// Minimum mipmap level clamp (f32 bits).
+    pub const MIN_MIPMAP_LEVEL_CLAMP: usize = 15;
+    /// Maximum mipmap level clamp (f32 bits).
+    pub const MAX_MIPMAP_LEVEL_CLAMP: usize = 16;
+    /// Border colour, 4 × f32 bits.
+    pub const BORDER_COLOR: usize = 17;
+    /// 1 if a resource view follows, else 0 (and the view words are 0).
+    pub const VIEW_PRESENT: usize = 21;
+    /// `CUresourceViewFormat`.
+    pub const VIEW_FORMAT: usize = 22;
+    /// View width, height, depth.
+    pub const VIEW_EXTENT: usize = 23;
+    /// First and last mipmap level, first and last layer.
+    pub const VIEW_LEVELS: usize = 26;
+    /// Words in the buffer.
+    pub const WORDS: usize = 30;
+}
+/// Bytes of `TexObjectCreate`'s in-buffer.
+pub const TEX_DESC_SIZE: usize = tex::WORDS * 8;
 
 /// Streaming checksum used by the echo self-test: a 64-bit multiply-rotate hash over
 /// little-endian 8-byte words, so it runs fast even in a TCG guest. Splitting the input at any

@@ -285,3 +285,43 @@ fn batch_records_round_trip_and_refuse_what_cannot_be_batched() {
     reserved[12] = 1;
     assert_eq!(BatchRecord::decode(&reserved), Err(WireError::Reserved));
 }
+
+#[test]
+fn copy3d_round_trips_and_refuses_unknown_kinds() {
+    let c = Copy3D {
+        src: Copy3DSide {
+            kind: COPY_DEVICE,
+            addr: 0x7f00_0000_1000,
+            pitch: 512,
+            height: 64,
+            x: 8,
+            y: 1,
+            z: 2,
+        },
+        dst: Copy3DSide {
+            kind: COPY_ARRAY,
+            addr: 42,
+            ..Default::default()
+        },
+        width: 100,
+        height: 10,
+        depth: 3,
+    };
+    let b = c.encode();
+    assert_eq!(Copy3D::decode(&b), Ok(c));
+    assert_eq!(c.packed_len(), Some(3000));
+    assert_eq!(Copy3D::decode(&b[..COPY3D_SIZE - 1]), Err(WireError::Short));
+    let mut bad = b;
+    bad[0] = 3;
+    assert_eq!(Copy3D::decode(&bad), Err(WireError::Reserved));
+    assert_eq!(
+        Copy3D {
+            width: u64::MAX,
+            height: 2,
+            depth: 1,
+            ..c
+        }
+        .packed_len(),
+        None
+    );
+}

@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// Orders a synchronous call on the legacy stream of the current device.
-fn sync_order(device: u32) -> Ordering {
+pub(super) fn sync_order(device: u32) -> Ordering {
     Ordering {
         device,
         stream: 0,
@@ -29,7 +29,9 @@ fn sync_order(device: u32) -> Ordering {
 }
 
 /// Orders an `*Async` call on `stream`.
-fn async_order(stream: cudaStream_t) -> CudaResult<(&'static crate::runtime::Runtime, Ordering)> {
+pub(super) fn async_order(
+    stream: cudaStream_t,
+) -> CudaResult<(&'static crate::runtime::Runtime, Ordering)> {
     let (rt, _) = current()?;
     let t = rt.streams.target(stream as usize)?;
     Ok((

@@ -43,6 +43,7 @@ unsafe fn write_out<T>(out: *mut T, value: T) -> crate::cuda_error::CudaResult<(
     Ok(())
 }
 
+pub mod arrays;
 pub mod devices;
 pub mod errors;
 pub mod events;

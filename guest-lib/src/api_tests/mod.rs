@@ -15,6 +15,7 @@ use crate::{
     generated::{cudaError_t, cudaSuccess},
 };
 
+mod arrays;
 mod devices;
 mod errors;
 mod launch;

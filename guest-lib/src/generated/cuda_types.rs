@@ -33,6 +33,14 @@ pub const cudaDeviceMapHost: u32 = 8;
 pub const cudaDeviceLmemResizeToMax: u32 = 16;
 pub const cudaDeviceSyncMemops: u32 = 128;
 pub const cudaDeviceMask: u32 = 255;
+pub const cudaArrayDefault: u32 = 0;
+pub const cudaArrayLayered: u32 = 1;
+pub const cudaArraySurfaceLoadStore: u32 = 2;
+pub const cudaArrayCubemap: u32 = 4;
+pub const cudaArrayTextureGather: u32 = 8;
+pub const cudaArrayColorAttachment: u32 = 32;
+pub const cudaArraySparse: u32 = 64;
+pub const cudaArrayDeferredMapping: u32 = 128;
 #[repr(C)]
 #[derive(Debug)]
 pub struct CUfunc_st {
@@ -788,6 +796,24 @@ impl Default for cudaChannelFormatDesc {
         }
     }
 }
+#[repr(C)]
+#[derive(Debug)]
+pub struct cudaArray {
+    _unused: [u8; 0],
+}
+#[doc = " CUDA array"]
+pub type cudaArray_t = *mut cudaArray;
+#[doc = " CUDA array (as source copy argument)"]
+pub type cudaArray_const_t = *const cudaArray;
+#[repr(C)]
+#[derive(Debug)]
+pub struct cudaMipmappedArray {
+    _unused: [u8; 0],
+}
+#[doc = " CUDA mipmapped array"]
+pub type cudaMipmappedArray_t = *mut cudaMipmappedArray;
+#[doc = " CUDA mipmapped array (as source argument)"]
+pub type cudaMipmappedArray_const_t = *const cudaMipmappedArray;
 #[doc = "< Unregistered memory"]
 pub const cudaMemoryTypeUnregistered: cudaMemoryType = 0;
 #[doc = "< Host memory"]
@@ -810,6 +836,185 @@ pub const cudaMemcpyDeviceToDevice: cudaMemcpyKind = 3;
 pub const cudaMemcpyDefault: cudaMemcpyKind = 4;
 #[doc = " CUDA memory copy types"]
 pub type cudaMemcpyKind = ::core::ffi::c_uint;
+#[doc = " CUDA Pitched memory pointer\n\n \\sa ::make_cudaPitchedPtr"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaPitchedPtr {
+    #[doc = "< Pointer to allocated memory"]
+    pub ptr: *mut ::core::ffi::c_void,
+    #[doc = "< Pitch of allocated memory in bytes"]
+    pub pitch: usize,
+    #[doc = "< Logical width of allocation in elements"]
+    pub xsize: usize,
+    #[doc = "< Logical height of allocation in elements"]
+    pub ysize: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaPitchedPtr"][::std::mem::size_of::<cudaPitchedPtr>() - 32usize];
+    ["Alignment of cudaPitchedPtr"][::std::mem::align_of::<cudaPitchedPtr>() - 8usize];
+    ["Offset of field: cudaPitchedPtr::ptr"][::std::mem::offset_of!(cudaPitchedPtr, ptr) - 0usize];
+    ["Offset of field: cudaPitchedPtr::pitch"]
+        [::std::mem::offset_of!(cudaPitchedPtr, pitch) - 8usize];
+    ["Offset of field: cudaPitchedPtr::xsize"]
+        [::std::mem::offset_of!(cudaPitchedPtr, xsize) - 16usize];
+    ["Offset of field: cudaPitchedPtr::ysize"]
+        [::std::mem::offset_of!(cudaPitchedPtr, ysize) - 24usize];
+};
+impl Default for cudaPitchedPtr {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA extent\n\n \\sa ::make_cudaExtent"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaExtent {
+    #[doc = "< Width in elements when referring to array memory, in bytes when referring to linear memory"]
+    pub width: usize,
+    #[doc = "< Height in elements"]
+    pub height: usize,
+    #[doc = "< Depth in elements"]
+    pub depth: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExtent"][::std::mem::size_of::<cudaExtent>() - 24usize];
+    ["Alignment of cudaExtent"][::std::mem::align_of::<cudaExtent>() - 8usize];
+    ["Offset of field: cudaExtent::width"][::std::mem::offset_of!(cudaExtent, width) - 0usize];
+    ["Offset of field: cudaExtent::height"][::std::mem::offset_of!(cudaExtent, height) - 8usize];
+    ["Offset of field: cudaExtent::depth"][::std::mem::offset_of!(cudaExtent, depth) - 16usize];
+};
+#[doc = " CUDA 3D position\n\n \\sa ::make_cudaPos"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaPos {
+    #[doc = "< x"]
+    pub x: usize,
+    #[doc = "< y"]
+    pub y: usize,
+    #[doc = "< z"]
+    pub z: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaPos"][::std::mem::size_of::<cudaPos>() - 24usize];
+    ["Alignment of cudaPos"][::std::mem::align_of::<cudaPos>() - 8usize];
+    ["Offset of field: cudaPos::x"][::std::mem::offset_of!(cudaPos, x) - 0usize];
+    ["Offset of field: cudaPos::y"][::std::mem::offset_of!(cudaPos, y) - 8usize];
+    ["Offset of field: cudaPos::z"][::std::mem::offset_of!(cudaPos, z) - 16usize];
+};
+#[doc = " CUDA 3D memory copying parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemcpy3DParms {
+    #[doc = "< Source memory address"]
+    pub srcArray: cudaArray_t,
+    #[doc = "< Source position offset"]
+    pub srcPos: cudaPos,
+    #[doc = "< Pitched source memory address"]
+    pub srcPtr: cudaPitchedPtr,
+    #[doc = "< Destination memory address"]
+    pub dstArray: cudaArray_t,
+    #[doc = "< Destination position offset"]
+    pub dstPos: cudaPos,
+    #[doc = "< Pitched destination memory address"]
+    pub dstPtr: cudaPitchedPtr,
+    #[doc = "< Requested memory copy size"]
+    pub extent: cudaExtent,
+    #[doc = "< Type of transfer"]
+    pub kind: cudaMemcpyKind,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemcpy3DParms"][::std::mem::size_of::<cudaMemcpy3DParms>() - 160usize];
+    ["Alignment of cudaMemcpy3DParms"][::std::mem::align_of::<cudaMemcpy3DParms>() - 8usize];
+    ["Offset of field: cudaMemcpy3DParms::srcArray"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, srcArray) - 0usize];
+    ["Offset of field: cudaMemcpy3DParms::srcPos"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, srcPos) - 8usize];
+    ["Offset of field: cudaMemcpy3DParms::srcPtr"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, srcPtr) - 32usize];
+    ["Offset of field: cudaMemcpy3DParms::dstArray"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, dstArray) - 64usize];
+    ["Offset of field: cudaMemcpy3DParms::dstPos"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, dstPos) - 72usize];
+    ["Offset of field: cudaMemcpy3DParms::dstPtr"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, dstPtr) - 96usize];
+    ["Offset of field: cudaMemcpy3DParms::extent"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, extent) - 128usize];
+    ["Offset of field: cudaMemcpy3DParms::kind"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, kind) - 152usize];
+};
+impl Default for cudaMemcpy3DParms {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA 3D cross-device memory copying parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemcpy3DPeerParms {
+    #[doc = "< Source memory address"]
+    pub srcArray: cudaArray_t,
+    #[doc = "< Source position offset"]
+    pub srcPos: cudaPos,
+    #[doc = "< Pitched source memory address"]
+    pub srcPtr: cudaPitchedPtr,
+    #[doc = "< Source device"]
+    pub srcDevice: ::core::ffi::c_int,
+    #[doc = "< Destination memory address"]
+    pub dstArray: cudaArray_t,
+    #[doc = "< Destination position offset"]
+    pub dstPos: cudaPos,
+    #[doc = "< Pitched destination memory address"]
+    pub dstPtr: cudaPitchedPtr,
+    #[doc = "< Destination device"]
+    pub dstDevice: ::core::ffi::c_int,
+    #[doc = "< Requested memory copy size"]
+    pub extent: cudaExtent,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemcpy3DPeerParms"][::std::mem::size_of::<cudaMemcpy3DPeerParms>() - 168usize];
+    ["Alignment of cudaMemcpy3DPeerParms"]
+        [::std::mem::align_of::<cudaMemcpy3DPeerParms>() - 8usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::srcArray"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, srcArray) - 0usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::srcPos"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, srcPos) - 8usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::srcPtr"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, srcPtr) - 32usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::srcDevice"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, srcDevice) - 64usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::dstArray"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, dstArray) - 72usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::dstPos"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, dstPos) - 80usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::dstPtr"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, dstPtr) - 104usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::dstDevice"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, dstDevice) - 136usize];
+    ["Offset of field: cudaMemcpy3DPeerParms::extent"]
+        [::std::mem::offset_of!(cudaMemcpy3DPeerParms, extent) - 144usize];
+};
+impl Default for cudaMemcpy3DPeerParms {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = "< Stream is not capturing"]
 pub const cudaStreamCaptureStatusNone: cudaStreamCaptureStatus = 0;
 #[doc = "< Stream is actively capturing"]
@@ -823,6 +1028,346 @@ pub const cudaStreamCaptureModeThreadLocal: cudaStreamCaptureMode = 1;
 pub const cudaStreamCaptureModeRelaxed: cudaStreamCaptureMode = 2;
 #[doc = " Possible modes for stream capture thread interactions. For more details see\n ::cudaStreamBeginCapture and ::cudaThreadExchangeStreamCaptureMode"]
 pub type cudaStreamCaptureMode = ::core::ffi::c_uint;
+#[doc = "< Array resource"]
+pub const cudaResourceTypeArray: cudaResourceType = 0;
+#[doc = "< Mipmapped array resource"]
+pub const cudaResourceTypeMipmappedArray: cudaResourceType = 1;
+#[doc = "< Linear resource"]
+pub const cudaResourceTypeLinear: cudaResourceType = 2;
+#[doc = "< Pitch 2D resource"]
+pub const cudaResourceTypePitch2D: cudaResourceType = 3;
+#[doc = " CUDA resource types"]
+pub type cudaResourceType = ::core::ffi::c_uint;
+#[doc = "< No resource view format (use underlying resource format)"]
+pub const cudaResViewFormatNone: cudaResourceViewFormat = 0;
+#[doc = "< 1 channel unsigned 8-bit integers"]
+pub const cudaResViewFormatUnsignedChar1: cudaResourceViewFormat = 1;
+#[doc = "< 2 channel unsigned 8-bit integers"]
+pub const cudaResViewFormatUnsignedChar2: cudaResourceViewFormat = 2;
+#[doc = "< 4 channel unsigned 8-bit integers"]
+pub const cudaResViewFormatUnsignedChar4: cudaResourceViewFormat = 3;
+#[doc = "< 1 channel signed 8-bit integers"]
+pub const cudaResViewFormatSignedChar1: cudaResourceViewFormat = 4;
+#[doc = "< 2 channel signed 8-bit integers"]
+pub const cudaResViewFormatSignedChar2: cudaResourceViewFormat = 5;
+#[doc = "< 4 channel signed 8-bit integers"]
+pub const cudaResViewFormatSignedChar4: cudaResourceViewFormat = 6;
+#[doc = "< 1 channel unsigned 16-bit integers"]
+pub const cudaResViewFormatUnsignedShort1: cudaResourceViewFormat = 7;
+#[doc = "< 2 channel unsigned 16-bit integers"]
+pub const cudaResViewFormatUnsignedShort2: cudaResourceViewFormat = 8;
+#[doc = "< 4 channel unsigned 16-bit integers"]
+pub const cudaResViewFormatUnsignedShort4: cudaResourceViewFormat = 9;
+#[doc = "< 1 channel signed 16-bit integers"]
+pub const cudaResViewFormatSignedShort1: cudaResourceViewFormat = 10;
+#[doc = "< 2 channel signed 16-bit integers"]
+pub const cudaResViewFormatSignedShort2: cudaResourceViewFormat = 11;
+#[doc = "< 4 channel signed 16-bit integers"]
+pub const cudaResViewFormatSignedShort4: cudaResourceViewFormat = 12;
+#[doc = "< 1 channel unsigned 32-bit integers"]
+pub const cudaResViewFormatUnsignedInt1: cudaResourceViewFormat = 13;
+#[doc = "< 2 channel unsigned 32-bit integers"]
+pub const cudaResViewFormatUnsignedInt2: cudaResourceViewFormat = 14;
+#[doc = "< 4 channel unsigned 32-bit integers"]
+pub const cudaResViewFormatUnsignedInt4: cudaResourceViewFormat = 15;
+#[doc = "< 1 channel signed 32-bit integers"]
+pub const cudaResViewFormatSignedInt1: cudaResourceViewFormat = 16;
+#[doc = "< 2 channel signed 32-bit integers"]
+pub const cudaResViewFormatSignedInt2: cudaResourceViewFormat = 17;
+#[doc = "< 4 channel signed 32-bit integers"]
+pub const cudaResViewFormatSignedInt4: cudaResourceViewFormat = 18;
+#[doc = "< 1 channel 16-bit floating point"]
+pub const cudaResViewFormatHalf1: cudaResourceViewFormat = 19;
+#[doc = "< 2 channel 16-bit floating point"]
+pub const cudaResViewFormatHalf2: cudaResourceViewFormat = 20;
+#[doc = "< 4 channel 16-bit floating point"]
+pub const cudaResViewFormatHalf4: cudaResourceViewFormat = 21;
+#[doc = "< 1 channel 32-bit floating point"]
+pub const cudaResViewFormatFloat1: cudaResourceViewFormat = 22;
+#[doc = "< 2 channel 32-bit floating point"]
+pub const cudaResViewFormatFloat2: cudaResourceViewFormat = 23;
+#[doc = "< 4 channel 32-bit floating point"]
+pub const cudaResViewFormatFloat4: cudaResourceViewFormat = 24;
+#[doc = "< Block compressed 1"]
+pub const cudaResViewFormatUnsignedBlockCompressed1: cudaResourceViewFormat = 25;
+#[doc = "< Block compressed 2"]
+pub const cudaResViewFormatUnsignedBlockCompressed2: cudaResourceViewFormat = 26;
+#[doc = "< Block compressed 3"]
+pub const cudaResViewFormatUnsignedBlockCompressed3: cudaResourceViewFormat = 27;
+#[doc = "< Block compressed 4 unsigned"]
+pub const cudaResViewFormatUnsignedBlockCompressed4: cudaResourceViewFormat = 28;
+#[doc = "< Block compressed 4 signed"]
+pub const cudaResViewFormatSignedBlockCompressed4: cudaResourceViewFormat = 29;
+#[doc = "< Block compressed 5 unsigned"]
+pub const cudaResViewFormatUnsignedBlockCompressed5: cudaResourceViewFormat = 30;
+#[doc = "< Block compressed 5 signed"]
+pub const cudaResViewFormatSignedBlockCompressed5: cudaResourceViewFormat = 31;
+#[doc = "< Block compressed 6 unsigned half-float"]
+pub const cudaResViewFormatUnsignedBlockCompressed6H: cudaResourceViewFormat = 32;
+#[doc = "< Block compressed 6 signed half-float"]
+pub const cudaResViewFormatSignedBlockCompressed6H: cudaResourceViewFormat = 33;
+#[doc = "< Block compressed 7"]
+pub const cudaResViewFormatUnsignedBlockCompressed7: cudaResourceViewFormat = 34;
+#[doc = " CUDA texture resource view formats"]
+pub type cudaResourceViewFormat = ::core::ffi::c_uint;
+#[doc = " CUDA resource descriptor"]
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct cudaResourceDesc {
+    #[doc = "< Resource type"]
+    pub resType: cudaResourceType,
+    pub res: cudaResourceDesc__bindgen_ty_1,
+    #[doc = "< Flags (must be zero)"]
+    pub flags: ::core::ffi::c_uint,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union cudaResourceDesc__bindgen_ty_1 {
+    pub array: cudaResourceDesc__bindgen_ty_1__bindgen_ty_1,
+    pub mipmap: cudaResourceDesc__bindgen_ty_1__bindgen_ty_2,
+    pub linear: cudaResourceDesc__bindgen_ty_1__bindgen_ty_3,
+    pub pitch2D: cudaResourceDesc__bindgen_ty_1__bindgen_ty_4,
+    pub reserved: cudaResourceDesc__bindgen_ty_1__bindgen_ty_5,
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaResourceDesc__bindgen_ty_1__bindgen_ty_1 {
+    #[doc = "< CUDA array"]
+    pub array: cudaArray_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaResourceDesc__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::size_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_1>() - 8usize];
+    ["Alignment of cudaResourceDesc__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::align_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_1>() - 8usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_1::array"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_1, array) - 0usize];
+};
+impl Default for cudaResourceDesc__bindgen_ty_1__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaResourceDesc__bindgen_ty_1__bindgen_ty_2 {
+    #[doc = "< CUDA mipmapped array"]
+    pub mipmap: cudaMipmappedArray_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaResourceDesc__bindgen_ty_1__bindgen_ty_2"]
+        [::std::mem::size_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_2>() - 8usize];
+    ["Alignment of cudaResourceDesc__bindgen_ty_1__bindgen_ty_2"]
+        [::std::mem::align_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_2>() - 8usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_2::mipmap"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_2, mipmap) - 0usize];
+};
+impl Default for cudaResourceDesc__bindgen_ty_1__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaResourceDesc__bindgen_ty_1__bindgen_ty_3 {
+    #[doc = "< Device pointer"]
+    pub devPtr: *mut ::core::ffi::c_void,
+    #[doc = "< Channel descriptor"]
+    pub desc: cudaChannelFormatDesc,
+    #[doc = "< Size in bytes"]
+    pub sizeInBytes: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaResourceDesc__bindgen_ty_1__bindgen_ty_3"]
+        [::std::mem::size_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_3>() - 40usize];
+    ["Alignment of cudaResourceDesc__bindgen_ty_1__bindgen_ty_3"]
+        [::std::mem::align_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_3>() - 8usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_3::devPtr"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_3, devPtr) - 0usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_3::desc"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_3, desc) - 8usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_3::sizeInBytes"][::std::mem::offset_of!(
+        cudaResourceDesc__bindgen_ty_1__bindgen_ty_3,
+        sizeInBytes
+    ) - 32usize];
+};
+impl Default for cudaResourceDesc__bindgen_ty_1__bindgen_ty_3 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaResourceDesc__bindgen_ty_1__bindgen_ty_4 {
+    #[doc = "< Device pointer"]
+    pub devPtr: *mut ::core::ffi::c_void,
+    #[doc = "< Channel descriptor"]
+    pub desc: cudaChannelFormatDesc,
+    #[doc = "< Width of the array in elements"]
+    pub width: usize,
+    #[doc = "< Height of the array in elements"]
+    pub height: usize,
+    #[doc = "< Pitch between two rows in bytes"]
+    pub pitchInBytes: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaResourceDesc__bindgen_ty_1__bindgen_ty_4"]
+        [::std::mem::size_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_4>() - 56usize];
+    ["Alignment of cudaResourceDesc__bindgen_ty_1__bindgen_ty_4"]
+        [::std::mem::align_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_4>() - 8usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_4::devPtr"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_4, devPtr) - 0usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_4::desc"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_4, desc) - 8usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_4::width"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_4, width) - 32usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_4::height"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_4, height) - 40usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_4::pitchInBytes"][::std::mem::offset_of!(
+        cudaResourceDesc__bindgen_ty_1__bindgen_ty_4,
+        pitchInBytes
+    ) - 48usize];
+};
+impl Default for cudaResourceDesc__bindgen_ty_1__bindgen_ty_4 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaResourceDesc__bindgen_ty_1__bindgen_ty_5 {
+    pub reserved: [::core::ffi::c_int; 32usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaResourceDesc__bindgen_ty_1__bindgen_ty_5"]
+        [::std::mem::size_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_5>() - 128usize];
+    ["Alignment of cudaResourceDesc__bindgen_ty_1__bindgen_ty_5"]
+        [::std::mem::align_of::<cudaResourceDesc__bindgen_ty_1__bindgen_ty_5>() - 4usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1__bindgen_ty_5::reserved"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1__bindgen_ty_5, reserved) - 0usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaResourceDesc__bindgen_ty_1"]
+        [::std::mem::size_of::<cudaResourceDesc__bindgen_ty_1>() - 128usize];
+    ["Alignment of cudaResourceDesc__bindgen_ty_1"]
+        [::std::mem::align_of::<cudaResourceDesc__bindgen_ty_1>() - 8usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1::array"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1, array) - 0usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1::mipmap"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1, mipmap) - 0usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1::linear"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1, linear) - 0usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1::pitch2D"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1, pitch2D) - 0usize];
+    ["Offset of field: cudaResourceDesc__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(cudaResourceDesc__bindgen_ty_1, reserved) - 0usize];
+};
+impl Default for cudaResourceDesc__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaResourceDesc"][::std::mem::size_of::<cudaResourceDesc>() - 144usize];
+    ["Alignment of cudaResourceDesc"][::std::mem::align_of::<cudaResourceDesc>() - 8usize];
+    ["Offset of field: cudaResourceDesc::resType"]
+        [::std::mem::offset_of!(cudaResourceDesc, resType) - 0usize];
+    ["Offset of field: cudaResourceDesc::res"]
+        [::std::mem::offset_of!(cudaResourceDesc, res) - 8usize];
+    ["Offset of field: cudaResourceDesc::flags"]
+        [::std::mem::offset_of!(cudaResourceDesc, flags) - 136usize];
+};
+impl Default for cudaResourceDesc {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA resource view descriptor"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaResourceViewDesc {
+    #[doc = "< Resource view format"]
+    pub format: cudaResourceViewFormat,
+    #[doc = "< Width of the resource view"]
+    pub width: usize,
+    #[doc = "< Height of the resource view"]
+    pub height: usize,
+    #[doc = "< Depth of the resource view"]
+    pub depth: usize,
+    #[doc = "< First defined mipmap level"]
+    pub firstMipmapLevel: ::core::ffi::c_uint,
+    #[doc = "< Last defined mipmap level"]
+    pub lastMipmapLevel: ::core::ffi::c_uint,
+    #[doc = "< First layer index"]
+    pub firstLayer: ::core::ffi::c_uint,
+    #[doc = "< Last layer index"]
+    pub lastLayer: ::core::ffi::c_uint,
+    #[doc = "< Must be zero"]
+    pub reserved: [::core::ffi::c_uint; 16usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaResourceViewDesc"][::std::mem::size_of::<cudaResourceViewDesc>() - 112usize];
+    ["Alignment of cudaResourceViewDesc"][::std::mem::align_of::<cudaResourceViewDesc>() - 8usize];
+    ["Offset of field: cudaResourceViewDesc::format"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, format) - 0usize];
+    ["Offset of field: cudaResourceViewDesc::width"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, width) - 8usize];
+    ["Offset of field: cudaResourceViewDesc::height"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, height) - 16usize];
+    ["Offset of field: cudaResourceViewDesc::depth"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, depth) - 24usize];
+    ["Offset of field: cudaResourceViewDesc::firstMipmapLevel"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, firstMipmapLevel) - 32usize];
+    ["Offset of field: cudaResourceViewDesc::lastMipmapLevel"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, lastMipmapLevel) - 36usize];
+    ["Offset of field: cudaResourceViewDesc::firstLayer"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, firstLayer) - 40usize];
+    ["Offset of field: cudaResourceViewDesc::lastLayer"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, lastLayer) - 44usize];
+    ["Offset of field: cudaResourceViewDesc::reserved"]
+        [::std::mem::offset_of!(cudaResourceViewDesc, reserved) - 48usize];
+};
+impl Default for cudaResourceViewDesc {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = " CUDA pointer attributes"]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -1655,3 +2200,100 @@ pub type cudaEvent_t = *mut CUevent_st;
 pub type cudaFunction_t = *mut CUfunc_st;
 #[doc = " CUDA kernel"]
 pub type cudaKernel_t = *mut CUkern_st;
+#[doc = " An opaque value that represents a CUDA Surface object"]
+pub type cudaSurfaceObject_t = ::core::ffi::c_ulonglong;
+#[doc = "< Wrapping address mode"]
+pub const cudaAddressModeWrap: cudaTextureAddressMode = 0;
+#[doc = "< Clamp to edge address mode"]
+pub const cudaAddressModeClamp: cudaTextureAddressMode = 1;
+#[doc = "< Mirror address mode"]
+pub const cudaAddressModeMirror: cudaTextureAddressMode = 2;
+#[doc = "< Border address mode"]
+pub const cudaAddressModeBorder: cudaTextureAddressMode = 3;
+#[doc = " CUDA texture address modes"]
+pub type cudaTextureAddressMode = ::core::ffi::c_uint;
+#[doc = "< Point filter mode"]
+pub const cudaFilterModePoint: cudaTextureFilterMode = 0;
+#[doc = "< Linear filter mode"]
+pub const cudaFilterModeLinear: cudaTextureFilterMode = 1;
+#[doc = " CUDA texture filter modes"]
+pub type cudaTextureFilterMode = ::core::ffi::c_uint;
+#[doc = "< Read texture as specified element type"]
+pub const cudaReadModeElementType: cudaTextureReadMode = 0;
+#[doc = "< Read texture as normalized float"]
+pub const cudaReadModeNormalizedFloat: cudaTextureReadMode = 1;
+#[doc = " CUDA texture read modes"]
+pub type cudaTextureReadMode = ::core::ffi::c_uint;
+#[doc = " CUDA texture descriptor"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaTextureDesc {
+    #[doc = " Texture address mode for up to 3 dimensions"]
+    pub addressMode: [cudaTextureAddressMode; 3usize],
+    #[doc = " Texture filter mode"]
+    pub filterMode: cudaTextureFilterMode,
+    #[doc = " Texture read mode"]
+    pub readMode: cudaTextureReadMode,
+    #[doc = " Perform sRGB->linear conversion during texture read"]
+    pub sRGB: ::core::ffi::c_int,
+    #[doc = " Texture Border Color"]
+    pub borderColor: [f32; 4usize],
+    #[doc = " Indicates whether texture reads are normalized or not"]
+    pub normalizedCoords: ::core::ffi::c_int,
+    #[doc = " Limit to the anisotropy ratio"]
+    pub maxAnisotropy: ::core::ffi::c_uint,
+    #[doc = " Mipmap filter mode"]
+    pub mipmapFilterMode: cudaTextureFilterMode,
+    #[doc = " Offset applied to the supplied mipmap level"]
+    pub mipmapLevelBias: f32,
+    #[doc = " Lower end of the mipmap level range to clamp access to"]
+    pub minMipmapLevelClamp: f32,
+    #[doc = " Upper end of the mipmap level range to clamp access to"]
+    pub maxMipmapLevelClamp: f32,
+    #[doc = " Disable any trilinear filtering optimizations."]
+    pub disableTrilinearOptimization: ::core::ffi::c_int,
+    #[doc = " Enable seamless cube map filtering."]
+    pub seamlessCubemap: ::core::ffi::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaTextureDesc"][::std::mem::size_of::<cudaTextureDesc>() - 72usize];
+    ["Alignment of cudaTextureDesc"][::std::mem::align_of::<cudaTextureDesc>() - 4usize];
+    ["Offset of field: cudaTextureDesc::addressMode"]
+        [::std::mem::offset_of!(cudaTextureDesc, addressMode) - 0usize];
+    ["Offset of field: cudaTextureDesc::filterMode"]
+        [::std::mem::offset_of!(cudaTextureDesc, filterMode) - 12usize];
+    ["Offset of field: cudaTextureDesc::readMode"]
+        [::std::mem::offset_of!(cudaTextureDesc, readMode) - 16usize];
+    ["Offset of field: cudaTextureDesc::sRGB"]
+        [::std::mem::offset_of!(cudaTextureDesc, sRGB) - 20usize];
+    ["Offset of field: cudaTextureDesc::borderColor"]
+        [::std::mem::offset_of!(cudaTextureDesc, borderColor) - 24usize];
+    ["Offset of field: cudaTextureDesc::normalizedCoords"]
+        [::std::mem::offset_of!(cudaTextureDesc, normalizedCoords) - 40usize];
+    ["Offset of field: cudaTextureDesc::maxAnisotropy"]
+        [::std::mem::offset_of!(cudaTextureDesc, maxAnisotropy) - 44usize];
+    ["Offset of field: cudaTextureDesc::mipmapFilterMode"]
+        [::std::mem::offset_of!(cudaTextureDesc, mipmapFilterMode) - 48usize];
+    ["Offset of field: cudaTextureDesc::mipmapLevelBias"]
+        [::std::mem::offset_of!(cudaTextureDesc, mipmapLevelBias) - 52usize];
+    ["Offset of field: cudaTextureDesc::minMipmapLevelClamp"]
+        [::std::mem::offset_of!(cudaTextureDesc, minMipmapLevelClamp) - 56usize];
+    ["Offset of field: cudaTextureDesc::maxMipmapLevelClamp"]
+        [::std::mem::offset_of!(cudaTextureDesc, maxMipmapLevelClamp) - 60usize];
+    ["Offset of field: cudaTextureDesc::disableTrilinearOptimization"]
+        [::std::mem::offset_of!(cudaTextureDesc, disableTrilinearOptimization) - 64usize];
+    ["Offset of field: cudaTextureDesc::seamlessCubemap"]
+        [::std::mem::offset_of!(cudaTextureDesc, seamlessCubemap) - 68usize];
+};
+impl Default for cudaTextureDesc {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " An opaque value that represents a CUDA texture object"]
+pub type cudaTextureObject_t = ::core::ffi::c_ulonglong;

@@ -27,7 +27,11 @@ use cudarc::driver::sys;
 use qcuda_proto::status;
 use tracing::{debug, warn};
 
-use super::{launch::LaunchConfig, status as cu_status};
+use super::{
+    array_driver::{ArrayDriverApi, ARRAY_SYMBOLS},
+    launch::LaunchConfig,
+    status as cu_status,
+};
 
 /// A driver object (context, module, function, stream, event) or pinned host pointer, as an
 /// integer. 0 is the NULL stream.
@@ -70,7 +74,7 @@ impl fmt::Debug for CuError {
 /// Result of a driver call.
 pub(crate) type CuResult<T> = Result<T, CuError>;
 
-fn check(r: sys::CUresult) -> CuResult<()> {
+pub(crate) fn check(r: sys::CUresult) -> CuResult<()> {
     match r {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
         e => Err(CuError(e as u32)),
@@ -78,7 +82,7 @@ fn check(r: sys::CUresult) -> CuResult<()> {
 }
 
 /// The driver calls the executor makes. See the module documentation for the handle contract.
-pub(crate) trait DriverApi: Send + Sync {
+pub(crate) trait DriverApi: ArrayDriverApi + Send + Sync {
     /// cuDeviceGetCount.
     fn device_count(&self) -> CuResult<i32>;
     /// cuDeviceGet: the `CUdevice` of ordinal `ordinal`.
@@ -366,6 +370,7 @@ impl CudaDriver {
         }
         let missing: Vec<&str> = REQUIRED_SYMBOLS
             .iter()
+            .chain(ARRAY_SYMBOLS)
             .copied()
             .filter(|s| !has(s))
             .collect();
@@ -396,7 +401,7 @@ impl CudaDriver {
     }
 }
 
-fn ptr<T>(raw: Raw) -> *mut T {
+pub(crate) fn ptr<T>(raw: Raw) -> *mut T {
     raw as *mut T
 }
 

@@ -15,6 +15,9 @@ use super::{
     launch::LaunchConfig,
 };
 
+#[path = "fake_array_driver.rs"]
+mod arrays;
+
 pub(crate) const TOTAL_MEM: u64 = 1 << 30;
 const INVALID_VALUE: CuError = CuError(1);
 const INVALID_CONTEXT: CuError = CuError(201);
@@ -62,6 +65,12 @@ struct Ctx {
     limits: HashMap<u32, usize>,
     /// MAX_DYNAMIC_SHARED_SIZE_BYTES set per function.
     func_smem: HashMap<Raw, i32>,
+    /// CUDA arrays: descriptor and bytes (fake_array_driver.rs).
+    arrays: HashMap<Raw, (super::array_driver::ArrayDesc, Vec<u8>)>,
+    /// Mipmapped arrays: their level arrays.
+    mipmapped: HashMap<Raw, Vec<Raw>>,
+    /// Texture and surface objects alive.
+    objects: HashSet<u64>,
 }
 
 #[derive(Debug, Default)]

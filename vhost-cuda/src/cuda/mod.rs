@@ -14,6 +14,7 @@
 
 mod aligned_bytes;
 mod allocations;
+mod array_driver;
 mod copy;
 mod driver;
 mod handles;

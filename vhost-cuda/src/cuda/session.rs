@@ -39,6 +39,9 @@ use super::{
 };
 use crate::guest_buffer::{GuestBuffer, Request};
 
+#[path = "session_arrays.rs"]
+mod arrays;
+
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
 /// Most function handles a session may hold.
@@ -213,6 +216,8 @@ pub struct CudaSession {
     /// Host-function calls captured into graphs: they may run as long as a graph lives, so
     /// they are freed with the session, after its contexts.
     captured_calls: Vec<usize>,
+    /// Arrays, mipmapped arrays, texture and surface objects (session_arrays.rs).
+    arrays: arrays::ArrayState,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -245,6 +250,7 @@ impl CudaSession {
             host_memory: HostMappings::default(),
             host_functions: HostFunctions::default(),
             captured_calls: Vec::new(),
+            arrays: arrays::ArrayState::default(),
         }
     }
 
@@ -342,6 +348,16 @@ impl CudaSession {
             Op::EventElapsedTime => self.event_elapsed(args),
             Op::LaunchHostFunc => self.launch_host_func(req),
             Op::Batch => self.batch(req),
+            Op::MallocPitch => self.malloc_pitch(req),
+            Op::Memset3D => self.memset_3d(req),
+            Op::Memcpy3D | Op::Memcpy3DHtoD | Op::Memcpy3DDtoH => self.memcpy_3d(req),
+            Op::ArrayCreate => self.array_create(req),
+            Op::ArrayDestroy => self.array_destroy(req),
+            Op::MipmappedArrayLevel => self.mipmapped_level(req),
+            Op::ArrayInfo => self.array_info(req),
+            Op::TexObjectCreate => self.tex_object_create(req),
+            Op::SurfObjectCreate => self.surf_object_create(req),
+            Op::TexObjectDestroy | Op::SurfObjectDestroy => self.object_destroy(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount
@@ -476,6 +492,7 @@ impl CudaSession {
         self.functions.retain(|f| f.dev != dev);
         self.streams.retain(|s| s.dev != dev);
         self.events.retain(|e| e.dev != dev);
+        self.arrays.forget_device(dev);
     }
 
     /// `DeviceGetLimit` / `DeviceSetLimit`: `cuCtxGetLimit`/`SetLimit` in the session's context.

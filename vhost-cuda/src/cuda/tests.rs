@@ -18,6 +18,9 @@ use super::{
 };
 use crate::guest_buffer::{GuestBuffer, GuestRam, Request};
 
+#[path = "tests_arrays.rs"]
+mod arrays;
+
 const RAM: usize = 32 << 20;
 const PTX: &[u8] = b".version 9.0\n.target sm_90\n.address_size 64\n";
 

@@ -1,0 +1,225 @@
+//! The fake driver's arrays, pitched memory, 3D copies and texture/surface objects: arrays are
+//! byte vectors (rows of width × element bytes, height rows per slice), copies move real
+//! bytes, objects are fresh numbers. Checks what the real driver checks that the session
+//! relies on: live handles, ranges inside allocations and arrays.
+
+use std::collections::BTreeMap;
+
+use super::{
+    super::{
+        array_driver::{
+            format_bytes, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem, Resource,
+            TexParams, ViewParams,
+        },
+        driver::{CuResult, DriverApi, Raw},
+    },
+    check_stream, fresh, host_slice, slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
+};
+
+/// Bytes per element, row pitch and rows per slice of an array.
+fn array_layout(d: &ArrayDesc) -> (usize, usize, usize, usize) {
+    let elem = format_bytes(d.format) * d.channels as usize;
+    let rows = d.height.max(1);
+    let slices = d.depth.max(1);
+    (elem, d.width * elem, rows, slices)
+}
+
+/// The bytes of one row of a copy side: `len` bytes at row (`y`, `z`) from byte `x`.
+fn row<'a>(
+    c: &'a mut Ctx,
+    registered: &BTreeMap<u64, u64>,
+    s: &CopySide,
+    x: usize,
+    y: usize,
+    z: usize,
+    len: usize,
+) -> CuResult<&'a mut [u8]> {
+    match s.mem {
+        Mem::Host(p) => {
+            let off = (z * s.height + y) * s.pitch + x;
+            // SAFETY: host sides are valid for the copy (method contract of `memcpy_3d`).
+            Ok(unsafe { std::slice::from_raw_parts_mut((p + off) as *mut u8, len) })
+        }
+        Mem::Device(d) => {
+            let addr = d + ((z * s.height + y) * s.pitch + x) as u64;
+            match host_slice(registered, addr, len) {
+                // SAFETY: registered ranges stay mapped while registered (method contract of
+                // `mem_host_register`).
+                Some(p) => Ok(unsafe { std::slice::from_raw_parts_mut(p, len) }),
+                None => slice_mut(c, addr, len),
+            }
+        }
+        Mem::Array(a) => {
+            let (desc, bytes) = c.arrays.get_mut(&a).ok_or(INVALID_HANDLE)?;
+            let (_, pitch, rows, slices) = array_layout(desc);
+            if x + len > pitch || y >= rows || z >= slices {
+                return Err(INVALID_VALUE);
+            }
+            let off = (z * rows + y) * pitch + x;
+            bytes.get_mut(off..off + len).ok_or(INVALID_VALUE)
+        }
+    }
+}
+
+impl ArrayDriverApi for FakeDriver {
+    fn mem_alloc_pitch(&self, width: usize, rows: usize) -> CuResult<(u64, usize)> {
+        if width == 0 || rows == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let pitch = width.div_ceil(512) * 512;
+        let p = self.mem_alloc(pitch.checked_mul(rows).ok_or(INVALID_VALUE)?)?;
+        Ok((p, pitch))
+    }
+
+    fn memset_2d(
+        &self,
+        dst: u64,
+        pitch: usize,
+        value: u8,
+        width: usize,
+        height: usize,
+        stream: Raw,
+    ) -> CuResult<()> {
+        let registered = self.st().registered.clone();
+        self.with_ctx("memset_2d", |c, _| {
+            check_stream(c, stream)?;
+            if width > pitch {
+                return Err(INVALID_VALUE);
+            }
+            let rows = CopySide {
+                mem: Mem::Device(dst),
+                pitch,
+                height,
+                x: 0,
+                y: 0,
+                z: 0,
+            };
+            for y in 0..height {
+                row(c, &registered, &rows, 0, y, 0, width)?.fill(value);
+            }
+            Ok(())
+        })
+    }
+
+    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Raw) -> CuResult<()> {
+        let registered = self.st().registered.clone();
+        self.with_ctx("memcpy_3d", |c, _| {
+            check_stream(c, stream)?;
+            let [w, h, d] = p.extent;
+            for z in 0..d {
+                for y in 0..h {
+                    let (s, t) = (&p.src, &p.dst);
+                    let data = row(c, &registered, s, s.x, s.y + y, s.z + z, w)?.to_vec();
+                    row(c, &registered, t, t.x, t.y + y, t.z + z, w)?.copy_from_slice(&data);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn array_create(&self, d: &ArrayDesc) -> CuResult<Raw> {
+        self.with_ctx("array_create", |c, next| {
+            let (elem, pitch, rows, slices) = array_layout(d);
+            if elem == 0 || d.width == 0 || ![1, 2, 4].contains(&d.channels) {
+                return Err(INVALID_VALUE);
+            }
+            let a = fresh(next);
+            c.arrays.insert(a, (*d, vec![0; pitch * rows * slices]));
+            Ok(a)
+        })
+    }
+
+    fn array_destroy(&self, array: Raw) -> CuResult<()> {
+        self.with_ctx("array_destroy", |c, _| {
+            c.arrays.remove(&array).map(|_| ()).ok_or(INVALID_HANDLE)
+        })
+    }
+
+    fn array_descriptor(&self, array: Raw) -> CuResult<ArrayDesc> {
+        self.with_ctx("array_descriptor", |c, _| {
+            c.arrays.get(&array).map(|(d, _)| *d).ok_or(INVALID_HANDLE)
+        })
+    }
+
+    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<Raw> {
+        if levels == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let mut level_arrays = Vec::new();
+        let mut l = *d;
+        for _ in 0..levels {
+            level_arrays.push(self.array_create(&l)?);
+            l.width = (l.width / 2).max(1);
+            l.height = if l.height == 0 {
+                0
+            } else {
+                (l.height / 2).max(1)
+            };
+        }
+        self.with_ctx("mipmapped_array_create", |c, next| {
+            let m = fresh(next);
+            c.mipmapped.insert(m, level_arrays);
+            Ok(m)
+        })
+    }
+
+    fn mipmapped_array_destroy(&self, array: Raw) -> CuResult<()> {
+        self.with_ctx("mipmapped_array_destroy", |c, _| {
+            let levels = c.mipmapped.remove(&array).ok_or(INVALID_HANDLE)?;
+            for l in levels {
+                c.arrays.remove(&l);
+            }
+            Ok(())
+        })
+    }
+
+    fn mipmapped_array_level(&self, array: Raw, level: u32) -> CuResult<Raw> {
+        self.with_ctx("mipmapped_array_level", |c, _| {
+            let levels = c.mipmapped.get(&array).ok_or(INVALID_HANDLE)?;
+            levels.get(level as usize).copied().ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn tex_object_create(
+        &self,
+        res: &Resource,
+        _tex: &TexParams,
+        _view: Option<&ViewParams>,
+    ) -> CuResult<u64> {
+        self.with_ctx("tex_object_create", |c, next| {
+            match *res {
+                Resource::Array(a) if !c.arrays.contains_key(&a) => return Err(INVALID_HANDLE),
+                Resource::Mipmapped(m) if !c.mipmapped.contains_key(&m) => {
+                    return Err(INVALID_HANDLE)
+                }
+                _ => {}
+            }
+            let t = fresh(next) as u64;
+            c.objects.insert(t);
+            Ok(t)
+        })
+    }
+
+    fn tex_object_destroy(&self, obj: u64) -> CuResult<()> {
+        self.with_ctx("tex_object_destroy", |c, _| {
+            c.objects.remove(&obj).then_some(()).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn surf_object_create(&self, array: Raw) -> CuResult<u64> {
+        self.with_ctx("surf_object_create", |c, next| {
+            if !c.arrays.contains_key(&array) {
+                return Err(INVALID_HANDLE);
+            }
+            let s = fresh(next) as u64;
+            c.objects.insert(s);
+            Ok(s)
+        })
+    }
+
+    fn surf_object_destroy(&self, obj: u64) -> CuResult<()> {
+        self.with_ctx("surf_object_destroy", |c, _| {
+            c.objects.remove(&obj).then_some(()).ok_or(INVALID_VALUE)
+        })
+    }
+}
