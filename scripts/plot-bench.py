@@ -72,7 +72,7 @@ def size_label(n):
 def cell(value):
     if value is None:
         return "NA"
-    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.3g}"
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
 
 
 def plot(rows, out, title):
