@@ -14,10 +14,11 @@
 //   zerocopy_read, _write        a kernel reading/writing cudaHostAllocMapped memory, GB/s
 //   launch_sync_us ...           latencies in microseconds (bytes is the size moved, or 0);
 //                                the small synchronous calls, cudaMalloc + cudaFree
-//   first_call_us, startup_us,   fresh processes (the helpers qcuda_bench_startup and
-//   startup_10m_us,              qcuda_bench_startup_10m beside this program, see startup.cuh):
-//   module_load_10m_us           the first CUDA call, spawn to the first kernel done, and what
-//                                a 10 MiB fatbin adds to that (bytes: the helper's fatbin)
+//   first_call_us,               fresh processes (the helpers qcuda_bench_startup and
+//   session_start_us,            qcuda_bench_startup_10m beside this program, see startup.cuh):
+//   startup_us, startup_10m_us,  the first CUDA call, it and the first cudaMalloc, spawn to the
+//   module_load_10m_us           first kernel done, and what a 10 MiB fatbin adds to that
+//                                (bytes: the helper's fatbin)
 //   launch_rate_<N>proc          N processes (this program, --child-launches) launching at once:
 //                                aggregate empty-kernel launches per second, unit launch/s
 //   scaling_<N>proc              that rate over the rate of one process, unit x
@@ -860,6 +861,7 @@ double median(std::vector<double> v)
 // One run of a start-up helper (startup.cuh) in a fresh process.
 struct Startup {
     double first_call; // seconds of its cudaFree(0), the first CUDA call
+    double session;    // seconds of that and its first cudaMalloc
     double to_kernel;  // seconds from before the spawn to its first kernel done
 };
 
@@ -869,24 +871,27 @@ Startup run_startup(const std::string &path)
     const double t_spawn = now_seconds();
     Child child({path}, -1);
     std::string l = child.line(deadline);
-    double t_main = 0, t_first = 0, t_kernel = 0;
-    if (std::sscanf(l.c_str(), "startup %lf %lf %lf", &t_main, &t_first, &t_kernel) != 3)
+    double t_main = 0, t_first = 0, t_malloc = 0, t_kernel = 0;
+    if (std::sscanf(l.c_str(), "startup %lf %lf %lf %lf", &t_main, &t_first, &t_malloc,
+                    &t_kernel) != 4)
         unavailable("%s said: %s", path.c_str(), l.c_str());
     child.wait(deadline);
-    if (!(t_spawn <= t_main && t_main <= t_first && t_first <= t_kernel))
-        unavailable("%s reported times out of order (%.6f %.6f %.6f, spawned at %.6f)",
-                    path.c_str(), t_main, t_first, t_kernel, t_spawn);
-    return {t_first - t_main, t_kernel - t_spawn};
+    if (!(t_spawn <= t_main && t_main <= t_first && t_first <= t_malloc && t_malloc <= t_kernel))
+        unavailable("%s reported times out of order (%.6f %.6f %.6f %.6f, spawned at %.6f)",
+                    path.c_str(), t_main, t_first, t_malloc, t_kernel, t_spawn);
+    return {t_first - t_main, t_malloc - t_main, t_kernel - t_spawn};
 }
 
-// first_call_us, startup_us, startup_10m_us, module_load_10m_us: the helpers beside this program,
-// each run plan.startups times (after one run not counted), in turn; medians.
+// first_call_us, session_start_us, startup_us, startup_10m_us, module_load_10m_us: the helpers
+// beside this program, each run plan.startups times (after one run not counted), in turn;
+// medians.
 void startup_rows(const Plan &plan)
 {
     struct Helper {
         std::string path, why;           // why: the reason its rows read NA
         size_t fatbin = 0;               // bytes
         std::vector<double> first_call;  // seconds, one per counted run
+        std::vector<double> session;
         std::vector<double> to_kernel;
     } tiny, big;
     try {
@@ -910,6 +915,7 @@ void startup_rows(const Plan &plan)
                 if (run < 0)
                     continue; // the first run also warms the page cache and the driver
                 h->first_call.push_back(s.first_call);
+                h->session.push_back(s.session);
                 h->to_kernel.push_back(s.to_kernel);
             } catch (const Unavailable &u) {
                 h->why = u.why;
@@ -924,6 +930,10 @@ void startup_rows(const Plan &plan)
     measure("first_call_us", 0, "us", [&] {
         need_runs(tiny);
         return Sample{median(tiny.first_call) * 1e6, how + ": cudaFree(0) as the first CUDA call"};
+    });
+    measure("session_start_us", 0, "us", [&] {
+        need_runs(tiny);
+        return Sample{median(tiny.session) * 1e6, how + ": cudaFree(0), then the first cudaMalloc"};
     });
     measure("startup_us", tiny.fatbin, "us", [&] {
         need_runs(tiny);

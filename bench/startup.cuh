@@ -3,12 +3,14 @@
 // data) and qcuda_bench_startup_10m (a fatbin of about 10 MiB). They differ in nothing else, so
 // the difference of their start-up times is what loading the larger module costs.
 //
-// A helper is one fresh process: it times its first CUDA call (cudaFree(0), which starts the
-// session: the context natively, /dev/qcuda + the host worker + the context in the guest), then
-// one launch of `probe`, which reads a word of the table (wherever the runtime loads the module:
+// A helper is one fresh process: it times its first CUDA call (cudaFree(0): natively it makes
+// the context; qcuda's guest-lib opens /dev/qcuda and counts the devices there, and the host
+// starts the session's worker and context at the first call that needs them), then its first
+// cudaMalloc (so both sides have a whole session after it), then one launch of `probe`, which reads a word of the table (wherever the runtime loads the module:
 // at registration, at the first call or lazily at the first launch, it is loaded by then), and
 // checks that word on the host. It prints one line on stdout:
-//   startup <t_main> <t_first_call_done> <t_kernel_done>   CLOCK_MONOTONIC seconds, exit 0
+//   startup <t_main> <t_first_call_done> <t_malloc_done> <t_kernel_done>
+//                                     CLOCK_MONOTONIC seconds, exit 0
 //   SKIP: no CUDA device (<error>)                        exit 2
 //   FAIL <what>                                           exit 1
 // qcuda_bench spawns it and takes its own clock at the spawn, so that start-up counts exec, the
@@ -76,6 +78,7 @@ template <class Launch> int run(uint32_t words, Launch launch)
     uint32_t *out = nullptr;
     if ((err = cudaMalloc(&out, sizeof *out)) != cudaSuccess)
         return failed("cudaMalloc", err);
+    const double t_malloc = now_seconds();
     const uint32_t i = (uint32_t)((uint64_t)words * 5 / 7); // somewhere inside, not the start
     launch(i, out);
     if ((err = cudaGetLastError()) != cudaSuccess)
@@ -93,7 +96,7 @@ template <class Launch> int run(uint32_t words, Launch launch)
     }
     if ((err = cudaFree(out)) != cudaSuccess)
         return failed("cudaFree", err);
-    std::printf("startup %.9f %.9f %.9f\n", t_main, t_first, t_kernel);
+    std::printf("startup %.9f %.9f %.9f %.9f\n", t_main, t_first, t_malloc, t_kernel);
     return 0;
 }
 
