@@ -12,7 +12,16 @@
 //   h2d_pinned_dma, d2h_...      the same 8 copies timed by CUDA events around them on the GPU,
 //                                as NVIDIA's bandwidthTest measures: the copy engine's rate
 //   zerocopy_read, _write        a kernel reading/writing cudaHostAllocMapped memory, GB/s
-//   launch_sync_us ...           latencies in microseconds (bytes is the size moved, or 0)
+//   launch_sync_us ...           latencies in microseconds (bytes is the size moved, or 0);
+//                                the small synchronous calls, cudaMalloc + cudaFree
+//   first_call_us,               fresh processes (the helpers qcuda_bench_startup and
+//   session_start_us,            qcuda_bench_startup_10m beside this program, see startup.cuh):
+//   startup_us, startup_10m_us,  the first CUDA call, it and the first cudaMalloc, spawn to the
+//   module_load_10m_us           first kernel done, and what a 10 MiB fatbin adds to that
+//                                (bytes: the helper's fatbin)
+//   launch_rate_<N>proc          N processes (this program, --child-launches) launching at once:
+//                                aggregate empty-kernel launches per second, unit launch/s
+//   scaling_<N>proc              that rate over the rate of one process, unit x
 //
 // Copies are timed with the host clock, the whole call as the application sees it (in the guest
 // that includes the trip to the host); the best of several runs after a warm-up counts. The
@@ -22,8 +31,10 @@
 //
 // Usage: qcuda_bench [--quick] [--max-bytes N[K|M|G]]
 //   --quick   about a tenth of the repetitions, for a guest under TCG (all rows stay)
+//   (qcuda_bench --child-launches N is one process of the launch_rate rows, started by itself)
 #include <algorithm>
-#include <chrono>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
@@ -32,8 +43,21 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <elf.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cuda_runtime.h>
+
+extern char **environ;
 
 namespace {
 
@@ -49,16 +73,19 @@ struct Plan {
     int max_runs;      // ... and at most this often
     int launch_sync;   // launch + cudaDeviceSynchronize pairs
     int launch_async;  // launches before one synchronize
-    int small_calls;   // idle stream syncs and 4-byte copies
+    int small_calls;   // idle stream syncs and queries, cudaGetDevice, 4-byte copies
     int malloc_free;   // cudaMalloc + cudaFree pairs
+    int startups;      // fresh processes per start-up helper (after one not counted)
+    int proc_launches; // launches per process in the launch_rate rows
+    int proc_runs;     // runs per process count (the best counts)
     size_t max_bytes;  // the largest buffer to try
 };
 
 Plan make_plan(bool quick, size_t max_bytes)
 {
     if (quick)
-        return {0.03, 2, 100, 200, 2000, 200, 100, max_bytes};
-    return {0.3, 5, 1000, 2000, 20000, 2000, 1000, max_bytes};
+        return {0.03, 2, 100, 200, 20000, 200, 100, 3, 10000, 1, max_bytes};
+    return {0.3, 5, 1000, 2000, 100000, 2000, 1000, 10, 100000, 3, max_bytes};
 }
 
 // A row that cannot be measured; `why` goes to stderr and the row reads NA.
@@ -102,10 +129,12 @@ void need(cudaError_t err, const char *call, int line)
     std::exit(1);
 }
 
+// CLOCK_MONOTONIC: the same clock in every process, so child processes' times compare.
 double now_seconds()
 {
-    using clock = std::chrono::steady_clock;
-    return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 std::string size_label(size_t bytes)
@@ -115,6 +144,8 @@ std::string size_label(size_t bytes)
         std::snprintf(buf, sizeof buf, "%zu GiB", bytes / kGiB);
     else if (bytes >= kMiB && bytes % kMiB == 0)
         std::snprintf(buf, sizeof buf, "%zu MiB", bytes / kMiB);
+    else if (bytes >= kMiB)
+        std::snprintf(buf, sizeof buf, "%.1f MiB", (double)bytes / kMiB);
     else if (bytes >= kKiB && bytes % kKiB == 0)
         std::snprintf(buf, sizeof buf, "%zu KiB", bytes / kKiB);
     else
@@ -216,6 +247,18 @@ class Stream {
 
   private:
     cudaStream_t s_ = nullptr;
+};
+
+class Event {
+  public:
+    Event() { NEED(cudaEventCreate(&e_)); }
+    ~Event() { cudaEventDestroy(e_); }
+    Event(const Event &) = delete;
+    Event &operator=(const Event &) = delete;
+    cudaEvent_t get() const { return e_; }
+
+  private:
+    cudaEvent_t e_ = nullptr;
 };
 
 // Times kernels on the default stream with a pair of events: device time, no launch overhead.
@@ -546,6 +589,38 @@ void latency_rows(const Plan &plan)
         Stream stream;
         return mean_us(plan.small_calls, [&](int) { NEED(cudaStreamSynchronize(stream.get())); });
     });
+    // Queries of work that is done answer cudaSuccess; anything else is a wrong answer.
+    measure("stream_query_us", 0, "us", [&] {
+        Stream stream;
+        NEED(cudaStreamSynchronize(stream.get()));
+        return mean_us(plan.small_calls, [&](int) {
+            cudaError_t err = cudaStreamQuery(stream.get());
+            if (err == cudaErrorNotReady)
+                fail("stream_query_us: cudaStreamQuery of an idle stream said cudaErrorNotReady");
+            NEED(err);
+        });
+    });
+    measure("event_query_us", 0, "us", [&] {
+        Stream stream;
+        Event event;
+        NEED(cudaEventRecord(event.get(), stream.get()));
+        NEED(cudaEventSynchronize(event.get()));
+        return mean_us(plan.small_calls, [&](int) {
+            cudaError_t err = cudaEventQuery(event.get());
+            if (err == cudaErrorNotReady)
+                fail("event_query_us: cudaEventQuery of a completed event said cudaErrorNotReady");
+            NEED(err);
+        });
+    });
+    // qcuda's guest-lib answers this one itself, without the host: a floor for the others.
+    measure("get_device_us", 0, "us", [&] {
+        return mean_us(plan.small_calls, [](int) {
+            int device = -1;
+            NEED(cudaGetDevice(&device));
+            if (device != 0)
+                fail("get_device_us: cudaGetDevice says %d, expected 0", device);
+        });
+    });
     measure("memcpy4_h2d_us", 4, "us", [&] {
         Owned dev = device_alloc(4);
         Sample s = mean_us(plan.small_calls, [&](int i) {
@@ -577,6 +652,406 @@ void latency_rows(const Plan &plan)
             NEED(cudaFree(p));
         });
     });
+}
+
+// --- fresh processes: start-up, module load, several processes at once --------------------------
+
+// This program's own path, from /proc/self/exe.
+std::string self_path()
+{
+    char buf[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0)
+        unavailable("readlink(/proc/self/exe) failed: %s", std::strerror(errno));
+    buf[n] = '\0';
+    return buf;
+}
+
+// A file descriptor that closes itself.
+class Fd {
+  public:
+    explicit Fd(int fd = -1) : fd_(fd) {}
+    ~Fd() { reset(); }
+    Fd(const Fd &) = delete;
+    Fd &operator=(const Fd &) = delete;
+    Fd &operator=(Fd &&other) noexcept
+    {
+        reset();
+        std::swap(fd_, other.fd_);
+        return *this;
+    }
+    int get() const { return fd_; }
+    void reset()
+    {
+        if (fd_ >= 0)
+            close(fd_);
+        fd_ = -1;
+    }
+
+  private:
+    int fd_;
+};
+
+// A new pipe into read_end and write_end, both close-on-exec: a child gets only what
+// posix_spawn's dup2 gives it, so no child holds another's pipe open.
+void open_pipe(Fd &read_end, Fd &write_end)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        unavailable("pipe2 failed: %s", std::strerror(errno));
+    read_end = Fd(fds[0]);
+    write_end = Fd(fds[1]);
+}
+
+std::string describe_status(int status)
+{
+    char buf[64];
+    if (WIFEXITED(status))
+        std::snprintf(buf, sizeof buf, "exit %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        std::snprintf(buf, sizeof buf, "signal %d (%s)", WTERMSIG(status),
+                      strsignal(WTERMSIG(status)));
+    else
+        std::snprintf(buf, sizeof buf, "status 0x%x", status);
+    return buf;
+}
+
+// A child process whose stdout this object reads line by line. Gone out of scope before it was
+// waited for (an error, a timeout), it is killed and reaped: nothing is left behind.
+class Child {
+  public:
+    // Runs argv[0] with argv, stdin from `in` (-1: this process's stdin), stdout into a pipe.
+    Child(const std::vector<std::string> &argv, int in) : name_(argv.at(0))
+    {
+        Fd out_read, out_write;
+        open_pipe(out_read, out_write);
+        posix_spawn_file_actions_t actions;
+        if (posix_spawn_file_actions_init(&actions) != 0)
+            unavailable("posix_spawn_file_actions_init failed");
+        int err = posix_spawn_file_actions_adddup2(&actions, out_write.get(), 1);
+        if (err == 0 && in >= 0)
+            err = posix_spawn_file_actions_adddup2(&actions, in, 0);
+        std::vector<char *> args;
+        for (const std::string &a : argv)
+            args.push_back(const_cast<char *>(a.c_str()));
+        args.push_back(nullptr);
+        if (err == 0)
+            err = posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
+        posix_spawn_file_actions_destroy(&actions);
+        if (err != 0) {
+            pid_ = -1;
+            unavailable("cannot start %s: %s", name_.c_str(), std::strerror(err));
+        }
+        out_ = std::move(out_read);
+    }
+    ~Child()
+    {
+        if (pid_ > 0) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+    }
+    Child(const Child &) = delete;
+    Child &operator=(const Child &) = delete;
+
+    // The next line the child prints, without its newline. A FAIL line is a wrong result: this
+    // program FAILs too. End of output or no line by `deadline` (now_seconds()) is Unavailable.
+    std::string line(double deadline)
+    {
+        for (;;) {
+            size_t nl = buf_.find('\n');
+            if (nl != std::string::npos) {
+                std::string l = buf_.substr(0, nl);
+                buf_.erase(0, nl + 1);
+                if (l.compare(0, 4, "FAIL") == 0)
+                    fail("%s: %s", name_.c_str(), l.c_str());
+                return l;
+            }
+            double left = deadline - now_seconds();
+            if (left <= 0)
+                unavailable("%s gave no answer in time (killed)", name_.c_str());
+            pollfd p = {out_.get(), POLLIN, 0};
+            int r = poll(&p, 1, (int)std::min(left * 1e3 + 1, 60e3));
+            if (r < 0 && errno != EINTR)
+                unavailable("poll failed: %s", std::strerror(errno));
+            if (r <= 0)
+                continue;
+            char chunk[256];
+            ssize_t n = read(out_.get(), chunk, sizeof chunk);
+            if (n < 0 && errno != EINTR)
+                unavailable("reading from %s failed: %s", name_.c_str(), std::strerror(errno));
+            if (n == 0) {
+                std::string last = buf_.empty() ? "nothing" : "\"" + buf_ + "\"";
+                unavailable("%s ended (%s) after printing %s", name_.c_str(),
+                            describe_status(wait_status(deadline)).c_str(), last.c_str());
+            }
+            if (n > 0)
+                buf_.append(chunk, (size_t)n);
+        }
+    }
+
+    // Waits for the child's end; anything but exit 0 is Unavailable.
+    void wait(double deadline)
+    {
+        int status = wait_status(deadline);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            unavailable("%s ended with %s", name_.c_str(), describe_status(status).c_str());
+    }
+
+  private:
+    int wait_status(double deadline)
+    {
+        for (;;) {
+            int status = 0;
+            pid_t r = waitpid(pid_, &status, WNOHANG);
+            if (r == pid_) {
+                pid_ = -1;
+                return status;
+            }
+            if (r < 0 && errno != EINTR)
+                unavailable("waitpid(%s) failed: %s", name_.c_str(), std::strerror(errno));
+            if (now_seconds() > deadline)
+                unavailable("%s did not end in time (killed)", name_.c_str());
+            usleep(1000);
+        }
+    }
+
+    std::string name_;
+    pid_t pid_ = -1;
+    Fd out_;
+    std::string buf_;
+};
+
+// Bytes of the .nv_fatbin section (the device code nvcc embedded) of the ELF file at `path`; 0
+// if it cannot be read.
+size_t fatbin_bytes(const std::string &path)
+{
+    Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    auto read_at = [&](void *to, size_t n, uint64_t off) {
+        return fd.get() >= 0 && pread(fd.get(), to, n, (off_t)off) == (ssize_t)n;
+    };
+    Elf64_Ehdr eh;
+    Elf64_Shdr names;
+    if (!read_at(&eh, sizeof eh, 0) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+        eh.e_ident[EI_CLASS] != ELFCLASS64 || eh.e_shentsize != sizeof(Elf64_Shdr) ||
+        eh.e_shstrndx >= eh.e_shnum ||
+        !read_at(&names, sizeof names, eh.e_shoff + (uint64_t)eh.e_shstrndx * sizeof names))
+        return 0;
+    static const char kWanted[] = ".nv_fatbin"; // compared with its terminating NUL
+    for (unsigned i = 0; i < eh.e_shnum; i++) {
+        Elf64_Shdr sh;
+        char name[sizeof kWanted];
+        if (!read_at(&sh, sizeof sh, eh.e_shoff + (uint64_t)i * sizeof sh))
+            return 0;
+        if (sh.sh_name + sizeof name <= names.sh_size &&
+            read_at(name, sizeof name, names.sh_offset + sh.sh_name) &&
+            std::memcmp(name, kWanted, sizeof name) == 0)
+            return sh.sh_size;
+    }
+    return 0;
+}
+
+double median(std::vector<double> v)
+{
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// One run of a start-up helper (startup.cuh) in a fresh process.
+struct Startup {
+    double first_call; // seconds of its cudaFree(0), the first CUDA call
+    double session;    // seconds of that and its first cudaMalloc
+    double to_kernel;  // seconds from before the spawn to its first kernel done
+};
+
+Startup run_startup(const std::string &path)
+{
+    const double deadline = now_seconds() + 300;
+    const double t_spawn = now_seconds();
+    Child child({path}, -1);
+    std::string l = child.line(deadline);
+    double t_main = 0, t_first = 0, t_malloc = 0, t_kernel = 0;
+    if (std::sscanf(l.c_str(), "startup %lf %lf %lf %lf", &t_main, &t_first, &t_malloc,
+                    &t_kernel) != 4)
+        unavailable("%s said: %s", path.c_str(), l.c_str());
+    child.wait(deadline);
+    if (!(t_spawn <= t_main && t_main <= t_first && t_first <= t_malloc && t_malloc <= t_kernel))
+        unavailable("%s reported times out of order (%.6f %.6f %.6f %.6f, spawned at %.6f)",
+                    path.c_str(), t_main, t_first, t_malloc, t_kernel, t_spawn);
+    return {t_first - t_main, t_malloc - t_main, t_kernel - t_spawn};
+}
+
+// first_call_us, session_start_us, startup_us, startup_10m_us, module_load_10m_us: the helpers
+// beside this program, each run plan.startups times (after one run not counted), in turn;
+// medians.
+void startup_rows(const Plan &plan)
+{
+    struct Helper {
+        std::string path, why;           // why: the reason its rows read NA
+        size_t fatbin = 0;               // bytes
+        std::vector<double> first_call;  // seconds, one per counted run
+        std::vector<double> session;
+        std::vector<double> to_kernel;
+    } tiny, big;
+    try {
+        std::string self = self_path(), dir = self.substr(0, self.rfind('/'));
+        tiny.path = dir + "/qcuda_bench_startup";
+        big.path = dir + "/qcuda_bench_startup_10m";
+    } catch (const Unavailable &u) {
+        tiny.why = big.why = u.why;
+    }
+    for (Helper *h : {&tiny, &big}) {
+        if (h->why.empty() && access(h->path.c_str(), X_OK) != 0)
+            h->why = h->path + " is missing (scripts/build-cuda-tests.sh --src=bench builds it)";
+        h->fatbin = fatbin_bytes(h->path);
+    }
+    for (int run = -1; run < plan.startups; run++) {
+        for (Helper *h : {&tiny, &big}) {
+            if (!h->why.empty())
+                continue;
+            try {
+                Startup s = run_startup(h->path);
+                if (run < 0)
+                    continue; // the first run also warms the page cache and the driver
+                h->first_call.push_back(s.first_call);
+                h->session.push_back(s.session);
+                h->to_kernel.push_back(s.to_kernel);
+            } catch (const Unavailable &u) {
+                h->why = u.why;
+            }
+        }
+    }
+    auto need_runs = [](const Helper &h) {
+        if (!h.why.empty())
+            unavailable("%s", h.why.c_str());
+    };
+    const std::string how = "median of " + std::to_string(plan.startups) + " fresh processes";
+    measure("first_call_us", 0, "us", [&] {
+        need_runs(tiny);
+        return Sample{median(tiny.first_call) * 1e6, how + ": cudaFree(0) as the first CUDA call"};
+    });
+    measure("session_start_us", 0, "us", [&] {
+        need_runs(tiny);
+        return Sample{median(tiny.session) * 1e6, how + ": cudaFree(0), then the first cudaMalloc"};
+    });
+    measure("startup_us", tiny.fatbin, "us", [&] {
+        need_runs(tiny);
+        return Sample{median(tiny.to_kernel) * 1e6, how + ": spawn to the first kernel done"};
+    });
+    measure("startup_10m_us", big.fatbin, "us", [&] {
+        need_runs(big);
+        return Sample{median(big.to_kernel) * 1e6, how + ", the same with a large fatbin"};
+    });
+    measure("module_load_10m_us", big.fatbin, "us", [&] {
+        need_runs(big);
+        need_runs(tiny);
+        return Sample{(median(big.to_kernel) - median(tiny.to_kernel)) * 1e6,
+                      "startup_10m_us - startup_us (" + size_label(big.fatbin) + " against " +
+                          size_label(tiny.fatbin) + " of fatbin)"};
+    });
+}
+
+// The child side of the launch_rate rows (qcuda_bench --child-launches N): opens its session,
+// loads the module with one launch, says "ready", waits until its stdin ends (the parent closes
+// the pipe: every child starts at once), launches N empty kernels, synchronizes, and prints
+// "done <start> <end>" (CLOCK_MONOTONIC seconds). A failed call: "error ..." and exit 1.
+int child_launches(int n)
+{
+    auto check = [](cudaError_t err, const char *what) {
+        if (err == cudaSuccess)
+            return;
+        std::printf("error: %s returned %s (%d: %s)\n", what, cudaGetErrorName(err), (int)err,
+                    cudaGetErrorString(err));
+        std::exit(1);
+    };
+    check(cudaFree(0), "cudaFree(0)");
+    empty_kernel<<<1, 1>>>();
+    check(cudaGetLastError(), "the warm-up launch");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the warm-up launch");
+    std::printf("ready\n");
+    std::fflush(stdout);
+    char c;
+    for (ssize_t r; (r = read(0, &c, 1)) != 0;)
+        if (r < 0 && errno != EINTR)
+            break;
+    const double t0 = now_seconds();
+    for (int i = 0; i < n; i++)
+        empty_kernel<<<1, 1>>>();
+    check(cudaGetLastError(), "a launch");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the launches");
+    const double t1 = now_seconds();
+    std::printf("done %.9f %.9f\n", t0, t1);
+    return 0;
+}
+
+// Aggregate launches per second of `procs` processes launching n kernels each at once: procs * n
+// over the first child's start to the last child's end.
+double launch_rate(const std::string &self, int procs, int n)
+{
+    const double deadline = now_seconds() + 600;
+    Fd go_read, go_write;
+    open_pipe(go_read, go_write);
+    std::vector<std::unique_ptr<Child>> children;
+    for (int i = 0; i < procs; i++)
+        children.push_back(std::make_unique<Child>(
+            std::vector<std::string>{self, "--child-launches", std::to_string(n)}, go_read.get()));
+    for (auto &child : children) {
+        std::string l = child->line(deadline);
+        if (l != "ready")
+            unavailable("a launching process said: %s", l.c_str());
+    }
+    go_write.reset(); // every child's read of stdin ends now
+    double first = 1e300, last = -1e300;
+    for (auto &child : children) {
+        std::string l = child->line(deadline);
+        double t0 = 0, t1 = 0;
+        if (std::sscanf(l.c_str(), "done %lf %lf", &t0, &t1) != 2 || !(t0 <= t1))
+            unavailable("a launching process said: %s", l.c_str());
+        child->wait(deadline);
+        first = std::min(first, t0);
+        last = std::max(last, t1);
+    }
+    return procs * (double)n / std::max(last - first, 1e-9);
+}
+
+// launch_rate_<N>proc and scaling_<N>proc for 1, 2, 4 and 8 processes.
+void scaling_rows(const Plan &plan)
+{
+    std::string self, why;
+    try {
+        self = self_path();
+    } catch (const Unavailable &u) {
+        why = u.why;
+    }
+    double one = 0;
+    for (int procs : {1, 2, 4, 8}) {
+        char metric[32];
+        std::snprintf(metric, sizeof metric, "launch_rate_%dproc", procs);
+        double rate = 0; // stays 0 unless the row is measured
+        measure(metric, 0, "launch/s", [&] {
+            if (!why.empty())
+                unavailable("%s", why.c_str());
+            double best = 0;
+            for (int run = 0; run < plan.proc_runs; run++)
+                best = std::max(best, launch_rate(self, procs, plan.proc_launches));
+            rate = best;
+            return Sample{rate, std::to_string(procs) + " x " +
+                                    std::to_string(plan.proc_launches) +
+                                    " launches + a synchronize, " + best_of(plan.proc_runs)};
+        });
+        if (procs == 1) {
+            one = rate;
+            continue;
+        }
+        std::snprintf(metric, sizeof metric, "scaling_%dproc", procs);
+        measure(metric, 0, "x", [&] {
+            if (one <= 0 || rate <= 0)
+                unavailable("no launch rate for 1 or %d processes (see above)", procs);
+            return Sample{rate / one, "launch_rate_" + std::to_string(procs) +
+                                          "proc / launch_rate_1proc"};
+        });
+    }
 }
 
 // Parses "N", "NK", "NM" or "NG" (binary units); 0 on a malformed number.
@@ -618,6 +1093,12 @@ int device_attribute(cudaDeviceAttr attr, const char *name, int fallback)
 
 int main(int argc, char **argv)
 {
+    if (argc == 3 && !std::strcmp(argv[1], "--child-launches")) {
+        const int n = std::atoi(argv[2]);
+        if (n <= 0)
+            usage(argv[0], 64);
+        return child_launches(n);
+    }
     bool quick = false;
     size_t max_bytes = kGiB;
     for (int i = 1; i < argc; i++) {
@@ -672,6 +1153,8 @@ int main(int argc, char **argv)
     std::printf("metric,bytes,value,unit\n");
     double t = now_seconds();
     latency_rows(plan);
+    startup_rows(plan);
+    scaling_rows(plan);
     for (bool pinned : {false, true})
         for (size_t bytes : kCopySizes)
             if (bytes <= plan.max_bytes)

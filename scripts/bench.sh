@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # bench.sh: on a GPU host, runs qcuda_bench (bench/qcuda_bench.cu) natively against the host's
 # libcudart, then inside the qcuda guest against ours, and prints guest/native ratios.
-#   ./bench.sh [--out DIR] [--max-bytes N[K|M|G]] [--guest-mem SIZE] [--timeout SECONDS]
+#   ./bench.sh [--out DIR] [--max-bytes N[K|M|G]] [--guest-mem SIZE] [--guest-smp N]
+#              [--timeout SECONDS]
 # Writes to DIR (default: bench-out beside this script; build/bench-out in the repo):
 #   native.csv, guest.csv   metric,bytes,value,unit (the program's own rows)
-#   bench.csv               metric,bytes,native,guest,unit,ratio; ratio is guest/native for
-#                           bandwidth and native/guest for latency, so higher is better, 1 = parity
+#   bench.csv               metric,bytes,native,guest,unit,ratio; ratio is native/guest for
+#                           times (us) and guest/native for everything else (GB/s, launch/s, the
+#                           scaling factor x), so higher is better, 1 = parity
 #   native.log, guest.log, vm/   progress, the guest console, the daemon's and QEMU's logs
 # The guest runs with --quick (a guest under TCG is slow on the CPU side), the host in full.
 # Works from an unpacked bundle (scripts/bundle.sh) and from the repo. Without a GPU it says
@@ -17,15 +19,16 @@ if [[ -f $B/guest/bzImage ]]; then # bundle layout
 else # repo layout: scripts/ beside build/
     bench=$B/../build/bench/qcuda_bench out=$B/../build/bench-out
 fi
-max_args=() mem_args=() timeout=1800
+max_args=() mem_args=() smp_args=() timeout=1800
 while (($#)); do
     case $1 in
     --out) out=$2; shift 2 ;;
     --max-bytes) max_args=(--max-bytes "$2"); shift 2 ;;
     --guest-mem) mem_args=(--mem "$2"); shift 2 ;;
+    --guest-smp) smp_args=(--smp "$2"); shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--timeout SECONDS]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS]" >&2; exit 2 ;;
     esac
 done
 
@@ -45,7 +48,7 @@ nvidia-smi -L
 # lines and carriage returns.
 csv_rows() {
     echo "metric,bytes,value,unit"
-    tr -d '\r' | grep -E '^[a-z0-9_]+,[0-9]+,([0-9]+(\.[0-9]+)?|NA),(GB/s|us)$'
+    tr -d '\r' | grep -E '^[a-z0-9_]+,[0-9]+,(-?[0-9]+(\.[0-9]+)?|NA),(GB/s|us|launch/s|x)$'
 }
 status=0
 echo "== native (host libcudart from ${cudart:-the default library path}), full run"
@@ -55,7 +58,7 @@ csv_rows <"$out/native.out" >"$out/native.csv"
 ((rc == 0)) || { echo "bench: native run exited $rc: $(tail -n 1 "$out/native.out")"; status=1; }
 
 echo "== guest (through QEMU, qcuda.ko and vhost-cuda), --quick run"
-"$B/run-vm.sh" --log-dir "$out/vm" --timeout "$timeout" "${mem_args[@]}" -- \
+"$B/run-vm.sh" --log-dir "$out/vm" --timeout "$timeout" "${mem_args[@]}" "${smp_args[@]}" -- \
     "insmod /lib/modules/qcuda.ko && /opt/qcuda/bench/qcuda_bench --quick ${max_args[*]}" 2>&1 |
     tee "$out/guest.log"
 rc=${PIPESTATUS[0]}
@@ -82,15 +85,16 @@ awk -F, '
         if (b == 0) return "-"
         if (b % 1073741824 == 0) return b / 1073741824 " GiB"
         if (b % 1048576 == 0) return b / 1048576 " MiB"
+        if (b >= 1048576) return sprintf("%.1f MiB", b / 1048576)
         if (b % 1024 == 0) return b / 1024 " KiB"
         return b " B"
     }
-    NR == 1 { printf "%-20s %8s %12s %12s %-5s %7s\n", "metric", "size", "native", "guest", "unit", "ratio"; next }
-    { printf "%-20s %8s %12s %12s %-5s %7s\n", $1, size($2), $3, $4, $5, $6 }' "$out/bench.csv"
+    NR == 1 { printf "%-20s %8s %14s %14s %-8s %7s\n", "metric", "size", "native", "guest", "unit", "ratio"; next }
+    { printf "%-20s %8s %14s %14s %-8s %7s\n", $1, size($2), $3, $4, $5, $6 }' "$out/bench.csv"
 rows() { tail -n +2 "$1" | grep -vc ',NA,' || true; }
 accel=$(sed -n 's/^\[run-vm\] accelerator: \([a-z]*\).*/\1/p' "$out/guest.log" | head -n 1)
 echo "native: $(rows "$out/native.csv") rows measured, guest (${accel:-unknown accelerator}):" \
-    "$(rows "$out/guest.csv"); ratio = guest/native for GB/s, native/guest for us (higher is" \
-    "better, 1.000 = parity); files in $out"
+    "$(rows "$out/guest.csv"); ratio = native/guest for us, guest/native for the rest (higher" \
+    "is better, 1.000 = parity); files in $out"
 (($(rows "$out/native.csv") > 0 && $(rows "$out/guest.csv") > 0)) || status=1
 exit $status

@@ -5,7 +5,8 @@
 #   /usr/lib/qcuda/libcudart.so.13   guest-lib, our CUDA runtime
 #   /usr/bin/qcuda-smi               the guest CLI (host GPUs, transport self-test, stress)
 #   /opt/qcuda/tests/*               the CUDA test programs of tests/cuda (nvcc --cudart=shared)
-#   /opt/qcuda/bench/qcuda_bench     the benchmark (bench/; not a test, so not in tests/)
+#   /opt/qcuda/bench/*               the benchmark qcuda_bench and its start-up helpers (bench/;
+#                                    not tests, so not in tests/)
 #   /opt/qcuda/bin/*                 the guest-side test scripts of tests/guest and the
 #                                    module's transport tests (build/guest/tests)
 #
@@ -27,7 +28,8 @@ install -D -m 755 "$lib" "$stage/usr/lib/qcuda/libcudart.so.13"
 install -D -m 755 target/release/qcuda-smi "$stage/usr/bin/qcuda-smi"
 mkdir -p "$stage/opt/qcuda/tests" "$stage/opt/qcuda/bin"
 find "$tests_dir" -maxdepth 1 -type f -perm -u+x -exec cp {} "$stage/opt/qcuda/tests/" \;
-install -D -m 755 "$bench_dir/qcuda_bench" "$stage/opt/qcuda/bench/qcuda_bench"
+mkdir -p "$stage/opt/qcuda/bench"
+find "$bench_dir" -maxdepth 1 -type f -perm -u+x -exec cp {} "$stage/opt/qcuda/bench/" \;
 find tests/guest -maxdepth 1 -type f -exec install -m 755 {} "$stage/opt/qcuda/bin/" \;
 # The module's own transport tests, built by build-guest.sh.
 if [[ -d build/guest/tests ]]; then

@@ -9,7 +9,8 @@
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
 #   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
-#   bench/qcuda_bench         the benchmark, for the native run (the guest has its own copy)
+#   bench/                    the benchmark qcuda_bench and its start-up helpers, for the native
+#                             run (the guest has its own copy)
 #
 # It runs on any x86-64 Linux with glibc >= 2.34 and nothing else installed. Build everything
 # first (scripts/test.sh or scripts/demo.sh do); this script only packs.
@@ -44,7 +45,7 @@ done
 cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
 cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
 [[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
-[[ -x build/bench/qcuda_bench ]] && install -m 755 build/bench/qcuda_bench "$B/bench/"
+[[ -d build/bench ]] && find build/bench -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/bench/" \;
 git rev-parse --short HEAD >"$B/VERSION" 2>/dev/null || echo unknown >"$B/VERSION"
 mkdir -p dist
 tar -C "$stage" -czf dist/qcuda-bundle.tar.gz qcuda

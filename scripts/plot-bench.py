@@ -5,7 +5,8 @@ One panel per bandwidth metric (h2d/d2h, pageable/pinned, zero-copy read/write),
 axis, GB/s on a log scale too where the values span more than a decade (a 4 KiB copy in the guest
 is a thousand times slower than a 1 GiB one), from 0 otherwise; a solid line for the
 native run and a dashed one for the guest, each guest point labelled with its guest/native ratio.
-The latency rows follow as a table under the panels.
+Every other row (latencies in us, launch rates, scaling factors) follows as a table under the
+panels.
 
     scripts/plot-bench.py build/bench-out/bench.csv [-o bench.png] [--title TEXT]
 
@@ -69,7 +70,9 @@ def size_label(n):
 
 
 def cell(value):
-    return "NA" if value is None else f"{value:.3g}"
+    if value is None:
+        return "NA"
+    return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
 
 
 def plot(rows, out, title):
@@ -85,7 +88,7 @@ def plot(rows, out, title):
             bandwidth.setdefault(r["metric"], []).append(r)
     metrics = [m for m in BANDWIDTH_ORDER if m in bandwidth]
     metrics += sorted(m for m in bandwidth if m not in BANDWIDTH_ORDER)
-    latency = [r for r in rows if r["unit"] == "us"]
+    latency = [r for r in rows if r["unit"] != "GB/s"]
     if not metrics and not latency:
         sys.exit("plot-bench: no rows to plot")
 
@@ -140,10 +143,10 @@ def plot(rows, out, title):
         ax.axis("off")
         table = ax.table(
             cellText=[
-                [r["metric"], cell(r["native"]), cell(r["guest"]), cell(r["ratio"])]
+                [r["metric"], r["unit"], cell(r["native"]), cell(r["guest"]), cell(r["ratio"])]
                 for r in latency
             ],
-            colLabels=["latency", "native (us)", "guest (us)", "native/guest"],
+            colLabels=["metric", "unit", "native", "guest", "ratio"],
             loc="center",
             cellLoc="right",
         )

@@ -6,8 +6,9 @@
 # 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, guest payload
 #    (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
 # 3. the real stack: QEMU lists the device; a TCG guest sees it, loads qcuda.ko, runs the
-#    transport self-test, the concurrency and kill tests, and every CUDA test program against
-#    our libcudart.so.13 (on a host without a GPU they must report "no device" cleanly)
+#    transport self-test, the concurrency and kill tests, every CUDA test program and the
+#    benchmark (qcuda_bench --quick at 4 KiB) against our libcudart.so.13 (on a host without a
+#    GPU they must report "no device" cleanly)
 # 4. the daemon's bad-input handling, and the relocatable bundle booting from a fresh folder
 #
 # Ends with "N passed, N failed, N skipped"; exits non-zero if anything failed.
@@ -127,6 +128,9 @@ else
     fi
     skip "CUDA programs computing on the GPU: no GPU (run scripts/bundle.sh and run-gpu-tests.sh on a GPU host)"
 fi
+# The benchmark at its smallest sizes (issue 10): without a GPU it must load, reach the host and
+# skip cleanly (exit 2, "no CUDA device"); a crash, a FAIL or a hang fails.
+guest_suite bench "EXPECT_GPU=$(have_gpu && echo 1 || echo 0) /opt/qcuda/bin/check-bench"
 echo "   VM part took $((SECONDS - t_vm))s"
 step "no qemu, vhost-cuda or session worker process left behind" no_leftovers
 
