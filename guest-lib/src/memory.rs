@@ -38,6 +38,11 @@ pub fn malloc(rt: &Runtime, device: u32, size: usize) -> CudaResult<u64> {
 /// other pointer is valid.
 pub fn free(rt: &Runtime, device: u32, ptr: u64) -> CudaResult<()> {
     if ptr == 0 {
+        // `cudaFree(0)` is how programs make CUDA set up early: the host creates the context
+        // (and starts the session's worker) now rather than at the first real call.
+        if !rt.session.has_context(device) {
+            rt.session.submit(Call::new(Op::Free, device).args(&[0]))?;
+        }
         return Ok(());
     }
     if let Some(m) = rt.host_memory.find(ptr as usize) {

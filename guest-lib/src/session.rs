@@ -56,6 +56,8 @@ pub struct Session {
     launch_blocking: bool,
     /// Set once an op that needs a context was sent: only then can kernels have printed.
     gpu_used: AtomicBool,
+    /// Per device: an op that needs a context was sent, so the host has one.
+    contexts: [AtomicBool; MAX_DEVICES],
     /// Per-op timings, with `QCUDA_LATENCY=1` (latency.rs).
     latency: Option<Latency>,
 }
@@ -84,6 +86,7 @@ impl Session {
             sticky: [const { AtomicU32::new(0) }; MAX_DEVICES],
             launch_blocking,
             gpu_used: AtomicBool::new(false),
+            contexts: [const { AtomicBool::new(false) }; MAX_DEVICES],
             latency: Latency::from_env(),
         };
         let reply = session.submit(Call::new(Op::Hello, 0).args(&[u64::from(VERSION)]))?;
@@ -98,6 +101,13 @@ impl Session {
     /// Sends the gathered fire-and-forget work now (batch.rs).
     pub fn flush_batch(&self) {
         self.batch.flush();
+    }
+
+    /// Whether the host has this process's context on `device` already.
+    pub fn has_context(&self, device: u32) -> bool {
+        self.contexts
+            .get(device as usize)
+            .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
     /// What the host said in the handshake.
@@ -123,6 +133,9 @@ impl Session {
         if needs_context(op) {
             self.check_sticky(device)?;
             self.gpu_used.store(true, Ordering::Relaxed);
+            if let Some(c) = self.contexts.get(device as usize) {
+                c.store(true, Ordering::Relaxed);
+            }
         }
         if let Some(errno) = self.batch.take_lost() {
             crate::last_error::record(call_errno_to_error(errno));
