@@ -4,6 +4,7 @@
 #   run-vm.sh                 the same runner as scripts/run-vm.sh (it detects this layout)
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
 #   bench.sh                  runs the benchmark natively and inside the guest, prints the ratios
+#   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
 #   bin/vhost-cuda            the host daemon
 #   bin/busybox               static busybox (cpio for run-vm.sh where the host has none)
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
@@ -29,6 +30,7 @@ mkdir -p "$B/bin" "$B/qemu/bin" "$B/qemu/lib" "$B/qemu/share" "$B/guest" "$B/nat
 install -m 755 scripts/run-vm.sh "$B/run-vm.sh"
 install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
 install -m 755 scripts/bench.sh "$B/bench.sh"
+install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
 # run-vm.sh packs small initramfs archives; a bare GPU host may have no cpio.
