@@ -1224,3 +1224,49 @@ fn a_batch_runs_its_records_in_order_and_reports_the_first_failure() {
         );
     }
 }
+
+#[test]
+fn peer_queries_access_and_copies_between_the_sessions_devices() {
+    let mut rig = Rig::new(2);
+    let mut s = rig.session();
+    let on = |s: &mut CudaSession, dev: u32, op: Op, args: &[u64]| {
+        s.execute(&req(op, dev, args, vec![], vec![]))
+    };
+    assert_eq!(ok(on(&mut s, 0, Op::DeviceCanAccessPeer, &[1]))[0], 1);
+    assert_eq!(ok(on(&mut s, 1, Op::DeviceCanAccessPeer, &[1]))[0], 0);
+    assert_eq!(
+        on(&mut s, 0, Op::DeviceCanAccessPeer, &[2]).status,
+        status::INVALID_DEVICE
+    );
+    ok(on(&mut s, 0, Op::PeerAccess, &[1, 1]));
+    assert_eq!(on(&mut s, 0, Op::PeerAccess, &[1, 1]).status, 704);
+    ok(on(&mut s, 0, Op::PeerAccess, &[1, 0]));
+    assert_eq!(on(&mut s, 0, Op::PeerAccess, &[1, 0]).status, 705);
+    assert_eq!(
+        on(&mut s, 0, Op::PeerAccess, &[0, 1]).status,
+        status::INVALID_DEVICE
+    );
+    assert_eq!(ok(on(&mut s, 0, Op::P2PAttribute, &[2, 0, 1]))[0], 1);
+
+    let a = ok(on(&mut s, 0, Op::Malloc, &[256]))[0];
+    let b = ok(on(&mut s, 1, Op::Malloc, &[256]))[0];
+    let data = pattern(256);
+    ok(htod(&mut rig, &mut s, a, &data, &[256]));
+    ok(on(&mut s, 0, Op::MemcpyPeer, &[b, 1, a, 0, 256, 0]));
+    let out = rig.out(256);
+    ok(s.execute(&req(Op::MemcpyDtoH, 1, &[b, 0], vec![], vec![out.clone()])));
+    assert_eq!(out.to_vec().unwrap(), data);
+    // Each range must be the named device's memory of this session.
+    assert_eq!(
+        on(&mut s, 0, Op::MemcpyPeer, &[a, 1, b, 0, 256, 0]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        on(&mut s, 0, Op::MemcpyPeer, &[b, 1, a, 0, 257, 0]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        on(&mut s, 0, Op::MemcpyPeer, &[b, 7, a, 0, 16, 0]).status,
+        status::INVALID_DEVICE
+    );
+}
