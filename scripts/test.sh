@@ -201,6 +201,15 @@ flood_stalled() {
     return $rc
 }
 step "guest: a fire-and-forget flood survives a stalled daemon (ring full, slots reaped)" flood_stalled
+restart() {
+    local out
+    out=$(scripts/test-restart.sh "$LOGS/restart" 2>&1)
+    local rc=$?
+    echo "$out"
+    echo "$out" | grep -E 'recovered:' | sed 's/^\[test-restart\] /   /' >&3
+    return $rc
+}
+step "daemon restart: QEMU reconnects, nothing hangs, new programs work (no reboot)" restart 3>&1
 
 echo "== release bundle"
 bundle_boots() {

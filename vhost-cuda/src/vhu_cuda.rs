@@ -228,6 +228,9 @@ impl VhostCudaBackend {
             live: self.live.clone(),
         });
         let mut last_chain = Instant::now();
+        // Set when re-enabling found chains announced after a pass that popped none: the guest
+        // may simply have added one in between, so look once more before calling it corrupt.
+        let mut announced_unseen = false;
         loop {
             if let Err(e) = vring.disable_notification() {
                 warn!(vm = %self.label, "request queue unusable: {e}");
@@ -247,8 +250,12 @@ impl VhostCudaBackend {
                 continue;
             }
             match vring.enable_notification() {
-                Ok(true) if popped > 0 => continue,
-                // More announced but nothing poppable: a corrupt avail index. Don't spin.
+                Ok(true) if popped > 0 || !announced_unseen => {
+                    announced_unseen = popped == 0;
+                    continue;
+                }
+                // Announced twice with nothing poppable in between: a corrupt avail index.
+                // Don't spin.
                 Ok(true) => {
                     warn!(vm = %self.label, "avail ring index is inconsistent; waiting for a kick");
                     return;
