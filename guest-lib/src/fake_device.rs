@@ -604,19 +604,6 @@ fn run(
         }
         Op::HostFuncWait | Op::Batch => unreachable!("answered in execute"),
         Op::HostLatency => rets[0] = 0,
-        Op::DeviceCanAccessPeer => {
-            if args[0] >= u64::from(s.devices) {
-                return Err(status::INVALID_DEVICE);
-            }
-            rets[0] = u64::from(args[0] != u64::from(device));
-        }
-        Op::PeerAccess => {}
-        Op::P2PAttribute => rets[0] = 1,
-        Op::MemcpyPeer => {
-            let [dst, _, src, _, size, ..] = *args;
-            let data = s.device_bytes(src, size)?.to_vec();
-            s.device_bytes(dst, size)?.copy_from_slice(&data);
-        }
         Op::StreamWaitEvent => {
             s.events
                 .get(&args[1])

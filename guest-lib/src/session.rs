@@ -385,10 +385,6 @@ pub fn needs_context(op: Op) -> bool {
         | Op::EventQuery
         | Op::LaunchHostFunc
         | Op::Batch
-        | Op::DeviceCanAccessPeer
-        | Op::PeerAccess
-        | Op::MemcpyPeer
-        | Op::P2PAttribute
         | Op::MallocPitch
         | Op::Memset3D
         | Op::Memcpy3D
@@ -425,8 +421,6 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::TakeOutput
         | Op::LaunchHostFunc
         | Op::Batch
-        // Enabling twice is an error the second time.
-        | Op::PeerAccess
         // An answer lost to a signal would be a function that never runs.
         | Op::HostFuncWait
         | Op::MallocPitch
@@ -440,9 +434,6 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::Echo
         | Op::HostInfo
         | Op::HostLatency
-        | Op::DeviceCanAccessPeer
-        | Op::MemcpyPeer
-        | Op::P2PAttribute
         | Op::DeviceCount
         | Op::DeviceInfo
         | Op::DeviceAttributes

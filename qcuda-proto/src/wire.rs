@@ -395,19 +395,6 @@ ops! {
     /// len / [`LATENCY_RECORD_SIZE`] [`LatencyRecord`]s; rets[0] = records written, rets[1] =
     /// records the host has. Answered by the daemon without the worker.
     HostLatency = 0x01D9, ins 0, outs 1;
-    /// args[0] = peer device. rets[0] = 1 if device `hdr.device` can access the peer's memory
-    /// (cuDeviceCanAccessPeer).
-    DeviceCanAccessPeer = 0x01E0, ins 0, outs 0;
-    /// The session's context on `hdr.device` gets (args[1] = 1) or loses (args[1] = 0) access
-    /// to its context on device args[0] (cuCtxEnablePeerAccess / cuCtxDisablePeerAccess).
-    PeerAccess = 0x01E1, ins 0, outs 0;
-    /// args[0] = destination pointer on device args[1], args[2] = source pointer on device
-    /// args[3], args[4] = bytes, args[5] = stream handle (of device `hdr.device`).
-    /// cuMemcpyPeerAsync; waited for unless `FLAG_ASYNC`.
-    MemcpyPeer = 0x01E2, ins 0, outs 0;
-    /// args[0] = a `cudaDeviceP2PAttr`, args[1] = source device, args[2] = destination device.
-    /// rets[0] = cuDeviceGetP2PAttribute.
-    P2PAttribute = 0x01E3, ins 0, outs 0;
     /// Pitched device memory (cudaMallocPitch, cudaMalloc3D): args[0] = width in bytes,
     /// args[1] = rows (height, or height × depth). cuMemAllocPitch with 16-byte elements.
     /// rets[0] = device pointer, rets[1] = pitch; the allocation is pitch × rows bytes.

@@ -145,6 +145,16 @@ cuda_api! {
         Err(CudaError::INVALID_DEVICE)
     }
 
+    /// `cudaDeviceCanAccessPeer`: peer access does not cross qcuda, so always 0.
+    fn cudaDeviceCanAccessPeer(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) {
+        non_null(canAccessPeer)?;
+        let rt = runtime()?;
+        rt.devices.check(device)?;
+        rt.devices.check(peerDevice)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(canAccessPeer, 0) }
+    }
+
     /// `cudaDriverGetVersion`: the host driver's version; 0 (and success) without a device, as
     /// NVIDIA's runtime answers without a driver.
     fn cudaDriverGetVersion(driverVersion: *mut c_int) {

@@ -49,7 +49,6 @@ pub mod errors;
 pub mod events;
 pub mod launch;
 pub mod memory;
-pub mod peer;
 pub mod profiler;
 pub mod registration;
 pub mod streams;

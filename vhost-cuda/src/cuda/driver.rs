@@ -223,24 +223,6 @@ pub(crate) trait DriverApi: ArrayDriverApi + Send + Sync {
     /// cuEventElapsedTime, milliseconds.
     fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32>;
 
-    /// cuDeviceCanAccessPeer.
-    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool>;
-    /// cuDeviceGetP2PAttribute.
-    fn p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32>;
-    /// cuCtxEnablePeerAccess (`enable`) or cuCtxDisablePeerAccess of `peer` from the current
-    /// context.
-    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()>;
-    /// cuMemcpyPeerAsync.
-    fn memcpy_peer(
-        &self,
-        dst: u64,
-        dst_ctx: Raw,
-        src: u64,
-        src_ctx: Raw,
-        len: usize,
-        stream: Raw,
-    ) -> CuResult<()>;
-
     /// cuStreamIsCapturing: whether work enqueued on `stream` now goes into a graph.
     fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool>;
     /// cuLaunchHostFunc: the driver calls `func(user_data)` on a thread of its own once the
@@ -310,11 +292,6 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventRecord",
     "cuStreamIsCapturing",
     "cuLaunchHostFunc",
-    "cuDeviceCanAccessPeer",
-    "cuDeviceGetP2PAttribute",
-    "cuCtxEnablePeerAccess",
-    "cuCtxDisablePeerAccess",
-    "cuMemcpyPeerAsync",
     "cuEventSynchronize",
     "cuEventQuery",
     "cuEventElapsedTime_v2",
@@ -741,54 +718,6 @@ impl DriverApi for CudaDriver {
         check(unsafe { sys::cuEventRecord(ptr(event), ptr(stream)) })
     }
 
-    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool> {
-        let mut can: c_int = 0;
-        // SAFETY: see the impl comment; the answer is written to a local.
-        check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev, peer) })?;
-        Ok(can != 0)
-    }
-
-    fn p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32> {
-        // The attribute ids the runtime and the driver share: 1..=4.
-        let attr = match attr {
-            1 => sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK,
-            2 => sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED,
-            3 => sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
-            4 => sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED,
-            _ => return Err(CuError::INVALID_VALUE),
-        };
-        let mut v: c_int = 0;
-        // SAFETY: see the impl comment; the answer is written to a local.
-        check(unsafe { sys::cuDeviceGetP2PAttribute(&mut v, attr, src, dst) })?;
-        Ok(v)
-    }
-
-    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()> {
-        // SAFETY: see the impl comment.
-        check(unsafe {
-            if enable {
-                sys::cuCtxEnablePeerAccess(ptr(peer), 0)
-            } else {
-                sys::cuCtxDisablePeerAccess(ptr(peer))
-            }
-        })
-    }
-
-    fn memcpy_peer(
-        &self,
-        dst: u64,
-        dst_ctx: Raw,
-        src: u64,
-        src_ctx: Raw,
-        len: usize,
-        stream: Raw,
-    ) -> CuResult<()> {
-        // SAFETY: see the impl comment; both ranges were checked against their contexts.
-        check(unsafe {
-            sys::cuMemcpyPeerAsync(dst, ptr(dst_ctx), src, ptr(src_ctx), len, ptr(stream))
-        })
-    }
-
     fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool> {
         let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: see the impl comment; the status is written to a local.
@@ -1045,18 +974,6 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn stream_is_capturing(&self, _: Raw) -> CuResult<bool> {
-        Err(CuError::NO_DEVICE)
-    }
-    fn device_can_access_peer(&self, _: i32, _: i32) -> CuResult<bool> {
-        Err(CuError::NO_DEVICE)
-    }
-    fn p2p_attribute(&self, _: u32, _: i32, _: i32) -> CuResult<i32> {
-        Err(CuError::NO_DEVICE)
-    }
-    fn ctx_peer_access(&self, _: Raw, _: bool) -> CuResult<()> {
-        Err(CuError::NO_DEVICE)
-    }
-    fn memcpy_peer(&self, _: u64, _: Raw, _: u64, _: Raw, _: usize, _: Raw) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn launch_host_func(&self, _: Raw, _: HostFn, _: *mut c_void) -> CuResult<()> {

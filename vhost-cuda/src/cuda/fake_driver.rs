@@ -71,8 +71,6 @@ struct Ctx {
     mipmapped: HashMap<Raw, Vec<Raw>>,
     /// Texture and surface objects alive.
     objects: HashSet<u64>,
-    /// Contexts this one has peer access to.
-    peers: HashSet<Raw>,
 }
 
 #[derive(Debug, Default)]
@@ -765,72 +763,6 @@ impl DriverApi for FakeDriver {
                 _ => Err(INVALID_HANDLE),
             }
         })
-    }
-
-    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool> {
-        let _st = self.enter("device_can_access_peer")?;
-        let known = |d: i32| (100..100 + self.gpus).contains(&d);
-        if !known(dev) || !known(peer) {
-            return Err(CuError(101));
-        }
-        Ok(dev != peer)
-    }
-
-    fn p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32> {
-        let _st = self.enter("p2p_attribute")?;
-        if !(1..=4).contains(&attr) || src == dst {
-            return Err(INVALID_VALUE);
-        }
-        Ok(1)
-    }
-
-    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()> {
-        let mut st = self.enter("ctx_peer_access")?;
-        if !st.contexts.contains_key(&peer) {
-            return Err(INVALID_CONTEXT);
-        }
-        let cur = st.cur();
-        let c = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;
-        match (enable, c.peers.contains(&peer)) {
-            // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, CUDA_ERROR_PEER_ACCESS_NOT_ENABLED
-            (true, true) => Err(CuError(704)),
-            (false, false) => Err(CuError(705)),
-            (true, false) => {
-                c.peers.insert(peer);
-                Ok(())
-            }
-            (false, true) => {
-                c.peers.remove(&peer);
-                Ok(())
-            }
-        }
-    }
-
-    fn memcpy_peer(
-        &self,
-        dst: u64,
-        dst_ctx: Raw,
-        src: u64,
-        src_ctx: Raw,
-        len: usize,
-        stream: Raw,
-    ) -> CuResult<()> {
-        let mut st = self.enter("memcpy_peer")?;
-        let cur = st.cur();
-        check_stream(st.contexts.get(&cur).ok_or(INVALID_CONTEXT)?, stream)?;
-        let data = slice_mut(
-            st.contexts.get_mut(&src_ctx).ok_or(INVALID_CONTEXT)?,
-            src,
-            len,
-        )?
-        .to_vec();
-        slice_mut(
-            st.contexts.get_mut(&dst_ctx).ok_or(INVALID_CONTEXT)?,
-            dst,
-            len,
-        )?
-        .copy_from_slice(&data);
-        Ok(())
     }
 
     fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool> {

@@ -347,10 +347,6 @@ impl CudaSession {
             Op::EventSynchronize | Op::EventQuery => self.event_wait(req),
             Op::EventElapsedTime => self.event_elapsed(args),
             Op::LaunchHostFunc => self.launch_host_func(req),
-            Op::DeviceCanAccessPeer => self.can_access_peer(req),
-            Op::PeerAccess => self.peer_access(req),
-            Op::MemcpyPeer => self.memcpy_peer(req),
-            Op::P2PAttribute => self.p2p_attribute(args),
             Op::Batch => self.batch(req),
             Op::MallocPitch => self.malloc_pitch(req),
             Op::Memset3D => self.memset_3d(req),
@@ -578,21 +574,6 @@ impl CudaSession {
 
     /// Checks that `[ptr, ptr + len)` is the session's memory on `dev`: device memory of its
     /// own, or guest memory it host-mapped (portable, so reachable from every device).
-    /// Like `check_range` on `dev`, else on any other device the session has a context on.
-    fn check_any_device(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
-        if self.check_range(dev, ptr, len).is_ok()
-            || self
-                .devices
-                .iter()
-                .flatten()
-                .any(|c| c.memory.contains(ptr, len))
-        {
-            Ok(())
-        } else {
-            Err(status::INVALID_VALUE.into())
-        }
-    }
-
     fn check_range(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
         if self.context(dev)?.memory.contains(ptr, len)
             || self.host_memory.contains_device(ptr, len)
@@ -795,9 +776,8 @@ impl CudaSession {
         if size == 0 {
             return Ok(None);
         }
-        // With unified addressing either side may be on another of the session's devices.
-        self.check_any_device(dev, dst, size)?;
-        self.check_any_device(dev, src, size)?;
+        self.check_range(dev, dst, size)?;
+        self.check_range(dev, src, size)?;
         Ok(Some((dev, stream, (dst, src, to_usize(size)?))))
     }
 
@@ -1208,87 +1188,6 @@ impl CudaSession {
             return Err(first_failure.into());
         }
         ok()
-    }
-
-    /// A device ordinal given as an argument, checked.
-    fn device_arg(&self, arg: u64) -> Result<usize, Fault> {
-        usize::try_from(arg)
-            .ok()
-            .filter(|&d| d < self.devices.len())
-            .ok_or(Fault::Status(status::INVALID_DEVICE))
-    }
-
-    /// The driver's `CUdevice` of guest device `dev`.
-    fn cu_device(&self, dev: usize) -> Result<i32, Fault> {
-        self.host
-            .gpus
-            .get(dev)
-            .map(|g| g.dev)
-            .ok_or(Fault::Status(status::INVALID_DEVICE))
-    }
-
-    fn can_access_peer(&mut self, req: &Request) -> OpResult {
-        let dev = self.device(req)?;
-        let peer = self.device_arg(req.header.args[0])?;
-        if dev == peer {
-            // As the runtime answers: a device is not its own peer.
-            return ok_rets(&[0]);
-        }
-        let (a, b) = (self.cu_device(dev)?, self.cu_device(peer)?);
-        let can = self.drv.device_can_access_peer(a, b).map_err(on(dev))?;
-        ok_rets(&[u64::from(can)])
-    }
-
-    fn peer_access(&mut self, req: &Request) -> OpResult {
-        let dev = self.device(req)?;
-        let peer = self.device_arg(req.header.args[0])?;
-        let enable = match req.header.args[1] {
-            0 => false,
-            1 => true,
-            _ => return Err(status::INVALID_VALUE.into()),
-        };
-        if dev == peer {
-            return Err(status::INVALID_DEVICE.into());
-        }
-        let peer_ctx = self.bind(peer)?.ctx;
-        self.bind(dev)?;
-        self.drv
-            .ctx_peer_access(peer_ctx, enable)
-            .map_err(on(dev))?;
-        ok()
-    }
-
-    fn memcpy_peer(&mut self, req: &Request) -> OpResult {
-        let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header.args;
-        let (dst_dev, src_dev) = (self.device_arg(dst_dev)?, self.device_arg(src_dev)?);
-        let dev = self.device(req)?;
-        let dst_ctx = self.bind(dst_dev)?.ctx;
-        let src_ctx = self.bind(src_dev)?.ctx;
-        self.bind(dev)?;
-        let stream = self.stream_on(stream, dev)?;
-        if size == 0 {
-            return ok();
-        }
-        self.check_range(dst_dev, dst, size)?;
-        self.check_range(src_dev, src, size)?;
-        self.drv
-            .memcpy_peer(dst, dst_ctx, src, src_ctx, to_usize(size)?, stream)
-            .map_err(on(dev))?;
-        if req.header.flags & FLAG_ASYNC == 0 {
-            self.drv.stream_synchronize(stream).map_err(on(dev))?;
-        }
-        ok()
-    }
-
-    fn p2p_attribute(&mut self, args: &[u64]) -> OpResult {
-        let (src, dst) = (self.device_arg(args[1])?, self.device_arg(args[2])?);
-        let attr = u32::try_from(args[0]).map_err(|_| status::INVALID_VALUE)?;
-        if src == dst {
-            return Err(status::INVALID_DEVICE.into());
-        }
-        let (a, b) = (self.cu_device(src)?, self.cu_device(dst)?);
-        let v = self.drv.p2p_attribute(attr, a, b).map_err(on(src))?;
-        ok_rets(&[u64::from(v as u32)])
     }
 
     /// LaunchHostFunc: the guest's function runs in the guest when the stream reaches it (see
