@@ -43,6 +43,10 @@ types=(
     cudaDeviceAttr CUdevice_attribute
     cudaStreamCaptureStatus cudaStreamCaptureMode
     cudaStream_t cudaEvent_t cudaKernel_t cudaFunction_t
+    cudaMemPool_t cudaMemPoolProps cudaMemPoolAttr cudaMemLocation cudaMemLocationType
+    cudaMemAccessDesc cudaMemAccessFlags cudaMemAllocationType cudaMemAllocationHandleType
+    cudaLaunchConfig_t cudaLaunchAttribute cudaLaunchAttributeID cudaLaunchAttributeValue
+    cudaDeviceP2PAttr
 )
 vars=(
     'cudaHostAlloc[A-Za-z]*' 'cudaHostRegister[A-Za-z]*'
