@@ -307,7 +307,21 @@ pub fn needs_context(op: Op) -> bool {
         | Op::EventRecord
         | Op::EventSynchronize
         | Op::EventElapsedTime
-        | Op::EventQuery => true,
+        | Op::EventQuery
+        | Op::StreamPriorityRange
+        | Op::StreamGetId
+        | Op::DeviceGetDefaultMemPool
+        | Op::DeviceGetMemPool
+        | Op::DeviceSetMemPool
+        | Op::MemPoolCreate
+        | Op::MemPoolDestroy
+        | Op::MemPoolSetAttribute
+        | Op::MemPoolGetAttribute
+        | Op::MemPoolTrimTo
+        | Op::MemPoolSetAccess
+        | Op::MemPoolGetAccess
+        | Op::MallocAsync
+        | Op::FreeAsync => true,
     }
 }
 
@@ -328,7 +342,11 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::DriverReset
         | Op::HostMap
         | Op::HostUnmap
-        | Op::TakeOutput => false,
+        | Op::TakeOutput
+        | Op::MemPoolCreate
+        | Op::MemPoolDestroy
+        | Op::MallocAsync
+        | Op::FreeAsync => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -357,7 +375,17 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::EventRecord
         | Op::EventSynchronize
         | Op::EventElapsedTime
-        | Op::EventQuery => true,
+        | Op::EventQuery
+        | Op::StreamPriorityRange
+        | Op::StreamGetId
+        | Op::DeviceGetDefaultMemPool
+        | Op::DeviceGetMemPool
+        | Op::DeviceSetMemPool
+        | Op::MemPoolSetAttribute
+        | Op::MemPoolGetAttribute
+        | Op::MemPoolTrimTo
+        | Op::MemPoolSetAccess
+        | Op::MemPoolGetAccess => true,
     }
 }
 

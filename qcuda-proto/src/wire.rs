@@ -345,7 +345,9 @@ ops! {
     /// that size one multiprocessor runs at once.
     OccupancyMaxActiveBlocks = 0x0133, ins 0, outs 0;
 
-    /// args[0] = flags (cudaStreamNonBlocking = 1), args[1] = priority. rets[0] = stream handle.
+    /// args[0] = flags (cudaStreamNonBlocking = 1), args[1] = priority. rets[0] = stream handle,
+    /// rets[1] = the priority the stream got (the driver clamps it to the device's range; i32
+    /// as u32).
     StreamCreate = 0x0140, ins 0, outs 0;
     /// args[0] = stream handle.
     StreamDestroy = 0x0141, ins 0, outs 0;
@@ -355,6 +357,45 @@ ops! {
     StreamQuery = 0x0143, ins 0, outs 0;
     /// args[0] = stream handle, args[1] = event handle, args[2] = flags.
     StreamWaitEvent = 0x0144, ins 0, outs 0;
+    /// Device `hdr.device`: rets[0] = least (numerically greatest), rets[1] = greatest stream
+    /// priority (cuCtxGetStreamPriorityRange; i32 as u32).
+    StreamPriorityRange = 0x0145, ins 0, outs 0;
+    /// args[0] = stream handle (0: legacy stream of `hdr.device`). rets[0] = cuStreamGetId.
+    StreamGetId = 0x0146, ins 0, outs 0;
+
+    /// Device `hdr.device`: rets[0] = the session's handle of its default memory pool
+    /// (cuDeviceGetDefaultMemPool). Pool handles are session-local ids like stream handles.
+    DeviceGetDefaultMemPool = 0x0180, ins 0, outs 0;
+    /// Device `hdr.device`: rets[0] = the handle of its current memory pool (what
+    /// `MallocAsync` with pool 0 allocates from).
+    DeviceGetMemPool = 0x0181, ins 0, outs 0;
+    /// args[0] = pool handle of device `hdr.device`, which becomes its current pool.
+    DeviceSetMemPool = 0x0182, ins 0, outs 0;
+    /// A new pool of pinned device memory on device `hdr.device`, no shareable handle types:
+    /// args[0] = maximum size in bytes (0: the driver's default). rets[0] = pool handle.
+    MemPoolCreate = 0x0183, ins 0, outs 0;
+    /// args[0] = pool handle (not a default pool). A pool that was its device's current pool
+    /// is replaced there by the default pool.
+    MemPoolDestroy = 0x0184, ins 0, outs 0;
+    /// args[0] = pool handle, args[1] = `cudaMemPoolAttr` (1..=8), args[2] = value (the int
+    /// attributes 1..=3 as 0 or 1, the others 64-bit).
+    MemPoolSetAttribute = 0x0185, ins 0, outs 0;
+    /// args[0] = pool handle, args[1] = `cudaMemPoolAttr` (1..=8). rets[0] = value.
+    MemPoolGetAttribute = 0x0186, ins 0, outs 0;
+    /// args[0] = pool handle, args[1] = bytes to keep (cuMemPoolTrimTo).
+    MemPoolTrimTo = 0x0187, ins 0, outs 0;
+    /// args[0] = pool handle. In-buffer 0 = `MemAccess` records (device ordinal u32, flags u32:
+    /// 0 none, 1 read, 3 read-write), at most 64.
+    MemPoolSetAccess = 0x0188, ins 1, outs 0;
+    /// args[0] = pool handle, args[1] = device ordinal. rets[0] = access flags (0, 1 or 3).
+    MemPoolGetAccess = 0x0189, ins 0, outs 0;
+    /// Stream-ordered allocation: args[0] = size, args[1] = stream handle (0: legacy stream of
+    /// `hdr.device`), args[2] = pool handle (0: the current pool of the stream's device).
+    /// rets[0] = device pointer, which joins the session's allocations.
+    MallocAsync = 0x018a, ins 0, outs 0;
+    /// Stream-ordered free: args[0] = device pointer (an allocation of the session),
+    /// args[1] = stream handle.
+    FreeAsync = 0x018b, ins 0, outs 0;
 
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;

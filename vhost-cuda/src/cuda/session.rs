@@ -45,6 +45,12 @@ const MAX_FUNCTIONS: usize = 1 << 16;
 const MAX_STREAMS: usize = 1 << 14;
 /// Most events a session may hold.
 const MAX_EVENTS: usize = 1 << 16;
+/// Most memory pools a session may hold (default pools included).
+const MAX_POOLS: usize = 1024;
+/// Most access descriptors one MemPoolSetAccess may carry.
+const MAX_POOL_ACCESS: usize = 64;
+/// The `cudaMemPoolAttr` ids (1..=8); 5 and 7 (current reserved and used memory) are read-only.
+const POOL_ATTRS: std::ops::RangeInclusive<u64> = 1..=8;
 /// Longest kernel or variable name.
 const MAX_NAME_LEN: usize = 4096;
 /// Most attributes one DeviceAttributes op may ask for.
@@ -155,6 +161,10 @@ struct DeviceContext {
     ctx: Raw,
     memory: AllocationTable,
     staging: StagingState,
+    /// The session's handle of the device's default memory pool, once asked for.
+    default_pool: Option<u64>,
+    /// The pool `DeviceSetMemPool` made current; `None`: the default pool.
+    current_pool: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -186,6 +196,14 @@ struct StreamEntry {
 }
 
 #[derive(Debug)]
+struct PoolEntry {
+    dev: usize,
+    raw: Raw,
+    /// The device's default pool (never destroyed by the session).
+    default: bool,
+}
+
+#[derive(Debug)]
 struct EventEntry {
     dev: usize,
     raw: Raw,
@@ -204,6 +222,7 @@ pub struct CudaSession {
     functions: HandleTable<FunctionEntry>,
     streams: HandleTable<StreamEntry>,
     events: HandleTable<EventEntry>,
+    pools: HandleTable<PoolEntry>,
     /// Guest memory mapped into this process and registered (`HostMap`).
     host_memory: HostMappings,
 }
@@ -216,6 +235,7 @@ impl std::fmt::Debug for CudaSession {
             .field("modules", &self.modules.len())
             .field("streams", &self.streams.len())
             .field("events", &self.events.len())
+            .field("pools", &self.pools.len())
             .field("host_mappings", &self.host_memory.len())
             .finish()
     }
@@ -235,6 +255,7 @@ impl CudaSession {
             functions: HandleTable::new(MAX_FUNCTIONS),
             streams: HandleTable::new(MAX_STREAMS),
             events: HandleTable::new(MAX_EVENTS),
+            pools: HandleTable::new(MAX_POOLS),
             host_memory: HostMappings::default(),
         }
     }
@@ -320,6 +341,49 @@ impl CudaSession {
             Op::StreamDestroy => self.stream_destroy(args[0]),
             Op::StreamSynchronize | Op::StreamQuery => self.stream_wait(req),
             Op::StreamWaitEvent => self.stream_wait_event(args),
+            Op::StreamPriorityRange => {
+                let dev = self.bind_new(req)?;
+                let (least, greatest) = self.drv.stream_priority_range().map_err(on(dev))?;
+                ok_rets(&[u64::from(least as u32), u64::from(greatest as u32)])
+            }
+            Op::StreamGetId => {
+                let dev = self.bind_new(req)?;
+                let stream = self.stream_on(args[0], dev)?;
+                let id = self.drv.stream_id(stream).map_err(on(dev))?;
+                ok_rets(&[id])
+            }
+            Op::DeviceGetDefaultMemPool => {
+                let dev = self.bind_new(req)?;
+                ok_rets(&[self.default_pool(dev)?])
+            }
+            Op::DeviceGetMemPool => {
+                let dev = self.bind_new(req)?;
+                let current = self.context(dev)?.current_pool;
+                match current {
+                    Some(h) => ok_rets(&[h]),
+                    None => ok_rets(&[self.default_pool(dev)?]),
+                }
+            }
+            Op::DeviceSetMemPool => self.device_set_mem_pool(req),
+            Op::MemPoolCreate => self.mem_pool_create(req),
+            Op::MemPoolDestroy => self.mem_pool_destroy(args[0]),
+            Op::MemPoolSetAttribute | Op::MemPoolGetAttribute => self.mem_pool_attribute(req),
+            Op::MemPoolTrimTo => {
+                let (dev, raw) = self.pool(args[0])?;
+                self.drv
+                    .mem_pool_trim_to(raw, to_usize(args[1])?)
+                    .map_err(on(dev))?;
+                ok()
+            }
+            Op::MemPoolSetAccess => self.mem_pool_set_access(req),
+            Op::MemPoolGetAccess => {
+                let (dev, raw) = self.pool(args[0])?;
+                let gpu = self.gpu_of(args[1])?;
+                let flags = self.drv.mem_pool_get_access(raw, gpu).map_err(on(dev))?;
+                ok_rets(&[u64::from(flags)])
+            }
+            Op::MallocAsync => self.malloc_async(req),
+            Op::FreeAsync => self.free_async(req),
             Op::EventCreate => self.event_create(req),
             Op::EventDestroy => self.event_destroy(args[0]),
             Op::EventRecord => self.event_record(args),
@@ -377,6 +441,8 @@ impl CudaSession {
                 ctx,
                 memory: AllocationTable::default(),
                 staging: StagingState::NotYet,
+                default_pool: None,
+                current_pool: None,
             });
         }
         let c = slot.as_mut().ok_or(Fault::Status(status::UNKNOWN))?;
@@ -445,6 +511,7 @@ impl CudaSession {
                 let _ = drv.mem_host_unregister(m.local);
             });
         }
+        self.release_pools(dev);
         let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
             return;
         };
@@ -456,6 +523,281 @@ impl CudaSession {
         self.functions.retain(|f| f.dev != dev);
         self.streams.retain(|s| s.dev != dev);
         self.events.retain(|e| e.dev != dev);
+        self.pools.retain(|p| p.dev != dev);
+    }
+
+    /// Pool memory belongs to its pool, not to a context, so destroying the context does not
+    /// free it: frees the session's stream-ordered allocations on `dev`, destroys the pools it
+    /// created there, trims the default pool and makes it current again. Best effort (a
+    /// corrupted context has nothing left to run, and the worker's exit frees the rest).
+    fn release_pools(&mut self, dev: usize) {
+        if self.host.sticky_error().is_some() || !matches!(self.devices.get(dev), Some(Some(_))) {
+            return;
+        }
+        if self.bind(dev).is_err() {
+            return;
+        }
+        let drv = Arc::clone(&self.drv);
+        let Ok(c) = self.context(dev) else {
+            return;
+        };
+        let pending = c.memory.stream_ordered();
+        let touched = !pending.is_empty() || c.default_pool.is_some();
+        for ptr in pending {
+            let _ = drv.mem_free_async(ptr, NULL_STREAM);
+            let _ = c.memory.remove_allocation(ptr);
+        }
+        let _ = drv.ctx_synchronize();
+        let mut default = None;
+        let mut created = Vec::new();
+        self.pools.retain(|p| {
+            if p.dev == dev {
+                if p.default {
+                    default = Some(p.raw);
+                } else {
+                    created.push(p.raw);
+                }
+            }
+            true
+        });
+        let gpu = self.host.gpus.get(dev).map(|g| g.dev);
+        if let (Some(raw), Some(gpu)) = (default, gpu) {
+            let _ = drv.device_set_mem_pool(gpu, raw);
+        }
+        for raw in created {
+            let _ = drv.mem_pool_destroy(raw);
+        }
+        if touched {
+            if let Some(raw) = default {
+                let _ = drv.mem_pool_trim_to(raw, 0);
+            }
+        }
+    }
+
+    /// The `CUdevice` of guest device ordinal `ordinal` (an argument, not the header's).
+    fn gpu_of(&self, ordinal: u64) -> Result<i32, Fault> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|d| self.host.gpus.get(d))
+            .map(|g| g.dev)
+            .ok_or(Fault::Status(status::INVALID_DEVICE))
+    }
+
+    // ----- memory pools -----------------------------------------------------------------
+
+    /// The session's handle of the default pool of `dev` (context bound), made on first use.
+    fn default_pool(&mut self, dev: usize) -> Result<u64, Fault> {
+        if let Some(h) = self.context(dev)?.default_pool {
+            return Ok(h);
+        }
+        let gpu = self.gpu_of(dev as u64)?;
+        if !self.pools.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let raw = self.drv.mem_pool_default(gpu).map_err(on(dev))?;
+        let h = self
+            .pools
+            .insert(
+                &mut self.ids,
+                PoolEntry {
+                    dev,
+                    raw,
+                    default: true,
+                },
+            )
+            .ok_or(status::MEMORY_ALLOCATION)?;
+        self.context(dev)?.default_pool = Some(h);
+        Ok(h)
+    }
+
+    /// A pool of the session, the context of its device bound.
+    fn pool(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+        let (dev, raw) = match self.pools.get(handle) {
+            Some(p) => (p.dev, p.raw),
+            None => return Err(status::INVALID_VALUE.into()),
+        };
+        self.bind(dev)?;
+        Ok((dev, raw))
+    }
+
+    fn device_set_mem_pool(&mut self, req: &Request) -> OpResult {
+        let dev = self.bind_new(req)?;
+        let handle = req.header.args[0];
+        let (pool_dev, raw, default) = match self.pools.get(handle) {
+            Some(p) => (p.dev, p.raw, p.default),
+            None => return Err(status::INVALID_VALUE.into()),
+        };
+        // A device's current pool must be one of its own.
+        if pool_dev != dev {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let gpu = self.gpu_of(dev as u64)?;
+        self.drv.device_set_mem_pool(gpu, raw).map_err(on(dev))?;
+        self.context(dev)?.current_pool = (!default).then_some(handle);
+        ok()
+    }
+
+    fn mem_pool_create(&mut self, req: &Request) -> OpResult {
+        let dev = self.bind_new(req)?;
+        let max_size = to_usize(req.header.args[0])?;
+        let gpu = self.gpu_of(dev as u64)?;
+        if !self.pools.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let raw = self.drv.mem_pool_create(gpu, max_size).map_err(on(dev))?;
+        let entry = PoolEntry {
+            dev,
+            raw,
+            default: false,
+        };
+        match self.pools.insert(&mut self.ids, entry) {
+            Some(h) => ok_rets(&[h]),
+            None => {
+                let _ = self.drv.mem_pool_destroy(raw);
+                Err(status::MEMORY_ALLOCATION.into())
+            }
+        }
+    }
+
+    fn mem_pool_destroy(&mut self, handle: u64) -> OpResult {
+        let (dev, raw) = self.pool(handle)?;
+        if self.pools.get(handle).is_some_and(|p| p.default) {
+            return Err(status::INVALID_VALUE.into());
+        }
+        // A destroyed current pool leaves its device with the default pool, as in CUDA.
+        if self.context(dev)?.current_pool == Some(handle) {
+            let default = self.default_pool(dev)?;
+            if let Some(d) = self.pools.get(default).map(|p| p.raw) {
+                let gpu = self.gpu_of(dev as u64)?;
+                self.drv.device_set_mem_pool(gpu, d).map_err(on(dev))?;
+            }
+            self.context(dev)?.current_pool = None;
+        }
+        let result = self.drv.mem_pool_destroy(raw);
+        self.pools.remove(handle);
+        result.map_err(on(dev))?;
+        ok()
+    }
+
+    fn mem_pool_attribute(&mut self, req: &Request) -> OpResult {
+        let [handle, attr, value, ..] = req.header.args;
+        if !POOL_ATTRS.contains(&attr) {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let (dev, raw) = self.pool(handle)?;
+        let attr = attr as u32;
+        if req.op == Op::MemPoolGetAttribute {
+            let v = self
+                .drv
+                .mem_pool_get_attribute(raw, attr)
+                .map_err(on(dev))?;
+            return ok_rets(&[v]);
+        }
+        // Current reserved and used memory are read-only; the high watermarks may only be
+        // reset (to 0).
+        match attr {
+            5 | 7 => return Err(status::INVALID_VALUE.into()),
+            6 | 8 if value != 0 => return Err(status::INVALID_VALUE.into()),
+            _ => {}
+        }
+        self.drv
+            .mem_pool_set_attribute(raw, attr, value)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    fn mem_pool_set_access(&mut self, req: &Request) -> OpResult {
+        let (dev, raw) = self.pool(req.header.args[0])?;
+        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        if buf.len() % 8 != 0 || buf.len() / 8 > MAX_POOL_ACCESS {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let bytes = buf.to_vec().map_err(|_| status::INVALID_VALUE)?;
+        let mut access = Vec::with_capacity(bytes.len() / 8);
+        for rec in bytes.chunks_exact(8) {
+            let ordinal = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
+            let flags = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
+            if !matches!(flags, 0 | 1 | 3) {
+                return Err(status::INVALID_VALUE.into());
+            }
+            let gpu = self
+                .gpu_of(u64::from(ordinal))
+                .map_err(|_| Fault::Status(status::INVALID_DEVICE))?;
+            access.push((gpu, flags));
+        }
+        self.drv
+            .mem_pool_set_access(raw, &access)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    /// `MallocAsync`: from the named pool, or the current pool of the stream's device. The
+    /// allocation joins the table of the pool's device.
+    fn malloc_async(&mut self, req: &Request) -> OpResult {
+        let [size, stream, pool, ..] = req.header.args;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        let (mem_dev, pool_raw) = if pool == 0 {
+            let current = self.context(dev)?.current_pool;
+            (dev, current.and_then(|h| self.pools.get(h)).map(|p| p.raw))
+        } else {
+            match self.pools.get(pool) {
+                Some(p) => (p.dev, Some(p.raw)),
+                None => return Err(status::INVALID_VALUE.into()),
+            }
+        };
+        if size == 0 {
+            // As cudaMalloc(&p, 0): success with a NULL pointer.
+            return ok_rets(&[0]);
+        }
+        let bytes = to_usize(size)?;
+        if mem_dev != dev {
+            // The pool's device must have a context for the table the memory joins.
+            self.bind(mem_dev)?;
+            self.bind(dev)?;
+        }
+        if !self.context(mem_dev)?.memory.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let ptr = self
+            .drv
+            .mem_alloc_async(bytes, pool_raw, stream)
+            .map_err(on(dev))?;
+        let (drv, id) = (Arc::clone(&self.drv), self.id);
+        let c = self.context(mem_dev)?;
+        if let Err(e) = c.memory.insert_stream_ordered(ptr, size) {
+            warn!(
+                session = id,
+                dev,
+                ptr,
+                size,
+                ?e,
+                "driver returned an overlapping pool allocation"
+            );
+            let _ = drv.mem_free_async(ptr, stream);
+            return Err(status::UNKNOWN.into());
+        }
+        ok_rets(&[ptr])
+    }
+
+    /// `FreeAsync`: an allocation of the session on any device, freed in the stream's order.
+    fn free_async(&mut self, req: &Request) -> OpResult {
+        let [ptr, stream, ..] = req.header.args;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        if ptr == 0 {
+            return ok();
+        }
+        let owner = self
+            .devices
+            .iter()
+            .position(|d| d.as_ref().is_some_and(|c| c.memory.is_allocation(ptr)));
+        let Some(owner) = owner else {
+            return Err(status::INVALID_VALUE.into());
+        };
+        self.drv.mem_free_async(ptr, stream).map_err(on(dev))?;
+        let _ = self.context(owner)?.memory.remove_allocation(ptr);
+        ok()
     }
 
     /// `DeviceGetLimit` / `DeviceSetLimit`: `cuCtxGetLimit`/`SetLimit` in the session's context.
@@ -977,11 +1319,18 @@ impl CudaSession {
             .drv
             .stream_create(flags as u32, prio)
             .map_err(on(dev))?;
+        let got = match self.drv.stream_priority(raw) {
+            Ok(p) => p,
+            Err(err) => {
+                let _ = self.drv.stream_destroy(raw);
+                return Err(Fault::Driver { dev, err });
+            }
+        };
         let handle = self
             .streams
             .insert(&mut self.ids, StreamEntry { dev, raw })
             .ok_or(status::MEMORY_ALLOCATION)?;
-        ok_rets(&[handle])
+        ok_rets(&[handle, u64::from(got as u32)])
     }
 
     fn stream_destroy(&mut self, handle: u64) -> OpResult {
