@@ -23,6 +23,7 @@ use crate::{
     events::Events,
     host_memory::HostAllocations,
     last_error,
+    pools::Pools,
     registry::Registry,
     session::{open_errno_to_error, Session},
     streams::Streams,
@@ -45,6 +46,8 @@ pub struct Runtime {
     pub streams: Streams,
     /// Live events.
     pub events: Events,
+    /// Memory pools the application has named.
+    pub pools: Pools,
 }
 
 impl Runtime {
@@ -66,6 +69,7 @@ impl Runtime {
             host_memory: HostAllocations::default(),
             streams: Streams::default(),
             events: Events::default(),
+            pools: Pools::default(),
         })
     }
 
@@ -97,6 +101,7 @@ impl Runtime {
         self.host_memory.forget_device(&self.session, device);
         self.streams.forget_device(device);
         self.events.forget_device(device);
+        self.pools.forget_device(device);
         registry.forget_device(device);
         self.session.clear_sticky(device);
         // The calling thread starts over too; other threads keep what they last saw.

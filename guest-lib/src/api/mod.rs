@@ -48,6 +48,7 @@ pub mod errors;
 pub mod events;
 pub mod launch;
 pub mod memory;
+pub mod pools;
 pub mod profiler;
 pub mod registration;
 pub mod streams;
