@@ -321,7 +321,13 @@ pub fn needs_context(op: Op) -> bool {
         | Op::MemPoolSetAccess
         | Op::MemPoolGetAccess
         | Op::MallocAsync
-        | Op::FreeAsync => true,
+        | Op::FreeAsync
+        | Op::LaunchKernelEx
+        | Op::FuncSetCacheConfig
+        | Op::DeviceSetCacheConfig
+        | Op::DeviceGetCacheConfig
+        | Op::OccupancyCluster
+        | Op::OccupancyAvailableDynamicSMem => true,
     }
 }
 
@@ -346,7 +352,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemPoolCreate
         | Op::MemPoolDestroy
         | Op::MallocAsync
-        | Op::FreeAsync => false,
+        | Op::FreeAsync
+        | Op::LaunchKernelEx => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -385,7 +392,12 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemPoolGetAttribute
         | Op::MemPoolTrimTo
         | Op::MemPoolSetAccess
-        | Op::MemPoolGetAccess => true,
+        | Op::MemPoolGetAccess
+        | Op::FuncSetCacheConfig
+        | Op::DeviceSetCacheConfig
+        | Op::DeviceGetCacheConfig
+        | Op::OccupancyCluster
+        | Op::OccupancyAvailableDynamicSMem => true,
     }
 }
 

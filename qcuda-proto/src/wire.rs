@@ -397,6 +397,24 @@ ops! {
     /// args[1] = stream handle.
     FreeAsync = 0x018b, ins 0, outs 0;
 
+    /// `LaunchKernel` with launch attributes (cuLaunchKernelEx): args[0..=5] as for
+    /// `LaunchKernel`, args[6] = 0. In-buffer 0 = the parameter block, in-buffer 1 =
+    /// `LaunchAttr` records (at most `MAX_LAUNCH_ATTRS`).
+    LaunchKernelEx = 0x0190, ins 2, outs 0;
+    /// args[0] = function handle, args[1] = `cudaFuncCache` (0..=3) (cuFuncSetCacheConfig).
+    FuncSetCacheConfig = 0x0191, ins 0, outs 0;
+    /// Device `hdr.device`: args[0] = `cudaFuncCache` (0..=3) (cuCtxSetCacheConfig).
+    DeviceSetCacheConfig = 0x0192, ins 0, outs 0;
+    /// Device `hdr.device`: rets[0] = its `cudaFuncCache` (cuCtxGetCacheConfig).
+    DeviceGetCacheConfig = 0x0193, ins 0, outs 0;
+    /// Cluster occupancy of a launch configuration: args[0..=5] as for `LaunchKernel`,
+    /// args[6] = 0 for cuOccupancyMaxPotentialClusterSize, 1 for cuOccupancyMaxActiveClusters.
+    /// In-buffer 0 = `LaunchAttr` records. rets[0] = the result.
+    OccupancyCluster = 0x0194, ins 1, outs 0;
+    /// args[0] = function handle, args[1] = blocks per multiprocessor, args[2] = block size.
+    /// rets[0] = cuOccupancyAvailableDynamicSMemPerBlock.
+    OccupancyAvailableDynamicSMem = 0x0195, ins 0, outs 0;
+
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;
     /// args[0] = event handle.
@@ -840,6 +858,55 @@ impl HostRun {
 /// `LaunchKernel` flag (args[6]): a cooperative launch (`cudaLaunchCooperativeKernel`): every
 /// block resident at once, so that grid-wide synchronisation works.
 pub const LAUNCH_COOPERATIVE: u64 = 1 << 0;
+
+/// Bytes of an encoded [`LaunchAttr`].
+pub const LAUNCH_ATTR_SIZE: usize = 32;
+
+/// Most launch attributes one launch may carry.
+pub const MAX_LAUNCH_ATTRS: usize = 32;
+
+/// One launch attribute (`cudaLaunchAttribute`): its id and its value, by kind of id:
+/// scalars (cooperative, priority, ...) in `v[0]`; cluster dimensions in `v[0..3]`; the
+/// memory-synchronisation domain map as default `v[0]`, remote `v[1]`; an event (programmatic
+/// or completion event) as the session's event handle in `w[0]`, its flags in `v[0]` and
+/// triggerAtBlockStart in `v[1]`; the access policy window as base `w[0]`, bytes `w[1]`,
+/// hitRatio (f32 bits) `v[0]`, hitProp `v[1]`, missProp `v[2]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaunchAttr {
+    /// The `cudaLaunchAttributeID` (the driver's `CUlaunchAttributeID`).
+    pub id: u32,
+    /// 32-bit values.
+    pub v: [u32; 3],
+    /// 64-bit values.
+    pub w: [u64; 2],
+}
+
+impl LaunchAttr {
+    /// Encodes the record: id u32 @0, v @4, w @16.
+    pub fn encode(&self) -> [u8; LAUNCH_ATTR_SIZE] {
+        let mut b = [0u8; LAUNCH_ATTR_SIZE];
+        put(&mut b, 0, &self.id.to_le_bytes());
+        for (i, v) in self.v.iter().enumerate() {
+            put(&mut b, 4 + 4 * i, &v.to_le_bytes());
+        }
+        for (i, w) in self.w.iter().enumerate() {
+            put(&mut b, 16 + 8 * i, &w.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a record.
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < LAUNCH_ATTR_SIZE {
+            return Err(WireError::Short);
+        }
+        Ok(Self {
+            id: get_u32(b, 0),
+            v: [get_u32(b, 4), get_u32(b, 8), get_u32(b, 12)],
+            w: [get_u64(b, 16), get_u64(b, 24)],
+        })
+    }
+}
 
 /// Bytes of an encoded [`ParamInfo`].
 pub const PARAM_INFO_SIZE: usize = 8;

@@ -27,7 +27,16 @@ use cudarc::driver::sys;
 use qcuda_proto::status;
 use tracing::{debug, warn};
 
-use super::{launch::LaunchConfig, status as cu_status};
+use super::{
+    launch::{DriverLaunchAttr, LaunchConfig},
+    status as cu_status,
+};
+
+// The driver reads `DriverLaunchAttr` arrays as `CUlaunchAttribute` arrays.
+const _: () = {
+    assert!(size_of::<DriverLaunchAttr>() == size_of::<sys::CUlaunchAttribute>());
+    assert!(align_of::<DriverLaunchAttr>() == align_of::<sys::CUlaunchAttribute>());
+};
 
 /// A driver object (context, module, function, stream, event) or pinned host pointer, as an
 /// integer. 0 is the NULL stream.
@@ -182,6 +191,35 @@ pub(crate) trait DriverApi: Send + Sync {
         params: &mut [*mut c_void],
     ) -> CuResult<()>;
 
+    /// cuLaunchKernelEx with launch attributes.
+    ///
+    /// # Safety
+    /// As for [`DriverApi::launch`].
+    unsafe fn launch_ex(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+        attrs: &[DriverLaunchAttr],
+    ) -> CuResult<()>;
+    /// cuOccupancyMaxPotentialClusterSize (`active` false) or cuOccupancyMaxActiveClusters.
+    fn occupancy_cluster(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        attrs: &[DriverLaunchAttr],
+        active: bool,
+    ) -> CuResult<i32>;
+    /// cuOccupancyAvailableDynamicSMemPerBlock.
+    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize>;
+    /// cuFuncSetCacheConfig (`config` 0..=3).
+    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()>;
+    /// cuCtxSetCacheConfig (`config` 0..=3).
+    fn ctx_set_cache_config(&self, config: u32) -> CuResult<()>;
+    /// cuCtxGetCacheConfig.
+    fn ctx_get_cache_config(&self) -> CuResult<u32>;
+
     /// cuFuncGetAttribute of attribute `attr` (0..=15).
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32>;
     /// cuFuncSetAttribute.
@@ -289,6 +327,13 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuFuncGetParamInfo",
     "cuLaunchKernel",
     "cuLaunchCooperativeKernel",
+    "cuLaunchKernelEx",
+    "cuOccupancyMaxPotentialClusterSize",
+    "cuOccupancyMaxActiveClusters",
+    "cuOccupancyAvailableDynamicSMemPerBlock",
+    "cuFuncSetCacheConfig",
+    "cuCtxSetCacheConfig",
+    "cuCtxGetCacheConfig",
     "cuFuncGetAttribute",
     "cuFuncSetAttribute",
     "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
@@ -663,6 +708,73 @@ impl DriverApi for CudaDriver {
         unsafe { launch_on(func, cfg, stream, params, true) }
     }
 
+    unsafe fn launch_ex(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+        attrs: &[DriverLaunchAttr],
+    ) -> CuResult<()> {
+        let config = launch_config(cfg, stream, attrs)?;
+        let p = if params.is_empty() {
+            null_mut()
+        } else {
+            params.as_mut_ptr()
+        };
+        // SAFETY: see the impl comment; `config` points at `attrs`, which have the driver's
+        // layout (checked at compile time above) and outlive the call; `p` holds one readable
+        // pointer per parameter (caller contract); the driver copies everything before
+        // returning.
+        check(unsafe { sys::cuLaunchKernelEx(&config, ptr(func), p, null_mut()) })
+    }
+
+    fn occupancy_cluster(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        attrs: &[DriverLaunchAttr],
+        active: bool,
+    ) -> CuResult<i32> {
+        let config = launch_config(cfg, NULL_STREAM, attrs)?;
+        let mut n: c_int = 0;
+        // SAFETY: see the impl comment and `launch_ex`; the driver only reads `config`.
+        check(unsafe {
+            if active {
+                sys::cuOccupancyMaxActiveClusters(&mut n, ptr(func), &config)
+            } else {
+                sys::cuOccupancyMaxPotentialClusterSize(&mut n, ptr(func), &config)
+            }
+        })?;
+        Ok(n)
+    }
+
+    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize> {
+        let mut n = 0usize;
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuOccupancyAvailableDynamicSMemPerBlock(&mut n, ptr(func), blocks, block)
+        })?;
+        Ok(n)
+    }
+
+    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuFuncSetCacheConfig(ptr(func), func_cache(config)?) })
+    }
+
+    fn ctx_set_cache_config(&self, config: u32) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxSetCacheConfig(func_cache(config)?) })
+    }
+
+    fn ctx_get_cache_config(&self) -> CuResult<u32> {
+        let mut c = sys::CUfunc_cache::CU_FUNC_CACHE_PREFER_NONE;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxGetCacheConfig(&mut c) })?;
+        Ok(c as u32)
+    }
+
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
         let mut v: c_int = 0;
         // SAFETY: see the impl comment; `func` is a live function of the session's module.
@@ -938,6 +1050,41 @@ fn func_attr(attr: i32) -> CuResult<sys::CUfunction_attribute> {
     })
 }
 
+/// The `CUlaunchConfig` of a launch with attributes `attrs`.
+fn launch_config(
+    cfg: &LaunchConfig,
+    stream: Raw,
+    attrs: &[DriverLaunchAttr],
+) -> CuResult<sys::CUlaunchConfig> {
+    let [gx, gy, gz] = cfg.grid;
+    let [bx, by, bz] = cfg.block;
+    Ok(sys::CUlaunchConfig {
+        gridDimX: gx,
+        gridDimY: gy,
+        gridDimZ: gz,
+        blockDimX: bx,
+        blockDimY: by,
+        blockDimZ: bz,
+        sharedMemBytes: cfg.shared_mem,
+        hStream: ptr(stream),
+        // The driver only reads the array (const in cuda.h's documentation of the config).
+        attrs: attrs.as_ptr().cast_mut().cast(),
+        numAttrs: u32::try_from(attrs.len()).map_err(|_| CuError::INVALID_VALUE)?,
+    })
+}
+
+/// The `CUfunc_cache` with value `config` (0..=3, the runtime's `cudaFuncCache` values).
+fn func_cache(config: u32) -> CuResult<sys::CUfunc_cache> {
+    use sys::CUfunc_cache as C;
+    Ok(match config {
+        0 => C::CU_FUNC_CACHE_PREFER_NONE,
+        1 => C::CU_FUNC_CACHE_PREFER_SHARED,
+        2 => C::CU_FUNC_CACHE_PREFER_L1,
+        3 => C::CU_FUNC_CACHE_PREFER_EQUAL,
+        _ => return Err(CuError::INVALID_VALUE),
+    })
+}
+
 /// The location of device `dev` (a `CUdevice`).
 fn mem_location(dev: i32) -> sys::CUmemLocation {
     sys::CUmemLocation {
@@ -1041,6 +1188,37 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn mem_pool_default(&self, _: i32) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn launch_ex(
+        &self,
+        _: Raw,
+        _: &LaunchConfig,
+        _: Raw,
+        _: &mut [*mut c_void],
+        _: &[DriverLaunchAttr],
+    ) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn occupancy_cluster(
+        &self,
+        _: Raw,
+        _: &LaunchConfig,
+        _: &[DriverLaunchAttr],
+        _: bool,
+    ) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn occupancy_available_smem(&self, _: Raw, _: i32, _: i32) -> CuResult<usize> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn func_set_cache_config(&self, _: Raw, _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_set_cache_config(&self, _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_get_cache_config(&self) -> CuResult<u32> {
         Err(CuError::NO_DEVICE)
     }
     fn mem_pool_create(&self, _: i32, _: usize) -> CuResult<Raw> {

@@ -12,7 +12,7 @@ use std::{
 
 use super::{
     driver::{CuError, CuResult, DriverApi, Raw},
-    launch::LaunchConfig,
+    launch::{attr, DriverLaunchAttr, LaunchConfig},
 };
 
 pub(crate) const TOTAL_MEM: u64 = 1 << 30;
@@ -64,6 +64,21 @@ struct Ctx {
     func_smem: HashMap<Raw, i32>,
     /// Stream priorities (clamped to `PRIORITY_RANGE`).
     priorities: HashMap<Raw, i32>,
+    /// cuCtxSetCacheConfig.
+    cache_config: u32,
+}
+
+/// Cluster dimensions must divide the grid, as the driver checks.
+fn check_cluster(cfg: &LaunchConfig, attrs: &[DriverLaunchAttr]) -> CuResult<()> {
+    for a in attrs.iter().filter(|a| a.id == attr::CLUSTER_DIMENSION) {
+        for i in 0..3 {
+            let d = a.scalar(i);
+            if d == 0 || !cfg.grid[i].is_multiple_of(d) {
+                return Err(INVALID_VALUE);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The stream priority range the fake reports: (least, greatest), as an H100's.
@@ -104,6 +119,8 @@ struct State {
     current_pools: HashMap<i32, Raw>,
     /// Stream-ordered allocations: pointer -> (pool, size).
     pool_allocs: HashMap<u64, (Raw, u64)>,
+    /// (id, first value) of each attribute of the last cuLaunchKernelEx.
+    last_launch_attrs: Vec<(u32, u32)>,
 }
 
 impl State {
@@ -156,6 +173,11 @@ impl FakeDriver {
     /// Host ranges registered now.
     pub(crate) fn registered(&self) -> usize {
         self.st().registered.len()
+    }
+
+    /// (id, first value) of each attribute of the last cuLaunchKernelEx.
+    pub(crate) fn last_launch_attrs(&self) -> Vec<(u32, u32)> {
+        self.st().last_launch_attrs.clone()
     }
 
     /// Memory pools alive (default pools included).
@@ -623,6 +645,77 @@ impl DriverApi for FakeDriver {
         *self.st().calls.entry("launch_cooperative").or_default() += 1;
         // SAFETY: forwarded contract.
         unsafe { self.launch(func, cfg, stream, params) }
+    }
+
+    unsafe fn launch_ex(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+        attrs: &[DriverLaunchAttr],
+    ) -> CuResult<()> {
+        {
+            let mut st = self.enter("launch_ex")?;
+            check_cluster(cfg, attrs)?;
+            st.last_launch_attrs = attrs.iter().map(|a| (a.id, a.scalar(0))).collect();
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.launch(func, cfg, stream, params) }
+    }
+
+    fn occupancy_cluster(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        attrs: &[DriverLaunchAttr],
+        active: bool,
+    ) -> CuResult<i32> {
+        self.with_ctx("occupancy_cluster", |c, _| {
+            kernel_of(c, func)?;
+            check_cluster(cfg, attrs)?;
+            // A GPU of 132 multiprocessors and clusters of at most 8 (16 non-portable).
+            let cluster = attrs
+                .iter()
+                .find(|a| a.id == attr::CLUSTER_DIMENSION)
+                .map_or(1, |a| a.scalar(0) * a.scalar(1) * a.scalar(2));
+            Ok(if active {
+                132 / cluster.max(1) as i32
+            } else {
+                8
+            })
+        })
+    }
+
+    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize> {
+        self.with_ctx("occupancy_available_smem", |c, _| {
+            kernel_of(c, func)?;
+            if blocks < 1 || !(1..=1024).contains(&block) {
+                return Err(INVALID_VALUE);
+            }
+            Ok(228 * 1024 / blocks as usize)
+        })
+    }
+
+    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()> {
+        self.with_ctx("func_set_cache_config", |c, _| {
+            kernel_of(c, func)?;
+            (config <= 3).then_some(()).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn ctx_set_cache_config(&self, config: u32) -> CuResult<()> {
+        self.with_ctx("ctx_set_cache_config", |c, _| {
+            if config > 3 {
+                return Err(INVALID_VALUE);
+            }
+            c.cache_config = config;
+            Ok(())
+        })
+    }
+
+    fn ctx_get_cache_config(&self) -> CuResult<u32> {
+        self.with_ctx("ctx_get_cache_config", |c, _| Ok(c.cache_config))
     }
 
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {

@@ -18,8 +18,8 @@
 use std::{ffi::CString, sync::Arc};
 
 use qcuda_proto::{
-    status, Op, ResponseHeader, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, LAUNCH_COOPERATIVE,
-    PARAM_INFO_SIZE, RESP_FLAG_STICKY,
+    status, LaunchAttr, Op, ResponseHeader, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY,
+    LAUNCH_ATTR_SIZE, LAUNCH_COOPERATIVE, MAX_LAUNCH_ATTRS, PARAM_INFO_SIZE, RESP_FLAG_STICKY,
 };
 use tracing::{debug, warn};
 
@@ -31,7 +31,7 @@ use super::{
     handles::{HandleCounter, HandleTable},
     host::CudaHost,
     host_mappings::{self, HostMappings, MapError},
-    launch::{LaunchConfig, ParamLayout},
+    launch::{DriverLaunchAttr, LaunchConfig, ParamLayout},
     module_image::ModuleImage,
     status::{cuda_name, is_sticky},
 };
@@ -153,6 +153,36 @@ fn priority(arg: u64) -> Result<i32, Fault> {
         return Ok(v as i32);
     }
     i32::try_from(arg as i64).map_err(|_| status::INVALID_VALUE.into())
+}
+
+/// A `cudaFuncCache` value (0..=3).
+fn cache_config(arg: u64) -> Result<u32, Fault> {
+    u32::try_from(arg)
+        .ok()
+        .filter(|c| *c <= 3)
+        .ok_or(Fault::Status(status::INVALID_VALUE))
+}
+
+/// The launch attributes of a buffer of `LaunchAttr` records (at most `MAX_LAUNCH_ATTRS`),
+/// events mapped to the session's events on `dev`.
+fn launch_attrs(
+    buf: &GuestBuffer,
+    events: &HandleTable<EventEntry>,
+    dev: usize,
+) -> Result<Vec<DriverLaunchAttr>, Fault> {
+    let len = buf.len();
+    if !len.is_multiple_of(LAUNCH_ATTR_SIZE) || len / LAUNCH_ATTR_SIZE > MAX_LAUNCH_ATTRS {
+        return Err(status::INVALID_VALUE.into());
+    }
+    let bytes = buf.to_vec().map_err(|_| status::INVALID_VALUE)?;
+    let event = |h: u64| events.get(h).filter(|e| e.dev == dev).map(|e| e.raw);
+    bytes
+        .chunks_exact(LAUNCH_ATTR_SIZE)
+        .map(|rec| {
+            let a = LaunchAttr::decode(rec).map_err(|_| status::INVALID_VALUE)?;
+            DriverLaunchAttr::from_wire(&a, event).map_err(Fault::Status)
+        })
+        .collect()
 }
 
 /// The CUDA context of a session on one device, with what lives in it.
@@ -333,7 +363,37 @@ impl CudaSession {
             Op::ModuleUnload => self.module_unload(args[0]),
             Op::ModuleGetFunction => self.module_get_function(req),
             Op::ModuleGetGlobal => self.module_get_global(req),
-            Op::LaunchKernel => self.launch_kernel(req),
+            Op::LaunchKernel | Op::LaunchKernelEx => self.launch_kernel(req),
+            Op::OccupancyCluster => self.occupancy_cluster(req),
+            Op::OccupancyAvailableDynamicSMem => {
+                let (dev, raw) = self.function(args[0])?;
+                let blocks = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
+                let block = i32::try_from(args[2]).map_err(|_| status::INVALID_VALUE)?;
+                let n = self
+                    .drv
+                    .occupancy_available_smem(raw, blocks, block)
+                    .map_err(on(dev))?;
+                ok_rets(&[n as u64])
+            }
+            Op::FuncSetCacheConfig => {
+                let (dev, raw) = self.function(args[0])?;
+                let config = cache_config(args[1])?;
+                self.drv
+                    .func_set_cache_config(raw, config)
+                    .map_err(on(dev))?;
+                ok()
+            }
+            Op::DeviceSetCacheConfig => {
+                let config = cache_config(args[0])?;
+                let dev = self.bind_new(req)?;
+                self.drv.ctx_set_cache_config(config).map_err(on(dev))?;
+                ok()
+            }
+            Op::DeviceGetCacheConfig => {
+                let dev = self.bind_new(req)?;
+                let c = self.drv.ctx_get_cache_config().map_err(on(dev))?;
+                ok_rets(&[u64::from(c)])
+            }
             Op::FuncAttributes => self.func_attributes(req),
             Op::FuncSetAttribute => self.func_set_attribute(args),
             Op::OccupancyMaxActiveBlocks => self.occupancy(args),
@@ -709,7 +769,7 @@ impl CudaSession {
     fn mem_pool_set_access(&mut self, req: &Request) -> OpResult {
         let (dev, raw) = self.pool(req.header.args[0])?;
         let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
-        if buf.len() % 8 != 0 || buf.len() / 8 > MAX_POOL_ACCESS {
+        if !buf.len().is_multiple_of(8) || buf.len() / 8 > MAX_POOL_ACCESS {
             return Err(status::INVALID_VALUE.into());
         }
         let bytes = buf.to_vec().map_err(|_| status::INVALID_VALUE)?;
@@ -1250,6 +1310,17 @@ impl CudaSession {
         // SAFETY: `params` holds one pointer per kernel parameter (the driver's own layout for
         // this function), each into `block`, which is at least `block_len` long and outlives
         // the call; the driver copies the values before returning.
+        if req.op == Op::LaunchKernelEx {
+            if args[6] != 0 {
+                return Err(status::INVALID_VALUE.into());
+            }
+            let buf = req.inputs.get(1).ok_or(status::INVALID_VALUE)?;
+            let attrs = launch_attrs(buf, &self.events, dev)?;
+            // SAFETY: as above; `attrs` outlive the call.
+            unsafe { self.drv.launch_ex(raw, &cfg, stream, &mut params, &attrs) }
+                .map_err(on(dev))?;
+            return ok();
+        }
         let launched = match args[6] {
             // SAFETY: as above.
             0 => unsafe { self.drv.launch(raw, &cfg, stream, &mut params) },
@@ -1287,6 +1358,25 @@ impl CudaSession {
             .func_set_attribute(raw, attr, value)
             .map_err(on(dev))?;
         ok()
+    }
+
+    /// `OccupancyCluster`: cluster occupancy of a launch configuration with attributes.
+    fn occupancy_cluster(&mut self, req: &Request) -> OpResult {
+        let args = &req.header.args;
+        let (dev, raw) = self.function(args[0])?;
+        let cfg = LaunchConfig::decode(args)?;
+        let active = match args[6] {
+            0 => false,
+            1 => true,
+            _ => return Err(status::INVALID_VALUE.into()),
+        };
+        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let attrs = launch_attrs(buf, &self.events, dev)?;
+        let n = self
+            .drv
+            .occupancy_cluster(raw, &cfg, &attrs, active)
+            .map_err(on(dev))?;
+        ok_rets(&[n as u64])
     }
 
     fn occupancy(&mut self, args: &[u64]) -> OpResult {

@@ -1042,6 +1042,163 @@ fn stream_ordered_allocations_and_memory_pools() {
 }
 
 #[test]
+fn launches_with_attributes_cache_config_and_cluster_occupancy() {
+    use qcuda_proto::LaunchAttr;
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let m = load_module(&mut rig, &mut s);
+    let f = ok(get_function(&mut rig, &mut s, m, "lazy", 8).0)[0];
+    let attrs = |rig: &mut Rig, list: &[LaunchAttr]| {
+        let bytes: Vec<u8> = list.iter().flat_map(LaunchAttr::encode).collect();
+        if bytes.is_empty() {
+            GuestBuffer::new(rig.mem.clone(), []).unwrap()
+        } else {
+            rig.buf(&bytes)
+        }
+    };
+    let cluster = |x| LaunchAttr {
+        id: 4,
+        v: [x, 1, 1],
+        w: [0; 2],
+    };
+    let scalar = |id, v| LaunchAttr {
+        id,
+        v: [v, 0, 0],
+        w: [0; 2],
+    };
+    let launch = |rig: &mut Rig, s: &mut CudaSession, grid: u32, list: &[LaunchAttr]| {
+        let block = rig.buf(&[7]);
+        let a = attrs(rig, list);
+        s.execute(&req(
+            Op::LaunchKernelEx,
+            0,
+            &launch_args(f, [grid, 1, 1], [32, 1, 1], 0),
+            vec![block, a],
+            vec![],
+        ))
+    };
+    ok(launch(
+        &mut rig,
+        &mut s,
+        8,
+        &[cluster(2), scalar(8, (-1i32) as u32), scalar(2, 1)],
+    ));
+    assert_eq!(
+        rig.fake.last_launch_attrs(),
+        vec![(4, 2), (8, u32::MAX), (2, 1)]
+    );
+    ok(launch(&mut rig, &mut s, 8, &[]));
+    // The driver checks the cluster against the grid.
+    assert_eq!(
+        launch(&mut rig, &mut s, 7, &[cluster(2)]).status,
+        status::INVALID_VALUE
+    );
+    // Unknown ids, the graph-only node attribute, unknown events: refused before the driver.
+    let before = rig.fake.calls("launch_ex");
+    for bad in [scalar(15, 0), scalar(13, 1), scalar(99, 0)] {
+        assert_eq!(
+            launch(&mut rig, &mut s, 8, &[bad]).status,
+            status::INVALID_VALUE
+        );
+    }
+    let ev = LaunchAttr {
+        id: 12,
+        v: [0; 3],
+        w: [4242, 0],
+    };
+    assert_eq!(
+        launch(&mut rig, &mut s, 8, &[ev]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    assert_eq!(rig.fake.calls("launch_ex"), before);
+    let e = ok(run(&mut s, Op::EventCreate, &[2]))[0];
+    ok(launch(
+        &mut rig,
+        &mut s,
+        8,
+        &[LaunchAttr { w: [e, 0], ..ev }],
+    ));
+    // Record counts and lengths.
+    let block = rig.buf(&[7]);
+    let odd = rig.buf(&[0; 33]);
+    let r = s.execute(&req(
+        Op::LaunchKernelEx,
+        0,
+        &launch_args(f, [1, 1, 1], [1, 1, 1], 0),
+        vec![block, odd],
+        vec![],
+    ));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    let many = vec![scalar(0, 0); 33];
+    assert_eq!(
+        launch(&mut rig, &mut s, 8, &many).status,
+        status::INVALID_VALUE
+    );
+
+    // Cluster occupancy and available dynamic shared memory.
+    let a = attrs(&mut rig, &[cluster(4)]);
+    let mut args = launch_args(f, [8, 1, 1], [128, 1, 1], 0);
+    assert_eq!(
+        ok(s.execute(&req(
+            Op::OccupancyCluster,
+            0,
+            &args,
+            vec![a.clone()],
+            vec![]
+        )))[0],
+        8
+    );
+    args[6] = 1;
+    assert_eq!(
+        ok(s.execute(&req(
+            Op::OccupancyCluster,
+            0,
+            &args,
+            vec![a.clone()],
+            vec![]
+        )))[0],
+        33
+    );
+    args[6] = 2;
+    assert_eq!(
+        s.execute(&req(Op::OccupancyCluster, 0, &args, vec![a], vec![]))
+            .status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        ok(run(&mut s, Op::OccupancyAvailableDynamicSMem, &[f, 2, 256]))[0],
+        114 * 1024
+    );
+    assert_eq!(
+        run(
+            &mut s,
+            Op::OccupancyAvailableDynamicSMem,
+            &[f, 1 << 40, 256]
+        )
+        .status,
+        status::INVALID_VALUE
+    );
+
+    // Cache configuration of a function and of the context.
+    ok(run(&mut s, Op::FuncSetCacheConfig, &[f, 1]));
+    assert_eq!(
+        run(&mut s, Op::FuncSetCacheConfig, &[f, 4]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::FuncSetCacheConfig, &[999, 1]).status,
+        status::INVALID_DEVICE_FUNCTION
+    );
+    assert_eq!(ok(run(&mut s, Op::DeviceGetCacheConfig, &[]))[0], 0);
+    ok(run(&mut s, Op::DeviceSetCacheConfig, &[2]));
+    assert_eq!(ok(run(&mut s, Op::DeviceGetCacheConfig, &[]))[0], 2);
+    assert_eq!(
+        run(&mut s, Op::DeviceSetCacheConfig, &[9]).status,
+        status::INVALID_VALUE
+    );
+}
+
+#[test]
 fn stream_priorities_and_ids() {
     let rig = Rig::new(1);
     let mut s = rig.session();
