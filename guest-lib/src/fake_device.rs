@@ -84,6 +84,10 @@ pub struct FakeState {
     pub current_pools: HashMap<u32, u64>,
     /// (pool, attribute) -> value.
     pub pool_attrs: HashMap<(u64, u64), u64>,
+    /// The last cache configuration set (function or device).
+    pub cache_config: u32,
+    /// The `LaunchAttr` records of the last `LaunchKernelEx` or `OccupancyCluster`.
+    pub launch_attrs: Vec<u8>,
 }
 
 /// The test double; share it with the runtime through `Arc`.
@@ -484,7 +488,17 @@ fn run(
             rets[0] = addr;
             rets[1] = s.memory[&addr].len() as u64;
         }
-        Op::LaunchKernel => {
+        Op::FuncSetCacheConfig | Op::DeviceSetCacheConfig => s.cache_config = args[0] as u32,
+        Op::DeviceGetCacheConfig => rets[0] = u64::from(s.cache_config),
+        Op::OccupancyCluster => {
+            s.launch_attrs = ins[0].to_vec();
+            rets[0] = if args[6] == 1 { 16 } else { 8 };
+        }
+        Op::OccupancyAvailableDynamicSMem => rets[0] = 1000 * args[1] + args[2],
+        Op::LaunchKernel | Op::LaunchKernelEx => {
+            if op == Op::LaunchKernelEx {
+                s.launch_attrs = ins[1].to_vec();
+            }
             let function = args[0];
             let name = s
                 .functions

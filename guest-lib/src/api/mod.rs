@@ -47,6 +47,7 @@ pub mod devices;
 pub mod errors;
 pub mod events;
 pub mod launch;
+pub mod launch_ex;
 pub mod memory;
 pub mod pools;
 pub mod profiler;
