@@ -488,6 +488,17 @@ fn run(
             rets[0] = addr;
             rets[1] = s.memory[&addr].len() as u64;
         }
+        Op::DeviceCanAccessPeer => rets[0] = u64::from(args[0] != args[1]),
+        Op::DeviceP2PAttribute => rets[0] = u64::from(args[0] == 2),
+        Op::PeerAccess => {
+            if args[0] >= u64::from(s.devices) || args[0] == u64::from(device) {
+                return Err(status::INVALID_DEVICE);
+            }
+        }
+        Op::MemcpyPeer => {
+            let src = s.device_bytes(args[2], args[4])?.to_vec();
+            s.device_bytes(args[0], args[4])?.copy_from_slice(&src);
+        }
         Op::FuncSetCacheConfig | Op::DeviceSetCacheConfig => s.cache_config = args[0] as u32,
         Op::DeviceGetCacheConfig => rets[0] = u64::from(s.cache_config),
         Op::OccupancyCluster => {

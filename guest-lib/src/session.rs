@@ -327,7 +327,11 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceSetCacheConfig
         | Op::DeviceGetCacheConfig
         | Op::OccupancyCluster
-        | Op::OccupancyAvailableDynamicSMem => true,
+        | Op::OccupancyAvailableDynamicSMem
+        | Op::DeviceCanAccessPeer
+        | Op::DeviceP2PAttribute
+        | Op::PeerAccess
+        | Op::MemcpyPeer => true,
     }
 }
 
@@ -353,7 +357,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemPoolDestroy
         | Op::MallocAsync
         | Op::FreeAsync
-        | Op::LaunchKernelEx => false,
+        | Op::LaunchKernelEx
+        | Op::PeerAccess => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -397,7 +402,10 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::DeviceSetCacheConfig
         | Op::DeviceGetCacheConfig
         | Op::OccupancyCluster
-        | Op::OccupancyAvailableDynamicSMem => true,
+        | Op::OccupancyAvailableDynamicSMem
+        | Op::DeviceCanAccessPeer
+        | Op::DeviceP2PAttribute
+        | Op::MemcpyPeer => true,
     }
 }
 

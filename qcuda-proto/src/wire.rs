@@ -414,6 +414,20 @@ ops! {
     /// args[0] = function handle, args[1] = blocks per multiprocessor, args[2] = block size.
     /// rets[0] = cuOccupancyAvailableDynamicSMemPerBlock.
     OccupancyAvailableDynamicSMem = 0x0195, ins 0, outs 0;
+    /// args[0] = device, args[1] = peer device (ordinals). rets[0] = cuDeviceCanAccessPeer.
+    DeviceCanAccessPeer = 0x0196, ins 0, outs 0;
+    /// args[0] = `cudaDeviceP2PAttr` (1..=5), args[1] = source, args[2] = destination device
+    /// (ordinals, different). rets[0] = cuDeviceGetP2PAttribute (i32 as u32).
+    DeviceP2PAttribute = 0x0197, ins 0, outs 0;
+    /// The session's context on `hdr.device` gains (args[1] = 1) or loses (0) access to its
+    /// context on device args[0] (cuCtxEnablePeerAccess / cuCtxDisablePeerAccess); args[2] =
+    /// flags (0).
+    PeerAccess = 0x0198, ins 0, outs 0;
+    /// A copy between devices: args[0] = destination, args[1] = its device, args[2] = source,
+    /// args[3] = its device, args[4] = size, args[5] = stream handle of `hdr.device` (0: legacy
+    /// stream). Both ranges must be the session's memory on their devices. A waited-for request
+    /// returns once the copy is complete.
+    MemcpyPeer = 0x0199, ins 0, outs 0;
 
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;

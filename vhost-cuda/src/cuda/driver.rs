@@ -220,6 +220,24 @@ pub(crate) trait DriverApi: Send + Sync {
     /// cuCtxGetCacheConfig.
     fn ctx_get_cache_config(&self) -> CuResult<u32>;
 
+    /// cuDeviceCanAccessPeer.
+    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool>;
+    /// cuDeviceGetP2PAttribute of attribute `attr` (1..=5).
+    fn device_p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32>;
+    /// cuCtxEnablePeerAccess (`enable`) or cuCtxDisablePeerAccess of context `peer` from the
+    /// current context.
+    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()>;
+    /// cuMemcpyPeerAsync between two contexts, on a stream of the current context.
+    fn memcpy_peer(
+        &self,
+        dst: u64,
+        dst_ctx: Raw,
+        src: u64,
+        src_ctx: Raw,
+        len: usize,
+        stream: Raw,
+    ) -> CuResult<()>;
+
     /// cuFuncGetAttribute of attribute `attr` (0..=15).
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32>;
     /// cuFuncSetAttribute.
@@ -328,6 +346,11 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuLaunchKernel",
     "cuLaunchCooperativeKernel",
     "cuLaunchKernelEx",
+    "cuDeviceCanAccessPeer",
+    "cuDeviceGetP2PAttribute",
+    "cuCtxEnablePeerAccess",
+    "cuCtxDisablePeerAccess",
+    "cuMemcpyPeerAsync",
     "cuOccupancyMaxPotentialClusterSize",
     "cuOccupancyMaxActiveClusters",
     "cuOccupancyAvailableDynamicSMemPerBlock",
@@ -756,6 +779,56 @@ impl DriverApi for CudaDriver {
             sys::cuOccupancyAvailableDynamicSMemPerBlock(&mut n, ptr(func), blocks, block)
         })?;
         Ok(n)
+    }
+
+    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool> {
+        let mut v: c_int = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceCanAccessPeer(&mut v, dev, peer) })?;
+        Ok(v != 0)
+    }
+
+    fn device_p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32> {
+        use sys::CUdevice_P2PAttribute as P;
+        let a = match attr {
+            1 => P::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK,
+            2 => P::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED,
+            3 => P::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+            4 => P::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED,
+            5 => P::CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED,
+            _ => return Err(CuError::INVALID_VALUE),
+        };
+        let mut v: c_int = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, src, dst) })?;
+        Ok(v)
+    }
+
+    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()> {
+        // SAFETY: see the impl comment; `peer` is a live context of the session.
+        check(unsafe {
+            if enable {
+                sys::cuCtxEnablePeerAccess(ptr(peer), 0)
+            } else {
+                sys::cuCtxDisablePeerAccess(ptr(peer))
+            }
+        })
+    }
+
+    fn memcpy_peer(
+        &self,
+        dst: u64,
+        dst_ctx: Raw,
+        src: u64,
+        src_ctx: Raw,
+        len: usize,
+        stream: Raw,
+    ) -> CuResult<()> {
+        // SAFETY: see the impl comment; both ranges were checked against the session's tables
+        // of their devices, and both contexts are the session's.
+        check(unsafe {
+            sys::cuMemcpyPeerAsync(dst, ptr(dst_ctx), src, ptr(src_ctx), len, ptr(stream))
+        })
     }
 
     fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()> {
@@ -1213,6 +1286,18 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn func_set_cache_config(&self, _: Raw, _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_can_access_peer(&self, _: i32, _: i32) -> CuResult<bool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_p2p_attribute(&self, _: u32, _: i32, _: i32) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_peer_access(&self, _: Raw, _: bool) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memcpy_peer(&self, _: u64, _: Raw, _: u64, _: Raw, _: usize, _: Raw) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_set_cache_config(&self, _: u32) -> CuResult<()> {

@@ -121,6 +121,8 @@ struct State {
     pool_allocs: HashMap<u64, (Raw, u64)>,
     /// (id, first value) of each attribute of the last cuLaunchKernelEx.
     last_launch_attrs: Vec<(u32, u32)>,
+    /// Peer access enabled: (context, peer context).
+    peers: HashSet<(Raw, Raw)>,
 }
 
 impl State {
@@ -695,6 +697,81 @@ impl DriverApi for FakeDriver {
             }
             Ok(228 * 1024 / blocks as usize)
         })
+    }
+
+    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool> {
+        let _st = self.enter("device_can_access_peer")?;
+        let gpus = 100..100 + self.gpus;
+        if !gpus.contains(&dev) || !gpus.contains(&peer) {
+            return Err(INVALID_VALUE);
+        }
+        Ok(dev != peer)
+    }
+
+    fn device_p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32> {
+        let _st = self.enter("device_p2p_attribute")?;
+        let gpus = 100..100 + self.gpus;
+        if !gpus.contains(&src) || !gpus.contains(&dst) || src == dst {
+            return Err(INVALID_VALUE);
+        }
+        match attr {
+            1 => Ok(0),
+            2..=4 => Ok(1),
+            5 => Ok(0),
+            _ => Err(INVALID_VALUE),
+        }
+    }
+
+    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()> {
+        let mut st = self.enter("ctx_peer_access")?;
+        let cur = st.cur();
+        let (a, b) = match (st.contexts.get(&cur), st.contexts.get(&peer)) {
+            (Some(a), Some(b)) => (a.dev, b.dev),
+            _ => return Err(INVALID_CONTEXT),
+        };
+        if a == b {
+            return Err(INVALID_VALUE);
+        }
+        let key = (cur, peer);
+        match (enable, st.peers.contains(&key)) {
+            (true, true) => Err(CuError(704)),
+            (false, false) => Err(CuError(705)),
+            (true, false) => {
+                st.peers.insert(key);
+                Ok(())
+            }
+            (false, true) => {
+                st.peers.remove(&key);
+                Ok(())
+            }
+        }
+    }
+
+    fn memcpy_peer(
+        &self,
+        dst: u64,
+        dst_ctx: Raw,
+        src: u64,
+        src_ctx: Raw,
+        len: usize,
+        stream: Raw,
+    ) -> CuResult<()> {
+        let mut st = self.enter("memcpy_peer")?;
+        let cur = st.cur();
+        check_stream(st.contexts.get(&cur).ok_or(INVALID_CONTEXT)?, stream)?;
+        let data = slice_mut(
+            st.contexts.get_mut(&src_ctx).ok_or(INVALID_CONTEXT)?,
+            src,
+            len,
+        )?
+        .to_vec();
+        slice_mut(
+            st.contexts.get_mut(&dst_ctx).ok_or(INVALID_CONTEXT)?,
+            dst,
+            len,
+        )?
+        .copy_from_slice(&data);
+        Ok(())
     }
 
     fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()> {

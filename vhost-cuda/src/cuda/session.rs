@@ -442,6 +442,29 @@ impl CudaSession {
                 let flags = self.drv.mem_pool_get_access(raw, gpu).map_err(on(dev))?;
                 ok_rets(&[u64::from(flags)])
             }
+            Op::DeviceCanAccessPeer => {
+                let (a, b) = (self.gpu_of(args[0])?, self.gpu_of(args[1])?);
+                let dev = args[0] as usize;
+                // A device is not its own peer.
+                let can = a != b && self.drv.device_can_access_peer(a, b).map_err(on(dev))?;
+                ok_rets(&[u64::from(can)])
+            }
+            Op::DeviceP2PAttribute => {
+                if !(1..=5).contains(&args[0]) {
+                    return Err(status::INVALID_VALUE.into());
+                }
+                let (src, dst) = (self.gpu_of(args[1])?, self.gpu_of(args[2])?);
+                if src == dst {
+                    return Err(status::INVALID_DEVICE.into());
+                }
+                let v = self
+                    .drv
+                    .device_p2p_attribute(args[0] as u32, src, dst)
+                    .map_err(on(args[1] as usize))?;
+                ok_rets(&[u64::from(v as u32)])
+            }
+            Op::PeerAccess => self.peer_access(req),
+            Op::MemcpyPeer => self.memcpy_peer(req),
             Op::MallocAsync => self.malloc_async(req),
             Op::FreeAsync => self.free_async(req),
             Op::EventCreate => self.event_create(req),
@@ -641,6 +664,55 @@ impl CudaSession {
             .and_then(|d| self.host.gpus.get(d))
             .map(|g| g.dev)
             .ok_or(Fault::Status(status::INVALID_DEVICE))
+    }
+
+    // ----- several GPUs -----------------------------------------------------------------
+
+    /// `PeerAccess`: the context on the request's device gains or loses access to the
+    /// session's context on device args[0] (created if needed).
+    fn peer_access(&mut self, req: &Request) -> OpResult {
+        let [peer, enable, flags, ..] = req.header.args;
+        let dev = self.device(req)?;
+        self.gpu_of(peer)?;
+        let peer = peer as usize;
+        if peer == dev {
+            return Err(status::INVALID_DEVICE.into());
+        }
+        if flags != 0 || enable > 1 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let peer_ctx = self.bind(peer)?.ctx;
+        self.bind(dev)?;
+        self.drv
+            .ctx_peer_access(peer_ctx, enable == 1)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    /// `MemcpyPeer`: both ranges checked on their own devices; `cuMemcpyPeerAsync` on the
+    /// stream of the request's device.
+    fn memcpy_peer(&mut self, req: &Request) -> OpResult {
+        let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header.args;
+        let dev = self.device(req)?;
+        self.gpu_of(dst_dev)?;
+        self.gpu_of(src_dev)?;
+        let (dst_dev, src_dev) = (dst_dev as usize, src_dev as usize);
+        let dst_ctx = self.bind(dst_dev)?.ctx;
+        let src_ctx = self.bind(src_dev)?.ctx;
+        self.bind(dev)?;
+        let stream = self.stream_on(stream, dev)?;
+        if size == 0 {
+            return ok();
+        }
+        self.check_range(dst_dev, dst, size)?;
+        self.check_range(src_dev, src, size)?;
+        self.drv
+            .memcpy_peer(dst, dst_ctx, src, src_ctx, to_usize(size)?, stream)
+            .map_err(on(dev))?;
+        if req.header.flags & FLAG_ASYNC == 0 {
+            self.drv.stream_synchronize(stream).map_err(on(dev))?;
+        }
+        ok()
     }
 
     // ----- memory pools -----------------------------------------------------------------

@@ -1199,6 +1199,69 @@ fn launches_with_attributes_cache_config_and_cluster_occupancy() {
 }
 
 #[test]
+fn peers_access_and_copies_between_devices() {
+    let mut rig = Rig::new(2);
+    let mut s = rig.session();
+    assert_eq!(ok(run(&mut s, Op::DeviceCanAccessPeer, &[0, 1]))[0], 1);
+    assert_eq!(ok(run(&mut s, Op::DeviceCanAccessPeer, &[1, 1]))[0], 0);
+    assert_eq!(
+        run(&mut s, Op::DeviceCanAccessPeer, &[0, 2]).status,
+        status::INVALID_DEVICE
+    );
+    assert_eq!(ok(run(&mut s, Op::DeviceP2PAttribute, &[2, 0, 1]))[0], 1);
+    assert_eq!(
+        run(&mut s, Op::DeviceP2PAttribute, &[2, 0, 0]).status,
+        status::INVALID_DEVICE
+    );
+    assert_eq!(
+        run(&mut s, Op::DeviceP2PAttribute, &[9, 0, 1]).status,
+        status::INVALID_VALUE
+    );
+
+    ok(run(&mut s, Op::PeerAccess, &[1, 1, 0]));
+    assert_eq!(
+        run(&mut s, Op::PeerAccess, &[1, 1, 0]).status,
+        704 // cudaErrorPeerAccessAlreadyEnabled
+    );
+    ok(run(&mut s, Op::PeerAccess, &[1, 0, 0]));
+    assert_eq!(
+        run(&mut s, Op::PeerAccess, &[1, 0, 0]).status,
+        705 // cudaErrorPeerAccessNotEnabled
+    );
+    assert_eq!(
+        run(&mut s, Op::PeerAccess, &[0, 1, 0]).status,
+        status::INVALID_DEVICE
+    );
+    assert_eq!(
+        run(&mut s, Op::PeerAccess, &[1, 1, 4]).status,
+        status::INVALID_VALUE
+    );
+
+    // A copy from device 1 to device 0, both ranges checked on their own devices.
+    let a = malloc(&mut s, 256);
+    let b = ok(s.execute(&req(Op::Malloc, 1, &[256], vec![], vec![])))[0];
+    let data = pattern(256);
+    let up = rig.buf(&data);
+    ok(s.execute(&req(Op::MemcpyHtoD, 1, &[b, 0], vec![up], vec![])));
+    ok(run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 256, 0]));
+    assert_eq!(dtoh(&mut rig, &mut s, a, 256, &[256]).1, data);
+    // The source named on the wrong device, a range past the end, an unknown device.
+    assert_eq!(
+        run(&mut s, Op::MemcpyPeer, &[a, 0, b, 0, 256, 0]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 257, 0]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::MemcpyPeer, &[a, 0, b, 7, 16, 0]).status,
+        status::INVALID_DEVICE
+    );
+    ok(run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 0, 0]));
+}
+
+#[test]
 fn stream_priorities_and_ids() {
     let rig = Rig::new(1);
     let mut s = rig.session();
