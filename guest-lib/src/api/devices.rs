@@ -269,6 +269,27 @@ cuda_api! {
     }
 }
 
+/// `PeerAccess` from the current device to `peer`.
+fn peer_access(
+    peer: c_int,
+    enable: u64,
+    flags: core::ffi::c_uint,
+) -> crate::cuda_error::CudaResult<()> {
+    let (rt, d) = crate::runtime::current()?;
+    let p = rt.devices.check(peer)?;
+    if flags != 0 {
+        return Err(crate::cuda_error::CudaError::INVALID_VALUE);
+    }
+    rt.session.submit(
+        crate::transport::Call::new(qcuda_proto::Op::PeerAccess, d).args(&[
+            u64::from(p),
+            enable,
+            0,
+        ]),
+    )?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,25 +310,4 @@ mod tests {
         assert_eq!(check_device_flags(1 | 2), Err(CudaError::INVALID_VALUE));
         assert_eq!(check_device_flags(0x100), Err(CudaError::INVALID_VALUE));
     }
-}
-
-/// `PeerAccess` from the current device to `peer`.
-fn peer_access(
-    peer: c_int,
-    enable: u64,
-    flags: core::ffi::c_uint,
-) -> crate::cuda_error::CudaResult<()> {
-    let (rt, d) = crate::runtime::current()?;
-    let p = rt.devices.check(peer)?;
-    if flags != 0 {
-        return Err(crate::cuda_error::CudaError::INVALID_VALUE);
-    }
-    rt.session.submit(
-        crate::transport::Call::new(qcuda_proto::Op::PeerAccess, d).args(&[
-            u64::from(p),
-            enable,
-            0,
-        ]),
-    )?;
-    Ok(())
 }
