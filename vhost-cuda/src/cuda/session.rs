@@ -681,6 +681,11 @@ impl CudaSession {
         if flags != 0 || enable > 1 {
             return Err(status::INVALID_VALUE.into());
         }
+        // As the runtime documents: a pair that cannot access each other is an invalid device.
+        let (a, b) = (self.gpu_of(dev as u64)?, self.gpu_of(peer as u64)?);
+        if enable == 1 && !self.drv.device_can_access_peer(a, b).map_err(on(dev))? {
+            return Err(status::INVALID_DEVICE.into());
+        }
         let peer_ctx = self.bind(peer)?.ctx;
         self.bind(dev)?;
         self.drv
