@@ -104,6 +104,14 @@ int main()
     CHECK(cudaMemcpyPeerAsync(b1, 1, a0, 0, n * sizeof(int), s0));
     CHECK(cudaStreamSynchronize(s0));
     expect_iota(b1, n, 7, 1, "cudaMemcpyPeerAsync 0->1");
+    // With unified addressing a plain device-to-device copy may cross devices too.
+    CHECK(cudaSetDevice(1));
+    iota<<<64, 256>>>(b1, n, 99);
+    CHECK_LAUNCH();
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaSetDevice(0));
+    CHECK(cudaMemcpy(a0, b1, n * sizeof(int), cudaMemcpyDefault));
+    expect_iota(a0, n, 99, 0, "cudaMemcpy(Default) 1->0");
 
     CHECK(cudaSetDevice(0));
     EXPECT_ERR(cudaDeviceEnablePeerAccess(1, 1), cudaErrorInvalidValue);

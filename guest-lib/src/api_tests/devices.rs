@@ -166,7 +166,8 @@ fn attributes_the_host_does_not_know_read_as_zero_in_properties() {
 
 #[test]
 fn versions_flags_pci_and_memory_info() {
-    FakeDevice::new(2).install();
+    let fake = FakeDevice::new(2);
+    fake.install();
     // SAFETY: valid out-pointers and buffers throughout.
     unsafe {
         let mut v = 0;
