@@ -243,3 +243,29 @@ fn stream_priorities_are_the_device_s_and_clamped() {
         cudaGetLastError();
     }
 }
+
+#[test]
+fn a_device_reset_forgets_the_device_s_pools() {
+    use crate::api::devices::cudaDeviceReset;
+    let fake = setup();
+    let (mut def, mut pool): (cudaMemPool_t, cudaMemPool_t) = (ptr::null_mut(), ptr::null_mut());
+    let props = cudaMemPoolProps {
+        allocType: cu::cudaMemAllocationTypePinned,
+        location: device_location(0),
+        ..Default::default()
+    };
+    // SAFETY: valid pointers.
+    unsafe {
+        ok(cudaDeviceGetDefaultMemPool(&mut def, 0));
+        ok(cudaMemPoolCreate(&mut pool, &props));
+        ok(cudaDeviceReset());
+        assert_err(cudaMemPoolTrimTo(pool, 0), cu::cudaErrorInvalidValue);
+        assert_err(cudaMemPoolTrimTo(def, 0), cu::cudaErrorInvalidValue);
+        cudaGetLastError();
+        // The default pool is there again, under a new record.
+        let mut again: cudaMemPool_t = ptr::null_mut();
+        ok(cudaDeviceGetDefaultMemPool(&mut again, 0));
+        ok(cudaMemPoolTrimTo(again, 0));
+    }
+    assert!(fake.state().pools.values().all(|(_, default)| *default));
+}
