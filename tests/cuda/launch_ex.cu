@@ -230,6 +230,8 @@ int main()
     CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferNone));
     EXPECT_ERR(cudaFuncSetCacheConfig(scale, (cudaFuncCache)7), cudaErrorInvalidValue);
     cudaGetLastError();
+    // Back to no preference, so that the occupancy figures below are the default ones.
+    CHECK(cudaFuncSetCacheConfig(scale, cudaFuncCachePreferNone));
     // The bank size calls are deprecated (every GPU CUDA 13 supports has fixed 4-byte banks), but
     // still exported and used by older code.
 #pragma GCC diagnostic push
