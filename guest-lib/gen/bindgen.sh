@@ -48,6 +48,10 @@ types=(
     cudaResourceDesc cudaResourceType cudaResourceViewDesc cudaResourceViewFormat
     cudaTextureDesc cudaTextureAddressMode cudaTextureFilterMode cudaTextureReadMode
     cudaTextureObject_t cudaSurfaceObject_t
+    cudaMemPool_t cudaMemPoolProps cudaMemPoolAttr cudaMemLocation cudaMemLocationType
+    cudaMemAccessDesc cudaMemAccessFlags cudaMemAllocationType cudaMemAllocationHandleType
+    cudaLaunchConfig_t cudaLaunchAttribute cudaLaunchAttributeID cudaLaunchAttributeValue
+    cudaDeviceP2PAttr
 )
 vars=(
     'cudaHostAlloc[A-Za-z]*' 'cudaHostRegister[A-Za-z]*'

@@ -152,7 +152,7 @@ pub const PROP_ATTRIBUTES: &[(CUdevice_attribute, Setter)] = prop_attributes! {
 };
 
 /// Capabilities the GPU may have but a guest application cannot use through qcuda yet: pageable
-/// memory access, host atomics, memory pools, multi-device cooperative launches, IPC, interop. They read as
+/// memory access, host atomics, pools of host memory and shareable pools, multi-device cooperative launches, IPC, interop. They read as
 /// 0 in both `cudaDeviceProp` and `cudaDeviceGetAttribute`, so applications that check before
 /// using a feature take the path that works. Mapped host memory and host registration are
 /// carried (the host's own values pass through); managed memory has values of its own
@@ -165,7 +165,6 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
     cu::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH,
-    cu::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
     cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED,

@@ -89,6 +89,16 @@ pub struct FakeState {
     pub batches: u64,
     /// Arrays and texture/surface objects (fake_arrays.rs).
     pub arrays: crate::fake_arrays::FakeArrays,
+    /// Memory pools: host handle -> (device, is a default pool).
+    pub pools: HashMap<u64, (u32, bool)>,
+    /// Device -> its current pool, when set.
+    pub current_pools: HashMap<u32, u64>,
+    /// (pool, attribute) -> value.
+    pub pool_attrs: HashMap<(u64, u64), u64>,
+    /// The last cache configuration set (function or device).
+    pub cache_config: u32,
+    /// The `LaunchAttr` records of the last `LaunchKernelEx` or `OccupancyCluster`.
+    pub launch_attrs: Vec<u8>,
 }
 
 /// The test double; share it with the runtime through `Arc`.
@@ -190,6 +200,16 @@ impl FakeState {
     /// For fake_arrays.rs: a device range, or INVALID_VALUE.
     pub fn device_bytes_checked(&mut self, addr: u64, len: u64) -> Result<&mut [u8], u32> {
         self.device_bytes(addr, len)
+    }
+
+    /// The host handle of `device`'s default pool.
+    fn default_pool(&mut self, device: u32) -> u64 {
+        if let Some((&h, _)) = self.pools.iter().find(|(_, &(d, def))| d == device && def) {
+            return h;
+        }
+        let h = self.handle();
+        self.pools.insert(h, (device, true));
+        h
     }
 
     fn handle(&mut self) -> u64 {
@@ -473,6 +493,8 @@ fn run(
             s.memory.clear();
             s.modules.clear();
             s.globals.clear();
+            s.pools.retain(|_, (d, _)| *d != device);
+            s.current_pools.remove(&device);
         }
         Op::MemGetInfo => {
             let used: u64 = s.memory.values().map(|m| m.len() as u64).sum();
@@ -566,7 +588,28 @@ fn run(
             rets[0] = addr;
             rets[1] = s.memory[&addr].len() as u64;
         }
-        Op::LaunchKernel => {
+        Op::DeviceCanAccessPeer => rets[0] = u64::from(args[0] != args[1]),
+        Op::DeviceP2PAttribute => rets[0] = u64::from(args[0] == 2),
+        Op::PeerAccess => {
+            if args[0] >= u64::from(s.devices) || args[0] == u64::from(device) {
+                return Err(status::INVALID_DEVICE);
+            }
+        }
+        Op::MemcpyPeer => {
+            let src = s.device_bytes(args[2], args[4])?.to_vec();
+            s.device_bytes(args[0], args[4])?.copy_from_slice(&src);
+        }
+        Op::FuncSetCacheConfig | Op::DeviceSetCacheConfig => s.cache_config = args[0] as u32,
+        Op::DeviceGetCacheConfig => rets[0] = u64::from(s.cache_config),
+        Op::OccupancyCluster => {
+            s.launch_attrs = ins[0].to_vec();
+            rets[0] = if args[6] == 1 { 16 } else { 8 };
+        }
+        Op::OccupancyAvailableDynamicSMem => rets[0] = 1000 * args[1] + args[2],
+        Op::LaunchKernel | Op::LaunchKernelEx => {
+            if op == Op::LaunchKernelEx {
+                s.launch_attrs = ins[1].to_vec();
+            }
             let function = args[0];
             let name = s
                 .functions
@@ -588,6 +631,59 @@ fn run(
             let h = s.handle();
             s.streams.push(h);
             rets[0] = h;
+            // Clamped to the fake's range, (0, -5).
+            rets[1] = u64::from((args[1] as u32 as i32).clamp(-5, 0) as u32);
+        }
+        Op::StreamPriorityRange => rets[..2].copy_from_slice(&[0, u64::from(-5i32 as u32)]),
+        Op::StreamGetId => rets[0] = 1000 + args[0],
+        Op::DeviceGetDefaultMemPool => rets[0] = s.default_pool(device),
+        Op::DeviceGetMemPool => {
+            rets[0] = match s.current_pools.get(&device) {
+                Some(&p) => p,
+                None => s.default_pool(device),
+            }
+        }
+        Op::DeviceSetMemPool => match s.pools.get(&args[0]) {
+            Some(&(d, _)) if d == device => {
+                s.current_pools.insert(device, args[0]);
+            }
+            _ => return Err(status::INVALID_VALUE),
+        },
+        Op::MemPoolCreate => {
+            let h = s.handle();
+            s.pools.insert(h, (device, false));
+            rets[0] = h;
+        }
+        Op::MemPoolDestroy => match s.pools.get(&args[0]) {
+            Some(&(_, false)) => {
+                s.pools.remove(&args[0]);
+                s.current_pools.retain(|_, p| *p != args[0]);
+            }
+            _ => return Err(status::INVALID_VALUE),
+        },
+        Op::MemPoolSetAttribute => {
+            s.pools.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+            s.pool_attrs.insert((args[0], args[1]), args[2]);
+        }
+        Op::MemPoolGetAttribute => {
+            s.pools.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+            rets[0] = s.pool_attrs.get(&(args[0], args[1])).copied().unwrap_or(0);
+        }
+        Op::MemPoolTrimTo | Op::MemPoolSetAccess => {
+            s.pools.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+        }
+        Op::MemPoolGetAccess => {
+            let &(d, _) = s.pools.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+            rets[0] = if u64::from(d) == args[1] { 3 } else { 0 };
+        }
+        Op::MallocAsync => {
+            if args[2] != 0 && !s.pools.contains_key(&args[2]) {
+                return Err(status::INVALID_VALUE);
+            }
+            rets[0] = if args[0] == 0 { 0 } else { s.alloc(args[0]) };
+        }
+        Op::FreeAsync => {
+            s.memory.remove(&args[0]).ok_or(status::INVALID_VALUE)?;
         }
         Op::StreamDestroy => {
             let i = s.streams.iter().position(|&h| h == args[0]);

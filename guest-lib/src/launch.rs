@@ -78,10 +78,11 @@ pub unsafe fn launch(
     args: *const *const c_void,
 ) -> CudaResult<()> {
     // SAFETY: forwarded contract.
-    unsafe { launch_with(rt, kernel, config, args, 0) }
+    unsafe { launch_with(rt, kernel, config, args, 0, None) }
 }
 
-/// [`launch`] with `LaunchKernel` flags (`LAUNCH_COOPERATIVE`).
+/// [`launch`] with `LaunchKernel` flags (`LAUNCH_COOPERATIVE`), or, given encoded
+/// `LaunchAttr` records, as `LaunchKernelEx` (flags 0).
 ///
 /// # Safety
 /// As for [`launch`].
@@ -91,6 +92,7 @@ pub unsafe fn launch_with(
     config: &CallConfig,
     args: *const *const c_void,
     flags: u64,
+    attrs: Option<&[u8]>,
 ) -> CudaResult<()> {
     let device = rt.devices.current()?;
     rt.session.check_sticky(device)?;
@@ -109,23 +111,29 @@ pub unsafe fn launch_with(
     // SAFETY: forwarded caller contract; `resolved.params` is this kernel's layout.
     let block = unsafe { params::pack(&resolved.params, args)? };
     managed_vars::before_launch(rt, device, stream.wire)?;
-    rt.session.submit(
-        Call::new(Op::LaunchKernel, device)
-            .args(&{
-                let mut a = [0u64; 7];
-                a[..6].copy_from_slice(&wire_args(
-                    resolved.function,
-                    config.grid,
-                    config.block,
-                    config.shared_mem,
-                    stream.wire,
-                ));
-                a[6] = flags;
-                a
-            })
-            .input(&block)
-            .fire_and_forget(),
-    )?;
+    let op = if attrs.is_some() {
+        Op::LaunchKernelEx
+    } else {
+        Op::LaunchKernel
+    };
+    let mut call = Call::new(op, device)
+        .args(&{
+            let mut a = [0u64; 7];
+            a[..6].copy_from_slice(&wire_args(
+                resolved.function,
+                config.grid,
+                config.block,
+                config.shared_mem,
+                stream.wire,
+            ));
+            a[6] = flags;
+            a
+        })
+        .input(&block);
+    if let Some(attrs) = attrs {
+        call = call.input(attrs);
+    }
+    rt.session.submit(call.fire_and_forget())?;
     Ok(())
 }
 

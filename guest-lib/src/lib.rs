@@ -42,6 +42,7 @@ pub mod managed_vars;
 pub mod memory;
 pub mod modules;
 pub mod params;
+pub mod pools;
 pub mod registry;
 pub mod runtime;
 pub mod session;

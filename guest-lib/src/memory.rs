@@ -182,6 +182,26 @@ pub unsafe fn memcpy(
             synchronised(rt, order)
         }
         Direction::DeviceToDevice => {
+            // Memory of other devices (unified addressing makes that a plain device-to-device
+            // copy natively): a peer copy on the same stream, each range on its own device.
+            let home = |p: u64| rt.allocations.find(p).map(|a| a.device);
+            if let (Some(dd), Some(sd)) = (home(dst), home(src)) {
+                if dd != order.device || sd != order.device {
+                    let mut call = Call::new(Op::MemcpyPeer, order.device).args(&[
+                        dst,
+                        u64::from(dd),
+                        src,
+                        u64::from(sd),
+                        count as u64,
+                        order.stream,
+                    ]);
+                    if order.is_async {
+                        call = call.fire_and_forget();
+                    }
+                    rt.session.submit(call)?;
+                    return Ok(());
+                }
+            }
             let mut call = Call::new(Op::MemcpyDtoD, order.device).args(&[
                 dst,
                 src,

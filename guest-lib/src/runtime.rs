@@ -24,6 +24,7 @@ use crate::{
     host_fns::HostFns,
     host_memory::HostAllocations,
     last_error,
+    pools::Pools,
     registry::Registry,
     session::{open_errno_to_error, Session},
     streams::Streams,
@@ -50,6 +51,8 @@ pub struct Runtime {
     pub host_fns: HostFns,
     /// Texture and surface objects, with what they were made from.
     pub objects: crate::arrays::Objects,
+    /// Memory pools the application has named.
+    pub pools: Pools,
 }
 
 impl Runtime {
@@ -73,6 +76,7 @@ impl Runtime {
             events: Events::default(),
             host_fns: HostFns::default(),
             objects: crate::arrays::Objects::default(),
+            pools: Pools::default(),
         })
     }
 
@@ -105,6 +109,7 @@ impl Runtime {
         self.streams.forget_device(device);
         self.events.forget_device(device);
         self.objects.forget_device(device);
+        self.pools.forget_device(device);
         registry.forget_device(device);
         self.session.clear_sticky(device);
         // The calling thread starts over too; other threads keep what they last saw.

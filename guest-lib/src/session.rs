@@ -397,7 +397,31 @@ pub fn needs_context(op: Op) -> bool {
         | Op::TexObjectCreate
         | Op::TexObjectDestroy
         | Op::SurfObjectCreate
-        | Op::SurfObjectDestroy => true,
+        | Op::SurfObjectDestroy
+        | Op::StreamPriorityRange
+        | Op::StreamGetId
+        | Op::DeviceGetDefaultMemPool
+        | Op::DeviceGetMemPool
+        | Op::DeviceSetMemPool
+        | Op::MemPoolCreate
+        | Op::MemPoolDestroy
+        | Op::MemPoolSetAttribute
+        | Op::MemPoolGetAttribute
+        | Op::MemPoolTrimTo
+        | Op::MemPoolSetAccess
+        | Op::MemPoolGetAccess
+        | Op::MallocAsync
+        | Op::FreeAsync
+        | Op::LaunchKernelEx
+        | Op::FuncSetCacheConfig
+        | Op::DeviceSetCacheConfig
+        | Op::DeviceGetCacheConfig
+        | Op::OccupancyCluster
+        | Op::OccupancyAvailableDynamicSMem
+        | Op::DeviceCanAccessPeer
+        | Op::DeviceP2PAttribute
+        | Op::PeerAccess
+        | Op::MemcpyPeer => true,
     }
 }
 
@@ -429,7 +453,13 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::TexObjectCreate
         | Op::TexObjectDestroy
         | Op::SurfObjectCreate
-        | Op::SurfObjectDestroy => false,
+        | Op::SurfObjectDestroy
+        | Op::MemPoolCreate
+        | Op::MemPoolDestroy
+        | Op::MallocAsync
+        | Op::FreeAsync
+        | Op::LaunchKernelEx
+        | Op::PeerAccess => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -465,7 +495,25 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::Memcpy3DHtoD
         | Op::Memcpy3DDtoH
         | Op::MipmappedArrayLevel
-        | Op::ArrayInfo => true,
+        | Op::ArrayInfo
+        | Op::StreamPriorityRange
+        | Op::StreamGetId
+        | Op::DeviceGetDefaultMemPool
+        | Op::DeviceGetMemPool
+        | Op::DeviceSetMemPool
+        | Op::MemPoolSetAttribute
+        | Op::MemPoolGetAttribute
+        | Op::MemPoolTrimTo
+        | Op::MemPoolSetAccess
+        | Op::MemPoolGetAccess
+        | Op::FuncSetCacheConfig
+        | Op::DeviceSetCacheConfig
+        | Op::DeviceGetCacheConfig
+        | Op::OccupancyCluster
+        | Op::OccupancyAvailableDynamicSMem
+        | Op::DeviceCanAccessPeer
+        | Op::DeviceP2PAttribute
+        | Op::MemcpyPeer => true,
     }
 }
 

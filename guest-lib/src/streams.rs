@@ -29,7 +29,7 @@ pub struct StreamInfo {
     pub device: u32,
     /// `cudaStreamDefault` or `cudaStreamNonBlocking`.
     pub flags: u32,
-    /// The priority asked for.
+    /// The priority the stream got (the host clamps the one asked for to the device's range).
     pub priority: i32,
 }
 
@@ -71,7 +71,7 @@ impl Streams {
             host: reply.rets[0],
             device,
             flags,
-            priority,
+            priority: reply.rets[1] as u32 as i32,
         }))
     }
 
@@ -112,6 +112,14 @@ impl Streams {
             wire: info.host,
             device: info.device,
         })
+    }
+
+    /// `cudaStreamGetId`: the driver's id of the stream (the legacy stream's for the default
+    /// streams).
+    pub fn id(&self, session: &Session, handle: usize) -> CudaResult<u64> {
+        let t = self.target(handle)?;
+        let reply = session.submit(Call::new(Op::StreamGetId, t.device).args(&[t.wire]))?;
+        Ok(reply.rets[0])
     }
 
     /// `cudaStreamSynchronize`.

@@ -347,7 +347,9 @@ ops! {
     /// that size one multiprocessor runs at once.
     OccupancyMaxActiveBlocks = 0x0133, ins 0, outs 0;
 
-    /// args[0] = flags (cudaStreamNonBlocking = 1), args[1] = priority. rets[0] = stream handle.
+    /// args[0] = flags (cudaStreamNonBlocking = 1), args[1] = priority. rets[0] = stream handle,
+    /// rets[1] = the priority the stream got (the driver clamps it to the device's range; i32
+    /// as u32).
     StreamCreate = 0x0140, ins 0, outs 0;
     /// args[0] = stream handle.
     StreamDestroy = 0x0141, ins 0, outs 0;
@@ -357,6 +359,77 @@ ops! {
     StreamQuery = 0x0143, ins 0, outs 0;
     /// args[0] = stream handle, args[1] = event handle, args[2] = flags.
     StreamWaitEvent = 0x0144, ins 0, outs 0;
+    /// Device `hdr.device`: rets[0] = least (numerically greatest), rets[1] = greatest stream
+    /// priority (cuCtxGetStreamPriorityRange; i32 as u32).
+    StreamPriorityRange = 0x0145, ins 0, outs 0;
+    /// args[0] = stream handle (0: legacy stream of `hdr.device`). rets[0] = cuStreamGetId.
+    StreamGetId = 0x0146, ins 0, outs 0;
+
+    /// Device `hdr.device`: rets[0] = the session's handle of its default memory pool
+    /// (cuDeviceGetDefaultMemPool). Pool handles are session-local ids like stream handles.
+    DeviceGetDefaultMemPool = 0x0180, ins 0, outs 0;
+    /// Device `hdr.device`: rets[0] = the handle of its current memory pool (what
+    /// `MallocAsync` with pool 0 allocates from).
+    DeviceGetMemPool = 0x0181, ins 0, outs 0;
+    /// args[0] = pool handle of device `hdr.device`, which becomes its current pool.
+    DeviceSetMemPool = 0x0182, ins 0, outs 0;
+    /// A new pool of pinned device memory on device `hdr.device`, no shareable handle types:
+    /// args[0] = maximum size in bytes (0: the driver's default). rets[0] = pool handle.
+    MemPoolCreate = 0x0183, ins 0, outs 0;
+    /// args[0] = pool handle (not a default pool). A pool that was its device's current pool
+    /// is replaced there by the default pool.
+    MemPoolDestroy = 0x0184, ins 0, outs 0;
+    /// args[0] = pool handle, args[1] = `cudaMemPoolAttr` (1..=8), args[2] = value (the int
+    /// attributes 1..=3 as 0 or 1, the others 64-bit).
+    MemPoolSetAttribute = 0x0185, ins 0, outs 0;
+    /// args[0] = pool handle, args[1] = `cudaMemPoolAttr` (1..=8). rets[0] = value.
+    MemPoolGetAttribute = 0x0186, ins 0, outs 0;
+    /// args[0] = pool handle, args[1] = bytes to keep (cuMemPoolTrimTo).
+    MemPoolTrimTo = 0x0187, ins 0, outs 0;
+    /// args[0] = pool handle. In-buffer 0 = `MemAccess` records (device ordinal u32, flags u32:
+    /// 0 none, 1 read, 3 read-write), at most 64.
+    MemPoolSetAccess = 0x0188, ins 1, outs 0;
+    /// args[0] = pool handle, args[1] = device ordinal. rets[0] = access flags (0, 1 or 3).
+    MemPoolGetAccess = 0x0189, ins 0, outs 0;
+    /// Stream-ordered allocation: args[0] = size, args[1] = stream handle (0: legacy stream of
+    /// `hdr.device`), args[2] = pool handle (0: the current pool of the stream's device).
+    /// rets[0] = device pointer, which joins the session's allocations.
+    MallocAsync = 0x018a, ins 0, outs 0;
+    /// Stream-ordered free: args[0] = device pointer (an allocation of the session),
+    /// args[1] = stream handle.
+    FreeAsync = 0x018b, ins 0, outs 0;
+
+    /// `LaunchKernel` with launch attributes (cuLaunchKernelEx): args[0..=5] as for
+    /// `LaunchKernel`, args[6] = 0. In-buffer 0 = the parameter block, in-buffer 1 =
+    /// `LaunchAttr` records (at most `MAX_LAUNCH_ATTRS`).
+    LaunchKernelEx = 0x0190, ins 2, outs 0;
+    /// args[0] = function handle, args[1] = `cudaFuncCache` (0..=3) (cuFuncSetCacheConfig).
+    FuncSetCacheConfig = 0x0191, ins 0, outs 0;
+    /// Device `hdr.device`: args[0] = `cudaFuncCache` (0..=3) (cuCtxSetCacheConfig).
+    DeviceSetCacheConfig = 0x0192, ins 0, outs 0;
+    /// Device `hdr.device`: rets[0] = its `cudaFuncCache` (cuCtxGetCacheConfig).
+    DeviceGetCacheConfig = 0x0193, ins 0, outs 0;
+    /// Cluster occupancy of a launch configuration: args[0..=5] as for `LaunchKernel`,
+    /// args[6] = 0 for cuOccupancyMaxPotentialClusterSize, 1 for cuOccupancyMaxActiveClusters.
+    /// In-buffer 0 = `LaunchAttr` records. rets[0] = the result.
+    OccupancyCluster = 0x0194, ins 1, outs 0;
+    /// args[0] = function handle, args[1] = blocks per multiprocessor, args[2] = block size.
+    /// rets[0] = cuOccupancyAvailableDynamicSMemPerBlock.
+    OccupancyAvailableDynamicSMem = 0x0195, ins 0, outs 0;
+    /// args[0] = device, args[1] = peer device (ordinals). rets[0] = cuDeviceCanAccessPeer.
+    DeviceCanAccessPeer = 0x0196, ins 0, outs 0;
+    /// args[0] = `cudaDeviceP2PAttr` (1..=5), args[1] = source, args[2] = destination device
+    /// (ordinals, different). rets[0] = cuDeviceGetP2PAttribute (i32 as u32).
+    DeviceP2PAttribute = 0x0197, ins 0, outs 0;
+    /// The session's context on `hdr.device` gains (args[1] = 1) or loses (0) access to its
+    /// context on device args[0] (cuCtxEnablePeerAccess / cuCtxDisablePeerAccess); args[2] =
+    /// flags (0).
+    PeerAccess = 0x0198, ins 0, outs 0;
+    /// A copy between devices: args[0] = destination, args[1] = its device, args[2] = source,
+    /// args[3] = its device, args[4] = size, args[5] = stream handle of `hdr.device` (0: legacy
+    /// stream). Both ranges must be the session's memory on their devices. A waited-for request
+    /// returns once the copy is complete.
+    MemcpyPeer = 0x0199, ins 0, outs 0;
 
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;
@@ -1006,6 +1079,55 @@ impl HostRun {
 /// `LaunchKernel` flag (args[6]): a cooperative launch (`cudaLaunchCooperativeKernel`): every
 /// block resident at once, so that grid-wide synchronisation works.
 pub const LAUNCH_COOPERATIVE: u64 = 1 << 0;
+
+/// Bytes of an encoded [`LaunchAttr`].
+pub const LAUNCH_ATTR_SIZE: usize = 32;
+
+/// Most launch attributes one launch may carry.
+pub const MAX_LAUNCH_ATTRS: usize = 32;
+
+/// One launch attribute (`cudaLaunchAttribute`): its id and its value, by kind of id:
+/// scalars (cooperative, priority, ...) in `v[0]`; cluster dimensions in `v[0..3]`; the
+/// memory-synchronisation domain map as default `v[0]`, remote `v[1]`; an event (programmatic
+/// or completion event) as the session's event handle in `w[0]`, its flags in `v[0]` and
+/// triggerAtBlockStart in `v[1]`; the access policy window as base `w[0]`, bytes `w[1]`,
+/// hitRatio (f32 bits) `v[0]`, hitProp `v[1]`, missProp `v[2]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LaunchAttr {
+    /// The `cudaLaunchAttributeID` (the driver's `CUlaunchAttributeID`).
+    pub id: u32,
+    /// 32-bit values.
+    pub v: [u32; 3],
+    /// 64-bit values.
+    pub w: [u64; 2],
+}
+
+impl LaunchAttr {
+    /// Encodes the record: id u32 @0, v @4, w @16.
+    pub fn encode(&self) -> [u8; LAUNCH_ATTR_SIZE] {
+        let mut b = [0u8; LAUNCH_ATTR_SIZE];
+        put(&mut b, 0, &self.id.to_le_bytes());
+        for (i, v) in self.v.iter().enumerate() {
+            put(&mut b, 4 + 4 * i, &v.to_le_bytes());
+        }
+        for (i, w) in self.w.iter().enumerate() {
+            put(&mut b, 16 + 8 * i, &w.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a record.
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < LAUNCH_ATTR_SIZE {
+            return Err(WireError::Short);
+        }
+        Ok(Self {
+            id: get_u32(b, 0),
+            v: [get_u32(b, 4), get_u32(b, 8), get_u32(b, 12)],
+            w: [get_u64(b, 16), get_u64(b, 24)],
+        })
+    }
+}
 
 /// Bytes of an encoded [`ParamInfo`].
 pub const PARAM_INFO_SIZE: usize = 8;

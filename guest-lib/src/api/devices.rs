@@ -145,14 +145,47 @@ cuda_api! {
         Err(CudaError::INVALID_DEVICE)
     }
 
-    /// `cudaDeviceCanAccessPeer`: peer access does not cross qcuda, so always 0.
+    /// `cudaDeviceCanAccessPeer`: the host driver's answer for the two GPUs (a device is not
+    /// its own peer).
     fn cudaDeviceCanAccessPeer(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) {
         non_null(canAccessPeer)?;
         let rt = runtime()?;
-        rt.devices.check(device)?;
-        rt.devices.check(peerDevice)?;
+        let d = rt.devices.check(device)?;
+        let p = rt.devices.check(peerDevice)?;
+        let reply = rt.session.submit(
+            crate::transport::Call::new(qcuda_proto::Op::DeviceCanAccessPeer, d)
+                .args(&[u64::from(d), u64::from(p)]),
+        )?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(canAccessPeer, 0) }
+        unsafe { write_out(canAccessPeer, c_int::from(reply.rets[0] != 0)) }
+    }
+
+    /// `cudaDeviceGetP2PAttribute`.
+    fn cudaDeviceGetP2PAttribute(value: *mut c_int, attr: crate::generated::cudaDeviceP2PAttr, srcDevice: c_int, dstDevice: c_int) {
+        non_null(value)?;
+        let rt = runtime()?;
+        let src = rt.devices.check(srcDevice)?;
+        let dst = rt.devices.check(dstDevice)?;
+        if !(1..=5).contains(&attr) {
+            return Err(crate::cuda_error::CudaError::INVALID_VALUE);
+        }
+        let reply = rt.session.submit(
+            crate::transport::Call::new(qcuda_proto::Op::DeviceP2PAttribute, src)
+                .args(&[u64::from(attr), u64::from(src), u64::from(dst)]),
+        )?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(value, reply.rets[0] as u32 as c_int) }
+    }
+
+    /// `cudaDeviceEnablePeerAccess`: the current device's context reaches `peerDevice`'s
+    /// memory (flags must be 0).
+    fn cudaDeviceEnablePeerAccess(peerDevice: c_int, flags: core::ffi::c_uint) {
+        peer_access(peerDevice, 1, flags)
+    }
+
+    /// `cudaDeviceDisablePeerAccess`.
+    fn cudaDeviceDisablePeerAccess(peerDevice: c_int) {
+        peer_access(peerDevice, 0, 0)
     }
 
     /// `cudaDriverGetVersion`: the host driver's version; 0 (and success) without a device, as
@@ -234,6 +267,27 @@ cuda_api! {
             write_out(total, reply.rets[1] as usize)
         }
     }
+}
+
+/// `PeerAccess` from the current device to `peer`.
+fn peer_access(
+    peer: c_int,
+    enable: u64,
+    flags: core::ffi::c_uint,
+) -> crate::cuda_error::CudaResult<()> {
+    let (rt, d) = crate::runtime::current()?;
+    let p = rt.devices.check(peer)?;
+    if flags != 0 {
+        return Err(crate::cuda_error::CudaError::INVALID_VALUE);
+    }
+    rt.session.submit(
+        crate::transport::Call::new(qcuda_proto::Op::PeerAccess, d).args(&[
+            u64::from(p),
+            enable,
+            0,
+        ]),
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

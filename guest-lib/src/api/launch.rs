@@ -190,6 +190,7 @@ unsafe fn launch_cooperative(
             &config(grid, block, shared_mem, stream),
             args as *const *const c_void,
             qcuda_proto::LAUNCH_COOPERATIVE,
+            None,
         )
     }
 }

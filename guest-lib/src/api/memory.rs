@@ -298,3 +298,48 @@ cuda_api! {
         unsafe { write_out(attributes, a) }
     }
 }
+
+/// `cudaMemcpyPeer[Async]`: a copy between the memory of two devices, on `order`'s stream (the
+/// current device's legacy stream for the synchronous one, which returns once it is done).
+fn memcpy_peer(
+    dst: *mut c_void,
+    dst_device: c_int,
+    src: *const c_void,
+    src_device: c_int,
+    count: usize,
+    rt: &crate::runtime::Runtime,
+    order: Ordering,
+) -> CudaResult<()> {
+    let dd = rt.devices.check(dst_device)?;
+    let sd = rt.devices.check(src_device)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let mut call = crate::transport::Call::new(qcuda_proto::Op::MemcpyPeer, order.device).args(&[
+        dst as u64,
+        u64::from(dd),
+        src as u64,
+        u64::from(sd),
+        count as u64,
+        order.stream,
+    ]);
+    if order.is_async {
+        call = call.fire_and_forget();
+    }
+    rt.session.submit(call)?;
+    Ok(())
+}
+
+cuda_api! {
+    /// `cudaMemcpyPeer`.
+    fn cudaMemcpyPeer(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize) {
+        let (rt, d) = current()?;
+        memcpy_peer(dst, dstDevice, src, srcDevice, count, rt, sync_order(d))
+    }
+
+    /// `cudaMemcpyPeerAsync` (in the order of `stream`).
+    fn cudaMemcpyPeerAsync(dst: *mut c_void, dstDevice: c_int, src: *const c_void, srcDevice: c_int, count: usize, stream: cudaStream_t) {
+        let (rt, order) = async_order(stream)?;
+        memcpy_peer(dst, dstDevice, src, srcDevice, count, rt, order)
+    }
+}

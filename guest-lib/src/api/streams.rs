@@ -130,6 +130,14 @@ unsafe fn get_device(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()>
     unsafe { write_out(device, s.device as c_int) }
 }
 
+unsafe fn get_id(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
+    non_null(id)?;
+    let (rt, _) = current()?;
+    let v = rt.streams.id(&rt.session, stream as usize)?;
+    // SAFETY: non-null and writable (API contract).
+    unsafe { write_out(id, v) }
+}
+
 unsafe fn is_capturing(
     stream: cudaStream_t,
     status: *mut cudaStreamCaptureStatus,
@@ -239,7 +247,8 @@ cuda_api! {
         unsafe { get_flags(hStream, flags) }
     }
 
-    /// `cudaStreamGetPriority`: the priority asked for at creation.
+    /// `cudaStreamGetPriority`: the stream's priority (clamped to the device's range at
+    /// creation, as the driver does).
     fn cudaStreamGetPriority(hStream: cudaStream_t, priority: *mut c_int) {
         // SAFETY: forwarded API contract.
         unsafe { get_priority(hStream, priority) }
@@ -261,6 +270,36 @@ cuda_api! {
     fn cudaStreamGetDevice_ptsz(hStream: cudaStream_t, device: *mut c_int) {
         // SAFETY: forwarded API contract.
         unsafe { get_device(hStream, device) }
+    }
+
+    /// `cudaStreamGetId`.
+    fn cudaStreamGetId(hStream: cudaStream_t, streamId: *mut u64) {
+        // SAFETY: forwarded API contract.
+        unsafe { get_id(hStream, streamId) }
+    }
+
+    /// `cudaStreamGetId` (per-thread default stream).
+    fn cudaStreamGetId_ptsz(hStream: cudaStream_t, streamId: *mut u64) {
+        // SAFETY: forwarded API contract.
+        unsafe { get_id(hStream, streamId) }
+    }
+
+    /// `cudaDeviceGetStreamPriorityRange`: the device's real range (either pointer may be
+    /// null).
+    fn cudaDeviceGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int) {
+        let (rt, d) = current()?;
+        let reply = rt
+            .session
+            .submit(crate::transport::Call::new(qcuda_proto::Op::StreamPriorityRange, d))?;
+        if !leastPriority.is_null() {
+            // SAFETY: non-null and writable (API contract).
+            unsafe { write_out(leastPriority, reply.rets[0] as u32 as c_int) }?;
+        }
+        if !greatestPriority.is_null() {
+            // SAFETY: non-null and writable (API contract).
+            unsafe { write_out(greatestPriority, reply.rets[1] as u32 as c_int) }?;
+        }
+        Ok(())
     }
 
     /// `cudaStreamIsCapturing`: always `cudaStreamCaptureStatusNone` (no capture support).

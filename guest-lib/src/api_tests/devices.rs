@@ -166,7 +166,8 @@ fn attributes_the_host_does_not_know_read_as_zero_in_properties() {
 
 #[test]
 fn versions_flags_pci_and_memory_info() {
-    FakeDevice::new(2).install();
+    let fake = FakeDevice::new(2);
+    fake.install();
     // SAFETY: valid out-pointers and buffers throughout.
     unsafe {
         let mut v = 0;
@@ -187,9 +188,69 @@ fn versions_flags_pci_and_memory_info() {
         let mut short = [0x7fi8; 5];
         ok(cudaDeviceGetPCIBusId(short.as_mut_ptr(), 5, 0));
         assert_eq!(CStr::from_ptr(short.as_ptr()).to_str().unwrap(), "0000");
-        let mut can = 1;
+        // The host's answer (the fake: different devices are peers).
+        let mut can = 0;
         ok(cudaDeviceCanAccessPeer(&mut can, 0, 1));
+        assert_eq!(can, 1);
+        ok(cudaDeviceCanAccessPeer(&mut can, 1, 1));
         assert_eq!(can, 0);
+        assert_err(
+            cudaDeviceCanAccessPeer(&mut can, 0, 2),
+            cu::cudaErrorInvalidDevice,
+        );
+        let mut v = 0;
+        ok(cudaDeviceGetP2PAttribute(
+            &mut v,
+            cu::cudaDevP2PAttrAccessSupported,
+            0,
+            1,
+        ));
+        assert_eq!(v, 1);
+        assert_err(
+            cudaDeviceGetP2PAttribute(&mut v, 9, 0, 1),
+            cu::cudaErrorInvalidValue,
+        );
+        ok(cudaDeviceEnablePeerAccess(1, 0));
+        assert_err(cudaDeviceEnablePeerAccess(1, 3), cu::cudaErrorInvalidValue);
+        assert_err(cudaDeviceEnablePeerAccess(0, 0), cu::cudaErrorInvalidDevice);
+        ok(cudaDeviceDisablePeerAccess(1));
+        crate::api::errors::cudaGetLastError();
+        // A copy from device 1 to device 0.
+        let (mut a, mut b): (*mut core::ffi::c_void, *mut core::ffi::c_void) =
+            (core::ptr::null_mut(), core::ptr::null_mut());
+        ok(crate::api::memory::cudaMalloc(&mut a, 64));
+        ok(cudaSetDevice(1));
+        ok(crate::api::memory::cudaMalloc(&mut b, 64));
+        let data = [9u8; 64];
+        ok(crate::api::memory::cudaMemcpy(
+            b,
+            data.as_ptr().cast(),
+            64,
+            cu::cudaMemcpyHostToDevice,
+        ));
+        ok(cudaSetDevice(0));
+        ok(crate::api::memory::cudaMemcpyPeer(a, 0, b, 1, 64));
+        let mut back = [0u8; 64];
+        ok(crate::api::memory::cudaMemcpy(
+            back.as_mut_ptr().cast(),
+            a,
+            64,
+            cu::cudaMemcpyDeviceToHost,
+        ));
+        assert_eq!(back, data);
+        ok(crate::api::memory::cudaMemcpyPeerAsync(
+            a,
+            0,
+            b,
+            1,
+            64,
+            core::ptr::null_mut(),
+        ));
+        assert_err(
+            crate::api::memory::cudaMemcpyPeer(a, 0, b, 5, 64),
+            cu::cudaErrorInvalidDevice,
+        );
+        crate::api::errors::cudaGetLastError();
         let (mut free, mut total) = (0, 0);
         ok(cudaMemGetInfo(&mut free, &mut total));
         assert_eq!(total, 80 << 30);

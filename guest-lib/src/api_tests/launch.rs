@@ -494,3 +494,137 @@ fn fire_and_forget_work_travels_in_batches_in_program_order() {
     assert_err(cudaGetLastError(), cu::cudaErrorLaunchOutOfResources);
     ok(cudaGetLastError());
 }
+
+#[test]
+fn launch_ex_sends_its_attributes_and_tuning_calls_reach_the_host() {
+    use qcuda_proto::{LaunchAttr, LAUNCH_ATTR_SIZE};
+
+    use crate::{
+        api::{events::cudaEventCreate, launch_ex::*},
+        generated::{cudaEvent_t, cudaLaunchAttribute, cudaLaunchConfig_t},
+    };
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let fatbin = register_fatbin();
+    let k = register_kernel(fatbin, c"_Z1kv") as *const c_void;
+    let mut attrs: [cudaLaunchAttribute; 3] = Default::default();
+    attrs[0].id = cu::cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = 2;
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cu::cudaLaunchAttributePriority;
+    attrs[1].val.priority = -3;
+    attrs[2].id = cu::cudaLaunchAttributeCooperative;
+    attrs[2].val.cooperative = 1;
+    let mut config = cudaLaunchConfig_t {
+        gridDim: d3(8, 1, 1),
+        blockDim: d3(64, 1, 1),
+        dynamicSmemBytes: 0,
+        stream: ptr::null_mut(),
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: 3,
+    };
+    let decoded = |fake: &FakeDevice| -> Vec<LaunchAttr> {
+        fake.state()
+            .launch_attrs
+            .chunks_exact(LAUNCH_ATTR_SIZE)
+            .map(|c| LaunchAttr::decode(c).unwrap())
+            .collect()
+    };
+    // SAFETY: valid configuration and pointers; the kernel has no parameters.
+    unsafe {
+        ok(cudaLaunchKernelExC(&config, k, ptr::null_mut()));
+        let sent = decoded(&fake);
+        assert_eq!(sent.len(), 3);
+        assert_eq!((sent[0].id, sent[0].v), (4, [2, 1, 1]));
+        assert_eq!((sent[1].id, sent[1].v[0] as i32), (8, -3));
+        assert_eq!((sent[2].id, sent[2].v[0]), (2, 1));
+        assert_eq!(fake.state().launches.len(), 1);
+
+        // An event attribute names the host's event.
+        let mut e: cudaEvent_t = ptr::null_mut();
+        ok(cudaEventCreate(&mut e));
+        (*config.attrs.add(1)).id = cu::cudaLaunchAttributeLaunchCompletionEvent;
+        (*config.attrs.add(1)).val.launchCompletionEvent.event = e;
+        ok(cudaLaunchKernelExC_ptsz(&config, k, ptr::null_mut()));
+        let host_event = *fake.state().events.keys().max().unwrap();
+        assert_eq!(decoded(&fake)[1].w[0], host_event);
+        (*config.attrs.add(1)).val.launchCompletionEvent.event = 0x77 as cudaEvent_t;
+        assert_err(
+            cudaLaunchKernelExC(&config, k, ptr::null_mut()),
+            cu::cudaErrorInvalidResourceHandle,
+        );
+        // Unknown ids are refused with the driver's answer; graph-only ones as unsupported.
+        (*config.attrs.add(1)).id = 99;
+        assert_err(
+            cudaLaunchKernelExC(&config, k, ptr::null_mut()),
+            cu::cudaErrorInvalidValue,
+        );
+        (*config.attrs.add(1)).id = cu::cudaLaunchAttributeDeviceUpdatableKernelNode;
+        assert_err(
+            cudaLaunchKernelExC(&config, k, ptr::null_mut()),
+            cu::cudaErrorNotSupported,
+        );
+        config.numAttrs = 0;
+        flush();
+        let before = fake.state().launches.len();
+        ok(cudaLaunchKernelExC(&config, k, ptr::null_mut()));
+        flush();
+        assert_eq!(fake.state().launches.len(), before + 1);
+        assert_eq!(
+            fake.ops().last(),
+            Some(&Op::LaunchKernel),
+            "no attributes: a plain launch"
+        );
+        assert_err(
+            cudaLaunchKernelExC(ptr::null(), k, ptr::null_mut()),
+            cu::cudaErrorInvalidValue,
+        );
+
+        // Cluster occupancy carries the configuration's attributes (an Ignore record if none).
+        config.numAttrs = 1;
+        let mut n = 0;
+        ok(cudaOccupancyMaxPotentialClusterSize(&mut n, k, &config));
+        assert_eq!(n, 8);
+        ok(cudaOccupancyMaxActiveClusters(&mut n, k, &config));
+        assert_eq!(n, 16);
+        assert_eq!(decoded(&fake)[0].v, [2, 1, 1]);
+        config.numAttrs = 0;
+        ok(cudaOccupancyMaxActiveClusters(&mut n, k, &config));
+        assert_eq!(decoded(&fake), vec![LaunchAttr::default()]);
+        let mut smem = 0usize;
+        ok(cudaOccupancyAvailableDynamicSMemPerBlock(
+            &mut smem, k, 2, 128,
+        ));
+        assert_eq!(smem, 2128);
+        assert_err(
+            cudaOccupancyAvailableDynamicSMemPerBlock(&mut smem, k, -1, 128),
+            cu::cudaErrorInvalidValue,
+        );
+
+        // Cache and shared memory configuration.
+        ok(cudaFuncSetCacheConfig(k, cu::cudaFuncCachePreferShared));
+        assert_eq!(fake.state().cache_config, 1);
+        assert_err(cudaFuncSetCacheConfig(k, 4), cu::cudaErrorInvalidValue);
+        ok(cudaDeviceSetCacheConfig(cu::cudaFuncCachePreferL1));
+        let mut c = 0;
+        ok(cudaDeviceGetCacheConfig(&mut c));
+        assert_eq!(c, cu::cudaFuncCachePreferL1);
+        let mut bank = 0;
+        ok(cudaDeviceSetSharedMemConfig(
+            cu::cudaSharedMemBankSizeEightByte,
+        ));
+        ok(cudaDeviceGetSharedMemConfig(&mut bank));
+        assert_eq!(bank, cu::cudaSharedMemBankSizeFourByte);
+        assert_err(cudaDeviceSetSharedMemConfig(3), cu::cudaErrorInvalidValue);
+        ok(cudaFuncSetSharedMemConfig(
+            k,
+            cu::cudaSharedMemBankSizeDefault,
+        ));
+        assert_err(
+            cudaFuncSetSharedMemConfig(host_address() as *const c_void, 0),
+            cu::cudaErrorInvalidDeviceFunction,
+        );
+    }
+    cudaGetLastError();
+}

@@ -20,6 +20,7 @@ mod devices;
 mod errors;
 mod launch;
 mod memory;
+mod pools;
 mod streams;
 mod symbols;
 

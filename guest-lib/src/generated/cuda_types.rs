@@ -62,6 +62,16 @@ pub struct CUstream_st {
     _unused: [u8; 0],
 }
 #[repr(C)]
+#[derive(Debug)]
+pub struct CUmemPoolHandle_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUgraphDeviceUpdatableNode_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUuuid_st {
     pub bytes: [::core::ffi::c_char; 16usize],
@@ -1015,6 +1025,54 @@ impl Default for cudaMemcpy3DPeerParms {
         }
     }
 }
+#[doc = "< Normal cache persistence."]
+pub const cudaAccessPropertyNormal: cudaAccessProperty = 0;
+#[doc = "< Streaming access is less likely to persit from cache."]
+pub const cudaAccessPropertyStreaming: cudaAccessProperty = 1;
+#[doc = "< Persisting access is more likely to persist in cache."]
+pub const cudaAccessPropertyPersisting: cudaAccessProperty = 2;
+#[doc = " Specifies performance hint with ::cudaAccessPolicyWindow for hitProp and missProp members."]
+pub type cudaAccessProperty = ::core::ffi::c_uint;
+#[doc = " Specifies an access policy for a window, a contiguous extent of memory\n beginning at base_ptr and ending at base_ptr + num_bytes.\n Partition into many segments and assign segments such that.\n sum of \"hit segments\" / window == approx. ratio.\n sum of \"miss segments\" / window == approx 1-ratio.\n Segments and ratio specifications are fitted to the capabilities of\n the architecture.\n Accesses in a hit segment apply the hitProp access policy.\n Accesses in a miss segment apply the missProp access policy."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaAccessPolicyWindow {
+    #[doc = "< Starting address of the access policy window. CUDA driver may align it."]
+    pub base_ptr: *mut ::core::ffi::c_void,
+    #[doc = "< Size in bytes of the window policy. CUDA driver may restrict the maximum size and alignment."]
+    pub num_bytes: usize,
+    #[doc = "< hitRatio specifies percentage of lines assigned hitProp, rest are assigned missProp."]
+    pub hitRatio: f32,
+    #[doc = "< ::CUaccessProperty set for hit."]
+    pub hitProp: cudaAccessProperty,
+    #[doc = "< ::CUaccessProperty set for miss. Must be either NORMAL or STREAMING."]
+    pub missProp: cudaAccessProperty,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaAccessPolicyWindow"][::std::mem::size_of::<cudaAccessPolicyWindow>() - 32usize];
+    ["Alignment of cudaAccessPolicyWindow"]
+        [::std::mem::align_of::<cudaAccessPolicyWindow>() - 8usize];
+    ["Offset of field: cudaAccessPolicyWindow::base_ptr"]
+        [::std::mem::offset_of!(cudaAccessPolicyWindow, base_ptr) - 0usize];
+    ["Offset of field: cudaAccessPolicyWindow::num_bytes"]
+        [::std::mem::offset_of!(cudaAccessPolicyWindow, num_bytes) - 8usize];
+    ["Offset of field: cudaAccessPolicyWindow::hitRatio"]
+        [::std::mem::offset_of!(cudaAccessPolicyWindow, hitRatio) - 16usize];
+    ["Offset of field: cudaAccessPolicyWindow::hitProp"]
+        [::std::mem::offset_of!(cudaAccessPolicyWindow, hitProp) - 20usize];
+    ["Offset of field: cudaAccessPolicyWindow::missProp"]
+        [::std::mem::offset_of!(cudaAccessPolicyWindow, missProp) - 24usize];
+};
+impl Default for cudaAccessPolicyWindow {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = "< Stream is not capturing"]
 pub const cudaStreamCaptureStatusNone: cudaStreamCaptureStatus = 0;
 #[doc = "< Stream is actively capturing"]
@@ -1028,6 +1086,19 @@ pub const cudaStreamCaptureModeThreadLocal: cudaStreamCaptureMode = 1;
 pub const cudaStreamCaptureModeRelaxed: cudaStreamCaptureMode = 2;
 #[doc = " Possible modes for stream capture thread interactions. For more details see\n ::cudaStreamBeginCapture and ::cudaThreadExchangeStreamCaptureMode"]
 pub type cudaStreamCaptureMode = ::core::ffi::c_uint;
+pub const cudaSyncPolicyAuto: cudaSynchronizationPolicy = 1;
+pub const cudaSyncPolicySpin: cudaSynchronizationPolicy = 2;
+pub const cudaSyncPolicyYield: cudaSynchronizationPolicy = 3;
+pub const cudaSyncPolicyBlockingSync: cudaSynchronizationPolicy = 4;
+pub type cudaSynchronizationPolicy = ::core::ffi::c_uint;
+#[doc = "< the default policy"]
+pub const cudaClusterSchedulingPolicyDefault: cudaClusterSchedulingPolicy = 0;
+#[doc = "< spread the blocks within a cluster to the SMs"]
+pub const cudaClusterSchedulingPolicySpread: cudaClusterSchedulingPolicy = 1;
+#[doc = "< allow the hardware to load-balance the blocks in a cluster to the SMs"]
+pub const cudaClusterSchedulingPolicyLoadBalancing: cudaClusterSchedulingPolicy = 2;
+#[doc = " Cluster scheduling policies. These may be passed to ::cudaFuncSetAttribute"]
+pub type cudaClusterSchedulingPolicy = ::core::ffi::c_uint;
 #[doc = "< Array resource"]
 pub const cudaResourceTypeArray: cudaResourceType = 0;
 #[doc = "< Mipmapped array resource"]
@@ -1798,6 +1869,178 @@ pub const cudaDevAttrOnlyPartialHostNativeAtomicSupported: cudaDeviceAttr = 147;
 pub const cudaDevAttrMax: cudaDeviceAttr = 148;
 #[doc = " CUDA device attributes"]
 pub type cudaDeviceAttr = ::core::ffi::c_uint;
+#[doc = " (value type = int)\n Allow cuMemAllocAsync to use memory asynchronously freed\n in another streams as long as a stream ordering dependency\n of the allocating stream on the free action exists.\n Cuda events and null stream interactions can create the required\n stream ordered dependencies. (default enabled)"]
+pub const cudaMemPoolReuseFollowEventDependencies: cudaMemPoolAttr = 1;
+#[doc = " (value type = int)\n Allow reuse of already completed frees when there is no dependency\n between the free and allocation. (default enabled)"]
+pub const cudaMemPoolReuseAllowOpportunistic: cudaMemPoolAttr = 2;
+#[doc = " (value type = int)\n Allow cuMemAllocAsync to insert new stream dependencies\n in order to establish the stream ordering required to reuse\n a piece of memory released by cuFreeAsync (default enabled)."]
+pub const cudaMemPoolReuseAllowInternalDependencies: cudaMemPoolAttr = 3;
+#[doc = " (value type = cuuint64_t)\n Amount of reserved memory in bytes to hold onto before trying\n to release memory back to the OS. When more than the release\n threshold bytes of memory are held by the memory pool, the\n allocator will try to release memory back to the OS on the\n next call to stream, event or context synchronize. (default 0)"]
+pub const cudaMemPoolAttrReleaseThreshold: cudaMemPoolAttr = 4;
+#[doc = " (value type = cuuint64_t)\n Amount of backing memory currently allocated for the mempool."]
+pub const cudaMemPoolAttrReservedMemCurrent: cudaMemPoolAttr = 5;
+#[doc = " (value type = cuuint64_t)\n High watermark of backing memory allocated for the mempool since the\n last time it was reset. High watermark can only be reset to zero."]
+pub const cudaMemPoolAttrReservedMemHigh: cudaMemPoolAttr = 6;
+#[doc = " (value type = cuuint64_t)\n Amount of memory from the pool that is currently in use by the application."]
+pub const cudaMemPoolAttrUsedMemCurrent: cudaMemPoolAttr = 7;
+#[doc = " (value type = cuuint64_t)\n High watermark of the amount of memory from the pool that was in use by the application since\n the last time it was reset. High watermark can only be reset to zero."]
+pub const cudaMemPoolAttrUsedMemHigh: cudaMemPoolAttr = 8;
+#[doc = " CUDA memory pool attributes"]
+pub type cudaMemPoolAttr = ::core::ffi::c_uint;
+pub const cudaMemLocationTypeInvalid: cudaMemLocationType = 0;
+#[doc = "< Location is unspecified. This is used when creating a managed memory pool to indicate no preferred location for the pool"]
+pub const cudaMemLocationTypeNone: cudaMemLocationType = 0;
+#[doc = "< Location is a device location, thus id is a device ordinal"]
+pub const cudaMemLocationTypeDevice: cudaMemLocationType = 1;
+#[doc = "< Location is host, id is ignored"]
+pub const cudaMemLocationTypeHost: cudaMemLocationType = 2;
+#[doc = "< Location is a host NUMA node, thus id is a host NUMA node id"]
+pub const cudaMemLocationTypeHostNuma: cudaMemLocationType = 3;
+#[doc = "< Location is the host NUMA node closest to the current thread's CPU, id is ignored"]
+pub const cudaMemLocationTypeHostNumaCurrent: cudaMemLocationType = 4;
+#[doc = " Specifies the type of location"]
+pub type cudaMemLocationType = ::core::ffi::c_uint;
+#[doc = " Specifies a memory location.\n\n To specify a gpu, set type = ::cudaMemLocationTypeDevice and set id = the gpu's device ordinal.\n To specify a cpu NUMA node, set type = ::cudaMemLocationTypeHostNuma and set id = host NUMA node id."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemLocation {
+    #[doc = "< Specifies the location type, which modifies the meaning of id."]
+    pub type_: cudaMemLocationType,
+    #[doc = "< identifier for a given this location's ::CUmemLocationType."]
+    pub id: ::core::ffi::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemLocation"][::std::mem::size_of::<cudaMemLocation>() - 8usize];
+    ["Alignment of cudaMemLocation"][::std::mem::align_of::<cudaMemLocation>() - 4usize];
+    ["Offset of field: cudaMemLocation::type_"]
+        [::std::mem::offset_of!(cudaMemLocation, type_) - 0usize];
+    ["Offset of field: cudaMemLocation::id"][::std::mem::offset_of!(cudaMemLocation, id) - 4usize];
+};
+impl Default for cudaMemLocation {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = "< Default, make the address range not accessible"]
+pub const cudaMemAccessFlagsProtNone: cudaMemAccessFlags = 0;
+#[doc = "< Make the address range read accessible"]
+pub const cudaMemAccessFlagsProtRead: cudaMemAccessFlags = 1;
+#[doc = "< Make the address range read-write accessible"]
+pub const cudaMemAccessFlagsProtReadWrite: cudaMemAccessFlags = 3;
+#[doc = " Specifies the memory protection flags for mapping."]
+pub type cudaMemAccessFlags = ::core::ffi::c_uint;
+#[doc = " Memory access descriptor"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemAccessDesc {
+    #[doc = "< Location on which the request is to change it's accessibility"]
+    pub location: cudaMemLocation,
+    #[doc = "< ::CUmemProt accessibility flags to set on the request"]
+    pub flags: cudaMemAccessFlags,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemAccessDesc"][::std::mem::size_of::<cudaMemAccessDesc>() - 12usize];
+    ["Alignment of cudaMemAccessDesc"][::std::mem::align_of::<cudaMemAccessDesc>() - 4usize];
+    ["Offset of field: cudaMemAccessDesc::location"]
+        [::std::mem::offset_of!(cudaMemAccessDesc, location) - 0usize];
+    ["Offset of field: cudaMemAccessDesc::flags"]
+        [::std::mem::offset_of!(cudaMemAccessDesc, flags) - 8usize];
+};
+impl Default for cudaMemAccessDesc {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+pub const cudaMemAllocationTypeInvalid: cudaMemAllocationType = 0;
+#[doc = " This allocation type is 'pinned', i.e. cannot migrate from its current\n location while the application is actively using it"]
+pub const cudaMemAllocationTypePinned: cudaMemAllocationType = 1;
+#[doc = " This allocation type is managed memory"]
+pub const cudaMemAllocationTypeManaged: cudaMemAllocationType = 2;
+#[doc = " This allocation type is managed memory"]
+pub const cudaMemAllocationTypeMax: cudaMemAllocationType = 2147483647;
+#[doc = " Defines the allocation types available"]
+pub type cudaMemAllocationType = ::core::ffi::c_uint;
+#[doc = "< Does not allow any export mechanism. >"]
+pub const cudaMemHandleTypeNone: cudaMemAllocationHandleType = 0;
+#[doc = "< Allows a file descriptor to be used for exporting. Permitted only on POSIX systems. (int)"]
+pub const cudaMemHandleTypePosixFileDescriptor: cudaMemAllocationHandleType = 1;
+#[doc = "< Allows a Win32 NT handle to be used for exporting. (HANDLE)"]
+pub const cudaMemHandleTypeWin32: cudaMemAllocationHandleType = 2;
+#[doc = "< Allows a Win32 KMT handle to be used for exporting. (D3DKMT_HANDLE)"]
+pub const cudaMemHandleTypeWin32Kmt: cudaMemAllocationHandleType = 4;
+#[doc = "< Allows a fabric handle to be used for exporting. (cudaMemFabricHandle_t)"]
+pub const cudaMemHandleTypeFabric: cudaMemAllocationHandleType = 8;
+#[doc = " Flags for specifying particular handle types"]
+pub type cudaMemAllocationHandleType = ::core::ffi::c_uint;
+#[doc = " Specifies the properties of allocations made from the pool."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemPoolProps {
+    #[doc = "< Allocation type. Currently must be specified as cudaMemAllocationTypePinned"]
+    pub allocType: cudaMemAllocationType,
+    #[doc = "< Handle types that will be supported by allocations from the pool."]
+    pub handleTypes: cudaMemAllocationHandleType,
+    #[doc = "< Location allocations should reside."]
+    pub location: cudaMemLocation,
+    #[doc = " Windows-specific LPSECURITYATTRIBUTES required when\n ::cudaMemHandleTypeWin32 is specified.  This security attribute defines\n the scope of which exported allocations may be tranferred to other\n processes.  In all other cases, this field is required to be zero."]
+    pub win32SecurityAttributes: *mut ::core::ffi::c_void,
+    #[doc = "< Maximum pool size. When set to 0, defaults to a system dependent value."]
+    pub maxSize: usize,
+    #[doc = "< Bitmask indicating intended usage for the pool."]
+    pub usage: ::core::ffi::c_ushort,
+    #[doc = "< reserved for future use, must be 0"]
+    pub reserved: [::core::ffi::c_uchar; 54usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemPoolProps"][::std::mem::size_of::<cudaMemPoolProps>() - 88usize];
+    ["Alignment of cudaMemPoolProps"][::std::mem::align_of::<cudaMemPoolProps>() - 8usize];
+    ["Offset of field: cudaMemPoolProps::allocType"]
+        [::std::mem::offset_of!(cudaMemPoolProps, allocType) - 0usize];
+    ["Offset of field: cudaMemPoolProps::handleTypes"]
+        [::std::mem::offset_of!(cudaMemPoolProps, handleTypes) - 4usize];
+    ["Offset of field: cudaMemPoolProps::location"]
+        [::std::mem::offset_of!(cudaMemPoolProps, location) - 8usize];
+    ["Offset of field: cudaMemPoolProps::win32SecurityAttributes"]
+        [::std::mem::offset_of!(cudaMemPoolProps, win32SecurityAttributes) - 16usize];
+    ["Offset of field: cudaMemPoolProps::maxSize"]
+        [::std::mem::offset_of!(cudaMemPoolProps, maxSize) - 24usize];
+    ["Offset of field: cudaMemPoolProps::usage"]
+        [::std::mem::offset_of!(cudaMemPoolProps, usage) - 32usize];
+    ["Offset of field: cudaMemPoolProps::reserved"]
+        [::std::mem::offset_of!(cudaMemPoolProps, reserved) - 34usize];
+};
+impl Default for cudaMemPoolProps {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = "< A relative value indicating the performance of the link between two devices"]
+pub const cudaDevP2PAttrPerformanceRank: cudaDeviceP2PAttr = 1;
+#[doc = "< Peer access is enabled"]
+pub const cudaDevP2PAttrAccessSupported: cudaDeviceP2PAttr = 2;
+#[doc = "< Native atomic operation over the link supported"]
+pub const cudaDevP2PAttrNativeAtomicSupported: cudaDeviceP2PAttr = 3;
+#[doc = "< Accessing CUDA arrays over the link supported"]
+pub const cudaDevP2PAttrCudaArrayAccessSupported: cudaDeviceP2PAttr = 4;
+#[doc = "< Only some CUDA-valid atomic operations over the link are supported."]
+pub const cudaDevP2PAttrOnlyPartialNativeAtomicSupported: cudaDeviceP2PAttr = 5;
+#[doc = " CUDA device P2P attributes"]
+pub type cudaDeviceP2PAttr = ::core::ffi::c_uint;
 pub type cudaUUID_t = CUuuid_st;
 #[doc = " CUDA device properties"]
 #[repr(C)]
@@ -2200,6 +2443,362 @@ pub type cudaEvent_t = *mut CUevent_st;
 pub type cudaFunction_t = *mut CUfunc_st;
 #[doc = " CUDA kernel"]
 pub type cudaKernel_t = *mut CUkern_st;
+#[doc = " CUDA memory pool"]
+pub type cudaMemPool_t = *mut CUmemPoolHandle_st;
+#[doc = " CUDA device node handle for device-side node update"]
+pub type cudaGraphDeviceNode_t = *mut CUgraphDeviceUpdatableNode_st;
+#[doc = "< Launch kernels in the default domain"]
+pub const cudaLaunchMemSyncDomainDefault: cudaLaunchMemSyncDomain = 0;
+#[doc = "< Launch kernels in the remote domain"]
+pub const cudaLaunchMemSyncDomainRemote: cudaLaunchMemSyncDomain = 1;
+#[doc = " Memory Synchronization Domain\n\n A kernel can be launched in a specified memory synchronization domain that affects all memory operations issued by\n that kernel. A memory barrier issued in one domain will only order memory operations in that domain, thus eliminating\n latency increase from memory barriers ordering unrelated traffic.\n\n By default, kernels are launched in domain 0. Kernel launched with ::cudaLaunchMemSyncDomainRemote will have a\n different domain ID. User may also alter the domain ID with ::cudaLaunchMemSyncDomainMap for a specific stream /\n graph node / kernel launch. See ::cudaLaunchAttributeMemSyncDomain, ::cudaStreamSetAttribute, ::cudaLaunchKernelEx,\n ::cudaGraphKernelNodeSetAttribute.\n\n Memory operations done in kernels launched in different domains are considered system-scope distanced. In other\n words, a GPU scoped memory synchronization is not sufficient for memory order to be observed by kernels in another\n memory synchronization domain even if they are on the same GPU."]
+pub type cudaLaunchMemSyncDomain = ::core::ffi::c_uint;
+#[doc = " Memory Synchronization Domain map\n\n See ::cudaLaunchMemSyncDomain.\n\n By default, kernels are launched in domain 0. Kernel launched with ::cudaLaunchMemSyncDomainRemote will have a\n different domain ID. User may also alter the domain ID with ::cudaLaunchMemSyncDomainMap for a specific stream /\n graph node / kernel launch. See ::cudaLaunchAttributeMemSyncDomainMap.\n\n Domain ID range is available through ::cudaDevAttrMemSyncDomainCount."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaLaunchMemSyncDomainMap_st {
+    #[doc = "< The default domain ID to use for designated kernels"]
+    pub default_: ::core::ffi::c_uchar,
+    #[doc = "< The remote domain ID to use for designated kernels"]
+    pub remote: ::core::ffi::c_uchar,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchMemSyncDomainMap_st"]
+        [::std::mem::size_of::<cudaLaunchMemSyncDomainMap_st>() - 2usize];
+    ["Alignment of cudaLaunchMemSyncDomainMap_st"]
+        [::std::mem::align_of::<cudaLaunchMemSyncDomainMap_st>() - 1usize];
+    ["Offset of field: cudaLaunchMemSyncDomainMap_st::default_"]
+        [::std::mem::offset_of!(cudaLaunchMemSyncDomainMap_st, default_) - 0usize];
+    ["Offset of field: cudaLaunchMemSyncDomainMap_st::remote"]
+        [::std::mem::offset_of!(cudaLaunchMemSyncDomainMap_st, remote) - 1usize];
+};
+#[doc = " Memory Synchronization Domain map\n\n See ::cudaLaunchMemSyncDomain.\n\n By default, kernels are launched in domain 0. Kernel launched with ::cudaLaunchMemSyncDomainRemote will have a\n different domain ID. User may also alter the domain ID with ::cudaLaunchMemSyncDomainMap for a specific stream /\n graph node / kernel launch. See ::cudaLaunchAttributeMemSyncDomainMap.\n\n Domain ID range is available through ::cudaDevAttrMemSyncDomainCount."]
+pub type cudaLaunchMemSyncDomainMap = cudaLaunchMemSyncDomainMap_st;
+#[doc = "< Ignored entry, for convenient composition"]
+pub const cudaLaunchAttributeIgnore: cudaLaunchAttributeID = 0;
+#[doc = "< Valid for streams, graph nodes, launches. See\n::cudaLaunchAttributeValue::accessPolicyWindow."]
+pub const cudaLaunchAttributeAccessPolicyWindow: cudaLaunchAttributeID = 1;
+#[doc = "< Valid for graph nodes, launches. See\n::cudaLaunchAttributeValue::cooperative."]
+pub const cudaLaunchAttributeCooperative: cudaLaunchAttributeID = 2;
+#[doc = "< Valid for streams. See ::cudaLaunchAttributeValue::syncPolicy."]
+pub const cudaLaunchAttributeSynchronizationPolicy: cudaLaunchAttributeID = 3;
+#[doc = "< Valid for graph nodes, launches. See\n::cudaLaunchAttributeValue::clusterDim."]
+pub const cudaLaunchAttributeClusterDimension: cudaLaunchAttributeID = 4;
+#[doc = "< Valid for graph nodes, launches. See\n::cudaLaunchAttributeValue::clusterSchedulingPolicyPreference."]
+pub const cudaLaunchAttributeClusterSchedulingPolicyPreference: cudaLaunchAttributeID = 5;
+#[doc = "< Valid for launches. Setting\n::cudaLaunchAttributeValue::programmaticStreamSerializationAllowed\nto non-0 signals that the kernel will use programmatic\nmeans to resolve its stream dependency, so that the\nCUDA runtime should opportunistically allow the grid's\nexecution to overlap with the previous kernel in the\nstream, if that kernel requests the overlap. The\ndependent launches can choose to wait on the\ndependency using the programmatic sync\n(cudaGridDependencySynchronize() or equivalent PTX\ninstructions)."]
+pub const cudaLaunchAttributeProgrammaticStreamSerialization: cudaLaunchAttributeID = 6;
+#[doc = "< Valid for launches. Set\n::cudaLaunchAttributeValue::programmaticEvent to\nrecord the event. Event recorded through this launch\nattribute is guaranteed to only trigger after all\nblock in the associated kernel trigger the event.  A\nblock can trigger the event programmatically in a\nfuture CUDA release. A trigger can also be inserted at\nthe beginning of each block's execution if\ntriggerAtBlockStart is set to non-0. The dependent\nlaunches can choose to wait on the dependency using\nthe programmatic sync (cudaGridDependencySynchronize()\nor equivalent PTX instructions). Note that dependents\n(including the CPU thread calling\ncudaEventSynchronize()) are not guaranteed to observe\nthe release precisely when it is released. For\nexample, cudaEventSynchronize() may only observe the\nevent trigger long after the associated kernel has\ncompleted. This recording type is primarily meant for\nestablishing programmatic dependency between device\ntasks. Note also this type of dependency allows, but\ndoes not guarantee, concurrent execution of tasks.\n<br>\nThe event supplied must not be an interprocess or\ninterop event. The event must disable timing (i.e.\nmust be created with the ::cudaEventDisableTiming flag\nset)."]
+pub const cudaLaunchAttributeProgrammaticEvent: cudaLaunchAttributeID = 7;
+#[doc = "< Valid for streams, graph nodes, launches. See\n::cudaLaunchAttributeValue::priority."]
+pub const cudaLaunchAttributePriority: cudaLaunchAttributeID = 8;
+#[doc = "< Valid for streams, graph nodes, launches. See\n::cudaLaunchAttributeValue::memSyncDomainMap."]
+pub const cudaLaunchAttributeMemSyncDomainMap: cudaLaunchAttributeID = 9;
+#[doc = "< Valid for streams, graph nodes, launches. See\n::cudaLaunchAttributeValue::memSyncDomain."]
+pub const cudaLaunchAttributeMemSyncDomain: cudaLaunchAttributeID = 10;
+#[doc = "< Valid for graph nodes and launches. Set\n::cudaLaunchAttributeValue::preferredClusterDim\nto allow the kernel launch to specify a preferred substitute\ncluster dimension. Blocks may be grouped according to either\nthe dimensions specified with this attribute (grouped into a\n\"preferred substitute cluster\"), or the one specified with\n::cudaLaunchAttributeClusterDimension attribute (grouped\ninto a \"regular cluster\"). The cluster dimensions of a\n\"preferred substitute cluster\" shall be an integer multiple\ngreater than zero of the regular cluster dimensions. The\ndevice will attempt - on a best-effort basis - to group\nthread blocks into preferred clusters over grouping them\ninto regular clusters. When it deems necessary (primarily\nwhen the device temporarily runs out of physical resources\nto launch the larger preferred clusters), the device may\nswitch to launch the regular clusters instead to attempt to\nutilize as much of the physical device resources as possible.\n<br>\nEach type of cluster will have its enumeration / coordinate\nsetup as if the grid consists solely of its type of cluster.\nFor example, if the preferred substitute cluster dimensions\ndouble the regular cluster dimensions, there might be\nsimultaneously a regular cluster indexed at (1,0,0), and a\npreferred cluster indexed at (1,0,0). In this example, the\npreferred substitute cluster (1,0,0) replaces regular\nclusters (2,0,0) and (3,0,0) and groups their blocks.\n<br>\nThis attribute will only take effect when a regular cluster\ndimension has been specified. The preferred substitute cluster\ndimension must be an integer multiple greater than zero of the\nregular cluster dimension and must divide the grid. It must\nalso be no more than `maxBlocksPerCluster`, if it is set in\nthe kernel's `__launch_bounds__`. Otherwise it must be less\nthan the maximum value the driver can support. Otherwise,\nsetting this attribute to a value physically unable to fit on\nany particular device is permitted."]
+pub const cudaLaunchAttributePreferredClusterDimension: cudaLaunchAttributeID = 11;
+#[doc = "< Valid for launches. Set\n::cudaLaunchAttributeValue::launchCompletionEvent to record the\nevent.\n<br>\nNominally, the event is triggered once all blocks of the kernel\nhave begun execution. Currently this is a best effort. If a kernel\nB has a launch completion dependency on a kernel A, B may wait\nuntil A is complete. Alternatively, blocks of B may begin before\nall blocks of A have begun, for example if B can claim execution\nresources unavailable to A (e.g. they run on different GPUs) or\nif B is a higher priority than A.\nExercise caution if such an ordering inversion could lead\nto deadlock.\n<br>\nA launch completion event is nominally similar to a programmatic\nevent with \\c triggerAtBlockStart set except that it is not\nvisible to \\c cudaGridDependencySynchronize() and can be used with\ncompute capability less than 9.0.\n<br>\nThe event supplied must not be an interprocess or interop event.\nThe event must disable timing (i.e. must be created with the\n::cudaEventDisableTiming flag set)."]
+pub const cudaLaunchAttributeLaunchCompletionEvent: cudaLaunchAttributeID = 12;
+#[doc = "< Valid for graph nodes, launches. This attribute is graphs-only,\nand passing it to a launch in a non-capturing stream will result\nin an error.\n<br>\n:cudaLaunchAttributeValue::deviceUpdatableKernelNode::deviceUpdatable can\nonly be set to 0 or 1. Setting the field to 1 indicates that the\ncorresponding kernel node should be device-updatable. On success, a handle\nwill be returned via\n::cudaLaunchAttributeValue::deviceUpdatableKernelNode::devNode which can be\npassed to the various device-side update functions to update the node's\nkernel parameters from within another kernel. For more information on the\ntypes of device updates that can be made, as well as the relevant limitations\nthereof, see ::cudaGraphKernelNodeUpdatesApply.\n<br>\nNodes which are device-updatable have additional restrictions compared to\nregular kernel nodes. Firstly, device-updatable nodes cannot be removed\nfrom their graph via ::cudaGraphDestroyNode. Additionally, once opted-in\nto this functionality, a node cannot opt out, and any attempt to set the\ndeviceUpdatable attribute to 0 will result in an error. Device-updatable\nkernel nodes also cannot have their attributes copied to/from another kernel\nnode via ::cudaGraphKernelNodeCopyAttributes. Graphs containing one or more\ndevice-updatable nodes also do not allow multiple instantiation, and neither\nthe graph nor its instantiated version can be passed to ::cudaGraphExecUpdate.\n<br>\nIf a graph contains device-updatable nodes and updates those nodes from the device\nfrom within the graph, the graph must be uploaded with ::cuGraphUpload before it\nis launched. For such a graph, if host-side executable graph updates are made to the\ndevice-updatable nodes, the graph must be uploaded before it is launched again."]
+pub const cudaLaunchAttributeDeviceUpdatableKernelNode: cudaLaunchAttributeID = 13;
+#[doc = "< Valid for launches. On devices where the L1 cache and shared memory use the\nsame hardware resources, setting ::cudaLaunchAttributeValue::sharedMemCarveout\nto a percentage between 0-100 signals sets the shared memory carveout\npreference in percent of the total shared memory for that kernel launch.\nThis attribute takes precedence over ::cudaFuncAttributePreferredSharedMemoryCarveout.\nThis is only a hint, and the driver can choose a different configuration if\nrequired for the launch."]
+pub const cudaLaunchAttributePreferredSharedMemoryCarveout: cudaLaunchAttributeID = 14;
+#[doc = "< Valid for streams, graph nodes, launches. This attribute is a hint to the CUDA runtime that the\nlaunch should attempt to make the kernel maximize its NVLINK utilization.\n<br>\nWhen possible to honor this hint, CUDA will assume each block in the grid launch will carry out an even amount\nof NVLINK traffic, and make a best-effort attempt to adjust the kernel launch based on that assumption.\n<br>\nThis attribute is a hint only. CUDA makes no functional or performance guarantee. Its applicability can be\naffected by many different factors, including driver version (i.e. CUDA doesn't guarantee the performance\ncharacteristics will be maintained between driver versions or a driver update could alter or regress\npreviously observed perf characteristics.) It also doesn't guarantee a successful result, i.e. applying\nthe attribute may not improve the performance of either the targeted kernel or the encapsulating application.\n<br>\nValid values for ::cudaLaunchAttributeValue::nvlinkUtilCentricScheduling are 0 (disabled) and 1 (enabled)."]
+pub const cudaLaunchAttributeNvlinkUtilCentricScheduling: cudaLaunchAttributeID = 16;
+#[doc = " Launch attributes enum; used as id field of ::cudaLaunchAttribute"]
+pub type cudaLaunchAttributeID = ::core::ffi::c_uint;
+#[doc = " Launch attributes union; used as value field of ::cudaLaunchAttribute"]
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union cudaLaunchAttributeValue {
+    pub pad: [::core::ffi::c_char; 64usize],
+    #[doc = "< Value of launch attribute ::cudaLaunchAttributeAccessPolicyWindow."]
+    pub accessPolicyWindow: cudaAccessPolicyWindow,
+    #[doc = "< Value of launch attribute ::cudaLaunchAttributeCooperative. Nonzero indicates a cooperative\nkernel (see ::cudaLaunchCooperativeKernel)."]
+    pub cooperative: ::core::ffi::c_int,
+    #[doc = "< Value of launch attribute\n::cudaLaunchAttributeSynchronizationPolicy. ::cudaSynchronizationPolicy\nfor work queued up in this stream."]
+    pub syncPolicy: cudaSynchronizationPolicy,
+    pub clusterDim: cudaLaunchAttributeValue__bindgen_ty_1,
+    #[doc = "< Value of launch attribute\n::cudaLaunchAttributeClusterSchedulingPolicyPreference. Cluster\nscheduling policy preference for the kernel."]
+    pub clusterSchedulingPolicyPreference: cudaClusterSchedulingPolicy,
+    #[doc = "< Value of launch attribute\n::cudaLaunchAttributeProgrammaticStreamSerialization."]
+    pub programmaticStreamSerializationAllowed: ::core::ffi::c_int,
+    pub programmaticEvent: cudaLaunchAttributeValue__bindgen_ty_2,
+    #[doc = "< Value of launch attribute ::cudaLaunchAttributePriority. Execution priority of the kernel."]
+    pub priority: ::core::ffi::c_int,
+    #[doc = "< Value of launch attribute\n::cudaLaunchAttributeMemSyncDomainMap. See\n::cudaLaunchMemSyncDomainMap."]
+    pub memSyncDomainMap: cudaLaunchMemSyncDomainMap,
+    #[doc = "< Value of launch attribute ::cudaLaunchAttributeMemSyncDomain. See\n::cudaLaunchMemSyncDomain."]
+    pub memSyncDomain: cudaLaunchMemSyncDomain,
+    pub preferredClusterDim: cudaLaunchAttributeValue__bindgen_ty_3,
+    pub launchCompletionEvent: cudaLaunchAttributeValue__bindgen_ty_4,
+    pub deviceUpdatableKernelNode: cudaLaunchAttributeValue__bindgen_ty_5,
+    #[doc = "< Value of launch attribute ::cudaLaunchAttributePreferredSharedMemoryCarveout."]
+    pub sharedMemCarveout: ::core::ffi::c_uint,
+    #[doc = "< Value of launch attribute ::cudaLaunchAttributeNvlinkUtilCentricScheduling."]
+    pub nvlinkUtilCentricScheduling: ::core::ffi::c_uint,
+}
+#[doc = " Value of launch attribute ::cudaLaunchAttributeClusterDimension that\n represents the desired cluster dimensions for the kernel. Opaque type\n with the following fields:\n     - \\p x - The X dimension of the cluster, in blocks. Must be a divisor\n              of the grid X dimension.\n     - \\p y - The Y dimension of the cluster, in blocks. Must be a divisor\n              of the grid Y dimension.\n     - \\p z - The Z dimension of the cluster, in blocks. Must be a divisor\n              of the grid Z dimension."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaLaunchAttributeValue__bindgen_ty_1 {
+    pub x: ::core::ffi::c_uint,
+    pub y: ::core::ffi::c_uint,
+    pub z: ::core::ffi::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchAttributeValue__bindgen_ty_1"]
+        [::std::mem::size_of::<cudaLaunchAttributeValue__bindgen_ty_1>() - 12usize];
+    ["Alignment of cudaLaunchAttributeValue__bindgen_ty_1"]
+        [::std::mem::align_of::<cudaLaunchAttributeValue__bindgen_ty_1>() - 4usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_1::x"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_1, x) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_1::y"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_1, y) - 4usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_1::z"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_1, z) - 8usize];
+};
+#[doc = " Value of launch attribute ::cudaLaunchAttributeProgrammaticEvent\n with the following fields:\n     - \\p cudaEvent_t event - Event to fire when all blocks trigger it.\n     - \\p int flags;        - Event record flags, see ::cudaEventRecordWithFlags. Does not accept\n                               ::cudaEventRecordExternal.\n     - \\p int triggerAtBlockStart - If this is set to non-0, each block launch will automatically trigger the event."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaLaunchAttributeValue__bindgen_ty_2 {
+    pub event: cudaEvent_t,
+    pub flags: ::core::ffi::c_int,
+    pub triggerAtBlockStart: ::core::ffi::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchAttributeValue__bindgen_ty_2"]
+        [::std::mem::size_of::<cudaLaunchAttributeValue__bindgen_ty_2>() - 16usize];
+    ["Alignment of cudaLaunchAttributeValue__bindgen_ty_2"]
+        [::std::mem::align_of::<cudaLaunchAttributeValue__bindgen_ty_2>() - 8usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_2::event"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_2, event) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_2::flags"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_2, flags) - 8usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_2::triggerAtBlockStart"][::std::mem::offset_of!(
+        cudaLaunchAttributeValue__bindgen_ty_2,
+        triggerAtBlockStart
+    ) - 12usize];
+};
+impl Default for cudaLaunchAttributeValue__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Value of launch attribute ::cudaLaunchAttributePreferredClusterDimension\n that represents the desired preferred cluster dimensions for the kernel.\n Opaque type with the following fields:\n     - \\p x - The X dimension of the preferred cluster, in blocks. Must be\n              a divisor of the grid X dimension, and must be a multiple of\n              the \\p x field of ::cudaLaunchAttributeValue::clusterDim.\n     - \\p y - The Y dimension of the preferred cluster, in blocks. Must be\n              a divisor of the grid Y dimension, and must be a multiple of\n              the \\p y field of ::cudaLaunchAttributeValue::clusterDim.\n     - \\p z - The Z dimension of the preferred cluster, in blocks. Must be\n              equal to the \\p z field of ::cudaLaunchAttributeValue::clusterDim."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaLaunchAttributeValue__bindgen_ty_3 {
+    pub x: ::core::ffi::c_uint,
+    pub y: ::core::ffi::c_uint,
+    pub z: ::core::ffi::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchAttributeValue__bindgen_ty_3"]
+        [::std::mem::size_of::<cudaLaunchAttributeValue__bindgen_ty_3>() - 12usize];
+    ["Alignment of cudaLaunchAttributeValue__bindgen_ty_3"]
+        [::std::mem::align_of::<cudaLaunchAttributeValue__bindgen_ty_3>() - 4usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_3::x"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_3, x) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_3::y"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_3, y) - 4usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_3::z"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_3, z) - 8usize];
+};
+#[doc = " Value of launch attribute ::cudaLaunchAttributeLaunchCompletionEvent\n with the following fields:\n     - \\p cudaEvent_t event - Event to fire when the last block launches.\n     - \\p int flags - Event record flags, see ::cudaEventRecordWithFlags. Does not accept\n                   ::cudaEventRecordExternal."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaLaunchAttributeValue__bindgen_ty_4 {
+    pub event: cudaEvent_t,
+    pub flags: ::core::ffi::c_int,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchAttributeValue__bindgen_ty_4"]
+        [::std::mem::size_of::<cudaLaunchAttributeValue__bindgen_ty_4>() - 16usize];
+    ["Alignment of cudaLaunchAttributeValue__bindgen_ty_4"]
+        [::std::mem::align_of::<cudaLaunchAttributeValue__bindgen_ty_4>() - 8usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_4::event"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_4, event) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_4::flags"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_4, flags) - 8usize];
+};
+impl Default for cudaLaunchAttributeValue__bindgen_ty_4 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Value of launch attribute ::cudaLaunchAttributeDeviceUpdatableKernelNode\n with the following fields:\n    - \\p int deviceUpdatable - Whether or not the resulting kernel node should be device-updatable.\n    - \\p cudaGraphDeviceNode_t devNode - Returns a handle to pass to the various device-side update functions."]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaLaunchAttributeValue__bindgen_ty_5 {
+    pub deviceUpdatable: ::core::ffi::c_int,
+    pub devNode: cudaGraphDeviceNode_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchAttributeValue__bindgen_ty_5"]
+        [::std::mem::size_of::<cudaLaunchAttributeValue__bindgen_ty_5>() - 16usize];
+    ["Alignment of cudaLaunchAttributeValue__bindgen_ty_5"]
+        [::std::mem::align_of::<cudaLaunchAttributeValue__bindgen_ty_5>() - 8usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_5::deviceUpdatable"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_5, deviceUpdatable) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue__bindgen_ty_5::devNode"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue__bindgen_ty_5, devNode) - 8usize];
+};
+impl Default for cudaLaunchAttributeValue__bindgen_ty_5 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchAttributeValue"]
+        [::std::mem::size_of::<cudaLaunchAttributeValue>() - 64usize];
+    ["Alignment of cudaLaunchAttributeValue"]
+        [::std::mem::align_of::<cudaLaunchAttributeValue>() - 8usize];
+    ["Offset of field: cudaLaunchAttributeValue::pad"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, pad) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::accessPolicyWindow"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, accessPolicyWindow) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::cooperative"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, cooperative) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::syncPolicy"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, syncPolicy) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::clusterDim"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, clusterDim) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::clusterSchedulingPolicyPreference"][::std::mem::offset_of!(
+        cudaLaunchAttributeValue,
+        clusterSchedulingPolicyPreference
+    ) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::programmaticStreamSerializationAllowed"][::std::mem::offset_of!(
+        cudaLaunchAttributeValue,
+        programmaticStreamSerializationAllowed
+    )
+        - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::programmaticEvent"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, programmaticEvent) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::priority"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, priority) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::memSyncDomainMap"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, memSyncDomainMap) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::memSyncDomain"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, memSyncDomain) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::preferredClusterDim"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, preferredClusterDim) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::launchCompletionEvent"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, launchCompletionEvent) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::deviceUpdatableKernelNode"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, deviceUpdatableKernelNode) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::sharedMemCarveout"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, sharedMemCarveout) - 0usize];
+    ["Offset of field: cudaLaunchAttributeValue::nvlinkUtilCentricScheduling"]
+        [::std::mem::offset_of!(cudaLaunchAttributeValue, nvlinkUtilCentricScheduling) - 0usize];
+};
+impl Default for cudaLaunchAttributeValue {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Launch attribute"]
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct cudaLaunchAttribute_st {
+    #[doc = "< Attribute to set"]
+    pub id: cudaLaunchAttributeID,
+    pub pad: [::core::ffi::c_char; 4usize],
+    #[doc = "< Value of the attribute"]
+    pub val: cudaLaunchAttributeValue,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchAttribute_st"][::std::mem::size_of::<cudaLaunchAttribute_st>() - 72usize];
+    ["Alignment of cudaLaunchAttribute_st"]
+        [::std::mem::align_of::<cudaLaunchAttribute_st>() - 8usize];
+    ["Offset of field: cudaLaunchAttribute_st::id"]
+        [::std::mem::offset_of!(cudaLaunchAttribute_st, id) - 0usize];
+    ["Offset of field: cudaLaunchAttribute_st::pad"]
+        [::std::mem::offset_of!(cudaLaunchAttribute_st, pad) - 4usize];
+    ["Offset of field: cudaLaunchAttribute_st::val"]
+        [::std::mem::offset_of!(cudaLaunchAttribute_st, val) - 8usize];
+};
+impl Default for cudaLaunchAttribute_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Launch attribute"]
+pub type cudaLaunchAttribute = cudaLaunchAttribute_st;
+#[doc = " CUDA extensible launch configuration"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaLaunchConfig_st {
+    #[doc = "< Grid dimensions"]
+    pub gridDim: dim3,
+    #[doc = "< Block dimensions"]
+    pub blockDim: dim3,
+    #[doc = "< Dynamic shared-memory size per thread block in bytes"]
+    pub dynamicSmemBytes: usize,
+    #[doc = "< Stream identifier"]
+    pub stream: cudaStream_t,
+    #[doc = "< List of attributes; nullable if ::cudaLaunchConfig_t::numAttrs == 0"]
+    pub attrs: *mut cudaLaunchAttribute,
+    #[doc = "< Number of attributes populated in ::cudaLaunchConfig_t::attrs"]
+    pub numAttrs: ::core::ffi::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaLaunchConfig_st"][::std::mem::size_of::<cudaLaunchConfig_st>() - 56usize];
+    ["Alignment of cudaLaunchConfig_st"][::std::mem::align_of::<cudaLaunchConfig_st>() - 8usize];
+    ["Offset of field: cudaLaunchConfig_st::gridDim"]
+        [::std::mem::offset_of!(cudaLaunchConfig_st, gridDim) - 0usize];
+    ["Offset of field: cudaLaunchConfig_st::blockDim"]
+        [::std::mem::offset_of!(cudaLaunchConfig_st, blockDim) - 12usize];
+    ["Offset of field: cudaLaunchConfig_st::dynamicSmemBytes"]
+        [::std::mem::offset_of!(cudaLaunchConfig_st, dynamicSmemBytes) - 24usize];
+    ["Offset of field: cudaLaunchConfig_st::stream"]
+        [::std::mem::offset_of!(cudaLaunchConfig_st, stream) - 32usize];
+    ["Offset of field: cudaLaunchConfig_st::attrs"]
+        [::std::mem::offset_of!(cudaLaunchConfig_st, attrs) - 40usize];
+    ["Offset of field: cudaLaunchConfig_st::numAttrs"]
+        [::std::mem::offset_of!(cudaLaunchConfig_st, numAttrs) - 48usize];
+};
+impl Default for cudaLaunchConfig_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA extensible launch configuration"]
+pub type cudaLaunchConfig_t = cudaLaunchConfig_st;
 #[doc = " An opaque value that represents a CUDA Surface object"]
 pub type cudaSurfaceObject_t = ::core::ffi::c_ulonglong;
 #[doc = "< Wrapping address mode"]

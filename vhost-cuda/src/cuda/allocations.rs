@@ -3,7 +3,8 @@
 //! Device pointers cross the wire as real `CUdeviceptr` values, because kernels dereference
 //! them. Every pointer the guest hands to a host-side copy, memset or free is therefore checked
 //! here first: a range must lie inside one region this session owns on that device, either an
-//! allocation of its own (`Malloc`) or a module global it looked up (`ModuleGetGlobal`).
+//! allocation of its own (`Malloc`, or `MallocAsync` from a memory pool) or a module global it
+//! looked up (`ModuleGetGlobal`).
 //! Nothing here calls the driver.
 
 use std::collections::BTreeMap;
@@ -17,6 +18,9 @@ pub(crate) const MAX_REGIONS: usize = 1 << 20;
 pub(crate) enum RegionKind {
     /// A `Malloc` allocation; `Free` releases it.
     Allocation,
+    /// A stream-ordered allocation from a memory pool (`MallocAsync`); `FreeAsync` or `Free`
+    /// releases it. Pool memory outlives a context, so a device reset frees these first.
+    StreamOrdered,
     /// A global of the module with this session handle; unloading the module removes it.
     Global { module: u64 },
 }
@@ -103,15 +107,30 @@ impl AllocationTable {
         self.insert(base, size, RegionKind::Global { module })
     }
 
-    /// True if `base` is the start of an allocation (what `Free` accepts).
+    /// Adds a stream-ordered allocation of `size` bytes at `base`.
+    pub(crate) fn insert_stream_ordered(&mut self, base: u64, size: u64) -> Result<(), TableError> {
+        self.insert(base, size, RegionKind::StreamOrdered)
+    }
+
+    /// True if `base` is the start of an allocation of either kind (what `Free` and
+    /// `FreeAsync` accept).
     pub(crate) fn is_allocation(&self, base: u64) -> bool {
         matches!(
             self.regions.get(&base),
             Some(Region {
-                kind: RegionKind::Allocation,
+                kind: RegionKind::Allocation | RegionKind::StreamOrdered,
                 ..
             })
         )
+    }
+
+    /// The bases of the stream-ordered allocations.
+    pub(crate) fn stream_ordered(&self) -> Vec<u64> {
+        self.regions
+            .iter()
+            .filter(|(_, r)| r.kind == RegionKind::StreamOrdered)
+            .map(|(&b, _)| b)
+            .collect()
     }
 
     /// Removes the allocation starting at `base`; returns its size.
@@ -233,5 +252,20 @@ mod tests {
         assert!(!t.contains(0x5000, 1));
         assert!(t.contains(0x6000, 0x10));
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn stream_ordered_allocations_are_allocations_listed_apart() {
+        let mut t = AllocationTable::default();
+        t.insert_allocation(0x1000, 0x100).unwrap();
+        t.insert_stream_ordered(0x2000, 0x100).unwrap();
+        assert_eq!(
+            t.insert_stream_ordered(0x1080, 0x10),
+            Err(TableError::Overlap)
+        );
+        assert!(t.is_allocation(0x2000) && t.contains(0x2010, 0x10));
+        assert_eq!(t.stream_ordered(), vec![0x2000]);
+        assert_eq!(t.remove_allocation(0x2000), Ok(0x100));
+        assert!(t.stream_ordered().is_empty());
     }
 }

@@ -29,8 +29,14 @@ use tracing::{debug, warn};
 
 use super::{
     array_driver::{ArrayDriverApi, ARRAY_SYMBOLS},
-    launch::LaunchConfig,
+    launch::{DriverLaunchAttr, LaunchConfig},
     status as cu_status,
+};
+
+// The driver reads `DriverLaunchAttr` arrays as `CUlaunchAttribute` arrays.
+const _: () = {
+    assert!(size_of::<DriverLaunchAttr>() == size_of::<sys::CUlaunchAttribute>());
+    assert!(align_of::<DriverLaunchAttr>() == align_of::<sys::CUlaunchAttribute>());
 };
 
 /// A driver object (context, module, function, stream, event) or pinned host pointer, as an
@@ -186,6 +192,53 @@ pub(crate) trait DriverApi: ArrayDriverApi + Send + Sync {
         params: &mut [*mut c_void],
     ) -> CuResult<()>;
 
+    /// cuLaunchKernelEx with launch attributes.
+    ///
+    /// # Safety
+    /// As for [`DriverApi::launch`].
+    unsafe fn launch_ex(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+        attrs: &[DriverLaunchAttr],
+    ) -> CuResult<()>;
+    /// cuOccupancyMaxPotentialClusterSize (`active` false) or cuOccupancyMaxActiveClusters.
+    fn occupancy_cluster(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        attrs: &[DriverLaunchAttr],
+        active: bool,
+    ) -> CuResult<i32>;
+    /// cuOccupancyAvailableDynamicSMemPerBlock.
+    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize>;
+    /// cuFuncSetCacheConfig (`config` 0..=3).
+    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()>;
+    /// cuCtxSetCacheConfig (`config` 0..=3).
+    fn ctx_set_cache_config(&self, config: u32) -> CuResult<()>;
+    /// cuCtxGetCacheConfig.
+    fn ctx_get_cache_config(&self) -> CuResult<u32>;
+
+    /// cuDeviceCanAccessPeer.
+    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool>;
+    /// cuDeviceGetP2PAttribute of attribute `attr` (1..=5).
+    fn device_p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32>;
+    /// cuCtxEnablePeerAccess (`enable`) or cuCtxDisablePeerAccess of context `peer` from the
+    /// current context.
+    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()>;
+    /// cuMemcpyPeerAsync between two contexts, on a stream of the current context.
+    fn memcpy_peer(
+        &self,
+        dst: u64,
+        dst_ctx: Raw,
+        src: u64,
+        src_ctx: Raw,
+        len: usize,
+        stream: Raw,
+    ) -> CuResult<()>;
+
     /// cuFuncGetAttribute of attribute `attr` (0..=15).
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32>;
     /// cuFuncSetAttribute.
@@ -199,6 +252,37 @@ pub(crate) trait DriverApi: ArrayDriverApi + Send + Sync {
         flags: u32,
     ) -> CuResult<i32>;
 
+    /// cuDeviceGetDefaultMemPool.
+    fn mem_pool_default(&self, dev: i32) -> CuResult<Raw>;
+    /// cuMemPoolCreate: pinned device memory on `dev`, no shareable handle types, at most
+    /// `max_size` bytes (0: the driver's default).
+    fn mem_pool_create(&self, dev: i32, max_size: usize) -> CuResult<Raw>;
+    /// cuMemPoolDestroy.
+    fn mem_pool_destroy(&self, pool: Raw) -> CuResult<()>;
+    /// cuDeviceSetMemPool.
+    fn device_set_mem_pool(&self, dev: i32, pool: Raw) -> CuResult<()>;
+    /// cuMemPoolSetAttribute of attribute `attr` (1..=8; 1..=3 take an int, the others a
+    /// 64-bit value).
+    fn mem_pool_set_attribute(&self, pool: Raw, attr: u32, value: u64) -> CuResult<()>;
+    /// cuMemPoolGetAttribute (as for `mem_pool_set_attribute`).
+    fn mem_pool_get_attribute(&self, pool: Raw, attr: u32) -> CuResult<u64>;
+    /// cuMemPoolTrimTo.
+    fn mem_pool_trim_to(&self, pool: Raw, keep: usize) -> CuResult<()>;
+    /// cuMemPoolSetAccess: (`CUdevice`, flags 0, 1 or 3) pairs.
+    fn mem_pool_set_access(&self, pool: Raw, access: &[(i32, u32)]) -> CuResult<()>;
+    /// cuMemPoolGetAccess of device `dev`.
+    fn mem_pool_get_access(&self, pool: Raw, dev: i32) -> CuResult<u32>;
+    /// cuMemAllocAsync (`pool` None) or cuMemAllocFromPoolAsync.
+    fn mem_alloc_async(&self, size: usize, pool: Option<Raw>, stream: Raw) -> CuResult<u64>;
+    /// cuMemFreeAsync.
+    fn mem_free_async(&self, ptr: u64, stream: Raw) -> CuResult<()>;
+
+    /// cuCtxGetStreamPriorityRange: (least, greatest).
+    fn stream_priority_range(&self) -> CuResult<(i32, i32)>;
+    /// cuStreamGetPriority.
+    fn stream_priority(&self, stream: Raw) -> CuResult<i32>;
+    /// cuStreamGetId.
+    fn stream_id(&self, stream: Raw) -> CuResult<u64>;
     /// cuStreamCreateWithPriority.
     fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw>;
     /// cuStreamDestroy.
@@ -279,9 +363,36 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuFuncGetParamInfo",
     "cuLaunchKernel",
     "cuLaunchCooperativeKernel",
+    "cuLaunchKernelEx",
+    "cuDeviceCanAccessPeer",
+    "cuDeviceGetP2PAttribute",
+    "cuCtxEnablePeerAccess",
+    "cuCtxDisablePeerAccess",
+    "cuMemcpyPeerAsync",
+    "cuOccupancyMaxPotentialClusterSize",
+    "cuOccupancyMaxActiveClusters",
+    "cuOccupancyAvailableDynamicSMemPerBlock",
+    "cuFuncSetCacheConfig",
+    "cuCtxSetCacheConfig",
+    "cuCtxGetCacheConfig",
     "cuFuncGetAttribute",
     "cuFuncSetAttribute",
     "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+    "cuDeviceGetDefaultMemPool",
+    "cuMemPoolCreate",
+    "cuMemPoolDestroy",
+    "cuDeviceSetMemPool",
+    "cuMemPoolSetAttribute",
+    "cuMemPoolGetAttribute",
+    "cuMemPoolTrimTo",
+    "cuMemPoolSetAccess",
+    "cuMemPoolGetAccess",
+    "cuMemAllocAsync",
+    "cuMemAllocFromPoolAsync",
+    "cuMemFreeAsync",
+    "cuCtxGetStreamPriorityRange",
+    "cuStreamGetPriority",
+    "cuStreamGetId",
     "cuStreamCreateWithPriority",
     "cuStreamDestroy_v2",
     "cuStreamSynchronize",
@@ -641,6 +752,123 @@ impl DriverApi for CudaDriver {
         unsafe { launch_on(func, cfg, stream, params, true) }
     }
 
+    unsafe fn launch_ex(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+        attrs: &[DriverLaunchAttr],
+    ) -> CuResult<()> {
+        let config = launch_config(cfg, stream, attrs)?;
+        let p = if params.is_empty() {
+            null_mut()
+        } else {
+            params.as_mut_ptr()
+        };
+        // SAFETY: see the impl comment; `config` points at `attrs`, which have the driver's
+        // layout (checked at compile time above) and outlive the call; `p` holds one readable
+        // pointer per parameter (caller contract); the driver copies everything before
+        // returning.
+        check(unsafe { sys::cuLaunchKernelEx(&config, ptr(func), p, null_mut()) })
+    }
+
+    fn occupancy_cluster(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        attrs: &[DriverLaunchAttr],
+        active: bool,
+    ) -> CuResult<i32> {
+        let config = launch_config(cfg, NULL_STREAM, attrs)?;
+        let mut n: c_int = 0;
+        // SAFETY: see the impl comment and `launch_ex`; the driver only reads `config`.
+        check(unsafe {
+            if active {
+                sys::cuOccupancyMaxActiveClusters(&mut n, ptr(func), &config)
+            } else {
+                sys::cuOccupancyMaxPotentialClusterSize(&mut n, ptr(func), &config)
+            }
+        })?;
+        Ok(n)
+    }
+
+    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize> {
+        let mut n = 0usize;
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuOccupancyAvailableDynamicSMemPerBlock(&mut n, ptr(func), blocks, block)
+        })?;
+        Ok(n)
+    }
+
+    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool> {
+        let mut v: c_int = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceCanAccessPeer(&mut v, dev, peer) })?;
+        Ok(v != 0)
+    }
+
+    fn device_p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32> {
+        use sys::CUdevice_P2PAttribute as P;
+        let a = match attr {
+            1 => P::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK,
+            2 => P::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED,
+            3 => P::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+            4 => P::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED,
+            5 => P::CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED,
+            _ => return Err(CuError::INVALID_VALUE),
+        };
+        let mut v: c_int = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, src, dst) })?;
+        Ok(v)
+    }
+
+    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()> {
+        // SAFETY: see the impl comment; `peer` is a live context of the session.
+        check(unsafe {
+            if enable {
+                sys::cuCtxEnablePeerAccess(ptr(peer), 0)
+            } else {
+                sys::cuCtxDisablePeerAccess(ptr(peer))
+            }
+        })
+    }
+
+    fn memcpy_peer(
+        &self,
+        dst: u64,
+        dst_ctx: Raw,
+        src: u64,
+        src_ctx: Raw,
+        len: usize,
+        stream: Raw,
+    ) -> CuResult<()> {
+        // SAFETY: see the impl comment; both ranges were checked against the session's tables
+        // of their devices, and both contexts are the session's.
+        check(unsafe {
+            sys::cuMemcpyPeerAsync(dst, ptr(dst_ctx), src, ptr(src_ctx), len, ptr(stream))
+        })
+    }
+
+    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuFuncSetCacheConfig(ptr(func), func_cache(config)?) })
+    }
+
+    fn ctx_set_cache_config(&self, config: u32) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxSetCacheConfig(func_cache(config)?) })
+    }
+
+    fn ctx_get_cache_config(&self) -> CuResult<u32> {
+        let mut c = sys::CUfunc_cache::CU_FUNC_CACHE_PREFER_NONE;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxGetCacheConfig(&mut c) })?;
+        Ok(c as u32)
+    }
+
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
         let mut v: c_int = 0;
         // SAFETY: see the impl comment; `func` is a live function of the session's module.
@@ -672,6 +900,129 @@ impl DriverApi for CudaDriver {
             )
         })?;
         Ok(n)
+    }
+
+    fn mem_pool_default(&self, dev: i32) -> CuResult<Raw> {
+        let mut p: sys::CUmemoryPool = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut p, dev) })?;
+        Ok(p as Raw)
+    }
+
+    fn mem_pool_create(&self, dev: i32, max_size: usize) -> CuResult<Raw> {
+        // SAFETY: an all-zero CUmemPoolProps is a valid value (no pointers are followed).
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        props.location = mem_location(dev);
+        props.maxSize = max_size;
+        let mut p: sys::CUmemoryPool = null_mut();
+        // SAFETY: see the impl comment; `props` is fully initialised.
+        check(unsafe { sys::cuMemPoolCreate(&mut p, &props) })?;
+        Ok(p as Raw)
+    }
+
+    fn mem_pool_destroy(&self, pool: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemPoolDestroy(ptr(pool)) })
+    }
+
+    fn device_set_mem_pool(&self, dev: i32, pool: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuDeviceSetMemPool(dev, ptr(pool)) })
+    }
+
+    fn mem_pool_set_attribute(&self, pool: Raw, attr: u32, value: u64) -> CuResult<()> {
+        let a = pool_attr(attr)?;
+        if attr <= 3 {
+            let mut v = c_int::from(value != 0);
+            // SAFETY: see the impl comment; the int attributes take a pointer to an int.
+            return check(unsafe {
+                sys::cuMemPoolSetAttribute(ptr(pool), a, (&mut v as *mut c_int).cast())
+            });
+        }
+        let mut v: u64 = value;
+        // SAFETY: see the impl comment; the other attributes take a pointer to a cuuint64_t.
+        check(unsafe { sys::cuMemPoolSetAttribute(ptr(pool), a, (&mut v as *mut u64).cast()) })
+    }
+
+    fn mem_pool_get_attribute(&self, pool: Raw, attr: u32) -> CuResult<u64> {
+        let a = pool_attr(attr)?;
+        if attr <= 3 {
+            let mut v: c_int = 0;
+            // SAFETY: as in `mem_pool_set_attribute`.
+            check(unsafe {
+                sys::cuMemPoolGetAttribute(ptr(pool), a, (&mut v as *mut c_int).cast())
+            })?;
+            return Ok(u64::from(v != 0));
+        }
+        let mut v: u64 = 0;
+        // SAFETY: as in `mem_pool_set_attribute`.
+        check(unsafe { sys::cuMemPoolGetAttribute(ptr(pool), a, (&mut v as *mut u64).cast()) })?;
+        Ok(v)
+    }
+
+    fn mem_pool_trim_to(&self, pool: Raw, keep: usize) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemPoolTrimTo(ptr(pool), keep) })
+    }
+
+    fn mem_pool_set_access(&self, pool: Raw, access: &[(i32, u32)]) -> CuResult<()> {
+        let mut descs = Vec::with_capacity(access.len());
+        for &(dev, flags) in access {
+            descs.push(sys::CUmemAccessDesc {
+                location: mem_location(dev),
+                flags: access_flags(flags)?,
+            });
+        }
+        // SAFETY: see the impl comment; `descs` holds `descs.len()` initialised descriptors.
+        check(unsafe { sys::cuMemPoolSetAccess(ptr(pool), descs.as_ptr(), descs.len()) })
+    }
+
+    fn mem_pool_get_access(&self, pool: Raw, dev: i32) -> CuResult<u32> {
+        let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        let mut location = mem_location(dev);
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemPoolGetAccess(&mut flags, ptr(pool), &mut location) })?;
+        Ok(flags as u32)
+    }
+
+    fn mem_alloc_async(&self, size: usize, pool: Option<Raw>, stream: Raw) -> CuResult<u64> {
+        let mut p: sys::CUdeviceptr = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            match pool {
+                None => sys::cuMemAllocAsync(&mut p, size, ptr(stream)),
+                Some(pool) => sys::cuMemAllocFromPoolAsync(&mut p, size, ptr(pool), ptr(stream)),
+            }
+        })?;
+        Ok(p)
+    }
+
+    fn mem_free_async(&self, p: u64, stream: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment; the pointer is an allocation of the session.
+        check(unsafe { sys::cuMemFreeAsync(p, ptr(stream)) })
+    }
+
+    fn stream_priority_range(&self) -> CuResult<(i32, i32)> {
+        let (mut least, mut greatest): (c_int, c_int) = (0, 0);
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) })?;
+        Ok((least, greatest))
+    }
+
+    fn stream_priority(&self, stream: Raw) -> CuResult<i32> {
+        let mut p: c_int = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamGetPriority(ptr(stream), &mut p) })?;
+        Ok(p)
+    }
+
+    fn stream_id(&self, stream: Raw) -> CuResult<u64> {
+        let mut id: std::ffi::c_ulonglong = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamGetId(ptr(stream), &mut id) })?;
+        Ok(id)
     }
 
     fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw> {
@@ -810,6 +1161,76 @@ fn func_attr(attr: i32) -> CuResult<sys::CUfunction_attribute> {
     })
 }
 
+/// The `CUlaunchConfig` of a launch with attributes `attrs`.
+fn launch_config(
+    cfg: &LaunchConfig,
+    stream: Raw,
+    attrs: &[DriverLaunchAttr],
+) -> CuResult<sys::CUlaunchConfig> {
+    let [gx, gy, gz] = cfg.grid;
+    let [bx, by, bz] = cfg.block;
+    Ok(sys::CUlaunchConfig {
+        gridDimX: gx,
+        gridDimY: gy,
+        gridDimZ: gz,
+        blockDimX: bx,
+        blockDimY: by,
+        blockDimZ: bz,
+        sharedMemBytes: cfg.shared_mem,
+        hStream: ptr(stream),
+        // The driver only reads the array (const in cuda.h's documentation of the config).
+        attrs: attrs.as_ptr().cast_mut().cast(),
+        numAttrs: u32::try_from(attrs.len()).map_err(|_| CuError::INVALID_VALUE)?,
+    })
+}
+
+/// The `CUfunc_cache` with value `config` (0..=3, the runtime's `cudaFuncCache` values).
+fn func_cache(config: u32) -> CuResult<sys::CUfunc_cache> {
+    use sys::CUfunc_cache as C;
+    Ok(match config {
+        0 => C::CU_FUNC_CACHE_PREFER_NONE,
+        1 => C::CU_FUNC_CACHE_PREFER_SHARED,
+        2 => C::CU_FUNC_CACHE_PREFER_L1,
+        3 => C::CU_FUNC_CACHE_PREFER_EQUAL,
+        _ => return Err(CuError::INVALID_VALUE),
+    })
+}
+
+/// The location of device `dev` (a `CUdevice`).
+fn mem_location(dev: i32) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: dev,
+    }
+}
+
+/// The `CUmemAccess_flags` with value `flags` (0, 1 or 3).
+fn access_flags(flags: u32) -> CuResult<sys::CUmemAccess_flags> {
+    use sys::CUmemAccess_flags as F;
+    Ok(match flags {
+        0 => F::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+        1 => F::CU_MEM_ACCESS_FLAGS_PROT_READ,
+        3 => F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        _ => return Err(CuError::INVALID_VALUE),
+    })
+}
+
+/// The `CUmemPool_attribute` with id `attr` (1..=8, the runtime's `cudaMemPoolAttr` values).
+fn pool_attr(attr: u32) -> CuResult<sys::CUmemPool_attribute> {
+    use sys::CUmemPool_attribute as A;
+    Ok(match attr {
+        1 => A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+        2 => A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+        3 => A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+        4 => A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+        5 => A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        6 => A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        7 => A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        8 => A::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        _ => return Err(CuError::INVALID_VALUE),
+    })
+}
+
 /// The `CUlimit` the runtime's `cudaLimit` values 0..=6 name (the same numbers).
 fn cu_limit(limit: u32) -> CuResult<sys::CUlimit> {
     use sys::CUlimit as L;
@@ -875,6 +1296,91 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn func_attribute(&self, _: Raw, _: i32) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_default(&self, _: i32) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn launch_ex(
+        &self,
+        _: Raw,
+        _: &LaunchConfig,
+        _: Raw,
+        _: &mut [*mut c_void],
+        _: &[DriverLaunchAttr],
+    ) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn occupancy_cluster(
+        &self,
+        _: Raw,
+        _: &LaunchConfig,
+        _: &[DriverLaunchAttr],
+        _: bool,
+    ) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn occupancy_available_smem(&self, _: Raw, _: i32, _: i32) -> CuResult<usize> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn func_set_cache_config(&self, _: Raw, _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_can_access_peer(&self, _: i32, _: i32) -> CuResult<bool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_p2p_attribute(&self, _: u32, _: i32, _: i32) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_peer_access(&self, _: Raw, _: bool) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memcpy_peer(&self, _: u64, _: Raw, _: u64, _: Raw, _: usize, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_set_cache_config(&self, _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_get_cache_config(&self) -> CuResult<u32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_create(&self, _: i32, _: usize) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_destroy(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn device_set_mem_pool(&self, _: i32, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_set_attribute(&self, _: Raw, _: u32, _: u64) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_get_attribute(&self, _: Raw, _: u32) -> CuResult<u64> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_trim_to(&self, _: Raw, _: usize) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_set_access(&self, _: Raw, _: &[(i32, u32)]) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_get_access(&self, _: Raw, _: i32) -> CuResult<u32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_alloc_async(&self, _: usize, _: Option<Raw>, _: Raw) -> CuResult<u64> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_free_async(&self, _: u64, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_priority_range(&self) -> CuResult<(i32, i32)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_priority(&self, _: Raw) -> CuResult<i32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_id(&self, _: Raw) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn func_set_attribute(&self, _: Raw, _: i32, _: i32) -> CuResult<()> {

@@ -12,7 +12,7 @@ use std::{
 
 use super::{
     driver::{CuError, CuResult, DriverApi, HostFn, Raw},
-    launch::LaunchConfig,
+    launch::{attr, DriverLaunchAttr, LaunchConfig},
 };
 
 #[path = "fake_array_driver.rs"]
@@ -71,6 +71,41 @@ struct Ctx {
     mipmapped: HashMap<Raw, Vec<Raw>>,
     /// Texture and surface objects alive.
     objects: HashSet<u64>,
+    /// Stream priorities (clamped to `PRIORITY_RANGE`).
+    priorities: HashMap<Raw, i32>,
+    /// cuCtxSetCacheConfig.
+    cache_config: u32,
+}
+
+/// Cluster dimensions must divide the grid, as the driver checks.
+fn check_cluster(cfg: &LaunchConfig, attrs: &[DriverLaunchAttr]) -> CuResult<()> {
+    for a in attrs.iter().filter(|a| a.id == attr::CLUSTER_DIMENSION) {
+        for i in 0..3 {
+            let d = a.scalar(i);
+            if d == 0 || !cfg.grid[i].is_multiple_of(d) {
+                return Err(INVALID_VALUE);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The stream priority range the fake reports: (least, greatest), as an H100's.
+pub(crate) const PRIORITY_RANGE: (i32, i32) = (0, -5);
+
+/// A memory pool of the fake: usage figures as the driver keeps them.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FakePool {
+    dev: i32,
+    default: bool,
+    /// Attributes 1..=4 (index = id - 1).
+    settings: [u64; 4],
+    used: u64,
+    used_high: u64,
+    reserved: u64,
+    reserved_high: u64,
+    /// Access granted to other devices.
+    access: HashMap<i32, u32>,
 }
 
 #[derive(Debug, Default)]
@@ -85,6 +120,18 @@ struct State {
     fail: HashMap<&'static str, CuError>,
     /// Registered host memory (process-wide, as `CU_MEMHOSTREGISTER_PORTABLE` makes it).
     registered: BTreeMap<u64, u64>,
+    /// Memory pools (process-wide, as the driver's are).
+    pools: HashMap<Raw, FakePool>,
+    /// Device -> its default pool, once asked for.
+    default_pools: HashMap<i32, Raw>,
+    /// Device -> its current pool, when set.
+    current_pools: HashMap<i32, Raw>,
+    /// Stream-ordered allocations: pointer -> (pool, size).
+    pool_allocs: HashMap<u64, (Raw, u64)>,
+    /// (id, first value) of each attribute of the last cuLaunchKernelEx.
+    last_launch_attrs: Vec<(u32, u32)>,
+    /// Peer access enabled: (context, peer context).
+    peers: HashSet<(Raw, Raw)>,
 }
 
 impl State {
@@ -137,6 +184,40 @@ impl FakeDriver {
     /// Host ranges registered now.
     pub(crate) fn registered(&self) -> usize {
         self.st().registered.len()
+    }
+
+    /// (id, first value) of each attribute of the last cuLaunchKernelEx.
+    pub(crate) fn last_launch_attrs(&self) -> Vec<(u32, u32)> {
+        self.st().last_launch_attrs.clone()
+    }
+
+    /// Memory pools alive (default pools included).
+    pub(crate) fn live_pools(&self) -> usize {
+        self.st().pools.len()
+    }
+
+    /// Stream-ordered allocations alive.
+    pub(crate) fn pool_allocations(&self) -> usize {
+        self.st().pool_allocs.len()
+    }
+
+    /// The default pool of `dev`, made on first use.
+    fn default_pool_of(st: &mut State, dev: i32) -> Raw {
+        if let Some(&p) = st.default_pools.get(&dev) {
+            return p;
+        }
+        let p = fresh(&mut st.next);
+        st.pools.insert(
+            p,
+            FakePool {
+                dev,
+                default: true,
+                settings: [1, 1, 1, 0],
+                ..FakePool::default()
+            },
+        );
+        st.default_pools.insert(dev, p);
+        p
     }
 
     /// Makes the next call of `name` fail with `err`.
@@ -375,7 +456,15 @@ impl DriverApi for FakeDriver {
     fn mem_free(&self, ptr: u64) -> CuResult<()> {
         self.with_ctx("mem_free", |c, _| {
             c.mem.remove(&ptr).map(|_| ()).ok_or(INVALID_VALUE)
-        })
+        })?;
+        // cuMemFree also frees stream-ordered allocations (after synchronising).
+        let mut st = self.st();
+        if let Some((pool, size)) = st.pool_allocs.remove(&ptr) {
+            if let Some(p) = st.pools.get_mut(&pool) {
+                p.used -= size;
+            }
+        }
+        Ok(())
     }
 
     fn mem_alloc_host(&self, size: usize) -> CuResult<Raw> {
@@ -569,6 +658,152 @@ impl DriverApi for FakeDriver {
         unsafe { self.launch(func, cfg, stream, params) }
     }
 
+    unsafe fn launch_ex(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        stream: Raw,
+        params: &mut [*mut c_void],
+        attrs: &[DriverLaunchAttr],
+    ) -> CuResult<()> {
+        {
+            let mut st = self.enter("launch_ex")?;
+            check_cluster(cfg, attrs)?;
+            st.last_launch_attrs = attrs.iter().map(|a| (a.id, a.scalar(0))).collect();
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.launch(func, cfg, stream, params) }
+    }
+
+    fn occupancy_cluster(
+        &self,
+        func: Raw,
+        cfg: &LaunchConfig,
+        attrs: &[DriverLaunchAttr],
+        active: bool,
+    ) -> CuResult<i32> {
+        self.with_ctx("occupancy_cluster", |c, _| {
+            kernel_of(c, func)?;
+            check_cluster(cfg, attrs)?;
+            // A GPU of 132 multiprocessors and clusters of at most 8 (16 non-portable).
+            let cluster = attrs
+                .iter()
+                .find(|a| a.id == attr::CLUSTER_DIMENSION)
+                .map_or(1, |a| a.scalar(0) * a.scalar(1) * a.scalar(2));
+            Ok(if active {
+                132 / cluster.max(1) as i32
+            } else {
+                8
+            })
+        })
+    }
+
+    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize> {
+        self.with_ctx("occupancy_available_smem", |c, _| {
+            kernel_of(c, func)?;
+            if blocks < 1 || !(1..=1024).contains(&block) {
+                return Err(INVALID_VALUE);
+            }
+            Ok(228 * 1024 / blocks as usize)
+        })
+    }
+
+    fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool> {
+        let _st = self.enter("device_can_access_peer")?;
+        let gpus = 100..100 + self.gpus;
+        if !gpus.contains(&dev) || !gpus.contains(&peer) {
+            return Err(INVALID_VALUE);
+        }
+        Ok(dev != peer)
+    }
+
+    fn device_p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32> {
+        let _st = self.enter("device_p2p_attribute")?;
+        let gpus = 100..100 + self.gpus;
+        if !gpus.contains(&src) || !gpus.contains(&dst) || src == dst {
+            return Err(INVALID_VALUE);
+        }
+        match attr {
+            1 => Ok(0),
+            2..=4 => Ok(1),
+            5 => Ok(0),
+            _ => Err(INVALID_VALUE),
+        }
+    }
+
+    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()> {
+        let mut st = self.enter("ctx_peer_access")?;
+        let cur = st.cur();
+        let (a, b) = match (st.contexts.get(&cur), st.contexts.get(&peer)) {
+            (Some(a), Some(b)) => (a.dev, b.dev),
+            _ => return Err(INVALID_CONTEXT),
+        };
+        if a == b {
+            return Err(INVALID_VALUE);
+        }
+        let key = (cur, peer);
+        match (enable, st.peers.contains(&key)) {
+            (true, true) => Err(CuError(704)),
+            (false, false) => Err(CuError(705)),
+            (true, false) => {
+                st.peers.insert(key);
+                Ok(())
+            }
+            (false, true) => {
+                st.peers.remove(&key);
+                Ok(())
+            }
+        }
+    }
+
+    fn memcpy_peer(
+        &self,
+        dst: u64,
+        dst_ctx: Raw,
+        src: u64,
+        src_ctx: Raw,
+        len: usize,
+        stream: Raw,
+    ) -> CuResult<()> {
+        let mut st = self.enter("memcpy_peer")?;
+        let cur = st.cur();
+        check_stream(st.contexts.get(&cur).ok_or(INVALID_CONTEXT)?, stream)?;
+        let data = slice_mut(
+            st.contexts.get_mut(&src_ctx).ok_or(INVALID_CONTEXT)?,
+            src,
+            len,
+        )?
+        .to_vec();
+        slice_mut(
+            st.contexts.get_mut(&dst_ctx).ok_or(INVALID_CONTEXT)?,
+            dst,
+            len,
+        )?
+        .copy_from_slice(&data);
+        Ok(())
+    }
+
+    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()> {
+        self.with_ctx("func_set_cache_config", |c, _| {
+            kernel_of(c, func)?;
+            (config <= 3).then_some(()).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn ctx_set_cache_config(&self, config: u32) -> CuResult<()> {
+        self.with_ctx("ctx_set_cache_config", |c, _| {
+            if config > 3 {
+                return Err(INVALID_VALUE);
+            }
+            c.cache_config = config;
+            Ok(())
+        })
+    }
+
+    fn ctx_get_cache_config(&self) -> CuResult<u32> {
+        self.with_ctx("ctx_get_cache_config", |c, _| Ok(c.cache_config))
+    }
+
     fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
         self.with_ctx("func_attribute", |c, _| {
             kernel_of(c, func)?;
@@ -674,15 +909,189 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    fn stream_create(&self, flags: u32, _: i32) -> CuResult<Raw> {
+    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw> {
         self.with_ctx("stream_create", |c, next| {
             if flags > 1 {
                 return Err(INVALID_VALUE);
             }
             let s = fresh(next);
             c.streams.insert(s);
+            let (least, greatest) = PRIORITY_RANGE;
+            c.priorities.insert(s, priority.clamp(greatest, least));
             Ok(s)
         })
+    }
+
+    fn stream_priority_range(&self) -> CuResult<(i32, i32)> {
+        self.with_ctx("stream_priority_range", |_, _| Ok(PRIORITY_RANGE))
+    }
+
+    fn stream_priority(&self, stream: Raw) -> CuResult<i32> {
+        self.with_ctx("stream_priority", |c, _| {
+            check_stream(c, stream)?;
+            Ok(c.priorities.get(&stream).copied().unwrap_or(0))
+        })
+    }
+
+    fn stream_id(&self, stream: Raw) -> CuResult<u64> {
+        self.with_ctx("stream_id", |c, _| {
+            check_stream(c, stream)?;
+            Ok(stream as u64 + 1)
+        })
+    }
+
+    fn mem_pool_default(&self, dev: i32) -> CuResult<Raw> {
+        let mut st = self.enter("mem_pool_default")?;
+        if !(100..100 + self.gpus).contains(&dev) {
+            return Err(INVALID_VALUE);
+        }
+        Ok(Self::default_pool_of(&mut st, dev))
+    }
+
+    fn mem_pool_create(&self, dev: i32, _max_size: usize) -> CuResult<Raw> {
+        let mut st = self.enter("mem_pool_create")?;
+        if !(100..100 + self.gpus).contains(&dev) {
+            return Err(INVALID_VALUE);
+        }
+        let p = fresh(&mut st.next);
+        st.pools.insert(
+            p,
+            FakePool {
+                dev,
+                settings: [1, 1, 1, 0],
+                ..FakePool::default()
+            },
+        );
+        Ok(p)
+    }
+
+    fn mem_pool_destroy(&self, pool: Raw) -> CuResult<()> {
+        let mut st = self.enter("mem_pool_destroy")?;
+        match st.pools.get(&pool) {
+            Some(p) if !p.default => {}
+            _ => return Err(INVALID_VALUE),
+        }
+        st.pools.remove(&pool);
+        st.current_pools.retain(|_, p| *p != pool);
+        Ok(())
+    }
+
+    fn device_set_mem_pool(&self, dev: i32, pool: Raw) -> CuResult<()> {
+        let mut st = self.enter("device_set_mem_pool")?;
+        match st.pools.get(&pool) {
+            Some(p) if p.dev == dev => {}
+            _ => return Err(INVALID_VALUE),
+        }
+        st.current_pools.insert(dev, pool);
+        Ok(())
+    }
+
+    fn mem_pool_set_attribute(&self, pool: Raw, attr: u32, value: u64) -> CuResult<()> {
+        let mut st = self.enter("mem_pool_set_attribute")?;
+        let p = st.pools.get_mut(&pool).ok_or(INVALID_VALUE)?;
+        match attr {
+            1..=3 => p.settings[attr as usize - 1] = u64::from(value != 0),
+            4 => p.settings[3] = value,
+            6 if value == 0 => p.reserved_high = p.reserved,
+            8 if value == 0 => p.used_high = p.used,
+            _ => return Err(INVALID_VALUE),
+        }
+        Ok(())
+    }
+
+    fn mem_pool_get_attribute(&self, pool: Raw, attr: u32) -> CuResult<u64> {
+        let st = self.enter("mem_pool_get_attribute")?;
+        let p = st.pools.get(&pool).ok_or(INVALID_VALUE)?;
+        Ok(match attr {
+            1..=4 => p.settings[attr as usize - 1],
+            5 => p.reserved,
+            6 => p.reserved_high,
+            7 => p.used,
+            8 => p.used_high,
+            _ => return Err(INVALID_VALUE),
+        })
+    }
+
+    fn mem_pool_trim_to(&self, pool: Raw, keep: usize) -> CuResult<()> {
+        let mut st = self.enter("mem_pool_trim_to")?;
+        let p = st.pools.get_mut(&pool).ok_or(INVALID_VALUE)?;
+        p.reserved = p.reserved.min((keep as u64).max(p.used));
+        Ok(())
+    }
+
+    fn mem_pool_set_access(&self, pool: Raw, access: &[(i32, u32)]) -> CuResult<()> {
+        let mut st = self.enter("mem_pool_set_access")?;
+        let gpus = 100..100 + self.gpus;
+        let p = st.pools.get_mut(&pool).ok_or(INVALID_VALUE)?;
+        for &(dev, flags) in access {
+            // The owning device's access cannot be changed.
+            if !gpus.contains(&dev) || (dev == p.dev && flags != 3) {
+                return Err(INVALID_VALUE);
+            }
+            p.access.insert(dev, flags);
+        }
+        Ok(())
+    }
+
+    fn mem_pool_get_access(&self, pool: Raw, dev: i32) -> CuResult<u32> {
+        let st = self.enter("mem_pool_get_access")?;
+        let p = st.pools.get(&pool).ok_or(INVALID_VALUE)?;
+        if dev == p.dev {
+            return Ok(3);
+        }
+        Ok(p.access.get(&dev).copied().unwrap_or(0))
+    }
+
+    fn mem_alloc_async(&self, size: usize, pool: Option<Raw>, stream: Raw) -> CuResult<u64> {
+        let mut st = self.enter("mem_alloc_async")?;
+        let st = &mut *st;
+        let cur = st.cur();
+        let c = st.contexts.get(&cur).ok_or(INVALID_CONTEXT)?;
+        if let Some(e) = c.sticky {
+            return Err(e);
+        }
+        check_stream(c, stream)?;
+        let dev = c.dev;
+        let pool = match pool {
+            Some(p) => p,
+            None => match st.current_pools.get(&dev) {
+                Some(&p) => p,
+                None => Self::default_pool_of(st, dev),
+            },
+        };
+        if size == 0 || !st.pools.contains_key(&pool) {
+            return Err(INVALID_VALUE);
+        }
+        if Self::used(st, dev) + size as u64 > TOTAL_MEM {
+            return Err(OUT_OF_MEMORY);
+        }
+        let c = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;
+        let ptr = c.next_addr;
+        c.next_addr += (size as u64).div_ceil(256) * 256 + 256;
+        c.mem.insert(ptr, vec![0; size]);
+        let p = st.pools.get_mut(&pool).ok_or(INVALID_VALUE)?;
+        p.used += size as u64;
+        p.used_high = p.used_high.max(p.used);
+        p.reserved = p.reserved.max(p.used);
+        p.reserved_high = p.reserved_high.max(p.reserved);
+        st.pool_allocs.insert(ptr, (pool, size as u64));
+        Ok(ptr)
+    }
+
+    fn mem_free_async(&self, ptr: u64, stream: Raw) -> CuResult<()> {
+        let mut st = self.enter("mem_free_async")?;
+        let st = &mut *st;
+        let cur = st.cur();
+        let c = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;
+        check_stream(c, stream)?;
+        let (pool, size) = st.pool_allocs.remove(&ptr).ok_or(INVALID_VALUE)?;
+        for c in st.contexts.values_mut() {
+            c.mem.remove(&ptr);
+        }
+        if let Some(p) = st.pools.get_mut(&pool) {
+            p.used -= size;
+        }
+        Ok(())
     }
 
     fn stream_destroy(&self, stream: Raw) -> CuResult<()> {

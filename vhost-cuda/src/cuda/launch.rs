@@ -91,6 +91,108 @@ impl LaunchConfig {
     }
 }
 
+/// One launch attribute in the driver's own layout (`CUlaunchAttribute`: id, 4 bytes of
+/// padding, a 64-byte value union), built from a checked wire record.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DriverLaunchAttr {
+    /// The `CUlaunchAttributeID`.
+    pub(crate) id: u32,
+    pad: u32,
+    /// The value union, little-endian.
+    pub(crate) value: [u8; 64],
+}
+
+impl std::fmt::Debug for DriverLaunchAttr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LaunchAttr({}, {:?})", self.id, &self.value[..16])
+    }
+}
+
+/// The launch attribute ids cuLaunchKernelEx takes, by how their value is laid out.
+pub(crate) mod attr {
+    pub(crate) const IGNORE: u32 = 0;
+    pub(crate) const ACCESS_POLICY_WINDOW: u32 = 1;
+    pub(crate) const COOPERATIVE: u32 = 2;
+    pub(crate) const SYNCHRONIZATION_POLICY: u32 = 3;
+    pub(crate) const CLUSTER_DIMENSION: u32 = 4;
+    pub(crate) const CLUSTER_SCHEDULING_POLICY_PREFERENCE: u32 = 5;
+    pub(crate) const PROGRAMMATIC_STREAM_SERIALIZATION: u32 = 6;
+    pub(crate) const PROGRAMMATIC_EVENT: u32 = 7;
+    pub(crate) const PRIORITY: u32 = 8;
+    pub(crate) const MEM_SYNC_DOMAIN_MAP: u32 = 9;
+    pub(crate) const MEM_SYNC_DOMAIN: u32 = 10;
+    pub(crate) const PREFERRED_CLUSTER_DIMENSION: u32 = 11;
+    pub(crate) const LAUNCH_COMPLETION_EVENT: u32 = 12;
+    pub(crate) const PREFERRED_SHARED_MEMORY_CARVEOUT: u32 = 14;
+    pub(crate) const NVLINK_UTIL_CENTRIC_SCHEDULING: u32 = 16;
+}
+
+impl DriverLaunchAttr {
+    /// The driver's attribute for wire record `a`. `event` maps a session event handle to the
+    /// driver's event (None: unknown). Unknown ids, and the graph-only device-updatable node,
+    /// are `INVALID_VALUE`.
+    pub(crate) fn from_wire(
+        a: &qcuda_proto::LaunchAttr,
+        event: impl Fn(u64) -> Option<usize>,
+    ) -> Result<Self, u32> {
+        let mut value = [0u8; 64];
+        let mut put = |at: usize, b: &[u8]| value[at..at + b.len()].copy_from_slice(b);
+        match a.id {
+            attr::IGNORE => {}
+            attr::COOPERATIVE
+            | attr::SYNCHRONIZATION_POLICY
+            | attr::CLUSTER_SCHEDULING_POLICY_PREFERENCE
+            | attr::PROGRAMMATIC_STREAM_SERIALIZATION
+            | attr::PRIORITY
+            | attr::MEM_SYNC_DOMAIN
+            | attr::PREFERRED_SHARED_MEMORY_CARVEOUT
+            | attr::NVLINK_UTIL_CENTRIC_SCHEDULING => put(0, &a.v[0].to_le_bytes()),
+            attr::CLUSTER_DIMENSION | attr::PREFERRED_CLUSTER_DIMENSION => {
+                for (i, v) in a.v.iter().enumerate() {
+                    put(4 * i, &v.to_le_bytes());
+                }
+            }
+            attr::MEM_SYNC_DOMAIN_MAP => {
+                let (d, r) = (u8::try_from(a.v[0]), u8::try_from(a.v[1]));
+                let (Ok(d), Ok(r)) = (d, r) else {
+                    return Err(status::INVALID_VALUE);
+                };
+                put(0, &[d, r]);
+            }
+            attr::PROGRAMMATIC_EVENT | attr::LAUNCH_COMPLETION_EVENT => {
+                let e = event(a.w[0]).ok_or(status::INVALID_RESOURCE_HANDLE)?;
+                put(0, &(e as u64).to_le_bytes());
+                put(8, &a.v[0].to_le_bytes());
+                if a.id == attr::PROGRAMMATIC_EVENT {
+                    put(12, &a.v[1].to_le_bytes());
+                }
+            }
+            attr::ACCESS_POLICY_WINDOW => {
+                // A cache hint over an address range; the driver never dereferences it.
+                put(0, &a.w[0].to_le_bytes());
+                put(8, &a.w[1].to_le_bytes());
+                put(16, &a.v[0].to_le_bytes());
+                put(20, &a.v[1].to_le_bytes());
+                put(24, &a.v[2].to_le_bytes());
+            }
+            _ => return Err(status::INVALID_VALUE),
+        }
+        Ok(Self {
+            id: a.id,
+            pad: 0,
+            value,
+        })
+    }
+
+    /// The 32-bit value at `index` (scalars: 0; cluster dimensions: 0..3).
+    #[cfg(test)]
+    pub(crate) fn scalar(&self, index: usize) -> u32 {
+        let b = &self.value[4 * index..4 * index + 4];
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
 /// Where a kernel's parameters sit in its parameter block.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct ParamLayout {

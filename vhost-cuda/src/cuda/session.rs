@@ -18,9 +18,9 @@
 use std::{ffi::CString, sync::Arc};
 
 use qcuda_proto::{
-    status, BatchRecord, Direction, Op, RequestHeader, ResponseHeader, BATCH_RECORD_SIZE,
-    FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, LAUNCH_COOPERATIVE, PARAM_INFO_SIZE,
-    RESP_FLAG_STICKY,
+    status, BatchRecord, Direction, LaunchAttr, Op, RequestHeader, ResponseHeader,
+    BATCH_RECORD_SIZE, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, LAUNCH_ATTR_SIZE,
+    LAUNCH_COOPERATIVE, MAX_LAUNCH_ATTRS, PARAM_INFO_SIZE, RESP_FLAG_STICKY,
 };
 use tracing::{debug, warn};
 
@@ -33,7 +33,7 @@ use super::{
     host::CudaHost,
     host_functions::{trampoline, HostFunctions, LinkAttacher},
     host_mappings::{self, HostMappings, MapError},
-    launch::{LaunchConfig, ParamLayout},
+    launch::{DriverLaunchAttr, LaunchConfig, ParamLayout},
     module_image::ModuleImage,
     status::{cuda_name, is_sticky},
 };
@@ -50,6 +50,12 @@ const MAX_FUNCTIONS: usize = 1 << 16;
 const MAX_STREAMS: usize = 1 << 14;
 /// Most events a session may hold.
 const MAX_EVENTS: usize = 1 << 16;
+/// Most memory pools a session may hold (default pools included).
+const MAX_POOLS: usize = 1024;
+/// Most access descriptors one MemPoolSetAccess may carry.
+const MAX_POOL_ACCESS: usize = 64;
+/// The `cudaMemPoolAttr` ids (1..=8); 5 and 7 (current reserved and used memory) are read-only.
+const POOL_ATTRS: std::ops::RangeInclusive<u64> = 1..=8;
 /// Longest kernel or variable name.
 const MAX_NAME_LEN: usize = 4096;
 /// Most attributes one DeviceAttributes op may ask for.
@@ -154,12 +160,46 @@ fn priority(arg: u64) -> Result<i32, Fault> {
     i32::try_from(arg as i64).map_err(|_| status::INVALID_VALUE.into())
 }
 
+/// A `cudaFuncCache` value (0..=3).
+fn cache_config(arg: u64) -> Result<u32, Fault> {
+    u32::try_from(arg)
+        .ok()
+        .filter(|c| *c <= 3)
+        .ok_or(Fault::Status(status::INVALID_VALUE))
+}
+
+/// The launch attributes of a buffer of `LaunchAttr` records (at most `MAX_LAUNCH_ATTRS`),
+/// events mapped to the session's events on `dev`.
+fn launch_attrs(
+    buf: &GuestBuffer,
+    events: &HandleTable<EventEntry>,
+    dev: usize,
+) -> Result<Vec<DriverLaunchAttr>, Fault> {
+    let len = buf.len();
+    if !len.is_multiple_of(LAUNCH_ATTR_SIZE) || len / LAUNCH_ATTR_SIZE > MAX_LAUNCH_ATTRS {
+        return Err(status::INVALID_VALUE.into());
+    }
+    let bytes = buf.to_vec().map_err(|_| status::INVALID_VALUE)?;
+    let event = |h: u64| events.get(h).filter(|e| e.dev == dev).map(|e| e.raw);
+    bytes
+        .chunks_exact(LAUNCH_ATTR_SIZE)
+        .map(|rec| {
+            let a = LaunchAttr::decode(rec).map_err(|_| status::INVALID_VALUE)?;
+            DriverLaunchAttr::from_wire(&a, event).map_err(Fault::Status)
+        })
+        .collect()
+}
+
 /// The CUDA context of a session on one device, with what lives in it.
 #[derive(Debug)]
 struct DeviceContext {
     ctx: Raw,
     memory: AllocationTable,
     staging: StagingState,
+    /// The session's handle of the device's default memory pool, once asked for.
+    default_pool: Option<u64>,
+    /// The pool `DeviceSetMemPool` made current; `None`: the default pool.
+    current_pool: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -191,6 +231,14 @@ struct StreamEntry {
 }
 
 #[derive(Debug)]
+struct PoolEntry {
+    dev: usize,
+    raw: Raw,
+    /// The device's default pool (never destroyed by the session).
+    default: bool,
+}
+
+#[derive(Debug)]
 struct EventEntry {
     dev: usize,
     raw: Raw,
@@ -209,6 +257,7 @@ pub struct CudaSession {
     functions: HandleTable<FunctionEntry>,
     streams: HandleTable<StreamEntry>,
     events: HandleTable<EventEntry>,
+    pools: HandleTable<PoolEntry>,
     /// Guest memory mapped into this process and registered (`HostMap`).
     host_memory: HostMappings,
     /// Host functions: the link to the guest's host-function thread.
@@ -228,6 +277,7 @@ impl std::fmt::Debug for CudaSession {
             .field("modules", &self.modules.len())
             .field("streams", &self.streams.len())
             .field("events", &self.events.len())
+            .field("pools", &self.pools.len())
             .field("host_mappings", &self.host_memory.len())
             .finish()
     }
@@ -247,6 +297,7 @@ impl CudaSession {
             functions: HandleTable::new(MAX_FUNCTIONS),
             streams: HandleTable::new(MAX_STREAMS),
             events: HandleTable::new(MAX_EVENTS),
+            pools: HandleTable::new(MAX_POOLS),
             host_memory: HostMappings::default(),
             host_functions: HostFunctions::default(),
             captured_calls: Vec::new(),
@@ -333,7 +384,37 @@ impl CudaSession {
             Op::ModuleUnload => self.module_unload(args[0]),
             Op::ModuleGetFunction => self.module_get_function(req),
             Op::ModuleGetGlobal => self.module_get_global(req),
-            Op::LaunchKernel => self.launch_kernel(req),
+            Op::LaunchKernel | Op::LaunchKernelEx => self.launch_kernel(req),
+            Op::OccupancyCluster => self.occupancy_cluster(req),
+            Op::OccupancyAvailableDynamicSMem => {
+                let (dev, raw) = self.function(args[0])?;
+                let blocks = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
+                let block = i32::try_from(args[2]).map_err(|_| status::INVALID_VALUE)?;
+                let n = self
+                    .drv
+                    .occupancy_available_smem(raw, blocks, block)
+                    .map_err(on(dev))?;
+                ok_rets(&[n as u64])
+            }
+            Op::FuncSetCacheConfig => {
+                let (dev, raw) = self.function(args[0])?;
+                let config = cache_config(args[1])?;
+                self.drv
+                    .func_set_cache_config(raw, config)
+                    .map_err(on(dev))?;
+                ok()
+            }
+            Op::DeviceSetCacheConfig => {
+                let config = cache_config(args[0])?;
+                let dev = self.bind_new(req)?;
+                self.drv.ctx_set_cache_config(config).map_err(on(dev))?;
+                ok()
+            }
+            Op::DeviceGetCacheConfig => {
+                let dev = self.bind_new(req)?;
+                let c = self.drv.ctx_get_cache_config().map_err(on(dev))?;
+                ok_rets(&[u64::from(c)])
+            }
             Op::FuncAttributes => self.func_attributes(req),
             Op::FuncSetAttribute => self.func_set_attribute(args),
             Op::OccupancyMaxActiveBlocks => self.occupancy(args),
@@ -341,6 +422,72 @@ impl CudaSession {
             Op::StreamDestroy => self.stream_destroy(args[0]),
             Op::StreamSynchronize | Op::StreamQuery => self.stream_wait(req),
             Op::StreamWaitEvent => self.stream_wait_event(args),
+            Op::StreamPriorityRange => {
+                let dev = self.bind_new(req)?;
+                let (least, greatest) = self.drv.stream_priority_range().map_err(on(dev))?;
+                ok_rets(&[u64::from(least as u32), u64::from(greatest as u32)])
+            }
+            Op::StreamGetId => {
+                let dev = self.bind_new(req)?;
+                let stream = self.stream_on(args[0], dev)?;
+                let id = self.drv.stream_id(stream).map_err(on(dev))?;
+                ok_rets(&[id])
+            }
+            Op::DeviceGetDefaultMemPool => {
+                let dev = self.bind_new(req)?;
+                ok_rets(&[self.default_pool(dev)?])
+            }
+            Op::DeviceGetMemPool => {
+                let dev = self.bind_new(req)?;
+                let current = self.context(dev)?.current_pool;
+                match current {
+                    Some(h) => ok_rets(&[h]),
+                    None => ok_rets(&[self.default_pool(dev)?]),
+                }
+            }
+            Op::DeviceSetMemPool => self.device_set_mem_pool(req),
+            Op::MemPoolCreate => self.mem_pool_create(req),
+            Op::MemPoolDestroy => self.mem_pool_destroy(args[0]),
+            Op::MemPoolSetAttribute | Op::MemPoolGetAttribute => self.mem_pool_attribute(req),
+            Op::MemPoolTrimTo => {
+                let (dev, raw) = self.pool(args[0])?;
+                self.drv
+                    .mem_pool_trim_to(raw, to_usize(args[1])?)
+                    .map_err(on(dev))?;
+                ok()
+            }
+            Op::MemPoolSetAccess => self.mem_pool_set_access(req),
+            Op::MemPoolGetAccess => {
+                let (dev, raw) = self.pool(args[0])?;
+                let gpu = self.gpu_of(args[1])?;
+                let flags = self.drv.mem_pool_get_access(raw, gpu).map_err(on(dev))?;
+                ok_rets(&[u64::from(flags)])
+            }
+            Op::DeviceCanAccessPeer => {
+                let (a, b) = (self.gpu_of(args[0])?, self.gpu_of(args[1])?);
+                let dev = args[0] as usize;
+                // A device is not its own peer.
+                let can = a != b && self.drv.device_can_access_peer(a, b).map_err(on(dev))?;
+                ok_rets(&[u64::from(can)])
+            }
+            Op::DeviceP2PAttribute => {
+                if !(1..=5).contains(&args[0]) {
+                    return Err(status::INVALID_VALUE.into());
+                }
+                let (src, dst) = (self.gpu_of(args[1])?, self.gpu_of(args[2])?);
+                if src == dst {
+                    return Err(status::INVALID_DEVICE.into());
+                }
+                let v = self
+                    .drv
+                    .device_p2p_attribute(args[0] as u32, src, dst)
+                    .map_err(on(args[1] as usize))?;
+                ok_rets(&[u64::from(v as u32)])
+            }
+            Op::PeerAccess => self.peer_access(req),
+            Op::MemcpyPeer => self.memcpy_peer(req),
+            Op::MallocAsync => self.malloc_async(req),
+            Op::FreeAsync => self.free_async(req),
             Op::EventCreate => self.event_create(req),
             Op::EventDestroy => self.event_destroy(args[0]),
             Op::EventRecord => self.event_record(args),
@@ -413,6 +560,8 @@ impl CudaSession {
                 ctx,
                 memory: AllocationTable::default(),
                 staging: StagingState::NotYet,
+                default_pool: None,
+                current_pool: None,
             });
         }
         let c = slot.as_mut().ok_or(Fault::Status(status::UNKNOWN))?;
@@ -481,6 +630,7 @@ impl CudaSession {
                 let _ = drv.mem_host_unregister(m.local);
             });
         }
+        self.release_pools(dev);
         let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
             return;
         };
@@ -493,6 +643,335 @@ impl CudaSession {
         self.streams.retain(|s| s.dev != dev);
         self.events.retain(|e| e.dev != dev);
         self.arrays.forget_device(dev);
+        self.pools.retain(|p| p.dev != dev);
+    }
+
+    /// Pool memory belongs to its pool, not to a context, so destroying the context does not
+    /// free it: frees the session's stream-ordered allocations on `dev`, destroys the pools it
+    /// created there, trims the default pool and makes it current again. Best effort (a
+    /// corrupted context has nothing left to run, and the worker's exit frees the rest).
+    fn release_pools(&mut self, dev: usize) {
+        if self.host.sticky_error().is_some() || !matches!(self.devices.get(dev), Some(Some(_))) {
+            return;
+        }
+        if self.bind(dev).is_err() {
+            return;
+        }
+        let drv = Arc::clone(&self.drv);
+        let Ok(c) = self.context(dev) else {
+            return;
+        };
+        let pending = c.memory.stream_ordered();
+        let touched = !pending.is_empty() || c.default_pool.is_some();
+        for ptr in pending {
+            let _ = drv.mem_free_async(ptr, NULL_STREAM);
+            let _ = c.memory.remove_allocation(ptr);
+        }
+        let _ = drv.ctx_synchronize();
+        let mut default = None;
+        let mut created = Vec::new();
+        self.pools.retain(|p| {
+            if p.dev == dev {
+                if p.default {
+                    default = Some(p.raw);
+                } else {
+                    created.push(p.raw);
+                }
+            }
+            true
+        });
+        let gpu = self.host.gpus.get(dev).map(|g| g.dev);
+        if let (Some(raw), Some(gpu)) = (default, gpu) {
+            let _ = drv.device_set_mem_pool(gpu, raw);
+        }
+        for raw in created {
+            let _ = drv.mem_pool_destroy(raw);
+        }
+        if touched {
+            if let Some(raw) = default {
+                let _ = drv.mem_pool_trim_to(raw, 0);
+            }
+        }
+    }
+
+    /// The `CUdevice` of guest device ordinal `ordinal` (an argument, not the header's).
+    fn gpu_of(&self, ordinal: u64) -> Result<i32, Fault> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|d| self.host.gpus.get(d))
+            .map(|g| g.dev)
+            .ok_or(Fault::Status(status::INVALID_DEVICE))
+    }
+
+    // ----- several GPUs -----------------------------------------------------------------
+
+    /// `PeerAccess`: the context on the request's device gains or loses access to the
+    /// session's context on device args[0] (created if needed).
+    fn peer_access(&mut self, req: &Request) -> OpResult {
+        let [peer, enable, flags, ..] = req.header.args;
+        let dev = self.device(req)?;
+        self.gpu_of(peer)?;
+        let peer = peer as usize;
+        if peer == dev {
+            return Err(status::INVALID_DEVICE.into());
+        }
+        if flags != 0 || enable > 1 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        // As the runtime documents: a pair that cannot access each other is an invalid device.
+        let (a, b) = (self.gpu_of(dev as u64)?, self.gpu_of(peer as u64)?);
+        if enable == 1 && !self.drv.device_can_access_peer(a, b).map_err(on(dev))? {
+            return Err(status::INVALID_DEVICE.into());
+        }
+        let peer_ctx = self.bind(peer)?.ctx;
+        self.bind(dev)?;
+        self.drv
+            .ctx_peer_access(peer_ctx, enable == 1)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    /// `MemcpyPeer`: both ranges checked on their own devices; `cuMemcpyPeerAsync` on the
+    /// stream of the request's device.
+    fn memcpy_peer(&mut self, req: &Request) -> OpResult {
+        let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header.args;
+        let dev = self.device(req)?;
+        self.gpu_of(dst_dev)?;
+        self.gpu_of(src_dev)?;
+        let (dst_dev, src_dev) = (dst_dev as usize, src_dev as usize);
+        let dst_ctx = self.bind(dst_dev)?.ctx;
+        let src_ctx = self.bind(src_dev)?.ctx;
+        self.bind(dev)?;
+        let stream = self.stream_on(stream, dev)?;
+        if size == 0 {
+            return ok();
+        }
+        self.check_range(dst_dev, dst, size)?;
+        self.check_range(src_dev, src, size)?;
+        self.drv
+            .memcpy_peer(dst, dst_ctx, src, src_ctx, to_usize(size)?, stream)
+            .map_err(on(dev))?;
+        if req.header.flags & FLAG_ASYNC == 0 {
+            self.drv.stream_synchronize(stream).map_err(on(dev))?;
+        }
+        ok()
+    }
+
+    // ----- memory pools -----------------------------------------------------------------
+
+    /// The session's handle of the default pool of `dev` (context bound), made on first use.
+    fn default_pool(&mut self, dev: usize) -> Result<u64, Fault> {
+        if let Some(h) = self.context(dev)?.default_pool {
+            return Ok(h);
+        }
+        let gpu = self.gpu_of(dev as u64)?;
+        if !self.pools.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let raw = self.drv.mem_pool_default(gpu).map_err(on(dev))?;
+        let h = self
+            .pools
+            .insert(
+                &mut self.ids,
+                PoolEntry {
+                    dev,
+                    raw,
+                    default: true,
+                },
+            )
+            .ok_or(status::MEMORY_ALLOCATION)?;
+        self.context(dev)?.default_pool = Some(h);
+        Ok(h)
+    }
+
+    /// A pool of the session, the context of its device bound.
+    fn pool(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+        let (dev, raw) = match self.pools.get(handle) {
+            Some(p) => (p.dev, p.raw),
+            None => return Err(status::INVALID_VALUE.into()),
+        };
+        self.bind(dev)?;
+        Ok((dev, raw))
+    }
+
+    fn device_set_mem_pool(&mut self, req: &Request) -> OpResult {
+        let dev = self.bind_new(req)?;
+        let handle = req.header.args[0];
+        let (pool_dev, raw, default) = match self.pools.get(handle) {
+            Some(p) => (p.dev, p.raw, p.default),
+            None => return Err(status::INVALID_VALUE.into()),
+        };
+        // A device's current pool must be one of its own.
+        if pool_dev != dev {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let gpu = self.gpu_of(dev as u64)?;
+        self.drv.device_set_mem_pool(gpu, raw).map_err(on(dev))?;
+        self.context(dev)?.current_pool = (!default).then_some(handle);
+        ok()
+    }
+
+    fn mem_pool_create(&mut self, req: &Request) -> OpResult {
+        let dev = self.bind_new(req)?;
+        let max_size = to_usize(req.header.args[0])?;
+        let gpu = self.gpu_of(dev as u64)?;
+        if !self.pools.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let raw = self.drv.mem_pool_create(gpu, max_size).map_err(on(dev))?;
+        let entry = PoolEntry {
+            dev,
+            raw,
+            default: false,
+        };
+        match self.pools.insert(&mut self.ids, entry) {
+            Some(h) => ok_rets(&[h]),
+            None => {
+                let _ = self.drv.mem_pool_destroy(raw);
+                Err(status::MEMORY_ALLOCATION.into())
+            }
+        }
+    }
+
+    fn mem_pool_destroy(&mut self, handle: u64) -> OpResult {
+        let (dev, raw) = self.pool(handle)?;
+        if self.pools.get(handle).is_some_and(|p| p.default) {
+            return Err(status::INVALID_VALUE.into());
+        }
+        // A destroyed current pool leaves its device with the default pool, as in CUDA.
+        if self.context(dev)?.current_pool == Some(handle) {
+            let default = self.default_pool(dev)?;
+            if let Some(d) = self.pools.get(default).map(|p| p.raw) {
+                let gpu = self.gpu_of(dev as u64)?;
+                self.drv.device_set_mem_pool(gpu, d).map_err(on(dev))?;
+            }
+            self.context(dev)?.current_pool = None;
+        }
+        let result = self.drv.mem_pool_destroy(raw);
+        self.pools.remove(handle);
+        result.map_err(on(dev))?;
+        ok()
+    }
+
+    fn mem_pool_attribute(&mut self, req: &Request) -> OpResult {
+        let [handle, attr, value, ..] = req.header.args;
+        if !POOL_ATTRS.contains(&attr) {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let (dev, raw) = self.pool(handle)?;
+        let attr = attr as u32;
+        if req.op == Op::MemPoolGetAttribute {
+            let v = self
+                .drv
+                .mem_pool_get_attribute(raw, attr)
+                .map_err(on(dev))?;
+            return ok_rets(&[v]);
+        }
+        // Current reserved and used memory are read-only; the high watermarks may only be
+        // reset (to 0).
+        match attr {
+            5 | 7 => return Err(status::INVALID_VALUE.into()),
+            6 | 8 if value != 0 => return Err(status::INVALID_VALUE.into()),
+            _ => {}
+        }
+        self.drv
+            .mem_pool_set_attribute(raw, attr, value)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    fn mem_pool_set_access(&mut self, req: &Request) -> OpResult {
+        let (dev, raw) = self.pool(req.header.args[0])?;
+        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        if !buf.len().is_multiple_of(8) || buf.len() / 8 > MAX_POOL_ACCESS {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let bytes = buf.to_vec().map_err(|_| status::INVALID_VALUE)?;
+        let mut access = Vec::with_capacity(bytes.len() / 8);
+        for rec in bytes.chunks_exact(8) {
+            let ordinal = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
+            let flags = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
+            if !matches!(flags, 0 | 1 | 3) {
+                return Err(status::INVALID_VALUE.into());
+            }
+            let gpu = self
+                .gpu_of(u64::from(ordinal))
+                .map_err(|_| Fault::Status(status::INVALID_DEVICE))?;
+            access.push((gpu, flags));
+        }
+        self.drv
+            .mem_pool_set_access(raw, &access)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    /// `MallocAsync`: from the named pool, or the current pool of the stream's device. The
+    /// allocation joins the table of the pool's device.
+    fn malloc_async(&mut self, req: &Request) -> OpResult {
+        let [size, stream, pool, ..] = req.header.args;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        let (mem_dev, pool_raw) = if pool == 0 {
+            let current = self.context(dev)?.current_pool;
+            (dev, current.and_then(|h| self.pools.get(h)).map(|p| p.raw))
+        } else {
+            match self.pools.get(pool) {
+                Some(p) => (p.dev, Some(p.raw)),
+                None => return Err(status::INVALID_VALUE.into()),
+            }
+        };
+        if size == 0 {
+            // As cudaMalloc(&p, 0): success with a NULL pointer.
+            return ok_rets(&[0]);
+        }
+        let bytes = to_usize(size)?;
+        if mem_dev != dev {
+            // The pool's device must have a context for the table the memory joins.
+            self.bind(mem_dev)?;
+            self.bind(dev)?;
+        }
+        if !self.context(mem_dev)?.memory.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let ptr = self
+            .drv
+            .mem_alloc_async(bytes, pool_raw, stream)
+            .map_err(on(dev))?;
+        let (drv, id) = (Arc::clone(&self.drv), self.id);
+        let c = self.context(mem_dev)?;
+        if let Err(e) = c.memory.insert_stream_ordered(ptr, size) {
+            warn!(
+                session = id,
+                dev,
+                ptr,
+                size,
+                ?e,
+                "driver returned an overlapping pool allocation"
+            );
+            let _ = drv.mem_free_async(ptr, stream);
+            return Err(status::UNKNOWN.into());
+        }
+        ok_rets(&[ptr])
+    }
+
+    /// `FreeAsync`: an allocation of the session on any device, freed in the stream's order.
+    fn free_async(&mut self, req: &Request) -> OpResult {
+        let [ptr, stream, ..] = req.header.args;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        if ptr == 0 {
+            return ok();
+        }
+        let owner = self
+            .devices
+            .iter()
+            .position(|d| d.as_ref().is_some_and(|c| c.memory.is_allocation(ptr)));
+        let Some(owner) = owner else {
+            return Err(status::INVALID_VALUE.into());
+        };
+        self.drv.mem_free_async(ptr, stream).map_err(on(dev))?;
+        let _ = self.context(owner)?.memory.remove_allocation(ptr);
+        ok()
     }
 
     /// `DeviceGetLimit` / `DeviceSetLimit`: `cuCtxGetLimit`/`SetLimit` in the session's context.
@@ -945,6 +1424,17 @@ impl CudaSession {
         // SAFETY: `params` holds one pointer per kernel parameter (the driver's own layout for
         // this function), each into `block`, which is at least `block_len` long and outlives
         // the call; the driver copies the values before returning.
+        if req.op == Op::LaunchKernelEx {
+            if args[6] != 0 {
+                return Err(status::INVALID_VALUE.into());
+            }
+            let buf = req.inputs.get(1).ok_or(status::INVALID_VALUE)?;
+            let attrs = launch_attrs(buf, &self.events, dev)?;
+            // SAFETY: as above; `attrs` outlive the call.
+            unsafe { self.drv.launch_ex(raw, &cfg, stream, &mut params, &attrs) }
+                .map_err(on(dev))?;
+            return ok();
+        }
         let launched = match args[6] {
             // SAFETY: as above.
             0 => unsafe { self.drv.launch(raw, &cfg, stream, &mut params) },
@@ -984,6 +1474,25 @@ impl CudaSession {
         ok()
     }
 
+    /// `OccupancyCluster`: cluster occupancy of a launch configuration with attributes.
+    fn occupancy_cluster(&mut self, req: &Request) -> OpResult {
+        let args = &req.header.args;
+        let (dev, raw) = self.function(args[0])?;
+        let cfg = LaunchConfig::decode(args)?;
+        let active = match args[6] {
+            0 => false,
+            1 => true,
+            _ => return Err(status::INVALID_VALUE.into()),
+        };
+        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let attrs = launch_attrs(buf, &self.events, dev)?;
+        let n = self
+            .drv
+            .occupancy_cluster(raw, &cfg, &attrs, active)
+            .map_err(on(dev))?;
+        ok_rets(&[n as u64])
+    }
+
     fn occupancy(&mut self, args: &[u64]) -> OpResult {
         let (dev, raw) = self.function(args[0])?;
         let block = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
@@ -1014,11 +1523,18 @@ impl CudaSession {
             .drv
             .stream_create(flags as u32, prio)
             .map_err(on(dev))?;
+        let got = match self.drv.stream_priority(raw) {
+            Ok(p) => p,
+            Err(err) => {
+                let _ = self.drv.stream_destroy(raw);
+                return Err(Fault::Driver { dev, err });
+            }
+        };
         let handle = self
             .streams
             .insert(&mut self.ids, StreamEntry { dev, raw })
             .ok_or(status::MEMORY_ALLOCATION)?;
-        ok_rets(&[handle])
+        ok_rets(&[handle, u64::from(got as u32)])
     }
 
     fn stream_destroy(&mut self, handle: u64) -> OpResult {

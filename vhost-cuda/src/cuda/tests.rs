@@ -874,6 +874,420 @@ fn streams_and_events() {
 }
 
 #[test]
+fn stream_ordered_allocations_and_memory_pools() {
+    let mut rig = Rig::new(2);
+    let mut s = rig.session();
+    let st = ok(run(&mut s, Op::StreamCreate, &[1, 0]))[0];
+    let default = ok(run(&mut s, Op::DeviceGetDefaultMemPool, &[]))[0];
+    assert_ne!(default, 0);
+    // The same handle every time, and it is the current pool until another is set.
+    assert_eq!(
+        ok(run(&mut s, Op::DeviceGetDefaultMemPool, &[]))[0],
+        default
+    );
+    assert_eq!(ok(run(&mut s, Op::DeviceGetMemPool, &[]))[0], default);
+    let other = ok(s.execute(&req(Op::DeviceGetDefaultMemPool, 1, &[], vec![], vec![])))[0];
+    assert_ne!(other, default);
+
+    // An allocation in stream order is the session's memory: copies accept it.
+    let p = ok(run(&mut s, Op::MallocAsync, &[1000, st, 0]))[0];
+    assert_ne!(p, 0);
+    let data = pattern(1000);
+    ok(htod(&mut rig, &mut s, p, &data, &[300]));
+    assert_eq!(dtoh(&mut rig, &mut s, p, 1000, &[7]).1, data);
+    let used =
+        |s: &mut CudaSession, pool, attr| ok(run(s, Op::MemPoolGetAttribute, &[pool, attr]))[0];
+    assert_eq!(used(&mut s, default, 7), 1000);
+    assert_eq!(used(&mut s, default, 8), 1000);
+    ok(run(&mut s, Op::FreeAsync, &[p, st]));
+    // Gone from the table at once: later copies and frees are refused.
+    assert_eq!(
+        htod(&mut rig, &mut s, p, &data, &[300]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::FreeAsync, &[p, st]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(run(&mut s, Op::Free, &[p]).status, status::INVALID_VALUE);
+    assert_eq!(used(&mut s, default, 7), 0);
+    assert_eq!(used(&mut s, default, 8), 1000);
+    // The high watermark resets only to 0; current figures are read-only.
+    assert_eq!(
+        run(&mut s, Op::MemPoolSetAttribute, &[default, 8, 5]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::MemPoolSetAttribute, &[default, 7, 0]).status,
+        status::INVALID_VALUE
+    );
+    ok(run(&mut s, Op::MemPoolSetAttribute, &[default, 8, 0]));
+    assert_eq!(used(&mut s, default, 8), 0);
+    ok(run(
+        &mut s,
+        Op::MemPoolSetAttribute,
+        &[default, 4, u64::MAX],
+    ));
+    assert_eq!(used(&mut s, default, 4), u64::MAX);
+    ok(run(&mut s, Op::MemPoolSetAttribute, &[default, 2, 7]));
+    assert_eq!(used(&mut s, default, 2), 1);
+    for bad in [0, 9, u64::MAX] {
+        assert_eq!(
+            run(&mut s, Op::MemPoolGetAttribute, &[default, bad]).status,
+            status::INVALID_VALUE
+        );
+    }
+    ok(run(&mut s, Op::MemPoolTrimTo, &[default, 0]));
+    assert_eq!(used(&mut s, default, 5), 0);
+
+    // cudaFree also frees stream-ordered memory.
+    let q = ok(run(&mut s, Op::MallocAsync, &[64, 0, 0]))[0];
+    ok(run(&mut s, Op::Free, &[q]));
+    assert_eq!(rig.fake.pool_allocations(), 0);
+    // Size 0 gives NULL, as cudaMalloc.
+    assert_eq!(ok(run(&mut s, Op::MallocAsync, &[0, st, 0]))[0], 0);
+
+    // A created pool: allocations from it explicitly, then as the device's current pool.
+    let pool = ok(run(&mut s, Op::MemPoolCreate, &[0]))[0];
+    assert!(pool != 0 && pool != default);
+    let a = ok(run(&mut s, Op::MallocAsync, &[512, st, pool]))[0];
+    assert_eq!(used(&mut s, pool, 7), 512);
+    ok(run(&mut s, Op::DeviceSetMemPool, &[pool]));
+    assert_eq!(ok(run(&mut s, Op::DeviceGetMemPool, &[]))[0], pool);
+    let b = ok(run(&mut s, Op::MallocAsync, &[256, 0, 0]))[0];
+    assert_eq!(used(&mut s, pool, 7), 768);
+    assert_eq!(used(&mut s, default, 7), 0);
+    // Another device's pool cannot be device 0's current pool.
+    assert_eq!(
+        run(&mut s, Op::DeviceSetMemPool, &[other]).status,
+        status::INVALID_VALUE
+    );
+    // Default pools are never destroyed; unknown handles are refused.
+    assert_eq!(
+        run(&mut s, Op::MemPoolDestroy, &[default]).status,
+        status::INVALID_VALUE
+    );
+    for bad in [0, st, 12345] {
+        assert_eq!(
+            run(&mut s, Op::MemPoolTrimTo, &[bad, 0]).status,
+            status::INVALID_VALUE
+        );
+        assert_eq!(
+            run(&mut s, Op::MallocAsync, &[8, 0, bad]).status,
+            if bad == 0 {
+                status::SUCCESS
+            } else {
+                status::INVALID_VALUE
+            }
+        );
+    }
+    // A stream of another session or device is refused.
+    assert_eq!(
+        run(&mut s, Op::MallocAsync, &[8, 999, 0]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+
+    // Access: the owner has read-write; peers are set by descriptor records.
+    assert_eq!(ok(run(&mut s, Op::MemPoolGetAccess, &[pool, 0]))[0], 3);
+    assert_eq!(ok(run(&mut s, Op::MemPoolGetAccess, &[pool, 1]))[0], 0);
+    let descs: Vec<u8> = [1u32, 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let d = rig.buf(&descs);
+    ok(s.execute(&req(Op::MemPoolSetAccess, 0, &[pool], vec![d], vec![])));
+    assert_eq!(ok(run(&mut s, Op::MemPoolGetAccess, &[pool, 1]))[0], 3);
+    for bad in [[1u32, 2], [7, 3]] {
+        let bytes: Vec<u8> = bad.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let d = rig.buf(&bytes);
+        let r = s.execute(&req(Op::MemPoolSetAccess, 0, &[pool], vec![d], vec![]));
+        assert_ne!(r.status, status::SUCCESS);
+    }
+    let d = rig.buf(&[0; 5]);
+    assert_eq!(
+        s.execute(&req(Op::MemPoolSetAccess, 0, &[pool], vec![d], vec![]))
+            .status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::MemPoolGetAccess, &[pool, 9]).status,
+        status::INVALID_DEVICE
+    );
+
+    // Destroying the current pool makes the default pool current again; its allocations stay
+    // valid until freed.
+    ok(run(&mut s, Op::MemPoolDestroy, &[pool]));
+    assert_eq!(ok(run(&mut s, Op::DeviceGetMemPool, &[]))[0], default);
+    assert_eq!(
+        run(&mut s, Op::MemPoolDestroy, &[pool]).status,
+        status::INVALID_VALUE
+    );
+    ok(htod(&mut rig, &mut s, a, &pattern(512), &[512]));
+    ok(run(&mut s, Op::FreeAsync, &[a, st]));
+
+    // A device reset frees what is left in stream order and the pools it created.
+    let _kept = ok(run(&mut s, Op::MallocAsync, &[128, st, 0]))[0];
+    let _created = ok(run(&mut s, Op::MemPoolCreate, &[0]))[0];
+    assert!(rig.fake.pool_allocations() >= 2, "b and kept are live");
+    ok(run(&mut s, Op::DeviceReset, &[]));
+    assert_eq!(rig.fake.pool_allocations(), 0);
+    assert_eq!(
+        run(&mut s, Op::FreeAsync, &[b, 0]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::MemPoolTrimTo, &[default, 0]).status,
+        status::INVALID_VALUE
+    );
+    // Only the two default pools remain (the driver's own, never destroyed).
+    assert_eq!(rig.fake.live_pools(), 2);
+    let again = ok(run(&mut s, Op::DeviceGetDefaultMemPool, &[]))[0];
+    assert_ne!(again, default, "handles are not reused");
+    drop(s);
+    assert_eq!(rig.fake.pool_allocations(), 0);
+}
+
+#[test]
+fn launches_with_attributes_cache_config_and_cluster_occupancy() {
+    use qcuda_proto::LaunchAttr;
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let m = load_module(&mut rig, &mut s);
+    let f = ok(get_function(&mut rig, &mut s, m, "lazy", 8).0)[0];
+    let attrs = |rig: &mut Rig, list: &[LaunchAttr]| {
+        let bytes: Vec<u8> = list.iter().flat_map(LaunchAttr::encode).collect();
+        if bytes.is_empty() {
+            GuestBuffer::new(rig.mem.clone(), []).unwrap()
+        } else {
+            rig.buf(&bytes)
+        }
+    };
+    let cluster = |x| LaunchAttr {
+        id: 4,
+        v: [x, 1, 1],
+        w: [0; 2],
+    };
+    let scalar = |id, v| LaunchAttr {
+        id,
+        v: [v, 0, 0],
+        w: [0; 2],
+    };
+    let launch = |rig: &mut Rig, s: &mut CudaSession, grid: u32, list: &[LaunchAttr]| {
+        let block = rig.buf(&[7]);
+        let a = attrs(rig, list);
+        s.execute(&req(
+            Op::LaunchKernelEx,
+            0,
+            &launch_args(f, [grid, 1, 1], [32, 1, 1], 0),
+            vec![block, a],
+            vec![],
+        ))
+    };
+    ok(launch(
+        &mut rig,
+        &mut s,
+        8,
+        &[cluster(2), scalar(8, (-1i32) as u32), scalar(2, 1)],
+    ));
+    assert_eq!(
+        rig.fake.last_launch_attrs(),
+        vec![(4, 2), (8, u32::MAX), (2, 1)]
+    );
+    ok(launch(&mut rig, &mut s, 8, &[]));
+    // The driver checks the cluster against the grid.
+    assert_eq!(
+        launch(&mut rig, &mut s, 7, &[cluster(2)]).status,
+        status::INVALID_VALUE
+    );
+    // Unknown ids, the graph-only node attribute, unknown events: refused before the driver.
+    let before = rig.fake.calls("launch_ex");
+    for bad in [scalar(15, 0), scalar(13, 1), scalar(99, 0)] {
+        assert_eq!(
+            launch(&mut rig, &mut s, 8, &[bad]).status,
+            status::INVALID_VALUE
+        );
+    }
+    let ev = LaunchAttr {
+        id: 12,
+        v: [0; 3],
+        w: [4242, 0],
+    };
+    assert_eq!(
+        launch(&mut rig, &mut s, 8, &[ev]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    assert_eq!(rig.fake.calls("launch_ex"), before);
+    let e = ok(run(&mut s, Op::EventCreate, &[2]))[0];
+    ok(launch(
+        &mut rig,
+        &mut s,
+        8,
+        &[LaunchAttr { w: [e, 0], ..ev }],
+    ));
+    // Record counts and lengths.
+    let block = rig.buf(&[7]);
+    let odd = rig.buf(&[0; 33]);
+    let r = s.execute(&req(
+        Op::LaunchKernelEx,
+        0,
+        &launch_args(f, [1, 1, 1], [1, 1, 1], 0),
+        vec![block, odd],
+        vec![],
+    ));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    let many = vec![scalar(0, 0); 33];
+    assert_eq!(
+        launch(&mut rig, &mut s, 8, &many).status,
+        status::INVALID_VALUE
+    );
+
+    // Cluster occupancy and available dynamic shared memory.
+    let a = attrs(&mut rig, &[cluster(4)]);
+    let mut args = launch_args(f, [8, 1, 1], [128, 1, 1], 0);
+    assert_eq!(
+        ok(s.execute(&req(
+            Op::OccupancyCluster,
+            0,
+            &args,
+            vec![a.clone()],
+            vec![]
+        )))[0],
+        8
+    );
+    args[6] = 1;
+    assert_eq!(
+        ok(s.execute(&req(
+            Op::OccupancyCluster,
+            0,
+            &args,
+            vec![a.clone()],
+            vec![]
+        )))[0],
+        33
+    );
+    args[6] = 2;
+    assert_eq!(
+        s.execute(&req(Op::OccupancyCluster, 0, &args, vec![a], vec![]))
+            .status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        ok(run(&mut s, Op::OccupancyAvailableDynamicSMem, &[f, 2, 256]))[0],
+        114 * 1024
+    );
+    assert_eq!(
+        run(
+            &mut s,
+            Op::OccupancyAvailableDynamicSMem,
+            &[f, 1 << 40, 256]
+        )
+        .status,
+        status::INVALID_VALUE
+    );
+
+    // Cache configuration of a function and of the context.
+    ok(run(&mut s, Op::FuncSetCacheConfig, &[f, 1]));
+    assert_eq!(
+        run(&mut s, Op::FuncSetCacheConfig, &[f, 4]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::FuncSetCacheConfig, &[999, 1]).status,
+        status::INVALID_DEVICE_FUNCTION
+    );
+    assert_eq!(ok(run(&mut s, Op::DeviceGetCacheConfig, &[]))[0], 0);
+    ok(run(&mut s, Op::DeviceSetCacheConfig, &[2]));
+    assert_eq!(ok(run(&mut s, Op::DeviceGetCacheConfig, &[]))[0], 2);
+    assert_eq!(
+        run(&mut s, Op::DeviceSetCacheConfig, &[9]).status,
+        status::INVALID_VALUE
+    );
+}
+
+#[test]
+fn peers_access_and_copies_between_devices() {
+    let mut rig = Rig::new(2);
+    let mut s = rig.session();
+    assert_eq!(ok(run(&mut s, Op::DeviceCanAccessPeer, &[0, 1]))[0], 1);
+    assert_eq!(ok(run(&mut s, Op::DeviceCanAccessPeer, &[1, 1]))[0], 0);
+    assert_eq!(
+        run(&mut s, Op::DeviceCanAccessPeer, &[0, 2]).status,
+        status::INVALID_DEVICE
+    );
+    assert_eq!(ok(run(&mut s, Op::DeviceP2PAttribute, &[2, 0, 1]))[0], 1);
+    assert_eq!(
+        run(&mut s, Op::DeviceP2PAttribute, &[2, 0, 0]).status,
+        status::INVALID_DEVICE
+    );
+    assert_eq!(
+        run(&mut s, Op::DeviceP2PAttribute, &[9, 0, 1]).status,
+        status::INVALID_VALUE
+    );
+
+    ok(run(&mut s, Op::PeerAccess, &[1, 1, 0]));
+    assert_eq!(
+        run(&mut s, Op::PeerAccess, &[1, 1, 0]).status,
+        704 // cudaErrorPeerAccessAlreadyEnabled
+    );
+    ok(run(&mut s, Op::PeerAccess, &[1, 0, 0]));
+    assert_eq!(
+        run(&mut s, Op::PeerAccess, &[1, 0, 0]).status,
+        705 // cudaErrorPeerAccessNotEnabled
+    );
+    assert_eq!(
+        run(&mut s, Op::PeerAccess, &[0, 1, 0]).status,
+        status::INVALID_DEVICE
+    );
+    assert_eq!(
+        run(&mut s, Op::PeerAccess, &[1, 1, 4]).status,
+        status::INVALID_VALUE
+    );
+
+    // A copy from device 1 to device 0, both ranges checked on their own devices.
+    let a = malloc(&mut s, 256);
+    let b = ok(s.execute(&req(Op::Malloc, 1, &[256], vec![], vec![])))[0];
+    let data = pattern(256);
+    let up = rig.buf(&data);
+    ok(s.execute(&req(Op::MemcpyHtoD, 1, &[b, 0], vec![up], vec![])));
+    ok(run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 256, 0]));
+    assert_eq!(dtoh(&mut rig, &mut s, a, 256, &[256]).1, data);
+    // The source named on the wrong device, a range past the end, an unknown device.
+    assert_eq!(
+        run(&mut s, Op::MemcpyPeer, &[a, 0, b, 0, 256, 0]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 257, 0]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::MemcpyPeer, &[a, 0, b, 7, 16, 0]).status,
+        status::INVALID_DEVICE
+    );
+    ok(run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 0, 0]));
+}
+
+#[test]
+fn stream_priorities_and_ids() {
+    let rig = Rig::new(1);
+    let mut s = rig.session();
+    let r = ok(run(&mut s, Op::StreamPriorityRange, &[]));
+    assert_eq!((r[0] as u32 as i32, r[1] as u32 as i32), (0, -5));
+    // The driver clamps priorities into the range; the guest learns what the stream got.
+    let hi = ok(run(&mut s, Op::StreamCreate, &[0, (-100i64) as u64]));
+    assert_eq!(hi[1] as u32 as i32, -5);
+    let lo = ok(run(&mut s, Op::StreamCreate, &[0, 7]));
+    assert_eq!(lo[1] as u32 as i32, 0);
+    let mid = ok(run(&mut s, Op::StreamCreate, &[1, (-2i64) as u64]));
+    assert_eq!(mid[1] as u32 as i32, -2);
+    let a = ok(run(&mut s, Op::StreamGetId, &[hi[0]]))[0];
+    let b = ok(run(&mut s, Op::StreamGetId, &[lo[0]]))[0];
+    let legacy = ok(run(&mut s, Op::StreamGetId, &[0]))[0];
+    assert!(a != b && a != legacy && b != legacy);
+    assert_eq!(
+        run(&mut s, Op::StreamGetId, &[77]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+}
+
+#[test]
 fn dropping_a_session_gives_all_memory_back() {
     let mut rig = Rig::new(2);
     let mut s = rig.session();
@@ -976,6 +1390,10 @@ fn random_requests_never_panic_and_drop_cleans_up() {
             let mut inputs = Vec::new();
             match op {
                 Op::Malloc => args[0] = 1 + args[0] % 4096,
+                Op::MallocAsync if plausible => {
+                    args[0] = 1 + args[0] % 4096;
+                    args[1] = 0;
+                }
                 Op::EventRecord if plausible && !events.is_empty() => {
                     args[0] = rng.pick(&events);
                     args[1] = 0;
@@ -1045,7 +1463,7 @@ fn random_requests_never_panic_and_drop_cleans_up() {
             if r.status == status::SUCCESS {
                 succeeded.insert(format!("{op:?}"));
                 match op {
-                    Op::Malloc => ptrs.push(r.rets[0]),
+                    Op::Malloc | Op::MallocAsync => ptrs.push(r.rets[0]),
                     Op::ModuleGetFunction => funcs.push(r.rets[0]),
                     Op::ModuleLoad => mods.push(r.rets[0]),
                     Op::EventCreate => events.push(r.rets[0]),

@@ -1,0 +1,271 @@
+//! Memory pools and stream-ordered allocation against the fake device.
+
+use std::ptr;
+
+use qcuda_proto::Op;
+
+use super::*;
+use crate::{
+    api::{errors::cudaGetLastError, memory::*, pools::*, streams::*},
+    generated::{
+        self as cu, cudaMemAccessDesc, cudaMemLocation, cudaMemPoolProps, cudaMemPool_t,
+        cudaPointerAttributes, cudaStream_t,
+    },
+};
+
+fn device_location(id: i32) -> cudaMemLocation {
+    cudaMemLocation {
+        type_: cu::cudaMemLocationTypeDevice,
+        id,
+    }
+}
+
+#[test]
+fn stream_ordered_allocations_are_device_memory_of_the_stream_s_device() {
+    let fake = setup();
+    let mut s: cudaStream_t = ptr::null_mut();
+    let mut p: *mut core::ffi::c_void = ptr::null_mut();
+    // SAFETY: valid out-pointers throughout.
+    unsafe {
+        ok(cudaStreamCreate(&mut s));
+        let host_stream = *fake.state().streams.last().unwrap();
+        ok(cudaMallocAsync(&mut p, 4096, s));
+        assert!(!p.is_null());
+        let sent = fake
+            .state()
+            .log
+            .iter()
+            .rev()
+            .find(|l| l.op == Op::MallocAsync)
+            .cloned();
+        assert!(sent.is_some());
+        // Known to the guest as device memory: pointer attributes and cudaMemcpyDefault work.
+        let mut attr = cudaPointerAttributes::default();
+        ok(cudaPointerGetAttributes(&mut attr, p));
+        assert_eq!(attr.type_, cu::cudaMemoryTypeDevice);
+        let data = [7u8; 64];
+        ok(cudaMemcpy(
+            p,
+            data.as_ptr().cast(),
+            64,
+            cu::cudaMemcpyDefault,
+        ));
+        let mut back = [0u8; 64];
+        ok(cudaMemcpy(
+            back.as_mut_ptr().cast(),
+            p,
+            64,
+            cu::cudaMemcpyDefault,
+        ));
+        assert_eq!(back, data);
+        ok(cudaFreeAsync(p, s));
+        assert!(fake.state().memory.is_empty());
+        let _ = host_stream;
+        // Errors: null out-pointer, unknown stream, freeing twice.
+        assert_err(
+            cudaMallocAsync(ptr::null_mut(), 8, s),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaMallocAsync(&mut p, 8, 0x1234 as cudaStream_t),
+            cu::cudaErrorInvalidResourceHandle,
+        );
+        assert_err(cudaFreeAsync(p, s), cu::cudaErrorInvalidValue);
+        cudaGetLastError();
+        // The per-thread spellings take the same path.
+        ok(cudaMallocAsync_ptsz(&mut p, 16, ptr::null_mut()));
+        ok(cudaFreeAsync_ptsz(p, ptr::null_mut()));
+    }
+}
+
+#[test]
+fn pools_get_stable_handles_and_device_checks() {
+    let fake = setup();
+    let (mut a, mut b, mut cur): (cudaMemPool_t, cudaMemPool_t, cudaMemPool_t) =
+        (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
+    // SAFETY: valid pointers throughout.
+    unsafe {
+        ok(cudaDeviceGetDefaultMemPool(&mut a, 0));
+        ok(cudaDeviceGetDefaultMemPool(&mut b, 0));
+        assert_eq!(a, b, "one handle for the default pool");
+        ok(cudaDeviceGetMemPool(&mut cur, 0));
+        assert_eq!(cur, a);
+        assert_err(
+            cudaDeviceGetDefaultMemPool(&mut a, 5),
+            cu::cudaErrorInvalidDevice,
+        );
+        let mut loc = device_location(0);
+        let mut c: cudaMemPool_t = ptr::null_mut();
+        ok(cudaMemGetDefaultMemPool(
+            &mut c,
+            &mut loc,
+            cu::cudaMemAllocationTypePinned,
+        ));
+        assert_eq!(c, b);
+        let mut host = cudaMemLocation {
+            type_: cu::cudaMemLocationTypeHost,
+            id: 0,
+        };
+        assert_err(
+            cudaMemGetDefaultMemPool(&mut c, &mut host, cu::cudaMemAllocationTypePinned),
+            cu::cudaErrorNotSupported,
+        );
+
+        // A created pool.
+        let mut props = cudaMemPoolProps {
+            allocType: cu::cudaMemAllocationTypePinned,
+            location: device_location(0),
+            maxSize: 1 << 20,
+            ..Default::default()
+        };
+        let mut pool: cudaMemPool_t = ptr::null_mut();
+        ok(cudaMemPoolCreate(&mut pool, &props));
+        assert!(!pool.is_null() && pool != b);
+        let sent = fake
+            .state()
+            .log
+            .iter()
+            .rev()
+            .find(|l| l.op == Op::MemPoolCreate)
+            .cloned();
+        assert!(sent.is_some());
+        ok(cudaDeviceSetMemPool(0, pool));
+        ok(cudaDeviceGetMemPool(&mut cur, 0));
+        assert_eq!(cur, pool);
+        let mut p: *mut core::ffi::c_void = ptr::null_mut();
+        ok(cudaMallocFromPoolAsync(&mut p, 128, pool, ptr::null_mut()));
+        ok(cudaFreeAsync(p, ptr::null_mut()));
+        assert_err(
+            cudaMallocFromPoolAsync(&mut p, 128, ptr::null_mut(), ptr::null_mut()),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaMallocFromPoolAsync(&mut p, 128, 0x99 as cudaMemPool_t, ptr::null_mut()),
+            cu::cudaErrorInvalidValue,
+        );
+
+        // Attributes: ints for the reuse flags, 64-bit values for the others.
+        let mut threshold: u64 = u64::MAX;
+        ok(cudaMemPoolSetAttribute(
+            pool,
+            cu::cudaMemPoolAttrReleaseThreshold,
+            (&mut threshold as *mut u64).cast(),
+        ));
+        let mut got: u64 = 0;
+        ok(cudaMemPoolGetAttribute(
+            pool,
+            cu::cudaMemPoolAttrReleaseThreshold,
+            (&mut got as *mut u64).cast(),
+        ));
+        assert_eq!(got, u64::MAX);
+        let mut flag: i32 = 5;
+        ok(cudaMemPoolSetAttribute(
+            pool,
+            cu::cudaMemPoolReuseAllowOpportunistic,
+            (&mut flag as *mut i32).cast(),
+        ));
+        let mut read: [i32; 2] = [-1, -1];
+        ok(cudaMemPoolGetAttribute(
+            pool,
+            cu::cudaMemPoolReuseAllowOpportunistic,
+            read.as_mut_ptr().cast(),
+        ));
+        assert_eq!(read, [1, -1], "an int is written, nothing past it");
+        assert_err(
+            cudaMemPoolGetAttribute(pool, 99, (&mut got as *mut u64).cast()),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaMemPoolGetAttribute(pool, 4, ptr::null_mut()),
+            cu::cudaErrorInvalidValue,
+        );
+        ok(cudaMemPoolTrimTo(pool, 0));
+
+        // Access: device locations only.
+        let desc = cudaMemAccessDesc {
+            location: device_location(0),
+            flags: cu::cudaMemAccessFlagsProtReadWrite,
+        };
+        ok(cudaMemPoolSetAccess(pool, &desc, 1));
+        let bad = cudaMemAccessDesc {
+            location: device_location(0),
+            flags: 2,
+        };
+        assert_err(
+            cudaMemPoolSetAccess(pool, &bad, 1),
+            cu::cudaErrorInvalidValue,
+        );
+        let mut flags = 0;
+        ok(cudaMemPoolGetAccess(&mut flags, pool, &mut loc));
+        assert_eq!(flags, cu::cudaMemAccessFlagsProtReadWrite);
+
+        // Shareable pools and host pools are refused honestly.
+        props.handleTypes = cu::cudaMemHandleTypePosixFileDescriptor;
+        assert_err(cudaMemPoolCreate(&mut c, &props), cu::cudaErrorNotSupported);
+        props.handleTypes = cu::cudaMemHandleTypeNone;
+        props.allocType = cu::cudaMemAllocationTypeManaged;
+        assert_err(cudaMemPoolCreate(&mut c, &props), cu::cudaErrorInvalidValue);
+
+        ok(cudaMemPoolDestroy(pool));
+        assert_err(cudaMemPoolTrimTo(pool, 0), cu::cudaErrorInvalidValue);
+        assert_err(cudaMemPoolDestroy(pool), cu::cudaErrorInvalidValue);
+        cudaGetLastError();
+    }
+}
+
+#[test]
+fn stream_priorities_are_the_device_s_and_clamped() {
+    let fake = setup();
+    let (mut least, mut greatest) = (9, 9);
+    let mut s: cudaStream_t = ptr::null_mut();
+    let mut prio = 0;
+    let mut id = 0u64;
+    // SAFETY: valid pointers.
+    unsafe {
+        ok(cudaDeviceGetStreamPriorityRange(&mut least, &mut greatest));
+        assert_eq!((least, greatest), (0, -5));
+        ok(cudaDeviceGetStreamPriorityRange(
+            ptr::null_mut(),
+            &mut greatest,
+        ));
+        ok(cudaStreamCreateWithPriority(&mut s, 0, -100));
+        ok(cudaStreamGetPriority(s, &mut prio));
+        assert_eq!(prio, -5);
+        ok(cudaStreamGetId(s, &mut id));
+        let host = *fake.state().streams.last().unwrap();
+        assert_eq!(id, 1000 + host);
+        ok(cudaStreamGetId_ptsz(ptr::null_mut(), &mut id));
+        assert_eq!(id, 1000);
+        assert_err(
+            cudaStreamGetId(s, ptr::null_mut()),
+            cu::cudaErrorInvalidValue,
+        );
+        cudaGetLastError();
+    }
+}
+
+#[test]
+fn a_device_reset_forgets_the_device_s_pools() {
+    use crate::api::devices::cudaDeviceReset;
+    let fake = setup();
+    let (mut def, mut pool): (cudaMemPool_t, cudaMemPool_t) = (ptr::null_mut(), ptr::null_mut());
+    let props = cudaMemPoolProps {
+        allocType: cu::cudaMemAllocationTypePinned,
+        location: device_location(0),
+        ..Default::default()
+    };
+    // SAFETY: valid pointers.
+    unsafe {
+        ok(cudaDeviceGetDefaultMemPool(&mut def, 0));
+        ok(cudaMemPoolCreate(&mut pool, &props));
+        ok(cudaDeviceReset());
+        assert_err(cudaMemPoolTrimTo(pool, 0), cu::cudaErrorInvalidValue);
+        assert_err(cudaMemPoolTrimTo(def, 0), cu::cudaErrorInvalidValue);
+        cudaGetLastError();
+        // The default pool is there again, under a new record.
+        let mut again: cudaMemPool_t = ptr::null_mut();
+        ok(cudaDeviceGetDefaultMemPool(&mut again, 0));
+        ok(cudaMemPoolTrimTo(again, 0));
+    }
+    assert!(fake.state().pools.values().all(|(_, default)| *default));
+}
