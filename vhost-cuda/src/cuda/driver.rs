@@ -27,7 +27,11 @@ use cudarc::driver::sys;
 use qcuda_proto::status;
 use tracing::{debug, warn};
 
-use super::{launch::LaunchConfig, status as cu_status};
+use super::{
+    graph_driver::{GraphDriverApi, GRAPH_SYMBOLS},
+    launch::LaunchConfig,
+    status as cu_status,
+};
 
 /// A driver object (context, module, function, stream, event) or pinned host pointer, as an
 /// integer. 0 is the NULL stream.
@@ -78,7 +82,7 @@ fn check(r: sys::CUresult) -> CuResult<()> {
 }
 
 /// The driver calls the executor makes. See the module documentation for the handle contract.
-pub(crate) trait DriverApi: Send + Sync {
+pub(crate) trait DriverApi: GraphDriverApi + Send + Sync {
     /// cuDeviceGetCount.
     fn device_count(&self) -> CuResult<i32>;
     /// cuDeviceGet: the `CUdevice` of ordinal `ordinal`.
@@ -347,6 +351,7 @@ impl CudaDriver {
         }
         let missing: Vec<&str> = REQUIRED_SYMBOLS
             .iter()
+            .chain(GRAPH_SYMBOLS)
             .copied()
             .filter(|s| !has(s))
             .collect();

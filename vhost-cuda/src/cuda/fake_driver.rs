@@ -41,7 +41,7 @@ pub(crate) const KERNELS: &[(&str, &[(usize, usize)])] = &[
 pub(crate) const GLOBAL: (&str, u64) = ("g", 64);
 
 #[derive(Debug, Default)]
-struct Ctx {
+pub(super) struct Ctx {
     dev: i32,
     sticky: Option<CuError>,
     /// Raised at the next synchronising call.
@@ -62,6 +62,8 @@ struct Ctx {
     limits: HashMap<u32, usize>,
     /// MAX_DYNAMIC_SHARED_SIZE_BYTES set per function.
     func_smem: HashMap<Raw, i32>,
+    /// Graphs, their nodes, executable graphs and captures (fake_graphs.rs).
+    pub(super) graphs: super::fake_graphs::FakeGraphs,
 }
 
 #[derive(Debug, Default)]
@@ -165,7 +167,7 @@ impl FakeDriver {
     }
 
     /// Runs `f` on the current context, which must exist and not be corrupted.
-    fn with_ctx<T>(
+    pub(super) fn with_ctx<T>(
         &self,
         name: &'static str,
         f: impl FnOnce(&mut Ctx, &mut Raw) -> CuResult<T>,
@@ -187,6 +189,7 @@ impl FakeDriver {
                 if s != 0 && !c.streams.contains(&s) {
                     return Err(INVALID_HANDLE);
                 }
+                c.graphs.refuse_sync(s)?;
             }
             if let Some(e) = c.pending_fault.take() {
                 c.sticky = Some(e);
@@ -210,7 +213,7 @@ fn host_slice(registered: &BTreeMap<u64, u64>, ptr: u64, len: usize) -> Option<*
     (ptr.checked_add(len as u64)? <= base + l).then_some(ptr as *mut u8)
 }
 
-fn check_stream(c: &Ctx, s: Raw) -> CuResult<()> {
+pub(super) fn check_stream(c: &Ctx, s: Raw) -> CuResult<()> {
     if s == 0 || c.streams.contains(&s) {
         Ok(())
     } else {
@@ -610,9 +613,12 @@ impl DriverApi for FakeDriver {
         stream: Raw,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
-        self.with_ctx("launch", |c, _| {
+        self.with_ctx("launch", |c, next| {
             check_stream(c, stream)?;
             let (_, k) = kernel_of(c, func)?;
+            if c.graphs.capture(stream, 0, next) {
+                return Ok(());
+            }
             let (name, layout) = KERNELS[k];
             if params.len() != layout.len() || cfg.grid.contains(&0) {
                 return Err(INVALID_VALUE);

@@ -9,13 +9,14 @@
 //! answered from the GPU list), `session.rs` (per-process state and the op handlers),
 //! `allocations.rs` and `handles.rs` (what a session may touch), `module_image.rs` and
 //! `launch.rs` (checking images and launches), `copy.rs` (guest RAM to and from the device),
-//! `driver.rs` (the driver calls, behind a trait), `status.rs` (`CUresult` to `cudaError_t`).
+//! `driver.rs` and `graph_driver.rs` (the driver calls, behind a trait), `status.rs` (`CUresult` to `cudaError_t`).
 //! docs/executor.md describes the design.
 
 mod aligned_bytes;
 mod allocations;
 mod copy;
 mod driver;
+mod graph_driver;
 mod handles;
 mod host;
 mod host_mappings;
@@ -27,6 +28,8 @@ mod status;
 
 #[cfg(test)]
 mod fake_driver;
+#[cfg(test)]
+mod fake_graphs;
 #[cfg(test)]
 mod test_kernels;
 #[cfg(test)]

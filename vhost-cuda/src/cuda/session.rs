@@ -37,6 +37,8 @@ use super::{
 };
 use crate::guest_buffer::{GuestBuffer, Request};
 
+mod graphs;
+
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
 /// Most function handles a session may hold.
@@ -206,6 +208,8 @@ pub struct CudaSession {
     events: HandleTable<EventEntry>,
     /// Guest memory mapped into this process and registered (`HostMap`).
     host_memory: HostMappings,
+    /// Graphs, their nodes and executable graphs (session/graphs.rs).
+    graphs: graphs::GraphTables,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -217,6 +221,7 @@ impl std::fmt::Debug for CudaSession {
             .field("streams", &self.streams.len())
             .field("events", &self.events.len())
             .field("host_mappings", &self.host_memory.len())
+            .field("graphs", &self.graphs.len())
             .finish()
     }
 }
@@ -236,6 +241,7 @@ impl CudaSession {
             streams: HandleTable::new(MAX_STREAMS),
             events: HandleTable::new(MAX_EVENTS),
             host_memory: HostMappings::default(),
+            graphs: graphs::GraphTables::default(),
         }
     }
 
@@ -325,6 +331,29 @@ impl CudaSession {
             Op::EventRecord => self.event_record(args),
             Op::EventSynchronize | Op::EventQuery => self.event_wait(req),
             Op::EventElapsedTime => self.event_elapsed(args),
+            Op::StreamBeginCapture
+            | Op::StreamEndCapture
+            | Op::StreamCaptureInfo
+            | Op::StreamUpdateCaptureDependencies
+            | Op::GraphCreate
+            | Op::GraphDestroy
+            | Op::GraphAddNode
+            | Op::GraphNodeSetParams
+            | Op::GraphExecNodeSetParams
+            | Op::GraphGetNodes
+            | Op::GraphGetEdges
+            | Op::GraphNodeQuery
+            | Op::GraphEdges
+            | Op::GraphClone
+            | Op::GraphInstantiate
+            | Op::GraphExecDestroy
+            | Op::GraphLaunch
+            | Op::GraphUpload
+            | Op::GraphExecUpdate
+            | Op::GraphDebugDot
+            | Op::GraphNodeEnabled
+            | Op::GraphExecChildGraph
+            | Op::GraphExecSetEvent => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount
@@ -445,6 +474,10 @@ impl CudaSession {
                 let _ = drv.mem_host_unregister(m.local);
             });
         }
+        // Executable graphs and graphs first, while their context still exists (with a
+        // sticky error the driver is not called, and the context takes them along).
+        let live = self.devices.get(dev).is_some_and(Option::is_some) && self.bind(dev).is_ok();
+        self.teardown_graphs(dev, live);
         let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
             return;
         };

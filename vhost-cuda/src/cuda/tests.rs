@@ -1156,3 +1156,5 @@ fn host_mapped_guest_memory_is_device_addressable_at_the_guest_address() {
     drop(s);
     assert_eq!(rig.fake.live_contexts(), 0);
 }
+
+mod graphs;

@@ -1,0 +1,426 @@
+//! The fake driver's graphs (unit tests only): graphs as lists of typed nodes with edges,
+//! executable graphs that count their launches, and stream capture that turns launches into
+//! kernel nodes. It checks handles and capture state the way the driver does; it runs nothing.
+
+use std::{collections::HashMap, ffi::c_void};
+
+use super::{
+    driver::{CuError, CuResult, Raw},
+    fake_driver::{check_stream, FakeDriver},
+    graph_driver::{CaptureInfo, GraphDriverApi, NodeParams},
+    launch::LaunchConfig,
+};
+
+const INVALID_VALUE: CuError = CuError(1);
+const ILLEGAL_STATE: CuError = CuError(401);
+const CAPTURE_UNSUPPORTED: CuError = CuError(900);
+
+#[derive(Debug, Default)]
+struct Node {
+    graph: Raw,
+    ty: u32,
+    deps: Vec<Raw>,
+    enabled: bool,
+}
+
+/// Graph state of one fake context.
+#[derive(Debug, Default)]
+pub(crate) struct FakeGraphs {
+    /// Graph -> its nodes, in creation order.
+    graphs: HashMap<Raw, Vec<Raw>>,
+    nodes: HashMap<Raw, Node>,
+    /// Executable graph -> (graph it came from, launches).
+    execs: HashMap<Raw, (Raw, usize)>,
+    /// Capturing stream -> graph being captured.
+    captures: HashMap<Raw, Raw>,
+}
+
+impl FakeGraphs {
+    /// If `stream` is capturing, adds a node of type `ty` after the last captured one and
+    /// returns true (the op is captured, not run).
+    pub(crate) fn capture(&mut self, stream: Raw, ty: u32, next: &mut Raw) -> bool {
+        let Some(&g) = self.captures.get(&stream) else {
+            return false;
+        };
+        let deps = self
+            .graphs
+            .get(&g)
+            .and_then(|n| n.last().copied())
+            .into_iter()
+            .collect();
+        self.add(g, ty, deps, next);
+        true
+    }
+
+    /// Synchronising a capturing stream is illegal.
+    pub(crate) fn refuse_sync(&self, stream: Raw) -> CuResult<()> {
+        if self.captures.contains_key(&stream) {
+            Err(CAPTURE_UNSUPPORTED)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Executable graph launches so far.
+    pub(crate) fn launches(&self) -> usize {
+        self.execs.values().map(|e| e.1).sum()
+    }
+
+    fn add(&mut self, graph: Raw, ty: u32, deps: Vec<Raw>, next: &mut Raw) -> Raw {
+        *next += 0x10;
+        let n = *next;
+        self.nodes.insert(
+            n,
+            Node {
+                graph,
+                ty,
+                deps,
+                enabled: true,
+            },
+        );
+        self.graphs.entry(graph).or_default().push(n);
+        n
+    }
+
+    fn new_graph(&mut self, next: &mut Raw) -> Raw {
+        *next += 0x10;
+        self.graphs.insert(*next, Vec::new());
+        *next
+    }
+
+    fn check_graph(&self, g: Raw) -> CuResult<()> {
+        self.graphs
+            .contains_key(&g)
+            .then_some(())
+            .ok_or(INVALID_VALUE)
+    }
+
+    fn check_nodes(&self, graph: Raw, nodes: &[Raw]) -> CuResult<()> {
+        for n in nodes {
+            match self.nodes.get(n) {
+                Some(x) if x.graph == graph => {}
+                _ => return Err(INVALID_VALUE),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FakeDriver {
+    /// Executable graph launches in the current context.
+    pub(crate) fn graph_launches(&self) -> usize {
+        self.with_ctx("graph_launches", |c, _| Ok(c.graphs.launches()))
+            .unwrap_or(0)
+    }
+}
+
+impl GraphDriverApi for FakeDriver {
+    fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32> {
+        self.with_ctx("exchange_capture_mode", |_, _| {
+            if mode > 2 {
+                return Err(INVALID_VALUE);
+            }
+            Ok(0)
+        })
+    }
+
+    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()> {
+        self.with_ctx("stream_begin_capture", |c, next| {
+            check_stream(c, stream)?;
+            if stream == 0 || mode > 2 {
+                return Err(CAPTURE_UNSUPPORTED);
+            }
+            if c.graphs.captures.contains_key(&stream) {
+                return Err(ILLEGAL_STATE);
+            }
+            let g = c.graphs.new_graph(next);
+            c.graphs.captures.insert(stream, g);
+            Ok(())
+        })
+    }
+
+    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
+        self.with_ctx("stream_end_capture", |c, _| {
+            check_stream(c, stream)?;
+            c.graphs.captures.remove(&stream).ok_or(ILLEGAL_STATE)
+        })
+    }
+
+    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo> {
+        self.with_ctx("stream_capture_info", |c, _| {
+            check_stream(c, stream)?;
+            Ok(match c.graphs.captures.get(&stream) {
+                Some(&g) => CaptureInfo {
+                    status: 1,
+                    id: g as u64,
+                    graph: g,
+                    deps: c.graphs.graphs[&g].last().copied().into_iter().collect(),
+                },
+                None => CaptureInfo::default(),
+            })
+        })
+    }
+
+    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()> {
+        self.with_ctx("stream_update_capture_deps", |c, _| {
+            let g = *c.graphs.captures.get(&stream).ok_or(ILLEGAL_STATE)?;
+            if flags > 1 {
+                return Err(INVALID_VALUE);
+            }
+            c.graphs.check_nodes(g, deps)
+        })
+    }
+
+    fn graph_create(&self) -> CuResult<Raw> {
+        self.with_ctx("graph_create", |c, next| Ok(c.graphs.new_graph(next)))
+    }
+
+    fn graph_destroy(&self, graph: Raw) -> CuResult<()> {
+        self.with_ctx("graph_destroy", |c, _| {
+            let nodes = c.graphs.graphs.remove(&graph).ok_or(INVALID_VALUE)?;
+            for n in nodes {
+                c.graphs.nodes.remove(&n);
+            }
+            Ok(())
+        })
+    }
+
+    fn graph_clone(&self, graph: Raw) -> CuResult<Raw> {
+        self.with_ctx("graph_clone", |c, next| {
+            c.graphs.check_graph(graph)?;
+            let g = c.graphs.new_graph(next);
+            let mut map = HashMap::new();
+            for n in c.graphs.graphs[&graph].clone() {
+                let (ty, deps) = {
+                    let x = &c.graphs.nodes[&n];
+                    (
+                        x.ty,
+                        x.deps.iter().filter_map(|d| map.get(d).copied()).collect(),
+                    )
+                };
+                let m = c.graphs.add(g, ty, deps, next);
+                map.insert(n, m);
+            }
+            Ok(g)
+        })
+    }
+
+    fn graph_add_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        params: &NodeParams,
+        _ctx: Raw,
+    ) -> CuResult<Raw> {
+        self.with_ctx("graph_add_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            let ty = match params {
+                NodeParams::Empty => 5,
+                NodeParams::Memcpy(_) => 1,
+                NodeParams::Memset(_) => 2,
+                NodeParams::Child(g) => {
+                    c.graphs.check_graph(*g)?;
+                    4
+                }
+                NodeParams::EventRecord(_) => 7,
+                NodeParams::EventWait(_) => 6,
+            };
+            Ok(c.graphs.add(graph, ty, deps.to_vec(), next))
+        })
+    }
+
+    unsafe fn graph_add_kernel_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        _func: Raw,
+        _cfg: &LaunchConfig,
+        _params: &mut [*mut c_void],
+    ) -> CuResult<Raw> {
+        self.with_ctx("graph_add_kernel_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            Ok(c.graphs.add(graph, 0, deps.to_vec(), next))
+        })
+    }
+
+    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, _: Raw) -> CuResult<()> {
+        self.with_ctx("node_set_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            if exec != 0 && c.graphs.execs.get(&exec).map(|e| e.0) != Some(n.graph) {
+                return Err(INVALID_VALUE);
+            }
+            let ty = match params {
+                NodeParams::Empty => 5,
+                NodeParams::Memcpy(_) => 1,
+                NodeParams::Memset(_) => 2,
+                NodeParams::Child(_) => 4,
+                NodeParams::EventRecord(_) => 7,
+                NodeParams::EventWait(_) => 6,
+            };
+            (n.ty == ty).then_some(()).ok_or(INVALID_VALUE)
+        })
+    }
+
+    unsafe fn kernel_node_set_params(
+        &self,
+        exec: Raw,
+        node: Raw,
+        _func: Raw,
+        _cfg: &LaunchConfig,
+        _params: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        self.with_ctx("kernel_node_set_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            if exec != 0 && c.graphs.execs.get(&exec).map(|e| e.0) != Some(n.graph) {
+                return Err(INVALID_VALUE);
+            }
+            (n.ty == 0).then_some(()).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn graph_nodes(&self, graph: Raw, roots: bool) -> CuResult<Vec<Raw>> {
+        self.with_ctx("graph_nodes", |c, _| {
+            let nodes = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?;
+            Ok(nodes
+                .iter()
+                .copied()
+                .filter(|n| !roots || c.graphs.nodes[n].deps.is_empty())
+                .collect())
+        })
+    }
+
+    fn graph_edges(&self, graph: Raw) -> CuResult<Vec<(Raw, Raw)>> {
+        self.with_ctx("graph_edges", |c, _| {
+            let nodes = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?;
+            Ok(nodes
+                .iter()
+                .flat_map(|n| c.graphs.nodes[n].deps.iter().map(move |d| (*d, *n)))
+                .collect())
+        })
+    }
+
+    fn graph_change_edges(
+        &self,
+        graph: Raw,
+        from: &[Raw],
+        to: &[Raw],
+        remove: bool,
+    ) -> CuResult<()> {
+        self.with_ctx("graph_change_edges", |c, _| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, from)?;
+            c.graphs.check_nodes(graph, to)?;
+            if from.len() != to.len() {
+                return Err(INVALID_VALUE);
+            }
+            for (f, t) in from.iter().zip(to) {
+                let deps = &mut c.graphs.nodes.get_mut(t).ok_or(INVALID_VALUE)?.deps;
+                let has = deps.contains(f);
+                match (remove, has) {
+                    (false, false) => deps.push(*f),
+                    (true, true) => deps.retain(|d| d != f),
+                    _ => return Err(INVALID_VALUE),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn node_type(&self, node: Raw) -> CuResult<u32> {
+        self.with_ctx("node_type", |c, _| {
+            c.graphs.nodes.get(&node).map(|n| n.ty).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn node_neighbours(&self, node: Raw, dependents: bool) -> CuResult<Vec<Raw>> {
+        self.with_ctx("node_neighbours", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            if !dependents {
+                return Ok(n.deps.clone());
+            }
+            Ok(c.graphs.graphs[&n.graph]
+                .iter()
+                .copied()
+                .filter(|m| c.graphs.nodes[m].deps.contains(&node))
+                .collect())
+        })
+    }
+
+    fn graph_instantiate(&self, graph: Raw, flags: u64) -> CuResult<Raw> {
+        self.with_ctx("graph_instantiate", |c, next| {
+            c.graphs.check_graph(graph)?;
+            if flags & !0xd != 0 {
+                return Err(INVALID_VALUE);
+            }
+            *next += 0x10;
+            c.graphs.execs.insert(*next, (graph, 0));
+            Ok(*next)
+        })
+    }
+
+    fn graph_exec_destroy(&self, exec: Raw) -> CuResult<()> {
+        self.with_ctx("graph_exec_destroy", |c, _| {
+            c.graphs
+                .execs
+                .remove(&exec)
+                .map(|_| ())
+                .ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()> {
+        self.with_ctx("graph_launch", |c, next| {
+            check_stream(c, stream)?;
+            if !c.graphs.execs.contains_key(&exec) {
+                return Err(INVALID_VALUE);
+            }
+            if !upload_only && !c.graphs.capture(stream, 4, next) {
+                if let Some(e) = c.graphs.execs.get_mut(&exec) {
+                    e.1 += 1;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)> {
+        self.with_ctx("graph_exec_update", |c, _| {
+            let (old, _) = *c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?;
+            c.graphs.check_graph(graph)?;
+            let shape = |g: Raw| -> Vec<u32> {
+                c.graphs.graphs[&g]
+                    .iter()
+                    .map(|n| c.graphs.nodes[n].ty)
+                    .collect()
+            };
+            if c.graphs.graphs.contains_key(&old) && shape(old) != shape(graph) {
+                // cudaGraphExecUpdateErrorTopologyChanged
+                return Ok((2, 0));
+            }
+            Ok((0, 0))
+        })
+    }
+
+    fn graph_debug_dot(&self, graph: Raw, _flags: u32) -> CuResult<Vec<u8>> {
+        self.with_ctx("graph_debug_dot", |c, _| {
+            let n = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?.len();
+            Ok(format!("digraph fake {{ nodes={n} }}\n").into_bytes())
+        })
+    }
+
+    fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool> {
+        self.with_ctx("node_enabled", |c, _| {
+            let (g, _) = *c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?;
+            let n = c.graphs.nodes.get_mut(&node).ok_or(INVALID_VALUE)?;
+            if n.graph != g {
+                return Err(INVALID_VALUE);
+            }
+            if let Some(on) = set {
+                n.enabled = on;
+            }
+            Ok(n.enabled)
+        })
+    }
+}
