@@ -43,6 +43,10 @@ types=(
     cudaDeviceAttr CUdevice_attribute
     cudaStreamCaptureStatus cudaStreamCaptureMode
     cudaStream_t cudaEvent_t cudaKernel_t cudaFunction_t
+    cudaGraph_t cudaGraphNode_t cudaGraphExec_t cudaGraphNodeType cudaGraphEdgeData
+    cudaKernelNodeParams cudaMemcpy3DParms cudaMemsetParams cudaHostFn_t cudaHostNodeParams
+    cudaGraphInstantiateParams cudaGraphExecUpdateResultInfo cudaGraphExecUpdateResult
+    cudaGraphInstantiateResult cudaGraphDebugDotFlags cudaGraphMemAttributeType
 )
 vars=(
     'cudaHostAlloc[A-Za-z]*' 'cudaHostRegister[A-Za-z]*'
@@ -51,6 +55,7 @@ vars=(
     'cudaEventRecord(Default|External)' 'cudaEventWait(Default|External)'
     'cudaDevice(Schedule[A-Za-z]*|BlockingSync|MapHost|LmemResizeToMax|SyncMemops|Mask)'
     'CUDART_VERSION'
+    'cudaStream(Add|Set)CaptureDependencies'
 )
 join() { local IFS='|'; echo "$*"; }
 

@@ -22,6 +22,7 @@ mod warnings;
 pub mod allocations;
 pub mod api;
 pub mod call_config;
+pub mod capture;
 pub mod copy;
 pub mod cuda_error;
 pub mod device_prop;
@@ -49,3 +50,5 @@ pub mod transport;
 mod api_tests;
 #[cfg(test)]
 mod fake_device;
+#[cfg(test)]
+mod fake_graphs;

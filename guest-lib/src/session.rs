@@ -46,6 +46,8 @@ pub struct Session {
     launch_blocking: bool,
     /// Set once an op that needs a context was sent: only then can kernels have printed.
     gpu_used: AtomicBool,
+    /// The stream captures this process has under way (capture.rs).
+    pub captures: crate::capture::Captures,
 }
 
 impl std::fmt::Debug for Session {
@@ -70,6 +72,7 @@ impl Session {
             sticky: [const { AtomicU32::new(0) }; MAX_DEVICES],
             launch_blocking,
             gpu_used: AtomicBool::new(false),
+            captures: crate::capture::Captures::default(),
         };
         let reply = session.submit(Call::new(Op::Hello, 0).args(&[u64::from(VERSION)]))?;
         session.host = HostInfo {
@@ -103,7 +106,9 @@ impl Session {
             self.check_sticky(device)?;
             self.gpu_used.store(true, Ordering::Relaxed);
         }
-        if self.launch_blocking || !may_fire_and_forget(&call) {
+        // During a capture every call waits, so that an op the capture refuses fails at its
+        // own call (capture.rs).
+        if self.launch_blocking || !may_fire_and_forget(&call) || self.captures.active() {
             call.wait_for_result();
         }
         if let Err(errno) = self.execute(op, &mut call) {
@@ -307,7 +312,30 @@ pub fn needs_context(op: Op) -> bool {
         | Op::EventRecord
         | Op::EventSynchronize
         | Op::EventElapsedTime
-        | Op::EventQuery => true,
+        | Op::EventQuery
+        | Op::StreamBeginCapture
+        | Op::StreamEndCapture
+        | Op::StreamCaptureInfo
+        | Op::StreamUpdateCaptureDependencies
+        | Op::GraphCreate
+        | Op::GraphDestroy
+        | Op::GraphAddNode
+        | Op::GraphNodeSetParams
+        | Op::GraphExecNodeSetParams
+        | Op::GraphGetNodes
+        | Op::GraphGetEdges
+        | Op::GraphNodeQuery
+        | Op::GraphEdges
+        | Op::GraphClone
+        | Op::GraphInstantiate
+        | Op::GraphExecDestroy
+        | Op::GraphLaunch
+        | Op::GraphUpload
+        | Op::GraphExecUpdate
+        | Op::GraphDebugDot
+        | Op::GraphNodeEnabled
+        | Op::GraphExecChildGraph
+        | Op::GraphExecSetEvent => true,
     }
 }
 
@@ -328,7 +356,19 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::DriverReset
         | Op::HostMap
         | Op::HostUnmap
-        | Op::TakeOutput => false,
+        | Op::TakeOutput
+        | Op::StreamBeginCapture
+        | Op::StreamEndCapture
+        | Op::StreamUpdateCaptureDependencies
+        | Op::GraphCreate
+        | Op::GraphDestroy
+        | Op::GraphAddNode
+        | Op::GraphEdges
+        | Op::GraphClone
+        | Op::GraphInstantiate
+        | Op::GraphExecDestroy
+        | Op::GraphLaunch
+        | Op::GraphExecUpdate => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -357,7 +397,18 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::EventRecord
         | Op::EventSynchronize
         | Op::EventElapsedTime
-        | Op::EventQuery => true,
+        | Op::EventQuery
+        | Op::StreamCaptureInfo
+        | Op::GraphNodeSetParams
+        | Op::GraphExecNodeSetParams
+        | Op::GraphGetNodes
+        | Op::GraphGetEdges
+        | Op::GraphNodeQuery
+        | Op::GraphUpload
+        | Op::GraphDebugDot
+        | Op::GraphNodeEnabled
+        | Op::GraphExecChildGraph
+        | Op::GraphExecSetEvent => true,
     }
 }
 

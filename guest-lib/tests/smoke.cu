@@ -116,9 +116,9 @@ int main()
 
     // Proves this is qcuda's library: NVIDIA's answers cudaErrorNoDevice or
     // cudaErrorInsufficientDriver here, ours cudaErrorNotSupported (and warns once on stderr).
-    cudaGraph_t graph;
-    EXPECT(cudaGraphCreate(&graph, 0), cudaErrorNotSupported);
-    EXPECT(cudaGraphCreate(&graph, 0), cudaErrorNotSupported);
+    cudaGraphNode_t node;
+    EXPECT(cudaGraphAddMemFreeNode(&node, nullptr, nullptr, 0, nullptr), cudaErrorNotSupported);
+    EXPECT(cudaGraphAddMemFreeNode(&node, nullptr, nullptr, 0, nullptr), cudaErrorNotSupported);
     EXPECT(cudaGetLastError(), cudaErrorNotSupported);
 
     if (failures) {

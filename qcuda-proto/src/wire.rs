@@ -430,8 +430,10 @@ ops! {
     GraphLaunch = 0x01B0, ins 0, outs 0;
     /// args[0] = executable graph handle, args[1] = stream handle (0: legacy stream).
     GraphUpload = 0x01B1, ins 0, outs 0;
-    /// args[0] = executable graph, args[1] = graph handle. rets[0] =
-    /// `cudaGraphExecUpdateResult`, rets[1] = handle of the node that failed (0: none).
+    /// args[0] = executable graph, args[1] = graph handle. Status SUCCESS whenever the driver
+    /// judged the update: rets[0] = `cudaGraphExecUpdateResult` (0: applied; otherwise the
+    /// runtime answers cudaErrorGraphExecUpdateFailure), rets[1] = handle of the node that
+    /// failed (0: none).
     GraphExecUpdate = 0x01B2, ins 0, outs 0;
     /// args[0] = graph handle, args[1] = `cudaGraphDebugDotFlags`. rets[0] = length of the DOT
     /// text; out-buffer 0 receives up to its length of it.

@@ -25,6 +25,7 @@ macro_rules! cuda_api {
         /// Pointer arguments must be valid as the CUDA runtime API documents for this function.
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::generated::cudaError_t {
+            #[allow(clippy::too_many_arguments)]
             unsafe fn body($($arg: $ty),*) -> $crate::cuda_error::CudaResult<()> $body
             // SAFETY: `body` has exactly this function's contract, which our caller upholds.
             $crate::last_error::finish(unsafe { body($($arg),*) })
@@ -46,6 +47,7 @@ unsafe fn write_out<T>(out: *mut T, value: T) -> crate::cuda_error::CudaResult<(
 pub mod devices;
 pub mod errors;
 pub mod events;
+pub mod graphs;
 pub mod launch;
 pub mod memory;
 pub mod profiler;

@@ -7,7 +7,7 @@ use core::ffi::{c_int, c_uint, c_void};
 use super::write_out;
 use crate::{
     cuda_error::{CudaError, CudaResult},
-    generated::{cudaEvent_t, cudaStreamCaptureStatus, cudaStreamCaptureStatusNone, cudaStream_t},
+    generated::{cudaEvent_t, cudaStream_t},
     host_memory::HostKind,
     runtime::{current, non_null},
 };
@@ -89,18 +89,6 @@ unsafe fn get_device(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()>
     let s = rt.streams.info(stream as usize)?;
     // SAFETY: non-null and writable (API contract).
     unsafe { write_out(device, s.device as c_int) }
-}
-
-unsafe fn is_capturing(
-    stream: cudaStream_t,
-    status: *mut cudaStreamCaptureStatus,
-) -> CudaResult<()> {
-    non_null(status)?;
-    let (rt, _) = current()?;
-    rt.streams.info(stream as usize)?;
-    // Stream capture is not supported, so no stream is ever capturing.
-    // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(status, cudaStreamCaptureStatusNone) }
 }
 
 unsafe fn create(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> CudaResult<()> {
@@ -204,15 +192,4 @@ cuda_api! {
         unsafe { get_device(hStream, device) }
     }
 
-    /// `cudaStreamIsCapturing`: always `cudaStreamCaptureStatusNone` (no capture support).
-    fn cudaStreamIsCapturing(stream: cudaStream_t, pCaptureStatus: *mut cudaStreamCaptureStatus) {
-        // SAFETY: forwarded API contract.
-        unsafe { is_capturing(stream, pCaptureStatus) }
-    }
-
-    /// `cudaStreamIsCapturing` (per-thread default stream).
-    fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, pCaptureStatus: *mut cudaStreamCaptureStatus) {
-        // SAFETY: forwarded API contract.
-        unsafe { is_capturing(stream, pCaptureStatus) }
-    }
 }

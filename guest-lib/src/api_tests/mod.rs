@@ -17,6 +17,7 @@ use crate::{
 
 mod devices;
 mod errors;
+mod graphs;
 mod launch;
 mod memory;
 mod streams;

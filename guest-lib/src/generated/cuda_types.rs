@@ -54,6 +54,21 @@ pub struct CUstream_st {
     _unused: [u8; 0],
 }
 #[repr(C)]
+#[derive(Debug)]
+pub struct CUgraph_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUgraphNode_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUgraphExec_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct CUuuid_st {
     pub bytes: [::core::ffi::c_char; 16usize],
@@ -788,6 +803,13 @@ impl Default for cudaChannelFormatDesc {
         }
     }
 }
+#[repr(C)]
+#[derive(Debug)]
+pub struct cudaArray {
+    _unused: [u8; 0],
+}
+#[doc = " CUDA array"]
+pub type cudaArray_t = *mut cudaArray;
 #[doc = "< Unregistered memory"]
 pub const cudaMemoryTypeUnregistered: cudaMemoryType = 0;
 #[doc = "< Host memory"]
@@ -810,6 +832,202 @@ pub const cudaMemcpyDeviceToDevice: cudaMemcpyKind = 3;
 pub const cudaMemcpyDefault: cudaMemcpyKind = 4;
 #[doc = " CUDA memory copy types"]
 pub type cudaMemcpyKind = ::core::ffi::c_uint;
+#[doc = " CUDA Pitched memory pointer\n\n \\sa ::make_cudaPitchedPtr"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaPitchedPtr {
+    #[doc = "< Pointer to allocated memory"]
+    pub ptr: *mut ::core::ffi::c_void,
+    #[doc = "< Pitch of allocated memory in bytes"]
+    pub pitch: usize,
+    #[doc = "< Logical width of allocation in elements"]
+    pub xsize: usize,
+    #[doc = "< Logical height of allocation in elements"]
+    pub ysize: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaPitchedPtr"][::std::mem::size_of::<cudaPitchedPtr>() - 32usize];
+    ["Alignment of cudaPitchedPtr"][::std::mem::align_of::<cudaPitchedPtr>() - 8usize];
+    ["Offset of field: cudaPitchedPtr::ptr"][::std::mem::offset_of!(cudaPitchedPtr, ptr) - 0usize];
+    ["Offset of field: cudaPitchedPtr::pitch"]
+        [::std::mem::offset_of!(cudaPitchedPtr, pitch) - 8usize];
+    ["Offset of field: cudaPitchedPtr::xsize"]
+        [::std::mem::offset_of!(cudaPitchedPtr, xsize) - 16usize];
+    ["Offset of field: cudaPitchedPtr::ysize"]
+        [::std::mem::offset_of!(cudaPitchedPtr, ysize) - 24usize];
+};
+impl Default for cudaPitchedPtr {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA extent\n\n \\sa ::make_cudaExtent"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaExtent {
+    #[doc = "< Width in elements when referring to array memory, in bytes when referring to linear memory"]
+    pub width: usize,
+    #[doc = "< Height in elements"]
+    pub height: usize,
+    #[doc = "< Depth in elements"]
+    pub depth: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExtent"][::std::mem::size_of::<cudaExtent>() - 24usize];
+    ["Alignment of cudaExtent"][::std::mem::align_of::<cudaExtent>() - 8usize];
+    ["Offset of field: cudaExtent::width"][::std::mem::offset_of!(cudaExtent, width) - 0usize];
+    ["Offset of field: cudaExtent::height"][::std::mem::offset_of!(cudaExtent, height) - 8usize];
+    ["Offset of field: cudaExtent::depth"][::std::mem::offset_of!(cudaExtent, depth) - 16usize];
+};
+#[doc = " CUDA 3D position\n\n \\sa ::make_cudaPos"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaPos {
+    #[doc = "< x"]
+    pub x: usize,
+    #[doc = "< y"]
+    pub y: usize,
+    #[doc = "< z"]
+    pub z: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaPos"][::std::mem::size_of::<cudaPos>() - 24usize];
+    ["Alignment of cudaPos"][::std::mem::align_of::<cudaPos>() - 8usize];
+    ["Offset of field: cudaPos::x"][::std::mem::offset_of!(cudaPos, x) - 0usize];
+    ["Offset of field: cudaPos::y"][::std::mem::offset_of!(cudaPos, y) - 8usize];
+    ["Offset of field: cudaPos::z"][::std::mem::offset_of!(cudaPos, z) - 16usize];
+};
+#[doc = " CUDA 3D memory copying parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemcpy3DParms {
+    #[doc = "< Source memory address"]
+    pub srcArray: cudaArray_t,
+    #[doc = "< Source position offset"]
+    pub srcPos: cudaPos,
+    #[doc = "< Pitched source memory address"]
+    pub srcPtr: cudaPitchedPtr,
+    #[doc = "< Destination memory address"]
+    pub dstArray: cudaArray_t,
+    #[doc = "< Destination position offset"]
+    pub dstPos: cudaPos,
+    #[doc = "< Pitched destination memory address"]
+    pub dstPtr: cudaPitchedPtr,
+    #[doc = "< Requested memory copy size"]
+    pub extent: cudaExtent,
+    #[doc = "< Type of transfer"]
+    pub kind: cudaMemcpyKind,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemcpy3DParms"][::std::mem::size_of::<cudaMemcpy3DParms>() - 160usize];
+    ["Alignment of cudaMemcpy3DParms"][::std::mem::align_of::<cudaMemcpy3DParms>() - 8usize];
+    ["Offset of field: cudaMemcpy3DParms::srcArray"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, srcArray) - 0usize];
+    ["Offset of field: cudaMemcpy3DParms::srcPos"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, srcPos) - 8usize];
+    ["Offset of field: cudaMemcpy3DParms::srcPtr"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, srcPtr) - 32usize];
+    ["Offset of field: cudaMemcpy3DParms::dstArray"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, dstArray) - 64usize];
+    ["Offset of field: cudaMemcpy3DParms::dstPos"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, dstPos) - 72usize];
+    ["Offset of field: cudaMemcpy3DParms::dstPtr"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, dstPtr) - 96usize];
+    ["Offset of field: cudaMemcpy3DParms::extent"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, extent) - 128usize];
+    ["Offset of field: cudaMemcpy3DParms::kind"]
+        [::std::mem::offset_of!(cudaMemcpy3DParms, kind) - 152usize];
+};
+impl Default for cudaMemcpy3DParms {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA Memset node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemsetParams {
+    #[doc = "< Destination device pointer"]
+    pub dst: *mut ::core::ffi::c_void,
+    #[doc = "< Pitch of destination device pointer. Unused if height is 1"]
+    pub pitch: usize,
+    #[doc = "< Value to be set"]
+    pub value: ::core::ffi::c_uint,
+    #[doc = "< Size of each element in bytes. Must be 1, 2, or 4."]
+    pub elementSize: ::core::ffi::c_uint,
+    #[doc = "< Width of the row in elements"]
+    pub width: usize,
+    #[doc = "< Number of rows"]
+    pub height: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemsetParams"][::std::mem::size_of::<cudaMemsetParams>() - 40usize];
+    ["Alignment of cudaMemsetParams"][::std::mem::align_of::<cudaMemsetParams>() - 8usize];
+    ["Offset of field: cudaMemsetParams::dst"]
+        [::std::mem::offset_of!(cudaMemsetParams, dst) - 0usize];
+    ["Offset of field: cudaMemsetParams::pitch"]
+        [::std::mem::offset_of!(cudaMemsetParams, pitch) - 8usize];
+    ["Offset of field: cudaMemsetParams::value"]
+        [::std::mem::offset_of!(cudaMemsetParams, value) - 16usize];
+    ["Offset of field: cudaMemsetParams::elementSize"]
+        [::std::mem::offset_of!(cudaMemsetParams, elementSize) - 20usize];
+    ["Offset of field: cudaMemsetParams::width"]
+        [::std::mem::offset_of!(cudaMemsetParams, width) - 24usize];
+    ["Offset of field: cudaMemsetParams::height"]
+        [::std::mem::offset_of!(cudaMemsetParams, height) - 32usize];
+};
+impl Default for cudaMemsetParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA host function\n \\param userData Argument value passed to the function"]
+pub type cudaHostFn_t =
+    ::std::option::Option<unsafe extern "C" fn(userData: *mut ::core::ffi::c_void)>;
+#[doc = " CUDA host node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaHostNodeParams {
+    #[doc = "< The function to call when the node executes"]
+    pub fn_: cudaHostFn_t,
+    #[doc = "< Argument to pass to the function"]
+    pub userData: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaHostNodeParams"][::std::mem::size_of::<cudaHostNodeParams>() - 16usize];
+    ["Alignment of cudaHostNodeParams"][::std::mem::align_of::<cudaHostNodeParams>() - 8usize];
+    ["Offset of field: cudaHostNodeParams::fn_"]
+        [::std::mem::offset_of!(cudaHostNodeParams, fn_) - 0usize];
+    ["Offset of field: cudaHostNodeParams::userData"]
+        [::std::mem::offset_of!(cudaHostNodeParams, userData) - 8usize];
+};
+impl Default for cudaHostNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = "< Stream is not capturing"]
 pub const cudaStreamCaptureStatusNone: cudaStreamCaptureStatus = 0;
 #[doc = "< Stream is actively capturing"]
@@ -1253,6 +1471,16 @@ pub const cudaDevAttrOnlyPartialHostNativeAtomicSupported: cudaDeviceAttr = 147;
 pub const cudaDevAttrMax: cudaDeviceAttr = 148;
 #[doc = " CUDA device attributes"]
 pub type cudaDeviceAttr = ::core::ffi::c_uint;
+#[doc = " (value type = cuuint64_t)\n Amount of memory, in bytes, currently associated with graphs."]
+pub const cudaGraphMemAttrUsedMemCurrent: cudaGraphMemAttributeType = 0;
+#[doc = " (value type = cuuint64_t)\n High watermark of memory, in bytes, associated with graphs since the\n last time it was reset.  High watermark can only be reset to zero."]
+pub const cudaGraphMemAttrUsedMemHigh: cudaGraphMemAttributeType = 1;
+#[doc = " (value type = cuuint64_t)\n Amount of memory, in bytes, currently allocated for use by\n the CUDA graphs asynchronous allocator."]
+pub const cudaGraphMemAttrReservedMemCurrent: cudaGraphMemAttributeType = 2;
+#[doc = " (value type = cuuint64_t)\n High watermark of memory, in bytes, currently allocated for use by\n the CUDA graphs asynchronous allocator."]
+pub const cudaGraphMemAttrReservedMemHigh: cudaGraphMemAttributeType = 3;
+#[doc = " Graph memory attributes"]
+pub type cudaGraphMemAttributeType = ::core::ffi::c_uint;
 pub type cudaUUID_t = CUuuid_st;
 #[doc = " CUDA device properties"]
 #[repr(C)]
@@ -1651,7 +1879,245 @@ pub use self::cudaError as cudaError_t;
 pub type cudaStream_t = *mut CUstream_st;
 #[doc = " CUDA event types"]
 pub type cudaEvent_t = *mut CUevent_st;
+#[doc = " CUDA graph"]
+pub type cudaGraph_t = *mut CUgraph_st;
+#[doc = " CUDA graph node."]
+pub type cudaGraphNode_t = *mut CUgraphNode_st;
 #[doc = " CUDA function"]
 pub type cudaFunction_t = *mut CUfunc_st;
 #[doc = " CUDA kernel"]
 pub type cudaKernel_t = *mut CUkern_st;
+#[doc = " CUDA GPU kernel node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaKernelNodeParams {
+    #[doc = "< Kernel to launch"]
+    pub func: *mut ::core::ffi::c_void,
+    #[doc = "< Grid dimensions"]
+    pub gridDim: dim3,
+    #[doc = "< Block dimensions"]
+    pub blockDim: dim3,
+    #[doc = "< Dynamic shared-memory size per thread block in bytes"]
+    pub sharedMemBytes: ::core::ffi::c_uint,
+    #[doc = "< Array of pointers to individual kernel arguments"]
+    pub kernelParams: *mut *mut ::core::ffi::c_void,
+    #[doc = "< Pointer to kernel arguments in the \"extra\" format"]
+    pub extra: *mut *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaKernelNodeParams"][::std::mem::size_of::<cudaKernelNodeParams>() - 56usize];
+    ["Alignment of cudaKernelNodeParams"][::std::mem::align_of::<cudaKernelNodeParams>() - 8usize];
+    ["Offset of field: cudaKernelNodeParams::func"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, func) - 0usize];
+    ["Offset of field: cudaKernelNodeParams::gridDim"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, gridDim) - 8usize];
+    ["Offset of field: cudaKernelNodeParams::blockDim"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, blockDim) - 20usize];
+    ["Offset of field: cudaKernelNodeParams::sharedMemBytes"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, sharedMemBytes) - 32usize];
+    ["Offset of field: cudaKernelNodeParams::kernelParams"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, kernelParams) - 40usize];
+    ["Offset of field: cudaKernelNodeParams::extra"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, extra) - 48usize];
+};
+impl Default for cudaKernelNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = "< GPU kernel node"]
+pub const cudaGraphNodeTypeKernel: cudaGraphNodeType = 0;
+#[doc = "< Memcpy node"]
+pub const cudaGraphNodeTypeMemcpy: cudaGraphNodeType = 1;
+#[doc = "< Memset node"]
+pub const cudaGraphNodeTypeMemset: cudaGraphNodeType = 2;
+#[doc = "< Host (executable) node"]
+pub const cudaGraphNodeTypeHost: cudaGraphNodeType = 3;
+#[doc = "< Node which executes an embedded graph"]
+pub const cudaGraphNodeTypeGraph: cudaGraphNodeType = 4;
+#[doc = "< Empty (no-op) node"]
+pub const cudaGraphNodeTypeEmpty: cudaGraphNodeType = 5;
+#[doc = "< External event wait node"]
+pub const cudaGraphNodeTypeWaitEvent: cudaGraphNodeType = 6;
+#[doc = "< External event record node"]
+pub const cudaGraphNodeTypeEventRecord: cudaGraphNodeType = 7;
+#[doc = "< External semaphore signal node"]
+pub const cudaGraphNodeTypeExtSemaphoreSignal: cudaGraphNodeType = 8;
+#[doc = "< External semaphore wait node"]
+pub const cudaGraphNodeTypeExtSemaphoreWait: cudaGraphNodeType = 9;
+#[doc = "< Memory allocation node"]
+pub const cudaGraphNodeTypeMemAlloc: cudaGraphNodeType = 10;
+#[doc = "< Memory free node"]
+pub const cudaGraphNodeTypeMemFree: cudaGraphNodeType = 11;
+#[doc = "< Conditional node\n\nMay be used to implement a conditional execution path or loop\ninside of a graph. The graph(s) contained within the body of the conditional node\ncan be selectively executed or iterated upon based on the value of a conditional\nvariable.\n\nHandles must be created in advance of creating the node\nusing ::cudaGraphConditionalHandleCreate.\n\nThe following restrictions apply to graphs which contain conditional nodes:\nThe graph cannot be used in a child node.\nOnly one instantiation of the graph may exist at any point in time.\nThe graph cannot be cloned.\n\nTo set the control value, supply a default value when creating the handle and/or\ncall ::cudaGraphSetConditional from device code."]
+pub const cudaGraphNodeTypeConditional: cudaGraphNodeType = 13;
+pub const cudaGraphNodeTypeCount: cudaGraphNodeType = 14;
+#[doc = " CUDA Graph node types"]
+pub type cudaGraphNodeType = ::core::ffi::c_uint;
+#[doc = " Optional annotation for edges in a CUDA graph. Note, all edges implicitly have annotations and\n default to a zero-initialized value if not specified. A zero-initialized struct indicates a\n standard full serialization of two nodes with memory visibility."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaGraphEdgeData_st {
+    #[doc = "< This indicates when the dependency is triggered from the upstream\nnode on the edge. The meaning is specfic to the node type. A value\nof 0 in all cases means full completion of the upstream node, with\nmemory visibility to the downstream node or portion thereof\n(indicated by \\c to_port).\n<br>\nOnly kernel nodes define non-zero ports. A kernel node\ncan use the following output port types:\n::cudaGraphKernelNodePortDefault, ::cudaGraphKernelNodePortProgrammatic,\nor ::cudaGraphKernelNodePortLaunchCompletion."]
+    pub from_port: ::core::ffi::c_uchar,
+    #[doc = "< This indicates what portion of the downstream node is dependent on\nthe upstream node or portion thereof (indicated by \\c from_port). The\nmeaning is specific to the node type. A value of 0 in all cases means\nthe entirety of the downstream node is dependent on the upstream work.\n<br>\nCurrently no node types define non-zero ports. Accordingly, this field\nmust be set to zero."]
+    pub to_port: ::core::ffi::c_uchar,
+    #[doc = "< This should be populated with a value from ::cudaGraphDependencyType. (It\nis typed as char due to compiler-specific layout of bitfields.) See\n::cudaGraphDependencyType."]
+    pub type_: ::core::ffi::c_uchar,
+    #[doc = "< These bytes are unused and must be zeroed. This ensures\ncompatibility if additional fields are added in the future."]
+    pub reserved: [::core::ffi::c_uchar; 5usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaGraphEdgeData_st"][::std::mem::size_of::<cudaGraphEdgeData_st>() - 8usize];
+    ["Alignment of cudaGraphEdgeData_st"][::std::mem::align_of::<cudaGraphEdgeData_st>() - 1usize];
+    ["Offset of field: cudaGraphEdgeData_st::from_port"]
+        [::std::mem::offset_of!(cudaGraphEdgeData_st, from_port) - 0usize];
+    ["Offset of field: cudaGraphEdgeData_st::to_port"]
+        [::std::mem::offset_of!(cudaGraphEdgeData_st, to_port) - 1usize];
+    ["Offset of field: cudaGraphEdgeData_st::type_"]
+        [::std::mem::offset_of!(cudaGraphEdgeData_st, type_) - 2usize];
+    ["Offset of field: cudaGraphEdgeData_st::reserved"]
+        [::std::mem::offset_of!(cudaGraphEdgeData_st, reserved) - 3usize];
+};
+#[doc = " Optional annotation for edges in a CUDA graph. Note, all edges implicitly have annotations and\n default to a zero-initialized value if not specified. A zero-initialized struct indicates a\n standard full serialization of two nodes with memory visibility."]
+pub type cudaGraphEdgeData = cudaGraphEdgeData_st;
+#[doc = " CUDA executable (launchable) graph"]
+pub type cudaGraphExec_t = *mut CUgraphExec_st;
+#[doc = "< The update succeeded"]
+pub const cudaGraphExecUpdateSuccess: cudaGraphExecUpdateResult = 0;
+#[doc = "< The update failed for an unexpected reason which is described in the return value of the function"]
+pub const cudaGraphExecUpdateError: cudaGraphExecUpdateResult = 1;
+#[doc = "< The update failed because the topology changed"]
+pub const cudaGraphExecUpdateErrorTopologyChanged: cudaGraphExecUpdateResult = 2;
+#[doc = "< The update failed because a node type changed"]
+pub const cudaGraphExecUpdateErrorNodeTypeChanged: cudaGraphExecUpdateResult = 3;
+#[doc = "< The update failed because the function of a kernel node changed (CUDA driver < 11.2)"]
+pub const cudaGraphExecUpdateErrorFunctionChanged: cudaGraphExecUpdateResult = 4;
+#[doc = "< The update failed because the parameters changed in a way that is not supported"]
+pub const cudaGraphExecUpdateErrorParametersChanged: cudaGraphExecUpdateResult = 5;
+#[doc = "< The update failed because something about the node is not supported"]
+pub const cudaGraphExecUpdateErrorNotSupported: cudaGraphExecUpdateResult = 6;
+#[doc = "< The update failed because the function of a kernel node changed in an unsupported way"]
+pub const cudaGraphExecUpdateErrorUnsupportedFunctionChange: cudaGraphExecUpdateResult = 7;
+#[doc = "< The update failed because the node attributes changed in a way that is not supported"]
+pub const cudaGraphExecUpdateErrorAttributesChanged: cudaGraphExecUpdateResult = 8;
+#[doc = " CUDA Graph Update error types"]
+pub type cudaGraphExecUpdateResult = ::core::ffi::c_uint;
+#[doc = "< Instantiation succeeded"]
+pub const cudaGraphInstantiateSuccess: cudaGraphInstantiateResult = 0;
+#[doc = "< Instantiation failed for an unexpected reason which is described in the return value of the function"]
+pub const cudaGraphInstantiateError: cudaGraphInstantiateResult = 1;
+#[doc = "< Instantiation failed due to invalid structure, such as cycles"]
+pub const cudaGraphInstantiateInvalidStructure: cudaGraphInstantiateResult = 2;
+#[doc = "< Instantiation for device launch failed because the graph contained an unsupported operation"]
+pub const cudaGraphInstantiateNodeOperationNotSupported: cudaGraphInstantiateResult = 3;
+#[doc = "< Instantiation for device launch failed due to the nodes belonging to different contexts"]
+pub const cudaGraphInstantiateMultipleDevicesNotSupported: cudaGraphInstantiateResult = 4;
+#[doc = "< One or more conditional handles are not associated with conditional nodes"]
+pub const cudaGraphInstantiateConditionalHandleUnused: cudaGraphInstantiateResult = 5;
+#[doc = " Graph instantiation results"]
+pub type cudaGraphInstantiateResult = ::core::ffi::c_uint;
+#[doc = " Graph instantiation parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaGraphInstantiateParams_st {
+    #[doc = "< Instantiation flags"]
+    pub flags: ::core::ffi::c_ulonglong,
+    #[doc = "< Upload stream"]
+    pub uploadStream: cudaStream_t,
+    #[doc = "< The node which caused instantiation to fail, if any"]
+    pub errNode_out: cudaGraphNode_t,
+    #[doc = "< Whether instantiation was successful.  If it failed, the reason why"]
+    pub result_out: cudaGraphInstantiateResult,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaGraphInstantiateParams_st"]
+        [::std::mem::size_of::<cudaGraphInstantiateParams_st>() - 32usize];
+    ["Alignment of cudaGraphInstantiateParams_st"]
+        [::std::mem::align_of::<cudaGraphInstantiateParams_st>() - 8usize];
+    ["Offset of field: cudaGraphInstantiateParams_st::flags"]
+        [::std::mem::offset_of!(cudaGraphInstantiateParams_st, flags) - 0usize];
+    ["Offset of field: cudaGraphInstantiateParams_st::uploadStream"]
+        [::std::mem::offset_of!(cudaGraphInstantiateParams_st, uploadStream) - 8usize];
+    ["Offset of field: cudaGraphInstantiateParams_st::errNode_out"]
+        [::std::mem::offset_of!(cudaGraphInstantiateParams_st, errNode_out) - 16usize];
+    ["Offset of field: cudaGraphInstantiateParams_st::result_out"]
+        [::std::mem::offset_of!(cudaGraphInstantiateParams_st, result_out) - 24usize];
+};
+impl Default for cudaGraphInstantiateParams_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Graph instantiation parameters"]
+pub type cudaGraphInstantiateParams = cudaGraphInstantiateParams_st;
+#[doc = " Result information returned by cudaGraphExecUpdate"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaGraphExecUpdateResultInfo_st {
+    #[doc = " Gives more specific detail when a cuda graph update fails."]
+    pub result: cudaGraphExecUpdateResult,
+    #[doc = " The \"to node\" of the error edge when the topologies do not match.\n The error node when the error is associated with a specific node.\n NULL when the error is generic."]
+    pub errorNode: cudaGraphNode_t,
+    #[doc = " The from node of error edge when the topologies do not match. Otherwise NULL."]
+    pub errorFromNode: cudaGraphNode_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaGraphExecUpdateResultInfo_st"]
+        [::std::mem::size_of::<cudaGraphExecUpdateResultInfo_st>() - 24usize];
+    ["Alignment of cudaGraphExecUpdateResultInfo_st"]
+        [::std::mem::align_of::<cudaGraphExecUpdateResultInfo_st>() - 8usize];
+    ["Offset of field: cudaGraphExecUpdateResultInfo_st::result"]
+        [::std::mem::offset_of!(cudaGraphExecUpdateResultInfo_st, result) - 0usize];
+    ["Offset of field: cudaGraphExecUpdateResultInfo_st::errorNode"]
+        [::std::mem::offset_of!(cudaGraphExecUpdateResultInfo_st, errorNode) - 8usize];
+    ["Offset of field: cudaGraphExecUpdateResultInfo_st::errorFromNode"]
+        [::std::mem::offset_of!(cudaGraphExecUpdateResultInfo_st, errorFromNode) - 16usize];
+};
+impl Default for cudaGraphExecUpdateResultInfo_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Result information returned by cudaGraphExecUpdate"]
+pub type cudaGraphExecUpdateResultInfo = cudaGraphExecUpdateResultInfo_st;
+#[doc = "< Output all debug data as if every debug flag is enabled"]
+pub const cudaGraphDebugDotFlagsVerbose: cudaGraphDebugDotFlags = 1;
+#[doc = "< Adds cudaKernelNodeParams to output"]
+pub const cudaGraphDebugDotFlagsKernelNodeParams: cudaGraphDebugDotFlags = 4;
+#[doc = "< Adds cudaMemcpy3DParms to output"]
+pub const cudaGraphDebugDotFlagsMemcpyNodeParams: cudaGraphDebugDotFlags = 8;
+#[doc = "< Adds cudaMemsetParams to output"]
+pub const cudaGraphDebugDotFlagsMemsetNodeParams: cudaGraphDebugDotFlags = 16;
+#[doc = "< Adds cudaHostNodeParams to output"]
+pub const cudaGraphDebugDotFlagsHostNodeParams: cudaGraphDebugDotFlags = 32;
+#[doc = "< Adds cudaEvent_t handle from record and wait nodes to output"]
+pub const cudaGraphDebugDotFlagsEventNodeParams: cudaGraphDebugDotFlags = 64;
+#[doc = "< Adds cudaExternalSemaphoreSignalNodeParams values to output"]
+pub const cudaGraphDebugDotFlagsExtSemasSignalNodeParams: cudaGraphDebugDotFlags = 128;
+#[doc = "< Adds cudaExternalSemaphoreWaitNodeParams to output"]
+pub const cudaGraphDebugDotFlagsExtSemasWaitNodeParams: cudaGraphDebugDotFlags = 256;
+#[doc = "< Adds cudaKernelNodeAttrID values to output"]
+pub const cudaGraphDebugDotFlagsKernelNodeAttributes: cudaGraphDebugDotFlags = 512;
+#[doc = "< Adds node handles and every kernel function handle to output"]
+pub const cudaGraphDebugDotFlagsHandles: cudaGraphDebugDotFlags = 1024;
+#[doc = "< Adds cudaConditionalNodeParams to output"]
+pub const cudaGraphDebugDotFlagsConditionalNodeParams: cudaGraphDebugDotFlags = 32768;
+#[doc = " CUDA Graph debug write options"]
+pub type cudaGraphDebugDotFlags = ::core::ffi::c_uint;

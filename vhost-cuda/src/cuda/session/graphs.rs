@@ -732,13 +732,7 @@ impl CudaSession {
         } else {
             self.node_handle(args[1], node)?
         };
-        if result != 0 {
-            let mut r = ResponseHeader::with_status(status::GRAPH_EXEC_UPDATE_FAILURE);
-            r.rets[0] = u64::from(result);
-            r.rets[1] = node;
-            return Ok(r);
-        }
-        ok_rets(&[0, node])
+        ok_rets(&[u64::from(result), node])
     }
 
     fn graph_debug_dot(&mut self, req: &Request) -> OpResult {
