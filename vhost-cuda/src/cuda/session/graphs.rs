@@ -131,7 +131,7 @@ fn read_all(buf: Option<&GuestBuffer>, max: usize) -> Result<Vec<u8>, Fault> {
 }
 
 fn u64s(bytes: &[u8]) -> Result<Vec<u64>, Fault> {
-    if bytes.len() % 8 != 0 {
+    if !bytes.len().is_multiple_of(8) {
         return Err(status::INVALID_VALUE.into());
     }
     Ok(bytes
@@ -666,7 +666,7 @@ impl CudaSession {
             return Err(status::INVALID_VALUE.into());
         }
         let pairs = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 16)?)?;
-        if pairs.len() % 2 != 0 {
+        if !pairs.len().is_multiple_of(2) {
             return Err(status::INVALID_VALUE.into());
         }
         let from = self.nodes(&pairs.iter().step_by(2).copied().collect::<Vec<_>>())?;
