@@ -24,15 +24,22 @@ use std::{
     thread::{self, ThreadId},
 };
 
+use qcuda_proto::Op;
+
 use crate::{
     cuda_error::{CudaError, CudaResult},
     generated::{cudaStreamCaptureMode, cudaStreamCaptureModeGlobal, cudaStreamCaptureModeRelaxed},
+    session::Session,
+    transport::Call,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Capture {
     /// The guest's stream handle.
     stream: usize,
+    /// Its handle on the wire and its device.
+    wire: u64,
+    device: u32,
     thread: ThreadId,
     mode: cudaStreamCaptureMode,
 }
@@ -74,11 +81,13 @@ impl Captures {
 
     /// Records that the calling thread began capturing `stream` in `mode` (the host accepted
     /// it).
-    pub fn begun(&self, stream: usize, mode: cudaStreamCaptureMode) {
+    pub fn begun(&self, stream: usize, wire: u64, device: u32, mode: cudaStreamCaptureMode) {
         let mut c = self.lock();
         c.retain(|x| x.stream != stream);
         c.push(Capture {
             stream,
+            wire,
+            device,
             thread: thread::current().id(),
             mode,
         });
@@ -105,28 +114,52 @@ impl Captures {
     }
 
     /// Fails with `cudaErrorStreamCaptureUnsupported` if CUDA prohibits potentially unsafe
-    /// calls for the calling thread now (see the module documentation).
-    pub fn check_unsafe_call(&self) -> CudaResult<()> {
+    /// calls for the calling thread now (see the module documentation); the captures that
+    /// prohibit it are invalidated on the host, as CUDA invalidates them.
+    pub fn check_unsafe_call(&self, session: &Session) -> CudaResult<()> {
+        let offending = self.prohibiting();
+        for c in &offending {
+            let _ =
+                session.submit(Call::new(Op::StreamCaptureInvalidate, c.device).args(&[c.wire]));
+        }
+        if offending.is_empty() {
+            Ok(())
+        } else {
+            Err(CudaError::STREAM_CAPTURE_UNSUPPORTED)
+        }
+    }
+
+    /// Fails like [`Captures::check_unsafe_call`], without telling the host (tests).
+    #[cfg(test)]
+    fn check_local(&self) -> CudaResult<()> {
+        if self.prohibiting().is_empty() {
+            Ok(())
+        } else {
+            Err(CudaError::STREAM_CAPTURE_UNSUPPORTED)
+        }
+    }
+
+    /// The captures that prohibit potentially unsafe calls of the calling thread.
+    fn prohibiting(&self) -> Vec<Capture> {
         if !self.active() {
-            return Ok(());
+            return Vec::new();
         }
         let mode = MODE.with(Cell::get);
         if mode == cudaStreamCaptureModeRelaxed {
-            return Ok(());
+            return Vec::new();
         }
         let me = thread::current().id();
-        let prohibited = self.lock().iter().any(|x| {
-            if x.thread == me {
-                x.mode != cudaStreamCaptureModeRelaxed
-            } else {
-                mode == cudaStreamCaptureModeGlobal && x.mode == cudaStreamCaptureModeGlobal
-            }
-        });
-        if prohibited {
-            Err(CudaError::STREAM_CAPTURE_UNSUPPORTED)
-        } else {
-            Ok(())
-        }
+        self.lock()
+            .iter()
+            .filter(|x| {
+                if x.thread == me {
+                    x.mode != cudaStreamCaptureModeRelaxed
+                } else {
+                    mode == cudaStreamCaptureModeGlobal && x.mode == cudaStreamCaptureModeGlobal
+                }
+            })
+            .copied()
+            .collect()
     }
 }
 
@@ -142,15 +175,15 @@ mod tests {
     #[test]
     fn the_modes_decide_who_may_make_unsafe_calls() {
         let c = Captures::default();
-        c.check_unsafe_call().unwrap();
-        c.begun(1, cudaStreamCaptureModeGlobal);
+        c.check_local().unwrap();
+        c.begun(1, 1, 0, cudaStreamCaptureModeGlobal);
         let refused = Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
-        assert_eq!(c.check_unsafe_call(), refused);
+        assert_eq!(c.check_local(), refused);
         // Another thread: refused in global mode, allowed in thread-local or relaxed mode.
-        assert_eq!(in_thread(|| c.check_unsafe_call()), refused);
+        assert_eq!(in_thread(|| c.check_local()), refused);
         in_thread(|| {
             exchange_mode(cudaStreamCaptureModeThreadLocal).unwrap();
-            c.check_unsafe_call()
+            c.check_local()
         })
         .unwrap();
         // Only the thread that began a global capture may end it.
@@ -161,19 +194,19 @@ mod tests {
         c.check_end(1).unwrap();
         c.ended(1);
         // A thread-local capture binds only its own thread.
-        c.begun(2, cudaStreamCaptureModeThreadLocal);
-        assert_eq!(c.check_unsafe_call(), refused);
-        in_thread(|| c.check_unsafe_call()).unwrap();
+        c.begun(2, 2, 0, cudaStreamCaptureModeThreadLocal);
+        assert_eq!(c.check_local(), refused);
+        in_thread(|| c.check_local()).unwrap();
         assert_eq!(
             exchange_mode(cudaStreamCaptureModeRelaxed),
             Ok(cudaStreamCaptureModeGlobal)
         );
-        c.check_unsafe_call().unwrap();
+        c.check_local().unwrap();
         exchange_mode(cudaStreamCaptureModeGlobal).unwrap();
         // Relaxed captures bind nobody, and may end anywhere.
         c.ended(2);
-        c.begun(3, cudaStreamCaptureModeRelaxed);
-        c.check_unsafe_call().unwrap();
+        c.begun(3, 3, 0, cudaStreamCaptureModeRelaxed);
+        c.check_local().unwrap();
         in_thread(|| c.check_end(3)).unwrap();
         assert_eq!(exchange_mode(9), Err(CudaError::INVALID_VALUE));
     }

@@ -518,7 +518,8 @@ fn run(
         | Op::GraphDebugDot
         | Op::GraphNodeEnabled
         | Op::GraphExecChildGraph
-        | Op::GraphExecSetEvent => {
+        | Op::GraphExecSetEvent
+        | Op::StreamCaptureInvalidate => {
             let h = s.handle();
             let streams = s.streams.clone();
             s.graphs.run(op, args, ins, outs, rets, h, &streams)?

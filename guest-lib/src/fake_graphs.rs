@@ -25,6 +25,8 @@ pub struct FakeGraphs {
     pub execs: HashMap<u64, (u64, usize)>,
     /// Stream (wire handle) -> (graph, mode).
     pub captures: HashMap<u64, (u64, u64)>,
+    /// Captures invalidated (`StreamCaptureInvalidate`).
+    pub invalidated: Vec<u64>,
 }
 
 fn u64s(b: &[u8]) -> Vec<u64> {
@@ -75,6 +77,11 @@ impl FakeGraphs {
                     .captures
                     .remove(&args[0])
                     .ok_or(status::ILLEGAL_STATE)?;
+                if let Some(i) = self.invalidated.iter().position(|s| *s == args[0]) {
+                    self.invalidated.remove(i);
+                    self.graphs.remove(&g);
+                    return Err(status::STREAM_CAPTURE_INVALIDATED);
+                }
                 rets[0] = g;
             }
             Op::StreamCaptureInfo => {
@@ -85,6 +92,11 @@ impl FakeGraphs {
                     let last: Vec<u64> = self.graph(g)?.last().copied().into_iter().collect();
                     put(outs[0], &last);
                     *rets = [1, g, g, last.len() as u64, 0, 0, 0];
+                }
+            }
+            Op::StreamCaptureInvalidate => {
+                if self.captures.contains_key(&args[0]) {
+                    self.invalidated.push(args[0]);
                 }
             }
             Op::StreamUpdateCaptureDependencies => {

@@ -19,7 +19,7 @@ use crate::{
 
 /// `cudaMalloc` of `size` bytes on `device`. Zero bytes gives a null pointer, as in CUDA.
 pub fn malloc(rt: &Runtime, device: u32, size: usize) -> CudaResult<u64> {
-    rt.session.captures.check_unsafe_call()?;
+    rt.session.captures.check_unsafe_call(&rt.session)?;
     if size == 0 {
         return Ok(0);
     }
@@ -115,7 +115,7 @@ pub unsafe fn memcpy(
     let dir = direction(rt, dst, src, kind)?;
     rt.session.check_sticky(order.device)?;
     if !order.is_async {
-        rt.session.captures.check_unsafe_call()?;
+        rt.session.captures.check_unsafe_call(&rt.session)?;
     }
     if count == 0 {
         return Ok(());
@@ -236,7 +236,7 @@ fn synchronised(rt: &Runtime, order: Ordering) -> CudaResult<()> {
 pub fn memset(rt: &Runtime, dst: u64, value: i32, count: usize, order: Ordering) -> CudaResult<()> {
     rt.session.check_sticky(order.device)?;
     if !order.is_async {
-        rt.session.captures.check_unsafe_call()?;
+        rt.session.captures.check_unsafe_call(&rt.session)?;
     }
     if count == 0 {
         return Ok(());

@@ -335,7 +335,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::GraphDebugDot
         | Op::GraphNodeEnabled
         | Op::GraphExecChildGraph
-        | Op::GraphExecSetEvent => true,
+        | Op::GraphExecSetEvent
+        | Op::StreamCaptureInvalidate => true,
     }
 }
 
@@ -408,7 +409,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::GraphDebugDot
         | Op::GraphNodeEnabled
         | Op::GraphExecChildGraph
-        | Op::GraphExecSetEvent => true,
+        | Op::GraphExecSetEvent
+        | Op::StreamCaptureInvalidate => true,
     }
 }
 

@@ -447,6 +447,10 @@ ops! {
     /// args[0] = executable graph, args[1] = node handle of an event record or wait node,
     /// args[2] = event handle.
     GraphExecSetEvent = 0x01B6, ins 0, outs 0;
+    /// args[0] = stream handle: if it is capturing, the capture is invalidated (an operation
+    /// CUDA prohibits during capture was refused in the guest: the capture fails as it would
+    /// natively, with cudaErrorStreamCaptureInvalidated at its end).
+    StreamCaptureInvalidate = 0x01B7, ins 0, outs 0;
 }
 
 impl Op {

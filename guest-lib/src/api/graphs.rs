@@ -372,7 +372,9 @@ fn begin_capture(stream: cudaStream_t, mode: cudaStreamCaptureMode) -> CudaResul
     }
     rt.session
         .submit(Call::new(Op::StreamBeginCapture, t.device).args(&[t.wire, u64::from(mode)]))?;
-    rt.session.captures.begun(stream as usize, mode);
+    rt.session
+        .captures
+        .begun(stream as usize, t.wire, t.device, mode);
     Ok(())
 }
 

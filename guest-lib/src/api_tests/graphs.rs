@@ -177,16 +177,25 @@ fn capture_follows_the_modes_and_waits_for_every_call() {
             cu::cudaErrorStreamCaptureUnsupported,
         );
         assert_err(cudaStreamBeginCapture(s, 7), cu::cudaErrorInvalidValue);
+        // Global mode: potentially unsafe calls are refused, and the capture is invalidated.
         ok(cudaStreamBeginCapture(s, cu::cudaStreamCaptureModeGlobal));
         ok(cudaStreamIsCapturing(s, &mut status));
         assert_eq!(status, cu::cudaStreamCaptureStatusActive);
-
-        // Global mode: potentially unsafe calls are refused; relaxed, they are allowed.
         let mut q: *mut c_void = ptr::null_mut();
         assert_err(
             cudaMalloc(&mut q, 64),
             cu::cudaErrorStreamCaptureUnsupported,
         );
+        assert!(fake.ops().contains(&Op::StreamCaptureInvalidate));
+        let mut failed: cudaGraph_t = 1 as cudaGraph_t;
+        assert_err(
+            cudaStreamEndCapture(s, &mut failed),
+            cu::cudaErrorStreamCaptureInvalidated,
+        );
+        assert!(failed.is_null());
+
+        // In relaxed mode they are allowed.
+        ok(cudaStreamBeginCapture(s, cu::cudaStreamCaptureModeGlobal));
         let mut mode = cu::cudaStreamCaptureModeRelaxed;
         ok(cudaThreadExchangeStreamCaptureMode(&mut mode));
         assert_eq!(mode, cu::cudaStreamCaptureModeGlobal);

@@ -698,6 +698,7 @@ impl DriverApi for FakeDriver {
     fn stream_query(&self, stream: Raw) -> CuResult<()> {
         self.with_ctx("stream_query", |c, _| {
             check_stream(c, stream)?;
+            c.graphs.refuse_sync(stream)?;
             if c.busy.contains(&stream) {
                 return Err(NOT_READY);
             }

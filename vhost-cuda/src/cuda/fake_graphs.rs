@@ -2,7 +2,10 @@
 //! executable graphs that count their launches, and stream capture that turns launches into
 //! kernel nodes. It checks handles and capture state the way the driver does; it runs nothing.
 
-use std::{collections::HashMap, ffi::c_void};
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::c_void,
+};
 
 use super::{
     driver::{CuError, CuResult, Raw},
@@ -14,6 +17,7 @@ use super::{
 const INVALID_VALUE: CuError = CuError(1);
 const ILLEGAL_STATE: CuError = CuError(401);
 const CAPTURE_UNSUPPORTED: CuError = CuError(900);
+const CAPTURE_INVALIDATED: CuError = CuError(901);
 
 #[derive(Debug, Default)]
 struct Node {
@@ -33,6 +37,8 @@ pub(crate) struct FakeGraphs {
     execs: HashMap<Raw, (Raw, usize)>,
     /// Capturing stream -> graph being captured.
     captures: HashMap<Raw, Raw>,
+    /// Captures an illegal call invalidated.
+    invalidated: HashSet<Raw>,
 }
 
 impl FakeGraphs {
@@ -52,9 +58,10 @@ impl FakeGraphs {
         true
     }
 
-    /// Synchronising a capturing stream is illegal.
-    pub(crate) fn refuse_sync(&self, stream: Raw) -> CuResult<()> {
+    /// Synchronising or querying a capturing stream is illegal, and invalidates the capture.
+    pub(crate) fn refuse_sync(&mut self, stream: Raw) -> CuResult<()> {
         if self.captures.contains_key(&stream) {
+            self.invalidated.insert(stream);
             Err(CAPTURE_UNSUPPORTED)
         } else {
             Ok(())
@@ -142,7 +149,16 @@ impl GraphDriverApi for FakeDriver {
     fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
         self.with_ctx("stream_end_capture", |c, _| {
             check_stream(c, stream)?;
-            c.graphs.captures.remove(&stream).ok_or(ILLEGAL_STATE)
+            let g = c.graphs.captures.remove(&stream).ok_or(ILLEGAL_STATE)?;
+            if c.graphs.invalidated.remove(&stream) {
+                if let Some(nodes) = c.graphs.graphs.remove(&g) {
+                    for n in nodes {
+                        c.graphs.nodes.remove(&n);
+                    }
+                }
+                return Err(CAPTURE_INVALIDATED);
+            }
+            Ok(g)
         })
     }
 
@@ -151,7 +167,11 @@ impl GraphDriverApi for FakeDriver {
             check_stream(c, stream)?;
             Ok(match c.graphs.captures.get(&stream) {
                 Some(&g) => CaptureInfo {
-                    status: 1,
+                    status: if c.graphs.invalidated.contains(&stream) {
+                        2
+                    } else {
+                        1
+                    },
                     id: g as u64,
                     graph: g,
                     deps: c.graphs.graphs[&g].last().copied().into_iter().collect(),

@@ -353,7 +353,8 @@ impl CudaSession {
             | Op::GraphDebugDot
             | Op::GraphNodeEnabled
             | Op::GraphExecChildGraph
-            | Op::GraphExecSetEvent => self.graph_op(req),
+            | Op::GraphExecSetEvent
+            | Op::StreamCaptureInvalidate => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount

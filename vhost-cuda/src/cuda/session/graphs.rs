@@ -182,6 +182,16 @@ impl CudaSession {
                 ok()
             }
             Op::GraphExecUpdate => self.graph_exec_update(args),
+            Op::StreamCaptureInvalidate => {
+                let (dev, stream) = self.capture_stream(args[0])?;
+                let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
+                if info.status == 1 {
+                    // Querying a capturing stream is prohibited, so the driver invalidates the
+                    // capture: its own invalidation, with its own later errors.
+                    let _ = self.drv.stream_query(stream);
+                }
+                ok()
+            }
             Op::GraphDebugDot => self.graph_debug_dot(req),
             Op::GraphNodeEnabled => {
                 let (dev, exec) = self.exec(args[0])?;

@@ -247,14 +247,10 @@ fn stream_capture_records_launches_and_refuses_sync() {
     let info = ok(s.execute(&req(Op::StreamCaptureInfo, 0, &[stream], vec![], vec![out])));
     assert_eq!((info[0], info[3]), (1, 1));
     let during = info[2];
-    // A captured graph may not be destroyed; synchronising the stream is illegal.
+    // A captured graph may not be destroyed.
     assert_eq!(
         run(&mut s, Op::GraphDestroy, &[during]).status,
         status::INVALID_VALUE
-    );
-    assert_eq!(
-        run(&mut s, Op::StreamSynchronize, &[stream]).status,
-        status::STREAM_CAPTURE_UNSUPPORTED
     );
     let graph = ok(run(&mut s, Op::StreamEndCapture, &[stream]))[0];
     assert_eq!(graph, during, "the graph keeps its handle");
@@ -269,6 +265,19 @@ fn stream_capture_records_launches_and_refuses_sync() {
         run(&mut s, Op::StreamEndCapture, &[stream]).status,
         status::ILLEGAL_STATE
     );
+    // Synchronising a capturing stream is illegal and invalidates the capture, as does a
+    // guest-side refusal (StreamCaptureInvalidate); the graph goes with it.
+    for illegal in [Op::StreamSynchronize, Op::StreamCaptureInvalidate] {
+        ok(run(&mut s, Op::StreamBeginCapture, &[stream, 0]));
+        let r = run(&mut s, illegal, &[stream]);
+        if illegal == Op::StreamSynchronize {
+            assert_eq!(r.status, status::STREAM_CAPTURE_UNSUPPORTED);
+        }
+        assert_eq!(
+            run(&mut s, Op::StreamEndCapture, &[stream]).status,
+            status::STREAM_CAPTURE_INVALIDATED
+        );
+    }
     let exec = ok(run(&mut s, Op::GraphInstantiate, &[graph, 0, 0]))[0];
     ok(run(&mut s, Op::GraphLaunch, &[exec, stream]));
     ok(run(&mut s, Op::GraphDestroy, &[graph]));
