@@ -583,13 +583,14 @@ impl CudaSession {
 
     /// `MemcpyMapped`: a copy between device-addressable ranges of the session (device memory
     /// or host-mapped guest memory), done by the driver in stream order. A waited-for request
-    /// returns once the copy is complete, as `cudaMemcpy` does.
+    /// returns once the copy is complete, as `cudaMemcpy` does, unless its stream is capturing
+    /// (the guest waits for every request during capture; the copy is captured, not run).
     fn memcpy_mapped(&mut self, req: &Request) -> OpResult {
         let Some((dev, stream, (dst, src, size))) = self.device_copy_setup(req)? else {
             return ok();
         };
         self.drv.memcpy(dst, src, size, stream).map_err(on(dev))?;
-        if req.header.flags & FLAG_ASYNC == 0 {
+        if req.header.flags & FLAG_ASYNC == 0 && !self.is_capturing(stream) {
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
         ok()

@@ -74,6 +74,8 @@ pub(super) struct GraphTables {
     execs: HandleTable<ExecEntry>,
     /// The worker thread's capture mode is relaxed (set once).
     relaxed: bool,
+    /// Captures begun and not ended (an upper bound: a capture can also end with its stream).
+    captures: usize,
 }
 
 impl Default for GraphTables {
@@ -84,6 +86,7 @@ impl Default for GraphTables {
             node_ids: HashMap::new(),
             execs: HandleTable::new(MAX_EXECS),
             relaxed: false,
+            captures: 0,
         }
     }
 }
@@ -329,13 +332,27 @@ impl CudaSession {
         self.drv
             .stream_begin_capture(stream, mode)
             .map_err(on(dev))?;
+        self.graphs.captures += 1;
         ok()
+    }
+
+    /// Whether `stream` (of the bound context) is being captured; free while no capture of the
+    /// session is under way.
+    pub(super) fn is_capturing(&self, stream: Raw) -> bool {
+        self.graphs.captures > 0
+            && self
+                .drv
+                .stream_capture_info(stream)
+                .is_ok_and(|i| i.status != 0)
     }
 
     fn end_capture(&mut self, args: [u64; MAX_ARGS]) -> OpResult {
         let (dev, stream) = self.capture_stream(args[0])?;
         let before = self.drv.stream_capture_info(stream).ok();
         let ended = self.drv.stream_end_capture(stream);
+        if before.as_ref().is_some_and(|i| i.status != 0) {
+            self.graphs.captures = self.graphs.captures.saturating_sub(1);
+        }
         // The graph of this capture is the caller's now, or gone (failed capture).
         let old = before.map(|i| i.graph).filter(|g| *g != 0);
         let known = old.and_then(|g| self.graphs.graphs.find(|e| e.raw == g).map(|(h, _)| h));

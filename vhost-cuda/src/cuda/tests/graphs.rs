@@ -247,6 +247,10 @@ fn stream_capture_records_launches_and_refuses_sync() {
     let info = ok(s.execute(&req(Op::StreamCaptureInfo, 0, &[stream], vec![], vec![out])));
     assert_eq!((info[0], info[3]), (1, 1));
     let during = info[2];
+    // A waited-for mapped copy into the capturing stream is captured, not waited for (which
+    // would invalidate the capture).
+    let a = malloc(&mut s, 64);
+    ok(run(&mut s, Op::MemcpyMapped, &[a, a + 32, 32, stream]));
     // A captured graph may not be destroyed.
     assert_eq!(
         run(&mut s, Op::GraphDestroy, &[during]).status,
