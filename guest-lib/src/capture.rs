@@ -106,6 +106,13 @@ impl Captures {
         }
     }
 
+    /// Forgets the captures on `device` (`cudaDeviceReset` destroyed their streams).
+    pub fn forget_device(&self, device: u32) {
+        let mut c = self.lock();
+        c.retain(|x| x.device != device);
+        self.active.store(c.len(), Ordering::Relaxed);
+    }
+
     /// Forgets the capture of `stream` (ended, failed, or its stream destroyed).
     pub fn ended(&self, stream: usize) {
         let mut c = self.lock();

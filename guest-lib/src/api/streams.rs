@@ -131,7 +131,10 @@ cuda_api! {
     /// `cudaStreamDestroy`.
     fn cudaStreamDestroy(stream: cudaStream_t) {
         let (rt, _) = current()?;
-        rt.streams.destroy(&rt.session, stream as usize)
+        rt.streams.destroy(&rt.session, stream as usize)?;
+        // A capture of the stream ends with it.
+        rt.session.captures.ended(stream as usize);
+        Ok(())
     }
 
     /// `cudaStreamSynchronize`.

@@ -72,8 +72,6 @@ pub(super) struct GraphTables {
     /// Driver node -> its handle.
     node_ids: HashMap<Raw, u64>,
     execs: HandleTable<ExecEntry>,
-    /// The worker thread's capture mode is relaxed (set once).
-    relaxed: bool,
     /// Captures begun and not ended (an upper bound: a capture can also end with its stream).
     captures: usize,
 }
@@ -85,7 +83,6 @@ impl Default for GraphTables {
             nodes: HandleTable::new(MAX_NODES),
             node_ids: HashMap::new(),
             execs: HandleTable::new(MAX_EXECS),
-            relaxed: false,
             captures: 0,
         }
     }
@@ -323,12 +320,11 @@ impl CudaSession {
             .filter(|m| *m <= CAPTURE_RELAXED)
             .ok_or(status::INVALID_VALUE)?;
         let (dev, stream) = self.capture_stream(args[0])?;
-        if !self.graphs.relaxed {
-            self.drv
-                .exchange_capture_mode(CAPTURE_RELAXED)
-                .map_err(on(dev))?;
-            self.graphs.relaxed = true;
-        }
+        // The mode is per driver thread; set it at every capture (cheap), so that it holds
+        // on whichever thread runs the session.
+        self.drv
+            .exchange_capture_mode(CAPTURE_RELAXED)
+            .map_err(on(dev))?;
         self.drv
             .stream_begin_capture(stream, mode)
             .map_err(on(dev))?;
