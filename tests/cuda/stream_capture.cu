@@ -118,12 +118,12 @@ int main()
         // Global and thread-local modes forbid cudaMalloc in the capturing thread; relaxed
         // does not. A forbidden call invalidates the capture, so it is tried last below.
         cudaGraph_t graph = nullptr;
-        if (mode == cudaStreamCaptureModeRelaxed) {
-            float *extra;
+        float *extra = nullptr;
+        if (mode == cudaStreamCaptureModeRelaxed)
             CHECK(cudaMalloc(&extra, 256));
-            CHECK(cudaFree(extra));
-        }
         CHECK(cudaStreamEndCapture(s1, &graph));
+        // cudaFree synchronises, which no capture allows: after the capture.
+        CHECK(cudaFree(extra));
         if (!graph)
             fail("cudaStreamEndCapture returned no graph");
         check_status(s1, cudaStreamCaptureStatusNone, "after capture");
