@@ -519,7 +519,8 @@ fn run(
         | Op::GraphNodeEnabled
         | Op::GraphExecChildGraph
         | Op::GraphExecSetEvent
-        | Op::StreamCaptureInvalidate => {
+        | Op::StreamCaptureInvalidate
+        | Op::StreamBeginCaptureToGraph => {
             let h = s.handle();
             let streams = s.streams.clone();
             s.graphs.run(op, args, ins, outs, rets, h, &streams)?

@@ -72,6 +72,13 @@ impl FakeGraphs {
                 self.graphs.insert(fresh, Vec::new());
                 self.captures.insert(args[0], (fresh, args[1]));
             }
+            Op::StreamBeginCaptureToGraph => {
+                self.graph(args[1])?;
+                if self.captures.contains_key(&args[0]) {
+                    return Err(status::ILLEGAL_STATE);
+                }
+                self.captures.insert(args[0], (args[1], args[2]));
+            }
             Op::StreamEndCapture => {
                 let (g, _) = self
                     .captures

@@ -336,7 +336,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::GraphNodeEnabled
         | Op::GraphExecChildGraph
         | Op::GraphExecSetEvent
-        | Op::StreamCaptureInvalidate => true,
+        | Op::StreamCaptureInvalidate
+        | Op::StreamBeginCaptureToGraph => true,
     }
 }
 
@@ -359,6 +360,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::HostUnmap
         | Op::TakeOutput
         | Op::StreamBeginCapture
+        | Op::StreamBeginCaptureToGraph
         | Op::StreamEndCapture
         | Op::StreamUpdateCaptureDependencies
         | Op::GraphCreate

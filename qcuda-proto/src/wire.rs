@@ -451,6 +451,9 @@ ops! {
     /// CUDA prohibits during capture was refused in the guest: the capture fails as it would
     /// natively, with cudaErrorStreamCaptureInvalidated at its end).
     StreamCaptureInvalidate = 0x01B7, ins 0, outs 0;
+    /// args[0] = stream handle, args[1] = graph handle to capture into, args[2] = capture mode;
+    /// in-buffer 0 = node handles (u64) of that graph the first captured node depends on.
+    StreamBeginCaptureToGraph = 0x01B8, ins 1, outs 0;
 }
 
 impl Op {

@@ -4,7 +4,8 @@
 // cudaStreamGetCaptureInfo during and after; the captured graph instantiated and launched many
 // times against CPU results; the errors CUDA gives for what capture forbids (synchronising a
 // capturing stream, which invalidates the capture; cudaMalloc in global mode, and not in relaxed
-// mode; capturing the legacy stream) and cudaThreadExchangeStreamCaptureMode.
+// mode; capturing the legacy stream) and cudaThreadExchangeStreamCaptureMode; a capture into an
+// existing graph after one of its nodes.
 #define TEST_NAME "stream_capture"
 #include "selfcheck.cuh"
 
@@ -204,6 +205,39 @@ int main()
     if (count != 1)
         fail("the relaxed capture has %zu nodes, expected 1", count);
     CHECK(cudaGraphDestroy(graph));
+
+    // Capture into an existing graph, after one of its nodes: y = 0, then y += 3 captured.
+    cudaGraph_t into;
+    CHECK(cudaGraphCreate(&into, 0));
+    cudaMemsetParams ms = {};
+    ms.dst = b.y;
+    ms.elementSize = 4;
+    ms.width = N;
+    ms.height = 1;
+    cudaGraphNode_t clear;
+    CHECK(cudaGraphAddMemsetNode(&clear, into, nullptr, 0, &ms));
+    CHECK(cudaStreamBeginCaptureToGraph(s1, into, &clear, nullptr, 1, cudaStreamCaptureModeGlobal));
+    plus_three<<<BLOCKS, 256, 0, s1>>>(b.y, N);
+    CHECK_LAUNCH();
+    CHECK(cudaMemcpyAsync(b.out, b.y, N * sizeof(float), cudaMemcpyDeviceToHost, s1));
+    cudaGraph_t returned = nullptr;
+    CHECK(cudaStreamEndCapture(s1, &returned));
+    if (returned != into)
+        fail("cudaStreamEndCapture after capturing into a graph returned another graph");
+    count = 0;
+    CHECK(cudaGraphGetNodes(into, nullptr, &count));
+    if (count != 3)
+        fail("the graph captured into has %zu nodes, expected 3", count);
+    cudaGraphExec_t into_exec;
+    CHECK(cudaGraphInstantiate(&into_exec, into, 0));
+    for (int i = 0; i < 3; i++)
+        CHECK(cudaGraphLaunch(into_exec, s1));
+    CHECK(cudaStreamSynchronize(s1));
+    for (int i = 0; i < N; i++)
+        if (b.out[i] != 3.0f)
+            fail("capture into a graph: element %d is %f, expected 3", i, b.out[i]);
+    CHECK(cudaGraphExecDestroy(into_exec));
+    CHECK(cudaGraphDestroy(into));
 
     CHECK(cudaFree(b.x));
     CHECK(cudaFree(b.y));

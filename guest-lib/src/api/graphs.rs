@@ -378,6 +378,42 @@ fn begin_capture(stream: cudaStream_t, mode: cudaStreamCaptureMode) -> CudaResul
     Ok(())
 }
 
+/// `cudaStreamBeginCaptureToGraph`: capture into an existing graph, after `deps` of it.
+///
+/// # Safety
+/// `deps` and `edges` must be null or hold `n` readable entries.
+unsafe fn begin_capture_to_graph(
+    stream: cudaStream_t,
+    graph: cudaGraph_t,
+    deps: *const cudaGraphNode_t,
+    edges: *const cudaGraphEdgeData,
+    n: usize,
+    mode: cudaStreamCaptureMode,
+) -> CudaResult<()> {
+    if !capture::valid_mode(mode) || graph.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    // SAFETY: forwarded API contract.
+    let list = unsafe {
+        default_edges(edges, n)?;
+        u64_bytes(&node_list(deps, n)?)
+    };
+    let (rt, _) = current()?;
+    let t = rt.streams.target(stream as usize)?;
+    if t.wire == 0 {
+        return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    rt.session.submit(
+        Call::new(Op::StreamBeginCaptureToGraph, t.device)
+            .args(&[t.wire, handle(graph), u64::from(mode)])
+            .input(&list),
+    )?;
+    rt.session
+        .captures
+        .begun(stream as usize, t.wire, t.device, mode);
+    Ok(())
+}
+
 unsafe fn end_capture(stream: cudaStream_t, graph: *mut cudaGraph_t) -> CudaResult<()> {
     non_null(graph)?;
     let (rt, _) = current()?;
@@ -659,6 +695,32 @@ cuda_api! {
     /// `cudaStreamBeginCapture` (per-thread default stream).
     fn cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: cudaStreamCaptureMode) {
         begin_capture(stream, mode)
+    }
+
+    /// `cudaStreamBeginCaptureToGraph` (default edges only).
+    fn cudaStreamBeginCaptureToGraph(
+        stream: cudaStream_t,
+        graph: cudaGraph_t,
+        dependencies: *const cudaGraphNode_t,
+        dependencyData: *const cudaGraphEdgeData,
+        numDependencies: usize,
+        mode: cudaStreamCaptureMode,
+    ) {
+        // SAFETY: forwarded API contract.
+        unsafe { begin_capture_to_graph(stream, graph, dependencies, dependencyData, numDependencies, mode) }
+    }
+
+    /// `cudaStreamBeginCaptureToGraph` (per-thread default stream).
+    fn cudaStreamBeginCaptureToGraph_ptsz(
+        stream: cudaStream_t,
+        graph: cudaGraph_t,
+        dependencies: *const cudaGraphNode_t,
+        dependencyData: *const cudaGraphEdgeData,
+        numDependencies: usize,
+        mode: cudaStreamCaptureMode,
+    ) {
+        // SAFETY: forwarded API contract.
+        unsafe { begin_capture_to_graph(stream, graph, dependencies, dependencyData, numDependencies, mode) }
     }
 
     /// `cudaStreamEndCapture`.

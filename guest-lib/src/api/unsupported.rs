@@ -267,8 +267,6 @@ not_supported! {
     cudaSignalExternalSemaphoresAsync_ptsz,
     cudaStreamAddCallback,
     cudaStreamAddCallback_ptsz,
-    cudaStreamBeginCaptureToGraph,
-    cudaStreamBeginCaptureToGraph_ptsz,
     cudaStreamCopyAttributes,
     cudaStreamCopyAttributes_ptsz,
     cudaStreamGetAttribute,

@@ -246,5 +246,21 @@ fn capture_follows_the_modes_and_waits_for_every_call() {
         assert!(fake.state().log[before].fire_and_forget);
         ok(cudaMalloc(&mut q, 64));
         assert!(fake.ops().contains(&Op::StreamEndCapture));
+
+        // Capture into an existing graph: the same graph comes back.
+        let mut into: cudaGraph_t = ptr::null_mut();
+        ok(cudaGraphCreate(&mut into, 0));
+        let mut first: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddEmptyNode(&mut first, into, ptr::null(), 0));
+        ok(cudaStreamBeginCaptureToGraph(
+            s,
+            into,
+            &first,
+            ptr::null(),
+            1,
+            cu::cudaStreamCaptureModeRelaxed,
+        ));
+        ok(cudaStreamEndCapture(s, &mut graph));
+        assert_eq!(graph, into);
     }
 }

@@ -39,6 +39,8 @@ pub(crate) struct FakeGraphs {
     captures: HashMap<Raw, Raw>,
     /// Captures an illegal call invalidated.
     invalidated: HashSet<Raw>,
+    /// Streams capturing into a graph of the caller's (which survives a failed capture).
+    into: HashSet<Raw>,
 }
 
 impl FakeGraphs {
@@ -146,14 +148,40 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
+    fn stream_begin_capture_to_graph(
+        &self,
+        stream: Raw,
+        graph: Raw,
+        deps: &[Raw],
+        mode: u32,
+    ) -> CuResult<()> {
+        self.with_ctx("stream_begin_capture_to_graph", |c, _| {
+            check_stream(c, stream)?;
+            if stream == 0 || mode > 2 {
+                return Err(CAPTURE_UNSUPPORTED);
+            }
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            if c.graphs.captures.contains_key(&stream) {
+                return Err(ILLEGAL_STATE);
+            }
+            c.graphs.captures.insert(stream, graph);
+            c.graphs.into.insert(stream);
+            Ok(())
+        })
+    }
+
     fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
         self.with_ctx("stream_end_capture", |c, _| {
             check_stream(c, stream)?;
             let g = c.graphs.captures.remove(&stream).ok_or(ILLEGAL_STATE)?;
+            let into = c.graphs.into.remove(&stream);
             if c.graphs.invalidated.remove(&stream) {
-                if let Some(nodes) = c.graphs.graphs.remove(&g) {
-                    for n in nodes {
-                        c.graphs.nodes.remove(&n);
+                if !into {
+                    if let Some(nodes) = c.graphs.graphs.remove(&g) {
+                        for n in nodes {
+                            c.graphs.nodes.remove(&n);
+                        }
                     }
                 }
                 return Err(CAPTURE_INVALIDATED);

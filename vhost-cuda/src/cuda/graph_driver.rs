@@ -53,6 +53,14 @@ pub(crate) trait GraphDriverApi {
     fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32>;
     /// cuStreamBeginCapture with `mode` (0 global, 1 thread-local, 2 relaxed).
     fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()>;
+    /// cuStreamBeginCaptureToGraph (default edges).
+    fn stream_begin_capture_to_graph(
+        &self,
+        stream: Raw,
+        graph: Raw,
+        deps: &[Raw],
+        mode: u32,
+    ) -> CuResult<()>;
     /// cuStreamEndCapture: the captured graph.
     fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw>;
     /// cuStreamGetCaptureInfo.
@@ -138,6 +146,7 @@ pub(crate) trait GraphDriverApi {
 pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuThreadExchangeStreamCaptureMode",
     "cuStreamBeginCapture_v2",
+    "cuStreamBeginCaptureToGraph",
     "cuStreamEndCapture",
     "cuStreamGetCaptureInfo_v3",
     "cuStreamUpdateCaptureDependencies_v2",
@@ -298,6 +307,27 @@ impl GraphDriverApi for super::driver::CudaDriver {
         let m = capture_mode(mode)?;
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuStreamBeginCapture_v2(ptr(stream), m) })
+    }
+
+    fn stream_begin_capture_to_graph(
+        &self,
+        stream: Raw,
+        graph: Raw,
+        deps: &[Raw],
+        mode: u32,
+    ) -> CuResult<()> {
+        let m = capture_mode(mode)?;
+        // SAFETY: see the impl comment; `deps` holds `deps.len()` nodes.
+        check(unsafe {
+            sys::cuStreamBeginCaptureToGraph(
+                ptr(stream),
+                ptr(graph),
+                node_list(deps),
+                null(),
+                deps.len(),
+                m,
+            )
+        })
     }
 
     fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
@@ -633,6 +663,9 @@ impl GraphDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn stream_begin_capture(&self, _: Raw, _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_begin_capture_to_graph(&self, _: Raw, _: Raw, _: &[Raw], _: u32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn stream_end_capture(&self, _: Raw) -> CuResult<Raw> {

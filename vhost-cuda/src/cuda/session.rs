@@ -354,7 +354,8 @@ impl CudaSession {
             | Op::GraphNodeEnabled
             | Op::GraphExecChildGraph
             | Op::GraphExecSetEvent
-            | Op::StreamCaptureInvalidate => self.graph_op(req),
+            | Op::StreamCaptureInvalidate
+            | Op::StreamBeginCaptureToGraph => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount

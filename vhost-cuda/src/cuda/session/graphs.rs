@@ -155,6 +155,7 @@ impl CudaSession {
         let args = req.header.args;
         match req.op {
             Op::StreamBeginCapture => self.begin_capture(args),
+            Op::StreamBeginCaptureToGraph => self.begin_capture_to_graph(req),
             Op::StreamEndCapture => self.end_capture(args),
             Op::StreamCaptureInfo => self.capture_info(req),
             Op::StreamUpdateCaptureDependencies => self.update_capture_deps(req),
@@ -342,6 +343,29 @@ impl CudaSession {
                 .is_ok_and(|i| i.status != 0)
     }
 
+    fn begin_capture_to_graph(&mut self, req: &Request) -> OpResult {
+        let [stream, graph, mode, ..] = req.header.args;
+        let mode = u32::try_from(mode)
+            .ok()
+            .filter(|m| *m <= CAPTURE_RELAXED)
+            .ok_or(status::INVALID_VALUE)?;
+        let list = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 8)?)?;
+        let deps = self.nodes(&list)?;
+        let graph = match self.graphs.graphs.get(graph) {
+            Some(g) if !g.capturing => g.raw,
+            _ => return Err(status::INVALID_VALUE.into()),
+        };
+        let (dev, stream) = self.capture_stream(stream)?;
+        self.drv
+            .exchange_capture_mode(CAPTURE_RELAXED)
+            .map_err(on(dev))?;
+        self.drv
+            .stream_begin_capture_to_graph(stream, graph, &deps, mode)
+            .map_err(on(dev))?;
+        self.graphs.captures += 1;
+        ok()
+    }
+
     fn end_capture(&mut self, args: [u64; MAX_ARGS]) -> OpResult {
         let (dev, stream) = self.capture_stream(args[0])?;
         let before = self.drv.stream_capture_info(stream).ok();
@@ -381,7 +405,11 @@ impl CudaSession {
                 }
             }
             Err(e) => {
-                if let Some(h) = known {
+                // The driver's own capture graph is gone; a graph the guest captured into
+                // (StreamBeginCaptureToGraph) stays the guest's.
+                if let Some(h) =
+                    known.filter(|h| self.graphs.graphs.get(*h).is_some_and(|g| g.capturing))
+                {
                     self.graphs.graphs.remove(h);
                     self.graphs.forget_nodes_of(h);
                 }

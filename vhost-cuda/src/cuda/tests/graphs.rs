@@ -287,6 +287,33 @@ fn stream_capture_records_launches_and_refuses_sync() {
     ok(run(&mut s, Op::GraphDestroy, &[graph]));
     // The executable graph outlives its graph.
     ok(run(&mut s, Op::GraphLaunch, &[exec, stream]));
+    // Capture into an existing graph: the graph keeps its handle, and a failed capture leaves
+    // it to the guest.
+    let into = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+    let e = add_node(&mut rig, &mut s, into, g::NODE_EMPTY, &[], &[]);
+    let first = ok(e)[0];
+    let deps = rig.buf(&u64s(&[first]));
+    ok(s.execute(&req(
+        Op::StreamBeginCaptureToGraph,
+        0,
+        &[stream, into, 2],
+        vec![deps.clone()],
+        vec![],
+    )));
+    assert_eq!(ok(run(&mut s, Op::StreamEndCapture, &[stream]))[0], into);
+    ok(s.execute(&req(
+        Op::StreamBeginCaptureToGraph,
+        0,
+        &[stream, into, 0],
+        vec![deps],
+        vec![],
+    )));
+    ok(run(&mut s, Op::StreamCaptureInvalidate, &[stream]));
+    assert_eq!(
+        run(&mut s, Op::StreamEndCapture, &[stream]).status,
+        status::STREAM_CAPTURE_INVALIDATED
+    );
+    assert_eq!(ok(run(&mut s, Op::GraphNodeQuery, &[first, 0]))[0], 5);
     // DeviceReset forgets graphs and executable graphs.
     ok(run(&mut s, Op::DeviceReset, &[]));
     assert_eq!(
