@@ -46,7 +46,7 @@ types=(
     cudaGraph_t cudaGraphNode_t cudaGraphExec_t cudaGraphNodeType cudaGraphEdgeData
     cudaKernelNodeParams cudaMemcpy3DParms cudaMemsetParams cudaHostFn_t cudaHostNodeParams
     cudaGraphInstantiateParams cudaGraphExecUpdateResultInfo cudaGraphExecUpdateResult
-    cudaGraphInstantiateResult cudaGraphDebugDotFlags cudaGraphMemAttributeType
+    cudaGraphInstantiateResult cudaGraphDebugDotFlags cudaGraphMemAttributeType cudaGraphNodeParams
 )
 vars=(
     'cudaHostAlloc[A-Za-z]*' 'cudaHostRegister[A-Za-z]*'

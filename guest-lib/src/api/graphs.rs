@@ -23,7 +23,7 @@ use crate::{
     capture,
     cuda_error::{CudaError, CudaResult},
     generated::{
-        cudaEvent_t, cudaGraphEdgeData, cudaGraphExecUpdateResultInfo, cudaGraphExec_t,
+        self as cu, cudaEvent_t, cudaGraphEdgeData, cudaGraphExecUpdateResultInfo, cudaGraphExec_t,
         cudaGraphInstantiateParams, cudaGraphNodeType, cudaGraphNode_t, cudaGraph_t,
         cudaHostNodeParams, cudaKernelNodeParams, cudaMemcpy3DParms, cudaMemcpyKind,
         cudaMemsetParams, cudaStreamCaptureMode, cudaStreamCaptureStatus, cudaStream_t,
@@ -291,6 +291,92 @@ fn memset_node(rt: &Runtime, p: &cudaMemsetParams) -> CudaResult<[u8; g::MEMSET_
 fn event_handle(rt: &Runtime, event: cudaEvent_t) -> CudaResult<Vec<u8>> {
     let info = rt.events.info(event as usize)?;
     Ok(info.host.to_le_bytes().to_vec())
+}
+
+/// The node type and parameter encoding of a generic `cudaGraphNodeParams` (CUDA 12.2's
+/// `cudaGraphAddNode` family).
+///
+/// # Safety
+/// The union member named by `p.type_` must be initialised, with its pointers valid as the API
+/// requires (kernel parameters as for [`kernel_node`]).
+unsafe fn generic_node(
+    rt: &Runtime,
+    device: u32,
+    p: &crate::generated::cudaGraphNodeParams,
+) -> CudaResult<(u32, Vec<u8>)> {
+    let u = &p.__bindgen_anon_1;
+    let encoded = match p.type_ {
+        cu::cudaGraphNodeTypeKernel => {
+            // SAFETY: `p.type_` names this member, initialised (caller contract).
+            let k = unsafe { u.kernel };
+            let v1 = cudaKernelNodeParams {
+                func: k.func,
+                gridDim: k.gridDim,
+                blockDim: k.blockDim,
+                sharedMemBytes: k.sharedMemBytes,
+                kernelParams: k.kernelParams,
+                extra: k.extra,
+            };
+            // SAFETY: forwarded caller contract.
+            unsafe { kernel_node(rt, device, &v1)? }
+        }
+        cu::cudaGraphNodeTypeMemcpy => {
+            // SAFETY: `p.type_` names this member, initialised (caller contract).
+            let m = unsafe { u.memcpy };
+            if m.flags != 0 {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            memcpy_node(rt, &m.copyParams)?.to_vec()
+        }
+        cu::cudaGraphNodeTypeMemset => {
+            // SAFETY: `p.type_` names this member, initialised (caller contract).
+            let m = unsafe { u.memset };
+            let v1 = cudaMemsetParams {
+                dst: m.dst,
+                pitch: m.pitch,
+                value: m.value,
+                elementSize: m.elementSize,
+                width: m.width,
+                height: m.height,
+            };
+            memset_node(rt, &v1)?.to_vec()
+        }
+        cu::cudaGraphNodeTypeHost => {
+            // SAFETY: `p.type_` names this member, initialised (caller contract).
+            let h = unsafe { u.host };
+            host_node(&cudaHostNodeParams {
+                fn_: h.fn_,
+                userData: h.userData,
+            })?
+        }
+        cu::cudaGraphNodeTypeGraph => {
+            // SAFETY: `p.type_` names this member, initialised (caller contract).
+            let c = unsafe { u.graph };
+            if c.ownership != cu::cudaGraphChildGraphOwnershipClone {
+                warn_once!(
+                    "CUDA graphs: child graph nodes that take ownership (move) are not supported"
+                );
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+            if c.graph.is_null() {
+                return Err(CudaError::INVALID_VALUE);
+            }
+            handle(c.graph).to_le_bytes().to_vec()
+        }
+        cu::cudaGraphNodeTypeEmpty => Vec::new(),
+        // SAFETY: `p.type_` names this member, initialised (caller contract).
+        cu::cudaGraphNodeTypeWaitEvent => event_handle(rt, unsafe { u.eventWait }.event)?,
+        // SAFETY: `p.type_` names this member, initialised (caller contract).
+        cu::cudaGraphNodeTypeEventRecord => event_handle(rt, unsafe { u.eventRecord }.event)?,
+        t if t < cu::cudaGraphNodeTypeCount => {
+            warn_once!(
+                "CUDA graphs: memory, external semaphore and conditional nodes are not supported"
+            );
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        _ => return Err(CudaError::INVALID_VALUE),
+    };
+    Ok((p.type_, encoded))
 }
 
 // ----- requests --------------------------------------------------------------------------
@@ -836,6 +922,51 @@ cuda_api! {
         let reply = rt.session.submit(Call::new(Op::GraphClone, d).args(&[handle(originalGraph)]))?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pGraphClone, reply.rets[0] as usize as cudaGraph_t) }
+    }
+
+    /// `cudaGraphAddNode`: the node types of the `cudaGraphAdd*Node` functions above (default
+    /// edges only).
+    fn cudaGraphAddNode(
+        pGraphNode: *mut cudaGraphNode_t,
+        graph: cudaGraph_t,
+        pDependencies: *const cudaGraphNode_t,
+        dependencyData: *const cudaGraphEdgeData,
+        numDependencies: usize,
+        nodeParams: *mut crate::generated::cudaGraphNodeParams,
+    ) {
+        non_null(nodeParams)?;
+        let (rt, d) = current()?;
+        // SAFETY: forwarded API contract.
+        unsafe {
+            default_edges(dependencyData, numDependencies)?;
+            let (ty, p) = generic_node(rt, d, &*nodeParams)?;
+            add_node(rt, d, pGraphNode, graph, pDependencies, numDependencies, ty, &p)
+        }
+    }
+
+    /// `cudaGraphNodeSetParams`.
+    fn cudaGraphNodeSetParams(node: cudaGraphNode_t, nodeParams: *mut crate::generated::cudaGraphNodeParams) {
+        non_null(nodeParams)?;
+        let (rt, d) = current()?;
+        // SAFETY: forwarded API contract.
+        let (ty, p) = unsafe { generic_node(rt, d, &*nodeParams)? };
+        set_params(rt, d, std::ptr::null_mut(), node, ty, &p)
+    }
+
+    /// `cudaGraphExecNodeSetParams`.
+    fn cudaGraphExecNodeSetParams(
+        graphExec: cudaGraphExec_t,
+        node: cudaGraphNode_t,
+        nodeParams: *mut crate::generated::cudaGraphNodeParams,
+    ) {
+        non_null(nodeParams)?;
+        if graphExec.is_null() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        // SAFETY: forwarded API contract.
+        let (ty, p) = unsafe { generic_node(rt, d, &*nodeParams)? };
+        set_params(rt, d, graphExec, node, ty, &p)
     }
 
     /// `cudaGraphAddEmptyNode`.

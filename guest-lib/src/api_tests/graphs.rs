@@ -1,7 +1,7 @@
 use std::{ffi::c_void, ptr};
 
 use qcuda_proto::{
-    graph::{self as g, KernelNode, MemcpyNode},
+    graph::{self as g, KernelNode, MemcpyNode, MemsetNode},
     Op,
 };
 
@@ -134,6 +134,43 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             &mut count,
         ));
         assert_eq!((count, from[0], to[0]), (2, k, ms));
+
+        // The generic form: a memset node through cudaGraphAddNode, then changed.
+        let mut gp = cu::cudaGraphNodeParams {
+            type_: cu::cudaGraphNodeTypeMemset,
+            ..Default::default()
+        };
+        gp.__bindgen_anon_1.memset = cu::cudaMemsetParamsV2 {
+            dst: dev,
+            pitch: 0,
+            value: 9,
+            elementSize: 1,
+            width: 16,
+            height: 1,
+            ..Default::default()
+        };
+        let mut generic: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddNode(
+            &mut generic,
+            graph,
+            &cp,
+            ptr::null(),
+            1,
+            &mut gp,
+        ));
+        assert_eq!(
+            fake.state().graphs.nodes[&(generic as u64)].ty,
+            g::NODE_MEMSET
+        );
+        gp.__bindgen_anon_1.memset.width = 8;
+        ok(cudaGraphNodeSetParams(generic, &mut gp));
+        let set = MemsetNode::decode(&fake.state().graphs.nodes[&(generic as u64)].params).unwrap();
+        assert_eq!((set.width, set.value, set.element_size), (8, 9, 1));
+        gp.type_ = cu::cudaGraphNodeTypeMemAlloc;
+        assert_err(
+            cudaGraphAddNode(&mut generic, graph, ptr::null(), ptr::null(), 0, &mut gp),
+            cu::cudaErrorNotSupported,
+        );
 
         let mut exec: cudaGraphExec_t = ptr::null_mut();
         ok(cudaGraphInstantiate(&mut exec, graph, 0));
