@@ -147,7 +147,6 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             elementSize: 1,
             width: 16,
             height: 1,
-            ..Default::default()
         };
         let mut generic: cudaGraphNode_t = ptr::null_mut();
         ok(cudaGraphAddNode(
