@@ -50,6 +50,8 @@ struct GraphEntry {
     raw: Raw,
     /// Still being captured: the driver owns it until the capture ends.
     capturing: bool,
+    /// A capture into this graph of the guest's is under way (StreamBeginCaptureToGraph).
+    capture_target: bool,
 }
 
 #[derive(Debug)]
@@ -295,6 +297,7 @@ impl CudaSession {
                     dev,
                     raw,
                     capturing: true,
+                    capture_target: false,
                 },
             )
             .ok_or(status::MEMORY_ALLOCATION.into())
@@ -351,8 +354,9 @@ impl CudaSession {
             .ok_or(status::INVALID_VALUE)?;
         let list = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&list)?;
+        let graph_handle = graph;
         let graph = match self.graphs.graphs.get(graph) {
-            Some(g) if !g.capturing => g.raw,
+            Some(g) if !g.capturing && !g.capture_target => g.raw,
             _ => return Err(status::INVALID_VALUE.into()),
         };
         let (dev, stream) = self.capture_stream(stream)?;
@@ -362,6 +366,9 @@ impl CudaSession {
         self.drv
             .stream_begin_capture_to_graph(stream, graph, &deps, mode)
             .map_err(on(dev))?;
+        if let Some(g) = self.graphs.graphs.get_mut(graph_handle) {
+            g.capture_target = true;
+        }
         self.graphs.captures += 1;
         ok()
     }
@@ -376,6 +383,9 @@ impl CudaSession {
         // The graph of this capture is the caller's now, or gone (failed capture).
         let old = before.map(|i| i.graph).filter(|g| *g != 0);
         let known = old.and_then(|g| self.graphs.graphs.find(|e| e.raw == g).map(|(h, _)| h));
+        if let Some(e) = known.and_then(|h| self.graphs.graphs.get_mut(h)) {
+            e.capture_target = false;
+        }
         match ended {
             Ok(raw) => {
                 if let Some(h) = known {
@@ -394,6 +404,7 @@ impl CudaSession {
                         dev,
                         raw,
                         capturing: false,
+                        capture_target: false,
                     },
                 );
                 match h {
@@ -466,6 +477,7 @@ impl CudaSession {
             dev,
             raw,
             capturing: false,
+            capture_target: false,
         };
         match self.graphs.graphs.insert(&mut self.ids, entry) {
             Some(h) => ok_rets(&[h]),
@@ -477,8 +489,13 @@ impl CudaSession {
     }
 
     fn graph_destroy(&mut self, handle: u64) -> OpResult {
-        if self.graphs.graphs.get(handle).is_some_and(|g| g.capturing) {
-            // The driver owns a graph under capture until the capture ends.
+        if self
+            .graphs
+            .graphs
+            .get(handle)
+            .is_some_and(|g| g.capturing || g.capture_target)
+        {
+            // A graph under capture is the driver's until the capture ends.
             return Err(status::INVALID_VALUE.into());
         }
         let (dev, raw) = self.graph(handle)?;
@@ -499,6 +516,7 @@ impl CudaSession {
             dev,
             raw: copy,
             capturing: false,
+            capture_target: false,
         };
         match self.graphs.graphs.insert(&mut self.ids, entry) {
             Some(h) => ok_rets(&[h]),

@@ -301,6 +301,20 @@ fn stream_capture_records_launches_and_refuses_sync() {
         vec![],
     )));
     assert_eq!(ok(run(&mut s, Op::StreamEndCapture, &[stream]))[0], into);
+    let d = rig.buf(&u64s(&[first]));
+    ok(s.execute(&req(
+        Op::StreamBeginCaptureToGraph,
+        0,
+        &[stream, into, 2],
+        vec![d],
+        vec![],
+    )));
+    // Not destroyable while captured into.
+    assert_eq!(
+        run(&mut s, Op::GraphDestroy, &[into]).status,
+        status::INVALID_VALUE
+    );
+    ok(run(&mut s, Op::StreamEndCapture, &[stream]));
     ok(s.execute(&req(
         Op::StreamBeginCaptureToGraph,
         0,
