@@ -520,7 +520,8 @@ fn run(
         | Op::GraphExecChildGraph
         | Op::GraphExecSetEvent
         | Op::StreamCaptureInvalidate
-        | Op::StreamBeginCaptureToGraph => {
+        | Op::StreamBeginCaptureToGraph
+        | Op::GraphQuery => {
             let h = s.handle();
             let streams = s.streams.clone();
             s.graphs.run(op, args, ins, outs, rets, h, &streams)?

@@ -250,6 +250,21 @@ impl FakeGraphs {
                     rets[0] = 2;
                 }
             }
+            Op::GraphQuery => {
+                rets[0] = match args[1] {
+                    2 => {
+                        self.execs.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+                        0
+                    }
+                    _ => {
+                        let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+                        u64s(&n.params)
+                            .first()
+                            .copied()
+                            .ok_or(status::INVALID_VALUE)?
+                    }
+                };
+            }
             Op::GraphDebugDot => {
                 let text = format!("digraph qcuda {{ n{} }}\n", self.graph(args[0])?.len());
                 let n = text.len().min(outs[0].len());

@@ -337,7 +337,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::GraphExecChildGraph
         | Op::GraphExecSetEvent
         | Op::StreamCaptureInvalidate
-        | Op::StreamBeginCaptureToGraph => true,
+        | Op::StreamBeginCaptureToGraph
+        | Op::GraphQuery => true,
     }
 }
 
@@ -412,7 +413,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::GraphNodeEnabled
         | Op::GraphExecChildGraph
         | Op::GraphExecSetEvent
-        | Op::StreamCaptureInvalidate => true,
+        | Op::StreamCaptureInvalidate
+        | Op::GraphQuery => true,
     }
 }
 

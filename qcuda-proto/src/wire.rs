@@ -454,6 +454,10 @@ ops! {
     /// args[0] = stream handle, args[1] = graph handle to capture into, args[2] = capture mode;
     /// in-buffer 0 = node handles (u64) of that graph the first captured node depends on.
     StreamBeginCaptureToGraph = 0x01B8, ins 1, outs 0;
+    /// args[0] = a handle, args[1] = what: 0 the event of an event record or wait node, 1 the
+    /// graph of a child graph node (owned by the node: not destroyable), 2 the
+    /// `cudaGraphInstantiateFlags` of an executable graph. rets[0] = that handle or value.
+    GraphQuery = 0x01B9, ins 0, outs 0;
 }
 
 impl Op {

@@ -142,6 +142,16 @@ int main()
     CHECK(cudaGraphNodeGetDependentNodes(copy_in, deps, nullptr, &count));
     if (count != 1 || deps[0] != kernel)
         fail("copy_in's dependents: %zu, expected the kernel", count);
+    cudaEvent_t got_event = nullptr;
+    CHECK(cudaGraphEventRecordNodeGetEvent(record, &got_event));
+    if (got_event != done)
+        fail("cudaGraphEventRecordNodeGetEvent returned another event");
+    cudaGraph_t embedded;
+    CHECK(cudaGraphChildGraphNodeGetGraph(child_node, &embedded));
+    count = 0;
+    CHECK(cudaGraphGetNodes(embedded, nullptr, &count));
+    if (count != 1)
+        fail("the child graph node's graph has %zu nodes, expected 1", count);
     // An edge added and removed again.
     cudaGraphNode_t empty;
     CHECK(cudaGraphAddEmptyNode(&empty, graph, nullptr, 0));
@@ -160,6 +170,10 @@ int main()
     cudaGraphExec_t exec;
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CHECK(cudaGraphUpload(exec, s));
+    unsigned long long exec_flags = 99;
+    CHECK(cudaGraphExecGetFlags(exec, &exec_flags));
+    if (exec_flags != 0)
+        fail("cudaGraphExecGetFlags returned %llu, expected 0", exec_flags);
     std::vector<float> copy(N);
     for (int round = 0; round < 8; round++) {
         fill(in, round);

@@ -748,6 +748,50 @@ unsafe fn change_edges(
     Ok(())
 }
 
+/// `GraphQuery`: rets[0] for `what` of `handle`.
+fn graph_query(handle: u64, what: u64) -> CudaResult<(&'static Runtime, u64)> {
+    if handle == 0 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let (rt, d) = current()?;
+    let reply = rt
+        .session
+        .submit(Call::new(Op::GraphQuery, d).args(&[handle, what]))?;
+    Ok((rt, reply.rets[0]))
+}
+
+/// The event of an event record or wait node, as the application's handle.
+///
+/// # Safety
+/// `out` must be null or writable.
+unsafe fn node_event(
+    node: cudaGraphNode_t,
+    out: *mut cudaEvent_t,
+    ty: cudaGraphNodeType,
+) -> CudaResult<()> {
+    non_null(out)?;
+    let (rt, d) = current()?;
+    if node.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut none = [0u8; 0];
+    let t = rt.session.submit(
+        Call::new(Op::GraphNodeQuery, d)
+            .args(&[handle(node), 0])
+            .output(&mut none),
+    )?;
+    if t.rets[0] != u64::from(ty) {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let (rt, host) = graph_query(handle(node), 0)?;
+    let e = rt
+        .events
+        .by_host(host)
+        .ok_or(CudaError::INVALID_RESOURCE_HANDLE)?;
+    // SAFETY: non-null and writable (caller contract).
+    unsafe { write_out(out, e as cudaEvent_t) }
+}
+
 unsafe fn exec_set_event(
     exec: cudaGraphExec_t,
     node: cudaGraphNode_t,
@@ -1243,6 +1287,35 @@ cuda_api! {
         let (rt, d) = current()?;
         let p = event_handle(rt, event)?;
         set_params(rt, d, std::ptr::null_mut(), node, g::NODE_WAIT_EVENT, &p)
+    }
+
+    /// `cudaGraphEventRecordNodeGetEvent`.
+    fn cudaGraphEventRecordNodeGetEvent(node: cudaGraphNode_t, event_out: *mut cudaEvent_t) {
+        // SAFETY: forwarded API contract.
+        unsafe { node_event(node, event_out, cu::cudaGraphNodeTypeEventRecord) }
+    }
+
+    /// `cudaGraphEventWaitNodeGetEvent`.
+    fn cudaGraphEventWaitNodeGetEvent(node: cudaGraphNode_t, event_out: *mut cudaEvent_t) {
+        // SAFETY: forwarded API contract.
+        unsafe { node_event(node, event_out, cu::cudaGraphNodeTypeWaitEvent) }
+    }
+
+    /// `cudaGraphChildGraphNodeGetGraph`: the graph the node owns (it may be changed, not
+    /// destroyed).
+    fn cudaGraphChildGraphNodeGetGraph(node: cudaGraphNode_t, pGraph: *mut cudaGraph_t) {
+        non_null(pGraph)?;
+        let (_, g) = graph_query(handle(node), 1)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(pGraph, g as usize as cudaGraph_t) }
+    }
+
+    /// `cudaGraphExecGetFlags`: the flags it was instantiated with.
+    fn cudaGraphExecGetFlags(graphExec: cudaGraphExec_t, flags: *mut c_ulonglong) {
+        non_null(flags)?;
+        let (_, f) = graph_query(handle(graphExec), 2)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(flags, f) }
     }
 
     /// `cudaGraphExecEventRecordNodeSetEvent`.

@@ -191,6 +191,9 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         );
         assert_eq!(info.result, cu::cudaGraphExecUpdateErrorTopologyChanged);
 
+        let mut flags = 7;
+        ok(cudaGraphExecGetFlags(exec, &mut flags));
+        assert_eq!(flags, 0);
         ok(cudaGraphExecDestroy(exec));
         assert_err(cudaGraphExecDestroy(exec), cu::cudaErrorInvalidValue);
         ok(cudaGraphDestroy(graph));

@@ -23,6 +23,8 @@ const CAPTURE_INVALIDATED: CuError = CuError(901);
 struct Node {
     graph: Raw,
     ty: u32,
+    /// The event of an event node, the embedded graph of a child graph node.
+    object: Raw,
     deps: Vec<Raw>,
     enabled: bool,
 }
@@ -85,6 +87,7 @@ impl FakeGraphs {
                 ty,
                 deps,
                 enabled: true,
+                object: 0,
             },
         );
         self.graphs.entry(graph).or_default().push(n);
@@ -263,18 +266,22 @@ impl GraphDriverApi for FakeDriver {
         self.with_ctx("graph_add_node", |c, next| {
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
-            let ty = match params {
-                NodeParams::Empty => 5,
-                NodeParams::Memcpy(_) => 1,
-                NodeParams::Memset(_) => 2,
+            let (ty, object) = match params {
+                NodeParams::Empty => (5, 0),
+                NodeParams::Memcpy(_) => (1, 0),
+                NodeParams::Memset(_) => (2, 0),
                 NodeParams::Child(g) => {
                     c.graphs.check_graph(*g)?;
-                    4
+                    (4, c.graphs.new_graph(next))
                 }
-                NodeParams::EventRecord(_) => 7,
-                NodeParams::EventWait(_) => 6,
+                NodeParams::EventRecord(e) => (7, *e),
+                NodeParams::EventWait(e) => (6, *e),
             };
-            Ok(c.graphs.add(graph, ty, deps.to_vec(), next))
+            let n = c.graphs.add(graph, ty, deps.to_vec(), next);
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.object = object;
+            }
+            Ok(n)
         })
     }
 
@@ -455,6 +462,22 @@ impl GraphDriverApi for FakeDriver {
         self.with_ctx("graph_debug_dot", |c, _| {
             let n = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?.len();
             Ok(format!("digraph fake {{ nodes={n} }}\n").into_bytes())
+        })
+    }
+
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
+        self.with_ctx("node_event", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            (n.ty == if record { 7 } else { 6 })
+                .then_some(n.object)
+                .ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn child_graph(&self, node: Raw) -> CuResult<Raw> {
+        self.with_ctx("child_graph", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            (n.ty == 4).then_some(n.object).ok_or(INVALID_VALUE)
         })
     }
 

@@ -138,6 +138,10 @@ pub(crate) trait GraphDriverApi {
     fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)>;
     /// cuGraphDebugDotPrint, the text it writes.
     fn graph_debug_dot(&self, graph: Raw, flags: u32) -> CuResult<Vec<u8>>;
+    /// The event of an event record (`record`) or wait node.
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw>;
+    /// cuGraphChildGraphNodeGetGraph.
+    fn child_graph(&self, node: Raw) -> CuResult<Raw>;
     /// cuGraphNodeGetEnabled, or cuGraphNodeSetEnabled (`set`: the new value).
     fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool>;
 }
@@ -186,6 +190,9 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphExecUpdate_v2",
     "cuGraphDebugDotPrint",
     "cuGraphNodeGetEnabled",
+    "cuGraphEventRecordNodeGetEvent",
+    "cuGraphEventWaitNodeGetEvent",
+    "cuGraphChildGraphNodeGetGraph",
     "cuGraphNodeSetEnabled",
 ];
 
@@ -636,6 +643,26 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok(text)
     }
 
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
+        let mut e: sys::CUevent = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            if record {
+                sys::cuGraphEventRecordNodeGetEvent(ptr(node), &mut e)
+            } else {
+                sys::cuGraphEventWaitNodeGetEvent(ptr(node), &mut e)
+            }
+        })?;
+        Ok(e as Raw)
+    }
+
+    fn child_graph(&self, node: Raw) -> CuResult<Raw> {
+        let mut g: sys::CUgraph = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphChildGraphNodeGetGraph(ptr(node), &mut g) })?;
+        Ok(g as Raw)
+    }
+
     fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool> {
         // SAFETY: see the impl comment.
         unsafe {
@@ -740,6 +767,12 @@ impl GraphDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn graph_debug_dot(&self, _: Raw, _: u32) -> CuResult<Vec<u8>> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn node_event(&self, _: Raw, _: bool) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn child_graph(&self, _: Raw) -> CuResult<Raw> {
         Err(CuError::NO_DEVICE)
     }
     fn node_enabled(&self, _: Raw, _: Raw, _: Option<bool>) -> CuResult<bool> {

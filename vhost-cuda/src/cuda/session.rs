@@ -355,7 +355,8 @@ impl CudaSession {
             | Op::GraphExecChildGraph
             | Op::GraphExecSetEvent
             | Op::StreamCaptureInvalidate
-            | Op::StreamBeginCaptureToGraph => self.graph_op(req),
+            | Op::StreamBeginCaptureToGraph
+            | Op::GraphQuery => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount

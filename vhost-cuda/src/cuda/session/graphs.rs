@@ -64,6 +64,8 @@ struct NodeEntry {
 struct ExecEntry {
     dev: usize,
     raw: Raw,
+    /// The flags it was instantiated with.
+    flags: u64,
 }
 
 /// The graphs, nodes and executable graphs of a session.
@@ -185,6 +187,7 @@ impl CudaSession {
                 ok()
             }
             Op::GraphExecUpdate => self.graph_exec_update(args),
+            Op::GraphQuery => self.graph_query(args),
             Op::StreamCaptureInvalidate => {
                 let (dev, stream) = self.capture_stream(args[0])?;
                 let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
@@ -767,10 +770,14 @@ impl CudaSession {
             Ok(())
         };
         let h = match uploaded {
-            Ok(()) => self
-                .graphs
-                .execs
-                .insert(&mut self.ids, ExecEntry { dev, raw: exec }),
+            Ok(()) => self.graphs.execs.insert(
+                &mut self.ids,
+                ExecEntry {
+                    dev,
+                    raw: exec,
+                    flags,
+                },
+            ),
             Err(_) => None,
         };
         match (h, uploaded) {
@@ -802,6 +809,50 @@ impl CudaSession {
             self.node_handle(args[1], node)?
         };
         ok_rets(&[u64::from(result), node])
+    }
+
+    fn graph_query(&mut self, args: [u64; MAX_ARGS]) -> OpResult {
+        let [handle, what, ..] = args;
+        if what == 2 {
+            let flags = self
+                .graphs
+                .execs
+                .get(handle)
+                .map(|e| e.flags)
+                .ok_or(status::INVALID_VALUE)?;
+            return ok_rets(&[flags]);
+        }
+        let graph = self
+            .graphs
+            .nodes
+            .get(handle)
+            .map(|n| n.graph)
+            .ok_or(status::INVALID_VALUE)?;
+        let node = self.node(handle)?;
+        let (dev, _) = self.graph(graph)?;
+        match what {
+            0 => {
+                let t = self.drv.node_type(node).map_err(on(dev))?;
+                let record = match t {
+                    wire_graph::NODE_EVENT_RECORD => true,
+                    wire_graph::NODE_WAIT_EVENT => false,
+                    _ => return Err(status::INVALID_VALUE.into()),
+                };
+                let raw = self.drv.node_event(node, record).map_err(on(dev))?;
+                // An event the session has destroyed since has no handle any more.
+                let (h, _) = self
+                    .events
+                    .find(|e| e.raw == raw)
+                    .ok_or(status::INVALID_RESOURCE_HANDLE)?;
+                ok_rets(&[h])
+            }
+            1 => {
+                let raw = self.drv.child_graph(node).map_err(on(dev))?;
+                // The node owns it: it is listed like a graph under capture (not destroyable).
+                ok_rets(&[self.captured_graph_handle(dev, raw)?])
+            }
+            _ => Err(status::INVALID_VALUE.into()),
+        }
     }
 
     fn graph_debug_dot(&mut self, req: &Request) -> OpResult {

@@ -143,14 +143,45 @@ fn explicit_graph_nodes_are_checked_and_queried() {
         status::NOT_SUPPORTED
     );
     let empty = ok(add_node(&mut rig, &mut s, graph, g::NODE_EMPTY, &[], &[]))[0];
+    // Event and child graph nodes, and what GraphQuery says of them.
+    let ev = ok(run(&mut s, Op::EventCreate, &[0]))[0];
+    let rec = ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_EVENT_RECORD,
+        &[],
+        &ev.to_le_bytes(),
+    ))[0];
+    assert_eq!(ok(run(&mut s, Op::GraphQuery, &[rec, 0]))[0], ev);
+    assert_eq!(
+        run(&mut s, Op::GraphQuery, &[empty, 0]).status,
+        status::INVALID_VALUE
+    );
+    let sub_graph = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+    let child = ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_GRAPH,
+        &[],
+        &sub_graph.to_le_bytes(),
+    ))[0];
+    let owned = ok(run(&mut s, Op::GraphQuery, &[child, 1]))[0];
+    assert_ne!(owned, sub_graph, "the node holds a copy");
+    assert_eq!(
+        run(&mut s, Op::GraphDestroy, &[owned]).status,
+        status::INVALID_VALUE
+    );
+    ok(run(&mut s, Op::GraphDestroy, &[sub_graph]));
 
     assert_eq!(
         list(&mut rig, &mut s, Op::GraphGetNodes, &[graph, 0]),
-        vec![k, ms, mc, empty]
+        vec![k, ms, mc, empty, rec, child]
     );
     assert_eq!(
         list(&mut rig, &mut s, Op::GraphGetNodes, &[graph, 1]),
-        vec![k, empty]
+        vec![k, empty, rec, child]
     );
     assert_eq!(
         ok(run(&mut s, Op::GraphNodeQuery, &[ms, 0]))[0],
@@ -168,11 +199,12 @@ fn explicit_graph_nodes_are_checked_and_queried() {
     ok(s.execute(&req(Op::GraphEdges, 0, &[graph, 0], vec![pairs], vec![])));
     assert_eq!(
         list(&mut rig, &mut s, Op::GraphGetNodes, &[graph, 1]),
-        vec![k]
+        vec![k, rec, child]
     );
 
     // Instantiate, launch, update, destroy.
-    let exec = ok(run(&mut s, Op::GraphInstantiate, &[graph, 0, 0]))[0];
+    let exec = ok(run(&mut s, Op::GraphInstantiate, &[graph, 1, 0]))[0];
+    assert_eq!(ok(run(&mut s, Op::GraphQuery, &[exec, 2]))[0], 1);
     for _ in 0..3 {
         ok(run(&mut s, Op::GraphLaunch, &[exec, 0]));
     }
@@ -192,7 +224,7 @@ fn explicit_graph_nodes_are_checked_and_queried() {
     let clone = ok(run(&mut s, Op::GraphClone, &[graph]))[0];
     assert_eq!(
         list(&mut rig, &mut s, Op::GraphGetNodes, &[clone, 0]).len(),
-        4
+        6
     );
     ok(run(&mut s, Op::GraphExecUpdate, &[exec, clone]));
     let other = ok(run(&mut s, Op::GraphCreate, &[]))[0];
