@@ -52,6 +52,8 @@ struct GraphEntry {
     capturing: bool,
     /// A capture into this graph of the guest's is under way (StreamBeginCaptureToGraph).
     capture_target: bool,
+    /// The graph whose child graph node holds this one (it goes with that graph).
+    owner: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -97,7 +99,17 @@ impl GraphTables {
         self.graphs.len() + self.execs.len()
     }
 
+    /// Forgets `graph`'s nodes, and the graphs its child graph nodes hold with theirs (the
+    /// driver destroyed them with it).
     fn forget_nodes_of(&mut self, graph: u64) {
+        while let Some((held, _)) = self.graphs.find(|g| g.owner == Some(graph)) {
+            self.graphs.remove(held);
+            self.forget_nodes_of(held);
+        }
+        self.forget_own_nodes(graph);
+    }
+
+    fn forget_own_nodes(&mut self, graph: u64) {
         let node_ids = &mut self.node_ids;
         self.nodes.retain(|n| {
             if n.graph == graph {
@@ -287,8 +299,14 @@ impl CudaSession {
         Ok(h)
     }
 
-    /// The graph handle of a driver graph being captured, issued on first sight.
-    fn captured_graph_handle(&mut self, dev: usize, raw: Raw) -> Result<u64, Fault> {
+    /// The graph handle of a driver graph being captured (or held by a child graph node of
+    /// graph `owner`), issued on first sight.
+    fn captured_graph_handle(
+        &mut self,
+        dev: usize,
+        raw: Raw,
+        owner: Option<u64>,
+    ) -> Result<u64, Fault> {
         if let Some((h, _)) = self.graphs.graphs.find(|g| g.raw == raw) {
             return Ok(h);
         }
@@ -301,6 +319,7 @@ impl CudaSession {
                     raw,
                     capturing: true,
                     capture_target: false,
+                    owner,
                 },
             )
             .ok_or(status::MEMORY_ALLOCATION.into())
@@ -408,6 +427,7 @@ impl CudaSession {
                         raw,
                         capturing: false,
                         capture_target: false,
+                        owner: None,
                     },
                 );
                 match h {
@@ -442,7 +462,7 @@ impl CudaSession {
         };
         let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
         let (graph, deps) = if info.status == 1 && info.graph != 0 {
-            let g = self.captured_graph_handle(dev, info.graph)?;
+            let g = self.captured_graph_handle(dev, info.graph, None)?;
             let mut deps = Vec::with_capacity(info.deps.len());
             for &d in &info.deps {
                 deps.push(self.node_handle(g, d)?);
@@ -481,6 +501,7 @@ impl CudaSession {
             raw,
             capturing: false,
             capture_target: false,
+            owner: None,
         };
         match self.graphs.graphs.insert(&mut self.ids, entry) {
             Some(h) => ok_rets(&[h]),
@@ -520,6 +541,7 @@ impl CudaSession {
             raw: copy,
             capturing: false,
             capture_target: false,
+            owner: None,
         };
         match self.graphs.graphs.insert(&mut self.ids, entry) {
             Some(h) => ok_rets(&[h]),
@@ -849,7 +871,7 @@ impl CudaSession {
             1 => {
                 let raw = self.drv.child_graph(node).map_err(on(dev))?;
                 // The node owns it: it is listed like a graph under capture (not destroyable).
-                ok_rets(&[self.captured_graph_handle(dev, raw)?])
+                ok_rets(&[self.captured_graph_handle(dev, raw, Some(graph))?])
             }
             _ => Err(status::INVALID_VALUE.into()),
         }

@@ -238,7 +238,11 @@ fn explicit_graph_nodes_are_checked_and_queried() {
         status::INVALID_VALUE
     );
     ok(run(&mut s, Op::GraphDestroy, &[graph]));
-    // Its nodes went with it.
+    // Its nodes went with it, and the graph its child graph node held.
+    assert_eq!(
+        run(&mut s, Op::GraphClone, &[owned]).status,
+        status::INVALID_VALUE
+    );
     assert_eq!(
         run(&mut s, Op::GraphNodeQuery, &[k, 0]).status,
         status::INVALID_VALUE
