@@ -521,7 +521,8 @@ fn run(
         | Op::GraphExecSetEvent
         | Op::StreamCaptureInvalidate
         | Op::StreamBeginCaptureToGraph
-        | Op::GraphQuery => {
+        | Op::GraphQuery
+        | Op::GraphKernelNodeGetParams => {
             let h = s.handle();
             let streams = s.streams.clone();
             s.graphs.run(op, args, ins, outs, rets, h, &streams)?

@@ -265,6 +265,15 @@ impl FakeGraphs {
                     }
                 };
             }
+            Op::GraphKernelNodeGetParams => {
+                let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+                if n.ty != 0 {
+                    return Err(status::INVALID_VALUE);
+                }
+                let len = n.params.len().min(outs[0].len());
+                outs[0][..len].copy_from_slice(&n.params[..len]);
+                rets[0] = n.params.len() as u64;
+            }
             Op::GraphDebugDot => {
                 let text = format!("digraph qcuda {{ n{} }}\n", self.graph(args[0])?.len());
                 let n = text.len().min(outs[0].len());

@@ -338,7 +338,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::GraphExecSetEvent
         | Op::StreamCaptureInvalidate
         | Op::StreamBeginCaptureToGraph
-        | Op::GraphQuery => true,
+        | Op::GraphQuery
+        | Op::GraphKernelNodeGetParams => true,
     }
 }
 
@@ -414,7 +415,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::GraphExecChildGraph
         | Op::GraphExecSetEvent
         | Op::StreamCaptureInvalidate
-        | Op::GraphQuery => true,
+        | Op::GraphQuery
+        | Op::GraphKernelNodeGetParams => true,
     }
 }
 

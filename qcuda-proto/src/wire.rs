@@ -458,6 +458,9 @@ ops! {
     /// graph of a child graph node (owned by the node: not destroyable), 2 the
     /// `cudaGraphInstantiateFlags` of an executable graph. rets[0] = that handle or value.
     GraphQuery = 0x01B9, ins 0, outs 0;
+    /// args[0] = handle of a kernel node. Out-buffer 0 receives up to its length of the node's
+    /// parameters in the `graph::KernelNode` encoding; rets[0] = the encoding's length.
+    GraphKernelNodeGetParams = 0x01BA, ins 0, outs 1;
 }
 
 impl Op {

@@ -142,6 +142,13 @@ int main()
     CHECK(cudaGraphNodeGetDependentNodes(copy_in, deps, nullptr, &count));
     if (count != 1 || deps[0] != kernel)
         fail("copy_in's dependents: %zu, expected the kernel", count);
+    cudaKernelNodeParams back = {};
+    CHECK(cudaGraphKernelNodeGetParams(kernel, &back));
+    if (!back.func || back.gridDim.x != (unsigned)((N + 255) / 256) || back.blockDim.x != 256 ||
+        !back.kernelParams || *(float **)back.kernelParams[0] != x ||
+        *(float *)back.kernelParams[1] != 2.0f || *(float *)back.kernelParams[2] != 1.0f ||
+        *(int *)back.kernelParams[3] != N)
+        fail("cudaGraphKernelNodeGetParams does not give back the kernel node's parameters");
     cudaEvent_t got_event = nullptr;
     CHECK(cudaGraphEventRecordNodeGetEvent(record, &got_event));
     if (got_event != done)

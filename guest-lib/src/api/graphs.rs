@@ -26,7 +26,7 @@ use crate::{
         self as cu, cudaEvent_t, cudaGraphEdgeData, cudaGraphExecUpdateResultInfo, cudaGraphExec_t,
         cudaGraphInstantiateParams, cudaGraphNodeType, cudaGraphNode_t, cudaGraph_t,
         cudaHostNodeParams, cudaKernelNodeParams, cudaMemcpy3DParms, cudaMemcpyKind,
-        cudaMemsetParams, cudaStreamCaptureMode, cudaStreamCaptureStatus, cudaStream_t,
+        cudaMemsetParams, cudaStreamCaptureMode, cudaStreamCaptureStatus, cudaStream_t, dim3,
     },
     memory::{self, Direction},
     modules, params,
@@ -40,6 +40,22 @@ const FIRST_LIST: usize = 256;
 /// cudaGraphInstantiateSuccess / cudaGraphInstantiateError.
 const INSTANTIATE_SUCCESS: u32 = 0;
 const INSTANTIATE_ERROR: u32 = 1;
+
+/// A kernel node's parameters as `cudaGraphKernelNodeGetParams` hands them out: the block
+/// (8-byte aligned) and one pointer per parameter into it.
+struct KernelParamsCopy {
+    _block: Vec<u64>,
+    _pointers: Vec<*mut c_void>,
+}
+
+// SAFETY: the pointers point into the record's own block and are only handed to the
+// application, never dereferenced here.
+unsafe impl Send for KernelParamsCopy {}
+
+/// Per kernel node, the parameters last handed out: they stay valid until the node's next
+/// `cudaGraphKernelNodeGetParams`, as the runtime keeps them until the parameters change.
+static KERNEL_PARAMS: std::sync::Mutex<Vec<(u64, KernelParamsCopy)>> =
+    std::sync::Mutex::new(Vec::new());
 
 thread_local! {
     /// Storage behind `cudaStreamGetCaptureInfo`'s dependency and edge-data arrays, valid until
@@ -1040,6 +1056,63 @@ cuda_api! {
         let p = unsafe { kernel_node(rt, d, &*pNodeParams)? };
         // SAFETY: forwarded API contract.
         unsafe { add_node(rt, d, pGraphNode, graph, pDependencies, numDependencies, g::NODE_KERNEL, &p) }
+    }
+
+    /// `cudaGraphKernelNodeGetParams`: `func` is the kernel's host stub; the parameter values
+    /// stay valid until the node's next `cudaGraphKernelNodeGetParams`.
+    fn cudaGraphKernelNodeGetParams(node: cudaGraphNode_t, pNodeParams: *mut cudaKernelNodeParams) {
+        non_null(pNodeParams)?;
+        if node.is_null() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        let mut want = KERNEL_NODE_HEADER + 4096;
+        let enc = loop {
+            let mut buf = vec![0u8; want];
+            let reply = rt.session.submit(
+                Call::new(Op::GraphKernelNodeGetParams, d)
+                    .args(&[handle(node)])
+                    .output(&mut buf),
+            )?;
+            let n = usize::try_from(reply.rets[0]).map_err(|_| CudaError::UNKNOWN)?;
+            if n <= want {
+                buf.truncate(n);
+                break buf;
+            }
+            want = n;
+        };
+        let k = KernelNode::decode(&enc).ok_or(CudaError::UNKNOWN)?;
+        let kernel = registry()
+            .kernel_by_function(d, k.function)
+            .ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
+        let resolved = modules::kernel(rt, kernel, d)?;
+        if k.params.len() < params::block_len(&resolved.params)? {
+            return Err(CudaError::UNKNOWN);
+        }
+        let mut block = vec![0u64; k.params.len().div_ceil(8)];
+        // SAFETY: `block` holds at least `k.params.len()` bytes; u64 has no invalid values.
+        unsafe {
+            std::ptr::copy_nonoverlapping(k.params.as_ptr(), block.as_mut_ptr().cast::<u8>(), k.params.len())
+        };
+        let base = block.as_mut_ptr().cast::<u8>();
+        let mut pointers: Vec<*mut c_void> = resolved
+            .params
+            .iter()
+            .map(|p| base.wrapping_add(p.offset as usize).cast::<c_void>())
+            .collect();
+        let p = cudaKernelNodeParams {
+            func: kernel.host_fun as *mut c_void,
+            gridDim: dim3 { x: k.grid[0], y: k.grid[1], z: k.grid[2] },
+            blockDim: dim3 { x: k.block[0], y: k.block[1], z: k.block[2] },
+            sharedMemBytes: k.shared_mem,
+            kernelParams: if pointers.is_empty() { std::ptr::null_mut() } else { pointers.as_mut_ptr() },
+            extra: std::ptr::null_mut(),
+        };
+        let mut stored = KERNEL_PARAMS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        stored.retain(|(n, _)| *n != handle(node));
+        stored.push((handle(node), KernelParamsCopy { _block: block, _pointers: pointers }));
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(pNodeParams, p) }
     }
 
     /// `cudaGraphKernelNodeSetParams`.

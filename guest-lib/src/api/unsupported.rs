@@ -120,7 +120,6 @@ not_supported! {
     cudaGraphHostNodeSetParams,
     cudaGraphKernelNodeCopyAttributes,
     cudaGraphKernelNodeGetAttribute,
-    cudaGraphKernelNodeGetParams,
     cudaGraphKernelNodeSetAttribute,
     cudaGraphMemAllocNodeGetParams,
     cudaGraphMemFreeNodeGetParams,

@@ -44,6 +44,14 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         };
         let mut k: cudaGraphNode_t = ptr::null_mut();
         ok(cudaGraphAddKernelNode(&mut k, graph, ptr::null(), 0, &kp));
+        let mut back = cu::cudaKernelNodeParams::default();
+        ok(cudaGraphKernelNodeGetParams(k, &mut back));
+        assert_eq!(
+            (back.func as usize, back.gridDim.x, back.blockDim.x),
+            (add, 2, 32)
+        );
+        assert_eq!(*(*back.kernelParams).cast::<u64>(), dev as u64);
+        assert_eq!(*(*back.kernelParams.add(1)).cast::<i32>(), 64);
         let set = cu::cudaMemsetParams {
             dst: dev,
             pitch: 0,

@@ -227,7 +227,7 @@ fn fresh(next: &mut Raw) -> Raw {
 }
 
 /// Function handles encode (module, kernel index): module + 1 + index.
-fn kernel_of(c: &Ctx, func: Raw) -> CuResult<(Raw, usize)> {
+pub(super) fn kernel_of(c: &Ctx, func: Raw) -> CuResult<(Raw, usize)> {
     c.modules
         .iter()
         .find_map(|&m| {

@@ -9,9 +9,9 @@ use std::{
 
 use super::{
     driver::{CuError, CuResult, Raw},
-    fake_driver::{check_stream, FakeDriver},
+    fake_driver::{check_stream, kernel_of, FakeDriver, KERNELS},
     graph_driver::{CaptureInfo, GraphDriverApi, NodeParams},
-    launch::LaunchConfig,
+    launch::{LaunchConfig, ParamLayout},
 };
 
 const INVALID_VALUE: CuError = CuError(1);
@@ -23,8 +23,11 @@ const CAPTURE_INVALIDATED: CuError = CuError(901);
 struct Node {
     graph: Raw,
     ty: u32,
-    /// The event of an event node, the embedded graph of a child graph node.
+    /// The event of an event node, the embedded graph of a child graph node, the function of
+    /// a kernel node.
     object: Raw,
+    /// A kernel node's geometry and parameter values, in order.
+    kernel: Option<(LaunchConfig, Vec<Vec<u8>>)>,
     deps: Vec<Raw>,
     enabled: bool,
 }
@@ -88,6 +91,7 @@ impl FakeGraphs {
                 deps,
                 enabled: true,
                 object: 0,
+                kernel: None,
             },
         );
         self.graphs.entry(graph).or_default().push(n);
@@ -289,14 +293,51 @@ impl GraphDriverApi for FakeDriver {
         &self,
         graph: Raw,
         deps: &[Raw],
-        _func: Raw,
-        _cfg: &LaunchConfig,
-        _params: &mut [*mut c_void],
+        func: Raw,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
     ) -> CuResult<Raw> {
         self.with_ctx("graph_add_kernel_node", |c, next| {
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
-            Ok(c.graphs.add(graph, 0, deps.to_vec(), next))
+            let (_, k) = kernel_of(c, func)?;
+            let layout = KERNELS[k].1;
+            if params.len() != layout.len() {
+                return Err(INVALID_VALUE);
+            }
+            let values = layout
+                .iter()
+                .zip(params.iter())
+                .map(|(&(_, size), p)| {
+                    // SAFETY: the caller's contract: one readable pointer per parameter, of
+                    // its size (from KERNELS).
+                    unsafe { std::slice::from_raw_parts(p.cast::<u8>(), size) }.to_vec()
+                })
+                .collect();
+            let n = c.graphs.add(graph, 0, deps.to_vec(), next);
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.object = func;
+                x.kernel = Some((*cfg, values));
+            }
+            Ok(n)
+        })
+    }
+
+    fn kernel_node_params(
+        &self,
+        node: Raw,
+        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
+    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        self.with_ctx("kernel_node_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            let (cfg, values) = n.kernel.clone().ok_or(INVALID_VALUE)?;
+            let layout = layout_of(n.object).ok_or(INVALID_VALUE)?;
+            let mut block = vec![0u8; layout.block_len()];
+            for (info, v) in layout.params().iter().zip(values) {
+                let at = info.offset as usize;
+                block[at..at + v.len()].copy_from_slice(&v);
+            }
+            Ok((n.object, cfg, block))
         })
     }
 

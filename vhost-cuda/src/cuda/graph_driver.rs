@@ -14,7 +14,7 @@ use qcuda_proto::graph::{MemcpyNode, MemsetNode};
 
 use super::{
     driver::{CuError, CuResult, NoDriver, Raw},
-    launch::LaunchConfig,
+    launch::{LaunchConfig, ParamLayout},
 };
 
 /// Parameters of a node other than a kernel node, already checked by the session.
@@ -138,6 +138,13 @@ pub(crate) trait GraphDriverApi {
     fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)>;
     /// cuGraphDebugDotPrint, the text it writes.
     fn graph_debug_dot(&self, graph: Raw, flags: u32) -> CuResult<Vec<u8>>;
+    /// cuGraphKernelNodeGetParams: the function, its geometry, and its parameter block laid
+    /// out by `layout_of(function)` (`None`: not a function of the caller's).
+    fn kernel_node_params(
+        &self,
+        node: Raw,
+        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
+    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)>;
     /// The event of an event record (`record`) or wait node.
     fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw>;
     /// cuGraphChildGraphNodeGetGraph.
@@ -193,6 +200,7 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphEventRecordNodeGetEvent",
     "cuGraphEventWaitNodeGetEvent",
     "cuGraphChildGraphNodeGetGraph",
+    "cuGraphKernelNodeGetParams_v2",
     "cuGraphNodeSetEnabled",
 ];
 
@@ -643,6 +651,46 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok(text)
     }
 
+    fn kernel_node_params(
+        &self,
+        node: Raw,
+        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
+    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        // SAFETY: plain C data; the driver fills it in.
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphKernelNodeGetParams_v2(ptr(node), &mut p) })?;
+        let func = p.func as Raw;
+        let layout = layout_of(func).ok_or(CuError::INVALID_VALUE)?;
+        let cfg = LaunchConfig {
+            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+            shared_mem: p.sharedMemBytes,
+        };
+        let mut block = vec![0u8; layout.block_len()];
+        if !layout.params().is_empty() {
+            if p.kernelParams.is_null() {
+                return Err(CuError::INVALID_VALUE);
+            }
+            for (i, info) in layout.params().iter().enumerate() {
+                // SAFETY: the driver returns one pointer per parameter of this function (whose
+                // layout this is), each readable for the parameter's size, valid until the
+                // node's parameters change (not before this call returns).
+                let src = unsafe { *p.kernelParams.add(i) };
+                if src.is_null() {
+                    return Err(CuError::INVALID_VALUE);
+                }
+                let at = info.offset as usize;
+                let dst = &mut block[at..at + info.size as usize];
+                // SAFETY: as above; `dst` is our own buffer, no overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.as_mut_ptr(), dst.len())
+                };
+            }
+        }
+        Ok((func, cfg, block))
+    }
+
     fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
         let mut e: sys::CUevent = null_mut();
         // SAFETY: see the impl comment.
@@ -767,6 +815,13 @@ impl GraphDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn graph_debug_dot(&self, _: Raw, _: u32) -> CuResult<Vec<u8>> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn kernel_node_params(
+        &self,
+        _: Raw,
+        _: &dyn Fn(Raw) -> Option<ParamLayout>,
+    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
         Err(CuError::NO_DEVICE)
     }
     fn node_event(&self, _: Raw, _: bool) -> CuResult<Raw> {

@@ -356,7 +356,8 @@ impl CudaSession {
             | Op::GraphExecSetEvent
             | Op::StreamCaptureInvalidate
             | Op::StreamBeginCaptureToGraph
-            | Op::GraphQuery => self.graph_op(req),
+            | Op::GraphQuery
+            | Op::GraphKernelNodeGetParams => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount

@@ -200,6 +200,7 @@ impl CudaSession {
             }
             Op::GraphExecUpdate => self.graph_exec_update(args),
             Op::GraphQuery => self.graph_query(args),
+            Op::GraphKernelNodeGetParams => self.kernel_node_params(req),
             Op::StreamCaptureInvalidate => {
                 let (dev, stream) = self.capture_stream(args[0])?;
                 let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
@@ -831,6 +832,49 @@ impl CudaSession {
             self.node_handle(args[1], node)?
         };
         ok_rets(&[u64::from(result), node])
+    }
+
+    fn kernel_node_params(&mut self, req: &Request) -> OpResult {
+        let handle = req.header.args[0];
+        let graph = self
+            .graphs
+            .nodes
+            .get(handle)
+            .map(|n| n.graph)
+            .ok_or(status::INVALID_VALUE)?;
+        let node = self.node(handle)?;
+        let (dev, _) = self.graph(graph)?;
+        if self.drv.node_type(node).map_err(on(dev))? != wire_graph::NODE_KERNEL {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let functions = &self.functions;
+        let layout_of = |raw: Raw| {
+            functions
+                .find(|f| f.raw == raw)
+                .map(|(_, f)| f.layout.clone())
+        };
+        let (func, cfg, block) = self
+            .drv
+            .kernel_node_params(node, &layout_of)
+            .map_err(on(dev))?;
+        let (function, _) = self
+            .functions
+            .find(|f| f.raw == func)
+            .ok_or(status::INVALID_VALUE)?;
+        let mut enc = vec![0u8; wire_graph::KERNEL_NODE_HEADER + block.len()];
+        KernelNode {
+            function,
+            grid: cfg.grid,
+            block: cfg.block,
+            shared_mem: cfg.shared_mem,
+            params: &block,
+        }
+        .encode(&mut enc);
+        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let fit = out.len().min(enc.len());
+        out.write_at(0, &enc[..fit])
+            .map_err(|_| status::INVALID_VALUE)?;
+        ok_rets(&[enc.len() as u64])
     }
 
     fn graph_query(&mut self, args: [u64; MAX_ARGS]) -> OpResult {

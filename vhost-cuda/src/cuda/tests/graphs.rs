@@ -71,6 +71,21 @@ fn explicit_graph_nodes_are_checked_and_queried() {
         &[],
         &kernel_params(f, &block),
     ))[0];
+    // Its parameters read back.
+    let out = rig.out(256);
+    let r = ok(s.execute(&req(
+        Op::GraphKernelNodeGetParams,
+        0,
+        &[k],
+        vec![],
+        vec![out.clone()],
+    )));
+    let bytes = out.to_vec().unwrap();
+    let back = KernelNode::decode(&bytes[..r[0] as usize]).unwrap();
+    assert_eq!(
+        (back.function, back.block, back.params),
+        (f, [32, 1, 1], &block[..])
+    );
     // Too short a block, an unknown function, a bad geometry.
     let short = kernel_params(f, &block[..20]);
     assert_eq!(
