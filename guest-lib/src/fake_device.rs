@@ -522,7 +522,8 @@ fn run(
         | Op::StreamCaptureInvalidate
         | Op::StreamBeginCaptureToGraph
         | Op::GraphQuery
-        | Op::GraphKernelNodeGetParams => {
+        | Op::GraphKernelNodeGetParams
+        | Op::GraphDestroyNode => {
             let h = s.handle();
             let streams = s.streams.clone();
             s.graphs.run(op, args, ins, outs, rets, h, &streams)?

@@ -252,6 +252,14 @@ impl FakeGraphs {
             }
             Op::GraphQuery => {
                 rets[0] = match args[1] {
+                    3 => {
+                        let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+                        let i = self.graphs[&n.graph]
+                            .iter()
+                            .position(|m| *m == args[0])
+                            .ok_or(status::INVALID_VALUE)?;
+                        *self.graph(args[2])?.get(i).ok_or(status::INVALID_VALUE)?
+                    }
                     2 => {
                         self.execs.get(&args[0]).ok_or(status::INVALID_VALUE)?;
                         0
@@ -264,6 +272,15 @@ impl FakeGraphs {
                             .ok_or(status::INVALID_VALUE)?
                     }
                 };
+            }
+            Op::GraphDestroyNode => {
+                let n = self.nodes.remove(&args[0]).ok_or(status::INVALID_VALUE)?;
+                if let Some(list) = self.graphs.get_mut(&n.graph) {
+                    list.retain(|m| *m != args[0]);
+                }
+                for other in self.nodes.values_mut() {
+                    other.deps.retain(|d| *d != args[0]);
+                }
             }
             Op::GraphKernelNodeGetParams => {
                 let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;

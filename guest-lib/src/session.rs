@@ -339,7 +339,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::StreamCaptureInvalidate
         | Op::StreamBeginCaptureToGraph
         | Op::GraphQuery
-        | Op::GraphKernelNodeGetParams => true,
+        | Op::GraphKernelNodeGetParams
+        | Op::GraphDestroyNode => true,
     }
 }
 
@@ -363,6 +364,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::TakeOutput
         | Op::StreamBeginCapture
         | Op::StreamBeginCaptureToGraph
+        | Op::GraphDestroyNode
         | Op::StreamEndCapture
         | Op::StreamUpdateCaptureDependencies
         | Op::GraphCreate

@@ -456,11 +456,14 @@ ops! {
     StreamBeginCaptureToGraph = 0x01B8, ins 1, outs 0;
     /// args[0] = a handle, args[1] = what: 0 the event of an event record or wait node, 1 the
     /// graph of a child graph node (owned by the node: not destroyable), 2 the
-    /// `cudaGraphInstantiateFlags` of an executable graph. rets[0] = that handle or value.
+    /// `cudaGraphInstantiateFlags` of an executable graph, 3 the node of graph args[2] (a clone
+    /// of the node's graph) that the node was cloned to. rets[0] = that handle or value.
     GraphQuery = 0x01B9, ins 0, outs 0;
     /// args[0] = handle of a kernel node. Out-buffer 0 receives up to its length of the node's
     /// parameters in the `graph::KernelNode` encoding; rets[0] = the encoding's length.
     GraphKernelNodeGetParams = 0x01BA, ins 0, outs 1;
+    /// args[0] = node handle: the node and its edges are removed from its graph.
+    GraphDestroyNode = 0x01BB, ins 0, outs 0;
 }
 
 impl Op {

@@ -172,6 +172,11 @@ int main()
     CHECK(cudaGraphNodeGetDependentNodes(record, deps, nullptr, &count));
     if (count != 0)
         fail("the removed edge is still there");
+    CHECK(cudaGraphDestroyNode(empty));
+    count = 0;
+    CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+    if (count != 6)
+        fail("after cudaGraphDestroyNode the graph has %zu nodes, expected 6", count);
 
     // Instantiate and launch, with new input each time.
     cudaGraphExec_t exec;
@@ -240,6 +245,12 @@ int main()
     // A clone runs the same work (with the graph's current parameters).
     cudaGraph_t clone;
     CHECK(cudaGraphClone(&clone, graph));
+    cudaGraphNode_t kernel_in_clone;
+    CHECK(cudaGraphNodeFindInClone(&kernel_in_clone, kernel, clone));
+    cudaGraphNodeType clone_type;
+    CHECK(cudaGraphNodeGetType(kernel_in_clone, &clone_type));
+    if (kernel_in_clone == kernel || clone_type != cudaGraphNodeTypeKernel)
+        fail("cudaGraphNodeFindInClone did not find the kernel node's clone");
     cudaGraphExec_t clone_exec;
     CHECK(cudaGraphInstantiateWithFlags(&clone_exec, clone, 0));
     fill(in, 5);

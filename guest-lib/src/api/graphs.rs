@@ -766,13 +766,18 @@ unsafe fn change_edges(
 
 /// `GraphQuery`: rets[0] for `what` of `handle`.
 fn graph_query(handle: u64, what: u64) -> CudaResult<(&'static Runtime, u64)> {
+    graph_query_in(handle, what, 0)
+}
+
+/// `GraphQuery` with its third argument.
+fn graph_query_in(handle: u64, what: u64, arg: u64) -> CudaResult<(&'static Runtime, u64)> {
     if handle == 0 {
         return Err(CudaError::INVALID_VALUE);
     }
     let (rt, d) = current()?;
     let reply = rt
         .session
-        .submit(Call::new(Op::GraphQuery, d).args(&[handle, what]))?;
+        .submit(Call::new(Op::GraphQuery, d).args(&[handle, what, arg]))?;
     Ok((rt, reply.rets[0]))
 }
 
@@ -1381,6 +1386,27 @@ cuda_api! {
         let (_, g) = graph_query(handle(node), 1)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pGraph, g as usize as cudaGraph_t) }
+    }
+
+    /// `cudaGraphNodeFindInClone`.
+    fn cudaGraphNodeFindInClone(pNode: *mut cudaGraphNode_t, originalNode: cudaGraphNode_t, clonedGraph: cudaGraph_t) {
+        non_null(pNode)?;
+        if clonedGraph.is_null() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (_, n) = graph_query_in(handle(originalNode), 3, handle(clonedGraph))?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(pNode, n as usize as cudaGraphNode_t) }
+    }
+
+    /// `cudaGraphDestroyNode`: the node and its edges leave its graph.
+    fn cudaGraphDestroyNode(node: cudaGraphNode_t) {
+        if node.is_null() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        rt.session.submit(Call::new(Op::GraphDestroyNode, d).args(&[handle(node)]))?;
+        Ok(())
     }
 
     /// `cudaGraphExecGetFlags`: the flags it was instantiated with.

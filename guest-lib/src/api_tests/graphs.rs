@@ -189,6 +189,18 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
 
         let mut clone: cudaGraph_t = ptr::null_mut();
         ok(cudaGraphClone(&mut clone, graph));
+        let mut k_clone: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphNodeFindInClone(&mut k_clone, k, clone));
+        assert!(!k_clone.is_null() && k_clone != k);
+        let mut spare: cudaGraph_t = ptr::null_mut();
+        ok(cudaGraphClone(&mut spare, graph));
+        let mut spare_k: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphNodeFindInClone(&mut spare_k, k, spare));
+        ok(cudaGraphDestroyNode(spare_k));
+        assert_err(
+            cudaGraphNodeGetType(spare_k, &mut ty),
+            cu::cudaErrorInvalidValue,
+        );
         let mut info = cu::cudaGraphExecUpdateResultInfo::default();
         ok(cudaGraphExecUpdate(exec, clone, &mut info));
         let mut other: cudaGraph_t = ptr::null_mut();

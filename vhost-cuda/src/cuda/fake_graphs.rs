@@ -515,6 +515,34 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
+    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw> {
+        self.with_ctx("find_in_clone", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            let i = c.graphs.graphs[&n.graph]
+                .iter()
+                .position(|m| *m == node)
+                .ok_or(INVALID_VALUE)?;
+            c.graphs
+                .graphs
+                .get(&clone)
+                .and_then(|nodes| nodes.get(i).copied())
+                .ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn destroy_node(&self, node: Raw) -> CuResult<()> {
+        self.with_ctx("destroy_node", |c, _| {
+            let n = c.graphs.nodes.remove(&node).ok_or(INVALID_VALUE)?;
+            if let Some(list) = c.graphs.graphs.get_mut(&n.graph) {
+                list.retain(|m| *m != node);
+            }
+            for other in c.graphs.nodes.values_mut() {
+                other.deps.retain(|d| *d != node);
+            }
+            Ok(())
+        })
+    }
+
     fn child_graph(&self, node: Raw) -> CuResult<Raw> {
         self.with_ctx("child_graph", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;

@@ -149,6 +149,10 @@ pub(crate) trait GraphDriverApi {
     fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw>;
     /// cuGraphChildGraphNodeGetGraph.
     fn child_graph(&self, node: Raw) -> CuResult<Raw>;
+    /// cuGraphNodeFindInClone.
+    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw>;
+    /// cuGraphDestroyNode.
+    fn destroy_node(&self, node: Raw) -> CuResult<()>;
     /// cuGraphNodeGetEnabled, or cuGraphNodeSetEnabled (`set`: the new value).
     fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool>;
 }
@@ -201,6 +205,8 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphEventWaitNodeGetEvent",
     "cuGraphChildGraphNodeGetGraph",
     "cuGraphKernelNodeGetParams_v2",
+    "cuGraphNodeFindInClone",
+    "cuGraphDestroyNode",
     "cuGraphNodeSetEnabled",
 ];
 
@@ -711,6 +717,18 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok(g as Raw)
     }
 
+    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw> {
+        let mut n: sys::CUgraphNode = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphNodeFindInClone(&mut n, ptr(node), ptr(clone)) })?;
+        Ok(n as Raw)
+    }
+
+    fn destroy_node(&self, node: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphDestroyNode(ptr(node)) })
+    }
+
     fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool> {
         // SAFETY: see the impl comment.
         unsafe {
@@ -828,6 +846,12 @@ impl GraphDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn child_graph(&self, _: Raw) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn find_in_clone(&self, _: Raw, _: Raw) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn destroy_node(&self, _: Raw) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn node_enabled(&self, _: Raw, _: Raw, _: Option<bool>) -> CuResult<bool> {

@@ -357,7 +357,8 @@ impl CudaSession {
             | Op::StreamCaptureInvalidate
             | Op::StreamBeginCaptureToGraph
             | Op::GraphQuery
-            | Op::GraphKernelNodeGetParams => self.graph_op(req),
+            | Op::GraphKernelNodeGetParams
+            | Op::GraphDestroyNode => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount

@@ -201,6 +201,7 @@ impl CudaSession {
             Op::GraphExecUpdate => self.graph_exec_update(args),
             Op::GraphQuery => self.graph_query(args),
             Op::GraphKernelNodeGetParams => self.kernel_node_params(req),
+            Op::GraphDestroyNode => self.destroy_node(args[0]),
             Op::StreamCaptureInvalidate => {
                 let (dev, stream) = self.capture_stream(args[0])?;
                 let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
@@ -834,6 +835,34 @@ impl CudaSession {
         ok_rets(&[u64::from(result), node])
     }
 
+    fn destroy_node(&mut self, handle: u64) -> OpResult {
+        let graph = self
+            .graphs
+            .nodes
+            .get(handle)
+            .map(|n| n.graph)
+            .ok_or(status::INVALID_VALUE)?;
+        let node = self.node(handle)?;
+        let (dev, _) = self.graph(graph)?;
+        // A child graph node takes the graph it holds along.
+        let held = match self.drv.node_type(node).map_err(on(dev))? {
+            wire_graph::NODE_GRAPH => self.drv.child_graph(node).ok(),
+            _ => None,
+        };
+        self.drv.destroy_node(node).map_err(on(dev))?;
+        self.graphs.nodes.remove(handle);
+        self.graphs.node_ids.remove(&node);
+        if let Some((h, _)) = held.and_then(|raw| {
+            self.graphs
+                .graphs
+                .find(|g| g.owner == Some(graph) && g.raw == raw)
+        }) {
+            self.graphs.graphs.remove(h);
+            self.graphs.forget_nodes_of(h);
+        }
+        ok()
+    }
+
     fn kernel_node_params(&mut self, req: &Request) -> OpResult {
         let handle = req.header.args[0];
         let graph = self
@@ -878,7 +907,7 @@ impl CudaSession {
     }
 
     fn graph_query(&mut self, args: [u64; MAX_ARGS]) -> OpResult {
-        let [handle, what, ..] = args;
+        let [handle, what, clone, ..] = args;
         if what == 2 {
             let flags = self
                 .graphs
@@ -916,6 +945,11 @@ impl CudaSession {
                 let raw = self.drv.child_graph(node).map_err(on(dev))?;
                 // The node owns it: it is listed like a graph under capture (not destroyable).
                 ok_rets(&[self.captured_graph_handle(dev, raw, Some(graph))?])
+            }
+            3 => {
+                let (_, clone_raw) = self.graph(clone)?;
+                let raw = self.drv.find_in_clone(node, clone_raw).map_err(on(dev))?;
+                ok_rets(&[self.node_handle(clone, raw)?])
             }
             _ => Err(status::INVALID_VALUE.into()),
         }

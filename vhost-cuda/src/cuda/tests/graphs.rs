@@ -241,6 +241,20 @@ fn explicit_graph_nodes_are_checked_and_queried() {
         list(&mut rig, &mut s, Op::GraphGetNodes, &[clone, 0]).len(),
         6
     );
+    let k_clone = ok(run(&mut s, Op::GraphQuery, &[k, 3, clone]))[0];
+    assert_ne!(k_clone, k);
+    assert_eq!(ok(run(&mut s, Op::GraphNodeQuery, &[k_clone, 0]))[0], 0);
+    // Destroying a node: gone from its graph and from the handle table.
+    ok(run(&mut s, Op::GraphDestroyNode, &[k_clone]));
+    assert_eq!(
+        list(&mut rig, &mut s, Op::GraphGetNodes, &[clone, 0]).len(),
+        5
+    );
+    assert_eq!(
+        run(&mut s, Op::GraphNodeQuery, &[k_clone, 0]).status,
+        status::INVALID_VALUE
+    );
+    let clone = ok(run(&mut s, Op::GraphClone, &[graph]))[0];
     ok(run(&mut s, Op::GraphExecUpdate, &[exec, clone]));
     let other = ok(run(&mut s, Op::GraphCreate, &[]))[0];
     let r = run(&mut s, Op::GraphExecUpdate, &[exec, other]);
