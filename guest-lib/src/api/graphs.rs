@@ -287,6 +287,51 @@ fn memcpy_1d(
     p
 }
 
+/// The memcpy node encoding of a copy to (`to_symbol`) or from a `__device__` variable at
+/// `offset`, the other side at `other`.
+#[allow(clippy::too_many_arguments)]
+fn symbol_node(
+    rt: &Runtime,
+    device: u32,
+    symbol: *const c_void,
+    other: *const c_void,
+    count: usize,
+    offset: usize,
+    kind: cudaMemcpyKind,
+    to_symbol: bool,
+) -> CudaResult<[u8; g::MEMCPY_NODE_SIZE]> {
+    let allowed = if to_symbol {
+        cu::cudaMemcpyHostToDevice
+    } else {
+        cu::cudaMemcpyDeviceToHost
+    };
+    if !matches!(kind, k if k == allowed || k == cu::cudaMemcpyDeviceToDevice || k == cu::cudaMemcpyDefault)
+    {
+        return Err(CudaError::INVALID_MEMCPY_DIRECTION);
+    }
+    let global = crate::symbols::global(rt, registry(), symbol as usize, device)?;
+    let addr = crate::symbols::range(global, count, offset)?;
+    // Module globals are not in the guest's allocation table, so "default" is resolved here.
+    let kind = match kind {
+        cu::cudaMemcpyDefault if rt.allocations.find(other as u64).is_some() => {
+            cu::cudaMemcpyDeviceToDevice
+        }
+        cu::cudaMemcpyDefault => allowed,
+        k => k,
+    };
+    let p = if to_symbol {
+        memcpy_1d(addr as usize as *mut c_void, other, count, kind)
+    } else {
+        memcpy_1d(
+            other.cast_mut(),
+            addr as usize as *const c_void,
+            count,
+            kind,
+        )
+    };
+    memcpy_node(rt, &p)
+}
+
 fn memset_node(rt: &Runtime, p: &cudaMemsetParams) -> CudaResult<[u8; g::MEMSET_NODE_SIZE]> {
     let mut node = MemsetNode {
         dst: p.dst as u64,
@@ -1230,6 +1275,106 @@ cuda_api! {
         }
         let (rt, d) = current()?;
         let p = memcpy_node(rt, &memcpy_1d(dst, src, count, kind))?;
+        set_params(rt, d, hGraphExec, node, g::NODE_MEMCPY, &p)
+    }
+
+    /// `cudaGraphAddMemcpyNodeToSymbol`.
+    fn cudaGraphAddMemcpyNodeToSymbol(
+        pGraphNode: *mut cudaGraphNode_t,
+        graph: cudaGraph_t,
+        pDependencies: *const cudaGraphNode_t,
+        numDependencies: usize,
+        symbol: *const c_void,
+        src: *const c_void,
+        count: usize,
+        offset: usize,
+        kind: cudaMemcpyKind,
+    ) {
+        let (rt, d) = current()?;
+        let p = symbol_node(rt, d, symbol, src, count, offset, kind, true)?;
+        // SAFETY: forwarded API contract.
+        unsafe { add_node(rt, d, pGraphNode, graph, pDependencies, numDependencies, g::NODE_MEMCPY, &p) }
+    }
+
+    /// `cudaGraphAddMemcpyNodeFromSymbol`.
+    fn cudaGraphAddMemcpyNodeFromSymbol(
+        pGraphNode: *mut cudaGraphNode_t,
+        graph: cudaGraph_t,
+        pDependencies: *const cudaGraphNode_t,
+        numDependencies: usize,
+        dst: *mut c_void,
+        symbol: *const c_void,
+        count: usize,
+        offset: usize,
+        kind: cudaMemcpyKind,
+    ) {
+        let (rt, d) = current()?;
+        let p = symbol_node(rt, d, symbol, dst, count, offset, kind, false)?;
+        // SAFETY: forwarded API contract.
+        unsafe { add_node(rt, d, pGraphNode, graph, pDependencies, numDependencies, g::NODE_MEMCPY, &p) }
+    }
+
+    /// `cudaGraphMemcpyNodeSetParamsToSymbol`.
+    fn cudaGraphMemcpyNodeSetParamsToSymbol(
+        node: cudaGraphNode_t,
+        symbol: *const c_void,
+        src: *const c_void,
+        count: usize,
+        offset: usize,
+        kind: cudaMemcpyKind,
+    ) {
+        let (rt, d) = current()?;
+        let p = symbol_node(rt, d, symbol, src, count, offset, kind, true)?;
+        set_params(rt, d, std::ptr::null_mut(), node, g::NODE_MEMCPY, &p)
+    }
+
+    /// `cudaGraphMemcpyNodeSetParamsFromSymbol`.
+    fn cudaGraphMemcpyNodeSetParamsFromSymbol(
+        node: cudaGraphNode_t,
+        dst: *mut c_void,
+        symbol: *const c_void,
+        count: usize,
+        offset: usize,
+        kind: cudaMemcpyKind,
+    ) {
+        let (rt, d) = current()?;
+        let p = symbol_node(rt, d, symbol, dst, count, offset, kind, false)?;
+        set_params(rt, d, std::ptr::null_mut(), node, g::NODE_MEMCPY, &p)
+    }
+
+    /// `cudaGraphExecMemcpyNodeSetParamsToSymbol`.
+    fn cudaGraphExecMemcpyNodeSetParamsToSymbol(
+        hGraphExec: cudaGraphExec_t,
+        node: cudaGraphNode_t,
+        symbol: *const c_void,
+        src: *const c_void,
+        count: usize,
+        offset: usize,
+        kind: cudaMemcpyKind,
+    ) {
+        if hGraphExec.is_null() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        let p = symbol_node(rt, d, symbol, src, count, offset, kind, true)?;
+        set_params(rt, d, hGraphExec, node, g::NODE_MEMCPY, &p)
+    }
+
+    /// `cudaGraphExecMemcpyNodeSetParamsFromSymbol`.
+    fn cudaGraphExecMemcpyNodeSetParamsFromSymbol(
+        hGraphExec: cudaGraphExec_t,
+        node: cudaGraphNode_t,
+        dst: *mut c_void,
+        symbol: *const c_void,
+        count: usize,
+        offset: usize,
+        kind: cudaMemcpyKind,
+    ) {
+        if hGraphExec.is_null() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        let p = symbol_node(rt, d, symbol, dst, count, offset, kind, false)?;
         set_params(rt, d, hGraphExec, node, g::NODE_MEMCPY, &p)
     }
 

@@ -19,8 +19,10 @@ fn d3(x: u32) -> dim3 {
 fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
     let fake = setup();
     fake.add_kernel("_Z3addPfi", &[(0, 8), (8, 4)]);
+    let global = fake.add_global("table", 64);
     let fatbin = register_fatbin();
     let add = register_kernel(fatbin, c"_Z3addPfi");
+    let table = register_var(fatbin, c"table", 64);
     let mut graph: cudaGraph_t = ptr::null_mut();
     let mut dev: *mut c_void = ptr::null_mut();
     let mut pinned: *mut c_void = ptr::null_mut();
@@ -142,6 +144,62 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             &mut count,
         ));
         assert_eq!((count, from[0], to[0]), (2, k, ms));
+
+        // Copies to and from a __device__ variable.
+        let mut sym: cudaGraphNode_t = ptr::null_mut();
+        let t = table as *const c_void;
+        ok(cudaGraphAddMemcpyNodeToSymbol(
+            &mut sym,
+            graph,
+            ptr::null(),
+            0,
+            t,
+            pinned,
+            16,
+            8,
+            cu::cudaMemcpyHostToDevice,
+        ));
+        let m = MemcpyNode::decode(&fake.state().graphs.nodes[&(sym as u64)].params).unwrap();
+        assert_eq!((m.dst, m.src, m.width), (global + 8, pinned as u64, 16));
+        assert_err(
+            cudaGraphAddMemcpyNodeToSymbol(
+                &mut sym,
+                graph,
+                ptr::null(),
+                0,
+                t,
+                pinned,
+                64,
+                8,
+                cu::cudaMemcpyHostToDevice,
+            ),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaGraphAddMemcpyNodeFromSymbol(
+                &mut sym,
+                graph,
+                ptr::null(),
+                0,
+                pinned,
+                t,
+                8,
+                0,
+                cu::cudaMemcpyHostToDevice,
+            ),
+            cu::cudaErrorInvalidMemcpyDirection,
+        );
+        ok(cudaGraphAddMemcpyNodeFromSymbol(
+            &mut sym,
+            graph,
+            ptr::null(),
+            0,
+            pinned,
+            t,
+            8,
+            0,
+            cu::cudaMemcpyDefault,
+        ));
 
         // The generic form: a memset node through cudaGraphAddNode, then changed.
         let mut gp = cu::cudaGraphNodeParams {
