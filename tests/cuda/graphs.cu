@@ -28,6 +28,16 @@ __global__ void accumulate(float *y, const float *x, int n)
 
 static const int N = 1 << 16;
 
+__device__ int marker[4];
+
+// marker[i] = marker[i] * 10 + i
+__global__ void mark()
+{
+    int i = threadIdx.x;
+    if (i < 4)
+        marker[i] = marker[i] * 10 + i;
+}
+
 static cudaKernelNodeParams axpb_params(void **args, int n)
 {
     cudaKernelNodeParams p = {};
@@ -274,6 +284,36 @@ int main()
     CHECK(cudaStreamSynchronize(s));
     CHECK(cudaMemcpy(copy.data(), x, N * sizeof(float), cudaMemcpyDeviceToHost));
     expect(copy.data(), in, 1.0f, 16.0f, "event wait graph");
+
+    // Copies to and from a __device__ variable around a kernel that uses it.
+    int *pinned_marks;
+    CHECK(cudaMallocHost(&pinned_marks, 8 * sizeof(int)));
+    for (int i = 0; i < 4; i++)
+        pinned_marks[i] = i + 1;
+    cudaGraph_t sym_graph;
+    CHECK(cudaGraphCreate(&sym_graph, 0));
+    cudaGraphNode_t to_sym, mark_node, from_sym;
+    CHECK(cudaGraphAddMemcpyNodeToSymbol(&to_sym, sym_graph, nullptr, 0, marker, pinned_marks,
+                                         4 * sizeof(int), 0, cudaMemcpyHostToDevice));
+    cudaKernelNodeParams mk = {};
+    mk.func = (void *)mark;
+    mk.gridDim = dim3(1);
+    mk.blockDim = dim3(32);
+    mk.kernelParams = nullptr;
+    CHECK(cudaGraphAddKernelNode(&mark_node, sym_graph, &to_sym, 1, &mk));
+    CHECK(cudaGraphAddMemcpyNodeFromSymbol(&from_sym, sym_graph, &mark_node, 1, pinned_marks + 4,
+                                           marker, 4 * sizeof(int), 0, cudaMemcpyDeviceToHost));
+    cudaGraphExec_t sym_exec;
+    CHECK(cudaGraphInstantiate(&sym_exec, sym_graph, 0));
+    CHECK(cudaGraphLaunch(sym_exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < 4; i++)
+        if (pinned_marks[4 + i] != (i + 1) * 10 + i)
+            fail("symbol graph: marker[%d] is %d, expected %d", i, pinned_marks[4 + i],
+                 (i + 1) * 10 + i);
+    CHECK(cudaGraphExecDestroy(sym_exec));
+    CHECK(cudaGraphDestroy(sym_graph));
+    CHECK(cudaFreeHost(pinned_marks));
 
     // An update with another topology fails and says so.
     cudaGraph_t other;
