@@ -523,7 +523,8 @@ fn run(
         | Op::StreamBeginCaptureToGraph
         | Op::GraphQuery
         | Op::GraphKernelNodeGetParams
-        | Op::GraphDestroyNode => {
+        | Op::GraphDestroyNode
+        | Op::GraphNodeGetParams => {
             let h = s.handle();
             let streams = s.streams.clone();
             s.graphs.run(op, args, ins, outs, rets, h, &streams)?

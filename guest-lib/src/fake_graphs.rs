@@ -282,6 +282,15 @@ impl FakeGraphs {
                     other.deps.retain(|d| *d != args[0]);
                 }
             }
+            Op::GraphNodeGetParams => {
+                let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+                if n.ty != 1 && n.ty != 2 {
+                    return Err(status::INVALID_VALUE);
+                }
+                let len = n.params.len().min(outs[0].len());
+                outs[0][..len].copy_from_slice(&n.params[..len]);
+                rets[0] = u64::from(n.ty);
+            }
             Op::GraphKernelNodeGetParams => {
                 let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
                 if n.ty != 0 {

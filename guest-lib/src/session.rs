@@ -340,7 +340,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::StreamBeginCaptureToGraph
         | Op::GraphQuery
         | Op::GraphKernelNodeGetParams
-        | Op::GraphDestroyNode => true,
+        | Op::GraphDestroyNode
+        | Op::GraphNodeGetParams => true,
     }
 }
 
@@ -418,7 +419,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::GraphExecSetEvent
         | Op::StreamCaptureInvalidate
         | Op::GraphQuery
-        | Op::GraphKernelNodeGetParams => true,
+        | Op::GraphKernelNodeGetParams
+        | Op::GraphNodeGetParams => true,
     }
 }
 

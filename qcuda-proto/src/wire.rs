@@ -464,6 +464,9 @@ ops! {
     GraphKernelNodeGetParams = 0x01BA, ins 0, outs 1;
     /// args[0] = node handle: the node and its edges are removed from its graph.
     GraphDestroyNode = 0x01BB, ins 0, outs 0;
+    /// args[0] = handle of a memcpy or memset node. rets[0] = its node type; out-buffer 0
+    /// receives its parameters in the `graph::MemcpyNode` or `graph::MemsetNode` encoding.
+    GraphNodeGetParams = 0x01BC, ins 0, outs 1;
 }
 
 impl Op {

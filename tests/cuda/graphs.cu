@@ -159,6 +159,16 @@ int main()
         *(float *)back.kernelParams[1] != 2.0f || *(float *)back.kernelParams[2] != 1.0f ||
         *(int *)back.kernelParams[3] != N)
         fail("cudaGraphKernelNodeGetParams does not give back the kernel node's parameters");
+    cudaMemsetParams ms_back = {};
+    CHECK(cudaGraphMemsetNodeGetParams(memset, &ms_back));
+    if (ms_back.dst != y || ms_back.elementSize != 4 || ms_back.width != (size_t)N ||
+        ms_back.value != 0)
+        fail("cudaGraphMemsetNodeGetParams does not give back the memset node's parameters");
+    cudaMemcpy3DParms cp_back = {};
+    CHECK(cudaGraphMemcpyNodeGetParams(copy_out, &cp_back));
+    if (cp_back.dstPtr.ptr != out || cp_back.srcPtr.ptr != y ||
+        cp_back.extent.width != N * sizeof(float) || cp_back.extent.height != 1)
+        fail("cudaGraphMemcpyNodeGetParams does not give back the memcpy node's parameters");
     cudaEvent_t got_event = nullptr;
     CHECK(cudaGraphEventRecordNodeGetEvent(record, &got_event));
     if (got_event != done)

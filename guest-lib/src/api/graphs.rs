@@ -809,6 +809,28 @@ unsafe fn change_edges(
     Ok(())
 }
 
+/// `GraphNodeGetParams` of a node that must be of type `ty`: its encoding (`len` bytes).
+fn node_params(
+    node: cudaGraphNode_t,
+    ty: u32,
+    len: usize,
+) -> CudaResult<(&'static Runtime, Vec<u8>)> {
+    if node.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let (rt, d) = current()?;
+    let mut buf = vec![0u8; len];
+    let reply = rt.session.submit(
+        Call::new(Op::GraphNodeGetParams, d)
+            .args(&[handle(node)])
+            .output(&mut buf),
+    )?;
+    if reply.rets[0] != u64::from(ty) {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    Ok((rt, buf))
+}
+
 /// `GraphQuery`: rets[0] for `what` of `handle`.
 fn graph_query(handle: u64, what: u64) -> CudaResult<(&'static Runtime, u64)> {
     graph_query_in(handle, what, 0)
@@ -1376,6 +1398,48 @@ cuda_api! {
         let (rt, d) = current()?;
         let p = symbol_node(rt, d, symbol, dst, count, offset, kind, false)?;
         set_params(rt, d, hGraphExec, node, g::NODE_MEMCPY, &p)
+    }
+
+    /// `cudaGraphMemcpyNodeGetParams`: pitched pointers at offset 0 (host-mapped memory by its
+    /// guest pointer), `cudaMemcpyDefault` as the kind.
+    fn cudaGraphMemcpyNodeGetParams(node: cudaGraphNode_t, pNodeParams: *mut cudaMemcpy3DParms) {
+        non_null(pNodeParams)?;
+        let (rt, enc) = node_params(node, g::NODE_MEMCPY, g::MEMCPY_NODE_SIZE)?;
+        let m = MemcpyNode::decode(&enc).ok_or(CudaError::UNKNOWN)?;
+        let guest = |a: u64| rt.host_memory.host_address(a).map_or(a as usize, |h| h) as *mut c_void;
+        let mut p = cudaMemcpy3DParms::default();
+        p.srcPtr.ptr = guest(m.src);
+        p.srcPtr.pitch = m.src_pitch as usize;
+        p.srcPtr.xsize = m.width as usize;
+        p.srcPtr.ysize = m.src_rows as usize;
+        p.dstPtr.ptr = guest(m.dst);
+        p.dstPtr.pitch = m.dst_pitch as usize;
+        p.dstPtr.xsize = m.width as usize;
+        p.dstPtr.ysize = m.dst_rows as usize;
+        p.extent.width = m.width as usize;
+        p.extent.height = m.height as usize;
+        p.extent.depth = m.depth as usize;
+        p.kind = cu::cudaMemcpyDefault;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(pNodeParams, p) }
+    }
+
+    /// `cudaGraphMemsetNodeGetParams`.
+    fn cudaGraphMemsetNodeGetParams(node: cudaGraphNode_t, pNodeParams: *mut cudaMemsetParams) {
+        non_null(pNodeParams)?;
+        let (rt, enc) = node_params(node, g::NODE_MEMSET, g::MEMSET_NODE_SIZE)?;
+        let m = MemsetNode::decode(&enc).ok_or(CudaError::UNKNOWN)?;
+        let dst = rt.host_memory.host_address(m.dst).map_or(m.dst as usize, |h| h);
+        let p = cudaMemsetParams {
+            dst: dst as *mut c_void,
+            pitch: m.pitch as usize,
+            value: m.value,
+            elementSize: m.element_size,
+            width: m.width as usize,
+            height: m.height as usize,
+        };
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(pNodeParams, p) }
     }
 
     /// `cudaGraphAddMemsetNode`.

@@ -118,8 +118,6 @@ not_supported! {
     cudaGraphKernelNodeSetAttribute,
     cudaGraphMemAllocNodeGetParams,
     cudaGraphMemFreeNodeGetParams,
-    cudaGraphMemcpyNodeGetParams,
-    cudaGraphMemsetNodeGetParams,
     cudaGraphReleaseUserObject,
     cudaGraphRetainUserObject,
     cudaGraphicsEGLRegisterImage,

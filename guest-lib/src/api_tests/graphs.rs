@@ -75,6 +75,19 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             256,
             cu::cudaMemcpyDeviceToHost,
         ));
+        let mut back_set = cu::cudaMemsetParams::default();
+        ok(cudaGraphMemsetNodeGetParams(ms, &mut back_set));
+        assert_eq!((back_set.dst, back_set.value, back_set.width), (dev, 1, 64));
+        let mut back_cp = cu::cudaMemcpy3DParms::default();
+        ok(cudaGraphMemcpyNodeGetParams(cp, &mut back_cp));
+        assert_eq!(
+            (back_cp.dstPtr.ptr, back_cp.srcPtr.ptr, back_cp.extent.width),
+            (pinned, dev, 256)
+        );
+        assert_err(
+            cudaGraphMemsetNodeGetParams(cp, &mut back_set),
+            cu::cudaErrorInvalidValue,
+        );
         // Pageable host memory cannot be a memcpy node's host side.
         let mut bad: cudaGraphNode_t = ptr::null_mut();
         assert_err(

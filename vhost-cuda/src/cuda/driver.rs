@@ -56,6 +56,8 @@ impl CuError {
         Self(sys::CUresult::CUDA_ERROR_FUNCTION_NOT_LOADED as u32);
     /// CUDA_ERROR_NO_DEVICE.
     pub(crate) const NO_DEVICE: Self = Self(sys::CUresult::CUDA_ERROR_NO_DEVICE as u32);
+    /// CUDA_ERROR_NOT_SUPPORTED.
+    pub(crate) const NOT_SUPPORTED: Self = Self(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED as u32);
 
     /// The `cudaError_t` the runtime reports for this code.
     pub(crate) fn status(self) -> u32 {

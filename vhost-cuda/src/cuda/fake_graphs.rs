@@ -7,6 +7,8 @@ use std::{
     ffi::c_void,
 };
 
+use qcuda_proto::graph::{MemcpyNode, MemsetNode};
+
 use super::{
     driver::{CuError, CuResult, Raw},
     fake_driver::{check_stream, kernel_of, FakeDriver, KERNELS},
@@ -28,6 +30,8 @@ struct Node {
     object: Raw,
     /// A kernel node's geometry and parameter values, in order.
     kernel: Option<(LaunchConfig, Vec<Vec<u8>>)>,
+    /// A memcpy or memset node's parameters.
+    params: Option<NodeParams>,
     deps: Vec<Raw>,
     enabled: bool,
 }
@@ -92,6 +96,7 @@ impl FakeGraphs {
                 enabled: true,
                 object: 0,
                 kernel: None,
+                params: None,
             },
         );
         self.graphs.entry(graph).or_default().push(n);
@@ -284,6 +289,7 @@ impl GraphDriverApi for FakeDriver {
             let n = c.graphs.add(graph, ty, deps.to_vec(), next);
             if let Some(x) = c.graphs.nodes.get_mut(&n) {
                 x.object = object;
+                x.params = Some(*params);
             }
             Ok(n)
         })
@@ -503,6 +509,24 @@ impl GraphDriverApi for FakeDriver {
         self.with_ctx("graph_debug_dot", |c, _| {
             let n = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?.len();
             Ok(format!("digraph fake {{ nodes={n} }}\n").into_bytes())
+        })
+    }
+
+    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode> {
+        self.with_ctx("memcpy_node_params", |c, _| {
+            match c.graphs.nodes.get(&node).and_then(|n| n.params) {
+                Some(NodeParams::Memcpy(m)) => Ok(m),
+                _ => Err(INVALID_VALUE),
+            }
+        })
+    }
+
+    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode> {
+        self.with_ctx("memset_node_params", |c, _| {
+            match c.graphs.nodes.get(&node).and_then(|n| n.params) {
+                Some(NodeParams::Memset(m)) => Ok(m),
+                _ => Err(INVALID_VALUE),
+            }
         })
     }
 

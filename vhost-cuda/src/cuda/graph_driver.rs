@@ -145,6 +145,10 @@ pub(crate) trait GraphDriverApi {
         node: Raw,
         layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
     ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)>;
+    /// cuGraphMemcpyNodeGetParams, for a copy between device addresses.
+    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode>;
+    /// cuGraphMemsetNodeGetParams.
+    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode>;
     /// The event of an event record (`record`) or wait node.
     fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw>;
     /// cuGraphChildGraphNodeGetGraph.
@@ -206,6 +210,8 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphChildGraphNodeGetGraph",
     "cuGraphKernelNodeGetParams_v2",
     "cuGraphNodeFindInClone",
+    "cuGraphMemcpyNodeGetParams",
+    "cuGraphMemsetNodeGetParams",
     "cuGraphDestroyNode",
     "cuGraphNodeSetEnabled",
 ];
@@ -697,6 +703,52 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok((func, cfg, block))
     }
 
+    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode> {
+        // SAFETY: plain C data; the driver fills it in.
+        let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphMemcpyNodeGetParams(ptr(node), &mut p) })?;
+        // Only nodes made from device addresses (as qcuda makes them) can be described.
+        let device_side = |t: sys::CUmemorytype| {
+            matches!(
+                t,
+                sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED | sys::CUmemorytype::CU_MEMORYTYPE_DEVICE
+            )
+        };
+        if !device_side(p.srcMemoryType) || !device_side(p.dstMemoryType) {
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        let skip = |x: usize, y: usize, z: usize, pitch: usize, rows: usize| {
+            (z as u64 * rows as u64 + y as u64) * pitch as u64 + x as u64
+        };
+        Ok(MemcpyNode {
+            dst: p.dstDevice + skip(p.dstXInBytes, p.dstY, p.dstZ, p.dstPitch, p.dstHeight),
+            dst_pitch: p.dstPitch as u64,
+            dst_rows: p.dstHeight as u64,
+            src: p.srcDevice + skip(p.srcXInBytes, p.srcY, p.srcZ, p.srcPitch, p.srcHeight),
+            src_pitch: p.srcPitch as u64,
+            src_rows: p.srcHeight as u64,
+            width: p.WidthInBytes as u64,
+            height: p.Height as u64,
+            depth: p.Depth as u64,
+        })
+    }
+
+    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode> {
+        // SAFETY: plain C data; the driver fills it in.
+        let mut p: sys::CUDA_MEMSET_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphMemsetNodeGetParams(ptr(node), &mut p) })?;
+        Ok(MemsetNode {
+            dst: p.dst,
+            pitch: p.pitch as u64,
+            value: p.value,
+            element_size: p.elementSize,
+            width: p.width as u64,
+            height: p.height as u64,
+        })
+    }
+
     fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
         let mut e: sys::CUevent = null_mut();
         // SAFETY: see the impl comment.
@@ -840,6 +892,12 @@ impl GraphDriverApi for NoDriver {
         _: Raw,
         _: &dyn Fn(Raw) -> Option<ParamLayout>,
     ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memcpy_node_params(&self, _: Raw) -> CuResult<MemcpyNode> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memset_node_params(&self, _: Raw) -> CuResult<MemsetNode> {
         Err(CuError::NO_DEVICE)
     }
     fn node_event(&self, _: Raw, _: bool) -> CuResult<Raw> {

@@ -358,7 +358,8 @@ impl CudaSession {
             | Op::StreamBeginCaptureToGraph
             | Op::GraphQuery
             | Op::GraphKernelNodeGetParams
-            | Op::GraphDestroyNode => self.graph_op(req),
+            | Op::GraphDestroyNode
+            | Op::GraphNodeGetParams => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount

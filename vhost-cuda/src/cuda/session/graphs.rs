@@ -202,6 +202,7 @@ impl CudaSession {
             Op::GraphQuery => self.graph_query(args),
             Op::GraphKernelNodeGetParams => self.kernel_node_params(req),
             Op::GraphDestroyNode => self.destroy_node(args[0]),
+            Op::GraphNodeGetParams => self.node_get_params(req),
             Op::StreamCaptureInvalidate => {
                 let (dev, stream) = self.capture_stream(args[0])?;
                 let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
@@ -833,6 +834,39 @@ impl CudaSession {
             self.node_handle(args[1], node)?
         };
         ok_rets(&[u64::from(result), node])
+    }
+
+    fn node_get_params(&mut self, req: &Request) -> OpResult {
+        let handle = req.header.args[0];
+        let graph = self
+            .graphs
+            .nodes
+            .get(handle)
+            .map(|n| n.graph)
+            .ok_or(status::INVALID_VALUE)?;
+        let node = self.node(handle)?;
+        let (dev, _) = self.graph(graph)?;
+        let ty = self.drv.node_type(node).map_err(on(dev))?;
+        let enc = match ty {
+            wire_graph::NODE_MEMCPY => self
+                .drv
+                .memcpy_node_params(node)
+                .map_err(on(dev))?
+                .encode()
+                .to_vec(),
+            wire_graph::NODE_MEMSET => self
+                .drv
+                .memset_node_params(node)
+                .map_err(on(dev))?
+                .encode()
+                .to_vec(),
+            _ => return Err(status::INVALID_VALUE.into()),
+        };
+        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let fit = out.len().min(enc.len());
+        out.write_at(0, &enc[..fit])
+            .map_err(|_| status::INVALID_VALUE)?;
+        ok_rets(&[u64::from(ty)])
     }
 
     fn destroy_node(&mut self, handle: u64) -> OpResult {

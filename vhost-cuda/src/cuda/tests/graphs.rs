@@ -113,6 +113,19 @@ fn explicit_graph_nodes_are_checked_and_queried() {
         &[k],
         &set.encode(),
     ))[0];
+    let out = rig.out(64);
+    let r = ok(s.execute(&req(
+        Op::GraphNodeGetParams,
+        0,
+        &[ms],
+        vec![],
+        vec![out.clone()],
+    )));
+    assert_eq!(r[0], u64::from(g::NODE_MEMSET));
+    assert_eq!(
+        MemsetNode::decode(&out.to_vec().unwrap()[..g::MEMSET_NODE_SIZE]),
+        Some(set)
+    );
     let over = MemsetNode { width: 65, ..set };
     assert_eq!(
         add_node(&mut rig, &mut s, graph, g::NODE_MEMSET, &[], &over.encode()).status,
