@@ -1906,6 +1906,19 @@ cuda_api! {
         Ok(())
     }
 
+    /// `cudaDeviceSetGraphMemAttribute`: only the high watermarks can be set, to 0 (they are 0).
+    fn cudaDeviceSetGraphMemAttribute(device: core::ffi::c_int, attr: crate::generated::cudaGraphMemAttributeType, value: *mut c_void) {
+        non_null(value)?;
+        let (rt, _) = current()?;
+        rt.devices.check(device)?;
+        // cudaGraphMemAttrUsedMemHigh (1) and cudaGraphMemAttrReservedMemHigh (3).
+        // SAFETY: a u64 (cuuint64_t), readable (API contract).
+        if !(attr == 1 || attr == 3) || unsafe { value.cast::<u64>().read_unaligned() } != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        Ok(())
+    }
+
     /// `cudaDeviceGetGraphMemAttribute`: every amount is 0 (no memory nodes, see above).
     fn cudaDeviceGetGraphMemAttribute(device: core::ffi::c_int, attr: crate::generated::cudaGraphMemAttributeType, value: *mut c_void) {
         non_null(value)?;

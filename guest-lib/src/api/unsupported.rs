@@ -55,7 +55,6 @@ not_supported! {
     cudaDeviceGetTexture1DLinearMaxWidth,
     cudaDeviceRegisterAsyncNotification,
     cudaDeviceSetCacheConfig,
-    cudaDeviceSetGraphMemAttribute,
     cudaDeviceSetMemPool,
     cudaDeviceSetSharedMemConfig,
     cudaDeviceUnregisterAsyncNotification,
