@@ -289,6 +289,26 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         assert_err(cudaGraphExecDestroy(exec), cu::cudaErrorInvalidValue);
         ok(cudaGraphDestroy(graph));
         assert_err(cudaGraphNodeGetType(k, &mut ty), cu::cudaErrorInvalidValue);
+
+        // No memory nodes, so no graph memory.
+        ok(cudaDeviceGraphMemTrim(0));
+        assert_err(cudaDeviceGraphMemTrim(5), cu::cudaErrorInvalidDevice);
+        let mut amount = 7u64;
+        ok(cudaDeviceGetGraphMemAttribute(
+            0,
+            2,
+            (&raw mut amount).cast(),
+        ));
+        assert_eq!(amount, 0);
+        ok(cudaDeviceSetGraphMemAttribute(
+            0,
+            1,
+            (&raw mut amount).cast(),
+        ));
+        assert_err(
+            cudaDeviceSetGraphMemAttribute(0, 0, (&raw mut amount).cast()),
+            cu::cudaErrorInvalidValue,
+        );
     }
 }
 
