@@ -47,6 +47,7 @@ types=(
     cudaKernelNodeParams cudaMemcpy3DParms cudaMemsetParams cudaHostFn_t cudaHostNodeParams
     cudaGraphInstantiateParams cudaGraphExecUpdateResultInfo cudaGraphExecUpdateResult
     cudaGraphInstantiateResult cudaGraphDebugDotFlags cudaGraphMemAttributeType cudaGraphNodeParams
+    cudaMemAllocNodeParams
 )
 vars=(
     'cudaHostAlloc[A-Za-z]*' 'cudaHostRegister[A-Za-z]*'

@@ -524,7 +524,8 @@ fn run(
         | Op::GraphQuery
         | Op::GraphKernelNodeGetParams
         | Op::GraphDestroyNode
-        | Op::GraphNodeGetParams => {
+        | Op::GraphNodeGetParams
+        | Op::GraphMem => {
             let h = s.handle();
             let streams = s.streams.clone();
             s.graphs.run(op, args, ins, outs, rets, h, &streams)?

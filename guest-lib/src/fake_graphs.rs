@@ -142,6 +142,9 @@ impl FakeGraphs {
                 );
                 self.graphs.get_mut(&args[0]).unwrap().push(fresh);
                 rets[0] = fresh;
+                if args[1] == 10 {
+                    rets[1] = 0x7000_0000;
+                }
             }
             Op::GraphNodeSetParams | Op::GraphExecNodeSetParams => {
                 let (node, ty) = if op == Op::GraphNodeSetParams {
@@ -282,6 +285,11 @@ impl FakeGraphs {
                     other.deps.retain(|d| *d != args[0]);
                 }
             }
+            Op::GraphMem => match (args[0], args[1]) {
+                (0, _) | (1, 0..=3) => rets[0] = 0,
+                (2, 1 | 3) if args[2] == 0 => {}
+                _ => return Err(status::INVALID_VALUE),
+            },
             Op::GraphNodeGetParams => {
                 let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
                 if n.ty != 1 && n.ty != 2 {

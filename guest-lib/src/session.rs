@@ -341,7 +341,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::GraphQuery
         | Op::GraphKernelNodeGetParams
         | Op::GraphDestroyNode
-        | Op::GraphNodeGetParams => true,
+        | Op::GraphNodeGetParams
+        | Op::GraphMem => true,
     }
 }
 
@@ -420,7 +421,8 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::StreamCaptureInvalidate
         | Op::GraphQuery
         | Op::GraphKernelNodeGetParams
-        | Op::GraphNodeGetParams => true,
+        | Op::GraphNodeGetParams
+        | Op::GraphMem => true,
     }
 }
 

@@ -23,9 +23,10 @@ pub const NODE_EMPTY: u32 = 5;
 pub const NODE_WAIT_EVENT: u32 = 6;
 /// `cudaGraphNodeTypeEventRecord`: params are one u64 event handle.
 pub const NODE_EVENT_RECORD: u32 = 7;
-/// `cudaGraphNodeTypeMemAlloc`.
+/// `cudaGraphNodeTypeMemAlloc`: params are one u64, the size in bytes (device memory of the
+/// request's device); `GraphAddNode` returns the allocation's device address in rets[1].
 pub const NODE_MEM_ALLOC: u32 = 10;
-/// `cudaGraphNodeTypeMemFree`.
+/// `cudaGraphNodeTypeMemFree`: params are one u64, the device address of a graph allocation.
 pub const NODE_MEM_FREE: u32 = 11;
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {

@@ -400,7 +400,8 @@ ops! {
     /// args[0] = graph handle.
     GraphDestroy = 0x01A5, ins 0, outs 0;
     /// args[0] = graph handle, args[1] = node type (`graph::NODE_*`); in-buffer 0 = node
-    /// handles (u64) it depends on, in-buffer 1 = its parameters. rets[0] = node handle.
+    /// handles (u64) it depends on, in-buffer 1 = its parameters. rets[0] = node handle,
+    /// rets[1] = the device address of a memory allocation node.
     GraphAddNode = 0x01A6, ins 2, outs 0;
     /// args[0] = node handle, args[1] = its node type; in-buffer 0 = new parameters.
     GraphNodeSetParams = 0x01A7, ins 1, outs 0;
@@ -467,6 +468,10 @@ ops! {
     /// args[0] = handle of a memcpy or memset node. rets[0] = its node type; out-buffer 0
     /// receives its parameters in the `graph::MemcpyNode` or `graph::MemsetNode` encoding.
     GraphNodeGetParams = 0x01BC, ins 0, outs 1;
+    /// Graph memory of device `hdr.device`: args[0] = 0 trim (cuDeviceGraphMemTrim), 1 get,
+    /// 2 set attribute args[1] (`cudaGraphMemAttributeType`, 0..=3) to args[2]. rets[0] = the
+    /// value (get).
+    GraphMem = 0x01BD, ins 0, outs 0;
 }
 
 impl Op {

@@ -3,7 +3,8 @@
 // event wait nodes with their dependencies; the node queries (nodes, roots, edges, types,
 // dependencies); instantiate and launch many times, reading new input each time; kernel node
 // parameters changed in the executable graph and through cudaGraphExecUpdate; a node disabled;
-// a clone; a failed update (topology changed); the DOT dump. Results are compared with the CPU.
+// a clone; memory allocation and free nodes; a failed update (topology changed); the DOT dump.
+// Results are compared with the CPU.
 #define TEST_NAME "graphs"
 #include "selfcheck.cuh"
 
@@ -324,6 +325,60 @@ int main()
     CHECK(cudaGraphExecDestroy(sym_exec));
     CHECK(cudaGraphDestroy(sym_graph));
     CHECK(cudaFreeHost(pinned_marks));
+
+    // Memory nodes: an allocation set, scaled, copied out and freed, all inside the graph.
+    cudaGraph_t mem_graph;
+    CHECK(cudaGraphCreate(&mem_graph, 0));
+    int device = 0;
+    CHECK(cudaGetDevice(&device));
+    cudaMemAllocNodeParams ap = {};
+    ap.poolProps.allocType = cudaMemAllocationTypePinned;
+    ap.poolProps.location.type = cudaMemLocationTypeDevice;
+    ap.poolProps.location.id = device;
+    ap.bytesize = N * sizeof(float);
+    cudaGraphNode_t alloc_node, fill_node, scale_node, out_node, free_node;
+    CHECK(cudaGraphAddMemAllocNode(&alloc_node, mem_graph, nullptr, 0, &ap));
+    if (!ap.dptr)
+        fail("cudaGraphAddMemAllocNode returned no address");
+    float *gm = (float *)ap.dptr;
+    cudaMemsetParams fill_ones = {};
+    fill_ones.dst = gm;
+    fill_ones.value = 0x3f800000; // 1.0f
+    fill_ones.elementSize = 4;
+    fill_ones.width = N;
+    fill_ones.height = 1;
+    CHECK(cudaGraphAddMemsetNode(&fill_node, mem_graph, &alloc_node, 1, &fill_ones));
+    float a7 = 7.0f, b2 = 2.0f;
+    void *args7[] = {&gm, &a7, &b2, &n};
+    cudaKernelNodeParams kp7 = axpb_params(args7, N);
+    CHECK(cudaGraphAddKernelNode(&scale_node, mem_graph, &fill_node, 1, &kp7));
+    CHECK(cudaGraphAddMemcpyNode1D(&out_node, mem_graph, &scale_node, 1, out, gm,
+                                   N * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK(cudaGraphAddMemFreeNode(&free_node, mem_graph, &out_node, 1, gm));
+    cudaGraphNodeType alloc_type;
+    CHECK(cudaGraphNodeGetType(alloc_node, &alloc_type));
+    if (alloc_type != cudaGraphNodeTypeMemAlloc)
+        fail("the allocation node has type %d", (int)alloc_type);
+    cudaGraphExec_t mem_exec;
+    CHECK(cudaGraphInstantiate(&mem_exec, mem_graph, 0));
+    for (int round = 0; round < 3; round++) {
+        std::memset(out, 0, N * sizeof(float));
+        CHECK(cudaGraphLaunch(mem_exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        for (int i = 0; i < N; i++)
+            if (out[i] != 9.0f)
+                fail("memory node graph, round %d: element %d is %f, expected 9", round, i, out[i]);
+    }
+    unsigned long long used_high = 0;
+    CHECK(cudaDeviceGetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, &used_high));
+    if (used_high < N * sizeof(float))
+        fail("graph memory used at most %llu bytes, expected at least %zu", used_high,
+             N * sizeof(float));
+    unsigned long long zero = 0;
+    CHECK(cudaDeviceSetGraphMemAttribute(device, cudaGraphMemAttrUsedMemHigh, &zero));
+    CHECK(cudaGraphExecDestroy(mem_exec));
+    CHECK(cudaGraphDestroy(mem_graph));
+    CHECK(cudaDeviceGraphMemTrim(device));
 
     // An update with another topology fails and says so.
     cudaGraph_t other;

@@ -440,6 +440,59 @@ unsafe fn generic_node(
     Ok((p.type_, encoded))
 }
 
+/// A memory allocation node for `props` (pinned device memory of one device, accessible from
+/// that device only) of `bytesize` bytes after `deps`: (node handle, device address).
+///
+/// # Safety
+/// `deps` must hold `n` readable handles; `access` must be null or hold `access_count`
+/// readable entries.
+#[allow(clippy::too_many_arguments)]
+unsafe fn mem_alloc_node(
+    rt: &Runtime,
+    graph: cudaGraph_t,
+    deps: *const cudaGraphNode_t,
+    n: usize,
+    props: &cu::cudaMemPoolProps,
+    access: *const cu::cudaMemAccessDesc,
+    access_count: usize,
+    bytesize: usize,
+) -> CudaResult<(u64, u64)> {
+    if graph.is_null()
+        || bytesize == 0
+        || props.allocType != cu::cudaMemAllocationTypePinned
+        || props.location.type_ != cu::cudaMemLocationTypeDevice
+    {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let device = rt.devices.check(props.location.id)?;
+    if props.handleTypes != 0 {
+        warn_once!(
+            "CUDA graphs: memory allocation nodes with exportable handles are not supported"
+        );
+        return Err(CudaError::NOT_SUPPORTED);
+    }
+    if access_count > 0 {
+        non_null(access)?;
+        // SAFETY: `access_count` readable entries (caller contract).
+        let a = unsafe { std::slice::from_raw_parts(access, access_count) };
+        if a.iter().any(|d| {
+            d.location.type_ != cu::cudaMemLocationTypeDevice || d.location.id != props.location.id
+        }) {
+            warn_once!("CUDA graphs: graph memory reachable from other devices is not supported");
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+    }
+    // SAFETY: forwarded caller contract.
+    let deps = u64_bytes(&unsafe { node_list(deps, n)? });
+    let reply = rt.session.submit(
+        Call::new(Op::GraphAddNode, device)
+            .args(&[handle(graph), u64::from(g::NODE_MEM_ALLOC)])
+            .input(&deps)
+            .input(&(bytesize as u64).to_le_bytes()),
+    )?;
+    Ok((reply.rets[0], reply.rets[1]))
+}
+
 // ----- requests --------------------------------------------------------------------------
 
 /// Adds a node of type `ty` with encoded `params` after `deps`, writing its handle.
@@ -1068,10 +1121,25 @@ cuda_api! {
     ) {
         non_null(nodeParams)?;
         let (rt, d) = current()?;
-        // SAFETY: forwarded API contract.
+        // SAFETY: forwarded API contract; the union member named by `type_` is initialised.
         unsafe {
             default_edges(dependencyData, numDependencies)?;
-            let (ty, p) = generic_node(rt, d, &*nodeParams)?;
+            let params = &mut *nodeParams;
+            match params.type_ {
+                cu::cudaGraphNodeTypeMemAlloc => {
+                    non_null(pGraphNode)?;
+                    let a = &mut params.__bindgen_anon_1.alloc;
+                    let (node, dptr) = mem_alloc_node(rt, graph, pDependencies, numDependencies, &a.poolProps, a.accessDescs, a.accessDescCount, a.bytesize)?;
+                    a.dptr = dptr as usize as *mut c_void;
+                    return write_out(pGraphNode, node as usize as cudaGraphNode_t);
+                }
+                cu::cudaGraphNodeTypeMemFree => {
+                    let p = (params.__bindgen_anon_1.free.dptr as u64).to_le_bytes();
+                    return add_node(rt, d, pGraphNode, graph, pDependencies, numDependencies, g::NODE_MEM_FREE, &p);
+                }
+                _ => {}
+            }
+            let (ty, p) = generic_node(rt, d, params)?;
             add_node(rt, d, pGraphNode, graph, pDependencies, numDependencies, ty, &p)
         }
     }
@@ -1099,6 +1167,41 @@ cuda_api! {
         // SAFETY: forwarded API contract.
         let (ty, p) = unsafe { generic_node(rt, d, &*nodeParams)? };
         set_params(rt, d, graphExec, node, ty, &p)
+    }
+
+    /// `cudaGraphAddMemAllocNode`: pinned device memory of the pool's device, at an address
+    /// fixed for the graph's lifetime (written to `nodeParams->dptr`).
+    fn cudaGraphAddMemAllocNode(
+        pGraphNode: *mut cudaGraphNode_t,
+        graph: cudaGraph_t,
+        pDependencies: *const cudaGraphNode_t,
+        numDependencies: usize,
+        nodeParams: *mut cu::cudaMemAllocNodeParams,
+    ) {
+        non_null(pGraphNode)?;
+        non_null(nodeParams)?;
+        let (rt, _) = current()?;
+        // SAFETY: non-null, readable and writable (API contract); the rest forwarded.
+        unsafe {
+            let p = &mut *nodeParams;
+            let (node, dptr) = mem_alloc_node(rt, graph, pDependencies, numDependencies, &p.poolProps, p.accessDescs, p.accessDescCount, p.bytesize)?;
+            p.dptr = dptr as usize as *mut c_void;
+            write_out(pGraphNode, node as usize as cudaGraphNode_t)
+        }
+    }
+
+    /// `cudaGraphAddMemFreeNode`: `dptr` must be a graph allocation's address.
+    fn cudaGraphAddMemFreeNode(
+        pGraphNode: *mut cudaGraphNode_t,
+        graph: cudaGraph_t,
+        pDependencies: *const cudaGraphNode_t,
+        numDependencies: usize,
+        dptr: *mut c_void,
+    ) {
+        let (rt, d) = current()?;
+        let p = (dptr as u64).to_le_bytes();
+        // SAFETY: forwarded API contract.
+        unsafe { add_node(rt, d, pGraphNode, graph, pDependencies, numDependencies, g::NODE_MEM_FREE, &p) }
     }
 
     /// `cudaGraphAddEmptyNode`.
@@ -1898,37 +2001,34 @@ cuda_api! {
         std::fs::write(path, text).map_err(|_| CudaError::OPERATING_SYSTEM)
     }
 
-    /// `cudaDeviceGraphMemTrim`: qcuda's graphs have no memory nodes, so there is no graph
-    /// memory to give back.
+    /// `cudaDeviceGraphMemTrim`: the driver's, on the host.
     fn cudaDeviceGraphMemTrim(device: core::ffi::c_int) {
         let (rt, _) = current()?;
-        rt.devices.check(device)?;
+        let d = rt.devices.check(device)?;
+        rt.session.submit(Call::new(Op::GraphMem, d).args(&[0, 0, 0]))?;
         Ok(())
     }
 
-    /// `cudaDeviceSetGraphMemAttribute`: only the high watermarks can be set, to 0 (they are 0).
+    /// `cudaDeviceSetGraphMemAttribute`: the driver's (only the high watermarks can be reset,
+    /// to 0).
     fn cudaDeviceSetGraphMemAttribute(device: core::ffi::c_int, attr: crate::generated::cudaGraphMemAttributeType, value: *mut c_void) {
         non_null(value)?;
         let (rt, _) = current()?;
-        rt.devices.check(device)?;
-        // cudaGraphMemAttrUsedMemHigh (1) and cudaGraphMemAttrReservedMemHigh (3).
+        let d = rt.devices.check(device)?;
         // SAFETY: a u64 (cuuint64_t), readable (API contract).
-        if !(attr == 1 || attr == 3) || unsafe { value.cast::<u64>().read_unaligned() } != 0 {
-            return Err(CudaError::INVALID_VALUE);
-        }
+        let v = unsafe { value.cast::<u64>().read_unaligned() };
+        rt.session.submit(Call::new(Op::GraphMem, d).args(&[2, u64::from(attr), v]))?;
         Ok(())
     }
 
-    /// `cudaDeviceGetGraphMemAttribute`: every amount is 0 (no memory nodes, see above).
+    /// `cudaDeviceGetGraphMemAttribute`: the driver's figures.
     fn cudaDeviceGetGraphMemAttribute(device: core::ffi::c_int, attr: crate::generated::cudaGraphMemAttributeType, value: *mut c_void) {
         non_null(value)?;
         let (rt, _) = current()?;
-        rt.devices.check(device)?;
-        if attr > 3 {
-            return Err(CudaError::INVALID_VALUE);
-        }
+        let d = rt.devices.check(device)?;
+        let reply = rt.session.submit(Call::new(Op::GraphMem, d).args(&[1, u64::from(attr), 0]))?;
         // SAFETY: every attribute is a u64 (cuuint64_t), writable (API contract).
-        unsafe { value.cast::<u64>().write_unaligned(0) };
+        unsafe { value.cast::<u64>().write_unaligned(reply.rets[0]) };
         Ok(())
     }
 }

@@ -100,8 +100,6 @@ not_supported! {
     cudaGetTextureObjectTextureDesc,
     cudaGraphAddExternalSemaphoresSignalNode,
     cudaGraphAddExternalSemaphoresWaitNode,
-    cudaGraphAddMemAllocNode,
-    cudaGraphAddMemFreeNode,
     cudaGraphConditionalHandleCreate,
     cudaGraphExecExternalSemaphoresSignalNodeSetParams,
     cudaGraphExecExternalSemaphoresWaitNodeSetParams,

@@ -244,10 +244,33 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         ok(cudaGraphNodeSetParams(generic, &mut gp));
         let set = MemsetNode::decode(&fake.state().graphs.nodes[&(generic as u64)].params).unwrap();
         assert_eq!((set.width, set.value, set.element_size), (8, 9, 1));
-        gp.type_ = cu::cudaGraphNodeTypeMemAlloc;
+        gp.type_ = cu::cudaGraphNodeTypeExtSemaphoreSignal;
         assert_err(
             cudaGraphAddNode(&mut generic, graph, ptr::null(), ptr::null(), 0, &mut gp),
             cu::cudaErrorNotSupported,
+        );
+        // Memory nodes: the allocation's address comes back in the parameters.
+        let mut ap = cu::cudaMemAllocNodeParams::default();
+        ap.poolProps.allocType = cu::cudaMemAllocationTypePinned;
+        ap.poolProps.location.type_ = cu::cudaMemLocationTypeDevice;
+        ap.bytesize = 4096;
+        let mut alloc: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddMemAllocNode(
+            &mut alloc,
+            graph,
+            ptr::null(),
+            0,
+            &mut ap,
+        ));
+        assert_eq!(ap.dptr as u64, 0x7000_0000);
+        let mut free: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddMemFreeNode(
+            &mut free, graph, &alloc, 1, ap.dptr,
+        ));
+        ap.poolProps.location.id = 3;
+        assert_err(
+            cudaGraphAddMemAllocNode(&mut alloc, graph, ptr::null(), 0, &mut ap),
+            cu::cudaErrorInvalidDevice,
         );
 
         let mut exec: cudaGraphExec_t = ptr::null_mut();

@@ -1717,6 +1717,46 @@ impl Default for cudaMemPoolProps {
 #[doc = " Memory allocation node parameters"]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct cudaMemAllocNodeParams {
+    #[doc = "< in: array of memory access descriptors. Used to describe peer GPU access"]
+    pub poolProps: cudaMemPoolProps,
+    #[doc = "< in: number of memory access descriptors.  Must not exceed the number of GPUs."]
+    pub accessDescs: *const cudaMemAccessDesc,
+    #[doc = "< in: Number of `accessDescs`s"]
+    pub accessDescCount: usize,
+    #[doc = "< in: size in bytes of the requested allocation"]
+    pub bytesize: usize,
+    #[doc = "< out: address of the allocation returned by CUDA"]
+    pub dptr: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemAllocNodeParams"][::std::mem::size_of::<cudaMemAllocNodeParams>() - 120usize];
+    ["Alignment of cudaMemAllocNodeParams"]
+        [::std::mem::align_of::<cudaMemAllocNodeParams>() - 8usize];
+    ["Offset of field: cudaMemAllocNodeParams::poolProps"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, poolProps) - 0usize];
+    ["Offset of field: cudaMemAllocNodeParams::accessDescs"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, accessDescs) - 88usize];
+    ["Offset of field: cudaMemAllocNodeParams::accessDescCount"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, accessDescCount) - 96usize];
+    ["Offset of field: cudaMemAllocNodeParams::bytesize"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, bytesize) - 104usize];
+    ["Offset of field: cudaMemAllocNodeParams::dptr"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, dptr) - 112usize];
+};
+impl Default for cudaMemAllocNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Memory allocation node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct cudaMemAllocNodeParamsV2 {
     #[doc = "< in: array of memory access descriptors. Used to describe peer GPU access"]
     pub poolProps: cudaMemPoolProps,

@@ -19,6 +19,9 @@ pub(crate) enum RegionKind {
     Allocation,
     /// A global of the module with this session handle; unloading the module removes it.
     Global { module: u64 },
+    /// The allocation of a memory allocation node of the graph with this session handle (its
+    /// address is fixed for the graph's lifetime); destroying the graph removes it.
+    GraphMemory { graph: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +104,33 @@ impl AllocationTable {
         module: u64,
     ) -> Result<(), TableError> {
         self.insert(base, size, RegionKind::Global { module })
+    }
+
+    /// Adds the allocation `[base, base + size)` of a memory allocation node of `graph`.
+    pub(crate) fn insert_graph_memory(
+        &mut self,
+        base: u64,
+        size: u64,
+        graph: u64,
+    ) -> Result<(), TableError> {
+        self.insert(base, size, RegionKind::GraphMemory { graph })
+    }
+
+    /// True if `base` is the start of a graph's allocation (what a free node accepts).
+    pub(crate) fn is_graph_memory(&self, base: u64) -> bool {
+        matches!(
+            self.regions.get(&base),
+            Some(Region {
+                kind: RegionKind::GraphMemory { .. },
+                ..
+            })
+        )
+    }
+
+    /// Removes the allocations of `graph`'s memory allocation nodes.
+    pub(crate) fn remove_graph_memory(&mut self, graph: u64) {
+        self.regions
+            .retain(|_, r| r.kind != RegionKind::GraphMemory { graph });
     }
 
     /// True if `base` is the start of an allocation (what `Free` accepts).

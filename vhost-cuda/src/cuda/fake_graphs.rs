@@ -347,6 +347,37 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
+    fn graph_add_mem_alloc_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        _device: i32,
+        bytesize: usize,
+    ) -> CuResult<(Raw, u64)> {
+        self.with_ctx("graph_add_mem_alloc_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            if bytesize == 0 {
+                return Err(INVALID_VALUE);
+            }
+            let n = c.graphs.add(graph, 10, deps.to_vec(), next);
+            // Graph memory lives in a range of its own, far from cuMemAlloc's.
+            let dptr = 0x7000_0000_0000 + (n as u64) * 0x1_0000;
+            Ok((n, dptr))
+        })
+    }
+
+    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw> {
+        self.with_ctx("graph_add_mem_free_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            if dptr == 0 {
+                return Err(INVALID_VALUE);
+            }
+            Ok(c.graphs.add(graph, 11, deps.to_vec(), next))
+        })
+    }
+
     fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, _: Raw) -> CuResult<()> {
         self.with_ctx("node_set_params", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
@@ -509,6 +540,14 @@ impl GraphDriverApi for FakeDriver {
         self.with_ctx("graph_debug_dot", |c, _| {
             let n = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?.len();
             Ok(format!("digraph fake {{ nodes={n} }}\n").into_bytes())
+        })
+    }
+
+    fn graph_mem(&self, _device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64> {
+        self.with_ctx("graph_mem", |_, _| match (what, attr) {
+            (0, _) | (1, 0..=3) => Ok(0),
+            (2, 1 | 3) if value == 0 => Ok(0),
+            _ => Err(INVALID_VALUE),
         })
     }
 

@@ -96,6 +96,17 @@ pub(crate) trait GraphDriverApi {
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> CuResult<Raw>;
+    /// cuGraphAddMemAllocNode: `bytesize` bytes of pinned device memory on CUdevice `device`;
+    /// (node, its device address).
+    fn graph_add_mem_alloc_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        device: i32,
+        bytesize: usize,
+    ) -> CuResult<(Raw, u64)>;
+    /// cuGraphAddMemFreeNode.
+    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw>;
     /// Sets the parameters of a memcpy, memset, child-graph or event node: of the node in its
     /// graph (`exec` 0), or in executable graph `exec`.
     fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, ctx: Raw) -> CuResult<()>;
@@ -145,6 +156,9 @@ pub(crate) trait GraphDriverApi {
         node: Raw,
         layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
     ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)>;
+    /// cuDeviceGraphMemTrim (`what` 0), cuDeviceGetGraphMemAttribute (1) or
+    /// cuDeviceSetGraphMemAttribute (2) of attribute `attr` (0..=3) on CUdevice `device`.
+    fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64>;
     /// cuGraphMemcpyNodeGetParams, for a copy between device addresses.
     fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode>;
     /// cuGraphMemsetNodeGetParams.
@@ -179,6 +193,8 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphAddEventRecordNode",
     "cuGraphAddEventWaitNode",
     "cuGraphAddKernelNode_v2",
+    "cuGraphAddMemAllocNode",
+    "cuGraphAddMemFreeNode",
     "cuGraphMemcpyNodeSetParams",
     "cuGraphMemsetNodeSetParams",
     "cuGraphEventRecordNodeSetEvent",
@@ -212,6 +228,9 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphNodeFindInClone",
     "cuGraphMemcpyNodeGetParams",
     "cuGraphMemsetNodeGetParams",
+    "cuDeviceGraphMemTrim",
+    "cuDeviceGetGraphMemAttribute",
+    "cuDeviceSetGraphMemAttribute",
     "cuGraphDestroyNode",
     "cuGraphNodeSetEnabled",
 ];
@@ -480,6 +499,37 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok(n as Raw)
     }
 
+    fn graph_add_mem_alloc_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        device: i32,
+        bytesize: usize,
+    ) -> CuResult<(Raw, u64)> {
+        // SAFETY: plain C data; all-zero is the documented default of every field.
+        let mut p: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        p.poolProps.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        p.poolProps.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.poolProps.location.id = device;
+        p.bytesize = bytesize;
+        let mut n: sys::CUgraphNode = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuGraphAddMemAllocNode(&mut n, ptr(graph), node_list(deps), deps.len(), &mut p)
+        })?;
+        Ok((n as Raw, p.dptr))
+    }
+
+    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw> {
+        let mut n: sys::CUgraphNode = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuGraphAddMemFreeNode(&mut n, ptr(graph), node_list(deps), deps.len(), dptr)
+        })?;
+        Ok(n as Raw)
+    }
+
     fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, ctx: Raw) -> CuResult<()> {
         let (e, n) = (ptr(exec), ptr(node));
         // SAFETY: see the impl comment.
@@ -703,6 +753,28 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok((func, cfg, block))
     }
 
+    fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64> {
+        use sys::CUgraphMem_attribute as A;
+        let a = match attr {
+            0 => A::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+            1 => A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+            2 => A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            3 => A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+            _ => return Err(CuError::INVALID_VALUE),
+        };
+        let mut v: u64 = value;
+        // SAFETY: see the impl comment; every attribute is a cuuint64_t at `v`.
+        check(unsafe {
+            match what {
+                0 => sys::cuDeviceGraphMemTrim(device),
+                1 => sys::cuDeviceGetGraphMemAttribute(device, a, (&raw mut v).cast()),
+                2 => sys::cuDeviceSetGraphMemAttribute(device, a, (&raw mut v).cast()),
+                _ => return Err(CuError::INVALID_VALUE),
+            }
+        })?;
+        Ok(v)
+    }
+
     fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode> {
         // SAFETY: plain C data; the driver fills it in.
         let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
@@ -844,6 +916,18 @@ impl GraphDriverApi for NoDriver {
     ) -> CuResult<Raw> {
         Err(CuError::NO_DEVICE)
     }
+    fn graph_add_mem_alloc_node(
+        &self,
+        _: Raw,
+        _: &[Raw],
+        _: i32,
+        _: usize,
+    ) -> CuResult<(Raw, u64)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_add_mem_free_node(&self, _: Raw, _: &[Raw], _: u64) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
     fn node_set_params(&self, _: Raw, _: Raw, _: &NodeParams, _: Raw) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
@@ -892,6 +976,9 @@ impl GraphDriverApi for NoDriver {
         _: Raw,
         _: &dyn Fn(Raw) -> Option<ParamLayout>,
     ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_mem(&self, _: i32, _: u32, _: u32, _: u64) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn memcpy_node_params(&self, _: Raw) -> CuResult<MemcpyNode> {

@@ -359,7 +359,8 @@ impl CudaSession {
             | Op::GraphQuery
             | Op::GraphKernelNodeGetParams
             | Op::GraphDestroyNode
-            | Op::GraphNodeGetParams => self.graph_op(req),
+            | Op::GraphNodeGetParams
+            | Op::GraphMem => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount

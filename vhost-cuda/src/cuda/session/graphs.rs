@@ -203,6 +203,24 @@ impl CudaSession {
             Op::GraphKernelNodeGetParams => self.kernel_node_params(req),
             Op::GraphDestroyNode => self.destroy_node(args[0]),
             Op::GraphNodeGetParams => self.node_get_params(req),
+            Op::GraphMem => {
+                let [what, attr, value, ..] = args;
+                let what = u32::try_from(what)
+                    .ok()
+                    .filter(|w| *w <= 2)
+                    .ok_or(status::INVALID_VALUE)?;
+                let attr = u32::try_from(attr)
+                    .ok()
+                    .filter(|a| *a <= 3)
+                    .ok_or(status::INVALID_VALUE)?;
+                let dev = self.bind_new(req)?;
+                let cu_dev = self.host.gpus.get(dev).ok_or(status::INVALID_DEVICE)?.dev;
+                let v = self
+                    .drv
+                    .graph_mem(cu_dev, what, attr, value)
+                    .map_err(on(dev))?;
+                ok_rets(&[v])
+            }
             Op::StreamCaptureInvalidate => {
                 let (dev, stream) = self.capture_stream(args[0])?;
                 let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
@@ -529,6 +547,9 @@ impl CudaSession {
         let result = self.drv.graph_destroy(raw);
         self.graphs.graphs.remove(handle);
         self.graphs.forget_nodes_of(handle);
+        for c in self.devices.iter_mut().flatten() {
+            c.memory.remove_graph_memory(handle);
+        }
         result.map_err(on(dev))?;
         ok()
     }
@@ -625,11 +646,10 @@ impl CudaSession {
                 }
             }
             wire_graph::NODE_EMPTY if bytes.is_empty() => NodeParams::Empty,
-            // Host nodes wait for host functions run in the guest; memory nodes, semaphores
-            // and conditional nodes are not served.
-            wire_graph::NODE_HOST | wire_graph::NODE_MEM_ALLOC | wire_graph::NODE_MEM_FREE => {
-                return Err(status::NOT_SUPPORTED.into())
-            }
+            // Host nodes wait for host functions run in the guest; semaphores and conditional
+            // nodes are not served. Memory nodes are added by `graph_add_node` (they cannot
+            // change).
+            wire_graph::NODE_HOST => return Err(status::NOT_SUPPORTED.into()),
             _ => return Err(bad),
         };
         Ok(Decoded::Other(p))
@@ -645,6 +665,23 @@ impl CudaSession {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let dev = self.bind_new(req)?;
+        match u32::try_from(ty) {
+            Ok(wire_graph::NODE_MEM_ALLOC) => {
+                return self.add_mem_alloc_node(dev, graph, graw, &deps, &params)
+            }
+            Ok(wire_graph::NODE_MEM_FREE) => {
+                let dptr = wire_graph::decode_handle(&params).ok_or(status::INVALID_VALUE)?;
+                if !self.context(dev)?.memory.is_graph_memory(dptr) {
+                    return Err(status::INVALID_VALUE.into());
+                }
+                let raw = self
+                    .drv
+                    .graph_add_mem_free_node(graw, &deps, dptr)
+                    .map_err(on(dev))?;
+                return ok_rets(&[self.node_handle(graph, raw)?]);
+            }
+            _ => {}
+        }
         let raw = match self.decode_node(dev, ty, &params)? {
             Decoded::Kernel(mut k) => {
                 self.bind(k.dev)?;
@@ -670,6 +707,50 @@ impl CudaSession {
         };
         let h = self.node_handle(graph, raw)?;
         ok_rets(&[h])
+    }
+
+    /// A memory allocation node of `bytesize` (params: one u64) bytes on `dev`: its address
+    /// becomes session memory on `dev` for the graph's lifetime.
+    fn add_mem_alloc_node(
+        &mut self,
+        dev: usize,
+        graph: u64,
+        graw: Raw,
+        deps: &[Raw],
+        params: &[u8],
+    ) -> OpResult {
+        let size = wire_graph::decode_handle(params).ok_or(status::INVALID_VALUE)?;
+        if size == 0 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let cu_dev = self.host.gpus.get(dev).ok_or(status::INVALID_DEVICE)?.dev;
+        if !self.context(dev)?.memory.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let (raw, dptr) = self
+            .drv
+            .graph_add_mem_alloc_node(graw, deps, cu_dev, to_usize(size)?)
+            .map_err(on(dev))?;
+        let node = self.node_handle(graph, raw)?;
+        if let Err(e) = self
+            .context(dev)?
+            .memory
+            .insert_graph_memory(dptr, size, graph)
+        {
+            warn!(
+                session = self.id,
+                dev,
+                dptr,
+                size,
+                ?e,
+                "graph memory overlaps the table"
+            );
+            let _ = self.drv.destroy_node(raw);
+            self.graphs.nodes.remove(node);
+            self.graphs.node_ids.remove(&raw);
+            return Err(status::UNKNOWN.into());
+        }
+        ok_rets(&[node, dptr])
     }
 
     /// `GraphNodeSetParams` (`exec` 0) and `GraphExecNodeSetParams`.

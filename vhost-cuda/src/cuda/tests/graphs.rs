@@ -294,6 +294,82 @@ fn explicit_graph_nodes_are_checked_and_queried() {
 }
 
 #[test]
+fn memory_nodes_make_session_memory_for_their_graphs_lifetime() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let graph = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+    assert_eq!(
+        add_node(
+            &mut rig,
+            &mut s,
+            graph,
+            g::NODE_MEM_ALLOC,
+            &[],
+            &0u64.to_le_bytes()
+        )
+        .status,
+        status::INVALID_VALUE
+    );
+    let r = ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_MEM_ALLOC,
+        &[],
+        &4096u64.to_le_bytes(),
+    ));
+    let (alloc, dptr) = (r[0], r[1]);
+    assert_eq!(ok(run(&mut s, Op::GraphNodeQuery, &[alloc, 0]))[0], 10);
+    let set = MemsetNode {
+        dst: dptr,
+        pitch: 0,
+        value: 0,
+        element_size: 4,
+        width: 1024,
+        height: 1,
+    };
+    let ms = ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_MEMSET,
+        &[alloc],
+        &set.encode(),
+    ))[0];
+    // A free node takes a graph allocation's start only.
+    let a = malloc(&mut s, 64);
+    assert_eq!(
+        add_node(
+            &mut rig,
+            &mut s,
+            graph,
+            g::NODE_MEM_FREE,
+            &[ms],
+            &a.to_le_bytes()
+        )
+        .status,
+        status::INVALID_VALUE
+    );
+    ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_MEM_FREE,
+        &[ms],
+        &dptr.to_le_bytes(),
+    ));
+    // The address is not the guest's to free with Free.
+    assert_eq!(run(&mut s, Op::Free, &[dptr]).status, status::INVALID_VALUE);
+    ok(run(&mut s, Op::GraphDestroy, &[graph]));
+    // With its graph gone, the address is no session memory any more.
+    let other = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+    assert_eq!(
+        add_node(&mut rig, &mut s, other, g::NODE_MEMSET, &[], &set.encode()).status,
+        status::INVALID_VALUE
+    );
+}
+
+#[test]
 fn stream_capture_records_launches_and_refuses_sync() {
     let mut rig = Rig::new(1);
     let mut s = rig.session();
