@@ -57,6 +57,11 @@ unsafe impl Send for KernelParamsCopy {}
 static KERNEL_PARAMS: std::sync::Mutex<Vec<(u64, KernelParamsCopy)>> =
     std::sync::Mutex::new(Vec::new());
 
+/// Per graph, the allocations of its memory allocation nodes, which the guest's allocation
+/// table holds (so that `cudaMemcpyDefault` and pointer attributes see device memory) until the
+/// graph is destroyed.
+static GRAPH_MEMORY: std::sync::Mutex<Vec<(u64, u64)>> = std::sync::Mutex::new(Vec::new());
+
 thread_local! {
     /// Storage behind `cudaStreamGetCaptureInfo`'s dependency and edge-data arrays, valid until
     /// the thread's next call of it.
@@ -490,7 +495,17 @@ unsafe fn mem_alloc_node(
             .input(&deps)
             .input(&(bytesize as u64).to_le_bytes()),
     )?;
-    Ok((reply.rets[0], reply.rets[1]))
+    let dptr = reply.rets[1];
+    rt.allocations.insert(crate::allocations::Allocation {
+        base: dptr,
+        size: bytesize as u64,
+        device,
+    });
+    GRAPH_MEMORY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((handle(graph), dptr));
+    Ok((reply.rets[0], dptr))
 }
 
 // ----- requests --------------------------------------------------------------------------
@@ -1094,6 +1109,17 @@ cuda_api! {
         }
         let (rt, d) = current()?;
         rt.session.submit(Call::new(Op::GraphDestroy, d).args(&[handle(graph)]))?;
+        GRAPH_MEMORY
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(g, base)| {
+                if *g == handle(graph) {
+                    rt.allocations.remove(*base);
+                    false
+                } else {
+                    true
+                }
+            });
         Ok(())
     }
 

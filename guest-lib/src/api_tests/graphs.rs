@@ -263,6 +263,9 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             &mut ap,
         ));
         assert_eq!(ap.dptr as u64, 0x7000_0000);
+        let mut attr = cu::cudaPointerAttributes::default();
+        ok(cudaPointerGetAttributes(&mut attr, ap.dptr));
+        assert_eq!(attr.type_, cu::cudaMemoryTypeDevice);
         let mut free: cudaGraphNode_t = ptr::null_mut();
         ok(cudaGraphAddMemFreeNode(
             &mut free, graph, &alloc, 1, ap.dptr,
