@@ -52,6 +52,11 @@ types=(
     cudaMemAccessDesc cudaMemAccessFlags cudaMemAllocationType cudaMemAllocationHandleType
     cudaLaunchConfig_t cudaLaunchAttribute cudaLaunchAttributeID cudaLaunchAttributeValue
     cudaDeviceP2PAttr
+    cudaGraph_t cudaGraphNode_t cudaGraphExec_t cudaGraphNodeType cudaGraphEdgeData
+    cudaKernelNodeParams cudaMemsetParams cudaHostFn_t cudaHostNodeParams
+    cudaGraphInstantiateParams cudaGraphExecUpdateResultInfo cudaGraphExecUpdateResult
+    cudaGraphInstantiateResult cudaGraphDebugDotFlags cudaGraphMemAttributeType cudaGraphNodeParams
+    cudaMemAllocNodeParams
 )
 vars=(
     'cudaHostAlloc[A-Za-z]*' 'cudaHostRegister[A-Za-z]*'
@@ -61,6 +66,7 @@ vars=(
     'cudaDevice(Schedule[A-Za-z]*|BlockingSync|MapHost|LmemResizeToMax|SyncMemops|Mask)'
     'CUDART_VERSION'
     'cudaArray(Default|Layered|SurfaceLoadStore|Cubemap|TextureGather|ColorAttachment|SparseTransferable|Sparse|DeferredMapping)'
+    'cudaStream(Add|Set)CaptureDependencies'
 )
 join() { local IFS='|'; echo "$*"; }
 

@@ -52,6 +52,10 @@ named_errors! {
     NOT_SUPPORTED = cudaErrorNotSupported;
     HOST_MEMORY_ALREADY_REGISTERED = cudaErrorHostMemoryAlreadyRegistered;
     HOST_MEMORY_NOT_REGISTERED = cudaErrorHostMemoryNotRegistered;
+    OPERATING_SYSTEM = cudaErrorOperatingSystem;
+    GRAPH_EXEC_UPDATE_FAILURE = cudaErrorGraphExecUpdateFailure;
+    STREAM_CAPTURE_UNSUPPORTED = cudaErrorStreamCaptureUnsupported;
+    STREAM_CAPTURE_WRONG_THREAD = cudaErrorStreamCaptureWrongThread;
     UNKNOWN = cudaErrorUnknown;
 }
 

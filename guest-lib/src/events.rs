@@ -82,6 +82,11 @@ impl Events {
         Ok(())
     }
 
+    /// The application's handle of the event with host handle `host`.
+    pub fn by_host(&self, host: u64) -> Option<usize> {
+        self.table.find(|e| e.host == host)
+    }
+
     /// `cudaEventSynchronize`.
     pub fn synchronize(&self, session: &Session, handle: usize) -> CudaResult<()> {
         let e = self.info(handle)?;

@@ -64,6 +64,8 @@ pub struct FakeState {
     /// Globals every module contains: name → device address (allocated in `memory`).
     pub globals: HashMap<String, u64>,
     pub launches: Vec<Launch>,
+    /// Graphs and captures (fake_graphs.rs).
+    pub graphs: crate::fake_graphs::FakeGraphs,
     pub log: Vec<Logged>,
     pub streams: Vec<u64>,
     /// Event handle → recorded "time" in ms, if recorded.
@@ -700,6 +702,40 @@ fn run(
         }
         Op::HostFuncWait | Op::Batch => unreachable!("answered in execute"),
         Op::HostLatency => rets[0] = 0,
+        Op::StreamBeginCapture
+        | Op::StreamEndCapture
+        | Op::StreamCaptureInfo
+        | Op::StreamUpdateCaptureDependencies
+        | Op::GraphCreate
+        | Op::GraphDestroy
+        | Op::GraphAddNode
+        | Op::GraphNodeSetParams
+        | Op::GraphExecNodeSetParams
+        | Op::GraphGetNodes
+        | Op::GraphGetEdges
+        | Op::GraphNodeQuery
+        | Op::GraphEdges
+        | Op::GraphClone
+        | Op::GraphInstantiate
+        | Op::GraphExecDestroy
+        | Op::GraphLaunch
+        | Op::GraphUpload
+        | Op::GraphExecUpdate
+        | Op::GraphDebugDot
+        | Op::GraphNodeEnabled
+        | Op::GraphExecChildGraph
+        | Op::GraphExecSetEvent
+        | Op::StreamCaptureInvalidate
+        | Op::StreamBeginCaptureToGraph
+        | Op::GraphQuery
+        | Op::GraphKernelNodeGetParams
+        | Op::GraphDestroyNode
+        | Op::GraphNodeGetParams
+        | Op::GraphMem => {
+            let h = s.handle();
+            let streams = s.streams.clone();
+            s.graphs.run(op, args, ins, outs, rets, h, &streams)?
+        }
         Op::StreamWaitEvent => {
             s.events
                 .get(&args[1])

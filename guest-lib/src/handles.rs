@@ -46,6 +46,11 @@ impl<T: Copy> HandleTable<T> {
         self.lock().remove(&handle).map(|b| *b)
     }
 
+    /// The handle of a record for which `pred` is true (any one).
+    pub fn find(&self, mut pred: impl FnMut(&T) -> bool) -> Option<usize> {
+        self.lock().iter().find(|(_, r)| pred(r)).map(|(h, _)| *h)
+    }
+
     /// Drops every record for which `keep` is false.
     pub fn retain(&self, mut keep: impl FnMut(&T) -> bool) {
         self.lock().retain(|_, r| keep(r));

@@ -327,6 +327,15 @@ impl HostAllocations {
         (addr - a.base < a.size).then_some(*a)
     }
 
+    /// The guest pointer of device address `dev` inside a host-mapped range (the inverse of
+    /// [`HostAllocations::device_range`]); `None` for any other address.
+    pub fn host_address(&self, dev: u64) -> Option<usize> {
+        lock(&self.by_base).values().find_map(|a| {
+            let off = dev.checked_sub(a.dev_addr)?;
+            (off < a.size as u64).then(|| a.base + off as usize)
+        })
+    }
+
     /// The device address of `addr..addr + len` if it lies inside one range.
     pub fn device_range(&self, addr: usize, len: usize) -> Option<u64> {
         let a = self.find(addr)?;

@@ -24,6 +24,7 @@ pub mod api;
 pub mod arrays;
 pub mod batch;
 pub mod call_config;
+pub mod capture;
 pub mod copy;
 pub mod copy3d;
 pub mod cuda_error;
@@ -57,3 +58,5 @@ mod api_tests;
 mod fake_arrays;
 #[cfg(test)]
 mod fake_device;
+#[cfg(test)]
+mod fake_graphs;

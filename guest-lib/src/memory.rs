@@ -19,6 +19,7 @@ use crate::{
 
 /// `cudaMalloc` of `size` bytes on `device`. Zero bytes gives a null pointer, as in CUDA.
 pub fn malloc(rt: &Runtime, device: u32, size: usize) -> CudaResult<u64> {
+    rt.session.captures.check_unsafe_call(&rt.session)?;
     if size == 0 {
         return Ok(0);
     }
@@ -118,6 +119,9 @@ pub unsafe fn memcpy(
 ) -> CudaResult<()> {
     let dir = direction(rt, dst, src, kind)?;
     rt.session.check_sticky(order.device)?;
+    if !order.is_async {
+        rt.session.captures.check_unsafe_call(&rt.session)?;
+    }
     if count == 0 {
         return Ok(());
     }
@@ -137,6 +141,12 @@ pub unsafe fn memcpy(
             .map(|d| (d, src)),
         _ => None,
     };
+    if mapped.is_none()
+        && order.is_async
+        && matches!(dir, Direction::HostToDevice | Direction::DeviceToHost)
+    {
+        pageable_async_allowed(rt, order)?;
+    }
     if let Some((dst, src)) = mapped {
         let mut call =
             Call::new(Op::MemcpyMapped, order.device).args(&[dst, src, count as u64, order.stream]);
@@ -217,6 +227,26 @@ pub unsafe fn memcpy(
     }
 }
 
+/// An `*Async` copy of pageable memory cannot be captured: CUDA would record a memcpy node that
+/// reads the host pointer when the graph runs, and the host's worker cannot reach guest pageable
+/// memory at that address (guest-lib stages it). Into a capturing stream it fails with
+/// `cudaErrorStreamCaptureUnsupported`; programs capture copies of pinned memory (docs/guest-lib.md).
+fn pageable_async_allowed(rt: &Runtime, order: Ordering) -> CudaResult<()> {
+    if !rt.session.captures.active() {
+        return Ok(());
+    }
+    let mut none = [0u8; 0];
+    let reply = rt.session.submit(
+        Call::new(Op::StreamCaptureInfo, order.device)
+            .args(&[order.stream])
+            .output(&mut none),
+    )?;
+    if reply.rets[0] != 0 {
+        return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    Ok(())
+}
+
 /// After a blocking copy between host and device: the host's turn for `__managed__` variables
 /// (managed_vars.rs), as after any synchronisation.
 fn synchronised(rt: &Runtime, order: Ordering) -> CudaResult<()> {
@@ -230,6 +260,9 @@ fn synchronised(rt: &Runtime, order: Ordering) -> CudaResult<()> {
 /// `value`.
 pub fn memset(rt: &Runtime, dst: u64, value: i32, count: usize, order: Ordering) -> CudaResult<()> {
     rt.session.check_sticky(order.device)?;
+    if !order.is_async {
+        rt.session.captures.check_unsafe_call(&rt.session)?;
+    }
     if count == 0 {
         return Ok(());
     }

@@ -213,6 +213,15 @@ impl Registry {
             .copied()
     }
 
+    /// The kernel whose module function on `device` has the host's handle `function`.
+    pub fn kernel_by_function(&self, device: u32, function: u64) -> Option<&'static KernelRecord> {
+        self.read().kernels_by_host.values().copied().find(|k| {
+            per_device(&k.resolved)
+                .iter()
+                .any(|(d, r)| *d == device && r.function == function)
+        })
+    }
+
     /// The variable whose host shadow is at `host_var`.
     pub fn var(&self, host_var: usize) -> Option<&'static VarRecord> {
         self.read().vars.get(&host_var).copied()

@@ -107,6 +107,7 @@ impl Runtime {
         crate::managed_vars::forget_device(device);
         self.host_memory.forget_device(&self.session, device);
         self.streams.forget_device(device);
+        self.session.captures.forget_device(device);
         self.events.forget_device(device);
         self.objects.forget_device(device);
         self.pools.forget_device(device);

@@ -60,6 +60,8 @@ pub struct Session {
     contexts: [AtomicBool; MAX_DEVICES],
     /// Per-op timings, with `QCUDA_LATENCY=1` (latency.rs).
     latency: Option<Latency>,
+    /// The stream captures this process has under way (capture.rs).
+    pub captures: crate::capture::Captures,
 }
 
 impl std::fmt::Debug for Session {
@@ -88,6 +90,7 @@ impl Session {
             gpu_used: AtomicBool::new(false),
             contexts: [const { AtomicBool::new(false) }; MAX_DEVICES],
             latency: Latency::from_env(),
+            captures: crate::capture::Captures::default(),
         };
         let reply = session.submit(Call::new(Op::Hello, 0).args(&[u64::from(VERSION)]))?;
         session.host = HostInfo {
@@ -140,7 +143,9 @@ impl Session {
         if let Some(errno) = self.batch.take_lost() {
             crate::last_error::record(call_errno_to_error(errno));
         }
-        if self.launch_blocking || !may_fire_and_forget(&call) {
+        // During a capture every call waits, so that an op the capture refuses fails at its
+        // own call (capture.rs).
+        if self.launch_blocking || !may_fire_and_forget(&call) || self.captures.active() {
             call.wait_for_result();
         } else if self.batch.try_append(&call) {
             if let (Some(l), Some(t)) = (&self.latency, &timer) {
@@ -421,7 +426,37 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceCanAccessPeer
         | Op::DeviceP2PAttribute
         | Op::PeerAccess
-        | Op::MemcpyPeer => true,
+        | Op::MemcpyPeer
+        | Op::StreamBeginCapture
+        | Op::StreamEndCapture
+        | Op::StreamCaptureInfo
+        | Op::StreamUpdateCaptureDependencies
+        | Op::GraphCreate
+        | Op::GraphDestroy
+        | Op::GraphAddNode
+        | Op::GraphNodeSetParams
+        | Op::GraphExecNodeSetParams
+        | Op::GraphGetNodes
+        | Op::GraphGetEdges
+        | Op::GraphNodeQuery
+        | Op::GraphEdges
+        | Op::GraphClone
+        | Op::GraphInstantiate
+        | Op::GraphExecDestroy
+        | Op::GraphLaunch
+        | Op::GraphUpload
+        | Op::GraphExecUpdate
+        | Op::GraphDebugDot
+        | Op::GraphNodeEnabled
+        | Op::GraphExecChildGraph
+        | Op::GraphExecSetEvent
+        | Op::StreamCaptureInvalidate
+        | Op::StreamBeginCaptureToGraph
+        | Op::GraphQuery
+        | Op::GraphKernelNodeGetParams
+        | Op::GraphDestroyNode
+        | Op::GraphNodeGetParams
+        | Op::GraphMem => true,
     }
 }
 
@@ -459,7 +494,21 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MallocAsync
         | Op::FreeAsync
         | Op::LaunchKernelEx
-        | Op::PeerAccess => false,
+        | Op::PeerAccess
+        | Op::StreamBeginCapture
+        | Op::StreamBeginCaptureToGraph
+        | Op::GraphDestroyNode
+        | Op::StreamEndCapture
+        | Op::StreamUpdateCaptureDependencies
+        | Op::GraphCreate
+        | Op::GraphDestroy
+        | Op::GraphAddNode
+        | Op::GraphEdges
+        | Op::GraphClone
+        | Op::GraphInstantiate
+        | Op::GraphExecDestroy
+        | Op::GraphLaunch
+        | Op::GraphExecUpdate => false,
         Op::Hello
         | Op::Echo
         | Op::HostInfo
@@ -513,7 +562,23 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::OccupancyAvailableDynamicSMem
         | Op::DeviceCanAccessPeer
         | Op::DeviceP2PAttribute
-        | Op::MemcpyPeer => true,
+        | Op::MemcpyPeer
+        | Op::StreamCaptureInfo
+        | Op::GraphNodeSetParams
+        | Op::GraphExecNodeSetParams
+        | Op::GraphGetNodes
+        | Op::GraphGetEdges
+        | Op::GraphNodeQuery
+        | Op::GraphUpload
+        | Op::GraphDebugDot
+        | Op::GraphNodeEnabled
+        | Op::GraphExecChildGraph
+        | Op::GraphExecSetEvent
+        | Op::StreamCaptureInvalidate
+        | Op::GraphQuery
+        | Op::GraphKernelNodeGetParams
+        | Op::GraphNodeGetParams
+        | Op::GraphMem => true,
     }
 }
 

@@ -26,7 +26,7 @@ pub fn global(
 }
 
 /// The device range `offset..offset + count` of the variable, checked against its size.
-fn range(g: DeviceGlobal, count: usize, offset: usize) -> CudaResult<u64> {
+pub fn range(g: DeviceGlobal, count: usize, offset: usize) -> CudaResult<u64> {
     let end = (offset as u64)
         .checked_add(count as u64)
         .ok_or(CudaError::INVALID_VALUE)?;

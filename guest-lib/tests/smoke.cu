@@ -116,9 +116,8 @@ int main()
 
     // Proves this is qcuda's library: NVIDIA's answers cudaErrorNoDevice or
     // cudaErrorInsufficientDriver here, ours cudaErrorNotSupported (and warns once on stderr).
-    cudaGraph_t graph;
-    EXPECT(cudaGraphCreate(&graph, 0), cudaErrorNotSupported);
-    EXPECT(cudaGraphCreate(&graph, 0), cudaErrorNotSupported);
+    EXPECT(cudaGraphRetainUserObject(nullptr, nullptr, 1, 0), cudaErrorNotSupported);
+    EXPECT(cudaGraphRetainUserObject(nullptr, nullptr, 1, 0), cudaErrorNotSupported);
     EXPECT(cudaGetLastError(), cudaErrorNotSupported);
 
     if (failures) {

@@ -153,6 +153,16 @@ pub mod status {
     pub const LAUNCH_FAILURE: u32 = 719;
     /// cudaErrorNotSupported
     pub const NOT_SUPPORTED: u32 = 801;
+    /// cudaErrorIllegalState
+    pub const ILLEGAL_STATE: u32 = 401;
+    /// cudaErrorStreamCaptureUnsupported
+    pub const STREAM_CAPTURE_UNSUPPORTED: u32 = 900;
+    /// cudaErrorStreamCaptureInvalidated
+    pub const STREAM_CAPTURE_INVALIDATED: u32 = 901;
+    /// cudaErrorStreamCaptureWrongThread
+    pub const STREAM_CAPTURE_WRONG_THREAD: u32 = 908;
+    /// cudaErrorGraphExecUpdateFailure
+    pub const GRAPH_EXEC_UPDATE_FAILURE: u32 = 910;
     /// cudaErrorUnknown
     pub const UNKNOWN: u32 = 999;
 
@@ -509,6 +519,99 @@ ops! {
     SurfObjectCreate = 0x016B, ins 0, outs 0;
     /// args[0] = a `CUsurfObject` this session created.
     SurfObjectDestroy = 0x016C, ins 0, outs 0;
+    // CUDA graphs and stream capture (graph.rs has the node parameter encodings). Graph, node
+    // and executable-graph handles are session-local ids; a node handle stays valid while its
+    // graph does.
+    /// args[0] = stream handle (not the legacy stream), args[1] = `cudaStreamCaptureMode`
+    /// (0 global, 1 thread-local, 2 relaxed) of the capture.
+    StreamBeginCapture = 0x01A0, ins 0, outs 0;
+    /// args[0] = stream handle. rets[0] = handle of the captured graph.
+    StreamEndCapture = 0x01A1, ins 0, outs 0;
+    /// args[0] = stream handle (0: legacy stream). rets[0] = `cudaStreamCaptureStatus`,
+    /// rets[1] = capture id, rets[2] = handle of the graph being captured (0 when none),
+    /// rets[3] = number of dependencies; out-buffer 0 receives up to len / 8 of their node
+    /// handles (u64).
+    StreamCaptureInfo = 0x01A2, ins 0, outs 1;
+    /// args[0] = stream handle, args[1] = flags (0 add, 1 set); in-buffer 0 = node handles
+    /// (u64) of the capture's graph.
+    StreamUpdateCaptureDependencies = 0x01A3, ins 1, outs 0;
+    /// rets[0] = handle of a new empty graph.
+    GraphCreate = 0x01A4, ins 0, outs 0;
+    /// args[0] = graph handle.
+    GraphDestroy = 0x01A5, ins 0, outs 0;
+    /// args[0] = graph handle, args[1] = node type (`graph::NODE_*`); in-buffer 0 = node
+    /// handles (u64) it depends on, in-buffer 1 = its parameters. rets[0] = node handle,
+    /// rets[1] = the device address of a memory allocation node.
+    GraphAddNode = 0x01A6, ins 2, outs 0;
+    /// args[0] = node handle, args[1] = its node type; in-buffer 0 = new parameters.
+    GraphNodeSetParams = 0x01A7, ins 1, outs 0;
+    /// args[0] = executable graph, args[1] = node handle (of the graph it came from),
+    /// args[2] = node type; in-buffer 0 = new parameters.
+    GraphExecNodeSetParams = 0x01A8, ins 1, outs 0;
+    /// args[0] = graph handle, args[1] = 0 all nodes, 1 root nodes. rets[0] = count; out-buffer
+    /// 0 receives up to len / 8 node handles (u64).
+    GraphGetNodes = 0x01A9, ins 0, outs 1;
+    /// args[0] = graph handle. rets[0] = number of edges; out-buffer 0 receives up to len / 16
+    /// (from u64, to u64) pairs.
+    GraphGetEdges = 0x01AA, ins 0, outs 1;
+    /// args[0] = node handle, args[1] = 0 type, 1 dependencies, 2 dependent nodes. rets[0] =
+    /// the `cudaGraphNodeType` or the count; out-buffer 0 receives up to len / 8 node handles.
+    GraphNodeQuery = 0x01AB, ins 0, outs 1;
+    /// args[0] = graph handle, args[1] = 0 add, 1 remove; in-buffer 0 = (from u64, to u64)
+    /// node handle pairs.
+    GraphEdges = 0x01AC, ins 1, outs 0;
+    /// args[0] = graph handle. rets[0] = handle of a copy of it.
+    GraphClone = 0x01AD, ins 0, outs 0;
+    /// args[0] = graph handle, args[1] = `cudaGraphInstantiateFlags`, args[2] = stream handle
+    /// to upload on (with `cudaGraphInstantiateFlagUpload`). rets[0] = executable graph handle.
+    GraphInstantiate = 0x01AE, ins 0, outs 0;
+    /// args[0] = executable graph handle.
+    GraphExecDestroy = 0x01AF, ins 0, outs 0;
+    /// args[0] = executable graph handle, args[1] = stream handle (0: legacy stream).
+    GraphLaunch = 0x01B0, ins 0, outs 0;
+    /// args[0] = executable graph handle, args[1] = stream handle (0: legacy stream).
+    GraphUpload = 0x01B1, ins 0, outs 0;
+    /// args[0] = executable graph, args[1] = graph handle. Status SUCCESS whenever the driver
+    /// judged the update: rets[0] = `cudaGraphExecUpdateResult` (0: applied; otherwise the
+    /// runtime answers cudaErrorGraphExecUpdateFailure), rets[1] = handle of the node that
+    /// failed (0: none).
+    GraphExecUpdate = 0x01B2, ins 0, outs 0;
+    /// args[0] = graph handle, args[1] = `cudaGraphDebugDotFlags`. rets[0] = length of the DOT
+    /// text; out-buffer 0 receives up to its length of it.
+    GraphDebugDot = 0x01B3, ins 0, outs 1;
+    /// args[0] = executable graph, args[1] = node handle, args[2] = 0 get, 1 set,
+    /// args[3] = enabled (set). rets[0] = enabled (get).
+    GraphNodeEnabled = 0x01B4, ins 0, outs 0;
+    /// args[0] = executable graph, args[1] = node handle of a child graph node, args[2] =
+    /// graph handle of the new child graph.
+    GraphExecChildGraph = 0x01B5, ins 0, outs 0;
+    /// args[0] = executable graph, args[1] = node handle of an event record or wait node,
+    /// args[2] = event handle.
+    GraphExecSetEvent = 0x01B6, ins 0, outs 0;
+    /// args[0] = stream handle: if it is capturing, the capture is invalidated (an operation
+    /// CUDA prohibits during capture was refused in the guest: the capture fails as it would
+    /// natively, with cudaErrorStreamCaptureInvalidated at its end).
+    StreamCaptureInvalidate = 0x01B7, ins 0, outs 0;
+    /// args[0] = stream handle, args[1] = graph handle to capture into, args[2] = capture mode;
+    /// in-buffer 0 = node handles (u64) of that graph the first captured node depends on.
+    StreamBeginCaptureToGraph = 0x01B8, ins 1, outs 0;
+    /// args[0] = a handle, args[1] = what: 0 the event of an event record or wait node, 1 the
+    /// graph of a child graph node (owned by the node: not destroyable), 2 the
+    /// `cudaGraphInstantiateFlags` of an executable graph, 3 the node of graph args[2] (a clone
+    /// of the node's graph) that the node was cloned to. rets[0] = that handle or value.
+    GraphQuery = 0x01B9, ins 0, outs 0;
+    /// args[0] = handle of a kernel node. Out-buffer 0 receives up to its length of the node's
+    /// parameters in the `graph::KernelNode` encoding; rets[0] = the encoding's length.
+    GraphKernelNodeGetParams = 0x01BA, ins 0, outs 1;
+    /// args[0] = node handle: the node and its edges are removed from its graph.
+    GraphDestroyNode = 0x01BB, ins 0, outs 0;
+    /// args[0] = handle of a memcpy or memset node. rets[0] = its node type; out-buffer 0
+    /// receives its parameters in the `graph::MemcpyNode` or `graph::MemsetNode` encoding.
+    GraphNodeGetParams = 0x01BC, ins 0, outs 1;
+    /// Graph memory of device `hdr.device`: args[0] = 0 trim (cuDeviceGraphMemTrim), 1 get,
+    /// 2 set attribute args[1] (`cudaGraphMemAttributeType`, 0..=3) to args[2]. rets[0] = the
+    /// value (get).
+    GraphMem = 0x01BD, ins 0, outs 0;
 }
 
 /// Bytes of an encoded [`LatencyRecord`].

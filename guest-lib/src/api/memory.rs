@@ -98,6 +98,7 @@ fn host_alloc(ptr: *mut *mut c_void, size: usize, flags: c_uint) -> CudaResult<(
     }
     let (rt, d) = current()?;
     rt.session.check_sticky(d)?;
+    rt.session.captures.check_unsafe_call(&rt.session)?;
     let p = rt
         .host_memory
         .alloc(&rt.session, size, flags, d, HostKind::Allocated)?;
@@ -211,6 +212,7 @@ cuda_api! {
         }
         let (rt, d) = current()?;
         rt.session.check_sticky(d)?;
+        rt.session.captures.check_unsafe_call(&rt.session)?;
         let read_only = flags & cudaHostRegisterReadOnly != 0;
         rt.host_memory
             .register(&rt.session, ptr as usize, size, flags, read_only, d)
@@ -244,6 +246,7 @@ cuda_api! {
         }
         let (rt, d) = current()?;
         rt.session.check_sticky(d)?;
+        rt.session.captures.check_unsafe_call(&rt.session)?;
         let p = rt
             .host_memory
             .alloc(&rt.session, size, flags, d, HostKind::Managed)?;

@@ -25,6 +25,7 @@ macro_rules! cuda_api {
         /// Pointer arguments must be valid as the CUDA runtime API documents for this function.
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::generated::cudaError_t {
+            #[allow(clippy::too_many_arguments)]
             unsafe fn body($($arg: $ty),*) -> $crate::cuda_error::CudaResult<()> $body
             // SAFETY: `body` has exactly this function's contract, which our caller upholds.
             $crate::last_error::finish(unsafe { body($($arg),*) })
@@ -47,6 +48,7 @@ pub mod arrays;
 pub mod devices;
 pub mod errors;
 pub mod events;
+pub mod graphs;
 pub mod launch;
 pub mod launch_ex;
 pub mod memory;

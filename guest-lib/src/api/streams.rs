@@ -7,7 +7,7 @@ use core::ffi::{c_int, c_uint, c_void};
 use super::write_out;
 use crate::{
     cuda_error::{CudaError, CudaResult},
-    generated::{cudaEvent_t, cudaStreamCaptureStatus, cudaStreamCaptureStatusNone, cudaStream_t},
+    generated::{cudaEvent_t, cudaStream_t},
     host_fns::{self, HostCallback, HostFn, StreamCallback},
     host_memory::HostKind,
     runtime::{current, non_null, runtime},
@@ -138,18 +138,6 @@ unsafe fn get_id(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
     unsafe { write_out(id, v) }
 }
 
-unsafe fn is_capturing(
-    stream: cudaStream_t,
-    status: *mut cudaStreamCaptureStatus,
-) -> CudaResult<()> {
-    non_null(status)?;
-    let (rt, _) = current()?;
-    rt.streams.info(stream as usize)?;
-    // Stream capture is not supported, so no stream is ever capturing.
-    // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(status, cudaStreamCaptureStatusNone) }
-}
-
 unsafe fn create(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> CudaResult<()> {
     non_null(stream)?;
     let (rt, d) = current()?;
@@ -210,7 +198,10 @@ cuda_api! {
     /// `cudaStreamDestroy`.
     fn cudaStreamDestroy(stream: cudaStream_t) {
         let (rt, _) = current()?;
-        rt.streams.destroy(&rt.session, stream as usize)
+        rt.streams.destroy(&rt.session, stream as usize)?;
+        // A capture of the stream ends with it.
+        rt.session.captures.ended(stream as usize);
+        Ok(())
     }
 
     /// `cudaStreamSynchronize`.
@@ -302,15 +293,4 @@ cuda_api! {
         Ok(())
     }
 
-    /// `cudaStreamIsCapturing`: always `cudaStreamCaptureStatusNone` (no capture support).
-    fn cudaStreamIsCapturing(stream: cudaStream_t, pCaptureStatus: *mut cudaStreamCaptureStatus) {
-        // SAFETY: forwarded API contract.
-        unsafe { is_capturing(stream, pCaptureStatus) }
-    }
-
-    /// `cudaStreamIsCapturing` (per-thread default stream).
-    fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, pCaptureStatus: *mut cudaStreamCaptureStatus) {
-        // SAFETY: forwarded API contract.
-        unsafe { is_capturing(stream, pCaptureStatus) }
-    }
 }

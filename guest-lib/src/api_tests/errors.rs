@@ -164,8 +164,14 @@ fn a_failed_fire_and_forget_op_reaches_the_last_error_through_a_non_sync_call() 
 #[test]
 fn unsupported_functions_fail_honestly() {
     setup();
-    assert_err(unsupported::cudaGraphCreate(), cu::cudaErrorNotSupported);
-    assert_err(unsupported::cudaGraphCreate(), cu::cudaErrorNotSupported);
+    assert_err(
+        unsupported::cudaGraphConditionalHandleCreate(),
+        cu::cudaErrorNotSupported,
+    );
+    assert_err(
+        unsupported::cudaGraphConditionalHandleCreate(),
+        cu::cudaErrorNotSupported,
+    );
     assert_err(cudaGetLastError(), cu::cudaErrorNotSupported);
     assert_err(
         unsupported::cudaGraphicsMapResources(),

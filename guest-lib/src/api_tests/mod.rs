@@ -18,6 +18,7 @@ use crate::{
 mod arrays;
 mod devices;
 mod errors;
+mod graphs;
 mod launch;
 mod memory;
 mod pools;

@@ -4,7 +4,10 @@ use qcuda_proto::Op;
 
 use super::*;
 use crate::{
-    api::{errors::cudaGetLastError, events::*, launch::cudaLaunchKernel, memory::*, streams::*},
+    api::{
+        errors::cudaGetLastError, events::*, graphs::cudaStreamIsCapturing,
+        launch::cudaLaunchKernel, memory::*, streams::*,
+    },
     generated::{self as cu, cudaEvent_t, cudaStream_t, dim3},
     streams::{LEGACY, PER_THREAD},
 };

@@ -63,6 +63,21 @@ pub struct CUstream_st {
 }
 #[repr(C)]
 #[derive(Debug)]
+pub struct CUgraph_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUgraphNode_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUgraphExec_st {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
 pub struct CUmemPoolHandle_st {
     _unused: [u8; 0],
 }
@@ -969,6 +984,37 @@ impl Default for cudaMemcpy3DParms {
         }
     }
 }
+#[doc = " Memcpy node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemcpyNodeParams {
+    #[doc = "< Must be zero"]
+    pub flags: ::core::ffi::c_int,
+    #[doc = "< Must be zero"]
+    pub reserved: [::core::ffi::c_int; 3usize],
+    #[doc = "< Parameters for the memory copy"]
+    pub copyParams: cudaMemcpy3DParms,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemcpyNodeParams"][::std::mem::size_of::<cudaMemcpyNodeParams>() - 176usize];
+    ["Alignment of cudaMemcpyNodeParams"][::std::mem::align_of::<cudaMemcpyNodeParams>() - 8usize];
+    ["Offset of field: cudaMemcpyNodeParams::flags"]
+        [::std::mem::offset_of!(cudaMemcpyNodeParams, flags) - 0usize];
+    ["Offset of field: cudaMemcpyNodeParams::reserved"]
+        [::std::mem::offset_of!(cudaMemcpyNodeParams, reserved) - 4usize];
+    ["Offset of field: cudaMemcpyNodeParams::copyParams"]
+        [::std::mem::offset_of!(cudaMemcpyNodeParams, copyParams) - 16usize];
+};
+impl Default for cudaMemcpyNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = " CUDA 3D cross-device memory copying parameters"]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -1025,6 +1071,92 @@ impl Default for cudaMemcpy3DPeerParms {
         }
     }
 }
+#[doc = " CUDA Memset node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemsetParams {
+    #[doc = "< Destination device pointer"]
+    pub dst: *mut ::core::ffi::c_void,
+    #[doc = "< Pitch of destination device pointer. Unused if height is 1"]
+    pub pitch: usize,
+    #[doc = "< Value to be set"]
+    pub value: ::core::ffi::c_uint,
+    #[doc = "< Size of each element in bytes. Must be 1, 2, or 4."]
+    pub elementSize: ::core::ffi::c_uint,
+    #[doc = "< Width of the row in elements"]
+    pub width: usize,
+    #[doc = "< Number of rows"]
+    pub height: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemsetParams"][::std::mem::size_of::<cudaMemsetParams>() - 40usize];
+    ["Alignment of cudaMemsetParams"][::std::mem::align_of::<cudaMemsetParams>() - 8usize];
+    ["Offset of field: cudaMemsetParams::dst"]
+        [::std::mem::offset_of!(cudaMemsetParams, dst) - 0usize];
+    ["Offset of field: cudaMemsetParams::pitch"]
+        [::std::mem::offset_of!(cudaMemsetParams, pitch) - 8usize];
+    ["Offset of field: cudaMemsetParams::value"]
+        [::std::mem::offset_of!(cudaMemsetParams, value) - 16usize];
+    ["Offset of field: cudaMemsetParams::elementSize"]
+        [::std::mem::offset_of!(cudaMemsetParams, elementSize) - 20usize];
+    ["Offset of field: cudaMemsetParams::width"]
+        [::std::mem::offset_of!(cudaMemsetParams, width) - 24usize];
+    ["Offset of field: cudaMemsetParams::height"]
+        [::std::mem::offset_of!(cudaMemsetParams, height) - 32usize];
+};
+impl Default for cudaMemsetParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA Memset node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemsetParamsV2 {
+    #[doc = "< Destination device pointer"]
+    pub dst: *mut ::core::ffi::c_void,
+    #[doc = "< Pitch of destination device pointer. Unused if height is 1"]
+    pub pitch: usize,
+    #[doc = "< Value to be set"]
+    pub value: ::core::ffi::c_uint,
+    #[doc = "< Size of each element in bytes. Must be 1, 2, or 4."]
+    pub elementSize: ::core::ffi::c_uint,
+    #[doc = "< Width of the row in elements"]
+    pub width: usize,
+    #[doc = "< Number of rows"]
+    pub height: usize,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemsetParamsV2"][::std::mem::size_of::<cudaMemsetParamsV2>() - 40usize];
+    ["Alignment of cudaMemsetParamsV2"][::std::mem::align_of::<cudaMemsetParamsV2>() - 8usize];
+    ["Offset of field: cudaMemsetParamsV2::dst"]
+        [::std::mem::offset_of!(cudaMemsetParamsV2, dst) - 0usize];
+    ["Offset of field: cudaMemsetParamsV2::pitch"]
+        [::std::mem::offset_of!(cudaMemsetParamsV2, pitch) - 8usize];
+    ["Offset of field: cudaMemsetParamsV2::value"]
+        [::std::mem::offset_of!(cudaMemsetParamsV2, value) - 16usize];
+    ["Offset of field: cudaMemsetParamsV2::elementSize"]
+        [::std::mem::offset_of!(cudaMemsetParamsV2, elementSize) - 20usize];
+    ["Offset of field: cudaMemsetParamsV2::width"]
+        [::std::mem::offset_of!(cudaMemsetParamsV2, width) - 24usize];
+    ["Offset of field: cudaMemsetParamsV2::height"]
+        [::std::mem::offset_of!(cudaMemsetParamsV2, height) - 32usize];
+};
+impl Default for cudaMemsetParamsV2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = "< Normal cache persistence."]
 pub const cudaAccessPropertyNormal: cudaAccessProperty = 0;
 #[doc = "< Streaming access is less likely to persit from cache."]
@@ -1065,6 +1197,63 @@ const _: () = {
         [::std::mem::offset_of!(cudaAccessPolicyWindow, missProp) - 24usize];
 };
 impl Default for cudaAccessPolicyWindow {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA host function\n \\param userData Argument value passed to the function"]
+pub type cudaHostFn_t =
+    ::std::option::Option<unsafe extern "C" fn(userData: *mut ::core::ffi::c_void)>;
+#[doc = " CUDA host node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaHostNodeParams {
+    #[doc = "< The function to call when the node executes"]
+    pub fn_: cudaHostFn_t,
+    #[doc = "< Argument to pass to the function"]
+    pub userData: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaHostNodeParams"][::std::mem::size_of::<cudaHostNodeParams>() - 16usize];
+    ["Alignment of cudaHostNodeParams"][::std::mem::align_of::<cudaHostNodeParams>() - 8usize];
+    ["Offset of field: cudaHostNodeParams::fn_"]
+        [::std::mem::offset_of!(cudaHostNodeParams, fn_) - 0usize];
+    ["Offset of field: cudaHostNodeParams::userData"]
+        [::std::mem::offset_of!(cudaHostNodeParams, userData) - 8usize];
+};
+impl Default for cudaHostNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA host node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaHostNodeParamsV2 {
+    #[doc = "< The function to call when the node executes"]
+    pub fn_: cudaHostFn_t,
+    #[doc = "< Argument to pass to the function"]
+    pub userData: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaHostNodeParamsV2"][::std::mem::size_of::<cudaHostNodeParamsV2>() - 16usize];
+    ["Alignment of cudaHostNodeParamsV2"][::std::mem::align_of::<cudaHostNodeParamsV2>() - 8usize];
+    ["Offset of field: cudaHostNodeParamsV2::fn_"]
+        [::std::mem::offset_of!(cudaHostNodeParamsV2, fn_) - 0usize];
+    ["Offset of field: cudaHostNodeParamsV2::userData"]
+        [::std::mem::offset_of!(cudaHostNodeParamsV2, userData) - 8usize];
+};
+impl Default for cudaHostNodeParamsV2 {
     fn default() -> Self {
         let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
         unsafe {
@@ -2029,6 +2218,121 @@ impl Default for cudaMemPoolProps {
         }
     }
 }
+#[doc = " Memory allocation node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemAllocNodeParams {
+    #[doc = "< in: array of memory access descriptors. Used to describe peer GPU access"]
+    pub poolProps: cudaMemPoolProps,
+    #[doc = "< in: number of memory access descriptors.  Must not exceed the number of GPUs."]
+    pub accessDescs: *const cudaMemAccessDesc,
+    #[doc = "< in: Number of `accessDescs`s"]
+    pub accessDescCount: usize,
+    #[doc = "< in: size in bytes of the requested allocation"]
+    pub bytesize: usize,
+    #[doc = "< out: address of the allocation returned by CUDA"]
+    pub dptr: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemAllocNodeParams"][::std::mem::size_of::<cudaMemAllocNodeParams>() - 120usize];
+    ["Alignment of cudaMemAllocNodeParams"]
+        [::std::mem::align_of::<cudaMemAllocNodeParams>() - 8usize];
+    ["Offset of field: cudaMemAllocNodeParams::poolProps"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, poolProps) - 0usize];
+    ["Offset of field: cudaMemAllocNodeParams::accessDescs"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, accessDescs) - 88usize];
+    ["Offset of field: cudaMemAllocNodeParams::accessDescCount"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, accessDescCount) - 96usize];
+    ["Offset of field: cudaMemAllocNodeParams::bytesize"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, bytesize) - 104usize];
+    ["Offset of field: cudaMemAllocNodeParams::dptr"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParams, dptr) - 112usize];
+};
+impl Default for cudaMemAllocNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Memory allocation node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemAllocNodeParamsV2 {
+    #[doc = "< in: array of memory access descriptors. Used to describe peer GPU access"]
+    pub poolProps: cudaMemPoolProps,
+    #[doc = "< in: number of memory access descriptors.  Must not exceed the number of GPUs."]
+    pub accessDescs: *const cudaMemAccessDesc,
+    #[doc = "< in: Number of `accessDescs`s"]
+    pub accessDescCount: usize,
+    #[doc = "< in: size in bytes of the requested allocation"]
+    pub bytesize: usize,
+    #[doc = "< out: address of the allocation returned by CUDA"]
+    pub dptr: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemAllocNodeParamsV2"]
+        [::std::mem::size_of::<cudaMemAllocNodeParamsV2>() - 120usize];
+    ["Alignment of cudaMemAllocNodeParamsV2"]
+        [::std::mem::align_of::<cudaMemAllocNodeParamsV2>() - 8usize];
+    ["Offset of field: cudaMemAllocNodeParamsV2::poolProps"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParamsV2, poolProps) - 0usize];
+    ["Offset of field: cudaMemAllocNodeParamsV2::accessDescs"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParamsV2, accessDescs) - 88usize];
+    ["Offset of field: cudaMemAllocNodeParamsV2::accessDescCount"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParamsV2, accessDescCount) - 96usize];
+    ["Offset of field: cudaMemAllocNodeParamsV2::bytesize"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParamsV2, bytesize) - 104usize];
+    ["Offset of field: cudaMemAllocNodeParamsV2::dptr"]
+        [::std::mem::offset_of!(cudaMemAllocNodeParamsV2, dptr) - 112usize];
+};
+impl Default for cudaMemAllocNodeParamsV2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Memory free node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaMemFreeNodeParams {
+    #[doc = "< in: the pointer to free"]
+    pub dptr: *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaMemFreeNodeParams"][::std::mem::size_of::<cudaMemFreeNodeParams>() - 8usize];
+    ["Alignment of cudaMemFreeNodeParams"]
+        [::std::mem::align_of::<cudaMemFreeNodeParams>() - 8usize];
+    ["Offset of field: cudaMemFreeNodeParams::dptr"]
+        [::std::mem::offset_of!(cudaMemFreeNodeParams, dptr) - 0usize];
+};
+impl Default for cudaMemFreeNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " (value type = cuuint64_t)\n Amount of memory, in bytes, currently associated with graphs."]
+pub const cudaGraphMemAttrUsedMemCurrent: cudaGraphMemAttributeType = 0;
+#[doc = " (value type = cuuint64_t)\n High watermark of memory, in bytes, associated with graphs since the\n last time it was reset.  High watermark can only be reset to zero."]
+pub const cudaGraphMemAttrUsedMemHigh: cudaGraphMemAttributeType = 1;
+#[doc = " (value type = cuuint64_t)\n Amount of memory, in bytes, currently allocated for use by\n the CUDA graphs asynchronous allocator."]
+pub const cudaGraphMemAttrReservedMemCurrent: cudaGraphMemAttributeType = 2;
+#[doc = " (value type = cuuint64_t)\n High watermark of memory, in bytes, currently allocated for use by\n the CUDA graphs asynchronous allocator."]
+pub const cudaGraphMemAttrReservedMemHigh: cudaGraphMemAttributeType = 3;
+#[doc = " Graph memory attributes"]
+pub type cudaGraphMemAttributeType = ::core::ffi::c_uint;
 #[doc = "< A relative value indicating the performance of the link between two devices"]
 pub const cudaDevP2PAttrPerformanceRank: cudaDeviceP2PAttr = 1;
 #[doc = "< Peer access is enabled"]
@@ -2433,20 +2737,904 @@ impl Default for cudaDeviceProp {
         }
     }
 }
+#[doc = " External semaphore signal parameters, compatible with driver type"]
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct cudaExternalSemaphoreSignalParams {
+    pub params: cudaExternalSemaphoreSignalParams__bindgen_ty_1,
+    #[doc = " Only when ::cudaExternalSemaphoreSignalParams is used to\n signal a ::cudaExternalSemaphore_t of type\n ::cudaExternalSemaphoreHandleTypeNvSciSync, the valid flag is\n ::cudaExternalSemaphoreSignalSkipNvSciBufMemSync: which indicates\n that while signaling the ::cudaExternalSemaphore_t, no memory\n synchronization operations should be performed for any external memory\n object imported as ::cudaExternalMemoryHandleTypeNvSciBuf.\n For all other types of ::cudaExternalSemaphore_t, flags must be zero."]
+    pub flags: ::core::ffi::c_uint,
+    pub reserved: [::core::ffi::c_uint; 16usize],
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct cudaExternalSemaphoreSignalParams__bindgen_ty_1 {
+    pub fence: cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_1,
+    pub nvSciSync: cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2,
+    pub keyedMutex: cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_3,
+    pub reserved: [::core::ffi::c_uint; 12usize],
+}
+#[doc = " Parameters for fence objects"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_1 {
+    #[doc = " Value of fence to be signaled"]
+    pub value: ::core::ffi::c_ulonglong,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_1"][::std::mem::size_of::<
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_1,
+    >() - 8usize];
+    ["Alignment of cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::align_of::<cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_1>()
+            - 8usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_1::value"][::std::mem::offset_of!(
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_1,
+        value
+    )
+        - 0usize];
+};
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2 {
+    #[doc = " Pointer to NvSciSyncFence. Valid if ::cudaExternalSemaphoreHandleType\n is of type ::cudaExternalSemaphoreHandleTypeNvSciSync."]
+    pub fence: *mut ::core::ffi::c_void,
+    pub reserved: ::core::ffi::c_ulonglong,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2"][::std::mem::size_of::<
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2,
+    >() - 8usize];
+    ["Alignment of cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2"]
+        [::std::mem::align_of::<cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2>()
+            - 8usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2::fence"][::std::mem::offset_of!(
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2,
+        fence
+    )
+        - 0usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2::reserved"][::std::mem::offset_of!(
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2,
+        reserved
+    )
+        - 0usize];
+};
+impl Default for cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Parameters for keyed mutex objects"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_3 {
+    pub key: ::core::ffi::c_ulonglong,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_3"][::std::mem::size_of::<
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_3,
+    >() - 8usize];
+    ["Alignment of cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_3"]
+        [::std::mem::align_of::<cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_3>()
+            - 8usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_3::key"][::std::mem::offset_of!(
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1__bindgen_ty_3,
+        key
+    )
+        - 0usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreSignalParams__bindgen_ty_1"]
+        [::std::mem::size_of::<cudaExternalSemaphoreSignalParams__bindgen_ty_1>() - 72usize];
+    ["Alignment of cudaExternalSemaphoreSignalParams__bindgen_ty_1"]
+        [::std::mem::align_of::<cudaExternalSemaphoreSignalParams__bindgen_ty_1>() - 8usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams__bindgen_ty_1::fence"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreSignalParams__bindgen_ty_1, fence) - 0usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams__bindgen_ty_1::nvSciSync"][::std::mem::offset_of!(
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1,
+        nvSciSync
+    ) - 8usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams__bindgen_ty_1::keyedMutex"][::std::mem::offset_of!(
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1,
+        keyedMutex
+    ) - 16usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams__bindgen_ty_1::reserved"][::std::mem::offset_of!(
+        cudaExternalSemaphoreSignalParams__bindgen_ty_1,
+        reserved
+    ) - 24usize];
+};
+impl Default for cudaExternalSemaphoreSignalParams__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreSignalParams"]
+        [::std::mem::size_of::<cudaExternalSemaphoreSignalParams>() - 144usize];
+    ["Alignment of cudaExternalSemaphoreSignalParams"]
+        [::std::mem::align_of::<cudaExternalSemaphoreSignalParams>() - 8usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams::params"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreSignalParams, params) - 0usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams::flags"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreSignalParams, flags) - 72usize];
+    ["Offset of field: cudaExternalSemaphoreSignalParams::reserved"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreSignalParams, reserved) - 76usize];
+};
+impl Default for cudaExternalSemaphoreSignalParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " External semaphore wait parameters, compatible with driver type"]
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct cudaExternalSemaphoreWaitParams {
+    pub params: cudaExternalSemaphoreWaitParams__bindgen_ty_1,
+    #[doc = " Only when ::cudaExternalSemaphoreSignalParams is used to\n signal a ::cudaExternalSemaphore_t of type\n ::cudaExternalSemaphoreHandleTypeNvSciSync, the valid flag is\n ::cudaExternalSemaphoreSignalSkipNvSciBufMemSync: which indicates\n that while waiting for the ::cudaExternalSemaphore_t, no memory\n synchronization operations should be performed for any external memory\n object imported as ::cudaExternalMemoryHandleTypeNvSciBuf.\n For all other types of ::cudaExternalSemaphore_t, flags must be zero."]
+    pub flags: ::core::ffi::c_uint,
+    pub reserved: [::core::ffi::c_uint; 16usize],
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct cudaExternalSemaphoreWaitParams__bindgen_ty_1 {
+    pub fence: cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_1,
+    pub nvSciSync: cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2,
+    pub keyedMutex: cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3,
+    pub reserved: [::core::ffi::c_uint; 10usize],
+}
+#[doc = " Parameters for fence objects"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_1 {
+    #[doc = " Value of fence to be waited on"]
+    pub value: ::core::ffi::c_ulonglong,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_1"][::std::mem::size_of::<
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_1,
+    >() - 8usize];
+    ["Alignment of cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::align_of::<cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_1>()
+            - 8usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_1::value"][::std::mem::offset_of!(
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_1,
+        value
+    )
+        - 0usize];
+};
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2 {
+    #[doc = " Pointer to NvSciSyncFence. Valid if ::cudaExternalSemaphoreHandleType\n is of type ::cudaExternalSemaphoreHandleTypeNvSciSync."]
+    pub fence: *mut ::core::ffi::c_void,
+    pub reserved: ::core::ffi::c_ulonglong,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2"][::std::mem::size_of::<
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2,
+    >() - 8usize];
+    ["Alignment of cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2"]
+        [::std::mem::align_of::<cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2>()
+            - 8usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2::fence"][::std::mem::offset_of!(
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2,
+        fence
+    )
+        - 0usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2::reserved"][::std::mem::offset_of!(
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2,
+        reserved
+    )
+        - 0usize];
+};
+impl Default for cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Parameters for keyed mutex objects"]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3 {
+    #[doc = " Value of key to acquire the mutex with"]
+    pub key: ::core::ffi::c_ulonglong,
+    #[doc = " Timeout in milliseconds to wait to acquire the mutex"]
+    pub timeoutMs: ::core::ffi::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3"][::std::mem::size_of::<
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3,
+    >() - 16usize];
+    ["Alignment of cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3"]
+        [::std::mem::align_of::<cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3>()
+            - 8usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3::key"][::std::mem::offset_of!(
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3,
+        key
+    )
+        - 0usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3::timeoutMs"][::std::mem::offset_of!(
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1__bindgen_ty_3,
+        timeoutMs
+    )
+        - 8usize];
+};
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreWaitParams__bindgen_ty_1"]
+        [::std::mem::size_of::<cudaExternalSemaphoreWaitParams__bindgen_ty_1>() - 72usize];
+    ["Alignment of cudaExternalSemaphoreWaitParams__bindgen_ty_1"]
+        [::std::mem::align_of::<cudaExternalSemaphoreWaitParams__bindgen_ty_1>() - 8usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1::fence"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitParams__bindgen_ty_1, fence) - 0usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1::nvSciSync"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitParams__bindgen_ty_1, nvSciSync) - 8usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1::keyedMutex"][::std::mem::offset_of!(
+        cudaExternalSemaphoreWaitParams__bindgen_ty_1,
+        keyedMutex
+    ) - 16usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitParams__bindgen_ty_1, reserved) - 32usize];
+};
+impl Default for cudaExternalSemaphoreWaitParams__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreWaitParams"]
+        [::std::mem::size_of::<cudaExternalSemaphoreWaitParams>() - 144usize];
+    ["Alignment of cudaExternalSemaphoreWaitParams"]
+        [::std::mem::align_of::<cudaExternalSemaphoreWaitParams>() - 8usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams::params"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitParams, params) - 0usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams::flags"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitParams, flags) - 72usize];
+    ["Offset of field: cudaExternalSemaphoreWaitParams::reserved"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitParams, reserved) - 76usize];
+};
+impl Default for cudaExternalSemaphoreWaitParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
 #[doc = " CUDA Error types"]
 pub use self::cudaError as cudaError_t;
 #[doc = " CUDA stream"]
 pub type cudaStream_t = *mut CUstream_st;
 #[doc = " CUDA event types"]
 pub type cudaEvent_t = *mut CUevent_st;
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUexternalSemaphore_st {
+    _unused: [u8; 0],
+}
+#[doc = " CUDA external semaphore"]
+pub type cudaExternalSemaphore_t = *mut CUexternalSemaphore_st;
+#[doc = " CUDA graph"]
+pub type cudaGraph_t = *mut CUgraph_st;
+#[doc = " CUDA graph node."]
+pub type cudaGraphNode_t = *mut CUgraphNode_st;
+#[doc = " CUDA handle for conditional graph nodes"]
+pub type cudaGraphConditionalHandle = ::core::ffi::c_ulonglong;
 #[doc = " CUDA function"]
 pub type cudaFunction_t = *mut CUfunc_st;
 #[doc = " CUDA kernel"]
 pub type cudaKernel_t = *mut CUkern_st;
 #[doc = " CUDA memory pool"]
 pub type cudaMemPool_t = *mut CUmemPoolHandle_st;
+#[doc = " CUDA GPU kernel node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaKernelNodeParams {
+    #[doc = "< Kernel to launch"]
+    pub func: *mut ::core::ffi::c_void,
+    #[doc = "< Grid dimensions"]
+    pub gridDim: dim3,
+    #[doc = "< Block dimensions"]
+    pub blockDim: dim3,
+    #[doc = "< Dynamic shared-memory size per thread block in bytes"]
+    pub sharedMemBytes: ::core::ffi::c_uint,
+    #[doc = "< Array of pointers to individual kernel arguments"]
+    pub kernelParams: *mut *mut ::core::ffi::c_void,
+    #[doc = "< Pointer to kernel arguments in the \"extra\" format"]
+    pub extra: *mut *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaKernelNodeParams"][::std::mem::size_of::<cudaKernelNodeParams>() - 56usize];
+    ["Alignment of cudaKernelNodeParams"][::std::mem::align_of::<cudaKernelNodeParams>() - 8usize];
+    ["Offset of field: cudaKernelNodeParams::func"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, func) - 0usize];
+    ["Offset of field: cudaKernelNodeParams::gridDim"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, gridDim) - 8usize];
+    ["Offset of field: cudaKernelNodeParams::blockDim"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, blockDim) - 20usize];
+    ["Offset of field: cudaKernelNodeParams::sharedMemBytes"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, sharedMemBytes) - 32usize];
+    ["Offset of field: cudaKernelNodeParams::kernelParams"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, kernelParams) - 40usize];
+    ["Offset of field: cudaKernelNodeParams::extra"]
+        [::std::mem::offset_of!(cudaKernelNodeParams, extra) - 48usize];
+};
+impl Default for cudaKernelNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " CUDA GPU kernel node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaKernelNodeParamsV2 {
+    #[doc = "< Kernel to launch"]
+    pub func: *mut ::core::ffi::c_void,
+    #[doc = "< Grid dimensions"]
+    pub gridDim: dim3,
+    #[doc = "< Block dimensions"]
+    pub blockDim: dim3,
+    #[doc = "< Dynamic shared-memory size per thread block in bytes"]
+    pub sharedMemBytes: ::core::ffi::c_uint,
+    #[doc = "< Array of pointers to individual kernel arguments"]
+    pub kernelParams: *mut *mut ::core::ffi::c_void,
+    #[doc = "< Pointer to kernel arguments in the \"extra\" format"]
+    pub extra: *mut *mut ::core::ffi::c_void,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaKernelNodeParamsV2"][::std::mem::size_of::<cudaKernelNodeParamsV2>() - 56usize];
+    ["Alignment of cudaKernelNodeParamsV2"]
+        [::std::mem::align_of::<cudaKernelNodeParamsV2>() - 8usize];
+    ["Offset of field: cudaKernelNodeParamsV2::func"]
+        [::std::mem::offset_of!(cudaKernelNodeParamsV2, func) - 0usize];
+    ["Offset of field: cudaKernelNodeParamsV2::gridDim"]
+        [::std::mem::offset_of!(cudaKernelNodeParamsV2, gridDim) - 8usize];
+    ["Offset of field: cudaKernelNodeParamsV2::blockDim"]
+        [::std::mem::offset_of!(cudaKernelNodeParamsV2, blockDim) - 20usize];
+    ["Offset of field: cudaKernelNodeParamsV2::sharedMemBytes"]
+        [::std::mem::offset_of!(cudaKernelNodeParamsV2, sharedMemBytes) - 32usize];
+    ["Offset of field: cudaKernelNodeParamsV2::kernelParams"]
+        [::std::mem::offset_of!(cudaKernelNodeParamsV2, kernelParams) - 40usize];
+    ["Offset of field: cudaKernelNodeParamsV2::extra"]
+        [::std::mem::offset_of!(cudaKernelNodeParamsV2, extra) - 48usize];
+};
+impl Default for cudaKernelNodeParamsV2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " External semaphore signal node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaExternalSemaphoreSignalNodeParamsV2 {
+    #[doc = "< Array of external semaphore handles."]
+    pub extSemArray: *mut cudaExternalSemaphore_t,
+    #[doc = "< Array of external semaphore signal parameters."]
+    pub paramsArray: *const cudaExternalSemaphoreSignalParams,
+    #[doc = "< Number of handles and parameters supplied in extSemArray and paramsArray."]
+    pub numExtSems: ::core::ffi::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreSignalNodeParamsV2"]
+        [::std::mem::size_of::<cudaExternalSemaphoreSignalNodeParamsV2>() - 24usize];
+    ["Alignment of cudaExternalSemaphoreSignalNodeParamsV2"]
+        [::std::mem::align_of::<cudaExternalSemaphoreSignalNodeParamsV2>() - 8usize];
+    ["Offset of field: cudaExternalSemaphoreSignalNodeParamsV2::extSemArray"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreSignalNodeParamsV2, extSemArray) - 0usize];
+    ["Offset of field: cudaExternalSemaphoreSignalNodeParamsV2::paramsArray"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreSignalNodeParamsV2, paramsArray) - 8usize];
+    ["Offset of field: cudaExternalSemaphoreSignalNodeParamsV2::numExtSems"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreSignalNodeParamsV2, numExtSems) - 16usize];
+};
+impl Default for cudaExternalSemaphoreSignalNodeParamsV2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " External semaphore wait node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaExternalSemaphoreWaitNodeParamsV2 {
+    #[doc = "< Array of external semaphore handles."]
+    pub extSemArray: *mut cudaExternalSemaphore_t,
+    #[doc = "< Array of external semaphore wait parameters."]
+    pub paramsArray: *const cudaExternalSemaphoreWaitParams,
+    #[doc = "< Number of handles and parameters supplied in extSemArray and paramsArray."]
+    pub numExtSems: ::core::ffi::c_uint,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaExternalSemaphoreWaitNodeParamsV2"]
+        [::std::mem::size_of::<cudaExternalSemaphoreWaitNodeParamsV2>() - 24usize];
+    ["Alignment of cudaExternalSemaphoreWaitNodeParamsV2"]
+        [::std::mem::align_of::<cudaExternalSemaphoreWaitNodeParamsV2>() - 8usize];
+    ["Offset of field: cudaExternalSemaphoreWaitNodeParamsV2::extSemArray"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitNodeParamsV2, extSemArray) - 0usize];
+    ["Offset of field: cudaExternalSemaphoreWaitNodeParamsV2::paramsArray"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitNodeParamsV2, paramsArray) - 8usize];
+    ["Offset of field: cudaExternalSemaphoreWaitNodeParamsV2::numExtSems"]
+        [::std::mem::offset_of!(cudaExternalSemaphoreWaitNodeParamsV2, numExtSems) - 16usize];
+};
+impl Default for cudaExternalSemaphoreWaitNodeParamsV2 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = "< Conditional 'if/else' Node. Body[0] executed if condition is non-zero.  If \\p size == 2, an optional ELSE graph is created and this is executed if the condition is zero."]
+pub const cudaGraphCondTypeIf: cudaGraphConditionalNodeType = 0;
+#[doc = "< Conditional 'while' Node. Body executed repeatedly while condition value is non-zero."]
+pub const cudaGraphCondTypeWhile: cudaGraphConditionalNodeType = 1;
+#[doc = "< Conditional 'switch' Node. Body[n] is executed once, where 'n' is the value of the condition. If the condition does not match a body index, no body is launched."]
+pub const cudaGraphCondTypeSwitch: cudaGraphConditionalNodeType = 2;
+#[doc = " CUDA conditional node types"]
+pub type cudaGraphConditionalNodeType = ::core::ffi::c_uint;
+#[doc = " CUDA conditional node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaConditionalNodeParams {
+    #[doc = "< Conditional node handle.\nHandles must be created in advance of creating the node\nusing ::cudaGraphConditionalHandleCreate."]
+    pub handle: cudaGraphConditionalHandle,
+    #[doc = "< Type of conditional node."]
+    pub type_: cudaGraphConditionalNodeType,
+    #[doc = "< Size of graph output array.  Allowed values are 1 for cudaGraphCondTypeWhile, 1 or 2\nfor cudaGraphCondTypeIf, or any value greater than zero for cudaGraphCondTypeSwitch."]
+    pub size: ::core::ffi::c_uint,
+    #[doc = "< CUDA-owned array populated with conditional node child graphs during creation of the node.\nValid for the lifetime of the conditional node.\nThe contents of the graph(s) are subject to the following constraints:\n\n- Allowed node types are kernel nodes, empty nodes, child graphs, memsets,\nmemcopies, and conditionals. This applies recursively to child graphs and conditional bodies.\n- All kernels, including kernels in nested conditionals or child graphs at any level,\nmust belong to the same CUDA context.\n\nThese graphs may be populated using graph node creation APIs or ::cudaStreamBeginCaptureToGraph.\ncudaGraphCondTypeIf:\nphGraph_out[0] is executed when the condition is non-zero.  If \\p size == 2, phGraph_out[1] will\nbe executed when the condition is zero.\ncudaGraphCondTypeWhile:\nphGraph_out[0] is executed as long as the condition is non-zero.\ncudaGraphCondTypeSwitch:\nphGraph_out[n] is executed when the condition is equal to n.  If the condition >= \\p size,\nno body graph is executed."]
+    pub phGraph_out: *mut cudaGraph_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaConditionalNodeParams"]
+        [::std::mem::size_of::<cudaConditionalNodeParams>() - 24usize];
+    ["Alignment of cudaConditionalNodeParams"]
+        [::std::mem::align_of::<cudaConditionalNodeParams>() - 8usize];
+    ["Offset of field: cudaConditionalNodeParams::handle"]
+        [::std::mem::offset_of!(cudaConditionalNodeParams, handle) - 0usize];
+    ["Offset of field: cudaConditionalNodeParams::type_"]
+        [::std::mem::offset_of!(cudaConditionalNodeParams, type_) - 8usize];
+    ["Offset of field: cudaConditionalNodeParams::size"]
+        [::std::mem::offset_of!(cudaConditionalNodeParams, size) - 12usize];
+    ["Offset of field: cudaConditionalNodeParams::phGraph_out"]
+        [::std::mem::offset_of!(cudaConditionalNodeParams, phGraph_out) - 16usize];
+};
+impl Default for cudaConditionalNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = "< GPU kernel node"]
+pub const cudaGraphNodeTypeKernel: cudaGraphNodeType = 0;
+#[doc = "< Memcpy node"]
+pub const cudaGraphNodeTypeMemcpy: cudaGraphNodeType = 1;
+#[doc = "< Memset node"]
+pub const cudaGraphNodeTypeMemset: cudaGraphNodeType = 2;
+#[doc = "< Host (executable) node"]
+pub const cudaGraphNodeTypeHost: cudaGraphNodeType = 3;
+#[doc = "< Node which executes an embedded graph"]
+pub const cudaGraphNodeTypeGraph: cudaGraphNodeType = 4;
+#[doc = "< Empty (no-op) node"]
+pub const cudaGraphNodeTypeEmpty: cudaGraphNodeType = 5;
+#[doc = "< External event wait node"]
+pub const cudaGraphNodeTypeWaitEvent: cudaGraphNodeType = 6;
+#[doc = "< External event record node"]
+pub const cudaGraphNodeTypeEventRecord: cudaGraphNodeType = 7;
+#[doc = "< External semaphore signal node"]
+pub const cudaGraphNodeTypeExtSemaphoreSignal: cudaGraphNodeType = 8;
+#[doc = "< External semaphore wait node"]
+pub const cudaGraphNodeTypeExtSemaphoreWait: cudaGraphNodeType = 9;
+#[doc = "< Memory allocation node"]
+pub const cudaGraphNodeTypeMemAlloc: cudaGraphNodeType = 10;
+#[doc = "< Memory free node"]
+pub const cudaGraphNodeTypeMemFree: cudaGraphNodeType = 11;
+#[doc = "< Conditional node\n\nMay be used to implement a conditional execution path or loop\ninside of a graph. The graph(s) contained within the body of the conditional node\ncan be selectively executed or iterated upon based on the value of a conditional\nvariable.\n\nHandles must be created in advance of creating the node\nusing ::cudaGraphConditionalHandleCreate.\n\nThe following restrictions apply to graphs which contain conditional nodes:\nThe graph cannot be used in a child node.\nOnly one instantiation of the graph may exist at any point in time.\nThe graph cannot be cloned.\n\nTo set the control value, supply a default value when creating the handle and/or\ncall ::cudaGraphSetConditional from device code."]
+pub const cudaGraphNodeTypeConditional: cudaGraphNodeType = 13;
+pub const cudaGraphNodeTypeCount: cudaGraphNodeType = 14;
+#[doc = " CUDA Graph node types"]
+pub type cudaGraphNodeType = ::core::ffi::c_uint;
+#[doc = "< Default behavior for a child graph node. Child graph is cloned\ninto the parent and memory allocation/free nodes can't be present\nin the child graph."]
+pub const cudaGraphChildGraphOwnershipClone: cudaGraphChildGraphNodeOwnership = 0;
+#[doc = "< The child graph is moved to the parent. The handle to the child graph\nis owned by the parent and will be destroyed when the parent is\ndestroyed.\n\nThe following restrictions apply to child graphs after they have been moved:\nCannot be independently instantiated or destroyed;\nCannot be added as a child graph of a separate parent graph;\nCannot be used as an argument to cudaGraphExecUpdate;\nCannot have additional memory allocation or free nodes added."]
+pub const cudaGraphChildGraphOwnershipMove: cudaGraphChildGraphNodeOwnership = 1;
+#[doc = " Child graph node ownership"]
+pub type cudaGraphChildGraphNodeOwnership = ::core::ffi::c_uint;
+#[doc = " Child graph node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaChildGraphNodeParams {
+    #[doc = "< The child graph to clone into the node for node creation, or\n   a handle to the graph owned by the node for node query.\n   The graph must not contain conditional nodes. Graphs\n   containing memory allocation or memory free nodes must\n   set the ownership to be moved to the parent."]
+    pub graph: cudaGraph_t,
+    #[doc = "< The ownership relationship of the child graph node."]
+    pub ownership: cudaGraphChildGraphNodeOwnership,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaChildGraphNodeParams"]
+        [::std::mem::size_of::<cudaChildGraphNodeParams>() - 16usize];
+    ["Alignment of cudaChildGraphNodeParams"]
+        [::std::mem::align_of::<cudaChildGraphNodeParams>() - 8usize];
+    ["Offset of field: cudaChildGraphNodeParams::graph"]
+        [::std::mem::offset_of!(cudaChildGraphNodeParams, graph) - 0usize];
+    ["Offset of field: cudaChildGraphNodeParams::ownership"]
+        [::std::mem::offset_of!(cudaChildGraphNodeParams, ownership) - 8usize];
+};
+impl Default for cudaChildGraphNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Event record node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaEventRecordNodeParams {
+    #[doc = "< The event to record when the node executes"]
+    pub event: cudaEvent_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaEventRecordNodeParams"]
+        [::std::mem::size_of::<cudaEventRecordNodeParams>() - 8usize];
+    ["Alignment of cudaEventRecordNodeParams"]
+        [::std::mem::align_of::<cudaEventRecordNodeParams>() - 8usize];
+    ["Offset of field: cudaEventRecordNodeParams::event"]
+        [::std::mem::offset_of!(cudaEventRecordNodeParams, event) - 0usize];
+};
+impl Default for cudaEventRecordNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Event wait node parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaEventWaitNodeParams {
+    #[doc = "< The event to wait on from the node"]
+    pub event: cudaEvent_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaEventWaitNodeParams"][::std::mem::size_of::<cudaEventWaitNodeParams>() - 8usize];
+    ["Alignment of cudaEventWaitNodeParams"]
+        [::std::mem::align_of::<cudaEventWaitNodeParams>() - 8usize];
+    ["Offset of field: cudaEventWaitNodeParams::event"]
+        [::std::mem::offset_of!(cudaEventWaitNodeParams, event) - 0usize];
+};
+impl Default for cudaEventWaitNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Graph node parameters.  See ::cudaGraphAddNode."]
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub struct cudaGraphNodeParams {
+    #[doc = "< Type of the node"]
+    pub type_: cudaGraphNodeType,
+    #[doc = "< Reserved.  Must be zero."]
+    pub reserved0: [::core::ffi::c_int; 3usize],
+    pub __bindgen_anon_1: cudaGraphNodeParams__bindgen_ty_1,
+    #[doc = "< Reserved bytes. Must be zero."]
+    pub reserved2: ::core::ffi::c_longlong,
+}
+#[repr(C)]
+#[derive(Copy, Clone)]
+pub union cudaGraphNodeParams__bindgen_ty_1 {
+    #[doc = "< Padding. Unused bytes must be zero."]
+    pub reserved1: [::core::ffi::c_longlong; 29usize],
+    #[doc = "< Kernel node parameters."]
+    pub kernel: cudaKernelNodeParamsV2,
+    #[doc = "< Memcpy node parameters."]
+    pub memcpy: cudaMemcpyNodeParams,
+    #[doc = "< Memset node parameters."]
+    pub memset: cudaMemsetParamsV2,
+    #[doc = "< Host node parameters."]
+    pub host: cudaHostNodeParamsV2,
+    #[doc = "< Child graph node parameters."]
+    pub graph: cudaChildGraphNodeParams,
+    #[doc = "< Event wait node parameters."]
+    pub eventWait: cudaEventWaitNodeParams,
+    #[doc = "< Event record node parameters."]
+    pub eventRecord: cudaEventRecordNodeParams,
+    #[doc = "< External semaphore signal node parameters."]
+    pub extSemSignal: cudaExternalSemaphoreSignalNodeParamsV2,
+    #[doc = "< External semaphore wait node parameters."]
+    pub extSemWait: cudaExternalSemaphoreWaitNodeParamsV2,
+    #[doc = "< Memory allocation node parameters."]
+    pub alloc: cudaMemAllocNodeParamsV2,
+    #[doc = "< Memory free node parameters."]
+    pub free: cudaMemFreeNodeParams,
+    #[doc = "< Conditional node parameters."]
+    pub conditional: cudaConditionalNodeParams,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaGraphNodeParams__bindgen_ty_1"]
+        [::std::mem::size_of::<cudaGraphNodeParams__bindgen_ty_1>() - 232usize];
+    ["Alignment of cudaGraphNodeParams__bindgen_ty_1"]
+        [::std::mem::align_of::<cudaGraphNodeParams__bindgen_ty_1>() - 8usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::reserved1"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, reserved1) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::kernel"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, kernel) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::memcpy"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, memcpy) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::memset"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, memset) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::host"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, host) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::graph"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, graph) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::eventWait"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, eventWait) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::eventRecord"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, eventRecord) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::extSemSignal"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, extSemSignal) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::extSemWait"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, extSemWait) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::alloc"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, alloc) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::free"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, free) - 0usize];
+    ["Offset of field: cudaGraphNodeParams__bindgen_ty_1::conditional"]
+        [::std::mem::offset_of!(cudaGraphNodeParams__bindgen_ty_1, conditional) - 0usize];
+};
+impl Default for cudaGraphNodeParams__bindgen_ty_1 {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaGraphNodeParams"][::std::mem::size_of::<cudaGraphNodeParams>() - 256usize];
+    ["Alignment of cudaGraphNodeParams"][::std::mem::align_of::<cudaGraphNodeParams>() - 8usize];
+    ["Offset of field: cudaGraphNodeParams::type_"]
+        [::std::mem::offset_of!(cudaGraphNodeParams, type_) - 0usize];
+    ["Offset of field: cudaGraphNodeParams::reserved0"]
+        [::std::mem::offset_of!(cudaGraphNodeParams, reserved0) - 4usize];
+    ["Offset of field: cudaGraphNodeParams::reserved2"]
+        [::std::mem::offset_of!(cudaGraphNodeParams, reserved2) - 248usize];
+};
+impl Default for cudaGraphNodeParams {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Optional annotation for edges in a CUDA graph. Note, all edges implicitly have annotations and\n default to a zero-initialized value if not specified. A zero-initialized struct indicates a\n standard full serialization of two nodes with memory visibility."]
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct cudaGraphEdgeData_st {
+    #[doc = "< This indicates when the dependency is triggered from the upstream\nnode on the edge. The meaning is specfic to the node type. A value\nof 0 in all cases means full completion of the upstream node, with\nmemory visibility to the downstream node or portion thereof\n(indicated by \\c to_port).\n<br>\nOnly kernel nodes define non-zero ports. A kernel node\ncan use the following output port types:\n::cudaGraphKernelNodePortDefault, ::cudaGraphKernelNodePortProgrammatic,\nor ::cudaGraphKernelNodePortLaunchCompletion."]
+    pub from_port: ::core::ffi::c_uchar,
+    #[doc = "< This indicates what portion of the downstream node is dependent on\nthe upstream node or portion thereof (indicated by \\c from_port). The\nmeaning is specific to the node type. A value of 0 in all cases means\nthe entirety of the downstream node is dependent on the upstream work.\n<br>\nCurrently no node types define non-zero ports. Accordingly, this field\nmust be set to zero."]
+    pub to_port: ::core::ffi::c_uchar,
+    #[doc = "< This should be populated with a value from ::cudaGraphDependencyType. (It\nis typed as char due to compiler-specific layout of bitfields.) See\n::cudaGraphDependencyType."]
+    pub type_: ::core::ffi::c_uchar,
+    #[doc = "< These bytes are unused and must be zeroed. This ensures\ncompatibility if additional fields are added in the future."]
+    pub reserved: [::core::ffi::c_uchar; 5usize],
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaGraphEdgeData_st"][::std::mem::size_of::<cudaGraphEdgeData_st>() - 8usize];
+    ["Alignment of cudaGraphEdgeData_st"][::std::mem::align_of::<cudaGraphEdgeData_st>() - 1usize];
+    ["Offset of field: cudaGraphEdgeData_st::from_port"]
+        [::std::mem::offset_of!(cudaGraphEdgeData_st, from_port) - 0usize];
+    ["Offset of field: cudaGraphEdgeData_st::to_port"]
+        [::std::mem::offset_of!(cudaGraphEdgeData_st, to_port) - 1usize];
+    ["Offset of field: cudaGraphEdgeData_st::type_"]
+        [::std::mem::offset_of!(cudaGraphEdgeData_st, type_) - 2usize];
+    ["Offset of field: cudaGraphEdgeData_st::reserved"]
+        [::std::mem::offset_of!(cudaGraphEdgeData_st, reserved) - 3usize];
+};
+#[doc = " Optional annotation for edges in a CUDA graph. Note, all edges implicitly have annotations and\n default to a zero-initialized value if not specified. A zero-initialized struct indicates a\n standard full serialization of two nodes with memory visibility."]
+pub type cudaGraphEdgeData = cudaGraphEdgeData_st;
+#[doc = " CUDA executable (launchable) graph"]
+pub type cudaGraphExec_t = *mut CUgraphExec_st;
+#[doc = "< The update succeeded"]
+pub const cudaGraphExecUpdateSuccess: cudaGraphExecUpdateResult = 0;
+#[doc = "< The update failed for an unexpected reason which is described in the return value of the function"]
+pub const cudaGraphExecUpdateError: cudaGraphExecUpdateResult = 1;
+#[doc = "< The update failed because the topology changed"]
+pub const cudaGraphExecUpdateErrorTopologyChanged: cudaGraphExecUpdateResult = 2;
+#[doc = "< The update failed because a node type changed"]
+pub const cudaGraphExecUpdateErrorNodeTypeChanged: cudaGraphExecUpdateResult = 3;
+#[doc = "< The update failed because the function of a kernel node changed (CUDA driver < 11.2)"]
+pub const cudaGraphExecUpdateErrorFunctionChanged: cudaGraphExecUpdateResult = 4;
+#[doc = "< The update failed because the parameters changed in a way that is not supported"]
+pub const cudaGraphExecUpdateErrorParametersChanged: cudaGraphExecUpdateResult = 5;
+#[doc = "< The update failed because something about the node is not supported"]
+pub const cudaGraphExecUpdateErrorNotSupported: cudaGraphExecUpdateResult = 6;
+#[doc = "< The update failed because the function of a kernel node changed in an unsupported way"]
+pub const cudaGraphExecUpdateErrorUnsupportedFunctionChange: cudaGraphExecUpdateResult = 7;
+#[doc = "< The update failed because the node attributes changed in a way that is not supported"]
+pub const cudaGraphExecUpdateErrorAttributesChanged: cudaGraphExecUpdateResult = 8;
+#[doc = " CUDA Graph Update error types"]
+pub type cudaGraphExecUpdateResult = ::core::ffi::c_uint;
+#[doc = "< Instantiation succeeded"]
+pub const cudaGraphInstantiateSuccess: cudaGraphInstantiateResult = 0;
+#[doc = "< Instantiation failed for an unexpected reason which is described in the return value of the function"]
+pub const cudaGraphInstantiateError: cudaGraphInstantiateResult = 1;
+#[doc = "< Instantiation failed due to invalid structure, such as cycles"]
+pub const cudaGraphInstantiateInvalidStructure: cudaGraphInstantiateResult = 2;
+#[doc = "< Instantiation for device launch failed because the graph contained an unsupported operation"]
+pub const cudaGraphInstantiateNodeOperationNotSupported: cudaGraphInstantiateResult = 3;
+#[doc = "< Instantiation for device launch failed due to the nodes belonging to different contexts"]
+pub const cudaGraphInstantiateMultipleDevicesNotSupported: cudaGraphInstantiateResult = 4;
+#[doc = "< One or more conditional handles are not associated with conditional nodes"]
+pub const cudaGraphInstantiateConditionalHandleUnused: cudaGraphInstantiateResult = 5;
+#[doc = " Graph instantiation results"]
+pub type cudaGraphInstantiateResult = ::core::ffi::c_uint;
+#[doc = " Graph instantiation parameters"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaGraphInstantiateParams_st {
+    #[doc = "< Instantiation flags"]
+    pub flags: ::core::ffi::c_ulonglong,
+    #[doc = "< Upload stream"]
+    pub uploadStream: cudaStream_t,
+    #[doc = "< The node which caused instantiation to fail, if any"]
+    pub errNode_out: cudaGraphNode_t,
+    #[doc = "< Whether instantiation was successful.  If it failed, the reason why"]
+    pub result_out: cudaGraphInstantiateResult,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaGraphInstantiateParams_st"]
+        [::std::mem::size_of::<cudaGraphInstantiateParams_st>() - 32usize];
+    ["Alignment of cudaGraphInstantiateParams_st"]
+        [::std::mem::align_of::<cudaGraphInstantiateParams_st>() - 8usize];
+    ["Offset of field: cudaGraphInstantiateParams_st::flags"]
+        [::std::mem::offset_of!(cudaGraphInstantiateParams_st, flags) - 0usize];
+    ["Offset of field: cudaGraphInstantiateParams_st::uploadStream"]
+        [::std::mem::offset_of!(cudaGraphInstantiateParams_st, uploadStream) - 8usize];
+    ["Offset of field: cudaGraphInstantiateParams_st::errNode_out"]
+        [::std::mem::offset_of!(cudaGraphInstantiateParams_st, errNode_out) - 16usize];
+    ["Offset of field: cudaGraphInstantiateParams_st::result_out"]
+        [::std::mem::offset_of!(cudaGraphInstantiateParams_st, result_out) - 24usize];
+};
+impl Default for cudaGraphInstantiateParams_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Graph instantiation parameters"]
+pub type cudaGraphInstantiateParams = cudaGraphInstantiateParams_st;
+#[doc = " Result information returned by cudaGraphExecUpdate"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct cudaGraphExecUpdateResultInfo_st {
+    #[doc = " Gives more specific detail when a cuda graph update fails."]
+    pub result: cudaGraphExecUpdateResult,
+    #[doc = " The \"to node\" of the error edge when the topologies do not match.\n The error node when the error is associated with a specific node.\n NULL when the error is generic."]
+    pub errorNode: cudaGraphNode_t,
+    #[doc = " The from node of error edge when the topologies do not match. Otherwise NULL."]
+    pub errorFromNode: cudaGraphNode_t,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of cudaGraphExecUpdateResultInfo_st"]
+        [::std::mem::size_of::<cudaGraphExecUpdateResultInfo_st>() - 24usize];
+    ["Alignment of cudaGraphExecUpdateResultInfo_st"]
+        [::std::mem::align_of::<cudaGraphExecUpdateResultInfo_st>() - 8usize];
+    ["Offset of field: cudaGraphExecUpdateResultInfo_st::result"]
+        [::std::mem::offset_of!(cudaGraphExecUpdateResultInfo_st, result) - 0usize];
+    ["Offset of field: cudaGraphExecUpdateResultInfo_st::errorNode"]
+        [::std::mem::offset_of!(cudaGraphExecUpdateResultInfo_st, errorNode) - 8usize];
+    ["Offset of field: cudaGraphExecUpdateResultInfo_st::errorFromNode"]
+        [::std::mem::offset_of!(cudaGraphExecUpdateResultInfo_st, errorFromNode) - 16usize];
+};
+impl Default for cudaGraphExecUpdateResultInfo_st {
+    fn default() -> Self {
+        let mut s = ::std::mem::MaybeUninit::<Self>::uninit();
+        unsafe {
+            ::std::ptr::write_bytes(s.as_mut_ptr(), 0, 1);
+            s.assume_init()
+        }
+    }
+}
+#[doc = " Result information returned by cudaGraphExecUpdate"]
+pub type cudaGraphExecUpdateResultInfo = cudaGraphExecUpdateResultInfo_st;
 #[doc = " CUDA device node handle for device-side node update"]
 pub type cudaGraphDeviceNode_t = *mut CUgraphDeviceUpdatableNode_st;
+#[doc = "< Output all debug data as if every debug flag is enabled"]
+pub const cudaGraphDebugDotFlagsVerbose: cudaGraphDebugDotFlags = 1;
+#[doc = "< Adds cudaKernelNodeParams to output"]
+pub const cudaGraphDebugDotFlagsKernelNodeParams: cudaGraphDebugDotFlags = 4;
+#[doc = "< Adds cudaMemcpy3DParms to output"]
+pub const cudaGraphDebugDotFlagsMemcpyNodeParams: cudaGraphDebugDotFlags = 8;
+#[doc = "< Adds cudaMemsetParams to output"]
+pub const cudaGraphDebugDotFlagsMemsetNodeParams: cudaGraphDebugDotFlags = 16;
+#[doc = "< Adds cudaHostNodeParams to output"]
+pub const cudaGraphDebugDotFlagsHostNodeParams: cudaGraphDebugDotFlags = 32;
+#[doc = "< Adds cudaEvent_t handle from record and wait nodes to output"]
+pub const cudaGraphDebugDotFlagsEventNodeParams: cudaGraphDebugDotFlags = 64;
+#[doc = "< Adds cudaExternalSemaphoreSignalNodeParams values to output"]
+pub const cudaGraphDebugDotFlagsExtSemasSignalNodeParams: cudaGraphDebugDotFlags = 128;
+#[doc = "< Adds cudaExternalSemaphoreWaitNodeParams to output"]
+pub const cudaGraphDebugDotFlagsExtSemasWaitNodeParams: cudaGraphDebugDotFlags = 256;
+#[doc = "< Adds cudaKernelNodeAttrID values to output"]
+pub const cudaGraphDebugDotFlagsKernelNodeAttributes: cudaGraphDebugDotFlags = 512;
+#[doc = "< Adds node handles and every kernel function handle to output"]
+pub const cudaGraphDebugDotFlagsHandles: cudaGraphDebugDotFlags = 1024;
+#[doc = "< Adds cudaConditionalNodeParams to output"]
+pub const cudaGraphDebugDotFlagsConditionalNodeParams: cudaGraphDebugDotFlags = 32768;
+#[doc = " CUDA Graph debug write options"]
+pub type cudaGraphDebugDotFlags = ::core::ffi::c_uint;
 #[doc = "< Launch kernels in the default domain"]
 pub const cudaLaunchMemSyncDomainDefault: cudaLaunchMemSyncDomain = 0;
 #[doc = "< Launch kernels in the remote domain"]

@@ -23,6 +23,9 @@ pub(crate) enum RegionKind {
     StreamOrdered,
     /// A global of the module with this session handle; unloading the module removes it.
     Global { module: u64 },
+    /// The allocation of a memory allocation node of the graph with this session handle (its
+    /// address is fixed for the graph's lifetime); destroying the graph removes it.
+    GraphMemory { graph: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +113,33 @@ impl AllocationTable {
     /// Adds a stream-ordered allocation of `size` bytes at `base`.
     pub(crate) fn insert_stream_ordered(&mut self, base: u64, size: u64) -> Result<(), TableError> {
         self.insert(base, size, RegionKind::StreamOrdered)
+    }
+
+    /// Adds the allocation `[base, base + size)` of a memory allocation node of `graph`.
+    pub(crate) fn insert_graph_memory(
+        &mut self,
+        base: u64,
+        size: u64,
+        graph: u64,
+    ) -> Result<(), TableError> {
+        self.insert(base, size, RegionKind::GraphMemory { graph })
+    }
+
+    /// True if `base` is the start of a graph's allocation (what a free node accepts).
+    pub(crate) fn is_graph_memory(&self, base: u64) -> bool {
+        matches!(
+            self.regions.get(&base),
+            Some(Region {
+                kind: RegionKind::GraphMemory { .. },
+                ..
+            })
+        )
+    }
+
+    /// Removes the allocations of `graph`'s memory allocation nodes.
+    pub(crate) fn remove_graph_memory(&mut self, graph: u64) {
+        self.regions
+            .retain(|_, r| r.kind != RegionKind::GraphMemory { graph });
     }
 
     /// True if `base` is the start of an allocation of either kind (what `Free` and

@@ -29,6 +29,7 @@ use tracing::{debug, warn};
 
 use super::{
     array_driver::{ArrayDriverApi, ARRAY_SYMBOLS},
+    graph_driver::{GraphDriverApi, GRAPH_SYMBOLS},
     launch::{DriverLaunchAttr, LaunchConfig},
     status as cu_status,
 };
@@ -62,6 +63,8 @@ impl CuError {
         Self(sys::CUresult::CUDA_ERROR_FUNCTION_NOT_LOADED as u32);
     /// CUDA_ERROR_NO_DEVICE.
     pub(crate) const NO_DEVICE: Self = Self(sys::CUresult::CUDA_ERROR_NO_DEVICE as u32);
+    /// CUDA_ERROR_NOT_SUPPORTED.
+    pub(crate) const NOT_SUPPORTED: Self = Self(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED as u32);
 
     /// The `cudaError_t` the runtime reports for this code.
     pub(crate) fn status(self) -> u32 {
@@ -88,7 +91,7 @@ pub(crate) fn check(r: sys::CUresult) -> CuResult<()> {
 }
 
 /// The driver calls the executor makes. See the module documentation for the handle contract.
-pub(crate) trait DriverApi: ArrayDriverApi + Send + Sync {
+pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     /// cuDeviceGetCount.
     fn device_count(&self) -> CuResult<i32>;
     /// cuDeviceGet: the `CUdevice` of ordinal `ordinal`.
@@ -482,6 +485,7 @@ impl CudaDriver {
         let missing: Vec<&str> = REQUIRED_SYMBOLS
             .iter()
             .chain(ARRAY_SYMBOLS)
+            .chain(GRAPH_SYMBOLS)
             .copied()
             .filter(|s| !has(s))
             .collect();

@@ -44,7 +44,7 @@ pub(crate) const KERNELS: &[(&str, &[(usize, usize)])] = &[
 pub(crate) const GLOBAL: (&str, u64) = ("g", 64);
 
 #[derive(Debug, Default)]
-struct Ctx {
+pub(super) struct Ctx {
     dev: i32,
     sticky: Option<CuError>,
     /// Raised at the next synchronising call.
@@ -75,6 +75,8 @@ struct Ctx {
     priorities: HashMap<Raw, i32>,
     /// cuCtxSetCacheConfig.
     cache_config: u32,
+    /// Graphs, their nodes, executable graphs and captures (fake_graphs.rs).
+    pub(super) graphs: super::fake_graphs::FakeGraphs,
 }
 
 /// Cluster dimensions must divide the grid, as the driver checks.
@@ -255,7 +257,7 @@ impl FakeDriver {
     }
 
     /// Runs `f` on the current context, which must exist and not be corrupted.
-    fn with_ctx<T>(
+    pub(super) fn with_ctx<T>(
         &self,
         name: &'static str,
         f: impl FnOnce(&mut Ctx, &mut Raw) -> CuResult<T>,
@@ -277,6 +279,7 @@ impl FakeDriver {
                 if s != 0 && !c.streams.contains(&s) {
                     return Err(INVALID_HANDLE);
                 }
+                c.graphs.refuse_sync(s)?;
             }
             if let Some(e) = c.pending_fault.take() {
                 c.sticky = Some(e);
@@ -300,7 +303,7 @@ fn host_slice(registered: &BTreeMap<u64, u64>, ptr: u64, len: usize) -> Option<*
     (ptr.checked_add(len as u64)? <= base + l).then_some(ptr as *mut u8)
 }
 
-fn check_stream(c: &Ctx, s: Raw) -> CuResult<()> {
+pub(super) fn check_stream(c: &Ctx, s: Raw) -> CuResult<()> {
     if s == 0 || c.streams.contains(&s) {
         Ok(())
     } else {
@@ -314,7 +317,7 @@ fn fresh(next: &mut Raw) -> Raw {
 }
 
 /// Function handles encode (module, kernel index): module + 1 + index.
-fn kernel_of(c: &Ctx, func: Raw) -> CuResult<(Raw, usize)> {
+pub(super) fn kernel_of(c: &Ctx, func: Raw) -> CuResult<(Raw, usize)> {
     c.modules
         .iter()
         .find_map(|&m| {
@@ -854,9 +857,12 @@ impl DriverApi for FakeDriver {
         stream: Raw,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
-        self.with_ctx("launch", |c, _| {
+        self.with_ctx("launch", |c, next| {
             check_stream(c, stream)?;
             let (_, k) = kernel_of(c, func)?;
+            if c.graphs.capture(stream, 0, next) {
+                return Ok(());
+            }
             let (name, layout) = KERNELS[k];
             if params.len() != layout.len() || cfg.grid.contains(&0) {
                 return Err(INVALID_VALUE);
@@ -1110,6 +1116,7 @@ impl DriverApi for FakeDriver {
     fn stream_query(&self, stream: Raw) -> CuResult<()> {
         self.with_ctx("stream_query", |c, _| {
             check_stream(c, stream)?;
+            c.graphs.refuse_sync(stream)?;
             if c.busy.contains(&stream) {
                 return Err(NOT_READY);
             }

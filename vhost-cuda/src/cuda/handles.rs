@@ -59,6 +59,11 @@ impl<T> HandleTable<T> {
         self.entries.get(&id)
     }
 
+    /// The object with handle `id`, to change it.
+    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut T> {
+        self.entries.get_mut(&id)
+    }
+
     /// Removes and returns the object with handle `id`.
     pub(crate) fn remove(&mut self, id: u64) -> Option<T> {
         self.entries.remove(&id)

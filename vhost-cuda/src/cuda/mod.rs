@@ -8,8 +8,9 @@
 //! Files, along the data path: `host.rs` (driver and GPUs), `host_queries.rs` (what is
 //! answered from the GPU list), `session.rs` (per-process state and the op handlers),
 //! `allocations.rs` and `handles.rs` (what a session may touch), `module_image.rs` and
-//! `launch.rs` (checking images and launches), `host_functions.rs` (host functions run by the guest), `copy.rs` (guest RAM to and from the device),
-//! `driver.rs` (the driver calls, behind a trait), `status.rs` (`CUresult` to `cudaError_t`).
+//! `launch.rs` (checking images and launches), `host_functions.rs` (host functions run by the
+//! guest), `copy.rs` (guest RAM to and from the device), `driver.rs` and `graph_driver.rs` (the
+//! driver calls, behind a trait), `status.rs` (`CUresult` to `cudaError_t`).
 //! docs/executor.md describes the design.
 
 mod aligned_bytes;
@@ -17,6 +18,7 @@ mod allocations;
 mod array_driver;
 mod copy;
 mod driver;
+mod graph_driver;
 mod handles;
 mod host;
 pub mod host_functions;
@@ -29,6 +31,8 @@ mod status;
 
 #[cfg(test)]
 mod fake_driver;
+#[cfg(test)]
+mod fake_graphs;
 #[cfg(test)]
 mod test_kernels;
 #[cfg(test)]

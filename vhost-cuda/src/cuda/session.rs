@@ -41,6 +41,7 @@ use crate::guest_buffer::{GuestBuffer, Request};
 
 #[path = "session_arrays.rs"]
 mod arrays;
+mod graphs;
 
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
@@ -267,6 +268,8 @@ pub struct CudaSession {
     captured_calls: Vec<usize>,
     /// Arrays, mipmapped arrays, texture and surface objects (session_arrays.rs).
     arrays: arrays::ArrayState,
+    /// Graphs, their nodes and executable graphs (session/graphs.rs).
+    graphs: graphs::GraphTables,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -279,6 +282,7 @@ impl std::fmt::Debug for CudaSession {
             .field("events", &self.events.len())
             .field("pools", &self.pools.len())
             .field("host_mappings", &self.host_memory.len())
+            .field("graphs", &self.graphs.len())
             .finish()
     }
 }
@@ -302,6 +306,7 @@ impl CudaSession {
             host_functions: HostFunctions::default(),
             captured_calls: Vec::new(),
             arrays: arrays::ArrayState::default(),
+            graphs: graphs::GraphTables::default(),
         }
     }
 
@@ -505,6 +510,36 @@ impl CudaSession {
             Op::TexObjectCreate => self.tex_object_create(req),
             Op::SurfObjectCreate => self.surf_object_create(req),
             Op::TexObjectDestroy | Op::SurfObjectDestroy => self.object_destroy(req),
+            Op::StreamBeginCapture
+            | Op::StreamEndCapture
+            | Op::StreamCaptureInfo
+            | Op::StreamUpdateCaptureDependencies
+            | Op::GraphCreate
+            | Op::GraphDestroy
+            | Op::GraphAddNode
+            | Op::GraphNodeSetParams
+            | Op::GraphExecNodeSetParams
+            | Op::GraphGetNodes
+            | Op::GraphGetEdges
+            | Op::GraphNodeQuery
+            | Op::GraphEdges
+            | Op::GraphClone
+            | Op::GraphInstantiate
+            | Op::GraphExecDestroy
+            | Op::GraphLaunch
+            | Op::GraphUpload
+            | Op::GraphExecUpdate
+            | Op::GraphDebugDot
+            | Op::GraphNodeEnabled
+            | Op::GraphExecChildGraph
+            | Op::GraphExecSetEvent
+            | Op::StreamCaptureInvalidate
+            | Op::StreamBeginCaptureToGraph
+            | Op::GraphQuery
+            | Op::GraphKernelNodeGetParams
+            | Op::GraphDestroyNode
+            | Op::GraphNodeGetParams
+            | Op::GraphMem => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount
@@ -630,6 +665,10 @@ impl CudaSession {
                 let _ = drv.mem_host_unregister(m.local);
             });
         }
+        // Executable graphs and graphs first, while their context still exists (with a
+        // sticky error the driver is not called, and the context takes them along).
+        let live = self.devices.get(dev).is_some_and(Option::is_some) && self.bind(dev).is_ok();
+        self.teardown_graphs(dev, live);
         self.release_pools(dev);
         let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
             return;
@@ -1065,13 +1104,14 @@ impl CudaSession {
 
     /// `MemcpyMapped`: a copy between device-addressable ranges of the session (device memory
     /// or host-mapped guest memory), done by the driver in stream order. A waited-for request
-    /// returns once the copy is complete, as `cudaMemcpy` does.
+    /// returns once the copy is complete, as `cudaMemcpy` does, unless its stream is capturing
+    /// (the guest waits for every request during capture; the copy is captured, not run).
     fn memcpy_mapped(&mut self, req: &Request) -> OpResult {
         let Some((dev, stream, (dst, src, size))) = self.device_copy_setup(req)? else {
             return ok();
         };
         self.drv.memcpy(dst, src, size, stream).map_err(on(dev))?;
-        if req.header.flags & FLAG_ASYNC == 0 {
+        if req.header.flags & FLAG_ASYNC == 0 && !self.is_capturing(stream) {
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
         ok()

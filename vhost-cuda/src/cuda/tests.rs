@@ -1642,3 +1642,4 @@ fn a_batch_runs_its_records_in_order_and_reports_the_first_failure() {
         );
     }
 }
+mod graphs;

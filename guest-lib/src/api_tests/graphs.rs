@@ -1,0 +1,443 @@
+use std::{ffi::c_void, ptr};
+
+use qcuda_proto::{
+    graph::{self as g, KernelNode, MemcpyNode, MemsetNode},
+    Op,
+};
+
+use super::*;
+use crate::{
+    api::{graphs::*, memory::*, streams::*},
+    generated::{self as cu, cudaGraphExec_t, cudaGraphNode_t, cudaGraph_t, cudaStream_t, dim3},
+};
+
+fn d3(x: u32) -> dim3 {
+    dim3 { x, y: 1, z: 1 }
+}
+
+#[test]
+fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
+    let fake = setup();
+    fake.add_kernel("_Z3addPfi", &[(0, 8), (8, 4)]);
+    let global = fake.add_global("table", 64);
+    let fatbin = register_fatbin();
+    let add = register_kernel(fatbin, c"_Z3addPfi");
+    let table = register_var(fatbin, c"table", 64);
+    let mut graph: cudaGraph_t = ptr::null_mut();
+    let mut dev: *mut c_void = ptr::null_mut();
+    let mut pinned: *mut c_void = ptr::null_mut();
+    let mut pageable = vec![0u8; 256];
+    // SAFETY: valid out-pointers and parameter blocks throughout.
+    unsafe {
+        ok(cudaGraphCreate(&mut graph, 0));
+        assert_err(cudaGraphCreate(&mut graph, 1), cu::cudaErrorInvalidValue);
+        ok(cudaMalloc(&mut dev, 256));
+        ok(cudaMallocHost(&mut pinned, 256));
+
+        let (mut p, mut n): (u64, i32) = (dev as u64, 64);
+        let mut args: [*mut c_void; 2] = [(&raw mut p).cast(), (&raw mut n).cast()];
+        let kp = cu::cudaKernelNodeParams {
+            func: add as *mut c_void,
+            gridDim: d3(2),
+            blockDim: d3(32),
+            sharedMemBytes: 0,
+            kernelParams: args.as_mut_ptr(),
+            extra: ptr::null_mut(),
+        };
+        let mut k: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddKernelNode(&mut k, graph, ptr::null(), 0, &kp));
+        let mut back = cu::cudaKernelNodeParams::default();
+        ok(cudaGraphKernelNodeGetParams(k, &mut back));
+        assert_eq!(
+            (back.func as usize, back.gridDim.x, back.blockDim.x),
+            (add, 2, 32)
+        );
+        assert_eq!(*(*back.kernelParams).cast::<u64>(), dev as u64);
+        assert_eq!(*(*back.kernelParams.add(1)).cast::<i32>(), 64);
+        let set = cu::cudaMemsetParams {
+            dst: dev,
+            pitch: 0,
+            value: 1,
+            elementSize: 4,
+            width: 64,
+            height: 1,
+        };
+        let mut ms: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddMemsetNode(&mut ms, graph, &k, 1, &set));
+        let mut cp: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddMemcpyNode1D(
+            &mut cp,
+            graph,
+            &ms,
+            1,
+            pinned,
+            dev,
+            256,
+            cu::cudaMemcpyDeviceToHost,
+        ));
+        let mut back_set = cu::cudaMemsetParams::default();
+        ok(cudaGraphMemsetNodeGetParams(ms, &mut back_set));
+        assert_eq!((back_set.dst, back_set.value, back_set.width), (dev, 1, 64));
+        let mut back_cp = cu::cudaMemcpy3DParms::default();
+        ok(cudaGraphMemcpyNodeGetParams(cp, &mut back_cp));
+        assert_eq!(
+            (back_cp.dstPtr.ptr, back_cp.srcPtr.ptr, back_cp.extent.width),
+            (pinned, dev, 256)
+        );
+        assert_err(
+            cudaGraphMemsetNodeGetParams(cp, &mut back_set),
+            cu::cudaErrorInvalidValue,
+        );
+        // Pageable host memory cannot be a memcpy node's host side.
+        let mut bad: cudaGraphNode_t = ptr::null_mut();
+        assert_err(
+            cudaGraphAddMemcpyNode1D(
+                &mut bad,
+                graph,
+                ptr::null(),
+                0,
+                pageable.as_mut_ptr().cast(),
+                dev,
+                256,
+                cu::cudaMemcpyDeviceToHost,
+            ),
+            cu::cudaErrorInvalidValue,
+        );
+        // Host nodes wait for host functions in the guest.
+        let hp = cu::cudaHostNodeParams {
+            fn_: None,
+            userData: ptr::null_mut(),
+        };
+        assert_err(
+            cudaGraphAddHostNode(&mut bad, graph, ptr::null(), 0, &hp),
+            cu::cudaErrorNotSupported,
+        );
+
+        {
+            let st = fake.state();
+            let node = &st.graphs.nodes[&(k as u64)];
+            assert_eq!(node.ty, g::NODE_KERNEL);
+            let kn = KernelNode::decode(&node.params).unwrap();
+            assert_eq!((kn.grid, kn.block), ([2, 1, 1], [32, 1, 1]));
+            assert_eq!(kn.params[..8], (dev as u64).to_le_bytes());
+            assert_eq!(kn.params[8..12], 64i32.to_le_bytes());
+            let m = MemcpyNode::decode(&st.graphs.nodes[&(cp as u64)].params).unwrap();
+            assert_eq!((m.dst, m.src, m.width), (pinned as u64, dev as u64, 256));
+            assert_eq!(st.graphs.nodes[&(cp as u64)].deps, vec![ms as u64]);
+        }
+
+        let mut count = 0usize;
+        ok(cudaGraphGetNodes(graph, ptr::null_mut(), &mut count));
+        assert_eq!(count, 3);
+        let mut nodes = [ptr::null_mut(); 4];
+        count = 4;
+        ok(cudaGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count));
+        assert_eq!((count, nodes), (3, [k, ms, cp, ptr::null_mut()]));
+        count = 4;
+        ok(cudaGraphGetRootNodes(graph, nodes.as_mut_ptr(), &mut count));
+        assert_eq!((count, nodes[0]), (1, k));
+        let mut ty = 99;
+        ok(cudaGraphNodeGetType(cp, &mut ty));
+        assert_eq!(ty, cu::cudaGraphNodeTypeMemcpy);
+        count = 4;
+        ok(cudaGraphNodeGetDependentNodes(
+            k,
+            nodes.as_mut_ptr(),
+            ptr::null_mut(),
+            &mut count,
+        ));
+        assert_eq!((count, nodes[0]), (1, ms));
+        let (mut from, mut to) = ([ptr::null_mut(); 4], [ptr::null_mut(); 4]);
+        count = 4;
+        ok(cudaGraphGetEdges(
+            graph,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            ptr::null_mut(),
+            &mut count,
+        ));
+        assert_eq!((count, from[0], to[0]), (2, k, ms));
+
+        // Copies to and from a __device__ variable.
+        let mut sym: cudaGraphNode_t = ptr::null_mut();
+        let t = table as *const c_void;
+        ok(cudaGraphAddMemcpyNodeToSymbol(
+            &mut sym,
+            graph,
+            ptr::null(),
+            0,
+            t,
+            pinned,
+            16,
+            8,
+            cu::cudaMemcpyHostToDevice,
+        ));
+        let m = MemcpyNode::decode(&fake.state().graphs.nodes[&(sym as u64)].params).unwrap();
+        assert_eq!((m.dst, m.src, m.width), (global + 8, pinned as u64, 16));
+        assert_err(
+            cudaGraphAddMemcpyNodeToSymbol(
+                &mut sym,
+                graph,
+                ptr::null(),
+                0,
+                t,
+                pinned,
+                64,
+                8,
+                cu::cudaMemcpyHostToDevice,
+            ),
+            cu::cudaErrorInvalidValue,
+        );
+        assert_err(
+            cudaGraphAddMemcpyNodeFromSymbol(
+                &mut sym,
+                graph,
+                ptr::null(),
+                0,
+                pinned,
+                t,
+                8,
+                0,
+                cu::cudaMemcpyHostToDevice,
+            ),
+            cu::cudaErrorInvalidMemcpyDirection,
+        );
+        ok(cudaGraphAddMemcpyNodeFromSymbol(
+            &mut sym,
+            graph,
+            ptr::null(),
+            0,
+            pinned,
+            t,
+            8,
+            0,
+            cu::cudaMemcpyDefault,
+        ));
+
+        // The generic form: a memset node through cudaGraphAddNode, then changed.
+        let mut gp = cu::cudaGraphNodeParams {
+            type_: cu::cudaGraphNodeTypeMemset,
+            ..Default::default()
+        };
+        gp.__bindgen_anon_1.memset = cu::cudaMemsetParamsV2 {
+            dst: dev,
+            pitch: 0,
+            value: 9,
+            elementSize: 1,
+            width: 16,
+            height: 1,
+        };
+        let mut generic: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddNode(
+            &mut generic,
+            graph,
+            &cp,
+            ptr::null(),
+            1,
+            &mut gp,
+        ));
+        assert_eq!(
+            fake.state().graphs.nodes[&(generic as u64)].ty,
+            g::NODE_MEMSET
+        );
+        gp.__bindgen_anon_1.memset.width = 8;
+        ok(cudaGraphNodeSetParams(generic, &mut gp));
+        let set = MemsetNode::decode(&fake.state().graphs.nodes[&(generic as u64)].params).unwrap();
+        assert_eq!((set.width, set.value, set.element_size), (8, 9, 1));
+        gp.type_ = cu::cudaGraphNodeTypeExtSemaphoreSignal;
+        assert_err(
+            cudaGraphAddNode(&mut generic, graph, ptr::null(), ptr::null(), 0, &mut gp),
+            cu::cudaErrorNotSupported,
+        );
+        // Memory nodes: the allocation's address comes back in the parameters.
+        let mut ap = cu::cudaMemAllocNodeParams::default();
+        ap.poolProps.allocType = cu::cudaMemAllocationTypePinned;
+        ap.poolProps.location.type_ = cu::cudaMemLocationTypeDevice;
+        ap.bytesize = 4096;
+        let mut alloc: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddMemAllocNode(
+            &mut alloc,
+            graph,
+            ptr::null(),
+            0,
+            &mut ap,
+        ));
+        assert_eq!(ap.dptr as u64, 0x7000_0000);
+        let mut attr = cu::cudaPointerAttributes::default();
+        ok(cudaPointerGetAttributes(&mut attr, ap.dptr));
+        assert_eq!(attr.type_, cu::cudaMemoryTypeDevice);
+        let mut free: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddMemFreeNode(
+            &mut free, graph, &alloc, 1, ap.dptr,
+        ));
+        ap.poolProps.location.id = 3;
+        assert_err(
+            cudaGraphAddMemAllocNode(&mut alloc, graph, ptr::null(), 0, &mut ap),
+            cu::cudaErrorInvalidDevice,
+        );
+
+        let mut exec: cudaGraphExec_t = ptr::null_mut();
+        ok(cudaGraphInstantiate(&mut exec, graph, 0));
+        for _ in 0..5 {
+            ok(cudaGraphLaunch(exec, ptr::null_mut()));
+        }
+        assert_eq!(fake.state().graphs.execs[&(exec as u64)].1, 5);
+        ok(cudaGraphExecKernelNodeSetParams(exec, k, &kp));
+
+        let mut clone: cudaGraph_t = ptr::null_mut();
+        ok(cudaGraphClone(&mut clone, graph));
+        let mut k_clone: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphNodeFindInClone(&mut k_clone, k, clone));
+        assert!(!k_clone.is_null() && k_clone != k);
+        let mut spare: cudaGraph_t = ptr::null_mut();
+        ok(cudaGraphClone(&mut spare, graph));
+        let mut spare_k: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphNodeFindInClone(&mut spare_k, k, spare));
+        ok(cudaGraphDestroyNode(spare_k));
+        assert_err(
+            cudaGraphNodeGetType(spare_k, &mut ty),
+            cu::cudaErrorInvalidValue,
+        );
+        let mut info = cu::cudaGraphExecUpdateResultInfo::default();
+        ok(cudaGraphExecUpdate(exec, clone, &mut info));
+        let mut other: cudaGraph_t = ptr::null_mut();
+        ok(cudaGraphCreate(&mut other, 0));
+        assert_err(
+            cudaGraphExecUpdate(exec, other, &mut info),
+            cu::cudaErrorGraphExecUpdateFailure,
+        );
+        assert_eq!(info.result, cu::cudaGraphExecUpdateErrorTopologyChanged);
+
+        let mut flags = 7;
+        ok(cudaGraphExecGetFlags(exec, &mut flags));
+        assert_eq!(flags, 0);
+        ok(cudaGraphExecDestroy(exec));
+        assert_err(cudaGraphExecDestroy(exec), cu::cudaErrorInvalidValue);
+        ok(cudaGraphDestroy(graph));
+        assert_err(cudaGraphNodeGetType(k, &mut ty), cu::cudaErrorInvalidValue);
+
+        // No memory nodes, so no graph memory.
+        ok(cudaDeviceGraphMemTrim(0));
+        assert_err(cudaDeviceGraphMemTrim(5), cu::cudaErrorInvalidDevice);
+        let mut amount = 7u64;
+        ok(cudaDeviceGetGraphMemAttribute(
+            0,
+            2,
+            (&raw mut amount).cast(),
+        ));
+        assert_eq!(amount, 0);
+        ok(cudaDeviceSetGraphMemAttribute(
+            0,
+            1,
+            (&raw mut amount).cast(),
+        ));
+        assert_err(
+            cudaDeviceSetGraphMemAttribute(0, 0, (&raw mut amount).cast()),
+            cu::cudaErrorInvalidValue,
+        );
+    }
+}
+
+#[test]
+fn capture_follows_the_modes_and_waits_for_every_call() {
+    let fake = setup();
+    let mut s: cudaStream_t = ptr::null_mut();
+    let mut p: *mut c_void = ptr::null_mut();
+    let mut status = 9;
+    // SAFETY: valid out-pointers throughout.
+    unsafe {
+        ok(cudaStreamCreate(&mut s));
+        ok(cudaMalloc(&mut p, 64));
+        assert_err(
+            cudaStreamBeginCapture(ptr::null_mut(), cu::cudaStreamCaptureModeGlobal),
+            cu::cudaErrorStreamCaptureUnsupported,
+        );
+        assert_err(cudaStreamBeginCapture(s, 7), cu::cudaErrorInvalidValue);
+        // Global mode: potentially unsafe calls are refused, and the capture is invalidated.
+        ok(cudaStreamBeginCapture(s, cu::cudaStreamCaptureModeGlobal));
+        ok(cudaStreamIsCapturing(s, &mut status));
+        assert_eq!(status, cu::cudaStreamCaptureStatusActive);
+        let mut q: *mut c_void = ptr::null_mut();
+        assert_err(
+            cudaMalloc(&mut q, 64),
+            cu::cudaErrorStreamCaptureUnsupported,
+        );
+        assert!(fake.ops().contains(&Op::StreamCaptureInvalidate));
+        let mut failed: cudaGraph_t = 1 as cudaGraph_t;
+        assert_err(
+            cudaStreamEndCapture(s, &mut failed),
+            cu::cudaErrorStreamCaptureInvalidated,
+        );
+        assert!(failed.is_null());
+
+        // In relaxed mode they are allowed.
+        ok(cudaStreamBeginCapture(s, cu::cudaStreamCaptureModeGlobal));
+        let mut mode = cu::cudaStreamCaptureModeRelaxed;
+        ok(cudaThreadExchangeStreamCaptureMode(&mut mode));
+        assert_eq!(mode, cu::cudaStreamCaptureModeGlobal);
+        ok(cudaMalloc(&mut q, 64));
+        ok(cudaThreadExchangeStreamCaptureMode(&mut mode));
+
+        // During capture nothing is fire-and-forget, so refusals come back at the call.
+        let before = fake.state().log.len();
+        ok(cudaMemsetAsync(p, 0, 64, s));
+        assert!(!fake.state().log[before].fire_and_forget);
+        // Pageable copies cannot be captured.
+        let mut host = [0u8; 64];
+        assert_err(
+            cudaMemcpyAsync(
+                host.as_mut_ptr().cast(),
+                p,
+                64,
+                cu::cudaMemcpyDeviceToHost,
+                s,
+            ),
+            cu::cudaErrorStreamCaptureUnsupported,
+        );
+
+        let mut deps: *const cudaGraphNode_t = ptr::null();
+        let mut n = 0usize;
+        let mut id = 0u64;
+        let mut gr: cudaGraph_t = ptr::null_mut();
+        ok(cudaStreamGetCaptureInfo(
+            s,
+            &mut status,
+            &mut id,
+            &mut gr,
+            &mut deps,
+            ptr::null_mut(),
+            &mut n,
+        ));
+        assert_eq!((status, n), (cu::cudaStreamCaptureStatusActive, 0));
+        assert!(!gr.is_null() && id != 0);
+
+        let mut graph: cudaGraph_t = ptr::null_mut();
+        ok(cudaStreamEndCapture(s, &mut graph));
+        assert_eq!(graph, gr);
+        ok(cudaStreamIsCapturing(s, &mut status));
+        assert_eq!(status, cu::cudaStreamCaptureStatusNone);
+        // Capture over: back to fire-and-forget, and cudaMalloc is fine again.
+        let before = fake.state().log.len();
+        ok(cudaMemsetAsync(p, 0, 64, s));
+        flush();
+        assert!(fake.state().log[before].fire_and_forget);
+        ok(cudaMalloc(&mut q, 64));
+        assert!(fake.ops().contains(&Op::StreamEndCapture));
+
+        // Capture into an existing graph: the same graph comes back.
+        let mut into: cudaGraph_t = ptr::null_mut();
+        ok(cudaGraphCreate(&mut into, 0));
+        let mut first: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddEmptyNode(&mut first, into, ptr::null(), 0));
+        ok(cudaStreamBeginCaptureToGraph(
+            s,
+            into,
+            &first,
+            ptr::null(),
+            1,
+            cu::cudaStreamCaptureModeRelaxed,
+        ));
+        ok(cudaStreamEndCapture(s, &mut graph));
+        assert_eq!(graph, into);
+    }
+}

@@ -1,0 +1,327 @@
+// SPDX-License-Identifier: Apache-2.0 OR MIT
+//! CUDA graph node parameters on the wire: the In buffer of `GraphAddNode`, `GraphNodeSetParams`
+//! and `GraphExecNodeSetParams`, one explicit little-endian encoding per node type. Decoding
+//! checks lengths and returns `None` for anything malformed; the host checks the values
+//! (handles, device ranges) itself.
+//!
+//! Node types are the `cudaGraphNodeType` numbers (the driver's `CUgraphNodeType` has the same).
+
+/// `cudaGraphNodeTypeKernel`.
+pub const NODE_KERNEL: u32 = 0;
+/// `cudaGraphNodeTypeMemcpy`.
+pub const NODE_MEMCPY: u32 = 1;
+/// `cudaGraphNodeTypeMemset`.
+pub const NODE_MEMSET: u32 = 2;
+/// `cudaGraphNodeTypeHost`: params are one u64, the guest's callback id (reserved for host
+/// functions run in the guest; not served yet).
+pub const NODE_HOST: u32 = 3;
+/// `cudaGraphNodeTypeGraph` (child graph): params are one u64 graph handle.
+pub const NODE_GRAPH: u32 = 4;
+/// `cudaGraphNodeTypeEmpty`: no params.
+pub const NODE_EMPTY: u32 = 5;
+/// `cudaGraphNodeTypeWaitEvent`: params are one u64 event handle.
+pub const NODE_WAIT_EVENT: u32 = 6;
+/// `cudaGraphNodeTypeEventRecord`: params are one u64 event handle.
+pub const NODE_EVENT_RECORD: u32 = 7;
+/// `cudaGraphNodeTypeMemAlloc`: params are one u64, the size in bytes (device memory of the
+/// request's device); `GraphAddNode` returns the allocation's device address in rets[1].
+pub const NODE_MEM_ALLOC: u32 = 10;
+/// `cudaGraphNodeTypeMemFree`: params are one u64, the device address of a graph allocation.
+pub const NODE_MEM_FREE: u32 = 11;
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    let s = b.get(at..at + 4)?;
+    Some(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    let s = b.get(at..at + 8)?;
+    let mut w = [0u8; 8];
+    w.copy_from_slice(s);
+    Some(u64::from_le_bytes(w))
+}
+
+fn put(out: &mut [u8], at: usize, v: &[u8]) {
+    out[at..at + v.len()].copy_from_slice(v);
+}
+
+/// A kernel node: function handle (from `ModuleGetFunction`), geometry, then the parameter
+/// block packed at the function's `ParamInfo` offsets, as `LaunchKernel` takes it.
+///
+/// Layout: function u64 @0, grid [u32; 3] @8, block [u32; 3] @20, shared_mem u32 @32,
+/// parameter block @36..
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelNode<'a> {
+    /// Function handle.
+    pub function: u64,
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory bytes.
+    pub shared_mem: u32,
+    /// The parameter block.
+    pub params: &'a [u8],
+}
+
+/// Bytes of a [`KernelNode`] before its parameter block.
+pub const KERNEL_NODE_HEADER: usize = 36;
+
+impl<'a> KernelNode<'a> {
+    /// Appends the encoding to `out` (`out` must be `KERNEL_NODE_HEADER + params.len()` long).
+    pub fn encode(&self, out: &mut [u8]) {
+        put(out, 0, &self.function.to_le_bytes());
+        for i in 0..3 {
+            put(out, 8 + 4 * i, &self.grid[i].to_le_bytes());
+            put(out, 20 + 4 * i, &self.block[i].to_le_bytes());
+        }
+        put(out, 32, &self.shared_mem.to_le_bytes());
+        put(out, KERNEL_NODE_HEADER, self.params);
+    }
+
+    /// Decodes `b`.
+    pub fn decode(b: &'a [u8]) -> Option<Self> {
+        let mut grid = [0u32; 3];
+        let mut block = [0u32; 3];
+        for i in 0..3 {
+            grid[i] = u32_at(b, 8 + 4 * i)?;
+            block[i] = u32_at(b, 20 + 4 * i)?;
+        }
+        Some(Self {
+            function: u64_at(b, 0)?,
+            grid,
+            block,
+            shared_mem: u32_at(b, 32)?,
+            params: b.get(KERNEL_NODE_HEADER..)?,
+        })
+    }
+}
+
+/// A memcpy node between two device-addressable ranges (the session's device memory or its
+/// host-mapped guest memory): a box of `width` bytes × `height` rows × `depth` slices, each side
+/// with its own row pitch and rows per slice. Offsets (`srcPos`/`dstPos`) are already folded
+/// into the addresses.
+///
+/// Layout: dst u64 @0, dst_pitch u64 @8, dst_rows u64 @16, src u64 @24, src_pitch u64 @32,
+/// src_rows u64 @40, width u64 @48, height u64 @56, depth u64 @64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemcpyNode {
+    /// Destination device address.
+    pub dst: u64,
+    /// Destination row pitch in bytes.
+    pub dst_pitch: u64,
+    /// Destination rows per slice.
+    pub dst_rows: u64,
+    /// Source device address.
+    pub src: u64,
+    /// Source row pitch in bytes.
+    pub src_pitch: u64,
+    /// Source rows per slice.
+    pub src_rows: u64,
+    /// Bytes per row.
+    pub width: u64,
+    /// Rows.
+    pub height: u64,
+    /// Slices.
+    pub depth: u64,
+}
+
+/// Bytes of an encoded [`MemcpyNode`].
+pub const MEMCPY_NODE_SIZE: usize = 72;
+
+impl MemcpyNode {
+    /// The encoding.
+    pub fn encode(&self) -> [u8; MEMCPY_NODE_SIZE] {
+        let mut b = [0u8; MEMCPY_NODE_SIZE];
+        let f = [
+            self.dst,
+            self.dst_pitch,
+            self.dst_rows,
+            self.src,
+            self.src_pitch,
+            self.src_rows,
+            self.width,
+            self.height,
+            self.depth,
+        ];
+        for (i, v) in f.iter().enumerate() {
+            put(&mut b, 8 * i, &v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes `b` (exactly `MEMCPY_NODE_SIZE` bytes).
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != MEMCPY_NODE_SIZE {
+            return None;
+        }
+        Some(Self {
+            dst: u64_at(b, 0)?,
+            dst_pitch: u64_at(b, 8)?,
+            dst_rows: u64_at(b, 16)?,
+            src: u64_at(b, 24)?,
+            src_pitch: u64_at(b, 32)?,
+            src_rows: u64_at(b, 40)?,
+            width: u64_at(b, 48)?,
+            height: u64_at(b, 56)?,
+            depth: u64_at(b, 64)?,
+        })
+    }
+
+    /// Bytes from the first to one past the last byte touched on one side, `None` on overflow.
+    /// Zero for an empty box.
+    pub fn span(pitch: u64, rows: u64, width: u64, height: u64, depth: u64) -> Option<u64> {
+        if width == 0 || height == 0 || depth == 0 {
+            return Some(0);
+        }
+        if height > 1 && pitch < width {
+            return None;
+        }
+        if depth > 1 && (rows < height || pitch < width) {
+            return None;
+        }
+        let slice = pitch.checked_mul(rows)?;
+        (depth - 1)
+            .checked_mul(slice)?
+            .checked_add((height - 1).checked_mul(pitch)?)?
+            .checked_add(width)
+    }
+}
+
+/// A memset node: `height` rows of `width` elements of `element_size` (1, 2 or 4) bytes,
+/// `pitch` bytes apart.
+///
+/// Layout: dst u64 @0, pitch u64 @8, value u32 @16, element_size u32 @20, width u64 @24,
+/// height u64 @32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemsetNode {
+    /// Destination device address.
+    pub dst: u64,
+    /// Row pitch in bytes.
+    pub pitch: u64,
+    /// The value (its low `element_size` bytes).
+    pub value: u32,
+    /// 1, 2 or 4.
+    pub element_size: u32,
+    /// Elements per row.
+    pub width: u64,
+    /// Rows.
+    pub height: u64,
+}
+
+/// Bytes of an encoded [`MemsetNode`].
+pub const MEMSET_NODE_SIZE: usize = 40;
+
+impl MemsetNode {
+    /// The encoding.
+    pub fn encode(&self) -> [u8; MEMSET_NODE_SIZE] {
+        let mut b = [0u8; MEMSET_NODE_SIZE];
+        put(&mut b, 0, &self.dst.to_le_bytes());
+        put(&mut b, 8, &self.pitch.to_le_bytes());
+        put(&mut b, 16, &self.value.to_le_bytes());
+        put(&mut b, 20, &self.element_size.to_le_bytes());
+        put(&mut b, 24, &self.width.to_le_bytes());
+        put(&mut b, 32, &self.height.to_le_bytes());
+        b
+    }
+
+    /// Decodes `b` (exactly `MEMSET_NODE_SIZE` bytes).
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != MEMSET_NODE_SIZE {
+            return None;
+        }
+        Some(Self {
+            dst: u64_at(b, 0)?,
+            pitch: u64_at(b, 8)?,
+            value: u32_at(b, 16)?,
+            element_size: u32_at(b, 20)?,
+            width: u64_at(b, 24)?,
+            height: u64_at(b, 32)?,
+        })
+    }
+
+    /// Bytes from `dst` to one past the last byte written, `None` if malformed or overflowing.
+    pub fn span(&self) -> Option<u64> {
+        if !matches!(self.element_size, 1 | 2 | 4) {
+            return None;
+        }
+        let row = self.width.checked_mul(u64::from(self.element_size))?;
+        if self.width == 0 || self.height == 0 {
+            return Some(0);
+        }
+        if self.height > 1 && self.pitch < row {
+            return None;
+        }
+        (self.height - 1).checked_mul(self.pitch)?.checked_add(row)
+    }
+}
+
+/// A node whose only parameter is one u64 handle (child graph, event, host callback id).
+pub fn decode_handle(b: &[u8]) -> Option<u64> {
+    if b.len() != 8 {
+        return None;
+    }
+    u64_at(b, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_node_round_trips() {
+        let params = [1u8, 2, 3, 4, 5];
+        let k = KernelNode {
+            function: 7,
+            grid: [1, 2, 3],
+            block: [4, 5, 6],
+            shared_mem: 99,
+            params: &params,
+        };
+        let mut b = [0u8; KERNEL_NODE_HEADER + 5];
+        k.encode(&mut b);
+        assert_eq!(KernelNode::decode(&b), Some(k));
+        assert_eq!(KernelNode::decode(&b[..20]), None);
+    }
+
+    #[test]
+    fn copy_and_set_nodes_round_trip_and_span() {
+        let m = MemcpyNode {
+            dst: 1,
+            dst_pitch: 16,
+            dst_rows: 4,
+            src: 2,
+            src_pitch: 32,
+            src_rows: 4,
+            width: 8,
+            height: 3,
+            depth: 2,
+        };
+        assert_eq!(MemcpyNode::decode(&m.encode()), Some(m));
+        assert_eq!(MemcpyNode::decode(&[0; 71]), None);
+        assert_eq!(MemcpyNode::span(16, 4, 8, 3, 2), Some(64 + 32 + 8));
+        assert_eq!(MemcpyNode::span(4, 4, 8, 3, 1), None);
+        assert_eq!(MemcpyNode::span(u64::MAX, 4, 8, 3, 2), None);
+        let s = MemsetNode {
+            dst: 5,
+            pitch: 64,
+            value: 0xab,
+            element_size: 4,
+            width: 16,
+            height: 2,
+        };
+        assert_eq!(MemsetNode::decode(&s.encode()), Some(s));
+        assert_eq!(s.span(), Some(128));
+        assert_eq!(
+            MemsetNode {
+                element_size: 3,
+                ..s
+            }
+            .span(),
+            None
+        );
+        assert_eq!(MemsetNode { pitch: 8, ..s }.span(), None);
+        assert_eq!(decode_handle(&9u64.to_le_bytes()), Some(9));
+        assert_eq!(decode_handle(&[0; 4]), None);
+    }
+}

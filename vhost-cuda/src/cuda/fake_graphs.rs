@@ -1,0 +1,629 @@
+//! The fake driver's graphs (unit tests only): graphs as lists of typed nodes with edges,
+//! executable graphs that count their launches, and stream capture that turns launches into
+//! kernel nodes. It checks handles and capture state the way the driver does; it runs nothing.
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::c_void,
+};
+
+use qcuda_proto::graph::{MemcpyNode, MemsetNode};
+
+use super::{
+    driver::{CuError, CuResult, Raw},
+    fake_driver::{check_stream, kernel_of, FakeDriver, KERNELS},
+    graph_driver::{CaptureInfo, GraphDriverApi, NodeParams},
+    launch::{LaunchConfig, ParamLayout},
+};
+
+const INVALID_VALUE: CuError = CuError(1);
+const ILLEGAL_STATE: CuError = CuError(401);
+const CAPTURE_UNSUPPORTED: CuError = CuError(900);
+const CAPTURE_INVALIDATED: CuError = CuError(901);
+
+#[derive(Debug, Default)]
+struct Node {
+    graph: Raw,
+    ty: u32,
+    /// The event of an event node, the embedded graph of a child graph node, the function of
+    /// a kernel node.
+    object: Raw,
+    /// A kernel node's geometry and parameter values, in order.
+    kernel: Option<(LaunchConfig, Vec<Vec<u8>>)>,
+    /// A memcpy or memset node's parameters.
+    params: Option<NodeParams>,
+    deps: Vec<Raw>,
+    enabled: bool,
+}
+
+/// Graph state of one fake context.
+#[derive(Debug, Default)]
+pub(crate) struct FakeGraphs {
+    /// Graph -> its nodes, in creation order.
+    graphs: HashMap<Raw, Vec<Raw>>,
+    nodes: HashMap<Raw, Node>,
+    /// Executable graph -> (graph it came from, launches).
+    execs: HashMap<Raw, (Raw, usize)>,
+    /// Capturing stream -> graph being captured.
+    captures: HashMap<Raw, Raw>,
+    /// Captures an illegal call invalidated.
+    invalidated: HashSet<Raw>,
+    /// Streams capturing into a graph of the caller's (which survives a failed capture).
+    into: HashSet<Raw>,
+}
+
+impl FakeGraphs {
+    /// If `stream` is capturing, adds a node of type `ty` after the last captured one and
+    /// returns true (the op is captured, not run).
+    pub(crate) fn capture(&mut self, stream: Raw, ty: u32, next: &mut Raw) -> bool {
+        let Some(&g) = self.captures.get(&stream) else {
+            return false;
+        };
+        let deps = self
+            .graphs
+            .get(&g)
+            .and_then(|n| n.last().copied())
+            .into_iter()
+            .collect();
+        self.add(g, ty, deps, next);
+        true
+    }
+
+    /// Synchronising or querying a capturing stream is illegal, and invalidates the capture.
+    pub(crate) fn refuse_sync(&mut self, stream: Raw) -> CuResult<()> {
+        if self.captures.contains_key(&stream) {
+            self.invalidated.insert(stream);
+            Err(CAPTURE_UNSUPPORTED)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Executable graph launches so far.
+    pub(crate) fn launches(&self) -> usize {
+        self.execs.values().map(|e| e.1).sum()
+    }
+
+    fn add(&mut self, graph: Raw, ty: u32, deps: Vec<Raw>, next: &mut Raw) -> Raw {
+        *next += 0x10;
+        let n = *next;
+        self.nodes.insert(
+            n,
+            Node {
+                graph,
+                ty,
+                deps,
+                enabled: true,
+                object: 0,
+                kernel: None,
+                params: None,
+            },
+        );
+        self.graphs.entry(graph).or_default().push(n);
+        n
+    }
+
+    fn new_graph(&mut self, next: &mut Raw) -> Raw {
+        *next += 0x10;
+        self.graphs.insert(*next, Vec::new());
+        *next
+    }
+
+    fn check_graph(&self, g: Raw) -> CuResult<()> {
+        self.graphs
+            .contains_key(&g)
+            .then_some(())
+            .ok_or(INVALID_VALUE)
+    }
+
+    fn check_nodes(&self, graph: Raw, nodes: &[Raw]) -> CuResult<()> {
+        for n in nodes {
+            match self.nodes.get(n) {
+                Some(x) if x.graph == graph => {}
+                _ => return Err(INVALID_VALUE),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FakeDriver {
+    /// Executable graph launches in the current context.
+    pub(crate) fn graph_launches(&self) -> usize {
+        self.with_ctx("graph_launches", |c, _| Ok(c.graphs.launches()))
+            .unwrap_or(0)
+    }
+}
+
+impl GraphDriverApi for FakeDriver {
+    fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32> {
+        self.with_ctx("exchange_capture_mode", |_, _| {
+            if mode > 2 {
+                return Err(INVALID_VALUE);
+            }
+            Ok(0)
+        })
+    }
+
+    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()> {
+        self.with_ctx("stream_begin_capture", |c, next| {
+            check_stream(c, stream)?;
+            if stream == 0 || mode > 2 {
+                return Err(CAPTURE_UNSUPPORTED);
+            }
+            if c.graphs.captures.contains_key(&stream) {
+                return Err(ILLEGAL_STATE);
+            }
+            let g = c.graphs.new_graph(next);
+            c.graphs.captures.insert(stream, g);
+            Ok(())
+        })
+    }
+
+    fn stream_begin_capture_to_graph(
+        &self,
+        stream: Raw,
+        graph: Raw,
+        deps: &[Raw],
+        mode: u32,
+    ) -> CuResult<()> {
+        self.with_ctx("stream_begin_capture_to_graph", |c, _| {
+            check_stream(c, stream)?;
+            if stream == 0 || mode > 2 {
+                return Err(CAPTURE_UNSUPPORTED);
+            }
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            if c.graphs.captures.contains_key(&stream) {
+                return Err(ILLEGAL_STATE);
+            }
+            c.graphs.captures.insert(stream, graph);
+            c.graphs.into.insert(stream);
+            Ok(())
+        })
+    }
+
+    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
+        self.with_ctx("stream_end_capture", |c, _| {
+            check_stream(c, stream)?;
+            let g = c.graphs.captures.remove(&stream).ok_or(ILLEGAL_STATE)?;
+            let into = c.graphs.into.remove(&stream);
+            if c.graphs.invalidated.remove(&stream) {
+                if !into {
+                    if let Some(nodes) = c.graphs.graphs.remove(&g) {
+                        for n in nodes {
+                            c.graphs.nodes.remove(&n);
+                        }
+                    }
+                }
+                return Err(CAPTURE_INVALIDATED);
+            }
+            Ok(g)
+        })
+    }
+
+    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo> {
+        self.with_ctx("stream_capture_info", |c, _| {
+            check_stream(c, stream)?;
+            Ok(match c.graphs.captures.get(&stream) {
+                Some(&g) => CaptureInfo {
+                    status: if c.graphs.invalidated.contains(&stream) {
+                        2
+                    } else {
+                        1
+                    },
+                    id: g as u64,
+                    graph: g,
+                    deps: c.graphs.graphs[&g].last().copied().into_iter().collect(),
+                },
+                None => CaptureInfo::default(),
+            })
+        })
+    }
+
+    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()> {
+        self.with_ctx("stream_update_capture_deps", |c, _| {
+            let g = *c.graphs.captures.get(&stream).ok_or(ILLEGAL_STATE)?;
+            if flags > 1 {
+                return Err(INVALID_VALUE);
+            }
+            c.graphs.check_nodes(g, deps)
+        })
+    }
+
+    fn graph_create(&self) -> CuResult<Raw> {
+        self.with_ctx("graph_create", |c, next| Ok(c.graphs.new_graph(next)))
+    }
+
+    fn graph_destroy(&self, graph: Raw) -> CuResult<()> {
+        self.with_ctx("graph_destroy", |c, _| {
+            let nodes = c.graphs.graphs.remove(&graph).ok_or(INVALID_VALUE)?;
+            for n in nodes {
+                c.graphs.nodes.remove(&n);
+            }
+            Ok(())
+        })
+    }
+
+    fn graph_clone(&self, graph: Raw) -> CuResult<Raw> {
+        self.with_ctx("graph_clone", |c, next| {
+            c.graphs.check_graph(graph)?;
+            let g = c.graphs.new_graph(next);
+            let mut map = HashMap::new();
+            for n in c.graphs.graphs[&graph].clone() {
+                let (ty, deps) = {
+                    let x = &c.graphs.nodes[&n];
+                    (
+                        x.ty,
+                        x.deps.iter().filter_map(|d| map.get(d).copied()).collect(),
+                    )
+                };
+                let m = c.graphs.add(g, ty, deps, next);
+                map.insert(n, m);
+            }
+            Ok(g)
+        })
+    }
+
+    fn graph_add_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        params: &NodeParams,
+        _ctx: Raw,
+    ) -> CuResult<Raw> {
+        self.with_ctx("graph_add_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            let (ty, object) = match params {
+                NodeParams::Empty => (5, 0),
+                NodeParams::Memcpy(_) => (1, 0),
+                NodeParams::Memset(_) => (2, 0),
+                NodeParams::Child(g) => {
+                    c.graphs.check_graph(*g)?;
+                    (4, c.graphs.new_graph(next))
+                }
+                NodeParams::EventRecord(e) => (7, *e),
+                NodeParams::EventWait(e) => (6, *e),
+            };
+            let n = c.graphs.add(graph, ty, deps.to_vec(), next);
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.object = object;
+                x.params = Some(*params);
+            }
+            Ok(n)
+        })
+    }
+
+    unsafe fn graph_add_kernel_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        func: Raw,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> CuResult<Raw> {
+        self.with_ctx("graph_add_kernel_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            let (_, k) = kernel_of(c, func)?;
+            let layout = KERNELS[k].1;
+            if params.len() != layout.len() {
+                return Err(INVALID_VALUE);
+            }
+            let values = layout
+                .iter()
+                .zip(params.iter())
+                .map(|(&(_, size), p)| {
+                    // SAFETY: the caller's contract: one readable pointer per parameter, of
+                    // its size (from KERNELS).
+                    unsafe { std::slice::from_raw_parts(p.cast::<u8>(), size) }.to_vec()
+                })
+                .collect();
+            let n = c.graphs.add(graph, 0, deps.to_vec(), next);
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.object = func;
+                x.kernel = Some((*cfg, values));
+            }
+            Ok(n)
+        })
+    }
+
+    fn kernel_node_params(
+        &self,
+        node: Raw,
+        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
+    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        self.with_ctx("kernel_node_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            let (cfg, values) = n.kernel.clone().ok_or(INVALID_VALUE)?;
+            let layout = layout_of(n.object).ok_or(INVALID_VALUE)?;
+            let mut block = vec![0u8; layout.block_len()];
+            for (info, v) in layout.params().iter().zip(values) {
+                let at = info.offset as usize;
+                block[at..at + v.len()].copy_from_slice(&v);
+            }
+            Ok((n.object, cfg, block))
+        })
+    }
+
+    fn graph_add_mem_alloc_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        _device: i32,
+        bytesize: usize,
+    ) -> CuResult<(Raw, u64)> {
+        self.with_ctx("graph_add_mem_alloc_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            if bytesize == 0 {
+                return Err(INVALID_VALUE);
+            }
+            let n = c.graphs.add(graph, 10, deps.to_vec(), next);
+            // Graph memory lives in a range of its own, far from cuMemAlloc's.
+            let dptr = 0x7000_0000_0000 + (n as u64) * 0x1_0000;
+            Ok((n, dptr))
+        })
+    }
+
+    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw> {
+        self.with_ctx("graph_add_mem_free_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            if dptr == 0 {
+                return Err(INVALID_VALUE);
+            }
+            Ok(c.graphs.add(graph, 11, deps.to_vec(), next))
+        })
+    }
+
+    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, _: Raw) -> CuResult<()> {
+        self.with_ctx("node_set_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            if exec != 0 && c.graphs.execs.get(&exec).map(|e| e.0) != Some(n.graph) {
+                return Err(INVALID_VALUE);
+            }
+            let ty = match params {
+                NodeParams::Empty => 5,
+                NodeParams::Memcpy(_) => 1,
+                NodeParams::Memset(_) => 2,
+                NodeParams::Child(_) => 4,
+                NodeParams::EventRecord(_) => 7,
+                NodeParams::EventWait(_) => 6,
+            };
+            (n.ty == ty).then_some(()).ok_or(INVALID_VALUE)
+        })
+    }
+
+    unsafe fn kernel_node_set_params(
+        &self,
+        exec: Raw,
+        node: Raw,
+        _func: Raw,
+        _cfg: &LaunchConfig,
+        _params: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        self.with_ctx("kernel_node_set_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            if exec != 0 && c.graphs.execs.get(&exec).map(|e| e.0) != Some(n.graph) {
+                return Err(INVALID_VALUE);
+            }
+            (n.ty == 0).then_some(()).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn graph_nodes(&self, graph: Raw, roots: bool) -> CuResult<Vec<Raw>> {
+        self.with_ctx("graph_nodes", |c, _| {
+            let nodes = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?;
+            Ok(nodes
+                .iter()
+                .copied()
+                .filter(|n| !roots || c.graphs.nodes[n].deps.is_empty())
+                .collect())
+        })
+    }
+
+    fn graph_edges(&self, graph: Raw) -> CuResult<Vec<(Raw, Raw)>> {
+        self.with_ctx("graph_edges", |c, _| {
+            let nodes = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?;
+            Ok(nodes
+                .iter()
+                .flat_map(|n| c.graphs.nodes[n].deps.iter().map(move |d| (*d, *n)))
+                .collect())
+        })
+    }
+
+    fn graph_change_edges(
+        &self,
+        graph: Raw,
+        from: &[Raw],
+        to: &[Raw],
+        remove: bool,
+    ) -> CuResult<()> {
+        self.with_ctx("graph_change_edges", |c, _| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, from)?;
+            c.graphs.check_nodes(graph, to)?;
+            if from.len() != to.len() {
+                return Err(INVALID_VALUE);
+            }
+            for (f, t) in from.iter().zip(to) {
+                let deps = &mut c.graphs.nodes.get_mut(t).ok_or(INVALID_VALUE)?.deps;
+                let has = deps.contains(f);
+                match (remove, has) {
+                    (false, false) => deps.push(*f),
+                    (true, true) => deps.retain(|d| d != f),
+                    _ => return Err(INVALID_VALUE),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn node_type(&self, node: Raw) -> CuResult<u32> {
+        self.with_ctx("node_type", |c, _| {
+            c.graphs.nodes.get(&node).map(|n| n.ty).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn node_neighbours(&self, node: Raw, dependents: bool) -> CuResult<Vec<Raw>> {
+        self.with_ctx("node_neighbours", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            if !dependents {
+                return Ok(n.deps.clone());
+            }
+            Ok(c.graphs.graphs[&n.graph]
+                .iter()
+                .copied()
+                .filter(|m| c.graphs.nodes[m].deps.contains(&node))
+                .collect())
+        })
+    }
+
+    fn graph_instantiate(&self, graph: Raw, flags: u64) -> CuResult<Raw> {
+        self.with_ctx("graph_instantiate", |c, next| {
+            c.graphs.check_graph(graph)?;
+            if flags & !0xd != 0 {
+                return Err(INVALID_VALUE);
+            }
+            *next += 0x10;
+            c.graphs.execs.insert(*next, (graph, 0));
+            Ok(*next)
+        })
+    }
+
+    fn graph_exec_destroy(&self, exec: Raw) -> CuResult<()> {
+        self.with_ctx("graph_exec_destroy", |c, _| {
+            c.graphs
+                .execs
+                .remove(&exec)
+                .map(|_| ())
+                .ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()> {
+        self.with_ctx("graph_launch", |c, next| {
+            check_stream(c, stream)?;
+            if !c.graphs.execs.contains_key(&exec) {
+                return Err(INVALID_VALUE);
+            }
+            if !upload_only && !c.graphs.capture(stream, 4, next) {
+                if let Some(e) = c.graphs.execs.get_mut(&exec) {
+                    e.1 += 1;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)> {
+        self.with_ctx("graph_exec_update", |c, _| {
+            let (old, _) = *c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?;
+            c.graphs.check_graph(graph)?;
+            let shape = |g: Raw| -> Vec<u32> {
+                c.graphs.graphs[&g]
+                    .iter()
+                    .map(|n| c.graphs.nodes[n].ty)
+                    .collect()
+            };
+            if c.graphs.graphs.contains_key(&old) && shape(old) != shape(graph) {
+                // cudaGraphExecUpdateErrorTopologyChanged
+                return Ok((2, 0));
+            }
+            Ok((0, 0))
+        })
+    }
+
+    fn graph_debug_dot(&self, graph: Raw, _flags: u32) -> CuResult<Vec<u8>> {
+        self.with_ctx("graph_debug_dot", |c, _| {
+            let n = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?.len();
+            Ok(format!("digraph fake {{ nodes={n} }}\n").into_bytes())
+        })
+    }
+
+    fn graph_mem(&self, _device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64> {
+        self.with_ctx("graph_mem", |_, _| match (what, attr) {
+            (0, _) | (1, 0..=3) => Ok(0),
+            (2, 1 | 3) if value == 0 => Ok(0),
+            _ => Err(INVALID_VALUE),
+        })
+    }
+
+    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode> {
+        self.with_ctx("memcpy_node_params", |c, _| {
+            match c.graphs.nodes.get(&node).and_then(|n| n.params) {
+                Some(NodeParams::Memcpy(m)) => Ok(m),
+                _ => Err(INVALID_VALUE),
+            }
+        })
+    }
+
+    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode> {
+        self.with_ctx("memset_node_params", |c, _| {
+            match c.graphs.nodes.get(&node).and_then(|n| n.params) {
+                Some(NodeParams::Memset(m)) => Ok(m),
+                _ => Err(INVALID_VALUE),
+            }
+        })
+    }
+
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
+        self.with_ctx("node_event", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            (n.ty == if record { 7 } else { 6 })
+                .then_some(n.object)
+                .ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw> {
+        self.with_ctx("find_in_clone", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            let i = c.graphs.graphs[&n.graph]
+                .iter()
+                .position(|m| *m == node)
+                .ok_or(INVALID_VALUE)?;
+            c.graphs
+                .graphs
+                .get(&clone)
+                .and_then(|nodes| nodes.get(i).copied())
+                .ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn destroy_node(&self, node: Raw) -> CuResult<()> {
+        self.with_ctx("destroy_node", |c, _| {
+            let n = c.graphs.nodes.remove(&node).ok_or(INVALID_VALUE)?;
+            if let Some(list) = c.graphs.graphs.get_mut(&n.graph) {
+                list.retain(|m| *m != node);
+            }
+            for other in c.graphs.nodes.values_mut() {
+                other.deps.retain(|d| *d != node);
+            }
+            Ok(())
+        })
+    }
+
+    fn child_graph(&self, node: Raw) -> CuResult<Raw> {
+        self.with_ctx("child_graph", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            (n.ty == 4).then_some(n.object).ok_or(INVALID_VALUE)
+        })
+    }
+
+    fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool> {
+        self.with_ctx("node_enabled", |c, _| {
+            let (g, _) = *c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?;
+            let n = c.graphs.nodes.get_mut(&node).ok_or(INVALID_VALUE)?;
+            if n.graph != g {
+                return Err(INVALID_VALUE);
+            }
+            if let Some(on) = set {
+                n.enabled = on;
+            }
+            Ok(n.enabled)
+        })
+    }
+}

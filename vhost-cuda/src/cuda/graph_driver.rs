@@ -1,0 +1,1032 @@
+//! The driver calls for CUDA graphs and stream capture, as a trait of their own
+//! ([`GraphDriverApi`], a supertrait of `DriverApi`), with the real implementation over cudarc's
+//! `sys` layer and the no-driver one. The handle contract of `driver.rs` holds here too: graphs,
+//! nodes and executable graphs cross as [`Raw`] integers that only the session's tables hold.
+
+use std::{
+    ffi::{c_uint, c_void},
+    io::Read,
+    ptr::{null, null_mut},
+};
+
+use cudarc::driver::sys;
+use qcuda_proto::graph::{MemcpyNode, MemsetNode};
+
+use super::{
+    driver::{CuError, CuResult, NoDriver, Raw},
+    launch::{LaunchConfig, ParamLayout},
+};
+
+/// Parameters of a node other than a kernel node, already checked by the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeParams {
+    /// An empty node.
+    Empty,
+    /// A copy between device addresses (unified addressing).
+    Memcpy(MemcpyNode),
+    /// A memset.
+    Memset(MemsetNode),
+    /// A child graph (the driver clones it).
+    Child(Raw),
+    /// An event record node.
+    EventRecord(Raw),
+    /// An event wait node.
+    EventWait(Raw),
+}
+
+/// What `cuStreamGetCaptureInfo` says about a stream.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct CaptureInfo {
+    /// `CUstreamCaptureStatus`: 0 none, 1 active, 2 invalidated.
+    pub(crate) status: u32,
+    /// The capture's id (0 when none).
+    pub(crate) id: u64,
+    /// The graph being captured (0 when none).
+    pub(crate) graph: Raw,
+    /// The nodes the next captured op will depend on.
+    pub(crate) deps: Vec<Raw>,
+}
+
+/// The graph and capture calls the executor makes.
+pub(crate) trait GraphDriverApi {
+    /// cuThreadExchangeStreamCaptureMode: sets the calling thread's mode, returns the old one.
+    fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32>;
+    /// cuStreamBeginCapture with `mode` (0 global, 1 thread-local, 2 relaxed).
+    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()>;
+    /// cuStreamBeginCaptureToGraph (default edges).
+    fn stream_begin_capture_to_graph(
+        &self,
+        stream: Raw,
+        graph: Raw,
+        deps: &[Raw],
+        mode: u32,
+    ) -> CuResult<()>;
+    /// cuStreamEndCapture: the captured graph.
+    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw>;
+    /// cuStreamGetCaptureInfo.
+    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo>;
+    /// cuStreamUpdateCaptureDependencies (flags: 0 add, 1 set).
+    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()>;
+
+    /// cuGraphCreate.
+    fn graph_create(&self) -> CuResult<Raw>;
+    /// cuGraphDestroy.
+    fn graph_destroy(&self, graph: Raw) -> CuResult<()>;
+    /// cuGraphClone.
+    fn graph_clone(&self, graph: Raw) -> CuResult<Raw>;
+    /// Adds a node of `params` to `graph` after `deps`. `ctx` is the context memcpy and memset
+    /// nodes run in.
+    fn graph_add_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        params: &NodeParams,
+        ctx: Raw,
+    ) -> CuResult<Raw>;
+    /// cuGraphAddKernelNode.
+    ///
+    /// # Safety
+    /// `params` holds one pointer per kernel parameter, each readable for its size (the driver
+    /// copies the values before returning).
+    unsafe fn graph_add_kernel_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        func: Raw,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> CuResult<Raw>;
+    /// cuGraphAddMemAllocNode: `bytesize` bytes of pinned device memory on CUdevice `device`;
+    /// (node, its device address).
+    fn graph_add_mem_alloc_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        device: i32,
+        bytesize: usize,
+    ) -> CuResult<(Raw, u64)>;
+    /// cuGraphAddMemFreeNode.
+    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw>;
+    /// Sets the parameters of a memcpy, memset, child-graph or event node: of the node in its
+    /// graph (`exec` 0), or in executable graph `exec`.
+    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, ctx: Raw) -> CuResult<()>;
+    /// cuGraph[Exec]KernelNodeSetParams (`exec` 0: the graph's node).
+    ///
+    /// # Safety
+    /// As for [`GraphDriverApi::graph_add_kernel_node`].
+    unsafe fn kernel_node_set_params(
+        &self,
+        exec: Raw,
+        node: Raw,
+        func: Raw,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> CuResult<()>;
+    /// cuGraphGetNodes, or cuGraphGetRootNodes.
+    fn graph_nodes(&self, graph: Raw, roots: bool) -> CuResult<Vec<Raw>>;
+    /// cuGraphGetEdges: (from, to) pairs.
+    fn graph_edges(&self, graph: Raw) -> CuResult<Vec<(Raw, Raw)>>;
+    /// cuGraphAddDependencies, or cuGraphRemoveDependencies.
+    fn graph_change_edges(
+        &self,
+        graph: Raw,
+        from: &[Raw],
+        to: &[Raw],
+        remove: bool,
+    ) -> CuResult<()>;
+    /// cuGraphNodeGetType.
+    fn node_type(&self, node: Raw) -> CuResult<u32>;
+    /// cuGraphNodeGetDependencies, or cuGraphNodeGetDependentNodes.
+    fn node_neighbours(&self, node: Raw, dependents: bool) -> CuResult<Vec<Raw>>;
+    /// cuGraphInstantiateWithFlags.
+    fn graph_instantiate(&self, graph: Raw, flags: u64) -> CuResult<Raw>;
+    /// cuGraphExecDestroy.
+    fn graph_exec_destroy(&self, exec: Raw) -> CuResult<()>;
+    /// cuGraphLaunch, or cuGraphUpload.
+    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()>;
+    /// cuGraphExecUpdate: Ok((result, error node)) when the driver judged the update, whether
+    /// it applied or not (then the result says why).
+    fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)>;
+    /// cuGraphDebugDotPrint, the text it writes.
+    fn graph_debug_dot(&self, graph: Raw, flags: u32) -> CuResult<Vec<u8>>;
+    /// cuGraphKernelNodeGetParams: the function, its geometry, and its parameter block laid
+    /// out by `layout_of(function)` (`None`: not a function of the caller's).
+    fn kernel_node_params(
+        &self,
+        node: Raw,
+        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
+    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)>;
+    /// cuDeviceGraphMemTrim (`what` 0), cuDeviceGetGraphMemAttribute (1) or
+    /// cuDeviceSetGraphMemAttribute (2) of attribute `attr` (0..=3) on CUdevice `device`.
+    fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64>;
+    /// cuGraphMemcpyNodeGetParams, for a copy between device addresses.
+    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode>;
+    /// cuGraphMemsetNodeGetParams.
+    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode>;
+    /// The event of an event record (`record`) or wait node.
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw>;
+    /// cuGraphChildGraphNodeGetGraph.
+    fn child_graph(&self, node: Raw) -> CuResult<Raw>;
+    /// cuGraphNodeFindInClone.
+    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw>;
+    /// cuGraphDestroyNode.
+    fn destroy_node(&self, node: Raw) -> CuResult<()>;
+    /// cuGraphNodeGetEnabled, or cuGraphNodeSetEnabled (`set`: the new value).
+    fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool>;
+}
+
+/// Every driver symbol this file calls; `CudaDriver::load` checks them with `driver.rs`'s.
+pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
+    "cuThreadExchangeStreamCaptureMode",
+    "cuStreamBeginCapture_v2",
+    "cuStreamBeginCaptureToGraph",
+    "cuStreamEndCapture",
+    "cuStreamGetCaptureInfo_v3",
+    "cuStreamUpdateCaptureDependencies_v2",
+    "cuGraphCreate",
+    "cuGraphDestroy",
+    "cuGraphClone",
+    "cuGraphAddEmptyNode",
+    "cuGraphAddMemcpyNode",
+    "cuGraphAddMemsetNode",
+    "cuGraphAddChildGraphNode",
+    "cuGraphAddEventRecordNode",
+    "cuGraphAddEventWaitNode",
+    "cuGraphAddKernelNode_v2",
+    "cuGraphAddMemAllocNode",
+    "cuGraphAddMemFreeNode",
+    "cuGraphMemcpyNodeSetParams",
+    "cuGraphMemsetNodeSetParams",
+    "cuGraphEventRecordNodeSetEvent",
+    "cuGraphEventWaitNodeSetEvent",
+    "cuGraphExecMemcpyNodeSetParams",
+    "cuGraphExecMemsetNodeSetParams",
+    "cuGraphExecChildGraphNodeSetParams",
+    "cuGraphExecEventRecordNodeSetEvent",
+    "cuGraphExecEventWaitNodeSetEvent",
+    "cuGraphKernelNodeSetParams_v2",
+    "cuGraphExecKernelNodeSetParams_v2",
+    "cuGraphGetNodes",
+    "cuGraphGetRootNodes",
+    "cuGraphGetEdges_v2",
+    "cuGraphAddDependencies_v2",
+    "cuGraphRemoveDependencies_v2",
+    "cuGraphNodeGetType",
+    "cuGraphNodeGetDependencies_v2",
+    "cuGraphNodeGetDependentNodes_v2",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphExecDestroy",
+    "cuGraphLaunch",
+    "cuGraphUpload",
+    "cuGraphExecUpdate_v2",
+    "cuGraphDebugDotPrint",
+    "cuGraphNodeGetEnabled",
+    "cuGraphEventRecordNodeGetEvent",
+    "cuGraphEventWaitNodeGetEvent",
+    "cuGraphChildGraphNodeGetGraph",
+    "cuGraphKernelNodeGetParams_v2",
+    "cuGraphNodeFindInClone",
+    "cuGraphMemcpyNodeGetParams",
+    "cuGraphMemsetNodeGetParams",
+    "cuDeviceGraphMemTrim",
+    "cuDeviceGetGraphMemAttribute",
+    "cuDeviceSetGraphMemAttribute",
+    "cuGraphDestroyNode",
+    "cuGraphNodeSetEnabled",
+];
+
+/// CUDA_ERROR_OPERATING_SYSTEM.
+const OS_ERROR: CuError = CuError(304);
+
+fn check(r: sys::CUresult) -> CuResult<()> {
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        e => Err(CuError(e as u32)),
+    }
+}
+
+fn ptr<T>(raw: Raw) -> *mut T {
+    raw as *mut T
+}
+
+fn capture_mode(mode: u32) -> CuResult<sys::CUstreamCaptureMode> {
+    use sys::CUstreamCaptureMode as M;
+    Ok(match mode {
+        0 => M::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        1 => M::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        2 => M::CU_STREAM_CAPTURE_MODE_RELAXED,
+        _ => return Err(CuError::INVALID_VALUE),
+    })
+}
+
+fn node_list(nodes: &[Raw]) -> *const sys::CUgraphNode {
+    if nodes.is_empty() {
+        null()
+    } else {
+        nodes.as_ptr().cast()
+    }
+}
+
+/// The driver's 3D copy between two device addresses.
+fn memcpy3d(m: &MemcpyNode) -> CuResult<sys::CUDA_MEMCPY3D> {
+    let u = |v: u64| usize::try_from(v).map_err(|_| CuError::INVALID_VALUE);
+    // SAFETY: CUDA_MEMCPY3D is plain C data; all-zero is its documented "unused" state.
+    let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED;
+    p.srcDevice = m.src;
+    p.srcPitch = u(m.src_pitch)?;
+    p.srcHeight = u(m.src_rows)?;
+    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED;
+    p.dstDevice = m.dst;
+    p.dstPitch = u(m.dst_pitch)?;
+    p.dstHeight = u(m.dst_rows)?;
+    p.WidthInBytes = u(m.width)?;
+    p.Height = u(m.height)?;
+    p.Depth = u(m.depth)?;
+    Ok(p)
+}
+
+fn memset_params(m: &MemsetNode) -> CuResult<sys::CUDA_MEMSET_NODE_PARAMS> {
+    let u = |v: u64| usize::try_from(v).map_err(|_| CuError::INVALID_VALUE);
+    Ok(sys::CUDA_MEMSET_NODE_PARAMS {
+        dst: m.dst,
+        pitch: u(m.pitch)?,
+        value: m.value,
+        elementSize: m.element_size,
+        width: u(m.width)?,
+        height: u(m.height)?,
+    })
+}
+
+fn kernel_params(
+    func: Raw,
+    cfg: &LaunchConfig,
+    params: &mut [*mut c_void],
+) -> sys::CUDA_KERNEL_NODE_PARAMS {
+    let p = if params.is_empty() {
+        null_mut()
+    } else {
+        params.as_mut_ptr()
+    };
+    sys::CUDA_KERNEL_NODE_PARAMS {
+        func: ptr(func),
+        gridDimX: cfg.grid[0],
+        gridDimY: cfg.grid[1],
+        gridDimZ: cfg.grid[2],
+        blockDimX: cfg.block[0],
+        blockDimY: cfg.block[1],
+        blockDimZ: cfg.block[2],
+        sharedMemBytes: cfg.shared_mem,
+        kernelParams: p,
+        extra: null_mut(),
+        kern: null_mut(),
+        ctx: null_mut(),
+    }
+}
+
+/// Calls a two-step "count, then fill" list query.
+fn list(
+    mut query: impl FnMut(*mut sys::CUgraphNode, *mut usize) -> sys::CUresult,
+) -> CuResult<Vec<Raw>> {
+    let mut n = 0usize;
+    check(query(null_mut(), &mut n))?;
+    let mut v: Vec<sys::CUgraphNode> = vec![null_mut(); n];
+    if n > 0 {
+        check(query(v.as_mut_ptr(), &mut n))?;
+        v.truncate(n);
+    }
+    Ok(v.into_iter().map(|p| p as Raw).collect())
+}
+
+// SAFETY (for every unsafe block in this impl): each call goes to a symbol that `load` found
+// (GRAPH_SYMBOLS), through cudarc's binding of its CUDA 13.0 prototype; out parameters point at
+// live locals; handles obey driver.rs's contract; input arrays are borrowed for the whole call.
+impl GraphDriverApi for super::driver::CudaDriver {
+    fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32> {
+        let mut m = capture_mode(mode)?;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m) })?;
+        Ok(m as u32)
+    }
+
+    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()> {
+        let m = capture_mode(mode)?;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamBeginCapture_v2(ptr(stream), m) })
+    }
+
+    fn stream_begin_capture_to_graph(
+        &self,
+        stream: Raw,
+        graph: Raw,
+        deps: &[Raw],
+        mode: u32,
+    ) -> CuResult<()> {
+        let m = capture_mode(mode)?;
+        // SAFETY: see the impl comment; `deps` holds `deps.len()` nodes.
+        check(unsafe {
+            sys::cuStreamBeginCaptureToGraph(
+                ptr(stream),
+                ptr(graph),
+                node_list(deps),
+                null(),
+                deps.len(),
+                m,
+            )
+        })
+    }
+
+    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
+        let mut g: sys::CUgraph = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuStreamEndCapture(ptr(stream), &mut g) })?;
+        Ok(g as Raw)
+    }
+
+    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo> {
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut id: u64 = 0;
+        let mut graph: sys::CUgraph = null_mut();
+        let mut deps: *const sys::CUgraphNode = null();
+        let mut n = 0usize;
+        // SAFETY: see the impl comment; the driver's dependency array stays valid until the
+        // next call on the stream, and is copied out at once.
+        check(unsafe {
+            sys::cuStreamGetCaptureInfo_v3(
+                ptr(stream),
+                &mut st,
+                &mut id,
+                &mut graph,
+                &mut deps,
+                null_mut(),
+                &mut n,
+            )
+        })?;
+        let deps = if deps.is_null() || n == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: the driver returned `n` nodes at `deps`.
+            unsafe { std::slice::from_raw_parts(deps, n) }
+                .iter()
+                .map(|p| *p as Raw)
+                .collect()
+        };
+        Ok(CaptureInfo {
+            status: st as u32,
+            id,
+            graph: graph as Raw,
+            deps,
+        })
+    }
+
+    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuStreamUpdateCaptureDependencies_v2(
+                ptr(stream),
+                node_list(deps).cast_mut(),
+                null(),
+                deps.len(),
+                flags,
+            )
+        })
+    }
+
+    fn graph_create(&self) -> CuResult<Raw> {
+        let mut g: sys::CUgraph = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphCreate(&mut g, 0) })?;
+        Ok(g as Raw)
+    }
+
+    fn graph_destroy(&self, graph: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphDestroy(ptr(graph)) })
+    }
+
+    fn graph_clone(&self, graph: Raw) -> CuResult<Raw> {
+        let mut g: sys::CUgraph = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphClone(&mut g, ptr(graph)) })?;
+        Ok(g as Raw)
+    }
+
+    fn graph_add_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        params: &NodeParams,
+        ctx: Raw,
+    ) -> CuResult<Raw> {
+        let mut n: sys::CUgraphNode = null_mut();
+        let (g, d, nd) = (ptr(graph), node_list(deps), deps.len());
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            match params {
+                NodeParams::Empty => sys::cuGraphAddEmptyNode(&mut n, g, d, nd),
+                NodeParams::Memcpy(m) => {
+                    let p = memcpy3d(m)?;
+                    sys::cuGraphAddMemcpyNode(&mut n, g, d, nd, &p, ptr(ctx))
+                }
+                NodeParams::Memset(m) => {
+                    let p = memset_params(m)?;
+                    sys::cuGraphAddMemsetNode(&mut n, g, d, nd, &p, ptr(ctx))
+                }
+                NodeParams::Child(c) => sys::cuGraphAddChildGraphNode(&mut n, g, d, nd, ptr(*c)),
+                NodeParams::EventRecord(e) => {
+                    sys::cuGraphAddEventRecordNode(&mut n, g, d, nd, ptr(*e))
+                }
+                NodeParams::EventWait(e) => sys::cuGraphAddEventWaitNode(&mut n, g, d, nd, ptr(*e)),
+            }
+        })?;
+        Ok(n as Raw)
+    }
+
+    unsafe fn graph_add_kernel_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        func: Raw,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> CuResult<Raw> {
+        let mut n: sys::CUgraphNode = null_mut();
+        let p = kernel_params(func, cfg, params);
+        // SAFETY: see the impl comment; the parameter pointers are the caller's contract.
+        check(unsafe {
+            sys::cuGraphAddKernelNode_v2(&mut n, ptr(graph), node_list(deps), deps.len(), &p)
+        })?;
+        Ok(n as Raw)
+    }
+
+    fn graph_add_mem_alloc_node(
+        &self,
+        graph: Raw,
+        deps: &[Raw],
+        device: i32,
+        bytesize: usize,
+    ) -> CuResult<(Raw, u64)> {
+        // SAFETY: plain C data; all-zero is the documented default of every field.
+        let mut p: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        p.poolProps.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        p.poolProps.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        p.poolProps.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        p.poolProps.location.id = device;
+        p.bytesize = bytesize;
+        let mut n: sys::CUgraphNode = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuGraphAddMemAllocNode(&mut n, ptr(graph), node_list(deps), deps.len(), &mut p)
+        })?;
+        Ok((n as Raw, p.dptr))
+    }
+
+    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw> {
+        let mut n: sys::CUgraphNode = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuGraphAddMemFreeNode(&mut n, ptr(graph), node_list(deps), deps.len(), dptr)
+        })?;
+        Ok(n as Raw)
+    }
+
+    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, ctx: Raw) -> CuResult<()> {
+        let (e, n) = (ptr(exec), ptr(node));
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            match (exec, params) {
+                (_, NodeParams::Empty) => return Err(CuError::INVALID_VALUE),
+                (0, NodeParams::Memcpy(m)) => sys::cuGraphMemcpyNodeSetParams(n, &memcpy3d(m)?),
+                (0, NodeParams::Memset(m)) => {
+                    sys::cuGraphMemsetNodeSetParams(n, &memset_params(m)?)
+                }
+                (0, NodeParams::EventRecord(ev)) => {
+                    sys::cuGraphEventRecordNodeSetEvent(n, ptr(*ev))
+                }
+                (0, NodeParams::EventWait(ev)) => sys::cuGraphEventWaitNodeSetEvent(n, ptr(*ev)),
+                // A child graph node's graph cannot be replaced in the graph itself.
+                (0, NodeParams::Child(_)) => return Err(CuError::INVALID_VALUE),
+                (_, NodeParams::Memcpy(m)) => {
+                    sys::cuGraphExecMemcpyNodeSetParams(e, n, &memcpy3d(m)?, ptr(ctx))
+                }
+                (_, NodeParams::Memset(m)) => {
+                    sys::cuGraphExecMemsetNodeSetParams(e, n, &memset_params(m)?, ptr(ctx))
+                }
+                (_, NodeParams::Child(c)) => sys::cuGraphExecChildGraphNodeSetParams(e, n, ptr(*c)),
+                (_, NodeParams::EventRecord(ev)) => {
+                    sys::cuGraphExecEventRecordNodeSetEvent(e, n, ptr(*ev))
+                }
+                (_, NodeParams::EventWait(ev)) => {
+                    sys::cuGraphExecEventWaitNodeSetEvent(e, n, ptr(*ev))
+                }
+            }
+        })
+    }
+
+    unsafe fn kernel_node_set_params(
+        &self,
+        exec: Raw,
+        node: Raw,
+        func: Raw,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        let p = kernel_params(func, cfg, params);
+        // SAFETY: see the impl comment; the parameter pointers are the caller's contract.
+        check(unsafe {
+            if exec == 0 {
+                sys::cuGraphKernelNodeSetParams_v2(ptr(node), &p)
+            } else {
+                sys::cuGraphExecKernelNodeSetParams_v2(ptr(exec), ptr(node), &p)
+            }
+        })
+    }
+
+    fn graph_nodes(&self, graph: Raw, roots: bool) -> CuResult<Vec<Raw>> {
+        let g = ptr(graph);
+        list(|out, n| {
+            // SAFETY: see the impl comment; `out` is null or holds `*n` slots.
+            unsafe {
+                if roots {
+                    sys::cuGraphGetRootNodes(g, out, n)
+                } else {
+                    sys::cuGraphGetNodes(g, out, n)
+                }
+            }
+        })
+    }
+
+    fn graph_edges(&self, graph: Raw) -> CuResult<Vec<(Raw, Raw)>> {
+        let g = ptr(graph);
+        let mut n = 0usize;
+        // SAFETY: see the impl comment (a count query).
+        check(unsafe { sys::cuGraphGetEdges_v2(g, null_mut(), null_mut(), null_mut(), &mut n) })?;
+        let mut from: Vec<sys::CUgraphNode> = vec![null_mut(); n];
+        let mut to: Vec<sys::CUgraphNode> = vec![null_mut(); n];
+        if n > 0 {
+            // SAFETY: both arrays hold `n` slots.
+            check(unsafe {
+                sys::cuGraphGetEdges_v2(g, from.as_mut_ptr(), to.as_mut_ptr(), null_mut(), &mut n)
+            })?;
+        }
+        Ok(from
+            .into_iter()
+            .zip(to)
+            .take(n)
+            .map(|(a, b)| (a as Raw, b as Raw))
+            .collect())
+    }
+
+    fn graph_change_edges(
+        &self,
+        graph: Raw,
+        from: &[Raw],
+        to: &[Raw],
+        remove: bool,
+    ) -> CuResult<()> {
+        if from.len() != to.len() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let (g, f, t, n) = (ptr(graph), node_list(from), node_list(to), from.len());
+        // SAFETY: see the impl comment; both arrays hold `n` nodes.
+        check(unsafe {
+            if remove {
+                sys::cuGraphRemoveDependencies_v2(g, f, t, null(), n)
+            } else {
+                sys::cuGraphAddDependencies_v2(g, f, t, null(), n)
+            }
+        })
+    }
+
+    fn node_type(&self, node: Raw) -> CuResult<u32> {
+        let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphNodeGetType(ptr(node), &mut t) })?;
+        Ok(t as u32)
+    }
+
+    fn node_neighbours(&self, node: Raw, dependents: bool) -> CuResult<Vec<Raw>> {
+        let n0 = ptr(node);
+        list(|out, n| {
+            // SAFETY: see the impl comment; `out` is null or holds `*n` slots.
+            unsafe {
+                if dependents {
+                    sys::cuGraphNodeGetDependentNodes_v2(n0, out, null_mut(), n)
+                } else {
+                    sys::cuGraphNodeGetDependencies_v2(n0, out, null_mut(), n)
+                }
+            }
+        })
+    }
+
+    fn graph_instantiate(&self, graph: Raw, flags: u64) -> CuResult<Raw> {
+        let mut e: sys::CUgraphExec = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut e, ptr(graph), flags) })?;
+        Ok(e as Raw)
+    }
+
+    fn graph_exec_destroy(&self, exec: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphExecDestroy(ptr(exec)) })
+    }
+
+    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            if upload_only {
+                sys::cuGraphUpload(ptr(exec), ptr(stream))
+            } else {
+                sys::cuGraphLaunch(ptr(exec), ptr(stream))
+            }
+        })
+    }
+
+    fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)> {
+        // SAFETY: plain C data; zero is "success, no node".
+        let mut info: sys::CUgraphExecUpdateResultInfo = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        let r = unsafe { sys::cuGraphExecUpdate_v2(ptr(exec), ptr(graph), &mut info) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => {
+                Ok((info.result as u32, info.errorNode as Raw))
+            }
+            e => Err(CuError(e as u32)),
+        }
+    }
+
+    fn graph_debug_dot(&self, graph: Raw, flags: u32) -> CuResult<Vec<u8>> {
+        // The driver writes to a path: an anonymous memory file of this process.
+        // SAFETY: a plain syscall with a static NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"qcuda-graph-dot".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(OS_ERROR);
+        }
+        // SAFETY: `fd` was just created and is owned here alone.
+        let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).map_err(|_| OS_ERROR)?;
+        // SAFETY: see the impl comment; `path` is NUL-terminated and lives across the call.
+        check(unsafe { sys::cuGraphDebugDotPrint(ptr(graph), path.as_ptr(), flags as c_uint) })?;
+        let mut text = Vec::new();
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).map_err(|_| OS_ERROR)?;
+        file.read_to_end(&mut text).map_err(|_| OS_ERROR)?;
+        Ok(text)
+    }
+
+    fn kernel_node_params(
+        &self,
+        node: Raw,
+        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
+    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        // SAFETY: plain C data; the driver fills it in.
+        let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphKernelNodeGetParams_v2(ptr(node), &mut p) })?;
+        let func = p.func as Raw;
+        let layout = layout_of(func).ok_or(CuError::INVALID_VALUE)?;
+        let cfg = LaunchConfig {
+            grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
+            block: [p.blockDimX, p.blockDimY, p.blockDimZ],
+            shared_mem: p.sharedMemBytes,
+        };
+        let mut block = vec![0u8; layout.block_len()];
+        if !layout.params().is_empty() {
+            if p.kernelParams.is_null() {
+                return Err(CuError::INVALID_VALUE);
+            }
+            for (i, info) in layout.params().iter().enumerate() {
+                // SAFETY: the driver returns one pointer per parameter of this function (whose
+                // layout this is), each readable for the parameter's size, valid until the
+                // node's parameters change (not before this call returns).
+                let src = unsafe { *p.kernelParams.add(i) };
+                if src.is_null() {
+                    return Err(CuError::INVALID_VALUE);
+                }
+                let at = info.offset as usize;
+                let dst = &mut block[at..at + info.size as usize];
+                // SAFETY: as above; `dst` is our own buffer, no overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.as_mut_ptr(), dst.len())
+                };
+            }
+        }
+        Ok((func, cfg, block))
+    }
+
+    fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64> {
+        use sys::CUgraphMem_attribute as A;
+        let a = match attr {
+            0 => A::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+            1 => A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+            2 => A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+            3 => A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+            _ => return Err(CuError::INVALID_VALUE),
+        };
+        let mut v: u64 = value;
+        // SAFETY: see the impl comment; every attribute is a cuuint64_t at `v`.
+        check(unsafe {
+            match what {
+                0 => sys::cuDeviceGraphMemTrim(device),
+                1 => sys::cuDeviceGetGraphMemAttribute(device, a, (&raw mut v).cast()),
+                2 => sys::cuDeviceSetGraphMemAttribute(device, a, (&raw mut v).cast()),
+                _ => return Err(CuError::INVALID_VALUE),
+            }
+        })?;
+        Ok(v)
+    }
+
+    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode> {
+        // SAFETY: plain C data; the driver fills it in.
+        let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphMemcpyNodeGetParams(ptr(node), &mut p) })?;
+        // Only nodes made from device addresses (as qcuda makes them) can be described.
+        let device_side = |t: sys::CUmemorytype| {
+            matches!(
+                t,
+                sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED | sys::CUmemorytype::CU_MEMORYTYPE_DEVICE
+            )
+        };
+        if !device_side(p.srcMemoryType) || !device_side(p.dstMemoryType) {
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        let skip = |x: usize, y: usize, z: usize, pitch: usize, rows: usize| {
+            (z as u64 * rows as u64 + y as u64) * pitch as u64 + x as u64
+        };
+        Ok(MemcpyNode {
+            dst: p.dstDevice + skip(p.dstXInBytes, p.dstY, p.dstZ, p.dstPitch, p.dstHeight),
+            dst_pitch: p.dstPitch as u64,
+            dst_rows: p.dstHeight as u64,
+            src: p.srcDevice + skip(p.srcXInBytes, p.srcY, p.srcZ, p.srcPitch, p.srcHeight),
+            src_pitch: p.srcPitch as u64,
+            src_rows: p.srcHeight as u64,
+            width: p.WidthInBytes as u64,
+            height: p.Height as u64,
+            depth: p.Depth as u64,
+        })
+    }
+
+    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode> {
+        // SAFETY: plain C data; the driver fills it in.
+        let mut p: sys::CUDA_MEMSET_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphMemsetNodeGetParams(ptr(node), &mut p) })?;
+        Ok(MemsetNode {
+            dst: p.dst,
+            pitch: p.pitch as u64,
+            value: p.value,
+            element_size: p.elementSize,
+            width: p.width as u64,
+            height: p.height as u64,
+        })
+    }
+
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
+        let mut e: sys::CUevent = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            if record {
+                sys::cuGraphEventRecordNodeGetEvent(ptr(node), &mut e)
+            } else {
+                sys::cuGraphEventWaitNodeGetEvent(ptr(node), &mut e)
+            }
+        })?;
+        Ok(e as Raw)
+    }
+
+    fn child_graph(&self, node: Raw) -> CuResult<Raw> {
+        let mut g: sys::CUgraph = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphChildGraphNodeGetGraph(ptr(node), &mut g) })?;
+        Ok(g as Raw)
+    }
+
+    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw> {
+        let mut n: sys::CUgraphNode = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphNodeFindInClone(&mut n, ptr(node), ptr(clone)) })?;
+        Ok(n as Raw)
+    }
+
+    fn destroy_node(&self, node: Raw) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphDestroyNode(ptr(node)) })
+    }
+
+    fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool> {
+        // SAFETY: see the impl comment.
+        unsafe {
+            match set {
+                Some(on) => {
+                    check(sys::cuGraphNodeSetEnabled(
+                        ptr(exec),
+                        ptr(node),
+                        u32::from(on),
+                    ))?;
+                    Ok(on)
+                }
+                None => {
+                    let mut v: c_uint = 0;
+                    check(sys::cuGraphNodeGetEnabled(ptr(exec), ptr(node), &mut v))?;
+                    Ok(v != 0)
+                }
+            }
+        }
+    }
+}
+
+impl GraphDriverApi for NoDriver {
+    fn exchange_capture_mode(&self, _: u32) -> CuResult<u32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_begin_capture(&self, _: Raw, _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_begin_capture_to_graph(&self, _: Raw, _: Raw, _: &[Raw], _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_end_capture(&self, _: Raw) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_capture_info(&self, _: Raw) -> CuResult<CaptureInfo> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_update_capture_deps(&self, _: Raw, _: &[Raw], _: u32) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_create(&self) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_destroy(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_clone(&self, _: Raw) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_add_node(&self, _: Raw, _: &[Raw], _: &NodeParams, _: Raw) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn graph_add_kernel_node(
+        &self,
+        _: Raw,
+        _: &[Raw],
+        _: Raw,
+        _: &LaunchConfig,
+        _: &mut [*mut c_void],
+    ) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_add_mem_alloc_node(
+        &self,
+        _: Raw,
+        _: &[Raw],
+        _: i32,
+        _: usize,
+    ) -> CuResult<(Raw, u64)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_add_mem_free_node(&self, _: Raw, _: &[Raw], _: u64) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn node_set_params(&self, _: Raw, _: Raw, _: &NodeParams, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    unsafe fn kernel_node_set_params(
+        &self,
+        _: Raw,
+        _: Raw,
+        _: Raw,
+        _: &LaunchConfig,
+        _: &mut [*mut c_void],
+    ) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_nodes(&self, _: Raw, _: bool) -> CuResult<Vec<Raw>> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_edges(&self, _: Raw) -> CuResult<Vec<(Raw, Raw)>> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_change_edges(&self, _: Raw, _: &[Raw], _: &[Raw], _: bool) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn node_type(&self, _: Raw) -> CuResult<u32> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn node_neighbours(&self, _: Raw, _: bool) -> CuResult<Vec<Raw>> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_instantiate(&self, _: Raw, _: u64) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_exec_destroy(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_launch(&self, _: Raw, _: Raw, _: bool) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_exec_update(&self, _: Raw, _: Raw) -> CuResult<(u32, Raw)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_debug_dot(&self, _: Raw, _: u32) -> CuResult<Vec<u8>> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn kernel_node_params(
+        &self,
+        _: Raw,
+        _: &dyn Fn(Raw) -> Option<ParamLayout>,
+    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_mem(&self, _: i32, _: u32, _: u32, _: u64) -> CuResult<u64> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memcpy_node_params(&self, _: Raw) -> CuResult<MemcpyNode> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn memset_node_params(&self, _: Raw) -> CuResult<MemsetNode> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn node_event(&self, _: Raw, _: bool) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn child_graph(&self, _: Raw) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn find_in_clone(&self, _: Raw, _: Raw) -> CuResult<Raw> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn destroy_node(&self, _: Raw) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn node_enabled(&self, _: Raw, _: Raw, _: Option<bool>) -> CuResult<bool> {
+        Err(CuError::NO_DEVICE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `sys::cu*` call in this file is in GRAPH_SYMBOLS and the other way round.
+    #[test]
+    fn graph_symbols_match_the_calls() {
+        let src = include_str!("graph_driver.rs");
+        let code = src.split("#[cfg(test)]").next().unwrap_or(src);
+        let mut called: Vec<&str> = code
+            .match_indices("sys::cu")
+            .map(|(i, _)| {
+                let rest = &code[i + 5..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect();
+        called.sort_unstable();
+        called.dedup();
+        let mut required = GRAPH_SYMBOLS.to_vec();
+        required.sort_unstable();
+        assert_eq!(called, required);
+    }
+}
