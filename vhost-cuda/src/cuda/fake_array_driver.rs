@@ -66,7 +66,7 @@ impl ArrayDriverApi for FakeDriver {
         if width == 0 || rows == 0 {
             return Err(INVALID_VALUE);
         }
-        let pitch = width.div_ceil(512) * 512;
+        let pitch = width.div_ceil(512).checked_mul(512).ok_or(INVALID_VALUE)?;
         let p = self.mem_alloc(pitch.checked_mul(rows).ok_or(INVALID_VALUE)?)?;
         Ok((p, pitch))
     }
