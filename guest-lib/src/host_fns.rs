@@ -89,6 +89,8 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct HostFns {
     table: Mutex<HashMap<u64, Entry>>,
+    /// Graph host nodes (node handle) and the key of the function each runs.
+    nodes: Mutex<HashMap<u64, u64>>,
     next_key: AtomicU64,
     /// The waiting thread, once started (or why it could not be).
     thread: OnceLock<CudaResult<()>>,
@@ -140,6 +142,24 @@ impl HostFns {
             t.remove(&key);
         }
         Some(cb)
+    }
+
+    /// Records that graph node `node` runs the function of `key`.
+    pub fn set_node(&self, node: u64, key: u64) {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node, key);
+    }
+
+    /// The function graph node `node` runs, if it is a host node this process made.
+    pub fn node_callback(&self, node: u64) -> Option<HostCallback> {
+        let key = *self
+            .nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&node)?;
+        self.table().get(&key).map(|e| e.callback)
     }
 
     /// Registered keys (for tests).

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR MIT
-// Host functions (cudaLaunchHostFunc, cudaStreamAddCallback) run in this process, in stream
-// order: work queued before one has finished when it runs, and work queued after it starts
+// Host functions (cudaLaunchHostFunc, cudaStreamAddCallback, graph host nodes, host functions
+// captured into a graph) run in this process, in stream order: work queued before one has finished when it runs, and work queued after it starts
 // only once it has returned. Also: a synchronisation in another thread while a function is
 // pending, many functions on several streams (each stream's in order), a callback that hands
 // CUDA work to a thread of its own (CUDA forbids calling CUDA inside a callback), the stream
@@ -59,6 +59,8 @@ struct CallbackSeen {
     int *dev;
     int result = 0;
 };
+
+static void CUDART_CB count_run(void *data) { ((std::atomic<int> *)data)->fetch_add(1); }
 
 static void CUDART_CB stream_callback(cudaStream_t stream, cudaError_t status, void *data)
 {
@@ -153,7 +155,52 @@ int main()
     if (seen.result != 99)
         fail("the callback's thread read %d, want 99", seen.result);
 
-    // 5. Argument errors as CUDA reports them.
+    // 5. A graph host node runs each time the graph does, after the work before it; so does a
+    //    host function captured from a stream.
+    static std::atomic<int> node_runs{0}, captured_runs{0};
+    cudaGraph_t g = nullptr, g2 = nullptr;
+    CHECK(cudaGraphCreate(&g, 0));
+    cudaGraphNode_t before_node, host_node;
+    cudaKernelNodeParams kp = {};
+    int seven = 7;
+    void *kargs[] = {&dev, &seven};
+    kp.func = (void *)write_value;
+    kp.gridDim = dim3(1);
+    kp.blockDim = dim3(1);
+    kp.kernelParams = kargs;
+    CHECK(cudaGraphAddKernelNode(&before_node, g, nullptr, 0, &kp));
+    cudaHostNodeParams hp = {count_run, &node_runs};
+    CHECK(cudaGraphAddHostNode(&host_node, g, &before_node, 1, &hp));
+    cudaHostNodeParams back = {};
+    CHECK(cudaGraphHostNodeGetParams(host_node, &back));
+    if (back.fn != count_run || back.userData != &node_runs)
+        fail("cudaGraphHostNodeGetParams gave other parameters back");
+    cudaGraphExec_t ge = nullptr;
+    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 5; i++)
+        CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaStreamSynchronize(s));
+    if (node_runs != 5)
+        fail("the graph's host node ran %d times in 5 launches", node_runs.load());
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    write_value<<<1, 1, 0, s>>>(dev, 9);
+    CHECK(cudaLaunchHostFunc(s, count_run, &captured_runs));
+    CHECK(cudaStreamEndCapture(s, &g2));
+    if (captured_runs != 0)
+        fail("a captured host function ran during the capture");
+    cudaGraphExec_t ge2 = nullptr;
+    CHECK(cudaGraphInstantiate(&ge2, g2, 0));
+    for (int i = 0; i < 3; i++)
+        CHECK(cudaGraphLaunch(ge2, s));
+    CHECK(cudaStreamSynchronize(s));
+    if (captured_runs != 3)
+        fail("the captured host function ran %d times in 3 launches", captured_runs.load());
+    CHECK(cudaGraphExecDestroy(ge2));
+    CHECK(cudaGraphExecDestroy(ge));
+    CHECK(cudaGraphDestroy(g2));
+    CHECK(cudaGraphDestroy(g));
+
+    // 6. Argument errors as CUDA reports them.
     EXPECT_ERR(cudaStreamAddCallback(s, stream_callback, &seen, 1), cudaErrorInvalidValue);
     EXPECT_ERR(cudaLaunchHostFunc(s, nullptr, nullptr), cudaErrorInvalidValue);
     cudaGetLastError();

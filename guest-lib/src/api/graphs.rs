@@ -537,6 +537,11 @@ unsafe fn add_node(
             .input(&deps)
             .input(params),
     )?;
+    if ty == g::NODE_HOST {
+        if let Some(key) = host_node_key(params) {
+            rt.host_fns.set_node(reply.rets[0], key);
+        }
+    }
     // SAFETY: non-null and writable (caller contract).
     unsafe { write_out(node, reply.rets[0] as usize as cudaGraphNode_t) }
 }
@@ -566,12 +571,26 @@ fn set_params(
     Ok(())
 }
 
-/// The hook for host nodes: they run a host function in the guest, which needs the host-function
-/// channel (guest callbacks by id, `graph::NODE_HOST` with the id as a u64 on the wire). Until it
-/// exists, host nodes are `cudaErrorNotSupported`.
-fn host_node(_params: &cudaHostNodeParams) -> CudaResult<Vec<u8>> {
-    warn_once!("CUDA graphs: host nodes (cudaGraphAddHostNode) are not supported yet");
-    Err(CudaError::NOT_SUPPORTED)
+/// A host node's parameters on the wire: the key of the function, registered with the process's
+/// host functions (`host_fns.rs`) for as long as the process lives, since the node may run any
+/// number of times. Each run goes through the host-function channel like `cudaLaunchHostFunc`.
+fn host_node(params: &cudaHostNodeParams) -> CudaResult<Vec<u8>> {
+    let func = params.fn_.ok_or(CudaError::INVALID_VALUE)?;
+    let rt = crate::runtime::runtime()?;
+    let key = rt.host_fns.register(
+        rt,
+        crate::host_fns::HostCallback::Func {
+            func,
+            data: params.userData as usize,
+        },
+        false,
+    )?;
+    Ok(key.to_le_bytes().to_vec())
+}
+
+/// The key a host node's encoding carries.
+fn host_node_key(params: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(params.get(..8)?.try_into().ok()?))
 }
 
 fn begin_capture(stream: cudaStream_t, mode: cudaStreamCaptureMode) -> CudaResult<()> {
@@ -1612,7 +1631,7 @@ cuda_api! {
         set_params(rt, d, hGraphExec, node, g::NODE_MEMSET, &p)
     }
 
-    /// `cudaGraphAddHostNode`: not supported yet (see [`host_node`]).
+    /// `cudaGraphAddHostNode`: the function runs in this process each time the node does.
     fn cudaGraphAddHostNode(
         pGraphNode: *mut cudaGraphNode_t,
         graph: cudaGraph_t,
@@ -1626,6 +1645,57 @@ cuda_api! {
         let p = host_node(unsafe { &*pNodeParams })?;
         // SAFETY: forwarded API contract.
         unsafe { add_node(rt, d, pGraphNode, graph, pDependencies, numDependencies, g::NODE_HOST, &p) }
+    }
+
+    /// `cudaGraphHostNodeGetParams`: the function and argument the node was given.
+    fn cudaGraphHostNodeGetParams(node: cudaGraphNode_t, pNodeParams: *mut cudaHostNodeParams) {
+        non_null(pNodeParams)?;
+        let (rt, _) = current()?;
+        match rt.host_fns.node_callback(node as u64) {
+            Some(crate::host_fns::HostCallback::Func { func, data }) => {
+                // SAFETY: non-null and writable (API contract).
+                unsafe {
+                    write_out(
+                        pNodeParams,
+                        cudaHostNodeParams {
+                            fn_: Some(func),
+                            userData: data as *mut c_void,
+                        },
+                    )
+                }
+            }
+            _ => Err(CudaError::INVALID_VALUE),
+        }
+    }
+
+    /// `cudaGraphHostNodeSetParams`.
+    fn cudaGraphHostNodeSetParams(node: cudaGraphNode_t, pNodeParams: *const cudaHostNodeParams) {
+        non_null(pNodeParams)?;
+        let (rt, d) = current()?;
+        // SAFETY: non-null and readable (API contract).
+        let p = host_node(unsafe { &*pNodeParams })?;
+        set_params(rt, d, core::ptr::null_mut(), node, g::NODE_HOST, &p)?;
+        if let Some(key) = host_node_key(&p) {
+            rt.host_fns.set_node(node as u64, key);
+        }
+        Ok(())
+    }
+
+    /// `cudaGraphExecHostNodeSetParams`: the executable graph's node runs the new function; the
+    /// graph's own node keeps its parameters.
+    fn cudaGraphExecHostNodeSetParams(
+        hGraphExec: cudaGraphExec_t,
+        node: cudaGraphNode_t,
+        pNodeParams: *const cudaHostNodeParams,
+    ) {
+        non_null(pNodeParams)?;
+        if hGraphExec.is_null() {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        // SAFETY: non-null and readable (API contract).
+        let p = host_node(unsafe { &*pNodeParams })?;
+        set_params(rt, d, hGraphExec, node, g::NODE_HOST, &p)
     }
 
     /// `cudaGraphAddChildGraphNode`: the child graph is cloned into the node.

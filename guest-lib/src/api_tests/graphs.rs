@@ -103,15 +103,29 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             ),
             cu::cudaErrorInvalidValue,
         );
-        // Host nodes wait for host functions in the guest.
-        let hp = cu::cudaHostNodeParams {
+        // A host node needs a function; with one, it carries the key of the process's host
+        // function and gives its parameters back.
+        let mut hp = cu::cudaHostNodeParams {
             fn_: None,
             userData: ptr::null_mut(),
         };
         assert_err(
             cudaGraphAddHostNode(&mut bad, graph, ptr::null(), 0, &hp),
-            cu::cudaErrorNotSupported,
+            cu::cudaErrorInvalidValue,
         );
+        unsafe extern "C" fn nothing(_: *mut c_void) {}
+        hp.fn_ = Some(nothing);
+        hp.userData = 0x55 as *mut c_void;
+        let mut host: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddHostNode(&mut host, graph, ptr::null(), 0, &hp));
+        let mut back = cu::cudaHostNodeParams {
+            fn_: None,
+            userData: ptr::null_mut(),
+        };
+        ok(cudaGraphHostNodeGetParams(host, &mut back));
+        assert_eq!(back.userData, 0x55 as *mut c_void);
+        assert_eq!(fake.state().graphs.nodes[&(host as u64)].ty, g::NODE_HOST);
+        ok(cudaGraphDestroyNode(host));
 
         {
             let st = fake.state();

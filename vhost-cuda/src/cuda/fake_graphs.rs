@@ -285,6 +285,7 @@ impl GraphDriverApi for FakeDriver {
                 }
                 NodeParams::EventRecord(e) => (7, *e),
                 NodeParams::EventWait(e) => (6, *e),
+                NodeParams::Host(call) => (3, *call),
             };
             let n = c.graphs.add(graph, ty, deps.to_vec(), next);
             if let Some(x) = c.graphs.nodes.get_mut(&n) {
@@ -391,6 +392,7 @@ impl GraphDriverApi for FakeDriver {
                 NodeParams::Child(_) => 4,
                 NodeParams::EventRecord(_) => 7,
                 NodeParams::EventWait(_) => 6,
+                NodeParams::Host(_) => 3,
             };
             (n.ty == ty).then_some(()).ok_or(INVALID_VALUE)
         })

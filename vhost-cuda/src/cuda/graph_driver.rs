@@ -32,6 +32,17 @@ pub(crate) enum NodeParams {
     EventRecord(Raw),
     /// An event wait node.
     EventWait(Raw),
+    /// A host node: the worker's host-function stand-in with this user data (a call of
+    /// `host_functions.rs`, alive until the session ends).
+    Host(Raw),
+}
+
+/// The driver's parameters of a host node running the worker's stand-in with `call`.
+fn host_params(call: Raw) -> sys::CUDA_HOST_NODE_PARAMS {
+    sys::CUDA_HOST_NODE_PARAMS {
+        fn_: Some(super::host_functions::trampoline),
+        userData: call as *mut c_void,
+    }
 }
 
 /// What `cuStreamGetCaptureInfo` says about a stream.
@@ -192,6 +203,9 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphAddChildGraphNode",
     "cuGraphAddEventRecordNode",
     "cuGraphAddEventWaitNode",
+    "cuGraphAddHostNode",
+    "cuGraphHostNodeSetParams",
+    "cuGraphExecHostNodeSetParams",
     "cuGraphAddKernelNode_v2",
     "cuGraphAddMemAllocNode",
     "cuGraphAddMemFreeNode",
@@ -477,6 +491,10 @@ impl GraphDriverApi for super::driver::CudaDriver {
                     sys::cuGraphAddEventRecordNode(&mut n, g, d, nd, ptr(*e))
                 }
                 NodeParams::EventWait(e) => sys::cuGraphAddEventWaitNode(&mut n, g, d, nd, ptr(*e)),
+                NodeParams::Host(call) => {
+                    let p = host_params(*call);
+                    sys::cuGraphAddHostNode(&mut n, g, d, nd, &p)
+                }
             }
         })?;
         Ok(n as Raw)
@@ -558,6 +576,12 @@ impl GraphDriverApi for super::driver::CudaDriver {
                 }
                 (_, NodeParams::EventWait(ev)) => {
                     sys::cuGraphExecEventWaitNodeSetEvent(e, n, ptr(*ev))
+                }
+                (0, NodeParams::Host(call)) => {
+                    sys::cuGraphHostNodeSetParams(n, &host_params(*call))
+                }
+                (_, NodeParams::Host(call)) => {
+                    sys::cuGraphExecHostNodeSetParams(e, n, &host_params(*call))
                 }
             }
         })

@@ -649,7 +649,24 @@ impl CudaSession {
             // Host nodes wait for host functions run in the guest; semaphores and conditional
             // nodes are not served. Memory nodes are added by `graph_add_node` (they cannot
             // change).
-            wire_graph::NODE_HOST => return Err(status::NOT_SUPPORTED.into()),
+            wire_graph::NODE_HOST => {
+                // The guest's key for its function: the node runs the worker's stand-in, which
+                // hands the key back to the guest each time the node runs (host_functions.rs).
+                let key = wire_graph::decode_handle(bytes).ok_or(bad)?;
+                if key == 0 {
+                    return Err(bad);
+                }
+                if !self.host_functions.linked() {
+                    return Err(status::NOT_SUPPORTED.into());
+                }
+                let call = self
+                    .host_functions
+                    .call(key, false)
+                    .ok_or(status::MEMORY_ALLOCATION)?;
+                // Freed with the session, after its contexts and so its graphs.
+                self.captured_calls.push(call as usize);
+                NodeParams::Host(call as Raw)
+            }
             _ => return Err(bad),
         };
         Ok(Decoded::Other(p))
