@@ -133,6 +133,8 @@ pub mod status {
     pub const INVALID_KERNEL_IMAGE: u32 = 200;
     /// cudaErrorNoKernelImageForDevice
     pub const NO_KERNEL_IMAGE_FOR_DEVICE: u32 = 209;
+    /// cudaErrorPeerAccessUnsupported
+    pub const PEER_ACCESS_UNSUPPORTED: u32 = 217;
     /// cudaErrorInvalidPtx
     pub const INVALID_PTX: u32 = 218;
     /// cudaErrorInvalidResourceHandle

@@ -33,6 +33,11 @@ static const int N = 1 << 16;
 // The victim: returns the exit status.
 static int victim(int to_parent, int from_parent)
 {
+    // Each process's device addresses start at the same place: a first block moves the target
+    // past what the attacker allocates for itself, so its pointer is nobody's in the attacker.
+    void *spacer = nullptr;
+    if (cudaMalloc(&spacer, (size_t)256 << 20) != cudaSuccess)
+        return 10;
     unsigned int *p = nullptr;
     if (cudaMalloc(&p, N * sizeof(unsigned int)) != cudaSuccess)
         return 10;
@@ -102,6 +107,10 @@ int main()
         fail("the victim did not start (exit %d)", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     }
     std::printf("victim's pointer: %p\n", (void *)foreign);
+    cudaPointerAttributes pa;
+    if (cudaPointerGetAttributes(&pa, foreign) == cudaSuccess && pa.type == cudaMemoryTypeDevice)
+        fail("the victim's pointer is a device pointer of this process too: nothing to test");
+    cudaGetLastError();
 
     // Our own memory next to it, so that the process has a context and allocations.
     unsigned int *own = nullptr;

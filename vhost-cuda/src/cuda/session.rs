@@ -751,16 +751,17 @@ impl CudaSession {
         let dev = self.device(req)?;
         self.gpu_of(peer)?;
         let peer = peer as usize;
-        if peer == dev {
-            return Err(status::INVALID_DEVICE.into());
-        }
         if flags != 0 || enable > 1 {
             return Err(status::INVALID_VALUE.into());
         }
-        // As the runtime documents: a pair that cannot access each other is an invalid device.
+        // As the runtime answers (measured: CUDA 13.0, driver 580, H100): a device and itself,
+        // or a pair that cannot reach each other, is cudaErrorPeerAccessUnsupported.
+        if peer == dev {
+            return Err(status::PEER_ACCESS_UNSUPPORTED.into());
+        }
         let (a, b) = (self.gpu_of(dev as u64)?, self.gpu_of(peer as u64)?);
         if enable == 1 && !self.drv.device_can_access_peer(a, b).map_err(on(dev))? {
-            return Err(status::INVALID_DEVICE.into());
+            return Err(status::PEER_ACCESS_UNSUPPORTED.into());
         }
         let peer_ctx = self.bind(peer)?.ctx;
         self.bind(dev)?;

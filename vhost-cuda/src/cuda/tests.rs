@@ -1233,7 +1233,7 @@ fn peers_access_and_copies_between_devices() {
     );
     assert_eq!(
         run(&mut s, Op::PeerAccess, &[0, 1, 0]).status,
-        status::INVALID_DEVICE
+        status::PEER_ACCESS_UNSUPPORTED
     );
     assert_eq!(
         run(&mut s, Op::PeerAccess, &[1, 1, 4]).status,
