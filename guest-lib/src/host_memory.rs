@@ -40,6 +40,11 @@ pub enum HostKind {
     Registered,
     /// `cudaMallocManaged`.
     Managed,
+    /// Pageable memory a graph's memcpy node (or a copy captured into a graph) reads or writes:
+    /// pinned and mapped by qcuda itself ([`HostAllocations::pin_for_graph`]), since the worker
+    /// runs the copy whenever the graph runs, long after the call. The application still sees
+    /// pageable memory.
+    GraphPinned,
 }
 
 /// One host-mapped range.
@@ -297,6 +302,77 @@ impl HostAllocations {
             },
         );
         Ok(())
+    }
+
+    /// Makes `addr..addr + len` of pageable memory reachable by the GPU for as long as the
+    /// process lives, and returns the device address of `addr`: the pages not host-mapped yet
+    /// are pinned and mapped (`HostKind::GraphPinned`). A graph may run any number of times,
+    /// and qcuda cannot tell when the application frees the memory, so they stay mapped; CUDA
+    /// likewise requires a graph's host memory to outlive the graph.
+    pub fn pin_for_graph(
+        &self,
+        session: &Session,
+        addr: usize,
+        len: usize,
+        device: u32,
+    ) -> CudaResult<u64> {
+        if let Some(d) = self.device_range(addr, len.max(1)) {
+            return Ok(d);
+        }
+        const PAGE: usize = 4096;
+        let end = addr
+            .checked_add(len.max(1))
+            .ok_or(CudaError::INVALID_VALUE)?;
+        let (start, end) = (addr & !(PAGE - 1), end.next_multiple_of(PAGE));
+        // The pages of the range no host-mapped range touches yet, as runs.
+        let mut gaps: Vec<(usize, usize)> = Vec::new();
+        {
+            let map = lock(&self.by_base);
+            let mut page = start;
+            while page < end {
+                let touched = map
+                    .range(..page + PAGE)
+                    .next_back()
+                    .is_some_and(|(_, a)| a.base + a.mapped.max(a.size).max(1) > page);
+                if !touched {
+                    match gaps.last_mut() {
+                        Some((_, e)) if *e == page => *e += PAGE,
+                        _ => gaps.push((page, page + PAGE)),
+                    }
+                }
+                page += PAGE;
+            }
+        }
+        for (s, e) in gaps {
+            let reply = session.host_map(call(s, e - s, 0, device), false)?;
+            lock(&self.by_base).insert(
+                s,
+                HostAllocation {
+                    base: s,
+                    size: e - s,
+                    mapped: e - s,
+                    flags: 0,
+                    device,
+                    dev_addr: reply.dev_addr,
+                    kind: HostKind::GraphPinned,
+                },
+            );
+        }
+        if let Some(d) = self.device_range(addr, len.max(1)) {
+            return Ok(d);
+        }
+        // Several mappings: one device range only if each is at its own guest address.
+        let map = lock(&self.by_base);
+        let identity = map
+            .range(..end)
+            .rev()
+            .take_while(|(_, a)| a.base + a.size > start)
+            .all(|(_, a)| a.dev_addr == a.base as u64);
+        if identity {
+            Ok(addr as u64)
+        } else {
+            Err(CudaError::INVALID_VALUE)
+        }
     }
 
     /// `cudaHostUnregister` of the range registered at `ptr`.

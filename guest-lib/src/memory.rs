@@ -141,11 +141,22 @@ pub unsafe fn memcpy(
             .map(|d| (d, src)),
         _ => None,
     };
+    let mut mapped = mapped;
     if mapped.is_none()
         && order.is_async
         && matches!(dir, Direction::HostToDevice | Direction::DeviceToHost)
+        && capturing(rt, order)?
     {
-        pageable_async_allowed(rt, order)?;
+        // Captured into a graph, the copy runs whenever the graph does: the pageable side is
+        // pinned and mapped for the worker (host_memory.rs), and the copy is the driver's.
+        let pin = |a: u64| {
+            rt.host_memory
+                .pin_for_graph(&rt.session, a as usize, count, order.device)
+        };
+        mapped = Some(match dir {
+            Direction::HostToDevice => (dst, pin(src)?),
+            _ => (pin(dst)?, src),
+        });
     }
     if let Some((dst, src)) = mapped {
         let mut call =
@@ -227,13 +238,11 @@ pub unsafe fn memcpy(
     }
 }
 
-/// An `*Async` copy of pageable memory cannot be captured: CUDA would record a memcpy node that
-/// reads the host pointer when the graph runs, and the host's worker cannot reach guest pageable
-/// memory at that address (guest-lib stages it). Into a capturing stream it fails with
-/// `cudaErrorStreamCaptureUnsupported`; programs capture copies of pinned memory (docs/guest-lib.md).
-fn pageable_async_allowed(rt: &Runtime, order: Ordering) -> CudaResult<()> {
+/// Whether the copy's stream is capturing into a graph (only asked while a capture of the
+/// process is under way).
+fn capturing(rt: &Runtime, order: Ordering) -> CudaResult<bool> {
     if !rt.session.captures.active() {
-        return Ok(());
+        return Ok(false);
     }
     let mut none = [0u8; 0];
     let reply = rt.session.submit(
@@ -241,10 +250,7 @@ fn pageable_async_allowed(rt: &Runtime, order: Ordering) -> CudaResult<()> {
             .args(&[order.stream])
             .output(&mut none),
     )?;
-    if reply.rets[0] != 0 {
-        return Err(CudaError::STREAM_CAPTURE_UNSUPPORTED);
-    }
-    Ok(())
+    Ok(reply.rets[0] != 0)
 }
 
 /// After a blocking copy between host and device: the host's turn for `__managed__` variables

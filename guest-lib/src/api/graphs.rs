@@ -213,12 +213,12 @@ fn copy_side(rt: &Runtime, addr: u64, span: u64, host_side: bool) -> CudaResult<
         return Ok(d);
     }
     if host_side {
-        warn_once!(
-            "CUDA graphs: a memcpy node's host memory must be pinned, registered or managed \
-             (cudaMallocHost, cudaHostRegister, cudaMallocManaged); pageable memory is \
-             cudaErrorInvalidValue"
-        );
-        return Err(CudaError::INVALID_VALUE);
+        // Pageable memory: the worker runs the copy whenever the graph runs, so the pages are
+        // pinned and mapped for it now (host_memory.rs).
+        let (_, device) = crate::runtime::current()?;
+        return rt
+            .host_memory
+            .pin_for_graph(&rt.session, addr as usize, len, device);
     }
     Ok(addr)
 }

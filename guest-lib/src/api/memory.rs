@@ -287,7 +287,11 @@ cuda_api! {
             a.device = d.device as c_int;
             a.devicePointer = ptr.cast_mut();
             a.hostPointer = std::ptr::null_mut();
-        } else if let Some(h) = rt.host_memory.find(ptr as usize) {
+        } else if let Some(h) = rt
+            .host_memory
+            .find(ptr as usize)
+            .filter(|h| h.kind != HostKind::GraphPinned)
+        {
             a.type_ = if h.kind == HostKind::Managed {
                 cudaMemoryTypeManaged
             } else {

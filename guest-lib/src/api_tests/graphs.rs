@@ -88,21 +88,29 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             cudaGraphMemsetNodeGetParams(cp, &mut back_set),
             cu::cudaErrorInvalidValue,
         );
-        // Pageable host memory cannot be a memcpy node's host side.
+        // Pageable host memory as a memcpy node's host side is pinned and mapped for the
+        // worker, which runs the copy whenever the graph runs.
         let mut bad: cudaGraphNode_t = ptr::null_mut();
-        assert_err(
-            cudaGraphAddMemcpyNode1D(
-                &mut bad,
-                graph,
-                ptr::null(),
-                0,
-                pageable.as_mut_ptr().cast(),
-                dev,
-                256,
-                cu::cudaMemcpyDeviceToHost,
-            ),
-            cu::cudaErrorInvalidValue,
+        ok(cudaGraphAddMemcpyNode1D(
+            &mut bad,
+            graph,
+            ptr::null(),
+            0,
+            pageable.as_mut_ptr().cast(),
+            dev,
+            256,
+            cu::cudaMemcpyDeviceToHost,
+        ));
+        let pinned_for_graph = crate::runtime::runtime()
+            .unwrap()
+            .host_memory
+            .find(pageable.as_ptr() as usize)
+            .unwrap();
+        assert_eq!(
+            pinned_for_graph.kind,
+            crate::host_memory::HostKind::GraphPinned
         );
+        ok(cudaGraphDestroyNode(bad));
         // A host node needs a function; with one, it carries the key of the process's host
         // function and gives its parameters back.
         let mut hp = cu::cudaHostNodeParams {
@@ -396,18 +404,16 @@ fn capture_follows_the_modes_and_waits_for_every_call() {
         let before = fake.state().log.len();
         ok(cudaMemsetAsync(p, 0, 64, s));
         assert!(!fake.state().log[before].fire_and_forget);
-        // Pageable copies cannot be captured.
+        // A captured copy of pageable memory pins and maps it, and is the driver's copy.
         let mut host = [0u8; 64];
-        assert_err(
-            cudaMemcpyAsync(
-                host.as_mut_ptr().cast(),
-                p,
-                64,
-                cu::cudaMemcpyDeviceToHost,
-                s,
-            ),
-            cu::cudaErrorStreamCaptureUnsupported,
-        );
+        ok(cudaMemcpyAsync(
+            host.as_mut_ptr().cast(),
+            p,
+            64,
+            cu::cudaMemcpyDeviceToHost,
+            s,
+        ));
+        assert_eq!(fake.ops().last(), Some(&Op::MemcpyMapped));
 
         let mut deps: *const cudaGraphNode_t = ptr::null();
         let mut n = 0usize;

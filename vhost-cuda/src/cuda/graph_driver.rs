@@ -282,10 +282,42 @@ fn node_list(nodes: &[Raw]) -> *const sys::CUgraphNode {
 }
 
 /// The driver's 3D copy between two device addresses.
+/// A `CUDA_MEMCPY3D` with every field zero except the memory types (unified), which have no
+/// zero value: `mem::zeroed` of this struct is undefined behaviour (and panics without
+/// unwinding at run time).
+fn blank_memcpy3d() -> sys::CUDA_MEMCPY3D {
+    sys::CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED,
+        srcHost: null(),
+        srcDevice: 0,
+        srcArray: null_mut(),
+        reserved0: null_mut(),
+        srcPitch: 0,
+        srcHeight: 0,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED,
+        dstHost: null_mut(),
+        dstDevice: 0,
+        dstArray: null_mut(),
+        reserved1: null_mut(),
+        dstPitch: 0,
+        dstHeight: 0,
+        WidthInBytes: 0,
+        Height: 0,
+        Depth: 0,
+    }
+}
+
 fn memcpy3d(m: &MemcpyNode) -> CuResult<sys::CUDA_MEMCPY3D> {
     let u = |v: u64| usize::try_from(v).map_err(|_| CuError::INVALID_VALUE);
-    // SAFETY: CUDA_MEMCPY3D is plain C data; all-zero is its documented "unused" state.
-    let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
+    let mut p = blank_memcpy3d();
     p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED;
     p.srcDevice = m.src;
     p.srcPitch = u(m.src_pitch)?;
@@ -800,9 +832,8 @@ impl GraphDriverApi for super::driver::CudaDriver {
     }
 
     fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode> {
-        // SAFETY: plain C data; the driver fills it in.
-        let mut p: sys::CUDA_MEMCPY3D = unsafe { std::mem::zeroed() };
-        // SAFETY: see the impl comment.
+        let mut p = blank_memcpy3d();
+        // SAFETY: see the impl comment; the driver fills the struct in.
         check(unsafe { sys::cuGraphMemcpyNodeGetParams(ptr(node), &mut p) })?;
         // Only nodes made from device addresses (as qcuda makes them) can be described.
         let device_side = |t: sys::CUmemorytype| {
