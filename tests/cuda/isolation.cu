@@ -3,10 +3,10 @@
 // The program forks before any CUDA call: the child (a victim) allocates and fills device memory,
 // tells the parent (the attacker) the pointer through a pipe, and waits. The parent then, with
 // that foreign pointer: copies from it, copies to it, sets it, frees it, and finally launches a
-// kernel that writes through it (a fault: sticky, for the parent only). Every one of these must
-// fail, natively (separate processes) as in the guest (separate sessions and workers). Also: a
-// freed pointer and an impossible allocation fail. The
-// victim then checks that its memory is intact and that it still computes correctly.
+// kernel that writes through it. None of these may reach the victim's memory, natively
+// (separate processes) as in the guest (separate sessions and workers; there the host refuses
+// the pointer). Also: a freed pointer and an impossible allocation fail. The victim then checks
+// that its memory is intact and that it still computes correctly.
 #define TEST_NAME "isolation"
 #include "selfcheck.cuh"
 
@@ -80,10 +80,12 @@ static int victim(int to_parent, int from_parent)
     return 0;
 }
 
-static void expect_failure(cudaError_t e, const char *what)
+// What a call with the other process's pointer gave. Natively such a pointer is just an
+// address of this process (the runtime may even treat it as host memory), so success is not a
+// breach by itself; a breach is reaching the victim's data, which the checks here and the
+// victim's own check at the end look for.
+static void attempt(cudaError_t e, const char *what)
 {
-    if (e == cudaSuccess)
-        fail("%s with another process's pointer succeeded", what);
     std::printf("%s: %s\n", what, cudaGetErrorName(e));
     cudaGetLastError();
 }
@@ -126,15 +128,20 @@ int main()
     EXPECT_ERR(cudaMalloc(&huge, (size_t)1 << 50), cudaErrorMemoryAllocation);
     cudaGetLastError();
 
-    expect_failure(cudaMemcpy(h.data(), foreign, 4096, cudaMemcpyDeviceToHost), "copy from");
+    attempt(cudaMemcpy(h.data(), foreign, 4096, cudaMemcpyDeviceToHost), "copy from");
     for (int i = 0; i < 1024; i++)
-        if (h[i] != 0)
+        if (h[i] == 0x5a000000u + i)
             fail("a copy from another process's pointer returned its data (word %d = %#x)", i,
                  h[i]);
-    expect_failure(cudaMemcpy(foreign, h.data(), 4096, cudaMemcpyHostToDevice), "copy to");
-    expect_failure(cudaMemcpy(own, foreign, 4096, cudaMemcpyDeviceToDevice), "device copy from");
-    expect_failure(cudaMemset(foreign, 0, 4096), "memset");
-    expect_failure(cudaFree(foreign), "free");
+    attempt(cudaMemcpy(foreign, h.data(), 4096, cudaMemcpyHostToDevice), "copy to");
+    attempt(cudaMemcpy(own, foreign, 4096, cudaMemcpyDeviceToDevice), "device copy from");
+    if (cudaMemcpy(h.data(), own, 4096, cudaMemcpyDeviceToHost) == cudaSuccess)
+        for (int i = 0; i < 1024; i++)
+            if (h[i] == 0x5a000000u + i)
+                fail("a device copy from another process's pointer got its data");
+    cudaGetLastError();
+    attempt(cudaMemset(foreign, 0, 4096), "memset");
+    attempt(cudaFree(foreign), "free");
 
     // Last: a kernel that writes through the foreign pointer. It must not reach the victim; in
     // this process it is an illegal address (or, if the address happens to be ours, our own

@@ -90,6 +90,7 @@ int main()
     // The legacy stream cannot be captured.
     EXPECT_ERR(cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal),
                cudaErrorStreamCaptureUnsupported);
+    cudaGetLastError();
 
     const cudaStreamCaptureMode modes[] = {cudaStreamCaptureModeGlobal,
                                            cudaStreamCaptureModeThreadLocal,
