@@ -187,6 +187,7 @@ int main()
     EXPECT_ERR(cudaMalloc(&extra, 256), cudaErrorStreamCaptureUnsupported);
     EXPECT_ERR(cudaStreamEndCapture(s1, &graph), cudaErrorStreamCaptureInvalidated);
 
+    cudaGetLastError();
     // This thread switched to relaxed mode: cudaMalloc is allowed during a global capture.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     CHECK(cudaThreadExchangeStreamCaptureMode(&mode));

@@ -115,25 +115,52 @@ impl AllocationTable {
         self.insert(base, size, RegionKind::StreamOrdered)
     }
 
-    /// Adds the allocation `[base, base + size)` of a memory allocation node of `graph`.
+    /// Adds the allocation `[base, base + size)` of a memory allocation node of `graph`. The
+    /// driver may give a new node of the same graph addresses that one of its earlier
+    /// allocations, freed by a free node before it, had (virtual address reuse inside a graph):
+    /// regions of that graph it overlaps are merged with it. Overlapping anything else is an
+    /// error.
     pub(crate) fn insert_graph_memory(
         &mut self,
         base: u64,
         size: u64,
         graph: u64,
     ) -> Result<(), TableError> {
-        self.insert(base, size, RegionKind::GraphMemory { graph })
+        let kind = RegionKind::GraphMemory { graph };
+        let end = base
+            .checked_add(size)
+            .filter(|_| size > 0)
+            .ok_or(TableError::BadRange)?;
+        let overlapping: Vec<(u64, u64, RegionKind)> = self
+            .regions
+            .range(..end)
+            .rev()
+            .take_while(|(&b, r)| b + r.size > base || b >= base)
+            .filter(|(&b, r)| b < end && b + r.size > base)
+            .map(|(&b, r)| (b, r.size, r.kind))
+            .collect();
+        if overlapping.iter().any(|&(_, _, k)| k != kind) {
+            return Err(TableError::Overlap);
+        }
+        let (mut lo, mut hi) = (base, end);
+        for &(b, s, _) in &overlapping {
+            lo = lo.min(b);
+            hi = hi.max(b + s);
+            self.regions.remove(&b);
+        }
+        self.insert(lo, hi - lo, kind)
     }
 
     /// True if `base` is the start of a graph's allocation (what a free node accepts).
     pub(crate) fn is_graph_memory(&self, base: u64) -> bool {
-        matches!(
-            self.regions.get(&base),
-            Some(Region {
-                kind: RegionKind::GraphMemory { .. },
-                ..
+        // Inside a region, not only at its start: a graph's regions merge when the driver
+        // reuses addresses (see `insert_graph_memory`).
+        self.regions
+            .range(..=base)
+            .next_back()
+            .is_some_and(|(&b, r)| {
+                matches!(r.kind, RegionKind::GraphMemory { .. }) && base < b + r.size
             })
-        )
     }
 
     /// Removes the allocations of `graph`'s memory allocation nodes.
@@ -297,5 +324,28 @@ mod tests {
         assert_eq!(t.stream_ordered(), vec![0x2000]);
         assert_eq!(t.remove_allocation(0x2000), Ok(0x100));
         assert!(t.stream_ordered().is_empty());
+    }
+
+    #[test]
+    fn a_graph_reusing_its_own_freed_addresses_merges_and_nothing_else_may_overlap() {
+        let mut t = AllocationTable::default();
+        t.insert_graph_memory(0x10_0000, 0x1000, 7).unwrap();
+        // Another node of graph 7 at an address its earlier allocation had (reuse): merged.
+        t.insert_graph_memory(0x10_0800, 0x1000, 7).unwrap();
+        assert!(t.contains(0x10_0000, 0x1800));
+        assert!(t.is_graph_memory(0x10_0000) && t.is_graph_memory(0x10_0800));
+        assert!(!t.is_graph_memory(0x10_1800));
+        // Another graph's memory, or an allocation, must not overlap it.
+        assert_eq!(
+            t.insert_graph_memory(0x10_1000, 0x1000, 8),
+            Err(TableError::Overlap)
+        );
+        t.insert_allocation(0x20_0000, 0x100).unwrap();
+        assert_eq!(
+            t.insert_graph_memory(0x1f_ff80, 0x100, 7),
+            Err(TableError::Overlap)
+        );
+        t.remove_graph_memory(7);
+        assert!(!t.contains(0x10_0000, 1));
     }
 }
