@@ -702,6 +702,14 @@ fn run(
         }
         Op::HostFuncWait | Op::Batch => unreachable!("answered in execute"),
         Op::HostLatency => rets[0] = 0,
+        Op::StreamSetAttribute | Op::CtxResetPersistingL2 => {}
+        Op::StreamGetAttribute => {
+            let rec = qcuda_proto::LaunchAttr {
+                id: args[1] as u32,
+                ..Default::default()
+            };
+            outs[0][..qcuda_proto::LAUNCH_ATTR_SIZE].copy_from_slice(&rec.encode());
+        }
         Op::StreamBeginCapture
         | Op::StreamEndCapture
         | Op::StreamCaptureInfo

@@ -390,6 +390,9 @@ pub fn needs_context(op: Op) -> bool {
         | Op::EventQuery
         | Op::LaunchHostFunc
         | Op::Batch
+        | Op::StreamSetAttribute
+        | Op::StreamGetAttribute
+        | Op::CtxResetPersistingL2
         | Op::MallocPitch
         | Op::Memset3D
         | Op::Memcpy3D
@@ -513,6 +516,9 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::Echo
         | Op::HostInfo
         | Op::HostLatency
+        | Op::StreamSetAttribute
+        | Op::StreamGetAttribute
+        | Op::CtxResetPersistingL2
         | Op::DeviceCount
         | Op::DeviceInfo
         | Op::DeviceAttributes

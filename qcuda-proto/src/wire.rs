@@ -470,6 +470,15 @@ ops! {
     /// not wait behind a synchronisation that waits for the function). Status
     /// `CUDART_UNLOADING` once the session is closing: the thread ends.
     HostFuncWait = 0x01D1, ins 0, outs 0;
+    /// args[0] = stream handle; in-buffer 0 = one [`LaunchAttr`] record whose id is a stream
+    /// attribute (access policy window 1, synchronisation policy 3, priority 8, memory
+    /// synchronisation domain map 9 and domain 10): cuStreamSetAttribute.
+    StreamSetAttribute = 0x01D2, ins 1, outs 0;
+    /// args[0] = stream handle, args[1] = a stream attribute id (as for `StreamSetAttribute`);
+    /// out-buffer 0 receives its value as one [`LaunchAttr`] record (cuStreamGetAttribute).
+    StreamGetAttribute = 0x01D3, ins 0, outs 1;
+    /// cuCtxResetPersistingL2Cache in the session's context on `hdr.device`.
+    CtxResetPersistingL2 = 0x01D4, ins 0, outs 0;
     /// Fire-and-forget work gathered by the guest: in-buffer 0 holds args[0] records
     /// ([`BatchRecord`], each followed by its in-data padded to 8 bytes), executed in order
     /// as if each had been sent alone with `FLAG_ASYNC`. Only [`BATCHABLE`] ops may appear.

@@ -55,6 +55,7 @@ pub mod memory;
 pub mod pools;
 pub mod profiler;
 pub mod registration;
+pub mod stream_attrs;
 pub mod streams;
 pub mod symbols;
 pub mod texture;

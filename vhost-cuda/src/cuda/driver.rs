@@ -310,6 +310,14 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     /// cuEventElapsedTime, milliseconds.
     fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32>;
 
+    /// cuStreamSetAttribute with a value laid out as `CUstreamAttrValue` (64 bytes); `id` is
+    /// one of the stream attributes (1, 3, 8, 9, 10), others are CUDA_ERROR_INVALID_VALUE.
+    fn stream_set_attribute(&self, stream: Raw, id: u32, value: &[u8; 64]) -> CuResult<()>;
+    /// cuStreamGetAttribute, as for `stream_set_attribute`.
+    fn stream_get_attribute(&self, stream: Raw, id: u32) -> CuResult<[u8; 64]>;
+    /// cuCtxResetPersistingL2Cache in the current context.
+    fn ctx_reset_persisting_l2(&self) -> CuResult<()>;
+
     /// cuStreamIsCapturing: whether work enqueued on `stream` now goes into a graph.
     fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool>;
     /// cuLaunchHostFunc: the driver calls `func(user_data)` on a thread of its own once the
@@ -323,6 +331,19 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
         func: HostFn,
         user_data: *mut c_void,
     ) -> CuResult<()>;
+}
+
+/// The driver's id of a stream attribute (the launch attributes that apply to streams).
+fn stream_attr_id(id: u32) -> CuResult<sys::CUstreamAttrID> {
+    use sys::CUlaunchAttributeID as A;
+    Ok(match id {
+        1 => A::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW,
+        3 => A::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY,
+        8 => A::CU_LAUNCH_ATTRIBUTE_PRIORITY,
+        9 => A::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP,
+        10 => A::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN,
+        _ => return Err(CuError::INVALID_VALUE),
+    })
 }
 
 /// A host function as the driver calls it (`CUhostFn`).
@@ -405,6 +426,9 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
     "cuEventRecord",
     "cuStreamIsCapturing",
+    "cuStreamSetAttribute",
+    "cuStreamGetAttribute",
+    "cuCtxResetPersistingL2Cache",
     "cuLaunchHostFunc",
     "cuEventSynchronize",
     "cuEventQuery",
@@ -1073,6 +1097,38 @@ impl DriverApi for CudaDriver {
         check(unsafe { sys::cuEventRecord(ptr(event), ptr(stream)) })
     }
 
+    fn stream_set_attribute(&self, stream: Raw, id: u32, value: &[u8; 64]) -> CuResult<()> {
+        let id = stream_attr_id(id)?;
+        // SAFETY: see the impl comment; `value` is 64 bytes, the size of the C union
+        // CUstreamAttrValue, and the driver only reads it.
+        check(unsafe {
+            sys::cuStreamSetAttribute(
+                ptr(stream),
+                id,
+                value.as_ptr().cast::<sys::CUstreamAttrValue>(),
+            )
+        })
+    }
+
+    fn stream_get_attribute(&self, stream: Raw, id: u32) -> CuResult<[u8; 64]> {
+        let id = stream_attr_id(id)?;
+        let mut value = [0u8; 64];
+        // SAFETY: as above; the driver writes at most the union's 64 bytes.
+        check(unsafe {
+            sys::cuStreamGetAttribute(
+                ptr(stream),
+                id,
+                value.as_mut_ptr().cast::<sys::CUstreamAttrValue>(),
+            )
+        })?;
+        Ok(value)
+    }
+
+    fn ctx_reset_persisting_l2(&self) -> CuResult<()> {
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuCtxResetPersistingL2Cache() })
+    }
+
     fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool> {
         let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: see the impl comment; the status is written to a local.
@@ -1484,6 +1540,15 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn stream_is_capturing(&self, _: Raw) -> CuResult<bool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_set_attribute(&self, _: Raw, _: u32, _: &[u8; 64]) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn stream_get_attribute(&self, _: Raw, _: u32) -> CuResult<[u8; 64]> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ctx_reset_persisting_l2(&self) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn launch_host_func(&self, _: Raw, _: HostFn, _: *mut c_void) -> CuResult<()> {

@@ -75,6 +75,8 @@ pub(super) struct Ctx {
     priorities: HashMap<Raw, i32>,
     /// cuCtxSetCacheConfig.
     cache_config: u32,
+    /// Stream attributes set: (stream, id) -> value.
+    stream_attrs: HashMap<(Raw, u32), [u8; 64]>,
     /// Graphs, their nodes, executable graphs and captures (fake_graphs.rs).
     pub(super) graphs: super::fake_graphs::FakeGraphs,
 }
@@ -1179,6 +1181,34 @@ impl DriverApi for FakeDriver {
                 _ => Err(INVALID_HANDLE),
             }
         })
+    }
+
+    fn stream_set_attribute(&self, stream: Raw, id: u32, value: &[u8; 64]) -> CuResult<()> {
+        self.with_ctx("stream_set_attribute", |c, _| {
+            check_stream(c, stream)?;
+            if ![1, 3, 8, 9, 10].contains(&id) {
+                return Err(INVALID_VALUE);
+            }
+            c.stream_attrs.insert((stream, id), *value);
+            Ok(())
+        })
+    }
+
+    fn stream_get_attribute(&self, stream: Raw, id: u32) -> CuResult<[u8; 64]> {
+        self.with_ctx("stream_get_attribute", |c, _| {
+            check_stream(c, stream)?;
+            if ![1, 3, 8, 9, 10].contains(&id) {
+                return Err(INVALID_VALUE);
+            }
+            Ok(c.stream_attrs
+                .get(&(stream, id))
+                .copied()
+                .unwrap_or([0; 64]))
+        })
+    }
+
+    fn ctx_reset_persisting_l2(&self) -> CuResult<()> {
+        self.with_ctx("ctx_reset_persisting_l2", |_, _| Ok(()))
     }
 
     fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool> {

@@ -43,6 +43,10 @@ use crate::guest_buffer::{GuestBuffer, Request};
 mod arrays;
 mod graphs;
 
+/// The launch attribute ids a stream takes: access policy window, synchronisation policy,
+/// priority, memory synchronisation domain map and domain.
+const STREAM_ATTRIBUTES: [u32; 5] = [1, 3, 8, 9, 10];
+
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
 /// Most function handles a session may hold.
@@ -499,6 +503,13 @@ impl CudaSession {
             Op::EventSynchronize | Op::EventQuery => self.event_wait(req),
             Op::EventElapsedTime => self.event_elapsed(args),
             Op::LaunchHostFunc => self.launch_host_func(req),
+            Op::StreamSetAttribute => self.stream_set_attribute(req),
+            Op::StreamGetAttribute => self.stream_get_attribute(req),
+            Op::CtxResetPersistingL2 => {
+                let dev = self.bind_new(req)?;
+                self.drv.ctx_reset_persisting_l2().map_err(on(dev))?;
+                ok()
+            }
             Op::Batch => self.batch(req),
             Op::MallocPitch => self.malloc_pitch(req),
             Op::Memset3D => self.memset_3d(req),
@@ -1744,6 +1755,57 @@ impl CudaSession {
         if first_failure != status::SUCCESS {
             return Err(first_failure.into());
         }
+        ok()
+    }
+
+    /// StreamSetAttribute: the attributes a stream has (a subset of the launch attributes),
+    /// laid out by the launch-attribute rules (`launch.rs`).
+    fn stream_set_attribute(&mut self, req: &Request) -> OpResult {
+        let bytes = req
+            .inputs
+            .first()
+            .ok_or(status::INVALID_VALUE)?
+            .to_vec()
+            .map_err(|_| status::INVALID_VALUE)?;
+        let a = LaunchAttr::decode(&bytes).map_err(|_| status::INVALID_VALUE)?;
+        if !STREAM_ATTRIBUTES.contains(&a.id) {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(req.header.args[0], dev)?;
+        let value = DriverLaunchAttr::from_wire(&a, |_| None)?.value;
+        self.drv
+            .stream_set_attribute(stream, a.id, &value)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    /// StreamGetAttribute: the value back as a wire record.
+    fn stream_get_attribute(&mut self, req: &Request) -> OpResult {
+        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let id = u32::try_from(req.header.args[1]).map_err(|_| status::INVALID_VALUE)?;
+        if !STREAM_ATTRIBUTES.contains(&id) || out.len() < LAUNCH_ATTR_SIZE {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(req.header.args[0], dev)?;
+        let v = self.drv.stream_get_attribute(stream, id).map_err(on(dev))?;
+        let u32_at = |at: usize| u32::from_le_bytes([v[at], v[at + 1], v[at + 2], v[at + 3]]);
+        let u64_at = |at: usize| u64::from(u32_at(at)) | u64::from(u32_at(at + 4)) << 32;
+        let mut rec = LaunchAttr {
+            id,
+            ..LaunchAttr::default()
+        };
+        match id {
+            1 => {
+                rec.w = [u64_at(0), u64_at(8)];
+                rec.v = [u32_at(16), u32_at(20), u32_at(24)];
+            }
+            9 => rec.v = [u32::from(v[0]), u32::from(v[1]), 0],
+            _ => rec.v[0] = u32_at(0),
+        }
+        out.write_at(0, &rec.encode())
+            .map_err(|_| status::INVALID_VALUE)?;
         ok()
     }
 

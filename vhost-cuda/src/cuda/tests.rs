@@ -1643,3 +1643,52 @@ fn a_batch_runs_its_records_in_order_and_reports_the_first_failure() {
     }
 }
 mod graphs;
+
+#[test]
+fn stream_attributes_round_trip_and_only_stream_ids_are_taken() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let stream = ok(run(&mut s, Op::StreamCreate, &[0, 0]))[0];
+    let window = qcuda_proto::LaunchAttr {
+        id: 1,
+        v: [0.5f32.to_bits(), 2, 1],
+        w: [0x7f00_0000_1000, 1 << 20],
+    };
+    let set = |rig: &mut Rig, s: &mut CudaSession, a: qcuda_proto::LaunchAttr| {
+        let b = rig.buf(&a.encode());
+        s.execute(&req(Op::StreamSetAttribute, 0, &[stream], vec![b], vec![]))
+    };
+    ok(set(&mut rig, &mut s, window));
+    let out = rig.out(qcuda_proto::LAUNCH_ATTR_SIZE);
+    ok(s.execute(&req(
+        Op::StreamGetAttribute,
+        0,
+        &[stream, 1],
+        vec![],
+        vec![out.clone()],
+    )));
+    assert_eq!(
+        qcuda_proto::LaunchAttr::decode(&out.to_vec().unwrap()).unwrap(),
+        window
+    );
+    // A launch-only attribute (cluster dimension) and an unknown one are refused.
+    for id in [4, 99] {
+        let a = qcuda_proto::LaunchAttr {
+            id,
+            ..Default::default()
+        };
+        assert_eq!(set(&mut rig, &mut s, a).status, status::INVALID_VALUE);
+    }
+    assert_eq!(
+        s.execute(&req(
+            Op::StreamGetAttribute,
+            0,
+            &[stream, 4],
+            vec![],
+            vec![out]
+        ))
+        .status,
+        status::INVALID_VALUE
+    );
+    ok(run(&mut s, Op::CtxResetPersistingL2, &[]));
+}
