@@ -11,7 +11,7 @@ use super::{
             format_bytes, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem, Resource,
             TexParams, ViewParams,
         },
-        driver::{CuResult, DriverApi, Raw},
+        driver::{CuError, CuResult, DriverApi, Raw},
     },
     check_stream, fresh, host_slice, slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
 };
@@ -21,7 +21,8 @@ fn array_layout(d: &ArrayDesc) -> (usize, usize, usize, usize) {
     let elem = format_bytes(d.format) * d.channels as usize;
     let rows = d.height.max(1);
     let slices = d.depth.max(1);
-    (elem, d.width * elem, rows, slices)
+    // Like the driver, the fake refuses what it cannot hold (a pitch of 0 is refused below).
+    (elem, d.width.checked_mul(elem).unwrap_or(0), rows, slices)
 }
 
 /// The bytes of one row of a copy side: `len` bytes at row (`y`, `z`) from byte `x`.
@@ -123,8 +124,13 @@ impl ArrayDriverApi for FakeDriver {
             if elem == 0 || d.width == 0 || ![1, 2, 4].contains(&d.channels) {
                 return Err(INVALID_VALUE);
             }
+            let bytes = pitch
+                .checked_mul(rows)
+                .and_then(|b| b.checked_mul(slices))
+                .filter(|&b| b > 0 && b <= 1 << 30)
+                .ok_or(CuError(2))?;
             let a = fresh(next);
-            c.arrays.insert(a, (*d, vec![0; pitch * rows * slices]));
+            c.arrays.insert(a, (*d, vec![0; bytes]));
             Ok(a)
         })
     }
