@@ -1018,6 +1018,16 @@ impl CudaSession {
             .iter()
             .position(|d| d.as_ref().is_some_and(|c| c.memory.is_allocation(ptr)));
         let Some(owner) = owner else {
+            // A graph's allocation, freed outside the graph (see `free`).
+            let graph_memory = self
+                .devices
+                .iter()
+                .flatten()
+                .any(|c| c.memory.is_graph_memory(ptr));
+            if graph_memory {
+                self.drv.mem_free_async(ptr, stream).map_err(on(dev))?;
+                return ok();
+            }
             return Err(status::INVALID_VALUE.into());
         };
         self.drv.mem_free_async(ptr, stream).map_err(on(dev))?;
@@ -1095,6 +1105,12 @@ impl CudaSession {
         let drv = Arc::clone(&self.drv);
         let c = self.context(dev)?;
         if !c.memory.is_allocation(ptr) {
+            // A graph's allocation (memory node) may be freed outside the graph, as CUDA
+            // allows; the range stays the graph's, which allocates it again when it runs.
+            if c.memory.is_graph_memory(ptr) {
+                drv.mem_free(ptr).map_err(on(dev))?;
+                return ok();
+            }
             return Err(status::INVALID_VALUE.into());
         }
         drv.mem_free(ptr).map_err(on(dev))?;
