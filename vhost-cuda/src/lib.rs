@@ -17,6 +17,7 @@ pub mod chain;
 pub mod cuda;
 pub mod device_output;
 pub mod guest_buffer;
+pub mod limits;
 pub mod session;
 pub mod session_worker;
 pub mod shared_guest_ram;
@@ -90,6 +91,9 @@ pub enum Error {
         /// The last accept error.
         reason: String,
     },
+    /// `--max-sessions` out of range.
+    #[error("--max-sessions must be between 1 and {1}, not {0}")]
+    BadMaxSessions(usize, usize),
     /// No `--socket-path` (clap requires it outside worker mode).
     #[error("--socket-path is required")]
     NoSocketPath,
@@ -119,6 +123,8 @@ pub struct Config {
     pub gpu: Option<u32>,
     /// The tracing filter (`info`, `vhost_cuda=debug`, ...).
     pub log_filter: String,
+    /// Per-VM limits (`--max-sessions`, `--max-gpu-memory`).
+    pub limits: limits::Limits,
 }
 
 impl Config {
@@ -287,7 +293,8 @@ impl Server {
             sockets.push((listener, control));
         }
         // Workers are this binary, told the daemon's --gpu and log filter.
-        let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone());
+        let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone())
+            .with_limits(config.limits);
         Ok(Self {
             sockets,
             host,

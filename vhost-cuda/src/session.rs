@@ -58,6 +58,7 @@ use crate::{
     chain::{ParsedRequest, Reply},
     cuda::CudaHost,
     guest_buffer::{GuestRam, Request},
+    limits::GpuMemoryQuota,
     transport_ops,
     worker_process::{Waited, WorkerCommand, WorkerError, WorkerProcess, CLOSE_WAIT},
 };
@@ -106,6 +107,11 @@ struct Shared {
     host: Arc<CudaHost>,
     command: WorkerCommand,
     label: String,
+    /// `--max-sessions` (at most [`MAX_SESSIONS`]).
+    max_sessions: usize,
+    /// `--max-gpu-memory`: the VM's quota file, shared with its workers; `Err` if it could not
+    /// be made (then no worker starts: the limit is not silently dropped).
+    gpu_memory: Option<Result<GpuMemoryQuota, String>>,
     threads: Mutex<HashMap<u64, SessionHandle>>,
     /// The guest memory map of the last SET_MEM_TABLE, for new worker processes.
     memory: Mutex<Arc<GuestRam>>,
@@ -254,12 +260,29 @@ impl std::fmt::Debug for SessionTable {
 impl SessionTable {
     /// An empty table. `host` answers the host queries; `command` starts worker processes;
     /// `label` names the VM (its socket) in logs.
+    ///
+    /// The table applies `command`'s per-VM limits: at most `max_sessions` sessions, and the
+    /// device memory of all its workers together at most `max_gpu_memory`.
     pub fn new(host: Arc<CudaHost>, command: WorkerCommand, label: impl Into<String>) -> Self {
+        let limits = command.limits();
+        let label = label.into();
+        let max_sessions = limits
+            .max_sessions
+            .unwrap_or(MAX_SESSIONS)
+            .min(MAX_SESSIONS);
+        let gpu_memory = limits.max_gpu_memory.map(|limit| {
+            GpuMemoryQuota::new(limit, max_sessions).map_err(|e| {
+                error!(vm = %label, "cannot set up --max-gpu-memory: {e}; no GPU work will run");
+                e.to_string()
+            })
+        });
         Self {
             shared: Arc::new(Shared {
                 host,
                 command,
-                label: label.into(),
+                max_sessions,
+                gpu_memory,
+                label,
                 threads: Mutex::new(HashMap::new()),
                 memory: Mutex::new(Arc::new(GuestRam::new())),
                 next_generation: AtomicU64::new(0),
@@ -277,6 +300,14 @@ impl SessionTable {
     /// Chains handed to session threads and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.shared.counters().in_flight
+    }
+
+    /// Bytes of device memory this VM's workers hold now, if `--max-gpu-memory` is set.
+    pub fn gpu_memory_used(&self) -> Option<u64> {
+        match &self.shared.gpu_memory {
+            Some(Ok(q)) => Some(q.used()),
+            _ => None,
+        }
     }
 
     /// The process id of session `id`'s worker, if it has one now.
@@ -332,10 +363,17 @@ impl SessionTable {
             job.finish(&ResponseHeader::with_status(status::SUCCESS));
             return;
         }
-        if threads.len() >= MAX_SESSIONS {
+        let max = self.shared.max_sessions;
+        if threads.len() >= max {
             drop(threads);
-            warn!(vm = %self.shared.label, "session {id}: refused, {MAX_SESSIONS} sessions open");
-            job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+            warn!(vm = %self.shared.label, "session {id}: refused, {max} sessions open");
+            // The configured limit is a policy (the GPU is not available to more processes);
+            // the built-in bound protects the host.
+            job.finish(&ResponseHeader::with_status(if max < MAX_SESSIONS {
+                status::DEVICES_UNAVAILABLE
+            } else {
+                status::MEMORY_ALLOCATION
+            }));
             return;
         }
         let wake = match EventFd::new(EFD_NONBLOCK) {
@@ -770,16 +808,38 @@ impl SessionThread {
             return Outcome::Answered(worker_lost());
         }
         if let Gpu::Idle = gpu {
-            let mut process =
-                match WorkerProcess::spawn(&self.shared.command, self.id, &self.shared.label) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        error!(vm = %self.shared.label, "session {}: {e}", self.id);
+            let quota = match &self.shared.gpu_memory {
+                None => None,
+                Some(Ok(q)) => match q.lease() {
+                    Some(lease) => Some(lease),
+                    // Slots match --max-sessions; only a bug runs out of them.
+                    None => {
                         return Outcome::Answered(ResponseHeader::with_status(
-                            status::MEMORY_ALLOCATION,
-                        ));
+                            status::DEVICES_UNAVAILABLE,
+                        ))
                     }
-                };
+                },
+                Some(Err(_)) => {
+                    return Outcome::Answered(ResponseHeader::with_status(
+                        status::MEMORY_ALLOCATION,
+                    ))
+                }
+            };
+            let spawned = WorkerProcess::spawn_with_quota(
+                &self.shared.command,
+                self.id,
+                &self.shared.label,
+                quota,
+            );
+            let mut process = match spawned {
+                Ok(p) => p,
+                Err(e) => {
+                    error!(vm = %self.shared.label, "session {}: {e}", self.id);
+                    return Outcome::Answered(ResponseHeader::with_status(
+                        status::MEMORY_ALLOCATION,
+                    ));
+                }
+            };
             self.pid.store(process.pid(), Ordering::Release);
             let shared = process.share_memory(&self.shared.memory());
             *gpu = Gpu::Running {

@@ -25,7 +25,7 @@ use tracing::{debug, warn};
 
 use super::{
     aligned_bytes::AlignedBytes,
-    allocations::AllocationTable,
+    allocations::{AllocationTable, TableError},
     copy::{self, Staging},
     driver::{CuError, DriverApi, Raw, NULL_STREAM},
     handles::{HandleCounter, HandleTable},
@@ -375,7 +375,7 @@ impl CudaSession {
             );
             *slot = Some(DeviceContext {
                 ctx,
-                memory: AllocationTable::default(),
+                memory: AllocationTable::with_quota(self.host.memory_quota()),
                 staging: StagingState::NotYet,
             });
         }
@@ -500,11 +500,16 @@ impl CudaSession {
         let bytes = to_usize(size)?;
         let (drv, id) = (Arc::clone(&self.drv), self.id);
         let c = self.context(dev)?;
-        if !c.memory.has_room() {
+        if !c.memory.has_room() || !c.memory.quota_allows(size) {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let ptr = drv.mem_alloc(bytes).map_err(on(dev))?;
         if let Err(e) = c.memory.insert_allocation(ptr, size) {
+            let _ = drv.mem_free(ptr);
+            if e == TableError::OverQuota {
+                // Another session of the VM took the rest meanwhile.
+                return Err(status::MEMORY_ALLOCATION.into());
+            }
             warn!(
                 session = id,
                 dev,
@@ -513,7 +518,6 @@ impl CudaSession {
                 ?e,
                 "driver returned an overlapping allocation"
             );
-            let _ = drv.mem_free(ptr);
             return Err(status::UNKNOWN.into());
         }
         ok_rets(&[ptr])

@@ -1156,3 +1156,57 @@ fn host_mapped_guest_memory_is_device_addressable_at_the_guest_address() {
     drop(s);
     assert_eq!(rig.fake.live_contexts(), 0);
 }
+
+/// `--max-gpu-memory`: two workers of one VM (here two hosts over one driver, as two worker
+/// processes are) share one quota; frees, `DeviceReset` and the end of a session give back.
+#[test]
+fn device_memory_of_a_vm_stays_within_its_quota() {
+    use crate::limits::{GpuMemoryQuota, QuotaSlot};
+    use std::os::fd::FromRawFd;
+
+    let rig = Rig::new(1);
+    let quota = GpuMemoryQuota::new(1000, 4).unwrap();
+    let worker = |lease: &crate::limits::SlotLease| {
+        // SAFETY: dup of an open descriptor returns a new one we own.
+        let file = unsafe { std::fs::File::from_raw_fd(libc::dup(lease.fd())) };
+        let tuning = Tuning {
+            staging_half: 64,
+            direct_min: 100,
+        };
+        let host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
+        host.set_memory_quota(QuotaSlot::attach(file, lease.index()).unwrap());
+        host
+    };
+    let (la, lb) = (quota.lease().unwrap(), quota.lease().unwrap());
+    let (ha, hb) = (worker(&la), worker(&lb));
+    let (mut a, mut b) = (ha.open_session(1), hb.open_session(2));
+    let p = malloc(&mut a, 600);
+    assert_eq!(
+        run(&mut b, Op::Malloc, &[401]).status,
+        status::MEMORY_ALLOCATION
+    );
+    // A refused allocation leaves nothing behind, on the device or in the count.
+    assert_eq!(quota.used(), 600);
+    let q = malloc(&mut b, 400);
+    assert_eq!(
+        run(&mut a, Op::Malloc, &[1]).status,
+        status::MEMORY_ALLOCATION
+    );
+    ok(run(&mut a, Op::Free, &[p]));
+    assert_eq!(quota.used(), 400);
+    malloc(&mut a, 300);
+    malloc(&mut a, 300);
+    assert_eq!(quota.used(), 1000);
+    // DeviceReset destroys a's context: its 600 bytes go back.
+    ok(run(&mut a, Op::DeviceReset, &[]));
+    assert_eq!(quota.used(), 400);
+    // A session's end gives back the rest.
+    let _ = q;
+    drop(b);
+    assert_eq!(quota.used(), 0);
+    // Without a quota nothing is counted or refused (within the device's memory).
+    let mut free = rig.session();
+    malloc(&mut free, 4000);
+    assert_eq!(quota.used(), 0);
+    drop((la, lb));
+}
