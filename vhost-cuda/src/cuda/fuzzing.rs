@@ -15,6 +15,7 @@ pub fn fake_host(gpus: i32) -> Arc<CudaHost> {
     let tuning = Tuning {
         staging_half: 64,
         direct_min: 100,
+        ..Tuning::default()
     };
     let driver = Arc::new(FakeDriver::new(gpus));
     Arc::new(CudaHost::from_driver(driver, 13000, None, tuning).expect("fake driver host"))

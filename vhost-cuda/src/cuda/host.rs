@@ -54,6 +54,8 @@ pub(crate) struct Tuning {
     /// Guest runs at least this long are copied straight from or to guest memory; shorter
     /// runs are gathered into (or scattered from) the staging buffer.
     pub(crate) direct_min: usize,
+    /// Most bytes of module images one session may have loaded at once.
+    pub(crate) max_module_bytes: u64,
 }
 
 impl Default for Tuning {
@@ -61,6 +63,7 @@ impl Default for Tuning {
         Self {
             staging_half: 2 << 20,
             direct_min: 256 << 10,
+            max_module_bytes: super::session::MAX_MODULE_BYTES,
         }
     }
 }

@@ -39,6 +39,10 @@ use crate::guest_buffer::{GuestBuffer, Request};
 
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
+/// Most bytes of module images a session may have loaded at once (`Tuning::max_module_bytes`):
+/// the driver keeps what it loads in the worker's memory, so this bounds the host memory one
+/// guest process makes it hold for modules (docs/SECURITY.md).
+pub(crate) const MAX_MODULE_BYTES: u64 = 4 << 30;
 /// Most function handles a session may hold.
 const MAX_FUNCTIONS: usize = 1 << 16;
 /// Most streams a session may hold.
@@ -169,6 +173,8 @@ enum StagingState {
 struct ModuleEntry {
     dev: usize,
     raw: Raw,
+    /// Length of its image (counted against [`MAX_MODULE_BYTES`]).
+    bytes: u64,
 }
 
 #[derive(Debug)]
@@ -769,14 +775,18 @@ impl CudaSession {
         let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
         let dev = self.bind_new(req)?;
         let image = ModuleImage::from_guest(buf)?;
-        if !self.modules.has_room() {
+        let loaded: u64 = self.modules.values().map(|m| m.bytes).sum();
+        let bytes = buf.len() as u64;
+        if !self.modules.has_room()
+            || loaded.saturating_add(bytes) > self.host.tuning.max_module_bytes
+        {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let raw = self.drv.module_load(image.as_bytes()).map_err(on(dev))?;
         debug!(session = self.id, dev, kind = ?image.kind(), len = buf.len(), "module loaded");
         let handle = self
             .modules
-            .insert(&mut self.ids, ModuleEntry { dev, raw })
+            .insert(&mut self.ids, ModuleEntry { dev, raw, bytes })
             .ok_or(status::MEMORY_ALLOCATION)?;
         ok_rets(&[handle])
     }

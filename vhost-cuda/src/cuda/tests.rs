@@ -51,6 +51,7 @@ impl Rig {
         let tuning = Tuning {
             staging_half: 64,
             direct_min: 100,
+            ..Tuning::default()
         };
         let host = Arc::new(CudaHost::from_driver(fake.clone(), 13000, None, tuning).unwrap());
         Self {
@@ -1172,6 +1173,7 @@ fn device_memory_of_a_vm_stays_within_its_quota() {
         let tuning = Tuning {
             staging_half: 64,
             direct_min: 100,
+            ..Tuning::default()
         };
         let host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
         host.set_memory_quota(QuotaSlot::attach(file, lease.index()).unwrap());
@@ -1209,4 +1211,25 @@ fn device_memory_of_a_vm_stays_within_its_quota() {
     malloc(&mut free, 4000);
     assert_eq!(quota.used(), 0);
     drop((la, lb));
+}
+
+/// The module images one session has loaded are bounded in bytes (the driver holds them in the
+/// worker's memory); unloading gives room back.
+#[test]
+fn loaded_module_images_are_bounded_per_session() {
+    let mut rig = Rig::new(1);
+    let tuning = Tuning {
+        staging_half: 64,
+        direct_min: 100,
+        max_module_bytes: 2 * PTX.len() as u64,
+    };
+    rig.host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
+    let mut s = rig.session();
+    let a = load_module(&mut rig, &mut s);
+    load_module(&mut rig, &mut s);
+    let img = rig.buf(PTX);
+    let r = s.execute(&req(Op::ModuleLoad, 0, &[], vec![img.clone()], vec![]));
+    assert_eq!(r.status, status::MEMORY_ALLOCATION);
+    ok(run(&mut s, Op::ModuleUnload, &[a]));
+    ok(s.execute(&req(Op::ModuleLoad, 0, &[], vec![img], vec![])));
 }
