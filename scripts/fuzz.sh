@@ -4,11 +4,12 @@
 # (over the fake CUDA driver), the worker's request decoding and guest-RAM rebuild, and the
 # fatbin parsers of guest-lib and the host. Targets: fuzz/fuzz_targets/*.rs; docs/SECURITY.md.
 #
-#   scripts/fuzz.sh [--runs N] [--time S] [--seed N] [--jobs N] [TARGET...]
+#   scripts/fuzz.sh [--runs N] [--time S] [--seed N] [--jobs N] [--scratch] [TARGET...]
 #
 # Defaults: every target, 10 million executions each, one after another, one worker (the
 # machine is shared). --time S bounds each target to S seconds instead (--runs still applies).
-# The corpus grows in fuzz/corpus/TARGET (not versioned), seeded from fuzz/seeds/TARGET; a crash
+# The corpus grows in fuzz/corpus/TARGET (not versioned), seeded from fuzz/seeds/TARGET
+# (--scratch: a temporary corpus from the seeds alone, so a seeded run repeats); a crash
 # leaves its input in fuzz/artifacts/TARGET and ends the run with a non-zero status. The last
 # line per target is "fuzz TARGET: N runs, corpus C files (B bytes), T s".
 #
@@ -17,14 +18,15 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib.sh
 source "$ROOT/scripts/lib.sh"
-runs=10000000 time_s=0 seed=0 jobs=1 targets=()
+runs=10000000 time_s=0 seed=0 jobs=1 scratch=0 targets=()
 while (($#)); do
     case $1 in
     --runs) runs=$2; shift 2 ;;
     --time) time_s=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
     --jobs) jobs=$2; shift 2 ;;
-    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    --scratch) scratch=1; shift ;;
+    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
     esac
@@ -44,9 +46,14 @@ cd "$ROOT/fuzz"
 # Built once, then the binaries run directly: a run never rebuilds from a tree edited meanwhile.
 "$FUZZ" build >/dev/null 2>&1 || "$FUZZ" build
 bin=$ROOT/fuzz/target/x86_64-unknown-linux-gnu/release
+# From here on every target runs and reports, whatever happened to the one before.
+set +e
 rc=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 for t in "${targets[@]}"; do
     corpus=$ROOT/fuzz/corpus/$t
+    ((scratch)) && corpus=$tmp/$t
     mkdir -p "$corpus" "$ROOT/fuzz/artifacts/$t"
     args=(-runs="$runs" -seed="$seed" -print_final_stats=1 -artifact_prefix="$ROOT/fuzz/artifacts/$t/")
     ((time_s > 0)) && args+=(-max_total_time="$time_s")
