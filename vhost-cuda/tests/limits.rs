@@ -3,13 +3,61 @@
 //! cudaErrorDevicesUnavailable and starts nothing for it; `--max-gpu-memory` hands each worker
 //! a slot of the VM's quota (fd 4, `--gpu-memory-slot`), and with a GPU the workers' device
 //! allocations together stay within it (cudaErrorMemoryAllocation past it) and come back when
-//! freed or when the session ends. The fake-driver unit tests cover the arithmetic.
+//! freed or when the session ends; and the daemon binary applies both flags. The fake-driver
+//! unit tests cover the arithmetic.
 
 mod common;
 
-use common::rig::{children_with, cmdline, worker_binary, Rig};
-use qcuda_proto::{status, Op};
+use common::{
+    rig::{children_with, cmdline, worker_binary, Rig},
+    scratch_dir, Daemon, GuestVm,
+};
+use qcuda_proto::{status, Op, RequestHeader};
 use vhost_cuda::limits::Limits;
+
+/// The flags go all the way from the command line to the VM's session table: a daemon started
+/// with `--max-sessions 1 --max-gpu-memory 1M`, played to by a frontend over its socket.
+#[test]
+fn the_daemon_applies_its_limit_flags() {
+    let dir = scratch_dir("limits");
+    let socket = dir.join("vm0.sock");
+    let mut daemon = Daemon::start(
+        &dir,
+        &[
+            "--socket-path",
+            socket.to_str().unwrap(),
+            "--max-sessions",
+            "1",
+            "--max-gpu-memory",
+            "1M",
+        ],
+    );
+    let mut vm = GuestVm::connect(&socket);
+    assert_eq!(vm.hello(1).status, status::SUCCESS);
+    assert_eq!(vm.hello(2).status, status::DEVICES_UNAVAILABLE);
+    // The admitted session's GPU op starts its worker with a slot of the VM's quota.
+    let mut h = RequestHeader::new(Op::MemGetInfo);
+    h.session = 1;
+    let r = vm.call(&h, &[], 0).resp;
+    assert_ne!(r.status, status::LAUNCH_FAILURE, "{r:?}");
+    let key = "session 1: worker process ";
+    let log = daemon.log();
+    let pid: u32 = log
+        .lines()
+        .find_map(|l| l.split(key).nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no worker started:\n{log}"));
+    assert!(
+        cmdline(pid).contains("--gpu-memory-slot 0"),
+        "{}",
+        cmdline(pid)
+    );
+    assert_eq!(vm.close_session(1).status, status::SUCCESS);
+    assert_eq!(vm.hello(2).status, status::SUCCESS);
+    assert_eq!(vm.close_session(2).status, status::SUCCESS);
+    drop(vm);
+    daemon.signal(libc::SIGTERM);
+    assert!(daemon.wait_exit().success(), "{}", daemon.log());
+}
 
 #[test]
 fn max_sessions_refuses_further_processes_and_spawns_nothing_for_them() {
