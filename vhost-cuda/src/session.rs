@@ -68,6 +68,14 @@ use crate::{
 /// host. Requests of further sessions are answered with `cudaErrorMemoryAllocation`.
 pub const MAX_SESSIONS: usize = 1024;
 
+/// Most chains of one VM handed to sessions and not yet completed. A driver that follows the
+/// virtio rules has at most one queue's worth (256) outstanding, since a chain stays in the ring
+/// until it is answered; a hostile one can publish the same descriptor heads again and again,
+/// and every copy would hold host memory until its session gets to it. Past this, chains are
+/// answered `cudaErrorMemoryAllocation` at once (`DriverReset` excepted: a new driver instance
+/// must always be able to clear what an old one left).
+pub const MAX_IN_FLIGHT: usize = 4 * qcuda_proto::QUEUE_SIZE as usize;
+
 /// How long `DriverReset` waits for the sessions it ends before answering anyway (they then
 /// finish closing in the background). Well above a worker's own close bound ([`CLOSE_WAIT`]),
 /// and well below the guest module's wait for the answer (30 s).
@@ -109,6 +117,10 @@ struct Shared {
     label: String,
     /// `--max-sessions` (at most [`MAX_SESSIONS`]).
     max_sessions: usize,
+    /// [`MAX_IN_FLIGHT`] (tests lower it).
+    max_in_flight: usize,
+    /// Whether the in-flight bound was hit (logged once).
+    flooded: AtomicBool,
     /// `--max-gpu-memory`: the VM's quota file, shared with its workers; `Err` if it could not
     /// be made (then no worker starts: the limit is not silently dropped).
     gpu_memory: Option<Result<GpuMemoryQuota, String>>,
@@ -281,6 +293,8 @@ impl SessionTable {
                 host,
                 command,
                 max_sessions,
+                max_in_flight: MAX_IN_FLIGHT,
+                flooded: AtomicBool::new(false),
                 gpu_memory,
                 label,
                 threads: Mutex::new(HashMap::new()),
@@ -329,6 +343,19 @@ impl SessionTable {
     /// thread of its own).
     pub fn dispatch(&self, head: u16, parsed: ParsedRequest, completer: Arc<dyn ChainCompleter>) {
         let id = parsed.request.header.session;
+        if parsed.request.op != Op::DriverReset && self.in_flight() >= self.shared.max_in_flight {
+            if !self.shared.flooded.swap(true, Ordering::Relaxed) {
+                warn!(
+                    vm = %self.shared.label,
+                    "more than {} chains outstanding (descriptor heads published again?): \
+                     refusing further chains until some complete",
+                    self.shared.max_in_flight
+                );
+            }
+            let resp = ResponseHeader::with_status(status::MEMORY_ALLOCATION);
+            completer.complete(head, parsed.reply.write(&resp));
+            return;
+        }
         let job = Job {
             head,
             request: parsed.request,
@@ -1157,6 +1184,46 @@ mod tests {
         g.rec.wait(2);
         // Session 1's completion only went ahead once session 2's had run.
         assert_eq!(*saw_open.lock().unwrap(), Some(true));
+    }
+
+    #[test]
+    fn chains_past_the_in_flight_bound_are_answered_at_once() {
+        let mut g = Guest::new();
+        Arc::get_mut(&mut g.table.shared).unwrap().max_in_flight = 4;
+        let gate = Arc::new(Gate::default());
+        let entered = Arc::new(Gate::default());
+        let (first, _) = g.simple(Op::Hello, 1);
+        // The session's thread blocks completing its first chain: the next ones stay queued.
+        g.table.dispatch(
+            0,
+            first,
+            Arc::new(GatedCompleter {
+                gate: gate.clone(),
+                entered: entered.clone(),
+                saw_open: Arc::default(),
+                inner: g.rec.clone(),
+            }),
+        );
+        assert!(entered.wait(WAIT));
+        for head in 1..4 {
+            let (p, _) = g.simple(Op::Hello, 1);
+            g.send(head, p);
+        }
+        assert_eq!(g.table.in_flight(), 4);
+        // Any session's: the bound is the VM's.
+        let (extra, extra_out) = g.simple(Op::Hello, 2);
+        g.send(9, extra);
+        assert_eq!(g.rec.wait(1), vec![(9, 64)]);
+        assert_eq!(g.response(extra_out).status, status::MEMORY_ALLOCATION);
+        assert_eq!(g.table.open_count(), 1);
+        gate.open();
+        g.rec.wait(5);
+        assert!(g.table.wait_idle(WAIT));
+        let (again, again_out) = g.simple(Op::Hello, 2);
+        g.send(10, again);
+        g.rec.wait(6);
+        assert_eq!(g.response(again_out).status, status::SUCCESS);
+        g.table.close_all(WAIT);
     }
 
     #[test]

@@ -146,7 +146,10 @@ fn max_gpu_memory_is_shared_by_the_workers_of_a_vm() {
     let pid = rig.table.worker_pid(201).expect("a worker");
     // SAFETY: kill(2) of our own child process.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    assert_eq!(rig.op(201, Op::MemGetInfo, &[]).status, status::LAUNCH_FAILURE);
+    assert_eq!(
+        rig.op(201, Op::MemGetInfo, &[]).status,
+        status::LAUNCH_FAILURE
+    );
     assert_eq!(rig.table.gpu_memory_used(), Some(0));
     assert_eq!(rig.op(201, Op::SessionClose, &[]).status, status::SUCCESS);
     assert_eq!(rig.table.gpu_memory_used(), Some(0));
