@@ -1233,3 +1233,20 @@ fn loaded_module_images_are_bounded_per_session() {
     ok(run(&mut s, Op::ModuleUnload, &[a]));
     ok(s.execute(&req(Op::ModuleLoad, 0, &[], vec![img], vec![])));
 }
+
+/// Found by fuzz/chain_dispatch: a `Malloc` of a size near 2^64 made the fake driver's
+/// accounting overflow. Every size is an answer, as with the real driver.
+#[test]
+fn huge_allocations_are_refused_not_overflowed() {
+    let rig = Rig::new(1);
+    let mut s = rig.session();
+    malloc(&mut s, 64);
+    for size in [u64::MAX, u64::MAX - 255, 1 << 63, TOTAL_MEM + 1] {
+        assert_eq!(
+            run(&mut s, Op::Malloc, &[size]).status,
+            status::MEMORY_ALLOCATION,
+            "{size:#x}"
+        );
+    }
+    malloc(&mut s, 64);
+}
