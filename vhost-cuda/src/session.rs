@@ -719,9 +719,15 @@ impl SessionThread {
             })
             .open;
         OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
+        // With --max-gpu-memory, what the VM's remaining workers hold (this one's share is
+        // gone: it was reaped above).
+        let gpu_memory = match &self.shared.gpu_memory {
+            Some(Ok(q)) => format!("; GPU memory held by its workers: {} MiB", q.used() >> 20),
+            _ => String::new(),
+        };
         info!(
             vm = %self.shared.label,
-            "session {} closed ({why}); sessions open: {open}", self.id
+            "session {} closed ({why}); sessions open: {open}{gpu_memory}", self.id
         );
     }
 

@@ -52,6 +52,12 @@ fn the_daemon_applies_its_limit_flags() {
         cmdline(pid)
     );
     assert_eq!(vm.close_session(1).status, status::SUCCESS);
+    // The daemon reports what the VM's workers hold, from the quota file, not per process.
+    assert!(
+        daemon.wait_log("sessions open: 0; GPU memory held by its workers: 0 MiB", 1),
+        "{}",
+        daemon.log()
+    );
     assert_eq!(vm.hello(2).status, status::SUCCESS);
     assert_eq!(vm.close_session(2).status, status::SUCCESS);
     drop(vm);
