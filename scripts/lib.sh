@@ -8,6 +8,9 @@ QCUDA_CACHE=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
 # bindgen-cli that builds the guest kernel's Rust bindings (cargo install).
 QCUDA_BINDGEN_VERSION=0.73.2
 QCUDA_BINDGEN=$QCUDA_CACHE/bindgen-$QCUDA_BINDGEN_VERSION/bin/bindgen
+# cargo-fuzz that builds and runs the fuzz targets in fuzz/ (cargo install; scripts/fuzz.sh).
+QCUDA_CARGO_FUZZ_VERSION=0.13.2
+QCUDA_CARGO_FUZZ=$QCUDA_CACHE/cargo-fuzz-$QCUDA_CARGO_FUZZ_VERSION/bin/cargo-fuzz
 # The kernel Makefile sets RUSTC = rustc, which would find rustup's toolchain (no rust-src, and a
 # different version than the one the kernel was built with): these go on every make line of the
 # guest kernel and of qcuda.ko, configuration steps included.

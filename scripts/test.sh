@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test.sh: the qcuda test suite. README's test command; .ci/run calls exactly this.
 #
-# 1. setup and static checks: cargo fmt, clippy -D warnings, cargo test (unit, fuzz, protocol);
+# 1. setup and static checks: cargo fmt, clippy -D warnings, cargo test (unit, fuzz, protocol),
+#    a short seeded run of the cargo-fuzz targets (scripts/fuzz.sh);
 #    rustfmt and clippy over qcuda.ko once its kernel tree is built (scripts/check-kmod.sh)
 # 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, guest payload
 #    (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
@@ -54,6 +55,9 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test (unit, fuzz, vhost-user protocol)" cargo test --workspace --locked --no-fail-fast
 awk '/^test result:/ { p += $4; f += $6 } END { printf "   cargo test: %d passed, %d failed\n", p, f }' "$LOGS"/cargo_test*.log
+# Coverage-guided fuzzing, short and seeded (scripts/fuzz.sh runs the long ones).
+step "fuzz: 4 cargo-fuzz targets, seeded, 7 s each" scripts/fuzz.sh --runs 2000000 --time 7 --seed 1 --scratch &&
+    sed 's/^/   /' "$LOGS"/fuzz_*.log | grep '^   fuzz '
 gpu_tests() { cargo test --workspace --locked -q --test cuda_gpu --test worker_gpu -- --nocapture; }
 if step "vhost-cuda GPU tests (executor, worker isolation)" gpu_tests; then
     if grep -q 'skipped: no GPU' "$LOGS"/vhost-cuda_GPU*.log; then

@@ -121,6 +121,8 @@ pub mod status {
     pub const INVALID_MEMCPY_DIRECTION: u32 = 21;
     /// cudaErrorInsufficientDriver
     pub const INSUFFICIENT_DRIVER: u32 = 35;
+    /// cudaErrorDevicesUnavailable
+    pub const DEVICES_UNAVAILABLE: u32 = 46;
     /// cudaErrorInvalidDeviceFunction
     pub const INVALID_DEVICE_FUNCTION: u32 = 98;
     /// cudaErrorNoDevice

@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod device_output;
 pub mod guest_buffer;
 pub mod host_function_link;
+pub mod limits;
 pub mod session;
 pub mod session_worker;
 pub mod shared_guest_ram;
@@ -91,6 +92,9 @@ pub enum Error {
         /// The last accept error.
         reason: String,
     },
+    /// `--max-sessions` out of range.
+    #[error("--max-sessions must be between 1 and {1}, not {0}")]
+    BadMaxSessions(usize, usize),
     /// No `--socket-path` (clap requires it outside worker mode).
     #[error("--socket-path is required")]
     NoSocketPath,
@@ -122,6 +126,8 @@ pub struct Config {
     pub log_filter: String,
     /// How long each request queue is polled after its last request (0: wait for kicks).
     pub poll: Duration,
+    /// Per-VM limits (`--max-sessions`, `--max-gpu-memory`).
+    pub limits: limits::Limits,
 }
 
 impl Config {
@@ -291,7 +297,8 @@ impl Server {
             sockets.push((listener, control));
         }
         // Workers are this binary, told the daemon's --gpu and log filter.
-        let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone());
+        let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone())
+            .with_limits(config.limits);
         Ok(Self {
             sockets,
             host,

@@ -11,6 +11,8 @@ use std::{io::IsTerminal, path::PathBuf, process::exit, time::Duration};
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vhost_cuda::{
+    limits::Limits,
+    session::MAX_SESSIONS,
     session_worker::{self, WorkerConfig},
     start_backend, Config, Error, Result, MAX_SOCKETS,
 };
@@ -47,6 +49,17 @@ struct Args {
     #[arg(long, value_name = "LEVEL")]
     log_level: Option<String>,
 
+    /// Most bytes of GPU memory the sessions of one VM may have allocated together (suffixes
+    /// K, M, G, T: powers of 1024). Past it, allocations fail with cudaErrorMemoryAllocation.
+    /// Default: no limit beyond the GPU's.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    max_gpu_memory: Option<u64>,
+
+    /// Most guest processes of one VM that may use qcuda at once (1 to 1024). A further
+    /// process's first call fails with cudaErrorDevicesUnavailable. Default: 1024.
+    #[arg(long, value_name = "N")]
+    max_sessions: Option<usize>,
+
     /// Run as the worker process of one session, on the channel at fd 3 (the daemon starts
     /// its workers this way; not for people).
     #[arg(
@@ -64,6 +77,32 @@ struct Args {
     /// The VM a worker serves, for its logs.
     #[arg(long, hide = true, value_name = "LABEL", default_value = "")]
     vm: String,
+
+    /// A worker's slot of its VM's GPU-memory quota, whose file is on fd 4.
+    #[arg(long, hide = true, value_name = "SLOT", requires = "session_worker")]
+    gpu_memory_slot: Option<usize>,
+}
+
+/// A byte count: digits, optionally followed by K, M, G or T (powers of 1024; "KiB", "MB" and
+/// lower case are read the same).
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(digits);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("{s:?}: unknown unit (use K, M, G or T)")),
+    };
+    n.checked_mul(1 << shift)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("{s:?} is out of range"))
 }
 
 /// The log filter: --log-level, else $RUST_LOG, else info.
@@ -114,12 +153,21 @@ impl TryFrom<Args> for Config {
         let log_filter = log_filter(args.log_level);
         EnvFilter::try_new(&log_filter)
             .map_err(|e| Error::BadLogLevel(log_filter.clone(), e.to_string()))?;
+        if let Some(n) = args.max_sessions {
+            if n == 0 || n > MAX_SESSIONS {
+                return Err(Error::BadMaxSessions(n, MAX_SESSIONS));
+            }
+        }
         Ok(Config {
             socket_path: path,
             socket_count: args.socket_count,
             gpu: args.gpu,
             log_filter,
             poll: Duration::from_micros(args.poll_us),
+            limits: Limits {
+                max_sessions: args.max_sessions,
+                max_gpu_memory: args.max_gpu_memory,
+            },
         })
     }
 }
@@ -135,6 +183,7 @@ fn session_worker_main(args: Args) -> i32 {
         session,
         gpu: args.gpu,
         vm: args.vm,
+        gpu_memory_slot: args.gpu_memory_slot,
     })
 }
 
@@ -171,6 +220,9 @@ mod tests {
             session_worker: false,
             session_id: None,
             vm: String::new(),
+            max_gpu_memory: None,
+            max_sessions: None,
+            gpu_memory_slot: None,
         }
     }
 
@@ -194,6 +246,7 @@ mod tests {
                 gpu: Some(1),
                 log_filter: "info".into(),
                 poll: Duration::from_micros(200),
+                limits: Limits::default(),
             }
         );
         assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);
@@ -267,6 +320,62 @@ mod tests {
     }
 
     #[test]
+    fn limits_parse_and_are_checked() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("8G"), Ok(8 << 30));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("3 kb"), Ok(3 << 10));
+        for bad in ["", "G", "0", "1.5G", "12X", "99999999999T", "-1"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+        let path = format!("{}/vm0.sock", tmp());
+        let a = Args::try_parse_from([
+            "vhost-cuda",
+            "--socket-path",
+            &path,
+            "--max-gpu-memory",
+            "2G",
+            "--max-sessions",
+            "8",
+        ])
+        .unwrap();
+        let c = Config::try_from(a).unwrap();
+        assert_eq!(
+            c.limits,
+            Limits {
+                max_sessions: Some(8),
+                max_gpu_memory: Some(2 << 30)
+            }
+        );
+        for n in [0, MAX_SESSIONS + 1] {
+            assert!(matches!(
+                Config::try_from(Args {
+                    max_sessions: Some(n),
+                    ..args(&path)
+                }),
+                Err(Error::BadMaxSessions(..))
+            ));
+        }
+        assert!(Args::try_parse_from([
+            "vhost-cuda",
+            "--socket-path",
+            &path,
+            "--max-gpu-memory",
+            "lots"
+        ])
+        .is_err());
+        // The worker's slot is hidden and only for workers.
+        assert!(Args::try_parse_from([
+            "vhost-cuda",
+            "--socket-path",
+            &path,
+            "--gpu-memory-slot",
+            "1"
+        ])
+        .is_err());
+    }
+
+    #[test]
     fn clap_definition_is_consistent() {
         use clap::CommandFactory;
         Args::command().debug_assert();
@@ -290,7 +399,7 @@ mod tests {
         use clap::CommandFactory;
         let help = Args::command().render_long_help().to_string();
         assert!(help.contains("--socket-path"), "{help}");
-        for hidden in ["session-worker", "session-id", "--vm"] {
+        for hidden in ["session-worker", "session-id", "--vm", "gpu-memory-slot"] {
             assert!(!help.contains(hidden), "{hidden} in --help:\n{help}");
         }
         let a = Args::try_parse_from([

@@ -63,6 +63,7 @@ use crate::{
     cuda::CudaHost,
     guest_buffer::{GuestRam, Request},
     host_function_link::{self, HostFnLink, Waiter},
+    limits::GpuMemoryQuota,
     transport_ops,
     worker_message::ToWorker,
     worker_process::{Waited, WorkerCommand, WorkerError, WorkerProcess, CLOSE_WAIT},
@@ -72,6 +73,14 @@ use crate::{
 /// it uses the GPU; a guest kernel that invents session ids must not be able to exhaust the
 /// host. Requests of further sessions are answered with `cudaErrorMemoryAllocation`.
 pub const MAX_SESSIONS: usize = 1024;
+
+/// Most chains of one VM handed to sessions and not yet completed. A driver that follows the
+/// virtio rules has at most one queue's worth (256) outstanding, since a chain stays in the ring
+/// until it is answered; a hostile one can publish the same descriptor heads again and again,
+/// and every copy would hold host memory until its session gets to it. Past this, chains are
+/// answered `cudaErrorMemoryAllocation` at once (`DriverReset` excepted: a new driver instance
+/// must always be able to clear what an old one left).
+pub const MAX_IN_FLIGHT: usize = 4 * qcuda_proto::QUEUE_SIZE as usize;
 
 /// How long `DriverReset` waits for the sessions it ends before answering anyway (they then
 /// finish closing in the background). Well above a worker's own close bound ([`CLOSE_WAIT`]),
@@ -112,6 +121,15 @@ struct Shared {
     host: Arc<CudaHost>,
     command: WorkerCommand,
     label: String,
+    /// `--max-sessions` (at most [`MAX_SESSIONS`]).
+    max_sessions: usize,
+    /// [`MAX_IN_FLIGHT`] (tests lower it).
+    max_in_flight: usize,
+    /// Whether the in-flight bound was hit (logged once).
+    flooded: AtomicBool,
+    /// `--max-gpu-memory`: the VM's quota file, shared with its workers; `Err` if it could not
+    /// be made (then no worker starts: the limit is not silently dropped).
+    gpu_memory: Option<Result<GpuMemoryQuota, String>>,
     threads: Mutex<HashMap<u64, SessionHandle>>,
     /// The guest memory map of the last SET_MEM_TABLE, for new worker processes.
     memory: Mutex<Arc<GuestRam>>,
@@ -270,12 +288,31 @@ impl std::fmt::Debug for SessionTable {
 impl SessionTable {
     /// An empty table. `host` answers the host queries; `command` starts worker processes;
     /// `label` names the VM (its socket) in logs.
+    ///
+    /// The table applies `command`'s per-VM limits: at most `max_sessions` sessions, and the
+    /// device memory of all its workers together at most `max_gpu_memory`.
     pub fn new(host: Arc<CudaHost>, command: WorkerCommand, label: impl Into<String>) -> Self {
+        let limits = command.limits();
+        let label = label.into();
+        let max_sessions = limits
+            .max_sessions
+            .unwrap_or(MAX_SESSIONS)
+            .min(MAX_SESSIONS);
+        let gpu_memory = limits.max_gpu_memory.map(|limit| {
+            GpuMemoryQuota::new(limit, max_sessions).map_err(|e| {
+                error!(vm = %label, "cannot set up --max-gpu-memory: {e}; no GPU work will run");
+                e.to_string()
+            })
+        });
         Self {
             shared: Arc::new(Shared {
                 host,
                 command,
-                label: label.into(),
+                max_sessions,
+                max_in_flight: MAX_IN_FLIGHT,
+                flooded: AtomicBool::new(false),
+                gpu_memory,
+                label,
                 threads: Mutex::new(HashMap::new()),
                 memory: Mutex::new(Arc::new(GuestRam::new())),
                 next_generation: AtomicU64::new(0),
@@ -293,6 +330,14 @@ impl SessionTable {
     /// Chains handed to session threads and not yet completed.
     pub fn in_flight(&self) -> usize {
         self.shared.counters().in_flight
+    }
+
+    /// Bytes of device memory this VM's workers hold now, if `--max-gpu-memory` is set.
+    pub fn gpu_memory_used(&self) -> Option<u64> {
+        match &self.shared.gpu_memory {
+            Some(Ok(q)) => Some(q.used()),
+            _ => None,
+        }
     }
 
     /// The process id of session `id`'s worker, if it has one now.
@@ -314,6 +359,19 @@ impl SessionTable {
     /// thread of its own).
     pub fn dispatch(&self, head: u16, parsed: ParsedRequest, completer: Arc<dyn ChainCompleter>) {
         let id = parsed.request.header.session;
+        if parsed.request.op != Op::DriverReset && self.in_flight() >= self.shared.max_in_flight {
+            if !self.shared.flooded.swap(true, Ordering::Relaxed) {
+                warn!(
+                    vm = %self.shared.label,
+                    "more than {} chains outstanding (descriptor heads published again?): \
+                     refusing further chains until some complete",
+                    self.shared.max_in_flight
+                );
+            }
+            let resp = ResponseHeader::with_status(status::MEMORY_ALLOCATION);
+            completer.complete(head, parsed.reply.write(&resp));
+            return;
+        }
         let job = Job {
             head,
             received: Instant::now(),
@@ -357,10 +415,17 @@ impl SessionTable {
             job.finish(&ResponseHeader::with_status(status::SUCCESS));
             return;
         }
-        if threads.len() >= MAX_SESSIONS {
+        let max = self.shared.max_sessions;
+        if threads.len() >= max {
             drop(threads);
-            warn!(vm = %self.shared.label, "session {id}: refused, {MAX_SESSIONS} sessions open");
-            job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+            warn!(vm = %self.shared.label, "session {id}: refused, {max} sessions open");
+            // The configured limit is a policy (the GPU is not available to more processes);
+            // the built-in bound protects the host.
+            job.finish(&ResponseHeader::with_status(if max < MAX_SESSIONS {
+                status::DEVICES_UNAVAILABLE
+            } else {
+                status::MEMORY_ALLOCATION
+            }));
             return;
         }
         let wake = match EventFd::new(EFD_NONBLOCK) {
@@ -749,9 +814,15 @@ impl SessionThread {
             })
             .open;
         OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
+        // With --max-gpu-memory, what the VM's remaining workers hold (this one's share is
+        // gone: it was reaped above).
+        let gpu_memory = match &self.shared.gpu_memory {
+            Some(Ok(q)) => format!("; GPU memory held by its workers: {} MiB", q.used() >> 20),
+            _ => String::new(),
+        };
         info!(
             vm = %self.shared.label,
-            "session {} closed ({why}); sessions open: {open}", self.id
+            "session {} closed ({why}); sessions open: {open}{gpu_memory}", self.id
         );
     }
 
@@ -867,16 +938,38 @@ impl SessionThread {
             return Outcome::Answered(worker_lost());
         }
         if let Gpu::Idle = gpu {
-            let mut process =
-                match WorkerProcess::spawn(&self.shared.command, self.id, &self.shared.label) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        error!(vm = %self.shared.label, "session {}: {e}", self.id);
+            let quota = match &self.shared.gpu_memory {
+                None => None,
+                Some(Ok(q)) => match q.lease() {
+                    Some(lease) => Some(lease),
+                    // Slots match --max-sessions; only a bug runs out of them.
+                    None => {
                         return Outcome::Answered(ResponseHeader::with_status(
-                            status::MEMORY_ALLOCATION,
-                        ));
+                            status::DEVICES_UNAVAILABLE,
+                        ))
                     }
-                };
+                },
+                Some(Err(_)) => {
+                    return Outcome::Answered(ResponseHeader::with_status(
+                        status::MEMORY_ALLOCATION,
+                    ))
+                }
+            };
+            let spawned = WorkerProcess::spawn_with_quota(
+                &self.shared.command,
+                self.id,
+                &self.shared.label,
+                quota,
+            );
+            let mut process = match spawned {
+                Ok(p) => p,
+                Err(e) => {
+                    error!(vm = %self.shared.label, "session {}: {e}", self.id);
+                    return Outcome::Answered(ResponseHeader::with_status(
+                        status::MEMORY_ALLOCATION,
+                    ));
+                }
+            };
             self.pid.store(process.pid(), Ordering::Release);
             let shared = process
                 .share_memory(&self.shared.memory())
@@ -1252,6 +1345,46 @@ mod tests {
             assert_eq!(g.response(at).status, status::CUDART_UNLOADING);
         }
         assert_eq!(g.table.open_count(), 0);
+    }
+
+    #[test]
+    fn chains_past_the_in_flight_bound_are_answered_at_once() {
+        let mut g = Guest::new();
+        Arc::get_mut(&mut g.table.shared).unwrap().max_in_flight = 4;
+        let gate = Arc::new(Gate::default());
+        let entered = Arc::new(Gate::default());
+        let (first, _) = g.simple(Op::Hello, 1);
+        // The session's thread blocks completing its first chain: the next ones stay queued.
+        g.table.dispatch(
+            0,
+            first,
+            Arc::new(GatedCompleter {
+                gate: gate.clone(),
+                entered: entered.clone(),
+                saw_open: Arc::default(),
+                inner: g.rec.clone(),
+            }),
+        );
+        assert!(entered.wait(WAIT));
+        for head in 1..4 {
+            let (p, _) = g.simple(Op::Hello, 1);
+            g.send(head, p);
+        }
+        assert_eq!(g.table.in_flight(), 4);
+        // Any session's: the bound is the VM's.
+        let (extra, extra_out) = g.simple(Op::Hello, 2);
+        g.send(9, extra);
+        assert_eq!(g.rec.wait(1), vec![(9, 64)]);
+        assert_eq!(g.response(extra_out).status, status::MEMORY_ALLOCATION);
+        assert_eq!(g.table.open_count(), 1);
+        gate.open();
+        g.rec.wait(5);
+        assert!(g.table.wait_idle(WAIT));
+        let (again, again_out) = g.simple(Op::Hello, 2);
+        g.send(10, again);
+        g.rec.wait(6);
+        assert_eq!(g.response(again_out).status, status::SUCCESS);
+        g.table.close_all(WAIT);
     }
 
     #[test]

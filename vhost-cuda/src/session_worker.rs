@@ -57,6 +57,9 @@ pub struct WorkerConfig {
     pub gpu: Option<u32>,
     /// The VM (socket path), for logs.
     pub vm: String,
+    /// Its slot of the VM's GPU-memory quota (`--max-gpu-memory`), whose file is on
+    /// [`QUOTA_FD`](crate::limits::QUOTA_FD).
+    pub gpu_memory_slot: Option<usize>,
 }
 
 /// Why a request from the daemon is refused.
@@ -255,6 +258,17 @@ pub fn run(config: &WorkerConfig) -> i32 {
             return 1;
         }
     };
+    if let Some(slot) = config.gpu_memory_slot {
+        // SAFETY: the daemon passes the quota file on QUOTA_FD exactly when it gives a slot,
+        // and nothing else in this process uses that descriptor.
+        match unsafe { crate::limits::QuotaSlot::from_inherited_fd(slot) } {
+            Ok(q) => host.set_memory_quota(q),
+            Err(e) => {
+                error!("no GPU-memory quota (slot {slot}): {e}");
+                return 1;
+            }
+        }
+    }
     let mut session = host.open_session(config.session);
     debug!(
         pid = std::process::id(),

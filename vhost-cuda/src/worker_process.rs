@@ -38,6 +38,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::{
     guest_buffer::{GuestBuffer, GuestRam, Request},
+    limits::{Limits, SlotLease, QUOTA_FD},
     session_worker::CHANNEL_FD,
     shared_guest_ram::region_table,
     worker_message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
@@ -59,6 +60,8 @@ pub struct WorkerCommand {
     program: PathBuf,
     gpu: Option<u32>,
     log_filter: String,
+    /// The daemon's per-VM limits (the session table applies them).
+    limits: Limits,
 }
 
 impl WorkerCommand {
@@ -78,10 +81,22 @@ impl WorkerCommand {
             program: program.into(),
             gpu,
             log_filter: log_filter.into(),
+            limits: Limits::default(),
         }
     }
 
-    fn command(&self, session: u64, vm: &str) -> Command {
+    /// The same command, for a daemon with these per-VM limits.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The per-VM limits.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn command(&self, session: u64, vm: &str, quota_slot: Option<usize>) -> Command {
         let mut cmd = Command::new(&self.program);
         if self.program.as_os_str() == THIS_BINARY {
             cmd.arg0("vhost-cuda");
@@ -95,6 +110,9 @@ impl WorkerCommand {
             .arg(&self.log_filter);
         if let Some(g) = self.gpu {
             cmd.arg("--gpu").arg(g.to_string());
+        }
+        if let Some(slot) = quota_slot {
+            cmd.arg("--gpu-memory-slot").arg(slot.to_string());
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -143,10 +161,13 @@ pub struct WorkerProcess {
     reaped: bool,
     /// What the worker said its last answered request took (ns).
     last_exec_ns: u64,
+    /// Its slot of the VM's GPU-memory quota; freed (dropped) only after the worker is reaped.
+    _quota: Option<SlotLease>,
 }
 
 /// Runs in the forked child before exec: only async-signal-safe calls, no allocation.
-fn prepare_child(channel: RawFd) -> io::Result<()> {
+/// `channel` and `quota` (-1: none) are above [`QUOTA_FD`], so neither dup2 clobbers the other.
+fn prepare_child(channel: RawFd, quota: RawFd) -> io::Result<()> {
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of the calling process. The thread that
     // forked us is blocked in spawn until we exec, so it cannot have ended yet.
     if unsafe {
@@ -171,18 +192,39 @@ fn prepare_child(channel: RawFd) -> io::Result<()> {
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
+    // SAFETY: dup2 of an open descriptor; the copy on QUOTA_FD is not close-on-exec.
+    if quota >= 0 && unsafe { libc::dup2(quota, QUOTA_FD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let first_closed = if quota >= 0 {
+        QUOTA_FD + 1
+    } else {
+        CHANNEL_FD + 1
+    };
     // Best effort: kernels before 5.11 lack the flag, and then only descriptors opened
     // close-on-exec stay out of the worker.
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
     unsafe {
         libc::syscall(
             libc::SYS_close_range,
-            (CHANNEL_FD + 1) as libc::c_uint,
+            first_closed as libc::c_uint,
             libc::c_uint::MAX,
             CLOSE_RANGE_CLOEXEC,
         )
     };
     Ok(())
+}
+
+/// A close-on-exec copy of `fd` numbered above [`QUOTA_FD`].
+fn above_quota_fd(fd: RawFd) -> Result<std::os::fd::OwnedFd, WorkerError> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: F_DUPFD_CLOEXEC on an open descriptor returns a new one (or -1).
+    let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, QUOTA_FD + 1) };
+    if copy < 0 {
+        return Err(WorkerError::Spawn(io::Error::last_os_error()));
+    }
+    // SAFETY: `copy` is a fresh descriptor nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(copy) })
 }
 
 /// The guest-physical runs of a buffer, for the wire.
@@ -199,18 +241,40 @@ fn spans(b: &GuestBuffer) -> Vec<Span> {
 impl WorkerProcess {
     /// Starts the worker of session `session` of VM `vm` (the label in logs).
     pub fn spawn(cmd: &WorkerCommand, session: u64, vm: &str) -> Result<Self, WorkerError> {
+        Self::spawn_with_quota(cmd, session, vm, None)
+    }
+
+    /// Like [`WorkerProcess::spawn`], the worker's device allocations counting against its
+    /// VM's `--max-gpu-memory` in slot `quota`.
+    pub fn spawn_with_quota(
+        cmd: &WorkerCommand,
+        session: u64,
+        vm: &str,
+        quota: Option<SlotLease>,
+    ) -> Result<Self, WorkerError> {
         let (channel, theirs) = WorkerChannel::pair().map_err(WorkerError::Spawn)?;
         channel
             .set_timeouts(CHANNEL_TIMEOUT)
             .map_err(WorkerError::Spawn)?;
+        // Copies above QUOTA_FD, so that the child's dup2s cannot clobber each other.
+        let theirs = {
+            let stream = theirs;
+            above_quota_fd(stream.as_raw_fd())?
+        };
+        let quota_copy = match &quota {
+            Some(q) => Some(above_quota_fd(q.fd())?),
+            None => None,
+        };
         let theirs_fd = theirs.as_raw_fd();
-        let mut command = cmd.command(session, vm);
+        let quota_fd = quota_copy.as_ref().map_or(-1, |f| f.as_raw_fd());
+        let mut command = cmd.command(session, vm, quota.as_ref().map(SlotLease::index));
         // SAFETY: `prepare_child` makes only async-signal-safe calls and does not allocate, as
-        // code between fork and exec in a multi-threaded process must; `theirs_fd` stays open
-        // in the parent (so also in the child) until spawn returns.
-        unsafe { command.pre_exec(move || prepare_child(theirs_fd)) };
+        // code between fork and exec in a multi-threaded process must; `theirs_fd` and
+        // `quota_fd` stay open in the parent (so also in the child) until spawn returns.
+        unsafe { command.pre_exec(move || prepare_child(theirs_fd, quota_fd)) };
         let child = command.spawn().map_err(WorkerError::Spawn)?;
         drop(theirs);
+        drop(quota_copy);
         let pid = child.id();
         info!(vm, "session {session}: worker process {pid} started");
         Ok(Self {
@@ -222,6 +286,7 @@ impl WorkerProcess {
             shared: Weak::new(),
             reaped: false,
             last_exec_ns: 0,
+            _quota: quota,
         })
     }
 

@@ -7,7 +7,9 @@
 //! looked up (`ModuleGetGlobal`).
 //! Nothing here calls the driver.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
+
+use crate::limits::QuotaSlot;
 
 /// Most regions one session may hold on one device. Device memory bounds the count in
 /// practice; this only keeps a hostile guest from growing the host-side table without limit.
@@ -45,6 +47,8 @@ pub(crate) enum TableError {
     Full,
     /// The pointer is not the base of an allocation.
     NotAnAllocation,
+    /// The allocation would take the VM past `--max-gpu-memory`.
+    OverQuota,
 }
 
 /// The regions of one session on one device, keyed by base address.
@@ -54,9 +58,36 @@ pub(crate) enum TableError {
 #[derive(Debug, Default)]
 pub(crate) struct AllocationTable {
     regions: BTreeMap<u64, Region>,
+    /// The VM's device-memory quota, which counts every allocation of this table.
+    quota: Option<Arc<QuotaSlot>>,
+    /// Bytes of the table's allocations (what it holds of the quota).
+    allocated: u64,
+}
+
+impl Drop for AllocationTable {
+    /// The context (and with it every allocation) is gone: so is their share of the quota.
+    fn drop(&mut self) {
+        if let Some(q) = &self.quota {
+            q.release(self.allocated);
+        }
+    }
 }
 
 impl AllocationTable {
+    /// An empty table whose allocations count against `quota`.
+    pub(crate) fn with_quota(quota: Option<Arc<QuotaSlot>>) -> Self {
+        Self {
+            regions: BTreeMap::new(),
+            quota,
+            allocated: 0,
+        }
+    }
+
+    /// True if `size` more bytes fit the quota now (checked again, for real, on insert).
+    pub(crate) fn quota_allows(&self, size: u64) -> bool {
+        self.quota.as_ref().is_none_or(|q| q.fits(size))
+    }
+
     /// True if one more region fits.
     pub(crate) fn has_room(&self) -> bool {
         self.regions.len() < MAX_REGIONS
@@ -90,6 +121,16 @@ impl AllocationTable {
         }
         if !self.has_room() {
             return Err(TableError::Full);
+        }
+        // Device memory the session allocated counts against the VM's quota, whichever way it
+        // was allocated (what `remove_allocation` gives back).
+        if matches!(kind, RegionKind::Allocation | RegionKind::StreamOrdered) {
+            if let Some(q) = &self.quota {
+                if !q.reserve(size) {
+                    return Err(TableError::OverQuota);
+                }
+            }
+            self.allocated += size;
         }
         self.regions.insert(base, Region { size, kind });
         Ok(())
@@ -195,10 +236,16 @@ impl AllocationTable {
         if !self.is_allocation(base) {
             return Err(TableError::NotAnAllocation);
         }
-        self.regions
+        let size = self
+            .regions
             .remove(&base)
             .map(|r| r.size)
-            .ok_or(TableError::NotAnAllocation)
+            .ok_or(TableError::NotAnAllocation)?;
+        self.allocated -= size;
+        if let Some(q) = &self.quota {
+            q.release(size);
+        }
+        Ok(size)
     }
 
     /// Removes every global of module `module`.
@@ -292,6 +339,38 @@ mod tests {
             Err(TableError::NotAnAllocation)
         );
         assert!(!t.contains(0x1000, 1));
+    }
+
+    #[test]
+    fn allocations_count_against_the_quota_until_freed_or_dropped() {
+        use crate::limits::GpuMemoryQuota;
+        use std::os::fd::FromRawFd;
+
+        let q = GpuMemoryQuota::new(0x300, 2).unwrap();
+        let lease = q.lease().unwrap();
+        // SAFETY: dup of an open descriptor returns a new one we own.
+        let file = unsafe { std::fs::File::from_raw_fd(libc::dup(lease.fd())) };
+        let slot = Arc::new(QuotaSlot::attach(file, lease.index()).unwrap());
+        let mut t = AllocationTable::with_quota(Some(slot.clone()));
+        t.insert_allocation(0x1000, 0x200).unwrap();
+        // Globals are module memory, not allocations: they do not count.
+        t.insert_global(0x9000, 0x1000, 1).unwrap();
+        assert!(!t.quota_allows(0x101));
+        assert_eq!(
+            t.insert_allocation(0x2000, 0x101),
+            Err(TableError::OverQuota)
+        );
+        assert!(!t.contains(0x2000, 1));
+        t.insert_allocation(0x2000, 0x100).unwrap();
+        assert_eq!(q.used(), 0x300);
+        t.remove_allocation(0x1000).unwrap();
+        assert_eq!(q.used(), 0x100);
+        let mut other = AllocationTable::with_quota(Some(slot));
+        other.insert_allocation(0x1000, 0x200).unwrap();
+        drop(t);
+        assert_eq!(q.used(), 0x200);
+        drop(other);
+        assert_eq!(q.used(), 0);
     }
 
     #[test]

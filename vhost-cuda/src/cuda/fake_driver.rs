@@ -444,7 +444,8 @@ impl DriverApi for FakeDriver {
         let mut st = self.enter("mem_alloc")?;
         let cur = st.cur();
         let dev = st.contexts.get(&cur).ok_or(INVALID_CONTEXT)?.dev;
-        if Self::used(&st, dev) + size as u64 > TOTAL_MEM {
+        // As cuMemAlloc: any size, however large, is an answer (found by fuzz/chain_dispatch).
+        if Self::used(&st, dev).saturating_add(size as u64) > TOTAL_MEM {
             return Err(OUT_OF_MEMORY);
         }
         let c = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;

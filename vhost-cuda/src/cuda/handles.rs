@@ -82,6 +82,11 @@ impl<T> HandleTable<T> {
             .map(|(&k, v)| (k, v))
     }
 
+    /// Every object, in no particular order.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &T> {
+        self.entries.values()
+    }
+
     /// Number of objects.
     pub(crate) fn len(&self) -> usize {
         self.entries.len()

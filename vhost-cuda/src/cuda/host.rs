@@ -4,13 +4,15 @@ use std::{
     fmt,
     sync::{
         atomic::{AtomicU32, Ordering},
-        Arc,
+        Arc, OnceLock,
     },
 };
 
 use qcuda_proto::{status, GpuInfo};
 use thiserror::Error;
 use tracing::{debug, error, warn};
+
+use crate::limits::QuotaSlot;
 
 use super::{
     driver::{CudaDriver, DriverApi, DriverLoad, NoDriver},
@@ -52,6 +54,8 @@ pub(crate) struct Tuning {
     /// Guest runs at least this long are copied straight from or to guest memory; shorter
     /// runs are gathered into (or scattered from) the staging buffer.
     pub(crate) direct_min: usize,
+    /// Most bytes of module images one session may have loaded at once.
+    pub(crate) max_module_bytes: u64,
 }
 
 impl Default for Tuning {
@@ -59,6 +63,7 @@ impl Default for Tuning {
         Self {
             staging_half: 2 << 20,
             direct_min: 256 << 10,
+            max_module_bytes: super::session::MAX_MODULE_BYTES,
         }
     }
 }
@@ -78,6 +83,8 @@ pub struct CudaHost {
     /// whole process, so it is the host's, not a session's (in a worker process the two are
     /// the same).
     sticky: AtomicU32,
+    /// The VM's `--max-gpu-memory` quota (a worker's slot of it), if the daemon set one.
+    memory_quota: OnceLock<Arc<QuotaSlot>>,
 }
 
 impl fmt::Debug for CudaHost {
@@ -173,6 +180,17 @@ impl CudaHost {
         CudaSession::new(Arc::clone(self), id)
     }
 
+    /// Makes every device allocation of this process's sessions count against `quota`
+    /// (`--max-gpu-memory`); set once, before the first session opens a context.
+    pub fn set_memory_quota(&self, quota: QuotaSlot) {
+        let _ = self.memory_quota.set(Arc::new(quota));
+    }
+
+    /// The quota allocations count against, if any.
+    pub(crate) fn memory_quota(&self) -> Option<Arc<QuotaSlot>> {
+        self.memory_quota.get().cloned()
+    }
+
     /// The sticky error (a `cudaError_t` such as cudaErrorIllegalAddress) that has corrupted
     /// this process's CUDA driver state, if any.
     ///
@@ -217,6 +235,7 @@ impl CudaHost {
             gpus: Vec::new(),
             tuning: Tuning::default(),
             sticky: AtomicU32::new(0),
+            memory_quota: OnceLock::new(),
         }
     }
 
@@ -291,6 +310,7 @@ impl CudaHost {
             gpus,
             tuning,
             sticky: AtomicU32::new(0),
+            memory_quota: OnceLock::new(),
         })
     }
 }

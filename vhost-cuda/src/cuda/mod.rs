@@ -29,10 +29,14 @@ mod module_image;
 mod session;
 mod status;
 
-#[cfg(test)]
+// The test double also serves the fuzz targets (fuzz/, feature `fuzzing`), never the binary.
+#[cfg(any(test, feature = "fuzzing"))]
+#[cfg_attr(not(test), allow(dead_code))]
 mod fake_driver;
 #[cfg(test)]
 mod fake_graphs;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 #[cfg(test)]
 mod test_kernels;
 #[cfg(test)]

@@ -184,8 +184,8 @@ impl ModuleImage {
         Ok(Self { bytes, kind })
     }
 
-    /// A checked image from host bytes (tests).
-    #[cfg(test)]
+    /// A checked image from host bytes (tests and fuzz targets).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn from_slice(b: &[u8]) -> Result<Self, u32> {
         let mut bytes = AlignedBytes::zeroed(b.len() + 1);
         bytes.as_mut_slice()[..b.len()].copy_from_slice(b);

@@ -26,7 +26,7 @@ use tracing::{debug, warn};
 
 use super::{
     aligned_bytes::AlignedBytes,
-    allocations::AllocationTable,
+    allocations::{AllocationTable, TableError},
     copy::{self, Staging},
     driver::{CuError, DriverApi, Raw, NULL_STREAM},
     handles::{HandleCounter, HandleTable},
@@ -49,6 +49,10 @@ const STREAM_ATTRIBUTES: [u32; 5] = [1, 3, 8, 9, 10];
 
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
+/// Most bytes of module images a session may have loaded at once (`Tuning::max_module_bytes`):
+/// the driver keeps what it loads in the worker's memory, so this bounds the host memory one
+/// guest process makes it hold for modules (docs/SECURITY.md).
+pub(crate) const MAX_MODULE_BYTES: u64 = 4 << 30;
 /// Most function handles a session may hold.
 const MAX_FUNCTIONS: usize = 1 << 16;
 /// Most streams a session may hold.
@@ -219,6 +223,8 @@ enum StagingState {
 struct ModuleEntry {
     dev: usize,
     raw: Raw,
+    /// Length of its image (counted against [`MAX_MODULE_BYTES`]).
+    bytes: u64,
 }
 
 #[derive(Debug)]
@@ -604,7 +610,7 @@ impl CudaSession {
             );
             *slot = Some(DeviceContext {
                 ctx,
-                memory: AllocationTable::default(),
+                memory: AllocationTable::with_quota(self.host.memory_quota()),
                 staging: StagingState::NotYet,
                 default_pool: None,
                 current_pool: None,
@@ -991,6 +997,10 @@ impl CudaSession {
         let (drv, id) = (Arc::clone(&self.drv), self.id);
         let c = self.context(mem_dev)?;
         if let Err(e) = c.memory.insert_stream_ordered(ptr, size) {
+            let _ = drv.mem_free_async(ptr, stream);
+            if e == TableError::OverQuota {
+                return Err(status::MEMORY_ALLOCATION.into());
+            }
             warn!(
                 session = id,
                 dev,
@@ -999,7 +1009,6 @@ impl CudaSession {
                 ?e,
                 "driver returned an overlapping pool allocation"
             );
-            let _ = drv.mem_free_async(ptr, stream);
             return Err(status::UNKNOWN.into());
         }
         ok_rets(&[ptr])
@@ -1077,11 +1086,16 @@ impl CudaSession {
         let bytes = to_usize(size)?;
         let (drv, id) = (Arc::clone(&self.drv), self.id);
         let c = self.context(dev)?;
-        if !c.memory.has_room() {
+        if !c.memory.has_room() || !c.memory.quota_allows(size) {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let ptr = drv.mem_alloc(bytes).map_err(on(dev))?;
         if let Err(e) = c.memory.insert_allocation(ptr, size) {
+            let _ = drv.mem_free(ptr);
+            if e == TableError::OverQuota {
+                // Another session of the VM took the rest meanwhile.
+                return Err(status::MEMORY_ALLOCATION.into());
+            }
             warn!(
                 session = id,
                 dev,
@@ -1090,7 +1104,6 @@ impl CudaSession {
                 ?e,
                 "driver returned an overlapping allocation"
             );
-            let _ = drv.mem_free(ptr);
             return Err(status::UNKNOWN.into());
         }
         ok_rets(&[ptr])
@@ -1349,14 +1362,18 @@ impl CudaSession {
         let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
         let dev = self.bind_new(req)?;
         let image = ModuleImage::from_guest(buf)?;
-        if !self.modules.has_room() {
+        let loaded: u64 = self.modules.values().map(|m| m.bytes).sum();
+        let bytes = buf.len() as u64;
+        if !self.modules.has_room()
+            || loaded.saturating_add(bytes) > self.host.tuning.max_module_bytes
+        {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let raw = self.drv.module_load(image.as_bytes()).map_err(on(dev))?;
         debug!(session = self.id, dev, kind = ?image.kind(), len = buf.len(), "module loaded");
         let handle = self
             .modules
-            .insert(&mut self.ids, ModuleEntry { dev, raw })
+            .insert(&mut self.ids, ModuleEntry { dev, raw, bytes })
             .ok_or(status::MEMORY_ALLOCATION)?;
         ok_rets(&[handle])
     }

@@ -139,6 +139,12 @@ impl CudaSession {
         });
         if !matches!(inserted, Some(Ok(Ok(())))) {
             let _ = self.drv.mem_free(ptr);
+            if matches!(
+                inserted,
+                Some(Ok(Err(super::super::allocations::TableError::OverQuota)))
+            ) {
+                return Err(status::MEMORY_ALLOCATION.into());
+            }
             return Err(status::UNKNOWN.into());
         }
         ok_rets(&[ptr, pitch as u64])

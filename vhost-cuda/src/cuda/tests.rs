@@ -54,6 +54,7 @@ impl Rig {
         let tuning = Tuning {
             staging_half: 64,
             direct_min: 100,
+            ..Tuning::default()
         };
         let host = Arc::new(CudaHost::from_driver(fake.clone(), 13000, None, tuning).unwrap());
         Self {
@@ -1691,4 +1692,97 @@ fn stream_attributes_round_trip_and_only_stream_ids_are_taken() {
         status::INVALID_VALUE
     );
     ok(run(&mut s, Op::CtxResetPersistingL2, &[]));
+}
+
+/// `--max-gpu-memory`: two workers of one VM (here two hosts over one driver, as two worker
+/// processes are) share one quota; frees, `DeviceReset` and the end of a session give back.
+#[test]
+fn device_memory_of_a_vm_stays_within_its_quota() {
+    use crate::limits::{GpuMemoryQuota, QuotaSlot};
+    use std::os::fd::FromRawFd;
+
+    let rig = Rig::new(1);
+    let quota = GpuMemoryQuota::new(1000, 4).unwrap();
+    let worker = |lease: &crate::limits::SlotLease| {
+        // SAFETY: dup of an open descriptor returns a new one we own.
+        let file = unsafe { std::fs::File::from_raw_fd(libc::dup(lease.fd())) };
+        let tuning = Tuning {
+            staging_half: 64,
+            direct_min: 100,
+            ..Tuning::default()
+        };
+        let host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
+        host.set_memory_quota(QuotaSlot::attach(file, lease.index()).unwrap());
+        host
+    };
+    let (la, lb) = (quota.lease().unwrap(), quota.lease().unwrap());
+    let (ha, hb) = (worker(&la), worker(&lb));
+    let (mut a, mut b) = (ha.open_session(1), hb.open_session(2));
+    let p = malloc(&mut a, 600);
+    assert_eq!(
+        run(&mut b, Op::Malloc, &[401]).status,
+        status::MEMORY_ALLOCATION
+    );
+    // A refused allocation leaves nothing behind, on the device or in the count.
+    assert_eq!(quota.used(), 600);
+    let q = malloc(&mut b, 400);
+    assert_eq!(
+        run(&mut a, Op::Malloc, &[1]).status,
+        status::MEMORY_ALLOCATION
+    );
+    ok(run(&mut a, Op::Free, &[p]));
+    assert_eq!(quota.used(), 400);
+    malloc(&mut a, 300);
+    malloc(&mut a, 300);
+    assert_eq!(quota.used(), 1000);
+    // DeviceReset destroys a's context: its 600 bytes go back.
+    ok(run(&mut a, Op::DeviceReset, &[]));
+    assert_eq!(quota.used(), 400);
+    // A session's end gives back the rest.
+    let _ = q;
+    drop(b);
+    assert_eq!(quota.used(), 0);
+    // Without a quota nothing is counted or refused (within the device's memory).
+    let mut free = rig.session();
+    malloc(&mut free, 4000);
+    assert_eq!(quota.used(), 0);
+    drop((la, lb));
+}
+
+/// The module images one session has loaded are bounded in bytes (the driver holds them in the
+/// worker's memory); unloading gives room back.
+#[test]
+fn loaded_module_images_are_bounded_per_session() {
+    let mut rig = Rig::new(1);
+    let tuning = Tuning {
+        staging_half: 64,
+        direct_min: 100,
+        max_module_bytes: 2 * PTX.len() as u64,
+    };
+    rig.host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
+    let mut s = rig.session();
+    let a = load_module(&mut rig, &mut s);
+    load_module(&mut rig, &mut s);
+    let img = rig.buf(PTX);
+    let r = s.execute(&req(Op::ModuleLoad, 0, &[], vec![img.clone()], vec![]));
+    assert_eq!(r.status, status::MEMORY_ALLOCATION);
+    ok(run(&mut s, Op::ModuleUnload, &[a]));
+    ok(s.execute(&req(Op::ModuleLoad, 0, &[], vec![img], vec![])));
+}
+
+/// Found by fuzz/chain_dispatch: a `Malloc` of a size near 2^64 made the fake driver's
+/// accounting overflow. Every size is an answer, as with the real driver.
+#[test]
+fn huge_allocations_are_refused_not_overflowed() {
+    let rig = Rig::new(1);
+    let mut s = rig.session();
+    malloc(&mut s, 64);
+    for size in [u64::MAX, u64::MAX - 255, 1 << 63, TOTAL_MEM + 1] {
+        assert_eq!(
+            run(&mut s, Op::Malloc, &[size]).status,
+            status::MEMORY_ALLOCATION,
+            "{size:#x}"
+        );
+    }
+    malloc(&mut s, 64);
 }

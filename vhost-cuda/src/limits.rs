@@ -1,0 +1,361 @@
+//! Per-VM limits: `--max-sessions` and `--max-gpu-memory`.
+//!
+//! A VM's sessions run in separate worker processes, so its device memory is counted where all
+//! of them see it: a small shared file (a memfd) per vhost-user connection, one 64-bit word
+//! for the limit and one per worker slot for the bytes that worker has allocated. The daemon
+//! creates the file ([`GpuMemoryQuota`]), gives each worker a slot ([`SlotLease`]) and the file
+//! on [`QUOTA_FD`]; the worker ([`QuotaSlot`]) adds to its own word before an allocation is
+//! kept and takes it off when the allocation is freed or its context goes. An allocation is
+//! admitted under a lock: a POSIX record lock on the file (per process, so the kernel drops it
+//! when a worker dies holding it) plus a mutex for the threads of one process. A worker's word
+//! is written only by that worker, and cleared by the daemon once the worker is reaped, so a
+//! killed worker's memory (which the driver frees at its exit) stops counting then.
+//!
+//! A worker that lies about its word can only exceed its VM's limit, which it could not reach
+//! without the driver being taken over (see docs/SECURITY.md): it is a limit for well-behaved
+//! workers of hostile guests, enforced by code the guest does not control.
+
+use std::{
+    fs::File,
+    io,
+    os::fd::{AsRawFd, FromRawFd, RawFd},
+    ptr::NonNull,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
+};
+
+/// The descriptor a worker finds the quota file on (next to the channel on 3).
+pub const QUOTA_FD: RawFd = 4;
+
+/// The limits of one VM (one vhost-user connection).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Most sessions (guest processes using /dev/qcuda) at once; `None`: only the built-in
+    /// bound (`session::MAX_SESSIONS`).
+    pub max_sessions: Option<usize>,
+    /// Most bytes of device memory all sessions together may have allocated; `None`: no limit
+    /// beyond the GPU's.
+    pub max_gpu_memory: Option<u64>,
+}
+
+/// The mapped quota file: word 0 the limit, words 1..=slots the slots.
+struct QuotaMap {
+    file: File,
+    words: NonNull<AtomicU64>,
+    len: usize,
+    /// Serialises admissions among the threads of this process (record locks do not).
+    lock: Mutex<()>,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics, and lives as long as the
+// map; nothing in it is tied to a thread.
+unsafe impl Send for QuotaMap {}
+// SAFETY: as above.
+unsafe impl Sync for QuotaMap {}
+
+impl std::fmt::Debug for QuotaMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotaMap")
+            .field("limit", &self.limit())
+            .field("slots", &self.slots())
+            .field("used", &self.used())
+            .finish()
+    }
+}
+
+impl Drop for QuotaMap {
+    fn drop(&mut self) {
+        // SAFETY: `words` is the start of a mapping of `len * 8` bytes made by `map`, and no
+        // reference into it outlives the map.
+        unsafe { libc::munmap(self.words.as_ptr().cast(), self.len * 8) };
+    }
+}
+
+/// Holds the process's record lock on the quota file and the in-process mutex.
+struct Admission<'a> {
+    map: &'a QuotaMap,
+    _guard: MutexGuard<'a, ()>,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        let _ = self.map.record_lock(libc::F_UNLCK as libc::c_short);
+    }
+}
+
+impl QuotaMap {
+    fn map(file: File) -> io::Result<Self> {
+        let size = file.metadata()?.len();
+        let len = usize::try_from(size / 8).map_err(|_| io::ErrorKind::InvalidData)?;
+        if len < 2 || size % 8 != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "quota file too small",
+            ));
+        }
+        // SAFETY: a fresh shared mapping of the whole file; the kernel picks the address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let words = NonNull::new(p.cast::<AtomicU64>()).ok_or(io::ErrorKind::Other)?;
+        Ok(Self {
+            file,
+            words,
+            len,
+            lock: Mutex::new(()),
+        })
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < self.len);
+        // SAFETY: `i` is inside the mapping, which is page-aligned, so every word is aligned;
+        // all access to it is atomic.
+        unsafe { &*self.words.as_ptr().add(i) }
+    }
+
+    fn limit(&self) -> u64 {
+        self.word(0).load(Ordering::Acquire)
+    }
+
+    fn slots(&self) -> usize {
+        self.len - 1
+    }
+
+    fn used(&self) -> u64 {
+        (1..self.len).fold(0u64, |t, i| {
+            t.saturating_add(self.word(i).load(Ordering::Acquire))
+        })
+    }
+
+    fn record_lock(&self, kind: libc::c_short) -> io::Result<()> {
+        // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = 0;
+        fl.l_len = 8;
+        loop {
+            // SAFETY: fcntl(F_SETLKW) reads the flock we pass; the descriptor is ours.
+            if unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_SETLKW, &fl) } == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    fn admit(&self) -> io::Result<Admission<'_>> {
+        let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.record_lock(libc::F_WRLCK as libc::c_short)?;
+        Ok(Admission {
+            map: self,
+            _guard: guard,
+        })
+    }
+}
+
+/// The daemon's side: one VM's quota file and its free slots.
+#[derive(Debug)]
+pub struct GpuMemoryQuota {
+    map: Arc<QuotaMap>,
+    taken: Arc<Mutex<Vec<bool>>>,
+}
+
+impl GpuMemoryQuota {
+    /// A quota of `limit` bytes shared by at most `slots` workers at once.
+    pub fn new(limit: u64, slots: usize) -> io::Result<Self> {
+        // SAFETY: memfd_create with a valid NUL-terminated name returns a new fd or -1.
+        let fd =
+            unsafe { libc::memfd_create(c"qcuda-gpu-memory-quota".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(((slots.max(1) + 1) * 8) as u64)?;
+        let map = QuotaMap::map(file)?;
+        map.word(0).store(limit, Ordering::Release);
+        Ok(Self {
+            taken: Arc::new(Mutex::new(vec![false; map.slots()])),
+            map: Arc::new(map),
+        })
+    }
+
+    /// The limit in bytes.
+    pub fn limit(&self) -> u64 {
+        self.map.limit()
+    }
+
+    /// Bytes the VM's workers have allocated now.
+    pub fn used(&self) -> u64 {
+        self.map.used()
+    }
+
+    /// A free slot for a new worker; `None` if every slot is taken.
+    pub fn lease(&self) -> Option<SlotLease> {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        let index = taken.iter().position(|t| !t)?;
+        taken[index] = true;
+        self.map.word(1 + index).store(0, Ordering::Release);
+        Some(SlotLease {
+            map: self.map.clone(),
+            taken: self.taken.clone(),
+            index,
+        })
+    }
+}
+
+/// A slot given to one worker. Dropping it (after the worker is reaped) clears the slot: the
+/// worker's memory no longer counts.
+#[derive(Debug)]
+pub struct SlotLease {
+    map: Arc<QuotaMap>,
+    taken: Arc<Mutex<Vec<bool>>>,
+    index: usize,
+}
+
+impl SlotLease {
+    /// The slot's index (`--gpu-memory-slot`).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The quota file, for the worker's [`QUOTA_FD`].
+    pub fn fd(&self) -> RawFd {
+        self.map.file.as_raw_fd()
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        self.map.word(1 + self.index).store(0, Ordering::Release);
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        taken[self.index] = false;
+    }
+}
+
+/// A worker's side: its slot of its VM's quota.
+#[derive(Debug)]
+pub struct QuotaSlot {
+    map: QuotaMap,
+    index: usize,
+}
+
+impl QuotaSlot {
+    /// Maps the quota `file` and takes slot `index` of it.
+    pub fn attach(file: File, index: usize) -> io::Result<Self> {
+        let map = QuotaMap::map(file)?;
+        if index >= map.slots() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("slot {index} of {}", map.slots()),
+            ));
+        }
+        Ok(Self { map, index })
+    }
+
+    /// The worker's quota from [`QUOTA_FD`].
+    ///
+    /// # Safety
+    /// [`QUOTA_FD`] must be the quota file the daemon passed and owned by nobody else.
+    pub unsafe fn from_inherited_fd(index: usize) -> io::Result<Self> {
+        // SAFETY: the caller guarantees that the descriptor is the quota file and unowned.
+        let file = unsafe { File::from_raw_fd(QUOTA_FD) };
+        // Close-on-exec, like every other descriptor of the worker.
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe { libc::fcntl(QUOTA_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+        Self::attach(file, index)
+    }
+
+    /// Whether `bytes` more would fit now (a cheap check before asking the driver; the
+    /// allocation is admitted by [`QuotaSlot::reserve`]).
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.map
+            .used()
+            .checked_add(bytes)
+            .is_some_and(|t| t <= self.map.limit())
+    }
+
+    /// Counts `bytes` more for this worker if the VM stays within its limit.
+    pub fn reserve(&self, bytes: u64) -> bool {
+        let Ok(_admission) = self.map.admit() else {
+            return false;
+        };
+        if !self.fits(bytes) {
+            return false;
+        }
+        self.map
+            .word(1 + self.index)
+            .fetch_add(bytes, Ordering::AcqRel);
+        true
+    }
+
+    /// Counts `bytes` less (an allocation freed).
+    pub fn release(&self, bytes: u64) {
+        let w = self.map.word(1 + self.index);
+        let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some(v.saturating_sub(bytes))
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dup(fd: RawFd) -> File {
+        // SAFETY: dup of an open descriptor returns a new one we own.
+        let d = unsafe { libc::dup(fd) };
+        assert!(d >= 0);
+        // SAFETY: `d` is fresh.
+        unsafe { File::from_raw_fd(d) }
+    }
+
+    #[test]
+    fn workers_share_one_limit_and_a_lease_clears_its_slot() {
+        let q = GpuMemoryQuota::new(1000, 4).unwrap();
+        let (a, b) = (q.lease().unwrap(), q.lease().unwrap());
+        let wa = QuotaSlot::attach(dup(a.fd()), a.index()).unwrap();
+        let wb = QuotaSlot::attach(dup(b.fd()), b.index()).unwrap();
+        assert!(wa.reserve(600));
+        assert!(!wb.reserve(401));
+        assert!(wb.fits(400) && wb.reserve(400));
+        assert_eq!(q.used(), 1000);
+        assert!(!wa.reserve(1));
+        wb.release(100);
+        assert!(wa.reserve(100));
+        // Worker a "dies": its lease ends, its 700 bytes stop counting.
+        drop(a);
+        assert_eq!(q.used(), 300);
+        assert!(wb.reserve(700));
+        assert!(!wb.reserve(u64::MAX));
+        wb.release(u64::MAX);
+        assert_eq!(q.used(), 0);
+    }
+
+    #[test]
+    fn slots_run_out_and_come_back() {
+        let q = GpuMemoryQuota::new(1, 2).unwrap();
+        let a = q.lease().unwrap();
+        let _b = q.lease().unwrap();
+        assert!(q.lease().is_none());
+        let i = a.index();
+        drop(a);
+        assert_eq!(q.lease().unwrap().index(), i);
+        assert!(QuotaSlot::attach(dup(_b.fd()), 2).is_err());
+    }
+}
