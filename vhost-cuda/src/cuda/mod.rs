@@ -33,7 +33,8 @@ mod status;
 #[cfg(any(test, feature = "fuzzing"))]
 #[cfg_attr(not(test), allow(dead_code))]
 mod fake_driver;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
+#[cfg_attr(not(test), allow(dead_code))]
 mod fake_graphs;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
