@@ -1121,7 +1121,10 @@ impl CudaSession {
             // A graph's allocation (memory node) may be freed outside the graph, as CUDA
             // allows; the range stays the graph's, which allocates it again when it runs.
             if c.memory.is_graph_memory(ptr) {
-                drv.mem_free(ptr).map_err(on(dev))?;
+                // cuMemFree refuses graph memory; the stream-ordered free on the legacy stream
+                // takes it, and cudaFree returns once it is done.
+                drv.mem_free_async(ptr, NULL_STREAM).map_err(on(dev))?;
+                drv.ctx_synchronize().map_err(on(dev))?;
                 return ok();
             }
             return Err(status::INVALID_VALUE.into());
