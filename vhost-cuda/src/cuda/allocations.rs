@@ -157,10 +157,9 @@ impl AllocationTable {
     }
 
     /// Adds the allocation `[base, base + size)` of a memory allocation node of `graph`. The
-    /// driver may give a new node of the same graph addresses that one of its earlier
-    /// allocations, freed by a free node before it, had (virtual address reuse inside a graph):
-    /// regions of that graph it overlaps are merged with it. Overlapping anything else is an
-    /// error.
+    /// driver reuses the addresses of graph allocations freed before (by a free node of the
+    /// same graph, or of a graph since destroyed): graph-memory regions it overlaps are merged
+    /// with it. Overlapping any other memory is an error.
     pub(crate) fn insert_graph_memory(
         &mut self,
         base: u64,
@@ -180,7 +179,10 @@ impl AllocationTable {
             .filter(|(&b, r)| b < end && b + r.size > base)
             .map(|(&b, r)| (b, r.size, r.kind))
             .collect();
-        if overlapping.iter().any(|&(_, _, k)| k != kind) {
+        if overlapping
+            .iter()
+            .any(|&(_, _, k)| !matches!(k, RegionKind::GraphMemory { .. }))
+        {
             return Err(TableError::Overlap);
         }
         let (mut lo, mut hi) = (base, end);
@@ -204,11 +206,6 @@ impl AllocationTable {
             })
     }
 
-    /// Removes the allocations of `graph`'s memory allocation nodes.
-    pub(crate) fn remove_graph_memory(&mut self, graph: u64) {
-        self.regions
-            .retain(|_, r| r.kind != RegionKind::GraphMemory { graph });
-    }
 
     /// True if `base` is the start of an allocation of either kind (what `Free` and
     /// `FreeAsync` accept).
@@ -414,17 +411,14 @@ mod tests {
         assert!(t.contains(0x10_0000, 0x1800));
         assert!(t.is_graph_memory(0x10_0000) && t.is_graph_memory(0x10_0800));
         assert!(!t.is_graph_memory(0x10_1800));
-        // Another graph's memory, or an allocation, must not overlap it.
-        assert_eq!(
-            t.insert_graph_memory(0x10_1000, 0x1000, 8),
-            Err(TableError::Overlap)
-        );
+        // Another graph reusing those addresses merges too; an allocation must not overlap.
+        t.insert_graph_memory(0x10_1000, 0x1000, 8).unwrap();
+        assert!(t.contains(0x10_0000, 0x2000));
         t.insert_allocation(0x20_0000, 0x100).unwrap();
         assert_eq!(
             t.insert_graph_memory(0x1f_ff80, 0x100, 7),
             Err(TableError::Overlap)
         );
-        t.remove_graph_memory(7);
-        assert!(!t.contains(0x10_0000, 1));
+        assert!(t.is_graph_memory(0x10_1fff));
     }
 }

@@ -547,9 +547,9 @@ impl CudaSession {
         let result = self.drv.graph_destroy(raw);
         self.graphs.graphs.remove(handle);
         self.graphs.forget_nodes_of(handle);
-        for c in self.devices.iter_mut().flatten() {
-            c.memory.remove_graph_memory(handle);
-        }
+        // The graph's memory stays the session's: executable graphs instantiated from it keep
+        // allocating it when they run, and a program may free it with cudaFree after
+        // destroying the graph (CUDA allows both). It goes with the context.
         result.map_err(on(dev))?;
         ok()
     }
