@@ -139,8 +139,10 @@ int main()
         cudaGraphExec_t exec;
         CHECK(cudaGraphInstantiate(&exec, graph, 0));
         for (int round = 0; round < 20; round++) {
-            // x evolves: each launch applies x = 2x + 1 to the previous result, so reset it.
-            CHECK(cudaMemcpy(b.x, x0.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+            // x evolves: each launch applies x = 2x + 1 to the previous result, so reset it, in
+            // s1's order (a pageable cudaMemcpy may return before its DMA is done, and s1 does
+            // not wait for the legacy stream).
+            CHECK(cudaMemcpyAsync(b.x, x0.data(), N * sizeof(float), cudaMemcpyHostToDevice, s1));
             CHECK(cudaGraphLaunch(exec, s1));
             CHECK(cudaStreamSynchronize(s1));
             for (int i = 0; i < N; i++) {
@@ -151,7 +153,7 @@ int main()
             }
         }
         // Many launches back to back: x doubles-plus-one each time.
-        CHECK(cudaMemcpy(b.x, x0.data(), N * sizeof(float), cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpyAsync(b.x, x0.data(), N * sizeof(float), cudaMemcpyHostToDevice, s1));
         for (int i = 0; i < 5; i++)
             CHECK(cudaGraphLaunch(exec, s1));
         CHECK(cudaStreamSynchronize(s1));
