@@ -127,8 +127,14 @@ impl ArrayDriverApi for FakeDriver {
             let bytes = pitch
                 .checked_mul(rows)
                 .and_then(|b| b.checked_mul(slices))
-                .filter(|&b| b > 0 && b <= 1 << 30)
+                // The fake keeps arrays in host memory: it answers out of memory well before
+                // the machine would (a GPU has its own bound).
+                .filter(|&b| b > 0 && b <= 16 << 20)
                 .ok_or(CuError(2))?;
+            let held: usize = c.arrays.values().map(|(_, v)| v.len()).sum();
+            if held + bytes > 256 << 20 {
+                return Err(CuError(2));
+            }
             let a = fresh(next);
             c.arrays.insert(a, (*d, vec![0; bytes]));
             Ok(a)
