@@ -206,7 +206,6 @@ impl AllocationTable {
             })
     }
 
-
     /// True if `base` is the start of an allocation of either kind (what `Free` and
     /// `FreeAsync` accept).
     pub(crate) fn is_allocation(&self, base: u64) -> bool {

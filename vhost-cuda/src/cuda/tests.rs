@@ -1786,3 +1786,14 @@ fn huge_allocations_are_refused_not_overflowed() {
     }
     malloc(&mut s, 64);
 }
+
+/// Found by fuzz/chain_dispatch: a mipmapped array whose levels add up to gigabytes made the
+/// test double allocate them; it answers out of memory now, as a GPU would.
+#[test]
+fn huge_mipmapped_arrays_are_refused_not_allocated() {
+    let rig = Rig::new(1);
+    let mut s = rig.session();
+    // 16384 x 16384 float4 with 15 levels (CU_AD_FORMAT_FLOAT = 0x20).
+    let r = run(&mut s, Op::ArrayCreate, &[16384, 16384, 0, 0x20, 4, 0, 15]);
+    assert_eq!(r.status, status::MEMORY_ALLOCATION);
+}

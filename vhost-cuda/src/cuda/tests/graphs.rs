@@ -362,7 +362,14 @@ fn memory_nodes_make_session_memory_for_their_graphs_lifetime() {
     // With its graph gone the address stays the session's (an executable graph made from it
     // still allocates it), until the context goes.
     let other = ok(run(&mut s, Op::GraphCreate, &[]))[0];
-    ok(add_node(&mut rig, &mut s, other, g::NODE_MEMSET, &[], &set.encode()));
+    ok(add_node(
+        &mut rig,
+        &mut s,
+        other,
+        g::NODE_MEMSET,
+        &[],
+        &set.encode(),
+    ));
 }
 
 #[test]
