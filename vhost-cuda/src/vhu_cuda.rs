@@ -240,6 +240,8 @@ impl VhostCudaBackend {
             trace!(vm = %self.label, "request queue: {popped} chain(s) taken");
             if popped > 0 {
                 last_chain = Instant::now();
+                // Chains came: whatever was announced before was real.
+                announced_unseen = false;
             }
             if last_chain.elapsed() < self.poll {
                 // Notifications stay off: look again soon.
