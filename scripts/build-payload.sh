@@ -21,6 +21,8 @@ lib=$(guest-lib/build.sh | tail -n 1)
 cargo build --release -q -p qcuda-smi
 tests_dir=$(scripts/build-cuda-tests.sh | tail -n 1)
 bench_dir=$(scripts/build-cuda-tests.sh --src=bench --out=build/bench | tail -n 1)
+# Host-only helpers of the GPU harnesses (not in the guest): travel in the bundle.
+scripts/build-cuda-tests.sh --src=tests/host --out=build/host-tools >/dev/null
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

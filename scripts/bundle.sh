@@ -5,11 +5,13 @@
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
 #   bench.sh                  runs the benchmark natively and inside the guest, prints the ratios
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
+#   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
 #   bin/vhost-cuda            the host daemon
 #   bin/busybox               static busybox (cpio for run-vm.sh where the host has none)
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
 #   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
+#   host-tools/               gpu_meminfo (device memory in use, for the kill and load checks)
 #   bench/                    the benchmark qcuda_bench and its start-up helpers, for the native
 #                             run (the guest has its own copy)
 #
@@ -26,11 +28,12 @@ done
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 B=$stage/qcuda
-mkdir -p "$B/bin" "$B/qemu/bin" "$B/qemu/lib" "$B/qemu/share" "$B/guest" "$B/native-tests" "$B/bench"
+mkdir -p "$B/bin" "$B/qemu/bin" "$B/qemu/lib" "$B/qemu/share" "$B/guest" "$B/native-tests" "$B/bench" "$B/host-tools"
 install -m 755 scripts/run-vm.sh "$B/run-vm.sh"
 install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
 install -m 755 scripts/bench.sh "$B/bench.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
+install -m 755 scripts/load-test.sh "$B/load-test.sh"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
 # run-vm.sh packs small initramfs archives; a bare GPU host may have no cpio.
@@ -47,6 +50,7 @@ done
 cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
 cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
 [[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
+[[ -d build/host-tools ]] && find build/host-tools -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/host-tools/" \;
 [[ -d build/bench ]] && find build/bench -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/bench/" \;
 git rev-parse --short HEAD >"$B/VERSION" 2>/dev/null || echo unknown >"$B/VERSION"
 mkdir -p dist

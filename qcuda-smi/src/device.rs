@@ -137,6 +137,25 @@ impl Device {
         })
     }
 
+    /// Pages of guest memory qcuda.ko holds for host mappings, over every open file of the
+    /// module (`qcuda-host-pages-all` in this file's fdinfo); `None` if the module does not
+    /// report it.
+    pub fn host_pages_held_by_module(&self) -> Option<u64> {
+        let info =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.file.as_raw_fd())).ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("qcuda-host-pages-all:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// A device over a descriptor of the node opened elsewhere.
+    pub fn from_file(file: File, path: &Path) -> Self {
+        Self {
+            file,
+            path: path.to_owned(),
+        }
+    }
+
     /// The node this was opened from.
     pub fn path(&self) -> &Path {
         &self.path

@@ -4,13 +4,16 @@
 //! It talks to `/dev/qcuda` (qcuda.ko) directly with the generic call ioctl of qcuda-proto,
 //! bypassing guest-lib, so it can list the host's GPUs and test the transport on its own:
 //! `selftest` (echo over every size class, refused calls), `stress` (many sessions and threads
-//! with calls in flight) and `killtest` (processes killed mid-call); `sessions` prints how many
+//! with calls in flight), `killtest` (processes killed mid-call) and
+//! `killprog` (copies of a CUDA program killed at random points); `sessions` prints how many
 //! sessions the host has open. docs/testing.md describes how the in-VM tests use it.
 
 mod call_plan;
 mod child_process;
 mod device;
 mod host_info;
+mod hostile;
+mod killprog;
 mod killtest;
 mod page_buffer;
 mod prng;
@@ -98,6 +101,33 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Hostile raw calls: garbage and truncated module images, wrong parameter sizes, handles
+    /// and pointers never issued, huge allocations, a fire-and-forget flood, 4000 descriptors;
+    /// each must be refused with an error, and the session must still work.
+    Hostile,
+    /// Copies of a CUDA program (run until killed, printing "progress N" lines), each killed
+    /// with SIGKILL a random delay after its start; then no session and no held page may be
+    /// left.
+    Killprog {
+        /// Programs to kill.
+        #[arg(long, default_value_t = 100)]
+        count: u32,
+        /// Programs alive at once.
+        #[arg(long, default_value_t = 4)]
+        parallel: u32,
+        /// Shortest delay from start to kill, in ms.
+        #[arg(long, default_value_t = 20)]
+        min_delay_ms: u64,
+        /// Longest delay from start to kill, in ms.
+        #[arg(long, default_value_t = 3000)]
+        max_delay_ms: u64,
+        /// Seed of the delays.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The program and its arguments (after --).
+        #[arg(required = true, last = true)]
+        program: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -161,6 +191,25 @@ fn main() -> ExitCode {
                 seed: *seed,
             },
         ),
+        Some(Command::Hostile) => hostile::run(&args.device),
+        Some(Command::Killprog {
+            count,
+            parallel,
+            min_delay_ms,
+            max_delay_ms,
+            seed,
+            program,
+        }) => killprog::run(
+            &args.device,
+            &killprog::KillProgOptions {
+                count: *count,
+                parallel: *parallel,
+                min_delay_ms: *min_delay_ms,
+                max_delay_ms: *max_delay_ms,
+                seed: *seed,
+                program: program.clone(),
+            },
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -170,6 +219,8 @@ fn main() -> ExitCode {
                 Some(Command::Selftest { .. }) => "selftest FAILED: ",
                 Some(Command::Stress { .. }) => "stress FAILED: ",
                 Some(Command::Killtest { .. }) => "killtest FAILED: ",
+                Some(Command::Killprog { .. }) => "killprog FAILED: ",
+                Some(Command::Hostile) => "hostile FAILED: ",
                 Some(Command::Latency { .. }) => "latency FAILED: ",
             };
             eprintln!("qcuda-smi: {what}{e}");
