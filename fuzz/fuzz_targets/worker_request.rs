@@ -1,6 +1,6 @@
 //! The worker's side of the daemon socket: frame bodies (`ToWorker::decode`,
 //! `FromWorker::decode`), and for every `Run` the rebuild of the request against the worker's
-//! own map of guest RAM (`session_worker::build_request`), whose buffers are then read and
+//! own map of guest RAM (`worker::build_request`), whose buffers are then read and
 //! written end to end. Also the reverse: a request built from fuzzer-chosen runs must be
 //! refused unless every run lies in guest RAM and the runs add up to the header's lengths.
 //! And the worker's rebuild of guest RAM itself: a memory table from the fuzzer over real
@@ -17,9 +17,9 @@ use libfuzzer_sys::fuzz_target;
 use qcuda_proto::{Direction, Op, RequestHeader};
 use vhost_cuda::{
     guest_buffer::GuestRam,
-    session_worker::build_request,
+    worker::build_request,
     shared_guest_ram::map_regions,
-    worker_message::{FromWorker, RegionSpec, RunRequest, Span, ToWorker},
+    worker::message::{FromWorker, RegionSpec, RunRequest, Span, ToWorker},
 };
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 

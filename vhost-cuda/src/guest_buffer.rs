@@ -2,7 +2,8 @@
 //!
 //! The virtio edge (`chain.rs`) turns a descriptor chain into a [`Request`]: a validated
 //! header plus one [`GuestBuffer`] per buffer in the header's table. Everything below the edge
-//! (the session workers and the CUDA executor) sees only these types, never descriptors.
+//! (the session threads, the workers and the CUDA executor) sees only these types, never
+//! descriptors.
 //!
 //! A `GuestBuffer` is a list of guest-physical runs, every one of which was checked to lie
 //! inside one region of guest RAM when the buffer was built, so later accesses cannot leave

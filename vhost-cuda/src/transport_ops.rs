@@ -1,6 +1,6 @@
 //! The ops the backend answers itself, without the CUDA executor: the `Hello` handshake and the
-//! `Echo` transport self-test. (`SessionClose` is handled by the session worker, `session.rs`,
-//! since it ends the worker.)
+//! `Echo` transport self-test. (`SessionClose` is handled by the session thread,
+//! `session/thread.rs`, since it ends the worker.)
 
 use qcuda_proto::{status, Checksum, ResponseHeader, VERSION};
 

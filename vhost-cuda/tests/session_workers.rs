@@ -31,8 +31,8 @@ use qcuda_proto::{
 };
 use vhost_cuda::{
     guest_buffer::{GuestBuffer, Request},
-    worker_message::{RunRequest, Span, ToWorker},
-    worker_process::{Waited, WorkerCommand, WorkerError, WorkerProcess},
+    worker::message::{RunRequest, Span, ToWorker},
+    worker::{Waited, WorkerCommand, WorkerError, WorkerProcess},
 };
 use vm_memory::{Bytes, GuestAddress};
 

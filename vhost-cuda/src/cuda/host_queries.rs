@@ -1,7 +1,7 @@
 //! The ops answered from what the host found at start, with no context and no driver call:
 //! HostInfo, DriverVersion, DeviceCount and DeviceInfo.
 //!
-//! The daemon answers them itself (`session.rs`), so a guest process that only asks which GPUs
+//! The daemon answers them itself (`crate::session`), so a guest process that only asks which GPUs
 //! there are never starts a worker process, and the daemon never creates a CUDA context. A
 //! [`CudaSession`](super::CudaSession) answers them the same way, through the same code.
 

@@ -1,6 +1,6 @@
 //! The CUDA executor: runs qcuda ops on the host GPU through the CUDA driver API.
 //!
-//! Above it, a session's worker process (`crate::session_worker`) hands each validated
+//! Above it, a session's worker process (`crate::worker`) hands each validated
 //! [`Request`](crate::guest_buffer::Request) of its guest process to the [`CudaSession`]; below
 //! it is libcuda, loaded at run time through cudarc. [`CudaHost`] is the process-wide part
 //! (driver, GPU list); the daemon keeps one too, to answer the host queries without a context.

@@ -1,6 +1,6 @@
 //! The CUDA state of one guest process, and the op handlers that act on it.
 //!
-//! A [`CudaSession`] lives in its session's worker process (`crate::session_worker`), alone: the
+//! A [`CudaSession`] lives in its session's worker process (`crate::worker`), alone: the
 //! daemon runs every session's executor in a process of its own. It owns one CUDA context per
 //! device the guest process has used (created on first use, never the shared primary context),
 //! the allocation table of each context, and the session-local handle tables for modules,
@@ -256,7 +256,7 @@ struct EventEntry {
 }
 
 /// The CUDA state of one guest process: contexts, allocations, modules, functions, streams
-/// and events. Runs on one worker thread at a time (it is `Send`, not `Sync`).
+/// and events. Runs on one thread at a time (it is `Send`, not `Sync`).
 pub struct CudaSession {
     host: Arc<CudaHost>,
     drv: Arc<dyn DriverApi>,
@@ -673,7 +673,7 @@ impl CudaSession {
     /// `cuCtxDestroy` frees the context's allocations, pinned staging memory, modules, streams
     /// and events, and waits for the kernels still running in the process. The session is alone
     /// in its worker process, so that wait stalls no other session; a daemon ending the session
-    /// does not wait for it beyond a bound, it kills the worker (`worker_process.rs`).
+    /// does not wait for it beyond a bound, it kills the worker (`crate::worker`).
     fn teardown(&mut self, dev: usize) {
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {

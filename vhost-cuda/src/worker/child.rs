@@ -1,6 +1,6 @@
 //! The worker process of one session: `vhost-cuda --session-worker --session-id N`.
 //!
-//! The daemon starts one per guest process that uses the GPU (`worker_process.rs`), because
+//! The daemon starts one per guest process that uses the GPU (`handle.rs`), because
 //! only separate processes isolate guest processes from each other on the GPU: measured with
 //! driver 580, all CUDA contexts of one process share one GPU address space (a kernel can
 //! write another context's memory), and one sticky error fails every context of the process.
@@ -42,7 +42,7 @@ use crate::{
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request},
     shared_guest_ram::map_regions,
     signals, transport_ops,
-    worker_message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
 };
 
 /// The descriptor the daemon puts the worker's end of the channel on.
@@ -223,7 +223,7 @@ fn take_channel() -> io::Result<WorkerChannel> {
         return Err(io::Error::other(format!("fd {CHANNEL_FD} is not a socket")));
     }
     // SAFETY: the daemon started this process with its channel on CHANNEL_FD (see
-    // `worker_process.rs`) and nothing else in this process uses that descriptor, so the stream
+    // `handle.rs`) and nothing else in this process uses that descriptor, so the stream
     // may own it.
     let sock = unsafe { UnixStream::from_raw_fd(CHANNEL_FD) };
     Ok(WorkerChannel::new(sock))
@@ -313,7 +313,7 @@ mod tests {
     use vm_memory::{Bytes, FileOffset};
 
     use super::*;
-    use crate::{shared_guest_ram::region_table, worker_message::RegionSpec};
+    use crate::{shared_guest_ram::region_table, worker::message::RegionSpec};
 
     fn ram() -> Arc<GuestRam> {
         Arc::new(

@@ -1,9 +1,9 @@
 //! The daemon's side of a session's worker process: start it, share guest RAM with it, hand it
 //! requests, wait for its answers (or for a reason to stop waiting), end it and reap it.
 //!
-//! The session thread (`session.rs`) owns a [`WorkerProcess`] and is the only thread that
+//! The session thread (`crate::session`) owns a [`WorkerProcess`] and is the only thread that
 //! talks to it, kills it or reaps it. The worker is this very binary in its hidden
-//! `--session-worker` mode (`session_worker.rs`), started with fork and exec (`Command`), which
+//! `--session-worker` mode (`child.rs`), started with fork and exec (`Command`), which
 //! is safe in the multi-threaded daemon. In the forked child, before exec:
 //!
 //! - `PR_SET_PDEATHSIG(SIGKILL)`: the worker dies with the daemon thread that started it. That
@@ -39,9 +39,9 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::{
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
-    session_worker::CHANNEL_FD,
     shared_guest_ram::region_table,
-    worker_message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    worker::CHANNEL_FD,
 };
 
 /// How long an ending worker gets to exit by itself before SIGKILL.
