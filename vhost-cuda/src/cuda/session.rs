@@ -49,10 +49,6 @@ const STREAM_ATTRIBUTES: [u32; 5] = [1, 3, 8, 9, 10];
 
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
-/// Most bytes of module images a session may have loaded at once (`Tuning::max_module_bytes`):
-/// the driver keeps what it loads in the worker's memory, so this bounds the host memory one
-/// guest process makes it hold for modules (docs/SECURITY.md).
-pub(crate) const MAX_MODULE_BYTES: u64 = 4 << 30;
 /// Most function handles a session may hold.
 const MAX_FUNCTIONS: usize = 1 << 16;
 /// Most streams a session may hold.
@@ -223,7 +219,7 @@ enum StagingState {
 struct ModuleEntry {
     dev: usize,
     raw: Raw,
-    /// Length of its image (counted against [`MAX_MODULE_BYTES`]).
+    /// Length of its image (counted against [`MAX_MODULE_BYTES`](super::host::MAX_MODULE_BYTES)).
     bytes: u64,
 }
 
@@ -298,7 +294,10 @@ impl std::fmt::Debug for CudaSession {
 }
 
 impl CudaSession {
-    pub(crate) fn new(host: Arc<CudaHost>, id: u64) -> Self {
+    /// A new, empty session of `host` for guest process `id`. Its contexts are created on
+    /// first use.
+    pub fn open(host: &Arc<CudaHost>, id: u64) -> Self {
+        let host = Arc::clone(host);
         let drv = Arc::clone(&host.driver);
         let devices = host.gpus.iter().map(|_| None).collect();
         Self {

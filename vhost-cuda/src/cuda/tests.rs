@@ -66,7 +66,7 @@ impl Rig {
     }
 
     fn session(&self) -> CudaSession {
-        self.host.open_session(1)
+        CudaSession::open(&self.host, 1)
     }
 
     /// A guest buffer holding `data`, split into runs of the given lengths (cycled) that lie
@@ -252,7 +252,7 @@ fn no_driver_answers_every_op_without_panicking() {
     let host = Arc::new(CudaHost::without_driver());
     assert_eq!((host.gpu_count(), host.driver_version()), (0, 0));
     let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
-    let mut s = host.open_session(9);
+    let mut s = CudaSession::open(&host, 9);
     for &op in Op::ALL {
         let (ins, outs) = op.shape();
         let b = |i: u64| GuestBuffer::new(mem.clone(), [(GuestAddress(i * 4096), 640)]).unwrap();
@@ -283,7 +283,7 @@ fn an_unusable_driver_answers_its_status() {
     };
     let host = Arc::new(CudaHost::from_load(load, Some(0)).unwrap());
     assert_eq!((host.gpu_count(), host.driver_version()), (0, 12080));
-    let mut s = host.open_session(1);
+    let mut s = CudaSession::open(&host, 1);
     let r = run(&mut s, Op::DeviceCount, &[]);
     assert_eq!((r.status, r.rets[0]), (status::INSUFFICIENT_DRIVER, 0));
     assert_eq!(
@@ -1717,7 +1717,7 @@ fn device_memory_of_a_vm_stays_within_its_quota() {
     };
     let (la, lb) = (quota.lease().unwrap(), quota.lease().unwrap());
     let (ha, hb) = (worker(&la), worker(&lb));
-    let (mut a, mut b) = (ha.open_session(1), hb.open_session(2));
+    let (mut a, mut b) = (CudaSession::open(&ha, 1), CudaSession::open(&hb, 2));
     let p = malloc(&mut a, 600);
     assert_eq!(
         run(&mut b, Op::Malloc, &[401]).status,

@@ -37,7 +37,7 @@ use tracing::{debug, error, error_span, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::{
-    cuda::CudaHost,
+    cuda::{CudaHost, CudaSession},
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request},
     shared_guest_ram::map_regions,
@@ -269,7 +269,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
             }
         }
     }
-    let mut session = host.open_session(config.session);
+    let mut session = CudaSession::open(&host, config.session);
     debug!(
         pid = std::process::id(),
         gpus = host.gpu_count(),
