@@ -235,7 +235,7 @@ fuzz_target!(|data: &[u8]| {
         match chain::parse(&mem, descs) {
             Ok(p) => {
                 let req = &p.request;
-                let resp = match req.op {
+                let resp = match req.op() {
                     Op::Hello => transport_ops::hello(&host, req, 1),
                     Op::Echo => transport_ops::echo(req),
                     _ => match host.answer_query(req) {

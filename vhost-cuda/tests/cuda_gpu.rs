@@ -85,12 +85,7 @@ fn request(op: Op, args: &[u64], inputs: Vec<GuestBuffer>, outputs: Vec<GuestBuf
     for b in &outputs {
         header.push_buffer(Direction::Out, b.len() as u64).unwrap();
     }
-    Request {
-        header,
-        op,
-        inputs,
-        outputs,
-    }
+    Request::new(header, inputs, outputs).unwrap()
 }
 
 #[track_caller]
@@ -146,9 +141,10 @@ fn launch(
     let pack = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
     let args = [func, pack(grid, 1), pack(1, block), pack(1, 1), 0, stream];
     let pb = g.contiguous(params);
-    let mut r = request(Op::LaunchKernel, &args, vec![pb], vec![]);
-    r.header.flags = FLAG_ASYNC;
-    s.execute(&r)
+    let r = request(Op::LaunchKernel, &args, vec![pb], vec![]);
+    let mut header = *r.header();
+    header.flags = FLAG_ASYNC;
+    s.execute(&Request::new(header, r.inputs().to_vec(), vec![]).unwrap())
 }
 
 fn htod(

@@ -114,7 +114,7 @@ fn on(dev: usize) -> impl Fn(CuError) -> Fault {
 /// The attribute ops (DeviceAttributes, FuncAttributes): in-buffer 0 holds i32 ids, out-buffer 0
 /// (the same length, at most `MAX_ATTRIBUTES` ids) receives `value(id)` for each.
 fn attribute_table(req: &Request, mut value: impl FnMut(i32) -> Result<i32, Fault>) -> OpResult {
-    let (input, out) = match (req.inputs.first(), req.outputs.first()) {
+    let (input, out) = match (req.inputs().first(), req.outputs().first()) {
         (Some(i), Some(o)) => (i, o),
         _ => return Err(status::INVALID_VALUE.into()),
     };
@@ -335,7 +335,7 @@ impl CudaSession {
             Ok(r) => r,
             Err(Fault::Status(s)) => ResponseHeader::with_status(s),
             Err(Fault::Driver { dev, err }) => {
-                ResponseHeader::with_status(self.driver_failed(req.op, dev, err))
+                ResponseHeader::with_status(self.driver_failed(req.op(), dev, err))
             }
         };
         if self.host.sticky_error().is_some() {
@@ -357,13 +357,13 @@ impl CudaSession {
     }
 
     fn dispatch(&mut self, req: &Request) -> OpResult {
-        let args = &req.header.args;
+        let args = &req.header().args;
         if let Some(resp) = self.host.answer_query(req) {
             return Ok(resp);
         }
-        match req.op {
+        match req.op() {
             Op::Hello | Op::Echo | Op::SessionClose | Op::DriverReset => {
-                debug!(session = self.id, op = ?req.op, "transport op reached the executor");
+                debug!(session = self.id, op = ?req.op(), "transport op reached the executor");
                 return Err(status::NOT_SUPPORTED.into());
             }
             _ => {}
@@ -371,7 +371,7 @@ impl CudaSession {
         if let Some(s) = self.host.unavailable() {
             return Err(s.into());
         }
-        match req.op {
+        match req.op() {
             Op::DeviceAttributes => self.device_attributes(req),
             Op::DeviceSynchronize => self.device_synchronize(req),
             Op::DeviceReset => {
@@ -576,7 +576,7 @@ impl CudaSession {
 
     /// The guest device ordinal of the request, checked.
     fn device(&self, req: &Request) -> Result<usize, Fault> {
-        let dev = req.header.device as usize;
+        let dev = req.header().device as usize;
         if dev < self.devices.len() {
             Ok(dev)
         } else {
@@ -763,7 +763,7 @@ impl CudaSession {
     /// `PeerAccess`: the context on the request's device gains or loses access to the
     /// session's context on device args[0] (created if needed).
     fn peer_access(&mut self, req: &Request) -> OpResult {
-        let [peer, enable, flags, ..] = req.header.args;
+        let [peer, enable, flags, ..] = req.header().args;
         let dev = self.device(req)?;
         self.gpu_of(peer)?;
         let peer = peer as usize;
@@ -790,7 +790,7 @@ impl CudaSession {
     /// `MemcpyPeer`: both ranges checked on their own devices; `cuMemcpyPeerAsync` on the
     /// stream of the request's device.
     fn memcpy_peer(&mut self, req: &Request) -> OpResult {
-        let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header.args;
+        let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header().args;
         let dev = self.device(req)?;
         self.gpu_of(dst_dev)?;
         self.gpu_of(src_dev)?;
@@ -807,7 +807,7 @@ impl CudaSession {
         self.drv
             .memcpy_peer(dst, dst_ctx, src, src_ctx, to_usize(size)?, stream)
             .map_err(on(dev))?;
-        if req.header.flags & FLAG_ASYNC == 0 {
+        if req.header().flags & FLAG_ASYNC == 0 {
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
         ok()
@@ -852,7 +852,7 @@ impl CudaSession {
 
     fn device_set_mem_pool(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (pool_dev, raw, default) = match self.pools.get(handle) {
             Some(p) => (p.dev, p.raw, p.default),
             None => return Err(status::INVALID_VALUE.into()),
@@ -869,7 +869,7 @@ impl CudaSession {
 
     fn mem_pool_create(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let max_size = to_usize(req.header.args[0])?;
+        let max_size = to_usize(req.header().args[0])?;
         let gpu = self.gpu_of(dev as u64)?;
         if !self.pools.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
@@ -910,13 +910,13 @@ impl CudaSession {
     }
 
     fn mem_pool_attribute(&mut self, req: &Request) -> OpResult {
-        let [handle, attr, value, ..] = req.header.args;
+        let [handle, attr, value, ..] = req.header().args;
         if !POOL_ATTRS.contains(&attr) {
             return Err(status::INVALID_VALUE.into());
         }
         let (dev, raw) = self.pool(handle)?;
         let attr = attr as u32;
-        if req.op == Op::MemPoolGetAttribute {
+        if req.op() == Op::MemPoolGetAttribute {
             let v = self
                 .drv
                 .mem_pool_get_attribute(raw, attr)
@@ -937,8 +937,8 @@ impl CudaSession {
     }
 
     fn mem_pool_set_access(&mut self, req: &Request) -> OpResult {
-        let (dev, raw) = self.pool(req.header.args[0])?;
-        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let (dev, raw) = self.pool(req.header().args[0])?;
+        let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         if !buf.len().is_multiple_of(8) || buf.len() / 8 > MAX_POOL_ACCESS {
             return Err(status::INVALID_VALUE.into());
         }
@@ -964,7 +964,7 @@ impl CudaSession {
     /// `MallocAsync`: from the named pool, or the current pool of the stream's device. The
     /// allocation joins the table of the pool's device.
     fn malloc_async(&mut self, req: &Request) -> OpResult {
-        let [size, stream, pool, ..] = req.header.args;
+        let [size, stream, pool, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         let (mem_dev, pool_raw) = if pool == 0 {
@@ -1015,7 +1015,7 @@ impl CudaSession {
 
     /// `FreeAsync`: an allocation of the session on any device, freed in the stream's order.
     fn free_async(&mut self, req: &Request) -> OpResult {
-        let [ptr, stream, ..] = req.header.args;
+        let [ptr, stream, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if ptr == 0 {
@@ -1045,13 +1045,13 @@ impl CudaSession {
 
     /// `DeviceGetLimit` / `DeviceSetLimit`: `cuCtxGetLimit`/`SetLimit` in the session's context.
     fn limit(&mut self, req: &Request) -> OpResult {
-        let [limit, value, ..] = req.header.args;
+        let [limit, value, ..] = req.header().args;
         let limit = u32::try_from(limit)
             .ok()
             .filter(|l| *l <= 6)
             .ok_or(status::UNSUPPORTED_LIMIT)?;
         let dev = self.bind_new(req)?;
-        if req.op == Op::DeviceSetLimit {
+        if req.op() == Op::DeviceSetLimit {
             self.drv
                 .ctx_set_limit(limit, to_usize(value)?)
                 .map_err(on(dev))?;
@@ -1077,7 +1077,7 @@ impl CudaSession {
 
     fn malloc(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let size = req.header.args[0];
+        let size = req.header().args[0];
         if size == 0 {
             // cudaMalloc(&p, 0) succeeds with a NULL pointer.
             return ok_rets(&[0]);
@@ -1110,7 +1110,7 @@ impl CudaSession {
 
     fn free(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let ptr = req.header.args[0];
+        let ptr = req.header().args[0];
         if ptr == 0 {
             return ok();
         }
@@ -1154,7 +1154,7 @@ impl CudaSession {
             return ok();
         };
         self.drv.memcpy(dst, src, size, stream).map_err(on(dev))?;
-        if req.header.flags & FLAG_ASYNC == 0 && !self.is_capturing(stream) {
+        if req.header().flags & FLAG_ASYNC == 0 && !self.is_capturing(stream) {
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
         ok()
@@ -1163,11 +1163,11 @@ impl CudaSession {
     /// `HostMap` (from qcuda.ko only): maps the guest runs of in-buffer 0 at guest address
     /// args[0] (args[1] bytes) and registers them in the context of the request's device.
     fn host_map(&mut self, req: &Request) -> OpResult {
-        let [guest, len, flags, ..] = req.header.args;
+        let [guest, len, flags, ..] = req.header().args;
         if flags & !HOST_MAP_FLAGS != 0 {
             return Err(status::INVALID_VALUE.into());
         }
-        let table = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let table = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         host_mappings::check_range(guest, len).map_err(map_status)?;
         let bytes = table.to_vec().map_err(|_| status::INVALID_VALUE)?;
         let runs = host_mappings::decode_runs(&bytes, len).map_err(map_status)?;
@@ -1201,7 +1201,7 @@ impl CudaSession {
     /// `HostUnmap` (from qcuda.ko only): waits for the device's work (as `cudaFreeHost` and
     /// `cudaHostUnregister` do), unregisters and unmaps. The pages stay the guest's.
     fn host_unmap(&mut self, req: &Request) -> OpResult {
-        let guest = req.header.args[0];
+        let guest = req.header().args[0];
         let drv = Arc::clone(&self.drv);
         let devices: Vec<usize> = (0..self.devices.len()).collect();
         // Work still queued may read or write the memory: let it finish first. A failed or
@@ -1285,9 +1285,10 @@ impl CudaSession {
     }
 
     fn memcpy_htod(&mut self, req: &Request) -> OpResult {
-        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
-        let dst = req.header.args[0];
-        let Some((dev, stream, steps)) = self.copy_setup(req, dst, req.header.args[1], buf)? else {
+        let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
+        let dst = req.header().args[0];
+        let Some((dev, stream, steps)) = self.copy_setup(req, dst, req.header().args[1], buf)?
+        else {
             return ok();
         };
         let drv = Arc::clone(&self.drv);
@@ -1301,9 +1302,10 @@ impl CudaSession {
     }
 
     fn memcpy_dtoh(&mut self, req: &Request) -> OpResult {
-        let buf = req.outputs.first().ok_or(status::INVALID_VALUE)?;
-        let src = req.header.args[0];
-        let Some((dev, stream, steps)) = self.copy_setup(req, src, req.header.args[1], buf)? else {
+        let buf = req.outputs().first().ok_or(status::INVALID_VALUE)?;
+        let src = req.header().args[0];
+        let Some((dev, stream, steps)) = self.copy_setup(req, src, req.header().args[1], buf)?
+        else {
             return ok();
         };
         let drv = Arc::clone(&self.drv);
@@ -1332,7 +1334,7 @@ impl CudaSession {
         &mut self,
         req: &Request,
     ) -> Result<Option<(usize, Raw, DeviceCopy)>, Fault> {
-        let [dst, src, size, stream, ..] = req.header.args;
+        let [dst, src, size, stream, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if size == 0 {
@@ -1344,7 +1346,7 @@ impl CudaSession {
     }
 
     fn memset(&mut self, req: &Request) -> OpResult {
-        let [dst, value, size, stream, ..] = req.header.args;
+        let [dst, value, size, stream, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if size == 0 {
@@ -1361,7 +1363,7 @@ impl CudaSession {
     // ----- modules and launches -----------------------------------------------------------
 
     fn module_load(&mut self, req: &Request) -> OpResult {
-        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         let dev = self.bind_new(req)?;
         let image = ModuleImage::from_guest(buf)?;
         let loaded: u64 = self.modules.values().map(|m| m.bytes).sum();
@@ -1396,13 +1398,13 @@ impl CudaSession {
     }
 
     fn module_get_function(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (dev, module) = match self.modules.get(handle) {
             Some(m) => (m.dev, m.raw),
             None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
         };
-        let name = symbol_name(req.inputs.first().ok_or(status::INVALID_VALUE)?)?;
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let name = symbol_name(req.inputs().first().ok_or(status::INVALID_VALUE)?)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         self.bind(dev)?;
         let raw = self.drv.module_function(module, &name).map_err(on(dev))?;
         let (fh, layout) = match self.functions.find(|f| f.module == handle && f.raw == raw) {
@@ -1461,12 +1463,12 @@ impl CudaSession {
     }
 
     fn module_get_global(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (dev, module) = match self.modules.get(handle) {
             Some(m) => (m.dev, m.raw),
             None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
         };
-        let name = symbol_name(req.inputs.first().ok_or(status::INVALID_VALUE)?)?;
+        let name = symbol_name(req.inputs().first().ok_or(status::INVALID_VALUE)?)?;
         self.bind(dev)?;
         let (ptr, size) = self.drv.module_global(module, &name).map_err(on(dev))?;
         if size > 0 {
@@ -1484,7 +1486,7 @@ impl CudaSession {
     }
 
     fn launch_kernel(&mut self, req: &Request) -> OpResult {
-        let args = &req.header.args;
+        let args = &req.header().args;
         let (dev, raw, layout) = match self.functions.get(args[0]) {
             Some(f) => (f.dev, f.raw, f.layout.clone()),
             None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
@@ -1499,7 +1501,7 @@ impl CudaSession {
             .limits;
         cfg.check(&limits)?;
         let stream = self.stream_on(args[5], dev)?;
-        let block_buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let block_buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         if block_buf.len() < layout.block_len() {
             return Err(status::INVALID_VALUE.into());
         }
@@ -1511,11 +1513,11 @@ impl CudaSession {
         // SAFETY: `params` holds one pointer per kernel parameter (the driver's own layout for
         // this function), each into `block`, which is at least `block_len` long and outlives
         // the call; the driver copies the values before returning.
-        if req.op == Op::LaunchKernelEx {
+        if req.op() == Op::LaunchKernelEx {
             if args[6] != 0 {
                 return Err(status::INVALID_VALUE.into());
             }
-            let buf = req.inputs.get(1).ok_or(status::INVALID_VALUE)?;
+            let buf = req.inputs().get(1).ok_or(status::INVALID_VALUE)?;
             let attrs = launch_attrs(buf, &self.events, dev)?;
             // SAFETY: as above; `attrs` outlive the call.
             unsafe { self.drv.launch_ex(raw, &cfg, stream, &mut params, &attrs) }
@@ -1546,7 +1548,7 @@ impl CudaSession {
     }
 
     fn func_attributes(&mut self, req: &Request) -> OpResult {
-        let (dev, raw) = self.function(req.header.args[0])?;
+        let (dev, raw) = self.function(req.header().args[0])?;
         let drv = Arc::clone(&self.drv);
         attribute_table(req, |attr| drv.func_attribute(raw, attr).map_err(on(dev)))
     }
@@ -1563,7 +1565,7 @@ impl CudaSession {
 
     /// `OccupancyCluster`: cluster occupancy of a launch configuration with attributes.
     fn occupancy_cluster(&mut self, req: &Request) -> OpResult {
-        let args = &req.header.args;
+        let args = &req.header().args;
         let (dev, raw) = self.function(args[0])?;
         let cfg = LaunchConfig::decode(args)?;
         let active = match args[6] {
@@ -1571,7 +1573,7 @@ impl CudaSession {
             1 => true,
             _ => return Err(status::INVALID_VALUE.into()),
         };
-        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         let attrs = launch_attrs(buf, &self.events, dev)?;
         let n = self
             .drv
@@ -1597,11 +1599,11 @@ impl CudaSession {
     // ----- streams and events -------------------------------------------------------------
 
     fn stream_create(&mut self, req: &Request) -> OpResult {
-        let flags = req.header.args[0];
+        let flags = req.header().args[0];
         if flags & !STREAM_NON_BLOCKING != 0 {
             return Err(status::INVALID_VALUE.into());
         }
-        let prio = priority(req.header.args[1])?;
+        let prio = priority(req.header().args[1])?;
         let dev = self.bind_new(req)?;
         if !self.streams.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
@@ -1639,7 +1641,7 @@ impl CudaSession {
     /// StreamSynchronize and StreamQuery. Handle 0 is the legacy stream of the request's
     /// device.
     fn stream_wait(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (dev, raw) = if handle == 0 {
             let dev = self.device(req)?;
             if !self.bind_existing(dev)? {
@@ -1654,7 +1656,7 @@ impl CudaSession {
             self.bind(dev)?;
             (dev, raw)
         };
-        if req.op == Op::StreamQuery {
+        if req.op() == Op::StreamQuery {
             self.drv.stream_query(raw).map_err(on(dev))?;
         } else {
             self.drv.stream_synchronize(raw).map_err(on(dev))?;
@@ -1683,7 +1685,7 @@ impl CudaSession {
     }
 
     fn event_create(&mut self, req: &Request) -> OpResult {
-        let flags = req.header.args[0];
+        let flags = req.header().args[0];
         if flags & !EVENT_FLAGS != 0 {
             return Err(status::INVALID_VALUE.into());
         }
@@ -1718,9 +1720,9 @@ impl CudaSession {
 
     /// EventSynchronize and EventQuery.
     fn event_wait(&mut self, req: &Request) -> OpResult {
-        let (dev, event) = self.event(req.header.args[0])?;
+        let (dev, event) = self.event(req.header().args[0])?;
         self.bind(dev)?;
-        if req.op == Op::EventQuery {
+        if req.op() == Op::EventQuery {
             self.drv.event_query(event).map_err(on(dev))?;
         } else {
             self.drv.event_synchronize(event).map_err(on(dev))?;
@@ -1732,9 +1734,9 @@ impl CudaSession {
     /// read from a private copy of the buffer, so their shape cannot change while they run;
     /// in-data is read from guest memory as a single request's would be.
     fn batch(&mut self, req: &Request) -> OpResult {
-        let input = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let input = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         let bytes = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
-        let count = req.header.args[0];
+        let count = req.header().args[0];
         let mut at = 0usize;
         let mut first_failure = status::SUCCESS;
         for _ in 0..count {
@@ -1757,7 +1759,7 @@ impl CudaSession {
             }
             let mut header = RequestHeader::new(op);
             header.flags = FLAG_ASYNC;
-            header.session = req.header.session;
+            header.session = req.header().session;
             header.device = rec.device;
             header.args = rec.args;
             let mut inputs = Vec::new();
@@ -1771,12 +1773,9 @@ impl CudaSession {
                         .map_err(|_| status::INVALID_VALUE)?,
                 );
             }
-            let sub = Request {
-                header,
-                op,
-                inputs,
-                outputs: Vec::new(),
-            };
+            // Batchable ops take at most one In buffer and no Out buffer, so this holds.
+            let sub =
+                Request::new(header, inputs, Vec::new()).map_err(|_| status::INVALID_VALUE)?;
             let resp = self.execute(&sub);
             if resp.status != status::SUCCESS && first_failure == status::SUCCESS {
                 first_failure = resp.status;
@@ -1797,7 +1796,7 @@ impl CudaSession {
     /// laid out by the launch-attribute rules (`launch.rs`).
     fn stream_set_attribute(&mut self, req: &Request) -> OpResult {
         let bytes = req
-            .inputs
+            .inputs()
             .first()
             .ok_or(status::INVALID_VALUE)?
             .to_vec()
@@ -1807,7 +1806,7 @@ impl CudaSession {
             return Err(status::INVALID_VALUE.into());
         }
         let dev = self.bind_new(req)?;
-        let stream = self.stream_on(req.header.args[0], dev)?;
+        let stream = self.stream_on(req.header().args[0], dev)?;
         let value = DriverLaunchAttr::from_wire(&a, |_| None)?.value;
         self.drv
             .stream_set_attribute(stream, a.id, &value)
@@ -1817,13 +1816,13 @@ impl CudaSession {
 
     /// StreamGetAttribute: the value back as a wire record.
     fn stream_get_attribute(&mut self, req: &Request) -> OpResult {
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
-        let id = u32::try_from(req.header.args[1]).map_err(|_| status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
+        let id = u32::try_from(req.header().args[1]).map_err(|_| status::INVALID_VALUE)?;
         if !STREAM_ATTRIBUTES.contains(&id) || out.len() < LAUNCH_ATTR_SIZE {
             return Err(status::INVALID_VALUE.into());
         }
         let dev = self.bind_new(req)?;
-        let stream = self.stream_on(req.header.args[0], dev)?;
+        let stream = self.stream_on(req.header().args[0], dev)?;
         let v = self.drv.stream_get_attribute(stream, id).map_err(on(dev))?;
         let u32_at = |at: usize| u32::from_le_bytes([v[at], v[at + 1], v[at + 2], v[at + 3]]);
         let u64_at = |at: usize| u64::from(u32_at(at)) | u64::from(u32_at(at + 4)) << 32;
@@ -1847,12 +1846,12 @@ impl CudaSession {
     /// LaunchHostFunc: the guest's function runs in the guest when the stream reaches it (see
     /// host_functions.rs).
     fn launch_host_func(&mut self, req: &Request) -> OpResult {
-        let key = req.header.args[1];
+        let key = req.header().args[1];
         if key == 0 {
             return Err(status::INVALID_VALUE.into());
         }
         let dev = self.bind_new(req)?;
-        let stream = self.stream_on(req.header.args[0], dev)?;
+        let stream = self.stream_on(req.header().args[0], dev)?;
         if !self.host_functions.linked() {
             warn!(
                 session = self.id,

@@ -130,16 +130,26 @@ fn req(
     for b in &outputs {
         header.push_buffer(Direction::Out, b.len() as u64).unwrap();
     }
-    Request {
-        header,
-        op,
-        inputs,
-        outputs,
-    }
+    Request::new(header, inputs, outputs).unwrap_or_else(|e| panic!("{op:?}: {e}"))
 }
 
+/// `r` with `FLAG_ASYNC` set.
+fn fire_and_forget(r: Request) -> Request {
+    let mut header = *r.header();
+    header.flags = FLAG_ASYNC;
+    Request::new(header, r.inputs().to_vec(), r.outputs().to_vec()).unwrap()
+}
+
+/// Runs `op` with no data: its buffers, if its shape has any, are empty.
 fn run(s: &mut CudaSession, op: Op, args: &[u64]) -> ResponseHeader {
-    s.execute(&req(op, 0, args, vec![], vec![]))
+    let (ins, outs) = op.shape();
+    let empty = || {
+        let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 4096)]).unwrap());
+        GuestBuffer::new(mem, []).unwrap()
+    };
+    let inputs = (0..ins).map(|_| empty()).collect();
+    let outputs = (0..outs).map(|_| empty()).collect();
+    s.execute(&req(op, 0, args, inputs, outputs))
 }
 
 fn ok(r: ResponseHeader) -> [u64; 7] {
@@ -260,8 +270,7 @@ fn no_driver_answers_every_op_without_panicking() {
         let outputs: Vec<GuestBuffer> = (0..outs as u64).map(|i| b(i + 8)).collect();
         for device in [0, 1, u32::MAX] {
             let args = [1, 2, u64::MAX, 0, 4, 5, 6, 7];
-            let mut r = req(op, device, &args, inputs.clone(), outputs.clone());
-            r.header.flags = FLAG_ASYNC;
+            let r = fire_and_forget(req(op, device, &args, inputs.clone(), outputs.clone()));
             let resp = s.execute(&r);
             let want = match op {
                 Op::HostInfo | Op::DriverVersion => status::SUCCESS,
@@ -577,8 +586,7 @@ fn modules_functions_and_launches() {
     block.extend_from_slice(&[0; 4]);
     let pb = rig.buf(&block);
     let args = launch_args(f, [1, 1, 1], [128, 1, 1], 0);
-    let mut r = req(Op::LaunchKernel, 0, &args, vec![pb.clone()], vec![]);
-    r.header.flags = FLAG_ASYNC;
+    let r = fire_and_forget(req(Op::LaunchKernel, 0, &args, vec![pb.clone()], vec![]));
     ok(s.execute(&r));
     let (r, got) = dtoh(&mut rig, &mut s, c, 400, &[400]);
     ok(r);

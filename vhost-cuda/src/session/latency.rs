@@ -31,7 +31,7 @@ impl LatencyStats {
 
     /// `HostLatency`: the records, as many as fit.
     pub(super) fn answer(&self, req: &Request) -> ResponseHeader {
-        let Some(out) = req.outputs.first() else {
+        let Some(out) = req.outputs().first() else {
             return ResponseHeader::with_status(status::INVALID_VALUE);
         };
         let fit = out.len() / LATENCY_RECORD_SIZE;

@@ -154,7 +154,7 @@ impl Msg {
     /// Whether this message ends the session.
     pub(super) fn ends_session(&self) -> bool {
         match self {
-            Msg::Run(job) => job.request.op == Op::SessionClose,
+            Msg::Run(job) => job.request.op() == Op::SessionClose,
             Msg::Memory(_) => false,
             Msg::Shutdown(_) => true,
         }
@@ -277,8 +277,8 @@ impl SessionTable {
     /// is completed through `completer`, from the session's thread (a `DriverReset`'s from a
     /// thread of its own).
     pub fn dispatch(&self, head: u16, parsed: ParsedRequest, completer: Arc<dyn ChainCompleter>) {
-        let id = parsed.request.header.session;
-        if parsed.request.op != Op::DriverReset && self.in_flight() >= self.shared.max_in_flight {
+        let id = parsed.request.header().session;
+        if parsed.request.op() != Op::DriverReset && self.in_flight() >= self.shared.max_in_flight {
             if !self.shared.flooded.swap(true, Ordering::Relaxed) {
                 warn!(
                     vm = %self.shared.label,
@@ -299,17 +299,17 @@ impl SessionTable {
             completer,
             _in_flight: InFlight::new(&self.shared),
         };
-        if job.request.op == Op::DriverReset {
+        if job.request.op() == Op::DriverReset {
             // Whatever session id it carries: it is about the whole table.
             self.driver_reset(job);
             return;
         }
         let mut threads = self.shared.threads();
-        if job.request.op == Op::HostFuncWait {
+        if job.request.op() == Op::HostFuncWait {
             if let Some(w) = threads.get(&id) {
                 let link = Arc::clone(&w.host_fns);
                 drop(threads);
-                link.wait(job.request.header.args[0], Box::new(job));
+                link.wait(job.request.header().args[0], Box::new(job));
                 return;
             }
         }
@@ -328,7 +328,7 @@ impl SessionTable {
             }
         }
         let Msg::Run(job) = msg else { return };
-        if job.request.op == Op::SessionClose {
+        if job.request.op() == Op::SessionClose {
             drop(threads);
             // Nothing open under this id: closing it is already done.
             job.finish(&ResponseHeader::with_status(status::SUCCESS));
@@ -383,9 +383,9 @@ impl SessionTable {
             job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
             return;
         }
-        if job.request.op == Op::HostFuncWait {
+        if job.request.op() == Op::HostFuncWait {
             // The session's first request: its thread starts with nothing to do.
-            host_fns.wait(job.request.header.args[0], job);
+            host_fns.wait(job.request.header().args[0], job);
         } else {
             // The receiver lives until the thread ends, and it cannot end before receiving.
             let _ = tx.send(Msg::Run(job));

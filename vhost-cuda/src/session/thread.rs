@@ -118,7 +118,7 @@ impl SessionThread {
             if self.abandoned() {
                 continue;
             }
-            if job.request.op == Op::SessionClose {
+            if job.request.op() == Op::SessionClose {
                 self.close(&mut gpu, "SessionClose");
                 self.leave_table();
                 job.finish(&ResponseHeader::with_status(status::SUCCESS));
@@ -130,7 +130,7 @@ impl SessionThread {
                 }
                 return;
             }
-            let fire_and_forget = job.request.header.flags & FLAG_ASYNC != 0;
+            let fire_and_forget = job.request.header().flags & FLAG_ASYNC != 0;
             let queued = ns(job.received.elapsed());
             self.last_hop.set((0, 0));
             let mut resp = match self.run_op(&mut gpu, &job.request, &rx, &mut backlog) {
@@ -150,7 +150,7 @@ impl SessionThread {
                 resp.set_deferred_error(deferred);
                 deferred = status::SUCCESS;
             }
-            let (op, received) = (job.request.op, job.received);
+            let (op, received) = (job.request.op(), job.received);
             job.finish(&resp);
             self.latency.borrow_mut().record(
                 op,
@@ -252,7 +252,7 @@ impl SessionThread {
         backlog: &mut VecDeque<Msg>,
     ) -> Outcome {
         let host = &self.shared.host;
-        let mut resp = match req.op {
+        let mut resp = match req.op() {
             Op::Hello => {
                 let open = self.shared.counters().open;
                 return Outcome::Answered(transport_ops::hello(host, req, open));
@@ -282,7 +282,7 @@ impl SessionThread {
     /// DeviceReset after a sticky error or a lost worker: CUDA says the process must be
     /// restarted, so the worker is, and the session starts afresh on every device.
     fn reset(&self, gpu: &mut Gpu, req: &Request) -> ResponseHeader {
-        if req.header.device >= self.shared.host.gpu_count() && !matches!(gpu, Gpu::Failed) {
+        if req.header().device >= self.shared.host.gpu_count() && !matches!(gpu, Gpu::Failed) {
             return ResponseHeader::with_status(status::INVALID_DEVICE);
         }
         let pid = self.pid.load(Ordering::Acquire);
@@ -350,13 +350,13 @@ impl SessionThread {
                 sticky: false,
             };
             if let Err(e) = shared {
-                return Outcome::Answered(self.worker_failed(gpu, req.op, &e));
+                return Outcome::Answered(self.worker_failed(gpu, req.op(), &e));
             }
         }
         let Gpu::Running { process, sticky } = gpu else {
             return Outcome::Answered(ResponseHeader::with_status(status::UNKNOWN));
         };
-        debug!(vm = %self.shared.label, session = self.id, op = ?req.op, "to worker");
+        debug!(vm = %self.shared.label, session = self.id, op = ?req.op(), "to worker");
         let sent = Instant::now();
         match process.send(req) {
             Ok(()) => {}
@@ -364,7 +364,7 @@ impl SessionThread {
                 warn!(vm = %self.shared.label, "session {}: {e}", self.id);
                 return Outcome::Answered(ResponseHeader::with_status(status::INVALID_VALUE));
             }
-            Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op, &e)),
+            Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op(), &e)),
         }
         loop {
             match process.wait(Some(&self.wake)) {
@@ -387,13 +387,13 @@ impl SessionThread {
                              (the session is closing)",
                             self.id,
                             process.pid(),
-                            req.op
+                            req.op()
                         );
                         self.end_worker(gpu, Gpu::Idle);
                         return Outcome::Interrupted;
                     }
                 }
-                Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op, &e)),
+                Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op(), &e)),
             }
         }
     }

@@ -39,7 +39,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use crate::{
     cuda::{CudaHost, CudaSession},
     device_output::DeviceOutput,
-    guest_buffer::{BufferError, GuestBuffer, GuestRam, Request},
+    guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     shared_guest_ram::map_regions,
     signals, transport_ops,
     worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
@@ -103,6 +103,9 @@ pub enum RunError {
     /// A run outside guest RAM.
     #[error("{0}")]
     Memory(#[from] BufferError),
+    /// The buffers do not match the header (the checks above rule it out).
+    #[error("{0}")]
+    Request(#[from] RequestError),
 }
 
 /// Rebuilds and checks a request against this worker's map of guest RAM.
@@ -112,7 +115,7 @@ pub fn build_request(
     run: &RunRequest,
 ) -> Result<Request, RunError> {
     let header = RequestHeader::decode(&run.header).map_err(RunError::Header)?;
-    let op = header.checked_op().map_err(RunError::Header)?;
+    header.checked_op().map_err(RunError::Header)?;
     if header.session != session {
         return Err(RunError::Session {
             expected: session,
@@ -150,12 +153,7 @@ pub fn build_request(
         buffers.push(GuestBuffer::new(mem.clone(), ranges)?);
     }
     let outputs = buffers.split_off(want_in);
-    Ok(Request {
-        header,
-        op,
-        inputs: buffers,
-        outputs,
-    })
+    Ok(Request::new(header, buffers, outputs)?)
 }
 
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
@@ -280,7 +278,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
         &channel,
         config.session,
         |req| {
-            let mut resp = match req.op {
+            let mut resp = match req.op() {
                 // The transport self-test, here too: it proves this process's view of guest RAM.
                 Op::Echo => transport_ops::echo(req),
                 Op::TakeOutput => output.take(req),
@@ -347,9 +345,9 @@ mod tests {
         mem.write_slice(b"world", GuestAddress(0xfffb)).unwrap();
         let ok = copy_run(4, 11, vec![span(0x10_0000, 6), span(0xfffb, 5)]);
         let req = build_request(4, &mem, &ok).unwrap();
-        assert_eq!(req.op, Op::MemcpyHtoD);
-        assert_eq!(req.inputs[0].to_vec().unwrap(), b"hello world");
-        assert!(req.outputs.is_empty());
+        assert_eq!(req.op(), Op::MemcpyHtoD);
+        assert_eq!(req.inputs()[0].to_vec().unwrap(), b"hello world");
+        assert!(req.outputs().is_empty());
 
         let refused = [
             // Outside guest RAM: the gap, past the end, overflowing.
@@ -438,7 +436,7 @@ mod tests {
                 &ch,
                 9,
                 |req| {
-                    seen.push(req.inputs[0].to_vec().unwrap());
+                    seen.push(req.inputs()[0].to_vec().unwrap());
                     ResponseHeader::with_status(seen.len() as u32)
                 },
                 |_| unreachable!(),

@@ -327,13 +327,13 @@ impl WorkerProcess {
     /// Sends a request. The worker first gets the memory map the request was checked against,
     /// if it does not have it (the map may have changed since).
     pub fn send(&mut self, req: &Request) -> Result<(), WorkerError> {
-        if let Some(b) = req.inputs.iter().chain(&req.outputs).next() {
+        if let Some(b) = req.inputs().iter().chain(req.outputs()).next() {
             self.share_memory(b.shared_memory())?;
         }
         let msg = ToWorker::Run(Box::new(RunRequest {
-            header: req.header.encode(),
-            inputs: req.inputs.iter().map(spans).collect(),
-            outputs: req.outputs.iter().map(spans).collect(),
+            header: req.header().encode(),
+            inputs: req.inputs().iter().map(spans).collect(),
+            outputs: req.outputs().iter().map(spans).collect(),
         }));
         let body = msg.encode().map_err(WorkerError::Unsendable)?;
         self.channel()?.send_frame(&body, &[])?;

@@ -168,8 +168,8 @@ fn write_u64s(out: Option<&GuestBuffer>, values: &[u64]) -> Result<(), Fault> {
 
 impl CudaSession {
     pub(super) fn graph_op(&mut self, req: &Request) -> OpResult {
-        let args = req.header.args;
-        match req.op {
+        let args = req.header().args;
+        match req.op() {
             Op::StreamBeginCapture => self.begin_capture(args),
             Op::StreamBeginCaptureToGraph => self.begin_capture_to_graph(req),
             Op::StreamEndCapture => self.end_capture(args),
@@ -194,7 +194,7 @@ impl CudaSession {
                 let (dev, exec) = self.exec(args[0])?;
                 let stream = self.stream_on(args[1], dev)?;
                 self.drv
-                    .graph_launch(exec, stream, req.op == Op::GraphUpload)
+                    .graph_launch(exec, stream, req.op() == Op::GraphUpload)
                     .map_err(on(dev))?;
                 ok()
             }
@@ -390,12 +390,12 @@ impl CudaSession {
     }
 
     fn begin_capture_to_graph(&mut self, req: &Request) -> OpResult {
-        let [stream, graph, mode, ..] = req.header.args;
+        let [stream, graph, mode, ..] = req.header().args;
         let mode = u32::try_from(mode)
             .ok()
             .filter(|m| *m <= CAPTURE_RELAXED)
             .ok_or(status::INVALID_VALUE)?;
-        let list = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 8)?)?;
+        let list = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&list)?;
         let graph_handle = graph;
         let graph = match self.graphs.graphs.get(graph) {
@@ -474,7 +474,7 @@ impl CudaSession {
     }
 
     fn capture_info(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (dev, stream) = if handle == 0 {
             let dev = self.bind_new(req)?;
             (dev, NULL_STREAM)
@@ -492,17 +492,17 @@ impl CudaSession {
         } else {
             (0, Vec::new())
         };
-        write_u64s(req.outputs.first(), &deps)?;
+        write_u64s(req.outputs().first(), &deps)?;
         ok_rets(&[u64::from(info.status), info.id, graph, deps.len() as u64])
     }
 
     fn update_capture_deps(&mut self, req: &Request) -> OpResult {
-        let [stream, flags, ..] = req.header.args;
+        let [stream, flags, ..] = req.header().args;
         let flags = u32::try_from(flags)
             .ok()
             .filter(|f| *f <= 1)
             .ok_or(status::INVALID_VALUE)?;
-        let list = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 8)?)?;
+        let list = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&list)?;
         let (dev, stream) = self.capture_stream(stream)?;
         self.drv
@@ -673,10 +673,10 @@ impl CudaSession {
     }
 
     fn graph_add_node(&mut self, req: &Request) -> OpResult {
-        let [graph, ty, ..] = req.header.args;
-        let deps = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 8)?)?;
+        let [graph, ty, ..] = req.header().args;
+        let deps = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&deps)?;
-        let params = read_all(req.inputs.get(1), MAX_NODE_PARAMS)?;
+        let params = read_all(req.inputs().get(1), MAX_NODE_PARAMS)?;
         let (gdev, graw) = self.graph(graph)?;
         if !self.graphs.nodes.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
@@ -773,7 +773,7 @@ impl CudaSession {
     /// `GraphNodeSetParams` (`exec` 0) and `GraphExecNodeSetParams`.
     fn graph_set_params(&mut self, req: &Request, exec: Raw, node: u64, ty: u64) -> OpResult {
         let node = self.node(node)?;
-        let params = read_all(req.inputs.first(), MAX_NODE_PARAMS)?;
+        let params = read_all(req.inputs().first(), MAX_NODE_PARAMS)?;
         let dev = self.bind_new(req)?;
         match self.decode_node(dev, ty, &params)? {
             Decoded::Kernel(mut k) => {
@@ -800,7 +800,7 @@ impl CudaSession {
     }
 
     fn graph_nodes(&mut self, req: &Request) -> OpResult {
-        let [graph, which, ..] = req.header.args;
+        let [graph, which, ..] = req.header().args;
         if which > 1 {
             return Err(status::INVALID_VALUE.into());
         }
@@ -810,12 +810,12 @@ impl CudaSession {
         for r in raws {
             handles.push(self.node_handle(graph, r)?);
         }
-        write_u64s(req.outputs.first(), &handles)?;
+        write_u64s(req.outputs().first(), &handles)?;
         ok_rets(&[handles.len() as u64])
     }
 
     fn graph_edges(&mut self, req: &Request) -> OpResult {
-        let graph = req.header.args[0];
+        let graph = req.header().args[0];
         let (dev, raw) = self.graph(graph)?;
         let edges = self.drv.graph_edges(raw).map_err(on(dev))?;
         let mut flat = Vec::with_capacity(edges.len() * 2);
@@ -823,14 +823,14 @@ impl CudaSession {
             flat.push(self.node_handle(graph, a)?);
             flat.push(self.node_handle(graph, b)?);
         }
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = (out.len() / 16).min(edges.len());
         write_u64s(Some(out), &flat[..fit * 2])?;
         ok_rets(&[edges.len() as u64])
     }
 
     fn node_query(&mut self, req: &Request) -> OpResult {
-        let [handle, which, ..] = req.header.args;
+        let [handle, which, ..] = req.header().args;
         let graph = self
             .graphs
             .nodes
@@ -851,16 +851,16 @@ impl CudaSession {
         for r in list {
             handles.push(self.node_handle(graph, r)?);
         }
-        write_u64s(req.outputs.first(), &handles)?;
+        write_u64s(req.outputs().first(), &handles)?;
         ok_rets(&[handles.len() as u64])
     }
 
     fn graph_change_edges(&mut self, req: &Request) -> OpResult {
-        let [graph, remove, ..] = req.header.args;
+        let [graph, remove, ..] = req.header().args;
         if remove > 1 {
             return Err(status::INVALID_VALUE.into());
         }
-        let pairs = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 16)?)?;
+        let pairs = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 16)?)?;
         if !pairs.len().is_multiple_of(2) {
             return Err(status::INVALID_VALUE.into());
         }
@@ -935,7 +935,7 @@ impl CudaSession {
     }
 
     fn node_get_params(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let graph = self
             .graphs
             .nodes
@@ -960,7 +960,7 @@ impl CudaSession {
                 .to_vec(),
             _ => return Err(status::INVALID_VALUE.into()),
         };
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = out.len().min(enc.len());
         out.write_at(0, &enc[..fit])
             .map_err(|_| status::INVALID_VALUE)?;
@@ -996,7 +996,7 @@ impl CudaSession {
     }
 
     fn kernel_node_params(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let graph = self
             .graphs
             .nodes
@@ -1031,7 +1031,7 @@ impl CudaSession {
             params: &block,
         }
         .encode(&mut enc);
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = out.len().min(enc.len());
         out.write_at(0, &enc[..fit])
             .map_err(|_| status::INVALID_VALUE)?;
@@ -1088,7 +1088,7 @@ impl CudaSession {
     }
 
     fn graph_debug_dot(&mut self, req: &Request) -> OpResult {
-        let [graph, flags, ..] = req.header.args;
+        let [graph, flags, ..] = req.header().args;
         if flags & !DOT_FLAGS != 0 {
             return Err(status::INVALID_VALUE.into());
         }
@@ -1098,7 +1098,7 @@ impl CudaSession {
             .graph_debug_dot(raw, flags as u32)
             .map_err(on(dev))?;
         text.truncate(MAX_DOT);
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = out.len().min(text.len());
         out.write_at(0, &text[..fit])
             .map_err(|_| status::INVALID_VALUE)?;
