@@ -10,7 +10,7 @@ use std::{ffi::c_uint, ptr::null_mut};
 
 use cudarc::driver::sys;
 
-use super::driver::{check, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw};
+use super::driver::{check, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw, Stream};
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
 pub(crate) const ARRAY_SYMBOLS: &[&str] = &[
@@ -130,14 +130,14 @@ pub(crate) trait ArrayDriverApi {
         value: u8,
         width: usize,
         height: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()>;
     /// cuMemcpy3DAsync.
     ///
     /// # Safety
     /// `Mem::Host` sides must be valid for the bytes the copy touches until the stream is
     /// synchronised.
-    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Raw) -> CuResult<()>;
+    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Stream) -> CuResult<()>;
     /// cuArray3DCreate.
     fn array_create(&self, d: &ArrayDesc) -> CuResult<Raw>;
     /// cuArrayDestroy.
@@ -294,13 +294,15 @@ impl ArrayDriverApi for CudaDriver {
         value: u8,
         width: usize,
         height: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()> {
         // SAFETY: see the impl comment; the session checked the range.
-        check(unsafe { sys::cuMemsetD2D8Async(dst, pitch, value, width, height, ptr(stream)) })
+        check(unsafe {
+            sys::cuMemsetD2D8Async(dst, pitch, value, width, height, ptr(stream.raw()))
+        })
     }
 
-    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Raw) -> CuResult<()> {
+    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Stream) -> CuResult<()> {
         let (st, sh, sd, sa) = copy_side(&p.src);
         let (dt, dh, dd, da) = copy_side(&p.dst);
         let c = sys::CUDA_MEMCPY3D {
@@ -332,7 +334,7 @@ impl ArrayDriverApi for CudaDriver {
         };
         // SAFETY: see the impl comment; host sides are valid (caller contract) and device
         // ranges and arrays were checked by the session.
-        check(unsafe { sys::cuMemcpy3DAsync_v2(&c, ptr(stream)) })
+        check(unsafe { sys::cuMemcpy3DAsync_v2(&c, ptr(stream.raw())) })
     }
 
     fn array_create(&self, d: &ArrayDesc) -> CuResult<Raw> {
@@ -502,10 +504,10 @@ impl ArrayDriverApi for NoDriver {
     fn mem_alloc_pitch(&self, _: usize, _: usize) -> CuResult<(u64, usize)> {
         Err(CuError::NO_DEVICE)
     }
-    fn memset_2d(&self, _: u64, _: usize, _: u8, _: usize, _: usize, _: Raw) -> CuResult<()> {
+    fn memset_2d(&self, _: u64, _: usize, _: u8, _: usize, _: usize, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    unsafe fn memcpy_3d(&self, _: &Copy3DParams, _: Raw) -> CuResult<()> {
+    unsafe fn memcpy_3d(&self, _: &Copy3DParams, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn array_create(&self, _: &ArrayDesc) -> CuResult<Raw> {

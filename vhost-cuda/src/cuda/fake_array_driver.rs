@@ -11,7 +11,7 @@ use super::{
             format_bytes, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem, Resource,
             TexParams, ViewParams,
         },
-        driver::{CuError, CuResult, DriverApi, Raw},
+        driver::{CuError, CuResult, DriverApi, Raw, Stream},
     },
     check_stream, fresh, host_slice, slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
 };
@@ -79,11 +79,11 @@ impl ArrayDriverApi for FakeDriver {
         value: u8,
         width: usize,
         height: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()> {
         let registered = self.st().registered.clone();
         self.with_ctx("memset_2d", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             if width > pitch {
                 return Err(INVALID_VALUE);
             }
@@ -102,10 +102,10 @@ impl ArrayDriverApi for FakeDriver {
         })
     }
 
-    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Raw) -> CuResult<()> {
+    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Stream) -> CuResult<()> {
         let registered = self.st().registered.clone();
         self.with_ctx("memcpy_3d", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             let [w, h, d] = p.extent;
             for z in 0..d {
                 for y in 0..h {

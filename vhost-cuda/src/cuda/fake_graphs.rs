@@ -10,7 +10,7 @@ use std::{
 use qcuda_proto::graph::{MemcpyNode, MemsetNode};
 
 use super::{
-    driver::{CuError, CuResult, Raw},
+    driver::{Context, CuError, CuResult, Event, Function, Raw, Stream},
     fake_driver::{check_stream, kernel_of, FakeDriver, KERNELS},
     graph_driver::{CaptureInfo, GraphDriverApi, NodeParams},
     launch::{LaunchConfig, ParamLayout},
@@ -145,50 +145,54 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()> {
+    fn stream_begin_capture(&self, stream: Stream, mode: u32) -> CuResult<()> {
         self.with_ctx("stream_begin_capture", |c, next| {
-            check_stream(c, stream)?;
-            if stream == 0 || mode > 2 {
+            check_stream(c, stream.raw())?;
+            if stream == Stream::NULL || mode > 2 {
                 return Err(CAPTURE_UNSUPPORTED);
             }
-            if c.graphs.captures.contains_key(&stream) {
+            if c.graphs.captures.contains_key(&stream.raw()) {
                 return Err(ILLEGAL_STATE);
             }
             let g = c.graphs.new_graph(next);
-            c.graphs.captures.insert(stream, g);
+            c.graphs.captures.insert(stream.raw(), g);
             Ok(())
         })
     }
 
     fn stream_begin_capture_to_graph(
         &self,
-        stream: Raw,
+        stream: Stream,
         graph: Raw,
         deps: &[Raw],
         mode: u32,
     ) -> CuResult<()> {
         self.with_ctx("stream_begin_capture_to_graph", |c, _| {
-            check_stream(c, stream)?;
-            if stream == 0 || mode > 2 {
+            check_stream(c, stream.raw())?;
+            if stream == Stream::NULL || mode > 2 {
                 return Err(CAPTURE_UNSUPPORTED);
             }
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
-            if c.graphs.captures.contains_key(&stream) {
+            if c.graphs.captures.contains_key(&stream.raw()) {
                 return Err(ILLEGAL_STATE);
             }
-            c.graphs.captures.insert(stream, graph);
-            c.graphs.into.insert(stream);
+            c.graphs.captures.insert(stream.raw(), graph);
+            c.graphs.into.insert(stream.raw());
             Ok(())
         })
     }
 
-    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
+    fn stream_end_capture(&self, stream: Stream) -> CuResult<Raw> {
         self.with_ctx("stream_end_capture", |c, _| {
-            check_stream(c, stream)?;
-            let g = c.graphs.captures.remove(&stream).ok_or(ILLEGAL_STATE)?;
-            let into = c.graphs.into.remove(&stream);
-            if c.graphs.invalidated.remove(&stream) {
+            check_stream(c, stream.raw())?;
+            let g = c
+                .graphs
+                .captures
+                .remove(&stream.raw())
+                .ok_or(ILLEGAL_STATE)?;
+            let into = c.graphs.into.remove(&stream.raw());
+            if c.graphs.invalidated.remove(&stream.raw()) {
                 if !into {
                     if let Some(nodes) = c.graphs.graphs.remove(&g) {
                         for n in nodes {
@@ -202,12 +206,12 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo> {
+    fn stream_capture_info(&self, stream: Stream) -> CuResult<CaptureInfo> {
         self.with_ctx("stream_capture_info", |c, _| {
-            check_stream(c, stream)?;
-            Ok(match c.graphs.captures.get(&stream) {
+            check_stream(c, stream.raw())?;
+            Ok(match c.graphs.captures.get(&stream.raw()) {
                 Some(&g) => CaptureInfo {
-                    status: if c.graphs.invalidated.contains(&stream) {
+                    status: if c.graphs.invalidated.contains(&stream.raw()) {
                         2
                     } else {
                         1
@@ -221,9 +225,9 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()> {
+    fn stream_update_capture_deps(&self, stream: Stream, deps: &[Raw], flags: u32) -> CuResult<()> {
         self.with_ctx("stream_update_capture_deps", |c, _| {
-            let g = *c.graphs.captures.get(&stream).ok_or(ILLEGAL_STATE)?;
+            let g = *c.graphs.captures.get(&stream.raw()).ok_or(ILLEGAL_STATE)?;
             if flags > 1 {
                 return Err(INVALID_VALUE);
             }
@@ -270,7 +274,7 @@ impl GraphDriverApi for FakeDriver {
         graph: Raw,
         deps: &[Raw],
         params: &NodeParams,
-        _ctx: Raw,
+        _ctx: Context,
     ) -> CuResult<Raw> {
         self.with_ctx("graph_add_node", |c, next| {
             c.graphs.check_graph(graph)?;
@@ -283,8 +287,8 @@ impl GraphDriverApi for FakeDriver {
                     c.graphs.check_graph(*g)?;
                     (4, c.graphs.new_graph(next))
                 }
-                NodeParams::EventRecord(e) => (7, *e),
-                NodeParams::EventWait(e) => (6, *e),
+                NodeParams::EventRecord(e) => (7, e.raw()),
+                NodeParams::EventWait(e) => (6, e.raw()),
                 NodeParams::Host(call) => (3, *call),
             };
             let n = c.graphs.add(graph, ty, deps.to_vec(), next);
@@ -300,14 +304,14 @@ impl GraphDriverApi for FakeDriver {
         &self,
         graph: Raw,
         deps: &[Raw],
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> CuResult<Raw> {
         self.with_ctx("graph_add_kernel_node", |c, next| {
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
-            let (_, k) = kernel_of(c, func)?;
+            let (_, k) = kernel_of(c, func.raw())?;
             let layout = KERNELS[k].1;
             if params.len() != layout.len() {
                 return Err(INVALID_VALUE);
@@ -323,7 +327,7 @@ impl GraphDriverApi for FakeDriver {
                 .collect();
             let n = c.graphs.add(graph, 0, deps.to_vec(), next);
             if let Some(x) = c.graphs.nodes.get_mut(&n) {
-                x.object = func;
+                x.object = func.raw();
                 x.kernel = Some((*cfg, values));
             }
             Ok(n)
@@ -333,18 +337,18 @@ impl GraphDriverApi for FakeDriver {
     fn kernel_node_params(
         &self,
         node: Raw,
-        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
-    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        layout_of: &dyn Fn(Function) -> Option<ParamLayout>,
+    ) -> CuResult<(Function, LaunchConfig, Vec<u8>)> {
         self.with_ctx("kernel_node_params", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
             let (cfg, values) = n.kernel.clone().ok_or(INVALID_VALUE)?;
-            let layout = layout_of(n.object).ok_or(INVALID_VALUE)?;
+            let layout = layout_of(Function::from_raw(n.object)).ok_or(INVALID_VALUE)?;
             let mut block = vec![0u8; layout.block_len()];
             for (info, v) in layout.params().iter().zip(values) {
                 let at = info.offset as usize;
                 block[at..at + v.len()].copy_from_slice(&v);
             }
-            Ok((n.object, cfg, block))
+            Ok((Function::from_raw(n.object), cfg, block))
         })
     }
 
@@ -379,7 +383,13 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, _: Raw) -> CuResult<()> {
+    fn node_set_params(
+        &self,
+        exec: Raw,
+        node: Raw,
+        params: &NodeParams,
+        _: Option<Context>,
+    ) -> CuResult<()> {
         self.with_ctx("node_set_params", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
             if exec != 0 && c.graphs.execs.get(&exec).map(|e| e.0) != Some(n.graph) {
@@ -402,7 +412,7 @@ impl GraphDriverApi for FakeDriver {
         &self,
         exec: Raw,
         node: Raw,
-        _func: Raw,
+        _func: Function,
         _cfg: &LaunchConfig,
         _params: &mut [*mut c_void],
     ) -> CuResult<()> {
@@ -505,13 +515,13 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()> {
+    fn graph_launch(&self, exec: Raw, stream: Stream, upload_only: bool) -> CuResult<()> {
         self.with_ctx("graph_launch", |c, next| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             if !c.graphs.execs.contains_key(&exec) {
                 return Err(INVALID_VALUE);
             }
-            if !upload_only && !c.graphs.capture(stream, 4, next) {
+            if !upload_only && !c.graphs.capture(stream.raw(), 4, next) {
                 if let Some(e) = c.graphs.execs.get_mut(&exec) {
                     e.1 += 1;
                 }
@@ -571,11 +581,11 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Event> {
         self.with_ctx("node_event", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
             (n.ty == if record { 7 } else { 6 })
-                .then_some(n.object)
+                .then_some(Event::from_raw(n.object))
                 .ok_or(INVALID_VALUE)
         })
     }

@@ -13,7 +13,7 @@ use cudarc::driver::sys;
 use qcuda_proto::graph::{MemcpyNode, MemsetNode};
 
 use super::{
-    driver::{CuError, CuResult, NoDriver, Raw},
+    driver::{Context, CuError, CuResult, Event, Function, NoDriver, Raw, Stream},
     launch::{LaunchConfig, ParamLayout},
 };
 
@@ -29,9 +29,9 @@ pub(crate) enum NodeParams {
     /// A child graph (the driver clones it).
     Child(Raw),
     /// An event record node.
-    EventRecord(Raw),
+    EventRecord(Event),
     /// An event wait node.
-    EventWait(Raw),
+    EventWait(Event),
     /// A host node: the worker's host-function stand-in with this user data (a call of
     /// `host_functions.rs`, alive until the session ends).
     Host(Raw),
@@ -63,21 +63,21 @@ pub(crate) trait GraphDriverApi {
     /// cuThreadExchangeStreamCaptureMode: sets the calling thread's mode, returns the old one.
     fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32>;
     /// cuStreamBeginCapture with `mode` (0 global, 1 thread-local, 2 relaxed).
-    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()>;
+    fn stream_begin_capture(&self, stream: Stream, mode: u32) -> CuResult<()>;
     /// cuStreamBeginCaptureToGraph (default edges).
     fn stream_begin_capture_to_graph(
         &self,
-        stream: Raw,
+        stream: Stream,
         graph: Raw,
         deps: &[Raw],
         mode: u32,
     ) -> CuResult<()>;
     /// cuStreamEndCapture: the captured graph.
-    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw>;
+    fn stream_end_capture(&self, stream: Stream) -> CuResult<Raw>;
     /// cuStreamGetCaptureInfo.
-    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo>;
+    fn stream_capture_info(&self, stream: Stream) -> CuResult<CaptureInfo>;
     /// cuStreamUpdateCaptureDependencies (flags: 0 add, 1 set).
-    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()>;
+    fn stream_update_capture_deps(&self, stream: Stream, deps: &[Raw], flags: u32) -> CuResult<()>;
 
     /// cuGraphCreate.
     fn graph_create(&self) -> CuResult<Raw>;
@@ -92,7 +92,7 @@ pub(crate) trait GraphDriverApi {
         graph: Raw,
         deps: &[Raw],
         params: &NodeParams,
-        ctx: Raw,
+        ctx: Context,
     ) -> CuResult<Raw>;
     /// cuGraphAddKernelNode.
     ///
@@ -103,7 +103,7 @@ pub(crate) trait GraphDriverApi {
         &self,
         graph: Raw,
         deps: &[Raw],
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> CuResult<Raw>;
@@ -120,7 +120,13 @@ pub(crate) trait GraphDriverApi {
     fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw>;
     /// Sets the parameters of a memcpy, memset, child-graph or event node: of the node in its
     /// graph (`exec` 0), or in executable graph `exec`.
-    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, ctx: Raw) -> CuResult<()>;
+    fn node_set_params(
+        &self,
+        exec: Raw,
+        node: Raw,
+        params: &NodeParams,
+        ctx: Option<Context>,
+    ) -> CuResult<()>;
     /// cuGraph[Exec]KernelNodeSetParams (`exec` 0: the graph's node).
     ///
     /// # Safety
@@ -129,7 +135,7 @@ pub(crate) trait GraphDriverApi {
         &self,
         exec: Raw,
         node: Raw,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> CuResult<()>;
@@ -154,7 +160,7 @@ pub(crate) trait GraphDriverApi {
     /// cuGraphExecDestroy.
     fn graph_exec_destroy(&self, exec: Raw) -> CuResult<()>;
     /// cuGraphLaunch, or cuGraphUpload.
-    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()>;
+    fn graph_launch(&self, exec: Raw, stream: Stream, upload_only: bool) -> CuResult<()>;
     /// cuGraphExecUpdate: Ok((result, error node)) when the driver judged the update, whether
     /// it applied or not (then the result says why).
     fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)>;
@@ -165,8 +171,8 @@ pub(crate) trait GraphDriverApi {
     fn kernel_node_params(
         &self,
         node: Raw,
-        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
-    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)>;
+        layout_of: &dyn Fn(Function) -> Option<ParamLayout>,
+    ) -> CuResult<(Function, LaunchConfig, Vec<u8>)>;
     /// cuDeviceGraphMemTrim (`what` 0), cuDeviceGetGraphMemAttribute (1) or
     /// cuDeviceSetGraphMemAttribute (2) of attribute `attr` (0..=3) on CUdevice `device`.
     fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64>;
@@ -175,7 +181,7 @@ pub(crate) trait GraphDriverApi {
     /// cuGraphMemsetNodeGetParams.
     fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode>;
     /// The event of an event record (`record`) or wait node.
-    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw>;
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Event>;
     /// cuGraphChildGraphNodeGetGraph.
     fn child_graph(&self, node: Raw) -> CuResult<Raw>;
     /// cuGraphNodeFindInClone.
@@ -395,15 +401,15 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok(m as u32)
     }
 
-    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()> {
+    fn stream_begin_capture(&self, stream: Stream, mode: u32) -> CuResult<()> {
         let m = capture_mode(mode)?;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamBeginCapture_v2(ptr(stream), m) })
+        check(unsafe { sys::cuStreamBeginCapture_v2(ptr(stream.raw()), m) })
     }
 
     fn stream_begin_capture_to_graph(
         &self,
-        stream: Raw,
+        stream: Stream,
         graph: Raw,
         deps: &[Raw],
         mode: u32,
@@ -412,7 +418,7 @@ impl GraphDriverApi for super::driver::CudaDriver {
         // SAFETY: see the impl comment; `deps` holds `deps.len()` nodes.
         check(unsafe {
             sys::cuStreamBeginCaptureToGraph(
-                ptr(stream),
+                ptr(stream.raw()),
                 ptr(graph),
                 node_list(deps),
                 null(),
@@ -422,14 +428,14 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
+    fn stream_end_capture(&self, stream: Stream) -> CuResult<Raw> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamEndCapture(ptr(stream), &mut g) })?;
+        check(unsafe { sys::cuStreamEndCapture(ptr(stream.raw()), &mut g) })?;
         Ok(g as Raw)
     }
 
-    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo> {
+    fn stream_capture_info(&self, stream: Stream) -> CuResult<CaptureInfo> {
         let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut id: u64 = 0;
         let mut graph: sys::CUgraph = null_mut();
@@ -439,7 +445,7 @@ impl GraphDriverApi for super::driver::CudaDriver {
         // next call on the stream, and is copied out at once.
         check(unsafe {
             sys::cuStreamGetCaptureInfo_v3(
-                ptr(stream),
+                ptr(stream.raw()),
                 &mut st,
                 &mut id,
                 &mut graph,
@@ -465,11 +471,11 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()> {
+    fn stream_update_capture_deps(&self, stream: Stream, deps: &[Raw], flags: u32) -> CuResult<()> {
         // SAFETY: see the impl comment.
         check(unsafe {
             sys::cuStreamUpdateCaptureDependencies_v2(
-                ptr(stream),
+                ptr(stream.raw()),
                 node_list(deps).cast_mut(),
                 null(),
                 deps.len(),
@@ -502,7 +508,7 @@ impl GraphDriverApi for super::driver::CudaDriver {
         graph: Raw,
         deps: &[Raw],
         params: &NodeParams,
-        ctx: Raw,
+        ctx: Context,
     ) -> CuResult<Raw> {
         let mut n: sys::CUgraphNode = null_mut();
         let (g, d, nd) = (ptr(graph), node_list(deps), deps.len());
@@ -512,17 +518,19 @@ impl GraphDriverApi for super::driver::CudaDriver {
                 NodeParams::Empty => sys::cuGraphAddEmptyNode(&mut n, g, d, nd),
                 NodeParams::Memcpy(m) => {
                     let p = memcpy3d(m)?;
-                    sys::cuGraphAddMemcpyNode(&mut n, g, d, nd, &p, ptr(ctx))
+                    sys::cuGraphAddMemcpyNode(&mut n, g, d, nd, &p, ptr(ctx.raw()))
                 }
                 NodeParams::Memset(m) => {
                     let p = memset_params(m)?;
-                    sys::cuGraphAddMemsetNode(&mut n, g, d, nd, &p, ptr(ctx))
+                    sys::cuGraphAddMemsetNode(&mut n, g, d, nd, &p, ptr(ctx.raw()))
                 }
                 NodeParams::Child(c) => sys::cuGraphAddChildGraphNode(&mut n, g, d, nd, ptr(*c)),
                 NodeParams::EventRecord(e) => {
-                    sys::cuGraphAddEventRecordNode(&mut n, g, d, nd, ptr(*e))
+                    sys::cuGraphAddEventRecordNode(&mut n, g, d, nd, ptr((*e).raw()))
                 }
-                NodeParams::EventWait(e) => sys::cuGraphAddEventWaitNode(&mut n, g, d, nd, ptr(*e)),
+                NodeParams::EventWait(e) => {
+                    sys::cuGraphAddEventWaitNode(&mut n, g, d, nd, ptr((*e).raw()))
+                }
                 NodeParams::Host(call) => {
                     let p = host_params(*call);
                     sys::cuGraphAddHostNode(&mut n, g, d, nd, &p)
@@ -536,12 +544,12 @@ impl GraphDriverApi for super::driver::CudaDriver {
         &self,
         graph: Raw,
         deps: &[Raw],
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> CuResult<Raw> {
         let mut n: sys::CUgraphNode = null_mut();
-        let p = kernel_params(func, cfg, params);
+        let p = kernel_params(func.raw(), cfg, params);
         // SAFETY: see the impl comment; the parameter pointers are the caller's contract.
         check(unsafe {
             sys::cuGraphAddKernelNode_v2(&mut n, ptr(graph), node_list(deps), deps.len(), &p)
@@ -580,7 +588,13 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok(n as Raw)
     }
 
-    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, ctx: Raw) -> CuResult<()> {
+    fn node_set_params(
+        &self,
+        exec: Raw,
+        node: Raw,
+        params: &NodeParams,
+        ctx: Option<Context>,
+    ) -> CuResult<()> {
         let (e, n) = (ptr(exec), ptr(node));
         // SAFETY: see the impl comment.
         check(unsafe {
@@ -591,23 +605,31 @@ impl GraphDriverApi for super::driver::CudaDriver {
                     sys::cuGraphMemsetNodeSetParams(n, &memset_params(m)?)
                 }
                 (0, NodeParams::EventRecord(ev)) => {
-                    sys::cuGraphEventRecordNodeSetEvent(n, ptr(*ev))
+                    sys::cuGraphEventRecordNodeSetEvent(n, ptr((*ev).raw()))
                 }
-                (0, NodeParams::EventWait(ev)) => sys::cuGraphEventWaitNodeSetEvent(n, ptr(*ev)),
+                (0, NodeParams::EventWait(ev)) => {
+                    sys::cuGraphEventWaitNodeSetEvent(n, ptr((*ev).raw()))
+                }
                 // A child graph node's graph cannot be replaced in the graph itself.
                 (0, NodeParams::Child(_)) => return Err(CuError::INVALID_VALUE),
-                (_, NodeParams::Memcpy(m)) => {
-                    sys::cuGraphExecMemcpyNodeSetParams(e, n, &memcpy3d(m)?, ptr(ctx))
-                }
-                (_, NodeParams::Memset(m)) => {
-                    sys::cuGraphExecMemsetNodeSetParams(e, n, &memset_params(m)?, ptr(ctx))
-                }
+                (_, NodeParams::Memcpy(m)) => sys::cuGraphExecMemcpyNodeSetParams(
+                    e,
+                    n,
+                    &memcpy3d(m)?,
+                    ptr(ctx.map_or(0, Context::raw)),
+                ),
+                (_, NodeParams::Memset(m)) => sys::cuGraphExecMemsetNodeSetParams(
+                    e,
+                    n,
+                    &memset_params(m)?,
+                    ptr(ctx.map_or(0, Context::raw)),
+                ),
                 (_, NodeParams::Child(c)) => sys::cuGraphExecChildGraphNodeSetParams(e, n, ptr(*c)),
                 (_, NodeParams::EventRecord(ev)) => {
-                    sys::cuGraphExecEventRecordNodeSetEvent(e, n, ptr(*ev))
+                    sys::cuGraphExecEventRecordNodeSetEvent(e, n, ptr((*ev).raw()))
                 }
                 (_, NodeParams::EventWait(ev)) => {
-                    sys::cuGraphExecEventWaitNodeSetEvent(e, n, ptr(*ev))
+                    sys::cuGraphExecEventWaitNodeSetEvent(e, n, ptr((*ev).raw()))
                 }
                 (0, NodeParams::Host(call)) => {
                     sys::cuGraphHostNodeSetParams(n, &host_params(*call))
@@ -623,11 +645,11 @@ impl GraphDriverApi for super::driver::CudaDriver {
         &self,
         exec: Raw,
         node: Raw,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
-        let p = kernel_params(func, cfg, params);
+        let p = kernel_params(func.raw(), cfg, params);
         // SAFETY: see the impl comment; the parameter pointers are the caller's contract.
         check(unsafe {
             if exec == 0 {
@@ -727,13 +749,13 @@ impl GraphDriverApi for super::driver::CudaDriver {
         check(unsafe { sys::cuGraphExecDestroy(ptr(exec)) })
     }
 
-    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()> {
+    fn graph_launch(&self, exec: Raw, stream: Stream, upload_only: bool) -> CuResult<()> {
         // SAFETY: see the impl comment.
         check(unsafe {
             if upload_only {
-                sys::cuGraphUpload(ptr(exec), ptr(stream))
+                sys::cuGraphUpload(ptr(exec), ptr(stream.raw()))
             } else {
-                sys::cuGraphLaunch(ptr(exec), ptr(stream))
+                sys::cuGraphLaunch(ptr(exec), ptr(stream.raw()))
             }
         })
     }
@@ -772,14 +794,14 @@ impl GraphDriverApi for super::driver::CudaDriver {
     fn kernel_node_params(
         &self,
         node: Raw,
-        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
-    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        layout_of: &dyn Fn(Function) -> Option<ParamLayout>,
+    ) -> CuResult<(Function, LaunchConfig, Vec<u8>)> {
         // SAFETY: plain C data; the driver fills it in.
         let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuGraphKernelNodeGetParams_v2(ptr(node), &mut p) })?;
         let func = p.func as Raw;
-        let layout = layout_of(func).ok_or(CuError::INVALID_VALUE)?;
+        let layout = layout_of(Function::from_raw(func)).ok_or(CuError::INVALID_VALUE)?;
         let cfg = LaunchConfig {
             grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
             block: [p.blockDimX, p.blockDimY, p.blockDimZ],
@@ -806,7 +828,7 @@ impl GraphDriverApi for super::driver::CudaDriver {
                 };
             }
         }
-        Ok((func, cfg, block))
+        Ok((Function::from_raw(func), cfg, block))
     }
 
     fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64> {
@@ -876,7 +898,7 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
+    fn node_event(&self, node: Raw, record: bool) -> CuResult<Event> {
         let mut e: sys::CUevent = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe {
@@ -886,7 +908,7 @@ impl GraphDriverApi for super::driver::CudaDriver {
                 sys::cuGraphEventWaitNodeGetEvent(ptr(node), &mut e)
             }
         })?;
-        Ok(e as Raw)
+        Ok(Event::from_raw(e as Raw))
     }
 
     fn child_graph(&self, node: Raw) -> CuResult<Raw> {
@@ -934,19 +956,19 @@ impl GraphDriverApi for NoDriver {
     fn exchange_capture_mode(&self, _: u32) -> CuResult<u32> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_begin_capture(&self, _: Raw, _: u32) -> CuResult<()> {
+    fn stream_begin_capture(&self, _: Stream, _: u32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_begin_capture_to_graph(&self, _: Raw, _: Raw, _: &[Raw], _: u32) -> CuResult<()> {
+    fn stream_begin_capture_to_graph(&self, _: Stream, _: Raw, _: &[Raw], _: u32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_end_capture(&self, _: Raw) -> CuResult<Raw> {
+    fn stream_end_capture(&self, _: Stream) -> CuResult<Raw> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_capture_info(&self, _: Raw) -> CuResult<CaptureInfo> {
+    fn stream_capture_info(&self, _: Stream) -> CuResult<CaptureInfo> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_update_capture_deps(&self, _: Raw, _: &[Raw], _: u32) -> CuResult<()> {
+    fn stream_update_capture_deps(&self, _: Stream, _: &[Raw], _: u32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn graph_create(&self) -> CuResult<Raw> {
@@ -958,14 +980,14 @@ impl GraphDriverApi for NoDriver {
     fn graph_clone(&self, _: Raw) -> CuResult<Raw> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_add_node(&self, _: Raw, _: &[Raw], _: &NodeParams, _: Raw) -> CuResult<Raw> {
+    fn graph_add_node(&self, _: Raw, _: &[Raw], _: &NodeParams, _: Context) -> CuResult<Raw> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn graph_add_kernel_node(
         &self,
         _: Raw,
         _: &[Raw],
-        _: Raw,
+        _: Function,
         _: &LaunchConfig,
         _: &mut [*mut c_void],
     ) -> CuResult<Raw> {
@@ -983,14 +1005,14 @@ impl GraphDriverApi for NoDriver {
     fn graph_add_mem_free_node(&self, _: Raw, _: &[Raw], _: u64) -> CuResult<Raw> {
         Err(CuError::NO_DEVICE)
     }
-    fn node_set_params(&self, _: Raw, _: Raw, _: &NodeParams, _: Raw) -> CuResult<()> {
+    fn node_set_params(&self, _: Raw, _: Raw, _: &NodeParams, _: Option<Context>) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn kernel_node_set_params(
         &self,
         _: Raw,
         _: Raw,
-        _: Raw,
+        _: Function,
         _: &LaunchConfig,
         _: &mut [*mut c_void],
     ) -> CuResult<()> {
@@ -1017,7 +1039,7 @@ impl GraphDriverApi for NoDriver {
     fn graph_exec_destroy(&self, _: Raw) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_launch(&self, _: Raw, _: Raw, _: bool) -> CuResult<()> {
+    fn graph_launch(&self, _: Raw, _: Stream, _: bool) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn graph_exec_update(&self, _: Raw, _: Raw) -> CuResult<(u32, Raw)> {
@@ -1029,8 +1051,8 @@ impl GraphDriverApi for NoDriver {
     fn kernel_node_params(
         &self,
         _: Raw,
-        _: &dyn Fn(Raw) -> Option<ParamLayout>,
-    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        _: &dyn Fn(Function) -> Option<ParamLayout>,
+    ) -> CuResult<(Function, LaunchConfig, Vec<u8>)> {
         Err(CuError::NO_DEVICE)
     }
     fn graph_mem(&self, _: i32, _: u32, _: u32, _: u64) -> CuResult<u64> {
@@ -1042,7 +1064,7 @@ impl GraphDriverApi for NoDriver {
     fn memset_node_params(&self, _: Raw) -> CuResult<MemsetNode> {
         Err(CuError::NO_DEVICE)
     }
-    fn node_event(&self, _: Raw, _: bool) -> CuResult<Raw> {
+    fn node_event(&self, _: Raw, _: bool) -> CuResult<Event> {
         Err(CuError::NO_DEVICE)
     }
     fn child_graph(&self, _: Raw) -> CuResult<Raw> {

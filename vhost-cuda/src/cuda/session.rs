@@ -28,7 +28,7 @@ use super::{
     aligned_bytes::AlignedBytes,
     allocations::{AllocationTable, TableError},
     copy::{self, Staging},
-    driver::{CuError, DriverApi, Raw, NULL_STREAM},
+    driver::{Context, CuError, DriverApi, Event, Function, MemPool, Module, Stream, NULL_STREAM},
     handles::{HandleCounter, HandleTable},
     host::CudaHost,
     host_functions::{trampoline, HostFunctions, LinkAttacher},
@@ -198,7 +198,7 @@ fn launch_attrs(
 /// The CUDA context of a session on one device, with what lives in it.
 #[derive(Debug)]
 struct DeviceContext {
-    ctx: Raw,
+    ctx: Context,
     memory: AllocationTable,
     staging: StagingState,
     /// The session's handle of the device's default memory pool, once asked for.
@@ -218,7 +218,7 @@ enum StagingState {
 #[derive(Debug)]
 struct ModuleEntry {
     dev: usize,
-    raw: Raw,
+    raw: Module,
     /// Length of its image (counted against [`MAX_MODULE_BYTES`](super::host::MAX_MODULE_BYTES)).
     bytes: u64,
 }
@@ -227,20 +227,20 @@ struct ModuleEntry {
 struct FunctionEntry {
     dev: usize,
     module: u64,
-    raw: Raw,
+    raw: Function,
     layout: ParamLayout,
 }
 
 #[derive(Debug)]
 struct StreamEntry {
     dev: usize,
-    raw: Raw,
+    raw: Stream,
 }
 
 #[derive(Debug)]
 struct PoolEntry {
     dev: usize,
-    raw: Raw,
+    raw: MemPool,
     /// The device's default pool (never destroyed by the session).
     default: bool,
 }
@@ -248,7 +248,7 @@ struct PoolEntry {
 #[derive(Debug)]
 struct EventEntry {
     dev: usize,
-    raw: Raw,
+    raw: Event,
 }
 
 /// The CUDA state of one guest process: contexts, allocations, modules, functions, streams
@@ -841,7 +841,7 @@ impl CudaSession {
     }
 
     /// A pool of the session, the context of its device bound.
-    fn pool(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn pool(&mut self, handle: u64) -> Result<(usize, MemPool), Fault> {
         let (dev, raw) = match self.pools.get(handle) {
             Some(p) => (p.dev, p.raw),
             None => return Err(status::INVALID_VALUE.into()),
@@ -1065,7 +1065,7 @@ impl CudaSession {
 
     /// The stream for handle `handle` on `dev`: 0 is the legacy stream; others must be
     /// streams of this session on the same device.
-    fn stream_on(&self, handle: u64, dev: usize) -> Result<Raw, Fault> {
+    fn stream_on(&self, handle: u64, dev: usize) -> Result<Stream, Fault> {
         if handle == 0 {
             return Ok(NULL_STREAM);
         }
@@ -1213,7 +1213,7 @@ impl CudaSession {
                 }
             }
         }
-        let dev_ctx: Vec<Option<Raw>> = self
+        let dev_ctx: Vec<Option<Context>> = self
             .devices
             .iter()
             .map(|d| d.as_ref().map(|c| c.ctx))
@@ -1263,7 +1263,7 @@ impl CudaSession {
         ptr: u64,
         stream: u64,
         buf: &GuestBuffer,
-    ) -> Result<Option<(usize, Raw, Vec<copy::Step>)>, Fault> {
+    ) -> Result<Option<(usize, Stream, Vec<copy::Step>)>, Fault> {
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if buf.is_empty() {
@@ -1333,7 +1333,7 @@ impl CudaSession {
     fn device_copy_setup(
         &mut self,
         req: &Request,
-    ) -> Result<Option<(usize, Raw, DeviceCopy)>, Fault> {
+    ) -> Result<Option<(usize, Stream, DeviceCopy)>, Fault> {
         let [dst, src, size, stream, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
@@ -1438,7 +1438,7 @@ impl CudaSession {
     }
 
     /// Asks the driver where each parameter of `func` sits, until it says there is no more.
-    fn param_layout(&self, dev: usize, func: Raw) -> Result<ParamLayout, Fault> {
+    fn param_layout(&self, dev: usize, func: Function) -> Result<ParamLayout, Fault> {
         let mut pairs = Vec::new();
         let mut loaded = false;
         while pairs.len() < MAX_PARAMS {
@@ -1538,7 +1538,7 @@ impl CudaSession {
     }
 
     /// A function of the session, its context bound.
-    fn function(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn function(&mut self, handle: u64) -> Result<(usize, Function), Fault> {
         let (dev, raw) = match self.functions.get(handle) {
             Some(f) => (f.dev, f.raw),
             None => return Err(status::INVALID_DEVICE_FUNCTION.into()),
@@ -1664,7 +1664,7 @@ impl CudaSession {
         ok()
     }
 
-    fn event(&self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn event(&self, handle: u64) -> Result<(usize, Event), Fault> {
         self.events
             .get(handle)
             .map(|e| (e.dev, e.raw))

@@ -20,7 +20,7 @@ use qcuda_proto::graph::{self as wire_graph, KernelNode, MemcpyNode, MemsetNode}
 use qcuda_proto::MAX_ARGS;
 
 use super::*;
-use crate::cuda::graph_driver::NodeParams;
+use crate::cuda::{driver::Raw, graph_driver::NodeParams};
 
 /// Most graphs a session may hold.
 const MAX_GRAPHS: usize = 1 << 14;
@@ -125,7 +125,7 @@ impl GraphTables {
 /// A decoded, checked kernel node: the function and the parameter block its pointers point into.
 struct KernelArgs {
     dev: usize,
-    func: Raw,
+    func: Function,
     cfg: LaunchConfig,
     layout: ParamLayout,
     block: AlignedBytes,
@@ -248,7 +248,7 @@ impl CudaSession {
                 let node = self.node(args[1])?;
                 let (_, child) = self.graph(args[2])?;
                 self.drv
-                    .node_set_params(exec, node, &NodeParams::Child(child), 0)
+                    .node_set_params(exec, node, &NodeParams::Child(child), None)
                     .map_err(on(dev))?;
                 ok()
             }
@@ -262,7 +262,7 @@ impl CudaSession {
                     _ => return Err(status::INVALID_VALUE.into()),
                 };
                 self.drv
-                    .node_set_params(exec, node, &p, 0)
+                    .node_set_params(exec, node, &p, None)
                     .map_err(on(dev))?;
                 ok()
             }
@@ -347,7 +347,7 @@ impl CudaSession {
     }
 
     /// A session stream by handle (not the legacy stream), its context bound.
-    fn capture_stream(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn capture_stream(&mut self, handle: u64) -> Result<(usize, Stream), Fault> {
         if handle == 0 {
             // Capture of the legacy stream is not allowed in CUDA.
             return Err(status::STREAM_CAPTURE_UNSUPPORTED.into());
@@ -381,7 +381,7 @@ impl CudaSession {
 
     /// Whether `stream` (of the bound context) is being captured; free while no capture of the
     /// session is under way.
-    pub(super) fn is_capturing(&self, stream: Raw) -> bool {
+    pub(super) fn is_capturing(&self, stream: Stream) -> bool {
         self.graphs.captures > 0
             && self
                 .drv
@@ -792,7 +792,7 @@ impl CudaSession {
             Decoded::Other(p) => {
                 let ctx = self.context(dev)?.ctx;
                 self.drv
-                    .node_set_params(exec, node, &p, ctx)
+                    .node_set_params(exec, node, &p, Some(ctx))
                     .map_err(on(dev))?;
             }
         }
@@ -1009,7 +1009,7 @@ impl CudaSession {
             return Err(status::INVALID_VALUE.into());
         }
         let functions = &self.functions;
-        let layout_of = |raw: Raw| {
+        let layout_of = |raw: Function| {
             functions
                 .find(|f| f.raw == raw)
                 .map(|(_, f)| f.layout.clone())
