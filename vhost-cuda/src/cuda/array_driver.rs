@@ -10,7 +10,9 @@ use std::{ffi::c_uint, ptr::null_mut};
 
 use cudarc::driver::sys;
 
-use super::driver::{check, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw, Stream};
+use super::driver::{
+    check, driver_handles, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw, Stream,
+};
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
 pub(crate) const ARRAY_SYMBOLS: &[&str] = &[
@@ -37,7 +39,14 @@ pub(crate) enum Mem {
     /// A device address (device memory or host-mapped memory: the driver tells which).
     Device(u64),
     /// A CUDA array.
-    Array(Raw),
+    Array(Array),
+}
+
+driver_handles! {
+    /// A `CUarray`.
+    Array;
+    /// A `CUmipmappedArray`.
+    MipmappedArray;
 }
 
 /// One side of a [`Copy3DParams`].
@@ -77,8 +86,8 @@ pub(crate) struct ArrayDesc {
 /// The resource of a texture object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Resource {
-    Array(Raw),
-    Mipmapped(Raw),
+    Array(Array),
+    Mipmapped(MipmappedArray),
     Linear {
         ptr: u64,
         format: u32,
@@ -139,17 +148,17 @@ pub(crate) trait ArrayDriverApi {
     /// synchronised.
     unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Stream) -> CuResult<()>;
     /// cuArray3DCreate.
-    fn array_create(&self, d: &ArrayDesc) -> CuResult<Raw>;
+    fn array_create(&self, d: &ArrayDesc) -> CuResult<Array>;
     /// cuArrayDestroy.
-    fn array_destroy(&self, array: Raw) -> CuResult<()>;
+    fn array_destroy(&self, array: Array) -> CuResult<()>;
     /// cuArray3DGetDescriptor.
-    fn array_descriptor(&self, array: Raw) -> CuResult<ArrayDesc>;
+    fn array_descriptor(&self, array: Array) -> CuResult<ArrayDesc>;
     /// cuMipmappedArrayCreate.
-    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<Raw>;
+    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<MipmappedArray>;
     /// cuMipmappedArrayDestroy.
-    fn mipmapped_array_destroy(&self, array: Raw) -> CuResult<()>;
+    fn mipmapped_array_destroy(&self, array: MipmappedArray) -> CuResult<()>;
     /// cuMipmappedArrayGetLevel.
-    fn mipmapped_array_level(&self, array: Raw, level: u32) -> CuResult<Raw>;
+    fn mipmapped_array_level(&self, array: MipmappedArray, level: u32) -> CuResult<Array>;
     /// cuTexObjectCreate.
     fn tex_object_create(
         &self,
@@ -160,7 +169,7 @@ pub(crate) trait ArrayDriverApi {
     /// cuTexObjectDestroy.
     fn tex_object_destroy(&self, obj: u64) -> CuResult<()>;
     /// cuSurfObjectCreate over an array.
-    fn surf_object_create(&self, array: Raw) -> CuResult<u64>;
+    fn surf_object_create(&self, array: Array) -> CuResult<u64>;
     /// cuSurfObjectDestroy.
     fn surf_object_destroy(&self, obj: u64) -> CuResult<()>;
 }
@@ -272,7 +281,7 @@ fn copy_side(s: &CopySide) -> (sys::CUmemorytype, usize, u64, sys::CUarray) {
     match s.mem {
         Mem::Host(p) => (T::CU_MEMORYTYPE_HOST, p, 0, null_mut()),
         Mem::Device(d) => (T::CU_MEMORYTYPE_UNIFIED, 0, d, null_mut()),
-        Mem::Array(a) => (T::CU_MEMORYTYPE_ARRAY, 0, 0, ptr(a)),
+        Mem::Array(a) => (T::CU_MEMORYTYPE_ARRAY, 0, 0, ptr(a.raw())),
     }
 }
 
@@ -337,20 +346,20 @@ impl ArrayDriverApi for CudaDriver {
         check(unsafe { sys::cuMemcpy3DAsync_v2(&c, ptr(stream.raw())) })
     }
 
-    fn array_create(&self, d: &ArrayDesc) -> CuResult<Raw> {
+    fn array_create(&self, d: &ArrayDesc) -> CuResult<Array> {
         let desc = array_descriptor(d)?;
         let mut a: sys::CUarray = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuArray3DCreate_v2(&mut a, &desc) })?;
-        Ok(a as Raw)
+        Ok(Array::from_raw(a as Raw))
     }
 
-    fn array_destroy(&self, array: Raw) -> CuResult<()> {
+    fn array_destroy(&self, array: Array) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuArrayDestroy(ptr(array)) })
+        check(unsafe { sys::cuArrayDestroy(ptr(array.raw())) })
     }
 
-    fn array_descriptor(&self, array: Raw) -> CuResult<ArrayDesc> {
+    fn array_descriptor(&self, array: Array) -> CuResult<ArrayDesc> {
         let mut d = sys::CUDA_ARRAY3D_DESCRIPTOR {
             Width: 0,
             Height: 0,
@@ -360,7 +369,7 @@ impl ArrayDriverApi for CudaDriver {
             Flags: 0,
         };
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuArray3DGetDescriptor_v2(&mut d, ptr(array)) })?;
+        check(unsafe { sys::cuArray3DGetDescriptor_v2(&mut d, ptr(array.raw())) })?;
         Ok(ArrayDesc {
             width: d.Width,
             height: d.Height,
@@ -371,24 +380,24 @@ impl ArrayDriverApi for CudaDriver {
         })
     }
 
-    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<Raw> {
+    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<MipmappedArray> {
         let desc = array_descriptor(d)?;
         let mut a: sys::CUmipmappedArray = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuMipmappedArrayCreate(&mut a, &desc, levels as c_uint) })?;
-        Ok(a as Raw)
+        Ok(MipmappedArray::from_raw(a as Raw))
     }
 
-    fn mipmapped_array_destroy(&self, array: Raw) -> CuResult<()> {
+    fn mipmapped_array_destroy(&self, array: MipmappedArray) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMipmappedArrayDestroy(ptr(array)) })
+        check(unsafe { sys::cuMipmappedArrayDestroy(ptr(array.raw())) })
     }
 
-    fn mipmapped_array_level(&self, array: Raw, level: u32) -> CuResult<Raw> {
+    fn mipmapped_array_level(&self, array: MipmappedArray, level: u32) -> CuResult<Array> {
         let mut a: sys::CUarray = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMipmappedArrayGetLevel(&mut a, ptr(array), level) })?;
-        Ok(a as Raw)
+        check(unsafe { sys::cuMipmappedArrayGetLevel(&mut a, ptr(array.raw()), level) })?;
+        Ok(Array::from_raw(a as Raw))
     }
 
     fn tex_object_create(
@@ -440,7 +449,7 @@ impl ArrayDriverApi for CudaDriver {
         check(unsafe { sys::cuTexObjectDestroy(obj) })
     }
 
-    fn surf_object_create(&self, array: Raw) -> CuResult<u64> {
+    fn surf_object_create(&self, array: Array) -> CuResult<u64> {
         let r = resource_desc(&Resource::Array(array))?;
         let mut obj: sys::CUsurfObject = 0;
         // SAFETY: see the impl comment.
@@ -462,11 +471,11 @@ fn resource_desc(res: &Resource) -> CuResult<sys::CUDA_RESOURCE_DESC> {
     match *res {
         Resource::Array(a) => {
             r.resType = T::CU_RESOURCE_TYPE_ARRAY;
-            r.res.array.hArray = ptr(a);
+            r.res.array.hArray = ptr(a.raw());
         }
         Resource::Mipmapped(m) => {
             r.resType = T::CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
-            r.res.mipmap.hMipmappedArray = ptr(m);
+            r.res.mipmap.hMipmappedArray = ptr(m.raw());
         }
         Resource::Linear {
             ptr: p,
@@ -510,22 +519,22 @@ impl ArrayDriverApi for NoDriver {
     unsafe fn memcpy_3d(&self, _: &Copy3DParams, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn array_create(&self, _: &ArrayDesc) -> CuResult<Raw> {
+    fn array_create(&self, _: &ArrayDesc) -> CuResult<Array> {
         Err(CuError::NO_DEVICE)
     }
-    fn array_destroy(&self, _: Raw) -> CuResult<()> {
+    fn array_destroy(&self, _: Array) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn array_descriptor(&self, _: Raw) -> CuResult<ArrayDesc> {
+    fn array_descriptor(&self, _: Array) -> CuResult<ArrayDesc> {
         Err(CuError::NO_DEVICE)
     }
-    fn mipmapped_array_create(&self, _: &ArrayDesc, _: u32) -> CuResult<Raw> {
+    fn mipmapped_array_create(&self, _: &ArrayDesc, _: u32) -> CuResult<MipmappedArray> {
         Err(CuError::NO_DEVICE)
     }
-    fn mipmapped_array_destroy(&self, _: Raw) -> CuResult<()> {
+    fn mipmapped_array_destroy(&self, _: MipmappedArray) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn mipmapped_array_level(&self, _: Raw, _: u32) -> CuResult<Raw> {
+    fn mipmapped_array_level(&self, _: MipmappedArray, _: u32) -> CuResult<Array> {
         Err(CuError::NO_DEVICE)
     }
     fn tex_object_create(
@@ -539,7 +548,7 @@ impl ArrayDriverApi for NoDriver {
     fn tex_object_destroy(&self, _: u64) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn surf_object_create(&self, _: Raw) -> CuResult<u64> {
+    fn surf_object_create(&self, _: Array) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn surf_object_destroy(&self, _: u64) -> CuResult<()> {

@@ -6,7 +6,7 @@
 //! [`Module`], [`Function`], [`Stream`], [`Event`], [`MemPool`]) that only the driver layer
 //! makes, so passing one kind where the driver expects another (a stream for an event, say)
 //! does not compile. They are never shown to the guest, only stored in the session's tables.
-//! Graph, graph-node and array objects are still plain integers ([`Raw`]).
+//! Graphs and arrays have handles of their own (`graph_driver.rs`, `array_driver.rs`).
 //!
 //! The `sys` layer is used rather than cudarc's `result` layer because cudarc resolves each
 //! symbol on first call and panics if it is missing. [`CudaDriver::load`] therefore checks, by
@@ -55,27 +55,30 @@ macro_rules! driver_handles {
     ($($(#[$doc:meta])* $name:ident;)*) => {$(
         $(#[$doc])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub(crate) struct $name(Raw);
+        #[repr(transparent)]
+        pub(crate) struct $name($crate::cuda::driver::Raw);
 
         impl $name {
             /// Wraps a value the driver returned. For the driver layer only.
-            pub(super) fn from_raw(raw: Raw) -> Self {
+            pub(super) fn from_raw(raw: $crate::cuda::driver::Raw) -> Self {
                 Self(raw)
             }
 
             /// The value to hand to the driver. For the driver layer only.
-            pub(super) fn raw(self) -> Raw {
+            pub(super) fn raw(self) -> $crate::cuda::driver::Raw {
                 self.0
             }
         }
 
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl ::std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
                 write!(f, "{}({:#x})", stringify!($name), self.0)
             }
         }
     )*};
 }
+pub(super) use driver_handles;
+
 driver_handles! {
     /// A `CUcontext`.
     Context;

@@ -71,7 +71,7 @@ pub(super) struct Ctx {
     /// CUDA arrays: descriptor and bytes (fake_array_driver.rs).
     arrays: HashMap<Raw, (super::array_driver::ArrayDesc, Vec<u8>)>,
     /// Mipmapped arrays: their level arrays.
-    mipmapped: HashMap<Raw, Vec<Raw>>,
+    mipmapped: HashMap<Raw, Vec<super::array_driver::Array>>,
     /// Texture and surface objects alive.
     objects: HashSet<u64>,
     /// Stream priorities (clamped to `PRIORITY_RANGE`).

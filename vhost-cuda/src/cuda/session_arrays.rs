@@ -20,7 +20,7 @@ use super::{
         array_driver::{
             format_bytes, ArrayDesc, Copy3DParams, CopySide, Mem, Resource, TexParams, ViewParams,
         },
-        driver::Raw,
+        array_driver::{Array, MipmappedArray},
         handles::HandleTable,
     },
     ok, ok_rets, on, to_usize, CudaSession, Fault, OpResult,
@@ -44,7 +44,7 @@ const MAX_VIEW_FORMAT: u64 = 0x22;
 #[derive(Debug)]
 struct ArrayEntry {
     dev: usize,
-    raw: Raw,
+    raw: Array,
     desc: ArrayDesc,
     /// The mipmapped array a level array belongs to.
     owner: Option<u64>,
@@ -53,7 +53,7 @@ struct ArrayEntry {
 #[derive(Debug)]
 struct MipmappedEntry {
     dev: usize,
-    raw: Raw,
+    raw: MipmappedArray,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -457,7 +457,7 @@ impl CudaSession {
         ])
     }
 
-    fn array(&self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn array(&self, handle: u64) -> Result<(usize, Array), Fault> {
         self.arrays
             .arrays
             .get(handle)

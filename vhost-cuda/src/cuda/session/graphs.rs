@@ -20,7 +20,10 @@ use qcuda_proto::graph::{self as wire_graph, KernelNode, MemcpyNode, MemsetNode}
 use qcuda_proto::MAX_ARGS;
 
 use super::*;
-use crate::cuda::{driver::Raw, graph_driver::NodeParams};
+use crate::cuda::{
+    driver::Raw,
+    graph_driver::{Graph, GraphExec, GraphNode, NodeParams},
+};
 
 /// Most graphs a session may hold.
 const MAX_GRAPHS: usize = 1 << 14;
@@ -47,7 +50,7 @@ const MAX_DOT: usize = 64 << 20;
 #[derive(Debug)]
 struct GraphEntry {
     dev: usize,
-    raw: Raw,
+    raw: Graph,
     /// Still being captured: the driver owns it until the capture ends.
     capturing: bool,
     /// A capture into this graph of the guest's is under way (StreamBeginCaptureToGraph).
@@ -59,13 +62,13 @@ struct GraphEntry {
 #[derive(Debug)]
 struct NodeEntry {
     graph: u64,
-    raw: Raw,
+    raw: GraphNode,
 }
 
 #[derive(Debug)]
 struct ExecEntry {
     dev: usize,
-    raw: Raw,
+    raw: GraphExec,
     /// The flags it was instantiated with.
     flags: u64,
 }
@@ -76,7 +79,7 @@ pub(super) struct GraphTables {
     graphs: HandleTable<GraphEntry>,
     nodes: HandleTable<NodeEntry>,
     /// Driver node -> its handle.
-    node_ids: HashMap<Raw, u64>,
+    node_ids: HashMap<GraphNode, u64>,
     execs: HandleTable<ExecEntry>,
     /// Captures begun and not ended (an upper bound: a capture can also end with its stream).
     captures: usize,
@@ -178,10 +181,10 @@ impl CudaSession {
             Op::GraphCreate => self.graph_create(req),
             Op::GraphDestroy => self.graph_destroy(args[0]),
             Op::GraphAddNode => self.graph_add_node(req),
-            Op::GraphNodeSetParams => self.graph_set_params(req, 0, args[0], args[1]),
+            Op::GraphNodeSetParams => self.graph_set_params(req, None, args[0], args[1]),
             Op::GraphExecNodeSetParams => {
                 let (_, exec) = self.exec(args[0])?;
-                self.graph_set_params(req, exec, args[1], args[2])
+                self.graph_set_params(req, Some(exec), args[1], args[2])
             }
             Op::GraphGetNodes => self.graph_nodes(req),
             Op::GraphGetEdges => self.graph_edges(req),
@@ -248,7 +251,7 @@ impl CudaSession {
                 let node = self.node(args[1])?;
                 let (_, child) = self.graph(args[2])?;
                 self.drv
-                    .node_set_params(exec, node, &NodeParams::Child(child), None)
+                    .node_set_params(Some(exec), node, &NodeParams::Child(child), None)
                     .map_err(on(dev))?;
                 ok()
             }
@@ -262,7 +265,7 @@ impl CudaSession {
                     _ => return Err(status::INVALID_VALUE.into()),
                 };
                 self.drv
-                    .node_set_params(exec, node, &p, None)
+                    .node_set_params(Some(exec), node, &p, None)
                     .map_err(on(dev))?;
                 ok()
             }
@@ -271,7 +274,7 @@ impl CudaSession {
     }
 
     /// Graph `handle`, its device's context bound.
-    fn graph(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn graph(&mut self, handle: u64) -> Result<(usize, Graph), Fault> {
         let (dev, raw) = self
             .graphs
             .graphs
@@ -283,7 +286,7 @@ impl CudaSession {
     }
 
     /// Executable graph `handle`, its device's context bound.
-    fn exec(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn exec(&mut self, handle: u64) -> Result<(usize, GraphExec), Fault> {
         let (dev, raw) = self
             .graphs
             .execs
@@ -294,7 +297,7 @@ impl CudaSession {
         Ok((dev, raw))
     }
 
-    fn node(&self, handle: u64) -> Result<Raw, Fault> {
+    fn node(&self, handle: u64) -> Result<GraphNode, Fault> {
         self.graphs
             .nodes
             .get(handle)
@@ -302,12 +305,12 @@ impl CudaSession {
             .ok_or(Fault::Status(status::INVALID_VALUE))
     }
 
-    fn nodes(&self, handles: &[u64]) -> Result<Vec<Raw>, Fault> {
+    fn nodes(&self, handles: &[u64]) -> Result<Vec<GraphNode>, Fault> {
         handles.iter().map(|&h| self.node(h)).collect()
     }
 
     /// The handle of driver node `raw` of graph `graph`, issued on first sight.
-    fn node_handle(&mut self, graph: u64, raw: Raw) -> Result<u64, Fault> {
+    fn node_handle(&mut self, graph: u64, raw: GraphNode) -> Result<u64, Fault> {
         if let Some(&h) = self.graphs.node_ids.get(&raw) {
             return Ok(h);
         }
@@ -325,7 +328,7 @@ impl CudaSession {
     fn captured_graph_handle(
         &mut self,
         dev: usize,
-        raw: Raw,
+        raw: Graph,
         owner: Option<u64>,
     ) -> Result<u64, Fault> {
         if let Some((h, _)) = self.graphs.graphs.find(|g| g.raw == raw) {
@@ -424,7 +427,7 @@ impl CudaSession {
             self.graphs.captures = self.graphs.captures.saturating_sub(1);
         }
         // The graph of this capture is the caller's now, or gone (failed capture).
-        let old = before.map(|i| i.graph).filter(|g| *g != 0);
+        let old = before.and_then(|i| i.graph);
         let known = old.and_then(|g| self.graphs.graphs.find(|e| e.raw == g).map(|(h, _)| h));
         if let Some(e) = known.and_then(|h| self.graphs.graphs.get_mut(h)) {
             e.capture_target = false;
@@ -482,8 +485,9 @@ impl CudaSession {
             self.capture_stream(handle)?
         };
         let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
-        let (graph, deps) = if info.status == 1 && info.graph != 0 {
-            let g = self.captured_graph_handle(dev, info.graph, None)?;
+        let captured = info.graph.filter(|_| info.status == 1);
+        let (graph, deps) = if let Some(captured) = captured {
+            let g = self.captured_graph_handle(dev, captured, None)?;
             let mut deps = Vec::with_capacity(info.deps.len());
             for &d in &info.deps {
                 deps.push(self.node_handle(g, d)?);
@@ -732,8 +736,8 @@ impl CudaSession {
         &mut self,
         dev: usize,
         graph: u64,
-        graw: Raw,
-        deps: &[Raw],
+        graw: Graph,
+        deps: &[GraphNode],
         params: &[u8],
     ) -> OpResult {
         let size = wire_graph::decode_handle(params).ok_or(status::INVALID_VALUE)?;
@@ -771,7 +775,13 @@ impl CudaSession {
     }
 
     /// `GraphNodeSetParams` (`exec` 0) and `GraphExecNodeSetParams`.
-    fn graph_set_params(&mut self, req: &Request, exec: Raw, node: u64, ty: u64) -> OpResult {
+    fn graph_set_params(
+        &mut self,
+        req: &Request,
+        exec: Option<GraphExec>,
+        node: u64,
+        ty: u64,
+    ) -> OpResult {
         let node = self.node(node)?;
         let params = read_all(req.inputs().first(), MAX_NODE_PARAMS)?;
         let dev = self.bind_new(req)?;
@@ -926,10 +936,9 @@ impl CudaSession {
         let (_, graph) = self.graph(args[1])?;
         self.bind(dev)?;
         let (result, node) = self.drv.graph_exec_update(exec, graph).map_err(on(dev))?;
-        let node = if node == 0 {
-            0
-        } else {
-            self.node_handle(args[1], node)?
+        let node = match node {
+            None => 0,
+            Some(node) => self.node_handle(args[1], node)?,
         };
         ok_rets(&[u64::from(result), node])
     }
