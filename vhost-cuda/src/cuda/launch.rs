@@ -162,7 +162,7 @@ impl DriverLaunchAttr {
             }
             attr::PROGRAMMATIC_EVENT | attr::LAUNCH_COMPLETION_EVENT => {
                 let e = event(a.w[0]).ok_or(status::INVALID_RESOURCE_HANDLE)?;
-                put(0, &(e.raw() as u64).to_le_bytes());
+                put(0, &e.launch_attr_value().to_le_bytes());
                 put(8, &a.v[0].to_le_bytes());
                 if a.id == attr::PROGRAMMATIC_EVENT {
                     put(12, &a.v[1].to_le_bytes());

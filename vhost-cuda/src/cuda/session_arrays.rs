@@ -17,10 +17,10 @@ use qcuda_proto::{
 
 use super::{
     super::{
-        array_driver::{
+        driver::array::{
             format_bytes, ArrayDesc, Copy3DParams, CopySide, Mem, Resource, TexParams, ViewParams,
         },
-        array_driver::{Array, MipmappedArray},
+        driver::array::{Array, MipmappedArray},
         handles::HandleTable,
     },
     ok, ok_rets, on, to_usize, CudaSession, Fault, OpResult,
@@ -559,7 +559,7 @@ impl CudaSession {
                 word_f32(&words, tex::BORDER_COLOR + 3)?,
             ],
         };
-        // The driver's enums take only their own values (array_driver.rs converts them).
+        // The driver's enums take only their own values (driver/array.rs converts them).
         if t.address.iter().any(|m| *m > 3)
             || t.filter > 1
             || t.mipmap_filter > 1

@@ -9,8 +9,8 @@ use qcuda_proto::{
 use vm_memory::{Bytes, GuestAddress};
 
 use super::{
+    driver::fake::{FakeDriver, TOTAL_MEM},
     driver::DriverLoad,
-    fake_driver::{FakeDriver, TOTAL_MEM},
     host::{CudaHost, Tuning},
     launch::LaunchConfig,
     module_image::tests::fatbin,

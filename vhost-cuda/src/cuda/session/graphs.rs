@@ -21,8 +21,8 @@ use qcuda_proto::MAX_ARGS;
 
 use super::*;
 use crate::cuda::{
+    driver::graph::{Graph, GraphExec, GraphNode, NodeParams},
     driver::Raw,
-    graph_driver::{Graph, GraphExec, GraphNode, NodeParams},
 };
 
 /// Most graphs a session may hold.

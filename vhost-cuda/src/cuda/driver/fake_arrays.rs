@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 
 use super::{
     super::{
-        array_driver::{
+        array::{
             format_bytes, Array, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem,
             MipmappedArray, Resource, TexParams, ViewParams,
         },
-        driver::{CuError, CuResult, DriverApi, Stream},
+        CuError, CuResult, DriverApi, Stream,
     },
     check_stream, fresh, host_slice, slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
 };

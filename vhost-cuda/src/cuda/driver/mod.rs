@@ -1,12 +1,14 @@
 //! The driver boundary: every CUDA driver call the executor makes, as one trait.
 //!
 //! [`CudaDriver`] implements it over cudarc's `sys` layer with dynamic loading; the unit tests
-//! implement it with a fake device (`fake_driver.rs`), so the session logic is tested on
+//! implement it with a fake device (`fake.rs`, `fake_arrays.rs`, `fake_graphs.rs`), so the session logic is tested on
 //! machines without a GPU. Driver objects cross the boundary as typed handles ([`Context`],
 //! [`Module`], [`Function`], [`Stream`], [`Event`], [`MemPool`]) that only the driver layer
 //! makes, so passing one kind where the driver expects another (a stream for an event, say)
 //! does not compile. They are never shown to the guest, only stored in the session's tables.
-//! Graphs and arrays have handles of their own (`graph_driver.rs`, `array_driver.rs`).
+//! Graphs and arrays have handles of their own (`graph.rs`, `array.rs`). Everything that
+//! talks to libcuda or stands in for it lives in this folder, and only code here can make a
+//! handle from a raw value or look inside one.
 //!
 //! The `sys` layer is used rather than cudarc's `result` layer because cudarc resolves each
 //! symbol on first call and panics if it is missing. [`CudaDriver::load`] therefore checks, by
@@ -30,12 +32,25 @@ use cudarc::driver::sys;
 use qcuda_proto::status;
 use tracing::{debug, warn};
 
+use self::{
+    array::{ArrayDriverApi, ARRAY_SYMBOLS},
+    graph::{GraphDriverApi, GRAPH_SYMBOLS},
+};
 use super::{
-    array_driver::{ArrayDriverApi, ARRAY_SYMBOLS},
-    graph_driver::{GraphDriverApi, GRAPH_SYMBOLS},
     launch::{DriverLaunchAttr, LaunchConfig},
     status as cu_status,
 };
+
+pub(crate) mod array;
+pub(crate) mod graph;
+
+// The test double also serves the fuzz targets (fuzz/, feature `fuzzing`), never the binary.
+#[cfg(any(test, feature = "fuzzing"))]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod fake;
+#[cfg(any(test, feature = "fuzzing"))]
+#[cfg_attr(not(test), allow(dead_code))]
+mod fake_graphs;
 
 // The driver reads `DriverLaunchAttr` arrays as `CUlaunchAttribute` arrays.
 const _: () = {
@@ -60,12 +75,12 @@ macro_rules! driver_handles {
 
         impl $name {
             /// Wraps a value the driver returned. For the driver layer only.
-            pub(super) fn from_raw(raw: $crate::cuda::driver::Raw) -> Self {
+            pub(in crate::cuda::driver) fn from_raw(raw: $crate::cuda::driver::Raw) -> Self {
                 Self(raw)
             }
 
             /// The value to hand to the driver. For the driver layer only.
-            pub(super) fn raw(self) -> $crate::cuda::driver::Raw {
+            pub(in crate::cuda::driver) fn raw(self) -> $crate::cuda::driver::Raw {
                 self.0
             }
         }
@@ -77,7 +92,7 @@ macro_rules! driver_handles {
         }
     )*};
 }
-pub(super) use driver_handles;
+use driver_handles;
 
 driver_handles! {
     /// A `CUcontext`.
@@ -97,6 +112,14 @@ driver_handles! {
 impl Stream {
     /// The NULL stream: the context's legacy default stream.
     pub(crate) const NULL: Self = Self(0);
+}
+
+impl Event {
+    /// The event as the value of a launch attribute (`DriverLaunchAttr`, which the driver
+    /// reads as a `CUlaunchAttribute`) holds it.
+    pub(crate) fn launch_attr_value(self) -> u64 {
+        self.0 as u64
+    }
 }
 
 /// The NULL stream: the context's legacy default stream.
@@ -1669,7 +1692,7 @@ mod tests {
     /// resolved by hand).
     #[test]
     fn required_symbols_match_the_calls() {
-        let src = include_str!("driver.rs");
+        let src = include_str!("mod.rs");
         let code = src.split("#[cfg(test)]").next().unwrap_or(src);
         let mut called: Vec<&str> = code
             .match_indices("sys::cu")

@@ -11,14 +11,11 @@ use std::{
 };
 
 use super::{
-    driver::{
-        Context, CuError, CuResult, DriverApi, Event, Function, HostFn, MemPool, Module, Raw,
-        Stream,
-    },
-    launch::{attr, DriverLaunchAttr, LaunchConfig},
+    Context, CuError, CuResult, DriverApi, Event, Function, HostFn, MemPool, Module, Raw, Stream,
 };
+use crate::cuda::launch::{attr, DriverLaunchAttr, LaunchConfig};
 
-#[path = "fake_array_driver.rs"]
+#[path = "fake_arrays.rs"]
 mod arrays;
 
 pub(crate) const TOTAL_MEM: u64 = 1 << 30;
@@ -68,10 +65,10 @@ pub(super) struct Ctx {
     limits: HashMap<u32, usize>,
     /// MAX_DYNAMIC_SHARED_SIZE_BYTES set per function.
     func_smem: HashMap<Raw, i32>,
-    /// CUDA arrays: descriptor and bytes (fake_array_driver.rs).
-    arrays: HashMap<Raw, (super::array_driver::ArrayDesc, Vec<u8>)>,
+    /// CUDA arrays: descriptor and bytes (fake_arrays.rs).
+    arrays: HashMap<Raw, (super::array::ArrayDesc, Vec<u8>)>,
     /// Mipmapped arrays: their level arrays.
-    mipmapped: HashMap<Raw, Vec<super::array_driver::Array>>,
+    mipmapped: HashMap<Raw, Vec<super::array::Array>>,
     /// Texture and surface objects alive.
     objects: HashSet<u64>,
     /// Stream priorities (clamped to `PRIORITY_RANGE`).

@@ -10,11 +10,11 @@ use std::{
 use qcuda_proto::graph::{MemcpyNode, MemsetNode};
 
 use super::{
-    driver::{Context, CuError, CuResult, Event, Function, Raw, Stream},
-    fake_driver::{check_stream, kernel_of, FakeDriver, KERNELS},
-    graph_driver::{CaptureInfo, Graph, GraphDriverApi, GraphExec, GraphNode, NodeParams},
-    launch::{LaunchConfig, ParamLayout},
+    fake::{check_stream, kernel_of, FakeDriver, KERNELS},
+    graph::{CaptureInfo, Graph, GraphDriverApi, GraphExec, GraphNode, NodeParams},
+    Context, CuError, CuResult, Event, Function, Raw, Stream,
 };
+use crate::cuda::launch::{LaunchConfig, ParamLayout};
 
 const INVALID_VALUE: CuError = CuError(1);
 const ILLEGAL_STATE: CuError = CuError(401);

@@ -1,7 +1,7 @@
 //! The driver calls for pitched memory, 3D copies, CUDA arrays and texture/surface objects,
 //! as a supertrait of [`DriverApi`](super::driver::DriverApi) so that these calls stay in one
 //! place: [`CudaDriver`] implements them over cudarc's `sys` layer, `NoDriver` refuses them and
-//! the unit tests' fake driver emulates them. The contract of driver.rs holds here as well.
+//! the unit tests' fake driver emulates them. The contract of `driver/mod.rs` holds here as well.
 //!
 //! The driver's enums are Rust enums in cudarc, so a value from the guest becomes one only
 //! through a `match` here: an unknown value is `CUDA_ERROR_INVALID_VALUE`, never a transmute.
@@ -10,9 +10,7 @@ use std::{ffi::c_uint, ptr::null_mut};
 
 use cudarc::driver::sys;
 
-use super::driver::{
-    check, driver_handles, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw, Stream,
-};
+use super::{check, driver_handles, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw, Stream};
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
 pub(crate) const ARRAY_SYMBOLS: &[&str] = &[
@@ -563,7 +561,7 @@ mod tests {
     /// Every `sys::cu*` call in this file is in ARRAY_SYMBOLS and the other way round.
     #[test]
     fn array_symbols_match_the_calls() {
-        let src = include_str!("array_driver.rs");
+        let src = include_str!("array.rs");
         let code = src.split("#[cfg(test)]").next().unwrap_or(src);
         let mut called: Vec<&str> = code
             .match_indices("sys::cu")

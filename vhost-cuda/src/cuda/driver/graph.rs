@@ -1,6 +1,6 @@
 //! The driver calls for CUDA graphs and stream capture, as a trait of their own
 //! ([`GraphDriverApi`], a supertrait of `DriverApi`), with the real implementation over cudarc's
-//! `sys` layer and the no-driver one. The handle contract of `driver.rs` holds here too: graphs,
+//! `sys` layer and the no-driver one. The handle contract of `driver/mod.rs` holds here too: graphs,
 //! nodes and executable graphs cross as [`Raw`] integers that only the session's tables hold.
 
 use std::{
@@ -12,10 +12,8 @@ use std::{
 use cudarc::driver::sys;
 use qcuda_proto::graph::{MemcpyNode, MemsetNode};
 
-use super::{
-    driver::{driver_handles, Context, CuError, CuResult, Event, Function, NoDriver, Raw, Stream},
-    launch::{LaunchConfig, ParamLayout},
-};
+use super::{driver_handles, Context, CuError, CuResult, Event, Function, NoDriver, Raw, Stream};
+use crate::cuda::launch::{LaunchConfig, ParamLayout};
 
 /// Parameters of a node other than a kernel node, already checked by the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +38,7 @@ pub(crate) enum NodeParams {
 /// The driver's parameters of a host node running the worker's stand-in with `call`.
 fn host_params(call: Raw) -> sys::CUDA_HOST_NODE_PARAMS {
     sys::CUDA_HOST_NODE_PARAMS {
-        fn_: Some(super::host_functions::trampoline),
+        fn_: Some(crate::cuda::host_functions::trampoline),
         userData: call as *mut c_void,
     }
 }
@@ -215,7 +213,7 @@ pub(crate) trait GraphDriverApi {
     fn node_enabled(&self, exec: GraphExec, node: GraphNode, set: Option<bool>) -> CuResult<bool>;
 }
 
-/// Every driver symbol this file calls; `CudaDriver::load` checks them with `driver.rs`'s.
+/// Every driver symbol this file calls; `CudaDriver::load` checks them with `driver/mod.rs`'s.
 pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuThreadExchangeStreamCaptureMode",
     "cuStreamBeginCapture_v2",
@@ -419,8 +417,8 @@ fn list(
 
 // SAFETY (for every unsafe block in this impl): each call goes to a symbol that `load` found
 // (GRAPH_SYMBOLS), through cudarc's binding of its CUDA 13.0 prototype; out parameters point at
-// live locals; handles obey driver.rs's contract; input arrays are borrowed for the whole call.
-impl GraphDriverApi for super::driver::CudaDriver {
+// live locals; handles obey driver/mod.rs's contract; input arrays are borrowed for the whole call.
+impl GraphDriverApi for super::CudaDriver {
     fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32> {
         let mut m = capture_mode(mode)?;
         // SAFETY: see the impl comment.
@@ -1172,7 +1170,7 @@ mod tests {
     /// Every `sys::cu*` call in this file is in GRAPH_SYMBOLS and the other way round.
     #[test]
     fn graph_symbols_match_the_calls() {
-        let src = include_str!("graph_driver.rs");
+        let src = include_str!("graph.rs");
         let code = src.split("#[cfg(test)]").next().unwrap_or(src);
         let mut called: Vec<&str> = code
             .match_indices("sys::cu")
