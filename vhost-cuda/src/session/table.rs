@@ -31,7 +31,7 @@ use crate::{
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Counters {
     /// Chains dispatched and not yet completed or dropped.
-    pub(super) in_flight: usize,
+    in_flight: usize,
     /// Sessions with a thread (and maybe a worker process) not yet ended.
     pub(super) open: usize,
 }
@@ -41,20 +41,20 @@ pub(super) struct Shared {
     pub(super) command: WorkerCommand,
     pub(super) label: String,
     /// `--max-sessions` (at most [`MAX_SESSIONS`]).
-    pub(super) max_sessions: usize,
+    max_sessions: usize,
     /// [`MAX_IN_FLIGHT`] (tests lower it).
     pub(super) max_in_flight: usize,
     /// Whether the in-flight bound was hit (logged once).
-    pub(super) flooded: AtomicBool,
+    flooded: AtomicBool,
     /// `--max-gpu-memory`: the VM's quota file, shared with its workers; `Err` if it could not
     /// be made (then no worker starts: the limit is not silently dropped).
     pub(super) gpu_memory: Option<Result<GpuMemoryQuota, String>>,
-    pub(super) threads: Mutex<HashMap<u64, SessionHandle>>,
+    threads: Mutex<HashMap<u64, SessionHandle>>,
     /// The guest memory map of the last SET_MEM_TABLE, for new worker processes.
-    pub(super) memory: Mutex<Arc<GuestRam>>,
-    pub(super) next_generation: AtomicU64,
-    pub(super) counters: Mutex<Counters>,
-    pub(super) changed: Condvar,
+    memory: Mutex<Arc<GuestRam>>,
+    next_generation: AtomicU64,
+    counters: Mutex<Counters>,
+    changed: Condvar,
 }
 
 impl Shared {
@@ -104,7 +104,7 @@ impl Shared {
 pub(super) struct InFlight(Arc<Shared>);
 
 impl InFlight {
-    pub(super) fn new(shared: &Arc<Shared>) -> Self {
+    fn new(shared: &Arc<Shared>) -> Self {
         shared.update(|c| c.in_flight += 1);
         Self(shared.clone())
     }
@@ -118,13 +118,13 @@ impl Drop for InFlight {
 
 /// One request on its way to a session thread.
 pub(super) struct Job {
-    pub(super) head: u16,
+    head: u16,
     /// When the chain was taken off the ring (for the latency statistics).
     pub(super) received: Instant,
     pub(super) request: Request,
-    pub(super) reply: Reply,
-    pub(super) completer: Arc<dyn ChainCompleter>,
-    pub(super) _in_flight: InFlight,
+    reply: Reply,
+    completer: Arc<dyn ChainCompleter>,
+    _in_flight: InFlight,
 }
 
 impl Job {
@@ -162,24 +162,24 @@ impl Msg {
 }
 
 pub(super) struct SessionHandle {
-    pub(super) tx: Sender<Msg>,
+    tx: Sender<Msg>,
     pub(super) generation: u64,
     /// Set when the VM goes away: queued requests are dropped, never completed.
-    pub(super) abandoned: Arc<AtomicBool>,
+    abandoned: Arc<AtomicBool>,
     /// Rung with every message that ends the session, so that a thread waiting for its worker
     /// looks at its queue.
-    pub(super) wake: Arc<EventFd>,
+    wake: Arc<EventFd>,
     /// The worker process's id, 0 while there is none.
-    pub(super) pid: Arc<AtomicU32>,
+    pid: Arc<AtomicU32>,
     /// Set when the session has ended (its worker reaped), under the counters' lock.
     pub(super) ended: Arc<AtomicBool>,
     /// Where `HostFuncWait` requests go, past the session's queue.
-    pub(super) host_fns: Arc<HostFnLink>,
+    host_fns: Arc<HostFnLink>,
 }
 
 impl SessionHandle {
     /// Queues `msg`, ringing the wake-up if it ends the session.
-    pub(super) fn send(&self, msg: Msg) -> Result<(), SendError<Msg>> {
+    fn send(&self, msg: Msg) -> Result<(), SendError<Msg>> {
         let ends = msg.ends_session();
         self.tx.send(msg)?;
         if ends {
