@@ -13,7 +13,12 @@ use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
 use qcuda_proto::{Direction, Op, RequestHeader, MAX_ARGS, REQUEST_HEADER_SIZE, VERSION};
-use vhost_cuda::{chain, cuda::fuzzing::fake_host, guest_buffer::GuestRam, transport_ops};
+use vhost_cuda::{
+    chain,
+    cuda::{fuzzing::fake_host, CudaSession},
+    guest_buffer::GuestRam,
+    transport_ops,
+};
 use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
@@ -209,7 +214,7 @@ fuzz_target!(|data: &[u8]| {
     let mut inp = Input(data);
     let mut g = Guest::new();
     let host = fake_host(2);
-    let mut session = host.open_session(1);
+    let mut session = CudaSession::open(&host, 1);
     // Handles, pointers and sizes the host answered, for later arguments.
     let mut seen: Vec<u64> = vec![0, 1];
     for _ in 0..24 {
@@ -230,7 +235,7 @@ fuzz_target!(|data: &[u8]| {
         match chain::parse(&mem, descs) {
             Ok(p) => {
                 let req = &p.request;
-                let resp = match req.op {
+                let resp = match req.op() {
                     Op::Hello => transport_ops::hello(&host, req, 1),
                     Op::Echo => transport_ops::echo(req),
                     _ => match host.answer_query(req) {

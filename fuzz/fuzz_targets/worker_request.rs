@@ -1,6 +1,6 @@
 //! The worker's side of the daemon socket: frame bodies (`ToWorker::decode`,
 //! `FromWorker::decode`), and for every `Run` the rebuild of the request against the worker's
-//! own map of guest RAM (`session_worker::build_request`), whose buffers are then read and
+//! own map of guest RAM (`worker::build_request`), whose buffers are then read and
 //! written end to end. Also the reverse: a request built from fuzzer-chosen runs must be
 //! refused unless every run lies in guest RAM and the runs add up to the header's lengths.
 //! And the worker's rebuild of guest RAM itself: a memory table from the fuzzer over real
@@ -17,9 +17,9 @@ use libfuzzer_sys::fuzz_target;
 use qcuda_proto::{Direction, Op, RequestHeader};
 use vhost_cuda::{
     guest_buffer::GuestRam,
-    session_worker::build_request,
+    worker::build_request,
     shared_guest_ram::map_regions,
-    worker_message::{FromWorker, RegionSpec, RunRequest, Span, ToWorker},
+    worker::message::{FromWorker, RegionSpec, RunRequest, Span, ToWorker},
 };
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
@@ -90,10 +90,10 @@ fn check(mem: &Arc<GuestRam>, run: &RunRequest) {
     let Ok(req) = build_request(SESSION, mem, run) else {
         return;
     };
-    assert_eq!(req.header.session, SESSION);
-    assert_eq!(req.op.shape(), (req.inputs.len(), req.outputs.len()));
+    assert_eq!(req.header().session, SESSION);
+    assert_eq!(req.op().shape(), (req.inputs().len(), req.outputs().len()));
     let lists = run.inputs.iter().chain(&run.outputs);
-    for ((buf, desc), spans) in req.inputs.iter().chain(&req.outputs).zip(req.header.buffers()).zip(lists) {
+    for ((buf, desc), spans) in req.inputs().iter().chain(req.outputs()).zip(req.header().buffers()).zip(lists) {
         assert_eq!(buf.len() as u64, desc.len);
         for s in spans {
             assert!(s.len == 0 || in_ram(s.gpa, s.len), "run {s:?} outside guest RAM accepted");
@@ -140,9 +140,9 @@ fuzz_target!(|data: &[u8]| {
             outputs: vec![vec![Span { gpa: r.gpa.wrapping_add(u64_at(rest, 1) % 0x1_0000), len }]],
         };
         if let Ok(req) = build_request(SESSION, &ram, &run) {
-            let mut v = vec![0u8; req.inputs[0].len()];
-            req.inputs[0].read_at(0, &mut v).unwrap();
-            req.outputs[0].write_at(0, &v).unwrap();
+            let mut v = vec![0u8; req.inputs()[0].len()];
+            req.inputs()[0].read_at(0, &mut v).unwrap();
+            req.outputs()[0].write_at(0, &v).unwrap();
         }
         return;
     }

@@ -24,7 +24,7 @@ use thiserror::Error;
 use virtio_queue::desc::split::Descriptor;
 use vm_memory::GuestAddress;
 
-use crate::guest_buffer::{BufferError, GuestBuffer, GuestRam, Request};
+use crate::guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError};
 
 /// Why a chain is not a valid request.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -63,6 +63,9 @@ pub enum ChainError {
     /// A descriptor points outside guest RAM.
     #[error("{0}")]
     Memory(#[from] BufferError),
+    /// The buffers do not match the header (the checks above rule it out).
+    #[error("{0}")]
+    Request(#[from] RequestError),
 }
 
 impl ChainError {
@@ -298,7 +301,7 @@ fn build_request(mem: &Arc<GuestRam>, s: &Streams) -> Result<Request, ChainError
     let mut raw = [0u8; REQUEST_HEADER_SIZE];
     header_buf.read_at(0, &mut raw)?;
     let header = RequestHeader::decode(&raw).map_err(ChainError::Header)?;
-    let op = header.checked_op().map_err(ChainError::Header)?;
+    header.checked_op().map_err(ChainError::Header)?;
 
     // Each buffer is at most MAX_BUFFER_LEN (checked by decode), so the totals cannot overflow.
     let (in_total, out_total) = header.totals();
@@ -328,12 +331,7 @@ fn build_request(mem: &Arc<GuestRam>, s: &Streams) -> Result<Request, ChainError
         };
         list.push(GuestBuffer::new(mem.clone(), cursor.take(desc.len)?)?);
     }
-    Ok(Request {
-        header,
-        op,
-        inputs,
-        outputs,
-    })
+    Ok(Request::new(header, inputs, outputs)?)
 }
 
 #[cfg(test)]
@@ -410,11 +408,11 @@ mod tests {
             wr(DATA + 0x4000, 34),
         ];
         let p = run(&mem, &descs).unwrap();
-        assert_eq!(p.request.op, Op::Echo);
-        assert_eq!(p.request.header.session, 7);
-        assert_eq!(p.request.inputs[0].to_vec().unwrap(), b"0123456789");
-        assert_eq!(p.request.outputs[0].len(), 10);
-        assert_eq!(p.request.outputs[0].runs().len(), 2);
+        assert_eq!(p.request.op(), Op::Echo);
+        assert_eq!(p.request.header().session, 7);
+        assert_eq!(p.request.inputs()[0].to_vec().unwrap(), b"0123456789");
+        assert_eq!(p.request.outputs()[0].len(), 10);
+        assert_eq!(p.request.outputs()[0].runs().len(), 2);
         assert_eq!(p.reply.used_len(), 10 + 64);
         assert_eq!(
             p.reply.write(&ResponseHeader::with_status(status::SUCCESS)),
@@ -440,8 +438,8 @@ mod tests {
             wr(DATA + 0x5000, 64),
         ];
         let p = run(&mem, &descs).unwrap();
-        assert_eq!(p.request.inputs[0].runs().len(), 2);
-        assert_eq!(p.request.outputs[0].runs().len(), 2);
+        assert_eq!(p.request.inputs()[0].runs().len(), 2);
+        assert_eq!(p.request.outputs()[0].runs().len(), 2);
         // The response straddling the end of RAM cannot be written: no reply at all.
         let descs = [
             rd(DATA, REQUEST_HEADER_SIZE as u32 + 0x20),
@@ -459,14 +457,14 @@ mod tests {
         h.args[0] = 1;
         put_header(&mem, DATA, &h);
         let p = run(&mem, &[rd(DATA, 224), wr(DATA + 0x1000, 64)]).unwrap();
-        assert_eq!(p.request.op, Op::Hello);
-        assert!(p.request.inputs.is_empty() && p.request.outputs.is_empty());
+        assert_eq!(p.request.op(), Op::Hello);
+        assert!(p.request.inputs().is_empty() && p.request.outputs().is_empty());
         assert_eq!(p.reply.used_len(), 64);
     }
 
     fn rejected(mem: &Arc<GuestRam>, descs: &[RawDescriptor]) -> Rejected {
         match run(mem, descs) {
-            Ok(p) => panic!("accepted a malformed chain: {:?}", p.request.header),
+            Ok(p) => panic!("accepted a malformed chain: {:?}", p.request.header()),
             Err(r) => r,
         }
     }
@@ -627,8 +625,8 @@ mod tests {
         h.session = 99;
         put_header(&mem, DATA, &h);
         let p = run(&mem, &[rd(DATA, 224), wr(DATA + 0x1000, 64)]).unwrap();
-        assert_eq!(p.request.op, Op::SessionClose);
-        assert_eq!(p.request.header.session, 99);
+        assert_eq!(p.request.op(), Op::SessionClose);
+        assert_eq!(p.request.header().session, 99);
     }
 
     #[test]
@@ -645,6 +643,6 @@ mod tests {
             wr(DATA + 0x2000, 67),
         ];
         let p = run(&mem, &descs).unwrap();
-        assert_eq!(p.request.inputs[0].to_vec().unwrap(), b"abc");
+        assert_eq!(p.request.inputs()[0].to_vec().unwrap(), b"abc");
     }
 }

@@ -105,7 +105,7 @@ impl DeviceOutput {
 
     /// `Op::TakeOutput`: the oldest waiting bytes into out-buffer 0.
     pub fn take(&mut self, req: &Request) -> ResponseHeader {
-        let Some(out) = req.outputs.first() else {
+        let Some(out) = req.outputs().first() else {
             return ResponseHeader::with_status(status::INVALID_VALUE);
         };
         let pending = self.pending();
@@ -160,12 +160,8 @@ mod tests {
     fn take_request(mem: &Arc<GuestRam>, len: usize) -> Request {
         let mut header = RequestHeader::new(Op::TakeOutput);
         header.push_buffer(Direction::Out, len as u64).unwrap();
-        Request {
-            header,
-            op: Op::TakeOutput,
-            inputs: vec![],
-            outputs: vec![GuestBuffer::new(mem.clone(), [(GuestAddress(0x100), len)]).unwrap()],
-        }
+        let out = GuestBuffer::new(mem.clone(), [(GuestAddress(0x100), len)]).unwrap();
+        Request::new(header, vec![], vec![out]).unwrap()
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! The virtio edge (`chain.rs`) turns a descriptor chain into a [`Request`]: a validated
 //! header plus one [`GuestBuffer`] per buffer in the header's table. Everything below the edge
-//! (the session workers and the CUDA executor) sees only these types, never descriptors.
+//! (the session threads, the workers and the CUDA executor) sees only these types, never
+//! descriptors.
 //!
 //! A `GuestBuffer` is a list of guest-physical runs, every one of which was checked to lie
 //! inside one region of guest RAM when the buffer was built, so later accesses cannot leave
@@ -11,7 +12,7 @@
 
 use std::sync::Arc;
 
-use qcuda_proto::{Op, RequestHeader};
+use qcuda_proto::{Direction, Op, RequestHeader, WireError};
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
@@ -260,17 +261,111 @@ impl BufferError {
     }
 }
 
-/// A validated request: its header, its op (known, shape-checked) and its buffers.
+/// Why a header and buffers do not make a [`Request`].
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RequestError {
+    /// The header's op is unknown, or its buffer table does not have the op's shape.
+    #[error("bad request header: {0:?}")]
+    Header(WireError),
+    /// Not one buffer per entry of the header's table, `In` buffers first.
+    #[error(
+        "{inputs} input and {outputs} output buffers for a table of {want_in} and {want_out}, \
+         inputs first"
+    )]
+    Shape {
+        /// Input buffers given.
+        inputs: usize,
+        /// Output buffers given.
+        outputs: usize,
+        /// `In` entries in the header's table.
+        want_in: usize,
+        /// `Out` entries in the header's table.
+        want_out: usize,
+    },
+    /// A buffer is not as long as its entry in the header's table.
+    #[error("buffer {index} is {got} bytes, its table entry says {expected}")]
+    Length {
+        /// The buffer's index in the table.
+        index: usize,
+        /// The table entry's length.
+        expected: u64,
+        /// The buffer's length.
+        got: u64,
+    },
+}
+
+/// A validated request: its header, its op (known, shape-checked) and its buffers, which match
+/// the header's buffer table one for one. Only [`Request::new`] makes one, so every `Request`
+/// holds that.
 #[derive(Debug, Clone)]
 pub struct Request {
+    header: RequestHeader,
+    op: Op,
+    inputs: Vec<GuestBuffer>,
+    outputs: Vec<GuestBuffer>,
+}
+
+impl Request {
+    /// A request of `header` with these buffers: the op must be known and the table must have
+    /// its shape (`RequestHeader::checked_op`), and `inputs` then `outputs` must be the table's
+    /// `In` then `Out` entries, in order, each exactly as long as its entry.
+    pub fn new(
+        header: RequestHeader,
+        inputs: Vec<GuestBuffer>,
+        outputs: Vec<GuestBuffer>,
+    ) -> Result<Self, RequestError> {
+        let op = header.checked_op().map_err(RequestError::Header)?;
+        let table = header.buffers();
+        let (want_in, want_out) = header.counts();
+        let in_first = table
+            .iter()
+            .enumerate()
+            .all(|(i, d)| (d.dir == Direction::In as u32) == (i < want_in));
+        if inputs.len() != want_in || outputs.len() != want_out || !in_first {
+            return Err(RequestError::Shape {
+                inputs: inputs.len(),
+                outputs: outputs.len(),
+                want_in,
+                want_out,
+            });
+        }
+        for (index, (desc, buf)) in table.iter().zip(inputs.iter().chain(&outputs)).enumerate() {
+            let got = buf.len() as u64;
+            if got != desc.len {
+                return Err(RequestError::Length {
+                    index,
+                    expected: desc.len,
+                    got,
+                });
+            }
+        }
+        Ok(Self {
+            header,
+            op,
+            inputs,
+            outputs,
+        })
+    }
+
     /// The decoded header.
-    pub header: RequestHeader,
-    /// The op, already checked against the header's buffer table.
-    pub op: Op,
+    pub fn header(&self) -> &RequestHeader {
+        &self.header
+    }
+
+    /// The op, checked against the header's buffer table.
+    pub fn op(&self) -> Op {
+        self.op
+    }
+
     /// The `In` buffers, in table order.
-    pub inputs: Vec<GuestBuffer>,
+    pub fn inputs(&self) -> &[GuestBuffer] {
+        &self.inputs
+    }
+
     /// The `Out` buffers, in table order.
-    pub outputs: Vec<GuestBuffer>,
+    pub fn outputs(&self) -> &[GuestBuffer] {
+        &self.outputs
+    }
 }
 
 #[cfg(test)]

@@ -2,11 +2,14 @@
 //!
 //! The data path, top to bottom: `main.rs` (command line) → this file (sockets and the
 //! connection lifecycle) → `vhu_cuda.rs` (the vhost-user backend, draining the queue) →
-//! `chain.rs` (descriptor chain → validated [`guest_buffer::Request`]) → `session.rs` (one
+//! `chain.rs` (descriptor chain → validated [`guest_buffer::Request`]) → `session/` (one
 //! thread per guest process) → `transport_ops.rs` (Hello, Echo), the host queries, or the
-//! session's worker process: `worker_process.rs` (the daemon's side) → `worker_message.rs`
-//! (the socket between them) → `session_worker.rs` (the worker: `vhost-cuda --session-worker`,
-//! guest RAM mapped by `shared_guest_ram.rs`) → `cuda/` (every CUDA op).
+//! session's worker process, `worker/`: `handle.rs` (the daemon's side) → `message.rs` (the
+//! socket between them) → `child.rs` (the worker itself: `vhost-cuda --session-worker`, guest
+//! RAM mapped by `shared_guest_ram.rs`) → `cuda/` (every CUDA op).
+//!
+//! Names: a *session* is one guest process (one open file of `/dev/qcuda`); its *session
+//! thread* runs in the daemon; its *worker* is the child process that holds its CUDA state.
 //!
 //! Lifecycle of one socket: bind once, then for each connection a fresh backend and
 //! `VhostUserDaemon`, `start` (accept) and `wait`. A disconnect, clean or not, closes that
@@ -20,14 +23,12 @@ pub mod guest_buffer;
 pub mod host_function_link;
 pub mod limits;
 pub mod session;
-pub mod session_worker;
 pub mod shared_guest_ram;
 pub mod signals;
 pub mod socket;
 pub mod transport_ops;
 pub mod vhu_cuda;
-pub mod worker_message;
-pub mod worker_process;
+pub mod worker;
 
 use std::{
     os::fd::{AsRawFd, RawFd},
@@ -44,8 +45,7 @@ use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::GuestMemoryAtomic;
 
 use crate::{
-    cuda::CudaHost, guest_buffer::GuestRam, vhu_cuda::VhostCudaBackend,
-    worker_process::WorkerCommand,
+    cuda::CudaHost, guest_buffer::GuestRam, vhu_cuda::VhostCudaBackend, worker::WorkerCommand,
 };
 
 /// Most sockets one process serves.
@@ -345,7 +345,7 @@ impl Server {
     }
 }
 
-/// One connection's daemon, ended properly: the vring worker threads are told to exit and
+/// One connection's daemon, ended properly: the vring threads are told to exit and
 /// joined (when the daemon drops), then the backend closes its sessions.
 fn end_connection(daemon: VhostUserDaemon<Arc<VhostCudaBackend>>, backend: &VhostCudaBackend) {
     for handler in daemon.get_epoll_handlers() {

@@ -4,7 +4,7 @@
 //! failure), 2 for an invalid command line or configuration.
 //!
 //! The same binary is also each session's worker process (`--session-worker`, hidden from
-//! `--help`): the daemon starts it that way itself (`vhost_cuda::worker_process`).
+//! `--help`): the daemon starts it that way itself (`vhost_cuda::worker`).
 
 use std::{io::IsTerminal, path::PathBuf, process::exit, time::Duration};
 
@@ -13,8 +13,9 @@ use tracing_subscriber::EnvFilter;
 use vhost_cuda::{
     limits::Limits,
     session::MAX_SESSIONS,
-    session_worker::{self, WorkerConfig},
-    start_backend, Config, Error, Result, MAX_SOCKETS,
+    start_backend,
+    worker::{self, WorkerConfig},
+    Config, Error, Result, MAX_SOCKETS,
 };
 
 /// Longest socket path: sockaddr_un.sun_path holds 108 bytes including the NUL.
@@ -179,7 +180,7 @@ fn session_worker_main(args: Args) -> i32 {
         eprintln!("vhost-cuda: --session-worker needs --session-id");
         return 2;
     };
-    session_worker::run(&WorkerConfig {
+    worker::run(&WorkerConfig {
         session,
         gpu: args.gpu,
         vm: args.vm,

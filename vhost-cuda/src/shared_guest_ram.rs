@@ -1,4 +1,4 @@
-//! Guest RAM shared with the session worker processes.
+//! Guest RAM shared with the worker processes.
 //!
 //! vhost-user hands the daemon guest RAM as file descriptors (QEMU's memfd or hugetlbfs
 //! backend), which vhost-user-backend maps and keeps in each region's [`FileOffset`]. The daemon
@@ -15,7 +15,7 @@ use std::{fs::File, os::fd::AsRawFd, os::fd::RawFd};
 use thiserror::Error;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use crate::{guest_buffer::GuestRam, worker_message::RegionSpec};
+use crate::{guest_buffer::GuestRam, worker::message::RegionSpec};
 
 /// Why a memory table cannot be mapped.
 #[derive(Debug, Error)]
@@ -60,7 +60,7 @@ pub enum MapError {
 }
 
 /// The daemon's map as a region table and the descriptor of each region, in order, for a
-/// [`ToWorker::MemoryTable`](crate::worker_message::ToWorker::MemoryTable).
+/// [`ToWorker::MemoryTable`](crate::worker::message::ToWorker::MemoryTable).
 ///
 /// Regions that are not backed by a file (anonymous memory, which only tests use) cannot be
 /// shared and are left out; their count is the third value. The descriptors belong to `mem` and

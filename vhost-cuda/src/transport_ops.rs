@@ -1,6 +1,6 @@
 //! The ops the backend answers itself, without the CUDA executor: the `Hello` handshake and the
-//! `Echo` transport self-test. (`SessionClose` is handled by the session worker, `session.rs`,
-//! since it ends the worker.)
+//! `Echo` transport self-test. (`SessionClose` is handled by the session thread,
+//! `session/thread.rs`, since it ends the worker.)
 
 use qcuda_proto::{status, Checksum, ResponseHeader, VERSION};
 
@@ -16,7 +16,7 @@ pub const ECHO_CHUNK: usize = 256 * 1024;
 /// the host's values so it can say what it talks to.
 pub fn hello(host: &CudaHost, req: &Request, sessions_open: usize) -> ResponseHeader {
     let mut resp = ResponseHeader::with_status(status::SUCCESS);
-    if req.header.args[0] != u64::from(VERSION) {
+    if req.header().args[0] != u64::from(VERSION) {
         resp.status = status::INSUFFICIENT_DRIVER;
     }
     resp.rets[0] = u64::from(VERSION);
@@ -29,7 +29,7 @@ pub fn hello(host: &CudaHost, req: &Request, sessions_open: usize) -> ResponseHe
 /// `Echo`: copies in-buffer 0 to out-buffer 0 (equal lengths) and returns the checksum of the
 /// bytes read in rets[0].
 pub fn echo(req: &Request) -> ResponseHeader {
-    let (Some(input), Some(output)) = (req.inputs.first(), req.outputs.first()) else {
+    let (Some(input), Some(output)) = (req.inputs().first(), req.outputs().first()) else {
         return ResponseHeader::with_status(status::INVALID_VALUE);
     };
     if input.len() != output.len() {
@@ -76,12 +76,7 @@ mod tests {
         for b in &outputs {
             header.push_buffer(Direction::Out, b.len() as u64).unwrap();
         }
-        Request {
-            header,
-            op,
-            inputs,
-            outputs,
-        }
+        Request::new(header, inputs, outputs).unwrap()
     }
 
     #[test]
@@ -89,11 +84,11 @@ mod tests {
         let len = 3 * ECHO_CHUNK + 17;
         let req = request(Op::Echo, Some((0x10, len)), Some((0x80_0000, len)));
         let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
-        req.inputs[0].write_at(0, &data).unwrap();
+        req.inputs()[0].write_at(0, &data).unwrap();
         let resp = echo(&req);
         assert_eq!(resp.status, status::SUCCESS);
         assert_eq!(resp.rets[0], Checksum::of(&data));
-        assert_eq!(req.outputs[0].to_vec().unwrap(), data);
+        assert_eq!(req.outputs()[0].to_vec().unwrap(), data);
     }
 
     #[test]
@@ -107,15 +102,20 @@ mod tests {
     #[test]
     fn hello_reports_version_and_host() {
         let host = CudaHost::probe();
-        let mut req = request(Op::Hello, None, None);
-        req.header.args[0] = u64::from(VERSION);
-        let resp = hello(&host, &req, 3);
+        let hello_of = |version: u64| {
+            let mut header = *request(Op::Hello, None, None).header();
+            header.args[0] = version;
+            Request::new(header, vec![], vec![]).unwrap()
+        };
+        let resp = hello(&host, &hello_of(u64::from(VERSION)), 3);
         assert_eq!(resp.status, status::SUCCESS);
         assert_eq!(resp.rets[3], 3);
         assert_eq!(resp.rets[0], u64::from(VERSION));
         assert_eq!(resp.rets[1], u64::from(host.gpu_count()));
         assert_eq!(resp.rets[2], u64::from(host.driver_version()));
-        req.header.args[0] = 99;
-        assert_eq!(hello(&host, &req, 1).status, status::INSUFFICIENT_DRIVER);
+        assert_eq!(
+            hello(&host, &hello_of(99), 1).status,
+            status::INSUFFICIENT_DRIVER
+        );
     }
 }

@@ -3,13 +3,13 @@
 //!
 //! This is the only module that knows about vrings. It pops chains from queue 0, has
 //! `chain.rs` parse them, answers malformed ones on the spot and hands the rest to the
-//! [`SessionTable`], whose workers complete them later through a [`VringCompleter`].
+//! [`SessionTable`], whose session threads complete them later through a [`VringCompleter`].
 //! Queue 1 (host-to-guest events) is set up but not used yet: buffers the guest posts there
 //! stay queued.
 //!
 //! The backend implements the `&self` trait with fine-grained state (atomics, the session
 //! table's own lock, the vring's lock), so the vhost-user thread, the vring thread and the
-//! session workers never wait on one big lock. One backend serves one connection; `lib.rs`
+//! session threads never wait on one big lock. One backend serves one connection; `lib.rs`
 //! makes a new one for the next connection.
 
 use std::{
@@ -41,7 +41,7 @@ use crate::{
     cuda::CudaHost,
     guest_buffer::GuestRam,
     session::{ChainCompleter, SessionTable},
-    worker_process::WorkerCommand,
+    worker::WorkerCommand,
 };
 
 /// Guest memory as vhost-user-backend shares it with us (swapped on SET_MEM_TABLE).
@@ -87,7 +87,7 @@ pub fn feature_names(features: u64) -> String {
     }
 }
 
-/// Completes chains on the request vring, from any session worker.
+/// Completes chains on the request vring, from any session thread.
 pub struct VringCompleter {
     vring: Vring,
     /// False once the ring was stopped (GET_VRING_BASE, reset, disconnect): after that the

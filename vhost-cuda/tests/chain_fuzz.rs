@@ -22,7 +22,7 @@ use vhost_cuda::{
     cuda::CudaHost,
     guest_buffer::GuestRam,
     session::{ChainCompleter, SessionTable},
-    worker_process::WorkerCommand,
+    worker::WorkerCommand,
 };
 use virtio_bindings::bindings::virtio_ring::{
     VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
@@ -117,7 +117,7 @@ impl Guest {
             let host = self.mem.get_host_address(GuestAddress(*base)).unwrap();
             // SAFETY: `host` maps the whole region (`copy.len()` bytes) for as long as `mem`
             // lives, and nothing writes guest memory now: the case's only chain has completed
-            // and the session workers are idle, waiting for the next request.
+            // and the workers are idle, waiting for the next request.
             let now = unsafe { std::slice::from_raw_parts(host, copy.len()) };
             if now == copy.as_slice() {
                 continue;

@@ -85,12 +85,7 @@ fn request(op: Op, args: &[u64], inputs: Vec<GuestBuffer>, outputs: Vec<GuestBuf
     for b in &outputs {
         header.push_buffer(Direction::Out, b.len() as u64).unwrap();
     }
-    Request {
-        header,
-        op,
-        inputs,
-        outputs,
-    }
+    Request::new(header, inputs, outputs).unwrap()
 }
 
 #[track_caller]
@@ -146,9 +141,10 @@ fn launch(
     let pack = |a: u32, b: u32| u64::from(a) | (u64::from(b) << 32);
     let args = [func, pack(grid, 1), pack(1, block), pack(1, 1), 0, stream];
     let pb = g.contiguous(params);
-    let mut r = request(Op::LaunchKernel, &args, vec![pb], vec![]);
-    r.header.flags = FLAG_ASYNC;
-    s.execute(&r)
+    let r = request(Op::LaunchKernel, &args, vec![pb], vec![]);
+    let mut header = *r.header();
+    header.flags = FLAG_ASYNC;
+    s.execute(&Request::new(header, r.inputs().to_vec(), vec![]).unwrap())
 }
 
 fn htod(
@@ -215,7 +211,7 @@ fn gpu_flow_through_the_executor() {
     let mut g = Guest::new();
 
     // HostInfo.
-    let mut observer = host.open_session(100);
+    let mut observer = CudaSession::open(&host, 100);
     let out = g.zeroed(GPU_INFO_SIZE * 8, false);
     let rets = ok(observer.execute(&request(Op::HostInfo, &[], vec![], vec![out.clone()])));
     assert_eq!(rets[0], u64::from(host.gpu_count()));
@@ -241,7 +237,7 @@ fn gpu_flow_through_the_executor() {
     );
     let free_before = free_memory(&mut observer);
 
-    let mut s = host.open_session(1);
+    let mut s = CudaSession::open(&host, 1);
 
     // Malloc, copies both ways, on both copy paths.
     let n = 1usize << 20;
@@ -418,8 +414,8 @@ fn gpu_flow_through_the_executor() {
 
     // Observed, not asserted: the contexts of one process share one GPU address space, so a
     // kernel of one session can write memory of another (what only separate processes stop).
-    let mut sa = host.open_session(4);
-    let mut sb = host.open_session(5);
+    let mut sa = CudaSession::open(&host, 4);
+    let mut sb = CudaSession::open(&host, 5);
     let pa = ok(call(&mut sa, Op::Malloc, &[64]))[0];
     ok(call(&mut sa, Op::Memset, &[pa, 1, 64, 0]));
     let mb = load(&mut g, &mut sb, VADD_PTX.as_bytes());
@@ -441,7 +437,7 @@ fn gpu_flow_through_the_executor() {
 
     // Last, because it corrupts CUDA for the whole process: a sticky error. The faulting
     // session, every other session and every later one answer it with RESP_FLAG_STICKY.
-    let mut f = host.open_session(2);
+    let mut f = CudaSession::open(&host, 2);
     let mf = load(&mut g, &mut f, VADD_PTX.as_bytes());
     let (poke, _) = function(&mut g, &mut f, mf, "poke");
     ok(launch(
@@ -466,7 +462,7 @@ fn gpu_flow_through_the_executor() {
     assert_eq!((r.status, r.flags), (sticky, RESP_FLAG_STICKY));
     let r = call(&mut observer, Op::MemGetInfo, &[]);
     assert_eq!((r.status, r.flags), (sticky, RESP_FLAG_STICKY));
-    let mut late = host.open_session(6);
+    let mut late = CudaSession::open(&host, 6);
     let r = call(&mut late, Op::Malloc, &[64]);
     assert_eq!((r.status, r.flags), (sticky, RESP_FLAG_STICKY));
     let r = call(&mut late, Op::DeviceCount, &[]);

@@ -1,5 +1,5 @@
 //! Plays QEMU against the real daemon binary: a vhost-user frontend over memfd guest memory
-//! with a hand-laid split vring, requests through the ring (one in a session worker process,
+//! with a hand-laid split vring, requests through the ring (one in a worker process,
 //! which maps the guest RAM vhost-user handed the daemon), a `DriverReset`, then a disconnect and
 //! a second connection served by the same process on the same socket.
 
@@ -33,7 +33,7 @@ fn frontend_handshake_requests_and_reconnect() {
             "--socket-path",
             socket.to_str().unwrap(),
             "--log-level",
-            "info,vhost_cuda::session_worker=debug",
+            "info,vhost_cuda::worker::child=debug",
         ],
     );
 
@@ -121,7 +121,7 @@ fn frontend_handshake_requests_and_reconnect() {
     assert!(
         daemon.wait_log(
             &format!(
-                "worker{{vm={} session=7}}: vhost_cuda::session_worker: guest RAM mapped: 1 \
+                "worker{{vm={} session=7}}: vhost_cuda::worker::child: guest RAM mapped: 1 \
                  region(s), 16 MiB",
                 socket.display()
             ),

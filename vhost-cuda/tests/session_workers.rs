@@ -31,8 +31,8 @@ use qcuda_proto::{
 };
 use vhost_cuda::{
     guest_buffer::{GuestBuffer, Request},
-    worker_message::{RunRequest, Span, ToWorker},
-    worker_process::{Waited, WorkerCommand, WorkerError, WorkerProcess},
+    worker::message::{RunRequest, Span, ToWorker},
+    worker::{Waited, WorkerCommand, WorkerError, WorkerProcess},
 };
 use vm_memory::{Bytes, GuestAddress};
 
@@ -357,12 +357,7 @@ fn request(
     for b in &outputs {
         h.push_buffer(Direction::Out, b.len() as u64).unwrap();
     }
-    Request {
-        header: h,
-        op,
-        inputs,
-        outputs,
-    }
+    Request::new(h, inputs, outputs).unwrap()
 }
 
 fn answer(w: &mut WorkerProcess) -> ResponseHeader {
@@ -401,7 +396,7 @@ fn the_worker_maps_guest_ram_and_refuses_a_malformed_run_list() {
 
     // Run lists the daemon must never send; the worker refuses each, untouched memory and all.
     let good = RunRequest {
-        header: echo.header.encode(),
+        header: echo.header().encode(),
         inputs: vec![vec![Span {
             gpa: 0x10_0000,
             len: 16,
@@ -411,7 +406,7 @@ fn the_worker_maps_guest_ram_and_refuses_a_malformed_run_list() {
             len: 16,
         }]],
     };
-    let mut h = echo.header;
+    let mut h = *echo.header();
     h.bufs[0].len = 16;
     h.bufs[1].len = 16;
     let good = RunRequest {

@@ -11,7 +11,7 @@
 use tracing::debug;
 use vm_memory::VolatileSlice;
 
-use super::driver::{CuError, CuResult, DriverApi, Raw};
+use super::driver::{CuError, CuResult, DriverApi, Event, Raw, Stream};
 use crate::guest_buffer::{BufferError, GuestBuffer};
 
 /// CU_EVENT_DISABLE_TIMING: the staging events only order, they never time.
@@ -118,7 +118,7 @@ pub(crate) fn plan(runs: &[HostRun], half: usize, direct_min: usize) -> Vec<Step
 pub(crate) struct Staging {
     base: Raw,
     half: usize,
-    events: [Raw; 2],
+    events: [Event; 2],
     pending: [bool; 2],
 }
 
@@ -159,7 +159,7 @@ impl Staging {
     }
 
     /// Marks half `i` busy until the work queued so far on `stream` is done.
-    fn mark(&mut self, drv: &dyn DriverApi, i: usize, stream: Raw) -> CuResult<()> {
+    fn mark(&mut self, drv: &dyn DriverApi, i: usize, stream: Stream) -> CuResult<()> {
         self.pending[i] = true;
         drv.event_record(self.events[i], stream)
     }
@@ -219,7 +219,7 @@ fn device_addr(base: u64, off: u64) -> CuResult<u64> {
 fn finish(
     drv: &dyn DriverApi,
     staging: Option<&mut Staging>,
-    stream: Raw,
+    stream: Stream,
     body: CuResult<()>,
 ) -> CuResult<()> {
     let synced = drv.stream_synchronize(stream);
@@ -239,7 +239,7 @@ pub(crate) fn to_device(
     mut staging: Option<&mut Staging>,
     dst: u64,
     steps: &[Step],
-    stream: Raw,
+    stream: Stream,
 ) -> CuResult<()> {
     let body = (|| {
         let mut next = 0usize;
@@ -282,7 +282,7 @@ pub(crate) fn from_device(
     mut staging: Option<&mut Staging>,
     src: u64,
     steps: &[Step],
-    stream: Raw,
+    stream: Stream,
 ) -> CuResult<()> {
     let body = (|| {
         // The staged step whose DMA is (or was) running in each half, waiting to be scattered.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{
-    fake_driver::FakeDriver,
+    driver::fake::FakeDriver,
     host::{CudaHost, Tuning},
     module_image::ModuleImage,
 };

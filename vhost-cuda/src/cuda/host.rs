@@ -17,7 +17,6 @@ use crate::limits::QuotaSlot;
 use super::{
     driver::{CudaDriver, DriverApi, DriverLoad, NoDriver},
     launch::LaunchLimits,
-    session::CudaSession,
 };
 
 /// Errors of choosing GPUs.
@@ -46,6 +45,11 @@ pub(crate) struct HostGpu {
     pub(crate) limits: LaunchLimits,
 }
 
+/// Most bytes of module images a session may have loaded at once (`Tuning::max_module_bytes`):
+/// the driver keeps what it loads in the worker's memory, so this bounds the host memory one
+/// guest process makes it hold for modules (docs/SECURITY.md).
+pub(crate) const MAX_MODULE_BYTES: u64 = 4 << 30;
+
 /// Knobs of the executor; tests shrink them to reach every code path with small buffers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tuning {
@@ -63,7 +67,7 @@ impl Default for Tuning {
         Self {
             staging_half: 2 << 20,
             direct_min: 256 << 10,
-            max_module_bytes: super::session::MAX_MODULE_BYTES,
+            max_module_bytes: MAX_MODULE_BYTES,
         }
     }
 }
@@ -173,11 +177,6 @@ impl CudaHost {
     /// What the host reports about guest device `ordinal`.
     pub fn gpu_info(&self, ordinal: u32) -> Option<&GpuInfo> {
         self.gpus.get(ordinal as usize).map(|g| &g.info)
-    }
-
-    /// A new, empty session for guest process `id`. Its contexts are created on first use.
-    pub fn open_session(self: &Arc<Self>, id: u64) -> CudaSession {
-        CudaSession::new(Arc::clone(self), id)
     }
 
     /// Makes every device allocation of this process's sessions count against `quota`

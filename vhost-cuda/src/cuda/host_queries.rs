@@ -1,7 +1,7 @@
 //! The ops answered from what the host found at start, with no context and no driver call:
 //! HostInfo, DriverVersion, DeviceCount and DeviceInfo.
 //!
-//! The daemon answers them itself (`session.rs`), so a guest process that only asks which GPUs
+//! The daemon answers them itself (`crate::session`), so a guest process that only asks which GPUs
 //! there are never starts a worker process, and the daemon never creates a CUDA context. A
 //! [`CudaSession`](super::CudaSession) answers them the same way, through the same code.
 
@@ -25,7 +25,7 @@ impl CudaHost {
     /// version (0 without a driver), as the runtime does; DeviceCount and DeviceInfo answer the
     /// unavailable status.
     pub fn answer_query(&self, req: &Request) -> Option<ResponseHeader> {
-        let resp = match req.op {
+        let resp = match req.op() {
             Op::HostInfo => self.host_info(req),
             Op::DriverVersion => Ok(with_rets(&[u64::from(self.driver_version())])),
             Op::DeviceCount => match self.unavailable() {
@@ -43,7 +43,7 @@ impl CudaHost {
 
     /// HostInfo: one `GpuInfo` record per GPU into out-buffer 0, as far as they fit.
     fn host_info(&self, req: &Request) -> Result<ResponseHeader, u32> {
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = out.len() / GPU_INFO_SIZE;
         for (i, gpu) in self.gpus.iter().take(fit).enumerate() {
             out.write_at(i * GPU_INFO_SIZE, &gpu.info.encode())
@@ -59,9 +59,9 @@ impl CudaHost {
     fn device_info(&self, req: &Request) -> Result<ResponseHeader, u32> {
         let gpu = self
             .gpus
-            .get(req.header.device as usize)
+            .get(req.header().device as usize)
             .ok_or(status::INVALID_DEVICE)?;
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         if out.len() < GPU_INFO_SIZE {
             return Err(status::INVALID_VALUE);
         }

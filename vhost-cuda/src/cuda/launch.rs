@@ -11,7 +11,7 @@ use std::ffi::c_void;
 
 use qcuda_proto::{status, ParamInfo, MAX_ARGS};
 
-use super::aligned_bytes::AlignedBytes;
+use super::{aligned_bytes::AlignedBytes, driver::Event};
 
 /// Grid and block dimensions and dynamic shared memory of one launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +134,7 @@ impl DriverLaunchAttr {
     /// are `INVALID_VALUE`.
     pub(crate) fn from_wire(
         a: &qcuda_proto::LaunchAttr,
-        event: impl Fn(u64) -> Option<usize>,
+        event: impl Fn(u64) -> Option<Event>,
     ) -> Result<Self, u32> {
         let mut value = [0u8; 64];
         let mut put = |at: usize, b: &[u8]| value[at..at + b.len()].copy_from_slice(b);
@@ -162,7 +162,7 @@ impl DriverLaunchAttr {
             }
             attr::PROGRAMMATIC_EVENT | attr::LAUNCH_COMPLETION_EVENT => {
                 let e = event(a.w[0]).ok_or(status::INVALID_RESOURCE_HANDLE)?;
-                put(0, &(e as u64).to_le_bytes());
+                put(0, &e.launch_attr_value().to_le_bytes());
                 put(8, &a.v[0].to_le_bytes());
                 if a.id == attr::PROGRAMMATIC_EVENT {
                     put(12, &a.v[1].to_le_bytes());

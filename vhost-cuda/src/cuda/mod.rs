@@ -1,6 +1,6 @@
 //! The CUDA executor: runs qcuda ops on the host GPU through the CUDA driver API.
 //!
-//! Above it, a session's worker process (`crate::session_worker`) hands each validated
+//! Above it, a session's worker process (`crate::worker`) hands each validated
 //! [`Request`](crate::guest_buffer::Request) of its guest process to the [`CudaSession`]; below
 //! it is libcuda, loaded at run time through cudarc. [`CudaHost`] is the process-wide part
 //! (driver, GPU list); the daemon keeps one too, to answer the host queries without a context.
@@ -9,16 +9,15 @@
 //! answered from the GPU list), `session.rs` (per-process state and the op handlers),
 //! `allocations.rs` and `handles.rs` (what a session may touch), `module_image.rs` and
 //! `launch.rs` (checking images and launches), `host_functions.rs` (host functions run by the
-//! guest), `copy.rs` (guest RAM to and from the device), `driver.rs` and `graph_driver.rs` (the
-//! driver calls, behind a trait), `status.rs` (`CUresult` to `cudaError_t`).
+//! guest), `copy.rs` (guest RAM to and from the device), `driver/` (the driver calls behind a
+//! trait, the typed handles only it makes, and the test double), `status.rs` (`CUresult` to
+//! `cudaError_t`).
 //! docs/executor.md describes the design.
 
 mod aligned_bytes;
 mod allocations;
-mod array_driver;
 mod copy;
 mod driver;
-mod graph_driver;
 mod handles;
 mod host;
 pub mod host_functions;
@@ -29,13 +28,6 @@ mod module_image;
 mod session;
 mod status;
 
-// The test double also serves the fuzz targets (fuzz/, feature `fuzzing`), never the binary.
-#[cfg(any(test, feature = "fuzzing"))]
-#[cfg_attr(not(test), allow(dead_code))]
-mod fake_driver;
-#[cfg(any(test, feature = "fuzzing"))]
-#[cfg_attr(not(test), allow(dead_code))]
-mod fake_graphs;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 #[cfg(test)]

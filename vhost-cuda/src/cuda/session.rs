@@ -1,6 +1,6 @@
 //! The CUDA state of one guest process, and the op handlers that act on it.
 //!
-//! A [`CudaSession`] lives in its session's worker process (`crate::session_worker`), alone: the
+//! A [`CudaSession`] lives in its session's worker process (`crate::worker`), alone: the
 //! daemon runs every session's executor in a process of its own. It owns one CUDA context per
 //! device the guest process has used (created on first use, never the shared primary context),
 //! the allocation table of each context, and the session-local handle tables for modules,
@@ -28,7 +28,7 @@ use super::{
     aligned_bytes::AlignedBytes,
     allocations::{AllocationTable, TableError},
     copy::{self, Staging},
-    driver::{CuError, DriverApi, Raw, NULL_STREAM},
+    driver::{Context, CuError, DriverApi, Event, Function, MemPool, Module, Stream, NULL_STREAM},
     handles::{HandleCounter, HandleTable},
     host::CudaHost,
     host_functions::{trampoline, HostFunctions, LinkAttacher},
@@ -49,10 +49,6 @@ const STREAM_ATTRIBUTES: [u32; 5] = [1, 3, 8, 9, 10];
 
 /// Most modules a session may have loaded.
 const MAX_MODULES: usize = 4096;
-/// Most bytes of module images a session may have loaded at once (`Tuning::max_module_bytes`):
-/// the driver keeps what it loads in the worker's memory, so this bounds the host memory one
-/// guest process makes it hold for modules (docs/SECURITY.md).
-pub(crate) const MAX_MODULE_BYTES: u64 = 4 << 30;
 /// Most function handles a session may hold.
 const MAX_FUNCTIONS: usize = 1 << 16;
 /// Most streams a session may hold.
@@ -118,7 +114,7 @@ fn on(dev: usize) -> impl Fn(CuError) -> Fault {
 /// The attribute ops (DeviceAttributes, FuncAttributes): in-buffer 0 holds i32 ids, out-buffer 0
 /// (the same length, at most `MAX_ATTRIBUTES` ids) receives `value(id)` for each.
 fn attribute_table(req: &Request, mut value: impl FnMut(i32) -> Result<i32, Fault>) -> OpResult {
-    let (input, out) = match (req.inputs.first(), req.outputs.first()) {
+    let (input, out) = match (req.inputs().first(), req.outputs().first()) {
         (Some(i), Some(o)) => (i, o),
         _ => return Err(status::INVALID_VALUE.into()),
     };
@@ -202,7 +198,7 @@ fn launch_attrs(
 /// The CUDA context of a session on one device, with what lives in it.
 #[derive(Debug)]
 struct DeviceContext {
-    ctx: Raw,
+    ctx: Context,
     memory: AllocationTable,
     staging: StagingState,
     /// The session's handle of the device's default memory pool, once asked for.
@@ -222,8 +218,8 @@ enum StagingState {
 #[derive(Debug)]
 struct ModuleEntry {
     dev: usize,
-    raw: Raw,
-    /// Length of its image (counted against [`MAX_MODULE_BYTES`]).
+    raw: Module,
+    /// Length of its image (counted against [`MAX_MODULE_BYTES`](super::host::MAX_MODULE_BYTES)).
     bytes: u64,
 }
 
@@ -231,20 +227,20 @@ struct ModuleEntry {
 struct FunctionEntry {
     dev: usize,
     module: u64,
-    raw: Raw,
+    raw: Function,
     layout: ParamLayout,
 }
 
 #[derive(Debug)]
 struct StreamEntry {
     dev: usize,
-    raw: Raw,
+    raw: Stream,
 }
 
 #[derive(Debug)]
 struct PoolEntry {
     dev: usize,
-    raw: Raw,
+    raw: MemPool,
     /// The device's default pool (never destroyed by the session).
     default: bool,
 }
@@ -252,11 +248,11 @@ struct PoolEntry {
 #[derive(Debug)]
 struct EventEntry {
     dev: usize,
-    raw: Raw,
+    raw: Event,
 }
 
 /// The CUDA state of one guest process: contexts, allocations, modules, functions, streams
-/// and events. Runs on one worker thread at a time (it is `Send`, not `Sync`).
+/// and events. Runs on one thread at a time (it is `Send`, not `Sync`).
 pub struct CudaSession {
     host: Arc<CudaHost>,
     drv: Arc<dyn DriverApi>,
@@ -298,7 +294,10 @@ impl std::fmt::Debug for CudaSession {
 }
 
 impl CudaSession {
-    pub(crate) fn new(host: Arc<CudaHost>, id: u64) -> Self {
+    /// A new, empty session of `host` for guest process `id`. Its contexts are created on
+    /// first use.
+    pub fn open(host: &Arc<CudaHost>, id: u64) -> Self {
+        let host = Arc::clone(host);
         let drv = Arc::clone(&host.driver);
         let devices = host.gpus.iter().map(|_| None).collect();
         Self {
@@ -336,7 +335,7 @@ impl CudaSession {
             Ok(r) => r,
             Err(Fault::Status(s)) => ResponseHeader::with_status(s),
             Err(Fault::Driver { dev, err }) => {
-                ResponseHeader::with_status(self.driver_failed(req.op, dev, err))
+                ResponseHeader::with_status(self.driver_failed(req.op(), dev, err))
             }
         };
         if self.host.sticky_error().is_some() {
@@ -358,13 +357,13 @@ impl CudaSession {
     }
 
     fn dispatch(&mut self, req: &Request) -> OpResult {
-        let args = &req.header.args;
+        let args = &req.header().args;
         if let Some(resp) = self.host.answer_query(req) {
             return Ok(resp);
         }
-        match req.op {
+        match req.op() {
             Op::Hello | Op::Echo | Op::SessionClose | Op::DriverReset => {
-                debug!(session = self.id, op = ?req.op, "transport op reached the executor");
+                debug!(session = self.id, op = ?req.op(), "transport op reached the executor");
                 return Err(status::NOT_SUPPORTED.into());
             }
             _ => {}
@@ -372,7 +371,7 @@ impl CudaSession {
         if let Some(s) = self.host.unavailable() {
             return Err(s.into());
         }
-        match req.op {
+        match req.op() {
             Op::DeviceAttributes => self.device_attributes(req),
             Op::DeviceSynchronize => self.device_synchronize(req),
             Op::DeviceReset => {
@@ -577,7 +576,7 @@ impl CudaSession {
 
     /// The guest device ordinal of the request, checked.
     fn device(&self, req: &Request) -> Result<usize, Fault> {
-        let dev = req.header.device as usize;
+        let dev = req.header().device as usize;
         if dev < self.devices.len() {
             Ok(dev)
         } else {
@@ -673,7 +672,7 @@ impl CudaSession {
     /// `cuCtxDestroy` frees the context's allocations, pinned staging memory, modules, streams
     /// and events, and waits for the kernels still running in the process. The session is alone
     /// in its worker process, so that wait stalls no other session; a daemon ending the session
-    /// does not wait for it beyond a bound, it kills the worker (`worker_process.rs`).
+    /// does not wait for it beyond a bound, it kills the worker (`crate::worker`).
     fn teardown(&mut self, dev: usize) {
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {
@@ -764,7 +763,7 @@ impl CudaSession {
     /// `PeerAccess`: the context on the request's device gains or loses access to the
     /// session's context on device args[0] (created if needed).
     fn peer_access(&mut self, req: &Request) -> OpResult {
-        let [peer, enable, flags, ..] = req.header.args;
+        let [peer, enable, flags, ..] = req.header().args;
         let dev = self.device(req)?;
         self.gpu_of(peer)?;
         let peer = peer as usize;
@@ -791,7 +790,7 @@ impl CudaSession {
     /// `MemcpyPeer`: both ranges checked on their own devices; `cuMemcpyPeerAsync` on the
     /// stream of the request's device.
     fn memcpy_peer(&mut self, req: &Request) -> OpResult {
-        let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header.args;
+        let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header().args;
         let dev = self.device(req)?;
         self.gpu_of(dst_dev)?;
         self.gpu_of(src_dev)?;
@@ -808,7 +807,7 @@ impl CudaSession {
         self.drv
             .memcpy_peer(dst, dst_ctx, src, src_ctx, to_usize(size)?, stream)
             .map_err(on(dev))?;
-        if req.header.flags & FLAG_ASYNC == 0 {
+        if req.header().flags & FLAG_ASYNC == 0 {
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
         ok()
@@ -842,7 +841,7 @@ impl CudaSession {
     }
 
     /// A pool of the session, the context of its device bound.
-    fn pool(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn pool(&mut self, handle: u64) -> Result<(usize, MemPool), Fault> {
         let (dev, raw) = match self.pools.get(handle) {
             Some(p) => (p.dev, p.raw),
             None => return Err(status::INVALID_VALUE.into()),
@@ -853,7 +852,7 @@ impl CudaSession {
 
     fn device_set_mem_pool(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (pool_dev, raw, default) = match self.pools.get(handle) {
             Some(p) => (p.dev, p.raw, p.default),
             None => return Err(status::INVALID_VALUE.into()),
@@ -870,7 +869,7 @@ impl CudaSession {
 
     fn mem_pool_create(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let max_size = to_usize(req.header.args[0])?;
+        let max_size = to_usize(req.header().args[0])?;
         let gpu = self.gpu_of(dev as u64)?;
         if !self.pools.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
@@ -911,13 +910,13 @@ impl CudaSession {
     }
 
     fn mem_pool_attribute(&mut self, req: &Request) -> OpResult {
-        let [handle, attr, value, ..] = req.header.args;
+        let [handle, attr, value, ..] = req.header().args;
         if !POOL_ATTRS.contains(&attr) {
             return Err(status::INVALID_VALUE.into());
         }
         let (dev, raw) = self.pool(handle)?;
         let attr = attr as u32;
-        if req.op == Op::MemPoolGetAttribute {
+        if req.op() == Op::MemPoolGetAttribute {
             let v = self
                 .drv
                 .mem_pool_get_attribute(raw, attr)
@@ -938,8 +937,8 @@ impl CudaSession {
     }
 
     fn mem_pool_set_access(&mut self, req: &Request) -> OpResult {
-        let (dev, raw) = self.pool(req.header.args[0])?;
-        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let (dev, raw) = self.pool(req.header().args[0])?;
+        let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         if !buf.len().is_multiple_of(8) || buf.len() / 8 > MAX_POOL_ACCESS {
             return Err(status::INVALID_VALUE.into());
         }
@@ -965,7 +964,7 @@ impl CudaSession {
     /// `MallocAsync`: from the named pool, or the current pool of the stream's device. The
     /// allocation joins the table of the pool's device.
     fn malloc_async(&mut self, req: &Request) -> OpResult {
-        let [size, stream, pool, ..] = req.header.args;
+        let [size, stream, pool, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         let (mem_dev, pool_raw) = if pool == 0 {
@@ -1016,7 +1015,7 @@ impl CudaSession {
 
     /// `FreeAsync`: an allocation of the session on any device, freed in the stream's order.
     fn free_async(&mut self, req: &Request) -> OpResult {
-        let [ptr, stream, ..] = req.header.args;
+        let [ptr, stream, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if ptr == 0 {
@@ -1046,13 +1045,13 @@ impl CudaSession {
 
     /// `DeviceGetLimit` / `DeviceSetLimit`: `cuCtxGetLimit`/`SetLimit` in the session's context.
     fn limit(&mut self, req: &Request) -> OpResult {
-        let [limit, value, ..] = req.header.args;
+        let [limit, value, ..] = req.header().args;
         let limit = u32::try_from(limit)
             .ok()
             .filter(|l| *l <= 6)
             .ok_or(status::UNSUPPORTED_LIMIT)?;
         let dev = self.bind_new(req)?;
-        if req.op == Op::DeviceSetLimit {
+        if req.op() == Op::DeviceSetLimit {
             self.drv
                 .ctx_set_limit(limit, to_usize(value)?)
                 .map_err(on(dev))?;
@@ -1066,7 +1065,7 @@ impl CudaSession {
 
     /// The stream for handle `handle` on `dev`: 0 is the legacy stream; others must be
     /// streams of this session on the same device.
-    fn stream_on(&self, handle: u64, dev: usize) -> Result<Raw, Fault> {
+    fn stream_on(&self, handle: u64, dev: usize) -> Result<Stream, Fault> {
         if handle == 0 {
             return Ok(NULL_STREAM);
         }
@@ -1078,7 +1077,7 @@ impl CudaSession {
 
     fn malloc(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let size = req.header.args[0];
+        let size = req.header().args[0];
         if size == 0 {
             // cudaMalloc(&p, 0) succeeds with a NULL pointer.
             return ok_rets(&[0]);
@@ -1111,7 +1110,7 @@ impl CudaSession {
 
     fn free(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let ptr = req.header.args[0];
+        let ptr = req.header().args[0];
         if ptr == 0 {
             return ok();
         }
@@ -1155,7 +1154,7 @@ impl CudaSession {
             return ok();
         };
         self.drv.memcpy(dst, src, size, stream).map_err(on(dev))?;
-        if req.header.flags & FLAG_ASYNC == 0 && !self.is_capturing(stream) {
+        if req.header().flags & FLAG_ASYNC == 0 && !self.is_capturing(stream) {
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
         ok()
@@ -1164,11 +1163,11 @@ impl CudaSession {
     /// `HostMap` (from qcuda.ko only): maps the guest runs of in-buffer 0 at guest address
     /// args[0] (args[1] bytes) and registers them in the context of the request's device.
     fn host_map(&mut self, req: &Request) -> OpResult {
-        let [guest, len, flags, ..] = req.header.args;
+        let [guest, len, flags, ..] = req.header().args;
         if flags & !HOST_MAP_FLAGS != 0 {
             return Err(status::INVALID_VALUE.into());
         }
-        let table = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let table = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         host_mappings::check_range(guest, len).map_err(map_status)?;
         let bytes = table.to_vec().map_err(|_| status::INVALID_VALUE)?;
         let runs = host_mappings::decode_runs(&bytes, len).map_err(map_status)?;
@@ -1202,7 +1201,7 @@ impl CudaSession {
     /// `HostUnmap` (from qcuda.ko only): waits for the device's work (as `cudaFreeHost` and
     /// `cudaHostUnregister` do), unregisters and unmaps. The pages stay the guest's.
     fn host_unmap(&mut self, req: &Request) -> OpResult {
-        let guest = req.header.args[0];
+        let guest = req.header().args[0];
         let drv = Arc::clone(&self.drv);
         let devices: Vec<usize> = (0..self.devices.len()).collect();
         // Work still queued may read or write the memory: let it finish first. A failed or
@@ -1214,7 +1213,7 @@ impl CudaSession {
                 }
             }
         }
-        let dev_ctx: Vec<Option<Raw>> = self
+        let dev_ctx: Vec<Option<Context>> = self
             .devices
             .iter()
             .map(|d| d.as_ref().map(|c| c.ctx))
@@ -1264,7 +1263,7 @@ impl CudaSession {
         ptr: u64,
         stream: u64,
         buf: &GuestBuffer,
-    ) -> Result<Option<(usize, Raw, Vec<copy::Step>)>, Fault> {
+    ) -> Result<Option<(usize, Stream, Vec<copy::Step>)>, Fault> {
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if buf.is_empty() {
@@ -1286,9 +1285,10 @@ impl CudaSession {
     }
 
     fn memcpy_htod(&mut self, req: &Request) -> OpResult {
-        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
-        let dst = req.header.args[0];
-        let Some((dev, stream, steps)) = self.copy_setup(req, dst, req.header.args[1], buf)? else {
+        let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
+        let dst = req.header().args[0];
+        let Some((dev, stream, steps)) = self.copy_setup(req, dst, req.header().args[1], buf)?
+        else {
             return ok();
         };
         let drv = Arc::clone(&self.drv);
@@ -1302,9 +1302,10 @@ impl CudaSession {
     }
 
     fn memcpy_dtoh(&mut self, req: &Request) -> OpResult {
-        let buf = req.outputs.first().ok_or(status::INVALID_VALUE)?;
-        let src = req.header.args[0];
-        let Some((dev, stream, steps)) = self.copy_setup(req, src, req.header.args[1], buf)? else {
+        let buf = req.outputs().first().ok_or(status::INVALID_VALUE)?;
+        let src = req.header().args[0];
+        let Some((dev, stream, steps)) = self.copy_setup(req, src, req.header().args[1], buf)?
+        else {
             return ok();
         };
         let drv = Arc::clone(&self.drv);
@@ -1332,8 +1333,8 @@ impl CudaSession {
     fn device_copy_setup(
         &mut self,
         req: &Request,
-    ) -> Result<Option<(usize, Raw, DeviceCopy)>, Fault> {
-        let [dst, src, size, stream, ..] = req.header.args;
+    ) -> Result<Option<(usize, Stream, DeviceCopy)>, Fault> {
+        let [dst, src, size, stream, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if size == 0 {
@@ -1345,7 +1346,7 @@ impl CudaSession {
     }
 
     fn memset(&mut self, req: &Request) -> OpResult {
-        let [dst, value, size, stream, ..] = req.header.args;
+        let [dst, value, size, stream, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if size == 0 {
@@ -1362,7 +1363,7 @@ impl CudaSession {
     // ----- modules and launches -----------------------------------------------------------
 
     fn module_load(&mut self, req: &Request) -> OpResult {
-        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         let dev = self.bind_new(req)?;
         let image = ModuleImage::from_guest(buf)?;
         let loaded: u64 = self.modules.values().map(|m| m.bytes).sum();
@@ -1397,13 +1398,13 @@ impl CudaSession {
     }
 
     fn module_get_function(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (dev, module) = match self.modules.get(handle) {
             Some(m) => (m.dev, m.raw),
             None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
         };
-        let name = symbol_name(req.inputs.first().ok_or(status::INVALID_VALUE)?)?;
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let name = symbol_name(req.inputs().first().ok_or(status::INVALID_VALUE)?)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         self.bind(dev)?;
         let raw = self.drv.module_function(module, &name).map_err(on(dev))?;
         let (fh, layout) = match self.functions.find(|f| f.module == handle && f.raw == raw) {
@@ -1437,7 +1438,7 @@ impl CudaSession {
     }
 
     /// Asks the driver where each parameter of `func` sits, until it says there is no more.
-    fn param_layout(&self, dev: usize, func: Raw) -> Result<ParamLayout, Fault> {
+    fn param_layout(&self, dev: usize, func: Function) -> Result<ParamLayout, Fault> {
         let mut pairs = Vec::new();
         let mut loaded = false;
         while pairs.len() < MAX_PARAMS {
@@ -1462,12 +1463,12 @@ impl CudaSession {
     }
 
     fn module_get_global(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (dev, module) = match self.modules.get(handle) {
             Some(m) => (m.dev, m.raw),
             None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
         };
-        let name = symbol_name(req.inputs.first().ok_or(status::INVALID_VALUE)?)?;
+        let name = symbol_name(req.inputs().first().ok_or(status::INVALID_VALUE)?)?;
         self.bind(dev)?;
         let (ptr, size) = self.drv.module_global(module, &name).map_err(on(dev))?;
         if size > 0 {
@@ -1485,7 +1486,7 @@ impl CudaSession {
     }
 
     fn launch_kernel(&mut self, req: &Request) -> OpResult {
-        let args = &req.header.args;
+        let args = &req.header().args;
         let (dev, raw, layout) = match self.functions.get(args[0]) {
             Some(f) => (f.dev, f.raw, f.layout.clone()),
             None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
@@ -1500,7 +1501,7 @@ impl CudaSession {
             .limits;
         cfg.check(&limits)?;
         let stream = self.stream_on(args[5], dev)?;
-        let block_buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let block_buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         if block_buf.len() < layout.block_len() {
             return Err(status::INVALID_VALUE.into());
         }
@@ -1512,11 +1513,11 @@ impl CudaSession {
         // SAFETY: `params` holds one pointer per kernel parameter (the driver's own layout for
         // this function), each into `block`, which is at least `block_len` long and outlives
         // the call; the driver copies the values before returning.
-        if req.op == Op::LaunchKernelEx {
+        if req.op() == Op::LaunchKernelEx {
             if args[6] != 0 {
                 return Err(status::INVALID_VALUE.into());
             }
-            let buf = req.inputs.get(1).ok_or(status::INVALID_VALUE)?;
+            let buf = req.inputs().get(1).ok_or(status::INVALID_VALUE)?;
             let attrs = launch_attrs(buf, &self.events, dev)?;
             // SAFETY: as above; `attrs` outlive the call.
             unsafe { self.drv.launch_ex(raw, &cfg, stream, &mut params, &attrs) }
@@ -1537,7 +1538,7 @@ impl CudaSession {
     }
 
     /// A function of the session, its context bound.
-    fn function(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn function(&mut self, handle: u64) -> Result<(usize, Function), Fault> {
         let (dev, raw) = match self.functions.get(handle) {
             Some(f) => (f.dev, f.raw),
             None => return Err(status::INVALID_DEVICE_FUNCTION.into()),
@@ -1547,7 +1548,7 @@ impl CudaSession {
     }
 
     fn func_attributes(&mut self, req: &Request) -> OpResult {
-        let (dev, raw) = self.function(req.header.args[0])?;
+        let (dev, raw) = self.function(req.header().args[0])?;
         let drv = Arc::clone(&self.drv);
         attribute_table(req, |attr| drv.func_attribute(raw, attr).map_err(on(dev)))
     }
@@ -1564,7 +1565,7 @@ impl CudaSession {
 
     /// `OccupancyCluster`: cluster occupancy of a launch configuration with attributes.
     fn occupancy_cluster(&mut self, req: &Request) -> OpResult {
-        let args = &req.header.args;
+        let args = &req.header().args;
         let (dev, raw) = self.function(args[0])?;
         let cfg = LaunchConfig::decode(args)?;
         let active = match args[6] {
@@ -1572,7 +1573,7 @@ impl CudaSession {
             1 => true,
             _ => return Err(status::INVALID_VALUE.into()),
         };
-        let buf = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         let attrs = launch_attrs(buf, &self.events, dev)?;
         let n = self
             .drv
@@ -1598,11 +1599,11 @@ impl CudaSession {
     // ----- streams and events -------------------------------------------------------------
 
     fn stream_create(&mut self, req: &Request) -> OpResult {
-        let flags = req.header.args[0];
+        let flags = req.header().args[0];
         if flags & !STREAM_NON_BLOCKING != 0 {
             return Err(status::INVALID_VALUE.into());
         }
-        let prio = priority(req.header.args[1])?;
+        let prio = priority(req.header().args[1])?;
         let dev = self.bind_new(req)?;
         if !self.streams.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
@@ -1640,7 +1641,7 @@ impl CudaSession {
     /// StreamSynchronize and StreamQuery. Handle 0 is the legacy stream of the request's
     /// device.
     fn stream_wait(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (dev, raw) = if handle == 0 {
             let dev = self.device(req)?;
             if !self.bind_existing(dev)? {
@@ -1655,7 +1656,7 @@ impl CudaSession {
             self.bind(dev)?;
             (dev, raw)
         };
-        if req.op == Op::StreamQuery {
+        if req.op() == Op::StreamQuery {
             self.drv.stream_query(raw).map_err(on(dev))?;
         } else {
             self.drv.stream_synchronize(raw).map_err(on(dev))?;
@@ -1663,7 +1664,7 @@ impl CudaSession {
         ok()
     }
 
-    fn event(&self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn event(&self, handle: u64) -> Result<(usize, Event), Fault> {
         self.events
             .get(handle)
             .map(|e| (e.dev, e.raw))
@@ -1684,7 +1685,7 @@ impl CudaSession {
     }
 
     fn event_create(&mut self, req: &Request) -> OpResult {
-        let flags = req.header.args[0];
+        let flags = req.header().args[0];
         if flags & !EVENT_FLAGS != 0 {
             return Err(status::INVALID_VALUE.into());
         }
@@ -1719,9 +1720,9 @@ impl CudaSession {
 
     /// EventSynchronize and EventQuery.
     fn event_wait(&mut self, req: &Request) -> OpResult {
-        let (dev, event) = self.event(req.header.args[0])?;
+        let (dev, event) = self.event(req.header().args[0])?;
         self.bind(dev)?;
-        if req.op == Op::EventQuery {
+        if req.op() == Op::EventQuery {
             self.drv.event_query(event).map_err(on(dev))?;
         } else {
             self.drv.event_synchronize(event).map_err(on(dev))?;
@@ -1733,9 +1734,9 @@ impl CudaSession {
     /// read from a private copy of the buffer, so their shape cannot change while they run;
     /// in-data is read from guest memory as a single request's would be.
     fn batch(&mut self, req: &Request) -> OpResult {
-        let input = req.inputs.first().ok_or(status::INVALID_VALUE)?;
+        let input = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         let bytes = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
-        let count = req.header.args[0];
+        let count = req.header().args[0];
         let mut at = 0usize;
         let mut first_failure = status::SUCCESS;
         for _ in 0..count {
@@ -1758,7 +1759,7 @@ impl CudaSession {
             }
             let mut header = RequestHeader::new(op);
             header.flags = FLAG_ASYNC;
-            header.session = req.header.session;
+            header.session = req.header().session;
             header.device = rec.device;
             header.args = rec.args;
             let mut inputs = Vec::new();
@@ -1772,12 +1773,9 @@ impl CudaSession {
                         .map_err(|_| status::INVALID_VALUE)?,
                 );
             }
-            let sub = Request {
-                header,
-                op,
-                inputs,
-                outputs: Vec::new(),
-            };
+            // Batchable ops take at most one In buffer and no Out buffer, so this holds.
+            let sub =
+                Request::new(header, inputs, Vec::new()).map_err(|_| status::INVALID_VALUE)?;
             let resp = self.execute(&sub);
             if resp.status != status::SUCCESS && first_failure == status::SUCCESS {
                 first_failure = resp.status;
@@ -1798,7 +1796,7 @@ impl CudaSession {
     /// laid out by the launch-attribute rules (`launch.rs`).
     fn stream_set_attribute(&mut self, req: &Request) -> OpResult {
         let bytes = req
-            .inputs
+            .inputs()
             .first()
             .ok_or(status::INVALID_VALUE)?
             .to_vec()
@@ -1808,7 +1806,7 @@ impl CudaSession {
             return Err(status::INVALID_VALUE.into());
         }
         let dev = self.bind_new(req)?;
-        let stream = self.stream_on(req.header.args[0], dev)?;
+        let stream = self.stream_on(req.header().args[0], dev)?;
         let value = DriverLaunchAttr::from_wire(&a, |_| None)?.value;
         self.drv
             .stream_set_attribute(stream, a.id, &value)
@@ -1818,13 +1816,13 @@ impl CudaSession {
 
     /// StreamGetAttribute: the value back as a wire record.
     fn stream_get_attribute(&mut self, req: &Request) -> OpResult {
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
-        let id = u32::try_from(req.header.args[1]).map_err(|_| status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
+        let id = u32::try_from(req.header().args[1]).map_err(|_| status::INVALID_VALUE)?;
         if !STREAM_ATTRIBUTES.contains(&id) || out.len() < LAUNCH_ATTR_SIZE {
             return Err(status::INVALID_VALUE.into());
         }
         let dev = self.bind_new(req)?;
-        let stream = self.stream_on(req.header.args[0], dev)?;
+        let stream = self.stream_on(req.header().args[0], dev)?;
         let v = self.drv.stream_get_attribute(stream, id).map_err(on(dev))?;
         let u32_at = |at: usize| u32::from_le_bytes([v[at], v[at + 1], v[at + 2], v[at + 3]]);
         let u64_at = |at: usize| u64::from(u32_at(at)) | u64::from(u32_at(at + 4)) << 32;
@@ -1848,12 +1846,12 @@ impl CudaSession {
     /// LaunchHostFunc: the guest's function runs in the guest when the stream reaches it (see
     /// host_functions.rs).
     fn launch_host_func(&mut self, req: &Request) -> OpResult {
-        let key = req.header.args[1];
+        let key = req.header().args[1];
         if key == 0 {
             return Err(status::INVALID_VALUE.into());
         }
         let dev = self.bind_new(req)?;
-        let stream = self.stream_on(req.header.args[0], dev)?;
+        let stream = self.stream_on(req.header().args[0], dev)?;
         if !self.host_functions.linked() {
             warn!(
                 session = self.id,

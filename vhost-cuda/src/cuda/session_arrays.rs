@@ -17,10 +17,10 @@ use qcuda_proto::{
 
 use super::{
     super::{
-        array_driver::{
+        driver::array::{
             format_bytes, ArrayDesc, Copy3DParams, CopySide, Mem, Resource, TexParams, ViewParams,
         },
-        driver::Raw,
+        driver::array::{Array, MipmappedArray},
         handles::HandleTable,
     },
     ok, ok_rets, on, to_usize, CudaSession, Fault, OpResult,
@@ -44,7 +44,7 @@ const MAX_VIEW_FORMAT: u64 = 0x22;
 #[derive(Debug)]
 struct ArrayEntry {
     dev: usize,
-    raw: Raw,
+    raw: Array,
     desc: ArrayDesc,
     /// The mipmapped array a level array belongs to.
     owner: Option<u64>,
@@ -53,7 +53,7 @@ struct ArrayEntry {
 #[derive(Debug)]
 struct MipmappedEntry {
     dev: usize,
-    raw: Raw,
+    raw: MipmappedArray,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -122,7 +122,7 @@ fn word_f32(words: &[u64], i: usize) -> Result<f32, Fault> {
 impl CudaSession {
     /// `MallocPitch`: cuMemAllocPitch; the whole pitch × rows becomes an allocation.
     pub(super) fn malloc_pitch(&mut self, req: &Request) -> OpResult {
-        let [width, rows, ..] = req.header.args;
+        let [width, rows, ..] = req.header().args;
         let dev = self.bind_new(req)?;
         if width == 0 || rows == 0 {
             return ok_rets(&[0, 0]);
@@ -152,7 +152,7 @@ impl CudaSession {
 
     /// `Memset3D`: cuMemsetD2D8 over each slice (one call when the slices are contiguous).
     pub(super) fn memset_3d(&mut self, req: &Request) -> OpResult {
-        let [ptr, pitch, value, width, height, depth, rows, stream] = req.header.args;
+        let [ptr, pitch, value, width, height, depth, rows, stream] = req.header().args;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
         if width == 0 || height == 0 || depth == 0 {
@@ -268,16 +268,16 @@ impl CudaSession {
 
     /// `Memcpy3D`, `Memcpy3DHtoD`, `Memcpy3DDtoH`.
     pub(super) fn memcpy_3d(&mut self, req: &Request) -> OpResult {
-        let desc = req.inputs.first().ok_or_else(invalid)?;
+        let desc = req.inputs().first().ok_or_else(invalid)?;
         if desc.len() != qcuda_proto::COPY3D_SIZE {
             return Err(invalid());
         }
         let bytes = desc.to_vec().map_err(|_| invalid())?;
         let c = Copy3D::decode(&bytes).map_err(|_| invalid())?;
         let dev = self.bind_new(req)?;
-        let stream = self.stream_on(req.header.args[0], dev)?;
+        let stream = self.stream_on(req.header().args[0], dev)?;
         let (src_wire, dst_wire) = (c.src.kind == COPY_WIRE, c.dst.kind == COPY_WIRE);
-        let shape_ok = match req.op {
+        let shape_ok = match req.op() {
             qcuda_proto::Op::Memcpy3DHtoD => src_wire && !dst_wire,
             qcuda_proto::Op::Memcpy3DDtoH => dst_wire && !src_wire,
             _ => !src_wire && !dst_wire,
@@ -287,9 +287,9 @@ impl CudaSession {
         }
         let extent = [c.width, c.height, c.depth];
         let packed = c.packed_len().ok_or_else(invalid)?;
-        let wire_buf = match req.op {
-            qcuda_proto::Op::Memcpy3DHtoD => req.inputs.get(1),
-            qcuda_proto::Op::Memcpy3DDtoH => req.outputs.first(),
+        let wire_buf = match req.op() {
+            qcuda_proto::Op::Memcpy3DHtoD => req.inputs().get(1),
+            qcuda_proto::Op::Memcpy3DDtoH => req.outputs().first(),
             _ => None,
         };
         if wire_buf.is_some_and(|b| b.len() as u64 != packed) {
@@ -298,7 +298,7 @@ impl CudaSession {
         if packed == 0 {
             return ok();
         }
-        let mut staging = match (req.op, wire_buf) {
+        let mut staging = match (req.op(), wire_buf) {
             (qcuda_proto::Op::Memcpy3DHtoD, Some(b)) => b.to_vec().map_err(|_| invalid())?,
             (qcuda_proto::Op::Memcpy3DDtoH, Some(_)) => vec![0u8; to_usize(packed)?],
             _ => Vec::new(),
@@ -312,10 +312,10 @@ impl CudaSession {
         // SAFETY: the only host side is `staging`, packed bytes of exactly the extent, which
         // lives until after the stream is synchronised below.
         unsafe { self.drv.memcpy_3d(&p, stream) }.map_err(on(dev))?;
-        if wire.is_some() || req.header.flags & FLAG_ASYNC == 0 {
+        if wire.is_some() || req.header().flags & FLAG_ASYNC == 0 {
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
-        if let (qcuda_proto::Op::Memcpy3DDtoH, Some(out)) = (req.op, wire_buf) {
+        if let (qcuda_proto::Op::Memcpy3DDtoH, Some(out)) = (req.op(), wire_buf) {
             out.write_at(0, &staging).map_err(|_| invalid())?;
         }
         ok()
@@ -323,7 +323,7 @@ impl CudaSession {
 
     /// `ArrayCreate`: an array or a mipmapped array.
     pub(super) fn array_create(&mut self, req: &Request) -> OpResult {
-        let [w, h, d, format, channels, flags, levels, _] = req.header.args;
+        let [w, h, d, format, channels, flags, levels, _] = req.header().args;
         let format = u32::try_from(format).map_err(|_| invalid())?;
         if format_bytes(format) == 0 || ![1, 2, 4].contains(&channels) || flags & !ARRAY_FLAGS != 0
         {
@@ -376,7 +376,7 @@ impl CudaSession {
 
     /// `ArrayDestroy`. A level array goes only with its mipmapped array.
     pub(super) fn array_destroy(&mut self, req: &Request) -> OpResult {
-        let [handle, kind, ..] = req.header.args;
+        let [handle, kind, ..] = req.header().args;
         match kind {
             0 => {
                 let (dev, raw, owned) = match self.arrays.arrays.get(handle) {
@@ -409,7 +409,7 @@ impl CudaSession {
 
     /// `MipmappedArrayLevel`: one handle per level, made on first request.
     pub(super) fn mipmapped_level(&mut self, req: &Request) -> OpResult {
-        let [handle, level, ..] = req.header.args;
+        let [handle, level, ..] = req.header().args;
         let (dev, raw) = match self.arrays.mipmapped.get(handle) {
             Some(m) => (m.dev, m.raw),
             None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
@@ -444,7 +444,7 @@ impl CudaSession {
 
     /// `ArrayInfo`: the driver's descriptor of the array.
     pub(super) fn array_info(&mut self, req: &Request) -> OpResult {
-        let (dev, raw) = self.array(req.header.args[0])?;
+        let (dev, raw) = self.array(req.header().args[0])?;
         self.bind(dev)?;
         let d = self.drv.array_descriptor(raw).map_err(on(dev))?;
         ok_rets(&[
@@ -457,7 +457,7 @@ impl CudaSession {
         ])
     }
 
-    fn array(&self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn array(&self, handle: u64) -> Result<(usize, Array), Fault> {
         self.arrays
             .arrays
             .get(handle)
@@ -526,7 +526,7 @@ impl CudaSession {
 
     /// `TexObjectCreate`.
     pub(super) fn tex_object_create(&mut self, req: &Request) -> OpResult {
-        let buf = req.inputs.first().ok_or_else(invalid)?;
+        let buf = req.inputs().first().ok_or_else(invalid)?;
         if buf.len() != TEX_DESC_SIZE {
             return Err(invalid());
         }
@@ -559,7 +559,7 @@ impl CudaSession {
                 word_f32(&words, tex::BORDER_COLOR + 3)?,
             ],
         };
-        // The driver's enums take only their own values (array_driver.rs converts them).
+        // The driver's enums take only their own values (driver/array.rs converts them).
         if t.address.iter().any(|m| *m > 3)
             || t.filter > 1
             || t.mipmap_filter > 1
@@ -592,7 +592,7 @@ impl CudaSession {
 
     /// `SurfObjectCreate` over an array.
     pub(super) fn surf_object_create(&mut self, req: &Request) -> OpResult {
-        let (dev, raw) = self.array(req.header.args[0])?;
+        let (dev, raw) = self.array(req.header().args[0])?;
         self.new_object(dev, true, |drv| drv.surf_object_create(raw))
     }
 
@@ -615,8 +615,8 @@ impl CudaSession {
 
     /// `TexObjectDestroy` and `SurfObjectDestroy`: only objects the session created.
     pub(super) fn object_destroy(&mut self, req: &Request) -> OpResult {
-        let obj = req.header.args[0];
-        let surface = req.op == qcuda_proto::Op::SurfObjectDestroy;
+        let obj = req.header().args[0];
+        let surface = req.op() == qcuda_proto::Op::SurfObjectDestroy;
         let o = match self.arrays.objects.get(&obj) {
             Some(o) if o.surface == surface => *o,
             _ => return Err(invalid()),

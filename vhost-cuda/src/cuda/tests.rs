@@ -9,8 +9,8 @@ use qcuda_proto::{
 use vm_memory::{Bytes, GuestAddress};
 
 use super::{
+    driver::fake::{FakeDriver, TOTAL_MEM},
     driver::DriverLoad,
-    fake_driver::{FakeDriver, TOTAL_MEM},
     host::{CudaHost, Tuning},
     launch::LaunchConfig,
     module_image::tests::fatbin,
@@ -66,7 +66,7 @@ impl Rig {
     }
 
     fn session(&self) -> CudaSession {
-        self.host.open_session(1)
+        CudaSession::open(&self.host, 1)
     }
 
     /// A guest buffer holding `data`, split into runs of the given lengths (cycled) that lie
@@ -130,16 +130,26 @@ fn req(
     for b in &outputs {
         header.push_buffer(Direction::Out, b.len() as u64).unwrap();
     }
-    Request {
-        header,
-        op,
-        inputs,
-        outputs,
-    }
+    Request::new(header, inputs, outputs).unwrap_or_else(|e| panic!("{op:?}: {e}"))
 }
 
+/// `r` with `FLAG_ASYNC` set.
+fn fire_and_forget(r: Request) -> Request {
+    let mut header = *r.header();
+    header.flags = FLAG_ASYNC;
+    Request::new(header, r.inputs().to_vec(), r.outputs().to_vec()).unwrap()
+}
+
+/// Runs `op` with no data: its buffers, if its shape has any, are empty.
 fn run(s: &mut CudaSession, op: Op, args: &[u64]) -> ResponseHeader {
-    s.execute(&req(op, 0, args, vec![], vec![]))
+    let (ins, outs) = op.shape();
+    let empty = || {
+        let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 4096)]).unwrap());
+        GuestBuffer::new(mem, []).unwrap()
+    };
+    let inputs = (0..ins).map(|_| empty()).collect();
+    let outputs = (0..outs).map(|_| empty()).collect();
+    s.execute(&req(op, 0, args, inputs, outputs))
 }
 
 fn ok(r: ResponseHeader) -> [u64; 7] {
@@ -252,7 +262,7 @@ fn no_driver_answers_every_op_without_panicking() {
     let host = Arc::new(CudaHost::without_driver());
     assert_eq!((host.gpu_count(), host.driver_version()), (0, 0));
     let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
-    let mut s = host.open_session(9);
+    let mut s = CudaSession::open(&host, 9);
     for &op in Op::ALL {
         let (ins, outs) = op.shape();
         let b = |i: u64| GuestBuffer::new(mem.clone(), [(GuestAddress(i * 4096), 640)]).unwrap();
@@ -260,8 +270,7 @@ fn no_driver_answers_every_op_without_panicking() {
         let outputs: Vec<GuestBuffer> = (0..outs as u64).map(|i| b(i + 8)).collect();
         for device in [0, 1, u32::MAX] {
             let args = [1, 2, u64::MAX, 0, 4, 5, 6, 7];
-            let mut r = req(op, device, &args, inputs.clone(), outputs.clone());
-            r.header.flags = FLAG_ASYNC;
+            let r = fire_and_forget(req(op, device, &args, inputs.clone(), outputs.clone()));
             let resp = s.execute(&r);
             let want = match op {
                 Op::HostInfo | Op::DriverVersion => status::SUCCESS,
@@ -283,7 +292,7 @@ fn an_unusable_driver_answers_its_status() {
     };
     let host = Arc::new(CudaHost::from_load(load, Some(0)).unwrap());
     assert_eq!((host.gpu_count(), host.driver_version()), (0, 12080));
-    let mut s = host.open_session(1);
+    let mut s = CudaSession::open(&host, 1);
     let r = run(&mut s, Op::DeviceCount, &[]);
     assert_eq!((r.status, r.rets[0]), (status::INSUFFICIENT_DRIVER, 0));
     assert_eq!(
@@ -577,8 +586,7 @@ fn modules_functions_and_launches() {
     block.extend_from_slice(&[0; 4]);
     let pb = rig.buf(&block);
     let args = launch_args(f, [1, 1, 1], [128, 1, 1], 0);
-    let mut r = req(Op::LaunchKernel, 0, &args, vec![pb.clone()], vec![]);
-    r.header.flags = FLAG_ASYNC;
+    let r = fire_and_forget(req(Op::LaunchKernel, 0, &args, vec![pb.clone()], vec![]));
     ok(s.execute(&r));
     let (r, got) = dtoh(&mut rig, &mut s, c, 400, &[400]);
     ok(r);
@@ -1717,7 +1725,7 @@ fn device_memory_of_a_vm_stays_within_its_quota() {
     };
     let (la, lb) = (quota.lease().unwrap(), quota.lease().unwrap());
     let (ha, hb) = (worker(&la), worker(&lb));
-    let (mut a, mut b) = (ha.open_session(1), hb.open_session(2));
+    let (mut a, mut b) = (CudaSession::open(&ha, 1), CudaSession::open(&hb, 2));
     let p = malloc(&mut a, 600);
     assert_eq!(
         run(&mut b, Op::Malloc, &[401]).status,

@@ -17,7 +17,7 @@ use vhost_cuda::{
     cuda::CudaHost,
     guest_buffer::GuestRam,
     session::{ChainCompleter, SessionTable},
-    worker_process::WorkerCommand,
+    worker::WorkerCommand,
 };
 use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::split::Descriptor;

@@ -20,7 +20,10 @@ use qcuda_proto::graph::{self as wire_graph, KernelNode, MemcpyNode, MemsetNode}
 use qcuda_proto::MAX_ARGS;
 
 use super::*;
-use crate::cuda::graph_driver::NodeParams;
+use crate::cuda::{
+    driver::graph::{Graph, GraphExec, GraphNode, NodeParams},
+    driver::Raw,
+};
 
 /// Most graphs a session may hold.
 const MAX_GRAPHS: usize = 1 << 14;
@@ -47,7 +50,7 @@ const MAX_DOT: usize = 64 << 20;
 #[derive(Debug)]
 struct GraphEntry {
     dev: usize,
-    raw: Raw,
+    raw: Graph,
     /// Still being captured: the driver owns it until the capture ends.
     capturing: bool,
     /// A capture into this graph of the guest's is under way (StreamBeginCaptureToGraph).
@@ -59,13 +62,13 @@ struct GraphEntry {
 #[derive(Debug)]
 struct NodeEntry {
     graph: u64,
-    raw: Raw,
+    raw: GraphNode,
 }
 
 #[derive(Debug)]
 struct ExecEntry {
     dev: usize,
-    raw: Raw,
+    raw: GraphExec,
     /// The flags it was instantiated with.
     flags: u64,
 }
@@ -76,7 +79,7 @@ pub(super) struct GraphTables {
     graphs: HandleTable<GraphEntry>,
     nodes: HandleTable<NodeEntry>,
     /// Driver node -> its handle.
-    node_ids: HashMap<Raw, u64>,
+    node_ids: HashMap<GraphNode, u64>,
     execs: HandleTable<ExecEntry>,
     /// Captures begun and not ended (an upper bound: a capture can also end with its stream).
     captures: usize,
@@ -125,7 +128,7 @@ impl GraphTables {
 /// A decoded, checked kernel node: the function and the parameter block its pointers point into.
 struct KernelArgs {
     dev: usize,
-    func: Raw,
+    func: Function,
     cfg: LaunchConfig,
     layout: ParamLayout,
     block: AlignedBytes,
@@ -168,8 +171,8 @@ fn write_u64s(out: Option<&GuestBuffer>, values: &[u64]) -> Result<(), Fault> {
 
 impl CudaSession {
     pub(super) fn graph_op(&mut self, req: &Request) -> OpResult {
-        let args = req.header.args;
-        match req.op {
+        let args = req.header().args;
+        match req.op() {
             Op::StreamBeginCapture => self.begin_capture(args),
             Op::StreamBeginCaptureToGraph => self.begin_capture_to_graph(req),
             Op::StreamEndCapture => self.end_capture(args),
@@ -178,10 +181,10 @@ impl CudaSession {
             Op::GraphCreate => self.graph_create(req),
             Op::GraphDestroy => self.graph_destroy(args[0]),
             Op::GraphAddNode => self.graph_add_node(req),
-            Op::GraphNodeSetParams => self.graph_set_params(req, 0, args[0], args[1]),
+            Op::GraphNodeSetParams => self.graph_set_params(req, None, args[0], args[1]),
             Op::GraphExecNodeSetParams => {
                 let (_, exec) = self.exec(args[0])?;
-                self.graph_set_params(req, exec, args[1], args[2])
+                self.graph_set_params(req, Some(exec), args[1], args[2])
             }
             Op::GraphGetNodes => self.graph_nodes(req),
             Op::GraphGetEdges => self.graph_edges(req),
@@ -194,7 +197,7 @@ impl CudaSession {
                 let (dev, exec) = self.exec(args[0])?;
                 let stream = self.stream_on(args[1], dev)?;
                 self.drv
-                    .graph_launch(exec, stream, req.op == Op::GraphUpload)
+                    .graph_launch(exec, stream, req.op() == Op::GraphUpload)
                     .map_err(on(dev))?;
                 ok()
             }
@@ -248,7 +251,7 @@ impl CudaSession {
                 let node = self.node(args[1])?;
                 let (_, child) = self.graph(args[2])?;
                 self.drv
-                    .node_set_params(exec, node, &NodeParams::Child(child), 0)
+                    .node_set_params(Some(exec), node, &NodeParams::Child(child), None)
                     .map_err(on(dev))?;
                 ok()
             }
@@ -262,7 +265,7 @@ impl CudaSession {
                     _ => return Err(status::INVALID_VALUE.into()),
                 };
                 self.drv
-                    .node_set_params(exec, node, &p, 0)
+                    .node_set_params(Some(exec), node, &p, None)
                     .map_err(on(dev))?;
                 ok()
             }
@@ -271,7 +274,7 @@ impl CudaSession {
     }
 
     /// Graph `handle`, its device's context bound.
-    fn graph(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn graph(&mut self, handle: u64) -> Result<(usize, Graph), Fault> {
         let (dev, raw) = self
             .graphs
             .graphs
@@ -283,7 +286,7 @@ impl CudaSession {
     }
 
     /// Executable graph `handle`, its device's context bound.
-    fn exec(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn exec(&mut self, handle: u64) -> Result<(usize, GraphExec), Fault> {
         let (dev, raw) = self
             .graphs
             .execs
@@ -294,7 +297,7 @@ impl CudaSession {
         Ok((dev, raw))
     }
 
-    fn node(&self, handle: u64) -> Result<Raw, Fault> {
+    fn node(&self, handle: u64) -> Result<GraphNode, Fault> {
         self.graphs
             .nodes
             .get(handle)
@@ -302,12 +305,12 @@ impl CudaSession {
             .ok_or(Fault::Status(status::INVALID_VALUE))
     }
 
-    fn nodes(&self, handles: &[u64]) -> Result<Vec<Raw>, Fault> {
+    fn nodes(&self, handles: &[u64]) -> Result<Vec<GraphNode>, Fault> {
         handles.iter().map(|&h| self.node(h)).collect()
     }
 
     /// The handle of driver node `raw` of graph `graph`, issued on first sight.
-    fn node_handle(&mut self, graph: u64, raw: Raw) -> Result<u64, Fault> {
+    fn node_handle(&mut self, graph: u64, raw: GraphNode) -> Result<u64, Fault> {
         if let Some(&h) = self.graphs.node_ids.get(&raw) {
             return Ok(h);
         }
@@ -325,7 +328,7 @@ impl CudaSession {
     fn captured_graph_handle(
         &mut self,
         dev: usize,
-        raw: Raw,
+        raw: Graph,
         owner: Option<u64>,
     ) -> Result<u64, Fault> {
         if let Some((h, _)) = self.graphs.graphs.find(|g| g.raw == raw) {
@@ -347,7 +350,7 @@ impl CudaSession {
     }
 
     /// A session stream by handle (not the legacy stream), its context bound.
-    fn capture_stream(&mut self, handle: u64) -> Result<(usize, Raw), Fault> {
+    fn capture_stream(&mut self, handle: u64) -> Result<(usize, Stream), Fault> {
         if handle == 0 {
             // Capture of the legacy stream is not allowed in CUDA.
             return Err(status::STREAM_CAPTURE_UNSUPPORTED.into());
@@ -381,7 +384,7 @@ impl CudaSession {
 
     /// Whether `stream` (of the bound context) is being captured; free while no capture of the
     /// session is under way.
-    pub(super) fn is_capturing(&self, stream: Raw) -> bool {
+    pub(super) fn is_capturing(&self, stream: Stream) -> bool {
         self.graphs.captures > 0
             && self
                 .drv
@@ -390,12 +393,12 @@ impl CudaSession {
     }
 
     fn begin_capture_to_graph(&mut self, req: &Request) -> OpResult {
-        let [stream, graph, mode, ..] = req.header.args;
+        let [stream, graph, mode, ..] = req.header().args;
         let mode = u32::try_from(mode)
             .ok()
             .filter(|m| *m <= CAPTURE_RELAXED)
             .ok_or(status::INVALID_VALUE)?;
-        let list = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 8)?)?;
+        let list = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&list)?;
         let graph_handle = graph;
         let graph = match self.graphs.graphs.get(graph) {
@@ -424,7 +427,7 @@ impl CudaSession {
             self.graphs.captures = self.graphs.captures.saturating_sub(1);
         }
         // The graph of this capture is the caller's now, or gone (failed capture).
-        let old = before.map(|i| i.graph).filter(|g| *g != 0);
+        let old = before.and_then(|i| i.graph);
         let known = old.and_then(|g| self.graphs.graphs.find(|e| e.raw == g).map(|(h, _)| h));
         if let Some(e) = known.and_then(|h| self.graphs.graphs.get_mut(h)) {
             e.capture_target = false;
@@ -474,7 +477,7 @@ impl CudaSession {
     }
 
     fn capture_info(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let (dev, stream) = if handle == 0 {
             let dev = self.bind_new(req)?;
             (dev, NULL_STREAM)
@@ -482,8 +485,9 @@ impl CudaSession {
             self.capture_stream(handle)?
         };
         let info = self.drv.stream_capture_info(stream).map_err(on(dev))?;
-        let (graph, deps) = if info.status == 1 && info.graph != 0 {
-            let g = self.captured_graph_handle(dev, info.graph, None)?;
+        let captured = info.graph.filter(|_| info.status == 1);
+        let (graph, deps) = if let Some(captured) = captured {
+            let g = self.captured_graph_handle(dev, captured, None)?;
             let mut deps = Vec::with_capacity(info.deps.len());
             for &d in &info.deps {
                 deps.push(self.node_handle(g, d)?);
@@ -492,17 +496,17 @@ impl CudaSession {
         } else {
             (0, Vec::new())
         };
-        write_u64s(req.outputs.first(), &deps)?;
+        write_u64s(req.outputs().first(), &deps)?;
         ok_rets(&[u64::from(info.status), info.id, graph, deps.len() as u64])
     }
 
     fn update_capture_deps(&mut self, req: &Request) -> OpResult {
-        let [stream, flags, ..] = req.header.args;
+        let [stream, flags, ..] = req.header().args;
         let flags = u32::try_from(flags)
             .ok()
             .filter(|f| *f <= 1)
             .ok_or(status::INVALID_VALUE)?;
-        let list = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 8)?)?;
+        let list = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&list)?;
         let (dev, stream) = self.capture_stream(stream)?;
         self.drv
@@ -673,10 +677,10 @@ impl CudaSession {
     }
 
     fn graph_add_node(&mut self, req: &Request) -> OpResult {
-        let [graph, ty, ..] = req.header.args;
-        let deps = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 8)?)?;
+        let [graph, ty, ..] = req.header().args;
+        let deps = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&deps)?;
-        let params = read_all(req.inputs.get(1), MAX_NODE_PARAMS)?;
+        let params = read_all(req.inputs().get(1), MAX_NODE_PARAMS)?;
         let (gdev, graw) = self.graph(graph)?;
         if !self.graphs.nodes.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
@@ -732,8 +736,8 @@ impl CudaSession {
         &mut self,
         dev: usize,
         graph: u64,
-        graw: Raw,
-        deps: &[Raw],
+        graw: Graph,
+        deps: &[GraphNode],
         params: &[u8],
     ) -> OpResult {
         let size = wire_graph::decode_handle(params).ok_or(status::INVALID_VALUE)?;
@@ -771,9 +775,15 @@ impl CudaSession {
     }
 
     /// `GraphNodeSetParams` (`exec` 0) and `GraphExecNodeSetParams`.
-    fn graph_set_params(&mut self, req: &Request, exec: Raw, node: u64, ty: u64) -> OpResult {
+    fn graph_set_params(
+        &mut self,
+        req: &Request,
+        exec: Option<GraphExec>,
+        node: u64,
+        ty: u64,
+    ) -> OpResult {
         let node = self.node(node)?;
-        let params = read_all(req.inputs.first(), MAX_NODE_PARAMS)?;
+        let params = read_all(req.inputs().first(), MAX_NODE_PARAMS)?;
         let dev = self.bind_new(req)?;
         match self.decode_node(dev, ty, &params)? {
             Decoded::Kernel(mut k) => {
@@ -792,7 +802,7 @@ impl CudaSession {
             Decoded::Other(p) => {
                 let ctx = self.context(dev)?.ctx;
                 self.drv
-                    .node_set_params(exec, node, &p, ctx)
+                    .node_set_params(exec, node, &p, Some(ctx))
                     .map_err(on(dev))?;
             }
         }
@@ -800,7 +810,7 @@ impl CudaSession {
     }
 
     fn graph_nodes(&mut self, req: &Request) -> OpResult {
-        let [graph, which, ..] = req.header.args;
+        let [graph, which, ..] = req.header().args;
         if which > 1 {
             return Err(status::INVALID_VALUE.into());
         }
@@ -810,12 +820,12 @@ impl CudaSession {
         for r in raws {
             handles.push(self.node_handle(graph, r)?);
         }
-        write_u64s(req.outputs.first(), &handles)?;
+        write_u64s(req.outputs().first(), &handles)?;
         ok_rets(&[handles.len() as u64])
     }
 
     fn graph_edges(&mut self, req: &Request) -> OpResult {
-        let graph = req.header.args[0];
+        let graph = req.header().args[0];
         let (dev, raw) = self.graph(graph)?;
         let edges = self.drv.graph_edges(raw).map_err(on(dev))?;
         let mut flat = Vec::with_capacity(edges.len() * 2);
@@ -823,14 +833,14 @@ impl CudaSession {
             flat.push(self.node_handle(graph, a)?);
             flat.push(self.node_handle(graph, b)?);
         }
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = (out.len() / 16).min(edges.len());
         write_u64s(Some(out), &flat[..fit * 2])?;
         ok_rets(&[edges.len() as u64])
     }
 
     fn node_query(&mut self, req: &Request) -> OpResult {
-        let [handle, which, ..] = req.header.args;
+        let [handle, which, ..] = req.header().args;
         let graph = self
             .graphs
             .nodes
@@ -851,16 +861,16 @@ impl CudaSession {
         for r in list {
             handles.push(self.node_handle(graph, r)?);
         }
-        write_u64s(req.outputs.first(), &handles)?;
+        write_u64s(req.outputs().first(), &handles)?;
         ok_rets(&[handles.len() as u64])
     }
 
     fn graph_change_edges(&mut self, req: &Request) -> OpResult {
-        let [graph, remove, ..] = req.header.args;
+        let [graph, remove, ..] = req.header().args;
         if remove > 1 {
             return Err(status::INVALID_VALUE.into());
         }
-        let pairs = u64s(&read_all(req.inputs.first(), MAX_NODE_LIST * 16)?)?;
+        let pairs = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 16)?)?;
         if !pairs.len().is_multiple_of(2) {
             return Err(status::INVALID_VALUE.into());
         }
@@ -926,16 +936,15 @@ impl CudaSession {
         let (_, graph) = self.graph(args[1])?;
         self.bind(dev)?;
         let (result, node) = self.drv.graph_exec_update(exec, graph).map_err(on(dev))?;
-        let node = if node == 0 {
-            0
-        } else {
-            self.node_handle(args[1], node)?
+        let node = match node {
+            None => 0,
+            Some(node) => self.node_handle(args[1], node)?,
         };
         ok_rets(&[u64::from(result), node])
     }
 
     fn node_get_params(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let graph = self
             .graphs
             .nodes
@@ -960,7 +969,7 @@ impl CudaSession {
                 .to_vec(),
             _ => return Err(status::INVALID_VALUE.into()),
         };
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = out.len().min(enc.len());
         out.write_at(0, &enc[..fit])
             .map_err(|_| status::INVALID_VALUE)?;
@@ -996,7 +1005,7 @@ impl CudaSession {
     }
 
     fn kernel_node_params(&mut self, req: &Request) -> OpResult {
-        let handle = req.header.args[0];
+        let handle = req.header().args[0];
         let graph = self
             .graphs
             .nodes
@@ -1009,7 +1018,7 @@ impl CudaSession {
             return Err(status::INVALID_VALUE.into());
         }
         let functions = &self.functions;
-        let layout_of = |raw: Raw| {
+        let layout_of = |raw: Function| {
             functions
                 .find(|f| f.raw == raw)
                 .map(|(_, f)| f.layout.clone())
@@ -1031,7 +1040,7 @@ impl CudaSession {
             params: &block,
         }
         .encode(&mut enc);
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = out.len().min(enc.len());
         out.write_at(0, &enc[..fit])
             .map_err(|_| status::INVALID_VALUE)?;
@@ -1088,7 +1097,7 @@ impl CudaSession {
     }
 
     fn graph_debug_dot(&mut self, req: &Request) -> OpResult {
-        let [graph, flags, ..] = req.header.args;
+        let [graph, flags, ..] = req.header().args;
         if flags & !DOT_FLAGS != 0 {
             return Err(status::INVALID_VALUE.into());
         }
@@ -1098,7 +1107,7 @@ impl CudaSession {
             .graph_debug_dot(raw, flags as u32)
             .map_err(on(dev))?;
         text.truncate(MAX_DOT);
-        let out = req.outputs.first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = out.len().min(text.len());
         out.write_at(0, &text[..fit])
             .map_err(|_| status::INVALID_VALUE)?;

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 
 use super::{
     super::{
-        array_driver::{
-            format_bytes, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem, Resource,
-            TexParams, ViewParams,
+        array::{
+            format_bytes, Array, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem,
+            MipmappedArray, Resource, TexParams, ViewParams,
         },
-        driver::{CuError, CuResult, DriverApi, Raw},
+        CuError, CuResult, DriverApi, Stream,
     },
     check_stream, fresh, host_slice, slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
 };
@@ -51,7 +51,7 @@ fn row<'a>(
             }
         }
         Mem::Array(a) => {
-            let (desc, bytes) = c.arrays.get_mut(&a).ok_or(INVALID_HANDLE)?;
+            let (desc, bytes) = c.arrays.get_mut(&a.raw()).ok_or(INVALID_HANDLE)?;
             let (_, pitch, rows, slices) = array_layout(desc);
             if x + len > pitch || y >= rows || z >= slices {
                 return Err(INVALID_VALUE);
@@ -79,11 +79,11 @@ impl ArrayDriverApi for FakeDriver {
         value: u8,
         width: usize,
         height: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()> {
         let registered = self.st().registered.clone();
         self.with_ctx("memset_2d", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             if width > pitch {
                 return Err(INVALID_VALUE);
             }
@@ -102,10 +102,10 @@ impl ArrayDriverApi for FakeDriver {
         })
     }
 
-    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Raw) -> CuResult<()> {
+    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Stream) -> CuResult<()> {
         let registered = self.st().registered.clone();
         self.with_ctx("memcpy_3d", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             let [w, h, d] = p.extent;
             for z in 0..d {
                 for y in 0..h {
@@ -118,7 +118,7 @@ impl ArrayDriverApi for FakeDriver {
         })
     }
 
-    fn array_create(&self, d: &ArrayDesc) -> CuResult<Raw> {
+    fn array_create(&self, d: &ArrayDesc) -> CuResult<Array> {
         self.with_ctx("array_create", |c, next| {
             let (elem, pitch, rows, slices) = array_layout(d);
             if elem == 0 || d.width == 0 || ![1, 2, 4].contains(&d.channels) {
@@ -137,23 +137,29 @@ impl ArrayDriverApi for FakeDriver {
             }
             let a = fresh(next);
             c.arrays.insert(a, (*d, vec![0; bytes]));
-            Ok(a)
+            Ok(Array::from_raw(a))
         })
     }
 
-    fn array_destroy(&self, array: Raw) -> CuResult<()> {
+    fn array_destroy(&self, array: Array) -> CuResult<()> {
         self.with_ctx("array_destroy", |c, _| {
-            c.arrays.remove(&array).map(|_| ()).ok_or(INVALID_HANDLE)
+            c.arrays
+                .remove(&array.raw())
+                .map(|_| ())
+                .ok_or(INVALID_HANDLE)
         })
     }
 
-    fn array_descriptor(&self, array: Raw) -> CuResult<ArrayDesc> {
+    fn array_descriptor(&self, array: Array) -> CuResult<ArrayDesc> {
         self.with_ctx("array_descriptor", |c, _| {
-            c.arrays.get(&array).map(|(d, _)| *d).ok_or(INVALID_HANDLE)
+            c.arrays
+                .get(&array.raw())
+                .map(|(d, _)| *d)
+                .ok_or(INVALID_HANDLE)
         })
     }
 
-    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<Raw> {
+    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<MipmappedArray> {
         if levels == 0 {
             return Err(INVALID_VALUE);
         }
@@ -171,23 +177,23 @@ impl ArrayDriverApi for FakeDriver {
         self.with_ctx("mipmapped_array_create", |c, next| {
             let m = fresh(next);
             c.mipmapped.insert(m, level_arrays);
-            Ok(m)
+            Ok(MipmappedArray::from_raw(m))
         })
     }
 
-    fn mipmapped_array_destroy(&self, array: Raw) -> CuResult<()> {
+    fn mipmapped_array_destroy(&self, array: MipmappedArray) -> CuResult<()> {
         self.with_ctx("mipmapped_array_destroy", |c, _| {
-            let levels = c.mipmapped.remove(&array).ok_or(INVALID_HANDLE)?;
+            let levels = c.mipmapped.remove(&array.raw()).ok_or(INVALID_HANDLE)?;
             for l in levels {
-                c.arrays.remove(&l);
+                c.arrays.remove(&l.raw());
             }
             Ok(())
         })
     }
 
-    fn mipmapped_array_level(&self, array: Raw, level: u32) -> CuResult<Raw> {
+    fn mipmapped_array_level(&self, array: MipmappedArray, level: u32) -> CuResult<Array> {
         self.with_ctx("mipmapped_array_level", |c, _| {
-            let levels = c.mipmapped.get(&array).ok_or(INVALID_HANDLE)?;
+            let levels = c.mipmapped.get(&array.raw()).ok_or(INVALID_HANDLE)?;
             levels.get(level as usize).copied().ok_or(INVALID_VALUE)
         })
     }
@@ -200,8 +206,10 @@ impl ArrayDriverApi for FakeDriver {
     ) -> CuResult<u64> {
         self.with_ctx("tex_object_create", |c, next| {
             match *res {
-                Resource::Array(a) if !c.arrays.contains_key(&a) => return Err(INVALID_HANDLE),
-                Resource::Mipmapped(m) if !c.mipmapped.contains_key(&m) => {
+                Resource::Array(a) if !c.arrays.contains_key(&a.raw()) => {
+                    return Err(INVALID_HANDLE)
+                }
+                Resource::Mipmapped(m) if !c.mipmapped.contains_key(&m.raw()) => {
                     return Err(INVALID_HANDLE)
                 }
                 _ => {}
@@ -218,9 +226,9 @@ impl ArrayDriverApi for FakeDriver {
         })
     }
 
-    fn surf_object_create(&self, array: Raw) -> CuResult<u64> {
+    fn surf_object_create(&self, array: Array) -> CuResult<u64> {
         self.with_ctx("surf_object_create", |c, next| {
-            if !c.arrays.contains_key(&array) {
+            if !c.arrays.contains_key(&array.raw()) {
                 return Err(INVALID_HANDLE);
             }
             let s = fresh(next) as u64;

@@ -1,7 +1,7 @@
 //! The messages between the daemon and a session's worker process, and how they travel.
 //!
-//! Each session's CUDA work runs in a worker process of its own (`session_worker.rs`), which the
-//! daemon's session thread drives (`worker_process.rs`) over one Unix stream socket pair:
+//! Each session's CUDA work runs in a worker process of its own (`child.rs`), which the
+//! daemon's session thread drives (`handle.rs`) over one Unix stream socket pair:
 //!
 //! - daemon → worker: [`ToWorker::MemoryTable`] (guest RAM, with one file descriptor per region
 //!   as `SCM_RIGHTS`; sent on spawn and on every SET_MEM_TABLE) and [`ToWorker::Run`] (one

@@ -1,9 +1,9 @@
 //! The daemon's side of a session's worker process: start it, share guest RAM with it, hand it
 //! requests, wait for its answers (or for a reason to stop waiting), end it and reap it.
 //!
-//! The session thread (`session.rs`) owns a [`WorkerProcess`] and is the only thread that
+//! The session thread (`crate::session`) owns a [`WorkerProcess`] and is the only thread that
 //! talks to it, kills it or reaps it. The worker is this very binary in its hidden
-//! `--session-worker` mode (`session_worker.rs`), started with fork and exec (`Command`), which
+//! `--session-worker` mode (`child.rs`), started with fork and exec (`Command`), which
 //! is safe in the multi-threaded daemon. In the forked child, before exec:
 //!
 //! - `PR_SET_PDEATHSIG(SIGKILL)`: the worker dies with the daemon thread that started it. That
@@ -39,9 +39,9 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::{
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
-    session_worker::CHANNEL_FD,
     shared_guest_ram::region_table,
-    worker_message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    worker::CHANNEL_FD,
 };
 
 /// How long an ending worker gets to exit by itself before SIGKILL.
@@ -327,13 +327,13 @@ impl WorkerProcess {
     /// Sends a request. The worker first gets the memory map the request was checked against,
     /// if it does not have it (the map may have changed since).
     pub fn send(&mut self, req: &Request) -> Result<(), WorkerError> {
-        if let Some(b) = req.inputs.iter().chain(&req.outputs).next() {
+        if let Some(b) = req.inputs().iter().chain(req.outputs()).next() {
             self.share_memory(b.shared_memory())?;
         }
         let msg = ToWorker::Run(Box::new(RunRequest {
-            header: req.header.encode(),
-            inputs: req.inputs.iter().map(spans).collect(),
-            outputs: req.outputs.iter().map(spans).collect(),
+            header: req.header().encode(),
+            inputs: req.inputs().iter().map(spans).collect(),
+            outputs: req.outputs().iter().map(spans).collect(),
         }));
         let body = msg.encode().map_err(WorkerError::Unsendable)?;
         self.channel()?.send_frame(&body, &[])?;

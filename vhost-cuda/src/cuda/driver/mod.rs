@@ -1,9 +1,14 @@
 //! The driver boundary: every CUDA driver call the executor makes, as one trait.
 //!
 //! [`CudaDriver`] implements it over cudarc's `sys` layer with dynamic loading; the unit tests
-//! implement it with a fake device (`fake_driver.rs`), so the session logic is tested on
-//! machines without a GPU. Driver objects cross the boundary as plain integers ([`Raw`]):
-//! they are never shown to the guest, only stored in the session's tables.
+//! implement it with a fake device (`fake.rs`, `fake_arrays.rs`, `fake_graphs.rs`), so the session logic is tested on
+//! machines without a GPU. Driver objects cross the boundary as typed handles ([`Context`],
+//! [`Module`], [`Function`], [`Stream`], [`Event`], [`MemPool`]) that only the driver layer
+//! makes, so passing one kind where the driver expects another (a stream for an event, say)
+//! does not compile. They are never shown to the guest, only stored in the session's tables.
+//! Graphs and arrays have handles of their own (`graph.rs`, `array.rs`). Everything that
+//! talks to libcuda or stands in for it lives in this folder, and only code here can make a
+//! handle from a raw value or look inside one.
 //!
 //! The `sys` layer is used rather than cudarc's `result` layer because cudarc resolves each
 //! symbol on first call and panics if it is missing. [`CudaDriver::load`] therefore checks, by
@@ -27,12 +32,25 @@ use cudarc::driver::sys;
 use qcuda_proto::status;
 use tracing::{debug, warn};
 
+use self::{
+    array::{ArrayDriverApi, ARRAY_SYMBOLS},
+    graph::{GraphDriverApi, GRAPH_SYMBOLS},
+};
 use super::{
-    array_driver::{ArrayDriverApi, ARRAY_SYMBOLS},
-    graph_driver::{GraphDriverApi, GRAPH_SYMBOLS},
     launch::{DriverLaunchAttr, LaunchConfig},
     status as cu_status,
 };
+
+pub(crate) mod array;
+pub(crate) mod graph;
+
+// The test double also serves the fuzz targets (fuzz/, feature `fuzzing`), never the binary.
+#[cfg(any(test, feature = "fuzzing"))]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod fake;
+#[cfg(any(test, feature = "fuzzing"))]
+#[cfg_attr(not(test), allow(dead_code))]
+mod fake_graphs;
 
 // The driver reads `DriverLaunchAttr` arrays as `CUlaunchAttribute` arrays.
 const _: () = {
@@ -40,12 +58,72 @@ const _: () = {
     assert!(align_of::<DriverLaunchAttr>() == align_of::<sys::CUlaunchAttribute>());
 };
 
-/// A driver object (context, module, function, stream, event) or pinned host pointer, as an
-/// integer. 0 is the NULL stream.
+/// A driver object or pinned host pointer, as an integer: what the driver layer passes to
+/// and gets from libcuda, and what the typed handles below wrap.
 pub(crate) type Raw = usize;
 
+/// Declares typed handles of driver objects. Only the driver layer (the [`DriverApi`]
+/// implementations: `CudaDriver`, `NoDriver`, the test double) makes them from a raw value, so a
+/// handle of one kind cannot be passed where the driver expects another: the session code only
+/// stores what the driver returned and hands it back.
+macro_rules! driver_handles {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(transparent)]
+        pub(crate) struct $name($crate::cuda::driver::Raw);
+
+        impl $name {
+            /// Wraps a value the driver returned. For the driver layer only.
+            pub(in crate::cuda::driver) fn from_raw(raw: $crate::cuda::driver::Raw) -> Self {
+                Self(raw)
+            }
+
+            /// The value to hand to the driver. For the driver layer only.
+            pub(in crate::cuda::driver) fn raw(self) -> $crate::cuda::driver::Raw {
+                self.0
+            }
+        }
+
+        impl ::std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                write!(f, "{}({:#x})", stringify!($name), self.0)
+            }
+        }
+    )*};
+}
+use driver_handles;
+
+driver_handles! {
+    /// A `CUcontext`.
+    Context;
+    /// A `CUmodule`.
+    Module;
+    /// A `CUfunction`.
+    Function;
+    /// A `CUstream`; [`Stream::NULL`] is the context's legacy default stream.
+    Stream;
+    /// A `CUevent`.
+    Event;
+    /// A `CUmemoryPool`.
+    MemPool;
+}
+
+impl Stream {
+    /// The NULL stream: the context's legacy default stream.
+    pub(crate) const NULL: Self = Self(0);
+}
+
+impl Event {
+    /// The event as the value of a launch attribute (`DriverLaunchAttr`, which the driver
+    /// reads as a `CUlaunchAttribute`) holds it.
+    pub(crate) fn launch_attr_value(self) -> u64 {
+        self.0 as u64
+    }
+}
+
 /// The NULL stream: the context's legacy default stream.
-pub(crate) const NULL_STREAM: Raw = 0;
+pub(crate) const NULL_STREAM: Stream = Stream::NULL;
 
 /// Oldest driver the executor works with: CUDA 13.0 (compressed fatbins, the 13.0 symbol
 /// versions cudarc binds, `cuFuncGetParamInfo`).
@@ -108,11 +186,11 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
 
     /// cuCtxCreate: a new context on `dev`. The calling thread's current context is left as it
     /// was.
-    fn ctx_create(&self, dev: i32) -> CuResult<Raw>;
+    fn ctx_create(&self, dev: i32) -> CuResult<Context>;
     /// cuCtxDestroy: frees everything the context owns.
-    fn ctx_destroy(&self, ctx: Raw) -> CuResult<()>;
+    fn ctx_destroy(&self, ctx: Context) -> CuResult<()>;
     /// cuCtxSetCurrent.
-    fn ctx_set_current(&self, ctx: Raw) -> CuResult<()>;
+    fn ctx_set_current(&self, ctx: Context) -> CuResult<()>;
     /// cuCtxSynchronize.
     fn ctx_synchronize(&self) -> CuResult<()>;
     /// cuCtxGetLimit of limit `limit` (a `CUlimit`, 0..=6) in the current context.
@@ -132,21 +210,32 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     ///
     /// # Safety
     /// `src` must be readable for `len` bytes until `stream` has been synchronised.
-    unsafe fn memcpy_htod(&self, dst: u64, src: *const u8, len: usize, stream: Raw)
-        -> CuResult<()>;
+    unsafe fn memcpy_htod(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Stream,
+    ) -> CuResult<()>;
     /// cuMemcpyDtoHAsync.
     ///
     /// # Safety
     /// `dst` must be writable for `len` bytes, and not otherwise accessed, until `stream` has
     /// been synchronised.
-    unsafe fn memcpy_dtoh(&self, dst: *mut u8, src: u64, len: usize, stream: Raw) -> CuResult<()>;
+    unsafe fn memcpy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Stream,
+    ) -> CuResult<()>;
     /// cuMemcpyDtoDAsync.
-    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()>;
+    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()>;
     /// cuMemsetD8Async.
-    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Raw) -> CuResult<()>;
+    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Stream) -> CuResult<()>;
     /// cuMemcpyAsync between two device-addressable ranges (device memory or registered host
     /// memory, by unified address).
-    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()>;
+    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()>;
     /// cuMemHostRegister (portable, device-mapped; read-only if asked) of `ptr..ptr + len`.
     ///
     /// # Safety
@@ -158,18 +247,18 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     fn mem_host_device_pointer(&self, ptr: u64) -> CuResult<u64>;
 
     /// cuModuleLoadData. `image` is a checked image ending in a NUL byte.
-    fn module_load(&self, image: &[u8]) -> CuResult<Raw>;
+    fn module_load(&self, image: &[u8]) -> CuResult<Module>;
     /// cuModuleUnload.
-    fn module_unload(&self, module: Raw) -> CuResult<()>;
+    fn module_unload(&self, module: Module) -> CuResult<()>;
     /// cuModuleGetFunction.
-    fn module_function(&self, module: Raw, name: &CStr) -> CuResult<Raw>;
+    fn module_function(&self, module: Module, name: &CStr) -> CuResult<Function>;
     /// cuModuleGetGlobal: (device address, size).
-    fn module_global(&self, module: Raw, name: &CStr) -> CuResult<(u64, u64)>;
+    fn module_global(&self, module: Module, name: &CStr) -> CuResult<(u64, u64)>;
     /// cuFuncLoad (for lazily loaded modules).
-    fn function_load(&self, func: Raw) -> CuResult<()>;
+    fn function_load(&self, func: Function) -> CuResult<()>;
     /// cuFuncGetParamInfo: (offset, size) of parameter `index`; CUDA_ERROR_INVALID_VALUE
     /// past the last one.
-    fn function_param_info(&self, func: Raw, index: usize) -> CuResult<(usize, usize)>;
+    fn function_param_info(&self, func: Function, index: usize) -> CuResult<(usize, usize)>;
     /// cuLaunchKernel.
     ///
     /// # Safety
@@ -177,9 +266,9 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     /// size for the duration of the call.
     unsafe fn launch(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
     ) -> CuResult<()>;
 
@@ -189,9 +278,9 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     /// As for [`DriverApi::launch`].
     unsafe fn launch_cooperative(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
     ) -> CuResult<()>;
 
@@ -201,24 +290,24 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     /// As for [`DriverApi::launch`].
     unsafe fn launch_ex(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
         attrs: &[DriverLaunchAttr],
     ) -> CuResult<()>;
     /// cuOccupancyMaxPotentialClusterSize (`active` false) or cuOccupancyMaxActiveClusters.
     fn occupancy_cluster(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
         attrs: &[DriverLaunchAttr],
         active: bool,
     ) -> CuResult<i32>;
     /// cuOccupancyAvailableDynamicSMemPerBlock.
-    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize>;
+    fn occupancy_available_smem(&self, func: Function, blocks: i32, block: i32) -> CuResult<usize>;
     /// cuFuncSetCacheConfig (`config` 0..=3).
-    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()>;
+    fn func_set_cache_config(&self, func: Function, config: u32) -> CuResult<()>;
     /// cuCtxSetCacheConfig (`config` 0..=3).
     fn ctx_set_cache_config(&self, config: u32) -> CuResult<()>;
     /// cuCtxGetCacheConfig.
@@ -230,96 +319,96 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     fn device_p2p_attribute(&self, attr: u32, src: i32, dst: i32) -> CuResult<i32>;
     /// cuCtxEnablePeerAccess (`enable`) or cuCtxDisablePeerAccess of context `peer` from the
     /// current context.
-    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()>;
+    fn ctx_peer_access(&self, peer: Context, enable: bool) -> CuResult<()>;
     /// cuMemcpyPeerAsync between two contexts, on a stream of the current context.
     fn memcpy_peer(
         &self,
         dst: u64,
-        dst_ctx: Raw,
+        dst_ctx: Context,
         src: u64,
-        src_ctx: Raw,
+        src_ctx: Context,
         len: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()>;
 
     /// cuFuncGetAttribute of attribute `attr` (0..=15).
-    fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32>;
+    fn func_attribute(&self, func: Function, attr: i32) -> CuResult<i32>;
     /// cuFuncSetAttribute.
-    fn func_set_attribute(&self, func: Raw, attr: i32, value: i32) -> CuResult<()>;
+    fn func_set_attribute(&self, func: Function, attr: i32, value: i32) -> CuResult<()>;
     /// cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags.
     fn occupancy_max_active_blocks(
         &self,
-        func: Raw,
+        func: Function,
         block: i32,
         shared: usize,
         flags: u32,
     ) -> CuResult<i32>;
 
     /// cuDeviceGetDefaultMemPool.
-    fn mem_pool_default(&self, dev: i32) -> CuResult<Raw>;
+    fn mem_pool_default(&self, dev: i32) -> CuResult<MemPool>;
     /// cuMemPoolCreate: pinned device memory on `dev`, no shareable handle types, at most
     /// `max_size` bytes (0: the driver's default).
-    fn mem_pool_create(&self, dev: i32, max_size: usize) -> CuResult<Raw>;
+    fn mem_pool_create(&self, dev: i32, max_size: usize) -> CuResult<MemPool>;
     /// cuMemPoolDestroy.
-    fn mem_pool_destroy(&self, pool: Raw) -> CuResult<()>;
+    fn mem_pool_destroy(&self, pool: MemPool) -> CuResult<()>;
     /// cuDeviceSetMemPool.
-    fn device_set_mem_pool(&self, dev: i32, pool: Raw) -> CuResult<()>;
+    fn device_set_mem_pool(&self, dev: i32, pool: MemPool) -> CuResult<()>;
     /// cuMemPoolSetAttribute of attribute `attr` (1..=8; 1..=3 take an int, the others a
     /// 64-bit value).
-    fn mem_pool_set_attribute(&self, pool: Raw, attr: u32, value: u64) -> CuResult<()>;
+    fn mem_pool_set_attribute(&self, pool: MemPool, attr: u32, value: u64) -> CuResult<()>;
     /// cuMemPoolGetAttribute (as for `mem_pool_set_attribute`).
-    fn mem_pool_get_attribute(&self, pool: Raw, attr: u32) -> CuResult<u64>;
+    fn mem_pool_get_attribute(&self, pool: MemPool, attr: u32) -> CuResult<u64>;
     /// cuMemPoolTrimTo.
-    fn mem_pool_trim_to(&self, pool: Raw, keep: usize) -> CuResult<()>;
+    fn mem_pool_trim_to(&self, pool: MemPool, keep: usize) -> CuResult<()>;
     /// cuMemPoolSetAccess: (`CUdevice`, flags 0, 1 or 3) pairs.
-    fn mem_pool_set_access(&self, pool: Raw, access: &[(i32, u32)]) -> CuResult<()>;
+    fn mem_pool_set_access(&self, pool: MemPool, access: &[(i32, u32)]) -> CuResult<()>;
     /// cuMemPoolGetAccess of device `dev`.
-    fn mem_pool_get_access(&self, pool: Raw, dev: i32) -> CuResult<u32>;
+    fn mem_pool_get_access(&self, pool: MemPool, dev: i32) -> CuResult<u32>;
     /// cuMemAllocAsync (`pool` None) or cuMemAllocFromPoolAsync.
-    fn mem_alloc_async(&self, size: usize, pool: Option<Raw>, stream: Raw) -> CuResult<u64>;
+    fn mem_alloc_async(&self, size: usize, pool: Option<MemPool>, stream: Stream) -> CuResult<u64>;
     /// cuMemFreeAsync.
-    fn mem_free_async(&self, ptr: u64, stream: Raw) -> CuResult<()>;
+    fn mem_free_async(&self, ptr: u64, stream: Stream) -> CuResult<()>;
 
     /// cuCtxGetStreamPriorityRange: (least, greatest).
     fn stream_priority_range(&self) -> CuResult<(i32, i32)>;
     /// cuStreamGetPriority.
-    fn stream_priority(&self, stream: Raw) -> CuResult<i32>;
+    fn stream_priority(&self, stream: Stream) -> CuResult<i32>;
     /// cuStreamGetId.
-    fn stream_id(&self, stream: Raw) -> CuResult<u64>;
+    fn stream_id(&self, stream: Stream) -> CuResult<u64>;
     /// cuStreamCreateWithPriority.
-    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw>;
+    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Stream>;
     /// cuStreamDestroy.
-    fn stream_destroy(&self, stream: Raw) -> CuResult<()>;
+    fn stream_destroy(&self, stream: Stream) -> CuResult<()>;
     /// cuStreamSynchronize.
-    fn stream_synchronize(&self, stream: Raw) -> CuResult<()>;
+    fn stream_synchronize(&self, stream: Stream) -> CuResult<()>;
     /// cuStreamQuery: CUDA_ERROR_NOT_READY while work is pending.
-    fn stream_query(&self, stream: Raw) -> CuResult<()>;
+    fn stream_query(&self, stream: Stream) -> CuResult<()>;
     /// cuStreamWaitEvent.
-    fn stream_wait_event(&self, stream: Raw, event: Raw, flags: u32) -> CuResult<()>;
+    fn stream_wait_event(&self, stream: Stream, event: Event, flags: u32) -> CuResult<()>;
 
     /// cuEventCreate.
-    fn event_create(&self, flags: u32) -> CuResult<Raw>;
+    fn event_create(&self, flags: u32) -> CuResult<Event>;
     /// cuEventDestroy.
-    fn event_destroy(&self, event: Raw) -> CuResult<()>;
+    fn event_destroy(&self, event: Event) -> CuResult<()>;
     /// cuEventRecord.
-    fn event_record(&self, event: Raw, stream: Raw) -> CuResult<()>;
+    fn event_record(&self, event: Event, stream: Stream) -> CuResult<()>;
     /// cuEventSynchronize.
-    fn event_synchronize(&self, event: Raw) -> CuResult<()>;
+    fn event_synchronize(&self, event: Event) -> CuResult<()>;
     /// cuEventQuery: CUDA_ERROR_NOT_READY while pending.
-    fn event_query(&self, event: Raw) -> CuResult<()>;
+    fn event_query(&self, event: Event) -> CuResult<()>;
     /// cuEventElapsedTime, milliseconds.
-    fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32>;
+    fn event_elapsed(&self, start: Event, end: Event) -> CuResult<f32>;
 
     /// cuStreamSetAttribute with a value laid out as `CUstreamAttrValue` (64 bytes); `id` is
     /// one of the stream attributes (1, 3, 8, 9, 10), others are CUDA_ERROR_INVALID_VALUE.
-    fn stream_set_attribute(&self, stream: Raw, id: u32, value: &[u8; 64]) -> CuResult<()>;
+    fn stream_set_attribute(&self, stream: Stream, id: u32, value: &[u8; 64]) -> CuResult<()>;
     /// cuStreamGetAttribute, as for `stream_set_attribute`.
-    fn stream_get_attribute(&self, stream: Raw, id: u32) -> CuResult<[u8; 64]>;
+    fn stream_get_attribute(&self, stream: Stream, id: u32) -> CuResult<[u8; 64]>;
     /// cuCtxResetPersistingL2Cache in the current context.
     fn ctx_reset_persisting_l2(&self) -> CuResult<()>;
 
     /// cuStreamIsCapturing: whether work enqueued on `stream` now goes into a graph.
-    fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool>;
+    fn stream_is_capturing(&self, stream: Stream) -> CuResult<bool>;
     /// cuLaunchHostFunc: the driver calls `func(user_data)` on a thread of its own once the
     /// stream reaches it, and the stream waits for it to return.
     ///
@@ -327,7 +416,7 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     /// `user_data` must stay valid for `func` for as long as the driver may call it.
     unsafe fn launch_host_func(
         &self,
-        stream: Raw,
+        stream: Stream,
         func: HostFn,
         user_data: *mut c_void,
     ) -> CuResult<()>;
@@ -595,7 +684,7 @@ impl DriverApi for CudaDriver {
         }
     }
 
-    fn ctx_create(&self, dev: i32) -> CuResult<Raw> {
+    fn ctx_create(&self, dev: i32) -> CuResult<Context> {
         let mut ctx: sys::CUcontext = null_mut();
         // Flags 0 is CU_CTX_SCHED_AUTO, what the runtime uses. No creation parameters.
         // SAFETY: see the impl comment; a NULL ctxCreateParams asks for a plain context.
@@ -607,17 +696,17 @@ impl DriverApi for CudaDriver {
         if let Err(e) = check(unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }) {
             debug!(error = ?e, "cuCtxPopCurrent after cuCtxCreate failed");
         }
-        Ok(ctx as Raw)
+        Ok(Context::from_raw(ctx as Raw))
     }
 
-    fn ctx_destroy(&self, ctx: Raw) -> CuResult<()> {
+    fn ctx_destroy(&self, ctx: Context) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuCtxDestroy_v2(ptr(ctx)) })
+        check(unsafe { sys::cuCtxDestroy_v2(ptr(ctx.raw())) })
     }
 
-    fn ctx_set_current(&self, ctx: Raw) -> CuResult<()> {
+    fn ctx_set_current(&self, ctx: Context) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuCtxSetCurrent(ptr(ctx)) })
+        check(unsafe { sys::cuCtxSetCurrent(ptr(ctx.raw())) })
     }
 
     fn ctx_synchronize(&self) -> CuResult<()> {
@@ -668,31 +757,37 @@ impl DriverApi for CudaDriver {
         dst: u64,
         src: *const u8,
         len: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()> {
         // SAFETY: see the impl comment; the caller keeps `src` readable (method contract).
-        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, ptr(stream)) })
+        check(unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, ptr(stream.raw())) })
     }
 
-    unsafe fn memcpy_dtoh(&self, dst: *mut u8, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+    unsafe fn memcpy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Stream,
+    ) -> CuResult<()> {
         // SAFETY: see the impl comment; the caller keeps `dst` writable (method contract).
-        check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, ptr(stream)) })
+        check(unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, ptr(stream.raw())) })
     }
 
-    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()> {
         // SAFETY: see the impl comment; device addresses are checked by the driver.
-        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, ptr(stream)) })
+        check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, ptr(stream.raw())) })
     }
 
-    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Raw) -> CuResult<()> {
+    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Stream) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemsetD8Async(dst, value, len, ptr(stream)) })
+        check(unsafe { sys::cuMemsetD8Async(dst, value, len, ptr(stream.raw())) })
     }
 
-    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()> {
         // SAFETY: see the impl comment; both addresses were checked against the session's
         // device memory and host mappings, and the driver checks them again.
-        check(unsafe { sys::cuMemcpyAsync(dst, src, len, ptr(stream)) })
+        check(unsafe { sys::cuMemcpyAsync(dst, src, len, ptr(stream.raw())) })
     }
 
     unsafe fn mem_host_register(&self, p: u64, len: usize, read_only: bool) -> CuResult<()> {
@@ -716,7 +811,7 @@ impl DriverApi for CudaDriver {
         Ok(d)
     }
 
-    fn module_load(&self, image: &[u8]) -> CuResult<Raw> {
+    fn module_load(&self, image: &[u8]) -> CuResult<Module> {
         if image.last() != Some(&0) {
             return Err(CuError::INVALID_VALUE);
         }
@@ -724,45 +819,47 @@ impl DriverApi for CudaDriver {
         // SAFETY: see the impl comment; the image was checked (module_image.rs) so the sizes
         // it declares lie inside it, and it ends in a NUL for PTX.
         check(unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr().cast()) })?;
-        Ok(m as Raw)
+        Ok(Module::from_raw(m as Raw))
     }
 
-    fn module_unload(&self, module: Raw) -> CuResult<()> {
+    fn module_unload(&self, module: Module) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuModuleUnload(ptr(module)) })
+        check(unsafe { sys::cuModuleUnload(ptr(module.raw())) })
     }
 
-    fn module_function(&self, module: Raw, name: &CStr) -> CuResult<Raw> {
+    fn module_function(&self, module: Module, name: &CStr) -> CuResult<Function> {
         let mut f: sys::CUfunction = null_mut();
         // SAFETY: see the impl comment; `name` is NUL-terminated.
-        check(unsafe { sys::cuModuleGetFunction(&mut f, ptr(module), name.as_ptr()) })?;
-        Ok(f as Raw)
+        check(unsafe { sys::cuModuleGetFunction(&mut f, ptr(module.raw()), name.as_ptr()) })?;
+        Ok(Function::from_raw(f as Raw))
     }
 
-    fn module_global(&self, module: Raw, name: &CStr) -> CuResult<(u64, u64)> {
+    fn module_global(&self, module: Module, name: &CStr) -> CuResult<(u64, u64)> {
         let (mut p, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: see the impl comment; `name` is NUL-terminated.
-        check(unsafe { sys::cuModuleGetGlobal_v2(&mut p, &mut size, ptr(module), name.as_ptr()) })?;
+        check(unsafe {
+            sys::cuModuleGetGlobal_v2(&mut p, &mut size, ptr(module.raw()), name.as_ptr())
+        })?;
         Ok((p, size as u64))
     }
 
-    fn function_load(&self, func: Raw) -> CuResult<()> {
+    fn function_load(&self, func: Function) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuFuncLoad(ptr(func)) })
+        check(unsafe { sys::cuFuncLoad(ptr(func.raw())) })
     }
 
-    fn function_param_info(&self, func: Raw, index: usize) -> CuResult<(usize, usize)> {
+    fn function_param_info(&self, func: Function, index: usize) -> CuResult<(usize, usize)> {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuFuncGetParamInfo(ptr(func), index, &mut offset, &mut size) })?;
+        check(unsafe { sys::cuFuncGetParamInfo(ptr(func.raw()), index, &mut offset, &mut size) })?;
         Ok((offset, size))
     }
 
     unsafe fn launch(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
         // SAFETY: forwarded method contract.
@@ -771,9 +868,9 @@ impl DriverApi for CudaDriver {
 
     unsafe fn launch_cooperative(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
         // SAFETY: forwarded method contract.
@@ -782,13 +879,13 @@ impl DriverApi for CudaDriver {
 
     unsafe fn launch_ex(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
         attrs: &[DriverLaunchAttr],
     ) -> CuResult<()> {
-        let config = launch_config(cfg, stream, attrs)?;
+        let config = launch_config(cfg, stream.raw(), attrs)?;
         let p = if params.is_empty() {
             null_mut()
         } else {
@@ -798,34 +895,34 @@ impl DriverApi for CudaDriver {
         // layout (checked at compile time above) and outlive the call; `p` holds one readable
         // pointer per parameter (caller contract); the driver copies everything before
         // returning.
-        check(unsafe { sys::cuLaunchKernelEx(&config, ptr(func), p, null_mut()) })
+        check(unsafe { sys::cuLaunchKernelEx(&config, ptr(func.raw()), p, null_mut()) })
     }
 
     fn occupancy_cluster(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
         attrs: &[DriverLaunchAttr],
         active: bool,
     ) -> CuResult<i32> {
-        let config = launch_config(cfg, NULL_STREAM, attrs)?;
+        let config = launch_config(cfg, NULL_STREAM.raw(), attrs)?;
         let mut n: c_int = 0;
         // SAFETY: see the impl comment and `launch_ex`; the driver only reads `config`.
         check(unsafe {
             if active {
-                sys::cuOccupancyMaxActiveClusters(&mut n, ptr(func), &config)
+                sys::cuOccupancyMaxActiveClusters(&mut n, ptr(func.raw()), &config)
             } else {
-                sys::cuOccupancyMaxPotentialClusterSize(&mut n, ptr(func), &config)
+                sys::cuOccupancyMaxPotentialClusterSize(&mut n, ptr(func.raw()), &config)
             }
         })?;
         Ok(n)
     }
 
-    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize> {
+    fn occupancy_available_smem(&self, func: Function, blocks: i32, block: i32) -> CuResult<usize> {
         let mut n = 0usize;
         // SAFETY: see the impl comment.
         check(unsafe {
-            sys::cuOccupancyAvailableDynamicSMemPerBlock(&mut n, ptr(func), blocks, block)
+            sys::cuOccupancyAvailableDynamicSMemPerBlock(&mut n, ptr(func.raw()), blocks, block)
         })?;
         Ok(n)
     }
@@ -853,13 +950,13 @@ impl DriverApi for CudaDriver {
         Ok(v)
     }
 
-    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()> {
+    fn ctx_peer_access(&self, peer: Context, enable: bool) -> CuResult<()> {
         // SAFETY: see the impl comment; `peer` is a live context of the session.
         check(unsafe {
             if enable {
-                sys::cuCtxEnablePeerAccess(ptr(peer), 0)
+                sys::cuCtxEnablePeerAccess(ptr(peer.raw()), 0)
             } else {
-                sys::cuCtxDisablePeerAccess(ptr(peer))
+                sys::cuCtxDisablePeerAccess(ptr(peer.raw()))
             }
         })
     }
@@ -867,22 +964,29 @@ impl DriverApi for CudaDriver {
     fn memcpy_peer(
         &self,
         dst: u64,
-        dst_ctx: Raw,
+        dst_ctx: Context,
         src: u64,
-        src_ctx: Raw,
+        src_ctx: Context,
         len: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()> {
         // SAFETY: see the impl comment; both ranges were checked against the session's tables
         // of their devices, and both contexts are the session's.
         check(unsafe {
-            sys::cuMemcpyPeerAsync(dst, ptr(dst_ctx), src, ptr(src_ctx), len, ptr(stream))
+            sys::cuMemcpyPeerAsync(
+                dst,
+                ptr(dst_ctx.raw()),
+                src,
+                ptr(src_ctx.raw()),
+                len,
+                ptr(stream.raw()),
+            )
         })
     }
 
-    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()> {
+    fn func_set_cache_config(&self, func: Function, config: u32) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuFuncSetCacheConfig(ptr(func), func_cache(config)?) })
+        check(unsafe { sys::cuFuncSetCacheConfig(ptr(func.raw()), func_cache(config)?) })
     }
 
     fn ctx_set_cache_config(&self, config: u32) -> CuResult<()> {
@@ -897,21 +1001,21 @@ impl DriverApi for CudaDriver {
         Ok(c as u32)
     }
 
-    fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
+    fn func_attribute(&self, func: Function, attr: i32) -> CuResult<i32> {
         let mut v: c_int = 0;
         // SAFETY: see the impl comment; `func` is a live function of the session's module.
-        check(unsafe { sys::cuFuncGetAttribute(&mut v, func_attr(attr)?, ptr(func)) })?;
+        check(unsafe { sys::cuFuncGetAttribute(&mut v, func_attr(attr)?, ptr(func.raw())) })?;
         Ok(v)
     }
 
-    fn func_set_attribute(&self, func: Raw, attr: i32, value: i32) -> CuResult<()> {
+    fn func_set_attribute(&self, func: Function, attr: i32, value: i32) -> CuResult<()> {
         // SAFETY: as above; the driver checks the value.
-        check(unsafe { sys::cuFuncSetAttribute(ptr(func), func_attr(attr)?, value) })
+        check(unsafe { sys::cuFuncSetAttribute(ptr(func.raw()), func_attr(attr)?, value) })
     }
 
     fn occupancy_max_active_blocks(
         &self,
-        func: Raw,
+        func: Function,
         block: i32,
         shared: usize,
         flags: u32,
@@ -921,7 +1025,7 @@ impl DriverApi for CudaDriver {
         check(unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
                 &mut n,
-                ptr(func),
+                ptr(func.raw()),
                 block,
                 shared,
                 flags,
@@ -930,14 +1034,14 @@ impl DriverApi for CudaDriver {
         Ok(n)
     }
 
-    fn mem_pool_default(&self, dev: i32) -> CuResult<Raw> {
+    fn mem_pool_default(&self, dev: i32) -> CuResult<MemPool> {
         let mut p: sys::CUmemoryPool = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut p, dev) })?;
-        Ok(p as Raw)
+        Ok(MemPool::from_raw(p as Raw))
     }
 
-    fn mem_pool_create(&self, dev: i32, max_size: usize) -> CuResult<Raw> {
+    fn mem_pool_create(&self, dev: i32, max_size: usize) -> CuResult<MemPool> {
         // SAFETY: an all-zero CUmemPoolProps is a valid value (no pointers are followed).
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -947,55 +1051,59 @@ impl DriverApi for CudaDriver {
         let mut p: sys::CUmemoryPool = null_mut();
         // SAFETY: see the impl comment; `props` is fully initialised.
         check(unsafe { sys::cuMemPoolCreate(&mut p, &props) })?;
-        Ok(p as Raw)
+        Ok(MemPool::from_raw(p as Raw))
     }
 
-    fn mem_pool_destroy(&self, pool: Raw) -> CuResult<()> {
+    fn mem_pool_destroy(&self, pool: MemPool) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemPoolDestroy(ptr(pool)) })
+        check(unsafe { sys::cuMemPoolDestroy(ptr(pool.raw())) })
     }
 
-    fn device_set_mem_pool(&self, dev: i32, pool: Raw) -> CuResult<()> {
+    fn device_set_mem_pool(&self, dev: i32, pool: MemPool) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuDeviceSetMemPool(dev, ptr(pool)) })
+        check(unsafe { sys::cuDeviceSetMemPool(dev, ptr(pool.raw())) })
     }
 
-    fn mem_pool_set_attribute(&self, pool: Raw, attr: u32, value: u64) -> CuResult<()> {
+    fn mem_pool_set_attribute(&self, pool: MemPool, attr: u32, value: u64) -> CuResult<()> {
         let a = pool_attr(attr)?;
         if attr <= 3 {
             let mut v = c_int::from(value != 0);
             // SAFETY: see the impl comment; the int attributes take a pointer to an int.
             return check(unsafe {
-                sys::cuMemPoolSetAttribute(ptr(pool), a, (&mut v as *mut c_int).cast())
+                sys::cuMemPoolSetAttribute(ptr(pool.raw()), a, (&mut v as *mut c_int).cast())
             });
         }
         let mut v: u64 = value;
         // SAFETY: see the impl comment; the other attributes take a pointer to a cuuint64_t.
-        check(unsafe { sys::cuMemPoolSetAttribute(ptr(pool), a, (&mut v as *mut u64).cast()) })
+        check(unsafe {
+            sys::cuMemPoolSetAttribute(ptr(pool.raw()), a, (&mut v as *mut u64).cast())
+        })
     }
 
-    fn mem_pool_get_attribute(&self, pool: Raw, attr: u32) -> CuResult<u64> {
+    fn mem_pool_get_attribute(&self, pool: MemPool, attr: u32) -> CuResult<u64> {
         let a = pool_attr(attr)?;
         if attr <= 3 {
             let mut v: c_int = 0;
             // SAFETY: as in `mem_pool_set_attribute`.
             check(unsafe {
-                sys::cuMemPoolGetAttribute(ptr(pool), a, (&mut v as *mut c_int).cast())
+                sys::cuMemPoolGetAttribute(ptr(pool.raw()), a, (&mut v as *mut c_int).cast())
             })?;
             return Ok(u64::from(v != 0));
         }
         let mut v: u64 = 0;
         // SAFETY: as in `mem_pool_set_attribute`.
-        check(unsafe { sys::cuMemPoolGetAttribute(ptr(pool), a, (&mut v as *mut u64).cast()) })?;
+        check(unsafe {
+            sys::cuMemPoolGetAttribute(ptr(pool.raw()), a, (&mut v as *mut u64).cast())
+        })?;
         Ok(v)
     }
 
-    fn mem_pool_trim_to(&self, pool: Raw, keep: usize) -> CuResult<()> {
+    fn mem_pool_trim_to(&self, pool: MemPool, keep: usize) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemPoolTrimTo(ptr(pool), keep) })
+        check(unsafe { sys::cuMemPoolTrimTo(ptr(pool.raw()), keep) })
     }
 
-    fn mem_pool_set_access(&self, pool: Raw, access: &[(i32, u32)]) -> CuResult<()> {
+    fn mem_pool_set_access(&self, pool: MemPool, access: &[(i32, u32)]) -> CuResult<()> {
         let mut descs = Vec::with_capacity(access.len());
         for &(dev, flags) in access {
             descs.push(sys::CUmemAccessDesc {
@@ -1004,32 +1112,34 @@ impl DriverApi for CudaDriver {
             });
         }
         // SAFETY: see the impl comment; `descs` holds `descs.len()` initialised descriptors.
-        check(unsafe { sys::cuMemPoolSetAccess(ptr(pool), descs.as_ptr(), descs.len()) })
+        check(unsafe { sys::cuMemPoolSetAccess(ptr(pool.raw()), descs.as_ptr(), descs.len()) })
     }
 
-    fn mem_pool_get_access(&self, pool: Raw, dev: i32) -> CuResult<u32> {
+    fn mem_pool_get_access(&self, pool: MemPool, dev: i32) -> CuResult<u32> {
         let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
         let mut location = mem_location(dev);
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemPoolGetAccess(&mut flags, ptr(pool), &mut location) })?;
+        check(unsafe { sys::cuMemPoolGetAccess(&mut flags, ptr(pool.raw()), &mut location) })?;
         Ok(flags as u32)
     }
 
-    fn mem_alloc_async(&self, size: usize, pool: Option<Raw>, stream: Raw) -> CuResult<u64> {
+    fn mem_alloc_async(&self, size: usize, pool: Option<MemPool>, stream: Stream) -> CuResult<u64> {
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: see the impl comment.
         check(unsafe {
             match pool {
-                None => sys::cuMemAllocAsync(&mut p, size, ptr(stream)),
-                Some(pool) => sys::cuMemAllocFromPoolAsync(&mut p, size, ptr(pool), ptr(stream)),
+                None => sys::cuMemAllocAsync(&mut p, size, ptr(stream.raw())),
+                Some(pool) => {
+                    sys::cuMemAllocFromPoolAsync(&mut p, size, ptr(pool.raw()), ptr(stream.raw()))
+                }
             }
         })?;
         Ok(p)
     }
 
-    fn mem_free_async(&self, p: u64, stream: Raw) -> CuResult<()> {
+    fn mem_free_async(&self, p: u64, stream: Stream) -> CuResult<()> {
         // SAFETY: see the impl comment; the pointer is an allocation of the session.
-        check(unsafe { sys::cuMemFreeAsync(p, ptr(stream)) })
+        check(unsafe { sys::cuMemFreeAsync(p, ptr(stream.raw())) })
     }
 
     fn stream_priority_range(&self) -> CuResult<(i32, i32)> {
@@ -1039,84 +1149,84 @@ impl DriverApi for CudaDriver {
         Ok((least, greatest))
     }
 
-    fn stream_priority(&self, stream: Raw) -> CuResult<i32> {
+    fn stream_priority(&self, stream: Stream) -> CuResult<i32> {
         let mut p: c_int = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamGetPriority(ptr(stream), &mut p) })?;
+        check(unsafe { sys::cuStreamGetPriority(ptr(stream.raw()), &mut p) })?;
         Ok(p)
     }
 
-    fn stream_id(&self, stream: Raw) -> CuResult<u64> {
+    fn stream_id(&self, stream: Stream) -> CuResult<u64> {
         let mut id: std::ffi::c_ulonglong = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamGetId(ptr(stream), &mut id) })?;
+        check(unsafe { sys::cuStreamGetId(ptr(stream.raw()), &mut id) })?;
         Ok(id)
     }
 
-    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw> {
+    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Stream> {
         let mut s: sys::CUstream = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuStreamCreateWithPriority(&mut s, flags, priority) })?;
-        Ok(s as Raw)
+        Ok(Stream::from_raw(s as Raw))
     }
 
-    fn stream_destroy(&self, stream: Raw) -> CuResult<()> {
+    fn stream_destroy(&self, stream: Stream) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamDestroy_v2(ptr(stream)) })
+        check(unsafe { sys::cuStreamDestroy_v2(ptr(stream.raw())) })
     }
 
-    fn stream_synchronize(&self, stream: Raw) -> CuResult<()> {
+    fn stream_synchronize(&self, stream: Stream) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamSynchronize(ptr(stream)) })
+        check(unsafe { sys::cuStreamSynchronize(ptr(stream.raw())) })
     }
 
-    fn stream_query(&self, stream: Raw) -> CuResult<()> {
+    fn stream_query(&self, stream: Stream) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamQuery(ptr(stream)) })
+        check(unsafe { sys::cuStreamQuery(ptr(stream.raw())) })
     }
 
-    fn stream_wait_event(&self, stream: Raw, event: Raw, flags: u32) -> CuResult<()> {
+    fn stream_wait_event(&self, stream: Stream, event: Event, flags: u32) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamWaitEvent(ptr(stream), ptr(event), flags) })
+        check(unsafe { sys::cuStreamWaitEvent(ptr(stream.raw()), ptr(event.raw()), flags) })
     }
 
-    fn event_create(&self, flags: u32) -> CuResult<Raw> {
+    fn event_create(&self, flags: u32) -> CuResult<Event> {
         let mut e: sys::CUevent = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuEventCreate(&mut e, flags) })?;
-        Ok(e as Raw)
+        Ok(Event::from_raw(e as Raw))
     }
 
-    fn event_destroy(&self, event: Raw) -> CuResult<()> {
+    fn event_destroy(&self, event: Event) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuEventDestroy_v2(ptr(event)) })
+        check(unsafe { sys::cuEventDestroy_v2(ptr(event.raw())) })
     }
 
-    fn event_record(&self, event: Raw, stream: Raw) -> CuResult<()> {
+    fn event_record(&self, event: Event, stream: Stream) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuEventRecord(ptr(event), ptr(stream)) })
+        check(unsafe { sys::cuEventRecord(ptr(event.raw()), ptr(stream.raw())) })
     }
 
-    fn stream_set_attribute(&self, stream: Raw, id: u32, value: &[u8; 64]) -> CuResult<()> {
+    fn stream_set_attribute(&self, stream: Stream, id: u32, value: &[u8; 64]) -> CuResult<()> {
         let id = stream_attr_id(id)?;
         // SAFETY: see the impl comment; `value` is 64 bytes, the size of the C union
         // CUstreamAttrValue, and the driver only reads it.
         check(unsafe {
             sys::cuStreamSetAttribute(
-                ptr(stream),
+                ptr(stream.raw()),
                 id,
                 value.as_ptr().cast::<sys::CUstreamAttrValue>(),
             )
         })
     }
 
-    fn stream_get_attribute(&self, stream: Raw, id: u32) -> CuResult<[u8; 64]> {
+    fn stream_get_attribute(&self, stream: Stream, id: u32) -> CuResult<[u8; 64]> {
         let id = stream_attr_id(id)?;
         let mut value = [0u8; 64];
         // SAFETY: as above; the driver writes at most the union's 64 bytes.
         check(unsafe {
             sys::cuStreamGetAttribute(
-                ptr(stream),
+                ptr(stream.raw()),
                 id,
                 value.as_mut_ptr().cast::<sys::CUstreamAttrValue>(),
             )
@@ -1129,37 +1239,37 @@ impl DriverApi for CudaDriver {
         check(unsafe { sys::cuCtxResetPersistingL2Cache() })
     }
 
-    fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool> {
+    fn stream_is_capturing(&self, stream: Stream) -> CuResult<bool> {
         let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: see the impl comment; the status is written to a local.
-        check(unsafe { sys::cuStreamIsCapturing(ptr(stream), &mut st) })?;
+        check(unsafe { sys::cuStreamIsCapturing(ptr(stream.raw()), &mut st) })?;
         Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
     unsafe fn launch_host_func(
         &self,
-        stream: Raw,
+        stream: Stream,
         func: HostFn,
         user_data: *mut c_void,
     ) -> CuResult<()> {
         // SAFETY: see the impl comment; `user_data` stays valid for `func` by our contract.
-        check(unsafe { sys::cuLaunchHostFunc(ptr(stream), Some(func), user_data) })
+        check(unsafe { sys::cuLaunchHostFunc(ptr(stream.raw()), Some(func), user_data) })
     }
 
-    fn event_synchronize(&self, event: Raw) -> CuResult<()> {
+    fn event_synchronize(&self, event: Event) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuEventSynchronize(ptr(event)) })
+        check(unsafe { sys::cuEventSynchronize(ptr(event.raw())) })
     }
 
-    fn event_query(&self, event: Raw) -> CuResult<()> {
+    fn event_query(&self, event: Event) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuEventQuery(ptr(event)) })
+        check(unsafe { sys::cuEventQuery(ptr(event.raw())) })
     }
 
-    fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32> {
+    fn event_elapsed(&self, start: Event, end: Event) -> CuResult<f32> {
         let mut ms = 0f32;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, ptr(start), ptr(end)) })?;
+        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, ptr(start.raw()), ptr(end.raw())) })?;
         Ok(ms)
     }
 }
@@ -1170,9 +1280,9 @@ impl DriverApi for CudaDriver {
 /// # Safety
 /// As for [`DriverApi::launch`]: one readable pointer per kernel parameter in `params`.
 unsafe fn launch_on(
-    func: Raw,
+    func: Function,
     cfg: &LaunchConfig,
-    stream: Raw,
+    stream: Stream,
     params: &mut [*mut c_void],
     cooperative: bool,
 ) -> CuResult<()> {
@@ -1183,7 +1293,7 @@ unsafe fn launch_on(
     } else {
         params.as_mut_ptr()
     };
-    let (f, s, smem) = (ptr(func), ptr(stream), cfg.shared_mem);
+    let (f, s, smem) = (ptr(func.raw()), ptr(stream.raw()), cfg.shared_mem);
     // SAFETY: `func` and `stream` are live handles of the current context (the executor's
     // handle tables), `p` holds one readable pointer per parameter (caller contract), and the
     // driver copies the values before returning.
@@ -1331,13 +1441,13 @@ impl DriverApi for NoDriver {
     fn device_attribute(&self, _: i32, _: i32) -> CuResult<i32> {
         Err(CuError::NO_DEVICE)
     }
-    fn ctx_create(&self, _: i32) -> CuResult<Raw> {
+    fn ctx_create(&self, _: i32) -> CuResult<Context> {
         Err(CuError::NO_DEVICE)
     }
-    fn ctx_destroy(&self, _: Raw) -> CuResult<()> {
+    fn ctx_destroy(&self, _: Context) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn ctx_set_current(&self, _: Raw) -> CuResult<()> {
+    fn ctx_set_current(&self, _: Context) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_synchronize(&self) -> CuResult<()> {
@@ -1348,24 +1458,24 @@ impl DriverApi for NoDriver {
     }
     unsafe fn launch_cooperative(
         &self,
-        _: Raw,
+        _: Function,
         _: &LaunchConfig,
-        _: Raw,
+        _: Stream,
         _: &mut [*mut c_void],
     ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn func_attribute(&self, _: Raw, _: i32) -> CuResult<i32> {
+    fn func_attribute(&self, _: Function, _: i32) -> CuResult<i32> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_pool_default(&self, _: i32) -> CuResult<Raw> {
+    fn mem_pool_default(&self, _: i32) -> CuResult<MemPool> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn launch_ex(
         &self,
-        _: Raw,
+        _: Function,
         _: &LaunchConfig,
-        _: Raw,
+        _: Stream,
         _: &mut [*mut c_void],
         _: &[DriverLaunchAttr],
     ) -> CuResult<()> {
@@ -1373,17 +1483,17 @@ impl DriverApi for NoDriver {
     }
     fn occupancy_cluster(
         &self,
-        _: Raw,
+        _: Function,
         _: &LaunchConfig,
         _: &[DriverLaunchAttr],
         _: bool,
     ) -> CuResult<i32> {
         Err(CuError::NO_DEVICE)
     }
-    fn occupancy_available_smem(&self, _: Raw, _: i32, _: i32) -> CuResult<usize> {
+    fn occupancy_available_smem(&self, _: Function, _: i32, _: i32) -> CuResult<usize> {
         Err(CuError::NO_DEVICE)
     }
-    fn func_set_cache_config(&self, _: Raw, _: u32) -> CuResult<()> {
+    fn func_set_cache_config(&self, _: Function, _: u32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn device_can_access_peer(&self, _: i32, _: i32) -> CuResult<bool> {
@@ -1392,10 +1502,18 @@ impl DriverApi for NoDriver {
     fn device_p2p_attribute(&self, _: u32, _: i32, _: i32) -> CuResult<i32> {
         Err(CuError::NO_DEVICE)
     }
-    fn ctx_peer_access(&self, _: Raw, _: bool) -> CuResult<()> {
+    fn ctx_peer_access(&self, _: Context, _: bool) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn memcpy_peer(&self, _: u64, _: Raw, _: u64, _: Raw, _: usize, _: Raw) -> CuResult<()> {
+    fn memcpy_peer(
+        &self,
+        _: u64,
+        _: Context,
+        _: u64,
+        _: Context,
+        _: usize,
+        _: Stream,
+    ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_set_cache_config(&self, _: u32) -> CuResult<()> {
@@ -1404,49 +1522,49 @@ impl DriverApi for NoDriver {
     fn ctx_get_cache_config(&self) -> CuResult<u32> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_pool_create(&self, _: i32, _: usize) -> CuResult<Raw> {
+    fn mem_pool_create(&self, _: i32, _: usize) -> CuResult<MemPool> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_pool_destroy(&self, _: Raw) -> CuResult<()> {
+    fn mem_pool_destroy(&self, _: MemPool) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn device_set_mem_pool(&self, _: i32, _: Raw) -> CuResult<()> {
+    fn device_set_mem_pool(&self, _: i32, _: MemPool) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_pool_set_attribute(&self, _: Raw, _: u32, _: u64) -> CuResult<()> {
+    fn mem_pool_set_attribute(&self, _: MemPool, _: u32, _: u64) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_pool_get_attribute(&self, _: Raw, _: u32) -> CuResult<u64> {
+    fn mem_pool_get_attribute(&self, _: MemPool, _: u32) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_pool_trim_to(&self, _: Raw, _: usize) -> CuResult<()> {
+    fn mem_pool_trim_to(&self, _: MemPool, _: usize) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_pool_set_access(&self, _: Raw, _: &[(i32, u32)]) -> CuResult<()> {
+    fn mem_pool_set_access(&self, _: MemPool, _: &[(i32, u32)]) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_pool_get_access(&self, _: Raw, _: i32) -> CuResult<u32> {
+    fn mem_pool_get_access(&self, _: MemPool, _: i32) -> CuResult<u32> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_alloc_async(&self, _: usize, _: Option<Raw>, _: Raw) -> CuResult<u64> {
+    fn mem_alloc_async(&self, _: usize, _: Option<MemPool>, _: Stream) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
-    fn mem_free_async(&self, _: u64, _: Raw) -> CuResult<()> {
+    fn mem_free_async(&self, _: u64, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn stream_priority_range(&self) -> CuResult<(i32, i32)> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_priority(&self, _: Raw) -> CuResult<i32> {
+    fn stream_priority(&self, _: Stream) -> CuResult<i32> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_id(&self, _: Raw) -> CuResult<u64> {
+    fn stream_id(&self, _: Stream) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
-    fn func_set_attribute(&self, _: Raw, _: i32, _: i32) -> CuResult<()> {
+    fn func_set_attribute(&self, _: Function, _: i32, _: i32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn occupancy_max_active_blocks(&self, _: Raw, _: i32, _: usize, _: u32) -> CuResult<i32> {
+    fn occupancy_max_active_blocks(&self, _: Function, _: i32, _: usize, _: u32) -> CuResult<i32> {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_set_limit(&self, _: u32, _: usize) -> CuResult<()> {
@@ -1464,16 +1582,16 @@ impl DriverApi for NoDriver {
     fn mem_alloc_host(&self, _: usize) -> CuResult<Raw> {
         Err(CuError::NO_DEVICE)
     }
-    unsafe fn memcpy_htod(&self, _: u64, _: *const u8, _: usize, _: Raw) -> CuResult<()> {
+    unsafe fn memcpy_htod(&self, _: u64, _: *const u8, _: usize, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    unsafe fn memcpy_dtoh(&self, _: *mut u8, _: u64, _: usize, _: Raw) -> CuResult<()> {
+    unsafe fn memcpy_dtoh(&self, _: *mut u8, _: u64, _: usize, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn memcpy_dtod(&self, _: u64, _: u64, _: usize, _: Raw) -> CuResult<()> {
+    fn memcpy_dtod(&self, _: u64, _: u64, _: usize, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn memcpy(&self, _: u64, _: u64, _: usize, _: Raw) -> CuResult<()> {
+    fn memcpy(&self, _: u64, _: u64, _: usize, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn mem_host_register(&self, _: u64, _: usize, _: bool) -> CuResult<()> {
@@ -1485,82 +1603,82 @@ impl DriverApi for NoDriver {
     fn mem_host_device_pointer(&self, _: u64) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
-    fn memset_d8(&self, _: u64, _: u8, _: usize, _: Raw) -> CuResult<()> {
+    fn memset_d8(&self, _: u64, _: u8, _: usize, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn module_load(&self, _: &[u8]) -> CuResult<Raw> {
+    fn module_load(&self, _: &[u8]) -> CuResult<Module> {
         Err(CuError::NO_DEVICE)
     }
-    fn module_unload(&self, _: Raw) -> CuResult<()> {
+    fn module_unload(&self, _: Module) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn module_function(&self, _: Raw, _: &CStr) -> CuResult<Raw> {
+    fn module_function(&self, _: Module, _: &CStr) -> CuResult<Function> {
         Err(CuError::NO_DEVICE)
     }
-    fn module_global(&self, _: Raw, _: &CStr) -> CuResult<(u64, u64)> {
+    fn module_global(&self, _: Module, _: &CStr) -> CuResult<(u64, u64)> {
         Err(CuError::NO_DEVICE)
     }
-    fn function_load(&self, _: Raw) -> CuResult<()> {
+    fn function_load(&self, _: Function) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn function_param_info(&self, _: Raw, _: usize) -> CuResult<(usize, usize)> {
+    fn function_param_info(&self, _: Function, _: usize) -> CuResult<(usize, usize)> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn launch(
         &self,
-        _: Raw,
+        _: Function,
         _: &LaunchConfig,
-        _: Raw,
+        _: Stream,
         _: &mut [*mut c_void],
     ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_create(&self, _: u32, _: i32) -> CuResult<Raw> {
+    fn stream_create(&self, _: u32, _: i32) -> CuResult<Stream> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_destroy(&self, _: Raw) -> CuResult<()> {
+    fn stream_destroy(&self, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_synchronize(&self, _: Raw) -> CuResult<()> {
+    fn stream_synchronize(&self, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_query(&self, _: Raw) -> CuResult<()> {
+    fn stream_query(&self, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_wait_event(&self, _: Raw, _: Raw, _: u32) -> CuResult<()> {
+    fn stream_wait_event(&self, _: Stream, _: Event, _: u32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn event_create(&self, _: u32) -> CuResult<Raw> {
+    fn event_create(&self, _: u32) -> CuResult<Event> {
         Err(CuError::NO_DEVICE)
     }
-    fn event_destroy(&self, _: Raw) -> CuResult<()> {
+    fn event_destroy(&self, _: Event) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn event_record(&self, _: Raw, _: Raw) -> CuResult<()> {
+    fn event_record(&self, _: Event, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_is_capturing(&self, _: Raw) -> CuResult<bool> {
+    fn stream_is_capturing(&self, _: Stream) -> CuResult<bool> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_set_attribute(&self, _: Raw, _: u32, _: &[u8; 64]) -> CuResult<()> {
+    fn stream_set_attribute(&self, _: Stream, _: u32, _: &[u8; 64]) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_get_attribute(&self, _: Raw, _: u32) -> CuResult<[u8; 64]> {
+    fn stream_get_attribute(&self, _: Stream, _: u32) -> CuResult<[u8; 64]> {
         Err(CuError::NO_DEVICE)
     }
     fn ctx_reset_persisting_l2(&self) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    unsafe fn launch_host_func(&self, _: Raw, _: HostFn, _: *mut c_void) -> CuResult<()> {
+    unsafe fn launch_host_func(&self, _: Stream, _: HostFn, _: *mut c_void) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn event_synchronize(&self, _: Raw) -> CuResult<()> {
+    fn event_synchronize(&self, _: Event) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn event_query(&self, _: Raw) -> CuResult<()> {
+    fn event_query(&self, _: Event) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn event_elapsed(&self, _: Raw, _: Raw) -> CuResult<f32> {
+    fn event_elapsed(&self, _: Event, _: Event) -> CuResult<f32> {
         Err(CuError::NO_DEVICE)
     }
 }
@@ -1574,7 +1692,7 @@ mod tests {
     /// resolved by hand).
     #[test]
     fn required_symbols_match_the_calls() {
-        let src = include_str!("driver.rs");
+        let src = include_str!("mod.rs");
         let code = src.split("#[cfg(test)]").next().unwrap_or(src);
         let mut called: Vec<&str> = code
             .match_indices("sys::cu")

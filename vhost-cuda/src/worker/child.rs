@@ -1,6 +1,6 @@
 //! The worker process of one session: `vhost-cuda --session-worker --session-id N`.
 //!
-//! The daemon starts one per guest process that uses the GPU (`worker_process.rs`), because
+//! The daemon starts one per guest process that uses the GPU (`handle.rs`), because
 //! only separate processes isolate guest processes from each other on the GPU: measured with
 //! driver 580, all CUDA contexts of one process share one GPU address space (a kernel can
 //! write another context's memory), and one sticky error fails every context of the process.
@@ -37,12 +37,12 @@ use tracing::{debug, error, error_span, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::{
-    cuda::CudaHost,
+    cuda::{CudaHost, CudaSession},
     device_output::DeviceOutput,
-    guest_buffer::{BufferError, GuestBuffer, GuestRam, Request},
+    guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     shared_guest_ram::map_regions,
     signals, transport_ops,
-    worker_message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
 };
 
 /// The descriptor the daemon puts the worker's end of the channel on.
@@ -103,6 +103,9 @@ pub enum RunError {
     /// A run outside guest RAM.
     #[error("{0}")]
     Memory(#[from] BufferError),
+    /// The buffers do not match the header (the checks above rule it out).
+    #[error("{0}")]
+    Request(#[from] RequestError),
 }
 
 /// Rebuilds and checks a request against this worker's map of guest RAM.
@@ -112,7 +115,7 @@ pub fn build_request(
     run: &RunRequest,
 ) -> Result<Request, RunError> {
     let header = RequestHeader::decode(&run.header).map_err(RunError::Header)?;
-    let op = header.checked_op().map_err(RunError::Header)?;
+    header.checked_op().map_err(RunError::Header)?;
     if header.session != session {
         return Err(RunError::Session {
             expected: session,
@@ -150,12 +153,7 @@ pub fn build_request(
         buffers.push(GuestBuffer::new(mem.clone(), ranges)?);
     }
     let outputs = buffers.split_off(want_in);
-    Ok(Request {
-        header,
-        op,
-        inputs: buffers,
-        outputs,
-    })
+    Ok(Request::new(header, buffers, outputs)?)
 }
 
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
@@ -223,7 +221,7 @@ fn take_channel() -> io::Result<WorkerChannel> {
         return Err(io::Error::other(format!("fd {CHANNEL_FD} is not a socket")));
     }
     // SAFETY: the daemon started this process with its channel on CHANNEL_FD (see
-    // `worker_process.rs`) and nothing else in this process uses that descriptor, so the stream
+    // `handle.rs`) and nothing else in this process uses that descriptor, so the stream
     // may own it.
     let sock = unsafe { UnixStream::from_raw_fd(CHANNEL_FD) };
     Ok(WorkerChannel::new(sock))
@@ -269,7 +267,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
             }
         }
     }
-    let mut session = host.open_session(config.session);
+    let mut session = CudaSession::open(&host, config.session);
     debug!(
         pid = std::process::id(),
         gpus = host.gpu_count(),
@@ -280,7 +278,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
         &channel,
         config.session,
         |req| {
-            let mut resp = match req.op {
+            let mut resp = match req.op() {
                 // The transport self-test, here too: it proves this process's view of guest RAM.
                 Op::Echo => transport_ops::echo(req),
                 Op::TakeOutput => output.take(req),
@@ -313,7 +311,7 @@ mod tests {
     use vm_memory::{Bytes, FileOffset};
 
     use super::*;
-    use crate::{shared_guest_ram::region_table, worker_message::RegionSpec};
+    use crate::{shared_guest_ram::region_table, worker::message::RegionSpec};
 
     fn ram() -> Arc<GuestRam> {
         Arc::new(
@@ -347,9 +345,9 @@ mod tests {
         mem.write_slice(b"world", GuestAddress(0xfffb)).unwrap();
         let ok = copy_run(4, 11, vec![span(0x10_0000, 6), span(0xfffb, 5)]);
         let req = build_request(4, &mem, &ok).unwrap();
-        assert_eq!(req.op, Op::MemcpyHtoD);
-        assert_eq!(req.inputs[0].to_vec().unwrap(), b"hello world");
-        assert!(req.outputs.is_empty());
+        assert_eq!(req.op(), Op::MemcpyHtoD);
+        assert_eq!(req.inputs()[0].to_vec().unwrap(), b"hello world");
+        assert!(req.outputs().is_empty());
 
         let refused = [
             // Outside guest RAM: the gap, past the end, overflowing.
@@ -438,7 +436,7 @@ mod tests {
                 &ch,
                 9,
                 |req| {
-                    seen.push(req.inputs[0].to_vec().unwrap());
+                    seen.push(req.inputs()[0].to_vec().unwrap());
                     ResponseHeader::with_status(seen.len() as u32)
                 },
                 |_| unreachable!(),

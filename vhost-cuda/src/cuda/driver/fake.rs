@@ -11,11 +11,11 @@ use std::{
 };
 
 use super::{
-    driver::{CuError, CuResult, DriverApi, HostFn, Raw},
-    launch::{attr, DriverLaunchAttr, LaunchConfig},
+    Context, CuError, CuResult, DriverApi, Event, Function, HostFn, MemPool, Module, Raw, Stream,
 };
+use crate::cuda::launch::{attr, DriverLaunchAttr, LaunchConfig};
 
-#[path = "fake_array_driver.rs"]
+#[path = "fake_arrays.rs"]
 mod arrays;
 
 pub(crate) const TOTAL_MEM: u64 = 1 << 30;
@@ -65,10 +65,10 @@ pub(super) struct Ctx {
     limits: HashMap<u32, usize>,
     /// MAX_DYNAMIC_SHARED_SIZE_BYTES set per function.
     func_smem: HashMap<Raw, i32>,
-    /// CUDA arrays: descriptor and bytes (fake_array_driver.rs).
-    arrays: HashMap<Raw, (super::array_driver::ArrayDesc, Vec<u8>)>,
+    /// CUDA arrays: descriptor and bytes (fake_arrays.rs).
+    arrays: HashMap<Raw, (super::array::ArrayDesc, Vec<u8>)>,
     /// Mipmapped arrays: their level arrays.
-    mipmapped: HashMap<Raw, Vec<Raw>>,
+    mipmapped: HashMap<Raw, Vec<super::array::Array>>,
     /// Texture and surface objects alive.
     objects: HashSet<u64>,
     /// Stream priorities (clamped to `PRIORITY_RANGE`).
@@ -377,7 +377,7 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    fn ctx_create(&self, dev: i32) -> CuResult<Raw> {
+    fn ctx_create(&self, dev: i32) -> CuResult<Context> {
         let mut st = self.enter("ctx_create")?;
         let id = fresh(&mut st.next);
         let n = st.contexts.len() as u64 + st.destroyed as u64;
@@ -389,23 +389,23 @@ impl DriverApi for FakeDriver {
                 ..Ctx::default()
             },
         );
-        Ok(id)
+        Ok(Context::from_raw(id))
     }
 
-    fn ctx_destroy(&self, ctx: Raw) -> CuResult<()> {
+    fn ctx_destroy(&self, ctx: Context) -> CuResult<()> {
         let mut st = self.enter("ctx_destroy")?;
-        st.contexts.remove(&ctx).ok_or(INVALID_CONTEXT)?;
+        st.contexts.remove(&ctx.raw()).ok_or(INVALID_CONTEXT)?;
         st.destroyed += 1;
-        st.current.retain(|_, c| *c != ctx);
+        st.current.retain(|_, c| *c != ctx.raw());
         Ok(())
     }
 
-    fn ctx_set_current(&self, ctx: Raw) -> CuResult<()> {
+    fn ctx_set_current(&self, ctx: Context) -> CuResult<()> {
         let mut st = self.enter("ctx_set_current")?;
-        if !st.contexts.contains_key(&ctx) {
+        if !st.contexts.contains_key(&ctx.raw()) {
             return Err(INVALID_CONTEXT);
         }
-        st.current.insert(thread::current().id(), ctx);
+        st.current.insert(thread::current().id(), ctx.raw());
         Ok(())
     }
 
@@ -487,10 +487,10 @@ impl DriverApi for FakeDriver {
         dst: u64,
         src: *const u8,
         len: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()> {
         self.with_ctx("memcpy_htod", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             let d = slice_mut(c, dst, len)?;
             // SAFETY: the caller guarantees `src` is readable for `len` bytes.
             let s = unsafe { std::slice::from_raw_parts(src, len) };
@@ -499,9 +499,15 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    unsafe fn memcpy_dtoh(&self, dst: *mut u8, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+    unsafe fn memcpy_dtoh(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Stream,
+    ) -> CuResult<()> {
         self.with_ctx("memcpy_dtoh", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             let s = slice_mut(c, src, len)?;
             // SAFETY: the caller guarantees `dst` is writable for `len` bytes and not aliased.
             let d = unsafe { std::slice::from_raw_parts_mut(dst, len) };
@@ -510,19 +516,19 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+    fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()> {
         self.with_ctx("memcpy_dtod", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             let data = slice_mut(c, src, len)?.to_vec();
             slice_mut(c, dst, len)?.copy_from_slice(&data);
             Ok(())
         })
     }
 
-    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Raw) -> CuResult<()> {
+    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Stream) -> CuResult<()> {
         let registered = self.st().registered.clone();
         self.with_ctx("memset_d8", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             match host_slice(&registered, dst, len) {
                 // SAFETY: registered ranges stay mapped while registered (method contract of
                 // `mem_host_register`).
@@ -533,10 +539,10 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Raw) -> CuResult<()> {
+    fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()> {
         let registered = self.st().registered.clone();
         self.with_ctx("memcpy", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             let data = match host_slice(&registered, src, len) {
                 Some(p) => {
                     // SAFETY: registered ranges stay mapped while registered (method contract
@@ -577,7 +583,7 @@ impl DriverApi for FakeDriver {
             .ok_or(INVALID_VALUE)
     }
 
-    fn module_load(&self, image: &[u8]) -> CuResult<Raw> {
+    fn module_load(&self, image: &[u8]) -> CuResult<Module> {
         self.with_ctx("module_load", |c, next| {
             if image.last() != Some(&0) {
                 return Err(INVALID_VALUE);
@@ -591,61 +597,61 @@ impl DriverApi for FakeDriver {
             c.next_addr += 0x1000;
             c.mem.insert(g, vec![0; GLOBAL.1 as usize]);
             c.globals.insert(m, g);
-            Ok(m)
+            Ok(Module::from_raw(m))
         })
     }
 
-    fn module_unload(&self, module: Raw) -> CuResult<()> {
+    fn module_unload(&self, module: Module) -> CuResult<()> {
         self.with_ctx("module_unload", |c, _| {
-            if !c.modules.remove(&module) {
+            if !c.modules.remove(&module.raw()) {
                 return Err(INVALID_HANDLE);
             }
-            if let Some(g) = c.globals.remove(&module) {
+            if let Some(g) = c.globals.remove(&module.raw()) {
                 c.mem.remove(&g);
             }
             Ok(())
         })
     }
 
-    fn module_function(&self, module: Raw, name: &CStr) -> CuResult<Raw> {
+    fn module_function(&self, module: Module, name: &CStr) -> CuResult<Function> {
         self.with_ctx("module_function", |c, _| {
-            if !c.modules.contains(&module) {
+            if !c.modules.contains(&module.raw()) {
                 return Err(INVALID_HANDLE);
             }
             let i = KERNELS
                 .iter()
                 .position(|(n, _)| n.as_bytes() == name.to_bytes())
                 .ok_or(NOT_FOUND)?;
-            Ok(module + 1 + i)
+            Ok(Function::from_raw(module.raw() + 1 + i))
         })
     }
 
-    fn module_global(&self, module: Raw, name: &CStr) -> CuResult<(u64, u64)> {
+    fn module_global(&self, module: Module, name: &CStr) -> CuResult<(u64, u64)> {
         self.with_ctx("module_global", |c, _| {
-            if !c.modules.contains(&module) {
+            if !c.modules.contains(&module.raw()) {
                 return Err(INVALID_HANDLE);
             }
             if name.to_bytes() != GLOBAL.0.as_bytes() {
                 return Err(NOT_FOUND);
             }
-            let g = c.globals.get(&module).ok_or(INVALID_HANDLE)?;
+            let g = c.globals.get(&module.raw()).ok_or(INVALID_HANDLE)?;
             Ok((*g, GLOBAL.1))
         })
     }
 
-    fn function_load(&self, func: Raw) -> CuResult<()> {
+    fn function_load(&self, func: Function) -> CuResult<()> {
         self.with_ctx("function_load", |c, _| {
-            kernel_of(c, func)?;
-            c.loaded.insert(func);
+            kernel_of(c, func.raw())?;
+            c.loaded.insert(func.raw());
             Ok(())
         })
     }
 
-    fn function_param_info(&self, func: Raw, index: usize) -> CuResult<(usize, usize)> {
+    fn function_param_info(&self, func: Function, index: usize) -> CuResult<(usize, usize)> {
         self.with_ctx("function_param_info", |c, _| {
-            let (_, k) = kernel_of(c, func)?;
+            let (_, k) = kernel_of(c, func.raw())?;
             let (name, params) = KERNELS[k];
-            if name == "lazy" && !c.loaded.contains(&func) {
+            if name == "lazy" && !c.loaded.contains(&func.raw()) {
                 return Err(CuError::FUNCTION_NOT_LOADED);
             }
             params.get(index).copied().ok_or(INVALID_VALUE)
@@ -654,9 +660,9 @@ impl DriverApi for FakeDriver {
 
     unsafe fn launch_cooperative(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
         *self.st().calls.entry("launch_cooperative").or_default() += 1;
@@ -666,9 +672,9 @@ impl DriverApi for FakeDriver {
 
     unsafe fn launch_ex(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
         attrs: &[DriverLaunchAttr],
     ) -> CuResult<()> {
@@ -683,13 +689,13 @@ impl DriverApi for FakeDriver {
 
     fn occupancy_cluster(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
         attrs: &[DriverLaunchAttr],
         active: bool,
     ) -> CuResult<i32> {
         self.with_ctx("occupancy_cluster", |c, _| {
-            kernel_of(c, func)?;
+            kernel_of(c, func.raw())?;
             check_cluster(cfg, attrs)?;
             // A GPU of 132 multiprocessors and clusters of at most 8 (16 non-portable).
             let cluster = attrs
@@ -704,9 +710,9 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    fn occupancy_available_smem(&self, func: Raw, blocks: i32, block: i32) -> CuResult<usize> {
+    fn occupancy_available_smem(&self, func: Function, blocks: i32, block: i32) -> CuResult<usize> {
         self.with_ctx("occupancy_available_smem", |c, _| {
-            kernel_of(c, func)?;
+            kernel_of(c, func.raw())?;
             if blocks < 1 || !(1..=1024).contains(&block) {
                 return Err(INVALID_VALUE);
             }
@@ -737,17 +743,17 @@ impl DriverApi for FakeDriver {
         }
     }
 
-    fn ctx_peer_access(&self, peer: Raw, enable: bool) -> CuResult<()> {
+    fn ctx_peer_access(&self, peer: Context, enable: bool) -> CuResult<()> {
         let mut st = self.enter("ctx_peer_access")?;
         let cur = st.cur();
-        let (a, b) = match (st.contexts.get(&cur), st.contexts.get(&peer)) {
+        let (a, b) = match (st.contexts.get(&cur), st.contexts.get(&peer.raw())) {
             (Some(a), Some(b)) => (a.dev, b.dev),
             _ => return Err(INVALID_CONTEXT),
         };
         if a == b {
             return Err(INVALID_VALUE);
         }
-        let key = (cur, peer);
+        let key = (cur, peer.raw());
         match (enable, st.peers.contains(&key)) {
             (true, true) => Err(CuError(704)),
             (false, false) => Err(CuError(705)),
@@ -765,23 +771,23 @@ impl DriverApi for FakeDriver {
     fn memcpy_peer(
         &self,
         dst: u64,
-        dst_ctx: Raw,
+        dst_ctx: Context,
         src: u64,
-        src_ctx: Raw,
+        src_ctx: Context,
         len: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()> {
         let mut st = self.enter("memcpy_peer")?;
         let cur = st.cur();
-        check_stream(st.contexts.get(&cur).ok_or(INVALID_CONTEXT)?, stream)?;
+        check_stream(st.contexts.get(&cur).ok_or(INVALID_CONTEXT)?, stream.raw())?;
         let data = slice_mut(
-            st.contexts.get_mut(&src_ctx).ok_or(INVALID_CONTEXT)?,
+            st.contexts.get_mut(&src_ctx.raw()).ok_or(INVALID_CONTEXT)?,
             src,
             len,
         )?
         .to_vec();
         slice_mut(
-            st.contexts.get_mut(&dst_ctx).ok_or(INVALID_CONTEXT)?,
+            st.contexts.get_mut(&dst_ctx.raw()).ok_or(INVALID_CONTEXT)?,
             dst,
             len,
         )?
@@ -789,9 +795,9 @@ impl DriverApi for FakeDriver {
         Ok(())
     }
 
-    fn func_set_cache_config(&self, func: Raw, config: u32) -> CuResult<()> {
+    fn func_set_cache_config(&self, func: Function, config: u32) -> CuResult<()> {
         self.with_ctx("func_set_cache_config", |c, _| {
-            kernel_of(c, func)?;
+            kernel_of(c, func.raw())?;
             (config <= 3).then_some(()).ok_or(INVALID_VALUE)
         })
     }
@@ -810,25 +816,25 @@ impl DriverApi for FakeDriver {
         self.with_ctx("ctx_get_cache_config", |c, _| Ok(c.cache_config))
     }
 
-    fn func_attribute(&self, func: Raw, attr: i32) -> CuResult<i32> {
+    fn func_attribute(&self, func: Function, attr: i32) -> CuResult<i32> {
         self.with_ctx("func_attribute", |c, _| {
-            kernel_of(c, func)?;
+            kernel_of(c, func.raw())?;
             match attr {
                 0 => Ok(1024),
                 4 => Ok(16),
-                8 => Ok(c.func_smem.get(&func).copied().unwrap_or(48 * 1024)),
+                8 => Ok(c.func_smem.get(&func.raw()).copied().unwrap_or(48 * 1024)),
                 1..=15 => Ok(0),
                 _ => Err(INVALID_VALUE),
             }
         })
     }
 
-    fn func_set_attribute(&self, func: Raw, attr: i32, value: i32) -> CuResult<()> {
+    fn func_set_attribute(&self, func: Function, attr: i32, value: i32) -> CuResult<()> {
         self.with_ctx("func_set_attribute", |c, _| {
-            kernel_of(c, func)?;
+            kernel_of(c, func.raw())?;
             match attr {
                 8 if (0..=227 * 1024).contains(&value) => {
-                    c.func_smem.insert(func, value);
+                    c.func_smem.insert(func.raw(), value);
                     Ok(())
                 }
                 9 => Ok(()),
@@ -839,13 +845,13 @@ impl DriverApi for FakeDriver {
 
     fn occupancy_max_active_blocks(
         &self,
-        func: Raw,
+        func: Function,
         block: i32,
         _shared: usize,
         _flags: u32,
     ) -> CuResult<i32> {
         self.with_ctx("occupancy_max_active_blocks", |c, _| {
-            kernel_of(c, func)?;
+            kernel_of(c, func.raw())?;
             if !(1..=1024).contains(&block) {
                 return Err(INVALID_VALUE);
             }
@@ -855,15 +861,15 @@ impl DriverApi for FakeDriver {
 
     unsafe fn launch(
         &self,
-        func: Raw,
+        func: Function,
         cfg: &LaunchConfig,
-        stream: Raw,
+        stream: Stream,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
         self.with_ctx("launch", |c, next| {
-            check_stream(c, stream)?;
-            let (_, k) = kernel_of(c, func)?;
-            if c.graphs.capture(stream, 0, next) {
+            check_stream(c, stream.raw())?;
+            let (_, k) = kernel_of(c, func.raw())?;
+            if c.graphs.capture(stream.raw(), 0, next) {
                 return Ok(());
             }
             let (name, layout) = KERNELS[k];
@@ -910,7 +916,7 @@ impl DriverApi for FakeDriver {
                 }
                 "fault" => c.pending_fault = Some(ILLEGAL_ADDRESS),
                 "spin" => {
-                    c.busy.insert(stream);
+                    c.busy.insert(stream.raw());
                 }
                 _ => {}
             }
@@ -918,7 +924,7 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Raw> {
+    fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Stream> {
         self.with_ctx("stream_create", |c, next| {
             if flags > 1 {
                 return Err(INVALID_VALUE);
@@ -927,7 +933,7 @@ impl DriverApi for FakeDriver {
             c.streams.insert(s);
             let (least, greatest) = PRIORITY_RANGE;
             c.priorities.insert(s, priority.clamp(greatest, least));
-            Ok(s)
+            Ok(Stream::from_raw(s))
         })
     }
 
@@ -935,29 +941,29 @@ impl DriverApi for FakeDriver {
         self.with_ctx("stream_priority_range", |_, _| Ok(PRIORITY_RANGE))
     }
 
-    fn stream_priority(&self, stream: Raw) -> CuResult<i32> {
+    fn stream_priority(&self, stream: Stream) -> CuResult<i32> {
         self.with_ctx("stream_priority", |c, _| {
-            check_stream(c, stream)?;
-            Ok(c.priorities.get(&stream).copied().unwrap_or(0))
+            check_stream(c, stream.raw())?;
+            Ok(c.priorities.get(&stream.raw()).copied().unwrap_or(0))
         })
     }
 
-    fn stream_id(&self, stream: Raw) -> CuResult<u64> {
+    fn stream_id(&self, stream: Stream) -> CuResult<u64> {
         self.with_ctx("stream_id", |c, _| {
-            check_stream(c, stream)?;
-            Ok(stream as u64 + 1)
+            check_stream(c, stream.raw())?;
+            Ok(stream.raw() as u64 + 1)
         })
     }
 
-    fn mem_pool_default(&self, dev: i32) -> CuResult<Raw> {
+    fn mem_pool_default(&self, dev: i32) -> CuResult<MemPool> {
         let mut st = self.enter("mem_pool_default")?;
         if !(100..100 + self.gpus).contains(&dev) {
             return Err(INVALID_VALUE);
         }
-        Ok(Self::default_pool_of(&mut st, dev))
+        Ok(MemPool::from_raw(Self::default_pool_of(&mut st, dev)))
     }
 
-    fn mem_pool_create(&self, dev: i32, _max_size: usize) -> CuResult<Raw> {
+    fn mem_pool_create(&self, dev: i32, _max_size: usize) -> CuResult<MemPool> {
         let mut st = self.enter("mem_pool_create")?;
         if !(100..100 + self.gpus).contains(&dev) {
             return Err(INVALID_VALUE);
@@ -971,33 +977,33 @@ impl DriverApi for FakeDriver {
                 ..FakePool::default()
             },
         );
-        Ok(p)
+        Ok(MemPool::from_raw(p))
     }
 
-    fn mem_pool_destroy(&self, pool: Raw) -> CuResult<()> {
+    fn mem_pool_destroy(&self, pool: MemPool) -> CuResult<()> {
         let mut st = self.enter("mem_pool_destroy")?;
-        match st.pools.get(&pool) {
+        match st.pools.get(&pool.raw()) {
             Some(p) if !p.default => {}
             _ => return Err(INVALID_VALUE),
         }
-        st.pools.remove(&pool);
-        st.current_pools.retain(|_, p| *p != pool);
+        st.pools.remove(&pool.raw());
+        st.current_pools.retain(|_, p| *p != pool.raw());
         Ok(())
     }
 
-    fn device_set_mem_pool(&self, dev: i32, pool: Raw) -> CuResult<()> {
+    fn device_set_mem_pool(&self, dev: i32, pool: MemPool) -> CuResult<()> {
         let mut st = self.enter("device_set_mem_pool")?;
-        match st.pools.get(&pool) {
+        match st.pools.get(&pool.raw()) {
             Some(p) if p.dev == dev => {}
             _ => return Err(INVALID_VALUE),
         }
-        st.current_pools.insert(dev, pool);
+        st.current_pools.insert(dev, pool.raw());
         Ok(())
     }
 
-    fn mem_pool_set_attribute(&self, pool: Raw, attr: u32, value: u64) -> CuResult<()> {
+    fn mem_pool_set_attribute(&self, pool: MemPool, attr: u32, value: u64) -> CuResult<()> {
         let mut st = self.enter("mem_pool_set_attribute")?;
-        let p = st.pools.get_mut(&pool).ok_or(INVALID_VALUE)?;
+        let p = st.pools.get_mut(&pool.raw()).ok_or(INVALID_VALUE)?;
         match attr {
             1..=3 => p.settings[attr as usize - 1] = u64::from(value != 0),
             4 => p.settings[3] = value,
@@ -1008,9 +1014,9 @@ impl DriverApi for FakeDriver {
         Ok(())
     }
 
-    fn mem_pool_get_attribute(&self, pool: Raw, attr: u32) -> CuResult<u64> {
+    fn mem_pool_get_attribute(&self, pool: MemPool, attr: u32) -> CuResult<u64> {
         let st = self.enter("mem_pool_get_attribute")?;
-        let p = st.pools.get(&pool).ok_or(INVALID_VALUE)?;
+        let p = st.pools.get(&pool.raw()).ok_or(INVALID_VALUE)?;
         Ok(match attr {
             1..=4 => p.settings[attr as usize - 1],
             5 => p.reserved,
@@ -1021,17 +1027,17 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    fn mem_pool_trim_to(&self, pool: Raw, keep: usize) -> CuResult<()> {
+    fn mem_pool_trim_to(&self, pool: MemPool, keep: usize) -> CuResult<()> {
         let mut st = self.enter("mem_pool_trim_to")?;
-        let p = st.pools.get_mut(&pool).ok_or(INVALID_VALUE)?;
+        let p = st.pools.get_mut(&pool.raw()).ok_or(INVALID_VALUE)?;
         p.reserved = p.reserved.min((keep as u64).max(p.used));
         Ok(())
     }
 
-    fn mem_pool_set_access(&self, pool: Raw, access: &[(i32, u32)]) -> CuResult<()> {
+    fn mem_pool_set_access(&self, pool: MemPool, access: &[(i32, u32)]) -> CuResult<()> {
         let mut st = self.enter("mem_pool_set_access")?;
         let gpus = 100..100 + self.gpus;
-        let p = st.pools.get_mut(&pool).ok_or(INVALID_VALUE)?;
+        let p = st.pools.get_mut(&pool.raw()).ok_or(INVALID_VALUE)?;
         for &(dev, flags) in access {
             // The owning device's access cannot be changed.
             if !gpus.contains(&dev) || (dev == p.dev && flags != 3) {
@@ -1042,16 +1048,16 @@ impl DriverApi for FakeDriver {
         Ok(())
     }
 
-    fn mem_pool_get_access(&self, pool: Raw, dev: i32) -> CuResult<u32> {
+    fn mem_pool_get_access(&self, pool: MemPool, dev: i32) -> CuResult<u32> {
         let st = self.enter("mem_pool_get_access")?;
-        let p = st.pools.get(&pool).ok_or(INVALID_VALUE)?;
+        let p = st.pools.get(&pool.raw()).ok_or(INVALID_VALUE)?;
         if dev == p.dev {
             return Ok(3);
         }
         Ok(p.access.get(&dev).copied().unwrap_or(0))
     }
 
-    fn mem_alloc_async(&self, size: usize, pool: Option<Raw>, stream: Raw) -> CuResult<u64> {
+    fn mem_alloc_async(&self, size: usize, pool: Option<MemPool>, stream: Stream) -> CuResult<u64> {
         let mut st = self.enter("mem_alloc_async")?;
         let st = &mut *st;
         let cur = st.cur();
@@ -1059,10 +1065,10 @@ impl DriverApi for FakeDriver {
         if let Some(e) = c.sticky {
             return Err(e);
         }
-        check_stream(c, stream)?;
+        check_stream(c, stream.raw())?;
         let dev = c.dev;
         let pool = match pool {
-            Some(p) => p,
+            Some(p) => p.raw(),
             None => match st.current_pools.get(&dev) {
                 Some(&p) => p,
                 None => Self::default_pool_of(st, dev),
@@ -1087,12 +1093,12 @@ impl DriverApi for FakeDriver {
         Ok(ptr)
     }
 
-    fn mem_free_async(&self, ptr: u64, stream: Raw) -> CuResult<()> {
+    fn mem_free_async(&self, ptr: u64, stream: Stream) -> CuResult<()> {
         let mut st = self.enter("mem_free_async")?;
         let st = &mut *st;
         let cur = st.cur();
         let c = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;
-        check_stream(c, stream)?;
+        check_stream(c, stream.raw())?;
         let (pool, size) = st.pool_allocs.remove(&ptr).ok_or(INVALID_VALUE)?;
         for c in st.contexts.values_mut() {
             c.mem.remove(&ptr);
@@ -1103,106 +1109,109 @@ impl DriverApi for FakeDriver {
         Ok(())
     }
 
-    fn stream_destroy(&self, stream: Raw) -> CuResult<()> {
+    fn stream_destroy(&self, stream: Stream) -> CuResult<()> {
         self.with_ctx("stream_destroy", |c, _| {
             c.streams
-                .remove(&stream)
+                .remove(&stream.raw())
                 .then_some(())
                 .ok_or(INVALID_HANDLE)
         })
     }
 
-    fn stream_synchronize(&self, stream: Raw) -> CuResult<()> {
-        self.sync("stream_synchronize", Some(stream))
+    fn stream_synchronize(&self, stream: Stream) -> CuResult<()> {
+        self.sync("stream_synchronize", Some(stream.raw()))
     }
 
-    fn stream_query(&self, stream: Raw) -> CuResult<()> {
+    fn stream_query(&self, stream: Stream) -> CuResult<()> {
         self.with_ctx("stream_query", |c, _| {
-            check_stream(c, stream)?;
-            c.graphs.refuse_sync(stream)?;
-            if c.busy.contains(&stream) {
+            check_stream(c, stream.raw())?;
+            c.graphs.refuse_sync(stream.raw())?;
+            if c.busy.contains(&stream.raw()) {
                 return Err(NOT_READY);
             }
             Ok(())
         })
     }
 
-    fn stream_wait_event(&self, stream: Raw, event: Raw, _: u32) -> CuResult<()> {
+    fn stream_wait_event(&self, stream: Stream, event: Event, _: u32) -> CuResult<()> {
         self.with_ctx("stream_wait_event", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             c.events
-                .contains_key(&event)
+                .contains_key(&event.raw())
                 .then_some(())
                 .ok_or(INVALID_HANDLE)
         })
     }
 
-    fn event_create(&self, flags: u32) -> CuResult<Raw> {
+    fn event_create(&self, flags: u32) -> CuResult<Event> {
         self.with_ctx("event_create", |c, next| {
             if flags > 7 {
                 return Err(INVALID_VALUE);
             }
             let e = fresh(next);
             c.events.insert(e, false);
-            Ok(e)
+            Ok(Event::from_raw(e))
         })
     }
 
-    fn event_destroy(&self, event: Raw) -> CuResult<()> {
+    fn event_destroy(&self, event: Event) -> CuResult<()> {
         self.with_ctx("event_destroy", |c, _| {
-            c.events.remove(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+            c.events
+                .remove(&event.raw())
+                .map(|_| ())
+                .ok_or(INVALID_HANDLE)
         })
     }
 
-    fn event_record(&self, event: Raw, stream: Raw) -> CuResult<()> {
+    fn event_record(&self, event: Event, stream: Stream) -> CuResult<()> {
         self.with_ctx("event_record", |c, _| {
-            check_stream(c, stream)?;
-            let e = c.events.get_mut(&event).ok_or(INVALID_HANDLE)?;
+            check_stream(c, stream.raw())?;
+            let e = c.events.get_mut(&event.raw()).ok_or(INVALID_HANDLE)?;
             *e = true;
             Ok(())
         })
     }
 
-    fn event_synchronize(&self, event: Raw) -> CuResult<()> {
+    fn event_synchronize(&self, event: Event) -> CuResult<()> {
         self.with_ctx("event_synchronize", |c, _| {
-            c.events.get(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+            c.events.get(&event.raw()).map(|_| ()).ok_or(INVALID_HANDLE)
         })
     }
 
-    fn event_query(&self, event: Raw) -> CuResult<()> {
+    fn event_query(&self, event: Event) -> CuResult<()> {
         self.with_ctx("event_query", |c, _| {
-            c.events.get(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+            c.events.get(&event.raw()).map(|_| ()).ok_or(INVALID_HANDLE)
         })
     }
 
-    fn event_elapsed(&self, start: Raw, end: Raw) -> CuResult<f32> {
+    fn event_elapsed(&self, start: Event, end: Event) -> CuResult<f32> {
         self.with_ctx("event_elapsed", |c, _| {
-            match (c.events.get(&start), c.events.get(&end)) {
+            match (c.events.get(&start.raw()), c.events.get(&end.raw())) {
                 (Some(true), Some(true)) => Ok(2.5),
                 _ => Err(INVALID_HANDLE),
             }
         })
     }
 
-    fn stream_set_attribute(&self, stream: Raw, id: u32, value: &[u8; 64]) -> CuResult<()> {
+    fn stream_set_attribute(&self, stream: Stream, id: u32, value: &[u8; 64]) -> CuResult<()> {
         self.with_ctx("stream_set_attribute", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             if ![1, 3, 8, 9, 10].contains(&id) {
                 return Err(INVALID_VALUE);
             }
-            c.stream_attrs.insert((stream, id), *value);
+            c.stream_attrs.insert((stream.raw(), id), *value);
             Ok(())
         })
     }
 
-    fn stream_get_attribute(&self, stream: Raw, id: u32) -> CuResult<[u8; 64]> {
+    fn stream_get_attribute(&self, stream: Stream, id: u32) -> CuResult<[u8; 64]> {
         self.with_ctx("stream_get_attribute", |c, _| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             if ![1, 3, 8, 9, 10].contains(&id) {
                 return Err(INVALID_VALUE);
             }
             Ok(c.stream_attrs
-                .get(&(stream, id))
+                .get(&(stream.raw(), id))
                 .copied()
                 .unwrap_or([0; 64]))
         })
@@ -1212,19 +1221,19 @@ impl DriverApi for FakeDriver {
         self.with_ctx("ctx_reset_persisting_l2", |_, _| Ok(()))
     }
 
-    fn stream_is_capturing(&self, stream: Raw) -> CuResult<bool> {
+    fn stream_is_capturing(&self, stream: Stream) -> CuResult<bool> {
         self.with_ctx("stream_is_capturing", |c, _| {
-            check_stream(c, stream).map(|()| false)
+            check_stream(c, stream.raw()).map(|()| false)
         })
     }
 
     unsafe fn launch_host_func(
         &self,
-        stream: Raw,
+        stream: Stream,
         func: HostFn,
         user_data: *mut c_void,
     ) -> CuResult<()> {
-        self.with_ctx("launch_host_func", |c, _| check_stream(c, stream))?;
+        self.with_ctx("launch_host_func", |c, _| check_stream(c, stream.raw()))?;
         // Like the driver: on a thread of its own.
         let data = user_data as usize;
         // SAFETY: the caller keeps `user_data` valid for `func` (our contract).

@@ -10,20 +10,20 @@ use std::{
 use qcuda_proto::graph::{MemcpyNode, MemsetNode};
 
 use super::{
-    driver::{CuError, CuResult, Raw},
-    fake_driver::{check_stream, kernel_of, FakeDriver, KERNELS},
-    graph_driver::{CaptureInfo, GraphDriverApi, NodeParams},
-    launch::{LaunchConfig, ParamLayout},
+    fake::{check_stream, kernel_of, FakeDriver, KERNELS},
+    graph::{CaptureInfo, Graph, GraphDriverApi, GraphExec, GraphNode, NodeParams},
+    Context, CuError, CuResult, Event, Function, Raw, Stream,
 };
+use crate::cuda::launch::{LaunchConfig, ParamLayout};
 
 const INVALID_VALUE: CuError = CuError(1);
 const ILLEGAL_STATE: CuError = CuError(401);
 const CAPTURE_UNSUPPORTED: CuError = CuError(900);
 const CAPTURE_INVALIDATED: CuError = CuError(901);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Node {
-    graph: Raw,
+    graph: Graph,
     ty: u32,
     /// The event of an event node, the embedded graph of a child graph node, the function of
     /// a kernel node.
@@ -32,7 +32,7 @@ struct Node {
     kernel: Option<(LaunchConfig, Vec<Vec<u8>>)>,
     /// A memcpy or memset node's parameters.
     params: Option<NodeParams>,
-    deps: Vec<Raw>,
+    deps: Vec<GraphNode>,
     enabled: bool,
 }
 
@@ -40,12 +40,12 @@ struct Node {
 #[derive(Debug, Default)]
 pub(crate) struct FakeGraphs {
     /// Graph -> its nodes, in creation order.
-    graphs: HashMap<Raw, Vec<Raw>>,
-    nodes: HashMap<Raw, Node>,
+    graphs: HashMap<Graph, Vec<GraphNode>>,
+    nodes: HashMap<GraphNode, Node>,
     /// Executable graph -> (graph it came from, launches).
-    execs: HashMap<Raw, (Raw, usize)>,
+    execs: HashMap<GraphExec, (Graph, usize)>,
     /// Capturing stream -> graph being captured.
-    captures: HashMap<Raw, Raw>,
+    captures: HashMap<Raw, Graph>,
     /// Captures an illegal call invalidated.
     invalidated: HashSet<Raw>,
     /// Streams capturing into a graph of the caller's (which survives a failed capture).
@@ -84,9 +84,9 @@ impl FakeGraphs {
         self.execs.values().map(|e| e.1).sum()
     }
 
-    fn add(&mut self, graph: Raw, ty: u32, deps: Vec<Raw>, next: &mut Raw) -> Raw {
+    fn add(&mut self, graph: Graph, ty: u32, deps: Vec<GraphNode>, next: &mut Raw) -> GraphNode {
         *next += 0x10;
-        let n = *next;
+        let n = GraphNode::from_raw(*next);
         self.nodes.insert(
             n,
             Node {
@@ -103,20 +103,21 @@ impl FakeGraphs {
         n
     }
 
-    fn new_graph(&mut self, next: &mut Raw) -> Raw {
+    fn new_graph(&mut self, next: &mut Raw) -> Graph {
         *next += 0x10;
-        self.graphs.insert(*next, Vec::new());
-        *next
+        let g = Graph::from_raw(*next);
+        self.graphs.insert(g, Vec::new());
+        g
     }
 
-    fn check_graph(&self, g: Raw) -> CuResult<()> {
+    fn check_graph(&self, g: Graph) -> CuResult<()> {
         self.graphs
             .contains_key(&g)
             .then_some(())
             .ok_or(INVALID_VALUE)
     }
 
-    fn check_nodes(&self, graph: Raw, nodes: &[Raw]) -> CuResult<()> {
+    fn check_nodes(&self, graph: Graph, nodes: &[GraphNode]) -> CuResult<()> {
         for n in nodes {
             match self.nodes.get(n) {
                 Some(x) if x.graph == graph => {}
@@ -145,50 +146,54 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()> {
+    fn stream_begin_capture(&self, stream: Stream, mode: u32) -> CuResult<()> {
         self.with_ctx("stream_begin_capture", |c, next| {
-            check_stream(c, stream)?;
-            if stream == 0 || mode > 2 {
+            check_stream(c, stream.raw())?;
+            if stream == Stream::NULL || mode > 2 {
                 return Err(CAPTURE_UNSUPPORTED);
             }
-            if c.graphs.captures.contains_key(&stream) {
+            if c.graphs.captures.contains_key(&stream.raw()) {
                 return Err(ILLEGAL_STATE);
             }
             let g = c.graphs.new_graph(next);
-            c.graphs.captures.insert(stream, g);
+            c.graphs.captures.insert(stream.raw(), g);
             Ok(())
         })
     }
 
     fn stream_begin_capture_to_graph(
         &self,
-        stream: Raw,
-        graph: Raw,
-        deps: &[Raw],
+        stream: Stream,
+        graph: Graph,
+        deps: &[GraphNode],
         mode: u32,
     ) -> CuResult<()> {
         self.with_ctx("stream_begin_capture_to_graph", |c, _| {
-            check_stream(c, stream)?;
-            if stream == 0 || mode > 2 {
+            check_stream(c, stream.raw())?;
+            if stream == Stream::NULL || mode > 2 {
                 return Err(CAPTURE_UNSUPPORTED);
             }
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
-            if c.graphs.captures.contains_key(&stream) {
+            if c.graphs.captures.contains_key(&stream.raw()) {
                 return Err(ILLEGAL_STATE);
             }
-            c.graphs.captures.insert(stream, graph);
-            c.graphs.into.insert(stream);
+            c.graphs.captures.insert(stream.raw(), graph);
+            c.graphs.into.insert(stream.raw());
             Ok(())
         })
     }
 
-    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
+    fn stream_end_capture(&self, stream: Stream) -> CuResult<Graph> {
         self.with_ctx("stream_end_capture", |c, _| {
-            check_stream(c, stream)?;
-            let g = c.graphs.captures.remove(&stream).ok_or(ILLEGAL_STATE)?;
-            let into = c.graphs.into.remove(&stream);
-            if c.graphs.invalidated.remove(&stream) {
+            check_stream(c, stream.raw())?;
+            let g = c
+                .graphs
+                .captures
+                .remove(&stream.raw())
+                .ok_or(ILLEGAL_STATE)?;
+            let into = c.graphs.into.remove(&stream.raw());
+            if c.graphs.invalidated.remove(&stream.raw()) {
                 if !into {
                     if let Some(nodes) = c.graphs.graphs.remove(&g) {
                         for n in nodes {
@@ -202,18 +207,18 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo> {
+    fn stream_capture_info(&self, stream: Stream) -> CuResult<CaptureInfo> {
         self.with_ctx("stream_capture_info", |c, _| {
-            check_stream(c, stream)?;
-            Ok(match c.graphs.captures.get(&stream) {
+            check_stream(c, stream.raw())?;
+            Ok(match c.graphs.captures.get(&stream.raw()) {
                 Some(&g) => CaptureInfo {
-                    status: if c.graphs.invalidated.contains(&stream) {
+                    status: if c.graphs.invalidated.contains(&stream.raw()) {
                         2
                     } else {
                         1
                     },
-                    id: g as u64,
-                    graph: g,
+                    id: g.raw() as u64,
+                    graph: Some(g),
                     deps: c.graphs.graphs[&g].last().copied().into_iter().collect(),
                 },
                 None => CaptureInfo::default(),
@@ -221,9 +226,14 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()> {
+    fn stream_update_capture_deps(
+        &self,
+        stream: Stream,
+        deps: &[GraphNode],
+        flags: u32,
+    ) -> CuResult<()> {
         self.with_ctx("stream_update_capture_deps", |c, _| {
-            let g = *c.graphs.captures.get(&stream).ok_or(ILLEGAL_STATE)?;
+            let g = *c.graphs.captures.get(&stream.raw()).ok_or(ILLEGAL_STATE)?;
             if flags > 1 {
                 return Err(INVALID_VALUE);
             }
@@ -231,11 +241,11 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn graph_create(&self) -> CuResult<Raw> {
+    fn graph_create(&self) -> CuResult<Graph> {
         self.with_ctx("graph_create", |c, next| Ok(c.graphs.new_graph(next)))
     }
 
-    fn graph_destroy(&self, graph: Raw) -> CuResult<()> {
+    fn graph_destroy(&self, graph: Graph) -> CuResult<()> {
         self.with_ctx("graph_destroy", |c, _| {
             let nodes = c.graphs.graphs.remove(&graph).ok_or(INVALID_VALUE)?;
             for n in nodes {
@@ -245,7 +255,7 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn graph_clone(&self, graph: Raw) -> CuResult<Raw> {
+    fn graph_clone(&self, graph: Graph) -> CuResult<Graph> {
         self.with_ctx("graph_clone", |c, next| {
             c.graphs.check_graph(graph)?;
             let g = c.graphs.new_graph(next);
@@ -267,11 +277,11 @@ impl GraphDriverApi for FakeDriver {
 
     fn graph_add_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
+        graph: Graph,
+        deps: &[GraphNode],
         params: &NodeParams,
-        _ctx: Raw,
-    ) -> CuResult<Raw> {
+        _ctx: Context,
+    ) -> CuResult<GraphNode> {
         self.with_ctx("graph_add_node", |c, next| {
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
@@ -281,10 +291,10 @@ impl GraphDriverApi for FakeDriver {
                 NodeParams::Memset(_) => (2, 0),
                 NodeParams::Child(g) => {
                     c.graphs.check_graph(*g)?;
-                    (4, c.graphs.new_graph(next))
+                    (4, c.graphs.new_graph(next).raw())
                 }
-                NodeParams::EventRecord(e) => (7, *e),
-                NodeParams::EventWait(e) => (6, *e),
+                NodeParams::EventRecord(e) => (7, e.raw()),
+                NodeParams::EventWait(e) => (6, e.raw()),
                 NodeParams::Host(call) => (3, *call),
             };
             let n = c.graphs.add(graph, ty, deps.to_vec(), next);
@@ -298,16 +308,16 @@ impl GraphDriverApi for FakeDriver {
 
     unsafe fn graph_add_kernel_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
-        func: Raw,
+        graph: Graph,
+        deps: &[GraphNode],
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
-    ) -> CuResult<Raw> {
+    ) -> CuResult<GraphNode> {
         self.with_ctx("graph_add_kernel_node", |c, next| {
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
-            let (_, k) = kernel_of(c, func)?;
+            let (_, k) = kernel_of(c, func.raw())?;
             let layout = KERNELS[k].1;
             if params.len() != layout.len() {
                 return Err(INVALID_VALUE);
@@ -323,7 +333,7 @@ impl GraphDriverApi for FakeDriver {
                 .collect();
             let n = c.graphs.add(graph, 0, deps.to_vec(), next);
             if let Some(x) = c.graphs.nodes.get_mut(&n) {
-                x.object = func;
+                x.object = func.raw();
                 x.kernel = Some((*cfg, values));
             }
             Ok(n)
@@ -332,29 +342,29 @@ impl GraphDriverApi for FakeDriver {
 
     fn kernel_node_params(
         &self,
-        node: Raw,
-        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
-    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        node: GraphNode,
+        layout_of: &dyn Fn(Function) -> Option<ParamLayout>,
+    ) -> CuResult<(Function, LaunchConfig, Vec<u8>)> {
         self.with_ctx("kernel_node_params", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
             let (cfg, values) = n.kernel.clone().ok_or(INVALID_VALUE)?;
-            let layout = layout_of(n.object).ok_or(INVALID_VALUE)?;
+            let layout = layout_of(Function::from_raw(n.object)).ok_or(INVALID_VALUE)?;
             let mut block = vec![0u8; layout.block_len()];
             for (info, v) in layout.params().iter().zip(values) {
                 let at = info.offset as usize;
                 block[at..at + v.len()].copy_from_slice(&v);
             }
-            Ok((n.object, cfg, block))
+            Ok((Function::from_raw(n.object), cfg, block))
         })
     }
 
     fn graph_add_mem_alloc_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
+        graph: Graph,
+        deps: &[GraphNode],
         _device: i32,
         bytesize: usize,
-    ) -> CuResult<(Raw, u64)> {
+    ) -> CuResult<(GraphNode, u64)> {
         self.with_ctx("graph_add_mem_alloc_node", |c, next| {
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
@@ -363,12 +373,17 @@ impl GraphDriverApi for FakeDriver {
             }
             let n = c.graphs.add(graph, 10, deps.to_vec(), next);
             // Graph memory lives in a range of its own, far from cuMemAlloc's.
-            let dptr = 0x7000_0000_0000 + (n as u64) * 0x1_0000;
+            let dptr = 0x7000_0000_0000 + (n.raw() as u64) * 0x1_0000;
             Ok((n, dptr))
         })
     }
 
-    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw> {
+    fn graph_add_mem_free_node(
+        &self,
+        graph: Graph,
+        deps: &[GraphNode],
+        dptr: u64,
+    ) -> CuResult<GraphNode> {
         self.with_ctx("graph_add_mem_free_node", |c, next| {
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
@@ -379,10 +394,16 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, _: Raw) -> CuResult<()> {
+    fn node_set_params(
+        &self,
+        exec: Option<GraphExec>,
+        node: GraphNode,
+        params: &NodeParams,
+        _: Option<Context>,
+    ) -> CuResult<()> {
         self.with_ctx("node_set_params", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
-            if exec != 0 && c.graphs.execs.get(&exec).map(|e| e.0) != Some(n.graph) {
+            if exec.is_some_and(|x| c.graphs.execs.get(&x).map(|e| e.0) != Some(n.graph)) {
                 return Err(INVALID_VALUE);
             }
             let ty = match params {
@@ -400,22 +421,22 @@ impl GraphDriverApi for FakeDriver {
 
     unsafe fn kernel_node_set_params(
         &self,
-        exec: Raw,
-        node: Raw,
-        _func: Raw,
+        exec: Option<GraphExec>,
+        node: GraphNode,
+        _func: Function,
         _cfg: &LaunchConfig,
         _params: &mut [*mut c_void],
     ) -> CuResult<()> {
         self.with_ctx("kernel_node_set_params", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
-            if exec != 0 && c.graphs.execs.get(&exec).map(|e| e.0) != Some(n.graph) {
+            if exec.is_some_and(|x| c.graphs.execs.get(&x).map(|e| e.0) != Some(n.graph)) {
                 return Err(INVALID_VALUE);
             }
             (n.ty == 0).then_some(()).ok_or(INVALID_VALUE)
         })
     }
 
-    fn graph_nodes(&self, graph: Raw, roots: bool) -> CuResult<Vec<Raw>> {
+    fn graph_nodes(&self, graph: Graph, roots: bool) -> CuResult<Vec<GraphNode>> {
         self.with_ctx("graph_nodes", |c, _| {
             let nodes = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?;
             Ok(nodes
@@ -426,7 +447,7 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn graph_edges(&self, graph: Raw) -> CuResult<Vec<(Raw, Raw)>> {
+    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode)>> {
         self.with_ctx("graph_edges", |c, _| {
             let nodes = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?;
             Ok(nodes
@@ -438,9 +459,9 @@ impl GraphDriverApi for FakeDriver {
 
     fn graph_change_edges(
         &self,
-        graph: Raw,
-        from: &[Raw],
-        to: &[Raw],
+        graph: Graph,
+        from: &[GraphNode],
+        to: &[GraphNode],
         remove: bool,
     ) -> CuResult<()> {
         self.with_ctx("graph_change_edges", |c, _| {
@@ -463,13 +484,13 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn node_type(&self, node: Raw) -> CuResult<u32> {
+    fn node_type(&self, node: GraphNode) -> CuResult<u32> {
         self.with_ctx("node_type", |c, _| {
             c.graphs.nodes.get(&node).map(|n| n.ty).ok_or(INVALID_VALUE)
         })
     }
 
-    fn node_neighbours(&self, node: Raw, dependents: bool) -> CuResult<Vec<Raw>> {
+    fn node_neighbours(&self, node: GraphNode, dependents: bool) -> CuResult<Vec<GraphNode>> {
         self.with_ctx("node_neighbours", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
             if !dependents {
@@ -483,19 +504,20 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn graph_instantiate(&self, graph: Raw, flags: u64) -> CuResult<Raw> {
+    fn graph_instantiate(&self, graph: Graph, flags: u64) -> CuResult<GraphExec> {
         self.with_ctx("graph_instantiate", |c, next| {
             c.graphs.check_graph(graph)?;
             if flags & !0xd != 0 {
                 return Err(INVALID_VALUE);
             }
             *next += 0x10;
-            c.graphs.execs.insert(*next, (graph, 0));
-            Ok(*next)
+            let exec = GraphExec::from_raw(*next);
+            c.graphs.execs.insert(exec, (graph, 0));
+            Ok(exec)
         })
     }
 
-    fn graph_exec_destroy(&self, exec: Raw) -> CuResult<()> {
+    fn graph_exec_destroy(&self, exec: GraphExec) -> CuResult<()> {
         self.with_ctx("graph_exec_destroy", |c, _| {
             c.graphs
                 .execs
@@ -505,13 +527,13 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()> {
+    fn graph_launch(&self, exec: GraphExec, stream: Stream, upload_only: bool) -> CuResult<()> {
         self.with_ctx("graph_launch", |c, next| {
-            check_stream(c, stream)?;
+            check_stream(c, stream.raw())?;
             if !c.graphs.execs.contains_key(&exec) {
                 return Err(INVALID_VALUE);
             }
-            if !upload_only && !c.graphs.capture(stream, 4, next) {
+            if !upload_only && !c.graphs.capture(stream.raw(), 4, next) {
                 if let Some(e) = c.graphs.execs.get_mut(&exec) {
                     e.1 += 1;
                 }
@@ -520,11 +542,15 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)> {
+    fn graph_exec_update(
+        &self,
+        exec: GraphExec,
+        graph: Graph,
+    ) -> CuResult<(u32, Option<GraphNode>)> {
         self.with_ctx("graph_exec_update", |c, _| {
             let (old, _) = *c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?;
             c.graphs.check_graph(graph)?;
-            let shape = |g: Raw| -> Vec<u32> {
+            let shape = |g: Graph| -> Vec<u32> {
                 c.graphs.graphs[&g]
                     .iter()
                     .map(|n| c.graphs.nodes[n].ty)
@@ -532,13 +558,13 @@ impl GraphDriverApi for FakeDriver {
             };
             if c.graphs.graphs.contains_key(&old) && shape(old) != shape(graph) {
                 // cudaGraphExecUpdateErrorTopologyChanged
-                return Ok((2, 0));
+                return Ok((2, None));
             }
-            Ok((0, 0))
+            Ok((0, None))
         })
     }
 
-    fn graph_debug_dot(&self, graph: Raw, _flags: u32) -> CuResult<Vec<u8>> {
+    fn graph_debug_dot(&self, graph: Graph, _flags: u32) -> CuResult<Vec<u8>> {
         self.with_ctx("graph_debug_dot", |c, _| {
             let n = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?.len();
             Ok(format!("digraph fake {{ nodes={n} }}\n").into_bytes())
@@ -553,7 +579,7 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode> {
+    fn memcpy_node_params(&self, node: GraphNode) -> CuResult<MemcpyNode> {
         self.with_ctx("memcpy_node_params", |c, _| {
             match c.graphs.nodes.get(&node).and_then(|n| n.params) {
                 Some(NodeParams::Memcpy(m)) => Ok(m),
@@ -562,7 +588,7 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode> {
+    fn memset_node_params(&self, node: GraphNode) -> CuResult<MemsetNode> {
         self.with_ctx("memset_node_params", |c, _| {
             match c.graphs.nodes.get(&node).and_then(|n| n.params) {
                 Some(NodeParams::Memset(m)) => Ok(m),
@@ -571,16 +597,16 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
+    fn node_event(&self, node: GraphNode, record: bool) -> CuResult<Event> {
         self.with_ctx("node_event", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
             (n.ty == if record { 7 } else { 6 })
-                .then_some(n.object)
+                .then_some(Event::from_raw(n.object))
                 .ok_or(INVALID_VALUE)
         })
     }
 
-    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw> {
+    fn find_in_clone(&self, node: GraphNode, clone: Graph) -> CuResult<GraphNode> {
         self.with_ctx("find_in_clone", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
             let i = c.graphs.graphs[&n.graph]
@@ -595,7 +621,7 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn destroy_node(&self, node: Raw) -> CuResult<()> {
+    fn destroy_node(&self, node: GraphNode) -> CuResult<()> {
         self.with_ctx("destroy_node", |c, _| {
             let n = c.graphs.nodes.remove(&node).ok_or(INVALID_VALUE)?;
             if let Some(list) = c.graphs.graphs.get_mut(&n.graph) {
@@ -608,14 +634,16 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn child_graph(&self, node: Raw) -> CuResult<Raw> {
+    fn child_graph(&self, node: GraphNode) -> CuResult<Graph> {
         self.with_ctx("child_graph", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
-            (n.ty == 4).then_some(n.object).ok_or(INVALID_VALUE)
+            (n.ty == 4)
+                .then_some(Graph::from_raw(n.object))
+                .ok_or(INVALID_VALUE)
         })
     }
 
-    fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool> {
+    fn node_enabled(&self, exec: GraphExec, node: GraphNode, set: Option<bool>) -> CuResult<bool> {
         self.with_ctx("node_enabled", |c, _| {
             let (g, _) = *c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?;
             let n = c.graphs.nodes.get_mut(&node).ok_or(INVALID_VALUE)?;

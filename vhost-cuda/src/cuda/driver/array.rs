@@ -1,7 +1,7 @@
 //! The driver calls for pitched memory, 3D copies, CUDA arrays and texture/surface objects,
 //! as a supertrait of [`DriverApi`](super::driver::DriverApi) so that these calls stay in one
 //! place: [`CudaDriver`] implements them over cudarc's `sys` layer, `NoDriver` refuses them and
-//! the unit tests' fake driver emulates them. The contract of driver.rs holds here as well.
+//! the unit tests' fake driver emulates them. The contract of `driver/mod.rs` holds here as well.
 //!
 //! The driver's enums are Rust enums in cudarc, so a value from the guest becomes one only
 //! through a `match` here: an unknown value is `CUDA_ERROR_INVALID_VALUE`, never a transmute.
@@ -10,7 +10,7 @@ use std::{ffi::c_uint, ptr::null_mut};
 
 use cudarc::driver::sys;
 
-use super::driver::{check, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw};
+use super::{check, driver_handles, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw, Stream};
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
 pub(crate) const ARRAY_SYMBOLS: &[&str] = &[
@@ -37,7 +37,14 @@ pub(crate) enum Mem {
     /// A device address (device memory or host-mapped memory: the driver tells which).
     Device(u64),
     /// A CUDA array.
-    Array(Raw),
+    Array(Array),
+}
+
+driver_handles! {
+    /// A `CUarray`.
+    Array;
+    /// A `CUmipmappedArray`.
+    MipmappedArray;
 }
 
 /// One side of a [`Copy3DParams`].
@@ -77,8 +84,8 @@ pub(crate) struct ArrayDesc {
 /// The resource of a texture object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Resource {
-    Array(Raw),
-    Mipmapped(Raw),
+    Array(Array),
+    Mipmapped(MipmappedArray),
     Linear {
         ptr: u64,
         format: u32,
@@ -130,26 +137,26 @@ pub(crate) trait ArrayDriverApi {
         value: u8,
         width: usize,
         height: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()>;
     /// cuMemcpy3DAsync.
     ///
     /// # Safety
     /// `Mem::Host` sides must be valid for the bytes the copy touches until the stream is
     /// synchronised.
-    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Raw) -> CuResult<()>;
+    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Stream) -> CuResult<()>;
     /// cuArray3DCreate.
-    fn array_create(&self, d: &ArrayDesc) -> CuResult<Raw>;
+    fn array_create(&self, d: &ArrayDesc) -> CuResult<Array>;
     /// cuArrayDestroy.
-    fn array_destroy(&self, array: Raw) -> CuResult<()>;
+    fn array_destroy(&self, array: Array) -> CuResult<()>;
     /// cuArray3DGetDescriptor.
-    fn array_descriptor(&self, array: Raw) -> CuResult<ArrayDesc>;
+    fn array_descriptor(&self, array: Array) -> CuResult<ArrayDesc>;
     /// cuMipmappedArrayCreate.
-    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<Raw>;
+    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<MipmappedArray>;
     /// cuMipmappedArrayDestroy.
-    fn mipmapped_array_destroy(&self, array: Raw) -> CuResult<()>;
+    fn mipmapped_array_destroy(&self, array: MipmappedArray) -> CuResult<()>;
     /// cuMipmappedArrayGetLevel.
-    fn mipmapped_array_level(&self, array: Raw, level: u32) -> CuResult<Raw>;
+    fn mipmapped_array_level(&self, array: MipmappedArray, level: u32) -> CuResult<Array>;
     /// cuTexObjectCreate.
     fn tex_object_create(
         &self,
@@ -160,7 +167,7 @@ pub(crate) trait ArrayDriverApi {
     /// cuTexObjectDestroy.
     fn tex_object_destroy(&self, obj: u64) -> CuResult<()>;
     /// cuSurfObjectCreate over an array.
-    fn surf_object_create(&self, array: Raw) -> CuResult<u64>;
+    fn surf_object_create(&self, array: Array) -> CuResult<u64>;
     /// cuSurfObjectDestroy.
     fn surf_object_destroy(&self, obj: u64) -> CuResult<()>;
 }
@@ -272,7 +279,7 @@ fn copy_side(s: &CopySide) -> (sys::CUmemorytype, usize, u64, sys::CUarray) {
     match s.mem {
         Mem::Host(p) => (T::CU_MEMORYTYPE_HOST, p, 0, null_mut()),
         Mem::Device(d) => (T::CU_MEMORYTYPE_UNIFIED, 0, d, null_mut()),
-        Mem::Array(a) => (T::CU_MEMORYTYPE_ARRAY, 0, 0, ptr(a)),
+        Mem::Array(a) => (T::CU_MEMORYTYPE_ARRAY, 0, 0, ptr(a.raw())),
     }
 }
 
@@ -294,13 +301,15 @@ impl ArrayDriverApi for CudaDriver {
         value: u8,
         width: usize,
         height: usize,
-        stream: Raw,
+        stream: Stream,
     ) -> CuResult<()> {
         // SAFETY: see the impl comment; the session checked the range.
-        check(unsafe { sys::cuMemsetD2D8Async(dst, pitch, value, width, height, ptr(stream)) })
+        check(unsafe {
+            sys::cuMemsetD2D8Async(dst, pitch, value, width, height, ptr(stream.raw()))
+        })
     }
 
-    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Raw) -> CuResult<()> {
+    unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Stream) -> CuResult<()> {
         let (st, sh, sd, sa) = copy_side(&p.src);
         let (dt, dh, dd, da) = copy_side(&p.dst);
         let c = sys::CUDA_MEMCPY3D {
@@ -332,23 +341,23 @@ impl ArrayDriverApi for CudaDriver {
         };
         // SAFETY: see the impl comment; host sides are valid (caller contract) and device
         // ranges and arrays were checked by the session.
-        check(unsafe { sys::cuMemcpy3DAsync_v2(&c, ptr(stream)) })
+        check(unsafe { sys::cuMemcpy3DAsync_v2(&c, ptr(stream.raw())) })
     }
 
-    fn array_create(&self, d: &ArrayDesc) -> CuResult<Raw> {
+    fn array_create(&self, d: &ArrayDesc) -> CuResult<Array> {
         let desc = array_descriptor(d)?;
         let mut a: sys::CUarray = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuArray3DCreate_v2(&mut a, &desc) })?;
-        Ok(a as Raw)
+        Ok(Array::from_raw(a as Raw))
     }
 
-    fn array_destroy(&self, array: Raw) -> CuResult<()> {
+    fn array_destroy(&self, array: Array) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuArrayDestroy(ptr(array)) })
+        check(unsafe { sys::cuArrayDestroy(ptr(array.raw())) })
     }
 
-    fn array_descriptor(&self, array: Raw) -> CuResult<ArrayDesc> {
+    fn array_descriptor(&self, array: Array) -> CuResult<ArrayDesc> {
         let mut d = sys::CUDA_ARRAY3D_DESCRIPTOR {
             Width: 0,
             Height: 0,
@@ -358,7 +367,7 @@ impl ArrayDriverApi for CudaDriver {
             Flags: 0,
         };
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuArray3DGetDescriptor_v2(&mut d, ptr(array)) })?;
+        check(unsafe { sys::cuArray3DGetDescriptor_v2(&mut d, ptr(array.raw())) })?;
         Ok(ArrayDesc {
             width: d.Width,
             height: d.Height,
@@ -369,24 +378,24 @@ impl ArrayDriverApi for CudaDriver {
         })
     }
 
-    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<Raw> {
+    fn mipmapped_array_create(&self, d: &ArrayDesc, levels: u32) -> CuResult<MipmappedArray> {
         let desc = array_descriptor(d)?;
         let mut a: sys::CUmipmappedArray = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuMipmappedArrayCreate(&mut a, &desc, levels as c_uint) })?;
-        Ok(a as Raw)
+        Ok(MipmappedArray::from_raw(a as Raw))
     }
 
-    fn mipmapped_array_destroy(&self, array: Raw) -> CuResult<()> {
+    fn mipmapped_array_destroy(&self, array: MipmappedArray) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMipmappedArrayDestroy(ptr(array)) })
+        check(unsafe { sys::cuMipmappedArrayDestroy(ptr(array.raw())) })
     }
 
-    fn mipmapped_array_level(&self, array: Raw, level: u32) -> CuResult<Raw> {
+    fn mipmapped_array_level(&self, array: MipmappedArray, level: u32) -> CuResult<Array> {
         let mut a: sys::CUarray = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMipmappedArrayGetLevel(&mut a, ptr(array), level) })?;
-        Ok(a as Raw)
+        check(unsafe { sys::cuMipmappedArrayGetLevel(&mut a, ptr(array.raw()), level) })?;
+        Ok(Array::from_raw(a as Raw))
     }
 
     fn tex_object_create(
@@ -438,7 +447,7 @@ impl ArrayDriverApi for CudaDriver {
         check(unsafe { sys::cuTexObjectDestroy(obj) })
     }
 
-    fn surf_object_create(&self, array: Raw) -> CuResult<u64> {
+    fn surf_object_create(&self, array: Array) -> CuResult<u64> {
         let r = resource_desc(&Resource::Array(array))?;
         let mut obj: sys::CUsurfObject = 0;
         // SAFETY: see the impl comment.
@@ -460,11 +469,11 @@ fn resource_desc(res: &Resource) -> CuResult<sys::CUDA_RESOURCE_DESC> {
     match *res {
         Resource::Array(a) => {
             r.resType = T::CU_RESOURCE_TYPE_ARRAY;
-            r.res.array.hArray = ptr(a);
+            r.res.array.hArray = ptr(a.raw());
         }
         Resource::Mipmapped(m) => {
             r.resType = T::CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
-            r.res.mipmap.hMipmappedArray = ptr(m);
+            r.res.mipmap.hMipmappedArray = ptr(m.raw());
         }
         Resource::Linear {
             ptr: p,
@@ -502,28 +511,28 @@ impl ArrayDriverApi for NoDriver {
     fn mem_alloc_pitch(&self, _: usize, _: usize) -> CuResult<(u64, usize)> {
         Err(CuError::NO_DEVICE)
     }
-    fn memset_2d(&self, _: u64, _: usize, _: u8, _: usize, _: usize, _: Raw) -> CuResult<()> {
+    fn memset_2d(&self, _: u64, _: usize, _: u8, _: usize, _: usize, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    unsafe fn memcpy_3d(&self, _: &Copy3DParams, _: Raw) -> CuResult<()> {
+    unsafe fn memcpy_3d(&self, _: &Copy3DParams, _: Stream) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn array_create(&self, _: &ArrayDesc) -> CuResult<Raw> {
+    fn array_create(&self, _: &ArrayDesc) -> CuResult<Array> {
         Err(CuError::NO_DEVICE)
     }
-    fn array_destroy(&self, _: Raw) -> CuResult<()> {
+    fn array_destroy(&self, _: Array) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn array_descriptor(&self, _: Raw) -> CuResult<ArrayDesc> {
+    fn array_descriptor(&self, _: Array) -> CuResult<ArrayDesc> {
         Err(CuError::NO_DEVICE)
     }
-    fn mipmapped_array_create(&self, _: &ArrayDesc, _: u32) -> CuResult<Raw> {
+    fn mipmapped_array_create(&self, _: &ArrayDesc, _: u32) -> CuResult<MipmappedArray> {
         Err(CuError::NO_DEVICE)
     }
-    fn mipmapped_array_destroy(&self, _: Raw) -> CuResult<()> {
+    fn mipmapped_array_destroy(&self, _: MipmappedArray) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn mipmapped_array_level(&self, _: Raw, _: u32) -> CuResult<Raw> {
+    fn mipmapped_array_level(&self, _: MipmappedArray, _: u32) -> CuResult<Array> {
         Err(CuError::NO_DEVICE)
     }
     fn tex_object_create(
@@ -537,7 +546,7 @@ impl ArrayDriverApi for NoDriver {
     fn tex_object_destroy(&self, _: u64) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn surf_object_create(&self, _: Raw) -> CuResult<u64> {
+    fn surf_object_create(&self, _: Array) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn surf_object_destroy(&self, _: u64) -> CuResult<()> {
@@ -552,7 +561,7 @@ mod tests {
     /// Every `sys::cu*` call in this file is in ARRAY_SYMBOLS and the other way round.
     #[test]
     fn array_symbols_match_the_calls() {
-        let src = include_str!("array_driver.rs");
+        let src = include_str!("array.rs");
         let code = src.split("#[cfg(test)]").next().unwrap_or(src);
         let mut called: Vec<&str> = code
             .match_indices("sys::cu")

@@ -1,6 +1,6 @@
 //! The driver calls for CUDA graphs and stream capture, as a trait of their own
 //! ([`GraphDriverApi`], a supertrait of `DriverApi`), with the real implementation over cudarc's
-//! `sys` layer and the no-driver one. The handle contract of `driver.rs` holds here too: graphs,
+//! `sys` layer and the no-driver one. The handle contract of `driver/mod.rs` holds here too: graphs,
 //! nodes and executable graphs cross as [`Raw`] integers that only the session's tables hold.
 
 use std::{
@@ -12,10 +12,8 @@ use std::{
 use cudarc::driver::sys;
 use qcuda_proto::graph::{MemcpyNode, MemsetNode};
 
-use super::{
-    driver::{CuError, CuResult, NoDriver, Raw},
-    launch::{LaunchConfig, ParamLayout},
-};
+use super::{driver_handles, Context, CuError, CuResult, Event, Function, NoDriver, Raw, Stream};
+use crate::cuda::launch::{LaunchConfig, ParamLayout};
 
 /// Parameters of a node other than a kernel node, already checked by the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,11 +25,11 @@ pub(crate) enum NodeParams {
     /// A memset.
     Memset(MemsetNode),
     /// A child graph (the driver clones it).
-    Child(Raw),
+    Child(Graph),
     /// An event record node.
-    EventRecord(Raw),
+    EventRecord(Event),
     /// An event wait node.
-    EventWait(Raw),
+    EventWait(Event),
     /// A host node: the worker's host-function stand-in with this user data (a call of
     /// `host_functions.rs`, alive until the session ends).
     Host(Raw),
@@ -40,7 +38,7 @@ pub(crate) enum NodeParams {
 /// The driver's parameters of a host node running the worker's stand-in with `call`.
 fn host_params(call: Raw) -> sys::CUDA_HOST_NODE_PARAMS {
     sys::CUDA_HOST_NODE_PARAMS {
-        fn_: Some(super::host_functions::trampoline),
+        fn_: Some(crate::cuda::host_functions::trampoline),
         userData: call as *mut c_void,
     }
 }
@@ -52,10 +50,19 @@ pub(crate) struct CaptureInfo {
     pub(crate) status: u32,
     /// The capture's id (0 when none).
     pub(crate) id: u64,
-    /// The graph being captured (0 when none).
-    pub(crate) graph: Raw,
+    /// The graph being captured (None when none).
+    pub(crate) graph: Option<Graph>,
     /// The nodes the next captured op will depend on.
-    pub(crate) deps: Vec<Raw>,
+    pub(crate) deps: Vec<GraphNode>,
+}
+
+driver_handles! {
+    /// A `CUgraph`.
+    Graph;
+    /// A `CUgraphExec`.
+    GraphExec;
+    /// A `CUgraphNode`.
+    GraphNode;
 }
 
 /// The graph and capture calls the executor makes.
@@ -63,37 +70,42 @@ pub(crate) trait GraphDriverApi {
     /// cuThreadExchangeStreamCaptureMode: sets the calling thread's mode, returns the old one.
     fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32>;
     /// cuStreamBeginCapture with `mode` (0 global, 1 thread-local, 2 relaxed).
-    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()>;
+    fn stream_begin_capture(&self, stream: Stream, mode: u32) -> CuResult<()>;
     /// cuStreamBeginCaptureToGraph (default edges).
     fn stream_begin_capture_to_graph(
         &self,
-        stream: Raw,
-        graph: Raw,
-        deps: &[Raw],
+        stream: Stream,
+        graph: Graph,
+        deps: &[GraphNode],
         mode: u32,
     ) -> CuResult<()>;
     /// cuStreamEndCapture: the captured graph.
-    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw>;
+    fn stream_end_capture(&self, stream: Stream) -> CuResult<Graph>;
     /// cuStreamGetCaptureInfo.
-    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo>;
+    fn stream_capture_info(&self, stream: Stream) -> CuResult<CaptureInfo>;
     /// cuStreamUpdateCaptureDependencies (flags: 0 add, 1 set).
-    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()>;
+    fn stream_update_capture_deps(
+        &self,
+        stream: Stream,
+        deps: &[GraphNode],
+        flags: u32,
+    ) -> CuResult<()>;
 
     /// cuGraphCreate.
-    fn graph_create(&self) -> CuResult<Raw>;
+    fn graph_create(&self) -> CuResult<Graph>;
     /// cuGraphDestroy.
-    fn graph_destroy(&self, graph: Raw) -> CuResult<()>;
+    fn graph_destroy(&self, graph: Graph) -> CuResult<()>;
     /// cuGraphClone.
-    fn graph_clone(&self, graph: Raw) -> CuResult<Raw>;
+    fn graph_clone(&self, graph: Graph) -> CuResult<Graph>;
     /// Adds a node of `params` to `graph` after `deps`. `ctx` is the context memcpy and memset
     /// nodes run in.
     fn graph_add_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
+        graph: Graph,
+        deps: &[GraphNode],
         params: &NodeParams,
-        ctx: Raw,
-    ) -> CuResult<Raw>;
+        ctx: Context,
+    ) -> CuResult<GraphNode>;
     /// cuGraphAddKernelNode.
     ///
     /// # Safety
@@ -101,92 +113,107 @@ pub(crate) trait GraphDriverApi {
     /// copies the values before returning).
     unsafe fn graph_add_kernel_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
-        func: Raw,
+        graph: Graph,
+        deps: &[GraphNode],
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
-    ) -> CuResult<Raw>;
+    ) -> CuResult<GraphNode>;
     /// cuGraphAddMemAllocNode: `bytesize` bytes of pinned device memory on CUdevice `device`;
     /// (node, its device address).
     fn graph_add_mem_alloc_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
+        graph: Graph,
+        deps: &[GraphNode],
         device: i32,
         bytesize: usize,
-    ) -> CuResult<(Raw, u64)>;
+    ) -> CuResult<(GraphNode, u64)>;
     /// cuGraphAddMemFreeNode.
-    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw>;
+    fn graph_add_mem_free_node(
+        &self,
+        graph: Graph,
+        deps: &[GraphNode],
+        dptr: u64,
+    ) -> CuResult<GraphNode>;
     /// Sets the parameters of a memcpy, memset, child-graph or event node: of the node in its
-    /// graph (`exec` 0), or in executable graph `exec`.
-    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, ctx: Raw) -> CuResult<()>;
-    /// cuGraph[Exec]KernelNodeSetParams (`exec` 0: the graph's node).
+    /// graph (`exec` None), or in executable graph `exec`.
+    fn node_set_params(
+        &self,
+        exec: Option<GraphExec>,
+        node: GraphNode,
+        params: &NodeParams,
+        ctx: Option<Context>,
+    ) -> CuResult<()>;
+    /// cuGraph[Exec]KernelNodeSetParams (`exec` None: the graph's node).
     ///
     /// # Safety
     /// As for [`GraphDriverApi::graph_add_kernel_node`].
     unsafe fn kernel_node_set_params(
         &self,
-        exec: Raw,
-        node: Raw,
-        func: Raw,
+        exec: Option<GraphExec>,
+        node: GraphNode,
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> CuResult<()>;
     /// cuGraphGetNodes, or cuGraphGetRootNodes.
-    fn graph_nodes(&self, graph: Raw, roots: bool) -> CuResult<Vec<Raw>>;
+    fn graph_nodes(&self, graph: Graph, roots: bool) -> CuResult<Vec<GraphNode>>;
     /// cuGraphGetEdges: (from, to) pairs.
-    fn graph_edges(&self, graph: Raw) -> CuResult<Vec<(Raw, Raw)>>;
+    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode)>>;
     /// cuGraphAddDependencies, or cuGraphRemoveDependencies.
     fn graph_change_edges(
         &self,
-        graph: Raw,
-        from: &[Raw],
-        to: &[Raw],
+        graph: Graph,
+        from: &[GraphNode],
+        to: &[GraphNode],
         remove: bool,
     ) -> CuResult<()>;
     /// cuGraphNodeGetType.
-    fn node_type(&self, node: Raw) -> CuResult<u32>;
+    fn node_type(&self, node: GraphNode) -> CuResult<u32>;
     /// cuGraphNodeGetDependencies, or cuGraphNodeGetDependentNodes.
-    fn node_neighbours(&self, node: Raw, dependents: bool) -> CuResult<Vec<Raw>>;
+    fn node_neighbours(&self, node: GraphNode, dependents: bool) -> CuResult<Vec<GraphNode>>;
     /// cuGraphInstantiateWithFlags.
-    fn graph_instantiate(&self, graph: Raw, flags: u64) -> CuResult<Raw>;
+    fn graph_instantiate(&self, graph: Graph, flags: u64) -> CuResult<GraphExec>;
     /// cuGraphExecDestroy.
-    fn graph_exec_destroy(&self, exec: Raw) -> CuResult<()>;
+    fn graph_exec_destroy(&self, exec: GraphExec) -> CuResult<()>;
     /// cuGraphLaunch, or cuGraphUpload.
-    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()>;
+    fn graph_launch(&self, exec: GraphExec, stream: Stream, upload_only: bool) -> CuResult<()>;
     /// cuGraphExecUpdate: Ok((result, error node)) when the driver judged the update, whether
     /// it applied or not (then the result says why).
-    fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)>;
+    fn graph_exec_update(
+        &self,
+        exec: GraphExec,
+        graph: Graph,
+    ) -> CuResult<(u32, Option<GraphNode>)>;
     /// cuGraphDebugDotPrint, the text it writes.
-    fn graph_debug_dot(&self, graph: Raw, flags: u32) -> CuResult<Vec<u8>>;
+    fn graph_debug_dot(&self, graph: Graph, flags: u32) -> CuResult<Vec<u8>>;
     /// cuGraphKernelNodeGetParams: the function, its geometry, and its parameter block laid
     /// out by `layout_of(function)` (`None`: not a function of the caller's).
     fn kernel_node_params(
         &self,
-        node: Raw,
-        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
-    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)>;
+        node: GraphNode,
+        layout_of: &dyn Fn(Function) -> Option<ParamLayout>,
+    ) -> CuResult<(Function, LaunchConfig, Vec<u8>)>;
     /// cuDeviceGraphMemTrim (`what` 0), cuDeviceGetGraphMemAttribute (1) or
     /// cuDeviceSetGraphMemAttribute (2) of attribute `attr` (0..=3) on CUdevice `device`.
     fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64>;
     /// cuGraphMemcpyNodeGetParams, for a copy between device addresses.
-    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode>;
+    fn memcpy_node_params(&self, node: GraphNode) -> CuResult<MemcpyNode>;
     /// cuGraphMemsetNodeGetParams.
-    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode>;
+    fn memset_node_params(&self, node: GraphNode) -> CuResult<MemsetNode>;
     /// The event of an event record (`record`) or wait node.
-    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw>;
+    fn node_event(&self, node: GraphNode, record: bool) -> CuResult<Event>;
     /// cuGraphChildGraphNodeGetGraph.
-    fn child_graph(&self, node: Raw) -> CuResult<Raw>;
+    fn child_graph(&self, node: GraphNode) -> CuResult<Graph>;
     /// cuGraphNodeFindInClone.
-    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw>;
+    fn find_in_clone(&self, node: GraphNode, clone: Graph) -> CuResult<GraphNode>;
     /// cuGraphDestroyNode.
-    fn destroy_node(&self, node: Raw) -> CuResult<()>;
+    fn destroy_node(&self, node: GraphNode) -> CuResult<()>;
     /// cuGraphNodeGetEnabled, or cuGraphNodeSetEnabled (`set`: the new value).
-    fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool>;
+    fn node_enabled(&self, exec: GraphExec, node: GraphNode, set: Option<bool>) -> CuResult<bool>;
 }
 
-/// Every driver symbol this file calls; `CudaDriver::load` checks them with `driver.rs`'s.
+/// Every driver symbol this file calls; `CudaDriver::load` checks them with `driver/mod.rs`'s.
 pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuThreadExchangeStreamCaptureMode",
     "cuStreamBeginCapture_v2",
@@ -273,7 +300,9 @@ fn capture_mode(mode: u32) -> CuResult<sys::CUstreamCaptureMode> {
     })
 }
 
-fn node_list(nodes: &[Raw]) -> *const sys::CUgraphNode {
+/// `nodes` as the driver's array of `CUgraphNode` (a handle is `repr(transparent)` over the
+/// pointer-sized value the driver gave).
+fn node_list(nodes: &[GraphNode]) -> *const sys::CUgraphNode {
     if nodes.is_empty() {
         null()
     } else {
@@ -373,7 +402,7 @@ fn kernel_params(
 /// Calls a two-step "count, then fill" list query.
 fn list(
     mut query: impl FnMut(*mut sys::CUgraphNode, *mut usize) -> sys::CUresult,
-) -> CuResult<Vec<Raw>> {
+) -> CuResult<Vec<GraphNode>> {
     let mut n = 0usize;
     check(query(null_mut(), &mut n))?;
     let mut v: Vec<sys::CUgraphNode> = vec![null_mut(); n];
@@ -381,13 +410,15 @@ fn list(
         check(query(v.as_mut_ptr(), &mut n))?;
         v.truncate(n);
     }
-    Ok(v.into_iter().map(|p| p as Raw).collect())
+    Ok(v.into_iter()
+        .map(|p| GraphNode::from_raw(p as Raw))
+        .collect())
 }
 
 // SAFETY (for every unsafe block in this impl): each call goes to a symbol that `load` found
 // (GRAPH_SYMBOLS), through cudarc's binding of its CUDA 13.0 prototype; out parameters point at
-// live locals; handles obey driver.rs's contract; input arrays are borrowed for the whole call.
-impl GraphDriverApi for super::driver::CudaDriver {
+// live locals; handles obey driver/mod.rs's contract; input arrays are borrowed for the whole call.
+impl GraphDriverApi for super::CudaDriver {
     fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32> {
         let mut m = capture_mode(mode)?;
         // SAFETY: see the impl comment.
@@ -395,25 +426,25 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok(m as u32)
     }
 
-    fn stream_begin_capture(&self, stream: Raw, mode: u32) -> CuResult<()> {
+    fn stream_begin_capture(&self, stream: Stream, mode: u32) -> CuResult<()> {
         let m = capture_mode(mode)?;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamBeginCapture_v2(ptr(stream), m) })
+        check(unsafe { sys::cuStreamBeginCapture_v2(ptr(stream.raw()), m) })
     }
 
     fn stream_begin_capture_to_graph(
         &self,
-        stream: Raw,
-        graph: Raw,
-        deps: &[Raw],
+        stream: Stream,
+        graph: Graph,
+        deps: &[GraphNode],
         mode: u32,
     ) -> CuResult<()> {
         let m = capture_mode(mode)?;
         // SAFETY: see the impl comment; `deps` holds `deps.len()` nodes.
         check(unsafe {
             sys::cuStreamBeginCaptureToGraph(
-                ptr(stream),
-                ptr(graph),
+                ptr(stream.raw()),
+                ptr(graph.raw()),
                 node_list(deps),
                 null(),
                 deps.len(),
@@ -422,14 +453,14 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn stream_end_capture(&self, stream: Raw) -> CuResult<Raw> {
+    fn stream_end_capture(&self, stream: Stream) -> CuResult<Graph> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamEndCapture(ptr(stream), &mut g) })?;
-        Ok(g as Raw)
+        check(unsafe { sys::cuStreamEndCapture(ptr(stream.raw()), &mut g) })?;
+        Ok(Graph::from_raw(g as Raw))
     }
 
-    fn stream_capture_info(&self, stream: Raw) -> CuResult<CaptureInfo> {
+    fn stream_capture_info(&self, stream: Stream) -> CuResult<CaptureInfo> {
         let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let mut id: u64 = 0;
         let mut graph: sys::CUgraph = null_mut();
@@ -439,7 +470,7 @@ impl GraphDriverApi for super::driver::CudaDriver {
         // next call on the stream, and is copied out at once.
         check(unsafe {
             sys::cuStreamGetCaptureInfo_v3(
-                ptr(stream),
+                ptr(stream.raw()),
                 &mut st,
                 &mut id,
                 &mut graph,
@@ -454,22 +485,27 @@ impl GraphDriverApi for super::driver::CudaDriver {
             // SAFETY: the driver returned `n` nodes at `deps`.
             unsafe { std::slice::from_raw_parts(deps, n) }
                 .iter()
-                .map(|p| *p as Raw)
+                .map(|p| GraphNode::from_raw(*p as Raw))
                 .collect()
         };
         Ok(CaptureInfo {
             status: st as u32,
             id,
-            graph: graph as Raw,
+            graph: (!graph.is_null()).then(|| Graph::from_raw(graph as Raw)),
             deps,
         })
     }
 
-    fn stream_update_capture_deps(&self, stream: Raw, deps: &[Raw], flags: u32) -> CuResult<()> {
+    fn stream_update_capture_deps(
+        &self,
+        stream: Stream,
+        deps: &[GraphNode],
+        flags: u32,
+    ) -> CuResult<()> {
         // SAFETY: see the impl comment.
         check(unsafe {
             sys::cuStreamUpdateCaptureDependencies_v2(
-                ptr(stream),
+                ptr(stream.raw()),
                 node_list(deps).cast_mut(),
                 null(),
                 deps.len(),
@@ -478,84 +514,88 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn graph_create(&self) -> CuResult<Raw> {
+    fn graph_create(&self) -> CuResult<Graph> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuGraphCreate(&mut g, 0) })?;
-        Ok(g as Raw)
+        Ok(Graph::from_raw(g as Raw))
     }
 
-    fn graph_destroy(&self, graph: Raw) -> CuResult<()> {
+    fn graph_destroy(&self, graph: Graph) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphDestroy(ptr(graph)) })
+        check(unsafe { sys::cuGraphDestroy(ptr(graph.raw())) })
     }
 
-    fn graph_clone(&self, graph: Raw) -> CuResult<Raw> {
+    fn graph_clone(&self, graph: Graph) -> CuResult<Graph> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphClone(&mut g, ptr(graph)) })?;
-        Ok(g as Raw)
+        check(unsafe { sys::cuGraphClone(&mut g, ptr(graph.raw())) })?;
+        Ok(Graph::from_raw(g as Raw))
     }
 
     fn graph_add_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
+        graph: Graph,
+        deps: &[GraphNode],
         params: &NodeParams,
-        ctx: Raw,
-    ) -> CuResult<Raw> {
+        ctx: Context,
+    ) -> CuResult<GraphNode> {
         let mut n: sys::CUgraphNode = null_mut();
-        let (g, d, nd) = (ptr(graph), node_list(deps), deps.len());
+        let (g, d, nd) = (ptr(graph.raw()), node_list(deps), deps.len());
         // SAFETY: see the impl comment.
         check(unsafe {
             match params {
                 NodeParams::Empty => sys::cuGraphAddEmptyNode(&mut n, g, d, nd),
                 NodeParams::Memcpy(m) => {
                     let p = memcpy3d(m)?;
-                    sys::cuGraphAddMemcpyNode(&mut n, g, d, nd, &p, ptr(ctx))
+                    sys::cuGraphAddMemcpyNode(&mut n, g, d, nd, &p, ptr(ctx.raw()))
                 }
                 NodeParams::Memset(m) => {
                     let p = memset_params(m)?;
-                    sys::cuGraphAddMemsetNode(&mut n, g, d, nd, &p, ptr(ctx))
+                    sys::cuGraphAddMemsetNode(&mut n, g, d, nd, &p, ptr(ctx.raw()))
                 }
-                NodeParams::Child(c) => sys::cuGraphAddChildGraphNode(&mut n, g, d, nd, ptr(*c)),
+                NodeParams::Child(c) => {
+                    sys::cuGraphAddChildGraphNode(&mut n, g, d, nd, ptr(c.raw()))
+                }
                 NodeParams::EventRecord(e) => {
-                    sys::cuGraphAddEventRecordNode(&mut n, g, d, nd, ptr(*e))
+                    sys::cuGraphAddEventRecordNode(&mut n, g, d, nd, ptr(e.raw()))
                 }
-                NodeParams::EventWait(e) => sys::cuGraphAddEventWaitNode(&mut n, g, d, nd, ptr(*e)),
+                NodeParams::EventWait(e) => {
+                    sys::cuGraphAddEventWaitNode(&mut n, g, d, nd, ptr(e.raw()))
+                }
                 NodeParams::Host(call) => {
                     let p = host_params(*call);
                     sys::cuGraphAddHostNode(&mut n, g, d, nd, &p)
                 }
             }
         })?;
-        Ok(n as Raw)
+        Ok(GraphNode::from_raw(n as Raw))
     }
 
     unsafe fn graph_add_kernel_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
-        func: Raw,
+        graph: Graph,
+        deps: &[GraphNode],
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
-    ) -> CuResult<Raw> {
+    ) -> CuResult<GraphNode> {
         let mut n: sys::CUgraphNode = null_mut();
-        let p = kernel_params(func, cfg, params);
+        let p = kernel_params(func.raw(), cfg, params);
         // SAFETY: see the impl comment; the parameter pointers are the caller's contract.
         check(unsafe {
-            sys::cuGraphAddKernelNode_v2(&mut n, ptr(graph), node_list(deps), deps.len(), &p)
+            sys::cuGraphAddKernelNode_v2(&mut n, ptr(graph.raw()), node_list(deps), deps.len(), &p)
         })?;
-        Ok(n as Raw)
+        Ok(GraphNode::from_raw(n as Raw))
     }
 
     fn graph_add_mem_alloc_node(
         &self,
-        graph: Raw,
-        deps: &[Raw],
+        graph: Graph,
+        deps: &[GraphNode],
         device: i32,
         bytesize: usize,
-    ) -> CuResult<(Raw, u64)> {
+    ) -> CuResult<(GraphNode, u64)> {
         // SAFETY: plain C data; all-zero is the documented default of every field.
         let mut p: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
         p.poolProps.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -566,50 +606,77 @@ impl GraphDriverApi for super::driver::CudaDriver {
         let mut n: sys::CUgraphNode = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe {
-            sys::cuGraphAddMemAllocNode(&mut n, ptr(graph), node_list(deps), deps.len(), &mut p)
+            sys::cuGraphAddMemAllocNode(
+                &mut n,
+                ptr(graph.raw()),
+                node_list(deps),
+                deps.len(),
+                &mut p,
+            )
         })?;
-        Ok((n as Raw, p.dptr))
+        Ok((GraphNode::from_raw(n as Raw), p.dptr))
     }
 
-    fn graph_add_mem_free_node(&self, graph: Raw, deps: &[Raw], dptr: u64) -> CuResult<Raw> {
+    fn graph_add_mem_free_node(
+        &self,
+        graph: Graph,
+        deps: &[GraphNode],
+        dptr: u64,
+    ) -> CuResult<GraphNode> {
         let mut n: sys::CUgraphNode = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe {
-            sys::cuGraphAddMemFreeNode(&mut n, ptr(graph), node_list(deps), deps.len(), dptr)
+            sys::cuGraphAddMemFreeNode(&mut n, ptr(graph.raw()), node_list(deps), deps.len(), dptr)
         })?;
-        Ok(n as Raw)
+        Ok(GraphNode::from_raw(n as Raw))
     }
 
-    fn node_set_params(&self, exec: Raw, node: Raw, params: &NodeParams, ctx: Raw) -> CuResult<()> {
-        let (e, n) = (ptr(exec), ptr(node));
+    fn node_set_params(
+        &self,
+        exec: Option<GraphExec>,
+        node: GraphNode,
+        params: &NodeParams,
+        ctx: Option<Context>,
+    ) -> CuResult<()> {
+        let (e, n) = (ptr(exec.map_or(0, GraphExec::raw)), ptr(node.raw()));
         // SAFETY: see the impl comment.
         check(unsafe {
             match (exec, params) {
                 (_, NodeParams::Empty) => return Err(CuError::INVALID_VALUE),
-                (0, NodeParams::Memcpy(m)) => sys::cuGraphMemcpyNodeSetParams(n, &memcpy3d(m)?),
-                (0, NodeParams::Memset(m)) => {
+                (None, NodeParams::Memcpy(m)) => sys::cuGraphMemcpyNodeSetParams(n, &memcpy3d(m)?),
+                (None, NodeParams::Memset(m)) => {
                     sys::cuGraphMemsetNodeSetParams(n, &memset_params(m)?)
                 }
-                (0, NodeParams::EventRecord(ev)) => {
-                    sys::cuGraphEventRecordNodeSetEvent(n, ptr(*ev))
+                (None, NodeParams::EventRecord(ev)) => {
+                    sys::cuGraphEventRecordNodeSetEvent(n, ptr(ev.raw()))
                 }
-                (0, NodeParams::EventWait(ev)) => sys::cuGraphEventWaitNodeSetEvent(n, ptr(*ev)),
+                (None, NodeParams::EventWait(ev)) => {
+                    sys::cuGraphEventWaitNodeSetEvent(n, ptr(ev.raw()))
+                }
                 // A child graph node's graph cannot be replaced in the graph itself.
-                (0, NodeParams::Child(_)) => return Err(CuError::INVALID_VALUE),
-                (_, NodeParams::Memcpy(m)) => {
-                    sys::cuGraphExecMemcpyNodeSetParams(e, n, &memcpy3d(m)?, ptr(ctx))
+                (None, NodeParams::Child(_)) => return Err(CuError::INVALID_VALUE),
+                (_, NodeParams::Memcpy(m)) => sys::cuGraphExecMemcpyNodeSetParams(
+                    e,
+                    n,
+                    &memcpy3d(m)?,
+                    ptr(ctx.map_or(0, Context::raw)),
+                ),
+                (_, NodeParams::Memset(m)) => sys::cuGraphExecMemsetNodeSetParams(
+                    e,
+                    n,
+                    &memset_params(m)?,
+                    ptr(ctx.map_or(0, Context::raw)),
+                ),
+                (_, NodeParams::Child(c)) => {
+                    sys::cuGraphExecChildGraphNodeSetParams(e, n, ptr(c.raw()))
                 }
-                (_, NodeParams::Memset(m)) => {
-                    sys::cuGraphExecMemsetNodeSetParams(e, n, &memset_params(m)?, ptr(ctx))
-                }
-                (_, NodeParams::Child(c)) => sys::cuGraphExecChildGraphNodeSetParams(e, n, ptr(*c)),
                 (_, NodeParams::EventRecord(ev)) => {
-                    sys::cuGraphExecEventRecordNodeSetEvent(e, n, ptr(*ev))
+                    sys::cuGraphExecEventRecordNodeSetEvent(e, n, ptr(ev.raw()))
                 }
                 (_, NodeParams::EventWait(ev)) => {
-                    sys::cuGraphExecEventWaitNodeSetEvent(e, n, ptr(*ev))
+                    sys::cuGraphExecEventWaitNodeSetEvent(e, n, ptr(ev.raw()))
                 }
-                (0, NodeParams::Host(call)) => {
+                (None, NodeParams::Host(call)) => {
                     sys::cuGraphHostNodeSetParams(n, &host_params(*call))
                 }
                 (_, NodeParams::Host(call)) => {
@@ -621,25 +688,26 @@ impl GraphDriverApi for super::driver::CudaDriver {
 
     unsafe fn kernel_node_set_params(
         &self,
-        exec: Raw,
-        node: Raw,
-        func: Raw,
+        exec: Option<GraphExec>,
+        node: GraphNode,
+        func: Function,
         cfg: &LaunchConfig,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
-        let p = kernel_params(func, cfg, params);
+        let p = kernel_params(func.raw(), cfg, params);
         // SAFETY: see the impl comment; the parameter pointers are the caller's contract.
         check(unsafe {
-            if exec == 0 {
-                sys::cuGraphKernelNodeSetParams_v2(ptr(node), &p)
-            } else {
-                sys::cuGraphExecKernelNodeSetParams_v2(ptr(exec), ptr(node), &p)
+            match exec {
+                None => sys::cuGraphKernelNodeSetParams_v2(ptr(node.raw()), &p),
+                Some(exec) => {
+                    sys::cuGraphExecKernelNodeSetParams_v2(ptr(exec.raw()), ptr(node.raw()), &p)
+                }
             }
         })
     }
 
-    fn graph_nodes(&self, graph: Raw, roots: bool) -> CuResult<Vec<Raw>> {
-        let g = ptr(graph);
+    fn graph_nodes(&self, graph: Graph, roots: bool) -> CuResult<Vec<GraphNode>> {
+        let g = ptr(graph.raw());
         list(|out, n| {
             // SAFETY: see the impl comment; `out` is null or holds `*n` slots.
             unsafe {
@@ -652,8 +720,8 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn graph_edges(&self, graph: Raw) -> CuResult<Vec<(Raw, Raw)>> {
-        let g = ptr(graph);
+    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode)>> {
+        let g = ptr(graph.raw());
         let mut n = 0usize;
         // SAFETY: see the impl comment (a count query).
         check(unsafe { sys::cuGraphGetEdges_v2(g, null_mut(), null_mut(), null_mut(), &mut n) })?;
@@ -669,21 +737,21 @@ impl GraphDriverApi for super::driver::CudaDriver {
             .into_iter()
             .zip(to)
             .take(n)
-            .map(|(a, b)| (a as Raw, b as Raw))
+            .map(|(a, b)| (GraphNode::from_raw(a as Raw), GraphNode::from_raw(b as Raw)))
             .collect())
     }
 
     fn graph_change_edges(
         &self,
-        graph: Raw,
-        from: &[Raw],
-        to: &[Raw],
+        graph: Graph,
+        from: &[GraphNode],
+        to: &[GraphNode],
         remove: bool,
     ) -> CuResult<()> {
         if from.len() != to.len() {
             return Err(CuError::INVALID_VALUE);
         }
-        let (g, f, t, n) = (ptr(graph), node_list(from), node_list(to), from.len());
+        let (g, f, t, n) = (ptr(graph.raw()), node_list(from), node_list(to), from.len());
         // SAFETY: see the impl comment; both arrays hold `n` nodes.
         check(unsafe {
             if remove {
@@ -694,15 +762,15 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn node_type(&self, node: Raw) -> CuResult<u32> {
+    fn node_type(&self, node: GraphNode) -> CuResult<u32> {
         let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphNodeGetType(ptr(node), &mut t) })?;
+        check(unsafe { sys::cuGraphNodeGetType(ptr(node.raw()), &mut t) })?;
         Ok(t as u32)
     }
 
-    fn node_neighbours(&self, node: Raw, dependents: bool) -> CuResult<Vec<Raw>> {
-        let n0 = ptr(node);
+    fn node_neighbours(&self, node: GraphNode, dependents: bool) -> CuResult<Vec<GraphNode>> {
+        let n0 = ptr(node.raw());
         list(|out, n| {
             // SAFETY: see the impl comment; `out` is null or holds `*n` slots.
             unsafe {
@@ -715,43 +783,49 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn graph_instantiate(&self, graph: Raw, flags: u64) -> CuResult<Raw> {
+    fn graph_instantiate(&self, graph: Graph, flags: u64) -> CuResult<GraphExec> {
         let mut e: sys::CUgraphExec = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut e, ptr(graph), flags) })?;
-        Ok(e as Raw)
+        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut e, ptr(graph.raw()), flags) })?;
+        Ok(GraphExec::from_raw(e as Raw))
     }
 
-    fn graph_exec_destroy(&self, exec: Raw) -> CuResult<()> {
+    fn graph_exec_destroy(&self, exec: GraphExec) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphExecDestroy(ptr(exec)) })
+        check(unsafe { sys::cuGraphExecDestroy(ptr(exec.raw())) })
     }
 
-    fn graph_launch(&self, exec: Raw, stream: Raw, upload_only: bool) -> CuResult<()> {
+    fn graph_launch(&self, exec: GraphExec, stream: Stream, upload_only: bool) -> CuResult<()> {
         // SAFETY: see the impl comment.
         check(unsafe {
             if upload_only {
-                sys::cuGraphUpload(ptr(exec), ptr(stream))
+                sys::cuGraphUpload(ptr(exec.raw()), ptr(stream.raw()))
             } else {
-                sys::cuGraphLaunch(ptr(exec), ptr(stream))
+                sys::cuGraphLaunch(ptr(exec.raw()), ptr(stream.raw()))
             }
         })
     }
 
-    fn graph_exec_update(&self, exec: Raw, graph: Raw) -> CuResult<(u32, Raw)> {
+    fn graph_exec_update(
+        &self,
+        exec: GraphExec,
+        graph: Graph,
+    ) -> CuResult<(u32, Option<GraphNode>)> {
         // SAFETY: plain C data; zero is "success, no node".
         let mut info: sys::CUgraphExecUpdateResultInfo = unsafe { std::mem::zeroed() };
         // SAFETY: see the impl comment.
-        let r = unsafe { sys::cuGraphExecUpdate_v2(ptr(exec), ptr(graph), &mut info) };
+        let r = unsafe { sys::cuGraphExecUpdate_v2(ptr(exec.raw()), ptr(graph.raw()), &mut info) };
         match r {
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => {
-                Ok((info.result as u32, info.errorNode as Raw))
+                let node =
+                    (!info.errorNode.is_null()).then(|| GraphNode::from_raw(info.errorNode as Raw));
+                Ok((info.result as u32, node))
             }
             e => Err(CuError(e as u32)),
         }
     }
 
-    fn graph_debug_dot(&self, graph: Raw, flags: u32) -> CuResult<Vec<u8>> {
+    fn graph_debug_dot(&self, graph: Graph, flags: u32) -> CuResult<Vec<u8>> {
         // The driver writes to a path: an anonymous memory file of this process.
         // SAFETY: a plain syscall with a static NUL-terminated name.
         let fd = unsafe { libc::memfd_create(c"qcuda-graph-dot".as_ptr(), libc::MFD_CLOEXEC) };
@@ -762,7 +836,9 @@ impl GraphDriverApi for super::driver::CudaDriver {
         let mut file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).map_err(|_| OS_ERROR)?;
         // SAFETY: see the impl comment; `path` is NUL-terminated and lives across the call.
-        check(unsafe { sys::cuGraphDebugDotPrint(ptr(graph), path.as_ptr(), flags as c_uint) })?;
+        check(unsafe {
+            sys::cuGraphDebugDotPrint(ptr(graph.raw()), path.as_ptr(), flags as c_uint)
+        })?;
         let mut text = Vec::new();
         std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).map_err(|_| OS_ERROR)?;
         file.read_to_end(&mut text).map_err(|_| OS_ERROR)?;
@@ -771,15 +847,15 @@ impl GraphDriverApi for super::driver::CudaDriver {
 
     fn kernel_node_params(
         &self,
-        node: Raw,
-        layout_of: &dyn Fn(Raw) -> Option<ParamLayout>,
-    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        node: GraphNode,
+        layout_of: &dyn Fn(Function) -> Option<ParamLayout>,
+    ) -> CuResult<(Function, LaunchConfig, Vec<u8>)> {
         // SAFETY: plain C data; the driver fills it in.
         let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphKernelNodeGetParams_v2(ptr(node), &mut p) })?;
+        check(unsafe { sys::cuGraphKernelNodeGetParams_v2(ptr(node.raw()), &mut p) })?;
         let func = p.func as Raw;
-        let layout = layout_of(func).ok_or(CuError::INVALID_VALUE)?;
+        let layout = layout_of(Function::from_raw(func)).ok_or(CuError::INVALID_VALUE)?;
         let cfg = LaunchConfig {
             grid: [p.gridDimX, p.gridDimY, p.gridDimZ],
             block: [p.blockDimX, p.blockDimY, p.blockDimZ],
@@ -806,7 +882,7 @@ impl GraphDriverApi for super::driver::CudaDriver {
                 };
             }
         }
-        Ok((func, cfg, block))
+        Ok((Function::from_raw(func), cfg, block))
     }
 
     fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64> {
@@ -831,10 +907,10 @@ impl GraphDriverApi for super::driver::CudaDriver {
         Ok(v)
     }
 
-    fn memcpy_node_params(&self, node: Raw) -> CuResult<MemcpyNode> {
+    fn memcpy_node_params(&self, node: GraphNode) -> CuResult<MemcpyNode> {
         let mut p = blank_memcpy3d();
         // SAFETY: see the impl comment; the driver fills the struct in.
-        check(unsafe { sys::cuGraphMemcpyNodeGetParams(ptr(node), &mut p) })?;
+        check(unsafe { sys::cuGraphMemcpyNodeGetParams(ptr(node.raw()), &mut p) })?;
         // Only nodes made from device addresses (as qcuda makes them) can be described.
         let device_side = |t: sys::CUmemorytype| {
             matches!(
@@ -861,11 +937,11 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn memset_node_params(&self, node: Raw) -> CuResult<MemsetNode> {
+    fn memset_node_params(&self, node: GraphNode) -> CuResult<MemsetNode> {
         // SAFETY: plain C data; the driver fills it in.
         let mut p: sys::CUDA_MEMSET_NODE_PARAMS = unsafe { std::mem::zeroed() };
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphMemsetNodeGetParams(ptr(node), &mut p) })?;
+        check(unsafe { sys::cuGraphMemsetNodeGetParams(ptr(node.raw()), &mut p) })?;
         Ok(MemsetNode {
             dst: p.dst,
             pitch: p.pitch as u64,
@@ -876,53 +952,57 @@ impl GraphDriverApi for super::driver::CudaDriver {
         })
     }
 
-    fn node_event(&self, node: Raw, record: bool) -> CuResult<Raw> {
+    fn node_event(&self, node: GraphNode, record: bool) -> CuResult<Event> {
         let mut e: sys::CUevent = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe {
             if record {
-                sys::cuGraphEventRecordNodeGetEvent(ptr(node), &mut e)
+                sys::cuGraphEventRecordNodeGetEvent(ptr(node.raw()), &mut e)
             } else {
-                sys::cuGraphEventWaitNodeGetEvent(ptr(node), &mut e)
+                sys::cuGraphEventWaitNodeGetEvent(ptr(node.raw()), &mut e)
             }
         })?;
-        Ok(e as Raw)
+        Ok(Event::from_raw(e as Raw))
     }
 
-    fn child_graph(&self, node: Raw) -> CuResult<Raw> {
+    fn child_graph(&self, node: GraphNode) -> CuResult<Graph> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphChildGraphNodeGetGraph(ptr(node), &mut g) })?;
-        Ok(g as Raw)
+        check(unsafe { sys::cuGraphChildGraphNodeGetGraph(ptr(node.raw()), &mut g) })?;
+        Ok(Graph::from_raw(g as Raw))
     }
 
-    fn find_in_clone(&self, node: Raw, clone: Raw) -> CuResult<Raw> {
+    fn find_in_clone(&self, node: GraphNode, clone: Graph) -> CuResult<GraphNode> {
         let mut n: sys::CUgraphNode = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphNodeFindInClone(&mut n, ptr(node), ptr(clone)) })?;
-        Ok(n as Raw)
+        check(unsafe { sys::cuGraphNodeFindInClone(&mut n, ptr(node.raw()), ptr(clone.raw())) })?;
+        Ok(GraphNode::from_raw(n as Raw))
     }
 
-    fn destroy_node(&self, node: Raw) -> CuResult<()> {
+    fn destroy_node(&self, node: GraphNode) -> CuResult<()> {
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphDestroyNode(ptr(node)) })
+        check(unsafe { sys::cuGraphDestroyNode(ptr(node.raw())) })
     }
 
-    fn node_enabled(&self, exec: Raw, node: Raw, set: Option<bool>) -> CuResult<bool> {
+    fn node_enabled(&self, exec: GraphExec, node: GraphNode, set: Option<bool>) -> CuResult<bool> {
         // SAFETY: see the impl comment.
         unsafe {
             match set {
                 Some(on) => {
                     check(sys::cuGraphNodeSetEnabled(
-                        ptr(exec),
-                        ptr(node),
+                        ptr(exec.raw()),
+                        ptr(node.raw()),
                         u32::from(on),
                     ))?;
                     Ok(on)
                 }
                 None => {
                     let mut v: c_uint = 0;
-                    check(sys::cuGraphNodeGetEnabled(ptr(exec), ptr(node), &mut v))?;
+                    check(sys::cuGraphNodeGetEnabled(
+                        ptr(exec.raw()),
+                        ptr(node.raw()),
+                        &mut v,
+                    ))?;
                     Ok(v != 0)
                 }
             }
@@ -934,127 +1014,151 @@ impl GraphDriverApi for NoDriver {
     fn exchange_capture_mode(&self, _: u32) -> CuResult<u32> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_begin_capture(&self, _: Raw, _: u32) -> CuResult<()> {
+    fn stream_begin_capture(&self, _: Stream, _: u32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_begin_capture_to_graph(&self, _: Raw, _: Raw, _: &[Raw], _: u32) -> CuResult<()> {
+    fn stream_begin_capture_to_graph(
+        &self,
+        _: Stream,
+        _: Graph,
+        _: &[GraphNode],
+        _: u32,
+    ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_end_capture(&self, _: Raw) -> CuResult<Raw> {
+    fn stream_end_capture(&self, _: Stream) -> CuResult<Graph> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_capture_info(&self, _: Raw) -> CuResult<CaptureInfo> {
+    fn stream_capture_info(&self, _: Stream) -> CuResult<CaptureInfo> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_update_capture_deps(&self, _: Raw, _: &[Raw], _: u32) -> CuResult<()> {
+    fn stream_update_capture_deps(&self, _: Stream, _: &[GraphNode], _: u32) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_create(&self) -> CuResult<Raw> {
+    fn graph_create(&self) -> CuResult<Graph> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_destroy(&self, _: Raw) -> CuResult<()> {
+    fn graph_destroy(&self, _: Graph) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_clone(&self, _: Raw) -> CuResult<Raw> {
+    fn graph_clone(&self, _: Graph) -> CuResult<Graph> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_add_node(&self, _: Raw, _: &[Raw], _: &NodeParams, _: Raw) -> CuResult<Raw> {
+    fn graph_add_node(
+        &self,
+        _: Graph,
+        _: &[GraphNode],
+        _: &NodeParams,
+        _: Context,
+    ) -> CuResult<GraphNode> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn graph_add_kernel_node(
         &self,
-        _: Raw,
-        _: &[Raw],
-        _: Raw,
+        _: Graph,
+        _: &[GraphNode],
+        _: Function,
         _: &LaunchConfig,
         _: &mut [*mut c_void],
-    ) -> CuResult<Raw> {
+    ) -> CuResult<GraphNode> {
         Err(CuError::NO_DEVICE)
     }
     fn graph_add_mem_alloc_node(
         &self,
-        _: Raw,
-        _: &[Raw],
+        _: Graph,
+        _: &[GraphNode],
         _: i32,
         _: usize,
-    ) -> CuResult<(Raw, u64)> {
+    ) -> CuResult<(GraphNode, u64)> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_add_mem_free_node(&self, _: Raw, _: &[Raw], _: u64) -> CuResult<Raw> {
+    fn graph_add_mem_free_node(&self, _: Graph, _: &[GraphNode], _: u64) -> CuResult<GraphNode> {
         Err(CuError::NO_DEVICE)
     }
-    fn node_set_params(&self, _: Raw, _: Raw, _: &NodeParams, _: Raw) -> CuResult<()> {
+    fn node_set_params(
+        &self,
+        _: Option<GraphExec>,
+        _: GraphNode,
+        _: &NodeParams,
+        _: Option<Context>,
+    ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     unsafe fn kernel_node_set_params(
         &self,
-        _: Raw,
-        _: Raw,
-        _: Raw,
+        _: Option<GraphExec>,
+        _: GraphNode,
+        _: Function,
         _: &LaunchConfig,
         _: &mut [*mut c_void],
     ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_nodes(&self, _: Raw, _: bool) -> CuResult<Vec<Raw>> {
+    fn graph_nodes(&self, _: Graph, _: bool) -> CuResult<Vec<GraphNode>> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_edges(&self, _: Raw) -> CuResult<Vec<(Raw, Raw)>> {
+    fn graph_edges(&self, _: Graph) -> CuResult<Vec<(GraphNode, GraphNode)>> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_change_edges(&self, _: Raw, _: &[Raw], _: &[Raw], _: bool) -> CuResult<()> {
+    fn graph_change_edges(
+        &self,
+        _: Graph,
+        _: &[GraphNode],
+        _: &[GraphNode],
+        _: bool,
+    ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn node_type(&self, _: Raw) -> CuResult<u32> {
+    fn node_type(&self, _: GraphNode) -> CuResult<u32> {
         Err(CuError::NO_DEVICE)
     }
-    fn node_neighbours(&self, _: Raw, _: bool) -> CuResult<Vec<Raw>> {
+    fn node_neighbours(&self, _: GraphNode, _: bool) -> CuResult<Vec<GraphNode>> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_instantiate(&self, _: Raw, _: u64) -> CuResult<Raw> {
+    fn graph_instantiate(&self, _: Graph, _: u64) -> CuResult<GraphExec> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_exec_destroy(&self, _: Raw) -> CuResult<()> {
+    fn graph_exec_destroy(&self, _: GraphExec) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_launch(&self, _: Raw, _: Raw, _: bool) -> CuResult<()> {
+    fn graph_launch(&self, _: GraphExec, _: Stream, _: bool) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_exec_update(&self, _: Raw, _: Raw) -> CuResult<(u32, Raw)> {
+    fn graph_exec_update(&self, _: GraphExec, _: Graph) -> CuResult<(u32, Option<GraphNode>)> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_debug_dot(&self, _: Raw, _: u32) -> CuResult<Vec<u8>> {
+    fn graph_debug_dot(&self, _: Graph, _: u32) -> CuResult<Vec<u8>> {
         Err(CuError::NO_DEVICE)
     }
     fn kernel_node_params(
         &self,
-        _: Raw,
-        _: &dyn Fn(Raw) -> Option<ParamLayout>,
-    ) -> CuResult<(Raw, LaunchConfig, Vec<u8>)> {
+        _: GraphNode,
+        _: &dyn Fn(Function) -> Option<ParamLayout>,
+    ) -> CuResult<(Function, LaunchConfig, Vec<u8>)> {
         Err(CuError::NO_DEVICE)
     }
     fn graph_mem(&self, _: i32, _: u32, _: u32, _: u64) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
-    fn memcpy_node_params(&self, _: Raw) -> CuResult<MemcpyNode> {
+    fn memcpy_node_params(&self, _: GraphNode) -> CuResult<MemcpyNode> {
         Err(CuError::NO_DEVICE)
     }
-    fn memset_node_params(&self, _: Raw) -> CuResult<MemsetNode> {
+    fn memset_node_params(&self, _: GraphNode) -> CuResult<MemsetNode> {
         Err(CuError::NO_DEVICE)
     }
-    fn node_event(&self, _: Raw, _: bool) -> CuResult<Raw> {
+    fn node_event(&self, _: GraphNode, _: bool) -> CuResult<Event> {
         Err(CuError::NO_DEVICE)
     }
-    fn child_graph(&self, _: Raw) -> CuResult<Raw> {
+    fn child_graph(&self, _: GraphNode) -> CuResult<Graph> {
         Err(CuError::NO_DEVICE)
     }
-    fn find_in_clone(&self, _: Raw, _: Raw) -> CuResult<Raw> {
+    fn find_in_clone(&self, _: GraphNode, _: Graph) -> CuResult<GraphNode> {
         Err(CuError::NO_DEVICE)
     }
-    fn destroy_node(&self, _: Raw) -> CuResult<()> {
+    fn destroy_node(&self, _: GraphNode) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
-    fn node_enabled(&self, _: Raw, _: Raw, _: Option<bool>) -> CuResult<bool> {
+    fn node_enabled(&self, _: GraphExec, _: GraphNode, _: Option<bool>) -> CuResult<bool> {
         Err(CuError::NO_DEVICE)
     }
 }
@@ -1066,7 +1170,7 @@ mod tests {
     /// Every `sys::cu*` call in this file is in GRAPH_SYMBOLS and the other way round.
     #[test]
     fn graph_symbols_match_the_calls() {
-        let src = include_str!("graph_driver.rs");
+        let src = include_str!("graph.rs");
         let code = src.split("#[cfg(test)]").next().unwrap_or(src);
         let mut called: Vec<&str> = code
             .match_indices("sys::cu")

@@ -1,0 +1,460 @@
+//! The session table of one VM: session id → session thread, the counters the daemon waits
+//! on, and how a request finds (or starts) its session's thread.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        mpsc::{self, SendError, Sender},
+        Arc, Condvar, Mutex, MutexGuard,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use qcuda_proto::{status, Op, ResponseHeader};
+use tracing::{error, info, warn};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::{thread::SessionThread, ChainCompleter, MAX_IN_FLIGHT, MAX_SESSIONS};
+use crate::{
+    chain::{ParsedRequest, Reply},
+    cuda::CudaHost,
+    guest_buffer::{GuestRam, Request},
+    host_function_link::{HostFnLink, Waiter},
+    limits::GpuMemoryQuota,
+    worker::WorkerCommand,
+};
+
+/// Counters the table waits on.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Counters {
+    /// Chains dispatched and not yet completed or dropped.
+    in_flight: usize,
+    /// Sessions with a thread (and maybe a worker process) not yet ended.
+    pub(super) open: usize,
+}
+
+pub(super) struct Shared {
+    pub(super) host: Arc<CudaHost>,
+    pub(super) command: WorkerCommand,
+    pub(super) label: String,
+    /// `--max-sessions` (at most [`MAX_SESSIONS`]).
+    max_sessions: usize,
+    /// [`MAX_IN_FLIGHT`] (tests lower it).
+    pub(super) max_in_flight: usize,
+    /// Whether the in-flight bound was hit (logged once).
+    flooded: AtomicBool,
+    /// `--max-gpu-memory`: the VM's quota file, shared with its workers; `Err` if it could not
+    /// be made (then no worker starts: the limit is not silently dropped).
+    pub(super) gpu_memory: Option<Result<GpuMemoryQuota, String>>,
+    threads: Mutex<HashMap<u64, SessionHandle>>,
+    /// The guest memory map of the last SET_MEM_TABLE, for new worker processes.
+    memory: Mutex<Arc<GuestRam>>,
+    next_generation: AtomicU64,
+    counters: Mutex<Counters>,
+    changed: Condvar,
+}
+
+impl Shared {
+    pub(super) fn counters(&self) -> MutexGuard<'_, Counters> {
+        // The counters stay consistent even if a holder panicked: every update is one statement.
+        self.counters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn threads(&self) -> MutexGuard<'_, HashMap<u64, SessionHandle>> {
+        self.threads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn memory(&self) -> Arc<GuestRam> {
+        self.memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(super) fn update(&self, f: impl FnOnce(&mut Counters)) -> Counters {
+        let mut c = self.counters();
+        f(&mut c);
+        self.changed.notify_all();
+        *c
+    }
+
+    /// Waits until `done(counters)` or the timeout; returns whether `done` holds.
+    pub(super) fn wait_for(&self, timeout: Duration, done: impl Fn(&Counters) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut c = self.counters();
+        while !done(&c) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            c = self
+                .changed
+                .wait_timeout(c, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+/// Counts a chain as in flight from dispatch until it is completed or dropped.
+pub(super) struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.update(|c| c.in_flight += 1);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.update(|c| c.in_flight -= 1);
+    }
+}
+
+/// One request on its way to a session thread.
+pub(super) struct Job {
+    head: u16,
+    /// When the chain was taken off the ring (for the latency statistics).
+    pub(super) received: Instant,
+    pub(super) request: Request,
+    reply: Reply,
+    completer: Arc<dyn ChainCompleter>,
+    _in_flight: InFlight,
+}
+
+impl Job {
+    /// Writes the response and completes the chain.
+    pub(super) fn finish(self, resp: &ResponseHeader) {
+        let used = self.reply.write(resp);
+        self.completer.complete(self.head, used);
+    }
+}
+
+impl Waiter for Job {
+    fn answer(self: Box<Self>, resp: &ResponseHeader) {
+        self.finish(resp);
+    }
+}
+
+pub(super) enum Msg {
+    Run(Box<Job>),
+    /// A new guest memory map (SET_MEM_TABLE), for the worker process.
+    Memory(Arc<GuestRam>),
+    /// The VM, or the guest driver instance the session belonged to, is gone: close the
+    /// session (the reason is logged) and stop.
+    Shutdown(&'static str),
+}
+
+impl Msg {
+    /// Whether this message ends the session.
+    pub(super) fn ends_session(&self) -> bool {
+        match self {
+            Msg::Run(job) => job.request.op() == Op::SessionClose,
+            Msg::Memory(_) => false,
+            Msg::Shutdown(_) => true,
+        }
+    }
+}
+
+pub(super) struct SessionHandle {
+    tx: Sender<Msg>,
+    pub(super) generation: u64,
+    /// Set when the VM goes away: queued requests are dropped, never completed.
+    abandoned: Arc<AtomicBool>,
+    /// Rung with every message that ends the session, so that a thread waiting for its worker
+    /// looks at its queue.
+    wake: Arc<EventFd>,
+    /// The worker process's id, 0 while there is none.
+    pid: Arc<AtomicU32>,
+    /// Set when the session has ended (its worker reaped), under the counters' lock.
+    pub(super) ended: Arc<AtomicBool>,
+    /// Where `HostFuncWait` requests go, past the session's queue.
+    host_fns: Arc<HostFnLink>,
+}
+
+impl SessionHandle {
+    /// Queues `msg`, ringing the wake-up if it ends the session.
+    fn send(&self, msg: Msg) -> Result<(), SendError<Msg>> {
+        let ends = msg.ends_session();
+        self.tx.send(msg)?;
+        if ends {
+            let _ = self.wake.write(1);
+        }
+        Ok(())
+    }
+}
+
+/// The sessions of one VM (one vhost-user connection).
+pub struct SessionTable {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SessionTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTable")
+            .field("label", &self.shared.label)
+            .field("open", &self.open_count())
+            .field("in_flight", &self.in_flight())
+            .finish()
+    }
+}
+
+impl SessionTable {
+    /// An empty table. `host` answers the host queries; `command` starts worker processes;
+    /// `label` names the VM (its socket) in logs.
+    ///
+    /// The table applies `command`'s per-VM limits: at most `max_sessions` sessions, and the
+    /// device memory of all its workers together at most `max_gpu_memory`.
+    pub fn new(host: Arc<CudaHost>, command: WorkerCommand, label: impl Into<String>) -> Self {
+        let limits = command.limits();
+        let label = label.into();
+        let max_sessions = limits
+            .max_sessions
+            .unwrap_or(MAX_SESSIONS)
+            .min(MAX_SESSIONS);
+        let gpu_memory = limits.max_gpu_memory.map(|limit| {
+            GpuMemoryQuota::new(limit, max_sessions).map_err(|e| {
+                error!(vm = %label, "cannot set up --max-gpu-memory: {e}; no GPU work will run");
+                e.to_string()
+            })
+        });
+        Self {
+            shared: Arc::new(Shared {
+                host,
+                command,
+                max_sessions,
+                max_in_flight: MAX_IN_FLIGHT,
+                flooded: AtomicBool::new(false),
+                gpu_memory,
+                label,
+                threads: Mutex::new(HashMap::new()),
+                memory: Mutex::new(Arc::new(GuestRam::new())),
+                next_generation: AtomicU64::new(0),
+                counters: Mutex::new(Counters::default()),
+                changed: Condvar::new(),
+            }),
+        }
+    }
+
+    /// Sessions of this VM not yet ended.
+    pub fn open_count(&self) -> usize {
+        self.shared.counters().open
+    }
+
+    /// Chains handed to session threads and not yet completed.
+    pub fn in_flight(&self) -> usize {
+        self.shared.counters().in_flight
+    }
+
+    /// Bytes of device memory this VM's workers hold now, if `--max-gpu-memory` is set.
+    pub fn gpu_memory_used(&self) -> Option<u64> {
+        match &self.shared.gpu_memory {
+            Some(Ok(q)) => Some(q.used()),
+            _ => None,
+        }
+    }
+
+    /// The process id of session `id`'s worker, if it has one now.
+    pub fn worker_pid(&self, id: u64) -> Option<u32> {
+        let pid = self.shared.threads().get(&id)?.pid.load(Ordering::Acquire);
+        (pid != 0).then_some(pid)
+    }
+
+    /// Guest RAM from now on (SET_MEM_TABLE): new workers map it, live ones are sent it.
+    pub fn set_memory(&self, mem: Arc<GuestRam>) {
+        *self.shared.memory.lock().unwrap_or_else(|p| p.into_inner()) = mem.clone();
+        for w in self.shared.threads().values() {
+            let _ = w.send(Msg::Memory(mem.clone()));
+        }
+    }
+
+    /// Hands a parsed request to its session's thread, starting the thread if needed. The chain
+    /// is completed through `completer`, from the session's thread (a `DriverReset`'s from a
+    /// thread of its own).
+    pub fn dispatch(&self, head: u16, parsed: ParsedRequest, completer: Arc<dyn ChainCompleter>) {
+        let id = parsed.request.header().session;
+        if parsed.request.op() != Op::DriverReset && self.in_flight() >= self.shared.max_in_flight {
+            if !self.shared.flooded.swap(true, Ordering::Relaxed) {
+                warn!(
+                    vm = %self.shared.label,
+                    "more than {} chains outstanding (descriptor heads published again?): \
+                     refusing further chains until some complete",
+                    self.shared.max_in_flight
+                );
+            }
+            let resp = ResponseHeader::with_status(status::MEMORY_ALLOCATION);
+            completer.complete(head, parsed.reply.write(&resp));
+            return;
+        }
+        let job = Job {
+            head,
+            received: Instant::now(),
+            request: parsed.request,
+            reply: parsed.reply,
+            completer,
+            _in_flight: InFlight::new(&self.shared),
+        };
+        if job.request.op() == Op::DriverReset {
+            // Whatever session id it carries: it is about the whole table.
+            self.driver_reset(job);
+            return;
+        }
+        let mut threads = self.shared.threads();
+        if job.request.op() == Op::HostFuncWait {
+            if let Some(w) = threads.get(&id) {
+                let link = Arc::clone(&w.host_fns);
+                drop(threads);
+                link.wait(job.request.header().args[0], Box::new(job));
+                return;
+            }
+        }
+        let mut msg = Msg::Run(Box::new(job));
+        if let Some(w) = threads.get(&id) {
+            // The send happens under the map lock, so a thread that has removed itself from
+            // the map (SessionClose) cannot receive anything afterwards.
+            match w.send(msg) {
+                Ok(()) => return,
+                Err(SendError(m)) => {
+                    // The thread died without removing itself (only a bug can do that).
+                    error!(vm = %self.shared.label, "session {id}: thread gone, starting anew");
+                    threads.remove(&id);
+                    msg = m;
+                }
+            }
+        }
+        let Msg::Run(job) = msg else { return };
+        if job.request.op() == Op::SessionClose {
+            drop(threads);
+            // Nothing open under this id: closing it is already done.
+            job.finish(&ResponseHeader::with_status(status::SUCCESS));
+            return;
+        }
+        let max = self.shared.max_sessions;
+        if threads.len() >= max {
+            drop(threads);
+            warn!(vm = %self.shared.label, "session {id}: refused, {max} sessions open");
+            // The configured limit is a policy (the GPU is not available to more processes);
+            // the built-in bound protects the host.
+            job.finish(&ResponseHeader::with_status(if max < MAX_SESSIONS {
+                status::DEVICES_UNAVAILABLE
+            } else {
+                status::MEMORY_ALLOCATION
+            }));
+            return;
+        }
+        let wake = match EventFd::new(EFD_NONBLOCK) {
+            Ok(w) => Arc::new(w),
+            Err(e) => {
+                drop(threads);
+                error!(vm = %self.shared.label, "session {id}: cannot create its eventfd: {e}");
+                job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+                return;
+            }
+        };
+        let (tx, rx) = mpsc::channel();
+        let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let pid = Arc::new(AtomicU32::new(0));
+        let ended = Arc::new(AtomicBool::new(false));
+        let host_fns = Arc::new(HostFnLink::default());
+        let thread = SessionThread {
+            shared: self.shared.clone(),
+            id,
+            generation,
+            abandoned: abandoned.clone(),
+            wake: wake.clone(),
+            pid: pid.clone(),
+            ended: ended.clone(),
+            host_fns: host_fns.clone(),
+            latency: RefCell::default(),
+            last_hop: Cell::new((0, 0)),
+        };
+        let spawned = thread::Builder::new()
+            .name(format!("qcuda-s{id}"))
+            .spawn(move || thread.run(rx));
+        if let Err(e) = spawned {
+            drop(threads);
+            error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
+            job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+            return;
+        }
+        if job.request.op() == Op::HostFuncWait {
+            // The session's first request: its thread starts with nothing to do.
+            host_fns.wait(job.request.header().args[0], job);
+        } else {
+            // The receiver lives until the thread ends, and it cannot end before receiving.
+            let _ = tx.send(Msg::Run(job));
+        }
+        threads.insert(
+            id,
+            SessionHandle {
+                tx,
+                generation,
+                abandoned,
+                wake,
+                pid,
+                ended,
+                host_fns,
+            },
+        );
+    }
+}
+
+impl SessionTable {
+    /// Takes every session out of the table: requests with their ids start new sessions.
+    pub(super) fn take_all(&self) -> Vec<SessionHandle> {
+        self.shared.threads().drain().map(|(_, t)| t).collect()
+    }
+
+    /// Waits until every dispatched chain has been completed, at most `timeout`. Returns
+    /// whether none is left.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        self.shared.wait_for(timeout, |c| c.in_flight == 0)
+    }
+
+    /// Closes every session: queued requests are dropped without being completed (the ring
+    /// they came from is gone), a worker still running an op is killed, the others get their
+    /// usual bounded close. Waits up to `timeout` for that and returns the number still open;
+    /// those close in the background.
+    pub fn close_all(&self, timeout: Duration) -> usize {
+        let threads = self.take_all();
+        if !threads.is_empty() {
+            info!(vm = %self.shared.label, "closing all {} sessions", threads.len());
+        }
+        end_sessions(threads, "VM disconnected or reset");
+        let closed = self.shared.wait_for(timeout, |c| c.open == 0);
+        let open = self.open_count();
+        if !closed {
+            warn!(
+                vm = %self.shared.label,
+                "{open} sessions still busy; they close in the background"
+            );
+        }
+        open
+    }
+}
+
+impl Drop for SessionTable {
+    fn drop(&mut self) {
+        self.close_all(Duration::ZERO);
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Tells the threads of `sessions` to end their sessions: what they have queued is dropped
+/// without being completed (it came from a ring, or a driver instance, that is gone), a worker
+/// still running an op is killed, the others get their usual bounded close.
+pub(super) fn end_sessions(sessions: Vec<SessionHandle>, why: &'static str) {
+    for t in sessions {
+        t.abandoned.store(true, Ordering::Release);
+        let _ = t.send(Msg::Shutdown(why));
+    }
+}

@@ -1,0 +1,514 @@
+//! Unit tests of the session table and its threads, over a host without a GPU.
+
+use std::{
+    sync::{Arc, Condvar, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use qcuda_proto::{
+    status, Checksum, Direction, LatencyRecord, Op, RequestHeader, ResponseHeader, FLAG_ASYNC,
+    LATENCY_RECORD_SIZE, VERSION,
+};
+use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
+use virtio_queue::desc::split::Descriptor;
+use vm_memory::{Bytes, GuestAddress};
+
+use super::{ChainCompleter, SessionTable};
+use crate::{
+    chain::{self, ParsedRequest},
+    cuda::CudaHost,
+    guest_buffer::GuestRam,
+    worker::WorkerCommand,
+};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Records completions; a completion may first wait for a gate.
+#[derive(Default)]
+struct Recorder {
+    done: Mutex<Vec<(u16, u32)>>,
+    cv: Condvar,
+}
+
+impl Recorder {
+    fn wait(&self, n: usize) -> Vec<(u16, u32)> {
+        let deadline = Instant::now() + WAIT;
+        let mut d = self.done.lock().unwrap();
+        while d.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "only {} of {n} chains completed", d.len());
+            d = self.cv.wait_timeout(d, left).unwrap().0;
+        }
+        d.clone()
+    }
+}
+
+impl ChainCompleter for Recorder {
+    fn complete(&self, head: u16, used_len: u32) {
+        self.done.lock().unwrap().push((head, used_len));
+        self.cv.notify_all();
+    }
+}
+
+/// A one-way latch with a timeout.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self, timeout: Duration) -> bool {
+        let g = self.open.lock().unwrap();
+        *self.cv.wait_timeout_while(g, timeout, |o| !*o).unwrap().0
+    }
+}
+
+/// Completes only once `gate` opens (or after a timeout), then records whether it did.
+struct GatedCompleter {
+    gate: Arc<Gate>,
+    entered: Arc<Gate>,
+    saw_open: Arc<Mutex<Option<bool>>>,
+    inner: Arc<Recorder>,
+}
+
+impl ChainCompleter for GatedCompleter {
+    fn complete(&self, head: u16, used_len: u32) {
+        self.entered.open();
+        *self.saw_open.lock().unwrap() = Some(self.gate.wait(WAIT));
+        self.inner.complete(head, used_len);
+    }
+}
+
+/// Opens a gate when called, then records.
+struct OpeningCompleter {
+    gate: Arc<Gate>,
+    inner: Arc<Recorder>,
+}
+
+impl ChainCompleter for OpeningCompleter {
+    fn complete(&self, head: u16, used_len: u32) {
+        self.gate.open();
+        self.inner.complete(head, used_len);
+    }
+}
+
+struct Guest {
+    mem: Arc<GuestRam>,
+    table: SessionTable,
+    rec: Arc<Recorder>,
+    next: u64,
+}
+
+impl Guest {
+    fn new() -> Self {
+        Self {
+            mem: Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap()),
+            // No test here starts a worker: the unit-test binary is not vhost-cuda
+            // (tests/session_workers.rs covers workers).
+            table: SessionTable::new(
+                CudaHost::probe(),
+                WorkerCommand::this_binary(None, "info"),
+                "test",
+            ),
+            rec: Arc::new(Recorder::default()),
+            next: 0,
+        }
+    }
+
+    /// Lays out a request at a fresh place in guest memory; returns it and where its
+    /// output (then response) starts.
+    fn request(&mut self, h: RequestHeader, payload: &[u8]) -> (ParsedRequest, u64) {
+        let at = 0x1000 + self.next * 0x4000;
+        self.next += 1;
+        let out_len = h.totals().1;
+        let mut stream = h.encode().to_vec();
+        stream.extend_from_slice(payload);
+        self.mem.write_slice(&stream, GuestAddress(at)).unwrap();
+        let out = at + 0x2000;
+        let descs = [
+            Descriptor::new(at, stream.len() as u32, 0, 0),
+            Descriptor::new(out, out_len as u32 + 64, VRING_DESC_F_WRITE as u16, 0),
+        ];
+        (chain::parse(&self.mem, descs).unwrap(), out)
+    }
+
+    fn echo(&mut self, session: u64, payload: &[u8]) -> (ParsedRequest, u64) {
+        let mut h = RequestHeader::new(Op::Echo);
+        h.session = session;
+        h.push_buffer(Direction::In, payload.len() as u64).unwrap();
+        h.push_buffer(Direction::Out, payload.len() as u64).unwrap();
+        self.request(h, payload)
+    }
+
+    fn simple(&mut self, op: Op, session: u64) -> (ParsedRequest, u64) {
+        let mut h = RequestHeader::new(op);
+        h.session = session;
+        h.args[0] = u64::from(VERSION);
+        self.request(h, &[])
+    }
+
+    fn response(&self, at: u64) -> ResponseHeader {
+        let mut b = [0u8; 64];
+        self.mem.read_slice(&mut b, GuestAddress(at)).unwrap();
+        ResponseHeader::decode(&b).unwrap()
+    }
+
+    fn send(&self, head: u16, p: ParsedRequest) {
+        self.table.dispatch(head, p, self.rec.clone());
+    }
+}
+
+#[test]
+fn hello_and_echo_run_on_their_sessions() {
+    let mut g = Guest::new();
+    let (hello, hello_out) = g.simple(Op::Hello, 1);
+    let (echo, echo_out) = g.echo(2, b"ping pong");
+    g.send(10, hello);
+    g.send(11, echo);
+    let mut done = g.rec.wait(2);
+    done.sort();
+    assert_eq!(done, vec![(10, 64), (11, 9 + 64)]);
+    let hello = g.response(hello_out);
+    assert_eq!(hello.rets[0], u64::from(VERSION));
+    assert!(
+        (1..=2).contains(&hello.rets[3]),
+        "sessions open: {}",
+        hello.rets[3]
+    );
+    let r = g.response(echo_out + 9);
+    assert_eq!((r.status, r.rets[0]), (0, Checksum::of(b"ping pong")));
+    let mut out = [0u8; 9];
+    g.mem.read_slice(&mut out, GuestAddress(echo_out)).unwrap();
+    assert_eq!(&out, b"ping pong");
+    assert_eq!(g.table.open_count(), 2);
+    assert!(g.table.wait_idle(WAIT));
+    assert_eq!(g.table.close_all(WAIT), 0);
+    assert_eq!(g.table.open_count(), 0);
+}
+
+#[test]
+fn a_failed_fire_and_forget_op_is_reported_once_in_the_next_waited_for_reply() {
+    let mut g = Guest::new();
+    // Without a driver, DeviceCount fails (NO_DEVICE) in the daemon itself.
+    let mut h = RequestHeader::new(Op::DeviceCount);
+    h.session = 4;
+    h.flags = FLAG_ASYNC;
+    let (failing, _) = g.request(h, &[]);
+    let mut h = RequestHeader::new(Op::Echo);
+    h.session = 4;
+    h.flags = FLAG_ASYNC;
+    h.push_buffer(Direction::In, 1).unwrap();
+    h.push_buffer(Direction::Out, 1).unwrap();
+    let (async_echo, _) = g.request(h, b"y");
+    let (first, first_out) = g.simple(Op::Hello, 4);
+    let (second, second_out) = g.simple(Op::Hello, 4);
+    for (head, p) in [failing, async_echo, first, second].into_iter().enumerate() {
+        g.send(head as u16, p);
+    }
+    g.rec.wait(4);
+    let first = g.response(first_out);
+    assert_eq!(first.status, status::SUCCESS);
+    assert_eq!(first.deferred_error(), status::NO_DEVICE);
+    assert_eq!(g.response(second_out).deferred_error(), status::SUCCESS);
+    assert!(g.table.wait_idle(WAIT));
+    g.table.close_all(WAIT);
+}
+
+#[test]
+fn requests_of_one_session_complete_in_order() {
+    let mut g = Guest::new();
+    let reqs: Vec<_> = (0..40u8).map(|i| g.echo(3, &[i; 100]).0).collect();
+    for (i, r) in reqs.into_iter().enumerate() {
+        g.send(i as u16, r);
+    }
+    let heads: Vec<u16> = g.rec.wait(40).iter().map(|d| d.0).collect();
+    assert_eq!(heads, (0..40).collect::<Vec<u16>>());
+    assert_eq!(g.table.open_count(), 1);
+}
+
+#[test]
+fn a_blocked_session_does_not_block_another() {
+    let mut g = Guest::new();
+    let gate = Arc::new(Gate::default());
+    let saw_open = Arc::new(Mutex::new(None));
+    let (slow, _) = g.simple(Op::Hello, 1);
+    let (fast, _) = g.simple(Op::Hello, 2);
+    g.table.dispatch(
+        1,
+        slow,
+        Arc::new(GatedCompleter {
+            gate: gate.clone(),
+            entered: Arc::default(),
+            saw_open: saw_open.clone(),
+            inner: g.rec.clone(),
+        }),
+    );
+    g.table.dispatch(
+        2,
+        fast,
+        Arc::new(OpeningCompleter {
+            gate,
+            inner: g.rec.clone(),
+        }),
+    );
+    g.rec.wait(2);
+    // Session 1's completion only went ahead once session 2's had run.
+    assert_eq!(*saw_open.lock().unwrap(), Some(true));
+}
+
+#[test]
+fn host_latency_reports_where_each_op_spent_its_time() {
+    let mut g = Guest::new();
+    for i in 0..3 {
+        let (hello, _) = g.simple(Op::Hello, 8);
+        g.send(i, hello);
+    }
+    let mut h = RequestHeader::new(Op::HostLatency);
+    h.session = 8;
+    h.push_buffer(Direction::Out, 2 * LATENCY_RECORD_SIZE as u64)
+        .unwrap();
+    let (lat, out) = g.request(h, &[]);
+    g.send(3, lat);
+    g.rec.wait(4);
+    let r = g.response(out + 2 * LATENCY_RECORD_SIZE as u64);
+    assert_eq!((r.status, r.rets[0], r.rets[1]), (0, 1, 1));
+    let mut b = [0u8; LATENCY_RECORD_SIZE];
+    g.mem.read_slice(&mut b, GuestAddress(out)).unwrap();
+    let rec = LatencyRecord::decode(&b).unwrap();
+    assert_eq!((rec.op, rec.count, rec.worker_ns), (Op::Hello as u32, 3, 0));
+    assert!(rec.host_ns >= rec.queue_ns);
+}
+
+#[test]
+fn a_host_function_wait_parks_beside_the_session_queue_until_the_session_closes() {
+    let mut g = Guest::new();
+    let (wait, wait_out) = g.simple(Op::HostFuncWait, 6);
+    g.send(0, wait);
+    let (hello, _) = g.simple(Op::Hello, 6);
+    g.send(1, hello);
+    // The Hello behind it completes; the wait stays parked.
+    assert_eq!(g.rec.wait(1), vec![(1, 64)]);
+    let (again, again_out) = g.simple(Op::HostFuncWait, 6);
+    g.send(2, again);
+    let (close, _) = g.simple(Op::SessionClose, 6);
+    g.send(3, close);
+    let mut done: Vec<u16> = g.rec.wait(4).iter().map(|d| d.0).collect();
+    done.sort();
+    assert_eq!(done, [0, 1, 2, 3]);
+    for at in [wait_out, again_out] {
+        assert_eq!(g.response(at).status, status::CUDART_UNLOADING);
+    }
+    assert_eq!(g.table.open_count(), 0);
+}
+
+#[test]
+fn chains_past_the_in_flight_bound_are_answered_at_once() {
+    let mut g = Guest::new();
+    Arc::get_mut(&mut g.table.shared).unwrap().max_in_flight = 4;
+    let gate = Arc::new(Gate::default());
+    let entered = Arc::new(Gate::default());
+    let (first, _) = g.simple(Op::Hello, 1);
+    // The session's thread blocks completing its first chain: the next ones stay queued.
+    g.table.dispatch(
+        0,
+        first,
+        Arc::new(GatedCompleter {
+            gate: gate.clone(),
+            entered: entered.clone(),
+            saw_open: Arc::default(),
+            inner: g.rec.clone(),
+        }),
+    );
+    assert!(entered.wait(WAIT));
+    for head in 1..4 {
+        let (p, _) = g.simple(Op::Hello, 1);
+        g.send(head, p);
+    }
+    assert_eq!(g.table.in_flight(), 4);
+    // Any session's: the bound is the VM's.
+    let (extra, extra_out) = g.simple(Op::Hello, 2);
+    g.send(9, extra);
+    assert_eq!(g.rec.wait(1), vec![(9, 64)]);
+    assert_eq!(g.response(extra_out).status, status::MEMORY_ALLOCATION);
+    assert_eq!(g.table.open_count(), 1);
+    gate.open();
+    g.rec.wait(5);
+    assert!(g.table.wait_idle(WAIT));
+    let (again, again_out) = g.simple(Op::Hello, 2);
+    g.send(10, again);
+    g.rec.wait(6);
+    assert_eq!(g.response(again_out).status, status::SUCCESS);
+    g.table.close_all(WAIT);
+}
+
+#[test]
+fn session_close_frees_the_session_and_the_id_can_come_back() {
+    let mut g = Guest::new();
+    let (a, _) = g.echo(5, b"x");
+    g.send(0, a);
+    g.rec.wait(1);
+    assert_eq!(g.table.open_count(), 1);
+    let (close, close_out) = g.simple(Op::SessionClose, 5);
+    g.send(1, close);
+    assert_eq!(g.rec.wait(2)[1], (1, 64));
+    assert_eq!(g.response(close_out).status, status::SUCCESS);
+    assert_eq!(g.table.open_count(), 0);
+
+    // Closing a session that never existed opens nothing.
+    let (close, close_out) = g.simple(Op::SessionClose, 6);
+    g.send(2, close);
+    g.rec.wait(3);
+    assert_eq!(g.response(close_out).status, status::SUCCESS);
+    assert_eq!(g.table.open_count(), 0);
+
+    let (again, _) = g.simple(Op::Hello, 5);
+    g.send(3, again);
+    g.rec.wait(4);
+    assert_eq!(g.table.open_count(), 1);
+}
+
+#[test]
+fn driver_reset_closes_every_session_and_counts_them() {
+    let mut g = Guest::new();
+    for (head, session) in [(0, 1), (1, 2), (2, 3)] {
+        let (hello, _) = g.simple(Op::Hello, session);
+        g.send(head, hello);
+    }
+    g.rec.wait(3);
+    assert_eq!(g.table.open_count(), 3);
+
+    // The module sends session 0; the id means nothing to the op.
+    let (reset, reset_out) = g.simple(Op::DriverReset, 0);
+    g.send(3, reset);
+    assert_eq!(g.rec.wait(4)[3], (3, 64));
+    let r = g.response(reset_out);
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 3));
+    // Answered only once they had ended.
+    assert_eq!(g.table.open_count(), 0);
+    assert!(g.table.shared.threads().is_empty());
+
+    // Nothing left: nothing closed. A session opened afterwards is the only one, and an id
+    // of the old instance opens a new session.
+    let (reset, reset_out) = g.simple(Op::DriverReset, 7);
+    g.send(4, reset);
+    g.rec.wait(5);
+    assert_eq!(g.response(reset_out).rets[0], 0);
+    let (hello, hello_out) = g.simple(Op::Hello, 2);
+    g.send(5, hello);
+    g.rec.wait(6);
+    assert_eq!(g.response(hello_out).rets[3], 1);
+    assert_eq!(g.table.open_count(), 1);
+}
+
+#[test]
+fn driver_reset_drops_stale_requests_and_blocks_no_new_session() {
+    let mut g = Guest::new();
+    let gate = Arc::new(Gate::default());
+    let entered = Arc::new(Gate::default());
+    let saw_open = Arc::new(Mutex::new(None));
+    // Session 1 of the old instance is stuck completing a chain, with more queued behind.
+    let (running, _) = g.simple(Op::Hello, 1);
+    g.table.dispatch(
+        0,
+        running,
+        Arc::new(GatedCompleter {
+            gate: gate.clone(),
+            entered: entered.clone(),
+            saw_open,
+            inner: g.rec.clone(),
+        }),
+    );
+    for head in 1..4 {
+        let (queued, _) = g.simple(Op::Hello, 1);
+        g.send(head, queued);
+    }
+    assert!(entered.wait(WAIT));
+
+    let (reset, reset_out) = g.simple(Op::DriverReset, 0);
+    g.send(10, reset);
+    // The reset waits for session 1; a session of the new instance is served meanwhile,
+    // and is not closed by the reset under way.
+    let (hello, hello_out) = g.simple(Op::Hello, 2);
+    g.send(11, hello);
+    assert_eq!(g.rec.wait(1), vec![(11, 64)]);
+    assert_eq!(g.response(hello_out).status, status::SUCCESS);
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        g.rec.done.lock().unwrap().len(),
+        1,
+        "the reset answered early"
+    );
+
+    gate.open();
+    let done = g.rec.wait(3);
+    assert_eq!(done[1..], [(0, 64), (10, 64)]);
+    assert_eq!(g.response(reset_out).rets[0], 1);
+    // The queued requests of the old instance were dropped, never completed.
+    assert!(g.table.wait_idle(WAIT));
+    assert_eq!(g.rec.done.lock().unwrap().len(), 3);
+    assert_eq!(g.table.open_count(), 1);
+    assert_eq!(g.table.close_all(WAIT), 0);
+}
+
+#[test]
+fn host_queries_are_answered_without_a_worker() {
+    let mut g = Guest::new();
+    let (p, out) = g.simple(Op::DriverVersion, 8);
+    g.mem.write_slice(&[0xff; 64], GuestAddress(out)).unwrap();
+    g.send(0, p);
+    assert_eq!(g.rec.wait(1)[0], (0, 64));
+    let r = g.response(out);
+    assert_eq!(r.status, status::SUCCESS);
+    assert_eq!(r.rets[0], u64::from(g.table.shared.host.driver_version()));
+    assert_eq!(g.table.worker_pid(8), None);
+    assert_eq!(g.table.open_count(), 1);
+}
+
+#[test]
+fn host_unmap_without_a_worker_maps_nothing_and_starts_none() {
+    let mut g = Guest::new();
+    let (p, out) = g.simple(Op::HostUnmap, 9);
+    g.send(0, p);
+    assert_eq!(g.rec.wait(1)[0], (0, 64));
+    assert_eq!(g.response(out).status, status::HOST_MEMORY_NOT_REGISTERED);
+    assert_eq!(g.table.worker_pid(9), None);
+}
+
+#[test]
+fn close_all_drops_queued_requests_without_completing_them() {
+    let mut g = Guest::new();
+    let gate = Arc::new(Gate::default());
+    let entered = Arc::new(Gate::default());
+    let saw_open = Arc::new(Mutex::new(None));
+    let (running, _) = g.simple(Op::Hello, 1);
+    g.table.dispatch(
+        0,
+        running,
+        Arc::new(GatedCompleter {
+            gate: gate.clone(),
+            entered: entered.clone(),
+            saw_open,
+            inner: g.rec.clone(),
+        }),
+    );
+    let queued: Vec<_> = (0..5).map(|_| g.simple(Op::Hello, 1).0).collect();
+    for (i, q) in queued.into_iter().enumerate() {
+        g.send(1 + i as u16, q);
+    }
+    assert_eq!(g.table.in_flight(), 6);
+    assert!(entered.wait(WAIT));
+    // The worker is stuck in the first completion: close_all times out, then finishes
+    // in the background once the gate opens.
+    assert_eq!(g.table.close_all(Duration::from_millis(50)), 1);
+    gate.open();
+    assert!(g.table.wait_idle(WAIT));
+    assert!(g.table.shared.wait_for(WAIT, |c| c.open == 0));
+    assert_eq!(g.rec.done.lock().unwrap().len(), 1);
+}

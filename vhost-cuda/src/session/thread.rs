@@ -1,0 +1,423 @@
+//! The thread of one session: runs its requests in arrival order, answers what needs no GPU
+//! itself, and drives the session's worker process for the rest.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::VecDeque,
+    mem,
+    os::fd::AsRawFd,
+    sync::{
+        atomic::{AtomicBool, AtomicU32, Ordering},
+        mpsc::Receiver,
+        Arc,
+    },
+    time::Instant,
+};
+
+use qcuda_proto::{status, Op, ResponseHeader, FLAG_ASYNC, RESP_FLAG_STICKY};
+use tracing::{debug, error, info, warn};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{
+    latency::{ns, LatencyStats},
+    table::{Msg, Shared},
+    OPEN_SESSIONS_TOTAL,
+};
+use crate::{
+    guest_buffer::{GuestRam, Request},
+    host_function_link::{self, HostFnLink},
+    transport_ops,
+    worker::message::ToWorker,
+    worker::{Waited, WorkerError, WorkerProcess, CLOSE_WAIT},
+};
+
+/// The answer of every op that needs the GPU in a session whose worker died.
+fn worker_lost() -> ResponseHeader {
+    let mut resp = ResponseHeader::with_status(status::LAUNCH_FAILURE);
+    resp.flags = RESP_FLAG_STICKY;
+    resp
+}
+
+/// The thread of one session.
+pub(super) struct SessionThread {
+    pub(super) shared: Arc<Shared>,
+    pub(super) id: u64,
+    pub(super) generation: u64,
+    pub(super) abandoned: Arc<AtomicBool>,
+    pub(super) wake: Arc<EventFd>,
+    pub(super) pid: Arc<AtomicU32>,
+    pub(super) ended: Arc<AtomicBool>,
+    pub(super) host_fns: Arc<HostFnLink>,
+    /// Where the session's time went, per op (`Op::HostLatency`).
+    pub(super) latency: RefCell<LatencyStats>,
+    /// The last worker round trip: (ns from send to answer, ns the worker said it took).
+    pub(super) last_hop: Cell<(u64, u64)>,
+}
+
+/// A session's GPU side, seen from the daemon.
+enum Gpu {
+    /// No worker process (none needed yet, or the last one was ended by a reset).
+    Idle,
+    /// A worker process; `sticky` once it answered with `RESP_FLAG_STICKY` (it stays so).
+    Running {
+        process: WorkerProcess,
+        sticky: bool,
+    },
+    /// The worker died unexpectedly: ops that need the GPU fail until DeviceReset.
+    Failed,
+}
+
+impl Gpu {
+    /// Whether responses of this session carry `RESP_FLAG_STICKY`.
+    fn sticky(&self) -> bool {
+        matches!(self, Gpu::Failed | Gpu::Running { sticky: true, .. })
+    }
+}
+
+/// How an op handed to the worker ended.
+enum Outcome {
+    Answered(ResponseHeader),
+    /// The session is ending (SessionClose or VM gone) while the op ran; the worker was killed.
+    Interrupted,
+}
+
+impl SessionThread {
+    fn abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::Acquire)
+    }
+
+    pub(super) fn run(self, rx: Receiver<Msg>) {
+        self.opened();
+        let mut gpu = Gpu::Idle;
+        // Messages taken off the queue while an op was running in the worker.
+        let mut backlog: VecDeque<Msg> = VecDeque::new();
+        // Why the loop ended, unless a SessionClose ended the session.
+        let mut why = "VM disconnected or reset";
+        // The status of the first failed fire-and-forget op not yet reported.
+        let mut deferred = status::SUCCESS;
+        loop {
+            let msg = match backlog.pop_front() {
+                Some(m) => m,
+                None => match rx.recv() {
+                    Ok(m) => m,
+                    // The table is gone.
+                    Err(_) => break,
+                },
+            };
+            let job = match msg {
+                Msg::Shutdown(reason) => {
+                    why = reason;
+                    break;
+                }
+                Msg::Memory(mem) => {
+                    self.share_memory(&mut gpu, &mem);
+                    continue;
+                }
+                Msg::Run(job) => job,
+            };
+            if self.abandoned() {
+                continue;
+            }
+            if job.request.op() == Op::SessionClose {
+                self.close(&mut gpu, "SessionClose");
+                self.leave_table();
+                job.finish(&ResponseHeader::with_status(status::SUCCESS));
+                // Nothing can arrive any more; answer what was queued behind the close.
+                for late in backlog.drain(..).chain(rx.try_iter()) {
+                    if let (Msg::Run(late), false) = (late, self.abandoned()) {
+                        late.finish(&ResponseHeader::with_status(status::INVALID_VALUE));
+                    }
+                }
+                return;
+            }
+            let fire_and_forget = job.request.header().flags & FLAG_ASYNC != 0;
+            let queued = ns(job.received.elapsed());
+            self.last_hop.set((0, 0));
+            let mut resp = match self.run_op(&mut gpu, &job.request, &rx, &mut backlog) {
+                // Ended meanwhile by a disconnect or a DriverReset: the chain is not ours to
+                // complete any more (the ring restarted since, or is gone).
+                _ if self.abandoned() => continue,
+                Outcome::Answered(resp) => resp,
+                Outcome::Interrupted => worker_lost(),
+            };
+            // Nobody reads a fire-and-forget op's response: keep its failure for the next
+            // waited-for op of the session (RESP_DEFERRED_SHIFT). The first one counts.
+            if fire_and_forget {
+                if resp.status != status::SUCCESS && deferred == status::SUCCESS {
+                    deferred = resp.status;
+                }
+            } else if deferred != status::SUCCESS {
+                resp.set_deferred_error(deferred);
+                deferred = status::SUCCESS;
+            }
+            let (op, received) = (job.request.op(), job.received);
+            job.finish(&resp);
+            self.latency.borrow_mut().record(
+                op,
+                queued,
+                self.last_hop.get(),
+                ns(received.elapsed()),
+            );
+        }
+        self.close(&mut gpu, why);
+    }
+
+    fn opened(&self) {
+        let open = self.shared.update(|c| c.open += 1).open;
+        OPEN_SESSIONS_TOTAL.fetch_add(1, Ordering::AcqRel);
+        info!(vm = %self.shared.label, "session {} opened; sessions open: {open}", self.id);
+    }
+
+    /// Ends the session's worker (bounded; see `WorkerProcess::close`), then the session.
+    fn close(&self, gpu: &mut Gpu, why: &str) {
+        // First, so that the worker's waiting host functions return and it can end.
+        self.host_fns.close(!self.abandoned());
+        if let Gpu::Running { process, .. } = mem::replace(gpu, Gpu::Idle) {
+            process.close(CLOSE_WAIT);
+            self.pid.store(0, Ordering::Release);
+        }
+        let open = self
+            .shared
+            .update(|c| {
+                c.open -= 1;
+                // Under the counters' lock, so whoever waits on them sees both at once.
+                self.ended.store(true, Ordering::Release);
+            })
+            .open;
+        OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
+        // With --max-gpu-memory, what the VM's remaining workers hold (this one's share is
+        // gone: it was reaped above).
+        let gpu_memory = match &self.shared.gpu_memory {
+            Some(Ok(q)) => format!("; GPU memory held by its workers: {} MiB", q.used() >> 20),
+            _ => String::new(),
+        };
+        info!(
+            vm = %self.shared.label,
+            "session {} closed ({why}); sessions open: {open}{gpu_memory}", self.id
+        );
+    }
+
+    /// Removes this thread from the map, unless a newer one took the id already.
+    fn leave_table(&self) {
+        let mut threads = self.shared.threads();
+        if threads
+            .get(&self.id)
+            .is_some_and(|t| t.generation == self.generation)
+        {
+            threads.remove(&self.id);
+        }
+    }
+
+    /// Kills the worker (if any) and reaps it.
+    fn end_worker(&self, gpu: &mut Gpu, next: Gpu) {
+        self.host_fns.disconnect();
+        if let Gpu::Running { process, .. } = mem::replace(gpu, next) {
+            process.kill();
+            self.pid.store(0, Ordering::Release);
+        }
+    }
+
+    /// The worker failed (died, or broke the channel): reap it and fail the session.
+    fn worker_failed(&self, gpu: &mut Gpu, op: Op, e: &WorkerError) -> ResponseHeader {
+        let pid = self.pid.load(Ordering::Acquire);
+        self.end_worker(gpu, Gpu::Failed);
+        error!(
+            vm = %self.shared.label,
+            "session {}: worker process {pid} lost during {op:?} ({e}); the session's GPU ops \
+             fail until DeviceReset",
+            self.id
+        );
+        worker_lost()
+    }
+
+    fn share_memory(&self, gpu: &mut Gpu, mem: &Arc<GuestRam>) {
+        if let Gpu::Running { process, .. } = gpu {
+            if let Err(e) = process.share_memory(mem) {
+                let pid = process.pid();
+                self.end_worker(gpu, Gpu::Failed);
+                error!(
+                    vm = %self.shared.label,
+                    "session {}: worker process {pid} lost taking a new memory table ({e})",
+                    self.id
+                );
+            }
+        }
+    }
+
+    fn run_op(
+        &self,
+        gpu: &mut Gpu,
+        req: &Request,
+        rx: &Receiver<Msg>,
+        backlog: &mut VecDeque<Msg>,
+    ) -> Outcome {
+        let host = &self.shared.host;
+        let mut resp = match req.op() {
+            Op::Hello => {
+                let open = self.shared.counters().open;
+                return Outcome::Answered(transport_ops::hello(host, req, open));
+            }
+            Op::Echo => return Outcome::Answered(transport_ops::echo(req)),
+            Op::HostLatency => return Outcome::Answered(self.latency.borrow().answer(req)),
+            Op::DeviceReset if gpu.sticky() => self.reset(gpu, req),
+            // A worker that is not running maps nothing: no need to start one to say so.
+            Op::HostUnmap if !matches!(gpu, Gpu::Running { .. }) => {
+                ResponseHeader::with_status(status::HOST_MEMORY_NOT_REGISTERED)
+            }
+            // Nor does it hold device output.
+            Op::TakeOutput if !matches!(gpu, Gpu::Running { .. }) => {
+                ResponseHeader::with_status(status::SUCCESS)
+            }
+            _ => match host.answer_query(req) {
+                Some(r) => r,
+                None => return self.on_worker(gpu, req, rx, backlog),
+            },
+        };
+        if gpu.sticky() {
+            resp.flags |= RESP_FLAG_STICKY;
+        }
+        Outcome::Answered(resp)
+    }
+
+    /// DeviceReset after a sticky error or a lost worker: CUDA says the process must be
+    /// restarted, so the worker is, and the session starts afresh on every device.
+    fn reset(&self, gpu: &mut Gpu, req: &Request) -> ResponseHeader {
+        if req.header().device >= self.shared.host.gpu_count() && !matches!(gpu, Gpu::Failed) {
+            return ResponseHeader::with_status(status::INVALID_DEVICE);
+        }
+        let pid = self.pid.load(Ordering::Acquire);
+        self.end_worker(gpu, Gpu::Idle);
+        info!(
+            vm = %self.shared.label,
+            "session {}: DeviceReset of a session whose worker failed{}; the next op starts a \
+             new worker",
+            self.id,
+            if pid != 0 { format!(": worker process {pid} ended") } else { String::new() }
+        );
+        ResponseHeader::with_status(status::SUCCESS)
+    }
+
+    /// Runs an op in the worker process, starting it if needed.
+    fn on_worker(
+        &self,
+        gpu: &mut Gpu,
+        req: &Request,
+        rx: &Receiver<Msg>,
+        backlog: &mut VecDeque<Msg>,
+    ) -> Outcome {
+        if let Gpu::Failed = gpu {
+            return Outcome::Answered(worker_lost());
+        }
+        if let Gpu::Idle = gpu {
+            let quota = match &self.shared.gpu_memory {
+                None => None,
+                Some(Ok(q)) => match q.lease() {
+                    Some(lease) => Some(lease),
+                    // Slots match --max-sessions; only a bug runs out of them.
+                    None => {
+                        return Outcome::Answered(ResponseHeader::with_status(
+                            status::DEVICES_UNAVAILABLE,
+                        ))
+                    }
+                },
+                Some(Err(_)) => {
+                    return Outcome::Answered(ResponseHeader::with_status(
+                        status::MEMORY_ALLOCATION,
+                    ))
+                }
+            };
+            let spawned = WorkerProcess::spawn_with_quota(
+                &self.shared.command,
+                self.id,
+                &self.shared.label,
+                quota,
+            );
+            let mut process = match spawned {
+                Ok(p) => p,
+                Err(e) => {
+                    error!(vm = %self.shared.label, "session {}: {e}", self.id);
+                    return Outcome::Answered(ResponseHeader::with_status(
+                        status::MEMORY_ALLOCATION,
+                    ));
+                }
+            };
+            self.pid.store(process.pid(), Ordering::Release);
+            let shared = process
+                .share_memory(&self.shared.memory())
+                .and_then(|()| self.link_host_functions(&mut process));
+            *gpu = Gpu::Running {
+                process,
+                sticky: false,
+            };
+            if let Err(e) = shared {
+                return Outcome::Answered(self.worker_failed(gpu, req.op(), &e));
+            }
+        }
+        let Gpu::Running { process, sticky } = gpu else {
+            return Outcome::Answered(ResponseHeader::with_status(status::UNKNOWN));
+        };
+        debug!(vm = %self.shared.label, session = self.id, op = ?req.op(), "to worker");
+        let sent = Instant::now();
+        match process.send(req) {
+            Ok(()) => {}
+            Err(e @ WorkerError::Unsendable(_)) => {
+                warn!(vm = %self.shared.label, "session {}: {e}", self.id);
+                return Outcome::Answered(ResponseHeader::with_status(status::INVALID_VALUE));
+            }
+            Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op(), &e)),
+        }
+        loop {
+            match process.wait(Some(&self.wake)) {
+                Ok(Waited::Done(mut resp)) => {
+                    self.last_hop
+                        .set((ns(sent.elapsed()), process.last_exec_ns()));
+                    // A worker's sticky error lasts as long as the worker, even on answers
+                    // that do not carry it (a request it refused).
+                    *sticky |= resp.flags & RESP_FLAG_STICKY != 0;
+                    if *sticky {
+                        resp.flags |= RESP_FLAG_STICKY;
+                    }
+                    return Outcome::Answered(resp);
+                }
+                Ok(Waited::Woken) => {
+                    if self.session_ending(rx, backlog) {
+                        warn!(
+                            vm = %self.shared.label,
+                            "session {}: ending worker process {} with {:?} still running \
+                             (the session is closing)",
+                            self.id,
+                            process.pid(),
+                            req.op()
+                        );
+                        self.end_worker(gpu, Gpu::Idle);
+                        return Outcome::Interrupted;
+                    }
+                }
+                Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op(), &e)),
+            }
+        }
+    }
+
+    /// Gives a new worker its host-function link.
+    fn link_host_functions(&self, process: &mut WorkerProcess) -> Result<(), WorkerError> {
+        let (ours, theirs) = host_function_link::socket_pair().map_err(WorkerError::Spawn)?;
+        process.send_message(&ToWorker::HostFunctionLink, &[theirs.as_raw_fd()])?;
+        drop(theirs);
+        self.host_fns.connect(ours).map_err(WorkerError::Spawn)
+    }
+
+    /// Moves what is queued into `backlog` and says whether it ends the session. If it does,
+    /// the requests queued before the end are answered at once: their process is gone.
+    fn session_ending(&self, rx: &Receiver<Msg>, backlog: &mut VecDeque<Msg>) -> bool {
+        backlog.extend(rx.try_iter());
+        let Some(end) = backlog.iter().position(Msg::ends_session) else {
+            return self.abandoned();
+        };
+        for msg in backlog.drain(..end) {
+            if let (Msg::Run(job), false) = (msg, self.abandoned()) {
+                job.finish(&worker_lost());
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,16 @@
+//! The worker: the child process that runs one session's CUDA work,
+//! `vhost-cuda --session-worker --session-id N`.
+//!
+//! Only separate processes isolate guest processes from each other on the GPU, so each session
+//! that uses the GPU gets a worker of its own. Along the data path: `handle.rs` (the daemon's
+//! side: start a worker, share guest RAM with it, hand it requests, wait for its answers, end
+//! and reap it; driven by the session's thread, `crate::session`) → `message.rs` (the socket
+//! between them: messages and frames) → `child.rs` (the worker itself: its main, the
+//! re-validation of every request, its loop) → `crate::cuda` (every CUDA op).
+
+mod child;
+mod handle;
+pub mod message;
+
+pub use child::{build_request, run, serve, RunError, WorkerConfig, CHANNEL_FD};
+pub use handle::{Waited, WorkerCommand, WorkerError, WorkerProcess, CLOSE_WAIT};
