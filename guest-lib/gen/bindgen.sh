@@ -6,8 +6,10 @@
 #                                 CUDA's own names, dim3/uint3, cudaDeviceProp, cudaPointerAttributes,
 #                                 cudaFuncAttributes, cudaChannelFormatDesc, the handle types, the
 #                                 flag macros, and the driver's CUdevice_attribute ids (cuda.h).
-#   src/generated/error_table.rs  gen/error-table.py: code, name and description of every
-#                                 cudaError_t, for cudaGetErrorName/cudaGetErrorString.
+#   ../qcuda-proto/src/cuda_errors/table.rs
+#                                 gen/error-table.py: a constant, name and description for every
+#                                 cudaError_t, shared by guest-lib (cudaGetErrorName/String) and
+#                                 vhost-cuda (driver codes to runtime codes).
 #
 # Both are checked in. bindgen-cli 0.73.2 is used from $QCUDA_CACHE/bindgen-0.73.2 (shared with
 # scripts/build-guest.sh) and installed there if missing. libclang: LIBCLANG_PATH if set, else
@@ -91,8 +93,9 @@ printf '#include <cuda.h>\n#include <cuda_runtime_api.h>\n' >"$wrapper"
 } >"$out/cuda_types.rs.tmp"
 mv "$out/cuda_types.rs.tmp" "$out/cuda_types.rs"
 
-python3 "$gen/error-table.py" "$inc/driver_types.h" "$wheel" >"$out/error_table.rs.tmp"
-mv "$out/error_table.rs.tmp" "$out/error_table.rs"
+errors=$lib/../qcuda-proto/src/cuda_errors/table.rs
+python3 "$gen/error-table.py" "$inc/driver_types.h" "$wheel" >"$errors.tmp"
+mv "$errors.tmp" "$errors"
 
-rustfmt --edition 2021 "$out/cuda_types.rs" "$out/error_table.rs"
-echo "bindgen.sh: wrote $out/cuda_types.rs and $out/error_table.rs from $wheel" >&2
+rustfmt --edition 2021 "$out/cuda_types.rs" "$errors"
+echo "bindgen.sh: wrote $out/cuda_types.rs and $errors from $wheel" >&2
