@@ -67,6 +67,7 @@ fn config(grid: dim3, block: dim3, shared_mem: usize, stream: cudaStream_t) -> C
 cuda_api! {
     /// `__cudaPopCallConfiguration`: hands the innermost `<<<>>>` configuration to the kernel
     /// stub; `cudaErrorMissingConfiguration` if none was pushed.
+    #[no_prototype = "hidden API: only nvcc's C++ crt headers declare it"]
     fn __cudaPopCallConfiguration(
         gridDim: *mut dim3,
         blockDim: *mut dim3,
@@ -84,6 +85,7 @@ cuda_api! {
     }
 
     /// `__cudaGetKernel(&handle, hostFun)`: the `cudaKernel_t` of a registered host stub.
+    #[no_prototype = "hidden API: only nvcc's C++ crt headers declare it"]
     fn __cudaGetKernel(kernel: *mut cudaKernel_t, hostFun: *const c_void) {
         non_null(kernel)?;
         let k = registry().kernel_by_host(hostFun as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
@@ -92,6 +94,7 @@ cuda_api! {
     }
 
     /// `__cudaLaunchKernel`: launch by `cudaKernel_t`, fire-and-forget.
+    #[no_prototype = "hidden API: only nvcc's C++ crt headers declare it"]
     fn __cudaLaunchKernel(
         kernel: cudaKernel_t,
         gridDim: dim3,
@@ -106,6 +109,7 @@ cuda_api! {
     }
 
     /// `__cudaLaunchKernel` (per-thread default stream).
+    #[no_prototype = "hidden API: only nvcc's C++ crt headers declare it"]
     fn __cudaLaunchKernel_ptsz(
         kernel: cudaKernel_t,
         gridDim: dim3,
