@@ -19,8 +19,12 @@
 ///
 /// Each export's signature is checked at compile time against the prototype bindgen generated
 /// from `cuda_runtime_api.h` (`generated::runtime_api`): a parameter or return type that differs
-/// from the header's fails the build. `#[no_prototype = "why"]` after the doc comment skips the
-/// check, for the functions no header of the wheels declares in C (the hidden `__cuda*` API).
+/// from the header's fails the build. Two markers may follow the doc comment, in this order:
+/// - `#[per_thread(name_ptsz)]` also exports the per-thread-default-stream spelling (`_ptsz` or
+///   `_ptds`) as the same function, checked against its own prototype. qcuda maps that stream
+///   to the legacy one (streams.rs), so the two spellings behave alike.
+/// - `#[no_prototype = "why"]` skips the checks, for the functions no header of the wheels
+///   declares in C (the hidden `__cuda*` API).
 macro_rules! cuda_api {
     (@export [$($doc:literal)*] $name:ident ($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[doc = $doc])*
@@ -35,6 +39,20 @@ macro_rules! cuda_api {
             $crate::last_error::finish(unsafe { body($($arg),*) })
         }
     };
+    (@per_thread [] [$($why:literal)?] $name:ident $params:tt) => {};
+    (@per_thread [$twin:ident] [$($why:literal)?] $name:ident
+        ($($arg:ident: $ty:ty),* $(,)?)) => {
+        #[doc = concat!("`", stringify!($name), "` (per-thread default stream).")]
+        ///
+        /// # Safety
+        #[doc = concat!("As for `", stringify!($name), "`.")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $twin($($arg: $ty),*) -> $crate::generated::cudaError_t {
+            // SAFETY: the same function and contract, which our caller upholds.
+            unsafe { $name($($arg),*) }
+        }
+        cuda_api!(@prototype [$($why)?] $twin ($($arg: $ty),*));
+    };
     (@prototype [] $name:ident ($($arg:ident: $ty:ty),* $(,)?)) => {
         const _: unsafe extern "C" fn($($ty),*) -> $crate::generated::cudaError_t =
             $crate::generated::runtime_api::$name;
@@ -42,11 +60,13 @@ macro_rules! cuda_api {
     (@prototype [$why:literal] $name:ident $params:tt) => {};
     ($(
         $(#[doc = $doc:literal])*
+        $(#[per_thread($twin:ident)])?
         $(#[no_prototype = $why:literal])?
         fn $name:ident $params:tt $body:block
     )*) => {$(
         cuda_api!(@export [$($doc)*] $name $params $body);
         cuda_api!(@prototype [$($why)?] $name $params);
+        cuda_api!(@per_thread [$($twin)?] [$($why)?] $name $params);
     )*};
 }
 
