@@ -10,7 +10,7 @@
 
 use core::ffi::CStr;
 
-mod table;
+pub mod table;
 
 pub use table::*;
 
