@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Prints src/generated/error_table.rs: one entry per value of `enum cudaError` in driver_types.h.
+"""Prints qcuda-proto/src/cuda_errors/table.rs: a constant and a table entry per value of
+`enum cudaError` in driver_types.h.
 
 Usage: error-table.py <driver_types.h> <wheel name>   (called by gen/bindgen.sh)
 
-The name is the enumerator. The description is the first sentence of the enumerator's doc
-comment in the header, with Doxygen markup removed; NVIDIA's own short strings live only inside
-their binary, so ours read like the header's documentation instead.
+The constant has the enumerator's name and value, so code names an error the way CUDA does. The
+entry's name is the enumerator; its description is the first sentence of the enumerator's doc
+comment in the header, with Doxygen markup removed (NVIDIA's own short strings live only inside
+their binary, so ours read like the header's documentation instead).
 """
 import re
 import sys
@@ -47,12 +49,16 @@ def main():
     print("// Do not edit: rerun guest-lib/gen/bindgen.sh.")
     print()
     print("use super::ErrorEntry;")
+    for value, name, desc in entries:
+        print()
+        print(f"/// {desc}")
+        print(f"pub const {name}: u32 = {value};")
     print()
     print(f"/// Every `cudaError_t` of CUDA 13.0 ({len(entries)} codes), sorted by code.")
     print("pub static ERRORS: &[ErrorEntry] = &[")
     for value, name, desc in entries:
         esc = desc.replace("\\", "\\\\").replace('"', '\\"')
-        print(f'    ErrorEntry {{ code: {value}, name: c"{name}", description: c"{esc}" }},')
+        print(f'    ErrorEntry {{ code: {name}, name: c"{name}", description: c"{esc}" }},')
     print("];")
 
 

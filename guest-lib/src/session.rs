@@ -606,10 +606,10 @@ pub fn is_synchronizing(op: Op) -> bool {
     )
 }
 
-/// The sticky (context-corrupting) errors: qcuda-proto's `status::STICKY`, the list vhost-cuda
-/// uses too.
+/// The sticky (context-corrupting) errors: qcuda-proto's `cuda_errors::STICKY`, the list
+/// vhost-cuda uses too.
 pub fn is_sticky(e: CudaError) -> bool {
-    qcuda_proto::status::is_sticky(e.code())
+    qcuda_proto::cuda_errors::is_sticky(e.code())
 }
 
 extern "C" {
@@ -668,30 +668,11 @@ pub fn call_errno_to_error(errno: i32) -> CudaError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generated as cu;
 
     #[test]
-    fn the_sticky_set_is_the_documented_context_corrupting_errors() {
-        let mut named = [
-            cu::cudaErrorECCUncorrectable,
-            cu::cudaErrorNvlinkUncorrectable,
-            cu::cudaErrorContained,
-            cu::cudaErrorIllegalAddress,
-            cu::cudaErrorLaunchTimeout,
-            cu::cudaErrorAssert,
-            cu::cudaErrorHardwareStackError,
-            cu::cudaErrorIllegalInstruction,
-            cu::cudaErrorMisalignedAddress,
-            cu::cudaErrorInvalidAddressSpace,
-            cu::cudaErrorInvalidPc,
-            cu::cudaErrorLaunchFailure,
-            cu::cudaErrorTensorMemoryLeak,
-            cu::cudaErrorMpsClientTerminated,
-            cu::cudaErrorExternalDevice,
-        ];
-        named.sort_unstable();
-        assert_eq!(named, qcuda_proto::status::STICKY);
+    fn context_corrupting_errors_are_sticky() {
         assert!(is_sticky(CudaError::ILLEGAL_ADDRESS));
+        assert!(is_sticky(CudaError::LAUNCH_FAILURE));
         assert!(!is_sticky(CudaError::INVALID_VALUE));
     }
 }

@@ -99,7 +99,9 @@ pub enum WireError {
 }
 
 /// CUDA runtime status codes (`cudaError_t`) used on the wire. The response status is always a
-/// `cudaError_t` value; the guest library returns it to the application unchanged.
+/// `cudaError_t` value; the guest library returns it to the application unchanged. Names,
+/// descriptions and the sticky set of every code are in `qcuda_proto::cuda_errors`, whose tests
+/// hold these values to it.
 pub mod status {
     /// cudaSuccess
     pub const SUCCESS: u32 = 0;
@@ -169,37 +171,6 @@ pub mod status {
     pub const GRAPH_EXEC_UPDATE_FAILURE: u32 = 910;
     /// cudaErrorUnknown
     pub const UNKNOWN: u32 = 999;
-
-    /// The sticky errors: driver_types.h documents these as leaving the process in an
-    /// inconsistent state ("any further CUDA work will return the same error", or "the process
-    /// must be terminated and relaunched"), plus uncorrectable ECC and NVLink errors, after
-    /// which nothing in the context can be trusted either. The one list the host executor and
-    /// guest-lib both use: cudaErrorECCUncorrectable, NvlinkUncorrectable, Contained,
-    /// IllegalAddress, LaunchTimeout, Assert, HardwareStackError, IllegalInstruction,
-    /// MisalignedAddress, InvalidAddressSpace, InvalidPc, LaunchFailure, TensorMemoryLeak,
-    /// MpsClientTerminated, ExternalDevice.
-    pub const STICKY: &[u32] = &[
-        214,
-        220,
-        226,
-        ILLEGAL_ADDRESS,
-        702,
-        710,
-        714,
-        715,
-        716,
-        717,
-        718,
-        LAUNCH_FAILURE,
-        721,
-        810,
-        911,
-    ];
-
-    /// True for a sticky `cudaError_t` (see [`STICKY`]).
-    pub fn is_sticky(status: u32) -> bool {
-        STICKY.contains(&status)
-    }
 }
 
 /// Direction of a buffer, seen from the device.

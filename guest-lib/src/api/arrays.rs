@@ -426,16 +426,13 @@ cuda_api! {
     }
 
     /// `cudaMemset2D`.
+    #[per_thread(cudaMemset2D_ptds)]
     fn cudaMemset2D(devPtr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) {
         memset_2d(devPtr, pitch, value, width, height, None)
     }
 
-    /// `cudaMemset2D` (per-thread default stream).
-    fn cudaMemset2D_ptds(devPtr: *mut c_void, pitch: usize, value: c_int, width: usize, height: usize) {
-        memset_2d(devPtr, pitch, value, width, height, None)
-    }
-
     /// `cudaMemset2DAsync` (fire-and-forget).
+    #[per_thread(cudaMemset2DAsync_ptsz)]
     fn cudaMemset2DAsync(
         devPtr: *mut c_void,
         pitch: usize,
@@ -447,29 +444,14 @@ cuda_api! {
         memset_2d(devPtr, pitch, value, width, height, Some(stream_order(stream)?))
     }
 
-    /// `cudaMemset2DAsync` (per-thread default stream).
-    fn cudaMemset2DAsync_ptsz(
-        devPtr: *mut c_void,
-        pitch: usize,
-        value: c_int,
-        width: usize,
-        height: usize,
-        stream: cudaStream_t,
-    ) {
-        memset_2d(devPtr, pitch, value, width, height, Some(stream_order(stream)?))
-    }
-
     /// `cudaMemset3D`.
+    #[per_thread(cudaMemset3D_ptds)]
     fn cudaMemset3D(pitchedDevPtr: cudaPitchedPtr, value: c_int, extent: cudaExtent) {
         memset_3d_api(pitchedDevPtr, value, extent, None)
     }
 
-    /// `cudaMemset3D` (per-thread default stream).
-    fn cudaMemset3D_ptds(pitchedDevPtr: cudaPitchedPtr, value: c_int, extent: cudaExtent) {
-        memset_3d_api(pitchedDevPtr, value, extent, None)
-    }
-
     /// `cudaMemset3DAsync` (fire-and-forget).
+    #[per_thread(cudaMemset3DAsync_ptsz)]
     fn cudaMemset3DAsync(
         pitchedDevPtr: cudaPitchedPtr,
         value: c_int,
@@ -479,17 +461,8 @@ cuda_api! {
         memset_3d_api(pitchedDevPtr, value, extent, Some(stream_order(stream)?))
     }
 
-    /// `cudaMemset3DAsync` (per-thread default stream).
-    fn cudaMemset3DAsync_ptsz(
-        pitchedDevPtr: cudaPitchedPtr,
-        value: c_int,
-        extent: cudaExtent,
-        stream: cudaStream_t,
-    ) {
-        memset_3d_api(pitchedDevPtr, value, extent, Some(stream_order(stream)?))
-    }
-
     /// `cudaMemcpy2D`: every kind.
+    #[per_thread(cudaMemcpy2D_ptds)]
     fn cudaMemcpy2D(
         dst: *mut c_void,
         dpitch: usize,
@@ -503,21 +476,8 @@ cuda_api! {
         unsafe { memcpy_2d(dst, dpitch, src, spitch, width, height, kind, None) }
     }
 
-    /// `cudaMemcpy2D` (per-thread default stream).
-    fn cudaMemcpy2D_ptds(
-        dst: *mut c_void,
-        dpitch: usize,
-        src: *const c_void,
-        spitch: usize,
-        width: usize,
-        height: usize,
-        kind: cudaMemcpyKind,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_2d(dst, dpitch, src, spitch, width, height, kind, None) }
-    }
-
     /// `cudaMemcpy2DAsync`: copies touching pageable guest memory complete before returning.
+    #[per_thread(cudaMemcpy2DAsync_ptsz)]
     fn cudaMemcpy2DAsync(
         dst: *mut c_void,
         dpitch: usize,
@@ -533,23 +493,8 @@ cuda_api! {
         unsafe { memcpy_2d(dst, dpitch, src, spitch, width, height, kind, Some(o)) }
     }
 
-    /// `cudaMemcpy2DAsync` (per-thread default stream).
-    fn cudaMemcpy2DAsync_ptsz(
-        dst: *mut c_void,
-        dpitch: usize,
-        src: *const c_void,
-        spitch: usize,
-        width: usize,
-        height: usize,
-        kind: cudaMemcpyKind,
-        stream: cudaStream_t,
-    ) {
-        let o = stream_order(stream)?;
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_2d(dst, dpitch, src, spitch, width, height, kind, Some(o)) }
-    }
-
     /// `cudaMemcpy2DToArray`: `wOffset` and `width` in bytes.
+    #[per_thread(cudaMemcpy2DToArray_ptds)]
     fn cudaMemcpy2DToArray(
         dst: cudaArray_t,
         wOffset: usize,
@@ -564,22 +509,8 @@ cuda_api! {
         unsafe { to_array_2d(dst, wOffset, hOffset, src, spitch, width, height, kind, None) }
     }
 
-    /// `cudaMemcpy2DToArray` (per-thread default stream).
-    fn cudaMemcpy2DToArray_ptds(
-        dst: cudaArray_t,
-        wOffset: usize,
-        hOffset: usize,
-        src: *const c_void,
-        spitch: usize,
-        width: usize,
-        height: usize,
-        kind: cudaMemcpyKind,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { to_array_2d(dst, wOffset, hOffset, src, spitch, width, height, kind, None) }
-    }
-
     /// `cudaMemcpy2DToArrayAsync`.
+    #[per_thread(cudaMemcpy2DToArrayAsync_ptsz)]
     fn cudaMemcpy2DToArrayAsync(
         dst: cudaArray_t,
         wOffset: usize,
@@ -596,24 +527,8 @@ cuda_api! {
         unsafe { to_array_2d(dst, wOffset, hOffset, src, spitch, width, height, kind, Some(o)) }
     }
 
-    /// `cudaMemcpy2DToArrayAsync` (per-thread default stream).
-    fn cudaMemcpy2DToArrayAsync_ptsz(
-        dst: cudaArray_t,
-        wOffset: usize,
-        hOffset: usize,
-        src: *const c_void,
-        spitch: usize,
-        width: usize,
-        height: usize,
-        kind: cudaMemcpyKind,
-        stream: cudaStream_t,
-    ) {
-        let o = stream_order(stream)?;
-        // SAFETY: forwarded API contract.
-        unsafe { to_array_2d(dst, wOffset, hOffset, src, spitch, width, height, kind, Some(o)) }
-    }
-
     /// `cudaMemcpy2DFromArray`.
+    #[per_thread(cudaMemcpy2DFromArray_ptds)]
     fn cudaMemcpy2DFromArray(
         dst: *mut c_void,
         dpitch: usize,
@@ -628,22 +543,8 @@ cuda_api! {
         unsafe { from_array_2d(dst, dpitch, src, wOffset, hOffset, width, height, kind, None) }
     }
 
-    /// `cudaMemcpy2DFromArray` (per-thread default stream).
-    fn cudaMemcpy2DFromArray_ptds(
-        dst: *mut c_void,
-        dpitch: usize,
-        src: cudaArray_const_t,
-        wOffset: usize,
-        hOffset: usize,
-        width: usize,
-        height: usize,
-        kind: cudaMemcpyKind,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { from_array_2d(dst, dpitch, src, wOffset, hOffset, width, height, kind, None) }
-    }
-
     /// `cudaMemcpy2DFromArrayAsync`.
+    #[per_thread(cudaMemcpy2DFromArrayAsync_ptsz)]
     fn cudaMemcpy2DFromArrayAsync(
         dst: *mut c_void,
         dpitch: usize,
@@ -660,24 +561,8 @@ cuda_api! {
         unsafe { from_array_2d(dst, dpitch, src, wOffset, hOffset, width, height, kind, Some(o)) }
     }
 
-    /// `cudaMemcpy2DFromArrayAsync` (per-thread default stream).
-    fn cudaMemcpy2DFromArrayAsync_ptsz(
-        dst: *mut c_void,
-        dpitch: usize,
-        src: cudaArray_const_t,
-        wOffset: usize,
-        hOffset: usize,
-        width: usize,
-        height: usize,
-        kind: cudaMemcpyKind,
-        stream: cudaStream_t,
-    ) {
-        let o = stream_order(stream)?;
-        // SAFETY: forwarded API contract.
-        unsafe { from_array_2d(dst, dpitch, src, wOffset, hOffset, width, height, kind, Some(o)) }
-    }
-
     /// `cudaMemcpy2DArrayToArray`.
+    #[per_thread(cudaMemcpy2DArrayToArray_ptds)]
     fn cudaMemcpy2DArrayToArray(
         dst: cudaArray_t,
         wOffsetDst: usize,
@@ -692,48 +577,23 @@ cuda_api! {
         array_to_array_2d(dst, [wOffsetDst, hOffsetDst], src, [wOffsetSrc, hOffsetSrc], width, height, kind)
     }
 
-    /// `cudaMemcpy2DArrayToArray` (per-thread default stream).
-    fn cudaMemcpy2DArrayToArray_ptds(
-        dst: cudaArray_t,
-        wOffsetDst: usize,
-        hOffsetDst: usize,
-        src: cudaArray_const_t,
-        wOffsetSrc: usize,
-        hOffsetSrc: usize,
-        width: usize,
-        height: usize,
-        kind: cudaMemcpyKind,
-    ) {
-        array_to_array_2d(dst, [wOffsetDst, hOffsetDst], src, [wOffsetSrc, hOffsetSrc], width, height, kind)
-    }
-
     /// `cudaMemcpy3D`: arrays and pitched pointers, every kind.
+    #[per_thread(cudaMemcpy3D_ptds)]
     fn cudaMemcpy3D(p: *const cudaMemcpy3DParms) {
         // SAFETY: forwarded API contract.
         unsafe { memcpy_3d(p, None) }
     }
 
-    /// `cudaMemcpy3D` (per-thread default stream).
-    fn cudaMemcpy3D_ptds(p: *const cudaMemcpy3DParms) {
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_3d(p, None) }
-    }
-
     /// `cudaMemcpy3DAsync`.
+    #[per_thread(cudaMemcpy3DAsync_ptsz)]
     fn cudaMemcpy3DAsync(p: *const cudaMemcpy3DParms, stream: cudaStream_t) {
         let o = stream_order(stream)?;
         // SAFETY: forwarded API contract.
         unsafe { memcpy_3d(p, Some(o)) }
     }
 
-    /// `cudaMemcpy3DAsync` (per-thread default stream).
-    fn cudaMemcpy3DAsync_ptsz(p: *const cudaMemcpy3DParms, stream: cudaStream_t) {
-        let o = stream_order(stream)?;
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_3d(p, Some(o)) }
-    }
-
     /// `cudaMemcpyToArray` (deprecated): `count` bytes in row-major order.
+    #[per_thread(cudaMemcpyToArray_ptds)]
     fn cudaMemcpyToArray(
         dst: cudaArray_t,
         wOffset: usize,
@@ -746,20 +606,8 @@ cuda_api! {
         unsafe { memcpy_array_linear(dst as u64, wOffset, hOffset, src as u64, count, kind, true, None) }
     }
 
-    /// `cudaMemcpyToArray` (per-thread default stream).
-    fn cudaMemcpyToArray_ptds(
-        dst: cudaArray_t,
-        wOffset: usize,
-        hOffset: usize,
-        src: *const c_void,
-        count: usize,
-        kind: cudaMemcpyKind,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_array_linear(dst as u64, wOffset, hOffset, src as u64, count, kind, true, None) }
-    }
-
     /// `cudaMemcpyToArrayAsync` (deprecated).
+    #[per_thread(cudaMemcpyToArrayAsync_ptsz)]
     fn cudaMemcpyToArrayAsync(
         dst: cudaArray_t,
         wOffset: usize,
@@ -774,22 +622,8 @@ cuda_api! {
         unsafe { memcpy_array_linear(dst as u64, wOffset, hOffset, src as u64, count, kind, true, Some(o)) }
     }
 
-    /// `cudaMemcpyToArrayAsync` (per-thread default stream).
-    fn cudaMemcpyToArrayAsync_ptsz(
-        dst: cudaArray_t,
-        wOffset: usize,
-        hOffset: usize,
-        src: *const c_void,
-        count: usize,
-        kind: cudaMemcpyKind,
-        stream: cudaStream_t,
-    ) {
-        let o = stream_order(stream)?;
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_array_linear(dst as u64, wOffset, hOffset, src as u64, count, kind, true, Some(o)) }
-    }
-
     /// `cudaMemcpyFromArray` (deprecated).
+    #[per_thread(cudaMemcpyFromArray_ptds)]
     fn cudaMemcpyFromArray(
         dst: *mut c_void,
         src: cudaArray_const_t,
@@ -802,20 +636,8 @@ cuda_api! {
         unsafe { memcpy_array_linear(src as u64, wOffset, hOffset, dst as u64, count, kind, false, None) }
     }
 
-    /// `cudaMemcpyFromArray` (per-thread default stream).
-    fn cudaMemcpyFromArray_ptds(
-        dst: *mut c_void,
-        src: cudaArray_const_t,
-        wOffset: usize,
-        hOffset: usize,
-        count: usize,
-        kind: cudaMemcpyKind,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_array_linear(src as u64, wOffset, hOffset, dst as u64, count, kind, false, None) }
-    }
-
     /// `cudaMemcpyFromArrayAsync` (deprecated).
+    #[per_thread(cudaMemcpyFromArrayAsync_ptsz)]
     fn cudaMemcpyFromArrayAsync(
         dst: *mut c_void,
         src: cudaArray_const_t,
@@ -830,37 +652,9 @@ cuda_api! {
         unsafe { memcpy_array_linear(src as u64, wOffset, hOffset, dst as u64, count, kind, false, Some(o)) }
     }
 
-    /// `cudaMemcpyFromArrayAsync` (per-thread default stream).
-    fn cudaMemcpyFromArrayAsync_ptsz(
-        dst: *mut c_void,
-        src: cudaArray_const_t,
-        wOffset: usize,
-        hOffset: usize,
-        count: usize,
-        kind: cudaMemcpyKind,
-        stream: cudaStream_t,
-    ) {
-        let o = stream_order(stream)?;
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_array_linear(src as u64, wOffset, hOffset, dst as u64, count, kind, false, Some(o)) }
-    }
-
     /// `cudaMemcpyArrayToArray` (deprecated).
+    #[per_thread(cudaMemcpyArrayToArray_ptds)]
     fn cudaMemcpyArrayToArray(
-        dst: cudaArray_t,
-        wOffsetDst: usize,
-        hOffsetDst: usize,
-        src: cudaArray_const_t,
-        wOffsetSrc: usize,
-        hOffsetSrc: usize,
-        count: usize,
-        kind: cudaMemcpyKind,
-    ) {
-        memcpy_array_to_array(dst as u64, [wOffsetDst, hOffsetDst], src as u64, [wOffsetSrc, hOffsetSrc], count, kind)
-    }
-
-    /// `cudaMemcpyArrayToArray` (per-thread default stream).
-    fn cudaMemcpyArrayToArray_ptds(
         dst: cudaArray_t,
         wOffsetDst: usize,
         hOffsetDst: usize,

@@ -41,18 +41,12 @@ cuda_api! {
     }
 
     /// `cudaEventRecord` (fire-and-forget).
+    #[per_thread(cudaEventRecord_ptsz)]
     fn cudaEventRecord(event: cudaEvent_t, stream: cudaStream_t) { record(event, stream, 0) }
 
-    /// `cudaEventRecord` (per-thread default stream).
-    fn cudaEventRecord_ptsz(event: cudaEvent_t, stream: cudaStream_t) { record(event, stream, 0) }
-
     /// `cudaEventRecordWithFlags`: only `cudaEventRecordDefault`.
+    #[per_thread(cudaEventRecordWithFlags_ptsz)]
     fn cudaEventRecordWithFlags(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint) {
-        record(event, stream, flags)
-    }
-
-    /// `cudaEventRecordWithFlags` (per-thread default stream).
-    fn cudaEventRecordWithFlags_ptsz(event: cudaEvent_t, stream: cudaStream_t, flags: c_uint) {
         record(event, stream, flags)
     }
 

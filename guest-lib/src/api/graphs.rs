@@ -993,16 +993,13 @@ cuda_api! {
 
     /// `cudaStreamBeginCapture`: the host's driver captures the stream (not the legacy or
     /// per-thread default stream: cudaErrorStreamCaptureUnsupported).
+    #[per_thread(cudaStreamBeginCapture_ptsz)]
     fn cudaStreamBeginCapture(stream: cudaStream_t, mode: cudaStreamCaptureMode) {
         begin_capture(stream, mode)
     }
 
-    /// `cudaStreamBeginCapture` (per-thread default stream).
-    fn cudaStreamBeginCapture_ptsz(stream: cudaStream_t, mode: cudaStreamCaptureMode) {
-        begin_capture(stream, mode)
-    }
-
     /// `cudaStreamBeginCaptureToGraph` (default edges only).
+    #[per_thread(cudaStreamBeginCaptureToGraph_ptsz)]
     fn cudaStreamBeginCaptureToGraph(
         stream: cudaStream_t,
         graph: cudaGraph_t,
@@ -1015,45 +1012,23 @@ cuda_api! {
         unsafe { begin_capture_to_graph(stream, graph, dependencies, dependencyData, numDependencies, mode) }
     }
 
-    /// `cudaStreamBeginCaptureToGraph` (per-thread default stream).
-    fn cudaStreamBeginCaptureToGraph_ptsz(
-        stream: cudaStream_t,
-        graph: cudaGraph_t,
-        dependencies: *const cudaGraphNode_t,
-        dependencyData: *const cudaGraphEdgeData,
-        numDependencies: usize,
-        mode: cudaStreamCaptureMode,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { begin_capture_to_graph(stream, graph, dependencies, dependencyData, numDependencies, mode) }
-    }
-
     /// `cudaStreamEndCapture`.
+    #[per_thread(cudaStreamEndCapture_ptsz)]
     fn cudaStreamEndCapture(stream: cudaStream_t, pGraph: *mut cudaGraph_t) {
         // SAFETY: forwarded API contract.
         unsafe { end_capture(stream, pGraph) }
     }
 
-    /// `cudaStreamEndCapture` (per-thread default stream).
-    fn cudaStreamEndCapture_ptsz(stream: cudaStream_t, pGraph: *mut cudaGraph_t) {
-        // SAFETY: forwarded API contract.
-        unsafe { end_capture(stream, pGraph) }
-    }
-
     /// `cudaStreamIsCapturing`: the driver's capture status of the stream.
+    #[per_thread(cudaStreamIsCapturing_ptsz)]
     fn cudaStreamIsCapturing(stream: cudaStream_t, pCaptureStatus: *mut cudaStreamCaptureStatus) {
-        // SAFETY: forwarded API contract.
-        unsafe { is_capturing(stream, pCaptureStatus) }
-    }
-
-    /// `cudaStreamIsCapturing` (per-thread default stream).
-    fn cudaStreamIsCapturing_ptsz(stream: cudaStream_t, pCaptureStatus: *mut cudaStreamCaptureStatus) {
         // SAFETY: forwarded API contract.
         unsafe { is_capturing(stream, pCaptureStatus) }
     }
 
     /// `cudaStreamGetCaptureInfo` (CUDA 13's, with edge data): the dependency and edge arrays
     /// stay valid until the calling thread's next call of it.
+    #[per_thread(cudaStreamGetCaptureInfo_ptsz)]
     fn cudaStreamGetCaptureInfo(
         stream: cudaStream_t,
         captureStatus_out: *mut cudaStreamCaptureStatus,
@@ -1069,36 +1044,9 @@ cuda_api! {
         }
     }
 
-    /// `cudaStreamGetCaptureInfo` (per-thread default stream).
-    fn cudaStreamGetCaptureInfo_ptsz(
-        stream: cudaStream_t,
-        captureStatus_out: *mut cudaStreamCaptureStatus,
-        id_out: *mut c_ulonglong,
-        graph_out: *mut cudaGraph_t,
-        dependencies_out: *mut *const cudaGraphNode_t,
-        edgeData_out: *mut *const cudaGraphEdgeData,
-        numDependencies_out: *mut usize,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe {
-            get_capture_info(stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out)
-        }
-    }
-
     /// `cudaStreamUpdateCaptureDependencies` (default edges only).
+    #[per_thread(cudaStreamUpdateCaptureDependencies_ptsz)]
     fn cudaStreamUpdateCaptureDependencies(
-        stream: cudaStream_t,
-        dependencies: *mut cudaGraphNode_t,
-        dependencyData: *const cudaGraphEdgeData,
-        numDependencies: usize,
-        flags: c_uint,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { update_capture_deps(stream, dependencies, dependencyData, numDependencies, flags) }
-    }
-
-    /// `cudaStreamUpdateCaptureDependencies` (per-thread default stream).
-    fn cudaStreamUpdateCaptureDependencies_ptsz(
         stream: cudaStream_t,
         dependencies: *mut cudaGraphNode_t,
         dependencyData: *const cudaGraphEdgeData,
@@ -1957,6 +1905,7 @@ cuda_api! {
     }
 
     /// `cudaGraphInstantiateWithParams`: flags and upload stream; the result is written back.
+    #[per_thread(cudaGraphInstantiateWithParams_ptsz)]
     fn cudaGraphInstantiateWithParams(
         pGraphExec: *mut cudaGraphExec_t,
         graph: cudaGraph_t,
@@ -1972,33 +1921,15 @@ cuda_api! {
         r
     }
 
-    /// `cudaGraphInstantiateWithParams` (per-thread default stream).
-    fn cudaGraphInstantiateWithParams_ptsz(
-        pGraphExec: *mut cudaGraphExec_t,
-        graph: cudaGraph_t,
-        instantiateParams: *mut cudaGraphInstantiateParams,
-    ) {
-        // SAFETY: forwarded API contract.
-        crate::cuda_error::CudaError::check(unsafe { cudaGraphInstantiateWithParams(pGraphExec, graph, instantiateParams) })
-    }
-
     /// `cudaGraphLaunch`: fire-and-forget, in stream order, like a kernel launch.
+    #[per_thread(cudaGraphLaunch_ptsz)]
     fn cudaGraphLaunch(graphExec: cudaGraphExec_t, stream: cudaStream_t) {
         graph_launch(graphExec, stream, false)
     }
 
-    /// `cudaGraphLaunch` (per-thread default stream).
-    fn cudaGraphLaunch_ptsz(graphExec: cudaGraphExec_t, stream: cudaStream_t) {
-        graph_launch(graphExec, stream, false)
-    }
-
     /// `cudaGraphUpload`.
+    #[per_thread(cudaGraphUpload_ptsz)]
     fn cudaGraphUpload(graphExec: cudaGraphExec_t, stream: cudaStream_t) {
-        graph_launch(graphExec, stream, true)
-    }
-
-    /// `cudaGraphUpload` (per-thread default stream).
-    fn cudaGraphUpload_ptsz(graphExec: cudaGraphExec_t, stream: cudaStream_t) {
         graph_launch(graphExec, stream, true)
     }
 

@@ -67,6 +67,7 @@ fn config(grid: dim3, block: dim3, shared_mem: usize, stream: cudaStream_t) -> C
 cuda_api! {
     /// `__cudaPopCallConfiguration`: hands the innermost `<<<>>>` configuration to the kernel
     /// stub; `cudaErrorMissingConfiguration` if none was pushed.
+    #[no_prototype = "hidden API: only nvcc's C++ crt headers declare it"]
     fn __cudaPopCallConfiguration(
         gridDim: *mut dim3,
         blockDim: *mut dim3,
@@ -84,6 +85,7 @@ cuda_api! {
     }
 
     /// `__cudaGetKernel(&handle, hostFun)`: the `cudaKernel_t` of a registered host stub.
+    #[no_prototype = "hidden API: only nvcc's C++ crt headers declare it"]
     fn __cudaGetKernel(kernel: *mut cudaKernel_t, hostFun: *const c_void) {
         non_null(kernel)?;
         let k = registry().kernel_by_host(hostFun as usize).ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
@@ -92,6 +94,8 @@ cuda_api! {
     }
 
     /// `__cudaLaunchKernel`: launch by `cudaKernel_t`, fire-and-forget.
+    #[per_thread(__cudaLaunchKernel_ptsz)]
+    #[no_prototype = "hidden API: only nvcc's C++ crt headers declare it"]
     fn __cudaLaunchKernel(
         kernel: cudaKernel_t,
         gridDim: dim3,
@@ -105,36 +109,9 @@ cuda_api! {
         unsafe { launch_kernel(find, kernel as usize, config(gridDim, blockDim, sharedMem, stream), args) }
     }
 
-    /// `__cudaLaunchKernel` (per-thread default stream).
-    fn __cudaLaunchKernel_ptsz(
-        kernel: cudaKernel_t,
-        gridDim: dim3,
-        blockDim: dim3,
-        args: *mut *mut c_void,
-        sharedMem: usize,
-        stream: cudaStream_t,
-    ) {
-        let find = |h| registry().kernel_by_handle(h);
-        // SAFETY: forwarded contract.
-        unsafe { launch_kernel(find, kernel as usize, config(gridDim, blockDim, sharedMem, stream), args) }
-    }
-
     /// `cudaLaunchKernel(func, ...)`: `func` is a host stub or a `cudaKernel_t`.
+    #[per_thread(cudaLaunchKernel_ptsz)]
     fn cudaLaunchKernel(
-        func: *const c_void,
-        gridDim: dim3,
-        blockDim: dim3,
-        args: *mut *mut c_void,
-        sharedMem: usize,
-        stream: cudaStream_t,
-    ) {
-        let find = |f| registry().kernel(f);
-        // SAFETY: forwarded API contract.
-        unsafe { launch_kernel(find, func as usize, config(gridDim, blockDim, sharedMem, stream), args) }
-    }
-
-    /// `cudaLaunchKernel` (per-thread default stream).
-    fn cudaLaunchKernel_ptsz(
         func: *const c_void,
         gridDim: dim3,
         blockDim: dim3,
@@ -293,20 +270,8 @@ cuda_api! {
     }
 
     /// `cudaLaunchCooperativeKernel`.
+    #[per_thread(cudaLaunchCooperativeKernel_ptsz)]
     fn cudaLaunchCooperativeKernel(
-        func: *const c_void,
-        gridDim: dim3,
-        blockDim: dim3,
-        args: *mut *mut c_void,
-        sharedMem: usize,
-        stream: cudaStream_t,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { launch_cooperative(func, gridDim, blockDim, args, sharedMem, stream) }
-    }
-
-    /// `cudaLaunchCooperativeKernel` (per-thread default stream).
-    fn cudaLaunchCooperativeKernel_ptsz(
         func: *const c_void,
         gridDim: dim3,
         blockDim: dim3,

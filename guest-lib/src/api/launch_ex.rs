@@ -199,13 +199,8 @@ fn shared_mem_config(config: cudaSharedMemConfig) -> CudaResult<()> {
 
 cuda_api! {
     /// `cudaLaunchKernelExC`: `func` is a host stub or a `cudaKernel_t`.
+    #[per_thread(cudaLaunchKernelExC_ptsz)]
     fn cudaLaunchKernelExC(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) {
-        // SAFETY: forwarded API contract.
-        unsafe { launch_ex(config, func, args) }
-    }
-
-    /// `cudaLaunchKernelExC` (per-thread default stream).
-    fn cudaLaunchKernelExC_ptsz(config: *const cudaLaunchConfig_t, func: *const c_void, args: *mut *mut c_void) {
         // SAFETY: forwarded API contract.
         unsafe { launch_ex(config, func, args) }
     }

@@ -123,19 +123,15 @@ cuda_api! {
     }
 
     /// `cudaMemcpy`: all four kinds and `cudaMemcpyDefault`, any size.
+    #[per_thread(cudaMemcpy_ptds)]
     fn cudaMemcpy(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) {
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_sync(dst, src, count, kind) }
-    }
-
-    /// `cudaMemcpy` (per-thread default stream).
-    fn cudaMemcpy_ptds(dst: *mut c_void, src: *const c_void, count: usize, kind: cudaMemcpyKind) {
         // SAFETY: forwarded API contract.
         unsafe { memcpy_sync(dst, src, count, kind) }
     }
 
     /// `cudaMemcpyAsync`: copies touching guest memory complete before returning (the memory is
     /// pageable); device-to-device copies are fire-and-forget.
+    #[per_thread(cudaMemcpyAsync_ptsz)]
     fn cudaMemcpyAsync(
         dst: *mut c_void,
         src: *const c_void,
@@ -147,35 +143,15 @@ cuda_api! {
         unsafe { memcpy_async(dst, src, count, kind, stream) }
     }
 
-    /// `cudaMemcpyAsync` (per-thread default stream).
-    fn cudaMemcpyAsync_ptsz(
-        dst: *mut c_void,
-        src: *const c_void,
-        count: usize,
-        kind: cudaMemcpyKind,
-        stream: cudaStream_t,
-    ) {
-        // SAFETY: forwarded API contract.
-        unsafe { memcpy_async(dst, src, count, kind, stream) }
-    }
-
     /// `cudaMemset`.
+    #[per_thread(cudaMemset_ptds)]
     fn cudaMemset(devPtr: *mut c_void, value: c_int, count: usize) {
         memset_sync(devPtr, value, count)
     }
 
-    /// `cudaMemset` (per-thread default stream).
-    fn cudaMemset_ptds(devPtr: *mut c_void, value: c_int, count: usize) {
-        memset_sync(devPtr, value, count)
-    }
-
     /// `cudaMemsetAsync` (fire-and-forget).
+    #[per_thread(cudaMemsetAsync_ptsz)]
     fn cudaMemsetAsync(devPtr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) {
-        memset_async(devPtr, value, count, stream)
-    }
-
-    /// `cudaMemsetAsync` (per-thread default stream).
-    fn cudaMemsetAsync_ptsz(devPtr: *mut c_void, value: c_int, count: usize, stream: cudaStream_t) {
         memset_async(devPtr, value, count, stream)
     }
 

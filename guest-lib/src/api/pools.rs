@@ -93,34 +93,22 @@ fn check_type(kind: cudaMemAllocationType) -> CudaResult<()> {
 
 cuda_api! {
     /// `cudaMallocAsync`: from the current pool of the stream's device, in stream order.
+    #[per_thread(cudaMallocAsync_ptsz)]
     fn cudaMallocAsync(devPtr: *mut *mut c_void, size: usize, hStream: cudaStream_t) {
         // SAFETY: forwarded API contract.
         unsafe { malloc_async(devPtr, size, None, hStream) }
     }
 
-    /// `cudaMallocAsync` (per-thread default stream).
-    fn cudaMallocAsync_ptsz(devPtr: *mut *mut c_void, size: usize, hStream: cudaStream_t) {
-        // SAFETY: forwarded API contract.
-        unsafe { malloc_async(devPtr, size, None, hStream) }
-    }
-
     /// `cudaMallocFromPoolAsync`.
+    #[per_thread(cudaMallocFromPoolAsync_ptsz)]
     fn cudaMallocFromPoolAsync(ptr: *mut *mut c_void, size: usize, memPool: cudaMemPool_t, stream: cudaStream_t) {
         // SAFETY: forwarded API contract.
         unsafe { malloc_async(ptr, size, Some(memPool), stream) }
     }
 
-    /// `cudaMallocFromPoolAsync` (per-thread default stream).
-    fn cudaMallocFromPoolAsync_ptsz(ptr: *mut *mut c_void, size: usize, memPool: cudaMemPool_t, stream: cudaStream_t) {
-        // SAFETY: forwarded API contract.
-        unsafe { malloc_async(ptr, size, Some(memPool), stream) }
-    }
-
     /// `cudaFreeAsync`.
+    #[per_thread(cudaFreeAsync_ptsz)]
     fn cudaFreeAsync(devPtr: *mut c_void, hStream: cudaStream_t) { free_async(devPtr, hStream) }
-
-    /// `cudaFreeAsync` (per-thread default stream).
-    fn cudaFreeAsync_ptsz(devPtr: *mut c_void, hStream: cudaStream_t) { free_async(devPtr, hStream) }
 
     /// `cudaDeviceGetDefaultMemPool`.
     fn cudaDeviceGetDefaultMemPool(memPool: *mut cudaMemPool_t, device: c_int) {

@@ -5,11 +5,13 @@ use crate::runtime::runtime;
 
 cuda_api! {
     /// `cudaProfilerStart`: nothing to start in the guest.
+    #[no_prototype = "cuda_profiler_api.h is not in the CUDA 13.0 runtime wheels"]
     fn cudaProfilerStart() {
         runtime().map(|_| ())
     }
 
     /// `cudaProfilerStop`: nothing to stop in the guest.
+    #[no_prototype = "cuda_profiler_api.h is not in the CUDA 13.0 runtime wheels"]
     fn cudaProfilerStop() {
         runtime().map(|_| ())
     }

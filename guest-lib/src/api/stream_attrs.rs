@@ -114,25 +114,15 @@ unsafe fn get(
 
 cuda_api! {
     /// `cudaStreamSetAttribute`.
+    #[per_thread(cudaStreamSetAttribute_ptsz)]
     fn cudaStreamSetAttribute(hStream: cudaStream_t, attr: c_uint, value: *const cudaLaunchAttributeValue) {
         // SAFETY: forwarded API contract.
         unsafe { set(hStream, attr, value) }
     }
 
-    /// `cudaStreamSetAttribute` (per-thread default stream).
-    fn cudaStreamSetAttribute_ptsz(hStream: cudaStream_t, attr: c_uint, value: *const cudaLaunchAttributeValue) {
-        // SAFETY: forwarded API contract.
-        unsafe { set(hStream, attr, value) }
-    }
-
     /// `cudaStreamGetAttribute`.
+    #[per_thread(cudaStreamGetAttribute_ptsz)]
     fn cudaStreamGetAttribute(hStream: cudaStream_t, attr: c_uint, value_out: *mut cudaLaunchAttributeValue) {
-        // SAFETY: forwarded API contract.
-        unsafe { get(hStream, attr, value_out) }
-    }
-
-    /// `cudaStreamGetAttribute` (per-thread default stream).
-    fn cudaStreamGetAttribute_ptsz(hStream: cudaStream_t, attr: c_uint, value_out: *mut cudaLaunchAttributeValue) {
         // SAFETY: forwarded API contract.
         unsafe { get(hStream, attr, value_out) }
     }

@@ -148,32 +148,20 @@ unsafe fn create(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> C
 
 cuda_api! {
     /// `cudaLaunchHostFunc` (see `host_fns`).
+    #[per_thread(cudaLaunchHostFunc_ptsz)]
     fn cudaLaunchHostFunc(stream: cudaStream_t, fn_: HostFn, userData: *mut c_void) {
         launch_host_func(stream, fn_, userData)
     }
 
-    /// `cudaLaunchHostFunc` (per-thread default stream).
-    fn cudaLaunchHostFunc_ptsz(stream: cudaStream_t, fn_: HostFn, userData: *mut c_void) {
-        launch_host_func(stream, fn_, userData)
-    }
-
     /// `cudaStreamAddCallback` (see `host_fns`).
+    #[per_thread(cudaStreamAddCallback_ptsz)]
     fn cudaStreamAddCallback(stream: cudaStream_t, callback: StreamCallback, userData: *mut c_void, flags: c_uint) {
         add_callback(stream, callback, userData, flags)
     }
 
-    /// `cudaStreamAddCallback` (per-thread default stream).
-    fn cudaStreamAddCallback_ptsz(stream: cudaStream_t, callback: StreamCallback, userData: *mut c_void, flags: c_uint) {
-        add_callback(stream, callback, userData, flags)
-    }
-
     /// `cudaStreamAttachMemAsync` (see `attach_mem`).
+    #[per_thread(cudaStreamAttachMemAsync_ptsz)]
     fn cudaStreamAttachMemAsync(stream: cudaStream_t, devPtr: *mut c_void, length: usize, flags: c_uint) {
-        attach_mem(stream, devPtr, length, flags)
-    }
-
-    /// `cudaStreamAttachMemAsync` (per-thread default stream).
-    fn cudaStreamAttachMemAsync_ptsz(stream: cudaStream_t, devPtr: *mut c_void, length: usize, flags: c_uint) {
         attach_mem(stream, devPtr, length, flags)
     }
 
@@ -205,72 +193,44 @@ cuda_api! {
     }
 
     /// `cudaStreamSynchronize`.
+    #[per_thread(cudaStreamSynchronize_ptsz)]
     fn cudaStreamSynchronize(stream: cudaStream_t) { synchronize(stream) }
 
-    /// `cudaStreamSynchronize` (per-thread default stream).
-    fn cudaStreamSynchronize_ptsz(stream: cudaStream_t) { synchronize(stream) }
-
     /// `cudaStreamQuery`: `cudaErrorNotReady` while work is pending (not recorded as an error).
+    #[per_thread(cudaStreamQuery_ptsz)]
     fn cudaStreamQuery(stream: cudaStream_t) { query(stream) }
 
-    /// `cudaStreamQuery` (per-thread default stream).
-    fn cudaStreamQuery_ptsz(stream: cudaStream_t) { query(stream) }
-
     /// `cudaStreamWaitEvent` (fire-and-forget).
+    #[per_thread(cudaStreamWaitEvent_ptsz)]
     fn cudaStreamWaitEvent(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) {
         wait_event(stream, event, flags)
     }
 
-    /// `cudaStreamWaitEvent` (per-thread default stream).
-    fn cudaStreamWaitEvent_ptsz(stream: cudaStream_t, event: cudaEvent_t, flags: c_uint) {
-        wait_event(stream, event, flags)
-    }
-
     /// `cudaStreamGetFlags`.
+    #[per_thread(cudaStreamGetFlags_ptsz)]
     fn cudaStreamGetFlags(hStream: cudaStream_t, flags: *mut c_uint) {
-        // SAFETY: forwarded API contract.
-        unsafe { get_flags(hStream, flags) }
-    }
-
-    /// `cudaStreamGetFlags` (per-thread default stream).
-    fn cudaStreamGetFlags_ptsz(hStream: cudaStream_t, flags: *mut c_uint) {
         // SAFETY: forwarded API contract.
         unsafe { get_flags(hStream, flags) }
     }
 
     /// `cudaStreamGetPriority`: the stream's priority (clamped to the device's range at
     /// creation, as the driver does).
+    #[per_thread(cudaStreamGetPriority_ptsz)]
     fn cudaStreamGetPriority(hStream: cudaStream_t, priority: *mut c_int) {
         // SAFETY: forwarded API contract.
         unsafe { get_priority(hStream, priority) }
     }
 
-    /// `cudaStreamGetPriority` (per-thread default stream).
-    fn cudaStreamGetPriority_ptsz(hStream: cudaStream_t, priority: *mut c_int) {
-        // SAFETY: forwarded API contract.
-        unsafe { get_priority(hStream, priority) }
-    }
-
     /// `cudaStreamGetDevice`.
+    #[per_thread(cudaStreamGetDevice_ptsz)]
     fn cudaStreamGetDevice(hStream: cudaStream_t, device: *mut c_int) {
         // SAFETY: forwarded API contract.
         unsafe { get_device(hStream, device) }
     }
 
-    /// `cudaStreamGetDevice` (per-thread default stream).
-    fn cudaStreamGetDevice_ptsz(hStream: cudaStream_t, device: *mut c_int) {
-        // SAFETY: forwarded API contract.
-        unsafe { get_device(hStream, device) }
-    }
-
     /// `cudaStreamGetId`.
+    #[per_thread(cudaStreamGetId_ptsz)]
     fn cudaStreamGetId(hStream: cudaStream_t, streamId: *mut u64) {
-        // SAFETY: forwarded API contract.
-        unsafe { get_id(hStream, streamId) }
-    }
-
-    /// `cudaStreamGetId` (per-thread default stream).
-    fn cudaStreamGetId_ptsz(hStream: cudaStream_t, streamId: *mut u64) {
         // SAFETY: forwarded API contract.
         unsafe { get_id(hStream, streamId) }
     }

@@ -88,49 +88,29 @@ unsafe fn from_symbol(
 
 cuda_api! {
     /// `cudaMemcpyToSymbol`.
+    #[per_thread(cudaMemcpyToSymbol_ptds)]
     fn cudaMemcpyToSymbol(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) {
         // SAFETY: forwarded API contract.
         unsafe { to_symbol(symbol, src, count, offset, kind, None) }
     }
 
-    /// `cudaMemcpyToSymbol` (per-thread default stream).
-    fn cudaMemcpyToSymbol_ptds(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) {
-        // SAFETY: forwarded API contract.
-        unsafe { to_symbol(symbol, src, count, offset, kind, None) }
-    }
-
     /// `cudaMemcpyToSymbolAsync`.
+    #[per_thread(cudaMemcpyToSymbolAsync_ptsz)]
     fn cudaMemcpyToSymbolAsync(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) {
         // SAFETY: forwarded API contract.
         unsafe { to_symbol(symbol, src, count, offset, kind, Some(stream)) }
     }
 
-    /// `cudaMemcpyToSymbolAsync` (per-thread default stream).
-    fn cudaMemcpyToSymbolAsync_ptsz(symbol: *const c_void, src: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) {
-        // SAFETY: forwarded API contract.
-        unsafe { to_symbol(symbol, src, count, offset, kind, Some(stream)) }
-    }
-
     /// `cudaMemcpyFromSymbol`.
+    #[per_thread(cudaMemcpyFromSymbol_ptds)]
     fn cudaMemcpyFromSymbol(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) {
         // SAFETY: forwarded API contract.
         unsafe { from_symbol(dst, symbol, count, offset, kind, None) }
     }
 
-    /// `cudaMemcpyFromSymbol` (per-thread default stream).
-    fn cudaMemcpyFromSymbol_ptds(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind) {
-        // SAFETY: forwarded API contract.
-        unsafe { from_symbol(dst, symbol, count, offset, kind, None) }
-    }
-
     /// `cudaMemcpyFromSymbolAsync`.
+    #[per_thread(cudaMemcpyFromSymbolAsync_ptsz)]
     fn cudaMemcpyFromSymbolAsync(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) {
-        // SAFETY: forwarded API contract.
-        unsafe { from_symbol(dst, symbol, count, offset, kind, Some(stream)) }
-    }
-
-    /// `cudaMemcpyFromSymbolAsync` (per-thread default stream).
-    fn cudaMemcpyFromSymbolAsync_ptsz(dst: *mut c_void, symbol: *const c_void, count: usize, offset: usize, kind: cudaMemcpyKind, stream: cudaStream_t) {
         // SAFETY: forwarded API contract.
         unsafe { from_symbol(dst, symbol, count, offset, kind, Some(stream)) }
     }

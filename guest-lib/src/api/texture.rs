@@ -1,7 +1,7 @@
 //! Texture and surface objects, and `cudaCreateChannelDesc`.
 //!
 //! `cudaCreateChannelDesc` is pure arithmetic and returns a 20-byte struct by value (through a
-//! hidden pointer in the SysV ABI), so it is written out rather than with `cuda_api!`. The
+//! hidden pointer in the SysV ABI), so it is a `plain_api!` rather than a `cuda_api!`. The
 //! objects are the driver's own values (kernels take them as arguments); arrays.rs keeps what
 //! each was created with for the `cudaGet*` queries.
 
@@ -16,16 +16,17 @@ use crate::{
     runtime::{current, non_null},
 };
 
-/// `cudaCreateChannelDesc`: returns `cudaChannelFormatDesc` by value, never fails.
-#[no_mangle]
-pub extern "C" fn cudaCreateChannelDesc(
-    x: c_int,
-    y: c_int,
-    z: c_int,
-    w: c_int,
-    f: cudaChannelFormatKind,
-) -> cudaChannelFormatDesc {
-    cudaChannelFormatDesc { x, y, z, w, f }
+plain_api! {
+    /// `cudaCreateChannelDesc`: returns `cudaChannelFormatDesc` by value, never fails.
+    fn cudaCreateChannelDesc(
+        x: c_int,
+        y: c_int,
+        z: c_int,
+        w: c_int,
+        f: cudaChannelFormatKind,
+    ) -> cudaChannelFormatDesc {
+        cudaChannelFormatDesc { x, y, z, w, f }
+    }
 }
 
 cuda_api! {
