@@ -3,21 +3,19 @@
 //! completion, the host's stale sessions, and stopping on removal.
 //!
 //! Neighbours: driver.rs binds the device (probe, remove, the queue's interrupt) and calls in
-//! here; virtio.rs is the C edge; request.rs is what gets queued; session.rs (one open file of
-//! /dev/qcuda) is who queues. This file knows nothing of /dev/qcuda.
+//! here; virtio.rs provides the safe queue type ([`Vq`]); request.rs is what gets queued;
+//! session.rs (one open file of /dev/qcuda) is who queues. This file holds no `unsafe` and
+//! knows nothing of the C API or of /dev/qcuda.
 //!
-//! Every request added to the ring owns a slot of the in-flight table; the slot index is the
-//! virtqueue token, so completions may arrive in any order. The slot keeps a reference to the
-//! request until the caller collects the result, or, when nobody waits any more (signal,
-//! fire-and-forget op, close timeout), until `reap` frees it in process context: unpinning
-//! pages may sleep, so nothing is ever freed in the interrupt handler.
-
-use core::ptr;
+//! Every request added to the ring owns a slot of the in-flight table, and knows its index; the
+//! ring's token is a reference to the request, so completions may arrive in any order. The slot
+//! keeps a reference to the request until the caller collects the result, or, when nobody waits
+//! any more (signal, fire-and-forget op, close timeout), until `reap` frees it in process
+//! context: unpinning pages may sleep, so nothing is ever freed in the interrupt handler (the
+//! ring's reference, dropped there, is never the last).
 
 use kernel::{
-    bindings,
     device::Device,
-    ffi::{c_uint, c_void},
     new_condvar, new_spinlock_irq,
     prelude::*,
     sync::{aref::ARef, Arc, CondVar, SpinLockIrq, SpinLockIrqGuard},
@@ -25,9 +23,9 @@ use kernel::{
 };
 
 use crate::{
-    request::{Request, SgList},
-    virtio::{self, VirtioDevice, Virtqueue},
-    wire::{Op, RequestHeader, ResponseHeader},
+    request::Request,
+    virtio::{Chain, VirtioDev, Vq, Vqs},
+    wire::{Op, RequestHeader, ResponseHeader, MAX_CHAIN_SEGMENTS},
 };
 
 /// How long probe waits for the host to close the sessions of earlier driver instances. The
@@ -62,13 +60,15 @@ struct Slot {
 ///
 /// # Invariants
 ///
-/// - `vq` is the request virtqueue from `find_vqs`, or null once the device is being removed;
-///   it is only used with the lock held, which serialises all operations on it as virtio
-///   requires.
+/// - `vqs` are the device's queues from `find_vqs`, or `None` once the device is being removed
+///   (or before probe attached them). Living inside the lock, they are only used with it held,
+///   which serialises all operations on them as virtio requires.
+/// - The token of every chain in the request queue is a request that a `Pending` or
+///   `Abandoned` slot holds, at the index the request records.
 /// - `free` holds the indices of exactly the `Free` slots (its capacity is `slots.len()`).
 /// - `in_ring` counts the `Pending` and `Abandoned` slots, `reapable` the `Reapable` ones.
 struct Queue {
-    vq: *mut Virtqueue,
+    vqs: Option<Vqs<Request>>,
     ready: bool,
     slots: KVec<Slot>,
     free: KVec<usize>,
@@ -82,9 +82,12 @@ struct Queue {
     sleepers: usize,
 }
 
-// SAFETY: `vq` is only dereferenced (by the virtio core) with the lock held; the virtqueue may
-// be used from any CPU.
-unsafe impl Send for Queue {}
+impl Queue {
+    /// The request queue, unless the device is being removed.
+    fn requests(&mut self) -> Option<&mut Vq<Request>> {
+        self.vqs.as_mut().map(|vqs| &mut vqs.requests)
+    }
+}
 
 type QueueGuard<'a> = SpinLockIrqGuard<'a, Queue>;
 
@@ -123,15 +126,38 @@ pub(crate) struct QcudaDevice {
     dev: ARef<Device>,
 }
 
-/// Token passed to the virtio core for slot `idx`; never null.
-fn token(idx: usize) -> *mut c_void {
-    (idx + 1) as *mut c_void
-}
-
 impl QcudaDevice {
-    /// The device state over the request queue `vq`, not ready yet (see [`Self::start`]).
-    pub(crate) fn new(
-        vq: *mut Virtqueue,
+    /// Sets up the queues of `vdev` and the device state over them, not ready yet (see
+    /// [`Self::start`]).
+    pub(crate) fn new(vdev: &VirtioDev) -> Result<Arc<Self>> {
+        let mut vqs = vdev.find_vqs()?;
+        let ring_size = vqs.requests.size();
+        let indirect = vdev.has_indirect();
+        // Without indirect descriptors a chain longer than the ring trips a WARN in virtio_ring.
+        let max_segments = if indirect {
+            MAX_CHAIN_SEGMENTS
+        } else {
+            ring_size
+        };
+        let dev = vdev.device();
+        if ring_size == 0 {
+            vdev.del_vqs(vqs);
+            return Err(ENODEV);
+        }
+        match Self::with_slots(ring_size, indirect, max_segments, dev) {
+            Ok(device) => {
+                device.queue.lock().vqs = Some(vqs);
+                Ok(device)
+            }
+            Err(e) => {
+                vdev.del_vqs(vqs);
+                Err(e)
+            }
+        }
+    }
+
+    /// The device state with an empty in-flight table of `ring_size` slots and no queues.
+    fn with_slots(
         ring_size: usize,
         indirect: bool,
         max_segments: usize,
@@ -151,7 +177,7 @@ impl QcudaDevice {
             free.push(ring_size - 1 - i, GFP_KERNEL)?;
         }
         let queue = Queue {
-            vq,
+            vqs: None,
             ready: false,
             slots,
             free,
@@ -176,10 +202,12 @@ impl QcudaDevice {
     /// Once the device is ready (`DRIVER_OK`): requests may go out. No sleeper yet, so
     /// completions are taken by their callers (see `Queue::sleepers`).
     pub(crate) fn start(&self) {
-        let mut q = self.queue.lock();
+        let mut guard = self.queue.lock();
+        let q = &mut *guard;
         q.ready = true;
-        // SAFETY: `vq` is the live request queue and the lock is held.
-        unsafe { virtio::virtqueue_disable_cb(q.vq) };
+        if let Some(vq) = q.requests() {
+            vq.disable_cb();
+        }
     }
 
     /// The virtio device's `struct device`, for logging.
@@ -220,18 +248,18 @@ impl QcudaDevice {
 
     /// Queues `req`, waits for the device as `wait` says, and returns its response.
     pub(crate) fn execute(&self, req: &Arc<Request>, mut wait: Wait) -> Result<ResponseHeader> {
-        let mut sg = req.scatterlists()?;
-        let idx = self.submit(req, &mut sg, &mut wait)?;
-        drop(sg);
+        let mut chain = Request::chain(req)?;
+        let idx = self.submit(&mut chain, &mut wait)?;
+        drop(chain);
         self.wait(idx, req, wait)?;
         req.response()
     }
 
     /// Queues `req` with nobody waiting for it (a fire-and-forget op).
     pub(crate) fn post(&self, req: &Arc<Request>) -> Result {
-        let mut sg = req.scatterlists()?;
-        let idx = self.submit(req, &mut sg, &mut Wait::Interruptible)?;
-        drop(sg);
+        let mut chain = Request::chain(req)?;
+        let idx = self.submit(&mut chain, &mut Wait::Interruptible)?;
+        drop(chain);
         let done = {
             let mut q = self.queue.lock();
             match q.slots.get_mut(idx) {
@@ -249,59 +277,52 @@ impl QcudaDevice {
         Ok(())
     }
 
-    /// Adds `req` to the ring and kicks the device; waits for a slot or ring space if needed.
-    fn submit(&self, req: &Arc<Request>, sg: &mut SgList, wait: &mut Wait) -> Result<usize> {
-        let gfp = bindings::GFP_ATOMIC | bindings::__GFP_NOWARN;
+    /// Adds the chain of a request to the ring and kicks the device; waits for a slot or ring
+    /// space if needed.
+    fn submit(&self, chain: &mut Chain<Request>, wait: &mut Wait) -> Result<usize> {
+        let req = chain.owner().clone();
         let started = Instant::<Monotonic>::now();
         let mut q = self.queue.lock();
         loop {
-            if q.vq.is_null() || !q.ready {
+            let queue = &mut *q;
+            let Some(vq) = queue.vqs.as_mut().map(|vqs| &mut vqs.requests) else {
+                return Err(ENODEV);
+            };
+            if !queue.ready {
                 return Err(ENODEV);
             }
-            if let Some(idx) = q.free.pop() {
-                // SAFETY: `vq` is valid while non-null and we hold the lock (type invariant of
-                // `Queue`). `sg` holds `readable + writable` valid single-entry lists that point
-                // to memory `req` owns or pins; the slot keeps `req` alive until the device is
-                // done with it. The token is non-null. The indirect table is allocated
-                // atomically since we hold a spinlock.
-                let ret = unsafe {
-                    virtio::virtqueue_add_sgs(
-                        q.vq,
-                        sg.as_mut_ptr(),
-                        sg.readable,
-                        sg.writable,
-                        token(idx),
-                        gfp,
-                    )
-                };
-                if ret == 0 {
-                    if let Some(slot) = q.slots.get_mut(idx) {
-                        slot.req = Some(req.clone());
-                        slot.state = SlotState::Pending;
+            if let Some(idx) = queue.free.pop() {
+                // The ring holds `req` until the chain comes back; `finish` finds the slot by
+                // this index.
+                req.set_slot(idx);
+                match vq.add(chain) {
+                    Ok(()) => {
+                        if let Some(slot) = queue.slots.get_mut(idx) {
+                            slot.req = Some(req);
+                            slot.state = SlotState::Pending;
+                        }
+                        queue.in_ring += 1;
+                        vq.kick();
+                        return Ok(idx);
                     }
-                    q.in_ring += 1;
-                    // SAFETY: As above.
-                    unsafe { virtio::virtqueue_kick(q.vq) };
-                    return Ok(idx);
-                }
-                // Cannot fail: the slot was just taken out of `free`.
-                let _ = q.free.push_within_capacity(idx);
-                let err = Error::from_errno(ret);
-                if err != ENOSPC && err != ENOMEM {
-                    return Err(err);
-                }
-                if q.in_ring == 0 {
-                    // No completion will ever make room (e.g. no memory for the indirect
-                    // table of a long chain).
-                    return Err(ENOMEM);
+                    Err(err) => {
+                        // Cannot fail: the slot was just taken out of `free`.
+                        let _ = queue.free.push_within_capacity(idx);
+                        if err != ENOSPC && err != ENOMEM {
+                            return Err(err);
+                        }
+                        if queue.in_ring == 0 {
+                            // No completion will ever make room (e.g. no memory for the
+                            // indirect table of a long chain).
+                            return Err(ENOMEM);
+                        }
+                    }
                 }
             }
-            if !q.vq.is_null() {
-                // Completions may wait in the used ring (no interrupt while nobody sleeps).
-                self.drain_used(&mut q);
-                if !q.free.is_empty() {
-                    continue;
-                }
+            // Completions may wait in the used ring (no interrupt while nobody sleeps).
+            self.drain_used(&mut q);
+            if !q.free.is_empty() {
+                continue;
             }
             if q.reapable > 0 {
                 // Completed fire-and-forget requests hold slots until someone frees them; the
@@ -343,7 +364,7 @@ impl QcudaDevice {
             {
                 // Most calls complete within a round trip: take the completion off the ring
                 // here instead of paying for the interrupt's wake-up and a reschedule.
-                if !q.vq.is_null() && q.ready {
+                if q.ready {
                     self.drain_used(&mut q);
                 }
                 if matches!(q.slots.get(idx).map(|s| &s.state), Some(SlotState::Pending)) {
@@ -406,7 +427,7 @@ impl QcudaDevice {
                 drop(q);
                 fsleep(Delta::from_millis(i64::from(SLICE_MS)));
                 let mut q = self.queue.lock();
-                if !q.vq.is_null() && q.ready {
+                if q.ready {
                     self.drain_used(&mut q);
                 }
                 (q, Ok(()))
@@ -419,12 +440,15 @@ impl QcudaDevice {
     /// sleeping, and call [`Self::disarm`] either way.
     fn arm(&self, q: &mut Queue) -> bool {
         q.sleepers += 1;
-        if q.vq.is_null() || !q.ready {
+        if !q.ready {
             // Stopping: `stop` wakes every sleeper.
             return true;
         }
-        // SAFETY: `vq` is valid and the lock is held.
-        if unsafe { virtio::virtqueue_enable_cb(q.vq) } {
+        let Some(vq) = q.requests() else {
+            // Stopping, likewise.
+            return true;
+        };
+        if vq.enable_cb() {
             return true;
         }
         self.drain_used(q);
@@ -435,9 +459,10 @@ impl QcudaDevice {
     /// interrupt off again.
     fn disarm(&self, q: &mut Queue) {
         q.sleepers = q.sleepers.saturating_sub(1);
-        if q.sleepers == 0 && !q.vq.is_null() {
-            // SAFETY: `vq` is valid and the lock is held.
-            unsafe { virtio::virtqueue_disable_cb(q.vq) };
+        if q.sleepers == 0 {
+            if let Some(vq) = q.requests() {
+                vq.disable_cb();
+            }
         }
     }
 
@@ -460,12 +485,18 @@ impl QcudaDevice {
         (devref, result)
     }
 
-    /// Records the device's completion (or the removal's failure) of the chain `token`.
-    fn finish(&self, q: &mut Queue, token: *mut c_void, outcome: SlotState) {
-        let idx = (token as usize).wrapping_sub(1);
-        let Some(slot) = q.slots.get_mut(idx) else {
+    /// Records the device's completion (or the removal's failure) of the chain of `req`, and
+    /// drops the ring's reference to it (never the last: the slot holds one).
+    fn finish(&self, q: &mut Queue, req: Arc<Request>, outcome: SlotState) {
+        let Some(slot) = q.slots.get_mut(req.slot()) else {
             return;
         };
+        if !slot.req.as_deref().is_some_and(|r| core::ptr::eq(r, &*req)) {
+            // Not the slot's request; the queue's invariant makes this unreachable. Never risk
+            // freeing a request here, in the interrupt handler.
+            core::mem::forget(req);
+            return;
+        }
         match slot.state {
             SlotState::Pending => {
                 slot.state = outcome;
@@ -486,16 +517,10 @@ impl QcudaDevice {
         }
     }
 
-    /// Takes every completed chain off the ring.
+    /// Takes every completed chain off the ring (none once the device is being removed).
     fn drain_used(&self, q: &mut Queue) {
-        loop {
-            let mut len: c_uint = 0;
-            // SAFETY: `vq` is valid and the lock is held (checked by the callers).
-            let token = unsafe { virtio::virtqueue_get_buf(q.vq, &mut len) };
-            if token.is_null() {
-                return;
-            }
-            self.finish(q, token, SlotState::Done);
+        while let Some((req, _len)) = q.requests().and_then(|vq| vq.get_buf()) {
+            self.finish(q, req, SlotState::Done);
         }
     }
 
@@ -503,19 +528,17 @@ impl QcudaDevice {
     pub(crate) fn complete(&self) {
         let mut guard = self.queue.lock();
         let q = &mut *guard;
-        if q.vq.is_null() {
-            return;
-        }
         loop {
-            // SAFETY: `vq` is valid and the lock is held.
-            unsafe { virtio::virtqueue_disable_cb(q.vq) };
+            let Some(vq) = q.requests() else {
+                return;
+            };
+            vq.disable_cb();
             self.drain_used(q);
             if q.sleepers == 0 {
                 // Nobody sleeps: the next completions wait in the ring for a caller.
                 return;
             }
-            // SAFETY: As above.
-            if unsafe { virtio::virtqueue_enable_cb(q.vq) } {
+            if q.requests().is_none_or(|vq| vq.enable_cb()) {
                 return;
             }
         }
@@ -527,7 +550,7 @@ impl QcudaDevice {
             // Completions nobody was interrupted for.
             let mut guard = self.queue.lock();
             let q = &mut *guard;
-            if !q.vq.is_null() && q.ready {
+            if q.ready {
                 self.drain_used(q);
             }
         }
@@ -574,31 +597,27 @@ impl QcudaDevice {
     /// Stops the queue: resets the device, fails every waiter with ENODEV and deletes the
     /// queues. Open files keep the (dead) device until they are closed; `reap` frees what the
     /// device still held.
-    ///
-    /// `vdev` is the device of this state, being removed (or failing probe).
-    pub(crate) fn stop(&self, vdev: *mut VirtioDevice) {
+    pub(crate) fn stop(&self, vdev: &VirtioDev) {
         self.queue.lock().ready = false;
-        // SAFETY: `vdev` is the device being removed. After the reset the device neither
-        // writes guest memory nor raises interrupts, and running callbacks have finished.
-        unsafe { virtio::virtio_reset_device(vdev) };
-        {
+        // Unlocked: the reset waits for running callbacks, which take the lock.
+        let reset = vdev.reset();
+        let vqs = {
             let mut guard = self.queue.lock();
             let q = &mut *guard;
-            if !q.vq.is_null() {
-                self.drain_used(q);
-                loop {
-                    // SAFETY: `vq` is valid, the lock is held and the device is reset.
-                    let token = unsafe { virtio::virtqueue_detach_unused_buf(q.vq) };
-                    if token.is_null() {
-                        break;
-                    }
-                    self.finish(q, token, SlotState::Failed(ENODEV));
+            let mut vqs = q.vqs.take();
+            if let Some(vqs) = vqs.as_mut() {
+                while let Some((req, _len)) = vqs.requests.get_buf() {
+                    self.finish(q, req, SlotState::Done);
                 }
-                q.vq = ptr::null_mut();
+                while let Some(req) = vqs.requests.detach_unused_buf(&reset) {
+                    self.finish(q, req, SlotState::Failed(ENODEV));
+                }
             }
             self.space.notify_all();
+            vqs
+        };
+        if let Some(vqs) = vqs {
+            vdev.del_vqs(vqs);
         }
-        // SAFETY: The queues are no longer used (`vq` is null under the lock).
-        unsafe { virtio::qcuda_glue_del_vqs(vdev) };
     }
 }

@@ -2,7 +2,7 @@
 //! The virtio driver of qcuda.ko: probe, remove and the request queue's interrupt, which glue.c
 //! forwards here (`qcuda_rs_*`).
 //!
-//! Neighbours: virtio.rs is the C edge; device.rs is the device logic
+//! Neighbours: virtio.rs is the C edge and its safe types; device.rs is the device logic
 //! (queue, in-flight table, completion) that this file sets up, starts and stops; session.rs
 //! provides /dev/qcuda ([`DeviceNode`]), registered once the device works. Like nova-core's
 //! driver.rs, this file holds the binding and nothing of the device logic; the raw pointers of
@@ -16,8 +16,6 @@
 use core::ptr;
 
 use kernel::{
-    device::Device,
-    error::to_result,
     ffi::{c_int, c_void},
     prelude::*,
     sync::{Arc, SetOnce},
@@ -26,8 +24,8 @@ use kernel::{
 use crate::{
     device::QcudaDevice,
     session::DeviceNode,
-    virtio::{self, VirtioDevice, Virtqueue},
-    wire::{status, MAX_CHAIN_SEGMENTS},
+    virtio::{VirtioDev, VirtioDevice},
+    wire::status,
 };
 
 /// What probe leaves behind in `vdev->priv`, from before the device is ready until remove.
@@ -40,19 +38,8 @@ struct Binding {
     device: Arc<QcudaDevice>,
 }
 
-fn probe(vdev: *mut VirtioDevice) -> Result {
-    let mut requests: *mut Virtqueue = ptr::null_mut();
-    let mut events: *mut Virtqueue = ptr::null_mut();
-    // SAFETY: `vdev` is the device being probed; the out pointers are valid.
-    to_result(unsafe { virtio::qcuda_glue_find_vqs(vdev, &mut requests, &mut events) })?;
-    let device = match new_device(vdev, requests) {
-        Ok(device) => device,
-        Err(e) => {
-            // SAFETY: The queues were set up above and nothing uses them.
-            unsafe { virtio::qcuda_glue_del_vqs(vdev) };
-            return Err(e);
-        }
-    };
+fn probe(vdev: &VirtioDev) -> Result {
+    let device = QcudaDevice::new(vdev)?;
     let binding = match KBox::new(
         Binding {
             node: SetOnce::new(),
@@ -67,12 +54,11 @@ fn probe(vdev: *mut VirtioDevice) -> Result {
             return Err(e.into());
         }
     };
-    // SAFETY: `vdev` is the device being probed. From here on the request queue's callback
-    // reads this pointer; `qcuda_rs_remove` (or the failure path below) frees it only after
-    // the reset stopped the callbacks.
-    unsafe { virtio::qcuda_glue_set_priv(vdev, binding.cast()) };
-    // SAFETY: As above; the queues are set up, so the device may start.
-    unsafe { virtio::qcuda_glue_device_ready(vdev) };
+    // SAFETY: From here on the request queue's callback reads this pointer; `qcuda_rs_remove`
+    // (or the failure path below) frees it only after the reset stopped the callbacks.
+    unsafe { vdev.set_driver_data(binding.cast()) };
+    // The queues are set up, so the device may start.
+    vdev.ready();
     device.start();
 
     // Before /dev/qcuda exists, so every session the host closes is an earlier instance's.
@@ -97,8 +83,8 @@ fn probe(vdev: *mut VirtioDevice) -> Result {
     let populated = node.map(|node| unsafe { (*binding).node.populate(node) });
     if let Err(e) = populated {
         device.stop(vdev);
-        // SAFETY: `vdev` is valid; after the reset no callback reads `vdev->priv`.
-        unsafe { virtio::qcuda_glue_set_priv(vdev, ptr::null_mut()) };
+        // SAFETY: After the reset no callback reads `vdev->priv`.
+        unsafe { vdev.set_driver_data(ptr::null_mut()) };
         // SAFETY: `binding` came from `KBox::into_raw` above and is taken back exactly once.
         drop(unsafe { KBox::from_raw(binding) });
         return Err(e);
@@ -113,26 +99,6 @@ fn probe(vdev: *mut VirtioDevice) -> Result {
     Ok(())
 }
 
-/// The device state for the request queue `requests` of `vdev`, not ready yet.
-fn new_device(vdev: *mut VirtioDevice, requests: *mut Virtqueue) -> Result<Arc<QcudaDevice>> {
-    // SAFETY: `requests` is a live virtqueue of `vdev`.
-    let ring_size = unsafe { virtio::virtqueue_get_vring_size(requests) } as usize;
-    // SAFETY: `vdev` is the device being probed.
-    let indirect = unsafe { virtio::qcuda_glue_has_indirect(vdev) };
-    // Without indirect descriptors a chain longer than the ring trips a WARN in virtio_ring.
-    let max_segments = if indirect {
-        MAX_CHAIN_SEGMENTS
-    } else {
-        ring_size
-    };
-    // SAFETY: `vdev` is valid, so is its embedded `struct device`; this takes a reference.
-    let dev = unsafe { Device::get_device(virtio::qcuda_glue_device(vdev)) };
-    if ring_size == 0 {
-        return Err(ENODEV);
-    }
-    QcudaDevice::new(requests, ring_size, indirect, max_segments, dev)
-}
-
 /// Called by glue.c when the virtio core binds a device with id 56.
 ///
 /// # Safety
@@ -140,6 +106,8 @@ fn new_device(vdev: *mut VirtioDevice, requests: *mut Virtqueue) -> Result<Arc<Q
 /// `vdev` is a device being probed by the virtio core.
 #[no_mangle]
 pub(crate) unsafe extern "C" fn qcuda_rs_probe(vdev: *mut VirtioDevice) -> c_int {
+    // SAFETY: `vdev` is being probed; the reference ends with this call.
+    let vdev = unsafe { VirtioDev::from_raw(vdev) };
     match probe(vdev) {
         Ok(()) => 0,
         Err(e) => e.to_errno(),
@@ -157,8 +125,9 @@ pub(crate) unsafe extern "C" fn qcuda_rs_probe(vdev: *mut VirtioDevice) -> c_int
 /// `vdev` is a device this driver probed successfully.
 #[no_mangle]
 pub(crate) unsafe extern "C" fn qcuda_rs_remove(vdev: *mut VirtioDevice) {
-    // SAFETY: `vdev` is valid per the function's contract.
-    let raw = unsafe { virtio::qcuda_glue_get_priv(vdev) }.cast::<Binding>();
+    // SAFETY: `vdev` is being removed; the reference ends with this call.
+    let vdev = unsafe { VirtioDev::from_raw(vdev) };
+    let raw = vdev.driver_data().cast::<Binding>();
     if raw.is_null() {
         return;
     }
@@ -166,8 +135,8 @@ pub(crate) unsafe extern "C" fn qcuda_rs_remove(vdev: *mut VirtioDevice) {
     let device = unsafe { (*raw).device.clone() };
     // After this no callback runs any more, so nothing reads `vdev->priv`.
     device.stop(vdev);
-    // SAFETY: `vdev` is valid.
-    unsafe { virtio::qcuda_glue_set_priv(vdev, ptr::null_mut()) };
+    // SAFETY: Null is always allowed.
+    unsafe { vdev.set_driver_data(ptr::null_mut()) };
     // SAFETY: `raw` came from `KBox::into_raw` and is taken back exactly once.
     let binding = unsafe { KBox::from_raw(raw) };
     // Deregisters /dev/qcuda; open files keep `device` and get ENODEV.

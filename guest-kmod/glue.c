@@ -8,7 +8,7 @@
  * page_to_pfn). This file wraps exactly those, owns the `struct virtio_driver` and forwards
  * the driver callbacks to Rust (qcuda_rs_*, in driver.rs). Exported virtio functions that
  * are real symbols (virtqueue_add_sgs, virtqueue_get_buf, ...) are declared in Rust
- * (virtio.rs) and called directly. Everything here can be replaced by a Rust virtio
+ * (virtio.rs) and called from its safe types. Everything here can be replaced by a Rust virtio
  * abstraction once one exists upstream.
  */
 #include <linux/mm.h>
