@@ -11,6 +11,7 @@
 use kernel::{
     bindings,
     ffi::{c_int, c_ulong},
+    page::{PAGE_SHIFT, PAGE_SIZE},
     prelude::*,
     uaccess::{UserPtr, UserSlice},
 };
@@ -19,9 +20,6 @@ use crate::{
     virtio::{self, Segment},
     wire::{Direction, BOUNCE_THRESHOLD},
 };
-
-const PAGE_SIZE: usize = bindings::PAGE_SIZE;
-const PAGE_SHIFT: u32 = bindings::PAGE_SHIFT;
 
 /// The device-visible form of one user buffer.
 pub(crate) enum UserBuffer {
