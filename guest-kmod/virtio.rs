@@ -3,11 +3,12 @@
 //!
 //! Linux has no Rust virtio abstraction, so the few calls the driver needs are declared here by
 //! hand (exported symbols) or wrapped in glue.c (macros and static inlines), and wrapped in the
-//! safe types [`VirtioDev`], [`Vq`] and [`Chain`]; the page helpers of glue.c are declared here
-//! too. driver.rs (probe, remove, the callbacks) and device.rs (the request queue) use these
-//! types; only request.rs, user_buffer.rs and host_memory.rs still call the C declarations
-//! directly, each call with its `SAFETY` argument. These types are meant to be replaced by an
-//! upstream virtio abstraction once one exists.
+//! safe types [`VirtioDev`], [`Vq`] and [`Chain`]. driver.rs (probe, remove, the callbacks) and
+//! device.rs (the request queue) use these types; request.rs fills a [`Chain`] through its one
+//! `unsafe` method, whose contract is the memory the chain describes. The page helpers of
+//! glue.c (not virtio, but C all the same) are declared here too, and user_buffer.rs and
+//! host_memory.rs call them directly, each call with its `SAFETY` argument. These types are
+//! meant to be replaced by an upstream virtio abstraction once one exists.
 
 use core::{marker::PhantomData, ptr::NonNull};
 
