@@ -1,40 +1,31 @@
 // SPDX-License-Identifier: GPL-2.0
-//! The qcuda virtio device: binding (probe, the host's stale sessions, /dev/qcuda), the request
-//! queue, the table of requests the device holds, completion, and removal.
+//! The qcuda virtio device: the request queue, the table of requests the device holds,
+//! completion, the host's stale sessions, and stopping on removal.
 //!
-//! Neighbours: virtio.rs is the C edge (probe and remove arrive here from glue.c),
-//! request.rs is what gets queued, session.rs (one open file of /dev/qcuda) is who queues.
+//! Neighbours: driver.rs binds the device (probe, remove, the queue's interrupt) and calls in
+//! here; virtio.rs provides the safe queue type ([`Vq`]); request.rs is what gets queued;
+//! session.rs (one open file of /dev/qcuda) is who queues. This file holds no `unsafe` and
+//! knows nothing of the C API or of /dev/qcuda.
 //!
-//! Every request added to the ring owns a slot of the in-flight table; the slot index is the
-//! virtqueue token, so completions may arrive in any order. The slot keeps a reference to the
-//! request until the caller collects the result, or, when nobody waits any more (signal,
-//! fire-and-forget op, close timeout), until `reap` frees it in process context: unpinning
-//! pages may sleep, so nothing is ever freed in the interrupt handler.
-//!
-//! A driver instance that goes away (unbind, guest reboot, module unload after a removal) cannot
-//! close its sessions on the host: the device is reset before its files are closed. So each new
-//! instance starts by sending `DriverReset`, before /dev/qcuda exists and thus before it has any
-//! session of its own, and the host closes every session it still holds for this device.
-
-use core::ptr;
+//! Every request added to the ring owns a slot of the in-flight table, and knows its index; the
+//! ring's token is a reference to the request, so completions may arrive in any order. The slot
+//! keeps a reference to the request until the caller collects the result, or, when nobody waits
+//! any more (signal, fire-and-forget op, close timeout), until `reap` frees it in process
+//! context: unpinning pages may sleep, so nothing is ever freed in the interrupt handler (the
+//! ring's reference, dropped there, is never the last).
 
 use kernel::{
-    bindings,
     device::Device,
-    error::to_result,
-    ffi::{c_int, c_uint, c_void},
-    miscdevice::{MiscDeviceOptions, MiscDeviceRegistration},
     new_condvar, new_spinlock_irq,
     prelude::*,
-    sync::{aref::ARef, Arc, CondVar, SetOnce, SpinLockIrq, SpinLockIrqGuard},
+    sync::{aref::ARef, Arc, CondVar, SpinLockIrq, SpinLockIrqGuard},
     time::{delay::fsleep, msecs_to_jiffies, Delta, Instant, Monotonic},
 };
 
 use crate::{
-    request::{Request, SgList},
-    session::Session,
-    virtio::{self, VirtioDevice, Virtqueue},
-    wire::{status, Op, RequestHeader, ResponseHeader, MAX_CHAIN_SEGMENTS},
+    request::Request,
+    virtio::{Chain, VirtioDev, Vq, Vqs},
+    wire::{Op, RequestHeader, ResponseHeader, MAX_CHAIN_SEGMENTS},
 };
 
 /// How long probe waits for the host to close the sessions of earlier driver instances. The
@@ -69,13 +60,15 @@ struct Slot {
 ///
 /// # Invariants
 ///
-/// - `vq` is the request virtqueue from `find_vqs`, or null once the device is being removed;
-///   it is only used with the lock held, which serialises all operations on it as virtio
-///   requires.
+/// - `vqs` are the device's queues from `find_vqs`, or `None` once the device is being removed
+///   (or before probe attached them). Living inside the lock, they are only used with it held,
+///   which serialises all operations on them as virtio requires.
+/// - The token of every chain in the request queue is a request that a `Pending` or
+///   `Abandoned` slot holds, at the index the request records.
 /// - `free` holds the indices of exactly the `Free` slots (its capacity is `slots.len()`).
 /// - `in_ring` counts the `Pending` and `Abandoned` slots, `reapable` the `Reapable` ones.
 struct Queue {
-    vq: *mut Virtqueue,
+    vqs: Option<Vqs<Request>>,
     ready: bool,
     slots: KVec<Slot>,
     free: KVec<usize>,
@@ -89,9 +82,12 @@ struct Queue {
     sleepers: usize,
 }
 
-// SAFETY: `vq` is only dereferenced (by the virtio core) with the lock held; the virtqueue may
-// be used from any CPU.
-unsafe impl Send for Queue {}
+impl Queue {
+    /// The request queue, unless the device is being removed.
+    fn requests(&mut self) -> Option<&mut Vq<Request>> {
+        self.vqs.as_mut().map(|vqs| &mut vqs.requests)
+    }
+}
 
 type QueueGuard<'a> = SpinLockIrqGuard<'a, Queue>;
 
@@ -130,14 +126,38 @@ pub(crate) struct QcudaDevice {
     dev: ARef<Device>,
 }
 
-/// Token passed to the virtio core for slot `idx`; never null.
-fn token(idx: usize) -> *mut c_void {
-    (idx + 1) as *mut c_void
-}
-
 impl QcudaDevice {
-    fn new(
-        vq: *mut Virtqueue,
+    /// Sets up the queues of `vdev` and the device state over them, not ready yet (see
+    /// [`Self::start`]).
+    pub(crate) fn new(vdev: &VirtioDev) -> Result<Arc<Self>> {
+        let mut vqs = vdev.find_vqs()?;
+        let ring_size = vqs.requests.size();
+        let indirect = vdev.has_indirect();
+        // Without indirect descriptors a chain longer than the ring trips a WARN in virtio_ring.
+        let max_segments = if indirect {
+            MAX_CHAIN_SEGMENTS
+        } else {
+            ring_size
+        };
+        let dev = vdev.device();
+        if ring_size == 0 {
+            vdev.del_vqs(vqs);
+            return Err(ENODEV);
+        }
+        match Self::with_slots(ring_size, indirect, max_segments, dev) {
+            Ok(device) => {
+                device.queue.lock().vqs = Some(vqs);
+                Ok(device)
+            }
+            Err(e) => {
+                vdev.del_vqs(vqs);
+                Err(e)
+            }
+        }
+    }
+
+    /// The device state with an empty in-flight table of `ring_size` slots and no queues.
+    fn with_slots(
         ring_size: usize,
         indirect: bool,
         max_segments: usize,
@@ -157,7 +177,7 @@ impl QcudaDevice {
             free.push(ring_size - 1 - i, GFP_KERNEL)?;
         }
         let queue = Queue {
-            vq,
+            vqs: None,
             ready: false,
             slots,
             free,
@@ -177,6 +197,32 @@ impl QcudaDevice {
             }),
             GFP_KERNEL,
         )
+    }
+
+    /// Once the device is ready (`DRIVER_OK`): requests may go out. No sleeper yet, so
+    /// completions are taken by their callers (see `Queue::sleepers`).
+    pub(crate) fn start(&self) {
+        let mut guard = self.queue.lock();
+        let q = &mut *guard;
+        q.ready = true;
+        if let Some(vq) = q.requests() {
+            vq.disable_cb();
+        }
+    }
+
+    /// The virtio device's `struct device`, for logging.
+    pub(crate) fn dev(&self) -> &ARef<Device> {
+        &self.dev
+    }
+
+    /// Descriptors in the request ring.
+    pub(crate) fn ring_size(&self) -> usize {
+        self.ring_size
+    }
+
+    /// Whether indirect descriptors were negotiated.
+    pub(crate) fn indirect(&self) -> bool {
+        self.indirect
     }
 
     /// Counts of the in-flight table.
@@ -202,18 +248,18 @@ impl QcudaDevice {
 
     /// Queues `req`, waits for the device as `wait` says, and returns its response.
     pub(crate) fn execute(&self, req: &Arc<Request>, mut wait: Wait) -> Result<ResponseHeader> {
-        let mut sg = req.scatterlists()?;
-        let idx = self.submit(req, &mut sg, &mut wait)?;
-        drop(sg);
+        let mut chain = Request::chain(req)?;
+        let idx = self.submit(&mut chain, &mut wait)?;
+        drop(chain);
         self.wait(idx, req, wait)?;
         req.response()
     }
 
     /// Queues `req` with nobody waiting for it (a fire-and-forget op).
     pub(crate) fn post(&self, req: &Arc<Request>) -> Result {
-        let mut sg = req.scatterlists()?;
-        let idx = self.submit(req, &mut sg, &mut Wait::Interruptible)?;
-        drop(sg);
+        let mut chain = Request::chain(req)?;
+        let idx = self.submit(&mut chain, &mut Wait::Interruptible)?;
+        drop(chain);
         let done = {
             let mut q = self.queue.lock();
             match q.slots.get_mut(idx) {
@@ -231,59 +277,52 @@ impl QcudaDevice {
         Ok(())
     }
 
-    /// Adds `req` to the ring and kicks the device; waits for a slot or ring space if needed.
-    fn submit(&self, req: &Arc<Request>, sg: &mut SgList, wait: &mut Wait) -> Result<usize> {
-        let gfp = bindings::GFP_ATOMIC | bindings::__GFP_NOWARN;
+    /// Adds the chain of a request to the ring and kicks the device; waits for a slot or ring
+    /// space if needed.
+    fn submit(&self, chain: &mut Chain<Request>, wait: &mut Wait) -> Result<usize> {
+        let req = chain.owner().clone();
         let started = Instant::<Monotonic>::now();
         let mut q = self.queue.lock();
         loop {
-            if q.vq.is_null() || !q.ready {
+            let queue = &mut *q;
+            let Some(vq) = queue.vqs.as_mut().map(|vqs| &mut vqs.requests) else {
+                return Err(ENODEV);
+            };
+            if !queue.ready {
                 return Err(ENODEV);
             }
-            if let Some(idx) = q.free.pop() {
-                // SAFETY: `vq` is valid while non-null and we hold the lock (type invariant of
-                // `Queue`). `sg` holds `readable + writable` valid single-entry lists that point
-                // to memory `req` owns or pins; the slot keeps `req` alive until the device is
-                // done with it. The token is non-null. The indirect table is allocated
-                // atomically since we hold a spinlock.
-                let ret = unsafe {
-                    virtio::virtqueue_add_sgs(
-                        q.vq,
-                        sg.as_mut_ptr(),
-                        sg.readable,
-                        sg.writable,
-                        token(idx),
-                        gfp,
-                    )
-                };
-                if ret == 0 {
-                    if let Some(slot) = q.slots.get_mut(idx) {
-                        slot.req = Some(req.clone());
-                        slot.state = SlotState::Pending;
+            if let Some(idx) = queue.free.pop() {
+                // The ring holds `req` until the chain comes back; `finish` finds the slot by
+                // this index.
+                req.set_slot(idx);
+                match vq.add(chain) {
+                    Ok(()) => {
+                        if let Some(slot) = queue.slots.get_mut(idx) {
+                            slot.req = Some(req);
+                            slot.state = SlotState::Pending;
+                        }
+                        queue.in_ring += 1;
+                        vq.kick();
+                        return Ok(idx);
                     }
-                    q.in_ring += 1;
-                    // SAFETY: As above.
-                    unsafe { virtio::virtqueue_kick(q.vq) };
-                    return Ok(idx);
-                }
-                // Cannot fail: the slot was just taken out of `free`.
-                let _ = q.free.push_within_capacity(idx);
-                let err = Error::from_errno(ret);
-                if err != ENOSPC && err != ENOMEM {
-                    return Err(err);
-                }
-                if q.in_ring == 0 {
-                    // No completion will ever make room (e.g. no memory for the indirect
-                    // table of a long chain).
-                    return Err(ENOMEM);
+                    Err(err) => {
+                        // Cannot fail: the slot was just taken out of `free`.
+                        let _ = queue.free.push_within_capacity(idx);
+                        if err != ENOSPC && err != ENOMEM {
+                            return Err(err);
+                        }
+                        if queue.in_ring == 0 {
+                            // No completion will ever make room (e.g. no memory for the
+                            // indirect table of a long chain).
+                            return Err(ENOMEM);
+                        }
+                    }
                 }
             }
-            if !q.vq.is_null() {
-                // Completions may wait in the used ring (no interrupt while nobody sleeps).
-                self.drain_used(&mut q);
-                if !q.free.is_empty() {
-                    continue;
-                }
+            // Completions may wait in the used ring (no interrupt while nobody sleeps).
+            self.drain_used(&mut q);
+            if !q.free.is_empty() {
+                continue;
             }
             if q.reapable > 0 {
                 // Completed fire-and-forget requests hold slots until someone frees them; the
@@ -325,7 +364,7 @@ impl QcudaDevice {
             {
                 // Most calls complete within a round trip: take the completion off the ring
                 // here instead of paying for the interrupt's wake-up and a reschedule.
-                if !q.vq.is_null() && q.ready {
+                if q.ready {
                     self.drain_used(&mut q);
                 }
                 if matches!(q.slots.get(idx).map(|s| &s.state), Some(SlotState::Pending)) {
@@ -388,7 +427,7 @@ impl QcudaDevice {
                 drop(q);
                 fsleep(Delta::from_millis(i64::from(SLICE_MS)));
                 let mut q = self.queue.lock();
-                if !q.vq.is_null() && q.ready {
+                if q.ready {
                     self.drain_used(&mut q);
                 }
                 (q, Ok(()))
@@ -401,12 +440,15 @@ impl QcudaDevice {
     /// sleeping, and call [`Self::disarm`] either way.
     fn arm(&self, q: &mut Queue) -> bool {
         q.sleepers += 1;
-        if q.vq.is_null() || !q.ready {
+        if !q.ready {
             // Stopping: `stop` wakes every sleeper.
             return true;
         }
-        // SAFETY: `vq` is valid and the lock is held.
-        if unsafe { virtio::virtqueue_enable_cb(q.vq) } {
+        let Some(vq) = q.requests() else {
+            // Stopping, likewise.
+            return true;
+        };
+        if vq.enable_cb() {
             return true;
         }
         self.drain_used(q);
@@ -417,9 +459,10 @@ impl QcudaDevice {
     /// interrupt off again.
     fn disarm(&self, q: &mut Queue) {
         q.sleepers = q.sleepers.saturating_sub(1);
-        if q.sleepers == 0 && !q.vq.is_null() {
-            // SAFETY: `vq` is valid and the lock is held.
-            unsafe { virtio::virtqueue_disable_cb(q.vq) };
+        if q.sleepers == 0 {
+            if let Some(vq) = q.requests() {
+                vq.disable_cb();
+            }
         }
     }
 
@@ -442,12 +485,18 @@ impl QcudaDevice {
         (devref, result)
     }
 
-    /// Records the device's completion (or the removal's failure) of the chain `token`.
-    fn finish(&self, q: &mut Queue, token: *mut c_void, outcome: SlotState) {
-        let idx = (token as usize).wrapping_sub(1);
-        let Some(slot) = q.slots.get_mut(idx) else {
+    /// Records the device's completion (or the removal's failure) of the chain of `req`, and
+    /// drops the ring's reference to it (never the last: the slot holds one).
+    fn finish(&self, q: &mut Queue, req: Arc<Request>, outcome: SlotState) {
+        let Some(slot) = q.slots.get_mut(req.slot()) else {
             return;
         };
+        if !slot.req.as_deref().is_some_and(|r| core::ptr::eq(r, &*req)) {
+            // Not the slot's request; the queue's invariant makes this unreachable. Never risk
+            // freeing a request here, in the interrupt handler.
+            core::mem::forget(req);
+            return;
+        }
         match slot.state {
             SlotState::Pending => {
                 slot.state = outcome;
@@ -468,36 +517,28 @@ impl QcudaDevice {
         }
     }
 
-    /// Takes every completed chain off the ring.
+    /// Takes every completed chain off the ring (none once the device is being removed).
     fn drain_used(&self, q: &mut Queue) {
-        loop {
-            let mut len: c_uint = 0;
-            // SAFETY: `vq` is valid and the lock is held (checked by the callers).
-            let token = unsafe { virtio::virtqueue_get_buf(q.vq, &mut len) };
-            if token.is_null() {
-                return;
-            }
-            self.finish(q, token, SlotState::Done);
+        while let Some((req, _len)) = q.requests().and_then(|vq| vq.get_buf()) {
+            self.finish(q, req, SlotState::Done);
         }
     }
 
-    /// Used-buffer notification of the request queue (interrupt context).
-    fn complete(&self) {
+    /// Used-buffer notification of the request queue (interrupt context, from driver.rs).
+    pub(crate) fn complete(&self) {
         let mut guard = self.queue.lock();
         let q = &mut *guard;
-        if q.vq.is_null() {
-            return;
-        }
         loop {
-            // SAFETY: `vq` is valid and the lock is held.
-            unsafe { virtio::virtqueue_disable_cb(q.vq) };
+            let Some(vq) = q.requests() else {
+                return;
+            };
+            vq.disable_cb();
             self.drain_used(q);
             if q.sleepers == 0 {
                 // Nobody sleeps: the next completions wait in the ring for a caller.
                 return;
             }
-            // SAFETY: As above.
-            if unsafe { virtio::virtqueue_enable_cb(q.vq) } {
+            if q.requests().is_none_or(|vq| vq.enable_cb()) {
                 return;
             }
         }
@@ -509,7 +550,7 @@ impl QcudaDevice {
             // Completions nobody was interrupted for.
             let mut guard = self.queue.lock();
             let q = &mut *guard;
-            if !q.vq.is_null() && q.ready {
+            if q.ready {
                 self.drain_used(q);
             }
         }
@@ -542,7 +583,7 @@ impl QcudaDevice {
     /// Has the host close every session it still holds for this device: they belong to earlier
     /// driver instances, since this one has none yet. The host answers once they are closed,
     /// with their number in rets[0]; a host that predates the op answers `NOT_SUPPORTED`.
-    fn reset_host_sessions(&self) -> Result<ResponseHeader> {
+    pub(crate) fn reset_host_sessions(&self) -> Result<ResponseHeader> {
         // Session 0 is no session (ids start at 1); the host ignores it for this op.
         let req = Request::new(&RequestHeader::new(Op::DriverReset), &[])?;
         self.execute(
@@ -556,217 +597,27 @@ impl QcudaDevice {
     /// Stops the queue: resets the device, fails every waiter with ENODEV and deletes the
     /// queues. Open files keep the (dead) device until they are closed; `reap` frees what the
     /// device still held.
-    fn stop(&self, vdev: *mut VirtioDevice) {
+    pub(crate) fn stop(&self, vdev: &VirtioDev) {
         self.queue.lock().ready = false;
-        // SAFETY: `vdev` is the device being removed. After the reset the device neither
-        // writes guest memory nor raises interrupts, and running callbacks have finished.
-        unsafe { virtio::virtio_reset_device(vdev) };
-        {
+        // Unlocked: the reset waits for running callbacks, which take the lock.
+        let reset = vdev.reset();
+        let vqs = {
             let mut guard = self.queue.lock();
             let q = &mut *guard;
-            if !q.vq.is_null() {
-                self.drain_used(q);
-                loop {
-                    // SAFETY: `vq` is valid, the lock is held and the device is reset.
-                    let token = unsafe { virtio::virtqueue_detach_unused_buf(q.vq) };
-                    if token.is_null() {
-                        break;
-                    }
-                    self.finish(q, token, SlotState::Failed(ENODEV));
+            let mut vqs = q.vqs.take();
+            if let Some(vqs) = vqs.as_mut() {
+                while let Some((req, _len)) = vqs.requests.get_buf() {
+                    self.finish(q, req, SlotState::Done);
                 }
-                q.vq = ptr::null_mut();
+                while let Some(req) = vqs.requests.detach_unused_buf(&reset) {
+                    self.finish(q, req, SlotState::Failed(ENODEV));
+                }
             }
             self.space.notify_all();
+            vqs
+        };
+        if let Some(vqs) = vqs {
+            vdev.del_vqs(vqs);
         }
-        // SAFETY: The queues are no longer used (`vq` is null under the lock).
-        unsafe { virtio::qcuda_glue_del_vqs(vdev) };
     }
-}
-
-/// /dev/qcuda of one device: the misc device and the device state its files use.
-///
-/// Teardown order is field drop order: `misc` first (deregistering /dev/qcuda waits for opens
-/// in progress, so no open can reach `device` afterwards), then `device`.
-#[pin_data]
-pub(crate) struct DeviceNode {
-    #[pin]
-    pub(crate) misc: MiscDeviceRegistration<Session>,
-    pub(crate) device: Arc<QcudaDevice>,
-}
-
-/// What probe leaves behind in `vdev->priv`, from before the device is ready until remove.
-///
-/// The request queue's interrupt uses `device` from the moment the device is ready; `node` is
-/// filled in later, once the host has closed the sessions of earlier driver instances.
-/// Teardown order is field drop order: `node` first (/dev/qcuda goes away), then `device`.
-struct Binding {
-    node: SetOnce<Pin<KBox<DeviceNode>>>,
-    device: Arc<QcudaDevice>,
-}
-
-fn probe(vdev: *mut VirtioDevice) -> Result {
-    let mut requests: *mut Virtqueue = ptr::null_mut();
-    let mut events: *mut Virtqueue = ptr::null_mut();
-    // SAFETY: `vdev` is the device being probed; the out pointers are valid.
-    to_result(unsafe { virtio::qcuda_glue_find_vqs(vdev, &mut requests, &mut events) })?;
-    let device = match new_device(vdev, requests) {
-        Ok(device) => device,
-        Err(e) => {
-            // SAFETY: The queues were set up above and nothing uses them.
-            unsafe { virtio::qcuda_glue_del_vqs(vdev) };
-            return Err(e);
-        }
-    };
-    let binding = match KBox::new(
-        Binding {
-            node: SetOnce::new(),
-            device: device.clone(),
-        },
-        GFP_KERNEL,
-    ) {
-        Ok(b) => KBox::into_raw(b),
-        Err(e) => {
-            // Resets the device (not ready yet) and deletes the queues.
-            device.stop(vdev);
-            return Err(e.into());
-        }
-    };
-    // SAFETY: `vdev` is the device being probed. From here on the request queue's callback
-    // reads this pointer; `qcuda_rs_remove` (or the failure path below) frees it only after
-    // the reset stopped the callbacks.
-    unsafe { virtio::qcuda_glue_set_priv(vdev, binding.cast()) };
-    // SAFETY: As above; the queues are set up, so the device may start.
-    unsafe { virtio::qcuda_glue_device_ready(vdev) };
-    {
-        let mut q = device.queue.lock();
-        q.ready = true;
-        // No sleeper yet: completions are taken by their callers (see `Queue::sleepers`).
-        // SAFETY: `vq` is the live request queue and the lock is held.
-        unsafe { virtio::virtqueue_disable_cb(q.vq) };
-    }
-
-    // Before /dev/qcuda exists, so every session the host closes is an earlier instance's.
-    match device.reset_host_sessions() {
-        Ok(r) if r.status == status::SUCCESS => dev_info!(
-            device.dev,
-            "host closed {} session(s) of an earlier driver instance\n",
-            r.rets[0]
-        ),
-        Ok(r) if r.status == status::NOT_SUPPORTED => dev_warn!(
-            device.dev,
-            "host does not support DriverReset: sessions of earlier driver instances stay \
-             open there until the VM disconnects\n"
-        ),
-        Ok(r) => dev_warn!(device.dev, "DriverReset: host status {}\n", r.status),
-        Err(e) => dev_warn!(device.dev, "DriverReset failed: {:?}\n", e),
-    }
-
-    let shared = device.clone();
-    let node = KBox::pin_init(
-        try_pin_init!(DeviceNode {
-            // Initialised before `misc` registers /dev/qcuda: open() reads it.
-            device: shared,
-            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"qcuda" }),
-        }),
-        GFP_KERNEL,
-    );
-    // SAFETY: `binding` is valid until remove or the failure path below, and only this probe
-    // writes `node` (the callback reads `device` only).
-    let populated = node.map(|node| unsafe { (*binding).node.populate(node) });
-    if let Err(e) = populated {
-        device.stop(vdev);
-        // SAFETY: `vdev` is valid; after the reset no callback reads `vdev->priv`.
-        unsafe { virtio::qcuda_glue_set_priv(vdev, ptr::null_mut()) };
-        // SAFETY: `binding` came from `KBox::into_raw` above and is taken back exactly once.
-        drop(unsafe { KBox::from_raw(binding) });
-        return Err(e);
-    }
-    dev_info!(
-        device.dev,
-        "/dev/qcuda ready (ring {}, indirect {}, up to {} descriptors per call)\n",
-        device.ring_size,
-        device.indirect,
-        device.max_segments
-    );
-    Ok(())
-}
-
-/// The device state for the request queue `requests` of `vdev`, not ready yet.
-fn new_device(vdev: *mut VirtioDevice, requests: *mut Virtqueue) -> Result<Arc<QcudaDevice>> {
-    // SAFETY: `requests` is a live virtqueue of `vdev`.
-    let ring_size = unsafe { virtio::virtqueue_get_vring_size(requests) } as usize;
-    // SAFETY: `vdev` is the device being probed.
-    let indirect = unsafe { virtio::qcuda_glue_has_indirect(vdev) };
-    // Without indirect descriptors a chain longer than the ring trips a WARN in virtio_ring.
-    let max_segments = if indirect {
-        MAX_CHAIN_SEGMENTS
-    } else {
-        ring_size
-    };
-    // SAFETY: `vdev` is valid, so is its embedded `struct device`; this takes a reference.
-    let dev = unsafe { Device::get_device(virtio::qcuda_glue_device(vdev)) };
-    if ring_size == 0 {
-        return Err(ENODEV);
-    }
-    QcudaDevice::new(requests, ring_size, indirect, max_segments, dev)
-}
-
-/// Called by glue.c when the virtio core binds a device with id 56.
-///
-/// # Safety
-///
-/// `vdev` is a device being probed by the virtio core.
-#[no_mangle]
-pub(crate) unsafe extern "C" fn qcuda_rs_probe(vdev: *mut VirtioDevice) -> c_int {
-    match probe(vdev) {
-        Ok(()) => 0,
-        Err(e) => e.to_errno(),
-    }
-}
-
-/// Called by glue.c when the device goes away (unplug, unbind, module unload).
-///
-/// Nothing is sent to the host: the device may already be gone (unplug), and the sessions of
-/// files still open are closed by the host when the next driver instance binds (`DriverReset`)
-/// or when the VM disconnects.
-///
-/// # Safety
-///
-/// `vdev` is a device this driver probed successfully.
-#[no_mangle]
-pub(crate) unsafe extern "C" fn qcuda_rs_remove(vdev: *mut VirtioDevice) {
-    // SAFETY: `vdev` is valid per the function's contract.
-    let raw = unsafe { virtio::qcuda_glue_get_priv(vdev) }.cast::<Binding>();
-    if raw.is_null() {
-        return;
-    }
-    // SAFETY: `raw` came from `KBox::into_raw` in `probe` and is still owned by the device.
-    let device = unsafe { (*raw).device.clone() };
-    // After this no callback runs any more, so nothing reads `vdev->priv`.
-    device.stop(vdev);
-    // SAFETY: `vdev` is valid.
-    unsafe { virtio::qcuda_glue_set_priv(vdev, ptr::null_mut()) };
-    // SAFETY: `raw` came from `KBox::into_raw` and is taken back exactly once.
-    let binding = unsafe { KBox::from_raw(raw) };
-    // Deregisters /dev/qcuda; open files keep `device` and get ENODEV.
-    drop(binding);
-    device.reap();
-    dev_info!(device.dev, "device removed\n");
-}
-
-/// Called by glue.c from the request queue's interrupt with `vdev->priv`.
-///
-/// # Safety
-///
-/// `data` is null or the `Binding` that `probe` stored, which `qcuda_rs_remove` frees only
-/// after the callbacks have stopped.
-#[no_mangle]
-pub(crate) unsafe extern "C" fn qcuda_rs_request_done(data: *mut c_void) {
-    if data.is_null() {
-        return;
-    }
-    // SAFETY: Per the function's contract. Only `device` is used; probe may be filling in
-    // `node` meanwhile, which `SetOnce` allows.
-    let binding = unsafe { &*data.cast::<Binding>() };
-    binding.device.complete();
 }

@@ -6,9 +6,9 @@
  * the calls a virtio driver needs are macros or static inlines (register_virtio_driver,
  * virtio_find_vqs, virtio_device_ready, vdev->config->del_vqs, sg_init_one, sg_set_page,
  * page_to_pfn). This file wraps exactly those, owns the `struct virtio_driver` and forwards
- * the driver callbacks to Rust (qcuda_rs_*, in device.rs). Exported virtio functions that
+ * the driver callbacks to Rust (qcuda_rs_*, in driver.rs). Exported virtio functions that
  * are real symbols (virtqueue_add_sgs, virtqueue_get_buf, ...) are declared in Rust
- * (virtio.rs) and called directly. Everything here can be replaced by a Rust virtio
+ * (virtio.rs) and called from its safe types. Everything here can be replaced by a Rust virtio
  * abstraction once one exists upstream.
  */
 #include <linux/mm.h>
@@ -21,7 +21,7 @@
 /* Must match qcuda-proto's VIRTIO_ID_CUDA (unassigned in the virtio spec). */
 #define QCUDA_VIRTIO_ID 56
 
-/* Implemented in Rust (device.rs). */
+/* Implemented in Rust (driver.rs). */
 int qcuda_rs_probe(struct virtio_device *vdev);
 void qcuda_rs_remove(struct virtio_device *vdev);
 void qcuda_rs_request_done(void *priv);

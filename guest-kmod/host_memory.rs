@@ -19,6 +19,7 @@
 use kernel::{
     bindings,
     ffi::{c_int, c_uint, c_ulong},
+    page::{PAGE_SHIFT, PAGE_SIZE},
     prelude::*,
     sync::atomic::{Atomic, Relaxed},
 };
@@ -28,8 +29,6 @@ use crate::{
     wire::{HostRun, HOST_RUN_SIZE},
 };
 
-const PAGE_SIZE: usize = bindings::PAGE_SIZE;
-const PAGE_SHIFT: u32 = bindings::PAGE_SHIFT;
 /// Largest chunk tried first: order 10 is 4 MiB, the buddy allocator's largest block.
 const MAX_ORDER: u32 = 10;
 /// Most guest-physical runs one region may have (the host maps each run separately).

@@ -10,13 +10,15 @@
 //! never needs a change here.
 //!
 //! Files, along the data path: session.rs (/dev/qcuda, the ioctl), request.rs (one chain),
-//! user_buffer.rs (bounce or pin), device.rs (queue, completion, removal), virtio.rs and glue.c
-//! (the C virtio API). The wire format is qcuda-proto's wire.rs, included verbatim.
-//! See docs/guest.md.
+//! user_buffer.rs (bounce or pin), host_memory.rs (pages the host maps), device.rs (queue,
+//! completion), driver.rs (probe, remove, the C callbacks), virtio.rs (safe types over the C
+//! virtio API) and glue.c (its macros and inlines). The wire format is qcuda-proto's wire.rs,
+//! included verbatim. See docs/guest.md.
 
 use kernel::prelude::*;
 
 mod device;
+mod driver;
 mod host_memory;
 mod request;
 mod session;

@@ -8,22 +8,25 @@
 //! [device-writable]  response header  (kmalloc, RESPONSE_HEADER_SIZE bytes)
 //! ```
 //!
-//! A `Request` is shared (`Arc`) between the caller and the in-flight table of device.rs, which
-//! keeps its reference until the device has completed the chain, so the memory the device may
-//! still write is never freed early, even when the caller gave up (signal, async op).
+//! A `Request` is shared (`Arc`) between the caller, the in-flight table of device.rs and the
+//! ring (a chain's token is a reference to its request, see virtio.rs' `Vq`). The table keeps
+//! its reference until the device has completed the chain and the result was collected, so the
+//! memory the device may still write is never freed early, even when the caller gave up (signal,
+//! async op), and never in the interrupt handler.
 
 use kernel::{
-    bindings,
-    ffi::{c_uint, c_void},
     new_condvar,
     prelude::*,
-    sync::{Arc, CondVar},
+    sync::{
+        atomic::{Atomic, Relaxed},
+        Arc, CondVar,
+    },
     types::Opaque,
 };
 
 use crate::{
-    user_buffer::{Segment, UserBuffer},
-    virtio,
+    user_buffer::UserBuffer,
+    virtio::{Chain, Segment},
     wire::{
         ioctl::IoctlBuffer, status, Direction, RequestHeader, ResponseHeader, REQUEST_HEADER_SIZE,
         RESPONSE_HEADER_SIZE,
@@ -42,6 +45,9 @@ pub(crate) struct Request {
     /// Notified by the completion path when this request's chain is done or failed.
     #[pin]
     pub(crate) done: CondVar,
+    /// Its slot in device.rs's in-flight table, while it has one; written and read with the
+    /// queue lock held.
+    slot: Atomic<usize>,
     header: KBox<[u8; REQUEST_HEADER_SIZE]>,
     response: KBox<Opaque<[u8; RESPONSE_HEADER_SIZE]>>,
     buffers: KVec<UserBuffer>,
@@ -93,12 +99,23 @@ impl Request {
         Arc::pin_init(
             try_pin_init!(Self {
                 done <- new_condvar!("qcuda_request"),
+                slot: Atomic::new(usize::MAX),
                 header,
                 response,
                 buffers,
             }),
             GFP_KERNEL,
         )
+    }
+
+    /// The slot of device.rs's in-flight table that holds this request.
+    pub(crate) fn slot(&self) -> usize {
+        self.slot.load(Relaxed)
+    }
+
+    /// Records the slot of device.rs's in-flight table that holds this request.
+    pub(crate) fn set_slot(&self, idx: usize) {
+        self.slot.store(idx, Relaxed);
     }
 
     /// Descriptors the chain uses, header and response included.
@@ -128,93 +145,44 @@ impl Request {
         Ok(())
     }
 
-    /// Builds the scatterlists of the chain. They are only read while the chain is added to the
-    /// ring, so they may be dropped as soon as `virtqueue_add_sgs` returned.
-    pub(crate) fn scatterlists(&self) -> Result<SgList> {
-        let total = self.segment_count();
-        let mut sg = SgList {
-            entries: KVVec::with_capacity(total, GFP_KERNEL)?,
-            ptrs: KVVec::with_capacity(total, GFP_KERNEL)?,
-            readable: 0,
-            writable: 0,
-        };
-        sg.push(Segment::Kernel {
-            addr: self.header.as_ptr(),
+    /// Builds the descriptor chain of `req`. Its scatterlists are only read while the chain is
+    /// added to the ring, so it may be dropped as soon as [`Vq::add`](crate::virtio::Vq::add)
+    /// returned; the ring keeps its own reference to `req`.
+    pub(crate) fn chain(req: &Arc<Self>) -> Result<Chain<Self>> {
+        let total = req.segment_count();
+        let mut chain = Chain::new(req.clone(), total)?;
+        let header = Segment::Kernel {
+            addr: req.header.as_ptr(),
             len: REQUEST_HEADER_SIZE as u32,
-        });
-        sg.readable += 1;
-        for b in self.buffers.iter() {
-            let before = sg.entries.len();
-            b.for_each_segment(|s| sg.push(s));
-            let added = (sg.entries.len() - before) as c_uint;
-            if b.direction() == Direction::In {
-                sg.readable += added;
-            } else {
-                sg.writable += added;
-            }
+        };
+        // SAFETY: `header` is kmalloc memory owned by `req` (type invariant), the chain's owner;
+        // the device only reads it.
+        unsafe { chain.push(header, false) }?;
+        let mut pushed = Ok(());
+        for b in req.buffers.iter() {
+            let device_writes = b.direction() == Direction::Out;
+            b.for_each_segment(|s| {
+                if pushed.is_ok() {
+                    // SAFETY: Each segment is bounce or kernel memory owned by `req`, or pages
+                    // its `PinnedBuffer` keeps pinned, physically contiguous per segment (see
+                    // `build_runs`); `req` is the chain's owner. The device alone writes `Out`
+                    // buffers while the chain is in flight: the caller copies them back only
+                    // after completion.
+                    pushed = unsafe { chain.push(s, device_writes) };
+                }
+            });
         }
-        sg.push(Segment::Kernel {
-            addr: self.response.get().cast::<u8>(),
+        pushed?;
+        let response = Segment::Kernel {
+            addr: req.response.get().cast::<u8>(),
             len: RESPONSE_HEADER_SIZE as u32,
-        });
-        sg.writable += 1;
-        if sg.entries.len() != total {
+        };
+        // SAFETY: `response` is kmalloc memory owned by `req`, written by the device only while
+        // the chain is in flight and read by the CPU only after completion (type invariant).
+        unsafe { chain.push(response, true) }?;
+        if chain.descriptor_count() != total {
             return Err(EINVAL);
         }
-        // No push after this point: the entries stay where the pointers point.
-        for i in 0..sg.entries.len() {
-            // SAFETY: `i` is in bounds of `entries`.
-            let p = unsafe { sg.entries.as_mut_ptr().add(i) };
-            sg.ptrs.push(p, GFP_KERNEL)?;
-        }
-        Ok(sg)
-    }
-}
-
-/// The scatterlists of one chain: one single-entry list per descriptor, readable ones first.
-///
-/// # Invariants
-///
-/// `ptrs[i]` points to `entries[i]`; `entries` is never resized after `ptrs` is filled, and
-/// `readable + writable == entries.len()`.
-pub(crate) struct SgList {
-    entries: KVVec<bindings::scatterlist>,
-    ptrs: KVVec<*mut bindings::scatterlist>,
-    pub(crate) readable: c_uint,
-    pub(crate) writable: c_uint,
-}
-
-impl SgList {
-    /// Appends one descriptor. Capacity was reserved for every descriptor of the chain.
-    fn push(&mut self, seg: Segment) {
-        if self
-            .entries
-            .push_within_capacity(bindings::scatterlist::default())
-            .is_err()
-        {
-            // Unreachable: `scatterlists` reserved `segment_count` entries. A refused descriptor
-            // makes `scatterlists` fail its final count check (EINVAL).
-            return;
-        }
-        let last = self.entries.len() - 1;
-        // SAFETY: `last` is in bounds.
-        let sg = unsafe { self.entries.as_mut_ptr().add(last) };
-        match seg {
-            // SAFETY: `addr` is kmalloc memory of `len` bytes owned by the request, which
-            // outlives the chain (type invariant of `Request`).
-            Segment::Kernel { addr, len } => unsafe {
-                virtio::qcuda_glue_sg_set_buf(sg, addr.cast::<c_void>(), len)
-            },
-            // SAFETY: `page` is pinned by the request's `PinnedBuffer` for the chain's lifetime
-            // and `offset..offset + len` is physically contiguous (see `build_runs`).
-            Segment::Page { page, offset, len } => unsafe {
-                virtio::qcuda_glue_sg_set_page(sg, page, len, offset)
-            },
-        }
-    }
-
-    /// The `struct scatterlist *sgs[]` argument of `virtqueue_add_sgs`.
-    pub(crate) fn as_mut_ptr(&mut self) -> *mut *mut bindings::scatterlist {
-        self.ptrs.as_mut_ptr()
+        Ok(chain)
     }
 }

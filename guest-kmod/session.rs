@@ -8,13 +8,14 @@
 //! Closing the file (also when the process is killed) sends `SessionClose` and waits for it,
 //! so the host frees everything the session owned.
 //!
-//! Neighbours: guest-lib calls this from user space; device.rs carries the requests.
+//! Neighbours: guest-lib calls this from user space; driver.rs registers /dev/qcuda
+//! ([`DeviceNode`]) for each device it binds; device.rs carries the requests.
 
 use core::{mem::offset_of, ptr::NonNull};
 
 use kernel::{
     fs::File,
-    miscdevice::{MiscDevice, MiscDeviceRegistration},
+    miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     mm::virt::VmaNew,
     new_mutex,
     page::BorrowedPage,
@@ -30,7 +31,7 @@ use kernel::{
 };
 
 use crate::{
-    device::{DeviceNode, QcudaDevice, Wait},
+    device::{QcudaDevice, Wait},
     host_memory::{held_pages, HostRegion},
     request::Request,
     wire::{
@@ -70,6 +71,28 @@ const HOST_MAP_TIMEOUT_MS: i64 = 60_000;
 /// Largest single mmap of /dev/qcuda, and largest range `IOCTL_HOST_MAP` pins.
 const MAX_MMAP_LEN: usize = 64 << 30;
 
+/// /dev/qcuda of one device: the misc device and the device state its files use.
+///
+/// Teardown order is field drop order: `misc` first (deregistering /dev/qcuda waits for opens
+/// in progress, so no open can reach `device` afterwards), then `device`.
+#[pin_data]
+pub(crate) struct DeviceNode {
+    #[pin]
+    misc: MiscDeviceRegistration<Session>,
+    device: Arc<QcudaDevice>,
+}
+
+impl DeviceNode {
+    /// Registers /dev/qcuda, whose files use `device`.
+    pub(crate) fn register(device: Arc<QcudaDevice>) -> impl PinInit<Self, Error> {
+        try_pin_init!(Self {
+            // Initialised before `misc` registers /dev/qcuda: open() reads it.
+            device,
+            misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"qcuda" }),
+        })
+    }
+}
+
 /// One open file of /dev/qcuda.
 #[pin_data]
 pub(crate) struct Session {
@@ -90,9 +113,9 @@ impl MiscDevice for Session {
     fn open(_file: &File, misc: &MiscDeviceRegistration<Self>) -> Result<Pin<KBox<Self>>> {
         let misc = core::ptr::from_ref(misc).cast_mut();
         // SAFETY: Every `MiscDeviceRegistration<Session>` is the `misc` field of a
-        // `DeviceNode` (device.rs registers it nowhere else). misc_open() holds misc_mtx
-        // during this call and deregistration takes it, so the `DeviceNode` is alive, and
-        // its `device` was initialised before the registration.
+        // `DeviceNode` (`DeviceNode::register` registers no other). misc_open() holds misc_mtx
+        // during this call and deregistration takes it, so the `DeviceNode` is alive, and its
+        // `device` was initialised before the registration.
         let node = unsafe { &*kernel::container_of!(misc, DeviceNode, misc) };
         KBox::try_pin_init(
             try_pin_init!(Session {

@@ -6,35 +6,20 @@
 //! Larger buffers are pinned in place (`pin_user_pages_fast`) and described as runs of
 //! physically contiguous pages, one descriptor per run, so the host reads and writes guest RAM
 //! directly. session.rs creates buffers from the ioctl's table; request.rs turns their
-//! [`Segment`]s into the descriptor chain.
+//! [`Segment`]s (one descriptor each, virtio.rs) into the descriptor chain.
 
 use kernel::{
     bindings,
     ffi::{c_int, c_ulong},
+    page::{PAGE_SHIFT, PAGE_SIZE},
     prelude::*,
     uaccess::{UserPtr, UserSlice},
 };
 
 use crate::{
-    virtio,
+    virtio::{self, Segment},
     wire::{Direction, BOUNCE_THRESHOLD},
 };
-
-const PAGE_SIZE: usize = bindings::PAGE_SIZE;
-const PAGE_SHIFT: u32 = bindings::PAGE_SHIFT;
-
-/// A physically contiguous piece of a buffer: one descriptor of the chain.
-#[derive(Clone, Copy)]
-pub(crate) enum Segment {
-    /// Linear-mapped kernel memory (kmalloc).
-    Kernel { addr: *const u8, len: u32 },
-    /// `len` bytes from `offset` into `page`, physically contiguous.
-    Page {
-        page: *mut bindings::page,
-        offset: u32,
-        len: u32,
-    },
-}
 
 /// The device-visible form of one user buffer.
 pub(crate) enum UserBuffer {
