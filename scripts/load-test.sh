@@ -10,7 +10,7 @@
 #       held by qcuda.ko, and device memory (gpu_meminfo, i.e. cuMemGetInfo) at its baseline.
 #   load-test.sh load [--vms 4] [--procs 8] [--threads 8] [--seconds 300]
 #       VMS x PROCS guest processes of THREADS threads each run mixed_load for SECONDS; every
-#       result is checked. The daemons' memory, descriptors, sessions and workers are sampled
+#       result is checked. A minute in, every VM also runs qcuda-smi hostile beside them. The daemons' memory, descriptors, sessions and workers are sampled
 #       every 10 s (samples.csv); the daemons' memory and the workers' memory must not grow
 #       after the first minute, and once the programs have ended the daemons must be back at
 #       their descriptor count before the load, with no session, no worker, and the device
@@ -135,6 +135,7 @@ echo KILLPROG-EXIT \$?; dmesg | grep -E 'WARNING|BUG|Oops' | sed 's/^/DMESG /'"
         tr -d '\r' <"$g" | grep -E '^killprog: [0-9]+ killed in|afterwards|FAILED|^DMESG' | sed "s/^/  vm$i: /"
         if tr -d '\r' <"$g" | grep -q '^KILLPROG-EXIT 0$' && ! grep -q '^DMESG' "$g"; then ok_vms=$((ok_vms + 1)); fi
         k=$(tr -d '\r' <"$g" | sed -n 's/^killprog: \([0-9]*\) killed in .*, \([0-9]*\) of them.*/\1 \2/p')
+        k=${k:-0 0}
         killed=$((killed + ${k%% *}))
         working=$((working + ${k##* }))
     done
@@ -157,6 +158,7 @@ else
     guest="insmod /lib/modules/qcuda.ko || exit 1; echo LOAD-START; sleep 5; p=1; pids=; \
 while [ \$p -le $procs ]; do /opt/qcuda/tests/mixed_load --threads $threads --seconds $seconds --seed \$p \
 >/tmp/load\$p.log 2>&1 & pids=\"\$pids \$!\"; p=\$((p + 1)); done; ok=0; bad=0; \
+sleep 60; qcuda-smi hostile >/tmp/hostile.log 2>&1 && echo HOSTILE-OK || { echo HOSTILE-FAILED; tail -n 5 /tmp/hostile.log; }; \
 for q in \$pids; do wait \$q && ok=\$((ok + 1)) || bad=\$((bad + 1)); done; \
 for f in /tmp/load*.log; do grep -h -E '^(mixed_load:|FAIL)' \$f; done; \
 echo LOAD-RESULT ok=\$ok failed=\$bad; echo LOAD-DONE; sleep 25; \
@@ -204,12 +206,16 @@ dmesg | grep -E 'WARNING|BUG|Oops' | sed 's/^/DMESG /'; echo LOAD-END"
     for ((i = 0; i < vms; i++)); do
         g=$logs/vm$i/guest.log
         r=$(tr -d '\r' <"$g" | sed -n 's/^LOAD-RESULT ok=\([0-9]*\) failed=\([0-9]*\)$/\1 \2/p')
+        r=${r:-0 $procs}
         total_ok=$((total_ok + ${r%% *})) total_bad=$((total_bad + ${r##* }))
         o=$(tr -d '\r' <"$g" | sed -n 's/^mixed_load: [0-9]* threads, \([0-9]*\) operations.*/\1/p' | awk '{ s += $1 } END { print s + 0 }')
         ops=$((ops + o))
         tr -d '\r' <"$g" | grep -E '^(FAIL|DMESG)' | head -n 5 | sed "s/^/  vm$i: /"
     done
     dmesg_lines=$(cat "$logs"/vm*/guest.log | tr -d '\r' | grep -c '^DMESG')
+    hostile_ok=$(cat "$logs"/vm*/guest.log | tr -d '\r' | grep -c '^HOSTILE-OK')
+    ((hostile_ok == vms)) && res ok "load: qcuda-smi hostile in every VM a minute into the load: every hostile call refused" ||
+        res FAIL "load: qcuda-smi hostile failed in $((vms - hostile_ok)) VM(s)"
     echo "load-test: $total_ok of $((vms * procs)) processes ($threads threads each) passed, $ops operations checked in ${seconds} s"
     ((total_ok == vms * procs && total_bad == 0 && dmesg_lines == 0)) &&
         res ok "load: $((vms * procs)) processes x $threads threads, every result correct, no guest kernel warning" ||

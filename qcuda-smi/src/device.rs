@@ -72,19 +72,9 @@ pub fn errno_name(n: i32) -> &'static str {
     }
 }
 
-/// The `cudaError_t` name of the statuses the transport ops can answer.
+/// The `cudaError_t` name of a status (qcuda-proto's table, the one every part uses).
 pub fn status_name(s: u32) -> &'static str {
-    match s {
-        status::SUCCESS => "cudaSuccess",
-        status::INVALID_VALUE => "cudaErrorInvalidValue",
-        status::MEMORY_ALLOCATION => "cudaErrorMemoryAllocation",
-        status::INITIALIZATION_ERROR => "cudaErrorInitializationError",
-        status::INSUFFICIENT_DRIVER => "cudaErrorInsufficientDriver",
-        status::NO_DEVICE => "cudaErrorNoDevice",
-        status::NOT_SUPPORTED => "cudaErrorNotSupported",
-        status::UNKNOWN => "cudaErrorUnknown",
-        _ => "other",
-    }
+    qcuda_proto::cuda_errors::name(s).unwrap_or("an unknown cudaError_t")
 }
 
 /// What Hello answers.

@@ -313,7 +313,7 @@ fn gpu_flow_through_the_executor() {
         let mf = load(&mut g, &mut s, &unhex(hex));
         let (mixed, params) = function(&mut g, &mut s, mf, "mixed");
         assert_eq!(params, [(0, 8), (8, 1), (16, 8), (24, 4), (28, 2)]);
-        let mut pb = vec![0u8; 32];
+        let mut pb = vec![0u8; 30];
         pb[0..8].copy_from_slice(&c.to_le_bytes());
         pb[8] = 3;
         pb[16..24].copy_from_slice(&0.5f64.to_le_bytes());

@@ -1198,6 +1198,29 @@ impl CudaSession {
         }
     }
 
+    /// Waits for the work the session has queued on device `dev` (bound), without disturbing
+    /// a stream capture: while one of the session's streams is being captured (by another guest
+    /// thread, say), `cuCtxSynchronize` would be illegal and would invalidate that capture, which
+    /// CUDA does not do to a thread freeing host memory. Then every other stream of the session
+    /// on the device, and the legacy stream unless it is tied to a capture, is waited for one by
+    /// one; captured work has not run and needs no wait.
+    fn wait_for_device_work(&self, dev: usize) {
+        if !self.capture_under_way() {
+            let _ = self.drv.ctx_synchronize();
+            return;
+        }
+        for s in self.streams.values().filter(|s| s.dev == dev) {
+            if !self.is_capturing(s.raw) {
+                let _ = self.drv.stream_synchronize(s.raw);
+            }
+        }
+        // The legacy stream waits for every blocking stream; while one of those is capturing,
+        // asking about it fails (implicit capture) and it is left alone.
+        if matches!(self.drv.stream_is_capturing(NULL_STREAM), Ok(false)) {
+            let _ = self.drv.stream_synchronize(NULL_STREAM);
+        }
+    }
+
     /// `HostUnmap` (from qcuda.ko only): waits for the device's work (as `cudaFreeHost` and
     /// `cudaHostUnregister` do), unregisters and unmaps. The pages stay the guest's.
     fn host_unmap(&mut self, req: &Request) -> OpResult {
@@ -1209,7 +1232,7 @@ impl CudaSession {
         if self.host.sticky_error().is_none() {
             for dev in devices {
                 if matches!(self.devices.get(dev), Some(Some(_))) && self.bind(dev).is_ok() {
-                    let _ = drv.ctx_synchronize();
+                    self.wait_for_device_work(dev);
                 }
             }
         }
@@ -1502,7 +1525,9 @@ impl CudaSession {
         cfg.check(&limits)?;
         let stream = self.stream_on(args[5], dev)?;
         let block_buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
-        if block_buf.len() < layout.block_len() {
+        // Exactly the kernel's parameter block: guest-lib packs it to that length, and a block
+        // of another size means the caller has the kernel's signature wrong.
+        if block_buf.len() != layout.block_len() {
             return Err(status::INVALID_VALUE.into());
         }
         let mut block = AlignedBytes::zeroed(layout.block_len());

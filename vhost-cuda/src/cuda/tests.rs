@@ -583,7 +583,6 @@ fn modules_functions_and_launches() {
         block.extend_from_slice(&p.to_le_bytes());
     }
     block.extend_from_slice(&(n as i32).to_le_bytes());
-    block.extend_from_slice(&[0; 4]);
     let pb = rig.buf(&block);
     let args = launch_args(f, [1, 1, 1], [128, 1, 1], 0);
     let r = fire_and_forget(req(Op::LaunchKernel, 0, &args, vec![pb.clone()], vec![]));
@@ -593,9 +592,15 @@ fn modules_functions_and_launches() {
     let want: Vec<f32> = (0..n).map(|i| 1.5 * i as f32).collect();
     assert_eq!(got, floats(&want));
 
-    // Parameter block too short, bad geometry, bad handles.
+    // Parameter block too short or too long (a caller with the kernel's signature wrong), bad
+    // geometry, bad handles.
     let short = rig.buf(&block[..27]);
     let r = s.execute(&req(Op::LaunchKernel, 0, &args, vec![short], vec![]));
+    assert_eq!(r.status, status::INVALID_VALUE);
+    let mut padded = block.clone();
+    padded.extend_from_slice(&[0; 4]);
+    let long = rig.buf(&padded);
+    let r = s.execute(&req(Op::LaunchKernel, 0, &args, vec![long], vec![]));
     assert_eq!(r.status, status::INVALID_VALUE);
     for (grid, block_dim) in [
         ([1, 1, 1], [2048, 1, 1]),

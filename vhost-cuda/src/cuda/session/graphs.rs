@@ -382,6 +382,11 @@ impl CudaSession {
         ok()
     }
 
+    /// Whether a capture the session began may still be under way.
+    pub(super) fn capture_under_way(&self) -> bool {
+        self.graphs.captures > 0
+    }
+
     /// Whether `stream` (of the bound context) is being captured; free while no capture of the
     /// session is under way.
     pub(super) fn is_capturing(&self, stream: Stream) -> bool {
