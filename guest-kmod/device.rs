@@ -98,6 +98,11 @@ pub(crate) enum Wait {
     /// Until completion or `timeout_ms` (then ETIMEDOUT), ignoring signals: used to close a
     /// session, which also happens while a killed process exits, and by probe.
     Uninterruptible { timeout_ms: i64 },
+    /// As `Uninterruptible`, but a task that has been killed stops waiting (EINTR; the device
+    /// keeps the request): for `HostUnmap`, which waits for the session's queued GPU work, and
+    /// that work may wait for a host function only the dying process would have run. The
+    /// caller keeps what the request concerns until the session is closed.
+    Killable { timeout_ms: i64 },
 }
 
 /// A snapshot of the in-flight table (for fdinfo).
@@ -408,10 +413,13 @@ impl QcudaDevice {
                 self.disarm(&mut q);
                 (q, if signal { Err(EINTR) } else { Ok(()) })
             }
-            Wait::Uninterruptible { timeout_ms } => {
+            Wait::Uninterruptible { timeout_ms } | Wait::Killable { timeout_ms } => {
                 const SLICE_MS: u32 = 10;
                 if started.elapsed().as_millis() >= *timeout_ms {
                     return (q, Err(ETIMEDOUT));
+                }
+                if matches!(wait, Wait::Killable { .. }) && crate::virtio::fatal_signal_pending() {
+                    return (q, Err(EINTR));
                 }
                 if !kernel::current!().signal_pending() {
                     // Woken by the notification, or after a slice to check the deadline.

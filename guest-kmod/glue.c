@@ -14,6 +14,7 @@
 #include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/scatterlist.h>
+#include <linux/sched/signal.h>
 #include <linux/virtio.h>
 #include <linux/virtio_config.h>
 #include <linux/virtio_ring.h>
@@ -43,6 +44,7 @@ void qcuda_glue_sg_set_page(struct scatterlist *sg, struct page *page, unsigned 
 unsigned long qcuda_glue_page_to_pfn(struct page *page);
 struct page *qcuda_glue_alloc_chunk(unsigned int order);
 void qcuda_glue_free_page(struct page *page);
+bool qcuda_glue_fatal_signal_pending(void);
 
 /*
  * Used-buffer notification of the request queue: runs in interrupt context. The driver's
@@ -190,4 +192,10 @@ struct page *qcuda_glue_alloc_chunk(unsigned int order)
 void qcuda_glue_free_page(struct page *page)
 {
 	__free_page(page);
+}
+
+/* Whether the calling task has been killed (SIGKILL pending): a static inline in C. */
+bool qcuda_glue_fatal_signal_pending(void)
+{
+	return fatal_signal_pending(current);
 }

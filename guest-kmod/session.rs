@@ -340,10 +340,13 @@ impl Session {
             header.session = self.id;
             header.device = call.device;
             header.args[0] = region.addr as u64;
+            // Killable: the host waits for the session's queued work first, and a killed
+            // process cannot run the host functions that work may wait for. The pages then
+            // stay held (below) until the session's close, which ends the host's mapping.
             let outcome = Request::new(&header, &[]).and_then(|req| {
                 self.device.execute(
                     &req,
-                    Wait::Uninterruptible {
+                    Wait::Killable {
                         timeout_ms: HOST_MAP_TIMEOUT_MS,
                     },
                 )

@@ -65,6 +65,7 @@ extern "C" {
     pub(crate) fn qcuda_glue_page_to_pfn(page: *mut bindings::page) -> c_ulong;
     pub(crate) fn qcuda_glue_alloc_chunk(order: c_uint) -> *mut bindings::page;
     pub(crate) fn qcuda_glue_free_page(page: *mut bindings::page);
+    fn qcuda_glue_fatal_signal_pending() -> bool;
 
     // drivers/virtio (exported)
     fn virtqueue_add_sgs(
@@ -452,3 +453,10 @@ impl Drop for DriverRegistration {
 unsafe impl Send for DriverRegistration {}
 // SAFETY: `&DriverRegistration` gives access to nothing.
 unsafe impl Sync for DriverRegistration {}
+
+/// Whether the calling task has been killed: SIGKILL is pending and it will not return to user
+/// space. Its other signals do not count.
+pub(crate) fn fatal_signal_pending() -> bool {
+    // SAFETY: reads the current task's pending signals; callable from any process context.
+    unsafe { qcuda_glue_fatal_signal_pending() }
+}

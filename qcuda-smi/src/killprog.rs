@@ -34,10 +34,16 @@ pub struct KillProgOptions {
     pub max_delay_ms: u64,
     /// Seed of the delays.
     pub seed: u64,
+    /// Of every 100 runs, how many count their delay from their first "progress" line rather
+    /// than from their start (so that they are killed in the middle of work, not while
+    /// starting up).
+    pub during_work_percent: u32,
     /// The program and its arguments.
     pub program: Vec<String>,
 }
 
+/// How long a program may take to print its first progress line (a loaded TCG guest is slow).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a killed program may take to disappear: the kernel's release path closes the
 /// session and waits for the host.
 const REAP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -51,6 +57,8 @@ struct Running {
     child: Child,
     started: Instant,
     kill_at: Duration,
+    /// The delay counts from the first "progress" line (then `started` is reset to it).
+    from_progress: bool,
     /// Output read so far, scanned for "progress".
     output: Vec<u8>,
 }
@@ -101,12 +109,14 @@ pub fn run(path: &Path, opts: &KillProgOptions) -> Result<(), String> {
         .split_first()
         .ok_or("killprog needs a program to run")?;
     println!(
-        "killprog: {} runs of {}, {} at a time, each killed {}..{} ms after it started (seed {})",
+        "killprog: {} runs of {}, {} at a time, each killed {}..{} ms after it started ({}% of \
+         them: after its first progress line) (seed {})",
         opts.count,
         opts.program.join(" "),
         opts.parallel.max(1),
         opts.min_delay_ms,
         opts.max_delay_ms,
+        opts.during_work_percent.min(100),
         opts.seed
     );
     let mut rng = Prng::new(opts.seed);
@@ -127,11 +137,13 @@ pub fn run(path: &Path, opts: &KillProgOptions) -> Result<(), String> {
                     .map_err(|e| format!("O_NONBLOCK on a pipe: {e}"))?;
             }
             let delay = rng.range(opts.min_delay_ms, opts.max_delay_ms.max(opts.min_delay_ms));
+            let from_progress = rng.below(100) < u64::from(opts.during_work_percent);
             running.push(Running {
                 index: next,
                 child,
                 started: Instant::now(),
                 kill_at: Duration::from_millis(delay),
+                from_progress,
                 output: Vec::new(),
             });
             next += 1;
@@ -151,6 +163,22 @@ pub fn run(path: &Path, opts: &KillProgOptions) -> Result<(), String> {
                     r.kill_at.as_millis(),
                     r.tail()
                 ));
+            }
+            if r.from_progress {
+                if r.in_business() {
+                    r.from_progress = false;
+                    r.started = Instant::now();
+                } else if r.started.elapsed() > READY_TIMEOUT {
+                    return Err(format!(
+                        "run {} (pid {}) printed no progress within {} s; its last output: {}",
+                        r.index,
+                        r.child.id(),
+                        READY_TIMEOUT.as_secs(),
+                        r.tail()
+                    ));
+                }
+                i += 1;
+                continue;
             }
             if r.started.elapsed() < r.kill_at {
                 i += 1;

@@ -124,6 +124,10 @@ enum Command {
         /// Seed of the delays.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Percentage of runs whose delay counts from their first "progress" line instead of
+        /// their start: killed in the middle of work rather than while starting up.
+        #[arg(long, default_value_t = 75)]
+        during_work_percent: u32,
         /// The program and its arguments (after --).
         #[arg(required = true, last = true)]
         program: Vec<String>,
@@ -198,6 +202,7 @@ fn main() -> ExitCode {
             min_delay_ms,
             max_delay_ms,
             seed,
+            during_work_percent,
             program,
         }) => killprog::run(
             &args.device,
@@ -207,6 +212,7 @@ fn main() -> ExitCode {
                 min_delay_ms: *min_delay_ms,
                 max_delay_ms: *max_delay_ms,
                 seed: *seed,
+                during_work_percent: *during_work_percent,
                 program: program.clone(),
             },
         ),
