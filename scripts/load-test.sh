@@ -12,8 +12,8 @@
 #   load-test.sh load [--vms 4] [--procs 8] [--threads 8] [--seconds 300]
 #       VMS x PROCS guest processes of THREADS threads each run mixed_load for SECONDS; every
 #       result is checked. 20 s in, every VM also runs qcuda-smi hostile beside them. The
-#       daemons' memory, descriptors, sessions and workers are sampled every 10 s (samples.csv); the daemons' and the workers' private memory must not grow
-#       after the first 90 s, and once the programs have ended the daemons must be back at
+#       daemons' memory, descriptors, sessions and workers are sampled every 10 s (samples.csv);
+#       the daemons' and the workers' private memory must not grow after the first 90 s, and once the programs have ended the daemons must be back at
 #       their descriptor count before the load, with no session, no worker, and the device
 #       memory at its baseline.
 #
