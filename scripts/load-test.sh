@@ -13,9 +13,9 @@
 #       VMS x PROCS guest processes of THREADS threads each run mixed_load for SECONDS; every
 #       result is checked. 20 s in, every VM also runs qcuda-smi hostile beside them. The
 #       daemons' memory, descriptors, sessions and workers are sampled every 10 s (samples.csv);
-#       the daemons' and the workers' private memory must not grow after the first 90 s, and once the programs have ended the daemons must be back at
-#       their descriptor count before the load, with no session, no worker, and the device
-#       memory at its baseline.
+#       the daemons' and the workers' private memory must not grow after the first 90 s, and
+#       once the programs have ended the daemons must be back at their descriptor count before
+#       the load, with no session, no worker, and the device memory at its baseline.
 #
 # Common options: --log-dir DIR (default ./logs-load), --smp N (guest CPUs, default 2).
 # Runs from the repo (after scripts/test.sh built everything) or from an unpacked bundle.
