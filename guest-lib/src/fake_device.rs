@@ -537,19 +537,7 @@ fn run(
             }
         }
         Op::FuncSetAttribute => {}
-        Op::MallocPitch
-        | Op::Memset3D
-        | Op::Memcpy3D
-        | Op::Memcpy3DHtoD
-        | Op::Memcpy3DDtoH
-        | Op::ArrayCreate
-        | Op::ArrayDestroy
-        | Op::MipmappedArrayLevel
-        | Op::ArrayInfo
-        | Op::TexObjectCreate
-        | Op::TexObjectDestroy
-        | Op::SurfObjectCreate
-        | Op::SurfObjectDestroy => crate::fake_arrays::run(s, op, args, ins, outs, rets)?,
+        qcuda_proto::array_ops!() => crate::fake_arrays::run(s, op, args, ins, outs, rets)?,
         Op::OccupancyMaxActiveBlocks => rets[0] = 2048 / args[1].max(1),
         Op::ModuleLoad => {
             if ins[0].len() < 16 || ins[0][..4] != 0xBA55_ED50u32.to_le_bytes() {
@@ -710,36 +698,7 @@ fn run(
             };
             outs[0][..qcuda_proto::LAUNCH_ATTR_SIZE].copy_from_slice(&rec.encode());
         }
-        Op::StreamBeginCapture
-        | Op::StreamEndCapture
-        | Op::StreamCaptureInfo
-        | Op::StreamUpdateCaptureDependencies
-        | Op::GraphCreate
-        | Op::GraphDestroy
-        | Op::GraphAddNode
-        | Op::GraphNodeSetParams
-        | Op::GraphExecNodeSetParams
-        | Op::GraphGetNodes
-        | Op::GraphGetEdges
-        | Op::GraphNodeQuery
-        | Op::GraphEdges
-        | Op::GraphClone
-        | Op::GraphInstantiate
-        | Op::GraphExecDestroy
-        | Op::GraphLaunch
-        | Op::GraphUpload
-        | Op::GraphExecUpdate
-        | Op::GraphDebugDot
-        | Op::GraphNodeEnabled
-        | Op::GraphExecChildGraph
-        | Op::GraphExecSetEvent
-        | Op::StreamCaptureInvalidate
-        | Op::StreamBeginCaptureToGraph
-        | Op::GraphQuery
-        | Op::GraphKernelNodeGetParams
-        | Op::GraphDestroyNode
-        | Op::GraphNodeGetParams
-        | Op::GraphMem => {
+        qcuda_proto::graph_ops!() => {
             let h = s.handle();
             let streams = s.streams.clone();
             s.graphs.run(op, args, ins, outs, rets, h, &streams)?

@@ -393,19 +393,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::StreamSetAttribute
         | Op::StreamGetAttribute
         | Op::CtxResetPersistingL2
-        | Op::MallocPitch
-        | Op::Memset3D
-        | Op::Memcpy3D
-        | Op::Memcpy3DHtoD
-        | Op::Memcpy3DDtoH
-        | Op::ArrayCreate
-        | Op::ArrayDestroy
-        | Op::MipmappedArrayLevel
-        | Op::ArrayInfo
-        | Op::TexObjectCreate
-        | Op::TexObjectDestroy
-        | Op::SurfObjectCreate
-        | Op::SurfObjectDestroy
+        | qcuda_proto::array_ops!()
         | Op::StreamPriorityRange
         | Op::StreamGetId
         | Op::DeviceGetDefaultMemPool
@@ -430,36 +418,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceP2PAttribute
         | Op::PeerAccess
         | Op::MemcpyPeer
-        | Op::StreamBeginCapture
-        | Op::StreamEndCapture
-        | Op::StreamCaptureInfo
-        | Op::StreamUpdateCaptureDependencies
-        | Op::GraphCreate
-        | Op::GraphDestroy
-        | Op::GraphAddNode
-        | Op::GraphNodeSetParams
-        | Op::GraphExecNodeSetParams
-        | Op::GraphGetNodes
-        | Op::GraphGetEdges
-        | Op::GraphNodeQuery
-        | Op::GraphEdges
-        | Op::GraphClone
-        | Op::GraphInstantiate
-        | Op::GraphExecDestroy
-        | Op::GraphLaunch
-        | Op::GraphUpload
-        | Op::GraphExecUpdate
-        | Op::GraphDebugDot
-        | Op::GraphNodeEnabled
-        | Op::GraphExecChildGraph
-        | Op::GraphExecSetEvent
-        | Op::StreamCaptureInvalidate
-        | Op::StreamBeginCaptureToGraph
-        | Op::GraphQuery
-        | Op::GraphKernelNodeGetParams
-        | Op::GraphDestroyNode
-        | Op::GraphNodeGetParams
-        | Op::GraphMem => true,
+        | qcuda_proto::graph_ops!() => true,
     }
 }
 

@@ -526,36 +526,7 @@ impl CudaSession {
             Op::TexObjectCreate => self.tex_object_create(req),
             Op::SurfObjectCreate => self.surf_object_create(req),
             Op::TexObjectDestroy | Op::SurfObjectDestroy => self.object_destroy(req),
-            Op::StreamBeginCapture
-            | Op::StreamEndCapture
-            | Op::StreamCaptureInfo
-            | Op::StreamUpdateCaptureDependencies
-            | Op::GraphCreate
-            | Op::GraphDestroy
-            | Op::GraphAddNode
-            | Op::GraphNodeSetParams
-            | Op::GraphExecNodeSetParams
-            | Op::GraphGetNodes
-            | Op::GraphGetEdges
-            | Op::GraphNodeQuery
-            | Op::GraphEdges
-            | Op::GraphClone
-            | Op::GraphInstantiate
-            | Op::GraphExecDestroy
-            | Op::GraphLaunch
-            | Op::GraphUpload
-            | Op::GraphExecUpdate
-            | Op::GraphDebugDot
-            | Op::GraphNodeEnabled
-            | Op::GraphExecChildGraph
-            | Op::GraphExecSetEvent
-            | Op::StreamCaptureInvalidate
-            | Op::StreamBeginCaptureToGraph
-            | Op::GraphQuery
-            | Op::GraphKernelNodeGetParams
-            | Op::GraphDestroyNode
-            | Op::GraphNodeGetParams
-            | Op::GraphMem => self.graph_op(req),
+            qcuda_proto::graph_ops!() => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
             | Op::DeviceCount

@@ -561,20 +561,7 @@ mod tests {
     /// Every `sys::cu*` call in this file is in ARRAY_SYMBOLS and the other way round.
     #[test]
     fn array_symbols_match_the_calls() {
-        let src = include_str!("array.rs");
-        let code = src.split("#[cfg(test)]").next().unwrap_or(src);
-        let mut called: Vec<&str> = code
-            .match_indices("sys::cu")
-            .map(|(i, _)| {
-                let rest = &code[i + 5..];
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(rest.len());
-                &rest[..end]
-            })
-            .collect();
-        called.sort_unstable();
-        called.dedup();
+        let called = super::super::driver_calls(include_str!("array.rs"));
         let mut required = ARRAY_SYMBOLS.to_vec();
         required.sort_unstable();
         assert_eq!(called, required);

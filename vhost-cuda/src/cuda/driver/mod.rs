@@ -1683,6 +1683,27 @@ impl DriverApi for NoDriver {
     }
 }
 
+/// The driver functions a source file calls through `sys`, sorted, without repeats, from the part
+/// before its tests: each driver file's test compares them with the symbols it declares.
+#[cfg(test)]
+pub(super) fn driver_calls(src: &str) -> Vec<&str> {
+    let code = src.split("#[cfg(test)]").next().unwrap_or(src);
+    let mut called: Vec<&str> = code
+        .match_indices("sys::cu")
+        .map(|(i, _)| {
+            let rest = &code[i + 5..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .filter(|name| *name != "culib")
+        .collect();
+    called.sort_unstable();
+    called.dedup();
+    called
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1692,19 +1713,7 @@ mod tests {
     /// resolved by hand).
     #[test]
     fn required_symbols_match_the_calls() {
-        let src = include_str!("mod.rs");
-        let code = src.split("#[cfg(test)]").next().unwrap_or(src);
-        let mut called: Vec<&str> = code
-            .match_indices("sys::cu")
-            .map(|(i, _)| {
-                let rest = &code[i + 5..];
-                let end = rest
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(rest.len());
-                &rest[..end]
-            })
-            .filter(|name| !["culib"].contains(name))
-            .collect();
+        let mut called = driver_calls(include_str!("mod.rs"));
         called.push("cuDeviceGetAttribute");
         called.sort_unstable();
         called.dedup();
