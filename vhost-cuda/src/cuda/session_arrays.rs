@@ -338,6 +338,11 @@ impl CudaSession {
             channels: channels as u32,
             flags: flags as u32,
         };
+        // As CUDA documents for mipmapped arrays, the level count is clamped to
+        // 1 + floor(log2(largest extent)): a hostile count must not make the driver (or the
+        // test double) loop over billions of 1 x 1 levels.
+        let largest = desc.width.max(desc.height).max(desc.depth).max(1);
+        let levels = levels.min(largest.ilog2() + 1);
         let dev = self.bind_new(req)?;
         if levels == 0 {
             if !self.arrays.arrays.has_room() {

@@ -1810,3 +1810,31 @@ fn huge_mipmapped_arrays_are_refused_not_allocated() {
     let r = run(&mut s, Op::ArrayCreate, &[16384, 16384, 0, 0x20, 4, 0, 15]);
     assert_eq!(r.status, status::MEMORY_ALLOCATION);
 }
+
+/// Fuzz finding (chain_dispatch, a 9 s unit): a mipmapped array of 2^32 - 1 levels made the
+/// test double create billions of 1 x 1 levels. The level count is clamped as CUDA documents,
+/// to 1 + floor(log2(largest extent)), before any driver sees it.
+#[test]
+fn mipmap_level_counts_are_clamped() {
+    let rig = Rig::new(1);
+    let mut s = rig.session();
+    let started = std::time::Instant::now();
+    // 64 x 1, 1-channel 8-bit (CU_AD_FORMAT_UNSIGNED_INT8 = 1): at most 7 levels.
+    let r = run(
+        &mut s,
+        Op::ArrayCreate,
+        &[64, 1, 0, 1, 1, 0, u64::from(u32::MAX)],
+    );
+    assert_eq!(r.status, status::SUCCESS);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    let m = r.rets[0];
+    // Level 6 (1 x 1) exists, level 7 does not.
+    assert_eq!(
+        run(&mut s, Op::MipmappedArrayLevel, &[m, 6]).status,
+        status::SUCCESS
+    );
+    assert_ne!(
+        run(&mut s, Op::MipmappedArrayLevel, &[m, 7]).status,
+        status::SUCCESS
+    );
+}
