@@ -379,6 +379,53 @@ mod tests {
         )
     }
 
+    /// `Request::new` holds its invariants: known op, the op's shape, In before Out, one buffer
+    /// per table entry, each exactly as long.
+    #[test]
+    fn requests_are_made_only_with_their_table() {
+        let mem = ram();
+        let buf = |addr: u64, len: usize| {
+            GuestBuffer::new(mem.clone(), [(GuestAddress(addr), len)]).unwrap()
+        };
+        let mut echo = RequestHeader::new(Op::Echo);
+        echo.push_buffer(Direction::In, 16).unwrap();
+        echo.push_buffer(Direction::Out, 16).unwrap();
+        let r = Request::new(echo, vec![buf(0, 16)], vec![buf(0x100, 16)]).unwrap();
+        assert_eq!(r.op(), Op::Echo);
+        assert_eq!((r.inputs().len(), r.outputs().len()), (1, 1));
+        // One buffer short, one too many, swapped directions, a wrong length.
+        assert!(matches!(
+            Request::new(echo, vec![buf(0, 16)], vec![]),
+            Err(RequestError::Shape { .. })
+        ));
+        assert!(matches!(
+            Request::new(echo, vec![buf(0, 16), buf(0x40, 16)], vec![buf(0x100, 16)]),
+            Err(RequestError::Shape { .. })
+        ));
+        assert!(matches!(
+            Request::new(echo, vec![buf(0, 16)], vec![buf(0x100, 15)]),
+            Err(RequestError::Length {
+                index: 1,
+                expected: 16,
+                got: 15
+            })
+        ));
+        let mut out_first = RequestHeader::new(Op::Echo);
+        out_first.push_buffer(Direction::Out, 16).unwrap();
+        out_first.push_buffer(Direction::In, 16).unwrap();
+        assert!(Request::new(out_first, vec![buf(0, 16)], vec![buf(0x100, 16)]).is_err());
+        // An op the header does not name, or a table of another op's shape.
+        let mut unknown = RequestHeader::new(Op::Hello);
+        unknown.op = 0xfff0;
+        assert!(matches!(
+            Request::new(unknown, vec![], vec![]),
+            Err(RequestError::Header(_))
+        ));
+        let mut hello_with_buffer = RequestHeader::new(Op::Hello);
+        hello_with_buffer.push_buffer(Direction::In, 16).unwrap();
+        assert!(Request::new(hello_with_buffer, vec![buf(0, 16)], vec![]).is_err());
+    }
+
     #[test]
     fn buffer_spans_regions_and_rejects_outside() {
         let mem = ram();
