@@ -176,25 +176,23 @@ impl SessionThread {
             process.close(CLOSE_WAIT);
             self.pid.store(0, Ordering::Release);
         }
-        let open = self
-            .shared
-            .update(|c| {
-                c.open -= 1;
-                // Under the counters' lock, so whoever waits on them sees both at once.
-                self.ended.store(true, Ordering::Release);
-            })
-            .open;
-        OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
         // With --max-gpu-memory, what the VM's remaining workers hold (this one's share is
         // gone: it was reaped above).
         let gpu_memory = match &self.shared.gpu_memory {
             Some(Ok(q)) => format!("; GPU memory held by its workers: {} MiB", q.used() >> 20),
             _ => String::new(),
         };
-        info!(
-            vm = %self.shared.label,
-            "session {} closed ({why}); sessions open: {open}{gpu_memory}", self.id
-        );
+        self.shared.update(|c| {
+            c.open -= 1;
+            // Under the counters' lock, so whoever waits on them (close_all, at shutdown) sees
+            // both at once, and finds the line logged.
+            self.ended.store(true, Ordering::Release);
+            info!(
+                vm = %self.shared.label,
+                "session {} closed ({why}); sessions open: {}{gpu_memory}", self.id, c.open
+            );
+        });
+        OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Removes this thread from the map, unless a newer one took the id already.
