@@ -701,7 +701,7 @@ fn run(
         qcuda_proto::graph_ops!() => {
             let h = s.handle();
             let streams = s.streams.clone();
-            s.graphs.run(op, args, ins, outs, rets, h, &streams)?
+            s.graphs.run(op, args, ins, outs, rets, h, &streams)?;
         }
         Op::StreamWaitEvent => {
             s.events

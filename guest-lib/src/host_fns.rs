@@ -72,7 +72,7 @@ impl HostCallback {
             Self::Func { func, data } => unsafe { func(data as *mut c_void) },
             // SAFETY: the caller's contract.
             Self::Stream { func, stream, data } => unsafe {
-                func(stream as cudaStream_t, 0, data as *mut c_void)
+                func(stream as cudaStream_t, 0, data as *mut c_void);
             },
         }
     }

@@ -184,7 +184,7 @@ pub unsafe fn memcpy(
                     src as *const u8,
                     count,
                     order.stream,
-                )?
+                )?;
             };
             synchronised(rt, order)
         }
@@ -198,7 +198,7 @@ pub unsafe fn memcpy(
                     src,
                     count,
                     order.stream,
-                )?
+                )?;
             };
             synchronised(rt, order)
         }

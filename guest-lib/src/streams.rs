@@ -65,7 +65,8 @@ impl Streams {
             return Err(CudaError::INVALID_VALUE);
         }
         let reply = session.submit(
-            Call::new(Op::StreamCreate, device).args(&[u64::from(flags), priority as i64 as u64]),
+            Call::new(Op::StreamCreate, device)
+                .args(&[u64::from(flags), i64::from(priority) as u64]),
         )?;
         Ok(self.table.insert(StreamInfo {
             host: reply.rets[0],

@@ -195,7 +195,7 @@ impl Transport for DeviceFile {
         // SAFETY: `arg` points at a live, exclusively borrowed IoctlCall, the exact structure
         // IOCTL_CALL reads and writes back; every buffer it names is valid for the lifetime of
         // `call` (Call's invariant), which spans this synchronous ioctl.
-        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), IOCTL_CALL as _, arg) };
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), IOCTL_CALL.into(), arg) };
         if rc < 0 {
             Err(last_errno())
         } else {
@@ -232,7 +232,7 @@ impl Transport for DeviceFile {
         let arg: *mut HostMapCall = call;
         // SAFETY: `arg` points at a live HostMapCall, the structure both ioctls read and
         // write back; the range it names is the caller's.
-        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), cmd as _, arg) };
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), cmd.into(), arg) };
         if rc < 0 {
             Err(last_errno())
         } else {

@@ -165,7 +165,7 @@ impl Device {
         let rc = unsafe {
             libc::ioctl(
                 self.file.as_raw_fd(),
-                IOCTL_CALL as libc::Ioctl,
+                libc::Ioctl::from(IOCTL_CALL),
                 call as *mut IoctlCall,
             )
         };
@@ -185,7 +185,7 @@ impl Device {
         let rc = unsafe {
             libc::ioctl(
                 self.file.as_raw_fd(),
-                cmd as libc::Ioctl,
+                libc::Ioctl::from(cmd),
                 call as *mut IoctlCall,
             )
         };

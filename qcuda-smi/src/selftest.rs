@@ -439,7 +439,7 @@ fn check_refusals(dev: &Device) -> Result<(), String> {
     let mut call = IoctlCall::new(Op::Hello);
     match dev.unknown_ioctl(&mut call) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => {
-            println!("selftest: refused unknown ioctl command: ENOTTY (by the kernel)")
+            println!("selftest: refused unknown ioctl command: ENOTTY (by the kernel)");
         }
         other => {
             return Err(format!(

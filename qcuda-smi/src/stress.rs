@@ -52,7 +52,7 @@ pub fn random_size(rng: &mut Prng, max: u64) -> u64 {
     if pick == 1 {
         return rng.below(2); // empty and one-byte calls
     }
-    let bits = 64 - max.leading_zeros() as u64; // max < 2^bits
+    let bits = 64 - u64::from(max.leading_zeros()); // max < 2^bits
     let top = 1u64 << rng.below(bits.max(1));
     rng.range(1, top.min(max).max(1))
 }

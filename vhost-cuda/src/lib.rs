@@ -405,7 +405,7 @@ fn serve_socket(
         match ended {
             Ok(())
             | Err(vhost_user_backend::Error::HandleRequest(VhostUserError::Disconnected)) => {
-                info!(vm = %label, "frontend disconnected")
+                info!(vm = %label, "frontend disconnected");
             }
             Err(vhost_user_backend::Error::HandleRequest(
                 e @ (VhostUserError::PartialMessage | VhostUserError::SocketBroken(_)),

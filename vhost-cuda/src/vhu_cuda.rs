@@ -568,7 +568,7 @@ mod tests {
             let polling = s.spawn(|| {
                 r.backend
                     .handle_event(REQUEST_QUEUE, EventSet::IN, &r.vrings, 0)
-                    .unwrap()
+                    .unwrap();
             });
             std::thread::sleep(Duration::from_millis(50));
             q.add_desc_chains(&[d(DATA, 224, n, 3), d(DATA + 0x900, 64, w, 0)], 2)

@@ -1260,7 +1260,7 @@ cuda_api! {
         let mut block = vec![0u64; k.params.len().div_ceil(8)];
         // SAFETY: `block` holds at least `k.params.len()` bytes; u64 has no invalid values.
         unsafe {
-            std::ptr::copy_nonoverlapping(k.params.as_ptr(), block.as_mut_ptr().cast::<u8>(), k.params.len())
+            std::ptr::copy_nonoverlapping(k.params.as_ptr(), block.as_mut_ptr().cast::<u8>(), k.params.len());
         };
         let base = block.as_mut_ptr().cast::<u8>();
         let mut pointers: Vec<*mut c_void> = resolved

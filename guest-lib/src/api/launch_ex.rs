@@ -74,7 +74,7 @@ unsafe fn wire_attrs(rt: &Runtime, config: &cudaLaunchConfig_t) -> CudaResult<Ve
                 rec.v = [word(&val, 0), word(&val, 1), word(&val, 2)];
             }
             cu::cudaLaunchAttributeMemSyncDomainMap => {
-                rec.v = [u32::from(val[0]), u32::from(val[1]), 0]
+                rec.v = [u32::from(val[0]), u32::from(val[1]), 0];
             }
             cu::cudaLaunchAttributeProgrammaticEvent
             | cu::cudaLaunchAttributeLaunchCompletionEvent => {

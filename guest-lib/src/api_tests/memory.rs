@@ -188,7 +188,7 @@ fn host_allocations_and_pointer_attributes() {
             (-2, (&raw const local).cast_mut().cast())
         );
         // Pinned memory works as a copy source and destination.
-        (h as *mut u8).write_bytes(9, 100);
+        h.cast::<u8>().write_bytes(9, 100);
         ok(cudaMemcpy(d, h, 100, cu::cudaMemcpyDefault));
         let mut f = 99;
         ok(cudaHostGetFlags(&mut f, h));
@@ -206,7 +206,7 @@ fn host_allocations_and_pointer_attributes() {
         let mut dp = ptr::null_mut();
         ok(cudaHostGetDevicePointer(
             &mut dp,
-            (m as *mut u8).add(4096).cast(),
+            m.cast::<u8>().add(4096).cast(),
             0,
         ));
         assert_eq!(dp as u64, m as u64 + 4096);
@@ -220,9 +220,9 @@ fn host_allocations_and_pointer_attributes() {
         );
         ok(cudaPointerGetAttributes(&mut a, m));
         assert_eq!((a.type_, a.devicePointer), (cu::cudaMemoryTypeHost, m));
-        (m as *mut u8).write_bytes(7, 100);
+        m.cast::<u8>().write_bytes(7, 100);
         ok(cudaMemcpy(d, m, 100, cu::cudaMemcpyHostToDevice));
-        (m as *mut u8).write_bytes(0, 100);
+        m.cast::<u8>().write_bytes(0, 100);
         ok(cudaMemcpyAsync(
             m,
             d,
@@ -246,7 +246,7 @@ fn host_allocations_and_pointer_attributes() {
         let b = buf.as_mut_ptr().cast::<c_void>();
         ok(cudaHostRegister(b, buf.len(), cu::cudaHostRegisterMapped));
         assert_err(
-            cudaHostRegister((b as *mut u8).add(10).cast(), 10, 0),
+            cudaHostRegister(b.cast::<u8>().add(10).cast(), 10, 0),
             cu::cudaErrorHostMemoryAlreadyRegistered,
         );
         ok(cudaHostGetDevicePointer(&mut dp, b, 0));

@@ -78,7 +78,7 @@ pub fn register_kernel(fatbin: *mut *mut c_void, name: &CStr) -> usize {
             ptr::null_mut(),
             ptr::null_mut(),
             ptr::null_mut(),
-        )
+        );
     };
     host
 }
@@ -97,7 +97,7 @@ pub fn register_var(fatbin: *mut *mut c_void, name: &CStr, size: usize) -> usize
             size,
             0,
             0,
-        )
+        );
     };
     host
 }

@@ -105,9 +105,9 @@ fn check_elf(b: &[u8]) -> Option<()> {
     let phoff = u64_at(b, 0x20)?;
     let shoff = u64_at(b, 0x28)?;
     let phentsize = u16_at(b, 0x36)? as usize;
-    let phnum = u16_at(b, 0x38)? as u64;
+    let phnum = u64::from(u16_at(b, 0x38)?);
     let shentsize = u16_at(b, 0x3a)? as usize;
-    let shnum = u16_at(b, 0x3c)? as u64;
+    let shnum = u64::from(u16_at(b, 0x3c)?);
     if phnum > 0 {
         if phentsize < ELF64_PHDR_LEN {
             return None;

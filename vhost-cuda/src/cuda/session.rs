@@ -114,9 +114,8 @@ fn on(dev: usize) -> impl Fn(CuError) -> Fault {
 /// The attribute ops (DeviceAttributes, FuncAttributes): in-buffer 0 holds i32 ids, out-buffer 0
 /// (the same length, at most `MAX_ATTRIBUTES` ids) receives `value(id)` for each.
 fn attribute_table(req: &Request, mut value: impl FnMut(i32) -> Result<i32, Fault>) -> OpResult {
-    let (input, out) = match (req.inputs().first(), req.outputs().first()) {
-        (Some(i), Some(o)) => (i, o),
-        _ => return Err(status::INVALID_VALUE.into()),
+    let (Some(input), Some(out)) = (req.inputs().first(), req.outputs().first()) else {
+        return Err(status::INVALID_VALUE.into());
     };
     let len = input.len();
     if len != out.len() || len % 4 != 0 || len / 4 > MAX_ATTRIBUTES {

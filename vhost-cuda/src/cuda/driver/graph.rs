@@ -878,7 +878,7 @@ impl GraphDriverApi for super::CudaDriver {
                 let dst = &mut block[at..at + info.size as usize];
                 // SAFETY: as above; `dst` is our own buffer, no overlap.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.as_mut_ptr(), dst.len())
+                    std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.as_mut_ptr(), dst.len());
                 };
             }
         }

@@ -25,6 +25,7 @@
 use std::{
     ffi::{c_char, c_int, c_uint, c_void, CStr},
     fmt,
+    mem::MaybeUninit,
     ptr::null_mut,
 };
 
@@ -1209,28 +1210,23 @@ impl DriverApi for CudaDriver {
 
     fn stream_set_attribute(&self, stream: Stream, id: u32, value: &[u8; 64]) -> CuResult<()> {
         let id = stream_attr_id(id)?;
-        // SAFETY: see the impl comment; `value` is 64 bytes, the size of the C union
-        // CUstreamAttrValue, and the driver only reads it.
-        check(unsafe {
-            sys::cuStreamSetAttribute(
-                ptr(stream.raw()),
-                id,
-                value.as_ptr().cast::<sys::CUstreamAttrValue>(),
-            )
-        })
+        // The union needs 8-byte alignment, which the wire's byte array does not have.
+        let mut v = MaybeUninit::<sys::CUstreamAttrValue>::zeroed();
+        // SAFETY: the union is exactly 64 bytes (a const assertion says so), `v` is ours and
+        // does not overlap `value`.
+        unsafe { std::ptr::copy_nonoverlapping(value.as_ptr(), v.as_mut_ptr().cast::<u8>(), 64) };
+        // SAFETY: see the impl comment; `v` is an initialised union the driver only reads.
+        check(unsafe { sys::cuStreamSetAttribute(ptr(stream.raw()), id, v.as_ptr()) })
     }
 
     fn stream_get_attribute(&self, stream: Stream, id: u32) -> CuResult<[u8; 64]> {
         let id = stream_attr_id(id)?;
+        let mut v = MaybeUninit::<sys::CUstreamAttrValue>::zeroed();
+        // SAFETY: see the impl comment; the driver writes at most the union's 64 bytes into `v`.
+        check(unsafe { sys::cuStreamGetAttribute(ptr(stream.raw()), id, v.as_mut_ptr()) })?;
         let mut value = [0u8; 64];
-        // SAFETY: as above; the driver writes at most the union's 64 bytes.
-        check(unsafe {
-            sys::cuStreamGetAttribute(
-                ptr(stream.raw()),
-                id,
-                value.as_mut_ptr().cast::<sys::CUstreamAttrValue>(),
-            )
-        })?;
+        // SAFETY: `v` is 64 initialised bytes (zeroed, then written by the driver).
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr().cast::<u8>(), value.as_mut_ptr(), 64) };
         Ok(value)
     }
 
@@ -1682,6 +1678,9 @@ impl DriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
 }
+
+/// The wire carries a stream or launch attribute's value as the C union's 64 bytes.
+const _: () = assert!(std::mem::size_of::<sys::CUstreamAttrValue>() == 64);
 
 /// The driver functions a source file calls through `sys`, sorted, without repeats, from the part
 /// before its tests: each driver file's test compares them with the symbols it declares.
