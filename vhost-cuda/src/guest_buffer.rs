@@ -413,7 +413,7 @@ mod tests {
         let mut out_first = RequestHeader::new(Op::Echo);
         out_first.push_buffer(Direction::Out, 16).unwrap();
         out_first.push_buffer(Direction::In, 16).unwrap();
-        assert!(Request::new(out_first, vec![buf(0, 16)], vec![buf(0x100, 16)]).is_err());
+        Request::new(out_first, vec![buf(0, 16)], vec![buf(0x100, 16)]).unwrap_err();
         // An op the header does not name, or a table of another op's shape.
         let mut unknown = RequestHeader::new(Op::Hello);
         unknown.op = 0xfff0;
@@ -423,7 +423,7 @@ mod tests {
         ));
         let mut hello_with_buffer = RequestHeader::new(Op::Hello);
         hello_with_buffer.push_buffer(Direction::In, 16).unwrap();
-        assert!(Request::new(hello_with_buffer, vec![buf(0, 16)], vec![]).is_err());
+        Request::new(hello_with_buffer, vec![buf(0, 16)], vec![]).unwrap_err();
     }
 
     #[test]
@@ -433,9 +433,9 @@ mod tests {
         assert_eq!(b.runs().len(), 2);
         b.write_at(0, &[7u8; 0x20]).unwrap();
         assert_eq!(b.to_vec().unwrap(), vec![7u8; 0x20]);
-        assert!(GuestBuffer::new(mem.clone(), [(GuestAddress(0x1fff0), 0x20)]).is_err());
-        assert!(GuestBuffer::new(mem.clone(), [(GuestAddress(u64::MAX - 4), 0x20)]).is_err());
-        assert!(b.read_at(0x10, &mut [0u8; 0x11]).is_err());
+        GuestBuffer::new(mem.clone(), [(GuestAddress(0x1fff0), 0x20)]).unwrap_err();
+        GuestBuffer::new(mem.clone(), [(GuestAddress(u64::MAX - 4), 0x20)]).unwrap_err();
+        b.read_at(0x10, &mut [0u8; 0x11]).unwrap_err();
     }
 
     #[test]
@@ -454,7 +454,7 @@ mod tests {
         assert_eq!(b.slice(7, 3).unwrap().runs().len(), 1);
         assert_eq!(b.slice(7, 3).unwrap().to_vec().unwrap(), b"orl");
         assert!(b.slice(11, 0).unwrap().is_empty());
-        assert!(b.slice(5, 7).is_err());
-        assert!(b.slice(usize::MAX, 2).is_err());
+        b.slice(5, 7).unwrap_err();
+        b.slice(usize::MAX, 2).unwrap_err();
     }
 }

@@ -305,6 +305,6 @@ mod tests {
         thread::sleep(Duration::from_millis(50));
         assert_eq!(link.parked(), MAX_WAITERS);
         link.close(false);
-        assert!(answers[0].try_recv().is_err());
+        answers[0].try_recv().unwrap_err();
     }
 }

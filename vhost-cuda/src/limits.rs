@@ -356,6 +356,6 @@ mod tests {
         let i = a.index();
         drop(a);
         assert_eq!(q.lease().unwrap().index(), i);
-        assert!(QuotaSlot::attach(dup(_b.fd()), 2).is_err());
+        QuotaSlot::attach(dup(_b.fd()), 2).unwrap_err();
     }
 }

@@ -252,7 +252,7 @@ mod tests {
         );
         assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);
         // A bare file name lives in the current directory.
-        assert!(Config::try_from(args("vm0.sock")).is_ok());
+        Config::try_from(args("vm0.sock")).unwrap();
     }
 
     #[test]
@@ -357,23 +357,23 @@ mod tests {
                 Err(Error::BadMaxSessions(..))
             ));
         }
-        assert!(Args::try_parse_from([
+        Args::try_parse_from([
             "vhost-cuda",
             "--socket-path",
             &path,
             "--max-gpu-memory",
-            "lots"
+            "lots",
         ])
-        .is_err());
+        .unwrap_err();
         // The worker's slot is hidden and only for workers.
-        assert!(Args::try_parse_from([
+        Args::try_parse_from([
             "vhost-cuda",
             "--socket-path",
             &path,
             "--gpu-memory-slot",
-            "1"
+            "1",
         ])
-        .is_err());
+        .unwrap_err();
     }
 
     #[test]
@@ -392,7 +392,7 @@ mod tests {
         .unwrap();
         assert_eq!(a.socket_count, 2);
         assert_eq!(a.gpu, Some(0));
-        assert!(Args::try_parse_from(["vhost-cuda"]).is_err());
+        Args::try_parse_from(["vhost-cuda"]).unwrap_err();
     }
 
     #[test]
@@ -420,15 +420,15 @@ mod tests {
             (Some(7), Some(1), "/run/qcuda/vm0.sock")
         );
         // A worker needs its session; it is no daemon.
-        assert!(Args::try_parse_from(["vhost-cuda", "--session-worker"]).is_err());
-        assert!(Args::try_parse_from([
+        Args::try_parse_from(["vhost-cuda", "--session-worker"]).unwrap_err();
+        Args::try_parse_from([
             "vhost-cuda",
             "--session-worker",
             "--session-id",
             "1",
             "--socket-path",
-            "/tmp/x.sock"
+            "/tmp/x.sock",
         ])
-        .is_err());
+        .unwrap_err();
     }
 }

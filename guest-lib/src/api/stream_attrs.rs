@@ -156,6 +156,6 @@ mod tests {
         let mut prio = [0u8; 64];
         prio[..4].copy_from_slice(&(-3i32).to_le_bytes());
         assert_eq!(from_wire(&to_wire(PRIORITY, &prio).unwrap()), prio);
-        assert!(to_wire(4, &prio).is_err());
+        to_wire(4, &prio).unwrap_err();
     }
 }

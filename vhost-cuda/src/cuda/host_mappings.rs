@@ -438,7 +438,7 @@ mod tests {
 
     #[test]
     fn run_tables_are_checked() {
-        assert!(decode_runs(&table(&[(0x1000, 0x2000)]), 0x2000).is_ok());
+        decode_runs(&table(&[(0x1000, 0x2000)]), 0x2000).unwrap();
         for (runs, len) in [
             (vec![(0x1000, 0x2000)], 0x3000),
             (vec![(0x1001, 0x1000)], 0x1000),
@@ -456,7 +456,7 @@ mod tests {
             (0x1001, 0x1000),
             (USER_END, 0x1000),
         ] {
-            assert!(check_range(addr, len).is_err());
+            check_range(addr, len).unwrap_err();
         }
     }
 

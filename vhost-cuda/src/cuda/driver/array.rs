@@ -569,12 +569,12 @@ mod tests {
 
     #[test]
     fn enums_come_only_from_known_values() {
-        assert!(array_format(0x20).is_ok());
+        array_format(0x20).unwrap();
         assert_eq!(array_format(0x04).err(), Some(CuError::INVALID_VALUE));
         assert_eq!(format_bytes(0x10), 2);
-        assert!(view_format(0x22).is_ok());
-        assert!(view_format(0x23).is_err());
-        assert!(address_mode(4).is_err());
-        assert!(filter_mode(2).is_err());
+        view_format(0x22).unwrap();
+        view_format(0x23).unwrap_err();
+        address_mode(4).unwrap_err();
+        filter_mode(2).unwrap_err();
     }
 }
