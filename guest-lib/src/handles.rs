@@ -31,7 +31,7 @@ impl<T: Copy> HandleTable<T> {
         // A zero-sized record would give every handle the same address.
         const { assert!(size_of::<T>() > 0) };
         let boxed = Box::new(record);
-        let handle = &*boxed as *const T as usize;
+        let handle = &raw const *boxed as usize;
         self.lock().insert(handle, boxed);
         handle
     }

@@ -58,7 +58,9 @@ impl Drop for SignalsBlocked {
             // SAFETY: restores the mask saved by `block` on this same thread (the guard is not Send
             // because sigset_t is plain data, but it is only ever created and dropped inside
             // `Session::submit`, on the calling thread).
-            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+            unsafe {
+                libc::pthread_sigmask(libc::SIG_SETMASK, &raw const self.old, std::ptr::null_mut())
+            };
         }
     }
 }

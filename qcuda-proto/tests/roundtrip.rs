@@ -192,9 +192,7 @@ fn ioctl_call_layout_matches_encoding() {
     let b = c.encode();
     // The repr(C) struct's bytes are its encoding on little-endian hosts.
     // SAFETY: IoctlCall is repr(C), has no padding (size checked above) and is fully initialised.
-    let raw = unsafe {
-        core::slice::from_raw_parts((&c as *const IoctlCall).cast::<u8>(), IOCTL_CALL_SIZE)
-    };
+    let raw = unsafe { core::slice::from_raw_parts((&raw const c).cast::<u8>(), IOCTL_CALL_SIZE) };
     assert_eq!(raw, &b[..]);
     let d = IoctlCall::decode(&b).unwrap();
     assert_eq!(d, c);

@@ -85,7 +85,7 @@ impl Child {
         }
         let mut status = 0;
         // SAFETY: `status` is a valid out-pointer; `pid` is our child.
-        let rc = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+        let rc = unsafe { libc::waitpid(self.pid, &raw mut status, libc::WNOHANG) };
         match rc {
             -1 => Err(io::Error::last_os_error()),
             0 => Ok(None),

@@ -317,9 +317,8 @@ mod tests {
         call.flags = 1;
         // SAFETY: IoctlCall is #[repr(C)], plain integers, no padding (asserted above), so
         // viewing it as bytes is sound.
-        let bytes = unsafe {
-            std::slice::from_raw_parts((&call as *const IoctlCall).cast::<u8>(), IOCTL_CALL_SIZE)
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&raw const call).cast::<u8>(), IOCTL_CALL_SIZE) };
         assert_eq!(bytes, &call.encode()[..]);
     }
 

@@ -545,7 +545,7 @@ fn raise_fd_limit(want: u64) {
     };
     // SAFETY: getrlimit/setrlimit with a valid resource and a live rlimit struct.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < want {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) == 0 && lim.rlim_cur < want {
             lim.rlim_cur = want.min(lim.rlim_max).max(lim.rlim_cur);
             if lim.rlim_max < want {
                 // root may raise the hard limit too
@@ -553,11 +553,11 @@ fn raise_fd_limit(want: u64) {
                     rlim_cur: want,
                     rlim_max: want,
                 };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) == 0 {
                     return;
                 }
             }
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim);
         }
     }
 }

@@ -53,7 +53,7 @@ impl TerminationSignals {
             let mut sig: libc::c_int = 0;
             // SAFETY: `self.0` is an initialised set of blocked signals and `sig` is a valid
             // place for the result.
-            let rc = unsafe { libc::sigwait(&self.0, &mut sig) };
+            let rc = unsafe { libc::sigwait(&raw const self.0, &raw mut sig) };
             if rc == 0 {
                 return sig;
             }

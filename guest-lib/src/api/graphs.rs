@@ -1845,9 +1845,9 @@ cuda_api! {
             let room = if from.is_null() { 0 } else { *numEdges };
             if !from.is_null() {
                 let mut n = room;
-                write_list(&f, from, &mut n)?;
+                write_list(&f, from, &raw mut n)?;
                 let mut n2 = room;
-                write_list(&t, to, &mut n2)?;
+                write_list(&t, to, &raw mut n2)?;
             }
             zero_edges(edgeData, room);
             numEdges.write(if from.is_null() { f.len() } else { f.len().min(room) });

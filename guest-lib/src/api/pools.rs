@@ -162,7 +162,7 @@ cuda_api! {
         let props = unsafe { poolProps.read_unaligned() };
         check_type(props.allocType)?;
         // SAFETY: the location lies inside `props`, a local.
-        let d = unsafe { location_device(&props.location) }?;
+        let d = unsafe { location_device(&raw const props.location) }?;
         if props.handleTypes != cudaMemHandleTypeNone {
             warn_once!("cudaMemPoolCreate: shareable (IPC) memory pools are not supported");
             return Err(CudaError::NOT_SUPPORTED);
@@ -257,7 +257,7 @@ cuda_api! {
             // SAFETY: `descList` holds `count` descriptors (API contract).
             let d = unsafe { descList.add(i).read_unaligned() };
             // SAFETY: the location lies inside `d`, a local.
-            let dev = unsafe { location_device(&d.location) }?;
+            let dev = unsafe { location_device(&raw const d.location) }?;
             if !matches!(d.flags, 0 | 1 | 3) {
                 return Err(CudaError::INVALID_VALUE);
             }

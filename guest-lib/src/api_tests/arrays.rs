@@ -24,7 +24,7 @@ fn pitched_2d_copies_each_direction_and_memset() {
     let mut pitch = 0usize;
     // SAFETY: host buffers sized for the copies.
     unsafe {
-        ok(cudaMallocPitch(&mut d, &mut pitch, w, h));
+        ok(cudaMallocPitch(&raw mut d, &raw mut pitch, w, h));
         assert_eq!(pitch, 512);
         ok(cudaMemset2D(d, pitch, 0x5a, pitch, h));
         // Host rows with a pitch of their own (w + 3).
@@ -45,7 +45,7 @@ fn pitched_2d_copies_each_direction_and_memset() {
         // Device to device into a second pitched allocation, then back to the host.
         let mut d2: *mut c_void = ptr::null_mut();
         let mut pitch2 = 0usize;
-        ok(cudaMallocPitch(&mut d2, &mut pitch2, w, h));
+        ok(cudaMallocPitch(&raw mut d2, &raw mut pitch2, w, h));
         ok(cudaMemcpy2D(
             d2,
             pitch2,
@@ -148,7 +148,7 @@ fn large_pitched_copies_are_cut_into_chunks() {
     let mut back = vec![0u8; w * h];
     // SAFETY: buffers sized for the copies.
     unsafe {
-        ok(cudaMallocPitch(&mut d, &mut pitch, w, h));
+        ok(cudaMallocPitch(&raw mut d, &raw mut pitch, w, h));
         ok(cudaMemcpy2D(
             d,
             pitch,
@@ -195,8 +195,8 @@ fn arrays_3d_copies_and_info() {
     // SAFETY: buffers sized for the copies.
     unsafe {
         ok(cudaMalloc3DArray(
-            &mut a,
-            &desc,
+            &raw mut a,
+            &raw const desc,
             cudaExtent {
                 width: w,
                 height: h,
@@ -207,7 +207,12 @@ fn arrays_3d_copies_and_info() {
         let mut got = cudaChannelFormatDesc::default();
         let mut ext = cudaExtent::default();
         let mut flags = 0u32;
-        ok(cudaArrayGetInfo(&mut got, &mut ext, &mut flags, a));
+        ok(cudaArrayGetInfo(
+            &raw mut got,
+            &raw mut ext,
+            &raw mut flags,
+            a,
+        ));
         assert_eq!(
             (got.x, got.y, got.f),
             (32, 0, cu::cudaChannelFormatKindFloat)
@@ -232,11 +237,11 @@ fn arrays_3d_copies_and_info() {
             kind: cu::cudaMemcpyHostToDevice,
             ..Default::default()
         };
-        ok(cudaMemcpy3D(&p));
+        ok(cudaMemcpy3D(&raw const p));
         // Into 3D pitched memory, then out to the host.
         let mut pd = cudaPitchedPtr::default();
         ok(cudaMalloc3D(
-            &mut pd,
+            &raw mut pd,
             cudaExtent {
                 width: w * 4,
                 height: h,
@@ -254,7 +259,7 @@ fn arrays_3d_copies_and_info() {
             kind: cu::cudaMemcpyDeviceToDevice,
             ..Default::default()
         };
-        ok(cudaMemcpy3D(&p));
+        ok(cudaMemcpy3D(&raw const p));
         p = cudaMemcpy3DParms {
             srcPtr: pd,
             dstPtr: cudaPitchedPtr {
@@ -271,7 +276,7 @@ fn arrays_3d_copies_and_info() {
             kind: cu::cudaMemcpyDeviceToHost,
             ..Default::default()
         };
-        ok(cudaMemcpy3D(&p));
+        ok(cudaMemcpy3D(&raw const p));
         assert_eq!(back, host);
         // One element at (2, 1, 2) of the array, positions in elements.
         let mut one = 0f32;
@@ -292,14 +297,14 @@ fn arrays_3d_copies_and_info() {
             kind: cu::cudaMemcpyDeviceToHost,
             ..Default::default()
         };
-        ok(cudaMemcpy3D(&p));
+        ok(cudaMemcpy3D(&raw const p));
         assert_eq!(one, host[2 * w * h + w + 2]);
         // Neither or both of array and pointer: invalid.
         p.srcPtr = pd;
-        assert_err(cudaMemcpy3D(&p), cu::cudaErrorInvalidValue);
+        assert_err(cudaMemcpy3D(&raw const p), cu::cudaErrorInvalidValue);
         // 2D array copies and the deprecated linear ones.
         let mut a2: cudaArray_t = ptr::null_mut();
-        ok(cudaMallocArray(&mut a2, &desc, w, h, 0));
+        ok(cudaMallocArray(&raw mut a2, &raw const desc, w, h, 0));
         ok(cudaMemcpy2DToArray(
             a2,
             0,
@@ -321,7 +326,7 @@ fn arrays_3d_copies_and_info() {
         ));
         assert_eq!(row[..w * h - w - 2], host[w + 2..w * h]);
         let mut a3: cudaArray_t = ptr::null_mut();
-        ok(cudaMallocArray(&mut a3, &desc, w, h, 0));
+        ok(cudaMallocArray(&raw mut a3, &raw const desc, w, h, 0));
         ok(cudaMemcpy2DArrayToArray(
             a3,
             0,
@@ -352,7 +357,7 @@ fn arrays_3d_copies_and_info() {
         // Three channels is no format.
         let three = cudaCreateChannelDesc(8, 8, 8, 0, cu::cudaChannelFormatKindUnsigned);
         assert_err(
-            cudaMallocArray(&mut a, &three, 4, 4, 0),
+            cudaMallocArray(&raw mut a, &raw const three, 4, 4, 0),
             cu::cudaErrorInvalidChannelDescriptor,
         );
     }
@@ -367,8 +372,8 @@ fn mipmaps_and_objects() {
     // SAFETY: out pointers to locals.
     unsafe {
         ok(cudaMallocMipmappedArray(
-            &mut m,
-            &desc,
+            &raw mut m,
+            &raw const desc,
             cudaExtent {
                 width: 16,
                 height: 16,
@@ -377,11 +382,11 @@ fn mipmaps_and_objects() {
             3,
             0,
         ));
-        ok(cudaGetMipmappedArrayLevel(&mut level, m, 2));
+        ok(cudaGetMipmappedArrayLevel(&raw mut level, m, 2));
         let mut ext = cudaExtent::default();
         ok(cudaArrayGetInfo(
             ptr::null_mut(),
-            &mut ext,
+            &raw mut ext,
             ptr::null_mut(),
             level,
         ));
@@ -398,32 +403,37 @@ fn mipmaps_and_objects() {
             ..Default::default()
         };
         let mut t = 0u64;
-        ok(cudaCreateTextureObject(&mut t, &res, &tex, ptr::null()));
+        ok(cudaCreateTextureObject(
+            &raw mut t,
+            &raw const res,
+            &raw const tex,
+            ptr::null(),
+        ));
         assert_ne!(t, 0);
         let mut back = cudaTextureDesc::default();
-        ok(cudaGetTextureObjectTextureDesc(&mut back, t));
+        ok(cudaGetTextureObjectTextureDesc(&raw mut back, t));
         assert_eq!(
             (back.normalizedCoords, back.filterMode),
             (1, cu::cudaFilterModeLinear)
         );
         let mut r = cudaResourceDesc::default();
-        ok(cudaGetTextureObjectResourceDesc(&mut r, t));
+        ok(cudaGetTextureObjectResourceDesc(&raw mut r, t));
         assert_eq!(r.resType, cu::cudaResourceTypeMipmappedArray);
         ok(cudaDestroyTextureObject(t));
         assert_err(cudaDestroyTextureObject(t), cu::cudaErrorInvalidValue);
         assert_err(
-            cudaGetTextureObjectTextureDesc(&mut back, t),
+            cudaGetTextureObjectTextureDesc(&raw mut back, t),
             cu::cudaErrorInvalidValue,
         );
         // Surface objects need an array resource.
         let mut s = 0u64;
         assert_err(
-            cudaCreateSurfaceObject(&mut s, &res),
+            cudaCreateSurfaceObject(&raw mut s, &raw const res),
             cu::cudaErrorInvalidValue,
         );
         res.resType = cu::cudaResourceTypeArray;
         res.res.array.array = level;
-        ok(cudaCreateSurfaceObject(&mut s, &res));
+        ok(cudaCreateSurfaceObject(&raw mut s, &raw const res));
         assert_err(cudaDestroyTextureObject(s), cu::cudaErrorInvalidValue);
         ok(cudaDestroySurfaceObject(s));
         ok(cudaFreeMipmappedArray(m));

@@ -15,14 +15,17 @@ fn without_a_device_count_is_zero_and_no_device() {
     // No runtime installed: as without /dev/qcuda.
     let mut n = -1;
     // SAFETY: valid out-pointer.
-    assert_err(unsafe { cudaGetDeviceCount(&mut n) }, cu::cudaErrorNoDevice);
+    assert_err(
+        unsafe { cudaGetDeviceCount(&raw mut n) },
+        cu::cudaErrorNoDevice,
+    );
     assert_eq!(n, 0);
     let mut v = -1;
     // SAFETY: valid out-pointer.
-    ok(unsafe { cudaDriverGetVersion(&mut v) });
+    ok(unsafe { cudaDriverGetVersion(&raw mut v) });
     assert_eq!(v, 0);
     // SAFETY: valid out-pointer.
-    ok(unsafe { cudaRuntimeGetVersion(&mut v) });
+    ok(unsafe { cudaRuntimeGetVersion(&raw mut v) });
     assert_eq!(v, 13000);
     // SAFETY: no pointers.
     assert_err(unsafe { cudaSetDevice(0) }, cu::cudaErrorNoDevice);
@@ -40,11 +43,14 @@ fn a_host_whose_driver_is_unusable_says_why() {
     let mut n = -1;
     // SAFETY: valid out-pointers.
     unsafe {
-        assert_err(cudaGetDeviceCount(&mut n), cu::cudaErrorInsufficientDriver);
+        assert_err(
+            cudaGetDeviceCount(&raw mut n),
+            cu::cudaErrorInsufficientDriver,
+        );
         assert_eq!(n, 0);
         assert_err(cudaSetDevice(0), cu::cudaErrorInsufficientDriver);
         let mut v = 0;
-        ok(cudaDriverGetVersion(&mut v));
+        ok(cudaDriverGetVersion(&raw mut v));
         assert_eq!(v, 13000);
     }
     last_error::take();
@@ -55,11 +61,14 @@ fn a_host_without_gpus_counts_zero() {
     FakeDevice::new(0).install();
     let mut n = -1;
     // SAFETY: valid out-pointer.
-    assert_err(unsafe { cudaGetDeviceCount(&mut n) }, cu::cudaErrorNoDevice);
+    assert_err(
+        unsafe { cudaGetDeviceCount(&raw mut n) },
+        cu::cudaErrorNoDevice,
+    );
     assert_eq!(n, 0);
     let mut d = 0;
     // SAFETY: valid out-pointer.
-    assert_err(unsafe { cudaGetDevice(&mut d) }, cu::cudaErrorNoDevice);
+    assert_err(unsafe { cudaGetDevice(&raw mut d) }, cu::cudaErrorNoDevice);
 }
 
 #[test]
@@ -68,13 +77,13 @@ fn set_device_validates_and_is_per_thread() {
     let mut n = 0;
     // SAFETY: valid out-pointers, no pointers.
     unsafe {
-        ok(cudaGetDeviceCount(&mut n));
+        ok(cudaGetDeviceCount(&raw mut n));
         assert_eq!(n, 2);
         ok(cudaSetDevice(1));
         assert_err(cudaSetDevice(2), cu::cudaErrorInvalidDevice);
         assert_err(cudaSetDevice(-1), cu::cudaErrorInvalidDevice);
         let mut d = -1;
-        ok(cudaGetDevice(&mut d));
+        ok(cudaGetDevice(&raw mut d));
         assert_eq!(d, 1);
     }
     std::thread::spawn(|| assert_eq!(crate::devices::current(), 0))
@@ -87,7 +96,7 @@ fn properties_come_from_one_batched_request_and_mask_unremoted_features() {
     let fake = setup();
     let mut p = cudaDeviceProp::default();
     // SAFETY: valid out-pointer.
-    ok(unsafe { cudaGetDeviceProperties(&mut p, 0) });
+    ok(unsafe { cudaGetDeviceProperties(&raw mut p, 0) });
     // SAFETY: the name is NUL-terminated.
     let name = unsafe { CStr::from_ptr(p.name.as_ptr()) };
     assert_eq!(name.to_str().unwrap(), "Fake H100 0");
@@ -118,28 +127,28 @@ fn properties_come_from_one_batched_request_and_mask_unremoted_features() {
     // Cached: neither a second call nor single attributes ask again.
     // SAFETY: valid out-pointers.
     unsafe {
-        ok(cudaGetDeviceProperties(&mut p, 0));
+        ok(cudaGetDeviceProperties(&raw mut p, 0));
         let mut v = 0;
         ok(cudaDeviceGetAttribute(
-            &mut v,
+            &raw mut v,
             cu::cudaDevAttrMaxThreadsPerBlock,
             0,
         ));
         assert_eq!(v, 1024);
         ok(cudaDeviceGetAttribute(
-            &mut v,
+            &raw mut v,
             cu::cudaDevAttrCanMapHostMemory,
             0,
         ));
         assert_eq!(v, 1);
         ok(cudaDeviceGetAttribute(
-            &mut v,
+            &raw mut v,
             cu::cudaDevAttrPageableMemoryAccess,
             0,
         ));
         assert_eq!(v, 0);
         assert_err(
-            cudaGetDeviceProperties(&mut p, 1),
+            cudaGetDeviceProperties(&raw mut p, 1),
             cu::cudaErrorInvalidDevice,
         );
     }
@@ -154,13 +163,13 @@ fn attributes_the_host_does_not_know_read_as_zero_in_properties() {
         .push(cu::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE as i32);
     let mut p = cudaDeviceProp::default();
     // SAFETY: valid out-pointer.
-    ok(unsafe { cudaGetDeviceProperties(&mut p, 0) });
+    ok(unsafe { cudaGetDeviceProperties(&raw mut p, 0) });
     assert_eq!(p.l2CacheSize, 0);
     assert_eq!(p.maxThreadsPerBlock, 1024);
     let mut v = 0;
     // Asked alone, the host's error is the answer.
     // SAFETY: valid out-pointer.
-    let r = unsafe { cudaDeviceGetAttribute(&mut v, cu::cudaDevAttrL2CacheSize, 0) };
+    let r = unsafe { cudaDeviceGetAttribute(&raw mut v, cu::cudaDevAttrL2CacheSize, 0) };
     assert_err(r, cu::cudaErrorInvalidValue);
 }
 
@@ -171,11 +180,11 @@ fn versions_flags_pci_and_memory_info() {
     // SAFETY: valid out-pointers and buffers throughout.
     unsafe {
         let mut v = 0;
-        ok(cudaDriverGetVersion(&mut v));
+        ok(cudaDriverGetVersion(&raw mut v));
         assert_eq!(v, 13000);
         ok(cudaSetDeviceFlags(cu::cudaDeviceScheduleBlockingSync));
         let mut f = 0;
-        ok(cudaGetDeviceFlags(&mut f));
+        ok(cudaGetDeviceFlags(&raw mut f));
         assert_eq!(f, cu::cudaDeviceScheduleBlockingSync);
         assert_err(cudaSetDeviceFlags(3), cu::cudaErrorInvalidValue);
         let mut bus = [0i8; 32];
@@ -183,31 +192,31 @@ fn versions_flags_pci_and_memory_info() {
         let id = CStr::from_ptr(bus.as_ptr());
         assert_eq!(id.to_str().unwrap(), "0000:11:00.0");
         let mut d = -1;
-        ok(cudaDeviceGetByPCIBusId(&mut d, id.as_ptr()));
+        ok(cudaDeviceGetByPCIBusId(&raw mut d, id.as_ptr()));
         assert_eq!(d, 1);
         let mut short = [0x7fi8; 5];
         ok(cudaDeviceGetPCIBusId(short.as_mut_ptr(), 5, 0));
         assert_eq!(CStr::from_ptr(short.as_ptr()).to_str().unwrap(), "0000");
         // The host's answer (the fake: different devices are peers).
         let mut can = 0;
-        ok(cudaDeviceCanAccessPeer(&mut can, 0, 1));
+        ok(cudaDeviceCanAccessPeer(&raw mut can, 0, 1));
         assert_eq!(can, 1);
-        ok(cudaDeviceCanAccessPeer(&mut can, 1, 1));
+        ok(cudaDeviceCanAccessPeer(&raw mut can, 1, 1));
         assert_eq!(can, 0);
         assert_err(
-            cudaDeviceCanAccessPeer(&mut can, 0, 2),
+            cudaDeviceCanAccessPeer(&raw mut can, 0, 2),
             cu::cudaErrorInvalidDevice,
         );
         let mut v = 0;
         ok(cudaDeviceGetP2PAttribute(
-            &mut v,
+            &raw mut v,
             cu::cudaDevP2PAttrAccessSupported,
             0,
             1,
         ));
         assert_eq!(v, 1);
         assert_err(
-            cudaDeviceGetP2PAttribute(&mut v, 9, 0, 1),
+            cudaDeviceGetP2PAttribute(&raw mut v, 9, 0, 1),
             cu::cudaErrorInvalidValue,
         );
         ok(cudaDeviceEnablePeerAccess(1, 0));
@@ -218,9 +227,9 @@ fn versions_flags_pci_and_memory_info() {
         // A copy from device 1 to device 0.
         let (mut a, mut b): (*mut core::ffi::c_void, *mut core::ffi::c_void) =
             (core::ptr::null_mut(), core::ptr::null_mut());
-        ok(crate::api::memory::cudaMalloc(&mut a, 64));
+        ok(crate::api::memory::cudaMalloc(&raw mut a, 64));
         ok(cudaSetDevice(1));
-        ok(crate::api::memory::cudaMalloc(&mut b, 64));
+        ok(crate::api::memory::cudaMalloc(&raw mut b, 64));
         let data = [9u8; 64];
         ok(crate::api::memory::cudaMemcpy(
             b,
@@ -252,7 +261,7 @@ fn versions_flags_pci_and_memory_info() {
         );
         crate::api::errors::cudaGetLastError();
         let (mut free, mut total) = (0, 0);
-        ok(cudaMemGetInfo(&mut free, &mut total));
+        ok(cudaMemGetInfo(&raw mut free, &raw mut total));
         assert_eq!(total, 80 << 30);
         assert!(free <= total);
     }

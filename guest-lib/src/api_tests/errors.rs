@@ -32,7 +32,7 @@ fn last_error_is_taken_by_get_and_kept_by_peek() {
     // SAFETY: valid out-pointer; null free is fine.
     unsafe {
         assert_err(cudaMalloc(ptr::null_mut(), 4), cu::cudaErrorInvalidValue);
-        ok(cudaMalloc(&mut p, 4));
+        ok(cudaMalloc(&raw mut p, 4));
         assert_err(cudaPeekAtLastError(), cu::cudaErrorInvalidValue);
         assert_err(cudaGetLastError(), cu::cudaErrorInvalidValue);
         ok(cudaGetLastError());
@@ -49,7 +49,7 @@ fn a_fault_is_sticky_until_device_reset() {
     let mut p = ptr::null_mut();
     // SAFETY: valid pointers; the kernel has no parameters.
     unsafe {
-        ok(cudaMalloc(&mut p, 64));
+        ok(cudaMalloc(&raw mut p, 64));
         // The launch does not wait: the fault shows at the next synchronising call.
         ok(cudaLaunchKernel(
             fault as *const _,
@@ -64,7 +64,7 @@ fn a_fault_is_sticky_until_device_reset() {
 
         // Sticky: every later call on the device fails with it, locally.
         let before = fake.ops().len();
-        assert_err(cudaMalloc(&mut p, 64), cu::cudaErrorIllegalAddress);
+        assert_err(cudaMalloc(&raw mut p, 64), cu::cudaErrorIllegalAddress);
         assert_err(
             cudaStreamSynchronize(ptr::null_mut()),
             cu::cudaErrorIllegalAddress,
@@ -90,11 +90,11 @@ fn a_fault_is_sticky_until_device_reset() {
         assert_err(cudaGetLastError(), cu::cudaErrorIllegalAddress);
         // Device queries still answer.
         let mut n = 0;
-        ok(cudaGetDeviceCount(&mut n));
+        ok(cudaGetDeviceCount(&raw mut n));
 
         ok(cudaDeviceReset());
         ok(cudaGetLastError());
-        ok(cudaMalloc(&mut p, 64));
+        ok(cudaMalloc(&raw mut p, 64));
         // The reset freed the module on the host, so the next launch loads it again.
         let loads = |f: &FakeDevice| f.ops().iter().filter(|o| **o == Op::ModuleLoad).count();
         assert_eq!(loads(&fake), 1);
@@ -128,8 +128,8 @@ fn a_failed_fire_and_forget_op_is_reported_once_at_the_next_sync() {
     let (mut a, mut b) = (ptr::null_mut(), ptr::null_mut());
     // SAFETY: valid pointers.
     unsafe {
-        ok(cudaMalloc(&mut a, 64));
-        ok(cudaMalloc(&mut b, 64));
+        ok(cudaMalloc(&raw mut a, 64));
+        ok(cudaMalloc(&raw mut b, 64));
         fake.state().fail_next = Some((Op::Memset, status::INVALID_VALUE, false));
         ok(cudaMemsetAsync(a, 1, 64, ptr::null_mut()));
         assert_err(
@@ -149,12 +149,12 @@ fn a_failed_fire_and_forget_op_reaches_the_last_error_through_a_non_sync_call() 
     let (mut a, mut b) = (ptr::null_mut(), ptr::null_mut());
     // SAFETY: valid pointers.
     unsafe {
-        ok(cudaMalloc(&mut a, 64));
+        ok(cudaMalloc(&raw mut a, 64));
         fake.state().fail_next = Some((Op::Memset, status::INVALID_VALUE, false));
         ok(cudaMemsetAsync(a, 1, 64, ptr::null_mut()));
         // The next waited-for op carries the failure: it succeeds itself, the error becomes
         // the thread's last error, and a later synchronise has nothing more to report.
-        ok(cudaMalloc(&mut b, 64));
+        ok(cudaMalloc(&raw mut b, 64));
         ok(cudaDeviceSynchronize());
         assert_err(cudaGetLastError(), cu::cudaErrorInvalidValue);
         ok(cudaGetLastError());
@@ -189,8 +189,8 @@ fn the_sticky_flag_alone_does_not_make_an_error_sticky() {
     let mut p = ptr::null_mut();
     // SAFETY: valid out-pointer.
     unsafe {
-        assert_err(cudaMalloc(&mut p, 64), cu::cudaErrorMemoryAllocation);
-        ok(cudaMalloc(&mut p, 64));
+        assert_err(cudaMalloc(&raw mut p, 64), cu::cudaErrorMemoryAllocation);
+        ok(cudaMalloc(&raw mut p, 64));
     }
     cudaGetLastError();
 }
@@ -206,10 +206,10 @@ fn interrupted_calls_are_repeated_only_when_idempotent() {
         // Malloc is not repeated (it may have run); it is sent with signals blocked, so only a
         // test double can still interrupt it.
         fake.state().errnos.push_back(libc::EINTR);
-        assert_err(cudaMalloc(&mut p, 64), cu::cudaErrorUnknown);
+        assert_err(cudaMalloc(&raw mut p, 64), cu::cudaErrorUnknown);
         assert!(fake.state().errnos.is_empty());
         assert!(!fake.ops().contains(&Op::Malloc));
-        ok(cudaMalloc(&mut p, 64));
+        ok(cudaMalloc(&raw mut p, 64));
     }
     cudaGetLastError();
 }

@@ -29,10 +29,13 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
     let mut pageable = vec![0u8; 256];
     // SAFETY: valid out-pointers and parameter blocks throughout.
     unsafe {
-        ok(cudaGraphCreate(&mut graph, 0));
-        assert_err(cudaGraphCreate(&mut graph, 1), cu::cudaErrorInvalidValue);
-        ok(cudaMalloc(&mut dev, 256));
-        ok(cudaMallocHost(&mut pinned, 256));
+        ok(cudaGraphCreate(&raw mut graph, 0));
+        assert_err(
+            cudaGraphCreate(&raw mut graph, 1),
+            cu::cudaErrorInvalidValue,
+        );
+        ok(cudaMalloc(&raw mut dev, 256));
+        ok(cudaMallocHost(&raw mut pinned, 256));
 
         let (mut p, mut n): (u64, i32) = (dev as u64, 64);
         let mut args: [*mut c_void; 2] = [(&raw mut p).cast(), (&raw mut n).cast()];
@@ -45,9 +48,15 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             extra: ptr::null_mut(),
         };
         let mut k: cudaGraphNode_t = ptr::null_mut();
-        ok(cudaGraphAddKernelNode(&mut k, graph, ptr::null(), 0, &kp));
+        ok(cudaGraphAddKernelNode(
+            &raw mut k,
+            graph,
+            ptr::null(),
+            0,
+            &raw const kp,
+        ));
         let mut back = cu::cudaKernelNodeParams::default();
-        ok(cudaGraphKernelNodeGetParams(k, &mut back));
+        ok(cudaGraphKernelNodeGetParams(k, &raw mut back));
         assert_eq!(
             (back.func as usize, back.gridDim.x, back.blockDim.x),
             (add, 2, 32)
@@ -63,12 +72,18 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             height: 1,
         };
         let mut ms: cudaGraphNode_t = ptr::null_mut();
-        ok(cudaGraphAddMemsetNode(&mut ms, graph, &k, 1, &set));
+        ok(cudaGraphAddMemsetNode(
+            &raw mut ms,
+            graph,
+            &raw const k,
+            1,
+            &raw const set,
+        ));
         let mut cp: cudaGraphNode_t = ptr::null_mut();
         ok(cudaGraphAddMemcpyNode1D(
-            &mut cp,
+            &raw mut cp,
             graph,
-            &ms,
+            &raw const ms,
             1,
             pinned,
             dev,
@@ -76,23 +91,23 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             cu::cudaMemcpyDeviceToHost,
         ));
         let mut back_set = cu::cudaMemsetParams::default();
-        ok(cudaGraphMemsetNodeGetParams(ms, &mut back_set));
+        ok(cudaGraphMemsetNodeGetParams(ms, &raw mut back_set));
         assert_eq!((back_set.dst, back_set.value, back_set.width), (dev, 1, 64));
         let mut back_cp = cu::cudaMemcpy3DParms::default();
-        ok(cudaGraphMemcpyNodeGetParams(cp, &mut back_cp));
+        ok(cudaGraphMemcpyNodeGetParams(cp, &raw mut back_cp));
         assert_eq!(
             (back_cp.dstPtr.ptr, back_cp.srcPtr.ptr, back_cp.extent.width),
             (pinned, dev, 256)
         );
         assert_err(
-            cudaGraphMemsetNodeGetParams(cp, &mut back_set),
+            cudaGraphMemsetNodeGetParams(cp, &raw mut back_set),
             cu::cudaErrorInvalidValue,
         );
         // Pageable host memory as a memcpy node's host side is pinned and mapped for the
         // worker, which runs the copy whenever the graph runs.
         let mut bad: cudaGraphNode_t = ptr::null_mut();
         ok(cudaGraphAddMemcpyNode1D(
-            &mut bad,
+            &raw mut bad,
             graph,
             ptr::null(),
             0,
@@ -118,19 +133,25 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             userData: ptr::null_mut(),
         };
         assert_err(
-            cudaGraphAddHostNode(&mut bad, graph, ptr::null(), 0, &hp),
+            cudaGraphAddHostNode(&raw mut bad, graph, ptr::null(), 0, &raw const hp),
             cu::cudaErrorInvalidValue,
         );
         unsafe extern "C" fn nothing(_: *mut c_void) {}
         hp.fn_ = Some(nothing);
         hp.userData = 0x55 as *mut c_void;
         let mut host: cudaGraphNode_t = ptr::null_mut();
-        ok(cudaGraphAddHostNode(&mut host, graph, ptr::null(), 0, &hp));
+        ok(cudaGraphAddHostNode(
+            &raw mut host,
+            graph,
+            ptr::null(),
+            0,
+            &raw const hp,
+        ));
         let mut back = cu::cudaHostNodeParams {
             fn_: None,
             userData: ptr::null_mut(),
         };
-        ok(cudaGraphHostNodeGetParams(host, &mut back));
+        ok(cudaGraphHostNodeGetParams(host, &raw mut back));
         assert_eq!(back.userData, 0x55 as *mut c_void);
         assert_eq!(fake.state().graphs.nodes[&(host as u64)].ty, g::NODE_HOST);
         ok(cudaGraphDestroyNode(host));
@@ -149,24 +170,28 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         }
 
         let mut count = 0usize;
-        ok(cudaGraphGetNodes(graph, ptr::null_mut(), &mut count));
+        ok(cudaGraphGetNodes(graph, ptr::null_mut(), &raw mut count));
         assert_eq!(count, 3);
         let mut nodes = [ptr::null_mut(); 4];
         count = 4;
-        ok(cudaGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count));
+        ok(cudaGraphGetNodes(graph, nodes.as_mut_ptr(), &raw mut count));
         assert_eq!((count, nodes), (3, [k, ms, cp, ptr::null_mut()]));
         count = 4;
-        ok(cudaGraphGetRootNodes(graph, nodes.as_mut_ptr(), &mut count));
+        ok(cudaGraphGetRootNodes(
+            graph,
+            nodes.as_mut_ptr(),
+            &raw mut count,
+        ));
         assert_eq!((count, nodes[0]), (1, k));
         let mut ty = 99;
-        ok(cudaGraphNodeGetType(cp, &mut ty));
+        ok(cudaGraphNodeGetType(cp, &raw mut ty));
         assert_eq!(ty, cu::cudaGraphNodeTypeMemcpy);
         count = 4;
         ok(cudaGraphNodeGetDependentNodes(
             k,
             nodes.as_mut_ptr(),
             ptr::null_mut(),
-            &mut count,
+            &raw mut count,
         ));
         assert_eq!((count, nodes[0]), (1, ms));
         let (mut from, mut to) = ([ptr::null_mut(); 4], [ptr::null_mut(); 4]);
@@ -176,7 +201,7 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             from.as_mut_ptr(),
             to.as_mut_ptr(),
             ptr::null_mut(),
-            &mut count,
+            &raw mut count,
         ));
         assert_eq!((count, from[0], to[0]), (2, k, ms));
 
@@ -184,7 +209,7 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         let mut sym: cudaGraphNode_t = ptr::null_mut();
         let t = table as *const c_void;
         ok(cudaGraphAddMemcpyNodeToSymbol(
-            &mut sym,
+            &raw mut sym,
             graph,
             ptr::null(),
             0,
@@ -198,7 +223,7 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         assert_eq!((m.dst, m.src, m.width), (global + 8, pinned as u64, 16));
         assert_err(
             cudaGraphAddMemcpyNodeToSymbol(
-                &mut sym,
+                &raw mut sym,
                 graph,
                 ptr::null(),
                 0,
@@ -212,7 +237,7 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         );
         assert_err(
             cudaGraphAddMemcpyNodeFromSymbol(
-                &mut sym,
+                &raw mut sym,
                 graph,
                 ptr::null(),
                 0,
@@ -225,7 +250,7 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             cu::cudaErrorInvalidMemcpyDirection,
         );
         ok(cudaGraphAddMemcpyNodeFromSymbol(
-            &mut sym,
+            &raw mut sym,
             graph,
             ptr::null(),
             0,
@@ -251,24 +276,31 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         };
         let mut generic: cudaGraphNode_t = ptr::null_mut();
         ok(cudaGraphAddNode(
-            &mut generic,
+            &raw mut generic,
             graph,
-            &cp,
+            &raw const cp,
             ptr::null(),
             1,
-            &mut gp,
+            &raw mut gp,
         ));
         assert_eq!(
             fake.state().graphs.nodes[&(generic as u64)].ty,
             g::NODE_MEMSET
         );
         gp.__bindgen_anon_1.memset.width = 8;
-        ok(cudaGraphNodeSetParams(generic, &mut gp));
+        ok(cudaGraphNodeSetParams(generic, &raw mut gp));
         let set = MemsetNode::decode(&fake.state().graphs.nodes[&(generic as u64)].params).unwrap();
         assert_eq!((set.width, set.value, set.element_size), (8, 9, 1));
         gp.type_ = cu::cudaGraphNodeTypeExtSemaphoreSignal;
         assert_err(
-            cudaGraphAddNode(&mut generic, graph, ptr::null(), ptr::null(), 0, &mut gp),
+            cudaGraphAddNode(
+                &raw mut generic,
+                graph,
+                ptr::null(),
+                ptr::null(),
+                0,
+                &raw mut gp,
+            ),
             cu::cudaErrorNotSupported,
         );
         // Memory nodes: the allocation's address comes back in the parameters.
@@ -278,65 +310,72 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
         ap.bytesize = 4096;
         let mut alloc: cudaGraphNode_t = ptr::null_mut();
         ok(cudaGraphAddMemAllocNode(
-            &mut alloc,
+            &raw mut alloc,
             graph,
             ptr::null(),
             0,
-            &mut ap,
+            &raw mut ap,
         ));
         assert_eq!(ap.dptr as u64, 0x7000_0000);
         let mut attr = cu::cudaPointerAttributes::default();
-        ok(cudaPointerGetAttributes(&mut attr, ap.dptr));
+        ok(cudaPointerGetAttributes(&raw mut attr, ap.dptr));
         assert_eq!(attr.type_, cu::cudaMemoryTypeDevice);
         let mut free: cudaGraphNode_t = ptr::null_mut();
         ok(cudaGraphAddMemFreeNode(
-            &mut free, graph, &alloc, 1, ap.dptr,
+            &raw mut free,
+            graph,
+            &raw const alloc,
+            1,
+            ap.dptr,
         ));
         ap.poolProps.location.id = 3;
         assert_err(
-            cudaGraphAddMemAllocNode(&mut alloc, graph, ptr::null(), 0, &mut ap),
+            cudaGraphAddMemAllocNode(&raw mut alloc, graph, ptr::null(), 0, &raw mut ap),
             cu::cudaErrorInvalidDevice,
         );
 
         let mut exec: cudaGraphExec_t = ptr::null_mut();
-        ok(cudaGraphInstantiate(&mut exec, graph, 0));
+        ok(cudaGraphInstantiate(&raw mut exec, graph, 0));
         for _ in 0..5 {
             ok(cudaGraphLaunch(exec, ptr::null_mut()));
         }
         assert_eq!(fake.state().graphs.execs[&(exec as u64)].1, 5);
-        ok(cudaGraphExecKernelNodeSetParams(exec, k, &kp));
+        ok(cudaGraphExecKernelNodeSetParams(exec, k, &raw const kp));
 
         let mut clone: cudaGraph_t = ptr::null_mut();
-        ok(cudaGraphClone(&mut clone, graph));
+        ok(cudaGraphClone(&raw mut clone, graph));
         let mut k_clone: cudaGraphNode_t = ptr::null_mut();
-        ok(cudaGraphNodeFindInClone(&mut k_clone, k, clone));
+        ok(cudaGraphNodeFindInClone(&raw mut k_clone, k, clone));
         assert!(!k_clone.is_null() && k_clone != k);
         let mut spare: cudaGraph_t = ptr::null_mut();
-        ok(cudaGraphClone(&mut spare, graph));
+        ok(cudaGraphClone(&raw mut spare, graph));
         let mut spare_k: cudaGraphNode_t = ptr::null_mut();
-        ok(cudaGraphNodeFindInClone(&mut spare_k, k, spare));
+        ok(cudaGraphNodeFindInClone(&raw mut spare_k, k, spare));
         ok(cudaGraphDestroyNode(spare_k));
         assert_err(
-            cudaGraphNodeGetType(spare_k, &mut ty),
+            cudaGraphNodeGetType(spare_k, &raw mut ty),
             cu::cudaErrorInvalidValue,
         );
         let mut info = cu::cudaGraphExecUpdateResultInfo::default();
-        ok(cudaGraphExecUpdate(exec, clone, &mut info));
+        ok(cudaGraphExecUpdate(exec, clone, &raw mut info));
         let mut other: cudaGraph_t = ptr::null_mut();
-        ok(cudaGraphCreate(&mut other, 0));
+        ok(cudaGraphCreate(&raw mut other, 0));
         assert_err(
-            cudaGraphExecUpdate(exec, other, &mut info),
+            cudaGraphExecUpdate(exec, other, &raw mut info),
             cu::cudaErrorGraphExecUpdateFailure,
         );
         assert_eq!(info.result, cu::cudaGraphExecUpdateErrorTopologyChanged);
 
         let mut flags = 7;
-        ok(cudaGraphExecGetFlags(exec, &mut flags));
+        ok(cudaGraphExecGetFlags(exec, &raw mut flags));
         assert_eq!(flags, 0);
         ok(cudaGraphExecDestroy(exec));
         assert_err(cudaGraphExecDestroy(exec), cu::cudaErrorInvalidValue);
         ok(cudaGraphDestroy(graph));
-        assert_err(cudaGraphNodeGetType(k, &mut ty), cu::cudaErrorInvalidValue);
+        assert_err(
+            cudaGraphNodeGetType(k, &raw mut ty),
+            cu::cudaErrorInvalidValue,
+        );
 
         // No memory nodes, so no graph memory.
         ok(cudaDeviceGraphMemTrim(0));
@@ -368,8 +407,8 @@ fn capture_follows_the_modes_and_waits_for_every_call() {
     let mut status = 9;
     // SAFETY: valid out-pointers throughout.
     unsafe {
-        ok(cudaStreamCreate(&mut s));
-        ok(cudaMalloc(&mut p, 64));
+        ok(cudaStreamCreate(&raw mut s));
+        ok(cudaMalloc(&raw mut p, 64));
         assert_err(
             cudaStreamBeginCapture(ptr::null_mut(), cu::cudaStreamCaptureModeGlobal),
             cu::cudaErrorStreamCaptureUnsupported,
@@ -377,17 +416,17 @@ fn capture_follows_the_modes_and_waits_for_every_call() {
         assert_err(cudaStreamBeginCapture(s, 7), cu::cudaErrorInvalidValue);
         // Global mode: potentially unsafe calls are refused, and the capture is invalidated.
         ok(cudaStreamBeginCapture(s, cu::cudaStreamCaptureModeGlobal));
-        ok(cudaStreamIsCapturing(s, &mut status));
+        ok(cudaStreamIsCapturing(s, &raw mut status));
         assert_eq!(status, cu::cudaStreamCaptureStatusActive);
         let mut q: *mut c_void = ptr::null_mut();
         assert_err(
-            cudaMalloc(&mut q, 64),
+            cudaMalloc(&raw mut q, 64),
             cu::cudaErrorStreamCaptureUnsupported,
         );
         assert!(fake.ops().contains(&Op::StreamCaptureInvalidate));
         let mut failed: cudaGraph_t = 1 as cudaGraph_t;
         assert_err(
-            cudaStreamEndCapture(s, &mut failed),
+            cudaStreamEndCapture(s, &raw mut failed),
             cu::cudaErrorStreamCaptureInvalidated,
         );
         assert!(failed.is_null());
@@ -395,10 +434,10 @@ fn capture_follows_the_modes_and_waits_for_every_call() {
         // In relaxed mode they are allowed.
         ok(cudaStreamBeginCapture(s, cu::cudaStreamCaptureModeGlobal));
         let mut mode = cu::cudaStreamCaptureModeRelaxed;
-        ok(cudaThreadExchangeStreamCaptureMode(&mut mode));
+        ok(cudaThreadExchangeStreamCaptureMode(&raw mut mode));
         assert_eq!(mode, cu::cudaStreamCaptureModeGlobal);
-        ok(cudaMalloc(&mut q, 64));
-        ok(cudaThreadExchangeStreamCaptureMode(&mut mode));
+        ok(cudaMalloc(&raw mut q, 64));
+        ok(cudaThreadExchangeStreamCaptureMode(&raw mut mode));
 
         // During capture nothing is fire-and-forget, so refusals come back at the call.
         let before = fake.state().log.len();
@@ -421,43 +460,43 @@ fn capture_follows_the_modes_and_waits_for_every_call() {
         let mut gr: cudaGraph_t = ptr::null_mut();
         ok(cudaStreamGetCaptureInfo(
             s,
-            &mut status,
-            &mut id,
-            &mut gr,
-            &mut deps,
+            &raw mut status,
+            &raw mut id,
+            &raw mut gr,
+            &raw mut deps,
             ptr::null_mut(),
-            &mut n,
+            &raw mut n,
         ));
         assert_eq!((status, n), (cu::cudaStreamCaptureStatusActive, 0));
         assert!(!gr.is_null() && id != 0);
 
         let mut graph: cudaGraph_t = ptr::null_mut();
-        ok(cudaStreamEndCapture(s, &mut graph));
+        ok(cudaStreamEndCapture(s, &raw mut graph));
         assert_eq!(graph, gr);
-        ok(cudaStreamIsCapturing(s, &mut status));
+        ok(cudaStreamIsCapturing(s, &raw mut status));
         assert_eq!(status, cu::cudaStreamCaptureStatusNone);
         // Capture over: back to fire-and-forget, and cudaMalloc is fine again.
         let before = fake.state().log.len();
         ok(cudaMemsetAsync(p, 0, 64, s));
         flush();
         assert!(fake.state().log[before].fire_and_forget);
-        ok(cudaMalloc(&mut q, 64));
+        ok(cudaMalloc(&raw mut q, 64));
         assert!(fake.ops().contains(&Op::StreamEndCapture));
 
         // Capture into an existing graph: the same graph comes back.
         let mut into: cudaGraph_t = ptr::null_mut();
-        ok(cudaGraphCreate(&mut into, 0));
+        ok(cudaGraphCreate(&raw mut into, 0));
         let mut first: cudaGraphNode_t = ptr::null_mut();
-        ok(cudaGraphAddEmptyNode(&mut first, into, ptr::null(), 0));
+        ok(cudaGraphAddEmptyNode(&raw mut first, into, ptr::null(), 0));
         ok(cudaStreamBeginCaptureToGraph(
             s,
             into,
-            &first,
+            &raw const first,
             ptr::null(),
             1,
             cu::cudaStreamCaptureModeRelaxed,
         ));
-        ok(cudaStreamEndCapture(s, &mut graph));
+        ok(cudaStreamEndCapture(s, &raw mut graph));
         assert_eq!(graph, into);
     }
 }

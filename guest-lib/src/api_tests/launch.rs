@@ -32,11 +32,15 @@ unsafe fn stub_launch(
     let mut handle: cudaKernel_t = ptr::null_mut();
     // SAFETY: valid out-pointers, as in the stub.
     unsafe {
-        let _ = __cudaGetKernel(&mut handle, host_fun as *const c_void);
+        let _ = __cudaGetKernel(&raw mut handle, host_fun as *const c_void);
         let (mut g, mut b, mut s, mut st): (_, _, usize, cudaStream_t) =
             (d3(0, 0, 0), d3(0, 0, 0), 0, ptr::null_mut());
-        let popped =
-            __cudaPopCallConfiguration(&mut g, &mut b, &mut s, (&raw mut st).cast::<c_void>());
+        let popped = __cudaPopCallConfiguration(
+            &raw mut g,
+            &raw mut b,
+            &raw mut s,
+            (&raw mut st).cast::<c_void>(),
+        );
         if popped != cu::cudaSuccess {
             return popped;
         }
@@ -142,7 +146,7 @@ fn cuda_launch_kernel_takes_a_host_stub_or_a_kernel_handle() {
             ptr::null_mut(),
         ));
         let mut h: cudaKernel_t = ptr::null_mut();
-        ok(cudaGetKernel(&mut h, k as *const c_void));
+        ok(cudaGetKernel(&raw mut h, k as *const c_void));
         ok(cudaLaunchKernel_ptsz(
             h as *const c_void,
             d3(1, 1, 1),
@@ -152,7 +156,7 @@ fn cuda_launch_kernel_takes_a_host_stub_or_a_kernel_handle() {
             ptr::null_mut(),
         ));
         let mut name = ptr::null();
-        ok(cudaFuncGetName(&mut name, k as *const c_void));
+        ok(cudaFuncGetName(&raw mut name, k as *const c_void));
         assert_eq!(std::ffi::CStr::from_ptr(name), c"_Z1kv");
         let unknown = host_address() as *const c_void;
         assert_err(
@@ -196,7 +200,9 @@ fn pop_without_push_is_a_missing_configuration() {
     let (mut g, mut b, mut s, mut st) =
         (d3(0, 0, 0), d3(0, 0, 0), 0usize, ptr::null_mut::<c_void>());
     // SAFETY: valid out-pointers.
-    let r = unsafe { __cudaPopCallConfiguration(&mut g, &mut b, &mut s, (&raw mut st).cast()) };
+    let r = unsafe {
+        __cudaPopCallConfiguration(&raw mut g, &raw mut b, &raw mut s, (&raw mut st).cast())
+    };
     assert_err(r, cu::cudaErrorMissingConfiguration);
     last_error::take();
 }
@@ -384,7 +390,7 @@ fn function_attributes_and_occupancy_go_to_the_kernel_s_host_function() {
     let mut n = 0;
     // SAFETY: valid out-pointers; `k` is a registered host stub.
     unsafe {
-        ok(cudaFuncGetAttributes(&mut fa, k));
+        ok(cudaFuncGetAttributes(&raw mut fa, k));
         // The fake answers 100 + attribute id.
         assert_eq!(
             (fa.maxThreadsPerBlock, fa.sharedSizeBytes, fa.numRegs),
@@ -392,11 +398,11 @@ fn function_attributes_and_occupancy_go_to_the_kernel_s_host_function() {
         );
         assert_eq!(fa.clusterSchedulingPolicyPreference, 115);
         ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &mut n, k, 256, 0,
+            &raw mut n, k, 256, 0,
         ));
         assert_eq!(n, 8);
         assert_err(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&mut n, k, 256, 0, 7),
+            cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&raw mut n, k, 256, 0, 7),
             cu::cudaErrorInvalidValue,
         );
         ok(cudaFuncSetAttribute(
@@ -406,7 +412,7 @@ fn function_attributes_and_occupancy_go_to_the_kernel_s_host_function() {
         ));
         assert_err(cudaFuncSetAttribute(k, 99, 1), cu::cudaErrorInvalidValue);
         assert_err(
-            cudaFuncGetAttributes(&mut fa, host_address() as *const c_void),
+            cudaFuncGetAttributes(&raw mut fa, host_address() as *const c_void),
             cu::cudaErrorInvalidDeviceFunction,
         );
     }
@@ -533,7 +539,7 @@ fn launch_ex_sends_its_attributes_and_tuning_calls_reach_the_host() {
     };
     // SAFETY: valid configuration and pointers; the kernel has no parameters.
     unsafe {
-        ok(cudaLaunchKernelExC(&config, k, ptr::null_mut()));
+        ok(cudaLaunchKernelExC(&raw const config, k, ptr::null_mut()));
         let sent = decoded(&fake);
         assert_eq!(sent.len(), 3);
         assert_eq!((sent[0].id, sent[0].v), (4, [2, 1, 1]));
@@ -543,32 +549,36 @@ fn launch_ex_sends_its_attributes_and_tuning_calls_reach_the_host() {
 
         // An event attribute names the host's event.
         let mut e: cudaEvent_t = ptr::null_mut();
-        ok(cudaEventCreate(&mut e));
+        ok(cudaEventCreate(&raw mut e));
         (*config.attrs.add(1)).id = cu::cudaLaunchAttributeLaunchCompletionEvent;
         (*config.attrs.add(1)).val.launchCompletionEvent.event = e;
-        ok(cudaLaunchKernelExC_ptsz(&config, k, ptr::null_mut()));
+        ok(cudaLaunchKernelExC_ptsz(
+            &raw const config,
+            k,
+            ptr::null_mut(),
+        ));
         let host_event = *fake.state().events.keys().max().unwrap();
         assert_eq!(decoded(&fake)[1].w[0], host_event);
         (*config.attrs.add(1)).val.launchCompletionEvent.event = 0x77 as cudaEvent_t;
         assert_err(
-            cudaLaunchKernelExC(&config, k, ptr::null_mut()),
+            cudaLaunchKernelExC(&raw const config, k, ptr::null_mut()),
             cu::cudaErrorInvalidResourceHandle,
         );
         // Unknown ids are refused with the driver's answer; graph-only ones as unsupported.
         (*config.attrs.add(1)).id = 99;
         assert_err(
-            cudaLaunchKernelExC(&config, k, ptr::null_mut()),
+            cudaLaunchKernelExC(&raw const config, k, ptr::null_mut()),
             cu::cudaErrorInvalidValue,
         );
         (*config.attrs.add(1)).id = cu::cudaLaunchAttributeDeviceUpdatableKernelNode;
         assert_err(
-            cudaLaunchKernelExC(&config, k, ptr::null_mut()),
+            cudaLaunchKernelExC(&raw const config, k, ptr::null_mut()),
             cu::cudaErrorNotSupported,
         );
         config.numAttrs = 0;
         flush();
         let before = fake.state().launches.len();
-        ok(cudaLaunchKernelExC(&config, k, ptr::null_mut()));
+        ok(cudaLaunchKernelExC(&raw const config, k, ptr::null_mut()));
         flush();
         assert_eq!(fake.state().launches.len(), before + 1);
         assert_eq!(
@@ -584,21 +594,36 @@ fn launch_ex_sends_its_attributes_and_tuning_calls_reach_the_host() {
         // Cluster occupancy carries the configuration's attributes (an Ignore record if none).
         config.numAttrs = 1;
         let mut n = 0;
-        ok(cudaOccupancyMaxPotentialClusterSize(&mut n, k, &config));
+        ok(cudaOccupancyMaxPotentialClusterSize(
+            &raw mut n,
+            k,
+            &raw const config,
+        ));
         assert_eq!(n, 8);
-        ok(cudaOccupancyMaxActiveClusters(&mut n, k, &config));
+        ok(cudaOccupancyMaxActiveClusters(
+            &raw mut n,
+            k,
+            &raw const config,
+        ));
         assert_eq!(n, 16);
         assert_eq!(decoded(&fake)[0].v, [2, 1, 1]);
         config.numAttrs = 0;
-        ok(cudaOccupancyMaxActiveClusters(&mut n, k, &config));
+        ok(cudaOccupancyMaxActiveClusters(
+            &raw mut n,
+            k,
+            &raw const config,
+        ));
         assert_eq!(decoded(&fake), vec![LaunchAttr::default()]);
         let mut smem = 0usize;
         ok(cudaOccupancyAvailableDynamicSMemPerBlock(
-            &mut smem, k, 2, 128,
+            &raw mut smem,
+            k,
+            2,
+            128,
         ));
         assert_eq!(smem, 2128);
         assert_err(
-            cudaOccupancyAvailableDynamicSMemPerBlock(&mut smem, k, -1, 128),
+            cudaOccupancyAvailableDynamicSMemPerBlock(&raw mut smem, k, -1, 128),
             cu::cudaErrorInvalidValue,
         );
 
@@ -608,13 +633,13 @@ fn launch_ex_sends_its_attributes_and_tuning_calls_reach_the_host() {
         assert_err(cudaFuncSetCacheConfig(k, 4), cu::cudaErrorInvalidValue);
         ok(cudaDeviceSetCacheConfig(cu::cudaFuncCachePreferL1));
         let mut c = 0;
-        ok(cudaDeviceGetCacheConfig(&mut c));
+        ok(cudaDeviceGetCacheConfig(&raw mut c));
         assert_eq!(c, cu::cudaFuncCachePreferL1);
         let mut bank = 0;
         ok(cudaDeviceSetSharedMemConfig(
             cu::cudaSharedMemBankSizeEightByte,
         ));
-        ok(cudaDeviceGetSharedMemConfig(&mut bank));
+        ok(cudaDeviceGetSharedMemConfig(&raw mut bank));
         assert_eq!(bank, cu::cudaSharedMemBankSizeFourByte);
         assert_err(cudaDeviceSetSharedMemConfig(3), cu::cudaErrorInvalidValue);
         ok(cudaFuncSetSharedMemConfig(

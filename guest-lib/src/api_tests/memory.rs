@@ -21,7 +21,7 @@ fn large_copies_are_chunked_and_round_trip() {
     let mut d: *mut c_void = ptr::null_mut();
     // SAFETY: buffers of `len` bytes.
     unsafe {
-        ok(cudaMalloc(&mut d, len));
+        ok(cudaMalloc(&raw mut d, len));
         ok(cudaMemcpy(
             d,
             src.as_ptr().cast(),
@@ -64,8 +64,8 @@ fn every_kind_and_default_inference() {
     let (mut a, mut b) = (ptr::null_mut(), ptr::null_mut());
     // SAFETY: 256-byte buffers throughout.
     unsafe {
-        ok(cudaMalloc(&mut a, 256));
-        ok(cudaMalloc(&mut b, 256));
+        ok(cudaMalloc(&raw mut a, 256));
+        ok(cudaMalloc(&raw mut b, 256));
         ok(cudaMemcpy(
             a,
             src.as_ptr().cast(),
@@ -157,7 +157,7 @@ fn zero_byte_malloc_is_null_without_a_round_trip() {
     let fake = setup();
     let mut p = ptr::dangling_mut::<c_void>();
     // SAFETY: valid out-pointer.
-    ok(unsafe { cudaMalloc(&mut p, 0) });
+    ok(unsafe { cudaMalloc(&raw mut p, 0) });
     assert!(p.is_null());
     assert!(!fake.ops().contains(&Op::Malloc));
 }
@@ -168,20 +168,23 @@ fn host_allocations_and_pointer_attributes() {
     let (mut h, mut d) = (ptr::null_mut(), ptr::null_mut());
     // SAFETY: valid pointers throughout.
     unsafe {
-        ok(cudaMallocHost(&mut h, 100));
+        ok(cudaMallocHost(&raw mut h, 100));
         assert_eq!(h as usize % 4096, 0);
-        ok(cudaMalloc(&mut d, 100));
+        ok(cudaMalloc(&raw mut d, 100));
         let mut a = cudaPointerAttributes::default();
-        ok(cudaPointerGetAttributes(&mut a, h));
+        ok(cudaPointerGetAttributes(&raw mut a, h));
         assert_eq!((a.type_, a.hostPointer), (cu::cudaMemoryTypeHost, h));
         ok(cudaPointerGetAttributes(
-            &mut a,
+            &raw mut a,
             (d as *const u8).add(50).cast(),
         ));
         assert_eq!(a.type_, cu::cudaMemoryTypeDevice);
         assert!(a.hostPointer.is_null() && !a.devicePointer.is_null());
         let local = 5u8;
-        ok(cudaPointerGetAttributes(&mut a, (&raw const local).cast()));
+        ok(cudaPointerGetAttributes(
+            &raw mut a,
+            (&raw const local).cast(),
+        ));
         assert_eq!(a.type_, cu::cudaMemoryTypeUnregistered);
         assert_eq!(
             (a.device, a.hostPointer),
@@ -191,34 +194,34 @@ fn host_allocations_and_pointer_attributes() {
         h.cast::<u8>().write_bytes(9, 100);
         ok(cudaMemcpy(d, h, 100, cu::cudaMemcpyDefault));
         let mut f = 99;
-        ok(cudaHostGetFlags(&mut f, h));
+        ok(cudaHostGetFlags(&raw mut f, h));
         assert_eq!(f, 0);
         ok(cudaFreeHost(h));
         assert_err(cudaFreeHost(h), cu::cudaErrorInvalidValue);
         let mut m = ptr::null_mut();
-        ok(cudaHostAlloc(&mut m, 10, cu::cudaHostAllocPortable));
+        ok(cudaHostAlloc(&raw mut m, 10, cu::cudaHostAllocPortable));
         ok(cudaFreeHost(m));
 
         // Mapped memory: in the window, device address == pointer, copies go MemcpyMapped.
-        ok(cudaHostAlloc(&mut m, 8192, cu::cudaHostAllocMapped));
+        ok(cudaHostAlloc(&raw mut m, 8192, cu::cudaHostAllocMapped));
         assert_eq!(m as u64 & 0xfff, 0);
         assert!(m as u64 >= qcuda_proto::HOST_WINDOW_BASE);
         let mut dp = ptr::null_mut();
         ok(cudaHostGetDevicePointer(
-            &mut dp,
+            &raw mut dp,
             m.cast::<u8>().add(4096).cast(),
             0,
         ));
         assert_eq!(dp as u64, m as u64 + 4096);
         assert_err(
-            cudaHostGetDevicePointer(&mut dp, m, 1),
+            cudaHostGetDevicePointer(&raw mut dp, m, 1),
             cu::cudaErrorInvalidValue,
         );
         assert_err(
-            cudaHostGetDevicePointer(&mut dp, (&raw const local).cast_mut().cast(), 0),
+            cudaHostGetDevicePointer(&raw mut dp, (&raw const local).cast_mut().cast(), 0),
             cu::cudaErrorInvalidValue,
         );
-        ok(cudaPointerGetAttributes(&mut a, m));
+        ok(cudaPointerGetAttributes(&raw mut a, m));
         assert_eq!((a.type_, a.devicePointer), (cu::cudaMemoryTypeHost, m));
         m.cast::<u8>().write_bytes(7, 100);
         ok(cudaMemcpy(d, m, 100, cu::cudaMemcpyHostToDevice));
@@ -249,7 +252,7 @@ fn host_allocations_and_pointer_attributes() {
             cudaHostRegister(b.cast::<u8>().add(10).cast(), 10, 0),
             cu::cudaErrorHostMemoryAlreadyRegistered,
         );
-        ok(cudaHostGetDevicePointer(&mut dp, b, 0));
+        ok(cudaHostGetDevicePointer(&raw mut dp, b, 0));
         assert_eq!(dp, b);
         ok(cudaMemcpy(b, d, 100, cu::cudaMemcpyDeviceToHost));
         assert_eq!(buf[50], 7);
@@ -262,11 +265,14 @@ fn host_allocations_and_pointer_attributes() {
 
         // Managed memory: one pointer for both sides; cudaFree frees it.
         // Zero bytes succeeds with a null pointer, as NVIDIA's runtime answers.
-        ok(cudaMallocManaged(&mut m, 0, 1));
+        ok(cudaMallocManaged(&raw mut m, 0, 1));
         assert!(m.is_null());
-        assert_err(cudaMallocManaged(&mut m, 64, 4), cu::cudaErrorInvalidValue);
-        ok(cudaMallocManaged(&mut m, 64, 1));
-        ok(cudaPointerGetAttributes(&mut a, m));
+        assert_err(
+            cudaMallocManaged(&raw mut m, 64, 4),
+            cu::cudaErrorInvalidValue,
+        );
+        ok(cudaMallocManaged(&raw mut m, 64, 1));
+        ok(cudaPointerGetAttributes(&raw mut a, m));
         assert_eq!(
             (a.type_, a.devicePointer, a.hostPointer),
             (cu::cudaMemoryTypeManaged, m, m)
@@ -285,7 +291,7 @@ fn stream_attach_checks_its_managed_range() {
     let mut local = 0u8;
     // SAFETY: valid pointers; `m` is managed memory of 4096 bytes.
     unsafe {
-        ok(cudaMallocManaged(&mut m, 4096, 1));
+        ok(cudaMallocManaged(&raw mut m, 4096, 1));
         ok(cudaStreamAttachMemAsync(ptr::null_mut(), m, 0, 2));
         ok(cudaStreamAttachMemAsync(ptr::null_mut(), m, 4096, 1));
         assert_err(

@@ -27,9 +27,9 @@ fn stream_ordered_allocations_are_device_memory_of_the_stream_s_device() {
     let mut p: *mut core::ffi::c_void = ptr::null_mut();
     // SAFETY: valid out-pointers throughout.
     unsafe {
-        ok(cudaStreamCreate(&mut s));
+        ok(cudaStreamCreate(&raw mut s));
         let host_stream = *fake.state().streams.last().unwrap();
-        ok(cudaMallocAsync(&mut p, 4096, s));
+        ok(cudaMallocAsync(&raw mut p, 4096, s));
         assert!(!p.is_null());
         let sent = fake
             .state()
@@ -41,7 +41,7 @@ fn stream_ordered_allocations_are_device_memory_of_the_stream_s_device() {
         assert!(sent.is_some());
         // Known to the guest as device memory: pointer attributes and cudaMemcpyDefault work.
         let mut attr = cudaPointerAttributes::default();
-        ok(cudaPointerGetAttributes(&mut attr, p));
+        ok(cudaPointerGetAttributes(&raw mut attr, p));
         assert_eq!(attr.type_, cu::cudaMemoryTypeDevice);
         let data = [7u8; 64];
         ok(cudaMemcpy(
@@ -67,13 +67,13 @@ fn stream_ordered_allocations_are_device_memory_of_the_stream_s_device() {
             cu::cudaErrorInvalidValue,
         );
         assert_err(
-            cudaMallocAsync(&mut p, 8, 0x1234 as cudaStream_t),
+            cudaMallocAsync(&raw mut p, 8, 0x1234 as cudaStream_t),
             cu::cudaErrorInvalidResourceHandle,
         );
         assert_err(cudaFreeAsync(p, s), cu::cudaErrorInvalidValue);
         cudaGetLastError();
         // The per-thread spellings take the same path.
-        ok(cudaMallocAsync_ptsz(&mut p, 16, ptr::null_mut()));
+        ok(cudaMallocAsync_ptsz(&raw mut p, 16, ptr::null_mut()));
         ok(cudaFreeAsync_ptsz(p, ptr::null_mut()));
     }
 }
@@ -85,20 +85,20 @@ fn pools_get_stable_handles_and_device_checks() {
         (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
     // SAFETY: valid pointers throughout.
     unsafe {
-        ok(cudaDeviceGetDefaultMemPool(&mut a, 0));
-        ok(cudaDeviceGetDefaultMemPool(&mut b, 0));
+        ok(cudaDeviceGetDefaultMemPool(&raw mut a, 0));
+        ok(cudaDeviceGetDefaultMemPool(&raw mut b, 0));
         assert_eq!(a, b, "one handle for the default pool");
-        ok(cudaDeviceGetMemPool(&mut cur, 0));
+        ok(cudaDeviceGetMemPool(&raw mut cur, 0));
         assert_eq!(cur, a);
         assert_err(
-            cudaDeviceGetDefaultMemPool(&mut a, 5),
+            cudaDeviceGetDefaultMemPool(&raw mut a, 5),
             cu::cudaErrorInvalidDevice,
         );
         let mut loc = device_location(0);
         let mut c: cudaMemPool_t = ptr::null_mut();
         ok(cudaMemGetDefaultMemPool(
-            &mut c,
-            &mut loc,
+            &raw mut c,
+            &raw mut loc,
             cu::cudaMemAllocationTypePinned,
         ));
         assert_eq!(c, b);
@@ -107,7 +107,7 @@ fn pools_get_stable_handles_and_device_checks() {
             id: 0,
         };
         assert_err(
-            cudaMemGetDefaultMemPool(&mut c, &mut host, cu::cudaMemAllocationTypePinned),
+            cudaMemGetDefaultMemPool(&raw mut c, &raw mut host, cu::cudaMemAllocationTypePinned),
             cu::cudaErrorNotSupported,
         );
 
@@ -119,7 +119,7 @@ fn pools_get_stable_handles_and_device_checks() {
             ..Default::default()
         };
         let mut pool: cudaMemPool_t = ptr::null_mut();
-        ok(cudaMemPoolCreate(&mut pool, &props));
+        ok(cudaMemPoolCreate(&raw mut pool, &raw const props));
         assert!(!pool.is_null() && pool != b);
         let sent = fake
             .state()
@@ -130,17 +130,22 @@ fn pools_get_stable_handles_and_device_checks() {
             .cloned();
         assert!(sent.is_some());
         ok(cudaDeviceSetMemPool(0, pool));
-        ok(cudaDeviceGetMemPool(&mut cur, 0));
+        ok(cudaDeviceGetMemPool(&raw mut cur, 0));
         assert_eq!(cur, pool);
         let mut p: *mut core::ffi::c_void = ptr::null_mut();
-        ok(cudaMallocFromPoolAsync(&mut p, 128, pool, ptr::null_mut()));
+        ok(cudaMallocFromPoolAsync(
+            &raw mut p,
+            128,
+            pool,
+            ptr::null_mut(),
+        ));
         ok(cudaFreeAsync(p, ptr::null_mut()));
         assert_err(
-            cudaMallocFromPoolAsync(&mut p, 128, ptr::null_mut(), ptr::null_mut()),
+            cudaMallocFromPoolAsync(&raw mut p, 128, ptr::null_mut(), ptr::null_mut()),
             cu::cudaErrorInvalidValue,
         );
         assert_err(
-            cudaMallocFromPoolAsync(&mut p, 128, 0x99 as cudaMemPool_t, ptr::null_mut()),
+            cudaMallocFromPoolAsync(&raw mut p, 128, 0x99 as cudaMemPool_t, ptr::null_mut()),
             cu::cudaErrorInvalidValue,
         );
 
@@ -149,20 +154,20 @@ fn pools_get_stable_handles_and_device_checks() {
         ok(cudaMemPoolSetAttribute(
             pool,
             cu::cudaMemPoolAttrReleaseThreshold,
-            (&mut threshold as *mut u64).cast(),
+            (&raw mut threshold).cast(),
         ));
         let mut got: u64 = 0;
         ok(cudaMemPoolGetAttribute(
             pool,
             cu::cudaMemPoolAttrReleaseThreshold,
-            (&mut got as *mut u64).cast(),
+            (&raw mut got).cast(),
         ));
         assert_eq!(got, u64::MAX);
         let mut flag: i32 = 5;
         ok(cudaMemPoolSetAttribute(
             pool,
             cu::cudaMemPoolReuseAllowOpportunistic,
-            (&mut flag as *mut i32).cast(),
+            (&raw mut flag).cast(),
         ));
         let mut read: [i32; 2] = [-1, -1];
         ok(cudaMemPoolGetAttribute(
@@ -172,7 +177,7 @@ fn pools_get_stable_handles_and_device_checks() {
         ));
         assert_eq!(read, [1, -1], "an int is written, nothing past it");
         assert_err(
-            cudaMemPoolGetAttribute(pool, 99, (&mut got as *mut u64).cast()),
+            cudaMemPoolGetAttribute(pool, 99, (&raw mut got).cast()),
             cu::cudaErrorInvalidValue,
         );
         assert_err(
@@ -186,25 +191,31 @@ fn pools_get_stable_handles_and_device_checks() {
             location: device_location(0),
             flags: cu::cudaMemAccessFlagsProtReadWrite,
         };
-        ok(cudaMemPoolSetAccess(pool, &desc, 1));
+        ok(cudaMemPoolSetAccess(pool, &raw const desc, 1));
         let bad = cudaMemAccessDesc {
             location: device_location(0),
             flags: 2,
         };
         assert_err(
-            cudaMemPoolSetAccess(pool, &bad, 1),
+            cudaMemPoolSetAccess(pool, &raw const bad, 1),
             cu::cudaErrorInvalidValue,
         );
         let mut flags = 0;
-        ok(cudaMemPoolGetAccess(&mut flags, pool, &mut loc));
+        ok(cudaMemPoolGetAccess(&raw mut flags, pool, &raw mut loc));
         assert_eq!(flags, cu::cudaMemAccessFlagsProtReadWrite);
 
         // Shareable pools and host pools are refused honestly.
         props.handleTypes = cu::cudaMemHandleTypePosixFileDescriptor;
-        assert_err(cudaMemPoolCreate(&mut c, &props), cu::cudaErrorNotSupported);
+        assert_err(
+            cudaMemPoolCreate(&raw mut c, &raw const props),
+            cu::cudaErrorNotSupported,
+        );
         props.handleTypes = cu::cudaMemHandleTypeNone;
         props.allocType = cu::cudaMemAllocationTypeManaged;
-        assert_err(cudaMemPoolCreate(&mut c, &props), cu::cudaErrorInvalidValue);
+        assert_err(
+            cudaMemPoolCreate(&raw mut c, &raw const props),
+            cu::cudaErrorInvalidValue,
+        );
 
         ok(cudaMemPoolDestroy(pool));
         assert_err(cudaMemPoolTrimTo(pool, 0), cu::cudaErrorInvalidValue);
@@ -222,19 +233,22 @@ fn stream_priorities_are_the_device_s_and_clamped() {
     let mut id = 0u64;
     // SAFETY: valid pointers.
     unsafe {
-        ok(cudaDeviceGetStreamPriorityRange(&mut least, &mut greatest));
+        ok(cudaDeviceGetStreamPriorityRange(
+            &raw mut least,
+            &raw mut greatest,
+        ));
         assert_eq!((least, greatest), (0, -5));
         ok(cudaDeviceGetStreamPriorityRange(
             ptr::null_mut(),
-            &mut greatest,
+            &raw mut greatest,
         ));
-        ok(cudaStreamCreateWithPriority(&mut s, 0, -100));
-        ok(cudaStreamGetPriority(s, &mut prio));
+        ok(cudaStreamCreateWithPriority(&raw mut s, 0, -100));
+        ok(cudaStreamGetPriority(s, &raw mut prio));
         assert_eq!(prio, -5);
-        ok(cudaStreamGetId(s, &mut id));
+        ok(cudaStreamGetId(s, &raw mut id));
         let host = *fake.state().streams.last().unwrap();
         assert_eq!(id, 1000 + host);
-        ok(cudaStreamGetId_ptsz(ptr::null_mut(), &mut id));
+        ok(cudaStreamGetId_ptsz(ptr::null_mut(), &raw mut id));
         assert_eq!(id, 1000);
         assert_err(
             cudaStreamGetId(s, ptr::null_mut()),
@@ -256,15 +270,15 @@ fn a_device_reset_forgets_the_device_s_pools() {
     };
     // SAFETY: valid pointers.
     unsafe {
-        ok(cudaDeviceGetDefaultMemPool(&mut def, 0));
-        ok(cudaMemPoolCreate(&mut pool, &props));
+        ok(cudaDeviceGetDefaultMemPool(&raw mut def, 0));
+        ok(cudaMemPoolCreate(&raw mut pool, &raw const props));
         ok(cudaDeviceReset());
         assert_err(cudaMemPoolTrimTo(pool, 0), cu::cudaErrorInvalidValue);
         assert_err(cudaMemPoolTrimTo(def, 0), cu::cudaErrorInvalidValue);
         cudaGetLastError();
         // The default pool is there again, under a new record.
         let mut again: cudaMemPool_t = ptr::null_mut();
-        ok(cudaDeviceGetDefaultMemPool(&mut again, 0));
+        ok(cudaDeviceGetDefaultMemPool(&raw mut again, 0));
         ok(cudaMemPoolTrimTo(again, 0));
     }
     assert!(fake.state().pools.values().all(|(_, default)| *default));

@@ -22,7 +22,7 @@ fn streams_get_guest_handles_that_map_to_host_handles() {
     // SAFETY: valid pointers; the kernel has no parameters.
     unsafe {
         ok(cudaStreamCreateWithPriority(
-            &mut s,
+            &raw mut s,
             cu::cudaStreamNonBlocking,
             -1,
         ));
@@ -59,12 +59,12 @@ fn streams_get_guest_handles_that_map_to_host_handles() {
         assert_eq!(fake.state().launches[2].args[5], 0);
 
         let (mut flags, mut prio, mut dev) = (0, 0, -1);
-        ok(cudaStreamGetFlags(s, &mut flags));
-        ok(cudaStreamGetPriority(s, &mut prio));
-        ok(cudaStreamGetDevice_ptsz(s, &mut dev));
+        ok(cudaStreamGetFlags(s, &raw mut flags));
+        ok(cudaStreamGetPriority(s, &raw mut prio));
+        ok(cudaStreamGetDevice_ptsz(s, &raw mut dev));
         assert_eq!((flags, prio, dev), (cu::cudaStreamNonBlocking, -1, 0));
         let mut capturing = 7;
-        ok(cudaStreamIsCapturing(s, &mut capturing));
+        ok(cudaStreamIsCapturing(s, &raw mut capturing));
         assert_eq!(capturing, cu::cudaStreamCaptureStatusNone);
         ok(cudaStreamSynchronize(s));
         ok(cudaStreamQuery_ptsz(s));
@@ -76,7 +76,7 @@ fn streams_get_guest_handles_that_map_to_host_handles() {
             cu::cudaErrorInvalidResourceHandle,
         );
         assert_err(
-            cudaStreamCreateWithFlags(&mut s, 4),
+            cudaStreamCreateWithFlags(&raw mut s, 4),
             cu::cudaErrorInvalidValue,
         );
     }
@@ -91,10 +91,10 @@ fn events_record_time_and_wait() {
     let mut s: cudaStream_t = ptr::null_mut();
     // SAFETY: valid pointers.
     unsafe {
-        ok(cudaStreamCreate(&mut s));
-        ok(cudaEventCreate(&mut start));
+        ok(cudaStreamCreate(&raw mut s));
+        ok(cudaEventCreate(&raw mut start));
         ok(cudaEventCreateWithFlags(
-            &mut end,
+            &raw mut end,
             cu::cudaEventBlockingSync,
         ));
         ok(cudaEventRecord(start, s));
@@ -102,7 +102,7 @@ fn events_record_time_and_wait() {
         ok(cudaEventSynchronize(end));
         ok(cudaEventQuery(end));
         let mut ms = 0.0f32;
-        ok(cudaEventElapsedTime(&mut ms, start, end));
+        ok(cudaEventElapsedTime(&raw mut ms, start, end));
         assert_eq!(ms, 1.5);
         ok(cudaStreamWaitEvent(s, end, 0));
         assert_err(cudaStreamWaitEvent(s, end, 1), cu::cudaErrorNotSupported);
@@ -112,7 +112,7 @@ fn events_record_time_and_wait() {
         );
         assert_err(
             cudaEventCreateWithFlags(
-                &mut end,
+                &raw mut end,
                 cu::cudaEventInterprocess | cu::cudaEventDisableTiming,
             ),
             cu::cudaErrorNotSupported,
@@ -149,8 +149,8 @@ fn async_copies_of_guest_memory_wait_and_use_the_stream() {
     let mut back = [0u8; 64];
     // SAFETY: 64-byte buffers.
     unsafe {
-        ok(cudaStreamCreate(&mut s));
-        ok(cudaMalloc(&mut d, 64));
+        ok(cudaStreamCreate(&raw mut s));
+        ok(cudaMalloc(&raw mut d, 64));
         ok(cudaMemcpyAsync(
             d,
             data.as_ptr().cast(),
@@ -198,7 +198,7 @@ fn host_functions_run_in_this_process_in_order_and_release_their_stream() {
     let mut s = ptr::null_mut();
     // SAFETY: valid pointers; the functions take any data.
     unsafe {
-        ok(cudaStreamCreate(&mut s));
+        ok(cudaStreamCreate(&raw mut s));
         ok(cudaLaunchHostFunc(
             s,
             Some(record_host_fn),

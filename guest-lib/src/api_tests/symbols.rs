@@ -75,13 +75,13 @@ fn symbol_copies_resolve_the_global_once() {
             cu::cudaErrorInvalidSymbol,
         );
         let (mut p, mut size) = (ptr::null_mut(), 0);
-        ok(cudaGetSymbolAddress(&mut p, scale));
-        ok(cudaGetSymbolSize(&mut size, scale));
+        ok(cudaGetSymbolAddress(&raw mut p, scale));
+        ok(cudaGetSymbolSize(&raw mut size, scale));
         assert_eq!((p as u64, size), (addr, 16));
 
         // Device-to-device into a symbol, with "default" resolved from the allocation table.
         let mut d = ptr::null_mut();
-        ok(cudaMalloc(&mut d, 16));
+        ok(cudaMalloc(&raw mut d, 16));
         ok(cudaMemcpyToSymbolAsync(
             scale,
             d,

@@ -529,7 +529,7 @@ mod tests {
         let runs = decode_runs(&table(&[(0x20_0000, 0x1000)]), 0x1000).unwrap();
         // An address this process already uses (this test's own stack page).
         let x = 0u64;
-        let taken = (&x as *const u64 as u64) & !(HOST_PAGE_SIZE - 1);
+        let taken = (&raw const x as u64) & !(HOST_PAGE_SIZE - 1);
         let mut t = HostMappings::default();
         let m = t.map(&mem, taken, 0x1000, &runs, 0, |l, _| Ok(l)).unwrap();
         assert_ne!(m.local, taken);

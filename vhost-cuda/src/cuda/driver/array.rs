@@ -290,7 +290,7 @@ impl ArrayDriverApi for CudaDriver {
     fn mem_alloc_pitch(&self, width: usize, rows: usize) -> CuResult<(u64, usize)> {
         let (mut p, mut pitch) = (0u64, 0usize);
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemAllocPitch_v2(&mut p, &mut pitch, width, rows, 16) })?;
+        check(unsafe { sys::cuMemAllocPitch_v2(&raw mut p, &raw mut pitch, width, rows, 16) })?;
         Ok((p, pitch))
     }
 
@@ -341,14 +341,14 @@ impl ArrayDriverApi for CudaDriver {
         };
         // SAFETY: see the impl comment; host sides are valid (caller contract) and device
         // ranges and arrays were checked by the session.
-        check(unsafe { sys::cuMemcpy3DAsync_v2(&c, ptr(stream.raw())) })
+        check(unsafe { sys::cuMemcpy3DAsync_v2(&raw const c, ptr(stream.raw())) })
     }
 
     fn array_create(&self, d: &ArrayDesc) -> CuResult<Array> {
         let desc = array_descriptor(d)?;
         let mut a: sys::CUarray = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuArray3DCreate_v2(&mut a, &desc) })?;
+        check(unsafe { sys::cuArray3DCreate_v2(&raw mut a, &raw const desc) })?;
         Ok(Array::from_raw(a as Raw))
     }
 
@@ -367,7 +367,7 @@ impl ArrayDriverApi for CudaDriver {
             Flags: 0,
         };
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuArray3DGetDescriptor_v2(&mut d, ptr(array.raw())) })?;
+        check(unsafe { sys::cuArray3DGetDescriptor_v2(&raw mut d, ptr(array.raw())) })?;
         Ok(ArrayDesc {
             width: d.Width,
             height: d.Height,
@@ -382,7 +382,9 @@ impl ArrayDriverApi for CudaDriver {
         let desc = array_descriptor(d)?;
         let mut a: sys::CUmipmappedArray = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMipmappedArrayCreate(&mut a, &desc, levels as c_uint) })?;
+        check(unsafe {
+            sys::cuMipmappedArrayCreate(&raw mut a, &raw const desc, levels as c_uint)
+        })?;
         Ok(MipmappedArray::from_raw(a as Raw))
     }
 
@@ -394,7 +396,7 @@ impl ArrayDriverApi for CudaDriver {
     fn mipmapped_array_level(&self, array: MipmappedArray, level: u32) -> CuResult<Array> {
         let mut a: sys::CUarray = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMipmappedArrayGetLevel(&mut a, ptr(array.raw()), level) })?;
+        check(unsafe { sys::cuMipmappedArrayGetLevel(&raw mut a, ptr(array.raw()), level) })?;
         Ok(Array::from_raw(a as Raw))
     }
 
@@ -438,7 +440,7 @@ impl ArrayDriverApi for CudaDriver {
         let vp = v.as_ref().map_or(std::ptr::null(), |v| v as *const _);
         let mut obj: sys::CUtexObject = 0;
         // SAFETY: see the impl comment; `vp` is null or points at `v`, alive for the call.
-        check(unsafe { sys::cuTexObjectCreate(&mut obj, &r, &t, vp) })?;
+        check(unsafe { sys::cuTexObjectCreate(&raw mut obj, &raw const r, &raw const t, vp) })?;
         Ok(obj)
     }
 
@@ -451,7 +453,7 @@ impl ArrayDriverApi for CudaDriver {
         let r = resource_desc(&Resource::Array(array))?;
         let mut obj: sys::CUsurfObject = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuSurfObjectCreate(&mut obj, &r) })?;
+        check(unsafe { sys::cuSurfObjectCreate(&raw mut obj, &raw const r) })?;
         Ok(obj)
     }
 

@@ -404,10 +404,10 @@ fn list(
     mut query: impl FnMut(*mut sys::CUgraphNode, *mut usize) -> sys::CUresult,
 ) -> CuResult<Vec<GraphNode>> {
     let mut n = 0usize;
-    check(query(null_mut(), &mut n))?;
+    check(query(null_mut(), &raw mut n))?;
     let mut v: Vec<sys::CUgraphNode> = vec![null_mut(); n];
     if n > 0 {
-        check(query(v.as_mut_ptr(), &mut n))?;
+        check(query(v.as_mut_ptr(), &raw mut n))?;
         v.truncate(n);
     }
     Ok(v.into_iter()
@@ -422,7 +422,7 @@ impl GraphDriverApi for super::CudaDriver {
     fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32> {
         let mut m = capture_mode(mode)?;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut m) })?;
+        check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&raw mut m) })?;
         Ok(m as u32)
     }
 
@@ -456,7 +456,7 @@ impl GraphDriverApi for super::CudaDriver {
     fn stream_end_capture(&self, stream: Stream) -> CuResult<Graph> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamEndCapture(ptr(stream.raw()), &mut g) })?;
+        check(unsafe { sys::cuStreamEndCapture(ptr(stream.raw()), &raw mut g) })?;
         Ok(Graph::from_raw(g as Raw))
     }
 
@@ -471,12 +471,12 @@ impl GraphDriverApi for super::CudaDriver {
         check(unsafe {
             sys::cuStreamGetCaptureInfo_v3(
                 ptr(stream.raw()),
-                &mut st,
-                &mut id,
-                &mut graph,
-                &mut deps,
+                &raw mut st,
+                &raw mut id,
+                &raw mut graph,
+                &raw mut deps,
                 null_mut(),
-                &mut n,
+                &raw mut n,
             )
         })?;
         let deps = if deps.is_null() || n == 0 {
@@ -517,7 +517,7 @@ impl GraphDriverApi for super::CudaDriver {
     fn graph_create(&self) -> CuResult<Graph> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphCreate(&mut g, 0) })?;
+        check(unsafe { sys::cuGraphCreate(&raw mut g, 0) })?;
         Ok(Graph::from_raw(g as Raw))
     }
 
@@ -529,7 +529,7 @@ impl GraphDriverApi for super::CudaDriver {
     fn graph_clone(&self, graph: Graph) -> CuResult<Graph> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphClone(&mut g, ptr(graph.raw())) })?;
+        check(unsafe { sys::cuGraphClone(&raw mut g, ptr(graph.raw())) })?;
         Ok(Graph::from_raw(g as Raw))
     }
 
@@ -545,27 +545,27 @@ impl GraphDriverApi for super::CudaDriver {
         // SAFETY: see the impl comment.
         check(unsafe {
             match params {
-                NodeParams::Empty => sys::cuGraphAddEmptyNode(&mut n, g, d, nd),
+                NodeParams::Empty => sys::cuGraphAddEmptyNode(&raw mut n, g, d, nd),
                 NodeParams::Memcpy(m) => {
                     let p = memcpy3d(m)?;
-                    sys::cuGraphAddMemcpyNode(&mut n, g, d, nd, &p, ptr(ctx.raw()))
+                    sys::cuGraphAddMemcpyNode(&raw mut n, g, d, nd, &raw const p, ptr(ctx.raw()))
                 }
                 NodeParams::Memset(m) => {
                     let p = memset_params(m)?;
-                    sys::cuGraphAddMemsetNode(&mut n, g, d, nd, &p, ptr(ctx.raw()))
+                    sys::cuGraphAddMemsetNode(&raw mut n, g, d, nd, &raw const p, ptr(ctx.raw()))
                 }
                 NodeParams::Child(c) => {
-                    sys::cuGraphAddChildGraphNode(&mut n, g, d, nd, ptr(c.raw()))
+                    sys::cuGraphAddChildGraphNode(&raw mut n, g, d, nd, ptr(c.raw()))
                 }
                 NodeParams::EventRecord(e) => {
-                    sys::cuGraphAddEventRecordNode(&mut n, g, d, nd, ptr(e.raw()))
+                    sys::cuGraphAddEventRecordNode(&raw mut n, g, d, nd, ptr(e.raw()))
                 }
                 NodeParams::EventWait(e) => {
-                    sys::cuGraphAddEventWaitNode(&mut n, g, d, nd, ptr(e.raw()))
+                    sys::cuGraphAddEventWaitNode(&raw mut n, g, d, nd, ptr(e.raw()))
                 }
                 NodeParams::Host(call) => {
                     let p = host_params(*call);
-                    sys::cuGraphAddHostNode(&mut n, g, d, nd, &p)
+                    sys::cuGraphAddHostNode(&raw mut n, g, d, nd, &raw const p)
                 }
             }
         })?;
@@ -584,7 +584,13 @@ impl GraphDriverApi for super::CudaDriver {
         let p = kernel_params(func.raw(), cfg, params);
         // SAFETY: see the impl comment; the parameter pointers are the caller's contract.
         check(unsafe {
-            sys::cuGraphAddKernelNode_v2(&mut n, ptr(graph.raw()), node_list(deps), deps.len(), &p)
+            sys::cuGraphAddKernelNode_v2(
+                &raw mut n,
+                ptr(graph.raw()),
+                node_list(deps),
+                deps.len(),
+                &raw const p,
+            )
         })?;
         Ok(GraphNode::from_raw(n as Raw))
     }
@@ -607,11 +613,11 @@ impl GraphDriverApi for super::CudaDriver {
         // SAFETY: see the impl comment.
         check(unsafe {
             sys::cuGraphAddMemAllocNode(
-                &mut n,
+                &raw mut n,
                 ptr(graph.raw()),
                 node_list(deps),
                 deps.len(),
-                &mut p,
+                &raw mut p,
             )
         })?;
         Ok((GraphNode::from_raw(n as Raw), p.dptr))
@@ -626,7 +632,13 @@ impl GraphDriverApi for super::CudaDriver {
         let mut n: sys::CUgraphNode = null_mut();
         // SAFETY: see the impl comment.
         check(unsafe {
-            sys::cuGraphAddMemFreeNode(&mut n, ptr(graph.raw()), node_list(deps), deps.len(), dptr)
+            sys::cuGraphAddMemFreeNode(
+                &raw mut n,
+                ptr(graph.raw()),
+                node_list(deps),
+                deps.len(),
+                dptr,
+            )
         })?;
         Ok(GraphNode::from_raw(n as Raw))
     }
@@ -698,10 +710,12 @@ impl GraphDriverApi for super::CudaDriver {
         // SAFETY: see the impl comment; the parameter pointers are the caller's contract.
         check(unsafe {
             match exec {
-                None => sys::cuGraphKernelNodeSetParams_v2(ptr(node.raw()), &p),
-                Some(exec) => {
-                    sys::cuGraphExecKernelNodeSetParams_v2(ptr(exec.raw()), ptr(node.raw()), &p)
-                }
+                None => sys::cuGraphKernelNodeSetParams_v2(ptr(node.raw()), &raw const p),
+                Some(exec) => sys::cuGraphExecKernelNodeSetParams_v2(
+                    ptr(exec.raw()),
+                    ptr(node.raw()),
+                    &raw const p,
+                ),
             }
         })
     }
@@ -724,13 +738,21 @@ impl GraphDriverApi for super::CudaDriver {
         let g = ptr(graph.raw());
         let mut n = 0usize;
         // SAFETY: see the impl comment (a count query).
-        check(unsafe { sys::cuGraphGetEdges_v2(g, null_mut(), null_mut(), null_mut(), &mut n) })?;
+        check(unsafe {
+            sys::cuGraphGetEdges_v2(g, null_mut(), null_mut(), null_mut(), &raw mut n)
+        })?;
         let mut from: Vec<sys::CUgraphNode> = vec![null_mut(); n];
         let mut to: Vec<sys::CUgraphNode> = vec![null_mut(); n];
         if n > 0 {
             // SAFETY: both arrays hold `n` slots.
             check(unsafe {
-                sys::cuGraphGetEdges_v2(g, from.as_mut_ptr(), to.as_mut_ptr(), null_mut(), &mut n)
+                sys::cuGraphGetEdges_v2(
+                    g,
+                    from.as_mut_ptr(),
+                    to.as_mut_ptr(),
+                    null_mut(),
+                    &raw mut n,
+                )
             })?;
         }
         Ok(from
@@ -765,7 +787,7 @@ impl GraphDriverApi for super::CudaDriver {
     fn node_type(&self, node: GraphNode) -> CuResult<u32> {
         let mut t = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphNodeGetType(ptr(node.raw()), &mut t) })?;
+        check(unsafe { sys::cuGraphNodeGetType(ptr(node.raw()), &raw mut t) })?;
         Ok(t as u32)
     }
 
@@ -786,7 +808,7 @@ impl GraphDriverApi for super::CudaDriver {
     fn graph_instantiate(&self, graph: Graph, flags: u64) -> CuResult<GraphExec> {
         let mut e: sys::CUgraphExec = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphInstantiateWithFlags(&mut e, ptr(graph.raw()), flags) })?;
+        check(unsafe { sys::cuGraphInstantiateWithFlags(&raw mut e, ptr(graph.raw()), flags) })?;
         Ok(GraphExec::from_raw(e as Raw))
     }
 
@@ -814,7 +836,8 @@ impl GraphDriverApi for super::CudaDriver {
         // SAFETY: plain C data; zero is "success, no node".
         let mut info: sys::CUgraphExecUpdateResultInfo = unsafe { std::mem::zeroed() };
         // SAFETY: see the impl comment.
-        let r = unsafe { sys::cuGraphExecUpdate_v2(ptr(exec.raw()), ptr(graph.raw()), &mut info) };
+        let r =
+            unsafe { sys::cuGraphExecUpdate_v2(ptr(exec.raw()), ptr(graph.raw()), &raw mut info) };
         match r {
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE => {
                 let node =
@@ -853,7 +876,7 @@ impl GraphDriverApi for super::CudaDriver {
         // SAFETY: plain C data; the driver fills it in.
         let mut p: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphKernelNodeGetParams_v2(ptr(node.raw()), &mut p) })?;
+        check(unsafe { sys::cuGraphKernelNodeGetParams_v2(ptr(node.raw()), &raw mut p) })?;
         let func = p.func as Raw;
         let layout = layout_of(Function::from_raw(func)).ok_or(CuError::INVALID_VALUE)?;
         let cfg = LaunchConfig {
@@ -910,7 +933,7 @@ impl GraphDriverApi for super::CudaDriver {
     fn memcpy_node_params(&self, node: GraphNode) -> CuResult<MemcpyNode> {
         let mut p = blank_memcpy3d();
         // SAFETY: see the impl comment; the driver fills the struct in.
-        check(unsafe { sys::cuGraphMemcpyNodeGetParams(ptr(node.raw()), &mut p) })?;
+        check(unsafe { sys::cuGraphMemcpyNodeGetParams(ptr(node.raw()), &raw mut p) })?;
         // Only nodes made from device addresses (as qcuda makes them) can be described.
         let device_side = |t: sys::CUmemorytype| {
             matches!(
@@ -941,7 +964,7 @@ impl GraphDriverApi for super::CudaDriver {
         // SAFETY: plain C data; the driver fills it in.
         let mut p: sys::CUDA_MEMSET_NODE_PARAMS = unsafe { std::mem::zeroed() };
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphMemsetNodeGetParams(ptr(node.raw()), &mut p) })?;
+        check(unsafe { sys::cuGraphMemsetNodeGetParams(ptr(node.raw()), &raw mut p) })?;
         Ok(MemsetNode {
             dst: p.dst,
             pitch: p.pitch as u64,
@@ -957,9 +980,9 @@ impl GraphDriverApi for super::CudaDriver {
         // SAFETY: see the impl comment.
         check(unsafe {
             if record {
-                sys::cuGraphEventRecordNodeGetEvent(ptr(node.raw()), &mut e)
+                sys::cuGraphEventRecordNodeGetEvent(ptr(node.raw()), &raw mut e)
             } else {
-                sys::cuGraphEventWaitNodeGetEvent(ptr(node.raw()), &mut e)
+                sys::cuGraphEventWaitNodeGetEvent(ptr(node.raw()), &raw mut e)
             }
         })?;
         Ok(Event::from_raw(e as Raw))
@@ -968,14 +991,16 @@ impl GraphDriverApi for super::CudaDriver {
     fn child_graph(&self, node: GraphNode) -> CuResult<Graph> {
         let mut g: sys::CUgraph = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphChildGraphNodeGetGraph(ptr(node.raw()), &mut g) })?;
+        check(unsafe { sys::cuGraphChildGraphNodeGetGraph(ptr(node.raw()), &raw mut g) })?;
         Ok(Graph::from_raw(g as Raw))
     }
 
     fn find_in_clone(&self, node: GraphNode, clone: Graph) -> CuResult<GraphNode> {
         let mut n: sys::CUgraphNode = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuGraphNodeFindInClone(&mut n, ptr(node.raw()), ptr(clone.raw())) })?;
+        check(unsafe {
+            sys::cuGraphNodeFindInClone(&raw mut n, ptr(node.raw()), ptr(clone.raw()))
+        })?;
         Ok(GraphNode::from_raw(n as Raw))
     }
 
@@ -1001,7 +1026,7 @@ impl GraphDriverApi for super::CudaDriver {
                     check(sys::cuGraphNodeGetEnabled(
                         ptr(exec.raw()),
                         ptr(node.raw()),
-                        &mut v,
+                        &raw mut v,
                     ))?;
                     Ok(v != 0)
                 }

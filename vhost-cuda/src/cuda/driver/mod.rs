@@ -587,7 +587,7 @@ impl CudaDriver {
         }
         let mut v: c_int = 0;
         // SAFETY: the symbol exists (checked above); `v` is a valid out pointer.
-        if let Err(e) = check(unsafe { sys::cuDriverGetVersion(&mut v) }) {
+        if let Err(e) = check(unsafe { sys::cuDriverGetVersion(&raw mut v) }) {
             warn!(error = ?e, "cuDriverGetVersion failed");
             return too_old(0);
         }
@@ -641,14 +641,14 @@ impl DriverApi for CudaDriver {
     fn device_count(&self) -> CuResult<i32> {
         let mut n: c_int = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuDeviceGetCount(&mut n) })?;
+        check(unsafe { sys::cuDeviceGetCount(&raw mut n) })?;
         Ok(n)
     }
 
     fn device_get(&self, ordinal: i32) -> CuResult<i32> {
         let mut dev: sys::CUdevice = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuDeviceGet(&mut dev, ordinal) })?;
+        check(unsafe { sys::cuDeviceGet(&raw mut dev, ordinal) })?;
         Ok(dev)
     }
 
@@ -664,21 +664,21 @@ impl DriverApi for CudaDriver {
     fn device_uuid(&self, dev: i32) -> CuResult<[u8; 16]> {
         let mut uuid = sys::CUuuid { bytes: [0; 16] };
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, dev) })?;
+        check(unsafe { sys::cuDeviceGetUuid_v2(&raw mut uuid, dev) })?;
         Ok(uuid.bytes.map(|b| b as u8))
     }
 
     fn device_total_mem(&self, dev: i32) -> CuResult<u64> {
         let mut bytes = 0usize;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuDeviceTotalMem_v2(&mut bytes, dev) })?;
+        check(unsafe { sys::cuDeviceTotalMem_v2(&raw mut bytes, dev) })?;
         Ok(bytes as u64)
     }
 
     fn device_attribute(&self, dev: i32, attr: i32) -> CuResult<i32> {
         let mut v: c_int = 0;
         // SAFETY: see the impl comment; the pointer was resolved with this exact C signature.
-        let code = unsafe { (self.device_get_attribute)(&mut v, attr, dev) };
+        let code = unsafe { (self.device_get_attribute)(&raw mut v, attr, dev) };
         match code {
             0 => Ok(v),
             e => Err(CuError(e)),
@@ -689,12 +689,12 @@ impl DriverApi for CudaDriver {
         let mut ctx: sys::CUcontext = null_mut();
         // Flags 0 is CU_CTX_SCHED_AUTO, what the runtime uses. No creation parameters.
         // SAFETY: see the impl comment; a NULL ctxCreateParams asks for a plain context.
-        check(unsafe { sys::cuCtxCreate_v4(&mut ctx, null_mut(), 0, dev) })?;
+        check(unsafe { sys::cuCtxCreate_v4(&raw mut ctx, null_mut(), 0, dev) })?;
         // cuCtxCreate pushed the new context on this thread's stack; pop it so the stack is as
         // it was. Ops bind their context with cuCtxSetCurrent.
         let mut popped: sys::CUcontext = null_mut();
         // SAFETY: see the impl comment.
-        if let Err(e) = check(unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }) {
+        if let Err(e) = check(unsafe { sys::cuCtxPopCurrent_v2(&raw mut popped) }) {
             debug!(error = ?e, "cuCtxPopCurrent after cuCtxCreate failed");
         }
         Ok(Context::from_raw(ctx as Raw))
@@ -718,7 +718,7 @@ impl DriverApi for CudaDriver {
     fn ctx_get_limit(&self, limit: u32) -> CuResult<usize> {
         let mut v = 0usize;
         // SAFETY: see the impl comment; `limit` is a valid CUlimit (`cu_limit`).
-        check(unsafe { sys::cuCtxGetLimit(&mut v, cu_limit(limit)?) })?;
+        check(unsafe { sys::cuCtxGetLimit(&raw mut v, cu_limit(limit)?) })?;
         Ok(v)
     }
 
@@ -730,14 +730,14 @@ impl DriverApi for CudaDriver {
     fn mem_get_info(&self) -> CuResult<(u64, u64)> {
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        check(unsafe { sys::cuMemGetInfo_v2(&raw mut free, &raw mut total) })?;
         Ok((free as u64, total as u64))
     }
 
     fn mem_alloc(&self, size: usize) -> CuResult<u64> {
         let mut p: sys::CUdeviceptr = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemAlloc_v2(&mut p, size) })?;
+        check(unsafe { sys::cuMemAlloc_v2(&raw mut p, size) })?;
         Ok(p)
     }
 
@@ -749,7 +749,7 @@ impl DriverApi for CudaDriver {
     fn mem_alloc_host(&self, size: usize) -> CuResult<Raw> {
         let mut p: *mut c_void = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemAllocHost_v2(&mut p, size) })?;
+        check(unsafe { sys::cuMemAllocHost_v2(&raw mut p, size) })?;
         Ok(p as Raw)
     }
 
@@ -808,7 +808,7 @@ impl DriverApi for CudaDriver {
     fn mem_host_device_pointer(&self, p: u64) -> CuResult<u64> {
         let mut d: sys::CUdeviceptr = 0;
         // SAFETY: see the impl comment; the driver only looks the address up.
-        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p as *mut c_void, 0) })?;
+        check(unsafe { sys::cuMemHostGetDevicePointer_v2(&raw mut d, p as *mut c_void, 0) })?;
         Ok(d)
     }
 
@@ -819,7 +819,7 @@ impl DriverApi for CudaDriver {
         let mut m: sys::CUmodule = null_mut();
         // SAFETY: see the impl comment; the image was checked (module_image.rs) so the sizes
         // it declares lie inside it, and it ends in a NUL for PTX.
-        check(unsafe { sys::cuModuleLoadData(&mut m, image.as_ptr().cast()) })?;
+        check(unsafe { sys::cuModuleLoadData(&raw mut m, image.as_ptr().cast()) })?;
         Ok(Module::from_raw(m as Raw))
     }
 
@@ -831,7 +831,7 @@ impl DriverApi for CudaDriver {
     fn module_function(&self, module: Module, name: &CStr) -> CuResult<Function> {
         let mut f: sys::CUfunction = null_mut();
         // SAFETY: see the impl comment; `name` is NUL-terminated.
-        check(unsafe { sys::cuModuleGetFunction(&mut f, ptr(module.raw()), name.as_ptr()) })?;
+        check(unsafe { sys::cuModuleGetFunction(&raw mut f, ptr(module.raw()), name.as_ptr()) })?;
         Ok(Function::from_raw(f as Raw))
     }
 
@@ -839,7 +839,7 @@ impl DriverApi for CudaDriver {
         let (mut p, mut size): (sys::CUdeviceptr, usize) = (0, 0);
         // SAFETY: see the impl comment; `name` is NUL-terminated.
         check(unsafe {
-            sys::cuModuleGetGlobal_v2(&mut p, &mut size, ptr(module.raw()), name.as_ptr())
+            sys::cuModuleGetGlobal_v2(&raw mut p, &raw mut size, ptr(module.raw()), name.as_ptr())
         })?;
         Ok((p, size as u64))
     }
@@ -852,7 +852,9 @@ impl DriverApi for CudaDriver {
     fn function_param_info(&self, func: Function, index: usize) -> CuResult<(usize, usize)> {
         let (mut offset, mut size) = (0usize, 0usize);
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuFuncGetParamInfo(ptr(func.raw()), index, &mut offset, &mut size) })?;
+        check(unsafe {
+            sys::cuFuncGetParamInfo(ptr(func.raw()), index, &raw mut offset, &raw mut size)
+        })?;
         Ok((offset, size))
     }
 
@@ -896,7 +898,7 @@ impl DriverApi for CudaDriver {
         // layout (checked at compile time above) and outlive the call; `p` holds one readable
         // pointer per parameter (caller contract); the driver copies everything before
         // returning.
-        check(unsafe { sys::cuLaunchKernelEx(&config, ptr(func.raw()), p, null_mut()) })
+        check(unsafe { sys::cuLaunchKernelEx(&raw const config, ptr(func.raw()), p, null_mut()) })
     }
 
     fn occupancy_cluster(
@@ -911,9 +913,13 @@ impl DriverApi for CudaDriver {
         // SAFETY: see the impl comment and `launch_ex`; the driver only reads `config`.
         check(unsafe {
             if active {
-                sys::cuOccupancyMaxActiveClusters(&mut n, ptr(func.raw()), &config)
+                sys::cuOccupancyMaxActiveClusters(&raw mut n, ptr(func.raw()), &raw const config)
             } else {
-                sys::cuOccupancyMaxPotentialClusterSize(&mut n, ptr(func.raw()), &config)
+                sys::cuOccupancyMaxPotentialClusterSize(
+                    &raw mut n,
+                    ptr(func.raw()),
+                    &raw const config,
+                )
             }
         })?;
         Ok(n)
@@ -923,7 +929,7 @@ impl DriverApi for CudaDriver {
         let mut n = 0usize;
         // SAFETY: see the impl comment.
         check(unsafe {
-            sys::cuOccupancyAvailableDynamicSMemPerBlock(&mut n, ptr(func.raw()), blocks, block)
+            sys::cuOccupancyAvailableDynamicSMemPerBlock(&raw mut n, ptr(func.raw()), blocks, block)
         })?;
         Ok(n)
     }
@@ -931,7 +937,7 @@ impl DriverApi for CudaDriver {
     fn device_can_access_peer(&self, dev: i32, peer: i32) -> CuResult<bool> {
         let mut v: c_int = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuDeviceCanAccessPeer(&mut v, dev, peer) })?;
+        check(unsafe { sys::cuDeviceCanAccessPeer(&raw mut v, dev, peer) })?;
         Ok(v != 0)
     }
 
@@ -947,7 +953,7 @@ impl DriverApi for CudaDriver {
         };
         let mut v: c_int = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuDeviceGetP2PAttribute(&mut v, a, src, dst) })?;
+        check(unsafe { sys::cuDeviceGetP2PAttribute(&raw mut v, a, src, dst) })?;
         Ok(v)
     }
 
@@ -998,14 +1004,14 @@ impl DriverApi for CudaDriver {
     fn ctx_get_cache_config(&self) -> CuResult<u32> {
         let mut c = sys::CUfunc_cache::CU_FUNC_CACHE_PREFER_NONE;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuCtxGetCacheConfig(&mut c) })?;
+        check(unsafe { sys::cuCtxGetCacheConfig(&raw mut c) })?;
         Ok(c as u32)
     }
 
     fn func_attribute(&self, func: Function, attr: i32) -> CuResult<i32> {
         let mut v: c_int = 0;
         // SAFETY: see the impl comment; `func` is a live function of the session's module.
-        check(unsafe { sys::cuFuncGetAttribute(&mut v, func_attr(attr)?, ptr(func.raw())) })?;
+        check(unsafe { sys::cuFuncGetAttribute(&raw mut v, func_attr(attr)?, ptr(func.raw())) })?;
         Ok(v)
     }
 
@@ -1025,7 +1031,7 @@ impl DriverApi for CudaDriver {
         // SAFETY: as above; the driver checks the sizes and flags.
         check(unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
-                &mut n,
+                &raw mut n,
                 ptr(func.raw()),
                 block,
                 shared,
@@ -1038,7 +1044,7 @@ impl DriverApi for CudaDriver {
     fn mem_pool_default(&self, dev: i32) -> CuResult<MemPool> {
         let mut p: sys::CUmemoryPool = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuDeviceGetDefaultMemPool(&mut p, dev) })?;
+        check(unsafe { sys::cuDeviceGetDefaultMemPool(&raw mut p, dev) })?;
         Ok(MemPool::from_raw(p as Raw))
     }
 
@@ -1051,7 +1057,7 @@ impl DriverApi for CudaDriver {
         props.maxSize = max_size;
         let mut p: sys::CUmemoryPool = null_mut();
         // SAFETY: see the impl comment; `props` is fully initialised.
-        check(unsafe { sys::cuMemPoolCreate(&mut p, &props) })?;
+        check(unsafe { sys::cuMemPoolCreate(&raw mut p, &raw const props) })?;
         Ok(MemPool::from_raw(p as Raw))
     }
 
@@ -1071,14 +1077,12 @@ impl DriverApi for CudaDriver {
             let mut v = c_int::from(value != 0);
             // SAFETY: see the impl comment; the int attributes take a pointer to an int.
             return check(unsafe {
-                sys::cuMemPoolSetAttribute(ptr(pool.raw()), a, (&mut v as *mut c_int).cast())
+                sys::cuMemPoolSetAttribute(ptr(pool.raw()), a, (&raw mut v).cast())
             });
         }
         let mut v: u64 = value;
         // SAFETY: see the impl comment; the other attributes take a pointer to a cuuint64_t.
-        check(unsafe {
-            sys::cuMemPoolSetAttribute(ptr(pool.raw()), a, (&mut v as *mut u64).cast())
-        })
+        check(unsafe { sys::cuMemPoolSetAttribute(ptr(pool.raw()), a, (&raw mut v).cast()) })
     }
 
     fn mem_pool_get_attribute(&self, pool: MemPool, attr: u32) -> CuResult<u64> {
@@ -1086,16 +1090,12 @@ impl DriverApi for CudaDriver {
         if attr <= 3 {
             let mut v: c_int = 0;
             // SAFETY: as in `mem_pool_set_attribute`.
-            check(unsafe {
-                sys::cuMemPoolGetAttribute(ptr(pool.raw()), a, (&mut v as *mut c_int).cast())
-            })?;
+            check(unsafe { sys::cuMemPoolGetAttribute(ptr(pool.raw()), a, (&raw mut v).cast()) })?;
             return Ok(u64::from(v != 0));
         }
         let mut v: u64 = 0;
         // SAFETY: as in `mem_pool_set_attribute`.
-        check(unsafe {
-            sys::cuMemPoolGetAttribute(ptr(pool.raw()), a, (&mut v as *mut u64).cast())
-        })?;
+        check(unsafe { sys::cuMemPoolGetAttribute(ptr(pool.raw()), a, (&raw mut v).cast()) })?;
         Ok(v)
     }
 
@@ -1120,7 +1120,9 @@ impl DriverApi for CudaDriver {
         let mut flags = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
         let mut location = mem_location(dev);
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemPoolGetAccess(&mut flags, ptr(pool.raw()), &mut location) })?;
+        check(unsafe {
+            sys::cuMemPoolGetAccess(&raw mut flags, ptr(pool.raw()), &raw mut location)
+        })?;
         Ok(flags as u32)
     }
 
@@ -1129,10 +1131,13 @@ impl DriverApi for CudaDriver {
         // SAFETY: see the impl comment.
         check(unsafe {
             match pool {
-                None => sys::cuMemAllocAsync(&mut p, size, ptr(stream.raw())),
-                Some(pool) => {
-                    sys::cuMemAllocFromPoolAsync(&mut p, size, ptr(pool.raw()), ptr(stream.raw()))
-                }
+                None => sys::cuMemAllocAsync(&raw mut p, size, ptr(stream.raw())),
+                Some(pool) => sys::cuMemAllocFromPoolAsync(
+                    &raw mut p,
+                    size,
+                    ptr(pool.raw()),
+                    ptr(stream.raw()),
+                ),
             }
         })?;
         Ok(p)
@@ -1146,28 +1151,28 @@ impl DriverApi for CudaDriver {
     fn stream_priority_range(&self) -> CuResult<(i32, i32)> {
         let (mut least, mut greatest): (c_int, c_int) = (0, 0);
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) })?;
+        check(unsafe { sys::cuCtxGetStreamPriorityRange(&raw mut least, &raw mut greatest) })?;
         Ok((least, greatest))
     }
 
     fn stream_priority(&self, stream: Stream) -> CuResult<i32> {
         let mut p: c_int = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamGetPriority(ptr(stream.raw()), &mut p) })?;
+        check(unsafe { sys::cuStreamGetPriority(ptr(stream.raw()), &raw mut p) })?;
         Ok(p)
     }
 
     fn stream_id(&self, stream: Stream) -> CuResult<u64> {
         let mut id: std::ffi::c_ulonglong = 0;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamGetId(ptr(stream.raw()), &mut id) })?;
+        check(unsafe { sys::cuStreamGetId(ptr(stream.raw()), &raw mut id) })?;
         Ok(id)
     }
 
     fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Stream> {
         let mut s: sys::CUstream = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuStreamCreateWithPriority(&mut s, flags, priority) })?;
+        check(unsafe { sys::cuStreamCreateWithPriority(&raw mut s, flags, priority) })?;
         Ok(Stream::from_raw(s as Raw))
     }
 
@@ -1194,7 +1199,7 @@ impl DriverApi for CudaDriver {
     fn event_create(&self, flags: u32) -> CuResult<Event> {
         let mut e: sys::CUevent = null_mut();
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuEventCreate(&mut e, flags) })?;
+        check(unsafe { sys::cuEventCreate(&raw mut e, flags) })?;
         Ok(Event::from_raw(e as Raw))
     }
 
@@ -1238,7 +1243,7 @@ impl DriverApi for CudaDriver {
     fn stream_is_capturing(&self, stream: Stream) -> CuResult<bool> {
         let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: see the impl comment; the status is written to a local.
-        check(unsafe { sys::cuStreamIsCapturing(ptr(stream.raw()), &mut st) })?;
+        check(unsafe { sys::cuStreamIsCapturing(ptr(stream.raw()), &raw mut st) })?;
         Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
@@ -1265,7 +1270,9 @@ impl DriverApi for CudaDriver {
     fn event_elapsed(&self, start: Event, end: Event) -> CuResult<f32> {
         let mut ms = 0f32;
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuEventElapsedTime_v2(&mut ms, ptr(start.raw()), ptr(end.raw())) })?;
+        check(unsafe {
+            sys::cuEventElapsedTime_v2(&raw mut ms, ptr(start.raw()), ptr(end.raw()))
+        })?;
         Ok(ms)
     }
 }
