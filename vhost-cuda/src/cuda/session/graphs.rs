@@ -603,7 +603,7 @@ impl CudaSession {
                 };
                 let gpu = self.host.gpus.get(fdev).ok_or(status::INVALID_DEVICE)?;
                 cfg.check(&gpu.limits)?;
-                if k.params.len() < layout.block_len() {
+                if k.params.len() != layout.block_len() {
                     return Err(bad);
                 }
                 let mut block = AlignedBytes::zeroed(layout.block_len());

@@ -86,10 +86,16 @@ fn explicit_graph_nodes_are_checked_and_queried() {
         (back.function, back.block, back.params),
         (f, [32, 1, 1], &block[..])
     );
-    // Too short a block, an unknown function, a bad geometry.
+    // Too short or too long a block, an unknown function, a bad geometry.
     let short = kernel_params(f, &block[..20]);
     assert_eq!(
         add_node(&mut rig, &mut s, graph, 0, &[], &short).status,
+        status::INVALID_VALUE
+    );
+    let mut padded = block.to_vec();
+    padded.extend_from_slice(&[0; 8]);
+    assert_eq!(
+        add_node(&mut rig, &mut s, graph, 0, &[], &kernel_params(f, &padded)).status,
         status::INVALID_VALUE
     );
     assert_eq!(
