@@ -99,9 +99,9 @@ pub(crate) enum Wait {
     /// session, which also happens while a killed process exits, and by probe.
     Uninterruptible { timeout_ms: i64 },
     /// As `Uninterruptible`, but a task that has been killed stops waiting (EINTR; the device
-    /// keeps the request): for `HostUnmap`, which waits for the session's queued GPU work, and
-    /// that work may wait for a host function only the dying process would have run. The
-    /// caller keeps what the request concerns until the session is closed.
+    /// keeps the request): for `HostMap` and `HostUnmap`, which wait behind the session's
+    /// queued work, and that work may wait for a host function only the dying process would
+    /// have run. The caller keeps what the request concerns until the session is closed.
     Killable { timeout_ms: i64 },
 }
 

@@ -65,8 +65,9 @@ pub(crate) fn seed_session_ids() {
 
 /// How long closing a file waits for the host to confirm `SessionClose`.
 const CLOSE_TIMEOUT_MS: i64 = 30_000;
-/// How long `HostMap` and `HostUnmap` wait for the host. They are waited for uninterruptibly:
-/// the module must learn whether the host maps the pages before it may release them.
+/// How long `HostMap` and `HostUnmap` wait for the host. The module must learn whether the host
+/// maps the pages before it may release them, so only a killed task stops waiting early; it then
+/// keeps the pages until the session's close, which ends every mapping of the host.
 const HOST_MAP_TIMEOUT_MS: i64 = 60_000;
 /// Largest single mmap of /dev/qcuda, and largest range `IOCTL_HOST_MAP` pins.
 const MAX_MMAP_LEN: usize = 64 << 30;
@@ -284,9 +285,12 @@ impl Session {
                 .map_err(|_| EINVAL)?;
             let req = Request::with_kernel_input(&header, pieces)?;
             self.used.store(true, Relaxed);
+            // Killable: the worker serves the session's requests in order, and one before this
+            // (a synchronisation) may wait for a host function that a killed process will
+            // never run.
             self.device.execute(
                 &req,
-                Wait::Uninterruptible {
+                Wait::Killable {
                     timeout_ms: HOST_MAP_TIMEOUT_MS,
                 },
             )
@@ -303,9 +307,9 @@ impl Session {
                 }
             }
             Err(e) => {
-                // Without an answer the host may or may not map the pages: hold them until
-                // close, which the host does confirm.
-                region.host_mapped = e == ETIMEDOUT;
+                // Without an answer (timed out, or the task was killed) the host may or may not
+                // map the pages: hold them until close, which the host does confirm.
+                region.host_mapped = e == ETIMEDOUT || e == EINTR;
                 failed = Some(e);
             }
         }

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -76,9 +77,39 @@ static void CUDART_CB stream_callback(cudaStream_t stream, cudaError_t status, v
     });
 }
 
-int main()
+// `--hold`: the kill check of tests/guest/check-cuda. A host function that never returns blocks
+// its stream; one thread waits for that stream and another registers host memory, which the
+// host serves behind the wait. Prints HOLDING and sleeps until killed. A killed process can
+// never run the function, so qcuda.ko must let every thread of it go at once: none may wait
+// for the host's answer to the synchronisation or the registration.
+static void never_returns(void *)
+{
+    for (;;)
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+static int hold()
+{
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK(cudaLaunchHostFunc(s, never_returns, nullptr));
+    std::thread([s] { (void)cudaStreamSynchronize(s); }).detach();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    static char buffer[1 << 20];
+    std::thread([] { (void)cudaHostRegister(buffer, sizeof(buffer), cudaHostRegisterDefault); })
+        .detach();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::printf("HOLDING\n");
+    std::fflush(stdout);
+    for (;;)
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+int main(int argc, char **argv)
 {
     require_device();
+    if (argc > 1 && std::string(argv[1]) == "--hold")
+        return hold();
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 
