@@ -1104,7 +1104,8 @@ impl GpuInfo {
         g.name.copy_from_slice(&b[0..256]);
         g.uuid.copy_from_slice(&b[256..272]);
         g.total_mem = get_u64(b, 272);
-        let i = |k: usize| get_u32(b, 280 + 4 * k) as i32;
+        // The C `int` fields, written by `encode` as two's-complement little-endian bytes.
+        let i = |k: usize| i32::from_le_bytes(get_u32(b, 280 + 4 * k).to_le_bytes());
         g.cc_major = i(0);
         g.cc_minor = i(1);
         g.multiprocessors = i(2);
@@ -1292,12 +1293,12 @@ impl Copy3DSide {
     }
 
     fn decode(b: &[u8]) -> Result<Self, WireError> {
-        let kind = get_u64(b, 0);
-        if kind > u64::from(COPY_ARRAY) {
-            return Err(WireError::Reserved);
-        }
+        let kind = u32::try_from(get_u64(b, 0))
+            .ok()
+            .filter(|k| *k <= COPY_ARRAY)
+            .ok_or(WireError::Reserved)?;
         Ok(Self {
-            kind: kind as u32,
+            kind,
             addr: get_u64(b, 8),
             pitch: get_u64(b, 16),
             height: get_u64(b, 24),
@@ -1545,10 +1546,18 @@ pub mod ioctl {
     /// Bytes of an [`IoctlCall`].
     pub const IOCTL_CALL_SIZE: usize = 144 + 24 * MAX_BUFFERS;
 
+    /// The size field of an ioctl number has 14 bits.
+    const IOC_SIZE_LIMIT: usize = 1 << 14;
+    const _: () = assert!(IOCTL_CALL_SIZE < IOC_SIZE_LIMIT && HOST_MAP_CALL_SIZE < IOC_SIZE_LIMIT);
+
     const IOC_WRITE: u32 = 1;
     const IOC_READ: u32 = 2;
 
     /// `_IOWR('Q', 0x01, struct IoctlCall)`.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "IOCTL_CALL_SIZE is a constant below 1 << 14 (asserted above)"
+    )]
     pub const IOCTL_CALL: u32 = ((IOC_READ | IOC_WRITE) << 30)
         | ((IOCTL_CALL_SIZE as u32) << 16)
         | ((b'Q' as u32) << 8)
@@ -1585,12 +1594,20 @@ pub mod ioctl {
     /// reachable by the GPU. A range that is exactly one mmap of /dev/qcuda uses the module's
     /// pages; any other range is pinned (`FOLL_LONGTERM`) for as long as the mapping lives. The
     /// module sends `Op::HostMap` and holds the pages until the host has dropped its mapping.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "HOST_MAP_CALL_SIZE is a constant below 1 << 14 (asserted above)"
+    )]
     pub const IOCTL_HOST_MAP: u32 = ((IOC_READ | IOC_WRITE) << 30)
         | ((HOST_MAP_CALL_SIZE as u32) << 16)
         | ((b'Q' as u32) << 8)
         | 0x02;
     /// `_IOWR('Q', 0x03, struct HostMapCall)`: ends the mapping made at `addr` (`Op::HostUnmap`)
     /// and releases its pages; for an mmap of /dev/qcuda that was never mapped, only forgets it.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "HOST_MAP_CALL_SIZE is a constant below 1 << 14 (asserted above)"
+    )]
     pub const IOCTL_HOST_UNMAP: u32 = ((IOC_READ | IOC_WRITE) << 30)
         | ((HOST_MAP_CALL_SIZE as u32) << 16)
         | ((b'Q' as u32) << 8)
@@ -1697,7 +1714,8 @@ pub mod ioctl {
                 nbufs: get_u32(b, 12),
                 ..Self::default()
             };
-            if c.flags & !u32::from(KNOWN_FLAGS) != 0 {
+            let flags = u16::try_from(c.flags).map_err(|_| WireError::Reserved)?;
+            if flags & !KNOWN_FLAGS != 0 {
                 return Err(WireError::Reserved);
             }
             if c.nbufs as usize > MAX_BUFFERS {
@@ -1708,7 +1726,7 @@ pub mod ioctl {
             }
             let mut header = RequestHeader {
                 op: c.op,
-                flags: c.flags as u16,
+                flags,
                 device: c.device,
                 ..RequestHeader::default()
             };
@@ -1741,6 +1759,11 @@ pub mod ioctl {
         }
 
         /// The request header this call becomes, before the kernel stamps the session.
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "flags: `decode` refuses any bit outside KNOWN_FLAGS (a u16), and the kernel \
+                      takes the header only of a decoded call"
+        )]
         pub fn header(&self) -> RequestHeader {
             let mut h = RequestHeader {
                 op: self.op,

@@ -162,15 +162,17 @@ impl<'a> StreamCursor<'a> {
                 break;
             };
             let n = (seg.len - self.offset).min(len);
+            let outside = || BufferError::OutOfGuestMemory {
+                addr: seg.addr,
+                len: seg.len,
+            };
             let addr = seg
                 .addr
                 .checked_add(self.offset)
                 .filter(|a| a.checked_add(n).is_some())
-                .ok_or(BufferError::OutOfGuestMemory {
-                    addr: seg.addr,
-                    len: seg.len,
-                })?;
-            ranges.push((GuestAddress(addr), n as usize));
+                .ok_or_else(outside)?;
+            let run_len = usize::try_from(n).map_err(|_| outside())?;
+            ranges.push((GuestAddress(addr), run_len));
             self.offset += n;
             len -= n;
             if self.offset == seg.len {

@@ -109,7 +109,8 @@ impl DeviceOutput {
             return ResponseHeader::with_status(status::INVALID_VALUE);
         };
         let pending = self.pending();
-        let n = pending.min(out.len() as u64) as usize;
+        // More than a usize can count is more than the buffer holds.
+        let n = usize::try_from(pending).map_or(out.len(), |p| p.min(out.len()));
         let mut bytes = vec![0u8; n];
         if let Some(file) = &self.file {
             if n > 0 && file.read_exact_at(&mut bytes, self.taken).is_err() {

@@ -220,7 +220,7 @@ fn send_nonblocking(link: &UnixStream, rec: &[u8; RECORD]) {
             libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
         )
     };
-    if n != RECORD as isize {
+    if usize::try_from(n).ok() != Some(RECORD) {
         debug!(
             "host-function release not sent: {}",
             io::Error::last_os_error()

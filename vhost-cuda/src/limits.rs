@@ -40,6 +40,23 @@ pub struct Limits {
     pub max_gpu_memory: Option<u64>,
 }
 
+/// A libc `c_int` constant as the `c_short` of a `flock` field, checked when compiled.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "only for the consts below; the assertion rejects a value outside c_short"
+)]
+const fn flock_short(v: libc::c_int) -> libc::c_short {
+    assert!(v >= libc::c_short::MIN as libc::c_int && v <= libc::c_short::MAX as libc::c_int);
+    v as libc::c_short
+}
+
+/// `F_WRLCK` for `flock::l_type`.
+const LOCK_WRITE: libc::c_short = flock_short(libc::F_WRLCK);
+/// `F_UNLCK` for `flock::l_type`.
+const LOCK_NONE: libc::c_short = flock_short(libc::F_UNLCK);
+/// `SEEK_SET` for `flock::l_whence`.
+const WHENCE_START: libc::c_short = flock_short(libc::SEEK_SET);
+
 /// The mapped quota file: word 0 the limit, words 1..=slots the slots.
 struct QuotaMap {
     file: File,
@@ -81,7 +98,7 @@ struct Admission<'a> {
 
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
-        let _ = self.map.record_lock(libc::F_UNLCK as libc::c_short);
+        let _ = self.map.record_lock(LOCK_NONE);
     }
 }
 
@@ -143,7 +160,7 @@ impl QuotaMap {
         // SAFETY: an all-zero flock is a valid value; the fields that matter are set below.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
         fl.l_type = kind;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_whence = WHENCE_START;
         fl.l_start = 0;
         fl.l_len = 8;
         loop {
@@ -160,7 +177,7 @@ impl QuotaMap {
 
     fn admit(&self) -> io::Result<Admission<'_>> {
         let guard = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        self.record_lock(libc::F_WRLCK as libc::c_short)?;
+        self.record_lock(LOCK_WRITE)?;
         Ok(Admission {
             map: self,
             _guard: guard,

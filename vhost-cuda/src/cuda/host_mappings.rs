@@ -44,6 +44,14 @@ pub(crate) const MAX_RUNS: usize = 32 * 1024;
 /// Most runs all mappings of a session may have together.
 pub(crate) const MAX_TOTAL_RUNS: usize = 48 * 1024;
 
+/// [`HOST_WINDOW_LEN`] as a size for mmap.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a 1 TiB constant; the assertion below refuses to build where it would not fit"
+)]
+const WINDOW_SIZE: usize = HOST_WINDOW_LEN as usize;
+const _: () = assert!(WINDOW_SIZE as u64 == HOST_WINDOW_LEN);
+
 static WINDOW_RESERVED: AtomicBool = AtomicBool::new(false);
 
 /// Reserves the host-mapping window in this process (idempotent). Call it before the driver is
@@ -59,7 +67,7 @@ pub fn reserve_window() -> bool {
     let p = unsafe {
         libc::mmap(
             base,
-            HOST_WINDOW_LEN as usize,
+            WINDOW_SIZE,
             libc::PROT_NONE,
             libc::MAP_PRIVATE
                 | libc::MAP_ANONYMOUS
@@ -76,7 +84,7 @@ pub fn reserve_window() -> bool {
     if p != libc::MAP_FAILED {
         // A kernel that ignores MAP_FIXED_NOREPLACE put it elsewhere: not ours to keep.
         // SAFETY: `p` is the mapping just created, used by nothing.
-        unsafe { libc::munmap(p, HOST_WINDOW_LEN as usize) };
+        unsafe { libc::munmap(p, WINDOW_SIZE) };
     }
     // Another thread of this process may have won the race.
     WINDOW_RESERVED.load(Ordering::Acquire)
@@ -382,6 +390,11 @@ fn map_run(mem: &GuestRam, at: u64, r: &HostRun) -> Result<(), MapError> {
 
 /// Gives back `local..local + len`: to the window's reservation, or to the kernel.
 fn release(local: u64, len: u64, windowed: bool) {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the range was mapped in this process after `check_range` bounded `len` \
+                  below USER_END (2^47), so it fits a usize"
+    )]
     let size = len as usize;
     let p = local as *mut libc::c_void;
     if windowed {

@@ -146,6 +146,20 @@ fn to_usize(v: u64) -> Result<usize, Fault> {
     usize::try_from(v).map_err(|_| Fault::Status(status::INVALID_VALUE))
 }
 
+/// Flag word `arg` of the guest if it has no bit outside `known`, else INVALID_VALUE.
+fn flags_u32(arg: u64, known: u64) -> Result<u32, Fault> {
+    if arg & !known != 0 {
+        return Err(status::INVALID_VALUE.into());
+    }
+    u32::try_from(arg).map_err(|_| status::INVALID_VALUE.into())
+}
+
+/// A C `int` of the driver in a return slot, as the wire carries it ("i32 as u32"): its 32
+/// bits, zero-extended.
+fn int_ret(v: i32) -> u64 {
+    u64::from(u32::from_ne_bytes(v.to_ne_bytes()))
+}
+
 /// A kernel or variable name from the guest: 1..=4096 bytes, no NUL.
 fn symbol_name(buf: &GuestBuffer) -> Result<CString, Fault> {
     let len = buf.len();
@@ -157,6 +171,11 @@ fn symbol_name(buf: &GuestBuffer) -> Result<CString, Fault> {
 }
 
 /// Stream priority from args[1]: an `int` the guest may have sign-extended to 64 bits or not.
+#[expect(
+    clippy::cast_possible_wrap,
+    reason = "both casts reinterpret the two's-complement bits of the guest's C int, \
+              zero-extended (u32) or sign-extended (i64); anything else is refused"
+)]
 fn priority(arg: u64) -> Result<i32, Fault> {
     if let Ok(v) = u32::try_from(arg) {
         return Ok(v as i32);
@@ -438,7 +457,7 @@ impl CudaSession {
             Op::StreamPriorityRange => {
                 let dev = self.bind_new(req)?;
                 let (least, greatest) = self.drv.stream_priority_range().map_err(on(dev))?;
-                ok_rets(&[u64::from(least as u32), u64::from(greatest as u32)])
+                ok_rets(&[int_ret(least), int_ret(greatest)])
             }
             Op::StreamGetId => {
                 let dev = self.bind_new(req)?;
@@ -477,25 +496,25 @@ impl CudaSession {
                 ok_rets(&[u64::from(flags)])
             }
             Op::DeviceCanAccessPeer => {
-                let (a, b) = (self.gpu_of(args[0])?, self.gpu_of(args[1])?);
-                let dev = args[0] as usize;
+                let ((dev, a), b) = (self.gpu_index(args[0])?, self.gpu_of(args[1])?);
                 // A device is not its own peer.
                 let can = a != b && self.drv.device_can_access_peer(a, b).map_err(on(dev))?;
                 ok_rets(&[u64::from(can)])
             }
             Op::DeviceP2PAttribute => {
-                if !(1..=5).contains(&args[0]) {
-                    return Err(status::INVALID_VALUE.into());
-                }
-                let (src, dst) = (self.gpu_of(args[1])?, self.gpu_of(args[2])?);
+                let attr = u32::try_from(args[0])
+                    .ok()
+                    .filter(|a| (1..=5).contains(a))
+                    .ok_or(status::INVALID_VALUE)?;
+                let ((src_dev, src), dst) = (self.gpu_index(args[1])?, self.gpu_of(args[2])?);
                 if src == dst {
                     return Err(status::INVALID_DEVICE.into());
                 }
                 let v = self
                     .drv
-                    .device_p2p_attribute(args[0] as u32, src, dst)
-                    .map_err(on(args[1] as usize))?;
-                ok_rets(&[u64::from(v as u32)])
+                    .device_p2p_attribute(attr, src, dst)
+                    .map_err(on(src_dev))?;
+                ok_rets(&[int_ret(v)])
             }
             Op::PeerAccess => self.peer_access(req),
             Op::MemcpyPeer => self.memcpy_peer(req),
@@ -721,10 +740,15 @@ impl CudaSession {
 
     /// The `CUdevice` of guest device ordinal `ordinal` (an argument, not the header's).
     fn gpu_of(&self, ordinal: u64) -> Result<i32, Fault> {
+        self.gpu_index(ordinal).map(|(_, gpu)| gpu)
+    }
+
+    /// Guest device ordinal `ordinal` (an argument, not the header's) as an index, and its
+    /// `CUdevice`.
+    fn gpu_index(&self, ordinal: u64) -> Result<(usize, i32), Fault> {
         usize::try_from(ordinal)
             .ok()
-            .and_then(|d| self.host.gpus.get(d))
-            .map(|g| g.dev)
+            .and_then(|d| Some((d, self.host.gpus.get(d)?.dev)))
             .ok_or(Fault::Status(status::INVALID_DEVICE))
     }
 
@@ -735,8 +759,7 @@ impl CudaSession {
     fn peer_access(&mut self, req: &Request) -> OpResult {
         let [peer, enable, flags, ..] = req.header().args;
         let dev = self.device(req)?;
-        self.gpu_of(peer)?;
-        let peer = peer as usize;
+        let (peer, _) = self.gpu_index(peer)?;
         if flags != 0 || enable > 1 {
             return Err(status::INVALID_VALUE.into());
         }
@@ -762,9 +785,8 @@ impl CudaSession {
     fn memcpy_peer(&mut self, req: &Request) -> OpResult {
         let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header().args;
         let dev = self.device(req)?;
-        self.gpu_of(dst_dev)?;
-        self.gpu_of(src_dev)?;
-        let (dst_dev, src_dev) = (dst_dev as usize, src_dev as usize);
+        let (dst_dev, _) = self.gpu_index(dst_dev)?;
+        let (src_dev, _) = self.gpu_index(src_dev)?;
         let dst_ctx = self.bind(dst_dev)?.ctx;
         let src_ctx = self.bind(src_dev)?.ctx;
         self.bind(dev)?;
@@ -881,11 +903,11 @@ impl CudaSession {
 
     fn mem_pool_attribute(&mut self, req: &Request) -> OpResult {
         let [handle, attr, value, ..] = req.header().args;
-        if !POOL_ATTRS.contains(&attr) {
-            return Err(status::INVALID_VALUE.into());
-        }
+        let attr = u32::try_from(attr)
+            .ok()
+            .filter(|a| POOL_ATTRS.contains(&u64::from(*a)))
+            .ok_or(status::INVALID_VALUE)?;
         let (dev, raw) = self.pool(handle)?;
-        let attr = attr as u32;
         if req.op() == Op::MemPoolGetAttribute {
             let v = self
                 .drv
@@ -1574,7 +1596,12 @@ impl CudaSession {
             .drv
             .occupancy_cluster(raw, &cfg, &attrs, active)
             .map_err(on(dev))?;
-        ok_rets(&[n as u64])
+        #[expect(
+            clippy::cast_sign_loss,
+            reason = "a cluster count, never negative; sign-extended as it always was"
+        )]
+        let n = n as u64;
+        ok_rets(&[n])
     }
 
     fn occupancy(&mut self, args: &[u64]) -> OpResult {
@@ -1588,25 +1615,24 @@ impl CudaSession {
             .drv
             .occupancy_max_active_blocks(raw, block, to_usize(args[2])?, flags)
             .map_err(on(dev))?;
-        ok_rets(&[n as u64])
+        #[expect(
+            clippy::cast_sign_loss,
+            reason = "a block count, never negative; sign-extended as it always was"
+        )]
+        let n = n as u64;
+        ok_rets(&[n])
     }
 
     // ----- streams and events -------------------------------------------------------------
 
     fn stream_create(&mut self, req: &Request) -> OpResult {
-        let flags = req.header().args[0];
-        if flags & !STREAM_NON_BLOCKING != 0 {
-            return Err(status::INVALID_VALUE.into());
-        }
+        let flags = flags_u32(req.header().args[0], STREAM_NON_BLOCKING)?;
         let prio = priority(req.header().args[1])?;
         let dev = self.bind_new(req)?;
         if !self.streams.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
         }
-        let raw = self
-            .drv
-            .stream_create(flags as u32, prio)
-            .map_err(on(dev))?;
+        let raw = self.drv.stream_create(flags, prio).map_err(on(dev))?;
         let got = match self.drv.stream_priority(raw) {
             Ok(p) => p,
             Err(err) => {
@@ -1618,7 +1644,7 @@ impl CudaSession {
             .streams
             .insert(&mut self.ids, StreamEntry { dev, raw })
             .ok_or(status::MEMORY_ALLOCATION)?;
-        ok_rets(&[handle, u64::from(got as u32)])
+        ok_rets(&[handle, int_ret(got)])
     }
 
     fn stream_destroy(&mut self, handle: u64) -> OpResult {
@@ -1669,26 +1695,21 @@ impl CudaSession {
     fn stream_wait_event(&mut self, args: &[u64]) -> OpResult {
         let (dev, event) = self.event(args[1])?;
         let stream = self.stream_on(args[0], dev)?;
-        if args[2] & !EVENT_WAIT_FLAGS != 0 {
-            return Err(status::INVALID_VALUE.into());
-        }
+        let flags = flags_u32(args[2], EVENT_WAIT_FLAGS)?;
         self.bind(dev)?;
         self.drv
-            .stream_wait_event(stream, event, args[2] as u32)
+            .stream_wait_event(stream, event, flags)
             .map_err(on(dev))?;
         ok()
     }
 
     fn event_create(&mut self, req: &Request) -> OpResult {
-        let flags = req.header().args[0];
-        if flags & !EVENT_FLAGS != 0 {
-            return Err(status::INVALID_VALUE.into());
-        }
+        let flags = flags_u32(req.header().args[0], EVENT_FLAGS)?;
         let dev = self.bind_new(req)?;
         if !self.events.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
         }
-        let raw = self.drv.event_create(flags as u32).map_err(on(dev))?;
+        let raw = self.drv.event_create(flags).map_err(on(dev))?;
         let handle = self
             .events
             .insert(&mut self.ids, EventEntry { dev, raw })

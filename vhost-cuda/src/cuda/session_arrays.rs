@@ -23,7 +23,7 @@ use super::{
         driver::array::{Array, MipmappedArray},
         handles::HandleTable,
     },
-    ok, ok_rets, on, to_usize, CudaSession, Fault, OpResult,
+    flags_u32, ok, ok_rets, on, to_usize, CudaSession, Fault, OpResult,
 };
 use crate::guest_buffer::Request;
 
@@ -325,18 +325,22 @@ impl CudaSession {
     pub(super) fn array_create(&mut self, req: &Request) -> OpResult {
         let [w, h, d, format, channels, flags, levels, _] = req.header().args;
         let format = u32::try_from(format).map_err(|_| invalid())?;
-        if format_bytes(format) == 0 || ![1, 2, 4].contains(&channels) || flags & !ARRAY_FLAGS != 0
-        {
+        let channels = u32::try_from(channels)
+            .ok()
+            .filter(|c| [1, 2, 4].contains(c))
+            .ok_or_else(invalid)?;
+        if format_bytes(format) == 0 {
             return Err(invalid());
         }
+        let flags = flags_u32(flags, ARRAY_FLAGS)?;
         let levels = u32::try_from(levels).map_err(|_| invalid())?;
         let desc = ArrayDesc {
             width: to_usize(w)?,
             height: to_usize(h)?,
             depth: to_usize(d)?,
             format,
-            channels: channels as u32,
-            flags: flags as u32,
+            channels,
+            flags,
         };
         // As CUDA documents for mipmapped arrays, the level count is clamped to
         // 1 + floor(log2(largest extent)): a hostile count must not make the driver (or the

@@ -146,7 +146,11 @@ pub fn build_request(
                 got,
             });
         }
-        // Each length is at most MAX_BUFFER_LEN here, so it fits a usize.
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the runs add up to desc.len, which RequestHeader::decode bounds by \
+                      MAX_BUFFER_LEN (64 MiB), so each fits a usize"
+        )]
         let ranges = spans
             .iter()
             .map(|&Span { gpa, len }| (GuestAddress(gpa), len as usize));

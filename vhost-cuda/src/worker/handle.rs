@@ -201,13 +201,18 @@ fn prepare_child(channel: RawFd, quota: RawFd) -> io::Result<()> {
     } else {
         CHANNEL_FD + 1
     };
+    #[expect(
+        clippy::cast_sign_loss,
+        reason = "CHANNEL_FD + 1 or QUOTA_FD + 1: small positive constants"
+    )]
+    let first_closed = first_closed as libc::c_uint;
     // Best effort: kernels before 5.11 lack the flag, and then only descriptors opened
     // close-on-exec stay out of the worker.
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
     unsafe {
         libc::syscall(
             libc::SYS_close_range,
-            first_closed as libc::c_uint,
+            first_closed,
             libc::c_uint::MAX,
             CLOSE_RANGE_CLOEXEC,
         )

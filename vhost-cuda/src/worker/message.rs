@@ -173,14 +173,16 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn put_spans(out: &mut Vec<u8>, buffers: &[Vec<Span>]) {
+fn put_spans(out: &mut Vec<u8>, buffers: &[Vec<Span>]) -> Result<(), MessageError> {
     for spans in buffers {
-        out.extend_from_slice(&(spans.len() as u32).to_le_bytes());
+        let n = u32::try_from(spans.len()).map_err(|_| MessageError::TooManySpans)?;
+        out.extend_from_slice(&n.to_le_bytes());
         for s in spans {
             out.extend_from_slice(&s.gpa.to_le_bytes());
             out.extend_from_slice(&s.len.to_le_bytes());
         }
     }
+    Ok(())
 }
 
 fn get_spans(
@@ -226,8 +228,10 @@ impl ToWorker {
                 if regions.len() > MAX_REGIONS {
                     return Err(MessageError::TooManyRegions(regions.len() as u64));
                 }
+                let n = u32::try_from(regions.len())
+                    .map_err(|_| MessageError::TooManyRegions(regions.len() as u64))?;
                 out.push(TAG_MEMORY_TABLE);
-                out.extend_from_slice(&(regions.len() as u32).to_le_bytes());
+                out.extend_from_slice(&n.to_le_bytes());
                 for r in regions {
                     out.extend_from_slice(&r.gpa.to_le_bytes());
                     out.extend_from_slice(&r.size.to_le_bytes());
@@ -243,12 +247,16 @@ impl ToWorker {
                 if spans > MAX_SPANS {
                     return Err(MessageError::TooManySpans);
                 }
+                let count = |list: &[Vec<Span>]| {
+                    u8::try_from(list.len()).map_err(|_| MessageError::TooManyBuffers(buffers))
+                };
+                let (ins, outs) = (count(&run.inputs)?, count(&run.outputs)?);
                 out.push(TAG_RUN);
                 out.extend_from_slice(&run.header);
-                out.push(run.inputs.len() as u8);
-                out.push(run.outputs.len() as u8);
-                put_spans(&mut out, &run.inputs);
-                put_spans(&mut out, &run.outputs);
+                out.push(ins);
+                out.push(outs);
+                put_spans(&mut out, &run.inputs)?;
+                put_spans(&mut out, &run.outputs)?;
             }
             Self::HostFunctionLink => out.push(TAG_HOST_FUNCTION_LINK),
         }
@@ -264,11 +272,12 @@ impl ToWorker {
         let msg = match r.u8()? {
             TAG_MEMORY_TABLE => {
                 let n = u64::from(r.u32()?);
-                if n > MAX_REGIONS as u64 {
-                    return Err(MessageError::TooManyRegions(n));
-                }
-                let mut regions = Vec::with_capacity(n as usize);
-                for _ in 0..n {
+                let count = usize::try_from(n)
+                    .ok()
+                    .filter(|c| *c <= MAX_REGIONS)
+                    .ok_or(MessageError::TooManyRegions(n))?;
+                let mut regions = Vec::with_capacity(count);
+                for _ in 0..count {
                     regions.push(RegionSpec {
                         gpa: r.u64()?,
                         size: r.u64()?,
@@ -414,8 +423,10 @@ impl WorkerChannel {
         if body.len() > MAX_FRAME {
             return Err(MessageError::FrameTooLong(body.len() as u64));
         }
+        let len =
+            u32::try_from(body.len()).map_err(|_| MessageError::FrameTooLong(body.len() as u64))?;
         let mut frame = Vec::with_capacity(4 + body.len());
-        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&len.to_le_bytes());
         frame.extend_from_slice(body);
         let (mut sent, mut fds) = (0, fds);
         while sent < frame.len() {

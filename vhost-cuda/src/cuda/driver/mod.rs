@@ -654,6 +654,11 @@ impl DriverApi for CudaDriver {
 
     fn device_name(&self, dev: i32) -> CuResult<Vec<u8>> {
         let mut buf = [0u8; 256];
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_possible_wrap,
+            reason = "the length of a 256-byte array fits a c_int"
+        )]
         let len = buf.len() as c_int;
         // SAFETY: see the impl comment; the driver writes at most `len` bytes.
         check(unsafe { sys::cuDeviceGetName(buf.as_mut_ptr().cast::<c_char>(), len, dev) })?;
@@ -665,7 +670,8 @@ impl DriverApi for CudaDriver {
         let mut uuid = sys::CUuuid { bytes: [0; 16] };
         // SAFETY: see the impl comment.
         check(unsafe { sys::cuDeviceGetUuid_v2(&raw mut uuid, dev) })?;
-        Ok(uuid.bytes.map(|b| b as u8))
+        // `c_char` is i8 or u8 by target; either way the byte is kept as it is.
+        Ok(uuid.bytes.map(|b| u8::from_ne_bytes(b.to_ne_bytes())))
     }
 
     fn device_total_mem(&self, dev: i32) -> CuResult<u64> {

@@ -1103,14 +1103,9 @@ impl CudaSession {
 
     fn graph_debug_dot(&mut self, req: &Request) -> OpResult {
         let [graph, flags, ..] = req.header().args;
-        if flags & !DOT_FLAGS != 0 {
-            return Err(status::INVALID_VALUE.into());
-        }
+        let flags = flags_u32(flags, DOT_FLAGS)?;
         let (dev, raw) = self.graph(graph)?;
-        let mut text = self
-            .drv
-            .graph_debug_dot(raw, flags as u32)
-            .map_err(on(dev))?;
+        let mut text = self.drv.graph_debug_dot(raw, flags).map_err(on(dev))?;
         text.truncate(MAX_DOT);
         let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = out.len().min(text.len());
