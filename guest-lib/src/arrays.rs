@@ -10,6 +10,7 @@
 //! the driver with a `CUarray_format` and a channel count; [`format_of`] and [`channel_desc`]
 //! convert both ways.
 
+use crate::conv::low_u32;
 use std::{
     collections::HashMap,
     sync::{Mutex, PoisonError},
@@ -69,7 +70,8 @@ pub fn format_of(d: &cudaChannelFormatDesc) -> CudaResult<(u32, u32)> {
             return Err(CudaError::NOT_SUPPORTED);
         }
     };
-    Ok((f, channels as u32))
+    let channels = u32::try_from(channels).map_err(|_| CudaError::INVALID_CHANNEL_DESCRIPTOR)?;
+    Ok((f, channels))
 }
 
 /// Bytes of one element of (`format`, `channels`).
@@ -134,9 +136,9 @@ pub fn info(rt: &Runtime, device: u32, handle: u64) -> CudaResult<ArrayInfo> {
         .submit(Call::new(Op::ArrayInfo, device).args(&[handle]))?;
     Ok(ArrayInfo {
         extent: [r.rets[0], r.rets[1], r.rets[2]],
-        format: r.rets[3] as u32,
-        channels: r.rets[4] as u32,
-        flags: r.rets[5] as u32,
+        format: low_u32(r.rets[3]),
+        channels: low_u32(r.rets[4]),
+        flags: low_u32(r.rets[5]),
     })
 }
 

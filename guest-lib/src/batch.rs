@@ -14,6 +14,7 @@
 //! The host runs the records in order, each as the single fire-and-forget request it stands
 //! for; a failure is reported like theirs, at the next waited-for call.
 
+use crate::conv::usize_of;
 use std::{
     sync::{Arc, Condvar, Mutex, MutexGuard},
     thread,
@@ -29,7 +30,7 @@ use crate::{
 
 /// Most bytes of one batch: qcuda.ko copies a buffer this small, so the batch can be sent
 /// fire-and-forget.
-pub const BATCH_BYTES: usize = BOUNCE_THRESHOLD as usize;
+pub const BATCH_BYTES: usize = usize_of(BOUNCE_THRESHOLD);
 /// How long a batch may sit without a new record before the flusher sends it.
 pub const FLUSH_AFTER: Duration = Duration::from_micros(200);
 /// While the process is active the flusher looks every [`FLUSHER_TICK`] without being woken
@@ -144,13 +145,18 @@ impl Batcher {
             Some(b) if b.len > u64::from(MAX_BATCH_DATA) => return false,
             // SAFETY: `Call`'s invariant: its In buffers stay readable while it lives, and it
             // outlives this function.
-            Some(b) => unsafe { std::slice::from_raw_parts(b.addr as *const u8, b.len as usize) },
+            Some(b) => unsafe {
+                std::slice::from_raw_parts(usize_of(b.addr) as *const u8, usize_of(b.len))
+            },
             None => &[],
+        };
+        let Ok(in_len) = u32::try_from(data.len()) else {
+            return false;
         };
         let rec = BatchRecord {
             op: raw.op,
             device: raw.device,
-            in_len: data.len() as u32,
+            in_len,
             args: raw.args,
         };
         let shared = &self.shared;

@@ -8,6 +8,7 @@
 //! chunks cover disjoint ranges and all go to the same stream, and the call returns only when
 //! every chunk is done, so the order in which they complete does not matter.
 
+use crate::conv::usize_of;
 use qcuda_proto::{Op, COPY_CHUNK};
 
 use crate::{
@@ -17,7 +18,7 @@ use crate::{
     transport::Call,
 };
 
-const CHUNK: usize = COPY_CHUNK as usize;
+const CHUNK: usize = usize_of(COPY_CHUNK);
 /// Chunks of one copy in flight at once.
 const IN_FLIGHT: usize = 4;
 

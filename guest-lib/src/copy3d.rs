@@ -9,6 +9,7 @@
 //! rows, else parts of one row. The guest packs and unpacks them with the host side's pitch;
 //! the worker copies between the packed bytes and the device with the device side's pitch.
 
+use crate::conv::usize_of;
 use qcuda_proto::{Copy3D, Copy3DSide, Op, COPY_ARRAY, COPY_CHUNK, COPY_DEVICE, COPY_WIRE};
 
 use crate::{
@@ -259,7 +260,7 @@ fn host_row(side: &Side, x: u64, y: u64, z: u64) -> usize {
     };
     let [px, py, pz] = side.pos;
     let off = Side::offset(pitch, height, [px + x, py + y, pz + z]).unwrap_or(0);
-    ptr + off as usize
+    ptr + usize_of(off)
 }
 
 /// Packs the piece at `off` of extent `ext` (`len` bytes) of host side `side`.
@@ -267,7 +268,7 @@ fn host_row(side: &Side, x: u64, y: u64, z: u64) -> usize {
 /// # Safety
 /// The host rows must be readable (the caller contract of [`copy`]).
 unsafe fn pack(side: &Side, off: [u64; 3], ext: [u64; 3], len: usize) -> Vec<u8> {
-    let w = ext[0] as usize;
+    let w = usize_of(ext[0]);
     let mut packed = Vec::with_capacity(len);
     for z in 0..ext[2] {
         for y in 0..ext[1] {
@@ -284,7 +285,7 @@ unsafe fn pack(side: &Side, off: [u64; 3], ext: [u64; 3], len: usize) -> Vec<u8>
 /// # Safety
 /// The host rows must be writable (the caller contract of [`copy`]).
 unsafe fn unpack(side: &Side, off: [u64; 3], ext: [u64; 3], packed: &[u8]) {
-    let w = ext[0] as usize;
+    let w = usize_of(ext[0]);
     let mut i = 0;
     for z in 0..ext[2] {
         for y in 0..ext[1] {
@@ -302,7 +303,7 @@ unsafe fn unpack(side: &Side, off: [u64; 3], ext: [u64; 3], packed: &[u8]) {
 /// # Safety
 /// Both sides valid for the copy (caller contract of [`copy`]).
 unsafe fn host_to_host(src: &Side, dst: &Side, extent: [u64; 3]) -> CudaResult<()> {
-    let w = extent[0] as usize;
+    let w = usize_of(extent[0]);
     for z in 0..extent[2] {
         for y in 0..extent[1] {
             let s = host_row(src, 0, y, z) as *const u8;

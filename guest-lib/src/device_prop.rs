@@ -6,6 +6,7 @@
 //! below), so `cudaDeviceGetAttribute` passes its argument straight to the host and the same
 //! masking applies to both APIs.
 
+use crate::conv::{u32_of_int, usize_of};
 use qcuda_proto::GpuInfo;
 
 use crate::generated::{self as cu, cudaDeviceProp, CUdevice_attribute};
@@ -18,12 +19,12 @@ fn int(v: i32) -> i32 {
 
 /// Non-negative attribute values of size fields.
 fn size(v: i32) -> usize {
-    v.max(0) as usize
+    usize::try_from(v).unwrap_or(0)
 }
 
 /// Bitmask fields.
 fn uint(v: i32) -> u32 {
-    v as u32
+    u32_of_int(v)
 }
 
 /// `CU_DEVICE_ATTRIBUTE_X => field[index]: conversion;`
@@ -208,10 +209,10 @@ pub fn fixed_value(attr: CUdevice_attribute) -> Option<i32> {
 pub fn build(info: &GpuInfo, values: &[i32]) -> cudaDeviceProp {
     let mut p = cudaDeviceProp::default();
     for (dst, &src) in p.name.iter_mut().zip(info.name_bytes()) {
-        *dst = src as core::ffi::c_char;
+        *dst = core::ffi::c_char::from_ne_bytes([src]);
     }
-    p.uuid.bytes = info.uuid.map(|b| b as core::ffi::c_char);
-    p.totalGlobalMem = info.total_mem as usize;
+    p.uuid.bytes = info.uuid.map(|b| core::ffi::c_char::from_ne_bytes([b]));
+    p.totalGlobalMem = usize_of(info.total_mem);
     for ((_, set), &v) in PROP_ATTRIBUTES.iter().zip(values) {
         set(&mut p, v);
     }
@@ -221,6 +222,7 @@ pub fn build(info: &GpuInfo, values: &[i32]) -> cudaDeviceProp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conv::int_of_u32;
 
     #[test]
     fn table_has_no_duplicate_attributes() {
@@ -364,7 +366,7 @@ mod tests {
         info.total_mem = 80 << 30;
         let values: Vec<i32> = PROP_ATTRIBUTES
             .iter()
-            .map(|(a, _)| *a as i32 + 1000)
+            .map(|(a, _)| int_of_u32(*a) + 1000)
             .collect();
         let p = build(&info, &values);
         // SAFETY: `build` copied a NUL-padded name that is shorter than the array.
@@ -372,7 +374,7 @@ mod tests {
         assert_eq!(name.to_str().unwrap(), "NVIDIA H100 80GB HBM3");
         assert_eq!(p.uuid.bytes, [7; 16]);
         assert_eq!(p.totalGlobalMem, 80 << 30);
-        let v = |a: CUdevice_attribute| a as i32 + 1000;
+        let v = |a: CUdevice_attribute| int_of_u32(a) + 1000;
         assert_eq!(
             p.maxThreadsPerBlock,
             v(cu::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
@@ -380,7 +382,7 @@ mod tests {
         assert_eq!(p.maxGridSize[2], v(cu::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z));
         assert_eq!(
             p.sharedMemPerBlock,
-            v(cu::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK) as usize
+            usize::try_from(v(cu::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)).unwrap()
         );
         assert_eq!(p.major, v(cu::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR));
         assert_eq!(

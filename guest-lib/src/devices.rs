@@ -5,6 +5,7 @@
 //! host once; all attributes `cudaGetDeviceProperties` needs travel in one `DeviceAttributes`
 //! request. Attributes qcuda cannot honour in the guest are masked here (see `device_prop.rs`).
 
+use crate::conv::int_of_u32;
 use std::{
     cell::Cell,
     collections::HashMap,
@@ -20,7 +21,7 @@ use crate::{
     cuda_error::{CudaError, CudaResult},
     device_prop,
     generated::{cudaDeviceProp, CUdevice_attribute},
-    session::{Session, MAX_DEVICES},
+    session::{Session, MAX_DEVICES, MAX_DEVICES_U32},
     transport::Call,
 };
 
@@ -55,7 +56,7 @@ impl Devices {
     /// host's driver is too old).
     pub fn new(count: u32, unavailable: CudaError) -> Self {
         Self {
-            count: count.min(MAX_DEVICES as u32),
+            count: count.min(MAX_DEVICES_U32),
             unavailable,
             info: Mutex::default(),
             attributes: Mutex::default(),
@@ -89,7 +90,7 @@ impl Devices {
     /// The calling thread's current device, checked (it may name no device when there are
     /// none).
     pub fn current(&self) -> CudaResult<u32> {
-        self.check(current() as i32)
+        self.check(int_of_u32(current()))
     }
 
     /// The flags set with `cudaSetDeviceFlags` for `device`.
@@ -207,10 +208,7 @@ fn fetch_attributes(
     device: u32,
     attrs: &[CUdevice_attribute],
 ) -> CudaResult<Vec<i32>> {
-    let ids: Vec<u8> = attrs
-        .iter()
-        .flat_map(|a| (*a as i32).to_le_bytes())
-        .collect();
+    let ids: Vec<u8> = attrs.iter().flat_map(|a| a.to_le_bytes()).collect();
     let mut out = vec![0u8; ids.len()];
     session.submit(
         Call::new(Op::DeviceAttributes, device)

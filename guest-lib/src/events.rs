@@ -1,6 +1,7 @@
 //! Events: `cudaEvent_t` handles and the event ops. Recording an event and making a stream wait
 //! for one are fire-and-forget; synchronising, querying and timing wait for the host.
 
+use crate::conv::low_u32;
 use qcuda_proto::Op;
 
 use crate::{
@@ -107,7 +108,7 @@ impl Events {
         let e = self.info(end)?;
         let reply =
             session.submit(Call::new(Op::EventElapsedTime, s.device).args(&[s.host, e.host]))?;
-        Ok(f32::from_bits(reply.rets[0] as u32))
+        Ok(f32::from_bits(low_u32(reply.rets[0])))
     }
 
     /// `cudaStreamWaitEvent` (fire-and-forget).

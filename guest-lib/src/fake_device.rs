@@ -7,6 +7,13 @@
 //! kernel module's own validation (`IoctlCall::decode`), so a malformed request fails the test.
 //! Tests can also inject errnos and failures.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    clippy::cast_sign_loss,
+    reason = "test double: it decodes what guest-lib itself encoded in the same test process (the wire's 32-bit values in 64-bit words, C ints as their bit patterns, sizes of test allocations)"
+)]
+
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{Arc, Condvar, Mutex, MutexGuard},

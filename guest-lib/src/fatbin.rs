@@ -6,6 +6,7 @@
 //! the whole image (header_size + fat_size bytes) goes to the host, which lets the driver pick,
 //! decompress and JIT the right entry (DESIGN.md §4).
 
+use crate::conv::{u32_of_int, usize_of};
 use core::ffi::c_void;
 
 use qcuda_proto::MAX_BUFFER_LEN;
@@ -63,7 +64,7 @@ pub fn image_len(header: &[u8; HEADER_LEN]) -> Result<usize, FatbinError> {
     if total > MAX_BUFFER_LEN {
         return Err(FatbinError::TooLarge(total));
     }
-    Ok(total as usize)
+    Ok(usize_of(total))
 }
 
 /// The image a wrapper describes.
@@ -78,8 +79,8 @@ pub unsafe fn image_from_wrapper(wrapper: *const c_void) -> Result<&'static [u8]
     }
     // SAFETY: the caller guarantees a valid wrapper; read_unaligned tolerates any alignment.
     let w = unsafe { std::ptr::read_unaligned(wrapper.cast::<FatbinWrapper>()) };
-    if w.magic as u32 != WRAPPER_MAGIC {
-        return Err(FatbinError::BadWrapperMagic(w.magic as u32));
+    if u32_of_int(w.magic) != WRAPPER_MAGIC {
+        return Err(FatbinError::BadWrapperMagic(u32_of_int(w.magic)));
     }
     if w.data.is_null() {
         return Err(FatbinError::Null);
@@ -96,6 +97,7 @@ pub unsafe fn image_from_wrapper(wrapper: *const c_void) -> Result<&'static [u8]
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conv::int_of_u32;
 
     fn header(magic: u32, header_size: u16, fat_size: u64) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
@@ -146,7 +148,7 @@ mod tests {
         words[2..5].copy_from_slice(&[1, 2, 3]);
         let words: &'static [u64; 6] = Box::leak(Box::new(words));
         let wrapper = FatbinWrapper {
-            magic: WRAPPER_MAGIC as i32,
+            magic: int_of_u32(WRAPPER_MAGIC),
             version: 1,
             data: words.as_ptr(),
             filename_or_fatbins: std::ptr::null_mut(),

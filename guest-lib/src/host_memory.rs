@@ -14,6 +14,7 @@
 //!
 //! The table here answers which pointers are such memory, and their device addresses.
 
+use crate::conv::usize_of;
 use std::{
     collections::BTreeMap,
     sync::{Mutex, MutexGuard, PoisonError},
@@ -29,7 +30,7 @@ use crate::{
     warnings::warn_once,
 };
 
-const PAGE: usize = HOST_PAGE_SIZE as usize;
+const PAGE: usize = usize_of(HOST_PAGE_SIZE);
 
 /// What kind of host memory a range is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +93,8 @@ impl Window {
         if let Some(r) = self.reserved {
             return r;
         }
-        let base = HOST_WINDOW_BASE as usize as *mut libc::c_void;
-        let len = HOST_WINDOW_LEN as usize;
+        let base = usize_of(HOST_WINDOW_BASE) as *mut libc::c_void;
+        let len = usize_of(HOST_WINDOW_LEN);
         // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; a PROT_NONE
         // reservation touches no memory.
         let p = unsafe {
@@ -408,7 +409,7 @@ impl HostAllocations {
     pub fn host_address(&self, dev: u64) -> Option<usize> {
         lock(&self.by_base).values().find_map(|a| {
             let off = dev.checked_sub(a.dev_addr)?;
-            (off < a.size as u64).then(|| a.base + off as usize)
+            (off < a.size as u64).then(|| a.base + usize_of(off))
         })
     }
 

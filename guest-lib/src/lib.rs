@@ -25,6 +25,7 @@ pub mod arrays;
 pub mod batch;
 pub mod call_config;
 pub mod capture;
+pub mod conv;
 pub mod copy;
 pub mod copy3d;
 pub mod cuda_error;

@@ -5,6 +5,7 @@
 //! resolved with the guest's allocation table: a pointer inside a `cudaMalloc` allocation is
 //! device memory, anything else is host memory.
 
+use crate::conv::{low_byte, usize_of};
 use qcuda_proto::Op;
 
 use crate::{
@@ -46,7 +47,7 @@ pub fn free(rt: &Runtime, device: u32, ptr: u64) -> CudaResult<()> {
         }
         return Ok(());
     }
-    if let Some(m) = rt.host_memory.find(ptr as usize) {
+    if let Some(m) = rt.host_memory.find(usize_of(ptr)) {
         if m.kind == HostKind::Managed && m.base as u64 == ptr {
             return rt.host_memory.free(&rt.session, m.base, HostKind::Managed);
         }
@@ -133,11 +134,11 @@ pub unsafe fn memcpy(
     let mapped = match dir {
         Direction::HostToDevice => rt
             .host_memory
-            .device_range(src as usize, count)
+            .device_range(usize_of(src), count)
             .map(|s| (dst, s)),
         Direction::DeviceToHost => rt
             .host_memory
-            .device_range(dst as usize, count)
+            .device_range(usize_of(dst), count)
             .map(|d| (d, src)),
         _ => None,
     };
@@ -151,7 +152,7 @@ pub unsafe fn memcpy(
         // pinned and mapped for the worker (host_memory.rs), and the copy is the driver's.
         let pin = |a: u64| {
             rt.host_memory
-                .pin_for_graph(&rt.session, a as usize, count, order.device)
+                .pin_for_graph(&rt.session, usize_of(a), count, order.device)
         };
         mapped = Some(match dir {
             Direction::HostToDevice => (dst, pin(src)?),
@@ -274,7 +275,7 @@ pub fn memset(rt: &Runtime, dst: u64, value: i32, count: usize, order: Ordering)
     }
     let mut call = Call::new(Op::Memset, order.device).args(&[
         dst,
-        u64::from(value as u8),
+        u64::from(low_byte(value)),
         count as u64,
         order.stream,
     ]);

@@ -7,6 +7,7 @@
 //! Loading happens under the fatbin's lock, so concurrent first launches load once and other
 //! fatbins are not held up.
 
+use crate::conv::usize_of;
 use std::sync::Arc;
 
 use qcuda_proto::{Op, ParamInfo, PARAM_INFO_SIZE};
@@ -91,7 +92,7 @@ pub fn kernel(rt: &Runtime, kernel: &KernelRecord, device: u32) -> CudaResult<Ar
         if count > MAX_PARAMS {
             return Err(CudaError::UNKNOWN);
         }
-        let count = count as usize;
+        let count = usize_of(count);
         if count * PARAM_INFO_SIZE <= records.len() {
             break (reply.rets[0], count);
         }

@@ -7,6 +7,7 @@
 //! every call that needs that device's context fails with it locally, without a round trip,
 //! until `cudaDeviceReset`.
 
+use crate::conv::{c_int_of, low_u32};
 use std::{
     sync::{
         atomic::{AtomicBool, AtomicU32, Ordering},
@@ -30,7 +31,9 @@ use crate::{
 };
 
 /// Device ordinals guest-lib tracks state for; a host with more GPUs shows the first 64.
-pub const MAX_DEVICES: usize = 64;
+pub const MAX_DEVICES: usize = MAX_DEVICES_U32 as usize;
+/// [`MAX_DEVICES`] as the wire's device numbers count.
+pub const MAX_DEVICES_U32: u32 = 64;
 
 /// What the host said in the handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,9 +97,9 @@ impl Session {
         };
         let reply = session.submit(Call::new(Op::Hello, 0).args(&[u64::from(VERSION)]))?;
         session.host = HostInfo {
-            wire_version: reply.rets[0] as u32,
-            gpus: reply.rets[1] as u32,
-            driver_version: reply.rets[2] as i32,
+            wire_version: low_u32(reply.rets[0]),
+            gpus: low_u32(reply.rets[1]),
+            driver_version: c_int_of(reply.rets[2]),
         };
         Ok(session)
     }
@@ -209,7 +212,7 @@ impl Session {
         if !self.gpu_used.load(Ordering::Relaxed) {
             return;
         }
-        for device in 0..devices.min(MAX_DEVICES as u32) {
+        for device in 0..devices.min(MAX_DEVICES_U32) {
             let _ = self.submit(Call::new(Op::DeviceSynchronize, device));
         }
         self.report_latency();

@@ -4,6 +4,7 @@
 //! its legacy stream (`0` on the wire). Mapping the per-thread default stream to the legacy
 //! stream keeps every result correct; it only synchronises more than CUDA would.
 
+use crate::conv::{c_int_of, int_word};
 use qcuda_proto::Op;
 
 use crate::{
@@ -65,14 +66,13 @@ impl Streams {
             return Err(CudaError::INVALID_VALUE);
         }
         let reply = session.submit(
-            Call::new(Op::StreamCreate, device)
-                .args(&[u64::from(flags), i64::from(priority) as u64]),
+            Call::new(Op::StreamCreate, device).args(&[u64::from(flags), int_word(priority)]),
         )?;
         Ok(self.table.insert(StreamInfo {
             host: reply.rets[0],
             device,
             flags,
-            priority: reply.rets[1] as u32 as i32,
+            priority: c_int_of(reply.rets[1]),
         }))
     }
 

@@ -5,6 +5,7 @@
 // CUDA's own signatures take up to nine arguments.
 #![allow(clippy::too_many_arguments)]
 
+use crate::conv::{low_byte, usize_of};
 use core::ffi::{c_int, c_uint, c_void};
 
 use qcuda_proto::Op;
@@ -65,7 +66,7 @@ fn memset_3d(
     let mut call = Call::new(Op::Memset3D, order.device).args(&[
         ptr,
         pitch,
-        u64::from(value as u8),
+        u64::from(low_byte(value)),
         extent[0],
         extent[1],
         extent[2],
@@ -109,7 +110,7 @@ fn pointer(
         }
     } else {
         End::Host {
-            ptr: ptr as usize,
+            ptr: usize_of(ptr),
             pitch,
             height: rows,
         }
@@ -403,7 +404,7 @@ cuda_api! {
         // SAFETY: non-null and writable (API contract).
         unsafe {
             write_out(devPtr, p as *mut c_void)?;
-            write_out(pitch, pp as usize)
+            write_out(pitch, usize_of(pp))
         }
     }
 
@@ -417,7 +418,7 @@ cuda_api! {
         let (p, pitch) = malloc_pitch(rt, d, extent.width as u64, rows)?;
         let out = cudaPitchedPtr {
             ptr: p as *mut c_void,
-            pitch: pitch as usize,
+            pitch: usize_of(pitch),
             xsize: extent.width,
             ysize: extent.height,
         };
@@ -747,9 +748,9 @@ cuda_api! {
             }
             if !extent.is_null() {
                 let e = cudaExtent {
-                    width: i.extent[0] as usize,
-                    height: i.extent[1] as usize,
-                    depth: i.extent[2] as usize,
+                    width: usize_of(i.extent[0]),
+                    height: usize_of(i.extent[1]),
+                    depth: usize_of(i.extent[2]),
                 };
                 write_out(extent, e)?;
             }

@@ -1,6 +1,7 @@
 //! Device management: count, selection, properties, attributes, versions, flags,
 //! synchronisation, reset, memory info.
 
+use crate::conv::{c_int_of, int_of_u32, usize_of};
 use core::ffi::{c_char, c_int, c_uint};
 
 use qcuda_proto::Op;
@@ -57,7 +58,7 @@ cuda_api! {
         let rt = runtime();
         let n = rt.map_or(0, |rt| rt.devices.count());
         // SAFETY: `count` is non-null and writable (API contract).
-        unsafe { write_out(count, n as c_int)? };
+        unsafe { write_out(count, int_of_u32(n))? };
         rt?.devices.any()
     }
 
@@ -73,7 +74,7 @@ cuda_api! {
         non_null(device)?;
         let (_, d) = current()?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(device, d as c_int) }
+        unsafe { write_out(device, int_of_u32(d)) }
     }
 
     /// `cudaInitDevice`: validates the device and applies `deviceFlags` when asked to.
@@ -139,7 +140,7 @@ cuda_api! {
             let info = rt.devices.info(&rt.session, d)?;
             if (info.pci_domain, info.pci_bus, info.pci_device) == want {
                 // SAFETY: non-null and writable (API contract).
-                return unsafe { write_out(device, d as c_int) };
+                return unsafe { write_out(device, int_of_u32(d)) };
             }
         }
         Err(CudaError::INVALID_DEVICE)
@@ -174,7 +175,7 @@ cuda_api! {
                 .args(&[u64::from(attr), u64::from(src), u64::from(dst)]),
         )?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(value, reply.rets[0] as u32 as c_int) }
+        unsafe { write_out(value, c_int_of(reply.rets[0])) }
     }
 
     /// `cudaDeviceEnablePeerAccess`: the current device's context reaches `peerDevice`'s
@@ -200,7 +201,7 @@ cuda_api! {
     /// `cudaRuntimeGetVersion`: 13000, the CUDA runtime release this library stands in for.
     fn cudaRuntimeGetVersion(runtimeVersion: *mut c_int) {
         // SAFETY: writable when non-null (API contract).
-        unsafe { write_out(runtimeVersion, CUDART_VERSION as c_int) }
+        unsafe { write_out(runtimeVersion, int_of_u32(CUDART_VERSION)) }
     }
 
     /// `cudaSetDeviceFlags`: recorded for `cudaGetDeviceFlags`. The host schedules its own
@@ -227,7 +228,7 @@ cuda_api! {
             .session
             .submit(Call::new(Op::DeviceGetLimit, d).args(&[u64::from(limit)]))?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pValue, reply.rets[0] as usize) }
+        unsafe { write_out(pValue, usize_of(reply.rets[0])) }
     }
 
     /// `cudaDeviceSetLimit`: stack size, printf FIFO, malloc heap, device-runtime depths, L2
@@ -263,8 +264,8 @@ cuda_api! {
         let reply = rt.session.submit(Call::new(Op::MemGetInfo, d))?;
         // SAFETY: both non-null and writable (API contract).
         unsafe {
-            write_out(free, reply.rets[0] as usize)?;
-            write_out(total, reply.rets[1] as usize)
+            write_out(free, usize_of(reply.rets[0]))?;
+            write_out(total, usize_of(reply.rets[1]))
         }
     }
 }

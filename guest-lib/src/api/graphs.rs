@@ -10,6 +10,7 @@
 //! arrays in memcpy nodes, and memcpy nodes whose host side is pageable memory (the worker
 //! cannot reach it when the graph runs; such a node is `cudaErrorInvalidValue`).
 
+use crate::conv::{low_u32, usize_of};
 use core::ffi::{c_char, c_uint, c_ulonglong, c_void, CStr};
 use std::cell::RefCell;
 
@@ -146,7 +147,7 @@ unsafe fn write_list(list: &[u64], out: *mut cudaGraphNode_t, count: *mut usize)
     let room = unsafe { *count };
     if !out.is_null() {
         for i in 0..room {
-            let v = list.get(i).copied().unwrap_or(0) as usize as cudaGraphNode_t;
+            let v = usize_of(list.get(i).copied().unwrap_or(0)) as cudaGraphNode_t;
             // SAFETY: `room` writable entries (caller contract).
             unsafe { out.add(i).write(v) };
         }
@@ -209,7 +210,7 @@ unsafe fn kernel_node(rt: &Runtime, device: u32, p: &cudaKernelNodeParams) -> Cu
 /// registered or managed); device memory goes as it is (the host checks it).
 fn copy_side(rt: &Runtime, addr: u64, span: u64, host_side: bool) -> CudaResult<u64> {
     let len = usize::try_from(span).map_err(|_| CudaError::INVALID_VALUE)?;
-    if let Some(d) = rt.host_memory.device_range(addr as usize, len.max(1)) {
+    if let Some(d) = rt.host_memory.device_range(usize_of(addr), len.max(1)) {
         return Ok(d);
     }
     if host_side {
@@ -218,7 +219,7 @@ fn copy_side(rt: &Runtime, addr: u64, span: u64, host_side: bool) -> CudaResult<
         let (_, device) = crate::runtime::current()?;
         return rt
             .host_memory
-            .pin_for_graph(&rt.session, addr as usize, len, device);
+            .pin_for_graph(&rt.session, usize_of(addr), len, device);
     }
     Ok(addr)
 }
@@ -325,11 +326,11 @@ fn symbol_node(
         k => k,
     };
     let p = if to_symbol {
-        memcpy_1d(addr as usize as *mut c_void, other, count, kind)
+        memcpy_1d(usize_of(addr) as *mut c_void, other, count, kind)
     } else {
         memcpy_1d(
             other.cast_mut(),
-            addr as usize as *const c_void,
+            usize_of(addr) as *const c_void,
             count,
             kind,
         )
@@ -543,7 +544,7 @@ unsafe fn add_node(
         }
     }
     // SAFETY: non-null and writable (caller contract).
-    unsafe { write_out(node, reply.rets[0] as usize as cudaGraphNode_t) }
+    unsafe { write_out(node, usize_of(reply.rets[0]) as cudaGraphNode_t) }
 }
 
 /// Sets node parameters: of a graph's node (`exec` null) or in an executable graph.
@@ -669,7 +670,7 @@ unsafe fn end_capture(stream: cudaStream_t, graph: *mut cudaGraph_t) -> CudaResu
         }
     };
     // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(graph, h as usize as cudaGraph_t) }
+    unsafe { write_out(graph, usize_of(h) as cudaGraph_t) }
 }
 
 fn capture_info(stream: cudaStream_t) -> CudaResult<(u64, u64, u64, Vec<u64>)> {
@@ -702,7 +703,7 @@ unsafe fn is_capturing(
     non_null(status)?;
     let (st, ..) = capture_info(stream)?;
     // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(status, st as cudaStreamCaptureStatus) }
+    unsafe { write_out(status, low_u32(st) as cudaStreamCaptureStatus) }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -722,12 +723,12 @@ unsafe fn get_capture_info(
     let (st, capture_id, g, list) = capture_info(stream)?;
     // SAFETY: each out pointer is null or writable (API contract).
     unsafe {
-        write_out(status, st as cudaStreamCaptureStatus)?;
+        write_out(status, low_u32(st) as cudaStreamCaptureStatus)?;
         if !id.is_null() {
             id.write(capture_id);
         }
         if !graph.is_null() {
-            graph.write(g as usize as cudaGraph_t);
+            graph.write(usize_of(g) as cudaGraph_t);
         }
         if !num.is_null() {
             num.write(list.len());
@@ -737,7 +738,7 @@ unsafe fn get_capture_info(
         let mut c = c.borrow_mut();
         c.0 = list
             .iter()
-            .map(|&h| h as usize as cudaGraphNode_t)
+            .map(|&h| usize_of(h) as cudaGraphNode_t)
             .collect();
         c.1 = vec![cudaGraphEdgeData::default(); list.len()];
         // SAFETY: as above; the arrays live in this thread's storage until its next call.
@@ -823,7 +824,7 @@ unsafe fn instantiate(
         .session
         .submit(Call::new(Op::GraphInstantiate, device).args(&[handle(graph), flags, t.wire]))?;
     // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(exec, reply.rets[0] as usize as cudaGraphExec_t) }
+    unsafe { write_out(exec, usize_of(reply.rets[0]) as cudaGraphExec_t) }
 }
 
 unsafe fn node_lists(
@@ -1066,7 +1067,7 @@ cuda_api! {
         let (rt, d) = current()?;
         let reply = rt.session.submit(Call::new(Op::GraphCreate, d))?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pGraph, reply.rets[0] as usize as cudaGraph_t) }
+        unsafe { write_out(pGraph, usize_of(reply.rets[0]) as cudaGraph_t) }
     }
 
     /// `cudaGraphDestroy`.
@@ -1099,7 +1100,7 @@ cuda_api! {
         let (rt, d) = current()?;
         let reply = rt.session.submit(Call::new(Op::GraphClone, d).args(&[handle(originalGraph)]))?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pGraphClone, reply.rets[0] as usize as cudaGraph_t) }
+        unsafe { write_out(pGraphClone, usize_of(reply.rets[0]) as cudaGraph_t) }
     }
 
     /// `cudaGraphAddNode`: the node types of the `cudaGraphAdd*Node` functions above (default
@@ -1123,8 +1124,8 @@ cuda_api! {
                     non_null(pGraphNode)?;
                     let a = &mut params.__bindgen_anon_1.alloc;
                     let (node, dptr) = mem_alloc_node(rt, graph, pDependencies, numDependencies, &a.poolProps, a.accessDescs, a.accessDescCount, a.bytesize)?;
-                    a.dptr = dptr as usize as *mut c_void;
-                    return write_out(pGraphNode, node as usize as cudaGraphNode_t);
+                    a.dptr = usize_of(dptr) as *mut c_void;
+                    return write_out(pGraphNode, usize_of(node) as cudaGraphNode_t);
                 }
                 cu::cudaGraphNodeTypeMemFree => {
                     let p = (params.__bindgen_anon_1.free.dptr as u64).to_le_bytes();
@@ -1178,8 +1179,8 @@ cuda_api! {
         unsafe {
             let p = &mut *nodeParams;
             let (node, dptr) = mem_alloc_node(rt, graph, pDependencies, numDependencies, &p.poolProps, p.accessDescs, p.accessDescCount, p.bytesize)?;
-            p.dptr = dptr as usize as *mut c_void;
-            write_out(pGraphNode, node as usize as cudaGraphNode_t)
+            p.dptr = usize_of(dptr) as *mut c_void;
+            write_out(pGraphNode, usize_of(node) as cudaGraphNode_t)
         }
     }
 
@@ -1502,19 +1503,19 @@ cuda_api! {
         non_null(pNodeParams)?;
         let (rt, enc) = node_params(node, g::NODE_MEMCPY, g::MEMCPY_NODE_SIZE)?;
         let m = MemcpyNode::decode(&enc).ok_or(CudaError::UNKNOWN)?;
-        let guest = |a: u64| rt.host_memory.host_address(a).map_or(a as usize, |h| h) as *mut c_void;
+        let guest = |a: u64| rt.host_memory.host_address(a).map_or(usize_of(a), |h| h) as *mut c_void;
         let mut p = cudaMemcpy3DParms::default();
         p.srcPtr.ptr = guest(m.src);
-        p.srcPtr.pitch = m.src_pitch as usize;
-        p.srcPtr.xsize = m.width as usize;
-        p.srcPtr.ysize = m.src_rows as usize;
+        p.srcPtr.pitch = usize_of(m.src_pitch);
+        p.srcPtr.xsize = usize_of(m.width);
+        p.srcPtr.ysize = usize_of(m.src_rows);
         p.dstPtr.ptr = guest(m.dst);
-        p.dstPtr.pitch = m.dst_pitch as usize;
-        p.dstPtr.xsize = m.width as usize;
-        p.dstPtr.ysize = m.dst_rows as usize;
-        p.extent.width = m.width as usize;
-        p.extent.height = m.height as usize;
-        p.extent.depth = m.depth as usize;
+        p.dstPtr.pitch = usize_of(m.dst_pitch);
+        p.dstPtr.xsize = usize_of(m.width);
+        p.dstPtr.ysize = usize_of(m.dst_rows);
+        p.extent.width = usize_of(m.width);
+        p.extent.height = usize_of(m.height);
+        p.extent.depth = usize_of(m.depth);
         p.kind = cu::cudaMemcpyDefault;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pNodeParams, p) }
@@ -1525,14 +1526,14 @@ cuda_api! {
         non_null(pNodeParams)?;
         let (rt, enc) = node_params(node, g::NODE_MEMSET, g::MEMSET_NODE_SIZE)?;
         let m = MemsetNode::decode(&enc).ok_or(CudaError::UNKNOWN)?;
-        let dst = rt.host_memory.host_address(m.dst).map_or(m.dst as usize, |h| h);
+        let dst = rt.host_memory.host_address(m.dst).map_or(usize_of(m.dst), |h| h);
         let p = cudaMemsetParams {
             dst: dst as *mut c_void,
-            pitch: m.pitch as usize,
+            pitch: usize_of(m.pitch),
             value: m.value,
             elementSize: m.element_size,
-            width: m.width as usize,
-            height: m.height as usize,
+            width: usize_of(m.width),
+            height: usize_of(m.height),
         };
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pNodeParams, p) }
@@ -1741,7 +1742,7 @@ cuda_api! {
         non_null(pGraph)?;
         let (_, g) = graph_query(handle(node), 1)?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pGraph, g as usize as cudaGraph_t) }
+        unsafe { write_out(pGraph, usize_of(g) as cudaGraph_t) }
     }
 
     /// `cudaGraphNodeFindInClone`.
@@ -1752,7 +1753,7 @@ cuda_api! {
         }
         let (_, n) = graph_query_in(handle(originalNode), 3, handle(clonedGraph))?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pNode, n as usize as cudaGraphNode_t) }
+        unsafe { write_out(pNode, usize_of(n) as cudaGraphNode_t) }
     }
 
     /// `cudaGraphDestroyNode`: the node and its edges leave its graph.
@@ -1867,7 +1868,7 @@ cuda_api! {
             Call::new(Op::GraphNodeQuery, d).args(&[handle(node), 0]).output(&mut none),
         )?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pType, reply.rets[0] as cudaGraphNodeType) }
+        unsafe { write_out(pType, low_u32(reply.rets[0]) as cudaGraphNodeType) }
     }
 
     /// `cudaGraphNodeGetDependencies`.
@@ -1958,8 +1959,8 @@ cuda_api! {
         let (result, node) = (reply.rets[0], reply.rets[1]);
         if !resultInfo.is_null() {
             let info = cudaGraphExecUpdateResultInfo {
-                result: result as _,
-                errorNode: node as usize as cudaGraphNode_t,
+                result: low_u32(result) as _,
+                errorNode: usize_of(node) as cudaGraphNode_t,
                 errorFromNode: std::ptr::null_mut(),
             };
             // SAFETY: non-null and writable (API contract).
@@ -1997,7 +1998,7 @@ cuda_api! {
             Call::new(Op::GraphNodeEnabled, d).args(&[handle(hGraphExec), handle(hNode), 0]),
         )?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(isEnabled, reply.rets[0] as c_uint) }
+        unsafe { write_out(isEnabled, low_u32(reply.rets[0])) }
     }
 
     /// `cudaGraphDebugDotPrint`: the driver's DOT text, written to `path` here in the guest.

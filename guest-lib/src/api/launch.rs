@@ -3,6 +3,7 @@
 //! `cudaLaunchKernel[_ptsz]` (legacy-launch builds and hand-written code; it accepts a host stub
 //! or a `cudaKernel_t`), `cudaGetKernel` and `cudaFuncGetName`.
 
+use crate::conv::{c_int_of, int_word};
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
 use qcuda_proto::Op;
@@ -206,7 +207,7 @@ fn occupancy(
             u64::from(flags),
         ]))?;
     // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(num_blocks, reply.rets[0] as c_int) }
+    unsafe { write_out(num_blocks, c_int_of(reply.rets[0])) }
 }
 
 cuda_api! {
@@ -258,7 +259,7 @@ cuda_api! {
         }
         let (rt, device, f) = function_handle(func)?;
         rt.session.submit(
-            Call::new(Op::FuncSetAttribute, device).args(&[f, u64::from(attr), value as u64]),
+            Call::new(Op::FuncSetAttribute, device).args(&[f, u64::from(attr), int_word(value)]),
         )?;
         if attr == cudaFuncAttributeMaxDynamicSharedMemorySize {
             if let Some(k) = registry().kernel(func as usize) {

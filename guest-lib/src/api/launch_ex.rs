@@ -6,6 +6,7 @@
 //! configuration, which CUDA documents as doing nothing on GPUs with a fixed bank size (every
 //! GPU CUDA 13 supports: 4-byte banks).
 
+use crate::conv::{c_int_of, low_u32, usize_of};
 use core::ffi::{c_int, c_void};
 
 use qcuda_proto::{LaunchAttr, Op, MAX_LAUNCH_ATTRS};
@@ -78,7 +79,7 @@ unsafe fn wire_attrs(rt: &Runtime, config: &cudaLaunchConfig_t) -> CudaResult<Ve
             }
             cu::cudaLaunchAttributeProgrammaticEvent
             | cu::cudaLaunchAttributeLaunchCompletionEvent => {
-                let event = rt.events.info(dword(&val, 0) as usize)?;
+                let event = rt.events.info(usize_of(dword(&val, 0)))?;
                 rec.w[0] = event.host;
                 rec.v = [word(&val, 2), word(&val, 3), 0];
                 if a.id == cu::cudaLaunchAttributeLaunchCompletionEvent {
@@ -178,7 +179,7 @@ unsafe fn cluster_occupancy(
             .input(&attrs),
     )?;
     // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(out, reply.rets[0] as c_int) }
+    unsafe { write_out(out, c_int_of(reply.rets[0])) }
 }
 
 fn cache_config(config: cudaFuncCache) -> CudaResult<u64> {
@@ -227,7 +228,7 @@ cuda_api! {
             Call::new(Op::OccupancyAvailableDynamicSMem, device).args(&[f, blocks, block]),
         )?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(dynamicSmemSize, reply.rets[0] as usize) }
+        unsafe { write_out(dynamicSmemSize, usize_of(reply.rets[0])) }
     }
 
     /// `cudaFuncSetCacheConfig`.
@@ -252,7 +253,7 @@ cuda_api! {
         let (rt, device) = current()?;
         let reply = rt.session.submit(Call::new(Op::DeviceGetCacheConfig, device))?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pCacheConfig, reply.rets[0] as cudaFuncCache) }
+        unsafe { write_out(pCacheConfig, low_u32(reply.rets[0]) as cudaFuncCache) }
     }
 
     /// `cudaDeviceSetSharedMemConfig` (deprecated): no effect on GPUs with a fixed bank size.

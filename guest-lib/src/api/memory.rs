@@ -2,6 +2,7 @@
 //! and `cudaPointerGetAttributes`. The `_ptds`/`_ptsz` exports are the per-thread-default-stream
 //! spellings of the same calls (see streams.rs for how that stream is mapped).
 
+use crate::conv::int_of_u32;
 use core::ffi::{c_int, c_uint, c_void};
 
 use super::write_out;
@@ -260,7 +261,7 @@ cuda_api! {
         };
         if let Some(d) = rt.allocations.find(ptr as u64) {
             a.type_ = cudaMemoryTypeDevice;
-            a.device = d.device as c_int;
+            a.device = int_of_u32(d.device);
             a.devicePointer = ptr.cast_mut();
             a.hostPointer = std::ptr::null_mut();
         } else if let Some(h) = rt
@@ -273,7 +274,7 @@ cuda_api! {
             } else {
                 cudaMemoryTypeHost
             };
-            a.device = h.device as c_int;
+            a.device = int_of_u32(h.device);
             a.hostPointer = ptr.cast_mut();
             a.devicePointer = h.device_address(ptr as usize) as *mut c_void;
         }

@@ -5,6 +5,7 @@
 //! `cudaMemPoolCreate`/`Destroy`, attributes, `cudaMemPoolTrimTo` and access. Pools of host
 //! memory and shareable (IPC) pools are not supported (`cudaErrorNotSupported`, warned once).
 
+use crate::conv::low_u32;
 use core::ffi::{c_int, c_void};
 
 use qcuda_proto::Op;
@@ -284,6 +285,6 @@ cuda_api! {
                 .args(&[info.host, u64::from(dev)]),
         )?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(flags, reply.rets[0] as cudaMemAccessFlags) }
+        unsafe { write_out(flags, low_u32(reply.rets[0]) as cudaMemAccessFlags) }
     }
 }

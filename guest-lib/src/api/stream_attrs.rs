@@ -62,7 +62,7 @@ fn from_wire(rec: &LaunchAttr) -> [u8; 64] {
                 put(16 + 4 * i, &v.to_le_bytes());
             }
         }
-        MEM_SYNC_DOMAIN_MAP => put(0, &[rec.v[0] as u8, rec.v[1] as u8]),
+        MEM_SYNC_DOMAIN_MAP => put(0, &[rec.v[0].to_le_bytes()[0], rec.v[1].to_le_bytes()[0]]),
         _ => put(0, &rec.v[0].to_le_bytes()),
     }
     val

@@ -2,6 +2,7 @@
 //! answered from the guest's own records. The `_ptsz` exports are the per-thread-default-stream
 //! spellings; qcuda sends that stream to the host's legacy stream (streams.rs at the crate root).
 
+use crate::conv::{c_int_of, int_of_u32};
 use core::ffi::{c_int, c_uint, c_void};
 
 use super::write_out;
@@ -127,7 +128,7 @@ unsafe fn get_device(stream: cudaStream_t, device: *mut c_int) -> CudaResult<()>
     let (rt, _) = current()?;
     let s = rt.streams.info(stream as usize)?;
     // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(device, s.device as c_int) }
+    unsafe { write_out(device, int_of_u32(s.device)) }
 }
 
 unsafe fn get_id(stream: cudaStream_t, id: *mut u64) -> CudaResult<()> {
@@ -244,11 +245,11 @@ cuda_api! {
             .submit(crate::transport::Call::new(qcuda_proto::Op::StreamPriorityRange, d))?;
         if !leastPriority.is_null() {
             // SAFETY: non-null and writable (API contract).
-            unsafe { write_out(leastPriority, reply.rets[0] as u32 as c_int) }?;
+            unsafe { write_out(leastPriority, c_int_of(reply.rets[0])) }?;
         }
         if !greatestPriority.is_null() {
             // SAFETY: non-null and writable (API contract).
-            unsafe { write_out(greatestPriority, reply.rets[1] as u32 as c_int) }?;
+            unsafe { write_out(greatestPriority, c_int_of(reply.rets[1])) }?;
         }
         Ok(())
     }

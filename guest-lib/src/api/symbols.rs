@@ -2,6 +2,7 @@
 //! `Async` form and per-thread-default-stream spellings), `cudaGetSymbolAddress`,
 //! `cudaGetSymbolSize`.
 
+use crate::conv::usize_of;
 use core::ffi::c_void;
 
 use super::write_out;
@@ -130,6 +131,6 @@ cuda_api! {
         let (rt, d) = current()?;
         let g = symbols::global(rt, registry(), symbol as usize, d)?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(size, g.size as usize) }
+        unsafe { write_out(size, usize_of(g.size)) }
     }
 }

@@ -2,6 +2,12 @@
 //! (`fake_device.rs`): each test installs its own runtime and registry on its own thread and
 //! then calls the `extern "C"` functions exactly as an nvcc-built program would.
 
+#![expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    reason = "test data: small patterns, constants and addresses of a 64-bit test process, and CUDA enum constants written as C ints"
+)]
+
 use std::{
     ffi::{c_void, CStr},
     ptr,
