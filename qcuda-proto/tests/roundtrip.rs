@@ -199,7 +199,10 @@ fn ioctl_call_layout_matches_encoding() {
     let h = d.header();
     assert_eq!(h.checked_op(), Ok(Op::Echo));
     assert_eq!(h.args[0], 42);
-    assert_eq!(IOCTL_CALL, 0xc000_5101 | ((IOCTL_CALL_SIZE as u32) << 16));
+    assert_eq!(
+        IOCTL_CALL,
+        0xc000_5101 | (u32::try_from(IOCTL_CALL_SIZE).unwrap() << 16)
+    );
 }
 
 #[test]
@@ -235,6 +238,10 @@ fn ioctl_call_rejects_malformed() {
 
 #[test]
 fn checksum_is_split_invariant() {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "test data: the low byte of i * 7 + i / 13, truncation intended"
+    )]
     let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
     let whole = Checksum::of(&data);
     for split in [0, 1, 3, 7, 8, 9, 4095, 9999, 10_000] {

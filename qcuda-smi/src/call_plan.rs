@@ -7,8 +7,11 @@ use std::ops::Range;
 
 use qcuda_proto::{BOUNCE_THRESHOLD, MAX_CHAIN_SEGMENTS};
 
-/// Guest page size the kernel pins in (x86-64).
-pub const PAGE_SIZE: u64 = 4096;
+/// Guest page size the kernel pins in (x86-64), as a length in memory.
+pub const PAGE_LEN: usize = 4096;
+
+/// Guest page size the kernel pins in (x86-64), for guest addresses and transfer sizes.
+pub const PAGE_SIZE: u64 = PAGE_LEN as u64;
 
 /// Cuts `0..total` into consecutive pieces of at most `max_call` bytes. An empty transfer is
 /// one empty piece: a zero-length call is still a call.
@@ -17,7 +20,8 @@ pub fn split(total: u64, max_call: u64) -> Vec<Range<u64>> {
     if total == 0 {
         return std::iter::once(0..0).collect();
     }
-    let mut pieces = Vec::with_capacity(total.div_ceil(max_call) as usize);
+    // Only a hint: a count beyond `usize` could not be collected anyway.
+    let mut pieces = Vec::with_capacity(usize::try_from(total.div_ceil(max_call)).unwrap_or(0));
     let mut at = 0;
     while at < total {
         let end = total.min(at + max_call);

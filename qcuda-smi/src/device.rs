@@ -249,7 +249,12 @@ impl Device {
             // SAFETY: `out` is a live, writable allocation of the length named, unused until
             // the call returns.
             unsafe { self.call(&mut call) }?;
-            let count = call.rets[0] as usize;
+            let count = usize::try_from(call.rets[0]).map_err(|_| {
+                CallError::Ioctl(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("the host reports {} GPUs", call.rets[0]),
+                ))
+            })?;
             if count > room {
                 room = count;
                 continue;

@@ -67,8 +67,9 @@ pub fn run(path: &Path, opts: &KillOptions) -> Result<(), String> {
 
     let mut next = 0u32;
     while next < opts.count {
-        let batch: Vec<u32> = (next..opts.count.min(next + opts.parallel.max(1))).collect();
-        next += batch.len() as u32;
+        let end = opts.count.min(next + opts.parallel.max(1));
+        let batch: Vec<u32> = (next..end).collect();
+        next = end;
         let mut children = Vec::new();
         for &i in &batch {
             let (reader, writer) =
@@ -171,10 +172,13 @@ fn call_forever(path: &Path, size: u64, slot: &crate::shared_slots::Slot) -> Str
         Ok(d) => d,
         Err(e) => return e,
     };
-    let mut input = vec![0u8; size as usize];
+    let Ok(len) = usize::try_from(size) else {
+        return format!("an echo of {} does not fit in memory", Size(size));
+    };
+    let mut input = vec![0u8; len];
     Prng::new(size).fill(&mut input);
     let want = Checksum::of(&input);
-    let mut output = vec![0u8; size as usize];
+    let mut output = vec![0u8; len];
     loop {
         slot.in_call.store(1, SeqCst);
         let result = dev.echo(&input, &mut output);

@@ -5,7 +5,7 @@
 
 use std::{io, ptr::NonNull};
 
-use crate::call_plan::PAGE_SIZE;
+use crate::call_plan::PAGE_LEN;
 
 /// An anonymous private mapping, unmapped on drop.
 ///
@@ -36,10 +36,9 @@ impl PageBuffer {
     }
 
     fn map(len: usize, prot: libc::c_int) -> io::Result<Self> {
-        let page = PAGE_SIZE as usize;
         let len = len
             .max(1)
-            .checked_next_multiple_of(page)
+            .checked_next_multiple_of(PAGE_LEN)
             .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
         // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches
         // no existing memory.
@@ -105,6 +104,7 @@ impl Drop for PageBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::call_plan::PAGE_SIZE;
 
     #[test]
     fn is_page_aligned_zeroed_and_rounded_up() {

@@ -108,7 +108,7 @@ mod tests {
         for _ in 0..1000 {
             let v = p.range(10, 14);
             assert!((10..=14).contains(&v));
-            seen[(v - 10) as usize] = true;
+            seen[usize::try_from(v - 10).unwrap()] = true;
         }
         assert!(seen.iter().all(|&s| s));
         assert_eq!(p.range(3, 3), 3);

@@ -13,7 +13,7 @@ use qcuda_proto::{
 };
 
 use crate::{
-    call_plan::{self, PAGE_SIZE},
+    call_plan::{self, PAGE_LEN},
     device::{driver_version_text, echo_call, errno_name, status_name, Device},
     page_buffer::PageBuffer,
     prng::Prng,
@@ -54,7 +54,7 @@ const LAYOUTS: [Layout; 2] = [
     Layout {
         name: "unaligned",
         in_offset: 1,
-        out_offset: PAGE_SIZE as usize - 3,
+        out_offset: PAGE_LEN - 3,
     },
 ];
 
@@ -124,8 +124,10 @@ pub fn run(dev: &Device, opts: &SelftestOptions) -> Result<(), String> {
 
 fn echo_all_sizes(dev: &Device, opts: &SelftestOptions) -> Result<(), String> {
     let sizes = echo_sizes(opts.max_size);
-    let largest = *sizes.iter().max().expect("at least max_size") as usize;
-    let room = largest + PAGE_SIZE as usize * 2;
+    let largest = *sizes.iter().max().expect("at least max_size");
+    let room = usize::try_from(largest)
+        .map_err(|_| format!("an echo of {} does not fit in memory", Size(largest)))?
+        + PAGE_LEN * 2;
     let alloc = |what: &str| {
         PageBuffer::new(room)
             .map_err(|e| format!("cannot map {} for {what}: {e}", Size(room as u64)))
@@ -136,7 +138,7 @@ fn echo_all_sizes(dev: &Device, opts: &SelftestOptions) -> Result<(), String> {
     println!(
         "selftest: echo {} sizes up to {} (seed {}), calls of at most {}",
         sizes.len(),
-        Size(largest as u64),
+        Size(largest),
         opts.seed,
         Size(MAX_BUFFER_LEN)
     );
@@ -205,7 +207,8 @@ fn echo_one(
     size: u64,
     layout: Layout,
 ) -> Result<EchoRun, String> {
-    let n = size as usize;
+    let n = usize::try_from(size)
+        .map_err(|_| format!("an echo of {} does not fit in memory", Size(size)))?;
     let src = &input.as_slice()[layout.in_offset..layout.in_offset + n];
     let what = |piece: &Range<u64>| {
         format!(
@@ -232,7 +235,7 @@ fn echo_one(
         todo.reverse();
         let start = Instant::now();
         while let Some(piece) = todo.pop() {
-            let (lo, hi) = (piece.start as usize, piece.end as usize);
+            let (lo, hi) = (piece_start(&piece), piece_end(&piece));
             match dev.echo(&src[lo..hi], &mut dst[lo..hi]) {
                 Ok(sum) => answers.push((piece, sum)),
                 Err(e) if e.errno() == Some(libc::E2BIG) => {
@@ -258,7 +261,7 @@ fn echo_one(
         run.calls = answers.len() as u64;
 
         for (piece, sum) in &answers {
-            let want = Checksum::of(&src[piece.start as usize..piece.end as usize]);
+            let want = Checksum::of(&src[piece_start(piece)..piece_end(piece)]);
             if *sum != want {
                 return Err(format!(
                     "{}: host checksum {sum:#018x}, guest computes {want:#018x}",
@@ -270,6 +273,24 @@ fn echo_one(
     }
     run.secs = run.secs.max(1e-9);
     Ok(run)
+}
+
+/// Where a piece of an echo starts in its buffer.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "pieces lie within 0..size, and echo_one checked that size fits in usize"
+)]
+fn piece_start(piece: &Range<u64>) -> usize {
+    piece.start as usize
+}
+
+/// Where a piece of an echo ends in its buffer.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "pieces lie within 0..size, and echo_one checked that size fits in usize"
+)]
+fn piece_end(piece: &Range<u64>) -> usize {
+    piece.end as usize
 }
 
 /// The output must equal the input, and the bytes just outside it must still be poison.
@@ -314,9 +335,14 @@ enum Expect {
 /// Calls the kernel must refuse. Each is built by hand, since `IoctlCall::push` will not build
 /// most of them.
 fn check_refusals(dev: &Device) -> Result<(), String> {
-    let mut small = PageBuffer::new(2 * BOUNCE_THRESHOLD as usize + PAGE_SIZE as usize)
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "BOUNCE_THRESHOLD is 64 KiB, which fits in every usize"
+    )]
+    let bounce_len = BOUNCE_THRESHOLD as usize;
+    let mut small = PageBuffer::new(2 * bounce_len + PAGE_LEN)
         .map_err(|e| format!("cannot map a test buffer: {e}"))?;
-    let read_only = PageBuffer::read_only(2 * BOUNCE_THRESHOLD as usize)
+    let read_only = PageBuffer::read_only(2 * bounce_len)
         .map_err(|e| format!("cannot map a read-only test buffer: {e}"))?;
     let half = small.len() / 2;
     let (a, b) = (small.addr(0), small.addr(half));
@@ -340,7 +366,12 @@ fn check_refusals(dev: &Device) -> Result<(), String> {
         Expect::Errno(&[libc::EINVAL, libc::EPERM, libc::EACCES]),
     ));
     let mut too_many = echo_call(a, b, 8);
-    too_many.nbufs = MAX_BUFFERS as u32 + 1;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "MAX_BUFFERS is 8, which fits in u32"
+    )]
+    let max_buffers = MAX_BUFFERS as u32;
+    too_many.nbufs = max_buffers + 1;
     cases.push((
         "too many buffers".into(),
         too_many,
@@ -462,6 +493,7 @@ fn names(errnos: &[i32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::call_plan::PAGE_SIZE;
 
     #[test]
     fn sizes_cover_the_boundaries() {
@@ -501,8 +533,8 @@ mod tests {
     fn layouts_cross_pages_differently() {
         let [aligned, unaligned] = LAYOUTS;
         assert_eq!((aligned.in_offset, aligned.out_offset), (0, 0));
-        assert_ne!(unaligned.in_offset % PAGE_SIZE as usize, 0);
-        assert_ne!(unaligned.out_offset % PAGE_SIZE as usize, 0);
+        assert_ne!(unaligned.in_offset % PAGE_LEN, 0);
+        assert_ne!(unaligned.out_offset % PAGE_LEN, 0);
         assert_ne!(unaligned.in_offset, unaligned.out_offset);
         // A pinned MAX_BUFFER_LEN buffer then touches one page more than its length.
         assert_eq!(

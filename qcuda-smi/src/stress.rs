@@ -57,6 +57,15 @@ pub fn random_size(rng: &mut Prng, max: u64) -> u64 {
     rng.range(1, top.min(max).max(1))
 }
 
+/// A random misalignment of a buffer start, below `MAX_OFFSET`.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "below(MAX_OFFSET) is less than MAX_OFFSET, a usize"
+)]
+fn random_offset(rng: &mut Prng) -> usize {
+    rng.below(MAX_OFFSET as u64) as usize
+}
+
 /// What one worker thread did.
 #[derive(Debug, Default, Clone, Copy)]
 struct Tally {
@@ -175,19 +184,30 @@ fn stress_thread(
     thread: u32,
 ) -> Result<Tally, String> {
     let mut rng = Prng::for_worker(opts.seed, u64::from(proc), u64::from(thread));
-    let room = opts.max_size as usize + MAX_OFFSET + 1;
+    let max_len = usize::try_from(opts.max_size)
+        .map_err(|_| format!("an echo of {} does not fit in memory", Size(opts.max_size)))?;
+    let room = max_len + MAX_OFFSET + 1;
     let mut input = vec![0u8; room];
     let mut output = vec![0u8; room];
     let mut tally = Tally::default();
     for iter in 0..opts.iters {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "random_size stays within max_size, which fits in usize (checked above)"
+        )]
         let len = random_size(&mut rng, opts.max_size) as usize;
-        let in_off = rng.below(MAX_OFFSET as u64) as usize;
-        let out_off = rng.below(MAX_OFFSET as u64) as usize;
+        let in_off = random_offset(&mut rng);
+        let out_off = random_offset(&mut rng);
         let src = &mut input[in_off..in_off + len];
         rng.fill(src);
         let dst = &mut output[out_off..out_off + len];
         // A different poison each call, so stale bytes from the previous call show as well.
-        dst.fill(iter as u8 ^ 0x5a);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the poison follows the low byte of the call number; truncation intended"
+        )]
+        let poison = iter as u8 ^ 0x5a;
+        dst.fill(poison);
         let what = || {
             format!(
                 "thread {thread}, call {iter}: echo of {} at offsets {in_off}/{out_off}",

@@ -365,7 +365,8 @@ mod tests {
     }
 
     fn wr(addr: u64, len: u32) -> RawDescriptor {
-        RawDescriptor::from(Descriptor::new(addr, len, VRING_DESC_F_WRITE as u16, 0))
+        let flags = u16::try_from(VRING_DESC_F_WRITE).unwrap();
+        RawDescriptor::from(Descriptor::new(addr, len, flags, 0))
     }
 
     /// Builds the chain in a mock split queue and parses what the device side reads.
@@ -434,7 +435,7 @@ mod tests {
         let mem = ram();
         put_header(&mem, DATA, &echo_header(0x20));
         let descs = [
-            rd(DATA, REQUEST_HEADER_SIZE as u32),
+            rd(DATA, u32::try_from(REQUEST_HEADER_SIZE).unwrap()),
             rd(0xfff0, 0x20),
             wr(0xfff0, 0x20),
             wr(DATA + 0x5000, 64),
@@ -444,7 +445,7 @@ mod tests {
         assert_eq!(p.request.outputs()[0].runs().len(), 2);
         // The response straddling the end of RAM cannot be written: no reply at all.
         let descs = [
-            rd(DATA, REQUEST_HEADER_SIZE as u32 + 0x20),
+            rd(DATA, u32::try_from(REQUEST_HEADER_SIZE).unwrap() + 0x20),
             wr(0x1_fff0, 0x20 + 64),
         ];
         let r = rejected(&mem, &descs);
@@ -606,7 +607,7 @@ mod tests {
             .chain(std::iter::once(Descriptor::new(
                 DATA,
                 64,
-                VRING_DESC_F_WRITE as u16,
+                u16::try_from(VRING_DESC_F_WRITE).unwrap(),
                 0,
             )));
         let r = parse(&mem, descs).unwrap_err();

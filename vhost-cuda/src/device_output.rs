@@ -204,7 +204,7 @@ mod tests {
 
         // Output nobody takes is dropped past the bound.
         writer
-            .write_all(&vec![b'x'; MAX_PENDING as usize + 1])
+            .write_all(&vec![b'x'; usize::try_from(MAX_PENDING).unwrap() + 1])
             .unwrap();
         let mut resp = ResponseHeader::with_status(status::SUCCESS);
         out.flag(&mut resp);

@@ -501,8 +501,8 @@ mod tests {
         stream.extend_from_slice(&payload);
         ram.write_slice(&stream, GuestAddress(DATA + 0x1000))
             .unwrap();
-        let w = VRING_DESC_F_WRITE as u16;
-        let n = virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+        let w = u16::try_from(VRING_DESC_F_WRITE).unwrap();
+        let n = u16::try_from(virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT).unwrap();
         let d = |a, l, f, next| RawDescriptor::from(Descriptor::new(a, l, f, next));
         let descs = [
             d(DATA, 224, n, 1),
@@ -558,8 +558,8 @@ mod tests {
         hello.args[0] = u64::from(VERSION);
         ram.write_slice(&hello.encode(), GuestAddress(DATA))
             .unwrap();
-        let w = VRING_DESC_F_WRITE as u16;
-        let n = virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
+        let w = u16::try_from(VRING_DESC_F_WRITE).unwrap();
+        let n = u16::try_from(virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT).unwrap();
         let d = |a, l, f, next| RawDescriptor::from(Descriptor::new(a, l, f, next));
         q.add_desc_chains(&[d(DATA, 224, n, 1), d(DATA + 0x800, 64, w, 0)], 0)
             .unwrap();
@@ -619,8 +619,9 @@ mod tests {
             h.args[0] = u64::from(VERSION);
             let at = DATA + u64::from(session) * 0x1000;
             ram.write_slice(&h.encode(), GuestAddress(at)).unwrap();
-            let n = virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT as u16;
-            let w = VRING_DESC_F_WRITE as u16;
+            let n =
+                u16::try_from(virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT).unwrap();
+            let w = u16::try_from(VRING_DESC_F_WRITE).unwrap();
             descs.push(RawDescriptor::from(Descriptor::new(
                 at,
                 224,

@@ -63,6 +63,33 @@ impl Rng {
     fn range(&mut self, lo: u64, hi: u64) -> u64 {
         lo + self.below(hi - lo)
     }
+
+    /// An index into something of `len` elements (the draw of `below`).
+    fn index(&mut self, len: usize) -> usize {
+        usize::try_from(self.below(len as u64)).unwrap()
+    }
+
+    /// A random byte: the low byte of a word.
+    #[expect(clippy::cast_possible_truncation, reason = "the low byte, on purpose")]
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+
+    /// A random 32-bit value: the low half of a word.
+    #[expect(clippy::cast_possible_truncation, reason = "the low half, on purpose")]
+    fn word(&mut self) -> u32 {
+        self.next() as u32
+    }
+}
+
+/// A virtio descriptor flag as the descriptor's 16-bit field holds it.
+fn flag(f: u32) -> u16 {
+    u16::try_from(f).expect("virtio descriptor flags fit in 16 bits")
+}
+
+/// A test size or offset, which fits in the type asked for.
+fn small<T: TryFrom<u64>>(v: u64) -> T {
+    T::try_from(v).unwrap_or_else(|_| panic!("{v} does not fit"))
 }
 
 /// Guest memory plus a shadow copy of what it should hold.
@@ -77,13 +104,13 @@ impl Guest {
             GuestRam::from_ranges(&[
                 (GuestAddress(0), 0x8000),
                 (GuestAddress(0x8000), 0x8000),
-                (GuestAddress(REGION_C.0), (REGION_C.1 - REGION_C.0) as usize),
+                (GuestAddress(REGION_C.0), small(REGION_C.1 - REGION_C.0)),
             ])
             .unwrap(),
         );
         let shadow = mem
             .iter()
-            .map(|r| (r.start_addr().0, vec![0u8; r.len() as usize]))
+            .map(|r| (r.start_addr().0, vec![0u8; small(r.len())]))
             .collect();
         Self { mem, shadow }
     }
@@ -98,8 +125,8 @@ impl Guest {
             let end = *base + copy.len() as u64;
             let (s, e) = (addr.max(*base), (addr + data.len() as u64).min(end));
             if s < e {
-                copy[(s - *base) as usize..(e - *base) as usize]
-                    .copy_from_slice(&data[(s - addr) as usize..(e - addr) as usize]);
+                copy[small(s - *base)..small(e - *base)]
+                    .copy_from_slice(&data[small(s - addr)..small(e - addr)]);
             }
         }
     }
@@ -193,11 +220,11 @@ fn address(rng: &mut Rng, len: u64) -> u64 {
 fn length(rng: &mut Rng) -> u32 {
     match rng.below(10) {
         0 => 0,
-        1 => rng.next() as u32,
-        2 => u32::MAX - rng.below(4) as u32,
-        3 => REQUEST_HEADER_SIZE as u32,
-        4 => RESPONSE_HEADER_SIZE as u32,
-        _ => rng.below(0x1000) as u32,
+        1 => rng.word(),
+        2 => u32::MAX - small::<u32>(rng.below(4)),
+        3 => small(REQUEST_HEADER_SIZE as u64),
+        4 => small(RESPONSE_HEADER_SIZE as u64),
+        _ => small(rng.below(0x1000)),
     }
 }
 
@@ -209,7 +236,7 @@ fn split(rng: &mut Rng, addr: u64, len: u64, max: u64, flags: u16) -> Vec<(u64, 
     cuts.push(len);
     cuts.sort();
     cuts.windows(2)
-        .map(|w| (addr + w[0], (w[1] - w[0]) as u32, flags))
+        .map(|w| (addr + w[0], small(w[1] - w[0]), flags))
         .collect()
 }
 
@@ -232,7 +259,7 @@ struct Case {
 
 /// A nearly valid request, then mutated.
 fn request_case(rng: &mut Rng, g: &mut Guest) -> Case {
-    let op = OPS[rng.below(OPS.len() as u64) as usize];
+    let op = OPS[rng.index(OPS.len())];
     let mut h = RequestHeader::new(op);
     h.session = rng.range(1, 6);
     h.args[0] = if rng.chance(95) {
@@ -253,13 +280,13 @@ fn request_case(rng: &mut Rng, g: &mut Guest) -> Case {
     if outs > 0 {
         h.push_buffer(Direction::Out, out_len).unwrap();
     }
-    let input: Vec<u8> = (0..in_len).map(|_| rng.next() as u8).collect();
+    let input: Vec<u8> = (0..in_len).map(|_| rng.byte()).collect();
     let mut stream = h.encode().to_vec();
     stream.extend_from_slice(&input);
     if rng.chance(10) {
         // Corrupt one header byte.
-        let i = rng.below(REQUEST_HEADER_SIZE as u64) as usize;
-        stream[i] = rng.next() as u8;
+        let i = rng.index(REQUEST_HEADER_SIZE);
+        stream[i] = rng.byte();
     }
     let rlen = stream.len() as u64;
     let wlen = out_len + RESPONSE_HEADER_SIZE as u64;
@@ -267,25 +294,29 @@ fn request_case(rng: &mut Rng, g: &mut Guest) -> Case {
     let wa = rng.range(ARENA.0, ARENA.1 - wlen);
     g.write(ra, &stream);
     let mut descs = split(rng, ra, rlen, 6, 0);
-    descs.extend(split(rng, wa, wlen, 6, VRING_DESC_F_WRITE as u16));
+    descs.extend(split(rng, wa, wlen, 6, flag(VRING_DESC_F_WRITE)));
     let mut mutated = false;
     for _ in 0..rng.below(3) {
         if !rng.chance(40) {
             continue;
         }
         mutated = true;
-        let i = rng.below(descs.len() as u64) as usize;
+        let i = rng.index(descs.len());
         match rng.below(6) {
             0 => descs[i].1 = length(rng),
             1 => descs[i].0 = address(rng, u64::from(descs[i].1)),
-            2 => descs[i].2 ^= VRING_DESC_F_WRITE as u16,
+            2 => descs[i].2 ^= flag(VRING_DESC_F_WRITE),
             3 => {
-                let j = rng.below(descs.len() as u64) as usize;
+                let j = rng.index(descs.len());
                 descs.swap(i, j);
             }
             4 => {
                 let len = length(rng);
-                let d = (address(rng, u64::from(len)), len, rng.below(2) as u16 * 2);
+                let d = (
+                    address(rng, u64::from(len)),
+                    len,
+                    small::<u16>(rng.below(2)) * 2,
+                );
                 descs.insert(i, d);
             }
             _ => {
@@ -309,10 +340,10 @@ fn chaos_case(rng: &mut Rng, g: &mut Guest) -> Case {
         let len = length(rng);
         let mut flags = 0u16;
         if rng.chance(50) {
-            flags |= VRING_DESC_F_WRITE as u16;
+            flags |= flag(VRING_DESC_F_WRITE);
         }
         if rng.chance(3) {
-            flags |= VRING_DESC_F_INDIRECT as u16;
+            flags |= flag(VRING_DESC_F_INDIRECT);
         }
         descs.push((address(rng, u64::from(len)), len, flags));
     }
@@ -320,7 +351,7 @@ fn chaos_case(rng: &mut Rng, g: &mut Guest) -> Case {
     if rng.chance(50) {
         if let Some(&(a, l, f)) = descs.first() {
             if f == 0 && l as usize >= REQUEST_HEADER_SIZE && a >= ARENA.0 && a < ARENA.1 - 0x100 {
-                let mut h = RequestHeader::new(OPS[rng.below(OPS.len() as u64) as usize]);
+                let mut h = RequestHeader::new(OPS[rng.index(OPS.len())]);
                 h.session = rng.range(1, 6);
                 g.write(a, &h.encode());
             }
@@ -331,7 +362,7 @@ fn chaos_case(rng: &mut Rng, g: &mut Guest) -> Case {
 
 /// One indirect table in region C with `n` descriptors: a Hello header, padding, a response.
 fn big_indirect_case(rng: &mut Rng, g: &mut Guest) -> Case {
-    let n = [4094u64, 4095, 4096, 4097, 4200][rng.below(5) as usize];
+    let n = [4094u64, 4095, 4096, 4097, 4200][rng.index(5)];
     let mut h = RequestHeader::new(Op::Hello);
     h.session = rng.range(1, 6);
     h.args[0] = u64::from(VERSION);
@@ -339,16 +370,16 @@ fn big_indirect_case(rng: &mut Rng, g: &mut Guest) -> Case {
     let table: Vec<u8> = (0..n)
         .flat_map(|i| {
             let (addr, len, flags) = match i {
-                0 => (ARENA.0, REQUEST_HEADER_SIZE as u32, 0),
-                i if i == n - 1 => (ARENA.0 + 0x1000, 64, VRING_DESC_F_WRITE as u16),
+                0 => (ARENA.0, small(REQUEST_HEADER_SIZE as u64), 0),
+                i if i == n - 1 => (ARENA.0 + 0x1000, 64, flag(VRING_DESC_F_WRITE)),
                 _ => (ARENA.0, 0, 0),
             };
             let next = if i == n - 1 {
                 0
             } else {
-                VRING_DESC_F_NEXT as u16
+                flag(VRING_DESC_F_NEXT)
             };
-            let d = Descriptor::new(addr, len, flags | next, (i + 1) as u16);
+            let d = Descriptor::new(addr, len, flags | next, small(i + 1));
             let mut b = [0u8; 16];
             b[..8].copy_from_slice(&d.addr().0.to_le_bytes());
             b[8..12].copy_from_slice(&d.len().to_le_bytes());
@@ -359,7 +390,7 @@ fn big_indirect_case(rng: &mut Rng, g: &mut Guest) -> Case {
         .collect();
     g.write(REGION_C.0, &table);
     Case {
-        descs: vec![(REGION_C.0, (n * 16) as u32, VRING_DESC_F_INDIRECT as u16)],
+        descs: vec![(REGION_C.0, small(n * 16), flag(VRING_DESC_F_INDIRECT))],
         echo: None,
     }
 }
@@ -394,14 +425,14 @@ fn fuzzed_chains_never_panic_or_write_outside_their_writable_descriptors() {
         let mut bytes = Vec::new();
         let count = c.descs.len().min(usize::from(QUEUE_LEN));
         for (i, &(addr, len, flags)) in c.descs.iter().take(count).enumerate() {
-            let mut flags = flags & !(VRING_DESC_F_NEXT as u16);
-            let mut next = (i + 1) as u16;
+            let mut flags = flags & !(flag(VRING_DESC_F_NEXT));
+            let mut next: u16 = small(i as u64 + 1);
             if i + 1 < count {
-                flags |= VRING_DESC_F_NEXT as u16;
+                flags |= flag(VRING_DESC_F_NEXT);
             }
             if rng.chance(2) {
-                flags |= VRING_DESC_F_NEXT as u16;
-                next = rng.below(u64::from(QUEUE_LEN) + 4) as u16;
+                flags |= flag(VRING_DESC_F_NEXT);
+                next = small(rng.below(u64::from(QUEUE_LEN) + 4));
             }
             let d = raw(addr, len, flags, next);
             bytes.extend_from_slice(vm_memory::ByteValued::as_slice(&d));
@@ -412,9 +443,9 @@ fn fuzzed_chains_never_panic_or_write_outside_their_writable_descriptors() {
 
         let mut queue = Queue::new(QUEUE_LEN).unwrap();
         queue.set_size(QUEUE_LEN);
-        queue.set_desc_table_address(Some(DESC_TABLE as u32), Some(0));
-        queue.set_avail_ring_address(Some(AVAIL as u32), Some(0));
-        queue.set_used_ring_address(Some(USED as u32), Some(0));
+        queue.set_desc_table_address(Some(small(DESC_TABLE)), Some(0));
+        queue.set_avail_ring_address(Some(small(AVAIL)), Some(0));
+        queue.set_used_ring_address(Some(small(USED)), Some(0));
         queue.set_ready(true);
         let chain = queue
             .iter(g.mem.clone())

@@ -41,7 +41,7 @@ impl Guest {
     fn alloc(&mut self, len: usize) -> GuestAddress {
         let at = self.next;
         self.next += (len as u64).div_ceil(PAGE as u64) * PAGE as u64;
-        assert!((self.next as usize) <= RAM, "test guest RAM exhausted");
+        assert!(self.next <= RAM as u64, "test guest RAM exhausted");
         GuestAddress(at)
     }
 
@@ -120,7 +120,7 @@ fn function(g: &mut Guest, s: &mut CudaSession, module: u64, name: &str) -> (u64
     let bytes = out.to_vec().unwrap();
     let params = bytes
         .chunks_exact(8)
-        .take(rets[1] as usize)
+        .take(usize::try_from(rets[1]).unwrap())
         .map(|c| {
             let p = ParamInfo::decode(c).unwrap();
             (p.offset, p.size)
@@ -272,8 +272,16 @@ fn gpu_flow_through_the_executor() {
     for p in [a, b, c] {
         pb.extend_from_slice(&p.to_le_bytes());
     }
-    pb.extend_from_slice(&(n as i32).to_le_bytes());
-    ok(launch(&mut g, &mut s, vadd, (n / 256) as u32, 256, &pb, 0));
+    pb.extend_from_slice(&i32::try_from(n).unwrap().to_le_bytes());
+    ok(launch(
+        &mut g,
+        &mut s,
+        vadd,
+        u32::try_from(n / 256).unwrap(),
+        256,
+        &pb,
+        0,
+    ));
     ok(call(&mut s, Op::DeviceSynchronize, &[]));
     let (r, got) = dtoh(&mut g, &mut s, c, bytes, true, 0);
     ok(r);
@@ -299,7 +307,7 @@ fn gpu_flow_through_the_executor() {
         &mut g,
         &mut s,
         vadd_elf,
-        (n / 256) as u32,
+        u32::try_from(n / 256).unwrap(),
         256,
         &pb,
         0,
@@ -366,11 +374,20 @@ fn gpu_flow_through_the_executor() {
     let e2 = ok(call(&mut s, Op::EventCreate, &[0]))[0];
     ok(call(&mut s, Op::Memset, &[c, 0, bytes as u64, st]));
     ok(call(&mut s, Op::EventRecord, &[e1, st]));
-    ok(launch(&mut g, &mut s, vadd, (n / 256) as u32, 256, &pb, st));
+    ok(launch(
+        &mut g,
+        &mut s,
+        vadd,
+        u32::try_from(n / 256).unwrap(),
+        256,
+        &pb,
+        st,
+    ));
     ok(call(&mut s, Op::EventRecord, &[e2, st]));
     ok(call(&mut s, Op::EventSynchronize, &[e2]));
     ok(call(&mut s, Op::EventQuery, &[e2]));
-    let ms = f32::from_bits(ok(call(&mut s, Op::EventElapsedTime, &[e1, e2]))[0] as u32);
+    let ms = ok(call(&mut s, Op::EventElapsedTime, &[e1, e2]))[0];
+    let ms = f32::from_bits(u32::try_from(ms).unwrap());
     assert!((0.0..10_000.0).contains(&ms), "elapsed {ms} ms");
     ok(call(&mut s, Op::StreamQuery, &[st]));
     let (r, got) = dtoh(&mut g, &mut s, c, bytes, true, st);

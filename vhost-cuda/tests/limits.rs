@@ -151,7 +151,7 @@ fn max_gpu_memory_is_shared_by_the_workers_of_a_vm() {
     // A worker killed with its memory: the driver frees it, the daemon clears its slot.
     let pid = rig.table.worker_pid(201).expect("a worker");
     // SAFETY: kill(2) of our own child process.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    unsafe { libc::kill(libc::pid_t::try_from(pid).unwrap(), libc::SIGKILL) };
     assert_eq!(
         rig.op(201, Op::MemGetInfo, &[]).status,
         status::LAUNCH_FAILURE

@@ -48,6 +48,10 @@ fn frontend_handshake_requests_and_reconnect() {
     );
 
     // An echo bigger than one copy chunk, across a descriptor boundary.
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "test data: a byte of a multiplicative hash, truncation intended"
+    )]
     let data: Vec<u8> = (0..600_000u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();

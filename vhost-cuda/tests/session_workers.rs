@@ -109,8 +109,9 @@ fn a_killed_worker_fails_the_session_until_device_reset() {
     let r = rig.op(21, Op::Malloc, &[64]);
     expect_gpu_op(&rig, r);
     let first = rig.table.worker_pid(21).unwrap();
+    let first_pid = libc::pid_t::try_from(first).unwrap();
     // SAFETY: kill(2) on our own, unreaped child has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
+    assert_eq!(unsafe { libc::kill(first_pid, libc::SIGKILL) }, 0);
 
     // The next op finds it dead: the documented error, and the session stays failed.
     lost(rig.op(21, Op::Malloc, &[64]));

@@ -89,7 +89,7 @@ impl Rig {
             placed[k] = addr;
             self.next += n as u64 + 96;
         }
-        assert!((self.next as usize) < RAM, "rig out of guest RAM");
+        assert!(self.next < RAM as u64, "rig out of guest RAM");
         GuestBuffer::new(
             self.mem.clone(),
             ranges.iter().zip(&placed).map(|(&(_, n), &a)| (a, n)),
@@ -161,8 +161,40 @@ fn floats(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|f| f.to_le_bytes()).collect()
 }
 
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "test data: the low byte of i * 7 + 3, truncation intended"
+)]
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+/// A signed argument as the guest library sends it: sign-extended into its 64-bit slot.
+#[expect(
+    clippy::cast_sign_loss,
+    reason = "the wire carries a signed argument as its two's-complement bits"
+)]
+fn signed_arg(v: i64) -> u64 {
+    v as u64
+}
+
+/// A C `int` in an unsigned 32-bit field, as the C API puts one there.
+#[expect(
+    clippy::cast_sign_loss,
+    reason = "a C int reinterpreted as unsigned, as the C API defines it"
+)]
+fn int_bits(v: i32) -> u32 {
+    v as u32
+}
+
+/// A C `int` result, from the low 32 bits of its 64-bit return slot.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    reason = "the wire carries an int result as its 32 bits in the low half of the slot"
+)]
+fn int_ret(v: u64) -> i32 {
+    v as u32 as i32
 }
 
 fn malloc(s: &mut CudaSession, size: u64) -> u64 {
@@ -582,7 +614,7 @@ fn modules_functions_and_launches() {
     for p in [a, b, c] {
         block.extend_from_slice(&p.to_le_bytes());
     }
-    block.extend_from_slice(&(n as i32).to_le_bytes());
+    block.extend_from_slice(&i32::try_from(n).unwrap().to_le_bytes());
     let pb = rig.buf(&block);
     let args = launch_args(f, [1, 1, 1], [128, 1, 1], 0);
     let r = fire_and_forget(req(Op::LaunchKernel, 0, &args, vec![pb.clone()], vec![]));
@@ -787,7 +819,7 @@ fn streams_and_events() {
     ok(run(&mut s, Op::StreamQuery, &[0]));
     assert_eq!(rig.fake.calls("ctx_create"), 0);
 
-    let st = ok(run(&mut s, Op::StreamCreate, &[1, (-1i64) as u64]))[0];
+    let st = ok(run(&mut s, Op::StreamCreate, &[1, signed_arg(-1)]))[0];
     let st2 = ok(run(&mut s, Op::StreamCreate, &[0, 0xffff_ffff]))[0];
     assert!(st != 0 && st2 != 0 && st != st2);
     assert_eq!(
@@ -814,7 +846,7 @@ fn streams_and_events() {
     );
     ok(run(&mut s, Op::EventRecord, &[e2, 0]));
     let ms = ok(run(&mut s, Op::EventElapsedTime, &[e1, e2]))[0];
-    assert_eq!(f32::from_bits(ms as u32), 2.5);
+    assert_eq!(f32::from_bits(u32::try_from(ms).unwrap()), 2.5);
     ok(run(&mut s, Op::EventQuery, &[e1]));
     ok(run(&mut s, Op::EventSynchronize, &[e1]));
     ok(run(&mut s, Op::StreamWaitEvent, &[st, e1, 0]));
@@ -1098,7 +1130,7 @@ fn launches_with_attributes_cache_config_and_cluster_occupancy() {
         &mut rig,
         &mut s,
         8,
-        &[cluster(2), scalar(8, (-1i32) as u32), scalar(2, 1)],
+        &[cluster(2), scalar(8, int_bits(-1)), scalar(2, 1)],
     ));
     assert_eq!(
         rig.fake.last_launch_attrs(),
@@ -1283,14 +1315,14 @@ fn stream_priorities_and_ids() {
     let rig = Rig::new(1);
     let mut s = rig.session();
     let r = ok(run(&mut s, Op::StreamPriorityRange, &[]));
-    assert_eq!((r[0] as u32 as i32, r[1] as u32 as i32), (0, -5));
+    assert_eq!((int_ret(r[0]), int_ret(r[1])), (0, -5));
     // The driver clamps priorities into the range; the guest learns what the stream got.
-    let hi = ok(run(&mut s, Op::StreamCreate, &[0, (-100i64) as u64]));
-    assert_eq!(hi[1] as u32 as i32, -5);
+    let hi = ok(run(&mut s, Op::StreamCreate, &[0, signed_arg(-100)]));
+    assert_eq!(int_ret(hi[1]), -5);
     let lo = ok(run(&mut s, Op::StreamCreate, &[0, 7]));
-    assert_eq!(lo[1] as u32 as i32, 0);
-    let mid = ok(run(&mut s, Op::StreamCreate, &[1, (-2i64) as u64]));
-    assert_eq!(mid[1] as u32 as i32, -2);
+    assert_eq!(int_ret(lo[1]), 0);
+    let mid = ok(run(&mut s, Op::StreamCreate, &[1, signed_arg(-2)]));
+    assert_eq!(int_ret(mid[1]), -2);
     let a = ok(run(&mut s, Op::StreamGetId, &[hi[0]]))[0];
     let b = ok(run(&mut s, Op::StreamGetId, &[lo[0]]))[0];
     let legacy = ok(run(&mut s, Op::StreamGetId, &[0]))[0];
@@ -1366,8 +1398,27 @@ impl Lcg {
             .wrapping_add(1442695040888963407);
         self.0 >> 11
     }
+    /// Uniform-ish in `0..n`.
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % n as u64).unwrap()
+    }
+    /// The low 32 bits of a draw.
+    #[expect(clippy::cast_possible_truncation, reason = "the low half, on purpose")]
+    fn next_u32(&mut self) -> u32 {
+        self.next() as u32
+    }
+    /// The low 32 bits of a draw, as a signed value.
+    #[expect(clippy::cast_possible_wrap, reason = "any 32 bits make a test int")]
+    fn next_i32(&mut self) -> i32 {
+        self.next_u32() as i32
+    }
+    /// The low byte of a draw.
+    #[expect(clippy::cast_possible_truncation, reason = "the low byte, on purpose")]
+    fn next_u8(&mut self) -> u8 {
+        self.next() as u8
+    }
     fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[(self.next() % v.len() as u64) as usize]
+        v[self.below(v.len())]
     }
 }
 
@@ -1387,8 +1438,7 @@ fn random_requests_never_panic_and_drop_cleans_up() {
             let device = rng.pick(&[0u32, 0, 0, 1, 2, u32::MAX]);
             let mut args = [0u64; MAX_ARGS];
             for a in &mut args {
-                let recent =
-                    seen[seen.len().saturating_sub(1 + rng.next() as usize % 6)..].to_vec();
+                let recent = seen[seen.len().saturating_sub(1 + rng.below(6))..].to_vec();
                 *a = match rng.next() % 8 {
                     0 | 1 => rng.pick(&recent),
                     2 => rng.pick(&seen),
@@ -1426,7 +1476,7 @@ fn random_requests_never_panic_and_drop_cleans_up() {
                     inputs.push(rig.buf(name));
                 }
                 Op::LaunchKernel => {
-                    let g = [1 + rng.next() as u32 % 3, 1, 1];
+                    let g = [1 + rng.next_u32() % 3, 1, 1];
                     args[1..5].copy_from_slice(
                         &LaunchConfig {
                             grid: g,
@@ -1442,14 +1492,14 @@ fn random_requests_never_panic_and_drop_cleans_up() {
                         for _ in 0..3 {
                             block.extend_from_slice(&rng.pick(&ptrs).to_le_bytes());
                         }
-                        block.extend_from_slice(&(rng.next() as i32 % 64).to_le_bytes());
+                        block.extend_from_slice(&(rng.next_i32() % 64).to_le_bytes());
                     }
                 }
                 _ => {}
             }
             let (ins, outs) = op.shape();
             if !block.is_empty() {
-                inputs.push(rig.buf_runs(&block, &[1 + rng.next() as usize % 40]));
+                inputs.push(rig.buf_runs(&block, &[1 + rng.below(40)]));
             }
             for _ in inputs.len()..ins {
                 let len = rng.pick(&[0usize, 1, 5, 28, 32, 64, 200, 400]);
@@ -1459,18 +1509,18 @@ fn random_requests_never_panic_and_drop_cleans_up() {
                 } else if rng.next().is_multiple_of(3) || (named && rng.next().is_multiple_of(2)) {
                     rng.pick(&[&b"vadd"[..], b"fault", b"g", b"lazy"]).to_vec()
                 } else {
-                    (0..len).map(|_| rng.next() as u8).collect()
+                    (0..len).map(|_| rng.next_u8()).collect()
                 };
                 inputs.push(if data.is_empty() {
                     GuestBuffer::new(rig.mem.clone(), []).unwrap()
                 } else {
-                    rig.buf_runs(&data, &[1 + rng.next() as usize % 80])
+                    rig.buf_runs(&data, &[1 + rng.below(80)])
                 });
             }
             let outputs = (0..outs)
                 .map(|_| {
                     let len = rng.pick(&[1usize, 8, 64, 320, 400]);
-                    rig.out_runs(len, &[1 + rng.next() as usize % 80])
+                    rig.out_runs(len, &[1 + rng.below(80)])
                 })
                 .collect();
             let r = s.execute(&req(op, device, &args, inputs, outputs));
@@ -1489,7 +1539,7 @@ fn random_requests_never_panic_and_drop_cleans_up() {
                     seen.push(*v);
                 }
             }
-            if rig.next as usize > RAM - (1 << 20) {
+            if rig.next > (RAM - (1 << 20)) as u64 {
                 rig.next = 0x1000;
             }
         }
@@ -1598,7 +1648,7 @@ fn batch_bytes(records: &[(Op, &[u64], &[u8])]) -> Vec<u8> {
     for &(op, args, data) in records {
         let mut rec = qcuda_proto::BatchRecord {
             op: op as u32,
-            in_len: data.len() as u32,
+            in_len: u32::try_from(data.len()).unwrap(),
             ..Default::default()
         };
         rec.args[..args.len()].copy_from_slice(args);

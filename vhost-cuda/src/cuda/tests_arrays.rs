@@ -50,7 +50,7 @@ fn put(rig: &mut Rig, s: &mut CudaSession, c: Copy3D, data: &[u8]) -> u32 {
 
 fn get(rig: &mut Rig, s: &mut CudaSession, c: Copy3D) -> (u32, Vec<u8>) {
     let d = rig.buf(&c.encode());
-    let len = c.packed_len().unwrap() as usize;
+    let len = usize::try_from(c.packed_len().unwrap()).unwrap();
     let o = rig.out_runs(len, &[5, 64]);
     let r = s.execute(&req(Op::Memcpy3DDtoH, 0, &[0], vec![d], vec![o.clone()]));
     (r.status, o.to_vec().unwrap())
@@ -357,12 +357,12 @@ fn host_mapped_memory_is_a_device_side_of_3d_copies_within_its_mapping() {
     // Device rows (pitch 512) into the mapped page with a pitch of 100.
     let d = rig.buf(&copy(device(p, pitch, 4), device(guest, 100, 4), [64, 4, 1]).encode());
     ok(s.execute(&req(Op::Memcpy3D, 0, &[0], vec![d], vec![])));
-    for y in 0..4 {
+    for y in 0..4usize {
         let mut row = [0u8; 64];
         rig.mem
-            .read_slice(&mut row, GuestAddress(0x30_0000 + y * 100))
+            .read_slice(&mut row, GuestAddress(0x30_0000 + y as u64 * 100))
             .unwrap();
-        assert_eq!(row[..], data[y as usize * 64..(y as usize + 1) * 64]);
+        assert_eq!(row[..], data[y * 64..(y + 1) * 64]);
     }
     // A pitch that runs the last row past the mapping is refused.
     let d = rig.buf(&copy(device(p, pitch, 4), device(guest, 1350, 4), [64, 4, 1]).encode());

@@ -133,8 +133,13 @@ impl Guest {
         self.mem.write_slice(&stream, GuestAddress(at)).unwrap();
         let out = at + 0x2000;
         let descs = [
-            Descriptor::new(at, stream.len() as u32, 0, 0),
-            Descriptor::new(out, out_len as u32 + 64, VRING_DESC_F_WRITE as u16, 0),
+            Descriptor::new(at, u32::try_from(stream.len()).unwrap(), 0, 0),
+            Descriptor::new(
+                out,
+                u32::try_from(out_len).unwrap() + 64,
+                u16::try_from(VRING_DESC_F_WRITE).unwrap(),
+                0,
+            ),
         ];
         (chain::parse(&self.mem, descs).unwrap(), out)
     }
@@ -209,8 +214,8 @@ fn a_failed_fire_and_forget_op_is_reported_once_in_the_next_waited_for_reply() {
     let (async_echo, _) = g.request(h, b"y");
     let (first, first_out) = g.simple(Op::Hello, 4);
     let (second, second_out) = g.simple(Op::Hello, 4);
-    for (head, p) in [failing, async_echo, first, second].into_iter().enumerate() {
-        g.send(head as u16, p);
+    for (head, p) in (0u16..).zip([failing, async_echo, first, second]) {
+        g.send(head, p);
     }
     g.rec.wait(4);
     let first = g.response(first_out);
@@ -225,8 +230,8 @@ fn a_failed_fire_and_forget_op_is_reported_once_in_the_next_waited_for_reply() {
 fn requests_of_one_session_complete_in_order() {
     let mut g = Guest::new();
     let reqs: Vec<_> = (0..40u8).map(|i| g.echo(3, &[i; 100]).0).collect();
-    for (i, r) in reqs.into_iter().enumerate() {
-        g.send(i as u16, r);
+    for (head, r) in (0u16..).zip(reqs) {
+        g.send(head, r);
     }
     let heads: Vec<u16> = g.rec.wait(40).iter().map(|d| d.0).collect();
     assert_eq!(heads, (0..40).collect::<Vec<u16>>());
@@ -499,8 +504,8 @@ fn close_all_drops_queued_requests_without_completing_them() {
         }),
     );
     let queued: Vec<_> = (0..5).map(|_| g.simple(Op::Hello, 1).0).collect();
-    for (i, q) in queued.into_iter().enumerate() {
-        g.send(1 + i as u16, q);
+    for (head, q) in (1u16..).zip(queued) {
+        g.send(head, q);
     }
     assert_eq!(g.table.in_flight(), 6);
     assert!(entered.wait(WAIT));

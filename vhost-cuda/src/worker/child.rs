@@ -441,7 +441,7 @@ mod tests {
                 9,
                 |req| {
                     seen.push(req.inputs()[0].to_vec().unwrap());
-                    ResponseHeader::with_status(seen.len() as u32)
+                    ResponseHeader::with_status(u32::try_from(seen.len()).unwrap())
                 },
                 |_| unreachable!(),
             );

@@ -608,7 +608,7 @@ mod tests {
         ));
         // Too many regions.
         let mut regions = vec![TAG_MEMORY_TABLE];
-        regions.extend_from_slice(&(MAX_REGIONS as u32 + 1).to_le_bytes());
+        regions.extend_from_slice(&u32::try_from(MAX_REGIONS + 1).unwrap().to_le_bytes());
         assert!(matches!(
             ToWorker::decode(&regions),
             Err(MessageError::TooManyRegions(_))
@@ -713,7 +713,7 @@ mod tests {
             .sock
             .try_clone()
             .unwrap()
-            .write_all(&(MAX_FRAME as u32 + 1).to_le_bytes())
+            .write_all(&u32::try_from(MAX_FRAME + 1).unwrap().to_le_bytes())
             .unwrap();
         assert!(matches!(
             worker.recv_to_worker(),

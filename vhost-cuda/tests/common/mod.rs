@@ -102,7 +102,7 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> i32 {
-        self.child.id() as i32
+        libc::pid_t::try_from(self.child.id()).expect("a pid fits in pid_t")
     }
 
     pub fn signal(&self, sig: i32) {
@@ -284,12 +284,12 @@ impl GuestVm {
             let idx = self.next_desc;
             self.next_desc = (self.next_desc + 1) % QUEUE_SIZE;
             let mut flags = if writable {
-                VRING_DESC_F_WRITE as u16
+                u16::try_from(VRING_DESC_F_WRITE).unwrap()
             } else {
                 0
             };
             if i + 1 < descs.len() {
-                flags |= VRING_DESC_F_NEXT as u16;
+                flags |= u16::try_from(VRING_DESC_F_NEXT).unwrap();
             }
             let at = DESC + 16 * u64::from(idx);
             self.mem.write_obj(addr, GuestAddress(at)).unwrap();
@@ -321,10 +321,14 @@ impl GuestVm {
         let w = self.alloc(wlen as u64);
         let (r1, w1) = (stream.len() / 2, wlen / 3);
         let head = self.submit_raw(&[
-            (r, r1 as u32, false),
-            (r + r1 as u64, (stream.len() - r1) as u32, false),
-            (w, w1 as u32, true),
-            (w + w1 as u64, (wlen - w1) as u32, true),
+            (r, u32::try_from(r1).unwrap(), false),
+            (
+                r + r1 as u64,
+                u32::try_from(stream.len() - r1).unwrap(),
+                false,
+            ),
+            (w, u32::try_from(w1).unwrap(), true),
+            (w + w1 as u64, u32::try_from(wlen - w1).unwrap(), true),
         ]);
         (head, w)
     }

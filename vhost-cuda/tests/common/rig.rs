@@ -40,12 +40,12 @@ pub fn guest_ram() -> Arc<GuestRam> {
         GuestRam::from_ranges_with_files([
             (
                 GuestAddress(0),
-                REGION as usize,
+                usize::try_from(REGION).unwrap(),
                 Some(FileOffset::new(file.try_clone().unwrap(), 0)),
             ),
             (
                 GuestAddress(HIGH),
-                REGION as usize,
+                usize::try_from(REGION).unwrap(),
                 Some(FileOffset::new(file, REGION)),
             ),
         ])
@@ -159,8 +159,13 @@ impl Rig {
             .write_slice(&vec![0xa5; wlen], GuestAddress(w))
             .unwrap();
         let descs = [
-            Descriptor::new(r, stream.len() as u32, 0, 0),
-            Descriptor::new(w, wlen as u32, VRING_DESC_F_WRITE as u16, 0),
+            Descriptor::new(r, u32::try_from(stream.len()).unwrap(), 0, 0),
+            Descriptor::new(
+                w,
+                u32::try_from(wlen).unwrap(),
+                u16::try_from(VRING_DESC_F_WRITE).unwrap(),
+                0,
+            ),
         ];
         let parsed = chain::parse(&self.mem, descs).expect("a valid chain");
         let head = self.next_head;

@@ -349,6 +349,11 @@ impl DriverApi for FakeDriver {
         Ok(format!("Fake GPU {}", dev - 100).into_bytes())
     }
 
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "the fake's UUID is the low byte of its device handle (100 + ordinal), repeated"
+    )]
     fn device_uuid(&self, dev: i32) -> CuResult<[u8; 16]> {
         let _st = self.enter("device_uuid")?;
         Ok([dev as u8; 16])
@@ -595,7 +600,10 @@ impl DriverApi for FakeDriver {
             // The module's global.
             let g = c.next_addr;
             c.next_addr += 0x1000;
-            c.mem.insert(g, vec![0; GLOBAL.1 as usize]);
+            c.mem.insert(
+                g,
+                vec![0; usize::try_from(GLOBAL.1).expect("a 64-byte global")],
+            );
             c.globals.insert(m, g);
             Ok(Module::from_raw(m))
         })
@@ -703,7 +711,8 @@ impl DriverApi for FakeDriver {
                 .find(|a| a.id == attr::CLUSTER_DIMENSION)
                 .map_or(1, |a| a.scalar(0) * a.scalar(1) * a.scalar(2));
             Ok(if active {
-                132 / cluster.max(1) as i32
+                // A cluster beyond any int is one the driver refuses.
+                132 / i32::try_from(cluster.max(1)).map_err(|_| INVALID_VALUE)?
             } else {
                 8
             })
@@ -716,7 +725,7 @@ impl DriverApi for FakeDriver {
             if blocks < 1 || !(1..=1024).contains(&block) {
                 return Err(INVALID_VALUE);
             }
-            Ok(228 * 1024 / blocks as usize)
+            Ok(228 * 1024 / usize::try_from(blocks).map_err(|_| INVALID_VALUE)?)
         })
     }
 

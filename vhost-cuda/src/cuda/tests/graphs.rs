@@ -30,7 +30,7 @@ fn add_node(
 fn list(rig: &mut Rig, s: &mut CudaSession, op: Op, args: &[u64]) -> Vec<u64> {
     let out = rig.out(8 * 64);
     let r = ok(s.execute(&req(op, 0, args, vec![], vec![out.clone()])));
-    let n = r[0] as usize;
+    let n = usize::try_from(r[0]).unwrap();
     out.to_vec().unwrap()[..8 * n]
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
@@ -81,7 +81,7 @@ fn explicit_graph_nodes_are_checked_and_queried() {
         vec![out.clone()],
     )));
     let bytes = out.to_vec().unwrap();
-    let back = KernelNode::decode(&bytes[..r[0] as usize]).unwrap();
+    let back = KernelNode::decode(&bytes[..usize::try_from(r[0]).unwrap()]).unwrap();
     assert_eq!(
         (back.function, back.block, back.params),
         (f, [32, 1, 1], &block[..])
