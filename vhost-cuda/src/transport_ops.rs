@@ -83,7 +83,9 @@ mod tests {
     fn echo_copies_in_chunks_and_checksums() {
         let len = 3 * ECHO_CHUNK + 17;
         let req = request(Op::Echo, Some((0x10, len)), Some((0x80_0000, len)));
-        let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        let data: Vec<u8> = (0..len)
+            .map(|i| u8::try_from(i * 31 % 251).unwrap())
+            .collect();
         req.inputs()[0].write_at(0, &data).unwrap();
         let resp = echo(&req);
         assert_eq!(resp.status, status::SUCCESS);

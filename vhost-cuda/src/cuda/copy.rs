@@ -432,6 +432,9 @@ mod tests {
                 Step::Direct { .. } => unreachable!(),
             }
         }
-        assert_eq!(pos as usize, runs.iter().map(|r| r.len).sum::<usize>());
+        assert_eq!(
+            usize::try_from(pos).unwrap(),
+            runs.iter().map(|r| r.len).sum::<usize>()
+        );
     }
 }

@@ -237,7 +237,7 @@ pub(crate) mod tests {
         b[6] = 1;
         b[0x28..0x30].copy_from_slice(&64u64.to_le_bytes());
         b[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
-        b[0x3c..0x3e].copy_from_slice(&(sections.len() as u16).to_le_bytes());
+        b[0x3c..0x3e].copy_from_slice(&u16::try_from(sections.len()).unwrap().to_le_bytes());
         for (i, &(kind, off, size)) in sections.iter().enumerate() {
             let at = 64 + 64 * i;
             b[at + 4..at + 8].copy_from_slice(&kind.to_le_bytes());
