@@ -121,12 +121,22 @@ pub(crate) struct BounceBuffer {
 
 impl BounceBuffer {
     fn new(user: usize, len: usize, dir: Direction) -> Result<Self> {
-        let mut data = KVec::from_elem(0u8, len, GFP_KERNEL)?;
-        if dir == Direction::In && len > 0 {
+        let data = if dir == Direction::In {
+            // Copied straight into the allocation: nothing to zero first.
+            let mut data = KVec::new();
             UserSlice::new(UserPtr::from_addr(user), len)
                 .reader()
-                .read_slice(&mut data)?;
-        }
+                .read_all(&mut data, GFP_KERNEL)?;
+            data
+        } else {
+            // The allocator zeroes the memory (one memset, where filling the vector would
+            // write it byte by byte, which costs microseconds per KiB in an emulated guest).
+            let mut data = KVec::with_capacity(len, GFP_KERNEL | __GFP_ZERO)?;
+            // SAFETY: the capacity is at least `len` bytes, all of them zeroed by the
+            // allocator (`__GFP_ZERO`), and zero is a valid `u8`.
+            unsafe { data.inc_len(len) };
+            data
+        };
         Ok(Self { user, dir, data })
     }
 }

@@ -129,7 +129,7 @@ done
 [[ -z $(ls -A "$extra") ]] || cpio_of_dir "$extra" >>"$initrd"
 
 # --- accelerator ----------------------------------------------------------------------------
-qemu_base=(-M pc -cpu max -smp "$smp" -m "$mem" -display none -monitor none -no-reboot -nic none
+qemu_base=(-M pc -smp "$smp" -m "$mem" -display none -monitor none -no-reboot -nic none
     -kernel "$GUEST_DIR/bzImage" -append "console=ttyS0 quiet panic=-1 rdinit=/init")
 [[ -n $LD_LIBRARY_PATH_QEMU ]] && qemu_env=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH_QEMU") || qemu_env=()
 datadir=$QEMU_DIR/share/qemu
@@ -149,7 +149,7 @@ kvm_works() {
         printf '#!/bin/sh\ntrue\n' >"$work/probe/qcuda/cmd"
         chmod 755 "$work/probe/qcuda/cmd"
         { cat "$GUEST_DIR/initramfs.cpio.gz"; cpio_of_dir "$work/probe"; } >"$probe"
-        if timeout 30 "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -accel kvm -initrd "$probe" \
+        if timeout 30 "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -cpu max -accel kvm -initrd "$probe" \
             -serial stdio </dev/null 2>/dev/null | tr -d '\r' | grep -q '^QCUDA_EXIT=0'; then
             out=yes
         fi
@@ -162,7 +162,14 @@ auto) if kvm_works; then accel=kvm; else accel=tcg; fi ;;
 kvm | tcg) ;;
 *) fail "--accel must be auto, tcg or kvm" ;;
 esac
-if [[ $accel == tcg ]]; then qemu_base+=(-accel tcg,thread=multi); else qemu_base+=(-accel kvm); fi
+# Under TCG the guest's CPU has no ERMS/FSRM: with them its kernel and glibc copy and clear
+# memory with `rep movsb`/`rep stosb`, which TCG emulates a byte at a time; without them they use
+# wide moves (docs/perf/README.md, "The guest side of the transport").
+if [[ $accel == tcg ]]; then
+    qemu_base+=(-cpu max,erms=off,fsrm=off -accel tcg,thread=multi)
+else
+    qemu_base+=(-cpu max -accel kvm)
+fi
 say "accelerator: $accel"
 
 # --- daemon -----------------------------------------------------------------------------------
