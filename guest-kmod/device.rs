@@ -93,7 +93,9 @@ type QueueGuard<'a> = SpinLockIrqGuard<'a, Queue>;
 
 /// How a caller waits for the device.
 pub(crate) enum Wait {
-    /// Until completion or a signal (then EINTR; the device keeps the request).
+    /// Until completion or a signal: then EINTR if the request was not queued yet (it never
+    /// reaches the device), EINPROGRESS if it was (the device keeps it and it runs; only its
+    /// answer is lost), so that the caller knows which.
     Interruptible,
     /// Until completion or `timeout_ms` (then ETIMEDOUT), ignoring signals: used to close a
     /// session, which also happens while a killed process exits, and by probe.
@@ -386,6 +388,10 @@ impl QcudaDevice {
                     if matches!(slot.state, SlotState::Pending) {
                         // The device still owns the chain: leave it the request.
                         slot.state = SlotState::Abandoned;
+                        // Queued, so it runs: say so, unlike a signal before the queueing.
+                        if matches!(wait, Wait::Interruptible) && e == EINTR {
+                            return Err(EINPROGRESS);
+                        }
                         return Err(e);
                     }
                 }

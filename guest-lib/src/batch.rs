@@ -11,8 +11,23 @@
 //!   GPU without a later call, e.g. while the program polls mapped memory a kernel writes.
 //!   (While the program keeps adding, the batch fills and goes out by size.)
 //!
+//! A synchronising call without buffers (qcuda-proto's `BATCH_TAIL`: `cudaDeviceSynchronize`,
+//! `cudaStreamSynchronize`, `cudaStreamQuery`, `cudaEventSynchronize`, `cudaEventQuery`) that
+//! finds work gathered does not send it first and then itself: it travels as the batch's last
+//! record, in one waited request ([`Batcher::send_with_tail`]), so a launch followed by a
+//! synchronisation costs one round trip.
+//!
 //! The host runs the records in order, each as the single fire-and-forget request it stands
-//! for; a failure is reported like theirs, at the next waited-for call.
+//! for; a failure is reported like theirs, at the next waited-for call (the tail's own reply
+//! when there is one).
+//!
+//! Order: every batch is sent under `send`, taken before the state lock and held until the
+//! request is queued, so batches reach the device in the order their records were taken. A
+//! waited batch holds it until its answer (the ioctl does not return earlier): meanwhile other
+//! threads keep appending, and a thread that must send (a full batch, its own call) waits, as
+//! its request would wait behind the synchronisation on the host anyway. Only `HostFuncWait`,
+//! which the host answers beside the others, never sends the batch (session.rs), so a
+//! synchronisation that waits for a host function cannot block the thread that runs it.
 
 use crate::conv::usize_of;
 use std::{
@@ -21,7 +36,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use qcuda_proto::{BatchRecord, Direction, Op, BATCHABLE, BOUNCE_THRESHOLD, MAX_BATCH_DATA};
+use qcuda_proto::{
+    BatchRecord, Direction, Op, BATCHABLE, BATCH_TAIL, BOUNCE_THRESHOLD, MAX_BATCH_DATA,
+};
 
 use crate::{
     transport::{Call, Transport},
@@ -44,6 +61,8 @@ const FLUSHER_TICK: Duration = Duration::from_millis(1);
 #[derive(Default)]
 struct State {
     buf: Vec<u8>,
+    /// The buffer of the batch last sent, cleared, for the next one to reuse.
+    spare: Vec<u8>,
     records: u64,
     /// Device of the first record (the batch request's device field; records carry their own).
     device: u32,
@@ -60,6 +79,9 @@ struct State {
 
 struct Shared {
     transport: Arc<dyn Transport>,
+    /// Held by whoever sends a batch, from taking its records until the request is queued
+    /// (see the module documentation); taken before `state`.
+    send: Mutex<()>,
     state: Mutex<State>,
     wake: Condvar,
 }
@@ -69,7 +91,12 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sends what is gathered (caller holds the state lock); whether there was anything.
+    fn send_lock(&self) -> MutexGuard<'_, ()> {
+        self.send.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends what is gathered; whether there was anything. The caller holds `send`; the state
+    /// lock is held throughout too (a fire-and-forget ioctl returns once the request is queued).
     fn flush_locked(&self, st: &mut State) -> bool {
         if st.records == 0 {
             return false;
@@ -99,6 +126,15 @@ impl Shared {
         st.since = None;
         true
     }
+
+    /// Takes the gathered records out, leaving an empty batch: (records, first device, bytes).
+    fn take(st: &mut State) -> (u64, u32, Vec<u8>) {
+        let spare = std::mem::take(&mut st.spare);
+        let buf = std::mem::replace(&mut st.buf, spare);
+        let records = std::mem::take(&mut st.records);
+        st.since = None;
+        (records, st.device, buf)
+    }
 }
 
 /// The process's batch. See the module documentation.
@@ -122,6 +158,7 @@ impl Batcher {
         Self {
             shared: Arc::new(Shared {
                 transport,
+                send: Mutex::new(()),
                 state: Mutex::new(State::default()),
                 wake: Condvar::new(),
             }),
@@ -162,7 +199,13 @@ impl Batcher {
         let shared = &self.shared;
         let mut st = shared.state();
         if st.buf.len() + rec.footprint() > BATCH_BYTES {
-            shared.flush_locked(&mut st);
+            // Sending takes `send` first: let go of the state, queue behind any sender.
+            drop(st);
+            let _send = shared.send_lock();
+            st = shared.state();
+            if st.buf.len() + rec.footprint() > BATCH_BYTES {
+                shared.flush_locked(&mut st);
+            }
         }
         if st.records == 0 {
             st.device = raw.device;
@@ -196,8 +239,70 @@ impl Batcher {
 
     /// Sends what is gathered, now; whether there was anything.
     pub fn flush(&self) -> bool {
+        let _send = self.shared.send_lock();
         let mut st = self.shared.state();
         self.shared.flush_locked(&mut st)
+    }
+
+    /// Whether `call` may end a batch: a waited synchronising call without buffers.
+    pub fn can_end_batch(call: &Call<'_>) -> bool {
+        !call.is_fire_and_forget()
+            && call.raw().nbufs == 0
+            && call.op().is_some_and(|op| BATCH_TAIL.contains(&op))
+    }
+
+    /// Sends the gathered work with `call` as its last record, as one waited request; `call`
+    /// receives the reply. `None` when nothing is gathered or `call` cannot end a batch
+    /// ([`Self::can_end_batch`]): the caller sends it alone.
+    ///
+    /// Signals stay deliverable. A batch interrupted before qcuda.ko queued it (`EINTR`) is
+    /// sent again; one interrupted after (`EINPROGRESS`: its records run, its answer is lost)
+    /// comes back as that error, and the caller sends `call`, a synchronising call that may
+    /// run twice, alone for its answer.
+    pub fn send_with_tail(&self, call: &mut Call<'_>) -> Option<Result<(), i32>> {
+        if !Self::can_end_batch(call) {
+            return None;
+        }
+        let shared = &self.shared;
+        let _send = shared.send_lock();
+        let (records, device, mut buf) = {
+            let mut st = shared.state();
+            if st.records == 0 {
+                return None;
+            }
+            Shared::take(&mut st)
+        };
+        let raw = call.raw();
+        let tail = BatchRecord {
+            op: raw.op,
+            device: raw.device,
+            in_len: 0,
+            args: raw.args,
+        };
+        buf.extend_from_slice(&tail.encode());
+        let mut batch = Call::new(Op::Batch, device)
+            .args(&[records + 1])
+            .input(&buf);
+        let sent = loop {
+            match shared.transport.execute(&mut batch) {
+                Err(libc::EINTR) => continue,
+                r => break r,
+            }
+        };
+        if sent.is_ok() {
+            let reply = batch.raw();
+            let (status, flags, rets) = (reply.status, reply.resp_flags, reply.rets);
+            let out = call.raw_mut();
+            out.status = status;
+            out.resp_flags = flags;
+            out.rets = rets;
+        }
+        buf.clear();
+        let mut st = shared.state();
+        if st.spare.capacity() < buf.capacity() {
+            st.spare = buf;
+        }
+        Some(sent)
     }
 
     /// The errno of a batch the device did not take since the last call, once.
@@ -231,7 +336,14 @@ fn flusher(shared: &Shared) {
                 let due = since + FLUSH_AFTER;
                 let now = Instant::now();
                 if now >= due {
-                    shared.flush_locked(&mut st);
+                    // Sending takes `send` first (a waited batch may hold it a while).
+                    drop(st);
+                    let send = shared.send_lock();
+                    st = shared.state();
+                    if st.since.is_some_and(|s| s + FLUSH_AFTER <= Instant::now()) {
+                        shared.flush_locked(&mut st);
+                    }
+                    drop(send);
                 } else {
                     st = shared
                         .wake

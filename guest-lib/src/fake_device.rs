@@ -21,8 +21,8 @@ use std::{
 
 use qcuda_proto::{
     ioctl::{HostMapCall, IoctlCall},
-    status, BatchRecord, Direction, GpuInfo, Op, ParamInfo, BATCH_RECORD_SIZE, FLAG_ASYNC,
-    RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY, VERSION,
+    status, BatchRecord, Direction, GpuInfo, Op, ParamInfo, BATCH_RECORD_SIZE, BATCH_TAIL,
+    FLAG_ASYNC, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY, VERSION,
 };
 
 use crate::{
@@ -78,7 +78,7 @@ pub struct FakeState {
     /// Event handle → recorded "time" in ms, if recorded.
     pub events: HashMap<u64, Option<f32>>,
     clock: f32,
-    /// errnos returned (instead of executing) by the next calls.
+    /// errnos returned (instead of executing, except `EINPROGRESS`: after) by the next calls.
     pub errnos: VecDeque<i32>,
     /// The next call of this op fails with this status; the flag sets `RESP_FLAG_STICKY` on
     /// the reply (as the host does for every reply while the session holds a sticky error).
@@ -96,6 +96,8 @@ pub struct FakeState {
     host_due_signal: bool,
     /// `Batch` requests received.
     pub batches: u64,
+    /// Requests received (ioctls), `HostFuncWait` aside.
+    pub requests: u64,
     /// Arrays and texture/surface objects (fake_arrays.rs).
     pub arrays: crate::fake_arrays::FakeArrays,
     /// Memory pools: host handle -> (device, is a default pool).
@@ -323,9 +325,13 @@ impl Transport for Arc<FakeDevice> {
             return Ok(());
         }
         let mut s = self.state();
-        if let Some(errno) = s.errnos.pop_front() {
-            return Err(errno);
-        }
+        // EINPROGRESS, as from qcuda.ko: the request runs, its answer is lost.
+        let lost_answer = match s.errnos.pop_front() {
+            Some(libc::EINPROGRESS) => true,
+            Some(errno) => return Err(errno),
+            None => false,
+        };
+        s.requests += 1;
         let raw: IoctlCall = *call.raw();
         IoctlCall::decode(&raw.encode()).expect("guest-lib built a call the kernel refuses");
         let bufs = &raw.bufs[..raw.nbufs as usize];
@@ -345,13 +351,21 @@ impl Transport for Arc<FakeDevice> {
         let (status, flags, rets) = if raw.op == Op::Batch as u32 {
             // Like vhost-cuda: each record as the fire-and-forget request it stands for.
             s.batches += 1;
+            let waited = raw.flags & u32::from(FLAG_ASYNC) == 0;
             let mut at = 0usize;
-            for _ in 0..raw.args[0] {
+            let mut answer = (status::SUCCESS, 0, [0; 7]);
+            for i in 0..raw.args[0] {
                 let (op, rec) = BatchRecord::decode(&ins[0][at..]).expect("a valid batch record");
                 let data = &ins[0][at + BATCH_RECORD_SIZE..][..rec.in_len as usize];
                 let mut sub = IoctlCall::new(op);
                 sub.device = rec.device;
                 sub.args = rec.args;
+                // A synchronising tail (only last, only in a waited batch) answers for it.
+                if BATCH_TAIL.contains(&op) {
+                    assert!(waited && i + 1 == raw.args[0], "a misplaced batch tail");
+                    answer = execute_one(&mut s, &sub, &[], &mut []);
+                    break;
+                }
                 sub.flags = u32::from(FLAG_ASYNC);
                 if op.shape().0 == 1 {
                     sub.push(Direction::In, data.as_ptr() as u64, data.len() as u64)
@@ -365,12 +379,15 @@ impl Transport for Arc<FakeDevice> {
                 execute_one(&mut s, &sub, &subs, &mut []);
                 at += rec.footprint();
             }
-            (status::SUCCESS, 0, [0; 7])
+            answer
         } else {
             execute_one(&mut s, &raw, &ins, &mut outs)
         };
         if std::mem::take(&mut s.host_due_signal) {
             self.host_due.notify_all();
+        }
+        if lost_answer {
+            return Err(libc::EINPROGRESS);
         }
         let c = call.raw_mut();
         c.status = status;

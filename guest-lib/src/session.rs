@@ -156,15 +156,27 @@ impl Session {
             }
             return Ok(Reply::default());
         }
-        // Whatever was gathered goes first, so requests keep program order.
-        let flush = timer.as_ref().map(|_| Timer::start());
-        if self.batch.flush() {
-            if let (Some(l), Some(f)) = (&self.latency, &flush) {
-                l.record(Op::Batch, f.elapsed(), f.elapsed());
+        // Whatever was gathered goes first, so requests keep program order: as one request
+        // with a synchronising call at its end, else before the call. The host answers
+        // HostFuncWait beside the other requests, so it neither waits for nor sends them.
+        let mut ioctl = timer.as_ref().map(|_| Timer::start());
+        let executed = match self.batch.send_with_tail(&mut call) {
+            // The records run; the answer went to a signal: ask again.
+            Some(Err(libc::EINPROGRESS)) => self.execute(op, &mut call),
+            Some(sent) => sent,
+            None => {
+                if op != Op::HostFuncWait {
+                    let flush = timer.as_ref().map(|_| Timer::start());
+                    if self.batch.flush() {
+                        if let (Some(l), Some(f)) = (&self.latency, &flush) {
+                            l.record(Op::Batch, f.elapsed(), f.elapsed());
+                        }
+                    }
+                    ioctl = timer.as_ref().map(|_| Timer::start());
+                }
+                self.execute(op, &mut call)
             }
-        }
-        let ioctl = timer.as_ref().map(|_| Timer::start());
-        let executed = self.execute(op, &mut call);
+        };
         if let (Some(l), Some(t), Some(i)) = (&self.latency, &timer, &ioctl) {
             l.record(op, t.elapsed(), i.elapsed());
         }
@@ -258,8 +270,9 @@ impl Session {
         }
     }
 
-    /// One ioctl, with the `EINTR` policy: a call that may safely run twice is sent again;
-    /// the others run with signals blocked, so that they are sent exactly once.
+    /// One ioctl, with the signal policy: a call that may safely run twice is sent again when a
+    /// signal interrupts it (`EINTR` before qcuda.ko queued it, `EINPROGRESS` after); the others
+    /// run with signals blocked, so that they are sent exactly once.
     ///
     /// A fire-and-forget call counts as repeatable: qcuda.ko queues it and returns at once, so
     /// its only interruptible wait (for a free slot) comes before the request is queued
@@ -268,7 +281,8 @@ impl Session {
         if is_idempotent(op) || call.is_fire_and_forget() {
             loop {
                 match self.transport.execute(call) {
-                    Err(libc::EINTR) => continue,
+                    // Interrupted before or after qcuda.ko queued it: either way it may run again.
+                    Err(libc::EINTR | libc::EINPROGRESS) => continue,
                     r => return r,
                 }
             }
@@ -615,7 +629,7 @@ pub fn open_errno_to_error(errno: i32) -> CudaError {
 /// | EFAULT, EINVAL, E2BIG | a buffer or size the module refused | cudaErrorInvalidValue |
 /// | ENOMEM | the guest kernel is out of memory | cudaErrorMemoryAllocation |
 /// | ENODEV, EIO | the device went away mid-session | cudaErrorDevicesUnavailable |
-/// | EINTR | a signal interrupted an op that is not repeated (signals were blocked, so only a kernel-side freeze gets here) | cudaErrorUnknown |
+/// | EINTR, EINPROGRESS | a signal interrupted an op that is not repeated, before or after qcuda.ko queued it (signals were blocked, so only a kernel-side freeze gets here) | cudaErrorUnknown |
 /// | anything else | | cudaErrorUnknown |
 pub fn call_errno_to_error(errno: i32) -> CudaError {
     match errno {

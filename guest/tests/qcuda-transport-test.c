@@ -448,7 +448,8 @@ static void on_alarm(int sig)
 	(void)sig;
 }
 
-/* Signals interrupt waits: EINTR, no corruption, and the device keeps working. */
+/* Signals interrupt waits: EINTR before the request is queued, EINPROGRESS after (it runs,
+ * its answer is dropped), no corruption, and the device keeps working. */
 static void test_signals(void)
 {
 	struct sigaction sa = { .sa_handler = on_alarm }; /* no SA_RESTART */
@@ -456,22 +457,27 @@ static void test_signals(void)
 	int fd = open_dev();
 	struct itimerval it = { { 0, 2000 }, { 0, 2000 } };
 	setitimer(ITIMER_REAL, &it, NULL);
-	int ok = 0, eintr = 0, other = 0;
+	int ok = 0, eintr = 0, inprogress = 0, other = 0;
 	double t0 = now();
 	while (now() - t0 < 5.0) {
-		size_t len = (ok + eintr) % 2 ? 2 << 20 : 5000;
-		int rc = echo_once(fd, len, 0, (unsigned)(ok + eintr), NULL);
+		unsigned n = (unsigned)(ok + eintr + inprogress);
+		size_t len = n % 2 ? 2 << 20 : 5000;
+		int rc = echo_once(fd, len, 0, n, NULL);
 		if (rc == 0)
 			ok++;
 		else if (rc == -EINTR)
 			eintr++;
+		else if (rc == -EINPROGRESS)
+			inprogress++;
 		else
 			other++;
 	}
 	struct itimerval off = { 0 };
 	setitimer(ITIMER_REAL, &off, NULL);
-	CHECK(other == 0 && ok > 0, "signals: %d calls completed, %d interrupted (EINTR), %d other errors", ok,
-	      eintr, other);
+	CHECK(other == 0 && ok > 0 && inprogress > 0,
+	      "signals: %d calls completed, %d interrupted before queueing (EINTR), %d after (EINPROGRESS), "
+	      "%d other errors",
+	      ok, eintr, inprogress, other);
 	/* Interrupted requests are freed when they complete; the queue is intact. */
 	int rc = echo_once(fd, 1 << 20, 0, 7, NULL);
 	CHECK(rc == 0, "echo after interrupted calls: rc %d", rc);

@@ -454,9 +454,13 @@ ops! {
     CtxResetPersistingL2 = 0x01D4, ins 0, outs 0;
     /// Fire-and-forget work gathered by the guest: in-buffer 0 holds args[0] records
     /// ([`BatchRecord`], each followed by its in-data padded to 8 bytes), executed in order
-    /// as if each had been sent alone with `FLAG_ASYNC`. Only [`BATCHABLE`] ops may appear.
-    /// The status is the first failure among them (`SUCCESS` if none); after a sticky error
-    /// the rest are not run.
+    /// as if each had been sent alone with `FLAG_ASYNC`. Only [`BATCHABLE`] ops may appear,
+    /// except that a batch sent waited (without `FLAG_ASYNC`) may end with one [`BATCH_TAIL`]
+    /// record: the synchronising call that made the guest send the batch. That record runs as
+    /// a waited request and the batch's response is its response, with the first failure of
+    /// the records before it as the response's deferred error (`RESP_DEFERRED_SHIFT`). Without
+    /// a tail the status is the first failure among the records (`SUCCESS` if none). After a
+    /// sticky error the rest, tail included, are not run, and the status is that error.
     Batch = 0x01D8, ins 1, outs 0;
     /// Where the session's time went on the host so far, per op: out-buffer 0 receives up to
     /// len / [`LATENCY_RECORD_SIZE`] [`LatencyRecord`]s; rets[0] = records written, rets[1] =
@@ -668,6 +672,15 @@ pub const BATCHABLE: &[Op] = &[
     Op::MemcpyMapped,
     Op::MemcpyHtoD,
 ];
+/// Ops that may end a waited [`Op::Batch`] (see there): synchronising calls without buffers,
+/// so a program's launch-then-synchronise costs one request instead of two.
+pub const BATCH_TAIL: &[Op] = &[
+    Op::DeviceSynchronize,
+    Op::StreamSynchronize,
+    Op::StreamQuery,
+    Op::EventSynchronize,
+    Op::EventQuery,
+];
 /// Bytes of an encoded [`BatchRecord`].
 pub const BATCH_RECORD_SIZE: usize = 80;
 /// Most in-data bytes one batch record may carry.
@@ -677,7 +690,7 @@ pub const MAX_BATCH_DATA: u32 = 16 * 1024;
 /// u32 @12, args [u64; 8] @16; its in-data follows, padded with zeros to a multiple of 8.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BatchRecord {
-    /// An [`Op`] from [`BATCHABLE`], as u32.
+    /// An [`Op`] from [`BATCHABLE`] (or, last in a waited batch, [`BATCH_TAIL`]), as u32.
     pub op: u32,
     /// The guest device ordinal.
     pub device: u32,
@@ -700,15 +713,16 @@ impl BatchRecord {
         b
     }
 
-    /// Decodes and checks a record: a batchable op, in-data present exactly when the op takes
-    /// an `In` buffer, at most [`MAX_BATCH_DATA`] bytes, reserved bytes zero.
+    /// Decodes and checks a record: a batchable or tail op (where a tail may stand is the
+    /// reader's to check), in-data present exactly when the op takes an `In` buffer, at most
+    /// [`MAX_BATCH_DATA`] bytes, reserved bytes zero.
     pub fn decode(b: &[u8]) -> Result<(Op, Self), WireError> {
         if b.len() < BATCH_RECORD_SIZE {
             return Err(WireError::Short);
         }
         let op_code = get_u32(b, 0);
         let op = Op::from_u32(op_code).ok_or(WireError::UnknownOp)?;
-        if !BATCHABLE.contains(&op) {
+        if !BATCHABLE.contains(&op) && !BATCH_TAIL.contains(&op) {
             return Err(WireError::UnknownOp);
         }
         if get_u32(b, 12) != 0 {

@@ -57,6 +57,7 @@ pub fn errno_name(n: i32) -> &'static str {
     match n {
         libc::EPERM => "EPERM",
         libc::EINTR => "EINTR",
+        libc::EINPROGRESS => "EINPROGRESS",
         libc::EIO => "EIO",
         libc::E2BIG => "E2BIG",
         libc::ENOMEM => "ENOMEM",
@@ -197,7 +198,8 @@ impl Device {
     }
 
     /// Issues a call whose buffers are valid; a non-success status is an error. Retries a call
-    /// interrupted by a signal (EINTR): no op of this tool has side effects that matter.
+    /// interrupted by a signal (EINTR before qcuda.ko queued it, EINPROGRESS after): no op of
+    /// this tool has side effects that matter.
     ///
     /// # Safety
     /// As for [`Device::call_raw`], and every buffer must be valid.
@@ -205,7 +207,9 @@ impl Device {
         loop {
             // SAFETY: forwarded from the caller.
             match unsafe { self.call_raw(call) } {
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EINPROGRESS)) => {
+                    continue
+                }
                 Err(e) => return Err(CallError::Ioctl(e)),
                 Ok(()) if call.status != status::SUCCESS => {
                     return Err(CallError::Status(call.status))

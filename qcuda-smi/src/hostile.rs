@@ -69,7 +69,9 @@ impl Raw<'_> {
             // SAFETY: every buffer named is a live slice of the length named, readable (`ins`)
             // or exclusively borrowed and writable (`outs`) until the call returns.
             match unsafe { self.dev.call_raw(&mut call) } {
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EINPROGRESS)) => {
+                    continue
+                }
                 Err(e) => return Err(e),
                 Ok(()) => {
                     let mut rets = [0u64; 4];

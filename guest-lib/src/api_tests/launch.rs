@@ -423,6 +423,120 @@ fn function_attributes_and_occupancy_go_to_the_kernel_s_host_function() {
 }
 
 #[test]
+fn a_synchronising_call_carries_the_gathered_work_in_one_request() {
+    use crate::api::{errors::cudaGetLastError, streams::cudaStreamSynchronize};
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let k = register_kernel(register_fatbin(), c"_Z1kv");
+    // SAFETY: no parameters. (The first launch loads the module, with waited calls.)
+    unsafe {
+        ok(stub_launch(
+            k,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut [],
+        ));
+        ok(cudaStreamSynchronize(ptr::null_mut()));
+    }
+    let before = fake.state().requests;
+    // A launch fails on the host; the synchronisation reports it.
+    fake.state().fail_next = Some((Op::LaunchKernel, 1, false));
+    // SAFETY: no parameters.
+    unsafe {
+        ok(stub_launch(
+            k,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut [],
+        ));
+        ok(stub_launch(
+            k,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut [],
+        ));
+        assert_eq!(cudaStreamSynchronize(ptr::null_mut()), 1);
+        assert_eq!(cudaGetLastError(), 1);
+        ok(cudaStreamSynchronize(ptr::null_mut()));
+    }
+    let s = fake.state();
+    // Two launches and a synchronisation in one waited request, then the second
+    // synchronisation alone (nothing gathered).
+    assert_eq!(s.requests - before, 2);
+    assert_eq!(s.batches, 2);
+    let ops: Vec<(Op, bool)> = s
+        .log
+        .iter()
+        .rev()
+        .take(4)
+        .rev()
+        .map(|l| (l.op, l.fire_and_forget))
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            (Op::LaunchKernel, true),
+            (Op::LaunchKernel, true),
+            (Op::StreamSynchronize, false),
+            (Op::StreamSynchronize, false)
+        ]
+    );
+}
+
+#[test]
+fn an_interrupted_batch_with_a_synchronising_tail_runs_its_records_once() {
+    use crate::api::devices::cudaDeviceSynchronize;
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let k = register_kernel(register_fatbin(), c"_Z1kv");
+    // SAFETY: no parameters.
+    unsafe {
+        ok(stub_launch(
+            k,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut [],
+        ));
+        ok(cudaDeviceSynchronize());
+    }
+    let launches = fake.state().launches.len();
+    // Before queueing (EINTR) the whole batch goes again; after (EINPROGRESS) its records
+    // ran, and only the synchronisation is asked again.
+    for errno in [libc::EINTR, libc::EINPROGRESS] {
+        // SAFETY: no parameters.
+        unsafe {
+            ok(stub_launch(
+                k,
+                d3(1, 1, 1),
+                d3(1, 1, 1),
+                0,
+                ptr::null_mut(),
+                &mut [],
+            ));
+            fake.state().errnos.push_back(errno);
+            ok(cudaDeviceSynchronize());
+        }
+    }
+    let s = fake.state();
+    assert_eq!(s.launches.len(), launches + 2);
+    let syncs = s
+        .log
+        .iter()
+        .rev()
+        .take_while(|l| l.op != Op::LaunchKernel)
+        .count();
+    assert_eq!(syncs, 2, "the synchronisation, in the batch and then alone");
+}
+
+#[test]
 fn fire_and_forget_work_travels_in_batches_in_program_order() {
     use crate::api::{devices::cudaDeviceSynchronize, errors::cudaGetLastError};
     let fake = setup();

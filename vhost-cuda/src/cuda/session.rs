@@ -19,8 +19,8 @@ use std::{ffi::CString, sync::Arc};
 
 use qcuda_proto::{
     status, BatchRecord, Direction, LaunchAttr, Op, RequestHeader, ResponseHeader,
-    BATCH_RECORD_SIZE, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY, LAUNCH_ATTR_SIZE,
-    LAUNCH_COOPERATIVE, MAX_LAUNCH_ATTRS, PARAM_INFO_SIZE, RESP_FLAG_STICKY,
+    BATCH_RECORD_SIZE, BATCH_TAIL, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY,
+    LAUNCH_ATTR_SIZE, LAUNCH_COOPERATIVE, MAX_LAUNCH_ATTRS, PARAM_INFO_SIZE, RESP_FLAG_STICKY,
 };
 use tracing::{debug, warn};
 
@@ -1746,16 +1746,19 @@ impl CudaSession {
         ok()
     }
 
-    /// Batch: each record runs as the fire-and-forget request it stands for. The records are
-    /// read from a private copy of the buffer, so their shape cannot change while they run;
-    /// in-data is read from guest memory as a single request's would be.
+    /// Batch: each record runs as the fire-and-forget request it stands for; a waited batch
+    /// may end with a synchronising record (`BATCH_TAIL`), which runs waited and answers for
+    /// the batch. The records are read from a private copy of the buffer, so their shape
+    /// cannot change while they run; in-data is read from guest memory as a single request's
+    /// would be.
     fn batch(&mut self, req: &Request) -> OpResult {
         let input = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         let bytes = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
         let count = req.header().args[0];
+        let waited = req.header().flags & FLAG_ASYNC == 0;
         let mut at = 0usize;
         let mut first_failure = status::SUCCESS;
-        for _ in 0..count {
+        for i in 0..count {
             let (op, rec) = match BatchRecord::decode(bytes.get(at..).unwrap_or_default()) {
                 Ok(r) => r,
                 Err(e) => {
@@ -1768,13 +1771,23 @@ impl CudaSession {
                     return Err(status::INVALID_VALUE.into());
                 }
             };
+            let tail = BATCH_TAIL.contains(&op);
+            if tail && !(waited && i + 1 == count) {
+                warn!(
+                    session = self.id,
+                    ?op,
+                    at,
+                    "a synchronising record not at the end of a waited batch; the rest dropped"
+                );
+                return Err(status::INVALID_VALUE.into());
+            }
             let data_at = at + BATCH_RECORD_SIZE;
             let data_len = rec.in_len as usize;
             if data_at + data_len > bytes.len() {
                 return Err(status::INVALID_VALUE.into());
             }
             let mut header = RequestHeader::new(op);
-            header.flags = FLAG_ASYNC;
+            header.flags = if tail { 0 } else { FLAG_ASYNC };
             header.session = req.header().session;
             header.device = rec.device;
             header.args = rec.args;
@@ -1789,10 +1802,18 @@ impl CudaSession {
                         .map_err(|_| status::INVALID_VALUE)?,
                 );
             }
-            // Batchable ops take at most one In buffer and no Out buffer, so this holds.
+            // Batch records take at most one In buffer and no Out buffer, so this holds.
             let sub =
                 Request::new(header, inputs, Vec::new()).map_err(|_| status::INVALID_VALUE)?;
-            let resp = self.execute(&sub);
+            let mut resp = self.execute(&sub);
+            if tail {
+                // The synchronising call answers; what failed before it is reported with it,
+                // as the next waited-for request would report it.
+                if first_failure != status::SUCCESS {
+                    resp.set_deferred_error(first_failure);
+                }
+                return Ok(resp);
+            }
             if resp.status != status::SUCCESS && first_failure == status::SUCCESS {
                 first_failure = resp.status;
             }

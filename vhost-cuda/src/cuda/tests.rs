@@ -1706,6 +1706,60 @@ fn a_batch_runs_its_records_in_order_and_reports_the_first_failure() {
         );
     }
 }
+
+#[test]
+fn a_waited_batch_may_end_with_a_synchronising_call_that_answers_for_it() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let dst = malloc(&mut s, 64);
+    // A failing record, a good one, then the synchronisation: it answers, and the failure
+    // comes back as its deferred error.
+    let bytes = batch_bytes(&[
+        (Op::Memset, &[1u64 << 40, 5, 1, 0], &[]),
+        (Op::Memset, &[dst, 7, 1, 0], &[]),
+        (Op::StreamSynchronize, &[0], &[]),
+    ]);
+    let b = rig.buf(&bytes);
+    let resp = s.execute(&req(Op::Batch, 0, &[3], vec![b], vec![]));
+    assert_eq!(resp.status, status::SUCCESS);
+    assert_eq!(resp.deferred_error(), status::INVALID_VALUE);
+    assert_eq!(dtoh(&mut rig, &mut s, dst, 1, &[1]).1, [7]);
+
+    // The tail's own failure is the status: an unknown event.
+    let bytes = batch_bytes(&[
+        (Op::Memset, &[dst, 3, 1, 0], &[]),
+        (Op::EventQuery, &[0xdead], &[]),
+    ]);
+    let b = rig.buf(&bytes);
+    let resp = s.execute(&req(Op::Batch, 0, &[2], vec![b], vec![]));
+    assert_ne!(resp.status, status::SUCCESS);
+    assert_eq!(resp.deferred_error(), status::SUCCESS);
+    assert_eq!(dtoh(&mut rig, &mut s, dst, 1, &[1]).1, [3]);
+
+    // A synchronising record anywhere but last, or in a fire-and-forget batch, is refused
+    // before it runs.
+    let bytes = batch_bytes(&[
+        (Op::DeviceSynchronize, &[], &[]),
+        (Op::Memset, &[dst, 4, 1, 0], &[]),
+    ]);
+    let b = rig.buf(&bytes);
+    assert_eq!(
+        s.execute(&req(Op::Batch, 0, &[2], vec![b], vec![])).status,
+        status::INVALID_VALUE
+    );
+    let bytes = batch_bytes(&[
+        (Op::Memset, &[dst, 5, 1, 0], &[]),
+        (Op::DeviceSynchronize, &[], &[]),
+    ]);
+    let b = rig.buf(&bytes);
+    assert_eq!(
+        s.execute(&fire_and_forget(req(Op::Batch, 0, &[2], vec![b], vec![])))
+            .status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(dtoh(&mut rig, &mut s, dst, 1, &[1]).1, [5]);
+}
+
 mod graphs;
 
 #[test]
