@@ -26,6 +26,7 @@ pub mod session;
 pub mod shared_guest_ram;
 pub mod signals;
 pub mod socket;
+pub mod spin_wait;
 pub mod transport_ops;
 pub mod vhu_cuda;
 pub mod worker;
