@@ -127,6 +127,9 @@ pub struct Config {
     pub log_filter: String,
     /// How long each request queue is polled after its last request (0: wait for kicks).
     pub poll: Duration,
+    /// How long each wait between the request queue and the GPU spins before it blocks
+    /// (`--hop-poll-us`; 0: block at once).
+    pub hop_poll: Duration,
     /// Per-VM limits (`--max-sessions`, `--max-gpu-memory`).
     pub limits: limits::Limits,
 }
@@ -297,9 +300,10 @@ impl Server {
             });
             sockets.push((listener, control));
         }
-        // Workers are this binary, told the daemon's --gpu and log filter.
+        // Workers are this binary, told the daemon's --gpu, log filter and --hop-poll-us.
         let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone())
-            .with_limits(config.limits);
+            .with_limits(config.limits)
+            .with_hop_poll(config.hop_poll);
         Ok(Self {
             sockets,
             host,
