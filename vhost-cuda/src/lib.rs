@@ -6,7 +6,8 @@
 //! thread per guest process) → `transport_ops.rs` (Hello, Echo), the host queries, or the
 //! session's worker process, `worker/`: `handle.rs` (the daemon's side) → `message.rs` (the
 //! socket between them) → `child.rs` (the worker itself: `vhost-cuda --session-worker`, guest
-//! RAM mapped by `shared_guest_ram.rs`) → `cuda/` (every CUDA op).
+//! RAM mapped by `shared_guest_ram.rs`) → `cuda/` (every CUDA op). `spin_wait.rs` bounds the
+//! spinning before the waits between the queue and the worker (`--hop-poll-us`).
 //!
 //! Names: a *session* is one guest process (one open file of `/dev/qcuda`); its *session
 //! thread* runs in the daemon; its *worker* is the child process that holds its CUDA state.
