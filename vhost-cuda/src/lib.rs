@@ -6,7 +6,8 @@
 //! thread per guest process) → `transport_ops.rs` (Hello, Echo), the host queries, or the
 //! session's worker process, `worker/`: `handle.rs` (the daemon's side) → `message.rs` (the
 //! socket between them) → `child.rs` (the worker itself: `vhost-cuda --session-worker`, guest
-//! RAM mapped by `shared_guest_ram.rs`) → `cuda/` (every CUDA op).
+//! RAM mapped by `shared_guest_ram.rs`) → `cuda/` (every CUDA op). `spin_wait.rs` bounds the
+//! spinning before the waits between the queue and the worker (`--hop-poll-us`).
 //!
 //! Names: a *session* is one guest process (one open file of `/dev/qcuda`); its *session
 //! thread* runs in the daemon; its *worker* is the child process that holds its CUDA state.
@@ -26,6 +27,7 @@ pub mod session;
 pub mod shared_guest_ram;
 pub mod signals;
 pub mod socket;
+pub mod spin_wait;
 pub mod transport_ops;
 pub mod vhu_cuda;
 pub mod worker;
@@ -126,6 +128,9 @@ pub struct Config {
     pub log_filter: String,
     /// How long each request queue is polled after its last request (0: wait for kicks).
     pub poll: Duration,
+    /// How long each wait between the request queue and the GPU spins before it blocks
+    /// (`--hop-poll-us`; 0: block at once).
+    pub hop_poll: Duration,
     /// Per-VM limits (`--max-sessions`, `--max-gpu-memory`).
     pub limits: limits::Limits,
 }
@@ -296,9 +301,10 @@ impl Server {
             });
             sockets.push((listener, control));
         }
-        // Workers are this binary, told the daemon's --gpu and log filter.
+        // Workers are this binary, told the daemon's --gpu, log filter and --hop-poll-us.
         let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone())
-            .with_limits(config.limits);
+            .with_limits(config.limits)
+            .with_hop_poll(config.hop_poll);
         Ok(Self {
             sockets,
             host,

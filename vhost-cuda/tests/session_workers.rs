@@ -478,3 +478,100 @@ fn the_worker_maps_guest_ram_and_refuses_a_malformed_run_list() {
     assert_eq!(st.code(), Some(1), "{st:?}");
     assert!(!is_our_child(pid));
 }
+
+#[test]
+fn with_hop_polling_the_worker_and_the_session_answer_the_same() {
+    // The worker is told the daemon's --hop-poll-us, 0 included.
+    let mut rig = Rig::new(worker_binary("warn"), "workers-nohop");
+    let r = rig.op(81, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    let cmd = cmdline(rig.table.worker_pid(81).unwrap());
+    assert!(cmd.contains("--hop-poll-us 0"), "{cmd}");
+    assert_eq!(rig.op(81, Op::SessionClose, &[]).status, status::SUCCESS);
+
+    let command = worker_binary("warn").with_hop_poll(Duration::from_micros(50));
+    let mut rig = Rig::new(command, "workers-hop");
+    for i in 0..6 {
+        // Back to back, or after both sides gave up spinning.
+        if i % 2 == 1 {
+            thread::sleep(Duration::from_millis(5));
+        }
+        let op = if i % 3 == 0 {
+            Op::Malloc
+        } else {
+            Op::MemGetInfo
+        };
+        let r = rig.op(82, op, &[64]);
+        expect_gpu_op(&rig, r);
+    }
+    let pid = rig.table.worker_pid(82).unwrap();
+    let cmd = cmdline(pid);
+    assert!(cmd.contains("--hop-poll-us 50"), "{cmd}");
+    assert_eq!(rig.op(82, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert!(!is_our_child(pid), "worker {pid} not reaped");
+}
+
+#[test]
+fn a_spinning_wait_still_answers_in_order_and_sees_the_wake_up() {
+    // The longest spin --hop-poll-us allows, longer than the steps below: what arrives must
+    // end it.
+    let spin = Duration::from_millis(100);
+    let mem = guest_ram();
+    let command = worker_binary("error").with_hop_poll(spin);
+    let mut w = WorkerProcess::spawn(&command, 91, "workers-spin").unwrap();
+    w.share_memory(&mem).unwrap();
+    let t = Instant::now();
+    for i in 0..4u8 {
+        // Back to back, or after both sides gave up spinning.
+        if i % 2 == 1 {
+            thread::sleep(Duration::from_millis(150));
+        }
+        let data = [i; 64];
+        mem.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
+        let echo = request(91, Op::Echo, &mem, &[(0x10_0000, 64)], &[(HIGH, 64)]);
+        let r = w.execute(&echo).unwrap();
+        assert_eq!(
+            (r.status, r.rets[0]),
+            (status::SUCCESS, Checksum::of(&data))
+        );
+    }
+    // An answer that is there wins over the wake-up, which stays set for the next wait.
+    let wake = vmm_sys_util::eventfd::EventFd::new(0).unwrap();
+    let echo = request(91, Op::Echo, &mem, &[(0x10_0000, 64)], &[(HIGH, 64)]);
+    w.send(&echo).unwrap();
+    thread::sleep(Duration::from_millis(50));
+    wake.write(1).unwrap();
+    assert!(matches!(w.wait(Some(&wake)), Ok(Waited::Done(_))));
+    assert_eq!(w.wait(Some(&wake)).unwrap(), Waited::Woken);
+    assert!(t.elapsed() < WAIT, "{:?}", t.elapsed());
+    let pid = w.pid();
+    assert_eq!(w.close(WAIT).code(), Some(0));
+    assert!(!is_our_child(pid));
+
+    // A worker that never answers: the wake-up ends the spin, from another thread.
+    let dir = scratch_dir("spin-wake");
+    let mut w =
+        WorkerProcess::spawn(&stuck_worker(&dir).with_hop_poll(spin), 92, "workers-spin").unwrap();
+    w.send(&request(
+        92,
+        Op::Echo,
+        &mem,
+        &[(0x10_0000, 64)],
+        &[(HIGH, 64)],
+    ))
+    .unwrap();
+    let wake = std::sync::Arc::new(vmm_sys_util::eventfd::EventFd::new(0).unwrap());
+    let ringer = {
+        let wake = wake.clone();
+        thread::spawn(move || {
+            thread::sleep(Duration::from_millis(20));
+            wake.write(1).unwrap();
+        })
+    };
+    let t = Instant::now();
+    assert_eq!(w.wait(Some(&wake)).unwrap(), Waited::Woken);
+    assert!(t.elapsed() < WAIT, "{:?}", t.elapsed());
+    ringer.join().unwrap();
+    w.kill();
+    let _ = fs::remove_dir_all(&dir);
+}

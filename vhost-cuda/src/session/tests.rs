@@ -108,13 +108,18 @@ struct Guest {
 
 impl Guest {
     fn new() -> Self {
+        Self::with_hop_poll(Duration::ZERO)
+    }
+
+    /// A guest whose session threads spin for up to `hop_poll` after each answer.
+    fn with_hop_poll(hop_poll: Duration) -> Self {
         Self {
             mem: Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 0x100_0000)]).unwrap()),
             // No test here starts a worker: the unit-test binary is not vhost-cuda
             // (tests/session_workers.rs covers workers).
             table: SessionTable::new(
                 CudaHost::probe(),
-                WorkerCommand::this_binary(None, "info"),
+                WorkerCommand::this_binary(None, "info").with_hop_poll(hop_poll),
                 "test",
             ),
             rec: Arc::new(Recorder::default()),
@@ -228,14 +233,44 @@ fn a_failed_fire_and_forget_op_is_reported_once_in_the_next_waited_for_reply() {
 
 #[test]
 fn requests_of_one_session_complete_in_order() {
-    let mut g = Guest::new();
-    let reqs: Vec<_> = (0..40u8).map(|i| g.echo(3, &[i; 100]).0).collect();
-    for (head, r) in (0u16..).zip(reqs) {
-        g.send(head, r);
+    for hop_poll in [Duration::ZERO, Duration::from_micros(50)] {
+        let mut g = Guest::with_hop_poll(hop_poll);
+        let reqs: Vec<_> = (0..40u8).map(|i| g.echo(3, &[i; 100]).0).collect();
+        for (head, r) in (0u16..).zip(reqs) {
+            g.send(head, r);
+        }
+        let heads: Vec<u16> = g.rec.wait(40).iter().map(|d| d.0).collect();
+        assert_eq!(heads, (0..40).collect::<Vec<u16>>());
+        assert_eq!(g.table.open_count(), 1);
     }
-    let heads: Vec<u16> = g.rec.wait(40).iter().map(|d| d.0).collect();
-    assert_eq!(heads, (0..40).collect::<Vec<u16>>());
-    assert_eq!(g.table.open_count(), 1);
+}
+
+#[test]
+fn a_spinning_session_thread_sees_requests_and_the_end_at_once() {
+    // A spin far longer than the test: whatever arrives must end it.
+    let mut g = Guest::with_hop_poll(Duration::from_secs(30));
+    let t = Instant::now();
+    for head in 0..4u16 {
+        // Sent while the thread spins after its last answer, or (the first) to a new thread.
+        let (echo, out) = g.echo(5, &[0x5a; 8]);
+        g.send(head, echo);
+        assert_eq!(
+            g.rec.wait(usize::from(head) + 1).len(),
+            usize::from(head) + 1
+        );
+        assert_eq!(g.response(out + 8).status, status::SUCCESS);
+    }
+    // A SessionClose, then the VM going away while another session spins.
+    let (close, close_out) = g.simple(Op::SessionClose, 5);
+    g.send(4, close);
+    g.rec.wait(5);
+    assert_eq!(g.response(close_out).status, status::SUCCESS);
+    let (echo, _) = g.echo(6, b"x");
+    g.send(5, echo);
+    g.rec.wait(6);
+    assert_eq!(g.table.close_all(WAIT), 0);
+    assert_eq!(g.table.open_count(), 0);
+    assert!(t.elapsed() < WAIT, "{:?}", t.elapsed());
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::{
         mpsc::Receiver,
         Arc,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use qcuda_proto::{status, Op, ResponseHeader, FLAG_ASYNC, RESP_FLAG_STICKY};
@@ -26,7 +26,7 @@ use super::{
 use crate::{
     guest_buffer::{GuestRam, Request},
     host_function_link::{self, HostFnLink},
-    transport_ops,
+    spin_wait, transport_ops,
     worker::message::ToWorker,
     worker::{Waited, WorkerError, WorkerProcess, CLOSE_WAIT},
 };
@@ -95,10 +95,13 @@ impl SessionThread {
         let mut why = "VM disconnected or reset";
         // The status of the first failed fire-and-forget op not yet reported.
         let mut deferred = status::SUCCESS;
+        // How long to spin for the next message before blocking: `--hop-poll-us` right after
+        // an answer (a guest calling back to back finds this thread awake), else nothing.
+        let mut spin = Duration::ZERO;
         loop {
             let msg = match backlog.pop_front() {
                 Some(m) => m,
-                None => match rx.recv() {
+                None => match spin_wait::recv(&rx, mem::take(&mut spin)) {
                     Ok(m) => m,
                     // The table is gone.
                     Err(_) => break,
@@ -152,6 +155,7 @@ impl SessionThread {
             }
             let (op, received) = (job.request.op(), job.received);
             job.finish(&resp);
+            spin = self.shared.command.hop_poll();
             self.latency.borrow_mut().record(
                 op,
                 queued,

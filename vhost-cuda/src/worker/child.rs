@@ -28,7 +28,7 @@ use std::{
         unix::net::UnixStream,
     },
     sync::Arc,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use qcuda_proto::{status, Op, RequestHeader, ResponseHeader, WireError};
@@ -41,7 +41,7 @@ use crate::{
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     shared_guest_ram::map_regions,
-    signals, transport_ops,
+    signals, spin_wait, transport_ops,
     worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
 };
 
@@ -60,6 +60,8 @@ pub struct WorkerConfig {
     /// Its slot of the VM's GPU-memory quota (`--max-gpu-memory`), whose file is on
     /// [`QUOTA_FD`](crate::limits::QUOTA_FD).
     pub gpu_memory_slot: Option<usize>,
+    /// `--hop-poll-us` of the daemon: how long to spin for the next request after an answer.
+    pub hop_poll: Duration,
 }
 
 /// Why a request from the daemon is refused.
@@ -163,14 +165,31 @@ pub fn build_request(
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
 /// request through `execute` (after [`build_request`]) and answers it. Returns the error that
 /// ended it otherwise (a broken channel or an undecodable frame).
+///
+/// After each answer it polls the channel without blocking for up to `hop_poll` before the
+/// blocking read of the next frame: a guest issuing calls back to back finds this process
+/// awake. Only that wait spins; the read and its checks are the same either way.
 pub fn serve(
     channel: &WorkerChannel,
     session: u64,
+    hop_poll: Duration,
     mut execute: impl FnMut(&Request) -> ResponseHeader,
     mut host_function_link: impl FnMut(UnixStream),
 ) -> Result<(), MessageError> {
     let mut mem = Arc::new(GuestRam::new());
-    while let Some((msg, files)) = channel.recv_to_worker()? {
+    // How long to spin before the next read: `hop_poll` right after an answer, else nothing.
+    let mut spin = Duration::ZERO;
+    loop {
+        let mut fds = [libc::pollfd {
+            fd: channel.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // Whatever it finds (a frame, the end, an error), the read below sees and reports it.
+        let _ = spin_wait::poll(&mut fds, std::mem::take(&mut spin));
+        let Some((msg, files)) = channel.recv_to_worker()? else {
+            break;
+        };
         match msg {
             ToWorker::MemoryTable(regions) => {
                 mem = match map_regions(&regions, files) {
@@ -206,6 +225,7 @@ pub fn serve(
                 };
                 let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 channel.send_to_daemon(&FromWorker::Done(resp, took))?;
+                spin = hop_poll;
             }
         }
     }
@@ -281,6 +301,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
     let served = serve(
         &channel,
         config.session,
+        config.hop_poll,
         |req| {
             let mut resp = match req.op() {
                 // The transport self-test, here too: it proves this process's view of guest RAM.
@@ -423,6 +444,13 @@ mod tests {
 
     #[test]
     fn serve_maps_tables_answers_in_order_and_ends_with_the_channel() {
+        // Spinning for the next request or not, the same answers.
+        for hop_poll in [Duration::ZERO, Duration::from_micros(200)] {
+            serves_in_order(hop_poll);
+        }
+    }
+
+    fn serves_in_order(hop_poll: Duration) {
         let file = memfd(0x1_0000);
         let mem = GuestRam::from_ranges_with_files([(
             GuestAddress(0x4000_0000),
@@ -439,6 +467,7 @@ mod tests {
             let r = serve(
                 &ch,
                 9,
+                hop_poll,
                 |req| {
                     seen.push(req.inputs()[0].to_vec().unwrap());
                     ResponseHeader::with_status(u32::try_from(seen.len()).unwrap())
@@ -448,12 +477,24 @@ mod tests {
             (r.is_ok(), seen)
         });
         let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
+        let answer = || match daemon.recv_from_worker().unwrap().unwrap() {
+            FromWorker::Done(r, _) => r.status,
+        };
         // Before any table: refused.
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
         let (regions, fds, _) = region_table(&mem);
         daemon
             .send_to_worker(&ToWorker::MemoryTable(regions), &fds)
             .unwrap();
+        assert_eq!(answer(), status::INVALID_VALUE);
+        // One at a time, the next request coming while the worker spins or after it gave up.
+        for n in 1..=4 {
+            if n % 2 == 0 {
+                thread::sleep(Duration::from_millis(2));
+            }
+            daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
+            assert_eq!(answer(), n);
+        }
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
         // A table the worker cannot map leaves it without guest RAM.
         let f = memfd(0x1000);
@@ -468,23 +509,19 @@ mod tests {
             )
             .unwrap();
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
-        let answers: Vec<u32> = (0..3)
-            .map(|_| match daemon.recv_from_worker().unwrap().unwrap() {
-                FromWorker::Done(r, _) => r.status,
-            })
-            .collect();
-        assert_eq!(answers, [status::INVALID_VALUE, 1, status::INVALID_VALUE]);
+        let answers: Vec<u32> = (0..2).map(|_| answer()).collect();
+        assert_eq!(answers, [5, status::INVALID_VALUE]);
         drop(daemon);
         let (clean, seen) = worker.join().unwrap();
         assert!(clean);
-        assert_eq!(seen, [b"shared".to_vec()]);
+        assert_eq!(seen, vec![b"shared".to_vec(); 5]);
 
         // An undecodable frame ends the worker with an error.
         let (daemon, theirs) = WorkerChannel::pair().unwrap();
         daemon.send_frame(&[0x7f, 1, 2], &[]).unwrap();
         let ch = WorkerChannel::new(theirs);
         assert!(matches!(
-            serve(&ch, 9, |_| unreachable!(), |_| unreachable!()),
+            serve(&ch, 9, hop_poll, |_| unreachable!(), |_| unreachable!()),
             Err(MessageError::UnknownTag(0x7f))
         ));
     }

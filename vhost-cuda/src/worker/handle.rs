@@ -19,7 +19,7 @@
 //! handle is dropped on an error path.
 
 use std::{
-    io,
+    io, mem,
     os::{
         fd::{AsRawFd, RawFd},
         unix::process::{CommandExt, ExitStatusExt},
@@ -40,6 +40,7 @@ use crate::{
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
     shared_guest_ram::region_table,
+    spin_wait,
     worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
     worker::CHANNEL_FD,
 };
@@ -62,6 +63,8 @@ pub struct WorkerCommand {
     log_filter: String,
     /// The daemon's per-VM limits (the session table applies them).
     limits: Limits,
+    /// `--hop-poll-us`: how long each side of a hop spins before it blocks (zero: never).
+    hop_poll: Duration,
 }
 
 impl WorkerCommand {
@@ -82,6 +85,7 @@ impl WorkerCommand {
             gpu,
             log_filter: log_filter.into(),
             limits: Limits::default(),
+            hop_poll: Duration::ZERO,
         }
     }
 
@@ -96,6 +100,20 @@ impl WorkerCommand {
         self.limits
     }
 
+    /// The same command, for a daemon with `--hop-poll-us`: after each answer, the session
+    /// thread waiting for its next request and the worker waiting for its next message spin
+    /// for up to `hop_poll` before they block, and so does the daemon waiting for an answer.
+    /// A worker takes at most 100 ms (the range of the command line's `--hop-poll-us`).
+    pub fn with_hop_poll(mut self, hop_poll: Duration) -> Self {
+        self.hop_poll = hop_poll;
+        self
+    }
+
+    /// How long each side of a hop spins before it blocks (zero: never).
+    pub fn hop_poll(&self) -> Duration {
+        self.hop_poll
+    }
+
     fn command(&self, session: u64, vm: &str, quota_slot: Option<usize>) -> Command {
         let mut cmd = Command::new(&self.program);
         if self.program.as_os_str() == THIS_BINARY {
@@ -107,7 +125,9 @@ impl WorkerCommand {
             .arg("--vm")
             .arg(vm)
             .arg("--log-level")
-            .arg(&self.log_filter);
+            .arg(&self.log_filter)
+            .arg("--hop-poll-us")
+            .arg(self.hop_poll.as_micros().to_string());
         if let Some(g) = self.gpu {
             cmd.arg("--gpu").arg(g.to_string());
         }
@@ -161,6 +181,8 @@ pub struct WorkerProcess {
     reaped: bool,
     /// What the worker said its last answered request took (ns).
     last_exec_ns: u64,
+    /// How long [`WorkerProcess::wait`] spins before it blocks.
+    hop_poll: Duration,
     /// Its slot of the VM's GPU-memory quota; freed (dropped) only after the worker is reaped.
     _quota: Option<SlotLease>,
 }
@@ -291,6 +313,7 @@ impl WorkerProcess {
             shared: Weak::new(),
             reaped: false,
             last_exec_ns: 0,
+            hop_poll: cmd.hop_poll,
             _quota: quota,
         })
     }
@@ -357,9 +380,12 @@ impl WorkerProcess {
         Ok(())
     }
 
-    /// Waits for the worker's next answer, or until `wake` fires.
+    /// Waits for the worker's next answer, or until `wake` fires. Polls both without blocking
+    /// for up to the command's `hop_poll` first: a short op is answered before this thread
+    /// would have gone to sleep.
     pub fn wait(&mut self, wake: Option<&EventFd>) -> Result<Waited, WorkerError> {
         let ch = self.channel()?;
+        let mut spin = self.hop_poll;
         loop {
             let mut fds = [
                 libc::pollfd {
@@ -373,9 +399,17 @@ impl WorkerProcess {
                     revents: 0,
                 },
             ];
-            // SAFETY: `fds` is an array of two initialised pollfds that outlives the call; poll
-            // ignores the entry with a negative fd.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            // Once per wait: a retry after EINTR blocks at once.
+            let ready = spin_wait::poll(&mut fds, mem::take(&mut spin));
+            let rc = match ready {
+                Ok(0) => {
+                    // SAFETY: `fds` is an array of two initialised pollfds that outlives the
+                    // call; poll ignores the entry with a negative fd.
+                    unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) }
+                }
+                Ok(_) => 1,
+                Err(e) => return Err(MessageError::Io(e).into()),
+            };
             if rc < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
