@@ -1073,7 +1073,11 @@ size_t parse_bytes(const char *s)
 
 [[noreturn]] void usage(const char *argv0, int code)
 {
-    std::fprintf(code ? stderr : stdout, "usage: %s [--quick] [--max-bytes N[K|M|G]]\n", argv0);
+    std::fprintf(code ? stderr : stdout,
+                 "usage: %s [--quick] [--min-bytes N[K|M|G]] [--max-bytes N[K|M|G]] [--only GROUPS]\n"
+                 "  GROUPS: a comma-separated list of latency, startup, scaling, pageable, pinned,\n"
+                 "  zerocopy (default: all); the byte bounds limit the copy and zero-copy sizes\n",
+                 argv0);
     std::exit(code);
 }
 
@@ -1100,17 +1104,37 @@ int main(int argc, char **argv)
         return child_launches(n);
     }
     bool quick = false;
-    size_t max_bytes = kGiB;
+    size_t max_bytes = kGiB, min_bytes = 1;
+    std::string only = "latency,startup,scaling,pageable,pinned,zerocopy";
     for (int i = 1; i < argc; i++) {
         if (!std::strcmp(argv[i], "--quick"))
             quick = true;
         else if (!std::strcmp(argv[i], "--max-bytes") && i + 1 < argc)
             max_bytes = parse_bytes(argv[++i]);
+        else if (!std::strcmp(argv[i], "--min-bytes") && i + 1 < argc)
+            min_bytes = parse_bytes(argv[++i]);
+        else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
         else if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help"))
             usage(argv[0], 0);
         else
             usage(argv[0], 64);
-        if (max_bytes == 0)
+        if (max_bytes == 0 || min_bytes == 0)
+            usage(argv[0], 64);
+    }
+    // Whether GROUP is in the --only list (exact items).
+    const auto wanted = [&only](const char *group) {
+        std::string list = "," + only + ",";
+        return list.find("," + std::string(group) + ",") != std::string::npos;
+    };
+    {
+        std::string rest = "," + only + ",";
+        for (const char *g : {"latency", "startup", "scaling", "pageable", "pinned", "zerocopy"}) {
+            const std::string item = "," + std::string(g) + ",";
+            for (size_t at; (at = rest.find(item)) != std::string::npos;)
+                rest.erase(at, item.size() - 1);
+        }
+        if (rest.find_first_not_of(',') != std::string::npos)
             usage(argv[0], 64);
     }
     const Plan plan = make_plan(quick, max_bytes);
@@ -1152,15 +1176,18 @@ int main(int argc, char **argv)
 
     std::printf("metric,bytes,value,unit\n");
     double t = now_seconds();
-    latency_rows(plan);
-    startup_rows(plan);
-    scaling_rows(plan);
+    if (wanted("latency"))
+        latency_rows(plan);
+    if (wanted("startup"))
+        startup_rows(plan);
+    if (wanted("scaling"))
+        scaling_rows(plan);
     for (bool pinned : {false, true})
         for (size_t bytes : kCopySizes)
-            if (bytes <= plan.max_bytes)
+            if (bytes >= min_bytes && bytes <= plan.max_bytes && wanted(pinned ? "pinned" : "pageable"))
                 copy_rows(plan, pinned, bytes, grid);
     for (size_t bytes : kZeroCopySizes)
-        if (bytes <= plan.max_bytes)
+        if (bytes >= min_bytes && bytes <= plan.max_bytes && wanted("zerocopy"))
             zerocopy_rows(plan, bytes, grid, can_map);
     std::fprintf(stderr, "qcuda_bench: done in %.1f s\n", now_seconds() - t);
     return 0;

@@ -2,7 +2,7 @@
 # bench.sh: on a GPU host, runs qcuda_bench (bench/qcuda_bench.cu) natively against the host's
 # libcudart, then inside the qcuda guest against ours, and prints guest/native ratios.
 #   ./bench.sh [--out DIR] [--max-bytes N[K|M|G]] [--guest-mem SIZE] [--guest-smp N]
-#              [--timeout SECONDS]
+#              [--timeout SECONDS] [--daemon-arg ARG]... [-- BENCH-ARGS...]
 # Writes to DIR (default: bench-out beside this script; build/bench-out in the repo):
 #   native.csv, guest.csv   metric,bytes,value,unit (the program's own rows)
 #   bench.csv               metric,bytes,native,guest,unit,ratio; ratio is native/guest for
@@ -10,6 +10,8 @@
 #                           scaling factor x), so higher is better, 1 = parity
 #   native.log, guest.log, vm/   progress, the guest console, the daemon's and QEMU's logs
 # The guest runs with --quick (a guest under TCG is slow on the CPU side), the host in full.
+# --daemon-arg passes an argument to vhost-cuda (repeatable, e.g. --daemon-arg --hop-poll-us=0);
+# arguments after -- go to qcuda_bench on both sides (e.g. -- --only pageable --min-bytes 64M).
 # Works from an unpacked bundle (scripts/bundle.sh) and from the repo. Without a GPU it says
 # "skipped: no GPU" and exits 0; it exits 1 if either run fails or prints no rows.
 set -uo pipefail
@@ -19,7 +21,7 @@ if [[ -f $B/guest/bzImage ]]; then # bundle layout
 else # repo layout: scripts/ beside build/
     bench=$B/../build/bench/qcuda_bench out=$B/../build/bench-out
 fi
-max_args=() mem_args=() smp_args=() timeout=1800
+max_args=() mem_args=() smp_args=() daemon_args=() bench_args=() timeout=1800
 while (($#)); do
     case $1 in
     --out) out=$2; shift 2 ;;
@@ -27,8 +29,10 @@ while (($#)); do
     --guest-mem) mem_args=(--mem "$2"); shift 2 ;;
     --guest-smp) smp_args=(--smp "$2"); shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
+    --daemon-arg) daemon_args+=(--daemon-arg "$2"); shift 2 ;;
+    --) shift; bench_args=("$@"); break ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS] [--daemon-arg ARG]... [-- BENCH-ARGS...]" >&2; exit 2 ;;
     esac
 done
 
@@ -52,14 +56,15 @@ csv_rows() {
 }
 status=0
 echo "== native (host libcudart from ${cudart:-the default library path}), full run"
-LD_LIBRARY_PATH=$cudart "$bench" "${max_args[@]}" >"$out/native.out" 2> >(tee "$out/native.log" >&2)
+LD_LIBRARY_PATH=$cudart "$bench" "${max_args[@]}" "${bench_args[@]}" >"$out/native.out" 2> >(tee "$out/native.log" >&2)
 rc=$?
 csv_rows <"$out/native.out" >"$out/native.csv"
 ((rc == 0)) || { echo "bench: native run exited $rc: $(tail -n 1 "$out/native.out")"; status=1; }
 
 echo "== guest (through QEMU, qcuda.ko and vhost-cuda), --quick run"
-"$B/run-vm.sh" --log-dir "$out/vm" --timeout "$timeout" "${mem_args[@]}" "${smp_args[@]}" -- \
-    "insmod /lib/modules/qcuda.ko && /opt/qcuda/bench/qcuda_bench --quick ${max_args[*]}" 2>&1 |
+"$B/run-vm.sh" --log-dir "$out/vm" --timeout "$timeout" "${mem_args[@]}" "${smp_args[@]}" \
+    "${daemon_args[@]}" -- \
+    "insmod /lib/modules/qcuda.ko && /opt/qcuda/bench/qcuda_bench --quick ${max_args[*]} ${bench_args[*]}" 2>&1 |
     tee "$out/guest.log"
 rc=${PIPESTATUS[0]}
 csv_rows <"$out/guest.log" >"$out/guest.csv"
