@@ -68,7 +68,9 @@ struct Worker {
         int *dx, *dy;
         CHECK(cudaMalloc(&dx, n * sizeof(int)));
         CHECK(cudaMalloc(&dy, n * sizeof(int)));
-        CHECK(cudaMemcpy(dx, x.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+        // On the worker's stream: a pageable cudaMemcpy may return before its DMA is done, and
+        // a non-blocking stream does not wait for the legacy stream (natively this raced).
+        CHECK(cudaMemcpyAsync(dx, x.data(), n * sizeof(int), cudaMemcpyHostToDevice, stream));
         int a = (int)(rng.next() % 7) + 1, b = id;
         axpb<<<grid_for(n), 256, 0, stream>>>(dx, dy, n, a, b);
         CHECK_LAUNCH();
