@@ -11,7 +11,7 @@ use std::{
     collections::HashMap,
     sync::{
         atomic::{AtomicU32, Ordering},
-        Mutex, PoisonError,
+        Mutex, OnceLock, PoisonError,
     },
 };
 
@@ -48,6 +48,9 @@ pub struct Devices {
     info: Mutex<HashMap<u32, GpuInfo>>,
     attributes: Mutex<HashMap<(u32, CUdevice_attribute), i32>>,
     flags: [AtomicU32; MAX_DEVICES],
+    /// Per device, the limits every launch is checked against (launch.rs), once known: the
+    /// launch path reads them without a lock or an allocation.
+    launch_limits: [OnceLock<Vec<i32>>; MAX_DEVICES],
 }
 
 impl Devices {
@@ -61,6 +64,7 @@ impl Devices {
             info: Mutex::default(),
             attributes: Mutex::default(),
             flags: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            launch_limits: [const { OnceLock::new() }; MAX_DEVICES],
         }
     }
 
@@ -188,6 +192,25 @@ impl Devices {
                     .unwrap_or_else(|| cache.get(&(device, *a)).copied().unwrap_or(0))
             })
             .collect())
+    }
+
+    /// [`Self::attributes`] of `attrs`, which must be the same list on every call (the launch
+    /// limits): asked once per device, then read without a lock.
+    pub fn launch_limits(
+        &self,
+        session: &Session,
+        device: u32,
+        attrs: &[CUdevice_attribute],
+    ) -> CudaResult<&[i32]> {
+        let slot = self
+            .launch_limits
+            .get(device as usize)
+            .ok_or(CudaError::INVALID_DEVICE)?;
+        if let Some(v) = slot.get() {
+            return Ok(v);
+        }
+        let values = self.attributes(session, device, attrs)?;
+        Ok(slot.get_or_init(|| values))
     }
 
     /// `cudaGetDeviceProperties` for `device`.

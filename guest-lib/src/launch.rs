@@ -98,14 +98,18 @@ pub unsafe fn launch_with(
     rt.session.check_sticky(device)?;
     let stream = rt.streams.target(config.stream)?;
     // If the limits cannot be had, the host checks the configuration instead.
-    if let Ok(mut limits) = rt.devices.attributes(&rt.session, device, &LIMITS) {
-        let opted_in = kernel
-            .max_dynamic_smem
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if let Some(smem) = limits.last_mut() {
-            *smem = (*smem).max(i32::try_from(opted_in).unwrap_or(i32::MAX));
+    if let Ok(cached) = rt.devices.launch_limits(&rt.session, device, &LIMITS) {
+        let mut limits = [0i32; LIMITS.len()];
+        if cached.len() == limits.len() {
+            limits.copy_from_slice(cached);
+            let opted_in = kernel
+                .max_dynamic_smem
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if let Some(smem) = limits.last_mut() {
+                *smem = (*smem).max(i32::try_from(opted_in).unwrap_or(i32::MAX));
+            }
+            check_config(config, &limits)?;
         }
-        check_config(config, &limits)?;
     }
     let resolved = modules::kernel(rt, kernel, device)?;
     // SAFETY: forwarded caller contract; `resolved.params` is this kernel's layout.
