@@ -13,7 +13,10 @@
 //! [`PARALLEL_MIN`] bytes is therefore gathered or scattered by up to [`COPY_THREADS`] threads
 //! of a small pool, each taking an equal share of its bytes.
 
-use std::sync::OnceLock;
+use std::{
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
 
 use tracing::debug;
 use vm_memory::VolatileSlice;
@@ -347,6 +350,46 @@ fn finish(
     body.and(synced)
 }
 
+/// Where one copy's time went, logged at debug level (`--log-level vhost_cuda::cuda::copy=debug`):
+/// the CPU gathering or scattering staged steps, waiting for staging halves and the stream,
+/// and the driver calls that queue the DMAs.
+#[derive(Debug, Default)]
+struct Profile {
+    cpu: Duration,
+    waits: Duration,
+    queue: Duration,
+}
+
+impl Profile {
+    /// Runs `f`, adding its time to the field `pick` chooses.
+    fn time<T>(&mut self, pick: fn(&mut Self) -> &mut Duration, f: impl FnOnce() -> T) -> T {
+        let t = Instant::now();
+        let r = f();
+        *pick(self) += t.elapsed();
+        r
+    }
+
+    fn log(&self, what: &str, steps: &[Step], started: Instant) {
+        let bytes: usize = steps
+            .iter()
+            .map(|s| match s {
+                Step::Direct { run, .. } => run.len,
+                Step::Staged { len, .. } => *len,
+            })
+            .sum();
+        debug!(
+            what,
+            bytes,
+            steps = steps.len(),
+            total_us = started.elapsed().as_micros(),
+            cpu_us = self.cpu.as_micros(),
+            waits_us = self.waits.as_micros(),
+            queue_us = self.queue.as_micros(),
+            "copy profile"
+        );
+    }
+}
+
 /// Host to device: copies the guest bytes described by `steps` to device address `dst`.
 pub(crate) fn to_device(
     drv: &dyn DriverApi,
@@ -355,30 +398,40 @@ pub(crate) fn to_device(
     steps: &[Step],
     stream: Stream,
 ) -> CuResult<()> {
+    let started = Instant::now();
+    let mut p = Profile::default();
     let body = (|| {
         let mut next = 0usize;
         for step in steps {
             match step {
                 Step::Direct { run, dev_off } => {
-                    // SAFETY: the run is guest RAM kept mapped by the request (see `gather`);
-                    // the stream is synchronised before the op answers (`finish`).
-                    unsafe {
-                        drv.memcpy_htod(
-                            device_addr(dst, *dev_off)?,
-                            run.addr as *const u8,
-                            run.len,
-                            stream,
-                        )
-                    }?;
+                    p.time(
+                        |p| &mut p.queue,
+                        // SAFETY: the run is guest RAM kept mapped by the request (see
+                        // `gather`); the stream is synchronised before the op answers.
+                        || unsafe {
+                            drv.memcpy_htod(
+                                device_addr(dst, *dev_off)?,
+                                run.addr as *const u8,
+                                run.len,
+                                stream,
+                            )
+                        },
+                    )?;
                 }
                 Step::Staged { dev_off, len, segs } => {
                     let st = staging.as_deref_mut().ok_or(CuError::INVALID_VALUE)?;
-                    st.wait(drv, next)?;
-                    gather(segs, st.half_slice(next, *len))?;
+                    p.time(|p| &mut p.waits, || st.wait(drv, next))?;
+                    p.time(|p| &mut p.cpu, || gather(segs, st.half_slice(next, *len)))?;
                     let src = st.half_ptr(next);
-                    // SAFETY: `src` is the staging half just filled; it stays untouched until
-                    // its event (recorded next) completes.
-                    unsafe { drv.memcpy_htod(device_addr(dst, *dev_off)?, src, *len, stream) }?;
+                    p.time(
+                        |p| &mut p.queue,
+                        // SAFETY: `src` is the staging half just filled; it stays untouched
+                        // until its event (recorded next) completes.
+                        || unsafe {
+                            drv.memcpy_htod(device_addr(dst, *dev_off)?, src, *len, stream)
+                        },
+                    )?;
                     st.mark(drv, next, stream)?;
                     next ^= 1;
                 }
@@ -386,7 +439,9 @@ pub(crate) fn to_device(
         }
         Ok(())
     })();
-    finish(drv, staging, stream, body)
+    let r = p.time(|p| &mut p.waits, || finish(drv, staging, stream, body));
+    p.log("host to device", steps, started);
+    r
 }
 
 /// Device to host: copies from device address `src` into the guest bytes described by
@@ -398,39 +453,51 @@ pub(crate) fn from_device(
     steps: &[Step],
     stream: Stream,
 ) -> CuResult<()> {
+    let started = Instant::now();
+    let mut p = Profile::default();
     let body = (|| {
         // The staged step whose DMA is (or was) running in each half, waiting to be scattered.
         let mut inflight: [Option<&[HostRun]>; 2] = [None, None];
         let mut next = 0usize;
-        let drain = |st: &mut Staging, i: usize, segs: &[HostRun]| -> CuResult<()> {
-            st.wait(drv, i)?;
-            let total = segs.iter().map(|s| s.len).sum::<usize>();
-            scatter(st.half_slice(i, total), segs)
-        };
+        let drain =
+            |p: &mut Profile, st: &mut Staging, i: usize, segs: &[HostRun]| -> CuResult<()> {
+                p.time(|p| &mut p.waits, || st.wait(drv, i))?;
+                let total = segs.iter().map(|s| s.len).sum::<usize>();
+                p.time(|p| &mut p.cpu, || scatter(st.half_slice(i, total), segs))
+            };
         for step in steps {
             match step {
                 Step::Direct { run, dev_off } => {
-                    // SAFETY: the run is guest RAM the guest offered for writing, kept mapped
-                    // by the request; the stream is synchronised before the op answers.
-                    unsafe {
-                        drv.memcpy_dtoh(
-                            run.addr as *mut u8,
-                            device_addr(src, *dev_off)?,
-                            run.len,
-                            stream,
-                        )
-                    }?;
+                    p.time(
+                        |p| &mut p.queue,
+                        // SAFETY: the run is guest RAM the guest offered for writing, kept
+                        // mapped by the request; the stream is synchronised before the op
+                        // answers.
+                        || unsafe {
+                            drv.memcpy_dtoh(
+                                run.addr as *mut u8,
+                                device_addr(src, *dev_off)?,
+                                run.len,
+                                stream,
+                            )
+                        },
+                    )?;
                 }
                 Step::Staged { dev_off, len, segs } => {
                     let st = staging.as_deref_mut().ok_or(CuError::INVALID_VALUE)?;
                     if let Some(prev) = inflight[next].take() {
-                        drain(st, next, prev)?;
+                        drain(&mut p, st, next, prev)?;
                     }
-                    st.wait(drv, next)?;
+                    p.time(|p| &mut p.waits, || st.wait(drv, next))?;
                     let dst = st.half_ptr(next);
-                    // SAFETY: `dst` is a free staging half (waited); nothing reads it until
-                    // its event, recorded next, completes.
-                    unsafe { drv.memcpy_dtoh(dst, device_addr(src, *dev_off)?, *len, stream) }?;
+                    p.time(
+                        |p| &mut p.queue,
+                        // SAFETY: `dst` is a free staging half (waited); nothing reads it
+                        // until its event, recorded next, completes.
+                        || unsafe {
+                            drv.memcpy_dtoh(dst, device_addr(src, *dev_off)?, *len, stream)
+                        },
+                    )?;
                     st.mark(drv, next, stream)?;
                     inflight[next] = Some(segs);
                     next ^= 1;
@@ -441,12 +508,14 @@ pub(crate) fn from_device(
         for i in [next, next ^ 1] {
             if let Some(segs) = inflight[i].take() {
                 let st = staging.as_deref_mut().ok_or(CuError::INVALID_VALUE)?;
-                drain(st, i, segs)?;
+                drain(&mut p, st, i, segs)?;
             }
         }
         Ok(())
     })();
-    finish(drv, staging, stream, body)
+    let r = p.time(|p| &mut p.waits, || finish(drv, staging, stream, body));
+    p.log("device to host", steps, started);
+    r
 }
 
 #[cfg(test)]
