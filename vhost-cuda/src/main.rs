@@ -50,9 +50,8 @@ struct Args {
     /// process for its next message, the daemon for the worker's answer. Back-to-back calls
     /// then find both awake, which saves two thread wake-ups per call (tens of µs on a
     /// virtualised host); the price is up to two host cores per active session spinning up
-    /// to that long after each request. The default, like `--poll-us`'s, outlasts the 40 to
-    /// 90 µs a guest under TCG takes between a program's consecutive calls. 0 turns it off.
-    #[arg(long, value_name = "MICROSECONDS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    /// to that long after each request. 0 turns it off.
+    #[arg(long, value_name = "MICROSECONDS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     hop_poll_us: u64,
 
     /// Log filter: error, warn, info, debug, trace, or tracing directives such as
@@ -229,7 +228,7 @@ mod tests {
             socket_count: 1,
             gpu: None,
             poll_us: 200,
-            hop_poll_us: 200,
+            hop_poll_us: 50,
             log_level: Some("info".into()),
             session_worker: false,
             session_id: None,
@@ -260,7 +259,7 @@ mod tests {
                 gpu: Some(1),
                 log_filter: "info".into(),
                 poll: Duration::from_micros(200),
-                hop_poll: Duration::from_micros(200),
+                hop_poll: Duration::from_micros(50),
                 limits: Limits::default(),
             }
         );
@@ -418,7 +417,7 @@ mod tests {
             Args::try_parse_from(argv)
         };
         let c = Config::try_from(parse(&[]).unwrap()).unwrap();
-        assert_eq!(c.hop_poll, Duration::from_micros(200));
+        assert_eq!(c.hop_poll, Duration::from_micros(50));
         let c = Config::try_from(parse(&["--hop-poll-us", "0"]).unwrap()).unwrap();
         assert_eq!(c.hop_poll, Duration::ZERO);
         let c = Config::try_from(parse(&["--hop-poll-us", "100000"]).unwrap()).unwrap();
