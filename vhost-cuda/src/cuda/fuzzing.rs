@@ -15,6 +15,7 @@ pub fn fake_host(gpus: i32) -> Arc<CudaHost> {
     let tuning = Tuning {
         staging_half: 64,
         direct_min: 100,
+        max_registered_ram: 0,
         ..Tuning::default()
     };
     let driver = Arc::new(FakeDriver::new(gpus));

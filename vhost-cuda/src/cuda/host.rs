@@ -49,6 +49,8 @@ pub(crate) struct HostGpu {
 /// the driver keeps what it loads in the worker's memory, so this bounds the host memory one
 /// guest process makes it hold for modules (docs/SECURITY.md).
 pub(crate) const MAX_MODULE_BYTES: u64 = 4 << 30;
+/// Most bytes of guest RAM a session keeps registered with the driver for DMA (docs/SECURITY.md).
+pub(crate) const MAX_REGISTERED_RAM: usize = 1 << 30;
 
 /// Knobs of the executor; tests shrink them to reach every code path with small buffers.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +62,9 @@ pub(crate) struct Tuning {
     pub(crate) direct_min: usize,
     /// Most bytes of module images one session may have loaded at once.
     pub(crate) max_module_bytes: u64,
+    /// Most bytes of guest RAM one session registers with the driver so that long runs of
+    /// pageable copies are DMA (ram_registry.rs); 0: none.
+    pub(crate) max_registered_ram: usize,
 }
 
 impl Default for Tuning {
@@ -68,6 +73,7 @@ impl Default for Tuning {
             staging_half: 2 << 20,
             direct_min: 256 << 10,
             max_module_bytes: MAX_MODULE_BYTES,
+            max_registered_ram: MAX_REGISTERED_RAM,
         }
     }
 }

@@ -25,6 +25,7 @@ mod host_mappings;
 mod host_queries;
 mod launch;
 mod module_image;
+mod ram_registry;
 mod session;
 mod status;
 

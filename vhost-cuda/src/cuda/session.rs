@@ -24,6 +24,8 @@ use qcuda_proto::{
 };
 use tracing::{debug, warn};
 
+use super::ram_registry::RamRegistry;
+
 use super::{
     aligned_bytes::AlignedBytes,
     allocations::{AllocationTable, TableError},
@@ -294,6 +296,8 @@ pub struct CudaSession {
     arrays: arrays::ArrayState,
     /// Graphs, their nodes and executable graphs (session/graphs.rs).
     graphs: graphs::GraphTables,
+    /// Guest RAM registered for DMA of long copy runs (ram_registry.rs).
+    ram: RamRegistry,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -334,6 +338,7 @@ impl CudaSession {
             captured_calls: Vec::new(),
             arrays: arrays::ArrayState::default(),
             graphs: graphs::GraphTables::default(),
+            ram: RamRegistry::default(),
         }
     }
 
@@ -1292,11 +1297,18 @@ impl CudaSession {
         let c = self.context(dev)?;
         let half =
             Self::staging_for(drv.as_ref(), c, tuning.staging_half, needed).map_or(0, |s| s.half());
-        Ok(Some((
-            dev,
-            stream,
-            copy::plan(&runs, half, tuning.direct_min),
-        )))
+        let steps = copy::plan(&runs, half, tuning.direct_min);
+        let direct = steps.iter().filter_map(|s| match s {
+            copy::Step::Direct { run, .. } => Some((run.addr, run.len)),
+            copy::Step::Staged { .. } => None,
+        });
+        self.ram.prepare(
+            drv.as_ref(),
+            buf.shared_memory(),
+            direct,
+            tuning.max_registered_ram,
+        );
+        Ok(Some((dev, stream, steps)))
     }
 
     fn memcpy_htod(&mut self, req: &Request) -> OpResult {
@@ -1933,6 +1945,7 @@ impl CudaSession {
 impl Drop for CudaSession {
     /// Frees everything the session owns on the GPU by destroying its contexts.
     fn drop(&mut self) {
+        self.ram.release(self.drv.as_ref());
         for dev in 0..self.devices.len() {
             self.teardown(dev);
         }

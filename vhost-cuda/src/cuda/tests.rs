@@ -54,6 +54,7 @@ impl Rig {
         let tuning = Tuning {
             staging_half: 64,
             direct_min: 100,
+            max_registered_ram: 0,
             ..Tuning::default()
         };
         let host = Arc::new(CudaHost::from_driver(fake.clone(), 13000, None, tuning).unwrap());
@@ -1826,6 +1827,7 @@ fn device_memory_of_a_vm_stays_within_its_quota() {
         let tuning = Tuning {
             staging_half: 64,
             direct_min: 100,
+            max_registered_ram: 0,
             ..Tuning::default()
         };
         let host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
@@ -1874,6 +1876,7 @@ fn loaded_module_images_are_bounded_per_session() {
     let tuning = Tuning {
         staging_half: 64,
         direct_min: 100,
+        max_registered_ram: 0,
         max_module_bytes: 2 * PTX.len() as u64,
     };
     rig.host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
