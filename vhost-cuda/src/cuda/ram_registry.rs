@@ -25,7 +25,10 @@ use std::{collections::HashMap, sync::Arc};
 use tracing::debug;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
-use super::driver::DriverApi;
+use super::{
+    copy::{HostRun, Step},
+    driver::DriverApi,
+};
 use crate::guest_buffer::GuestRam;
 
 /// Bytes of guest RAM registered at a time (a copy chunk).
@@ -66,6 +69,39 @@ fn regions(mem: &GuestRam) -> Vec<Region> {
             Some(Region { start, len })
         })
         .collect()
+}
+
+/// Cuts the direct runs of `steps` at block boundaries, so that none spans two blocks: the
+/// driver refuses a range that is not inside one registration, or that is partly registered.
+pub(crate) fn split_direct(mem: &GuestRam, steps: Vec<Step>) -> Vec<Step> {
+    let map = regions(mem);
+    let mut out = Vec::with_capacity(steps.len());
+    for step in steps {
+        let Step::Direct { run, dev_off } = step else {
+            out.push(step);
+            continue;
+        };
+        let Some(r) = map
+            .iter()
+            .find(|r| run.addr >= r.start && run.addr - r.start < r.len)
+        else {
+            out.push(Step::Direct { run, dev_off });
+            continue;
+        };
+        let (mut addr, mut left, mut dev) = (run.addr, run.len, dev_off);
+        while left > 0 {
+            let to_boundary = BLOCK - (addr - r.start) % BLOCK;
+            let len = left.min(to_boundary);
+            out.push(Step::Direct {
+                run: HostRun { addr, len },
+                dev_off: dev,
+            });
+            addr += len;
+            dev += len as u64;
+            left -= len;
+        }
+    }
+    out
 }
 
 impl RamRegistry {
@@ -153,6 +189,51 @@ mod tests {
 
     fn base(mem: &GuestRam) -> usize {
         regions(mem)[0].start
+    }
+
+    #[test]
+    fn direct_runs_are_cut_at_block_boundaries() {
+        let mem = ram(3 * BLOCK);
+        let b = base(&mem);
+        let steps = vec![
+            Step::Direct {
+                run: HostRun {
+                    addr: b + BLOCK - 10,
+                    len: BLOCK + 30,
+                },
+                dev_off: 100,
+            },
+            Step::Staged {
+                dev_off: 0,
+                len: 0,
+                segs: Vec::new(),
+            },
+            Step::Direct {
+                run: HostRun {
+                    addr: b + 5,
+                    len: 10,
+                },
+                dev_off: 7,
+            },
+        ];
+        let cut = split_direct(&mem, steps);
+        let direct: Vec<(usize, usize, u64)> = cut
+            .iter()
+            .filter_map(|s| match s {
+                Step::Direct { run, dev_off } => Some((run.addr - b, run.len, *dev_off)),
+                Step::Staged { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            direct,
+            [
+                (BLOCK - 10, 10, 100),
+                (BLOCK, BLOCK, 110),
+                (2 * BLOCK, 20, 110 + BLOCK as u64),
+                (5, 10, 7)
+            ]
+        );
+        assert_eq!(cut.len(), 5);
     }
 
     #[test]

@@ -1761,6 +1761,33 @@ fn a_waited_batch_may_end_with_a_synchronising_call_that_answers_for_it() {
     assert_eq!(dtoh(&mut rig, &mut s, dst, 1, &[1]).1, [5]);
 }
 
+/// With guest RAM registered for DMA, long runs that cross block boundaries still copy
+/// exactly (the driver refuses a range spanning two registrations), and the session's end
+/// unregisters every block.
+#[test]
+fn long_runs_copy_through_registered_guest_ram() {
+    let mut rig = Rig::new(1);
+    let tuning = Tuning {
+        staging_half: 64,
+        direct_min: 100,
+        max_registered_ram: usize::MAX,
+        ..Tuning::default()
+    };
+    let host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
+    let mut s = CudaSession::open(&host, 1);
+    let len = 12 << 20;
+    let data: Vec<u8> = (0..len).map(|i| u8::try_from(i % 253).unwrap()).collect();
+    let dst = malloc(&mut s, len as u64);
+    // One long run and a few short ones, so both kinds of step are taken.
+    ok(htod(&mut rig, &mut s, dst, &data, &[len - 300, 100, 200]));
+    assert!(rig.fake.registered() >= 2, "the long run's blocks");
+    let (r, back) = dtoh(&mut rig, &mut s, dst, len, &[7 << 20, 150, 5 << 20]);
+    ok(r);
+    assert!(back == data, "the bytes came back changed");
+    drop(s);
+    assert_eq!(rig.fake.registered(), 0);
+}
+
 mod graphs;
 
 #[test]

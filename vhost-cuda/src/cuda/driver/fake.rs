@@ -258,6 +258,18 @@ impl FakeDriver {
         Ok(st)
     }
 
+    /// Like the driver: a host range of a copy is either pageable or inside one registration;
+    /// one that is partly registered, or spans two registrations, is refused.
+    fn check_host_range(&self, ptr: u64, len: usize) -> CuResult<()> {
+        let st = self.st();
+        let end = ptr.saturating_add(len as u64);
+        let touches = st.registered.iter().any(|(&b, &l)| b < end && ptr < b + l);
+        if touches && host_slice(&st.registered, ptr, len).is_none() {
+            return Err(INVALID_VALUE);
+        }
+        Ok(())
+    }
+
     /// Runs `f` on the current context, which must exist and not be corrupted.
     pub(super) fn with_ctx<T>(
         &self,
@@ -494,6 +506,7 @@ impl DriverApi for FakeDriver {
         len: usize,
         stream: Stream,
     ) -> CuResult<()> {
+        self.check_host_range(src as u64, len)?;
         self.with_ctx("memcpy_htod", |c, _| {
             check_stream(c, stream.raw())?;
             let d = slice_mut(c, dst, len)?;
@@ -511,6 +524,7 @@ impl DriverApi for FakeDriver {
         len: usize,
         stream: Stream,
     ) -> CuResult<()> {
+        self.check_host_range(dst as u64, len)?;
         self.with_ctx("memcpy_dtoh", |c, _| {
             check_stream(c, stream.raw())?;
             let s = slice_mut(c, src, len)?;
