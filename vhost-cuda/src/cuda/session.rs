@@ -678,6 +678,11 @@ impl CudaSession {
         // Executable graphs and graphs first, while their context still exists (with a
         // sticky error the driver is not called, and the context takes them along).
         let live = self.devices.get(dev).is_some_and(Option::is_some) && self.bind(dev).is_ok();
+        // A context takes the registrations it made with it: forget them all (the next copy
+        // registers what it needs again), so the registry never counts blocks the driver lost.
+        if live {
+            self.ram.release(self.drv.as_ref());
+        }
         self.teardown_graphs(dev, live);
         self.release_pools(dev);
         let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {

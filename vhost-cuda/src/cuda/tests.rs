@@ -1784,6 +1784,12 @@ fn long_runs_copy_through_registered_guest_ram() {
     let (r, back) = dtoh(&mut rig, &mut s, dst, len, &[7 << 20, 150, 5 << 20]);
     ok(r);
     assert!(back == data, "the bytes came back changed");
+    // DeviceReset forgets the blocks with the context; the next copy registers again.
+    ok(run(&mut s, Op::DeviceReset, &[]));
+    assert_eq!(rig.fake.registered(), 0);
+    let dst = malloc(&mut s, 1 << 20);
+    ok(htod(&mut rig, &mut s, dst, &data[..1 << 20], &[1 << 20]));
+    assert!(rig.fake.registered() >= 1);
     drop(s);
     assert_eq!(rig.fake.registered(), 0);
 }
