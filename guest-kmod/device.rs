@@ -254,10 +254,23 @@ impl QcudaDevice {
     }
 
     /// Queues `req`, waits for the device as `wait` says, and returns its response.
-    pub(crate) fn execute(&self, req: &Arc<Request>, mut wait: Wait) -> Result<ResponseHeader> {
+    pub(crate) fn execute(&self, req: &Arc<Request>, wait: Wait) -> Result<ResponseHeader> {
+        self.execute_timed(req, wait, &mut 0)
+    }
+
+    /// [`Self::execute`], adding to `submit_ns` the nanoseconds spent building the chain and
+    /// adding it to the ring (the rest of the call is the wait).
+    pub(crate) fn execute_timed(
+        &self,
+        req: &Arc<Request>,
+        mut wait: Wait,
+        submit_ns: &mut u64,
+    ) -> Result<ResponseHeader> {
+        let started = Instant::<Monotonic>::now();
         let mut chain = Request::chain(req)?;
         let idx = self.submit(&mut chain, &mut wait)?;
         drop(chain);
+        *submit_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.wait(idx, req, wait)?;
         req.response()
     }

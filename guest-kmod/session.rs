@@ -26,7 +26,7 @@ use kernel::{
         atomic::{Atomic, Relaxed},
         Arc, Mutex,
     },
-    time::{ClockSource, Monotonic},
+    time::{ClockSource, Instant, Monotonic},
     uaccess::{UserPtr, UserSlice},
 };
 
@@ -94,6 +94,11 @@ impl DeviceNode {
     }
 }
 
+/// Nanoseconds since `t`.
+fn ns_since(t: &Instant<Monotonic>) -> u64 {
+    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// One open file of /dev/qcuda.
 #[pin_data]
 pub(crate) struct Session {
@@ -101,6 +106,11 @@ pub(crate) struct Session {
     device: Arc<QcudaDevice>,
     /// Set once a request went out: only then does the host know the session.
     used: Atomic<bool>,
+    /// Where this file's waited calls spent their time in the module, summed (fdinfo): the
+    /// count of calls, then ns preparing the request (decoding, bounce copies, pinning),
+    /// building its chain and adding it to the ring, waiting for the device, and finishing
+    /// (copying out, unpinning, writing the response).
+    phases: [Atomic<u64>; 5],
     /// Pages held for the host: mmaps of this file and pinned user ranges (host_memory.rs).
     /// Never held across anything that takes the mmap lock or waits for the device.
     #[pin]
@@ -123,6 +133,7 @@ impl MiscDevice for Session {
                 id: NEXT_SESSION.fetch_add(1, Relaxed),
                 device: node.device.clone(),
                 used: Atomic::new(false),
+                phases: [const { Atomic::new(0) }; 5],
                 regions <- new_mutex!(KVec::new(), "qcuda_regions"),
             }),
             GFP_KERNEL,
@@ -184,7 +195,7 @@ impl MiscDevice for Session {
         };
         seq_print!(
             m,
-            "qcuda-session:\t{}\nqcuda-in-ring:\t{}\nqcuda-abandoned:\t{}\nqcuda-reapable:\t{}\nqcuda-free-slots:\t{}\nqcuda-host-regions:\t{}\nqcuda-host-pages:\t{}\nqcuda-host-pages-all:\t{}\n",
+            "qcuda-session:\t{}\nqcuda-in-ring:\t{}\nqcuda-abandoned:\t{}\nqcuda-reapable:\t{}\nqcuda-free-slots:\t{}\nqcuda-host-regions:\t{}\nqcuda-host-pages:\t{}\nqcuda-host-pages-all:\t{}\nqcuda-waited-calls:\t{}\nqcuda-prepare-ns:\t{}\nqcuda-submit-ns:\t{}\nqcuda-wait-ns:\t{}\nqcuda-finish-ns:\t{}\n",
             session.id,
             s.in_ring,
             s.abandoned,
@@ -192,7 +203,12 @@ impl MiscDevice for Session {
             s.free_slots,
             regions,
             pages,
-            held_pages()
+            held_pages(),
+            session.phases[0].load(Relaxed),
+            session.phases[1].load(Relaxed),
+            session.phases[2].load(Relaxed),
+            session.phases[3].load(Relaxed),
+            session.phases[4].load(Relaxed),
         );
     }
 }
@@ -200,6 +216,7 @@ impl MiscDevice for Session {
 impl Session {
     /// `IOCTL_CALL`: one request, its buffers, and the response written back.
     fn call(&self, user: UserPtr) -> Result<isize> {
+        let started = Instant::<Monotonic>::now();
         self.device.reap();
 
         // Read the argument exactly once; everything below uses this copy.
@@ -228,9 +245,26 @@ impl Session {
             self.device.post(&req)?;
             ResponseHeader::with_status(status::SUCCESS)
         } else {
-            let response = self.device.execute(&req, Wait::Interruptible)?;
+            let prepared = ns_since(&started);
+            let mut submit = 0;
+            let response = self
+                .device
+                .execute_timed(&req, Wait::Interruptible, &mut submit)?;
+            let executed = ns_since(&started);
             req.copy_out()?;
-            response
+            // Unpin before touching user memory again.
+            drop(req);
+            write_response(user, &response)?;
+            let done = ns_since(&started);
+            let wait = executed.saturating_sub(prepared).saturating_sub(submit);
+            for (phase, ns) in self
+                .phases
+                .iter()
+                .zip([1, prepared, submit, wait, done.saturating_sub(executed)])
+            {
+                phase.fetch_add(ns, Relaxed);
+            }
+            return Ok(0);
         };
         // Unpin before touching user memory again.
         drop(req);

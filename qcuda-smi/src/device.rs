@@ -139,6 +139,26 @@ impl Device {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Where this file's waited calls spent their time inside qcuda.ko so far, summed: the
+    /// calls, then ns preparing, submitting, waiting and finishing (fdinfo's `qcuda-waited-calls`
+    /// and `qcuda-*-ns`); `None` if the module does not report them.
+    pub fn module_phases(&self) -> Option<[u64; 5]> {
+        let info =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.file.as_raw_fd())).ok()?;
+        let field = |key: &str| -> Option<u64> {
+            info.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        Some([
+            field("qcuda-waited-calls:")?,
+            field("qcuda-prepare-ns:")?,
+            field("qcuda-submit-ns:")?,
+            field("qcuda-wait-ns:")?,
+            field("qcuda-finish-ns:")?,
+        ])
+    }
+
     /// A device over a descriptor of the node opened elsewhere.
     pub fn from_file(file: File, path: &Path) -> Self {
         Self {

@@ -242,12 +242,28 @@ fn latency(dev: &device::Device, count: u32) -> Result<(), String> {
         for _ in 0..count.min(20) {
             f()?;
         }
+        let before = dev.module_phases();
         let t = std::time::Instant::now();
         for _ in 0..count {
             f()?;
         }
         let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(count);
         println!("latency: {what:<28} {us:9.1} us per call ({count} calls)");
+        // Waited calls only: qcuda.ko times those.
+        if let (Some(b), Some(a)) = (before, dev.module_phases()) {
+            let calls = a[0].saturating_sub(b[0]);
+            if calls > 0 {
+                let per = |i: usize| a[i].saturating_sub(b[i]) as f64 / calls as f64 / 1e3;
+                println!(
+                    "latency:   in qcuda.ko per call: prepare {:.1}, submit {:.1}, wait {:.1}, \
+                     finish {:.1} us",
+                    per(1),
+                    per(2),
+                    per(3),
+                    per(4)
+                );
+            }
+        }
         Ok(())
     };
     time("hello (waited)", &mut || {

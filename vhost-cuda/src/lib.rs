@@ -177,6 +177,11 @@ pub fn start_backend(config: Config) -> Result<()> {
             );
         }
     }
+    info!(
+        "polling: request queues {} µs, the hop to the workers {} µs",
+        config.poll.as_micros(),
+        config.hop_poll.as_micros()
+    );
     let server = Server::bind(&config, host)?;
     let stop = server.stop_handle();
     signals
