@@ -257,10 +257,10 @@ impl Session {
             write_response(user, &response)?;
             let done = ns_since(&started);
             let wait = executed.saturating_sub(prepared).saturating_sub(submit);
-            for (phase, ns) in self
-                .phases
-                .iter()
-                .zip([1, prepared, submit, wait, done.saturating_sub(executed)])
+            for (phase, ns) in
+                self.phases
+                    .iter()
+                    .zip([1, prepared, submit, wait, done.saturating_sub(executed)])
             {
                 phase.fetch_add(ns, Relaxed);
             }
