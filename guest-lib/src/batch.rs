@@ -14,7 +14,7 @@
 //! A synchronising call without buffers (qcuda-proto's `BATCH_TAIL`: `cudaDeviceSynchronize`,
 //! `cudaStreamSynchronize`, `cudaStreamQuery`, `cudaEventSynchronize`, `cudaEventQuery`) that
 //! finds work gathered does not send it first and then itself: it travels as the batch's last
-//! record, in one waited request ([`Batcher::send_with_tail`]), so a launch followed by a
+//! record, in one waited request ([`Batcher::send_ahead_of`]), so a launch followed by a
 //! synchronisation costs one round trip.
 //!
 //! The host runs the records in order, each as the single fire-and-forget request it stands
@@ -105,14 +105,8 @@ impl Shared {
             .args(&[st.records])
             .input(&st.buf)
             .fire_and_forget();
-        // A fire-and-forget call may be repeated on EINTR: the module queues it and returns,
-        // and its only interruptible wait comes before it is queued (session.rs).
-        let sent = loop {
-            match self.transport.execute(&mut call) {
-                Err(libc::EINTR) => continue,
-                r => break r,
-            }
-        };
+        // A fire-and-forget call is queued and returns, so a signal can only stop it before.
+        let sent = self.execute_until_queued(&mut call);
         if let Err(errno) = sent {
             warn_once!(
                 "a batch of {} fire-and-forget requests was not taken by /dev/qcuda: {}",
@@ -127,6 +121,17 @@ impl Shared {
         true
     }
 
+    /// Executes `call`, again whenever a signal stopped it before qcuda.ko queued it (`EINTR`:
+    /// it never reached the device).
+    fn execute_until_queued(&self, call: &mut Call<'_>) -> Result<(), i32> {
+        loop {
+            match self.transport.execute(call) {
+                Err(libc::EINTR) => continue,
+                r => return r,
+            }
+        }
+    }
+
     /// Takes the gathered records out, leaving an empty batch: (records, first device, bytes).
     fn take(st: &mut State) -> (u64, u32, Vec<u8>) {
         let spare = std::mem::take(&mut st.spare);
@@ -135,6 +140,17 @@ impl Shared {
         st.since = None;
         (records, st.device, buf)
     }
+}
+
+/// What [`Batcher::send_ahead_of`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ahead {
+    /// Nothing was gathered.
+    Nothing,
+    /// The gathered work went out as a fire-and-forget batch of its own.
+    Flushed,
+    /// The call travelled as the gathered batch's last record; the transport's result.
+    Carried(Result<(), i32>),
 }
 
 /// The process's batch. See the module documentation.
@@ -245,33 +261,34 @@ impl Batcher {
     }
 
     /// Whether `call` may end a batch: a waited synchronising call without buffers.
-    pub fn can_end_batch(call: &Call<'_>) -> bool {
+    fn can_end_batch(call: &Call<'_>) -> bool {
         !call.is_fire_and_forget()
             && call.raw().nbufs == 0
             && call.op().is_some_and(|op| BATCH_TAIL.contains(&op))
     }
 
-    /// Sends the gathered work with `call` as its last record, as one waited request; `call`
-    /// receives the reply. `None` when nothing is gathered or `call` cannot end a batch
-    /// ([`Self::can_end_batch`]): the caller sends it alone.
+    /// Sends what is gathered ahead of `call`, which is not batched itself: carried by `call`
+    /// as its batch's last record when `call` can end a batch ([`Self::can_end_batch`]; then
+    /// `call` receives the reply), else as a batch of its own before it.
     ///
-    /// Signals stay deliverable. A batch interrupted before qcuda.ko queued it (`EINTR`) is
-    /// sent again; one interrupted after (`EINPROGRESS`: its records run, its answer is lost)
-    /// comes back as that error, and the caller sends `call`, a synchronising call that may
-    /// run twice, alone for its answer.
-    pub fn send_with_tail(&self, call: &mut Call<'_>) -> Option<Result<(), i32>> {
-        if !Self::can_end_batch(call) {
-            return None;
-        }
+    /// Signals stay deliverable. A carrying batch interrupted before qcuda.ko queued it
+    /// (`EINTR`) is sent again; one interrupted after (`EINPROGRESS`: its records run, its
+    /// answer is lost) comes back as that error, and the caller sends `call`, a synchronising
+    /// call that may run twice, alone for its answer.
+    pub fn send_ahead_of(&self, call: &mut Call<'_>) -> Ahead {
         let shared = &self.shared;
         let _send = shared.send_lock();
-        let (records, device, mut buf) = {
-            let mut st = shared.state();
-            if st.records == 0 {
-                return None;
-            }
-            Shared::take(&mut st)
-        };
+        let mut st = shared.state();
+        if st.records == 0 {
+            return Ahead::Nothing;
+        }
+        if !Self::can_end_batch(call) {
+            shared.flush_locked(&mut st);
+            return Ahead::Flushed;
+        }
+        let (records, device, mut buf) = Shared::take(&mut st);
+        // Appending goes on meanwhile; `send` keeps later batches behind this one.
+        drop(st);
         let raw = call.raw();
         let tail = BatchRecord {
             op: raw.op,
@@ -283,12 +300,7 @@ impl Batcher {
         let mut batch = Call::new(Op::Batch, device)
             .args(&[records + 1])
             .input(&buf);
-        let sent = loop {
-            match shared.transport.execute(&mut batch) {
-                Err(libc::EINTR) => continue,
-                r => break r,
-            }
-        };
+        let sent = shared.execute_until_queued(&mut batch);
         if sent.is_ok() {
             let reply = batch.raw();
             let (status, flags, rets) = (reply.status, reply.resp_flags, reply.rets);
@@ -302,7 +314,7 @@ impl Batcher {
         if st.spare.capacity() < buf.capacity() {
             st.spare = buf;
         }
-        Some(sent)
+        Ahead::Carried(sent)
     }
 
     /// The errno of a batch the device did not take since the last call, once.

@@ -22,7 +22,7 @@ use qcuda_proto::{
 };
 
 use crate::{
-    batch::Batcher,
+    batch::{Ahead, Batcher},
     cuda_error::{CudaError, CudaResult},
     latency::{self, Latency, Timer},
     signal_mask::SignalsBlocked,
@@ -160,22 +160,22 @@ impl Session {
         // with a synchronising call at its end, else before the call. The host answers
         // HostFuncWait beside the other requests, so it neither waits for nor sends them.
         let mut ioctl = timer.as_ref().map(|_| Timer::start());
-        let executed = match self.batch.send_with_tail(&mut call) {
-            // The records run; the answer went to a signal: ask again.
-            Some(Err(libc::EINPROGRESS)) => self.execute(op, &mut call),
-            Some(sent) => sent,
-            None => {
-                if op != Op::HostFuncWait {
-                    let flush = timer.as_ref().map(|_| Timer::start());
-                    if self.batch.flush() {
-                        if let (Some(l), Some(f)) = (&self.latency, &flush) {
-                            l.record(Op::Batch, f.elapsed(), f.elapsed());
-                        }
-                    }
-                    ioctl = timer.as_ref().map(|_| Timer::start());
+        let ahead = if op == Op::HostFuncWait {
+            Ahead::Nothing
+        } else {
+            self.batch.send_ahead_of(&mut call)
+        };
+        let executed = match ahead {
+            Ahead::Carried(Err(libc::EINPROGRESS)) => self.execute(op, &mut call),
+            Ahead::Carried(sent) => sent,
+            Ahead::Flushed => {
+                if let (Some(l), Some(f)) = (&self.latency, &ioctl) {
+                    l.record(Op::Batch, f.elapsed(), f.elapsed());
                 }
+                ioctl = timer.as_ref().map(|_| Timer::start());
                 self.execute(op, &mut call)
             }
+            Ahead::Nothing => self.execute(op, &mut call),
         };
         if let (Some(l), Some(t), Some(i)) = (&self.latency, &timer, &ioctl) {
             l.record(op, t.elapsed(), i.elapsed());

@@ -14,6 +14,21 @@ fn d3(x: u32, y: u32, z: u32) -> dim3 {
     dim3 { x, y, z }
 }
 
+/// `kernel<<<1, 1>>>()` of a kernel without parameters, checked to succeed.
+fn launch_plain(host_fun: usize) {
+    // SAFETY: the kernel takes no parameters.
+    ok(unsafe {
+        stub_launch(
+            host_fun,
+            d3(1, 1, 1),
+            d3(1, 1, 1),
+            0,
+            ptr::null_mut(),
+            &mut [],
+        )
+    });
+}
+
 /// What nvcc's stub does for `kernel<<<grid, block, smem, stream>>>(args)`.
 ///
 /// # Safety
@@ -428,43 +443,19 @@ fn a_synchronising_call_carries_the_gathered_work_in_one_request() {
     let fake = setup();
     fake.add_kernel("_Z1kv", &[]);
     let k = register_kernel(register_fatbin(), c"_Z1kv");
-    // SAFETY: no parameters. (The first launch loads the module, with waited calls.)
-    unsafe {
-        ok(stub_launch(
-            k,
-            d3(1, 1, 1),
-            d3(1, 1, 1),
-            0,
-            ptr::null_mut(),
-            &mut [],
-        ));
-        ok(cudaStreamSynchronize(ptr::null_mut()));
-    }
+    // SAFETY: the legacy stream (null) is always a valid stream.
+    let sync = || unsafe { cudaStreamSynchronize(ptr::null_mut()) };
+    // The first launch loads the module, with waited calls.
+    launch_plain(k);
+    ok(sync());
     let before = fake.state().requests;
     // A launch fails on the host; the synchronisation reports it.
     fake.state().fail_next = Some((Op::LaunchKernel, 1, false));
-    // SAFETY: no parameters.
-    unsafe {
-        ok(stub_launch(
-            k,
-            d3(1, 1, 1),
-            d3(1, 1, 1),
-            0,
-            ptr::null_mut(),
-            &mut [],
-        ));
-        ok(stub_launch(
-            k,
-            d3(1, 1, 1),
-            d3(1, 1, 1),
-            0,
-            ptr::null_mut(),
-            &mut [],
-        ));
-        assert_eq!(cudaStreamSynchronize(ptr::null_mut()), 1);
-        assert_eq!(cudaGetLastError(), 1);
-        ok(cudaStreamSynchronize(ptr::null_mut()));
-    }
+    launch_plain(k);
+    launch_plain(k);
+    assert_eq!(sync(), 1);
+    assert_eq!(cudaGetLastError(), 1);
+    ok(sync());
     let s = fake.state();
     // Two launches and a synchronisation in one waited request, then the second
     // synchronisation alone (nothing gathered).
@@ -495,35 +486,17 @@ fn an_interrupted_batch_with_a_synchronising_tail_runs_its_records_once() {
     let fake = setup();
     fake.add_kernel("_Z1kv", &[]);
     let k = register_kernel(register_fatbin(), c"_Z1kv");
-    // SAFETY: no parameters.
-    unsafe {
-        ok(stub_launch(
-            k,
-            d3(1, 1, 1),
-            d3(1, 1, 1),
-            0,
-            ptr::null_mut(),
-            &mut [],
-        ));
-        ok(cudaDeviceSynchronize());
-    }
+    // SAFETY: no arguments.
+    let sync = || unsafe { cudaDeviceSynchronize() };
+    launch_plain(k);
+    ok(sync());
     let launches = fake.state().launches.len();
     // Before queueing (EINTR) the whole batch goes again; after (EINPROGRESS) its records
     // ran, and only the synchronisation is asked again.
     for errno in [libc::EINTR, libc::EINPROGRESS] {
-        // SAFETY: no parameters.
-        unsafe {
-            ok(stub_launch(
-                k,
-                d3(1, 1, 1),
-                d3(1, 1, 1),
-                0,
-                ptr::null_mut(),
-                &mut [],
-            ));
-            fake.state().errnos.push_back(errno);
-            ok(cudaDeviceSynchronize());
-        }
+        launch_plain(k);
+        fake.state().errnos.push_back(errno);
+        ok(sync());
     }
     let s = fake.state();
     assert_eq!(s.launches.len(), launches + 2);
