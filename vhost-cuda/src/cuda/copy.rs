@@ -353,23 +353,38 @@ fn finish(
 /// Where one copy's time went, logged at debug level (`--log-level vhost_cuda::cuda::copy=debug`):
 /// the CPU gathering or scattering staged steps, waiting for staging halves and the stream,
 /// and the driver calls that queue the DMAs.
-#[derive(Debug, Default)]
+/// Off (no clock read at all) unless that level is enabled.
+#[derive(Debug)]
 struct Profile {
+    started: Option<Instant>,
     cpu: Duration,
     waits: Duration,
     queue: Duration,
 }
 
 impl Profile {
-    /// Runs `f`, adding its time to the field `pick` chooses.
+    fn new() -> Self {
+        Self {
+            started: tracing::enabled!(tracing::Level::DEBUG).then(Instant::now),
+            cpu: Duration::ZERO,
+            waits: Duration::ZERO,
+            queue: Duration::ZERO,
+        }
+    }
+
+    /// Runs `f`, adding its time to the field `pick` chooses when profiling.
     fn time<T>(&mut self, pick: fn(&mut Self) -> &mut Duration, f: impl FnOnce() -> T) -> T {
+        if self.started.is_none() {
+            return f();
+        }
         let t = Instant::now();
         let r = f();
         *pick(self) += t.elapsed();
         r
     }
 
-    fn log(&self, what: &str, steps: &[Step], started: Instant) {
+    fn log(&self, what: &str, steps: &[Step]) {
+        let Some(started) = self.started else { return };
         let bytes: usize = steps
             .iter()
             .map(|s| match s {
@@ -398,8 +413,7 @@ pub(crate) fn to_device(
     steps: &[Step],
     stream: Stream,
 ) -> CuResult<()> {
-    let started = Instant::now();
-    let mut p = Profile::default();
+    let mut p = Profile::new();
     let body = (|| {
         let mut next = 0usize;
         for step in steps {
@@ -440,7 +454,7 @@ pub(crate) fn to_device(
         Ok(())
     })();
     let r = p.time(|p| &mut p.waits, || finish(drv, staging, stream, body));
-    p.log("host to device", steps, started);
+    p.log("host to device", steps);
     r
 }
 
@@ -453,8 +467,7 @@ pub(crate) fn from_device(
     steps: &[Step],
     stream: Stream,
 ) -> CuResult<()> {
-    let started = Instant::now();
-    let mut p = Profile::default();
+    let mut p = Profile::new();
     let body = (|| {
         // The staged step whose DMA is (or was) running in each half, waiting to be scattered.
         let mut inflight: [Option<&[HostRun]>; 2] = [None, None];
@@ -514,7 +527,7 @@ pub(crate) fn from_device(
         Ok(())
     })();
     let r = p.time(|p| &mut p.waits, || finish(drv, staging, stream, body));
-    p.log("device to host", steps, started);
+    p.log("device to host", steps);
     r
 }
 

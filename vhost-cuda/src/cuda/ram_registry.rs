@@ -71,39 +71,6 @@ fn regions(mem: &GuestRam) -> Vec<Region> {
         .collect()
 }
 
-/// Cuts the direct runs of `steps` at block boundaries, so that none spans two blocks: the
-/// driver refuses a range that is not inside one registration, or that is partly registered.
-pub(crate) fn split_direct(mem: &GuestRam, steps: Vec<Step>) -> Vec<Step> {
-    let map = regions(mem);
-    let mut out = Vec::with_capacity(steps.len());
-    for step in steps {
-        let Step::Direct { run, dev_off } = step else {
-            out.push(step);
-            continue;
-        };
-        let Some(r) = map
-            .iter()
-            .find(|r| run.addr >= r.start && run.addr - r.start < r.len)
-        else {
-            out.push(Step::Direct { run, dev_off });
-            continue;
-        };
-        let (mut addr, mut left, mut dev) = (run.addr, run.len, dev_off);
-        while left > 0 {
-            let to_boundary = BLOCK - (addr - r.start) % BLOCK;
-            let len = left.min(to_boundary);
-            out.push(Step::Direct {
-                run: HostRun { addr, len },
-                dev_off: dev,
-            });
-            addr += len;
-            dev += len as u64;
-            left -= len;
-        }
-    }
-    out
-}
-
 impl RamRegistry {
     /// Bytes registered now.
     #[cfg(test)]
@@ -111,56 +78,72 @@ impl RamRegistry {
         self.bytes
     }
 
-    /// Registers the blocks of `mem` that hold the runs `runs` (host addresses and lengths
-    /// inside `mem`'s map), within `budget` bytes in all. Needs a current context. Never
-    /// fails: what cannot be registered is copied as pageable memory.
+    /// Readies the direct steps of a copy of `mem`'s guest RAM: registers the blocks they lie
+    /// in (within `budget` bytes in all) and cuts them at block boundaries, since the driver
+    /// refuses a range that is not inside one registration or is partly registered. Steps
+    /// come back unchanged when there is no direct one or `budget` is 0. Needs a current
+    /// context. Never fails: what cannot be registered is copied as pageable memory.
     pub(crate) fn prepare(
         &mut self,
         drv: &dyn DriverApi,
         mem: &Arc<GuestRam>,
-        runs: impl Iterator<Item = (usize, usize)>,
+        steps: Vec<Step>,
         budget: usize,
-    ) {
-        if budget == 0 {
-            return;
+    ) -> Vec<Step> {
+        if budget == 0 || !steps.iter().any(|s| matches!(s, Step::Direct { .. })) {
+            return steps;
         }
         if !self.mem.as_ref().is_some_and(|m| Arc::ptr_eq(m, mem)) {
             self.release(drv);
             self.mem = Some(Arc::clone(mem));
         }
         let map = regions(mem);
-        for (addr, len) in runs {
-            let Some(r) = map
-                .iter()
-                .find(|r| addr >= r.start && addr - r.start < r.len)
-            else {
+        let mut out = Vec::with_capacity(steps.len());
+        for step in steps {
+            let Step::Direct { run, dev_off } = step else {
+                out.push(step);
                 continue;
             };
-            let last = addr.saturating_add(len.saturating_sub(1));
-            let mut off = (addr - r.start) / BLOCK * BLOCK;
-            while off < r.len && r.start + off <= last {
-                let start = r.start + off;
-                let block_len = BLOCK.min(r.len - off);
-                off += BLOCK;
-                if self.blocks.contains_key(&start) {
-                    continue;
-                }
-                if self.bytes + block_len > budget {
-                    return;
-                }
-                // SAFETY: `start..start + block_len` lies inside a region of `mem`, which
-                // stays mapped while registered: this registry keeps `mem` until `release`.
-                let done = unsafe { drv.mem_host_register(start as u64, block_len, false) };
-                match done {
-                    Ok(()) => {
-                        self.bytes += block_len;
-                        self.blocks.insert(start, Some(block_len));
-                    }
-                    Err(e) => {
-                        debug!(error = ?e, start, block_len, "guest RAM block not registered");
-                        self.blocks.insert(start, None);
-                    }
-                }
+            let Some(r) = map
+                .iter()
+                .find(|r| run.addr >= r.start && run.addr - r.start < r.len)
+            else {
+                out.push(Step::Direct { run, dev_off });
+                continue;
+            };
+            let (mut addr, mut left, mut dev) = (run.addr, run.len, dev_off);
+            while left > 0 {
+                let off = (addr - r.start) / BLOCK * BLOCK;
+                self.register(drv, r.start + off, BLOCK.min(r.len - off), budget);
+                let len = left.min(r.start + off + BLOCK - addr);
+                out.push(Step::Direct {
+                    run: HostRun { addr, len },
+                    dev_off: dev,
+                });
+                addr += len;
+                dev += len as u64;
+                left -= len;
+            }
+        }
+        out
+    }
+
+    /// Registers the block at `start` unless it was tried already or `budget` is spent.
+    fn register(&mut self, drv: &dyn DriverApi, start: usize, len: usize, budget: usize) {
+        if self.blocks.contains_key(&start) || self.bytes + len > budget {
+            return;
+        }
+        // SAFETY: `start..start + len` lies inside a region of the map this registry keeps
+        // (`self.mem`), which stays mapped while registered: it is let go only in `release`.
+        let done = unsafe { drv.mem_host_register(start as u64, len, false) };
+        match done {
+            Ok(()) => {
+                self.bytes += len;
+                self.blocks.insert(start, Some(len));
+            }
+            Err(e) => {
+                debug!(error = ?e, start, len, "guest RAM block not registered");
+                self.blocks.insert(start, None);
             }
         }
     }
@@ -185,6 +168,16 @@ mod tests {
 
     fn ram(len: usize) -> Arc<GuestRam> {
         Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), len)]).unwrap())
+    }
+
+    /// Direct steps over `(address, length)` runs.
+    fn direct(runs: &[(usize, usize)]) -> Vec<Step> {
+        runs.iter()
+            .map(|&(addr, len)| Step::Direct {
+                run: HostRun { addr, len },
+                dev_off: 0,
+            })
+            .collect()
     }
 
     fn base(mem: &GuestRam) -> usize {
@@ -216,7 +209,8 @@ mod tests {
                 dev_off: 7,
             },
         ];
-        let cut = split_direct(&mem, steps);
+        let fake = FakeDriver::new(1);
+        let cut = RamRegistry::default().prepare(&fake, &mem, steps, usize::MAX);
         let direct: Vec<(usize, usize, u64)> = cut
             .iter()
             .filter_map(|s| match s {
@@ -246,29 +240,29 @@ mod tests {
         reg.prepare(
             &fake,
             &mem,
-            [(b + BLOCK - 10, 20), (b + 3 * BLOCK + 8, 100)].into_iter(),
+            direct(&[(b + BLOCK - 10, 20), (b + 3 * BLOCK + 8, 100)]),
             usize::MAX,
         );
         assert_eq!(reg.bytes(), 2 * BLOCK + 4096);
         assert_eq!(fake.registered(), 3);
         // Again: nothing new.
-        reg.prepare(&fake, &mem, [(b, 4096)].into_iter(), usize::MAX);
+        reg.prepare(&fake, &mem, direct(&[(b, 4096)]), usize::MAX);
         assert_eq!(fake.registered(), 3);
         // The budget stops it.
         let mut small = RamRegistry::default();
         let other = ram(2 * BLOCK);
         let ob = base(&other);
-        small.prepare(&fake, &other, [(ob, 2 * BLOCK)].into_iter(), BLOCK);
+        small.prepare(&fake, &other, direct(&[(ob, 2 * BLOCK)]), BLOCK);
         assert_eq!(small.bytes(), BLOCK);
         // A new map: the old blocks go first.
         let moved = ram(BLOCK);
-        reg.prepare(&fake, &moved, [(base(&moved), 10)].into_iter(), usize::MAX);
+        reg.prepare(&fake, &moved, direct(&[(base(&moved), 10)]), usize::MAX);
         assert_eq!(reg.bytes(), BLOCK);
         reg.release(&fake);
         small.release(&fake);
         assert_eq!(fake.registered(), 0);
         // Budget 0: nothing at all.
-        reg.prepare(&fake, &mem, [(b, 10)].into_iter(), 0);
+        reg.prepare(&fake, &mem, direct(&[(b, 10)]), 0);
         assert_eq!(fake.registered(), 0);
     }
 }

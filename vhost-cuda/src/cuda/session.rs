@@ -24,7 +24,7 @@ use qcuda_proto::{
 };
 use tracing::{debug, warn};
 
-use super::ram_registry::{self, RamRegistry};
+use super::ram_registry::RamRegistry;
 
 use super::{
     aligned_bytes::AlignedBytes,
@@ -1302,18 +1302,10 @@ impl CudaSession {
         let c = self.context(dev)?;
         let half =
             Self::staging_for(drv.as_ref(), c, tuning.staging_half, needed).map_or(0, |s| s.half());
-        let mut steps = copy::plan(&runs, half, tuning.direct_min);
-        if tuning.max_registered_ram > 0 {
-            steps = ram_registry::split_direct(buf.memory(), steps);
-        }
-        let direct = steps.iter().filter_map(|s| match s {
-            copy::Step::Direct { run, .. } => Some((run.addr, run.len)),
-            copy::Step::Staged { .. } => None,
-        });
-        self.ram.prepare(
+        let steps = self.ram.prepare(
             drv.as_ref(),
             buf.shared_memory(),
-            direct,
+            copy::plan(&runs, half, tuning.direct_min),
             tuning.max_registered_ram,
         );
         Ok(Some((dev, stream, steps)))
