@@ -296,7 +296,9 @@ ops! {
     MemcpyDtoH = 0x0113, ins 0, outs 1;
     /// args[0] = destination, args[1] = source, args[2] = size, args[3] = stream handle.
     MemcpyDtoD = 0x0114, ins 0, outs 0;
-    /// args[0] = destination, args[1] = byte value, args[2] = size, args[3] = stream handle.
+    /// args[0] = destination, args[1] = value, args[2] = element count, args[3] = stream
+    /// handle, args[4] = element width in bytes: 0 or 1 (bytes, the value's low 8 bits), 2 or 4
+    /// (`cuMemsetD16`/`D32`: the low 16 or 32 bits; the destination aligned to it).
     Memset = 0x0115, ins 0, outs 0;
     /// A copy between two device-addressable ranges, each the session's device memory or its
     /// host-mapped guest memory (`HostMap`): args[0] = destination, args[1] = source (device
@@ -315,6 +317,10 @@ ops! {
     /// args[0] = module handle; in-buffer 0 = variable name (no NUL). rets[0] = device
     /// address, rets[1] = size in bytes.
     ModuleGetGlobal = 0x0123, ins 1, outs 0;
+    /// args[0] = module handle. Out-buffer 0 receives the names of the module's kernels, each
+    /// NUL-terminated, in the driver's order, if they all fit. rets[0] = the number of kernels,
+    /// rets[1] = the bytes the names take (ask again with that much room when it is larger).
+    ModuleFunctionNames = 0x0124, ins 0, outs 1;
 
     /// args[0] = function handle, args[1] = grid x | grid y << 32, args[2] = grid z |
     /// block x << 32, args[3] = block y | block z << 32, args[4] = dynamic shared memory bytes,

@@ -30,7 +30,10 @@ use super::{
     aligned_bytes::AlignedBytes,
     allocations::{AllocationTable, TableError},
     copy::{self, Staging},
-    driver::{Context, CuError, DriverApi, Event, Function, MemPool, Module, Stream, NULL_STREAM},
+    driver::{
+        Context, CuError, DriverApi, Event, Function, MemPool, MemsetWidth, Module, Stream,
+        NULL_STREAM,
+    },
     handles::{HandleCounter, HandleTable},
     host::CudaHost,
     host_functions::{trampoline, HostFunctions, LinkAttacher},
@@ -420,6 +423,7 @@ impl CudaSession {
             Op::ModuleLoad => self.module_load(req),
             Op::ModuleUnload => self.module_unload(args[0]),
             Op::ModuleGetFunction => self.module_get_function(req),
+            Op::ModuleFunctionNames => self.module_function_names(req),
             Op::ModuleGetGlobal => self.module_get_global(req),
             Op::LaunchKernel | Op::LaunchKernelEx => self.launch_kernel(req),
             Op::OccupancyCluster => self.occupancy_cluster(req),
@@ -1373,16 +1377,25 @@ impl CudaSession {
     }
 
     fn memset(&mut self, req: &Request) -> OpResult {
-        let [dst, value, size, stream, ..] = req.header().args;
+        let [dst, value, count, stream, width, ..] = req.header().args;
+        let width = MemsetWidth::from_wire(width).ok_or(status::INVALID_VALUE)?;
         let dev = self.bind_new(req)?;
         let stream = self.stream_on(stream, dev)?;
-        if size == 0 {
+        if count == 0 {
             return ok();
         }
+        if dst % width.bytes() != 0 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let size = count
+            .checked_mul(width.bytes())
+            .ok_or(status::INVALID_VALUE)?;
         self.check_range(dev, dst, size)?;
-        // cudaMemset takes an int and uses its low byte.
+        // The element is the value's low bits (cudaMemset takes an int and uses its low byte).
+        #[expect(clippy::cast_possible_truncation, reason = "32-bit elements at most")]
+        let value = value as u32;
         self.drv
-            .memset_d8(dst, (value & 0xff) as u8, to_usize(size)?, stream)
+            .memset(dst, value, width, to_usize(count)?, stream)
             .map_err(on(dev))?;
         ok()
     }
@@ -1422,6 +1435,24 @@ impl CudaSession {
         self.context(dev)?.memory.remove_module(handle);
         result.map_err(on(dev))?;
         ok()
+    }
+
+    fn module_function_names(&mut self, req: &Request) -> OpResult {
+        let (dev, module) = match self.modules.get(req.header().args[0]) {
+            Some(m) => (m.dev, m.raw),
+            None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+        };
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
+        self.bind(dev)?;
+        let names = self.drv.module_function_names(module).map_err(on(dev))?;
+        let bytes: Vec<u8> = names
+            .iter()
+            .flat_map(|n| n.as_bytes_with_nul().iter().copied())
+            .collect();
+        if bytes.len() <= out.len() {
+            out.write_at(0, &bytes).map_err(|_| status::INVALID_VALUE)?;
+        }
+        ok_rets(&[names.len() as u64, bytes.len() as u64])
     }
 
     fn module_get_function(&mut self, req: &Request) -> OpResult {

@@ -773,7 +773,7 @@ fn a_sticky_error_fails_every_session_from_then_on() {
     let r = run(&mut s, Op::DeviceSynchronize, &[]);
     assert_eq!((r.status, r.flags), sticky);
     assert_eq!(rig.host.sticky_error(), Some(status::ILLEGAL_ADDRESS));
-    let calls = |rig: &Rig| (rig.fake.calls("mem_alloc"), rig.fake.calls("memset_d8"));
+    let calls = |rig: &Rig| (rig.fake.calls("mem_alloc"), rig.fake.calls("memset"));
     let before = calls(&rig);
     let r = run(&mut s, Op::Malloc, &[16]);
     assert_eq!((r.status, r.flags), sticky);

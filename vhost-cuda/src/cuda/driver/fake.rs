@@ -11,7 +11,8 @@ use std::{
 };
 
 use super::{
-    Context, CuError, CuResult, DriverApi, Event, Function, HostFn, MemPool, Module, Raw, Stream,
+    Context, CuError, CuResult, DriverApi, Event, Function, HostFn, MemPool, MemsetWidth, Module,
+    Raw, Stream,
 };
 use crate::cuda::launch::{attr, DriverLaunchAttr, LaunchConfig};
 
@@ -544,15 +545,30 @@ impl DriverApi for FakeDriver {
         })
     }
 
-    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Stream) -> CuResult<()> {
+    fn memset(
+        &self,
+        dst: u64,
+        value: u32,
+        width: MemsetWidth,
+        count: usize,
+        stream: Stream,
+    ) -> CuResult<()> {
         let registered = self.st().registered.clone();
-        self.with_ctx("memset_d8", |c, _| {
+        let w = usize::try_from(width.bytes()).unwrap_or(1);
+        let len = count.checked_mul(w).ok_or(CuError::INVALID_VALUE)?;
+        let pattern = value.to_le_bytes();
+        let fill = |s: &mut [u8]| {
+            for chunk in s.chunks_exact_mut(w) {
+                chunk.copy_from_slice(&pattern[..w]);
+            }
+        };
+        self.with_ctx("memset", |c, _| {
             check_stream(c, stream.raw())?;
             match host_slice(&registered, dst, len) {
                 // SAFETY: registered ranges stay mapped while registered (method contract of
                 // `mem_host_register`).
-                Some(p) => unsafe { std::ptr::write_bytes(p, value, len) },
-                None => slice_mut(c, dst, len)?.fill(value),
+                Some(p) => fill(unsafe { std::slice::from_raw_parts_mut(p, len) }),
+                None => fill(slice_mut(c, dst, len)?),
             }
             Ok(())
         })
@@ -645,6 +661,18 @@ impl DriverApi for FakeDriver {
                 .position(|(n, _)| n.as_bytes() == name.to_bytes())
                 .ok_or(NOT_FOUND)?;
             Ok(Function::from_raw(module.raw() + 1 + i))
+        })
+    }
+
+    fn module_function_names(&self, module: Module) -> CuResult<Vec<std::ffi::CString>> {
+        self.with_ctx("module_function_names", |c, _| {
+            if !c.modules.contains(&module.raw()) {
+                return Err(INVALID_HANDLE);
+            }
+            Ok(KERNELS
+                .iter()
+                .map(|(n, _)| std::ffi::CString::new(*n).unwrap_or_default())
+                .collect())
         })
     }
 

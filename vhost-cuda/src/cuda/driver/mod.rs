@@ -169,6 +169,38 @@ pub(crate) fn check(r: sys::CUresult) -> CuResult<()> {
     }
 }
 
+/// The element width of a memset (`cuMemsetD8`/`D16`/`D32`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemsetWidth {
+    /// Bytes.
+    W8,
+    /// 16-bit elements.
+    W16,
+    /// 32-bit elements.
+    W32,
+}
+
+impl MemsetWidth {
+    /// The width for a wire value (0 or 1: bytes, 2, 4).
+    pub fn from_wire(w: u64) -> Option<Self> {
+        match w {
+            0 | 1 => Some(Self::W8),
+            2 => Some(Self::W16),
+            4 => Some(Self::W32),
+            _ => None,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Self::W8 => 1,
+            Self::W16 => 2,
+            Self::W32 => 4,
+        }
+    }
+}
+
 /// The driver calls the executor makes. See the module documentation for the handle contract.
 pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     /// cuDeviceGetCount.
@@ -232,8 +264,15 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     ) -> CuResult<()>;
     /// cuMemcpyDtoDAsync.
     fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()>;
-    /// cuMemsetD8Async.
-    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Stream) -> CuResult<()>;
+    /// cuMemsetD8Async, cuMemsetD16Async or cuMemsetD32Async: `count` elements of `width`.
+    fn memset(
+        &self,
+        dst: u64,
+        value: u32,
+        width: MemsetWidth,
+        count: usize,
+        stream: Stream,
+    ) -> CuResult<()>;
     /// cuMemcpyAsync between two device-addressable ranges (device memory or registered host
     /// memory, by unified address).
     fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()>;
@@ -255,6 +294,9 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     fn module_function(&self, module: Module, name: &CStr) -> CuResult<Function>;
     /// cuModuleGetGlobal: (device address, size).
     fn module_global(&self, module: Module, name: &CStr) -> CuResult<(u64, u64)>;
+    /// The names of a module's kernels (cuModuleGetFunctionCount, cuModuleEnumerateFunctions,
+    /// cuFuncGetName), in the driver's order.
+    fn module_function_names(&self, module: Module) -> CuResult<Vec<std::ffi::CString>>;
     /// cuFuncLoad (for lazily loaded modules).
     fn function_load(&self, func: Function) -> CuResult<()>;
     /// cuFuncGetParamInfo: (offset, size) of parameter `index`; CUDA_ERROR_INVALID_VALUE
@@ -786,9 +828,27 @@ impl DriverApi for CudaDriver {
         check(unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, ptr(stream.raw())) })
     }
 
-    fn memset_d8(&self, dst: u64, value: u8, len: usize, stream: Stream) -> CuResult<()> {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the value is as wide as the element"
+    )]
+    fn memset(
+        &self,
+        dst: u64,
+        value: u32,
+        width: MemsetWidth,
+        count: usize,
+        stream: Stream,
+    ) -> CuResult<()> {
+        let s = ptr(stream.raw());
         // SAFETY: see the impl comment.
-        check(unsafe { sys::cuMemsetD8Async(dst, value, len, ptr(stream.raw())) })
+        check(unsafe {
+            match width {
+                MemsetWidth::W8 => sys::cuMemsetD8Async(dst, value as u8, count, s),
+                MemsetWidth::W16 => sys::cuMemsetD16Async(dst, value as u16, count, s),
+                MemsetWidth::W32 => sys::cuMemsetD32Async(dst, value, count, s),
+            }
+        })
     }
 
     fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()> {
@@ -839,6 +899,31 @@ impl DriverApi for CudaDriver {
         // SAFETY: see the impl comment; `name` is NUL-terminated.
         check(unsafe { sys::cuModuleGetFunction(&raw mut f, ptr(module.raw()), name.as_ptr()) })?;
         Ok(Function::from_raw(f as Raw))
+    }
+
+    fn module_function_names(&self, module: Module) -> CuResult<Vec<std::ffi::CString>> {
+        let mut count: std::ffi::c_uint = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuModuleGetFunctionCount(&raw mut count, ptr(module.raw())) })?;
+        let mut functions: Vec<sys::CUfunction> = vec![null_mut(); count as usize];
+        // SAFETY: see the impl comment; `functions` has room for `count` handles.
+        check(unsafe {
+            sys::cuModuleEnumerateFunctions(functions.as_mut_ptr(), count, ptr(module.raw()))
+        })?;
+        functions
+            .into_iter()
+            .map(|f| {
+                let mut name: *const std::ffi::c_char = null_mut();
+                // SAFETY: see the impl comment; the driver returns a NUL-terminated name that
+                // lives as long as the module.
+                check(unsafe { sys::cuFuncGetName(&raw mut name, f) })?;
+                if name.is_null() {
+                    return Err(CuError::INVALID_VALUE);
+                }
+                // SAFETY: non-null and NUL-terminated (above).
+                Ok(unsafe { CStr::from_ptr(name) }.to_owned())
+            })
+            .collect()
     }
 
     fn module_global(&self, module: Module, name: &CStr) -> CuResult<(u64, u64)> {
@@ -1612,7 +1697,10 @@ impl DriverApi for NoDriver {
     fn mem_host_device_pointer(&self, _: u64) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
-    fn memset_d8(&self, _: u64, _: u8, _: usize, _: Stream) -> CuResult<()> {
+    fn memset(&self, _: u64, _: u32, _: MemsetWidth, _: usize, _: Stream) -> CuResult<()> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn module_function_names(&self, _: Module) -> CuResult<Vec<std::ffi::CString>> {
         Err(CuError::NO_DEVICE)
     }
     fn module_load(&self, _: &[u8]) -> CuResult<Module> {
