@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds guest-lib (release) and links target/qcuda/libcudart.so.13; prints the library's path.
+# Builds guest-lib (release) and links target/qcuda/libcudart.so.13 and libcuda.so.1 (link.sh);
+# prints libcudart.so.13's path (libcuda.so.1 is next to it).
 #
-#   guest-lib/build.sh            -> <target>/qcuda/libcudart.so.13
+#   guest-lib/build.sh            -> <target>/qcuda/libcudart.so.13, <target>/qcuda/libcuda.so.1
 #
 # <target> is $CARGO_TARGET_DIR or the workspace's target/. Applications use it with
 # LD_LIBRARY_PATH=<target>/qcuda (or by installing it as /usr/lib/qcuda/libcudart.so.13 in the

@@ -543,7 +543,14 @@ fn run(
             let src = s.device_bytes(args[1], args[2])?.to_vec();
             s.device_bytes(args[0], args[2])?.copy_from_slice(&src);
         }
-        Op::Memset => s.device_bytes(args[0], args[2])?.fill(args[1] as u8),
+        Op::Memset => {
+            let width = usize::try_from(args[4].max(1)).unwrap_or(1);
+            let pattern = (args[1] as u32).to_le_bytes();
+            let len = args[2] * width as u64;
+            for chunk in s.device_bytes(args[0], len)?.chunks_exact_mut(width) {
+                chunk.copy_from_slice(&pattern[..width]);
+            }
+        }
         Op::MemcpyMapped => {
             let src = s.device_bytes(args[1], args[2])?.to_vec();
             s.device_bytes(args[0], args[2])?.copy_from_slice(&src);
@@ -592,6 +599,22 @@ fn run(
             for (p, out) in params.iter().zip(outs[0].chunks_exact_mut(8)) {
                 out.copy_from_slice(&p.encode());
             }
+        }
+        Op::ModuleFunctionNames => {
+            if !s.modules.contains_key(&args[0]) {
+                return Err(status::INVALID_RESOURCE_HANDLE);
+            }
+            let mut names: Vec<&String> = s.kernels.keys().collect();
+            names.sort();
+            let bytes: Vec<u8> = names
+                .iter()
+                .flat_map(|n| n.bytes().chain(std::iter::once(0)))
+                .collect();
+            if bytes.len() <= outs[0].len() {
+                outs[0][..bytes.len()].copy_from_slice(&bytes);
+            }
+            rets[0] = names.len() as u64;
+            rets[1] = bytes.len() as u64;
         }
         Op::ModuleGetGlobal => {
             if !s.modules.contains_key(&args[0]) {

@@ -40,6 +40,12 @@ pub fn peek() -> cudaError_t {
     LAST_ERROR.try_with(Cell::get).unwrap_or(cudaSuccess)
 }
 
+/// Puts back a last error read with [`peek`]: the driver face runs runtime-face functions
+/// without touching the runtime's last error, which only runtime calls may change.
+pub fn restore(code: cudaError_t) {
+    let _ = LAST_ERROR.try_with(|c| c.set(code));
+}
+
 /// Turns the result of an exported function into its return value, recording a failure.
 pub fn finish(result: CudaResult<()>) -> cudaError_t {
     match result {

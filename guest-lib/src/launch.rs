@@ -96,24 +96,52 @@ pub unsafe fn launch_with(
 ) -> CudaResult<()> {
     let device = rt.devices.current()?;
     rt.session.check_sticky(device)?;
-    let stream = rt.streams.target(config.stream)?;
-    // If the limits cannot be had, the host checks the configuration instead.
+    rt.streams.target(config.stream)?;
+    let opted_in = kernel
+        .max_dynamic_smem
+        .load(std::sync::atomic::Ordering::Relaxed);
+    check_limits(rt, device, config, opted_in)?;
+    let resolved = modules::kernel(rt, kernel, device)?;
+    // SAFETY: forwarded caller contract; `resolved.params` is this kernel's layout.
+    let block = unsafe { params::pack(&resolved.params, args)? };
+    submit(rt, device, resolved.function, config, &block, flags, attrs)
+}
+
+/// Checks `config` against the cached limits of `device`, the dynamic shared memory limit
+/// raised to what the kernel was opted into. If the limits cannot be had, the host checks the
+/// configuration instead.
+pub fn check_limits(
+    rt: &Runtime,
+    device: u32,
+    config: &CallConfig,
+    opted_in: u32,
+) -> CudaResult<()> {
     if let Ok(cached) = rt.devices.launch_limits(&rt.session, device, &LIMITS) {
         let mut limits = [0i32; LIMITS.len()];
         if cached.len() == limits.len() {
             limits.copy_from_slice(cached);
-            let opted_in = kernel
-                .max_dynamic_smem
-                .load(std::sync::atomic::Ordering::Relaxed);
             if let Some(smem) = limits.last_mut() {
                 *smem = (*smem).max(i32::try_from(opted_in).unwrap_or(i32::MAX));
             }
             check_config(config, &limits)?;
         }
     }
-    let resolved = modules::kernel(rt, kernel, device)?;
-    // SAFETY: forwarded caller contract; `resolved.params` is this kernel's layout.
-    let block = unsafe { params::pack(&resolved.params, args)? };
+    Ok(())
+}
+
+/// Sends one launch of host function `function` on `device` with the packed parameter block:
+/// `LaunchKernel` (with `LAUNCH_*` flags), or `LaunchKernelEx` given encoded `LaunchAttr`
+/// records; fire-and-forget. Both API faces launch through here.
+pub fn submit(
+    rt: &Runtime,
+    device: u32,
+    function: u64,
+    config: &CallConfig,
+    block: &[u8],
+    flags: u64,
+    attrs: Option<&[u8]>,
+) -> CudaResult<()> {
+    let stream = rt.streams.target(config.stream)?;
     managed_vars::before_launch(rt, device, stream.wire)?;
     let op = if attrs.is_some() {
         Op::LaunchKernelEx
@@ -124,7 +152,7 @@ pub unsafe fn launch_with(
         .args(&{
             let mut a = [0u64; 7];
             a[..6].copy_from_slice(&wire_args(
-                resolved.function,
+                function,
                 config.grid,
                 config.block,
                 config.shared_mem,
@@ -133,7 +161,7 @@ pub unsafe fn launch_with(
             a[6] = flags;
             a
         })
-        .input(&block);
+        .input(block);
     if let Some(attrs) = attrs {
         call = call.input(attrs);
     }

@@ -31,6 +31,7 @@ pub mod copy3d;
 pub mod cuda_error;
 pub mod device_prop;
 pub mod devices;
+pub mod driver;
 pub mod events;
 pub mod fatbin;
 pub mod generated;

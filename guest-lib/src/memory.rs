@@ -266,6 +266,19 @@ fn synchronised(rt: &Runtime, order: Ordering) -> CudaResult<()> {
 /// `cudaMemset`/`cudaMemsetAsync`: `count` bytes at device address `dst` set to the low byte of
 /// `value`.
 pub fn memset(rt: &Runtime, dst: u64, value: i32, count: usize, order: Ordering) -> CudaResult<()> {
+    memset_elements(rt, dst, u32::from(low_byte(value)), 1, count, order)
+}
+
+/// `count` elements of `width` bytes (1, 2 or 4: `cuMemsetD8`/`D16`/`D32`) at device address
+/// `dst` set to the low `width` bytes of `value`.
+pub fn memset_elements(
+    rt: &Runtime,
+    dst: u64,
+    value: u32,
+    width: u64,
+    count: usize,
+    order: Ordering,
+) -> CudaResult<()> {
     rt.session.check_sticky(order.device)?;
     if !order.is_async {
         rt.session.captures.check_unsafe_call(&rt.session)?;
@@ -275,9 +288,10 @@ pub fn memset(rt: &Runtime, dst: u64, value: i32, count: usize, order: Ordering)
     }
     let mut call = Call::new(Op::Memset, order.device).args(&[
         dst,
-        u64::from(low_byte(value)),
+        u64::from(value),
         count as u64,
         order.stream,
+        width,
     ]);
     if order.is_async {
         call = call.fire_and_forget();

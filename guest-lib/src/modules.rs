@@ -79,7 +79,20 @@ pub fn kernel(rt: &Runtime, kernel: &KernelRecord, device: u32) -> CudaResult<Ar
         return Ok(k.clone());
     }
     let module = module(rt, kernel.fatbin, device)?;
-    let name = kernel.name.as_bytes();
+    let resolved = Arc::new(function(rt, device, module, kernel.name.as_bytes())?);
+    let mut cache = per_device(&kernel.resolved);
+    // Another thread may have resolved it meanwhile; both answers are the same.
+    if let Some((_, k)) = cache.iter().find(|(d, _)| *d == device) {
+        return Ok(k.clone());
+    }
+    cache.push((device, resolved.clone()));
+    Ok(resolved)
+}
+
+/// The kernel `name` of host module `module` on `device`: its function handle and parameter
+/// layout (`ModuleGetFunction`). Shared by the runtime face's registered kernels and the driver
+/// face's `cuModuleGetFunction`.
+pub fn function(rt: &Runtime, device: u32, module: u64, name: &[u8]) -> CudaResult<ResolvedKernel> {
     let mut records = vec![0u8; FIRST_PARAM_GUESS * PARAM_INFO_SIZE];
     let (function, count) = loop {
         let reply = rt.session.submit(
@@ -102,14 +115,25 @@ pub fn kernel(rt: &Runtime, kernel: &KernelRecord, device: u32) -> CudaResult<Ar
         .chunks_exact(PARAM_INFO_SIZE)
         .map(|c| ParamInfo::decode(c).map_err(|_| CudaError::UNKNOWN))
         .collect::<CudaResult<Vec<_>>>()?;
-    let resolved = Arc::new(ResolvedKernel { function, params });
-    let mut cache = per_device(&kernel.resolved);
-    // Another thread may have resolved it meanwhile; both answers are the same.
-    if let Some((_, k)) = cache.iter().find(|(d, _)| *d == device) {
-        return Ok(k.clone());
-    }
-    cache.push((device, resolved.clone()));
-    Ok(resolved)
+    Ok(ResolvedKernel { function, params })
+}
+
+/// The device address and size of global `name` of host module `module` on `device`.
+pub fn module_global(
+    rt: &Runtime,
+    device: u32,
+    module: u64,
+    name: &[u8],
+) -> CudaResult<DeviceGlobal> {
+    let reply = rt.session.submit(
+        Call::new(Op::ModuleGetGlobal, device)
+            .args(&[module])
+            .input(name),
+    )?;
+    Ok(DeviceGlobal {
+        addr: reply.rets[0],
+        size: reply.rets[1],
+    })
 }
 
 /// `var` resolved on `device`: its device address and size.
@@ -118,15 +142,7 @@ pub fn global(rt: &Runtime, var: &VarRecord, device: u32) -> CudaResult<DeviceGl
         return Ok(*g);
     }
     let module = module(rt, var.fatbin, device)?;
-    let reply = rt.session.submit(
-        Call::new(Op::ModuleGetGlobal, device)
-            .args(&[module])
-            .input(var.name.as_bytes()),
-    )?;
-    let g = DeviceGlobal {
-        addr: reply.rets[0],
-        size: reply.rets[1],
-    };
+    let g = module_global(rt, device, module, var.name.as_bytes())?;
     let mut cache = per_device(&var.resolved);
     if !cache.iter().any(|(d, _)| *d == device) {
         cache.push((device, g));

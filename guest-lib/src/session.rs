@@ -389,6 +389,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::ModuleLoad
         | Op::ModuleUnload
         | Op::ModuleGetFunction
+        | Op::ModuleFunctionNames
         | Op::ModuleGetGlobal
         | Op::LaunchKernel
         | Op::FuncAttributes
@@ -513,6 +514,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemcpyMapped
         | Op::Memset
         | Op::ModuleGetFunction
+        | Op::ModuleFunctionNames
         | Op::ModuleGetGlobal
         | Op::StreamSynchronize
         | Op::StreamQuery

@@ -42,7 +42,7 @@ fn dword(val: &[u8; 64], at: usize) -> u64 {
 ///
 /// # Safety
 /// `config.attrs` holds `config.numAttrs` attributes (API contract).
-unsafe fn wire_attrs(rt: &Runtime, config: &cudaLaunchConfig_t) -> CudaResult<Vec<u8>> {
+pub(crate) unsafe fn wire_attrs(rt: &Runtime, config: &cudaLaunchConfig_t) -> CudaResult<Vec<u8>> {
     let n = config.numAttrs as usize;
     if n > 0 && config.attrs.is_null() {
         return Err(CudaError::INVALID_VALUE);

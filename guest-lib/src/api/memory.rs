@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// Orders a synchronous call on the legacy stream of the current device.
-pub(super) fn sync_order(device: u32) -> Ordering {
+pub(crate) fn sync_order(device: u32) -> Ordering {
     Ordering {
         device,
         stream: 0,
@@ -30,7 +30,7 @@ pub(super) fn sync_order(device: u32) -> Ordering {
 }
 
 /// Orders an `*Async` call on `stream`.
-pub(super) fn async_order(
+pub(crate) fn async_order(
     stream: cudaStream_t,
 ) -> CudaResult<(&'static crate::runtime::Runtime, Ordering)> {
     let (rt, _) = current()?;

@@ -31,6 +31,18 @@ mod cuda_types;
     clippy::undocumented_unsafe_blocks,
     unsafe_op_in_unsafe_fn
 )]
+pub mod driver_api;
+pub mod driver_tables;
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    missing_debug_implementations,
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    unsafe_op_in_unsafe_fn
+)]
 pub mod runtime_api;
 
 pub use cuda_types::*;

@@ -1,0 +1,325 @@
+//! Contexts: primary contexts, created contexts, the per-thread stack, and the context-wide
+//! settings (limits, cache configuration, stream priorities, synchronisation).
+
+use core::ffi::{c_int, c_uint};
+
+use super::{check_device, initialized, out, via_runtime};
+use crate::{
+    api::{devices as rt_devices, launch_ex as rt_launch, streams as rt_streams},
+    driver::{
+        context::{self, Context},
+        status::{DriverError, DrvResult},
+    },
+    generated::driver_api as d,
+    runtime::{registry, runtime},
+};
+
+/// The context a handle names, or the current one for null where the API allows it.
+fn context_or_current(ctx: d::CUcontext) -> DrvResult<&'static Context> {
+    if ctx.is_null() {
+        context::require_current()
+    } else {
+        context::lookup(ctx as usize)
+    }
+}
+
+fn handle(ctx: &'static Context) -> d::CUcontext {
+    ctx.handle() as d::CUcontext
+}
+
+/// The `CU_CTX_*` flags a context may be created with.
+const CTX_FLAGS: c_uint = d::CU_CTX_SCHED_MASK
+    | d::CU_CTX_MAP_HOST
+    | d::CU_CTX_LMEM_RESIZE_TO_MAX
+    | d::CU_CTX_COREDUMP_ENABLE
+    | d::CU_CTX_USER_COREDUMP_ENABLE
+    | d::CU_CTX_SYNC_MEMOPS;
+
+fn create(pctx: *mut d::CUcontext, flags: c_uint, dev: d::CUdevice) -> DrvResult<()> {
+    let dv = check_device(dev)?;
+    if pctx.is_null() || flags & !CTX_FLAGS != 0 {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    let ctx = context::create(dv, flags);
+    // SAFETY: checked non-null.
+    unsafe { pctx.write_unaligned(handle(ctx)) };
+    Ok(())
+}
+
+driver_api! {
+    /// `cuCtxCreate_v2`.
+    #[no_prototype = "cuda.h maps cuCtxCreate to _v4"]
+    fn cuCtxCreate_v2(pctx: *mut d::CUcontext, flags: c_uint, dev: d::CUdevice) {
+        create(pctx, flags, dev)
+    }
+
+    /// `cuCtxCreate_v3`: with execution-affinity parameters, which qcuda does not offer.
+    #[no_prototype = "cuda.h maps cuCtxCreate to _v4"]
+    fn cuCtxCreate_v3(
+        pctx: *mut d::CUcontext,
+        paramsArray: *mut d::CUexecAffinityParam,
+        numParams: c_int,
+        flags: c_uint,
+        dev: d::CUdevice
+    ) {
+        if numParams > 0 || !paramsArray.is_null() {
+            return Err(DriverError::NOT_SUPPORTED);
+        }
+        create(pctx, flags, dev)
+    }
+
+    /// `cuCtxCreate_v4`: optional parameters (affinity, CIG) are not offered.
+    fn cuCtxCreate_v4(
+        pctx: *mut d::CUcontext,
+        ctxCreateParams: *mut d::CUctxCreateParams,
+        flags: c_uint,
+        dev: d::CUdevice,
+    ) {
+        if !ctxCreateParams.is_null() {
+            // SAFETY: non-null: the caller passes a parameter block.
+            let p = unsafe { &*ctxCreateParams };
+            if p.numExecAffinityParams > 0 || !p.cigParams.is_null() {
+                return Err(DriverError::NOT_SUPPORTED);
+            }
+        }
+        create(pctx, flags, dev)
+    }
+
+    /// `cuCtxDestroy_v2`: waits for the device, then the handle is gone.
+    fn cuCtxDestroy_v2(ctx: d::CUcontext) {
+        initialized()?;
+        let c = context::lookup(ctx as usize)?;
+        if c.primary {
+            return Err(DriverError::INVALID_CONTEXT);
+        }
+        synchronize(c)?;
+        context::destroy(c)
+    }
+
+    /// `cuCtxPushCurrent_v2`.
+    fn cuCtxPushCurrent_v2(ctx: d::CUcontext) {
+        initialized()?;
+        context::push(context::lookup(ctx as usize)?);
+        Ok(())
+    }
+
+    /// `cuCtxPopCurrent_v2`.
+    fn cuCtxPopCurrent_v2(pctx: *mut d::CUcontext) {
+        initialized()?;
+        let c = context::pop()?;
+        if !pctx.is_null() {
+            // SAFETY: non-null: the caller wants the popped context.
+            unsafe { pctx.write_unaligned(handle(c)) };
+        }
+        Ok(())
+    }
+
+    /// `cuCtxSetCurrent` (null pops).
+    fn cuCtxSetCurrent(ctx: d::CUcontext) {
+        initialized()?;
+        let c = if ctx.is_null() { None } else { Some(context::lookup(ctx as usize)?) };
+        context::set_current(c);
+        Ok(())
+    }
+
+    /// `cuCtxGetCurrent`: null when the thread has none.
+    fn cuCtxGetCurrent(pctx: *mut d::CUcontext) {
+        initialized()?;
+        let c = context::current().map_or(std::ptr::null_mut(), handle);
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pctx, c) }
+    }
+
+    /// `cuCtxGetDevice`.
+    fn cuCtxGetDevice(device: *mut d::CUdevice) {
+        initialized()?;
+        let c = context::require_current()?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(device, c_int::try_from(c.device).unwrap_or(0)) }
+    }
+
+    /// `cuCtxGetDevice_v2`: of a given context (null: the current one).
+    fn cuCtxGetDevice_v2(device: *mut d::CUdevice, ctx: d::CUcontext) {
+        initialized()?;
+        let c = context_or_current(ctx)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(device, c_int::try_from(c.device).unwrap_or(0)) }
+    }
+
+    /// `cuCtxGetFlags`.
+    fn cuCtxGetFlags(flags: *mut c_uint) {
+        initialized()?;
+        let c = context::require_current()?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(flags, c.flags()) }
+    }
+
+    /// `cuCtxSetFlags`.
+    fn cuCtxSetFlags(flags: c_uint) {
+        initialized()?;
+        if flags & !CTX_FLAGS != 0 {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        context::require_current()?.set_flags(flags);
+        Ok(())
+    }
+
+    /// `cuCtxGetId`.
+    fn cuCtxGetId(ctx: d::CUcontext, ctxId: *mut ::core::ffi::c_ulonglong) {
+        initialized()?;
+        let c = context_or_current(ctx)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(ctxId, c.id) }
+    }
+
+    /// `cuCtxGetApiVersion`: 3020 for every context, the version the `_v2` context API began.
+    fn cuCtxGetApiVersion(ctx: d::CUcontext, version: *mut c_uint) {
+        initialized()?;
+        context_or_current(ctx)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(version, 3020) }
+    }
+
+    /// `cuCtxSynchronize`.
+    fn cuCtxSynchronize() {
+        initialized()?;
+        synchronize(context::require_current()?)
+    }
+
+    /// `cuCtxSynchronize_v2`: of a given context (null: the current one).
+    fn cuCtxSynchronize_v2(ctx: d::CUcontext) {
+        initialized()?;
+        synchronize(context_or_current(ctx)?)
+    }
+
+    /// `cuCtxGetLimit` (the `CUlimit` ids are the runtime's `cudaLimit`).
+    fn cuCtxGetLimit(pvalue: *mut usize, limit: d::CUlimit) {
+        initialized()?;
+        context::require_current()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_devices::cudaDeviceGetLimit(pvalue, limit) })
+    }
+
+    /// `cuCtxSetLimit`.
+    fn cuCtxSetLimit(limit: d::CUlimit, value: usize) {
+        initialized()?;
+        context::require_current()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_devices::cudaDeviceSetLimit(limit, value) })
+    }
+
+    /// `cuCtxGetCacheConfig`.
+    fn cuCtxGetCacheConfig(pconfig: *mut d::CUfunc_cache) {
+        initialized()?;
+        context::require_current()?;
+        // SAFETY: forwarded contract; CUfunc_cache and cudaFuncCache share their values.
+        via_runtime(|| unsafe { rt_launch::cudaDeviceGetCacheConfig(pconfig) })
+    }
+
+    /// `cuCtxSetCacheConfig`.
+    fn cuCtxSetCacheConfig(config: d::CUfunc_cache) {
+        initialized()?;
+        context::require_current()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_launch::cudaDeviceSetCacheConfig(config) })
+    }
+
+    /// `cuCtxGetStreamPriorityRange`.
+    fn cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int) {
+        initialized()?;
+        context::require_current()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe {
+            rt_streams::cudaDeviceGetStreamPriorityRange(leastPriority, greatestPriority)
+        })
+    }
+
+    /// `cuCtxResetPersistingL2Cache`.
+    fn cuCtxResetPersistingL2Cache() {
+        initialized()?;
+        context::require_current()?;
+        // SAFETY: no arguments.
+        via_runtime(|| unsafe { crate::api::stream_attrs::cudaCtxResetPersistingL2Cache() })
+    }
+
+    /// `cuDevicePrimaryCtxRetain`.
+    fn cuDevicePrimaryCtxRetain(pctx: *mut d::CUcontext, dev: d::CUdevice) {
+        let dv = check_device(dev)?;
+        if pctx.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let c = context::retain_primary(dv);
+        // SAFETY: checked non-null.
+        unsafe { pctx.write_unaligned(handle(c)) };
+        Ok(())
+    }
+
+    /// `cuDevicePrimaryCtxRelease_v2`.
+    fn cuDevicePrimaryCtxRelease_v2(dev: d::CUdevice) {
+        context::release_primary(check_device(dev)?)
+    }
+
+    /// `cuDevicePrimaryCtxRelease` (pre-11.0 form).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuDevicePrimaryCtxRelease(dev: d::CUdevice) {
+        context::release_primary(check_device(dev)?)
+    }
+
+    /// `cuDevicePrimaryCtxReset_v2`: frees everything the process has on the device, as
+    /// `cudaDeviceReset` does, and runs the context's local-storage destructors.
+    fn cuDevicePrimaryCtxReset_v2(dev: d::CUdevice) {
+        let dv = check_device(dev)?;
+        reset_primary(dv)
+    }
+
+    /// `cuDevicePrimaryCtxReset` (pre-11.0 form).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuDevicePrimaryCtxReset(dev: d::CUdevice) {
+        let dv = check_device(dev)?;
+        reset_primary(dv)
+    }
+
+    /// `cuDevicePrimaryCtxGetState`.
+    fn cuDevicePrimaryCtxGetState(dev: d::CUdevice, flags: *mut c_uint, active: *mut c_int) {
+        let dv = check_device(dev)?;
+        // SAFETY: caller's out-parameters.
+        unsafe {
+            out(flags, context::primary(dv).flags())?;
+            out(active, c_int::from(context::primary_active(dv)))
+        }
+    }
+
+    /// `cuDevicePrimaryCtxSetFlags_v2`.
+    fn cuDevicePrimaryCtxSetFlags_v2(dev: d::CUdevice, flags: c_uint) {
+        let dv = check_device(dev)?;
+        if flags & !CTX_FLAGS != 0 {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        context::primary(dv).set_flags(flags);
+        Ok(())
+    }
+
+    /// `cuDevicePrimaryCtxSetFlags` (pre-11.0 form).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuDevicePrimaryCtxSetFlags(dev: d::CUdevice, flags: c_uint) {
+        // SAFETY: same contract.
+        DriverError::check(unsafe { cuDevicePrimaryCtxSetFlags_v2(dev, flags) })
+    }
+}
+
+/// Waits for all work of the context's device.
+fn synchronize(c: &'static Context) -> DrvResult<()> {
+    let saved = crate::devices::current();
+    crate::devices::set_current(c.device);
+    // SAFETY: no arguments.
+    let result = via_runtime(|| unsafe { rt_devices::cudaDeviceSynchronize() });
+    crate::devices::set_current(saved);
+    result
+}
+
+fn reset_primary(device: u32) -> DrvResult<()> {
+    context::primary_reset(device);
+    let rt = runtime()?;
+    rt.reset_device(registry(), device)?;
+    Ok(())
+}

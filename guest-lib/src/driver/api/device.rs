@@ -1,0 +1,176 @@
+//! Devices: count, ordinals, names, UUIDs, memory, attributes, PCI identity, peers.
+
+use core::ffi::{c_char, c_int, c_uint};
+
+use super::{check_device, initialized, out, via_runtime};
+use crate::{
+    api::{devices as rt_devices, pools as rt_pools},
+    driver::status::DriverError,
+    generated::driver_api as d,
+    runtime::runtime,
+};
+
+driver_api! {
+    /// `cuDeviceGet`.
+    fn cuDeviceGet(device: *mut d::CUdevice, ordinal: c_int) {
+        check_device(ordinal)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(device, ordinal) }
+    }
+
+    /// `cuDeviceGetCount`.
+    fn cuDeviceGetCount(count: *mut c_int) {
+        initialized()?;
+        let n = runtime()?.devices.count();
+        // SAFETY: caller's out-parameter.
+        unsafe { out(count, c_int::try_from(n).unwrap_or(c_int::MAX)) }
+    }
+
+    /// `cuDeviceGetName`: truncated to `len` bytes with the NUL, as the driver does.
+    fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: d::CUdevice) {
+        let dv = check_device(dev)?;
+        let len = usize::try_from(len).ok().filter(|&l| l > 0).ok_or(DriverError::INVALID_VALUE)?;
+        if name.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let rt = runtime()?;
+        let info = rt.devices.info(&rt.session, dv)?;
+        let text = info.name.split(|&b| b == 0).next().unwrap_or(&[]);
+        let n = text.len().min(len - 1);
+        // SAFETY: the caller gave `len` writable bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), name.cast::<u8>(), n);
+            name.add(n).write(0);
+        }
+        Ok(())
+    }
+
+    /// `cuDeviceGetUuid` (the CUDA 9.2 form; same bytes as `_v2`).
+    #[no_prototype = "cuda.h maps cuDeviceGetUuid to _v2"]
+    fn cuDeviceGetUuid(uuid: *mut d::CUuuid, dev: d::CUdevice) {
+        // SAFETY: forwarded contract.
+        DriverError::check(unsafe { cuDeviceGetUuid_v2(uuid, dev) })
+    }
+
+    /// `cuDeviceGetUuid_v2`.
+    fn cuDeviceGetUuid_v2(uuid: *mut d::CUuuid, dev: d::CUdevice) {
+        let dv = check_device(dev)?;
+        let rt = runtime()?;
+        let info = rt.devices.info(&rt.session, dv)?;
+        let bytes = info.uuid.map(u8::cast_signed);
+        // SAFETY: caller's out-parameter.
+        unsafe { out(uuid, d::CUuuid { bytes }) }
+    }
+
+    /// `cuDeviceTotalMem_v2`.
+    fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: d::CUdevice) {
+        let dv = check_device(dev)?;
+        let rt = runtime()?;
+        let info = rt.devices.info(&rt.session, dv)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(bytes, usize::try_from(info.total_mem).unwrap_or(usize::MAX)) }
+    }
+
+    /// `cuDeviceTotalMem` (32-bit size, pre-3.2).
+    #[no_prototype = "pre-3.2 form"]
+    fn cuDeviceTotalMem(bytes: *mut c_uint, dev: d::CUdevice) {
+        let mut total = 0usize;
+        // SAFETY: a valid out-pointer.
+        DriverError::check(unsafe { cuDeviceTotalMem_v2(&raw mut total, dev) })?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(bytes, c_uint::try_from(total).unwrap_or(c_uint::MAX)) }
+    }
+
+    /// `cuDeviceGetAttribute`: the attributes the runtime face reports (masked where qcuda
+    /// cannot honour them in the guest).
+    fn cuDeviceGetAttribute(pi: *mut c_int, attrib: d::CUdevice_attribute, dev: d::CUdevice) {
+        check_device(dev)?;
+        if pi.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: checked non-null; the ids are the runtime's cudaDeviceAttr values.
+        via_runtime(|| unsafe { rt_devices::cudaDeviceGetAttribute(pi, attrib, dev) })
+    }
+
+    /// `cuDeviceComputeCapability` (deprecated).
+    #[no_prototype = "deprecated, not declared by default"]
+    fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: d::CUdevice) {
+        let dv = check_device(dev)?;
+        let rt = runtime()?;
+        let info = rt.devices.info(&rt.session, dv)?;
+        // SAFETY: caller's out-parameters.
+        unsafe {
+            out(major, info.cc_major)?;
+            out(minor, info.cc_minor)
+        }
+    }
+
+    /// `cuDeviceGetPCIBusId`.
+    fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: d::CUdevice) {
+        check_device(dev)?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_devices::cudaDeviceGetPCIBusId(pciBusId, len, dev) })
+    }
+
+    /// `cuDeviceGetByPCIBusId`.
+    fn cuDeviceGetByPCIBusId(dev: *mut d::CUdevice, pciBusId: *const c_char) {
+        initialized()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_devices::cudaDeviceGetByPCIBusId(dev, pciBusId) })
+    }
+
+    /// `cuDeviceCanAccessPeer`.
+    fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: d::CUdevice, peerDev: d::CUdevice) {
+        check_device(dev)?;
+        check_device(peerDev)?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_devices::cudaDeviceCanAccessPeer(canAccessPeer, dev, peerDev) })
+    }
+
+    /// `cuDeviceGetP2PAttribute` (the attribute ids are the runtime's).
+    fn cuDeviceGetP2PAttribute(
+        value: *mut c_int,
+        attrib: d::CUdevice_P2PAttribute,
+        srcDevice: d::CUdevice,
+        dstDevice: d::CUdevice,
+    ) {
+        check_device(srcDevice)?;
+        check_device(dstDevice)?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe {
+            rt_devices::cudaDeviceGetP2PAttribute(value, attrib, srcDevice, dstDevice)
+        })
+    }
+
+    /// `cuDeviceGetDefaultMemPool`.
+    fn cuDeviceGetDefaultMemPool(pool_out: *mut d::CUmemoryPool, dev: d::CUdevice) {
+        check_device(dev)?;
+        // SAFETY: forwarded contract; CUmemoryPool and cudaMemPool_t are the same handle.
+        via_runtime(|| unsafe { rt_pools::cudaDeviceGetDefaultMemPool(pool_out.cast(), dev) })
+    }
+
+    /// `cuDeviceGetMemPool`.
+    fn cuDeviceGetMemPool(pool: *mut d::CUmemoryPool, dev: d::CUdevice) {
+        check_device(dev)?;
+        // SAFETY: as above.
+        via_runtime(|| unsafe { rt_pools::cudaDeviceGetMemPool(pool.cast(), dev) })
+    }
+
+    /// `cuDeviceSetMemPool`.
+    fn cuDeviceSetMemPool(dev: d::CUdevice, pool: d::CUmemoryPool) {
+        check_device(dev)?;
+        // SAFETY: as above.
+        via_runtime(|| unsafe { rt_pools::cudaDeviceSetMemPool(dev, pool.cast()) })
+    }
+
+    /// `cuDeviceGetExecAffinitySupport`: qcuda offers no execution affinity (SM partitions),
+    /// so every type is reported as unsupported (0), which is the truth.
+    fn cuDeviceGetExecAffinitySupport(pi: *mut c_int, r#type: d::CUexecAffinityType, dev: d::CUdevice) {
+        check_device(dev)?;
+        if r#type != d::CU_EXEC_AFFINITY_TYPE_SM_COUNT {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pi, 0) }
+    }
+}

@@ -1,0 +1,460 @@
+//! Memory: device allocations, pinned and registered host memory, managed memory, copies and
+//! memsets. Each is the runtime face's operation on the current context's device: the same
+//! allocation records, the same copy paths (mapped memory by DMA, pageable memory through the
+//! virtqueue), the same fire-and-forget rules for `*Async` work.
+
+use core::ffi::{c_int, c_uint, c_void};
+
+use super::{initialized, via_runtime};
+use crate::{
+    api::{memory as rt_memory, pools as rt_pools},
+    driver::{
+        context,
+        status::{DriverError, DrvResult},
+    },
+    generated::{
+        cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost,
+        cudaMemcpyHostToDevice, cudaMemcpyKind, driver_api as d,
+    },
+    memory,
+    runtime::runtime,
+};
+
+/// The current context, made the runtime face's current device.
+fn ready() -> DrvResult<()> {
+    initialized()?;
+    context::require_current().map(drop)
+}
+
+fn copy(dst: u64, src: u64, n: usize, kind: cudaMemcpyKind) -> DrvResult<()> {
+    ready()?;
+    // SAFETY: the driver API's contract for the host-side range, forwarded.
+    via_runtime(|| unsafe {
+        rt_memory::cudaMemcpy(dst as *mut c_void, src as *const c_void, n, kind)
+    })
+}
+
+fn copy_async(
+    dst: u64,
+    src: u64,
+    n: usize,
+    kind: cudaMemcpyKind,
+    stream: d::CUstream,
+) -> DrvResult<()> {
+    ready()?;
+    // SAFETY: as above; CUstream and cudaStream_t are the same handle.
+    via_runtime(|| unsafe {
+        rt_memory::cudaMemcpyAsync(
+            dst as *mut c_void,
+            src as *const c_void,
+            n,
+            kind,
+            stream.cast(),
+        )
+    })
+}
+
+fn memset(
+    dst: u64,
+    value: u32,
+    width: u64,
+    n: usize,
+    stream: Option<d::CUstream>,
+) -> DrvResult<()> {
+    ready()?;
+    let rt = runtime()?;
+    let (rt, order) = match stream {
+        None => (rt, rt_memory::sync_order(crate::devices::current())),
+        Some(s) => rt_memory::async_order(s.cast())?,
+    };
+    Ok(memory::memset_elements(rt, dst, value, width, n, order)?)
+}
+
+driver_api! {
+    /// `cuMemAlloc_v2`.
+    fn cuMemAlloc_v2(dptr: *mut d::CUdeviceptr, bytesize: usize) {
+        ready()?;
+        if dptr.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        if bytesize == 0 {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: checked non-null; CUdeviceptr is the runtime's device address.
+        via_runtime(|| unsafe { rt_memory::cudaMalloc(dptr.cast(), bytesize) })
+    }
+
+    /// `cuMemFree_v2`.
+    fn cuMemFree_v2(dptr: d::CUdeviceptr) {
+        ready()?;
+        // SAFETY: a device address (or 0).
+        via_runtime(|| unsafe { rt_memory::cudaFree(dptr as *mut c_void) })
+    }
+
+    /// `cuMemGetInfo_v2`.
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { crate::api::devices::cudaMemGetInfo(free, total) })
+    }
+
+    /// `cuMemAllocPitch_v2`: rows of `WidthInBytes` at the device's pitch.
+    fn cuMemAllocPitch_v2(
+        dptr: *mut d::CUdeviceptr,
+        pPitch: *mut usize,
+        WidthInBytes: usize,
+        Height: usize,
+        ElementSizeBytes: c_uint,
+    ) {
+        ready()?;
+        if !matches!(ElementSizeBytes, 4 | 8 | 16) {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe {
+            crate::api::arrays::cudaMallocPitch(dptr.cast(), pPitch, WidthInBytes, Height)
+        })
+    }
+
+    /// `cuMemGetAddressRange_v2`: the allocation `dptr` falls in.
+    fn cuMemGetAddressRange_v2(pbase: *mut d::CUdeviceptr, psize: *mut usize, dptr: d::CUdeviceptr) {
+        ready()?;
+        let rt = runtime()?;
+        let a = rt.allocations.find(dptr).ok_or(DriverError::NOT_FOUND)?;
+        if !pbase.is_null() {
+            // SAFETY: non-null: the caller asked for it.
+            unsafe { pbase.write_unaligned(a.base) };
+        }
+        if !psize.is_null() {
+            // SAFETY: as above.
+            unsafe { psize.write_unaligned(usize::try_from(a.size).unwrap_or(usize::MAX)) };
+        }
+        Ok(())
+    }
+
+    /// `cuMemAllocHost_v2`: pinned guest memory the GPU reaches directly.
+    fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_memory::cudaMallocHost(pp, bytesize) })
+    }
+
+    /// `cuMemFreeHost`.
+    fn cuMemFreeHost(p: *mut c_void) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_memory::cudaFreeHost(p) })
+    }
+
+    /// `cuMemHostAlloc` (`CU_MEMHOSTALLOC_*` are the runtime's `cudaHostAlloc*` flags).
+    fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_memory::cudaHostAlloc(pp, bytesize, Flags) })
+    }
+
+    /// `cuMemHostGetDevicePointer_v2`.
+    fn cuMemHostGetDevicePointer_v2(pdptr: *mut d::CUdeviceptr, p: *mut c_void, Flags: c_uint) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_memory::cudaHostGetDevicePointer(pdptr.cast(), p, Flags) })
+    }
+
+    /// `cuMemHostGetFlags`.
+    fn cuMemHostGetFlags(pFlags: *mut c_uint, p: *mut c_void) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_memory::cudaHostGetFlags(pFlags, p) })
+    }
+
+    /// `cuMemHostRegister_v2` (`CU_MEMHOSTREGISTER_*` are the runtime's flags).
+    fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, Flags: c_uint) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_memory::cudaHostRegister(p, bytesize, Flags) })
+    }
+
+    /// `cuMemHostUnregister`.
+    fn cuMemHostUnregister(p: *mut c_void) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_memory::cudaHostUnregister(p) })
+    }
+
+    /// `cuMemAllocManaged`.
+    fn cuMemAllocManaged(dptr: *mut d::CUdeviceptr, bytesize: usize, flags: c_uint) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_memory::cudaMallocManaged(dptr.cast(), bytesize, flags) })
+    }
+
+    /// `cuMemAllocAsync`.
+    #[per_thread(cuMemAllocAsync_ptsz)]
+    fn cuMemAllocAsync(dptr: *mut d::CUdeviceptr, bytesize: usize, hStream: d::CUstream) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_pools::cudaMallocAsync(dptr.cast(), bytesize, hStream.cast()) })
+    }
+
+    /// `cuMemAllocFromPoolAsync`.
+    #[per_thread(cuMemAllocFromPoolAsync_ptsz)]
+    fn cuMemAllocFromPoolAsync(
+        dptr: *mut d::CUdeviceptr,
+        bytesize: usize,
+        pool: d::CUmemoryPool,
+        hStream: d::CUstream,
+    ) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe {
+            rt_pools::cudaMallocFromPoolAsync(dptr.cast(), bytesize, pool.cast(), hStream.cast())
+        })
+    }
+
+    /// `cuMemFreeAsync`.
+    #[per_thread(cuMemFreeAsync_ptsz)]
+    fn cuMemFreeAsync(dptr: d::CUdeviceptr, hStream: d::CUstream) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_pools::cudaFreeAsync(dptr as *mut c_void, hStream.cast()) })
+    }
+
+    /// `cuMemcpy`: between any two addresses, by unified addressing.
+    #[per_thread(cuMemcpy_ptds)]
+    fn cuMemcpy(dst: d::CUdeviceptr, src: d::CUdeviceptr, ByteCount: usize) {
+        copy(dst, src, ByteCount, cudaMemcpyDefault)
+    }
+
+    /// `cuMemcpyAsync`.
+    #[per_thread(cuMemcpyAsync_ptsz)]
+    fn cuMemcpyAsync(dst: d::CUdeviceptr, src: d::CUdeviceptr, ByteCount: usize, hStream: d::CUstream) {
+        copy_async(dst, src, ByteCount, cudaMemcpyDefault, hStream)
+    }
+
+    /// `cuMemcpyHtoD_v2`.
+    #[per_thread(cuMemcpyHtoD_v2_ptds)]
+    fn cuMemcpyHtoD_v2(dstDevice: d::CUdeviceptr, srcHost: *const c_void, ByteCount: usize) {
+        copy(dstDevice, srcHost as u64, ByteCount, cudaMemcpyHostToDevice)
+    }
+
+    /// `cuMemcpyDtoH_v2`.
+    #[per_thread(cuMemcpyDtoH_v2_ptds)]
+    fn cuMemcpyDtoH_v2(dstHost: *mut c_void, srcDevice: d::CUdeviceptr, ByteCount: usize) {
+        copy(dstHost as u64, srcDevice, ByteCount, cudaMemcpyDeviceToHost)
+    }
+
+    /// `cuMemcpyDtoD_v2`.
+    #[per_thread(cuMemcpyDtoD_v2_ptds)]
+    fn cuMemcpyDtoD_v2(dstDevice: d::CUdeviceptr, srcDevice: d::CUdeviceptr, ByteCount: usize) {
+        copy(dstDevice, srcDevice, ByteCount, cudaMemcpyDeviceToDevice)
+    }
+
+    /// `cuMemcpyHtoDAsync_v2`.
+    #[per_thread(cuMemcpyHtoDAsync_v2_ptsz)]
+    fn cuMemcpyHtoDAsync_v2(
+        dstDevice: d::CUdeviceptr,
+        srcHost: *const c_void,
+        ByteCount: usize,
+        hStream: d::CUstream,
+    ) {
+        copy_async(dstDevice, srcHost as u64, ByteCount, cudaMemcpyHostToDevice, hStream)
+    }
+
+    /// `cuMemcpyDtoHAsync_v2`.
+    #[per_thread(cuMemcpyDtoHAsync_v2_ptsz)]
+    fn cuMemcpyDtoHAsync_v2(
+        dstHost: *mut c_void,
+        srcDevice: d::CUdeviceptr,
+        ByteCount: usize,
+        hStream: d::CUstream,
+    ) {
+        copy_async(dstHost as u64, srcDevice, ByteCount, cudaMemcpyDeviceToHost, hStream)
+    }
+
+    /// `cuMemcpyDtoDAsync_v2`.
+    #[per_thread(cuMemcpyDtoDAsync_v2_ptsz)]
+    fn cuMemcpyDtoDAsync_v2(
+        dstDevice: d::CUdeviceptr,
+        srcDevice: d::CUdeviceptr,
+        ByteCount: usize,
+        hStream: d::CUstream,
+    ) {
+        copy_async(dstDevice, srcDevice, ByteCount, cudaMemcpyDeviceToDevice, hStream)
+    }
+
+    /// `cuMemcpyPeer`.
+    #[per_thread(cuMemcpyPeer_ptds)]
+    fn cuMemcpyPeer(
+        dstDevice: d::CUdeviceptr,
+        dstContext: d::CUcontext,
+        srcDevice: d::CUdeviceptr,
+        srcContext: d::CUcontext,
+        ByteCount: usize,
+    ) {
+        ready()?;
+        let dst = device_of(dstContext)?;
+        let src = device_of(srcContext)?;
+        // SAFETY: device addresses of those contexts' devices.
+        via_runtime(|| unsafe {
+            rt_memory::cudaMemcpyPeer(dstDevice as *mut c_void, dst, srcDevice as *const c_void, src, ByteCount)
+        })
+    }
+
+    /// `cuMemcpyPeerAsync`.
+    #[per_thread(cuMemcpyPeerAsync_ptsz)]
+    fn cuMemcpyPeerAsync(
+        dstDevice: d::CUdeviceptr,
+        dstContext: d::CUcontext,
+        srcDevice: d::CUdeviceptr,
+        srcContext: d::CUcontext,
+        ByteCount: usize,
+        hStream: d::CUstream,
+    ) {
+        ready()?;
+        let dst = device_of(dstContext)?;
+        let src = device_of(srcContext)?;
+        // SAFETY: as above.
+        via_runtime(|| unsafe {
+            rt_memory::cudaMemcpyPeerAsync(
+                dstDevice as *mut c_void,
+                dst,
+                srcDevice as *const c_void,
+                src,
+                ByteCount,
+                hStream.cast(),
+            )
+        })
+    }
+
+    /// `cuMemsetD8_v2`.
+    #[per_thread(cuMemsetD8_v2_ptds)]
+    fn cuMemsetD8_v2(dstDevice: d::CUdeviceptr, uc: ::core::ffi::c_uchar, N: usize) {
+        memset(dstDevice, u32::from(uc), 1, N, None)
+    }
+
+    /// `cuMemsetD16_v2`.
+    #[per_thread(cuMemsetD16_v2_ptds)]
+    fn cuMemsetD16_v2(dstDevice: d::CUdeviceptr, us: ::core::ffi::c_ushort, N: usize) {
+        memset(dstDevice, u32::from(us), 2, N, None)
+    }
+
+    /// `cuMemsetD32_v2`.
+    #[per_thread(cuMemsetD32_v2_ptds)]
+    fn cuMemsetD32_v2(dstDevice: d::CUdeviceptr, ui: c_uint, N: usize) {
+        memset(dstDevice, ui, 4, N, None)
+    }
+
+    /// `cuMemsetD8Async`.
+    #[per_thread(cuMemsetD8Async_ptsz)]
+    fn cuMemsetD8Async(dstDevice: d::CUdeviceptr, uc: ::core::ffi::c_uchar, N: usize, hStream: d::CUstream) {
+        memset(dstDevice, u32::from(uc), 1, N, Some(hStream))
+    }
+
+    /// `cuMemsetD16Async`.
+    #[per_thread(cuMemsetD16Async_ptsz)]
+    fn cuMemsetD16Async(dstDevice: d::CUdeviceptr, us: ::core::ffi::c_ushort, N: usize, hStream: d::CUstream) {
+        memset(dstDevice, u32::from(us), 2, N, Some(hStream))
+    }
+
+    /// `cuMemsetD32Async`.
+    #[per_thread(cuMemsetD32Async_ptsz)]
+    fn cuMemsetD32Async(dstDevice: d::CUdeviceptr, ui: c_uint, N: usize, hStream: d::CUstream) {
+        memset(dstDevice, ui, 4, N, Some(hStream))
+    }
+
+    /// `cuPointerGetAttribute`: what the runtime face knows of an address.
+    fn cuPointerGetAttribute(data: *mut c_void, attribute: d::CUpointer_attribute, ptr: d::CUdeviceptr) {
+        ready()?;
+        // SAFETY: caller's contract: `data` has room for the attribute's type.
+        unsafe { pointer_attribute(data, attribute, ptr) }
+    }
+}
+
+fn device_of(ctx: d::CUcontext) -> DrvResult<c_int> {
+    let c = context::lookup(ctx as usize)?;
+    c_int::try_from(c.device).map_err(|_| DriverError::INVALID_CONTEXT)
+}
+
+/// One `CUpointer_attribute` of `ptr`.
+///
+/// # Safety
+/// `data` must have room for the attribute's value type.
+unsafe fn pointer_attribute(
+    data: *mut c_void,
+    attribute: d::CUpointer_attribute,
+    ptr: d::CUdeviceptr,
+) -> DrvResult<()> {
+    use crate::generated::{
+        cudaMemoryTypeDevice, cudaMemoryTypeHost, cudaMemoryTypeManaged, cudaPointerAttributes,
+    };
+    if data.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    let mut a = cudaPointerAttributes::default();
+    // SAFETY: a valid out-pointer.
+    via_runtime(|| unsafe {
+        rt_memory::cudaPointerGetAttributes(&raw mut a, ptr as *const c_void)
+    })?;
+    let known = a.type_ != crate::generated::cudaMemoryTypeUnregistered;
+    let rt = runtime()?;
+    let alloc = rt.allocations.find(ptr);
+    // SAFETY: the caller's buffer has room for the attribute's type (API contract).
+    unsafe {
+        match attribute {
+            d::CU_POINTER_ATTRIBUTE_CONTEXT => {
+                let dev = u32::try_from(a.device).map_err(|_| DriverError::INVALID_VALUE)?;
+                if !known {
+                    return Err(DriverError::INVALID_VALUE);
+                }
+                data.cast::<usize>()
+                    .write_unaligned(context::primary(dev).handle());
+            }
+            d::CU_POINTER_ATTRIBUTE_MEMORY_TYPE => {
+                let t = match a.type_ {
+                    t if t == cudaMemoryTypeDevice || t == cudaMemoryTypeManaged => {
+                        d::CU_MEMORYTYPE_DEVICE
+                    }
+                    t if t == cudaMemoryTypeHost => d::CU_MEMORYTYPE_HOST,
+                    _ => return Err(DriverError::INVALID_VALUE),
+                };
+                data.cast::<c_uint>().write_unaligned(t);
+            }
+            d::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => {
+                if !known {
+                    return Err(DriverError::INVALID_VALUE);
+                }
+                data.cast::<u64>().write_unaligned(a.devicePointer as u64);
+            }
+            d::CU_POINTER_ATTRIBUTE_HOST_POINTER => {
+                if a.hostPointer.is_null() {
+                    return Err(DriverError::INVALID_VALUE);
+                }
+                data.cast::<usize>().write_unaligned(a.hostPointer as usize);
+            }
+            d::CU_POINTER_ATTRIBUTE_IS_MANAGED => {
+                data.cast::<c_uint>()
+                    .write_unaligned(c_uint::from(a.type_ == cudaMemoryTypeManaged));
+            }
+            d::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => {
+                if !known {
+                    return Err(DriverError::INVALID_VALUE);
+                }
+                data.cast::<c_int>().write_unaligned(a.device);
+            }
+            d::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR | d::CU_POINTER_ATTRIBUTE_RANGE_SIZE => {
+                let a = alloc.ok_or(DriverError::INVALID_VALUE)?;
+                if attribute == d::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR {
+                    data.cast::<u64>().write_unaligned(a.base);
+                } else {
+                    data.cast::<usize>()
+                        .write_unaligned(usize::try_from(a.size).unwrap_or(usize::MAX));
+                }
+            }
+            d::CU_POINTER_ATTRIBUTE_MAPPED => {
+                data.cast::<c_uint>().write_unaligned(c_uint::from(known));
+            }
+            _ => return Err(DriverError::NOT_SUPPORTED),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,521 @@
+//! Modules, functions, libraries and kernels: loading code and looking up what it holds.
+
+use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+use qcuda_proto::Op;
+
+use super::{initialized, out};
+use crate::{
+    driver::{
+        context,
+        modules::{self, Function},
+        status::{DriverError, DrvResult},
+    },
+    generated::driver_api as d,
+    runtime::runtime,
+    transport::Call,
+};
+
+/// A NUL-terminated name argument.
+///
+/// # Safety
+/// `name` must be null or NUL-terminated.
+unsafe fn name_arg<'a>(name: *const c_char) -> DrvResult<&'a CStr> {
+    if name.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    // SAFETY: NUL-terminated (caller's contract).
+    Ok(unsafe { CStr::from_ptr(name) })
+}
+
+/// JIT and library options qcuda honours by their meaning: log buffers get empty logs (the
+/// host's driver compiles; its messages are not carried back), every other option is a hint
+/// to the compiler or loader and changes nothing observable.
+///
+/// # Safety
+/// `options`/`values` must hold `n` entries when `n > 0`, as the API requires.
+unsafe fn jit_options(
+    n: c_uint,
+    options: *const d::CUjit_option,
+    values: *mut *mut c_void,
+) -> DrvResult<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    if options.is_null() || values.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    for i in 0..n as usize {
+        // SAFETY: `n` entries (caller's contract).
+        let (opt, value) = unsafe { (*options.add(i), values.add(i)) };
+        match opt {
+            d::CU_JIT_INFO_LOG_BUFFER | d::CU_JIT_ERROR_LOG_BUFFER => {
+                // SAFETY: the value is the caller's buffer (its size follows as another option).
+                let buf = unsafe { *value }.cast::<u8>();
+                if !buf.is_null() {
+                    // SAFETY: a log buffer has room for at least its NUL.
+                    unsafe { buf.write(0) };
+                }
+            }
+            d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES | d::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES => {
+                // SAFETY: the value slot itself holds the size; the driver writes back the
+                // bytes it used: none.
+                unsafe { value.write(std::ptr::null_mut()) };
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn module_out(module: *mut d::CUmodule, image: &[u8]) -> DrvResult<()> {
+    if module.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    initialized()?;
+    let m = modules::load(image)?;
+    // SAFETY: checked non-null.
+    unsafe { module.write_unaligned(m as d::CUmodule) };
+    Ok(())
+}
+
+fn function_handle(f: &'static Function) -> d::CUfunction {
+    modules::handle_of(f) as d::CUfunction
+}
+
+driver_api! {
+    /// `cuModuleLoadData`: a fatbin, cubin or PTX image.
+    fn cuModuleLoadData(module: *mut d::CUmodule, image: *const c_void) {
+        // SAFETY: the API's contract for `image`.
+        module_out(module, unsafe { modules::image_at(image) }?)
+    }
+
+    /// `cuModuleLoadDataEx`.
+    fn cuModuleLoadDataEx(
+        module: *mut d::CUmodule,
+        image: *const c_void,
+        numOptions: c_uint,
+        options: *mut d::CUjit_option,
+        optionValues: *mut *mut c_void,
+    ) {
+        // SAFETY: the API's contract for the options.
+        unsafe { jit_options(numOptions, options, optionValues) }?;
+        // SAFETY: the API's contract for `image`.
+        module_out(module, unsafe { modules::image_at(image) }?)
+    }
+
+    /// `cuModuleLoadFatBinary`.
+    fn cuModuleLoadFatBinary(module: *mut d::CUmodule, fatCubin: *const c_void) {
+        // SAFETY: the API's contract for `fatCubin`.
+        module_out(module, unsafe { modules::image_at(fatCubin) }?)
+    }
+
+    /// `cuModuleLoad`: the file is read in the guest, its image loaded like
+    /// `cuModuleLoadData`'s.
+    fn cuModuleLoad(module: *mut d::CUmodule, fname: *const c_char) {
+        // SAFETY: NUL-terminated (API contract).
+        let path = unsafe { name_arg(fname) }?;
+        let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
+        let mut image = std::fs::read(path).map_err(|_| DriverError::FILE_NOT_FOUND)?;
+        image.push(0); // PTX text must end with its NUL; binary formats ignore what follows.
+        // SAFETY: a readable image that ends with a NUL.
+        module_out(module, unsafe { modules::image_at(image.as_ptr().cast()) }?)
+    }
+
+    /// `cuModuleUnload`.
+    fn cuModuleUnload(hmod: d::CUmodule) {
+        initialized()?;
+        modules::unload(modules::module(hmod as usize)?)
+    }
+
+    /// `cuModuleGetFunction`.
+    fn cuModuleGetFunction(hfunc: *mut d::CUfunction, hmod: d::CUmodule, name: *const c_char) {
+        initialized()?;
+        let m = modules::module(hmod as usize)?;
+        // SAFETY: NUL-terminated (API contract).
+        let f = modules::get_function(m, unsafe { name_arg(name) }?)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(hfunc, function_handle(f)) }
+    }
+
+    /// `cuModuleGetGlobal_v2`: either out-parameter may be null.
+    fn cuModuleGetGlobal_v2(
+        dptr: *mut d::CUdeviceptr,
+        bytes: *mut usize,
+        hmod: d::CUmodule,
+        name: *const c_char,
+    ) {
+        initialized()?;
+        let m = modules::module(hmod as usize)?;
+        // SAFETY: NUL-terminated (API contract).
+        let g = modules::get_global(m, unsafe { name_arg(name) }?)?;
+        global_out(dptr, bytes, g)
+    }
+
+    /// `cuModuleGetLoadingMode`: qcuda loads modules when asked (eager).
+    fn cuModuleGetLoadingMode(mode: *mut d::CUmoduleLoadingMode) {
+        initialized()?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(mode, d::CU_MODULE_EAGER_LOADING) }
+    }
+
+    /// `cuLibraryLoadData`: the image is kept and loaded per device on use.
+    fn cuLibraryLoadData(
+        library: *mut d::CUlibrary,
+        code: *const c_void,
+        jitOptions: *mut d::CUjit_option,
+        jitOptionsValues: *mut *mut c_void,
+        numJitOptions: c_uint,
+        libraryOptions: *mut d::CUlibraryOption,
+        libraryOptionValues: *mut *mut c_void,
+        numLibraryOptions: c_uint,
+    ) {
+        initialized()?;
+        if library.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        if numLibraryOptions > 0 && (libraryOptions.is_null() || libraryOptionValues.is_null()) {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: the API's contract for the options.
+        unsafe { jit_options(numJitOptions, jitOptions, jitOptionsValues) }?;
+        // SAFETY: the API's contract for `code`.
+        let lib = modules::load_library(unsafe { modules::image_at(code) }?)?;
+        // SAFETY: checked non-null.
+        unsafe { library.write_unaligned(lib as d::CUlibrary) };
+        Ok(())
+    }
+
+    /// `cuLibraryLoadFromFile`.
+    fn cuLibraryLoadFromFile(
+        library: *mut d::CUlibrary,
+        fileName: *const c_char,
+        jitOptions: *mut d::CUjit_option,
+        jitOptionsValues: *mut *mut c_void,
+        numJitOptions: c_uint,
+        libraryOptions: *mut d::CUlibraryOption,
+        libraryOptionValues: *mut *mut c_void,
+        numLibraryOptions: c_uint,
+    ) {
+        // SAFETY: NUL-terminated (API contract).
+        let path = unsafe { name_arg(fileName) }?;
+        let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
+        let mut image = std::fs::read(path).map_err(|_| DriverError::FILE_NOT_FOUND)?;
+        image.push(0);
+        // SAFETY: forwarded contract, with the file's image in place of the caller's.
+        DriverError::check(unsafe {
+            cuLibraryLoadData(
+                library,
+                image.as_ptr().cast(),
+                jitOptions,
+                jitOptionsValues,
+                numJitOptions,
+                libraryOptions,
+                libraryOptionValues,
+                numLibraryOptions,
+            )
+        })
+    }
+
+    /// `cuLibraryUnload`.
+    fn cuLibraryUnload(library: d::CUlibrary) {
+        initialized()?;
+        modules::unload_library(modules::library(library as usize)?)
+    }
+
+    /// `cuLibraryGetKernel`.
+    fn cuLibraryGetKernel(pKernel: *mut d::CUkernel, library: d::CUlibrary, name: *const c_char) {
+        initialized()?;
+        let lib = modules::library(library as usize)?;
+        // SAFETY: NUL-terminated (API contract).
+        let k = modules::get_kernel(lib, unsafe { name_arg(name) }?)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pKernel, modules::handle_of(k) as d::CUkernel) }
+    }
+
+    /// `cuLibraryGetModule`: the library's module in the current context.
+    fn cuLibraryGetModule(pMod: *mut d::CUmodule, library: d::CUlibrary) {
+        initialized()?;
+        let lib = modules::library(library as usize)?;
+        let m = modules::library_module(lib, context::require_current()?.device)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pMod, modules::handle_of(m) as d::CUmodule) }
+    }
+
+    /// `cuLibraryGetGlobal`: in the current context.
+    fn cuLibraryGetGlobal(
+        dptr: *mut d::CUdeviceptr,
+        bytes: *mut usize,
+        library: d::CUlibrary,
+        name: *const c_char,
+    ) {
+        initialized()?;
+        let lib = modules::library(library as usize)?;
+        let m = modules::library_module(lib, context::require_current()?.device)?;
+        // SAFETY: NUL-terminated (API contract).
+        let g = modules::get_global(m, unsafe { name_arg(name) }?)?;
+        global_out(dptr, bytes, g)
+    }
+
+    /// `cuLibraryGetManaged`: `__managed__` variables of a library are not offered.
+    fn cuLibraryGetManaged(
+        dptr: *mut d::CUdeviceptr,
+        bytes: *mut usize,
+        library: d::CUlibrary,
+        name: *const c_char,
+    ) {
+        initialized()?;
+        modules::library(library as usize)?;
+        let _ = (dptr, bytes, name);
+        crate::warnings::warn_once!("cuLibraryGetManaged is not supported");
+        Err(DriverError::NOT_SUPPORTED)
+    }
+
+    /// `cuKernelGetFunction`: the kernel in the current context.
+    fn cuKernelGetFunction(pFunc: *mut d::CUfunction, kernel: d::CUkernel) {
+        initialized()?;
+        let k = modules::kernel(kernel as usize)?;
+        let f = modules::kernel_function(k, context::require_current()?.device)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pFunc, function_handle(f)) }
+    }
+
+    /// `cuKernelGetLibrary`.
+    fn cuKernelGetLibrary(pLib: *mut d::CUlibrary, kernel: d::CUkernel) {
+        initialized()?;
+        let k = modules::kernel(kernel as usize)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pLib, modules::handle_of(k.library) as d::CUlibrary) }
+    }
+
+    /// `cuKernelGetName`.
+    fn cuKernelGetName(name: *mut *const c_char, hfunc: d::CUkernel) {
+        initialized()?;
+        let k = modules::kernel(hfunc as usize)?;
+        // SAFETY: caller's out-parameter; the name lives as long as the process.
+        unsafe { out(name, k.name.as_ptr()) }
+    }
+
+    /// `cuKernelGetAttribute` on device `dev`.
+    fn cuKernelGetAttribute(pi: *mut c_int, attrib: d::CUfunction_attribute, kernel: d::CUkernel, dev: d::CUdevice) {
+        let dv = super::check_device(dev)?;
+        let f = modules::kernel_function(modules::kernel(kernel as usize)?, dv)?;
+        function_attribute(pi, attrib, f)
+    }
+
+    /// `cuKernelSetAttribute` on device `dev`.
+    fn cuKernelSetAttribute(attrib: d::CUfunction_attribute, val: c_int, kernel: d::CUkernel, dev: d::CUdevice) {
+        let dv = super::check_device(dev)?;
+        let f = modules::kernel_function(modules::kernel(kernel as usize)?, dv)?;
+        set_function_attribute(attrib, val, f)
+    }
+
+    /// `cuKernelSetCacheConfig` on device `dev`.
+    fn cuKernelSetCacheConfig(kernel: d::CUkernel, config: d::CUfunc_cache, dev: d::CUdevice) {
+        let dv = super::check_device(dev)?;
+        let f = modules::kernel_function(modules::kernel(kernel as usize)?, dv)?;
+        set_cache_config(f, config)
+    }
+
+    /// `cuKernelGetParamInfo`.
+    fn cuKernelGetParamInfo(kernel: d::CUkernel, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) {
+        initialized()?;
+        let f = modules::kernel_function(modules::kernel(kernel as usize)?, context::require_current()?.device)?;
+        param_info(f, paramIndex, paramOffset, paramSize)
+    }
+
+    /// `cuFuncGetAttribute`.
+    fn cuFuncGetAttribute(pi: *mut c_int, attrib: d::CUfunction_attribute, hfunc: d::CUfunction) {
+        initialized()?;
+        function_attribute(pi, attrib, modules::launchable(hfunc as usize)?)
+    }
+
+    /// `cuFuncSetAttribute`.
+    fn cuFuncSetAttribute(hfunc: d::CUfunction, attrib: d::CUfunction_attribute, value: c_int) {
+        initialized()?;
+        set_function_attribute(attrib, value, modules::launchable(hfunc as usize)?)
+    }
+
+    /// `cuFuncSetCacheConfig`.
+    fn cuFuncSetCacheConfig(hfunc: d::CUfunction, config: d::CUfunc_cache) {
+        initialized()?;
+        set_cache_config(modules::launchable(hfunc as usize)?, config)
+    }
+
+    /// `cuFuncGetName`.
+    fn cuFuncGetName(name: *mut *const c_char, hfunc: d::CUfunction) {
+        initialized()?;
+        let f = modules::launchable(hfunc as usize)?;
+        // SAFETY: caller's out-parameter; the name lives as long as the process.
+        unsafe { out(name, f.name.as_ptr()) }
+    }
+
+    /// `cuFuncGetModule`.
+    fn cuFuncGetModule(hmod: *mut d::CUmodule, hfunc: d::CUfunction) {
+        initialized()?;
+        let f = modules::function(hfunc as usize)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(hmod, modules::handle_of(f.module) as d::CUmodule) }
+    }
+
+    /// `cuFuncGetParamInfo`.
+    fn cuFuncGetParamInfo(func: d::CUfunction, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) {
+        initialized()?;
+        param_info(modules::launchable(func as usize)?, paramIndex, paramOffset, paramSize)
+    }
+
+    /// `cuFuncIsLoaded`: a function handle exists only once its module is loaded.
+    fn cuFuncIsLoaded(state: *mut d::CUfunctionLoadingState, function: d::CUfunction) {
+        initialized()?;
+        modules::launchable(function as usize)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(state, d::CU_FUNCTION_LOADING_STATE_LOADED) }
+    }
+
+    /// `cuFuncLoad`: already loaded.
+    fn cuFuncLoad(function: d::CUfunction) {
+        initialized()?;
+        modules::launchable(function as usize).map(drop)
+    }
+
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor`.
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        numBlocks: *mut c_int,
+        func: d::CUfunction,
+        blockSize: c_int,
+        dynamicSMemSize: usize,
+    ) {
+        occupancy(numBlocks, func, blockSize, dynamicSMemSize, 0)
+    }
+
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+        numBlocks: *mut c_int,
+        func: d::CUfunction,
+        blockSize: c_int,
+        dynamicSMemSize: usize,
+        flags: c_uint,
+    ) {
+        occupancy(numBlocks, func, blockSize, dynamicSMemSize, flags)
+    }
+}
+
+fn global_out(
+    dptr: *mut d::CUdeviceptr,
+    bytes: *mut usize,
+    g: crate::registry::DeviceGlobal,
+) -> DrvResult<()> {
+    if !dptr.is_null() {
+        // SAFETY: non-null: the caller asked for it.
+        unsafe { dptr.write_unaligned(g.addr) };
+    }
+    if !bytes.is_null() {
+        // SAFETY: as above.
+        unsafe { bytes.write_unaligned(usize::try_from(g.size).unwrap_or(usize::MAX)) };
+    }
+    Ok(())
+}
+
+fn function_attribute(
+    pi: *mut c_int,
+    attrib: d::CUfunction_attribute,
+    f: &'static Function,
+) -> DrvResult<()> {
+    if pi.is_null() || attrib >= d::CU_FUNC_ATTRIBUTE_MAX {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    let rt = runtime()?;
+    let id = attrib.to_le_bytes();
+    let mut value = [0u8; 4];
+    rt.session.submit(
+        Call::new(Op::FuncAttributes, f.module.device)
+            .args(&[f.resolved.function])
+            .input(&id)
+            .output(&mut value),
+    )?;
+    // SAFETY: checked non-null.
+    unsafe { pi.write_unaligned(c_int::from_le_bytes(value)) };
+    Ok(())
+}
+
+fn set_function_attribute(
+    attrib: d::CUfunction_attribute,
+    value: c_int,
+    f: &'static Function,
+) -> DrvResult<()> {
+    if attrib >= d::CU_FUNC_ATTRIBUTE_MAX {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    let rt = runtime()?;
+    rt.session
+        .submit(Call::new(Op::FuncSetAttribute, f.module.device).args(&[
+            f.resolved.function,
+            u64::from(attrib),
+            crate::conv::int_word(value),
+        ]))?;
+    if attrib == d::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES {
+        f.max_dynamic_smem.store(
+            u32::try_from(value).unwrap_or(0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+    Ok(())
+}
+
+fn set_cache_config(f: &'static Function, config: d::CUfunc_cache) -> DrvResult<()> {
+    let rt = runtime()?;
+    rt.session.submit(
+        Call::new(Op::FuncSetCacheConfig, f.module.device)
+            .args(&[f.resolved.function, u64::from(config)]),
+    )?;
+    Ok(())
+}
+
+fn param_info(
+    f: &'static Function,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> DrvResult<()> {
+    let p = f
+        .resolved
+        .params
+        .get(index)
+        .ok_or(DriverError::INVALID_VALUE)?;
+    if !offset.is_null() {
+        // SAFETY: non-null: the caller asked for it.
+        unsafe { offset.write_unaligned(p.offset as usize) };
+    }
+    if !size.is_null() {
+        // SAFETY: as above.
+        unsafe { size.write_unaligned(p.size as usize) };
+    }
+    Ok(())
+}
+
+fn occupancy(
+    num_blocks: *mut c_int,
+    func: d::CUfunction,
+    block: c_int,
+    smem: usize,
+    flags: c_uint,
+) -> DrvResult<()> {
+    initialized()?;
+    if num_blocks.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    let f = modules::launchable(func as usize)?;
+    let block = u64::try_from(block).map_err(|_| DriverError::INVALID_VALUE)?;
+    let rt = runtime()?;
+    let reply = rt.session.submit(
+        Call::new(Op::OccupancyMaxActiveBlocks, f.module.device).args(&[
+            f.resolved.function,
+            block,
+            smem as u64,
+            u64::from(flags),
+        ]),
+    )?;
+    // SAFETY: checked non-null.
+    unsafe { num_blocks.write_unaligned(c_int::try_from(reply.rets[0]).unwrap_or(c_int::MAX)) };
+    Ok(())
+}
