@@ -50,6 +50,7 @@ done
 cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
 cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
 [[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
+[[ -d build/cuda-runtimes ]] && cp -r build/cuda-runtimes "$B/cuda-runtimes"
 [[ -d build/host-tools ]] && find build/host-tools -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/host-tools/" \;
 [[ -d build/bench ]] && find build/bench -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/bench/" \;
 git rev-parse --short HEAD >"$B/VERSION" 2>/dev/null || echo unknown >"$B/VERSION"

@@ -35,7 +35,7 @@ for t in "$B"/native-tests/*; do
     n=$(basename "$t")
     [[ -z $only || $n == "$only" ]] || continue
     s=$(date +%s.%N)
-    LD_LIBRARY_PATH=$cudart "$t" >"$logs/native-$n.log" 2>&1
+    LD_LIBRARY_PATH=$cudart:$B/cuda-runtimes/12 "$t" >"$logs/native-$n.log" 2>&1
     rc=$?
     e=$(date +%s.%N)
     awk -v n="$n" -v s="$s" -v e="$e" 'BEGIN { printf "%s %.3f\n", n, e - s }' >>"$logs/native-times"
