@@ -73,11 +73,12 @@ fi
 if [[ -n $samples ]]; then
     echo "== third-party programs from $samples: native, then in the guest"
     for t in "$samples"/*; do
+        [[ -x $t ]] || continue # kernel images and data files beside the programs
         n=$(basename "$t")
         if LD_LIBRARY_PATH=$cudart "$t" >"$logs/sample-native-$n.log" 2>&1; then res ok "native/sample/$n"; else
             res FAIL "native/sample/$n"; tail -n 5 "$logs/sample-native-$n.log"; fi
     done
-    gcmd='insmod /lib/modules/qcuda.ko; for t in /opt/samples/*; do echo "--- $t"; "$t"; echo "SAMPLE-EXIT $(basename $t) $?"; done'
+    gcmd='insmod /lib/modules/qcuda.ko; for t in /opt/samples/*; do [ -x "$t" ] || continue; echo "--- $t"; "$t"; echo "SAMPLE-EXIT $(basename $t) $?"; done'
     "$B/run-vm.sh" --log-dir "$logs/vm-samples" --timeout 900 --add "$samples:/opt/samples" -- "$gcmd" 2>&1 |
         tr -d '\r' | tee "$logs/guest-samples.log" | grep -E '^(---|SAMPLE-EXIT|Result|Test|.*PASS|.*FAIL|Device [0-9]|  CUDA)' | head -n 60
     while read -r _ n rc; do

@@ -22,17 +22,42 @@ pub struct Allocation {
 #[derive(Debug, Default)]
 pub struct Allocations {
     by_base: Mutex<BTreeMap<u64, Allocation>>,
+    /// Each live allocation's buffer id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`): unique for the
+    /// life of the process, unlike base addresses, which the driver reuses.
+    ids: Mutex<BTreeMap<u64, u64>>,
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 impl Allocations {
     /// Records a new allocation.
     pub fn insert(&self, a: Allocation) {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        self.ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(a.base, id);
         self.lock().insert(a.base, a);
     }
 
     /// Forgets the allocation starting at `base`.
     pub fn remove(&self, base: u64) -> Option<Allocation> {
+        self.ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&base);
         self.lock().remove(&base)
+    }
+
+    /// The buffer id of the allocation starting at `base`.
+    pub fn buffer_id(&self, base: u64) -> Option<u64> {
+        self.ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&base)
+            .copied()
     }
 
     /// The allocation containing `addr`, if any.

@@ -50,6 +50,20 @@ fn parse_pci_bus_id(s: &str) -> Option<(i32, i32, i32)> {
     }
 }
 
+/// The limits the runtime API names (`cudaLimit`: stack size to persisting L2 size); the
+/// driver's later ones (shared memory size, CIG) are `cudaErrorUnsupportedLimit` here, as with
+/// NVIDIA's runtime.
+fn runtime_limit(limit: crate::generated::cudaLimit) -> crate::cuda_error::CudaResult<()> {
+    if limit <= crate::generated::cudaLimitPersistingL2CacheSize {
+        Ok(())
+    } else {
+        Err(
+            CudaError::from_code(crate::generated::cudaErrorUnsupportedLimit)
+                .unwrap_or(CudaError::INVALID_VALUE),
+        )
+    }
+}
+
 cuda_api! {
     /// `cudaGetDeviceCount`: without a qcuda device, `*count` is 0 and the result
     /// `cudaErrorNoDevice` (or the host's reason, e.g. `cudaErrorInsufficientDriver`).
@@ -224,6 +238,7 @@ cuda_api! {
     /// `cudaDeviceGetLimit`: the limit in this process's context on the current device.
     fn cudaDeviceGetLimit(pValue: *mut usize, limit: crate::generated::cudaLimit) {
         non_null(pValue)?;
+        runtime_limit(limit)?;
         let (rt, d) = current()?;
         let reply = rt
             .session
@@ -235,6 +250,7 @@ cuda_api! {
     /// `cudaDeviceSetLimit`: stack size, printf FIFO, malloc heap, device-runtime depths, L2
     /// fetch granularity and persisting L2 size, as the driver takes them.
     fn cudaDeviceSetLimit(limit: crate::generated::cudaLimit, value: usize) {
+        runtime_limit(limit)?;
         let (rt, d) = current()?;
         rt.session.submit(
             Call::new(Op::DeviceSetLimit, d).args(&[u64::from(limit), value as u64]),

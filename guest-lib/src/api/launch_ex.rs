@@ -163,7 +163,26 @@ unsafe fn cluster_occupancy(
     let c = unsafe { config.read_unaligned() };
     let (rt, device, f) = function(func)?;
     // SAFETY: forwarded contract.
-    let attrs = unsafe { wire_attrs(rt, &c) }?;
+    let n = unsafe { cluster_occupancy_of(rt, device, f, &c, active) }?;
+    // SAFETY: non-null and writable (API contract).
+    unsafe { write_out(out, n) }
+}
+
+/// The cluster occupancy of host function `f` on `device` (`OccupancyCluster`): the most
+/// clusters resident at once (`active`) or the largest cluster size. Shared with the driver
+/// face's `cuOccupancyMaxActiveClusters`.
+///
+/// # Safety
+/// `c.attrs` holds `c.numAttrs` attributes (API contract).
+pub(crate) unsafe fn cluster_occupancy_of(
+    rt: &Runtime,
+    device: u32,
+    f: u64,
+    c: &cudaLaunchConfig_t,
+    active: bool,
+) -> CudaResult<c_int> {
+    // SAFETY: forwarded contract.
+    let attrs = unsafe { wire_attrs(rt, c) }?;
     let mut args = [0u64; 7];
     args[..6].copy_from_slice(&launch::wire_args(
         f,
@@ -178,8 +197,7 @@ unsafe fn cluster_occupancy(
             .args(&args)
             .input(&attrs),
     )?;
-    // SAFETY: non-null and writable (API contract).
-    unsafe { write_out(out, c_int_of(reply.rets[0])) }
+    Ok(c_int_of(reply.rets[0]))
 }
 
 fn cache_config(config: cudaFuncCache) -> CudaResult<u64> {

@@ -100,10 +100,18 @@ static PRIMARY: [Context; MAX_DEVICES] = {
 static RETAINED: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 /// Live created contexts, by handle.
 static CREATED: Mutex<Vec<&'static Context>> = Mutex::new(Vec::new());
+/// Destroyed ones: `CUDA_ERROR_CONTEXT_IS_DESTROYED` for them, as NVIDIA's driver answers.
+static DESTROYED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 static NEXT_ID: AtomicU64 = AtomicU64::new(MAX_DEVICES as u64 + 1);
 
 thread_local! {
     static STACK: RefCell<Vec<&'static Context>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on the calling thread's stack; `None` once the thread's locals are destroyed
+/// (libraries' destructors at `exit()` still call the driver: they see an empty stack).
+fn with_stack<R>(f: impl FnOnce(&mut Vec<&'static Context>) -> R) -> Option<R> {
+    STACK.try_with(|s| f(&mut s.borrow_mut())).ok()
 }
 
 fn created() -> std::sync::MutexGuard<'static, Vec<&'static Context>> {
@@ -120,11 +128,17 @@ pub fn lookup(handle: usize) -> DrvResult<&'static Context> {
     if let Some(c) = PRIMARY.iter().find(|c| c.handle() == handle) {
         return Ok(c);
     }
-    created()
-        .iter()
-        .copied()
-        .find(|c| c.handle() == handle)
-        .ok_or(DriverError::INVALID_CONTEXT)
+    if let Some(c) = created().iter().copied().find(|c| c.handle() == handle) {
+        return Ok(c);
+    }
+    if DESTROYED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&handle)
+    {
+        return Err(DriverError::CONTEXT_IS_DESTROYED);
+    }
+    Err(DriverError::INVALID_CONTEXT)
 }
 
 /// Whether the primary context of `device` is active: retained through the driver API, or in
@@ -138,7 +152,7 @@ pub fn primary_active(device: u32) -> bool {
 
 /// The calling thread's current context, if any.
 pub fn current() -> Option<&'static Context> {
-    if let Some(top) = STACK.with_borrow(|s| s.last().copied()) {
+    if let Some(top) = with_stack(|s| s.last().copied()).flatten() {
         return Some(top);
     }
     let device = devices::current();
@@ -160,25 +174,25 @@ fn follow(top: Option<&'static Context>) {
 
 /// `cuCtxSetCurrent`: replaces the top of the stack (null pops it).
 pub fn set_current(ctx: Option<&'static Context>) {
-    let top = STACK.with_borrow_mut(|s| {
+    let top = with_stack(|s| {
         s.pop();
         if let Some(c) = ctx {
             s.push(c);
         }
         s.last().copied()
     });
-    follow(top);
+    follow(top.flatten());
 }
 
 /// `cuCtxPushCurrent`.
 pub fn push(ctx: &'static Context) {
-    STACK.with_borrow_mut(|s| s.push(ctx));
+    with_stack(|s| s.push(ctx));
     follow(Some(ctx));
 }
 
 /// `cuCtxPopCurrent`: the popped context, `CUDA_ERROR_INVALID_CONTEXT` with an empty stack.
 pub fn pop() -> DrvResult<&'static Context> {
-    let (popped, top) = STACK.with_borrow_mut(|s| (s.pop(), s.last().copied()));
+    let (popped, top) = with_stack(|s| (s.pop(), s.last().copied())).unwrap_or((None, None));
     follow(top);
     popped.ok_or(DriverError::INVALID_CONTEXT)
 }
@@ -214,11 +228,15 @@ pub fn destroy(ctx: &'static Context) -> DrvResult<()> {
         return Err(DriverError::INVALID_CONTEXT);
     }
     created().retain(|c| !std::ptr::eq(*c, ctx));
-    let top = STACK.with_borrow_mut(|s| {
+    DESTROYED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(ctx.handle());
+    let top = with_stack(|s| {
         s.retain(|c| !std::ptr::eq(*c, ctx));
         s.last().copied()
     });
-    follow(top);
+    follow(top.flatten());
     storage_destroyed(ctx.handle());
     Ok(())
 }
@@ -328,7 +346,10 @@ mod tests {
         assert!(std::ptr::eq(current().unwrap(), primary(1)));
         set_current(Some(a));
         destroy(a).unwrap();
-        lookup(a.handle()).unwrap_err();
+        assert_eq!(
+            lookup(a.handle()).map(Context::handle),
+            Err(DriverError::CONTEXT_IS_DESTROYED)
+        );
         lookup(primary(3).handle()).unwrap();
         lookup(0).unwrap_err();
     }

@@ -103,8 +103,16 @@ unsafe fn load_wrapper(out: *mut usize, wrapper: *const c_void) -> DrvResult<()>
     Ok(())
 }
 
-/// Slot 2: the primary context of a device, without retaining or activating it.
+/// `6bd5fb6c[2]`, traced (`QCUDA_DRIVER_TRACE`).
 unsafe extern "C" fn rt_primary_context(out: *mut usize, device: c_int) -> d::CUresult {
+    // SAFETY: the same contract.
+    let code = unsafe { rt_primary_context_impl(out, device) };
+    super::trace::call("export table 6bd5fb6c[2]", code);
+    code
+}
+
+/// Slot 2: the primary context of a device, without retaining or activating it.
+unsafe fn rt_primary_context_impl(out: *mut usize, device: c_int) -> d::CUresult {
     super::status::finish((|| {
         if out.is_null() {
             return Err(DriverError::INVALID_VALUE);
@@ -200,8 +208,16 @@ static CONTEXT_CHECKS: Table<15> = Table({
 
 // ----- 42d85a81-23f6cb47-8298f6e7-8a3aecdc: tools thread-local state -----------------------------
 
-/// Slot 2: the calling thread's current context (null when it has none), as `cuCtxGetCurrent`.
+/// `42d85a81[2]`, traced (`QCUDA_DRIVER_TRACE`).
 unsafe extern "C" fn tls_current_context(out: *mut usize) -> d::CUresult {
+    // SAFETY: the same contract.
+    let code = unsafe { tls_current_context_impl(out) };
+    super::trace::call("export table 42d85a81[2]", code);
+    code
+}
+
+/// Slot 2: the calling thread's current context (null when it has none), as `cuCtxGetCurrent`.
+unsafe fn tls_current_context_impl(out: *mut usize) -> d::CUresult {
     if out.is_null() {
         return d::CUDA_ERROR_INVALID_VALUE;
     }
@@ -347,12 +363,20 @@ pub fn integrity_digest(input: &IntegrityInput) -> [u64; 2] {
     [half(0), half(8)]
 }
 
-/// Slot 1: the check itself.
+/// `d4082055[1]`, traced (`QCUDA_DRIVER_TRACE`).
 unsafe extern "C" fn integrity_check(
     version: u32,
     seconds: u64,
     out: *mut [u64; 2],
 ) -> d::CUresult {
+    // SAFETY: the same contract.
+    let code = unsafe { integrity_check_impl(version, seconds, out) };
+    super::trace::call("export table d4082055[1]", code);
+    code
+}
+
+/// Slot 1: the check itself.
+unsafe fn integrity_check_impl(version: u32, seconds: u64, out: *mut [u64; 2]) -> d::CUresult {
     if out.is_null() {
         return d::CUDA_ERROR_INVALID_VALUE;
     }
@@ -424,9 +448,17 @@ static REQUIREMENTS: Table<3> = Table({
 
 // ----- 21318c60-97143248-8ca641ff-7324c8f2: context and stream identities (cuBLAS, cuFFT) ------
 
+/// `21318c60[4]`, traced (`QCUDA_DRIVER_TRACE`).
+unsafe extern "C" fn ctx_id(ctx: usize, id: *mut u64) -> d::CUresult {
+    // SAFETY: the same contract.
+    let code = unsafe { ctx_id_impl(ctx, id) };
+    super::trace::call("export table 21318c60[4]", code);
+    code
+}
+
 /// Slot 4: a context's unique id (`cuCtxGetId`); 0 for a null context, as NVIDIA's driver
 /// answers.
-unsafe extern "C" fn ctx_id(ctx: usize, id: *mut u64) -> d::CUresult {
+unsafe fn ctx_id_impl(ctx: usize, id: *mut u64) -> d::CUresult {
     if id.is_null() {
         return d::CUDA_ERROR_INVALID_VALUE;
     }
@@ -454,9 +486,21 @@ struct StreamObject {
 static STREAM_OBJECTS: std::sync::Mutex<Vec<&'static StreamObject>> =
     std::sync::Mutex::new(Vec::new());
 
+/// `21318c60[51]`, traced (`QCUDA_DRIVER_TRACE`).
+unsafe extern "C" fn stream_object(
+    ctx: usize,
+    stream: usize,
+    out: *mut *const StreamObject,
+) -> d::CUresult {
+    // SAFETY: the same contract.
+    let code = unsafe { stream_object_impl(ctx, stream, out) };
+    super::trace::call("export table 21318c60[51]", code);
+    code
+}
+
 /// Slot 51: the object of stream `stream` (null and the legacy stream are the same), the same
 /// one for the same stream every time.
-unsafe extern "C" fn stream_object(
+unsafe fn stream_object_impl(
     ctx: usize,
     stream: usize,
     out: *mut *const StreamObject,
@@ -494,8 +538,20 @@ unsafe extern "C" fn stream_object(
     d::CUDA_SUCCESS
 }
 
-/// Slot 39: the unique id of the stream behind an object of slot 51 (`cuStreamGetId`).
+/// `21318c60[39]`, traced (`QCUDA_DRIVER_TRACE`).
 unsafe extern "C" fn stream_object_id(
+    ctx: usize,
+    obj: *const StreamObject,
+    id: *mut u64,
+) -> d::CUresult {
+    // SAFETY: the same contract.
+    let code = unsafe { stream_object_id_impl(ctx, obj, id) };
+    super::trace::call("export table 21318c60[39]", code);
+    code
+}
+
+/// Slot 39: the unique id of the stream behind an object of slot 51 (`cuStreamGetId`).
+unsafe fn stream_object_id_impl(
     _ctx: usize,
     obj: *const StreamObject,
     id: *mut u64,
@@ -559,6 +615,12 @@ unsafe extern "C" fn module_functions(
             // SAFETY: the caller's callback, called as NVIDIA's driver calls it.
             unsafe { sink(user, modules::handle_of(*f)) };
         }
+    }
+    if super::trace::enabled() {
+        super::trace::log(format_args!(
+            "export table 6e163fbe[7]: {} functions",
+            functions.len()
+        ));
     }
     c_int::try_from(functions.len()).unwrap_or(c_int::MAX)
 }
@@ -632,10 +694,13 @@ const fn nibble(c: u8) -> u8 {
 
 /// `cuGetExportTable`.
 pub fn get(id: &[u8; 16]) -> DrvResult<*const c_void> {
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     if let Some((_, t)) = tables().iter().find(|(u, _)| u == id) {
+        if super::trace::enabled() {
+            super::trace::log(format_args!("cuGetExportTable {hex}"));
+        }
         return Ok(*t);
     }
-    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     crate::warnings::warn(format_args!("cuGetExportTable: no table {hex}"));
     Err(DriverError::INVALID_VALUE)
 }

@@ -37,5 +37,6 @@ pub mod modules;
 pub mod proc_address;
 pub mod status;
 pub mod symbol_table;
+pub mod trace;
 #[allow(non_snake_case)]
 pub mod unsupported;

@@ -336,7 +336,10 @@ pub fn get_global(m: &'static Module, name: &CStr) -> DrvResult<DeviceGlobal> {
     )?)
 }
 
-/// `cuLibraryLoadData`: the image is kept in the guest and loaded per device on use.
+/// `cuLibraryLoadData`: the image is kept in the guest and loaded on each device when first
+/// used there, as NVIDIA's driver loads libraries lazily (`CUDA_MODULE_LOADING=LAZY`, its
+/// default): NVIDIA's runtime loads every fatbin of a program or library this way, also those
+/// with no code for this GPU, which must fail only if a kernel of theirs is used.
 pub fn load_library(image: &[u8]) -> DrvResult<usize> {
     let lib: &'static Library = Box::leak(Box::new(Library {
         image: image.into(),
@@ -345,15 +348,6 @@ pub fn load_library(image: &[u8]) -> DrvResult<usize> {
         kernels: Mutex::default(),
     }));
     with_live(|l| l.insert(handle(lib), Kind::Library));
-    // Load it where the caller is, so that a bad image fails here, as with NVIDIA's driver
-    // (which loads eagerly in the current context unless told to defer).
-    if let Some(ctx) = context::current() {
-        if let Err(e) = library_module(lib, ctx.device) {
-            with_live(|l| l.remove(&handle(lib)));
-            lib.live.store(false, Ordering::Release);
-            return Err(e);
-        }
-    }
     Ok(handle(lib))
 }
 
@@ -393,10 +387,10 @@ pub fn unload_library(lib: &'static Library) -> DrvResult<()> {
     result
 }
 
-/// `cuLibraryGetKernel`: checked against the current context's device when there is one.
+/// `cuLibraryGetKernel`: a handle, resolved on a device when used there (lazily, as above).
 pub fn get_kernel(lib: &'static Library, name: &CStr) -> DrvResult<&'static Kernel> {
-    if let Some(ctx) = context::current() {
-        get_function(library_module(lib, ctx.device)?, name)?;
+    if !lib.live.load(Ordering::Acquire) {
+        return Err(DriverError::INVALID_HANDLE);
     }
     let mut kernels = locked(&lib.kernels);
     if let Some(k) = kernels.iter().find(|k| k.name.as_c_str() == name) {

@@ -6,7 +6,7 @@ use core::ffi::c_void;
 
 #[allow(clippy::wildcard_imports)]
 use super::{
-    api::{context::*, device::*, init::*, launch::*, memory::*, module::*, stream::*},
+    api::{context::*, device::*, graph::*, init::*, launch::*, memory::*, module::*, stream::*},
     unsupported::*,
 };
 

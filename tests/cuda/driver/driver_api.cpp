@@ -218,8 +218,11 @@ int main() {
     REQUIRE(fn == (void *)&cuMemAlloc_v2 && status == CU_GET_PROC_ADDRESS_SUCCESS);
     CK(cuGetProcAddress("cuNoSuchFunction", &fn, 13000, 0, &status));
     REQUIRE(fn == nullptr && status == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    // Interprocess handles: NVIDIA's driver makes one; qcuda (no second guest process can open
+    // another's host memory) refuses with CUDA_ERROR_NOT_SUPPORTED, never a fake handle.
     CUipcMemHandle ipc;
-    EXPECT(cuIpcGetMemHandle(&ipc, da), CUDA_ERROR_NOT_SUPPORTED);
+    r = cuIpcGetMemHandle(&ipc, da);
+    REQUIRE(r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_SUPPORTED);
 
     CK(cuMemFree(da));
     CK(cuMemFree(db));
@@ -230,7 +233,7 @@ int main() {
     CK(cuEventDestroy(stop));
     CK(cuModuleUnload(mod));
     CK(cuCtxDestroy(ctx));
-    EXPECT(cuCtxGetId(ctx, &id), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(cuCtxGetId(ctx, &id), CUDA_ERROR_CONTEXT_IS_DESTROYED);
 
     // The primary context: retained, made current, released.
     CUcontext primary;

@@ -1054,7 +1054,9 @@ impl CudaSession {
         let [limit, value, ..] = req.header().args;
         let limit = u32::try_from(limit)
             .ok()
-            .filter(|l| *l <= 6)
+            // Every CUlimit of CUDA 13.0 (7-9 only the driver API names: shared memory size
+            // and the CIG settings).
+            .filter(|l| *l <= 9)
             .ok_or(status::UNSUPPORTED_LIMIT)?;
         let dev = self.bind_new(req)?;
         if req.op() == Op::DeviceSetLimit {

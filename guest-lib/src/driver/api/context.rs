@@ -12,7 +12,9 @@ use crate::{
     },
     generated::driver_api as d,
     runtime::{registry, runtime},
+    transport::Call,
 };
+use qcuda_proto::Op;
 
 /// The context a handle names, or the current one for null where the API allows it.
 fn context_or_current(ctx: d::CUcontext) -> DrvResult<&'static Context> {
@@ -192,20 +194,31 @@ driver_api! {
         synchronize(context_or_current(ctx)?)
     }
 
-    /// `cuCtxGetLimit` (the `CUlimit` ids are the runtime's `cudaLimit`).
+    /// `cuCtxGetLimit`: every `CUlimit`, the driver-only ones (shared memory size, CIG) too.
     fn cuCtxGetLimit(pvalue: *mut usize, limit: d::CUlimit) {
         initialized()?;
-        context::require_current()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_devices::cudaDeviceGetLimit(pvalue, limit) })
+        let c = context::require_current()?;
+        if pvalue.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let rt = runtime()?;
+        let reply = rt
+            .session
+            .submit(Call::new(Op::DeviceGetLimit, c.device).args(&[u64::from(limit)]))?;
+        // SAFETY: checked non-null.
+        unsafe { pvalue.write_unaligned(crate::conv::usize_of(reply.rets[0])) };
+        Ok(())
     }
 
     /// `cuCtxSetLimit`.
     fn cuCtxSetLimit(limit: d::CUlimit, value: usize) {
         initialized()?;
-        context::require_current()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_devices::cudaDeviceSetLimit(limit, value) })
+        let c = context::require_current()?;
+        let rt = runtime()?;
+        rt.session.submit(
+            Call::new(Op::DeviceSetLimit, c.device).args(&[u64::from(limit), value as u64]),
+        )?;
+        Ok(())
     }
 
     /// `cuCtxGetCacheConfig`.

@@ -107,6 +107,12 @@ unsafe fn lookup_entry_point(
     // SAFETY: NUL-terminated by the caller's contract.
     let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
     let found = proc_address::get(name, version, flags, super::driver_version_value()?)?;
+    if crate::driver::trace::enabled() {
+        crate::driver::trace::log(format_args!(
+            "cuGetProcAddress {name} {version} flags {flags}: {:?}",
+            found.as_ref().map(|_| ())
+        ));
+    }
     // SAFETY: checked non-null.
     unsafe { pfn.write_unaligned(*found.as_ref().unwrap_or(&std::ptr::null_mut())) };
     let code = match found {

@@ -126,7 +126,73 @@ unsafe fn launch_function(
     )?)
 }
 
+/// A driver launch configuration as the runtime's: the same fields, and attributes of the same
+/// layout and ids.
+fn runtime_config(c: &d::CUlaunchConfig) -> cudaLaunchConfig_t {
+    cudaLaunchConfig_t {
+        gridDim: dim3 {
+            x: c.gridDimX,
+            y: c.gridDimY,
+            z: c.gridDimZ,
+        },
+        blockDim: dim3 {
+            x: c.blockDimX,
+            y: c.blockDimY,
+            z: c.blockDimZ,
+        },
+        dynamicSmemBytes: c.sharedMemBytes as usize,
+        stream: c.hStream.cast(),
+        attrs: c.attrs.cast(),
+        numAttrs: c.numAttrs,
+    }
+}
+
+/// `cuOccupancyMaxActiveClusters` (`active`) and `cuOccupancyMaxPotentialClusterSize`.
+///
+/// # Safety
+/// `config` as the API documents.
+unsafe fn cluster_occupancy(
+    out: *mut core::ffi::c_int,
+    f: d::CUfunction,
+    config: *const d::CUlaunchConfig,
+    active: bool,
+) -> DrvResult<()> {
+    initialized()?;
+    if out.is_null() || config.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    // SAFETY: non-null and readable (API contract).
+    let c = unsafe { config.read_unaligned() };
+    let func = modules::launchable(f as usize)?;
+    let rt = runtime()?;
+    // SAFETY: forwarded contract (attributes).
+    let n = unsafe {
+        launch_ex::cluster_occupancy_of(
+            rt,
+            func.module.device,
+            func.resolved.function,
+            &runtime_config(&c),
+            active,
+        )
+    }?;
+    // SAFETY: checked non-null.
+    unsafe { out.write_unaligned(n) };
+    Ok(())
+}
+
 driver_api! {
+    /// `cuOccupancyMaxActiveClusters`.
+    fn cuOccupancyMaxActiveClusters(numClusters: *mut ::core::ffi::c_int, func: d::CUfunction, config: *const d::CUlaunchConfig) {
+        // SAFETY: forwarded contract.
+        unsafe { cluster_occupancy(numClusters, func, config, true) }
+    }
+
+    /// `cuOccupancyMaxPotentialClusterSize`.
+    fn cuOccupancyMaxPotentialClusterSize(clusterSize: *mut ::core::ffi::c_int, func: d::CUfunction, config: *const d::CUlaunchConfig) {
+        // SAFETY: forwarded contract.
+        unsafe { cluster_occupancy(clusterSize, func, config, false) }
+    }
+
     /// `cuLaunchKernel` (a `CUfunction` or a `CUkernel`).
     #[per_thread(cuLaunchKernel_ptsz)]
     fn cuLaunchKernel(
@@ -208,14 +274,7 @@ driver_api! {
         let c = unsafe { config.read_unaligned() };
         let func = modules::launchable(f as usize)?;
         let rt = runtime()?;
-        let as_runtime = cudaLaunchConfig_t {
-            gridDim: dim3 { x: c.gridDimX, y: c.gridDimY, z: c.gridDimZ },
-            blockDim: dim3 { x: c.blockDimX, y: c.blockDimY, z: c.blockDimZ },
-            dynamicSmemBytes: c.sharedMemBytes as usize,
-            stream: c.hStream.cast(),
-            attrs: c.attrs.cast(),
-            numAttrs: c.numAttrs,
-        };
+        let as_runtime = runtime_config(&c);
         // SAFETY: CUlaunchAttribute and cudaLaunchAttribute share layout and ids.
         let attrs = unsafe { launch_ex::wire_attrs(rt, &as_runtime) }?;
         let attrs = (c.numAttrs > 0).then_some(attrs.as_slice());

@@ -362,6 +362,27 @@ driver_api! {
         memset(dstDevice, ui, 4, N, Some(hStream))
     }
 
+    /// `cuPointerGetAttributes`: several attributes of one address; each value's slot as
+    /// `cuPointerGetAttribute` fills it.
+    fn cuPointerGetAttributes(
+        numAttributes: c_uint,
+        attributes: *mut d::CUpointer_attribute,
+        data: *mut *mut c_void,
+        ptr: d::CUdeviceptr,
+    ) {
+        ready()?;
+        if numAttributes > 0 && (attributes.is_null() || data.is_null()) {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        for i in 0..numAttributes as usize {
+            // SAFETY: `numAttributes` entries each (API contract).
+            let (a, slot) = unsafe { (*attributes.add(i), *data.add(i)) };
+            // SAFETY: the slot has room for the attribute's type (API contract).
+            unsafe { pointer_attribute(slot, a, ptr) }?;
+        }
+        Ok(())
+    }
+
     /// `cuPointerGetAttribute`: what the runtime face knows of an address.
     fn cuPointerGetAttribute(data: *mut c_void, attribute: d::CUpointer_attribute, ptr: d::CUdeviceptr) {
         ready()?;
@@ -453,7 +474,53 @@ unsafe fn pointer_attribute(
             d::CU_POINTER_ATTRIBUTE_MAPPED => {
                 data.cast::<c_uint>().write_unaligned(c_uint::from(known));
             }
-            _ => return Err(DriverError::NOT_SUPPORTED),
+            d::CU_POINTER_ATTRIBUTE_BUFFER_ID | d::CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID => {
+                let a = alloc.ok_or(DriverError::INVALID_VALUE)?;
+                let id = rt
+                    .allocations
+                    .buffer_id(a.base)
+                    .ok_or(DriverError::INVALID_VALUE)?;
+                data.cast::<u64>().write_unaligned(id);
+            }
+            d::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR => {
+                let a = alloc.ok_or(DriverError::INVALID_VALUE)?;
+                data.cast::<u64>().write_unaligned(a.base);
+            }
+            d::CU_POINTER_ATTRIBUTE_MAPPING_SIZE => {
+                let a = alloc.ok_or(DriverError::INVALID_VALUE)?;
+                data.cast::<usize>()
+                    .write_unaligned(usize::try_from(a.size).unwrap_or(usize::MAX));
+            }
+            // Copies through the runtime face's synchronous calls always wait for the device.
+            d::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS => {
+                data.cast::<c_uint>().write_unaligned(c_uint::from(known));
+            }
+            d::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS => {
+                if !known {
+                    return Err(DriverError::INVALID_VALUE);
+                }
+                data.cast::<c_uint>()
+                    .write_unaligned(d::CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
+            }
+            // What qcuda does not offer for any memory: IPC, export handles, GPUDirect RDMA,
+            // hardware decompression. No pool is named for plain allocations.
+            d::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+            | d::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
+            | d::CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE => {
+                data.cast::<c_uint>().write_unaligned(0);
+            }
+            d::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES => {
+                data.cast::<u64>().write_unaligned(0);
+            }
+            d::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => {
+                data.cast::<usize>().write_unaligned(0);
+            }
+            _ => {
+                crate::warnings::warn_once!(
+                    "cuPointerGetAttribute: attribute {attribute} is not supported"
+                );
+                return Err(DriverError::NOT_SUPPORTED);
+            }
         }
     }
     Ok(())

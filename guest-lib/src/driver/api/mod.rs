@@ -60,7 +60,9 @@ macro_rules! driver_api {
             #[allow(clippy::too_many_arguments)]
             unsafe fn body($($arg: $ty),*) -> $crate::driver::status::DrvResult<()> $body
             // SAFETY: `body` has exactly this function's contract, which our caller upholds.
-            $crate::driver::status::finish(unsafe { body($($arg),*) })
+            let code = $crate::driver::status::finish(unsafe { body($($arg),*) });
+            $crate::driver::trace::call(stringify!($name), code);
+            code
         }
     };
 }
@@ -161,6 +163,7 @@ pub fn device_identity() -> DrvResult<Vec<DeviceIdentity>> {
 
 pub mod context;
 pub mod device;
+pub mod graph;
 pub mod init;
 pub mod launch;
 pub mod memory;

@@ -388,6 +388,58 @@ driver_api! {
         occupancy(numBlocks, func, blockSize, dynamicSMemSize, 0)
     }
 
+    /// `cuOccupancyMaxPotentialBlockSize`: the block size with the most resident threads per
+    /// multiprocessor (the largest such, as CUDA's own search prefers), and the grid that fills
+    /// the device with it.
+    fn cuOccupancyMaxPotentialBlockSize(
+        minGridSize: *mut c_int,
+        blockSize: *mut c_int,
+        func: d::CUfunction,
+        blockSizeToDynamicSMemSize: d::CUoccupancyB2DSize,
+        dynamicSMemSize: usize,
+        blockSizeLimit: c_int,
+    ) {
+        potential_block_size(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit, 0)
+    }
+
+    /// `cuOccupancyMaxPotentialBlockSizeWithFlags`.
+    fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+        minGridSize: *mut c_int,
+        blockSize: *mut c_int,
+        func: d::CUfunction,
+        blockSizeToDynamicSMemSize: d::CUoccupancyB2DSize,
+        dynamicSMemSize: usize,
+        blockSizeLimit: c_int,
+        flags: c_uint,
+    ) {
+        potential_block_size(minGridSize, blockSize, func, blockSizeToDynamicSMemSize, dynamicSMemSize, blockSizeLimit, flags)
+    }
+
+    /// `cuOccupancyAvailableDynamicSMemPerBlock`: the dynamic shared memory a block may use
+    /// with `numBlocks` blocks of `blockSize` resident per multiprocessor.
+    fn cuOccupancyAvailableDynamicSMemPerBlock(
+        dynamicSmemSize: *mut usize,
+        func: d::CUfunction,
+        numBlocks: c_int,
+        blockSize: c_int,
+    ) {
+        initialized()?;
+        if dynamicSmemSize.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let f = modules::launchable(func as usize)?;
+        let blocks = u64::try_from(numBlocks).map_err(|_| DriverError::INVALID_VALUE)?;
+        let block = u64::try_from(blockSize).map_err(|_| DriverError::INVALID_VALUE)?;
+        let rt = runtime()?;
+        let reply = rt.session.submit(
+            Call::new(Op::OccupancyAvailableDynamicSMem, f.module.device)
+                .args(&[f.resolved.function, blocks, block]),
+        )?;
+        // SAFETY: checked non-null.
+        unsafe { dynamicSmemSize.write_unaligned(crate::conv::usize_of(reply.rets[0])) };
+        Ok(())
+    }
+
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
         numBlocks: *mut c_int,
@@ -489,6 +541,70 @@ fn param_info(
     if !size.is_null() {
         // SAFETY: as above.
         unsafe { size.write_unaligned(p.size as usize) };
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn potential_block_size(
+    min_grid: *mut c_int,
+    block_size: *mut c_int,
+    func: d::CUfunction,
+    smem_of: d::CUoccupancyB2DSize,
+    smem: usize,
+    limit: c_int,
+    flags: c_uint,
+) -> DrvResult<()> {
+    initialized()?;
+    if min_grid.is_null() || block_size.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    let f = modules::launchable(func as usize)?;
+    let mut max_threads: c_int = 0;
+    function_attribute(
+        &raw mut max_threads,
+        d::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+        f,
+    )?;
+    let rt = runtime()?;
+    let dev = f.module.device;
+    let [warp, sms] = rt.devices.attributes(
+        &rt.session,
+        dev,
+        &[
+            d::CU_DEVICE_ATTRIBUTE_WARP_SIZE,
+            d::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        ],
+    )?[..] else {
+        return Err(DriverError::UNKNOWN);
+    };
+    let mut top = max_threads;
+    if limit > 0 {
+        top = top.min(limit);
+    }
+    let warp = warp.max(1);
+    let (mut best_threads, mut best_block, mut best_blocks) = (0i64, 0, 0);
+    // From the largest warp multiple down: the first block size reaching the most resident
+    // threads wins, so ties go to larger blocks.
+    let mut b = top - top % warp;
+    while b > 0 {
+        let smem = match smem_of {
+            // SAFETY: the caller's callback, called as the driver calls it.
+            Some(cb) => unsafe { cb(b) },
+            None => smem,
+        };
+        let mut blocks: c_int = 0;
+        occupancy(&raw mut blocks, func, b, smem, flags)?;
+        let threads = i64::from(blocks) * i64::from(b);
+        if threads > best_threads {
+            (best_threads, best_block, best_blocks) = (threads, b, blocks);
+        }
+        b -= warp;
+    }
+    // SAFETY: checked non-null above.
+    unsafe {
+        min_grid.write_unaligned(best_blocks * sms);
+        block_size.write_unaligned(best_block);
     }
     Ok(())
 }
