@@ -202,6 +202,9 @@ driver_api! {
             return Err(DriverError::INVALID_VALUE);
         }
         let rt = runtime()?;
+        if crate::driver::trace::enabled() {
+            crate::driver::trace::log(format_args!("cuCtxGetLimit limit {limit}"));
+        }
         let reply = rt
             .session
             .submit(Call::new(Op::DeviceGetLimit, c.device).args(&[u64::from(limit)]))?;

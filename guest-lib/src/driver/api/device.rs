@@ -89,7 +89,12 @@ driver_api! {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: checked non-null; the ids are the runtime's cudaDeviceAttr values.
-        via_runtime(|| unsafe { rt_devices::cudaDeviceGetAttribute(pi, attrib, dev) })
+        via_runtime(|| unsafe { rt_devices::cudaDeviceGetAttribute(pi, attrib, dev) })?;
+        if crate::driver::trace::enabled() {
+            // SAFETY: written above.
+            crate::driver::trace::log(format_args!("device attribute {attrib}: {}", unsafe { *pi }));
+        }
+        Ok(())
     }
 
     /// `cuDeviceComputeCapability` (deprecated).

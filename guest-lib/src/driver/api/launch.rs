@@ -175,6 +175,20 @@ unsafe fn cluster_occupancy(
             active,
         )
     }?;
+    if crate::driver::trace::enabled() {
+        crate::driver::trace::log(format_args!(
+            "cluster occupancy of {} ({}x{}x{} blocks of {}x{}x{}, {} B, {} attributes): {n}",
+            func.name.to_string_lossy(),
+            c.gridDimX,
+            c.gridDimY,
+            c.gridDimZ,
+            c.blockDimX,
+            c.blockDimY,
+            c.blockDimZ,
+            c.sharedMemBytes,
+            c.numAttrs
+        ));
+    }
     // SAFETY: checked non-null.
     unsafe { out.write_unaligned(n) };
     Ok(())

@@ -39,11 +39,10 @@ unsafe fn jit_options(
     options: *const d::CUjit_option,
     values: *mut *mut c_void,
 ) -> DrvResult<()> {
-    if n == 0 {
+    // Without both arrays there is nothing to honour or answer (libraries pass counts with
+    // null arrays; NVIDIA's driver accepts that).
+    if n == 0 || options.is_null() || values.is_null() {
         return Ok(());
-    }
-    if options.is_null() || values.is_null() {
-        return Err(DriverError::INVALID_VALUE);
     }
     for i in 0..n as usize {
         // SAFETY: `n` entries (caller's contract).
@@ -174,9 +173,9 @@ driver_api! {
         if library.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
-        if numLibraryOptions > 0 && (libraryOptions.is_null() || libraryOptionValues.is_null()) {
-            return Err(DriverError::INVALID_VALUE);
-        }
+        // Library options (CU_LIBRARY_BINARY_IS_PRESERVED, ...) say how long the caller keeps
+        // its image; qcuda keeps its own copy either way.
+        let _ = (libraryOptions, libraryOptionValues, numLibraryOptions);
         // SAFETY: the API's contract for the options.
         unsafe { jit_options(numJitOptions, jitOptions, jitOptionsValues) }?;
         // SAFETY: the API's contract for `code`.
@@ -485,6 +484,13 @@ fn function_attribute(
             .input(&id)
             .output(&mut value),
     )?;
+    if crate::driver::trace::enabled() {
+        crate::driver::trace::log(format_args!(
+            "function attribute {attrib} of {}: {}",
+            f.name.to_string_lossy(),
+            c_int::from_le_bytes(value)
+        ));
+    }
     // SAFETY: checked non-null.
     unsafe { pi.write_unaligned(c_int::from_le_bytes(value)) };
     Ok(())
