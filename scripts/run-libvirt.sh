@@ -7,7 +7,8 @@
 # As root, on Debian 12 with libvirt-daemon, libvirt-daemon-driver-qemu and libvirt-clients
 # (scripts/setup.sh installs them, without libvirt-daemon-system, which would pull systemd).
 # What it does, each step skipped where it is already so:
-#   - makes the kvm group and the libvirt-qemu user (libvirt runs QEMU as libvirt-qemu:kvm);
+#   - makes the kvm group and the libvirt-qemu user (libvirt runs QEMU as libvirt-qemu:kvm),
+#     and gives /dev/kvm to the kvm group where no udev did;
 #   - writes /etc/libvirt/qemu.conf if there is none: that user and group, and
 #     stdio_handler = "file", because nothing starts virtlogd here;
 #   - starts libvirtd (no systemd needed) and stops it again at the end;
@@ -100,6 +101,12 @@ getent group libvirt-qemu >/dev/null || groupadd --system libvirt-qemu
 id "$QEMU_USER" >/dev/null 2>&1 ||
     useradd --system --gid "$QEMU_GROUP" --home-dir /var/lib/libvirt --no-create-home \
         --shell /usr/sbin/nologin "$QEMU_USER"
+# Without udev, /dev/kvm stays root's 0600, where Debian's udev rules make it root:kvm 0660.
+# libvirt then finds that QEMU's user cannot use KVM, unlike when it cached the emulator's
+# capabilities, and probes the emulator again on every start (40 s under load here).
+if [[ -c /dev/kvm ]] && [[ $(stat -c %g /dev/kvm) == 0 ]]; then
+    chgrp "$QEMU_GROUP" /dev/kvm && chmod 0660 /dev/kvm
+fi
 if [[ ! -e /etc/libvirt/qemu.conf ]]; then
     mkdir -p /etc/libvirt
     cat >/etc/libvirt/qemu.conf <<EOF
