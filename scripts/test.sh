@@ -16,7 +16,8 @@
 # 5. operators: the systemd units pass `systemd-analyze verify` and the libvirt domain XML
 #    `virt-xml-validate` (with the static checks); a guest served by a daemon that systemd's
 #    socket activation started; libvirt boots the domain with our device and a CUDA program
-#    in it runs (without a GPU: reports cudaErrorNoDevice cleanly)
+#    in it runs (without a GPU: reports cudaErrorNoDevice cleanly); the by-hand blocks of
+#    README.md and docs/running.md run as printed
 #
 # Ends with "N passed, N failed, N skipped"; exits non-zero if anything failed.
 set -uo pipefail
@@ -264,6 +265,7 @@ libvirt_domain() {
     [ "$rc" -eq "$want" ] && tr -d '\r' <"$LOGS/libvirt-console.log" | grep -q "$line"
 }
 step "libvirt: virsh starts the domain with our device, a CUDA program runs in it" libvirt_domain
+step "docs: README's and running.md's by-hand blocks run as printed" scripts/check-doc-blocks.sh "$LOGS/doc-blocks"
 
 echo "== release bundle"
 bundle_boots() {
