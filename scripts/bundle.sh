@@ -14,6 +14,8 @@
 #   host-tools/               gpu_meminfo (device memory in use, for the kill and load checks)
 #   bench/                    the benchmark qcuda_bench and its start-up helpers, for the native
 #                             run (the guest has its own copy)
+#   deploy/                   the systemd units and the libvirt domain (docs/operators.md); the
+#                             domain's paths are this layout unpacked in /opt (/opt/qcuda)
 #
 # It runs on any x86-64 Linux with glibc >= 2.34 and nothing else installed. Build everything
 # first (scripts/test.sh or scripts/demo.sh do); this script only packs.
@@ -53,6 +55,7 @@ cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz
 [[ -d build/cuda-runtimes ]] && cp -r build/cuda-runtimes "$B/cuda-runtimes"
 [[ -d build/host-tools ]] && find build/host-tools -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/host-tools/" \;
 [[ -d build/bench ]] && find build/bench -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/bench/" \;
+cp -r deploy "$B/deploy"
 git rev-parse --short HEAD >"$B/VERSION" 2>/dev/null || echo unknown >"$B/VERSION"
 mkdir -p dist
 tar -C "$stage" -czf dist/qcuda-bundle.tar.gz qcuda

@@ -2,7 +2,11 @@
 # setup.sh: the system packages every qcuda build step shares, on Debian 12 (as root).
 # The heavy builds (build-qemu.sh, build-guest.sh) install their own extra dependencies.
 set -euo pipefail
-need=(build-essential pkg-config cpio gzip busybox-static python3-venv python3-pip binutils file procps)
+# systemd: only its tools (systemd-analyze verify, systemd-socket-activate) for the unit tests;
+# it need not run. libvirt without libvirt-daemon-system, which would pull systemd in as init
+# (scripts/run-libvirt.sh starts libvirtd itself); libxml2-utils for virt-xml-validate.
+need=(build-essential pkg-config cpio gzip busybox-static python3-venv python3-pip binutils file procps systemd
+    libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils)
 missing=()
 for p in "${need[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

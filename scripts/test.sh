@@ -13,6 +13,11 @@
 # 4. the daemon's bad-input handling, a daemon restart under a running guest, 1000 guest CUDA
 #    programs killed at random points (GPU only), and the relocatable bundle booting from a
 #    fresh folder
+# 5. operators: the systemd units pass `systemd-analyze verify` and the libvirt domain XML
+#    `virt-xml-validate` (with the static checks); a guest served by a daemon that systemd's
+#    socket activation started; libvirt boots the domain with our device and a CUDA program
+#    in it runs (without a GPU: reports cudaErrorNoDevice cleanly); the by-hand blocks of
+#    README.md and docs/running.md run as printed
 #
 # Ends with "N passed, N failed, N skipped"; exits non-zero if anything failed.
 set -uo pipefail
@@ -60,6 +65,8 @@ awk '/^test result:/ { p += $4; f += $6 } END { printf "   cargo test: %d passed
 # Coverage-guided fuzzing, short and seeded (scripts/fuzz.sh runs the long ones).
 step "fuzz: 4 cargo-fuzz targets, seeded, 7 s each" scripts/fuzz.sh --runs 2000000 --time 7 --seed 1 --scratch &&
     sed 's/^/   /' "$LOGS"/fuzz_*.log | grep '^   fuzz '
+step "systemd units pass systemd-analyze verify (deploy/systemd)" scripts/check-systemd-units.sh
+step "libvirt domain XML passes virt-xml-validate (deploy/libvirt)" virt-xml-validate deploy/libvirt/qcuda-vm.xml domain
 gpu_tests() { cargo test --workspace --locked -q --test cuda_gpu --test worker_gpu -- --nocapture; }
 if step "vhost-cuda GPU tests (executor, worker isolation)" gpu_tests; then
     if grep -q 'skipped: no GPU' "$LOGS"/vhost-cuda_GPU*.log; then
@@ -228,6 +235,39 @@ if have_gpu; then
 else
     skip "1000 guest CUDA programs killed at random points (scripts/load-test.sh kills): no GPU"
 fi
+
+echo "== operators"
+socket_activated() {
+    # systemd's own socket activation tool binds the socket and execs the daemon on QEMU's
+    # connection with it at fd 3, as vhost-cuda@.socket does; the guest must be served, and
+    # the socket must stay after the daemon's exit (it is systemd's).
+    local d rc=0 pid
+    d=$(mktemp -d)
+    systemd-socket-activate -l "$d/vm0.sock" -E RUST_LOG=info target/release/vhost-cuda >"$d/daemon.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 50); do [ -S "$d/vm0.sock" ] && break; sleep 0.1; done
+    scripts/run-vm.sh --socket "$d/vm0.sock" --timeout 300 -- 'insmod /lib/modules/qcuda.ko && qcuda-smi' || rc=$?
+    kill -TERM $pid
+    wait $pid 2>/dev/null
+    cat "$d/daemon.log"
+    grep -q "socket $d/vm0.sock from systemd (fd 3)" "$d/daemon.log" || rc=1
+    [ -S "$d/vm0.sock" ] || { echo "the socket was removed"; rc=1; }
+    rm -rf "$d"
+    return $rc
+}
+step "systemd socket activation: a daemon started on QEMU's connection serves the guest" socket_activated
+libvirt_domain() {
+    local rc=0 want=2 line='^SKIP vector_add: no CUDA device (cudaErrorNoDevice)'
+    if have_gpu; then want=0 line='^PASS vector_add'; fi
+    scripts/run-libvirt.sh --log-dir "$LOGS/libvirt" --timeout 300 -- \
+        'insmod /lib/modules/qcuda.ko && /opt/qcuda/tests/vector_add' >"$LOGS/libvirt-console.log" 2>&1 || rc=$?
+    cat "$LOGS/libvirt-console.log"
+    echo "exit $rc (want $want)"
+    grep -q 'vhost-user-cuda-pci' "$LOGS/libvirt/qemu.log" || { echo "libvirt's QEMU had no vhost-user-cuda-pci"; return 1; }
+    [ "$rc" -eq "$want" ] && tr -d '\r' <"$LOGS/libvirt-console.log" | grep -q "$line"
+}
+step "libvirt: virsh starts the domain with our device, a CUDA program runs in it" libvirt_domain
+step "docs: README's and running.md's by-hand blocks run as printed" scripts/check-doc-blocks.sh "$LOGS/doc-blocks"
 
 echo "== release bundle"
 bundle_boots() {

@@ -15,7 +15,9 @@
 //! Lifecycle of one socket: bind once, then for each connection a fresh backend and
 //! `VhostUserDaemon`, `start` (accept) and `wait`. A disconnect, clean or not, closes that
 //! connection's sessions and the loop waits for the next frontend; the socket file stays.
-//! SIGINT/SIGTERM stop every socket's loop and remove the socket files.
+//! SIGINT/SIGTERM stop every socket's loop and remove the socket files. Sockets that systemd
+//! bound and passed (`socket_activation.rs`) are served the same way, but their files are
+//! systemd's and stay.
 
 pub mod chain;
 pub mod cuda;
@@ -27,14 +29,16 @@ pub mod session;
 pub mod shared_guest_ram;
 pub mod signals;
 pub mod socket;
+pub mod socket_activation;
 pub mod spin_wait;
 pub mod transport_ops;
 pub mod vhu_cuda;
 pub mod worker;
 
 use std::{
+    ops::Range,
     os::fd::{AsRawFd, RawFd},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
     thread,
     time::Duration,
@@ -45,6 +49,7 @@ use tracing::{error, info, warn};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::eventfd::{EventFd, EFD_CLOEXEC, EFD_NONBLOCK};
 
 use crate::{
     cuda::CudaHost, guest_buffer::GuestRam, vhu_cuda::VhostCudaBackend, worker::WorkerCommand,
@@ -97,12 +102,29 @@ pub enum Error {
     /// `--max-sessions` out of range.
     #[error("--max-sessions must be between 1 and {1}, not {0}")]
     BadMaxSessions(usize, usize),
-    /// No `--socket-path` (clap requires it outside worker mode).
-    #[error("--socket-path is required")]
+    /// Neither `--socket-path` nor sockets from systemd.
+    #[error("--socket-path is required (or listening sockets from systemd: LISTEN_FDS)")]
     NoSocketPath,
+    /// The sockets systemd passed cannot be used.
+    #[error("socket activation: {0}")]
+    Activation(#[from] socket_activation::ActivationError),
+    /// `--socket-path` names a socket that systemd did not pass.
+    #[error("socket activation: no socket bound to {0} was passed (check ListenStream= in the socket unit)")]
+    InheritedSocketMissing(PathBuf),
+    /// systemd passed a socket that `--socket-path` does not name.
+    #[error("socket activation: fd {fd} ({label}) is not a socket --socket-path names")]
+    InheritedSocketUnexpected {
+        /// The fd.
+        fd: RawFd,
+        /// Its path, or "unnamed".
+        label: String,
+    },
     /// Signal handling cannot be set up.
     #[error("cannot set up signal handling: {0}")]
     Signals(std::io::Error),
+    /// The eventfd that stops a socket's thread cannot be made.
+    #[error("cannot create an eventfd: {0}")]
+    WakeEvent(std::io::Error),
     /// A socket's thread cannot be started.
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
@@ -117,11 +139,14 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// The socket path as given.
-    pub socket_path: PathBuf,
+    /// The socket path as given; `None` when every socket comes from systemd.
+    pub socket_path: Option<PathBuf>,
     /// Sockets to serve: 1 serves `socket_path` itself; N > 1 serves `socket_path.0` ..
     /// `socket_path.(N-1)`.
     pub socket_count: u32,
+    /// Listening sockets systemd passed (socket activation): served instead of binding
+    /// `socket_path`, which, when given, must be where they are bound.
+    pub inherited_fds: Option<Range<RawFd>>,
     /// Host GPU the guests are restricted to (they see it as their device 0).
     pub gpu: Option<u32>,
     /// The tracing filter (`info`, `vhost_cuda=debug`, ...).
@@ -136,14 +161,18 @@ pub struct Config {
 }
 
 impl Config {
-    /// The socket paths this configuration serves.
+    /// The socket paths this configuration serves (of its inherited sockets: the ones it
+    /// expects).
     pub fn socket_paths(&self) -> Vec<PathBuf> {
+        let Some(path) = &self.socket_path else {
+            return Vec::new();
+        };
         if self.socket_count == 1 {
-            return vec![self.socket_path.clone()];
+            return vec![path.clone()];
         }
         (0..self.socket_count)
             .map(|i| {
-                let mut p = self.socket_path.clone().into_os_string();
+                let mut p = path.clone().into_os_string();
                 p.push(format!(".{i}"));
                 PathBuf::from(p)
             })
@@ -184,25 +213,34 @@ pub fn start_backend(config: Config) -> Result<()> {
     );
     let server = Server::bind(&config, host)?;
     let stop = server.stop_handle();
+    // Only the files this process made are removed; systemd's stay with systemd.
+    let own_files = if config.inherited_fds.is_some() {
+        Vec::new()
+    } else {
+        config.socket_paths()
+    };
     signals
-        .spawn_handler(config.socket_paths(), move || stop.stop())
+        .spawn_handler(own_files, move || stop.stop())
         .map_err(Error::Signals)?;
     server.run()
 }
 
 /// Stop state of one socket, shared between its serving thread and whoever stops it.
+///
+/// The serving thread waits for a connection in poll(2) on the listener and `wake`, and calls
+/// accept only once one is pending, so a stop reaches it without touching the listening
+/// socket: shutdown(2) on it would also break it for systemd, which keeps a passed socket
+/// open to hand it to the next daemon.
 #[derive(Debug)]
 struct SocketControl {
     path: PathBuf,
-    listener_fd: RawFd,
+    wake: EventFd,
     state: Mutex<SocketState>,
 }
 
 #[derive(Default)]
 struct SocketState {
     stopping: bool,
-    /// The listener is still open, so `listener_fd` is still ours.
-    listener_open: bool,
     connection: Option<ShutdownHandle>,
 }
 
@@ -210,7 +248,6 @@ impl std::fmt::Debug for SocketState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SocketState")
             .field("stopping", &self.stopping)
-            .field("listener_open", &self.listener_open)
             .field("connected", &self.connection.is_some())
             .finish()
     }
@@ -228,11 +265,11 @@ impl SocketControl {
     fn stop(&self) {
         let mut st = self.state();
         st.stopping = true;
-        if st.listener_open {
-            // Wakes a thread blocked in accept(2) on it (Linux returns EINVAL).
-            // SAFETY: the fd is the open listener: `listener_open` is cleared under this lock
-            // before the listener is closed, so the fd cannot have been reused.
-            unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
+        if let Err(e) = self.wake.write(1) {
+            error!(
+                "cannot wake the thread of socket {}: {e}",
+                self.path.display()
+            );
         }
         if let Some(c) = &st.connection {
             c.shutdown();
@@ -250,9 +287,44 @@ impl SocketControl {
         self.state().connection = None;
     }
 
+    /// Waits until a frontend connects to `listener` (true) or the socket is stopped (false).
+    fn wait_for_frontend(&self, listener: &Listener) -> std::io::Result<bool> {
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        loop {
+            if self.stopping() {
+                return Ok(false);
+            }
+            // SAFETY: `fds` is a valid array of two pollfd for the duration of the call, and
+            // both fds are open: the listener is borrowed, `wake` is owned by `self`.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if rc < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if fds[1].revents != 0 {
+                return Ok(false);
+            }
+            if fds[0].revents != 0 {
+                return Ok(!self.stopping());
+            }
+        }
+    }
     fn close_listener(&self, listener: Listener) {
-        self.state().listener_open = false;
-        // Listener's drop removes the socket file.
+        // Listener's drop removes the socket file, if it made it.
         drop(listener);
     }
 }
@@ -290,19 +362,26 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// Binds every socket of `config`. Fails without side effects if any is in use.
+    /// Binds every socket of `config`, or takes the ones systemd passed. Fails without side
+    /// effects if any is in use.
     pub fn bind(config: &Config, host: Arc<CudaHost>) -> Result<Self> {
+        let listeners = match &config.inherited_fds {
+            Some(fds) => inherited_listeners(fds.clone(), &config.socket_paths())?,
+            None => {
+                let mut bound = Vec::new();
+                for path in config.socket_paths() {
+                    // On error the listeners bound so far drop and remove their files.
+                    bound.push((socket::bind(&path)?, path));
+                }
+                bound
+            }
+        };
         let mut sockets = Vec::new();
-        for path in config.socket_paths() {
-            // On error the listeners bound so far drop and remove their files.
-            let listener = socket::bind(&path)?;
+        for (listener, path) in listeners {
             let control = Arc::new(SocketControl {
-                listener_fd: listener.as_raw_fd(),
+                wake: EventFd::new(EFD_NONBLOCK | EFD_CLOEXEC).map_err(Error::WakeEvent)?,
                 path,
-                state: Mutex::new(SocketState {
-                    listener_open: true,
-                    ..SocketState::default()
-                }),
+                state: Mutex::new(SocketState::default()),
             });
             sockets.push((listener, control));
         }
@@ -356,6 +435,50 @@ impl Server {
     }
 }
 
+/// The sockets systemd passed, each with its label (its path), in the order of `expected`
+/// when that names them.
+fn inherited_listeners(
+    fds: Range<RawFd>,
+    expected: &[PathBuf],
+) -> Result<Vec<(Listener, PathBuf)>> {
+    let mut passed = socket_activation::adopt(fds)?;
+    let label = |s: &socket_activation::InheritedSocket| {
+        s.path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("fd {}", s.fd)))
+    };
+    let mut listeners = Vec::new();
+    if expected.is_empty() {
+        for s in passed {
+            info!("socket {} from systemd (fd {})", label(&s).display(), s.fd);
+            let path = label(&s);
+            // Built from a UnixListener, a Listener knows no path, so its drop leaves the
+            // file to systemd.
+            listeners.push((Listener::from(s.listener), path));
+        }
+        return Ok(listeners);
+    }
+    for want in expected {
+        let at = passed
+            .iter()
+            .position(|s| s.path.as_deref() == Some(want.as_path()))
+            .ok_or_else(|| Error::InheritedSocketMissing(want.clone()))?;
+        let s = passed.swap_remove(at);
+        info!("socket {} from systemd (fd {})", want.display(), s.fd);
+        listeners.push((Listener::from(s.listener), want.clone()));
+    }
+    if let Some(extra) = passed.first() {
+        return Err(Error::InheritedSocketUnexpected {
+            fd: extra.fd,
+            label: extra
+                .path
+                .as_deref()
+                .map_or("unnamed".to_string(), |p: &Path| p.display().to_string()),
+        });
+    }
+    Ok(listeners)
+}
+
 /// One connection's daemon, ended properly: the vring threads are told to exit and
 /// joined (when the daemon drops), then the backend closes its sessions.
 fn end_connection(daemon: VhostUserDaemon<Arc<VhostCudaBackend>>, backend: &VhostCudaBackend) {
@@ -390,6 +513,20 @@ fn serve_socket(
             Err(e) => break Err(Error::CreateDaemon(e.to_string())),
         };
         info!(vm = %label, "waiting for a frontend");
+        match control.wait_for_frontend(&listener) {
+            Ok(true) => {}
+            Ok(false) => {
+                end_connection(daemon, &backend);
+                break Ok(());
+            }
+            Err(e) => {
+                end_connection(daemon, &backend);
+                break Err(Error::Accept {
+                    path: control.path.clone(),
+                    reason: format!("poll: {e}"),
+                });
+            }
+        }
         if let Err(e) = daemon.start(&mut listener) {
             end_connection(daemon, &backend);
             if control.stopping() {

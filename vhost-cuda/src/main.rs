@@ -3,17 +3,23 @@
 //! Exit status: 0 after SIGINT/SIGTERM, 1 when serving fails (socket in use, bind or accept
 //! failure), 2 for an invalid command line or configuration.
 //!
+//! Under systemd, the per-VM settings come from the environment (`VHOST_CUDA_GPU`, ...: an
+//! instance's `EnvironmentFile=`), and a socket unit may pass the listening socket
+//! (`LISTEN_FDS`, `vhost_cuda::socket_activation`).
+//!
 //! The same binary is also each session's worker process (`--session-worker`, hidden from
 //! `--help`): the daemon starts it that way itself (`vhost_cuda::worker`).
 
-use std::{io::IsTerminal, path::PathBuf, process::exit, time::Duration};
+use std::{
+    io::IsTerminal, ops::Range, os::fd::RawFd, path::PathBuf, process::exit, time::Duration,
+};
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vhost_cuda::{
     limits::Limits,
     session::MAX_SESSIONS,
-    start_backend,
+    socket_activation, start_backend,
     worker::{self, WorkerConfig},
     Config, Error, Result, MAX_SOCKETS,
 };
@@ -26,8 +32,10 @@ const MAX_SOCKET_PATH: usize = 107;
 #[command(name = "vhost-cuda", version, about, long_about = None)]
 struct Args {
     /// vhost-user Unix socket to listen on (QEMU's -chardev socket,path=...). Its directory
-    /// must exist. With --socket-count N > 1 the sockets are PATH.0 ... PATH.(N-1).
-    #[arg(long, value_name = "PATH", required_unless_present = "session_worker")]
+    /// must exist. With --socket-count N > 1 the sockets are PATH.0 ... PATH.(N-1). Under
+    /// systemd socket activation (LISTEN_FDS) the daemon serves the sockets it is passed
+    /// instead, and PATH, if given, must be where they are bound.
+    #[arg(long, value_name = "PATH")]
     socket_path: Option<PathBuf>,
 
     /// Number of sockets (VMs) this process serves, each isolated from the others.
@@ -35,7 +43,7 @@ struct Args {
     socket_count: u32,
 
     /// Restrict the guests to this host GPU ordinal.
-    #[arg(long, value_name = "ORDINAL")]
+    #[arg(long, value_name = "ORDINAL", env = "VHOST_CUDA_GPU")]
     gpu: Option<u32>,
 
     /// Poll each request queue for this many microseconds after its last request before
@@ -58,18 +66,18 @@ struct Args {
 
     /// Log filter: error, warn, info, debug, trace, or tracing directives such as
     /// "vhost_cuda=debug". Default: $RUST_LOG, else info.
-    #[arg(long, value_name = "LEVEL")]
+    #[arg(long, value_name = "LEVEL", env = "VHOST_CUDA_LOG_LEVEL")]
     log_level: Option<String>,
 
     /// Most bytes of GPU memory the sessions of one VM may have allocated together (suffixes
     /// K, M, G, T: powers of 1024). Past it, allocations fail with cudaErrorMemoryAllocation.
     /// Default: no limit beyond the GPU's.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "VHOST_CUDA_MAX_GPU_MEMORY")]
     max_gpu_memory: Option<u64>,
 
     /// Most guest processes of one VM that may use qcuda at once (1 to 1024). A further
     /// process's first call fails with cudaErrorDevicesUnavailable. Default: 1024.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "VHOST_CUDA_MAX_SESSIONS")]
     max_sessions: Option<usize>,
 
     /// Run as the worker process of one session, on the channel at fd 3 (the daemon starts
@@ -93,6 +101,10 @@ struct Args {
     /// A worker's slot of its VM's GPU-memory quota, whose file is on fd 4.
     #[arg(long, hide = true, value_name = "SLOT", requires = "session_worker")]
     gpu_memory_slot: Option<usize>,
+
+    /// The listening sockets systemd passed (`LISTEN_FDS`), taken from the environment.
+    #[arg(skip)]
+    inherited_fds: Option<Range<RawFd>>,
 }
 
 /// A byte count: digits, optionally followed by K, M, G or T (powers of 1024; "KiB", "MB" and
@@ -140,7 +152,36 @@ impl TryFrom<Args> for Config {
         if args.socket_count == 0 || args.socket_count > MAX_SOCKETS {
             return Err(Error::BadSocketCount(args.socket_count));
         }
-        let path = args.socket_path.ok_or(Error::NoSocketPath)?;
+        let log_filter = log_filter(args.log_level);
+        EnvFilter::try_new(&log_filter)
+            .map_err(|e| Error::BadLogLevel(log_filter.clone(), e.to_string()))?;
+        if let Some(n) = args.max_sessions {
+            if n == 0 || n > MAX_SESSIONS {
+                return Err(Error::BadMaxSessions(n, MAX_SESSIONS));
+            }
+        }
+        let config = |socket_path, socket_count| Config {
+            socket_path,
+            socket_count,
+            inherited_fds: args.inherited_fds.clone(),
+            gpu: args.gpu,
+            log_filter: log_filter.clone(),
+            poll: Duration::from_micros(args.poll_us),
+            hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or_else(default_hop_poll_us)),
+            limits: Limits {
+                max_sessions: args.max_sessions,
+                max_gpu_memory: args.max_gpu_memory,
+            },
+        };
+        let path = match (args.socket_path.clone(), &args.inherited_fds) {
+            // Every socket systemd passed; their paths are systemd's business.
+            (None, Some(fds)) => {
+                let n = u32::try_from(fds.len()).map_err(|_| Error::BadSocketCount(u32::MAX))?;
+                return Ok(config(None, n));
+            }
+            (None, None) => return Err(Error::NoSocketPath),
+            (Some(path), _) => path,
+        };
         if path.file_name().is_none() {
             return Err(Error::SocketPathNoName(path));
         }
@@ -162,26 +203,7 @@ impl TryFrom<Args> for Config {
             Ok(_) => return Err(Error::SocketDirNotDir(dir)),
             Err(_) => return Err(Error::SocketDirMissing(dir)),
         }
-        let log_filter = log_filter(args.log_level);
-        EnvFilter::try_new(&log_filter)
-            .map_err(|e| Error::BadLogLevel(log_filter.clone(), e.to_string()))?;
-        if let Some(n) = args.max_sessions {
-            if n == 0 || n > MAX_SESSIONS {
-                return Err(Error::BadMaxSessions(n, MAX_SESSIONS));
-            }
-        }
-        Ok(Config {
-            socket_path: path,
-            socket_count: args.socket_count,
-            gpu: args.gpu,
-            log_filter,
-            poll: Duration::from_micros(args.poll_us),
-            hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or_else(default_hop_poll_us)),
-            limits: Limits {
-                max_sessions: args.max_sessions,
-                max_gpu_memory: args.max_gpu_memory,
-            },
-        })
+        Ok(config(Some(path), args.socket_count))
     }
 }
 
@@ -212,9 +234,17 @@ fn default_hop_poll_us() -> u64 {
 }
 
 fn main() {
-    let args = Args::parse();
+    let mut args = Args::parse();
     if args.session_worker {
         exit(session_worker_main(args));
+    }
+    // Single-threaded still, so the environment may change.
+    match socket_activation::take_from_environment() {
+        Ok(fds) => args.inherited_fds = fds,
+        Err(e) => {
+            eprintln!("vhost-cuda: {e}");
+            exit(2);
+        }
     }
     let config = match Config::try_from(args) {
         Ok(c) => c,
@@ -248,6 +278,7 @@ mod tests {
             max_gpu_memory: None,
             max_sessions: None,
             gpu_memory_slot: None,
+            inherited_fds: None,
         }
     }
 
@@ -266,8 +297,9 @@ mod tests {
         assert_eq!(
             config,
             Config {
-                socket_path: path.clone().into(),
+                socket_path: Some(path.clone().into()),
                 socket_count: 1,
+                inherited_fds: None,
                 gpu: Some(1),
                 log_filter: "info".into(),
                 poll: Duration::from_micros(200),
@@ -417,7 +449,38 @@ mod tests {
         .unwrap();
         assert_eq!(a.socket_count, 2);
         assert_eq!(a.gpu, Some(0));
-        Args::try_parse_from(["vhost-cuda"]).unwrap_err();
+        // No socket at all: a path or sockets from systemd are needed.
+        let none = Args::try_parse_from(["vhost-cuda"]).unwrap();
+        assert!(matches!(Config::try_from(none), Err(Error::NoSocketPath)));
+    }
+
+    #[test]
+    fn sockets_from_systemd_need_no_path() {
+        let passed = |path: Option<&str>| {
+            Config::try_from(Args {
+                socket_path: path.map(PathBuf::from),
+                inherited_fds: Some(3..5),
+                ..args("unused")
+            })
+        };
+        let c = passed(None).unwrap();
+        assert_eq!(
+            (
+                c.socket_path.as_ref(),
+                c.socket_count,
+                c.inherited_fds.clone()
+            ),
+            (None, 2, Some(3..5))
+        );
+        assert!(
+            c.socket_paths().is_empty(),
+            "nothing of systemd's to remove"
+        );
+        // With a path, the passed sockets must be bound there (checked when serving).
+        let path = format!("{}/vm0.sock", tmp());
+        let c = passed(Some(&path)).unwrap();
+        assert_eq!(c.socket_paths(), vec![PathBuf::from(&path)]);
+        assert_eq!(c.inherited_fds, Some(3..5));
     }
 
     #[test]

@@ -80,7 +80,13 @@ impl Daemon {
     pub fn start(dir: &Path, args: &[&str]) -> Daemon {
         let log_path = dir.join(format!("daemon-{}.log", std::process::id()));
         let log_path = unique(log_path);
-        let child = Self::command(&log_path, args).spawn().unwrap();
+        Self::spawn(Self::command(&log_path, args), log_path)
+    }
+
+    /// Starts `cmd`, a command that becomes the daemon and logs to `log_path`, and waits
+    /// until it listens.
+    pub fn spawn(mut cmd: Command, log_path: PathBuf) -> Daemon {
+        let child = cmd.spawn().unwrap();
         let d = Daemon { child, log_path };
         assert!(
             d.wait_log("waiting for a frontend", 1),
