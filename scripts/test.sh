@@ -59,6 +59,8 @@ have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null 
 echo "== setup and static checks"
 step "setup: system packages" scripts/setup.sh || finish
 step "cargo fmt --check" cargo fmt --all -- --check
+step "libcuda.so.1: stubs, symbol table and version map match the code (gen/driver-symbols.py)" \
+    python3 guest-lib/gen/driver-symbols.py --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test (unit, fuzz, vhost-user protocol)" cargo test --workspace --locked --no-fail-fast
 awk '/^test result:/ { p += $4; f += $6 } END { printf "   cargo test: %d passed, %d failed\n", p, f }' "$LOGS"/cargo_test*.log
