@@ -21,7 +21,11 @@ fn refusals_are_cuda_errors_logged_once() {
         .arg("-ldl")
         .output()
         .expect("run cc");
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
     let run = Command::new(&exe).output().expect("run the program");
     let out = String::from_utf8_lossy(&run.stdout);
     let err = String::from_utf8_lossy(&run.stderr);
@@ -41,10 +45,17 @@ fn refusals_are_cuda_errors_logged_once() {
         "name CUDA_ERROR_NO_DEVICE",
     ];
     for line in expect {
-        assert!(out.lines().any(|l| l == line), "missing {line:?} in:\n{out}");
+        assert!(
+            out.lines().any(|l| l == line),
+            "missing {line:?} in:\n{out}"
+        );
     }
     let once = |needle: &str| err.lines().filter(|l| l.contains(needle)).count();
     assert_eq!(once("cuArrayCreate_v2 is not supported"), 1, "{err}");
     assert_eq!(once("cuGetExportTable: no table 00112233"), 1, "{err}");
-    assert_eq!(once("export table 21318c60 slot 20 is not supported"), 1, "{err}");
+    assert_eq!(
+        once("export table 21318c60 slot 20 is not supported"),
+        1,
+        "{err}"
+    );
 }
