@@ -99,6 +99,7 @@ unsafe fn write_out<T>(out: *mut T, value: T) -> crate::cuda_error::CudaResult<(
 
 pub mod arrays;
 pub mod devices;
+pub mod driver_interop;
 pub mod errors;
 pub mod events;
 pub mod graphs;
