@@ -4,8 +4,8 @@
 # 1. setup and static checks: cargo fmt, clippy -D warnings, cargo test (unit, fuzz, protocol),
 #    a short seeded run of the cargo-fuzz targets (scripts/fuzz.sh);
 #    rustfmt and clippy over qcuda.ko once its kernel tree is built (scripts/check-kmod.sh)
-# 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, guest payload
-#    (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
+# 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, virtiofsd, guest
+#    payload (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
 # 3. the real stack: QEMU lists the device; a TCG guest sees it, loads qcuda.ko, runs the
 #    transport self-test, the concurrency and kill tests, every CUDA test program and the
 #    benchmark (qcuda_bench --quick at 4 KiB) against our libcudart.so.13 (on a host without a
@@ -74,6 +74,7 @@ step "build patched QEMU" scripts/build-qemu.sh || finish
 step "build guest kernel, qcuda.ko, initramfs" scripts/build-guest.sh || finish
 step "qcuda.ko: rustfmt and clippy (CLIPPY=1, warnings fail)" scripts/check-kmod.sh
 step "build vhost-cuda (release)" cargo build --release --locked -p vhost-cuda || finish
+step "build virtiofsd (for run-vm.sh --share; cached)" scripts/build-virtiofsd.sh || finish
 step "build guest payload (guest-lib, qcuda-smi, CUDA tests)" scripts/build-payload.sh || finish
 step "libcudart.so.13 exports match the version map" guest-lib/check-symbols.sh
 echo "   builds took $((SECONDS - t_build))s"
