@@ -278,7 +278,7 @@ serial=$log_dir/serial.log
 : >"$serial"
 if [[ -z $cmd ]]; then
     # Interactive: the console is this terminal.
-    "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" -initrd "$initrd" -serial mon:stdio &
+    "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" -initrd "$initrd" -serial mon:stdio <&0 &
     qemu_pid=$!
     wait "$qemu_pid" || true
     exit 0
