@@ -95,18 +95,25 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/qcuda-vm.XXXXXX")
 [[ -n $log_dir ]] || log_dir=$work
 mkdir -p "$log_dir"
 qemu_pid="" daemon_pid="" fs_pids=""
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    # QEMU first (it holds the daemons' connections), then the daemons; escalate if they linger.
-    for pid in $qemu_pid $daemon_pid $fs_pids; do kill -TERM "$pid" 2>/dev/null || true; done
-    for _ in $(seq 50); do
-        local alive=0
-        for pid in $qemu_pid $daemon_pid $fs_pids; do kill -0 "$pid" 2>/dev/null && alive=1; done
+stop_pids() { # tenths of a second to wait after TERM, pids...
+    local tenths=$1 pid alive
+    shift
+    for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for _ in $(seq "$tenths"); do
+        alive=0
+        for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
         ((alive)) || break
         sleep 0.1
     done
-    for pid in $qemu_pid $daemon_pid $fs_pids; do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in "$@"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    # QEMU first, while the daemons still answer its vhost-user teardown, then the daemons
+    # (virtiofsd also exits by itself once QEMU is gone); escalate if they linger.
+    stop_pids 20 $qemu_pid
+    stop_pids 50 $daemon_pid $fs_pids
     wait 2>/dev/null || true
     rm -rf "$work"
     exit "$rc"
