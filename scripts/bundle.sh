@@ -8,6 +8,8 @@
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
 #   bin/vhost-cuda            the host daemon
 #   bin/busybox               static busybox (cpio for run-vm.sh where the host has none)
+#   bin/virtiofsd             rust-vmm's virtiofsd for run-vm.sh --share (libseccomp and
+#                             libcap-ng linked in statically: it needs only glibc and libgcc_s)
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
 #   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
@@ -24,7 +26,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 say() { printf '[bundle] %s\n' "$*" >&2; }
 for f in build/qemu/bin/qemu-system-x86_64 build/guest/bzImage build/guest/initramfs.cpio.gz \
-    build/guest/payload.cpio.gz target/release/vhost-cuda; do
+    build/guest/payload.cpio.gz target/release/vhost-cuda build/virtiofsd/bin/virtiofsd; do
     [[ -e $f ]] || { say "missing $f: build first"; exit 1; }
 done
 stage=$(mktemp -d)
@@ -38,6 +40,13 @@ install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
+# The GPU host may lack libseccomp and libcap-ng: build-virtiofsd.sh links them in; check it did.
+if readelf -d build/virtiofsd/bin/virtiofsd | grep -Eq 'NEEDED.*(libseccomp|libcap-ng)'; then
+    say "build/virtiofsd/bin/virtiofsd links libseccomp or libcap-ng dynamically (rerun scripts/build-virtiofsd.sh)"
+    exit 1
+fi
+install -m 755 build/virtiofsd/bin/virtiofsd "$B/bin/virtiofsd"
+strip "$B/bin/virtiofsd"
 # run-vm.sh packs small initramfs archives; a bare GPU host may have no cpio.
 install -m 755 "$(command -v busybox)" "$B/bin/busybox"
 qemu=$(readlink -f build/qemu/bin/qemu-system-x86_64)

@@ -9,19 +9,27 @@
 #   --add SRC:DEST     put host file or directory SRC at DEST in the guest (repeatable);
 #                      it travels as an extra initramfs archive (see docs/running.md)
 #   --payload FILE     an extra .cpio.gz unpacked over the base initramfs (repeatable)
+#   --share HOSTDIR:GUESTDIR[:ro]   share host directory HOSTDIR into the guest at GUESTDIR over
+#                      virtiofs (one virtiofsd each; repeatable); :ro makes it read-only
+#   --chroot GUESTDIR  run the command (or the shell) chrooted into GUESTDIR, a shared host root
+#                      (e.g. --share /:/mnt/host:ro --chroot /mnt/host): an in-RAM overlay over
+#                      it, with the guest's /proc, /sys, /dev and qcuda's files mounted in front
 #   --no-payload       do not add the default payload (guest-lib, qcuda-smi, CUDA tests)
 #   --no-device        boot without vhost-cuda and the qcuda device
 #   --socket PATH      attach to an already running vhost-cuda on PATH instead of starting one
 #   --reconnect MS     with --socket: QEMU reconnects to the daemon MS ms after losing it
 #   --daemon-arg ARG   extra argument for vhost-cuda (repeatable)
-#   --log-dir DIR      keep logs there: daemon.log, serial.log (default: a temp dir, removed)
+#   --virtiofsd-arg ARG  extra argument for every virtiofsd (repeatable)
+#   --log-dir DIR      keep logs there: daemon.log, serial.log, virtiofsd-N.log (default: a
+#                      temp dir, removed)
 #   --mem SIZE         guest RAM (default 3G; memfd, share=on)
 #   --smp N            guest CPUs (default 2)
 #   --accel auto|tcg|kvm   auto = KVM only if a probe boot with KVM works here, else TCG
 #   --timeout SECONDS  whole-run limit (default 900); exit 124 when hit
 #
-# Works from the repo (build/qemu, build/guest, target/release/vhost-cuda) and from an unpacked
-# release bundle (scripts/bundle.sh), which has the same files under its own root.
+# Works from the repo (build/qemu, build/guest, target/release/vhost-cuda, build/virtiofsd) and
+# from an unpacked release bundle (scripts/bundle.sh), which has the same files under its own
+# root. QCUDA_VIRTIOFSD_SANDBOX picks virtiofsd's --sandbox (default: chroot as root, else none).
 # Exit codes: the guest command's code; 124 timeout; 125 setup or boot failure (no exit line).
 set -euo pipefail
 
@@ -31,24 +39,30 @@ if [[ -f $here/guest/bzImage ]]; then # release bundle layout
     QEMU_DIR=$ROOT/qemu
     GUEST_DIR=$ROOT/guest
     DAEMON=$ROOT/bin/vhost-cuda
+    VIRTIOFSD=$ROOT/bin/virtiofsd
     export LD_LIBRARY_PATH_QEMU=$ROOT/qemu/lib
 else # repo layout
     ROOT=$(cd "$here/.." && pwd)
     QEMU_DIR=$ROOT/build/qemu
     GUEST_DIR=$ROOT/build/guest
     DAEMON=$ROOT/target/release/vhost-cuda
+    VIRTIOFSD=$ROOT/build/virtiofsd/bin/virtiofsd
     LD_LIBRARY_PATH_QEMU=
 fi
 QEMU=${QCUDA_QEMU:-$QEMU_DIR/bin/qemu-system-x86_64}
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
+VIRTIOFSD=${QCUDA_VIRTIOFSD:-$VIRTIOFSD}
 CACHE=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
 
-adds=() payloads=() daemon_args=() log_dir="" mem=3G smp=2 accel=${QCUDA_ACCEL:-auto}
+adds=() payloads=() daemon_args=() shares=() virtiofsd_args=() chroot_dir="" log_dir="" mem=3G smp=2 accel=${QCUDA_ACCEL:-auto}
 timeout=900 use_device=1 use_payload=1 cmd="" ext_sock="" reconnect=""
 while (($#)); do
     case $1 in
     --add) adds+=("$2"); shift 2 ;;
     --payload) payloads+=("$2"); shift 2 ;;
+    --share) shares+=("$2"); shift 2 ;;
+    --chroot) chroot_dir=$2; shift 2 ;;
+    --virtiofsd-arg) virtiofsd_args+=("$2"); shift 2 ;;
     --no-payload) use_payload=0; shift ;;
     --no-device) use_device=0; shift ;;
     --socket) ext_sock=$2; shift 2 ;;
@@ -80,19 +94,26 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/qcuda-vm.XXXXXX")
 [[ -n $log_dir ]] || log_dir=$work
 mkdir -p "$log_dir"
-qemu_pid="" daemon_pid=""
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    # QEMU first (it holds the daemon's connection), then the daemon; escalate if they linger.
-    for pid in $qemu_pid $daemon_pid; do kill -TERM "$pid" 2>/dev/null || true; done
-    for _ in $(seq 50); do
-        local alive=0
-        for pid in $qemu_pid $daemon_pid; do kill -0 "$pid" 2>/dev/null && alive=1; done
+qemu_pid="" daemon_pid="" fs_pids=""
+stop_pids() { # tenths of a second to wait after TERM, pids...
+    local tenths=$1 pid alive
+    shift
+    for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+    for _ in $(seq "$tenths"); do
+        alive=0
+        for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
         ((alive)) || break
         sleep 0.1
     done
-    for pid in $qemu_pid $daemon_pid; do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in "$@"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    # QEMU first, while the daemons still answer its vhost-user teardown, then the daemons
+    # (virtiofsd also exits by itself once QEMU is gone); escalate if they linger.
+    stop_pids 20 $qemu_pid
+    stop_pids 50 $daemon_pid $fs_pids
     wait 2>/dev/null || true
     rm -rf "$work"
     exit "$rc"
@@ -114,6 +135,35 @@ for spec in "${adds[@]}"; do
     mkdir -p "$extra$(dirname "$dest")"
     cp -a "$src" "$extra$dest"
 done
+# --- shared host directories (virtiofs) -------------------------------------------------------
+# Each --share gets its own virtiofsd and vhost-user-fs-pci device (tag qcuda-shareN). The guest's
+# /init mounts what /qcuda/shares lists ("TAG ro|rw GUESTDIR" a line) before the command runs,
+# and chroots the command into what /qcuda/chroot names (guest/init).
+share_host=() share_guest=() share_mode=()
+for spec in "${shares[@]}"; do
+    mode=rw
+    case $spec in *:ro) mode=ro spec=${spec%:ro} ;; *:rw) spec=${spec%:rw} ;; esac
+    [[ $spec == *:* ]] || fail "--share $spec: want HOSTDIR:GUESTDIR[:ro]"
+    src=${spec%:*} dest=${spec##*:}
+    [[ $dest == / ]] || dest=${dest%/}
+    [[ -d $src ]] || fail "--share: $src is not a directory"
+    [[ $dest == /?* && $dest != *$'\n'* ]] || fail "--share: $dest is not an absolute guest path below /"
+    share_host+=("$(cd "$src" && pwd -P)") share_guest+=("$dest") share_mode+=("$mode")
+done
+in_share() { [[ $chroot_dir == "${share_guest[$1]}" || $chroot_dir == "${share_guest[$1]}"/* ]]; }
+if [[ -n $chroot_dir ]]; then
+    [[ $chroot_dir == / ]] || chroot_dir=${chroot_dir%/}
+    found=0
+    for i in "${!share_guest[@]}"; do in_share "$i" && found=1; done
+    ((found)) || fail "--chroot $chroot_dir: not a --share GUESTDIR or below one"
+fi
+if ((${#share_host[@]})); then
+    mkdir -p "$extra/qcuda"
+    for i in "${!share_host[@]}"; do
+        printf 'qcuda-share%d %s %s\n' "$i" "${share_mode[$i]}" "${share_guest[$i]}"
+    done >"$extra/qcuda/shares"
+    [[ -z $chroot_dir ]] || printf '%s\n' "$chroot_dir" >"$extra/qcuda/chroot"
+fi
 if [[ -n $cmd ]]; then
     mkdir -p "$extra/qcuda"
     printf '#!/bin/sh\n%s\n' "$cmd" >"$extra/qcuda/cmd"
@@ -129,8 +179,9 @@ done
 [[ -z $(ls -A "$extra") ]] || cpio_of_dir "$extra" >>"$initrd"
 
 # --- accelerator ----------------------------------------------------------------------------
+append="console=ttyS0 quiet panic=-1 rdinit=/init"
 qemu_base=(-M pc -smp "$smp" -m "$mem" -display none -monitor none -no-reboot -nic none
-    -kernel "$GUEST_DIR/bzImage" -append "console=ttyS0 quiet panic=-1 rdinit=/init")
+    -kernel "$GUEST_DIR/bzImage")
 [[ -n $LD_LIBRARY_PATH_QEMU ]] && qemu_env=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH_QEMU") || qemu_env=()
 datadir=$QEMU_DIR/share/qemu
 [[ -d $datadir ]] && qemu_base+=(-L "$datadir")
@@ -149,7 +200,7 @@ kvm_works() {
         printf '#!/bin/sh\ntrue\n' >"$work/probe/qcuda/cmd"
         chmod 755 "$work/probe/qcuda/cmd"
         { cat "$GUEST_DIR/initramfs.cpio.gz"; cpio_of_dir "$work/probe"; } >"$probe"
-        if timeout 30 "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -cpu max -accel kvm -initrd "$probe" \
+        if timeout 30 "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" -cpu max -accel kvm -initrd "$probe" \
             -serial stdio </dev/null 2>/dev/null | tr -d '\r' | grep -q '^QCUDA_EXIT=0'; then
             out=yes
         fi
@@ -167,31 +218,66 @@ esac
 # wide moves (docs/perf/README.md, "The guest side of the transport").
 if [[ $accel == tcg ]]; then
     qemu_base+=(-cpu max,erms=off,fsrm=off -accel tcg,thread=multi)
+    # TCG keeps translated code per guest-physical page and drops it when a vCPU (or QEMU's own
+    # device emulation) writes the page, but it never sees what a vhost-user daemon writes into
+    # guest RAM. virtiofsd fills page-cache pages for files the guest then executes (ld.so,
+    # libc): a page that held code before runs its stale translation (measured: 18 of 20 host
+    # programs in a --chroot crashed in ld.so). init_on_alloc=1 makes the guest zero every page
+    # it allocates, with the vCPU, so TCG drops a reused page's old translations before the
+    # daemon fills it.
+    ((${#shares[@]} == 0)) || append+=" init_on_alloc=1"
 else
     qemu_base+=(-cpu max -accel kvm)
 fi
 say "accelerator: $accel"
 
-# --- daemon -----------------------------------------------------------------------------------
+# --- daemons ----------------------------------------------------------------------------------
+wait_for_socket() { # pid, socket, log, name
+    for _ in $(seq 100); do
+        [[ -S $2 ]] && return 0
+        kill -0 "$1" 2>/dev/null || { cat "$3" >&2; fail "$4 exited"; }
+        sleep 0.05
+    done
+    fail "$4 did not create $2"
+}
 qemu_dev=()
 if ((use_device)) && [[ -n $ext_sock ]]; then
     [[ -S $ext_sock ]] || fail "--socket $ext_sock: no such socket"
-    qemu_dev=(-object "memory-backend-memfd,id=mem,size=$mem,share=on" -numa node,memdev=mem
-        -chardev "socket,id=cuda0,path=$ext_sock${reconnect:+,reconnect-ms=$reconnect}"
+    qemu_dev=(-chardev "socket,id=cuda0,path=$ext_sock${reconnect:+,reconnect-ms=$reconnect}"
         -device vhost-user-cuda-pci,chardev=cuda0)
 elif ((use_device)); then
     sock=$work/vhost-cuda.sock
     RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" "${daemon_args[@]}" \
         >"$log_dir/daemon.log" 2>&1 &
     daemon_pid=$!
-    for _ in $(seq 100); do
-        [[ -S $sock ]] && break
-        kill -0 "$daemon_pid" 2>/dev/null || { cat "$log_dir/daemon.log" >&2; fail "vhost-cuda exited"; }
-        sleep 0.05
+    wait_for_socket "$daemon_pid" "$sock" "$log_dir/daemon.log" vhost-cuda
+    qemu_dev=(-chardev "socket,id=cuda0,path=$sock" -device vhost-user-cuda-pci,chardev=cuda0)
+fi
+# One virtiofsd per share. --sandbox chroot needs root (CAP_SYS_CHROOT) but, unlike namespace,
+# no CAP_SYS_ADMIN, which containers often lack; without root there is only none. A share that
+# --chroot uses does not announce the host's submounts: the guest would automount them, and
+# overlayfs does not look into automount points of its lower layer (it would show them empty).
+if ((${#share_host[@]})); then
+    [[ -x $VIRTIOFSD ]] || fail "$VIRTIOFSD is missing (scripts/build-virtiofsd.sh)"
+    if [[ -n ${QCUDA_VIRTIOFSD_SANDBOX:-} ]]; then sandbox=$QCUDA_VIRTIOFSD_SANDBOX
+    elif (($(id -u) == 0)); then sandbox=chroot; else sandbox=none; fi
+    for i in "${!share_host[@]}"; do
+        fs_sock=$work/virtiofsd-$i.sock
+        fs_args=(--shared-dir "${share_host[$i]}" --socket-path "$fs_sock" --sandbox "$sandbox"
+            --cache auto)
+        [[ ${share_mode[$i]} == rw ]] || fs_args+=(--readonly)
+        [[ -z $chroot_dir ]] || ! in_share "$i" || fs_args+=(--no-announce-submounts)
+        "$VIRTIOFSD" "${fs_args[@]}" "${virtiofsd_args[@]}" >"$log_dir/virtiofsd-$i.log" 2>&1 &
+        fs_pids+=" $!"
+        wait_for_socket "$!" "$fs_sock" "$log_dir/virtiofsd-$i.log" "virtiofsd (--share ${share_host[$i]})"
+        qemu_dev+=(-chardev "socket,id=fs$i,path=$fs_sock"
+            -device "vhost-user-fs-pci,chardev=fs$i,tag=qcuda-share$i")
+        say "share: ${share_host[$i]} -> ${share_guest[$i]} (${share_mode[$i]}, virtiofsd --sandbox $sandbox)"
     done
-    [[ -S $sock ]] || fail "vhost-cuda did not create $sock"
-    qemu_dev=(-object "memory-backend-memfd,id=mem,size=$mem,share=on" -numa node,memdev=mem
-        -chardev "socket,id=cuda0,path=$sock" -device vhost-user-cuda-pci,chardev=cuda0)
+fi
+# vhost-user daemons map guest RAM: it must be a shared memfd.
+if ((${#qemu_dev[@]})); then
+    qemu_dev=(-object "memory-backend-memfd,id=mem,size=$mem,share=on" -numa node,memdev=mem "${qemu_dev[@]}")
 fi
 
 # --- boot -------------------------------------------------------------------------------------
@@ -199,12 +285,12 @@ serial=$log_dir/serial.log
 : >"$serial"
 if [[ -z $cmd ]]; then
     # Interactive: the console is this terminal.
-    "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" "${qemu_dev[@]}" -initrd "$initrd" -serial mon:stdio &
+    "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" -initrd "$initrd" -serial mon:stdio <&0 &
     qemu_pid=$!
     wait "$qemu_pid" || true
     exit 0
 fi
-"${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" "${qemu_dev[@]}" -initrd "$initrd" -serial "file:$serial" \
+"${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" -initrd "$initrd" -serial "file:$serial" \
     </dev/null >"$log_dir/qemu.log" 2>&1 &
 qemu_pid=$!
 # Stream the console while the guest runs.

@@ -4,12 +4,13 @@
 # 1. setup and static checks: cargo fmt, clippy -D warnings, cargo test (unit, fuzz, protocol),
 #    a short seeded run of the cargo-fuzz targets (scripts/fuzz.sh);
 #    rustfmt and clippy over qcuda.ko once its kernel tree is built (scripts/check-kmod.sh)
-# 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, guest payload
-#    (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
+# 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, virtiofsd, guest
+#    payload (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
 # 3. the real stack: QEMU lists the device; a TCG guest sees it, loads qcuda.ko, runs the
 #    transport self-test, the concurrency and kill tests, every CUDA test program and the
 #    benchmark (qcuda_bench --quick at 4 KiB) against our libcudart.so.13 (on a host without a
-#    GPU they must report "no device" cleanly)
+#    GPU they must report "no device" cleanly); host directories shared over virtiofs (read-only,
+#    writable, and a chroot into the host's root)
 # 4. the daemon's bad-input handling, a daemon restart under a running guest, 1000 guest CUDA
 #    programs killed at random points (GPU only), and the relocatable bundle booting from a
 #    fresh folder
@@ -83,6 +84,7 @@ step "build patched QEMU" scripts/build-qemu.sh || finish
 step "build guest kernel, qcuda.ko, initramfs" scripts/build-guest.sh || finish
 step "qcuda.ko: rustfmt and clippy (CLIPPY=1, warnings fail)" scripts/check-kmod.sh
 step "build vhost-cuda (release)" cargo build --release --locked -p vhost-cuda || finish
+step "build virtiofsd (for run-vm.sh --share; cached)" scripts/build-virtiofsd.sh || finish
 step "build guest payload (guest-lib, qcuda-smi, CUDA tests)" scripts/build-payload.sh || finish
 step "libcudart.so.13 exports match the version map" guest-lib/check-symbols.sh
 echo "   builds took $((SECONDS - t_build))s"
@@ -92,11 +94,12 @@ QEMU=build/qemu/bin/qemu-system-x86_64
 step "qemu -device help lists vhost-user-cuda-pci" sh -c "$QEMU -device help | grep -q '\"vhost-user-cuda-pci\"'"
 
 # One guest boot per suite; CHECK lines from inside the guest become results here.
-guest_suite() { # name, guest command
+guest_suite() { # name, guest command, run-vm.sh options...
     local name=$1 cmd=$2 dir=$LOGS/vm-$1 rc=0
+    shift 2
     mkdir -p "$dir"
     local t0=$SECONDS
-    scripts/run-vm.sh --log-dir "$dir" --timeout 1200 -- "$cmd" >"$dir/console.log" 2>&1 || rc=$?
+    scripts/run-vm.sh --log-dir "$dir" --timeout 1200 "$@" -- "$cmd" >"$dir/console.log" 2>&1 || rc=$?
     echo "   guest '$name' ran in $((SECONDS - t0))s (exit $rc)"
     local line
     while IFS= read -r line; do
@@ -152,6 +155,29 @@ fi
 # The benchmark at its smallest sizes (issue 10): without a GPU it must load, reach the host and
 # skip cleanly (exit 2, "no CUDA device"); a crash, a FAIL or a hang fails.
 guest_suite bench "EXPECT_GPU=$(have_gpu && echo 1 || echo 0) /opt/qcuda/bin/check-bench"
+# Host directories shared into the guest over virtiofs (run-vm.sh --share, one virtiofsd each):
+# a read-only and a writable share in a guest without the device, then a guest chrooted into a
+# read-only share of this host's root (--chroot), with the device.
+shares() {
+    local d=$LOGS/shares token
+    token=qcuda-$RANDOM$RANDOM
+    rm -rf "$d" && mkdir -p "$d/ro/sub" "$d/rw" || return 1
+    echo "$token" >"$d/ro/hello.txt"
+    echo file >"$d/ro/sub/file"
+    head -c 4M /dev/urandom >"$d/ro/big.bin"
+    guest_suite share-files "TOKEN=$token BIG_SUM=$(sha256sum "$d/ro/big.bin" | cut -d' ' -f1) /opt/qcuda/bin/check-share files" \
+        --no-device --share "$d/ro:/mnt/share:ro" --share "$d/rw:/mnt/rw"
+    step "share: the guest's file reached the host through the writable share" \
+        grep -qx "guest-$token" "$d/rw/dir/from-guest.txt"
+    step "share: the read-only share is unchanged on the host" \
+        sh -c "[ \"\$(ls -A '$d/ro' | tr '\n' ' ')\" = 'big.bin hello.txt sub ' ]"
+    rm -f /etc/qcuda-chroot-probe
+    guest_suite share-chroot "HOST_OS='$(. /etc/os-release && echo "$PRETTY_NAME")' /opt/qcuda/bin/check-share chroot" \
+        --share /:/mnt/host:ro --chroot /mnt/host
+    step "share: the chroot's writes stayed in the guest" test ! -e /etc/qcuda-chroot-probe
+    rm -rf "$d"
+}
+shares
 echo "   VM part took $((SECONDS - t_vm))s"
 step "no qemu, vhost-cuda or session worker process left behind" no_leftovers
 
@@ -281,12 +307,14 @@ bundle_boots() {
     tar -xzf "$tarball" -C "$d"
     echo "bundle: $tarball ($(du -h "$tarball" | cut -f1))"
     # Out of reach: the repo's builds, the host's QEMU, Rust and everything else on PATH.
-    (cd / && env -i PATH=/usr/bin:/bin HOME="$d" TMPDIR="$d" "$d"/qcuda/run-vm.sh --timeout 300 -- \
-        'insmod /lib/modules/qcuda.ko && qcuda-smi && echo BUNDLE-OK')
+    # Its own virtiofsd shares the unpacked bundle into the guest, read-only.
+    (cd / && env -i PATH=/usr/bin:/bin HOME="$d" TMPDIR="$d" "$d"/qcuda/run-vm.sh --timeout 300 \
+        --share "$d/qcuda:/mnt/bundle:ro" -- \
+        'insmod /lib/modules/qcuda.ko && qcuda-smi && test -x /mnt/bundle/bin/virtiofsd && echo BUNDLE-OK')
     local rc=$?
     rm -rf "$d"
     return $rc
 }
-step "bundle unpacked in a fresh folder boots and loads qcuda.ko" bundle_boots
+step "bundle unpacked in a fresh folder boots, loads qcuda.ko and shares a folder (virtiofs)" bundle_boots
 grep -q 'BUNDLE-OK' "$LOGS"/bundle*.log 2>/dev/null || true
 finish
