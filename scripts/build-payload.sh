@@ -13,6 +13,11 @@
 #   /opt/qcuda/bin/*                 the guest-side test scripts of tests/guest and the
 #                                    module's transport tests (build/guest/tests)
 #
+# and build/guest/installed.cpio.gz, the same guest side as scripts/install-guest.sh installs it
+# into a distribution (ld.so.conf.d and ld.so.cache, /lib/modules/<release>/extra/qcuda.ko with
+# modules.dep, modules-load.d, the DKMS source): appended after the payload, the guest loads
+# qcuda.ko at boot and runs CUDA programs without LD_LIBRARY_PATH (guest/init).
+#
 # Everything is built on this machine (Debian 12); the base initramfs carries its glibc.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,8 +34,8 @@ bench_dir=$(scripts/build-cuda-tests.sh --src=bench --out=build/bench | tail -n 
 # Host-only helpers of the GPU harnesses (not in the guest): travel in the bundle.
 scripts/build-cuda-tests.sh --src=tests/host --out=build/host-tools >/dev/null
 
-stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
+stage=$(mktemp -d) installed=$(mktemp -d)
+trap 'rm -rf "$stage" "$installed"' EXIT
 install -D -m 755 "$lib" "$stage/usr/lib/qcuda/libcudart.so.13"
 install -D -m 755 "$(dirname "$lib")/libcuda.so.1" "$stage/usr/lib/qcuda/libcuda.so.1"
 install -D -m 755 build/cuda-runtimes/13/libcudart.so.13 "$stage/usr/lib/qcuda/nvidia/13/libcudart.so.13"
@@ -46,11 +51,16 @@ if [[ -d build/guest/tests ]]; then
     find build/guest/tests -maxdepth 1 -type f -perm -u+x -exec install -m 755 {} "$stage/opt/qcuda/bin/" \;
 fi
 mkdir -p "$OUT"
-(cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet | gzip -6) \
-    >"$OUT/payload.cpio.gz.tmp"
-# Linux finds an archive appended after a compressed one only at a 4-byte aligned offset;
-# run-vm.sh appends plain cpio archives, so pad (zeros are skipped between archives).
-truncate -s %512 "$OUT/payload.cpio.gz.tmp"
-mv "$OUT/payload.cpio.gz.tmp" "$OUT/payload.cpio.gz"
-say "payload: $(du -h "$OUT/payload.cpio.gz" | cut -f1), $(find "$stage" -type f | wc -l) files"
+pack() { # stage dir, archive
+    (cd "$1" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet | gzip -6) >"$2.tmp"
+    # Linux finds an archive appended after a compressed one only at a 4-byte aligned offset;
+    # run-vm.sh appends plain cpio archives, so pad (zeros are skipped between archives).
+    truncate -s %512 "$2.tmp"
+    mv "$2.tmp" "$2"
+    say "$(basename "$2"): $(du -h "$2" | cut -f1), $(find "$1" -type f | wc -l) files"
+}
+scripts/install-guest.sh --root "$installed" --lib-dir "$(dirname "$lib")" --module "$OUT/qcuda.ko" \
+    --smi target/release/qcuda-smi
+pack "$installed" "$OUT/installed.cpio.gz"
+pack "$stage" "$OUT/payload.cpio.gz"
 echo "$OUT/payload.cpio.gz"

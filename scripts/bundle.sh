@@ -11,7 +11,8 @@
 #   bin/virtiofsd             rust-vmm's virtiofsd for run-vm.sh --share (libseccomp and
 #                             libcap-ng linked in statically: it needs only glibc and libgcc_s)
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
-#   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests)
+#   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests),
+#                             installed.cpio.gz (the installed guest: run-vm.sh --payload it)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
 #   host-tools/               gpu_meminfo (device memory in use, for the kill and load checks)
 #   bench/                    the benchmark qcuda_bench and its start-up helpers, for the native
@@ -60,6 +61,7 @@ ldd "$qemu" | awk '/=> \// {print $3}' | while read -r lib; do
 done
 cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
 cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
+[[ -f build/guest/installed.cpio.gz ]] && cp build/guest/installed.cpio.gz "$B/guest/"
 [[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
 [[ -d build/cuda-runtimes ]] && cp -r build/cuda-runtimes "$B/cuda-runtimes"
 [[ -d build/host-tools ]] && find build/host-tools -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/host-tools/" \;

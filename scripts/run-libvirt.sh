@@ -25,6 +25,8 @@
 #   --socket PATH      use this vhost-cuda socket instead of starting a daemon
 #   --daemon-arg ARG   extra vhost-cuda argument (repeatable)
 #   --mem MIB          guest RAM in MiB (default 3072)
+#   --payload FILE     an extra .cpio.gz unpacked after the payload (repeatable), e.g.
+#                      build/guest/installed.cpio.gz, the installed guest (install-guest.sh)
 #   --log-dir DIR      keep domain.xml, serial.log, qemu.log (libvirt's), daemon.log here
 #   --timeout SECONDS  whole-run limit (default 600); exit 124 when hit
 #
@@ -39,13 +41,14 @@ TEMPLATE=$ROOT/deploy/libvirt/qcuda-vm.xml
 URI=qemu:///system
 QEMU_USER=libvirt-qemu QEMU_GROUP=kvm
 
-name=qcuda-run-$$ ext_sock="" daemon_args=() mem=3072 log_dir="" timeout=600 cmd=""
+name=qcuda-run-$$ ext_sock="" daemon_args=() payloads=() mem=3072 log_dir="" timeout=600 cmd=""
 while (($#)); do
     case $1 in
     --name) name=$2; shift 2 ;;
     --socket) ext_sock=$2; shift 2 ;;
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
     --mem) mem=$2; shift 2 ;;
+    --payload) payloads+=("$2"); shift 2 ;;
     --log-dir) log_dir=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -58,6 +61,7 @@ say() { printf '[run-libvirt] %s\n' "$*" >&2; }
 fail() { say "error: $*"; exit 125; }
 
 [[ -n $cmd ]] || fail "no command (run-libvirt.sh -- 'command')"
+for p in "${payloads[@]}"; do [[ -f $p ]] || fail "--payload $p: no such file"; done
 [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || fail "--name: letters, digits, '.', '_' and '-' only"
 (($(id -u) == 0)) || fail "run as root (libvirt's system instance)"
 for t in virsh libvirtd cpio; do command -v $t >/dev/null || fail "$t is missing (scripts/setup.sh)"; done
@@ -156,7 +160,7 @@ cp "$GUEST_DIR/bzImage" "$work/files/bzImage"
 initrd=$work/files/initrd.cpio.gz
 # As run-vm.sh: Linux unpacks concatenated archives, each at a 512-byte aligned offset.
 : >"$initrd"
-for piece in "$GUEST_DIR/initramfs.cpio.gz" "$GUEST_DIR/payload.cpio.gz"; do
+for piece in "$GUEST_DIR/initramfs.cpio.gz" "$GUEST_DIR/payload.cpio.gz" "${payloads[@]}"; do
     [[ -f $piece ]] || continue
     cat "$piece" >>"$initrd"
     truncate -s %512 "$initrd"

@@ -4,8 +4,9 @@
 set -euo pipefail
 # systemd: only its tools (systemd-analyze verify, systemd-socket-activate) for the unit tests;
 # it need not run. libvirt without libvirt-daemon-system, which would pull systemd in as init
-# (scripts/run-libvirt.sh starts libvirtd itself); libxml2-utils for virt-xml-validate.
-need=(build-essential pkg-config cpio gzip busybox-static python3-venv python3-pip binutils file procps systemd
+# (scripts/run-libvirt.sh starts libvirtd itself); libxml2-utils for virt-xml-validate; kmod
+# (depmod, modinfo) and dkms for the installed guest (scripts/install-guest.sh, check-dkms.sh).
+need=(build-essential pkg-config cpio gzip busybox-static python3-venv python3-pip binutils file procps systemd kmod dkms
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils)
 missing=()
 for p in "${need[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

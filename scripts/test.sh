@@ -17,8 +17,10 @@
 # 5. operators: the systemd units pass `systemd-analyze verify` and the libvirt domain XML
 #    `virt-xml-validate` (with the static checks); a guest served by a daemon that systemd's
 #    socket activation started; libvirt boots the domain with our device and a CUDA program
-#    in it runs (without a GPU: reports cudaErrorNoDevice cleanly); the by-hand blocks of
-#    README.md and docs/running.md run as printed
+#    in it runs (without a GPU: reports cudaErrorNoDevice cleanly); the installed guest
+#    (scripts/install-guest.sh): its DKMS configuration builds qcuda.ko, and under run-vm.sh
+#    and libvirt it loads qcuda.ko at boot and runs a CUDA program without LD_LIBRARY_PATH;
+#    the by-hand blocks of README.md and docs/running.md run as printed
 #
 # Ends with "N passed, N failed, N skipped"; exits non-zero if anything failed.
 set -uo pipefail
@@ -297,6 +299,23 @@ libvirt_domain() {
     [ "$rc" -eq "$want" ] && tr -d '\r' <"$LOGS/libvirt-console.log" | grep -q "$line"
 }
 step "libvirt: virsh starts the domain with our device, a CUDA program runs in it" libvirt_domain
+# The installed guest (scripts/install-guest.sh, as build-payload.sh lays it out in
+# installed.cpio.gz): qcuda.ko loaded at boot from /lib/modules/<release>/extra through
+# modules-load.d, the libraries found through ld.so.cache, no LD_LIBRARY_PATH.
+step "installed guest: install-guest.sh's DKMS source builds qcuda.ko with dkms (CONFIG_RUST kernels only)" \
+    scripts/check-dkms.sh
+guest_suite installed "EXPECT_GPU=$(have_gpu && echo 1 || echo 0) /opt/qcuda/bin/check-installed" \
+    --payload build/guest/installed.cpio.gz
+libvirt_installed() {
+    local rc=0
+    scripts/run-libvirt.sh --log-dir "$LOGS/libvirt-installed" --timeout 300 --payload build/guest/installed.cpio.gz -- \
+        "EXPECT_GPU=$(have_gpu && echo 1 || echo 0) /opt/qcuda/bin/check-installed" >"$LOGS/libvirt-installed-console.log" 2>&1 || rc=$?
+    tr -d '\r' <"$LOGS/libvirt-installed-console.log"
+    echo "exit $rc"
+    [ "$rc" -eq 0 ] && tr -d '\r' <"$LOGS/libvirt-installed-console.log" | grep -q '^CHECK ok installed: vector_add without LD_LIBRARY_PATH' &&
+        ! grep -q '^CHECK FAIL' "$LOGS/libvirt-installed-console.log"
+}
+step "libvirt: the installed guest loads qcuda.ko at boot, a CUDA program runs without LD_LIBRARY_PATH" libvirt_installed
 step "docs: README's and running.md's by-hand blocks run as printed" scripts/check-doc-blocks.sh "$LOGS/doc-blocks"
 
 echo "== release bundle"
