@@ -23,6 +23,7 @@ use crate::{
 
 mod arrays;
 mod devices;
+mod driver;
 mod errors;
 mod graphs;
 mod launch;

@@ -362,6 +362,111 @@ driver_api! {
         memset(dstDevice, ui, 4, N, Some(hStream))
     }
 
+    /// `cuMemcpy2D_v2`: a 2D copy between host, device or unified memory (arrays are not
+    /// offered by the driver face).
+    #[per_thread(cuMemcpy2D_v2_ptds)]
+    fn cuMemcpy2D_v2(pCopy: *const d::CUDA_MEMCPY2D) {
+        // SAFETY: the API's contract for the descriptor and the ranges it names.
+        unsafe { copy_2d(pCopy, None) }
+    }
+
+    /// `cuMemcpy2DUnaligned_v2`: the same (qcuda has no alignment restriction to relax).
+    #[per_thread(cuMemcpy2DUnaligned_v2_ptds)]
+    fn cuMemcpy2DUnaligned_v2(pCopy: *const d::CUDA_MEMCPY2D) {
+        // SAFETY: as above.
+        unsafe { copy_2d(pCopy, None) }
+    }
+
+    /// `cuMemcpy2DAsync_v2`.
+    #[per_thread(cuMemcpy2DAsync_v2_ptsz)]
+    fn cuMemcpy2DAsync_v2(pCopy: *const d::CUDA_MEMCPY2D, hStream: d::CUstream) {
+        // SAFETY: as above.
+        unsafe { copy_2d(pCopy, Some(hStream)) }
+    }
+
+    /// `cuMemsetD2D8_v2`: rows of bytes at a pitch.
+    #[per_thread(cuMemsetD2D8_v2_ptds)]
+    fn cuMemsetD2D8_v2(dstDevice: d::CUdeviceptr, dstPitch: usize, uc: ::core::ffi::c_uchar, Width: usize, Height: usize) {
+        ready()?;
+        // SAFETY: a device range (API contract).
+        via_runtime(|| unsafe {
+            crate::api::arrays::cudaMemset2D(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height)
+        })
+    }
+
+    /// `cuMemsetD2D8Async`.
+    #[per_thread(cuMemsetD2D8Async_ptsz)]
+    fn cuMemsetD2D8Async(
+        dstDevice: d::CUdeviceptr,
+        dstPitch: usize,
+        uc: ::core::ffi::c_uchar,
+        Width: usize,
+        Height: usize,
+        hStream: d::CUstream,
+    ) {
+        ready()?;
+        // SAFETY: a device range (API contract).
+        via_runtime(|| unsafe {
+            crate::api::arrays::cudaMemset2DAsync(
+                dstDevice as *mut c_void,
+                dstPitch,
+                c_int::from(uc),
+                Width,
+                Height,
+                hStream.cast(),
+            )
+        })
+    }
+
+    /// `cuMemPoolCreate` (`CUmemPoolProps` is `cudaMemPoolProps`, field for field).
+    fn cuMemPoolCreate(pool: *mut d::CUmemoryPool, poolProps: *const d::CUmemPoolProps) {
+        ready()?;
+        // SAFETY: forwarded contract; the same layout.
+        via_runtime(|| unsafe { rt_pools::cudaMemPoolCreate(pool.cast(), poolProps.cast()) })
+    }
+
+    /// `cuMemPoolDestroy`.
+    fn cuMemPoolDestroy(pool: d::CUmemoryPool) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_pools::cudaMemPoolDestroy(pool.cast()) })
+    }
+
+    /// `cuMemPoolSetAttribute` (the attribute ids are the runtime's).
+    fn cuMemPoolSetAttribute(pool: d::CUmemoryPool, attr: d::CUmemPool_attribute, value: *mut c_void) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_pools::cudaMemPoolSetAttribute(pool.cast(), attr, value) })
+    }
+
+    /// `cuMemPoolGetAttribute`.
+    fn cuMemPoolGetAttribute(pool: d::CUmemoryPool, attr: d::CUmemPool_attribute, value: *mut c_void) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_pools::cudaMemPoolGetAttribute(pool.cast(), attr, value) })
+    }
+
+    /// `cuMemPoolTrimTo`.
+    fn cuMemPoolTrimTo(pool: d::CUmemoryPool, minBytesToKeep: usize) {
+        ready()?;
+        // SAFETY: forwarded contract.
+        via_runtime(|| unsafe { rt_pools::cudaMemPoolTrimTo(pool.cast(), minBytesToKeep) })
+    }
+
+    /// `cuMemPoolSetAccess` (`CUmemAccessDesc` is `cudaMemAccessDesc`).
+    fn cuMemPoolSetAccess(pool: d::CUmemoryPool, map: *const d::CUmemAccessDesc, count: usize) {
+        ready()?;
+        // SAFETY: forwarded contract; the same layout.
+        via_runtime(|| unsafe { rt_pools::cudaMemPoolSetAccess(pool.cast(), map.cast(), count) })
+    }
+
+    /// `cuMemPoolGetAccess`.
+    fn cuMemPoolGetAccess(flags: *mut d::CUmemAccess_flags, memPool: d::CUmemoryPool, location: *mut d::CUmemLocation) {
+        ready()?;
+        // SAFETY: forwarded contract; the same layout.
+        via_runtime(|| unsafe { rt_pools::cudaMemPoolGetAccess(flags, memPool.cast(), location.cast()) })
+    }
+
     /// `cuPointerGetAttributes`: several attributes of one address; each value's slot as
     /// `cuPointerGetAttribute` fills it.
     fn cuPointerGetAttributes(
@@ -388,6 +493,99 @@ driver_api! {
         ready()?;
         // SAFETY: caller's contract: `data` has room for the attribute's type.
         unsafe { pointer_attribute(data, attribute, ptr) }
+    }
+}
+
+/// One side of a 2D copy: its first byte's address and whether it is host memory (`None` for
+/// unified memory, whose kind the runtime face infers).
+fn copy_side(
+    kind: d::CUmemorytype,
+    host: *const c_void,
+    device: d::CUdeviceptr,
+    x: usize,
+    y: usize,
+    pitch: usize,
+) -> DrvResult<(u64, Option<bool>)> {
+    let (base, is_host) = match kind {
+        d::CU_MEMORYTYPE_HOST => (host as u64, Some(true)),
+        d::CU_MEMORYTYPE_DEVICE => (device, Some(false)),
+        d::CU_MEMORYTYPE_UNIFIED => (device, None),
+        d::CU_MEMORYTYPE_ARRAY => {
+            crate::warnings::warn_once!("cuMemcpy2D with CUarray operands is not supported");
+            return Err(DriverError::NOT_SUPPORTED);
+        }
+        _ => return Err(DriverError::INVALID_VALUE),
+    };
+    let offset = y
+        .checked_mul(pitch)
+        .and_then(|o| o.checked_add(x))
+        .ok_or(DriverError::INVALID_VALUE)?;
+    Ok((base.wrapping_add(offset as u64), is_host))
+}
+
+/// `cuMemcpy2D(Async)`: the runtime face's `cudaMemcpy2D(Async)` on the described ranges.
+///
+/// # Safety
+/// `p` points to a descriptor whose ranges are valid (API contract).
+unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> DrvResult<()> {
+    use crate::generated::cudaMemcpyHostToHost;
+    ready()?;
+    if p.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    // SAFETY: non-null and readable (API contract).
+    let c = unsafe { p.read_unaligned() };
+    // A single row may leave its pitch 0.
+    let pitch = |p: usize| {
+        if c.Height == 1 {
+            p.max(c.WidthInBytes)
+        } else {
+            p
+        }
+    };
+    let (spitch, dpitch) = (pitch(c.srcPitch), pitch(c.dstPitch));
+    let (src, src_host) = copy_side(
+        c.srcMemoryType,
+        c.srcHost,
+        c.srcDevice,
+        c.srcXInBytes,
+        c.srcY,
+        spitch,
+    )?;
+    let (dst, dst_host) = copy_side(
+        c.dstMemoryType,
+        c.dstHost,
+        c.dstDevice,
+        c.dstXInBytes,
+        c.dstY,
+        dpitch,
+    )?;
+    let kind = match (src_host, dst_host) {
+        (Some(true), Some(false)) => cudaMemcpyHostToDevice,
+        (Some(false), Some(true)) => cudaMemcpyDeviceToHost,
+        (Some(false), Some(false)) => cudaMemcpyDeviceToDevice,
+        (Some(true), Some(true)) => cudaMemcpyHostToHost,
+        _ => cudaMemcpyDefault,
+    };
+    let (d, s) = (dst as *mut c_void, src as *const c_void);
+    match stream {
+        // SAFETY: the ranges the descriptor names (API contract).
+        None => via_runtime(|| unsafe {
+            crate::api::arrays::cudaMemcpy2D(d, dpitch, s, spitch, c.WidthInBytes, c.Height, kind)
+        }),
+        // SAFETY: as above.
+        Some(st) => via_runtime(|| unsafe {
+            crate::api::arrays::cudaMemcpy2DAsync(
+                d,
+                dpitch,
+                s,
+                spitch,
+                c.WidthInBytes,
+                c.Height,
+                kind,
+                st.cast(),
+            )
+        }),
     }
 }
 

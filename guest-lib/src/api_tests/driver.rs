@@ -1,0 +1,264 @@
+//! The driver API face (`libcuda.so.1`) against the test double: contexts, memory, memsets of
+//! every width, 2D copies, modules and libraries, launches with pointer arrays and packed
+//! buffers, and the cuFFT table that lists a module's functions.
+
+use std::ffi::{c_void, CStr};
+
+use super::*;
+use crate::{
+    driver::{
+        api::{context::*, device::*, init::*, launch::*, memory::*, module::*},
+        status::DriverError,
+    },
+    generated::driver_api as d,
+};
+
+#[track_caller]
+fn cu(r: d::CUresult) {
+    assert_eq!(DriverError::check(r), Ok(()));
+}
+
+/// A fake fatbin image as the test double accepts it.
+fn image() -> Vec<u64> {
+    let mut words = vec![0u64; IMAGE_LEN / 8];
+    words[0] = u64::from(crate::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
+    words[1] = (IMAGE_LEN - 16) as u64;
+    words
+}
+
+#[test]
+fn contexts_memory_memsets_and_2d_copies() {
+    let _fake = setup();
+    // SAFETY: valid out-parameters and buffers throughout.
+    unsafe {
+        cu(cuInit(0));
+        let mut dev = -1;
+        cu(cuDeviceGet(&raw mut dev, 0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxCreate_v4(&raw mut ctx, std::ptr::null_mut(), 0, dev));
+        let mut cur: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxGetCurrent(&raw mut cur));
+        assert_eq!(cur, ctx);
+
+        let mut p: d::CUdeviceptr = 0;
+        cu(cuMemAlloc_v2(&raw mut p, 64));
+        let zeros = [0u8; 64];
+        cu(cuMemcpyHtoD_v2(p, zeros.as_ptr().cast(), 64));
+        cu(cuMemsetD8_v2(p, 0xab, 2));
+        cu(cuMemsetD16_v2(p + 4, 0x1234, 2));
+        cu(cuMemsetD32_v2(p + 8, 0xdead_beef, 1));
+        let mut back = [0u8; 16];
+        cu(cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), p, 16));
+        assert_eq!(
+            back,
+            [0xab, 0xab, 0, 0, 0x34, 0x12, 0x34, 0x12, 0xef, 0xbe, 0xad, 0xde, 0, 0, 0, 0]
+        );
+
+        // A 3x2 block out of a host image with pitch 8, into device rows of pitch 4.
+        let host: Vec<u8> = (0..16).collect();
+        let desc = d::CUDA_MEMCPY2D {
+            srcXInBytes: 1,
+            srcY: 0,
+            srcMemoryType: d::CU_MEMORYTYPE_HOST,
+            srcHost: host.as_ptr().cast(),
+            srcPitch: 8,
+            dstMemoryType: d::CU_MEMORYTYPE_DEVICE,
+            dstDevice: p + 32,
+            dstPitch: 4,
+            WidthInBytes: 3,
+            Height: 2,
+            ..Default::default()
+        };
+        cu(cuMemcpy2D_v2(&raw const desc));
+        let mut rows = [0u8; 8];
+        cu(cuMemcpyDtoH_v2(rows.as_mut_ptr().cast(), p + 32, 8));
+        assert_eq!(rows, [1, 2, 3, 0, 9, 10, 11, 0]);
+        let array = d::CUDA_MEMCPY2D {
+            srcMemoryType: d::CU_MEMORYTYPE_ARRAY,
+            ..desc
+        };
+        assert_eq!(
+            DriverError::check(cuMemcpy2D_v2(&raw const array)),
+            Err(DriverError::NOT_SUPPORTED)
+        );
+
+        let (mut base, mut size) = (0, 0);
+        cu(cuMemGetAddressRange_v2(
+            &raw mut base,
+            &raw mut size,
+            p + 10,
+        ));
+        assert_eq!((base, size), (p, 64));
+        cu(cuMemFree_v2(p));
+        cu(cuCtxDestroy_v2(ctx));
+        // With the stack empty, the device's primary context is current again: the session
+        // uses the device (guest-lib.md, "Limits": NVIDIA's driver would have none current).
+        cu(cuCtxGetCurrent(&raw mut cur));
+        assert_eq!(cur as usize, crate::driver::context::primary(0).handle());
+        let mut id = 0;
+        assert_eq!(
+            DriverError::check(cuCtxGetId(ctx, &raw mut id)),
+            Err(DriverError::CONTEXT_IS_DESTROYED)
+        );
+    }
+}
+
+#[test]
+fn modules_libraries_and_launches() {
+    let fake = setup();
+    fake.add_kernel("k", &[(0, 8), (8, 4)]);
+    let img = image();
+    // SAFETY: valid out-parameters, the fake image, and parameter storage that outlives the
+    // calls.
+    unsafe {
+        cu(cuInit(0));
+        let mut primary: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut primary, 0));
+        cu(cuCtxSetCurrent(primary));
+
+        let mut m: d::CUmodule = std::ptr::null_mut();
+        cu(cuModuleLoadData(&raw mut m, img.as_ptr().cast()));
+        let mut f: d::CUfunction = std::ptr::null_mut();
+        cu(cuModuleGetFunction(&raw mut f, m, c"k".as_ptr()));
+        let mut again: d::CUfunction = std::ptr::null_mut();
+        cu(cuModuleGetFunction(&raw mut again, m, c"k".as_ptr()));
+        assert_eq!(f, again);
+        let (mut off, mut size) = (0, 0);
+        cu(cuFuncGetParamInfo(f, 1, &raw mut off, &raw mut size));
+        assert_eq!((off, size), (8, 4));
+
+        // Parameters by pointer array and as one packed buffer give the same block.
+        let (a, b) = (0x1122_3344_5566_7788u64, 0x99aa_bbccu32);
+        let mut args = [
+            (&raw const a).cast::<c_void>().cast_mut(),
+            (&raw const b).cast::<c_void>().cast_mut(),
+        ];
+        cu(cuLaunchKernel(
+            f,
+            2,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        let mut packed = [0u8; 12];
+        packed[..8].copy_from_slice(&a.to_le_bytes());
+        packed[8..].copy_from_slice(&b.to_le_bytes());
+        let mut packed_size = packed.len();
+        let mut extra = [
+            std::ptr::without_provenance_mut(1), // CU_LAUNCH_PARAM_BUFFER_POINTER
+            packed.as_mut_ptr().cast(),
+            std::ptr::without_provenance_mut(2), // CU_LAUNCH_PARAM_BUFFER_SIZE
+            (&raw mut packed_size).cast(),
+            std::ptr::null_mut(),
+        ];
+        cu(cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            extra.as_mut_ptr(),
+        ));
+        let mut short = 4usize;
+        extra[3] = (&raw mut short).cast();
+        assert_eq!(
+            DriverError::check(cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                extra.as_mut_ptr()
+            )),
+            Err(DriverError::INVALID_VALUE)
+        );
+
+        // A library's kernel launches as a CUkernel.
+        let mut lib: d::CUlibrary = std::ptr::null_mut();
+        cu(cuLibraryLoadData(
+            &raw mut lib,
+            img.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        ));
+        let mut kern: d::CUkernel = std::ptr::null_mut();
+        cu(cuLibraryGetKernel(&raw mut kern, lib, c"k".as_ptr()));
+        cu(cuLaunchKernel(
+            kern.cast(),
+            3,
+            1,
+            1,
+            64,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        flush();
+        let params: Vec<Vec<u8>> = fake
+            .state()
+            .launches
+            .iter()
+            .map(|l| l.params.clone())
+            .collect();
+        assert_eq!(params, [packed.to_vec(), packed.to_vec(), packed.to_vec()]);
+
+        // cuFFT's table: a module's functions, each through the caller's sink.
+        let mut table: *const c_void = std::ptr::null();
+        let id = d::CUuuid {
+            bytes: [
+                0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1,
+                0x99, 0x1e,
+            ]
+            .map(u8::cast_signed),
+        };
+        cu(cuGetExportTable(&raw mut table, &raw const id));
+        let slot7: unsafe extern "C" fn(
+            usize,
+            usize,
+            Option<unsafe extern "C" fn(*mut c_void, usize)>,
+            *mut c_void,
+        ) -> i32 = std::mem::transmute(*table.cast::<usize>().add(7));
+        unsafe extern "C" fn sink(user: *mut c_void, f: usize) {
+            // SAFETY: the test passes a Vec<usize>.
+            unsafe { (*user.cast::<Vec<usize>>()).push(f) };
+        }
+        let mut seen: Vec<usize> = Vec::new();
+        let n = slot7(0, m as usize, Some(sink), (&raw mut seen).cast());
+        assert_eq!(n, 1);
+        assert_eq!(seen, [f as usize]);
+
+        let mut name: *const std::ffi::c_char = std::ptr::null();
+        cu(cuFuncGetName(&raw mut name, f));
+        assert_eq!(CStr::from_ptr(name), c"k");
+        cu(cuModuleUnload(m));
+        assert_eq!(
+            DriverError::check(cuModuleGetFunction(&raw mut again, m, c"k".as_ptr())),
+            Err(DriverError::INVALID_HANDLE)
+        );
+        cu(cuLibraryUnload(lib));
+        cu(cuDevicePrimaryCtxRelease_v2(0));
+    }
+}
