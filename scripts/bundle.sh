@@ -6,6 +6,7 @@
 #   bench.sh                  runs the benchmark natively and inside the guest, prints the ratios
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
+#   run-torch-test.sh         the host's PyTorch natively and in the guest (tests/torch), compared
 #   bin/vhost-cuda            the host daemon
 #   bin/busybox               static busybox (cpio for run-vm.sh where the host has none)
 #   bin/virtiofsd             rust-vmm's virtiofsd for run-vm.sh --share (libseccomp and
@@ -39,6 +40,8 @@ install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
 install -m 755 scripts/bench.sh "$B/bench.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
+install -m 755 scripts/run-torch-test.sh "$B/run-torch-test.sh"
+install -D -m 644 tests/torch/torch_check.py "$B/tests/torch/torch_check.py"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
 # The GPU host may lack libseccomp and libcap-ng: build-virtiofsd.sh links them in; check it did.

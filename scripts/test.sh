@@ -267,6 +267,15 @@ if have_gpu; then
 else
     skip "1000 guest CUDA programs killed at random points (scripts/load-test.sh kills): no GPU"
 fi
+# The host's own PyTorch in the guest (issue 18): matrix products, a convolution, an FFT and a
+# short training run, each checked against the CPU, natively and in the guest; GPU only.
+torch_test() { scripts/run-torch-test.sh --log-dir "$LOGS/torch"; }
+if step "PyTorch in the guest (tests/torch): fp32/bf16 matmul, conv, fft, training, vs the CPU" torch_test; then
+    if grep -q '^skipped: ' "$LOGS"/PyTorch_in_the_guest*.log; then
+        passed=$((passed - 1))
+        skip "PyTorch in the guest: $(sed -n 's/^skipped: //p' "$LOGS"/PyTorch_in_the_guest*.log | head -n 1)"
+    fi
+fi
 
 echo "== operators"
 socket_activated() {

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# run-torch-test.sh: the host's own PyTorch, natively and in the qcuda guest, on the same GPU
+# (issue 18). The guest runs the host's installation itself, not a copy: run-vm.sh shares the
+# host's root read-only over virtiofs and runs the check chrooted into it, with qcuda's
+# libcudart.so.13 and libcuda.so.1 in front, so NVIDIA's runtime and libraries that PyTorch
+# brings (cuBLAS, cuBLASLt, cuDNN, cuFFT) run over our driver. tests/torch/torch_check.py checks
+# each operation against the CPU; this script prints both results and the time ratio.
+#   ./run-torch-test.sh [--python PATH] [--log-dir DIR]    (from the repo or the bundle)
+# Without a GPU it prints "skipped: no GPU" and exits 0; without PyTorch, "skipped: no PyTorch".
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [[ -f $here/tests/torch/torch_check.py ]]; then # the bundle
+    check=$here/tests/torch/torch_check.py
+else # the repo
+    check=$(cd "$here/.." && pwd)/tests/torch/torch_check.py
+fi
+python=${PYTHON:-$(command -v python3 || true)} logs=$(mktemp -d)
+while (($#)); do
+    case $1 in
+    --python) python=$2; shift 2 ;;
+    --log-dir) logs=$2; shift 2 ;;
+    *) echo "usage: $0 [--python PATH] [--log-dir DIR]" >&2; exit 2 ;;
+    esac
+done
+mkdir -p "$logs"
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo "skipped: no GPU"
+    exit 0
+fi
+if [[ -z $python ]] || ! "$python" -c 'import torch' 2>/dev/null; then
+    echo "skipped: no PyTorch in ${python:-python3}"
+    exit 0
+fi
+# NVLink multicast stays off (the lent hosts' rule), natively and in the guest.
+envs="NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
+
+echo "== native ($python)"
+env $envs "$python" "$check" 2>&1 | tee "$logs/native.log"
+native_rc=${PIPESTATUS[0]}
+
+echo "== guest (the host's PyTorch through a read-only share of /, over qcuda)"
+"$here/run-vm.sh" --mem 16G --smp 4 --timeout 1200 --log-dir "$logs/vm" \
+    --share /:/host:ro --chroot /host --add "$check:/opt/qcuda/torch_check.py" -- \
+    "env $envs LD_LIBRARY_PATH=/usr/lib/qcuda $python /opt/qcuda/torch_check.py" 2>&1 |
+    tr -d '\r' | tee "$logs/guest.log" | grep -E '^(PASS|FAIL|SKIP|TORCH|torch_check|qcuda)'
+guest_rc=$(sed -n 's/^QCUDA_EXIT=\([0-9]*\).*/\1/p' "$logs/guest.log" | tail -n 1)
+
+passed=0 failed=0
+for side in native guest; do
+    p=$(grep -c '^PASS ' "$logs/$side.log")
+    f=$(grep -c '^FAIL ' "$logs/$side.log")
+    echo "$side: $p checks passed, $f failed"
+    passed=$((passed + p)) failed=$((failed + f))
+done
+tn=$(sed -n 's/^TORCH total \([0-9.]*\) s/\1/p' "$logs/native.log")
+tg=$(sed -n 's/^TORCH total \([0-9.]*\) s/\1/p' "$logs/guest.log")
+if [[ -n $tn && -n $tg ]]; then
+    awk -v n="$tn" -v g="$tg" 'BEGIN { printf "time: native %.2f s, guest %.2f s (%.1fx; the guest CPU is emulated under TCG)\n", n, g, g / n }'
+fi
+[[ $native_rc == 0 ]] || failed=$((failed + 1))
+[[ $guest_rc == 0 ]] || failed=$((failed + 1))
+echo "$passed passed, $failed failed"
+((failed == 0))

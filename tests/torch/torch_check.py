@@ -1,0 +1,94 @@
+"""PyTorch on qcuda: the operations real models spend their time in, each on the GPU and checked
+against the CPU (scripts/run-torch-test.sh runs it natively and in the guest).
+
+  fp32 and bf16 matrix products (cuBLAS, cuBLASLt), a convolution forward and backward
+  (cuDNN), a 2D FFT (cuFFT), and a small network trained for some steps, whose loss must fall.
+
+Prints one "PASS name" or "FAIL name: why" line per check and "TORCH total <s> s" at the end;
+exits 0 if all passed, 1 if one failed, 2 (with a SKIP line) without a CUDA device.
+"""
+
+import sys
+import time
+
+import torch
+
+NAME = "torch_check"
+
+
+def close(got, want, rtol, what):
+    err = ((got.float().cpu() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-6)).item()
+    return err <= rtol, f"{what}: relative error {err:.2e} (limit {rtol:.0e})"
+
+
+def main():
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        print(f"SKIP {NAME}: no CUDA device")
+        return 2
+    t0 = time.time()
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    print(f"{NAME}: torch {torch.__version__}, {torch.cuda.get_device_name(0)}, "
+          f"{torch.cuda.device_count()} device(s)", flush=True)
+    results = []
+
+    def check(name, fn):
+        try:
+            ok, why = fn()
+        except Exception as e:  # a CUDA error is a failure of that check, not of the run
+            ok, why = False, f"{type(e).__name__}: {e}"
+        results.append(ok)
+        print(f"PASS {name} ({why})" if ok else f"FAIL {name}: {why}", flush=True)
+
+    a = torch.randn(512, 384)
+    b = torch.randn(384, 256)
+    check("matmul fp32 (cuBLAS)", lambda: close(a.to(dev) @ b.to(dev), a @ b, 1e-4, "fp32"))
+    ab, bb = a.bfloat16(), b.bfloat16()
+    check("matmul bf16 (cuBLASLt)",
+          lambda: close(ab.to(dev) @ bb.to(dev), ab.float() @ bb.float(), 2e-2, "bf16"))
+
+    def conv():
+        conv_cpu = torch.nn.Conv2d(8, 16, 3, padding=1)
+        conv_gpu = torch.nn.Conv2d(8, 16, 3, padding=1).to(dev)
+        conv_gpu.load_state_dict(conv_cpu.state_dict())
+        x = torch.randn(4, 8, 32, 32, requires_grad=True)
+        xg = x.detach().to(dev).requires_grad_()
+        y, yg = conv_cpu(x), conv_gpu(xg)
+        y.square().sum().backward()
+        yg.square().sum().backward()
+        for got, want, what in [(yg, y, "forward"), (xg.grad, x.grad, "input gradient"),
+                                (conv_gpu.weight.grad, conv_cpu.weight.grad, "weight gradient")]:
+            ok, why = close(got, want, 1e-3, what)
+            if not ok:
+                return ok, why
+        return True, "forward and backward within 1e-3"
+
+    check("conv2d forward and backward (cuDNN)", conv)
+    x = torch.randn(64, 128, dtype=torch.complex64)
+    check("fft2 (cuFFT)", lambda: close(torch.fft.fft2(x.to(dev)), torch.fft.fft2(x), 1e-4, "fft2"))
+
+    def train():
+        torch.manual_seed(1)
+        w_true = torch.randn(32, 1)
+        data = torch.randn(1024, 32)
+        target = torch.tanh(data @ w_true)
+        net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(dev)
+        opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+        xd, yd = data.to(dev), target.to(dev)
+        losses = []
+        for _ in range(100):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(xd), yd)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses[-1] < 0.2 * losses[0], f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in 100 steps"
+
+    check("training a small network", train)
+    torch.cuda.synchronize()
+    print(f"TORCH total {time.time() - t0:.2f} s", flush=True)
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
