@@ -96,7 +96,7 @@ pub unsafe fn launch_with(
 ) -> CudaResult<()> {
     let device = rt.devices.current()?;
     rt.session.check_sticky(device)?;
-    rt.streams.target(config.stream)?;
+    let stream = rt.streams.target(config.stream)?;
     let opted_in = kernel
         .max_dynamic_smem
         .load(std::sync::atomic::Ordering::Relaxed);
@@ -104,7 +104,16 @@ pub unsafe fn launch_with(
     let resolved = modules::kernel(rt, kernel, device)?;
     // SAFETY: forwarded caller contract; `resolved.params` is this kernel's layout.
     let block = unsafe { params::pack(&resolved.params, args)? };
-    submit(rt, device, resolved.function, config, &block, flags, attrs)
+    submit(
+        rt,
+        device,
+        resolved.function,
+        config,
+        stream.wire,
+        &block,
+        flags,
+        attrs,
+    )
 }
 
 /// Checks `config` against the cached limits of `device`, the dynamic shared memory limit
@@ -131,18 +140,20 @@ pub fn check_limits(
 
 /// Sends one launch of host function `function` on `device` with the packed parameter block:
 /// `LaunchKernel` (with `LAUNCH_*` flags), or `LaunchKernelEx` given encoded `LaunchAttr`
-/// records; fire-and-forget. Both API faces launch through here.
+/// records; fire-and-forget. Both API faces launch through here, with the stream
+/// (`config.stream`) already resolved to its wire handle `stream` by the caller.
+#[allow(clippy::too_many_arguments)]
 pub fn submit(
     rt: &Runtime,
     device: u32,
     function: u64,
     config: &CallConfig,
+    stream: u64,
     block: &[u8],
     flags: u64,
     attrs: Option<&[u8]>,
 ) -> CudaResult<()> {
-    let stream = rt.streams.target(config.stream)?;
-    managed_vars::before_launch(rt, device, stream.wire)?;
+    managed_vars::before_launch(rt, device, stream)?;
     let op = if attrs.is_some() {
         Op::LaunchKernelEx
     } else {
@@ -156,7 +167,7 @@ pub fn submit(
                 config.grid,
                 config.block,
                 config.shared_mem,
-                stream.wire,
+                stream,
             ));
             a[6] = flags;
             a

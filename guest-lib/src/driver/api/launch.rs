@@ -120,6 +120,7 @@ unsafe fn launch_function(
         device,
         f.resolved.function,
         &config,
+        target.wire,
         &block,
         flags,
         attrs,

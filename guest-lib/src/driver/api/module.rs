@@ -67,6 +67,16 @@ unsafe fn jit_options(
     Ok(())
 }
 
+/// The code image in file `path` (read in the guest), followed by a NUL: PTX text must end
+/// with one; binary formats ignore what follows their own length.
+fn read_image(path: &CStr) -> DrvResult<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+    let mut image = std::fs::read(path).map_err(|_| DriverError::FILE_NOT_FOUND)?;
+    image.push(0);
+    Ok(image)
+}
+
 fn module_out(module: *mut d::CUmodule, image: &[u8]) -> DrvResult<()> {
     if module.is_null() {
         return Err(DriverError::INVALID_VALUE);
@@ -113,10 +123,7 @@ driver_api! {
     /// `cuModuleLoadData`'s.
     fn cuModuleLoad(module: *mut d::CUmodule, fname: *const c_char) {
         // SAFETY: NUL-terminated (API contract).
-        let path = unsafe { name_arg(fname) }?;
-        let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
-        let mut image = std::fs::read(path).map_err(|_| DriverError::FILE_NOT_FOUND)?;
-        image.push(0); // PTX text must end with its NUL; binary formats ignore what follows.
+        let image = read_image(unsafe { name_arg(fname) }?)?;
         // SAFETY: a readable image that ends with a NUL.
         module_out(module, unsafe { modules::image_at(image.as_ptr().cast()) }?)
     }
@@ -197,10 +204,7 @@ driver_api! {
         numLibraryOptions: c_uint,
     ) {
         // SAFETY: NUL-terminated (API contract).
-        let path = unsafe { name_arg(fileName) }?;
-        let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes()));
-        let mut image = std::fs::read(path).map_err(|_| DriverError::FILE_NOT_FOUND)?;
-        image.push(0);
+        let image = read_image(unsafe { name_arg(fileName) }?)?;
         // SAFETY: forwarded contract, with the file's image in place of the caller's.
         DriverError::check(unsafe {
             cuLibraryLoadData(
