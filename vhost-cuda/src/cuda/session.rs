@@ -462,7 +462,7 @@ impl CudaSession {
             Op::StreamCreate => self.stream_create(req),
             Op::StreamDestroy => self.stream_destroy(args[0]),
             Op::StreamSynchronize | Op::StreamQuery => self.stream_wait(req),
-            Op::StreamWaitEvent => self.stream_wait_event(args),
+            Op::StreamWaitEvent => self.stream_wait_event(req),
             Op::StreamPriorityRange => {
                 let dev = self.bind_new(req)?;
                 let (least, greatest) = self.drv.stream_priority_range().map_err(on(dev))?;
@@ -798,13 +798,12 @@ impl CudaSession {
     /// stream of the request's device.
     fn memcpy_peer(&mut self, req: &Request) -> OpResult {
         let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header().args;
-        let dev = self.device(req)?;
         let (dst_dev, _) = self.gpu_index(dst_dev)?;
         let (src_dev, _) = self.gpu_index(src_dev)?;
         let dst_ctx = self.bind(dst_dev)?.ctx;
         let src_ctx = self.bind(src_dev)?.ctx;
-        self.bind(dev)?;
-        let stream = self.stream_on(stream, dev)?;
+        // The copy may be issued to a stream of any device (p2pBandwidthLatencyTest does).
+        let (dev, stream) = self.copy_stream(req, stream)?;
         if size == 0 {
             return ok();
         }
@@ -1073,6 +1072,22 @@ impl CudaSession {
 
     /// The stream for handle `handle` on `dev`: 0 is the legacy stream; others must be
     /// streams of this session on the same device.
+    /// The device and stream a memory copy or memset runs on: a stream's own device (CUDA runs
+    /// a copy issued to a stream of another device than the current one), or the current device
+    /// and its null stream. Binds that device.
+    fn copy_stream(&mut self, req: &Request, handle: u64) -> Result<(usize, Stream), Fault> {
+        if handle == 0 {
+            return Ok((self.bind_new(req)?, NULL_STREAM));
+        }
+        let (dev, raw) = self
+            .streams
+            .get(handle)
+            .map(|s| (s.dev, s.raw))
+            .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))?;
+        self.bind(dev)?;
+        Ok((dev, raw))
+    }
+
     fn stream_on(&self, handle: u64, dev: usize) -> Result<Stream, Fault> {
         if handle == 0 {
             return Ok(NULL_STREAM);
@@ -1143,6 +1158,23 @@ impl CudaSession {
 
     /// Checks that `[ptr, ptr + len)` is the session's memory on `dev`: device memory of its
     /// own, or guest memory it host-mapped (portable, so reachable from every device).
+    /// `[ptr, ptr + len)` lies in one of the session's allocations on any of its devices
+    /// (unified addressing lets the driver reach it from `dev`'s context, as NVIDIA's does for
+    /// copies and memsets that name no device), or in host memory mapped for the device.
+    fn check_range_any(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
+        if self.check_range(dev, ptr, len).is_ok()
+            || self
+                .devices
+                .iter()
+                .flatten()
+                .any(|c| c.memory.contains(ptr, len))
+        {
+            Ok(())
+        } else {
+            Err(status::INVALID_VALUE.into())
+        }
+    }
+
     fn check_range(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
         if self.context(dev)?.memory.contains(ptr, len)
             || self.host_memory.contains_device(ptr, len)
@@ -1295,12 +1327,11 @@ impl CudaSession {
         stream: u64,
         buf: &GuestBuffer,
     ) -> Result<Option<(usize, Stream, Vec<copy::Step>)>, Fault> {
-        let dev = self.bind_new(req)?;
-        let stream = self.stream_on(stream, dev)?;
+        let (dev, stream) = self.copy_stream(req, stream)?;
         if buf.is_empty() {
             return Ok(None);
         }
-        self.check_range(dev, ptr, buf.len() as u64)?;
+        self.check_range_any(dev, ptr, buf.len() as u64)?;
         let runs = copy::host_runs(buf).map_err(|_| status::INVALID_VALUE)?;
         let tuning = self.host.tuning;
         let needed = runs.iter().any(|r| r.len < tuning.direct_min);
@@ -1368,21 +1399,19 @@ impl CudaSession {
         req: &Request,
     ) -> Result<Option<(usize, Stream, DeviceCopy)>, Fault> {
         let [dst, src, size, stream, ..] = req.header().args;
-        let dev = self.bind_new(req)?;
-        let stream = self.stream_on(stream, dev)?;
+        let (dev, stream) = self.copy_stream(req, stream)?;
         if size == 0 {
             return Ok(None);
         }
-        self.check_range(dev, dst, size)?;
-        self.check_range(dev, src, size)?;
+        self.check_range_any(dev, dst, size)?;
+        self.check_range_any(dev, src, size)?;
         Ok(Some((dev, stream, (dst, src, to_usize(size)?))))
     }
 
     fn memset(&mut self, req: &Request) -> OpResult {
         let [dst, value, count, stream, width, ..] = req.header().args;
         let width = MemsetWidth::from_wire(width).ok_or(status::INVALID_VALUE)?;
-        let dev = self.bind_new(req)?;
-        let stream = self.stream_on(stream, dev)?;
+        let (dev, stream) = self.copy_stream(req, stream)?;
         if count == 0 {
             return ok();
         }
@@ -1392,7 +1421,7 @@ impl CudaSession {
         let size = count
             .checked_mul(width.bytes())
             .ok_or(status::INVALID_VALUE)?;
-        self.check_range(dev, dst, size)?;
+        self.check_range_any(dev, dst, size)?;
         // The element is the value's low bits (cudaMemset takes an int and uses its low byte).
         #[expect(clippy::cast_possible_truncation, reason = "32-bit elements at most")]
         let value = value as u32;
@@ -1737,11 +1766,13 @@ impl CudaSession {
             .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))
     }
 
-    fn stream_wait_event(&mut self, args: &[u64]) -> OpResult {
-        let (dev, event) = self.event(args[1])?;
-        let stream = self.stream_on(args[0], dev)?;
+    /// The event may belong to another device than the stream: waiting on it is how CUDA
+    /// programs order work across devices.
+    fn stream_wait_event(&mut self, req: &Request) -> OpResult {
+        let args = &req.header().args;
+        let (_, event) = self.event(args[1])?;
         let flags = flags_u32(args[2], EVENT_WAIT_FLAGS)?;
-        self.bind(dev)?;
+        let (dev, stream) = self.copy_stream(req, args[0])?;
         self.drv
             .stream_wait_event(stream, event, flags)
             .map_err(on(dev))?;

@@ -889,12 +889,13 @@ fn streams_and_events() {
         run(&mut s, Op::EventElapsedTime, &[e1, e_dev1]).status,
         status::INVALID_RESOURCE_HANDLE
     );
+    // A memset, like a copy, may reach another device's memory and run on another device's
+    // stream (unified addressing); a range no allocation holds is refused.
     let p1 = ok(s.execute(&req(Op::Malloc, 1, &[64], vec![], vec![])))[0];
-    let r = s.execute(&req(Op::Memset, 1, &[p1, 0, 64, st], vec![], vec![]));
-    assert_eq!(r.status, status::INVALID_RESOURCE_HANDLE);
-    // Device 0's table does not know device 1's pointer.
+    ok(s.execute(&req(Op::Memset, 1, &[p1, 0, 64, st, 1], vec![], vec![])));
+    ok(run(&mut s, Op::Memset, &[p1, 0, 64, 0, 1]));
     assert_eq!(
-        run(&mut s, Op::Memset, &[p1, 0, 64, 0]).status,
+        run(&mut s, Op::Memset, &[p1 + 8, 0, 64, 0, 1]).status,
         status::INVALID_VALUE
     );
 
@@ -1309,6 +1310,46 @@ fn peers_access_and_copies_between_devices() {
         status::INVALID_DEVICE
     );
     ok(run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 0, 0]));
+
+    // CUDA's rules across devices: a copy may go to a stream of another device than the
+    // current one, and a stream may wait for another device's event (p2pBandwidthLatencyTest).
+    let st1 = ok(s.execute(&req(Op::StreamCreate, 1, &[1, 0], vec![], vec![])))[0];
+    let ev0 = ok(run(&mut s, Op::EventCreate, &[0]))[0];
+    ok(run(&mut s, Op::EventRecord, &[ev0, 0]));
+    ok(run(&mut s, Op::StreamWaitEvent, &[st1, ev0, 0]));
+    ok(run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 256, st1]));
+    // Device 1's memory, written from device 0 on device 1's stream and on device 0's own.
+    ok(s.execute(&req(
+        Op::MemcpyHtoD,
+        0,
+        &[b, st1],
+        vec![rig.buf(&data)],
+        vec![],
+    )));
+    ok(s.execute(&req(
+        Op::MemcpyHtoD,
+        0,
+        &[b, 0],
+        vec![rig.buf(&data)],
+        vec![],
+    )));
+    // An event may not be recorded on another device's stream, and a range no device holds
+    // stays refused.
+    assert_eq!(
+        run(&mut s, Op::EventRecord, &[ev0, st1]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    assert_eq!(
+        s.execute(&req(
+            Op::MemcpyHtoD,
+            0,
+            &[b + 128, st1],
+            vec![rig.buf(&data)],
+            vec![]
+        ))
+        .status,
+        status::INVALID_VALUE
+    );
 }
 
 #[test]
