@@ -299,7 +299,7 @@ fn export_tables(src: &str) -> Vec<TableInfo> {
             continue;
         }
         let words: usize = rest[..rest.find('>').unwrap()].parse().unwrap();
-        let end = [rest.find("\n});"), rest.find("]);")]
+        let end = [rest.find("\n});"), rest.find("]);"), rest.find("));")]
             .into_iter()
             .flatten()
             .min()

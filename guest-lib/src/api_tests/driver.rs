@@ -262,3 +262,32 @@ fn modules_libraries_and_launches() {
         cu(cuDevicePrimaryCtxRelease_v2(0));
     }
 }
+
+#[test]
+fn peer_access_between_contexts_of_two_devices() {
+    FakeDevice::new(2).install();
+    // SAFETY: valid out-parameters throughout.
+    unsafe {
+        cu(cuInit(0));
+        let (mut c0, mut c1): (d::CUcontext, d::CUcontext) =
+            (std::ptr::null_mut(), std::ptr::null_mut());
+        cu(cuDevicePrimaryCtxRetain(&raw mut c0, 0));
+        cu(cuDevicePrimaryCtxRetain(&raw mut c1, 1));
+        let mut can = 0;
+        cu(cuDeviceCanAccessPeer(&raw mut can, 0, 1));
+        assert_eq!(can, 1);
+        cu(cuCtxSetCurrent(c0));
+        cu(cuCtxEnablePeerAccess(c1, 0));
+        assert_eq!(
+            DriverError::check(cuCtxEnablePeerAccess(c1, 1)),
+            Err(DriverError::INVALID_VALUE)
+        );
+        assert_eq!(
+            DriverError::check(cuCtxEnablePeerAccess(std::ptr::null_mut(), 0)),
+            Err(DriverError::INVALID_HANDLE)
+        );
+        // A context is no peer of its own device (the host's answer).
+        assert!(DriverError::check(cuCtxEnablePeerAccess(c0, 0)).is_err());
+        cu(cuCtxDisablePeerAccess(c1));
+    }
+}

@@ -644,8 +644,7 @@ static FUNCTION_EXTRA: Table<99> = Table({
 /// `CUDA_ERROR_NOT_SUPPORTED`: measured over NVIDIA's driver 580, cuBLASLt's bf16, fp16 and
 /// fp32 products are right with slot 4 or slot 13 failing so, while refusing the whole table
 /// crashes cuBLASLt (it does not check `cuGetExportTable`'s status).
-static LT_EXTRA: Table<17> =
-    Table({ stub_table!(LT_EXT, 17; 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16) });
+static LT_EXTRA: Table<17> = Table(stub_table!(LT_EXT, 17; 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16));
 
 /// Every table qcuda offers, by UUID (the 16 bytes in memory order).
 fn tables() -> [([u8; 16], *const c_void); 10] {
