@@ -291,3 +291,124 @@ fn peer_access_between_contexts_of_two_devices() {
         cu(cuCtxDisablePeerAccess(c1));
     }
 }
+
+#[test]
+fn jit_linking_gathers_inputs_and_the_host_links_them() {
+    use crate::driver::api::link::*;
+    let _fake = setup();
+    // SAFETY: valid out-parameters, option arrays and buffers throughout.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxSetCurrent(ctx));
+        let mut info = [0x55u8; 64];
+        let mut error = [0x55u8; 64];
+        let mut options = [
+            d::CU_JIT_WALL_TIME,
+            d::CU_JIT_INFO_LOG_BUFFER,
+            d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+            d::CU_JIT_ERROR_LOG_BUFFER,
+            d::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            d::CU_JIT_LOG_VERBOSE,
+        ];
+        let mut values: [*mut c_void; 6] = [
+            std::ptr::null_mut(),
+            info.as_mut_ptr().cast(),
+            64 as *mut c_void,
+            error.as_mut_ptr().cast(),
+            64 as *mut c_void,
+            std::ptr::without_provenance_mut(1),
+        ];
+        let mut state: d::CUlinkState = std::ptr::null_mut();
+        cu(cuLinkCreate_v2(
+            6,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+            &raw mut state,
+        ));
+        let mut img = image();
+        let bytes = img.len() * 8;
+        cu(cuLinkAddData_v2(
+            state,
+            d::CU_JIT_INPUT_FATBINARY,
+            img.as_mut_ptr().cast(),
+            bytes,
+            c"k.fatbin".as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ));
+        assert_eq!(
+            DriverError::check(cuLinkAddData_v2(
+                state,
+                9,
+                img.as_mut_ptr().cast(),
+                bytes,
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )),
+            Err(DriverError::INVALID_VALUE)
+        );
+        let (mut cubin, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+        cu(cuLinkComplete(state, &raw mut cubin, &raw mut size));
+        assert_eq!(size, bytes);
+        assert_eq!(CStr::from_ptr(info.as_ptr().cast()).to_bytes(), b"linked 1");
+        assert_eq!(values[2] as usize, 9, "the info log's bytes, NUL included");
+        assert_eq!(error[0], 0);
+        assert!(f32::from_bits(values[0] as usize as u32) >= 0.0);
+        // The linked image loads.
+        let mut module: d::CUmodule = std::ptr::null_mut();
+        cu(cuModuleLoadData(&raw mut module, cubin));
+        cu(cuModuleUnload(module));
+        cu(cuLinkDestroy(state));
+        assert_eq!(
+            DriverError::check(cuLinkDestroy(state)),
+            Err(DriverError::INVALID_HANDLE)
+        );
+
+        // A link the host's driver refuses: its error and log.
+        values[4] = 64 as *mut c_void;
+        cu(cuLinkCreate_v2(
+            6,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+            &raw mut state,
+        ));
+        let mut bad = *b"bad ptx\0";
+        cu(cuLinkAddData_v2(
+            state,
+            d::CU_JIT_INPUT_PTX,
+            bad.as_mut_ptr().cast(),
+            8,
+            c"k.ptx".as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ));
+        assert_eq!(
+            DriverError::check(cuLinkComplete(state, &raw mut cubin, &raw mut size)),
+            DriverError::check(d::CUDA_ERROR_INVALID_PTX)
+        );
+        assert_eq!(
+            CStr::from_ptr(error.as_ptr().cast()).to_bytes(),
+            b"error in k.ptx"
+        );
+        cu(cuLinkDestroy(state));
+
+        // Options that hold guest pointers are not remoted.
+        let mut names = [d::CU_JIT_GLOBAL_SYMBOL_NAMES];
+        let mut v = [8 as *mut c_void];
+        assert_eq!(
+            DriverError::check(cuLinkCreate_v2(
+                1,
+                names.as_mut_ptr(),
+                v.as_mut_ptr(),
+                &raw mut state
+            )),
+            Err(DriverError::NOT_SUPPORTED)
+        );
+    }
+}

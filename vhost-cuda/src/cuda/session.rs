@@ -18,6 +18,7 @@
 use std::{ffi::CString, sync::Arc};
 
 use qcuda_proto::{
+    link::{LinkRequest, LINK_INPUT_TYPES},
     status, BatchRecord, Direction, LaunchAttr, Op, RequestHeader, ResponseHeader,
     BATCH_RECORD_SIZE, BATCH_TAIL, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY,
     LAUNCH_ATTR_SIZE, LAUNCH_COOPERATIVE, MAX_LAUNCH_ATTRS, PARAM_INFO_SIZE, RESP_FLAG_STICKY,
@@ -424,6 +425,7 @@ impl CudaSession {
             Op::ModuleUnload => self.module_unload(args[0]),
             Op::ModuleGetFunction => self.module_get_function(req),
             Op::ModuleFunctionNames => self.module_function_names(req),
+            Op::Link => self.link(req),
             Op::ModuleGetGlobal => self.module_get_global(req),
             Op::LaunchKernel | Op::LaunchKernelEx => self.launch_kernel(req),
             Op::OccupancyCluster => self.occupancy_cluster(req),
@@ -1466,6 +1468,65 @@ impl CudaSession {
         self.context(dev)?.memory.remove_module(handle);
         result.map_err(on(dev))?;
         ok()
+    }
+
+    /// `Link`: the driver's JIT linker over the guest's inputs. A link the driver refuses is
+    /// answered in rets[3] (its `CUresult`) with its error log in the out-buffer, as
+    /// `cuLinkComplete` reports it, rather than as a failed request.
+    fn link(&mut self, req: &Request) -> OpResult {
+        /// The `CUjit_option`s that carry a plain value: every other one is a pointer or an
+        /// output, which the guest keeps (its log buffers, the wall time) or refuses.
+        const VALUE_OPTIONS: &[u32] = &[
+            0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 29, 30, 31, 32, 33,
+        ];
+        const MAX_OPTIONS: usize = 64;
+        const MAX_INPUTS: usize = 1024;
+        let input = req.inputs().first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
+        let dev = self.bind_new(req)?;
+        if input.len() as u64 > self.host.tuning.max_module_bytes {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let bytes = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
+        let request = LinkRequest::decode(&bytes).ok_or(status::INVALID_VALUE)?;
+        let options: Vec<(u32, u64)> = request.options().map(|o| (o.id, o.value)).collect();
+        if options.len() > MAX_OPTIONS
+            || options.iter().any(|(id, _)| !VALUE_OPTIONS.contains(id))
+            || request.input_count() > MAX_INPUTS
+        {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let mut names = Vec::with_capacity(request.input_count());
+        for i in request.inputs() {
+            if i.kind >= LINK_INPUT_TYPES || i.name.len() > MAX_NAME_LEN || i.data.is_empty() {
+                return Err(status::INVALID_VALUE.into());
+            }
+            names.push(CString::new(i.name).map_err(|_| status::INVALID_VALUE)?);
+        }
+        let inputs: Vec<(u32, &std::ffi::CStr, &[u8])> = request
+            .inputs()
+            .zip(&names)
+            .map(|(i, n)| (i.kind, n.as_c_str(), i.data))
+            .collect();
+        let (code, parts) = match self.drv.link(&options, &inputs) {
+            Ok(o) => (0, [o.image, o.info_log, o.error_log]),
+            Err((e, log)) => (u64::from(e.0), [Vec::new(), Vec::new(), log]),
+        };
+        debug!(session = self.id, dev, inputs = inputs.len(), code, "link");
+        let total: usize = parts.iter().map(Vec::len).sum();
+        if total <= out.len() {
+            let mut at = 0;
+            for p in &parts {
+                out.write_at(at, p).map_err(|_| status::INVALID_VALUE)?;
+                at += p.len();
+            }
+        }
+        ok_rets(&[
+            parts[0].len() as u64,
+            parts[1].len() as u64,
+            parts[2].len() as u64,
+            code,
+        ])
     }
 
     fn module_function_names(&mut self, req: &Request) -> OpResult {

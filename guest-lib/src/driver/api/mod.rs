@@ -166,6 +166,7 @@ pub mod device;
 pub mod graph;
 pub mod init;
 pub mod launch;
+pub mod link;
 pub mod memory;
 pub mod module;
 pub mod stream;

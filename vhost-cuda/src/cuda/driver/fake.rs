@@ -11,8 +11,8 @@ use std::{
 };
 
 use super::{
-    Context, CuError, CuResult, DriverApi, Event, Function, HostFn, MemPool, MemsetWidth, Module,
-    Raw, Stream,
+    Context, CuError, CuResult, DriverApi, Event, Function, HostFn, LinkOutput, MemPool,
+    MemsetWidth, Module, Raw, Stream,
 };
 use crate::cuda::launch::{attr, DriverLaunchAttr, LaunchConfig};
 
@@ -719,6 +719,36 @@ impl DriverApi for FakeDriver {
                 .iter()
                 .map(|(n, _)| std::ffi::CString::new(*n).unwrap_or_default())
                 .collect())
+        })
+    }
+
+    /// The test double's linker: the image is the inputs' bytes one after another, ended by a
+    /// NUL (so `module_load` takes it); an input whose bytes start with "bad" fails the link
+    /// with `CUDA_ERROR_INVALID_PTX` and an error log naming it.
+    fn link(
+        &self,
+        options: &[(u32, u64)],
+        inputs: &[(u32, &CStr, &[u8])],
+    ) -> Result<LinkOutput, (CuError, Vec<u8>)> {
+        self.with_ctx("link", |_, _| Ok(()))
+            .map_err(|e| (e, Vec::new()))?;
+        let mut image = Vec::new();
+        for (_, name, data) in inputs {
+            if data.starts_with(b"bad") {
+                let log = format!("error in {}", name.to_string_lossy());
+                return Err((
+                    CuError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_PTX as u32),
+                    log.into_bytes(),
+                ));
+            }
+            image.extend_from_slice(data);
+        }
+        image.push(0);
+        Ok(LinkOutput {
+            image,
+            info_log: format!("linked {} inputs, {} options", inputs.len(), options.len())
+                .into_bytes(),
+            error_log: Vec::new(),
         })
     }
 
