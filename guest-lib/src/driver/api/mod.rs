@@ -161,6 +161,7 @@ pub fn device_identity() -> DrvResult<Vec<DeviceIdentity>> {
         .collect()
 }
 
+pub mod arrays;
 pub mod context;
 pub mod device;
 pub mod graph;
