@@ -97,6 +97,11 @@ struct Args {
     #[arg(long, value_name = "MODE", default_value_t = SeccompMode::Enforce, env = "VHOST_CUDA_WORKER_SECCOMP")]
     worker_seccomp: SeccompMode,
 
+    /// Print the system calls a worker's seccomp filter allows, one a line, and exit (for
+    /// comparing with a measurement: scripts/sandbox-gpu-check.sh).
+    #[arg(long, hide = true)]
+    print_worker_syscalls: bool,
+
     /// A worker that only builds its sandbox and exits (the daemon's start-up check).
     #[arg(long, hide = true, requires = "session_worker")]
     sandbox_check: bool,
@@ -261,6 +266,12 @@ fn default_hop_poll_us() -> u64 {
 
 fn main() {
     let mut args = Args::parse();
+    if args.print_worker_syscalls {
+        for name in vhost_cuda::sandbox::worker_allowed_names() {
+            println!("{name}");
+        }
+        exit(0);
+    }
     if args.session_worker {
         exit(session_worker_main(args));
     }
@@ -308,6 +319,7 @@ mod tests {
             sandbox: SandboxMode::Namespace,
             worker_seccomp: SeccompMode::Enforce,
             sandbox_check: false,
+            print_worker_syscalls: false,
         }
     }
 

@@ -2,13 +2,13 @@
 //!
 //! **Worker**: an allow-list; any other system call kills the worker process
 //! (`SECCOMP_RET_KILL_PROCESS`: all its threads, the driver's included). The list is what the
-//! worker and the NVIDIA driver were measured to call (`syscalls-measured.txt` says how), with
-//! arguments narrowed where the driver does not need the general call: `clone` only for
-//! threads, `kill`/`tgkill` only of the worker itself. A second filter makes some allowed calls
-//! fail instead of running: `clone3` (`ENOSYS`, so glibc falls back to `clone`, whose flags a
-//! filter can see), `socket` of any family but `AF_UNIX` (`EAFNOSUPPORT`), and the terminal
+//! worker and the NVIDIA driver call (`syscalls-measured.txt` says what was measured and how,
+//! and what is not measured yet). Further filters make some allowed calls fail instead of
+//! running: `clone3` (`ENOSYS`, so glibc falls back to `clone`, whose flags a filter can see),
+//! `clone` of a new process rather than a thread, `kill`/`tgkill` of any process but the
+//! worker itself (`EPERM`), `socket` of any family but `AF_UNIX` (`EAFNOSUPPORT`), and the
 //! ioctls that push input into a terminal (`TIOCSTI`, `TIOCLINUX`: stderr may be the
-//! operator's tty). The kernel applies the stricter answer of the two.
+//! operator's tty). The kernel applies the strictest answer of all filters.
 //!
 //! In [`SeccompMode::Log`] (for measuring only) a call outside the list is logged by the kernel
 //! (`SECCOMP_RET_LOG`, in the audit log or dmesg) and allowed.
@@ -321,28 +321,11 @@ pub fn worker_allowed_names() -> impl Iterator<Item = &'static str> {
 /// allow-list, then one filter per refusal (a filter has one action for all its matches).
 pub fn worker_filters(mode: SeccompMode, pid: u32) -> Result<Vec<BpfProgram>, SandboxError> {
     let pid = u64::from(pid);
-    let mut allow: BTreeMap<i64, Vec<SeccompRule>> = WORKER_CALLS
+    let allow: BTreeMap<i64, Vec<SeccompRule>> = WORKER_CALLS
         .iter()
         .chain(WORKER_CALLS_ARCH)
         .map(|&(_, nr)| (nr, Vec::new()))
         .collect();
-    let clone_flags = u64::try_from(libc::CLONE_THREAD).unwrap_or(0);
-    allow.insert(
-        libc::SYS_clone,
-        vec![rule(vec![cond(
-            0,
-            SeccompCmpOp::MaskedEq(clone_flags),
-            clone_flags,
-        )?])?],
-    );
-    allow.insert(
-        libc::SYS_kill,
-        vec![rule(vec![dword(0, SeccompCmpOp::Eq, pid)?])?],
-    );
-    allow.insert(
-        libc::SYS_tgkill,
-        vec![rule(vec![dword(0, SeccompCmpOp::Eq, pid)?])?],
-    );
     let mismatch = match mode {
         SeccompMode::Enforce => SeccompAction::KillProcess,
         SeccompMode::Log => SeccompAction::Log,
@@ -350,9 +333,32 @@ pub fn worker_filters(mode: SeccompMode, pid: u32) -> Result<Vec<BpfProgram>, Sa
     let allow = compile(allow, mismatch, SeccompAction::Allow)?;
 
     let af_unix = u64::try_from(libc::AF_UNIX).unwrap_or(0);
+    let clone_thread = u64::try_from(libc::CLONE_THREAD).unwrap_or(0);
     let refusals = [
         // No rule: every call matches.
         (libc::SYS_clone3, vec![], libc::ENOSYS),
+        // A new process (the driver runs nvidia-modprobe when a device node is missing): it
+        // fails, threads start.
+        (
+            libc::SYS_clone,
+            vec![rule(vec![cond(
+                0,
+                SeccompCmpOp::MaskedEq(clone_thread),
+                0,
+            )?])?],
+            libc::EPERM,
+        ),
+        // Signals only to itself (pid 1 in its PID namespace; its own pid otherwise).
+        (
+            libc::SYS_kill,
+            vec![rule(vec![dword(0, SeccompCmpOp::Ne, pid)?])?],
+            libc::EPERM,
+        ),
+        (
+            libc::SYS_tgkill,
+            vec![rule(vec![dword(0, SeccompCmpOp::Ne, pid)?])?],
+            libc::EPERM,
+        ),
         (
             libc::SYS_socket,
             vec![rule(vec![dword(0, SeccompCmpOp::Ne, af_unix)?])?],
@@ -398,4 +404,32 @@ pub fn install_worker_filters(mode: SeccompMode) -> Result<(), SandboxError> {
             .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The list in the code and the record of what was measured name the same calls.
+    #[test]
+    fn the_allow_list_is_the_recorded_one() {
+        let record = include_str!("syscalls-measured.txt");
+        let mut recorded: Vec<&str> = record
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
+            .collect();
+        recorded.sort_unstable();
+        let mut allowed: Vec<&str> = worker_allowed_names().collect();
+        allowed.sort_unstable();
+        assert_eq!(recorded, allowed);
+    }
+
+    #[test]
+    fn the_filters_compile_in_both_modes() {
+        for mode in [SeccompMode::Enforce, SeccompMode::Log] {
+            assert_eq!(worker_filters(mode, 1).unwrap().len(), 7);
+        }
+        assert!(!daemon_filter().unwrap().is_empty());
+    }
 }

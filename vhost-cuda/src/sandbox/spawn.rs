@@ -134,7 +134,7 @@ impl ChildProcess {
         loop {
             let mut status = 0;
             // SAFETY: waitpid for our own child, writing one int we own.
-            let rc = unsafe { libc::waitpid(self.pid, &mut status, flags) };
+            let rc = unsafe { libc::waitpid(self.pid, &raw mut status, flags) };
             if rc == self.pid {
                 let s = ExitStatus::from_raw(status);
                 self.status = Some(s);
@@ -341,8 +341,8 @@ fn child_after_clone(
     // starts with the defaults, as exec from std::process::Command gives it.
     unsafe {
         let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        libc::sigemptyset(&raw mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &raw const none, std::ptr::null_mut());
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of this process. The spawner thread

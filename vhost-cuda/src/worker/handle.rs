@@ -35,7 +35,7 @@ use std::{
 
 use qcuda_proto::ResponseHeader;
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::{
@@ -475,6 +475,15 @@ impl WorkerProcess {
 
     fn reaped(&mut self, status: ExitStatus) -> ExitStatus {
         self.reaped = true;
+        if status.signal() == Some(libc::SIGSYS) {
+            error!(
+                vm = %self.vm,
+                "session {}: worker process {} killed by its seccomp filter: it made a system \
+                 call outside the sandbox's allowance (a compromised worker, or a driver that \
+                 needs a call the list lacks: docs/SECURITY.md, \"Sandbox\")",
+                self.session, self.pid
+            );
+        }
         info!(
             vm = %self.vm,
             "session {}: worker process {} exited ({status})", self.session, self.pid
