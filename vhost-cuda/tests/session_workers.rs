@@ -222,8 +222,8 @@ fn workers_die_with_the_spawner_thread_not_with_the_session_thread() {
     let pid = worker.pid();
     // PR_SET_PDEATHSIG names the thread that forked the worker: the daemon's spawner thread
     // (sandbox/spawn.rs), which lives as long as the process, so the end of the thread that
-    // asked for the worker does not kill it; the daemon's end does (scripts/test-restart.sh
-    // checks that no worker outlives a killed daemon).
+    // asked for the worker does not kill it; the daemon's end does (not tested here: that
+    // needs a daemon process of its own to kill).
     thread::sleep(Duration::from_millis(300));
     assert_eq!(
         process_state(pid).map(|s| s != 'Z'),
