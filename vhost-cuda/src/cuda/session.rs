@@ -566,7 +566,8 @@ impl CudaSession {
             | Op::TakeOutput
             // The daemon answers it, outside the request order (host_functions.rs).
             | Op::HostFuncWait
-            | Op::HostLatency => Err(status::NOT_SUPPORTED.into()),
+            | Op::HostLatency
+            | Op::VmUsage => Err(status::NOT_SUPPORTED.into()),
         }
     }
 
