@@ -1585,6 +1585,7 @@ impl CudaSession {
             // SAFETY: as above; `attrs` outlive the call.
             unsafe { self.drv.launch_ex(raw, &cfg, stream, &mut params, &attrs) }
                 .map_err(on(dev))?;
+            self.host.count_kernel();
             return ok();
         }
         let launched = match args[6] {
@@ -1597,6 +1598,7 @@ impl CudaSession {
             _ => return Err(status::INVALID_VALUE.into()),
         };
         launched.map_err(on(dev))?;
+        self.host.count_kernel();
         ok()
     }
 
