@@ -7,6 +7,9 @@
 //! instance's `EnvironmentFile=`), and a socket unit may pass the listening socket
 //! (`LISTEN_FDS`, `vhost_cuda::socket_activation`).
 //!
+//! `vhost-cuda --stats` asks a running daemon what each of its VMs uses (its stats socket,
+//! `vhost_cuda::stats`) and prints it; exit status 1 if the daemon cannot be asked.
+//!
 //! The same binary is also each session's worker process (`--session-worker`, hidden from
 //! `--help`): the daemon starts it that way itself (`vhost_cuda::worker`).
 
@@ -20,6 +23,7 @@ use vhost_cuda::{
     limits::Limits,
     session::MAX_SESSIONS,
     socket_activation, start_backend,
+    stats::{self, StatsFormat},
     worker::{self, WorkerConfig},
     Config, Error, Result, MAX_SOCKETS,
 };
@@ -79,6 +83,21 @@ struct Args {
     /// process's first call fails with cudaErrorDevicesUnavailable. Default: 1024.
     #[arg(long, value_name = "N", env = "VHOST_CUDA_MAX_SESSIONS")]
     max_sessions: Option<usize>,
+
+    /// Ask the daemon serving --socket-path (or --stats-socket) what each of its VMs uses:
+    /// the GPUs, per VM its sessions (guest processes) with their GPU memory, kernels and
+    /// guest pids; print it and exit.
+    #[arg(long, conflicts_with = "session_worker")]
+    stats: bool,
+
+    /// How --stats prints: a table for people, JSON, or Prometheus text.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = StatsFormat::Table)]
+    stats_format: StatsFormat,
+
+    /// The daemon's stats socket, which --stats asks. Default: the --socket-path with
+    /// ".stats" appended (PATH.stats also with --socket-count).
+    #[arg(long, value_name = "PATH")]
+    stats_socket: Option<PathBuf>,
 
     /// Run as the worker process of one session, on the channel at fd 3 (the daemon starts
     /// its workers this way; not for people).
@@ -172,6 +191,10 @@ impl TryFrom<Args> for Config {
                 max_sessions: args.max_sessions,
                 max_gpu_memory: args.max_gpu_memory,
             },
+            stats_socket: args
+                .stats_socket
+                .clone()
+                .or_else(|| args.socket_path.as_deref().map(stats::default_path)),
         };
         let path = match (args.socket_path.clone(), &args.inherited_fds) {
             // Every socket systemd passed; their paths are systemd's business.
@@ -233,10 +256,42 @@ fn default_hop_poll_us() -> u64 {
     }
 }
 
+/// `--stats`: the client of a running daemon's stats socket.
+fn stats_main(args: &Args) -> i32 {
+    let Some(path) = args
+        .stats_socket
+        .clone()
+        .or_else(|| args.socket_path.as_deref().map(stats::default_path))
+    else {
+        eprintln!("vhost-cuda: --stats needs --socket-path or --stats-socket");
+        return 2;
+    };
+    match stats::query(&path, args.stats_format) {
+        Ok(text) if text.starts_with("error:") => {
+            eprint!("vhost-cuda: {}: {text}", path.display());
+            1
+        }
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!(
+                "vhost-cuda: cannot ask {} ({e}): is a vhost-cuda daemon serving that socket?",
+                path.display()
+            );
+            1
+        }
+    }
+}
+
 fn main() {
     let mut args = Args::parse();
     if args.session_worker {
         exit(session_worker_main(args));
+    }
+    if args.stats {
+        exit(stats_main(&args));
     }
     // Single-threaded still, so the environment may change.
     match socket_activation::take_from_environment() {
@@ -279,6 +334,9 @@ mod tests {
             max_sessions: None,
             gpu_memory_slot: None,
             inherited_fds: None,
+            stats: false,
+            stats_format: StatsFormat::Table,
+            stats_socket: None,
         }
     }
 
@@ -305,6 +363,7 @@ mod tests {
                 poll: Duration::from_micros(200),
                 hop_poll: Duration::from_micros(default_hop_poll_us()),
                 limits: Limits::default(),
+                stats_socket: Some(format!("{path}.stats").into()),
             }
         );
         assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);
