@@ -94,10 +94,14 @@ impl DeviceNode {
     }
 }
 
-/// The calling process (thread group) id, stamped on its requests for the host's accounting
+/// The calling process (thread group) id as the caller's pid namespace numbers it (what the
+/// process and `ps` beside it see), stamped on its requests for the host's accounting
 /// (`RequestHeader::pid`); 0 for a negative id, which a thread group never has.
+///
+/// Through the kernel's `task_tgid_nr_ns`: `Task::tgid()`, which reads the field of the
+/// bindings' `task_struct`, read garbage on our 7.3 guest kernel (-1 where the C helper said 48).
 fn caller_pid() -> u32 {
-    u32::try_from(kernel::current!().tgid()).unwrap_or(0)
+    u32::try_from(kernel::current!().tgid_nr_ns(None)).unwrap_or(0)
 }
 
 /// Nanoseconds since `t`.
