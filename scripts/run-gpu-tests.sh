@@ -108,7 +108,7 @@ kill_check() {
     local daemon=$!
     for _ in $(seq 100); do [[ -S $sock && -S $sock.stats ]] && break; sleep 0.1; done
     "$B/run-vm.sh" --socket "$sock" --log-dir "$dir/vm" --timeout 600 -- \
-        'insmod /lib/modules/qcuda.ko; /opt/qcuda/tests/large_copy --hold 1024 >/tmp/lc.log 2>&1 & p=$!; n=0; until grep -q "progress 100" /tmp/lc.log || [ $n -ge 900 ]; do sleep 0.2; n=$((n+1)); done; grep HOLDING /tmp/lc.log; echo "GUEST-MEM $(qcuda-smi memory)"; qcuda-smi; echo KILL-NOW; sleep 2; kill -9 $p; wait $p; echo "GUEST-MEM-AFTER $(qcuda-smi memory)"; echo KILLED-DONE; sleep 5' \
+        'insmod /lib/modules/qcuda.ko; /opt/qcuda/tests/large_copy --hold 1024 >/tmp/lc.log 2>&1 & p=$!; n=0; until grep -q "progress 100" /tmp/lc.log || ! kill -0 $p || [ $n -ge 900 ]; do sleep 0.2; n=$((n+1)); done; grep HOLDING /tmp/lc.log; echo "GUEST-MEM $(qcuda-smi memory)"; qcuda-smi; echo KILL-NOW; sleep 2; kill -9 $p; wait $p; echo "GUEST-MEM-AFTER $(qcuda-smi memory)"; echo KILLED-DONE; sleep 5' \
         >"$logs/kill.log" 2>&1 &
     local vm=$! peak=0 v
     for _ in $(seq 1800); do

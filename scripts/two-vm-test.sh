@@ -48,6 +48,8 @@ mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 sock=$logs/vm.sock A=$logs/vm.sock.0 B=$logs/vm.sock.1
 rm -f "$A" "$B" "$sock.stats"
+# Non-empty lines of $1.
+count() { grep -c . <<<"$1"; }
 # Lines a guest printed with a prefix, carriage returns gone.
 lines() { tr -d '\r' <"$1" 2>/dev/null | sed -n "s/^$2 //p"; }
 wait_line() { # log, line, tries of 0.5 s
@@ -73,7 +75,7 @@ echo "two-vm-test: one vhost-cuda, VM A on $A, VM B on $B; GPU used by $others_b
 gb="insmod /lib/modules/qcuda.ko || exit 1; \
 /opt/qcuda/tests/large_copy --hold 512 >/tmp/hold.log 2>&1 & h=\$!; \
 /opt/qcuda/tests/mixed_load --threads 2 --forever >/tmp/mixed.log 2>&1 & m=\$!; \
-echo \"B-PIDS \$h \$m\"; n=0; until grep -q HOLDING /tmp/hold.log || [ \$n -ge 900 ]; do sleep 0.2; n=\$((n+1)); done; \
+echo \"B-PIDS \$h \$m\"; n=0; until grep -q HOLDING /tmp/hold.log || ! kill -0 \$h || [ \$n -ge 900 ]; do sleep 0.2; n=\$((n+1)); done; \
 grep HOLDING /tmp/hold.log | sed 's/^/B-/'; echo B-BUSY; t=0; \
 while [ \$t -lt $busy ]; do qcuda-smi processes --csv | sed 's/^/B-PROCS /'; echo \"B-MEM \$(qcuda-smi memory)\"; sleep 5; t=\$((t+5)); done; \
 qcuda-smi; kill -9 \$h \$m; wait \$h; wait \$m; echo \"B-MEM-AFTER \$(qcuda-smi memory)\"; \
@@ -81,7 +83,7 @@ qcuda-smi processes --csv | sed 's/^/B-PROCS-AFTER /'; echo B-DONE; sleep 4"
 # VM A: a program holding 2 x 256 MiB, its view and the host's compared, then killed.
 ga="insmod /lib/modules/qcuda.ko || exit 1; \
 /opt/qcuda/tests/large_copy --hold 256 >/tmp/hold.log 2>&1 & p=\$!; echo \"A-PID \$p\"; \
-n=0; until grep -q 'progress 100' /tmp/hold.log || [ \$n -ge 900 ]; do sleep 0.2; n=\$((n+1)); done; \
+n=0; until grep -q 'progress 100' /tmp/hold.log || ! kill -0 \$p || [ \$n -ge 900 ]; do sleep 0.2; n=\$((n+1)); done; \
 grep HOLDING /tmp/hold.log | sed 's/^/A-/'; \
 qcuda-smi processes --csv | sed 's/^/A-PROCS /'; echo \"A-MEM \$(qcuda-smi memory)\"; qcuda-smi; \
 echo A-SNAPSHOT; sleep 5; kill -9 \$p; wait \$p; \
@@ -116,13 +118,13 @@ if wait_line "$logs/guest-a.log" A-SNAPSHOT 1200; then
     a_procs=$(lines "$logs/guest-a.log" A-PROCS | grep -v '^pid,')
     echo "  VM A sees: ${a_procs:-nothing}; VM memory $a_mem"
     echo "  host sees VM A: ${host_a:-nothing}; VM memory $host_a_mem"
-    echo "  host sees VM B: $(wc -l <<<"$host_b") session(s); VM memory $host_b_mem"
+    echo "  host sees VM B: $(count "$host_b") session(s); VM memory $host_b_mem"
     IFS=, read -r p s m _ k _ name <<<"$a_procs"
-    [[ $(wc -l <<<"$a_procs") == 1 && $p == "$a_pid" && $name == large_copy ]] && ((m >= a_held && k > 0)) &&
+    [[ $(count "$a_procs") == 1 && $p == "$a_pid" && $name == large_copy ]] && ((m >= a_held && k > 0)) &&
         res ok "VM A's qcuda-smi lists only its own process: pid $p large_copy, $m bytes (it allocated $a_held), $k kernels" ||
         res FAIL "VM A's qcuda-smi lists '$a_procs', expected only pid $a_pid large_copy holding $a_held bytes with kernels"
     read -r hs hp _ hm hk <<<"$host_a"
-    [[ $(wc -l <<<"$host_a") == 1 && $hs == "$s" && $hp == "$p" && $hm == "$m" && $a_mem == "$host_a_mem" && $host_a_mem == "$m" ]] && ((hk >= k)) &&
+    [[ $(count "$host_a") == 1 && $hs == "$s" && $hp == "$p" && $hm == "$m" && $a_mem == "$host_a_mem" && $host_a_mem == "$m" ]] && ((hk >= k)) &&
         res ok "the host's view of VM A matches VM A's: session $hs, guest pid $hp, $hm bytes, VM total $host_a_mem" ||
         res FAIL "the host's view of VM A ('$host_a', VM $host_a_mem) differs from VM A's ('$a_procs', VM $a_mem)"
     b_sessions=$(awk '{ print $1 }' <<<"$host_b" | sort -u)
@@ -147,13 +149,14 @@ if wait_line "$logs/guest-a.log" A-KILLED 600; then
     b_workers=$(qa_workers "$B")
     guest_after=$(lines "$logs/guest-a.log" A-MEM-AFTER)
     guest_procs=$(lines "$logs/guest-a.log" A-PROCS-AFTER | grep -vc '^pid,')
+    a_held=$(lines "$logs/guest-a.log" A-HOLDING)
     b_busy=$(tr -d '\r' <"$logs/guest-b.log" | grep -c '^B-DONE')
     echo "  after the kill: VM A holds $a_mem bytes (its qcuda-smi: $guest_after), $a_sessions session(s), $a_workers worker(s);" \
         "VM B holds $b_mem bytes with $b_workers worker(s)"
     grep -F "vm=$A" "$logs/daemon.log" | grep -F ' closed (' | tail -n 2 | sed 's/^/  daemon: /'
-    [[ $a_mem == 0 && $guest_after == 0 && $guest_procs == 0 && $a_sessions == 0 && $a_workers == 0 ]] &&
-        res ok "kill check (qcuda's accounting): VM A holds nothing after the kill, no session, no worker" ||
-        res FAIL "kill check: VM A holds $a_mem bytes (guest: $guest_after, $guest_procs process(es)), $a_sessions session(s), $a_workers worker(s)"
+    [[ -n $a_held && $a_mem == 0 && $guest_after == 0 && $guest_procs == 0 && $a_sessions == 0 && $a_workers == 0 ]] &&
+        res ok "kill check (qcuda's accounting): VM A held ${a_held} bytes, after the kill nothing, no session, no worker" ||
+        res FAIL "kill check: VM A's program held '${a_held}' bytes; after its kill VM A holds $a_mem bytes (guest: $guest_after, $guest_procs process(es)), $a_sessions session(s), $a_workers worker(s)"
     ((b_mem > 0 && b_workers >= 2 && b_busy == 0)) &&
         res ok "... while VM B kept the GPU busy ($b_mem bytes, $b_workers workers, still running)" ||
         res FAIL "VM B was not busy during VM A's kill ($b_mem bytes, $b_workers workers; raise --busy-seconds)"
@@ -167,10 +170,11 @@ wait $vm_a
 b_pids=$(lines "$logs/guest-b.log" B-PIDS)
 bad=$(lines "$logs/guest-b.log" B-PROCS | grep -v '^pid,' | awk -F, -v pids=" $b_pids " \
     'index(pids, " " $1 " ") == 0 || ($7 != "large_copy" && $7 != "mixed_load")' | head -n 3)
-snaps=$(lines "$logs/guest-b.log" B-MEM | wc -l)
-((snaps > 0)) && [[ -z $bad ]] &&
+snaps=$(lines "$logs/guest-b.log" B-MEM | grep -c .)
+listed=$(lines "$logs/guest-b.log" B-PROCS | grep -vc '^pid,')
+((snaps > 0 && listed > 0)) && [[ -z $bad ]] &&
     res ok "VM B's qcuda-smi listed only its own processes ($b_pids) in all $snaps views" ||
-    res FAIL "VM B's qcuda-smi listed other processes: ${bad:-no view at all}"
+    res FAIL "VM B's qcuda-smi listed other processes: ${bad:-none of its own in $snaps view(s)}"
 wait $vm_b
 b_after=$(lines "$logs/guest-b.log" B-MEM-AFTER)
 b_procs=$(lines "$logs/guest-b.log" B-PROCS-AFTER | grep -vc '^pid,')
