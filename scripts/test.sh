@@ -271,7 +271,7 @@ echo \"$v-AFTER \$(qcuda-smi processes --csv | grep -vc '^pid,')\"" >"$d/guest-$
     kill -TERM $pid
     wait $pid 2>/dev/null
     grep -E 'session [0-9]+ (opened|closed)' "$d/daemon.log" | grep -v 'guest pid [0-9]' && { echo "a session logged without its guest pid"; rc=1; }
-    [ "$(grep -c ' opened: guest pid ' "$d/daemon.log")" = "$(grep -c ' closed (' "$d/daemon.log")" ] || rc=1
+    [ "$(grep -cE 'session [0-9]+ opened' "$d/daemon.log")" = "$(grep -cE 'session [0-9]+ closed' "$d/daemon.log")" ] || rc=1
     grep -E 'session [0-9]+ (opened|closed)' "$d/daemon.log" | tail -n 4
     rm -rf "$d"
     return $rc

@@ -187,9 +187,9 @@ left=$(($(qa_workers "$A") + $(qa_workers "$B")))
 kill -TERM $daemon
 wait $daemon
 trap - EXIT
-opened=$(grep -c ' opened: guest pid ' "$logs/daemon.log")
+opened=$(grep -c ' opened; sessions open: ' "$logs/daemon.log")
 closed=$(grep -c ' closed (' "$logs/daemon.log")
-((opened > 0 && opened == closed)) && grep -q 'sessions open: 0, VM GPU memory held: 0 B' "$logs/daemon.log" &&
+((opened > 0 && opened == closed)) && grep -q 'VM GPU memory held: 0 B' "$logs/daemon.log" &&
     res ok "daemon: $opened sessions opened and closed, one log line each with its totals" ||
     res FAIL "daemon: $opened sessions opened, $closed closed (see $logs/daemon.log; open at the end: ${open:-?})"
 

@@ -73,7 +73,7 @@ fn each_vm_sees_its_own_sessions_and_the_operator_sees_all() {
     hello(&mut vm0, 11, 500);
     hello(&mut vm0, 12, 501);
     hello(&mut vm1, 21, 700);
-    assert!(daemon.wait_log("session 12 opened: guest pid 501; sessions open: 2", 1));
+    assert!(daemon.wait_log("session 12 opened; sessions open: 2; guest pid 501", 1));
 
     // Each guest sees its own VM's sessions only, its own flagged.
     let (r, mine) = vm_usage(&mut vm0, 12);
@@ -122,13 +122,16 @@ fn each_vm_sees_its_own_sessions_and_the_operator_sees_all() {
     // A session's close is one line with its totals.
     assert_eq!(vm0.close_session(11).status, status::SUCCESS);
     assert!(
-        daemon.wait_log("session 11 closed (SessionClose): guest pid 500, open ", 1),
+        daemon.wait_log(
+            "session 11 closed (SessionClose); sessions open: 1; guest pid 500, open ",
+            1
+        ),
         "{}",
         daemon.log()
     );
     assert!(daemon.log().contains(
-        "kernels 0, graph launches 0, GPU memory peak 0 B, held at close 0 B; sessions open: 1, \
-         VM GPU memory held: 0 B"
+        "kernels 0, graph launches 0, GPU memory peak 0 B, held at close 0 B; VM GPU memory \
+         held: 0 B"
     ));
     let (r, mine) = vm_usage(&mut vm0, 12);
     assert_eq!((r.rets[1], mine.len(), r.rets[6]), (1, 1, 2));

@@ -178,7 +178,7 @@ impl SessionThread {
             .fetch_add(1, Ordering::AcqRel);
         info!(
             vm = %self.shared.label,
-            "session {} opened: guest pid {}; sessions open: {open}",
+            "session {} opened; sessions open: {open}; guest pid {}",
             self.id,
             pid_text(self.account.pid())
         );
@@ -209,17 +209,17 @@ impl SessionThread {
             self.ended.store(true, Ordering::Release);
             info!(
                 vm = %self.shared.label,
-                "session {} closed ({why}): guest pid {}, open {:.1} s, kernels {}, graph \
-                 launches {}, GPU memory peak {}, held at close {}; sessions open: {}, VM GPU \
+                "session {} closed ({why}); sessions open: {}; guest pid {}, open {:.1} s, \
+                 kernels {}, graph launches {}, GPU memory peak {}, held at close {}; VM GPU \
                  memory held: {vm_memory}",
                 self.id,
+                c.open,
                 pid_text(self.account.pid()),
                 self.account.age_secs(),
                 t.kernels,
                 t.graph_launches,
                 bytes_text(t.peak_memory),
-                bytes_text(held),
-                c.open
+                bytes_text(held)
             );
         });
         OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
