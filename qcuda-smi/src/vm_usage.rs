@@ -125,7 +125,7 @@ pub fn run(dev: &Device, as_csv: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// The section of plain `qcuda-smi`; nothing from a host that predates VmUsage.
+/// The section of plain `qcuda-smi`; a note from a host that predates VmUsage.
 pub fn section(dev: &Device) -> Result<Vec<String>, String> {
     match dev.vm_usage() {
         Ok(reply) => {
@@ -135,7 +135,11 @@ pub fn section(dev: &Device) -> Result<Vec<String>, String> {
             }
             Ok(lines)
         }
-        Err(CallError::Status(qcuda_proto::status::NOT_SUPPORTED)) => Ok(Vec::new()),
+        // A host older than VmUsage refuses the op: the GPUs above are still the answer.
+        Err(CallError::Status(s)) => Ok(vec![format!(
+            "this VM: the host does not report its usage ({})",
+            crate::device::status_name(s)
+        )]),
         Err(e) => Err(format!("VM usage on {}: {e}", dev.path().display())),
     }
 }
