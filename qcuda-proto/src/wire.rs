@@ -474,7 +474,7 @@ ops! {
     HostLatency = 0x01D9, ins 0, outs 1;
     /// What the caller's VM uses of the host now, for `qcuda-smi`: out-buffer 0 receives up to
     /// len / [`SESSION_USAGE_SIZE`] [`SessionUsage`] records, one per open session of the VM
-    /// (the caller's included, flagged), by session id. rets[0] = records written, rets[1] =
+    /// (the caller's included, flagged), by session id; bytes past them are left as they were. rets[0] = records written, rets[1] =
     /// sessions open, rets[2] = bytes of device memory the VM's sessions hold, rets[3] = the
     /// VM's device-memory limit (0: none), rets[4] = most sessions the VM may open, rets[5] =
     /// kernels its sessions launched since the VM connected (ended sessions included),

@@ -263,11 +263,12 @@ pub(super) fn answer(shared: &Shared, caller: u64, req: &Request) -> ResponseHea
     };
     let vm = snapshot(shared, Some(caller));
     let fit = out.len() / SESSION_USAGE_SIZE;
-    let mut bytes = Vec::with_capacity(out.len());
+    // Only the records are written (the rest of the buffer is left as it is), so what the
+    // daemon allocates is bounded by the sessions, not by the buffer the guest names.
+    let mut bytes = Vec::with_capacity(fit.min(vm.sessions.len()) * SESSION_USAGE_SIZE);
     for s in vm.sessions.iter().take(fit) {
         bytes.extend_from_slice(&s.usage.encode());
     }
-    bytes.resize(out.len(), 0);
     if out.write_at(0, &bytes).is_err() {
         return ResponseHeader::with_status(status::INVALID_VALUE);
     }
