@@ -62,7 +62,8 @@ impl SessionAccount {
 
     /// Takes the guest pid of a request if none is known yet.
     pub(super) fn note_pid(&self, pid: u32) {
-        if pid != 0 {
+        // A load first: this runs for every request, and the pid is almost always known.
+        if pid != 0 && self.pid.load(Ordering::Relaxed) == 0 {
             let _ = self
                 .pid
                 .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire);
