@@ -3,6 +3,8 @@
 #
 #   run-vm.sh                 the same runner as scripts/run-vm.sh (it detects this layout)
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
+#   sandbox-gpu-check.sh      measures the workers' system calls under the real driver, and runs
+#                             the CUDA tests with the sandbox on and off (docs/SECURITY.md)
 #   bench.sh                  runs the benchmark natively and inside the guest, prints the ratios
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
@@ -40,6 +42,7 @@ B=$stage/qcuda
 mkdir -p "$B/bin" "$B/qemu/bin" "$B/qemu/lib" "$B/qemu/share" "$B/guest" "$B/native-tests" "$B/bench" "$B/host-tools"
 install -m 755 scripts/run-vm.sh "$B/run-vm.sh"
 install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
+install -m 755 scripts/sandbox-gpu-check.sh "$B/sandbox-gpu-check.sh"
 install -m 755 scripts/bench.sh "$B/bench.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"

@@ -43,7 +43,7 @@ echo "== guest (the host's PyTorch through a read-only share of /, over qcuda)"
     --share /:/host:ro --chroot /host --add "$check:/opt/qcuda/torch_check.py" -- \
     "env $envs LD_LIBRARY_PATH=/usr/lib/qcuda $python /opt/qcuda/torch_check.py" 2>&1 |
     tr -d '\r' | tee "$logs/guest.log" | grep -E '^(PASS|FAIL|SKIP|TORCH|torch_check|qcuda)'
-guest_rc=$(sed -n 's/^QCUDA_EXIT=\([0-9]*\).*/\1/p' "$logs/guest.log" | tail -n 1)
+guest_rc=${PIPESTATUS[0]} # run-vm.sh exits with the guest command's status
 
 passed=0 failed=0
 for side in native guest; do

@@ -600,6 +600,41 @@ fn run(
                 out.copy_from_slice(&p.encode());
             }
         }
+        Op::Link => {
+            // The test double's linker: the inputs' bytes one after another; an input that
+            // starts with "bad" fails with CUDA_ERROR_INVALID_PTX and an error log.
+            let r = qcuda_proto::link::LinkRequest::decode(ins[0]).ok_or(status::INVALID_VALUE)?;
+            let mut image = Vec::new();
+            let mut code = 0;
+            let mut error = Vec::new();
+            for i in r.inputs() {
+                if i.data.starts_with(b"bad") {
+                    code = 218;
+                    error = format!("error in {}", String::from_utf8_lossy(i.name)).into_bytes();
+                    image.clear();
+                    break;
+                }
+                image.extend_from_slice(i.data);
+            }
+            let info = if code == 0 {
+                format!("linked {}", r.input_count()).into_bytes()
+            } else {
+                Vec::new()
+            };
+            let all = [image, info, error];
+            let total: usize = all.iter().map(Vec::len).sum();
+            if total <= outs[0].len() {
+                let mut at = 0;
+                for part in &all {
+                    outs[0][at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                }
+            }
+            for (r, part) in rets.iter_mut().zip(&all) {
+                *r = part.len() as u64;
+            }
+            rets[3] = code;
+        }
         Op::ModuleFunctionNames => {
             if !s.modules.contains_key(&args[0]) {
                 return Err(status::INVALID_RESOURCE_HANDLE);

@@ -391,6 +391,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::ModuleUnload
         | Op::ModuleGetFunction
         | Op::ModuleFunctionNames
+        | Op::Link
         | Op::ModuleGetGlobal
         | Op::LaunchKernel
         | Op::FuncAttributes
@@ -517,6 +518,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::Memset
         | Op::ModuleGetFunction
         | Op::ModuleFunctionNames
+        | Op::Link
         | Op::ModuleGetGlobal
         | Op::StreamSynchronize
         | Op::StreamQuery

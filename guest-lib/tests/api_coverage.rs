@@ -299,7 +299,7 @@ fn export_tables(src: &str) -> Vec<TableInfo> {
             continue;
         }
         let words: usize = rest[..rest.find('>').unwrap()].parse().unwrap();
-        let end = [rest.find("\n});"), rest.find("]);")]
+        let end = [rest.find("\n});"), rest.find("]);"), rest.find("));")]
             .into_iter()
             .flatten()
             .min()
@@ -358,9 +358,11 @@ fn render_driver(exports: &[&str], unsupported: &[String], tables: &[TableInfo])
          `cuda*Typedefs.h`, `guest-lib/gen/driver-exports.txt`: every form, `_v2`/`_ptds`/`_ptsz`\n\
          included) is exported by qcuda's `libcuda.so.1`: implemented in `guest-lib/src/driver/api/`,\n\
          or a stub of `guest-lib/src/driver/unsupported.rs` that answers `CUDA_ERROR_NOT_SUPPORTED`\n\
-         and says so once per process. Most stubs are whole areas qcuda does not remote yet\n\
-         (arrays and textures through the driver API, virtual memory management, JIT linking,\n\
-         external resources); the runtime face covers several of them for runtime programs.\n\n",
+         and says so once per process. Most stubs are whole areas qcuda does not remote: virtual\n\
+         memory management (the device reports it unsupported, so libraries such as NCCL and\n\
+         PyTorch use ordinary allocations), graphics interop, external resources, green contexts,\n\
+         multicast, checkpoints, and the rarer forms of arrays (sparse, planes, memory\n\
+         requirements) and graphs (memory, conditional and external-semaphore nodes).\n\n",
     );
     out.push_str(&format!(
         "**{implemented} of {} symbols implemented; {} answer `CUDA_ERROR_NOT_SUPPORTED`.**\n\n",

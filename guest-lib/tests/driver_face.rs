@@ -39,7 +39,7 @@ fn refusals_are_cuda_errors_logged_once() {
         "proc-missing 0 1 1",
         "proc-old 0 2 1",
         "proc-newer 1",
-        "array 801 801",
+        "vmm 801 801",
         "table-unknown 1 1",
         "table-ctx 0 744 801 801",
         "name CUDA_ERROR_NO_DEVICE",
@@ -51,7 +51,7 @@ fn refusals_are_cuda_errors_logged_once() {
         );
     }
     let once = |needle: &str| err.lines().filter(|l| l.contains(needle)).count();
-    assert_eq!(once("cuArrayCreate_v2 is not supported"), 1, "{err}");
+    assert_eq!(once("cuMemAddressReserve is not supported"), 1, "{err}");
     assert_eq!(once("cuGetExportTable: no table 00112233"), 1, "{err}");
     assert_eq!(
         once("export table 21318c60 slot 20 is not supported"),

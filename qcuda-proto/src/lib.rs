@@ -9,6 +9,7 @@
 
 pub mod cuda_errors;
 pub mod graph;
+pub mod link;
 mod wire;
 
 pub use wire::*;

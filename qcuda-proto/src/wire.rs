@@ -321,6 +321,11 @@ ops! {
     /// NUL-terminated, in the driver's order, if they all fit. rets[0] = the number of kernels,
     /// rets[1] = the bytes the names take (ask again with that much room when it is larger).
     ModuleFunctionNames = 0x0124, ins 0, outs 1;
+    /// Links the inputs in in-buffer 0 (`link::LinkRequest`: `cuLinkCreate`'s options and the
+    /// images `cuLinkAddData` gathered) with the driver's JIT linker, as `cuLinkComplete`.
+    /// Out-buffer 0 receives the linked image, then the info log, then the error log (no NULs),
+    /// if all fit. rets[0..3] = their lengths (ask again with that much room when they do not).
+    Link = 0x0125, ins 1, outs 1;
 
     /// args[0] = function handle, args[1] = grid x | grid y << 32, args[2] = grid z |
     /// block x << 32, args[3] = block y | block z << 32, args[4] = dynamic shared memory bytes,

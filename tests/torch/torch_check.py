@@ -2,7 +2,8 @@
 against the CPU (scripts/run-torch-test.sh runs it natively and in the guest).
 
   fp32 and bf16 matrix products (cuBLAS, cuBLASLt), a convolution forward and backward
-  (cuDNN), a 2D FFT (cuFFT), and a small network trained for some steps, whose loss must fall.
+  (cuDNN), a 2D FFT (cuFFT), a small network trained for some steps, whose loss must fall, an
+  all_reduce through NCCL on one GPU, and, where there are two GPUs, a tensor moved between them.
 
 Prints one "PASS name" or "FAIL name: why" line per check and "TORCH total <s> s" at the end;
 exits 0 if all passed, 1 if one failed, 2 (with a SKIP line) without a CUDA device.
@@ -17,7 +18,10 @@ NAME = "torch_check"
 
 
 def close(got, want, rtol, what):
-    err = ((got.float().cpu() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-6)).item()
+    got, want = got.detach().cpu(), want.detach()
+    if got.is_complex():
+        got, want = torch.view_as_real(got), torch.view_as_real(want)
+    err = ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-6)).item()
     return err <= rtol, f"{what}: relative error {err:.2e} (limit {rtol:.0e})"
 
 
@@ -85,6 +89,35 @@ def main():
         return losses[-1] < 0.2 * losses[0], f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in 100 steps"
 
     check("training a small network", train)
+
+    def nccl():
+        import os
+        import tempfile
+
+        import torch.distributed as dist
+
+        store = os.path.join(tempfile.mkdtemp(), "store")
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
+        try:
+            t = torch.arange(4096, dtype=torch.float32, device=dev)
+            dist.all_reduce(t)
+            torch.cuda.synchronize()
+            return torch.equal(t.cpu(), torch.arange(4096, dtype=torch.float32)), \
+                "all_reduce of 4096 floats, one rank"
+        finally:
+            dist.destroy_process_group()
+
+    check("all_reduce on one GPU (NCCL)", nccl)
+
+    if torch.cuda.device_count() >= 2:
+        def two_gpus():
+            x = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+            y = x.to("cuda:1")
+            z = (y * 2).to("cuda:0")
+            return (torch.equal(z, x * 2) and y.device.index == 1,
+                    f"a tensor from cuda:0 to cuda:1 and back, {torch.cuda.device_count()} devices")
+
+        check("a tensor moves between two GPUs", two_gpus)
     torch.cuda.synchronize()
     print(f"TORCH total {time.time() - t0:.2f} s", flush=True)
     return 0 if all(results) else 1

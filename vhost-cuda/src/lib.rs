@@ -26,6 +26,7 @@ pub mod device_output;
 pub mod guest_buffer;
 pub mod host_function_link;
 pub mod limits;
+pub mod sandbox;
 pub mod session;
 pub mod shared_guest_ram;
 pub mod signals;
@@ -102,6 +103,15 @@ pub enum Error {
         /// The last accept error.
         reason: String,
     },
+    /// The host cannot build the sandbox `--sandbox` asks for.
+    #[error(
+        "--sandbox={0}: {1}; the daemon does not start without it (--sandbox=chroot needs \
+         fewer namespaces; --sandbox=none runs workers unconfined, unsafe with untrusted guests)"
+    )]
+    Sandbox(sandbox::SandboxMode, sandbox::SandboxError),
+    /// The daemon's own seccomp filter cannot be installed.
+    #[error("the daemon's seccomp filter: {0}")]
+    DaemonFilter(sandbox::SandboxError),
     /// `--max-sessions` out of range.
     #[error("--max-sessions must be between 1 and {1}, not {0}")]
     BadMaxSessions(usize, usize),
@@ -164,6 +174,10 @@ pub struct Config {
     /// Where to serve the stats (`--stats-socket`; by default `PATH.stats` beside the
     /// vhost-user socket); `None`: nowhere.
     pub stats_socket: Option<PathBuf>,
+    /// How workers are confined (`--sandbox`).
+    pub sandbox: sandbox::SandboxMode,
+    /// What a worker's seccomp filter does outside its list (`--worker-seccomp`).
+    pub worker_seccomp: sandbox::SeccompMode,
 }
 
 impl Config {
@@ -212,6 +226,29 @@ pub fn start_backend(config: Config) -> Result<()> {
             );
         }
     }
+    match config.sandbox {
+        sandbox::SandboxMode::None => warn!(
+            "--sandbox=none: workers run UNCONFINED, with the daemon's view of the host and its \
+             privileges; a guest that compromises the NVIDIA driver through its worker reaches \
+             everything this user can. Use only with trusted guests."
+        ),
+        mode => {
+            sandbox::check_host(
+                std::path::Path::new("/proc/self/exe"),
+                mode,
+                config.worker_seccomp,
+            )
+            .map_err(|e| Error::Sandbox(mode, e))?;
+            info!(
+                "sandbox: every worker in a {mode} sandbox ({}), seccomp {}",
+                match mode.clone_flags() {
+                    (_, true) => "user namespace: the daemon lacks CAP_SYS_ADMIN",
+                    _ => "the daemon's user",
+                },
+                config.worker_seccomp
+            );
+        }
+    }
     info!(
         "polling: request queues {} µs, the hop to the workers {} µs",
         config.poll.as_micros(),
@@ -232,6 +269,16 @@ pub fn start_backend(config: Config) -> Result<()> {
     signals
         .spawn_handler(own_files, move || stop.stop())
         .map_err(Error::Signals)?;
+    // From here on no thread that handles guest data opens a file or executes a program;
+    // workers are started by the spawner thread, which stays unfiltered. (The stats socket is
+    // bound already; its thread only accepts, reads and writes, and the unlink below is
+    // allowed.)
+    if config.sandbox != sandbox::SandboxMode::None {
+        sandbox::enter_daemon_filter().map_err(Error::DaemonFilter)?;
+        info!(
+            "daemon seccomp filter installed: no file opens, exec, mounts or tracing from now on"
+        );
+    }
     let result = server.run();
     if let Some(path) = &config.stats_socket {
         let _ = std::fs::remove_file(path);
@@ -405,7 +452,8 @@ impl Server {
         // Workers are this binary, told the daemon's --gpu, log filter and --hop-poll-us.
         let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone())
             .with_limits(config.limits)
-            .with_hop_poll(config.hop_poll);
+            .with_hop_poll(config.hop_poll)
+            .with_sandbox(config.sandbox, config.worker_seccomp);
         Ok(Self {
             sockets,
             host,

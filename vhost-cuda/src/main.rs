@@ -21,6 +21,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vhost_cuda::{
     limits::Limits,
+    sandbox::{SandboxMode, SeccompMode},
     session::MAX_SESSIONS,
     socket_activation, start_backend,
     stats::{self, StatsFormat},
@@ -98,6 +99,30 @@ struct Args {
     /// ".stats" appended (PATH.stats also with --socket-count).
     #[arg(long, value_name = "PATH")]
     stats_socket: Option<PathBuf>,
+    /// How each guest process's worker is confined. namespace: its own mount, PID, network,
+    /// IPC and UTS namespaces (and a user namespace when the daemon lacks CAP_SYS_ADMIN), a
+    /// root holding only the NVIDIA devices and driver files, no capabilities, no_new_privs and
+    /// a seccomp filter of the system calls the driver needs. chroot: the same root,
+    /// privileges and filter in the host's PID, network and IPC namespaces. none: no
+    /// confinement at all (unsafe with untrusted guests). The daemon refuses to start if the
+    /// host cannot build the sandbox asked for.
+    #[arg(long, value_name = "MODE", default_value_t = SandboxMode::Namespace, env = "VHOST_CUDA_SANDBOX")]
+    sandbox: SandboxMode,
+
+    /// What a worker's seccomp filter does with a system call outside its list: enforce
+    /// (kill the worker) or log (the kernel logs the call and lets it run: only for measuring
+    /// the calls a new driver makes).
+    #[arg(long, value_name = "MODE", default_value_t = SeccompMode::Enforce, env = "VHOST_CUDA_WORKER_SECCOMP")]
+    worker_seccomp: SeccompMode,
+
+    /// Print the system calls a worker's seccomp filter allows, one a line, and exit (for
+    /// comparing with a measurement: scripts/sandbox-gpu-check.sh).
+    #[arg(long, hide = true)]
+    print_worker_syscalls: bool,
+
+    /// A worker that only builds its sandbox and exits (the daemon's start-up check).
+    #[arg(long, hide = true, requires = "session_worker")]
+    sandbox_check: bool,
 
     /// Run as the worker process of one session, on the channel at fd 3 (the daemon starts
     /// its workers this way; not for people).
@@ -195,6 +220,8 @@ impl TryFrom<Args> for Config {
                 .stats_socket
                 .clone()
                 .or_else(|| args.socket_path.as_deref().map(stats::default_path)),
+            sandbox: args.sandbox,
+            worker_seccomp: args.worker_seccomp,
         };
         let path = match (args.socket_path.clone(), &args.inherited_fds) {
             // Every socket systemd passed; their paths are systemd's business.
@@ -244,6 +271,9 @@ fn session_worker_main(args: Args) -> i32 {
         gpu_memory_slot: args.gpu_memory_slot,
         // The daemon always passes its value.
         hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or(0)),
+        sandbox: args.sandbox,
+        seccomp: args.worker_seccomp,
+        sandbox_check: args.sandbox_check,
     })
 }
 
@@ -287,6 +317,12 @@ fn stats_main(args: &Args) -> i32 {
 
 fn main() {
     let mut args = Args::parse();
+    if args.print_worker_syscalls {
+        for name in vhost_cuda::sandbox::worker_allowed_names() {
+            println!("{name}");
+        }
+        exit(0);
+    }
     if args.session_worker {
         exit(session_worker_main(args));
     }
@@ -337,6 +373,10 @@ mod tests {
             stats: false,
             stats_format: StatsFormat::Table,
             stats_socket: None,
+            sandbox: SandboxMode::Namespace,
+            worker_seccomp: SeccompMode::Enforce,
+            sandbox_check: false,
+            print_worker_syscalls: false,
         }
     }
 
@@ -364,6 +404,8 @@ mod tests {
                 hop_poll: Duration::from_micros(default_hop_poll_us()),
                 limits: Limits::default(),
                 stats_socket: Some(format!("{path}.stats").into()),
+                sandbox: SandboxMode::Namespace,
+                worker_seccomp: SeccompMode::Enforce,
             }
         );
         assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);

@@ -73,13 +73,14 @@ fn contexts_memory_memsets_and_2d_copies() {
         let mut rows = [0u8; 8];
         cu(cuMemcpyDtoH_v2(rows.as_mut_ptr().cast(), p + 32, 8));
         assert_eq!(rows, [1, 2, 3, 0, 9, 10, 11, 0]);
+        // An array side without an array.
         let array = d::CUDA_MEMCPY2D {
             srcMemoryType: d::CU_MEMORYTYPE_ARRAY,
             ..desc
         };
         assert_eq!(
             DriverError::check(cuMemcpy2D_v2(&raw const array)),
-            Err(DriverError::NOT_SUPPORTED)
+            Err(DriverError::INVALID_VALUE)
         );
 
         let (mut base, mut size) = (0, 0);
@@ -260,5 +261,262 @@ fn modules_libraries_and_launches() {
         );
         cu(cuLibraryUnload(lib));
         cu(cuDevicePrimaryCtxRelease_v2(0));
+    }
+}
+
+#[test]
+fn peer_access_between_contexts_of_two_devices() {
+    FakeDevice::new(2).install();
+    // SAFETY: valid out-parameters throughout.
+    unsafe {
+        cu(cuInit(0));
+        let (mut c0, mut c1): (d::CUcontext, d::CUcontext) =
+            (std::ptr::null_mut(), std::ptr::null_mut());
+        cu(cuDevicePrimaryCtxRetain(&raw mut c0, 0));
+        cu(cuDevicePrimaryCtxRetain(&raw mut c1, 1));
+        let mut can = 0;
+        cu(cuDeviceCanAccessPeer(&raw mut can, 0, 1));
+        assert_eq!(can, 1);
+        cu(cuCtxSetCurrent(c0));
+        cu(cuCtxEnablePeerAccess(c1, 0));
+        assert_eq!(
+            DriverError::check(cuCtxEnablePeerAccess(c1, 1)),
+            Err(DriverError::INVALID_VALUE)
+        );
+        assert_eq!(
+            DriverError::check(cuCtxEnablePeerAccess(std::ptr::null_mut(), 0)),
+            Err(DriverError::INVALID_HANDLE)
+        );
+        // A context is no peer of its own device (the host's answer).
+        assert!(DriverError::check(cuCtxEnablePeerAccess(c0, 0)).is_err());
+        cu(cuCtxDisablePeerAccess(c1));
+    }
+}
+
+#[test]
+fn jit_linking_gathers_inputs_and_the_host_links_them() {
+    use crate::driver::api::link::*;
+    let _fake = setup();
+    // SAFETY: valid out-parameters, option arrays and buffers throughout.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxSetCurrent(ctx));
+        let mut info = [0x55u8; 64];
+        let mut error = [0x55u8; 64];
+        let mut options = [
+            d::CU_JIT_WALL_TIME,
+            d::CU_JIT_INFO_LOG_BUFFER,
+            d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+            d::CU_JIT_ERROR_LOG_BUFFER,
+            d::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            d::CU_JIT_LOG_VERBOSE,
+        ];
+        let mut values: [*mut c_void; 6] = [
+            std::ptr::null_mut(),
+            info.as_mut_ptr().cast(),
+            64 as *mut c_void,
+            error.as_mut_ptr().cast(),
+            64 as *mut c_void,
+            std::ptr::without_provenance_mut(1),
+        ];
+        let mut state: d::CUlinkState = std::ptr::null_mut();
+        cu(cuLinkCreate_v2(
+            6,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+            &raw mut state,
+        ));
+        let mut img = image();
+        let bytes = img.len() * 8;
+        cu(cuLinkAddData_v2(
+            state,
+            d::CU_JIT_INPUT_FATBINARY,
+            img.as_mut_ptr().cast(),
+            bytes,
+            c"k.fatbin".as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ));
+        assert_eq!(
+            DriverError::check(cuLinkAddData_v2(
+                state,
+                9,
+                img.as_mut_ptr().cast(),
+                bytes,
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )),
+            Err(DriverError::INVALID_VALUE)
+        );
+        let (mut cubin, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+        cu(cuLinkComplete(state, &raw mut cubin, &raw mut size));
+        assert_eq!(size, bytes);
+        assert_eq!(CStr::from_ptr(info.as_ptr().cast()).to_bytes(), b"linked 1");
+        assert_eq!(values[2] as usize, 9, "the info log's bytes, NUL included");
+        assert_eq!(error[0], 0);
+        assert!(f32::from_bits(values[0] as usize as u32) >= 0.0);
+        // The linked image loads.
+        let mut module: d::CUmodule = std::ptr::null_mut();
+        cu(cuModuleLoadData(&raw mut module, cubin));
+        cu(cuModuleUnload(module));
+        cu(cuLinkDestroy(state));
+        assert_eq!(
+            DriverError::check(cuLinkDestroy(state)),
+            Err(DriverError::INVALID_HANDLE)
+        );
+
+        // A link the host's driver refuses: its error and log.
+        values[4] = 64 as *mut c_void;
+        cu(cuLinkCreate_v2(
+            6,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+            &raw mut state,
+        ));
+        let mut bad = *b"bad ptx\0";
+        cu(cuLinkAddData_v2(
+            state,
+            d::CU_JIT_INPUT_PTX,
+            bad.as_mut_ptr().cast(),
+            8,
+            c"k.ptx".as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        ));
+        assert_eq!(
+            DriverError::check(cuLinkComplete(state, &raw mut cubin, &raw mut size)),
+            DriverError::check(d::CUDA_ERROR_INVALID_PTX)
+        );
+        assert_eq!(
+            CStr::from_ptr(error.as_ptr().cast()).to_bytes(),
+            b"error in k.ptx"
+        );
+        cu(cuLinkDestroy(state));
+
+        // Options that hold guest pointers are not remoted.
+        let mut names = [d::CU_JIT_GLOBAL_SYMBOL_NAMES];
+        let mut v = [8 as *mut c_void];
+        assert_eq!(
+            DriverError::check(cuLinkCreate_v2(
+                1,
+                names.as_mut_ptr(),
+                v.as_mut_ptr(),
+                &raw mut state
+            )),
+            Err(DriverError::NOT_SUPPORTED)
+        );
+    }
+}
+
+#[test]
+fn arrays_copies_and_texture_objects() {
+    use crate::driver::api::arrays::*;
+    let _fake = setup();
+    // SAFETY: valid out-parameters, descriptors and buffers throughout.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxSetCurrent(ctx));
+        // A 2D float2 array of 8 x 4 elements.
+        let desc = d::CUDA_ARRAY_DESCRIPTOR {
+            Width: 8,
+            Height: 4,
+            Format: d::CU_AD_FORMAT_FLOAT,
+            NumChannels: 2,
+        };
+        let mut a: d::CUarray = std::ptr::null_mut();
+        cu(cuArrayCreate_v2(&raw mut a, &raw const desc));
+        let mut got = d::CUDA_ARRAY_DESCRIPTOR::default();
+        cu(cuArrayGetDescriptor_v2(&raw mut got, a));
+        assert_eq!(
+            (got.Width, got.Height, got.Format, got.NumChannels),
+            (8, 4, d::CU_AD_FORMAT_FLOAT, 2)
+        );
+        let bad = d::CUDA_ARRAY_DESCRIPTOR {
+            NumChannels: 3,
+            ..desc
+        };
+        let mut unused: d::CUarray = std::ptr::null_mut();
+        assert_eq!(
+            DriverError::check(cuArrayCreate_v2(&raw mut unused, &raw const bad)),
+            Err(DriverError::INVALID_VALUE)
+        );
+        // Host rows of 64 bytes (8 float2) into the array, then a 2 x 2 element window back.
+        let host: Vec<u8> = (0..256u32).map(|i| i as u8).collect();
+        let up = d::CUDA_MEMCPY2D {
+            srcMemoryType: d::CU_MEMORYTYPE_HOST,
+            srcHost: host.as_ptr().cast(),
+            srcPitch: 64,
+            dstMemoryType: d::CU_MEMORYTYPE_ARRAY,
+            dstArray: a,
+            WidthInBytes: 64,
+            Height: 4,
+            ..Default::default()
+        };
+        cu(cuMemcpy2D_v2(&raw const up));
+        let mut back = [0u8; 32];
+        let down = d::CUDA_MEMCPY2D {
+            srcMemoryType: d::CU_MEMORYTYPE_ARRAY,
+            srcArray: a,
+            srcXInBytes: 16,
+            srcY: 1,
+            dstMemoryType: d::CU_MEMORYTYPE_HOST,
+            dstHost: back.as_mut_ptr().cast(),
+            dstPitch: 16,
+            WidthInBytes: 16,
+            Height: 2,
+            ..Default::default()
+        };
+        cu(cuMemcpy2D_v2(&raw const down));
+        assert_eq!(&back[..16], &host[64 + 16..64 + 32]);
+        assert_eq!(&back[16..], &host[128 + 16..128 + 32]);
+        // A byte offset that is not a whole element.
+        let odd = d::CUDA_MEMCPY2D {
+            srcXInBytes: 4,
+            ..down
+        };
+        assert_eq!(
+            DriverError::check(cuMemcpy2D_v2(&raw const odd)),
+            Err(DriverError::INVALID_VALUE)
+        );
+        // Part of the first row through cuMemcpyAtoH (a byte offset along it).
+        let mut row = [0u8; 48];
+        cu(cuMemcpyAtoH_v2(row.as_mut_ptr().cast(), a, 16, 48));
+        assert_eq!(&row[..], &host[16..64]);
+        // A texture object over the array, and its descriptors back in the driver's terms.
+        let mut res = d::CUDA_RESOURCE_DESC {
+            resType: d::CU_RESOURCE_TYPE_ARRAY,
+            ..Default::default()
+        };
+        res.res.array.hArray = a;
+        let tex = d::CUDA_TEXTURE_DESC {
+            filterMode: d::CU_TR_FILTER_MODE_LINEAR,
+            flags: d::CU_TRSF_NORMALIZED_COORDINATES,
+            ..Default::default()
+        };
+        let mut obj: d::CUtexObject = 0;
+        cu(cuTexObjectCreate(
+            &raw mut obj,
+            &raw const res,
+            &raw const tex,
+            std::ptr::null(),
+        ));
+        let mut res_back = d::CUDA_RESOURCE_DESC::default();
+        cu(cuTexObjectGetResourceDesc(&raw mut res_back, obj));
+        assert_eq!(res_back.resType, d::CU_RESOURCE_TYPE_ARRAY);
+        assert_eq!(res_back.res.array.hArray, a);
+        let mut tex_back = d::CUDA_TEXTURE_DESC::default();
+        cu(cuTexObjectGetTextureDesc(&raw mut tex_back, obj));
+        assert_eq!(tex_back.filterMode, d::CU_TR_FILTER_MODE_LINEAR);
+        assert_ne!(tex_back.flags & d::CU_TRSF_NORMALIZED_COORDINATES, 0);
+        cu(cuTexObjectDestroy(obj));
+        cu(cuArrayDestroy(a));
     }
 }

@@ -42,9 +42,9 @@ impl<const N: usize> Table<N> {
 }
 
 /// The tables by index, for the stubs' log lines.
-const TABLE_NAMES: [&str; 9] = [
+const TABLE_NAMES: [&str; 10] = [
     "6bd5fb6c", "263e8860", "42d85a81", "a094798c", "d4082055", "f8cff951", "21318c60", "6e163fbe",
-    "c693336e",
+    "c693336e", "1734dc26",
 ];
 const RT: usize = 0;
 const CC: usize = 1;
@@ -54,9 +54,10 @@ const IC: usize = 4;
 const REQ: usize = 5;
 const CTX_EXT: usize = 6;
 const FN_EXT: usize = 7;
+const LT_EXT: usize = 9;
 
 /// Which stubs have said so already: one line per table and slot.
-static STUB_SEEN: [[AtomicBool; 128]; 9] = [const { [const { AtomicBool::new(false) }; 128] }; 9];
+static STUB_SEEN: [[AtomicBool; 128]; 10] = [const { [const { AtomicBool::new(false) }; 128] }; 10];
 
 /// The stub of slot `S` of table `T`: no measured program calls it, so it logs the table and
 /// slot once and returns `CUDA_ERROR_NOT_SUPPORTED`.
@@ -417,7 +418,9 @@ static INTEGRITY: Table<3> = Table({
 
 // ----- f8cff951-21468b4e-b9e2fb46-9e7c0dd9 ------------------------------------------------------
 
-/// Slot 1: a message from a library to the driver's log (seen from cuDNN); kept as a log line.
+/// Slot 1: a message from a library to the driver's log (NVIDIA's runtime reports duplicate
+/// kernel names through it, cuDNN other notes). NVIDIA's driver prints none of them, so neither
+/// does qcuda: they are lines of `QCUDA_DRIVER_TRACE=1`.
 unsafe extern "C" fn req_log(
     domain: *const core::ffi::c_char,
     _severity: c_int,
@@ -433,11 +436,13 @@ unsafe extern "C" fn req_log(
                 .into_owned()
         }
     };
-    crate::warnings::warn(format_args!(
-        "driver log from {}: {}",
-        text(domain),
-        text(format)
-    ));
+    if super::trace::enabled() {
+        super::trace::log(format_args!(
+            "driver log from {}: {}",
+            text(domain),
+            text(format)
+        ));
+    }
 }
 
 static REQUIREMENTS: Table<3> = Table({
@@ -631,8 +636,18 @@ static FUNCTION_EXTRA: Table<99> = Table({
     t
 });
 
+// ----- 1734dc26-800d4745-8726c0f1-e7dd8bca: cuBLASLt's table ----------------------------------
+
+/// Taken by cuBLASLt (under PyTorch), which calls slots 4 and 13 once per process. Slot 4 hands
+/// out two small byte tables from the driver's heap and slot 13 writes values into them; what
+/// they mean is not known (docs/driver-export-tables.md). Every slot answers
+/// `CUDA_ERROR_NOT_SUPPORTED`: measured over NVIDIA's driver 580, cuBLASLt's bf16, fp16 and
+/// fp32 products are right with slot 4 or slot 13 failing so, while refusing the whole table
+/// crashes cuBLASLt (it does not check `cuGetExportTable`'s status).
+static LT_EXTRA: Table<17> = Table(stub_table!(LT_EXT, 17; 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16));
+
 /// Every table qcuda offers, by UUID (the 16 bytes in memory order).
-fn tables() -> [([u8; 16], *const c_void); 9] {
+fn tables() -> [([u8; 16], *const c_void); 10] {
     [
         (
             uuid("6bd5fb6c5bf4e74a8987d93912fd9df9"),
@@ -670,6 +685,7 @@ fn tables() -> [([u8; 16], *const c_void); 9] {
             uuid("6e163fbeb958444d835ce182aff1991e"),
             FUNCTION_EXTRA.address(),
         ),
+        (uuid("1734dc26800d47458726c0f1e7dd8bca"), LT_EXTRA.address()),
     ]
 }
 

@@ -6,7 +6,10 @@ use core::ffi::c_void;
 
 #[allow(clippy::wildcard_imports)]
 use super::{
-    api::{context::*, device::*, graph::*, init::*, launch::*, memory::*, module::*, stream::*},
+    api::{
+        arrays::*, context::*, device::*, graph::*, init::*, launch::*, link::*, memory::*,
+        module::*, stream::*,
+    },
     unsupported::*,
 };
 

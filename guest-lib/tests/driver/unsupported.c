@@ -13,7 +13,8 @@ CUresult cuInit(unsigned);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 CUresult cuGetExportTable(const void **, const CUuuid *);
 CUresult cuGetErrorName(CUresult, const char **);
-CUresult cuArrayCreate_v2(void *, const void *);
+typedef unsigned long long CUdeviceptr;
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
 
 static CUuuid uuid(const char *hex) {
     CUuuid u;
@@ -37,8 +38,10 @@ int main(void) {
     r = cuGetProcAddress_v2("cuMemAlloc", &p, 1000, 0, &st);
     printf("proc-old %d %d %d\n", r, st, p == NULL);
     printf("proc-newer %d\n", cuGetProcAddress_v2("cuMemAlloc", &p, 99999, 0, &st));
-    CUresult a1 = cuArrayCreate_v2(NULL, NULL), a2 = cuArrayCreate_v2(NULL, NULL);
-    printf("array %d %d\n", a1, a2);
+    CUdeviceptr va = 0;
+    CUresult a1 = cuMemAddressReserve(&va, 1 << 21, 0, 0, 0);
+    CUresult a2 = cuMemAddressReserve(&va, 1 << 21, 0, 0, 0);
+    printf("vmm %d %d\n", a1, a2);
     const void *t = NULL;
     CUuuid unknown = uuid("00112233445566778899aabbccddeeff");
     r = cuGetExportTable(&t, &unknown);

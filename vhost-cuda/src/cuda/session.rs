@@ -18,6 +18,7 @@
 use std::{ffi::CString, sync::Arc};
 
 use qcuda_proto::{
+    link::{LinkRequest, LINK_INPUT_TYPES},
     status, BatchRecord, Direction, LaunchAttr, Op, RequestHeader, ResponseHeader,
     BATCH_RECORD_SIZE, BATCH_TAIL, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY,
     LAUNCH_ATTR_SIZE, LAUNCH_COOPERATIVE, MAX_LAUNCH_ATTRS, PARAM_INFO_SIZE, RESP_FLAG_STICKY,
@@ -424,6 +425,7 @@ impl CudaSession {
             Op::ModuleUnload => self.module_unload(args[0]),
             Op::ModuleGetFunction => self.module_get_function(req),
             Op::ModuleFunctionNames => self.module_function_names(req),
+            Op::Link => self.link(req),
             Op::ModuleGetGlobal => self.module_get_global(req),
             Op::LaunchKernel | Op::LaunchKernelEx => self.launch_kernel(req),
             Op::OccupancyCluster => self.occupancy_cluster(req),
@@ -462,7 +464,7 @@ impl CudaSession {
             Op::StreamCreate => self.stream_create(req),
             Op::StreamDestroy => self.stream_destroy(args[0]),
             Op::StreamSynchronize | Op::StreamQuery => self.stream_wait(req),
-            Op::StreamWaitEvent => self.stream_wait_event(args),
+            Op::StreamWaitEvent => self.stream_wait_event(req),
             Op::StreamPriorityRange => {
                 let dev = self.bind_new(req)?;
                 let (least, greatest) = self.drv.stream_priority_range().map_err(on(dev))?;
@@ -799,13 +801,12 @@ impl CudaSession {
     /// stream of the request's device.
     fn memcpy_peer(&mut self, req: &Request) -> OpResult {
         let [dst, dst_dev, src, src_dev, size, stream, ..] = req.header().args;
-        let dev = self.device(req)?;
         let (dst_dev, _) = self.gpu_index(dst_dev)?;
         let (src_dev, _) = self.gpu_index(src_dev)?;
         let dst_ctx = self.bind(dst_dev)?.ctx;
         let src_ctx = self.bind(src_dev)?.ctx;
-        self.bind(dev)?;
-        let stream = self.stream_on(stream, dev)?;
+        // The copy may be issued to a stream of any device (p2pBandwidthLatencyTest does).
+        let (dev, stream) = self.copy_stream(req, stream)?;
         if size == 0 {
             return ok();
         }
@@ -1074,6 +1075,22 @@ impl CudaSession {
 
     /// The stream for handle `handle` on `dev`: 0 is the legacy stream; others must be
     /// streams of this session on the same device.
+    /// The device and stream a memory copy or memset runs on: a stream's own device (CUDA runs
+    /// a copy issued to a stream of another device than the current one), or the current device
+    /// and its null stream. Binds that device.
+    fn copy_stream(&mut self, req: &Request, handle: u64) -> Result<(usize, Stream), Fault> {
+        if handle == 0 {
+            return Ok((self.bind_new(req)?, NULL_STREAM));
+        }
+        let (dev, raw) = self
+            .streams
+            .get(handle)
+            .map(|s| (s.dev, s.raw))
+            .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))?;
+        self.bind(dev)?;
+        Ok((dev, raw))
+    }
+
     fn stream_on(&self, handle: u64, dev: usize) -> Result<Stream, Fault> {
         if handle == 0 {
             return Ok(NULL_STREAM);
@@ -1144,6 +1161,23 @@ impl CudaSession {
 
     /// Checks that `[ptr, ptr + len)` is the session's memory on `dev`: device memory of its
     /// own, or guest memory it host-mapped (portable, so reachable from every device).
+    /// `[ptr, ptr + len)` lies in one of the session's allocations on any of its devices
+    /// (unified addressing lets the driver reach it from `dev`'s context, as NVIDIA's does for
+    /// copies and memsets that name no device), or in host memory mapped for the device.
+    fn check_range_any(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
+        if self.check_range(dev, ptr, len).is_ok()
+            || self
+                .devices
+                .iter()
+                .flatten()
+                .any(|c| c.memory.contains(ptr, len))
+        {
+            Ok(())
+        } else {
+            Err(status::INVALID_VALUE.into())
+        }
+    }
+
     fn check_range(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
         if self.context(dev)?.memory.contains(ptr, len)
             || self.host_memory.contains_device(ptr, len)
@@ -1296,12 +1330,11 @@ impl CudaSession {
         stream: u64,
         buf: &GuestBuffer,
     ) -> Result<Option<(usize, Stream, Vec<copy::Step>)>, Fault> {
-        let dev = self.bind_new(req)?;
-        let stream = self.stream_on(stream, dev)?;
+        let (dev, stream) = self.copy_stream(req, stream)?;
         if buf.is_empty() {
             return Ok(None);
         }
-        self.check_range(dev, ptr, buf.len() as u64)?;
+        self.check_range_any(dev, ptr, buf.len() as u64)?;
         let runs = copy::host_runs(buf).map_err(|_| status::INVALID_VALUE)?;
         let tuning = self.host.tuning;
         let needed = runs.iter().any(|r| r.len < tuning.direct_min);
@@ -1369,21 +1402,19 @@ impl CudaSession {
         req: &Request,
     ) -> Result<Option<(usize, Stream, DeviceCopy)>, Fault> {
         let [dst, src, size, stream, ..] = req.header().args;
-        let dev = self.bind_new(req)?;
-        let stream = self.stream_on(stream, dev)?;
+        let (dev, stream) = self.copy_stream(req, stream)?;
         if size == 0 {
             return Ok(None);
         }
-        self.check_range(dev, dst, size)?;
-        self.check_range(dev, src, size)?;
+        self.check_range_any(dev, dst, size)?;
+        self.check_range_any(dev, src, size)?;
         Ok(Some((dev, stream, (dst, src, to_usize(size)?))))
     }
 
     fn memset(&mut self, req: &Request) -> OpResult {
         let [dst, value, count, stream, width, ..] = req.header().args;
         let width = MemsetWidth::from_wire(width).ok_or(status::INVALID_VALUE)?;
-        let dev = self.bind_new(req)?;
-        let stream = self.stream_on(stream, dev)?;
+        let (dev, stream) = self.copy_stream(req, stream)?;
         if count == 0 {
             return ok();
         }
@@ -1393,7 +1424,7 @@ impl CudaSession {
         let size = count
             .checked_mul(width.bytes())
             .ok_or(status::INVALID_VALUE)?;
-        self.check_range(dev, dst, size)?;
+        self.check_range_any(dev, dst, size)?;
         // The element is the value's low bits (cudaMemset takes an int and uses its low byte).
         #[expect(clippy::cast_possible_truncation, reason = "32-bit elements at most")]
         let value = value as u32;
@@ -1438,6 +1469,65 @@ impl CudaSession {
         self.context(dev)?.memory.remove_module(handle);
         result.map_err(on(dev))?;
         ok()
+    }
+
+    /// `Link`: the driver's JIT linker over the guest's inputs. A link the driver refuses is
+    /// answered in rets[3] (its `CUresult`) with its error log in the out-buffer, as
+    /// `cuLinkComplete` reports it, rather than as a failed request.
+    fn link(&mut self, req: &Request) -> OpResult {
+        /// The `CUjit_option`s that carry a plain value: every other one is a pointer or an
+        /// output, which the guest keeps (its log buffers, the wall time) or refuses.
+        const VALUE_OPTIONS: &[u32] = &[
+            0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 29, 30, 31, 32, 33,
+        ];
+        const MAX_OPTIONS: usize = 64;
+        const MAX_INPUTS: usize = 1024;
+        let input = req.inputs().first().ok_or(status::INVALID_VALUE)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
+        let dev = self.bind_new(req)?;
+        if input.len() as u64 > self.host.tuning.max_module_bytes {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let bytes = input.to_vec().map_err(|_| status::INVALID_VALUE)?;
+        let request = LinkRequest::decode(&bytes).ok_or(status::INVALID_VALUE)?;
+        let options: Vec<(u32, u64)> = request.options().map(|o| (o.id, o.value)).collect();
+        if options.len() > MAX_OPTIONS
+            || options.iter().any(|(id, _)| !VALUE_OPTIONS.contains(id))
+            || request.input_count() > MAX_INPUTS
+        {
+            return Err(status::INVALID_VALUE.into());
+        }
+        let mut names = Vec::with_capacity(request.input_count());
+        for i in request.inputs() {
+            if i.kind >= LINK_INPUT_TYPES || i.name.len() > MAX_NAME_LEN || i.data.is_empty() {
+                return Err(status::INVALID_VALUE.into());
+            }
+            names.push(CString::new(i.name).map_err(|_| status::INVALID_VALUE)?);
+        }
+        let inputs: Vec<(u32, &std::ffi::CStr, &[u8])> = request
+            .inputs()
+            .zip(&names)
+            .map(|(i, n)| (i.kind, n.as_c_str(), i.data))
+            .collect();
+        let (code, parts) = match self.drv.link(&options, &inputs) {
+            Ok(o) => (0, [o.image, o.info_log, o.error_log]),
+            Err((e, log)) => (u64::from(e.0), [Vec::new(), Vec::new(), log]),
+        };
+        debug!(session = self.id, dev, inputs = inputs.len(), code, "link");
+        let total: usize = parts.iter().map(Vec::len).sum();
+        if total <= out.len() {
+            let mut at = 0;
+            for p in &parts {
+                out.write_at(at, p).map_err(|_| status::INVALID_VALUE)?;
+                at += p.len();
+            }
+        }
+        ok_rets(&[
+            parts[0].len() as u64,
+            parts[1].len() as u64,
+            parts[2].len() as u64,
+            code,
+        ])
     }
 
     fn module_function_names(&mut self, req: &Request) -> OpResult {
@@ -1740,11 +1830,13 @@ impl CudaSession {
             .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))
     }
 
-    fn stream_wait_event(&mut self, args: &[u64]) -> OpResult {
-        let (dev, event) = self.event(args[1])?;
-        let stream = self.stream_on(args[0], dev)?;
+    /// The event may belong to another device than the stream: waiting on it is how CUDA
+    /// programs order work across devices.
+    fn stream_wait_event(&mut self, req: &Request) -> OpResult {
+        let args = &req.header().args;
+        let (_, event) = self.event(args[1])?;
         let flags = flags_u32(args[2], EVENT_WAIT_FLAGS)?;
-        self.bind(dev)?;
+        let (dev, stream) = self.copy_stream(req, args[0])?;
         self.drv
             .stream_wait_event(stream, event, flags)
             .map_err(on(dev))?;

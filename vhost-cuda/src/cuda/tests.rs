@@ -942,12 +942,13 @@ fn streams_and_events() {
         run(&mut s, Op::EventElapsedTime, &[e1, e_dev1]).status,
         status::INVALID_RESOURCE_HANDLE
     );
+    // A memset, like a copy, may reach another device's memory and run on another device's
+    // stream (unified addressing); a range no allocation holds is refused.
     let p1 = ok(s.execute(&req(Op::Malloc, 1, &[64], vec![], vec![])))[0];
-    let r = s.execute(&req(Op::Memset, 1, &[p1, 0, 64, st], vec![], vec![]));
-    assert_eq!(r.status, status::INVALID_RESOURCE_HANDLE);
-    // Device 0's table does not know device 1's pointer.
+    ok(s.execute(&req(Op::Memset, 1, &[p1, 0, 64, st, 1], vec![], vec![])));
+    ok(run(&mut s, Op::Memset, &[p1, 0, 64, 0, 1]));
     assert_eq!(
-        run(&mut s, Op::Memset, &[p1, 0, 64, 0]).status,
+        run(&mut s, Op::Memset, &[p1 + 8, 0, 64, 0, 1]).status,
         status::INVALID_VALUE
     );
 
@@ -1362,6 +1363,46 @@ fn peers_access_and_copies_between_devices() {
         status::INVALID_DEVICE
     );
     ok(run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 0, 0]));
+
+    // CUDA's rules across devices: a copy may go to a stream of another device than the
+    // current one, and a stream may wait for another device's event (p2pBandwidthLatencyTest).
+    let st1 = ok(s.execute(&req(Op::StreamCreate, 1, &[1, 0], vec![], vec![])))[0];
+    let ev0 = ok(run(&mut s, Op::EventCreate, &[0]))[0];
+    ok(run(&mut s, Op::EventRecord, &[ev0, 0]));
+    ok(run(&mut s, Op::StreamWaitEvent, &[st1, ev0, 0]));
+    ok(run(&mut s, Op::MemcpyPeer, &[a, 0, b, 1, 256, st1]));
+    // Device 1's memory, written from device 0 on device 1's stream and on device 0's own.
+    ok(s.execute(&req(
+        Op::MemcpyHtoD,
+        0,
+        &[b, st1],
+        vec![rig.buf(&data)],
+        vec![],
+    )));
+    ok(s.execute(&req(
+        Op::MemcpyHtoD,
+        0,
+        &[b, 0],
+        vec![rig.buf(&data)],
+        vec![],
+    )));
+    // An event may not be recorded on another device's stream, and a range no device holds
+    // stays refused.
+    assert_eq!(
+        run(&mut s, Op::EventRecord, &[ev0, st1]).status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    assert_eq!(
+        s.execute(&req(
+            Op::MemcpyHtoD,
+            0,
+            &[b + 128, st1],
+            vec![rig.buf(&data)],
+            vec![]
+        ))
+        .status,
+        status::INVALID_VALUE
+    );
 }
 
 #[test]
@@ -2030,4 +2071,69 @@ fn mipmap_level_counts_are_clamped() {
         run(&mut s, Op::MipmappedArrayLevel, &[m, 7]).status,
         status::SUCCESS
     );
+}
+
+/// A `Link` request's in-buffer.
+fn link_buffer(options: &[(u32, u64)], inputs: &[(u32, &[u8], &[u8])]) -> Vec<u8> {
+    use qcuda_proto::link::{encode_link, LinkInput, LinkOption};
+    let options: Vec<LinkOption> = options
+        .iter()
+        .map(|&(id, value)| LinkOption { id, value })
+        .collect();
+    let inputs: Vec<LinkInput<'_>> = inputs
+        .iter()
+        .map(|&(kind, name, data)| LinkInput { kind, name, data })
+        .collect();
+    let mut out = Vec::new();
+    encode_link(&options, &inputs, |b| out.extend_from_slice(b)).unwrap();
+    out
+}
+
+#[test]
+fn links_with_the_drivers_linker_and_loads_the_result() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let run_link = |rig: &mut Rig, s: &mut CudaSession, bytes: &[u8], room: usize| {
+        let input = rig.buf(bytes);
+        let out = rig.out(room);
+        let r = s.execute(&req(Op::Link, 0, &[], vec![input], vec![out.clone()]));
+        (r, out.to_vec().unwrap())
+    };
+    // Two inputs and a value option: the image, then the info log.
+    let bytes = link_buffer(
+        &[(12, 1)],
+        &[(1, b"a.ptx", b".version 9.0\n"), (1, b"b", b"//b\n")],
+    );
+    let (r, out) = run_link(&mut rig, &mut s, &bytes, 256);
+    let rets = ok(r);
+    assert_eq!(rets[3], 0, "linked");
+    assert_eq!(&out[..18], b".version 9.0\n//b\n\0");
+    let info = &out[18..18 + usize::try_from(rets[1]).unwrap()];
+    assert_eq!(info, b"linked 2 inputs, 1 options");
+    // The linked image loads as a module.
+    let image = rig.buf(&out[..usize::try_from(rets[0]).unwrap()]);
+    ok(s.execute(&req(Op::ModuleLoad, 0, &[], vec![image], vec![])));
+    // Too little room: the lengths come back, nothing is written.
+    let (r, out) = run_link(&mut rig, &mut s, &bytes, 4);
+    assert_eq!(ok(r)[0], 18);
+    assert_eq!(out, [0xee; 4], "untouched");
+    // A link the driver refuses: its code and error log, not a failed request.
+    let bad = link_buffer(&[], &[(1, b"k.ptx", b"bad ptx")]);
+    let (r, out) = run_link(&mut rig, &mut s, &bad, 64);
+    let rets = ok(r);
+    assert_eq!(rets[3], 218, "CUDA_ERROR_INVALID_PTX");
+    assert_eq!(&out[..usize::try_from(rets[2]).unwrap()], b"error in k.ptx");
+    // Refused before the driver: a pointer option, an unknown input type, an empty input, a
+    // NUL in a name, a damaged buffer.
+    for bytes in [
+        link_buffer(&[(17, 0x1000)], &[(1, b"a", b"x")]),
+        link_buffer(&[], &[(6, b"a", b"x")]),
+        link_buffer(&[], &[(1, b"a", b"")]),
+        link_buffer(&[], &[(1, b"a\0b", b"x")]),
+        bytes[..bytes.len() - 8].to_vec(),
+    ] {
+        let (r, _) = run_link(&mut rig, &mut s, &bytes, 64);
+        assert_eq!(r.status, status::INVALID_VALUE);
+    }
+    assert_eq!(rig.fake.calls("link"), 3);
 }

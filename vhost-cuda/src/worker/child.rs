@@ -40,6 +40,7 @@ use crate::{
     cuda::{CudaHost, CudaSession},
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
+    sandbox::{self, SandboxMode, SeccompMode},
     shared_guest_ram::map_regions,
     signals, spin_wait, transport_ops,
     worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
@@ -62,6 +63,12 @@ pub struct WorkerConfig {
     pub gpu_memory_slot: Option<usize>,
     /// `--hop-poll-us` of the daemon: how long to spin for the next request after an answer.
     pub hop_poll: Duration,
+    /// `--sandbox` of the daemon: how this worker confines itself.
+    pub sandbox: SandboxMode,
+    /// `--worker-seccomp` of the daemon.
+    pub seccomp: SeccompMode,
+    /// `--sandbox-check`: build the sandbox, then exit 0 (the daemon's start-up check).
+    pub sandbox_check: bool,
 }
 
 /// Why a request from the daemon is refused.
@@ -227,6 +234,11 @@ pub fn serve(
                 channel.send_to_daemon(&FromWorker::Done(resp, took))?;
                 spin = hop_poll;
             }
+            #[cfg(feature = "test-hooks")]
+            ToWorker::SandboxTestHook(attempt) => {
+                let resp = crate::sandbox::test_hook::attempt(&attempt);
+                channel.send_to_daemon(&FromWorker::Done(resp, 0))?;
+            }
         }
     }
     Ok(())
@@ -251,6 +263,22 @@ fn take_channel() -> io::Result<WorkerChannel> {
     Ok(WorkerChannel::new(sock))
 }
 
+/// `--sandbox-check`: builds the sandbox as a worker would, without a driver or a channel.
+fn check_sandbox(config: &WorkerConfig) -> i32 {
+    match sandbox::confine_worker(config.sandbox)
+        .and_then(|_| sandbox::filter_worker(config.sandbox, config.seccomp))
+    {
+        Ok(()) => 0,
+        Err(e) => {
+            error!(
+                "{} sandbox cannot be built on this host: {e}",
+                config.sandbox
+            );
+            1
+        }
+    }
+}
+
 /// The worker's `main`: returns the exit status.
 pub fn run(config: &WorkerConfig) -> i32 {
     // At ERROR level, so that the span (and the session id) is on every line that is logged.
@@ -259,6 +287,9 @@ pub fn run(config: &WorkerConfig) -> i32 {
     // The daemon decides when a worker ends (a Ctrl-C in its terminal reaches us too).
     if let Err(e) = signals::block() {
         warn!("cannot block SIGINT/SIGTERM: {e}");
+    }
+    if config.sandbox_check {
+        return check_sandbox(config);
     }
     let channel = match take_channel() {
         Ok(c) => c,
@@ -273,6 +304,18 @@ pub fn run(config: &WorkerConfig) -> i32 {
     if !crate::cuda::reserve_window() {
         warn!("cannot reserve the host-mapping window: host memory will map at other addresses");
     }
+    // Into the minimal root while this process has one thread (capabilities are per thread);
+    // the driver is loaded here first, so that its files are known.
+    let bound = match sandbox::confine_worker(config.sandbox) {
+        Ok(n) => n,
+        Err(e) => {
+            error!(
+                "cannot confine this worker ({} sandbox): {e}",
+                config.sandbox
+            );
+            return 1;
+        }
+    };
     let host = match CudaHost::with_gpu_filter(config.gpu) {
         Ok(h) => h,
         Err(e) => {
@@ -298,6 +341,17 @@ pub fn run(config: &WorkerConfig) -> i32 {
         "worker ready"
     );
     let host_functions = session.host_functions_attacher();
+    // The driver is initialised: from here on only the measured system calls (every thread).
+    if let Err(e) = sandbox::filter_worker(config.sandbox, config.seccomp) {
+        error!("cannot install the worker's seccomp filter: {e}");
+        return 1;
+    }
+    debug!(
+        sandbox = %config.sandbox,
+        seccomp = %config.seccomp,
+        paths = bound,
+        "worker confined"
+    );
     let served = serve(
         &channel,
         config.session,

@@ -3,15 +3,16 @@
 //!
 //! The session thread (`crate::session`) owns a [`WorkerProcess`] and is the only thread that
 //! talks to it, kills it or reaps it. The worker is this very binary in its hidden
-//! `--session-worker` mode (`child.rs`), started with fork and exec (`Command`), which
-//! is safe in the multi-threaded daemon. In the forked child, before exec:
+//! `--session-worker` mode (`child.rs`), started through `crate::sandbox::spawn` (clone and
+//! exec on the daemon's spawner thread, in the worker's own namespaces when `--sandbox` asks
+//! for them). In the child, before exec:
 //!
-//! - `PR_SET_PDEATHSIG(SIGKILL)`: the worker dies with the daemon thread that started it. That
-//!   is the session thread, which outlives its worker (it reaps it before it ends), so in effect
-//!   workers die with the daemon, however it ends;
-//! - the worker's end of the channel goes to fd 3 ([`CHANNEL_FD`]), and every other descriptor
-//!   is marked close-on-exec, so no worker inherits another session's channel, the guest's
-//!   eventfds or the vhost-user socket, whatever flags they were opened with.
+//! - `PR_SET_PDEATHSIG(SIGKILL)`: the worker dies with the spawner thread that started it,
+//!   which lives as long as the daemon, so workers die with the daemon, however it ends;
+//! - the worker's end of the channel goes to fd 3 ([`CHANNEL_FD`](crate::worker::CHANNEL_FD)), the quota file (if any) to
+//!   fd 4, and every other descriptor is marked close-on-exec, so no worker inherits another
+//!   session's channel, the guest's eventfds or the vhost-user socket, whatever flags they
+//!   were opened with.
 //!
 //! A worker is ended by closing the channel (it drops its CUDA session and exits); one still
 //! there after [`CLOSE_WAIT`] (behind an endless kernel, say) gets SIGKILL, which also stops its
@@ -19,13 +20,14 @@
 //! handle is dropped on an error path.
 
 use std::{
+    ffi::OsString,
     io, mem,
     os::{
         fd::{AsRawFd, RawFd},
-        unix::process::{CommandExt, ExitStatusExt},
+        unix::process::ExitStatusExt,
     },
     path::PathBuf,
-    process::{Child, Command, ExitStatus, Stdio},
+    process::ExitStatus,
     sync::{Arc, Weak},
     thread,
     time::{Duration, Instant},
@@ -33,16 +35,16 @@ use std::{
 
 use qcuda_proto::ResponseHeader;
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::{
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
+    sandbox::{self, ChildProcess, IdMaps, SandboxMode, SeccompMode, SpawnSpec},
     shared_guest_ram::region_table,
     spin_wait,
     worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
-    worker::CHANNEL_FD,
 };
 
 /// How long an ending worker gets to exit by itself before SIGKILL.
@@ -52,8 +54,6 @@ pub const CLOSE_WAIT: Duration = Duration::from_secs(2);
 const CHANNEL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The running binary, whatever happened to its file since it started.
 const THIS_BINARY: &str = "/proc/self/exe";
-/// `CLOSE_RANGE_CLOEXEC` (Linux 5.11).
-const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 
 /// How to start a worker: the program and what it is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +65,10 @@ pub struct WorkerCommand {
     limits: Limits,
     /// `--hop-poll-us`: how long each side of a hop spins before it blocks (zero: never).
     hop_poll: Duration,
+    /// `--sandbox`.
+    sandbox: SandboxMode,
+    /// `--worker-seccomp`.
+    seccomp: SeccompMode,
 }
 
 impl WorkerCommand {
@@ -86,6 +90,8 @@ impl WorkerCommand {
             log_filter: log_filter.into(),
             limits: Limits::default(),
             hop_poll: Duration::ZERO,
+            sandbox: SandboxMode::None,
+            seccomp: SeccompMode::Enforce,
         }
     }
 
@@ -114,30 +120,64 @@ impl WorkerCommand {
         self.hop_poll
     }
 
-    fn command(&self, session: u64, vm: &str, quota_slot: Option<usize>) -> Command {
-        let mut cmd = Command::new(&self.program);
-        if self.program.as_os_str() == THIS_BINARY {
-            cmd.arg0("vhost-cuda");
-        }
-        cmd.arg("--session-worker")
-            .arg("--session-id")
-            .arg(session.to_string())
-            .arg("--vm")
-            .arg(vm)
-            .arg("--log-level")
-            .arg(&self.log_filter)
-            .arg("--hop-poll-us")
-            .arg(self.hop_poll.as_micros().to_string());
+    /// The same command, with workers confined by `mode` and a seccomp filter in `seccomp`
+    /// mode.
+    pub fn with_sandbox(mut self, mode: SandboxMode, seccomp: SeccompMode) -> Self {
+        self.sandbox = mode;
+        self.seccomp = seccomp;
+        self
+    }
+
+    /// How workers are confined.
+    pub fn sandbox(&self) -> SandboxMode {
+        self.sandbox
+    }
+
+    fn spec(
+        &self,
+        session: u64,
+        vm: &str,
+        quota_slot: Option<usize>,
+        fds: Vec<RawFd>,
+    ) -> io::Result<SpawnSpec> {
+        let mut args: Vec<OsString> = vec![
+            if self.program.as_os_str() == THIS_BINARY {
+                "vhost-cuda".into()
+            } else {
+                self.program.clone().into()
+            },
+            "--session-worker".into(),
+            "--session-id".into(),
+            session.to_string().into(),
+            "--vm".into(),
+            vm.into(),
+            "--log-level".into(),
+            self.log_filter.clone().into(),
+            "--hop-poll-us".into(),
+            self.hop_poll.as_micros().to_string().into(),
+            "--sandbox".into(),
+            self.sandbox.as_str().into(),
+            "--worker-seccomp".into(),
+            self.seccomp.as_str().into(),
+        ];
         if let Some(g) = self.gpu {
-            cmd.arg("--gpu").arg(g.to_string());
+            args.extend(["--gpu".into(), g.to_string().into()]);
         }
         if let Some(slot) = quota_slot {
-            cmd.arg("--gpu-memory-slot").arg(slot.to_string());
+            args.extend(["--gpu-memory-slot".into(), slot.to_string().into()]);
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        cmd
+        // In a sandbox the driver's JIT cache is out of reach (and must be: a cache shared
+        // by every VM's workers would let one VM's worker plant code in another's): say so
+        // to the driver rather than let it fail on every PTX load.
+        let env: &[(&str, &str)] = if self.sandbox == SandboxMode::None {
+            &[]
+        } else {
+            &[("CUDA_CACHE_DISABLE", "1")]
+        };
+        let (flags, user) = self.sandbox.clone_flags();
+        Ok(SpawnSpec::new(&self.program, &args, env)?
+            .with_fds(fds)
+            .with_namespaces(flags, user.then(IdMaps::own_ids_as_root)))
     }
 }
 
@@ -173,7 +213,7 @@ pub struct WorkerProcess {
     session: u64,
     vm: String,
     pid: u32,
-    child: Child,
+    child: ChildProcess,
     /// `None` once closed.
     channel: Option<WorkerChannel>,
     /// The map whose table the worker has now.
@@ -185,61 +225,6 @@ pub struct WorkerProcess {
     hop_poll: Duration,
     /// Its slot of the VM's GPU-memory quota; freed (dropped) only after the worker is reaped.
     _quota: Option<SlotLease>,
-}
-
-/// Runs in the forked child before exec: only async-signal-safe calls, no allocation.
-/// `channel` and `quota` (-1: none) are above [`QUOTA_FD`], so neither dup2 clobbers the other.
-fn prepare_child(channel: RawFd, quota: RawFd) -> io::Result<()> {
-    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of the calling process. The thread that
-    // forked us is blocked in spawn until we exec, so it cannot have ended yet.
-    if unsafe {
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    let rc = if channel == CHANNEL_FD {
-        // SAFETY: fcntl on an open descriptor of this process; clears close-on-exec.
-        unsafe { libc::fcntl(channel, libc::F_SETFD, 0) }
-    } else {
-        // SAFETY: dup2 of an open descriptor; the copy on CHANNEL_FD is not close-on-exec.
-        unsafe { libc::dup2(channel, CHANNEL_FD) }
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: dup2 of an open descriptor; the copy on QUOTA_FD is not close-on-exec.
-    if quota >= 0 && unsafe { libc::dup2(quota, QUOTA_FD) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let first_closed = if quota >= 0 {
-        QUOTA_FD + 1
-    } else {
-        CHANNEL_FD + 1
-    };
-    #[expect(
-        clippy::cast_sign_loss,
-        reason = "CHANNEL_FD + 1 or QUOTA_FD + 1: small positive constants"
-    )]
-    let first_closed = first_closed as libc::c_uint;
-    // Best effort: kernels before 5.11 lack the flag, and then only descriptors opened
-    // close-on-exec stay out of the worker.
-    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
-    unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            first_closed,
-            libc::c_uint::MAX,
-            CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    Ok(())
 }
 
 /// A close-on-exec copy of `fd` numbered above [`QUOTA_FD`].
@@ -292,18 +277,21 @@ impl WorkerProcess {
             Some(q) => Some(above_quota_fd(q.fd())?),
             None => None,
         };
-        let theirs_fd = theirs.as_raw_fd();
-        let quota_fd = quota_copy.as_ref().map_or(-1, |f| f.as_raw_fd());
-        let mut command = cmd.command(session, vm, quota.as_ref().map(SlotLease::index));
-        // SAFETY: `prepare_child` makes only async-signal-safe calls and does not allocate, as
-        // code between fork and exec in a multi-threaded process must; `theirs_fd` and
-        // `quota_fd` stay open in the parent (so also in the child) until spawn returns.
-        unsafe { command.pre_exec(move || prepare_child(theirs_fd, quota_fd)) };
-        let child = command.spawn().map_err(WorkerError::Spawn)?;
+        // The channel on CHANNEL_FD, the quota file (if any) on QUOTA_FD.
+        let mut fds = vec![theirs.as_raw_fd()];
+        fds.extend(quota_copy.as_ref().map(AsRawFd::as_raw_fd));
+        let spec = cmd
+            .spec(session, vm, quota.as_ref().map(SlotLease::index), fds)
+            .map_err(WorkerError::Spawn)?;
+        // Both copies stay open until the spawn returns (the child has its own by then).
+        let child = sandbox::spawn(spec).map_err(WorkerError::Spawn)?;
         drop(theirs);
         drop(quota_copy);
         let pid = child.id();
-        info!(vm, "session {session}: worker process {pid} started");
+        info!(
+            vm,
+            "session {session}: worker process {pid} started (sandbox: {})", cmd.sandbox
+        );
         Ok(Self {
             session,
             vm: vm.to_string(),
@@ -487,6 +475,15 @@ impl WorkerProcess {
 
     fn reaped(&mut self, status: ExitStatus) -> ExitStatus {
         self.reaped = true;
+        if status.signal() == Some(libc::SIGSYS) {
+            error!(
+                vm = %self.vm,
+                "session {}: worker process {} killed by its seccomp filter: it made a system \
+                 call outside the sandbox's allowance (a compromised worker, or a driver that \
+                 needs a call the list lacks: docs/SECURITY.md, \"Sandbox\")",
+                self.session, self.pid
+            );
+        }
         info!(
             vm = %self.vm,
             "session {}: worker process {} exited ({status})", self.session, self.pid

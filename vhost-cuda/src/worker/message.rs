@@ -44,6 +44,10 @@ const TAG_MEMORY_TABLE: u8 = 1;
 const TAG_RUN: u8 = 2;
 const TAG_DONE: u8 = 3;
 const TAG_HOST_FUNCTION_LINK: u8 = 4;
+/// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
+/// that receives it exits as for any undecodable frame.
+#[cfg(feature = "test-hooks")]
+const TAG_SANDBOX_TEST_HOOK: u8 = 0xf0;
 
 /// One region of guest RAM: where it sits in guest-physical space and where in its file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +89,10 @@ pub enum ToWorker {
     Run(Box<RunRequest>),
     /// The host-function link (one socket travels with it): see `cuda/host_functions.rs`.
     HostFunctionLink,
+    /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
+    /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
+    #[cfg(feature = "test-hooks")]
+    SandboxTestHook(Vec<u8>),
 }
 
 /// What a worker sends the daemon.
@@ -217,6 +225,8 @@ impl ToWorker {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
             Self::HostFunctionLink => 1,
+            #[cfg(feature = "test-hooks")]
+            Self::SandboxTestHook(_) => 0,
         }
     }
 
@@ -259,6 +269,14 @@ impl ToWorker {
                 put_spans(&mut out, &run.outputs)?;
             }
             Self::HostFunctionLink => out.push(TAG_HOST_FUNCTION_LINK),
+            #[cfg(feature = "test-hooks")]
+            Self::SandboxTestHook(bytes) => {
+                let n = u32::try_from(bytes.len())
+                    .map_err(|_| MessageError::FrameTooLong(bytes.len() as u64))?;
+                out.push(TAG_SANDBOX_TEST_HOOK);
+                out.extend_from_slice(&n.to_le_bytes());
+                out.extend_from_slice(bytes);
+            }
         }
         if out.len() > MAX_FRAME {
             return Err(MessageError::FrameTooLong(out.len() as u64));
@@ -303,6 +321,11 @@ impl ToWorker {
                 }))
             }
             TAG_HOST_FUNCTION_LINK => Self::HostFunctionLink,
+            #[cfg(feature = "test-hooks")]
+            TAG_SANDBOX_TEST_HOOK => {
+                let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
+                Self::SandboxTestHook(r.bytes(n)?.to_vec())
+            }
             tag => return Err(MessageError::UnknownTag(tag)),
         };
         r.end()?;

@@ -16,6 +16,7 @@ use vhost_cuda::{
     chain,
     cuda::CudaHost,
     guest_buffer::GuestRam,
+    sandbox::{SandboxMode, SeccompMode},
     session::{ChainCompleter, SessionTable},
     worker::WorkerCommand,
 };
@@ -58,7 +59,10 @@ pub fn guest_ram() -> Arc<GuestRam> {
 pub fn worker_binary(log: &str) -> WorkerCommand {
     let program = std::env::var_os("QCUDA_WORKER_BINARY")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_vhost-cuda").into());
+    // Sandboxed as the daemon's default (--sandbox=namespace), so that every worker test
+    // also runs through the sandbox.
     WorkerCommand::program(program, None, log)
+        .with_sandbox(SandboxMode::Namespace, SeccompMode::Enforce)
 }
 
 /// Completions by chain head.

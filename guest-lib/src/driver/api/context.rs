@@ -37,6 +37,23 @@ const CTX_FLAGS: c_uint = d::CU_CTX_SCHED_MASK
     | d::CU_CTX_USER_COREDUMP_ENABLE
     | d::CU_CTX_SYNC_MEMOPS;
 
+/// `cuCtxEnablePeerAccess` (`enable` 1) and `cuCtxDisablePeerAccess` (0).
+fn peer_access(peer: d::CUcontext, enable: u64, flags: c_uint) -> DrvResult<()> {
+    initialized()?;
+    let c = context::require_current()?;
+    if peer.is_null() {
+        return Err(DriverError::INVALID_HANDLE);
+    }
+    let p = context::lookup(peer as usize)?;
+    if flags != 0 {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    let rt = runtime()?;
+    rt.session
+        .submit(Call::new(Op::PeerAccess, c.device).args(&[u64::from(p.device), enable, 0]))?;
+    Ok(())
+}
+
 fn create(pctx: *mut d::CUcontext, flags: c_uint, dev: d::CUdevice) -> DrvResult<()> {
     let dv = check_device(dev)?;
     if pctx.is_null() || flags & !CTX_FLAGS != 0 {
@@ -211,6 +228,18 @@ driver_api! {
         // SAFETY: checked non-null.
         unsafe { pvalue.write_unaligned(crate::conv::usize_of(reply.rets[0])) };
         Ok(())
+    }
+
+    /// `cuCtxEnablePeerAccess`: the current context's device may reach the memory of the peer
+    /// context's device. The host keeps one context per device for the process, so access is
+    /// per device pair, as the runtime's `cudaDeviceEnablePeerAccess`.
+    fn cuCtxEnablePeerAccess(peerContext: d::CUcontext, Flags: c_uint) {
+        peer_access(peerContext, 1, Flags)
+    }
+
+    /// `cuCtxDisablePeerAccess`.
+    fn cuCtxDisablePeerAccess(peerContext: d::CUcontext) {
+        peer_access(peerContext, 0, 0)
     }
 
     /// `cuCtxSetLimit`.

@@ -510,10 +510,6 @@ fn copy_side(
         d::CU_MEMORYTYPE_HOST => (host as u64, Some(true)),
         d::CU_MEMORYTYPE_DEVICE => (device, Some(false)),
         d::CU_MEMORYTYPE_UNIFIED => (device, None),
-        d::CU_MEMORYTYPE_ARRAY => {
-            crate::warnings::warn_once!("cuMemcpy2D with CUarray operands is not supported");
-            return Err(DriverError::NOT_SUPPORTED);
-        }
         _ => return Err(DriverError::INVALID_VALUE),
     };
     let offset = y
@@ -535,6 +531,10 @@ unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> Dr
     }
     // SAFETY: non-null and readable (API contract).
     let c = unsafe { p.read_unaligned() };
+    if c.srcMemoryType == d::CU_MEMORYTYPE_ARRAY || c.dstMemoryType == d::CU_MEMORYTYPE_ARRAY {
+        // SAFETY: the descriptor was read above.
+        return unsafe { super::arrays::copy_2d_arrays(&c, stream) };
+    }
     // A single row may leave its pitch 0.
     let pitch = |p: usize| {
         if c.Height == 1 {

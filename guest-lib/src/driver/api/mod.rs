@@ -161,11 +161,13 @@ pub fn device_identity() -> DrvResult<Vec<DeviceIdentity>> {
         .collect()
 }
 
+pub mod arrays;
 pub mod context;
 pub mod device;
 pub mod graph;
 pub mod init;
 pub mod launch;
+pub mod link;
 pub mod memory;
 pub mod module;
 pub mod stream;

@@ -11,8 +11,8 @@ use std::{
 };
 
 use super::{
-    Context, CuError, CuResult, DriverApi, Event, Function, HostFn, MemPool, MemsetWidth, Module,
-    Raw, Stream,
+    Context, CuError, CuResult, DriverApi, Event, Function, HostFn, LinkOutput, MemPool,
+    MemsetWidth, Module, Raw, Stream,
 };
 use crate::cuda::launch::{attr, DriverLaunchAttr, LaunchConfig};
 
@@ -272,6 +272,24 @@ impl FakeDriver {
     }
 
     /// Runs `f` on the current context, which must exist and not be corrupted.
+    /// As `with_ctx`, with the other contexts beside the current one (unified addressing).
+    fn with_ctx_uva<T>(
+        &self,
+        name: &'static str,
+        f: impl FnOnce(&mut Ctx, &mut HashMap<Raw, Ctx>) -> CuResult<T>,
+    ) -> CuResult<T> {
+        let mut st = self.enter(name)?;
+        let st = &mut *st;
+        let cur = st.cur();
+        let mut ctx = st.contexts.remove(&cur).ok_or(INVALID_CONTEXT)?;
+        let result = match ctx.sticky {
+            Some(e) => Err(e),
+            None => f(&mut ctx, &mut st.contexts),
+        };
+        st.contexts.insert(cur, ctx);
+        result
+    }
+
     pub(super) fn with_ctx<T>(
         &self,
         name: &'static str,
@@ -303,6 +321,34 @@ impl FakeDriver {
             Ok(())
         })
     }
+}
+
+/// Whether `ptr..ptr + len` lies in one allocation of `c`.
+fn holds(c: &Ctx, ptr: u64, len: usize) -> bool {
+    c.mem.range(..=ptr).next_back().is_some_and(|(base, v)| {
+        usize::try_from(ptr - base)
+            .ok()
+            .and_then(|off| off.checked_add(len))
+            .is_some_and(|end| end <= v.len())
+    })
+}
+
+/// A device range by unified addressing: in the current context `c` or in any other, as
+/// NVIDIA's driver reaches every context's memory from any of them.
+fn uva_slice_mut<'a>(
+    c: &'a mut Ctx,
+    others: &'a mut HashMap<Raw, Ctx>,
+    ptr: u64,
+    len: usize,
+) -> CuResult<&'a mut [u8]> {
+    if holds(c, ptr, len) {
+        return slice_mut(c, ptr, len);
+    }
+    let other = others
+        .values_mut()
+        .find(|o| holds(o, ptr, len))
+        .ok_or(INVALID_VALUE)?;
+    slice_mut(other, ptr, len)
 }
 
 fn slice_mut(c: &mut Ctx, ptr: u64, len: usize) -> CuResult<&mut [u8]> {
@@ -508,9 +554,9 @@ impl DriverApi for FakeDriver {
         stream: Stream,
     ) -> CuResult<()> {
         self.check_host_range(src as u64, len)?;
-        self.with_ctx("memcpy_htod", |c, _| {
+        self.with_ctx_uva("memcpy_htod", |c, others| {
             check_stream(c, stream.raw())?;
-            let d = slice_mut(c, dst, len)?;
+            let d = uva_slice_mut(c, others, dst, len)?;
             // SAFETY: the caller guarantees `src` is readable for `len` bytes.
             let s = unsafe { std::slice::from_raw_parts(src, len) };
             d.copy_from_slice(s);
@@ -526,9 +572,9 @@ impl DriverApi for FakeDriver {
         stream: Stream,
     ) -> CuResult<()> {
         self.check_host_range(dst as u64, len)?;
-        self.with_ctx("memcpy_dtoh", |c, _| {
+        self.with_ctx_uva("memcpy_dtoh", |c, others| {
             check_stream(c, stream.raw())?;
-            let s = slice_mut(c, src, len)?;
+            let s = uva_slice_mut(c, others, src, len)?;
             // SAFETY: the caller guarantees `dst` is writable for `len` bytes and not aliased.
             let d = unsafe { std::slice::from_raw_parts_mut(dst, len) };
             d.copy_from_slice(s);
@@ -562,13 +608,13 @@ impl DriverApi for FakeDriver {
                 chunk.copy_from_slice(&pattern[..w]);
             }
         };
-        self.with_ctx("memset", |c, _| {
+        self.with_ctx_uva("memset", |c, others| {
             check_stream(c, stream.raw())?;
             match host_slice(&registered, dst, len) {
                 // SAFETY: registered ranges stay mapped while registered (method contract of
                 // `mem_host_register`).
                 Some(p) => fill(unsafe { std::slice::from_raw_parts_mut(p, len) }),
-                None => fill(slice_mut(c, dst, len)?),
+                None => fill(uva_slice_mut(c, others, dst, len)?),
             }
             Ok(())
         })
@@ -576,7 +622,7 @@ impl DriverApi for FakeDriver {
 
     fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()> {
         let registered = self.st().registered.clone();
-        self.with_ctx("memcpy", |c, _| {
+        self.with_ctx_uva("memcpy", |c, others| {
             check_stream(c, stream.raw())?;
             let data = match host_slice(&registered, src, len) {
                 Some(p) => {
@@ -584,12 +630,12 @@ impl DriverApi for FakeDriver {
                     // of `mem_host_register`).
                     unsafe { std::slice::from_raw_parts(p, len) }.to_vec()
                 }
-                None => slice_mut(c, src, len)?.to_vec(),
+                None => uva_slice_mut(c, others, src, len)?.to_vec(),
             };
             match host_slice(&registered, dst, len) {
                 // SAFETY: as above; `data` is a copy, so the ranges may overlap.
                 Some(p) => unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, len) },
-                None => slice_mut(c, dst, len)?.copy_from_slice(&data),
+                None => uva_slice_mut(c, others, dst, len)?.copy_from_slice(&data),
             }
             Ok(())
         })
@@ -673,6 +719,36 @@ impl DriverApi for FakeDriver {
                 .iter()
                 .map(|(n, _)| std::ffi::CString::new(*n).unwrap_or_default())
                 .collect())
+        })
+    }
+
+    /// The test double's linker: the image is the inputs' bytes one after another, ended by a
+    /// NUL (so `module_load` takes it); an input whose bytes start with "bad" fails the link
+    /// with `CUDA_ERROR_INVALID_PTX` and an error log naming it.
+    fn link(
+        &self,
+        options: &[(u32, u64)],
+        inputs: &[(u32, &CStr, &[u8])],
+    ) -> Result<LinkOutput, (CuError, Vec<u8>)> {
+        self.with_ctx("link", |_, _| Ok(()))
+            .map_err(|e| (e, Vec::new()))?;
+        let mut image = Vec::new();
+        for (_, name, data) in inputs {
+            if data.starts_with(b"bad") {
+                let log = format!("error in {}", name.to_string_lossy());
+                return Err((
+                    CuError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_PTX as u32),
+                    log.into_bytes(),
+                ));
+            }
+            image.extend_from_slice(data);
+        }
+        image.push(0);
+        Ok(LinkOutput {
+            image,
+            info_log: format!("linked {} inputs, {} options", inputs.len(), options.len())
+                .into_bytes(),
+            error_log: Vec::new(),
         })
     }
 
@@ -1185,12 +1261,13 @@ impl DriverApi for FakeDriver {
     }
 
     fn stream_wait_event(&self, stream: Stream, event: Event, _: u32) -> CuResult<()> {
-        self.with_ctx("stream_wait_event", |c, _| {
+        // The event may belong to another context: that is how work is ordered across them.
+        self.with_ctx_uva("stream_wait_event", |c, others| {
             check_stream(c, stream.raw())?;
-            c.events
-                .contains_key(&event.raw())
-                .then_some(())
-                .ok_or(INVALID_HANDLE)
+            (c.events.contains_key(&event.raw())
+                || others.values().any(|o| o.events.contains_key(&event.raw())))
+            .then_some(())
+            .ok_or(INVALID_HANDLE)
         })
     }
 

@@ -144,6 +144,8 @@ impl CuError {
     pub(crate) const NO_DEVICE: Self = Self(sys::CUresult::CUDA_ERROR_NO_DEVICE as u32);
     /// CUDA_ERROR_NOT_SUPPORTED.
     pub(crate) const NOT_SUPPORTED: Self = Self(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED as u32);
+    /// CUDA_ERROR_UNKNOWN.
+    pub(crate) const UNKNOWN: Self = Self(sys::CUresult::CUDA_ERROR_UNKNOWN as u32);
 
     /// The `cudaError_t` the runtime reports for this code.
     pub(crate) fn status(self) -> u32 {
@@ -167,6 +169,17 @@ pub(crate) fn check(r: sys::CUresult) -> CuResult<()> {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
         e => Err(CuError(e as u32)),
     }
+}
+
+/// What the driver's JIT linker made of a link (`cuLinkComplete`) and what it said.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkOutput {
+    /// The linked image (a cubin).
+    pub image: Vec<u8>,
+    /// The info log, without its NUL.
+    pub info_log: Vec<u8>,
+    /// The error log, without its NUL.
+    pub error_log: Vec<u8>,
 }
 
 /// The element width of a memset (`cuMemsetD8`/`D16`/`D32`).
@@ -297,6 +310,14 @@ pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
     /// The names of a module's kernels (cuModuleGetFunctionCount, cuModuleEnumerateFunctions,
     /// cuFuncGetName), in the driver's order.
     fn module_function_names(&self, module: Module) -> CuResult<Vec<std::ffi::CString>>;
+    /// cuLinkCreate with `options` (value options only; the linker's logs are this call's),
+    /// cuLinkAddData for each `(CUjitInputType, name, image)`, cuLinkComplete, cuLinkDestroy.
+    /// On failure the error log comes with the error.
+    fn link(
+        &self,
+        options: &[(u32, u64)],
+        inputs: &[(u32, &CStr, &[u8])],
+    ) -> Result<LinkOutput, (CuError, Vec<u8>)>;
     /// cuFuncLoad (for lazily loaded modules).
     fn function_load(&self, func: Function) -> CuResult<()>;
     /// cuFuncGetParamInfo: (offset, size) of parameter `index`; CUDA_ERROR_INVALID_VALUE
@@ -550,6 +571,10 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemsetD16Async",
     "cuMemsetD32Async",
     "cuMemsetD8Async",
+    "cuLinkAddData_v2",
+    "cuLinkComplete",
+    "cuLinkCreate_v2",
+    "cuLinkDestroy",
     "cuModuleEnumerateFunctions",
     "cuModuleGetFunction",
     "cuModuleGetFunctionCount",
@@ -929,6 +954,101 @@ impl DriverApi for CudaDriver {
                 Ok(unsafe { CStr::from_ptr(name) }.to_owned())
             })
             .collect()
+    }
+
+    fn link(
+        &self,
+        options: &[(u32, u64)],
+        inputs: &[(u32, &CStr, &[u8])],
+    ) -> Result<LinkOutput, (CuError, Vec<u8>)> {
+        const LOG: usize = 64 << 10;
+        let mut info = vec![0u8; LOG];
+        let mut error = vec![0u8; LOG];
+        let mut ids: Vec<sys::CUjit_option> = Vec::with_capacity(options.len() + 4);
+        let mut values: Vec<*mut std::ffi::c_void> = Vec::with_capacity(options.len() + 4);
+        for &(id, value) in options {
+            // SAFETY: `id` is one of the value options the caller checked (a plain enum value).
+            ids.push(unsafe { std::mem::transmute::<u32, sys::CUjit_option>(id) });
+            let value = usize::try_from(value).map_err(|_| (CuError::INVALID_VALUE, Vec::new()))?;
+            values.push(value as *mut std::ffi::c_void);
+        }
+        for (id, value) in [
+            (
+                sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER,
+                info.as_mut_ptr().cast(),
+            ),
+            (
+                sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                LOG as *mut _,
+            ),
+            (
+                sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+                error.as_mut_ptr().cast(),
+            ),
+            (
+                sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                LOG as *mut _,
+            ),
+        ] {
+            ids.push(id);
+            values.push(value);
+        }
+        let text = |b: &[u8]| {
+            b.iter()
+                .take_while(|&&c| c != 0)
+                .copied()
+                .collect::<Vec<u8>>()
+        };
+        let mut state: sys::CUlinkState = null_mut();
+        // SAFETY: see the impl comment; the arrays hold `ids.len()` entries and the log buffers
+        // outlive the link state, which is destroyed below on every path.
+        let created = check(unsafe {
+            sys::cuLinkCreate_v2(
+                std::ffi::c_uint::try_from(ids.len()).unwrap_or(0),
+                ids.as_mut_ptr(),
+                values.as_mut_ptr(),
+                &raw mut state,
+            )
+        });
+        if let Err(e) = created {
+            return Err((e, text(&error)));
+        }
+        let linked = (|| {
+            for &(kind, name, data) in inputs {
+                // SAFETY: see the impl comment; `kind` is a checked CUjitInputType, `data` is
+                // readable for its length and `name` NUL-terminated.
+                check(unsafe {
+                    sys::cuLinkAddData_v2(
+                        state,
+                        std::mem::transmute::<u32, sys::CUjitInputType>(kind),
+                        data.as_ptr().cast_mut().cast(),
+                        data.len(),
+                        name.as_ptr(),
+                        0,
+                        null_mut(),
+                        null_mut(),
+                    )
+                })?;
+            }
+            let (mut cubin, mut size): (*mut std::ffi::c_void, usize) = (null_mut(), 0);
+            // SAFETY: see the impl comment; the image lives until cuLinkDestroy.
+            check(unsafe { sys::cuLinkComplete(state, &raw mut cubin, &raw mut size) })?;
+            if cubin.is_null() {
+                return Err(CuError::UNKNOWN);
+            }
+            // SAFETY: the driver's image of `size` bytes, alive until cuLinkDestroy.
+            Ok(unsafe { std::slice::from_raw_parts(cubin.cast::<u8>(), size) }.to_vec())
+        })();
+        // SAFETY: the state made above, destroyed once.
+        let _ = unsafe { sys::cuLinkDestroy(state) };
+        match linked {
+            Ok(image) => Ok(LinkOutput {
+                image,
+                info_log: text(&info),
+                error_log: text(&error),
+            }),
+            Err(e) => Err((e, text(&error))),
+        }
     }
 
     fn module_global(&self, module: Module, name: &CStr) -> CuResult<(u64, u64)> {
@@ -1710,6 +1830,13 @@ impl DriverApi for NoDriver {
     }
     fn module_function_names(&self, _: Module) -> CuResult<Vec<std::ffi::CString>> {
         Err(CuError::NO_DEVICE)
+    }
+    fn link(
+        &self,
+        _: &[(u32, u64)],
+        _: &[(u32, &CStr, &[u8])],
+    ) -> Result<LinkOutput, (CuError, Vec<u8>)> {
+        Err((CuError::NO_DEVICE, Vec::new()))
     }
     fn module_load(&self, _: &[u8]) -> CuResult<Module> {
         Err(CuError::NO_DEVICE)

@@ -1,0 +1,435 @@
+//! The seccomp filters, built with `seccompiler`.
+//!
+//! **Worker**: an allow-list; any other system call kills the worker process
+//! (`SECCOMP_RET_KILL_PROCESS`: all its threads, the driver's included). The list is what the
+//! worker and the NVIDIA driver call (`syscalls-measured.txt` says what was measured and how,
+//! and what is not measured yet). Further filters make some allowed calls fail instead of
+//! running: `clone3` (`ENOSYS`, so glibc falls back to `clone`, whose flags a filter can see),
+//! `clone` of a new process rather than a thread, `kill`/`tgkill` of any process but the
+//! worker itself (`EPERM`), `socket` of any family but `AF_UNIX` (`EAFNOSUPPORT`), and the
+//! ioctls that push input into a terminal (`TIOCSTI`, `TIOCLINUX`: stderr may be the
+//! operator's tty). The kernel applies the strictest answer of all filters.
+//!
+//! In [`SeccompMode::Log`] (for measuring only) a call outside the list is logged by the kernel
+//! (`SECCOMP_RET_LOG`, in the audit log or dmesg) and allowed.
+//!
+//! **Daemon**: once it has started it has no reason to open a file, execute a program, mount,
+//! trace or load anything; those calls fail with `EPERM`. It is a deny-list (everything else is
+//! allowed): the daemon's own calls were not measured on every path, and a daemon killed for an
+//! unforeseen call would take every VM's sessions with it. Workers are started by the
+//! unfiltered spawner thread (`spawn.rs`).
+
+use std::{collections::BTreeMap, fmt, str::FromStr};
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+use super::SandboxError;
+
+/// What the worker's filter does with a call outside its list (`--worker-seccomp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SeccompMode {
+    /// Kill the worker.
+    #[default]
+    Enforce,
+    /// Let the kernel log it and allow it: only for measuring which calls a driver makes.
+    Log,
+}
+
+impl SeccompMode {
+    /// The command-line spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::Log => "log",
+        }
+    }
+}
+
+impl fmt::Display for SeccompMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SeccompMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "enforce" => Ok(Self::Enforce),
+            "log" => Ok(Self::Log),
+            _ => Err(format!("{s:?}: enforce or log")),
+        }
+    }
+}
+
+macro_rules! syscalls {
+    ($($name:ident),* $(,)?) => {
+        &[$((stringify!($name), libc::$name)),*]
+    };
+}
+
+/// The worker's allow-list on every architecture (the names of `syscalls-measured.txt`).
+const WORKER_CALLS: &[(&str, libc::c_long)] = syscalls![
+    // Files: the driver's libraries, device nodes, /proc and /sys.
+    SYS_read,
+    SYS_write,
+    SYS_readv,
+    SYS_writev,
+    SYS_pread64,
+    SYS_pwrite64,
+    SYS_lseek,
+    SYS_close,
+    SYS_close_range,
+    SYS_openat,
+    SYS_newfstatat,
+    SYS_fstat,
+    SYS_statx,
+    SYS_readlinkat,
+    SYS_faccessat,
+    SYS_faccessat2,
+    SYS_getdents64,
+    SYS_getcwd,
+    SYS_fstatfs,
+    SYS_statfs,
+    SYS_fcntl,
+    SYS_dup,
+    SYS_dup3,
+    SYS_pipe2,
+    SYS_eventfd2,
+    SYS_memfd_create,
+    SYS_ftruncate,
+    SYS_fallocate,
+    // Memory: guest RAM, the host-mapping window, the driver's pinned and UVM memory.
+    SYS_mmap,
+    SYS_munmap,
+    SYS_mprotect,
+    SYS_mremap,
+    SYS_madvise,
+    SYS_brk,
+    SYS_msync,
+    SYS_mincore,
+    SYS_mlock,
+    SYS_munlock,
+    SYS_mlock2,
+    SYS_membarrier,
+    SYS_get_mempolicy,
+    SYS_set_mempolicy,
+    SYS_mbind,
+    // Signals, threads, time.
+    SYS_rt_sigaction,
+    SYS_rt_sigprocmask,
+    SYS_rt_sigreturn,
+    SYS_sigaltstack,
+    SYS_rt_sigtimedwait,
+    SYS_futex,
+    SYS_set_robust_list,
+    SYS_get_robust_list,
+    SYS_rseq,
+    SYS_set_tid_address,
+    SYS_clone,
+    SYS_clone3,
+    SYS_exit,
+    SYS_exit_group,
+    SYS_gettid,
+    SYS_getpid,
+    SYS_getppid,
+    SYS_getuid,
+    SYS_geteuid,
+    SYS_getgid,
+    SYS_getegid,
+    SYS_getresuid,
+    SYS_getresgid,
+    SYS_sched_getaffinity,
+    SYS_sched_setaffinity,
+    SYS_sched_yield,
+    SYS_sched_getparam,
+    SYS_sched_getscheduler,
+    SYS_sched_get_priority_max,
+    SYS_sched_get_priority_min,
+    SYS_getpriority,
+    SYS_setpriority,
+    SYS_nanosleep,
+    SYS_clock_nanosleep,
+    SYS_clock_gettime,
+    SYS_clock_getres,
+    SYS_gettimeofday,
+    SYS_kill,
+    SYS_tgkill,
+    SYS_restart_syscall,
+    // The system.
+    SYS_getrandom,
+    SYS_uname,
+    SYS_sysinfo,
+    SYS_prlimit64,
+    SYS_getrusage,
+    SYS_prctl,
+    SYS_ioctl,
+    // Waiting, and the Unix sockets of the channel and the host-function link.
+    SYS_ppoll,
+    SYS_pselect6,
+    SYS_epoll_create1,
+    SYS_epoll_ctl,
+    SYS_epoll_pwait,
+    SYS_socket,
+    SYS_socketpair,
+    SYS_connect,
+    SYS_sendmsg,
+    SYS_recvmsg,
+    SYS_sendto,
+    SYS_recvfrom,
+    SYS_shutdown,
+    SYS_getsockopt,
+    SYS_setsockopt,
+    SYS_getsockname,
+    SYS_getpeername,
+];
+
+/// The older calls x86-64's glibc and driver still use.
+#[cfg(target_arch = "x86_64")]
+const WORKER_CALLS_ARCH: &[(&str, libc::c_long)] = syscalls![
+    SYS_open,
+    SYS_stat,
+    SYS_lstat,
+    SYS_access,
+    SYS_readlink,
+    SYS_pipe,
+    SYS_dup2,
+    SYS_poll,
+    SYS_select,
+    SYS_epoll_wait,
+    SYS_getrlimit,
+    SYS_arch_prctl,
+    SYS_time,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const WORKER_CALLS_ARCH: &[(&str, libc::c_long)] = &[];
+
+/// What the daemon never does once started.
+const DAEMON_REFUSED: &[(&str, libc::c_long)] = syscalls![
+    SYS_openat,
+    SYS_openat2,
+    SYS_open_by_handle_at,
+    SYS_name_to_handle_at,
+    SYS_execve,
+    SYS_execveat,
+    SYS_mount,
+    SYS_umount2,
+    SYS_pivot_root,
+    SYS_chroot,
+    SYS_move_mount,
+    SYS_open_tree,
+    SYS_fsopen,
+    SYS_fsmount,
+    SYS_unshare,
+    SYS_setns,
+    SYS_ptrace,
+    SYS_process_vm_readv,
+    SYS_process_vm_writev,
+    SYS_kexec_load,
+    SYS_kexec_file_load,
+    SYS_init_module,
+    SYS_finit_module,
+    SYS_delete_module,
+    SYS_bpf,
+    SYS_perf_event_open,
+    SYS_keyctl,
+    SYS_add_key,
+    SYS_request_key,
+    SYS_mknodat,
+    SYS_symlinkat,
+    SYS_linkat,
+    SYS_renameat,
+    SYS_renameat2,
+    SYS_truncate,
+    SYS_fchmodat,
+    SYS_fchownat,
+    SYS_reboot,
+    SYS_swapon,
+    SYS_swapoff,
+    SYS_acct,
+    SYS_setuid,
+    SYS_setgid,
+    SYS_setreuid,
+    SYS_setregid,
+    SYS_setresuid,
+    SYS_setresgid,
+    SYS_setgroups,
+    SYS_capset,
+];
+#[cfg(target_arch = "x86_64")]
+const DAEMON_REFUSED_ARCH: &[(&str, libc::c_long)] = syscalls![
+    SYS_open,
+    SYS_creat,
+    SYS_mknod,
+    SYS_symlink,
+    SYS_link,
+    SYS_rename,
+    SYS_chmod,
+    SYS_chown,
+    SYS_lchown,
+    SYS_uselib,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const DAEMON_REFUSED_ARCH: &[(&str, libc::c_long)] = &[];
+
+/// `TIOCLINUX` (not in every libc crate's list for every architecture).
+const TIOCLINUX: u64 = 0x541C;
+
+fn arch() -> Result<TargetArch, SandboxError> {
+    std::env::consts::ARCH
+        .try_into()
+        .map_err(|e| SandboxError::Seccomp(format!("architecture: {e:?}")))
+}
+
+fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SandboxError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
+        .map_err(|e| SandboxError::Seccomp(e.to_string()))
+}
+
+fn dword(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SandboxError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
+        .map_err(|e| SandboxError::Seccomp(e.to_string()))
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, SandboxError> {
+    SeccompRule::new(conditions).map_err(|e| SandboxError::Seccomp(e.to_string()))
+}
+
+fn compile(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
+) -> Result<BpfProgram, SandboxError> {
+    SeccompFilter::new(rules, mismatch, matched, arch()?)
+        .and_then(BpfProgram::try_from)
+        .map_err(|e| SandboxError::Seccomp(e.to_string()))
+}
+
+/// Every system call name the worker's list allows (for the measurement's comparison).
+pub fn worker_allowed_names() -> impl Iterator<Item = &'static str> {
+    WORKER_CALLS
+        .iter()
+        .chain(WORKER_CALLS_ARCH)
+        .map(|(n, _)| n.trim_start_matches("SYS_"))
+}
+
+/// The worker's filters, for a process whose pid (in its own namespace) is `pid`: the
+/// allow-list, then one filter per refusal (a filter has one action for all its matches).
+pub fn worker_filters(mode: SeccompMode, pid: u32) -> Result<Vec<BpfProgram>, SandboxError> {
+    let pid = u64::from(pid);
+    let allow: BTreeMap<i64, Vec<SeccompRule>> = WORKER_CALLS
+        .iter()
+        .chain(WORKER_CALLS_ARCH)
+        .map(|&(_, nr)| (nr, Vec::new()))
+        .collect();
+    let mismatch = match mode {
+        SeccompMode::Enforce => SeccompAction::KillProcess,
+        SeccompMode::Log => SeccompAction::Log,
+    };
+    let allow = compile(allow, mismatch, SeccompAction::Allow)?;
+
+    let af_unix = u64::try_from(libc::AF_UNIX).unwrap_or(0);
+    let clone_thread = u64::try_from(libc::CLONE_THREAD).unwrap_or(0);
+    let refusals = [
+        // No rule: every call matches.
+        (libc::SYS_clone3, vec![], libc::ENOSYS),
+        // A new process (the driver runs nvidia-modprobe when a device node is missing): it
+        // fails, threads start.
+        (
+            libc::SYS_clone,
+            vec![rule(vec![cond(
+                0,
+                SeccompCmpOp::MaskedEq(clone_thread),
+                0,
+            )?])?],
+            libc::EPERM,
+        ),
+        // Signals only to itself (pid 1 in its PID namespace; its own pid otherwise).
+        (
+            libc::SYS_kill,
+            vec![rule(vec![dword(0, SeccompCmpOp::Ne, pid)?])?],
+            libc::EPERM,
+        ),
+        (
+            libc::SYS_tgkill,
+            vec![rule(vec![dword(0, SeccompCmpOp::Ne, pid)?])?],
+            libc::EPERM,
+        ),
+        (
+            libc::SYS_socket,
+            vec![rule(vec![dword(0, SeccompCmpOp::Ne, af_unix)?])?],
+            libc::EAFNOSUPPORT,
+        ),
+        (
+            libc::SYS_ioctl,
+            vec![
+                rule(vec![dword(1, SeccompCmpOp::Eq, libc::TIOCSTI)?])?,
+                rule(vec![dword(1, SeccompCmpOp::Eq, TIOCLINUX)?])?,
+            ],
+            libc::EPERM,
+        ),
+    ];
+    let mut programs = vec![allow];
+    for (nr, rules, errno) in refusals {
+        let errno = u32::try_from(errno).unwrap_or(1);
+        programs.push(compile(
+            BTreeMap::from([(nr, rules)]),
+            SeccompAction::Allow,
+            SeccompAction::Errno(errno),
+        )?);
+    }
+    Ok(programs)
+}
+
+/// The daemon's filter (see the module's documentation).
+pub fn daemon_filter() -> Result<BpfProgram, SandboxError> {
+    let rules = DAEMON_REFUSED
+        .iter()
+        .chain(DAEMON_REFUSED_ARCH)
+        .map(|&(_, nr)| (nr, Vec::new()))
+        .collect();
+    let eperm = u32::try_from(libc::EPERM).unwrap_or(1);
+    compile(rules, SeccompAction::Allow, SeccompAction::Errno(eperm))
+}
+
+/// Installs the worker's filters on every thread of the process: the refusals first, the
+/// allow-list last (it does not allow `seccomp` itself, so nothing can be installed after it).
+pub fn install_worker_filters(mode: SeccompMode) -> Result<(), SandboxError> {
+    for prog in worker_filters(mode, std::process::id())?.iter().rev() {
+        seccompiler::apply_filter_all_threads(prog)
+            .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The list in the code and the record of what was measured name the same calls.
+    #[test]
+    fn the_allow_list_is_the_recorded_one() {
+        let record = include_str!("syscalls-measured.txt");
+        let mut recorded: Vec<&str> = record
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with('['))
+            .collect();
+        recorded.sort_unstable();
+        let mut allowed: Vec<&str> = worker_allowed_names().collect();
+        allowed.sort_unstable();
+        assert_eq!(recorded, allowed);
+    }
+
+    #[test]
+    fn the_filters_compile_in_both_modes() {
+        for mode in [SeccompMode::Enforce, SeccompMode::Log] {
+            assert_eq!(worker_filters(mode, 1).unwrap().len(), 7);
+        }
+        assert!(!daemon_filter().unwrap().is_empty());
+    }
+}

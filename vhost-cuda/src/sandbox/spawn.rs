@@ -1,0 +1,406 @@
+//! Starting a worker process: fork and exec through `clone(2)`, so that the child can be born in
+//! namespaces of its own (a PID namespace can only be entered by a new process, never by
+//! `unshare` of the caller), and a process handle to wait for it and kill it.
+//!
+//! `std::process::Command` cannot pass clone flags, so this file does what it does for the
+//! worker: build every C string before the clone, make only async-signal-safe system calls in
+//! the child (the daemon is multi-threaded: another thread may hold the allocator's lock), report
+//! a failed exec through a close-on-exec pipe, and reap the child on every path.
+//!
+//! The clone happens on one long-lived *spawner thread*, started before the daemon installs its
+//! own seccomp filter (`daemon_filter.rs`): filters are per thread and inherited across fork and
+//! exec, so a worker forked by a filtered thread could never open the driver's files. The
+//! spawner thread holds no guest data; it only runs [`SpawnSpec`]s that the session threads
+//! send it. `PR_SET_PDEATHSIG` names the thread that forked the child: the spawner thread lives
+//! as long as the daemon, so a worker dies with the daemon, however it ends.
+
+use std::{
+    ffi::{CString, OsString},
+    io,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        unix::{ffi::OsStrExt, process::ExitStatusExt},
+    },
+    process::ExitStatus,
+    sync::{mpsc, Mutex, OnceLock},
+    thread,
+};
+
+/// `CLOSE_RANGE_CLOEXEC` (Linux 5.11).
+const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+
+/// The user and group maps of a new user namespace: the daemon's own ids appear as root
+/// inside, the only mapping an unprivileged process may write for itself.
+#[derive(Debug, Clone)]
+pub struct IdMaps {
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+}
+
+impl IdMaps {
+    /// Maps the calling process's effective uid and gid to 0 inside.
+    pub fn own_ids_as_root() -> Self {
+        // SAFETY: geteuid and getegid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        Self {
+            uid_map: format!("0 {uid} 1\n").into_bytes(),
+            gid_map: format!("0 {gid} 1\n").into_bytes(),
+        }
+    }
+}
+
+/// Everything the child needs, prepared before the clone (the child must not allocate).
+#[derive(Debug)]
+pub struct SpawnSpec {
+    program: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    /// Descriptors to place at 3, 4, ... in the child, in order; every other descriptor above
+    /// them is closed on exec. Each must be numbered above the last target (no dup2 clobbers
+    /// another).
+    fds: Vec<RawFd>,
+    /// `CLONE_NEW*` flags.
+    namespaces: libc::c_int,
+    /// Written by the child itself when `namespaces` has `CLONE_NEWUSER`.
+    id_maps: Option<IdMaps>,
+}
+
+impl SpawnSpec {
+    /// `program` with `argv` (argv\[0\] included) and this process's environment plus `env`.
+    pub fn new(
+        program: &std::path::Path,
+        argv: &[OsString],
+        env: &[(&str, &str)],
+    ) -> io::Result<Self> {
+        let cstr = |b: &[u8]| CString::new(b).map_err(io::Error::other);
+        let mut envp = Vec::new();
+        for (k, v) in std::env::vars_os() {
+            if env.iter().any(|(name, _)| k.as_bytes() == name.as_bytes()) {
+                continue;
+            }
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            envp.push(cstr(&kv)?);
+        }
+        for (k, v) in env {
+            envp.push(cstr(format!("{k}={v}").as_bytes())?);
+        }
+        Ok(Self {
+            program: cstr(program.as_os_str().as_bytes())?,
+            argv: argv
+                .iter()
+                .map(|a| cstr(a.as_bytes()))
+                .collect::<io::Result<_>>()?,
+            envp,
+            fds: Vec::new(),
+            namespaces: 0,
+            id_maps: None,
+        })
+    }
+
+    /// Puts `fds` at 3, 4, ... in the child.
+    pub fn with_fds(mut self, fds: Vec<RawFd>) -> Self {
+        self.fds = fds;
+        self
+    }
+
+    /// Starts the child in new namespaces (`CLONE_NEW*` flags), writing `id_maps` when one of
+    /// them is a user namespace.
+    pub fn with_namespaces(mut self, flags: libc::c_int, id_maps: Option<IdMaps>) -> Self {
+        self.namespaces = flags;
+        self.id_maps = id_maps;
+        self
+    }
+}
+
+/// A started child process, reaped exactly once.
+#[derive(Debug)]
+pub struct ChildProcess {
+    pid: libc::pid_t,
+    status: Option<ExitStatus>,
+}
+
+impl ChildProcess {
+    /// Its process id (in the daemon's PID namespace).
+    pub fn id(&self) -> u32 {
+        self.pid.unsigned_abs()
+    }
+
+    fn waitpid(&mut self, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
+        if let Some(s) = self.status {
+            return Ok(Some(s));
+        }
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid for our own child, writing one int we own.
+            let rc = unsafe { libc::waitpid(self.pid, &raw mut status, flags) };
+            if rc == self.pid {
+                let s = ExitStatus::from_raw(status);
+                self.status = Some(s);
+                return Ok(Some(s));
+            }
+            if rc == 0 {
+                return Ok(None);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Its exit status if it has ended (then it is reaped), `None` while it runs.
+    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
+        self.waitpid(libc::WNOHANG)
+    }
+
+    /// Waits for it to end and reaps it.
+    pub fn wait(&mut self) -> io::Result<ExitStatus> {
+        self.waitpid(0)?
+            .ok_or_else(|| io::Error::other("waitpid returned without a status"))
+    }
+
+    /// SIGKILL, unless it was reaped already (its pid may then belong to another process).
+    pub fn kill(&mut self) -> io::Result<()> {
+        if self.status.is_some() {
+            return Ok(());
+        }
+        // SAFETY: kill(2) of our own unreaped child: the pid cannot have been reused.
+        if unsafe { libc::kill(self.pid, libc::SIGKILL) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+type Job = (SpawnSpec, mpsc::Sender<io::Result<ChildProcess>>);
+
+static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+
+/// Starts the spawner thread if it is not running yet. The daemon calls it before it installs
+/// its own seccomp filter; elsewhere (tests) the first [`spawn`] does.
+pub fn start_spawner() -> io::Result<()> {
+    if SPAWNER.get().is_some() {
+        return Ok(());
+    }
+    let (tx, rx) = mpsc::channel::<Job>();
+    thread::Builder::new()
+        .name("qcuda-spawner".into())
+        .spawn(move || {
+            for (spec, reply) in rx {
+                let _ = reply.send(spawn_here(&spec));
+            }
+        })?;
+    // A racing caller's thread and channel are dropped; its thread then ends.
+    let _ = SPAWNER.set(Mutex::new(tx));
+    Ok(())
+}
+
+/// Starts `spec` on the spawner thread.
+pub fn spawn(spec: SpawnSpec) -> io::Result<ChildProcess> {
+    start_spawner()?;
+    let (reply, answer) = mpsc::channel();
+    let sender = SPAWNER
+        .get()
+        .ok_or_else(|| io::Error::other("no spawner thread"))?
+        .lock()
+        .map_err(|_| io::Error::other("spawner lock poisoned"))?
+        .clone();
+    sender
+        .send((spec, reply))
+        .map_err(|_| io::Error::other("the spawner thread has ended"))?;
+    answer
+        .recv()
+        .map_err(|_| io::Error::other("the spawner thread has ended"))?
+}
+
+fn null_terminated(v: &[CString]) -> Vec<*const libc::c_char> {
+    v.iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// Clones and execs `spec` from the calling thread.
+fn spawn_here(spec: &SpawnSpec) -> io::Result<ChildProcess> {
+    let argv = null_terminated(&spec.argv);
+    let envp = null_terminated(&spec.envp);
+    // Numbered above every target of the child's dup2s, so that none of them is clobbered.
+    let floor = 3 + RawFd::try_from(spec.fds.len()).map_err(io::Error::other)?;
+    let null = above(
+        std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open("/dev/null")?
+            .into(),
+        floor,
+    )?;
+    let mut pipe = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors into the array it is given.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded: both are fresh descriptors nothing else owns.
+    let (read_end, write_end) =
+        unsafe { (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1])) };
+    let write_end = above(write_end, floor)?;
+    let flags = libc::c_ulong::from(spec.namespaces.unsigned_abs())
+        | libc::c_ulong::from(libc::SIGCHLD.unsigned_abs());
+    // SAFETY: clone without CLONE_VM and without a new stack behaves like fork: the child gets
+    // a copy of this address space and continues here. It then runs `child_after_clone`,
+    // which makes only async-signal-safe system calls on memory prepared above and never
+    // returns.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    if pid == 0 {
+        child_after_clone(spec, &argv, &envp, null.as_raw_fd(), write_end.as_raw_fd());
+    }
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    drop(write_end);
+    let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
+    let mut child = ChildProcess { pid, status: None };
+    // The write end closes on exec: no bytes mean the exec worked, four are its errno.
+    let mut errno = [0u8; 4];
+    let mut got = 0;
+    while got < errno.len() {
+        // SAFETY: read into the unfilled part of a buffer we own.
+        let n = unsafe {
+            libc::read(
+                read_end.as_raw_fd(),
+                errno[got..].as_mut_ptr().cast(),
+                errno.len() - got,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => got += n.unsigned_abs(),
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => break,
+        }
+    }
+    if got == 0 {
+        return Ok(child);
+    }
+    let _ = child.wait();
+    Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno)))
+}
+
+/// `fd`, renumbered close-on-exec at `floor` or above.
+fn above(fd: OwnedFd, floor: RawFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() >= floor {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on an open descriptor returns a new one (or -1).
+    let copy = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, floor) };
+    if copy < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `copy` is a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(copy) })
+}
+
+/// Writes all of `bytes` to `path`, in the child: only open, write and close.
+fn write_file(path: &std::ffi::CStr, bytes: &[u8]) -> bool {
+    // SAFETY: open of a NUL-terminated path.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: write of a buffer we own, to the descriptor just opened.
+    let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    // SAFETY: close of the descriptor just opened.
+    unsafe { libc::close(fd) };
+    n >= 0 && n.unsigned_abs() == bytes.len()
+}
+
+/// The child between clone and exec. Only async-signal-safe calls, no allocation; never
+/// returns. On any failure the errno goes to `report` and the child exits 127.
+fn child_after_clone(
+    spec: &SpawnSpec,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    null: RawFd,
+    report: RawFd,
+) -> ! {
+    let fail = || -> ! {
+        let errno = io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
+        let bytes = errno.to_ne_bytes();
+        // SAFETY: write of four bytes we own to the report pipe, then _exit: both
+        // async-signal-safe.
+        unsafe {
+            libc::write(report, bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(127)
+        }
+    };
+    // SAFETY: sigset operations on a local set, and sigprocmask/signal on this process: the
+    // daemon blocks SIGINT/SIGTERM for its sigwait thread and ignores SIGPIPE; the worker
+    // starts with the defaults, as exec from std::process::Command gives it.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&raw mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &raw const none, std::ptr::null_mut());
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of this process. The spawner thread
+    // that cloned us waits on the report pipe, so it cannot have ended yet.
+    if unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
+        fail();
+    }
+    if let Some(maps) = &spec.id_maps {
+        // A process may map its own ids in the user namespace it was born in (setgroups
+        // must be denied first for an unprivileged gid map).
+        if !write_file(c"/proc/self/setgroups", b"deny")
+            || !write_file(c"/proc/self/uid_map", &maps.uid_map)
+            || !write_file(c"/proc/self/gid_map", &maps.gid_map)
+        {
+            fail();
+        }
+    }
+    // SAFETY: dup2 of open descriptors onto stdin and stdout (not close-on-exec).
+    if unsafe { libc::dup2(null, 0) } < 0 || unsafe { libc::dup2(null, 1) } < 0 {
+        fail();
+    }
+    let mut target: RawFd = 3;
+    for &fd in &spec.fds {
+        let rc = if fd == target {
+            // SAFETY: fcntl on an open descriptor; clears close-on-exec.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, 0) }
+        } else {
+            // SAFETY: dup2 of an open descriptor; the copy is not close-on-exec. Every source
+            // is numbered above every target (SpawnSpec::with_fds), so nothing is clobbered.
+            unsafe { libc::dup2(fd, target) }
+        };
+        if rc < 0 {
+            fail();
+        }
+        target += 1;
+    }
+    // Best effort: kernels before 5.11 lack the flag, and then only descriptors opened
+    // close-on-exec stay out of the worker.
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only changes descriptor flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            target.unsigned_abs(),
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    // SAFETY: execve with NUL-terminated strings and NULL-terminated arrays built before the
+    // clone; it returns only on failure.
+    unsafe { libc::execve(spec.program.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    fail()
+}
