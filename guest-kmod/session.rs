@@ -94,6 +94,16 @@ impl DeviceNode {
     }
 }
 
+/// The calling process (thread group) id as the caller's pid namespace numbers it (what the
+/// process and `ps` beside it see), stamped on its requests for the host's accounting
+/// (`RequestHeader::pid`); 0 for a negative id, which a thread group never has.
+///
+/// Through the kernel's `task_tgid_nr_ns`: `Task::tgid()`, which reads the field of the
+/// bindings' `task_struct`, read garbage on our 7.3 guest kernel (-1 where the C helper said 48).
+fn caller_pid() -> u32 {
+    u32::try_from(kernel::current!().tgid_nr_ns(None)).unwrap_or(0)
+}
+
 /// Nanoseconds since `t`.
 fn ns_since(t: &Instant<Monotonic>) -> u64 {
     u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX)
@@ -230,6 +240,7 @@ impl Session {
         let bufs = call.bufs.get(..call.nbufs as usize).ok_or(EINVAL)?;
         let mut header: RequestHeader = call.header();
         header.session = self.id;
+        header.pid = caller_pid();
         let fire_and_forget = header.flags & FLAG_ASYNC != 0;
         if fire_and_forget && header.counts().1 > 0 {
             // Nobody would copy the outputs back.
@@ -309,6 +320,7 @@ impl Session {
         let result = table.and_then(|pieces| {
             let mut header = RequestHeader::new(Op::HostMap);
             header.session = self.id;
+            header.pid = caller_pid();
             header.device = call.device;
             header.args[0] = region.addr as u64;
             header.args[1] = region.len as u64;
@@ -376,6 +388,7 @@ impl Session {
         if region.host_mapped {
             let mut header = RequestHeader::new(Op::HostUnmap);
             header.session = self.id;
+            header.pid = caller_pid();
             header.device = call.device;
             header.args[0] = region.addr as u64;
             // Killable: the host waits for the session's queued work first, and a killed

@@ -8,6 +8,9 @@
 #   bench.sh                  runs the benchmark natively and inside the guest, prints the ratios
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
+#   two-vm-test.sh            two VMs on the GPU at once: per-VM views, the kill check beside a
+#                             busy VM (run-gpu-tests.sh runs it too)
+#   qcuda-accounting.sh       qcuda's per-VM accounting for those checks (sourced by them)
 #   run-torch-test.sh         the host's PyTorch natively and in the guest (tests/torch), compared
 #   bin/vhost-cuda            the host daemon
 #   bin/busybox               static busybox (cpio for run-vm.sh where the host has none)
@@ -43,6 +46,8 @@ install -m 755 scripts/sandbox-gpu-check.sh "$B/sandbox-gpu-check.sh"
 install -m 755 scripts/bench.sh "$B/bench.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
+install -m 755 scripts/two-vm-test.sh "$B/two-vm-test.sh"
+install -m 644 scripts/qcuda-accounting.sh "$B/qcuda-accounting.sh"
 install -m 755 scripts/run-torch-test.sh "$B/run-torch-test.sh"
 install -D -m 644 tests/torch/torch_check.py "$B/tests/torch/torch_check.py"
 install -m 755 target/release/vhost-cuda "$B/bin/"

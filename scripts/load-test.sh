@@ -8,14 +8,17 @@
 #       killed with SIGKILL a random 20..MAX ms after it started or, for 3 in 4, after its first
 #       completed operation (qcuda-smi killprog), spread
 #       over the VMs. Afterwards: no session in any daemon or guest, no worker process, no page
-#       held by qcuda.ko, and device memory (gpu_meminfo, i.e. cuMemGetInfo) at its baseline.
+#       held by qcuda.ko, and no device memory held by any VM by qcuda's own accounting (the
+#       daemons' stats); the device's own figure (gpu_meminfo, i.e. cuMemGetInfo) back at its
+#       baseline is a second opinion, compared only when nothing else used the GPU.
 #   load-test.sh load [--vms 4] [--procs 8] [--threads 8] [--seconds 300]
 #       VMS x PROCS guest processes of THREADS threads each run mixed_load for SECONDS; every
 #       result is checked. 20 s in, every VM also runs qcuda-smi hostile beside them. The
 #       daemons' memory, descriptors, sessions and workers are sampled every 10 s (samples.csv);
 #       the daemons' and the workers' private memory must not grow after the first 90 s, and
 #       once the programs have ended the daemons must be back at their descriptor count before
-#       the load, with no session, no worker, and the device memory at its baseline.
+#       the load, with no session, no worker, and no device memory held by any VM (the device's
+#       own figure at its baseline as a second opinion, where nothing else used the GPU).
 #
 # Common options: --log-dir DIR (default ./logs-load), --smp N (guest CPUs, default 2).
 # Runs from the repo (after scripts/test.sh built everything) or from an unpacked bundle.
@@ -55,6 +58,30 @@ mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 cudart=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -n1)
 meminfo() { LD_LIBRARY_PATH=$cudart "$MEMINFO"; }
+# shellcheck source=qcuda-accounting.sh
+. "$here/qcuda-accounting.sh"
+# What the VMs hold by qcuda's accounting (bytes, all VMs), and their workers.
+vms_memory() {
+    local i s=0
+    for ((i = 0; i < vms; i++)); do s=$((s + $(qa_vm "$logs/vm$i/sock" "$logs/vm$i/sock" qcuda_vm_gpu_memory_bytes || echo 0))); done
+    echo $s
+}
+vms_workers() {
+    local i s=0
+    for ((i = 0; i < vms; i++)); do s=$((s + $(qa_workers "$logs/vm$i/sock"))); done
+    echo $s
+}
+# The device's figure is compared only when nothing but these VMs used the GPU.
+device_check() { # what, before MiB, after MiB
+    local others
+    others=$(qa_gpu_others "${labels[@]}")
+    if ((others_before == 0 && others == 0)); then
+        (($3 - $2 <= 64)) && res ok "$1: second opinion (GPU otherwise idle): device memory back at its baseline ($2 -> $3 MiB)" ||
+            res FAIL "$1: device memory $3 MiB after, $2 MiB before"
+    else
+        echo "load-test: device totals not compared: the GPU is used by others ($others_before before, $others after)"
+    fi
+}
 passed=0 failed=0
 res() { # ok|FAIL text
     printf '%-5s %s\n' "$1" "$2"
@@ -123,6 +150,9 @@ vm_line() { # index, guest command, timeout
         >"$logs/vm$1/guest.log" 2>&1
 }
 
+labels=()
+for ((i = 0; i < vms; i++)); do labels+=("$logs/vm$i/sock"); done
+others_before=$(qa_gpu_others)
 base=$(meminfo) || { echo "load-test: gpu_meminfo failed"; exit 1; }
 echo "load-test: $mode on $(nvidia-smi -L | head -n 1); device memory in use before: $base MiB"
 start_daemons
@@ -154,7 +184,7 @@ echo KILLPROG-EXIT \$?; dmesg | grep -E 'WARNING|BUG|Oops' | sed 's/^/DMESG /'"
         working=$((working + ${k##* }))
     done
     after=$(meminfo)
-    left=$(workers)
+    left=$(vms_workers)
     open=0
     for ((i = 0; i < vms; i++)); do open=$((open + $(sessions "$logs/vm$i/daemon.log"))); done
     echo "load-test: $killed guest CUDA programs killed in $took s over $vms VMs ($working after they had done work);" \
@@ -164,8 +194,10 @@ echo KILLPROG-EXIT \$?; dmesg | grep -E 'WARNING|BUG|Oops' | sed 's/^/DMESG /'"
     ((killed == count)) && res ok "kills: $killed programs killed" || res FAIL "kills: $killed of $count programs killed"
     ((open == 0 && left == 0)) && res ok "kills: no session and no worker left on the host" ||
         res FAIL "kills: $open session(s), $left worker(s) left on the host"
-    ((after - base <= 64)) && res ok "kills: device memory back at its baseline ($base -> $after MiB)" ||
-        res FAIL "kills: device memory $after MiB after, $base MiB before"
+    held=$(vms_memory)
+    ((held == 0 && $(vms_workers) == 0)) && res ok "kills: no VM holds device memory (qcuda's accounting)" ||
+        res FAIL "kills: the VMs still hold $held bytes of device memory (qcuda's accounting)"
+    device_check kills "$base" "$after"
 else
     csv=$logs/samples.csv
     csv_header >"$csv"
@@ -265,11 +297,13 @@ dmesg | grep -E 'WARNING|BUG|Oops' | sed 's/^/DMESG /'; echo LOAD-END"
         echo "  vm$i daemon after the load: fds ${fds_before[$i]} before -> $f_after after, sessions ${c[$((3 + 3 * i))]:-?}"
         [[ $f_after == "${fds_before[$i]}" && ${c[$((3 + 3 * i))]:-1} == 0 ]] || clean=0
     done
-    left=$(workers)
+    left=$(vms_workers)
     ((clean && left == 0)) && res ok "load: afterwards every daemon is at its descriptor count before the load, no session, no worker" ||
         res FAIL "load: afterwards descriptors or sessions differ, or $left worker(s) left"
-    ((after - base <= 64)) && res ok "load: device memory back at its baseline ($base -> $after MiB)" ||
-        res FAIL "load: device memory $after MiB after, $base MiB before"
+    held=$(vms_memory)
+    ((held == 0 && $(vms_workers) == 0)) && res ok "load: no VM holds device memory afterwards (qcuda's accounting)" ||
+        res FAIL "load: the VMs still hold $held bytes of device memory (qcuda's accounting)"
+    device_check load "$base" "$after"
     echo "load-test: samples in $csv"
 fi
 echo "$passed passed, $failed failed"

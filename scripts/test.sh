@@ -10,7 +10,8 @@
 #    transport self-test, the concurrency and kill tests, every CUDA test program and the
 #    benchmark (qcuda_bench --quick at 4 KiB) against our libcudart.so.13 (on a host without a
 #    GPU they must report "no device" cleanly); host directories shared over virtiofs (read-only,
-#    writable, and a chroot into the host's root)
+#    writable, and a chroot into the host's root); two VMs on one daemon, each qcuda-smi listing
+#    only its own processes and the host's stats the same per VM
 # 4. the daemon's bad-input handling, a daemon restart under a running guest, 1000 guest CUDA
 #    programs killed at random points (GPU only), and the relocatable bundle booting from a
 #    fresh folder
@@ -225,6 +226,57 @@ qemu_dies() {
     return $rc
 }
 step "daemon: a QEMU killed mid-handshake is logged, the next VM is served" qemu_dies
+per_vm_views() {
+    # Two VMs on one daemon (--socket-count 2), without a GPU: each VM's qcuda-smi lists only its
+    # own processes (here qcuda-smi latency loops, which hold sessions), with the pids qcuda.ko
+    # stamped; the host's view (vhost-cuda --stats, the daemon's stats socket) has the same
+    # sessions and pids per VM; every session's open and close is one log line.
+    local d rc=0 v s
+    d=$(mktemp -d)
+    DAEMON=target/release/vhost-cuda
+    # shellcheck source=qcuda-accounting.sh
+    . scripts/qcuda-accounting.sh
+    RUST_LOG=info $DAEMON --socket-path "$d/vm.sock" --socket-count 2 >"$d/daemon.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 50); do [ -S "$d/vm.sock.1" ] && [ -S "$d/vm.sock.stats" ] && break; sleep 0.1; done
+    local vms=()
+    for v in A B; do
+        local n=1
+        [ $v = B ] && n=2
+        scripts/run-vm.sh --socket "$d/vm.sock.$([ $v = A ] && echo 0 || echo 1)" --timeout 300 -- \
+            "insmod /lib/modules/qcuda.ko || exit 1; ps=; i=0; while [ \$i -lt $n ]; do qcuda-smi latency --count 10000000 >/dev/null & ps=\"\$ps \$!\"; i=\$((i+1)); done; sleep 2; \
+echo \"$v-PIDS\$ps\"; qcuda-smi processes --csv | sed 's/^/$v-PROCS /'; qcuda-smi; echo $v-SNAP; sleep 8; kill \$ps; wait; \
+echo \"$v-AFTER \$(qcuda-smi processes --csv | grep -vc '^pid,')\"" >"$d/guest-$v.log" 2>&1 &
+        vms+=($!)
+    done
+    for v in A B; do
+        local label=$d/vm.sock.0 log=$d/guest-$v.log
+        [ $v = B ] && label=$d/vm.sock.1
+        for _ in $(seq 600); do tr -d '\r' <"$log" | grep -q "^$v-SNAP" && break; sleep 0.3; done
+        local host guest pids
+        host=$(qa_sessions "$d/vm.sock" "$label" | awk '{ print $1, $2 }' | sort)
+        guest=$(tr -d '\r' <"$log" | sed -n "s/^$v-PROCS //p" | grep -v '^pid,' | awk -F, '{ print $2, $1 }' | sort)
+        pids=$(tr -d '\r' <"$log" | sed -n "s/^$v-PIDS //p" | tr ' ' '\n' | sort | tr '\n' ' ')
+        echo "VM $v: pids $pids; its qcuda-smi: $(echo $guest); the host: $(echo $host)"
+        [ -n "$guest" ] && [ "$guest" = "$host" ] || { echo "VM $v: the host's view differs from the guest's"; rc=1; }
+        [ "$(echo "$guest" | awk '{ print $2 }' | sort | tr '\n' ' ')" = "$pids" ] || { echo "VM $v: qcuda-smi lists other processes than its own"; rc=1; }
+        [ "$(echo "$guest" | wc -l)" = "$([ $v = A ] && echo 1 || echo 2)" ] || rc=1
+    done
+    wait "${vms[@]}"
+    for v in A B; do
+        s=$(tr -d '\r' <"$d/guest-$v.log" | sed -n "s/^$v-AFTER //p")
+        [ "$s" = 0 ] || { echo "VM $v: $s process(es) listed after their kill"; rc=1; }
+    done
+    $DAEMON --stats --socket-path "$d/vm.sock"
+    kill -TERM $pid
+    wait $pid 2>/dev/null
+    grep -E 'session [0-9]+ (opened|closed)' "$d/daemon.log" | grep -v 'guest pid [0-9]' && { echo "a session logged without its guest pid"; rc=1; }
+    [ "$(grep -cE 'session [0-9]+ opened' "$d/daemon.log")" = "$(grep -cE 'session [0-9]+ closed' "$d/daemon.log")" ] || rc=1
+    grep -E 'session [0-9]+ (opened|closed)' "$d/daemon.log" | tail -n 4
+    rm -rf "$d"
+    return $rc
+}
+step "per-VM views: each VM's qcuda-smi lists only its own processes, the host's vhost-cuda --stats the same" per_vm_views
 flood_stalled() {
     # A guest process floods fire-and-forget calls while the daemon is stopped for 1.5 s: the
     # ring fills with requests nobody waits for, and the caller must get slots again after.

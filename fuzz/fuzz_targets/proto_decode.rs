@@ -6,7 +6,8 @@
 use libfuzzer_sys::fuzz_target;
 use qcuda_proto::{
     ioctl::{HostMapCall, IoctlCall},
-    Direction, GpuInfo, HostRun, ParamInfo, RequestHeader, ResponseHeader, MAX_BUFFER_LEN,
+    Direction, GpuInfo, HostRun, ParamInfo, RequestHeader, ResponseHeader, SessionUsage,
+    MAX_BUFFER_LEN, USAGE_KNOWN_FLAGS,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -47,6 +48,10 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(r) = HostRun::decode(data) {
         assert_eq!(HostRun::decode(&r.encode()), Ok(r));
+    }
+    if let Ok(u) = SessionUsage::decode(data) {
+        assert_eq!(SessionUsage::decode(&u.encode()), Ok(u));
+        assert_eq!(u.flags & !USAGE_KNOWN_FLAGS, 0);
     }
     if let Ok(p) = ParamInfo::decode(data) {
         assert_eq!(ParamInfo::decode(&p.encode()), Ok(p));

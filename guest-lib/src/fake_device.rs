@@ -772,6 +772,8 @@ fn run(
         }
         Op::HostFuncWait | Op::Batch => unreachable!("answered in execute"),
         Op::HostLatency => rets[0] = 0,
+        // No records and nothing held: guest-lib never asks (qcuda-smi does).
+        Op::VmUsage => rets[0] = 0,
         Op::StreamSetAttribute | Op::CtxResetPersistingL2 => {}
         Op::StreamGetAttribute => {
             let rec = qcuda_proto::LaunchAttr {

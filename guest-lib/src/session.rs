@@ -374,7 +374,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DriverVersion
         | Op::DeviceReset
         | Op::HostFuncWait
-        | Op::HostLatency => false,
+        | Op::HostLatency
+        | Op::VmUsage => false,
         Op::DeviceSynchronize
         | Op::MemGetInfo
         | Op::DeviceGetLimit
@@ -494,6 +495,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::Echo
         | Op::HostInfo
         | Op::HostLatency
+        | Op::VmUsage
         | Op::StreamSetAttribute
         | Op::StreamGetAttribute
         | Op::CtxResetPersistingL2

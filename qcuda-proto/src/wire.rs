@@ -477,6 +477,14 @@ ops! {
     /// len / [`LATENCY_RECORD_SIZE`] [`LatencyRecord`]s; rets[0] = records written, rets[1] =
     /// records the host has. Answered by the daemon without the worker.
     HostLatency = 0x01D9, ins 0, outs 1;
+    /// What the caller's VM uses of the host now, for `qcuda-smi`: out-buffer 0 receives up to
+    /// len / [`SESSION_USAGE_SIZE`] [`SessionUsage`] records, one per open session of the VM
+    /// (the caller's included, flagged), by session id; bytes past them are left as they were. rets[0] = records written, rets[1] =
+    /// sessions open, rets[2] = bytes of device memory the VM's sessions hold, rets[3] = the
+    /// VM's device-memory limit (0: none), rets[4] = most sessions the VM may open, rets[5] =
+    /// kernels its sessions launched since the VM connected (ended sessions included),
+    /// rets[6] = sessions opened since then. Answered by the daemon without the worker.
+    VmUsage = 0x01DA, ins 0, outs 1;
     /// Pitched device memory (cudaMallocPitch, cudaMalloc3D): args[0] = width in bytes,
     /// args[1] = rows (height, or height × depth). cuMemAllocPitch with 16-byte elements.
     /// rets[0] = device pointer, rets[1] = pitch; the allocation is pitch × rows bytes.
@@ -673,6 +681,85 @@ impl LatencyRecord {
     }
 }
 
+/// Bytes of an encoded [`SessionUsage`].
+pub const SESSION_USAGE_SIZE: usize = 64;
+/// [`SessionUsage::flags`]: the record is the asking session's own.
+pub const USAGE_CALLER: u32 = 1 << 0;
+/// [`SessionUsage::flags`]: the session has a worker (a CUDA context) on the host now.
+pub const USAGE_GPU: u32 = 1 << 1;
+/// [`SessionUsage::flags`]: the session's worker died; its GPU ops fail until DeviceReset.
+pub const USAGE_FAILED: u32 = 1 << 2;
+/// Every [`SessionUsage::flags`] bit this version knows.
+pub const USAGE_KNOWN_FLAGS: u32 = USAGE_CALLER | USAGE_GPU | USAGE_FAILED;
+
+/// One session of a VM as the host accounts it (`Op::VmUsage`): session u64 @0, pid u32 @8,
+/// flags u32 @12, memory @16, peak memory @24, kernels @32, graph launches @40, age in ms @48
+/// (all u64), reserved u64 @56.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionUsage {
+    /// The session id (one open file of /dev/qcuda).
+    pub session: u64,
+    /// The guest process id the kernel module stamped on the session's first request (0: not
+    /// known, from a module that does not stamp it).
+    pub pid: u32,
+    /// `USAGE_*` bits.
+    pub flags: u32,
+    /// Bytes of device memory the session holds now.
+    pub memory: u64,
+    /// The most it held at once.
+    pub peak_memory: u64,
+    /// Kernels it launched (accepted by the driver).
+    pub kernels: u64,
+    /// Graphs it launched.
+    pub graph_launches: u64,
+    /// Milliseconds since the session's first request.
+    pub age_ms: u64,
+}
+
+impl SessionUsage {
+    /// The encoded record.
+    pub fn encode(&self) -> [u8; SESSION_USAGE_SIZE] {
+        let mut b = [0u8; SESSION_USAGE_SIZE];
+        put(&mut b, 0, &self.session.to_le_bytes());
+        put(&mut b, 8, &self.pid.to_le_bytes());
+        put(&mut b, 12, &self.flags.to_le_bytes());
+        for (i, v) in [
+            self.memory,
+            self.peak_memory,
+            self.kernels,
+            self.graph_launches,
+            self.age_ms,
+        ]
+        .iter()
+        .enumerate()
+        {
+            put(&mut b, 16 + 8 * i, &v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Decodes a record: unknown flags and a nonzero reserved word are refused.
+    pub fn decode(b: &[u8]) -> Result<Self, WireError> {
+        if b.len() < SESSION_USAGE_SIZE {
+            return Err(WireError::Short);
+        }
+        let flags = get_u32(b, 12);
+        if flags & !USAGE_KNOWN_FLAGS != 0 || get_u64(b, 56) != 0 {
+            return Err(WireError::Reserved);
+        }
+        Ok(Self {
+            session: get_u64(b, 0),
+            pid: get_u32(b, 8),
+            flags,
+            memory: get_u64(b, 16),
+            peak_memory: get_u64(b, 24),
+            kernels: get_u64(b, 32),
+            graph_launches: get_u64(b, 40),
+            age_ms: get_u64(b, 48),
+        })
+    }
+}
+
 /// Ops a [`Op::Batch`] may carry: stream-ordered work that returns nothing.
 pub const BATCHABLE: &[Op] = &[
     Op::LaunchKernel,
@@ -803,7 +890,7 @@ const BUF_TABLE_AT: usize = 96;
 /// The first, device-readable bytes of every chain.
 ///
 /// Layout (little-endian): magic u32 @0, version u16 @4, flags u16 @6, op u32 @8, nbufs u32 @12,
-/// session u64 @16, device u32 @24, reserved u32 @28, args [u64; 8] @32,
+/// session u64 @16, device u32 @24, pid u32 @28, args [u64; 8] @32,
 /// bufs [{len u64, dir u32, reserved u32}; 8] @96.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RequestHeader {
@@ -817,6 +904,10 @@ pub struct RequestHeader {
     pub session: u64,
     /// The CUDA device ordinal the op applies to (the calling thread's current device).
     pub device: u32,
+    /// The calling guest process (its thread group id), stamped by the kernel module; 0 from
+    /// a module that does not stamp it. The host only reports it (`Op::VmUsage`, its logs):
+    /// it is what the guest kernel says, and grants nothing.
+    pub pid: u32,
     /// Inline arguments, meaning per op.
     pub args: [u64; MAX_ARGS],
     /// Buffer table: `In` buffers first, then `Out` buffers.
@@ -842,6 +933,7 @@ impl RequestHeader {
         put(&mut b, 12, &self.nbufs.to_le_bytes());
         put(&mut b, 16, &self.session.to_le_bytes());
         put(&mut b, 24, &self.device.to_le_bytes());
+        put(&mut b, 28, &self.pid.to_le_bytes());
         for (i, a) in self.args.iter().enumerate() {
             put(&mut b, 32 + 8 * i, &a.to_le_bytes());
         }
@@ -865,7 +957,7 @@ impl RequestHeader {
             return Err(WireError::BadVersion);
         }
         let flags = get_u16(b, 6);
-        if flags & !KNOWN_FLAGS != 0 || get_u32(b, 28) != 0 {
+        if flags & !KNOWN_FLAGS != 0 {
             return Err(WireError::Reserved);
         }
         let nbufs = get_u32(b, 12);
@@ -878,6 +970,7 @@ impl RequestHeader {
             nbufs,
             session: get_u64(b, 16),
             device: get_u32(b, 24),
+            pid: get_u32(b, 28),
             ..Self::default()
         };
         for (i, a) in h.args.iter_mut().enumerate() {

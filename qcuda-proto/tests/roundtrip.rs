@@ -7,6 +7,7 @@ fn request_header_roundtrips() {
     let mut h = RequestHeader::new(Op::Echo);
     h.session = 0x1122_3344_5566_7788;
     h.device = 3;
+    h.pid = 4242;
     h.flags = FLAG_ASYNC;
     h.args = [1, 2, 3, 4, 5, 6, 7, u64::MAX];
     h.push_buffer(Direction::In, 100).unwrap();
@@ -55,8 +56,8 @@ fn request_header_rejects_malformed() {
     b[96 + 16 * 5] = 1; // unused slot not zero
     assert_eq!(RequestHeader::decode(&b), Err(WireError::Reserved));
     let mut b = good;
-    b[28] = 1;
-    assert_eq!(RequestHeader::decode(&b), Err(WireError::Reserved));
+    b[30] = 1;
+    assert_eq!(RequestHeader::decode(&b).unwrap().pid, 1 << 16);
     // Wrong shape and unknown op decode, but are not valid ops.
     let mut h2 = h;
     h2.op = Op::Malloc as u32;
@@ -329,4 +330,31 @@ fn copy3d_round_trips_and_refuses_unknown_kinds() {
         .packed_len(),
         None
     );
+}
+
+#[test]
+fn session_usage_roundtrips_and_rejects_unknown_bits() {
+    let u = SessionUsage {
+        session: 0x1122_3344_5566_7788,
+        pid: 77,
+        flags: USAGE_CALLER | USAGE_GPU,
+        memory: 1 << 30,
+        peak_memory: 3 << 30,
+        kernels: 123_456,
+        graph_launches: 9,
+        age_ms: 1500,
+    };
+    let b = u.encode();
+    assert_eq!(b.len(), SESSION_USAGE_SIZE);
+    assert_eq!(SessionUsage::decode(&b), Ok(u));
+    assert_eq!(
+        SessionUsage::decode(&b[..SESSION_USAGE_SIZE - 1]),
+        Err(WireError::Short)
+    );
+    let mut bad = b;
+    bad[12] = 0x80;
+    assert_eq!(SessionUsage::decode(&bad), Err(WireError::Reserved));
+    let mut bad = b;
+    bad[63] = 1;
+    assert_eq!(SessionUsage::decode(&bad), Err(WireError::Reserved));
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0 OR MIT
 //! `/dev/qcuda` as qcuda-smi sees it: an open file and the one generic call ioctl
-//! (qcuda-proto's `ioctl` module), plus the three transport ops, Hello, Echo and HostInfo.
+//! (qcuda-proto's `ioctl` module), plus the transport ops Hello, Echo and HostInfo, and
+//! VmUsage (what this VM's processes use on the host).
 //!
 //! This is deliberately independent of guest-lib: qcuda-smi checks the transport itself, so it
 //! builds its [`IoctlCall`]s by hand, including malformed ones for the refusal checks.
@@ -15,7 +16,7 @@ use std::{
 
 use qcuda_proto::{
     ioctl::{IoctlCall, IOCTL_CALL, IOCTL_CALL_SIZE},
-    status, Direction, GpuInfo, Op, GPU_INFO_SIZE, VERSION,
+    status, Direction, GpuInfo, Op, SessionUsage, GPU_INFO_SIZE, SESSION_USAGE_SIZE, VERSION,
 };
 
 // The kernel copies exactly IOCTL_CALL_SIZE bytes in and out of this struct.
@@ -99,6 +100,26 @@ pub struct HostInfoReply {
     /// cuDriverGetVersion, 0 without a driver.
     pub driver_version: u64,
 }
+
+/// What VmUsage answers: this VM's sessions and totals, as the host accounts them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmUsageReply {
+    /// The VM's open sessions, this one included (flagged `USAGE_CALLER`), by session id.
+    pub sessions: Vec<SessionUsage>,
+    /// Bytes of device memory the VM's sessions hold.
+    pub memory: u64,
+    /// The VM's device-memory limit; `None`: none.
+    pub memory_limit: Option<u64>,
+    /// Most sessions the VM may open.
+    pub max_sessions: u64,
+    /// Kernels the VM's sessions launched since it connected.
+    pub kernels: u64,
+    /// Sessions the VM opened since it connected.
+    pub sessions_opened: u64,
+}
+
+/// Most sessions a VmUsage answer may list (the host's own bound is 1024).
+const MAX_USAGE_RECORDS: usize = 4096;
 
 /// An open `/dev/qcuda`: one session, for as long as it stays open.
 #[derive(Debug)]
@@ -291,6 +312,51 @@ impl Device {
             return Ok(HostInfoReply {
                 gpus,
                 driver_version: call.rets[1],
+            });
+        }
+    }
+
+    /// This VM's sessions and totals. Asks again with a larger buffer if more sessions are open
+    /// than fit; a record that does not decode is an error (the host speaks another version).
+    pub fn vm_usage(&self) -> Result<VmUsageReply, CallError> {
+        let bad = |what: String| CallError::Ioctl(io::Error::new(io::ErrorKind::InvalidData, what));
+        let mut room = 64usize;
+        loop {
+            let mut out = vec![0u8; room * SESSION_USAGE_SIZE];
+            let mut call = IoctlCall::new(Op::VmUsage);
+            call.push(Direction::Out, out.as_mut_ptr() as u64, out.len() as u64)
+                .expect("one buffer fits");
+            // SAFETY: `out` is a live, writable allocation of the length named, unused until
+            // the call returns.
+            unsafe { self.call(&mut call) }?;
+            let [written, open, memory, limit, max_sessions, kernels, opened] = call.rets;
+            let open = usize::try_from(open)
+                .ok()
+                .filter(|n| *n <= MAX_USAGE_RECORDS)
+                .ok_or_else(|| bad(format!("the host reports {open} sessions")))?;
+            if open > room {
+                room = open;
+                continue;
+            }
+            let written = usize::try_from(written)
+                .ok()
+                .filter(|n| *n <= room)
+                .ok_or_else(|| bad(format!("the host wrote {written} records into {room}")))?;
+            let sessions = out
+                .chunks_exact(SESSION_USAGE_SIZE)
+                .take(written)
+                .map(|rec| {
+                    SessionUsage::decode(rec)
+                        .map_err(|e| bad(format!("a session record does not decode: {e:?}")))
+                })
+                .collect::<Result<_, _>>()?;
+            return Ok(VmUsageReply {
+                sessions,
+                memory,
+                memory_limit: (limit != 0).then_some(limit),
+                max_sessions,
+                kernels,
+                sessions_opened: opened,
             });
         }
     }

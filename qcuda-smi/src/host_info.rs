@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0 OR MIT
-//! `qcuda-smi` with no command: the handshake, then the host's GPUs as the daemon reports them.
+//! `qcuda-smi` with no command: the handshake, the host's GPUs this VM may use as the daemon
+//! reports them, then what this VM uses of them (`vm_usage.rs`).
 
 use qcuda_proto::{GpuInfo, VERSION};
 
@@ -26,15 +27,18 @@ pub fn run(dev: &Device) -> Result<(), String> {
     };
     if info.gpus.is_empty() {
         println!("host has no GPU (driver: {driver})");
-        return Ok(());
+    } else {
+        println!(
+            "qcuda: wire version {}, host CUDA driver {driver}, {} GPU(s)",
+            hello.host_version,
+            info.gpus.len()
+        );
+        for (i, g) in info.gpus.iter().enumerate() {
+            println!("{}", gpu_line(i, g));
+        }
     }
-    println!(
-        "qcuda: wire version {}, host CUDA driver {driver}, {} GPU(s)",
-        hello.host_version,
-        info.gpus.len()
-    );
-    for (i, g) in info.gpus.iter().enumerate() {
-        println!("{}", gpu_line(i, g));
+    for line in crate::vm_usage::section(dev)? {
+        println!("{line}");
     }
     Ok(())
 }

@@ -6,7 +6,8 @@
 //! `selftest` (echo over every size class, refused calls), `stress` (many sessions and threads
 //! with calls in flight), `killtest` (processes killed mid-call) and
 //! `killprog` (copies of a CUDA program killed at random points); `sessions` prints how many
-//! sessions the host has open. docs/testing.md describes how the in-VM tests use it.
+//! sessions the host has open, `processes` what each process of this VM holds on the host, and
+//! `memory` the GPU memory this VM holds. docs/testing.md describes how the in-VM tests use it.
 
 mod call_plan;
 mod child_process;
@@ -21,6 +22,7 @@ mod selftest;
 mod shared_slots;
 mod size;
 mod stress;
+mod vm_usage;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -43,6 +45,17 @@ enum Command {
     /// Print the number of sessions the host has open on this VM's device, this one included
     /// (1 when no other process has /dev/qcuda open).
     Sessions,
+    /// This VM's processes that use qcuda, as the host accounts them: pid, GPU memory (now
+    /// and at most), kernels and graphs launched, name; and the VM's GPU memory against its
+    /// limit. Only this VM's processes are listed.
+    Processes {
+        /// One comma-separated line per process, after a header line, for scripts.
+        #[arg(long)]
+        csv: bool,
+    },
+    /// Print the bytes of GPU memory this VM's processes hold on the host now (the host's
+    /// accounting of this VM alone, whoever else uses the GPU).
+    Memory,
     /// Echo over sizes from 0 B to --max-size, checking data and checksums, then check that
     /// malformed calls are refused.
     Selftest {
@@ -147,6 +160,14 @@ fn main() -> ExitCode {
             println!("{}", hello.sessions);
             Ok(())
         }),
+        Some(Command::Processes { csv }) => {
+            device::Device::open(&args.device).and_then(|dev| vm_usage::run(&dev, *csv))
+        }
+        Some(Command::Memory) => device::Device::open(&args.device).and_then(|dev| {
+            let usage = dev.vm_usage().map_err(|e| format!("VM usage: {e}"))?;
+            println!("{}", usage.memory);
+            Ok(())
+        }),
         Some(Command::Selftest { max_size, seed }) => {
             device::Device::open(&args.device).and_then(|dev| {
                 selftest::run(
@@ -221,7 +242,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let what = match &args.command {
-                None | Some(Command::Sessions) => "",
+                None
+                | Some(Command::Sessions)
+                | Some(Command::Processes { .. })
+                | Some(Command::Memory) => "",
                 Some(Command::Selftest { .. }) => "selftest FAILED: ",
                 Some(Command::Stress { .. }) => "stress FAILED: ",
                 Some(Command::Killtest { .. }) => "killtest FAILED: ",

@@ -5,6 +5,11 @@
 // splitting of large copies is exercised including its tail. Reports GB/s for each leg.
 //
 // Usage: large_copy [MiB]   (default: 1024 MiB plus 4100 bytes)
+//        large_copy --hold [MiB]   holds both device allocations and launches the kernel again
+//                                  and again until killed: it prints "HOLDING <bytes>" (device
+//                                  memory it allocated) once, then "progress <kernels>" every
+//                                  100 kernels (the kill checks of run-gpu-tests.sh and
+//                                  two-vm-test.sh)
 #define TEST_NAME "large_copy"
 #include "selfcheck.cuh"
 
@@ -45,8 +50,10 @@ int main(int argc, char **argv)
 {
     require_device();
     size_t words = ((size_t)1 << 28) + 1025; // 1 GiB + 4100 bytes
-    if (argc > 1)
-        words = (size_t)std::strtoull(argv[1], nullptr, 0) * (1u << 20) / 4 + 1025;
+    bool hold = argc > 1 && std::strcmp(argv[1], "--hold") == 0;
+    int size_arg = hold ? 2 : 1;
+    if (argc > size_arg)
+        words = (size_t)std::strtoull(argv[size_arg], nullptr, 0) * (1u << 20) / 4 + 1025;
     const size_t bytes = words * sizeof(uint32_t);
     std::printf("large_copy: %zu bytes (%.3f GiB)\n", bytes, bytes / 1073741824.0);
 
@@ -67,6 +74,19 @@ int main(int argc, char **argv)
     transform_words<<<1024, 256>>>(d1, words);
     CHECK_LAUNCH();
     CHECK(cudaDeviceSynchronize());
+    if (hold) {
+        std::printf("HOLDING %zu\n", 2 * bytes);
+        std::fflush(stdout);
+        for (unsigned long long k = 1;; k++) {
+            transform_words<<<1024, 256>>>(d2, words);
+            CHECK_LAUNCH();
+            if (k % 100 == 0) {
+                CHECK(cudaDeviceSynchronize());
+                std::printf("progress %llu\n", k);
+                std::fflush(stdout);
+            }
+        }
+    }
 
     std::memset(host, 0, bytes);
     t = now_seconds();

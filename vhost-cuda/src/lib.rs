@@ -17,7 +17,8 @@
 //! connection's sessions and the loop waits for the next frontend; the socket file stays.
 //! SIGINT/SIGTERM stop every socket's loop and remove the socket files. Sockets that systemd
 //! bound and passed (`socket_activation.rs`) are served the same way, but their files are
-//! systemd's and stay.
+//! systemd's and stay. Beside them, `stats.rs` serves what each VM uses (`vhost-cuda --stats`)
+//! from the table of its current connection.
 
 pub mod chain;
 pub mod cuda;
@@ -32,6 +33,7 @@ pub mod signals;
 pub mod socket;
 pub mod socket_activation;
 pub mod spin_wait;
+pub mod stats;
 pub mod transport_ops;
 pub mod vhu_cuda;
 pub mod worker;
@@ -53,7 +55,8 @@ use vm_memory::GuestMemoryAtomic;
 use vmm_sys_util::eventfd::{EventFd, EFD_CLOEXEC, EFD_NONBLOCK};
 
 use crate::{
-    cuda::CudaHost, guest_buffer::GuestRam, vhu_cuda::VhostCudaBackend, worker::WorkerCommand,
+    cuda::CudaHost, guest_buffer::GuestRam, stats::StatsRegistry, vhu_cuda::VhostCudaBackend,
+    worker::WorkerCommand,
 };
 
 /// Most sockets one process serves.
@@ -168,6 +171,9 @@ pub struct Config {
     pub hop_poll: Duration,
     /// Per-VM limits (`--max-sessions`, `--max-gpu-memory`).
     pub limits: limits::Limits,
+    /// Where to serve the stats (`--stats-socket`; by default `PATH.stats` beside the
+    /// vhost-user socket); `None`: nowhere.
+    pub stats_socket: Option<PathBuf>,
     /// How workers are confined (`--sandbox`).
     pub sandbox: sandbox::SandboxMode,
     /// What a worker's seccomp filter does outside its list (`--worker-seccomp`).
@@ -248,26 +254,36 @@ pub fn start_backend(config: Config) -> Result<()> {
         config.poll.as_micros(),
         config.hop_poll.as_micros()
     );
-    let server = Server::bind(&config, host)?;
+    let server = Server::bind(&config, host.clone())?;
     let stop = server.stop_handle();
     // Only the files this process made are removed; systemd's stay with systemd.
-    let own_files = if config.inherited_fds.is_some() {
+    let mut own_files = if config.inherited_fds.is_some() {
         Vec::new()
     } else {
         config.socket_paths()
     };
+    if let Some(path) = &config.stats_socket {
+        stats::serve(path, host, server.stats())?;
+        own_files.push(path.clone());
+    }
     signals
         .spawn_handler(own_files, move || stop.stop())
         .map_err(Error::Signals)?;
     // From here on no thread that handles guest data opens a file or executes a program;
-    // workers are started by the spawner thread, which stays unfiltered.
+    // workers are started by the spawner thread, which stays unfiltered. (The stats socket is
+    // bound already; its thread only accepts, reads and writes, and the unlink below is
+    // allowed.)
     if config.sandbox != sandbox::SandboxMode::None {
         sandbox::enter_daemon_filter().map_err(Error::DaemonFilter)?;
         info!(
             "daemon seccomp filter installed: no file opens, exec, mounts or tracing from now on"
         );
     }
-    server.run()
+    let result = server.run();
+    if let Some(path) = &config.stats_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    result
 }
 
 /// Stop state of one socket, shared between its serving thread and whoever stops it.
@@ -396,6 +412,7 @@ pub struct Server {
     host: Arc<CudaHost>,
     workers: WorkerCommand,
     poll: Duration,
+    stats: Arc<StatsRegistry>,
 }
 
 impl std::fmt::Debug for Server {
@@ -422,7 +439,9 @@ impl Server {
             }
         };
         let mut sockets = Vec::new();
+        let stats = Arc::new(StatsRegistry::default());
         for (listener, path) in listeners {
+            stats.add(&path.display().to_string());
             let control = Arc::new(SocketControl {
                 wake: EventFd::new(EFD_NONBLOCK | EFD_CLOEXEC).map_err(Error::WakeEvent)?,
                 path,
@@ -440,7 +459,13 @@ impl Server {
             host,
             workers,
             poll: config.poll,
+            stats,
         })
+    }
+
+    /// What each socket's VM uses, for the stats socket.
+    pub fn stats(&self) -> Arc<StatsRegistry> {
+        self.stats.clone()
     }
 
     /// A handle that stops this server.
@@ -456,9 +481,10 @@ impl Server {
         let mut threads = Vec::new();
         for (i, (listener, control)) in self.sockets.into_iter().enumerate() {
             let (host, workers, poll) = (self.host.clone(), self.workers.clone(), self.poll);
+            let stats = (self.stats.clone(), i);
             let spawned = thread::Builder::new()
                 .name(format!("qcuda-vm{i}"))
-                .spawn(move || serve_socket(listener, control, host, workers, poll));
+                .spawn(move || serve_socket(listener, control, host, workers, poll, stats));
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -541,6 +567,7 @@ fn serve_socket(
     host: Arc<CudaHost>,
     workers: WorkerCommand,
     poll: Duration,
+    (stats, stats_index): (Arc<StatsRegistry>, usize),
 ) -> Result<()> {
     let label = control.path.display().to_string();
     let mut failures = 0u32;
@@ -593,6 +620,7 @@ fn serve_socket(
         if !control.connected(daemon.shutdown_handle()) {
             daemon.request_shutdown();
         }
+        stats.connect(stats_index, backend.sessions().usage_view());
         info!(vm = %label, "frontend connected");
         let ended = daemon.wait();
         control.disconnected();
@@ -606,6 +634,7 @@ fn serve_socket(
             )) => warn!(vm = %label, "frontend disconnected abruptly: {e}"),
             Err(e) => warn!(vm = %label, "frontend connection ended: {e}"),
         }
+        stats.disconnect(stats_index);
         end_connection(daemon, &backend);
     };
     control.close_listener(listener);

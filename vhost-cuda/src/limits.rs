@@ -1,19 +1,26 @@
-//! Per-VM limits: `--max-sessions` and `--max-gpu-memory`.
+//! Per-VM limits and accounting: `--max-sessions`, `--max-gpu-memory`, and what each session
+//! holds and launched.
 //!
-//! A VM's sessions run in separate worker processes, so its device memory is counted where all
-//! of them see it: a small shared file (a memfd) per vhost-user connection, one 64-bit word
-//! for the limit and one per worker slot for the bytes that worker has allocated. The daemon
-//! creates the file ([`GpuMemoryQuota`]), gives each worker a slot ([`SlotLease`]) and the file
-//! on [`QUOTA_FD`]; the worker ([`QuotaSlot`]) adds to its own word before an allocation is
-//! kept and takes it off when the allocation is freed or its context goes. An allocation is
-//! admitted under a lock: a POSIX record lock on the file (per process, so the kernel drops it
-//! when a worker dies holding it) plus a mutex for the threads of one process. A worker's word
-//! is written only by that worker, and cleared by the daemon once the worker is reaped, so a
-//! killed worker's memory (which the driver frees at its exit) stops counting then.
+//! A VM's sessions run in separate worker processes, so what they use is counted where all of
+//! them see it: a small shared file (a memfd) per vhost-user connection, one 64-bit word for
+//! the limit and, per worker slot, words for the bytes of device memory that worker holds, the
+//! most it held, and the kernels and graphs it launched. The daemon creates the file
+//! ([`GpuMemoryQuota`]) whether or not a limit is set (without one the limit word is
+//! `u64::MAX`), gives each worker a slot ([`SlotLease`]) and the file on [`QUOTA_FD`]; the
+//! worker ([`QuotaSlot`]) adds to its own words before an allocation is kept and takes them
+//! off when the allocation is freed or its context goes, and counts its launches. The daemon
+//! reads the words for `qcuda-smi`, `vhost-cuda --stats` and its session log lines
+//! ([`SlotUsage`]). Under a limit an allocation is admitted under a lock: a POSIX record lock
+//! on the file (per process, so the kernel drops it when a worker dies holding it) plus a
+//! mutex for the threads of one process; without one it is only counted. A worker's words are
+//! written only by that worker; once the worker is reaped the daemon clears its bytes held, so
+//! a killed worker's memory (which the driver frees at its exit) stops counting then, and
+//! reads its final counts before the slot goes to another worker.
 //!
-//! A worker that lies about its word can only exceed its VM's limit, which it could not reach
-//! without the driver being taken over (see docs/SECURITY.md): it is a limit for well-behaved
-//! workers of hostile guests, enforced by code the guest does not control.
+//! A worker that lies about its words can only exceed its VM's limit or misreport itself,
+//! which it could not do without the driver being taken over (see docs/SECURITY.md): it is a
+//! limit for well-behaved workers of hostile guests, enforced by code the guest does not
+//! control.
 
 use std::{
     fs::File,
@@ -57,7 +64,18 @@ const LOCK_NONE: libc::c_short = flock_short(libc::F_UNLCK);
 /// `SEEK_SET` for `flock::l_whence`.
 const WHENCE_START: libc::c_short = flock_short(libc::SEEK_SET);
 
-/// The mapped quota file: word 0 the limit, words 1..=slots the slots.
+/// Words per slot: bytes held, the most bytes held, kernels launched, graphs launched.
+const SLOT_WORDS: usize = 4;
+/// A slot's words, by offset.
+const HELD: usize = 0;
+const PEAK: usize = 1;
+const KERNELS: usize = 2;
+const GRAPHS: usize = 3;
+
+/// The limit word's value when there is no limit.
+pub const NO_LIMIT: u64 = u64::MAX;
+
+/// The mapped quota file: word 0 the limit, then [`SLOT_WORDS`] words per slot.
 struct QuotaMap {
     file: File,
     words: NonNull<AtomicU64>,
@@ -106,7 +124,7 @@ impl QuotaMap {
     fn map(file: File) -> io::Result<Self> {
         let size = file.metadata()?.len();
         let len = usize::try_from(size / 8).map_err(|_| io::ErrorKind::InvalidData)?;
-        if len < 2 || size % 8 != 0 {
+        if len < 1 + SLOT_WORDS || size % 8 != 0 || (len - 1) % SLOT_WORDS != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "quota file too small",
@@ -147,12 +165,17 @@ impl QuotaMap {
     }
 
     fn slots(&self) -> usize {
-        self.len - 1
+        (self.len - 1) / SLOT_WORDS
+    }
+
+    /// Word `which` of slot `slot`.
+    fn slot_word(&self, slot: usize, which: usize) -> &AtomicU64 {
+        self.word(1 + slot * SLOT_WORDS + which)
     }
 
     fn used(&self) -> u64 {
-        (1..self.len).fold(0u64, |t, i| {
-            t.saturating_add(self.word(i).load(Ordering::Acquire))
+        (0..self.slots()).fold(0u64, |t, i| {
+            t.saturating_add(self.slot_word(i, HELD).load(Ordering::Acquire))
         })
     }
 
@@ -193,7 +216,8 @@ pub struct GpuMemoryQuota {
 }
 
 impl GpuMemoryQuota {
-    /// A quota of `limit` bytes shared by at most `slots` workers at once.
+    /// A quota of `limit` bytes ([`NO_LIMIT`]: only counted) shared by at most `slots`
+    /// workers at once.
     pub fn new(limit: u64, slots: usize) -> io::Result<Self> {
         // SAFETY: memfd_create with a valid NUL-terminated name returns a new fd or -1.
         let fd =
@@ -203,7 +227,7 @@ impl GpuMemoryQuota {
         }
         // SAFETY: `fd` is a fresh descriptor that nothing else owns.
         let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(((slots.max(1) + 1) * 8) as u64)?;
+        file.set_len(((slots.max(1) * SLOT_WORDS + 1) * 8) as u64)?;
         let map = QuotaMap::map(file)?;
         map.word(0).store(limit, Ordering::Release);
         Ok(Self {
@@ -212,9 +236,9 @@ impl GpuMemoryQuota {
         })
     }
 
-    /// The limit in bytes.
-    pub fn limit(&self) -> u64 {
-        self.map.limit()
+    /// The limit in bytes; `None`: none.
+    pub fn limit(&self) -> Option<u64> {
+        Some(self.map.limit()).filter(|&l| l != NO_LIMIT)
     }
 
     /// Bytes the VM's workers have allocated now.
@@ -227,41 +251,103 @@ impl GpuMemoryQuota {
         let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
         let index = taken.iter().position(|t| !t)?;
         taken[index] = true;
-        self.map.word(1 + index).store(0, Ordering::Release);
+        for which in 0..SLOT_WORDS {
+            self.map.slot_word(index, which).store(0, Ordering::Release);
+        }
         Some(SlotLease {
-            map: self.map.clone(),
-            taken: self.taken.clone(),
-            index,
+            claim: Arc::new(SlotClaim {
+                map: self.map.clone(),
+                taken: self.taken.clone(),
+                index,
+            }),
         })
     }
 }
 
-/// A slot given to one worker. Dropping it (after the worker is reaped) clears the slot: the
-/// worker's memory no longer counts.
+/// A slot taken; it is free again when the last lease or usage of it is dropped.
 #[derive(Debug)]
-pub struct SlotLease {
+struct SlotClaim {
     map: Arc<QuotaMap>,
     taken: Arc<Mutex<Vec<bool>>>,
     index: usize,
 }
 
+impl Drop for SlotClaim {
+    fn drop(&mut self) {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        taken[self.index] = false;
+    }
+}
+
+/// A slot given to one worker. Dropping it (after the worker is reaped) clears the slot's
+/// bytes held: the worker's memory no longer counts. Its other counts stay readable through
+/// its [`SlotUsage`] until that is dropped too.
+#[derive(Debug)]
+pub struct SlotLease {
+    claim: Arc<SlotClaim>,
+}
+
 impl SlotLease {
     /// The slot's index (`--gpu-memory-slot`).
     pub fn index(&self) -> usize {
-        self.index
+        self.claim.index
     }
 
     /// The quota file, for the worker's [`QUOTA_FD`].
     pub fn fd(&self) -> RawFd {
-        self.map.file.as_raw_fd()
+        self.claim.map.file.as_raw_fd()
+    }
+
+    /// A reader of the slot's counts, which keeps the slot from being given to another worker
+    /// while it lives.
+    pub fn usage(&self) -> SlotUsage {
+        SlotUsage {
+            claim: self.claim.clone(),
+        }
     }
 }
 
 impl Drop for SlotLease {
     fn drop(&mut self) {
-        self.map.word(1 + self.index).store(0, Ordering::Release);
-        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
-        taken[self.index] = false;
+        let c = &self.claim;
+        c.map.slot_word(c.index, HELD).store(0, Ordering::Release);
+    }
+}
+
+/// What one worker's slot says now.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerUsage {
+    /// Bytes of device memory held.
+    pub memory: u64,
+    /// The most bytes held at once.
+    pub peak_memory: u64,
+    /// Kernels launched.
+    pub kernels: u64,
+    /// Graphs launched.
+    pub graph_launches: u64,
+}
+
+/// The daemon's reader of one worker's slot.
+#[derive(Debug)]
+pub struct SlotUsage {
+    claim: Arc<SlotClaim>,
+}
+
+impl SlotUsage {
+    /// The slot's counts now.
+    pub fn read(&self) -> WorkerUsage {
+        let word = |w| {
+            self.claim
+                .map
+                .slot_word(self.claim.index, w)
+                .load(Ordering::Acquire)
+        };
+        WorkerUsage {
+            memory: word(HELD),
+            peak_memory: word(PEAK),
+            kernels: word(KERNELS),
+            graph_launches: word(GRAPHS),
+        }
     }
 }
 
@@ -301,32 +387,60 @@ impl QuotaSlot {
     /// Whether `bytes` more would fit now (a cheap check before asking the driver; the
     /// allocation is admitted by [`QuotaSlot::reserve`]).
     pub fn fits(&self, bytes: u64) -> bool {
-        self.map
-            .used()
-            .checked_add(bytes)
-            .is_some_and(|t| t <= self.map.limit())
+        let limit = self.map.limit();
+        limit == NO_LIMIT
+            || self
+                .map
+                .used()
+                .checked_add(bytes)
+                .is_some_and(|t| t <= limit)
     }
 
     /// Counts `bytes` more for this worker if the VM stays within its limit.
     pub fn reserve(&self, bytes: u64) -> bool {
-        let Ok(_admission) = self.map.admit() else {
-            return false;
+        // Without a limit there is nothing to admit: only count.
+        let _admission = if self.map.limit() == NO_LIMIT {
+            None
+        } else {
+            let Ok(admission) = self.map.admit() else {
+                return false;
+            };
+            if !self.fits(bytes) {
+                return false;
+            }
+            Some(admission)
         };
-        if !self.fits(bytes) {
-            return false;
-        }
+        let held = self
+            .map
+            .slot_word(self.index, HELD)
+            .fetch_add(bytes, Ordering::AcqRel)
+            .saturating_add(bytes);
         self.map
-            .word(1 + self.index)
-            .fetch_add(bytes, Ordering::AcqRel);
+            .slot_word(self.index, PEAK)
+            .fetch_max(held, Ordering::AcqRel);
         true
     }
 
     /// Counts `bytes` less (an allocation freed).
     pub fn release(&self, bytes: u64) {
-        let w = self.map.word(1 + self.index);
+        let w = self.map.slot_word(self.index, HELD);
         let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
             Some(v.saturating_sub(bytes))
         });
+    }
+
+    /// Counts one kernel launch the driver accepted.
+    pub fn count_kernel(&self) {
+        self.map
+            .slot_word(self.index, KERNELS)
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one graph launch the driver accepted.
+    pub fn count_graph_launch(&self) {
+        self.map
+            .slot_word(self.index, GRAPHS)
+            .fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -362,6 +476,46 @@ mod tests {
         assert!(!wb.reserve(u64::MAX));
         wb.release(u64::MAX);
         assert_eq!(q.used(), 0);
+    }
+
+    #[test]
+    fn without_a_limit_everything_is_counted_and_nothing_refused() {
+        let q = GpuMemoryQuota::new(NO_LIMIT, 2).unwrap();
+        assert_eq!(q.limit(), None);
+        let lease = q.lease().unwrap();
+        let usage = lease.usage();
+        let w = QuotaSlot::attach(dup(lease.fd()), lease.index()).unwrap();
+        assert!(w.reserve(1 << 40) && w.reserve(1 << 40));
+        w.release(1 << 40);
+        assert!(w.reserve(100));
+        w.count_kernel();
+        w.count_kernel();
+        w.count_graph_launch();
+        assert_eq!(q.used(), (1 << 40) + 100);
+        let expect = WorkerUsage {
+            memory: (1 << 40) + 100,
+            peak_memory: 2 << 40,
+            kernels: 2,
+            graph_launches: 1,
+        };
+        assert_eq!(usage.read(), expect);
+        // The worker is reaped: its memory stops counting, its other counts stay readable,
+        // and its slot stays taken until the usage is dropped too.
+        drop(lease);
+        assert_eq!(q.used(), 0);
+        assert_eq!(
+            usage.read(),
+            WorkerUsage {
+                memory: 0,
+                ..expect
+            }
+        );
+        let other = q.lease().unwrap();
+        assert!(q.lease().is_none());
+        drop(usage);
+        let again = q.lease().unwrap();
+        assert_ne!(again.index(), other.index());
+        assert_eq!(again.usage().read(), WorkerUsage::default());
     }
 
     #[test]

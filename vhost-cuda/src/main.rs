@@ -7,6 +7,9 @@
 //! instance's `EnvironmentFile=`), and a socket unit may pass the listening socket
 //! (`LISTEN_FDS`, `vhost_cuda::socket_activation`).
 //!
+//! `vhost-cuda --stats` asks a running daemon what each of its VMs uses (its stats socket,
+//! `vhost_cuda::stats`) and prints it; exit status 1 if the daemon cannot be asked.
+//!
 //! The same binary is also each session's worker process (`--session-worker`, hidden from
 //! `--help`): the daemon starts it that way itself (`vhost_cuda::worker`).
 
@@ -21,6 +24,7 @@ use vhost_cuda::{
     sandbox::{SandboxMode, SeccompMode},
     session::MAX_SESSIONS,
     socket_activation, start_backend,
+    stats::{self, StatsFormat},
     worker::{self, WorkerConfig},
     Config, Error, Result, MAX_SOCKETS,
 };
@@ -81,6 +85,20 @@ struct Args {
     #[arg(long, value_name = "N", env = "VHOST_CUDA_MAX_SESSIONS")]
     max_sessions: Option<usize>,
 
+    /// Ask the daemon serving --socket-path (or --stats-socket) what each of its VMs uses:
+    /// the GPUs, per VM its sessions (guest processes) with their GPU memory, kernels and
+    /// guest pids; print it and exit.
+    #[arg(long, conflicts_with = "session_worker")]
+    stats: bool,
+
+    /// How --stats prints: a table for people, JSON, or Prometheus text.
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = StatsFormat::Table)]
+    stats_format: StatsFormat,
+
+    /// The daemon's stats socket, which --stats asks. Default: the --socket-path with
+    /// ".stats" appended (PATH.stats also with --socket-count).
+    #[arg(long, value_name = "PATH")]
+    stats_socket: Option<PathBuf>,
     /// How each guest process's worker is confined. namespace: its own mount, PID, network,
     /// IPC and UTS namespaces (and a user namespace when the daemon lacks CAP_SYS_ADMIN), a
     /// root holding only the NVIDIA devices and driver files, no capabilities, no_new_privs and
@@ -198,6 +216,10 @@ impl TryFrom<Args> for Config {
                 max_sessions: args.max_sessions,
                 max_gpu_memory: args.max_gpu_memory,
             },
+            stats_socket: args
+                .stats_socket
+                .clone()
+                .or_else(|| args.socket_path.as_deref().map(stats::default_path)),
             sandbox: args.sandbox,
             worker_seccomp: args.worker_seccomp,
         };
@@ -264,6 +286,35 @@ fn default_hop_poll_us() -> u64 {
     }
 }
 
+/// `--stats`: the client of a running daemon's stats socket.
+fn stats_main(args: &Args) -> i32 {
+    let Some(path) = args
+        .stats_socket
+        .clone()
+        .or_else(|| args.socket_path.as_deref().map(stats::default_path))
+    else {
+        eprintln!("vhost-cuda: --stats needs --socket-path or --stats-socket");
+        return 2;
+    };
+    match stats::query(&path, args.stats_format) {
+        Ok(text) if text.starts_with("error:") => {
+            eprint!("vhost-cuda: {}: {text}", path.display());
+            1
+        }
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!(
+                "vhost-cuda: cannot ask {} ({e}): is a vhost-cuda daemon serving that socket?",
+                path.display()
+            );
+            1
+        }
+    }
+}
+
 fn main() {
     let mut args = Args::parse();
     if args.print_worker_syscalls {
@@ -274,6 +325,9 @@ fn main() {
     }
     if args.session_worker {
         exit(session_worker_main(args));
+    }
+    if args.stats {
+        exit(stats_main(&args));
     }
     // Single-threaded still, so the environment may change.
     match socket_activation::take_from_environment() {
@@ -316,6 +370,9 @@ mod tests {
             max_sessions: None,
             gpu_memory_slot: None,
             inherited_fds: None,
+            stats: false,
+            stats_format: StatsFormat::Table,
+            stats_socket: None,
             sandbox: SandboxMode::Namespace,
             worker_seccomp: SeccompMode::Enforce,
             sandbox_check: false,
@@ -346,6 +403,7 @@ mod tests {
                 poll: Duration::from_micros(200),
                 hop_poll: Duration::from_micros(default_hop_poll_us()),
                 limits: Limits::default(),
+                stats_socket: Some(format!("{path}.stats").into()),
                 sandbox: SandboxMode::Namespace,
                 worker_seccomp: SeccompMode::Enforce,
             }

@@ -56,6 +56,20 @@ pub enum SocketError {
 /// Creates the listening socket at `path`, replacing a stale socket file.
 pub fn bind(path: &Path) -> Result<Listener, SocketError> {
     let name = path.display().to_string();
+    remove_stale(path)?;
+    Listener::new(path, false).map_err(|source| match source {
+        // Another daemon bound it between our probe and our bind.
+        vhost::vhost_user::Error::SocketError(ref e) if e.kind() == io::ErrorKind::AddrInUse => {
+            SocketError::InUse(name)
+        }
+        source => SocketError::Bind { path: name, source },
+    })
+}
+
+/// Makes way for a socket at `path`: nothing there is fine, a socket nobody listens on is
+/// removed, a live socket or another kind of file is an error.
+pub fn remove_stale(path: &Path) -> Result<(), SocketError> {
+    let name = path.display().to_string();
     match std::fs::symlink_metadata(path) {
         Ok(meta) if !meta.file_type().is_socket() => return Err(SocketError::NotASocket(name)),
         Ok(_) => match UnixStream::connect(path) {
@@ -72,13 +86,7 @@ pub fn bind(path: &Path) -> Result<Listener, SocketError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => return Err(SocketError::Probe { path: name, source }),
     }
-    Listener::new(path, false).map_err(|source| match source {
-        // Another daemon bound it between our probe and our bind.
-        vhost::vhost_user::Error::SocketError(ref e) if e.kind() == io::ErrorKind::AddrInUse => {
-            SocketError::InUse(name)
-        }
-        source => SocketError::Bind { path: name, source },
-    })
+    Ok(())
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ fn the_daemon_applies_its_limit_flags() {
     assert_eq!(vm.close_session(1).status, status::SUCCESS);
     // The daemon reports what the VM's workers hold, from the quota file, not per process.
     assert!(
-        daemon.wait_log("sessions open: 0; GPU memory held by its workers: 0 MiB", 1),
+        daemon.wait_log("held at close 0 B; VM GPU memory held: 0 B", 1),
         "{}",
         daemon.log()
     );

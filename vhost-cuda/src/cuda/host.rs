@@ -185,8 +185,9 @@ impl CudaHost {
         self.gpus.get(ordinal as usize).map(|g| &g.info)
     }
 
-    /// Makes every device allocation of this process's sessions count against `quota`
-    /// (`--max-gpu-memory`); set once, before the first session opens a context.
+    /// Makes every device allocation and launch of this process's sessions count in `quota`
+    /// (the VM's accounting, and its `--max-gpu-memory`); set once, before the first session
+    /// opens a context.
     pub fn set_memory_quota(&self, quota: QuotaSlot) {
         let _ = self.memory_quota.set(Arc::new(quota));
     }
@@ -194,6 +195,20 @@ impl CudaHost {
     /// The quota allocations count against, if any.
     pub(crate) fn memory_quota(&self) -> Option<Arc<QuotaSlot>> {
         self.memory_quota.get().cloned()
+    }
+
+    /// Counts a kernel launch the driver accepted in the VM's accounting (the quota's slot).
+    pub(crate) fn count_kernel(&self) {
+        if let Some(q) = self.memory_quota.get() {
+            q.count_kernel();
+        }
+    }
+
+    /// Counts a graph launch the driver accepted in the VM's accounting.
+    pub(crate) fn count_graph_launch(&self) {
+        if let Some(q) = self.memory_quota.get() {
+            q.count_graph_launch();
+        }
     }
 
     /// The sticky error (a `cudaError_t` such as cudaErrorIllegalAddress) that has corrupted

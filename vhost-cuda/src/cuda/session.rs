@@ -568,7 +568,8 @@ impl CudaSession {
             | Op::TakeOutput
             // The daemon answers it, outside the request order (host_functions.rs).
             | Op::HostFuncWait
-            | Op::HostLatency => Err(status::NOT_SUPPORTED.into()),
+            | Op::HostLatency
+            | Op::VmUsage => Err(status::NOT_SUPPORTED.into()),
         }
     }
 
@@ -1674,6 +1675,7 @@ impl CudaSession {
             // SAFETY: as above; `attrs` outlive the call.
             unsafe { self.drv.launch_ex(raw, &cfg, stream, &mut params, &attrs) }
                 .map_err(on(dev))?;
+            self.host.count_kernel();
             return ok();
         }
         let launched = match args[6] {
@@ -1686,6 +1688,7 @@ impl CudaSession {
             _ => return Err(status::INVALID_VALUE.into()),
         };
         launched.map_err(on(dev))?;
+        self.host.count_kernel();
         ok()
     }
 

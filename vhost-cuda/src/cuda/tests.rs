@@ -664,6 +664,59 @@ fn modules_functions_and_launches() {
     assert_eq!(r.status, status::INVALID_RESOURCE_HANDLE);
 }
 
+/// The VM's accounting (the quota file, here without a limit): a worker counts what it holds,
+/// the most it held, and the launches the driver accepted, not the refused ones.
+#[test]
+fn accounting_counts_memory_peak_and_accepted_launches() {
+    use crate::limits::{GpuMemoryQuota, QuotaSlot, WorkerUsage, NO_LIMIT};
+    use std::os::fd::FromRawFd;
+
+    let mut rig = Rig::new(1);
+    let quota = GpuMemoryQuota::new(NO_LIMIT, 2).unwrap();
+    let lease = quota.lease().unwrap();
+    // SAFETY: dup of an open descriptor returns a new one we own.
+    let file = unsafe { std::fs::File::from_raw_fd(libc::dup(lease.fd())) };
+    rig.host
+        .set_memory_quota(QuotaSlot::attach(file, lease.index()).unwrap());
+    let usage = lease.usage();
+    let mut s = rig.session();
+    let m = load_module(&mut rig, &mut s);
+    let (r, _) = get_function(&mut rig, &mut s, m, "vadd", 64);
+    let f = ok(r)[0];
+    let (a, b, c) = (
+        malloc(&mut s, 400),
+        malloc(&mut s, 400),
+        malloc(&mut s, 400),
+    );
+    let mut block = Vec::new();
+    for p in [a, b, c] {
+        block.extend_from_slice(&p.to_le_bytes());
+    }
+    block.extend_from_slice(&100i32.to_le_bytes());
+    let pb = rig.buf(&block);
+    let args = launch_args(f, [1, 1, 1], [128, 1, 1], 0);
+    for _ in 0..2 {
+        ok(s.execute(&req(Op::LaunchKernel, 0, &args, vec![pb.clone()], vec![])));
+    }
+    let bogus = launch_args(12345, [1, 1, 1], [1, 1, 1], 0);
+    let r = s.execute(&req(Op::LaunchKernel, 0, &bogus, vec![pb], vec![]));
+    assert_eq!(r.status, status::INVALID_RESOURCE_HANDLE);
+    ok(run(&mut s, Op::Free, &[a]));
+    assert_eq!(
+        usage.read(),
+        WorkerUsage {
+            memory: 800,
+            peak_memory: 1200,
+            kernels: 2,
+            graph_launches: 0
+        }
+    );
+    // The context goes, and with it the memory; the counts stay.
+    drop(s);
+    assert_eq!(usage.read().memory, 0);
+    assert_eq!(usage.read().kernels, 2);
+}
+
 #[test]
 fn module_images_are_checked_before_the_driver_sees_them() {
     let mut rig = Rig::new(1);

@@ -41,7 +41,9 @@
 //!
 //! Files, along the data path: `table.rs` (the [`SessionTable`]: dispatch, close, close-all),
 //! `thread.rs` (one session's thread: what it answers itself, driving its worker, failure and
-//! reset), `driver_reset.rs` (`DriverReset`), `latency.rs` (`HostLatency`'s statistics).
+//! reset), `driver_reset.rs` (`DriverReset`), `latency.rs` (`HostLatency`'s statistics),
+//! `usage.rs` (what each session uses of the host: `VmUsage`, `vhost-cuda --stats`, the open
+//! and close log lines).
 
 use std::{
     sync::atomic::{AtomicUsize, Ordering},
@@ -54,8 +56,10 @@ mod table;
 #[cfg(test)]
 mod tests;
 mod thread;
+mod usage;
 
 pub use table::SessionTable;
+pub use usage::{bytes_text, SessionView, UsageView, VmUsage};
 
 /// Most sessions one VM may have open at once. Each is a host thread, and a worker process if
 /// it uses the GPU; a guest kernel that invents session ids must not be able to exhaust the

@@ -17,13 +17,17 @@ use qcuda_proto::{status, Op, ResponseHeader};
 use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::{thread::SessionThread, ChainCompleter, MAX_IN_FLIGHT, MAX_SESSIONS};
+use super::{
+    thread::SessionThread,
+    usage::{self, SessionAccount, UsageView, VmTotals, VmUsage},
+    ChainCompleter, MAX_IN_FLIGHT, MAX_SESSIONS,
+};
 use crate::{
     chain::{ParsedRequest, Reply},
     cuda::CudaHost,
     guest_buffer::{GuestRam, Request},
     host_function_link::{HostFnLink, Waiter},
-    limits::GpuMemoryQuota,
+    limits::{GpuMemoryQuota, NO_LIMIT},
     worker::WorkerCommand,
 };
 
@@ -41,14 +45,19 @@ pub(super) struct Shared {
     pub(super) command: WorkerCommand,
     pub(super) label: String,
     /// `--max-sessions` (at most [`MAX_SESSIONS`]).
-    max_sessions: usize,
+    pub(super) max_sessions: usize,
     /// [`MAX_IN_FLIGHT`] (tests lower it).
     pub(super) max_in_flight: usize,
     /// Whether the in-flight bound was hit (logged once).
     flooded: AtomicBool,
-    /// `--max-gpu-memory`: the VM's quota file, shared with its workers; `Err` if it could not
-    /// be made (then no worker starts: the limit is not silently dropped).
-    pub(super) gpu_memory: Option<Result<GpuMemoryQuota, String>>,
+    /// The VM's accounting file (with its `--max-gpu-memory`), shared with its workers; `Err`
+    /// if it could not be made: then, under a limit, no worker starts (the limit is not
+    /// silently dropped), and without one they run uncounted.
+    pub(super) gpu_memory: Result<GpuMemoryQuota, String>,
+    /// Whether `--max-gpu-memory` is set.
+    pub(super) memory_limited: bool,
+    /// Counts over the VM's ended sessions.
+    pub(super) totals: VmTotals,
     threads: Mutex<HashMap<u64, SessionHandle>>,
     /// The guest memory map of the last SET_MEM_TABLE, for new worker processes.
     memory: Mutex<Arc<GuestRam>>,
@@ -171,6 +180,8 @@ pub(super) struct SessionHandle {
     wake: Arc<EventFd>,
     /// The worker process's id, 0 while there is none.
     pid: Arc<AtomicU32>,
+    /// What the session uses of the host.
+    pub(super) account: Arc<SessionAccount>,
     /// Set when the session has ended (its worker reaped), under the counters' lock.
     pub(super) ended: Arc<AtomicBool>,
     /// Where `HostFuncWait` requests go, past the session's queue.
@@ -217,12 +228,24 @@ impl SessionTable {
             .max_sessions
             .unwrap_or(MAX_SESSIONS)
             .min(MAX_SESSIONS);
-        let gpu_memory = limits.max_gpu_memory.map(|limit| {
-            GpuMemoryQuota::new(limit, max_sessions).map_err(|e| {
-                error!(vm = %label, "cannot set up --max-gpu-memory: {e}; no GPU work will run");
-                e.to_string()
-            })
-        });
+        let memory_limited = limits.max_gpu_memory.is_some();
+        let gpu_memory =
+            GpuMemoryQuota::new(limits.max_gpu_memory.unwrap_or(NO_LIMIT), max_sessions).map_err(
+                |e| {
+                    if memory_limited {
+                        error!(
+                            vm = %label,
+                            "cannot set up --max-gpu-memory: {e}; no GPU work will run"
+                        );
+                    } else {
+                        error!(
+                            vm = %label,
+                            "cannot set up GPU-memory accounting: {e}; sessions run uncounted"
+                        );
+                    }
+                    e.to_string()
+                },
+            );
         Self {
             shared: Arc::new(Shared {
                 host,
@@ -231,6 +254,8 @@ impl SessionTable {
                 max_in_flight: MAX_IN_FLIGHT,
                 flooded: AtomicBool::new(false),
                 gpu_memory,
+                memory_limited,
+                totals: VmTotals::default(),
                 label,
                 threads: Mutex::new(HashMap::new()),
                 memory: Mutex::new(Arc::new(GuestRam::new())),
@@ -251,12 +276,24 @@ impl SessionTable {
         self.shared.counters().in_flight
     }
 
-    /// Bytes of device memory this VM's workers hold now, if `--max-gpu-memory` is set.
+    /// Bytes of device memory this VM's workers hold now (`None`: not counted, the
+    /// accounting file could not be made).
     pub fn gpu_memory_used(&self) -> Option<u64> {
-        match &self.shared.gpu_memory {
-            Some(Ok(q)) => Some(q.used()),
-            _ => None,
-        }
+        self.shared
+            .gpu_memory
+            .as_ref()
+            .ok()
+            .map(GpuMemoryQuota::used)
+    }
+
+    /// What the VM uses of the host now.
+    pub fn usage(&self) -> VmUsage {
+        usage::snapshot(&self.shared, None)
+    }
+
+    /// A reader of [`SessionTable::usage`] that does not keep the table alive.
+    pub fn usage_view(&self) -> UsageView {
+        UsageView(Arc::downgrade(&self.shared))
     }
 
     /// The process id of session `id`'s worker, if it has one now.
@@ -360,6 +397,11 @@ impl SessionTable {
         let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
         let abandoned = Arc::new(AtomicBool::new(false));
         let pid = Arc::new(AtomicU32::new(0));
+        let account = Arc::new(SessionAccount::new(
+            id,
+            job.request.header().pid,
+            pid.clone(),
+        ));
         let ended = Arc::new(AtomicBool::new(false));
         let host_fns = Arc::new(HostFnLink::default());
         let thread = SessionThread {
@@ -369,6 +411,7 @@ impl SessionTable {
             abandoned: abandoned.clone(),
             wake: wake.clone(),
             pid: pid.clone(),
+            account: account.clone(),
             ended: ended.clone(),
             host_fns: host_fns.clone(),
             latency: RefCell::default(),
@@ -398,6 +441,7 @@ impl SessionTable {
                 abandoned,
                 wake,
                 pid,
+                account,
                 ended,
                 host_fns,
             },

@@ -7,8 +7,8 @@ use std::{
 };
 
 use qcuda_proto::{
-    status, Checksum, Direction, LatencyRecord, Op, RequestHeader, ResponseHeader, FLAG_ASYNC,
-    LATENCY_RECORD_SIZE, VERSION,
+    status, Checksum, Direction, LatencyRecord, Op, RequestHeader, ResponseHeader, SessionUsage,
+    FLAG_ASYNC, LATENCY_RECORD_SIZE, SESSION_USAGE_SIZE, USAGE_CALLER, VERSION,
 };
 use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::split::Descriptor;
@@ -324,6 +324,56 @@ fn host_latency_reports_where_each_op_spent_its_time() {
     let rec = LatencyRecord::decode(&b).unwrap();
     assert_eq!((rec.op, rec.count, rec.worker_ns), (Op::Hello as u32, 3, 0));
     assert!(rec.host_ns >= rec.queue_ns);
+}
+
+#[test]
+fn vm_usage_lists_the_vms_sessions_with_their_guest_pids() {
+    let mut g = Guest::new();
+    for (i, (session, pid)) in [(31, 1000), (32, 2000), (33, 0)].into_iter().enumerate() {
+        let mut h = RequestHeader::new(Op::Hello);
+        h.session = session;
+        h.pid = pid;
+        h.args[0] = u64::from(VERSION);
+        let (hello, _) = g.request(h, &[]);
+        g.send(u16::try_from(i).unwrap(), hello);
+    }
+    g.rec.wait(3);
+    // Room for two of the three records.
+    let mut h = RequestHeader::new(Op::VmUsage);
+    h.session = 32;
+    h.pid = 2001;
+    h.push_buffer(Direction::Out, 2 * SESSION_USAGE_SIZE as u64)
+        .unwrap();
+    let (usage, out) = g.request(h, &[]);
+    g.send(3, usage);
+    g.rec.wait(4);
+    let r = g.response(out + 2 * SESSION_USAGE_SIZE as u64);
+    assert_eq!((r.status, r.rets[0], r.rets[1]), (0, 2, 3), "{r:?}");
+    // No GPU work: nothing held, no kernels, no limit; three sessions opened so far.
+    assert_eq!(&r.rets[2..], &[0, 0, 1024, 0, 3]);
+    let mut b = [0u8; 2 * SESSION_USAGE_SIZE];
+    g.mem.read_slice(&mut b, GuestAddress(out)).unwrap();
+    let a = SessionUsage::decode(&b).unwrap();
+    let c = SessionUsage::decode(&b[SESSION_USAGE_SIZE..]).unwrap();
+    // By session id; the first pid a session's requests carried is its pid.
+    assert_eq!((a.session, a.pid, a.flags), (31, 1000, 0));
+    assert_eq!((c.session, c.pid, c.flags), (32, 2000, USAGE_CALLER));
+    assert_eq!((c.memory, c.kernels), (0, 0));
+    // The host's view is the same, with the sessions' worker pids (none here).
+    let vm = g.table.usage();
+    assert_eq!(
+        (vm.vm.as_str(), vm.sessions_open, vm.memory),
+        ("test", 3, 0)
+    );
+    let pids: Vec<_> = vm.sessions.iter().map(|s| s.usage.pid).collect();
+    assert_eq!(pids, [1000, 2000, 0]);
+    assert!(vm.sessions.iter().all(|s| s.worker_pid == 0));
+    let view = g.table.usage_view();
+    assert_eq!(view.snapshot().unwrap().sessions_open, 3);
+    assert_eq!(g.table.close_all(WAIT), 0);
+    assert!(view.snapshot().unwrap().sessions.is_empty());
+    drop(g);
+    assert!(view.snapshot().is_none(), "the view outlived its table");
 }
 
 #[test]

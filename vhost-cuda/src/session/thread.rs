@@ -21,6 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{
     latency::{ns, LatencyStats},
     table::{Msg, Shared},
+    usage::{self, bytes_text, SessionAccount},
     OPEN_SESSIONS_TOTAL,
 };
 use crate::{
@@ -46,6 +47,7 @@ pub(super) struct SessionThread {
     pub(super) abandoned: Arc<AtomicBool>,
     pub(super) wake: Arc<EventFd>,
     pub(super) pid: Arc<AtomicU32>,
+    pub(super) account: Arc<SessionAccount>,
     pub(super) ended: Arc<AtomicBool>,
     pub(super) host_fns: Arc<HostFnLink>,
     /// Where the session's time went, per op (`Op::HostLatency`).
@@ -121,6 +123,7 @@ impl SessionThread {
             if self.abandoned() {
                 continue;
             }
+            self.account.note_pid(job.request.header().pid);
             if job.request.op() == Op::SessionClose {
                 self.close(&mut gpu, "SessionClose");
                 self.leave_table();
@@ -169,7 +172,16 @@ impl SessionThread {
     fn opened(&self) {
         let open = self.shared.update(|c| c.open += 1).open;
         OPEN_SESSIONS_TOTAL.fetch_add(1, Ordering::AcqRel);
-        info!(vm = %self.shared.label, "session {} opened; sessions open: {open}", self.id);
+        self.shared
+            .totals
+            .sessions_opened
+            .fetch_add(1, Ordering::AcqRel);
+        info!(
+            vm = %self.shared.label,
+            "session {} opened; sessions open: {open}; guest pid {}",
+            self.id,
+            pid_text(self.account.pid())
+        );
     }
 
     /// Ends the session's worker (bounded; see `WorkerProcess::close`), then the session.
@@ -177,14 +189,18 @@ impl SessionThread {
         // First, so that the worker's waiting host functions return and it can end.
         self.host_fns.close(!self.abandoned());
         if let Gpu::Running { process, .. } = mem::replace(gpu, Gpu::Idle) {
+            self.account.worker_ending();
             process.close(CLOSE_WAIT);
             self.pid.store(0, Ordering::Release);
+            self.account.worker_ended(false);
         }
-        // With --max-gpu-memory, what the VM's remaining workers hold (this one's share is
-        // gone: it was reaped above).
-        let gpu_memory = match &self.shared.gpu_memory {
-            Some(Ok(q)) => format!("; GPU memory held by its workers: {} MiB", q.used() >> 20),
-            _ => String::new(),
+        // What the guest process left allocated, freed with its worker.
+        let held = self.account.held_at_end();
+        let t = self.account.close_into(&self.shared.totals);
+        // What the VM's remaining workers hold (this one's share is gone: it was reaped above).
+        let vm_memory = match &self.shared.gpu_memory {
+            Ok(q) => bytes_text(q.used()),
+            Err(_) => "not counted".to_string(),
         };
         self.shared.update(|c| {
             c.open -= 1;
@@ -193,7 +209,17 @@ impl SessionThread {
             self.ended.store(true, Ordering::Release);
             info!(
                 vm = %self.shared.label,
-                "session {} closed ({why}); sessions open: {}{gpu_memory}", self.id, c.open
+                "session {} closed ({why}); sessions open: {}; guest pid {}, open {:.1} s, \
+                 kernels {}, graph launches {}, GPU memory peak {}, held at close {}; VM GPU \
+                 memory held: {vm_memory}",
+                self.id,
+                c.open,
+                pid_text(self.account.pid()),
+                self.account.age_secs(),
+                t.kernels,
+                t.graph_launches,
+                bytes_text(t.peak_memory),
+                bytes_text(held)
             );
         });
         OPEN_SESSIONS_TOTAL.fetch_sub(1, Ordering::AcqRel);
@@ -213,9 +239,12 @@ impl SessionThread {
     /// Kills the worker (if any) and reaps it.
     fn end_worker(&self, gpu: &mut Gpu, next: Gpu) {
         self.host_fns.disconnect();
+        let failed = matches!(next, Gpu::Failed);
         if let Gpu::Running { process, .. } = mem::replace(gpu, next) {
+            self.account.worker_ending();
             process.kill();
             self.pid.store(0, Ordering::Release);
+            self.account.worker_ended(failed);
         }
     }
 
@@ -261,6 +290,7 @@ impl SessionThread {
             }
             Op::Echo => return Outcome::Answered(transport_ops::echo(req)),
             Op::HostLatency => return Outcome::Answered(self.latency.borrow().answer(req)),
+            Op::VmUsage => return Outcome::Answered(usage::answer(&self.shared, self.id, req)),
             Op::DeviceReset if gpu.sticky() => self.reset(gpu, req),
             // A worker that is not running maps nothing: no need to start one to say so.
             Op::HostUnmap if !matches!(gpu, Gpu::Running { .. }) => {
@@ -312,8 +342,7 @@ impl SessionThread {
         }
         if let Gpu::Idle = gpu {
             let quota = match &self.shared.gpu_memory {
-                None => None,
-                Some(Ok(q)) => match q.lease() {
+                Ok(q) => match q.lease() {
                     Some(lease) => Some(lease),
                     // Slots match --max-sessions; only a bug runs out of them.
                     None => {
@@ -322,12 +351,14 @@ impl SessionThread {
                         ))
                     }
                 },
-                Some(Err(_)) => {
+                Err(_) if self.shared.memory_limited => {
                     return Outcome::Answered(ResponseHeader::with_status(
                         status::MEMORY_ALLOCATION,
                     ))
                 }
+                Err(_) => None,
             };
+            let slot = quota.as_ref().map(crate::limits::SlotLease::usage);
             let spawned = WorkerProcess::spawn_with_quota(
                 &self.shared.command,
                 self.id,
@@ -344,6 +375,7 @@ impl SessionThread {
                 }
             };
             self.pid.store(process.pid(), Ordering::Release);
+            self.account.worker_started(slot);
             let shared = process
                 .share_memory(&self.shared.memory())
                 .and_then(|()| self.link_host_functions(&mut process));
@@ -421,5 +453,14 @@ impl SessionThread {
             }
         }
         true
+    }
+}
+
+/// A guest pid for the logs: "unknown" from a kernel module that does not stamp it.
+fn pid_text(pid: u32) -> String {
+    if pid == 0 {
+        "unknown".to_string()
+    } else {
+        pid.to_string()
     }
 }

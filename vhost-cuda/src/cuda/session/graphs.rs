@@ -199,6 +199,9 @@ impl CudaSession {
                 self.drv
                     .graph_launch(exec, stream, req.op() == Op::GraphUpload)
                     .map_err(on(dev))?;
+                if req.op() == Op::GraphLaunch {
+                    self.host.count_graph_launch();
+                }
                 ok()
             }
             Op::GraphExecUpdate => self.graph_exec_update(args),

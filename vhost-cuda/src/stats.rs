@@ -1,0 +1,678 @@
+//! The stats socket: what each VM of this daemon uses of the host, on request.
+//!
+//! The daemon listens on a Unix socket beside its vhost-user socket (`PATH.stats`, or
+//! `--stats-socket`). A client writes one line naming a format, `table`, `json` or
+//! `prometheus` (Prometheus' text exposition format), and reads the report until the daemon
+//! closes the connection; `vhost-cuda --stats` is that client ([`query`]). The report covers
+//! the host's GPUs that the VMs may use and, per VM (socket), its connection, its sessions and
+//! their device memory (now and at most), kernels and graphs launched, guest and worker pids.
+//! The figures come from each VM's session table (`session::usage`); the [`StatsRegistry`]
+//! knows which table is the current connection's. Clients are served one at a time, each
+//! bounded by [`CLIENT_TIMEOUT`], so a stuck client delays the next by at most that.
+//!
+//! Neighbours: lib.rs registers each connection's table; main.rs has the `--stats` client.
+
+use std::{
+    fmt::Write as _,
+    io::{self, BufRead, BufReader, Read, Write},
+    os::unix::net::{UnixListener, UnixStream},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    thread,
+    time::Duration,
+};
+
+use tracing::{info, warn};
+
+use crate::{
+    cuda::CudaHost,
+    session::{bytes_text, UsageView, VmUsage},
+    socket::{self, SocketError},
+};
+
+/// What the stats socket's name adds to the vhost-user socket's.
+pub const STATS_SUFFIX: &str = ".stats";
+
+/// How long the daemon waits for a client's request line, and for it to take the report.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest request line the daemon reads.
+const MAX_REQUEST: u64 = 64;
+
+/// How a report is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatsFormat {
+    /// For people, like `nvidia-smi`.
+    Table,
+    /// One JSON object.
+    Json,
+    /// Prometheus' text exposition format (e.g. for node_exporter's textfile collector).
+    Prometheus,
+}
+
+impl StatsFormat {
+    /// The request line's word.
+    pub fn word(self) -> &'static str {
+        match self {
+            StatsFormat::Table => "table",
+            StatsFormat::Json => "json",
+            StatsFormat::Prometheus => "prometheus",
+        }
+    }
+
+    fn from_word(w: &str) -> Option<Self> {
+        [Self::Table, Self::Json, Self::Prometheus]
+            .into_iter()
+            .find(|f| f.word() == w)
+    }
+}
+
+/// One VM (socket) of this daemon and the table of its current connection, if any.
+#[derive(Debug)]
+struct VmEntry {
+    label: String,
+    view: Option<UsageView>,
+}
+
+/// Every VM this daemon serves.
+#[derive(Debug, Default)]
+pub struct StatsRegistry {
+    vms: Mutex<Vec<VmEntry>>,
+}
+
+/// One VM in a report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmReport {
+    /// Whether a frontend (QEMU) is connected.
+    pub connected: bool,
+    /// Its use of the host (all zero when not connected).
+    pub usage: VmUsage,
+}
+
+/// One host GPU in a report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuReport {
+    /// Its ordinal as the guests see it.
+    pub index: u32,
+    /// Its name.
+    pub name: String,
+    /// Its memory in bytes.
+    pub memory: u64,
+}
+
+/// A whole report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The host's CUDA driver version (0: none).
+    pub driver_version: u32,
+    /// The GPUs the VMs may use.
+    pub gpus: Vec<GpuReport>,
+    /// The VMs, in socket order.
+    pub vms: Vec<VmReport>,
+}
+
+impl StatsRegistry {
+    /// Adds a VM labelled `label` (its socket path); returns its index.
+    pub fn add(&self, label: &str) -> usize {
+        let mut vms = self.lock();
+        vms.push(VmEntry {
+            label: label.to_string(),
+            view: None,
+        });
+        vms.len() - 1
+    }
+
+    /// VM `index` has a connection, whose table `view` reads.
+    pub fn connect(&self, index: usize, view: UsageView) {
+        if let Some(e) = self.lock().get_mut(index) {
+            e.view = Some(view);
+        }
+    }
+
+    /// VM `index`'s connection ended.
+    pub fn disconnect(&self, index: usize) {
+        if let Some(e) = self.lock().get_mut(index) {
+            e.view = None;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<VmEntry>> {
+        self.vms.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every VM now.
+    pub fn vms(&self) -> Vec<VmReport> {
+        // The views are read outside the lock: a snapshot takes the tables' own locks.
+        let entries: Vec<(String, Option<UsageView>)> = self
+            .lock()
+            .iter()
+            .map(|e| (e.label.clone(), e.view.clone()))
+            .collect();
+        entries
+            .into_iter()
+            .map(|(label, view)| match view.and_then(|v| v.snapshot()) {
+                Some(usage) => VmReport {
+                    connected: true,
+                    usage: VmUsage { vm: label, ..usage },
+                },
+                None => VmReport {
+                    connected: false,
+                    usage: VmUsage {
+                        vm: label,
+                        ..VmUsage::default()
+                    },
+                },
+            })
+            .collect()
+    }
+}
+
+/// The report of `host` and `registry` now.
+pub fn report(host: &CudaHost, registry: &StatsRegistry) -> Report {
+    Report {
+        driver_version: host.driver_version(),
+        gpus: (0..host.gpu_count())
+            .filter_map(|i| {
+                host.gpu_info(i).map(|g| GpuReport {
+                    index: i,
+                    name: String::from_utf8_lossy(g.name_bytes()).into_owned(),
+                    memory: g.total_mem,
+                })
+            })
+            .collect(),
+        vms: registry.vms(),
+    }
+}
+
+/// Binds the stats socket at `path` (replacing a stale one) and serves it on a thread of its
+/// own for the life of the process.
+pub fn serve(
+    path: &Path,
+    host: Arc<CudaHost>,
+    registry: Arc<StatsRegistry>,
+) -> Result<(), SocketError> {
+    socket::remove_stale(path)?;
+    let name = path.display().to_string();
+    let listener = UnixListener::bind(path).map_err(|source| SocketError::Probe {
+        path: name.clone(),
+        source,
+    })?;
+    info!("stats on {name} (vhost-cuda --stats)");
+    thread::Builder::new()
+        .name("qcuda-stats".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                match conn {
+                    Ok(c) => {
+                        if let Err(e) = answer(c, &host, &registry) {
+                            warn!("stats client: {e}");
+                        }
+                    }
+                    Err(e) => {
+                        warn!("stats socket {name}: accept failed: {e}");
+                        thread::sleep(Duration::from_millis(100));
+                    }
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|source| SocketError::Probe {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// Serves one client: its request line, then the report.
+fn answer(conn: UnixStream, host: &CudaHost, registry: &StatsRegistry) -> io::Result<()> {
+    conn.set_read_timeout(Some(CLIENT_TIMEOUT))?;
+    conn.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    let mut line = String::new();
+    BufReader::new((&conn).take(MAX_REQUEST)).read_line(&mut line)?;
+    let mut out = &conn;
+    let Some(format) = StatsFormat::from_word(line.trim()) else {
+        return out.write_all(b"error: ask for table, json or prometheus\n");
+    };
+    out.write_all(render(format, &report(host, registry)).as_bytes())
+}
+
+/// The client: asks the daemon at `path` for a report in `format`.
+pub fn query(path: &Path, format: StatsFormat) -> io::Result<String> {
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    writeln!(conn, "{}", format.word())?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+/// The stats socket of the vhost-user socket `socket_path`.
+pub fn default_path(socket_path: &Path) -> PathBuf {
+    let mut p = socket_path.as_os_str().to_owned();
+    p.push(STATS_SUFFIX);
+    PathBuf::from(p)
+}
+
+/// `report` written in `format`.
+pub fn render(format: StatsFormat, report: &Report) -> String {
+    match format {
+        StatsFormat::Table => table(report),
+        StatsFormat::Json => json(report),
+        StatsFormat::Prometheus => prometheus(report),
+    }
+}
+
+fn table(r: &Report) -> String {
+    let mut s = String::new();
+    let driver = if r.driver_version == 0 {
+        "none".to_string()
+    } else {
+        format!(
+            "{}.{}",
+            r.driver_version / 1000,
+            r.driver_version % 1000 / 10
+        )
+    };
+    let _ = writeln!(s, "host: CUDA driver {driver}, {} GPU(s)", r.gpus.len());
+    for g in &r.gpus {
+        let _ = writeln!(s, "  GPU {}: {}, {}", g.index, g.name, bytes_text(g.memory));
+    }
+    for vm in &r.vms {
+        let u = &vm.usage;
+        if !vm.connected {
+            let _ = writeln!(s, "VM {}: not connected", u.vm);
+            continue;
+        }
+        let limit = u
+            .memory_limit
+            .map_or(String::new(), |l| format!(" of {}", bytes_text(l)));
+        let _ = writeln!(
+            s,
+            "VM {}: {} session(s) open (at most {}), GPU memory {}{limit}, kernels {}, graph \
+             launches {}, sessions opened {}",
+            u.vm,
+            u.sessions_open,
+            u.max_sessions,
+            bytes_text(u.memory),
+            u.kernels,
+            u.graph_launches,
+            u.sessions_opened
+        );
+        if u.sessions.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "  {:>20} {:>9} {:>10} {:>11} {:>11} {:>10} {:>7} {:>9}",
+            "SESSION", "GUEST PID", "WORKER PID", "MEMORY", "PEAK", "KERNELS", "GRAPHS", "AGE"
+        );
+        for v in &u.sessions {
+            let x = &v.usage;
+            let pid = |p: u32| {
+                if p == 0 {
+                    "-".to_string()
+                } else {
+                    p.to_string()
+                }
+            };
+            #[expect(
+                clippy::cast_precision_loss,
+                reason = "seconds with one decimal, for people"
+            )]
+            let age = x.age_ms as f64 / 1000.0;
+            let _ = writeln!(
+                s,
+                "  {:>20} {:>9} {:>10} {:>11} {:>11} {:>10} {:>7} {:>8.1}s",
+                x.session,
+                pid(x.pid),
+                pid(v.worker_pid),
+                bytes_text(x.memory),
+                bytes_text(x.peak_memory),
+                x.kernels,
+                x.graph_launches,
+                age
+            );
+        }
+    }
+    s
+}
+
+/// `v` as a JSON string.
+fn json_string(v: &str) -> String {
+    let mut s = String::with_capacity(v.len() + 2);
+    s.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(s, "\\u{:04x}", u32::from(c));
+            }
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
+}
+
+fn json(r: &Report) -> String {
+    let gpus: Vec<String> = r
+        .gpus
+        .iter()
+        .map(|g| {
+            format!(
+                "{{\"index\":{},\"name\":{},\"memory_bytes\":{}}}",
+                g.index,
+                json_string(&g.name),
+                g.memory
+            )
+        })
+        .collect();
+    let vms: Vec<String> = r
+        .vms
+        .iter()
+        .map(|vm| {
+            let u = &vm.usage;
+            let sessions: Vec<String> = u
+                .sessions
+                .iter()
+                .map(|v| {
+                    let x = &v.usage;
+                    format!(
+                        "{{\"session\":{},\"guest_pid\":{},\"worker_pid\":{},\
+                         \"gpu_memory_bytes\":{},\"gpu_memory_peak_bytes\":{},\"kernels\":{},\
+                         \"graph_launches\":{},\"age_ms\":{},\"failed\":{}}}",
+                        x.session,
+                        x.pid,
+                        v.worker_pid,
+                        x.memory,
+                        x.peak_memory,
+                        x.kernels,
+                        x.graph_launches,
+                        x.age_ms,
+                        x.flags & qcuda_proto::USAGE_FAILED != 0
+                    )
+                })
+                .collect();
+            format!(
+                "{{\"vm\":{},\"connected\":{},\"sessions_open\":{},\"max_sessions\":{},\
+                 \"gpu_memory_bytes\":{},\"gpu_memory_limit_bytes\":{},\"kernels\":{},\
+                 \"graph_launches\":{},\"sessions_opened\":{},\"sessions\":[{}]}}",
+                json_string(&u.vm),
+                vm.connected,
+                u.sessions_open,
+                u.max_sessions,
+                u.memory,
+                u.memory_limit.map_or("null".to_string(), |l| l.to_string()),
+                u.kernels,
+                u.graph_launches,
+                u.sessions_opened,
+                sessions.join(",")
+            )
+        })
+        .collect();
+    format!(
+        "{{\"driver_version\":{},\"gpus\":[{}],\"vms\":[{}]}}\n",
+        r.driver_version,
+        gpus.join(","),
+        vms.join(",")
+    )
+}
+
+/// One figure of a VM for Prometheus; `None`: no sample.
+type VmFigure<'a> = &'a dyn Fn(&VmReport) -> Option<u64>;
+
+/// `v` as a Prometheus label value.
+fn label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len() + 2);
+    s.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s.push('"');
+    s
+}
+
+fn prometheus(r: &Report) -> String {
+    let mut s = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(s, "{name}{{{labels}}} {v}");
+        }
+    };
+    family(
+        "qcuda_host_gpu_memory_bytes",
+        "gauge",
+        "Memory of each host GPU the VMs may use.",
+        r.gpus
+            .iter()
+            .map(|g| {
+                (
+                    format!("gpu=\"{}\",name={}", g.index, label(&g.name)),
+                    g.memory,
+                )
+            })
+            .collect(),
+    );
+    let per_vm = |f: VmFigure| -> Vec<(String, u64)> {
+        r.vms
+            .iter()
+            .filter_map(|vm| Some((format!("vm={}", label(&vm.usage.vm)), f(vm)?)))
+            .collect()
+    };
+    let vm_families: [(&str, &str, &str, VmFigure); 8] = [
+        (
+            "qcuda_vm_connected",
+            "gauge",
+            "Whether the VM's frontend (QEMU) is connected.",
+            &|vm| Some(u64::from(vm.connected)),
+        ),
+        (
+            "qcuda_vm_sessions",
+            "gauge",
+            "Guest processes with /dev/qcuda open.",
+            &|vm| Some(vm.usage.sessions_open as u64),
+        ),
+        (
+            "qcuda_vm_max_sessions",
+            "gauge",
+            "Most guest processes the VM may have open (--max-sessions).",
+            &|vm| vm.connected.then_some(vm.usage.max_sessions as u64),
+        ),
+        (
+            "qcuda_vm_gpu_memory_bytes",
+            "gauge",
+            "Device memory the VM's sessions hold.",
+            &|vm| Some(vm.usage.memory),
+        ),
+        (
+            "qcuda_vm_gpu_memory_limit_bytes",
+            "gauge",
+            "The VM's device-memory limit (--max-gpu-memory), where set.",
+            &|vm| vm.usage.memory_limit,
+        ),
+        (
+            "qcuda_vm_kernels_total",
+            "counter",
+            "Kernels the VM's sessions launched since it connected.",
+            &|vm| Some(vm.usage.kernels),
+        ),
+        (
+            "qcuda_vm_graph_launches_total",
+            "counter",
+            "Graphs the VM's sessions launched since it connected.",
+            &|vm| Some(vm.usage.graph_launches),
+        ),
+        (
+            "qcuda_vm_sessions_opened_total",
+            "counter",
+            "Sessions the VM opened since it connected.",
+            &|vm| Some(vm.usage.sessions_opened),
+        ),
+    ];
+    for (name, kind, help, f) in vm_families {
+        family(name, kind, help, per_vm(f));
+    }
+    let per_session = |f: fn(&qcuda_proto::SessionUsage) -> u64| -> Vec<(String, u64)> {
+        r.vms
+            .iter()
+            .flat_map(|vm| {
+                vm.usage.sessions.iter().map(move |v| {
+                    (
+                        format!(
+                            "vm={},session=\"{}\",guest_pid=\"{}\",worker_pid=\"{}\"",
+                            label(&vm.usage.vm),
+                            v.usage.session,
+                            v.usage.pid,
+                            v.worker_pid
+                        ),
+                        f(&v.usage),
+                    )
+                })
+            })
+            .collect()
+    };
+    family(
+        "qcuda_session_gpu_memory_bytes",
+        "gauge",
+        "Device memory a session (guest process) holds.",
+        per_session(|u| u.memory),
+    );
+    family(
+        "qcuda_session_gpu_memory_peak_bytes",
+        "gauge",
+        "The most device memory a session held at once.",
+        per_session(|u| u.peak_memory),
+    );
+    family(
+        "qcuda_session_kernels_total",
+        "counter",
+        "Kernels a session launched.",
+        per_session(|u| u.kernels),
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use qcuda_proto::SessionUsage;
+
+    use super::*;
+    use crate::session::SessionView;
+
+    fn sample() -> Report {
+        Report {
+            driver_version: 13000,
+            gpus: vec![GpuReport {
+                index: 0,
+                name: "NVIDIA H100 80GB HBM3".into(),
+                memory: 80 << 30,
+            }],
+            vms: vec![
+                VmReport {
+                    connected: true,
+                    usage: VmUsage {
+                        vm: "/run/qcuda/vm\"0.sock".into(),
+                        sessions_open: 1,
+                        max_sessions: 1024,
+                        memory: 3 << 29,
+                        memory_limit: Some(4 << 30),
+                        kernels: 12,
+                        graph_launches: 1,
+                        sessions_opened: 5,
+                        sessions: vec![SessionView {
+                            usage: SessionUsage {
+                                session: 77,
+                                pid: 812,
+                                flags: 0,
+                                memory: 3 << 29,
+                                peak_memory: 2 << 30,
+                                kernels: 10,
+                                graph_launches: 1,
+                                age_ms: 1500,
+                            },
+                            worker_pid: 40211,
+                        }],
+                    },
+                },
+                VmReport {
+                    connected: false,
+                    usage: VmUsage {
+                        vm: "/run/qcuda/vm1.sock".into(),
+                        ..VmUsage::default()
+                    },
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_table_for_people() {
+        let t = render(StatsFormat::Table, &sample());
+        assert!(t.starts_with("host: CUDA driver 13.0, 1 GPU(s)\n  GPU 0: NVIDIA H100"));
+        assert!(
+            t.contains(
+                "VM /run/qcuda/vm\"0.sock: 1 session(s) open (at most 1024), GPU memory 1.5 GiB \
+                 of 4.0 GiB, kernels 12, graph launches 1, sessions opened 5"
+            ),
+            "{t}"
+        );
+        let row = t
+            .lines()
+            .find(|l| l.trim_start().starts_with("77 "))
+            .unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cols,
+            ["77", "812", "40211", "1.5", "GiB", "2.0", "GiB", "10", "1", "1.5s"]
+        );
+        assert!(
+            t.ends_with("VM /run/qcuda/vm1.sock: not connected\n"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn json_escapes_labels() {
+        let j = render(StatsFormat::Json, &sample());
+        assert!(
+            j.starts_with("{\"driver_version\":13000,\"gpus\":[{\"index\":0,"),
+            "{j}"
+        );
+        assert!(j.contains("\"vm\":\"/run/qcuda/vm\\\"0.sock\",\"connected\":true"));
+        assert!(j.contains(
+            "\"sessions\":[{\"session\":77,\"guest_pid\":812,\"worker_pid\":40211,\
+             \"gpu_memory_bytes\":1610612736,\"gpu_memory_peak_bytes\":2147483648,\
+             \"kernels\":10,\"graph_launches\":1,\"age_ms\":1500,\"failed\":false}]"
+        ));
+        assert!(j.contains("\"gpu_memory_limit_bytes\":null"));
+        assert_eq!(json_string("a\u{1}\\"), "\"a\\u0001\\\\\"");
+    }
+
+    #[test]
+    fn prometheus_text_has_a_sample_per_vm_and_session() {
+        let p = render(StatsFormat::Prometheus, &sample());
+        for line in [
+            "# TYPE qcuda_vm_gpu_memory_bytes gauge",
+            "qcuda_vm_gpu_memory_bytes{vm=\"/run/qcuda/vm\\\"0.sock\"} 1610612736",
+            "qcuda_vm_gpu_memory_bytes{vm=\"/run/qcuda/vm1.sock\"} 0",
+            "qcuda_vm_connected{vm=\"/run/qcuda/vm1.sock\"} 0",
+            "qcuda_vm_gpu_memory_limit_bytes{vm=\"/run/qcuda/vm\\\"0.sock\"} 4294967296",
+            "qcuda_vm_kernels_total{vm=\"/run/qcuda/vm\\\"0.sock\"} 12",
+            "qcuda_session_kernels_total{vm=\"/run/qcuda/vm\\\"0.sock\",session=\"77\",\
+             guest_pid=\"812\",worker_pid=\"40211\"} 10",
+            "qcuda_host_gpu_memory_bytes{gpu=\"0\",name=\"NVIDIA H100 80GB HBM3\"} 85899345920",
+        ] {
+            assert!(p.lines().any(|l| l == line), "no {line:?} in\n{p}");
+        }
+        // No limit, no sample; a disconnected VM has no session limit either.
+        assert!(!p.contains("qcuda_vm_gpu_memory_limit_bytes{vm=\"/run/qcuda/vm1.sock\"}"));
+        assert!(!p.contains("qcuda_vm_max_sessions{vm=\"/run/qcuda/vm1.sock\"}"));
+    }
+}
