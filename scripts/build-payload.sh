@@ -4,6 +4,7 @@
 #
 #   /usr/lib/qcuda/libcudart.so.13   guest-lib, our CUDA runtime (the runtime API face)
 #   /usr/lib/qcuda/libcuda.so.1      guest-lib, our CUDA driver (the driver API face and the core)
+#   /usr/lib/qcuda/libnvidia-ml.so.1 guest-lib, our NVML (the devices this VM may use)
 #   /usr/lib/qcuda/nvidia/13, /12    NVIDIA's libcudart.so.13 and .so.12 (PyPI wheels), for the
 #                                    tests that run NVIDIA's runtime over our driver
 #   /usr/bin/qcuda-smi               the guest CLI (host GPUs, transport self-test, stress)
@@ -38,6 +39,7 @@ stage=$(mktemp -d) installed=$(mktemp -d)
 trap 'rm -rf "$stage" "$installed"' EXIT
 install -D -m 755 "$lib" "$stage/usr/lib/qcuda/libcudart.so.13"
 install -D -m 755 "$(dirname "$lib")/libcuda.so.1" "$stage/usr/lib/qcuda/libcuda.so.1"
+install -D -m 755 "$(dirname "$lib")/libnvidia-ml.so.1" "$stage/usr/lib/qcuda/libnvidia-ml.so.1"
 install -D -m 755 build/cuda-runtimes/13/libcudart.so.13 "$stage/usr/lib/qcuda/nvidia/13/libcudart.so.13"
 install -D -m 755 build/cuda-runtimes/12/libcudart.so.12 "$stage/usr/lib/qcuda/nvidia/12/libcudart.so.12"
 install -D -m 755 target/release/qcuda-smi "$stage/usr/bin/qcuda-smi"

@@ -54,13 +54,14 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 
 if [[ -z $lib_dir ]]; then
     lib_dir=$target/qcuda
-    [[ -f $lib_dir/libcudart.so.13 && -f $lib_dir/libcuda.so.1 ]] || guest-lib/build.sh >/dev/null
+    [[ -f $lib_dir/libcudart.so.13 && -f $lib_dir/libcuda.so.1 && -f $lib_dir/libnvidia-ml.so.1 ]] ||
+        guest-lib/build.sh >/dev/null
 fi
 if [[ -z $smi ]]; then
     smi=$target/release/qcuda-smi
     [[ -x $smi ]] || cargo build --release -q -p qcuda-smi
 fi
-for f in "$lib_dir/libcudart.so.13" "$lib_dir/libcuda.so.1" "$module" "$smi"; do
+for f in "$lib_dir/libcudart.so.13" "$lib_dir/libcuda.so.1" "$lib_dir/libnvidia-ml.so.1" "$module" "$smi"; do
     [[ -f $f ]] || die "$f is missing (scripts/build-guest.sh, scripts/build-payload.sh build it)"
 done
 # The release the module was built for: the first word of its vermagic ("7.3.4 SMP preempt ...").
@@ -71,6 +72,7 @@ release=$(modinfo -F vermagic "$module" | cut -d' ' -f1)
 # libcuda.so.1 (one core, one session per process), which the loader finds in the same folder.
 install -D -m 755 "$lib_dir/libcudart.so.13" "$dest/usr/lib/qcuda/libcudart.so.13"
 install -D -m 755 "$lib_dir/libcuda.so.1" "$dest/usr/lib/qcuda/libcuda.so.1"
+install -D -m 755 "$lib_dir/libnvidia-ml.so.1" "$dest/usr/lib/qcuda/libnvidia-ml.so.1"
 install -d "$dest/etc/ld.so.conf.d"
 printf '# qcuda: the CUDA runtime and driver that reach the host GPU through /dev/qcuda\n/usr/lib/qcuda\n' \
     >"$dest/etc/ld.so.conf.d/qcuda.conf"

@@ -44,6 +44,7 @@ pub mod launch;
 pub mod managed_vars;
 pub mod memory;
 pub mod modules;
+pub mod nvml;
 pub mod params;
 pub mod pools;
 pub mod registry;
