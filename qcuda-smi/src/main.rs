@@ -73,7 +73,8 @@ enum Command {
         seed: u64,
     },
     /// Round-trip latency of the transport: Hello (answered by the daemon), fire-and-forget
-    /// Hello, and 4 KiB Echo, each `count` times; microseconds per call.
+    /// Hello, 64 B and 4 KiB Echo (bounce buffers), each `count` times, and an 8 MiB Echo
+    /// (pinned pages, guest-lib's copy chunk) `count / 100` times; microseconds per call.
     Latency {
         /// Calls of each kind.
         #[arg(long, default_value_t = 2000)]
@@ -238,7 +239,10 @@ fn main() -> ExitCode {
 /// `qcuda-smi latency`: mean microseconds per call of each kind.
 fn latency(dev: &device::Device, count: u32) -> Result<(), String> {
     let count = count.max(1);
-    let time = |what: &str, f: &mut dyn FnMut() -> Result<(), String>| -> Result<(), String> {
+    let time = |what: &str,
+                count: u32,
+                f: &mut dyn FnMut() -> Result<(), String>|
+     -> Result<(), String> {
         for _ in 0..count.min(20) {
             f()?;
         }
@@ -266,20 +270,28 @@ fn latency(dev: &device::Device, count: u32) -> Result<(), String> {
         }
         Ok(())
     };
-    time("hello (waited)", &mut || {
+    time("hello (waited)", count, &mut || {
         dev.hello().map(|_| ()).map_err(|e| format!("hello: {e}"))
     })?;
-    time("hello (fire-and-forget)", &mut || {
+    time("hello (fire-and-forget)", count, &mut || {
         dev.hello_async().map_err(|e| format!("async hello: {e}"))
     })?;
     // One waited call drains what the fire-and-forget ones left in flight.
     dev.hello().map_err(|e| format!("hello: {e}"))?;
-    let input = vec![0x5au8; 4096];
-    let mut output = vec![0u8; 4096];
-    time("echo 4 KiB (waited)", &mut || {
-        dev.echo(&input, &mut output)
-            .map(|_| ())
-            .map_err(|e| format!("echo: {e}"))
-    })?;
+    // Bounce buffers (at most 64 KiB are copied), then pinned pages: 8 MiB is the chunk
+    // guest-lib splits large pageable copies into.
+    for (what, len, n) in [
+        ("echo 64 B (waited)", 64, count),
+        ("echo 4 KiB (waited)", 4096, count),
+        ("echo 8 MiB pinned (waited)", 8 << 20, (count / 100).max(5)),
+    ] {
+        let input = vec![0x5au8; len];
+        let mut output = vec![0u8; len];
+        time(what, n, &mut || {
+            dev.echo(&input, &mut output)
+                .map(|_| ())
+                .map_err(|e| format!("echo: {e}"))
+        })?;
+    }
     Ok(())
 }
