@@ -573,18 +573,15 @@ impl QcudaDevice {
 
     /// Frees the requests that completed after their callers gave up. Process context.
     pub(crate) fn reap(&self) {
-        {
-            // Completions nobody was interrupted for.
-            let mut guard = self.queue.lock();
-            let q = &mut *guard;
-            if q.ready {
-                self.drain_used(q);
-            }
-        }
         loop {
             let devref = {
                 let mut guard = self.queue.lock();
                 let q = &mut *guard;
+                // Completions nobody was interrupted for.
+                if q.ready {
+                    self.drain_used(q);
+                }
+                // Most calls find nothing to free: one lock and out.
                 if q.reapable == 0 {
                     return;
                 }

@@ -4,8 +4,8 @@
  *
  * Linux has no Rust virtio abstraction and no virtio items in `bindings`, and several of
  * the calls a virtio driver needs are macros or static inlines (register_virtio_driver,
- * virtio_find_vqs, virtio_device_ready, vdev->config->del_vqs, sg_init_one, sg_set_page,
- * page_to_pfn). This file wraps exactly those, owns the `struct virtio_driver` and forwards
+ * virtio_find_vqs, virtio_device_ready, vdev->config->del_vqs, sg_set_buf, sg_set_page,
+ * sg_mark_end, page_to_pfn). This file wraps exactly those, owns the `struct virtio_driver` and forwards
  * the driver callbacks to Rust (qcuda_rs_*, in driver.rs). Exported virtio functions that
  * are real symbols (virtqueue_add_sgs, virtqueue_get_buf, ...) are declared in Rust
  * (virtio.rs) and called from its safe types. Everything here can be replaced by a Rust virtio
@@ -41,6 +41,7 @@ struct device *qcuda_glue_device(struct virtio_device *vdev);
 void qcuda_glue_sg_set_buf(struct scatterlist *sg, const void *buf, unsigned int len);
 void qcuda_glue_sg_set_page(struct scatterlist *sg, struct page *page, unsigned int len,
 			    unsigned int offset);
+void qcuda_glue_sg_mark_end(struct scatterlist *sg);
 unsigned long qcuda_glue_page_to_pfn(struct page *page);
 struct page *qcuda_glue_alloc_chunk(unsigned int order);
 void qcuda_glue_free_page(struct page *page);
@@ -145,21 +146,31 @@ struct device *qcuda_glue_device(struct virtio_device *vdev)
 	return &vdev->dev;
 }
 
-/* One terminated single-entry list over linear-mapped (kmalloc) memory. */
+/*
+ * Entries of a list chained by adjacency (the Chain of virtio.rs): each is set without touching
+ * its end mark, and qcuda_glue_sg_mark_end ends each list. The entries start zeroed.
+ */
+
+/* One entry over linear-mapped (kmalloc) memory. */
 void qcuda_glue_sg_set_buf(struct scatterlist *sg, const void *buf, unsigned int len)
 {
-	sg_init_one(sg, buf, len);
+	sg_set_buf(sg, buf, len);
 }
 
 /*
- * One terminated single-entry list over `len` bytes starting `offset` bytes into `page`;
- * the caller guarantees that the range is physically contiguous.
+ * One entry over `len` bytes starting `offset` bytes into `page`; the caller guarantees that
+ * the range is physically contiguous.
  */
 void qcuda_glue_sg_set_page(struct scatterlist *sg, struct page *page, unsigned int len,
 			    unsigned int offset)
 {
-	sg_init_table(sg, 1);
 	sg_set_page(sg, page, len, offset);
+}
+
+/* The last entry of a list. */
+void qcuda_glue_sg_mark_end(struct scatterlist *sg)
+{
+	sg_mark_end(sg);
 }
 
 unsigned long qcuda_glue_page_to_pfn(struct page *page)

@@ -2,10 +2,10 @@
 //! One request in flight and its descriptor chain.
 //!
 //! ```text
-//! [device-readable]  request header   (kmalloc, REQUEST_HEADER_SIZE bytes, session stamped)
+//! [device-readable]  request header   (inside the request's own kmalloc allocation, session stamped)
 //! [device-readable]  In buffers       (one descriptor per bounce buffer or pinned run)
 //! [device-writable]  Out buffers      (likewise)
-//! [device-writable]  response header  (kmalloc, RESPONSE_HEADER_SIZE bytes)
+//! [device-writable]  response header  (inside the request's allocation, like the header)
 //! ```
 //!
 //! A `Request` is shared (`Arc`) between the caller, the in-flight table of device.rs and the
@@ -13,23 +13,29 @@
 //! its reference until the device has completed the chain and the result was collected, so the
 //! memory the device may still write is never freed early, even when the caller gave up (signal,
 //! async op), and never in the interrupt handler.
+//!
+//! A waited call's request comes back to its caller as the only reference once the call is
+//! done; session.rs then [recycles](Request::recycle) it for the file's next call: the
+//! allocation itself, and the bounce memory and page arrays of its buffers ([`BufferStorage`]),
+//! so that a small call allocates nothing in the module (allocations cost microseconds each
+//! under an emulated guest CPU).
 
 use kernel::{
     new_condvar,
     prelude::*,
     sync::{
         atomic::{Atomic, Relaxed},
-        Arc, CondVar,
+        Arc, CondVar, UniqueArc,
     },
     types::Opaque,
 };
 
 use crate::{
-    user_buffer::UserBuffer,
+    user_buffer::{BufferStorage, UserBuffer},
     virtio::{Chain, Segment},
     wire::{
-        ioctl::IoctlBuffer, status, Direction, RequestHeader, ResponseHeader, REQUEST_HEADER_SIZE,
-        RESPONSE_HEADER_SIZE,
+        ioctl::IoctlBuffer, status, Direction, RequestHeader, ResponseHeader, MAX_BUFFERS,
+        REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE,
     },
 };
 
@@ -37,9 +43,10 @@ use crate::{
 ///
 /// # Invariants
 ///
-/// `header` and `response` are kmalloc memory (linear-mapped), as the scatterlists require.
-/// `response` is written by the device only while the chain is in flight, and read by the CPU
-/// only after the device completed it.
+/// `header` and `response` live inside the request's `Arc` allocation, which is kmalloc memory
+/// (linear-mapped), as the scatterlists require. `response` is written by the device only while
+/// the chain is in flight, and read or rewritten by the CPU only after the device completed it
+/// (or, when the request is reused, while its caller holds the only reference).
 #[pin_data]
 pub(crate) struct Request {
     /// Notified by the completion path when this request's chain is done or failed.
@@ -48,9 +55,11 @@ pub(crate) struct Request {
     /// Its slot in device.rs's in-flight table, while it has one; written and read with the
     /// queue lock held.
     slot: Atomic<usize>,
-    header: KBox<[u8; REQUEST_HEADER_SIZE]>,
-    response: KBox<Opaque<[u8; RESPONSE_HEADER_SIZE]>>,
+    header: [u8; REQUEST_HEADER_SIZE],
+    response: Opaque<[u8; RESPONSE_HEADER_SIZE]>,
     buffers: KVec<UserBuffer>,
+    /// Memory of earlier calls' buffers, kept for the next call of the same file.
+    storage: BufferStorage,
 }
 
 // SAFETY: The only interior mutability besides the `CondVar` (which is `Sync`) is `response`,
@@ -62,15 +71,68 @@ unsafe impl Sync for Request {}
 unsafe impl Send for Request {}
 
 impl Request {
+    /// An empty request (no buffers), to be filled by [`Self::fill`]; room for `MAX_BUFFERS`
+    /// buffers is allocated now, so that a reused request never grows its table.
+    pub(crate) fn empty() -> Result<Pin<UniqueArc<Self>>> {
+        UniqueArc::pin_init(
+            try_pin_init!(Self {
+                done <- new_condvar!("qcuda_request"),
+                slot: Atomic::new(usize::MAX),
+                header: [0; REQUEST_HEADER_SIZE],
+                response: Opaque::new([0; RESPONSE_HEADER_SIZE]),
+                buffers: KVec::with_capacity(MAX_BUFFERS, GFP_KERNEL)?,
+                storage: BufferStorage::new(),
+            }),
+            GFP_KERNEL,
+        )
+    }
+
     /// Builds a request: encodes `header` and makes every user buffer reachable by the device
     /// (copying `In` bounce buffers now).
     pub(crate) fn new(header: &RequestHeader, bufs: &[IoctlBuffer]) -> Result<Arc<Self>> {
-        let mut buffers = KVec::with_capacity(bufs.len(), GFP_KERNEL)?;
+        let mut req = Self::empty()?;
+        req.as_mut().fill(header, bufs)?;
+        Ok(req.into())
+    }
+
+    /// Makes an empty (new or [recycled](Self::recycle)) request the request of one call:
+    /// encodes `header`, prefills the response, and makes every user buffer reachable by the
+    /// device (copying `In` bounce buffers now), reusing the memory that earlier calls left.
+    /// On error the request is left to [`Self::recycle`].
+    pub(crate) fn fill(
+        self: Pin<&mut Self>,
+        header: &RequestHeader,
+        bufs: &[IoctlBuffer],
+    ) -> Result {
+        let this = self.project();
+        if bufs.len() > MAX_BUFFERS {
+            return Err(EINVAL);
+        }
+        *this.header = header.encode();
+        // A device that completes the chain without writing a response leaves this status.
+        let prefill = ResponseHeader::with_status(status::UNKNOWN).encode();
+        // SAFETY: The caller has the request exclusively (`Pin<&mut Self>`), so it is in no
+        // ring and nobody reads or writes `response` concurrently.
+        unsafe { this.response.get().write(prefill) };
         for b in bufs {
             let dir = Direction::from_u32(b.dir).ok_or(EINVAL)?;
-            buffers.push(UserBuffer::new(b.addr, b.len, dir)?, GFP_KERNEL)?;
+            let buffer = UserBuffer::new(b.addr, b.len, dir, this.storage)?;
+            // Cannot fail: room for MAX_BUFFERS was allocated with the request.
+            this.buffers
+                .push_within_capacity(buffer)
+                .map_err(|_| EINVAL)?;
         }
-        Self::assemble(header, buffers)
+        Ok(())
+    }
+
+    /// Empties a request whose call is over, for the next call of the same file: releases its
+    /// buffers (unpinning pages) and keeps their memory. Process context (may sleep).
+    pub(crate) fn recycle(self: Pin<&mut Self>) {
+        let this = self.project();
+        while let Some(b) = this.buffers.pop() {
+            b.release(this.storage);
+        }
+        this.slot.store(usize::MAX, Relaxed);
     }
 
     /// A request whose one `In` buffer is data the module made (`pieces`, concatenated); the
@@ -84,28 +146,14 @@ impl Request {
             [d] if d.dir == Direction::In as u32 && d.len == total as u64 => {}
             _ => return Err(EINVAL),
         }
-        let mut buffers = KVec::with_capacity(1, GFP_KERNEL)?;
-        buffers.push(UserBuffer::Kernel(pieces), GFP_KERNEL)?;
-        Self::assemble(header, buffers)
-    }
-
-    fn assemble(header: &RequestHeader, buffers: KVec<UserBuffer>) -> Result<Arc<Self>> {
-        let header = KBox::new(header.encode(), GFP_KERNEL)?;
-        // A device that completes the chain without writing a response leaves this status.
-        let response = KBox::new(
-            Opaque::new(ResponseHeader::with_status(status::UNKNOWN).encode()),
-            GFP_KERNEL,
-        )?;
-        Arc::pin_init(
-            try_pin_init!(Self {
-                done <- new_condvar!("qcuda_request"),
-                slot: Atomic::new(usize::MAX),
-                header,
-                response,
-                buffers,
-            }),
-            GFP_KERNEL,
-        )
+        let mut req = Self::empty()?;
+        req.as_mut().fill(header, &[])?;
+        req.as_mut()
+            .project()
+            .buffers
+            .push_within_capacity(UserBuffer::Kernel(pieces))
+            .map_err(|_| EINVAL)?;
+        Ok(req.into())
     }
 
     /// The slot of device.rs's in-flight table that holds this request.
@@ -155,7 +203,7 @@ impl Request {
             addr: req.header.as_ptr(),
             len: REQUEST_HEADER_SIZE as u32,
         };
-        // SAFETY: `header` is kmalloc memory owned by `req` (type invariant), the chain's owner;
+        // SAFETY: `header` is kmalloc memory inside `req` (type invariant), the chain's owner;
         // the device only reads it.
         unsafe { chain.push(header, false) }?;
         let mut pushed = Ok(());
@@ -177,7 +225,7 @@ impl Request {
             addr: req.response.get().cast::<u8>(),
             len: RESPONSE_HEADER_SIZE as u32,
         };
-        // SAFETY: `response` is kmalloc memory owned by `req`, written by the device only while
+        // SAFETY: `response` is kmalloc memory inside `req`, written by the device only while
         // the chain is in flight and read by the CPU only after completion (type invariant).
         unsafe { chain.push(response, true) }?;
         if chain.descriptor_count() != total {

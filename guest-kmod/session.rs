@@ -17,14 +17,14 @@ use kernel::{
     fs::File,
     miscdevice::{MiscDevice, MiscDeviceOptions, MiscDeviceRegistration},
     mm::virt::VmaNew,
-    new_mutex,
+    new_mutex, new_spinlock,
     page::BorrowedPage,
     prelude::*,
     seq_file::SeqFile,
     seq_print,
     sync::{
         atomic::{Atomic, Relaxed},
-        Arc, Mutex,
+        Arc, Mutex, SpinLock, UniqueArc,
     },
     time::{ClockSource, Instant, Monotonic},
     uaccess::{UserPtr, UserSlice},
@@ -71,6 +71,9 @@ const CLOSE_TIMEOUT_MS: i64 = 30_000;
 const HOST_MAP_TIMEOUT_MS: i64 = 60_000;
 /// Largest single mmap of /dev/qcuda, and largest range `IOCTL_HOST_MAP` pins.
 const MAX_MMAP_LEN: usize = 64 << 30;
+/// Requests a file keeps for its next waited calls: one per thread that calls at the same
+/// time, up to this many; a thread that finds none allocates one.
+const SPARE_REQUESTS: usize = 2;
 
 /// /dev/qcuda of one device: the misc device and the device state its files use.
 ///
@@ -125,6 +128,10 @@ pub(crate) struct Session {
     /// Never held across anything that takes the mmap lock or waits for the device.
     #[pin]
     regions: Mutex<KVec<HostRegion>>,
+    /// Empty requests of finished waited calls, with the memory of their buffers, for the next
+    /// calls (request.rs, `Request::recycle`): a small call then allocates nothing here.
+    #[pin]
+    spares: SpinLock<[Option<Pin<UniqueArc<Request>>>; SPARE_REQUESTS]>,
 }
 
 #[vtable]
@@ -145,6 +152,7 @@ impl MiscDevice for Session {
                 used: Atomic::new(false),
                 phases: [const { Atomic::new(0) }; 5],
                 regions <- new_mutex!(KVec::new(), "qcuda_regions"),
+                spares <- new_spinlock!([const { None }; SPARE_REQUESTS], "qcuda_spares"),
             }),
             GFP_KERNEL,
         )
@@ -247,10 +255,23 @@ impl Session {
             return Err(EINVAL);
         }
 
-        let req = Request::new(&header, bufs)?;
-        if req.segment_count() > self.device.max_segments() {
-            return Err(E2BIG);
+        // A fire-and-forget request is freed by whoever reaps it, so it takes no spare.
+        let mut req = if fire_and_forget {
+            Request::empty()?
+        } else {
+            self.take_spare()?
+        };
+        let filled = req.as_mut().fill(&header, bufs).and_then(|()| {
+            if req.segment_count() > self.device.max_segments() {
+                return Err(E2BIG);
+            }
+            Ok(())
+        });
+        if let Err(e) = filled {
+            self.keep_spare(req);
+            return Err(e);
         }
+        let req: Arc<Request> = req.into();
         self.used.store(true, Relaxed);
         let response = if fire_and_forget {
             self.device.post(&req)?;
@@ -263,8 +284,11 @@ impl Session {
                 .execute_timed(&req, Wait::Interruptible, &mut submit)?;
             let executed = ns_since(&started);
             req.copy_out()?;
-            // Unpin before touching user memory again.
-            drop(req);
+            // Unpin before touching user memory again. The device has let go of the request
+            // (the call was answered), so this is its only reference: kept for the next call.
+            if let Some(spare) = Arc::into_unique_or_drop(req) {
+                self.keep_spare(spare);
+            }
             write_response(user, &response)?;
             let done = ns_since(&started);
             let wait = executed.saturating_sub(prepared).saturating_sub(submit);
@@ -281,6 +305,29 @@ impl Session {
         drop(req);
         write_response(user, &response)?;
         Ok(0)
+    }
+
+    /// An empty request: a kept one if there is one, else a new one.
+    fn take_spare(&self) -> Result<Pin<UniqueArc<Request>>> {
+        let kept = self.spares.lock().iter_mut().find_map(Option::take);
+        match kept {
+            Some(req) => Ok(req),
+            None => Request::empty(),
+        }
+    }
+
+    /// Empties `req` (unpinning its pages, which may sleep: not under the lock) and keeps it
+    /// for a later call if there is room.
+    fn keep_spare(&self, mut req: Pin<UniqueArc<Request>>) {
+        req.as_mut().recycle();
+        let mut spares = self.spares.lock();
+        if let Some(free) = spares.iter_mut().find(|s| s.is_none()) {
+            *free = Some(req);
+            return;
+        }
+        drop(spares);
+        // No room: freed here, unlocked.
+        drop(req);
     }
 
     /// `IOCTL_HOST_MAP`: makes a user range reachable by the GPU (see wire.rs). The result of

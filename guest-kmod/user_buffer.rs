@@ -5,8 +5,10 @@
 //! one copy is cheaper than pinning for small sizes, and the device never sees user pages.
 //! Larger buffers are pinned in place (`pin_user_pages_fast`) and described as runs of
 //! physically contiguous pages, one descriptor per run, so the host reads and writes guest RAM
-//! directly. session.rs creates buffers from the ioctl's table; request.rs turns their
-//! [`Segment`]s (one descriptor each, virtio.rs) into the descriptor chain.
+//! directly. request.rs creates buffers from the ioctl's table and turns their [`Segment`]s
+//! (one descriptor each, virtio.rs) into the descriptor chain. A released buffer leaves its
+//! memory (bounce allocation, page and run arrays) in a [`BufferStorage`] that the next call of
+//! the same file takes it from, so that repeated calls do not allocate.
 
 use kernel::{
     bindings,
@@ -18,8 +20,72 @@ use kernel::{
 
 use crate::{
     virtio::{self, Segment},
-    wire::{Direction, BOUNCE_THRESHOLD},
+    wire::{Direction, BOUNCE_THRESHOLD, COPY_CHUNK, MAX_BUFFERS},
 };
+
+/// Largest bounce allocation a [`BufferStorage`] keeps. Most calls' buffers are structures of
+/// a few hundred bytes or small copies; keeping every 64 KiB one would hold memory per file
+/// for little gain (copying 64 KiB costs far more than allocating it).
+const RETAINED_BOUNCE: usize = 16 * 1024;
+
+/// Largest page array (in pages) a [`BufferStorage`] keeps: that of guest-lib's copy chunk,
+/// misaligned by up to a page.
+const RETAINED_PAGES: usize = (COPY_CHUNK as usize / PAGE_SIZE) + 1;
+
+/// Memory that the buffers of a finished call leave for the next call of the same file: bounce
+/// allocations and the arrays of one pinned buffer. Holds nothing of the user: only capacity.
+pub(crate) struct BufferStorage {
+    /// Empty vectors; those with a capacity of at most [`RETAINED_BOUNCE`] bytes are kept.
+    bounce: [KVec<u8>; MAX_BUFFERS],
+    /// Empty arrays of a pinned buffer, at most [`RETAINED_PAGES`] entries each.
+    pages: KVVec<*mut bindings::page>,
+    runs: KVVec<Run>,
+}
+
+// SAFETY: The arrays are empty: no page pointer is ever stored in a `BufferStorage`.
+unsafe impl Send for BufferStorage {}
+// SAFETY: As for `Send`.
+unsafe impl Sync for BufferStorage {}
+
+impl BufferStorage {
+    /// Nothing kept yet.
+    pub(crate) const fn new() -> Self {
+        Self {
+            bounce: [const { KVec::new() }; MAX_BUFFERS],
+            pages: KVVec::new(),
+            runs: KVVec::new(),
+        }
+    }
+
+    /// An empty vector with room for `len` bytes if one is kept, else an empty one.
+    fn take_bounce(&mut self, len: usize) -> KVec<u8> {
+        match self.bounce.iter_mut().find(|v| v.capacity() >= len) {
+            Some(v) => core::mem::take(v),
+            None => KVec::new(),
+        }
+    }
+
+    fn keep_bounce(&mut self, mut data: KVec<u8>) {
+        if data.capacity() == 0 || data.capacity() > RETAINED_BOUNCE {
+            return;
+        }
+        data.clear();
+        if let Some(v) = self.bounce.iter_mut().find(|v| v.capacity() == 0) {
+            *v = data;
+        }
+    }
+
+    fn keep_arrays(&mut self, mut pages: KVVec<*mut bindings::page>, mut runs: KVVec<Run>) {
+        pages.clear();
+        runs.clear();
+        if pages.capacity() <= RETAINED_PAGES && pages.capacity() > self.pages.capacity() {
+            self.pages = pages;
+        }
+        if runs.capacity() <= RETAINED_PAGES && runs.capacity() > self.runs.capacity() {
+            self.runs = runs;
+        }
+    }
+}
 
 /// The device-visible form of one user buffer.
 pub(crate) enum UserBuffer {
@@ -35,14 +101,33 @@ pub(crate) enum UserBuffer {
 impl UserBuffer {
     /// Makes `len` bytes at user address `addr` reachable by the device. `In` buffers are read
     /// here, once; `Out` buffers are written back by [`UserBuffer::copy_out`].
-    pub(crate) fn new(addr: u64, len: u64, dir: Direction) -> Result<Self> {
+    /// Memory is taken from `storage` where it holds enough.
+    pub(crate) fn new(
+        addr: u64,
+        len: u64,
+        dir: Direction,
+        storage: &mut BufferStorage,
+    ) -> Result<Self> {
         let addr = usize::try_from(addr).map_err(|_| EFAULT)?;
         let len = usize::try_from(len).map_err(|_| EINVAL)?;
         addr.checked_add(len).ok_or(EFAULT)?;
         if len as u64 <= BOUNCE_THRESHOLD {
-            Ok(Self::Bounce(BounceBuffer::new(addr, len, dir)?))
+            Ok(Self::Bounce(BounceBuffer::new(addr, len, dir, storage)?))
         } else {
-            Ok(Self::Pinned(PinnedBuffer::new(addr, len, dir)?))
+            Ok(Self::Pinned(PinnedBuffer::new(addr, len, dir, storage)?))
+        }
+    }
+
+    /// Releases the buffer (unpinning its pages) and leaves its memory in `storage`. Process
+    /// context (may sleep).
+    pub(crate) fn release(self, storage: &mut BufferStorage) {
+        match self {
+            Self::Bounce(b) => storage.keep_bounce(b.data),
+            Self::Pinned(p) => {
+                let (pages, runs) = p.unpin();
+                storage.keep_arrays(pages, runs);
+            }
+            Self::Kernel(_) => {}
         }
     }
 
@@ -120,13 +205,21 @@ pub(crate) struct BounceBuffer {
 }
 
 impl BounceBuffer {
-    fn new(user: usize, len: usize, dir: Direction) -> Result<Self> {
+    fn new(user: usize, len: usize, dir: Direction, storage: &mut BufferStorage) -> Result<Self> {
+        let mut data = storage.take_bounce(len);
         let data = if dir == Direction::In {
             // Copied straight into the allocation: nothing to zero first.
-            let mut data = KVec::new();
             UserSlice::new(UserPtr::from_addr(user), len)
                 .reader()
                 .read_all(&mut data, GFP_KERNEL)?;
+            data
+        } else if data.capacity() >= len {
+            // SAFETY: the capacity is at least `len` bytes; one memset zeroes them, and zero is
+            // a valid `u8`.
+            unsafe {
+                core::ptr::write_bytes(data.as_mut_ptr(), 0, len);
+                data.inc_len(len);
+            }
             data
         } else {
             // The allocator zeroes the memory (one memset, where filling the vector would
@@ -167,7 +260,7 @@ unsafe impl Send for PinnedBuffer {}
 unsafe impl Sync for PinnedBuffer {}
 
 impl PinnedBuffer {
-    fn new(addr: usize, len: usize, dir: Direction) -> Result<Self> {
+    fn new(addr: usize, len: usize, dir: Direction, storage: &mut BufferStorage) -> Result<Self> {
         // `UserBuffer::new` checked that `addr + len` does not overflow, and `len > 0`.
         let first = addr >> PAGE_SHIFT;
         let npages = ((addr + len - 1) >> PAGE_SHIFT) - first + 1;
@@ -177,9 +270,15 @@ impl PinnedBuffer {
         } else {
             0
         };
+        // Empty arrays (type invariant of `BufferStorage`), grown to the worst case once: at
+        // most one run per page, so `build_runs` never reallocates.
+        let mut pages = core::mem::take(&mut storage.pages);
+        let mut runs = core::mem::take(&mut storage.runs);
+        pages.reserve(npages, GFP_KERNEL)?;
+        runs.reserve(npages, GFP_KERNEL)?;
         let mut this = Self {
-            pages: KVVec::with_capacity(npages, GFP_KERNEL)?,
-            runs: KVVec::new(),
+            pages,
+            runs,
             device_writes,
         };
 
@@ -226,14 +325,15 @@ impl PinnedBuffer {
             match self.runs.last_mut() {
                 // A run never exceeds the buffer (<= MAX_BUFFER_LEN bytes), so it fits in u32.
                 Some(run) if pfn == prev_pfn + 1 => run.len += n as u32,
-                _ => self.runs.push(
-                    Run {
+                // Room for one run per page was reserved in `new`.
+                _ => self
+                    .runs
+                    .push_within_capacity(Run {
                         page,
                         offset: offset as u32,
                         len: n as u32,
-                    },
-                    GFP_KERNEL,
-                )?,
+                    })
+                    .map_err(|_| ENOMEM)?,
             }
             prev_pfn = pfn;
             left -= n;
@@ -243,19 +343,37 @@ impl PinnedBuffer {
     }
 }
 
+impl PinnedBuffer {
+    /// Releases the pinned pages; returns the (emptied) page and run arrays.
+    fn unpin(mut self) -> (KVVec<*mut bindings::page>, KVVec<Run>) {
+        self.release_pages();
+        (
+            core::mem::take(&mut self.pages),
+            core::mem::take(&mut self.runs),
+        )
+    }
+
+    /// Unpins every page and empties `pages` (and `runs`, which point into them).
+    fn release_pages(&mut self) {
+        if !self.pages.is_empty() {
+            // SAFETY: By the type invariant every entry is a page we pinned and have not
+            // released, and we are in process context.
+            unsafe {
+                bindings::unpin_user_pages_dirty_lock(
+                    self.pages.as_mut_ptr(),
+                    self.pages.len() as c_ulong,
+                    self.device_writes,
+                )
+            };
+        }
+        // INVARIANT: The released pages are gone from the array.
+        self.pages.clear();
+        self.runs.clear();
+    }
+}
+
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        if self.pages.is_empty() {
-            return;
-        }
-        // SAFETY: By the type invariant every entry is a page we pinned and have not released,
-        // and we are in process context.
-        unsafe {
-            bindings::unpin_user_pages_dirty_lock(
-                self.pages.as_mut_ptr(),
-                self.pages.len() as c_ulong,
-                self.device_writes,
-            )
-        };
+        self.release_pages();
     }
 }

@@ -62,6 +62,7 @@ extern "C" {
         len: c_uint,
         offset: c_uint,
     );
+    fn qcuda_glue_sg_mark_end(sg: *mut bindings::scatterlist);
     pub(crate) fn qcuda_glue_page_to_pfn(page: *mut bindings::page) -> c_ulong;
     pub(crate) fn qcuda_glue_alloc_chunk(order: c_uint) -> *mut bindings::page;
     pub(crate) fn qcuda_glue_free_page(page: *mut bindings::page);
@@ -253,19 +254,21 @@ impl<T> Vq<T> {
     /// under a spinlock.
     pub(crate) fn add(&mut self, chain: &mut Chain<T>) -> Result {
         let gfp = bindings::GFP_ATOMIC | bindings::__GFP_NOWARN;
+        let (mut lists, out_sgs, in_sgs) = chain.lists();
         let token = Arc::into_raw(chain.owner.clone())
             .cast_mut()
             .cast::<c_void>();
-        // SAFETY: The queue is live and the call is serialised (`&mut self`). `chain` holds
-        // `readable + writable` valid single-entry lists, readable first, that describe memory
-        // which stays valid while its owner lives (type invariant of `Chain`); the ring holds
-        // the owner through `token` (non-null) until the chain comes back.
+        // SAFETY: The queue is live and the call is serialised (`&mut self`). `lists` holds
+        // `out_sgs` terminated lists of the chain's readable entries, then `in_sgs` of its
+        // writable ones, which describe memory that stays valid while its owner lives (type
+        // invariant of `Chain`); the ring holds the owner through `token` (non-null) until the
+        // chain comes back.
         let ret = unsafe {
             virtqueue_add_sgs(
                 self.ptr.as_ptr(),
-                chain.ptrs.as_mut_ptr(),
-                chain.readable,
-                chain.writable,
+                lists.as_mut_ptr(),
+                out_sgs,
+                in_sgs,
                 token,
                 gfp,
             )
@@ -329,20 +332,28 @@ impl<T> Vq<T> {
     }
 }
 
-/// One descriptor chain being built: a single-entry scatterlist per descriptor, readable ones
-/// first, and the owner of the memory they describe.
+/// Chains of at most this many descriptors keep their scatterlist on the stack: a header, one
+/// descriptor for each of `MAX_BUFFERS` bounce buffers, and a response, so that a call's
+/// chain costs no allocation unless it carries pinned pages.
+const INLINE_ENTRIES: usize = crate::wire::MAX_BUFFERS + 2;
+
+/// One descriptor chain being built: one scatterlist entry per descriptor, readable ones first,
+/// and the owner of the memory they describe. The entries are chained by adjacency, so the
+/// ring gets two lists (readable, writable) and no array of single-entry lists.
 ///
 /// # Invariants
 ///
-/// - `ptrs[i]` points to `entries[i]`; `entries` never grows past the capacity it was created
-///   with, so it is never reallocated and the pointers stay valid.
-/// - `readable + writable == entries.len()`, and the first `readable` entries are the
-///   device-readable ones.
+/// - The entries in use are the first `readable + writable` of `inline` (for a capacity of at
+///   most [`INLINE_ENTRIES`]) or of `heap` (for more); `heap` never grows past the capacity
+///   it was created with. Entries were zeroed when made, so none is marked as a list's end or
+///   a link until [`Chain::lists`] marks the ends.
+/// - The first `readable` entries are the device-readable ones.
 /// - Every entry describes memory that stays valid while `owner` lives, and that nothing but
 ///   the device writes while the chain is in the ring (for writable entries).
 pub(crate) struct Chain<T> {
-    entries: KVVec<bindings::scatterlist>,
-    ptrs: KVVec<*mut bindings::scatterlist>,
+    inline: [bindings::scatterlist; INLINE_ENTRIES],
+    heap: KVVec<bindings::scatterlist>,
+    capacity: usize,
     readable: c_uint,
     writable: c_uint,
     owner: Arc<T>,
@@ -364,13 +375,58 @@ pub(crate) enum Segment {
 impl<T> Chain<T> {
     /// An empty chain of at most `capacity` descriptors over memory that `owner` keeps valid.
     pub(crate) fn new(owner: Arc<T>, capacity: usize) -> Result<Self> {
+        let heap = if capacity > INLINE_ENTRIES {
+            let mut heap = KVVec::with_capacity(capacity, GFP_KERNEL)?;
+            for _ in 0..capacity {
+                heap.push_within_capacity(bindings::scatterlist::default())
+                    .map_err(|_| EINVAL)?;
+            }
+            heap
+        } else {
+            KVVec::new()
+        };
         Ok(Self {
-            entries: KVVec::with_capacity(capacity, GFP_KERNEL)?,
-            ptrs: KVVec::with_capacity(capacity, GFP_KERNEL)?,
+            inline: core::array::from_fn(|_| bindings::scatterlist::default()),
+            heap,
+            capacity,
             readable: 0,
             writable: 0,
             owner,
         })
+    }
+
+    /// The entry storage in use (its length is the capacity).
+    fn entries(&mut self) -> &mut [bindings::scatterlist] {
+        if self.capacity > INLINE_ENTRIES {
+            &mut self.heap
+        } else {
+            &mut self.inline[..self.capacity]
+        }
+    }
+
+    /// Marks the end of the readable and of the writable entries, and returns the lists for
+    /// `virtqueue_add_sgs`: their heads (readable first) and how many of each kind.
+    fn lists(&mut self) -> ([*mut bindings::scatterlist; 2], c_uint, c_uint) {
+        let (readable, writable) = (self.readable as usize, self.writable as usize);
+        let entries = self.entries().as_mut_ptr();
+        let mut lists = [core::ptr::null_mut(); 2];
+        let mut n = 0;
+        for (first, count) in [(0, readable), (readable, writable)] {
+            if count > 0 {
+                // SAFETY: `first + count <= readable + writable`, the entries in use (type
+                // invariant), so both pointers are in bounds.
+                let (head, last) = unsafe { (entries.add(first), entries.add(first + count - 1)) };
+                // SAFETY: `last` is a valid entry.
+                unsafe { qcuda_glue_sg_mark_end(last) };
+                lists[n] = head;
+                n += 1;
+            }
+        }
+        (
+            lists,
+            c_uint::from(readable > 0),
+            c_uint::from(writable > 0),
+        )
     }
 
     /// The owner of the chain's memory.
@@ -380,7 +436,7 @@ impl<T> Chain<T> {
 
     /// Descriptors added so far.
     pub(crate) fn descriptor_count(&self) -> usize {
-        self.entries.len()
+        (self.readable + self.writable) as usize
     }
 
     /// Appends one descriptor, device-readable or device-writable. EINVAL past the capacity,
@@ -396,14 +452,8 @@ impl<T> Chain<T> {
         if !device_writes && self.writable > 0 {
             return Err(EINVAL);
         }
-        self.entries
-            .push_within_capacity(bindings::scatterlist::default())
-            .map_err(|_| EINVAL)?;
-        let last = self.entries.len() - 1;
-        // SAFETY: `last` is in bounds.
-        let sg = unsafe { self.entries.as_mut_ptr().add(last) };
-        // Cannot fail: `ptrs` has the same capacity as `entries`.
-        self.ptrs.push_within_capacity(sg).map_err(|_| EINVAL)?;
+        let next = self.descriptor_count();
+        let sg: *mut bindings::scatterlist = self.entries().get_mut(next).ok_or(EINVAL)?;
         match seg {
             // SAFETY: `sg` is a valid entry; the memory is the caller's guarantee.
             Segment::Kernel { addr, len } => unsafe {

@@ -86,7 +86,9 @@ enum Command {
         seed: u64,
     },
     /// Round-trip latency of the transport: Hello (answered by the daemon), fire-and-forget
-    /// Hello, and 4 KiB Echo, each `count` times; microseconds per call.
+    /// Hello, 64 B and 4 KiB Echo (bounce buffers), each `count` times, and a 4 MiB Echo
+    /// (2048 pinned pages in all, as many as guest-lib's 8 MiB copy chunk) `count / 100`
+    /// times; microseconds per call. First the floor: an ioctl the module refuses at once.
     Latency {
         /// Calls of each kind.
         #[arg(long, default_value_t = 2000)]
@@ -262,23 +264,24 @@ fn main() -> ExitCode {
 /// `qcuda-smi latency`: mean microseconds per call of each kind.
 fn latency(dev: &device::Device, count: u32) -> Result<(), String> {
     let count = count.max(1);
-    let time = |what: &str, f: &mut dyn FnMut() -> Result<(), String>| -> Result<(), String> {
-        for _ in 0..count.min(20) {
-            f()?;
-        }
-        let before = dev.module_phases();
-        let t = std::time::Instant::now();
-        for _ in 0..count {
-            f()?;
-        }
-        let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(count);
-        println!("latency: {what:<28} {us:9.1} us per call ({count} calls)");
-        // Waited calls only: qcuda.ko times those.
-        if let (Some(b), Some(a)) = (before, dev.module_phases()) {
-            let calls = a[0].saturating_sub(b[0]);
-            if calls > 0 {
-                let per = |i: usize| a[i].saturating_sub(b[i]) as f64 / calls as f64 / 1e3;
-                println!(
+    let time =
+        |what: &str, count: u32, f: &mut dyn FnMut() -> Result<(), String>| -> Result<(), String> {
+            for _ in 0..count.min(20) {
+                f()?;
+            }
+            let before = dev.module_phases();
+            let t = std::time::Instant::now();
+            for _ in 0..count {
+                f()?;
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / f64::from(count);
+            println!("latency: {what:<28} {us:9.1} us per call ({count} calls)");
+            // Waited calls only: qcuda.ko times those.
+            if let (Some(b), Some(a)) = (before, dev.module_phases()) {
+                let calls = a[0].saturating_sub(b[0]);
+                if calls > 0 {
+                    let per = |i: usize| a[i].saturating_sub(b[i]) as f64 / calls as f64 / 1e3;
+                    println!(
                     "latency:   in qcuda.ko per call: prepare {:.1}, submit {:.1}, wait {:.1}, \
                      finish {:.1} us",
                     per(1),
@@ -286,24 +289,41 @@ fn latency(dev: &device::Device, count: u32) -> Result<(), String> {
                     per(3),
                     per(4)
                 );
+                }
             }
+            Ok(())
+        };
+    // A system call into the module and straight back (ENOTTY): what no transport can save.
+    time("ioctl refused (ENOTTY)", count, &mut || {
+        let mut call = qcuda_proto::ioctl::IoctlCall::new(qcuda_proto::Op::Hello);
+        match dev.unknown_ioctl(&mut call) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTTY) => Ok(()),
+            other => Err(format!("unknown ioctl: {other:?}")),
         }
-        Ok(())
-    };
-    time("hello (waited)", &mut || {
+    })?;
+    time("hello (waited)", count, &mut || {
         dev.hello().map(|_| ()).map_err(|e| format!("hello: {e}"))
     })?;
-    time("hello (fire-and-forget)", &mut || {
+    time("hello (fire-and-forget)", count, &mut || {
         dev.hello_async().map_err(|e| format!("async hello: {e}"))
     })?;
     // One waited call drains what the fire-and-forget ones left in flight.
     dev.hello().map_err(|e| format!("hello: {e}"))?;
-    let input = vec![0x5au8; 4096];
-    let mut output = vec![0u8; 4096];
-    time("echo 4 KiB (waited)", &mut || {
-        dev.echo(&input, &mut output)
-            .map(|_| ())
-            .map_err(|e| format!("echo: {e}"))
-    })?;
+    // Bounce buffers (at most 64 KiB are copied), then pinned pages: 4 MiB in and 4 MiB out
+    // pin as many pages as the 8 MiB chunk guest-lib splits large pageable copies into, and
+    // fit one chain even when every page is its own run.
+    for (what, len, n) in [
+        ("echo 64 B (waited)", 64, count),
+        ("echo 4 KiB (waited)", 4096, count),
+        ("echo 4 MiB pinned (waited)", 4 << 20, (count / 100).max(5)),
+    ] {
+        let input = vec![0x5au8; len];
+        let mut output = vec![0u8; len];
+        time(what, n, &mut || {
+            dev.echo(&input, &mut output)
+                .map(|_| ())
+                .map_err(|e| format!("echo: {e}"))
+        })?;
+    }
     Ok(())
 }

@@ -23,7 +23,7 @@ use vhost_cuda::{
     limits::Limits,
     sandbox::{SandboxMode, SeccompMode},
     session::MAX_SESSIONS,
-    socket_activation, start_backend,
+    socket_activation, spin_wait, start_backend,
     stats::{self, StatsFormat},
     worker::{self, WorkerConfig},
     Config, Error, Result, MAX_SOCKETS,
@@ -68,6 +68,15 @@ struct Args {
     /// measured on 2 cores under TCG, a call took 125 to 144 µs with it and 35 µs without).
     #[arg(long, value_name = "MICROSECONDS", value_parser = clap::value_parser!(u64).range(0..=100_000))]
     hop_poll_us: Option<u64>,
+
+    /// Most threads spinning at once (`--poll-us`, `--hop-poll-us`) over every vhost-cuda
+    /// process of the host, daemons and session workers together (a table in
+    /// /dev/shm/qcuda-spin-budget); a thread that finds them all spinning waits at once
+    /// instead. Many busy sessions then leave the host's other cores to the guests' vCPUs.
+    /// Give every daemon of a host the same value. 0 turns spinning off. Default: a quarter
+    /// of the host's CPUs, at least 1.
+    #[arg(long, value_name = "N", env = "VHOST_CUDA_SPIN_BUDGET", value_parser = clap::value_parser!(u64).range(0..=spin_wait::MAX_SPIN_BUDGET as u64))]
+    spin_budget: Option<u64>,
 
     /// Log filter: error, warn, info, debug, trace, or tracing directives such as
     /// "vhost_cuda=debug". Default: $RUST_LOG, else info.
@@ -264,6 +273,8 @@ fn session_worker_main(args: Args) -> i32 {
         eprintln!("vhost-cuda: --session-worker needs --session-id");
         return 2;
     };
+    // The daemon passes its budget in the environment (`main`).
+    join_spin_budget(args.spin_budget);
     worker::run(&WorkerConfig {
         session,
         gpu: args.gpu,
@@ -315,6 +326,22 @@ fn stats_main(args: &Args) -> i32 {
     }
 }
 
+/// `--spin-budget` when not given: a quarter of the host's CPUs, at least 1.
+fn default_spin_budget() -> u64 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    u64::try_from(cpus / 4).unwrap_or(1).max(1)
+}
+
+/// Joins the host-wide budget of spinning threads (spin_wait.rs); where the shared table
+/// cannot be had, the process keeps a budget of its own and says so.
+fn join_spin_budget(budget: Option<u64>) {
+    let limit = budget.unwrap_or_else(default_spin_budget);
+    let limit = usize::try_from(limit).unwrap_or(spin_wait::MAX_SPIN_BUDGET);
+    if let Err(e) = spin_wait::join_host_budget(limit) {
+        tracing::warn!("spin budget: no host-wide table ({e}); {limit} for this process alone");
+    }
+}
+
 fn main() {
     let mut args = Args::parse();
     if args.print_worker_syscalls {
@@ -329,7 +356,10 @@ fn main() {
     if args.stats {
         exit(stats_main(&args));
     }
-    // Single-threaded still, so the environment may change.
+    // Single-threaded still, so the environment may change: the session workers (children)
+    // inherit the budget from it.
+    let spin_budget = args.spin_budget.unwrap_or_else(default_spin_budget);
+    std::env::set_var("VHOST_CUDA_SPIN_BUDGET", spin_budget.to_string());
     match socket_activation::take_from_environment() {
         Ok(fds) => args.inherited_fds = fds,
         Err(e) => {
@@ -345,6 +375,7 @@ fn main() {
         }
     };
     init_logging(&config.log_filter);
+    join_spin_budget(Some(spin_budget));
     if let Err(e) = start_backend(config) {
         eprintln!("vhost-cuda: {e}");
         exit(1);
@@ -362,6 +393,7 @@ mod tests {
             gpu: None,
             poll_us: 200,
             hop_poll_us: None,
+            spin_budget: None,
             log_level: Some("info".into()),
             session_worker: false,
             session_id: None,
@@ -582,6 +614,24 @@ mod tests {
         let c = passed(Some(&path)).unwrap();
         assert_eq!(c.socket_paths(), vec![PathBuf::from(&path)]);
         assert_eq!(c.inherited_fds, Some(3..5));
+    }
+
+    #[test]
+    fn the_spin_budget_is_bounded_and_defaults_to_a_quarter_of_the_cpus() {
+        assert!(default_spin_budget() >= 1);
+        let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+        assert_eq!(default_spin_budget(), (cpus / 4).max(1));
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["vhost-cuda", "--socket-path", "/tmp/vm0.sock"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv)
+        };
+        let a = parse(&["--spin-budget", "0"]).unwrap();
+        assert_eq!(a.spin_budget, Some(0));
+        let a = parse(&["--spin-budget", "512"]).unwrap();
+        assert_eq!(a.spin_budget, Some(512));
+        parse(&["--spin-budget", "513"]).unwrap_err();
+        parse(&["--spin-budget", "-1"]).unwrap_err();
     }
 
     #[test]

@@ -41,6 +41,7 @@ use crate::{
     cuda::CudaHost,
     guest_buffer::GuestRam,
     session::{ChainCompleter, SessionTable},
+    spin_wait,
     worker::WorkerCommand,
 };
 
@@ -228,6 +229,11 @@ impl VhostCudaBackend {
             live: self.live.clone(),
         });
         let mut last_chain = Instant::now();
+        // Polling is spinning: it needs a slot of the host's spin budget (spin_wait.rs), kept
+        // while chains keep coming; without one, the queue waits for the next kick at once.
+        let mut poll_slot = (!self.poll.is_zero())
+            .then(|| spin_wait::take_slot(self.poll))
+            .flatten();
         // Set when re-enabling found chains announced after a pass that popped none: the guest
         // may simply have added one in between, so look once more before calling it corrupt.
         let mut announced_unseen = false;
@@ -242,8 +248,22 @@ impl VhostCudaBackend {
                 last_chain = Instant::now();
                 // Chains came: whatever was announced before was real.
                 announced_unseen = false;
+                if !self.poll.is_zero() {
+                    poll_slot = match poll_slot.take() {
+                        Some(Some(mut slot)) => {
+                            if slot.extend(self.poll) {
+                                Some(Some(slot))
+                            } else {
+                                // Overran and lost it: take a free one, if any.
+                                spin_wait::take_slot(self.poll)
+                            }
+                        }
+                        Some(None) => Some(None),
+                        None => spin_wait::take_slot(self.poll),
+                    };
+                }
             }
-            if last_chain.elapsed() < self.poll {
+            if poll_slot.is_some() && last_chain.elapsed() < self.poll {
                 // Notifications stay off: look again soon.
                 if !self.sessions_live() {
                     return;
