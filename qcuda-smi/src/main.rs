@@ -264,6 +264,9 @@ fn main() -> ExitCode {
 /// `qcuda-smi latency`: mean microseconds per call of each kind.
 fn latency(dev: &device::Device, count: u32) -> Result<(), String> {
     let count = count.max(1);
+    // The session first: the host knows this process from its first call on, whatever the
+    // rows below take (the per-VM views test holds sessions with long latency runs).
+    dev.hello().map_err(|e| format!("hello: {e}"))?;
     let time =
         |what: &str, count: u32, f: &mut dyn FnMut() -> Result<(), String>| -> Result<(), String> {
             for _ in 0..count.min(20) {
