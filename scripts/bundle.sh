@@ -27,14 +27,16 @@
 #                             domain's paths are this layout unpacked in /opt (/opt/qcuda)
 #
 # It runs on any x86-64 Linux with glibc >= 2.34 and nothing else installed. Build everything
-# first (scripts/test.sh or scripts/demo.sh do); this script only packs.
+# first (scripts/test.sh does; scripts/demo.sh builds all but virtiofsd, which
+# scripts/build-virtiofsd.sh builds); this script only packs.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 say() { printf '[bundle] %s\n' "$*" >&2; }
-for f in build/qemu/bin/qemu-system-x86_64 build/guest/bzImage build/guest/initramfs.cpio.gz \
-    build/guest/payload.cpio.gz target/release/vhost-cuda build/virtiofsd/bin/virtiofsd; do
-    [[ -e $f ]] || { say "missing $f: build first"; exit 1; }
+for f in build/qemu/bin/qemu-system-x86_64:build-qemu.sh build/guest/bzImage:build-guest.sh \
+    build/guest/initramfs.cpio.gz:build-guest.sh build/guest/payload.cpio.gz:build-payload.sh \
+    target/release/vhost-cuda:demo.sh build/virtiofsd/bin/virtiofsd:build-virtiofsd.sh; do
+    [[ -e ${f%%:*} ]] || { say "missing ${f%%:*}: build it first (scripts/${f#*:})"; exit 1; }
 done
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
