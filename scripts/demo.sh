@@ -9,6 +9,8 @@ cd "$ROOT"
 say() { printf '\n[demo] %s\n' "$*"; }
 say "setting up (first run builds QEMU and a guest kernel: ~20 min on 2 cores; later runs: seconds)"
 scripts/setup.sh
+# setup.sh may have installed Rust into ~/.cargo (a machine without cargo).
+export PATH="$HOME/.cargo/bin:$PATH"
 scripts/build-qemu.sh
 scripts/build-guest.sh
 cargo build --release --locked -p vhost-cuda

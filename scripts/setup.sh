@@ -7,6 +7,7 @@ set -euo pipefail
 # (scripts/run-libvirt.sh starts libvirtd itself); libxml2-utils for virt-xml-validate; kmod
 # (depmod, modinfo) and dkms for the installed guest (scripts/install-guest.sh, check-dkms.sh).
 need=(build-essential pkg-config cpio gzip busybox-static python3-venv python3-pip binutils file procps systemd kmod dkms
+    curl ca-certificates
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils)
 missing=()
 for p in "${need[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -14,6 +15,14 @@ if ((${#missing[@]})); then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-command -v cargo >/dev/null || { echo "setup: cargo (Rust >= 1.85) is required on PATH" >&2; exit 1; }
+# Rust: Debian 12's cargo (1.65) is too old for the workspace (it needs >= 1.85), so a machine
+# without one gets rustup's stable toolchain with clippy and rustfmt, in ~/.cargo (the scripts
+# that call this one put ~/.cargo/bin on their PATH).
+if ! command -v cargo >/dev/null && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+    echo "setup: installing Rust (rustup, stable, with clippy and rustfmt) into ~/.cargo"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+        sh -s -- -y -q --profile minimal --default-toolchain stable --component clippy,rustfmt
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
 cargo clippy --version >/dev/null && cargo fmt --version >/dev/null
 echo "setup: ok ($(cargo --version))"

@@ -62,6 +62,8 @@ have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null 
 
 echo "== setup and static checks"
 step "setup: system packages" scripts/setup.sh || finish
+# setup.sh may have installed Rust into ~/.cargo (a machine without cargo).
+export PATH="$HOME/.cargo/bin:$PATH"
 step "cargo fmt --check" cargo fmt --all -- --check
 step "libcuda.so.1: stubs, symbol table and version map match the code (gen/driver-symbols.py)" \
     python3 guest-lib/gen/driver-symbols.py --check
