@@ -373,6 +373,11 @@ fn vm_usage_lists_the_vms_sessions_with_their_guest_pids() {
     assert_eq!(g.table.close_all(WAIT), 0);
     assert!(view.snapshot().unwrap().sessions.is_empty());
     drop(g);
+    // The sessions' threads let go of the table as they end, just after close_all returned.
+    let deadline = std::time::Instant::now() + WAIT;
+    while view.snapshot().is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     assert!(view.snapshot().is_none(), "the view outlived its table");
 }
 
