@@ -5,32 +5,11 @@
 
 mod common;
 
-use std::process::Command;
-
 #[test]
 fn refusals_are_cuda_errors_logged_once() {
     let lib = common::link_library("driver_face");
     let dir = lib.parent().unwrap();
-    let exe = dir.join("unsupported");
-    let cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .arg("-o")
-        .arg(&exe)
-        .arg(common::crate_dir().join("tests/driver/unsupported.c"))
-        .arg(dir.join("libcuda.so.1"))
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .arg("-ldl")
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    let run = Command::new(&exe).output().expect("run the program");
-    let out = String::from_utf8_lossy(&run.stdout);
-    let err = String::from_utf8_lossy(&run.stderr);
-    println!("{out}{err}");
-    assert!(run.status.success());
+    let (out, err) = common::run_c_program(dir, "unsupported.c", &[dir.join("libcuda.so.1")]);
     let expect = [
         "version 0 13000",
         "init 100",

@@ -3,31 +3,11 @@
 
 mod common;
 
-use std::process::Command;
-
 #[test]
 fn nvml_without_a_device_reports_the_missing_driver() {
     let lib = common::link_library("nvml_face");
     let dir = lib.parent().unwrap();
-    let exe = dir.join("nvml");
-    let cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .arg("-o")
-        .arg(&exe)
-        .arg(common::crate_dir().join("tests/driver/nvml.c"))
-        .arg(format!("-Wl,-rpath,{}", dir.display()))
-        .arg("-ldl")
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    let run = Command::new(&exe).output().expect("run the program");
-    let out = String::from_utf8_lossy(&run.stdout);
-    let err = String::from_utf8_lossy(&run.stderr);
-    println!("{out}{err}");
-    assert!(run.status.success());
+    let (out, err) = common::run_c_program(dir, "nvml.c", &[]);
     for line in [
         "open 1",
         "init 9 Driver Not Loaded",

@@ -48,3 +48,31 @@ pub fn link_library(name: &str) -> PathBuf {
     assert!(status.success(), "link.sh failed");
     out
 }
+
+/// Builds the C program `tests/driver/<source>` next to the libraries in `dir` (found there at
+/// run time through its rpath), runs it, echoes its output, checks it exited 0, and returns its
+/// stdout and stderr. `libs` are extra files to link (a library of `dir`, say).
+#[allow(dead_code)]
+pub fn run_c_program(dir: &Path, source: &str, libs: &[PathBuf]) -> (String, String) {
+    let exe = dir.join(source.trim_end_matches(".c"));
+    let cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .arg("-o")
+        .arg(&exe)
+        .arg(crate_dir().join("tests/driver").join(source))
+        .args(libs)
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .arg("-ldl")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let run = Command::new(&exe).output().expect("run the program");
+    let out = String::from_utf8_lossy(&run.stdout).into_owned();
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    println!("{out}{err}");
+    assert!(run.status.success());
+    (out, err)
+}

@@ -467,6 +467,20 @@ fn view_back(v: &cudaResourceViewDesc) -> d::CUDA_RESOURCE_VIEW_DESC {
     }
 }
 
+/// A getter through the runtime face: `query` fills the runtime's record, `convert` makes the
+/// driver's, which goes to the caller's `dst`.
+fn answer<R: Default, D>(
+    dst: *mut D,
+    query: impl FnOnce(*mut R) -> crate::generated::cudaError_t,
+    convert: impl FnOnce(&R) -> DrvResult<D>,
+) -> DrvResult<()> {
+    ready()?;
+    let mut r = R::default();
+    via_runtime(|| query(&raw mut r))?;
+    // SAFETY: the caller's out-pointer (API contract; null is refused).
+    unsafe { out(dst, convert(&r)?) }
+}
+
 /// # Safety
 /// `p` must be null or readable.
 unsafe fn read<T: Copy>(p: *const T) -> DrvResult<T> {
@@ -494,7 +508,7 @@ fn create_3d(handle: *mut d::CUarray, desc: &d::CUDA_ARRAY3D_DESCRIPTOR) -> DrvR
     via_runtime(|| unsafe {
         rt_arrays::cudaMalloc3DArray(&raw mut a, &raw const channels, extent, desc.Flags)
     })?;
-    // SAFETY: the caller\'s out-pointer (API contract; null is refused).
+    // SAFETY: the caller's out-pointer (API contract; null is refused).
     unsafe { out(handle, a as d::CUarray) }
 }
 
@@ -549,7 +563,7 @@ driver_api! {
     /// `cuArrayGetDescriptor_v2`.
     fn cuArrayGetDescriptor_v2(pArrayDescriptor: *mut d::CUDA_ARRAY_DESCRIPTOR, hArray: d::CUarray) {
         let a = descriptor(hArray)?;
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
+        // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(
             pArrayDescriptor,
             d::CUDA_ARRAY_DESCRIPTOR {
@@ -563,7 +577,7 @@ driver_api! {
 
     /// `cuArray3DGetDescriptor_v2`.
     fn cuArray3DGetDescriptor_v2(pArrayDescriptor: *mut d::CUDA_ARRAY3D_DESCRIPTOR, hArray: d::CUarray) {
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
+        // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pArrayDescriptor, descriptor(hArray)?) }
     }
 
@@ -586,7 +600,7 @@ driver_api! {
         via_runtime(|| unsafe {
             rt_arrays::cudaMallocMipmappedArray(&raw mut m, &raw const channels, extent, numMipmapLevels, desc.Flags)
         })?;
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
+        // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pHandle, m as d::CUmipmappedArray) }
     }
 
@@ -681,7 +695,7 @@ driver_api! {
         via_runtime(|| unsafe {
             rt_texture::cudaCreateTextureObject(&raw mut obj, &raw const res, &raw const tex, view_ptr)
         })?;
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
+        // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pTexObject, obj) }
     }
 
@@ -694,32 +708,20 @@ driver_api! {
 
     /// `cuTexObjectGetResourceDesc`.
     fn cuTexObjectGetResourceDesc(pResDesc: *mut d::CUDA_RESOURCE_DESC, texObject: d::CUtexObject) {
-        ready()?;
-        let mut r = cudaResourceDesc::default();
-        // SAFETY: a valid out-pointer.
-        via_runtime(|| unsafe { rt_texture::cudaGetTextureObjectResourceDesc(&raw mut r, texObject) })?;
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
-        unsafe { out(pResDesc, resource_back(&r)?) }
+        // SAFETY: `answer` passes a valid out-pointer.
+        answer(pResDesc, |r| unsafe { rt_texture::cudaGetTextureObjectResourceDesc(r, texObject) }, resource_back)
     }
 
     /// `cuTexObjectGetTextureDesc`.
     fn cuTexObjectGetTextureDesc(pTexDesc: *mut d::CUDA_TEXTURE_DESC, texObject: d::CUtexObject) {
-        ready()?;
-        let mut t = cudaTextureDesc::default();
-        // SAFETY: a valid out-pointer.
-        via_runtime(|| unsafe { rt_texture::cudaGetTextureObjectTextureDesc(&raw mut t, texObject) })?;
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
-        unsafe { out(pTexDesc, texture_back(&t)) }
+        // SAFETY: `answer` passes a valid out-pointer.
+        answer(pTexDesc, |r| unsafe { rt_texture::cudaGetTextureObjectTextureDesc(r, texObject) }, |t| Ok(texture_back(t)))
     }
 
     /// `cuTexObjectGetResourceViewDesc`.
     fn cuTexObjectGetResourceViewDesc(pResViewDesc: *mut d::CUDA_RESOURCE_VIEW_DESC, texObject: d::CUtexObject) {
-        ready()?;
-        let mut v = cudaResourceViewDesc::default();
-        // SAFETY: a valid out-pointer.
-        via_runtime(|| unsafe { rt_texture::cudaGetTextureObjectResourceViewDesc(&raw mut v, texObject) })?;
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
-        unsafe { out(pResViewDesc, view_back(&v)) }
+        // SAFETY: `answer` passes a valid out-pointer.
+        answer(pResViewDesc, |r| unsafe { rt_texture::cudaGetTextureObjectResourceViewDesc(r, texObject) }, |v| Ok(view_back(v)))
     }
 
     /// `cuSurfObjectCreate`.
@@ -730,7 +732,7 @@ driver_api! {
         let mut obj = 0;
         // SAFETY: valid pointers.
         via_runtime(|| unsafe { rt_texture::cudaCreateSurfaceObject(&raw mut obj, &raw const res) })?;
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
+        // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pSurfObject, obj) }
     }
 
@@ -743,12 +745,8 @@ driver_api! {
 
     /// `cuSurfObjectGetResourceDesc`.
     fn cuSurfObjectGetResourceDesc(pResDesc: *mut d::CUDA_RESOURCE_DESC, surfObject: d::CUsurfObject) {
-        ready()?;
-        let mut r = cudaResourceDesc::default();
-        // SAFETY: a valid out-pointer.
-        via_runtime(|| unsafe { rt_texture::cudaGetSurfaceObjectResourceDesc(&raw mut r, surfObject) })?;
-        // SAFETY: the caller\'s out-pointer (API contract; null is refused).
-        unsafe { out(pResDesc, resource_back(&r)?) }
+        // SAFETY: `answer` passes a valid out-pointer.
+        answer(pResDesc, |r| unsafe { rt_texture::cudaGetSurfaceObjectResourceDesc(r, surfObject) }, resource_back)
     }
 }
 

@@ -52,6 +52,22 @@ struct LinkState {
     image: Vec<u8>,
 }
 
+impl LinkState {
+    /// The info (`true`) or error log's record, made empty on first mention.
+    fn log(&mut self, info: bool) -> &mut Log {
+        let log = if info {
+            &mut self.info
+        } else {
+            &mut self.error
+        };
+        log.get_or_insert(Log {
+            buf: std::ptr::null_mut(),
+            size: 0,
+            size_slot: std::ptr::null_mut(),
+        })
+    }
+}
+
 /// The live link states, by address.
 static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
@@ -122,29 +138,10 @@ unsafe fn create(
         match opt {
             d::CU_JIT_WALL_TIME => state.wall_time = Some(slot),
             d::CU_JIT_INFO_LOG_BUFFER | d::CU_JIT_ERROR_LOG_BUFFER => {
-                let log = if opt == d::CU_JIT_INFO_LOG_BUFFER {
-                    &mut state.info
-                } else {
-                    &mut state.error
-                };
-                let l = log.get_or_insert(Log {
-                    buf: std::ptr::null_mut(),
-                    size: 0,
-                    size_slot: std::ptr::null_mut(),
-                });
-                l.buf = value.cast();
+                state.log(opt == d::CU_JIT_INFO_LOG_BUFFER).buf = value.cast();
             }
             d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES | d::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES => {
-                let log = if opt == d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES {
-                    &mut state.info
-                } else {
-                    &mut state.error
-                };
-                let l = log.get_or_insert(Log {
-                    buf: std::ptr::null_mut(),
-                    size: 0,
-                    size_slot: std::ptr::null_mut(),
-                });
+                let l = state.log(opt == d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES);
                 l.size = value as usize;
                 l.size_slot = slot;
             }
