@@ -14,6 +14,32 @@ mod wire;
 
 pub use wire::*;
 
+/// A byte count for people, as qcuda-smi and vhost-cuda print it: "0 B", "512 B", "4.0 KiB",
+/// "1.5 GiB" (powers of 1024, one decimal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanBytes(pub u64);
+
+impl core::fmt::Display for HumanBytes {
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "one decimal for people; exact counts are printed elsewhere"
+    )]
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+        let b = self.0;
+        if b < 1024 {
+            return write!(f, "{b} B");
+        }
+        let mut v = b as f64 / 1024.0;
+        let mut unit = 0;
+        while v >= 1024.0 && unit + 1 < UNITS.len() {
+            v /= 1024.0;
+            unit += 1;
+        }
+        write!(f, "{v:.1} {}", UNITS[unit])
+    }
+}
+
 /// The graph and stream-capture ops (served by the host's graph tables) as a pattern, for the
 /// matches over [`Op`] that treat them alike: `qcuda_proto::graph_ops!() => ...`.
 #[macro_export]

@@ -12,19 +12,9 @@ use qcuda_proto::{SessionUsage, USAGE_CALLER, USAGE_FAILED};
 
 use crate::device::{CallError, Device, VmUsageReply};
 
-/// Bytes for people: "0 B", "512 B", "4.0 KiB", "1.5 GiB".
+/// Bytes for people: "0 B", "512 B", "4.0 KiB", "1.5 GiB" (`qcuda_proto::HumanBytes`).
 pub fn bytes_text(b: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if b < 1024 {
-        return format!("{b} B");
-    }
-    let mut v = b as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
+    qcuda_proto::HumanBytes(b).to_string()
 }
 
 /// The name of guest process `pid` (its /proc comm), "-" if it is gone or unknown.
