@@ -336,86 +336,54 @@ fn table(r: &Report) -> String {
     s
 }
 
-/// `v` as a JSON string.
-fn json_string(v: &str) -> String {
-    let mut s = String::with_capacity(v.len() + 2);
-    s.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(s, "\\u{:04x}", u32::from(c));
-            }
-            c => s.push(c),
-        }
-    }
-    s.push('"');
-    s
-}
-
+/// The report as one JSON object (serde_json), on one line.
 fn json(r: &Report) -> String {
-    let gpus: Vec<String> = r
+    use serde_json::json;
+    let gpus: Vec<_> = r
         .gpus
         .iter()
-        .map(|g| {
-            format!(
-                "{{\"index\":{},\"name\":{},\"memory_bytes\":{}}}",
-                g.index,
-                json_string(&g.name),
-                g.memory
-            )
-        })
+        .map(|g| json!({"index": g.index, "name": g.name, "memory_bytes": g.memory}))
         .collect();
-    let vms: Vec<String> = r
+    let vms: Vec<_> = r
         .vms
         .iter()
         .map(|vm| {
             let u = &vm.usage;
-            let sessions: Vec<String> = u
+            let sessions: Vec<_> = u
                 .sessions
                 .iter()
                 .map(|v| {
                     let x = &v.usage;
-                    format!(
-                        "{{\"session\":{},\"guest_pid\":{},\"worker_pid\":{},\
-                         \"gpu_memory_bytes\":{},\"gpu_memory_peak_bytes\":{},\"kernels\":{},\
-                         \"graph_launches\":{},\"age_ms\":{},\"failed\":{}}}",
-                        x.session,
-                        x.pid,
-                        v.worker_pid,
-                        x.memory,
-                        x.peak_memory,
-                        x.kernels,
-                        x.graph_launches,
-                        x.age_ms,
-                        x.flags & qcuda_proto::USAGE_FAILED != 0
-                    )
+                    json!({
+                        "session": x.session,
+                        "guest_pid": x.pid,
+                        "worker_pid": v.worker_pid,
+                        "gpu_memory_bytes": x.memory,
+                        "gpu_memory_peak_bytes": x.peak_memory,
+                        "kernels": x.kernels,
+                        "graph_launches": x.graph_launches,
+                        "age_ms": x.age_ms,
+                        "failed": x.flags & qcuda_proto::USAGE_FAILED != 0,
+                    })
                 })
                 .collect();
-            format!(
-                "{{\"vm\":{},\"connected\":{},\"sessions_open\":{},\"max_sessions\":{},\
-                 \"gpu_memory_bytes\":{},\"gpu_memory_limit_bytes\":{},\"kernels\":{},\
-                 \"graph_launches\":{},\"sessions_opened\":{},\"sessions\":[{}]}}",
-                json_string(&u.vm),
-                vm.connected,
-                u.sessions_open,
-                u.max_sessions,
-                u.memory,
-                u.memory_limit.map_or("null".to_string(), |l| l.to_string()),
-                u.kernels,
-                u.graph_launches,
-                u.sessions_opened,
-                sessions.join(",")
-            )
+            json!({
+                "vm": u.vm,
+                "connected": vm.connected,
+                "sessions_open": u.sessions_open,
+                "max_sessions": u.max_sessions,
+                "gpu_memory_bytes": u.memory,
+                "gpu_memory_limit_bytes": u.memory_limit,
+                "kernels": u.kernels,
+                "graph_launches": u.graph_launches,
+                "sessions_opened": u.sessions_opened,
+                "sessions": sessions,
+            })
         })
         .collect();
-    format!(
-        "{{\"driver_version\":{},\"gpus\":[{}],\"vms\":[{}]}}\n",
-        r.driver_version,
-        gpus.join(","),
-        vms.join(",")
-    )
+    let mut out = json!({"driver_version": r.driver_version, "gpus": gpus, "vms": vms}).to_string();
+    out.push('\n');
+    out
 }
 
 /// One figure of a VM for Prometheus; `None`: no sample.
@@ -639,20 +607,29 @@ mod tests {
     }
 
     #[test]
-    fn json_escapes_labels() {
+    fn json_has_every_figure_and_escapes_labels() {
         let j = render(StatsFormat::Json, &sample());
-        assert!(
-            j.starts_with("{\"driver_version\":13000,\"gpus\":[{\"index\":0,"),
-            "{j}"
+        assert!(j.ends_with("}\n") && j.lines().count() == 1, "{j}");
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["driver_version"], 13000);
+        assert_eq!(v["gpus"][0]["index"], 0);
+        let vm = &v["vms"][0];
+        assert_eq!(vm["vm"], "/run/qcuda/vm\"0.sock");
+        assert_eq!(vm["connected"], true);
+        assert!(vm["gpu_memory_limit_bytes"].is_null() || vm["gpu_memory_limit_bytes"].is_u64());
+        assert_eq!(
+            vm["sessions"][0],
+            serde_json::json!({
+                "session": 77, "guest_pid": 812, "worker_pid": 40211,
+                "gpu_memory_bytes": 1_610_612_736_u64, "gpu_memory_peak_bytes": 2_147_483_648_u64,
+                "kernels": 10, "graph_launches": 1, "age_ms": 1500, "failed": false,
+            })
         );
-        assert!(j.contains("\"vm\":\"/run/qcuda/vm\\\"0.sock\",\"connected\":true"));
-        assert!(j.contains(
-            "\"sessions\":[{\"session\":77,\"guest_pid\":812,\"worker_pid\":40211,\
-             \"gpu_memory_bytes\":1610612736,\"gpu_memory_peak_bytes\":2147483648,\
-             \"kernels\":10,\"graph_launches\":1,\"age_ms\":1500,\"failed\":false}]"
-        ));
-        assert!(j.contains("\"gpu_memory_limit_bytes\":null"));
-        assert_eq!(json_string("a\u{1}\\"), "\"a\\u0001\\\\\"");
+        assert_eq!(v["vms"][1]["connected"], false);
+        assert!(
+            j.contains("\\\"0.sock"),
+            "the quote in the label is escaped: {j}"
+        );
     }
 
     #[test]

@@ -107,12 +107,15 @@ fn each_vm_sees_its_own_sessions_and_the_operator_sees_all() {
         ("500".into(), "501".into(), "700".into())
     );
     let json = stats(&dir.join("vm.sock"), "json");
-    assert!(
-        json.contains("\"session\":21,\"guest_pid\":700,\"worker_pid\":0"),
+    let v: serde_json::Value = serde_json::from_str(&json).expect("one JSON object");
+    let s21 = &v["vms"][1]["sessions"][0];
+    assert_eq!(
+        (&s21["session"], &s21["guest_pid"], &s21["worker_pid"]),
+        (&21.into(), &700.into(), &0.into()),
         "{json}"
     );
-    assert!(
-        json.contains("\"gpu_memory_limit_bytes\":1073741824"),
+    assert_eq!(
+        v["vms"][0]["gpu_memory_limit_bytes"], 1_073_741_824_u64,
         "{json}"
     );
     let prom = stats(&dir.join("vm.sock"), "prometheus");
