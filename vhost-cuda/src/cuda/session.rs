@@ -1082,6 +1082,12 @@ impl CudaSession {
         if handle == 0 {
             return Ok((self.bind_new(req)?, NULL_STREAM));
         }
+        self.bound_stream(handle)
+    }
+
+    /// A session stream by handle (not the legacy stream) and its device, whose context it
+    /// binds.
+    fn bound_stream(&mut self, handle: u64) -> Result<(usize, Stream), Fault> {
         let (dev, raw) = self
             .streams
             .get(handle)

@@ -358,13 +358,7 @@ impl CudaSession {
             // Capture of the legacy stream is not allowed in CUDA.
             return Err(status::STREAM_CAPTURE_UNSUPPORTED.into());
         }
-        let (dev, raw) = self
-            .streams
-            .get(handle)
-            .map(|s| (s.dev, s.raw))
-            .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))?;
-        self.bind(dev)?;
-        Ok((dev, raw))
+        self.bound_stream(handle)
     }
 
     fn begin_capture(&mut self, args: [u64; MAX_ARGS]) -> OpResult {
