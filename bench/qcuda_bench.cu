@@ -29,8 +29,9 @@
 // never a fast number. A row that cannot be measured (an allocation or call fails) reads NA,
 // with the exact error on stderr, and the program goes on. No CUDA device: SKIP, exit 2.
 //
-// Usage: qcuda_bench [--quick] [--max-bytes N[K|M|G]]
-//   --quick   about a tenth of the repetitions, for a guest under TCG (all rows stay)
+// Usage: qcuda_bench [--quick] [--max-bytes N[K|M|G]] [--schedule auto|spin|yield|block]
+//   --quick     about a tenth of the repetitions, for a guest under TCG (all rows stay)
+//   --schedule  how the program's threads wait for the GPU (cudaSetDeviceFlags; default auto)
 //   (qcuda_bench --child-launches N is one process of the launch_rate rows, started by itself)
 #include <algorithm>
 #include <cerrno>
@@ -1075,8 +1076,10 @@ size_t parse_bytes(const char *s)
 {
     std::fprintf(code ? stderr : stdout,
                  "usage: %s [--quick] [--min-bytes N[K|M|G]] [--max-bytes N[K|M|G]] [--only GROUPS]\n"
+                 "          [--schedule auto|spin|yield|block]\n"
                  "  GROUPS: a comma-separated list of latency, startup, scaling, pageable, pinned,\n"
-                 "  zerocopy (default: all); the byte bounds limit the copy and zero-copy sizes\n",
+                 "  zerocopy (default: all); the byte bounds limit the copy and zero-copy sizes;\n"
+                 "  --schedule: cudaSetDeviceFlags' scheduling flag (how threads wait for the GPU)\n",
                  argv0);
     std::exit(code);
 }
@@ -1104,6 +1107,7 @@ int main(int argc, char **argv)
         return child_launches(n);
     }
     bool quick = false;
+    unsigned schedule = cudaDeviceScheduleAuto;
     size_t max_bytes = kGiB, min_bytes = 1;
     std::string only = "latency,startup,scaling,pageable,pinned,zerocopy";
     for (int i = 1; i < argc; i++) {
@@ -1115,6 +1119,19 @@ int main(int argc, char **argv)
             min_bytes = parse_bytes(argv[++i]);
         else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!std::strcmp(v, "auto"))
+                schedule = cudaDeviceScheduleAuto;
+            else if (!std::strcmp(v, "spin"))
+                schedule = cudaDeviceScheduleSpin;
+            else if (!std::strcmp(v, "yield"))
+                schedule = cudaDeviceScheduleYield;
+            else if (!std::strcmp(v, "block"))
+                schedule = cudaDeviceScheduleBlockingSync;
+            else
+                usage(argv[0], 64);
+        }
         else if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help"))
             usage(argv[0], 0);
         else
@@ -1163,9 +1180,11 @@ int main(int argc, char **argv)
     const bool can_map =
         device_attribute(cudaDevAttrCanMapHostMemory, "CanMapHostMemory", 0) != 0;
     // Mapped host memory needs this flag on old drivers; with unified addressing it is implied.
-    if (can_map && (err = cudaSetDeviceFlags(cudaDeviceMapHost)) != cudaSuccess) {
+    // The scheduling flag decides how the program's threads wait for the GPU (both sides).
+    const unsigned device_flags = (can_map ? cudaDeviceMapHost : 0) | schedule;
+    if (device_flags && (err = cudaSetDeviceFlags(device_flags)) != cudaSuccess) {
         cudaGetLastError();
-        std::fprintf(stderr, "qcuda_bench: cudaSetDeviceFlags(cudaDeviceMapHost) returned %s\n",
+        std::fprintf(stderr, "qcuda_bench: cudaSetDeviceFlags(%#x) returned %s\n", device_flags,
                      cudaGetErrorName(err));
     }
     const int grid = 4 * sms;

@@ -25,7 +25,7 @@ use kernel::{
 use crate::{
     request::Request,
     virtio::{Chain, VirtioDev, Vq, Vqs},
-    wire::{Op, RequestHeader, ResponseHeader, MAX_CHAIN_SEGMENTS},
+    wire::{Op, RequestHeader, ResponseHeader, WaitMode, MAX_CHAIN_SEGMENTS},
 };
 
 /// How long probe waits for the host to close the sessions of earlier driver instances. The
@@ -96,7 +96,8 @@ pub(crate) enum Wait {
     /// Until completion or a signal: then EINTR if the request was not queued yet (it never
     /// reaches the device), EINPROGRESS if it was (the device keeps it and it runs; only its
     /// answer is lost), so that the caller knows which.
-    Interruptible,
+    /// `poll_ns`: how long it polls the ring before it sleeps (`i64::MAX`: until completion).
+    Interruptible { poll_ns: i64 },
     /// Until completion or `timeout_ms` (then ETIMEDOUT), ignoring signals: used to close a
     /// session, which also happens while a killed process exits, and by probe.
     Uninterruptible { timeout_ms: i64 },
@@ -105,6 +106,26 @@ pub(crate) enum Wait {
     /// queued work, and that work may wait for a host function only the dying process would
     /// have run. The caller keeps what the request concerns until the session is closed.
     Killable { timeout_ms: i64 },
+}
+
+impl Wait {
+    /// Interruptible, polling for [`POLL_NS`] before it sleeps.
+    pub(crate) const fn interruptible() -> Self {
+        Self::Interruptible { poll_ns: POLL_NS }
+    }
+
+    /// Interruptible, waiting as the caller asked (`CALL_WAIT_*`).
+    pub(crate) const fn for_mode(mode: WaitMode) -> Self {
+        Self::Interruptible {
+            poll_ns: match mode {
+                WaitMode::Poll => POLL_NS,
+                // Preemptible kernel: the poll loop drops the queue lock between looks, so a
+                // task that needs this CPU gets it.
+                WaitMode::Spin => i64::MAX,
+                WaitMode::Block => 0,
+            },
+        }
+    }
 }
 
 /// A snapshot of the in-flight table (for fdinfo).
@@ -278,7 +299,7 @@ impl QcudaDevice {
     /// Queues `req` with nobody waiting for it (a fire-and-forget op).
     pub(crate) fn post(&self, req: &Arc<Request>) -> Result {
         let mut chain = Request::chain(req)?;
-        let idx = self.submit(&mut chain, &mut Wait::Interruptible)?;
+        let idx = self.submit(&mut chain, &mut Wait::interruptible())?;
         drop(chain);
         let done = {
             let mut q = self.queue.lock();
@@ -378,8 +399,12 @@ impl QcudaDevice {
                 // Only this caller moves its slot out of `Pending`.
                 _ => return Err(EINVAL),
             }
-            if matches!(wait, Wait::Interruptible)
-                && started.elapsed().as_nanos() < POLL_NS
+            let poll_ns = match wait {
+                Wait::Interruptible { poll_ns } => poll_ns,
+                _ => 0,
+            };
+            if poll_ns > 0
+                && started.elapsed().as_nanos() < poll_ns
                 && !kernel::current!().signal_pending()
             {
                 // Most calls complete within a round trip: take the completion off the ring
@@ -402,7 +427,7 @@ impl QcudaDevice {
                         // The device still owns the chain: leave it the request.
                         slot.state = SlotState::Abandoned;
                         // Queued, so it runs: say so, unlike a signal before the queueing.
-                        if matches!(wait, Wait::Interruptible) && e == EINTR {
+                        if matches!(wait, Wait::Interruptible { .. }) && e == EINTR {
                             return Err(EINPROGRESS);
                         }
                         return Err(e);
@@ -422,7 +447,7 @@ impl QcudaDevice {
         started: &Instant<Monotonic>,
     ) -> (QueueGuard<'a>, Result) {
         match wait {
-            Wait::Interruptible => {
+            Wait::Interruptible { .. } => {
                 if !self.arm(&mut q) {
                     // Completions arrived meanwhile and were taken: the caller looks again.
                     self.disarm(&mut q);

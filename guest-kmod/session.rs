@@ -281,7 +281,7 @@ impl Session {
             let mut submit = 0;
             let response = self
                 .device
-                .execute_timed(&req, Wait::Interruptible, &mut submit)?;
+                .execute_timed(&req, Wait::for_mode(call.wait_mode()), &mut submit)?;
             let executed = ns_since(&started);
             req.copy_out()?;
             // Unpin before touching user memory again. The device has let go of the request

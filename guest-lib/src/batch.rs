@@ -297,9 +297,11 @@ impl Batcher {
             args: raw.args,
         };
         buf.extend_from_slice(&tail.encode());
+        // The batch ends with the caller's call, so it waits as that call would have.
         let mut batch = Call::new(Op::Batch, device)
             .args(&[records + 1])
-            .input(&buf);
+            .input(&buf)
+            .wait_as(call.wait_mode());
         let sent = shared.execute_until_queued(&mut batch);
         if sent.is_ok() {
             let reply = batch.raw();

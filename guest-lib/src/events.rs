@@ -2,7 +2,7 @@
 //! for one are fire-and-forget; synchronising, querying and timing wait for the host.
 
 use crate::conv::low_u32;
-use qcuda_proto::Op;
+use qcuda_proto::{Op, WaitMode};
 
 use crate::{
     cuda_error::{CudaError, CudaResult},
@@ -91,7 +91,12 @@ impl Events {
     /// `cudaEventSynchronize`.
     pub fn synchronize(&self, session: &Session, handle: usize) -> CudaResult<()> {
         let e = self.info(handle)?;
-        session.submit(Call::new(Op::EventSynchronize, e.device).args(&[e.host]))?;
+        let mut call = Call::new(Op::EventSynchronize, e.device).args(&[e.host]);
+        if e.flags & cudaEventBlockingSync != 0 {
+            // The event asks its waiters to block, whatever the device's flags.
+            call = call.wait_as(WaitMode::Block);
+        }
+        session.submit(call)?;
         Ok(())
     }
 

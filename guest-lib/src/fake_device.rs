@@ -21,8 +21,8 @@ use std::{
 
 use qcuda_proto::{
     ioctl::{HostMapCall, IoctlCall},
-    status, BatchRecord, Direction, GpuInfo, Op, ParamInfo, BATCH_RECORD_SIZE, BATCH_TAIL,
-    FLAG_ASYNC, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY, VERSION,
+    status, BatchRecord, Direction, GpuInfo, Op, ParamInfo, WaitMode, BATCH_RECORD_SIZE,
+    BATCH_TAIL, FLAG_ASYNC, RESP_DEFERRED_SHIFT, RESP_FLAG_STICKY, VERSION,
 };
 
 use crate::{
@@ -47,6 +47,8 @@ pub struct Logged {
     pub fire_and_forget: bool,
     pub in_len: u64,
     pub out_len: u64,
+    /// How the caller waited (`CALL_WAIT_*`); a batch's records log the batch's.
+    pub wait: WaitMode,
 }
 
 /// The simulated host.
@@ -363,6 +365,8 @@ impl Transport for Arc<FakeDevice> {
                 // A synchronising tail (only last, only in a waited batch) answers for it.
                 if BATCH_TAIL.contains(&op) {
                     assert!(waited && i + 1 == raw.args[0], "a misplaced batch tail");
+                    // It waits as the batch does.
+                    sub.flags = raw.wait_mode().call_flags();
                     answer = execute_one(&mut s, &sub, &[], &mut []);
                     break;
                 }
@@ -423,6 +427,7 @@ fn execute_one(
         fire_and_forget,
         in_len,
         out_len,
+        wait: raw.wait_mode(),
     });
     let mut rets = [0u64; 7];
     let result = run(s, raw, ins, outs, &mut rets);

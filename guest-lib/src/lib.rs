@@ -49,6 +49,7 @@ pub mod params;
 pub mod pools;
 pub mod registry;
 pub mod runtime;
+pub mod schedule;
 pub mod session;
 pub mod signal_mask;
 pub mod streams;

@@ -17,8 +17,8 @@ use std::{
 };
 
 use qcuda_proto::{
-    ioctl::HostMapCall, Direction, Op, BOUNCE_THRESHOLD, LATENCY_RECORD_SIZE, RESP_DEFERRED_SHIFT,
-    RESP_FLAG_OUTPUT, RESP_FLAG_STICKY, VERSION,
+    ioctl::HostMapCall, Direction, Op, WaitMode, BOUNCE_THRESHOLD, LATENCY_RECORD_SIZE,
+    RESP_DEFERRED_SHIFT, RESP_FLAG_OUTPUT, RESP_FLAG_STICKY, VERSION,
 };
 
 use crate::{
@@ -155,6 +155,9 @@ impl Session {
                 l.record(op, t.elapsed(), Duration::ZERO);
             }
             return Ok(Reply::default());
+        }
+        if call.wait_mode() == WaitMode::Poll && waits_for_device(op) {
+            call.set_wait_mode(crate::schedule::wait_mode(device));
         }
         // Whatever was gathered goes first, so requests keep program order: as one request
         // with a synchronising call at its end, else before the call. The host answers
@@ -586,6 +589,14 @@ pub fn is_synchronizing(op: Op) -> bool {
         op,
         Op::DeviceSynchronize | Op::StreamSynchronize | Op::EventSynchronize
     )
+}
+
+/// Ops whose caller waits for the device's earlier work to finish: the synchronisations and a
+/// blocking copy of host-mapped memory. They wait as CUDA's scheduling flags say
+/// ([`crate::schedule`]); other calls poll briefly and then sleep. Pageable copies are left out:
+/// their chunks' threads pin and describe the next chunks meanwhile and need the vCPUs.
+fn waits_for_device(op: Op) -> bool {
+    is_synchronizing(op) || op == Op::MemcpyMapped
 }
 
 /// The sticky (context-corrupting) errors: qcuda-proto's `cuda_errors::STICKY`, the list

@@ -11,7 +11,7 @@ use std::{fs::File, io, marker::PhantomData, os::fd::AsRawFd, path::Path};
 
 use qcuda_proto::{
     ioctl::{HostMapCall, IoctlCall, IOCTL_CALL, IOCTL_HOST_MAP, IOCTL_HOST_UNMAP},
-    Direction, Op, FLAG_ASYNC, MAX_ARGS, MAX_RETS,
+    Direction, Op, WaitMode, CALL_WAIT_BLOCK, CALL_WAIT_SPIN, FLAG_ASYNC, MAX_ARGS, MAX_RETS,
 };
 
 /// One request: op, device, inline arguments and the user buffers it moves.
@@ -54,7 +54,25 @@ impl<'a> Call<'a> {
     /// is honoured.
     pub fn fire_and_forget(mut self) -> Self {
         self.raw.flags |= u32::from(FLAG_ASYNC);
+        self.raw.flags &= !(CALL_WAIT_SPIN | CALL_WAIT_BLOCK);
         self
+    }
+
+    /// How the caller waits in qcuda.ko for the answer of a waited call (a fire-and-forget
+    /// call does not wait: the mode is dropped when the call goes out that way).
+    pub fn wait_as(mut self, mode: WaitMode) -> Self {
+        self.set_wait_mode(mode);
+        self
+    }
+
+    /// [`Self::wait_as`] in place.
+    pub fn set_wait_mode(&mut self, mode: WaitMode) {
+        self.raw.flags = (self.raw.flags & !(CALL_WAIT_SPIN | CALL_WAIT_BLOCK)) | mode.call_flags();
+    }
+
+    /// The wait mode set with [`Self::wait_as`] (`Poll` if none).
+    pub fn wait_mode(&self) -> WaitMode {
+        self.raw.wait_mode()
     }
 
     /// Appends an `In` buffer (guest to host).

@@ -61,6 +61,39 @@ pub const FLAG_ASYNC: u16 = 1 << 0;
 /// All request flags this version knows.
 pub const KNOWN_FLAGS: u16 = FLAG_ASYNC;
 
+/// `IoctlCall` flag (bits 16..31 are the ioctl's own and never reach the device): how the caller
+/// waits for its answer. Without either wait flag qcuda.ko polls the ring for a short while and
+/// then sleeps until the completion interrupt. `CALL_WAIT_SPIN`: it polls until the answer comes
+/// (CUDA's spin and yield scheduling; the guest kernel is preemptible, so a polling caller still
+/// gives the CPU to others that need it).
+pub const CALL_WAIT_SPIN: u32 = 1 << 16;
+/// `IoctlCall` flag: the caller sleeps at once until the completion interrupt (CUDA's blocking
+/// synchronisation, `cudaDeviceScheduleBlockingSync`, `cudaEventBlockingSync`).
+pub const CALL_WAIT_BLOCK: u32 = 1 << 17;
+
+/// How a waited call waits in qcuda.ko (from `CALL_WAIT_SPIN` / `CALL_WAIT_BLOCK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WaitMode {
+    /// Poll for a short while, then sleep.
+    #[default]
+    Poll,
+    /// Poll until the answer comes.
+    Spin,
+    /// Sleep at once.
+    Block,
+}
+
+impl WaitMode {
+    /// The `IoctlCall` flag bits of this mode.
+    pub const fn call_flags(self) -> u32 {
+        match self {
+            Self::Poll => 0,
+            Self::Spin => CALL_WAIT_SPIN,
+            Self::Block => CALL_WAIT_BLOCK,
+        }
+    }
+}
+
 /// Ops with this bit set may only be issued by the kernel module itself.
 pub const KERNEL_ONLY_OP: u32 = 0x8000_0000;
 
@@ -1832,8 +1865,13 @@ pub mod ioctl {
                 nbufs: get_u32(b, 12),
                 ..Self::default()
             };
-            let flags = u16::try_from(c.flags).map_err(|_| WireError::Reserved)?;
-            if flags & !KNOWN_FLAGS != 0 {
+            let wait = c.flags & (CALL_WAIT_SPIN | CALL_WAIT_BLOCK);
+            let flags = u16::try_from(c.flags & !wait).map_err(|_| WireError::Reserved)?;
+            if flags & !KNOWN_FLAGS != 0
+                || wait == CALL_WAIT_SPIN | CALL_WAIT_BLOCK
+                || (wait != 0 && flags & FLAG_ASYNC != 0)
+            {
+                // A fire-and-forget call does not wait, so it has no way to wait.
                 return Err(WireError::Reserved);
             }
             if c.nbufs as usize > MAX_BUFFERS {
@@ -1876,16 +1914,25 @@ pub mod ioctl {
             Ok(c)
         }
 
+        /// How the caller waits for the answer (the call's `CALL_WAIT_*` flag; a decoded call
+        /// has at most one).
+        pub fn wait_mode(&self) -> WaitMode {
+            if self.flags & CALL_WAIT_SPIN != 0 {
+                WaitMode::Spin
+            } else if self.flags & CALL_WAIT_BLOCK != 0 {
+                WaitMode::Block
+            } else {
+                WaitMode::Poll
+            }
+        }
+
         /// The request header this call becomes, before the kernel stamps the session.
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "flags: `decode` refuses any bit outside KNOWN_FLAGS (a u16), and the kernel \
-                      takes the header only of a decoded call"
-        )]
+        /// Its flags are the low 16 bits (`decode` refuses any outside `KNOWN_FLAGS`); the
+        /// wait flags above them stay in the guest.
         pub fn header(&self) -> RequestHeader {
             let mut h = RequestHeader {
                 op: self.op,
-                flags: self.flags as u16,
+                flags: (self.flags & 0xffff) as u16,
                 device: self.device,
                 args: self.args,
                 ..RequestHeader::default()

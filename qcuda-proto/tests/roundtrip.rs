@@ -207,6 +207,26 @@ fn ioctl_call_layout_matches_encoding() {
 }
 
 #[test]
+fn ioctl_call_wait_flags_stay_in_the_guest() {
+    for mode in [WaitMode::Poll, WaitMode::Spin, WaitMode::Block] {
+        let mut c = IoctlCall::new(Op::StreamSynchronize);
+        c.flags |= mode.call_flags();
+        let d = IoctlCall::decode(&c.encode()).unwrap();
+        assert_eq!(d.wait_mode(), mode);
+        // The device sees the request's flags only.
+        assert_eq!(d.header().flags, 0);
+    }
+    // Both at once, a bit beside them, or a wait flag on a call that does not wait: refused.
+    let mut c = IoctlCall::new(Op::StreamSynchronize);
+    c.flags = CALL_WAIT_SPIN | CALL_WAIT_BLOCK;
+    assert_eq!(IoctlCall::decode(&c.encode()), Err(WireError::Reserved));
+    c.flags = CALL_WAIT_SPIN | 1 << 18;
+    assert_eq!(IoctlCall::decode(&c.encode()), Err(WireError::Reserved));
+    c.flags = CALL_WAIT_BLOCK | u32::from(FLAG_ASYNC);
+    assert_eq!(IoctlCall::decode(&c.encode()), Err(WireError::Reserved));
+}
+
+#[test]
 fn ioctl_call_rejects_malformed() {
     let mut c = IoctlCall::new(Op::Echo);
     c.push(Direction::In, 0x1000, 64).unwrap();

@@ -364,12 +364,23 @@ impl Device {
     /// Echo: the device copies `input` into `output` (same length) and returns the checksum of
     /// what it read.
     pub fn echo(&self, input: &[u8], output: &mut [u8]) -> Result<u64, CallError> {
+        self.echo_waiting(input, output, qcuda_proto::WaitMode::Poll)
+    }
+
+    /// [`Self::echo`], waiting in qcuda.ko as `wait` says (`CALL_WAIT_*`).
+    pub fn echo_waiting(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        wait: qcuda_proto::WaitMode,
+    ) -> Result<u64, CallError> {
         assert_eq!(input.len(), output.len(), "echo buffers differ in length");
         let mut call = echo_call(
             input.as_ptr() as u64,
             output.as_mut_ptr() as u64,
             input.len() as u64,
         );
+        call.flags |= wait.call_flags();
         // SAFETY: `input` is readable and `output` writable, for their whole lengths, and both
         // stay borrowed until the call returns; they may not overlap (`&` and `&mut`).
         unsafe { self.call(&mut call) }?;

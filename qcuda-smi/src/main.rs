@@ -88,7 +88,7 @@ enum Command {
     /// Round-trip latency of the transport: Hello (answered by the daemon), fire-and-forget
     /// Hello, 64 B and 4 KiB Echo (bounce buffers), each `count` times, and a 4 MiB Echo
     /// (2048 pinned pages in all, as many as guest-lib's 8 MiB copy chunk) `count / 100`
-    /// times; microseconds per call. First the floor: an ioctl the module refuses at once.
+    /// times, waiting in each of qcuda.ko's three ways; microseconds per call. First the floor: an ioctl the module refuses at once.
     Latency {
         /// Calls of each kind.
         #[arg(long, default_value_t = 2000)]
@@ -315,15 +315,21 @@ fn latency(dev: &device::Device, count: u32) -> Result<(), String> {
     // Bounce buffers (at most 64 KiB are copied), then pinned pages: 4 MiB in and 4 MiB out
     // pin as many pages as the 8 MiB chunk guest-lib splits large pageable copies into, and
     // fit one chain even when every page is its own run.
-    for (what, len, n) in [
-        ("echo 64 B (waited)", 64, count),
-        ("echo 4 KiB (waited)", 4096, count),
-        ("echo 4 MiB pinned (waited)", 4 << 20, (count / 100).max(5)),
+    // The 4 MiB echo takes longer than qcuda.ko's short poll, so it also shows what each way
+    // of waiting costs (CUDA's scheduling flags pick one for synchronisations).
+    use qcuda_proto::WaitMode::{Block, Poll, Spin};
+    let big = (count / 100).max(5);
+    for (what, len, n, wait) in [
+        ("echo 64 B (waited)", 64, count, Poll),
+        ("echo 4 KiB (waited)", 4096, count, Poll),
+        ("echo 4 MiB pinned (waited)", 4 << 20, big, Poll),
+        ("echo 4 MiB pinned (spin)", 4 << 20, big, Spin),
+        ("echo 4 MiB pinned (block)", 4 << 20, big, Block),
     ] {
         let input = vec![0x5au8; len];
         let mut output = vec![0u8; len];
         time(what, n, &mut || {
-            dev.echo(&input, &mut output)
+            dev.echo_waiting(&input, &mut output, wait)
                 .map(|_| ())
                 .map_err(|e| format!("echo: {e}"))
         })?;

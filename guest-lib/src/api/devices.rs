@@ -219,8 +219,8 @@ cuda_api! {
         unsafe { write_out(runtimeVersion, int_of_u32(CUDART_VERSION)) }
     }
 
-    /// `cudaSetDeviceFlags`: recorded for `cudaGetDeviceFlags`. The host schedules its own
-    /// context, so the scheduling flags do not change how the guest waits.
+    /// `cudaSetDeviceFlags`: recorded for `cudaGetDeviceFlags`; the scheduling flags decide how
+    /// the device's synchronising calls wait in the guest (schedule.rs).
     fn cudaSetDeviceFlags(flags: c_uint) {
         let (rt, d) = current()?;
         rt.devices.set_flags(d, check_device_flags(flags)?);

@@ -239,3 +239,61 @@ fn host_functions_run_in_this_process_in_order_and_release_their_stream() {
     // One-shot: forgotten after their run.
     assert!(crate::runtime::runtime().unwrap().host_fns.is_empty());
 }
+
+#[test]
+fn synchronisations_wait_as_the_scheduling_flags_say() {
+    use crate::api::devices::{cudaDeviceSynchronize, cudaSetDeviceFlags};
+    use qcuda_proto::WaitMode;
+    let fake = setup();
+    let waits = |op: Op| -> Vec<WaitMode> {
+        let s = fake.state();
+        s.log
+            .iter()
+            .filter(|l| l.op == op)
+            .map(|l| l.wait)
+            .collect()
+    };
+    let mut s: cudaStream_t = ptr::null_mut();
+    let mut e: cudaEvent_t = ptr::null_mut();
+    let mut blocking: cudaEvent_t = ptr::null_mut();
+    let mut d = ptr::null_mut();
+    // SAFETY: valid pointers throughout.
+    unsafe {
+        ok(cudaStreamCreate(&raw mut s));
+        ok(cudaEventCreate(&raw mut e));
+        ok(cudaEventCreateWithFlags(
+            &raw mut blocking,
+            cu::cudaEventBlockingSync,
+        ));
+        ok(cudaMalloc(&raw mut d, 64));
+        // The default (auto): synchronisations poll until the answer comes.
+        ok(cudaDeviceSynchronize());
+        ok(cudaStreamSynchronize(s));
+        ok(cudaEventRecord(e, s));
+        ok(cudaEventSynchronize(e));
+        // An event made for blocking waits blocks, whatever the device's flags.
+        ok(cudaEventRecord(blocking, s));
+        ok(cudaEventSynchronize(blocking));
+        // Blocking synchronisation for the device.
+        ok(cudaSetDeviceFlags(cu::cudaDeviceScheduleBlockingSync));
+        ok(cudaDeviceSynchronize());
+        ok(cudaStreamSynchronize(s));
+        ok(cudaSetDeviceFlags(cu::cudaDeviceScheduleYield));
+        ok(cudaStreamSynchronize(s));
+    }
+    assert_eq!(
+        waits(Op::DeviceSynchronize),
+        [WaitMode::Spin, WaitMode::Block]
+    );
+    assert_eq!(
+        waits(Op::StreamSynchronize),
+        [WaitMode::Spin, WaitMode::Block, WaitMode::Spin]
+    );
+    assert_eq!(
+        waits(Op::EventSynchronize),
+        [WaitMode::Spin, WaitMode::Block]
+    );
+    // Calls that are not synchronisations keep the module's default.
+    assert_eq!(waits(Op::Malloc), [WaitMode::Poll]);
+    assert!(waits(Op::StreamCreate).iter().all(|w| *w == WaitMode::Poll));
+}

@@ -150,6 +150,15 @@ pub fn primary_active(device: u32) -> bool {
         || runtime_if_connected().is_some_and(|rt| rt.session.has_context(device))
 }
 
+/// The flags of the calling thread's current context if it is one the driver face created (not
+/// a primary context) and runs on `device`.
+pub fn created_current_flags(device: u32) -> Option<u32> {
+    with_stack(|s| s.last().copied())
+        .flatten()
+        .filter(|c| !c.primary && c.device == device)
+        .map(|c| c.flags())
+}
+
 /// The calling thread's current context, if any.
 pub fn current() -> Option<&'static Context> {
     if let Some(top) = with_stack(|s| s.last().copied()).flatten() {
