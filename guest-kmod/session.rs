@@ -279,9 +279,9 @@ impl Session {
         } else {
             let prepared = ns_since(&started);
             let mut submit = 0;
-            let response = self
-                .device
-                .execute_timed(&req, Wait::for_mode(call.wait_mode()), &mut submit)?;
+            let response =
+                self.device
+                    .execute_timed(&req, Wait::for_mode(call.wait_mode()), &mut submit)?;
             let executed = ns_since(&started);
             req.copy_out()?;
             // Unpin before touching user memory again. The device has let go of the request
