@@ -1093,6 +1093,24 @@ int device_attribute(cudaDeviceAttr attr, const char *name, int fallback)
     return fallback;
 }
 
+// Whether there is a CUDA device. Without one (or without a driver) it prints the SKIP line and
+// says no; any other error is a FAIL: a broken transport must not pass for a host without a GPU.
+bool have_device()
+{
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+        (err == cudaSuccess && count == 0)) {
+        std::printf("SKIP: no CUDA device (%s)\n",
+                    err == cudaSuccess ? "device count 0" : cudaGetErrorName(err));
+        return false;
+    }
+    if (err != cudaSuccess)
+        fail("cudaGetDeviceCount returned %s (%d: %s)", cudaGetErrorName(err), (int)err,
+             cudaGetErrorString(err));
+    return true;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -1139,17 +1157,8 @@ int main(int argc, char **argv)
     }
     const Plan plan = make_plan(quick, max_bytes);
 
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
-        (err == cudaSuccess && count == 0)) {
-        std::printf("SKIP: no CUDA device (%s)\n",
-                    err == cudaSuccess ? "device count 0" : cudaGetErrorName(err));
+    if (!have_device())
         return 2;
-    }
-    if (err != cudaSuccess) // a broken transport must not pass for a host without a GPU
-        fail("cudaGetDeviceCount returned %s (%d: %s)", cudaGetErrorName(err), (int)err,
-             cudaGetErrorString(err));
 
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
@@ -1162,6 +1171,7 @@ int main(int argc, char **argv)
     const int sms = device_attribute(cudaDevAttrMultiProcessorCount, "MultiProcessorCount", 100);
     const bool can_map =
         device_attribute(cudaDevAttrCanMapHostMemory, "CanMapHostMemory", 0) != 0;
+    cudaError_t err;
     // Mapped host memory needs this flag on old drivers; with unified addressing it is implied.
     if (can_map && (err = cudaSetDeviceFlags(cudaDeviceMapHost)) != cudaSuccess) {
         cudaGetLastError();
