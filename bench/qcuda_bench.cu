@@ -22,6 +22,10 @@
 //   launch_rate_<N>proc          N processes (this program, --child-launches) launching at once:
 //                                aggregate empty-kernel launches per second, unit launch/s
 //   scaling_<N>proc              that rate over the rate of one process, unit x
+//   sustain_launch,              --sustain mode only (scripts/bench-scale.sh starts many such
+//   sustain_h2d, sustain_d2h     processes at once, natively and in guests, and adds them up):
+//                                one process's empty launches per second, or GB/s of 64 MiB
+//                                pinned copies on a stream, kept up for S seconds
 //
 // Copies are timed with the host clock, the whole call as the application sees it (in the guest
 // that includes the trip to the host); the best of several runs after a warm-up counts. The
@@ -33,6 +37,9 @@
 //   --quick     about a tenth of the repetitions, for a guest under TCG (all rows stay)
 //   --schedule  how the program's threads wait for the GPU (cudaSetDeviceFlags; default auto)
 //   (qcuda_bench --child-launches N is one process of the launch_rate rows, started by itself)
+//        qcuda_bench --sustain launch|h2d|d2h --seconds S --sync DIR --tag NAME
+//   one process of a sustained load: ready, it creates DIR/ready.KIND.NAME and waits for
+//   DIR/go.KIND; then runs KIND for S seconds and prints its one row (see sustain_main)
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -52,6 +59,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1079,8 +1087,11 @@ size_t parse_bytes(const char *s)
                  "          [--schedule auto|spin|yield|block]\n"
                  "  GROUPS: a comma-separated list of latency, startup, scaling, pageable, pinned,\n"
                  "  zerocopy (default: all); the byte bounds limit the copy and zero-copy sizes;\n"
-                 "  --schedule: cudaSetDeviceFlags' scheduling flag (how threads wait for the GPU)\n",
-                 argv0);
+                 "  --schedule: cudaSetDeviceFlags' scheduling flag (how threads wait for the GPU)\n"
+                 "   or: %s --sustain launch|h2d|d2h --seconds S --sync DIR --tag NAME\n"
+                 "  one process of scripts/bench-scale.sh: creates DIR/ready.KIND.NAME, waits for\n"
+                 "  DIR/go.KIND, runs KIND for S seconds, prints its rate\n",
+                 argv0, argv0);
     std::exit(code);
 }
 
@@ -1096,6 +1107,196 @@ int device_attribute(cudaDeviceAttr attr, const char *name, int fallback)
     return fallback;
 }
 
+// Whether there is a CUDA device. Without one (or without a driver) it prints the SKIP line and
+// says no; any other error is a FAIL: a broken transport must not pass for a host without a GPU.
+bool have_device()
+{
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+        (err == cudaSuccess && count == 0)) {
+        std::printf("SKIP: no CUDA device (%s)\n",
+                    err == cudaSuccess ? "device count 0" : cudaGetErrorName(err));
+        return false;
+    }
+    if (err != cudaSuccess)
+        fail("cudaGetDeviceCount returned %s (%d: %s)", cudaGetErrorName(err), (int)err,
+             cudaGetErrorString(err));
+    return true;
+}
+
+// --- sustained load from many processes at once (scripts/bench-scale.sh) ----------------------
+
+// qcuda_bench --sustain KIND --seconds S --sync DIR --tag NAME is one of many processes that load
+// the GPU together, natively or spread over several guests. Each gets ready (its session, its
+// buffers, one checked operation), says so by creating DIR/ready.KIND.NAME, and waits for
+// DIR/go.KIND, which the script creates once every process is ready; then it runs KIND for S
+// seconds and prints its own rate, and the script adds the rates up. Files rather than a pipe:
+// a guest's processes share nothing with the host but a directory (virtiofs).
+constexpr size_t kSustainBytes = 64 * kMiB;
+constexpr int kSustainLaunchBatch = 1000; // launches between two looks at the clock
+constexpr double kSustainGoWait = 3600;   // seconds; a script that died never says go
+
+struct Sustain {
+    std::string kind, dir, tag;
+    double seconds = 0;
+    bool launch() const { return kind == "launch"; }
+    std::string metric() const { return "sustain_" + kind; }
+};
+
+// Announces this process ready and returns once DIR/go.KIND exists.
+void await_go(const Sustain &a)
+{
+    const std::string ready = a.dir + "/ready." + a.kind + "." + a.tag;
+    Fd fd(open(ready.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0)
+        unavailable("cannot create %s: %s", ready.c_str(), std::strerror(errno));
+    fd.reset();
+    // stat every millisecond: in a guest each is a FUSE lookup, which the share must not cache
+    // (bench-scale.sh runs virtiofsd with --cache=never), so the start is late by a millisecond
+    // at most.
+    const std::string go = a.dir + "/go." + a.kind;
+    const double deadline = now_seconds() + kSustainGoWait;
+    struct stat st;
+    while (stat(go.c_str(), &st) != 0) {
+        if (errno != ENOENT)
+            unavailable("stat(%s) failed: %s", go.c_str(), std::strerror(errno));
+        if (now_seconds() > deadline)
+            unavailable("no %s after %.0f s", go.c_str(), kSustainGoWait);
+        usleep(1000);
+    }
+}
+
+// Empty launches, back to back, for a.seconds: no synchronize until the end, so the rate is what
+// the launch path sustains with the queue full. Returns the seconds taken, n the launches.
+double sustain_launches(const Sustain &a, int grid, long long &n)
+{
+    // A kernel's writes checked once, so that launches which do not run cannot pass for fast ones.
+    {
+        const uint32_t seed = 0x1a0c0000u;
+        Owned dev = device_alloc(kMiB);
+        std::vector<uint32_t> host(kMiB / 4);
+        fill_words<<<grid, kBlock>>>((uint32_t *)dev.get(), host.size(), seed);
+        NEED(cudaGetLastError());
+        NEED(cudaMemcpy(host.data(), dev.get(), kMiB, cudaMemcpyDeviceToHost));
+        verify_host(host.data(), kMiB, seed, a.metric().c_str());
+    }
+    empty_kernel<<<1, 1>>>(); // the warm-up
+    NEED(cudaGetLastError());
+    NEED(cudaDeviceSynchronize());
+    await_go(a);
+    const double t0 = now_seconds(), end = t0 + a.seconds;
+    n = 0;
+    do {
+        for (int i = 0; i < kSustainLaunchBatch; i++) {
+            empty_kernel<<<1, 1>>>();
+            NEED(cudaGetLastError());
+        }
+        n += kSustainLaunchBatch;
+    } while (now_seconds() < end);
+    NEED(cudaDeviceSynchronize());
+    return now_seconds() - t0;
+}
+
+// 64 MiB copies between cudaMallocHost memory and the device, each a cudaMemcpyAsync on a
+// created stream and a cudaStreamSynchronize, for a.seconds. Returns the seconds taken, n the
+// copies.
+double sustain_copies(const Sustain &a, int grid, long long &n)
+{
+    const bool h2d = a.kind == "h2d";
+    const cudaMemcpyKind dir = h2d ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    const uint32_t seed = h2d ? 0x2d0d0000u : 0xd20d0000u;
+    Owned dev = device_alloc(kSustainBytes);
+    Owned host = pinned_alloc(kSustainBytes);
+    Stream stream;
+    void *to = h2d ? dev.get() : host.get();
+    const void *from = h2d ? host.get() : dev.get();
+    auto copy = [&] {
+        NEED(cudaMemcpyAsync(to, from, kSustainBytes, dir, stream.get()));
+        NEED(cudaStreamSynchronize(stream.get()));
+    };
+    // The warm-up copy is the checked one: the source holds a pattern, the destination does not
+    // (fresh memory), so a copy that did not land, or landed wrong, is a FAIL.
+    if (h2d) {
+        fill_host((uint32_t *)host.get(), kSustainBytes / 4, seed);
+        copy();
+        verify_device(dev.get(), kSustainBytes, seed, grid, a.metric().c_str());
+    } else {
+        fill_words<<<grid, kBlock>>>((uint32_t *)dev.get(), kSustainBytes / 4, seed);
+        NEED(cudaGetLastError());
+        NEED(cudaDeviceSynchronize());
+        copy();
+        verify_host(host.get(), kSustainBytes, seed, a.metric().c_str());
+    }
+    await_go(a);
+    const double t0 = now_seconds(), end = t0 + a.seconds;
+    n = 0;
+    do {
+        copy();
+        n++;
+    } while (now_seconds() < end);
+    NEED(cudaDeviceSynchronize());
+    return now_seconds() - t0;
+}
+
+// The --sustain mode: one row, "sustain_KIND,<bytes per operation>,<rate>,<unit>", and the count
+// on stderr. Exit 0; 1 after a FAIL or a failed call (then the row reads NA); 2 without a device.
+int sustain_main(const Sustain &a)
+{
+    if (!have_device())
+        return 2;
+    const std::string metric = a.metric();
+    const size_t bytes = a.launch() ? 0 : kSustainBytes;
+    const char *unit = a.launch() ? "launch/s" : "GB/s";
+    try {
+        NEED(cudaFree(0)); // the session, before anything is counted
+        const int grid =
+            4 * device_attribute(cudaDevAttrMultiProcessorCount, "MultiProcessorCount", 100);
+        long long n = 0;
+        const double secs = a.launch() ? sustain_launches(a, grid, n) : sustain_copies(a, grid, n);
+        char value[32];
+        const double rate = a.launch() ? n / secs : n * (double)bytes / secs / 1e9;
+        std::snprintf(value, sizeof value, "%.3f", rate);
+        print_row(metric.c_str(), bytes, value, unit);
+        std::fprintf(stderr, "qcuda_bench: %s %s: %lld %s in %.3f s, %s %s\n", metric.c_str(),
+                     a.tag.c_str(), n, a.launch() ? "launches" : "copies of 64 MiB", secs, value,
+                     unit);
+        return 0;
+    } catch (const Unavailable &u) {
+        print_na(metric.c_str(), bytes, unit, u.why);
+        return 1;
+    }
+}
+
+// Parses --sustain KIND --seconds S --sync DIR --tag NAME (any order); exits 64 on a bad one.
+Sustain parse_sustain(int argc, char **argv)
+{
+    Sustain a;
+    for (int i = 1; i < argc; i++) {
+        const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : nullptr;
+        if (!val)
+            usage(argv[0], 64);
+        if (!std::strcmp(opt, "--sustain"))
+            a.kind = val;
+        else if (!std::strcmp(opt, "--seconds")) {
+            char *end = nullptr;
+            a.seconds = std::strtod(val, &end);
+            if (end == val || *end || !std::isfinite(a.seconds))
+                a.seconds = 0;
+        } else if (!std::strcmp(opt, "--sync"))
+            a.dir = val;
+        else if (!std::strcmp(opt, "--tag"))
+            a.tag = val;
+        else
+            usage(argv[0], 64);
+        i++;
+    }
+    if ((a.kind != "launch" && a.kind != "h2d" && a.kind != "d2h") || !(a.seconds > 0) ||
+        a.dir.empty() || a.tag.empty() || a.tag.find('/') != std::string::npos)
+        usage(argv[0], 64);
+    return a;
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -1106,6 +1307,9 @@ int main(int argc, char **argv)
             usage(argv[0], 64);
         return child_launches(n);
     }
+    for (int i = 1; i < argc; i++)
+        if (!std::strcmp(argv[i], "--sustain"))
+            return sustain_main(parse_sustain(argc, argv));
     bool quick = false;
     unsigned schedule = cudaDeviceScheduleAuto;
     size_t max_bytes = kGiB, min_bytes = 1;
@@ -1156,17 +1360,8 @@ int main(int argc, char **argv)
     }
     const Plan plan = make_plan(quick, max_bytes);
 
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
-        (err == cudaSuccess && count == 0)) {
-        std::printf("SKIP: no CUDA device (%s)\n",
-                    err == cudaSuccess ? "device count 0" : cudaGetErrorName(err));
+    if (!have_device())
         return 2;
-    }
-    if (err != cudaSuccess) // a broken transport must not pass for a host without a GPU
-        fail("cudaGetDeviceCount returned %s (%d: %s)", cudaGetErrorName(err), (int)err,
-             cudaGetErrorString(err));
 
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
@@ -1179,6 +1374,7 @@ int main(int argc, char **argv)
     const int sms = device_attribute(cudaDevAttrMultiProcessorCount, "MultiProcessorCount", 100);
     const bool can_map =
         device_attribute(cudaDevAttrCanMapHostMemory, "CanMapHostMemory", 0) != 0;
+    cudaError_t err;
     // Mapped host memory needs this flag on old drivers; with unified addressing it is implied.
     // The scheduling flag decides how the program's threads wait for the GPU (both sides).
     const unsigned device_flags = (can_map ? cudaDeviceMapHost : 0) | schedule;

@@ -6,6 +6,8 @@
 #   sandbox-gpu-check.sh      measures the workers' system calls under the real driver, and runs
 #                             the CUDA tests with the sandbox on and off (docs/SECURITY.md)
 #   bench.sh                  runs the benchmark natively and inside the guest, prints the ratios
+#   bench-scale.sh            many busy processes at once, natively and in 1 or 4 guests: the
+#                             aggregate launch rate and copy bandwidth, guest against native
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
 #   two-vm-test.sh            two VMs on the GPU at once: per-VM views, the kill check beside a
@@ -46,6 +48,7 @@ install -m 755 scripts/run-vm.sh "$B/run-vm.sh"
 install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
 install -m 755 scripts/sandbox-gpu-check.sh "$B/sandbox-gpu-check.sh"
 install -m 755 scripts/bench.sh "$B/bench.sh"
+install -m 755 scripts/bench-scale.sh "$B/bench-scale.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
 install -m 755 scripts/two-vm-test.sh "$B/two-vm-test.sh"
