@@ -2,7 +2,7 @@
 # bench.sh: on a GPU host, runs qcuda_bench (bench/qcuda_bench.cu) natively against the host's
 # libcudart, then inside the qcuda guest against ours, and prints guest/native ratios.
 #   ./bench.sh [--out DIR] [--max-bytes N[K|M|G]] [--guest-mem SIZE] [--guest-smp N]
-#              [--timeout SECONDS] [--daemon-arg ARG]... [-- BENCH-ARGS...]
+#              [--timeout SECONDS] [--daemon-arg ARG]... [--vm-arg ARG]... [-- BENCH-ARGS...]
 # Writes to DIR (default: bench-out beside this script; build/bench-out in the repo):
 #   native.csv, guest.csv   metric,bytes,value,unit (the program's own rows)
 #   bench.csv               metric,bytes,native,guest,unit,ratio; ratio is native/guest for
@@ -11,6 +11,8 @@
 #   native.log, guest.log, vm/   progress, the guest console, the daemon's and QEMU's logs
 # The guest runs with --quick (a guest under TCG is slow on the CPU side), the host in full.
 # --daemon-arg passes an argument to vhost-cuda (repeatable, e.g. --daemon-arg --hop-poll-us=0);
+# --vm-arg one to run-vm.sh (repeatable, e.g. --vm-arg --add --vm-arg FILE:/opt/qcuda/bench/FILE
+# to run another build of the benchmark in the guest);
 # arguments after -- go to qcuda_bench on both sides (e.g. -- --only pageable --min-bytes 64M).
 # Works from an unpacked bundle (scripts/bundle.sh) and from the repo. Without a GPU it says
 # "skipped: no GPU" and exits 0; it exits 1 if either run fails or prints no rows.
@@ -21,7 +23,7 @@ if [[ -f $B/guest/bzImage ]]; then # bundle layout
 else # repo layout: scripts/ beside build/
     bench=$B/../build/bench/qcuda_bench out=$B/../build/bench-out
 fi
-max_args=() mem_args=() smp_args=() daemon_args=() bench_args=() timeout=1800
+max_args=() mem_args=() smp_args=() daemon_args=() vm_args=() bench_args=() timeout=1800
 while (($#)); do
     case $1 in
     --out) out=$2; shift 2 ;;
@@ -30,9 +32,10 @@ while (($#)); do
     --guest-smp) smp_args=(--smp "$2"); shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --daemon-arg) daemon_args+=(--daemon-arg "$2"); shift 2 ;;
+    --vm-arg) vm_args+=("$2"); shift 2 ;;
     --) shift; bench_args=("$@"); break ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS] [--daemon-arg ARG]... [-- BENCH-ARGS...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS] [--daemon-arg ARG]... [--vm-arg ARG]... [-- BENCH-ARGS...]" >&2; exit 2 ;;
     esac
 done
 
@@ -63,7 +66,7 @@ csv_rows <"$out/native.out" >"$out/native.csv"
 
 echo "== guest (through QEMU, qcuda.ko and vhost-cuda), --quick run"
 "$B/run-vm.sh" --log-dir "$out/vm" --timeout "$timeout" "${mem_args[@]}" "${smp_args[@]}" \
-    "${daemon_args[@]}" -- \
+    "${daemon_args[@]}" "${vm_args[@]}" -- \
     "insmod /lib/modules/qcuda.ko && /opt/qcuda/bench/qcuda_bench --quick ${max_args[*]} ${bench_args[*]}" 2>&1 |
     tee "$out/guest.log"
 rc=${PIPESTATUS[0]}
