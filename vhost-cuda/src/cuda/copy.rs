@@ -78,6 +78,19 @@ pub(crate) enum Step {
     },
 }
 
+/// A copy of at most this many bytes, in at most [`SMALL_COPY_RUNS`] runs, goes straight
+/// through the driver run by run: for a few bytes that costs one driver call, where the staging
+/// buffer costs an event wait, a gather, a DMA of its own and an event record (a 4-byte copy
+/// took the worker 21 µs that way on the H100 host, against 5.5 µs for the whole native call).
+pub(crate) const SMALL_COPY: usize = 64 << 10;
+/// See [`SMALL_COPY`]: a bounce buffer of qcuda.ko is one run.
+pub(crate) const SMALL_COPY_RUNS: usize = 4;
+
+/// Whether a copy of `runs` is small enough to go direct whatever its runs' lengths.
+pub(crate) fn is_small(runs: &[HostRun]) -> bool {
+    runs.len() <= SMALL_COPY_RUNS && runs.iter().map(|r| r.len).sum::<usize>() <= SMALL_COPY
+}
+
 /// Splits a copy of `runs` into steps: runs of at least `direct_min` bytes go direct, the
 /// others are packed into staged steps of at most `half` bytes. `half == 0` (no staging
 /// buffer) sends everything direct.
@@ -608,6 +621,17 @@ mod tests {
             ]
         );
         assert!(plan(&[], 16, 50).is_empty());
+    }
+
+    #[test]
+    fn small_copies_are_a_few_runs_of_a_few_bytes() {
+        assert!(is_small(&[run(0x1000, 4)]));
+        assert!(is_small(&[run(0x1000, SMALL_COPY)]));
+        assert!(!is_small(&[run(0x1000, SMALL_COPY + 1)]));
+        let four: Vec<HostRun> = (0..4).map(|i| run(0x1000 * (i + 1), 16)).collect();
+        assert!(is_small(&four));
+        let five: Vec<HostRun> = (0..5).map(|i| run(0x1000 * (i + 1), 16)).collect();
+        assert!(!is_small(&five));
     }
 
     #[test]

@@ -1343,11 +1343,14 @@ impl CudaSession {
         self.check_range_any(dev, ptr, buf.len() as u64)?;
         let runs = copy::host_runs(buf).map_err(|_| status::INVALID_VALUE)?;
         let tuning = self.host.tuning;
-        let needed = runs.iter().any(|r| r.len < tuning.direct_min);
+        let small = copy::is_small(&runs);
+        let needed = !small && runs.iter().any(|r| r.len < tuning.direct_min);
         let drv = Arc::clone(&self.drv);
         let c = self.context(dev)?;
-        let half =
-            Self::staging_for(drv.as_ref(), c, tuning.staging_half, needed).map_or(0, |s| s.half());
+        // Half 0: every run direct (plan), which small copies are.
+        let half = Self::staging_for(drv.as_ref(), c, tuning.staging_half, needed)
+            .filter(|_| !small)
+            .map_or(0, |s| s.half());
         let steps = self.ram.prepare(
             drv.as_ref(),
             buf.shared_memory(),
