@@ -245,6 +245,31 @@ pub fn recv<T>(rx: &Receiver<T>, budget: Duration) -> Result<T, RecvError> {
     rx.recv()
 }
 
+/// Calls `check` again and again until it gives `Some` or `budget` has passed (with a slot of
+/// the host-wide budget; none free, or a zero budget: one call only). `check` should be cheap
+/// (a few atomic loads); the clock is read every [`CHECKS_PER_CLOCK_READ`] calls.
+pub fn spin_until<T>(budget: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    if let Some(found) = check() {
+        return Some(found);
+    }
+    let end = deadline(budget)?;
+    let _slot = take_slot(budget)?;
+    let mut until_clock = CHECKS_PER_CLOCK_READ;
+    loop {
+        spin_loop();
+        if let Some(found) = check() {
+            return Some(found);
+        }
+        until_clock -= 1;
+        if until_clock == 0 {
+            if Instant::now() >= end {
+                return None;
+            }
+            until_clock = CHECKS_PER_CLOCK_READ;
+        }
+    }
+}
+
 /// `poll(fds, 0)` again and again until an entry is ready or `budget` has passed. Returns
 /// poll's count of ready entries, with their `revents` set; 0 when the budget ran out first
 /// (at once for a zero budget, without a call). An interrupted poll counts as nothing ready.

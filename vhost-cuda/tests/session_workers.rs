@@ -578,3 +578,60 @@ fn a_spinning_wait_still_answers_in_order_and_sees_the_wake_up() {
     w.kill();
     let _ = fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_hop_mailbox_keeps_the_daemons_order_with_the_socket() {
+    // Both sides spin (the mailbox's fast path), and between requests the daemon sends new
+    // memory tables over the socket: each request must see the table sent before it.
+    let command = worker_binary("error").with_hop_poll(Duration::from_millis(20));
+    let mut w = WorkerProcess::spawn(&command, 93, "workers-mailbox").unwrap();
+    assert!(w.has_mailbox());
+    for i in 0..6u8 {
+        let mem = guest_ram();
+        let data = [i.wrapping_mul(37); 256];
+        mem.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
+        w.share_memory(&mem).unwrap();
+        let echo = request(93, Op::Echo, &mem, &[(0x10_0000, 256)], &[(HIGH, 256)]);
+        let r = w.execute(&echo).unwrap();
+        assert_eq!(
+            (r.status, r.rets[0]),
+            (status::SUCCESS, Checksum::of(&data)),
+            "request {i} saw another table"
+        );
+        if i % 2 == 1 {
+            // Both sides asleep on the socket: the posts come with a wake-up frame.
+            thread::sleep(Duration::from_millis(40));
+        }
+    }
+    // A request too long for the mailbox (9000 runs of 2 bytes, about 140 KiB of run list)
+    // goes over the socket, in order with the ones before and after it.
+    let mem = guest_ram();
+    w.share_memory(&mem).unwrap();
+    let runs: Vec<(u64, usize)> = (0..9000u64).map(|k| (0x10_0000 + 4 * k, 2)).collect();
+    let mut expect = Vec::new();
+    for (k, &(a, _)) in (0u8..=250).cycle().zip(&runs) {
+        let b = [k, k % 13];
+        mem.write_slice(&b, GuestAddress(a)).unwrap();
+        expect.extend_from_slice(&b);
+    }
+    let mut h = RequestHeader::new(Op::Echo);
+    h.session = 93;
+    let input =
+        GuestBuffer::new(mem.clone(), runs.iter().map(|&(a, l)| (GuestAddress(a), l))).unwrap();
+    let output = GuestBuffer::new(mem.clone(), [(GuestAddress(HIGH), expect.len())]).unwrap();
+    h.push_buffer(Direction::In, input.len() as u64).unwrap();
+    h.push_buffer(Direction::Out, output.len() as u64).unwrap();
+    let long = Request::new(h, vec![input], vec![output]).unwrap();
+    for _ in 0..2 {
+        let r = w.execute(&long).unwrap();
+        assert_eq!(
+            (r.status, r.rets[0]),
+            (status::SUCCESS, Checksum::of(&expect))
+        );
+        let short = request(93, Op::Echo, &mem, &[(0x10_0000, 64)], &[(HIGH, 64)]);
+        assert_eq!(w.execute(&short).unwrap().status, status::SUCCESS);
+    }
+    let pid = w.pid();
+    assert_eq!(w.close(WAIT).code(), Some(0));
+    assert!(!is_our_child(pid));
+}

@@ -43,7 +43,10 @@ use crate::{
     sandbox::{self, SandboxMode, SeccompMode},
     shared_guest_ram::map_regions,
     signals, spin_wait, transport_ops,
-    worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    worker::{
+        mailbox::{self, Mailbox},
+        message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    },
 };
 
 /// The descriptor the daemon puts the worker's end of the channel on.
@@ -173,9 +176,10 @@ pub fn build_request(
 /// request through `execute` (after [`build_request`]) and answers it. Returns the error that
 /// ended it otherwise (a broken channel or an undecodable frame).
 ///
-/// After each answer it polls the channel without blocking for up to `hop_poll` before the
-/// blocking read of the next frame: a guest issuing calls back to back finds this process
-/// awake. Only that wait spins; the read and its checks are the same either way.
+/// Requests come over the socket or, once the daemon sent one, through the hop's mailbox
+/// (`mailbox.rs`), and answers go back the same way. After each answer it looks for the next
+/// request without blocking for up to `hop_poll` (the mailbox, and the socket now and then)
+/// before it blocks on the socket: a guest issuing calls back to back finds this process awake.
 pub fn serve(
     channel: &WorkerChannel,
     session: u64,
@@ -184,43 +188,59 @@ pub fn serve(
     mut host_function_link: impl FnMut(UnixStream),
 ) -> Result<(), MessageError> {
     let mut mem = Arc::new(GuestRam::new());
+    let mut hop = Hop::default();
     // How long to spin before the next read: `hop_poll` right after an answer, else nothing.
     let mut spin = Duration::ZERO;
     loop {
-        let mut fds = [libc::pollfd {
-            fd: channel.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // Whatever it finds (a frame, the end, an error), the read below sees and reports it.
-        let _ = spin_wait::poll(&mut fds, std::mem::take(&mut spin));
-        let Some((msg, files)) = channel.recv_to_worker()? else {
-            break;
+        let msg = match hop.next(channel, std::mem::take(&mut spin))? {
+            Next::End => break,
+            Next::Posted(body) => ToWorker::decode(&body).and_then(|m| match m {
+                ToWorker::Run(run) => Ok(ToWorker::Run(run)),
+                // Only requests travel through the mailbox.
+                _ => Err(MessageError::Mailbox),
+            })?,
+            Next::Frame(ToWorker::Mailbox, files) => {
+                hop.open_mailbox(files);
+                continue;
+            }
+            // Wake-ups: the loop looks in the mailbox next.
+            Next::Frame(ToWorker::Posted, _) => continue,
+            Next::Frame(msg, files) => {
+                match msg {
+                    ToWorker::MemoryTable(regions) => {
+                        mem = match map_regions(&regions, files) {
+                            Ok(m) => {
+                                let total: u64 = m.iter().map(|r| r.len()).sum();
+                                debug!(
+                                    "guest RAM mapped: {} region(s), {} MiB",
+                                    regions.len(),
+                                    total >> 20
+                                );
+                                Arc::new(m)
+                            }
+                            Err(e) => {
+                                // Without a map every run is refused, which is what a bad table
+                                // earns.
+                                error!("memory table refused: {e}");
+                                Arc::new(GuestRam::new())
+                            }
+                        };
+                        continue;
+                    }
+                    ToWorker::HostFunctionLink => {
+                        match files.into_iter().next() {
+                            // fd_count() is 1 for this message, and recv_to_worker checked the
+                            // count.
+                            Some(f) => host_function_link(UnixStream::from(OwnedFd::from(f))),
+                            None => warn!("host-function link without its socket"),
+                        }
+                        continue;
+                    }
+                    other => other,
+                }
+            }
         };
         match msg {
-            ToWorker::MemoryTable(regions) => {
-                mem = match map_regions(&regions, files) {
-                    Ok(m) => {
-                        let total: u64 = m.iter().map(|r| r.len()).sum();
-                        debug!(
-                            "guest RAM mapped: {} region(s), {} MiB",
-                            regions.len(),
-                            total >> 20
-                        );
-                        Arc::new(m)
-                    }
-                    Err(e) => {
-                        // Without a map every run is refused, which is what a bad table earns.
-                        error!("memory table refused: {e}");
-                        Arc::new(GuestRam::new())
-                    }
-                };
-            }
-            ToWorker::HostFunctionLink => match files.into_iter().next() {
-                // fd_count() is 1 for this message, and recv_to_worker checked the count.
-                Some(f) => host_function_link(UnixStream::from(OwnedFd::from(f))),
-                None => warn!("host-function link without its socket"),
-            },
             ToWorker::Run(run) => {
                 let started = Instant::now();
                 let resp = match build_request(session, &mem, &run) {
@@ -231,17 +251,135 @@ pub fn serve(
                     }
                 };
                 let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                channel.send_to_daemon(&FromWorker::Done(resp, took))?;
+                hop.answer(channel, &FromWorker::Done(resp, took))?;
                 spin = hop_poll;
             }
             #[cfg(feature = "test-hooks")]
             ToWorker::SandboxTestHook(attempt) => {
                 let resp = crate::sandbox::test_hook::attempt(&attempt);
-                channel.send_to_daemon(&FromWorker::Done(resp, 0))?;
+                hop.answer(channel, &FromWorker::Done(resp, 0))?;
             }
+            // Handled above.
+            ToWorker::MemoryTable(_)
+            | ToWorker::HostFunctionLink
+            | ToWorker::Mailbox
+            | ToWorker::Posted => {}
         }
     }
     Ok(())
+}
+
+/// What the worker's wait found.
+enum Next {
+    /// The daemon closed the channel.
+    End,
+    /// A frame from the socket, with its descriptors.
+    Frame(ToWorker, Vec<std::fs::File>),
+    /// A request body from the mailbox.
+    Posted(Vec<u8>),
+}
+
+/// The worker's side of the hop: the socket, and the mailbox once the daemon sent one.
+#[derive(Default)]
+struct Hop {
+    mailbox: Option<Mailbox>,
+    /// Socket frames read so far.
+    frames_read: u64,
+    /// The last mailbox request taken.
+    last_request: u64,
+    /// A mailbox request waiting for socket frames the daemon sent before it.
+    pending: Option<mailbox::Posted>,
+    /// Answers sent so far (both ways): the next one's number is this plus one.
+    answers: u64,
+}
+
+impl Hop {
+    fn open_mailbox(&mut self, files: Vec<std::fs::File>) {
+        match files.first().map(Mailbox::open) {
+            Some(Ok(m)) => self.mailbox = Some(m),
+            // The socket alone still works.
+            Some(Err(e)) => warn!("hop mailbox refused: {e}"),
+            None => warn!("hop mailbox without its file"),
+        }
+    }
+
+    /// The next message: a mailbox request once the socket frames sent before it are read,
+    /// else the next socket frame. Spins for up to `spin` first.
+    fn next(&mut self, channel: &WorkerChannel, spin: Duration) -> Result<Next, MessageError> {
+        if self.pending.is_none() {
+            self.pending = self.look(channel, spin);
+        }
+        if let Some(p) = self.pending.take_if(|p| p.after_frames <= self.frames_read) {
+            return Ok(Next::Posted(p.body));
+        }
+        // A frame is due: one the daemon sent before the pending request, or the next one.
+        let Some((msg, files)) = channel.recv_to_worker()? else {
+            return Ok(Next::End);
+        };
+        self.frames_read += 1;
+        if let Some(m) = &self.mailbox {
+            m.set_worker_sleeping(false);
+        }
+        Ok(Next::Frame(msg, files))
+    }
+
+    /// Looks for a mailbox request, spinning for up to `spin` (and checking the socket now and
+    /// then: a frame there ends the spin). Before it gives up it raises the `sleeping` flag and
+    /// looks once more, so that a request posted from then on comes with a `Posted` frame.
+    fn look(&mut self, channel: &WorkerChannel, spin: Duration) -> Option<mailbox::Posted> {
+        let m = self.mailbox.as_ref()?;
+        let last = self.last_request;
+        let mut checks = 0u32;
+        let found = spin_wait::spin_until(spin, || {
+            if let Some(p) = m.take_request(last) {
+                return Some(Some(p));
+            }
+            checks = checks.wrapping_add(1);
+            (checks.is_multiple_of(SOCKET_CHECK_EVERY) && socket_ready(channel)).then_some(None)
+        });
+        let posted = match found {
+            Some(p) => p,
+            None => {
+                m.set_worker_sleeping(true);
+                m.take_request(last)
+            }
+        };
+        if let Some(p) = &posted {
+            m.set_worker_sleeping(false);
+            self.last_request = p.seq;
+        }
+        posted
+    }
+
+    /// Sends an answer: through the mailbox if there is one (with a `Posted` frame if the
+    /// daemon sleeps on the socket), else over the socket.
+    fn answer(&mut self, channel: &WorkerChannel, msg: &FromWorker) -> Result<(), MessageError> {
+        self.answers += 1;
+        let body = msg.encode();
+        match self
+            .mailbox
+            .as_ref()
+            .and_then(|m| m.post_answer(self.answers, &body))
+        {
+            Some(false) => Ok(()),
+            Some(true) => channel.send_to_daemon(&FromWorker::Posted),
+            None => channel.send_frame(&body, &[]),
+        }
+    }
+}
+
+/// While spinning on the mailbox, the socket is checked once every this many looks.
+const SOCKET_CHECK_EVERY: u32 = 64;
+
+/// Whether `channel` has something to read (a frame, or the end), without blocking.
+fn socket_ready(channel: &WorkerChannel) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: channel.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: one initialised pollfd that outlives the call; a zero timeout returns at once.
+    unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) > 0 }
 }
 
 /// Takes the channel the daemon left on [`CHANNEL_FD`].
@@ -533,6 +671,7 @@ mod tests {
         let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
         let answer = || match daemon.recv_from_worker().unwrap().unwrap() {
             FromWorker::Done(r, _) => r.status,
+            FromWorker::Posted => unreachable!("no mailbox in this test"),
         };
         // Before any table: refused.
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();

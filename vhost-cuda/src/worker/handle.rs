@@ -44,7 +44,10 @@ use crate::{
     sandbox::{self, ChildProcess, IdMaps, SandboxMode, SeccompMode, SpawnSpec},
     shared_guest_ram::region_table,
     spin_wait,
-    worker::message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    worker::{
+        mailbox::Mailbox,
+        message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+    },
 };
 
 /// How long an ending worker gets to exit by itself before SIGKILL.
@@ -223,9 +226,20 @@ pub struct WorkerProcess {
     last_exec_ns: u64,
     /// How long [`WorkerProcess::wait`] spins before it blocks.
     hop_poll: Duration,
+    /// The hop's mailbox (`mailbox.rs`), if it could be made.
+    mailbox: Option<Mailbox>,
+    /// Frames sent over the socket so far.
+    frames_sent: u64,
+    /// Requests posted to the mailbox so far.
+    requests_posted: u64,
+    /// Answers received so far (both ways): the next one's number is this plus one.
+    answers: u64,
     /// Its slot of the VM's GPU-memory quota; freed (dropped) only after the worker is reaped.
     _quota: Option<SlotLease>,
 }
+
+/// While spinning on the mailbox, the socket is checked once every this many looks.
+const SOCKET_CHECK_EVERY: u32 = 64;
 
 /// A close-on-exec copy of `fd` numbered above [`QUOTA_FD`].
 fn above_quota_fd(fd: RawFd) -> Result<std::os::fd::OwnedFd, WorkerError> {
@@ -292,7 +306,7 @@ impl WorkerProcess {
             vm,
             "session {session}: worker process {pid} started (sandbox: {})", cmd.sandbox
         );
-        Ok(Self {
+        let mut worker = Self {
             session,
             vm: vm.to_string(),
             pid,
@@ -302,8 +316,29 @@ impl WorkerProcess {
             reaped: false,
             last_exec_ns: 0,
             hop_poll: cmd.hop_poll,
+            mailbox: None,
+            frames_sent: 0,
+            requests_posted: 0,
+            answers: 0,
             _quota: quota,
-        })
+        };
+        // Without a mailbox the socket carries everything, as it always can.
+        match Mailbox::create() {
+            Ok((mailbox, fd)) => {
+                worker.send_message(&ToWorker::Mailbox, &[fd.as_raw_fd()])?;
+                worker.mailbox = Some(mailbox);
+            }
+            Err(e) => warn!(
+                vm,
+                "session {session}: no hop mailbox ({e}); the socket alone"
+            ),
+        }
+        Ok(worker)
+    }
+
+    /// Whether the hop's mailbox carries requests and answers (else the socket alone does).
+    pub fn has_mailbox(&self) -> bool {
+        self.mailbox.is_some()
     }
 
     /// The worker's process id.
@@ -336,6 +371,7 @@ impl WorkerProcess {
         }
         self.channel()?
             .send_to_worker(&ToWorker::MemoryTable(regions), &fds)?;
+        self.frames_sent += 1;
         self.shared = Arc::downgrade(mem);
         Ok(())
     }
@@ -352,41 +388,100 @@ impl WorkerProcess {
             outputs: req.outputs().iter().map(spans).collect(),
         }));
         let body = msg.encode().map_err(WorkerError::Unsendable)?;
-        self.channel()?.send_frame(&body, &[])?;
-        Ok(())
+        if let Some(m) = &self.mailbox {
+            let seq = self.requests_posted + 1;
+            if let Some(kick) = m.post_request(seq, self.frames_sent, &body) {
+                self.requests_posted = seq;
+                if kick {
+                    // The worker sleeps on the socket.
+                    self.send_message(&ToWorker::Posted, &[])?;
+                }
+                return Ok(());
+            }
+        }
+        self.send_frame(&body)
     }
 
     /// Sends any message, as is (tests use it to play a confused daemon).
     pub fn send_message(&mut self, msg: &ToWorker, fds: &[RawFd]) -> Result<(), WorkerError> {
         self.channel()?.send_to_worker(msg, fds)?;
+        self.frames_sent += 1;
         Ok(())
     }
 
     /// Sends a raw frame body (tests use it to send what no message encodes to).
     pub fn send_frame(&mut self, body: &[u8]) -> Result<(), WorkerError> {
         self.channel()?.send_frame(body, &[])?;
+        self.frames_sent += 1;
         Ok(())
     }
 
-    /// Waits for the worker's next answer, or until `wake` fires. Polls both without blocking
-    /// for up to the command's `hop_poll` first: a short op is answered before this thread
-    /// would have gone to sleep.
+    /// Waits for the worker's next answer, or until `wake` fires. Looks without blocking for
+    /// up to the command's `hop_poll` first (the mailbox, and the socket now and then): a short
+    /// op is answered before this thread would have gone to sleep.
     pub fn wait(&mut self, wake: Option<&EventFd>) -> Result<Waited, WorkerError> {
-        let ch = self.channel()?;
-        let mut spin = self.hop_poll;
+        let result = self.wait_inner(wake);
+        if let Some(m) = &self.mailbox {
+            m.set_daemon_sleeping(false);
+        }
+        result
+    }
+
+    fn wait_inner(&mut self, wake: Option<&EventFd>) -> Result<Waited, WorkerError> {
+        let spin = self.hop_poll;
+        let expected = self.answers + 1;
+        let ch_fd = self.channel()?.as_raw_fd();
+        let wake_fd = wake.map_or(-1, |w| w.as_raw_fd());
+        let pollfds = || {
+            [
+                libc::pollfd {
+                    fd: ch_fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: wake_fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ]
+        };
+        if let Some(m) = &self.mailbox {
+            let mut checks = 0u32;
+            let found = spin_wait::spin_until(spin, || {
+                if let Some(a) = m.take_answer(expected) {
+                    return Some(Some(a));
+                }
+                checks = checks.wrapping_add(1);
+                if checks.is_multiple_of(SOCKET_CHECK_EVERY) {
+                    let mut fds = pollfds();
+                    // SAFETY: two initialised pollfds that outlive the call; a negative fd is
+                    // ignored; a zero timeout returns at once.
+                    if unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) } > 0 {
+                        return Some(None);
+                    }
+                }
+                None
+            });
+            let answer = match found {
+                Some(found) => found,
+                None => {
+                    // From now on the worker sends a `Posted` frame with its answer.
+                    m.set_daemon_sleeping(true);
+                    m.take_answer(expected)
+                }
+            };
+            if let Some(a) = answer {
+                return self.mailbox_answer(a);
+            }
+        }
+        let mut spin = if self.mailbox.is_some() {
+            Duration::ZERO
+        } else {
+            spin
+        };
         loop {
-            let mut fds = [
-                libc::pollfd {
-                    fd: ch.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: wake.map_or(-1, |w| w.as_raw_fd()),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
+            let mut fds = pollfds();
             // Once per wait: a retry after EINTR blocks at once.
             let ready = spin_wait::poll(&mut fds, mem::take(&mut spin));
             let rc = match ready {
@@ -407,13 +502,20 @@ impl WorkerProcess {
             }
             // An answer that is there wins over the wake-up, which stays set.
             if fds[0].revents != 0 {
-                return match ch.recv_from_worker()? {
+                match self.channel()?.recv_from_worker()? {
                     Some(FromWorker::Done(resp, exec_ns)) => {
-                        self.last_exec_ns = exec_ns;
-                        Ok(Waited::Done(resp))
+                        return Ok(self.answered(resp, exec_ns))
                     }
-                    None => Err(WorkerError::Closed),
-                };
+                    Some(FromWorker::Posted) => {
+                        // A stale one (the answer was taken before it came) changes nothing.
+                        let answer = self.mailbox.as_ref().and_then(|m| m.take_answer(expected));
+                        if let Some(a) = answer {
+                            return self.mailbox_answer(a);
+                        }
+                        continue;
+                    }
+                    None => return Err(WorkerError::Closed),
+                }
             }
             if fds[1].revents != 0 {
                 if let Some(w) = wake {
@@ -422,6 +524,21 @@ impl WorkerProcess {
                 return Ok(Waited::Woken);
             }
         }
+    }
+
+    /// The answer the worker posted in the mailbox.
+    fn mailbox_answer(&mut self, answer: Result<Vec<u8>, ()>) -> Result<Waited, WorkerError> {
+        let body = answer.map_err(|()| MessageError::Mailbox)?;
+        match FromWorker::decode(&body)? {
+            FromWorker::Done(resp, exec_ns) => Ok(self.answered(resp, exec_ns)),
+            FromWorker::Posted => Err(MessageError::Mailbox.into()),
+        }
+    }
+
+    fn answered(&mut self, resp: ResponseHeader, exec_ns: u64) -> Waited {
+        self.answers += 1;
+        self.last_exec_ns = exec_ns;
+        Waited::Done(resp)
     }
 
     /// Sends a request and waits for its answer.

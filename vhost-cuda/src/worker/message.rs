@@ -44,6 +44,8 @@ const TAG_MEMORY_TABLE: u8 = 1;
 const TAG_RUN: u8 = 2;
 const TAG_DONE: u8 = 3;
 const TAG_HOST_FUNCTION_LINK: u8 = 4;
+const TAG_MAILBOX: u8 = 5;
+const TAG_POSTED: u8 = 6;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -89,6 +91,10 @@ pub enum ToWorker {
     Run(Box<RunRequest>),
     /// The host-function link (one socket travels with it): see `cuda/host_functions.rs`.
     HostFunctionLink,
+    /// The hop's shared mailbox (one memfd travels with it): see `worker/mailbox.rs`.
+    Mailbox,
+    /// "Look in the mailbox": a request was posted there while the worker slept on this socket.
+    Posted,
     /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
     /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
     #[cfg(feature = "test-hooks")]
@@ -101,6 +107,8 @@ pub enum FromWorker {
     /// The response to the oldest `Run` not yet answered, and the nanoseconds the worker spent
     /// on it (rebuilding and executing it), for the latency statistics.
     Done(ResponseHeader, u64),
+    /// "Look in the mailbox": an answer was posted there while the daemon slept on this socket.
+    Posted,
 }
 
 /// Errors of encoding, decoding and moving messages.
@@ -138,6 +146,10 @@ pub enum MessageError {
     /// The peer closed the socket in the middle of a frame.
     #[error("connection closed mid-frame")]
     ClosedMidFrame,
+    /// The hop's mailbox held what it never carries: a message other than a request (to the
+    /// worker) or an answer (to the daemon), or an answer longer than its slot.
+    #[error("the hop mailbox held something other than a request or an answer")]
+    Mailbox,
     /// The socket failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -224,7 +236,8 @@ impl ToWorker {
         match self {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
-            Self::HostFunctionLink => 1,
+            Self::HostFunctionLink | Self::Mailbox => 1,
+            Self::Posted => 0,
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(_) => 0,
         }
@@ -269,6 +282,8 @@ impl ToWorker {
                 put_spans(&mut out, &run.outputs)?;
             }
             Self::HostFunctionLink => out.push(TAG_HOST_FUNCTION_LINK),
+            Self::Mailbox => out.push(TAG_MAILBOX),
+            Self::Posted => out.push(TAG_POSTED),
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(bytes) => {
                 let n = u32::try_from(bytes.len())
@@ -321,6 +336,8 @@ impl ToWorker {
                 }))
             }
             TAG_HOST_FUNCTION_LINK => Self::HostFunctionLink,
+            TAG_MAILBOX => Self::Mailbox,
+            TAG_POSTED => Self::Posted,
             #[cfg(feature = "test-hooks")]
             TAG_SANDBOX_TEST_HOOK => {
                 let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
@@ -336,11 +353,15 @@ impl ToWorker {
 impl FromWorker {
     /// The frame body.
     pub fn encode(&self) -> Vec<u8> {
-        let Self::Done(resp, exec_ns) = self;
         let mut out = Vec::with_capacity(1 + RESPONSE_HEADER_SIZE + 8);
-        out.push(TAG_DONE);
-        out.extend_from_slice(&resp.encode());
-        out.extend_from_slice(&exec_ns.to_le_bytes());
+        match self {
+            Self::Done(resp, exec_ns) => {
+                out.push(TAG_DONE);
+                out.extend_from_slice(&resp.encode());
+                out.extend_from_slice(&exec_ns.to_le_bytes());
+            }
+            Self::Posted => out.push(TAG_POSTED),
+        }
         out
     }
 
@@ -353,6 +374,7 @@ impl FromWorker {
                 let resp = ResponseHeader::decode(bytes).map_err(|_| MessageError::Truncated)?;
                 Self::Done(resp, r.u64()?)
             }
+            TAG_POSTED => Self::Posted,
             tag => return Err(MessageError::UnknownTag(tag)),
         };
         r.end()?;

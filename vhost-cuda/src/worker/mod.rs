@@ -5,11 +5,13 @@
 //! that uses the GPU gets a worker of its own. Along the data path: `handle.rs` (the daemon's
 //! side: start a worker, share guest RAM with it, hand it requests, wait for its answers, end
 //! and reap it; driven by the session's thread, `crate::session`) → `message.rs` (the socket
-//! between them: messages and frames) → `child.rs` (the worker itself: its main, the
-//! re-validation of every request, its loop) → `crate::cuda` (every CUDA op).
+//! between them: messages and frames; `mailbox.rs`, the hop's shared-memory fast path) →
+//! `child.rs` (the worker itself: its main, the re-validation of every request, its loop) →
+//! `crate::cuda` (every CUDA op).
 
 mod child;
 mod handle;
+pub mod mailbox;
 pub mod message;
 
 pub use child::{build_request, run, serve, RunError, WorkerConfig, CHANNEL_FD};
