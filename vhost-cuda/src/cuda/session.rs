@@ -1351,12 +1351,17 @@ impl CudaSession {
         let half = Self::staging_for(drv.as_ref(), c, tuning.staging_half, needed)
             .filter(|_| !small)
             .map_or(0, |s| s.half());
-        let steps = self.ram.prepare(
-            drv.as_ref(),
-            buf.shared_memory(),
-            copy::plan(&runs, half, tuning.direct_min),
-            tuning.max_registered_ram,
-        );
+        let steps = copy::plan(&runs, half, tuning.direct_min);
+        let steps = if buf.len() <= copy::TINY_COPY {
+            steps
+        } else {
+            self.ram.prepare(
+                drv.as_ref(),
+                buf.shared_memory(),
+                steps,
+                tuning.max_registered_ram,
+            )
+        };
         Ok(Some((dev, stream, steps)))
     }
 
