@@ -169,6 +169,8 @@ pub struct Config {
     /// How long each wait between the request queue and the GPU spins before it blocks
     /// (`--hop-poll-us`; 0: block at once).
     pub hop_poll: Duration,
+    /// Whether the hop to each worker has its shared mailbox (`--hop-mailbox`).
+    pub hop_mailbox: bool,
     /// Per-VM limits (`--max-sessions`, `--max-gpu-memory`).
     pub limits: limits::Limits,
     /// Where to serve the stats (`--stats-socket`; by default `PATH.stats` beside the
@@ -250,9 +252,10 @@ pub fn start_backend(config: Config) -> Result<()> {
         }
     }
     info!(
-        "polling: request queues {} µs, the hop to the workers {} µs",
+        "polling: request queues {} µs, the hop to the workers {} µs; hop mailbox {}",
         config.poll.as_micros(),
-        config.hop_poll.as_micros()
+        config.hop_poll.as_micros(),
+        if config.hop_mailbox { "on" } else { "off" }
     );
     let server = Server::bind(&config, host.clone())?;
     let stop = server.stop_handle();
@@ -453,6 +456,7 @@ impl Server {
         let workers = WorkerCommand::this_binary(config.gpu, config.log_filter.clone())
             .with_limits(config.limits)
             .with_hop_poll(config.hop_poll)
+            .with_hop_mailbox(config.hop_mailbox)
             .with_sandbox(config.sandbox, config.worker_seccomp);
         Ok(Self {
             sockets,

@@ -69,6 +69,12 @@ struct Args {
     #[arg(long, value_name = "MICROSECONDS", value_parser = clap::value_parser!(u64).range(0..=100_000))]
     hop_poll_us: Option<u64>,
 
+    /// Give each worker a shared mailbox for the hop (requests and answers without a system
+    /// call while both sides are awake; see docs/vhost-cuda.md). Off by default until the
+    /// fixed version has passed the GPU load runs.
+    #[arg(long)]
+    hop_mailbox: bool,
+
     /// Most threads spinning at once (`--poll-us`, `--hop-poll-us`) over every vhost-cuda
     /// process of the host, daemons and session workers together (a table in
     /// /dev/shm/qcuda-spin-budget); a thread that finds them all spinning waits at once
@@ -221,6 +227,7 @@ impl TryFrom<Args> for Config {
             log_filter: log_filter.clone(),
             poll: Duration::from_micros(args.poll_us),
             hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or_else(default_hop_poll_us)),
+            hop_mailbox: args.hop_mailbox,
             limits: Limits {
                 max_sessions: args.max_sessions,
                 max_gpu_memory: args.max_gpu_memory,
@@ -393,6 +400,7 @@ mod tests {
             gpu: None,
             poll_us: 200,
             hop_poll_us: None,
+            hop_mailbox: false,
             spin_budget: None,
             log_level: Some("info".into()),
             session_worker: false,
@@ -434,6 +442,7 @@ mod tests {
                 log_filter: "info".into(),
                 poll: Duration::from_micros(200),
                 hop_poll: Duration::from_micros(default_hop_poll_us()),
+                hop_mailbox: false,
                 limits: Limits::default(),
                 stats_socket: Some(format!("{path}.stats").into()),
                 sandbox: SandboxMode::Namespace,
@@ -644,6 +653,13 @@ mod tests {
         };
         let c = Config::try_from(parse(&[]).unwrap()).unwrap();
         assert_eq!(c.hop_poll, Duration::from_micros(default_hop_poll_us()));
+        // The hop's mailbox is off unless asked for.
+        assert!(!c.hop_mailbox);
+        assert!(
+            Config::try_from(parse(&["--hop-mailbox"]).unwrap())
+                .unwrap()
+                .hop_mailbox
+        );
         let c = Config::try_from(parse(&["--hop-poll-us", "0"]).unwrap()).unwrap();
         assert_eq!(c.hop_poll, Duration::ZERO);
         let c = Config::try_from(parse(&["--hop-poll-us", "100000"]).unwrap()).unwrap();

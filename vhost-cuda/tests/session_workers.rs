@@ -583,7 +583,9 @@ fn a_spinning_wait_still_answers_in_order_and_sees_the_wake_up() {
 fn the_hop_mailbox_keeps_the_daemons_order_with_the_socket() {
     // Both sides spin (the mailbox's fast path), and between requests the daemon sends new
     // memory tables over the socket: each request must see the table sent before it.
-    let command = worker_binary("error").with_hop_poll(Duration::from_millis(20));
+    let command = worker_binary("error")
+        .with_hop_poll(Duration::from_millis(20))
+        .with_hop_mailbox(true);
     let mut w = WorkerProcess::spawn(&command, 93, "workers-mailbox").unwrap();
     assert!(w.has_mailbox());
     for i in 0..6u8 {
@@ -634,4 +636,79 @@ fn the_hop_mailbox_keeps_the_daemons_order_with_the_socket() {
     let pid = w.pid();
     assert_eq!(w.close(WAIT).code(), Some(0));
     assert!(!is_our_child(pid));
+}
+
+#[test]
+fn the_hop_mailbox_survives_a_storm_of_requests_at_every_pace() {
+    // A real worker process, a short spin and requests at every pace (back to back, within
+    // the spin, just after it, long after), with wake-ups and new memory tables between them:
+    // every answer comes, right, and in time (the H100 load run once hung on a lost wake-up).
+    for (spin, mailbox) in [(50, true), (0, true), (50, false)] {
+        let command = worker_binary("error")
+            .with_hop_poll(Duration::from_micros(spin))
+            .with_hop_mailbox(mailbox);
+        let mut w = WorkerProcess::spawn(&command, 94, "workers-storm").unwrap();
+        assert_eq!(w.has_mailbox(), mailbox);
+        let mut mem = guest_ram();
+        w.share_memory(&mem).unwrap();
+        let wake = std::sync::Arc::new(vmm_sys_util::eventfd::EventFd::new(0).unwrap());
+        // A lost wake-up would block a wait for ever: a watchdog wakes it every second, and a
+        // request that needed the watchdog fails the test below.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let watchdog = {
+            let (wake, done) = (wake.clone(), done.clone());
+            thread::spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    thread::sleep(Duration::from_secs(1));
+                    let _ = wake.write(1);
+                }
+            })
+        };
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let t = Instant::now();
+        for i in 0..1500u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            match x % 8 {
+                0..=3 => {}
+                4 => thread::sleep(Duration::from_micros(x % 80)),
+                5 => thread::sleep(Duration::from_micros(200 + x % 400)),
+                6 => {
+                    mem = guest_ram();
+                    w.share_memory(&mem).unwrap();
+                }
+                _ => wake.write(1).unwrap(),
+            }
+            let data = [(i % 251) as u8; 32];
+            mem.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
+            let echo = request(94, Op::Echo, &mem, &[(0x10_0000, 32)], &[(HIGH, 32)]);
+            let sent = Instant::now();
+            w.send(&echo).unwrap();
+            let r = loop {
+                match w.wait(Some(&*wake)).unwrap() {
+                    Waited::Done(r) => break r,
+                    // The wake-up ends the wait; the answer is still due.
+                    Waited::Woken => {}
+                }
+            };
+            assert_eq!(
+                (r.status, r.rets[0]),
+                (status::SUCCESS, Checksum::of(&data)),
+                "request {i}"
+            );
+            assert!(
+                sent.elapsed() < Duration::from_millis(900),
+                "request {i} (spin {spin} µs, mailbox {mailbox}): {:?}, its answer came only \
+                 with the watchdog's wake-up",
+                sent.elapsed()
+            );
+            assert!(t.elapsed() < WAIT, "request {i}: too slow");
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        watchdog.join().unwrap();
+        let pid = w.pid();
+        assert_eq!(w.close(WAIT).code(), Some(0));
+        assert!(!is_our_child(pid));
+    }
 }

@@ -68,6 +68,8 @@ pub struct WorkerCommand {
     limits: Limits,
     /// `--hop-poll-us`: how long each side of a hop spins before it blocks (zero: never).
     hop_poll: Duration,
+    /// `--hop-mailbox`: each worker gets the hop's shared mailbox.
+    hop_mailbox: bool,
     /// `--sandbox`.
     sandbox: SandboxMode,
     /// `--worker-seccomp`.
@@ -93,6 +95,7 @@ impl WorkerCommand {
             log_filter: log_filter.into(),
             limits: Limits::default(),
             hop_poll: Duration::ZERO,
+            hop_mailbox: false,
             sandbox: SandboxMode::None,
             seccomp: SeccompMode::Enforce,
         }
@@ -121,6 +124,13 @@ impl WorkerCommand {
     /// How long each side of a hop spins before it blocks (zero: never).
     pub fn hop_poll(&self) -> Duration {
         self.hop_poll
+    }
+
+    /// Gives each worker the hop's shared mailbox (`mailbox.rs`); without it the socket
+    /// carries everything.
+    pub fn with_hop_mailbox(mut self, on: bool) -> Self {
+        self.hop_mailbox = on;
+        self
     }
 
     /// The same command, with workers confined by `mode` and a seccomp filter in `seccomp`
@@ -253,6 +263,126 @@ fn above_quota_fd(fd: RawFd) -> Result<std::os::fd::OwnedFd, WorkerError> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(copy) })
 }
 
+/// Waits for answer number `expected` of the worker on `ch` (and `mailbox`), or until `wake`
+/// fires (`None`). Looks without blocking for up to `spin` first (the mailbox, and the socket
+/// now and then). Whenever it is about to block on the socket it first raises the daemon's
+/// `sleeping` flag and looks in the mailbox once more, so that an answer posted from then on
+/// comes with a `Posted` frame; the flag is lowered again on the way out.
+fn wait_for_answer(
+    ch: &WorkerChannel,
+    mailbox: Option<&Mailbox>,
+    expected: u64,
+    spin: Duration,
+    wake: Option<&EventFd>,
+) -> Result<Option<(ResponseHeader, u64)>, WorkerError> {
+    let result = wait_for_answer_inner(ch, mailbox, expected, spin, wake);
+    if let Some(m) = mailbox {
+        m.set_daemon_sleeping(false);
+    }
+    result
+}
+
+fn wait_for_answer_inner(
+    ch: &WorkerChannel,
+    mailbox: Option<&Mailbox>,
+    expected: u64,
+    spin: Duration,
+    wake: Option<&EventFd>,
+) -> Result<Option<(ResponseHeader, u64)>, WorkerError> {
+    let wake_fd = wake.map_or(-1, |w| w.as_raw_fd());
+    let pollfds = || {
+        [
+            libc::pollfd {
+                fd: ch.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ]
+    };
+    let mut spin = spin;
+    if let Some(m) = mailbox {
+        let mut checks = 0u32;
+        let found = spin_wait::spin_until(mem::take(&mut spin), || {
+            if let Some(a) = m.take_answer(expected) {
+                return Some(Some(a));
+            }
+            checks = checks.wrapping_add(1);
+            if checks.is_multiple_of(SOCKET_CHECK_EVERY) {
+                let mut fds = pollfds();
+                // SAFETY: two initialised pollfds that outlive the call; a negative fd is
+                // ignored; a zero timeout returns at once.
+                if unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) } > 0 {
+                    // Something on the socket or a wake-up: the loop below takes it.
+                    return Some(None);
+                }
+            }
+            None
+        });
+        if let Some(Some(a)) = found {
+            return mailbox_answer(a).map(Some);
+        }
+    }
+    loop {
+        if let Some(m) = mailbox {
+            // Before every blocking poll: from now on the worker sends a `Posted` frame with
+            // its answer, and an answer posted before this line is seen here.
+            m.set_daemon_sleeping(true);
+            if let Some(a) = m.take_answer(expected) {
+                return mailbox_answer(a).map(Some);
+            }
+        }
+        let mut fds = pollfds();
+        // Once per wait (without a mailbox): a retry after EINTR blocks at once.
+        let ready = spin_wait::poll(&mut fds, mem::take(&mut spin));
+        let rc = match ready {
+            Ok(0) => {
+                // SAFETY: `fds` is an array of two initialised pollfds that outlives the call;
+                // poll ignores the entry with a negative fd.
+                unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) }
+            }
+            Ok(_) => 1,
+            Err(e) => return Err(MessageError::Io(e).into()),
+        };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(MessageError::Io(e).into());
+        }
+        // An answer that is there wins over the wake-up, which stays set.
+        if fds[0].revents != 0 {
+            match ch.recv_from_worker()? {
+                Some(FromWorker::Done(resp, exec_ns)) => return Ok(Some((resp, exec_ns))),
+                // A wake-up, or a stale one (its answer was taken before it came): the loop
+                // looks in the mailbox again.
+                Some(FromWorker::Posted) => continue,
+                None => return Err(WorkerError::Closed),
+            }
+        }
+        if fds[1].revents != 0 {
+            if let Some(w) = wake {
+                let _ = w.read();
+            }
+            return Ok(None);
+        }
+    }
+}
+
+/// The answer the worker posted in the mailbox.
+fn mailbox_answer(answer: Result<Vec<u8>, ()>) -> Result<(ResponseHeader, u64), WorkerError> {
+    let body = answer.map_err(|()| MessageError::Mailbox)?;
+    match FromWorker::decode(&body)? {
+        FromWorker::Done(resp, exec_ns) => Ok((resp, exec_ns)),
+        FromWorker::Posted => Err(MessageError::Mailbox.into()),
+    }
+}
+
 /// The guest-physical runs of a buffer, for the wire.
 fn spans(b: &GuestBuffer) -> Vec<Span> {
     b.runs()
@@ -323,15 +453,17 @@ impl WorkerProcess {
             _quota: quota,
         };
         // Without a mailbox the socket carries everything, as it always can.
-        match Mailbox::create() {
-            Ok((mailbox, fd)) => {
-                worker.send_message(&ToWorker::Mailbox, &[fd.as_raw_fd()])?;
-                worker.mailbox = Some(mailbox);
+        if cmd.hop_mailbox {
+            match Mailbox::create() {
+                Ok((mailbox, fd)) => {
+                    worker.send_message(&ToWorker::Mailbox, &[fd.as_raw_fd()])?;
+                    worker.mailbox = Some(mailbox);
+                }
+                Err(e) => warn!(
+                    vm,
+                    "session {session}: no hop mailbox ({e}); the socket alone"
+                ),
             }
-            Err(e) => warn!(
-                vm,
-                "session {session}: no hop mailbox ({e}); the socket alone"
-            ),
         }
         Ok(worker)
     }
@@ -420,125 +552,22 @@ impl WorkerProcess {
     /// up to the command's `hop_poll` first (the mailbox, and the socket now and then): a short
     /// op is answered before this thread would have gone to sleep.
     pub fn wait(&mut self, wake: Option<&EventFd>) -> Result<Waited, WorkerError> {
-        let result = self.wait_inner(wake);
-        if let Some(m) = &self.mailbox {
-            m.set_daemon_sleeping(false);
-        }
-        result
-    }
-
-    fn wait_inner(&mut self, wake: Option<&EventFd>) -> Result<Waited, WorkerError> {
-        let spin = self.hop_poll;
-        let expected = self.answers + 1;
-        let ch_fd = self.channel()?.as_raw_fd();
-        let wake_fd = wake.map_or(-1, |w| w.as_raw_fd());
-        let pollfds = || {
-            [
-                libc::pollfd {
-                    fd: ch_fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: wake_fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ]
-        };
-        if let Some(m) = &self.mailbox {
-            let mut checks = 0u32;
-            let found = spin_wait::spin_until(spin, || {
-                if let Some(a) = m.take_answer(expected) {
-                    return Some(Some(a));
-                }
-                checks = checks.wrapping_add(1);
-                if checks.is_multiple_of(SOCKET_CHECK_EVERY) {
-                    let mut fds = pollfds();
-                    // SAFETY: two initialised pollfds that outlive the call; a negative fd is
-                    // ignored; a zero timeout returns at once.
-                    if unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) } > 0 {
-                        return Some(None);
-                    }
-                }
-                None
-            });
-            let answer = match found {
-                Some(found) => found,
-                None => {
-                    // From now on the worker sends a `Posted` frame with its answer.
-                    m.set_daemon_sleeping(true);
-                    m.take_answer(expected)
-                }
-            };
-            if let Some(a) = answer {
-                return self.mailbox_answer(a);
+        let ch = self.channel.as_ref().ok_or(WorkerError::Closed)?;
+        let arrived = wait_for_answer(
+            ch,
+            self.mailbox.as_ref(),
+            self.answers + 1,
+            self.hop_poll,
+            wake,
+        )?;
+        Ok(match arrived {
+            Some((resp, exec_ns)) => {
+                self.answers += 1;
+                self.last_exec_ns = exec_ns;
+                Waited::Done(resp)
             }
-        }
-        let mut spin = if self.mailbox.is_some() {
-            Duration::ZERO
-        } else {
-            spin
-        };
-        loop {
-            let mut fds = pollfds();
-            // Once per wait: a retry after EINTR blocks at once.
-            let ready = spin_wait::poll(&mut fds, mem::take(&mut spin));
-            let rc = match ready {
-                Ok(0) => {
-                    // SAFETY: `fds` is an array of two initialised pollfds that outlives the
-                    // call; poll ignores the entry with a negative fd.
-                    unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) }
-                }
-                Ok(_) => 1,
-                Err(e) => return Err(MessageError::Io(e).into()),
-            };
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(MessageError::Io(e).into());
-            }
-            // An answer that is there wins over the wake-up, which stays set.
-            if fds[0].revents != 0 {
-                match self.channel()?.recv_from_worker()? {
-                    Some(FromWorker::Done(resp, exec_ns)) => {
-                        return Ok(self.answered(resp, exec_ns))
-                    }
-                    Some(FromWorker::Posted) => {
-                        // A stale one (the answer was taken before it came) changes nothing.
-                        let answer = self.mailbox.as_ref().and_then(|m| m.take_answer(expected));
-                        if let Some(a) = answer {
-                            return self.mailbox_answer(a);
-                        }
-                        continue;
-                    }
-                    None => return Err(WorkerError::Closed),
-                }
-            }
-            if fds[1].revents != 0 {
-                if let Some(w) = wake {
-                    let _ = w.read();
-                }
-                return Ok(Waited::Woken);
-            }
-        }
-    }
-
-    /// The answer the worker posted in the mailbox.
-    fn mailbox_answer(&mut self, answer: Result<Vec<u8>, ()>) -> Result<Waited, WorkerError> {
-        let body = answer.map_err(|()| MessageError::Mailbox)?;
-        match FromWorker::decode(&body)? {
-            FromWorker::Done(resp, exec_ns) => Ok(self.answered(resp, exec_ns)),
-            FromWorker::Posted => Err(MessageError::Mailbox.into()),
-        }
-    }
-
-    fn answered(&mut self, resp: ResponseHeader, exec_ns: u64) -> Waited {
-        self.answers += 1;
-        self.last_exec_ns = exec_ns;
-        Waited::Done(resp)
+            None => Waited::Woken,
+        })
     }
 
     /// Sends a request and waits for its answer.
@@ -614,5 +643,112 @@ impl Drop for WorkerProcess {
         if !self.reaped {
             self.kill_and_reap();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::mpsc, thread, time::Instant};
+
+    use qcuda_proto::status;
+
+    use super::*;
+
+    /// The worker's side of one answer, as `child.rs` sends it: into the mailbox, with a
+    /// `Posted` frame if the daemon sleeps.
+    fn post(worker_ch: &WorkerChannel, m: &Mailbox, n: u64) {
+        let body = FromWorker::Done(ResponseHeader::with_status(status::SUCCESS), n).encode();
+        if m.post_answer(n, &body).unwrap() {
+            worker_ch.send_to_daemon(&FromWorker::Posted).unwrap();
+        }
+    }
+
+    fn pair() -> (WorkerChannel, WorkerChannel, Mailbox, Mailbox) {
+        let (daemon_ch, theirs) = WorkerChannel::pair().unwrap();
+        let (daemon_m, fd) = Mailbox::create().unwrap();
+        let worker_m = Mailbox::open(&std::fs::File::from(fd)).unwrap();
+        (daemon_ch, WorkerChannel::new(theirs), daemon_m, worker_m)
+    }
+
+    #[test]
+    fn a_stale_posted_frame_does_not_put_the_daemon_to_sleep_unannounced() {
+        // A `Posted` frame left over from an answer the daemon had already taken sits on the
+        // socket; the next wait finds it while spinning. It must still raise its flag before it
+        // blocks, or the worker's next answer comes without a wake-up and the daemon sleeps for
+        // ever (the hang the H100 load run found).
+        let (daemon_ch, worker_ch, daemon_m, worker_m) = pair();
+        worker_ch.send_to_daemon(&FromWorker::Posted).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let waiter = thread::spawn(move || {
+            let r = wait_for_answer(
+                &daemon_ch,
+                Some(&daemon_m),
+                1,
+                Duration::from_millis(5),
+                None,
+            );
+            tx.send(()).unwrap();
+            r.map(|a| a.map(|(_, n)| n))
+        });
+        // Long after the daemon's spin: it sleeps on the socket by now.
+        thread::sleep(Duration::from_millis(100));
+        post(&worker_ch, &worker_m, 1);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the daemon did not wake for the answer");
+        assert_eq!(waiter.join().unwrap().unwrap(), Some(1));
+    }
+
+    #[test]
+    fn answers_are_never_missed_whatever_the_timing() {
+        // Answers at random moments (at once, within the spin, after it), with stale `Posted`
+        // frames thrown in: every wait returns its own answer.
+        let (daemon_ch, worker_ch, daemon_m, worker_m) = pair();
+        let rounds = 300u64;
+        let worker = thread::spawn(move || {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for n in 1..=rounds {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                match x % 4 {
+                    0 => {}
+                    1 => thread::sleep(Duration::from_micros(x % 300)),
+                    2 => thread::sleep(Duration::from_millis(2 + x % 3)),
+                    _ => {
+                        worker_ch.send_to_daemon(&FromWorker::Posted).unwrap();
+                        thread::sleep(Duration::from_micros(x % 2000));
+                    }
+                }
+                post(&worker_ch, &worker_m, n);
+                // The next answer only after the daemon took this one (one request at a time).
+                while daemon_taken(&worker_m) < n {
+                    thread::yield_now();
+                }
+            }
+            worker_ch
+        });
+        let t = Instant::now();
+        for n in 1..=rounds {
+            let got = wait_for_answer(
+                &daemon_ch,
+                Some(&daemon_m),
+                n,
+                Duration::from_micros(500),
+                None,
+            )
+            .unwrap()
+            .map(|(_, e)| e);
+            assert_eq!(got, Some(n));
+            daemon_m.ack_for_test(n);
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "too slow: a missed answer"
+            );
+        }
+        drop(worker.join().unwrap());
+    }
+
+    fn daemon_taken(m: &Mailbox) -> u64 {
+        m.acked_for_test()
     }
 }

@@ -245,6 +245,20 @@ impl Mailbox {
 }
 
 #[cfg(test)]
+impl Mailbox {
+    /// Tests: a word of the control area no message uses, for a test's own handshake.
+    const TEST_WORD: usize = 256;
+
+    pub(crate) fn ack_for_test(&self, n: u64) {
+        self.u64_at(Self::TEST_WORD).store(n, SeqCst);
+    }
+
+    pub(crate) fn acked_for_test(&self) -> u64 {
+        self.u64_at(Self::TEST_WORD).load(SeqCst)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
