@@ -200,7 +200,9 @@ pub fn serve(
                 _ => Err(MessageError::Mailbox),
             })?,
             Next::Frame(ToWorker::Mailbox, files) => {
-                hop.open_mailbox(files);
+                // The daemon posts to it from now on: a worker without it would never see
+                // another request, so it ends instead (the session's op fails, nothing hangs).
+                hop.open_mailbox(files)?;
                 continue;
             }
             // Wake-ups: the loop looks in the mailbox next.
@@ -294,13 +296,11 @@ struct Hop {
 }
 
 impl Hop {
-    fn open_mailbox(&mut self, files: Vec<std::fs::File>) {
-        match files.first().map(Mailbox::open) {
-            Some(Ok(m)) => self.mailbox = Some(m),
-            // The socket alone still works.
-            Some(Err(e)) => warn!("hop mailbox refused: {e}"),
-            None => warn!("hop mailbox without its file"),
-        }
+    fn open_mailbox(&mut self, files: Vec<std::fs::File>) -> Result<(), MessageError> {
+        let file = files.first().ok_or(MessageError::Mailbox)?;
+        let m = Mailbox::open(file).inspect_err(|e| error!("hop mailbox refused: {e}"))?;
+        self.mailbox = Some(m);
+        Ok(())
     }
 
     /// The next message: a mailbox request once the socket frames sent before it are read,
@@ -708,6 +708,15 @@ mod tests {
         let (clean, seen) = worker.join().unwrap();
         assert!(clean);
         assert_eq!(seen, vec![b"shared".to_vec(); 5]);
+
+        // A mailbox the worker cannot use ends it: the daemon would post requests it never saw.
+        let (daemon, theirs) = WorkerChannel::pair().unwrap();
+        let small = memfd(100);
+        daemon
+            .send_to_worker(&ToWorker::Mailbox, &[small.as_raw_fd()])
+            .unwrap();
+        let ch = WorkerChannel::new(theirs);
+        assert!(serve(&ch, 9, hop_poll, |_| unreachable!(), |_| unreachable!()).is_err());
 
         // An undecodable frame ends the worker with an error.
         let (daemon, theirs) = WorkerChannel::pair().unwrap();
