@@ -275,20 +275,16 @@ fn wait_for_answer(
     spin: Duration,
     wake: Option<&EventFd>,
 ) -> Result<Option<(ResponseHeader, u64)>, WorkerError> {
-    let result = wait_for_answer_inner(ch, mailbox, expected, spin, wake);
-    if let Some(m) = mailbox {
-        m.set_daemon_sleeping(false);
+    /// Lowers the daemon's flag however the wait ends.
+    struct Awake<'a>(Option<&'a Mailbox>);
+    impl Drop for Awake<'_> {
+        fn drop(&mut self) {
+            if let Some(m) = self.0 {
+                m.set_daemon_sleeping(false);
+            }
+        }
     }
-    result
-}
-
-fn wait_for_answer_inner(
-    ch: &WorkerChannel,
-    mailbox: Option<&Mailbox>,
-    expected: u64,
-    spin: Duration,
-    wake: Option<&EventFd>,
-) -> Result<Option<(ResponseHeader, u64)>, WorkerError> {
+    let _awake = Awake(mailbox);
     let wake_fd = wake.map_or(-1, |w| w.as_raw_fd());
     let pollfds = || {
         [
