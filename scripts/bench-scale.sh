@@ -77,16 +77,15 @@ else
     configs=(1x8 4x2)
 fi
 
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+# shellcheck source=scripts/gpu-host.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
+if ! gpu_present; then
     echo "skipped: no GPU"
     exit 0
 fi
 [[ -x $bench ]] || { echo "bench-scale: $bench is missing (scripts/build-payload.sh builds it)" >&2; exit 1; }
 mkdir -p "$out" && out=$(cd "$out" && pwd)
-cudart=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-    [[ -d $d ]] && { cudart=$d; break; }
-done
+cudart=$(host_cudart)
 nvidia-smi -L
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/qcuda-scale.XXXXXX")

@@ -50,13 +50,15 @@ while (($#)); do
     esac
 done
 [[ $mode == kills || $mode == load ]] || { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+# shellcheck source=scripts/gpu-host.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
+if ! gpu_present; then
     echo "skipped: no GPU"
     exit 0
 fi
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
-cudart=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -n1)
+cudart=$(host_cudart)
 meminfo() { LD_LIBRARY_PATH=$cudart "$MEMINFO"; }
 # shellcheck source=qcuda-accounting.sh
 . "$here/qcuda-accounting.sh"

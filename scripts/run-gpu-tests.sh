@@ -22,13 +22,15 @@ res() { # status name
     printf '%-5s %s\n' "$1" "$2"
     case $1 in ok) passed=$((passed + 1)) ;; SKIP) skipped=$((skipped + 1)) ;; *) failed=$((failed + 1)) ;; esac
 }
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+# shellcheck source=scripts/gpu-host.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
+if ! gpu_present; then
     echo "skipped: no GPU"
     echo "0 passed, 0 failed, 1 skipped"
     exit 0
 fi
 nvidia-smi -L
-cudart=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -n1)
+cudart=$(host_cudart)
 
 echo "== native (host libcudart from $cudart)"
 for t in "$B"/native-tests/*; do

@@ -23,7 +23,9 @@ while (($#)); do
     esac
 done
 mkdir -p "$logs"
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+# shellcheck source=scripts/gpu-host.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
+if ! gpu_present; then
     echo "skipped: no GPU"
     exit 0
 fi

@@ -40,7 +40,9 @@ res() { # ok|FAIL text
     printf '%-5s %s\n' "$1" "$2"
     if [[ $1 == ok ]]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 }
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+# shellcheck source=scripts/gpu-host.sh
+. "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
+if ! gpu_present; then
     echo "skipped: no GPU"
     exit 0
 fi
