@@ -744,6 +744,29 @@ mod tests {
         drop(worker.join().unwrap());
     }
 
+    #[test]
+    fn a_hostile_answer_in_the_mailbox_is_an_error_not_a_crash() {
+        let (daemon_ch, _worker_ch, daemon_m, worker_m) = pair();
+        // Garbage, a `Posted` where an answer belongs, and a truncated answer: each fails the
+        // wait with an error (the session's op fails, as for a garbled frame).
+        for body in [
+            &b"\xff\xff"[..],
+            &FromWorker::Posted.encode(),
+            &[3u8, 1, 2][..],
+        ] {
+            worker_m.post_answer(1, body).unwrap();
+            let r = wait_for_answer(&daemon_ch, Some(&daemon_m), 1, Duration::ZERO, None);
+            assert!(r.is_err(), "{body:?} was taken for an answer");
+        }
+        // An answer with another number is not this wait's: it goes on waiting (here until
+        // the wake-up).
+        worker_m.post_answer(5, &FromWorker::Done(ResponseHeader::default(), 0).encode());
+        let wake = EventFd::new(0).unwrap();
+        wake.write(1).unwrap();
+        let r = wait_for_answer(&daemon_ch, Some(&daemon_m), 2, Duration::ZERO, Some(&wake));
+        assert_eq!(r.unwrap(), None);
+    }
+
     fn daemon_taken(m: &Mailbox) -> u64 {
         m.acked_for_test()
     }
