@@ -156,7 +156,10 @@ impl Session {
             }
             return Ok(Reply::default());
         }
-        if call.wait_mode() == WaitMode::Poll && waits_for_device(op) {
+        // Only a call that waits has a way to wait (qcuda.ko refuses wait flags on
+        // fire-and-forget calls).
+        if !call.is_fire_and_forget() && call.wait_mode() == WaitMode::Poll && waits_for_device(op)
+        {
             call.set_wait_mode(crate::schedule::wait_mode(device));
         }
         // Whatever was gathered goes first, so requests keep program order: as one request
