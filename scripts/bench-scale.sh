@@ -27,6 +27,9 @@
 #   processes.csv   run,kind,tag,exit,value,unit: every process's own exit status and rate
 #   native_<T>proc/ each native process's output (KIND.TAG.out, .err)
 #   <config>/vmI/   each VM's console (console.log) and run-vm.sh's logs (daemon, QEMU, virtiofsd)
+#   <config>/threads.KIND.txt  the host CPU that QEMU (vCPUs and other threads), vhost-cuda, its
+#                   session workers and virtiofsd used while the processes ran, per thread name
+#                   (thread-cpu.sh): where a configuration's time goes
 # Works from an unpacked bundle (scripts/bundle.sh) and from the repo. Without a GPU it says
 # "skipped: no GPU" and exits 0; it exits 1 if any process failed or printed no row.
 set -uo pipefail
@@ -79,6 +82,8 @@ fi
 
 # shellcheck source=scripts/gpu-host.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
+# shellcheck source=scripts/thread-cpu.sh
+. "$(dirname "${BASH_SOURCE[0]}")/thread-cpu.sh"
 if ! gpu_present; then
     echo "skipped: no GPU"
     exit 0
@@ -131,14 +136,24 @@ missing() { # kind, prefix...
 # Waits until every process of KIND is ready (or has ended already), then creates go.KIND, which
 # starts them all; then waits until all have ended. Gives up after --timeout: go.KIND is created
 # anyway, so that no process waits for it forever, and the rows that are missing fail the run.
-barrier() { # run name, kind
-    local t0=$SECONDS n
+# With a third argument (a folder), also writes threads.KIND.txt there: the host CPU that QEMU,
+# vhost-cuda, its workers and virtiofsd used per thread while the processes ran (thread-cpu.sh).
+barrier() { # run name, kind[, profile folder]
+    local t0=$SECONDS n start
     while n=$(missing "$2" ready exit) && ((n > 0 && SECONDS - t0 < timeout)); do sleep 0.02; done
+    [[ -z ${3:-} ]] || thread_cpu_snapshot "$tmp/threads.before"
+    start=$(date +%s.%N)
     : >"$sync/go.$2"
     echo "   $1 $2: go after $((SECONDS - t0)) s$( ((n == 0)) || echo ", $n not ready (timeout)")"
     t0=$SECONDS
     while n=$(missing "$2" exit) && ((n > 0 && SECONDS - t0 < timeout)); do sleep 0.2; done
     ((n == 0)) || echo "   $1 $2: $n process(es) still running after ${timeout}s"
+    [[ -n ${3:-} ]] || return 0
+    thread_cpu_snapshot "$tmp/threads.after"
+    thread_cpu_report "$tmp/threads.before" "$tmp/threads.after" \
+        "$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')" >"$3/threads.$2.txt"
+    echo "   $1 $2: host CPU while running, busiest threads ($3/threads.$2.txt):"
+    head -n 6 "$3/threads.$2.txt" | sed 's/^/     /'
 }
 # Adds every process's row to processes.csv: run,kind,tag,exit,value,unit (exit: the status its
 # wrapper recorded, or "none"; value: "NA" where it printed no row). Reads "kind tag value unit"
@@ -245,7 +260,7 @@ guests() { # vms, processes per VM
         runners+=($!) group_pid+=($!)
         group_tags+=("$(for ((j = 1; j <= $2; j++)); do printf 'vm%dp%d ' "$i" "$j"; done)")
     done
-    for kind in "${kind_list[@]}"; do barrier "$run" "$kind"; done
+    for kind in "${kind_list[@]}"; do barrier "$run" "$kind" "$dir"; done
     local rc vm_failed=0
     for i in "${!runners[@]}"; do
         wait "${runners[$i]}"

@@ -180,8 +180,10 @@ done
 
 # --- accelerator ----------------------------------------------------------------------------
 append="console=ttyS0 quiet panic=-1 rdinit=/init"
+# debug-threads: QEMU names its threads ("CPU 0/TCG", "CPU 0/KVM"), so that per-thread views of
+# the host (top -H, bench-scale.sh's thread-cpu.sh) tell the vCPUs from QEMU's other threads.
 qemu_base=(-M pc -smp "$smp" -m "$mem" -display none -monitor none -no-reboot -nic none
-    -kernel "$GUEST_DIR/bzImage")
+    -name qcuda,debug-threads=on -kernel "$GUEST_DIR/bzImage")
 [[ -n $LD_LIBRARY_PATH_QEMU ]] && qemu_env=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH_QEMU") || qemu_env=()
 datadir=$QEMU_DIR/share/qemu
 [[ -d $datadir ]] && qemu_base+=(-L "$datadir")

@@ -70,9 +70,10 @@ struct Args {
     hop_poll_us: Option<u64>,
 
     /// Give each worker a shared mailbox for the hop (requests and answers without a system
-    /// call while both sides are awake; see docs/vhost-cuda.md). Off by default until the
-    /// fixed version has passed the GPU load runs.
-    #[arg(long)]
+    /// call while both sides are awake; see docs/vhost-cuda.md): `on` (the default, also
+    /// what a bare `--hop-mailbox` means) or `off` (the socket alone).
+    #[arg(long, value_name = "on|off", env = "VHOST_CUDA_HOP_MAILBOX", default_value = "on",
+          num_args = 0..=1, default_missing_value = "on", value_parser = parse_on_off)]
     hop_mailbox: bool,
 
     /// Most threads spinning at once (`--poll-us`, `--hop-poll-us`) over every vhost-cuda
@@ -186,6 +187,15 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     n.checked_mul(1 << shift)
         .filter(|&b| b > 0)
         .ok_or_else(|| format!("{s:?} is out of range"))
+}
+
+/// A switch: `on` or `off`.
+fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: use on or off")),
+    }
 }
 
 /// The log filter: --log-level, else $RUST_LOG, else info.
@@ -653,13 +663,14 @@ mod tests {
         };
         let c = Config::try_from(parse(&[]).unwrap()).unwrap();
         assert_eq!(c.hop_poll, Duration::from_micros(default_hop_poll_us()));
-        // The hop's mailbox is off unless asked for.
-        assert!(!c.hop_mailbox);
-        assert!(
-            Config::try_from(parse(&["--hop-mailbox"]).unwrap())
-                .unwrap()
-                .hop_mailbox
-        );
+        // The hop's mailbox is on unless turned off.
+        assert!(c.hop_mailbox);
+        let mailbox = |extra: &[&str]| Config::try_from(parse(extra).unwrap()).unwrap().hop_mailbox;
+        assert!(mailbox(&["--hop-mailbox"]));
+        assert!(mailbox(&["--hop-mailbox=on"]));
+        assert!(!mailbox(&["--hop-mailbox=off"]));
+        assert!(!mailbox(&["--hop-mailbox", "off"]));
+        parse(&["--hop-mailbox=maybe"]).unwrap_err();
         let c = Config::try_from(parse(&["--hop-poll-us", "0"]).unwrap()).unwrap();
         assert_eq!(c.hop_poll, Duration::ZERO);
         let c = Config::try_from(parse(&["--hop-poll-us", "100000"]).unwrap()).unwrap();
