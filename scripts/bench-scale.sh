@@ -29,7 +29,9 @@
 #   <config>/vmI/   each VM's console (console.log) and run-vm.sh's logs (daemon, QEMU, virtiofsd)
 #   <config>/threads.KIND.txt  the host CPU that QEMU (vCPUs and other threads), vhost-cuda, its
 #                   session workers and virtiofsd used while the processes ran, per thread name
-#                   (thread-cpu.sh): where a configuration's time goes
+#                   (thread-cpu.sh), and <config>/vmI/guest.KIND.txt what the guest's CPUs,
+#                   interrupts and processes did meanwhile (guest-observe.sh): where a
+#                   configuration's time goes
 # Works from an unpacked bundle (scripts/bundle.sh) and from the repo. Without a GPU it says
 # "skipped: no GPU" and exits 0; it exits 1 if any process failed or printed no row.
 set -uo pipefail
@@ -137,23 +139,34 @@ missing() { # kind, prefix...
 # starts them all; then waits until all have ended. Gives up after --timeout: go.KIND is created
 # anyway, so that no process waits for it forever, and the rows that are missing fail the run.
 # With a third argument (a folder), also writes threads.KIND.txt there: the host CPU that QEMU,
-# vhost-cuda, its workers and virtiofsd used per thread while the processes ran (thread-cpu.sh).
+# vhost-cuda, its workers and virtiofsd used per thread from a tenth to nine tenths of the
+# processes' S seconds after go (thread-cpu.sh; inside the run, so that no session's threads have
+# ended yet).
 barrier() { # run name, kind[, profile folder]
-    local t0=$SECONDS n start
+    local t0=$SECONDS n sampler=""
     while n=$(missing "$2" ready exit) && ((n > 0 && SECONDS - t0 < timeout)); do sleep 0.02; done
-    [[ -z ${3:-} ]] || thread_cpu_snapshot "$tmp/threads.before"
-    start=$(date +%s.%N)
     : >"$sync/go.$2"
     echo "   $1 $2: go after $((SECONDS - t0)) s$( ((n == 0)) || echo ", $n not ready (timeout)")"
+    if [[ -n ${3:-} ]]; then
+        (
+            sleep "$(awk -v s="$seconds" 'BEGIN { print s / 10 }')"
+            thread_cpu_snapshot "$tmp/threads.before"
+            a=$(date +%s.%N)
+            sleep "$(awk -v s="$seconds" 'BEGIN { print s * 8 / 10 }')"
+            b=$(date +%s.%N)
+            thread_cpu_snapshot "$tmp/threads.after"
+            thread_cpu_report "$tmp/threads.before" "$tmp/threads.after" \
+                "$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b - a }')" >"$3/threads.$2.txt"
+        ) &
+        sampler=$!
+    fi
     t0=$SECONDS
     while n=$(missing "$2" exit) && ((n > 0 && SECONDS - t0 < timeout)); do sleep 0.2; done
     ((n == 0)) || echo "   $1 $2: $n process(es) still running after ${timeout}s"
-    [[ -n ${3:-} ]] || return 0
-    thread_cpu_snapshot "$tmp/threads.after"
-    thread_cpu_report "$tmp/threads.before" "$tmp/threads.after" \
-        "$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')" >"$3/threads.$2.txt"
+    [[ -n $sampler ]] || return 0
+    wait "$sampler"
     echo "   $1 $2: host CPU while running, busiest threads ($3/threads.$2.txt):"
-    head -n 6 "$3/threads.$2.txt" | sed 's/^/     /'
+    head -n 8 "$3/threads.$2.txt" | sed 's/^/     /'
 }
 # Adds every process's row to processes.csv: run,kind,tag,exit,value,unit (exit: the status its
 # wrapper recorded, or "none"; value: "NA" where it printed no row). Reads "kind tag value unit"
@@ -229,7 +242,11 @@ for k in ${kind_list[*]}; do
          echo \$? >/sync/exit.\$k.\$t) &
         pids="\$pids \$!" j=\$((j + 1))
     done
+    sh /sync/guest-observe.sh \$k $seconds >/tmp/observe.\$k 2>&1 &
+    observer=\$!
     wait \$pids
+    wait \$observer
+    cat /tmp/observe.\$k
     j=1
     while [ \$j -le $2 ]; do
         t=vm$1p\$j
@@ -247,6 +264,7 @@ guests() { # vms, processes per VM
     local dir=$out/$run
     rm -rf "$dir" && mkdir -p "$dir"
     sync=$(mktemp -d "$tmp/sync.XXXXXX")
+    cp "$B/guest-observe.sh" "$sync/"
     # virtiofsd's --cache=never (after run-vm.sh's --cache auto; the last one counts): the
     # guest's every stat of go.KIND asks the host, so the file shows the moment it is created.
     local vm_args=(--share "$sync:/sync" --virtiofsd-arg --cache=never
@@ -274,6 +292,14 @@ guests() { # vms, processes per VM
     accel=$(sed -n 's/^\[run-vm\] accelerator: \([a-z]*\).*/\1/p' "$dir/vm0/console.log" | head -n 1)
     echo "   $run: accelerator ${accel:-unknown}"
     cat "$dir"/vm*/console.log | rows | record "$run"
+    # What the guests' CPUs and processes did meanwhile (guest-observe.sh); vm0's printed here.
+    for kind in "${kind_list[@]}"; do
+        for ((i = 0; i < $1; i++)); do
+            tr -d '\r' <"$dir/vm$i/console.log" | grep "^guestprof $kind " >"$dir/vm$i/guest.$kind.txt"
+        done
+        echo "   $run $kind: inside vm0 meanwhile ($dir/vm*/guest.$kind.txt):"
+        sed "s/^guestprof $kind /     /" "$dir/vm0/guest.$kind.txt"
+    done
     return $vm_failed
 }
 

@@ -127,6 +127,12 @@ step "daemon log: negotiated features" daemon_logged transport 'acked features'
 step "daemon log: SET_MEM_TABLE" daemon_logged transport 'SET_MEM_TABLE'
 step "daemon log: every session closed" sh -c "grep 'sessions open:' '$LOGS/vm-transport/daemon.log' | tail -n 1 | grep -q 'sessions open: 0'"
 
+# The guest kernel brings up every vCPU run-vm.sh asks for (tinyconfig's NR_CPUS=2 once left
+# the others idle, which halved every multi-process figure).
+step "guest: run-vm.sh --smp 4 gives the guest 4 CPUs" sh -c \
+    'scripts/run-vm.sh --no-device --smp 4 --log-dir "$1" --timeout 300 -- "echo CPUS=\$(grep -c ^processor /proc/cpuinfo)" 2>&1 |
+        tr -d "\r" | tee "$1/console.log" | grep -qx "CPUS=4"' _ "$LOGS/vm-smp"
+
 if have_gpu; then
     guest_suite cuda /opt/qcuda/bin/check-cuda
 else

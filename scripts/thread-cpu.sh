@@ -1,36 +1,41 @@
 # shellcheck shell=bash
 # thread-cpu.sh (sourced): where the host's CPU time went during a run, per thread of the
 # processes that carry a guest's calls: QEMU (its TCG vCPUs and its other threads), vhost-cuda
-# (the daemon's threads and the session workers) and virtiofsd. bench-scale.sh takes a snapshot
-# when its processes start and one when they have ended, and prints the difference.
+# (the daemon's threads and the session workers) and virtiofsd. bench-scale.sh takes two snapshots
+# while its processes run and prints the difference.
 #
 #   thread_cpu_snapshot FILE         one line per thread: tid, role, thread name, CPU ticks
 #   thread_cpu_report A B SECONDS    per role and thread name (digits folded to N): cores used
 #                                    on average over SECONDS, threads, the busiest thread's share
 #
 # Roles: qemu, vhost-cuda (the daemon), worker (a session worker: the same binary run with
-# --session-worker), virtiofsd. A thread that ended between the snapshots is not counted.
+# --session-worker), virtiofsd. A thread that started or ended between the snapshots is not
+# counted, so both must fall inside the run.
 
 # The role of process PID, or nothing when it is not one of ours.
 thread_cpu_role() {
     local comm cmd
     comm=$(cat "/proc/$1/comm" 2>/dev/null) || return
+    cmd=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)
+    # A worker is started from the daemon's own binary, whatever its name then (a sandboxed one
+    # runs from a descriptor).
+    if [[ $cmd == *--session-worker* ]]; then
+        echo worker
+        return
+    fi
     case $comm in
     qemu-system-*) echo qemu ;;
     virtiofsd) echo virtiofsd ;;
-    vhost-cuda)
-        cmd=$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)
-        [[ $cmd == *--session-worker* ]] && echo worker || echo vhost-cuda
-        ;;
+    vhost-cuda) echo vhost-cuda ;;
     esac
 }
 
 thread_cpu_snapshot() { # file
     local p role t stat rest fields
-    for p in /proc/[0-9]*; do
-        role=$(thread_cpu_role "${p#/proc/}")
+    for p in $( (pgrep 'qemu-system|virtiofsd|vhost-cuda'; pgrep -f -- '--session-worker') | sort -u); do
+        role=$(thread_cpu_role "$p")
         [[ -n $role ]] || continue
-        for t in "$p"/task/[0-9]*; do
+        for t in "/proc/$p"/task/[0-9]*; do
             stat=$(cat "$t/stat" 2>/dev/null) || continue
             # The name may hold spaces and parentheses ("CPU 0/TCG"): the fields after the last
             # ')' are state (3rd) onwards, so utime and stime (14th, 15th) are the 12th and 13th.

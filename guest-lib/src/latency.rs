@@ -88,7 +88,8 @@ impl Latency {
         }
         out.push_str(
             "(guest-lib: in the runtime outside the ioctl; transport: the ioctl less the host's \
-             time; Batch carries the gathered fire-and-forget calls, counted above with ioctl 0)\n",
+             time; Batch: a synchronising call that carried the gathered calls before it, which \
+             are counted in their own rows with ioctl 0)\n",
         );
         out
     }

@@ -171,20 +171,24 @@ impl Session {
         } else {
             self.batch.send_ahead_of(&mut call)
         };
+        // QCUDA_LATENCY: the request this call waited for is a Batch when the call travelled
+        // as a batch's tail (the host records it so too); a fire-and-forget batch sent ahead
+        // is the call's guest-lib time (the host records no fire-and-forget request).
+        let mut waited_as = op;
         let executed = match ahead {
             Ahead::Carried(Err(libc::EINPROGRESS)) => self.execute(op, &mut call),
-            Ahead::Carried(sent) => sent,
+            Ahead::Carried(sent) => {
+                waited_as = Op::Batch;
+                sent
+            }
             Ahead::Flushed => {
-                if let (Some(l), Some(f)) = (&self.latency, &ioctl) {
-                    l.record(Op::Batch, f.elapsed(), f.elapsed());
-                }
                 ioctl = timer.as_ref().map(|_| Timer::start());
                 self.execute(op, &mut call)
             }
             Ahead::Nothing => self.execute(op, &mut call),
         };
         if let (Some(l), Some(t), Some(i)) = (&self.latency, &timer, &ioctl) {
-            l.record(op, t.elapsed(), i.elapsed());
+            l.record(waited_as, t.elapsed(), i.elapsed());
         }
         if let Err(errno) = executed {
             let e = call_errno_to_error(errno);

@@ -310,13 +310,19 @@ fn host_latency_reports_where_each_op_spent_its_time() {
         let (hello, _) = g.simple(Op::Hello, 8);
         g.send(i, hello);
     }
+    // A fire-and-forget request has no guest-side wait to set against: not recorded.
+    let mut h = RequestHeader::new(Op::DeviceCount);
+    h.session = 8;
+    h.flags = FLAG_ASYNC;
+    let (unwaited, _) = g.request(h, &[]);
+    g.send(3, unwaited);
     let mut h = RequestHeader::new(Op::HostLatency);
     h.session = 8;
     h.push_buffer(Direction::Out, 2 * LATENCY_RECORD_SIZE as u64)
         .unwrap();
     let (lat, out) = g.request(h, &[]);
-    g.send(3, lat);
-    g.rec.wait(4);
+    g.send(4, lat);
+    g.rec.wait(5);
     let r = g.response(out + 2 * LATENCY_RECORD_SIZE as u64);
     assert_eq!((r.status, r.rets[0], r.rets[1]), (0, 1, 1));
     let mut b = [0u8; LATENCY_RECORD_SIZE];

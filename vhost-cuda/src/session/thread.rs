@@ -159,12 +159,16 @@ impl SessionThread {
             let (op, received) = (job.request.op(), job.received);
             job.finish(&resp);
             spin = self.shared.command.hop_poll();
-            self.latency.borrow_mut().record(
-                op,
-                queued,
-                self.last_hop.get(),
-                ns(received.elapsed()),
-            );
+            // Only a request that the guest waits for has a guest-side time to set this
+            // against (HostLatency): a waited Batch is its own row, fire-and-forget ones none.
+            if !fire_and_forget {
+                self.latency.borrow_mut().record(
+                    op,
+                    queued,
+                    self.last_hop.get(),
+                    ns(received.elapsed()),
+                );
+            }
         }
         self.close(&mut gpu, why);
     }
