@@ -21,6 +21,7 @@
 //! daemon or channel), and with the daemon's thread that started it (`PR_SET_PDEATHSIG`).
 
 use std::{
+    collections::BTreeMap,
     io,
     mem::MaybeUninit,
     os::{
@@ -172,6 +173,41 @@ pub fn build_request(
     Ok(Request::new(header, buffers, outputs)?)
 }
 
+/// Where this worker's time per request went, per op: rebuilding the request from guest
+/// memory, running it (`execute`: the CUDA calls, their checks, the device-output check) and
+/// answering. Logged when the session ends, under the `qcuda::phases` target at debug level
+/// (`--log-level info,qcuda::phases=debug`): the *worker* column of `QCUDA_LATENCY`, split.
+#[derive(Debug, Default)]
+struct Phases {
+    /// Per op: requests, then ns rebuilding, running and answering.
+    by_op: BTreeMap<u32, [u64; 4]>,
+}
+
+impl Phases {
+    fn add(&mut self, op: Op, [rebuild, run, answer]: [Duration; 3]) {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let e = self.by_op.entry(op as u32).or_default();
+        e[0] += 1;
+        e[1] = e[1].saturating_add(ns(rebuild));
+        e[2] = e[2].saturating_add(ns(run));
+        e[3] = e[3].saturating_add(ns(answer));
+    }
+
+    fn log(&self, session: u64) {
+        for (&op, &[n, rebuild, run, answer]) in &self.by_op {
+            let us = |ns: u64| ns as f64 / 1e3 / n.max(1) as f64;
+            let name = Op::from_u32(op).map_or_else(|| format!("{op:#x}"), |o| format!("{o:?}"));
+            debug!(
+                target: "qcuda::phases",
+                "session {session}: {name}: {n} request(s), mean µs: rebuild {:.2}, run {:.2}, answer {:.2}",
+                us(rebuild),
+                us(run),
+                us(answer)
+            );
+        }
+    }
+}
+
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
 /// request through `execute` (after [`build_request`]) and answers it. Returns the error that
 /// ended it otherwise (a broken channel or an undecodable frame).
@@ -189,6 +225,7 @@ pub fn serve(
 ) -> Result<(), MessageError> {
     let mut mem = Arc::new(GuestRam::new());
     let mut hop = Hop::default();
+    let mut phases = Phases::default();
     // How long to spin before the next read: `hop_poll` right after an answer, else nothing.
     let mut spin = Duration::ZERO;
     loop {
@@ -245,15 +282,21 @@ pub fn serve(
         match msg {
             ToWorker::Run(run) => {
                 let started = Instant::now();
-                let resp = match build_request(session, &mem, &run) {
-                    Ok(req) => execute(&req),
+                let built = build_request(session, &mem, &run);
+                let rebuilt = Instant::now();
+                let (op, resp) = match built {
+                    Ok(req) => (Some(req.op()), execute(&req)),
                     Err(e) => {
                         warn!("request refused: {e}");
-                        ResponseHeader::with_status(status::INVALID_VALUE)
+                        (None, ResponseHeader::with_status(status::INVALID_VALUE))
                     }
                 };
-                let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let ran = Instant::now();
+                let took = u64::try_from((ran - started).as_nanos()).unwrap_or(u64::MAX);
                 hop.answer(channel, &FromWorker::Done(resp, took))?;
+                if let Some(op) = op {
+                    phases.add(op, [rebuilt - started, ran - rebuilt, ran.elapsed()]);
+                }
                 spin = hop_poll;
             }
             #[cfg(feature = "test-hooks")]
@@ -268,6 +311,7 @@ pub fn serve(
             | ToWorker::Posted => {}
         }
     }
+    phases.log(session);
     Ok(())
 }
 
@@ -490,6 +534,8 @@ pub fn run(config: &WorkerConfig) -> i32 {
         paths = bound,
         "worker confined"
     );
+    // The device-output check's share of each request (Phases' *run* includes it).
+    let (mut checks, mut check_ns) = (0u64, 0u64);
     let served = serve(
         &channel,
         config.session,
@@ -501,10 +547,19 @@ pub fn run(config: &WorkerConfig) -> i32 {
                 Op::TakeOutput => output.take(req),
                 _ => session.execute(req),
             };
+            let t = Instant::now();
             output.flag(&mut resp);
+            checks += 1;
+            check_ns = check_ns.saturating_add(u64::try_from(t.elapsed().as_nanos()).unwrap_or(0));
             resp
         },
         |link| host_functions.attach(link),
+    );
+    debug!(
+        target: "qcuda::phases",
+        "session {}: device-output checks: {checks}, mean µs {:.2}",
+        config.session,
+        check_ns as f64 / 1e3 / checks.max(1) as f64
     );
     // Dropping the session destroys its contexts; exiting would free them as well.
     drop(session);
@@ -529,6 +584,18 @@ mod tests {
 
     use super::*;
     use crate::{shared_guest_ram::region_table, worker::message::RegionSpec};
+
+    #[test]
+    fn phases_add_up_per_op() {
+        let mut p = Phases::default();
+        let us = Duration::from_micros;
+        p.add(Op::Batch, [us(1), us(10), us(2)]);
+        p.add(Op::Batch, [us(3), us(30), us(4)]);
+        p.add(Op::Hello, [us(5), us(6), us(7)]);
+        assert_eq!(p.by_op[&(Op::Batch as u32)], [2, 4_000, 40_000, 6_000]);
+        assert_eq!(p.by_op[&(Op::Hello as u32)], [1, 5_000, 6_000, 7_000]);
+        p.log(1);
+    }
 
     fn ram() -> Arc<GuestRam> {
         Arc::new(
