@@ -1347,10 +1347,9 @@ impl CudaSession {
         let needed = !small && runs.iter().any(|r| r.len < tuning.direct_min);
         let drv = Arc::clone(&self.drv);
         let c = self.context(dev)?;
-        // Half 0: every run direct (plan), which small copies are.
-        let half = Self::staging_for(drv.as_ref(), c, tuning.staging_half, needed)
-            .filter(|_| !small)
-            .map_or(0, |s| s.half());
+        // Half 0 (no staging, as for small copies): every run direct (plan).
+        let half =
+            Self::staging_for(drv.as_ref(), c, tuning.staging_half, needed).map_or(0, |s| s.half());
         let steps = copy::plan(&runs, half, tuning.direct_min);
         let steps = if buf.len() <= copy::TINY_COPY {
             steps

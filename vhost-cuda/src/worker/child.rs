@@ -184,6 +184,11 @@ struct Phases {
 }
 
 impl Phases {
+    /// Whether the log would show them.
+    fn wanted() -> bool {
+        tracing::enabled!(target: "qcuda::phases", tracing::Level::DEBUG)
+    }
+
     fn add(&mut self, op: Op, [rebuild, run, answer]: [Duration; 3]) {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let e = self.by_op.entry(op as u32).or_default();
@@ -225,7 +230,8 @@ pub fn serve(
 ) -> Result<(), MessageError> {
     let mut mem = Arc::new(GuestRam::new());
     let mut hop = Hop::default();
-    let mut phases = Phases::default();
+    // Only when someone will read it: nothing added to a request's path otherwise.
+    let mut phases = Phases::wanted().then(Phases::default);
     // How long to spin before the next read: `hop_poll` right after an answer, else nothing.
     let mut spin = Duration::ZERO;
     loop {
@@ -294,8 +300,8 @@ pub fn serve(
                 let ran = Instant::now();
                 let took = u64::try_from((ran - started).as_nanos()).unwrap_or(u64::MAX);
                 hop.answer(channel, &FromWorker::Done(resp, took))?;
-                if let Some(op) = op {
-                    phases.add(op, [rebuilt - started, ran - rebuilt, ran.elapsed()]);
+                if let (Some(p), Some(op)) = (&mut phases, op) {
+                    p.add(op, [rebuilt - started, ran - rebuilt, ran.elapsed()]);
                 }
                 spin = hop_poll;
             }
@@ -311,7 +317,9 @@ pub fn serve(
             | ToWorker::Posted => {}
         }
     }
-    phases.log(session);
+    if let Some(p) = &phases {
+        p.log(session);
+    }
     Ok(())
 }
 
@@ -535,6 +543,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
         "worker confined"
     );
     // The device-output check's share of each request (Phases' *run* includes it).
+    let time_checks = Phases::wanted();
     let (mut checks, mut check_ns) = (0u64, 0u64);
     let served = serve(
         &channel,
@@ -547,20 +556,27 @@ pub fn run(config: &WorkerConfig) -> i32 {
                 Op::TakeOutput => output.take(req),
                 _ => session.execute(req),
             };
-            let t = Instant::now();
-            output.flag(&mut resp);
-            checks += 1;
-            check_ns = check_ns.saturating_add(u64::try_from(t.elapsed().as_nanos()).unwrap_or(0));
+            if time_checks {
+                let t = Instant::now();
+                output.flag(&mut resp);
+                checks += 1;
+                check_ns =
+                    check_ns.saturating_add(u64::try_from(t.elapsed().as_nanos()).unwrap_or(0));
+            } else {
+                output.flag(&mut resp);
+            }
             resp
         },
         |link| host_functions.attach(link),
     );
-    debug!(
-        target: "qcuda::phases",
-        "session {}: device-output checks: {checks}, mean µs {:.2}",
-        config.session,
-        check_ns as f64 / 1e3 / checks.max(1) as f64
-    );
+    if time_checks {
+        debug!(
+            target: "qcuda::phases",
+            "session {}: device-output checks: {checks}, mean µs {:.2}",
+            config.session,
+            check_ns as f64 / 1e3 / checks.max(1) as f64
+        );
+    }
     // Dropping the session destroys its contexts; exiting would free them as well.
     drop(session);
     match served {
@@ -584,6 +600,19 @@ mod tests {
 
     use super::*;
     use crate::{shared_guest_ram::region_table, worker::message::RegionSpec};
+
+    #[test]
+    fn phases_are_kept_only_when_their_log_is_on() {
+        let with = |filter: &str| {
+            let sub = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .finish();
+            tracing::subscriber::with_default(sub, Phases::wanted)
+        };
+        assert!(with("info,qcuda::phases=debug"));
+        assert!(!with("info"));
+        assert!(!with("info,qcuda::phases=info"));
+    }
 
     #[test]
     fn phases_add_up_per_op() {
