@@ -86,14 +86,7 @@ fi
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
 # shellcheck source=scripts/thread-cpu.sh
 . "$(dirname "${BASH_SOURCE[0]}")/thread-cpu.sh"
-if ! gpu_present; then
-    echo "skipped: no GPU"
-    exit 0
-fi
-[[ -x $bench ]] || { echo "bench-scale: $bench is missing (scripts/build-payload.sh builds it)" >&2; exit 1; }
-mkdir -p "$out" && out=$(cd "$out" && pwd)
-cudart=$(host_cudart)
-nvidia-smi -L
+bench_host_start bench-scale "$bench"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/qcuda-scale.XXXXXX")
 runners=() # what a run started in the background: native process wrappers or run-vm.sh

@@ -41,14 +41,7 @@ done
 
 # shellcheck source=scripts/gpu-host.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
-if ! gpu_present; then
-    echo "skipped: no GPU"
-    exit 0
-fi
-[[ -x $bench ]] || { echo "bench: $bench is missing (scripts/build-payload.sh builds it)" >&2; exit 1; }
-mkdir -p "$out" && out=$(cd "$out" && pwd)
-cudart=$(host_cudart)
-nvidia-smi -L
+bench_host_start bench "$bench"
 
 # The program's rows, picked by their shape: the guest console mixes in progress, kernel log
 # lines and carriage returns.

@@ -15,3 +15,19 @@ host_cudart() {
         [[ -d $d ]] && { echo "$d"; return; }
     done
 }
+
+# The start of a benchmark script on a GPU host: without a GPU it says "skipped: no GPU" and
+# ends the script (exit 0); else it checks that the benchmark program BENCH exists, creates the
+# caller's output folder $out (made absolute), sets the caller's $cudart (host_cudart) and lists
+# the GPUs. NAME prefixes the error.
+bench_host_start() { # name, bench
+    if ! gpu_present; then
+        echo "skipped: no GPU"
+        exit 0
+    fi
+    [[ -x $2 ]] || { echo "$1: $2 is missing (scripts/build-payload.sh builds it)" >&2; exit 1; }
+    mkdir -p "$out" && out=$(cd "$out" && pwd)
+    # shellcheck disable=SC2034 # the caller's variable
+    cudart=$(host_cudart)
+    nvidia-smi -L
+}
