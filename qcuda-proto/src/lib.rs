@@ -75,6 +75,7 @@ macro_rules! graph_ops {
             | $crate::Op::GraphDestroyNode
             | $crate::Op::GraphNodeGetParams
             | $crate::Op::GraphMem
+            | $crate::Op::GraphConditionalHandleCreate
     };
 }
 

@@ -638,7 +638,8 @@ ops! {
     /// args[0] = a handle, args[1] = what: 0 the event of an event record or wait node, 1 the
     /// graph of a child graph node (owned by the node: not destroyable), 2 the
     /// `cudaGraphInstantiateFlags` of an executable graph, 3 the node of graph args[2] (a clone
-    /// of the node's graph) that the node was cloned to. rets[0] = that handle or value.
+    /// of the node's graph) that the node was cloned to, 4 body graph args[2] of a conditional
+    /// node (owned by the node, like a child graph). rets[0] = that handle or value.
     GraphQuery = 0x01B9, ins 0, outs 0;
     /// args[0] = handle of a kernel node. Out-buffer 0 receives up to its length of the node's
     /// parameters in the `graph::KernelNode` encoding; rets[0] = the encoding's length.
@@ -652,6 +653,10 @@ ops! {
     /// 2 set attribute args[1] (`cudaGraphMemAttributeType`, 0..=3) to args[2]. rets[0] = the
     /// value (get).
     GraphMem = 0x01BD, ins 0, outs 0;
+    /// args[0] = graph handle, args[1] = default launch value, args[2] = flags
+    /// (`cudaGraphCondAssignDefault`). rets[0] = the driver's conditional handle itself, the
+    /// value kernels pass to `cudaGraphSetConditional` and conditional nodes of that graph name.
+    GraphConditionalHandleCreate = 0x01BE, ins 0, outs 0;
 }
 
 /// Bytes of an encoded [`LatencyRecord`].
