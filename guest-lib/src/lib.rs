@@ -35,6 +35,7 @@ pub mod driver;
 pub mod events;
 pub mod fatbin;
 pub mod generated;
+pub mod graphs;
 pub mod handles;
 pub mod host_fns;
 pub mod host_memory;

@@ -493,6 +493,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::StreamEndCapture
         | Op::StreamUpdateCaptureDependencies
         | Op::GraphCreate
+        | Op::GraphConditionalHandleCreate
         | Op::GraphDestroy
         | Op::GraphAddNode
         | Op::GraphEdges
