@@ -24,6 +24,7 @@ use crate::{
 mod arrays;
 mod devices;
 mod driver;
+mod driver_graphs;
 mod errors;
 mod graphs;
 mod launch;

@@ -464,7 +464,7 @@ pub unsafe fn generic_node(
         cu::cudaGraphNodeTypeEventRecord => event_handle(rt, unsafe { u.eventRecord }.event)?,
         t if t < cu::cudaGraphNodeTypeCount => {
             warn_once!(
-                "CUDA graphs: memory, external semaphore and conditional nodes are not supported"
+                "CUDA graphs: external semaphore and batch memory-operation nodes, and new parameters for memory and conditional nodes, are not supported"
             );
             return Err(CudaError::NOT_SUPPORTED);
         }
@@ -534,6 +534,123 @@ pub unsafe fn mem_alloc_node(
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .push((handle(graph), dptr));
     Ok((reply.rets[0], dptr))
+}
+
+/// A kernel node's parameters in the `graph::KernelNode` encoding, as the host has them.
+pub fn kernel_node_encoding(
+    rt: &Runtime,
+    device: u32,
+    node: cudaGraphNode_t,
+) -> CudaResult<Vec<u8>> {
+    if node.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut want = KERNEL_NODE_HEADER + 4096;
+    loop {
+        let mut buf = vec![0u8; want];
+        let reply = rt.session.submit(
+            Call::new(Op::GraphKernelNodeGetParams, device)
+                .args(&[handle(node)])
+                .output(&mut buf),
+        )?;
+        let n = usize::try_from(reply.rets[0]).map_err(|_| CudaError::UNKNOWN)?;
+        if n <= want {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        want = n;
+    }
+}
+
+/// Keeps the parameter block and pointers handed out for kernel node `node` until its next
+/// `*KernelNodeGetParams`.
+pub fn keep_kernel_params(node: u64, block: Vec<u64>, pointers: Vec<*mut c_void>) {
+    let mut stored = KERNEL_PARAMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    stored.retain(|(n, _)| *n != node);
+    stored.push((
+        node,
+        KernelParamsCopy {
+            _block: block,
+            _pointers: pointers,
+        },
+    ));
+}
+
+/// `cudaGraphConditionalHandleCreate`/`cuGraphConditionalHandleCreate`: a handle on `graph`,
+/// whose value (the host driver's own) kernels pass to `cudaGraphSetConditional`.
+///
+/// # Safety
+/// `out` must be null or writable.
+pub unsafe fn conditional_handle_create(
+    out: *mut u64,
+    graph: cudaGraph_t,
+    default_value: c_uint,
+    flags: c_uint,
+) -> CudaResult<()> {
+    non_null(out)?;
+    if graph.is_null() || flags > 1 {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let (rt, d) = current()?;
+    let reply = rt
+        .session
+        .submit(Call::new(Op::GraphConditionalHandleCreate, d).args(&[
+            handle(graph),
+            u64::from(default_value),
+            u64::from(flags),
+        ]))?;
+    // SAFETY: non-null and writable (caller contract).
+    unsafe { write_out(out, reply.rets[0]) }
+}
+
+/// A conditional node (if with one body or two, while, switch with `size` bodies) on
+/// conditional handle `cond` of `graph`: writes the node and its body graphs, which the host's
+/// driver made and the node owns (the caller fills them, or captures into them).
+///
+/// # Safety
+/// `node` must be null or writable; `deps` must hold `n` readable handles; `bodies` must be null
+/// or valid for `size` writes.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn add_conditional_node(
+    rt: &Runtime,
+    device: u32,
+    node: *mut cudaGraphNode_t,
+    graph: cudaGraph_t,
+    deps: *const cudaGraphNode_t,
+    n: usize,
+    cond: u64,
+    kind: u32,
+    size: c_uint,
+    bodies: *mut cudaGraph_t,
+) -> CudaResult<()> {
+    non_null(node)?;
+    non_null(bodies)?;
+    let enc = g::ConditionalNode {
+        handle: cond,
+        kind,
+        size,
+    }
+    .encode();
+    // What the host would refuse anyway: a kind with a number of bodies CUDA does not allow.
+    g::ConditionalNode::decode(&enc).ok_or(CudaError::INVALID_VALUE)?;
+    // SAFETY: forwarded caller contract.
+    unsafe { add_node(rt, device, node, graph, deps, n, g::NODE_CONDITIONAL, &enc)? };
+    // SAFETY: written by add_node just now.
+    let h = handle(unsafe { *node });
+    for i in 0..size {
+        let reply =
+            rt.session
+                .submit(Call::new(Op::GraphQuery, device).args(&[h, 4, u64::from(i)]))?;
+        // SAFETY: `size` writable entries (caller contract).
+        unsafe {
+            bodies
+                .add(i as usize)
+                .write(usize_of(reply.rets[0]) as cudaGraph_t);
+        };
+    }
+    Ok(())
 }
 
 // ----- requests --------------------------------------------------------------------------
@@ -676,6 +793,10 @@ pub unsafe fn begin_capture_to_graph(
     Ok(())
 }
 
+/// `cudaStreamEndCapture`: the captured graph.
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 pub unsafe fn end_capture(stream: cudaStream_t, graph: *mut cudaGraph_t) -> CudaResult<()> {
     non_null(graph)?;
     let (rt, _) = current()?;
@@ -723,6 +844,10 @@ pub fn capture_info(stream: cudaStream_t) -> CudaResult<(u64, u64, u64, Vec<u64>
     }
 }
 
+/// `cudaStreamIsCapturing`.
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 pub unsafe fn is_capturing(
     stream: cudaStream_t,
     status: *mut cudaStreamCaptureStatus,
@@ -733,6 +858,11 @@ pub unsafe fn is_capturing(
     unsafe { write_out(status, low_u32(st) as cudaStreamCaptureStatus) }
 }
 
+/// `cudaStreamGetCaptureInfo`: the dependency and edge arrays stay valid until the calling
+/// thread's next call of it.
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn get_capture_info(
     stream: cudaStream_t,
@@ -789,6 +919,10 @@ pub unsafe fn get_capture_info(
     Ok(())
 }
 
+/// `cudaStreamUpdateCaptureDependencies` (default edges only).
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 pub unsafe fn update_capture_deps(
     stream: cudaStream_t,
     deps: *mut cudaGraphNode_t,
@@ -834,6 +968,10 @@ pub fn graph_launch(exec: cudaGraphExec_t, stream: cudaStream_t, upload: bool) -
     Ok(())
 }
 
+/// Instantiates `graph` with `flags`, uploading on `stream` when the flags say so.
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 pub unsafe fn instantiate(
     exec: *mut cudaGraphExec_t,
     graph: cudaGraph_t,
@@ -854,6 +992,10 @@ pub unsafe fn instantiate(
     unsafe { write_out(exec, usize_of(reply.rets[0]) as cudaGraphExec_t) }
 }
 
+/// A node's dependencies (`which` 1) or dependent nodes (2), the CUDA way of lists.
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 pub unsafe fn node_lists(
     node: cudaGraphNode_t,
     which: u64,
@@ -876,6 +1018,10 @@ pub unsafe fn node_lists(
     Ok(())
 }
 
+/// A graph's nodes, or its root nodes.
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 pub unsafe fn graph_nodes(
     graph: cudaGraph_t,
     roots: bool,
@@ -898,6 +1044,10 @@ pub unsafe fn graph_nodes(
     unsafe { write_list(&list, out, count) }
 }
 
+/// Adds or removes edges (default edges only).
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 pub unsafe fn change_edges(
     graph: cudaGraph_t,
     from: *const cudaGraphNode_t,
@@ -995,6 +1145,10 @@ pub unsafe fn node_event(
     unsafe { write_out(out, e as cudaEvent_t) }
 }
 
+/// Sets the event of an event record or wait node in an executable graph.
+///
+/// # Safety
+/// Pointer arguments must be valid as CUDA documents for the call.
 pub unsafe fn exec_set_event(
     exec: cudaGraphExec_t,
     node: cudaGraphNode_t,
@@ -1137,6 +1291,21 @@ pub unsafe fn graph_add_node(
         default_edges(dependencyData, numDependencies)?;
         let params = &mut *nodeParams;
         match params.type_ {
+            cu::cudaGraphNodeTypeConditional => {
+                let c = params.__bindgen_anon_1.conditional;
+                return add_conditional_node(
+                    rt,
+                    d,
+                    pGraphNode,
+                    graph,
+                    pDependencies,
+                    numDependencies,
+                    c.handle,
+                    c.type_,
+                    c.size,
+                    c.phGraph_out,
+                );
+            }
             cu::cudaGraphNodeTypeMemAlloc => {
                 non_null(pGraphNode)?;
                 let a = &mut params.__bindgen_anon_1.alloc;
@@ -1325,21 +1494,7 @@ pub unsafe fn graph_kernel_node_get_params(
         return Err(CudaError::INVALID_VALUE);
     }
     let (rt, d) = current()?;
-    let mut want = KERNEL_NODE_HEADER + 4096;
-    let enc = loop {
-        let mut buf = vec![0u8; want];
-        let reply = rt.session.submit(
-            Call::new(Op::GraphKernelNodeGetParams, d)
-                .args(&[handle(node)])
-                .output(&mut buf),
-        )?;
-        let n = usize::try_from(reply.rets[0]).map_err(|_| CudaError::UNKNOWN)?;
-        if n <= want {
-            buf.truncate(n);
-            break buf;
-        }
-        want = n;
-    };
+    let enc = kernel_node_encoding(rt, d, node)?;
     let k = KernelNode::decode(&enc).ok_or(CudaError::UNKNOWN)?;
     let kernel = registry()
         .kernel_by_function(d, k.function)
@@ -1383,17 +1538,7 @@ pub unsafe fn graph_kernel_node_get_params(
         },
         extra: std::ptr::null_mut(),
     };
-    let mut stored = KERNEL_PARAMS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    stored.retain(|(n, _)| *n != handle(node));
-    stored.push((
-        handle(node),
-        KernelParamsCopy {
-            _block: block,
-            _pointers: pointers,
-        },
-    ));
+    keep_kernel_params(handle(node), block, pointers);
     // SAFETY: non-null and writable (API contract).
     unsafe { write_out(pNodeParams, p) }
 }

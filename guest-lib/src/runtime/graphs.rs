@@ -87,6 +87,18 @@ cuda_api! {
         unsafe { update_capture_deps(stream, dependencies, dependencyData, numDependencies, flags) }
     }
 
+    /// `cudaGraphConditionalHandleCreate`: the host driver's handle on `graph`, a plain 64-bit
+    /// value that kernels take as an argument and pass to `cudaGraphSetConditional`.
+    fn cudaGraphConditionalHandleCreate(
+        pHandle_out: *mut cu::cudaGraphConditionalHandle,
+        graph: cudaGraph_t,
+        defaultLaunchValue: c_uint,
+        flags: c_uint,
+    ) {
+        // SAFETY: forwarded API contract.
+        unsafe { conditional_handle_create(pHandle_out, graph, defaultLaunchValue, flags) }
+    }
+
     /// `cudaGraphCreate` (flags must be 0).
     fn cudaGraphCreate(pGraph: *mut cudaGraph_t, flags: c_uint) {
         // SAFETY: forwarded API contract.

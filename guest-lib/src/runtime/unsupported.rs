@@ -66,7 +66,6 @@ not_supported! {
     cudaGetFuncBySymbol,
     cudaGraphAddExternalSemaphoresSignalNode,
     cudaGraphAddExternalSemaphoresWaitNode,
-    cudaGraphConditionalHandleCreate,
     cudaGraphExecExternalSemaphoresSignalNodeSetParams,
     cudaGraphExecExternalSemaphoresWaitNodeSetParams,
     cudaGraphExternalSemaphoresSignalNodeGetParams,
