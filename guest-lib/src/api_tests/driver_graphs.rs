@@ -344,14 +344,13 @@ fn conditional_nodes_hand_out_bodies_on_both_faces() {
         assert!(fake.ops().contains(&Op::GraphConditionalHandleCreate));
 
         // if/else: two bodies, filled with a kernel node each.
-        let mut bodies = [ptr::null_mut(); 2];
         let mut p: d::CUgraphNodeParams = std::mem::zeroed();
         p.type_ = d::CU_GRAPH_NODE_TYPE_CONDITIONAL;
         p.__bindgen_anon_1.conditional = d::CUDA_CONDITIONAL_NODE_PARAMS {
             handle: h,
             type_: d::CU_GRAPH_COND_TYPE_IF,
             size: 2,
-            phGraph_out: bodies.as_mut_ptr(),
+            phGraph_out: ptr::null_mut(),
             ctx: ptr::null_mut(),
         };
         let mut node: d::CUgraphNode = ptr::null_mut();
@@ -363,6 +362,9 @@ fn conditional_nodes_hand_out_bodies_on_both_faces() {
             0,
             &raw mut p,
         ));
+        // CUDA's own array of the bodies, valid as long as the node.
+        let out = p.__bindgen_anon_1.conditional.phGraph_out;
+        let bodies = [*out, *out.add(1)];
         assert!(!bodies[0].is_null() && !bodies[1].is_null() && bodies[0] != bodies[1]);
         let enc = fake.state().graphs.nodes[&(node as u64)].params.clone();
         assert_eq!(
@@ -445,13 +447,11 @@ fn conditional_nodes_hand_out_bodies_on_both_faces() {
             ),
             0
         );
-        let mut rbodies: [crate::generated::cudaGraph_t; 3] = [ptr::null_mut(); 3];
         let mut rp: crate::generated::cudaGraphNodeParams = std::mem::zeroed();
         rp.type_ = crate::generated::cudaGraphNodeTypeConditional;
         rp.__bindgen_anon_1.conditional.handle = rh;
         rp.__bindgen_anon_1.conditional.type_ = crate::generated::cudaGraphCondTypeSwitch;
         rp.__bindgen_anon_1.conditional.size = 3;
-        rp.__bindgen_anon_1.conditional.phGraph_out = rbodies.as_mut_ptr();
         let mut rnode: crate::generated::cudaGraphNode_t = ptr::null_mut();
         assert_eq!(
             crate::runtime::graphs::cudaGraphAddNode(
@@ -464,7 +464,14 @@ fn conditional_nodes_hand_out_bodies_on_both_faces() {
             ),
             0
         );
-        assert!(rbodies.iter().all(|b| !b.is_null()));
+        let rbodies = std::slice::from_raw_parts(rp.__bindgen_anon_1.conditional.phGraph_out, 3);
+        assert!(rbodies.iter().all(|b| !b.is_null()) && rbodies[0] != rbodies[2]);
+        let mut none = 0usize;
+        assert_eq!(
+            cudaGraphGetNodes(rbodies[1], ptr::null_mut(), &raw mut none),
+            0
+        );
+        assert_eq!(none, 0);
         let mut ty = 0;
         cu(cuGraphNodeGetType(rnode.cast(), &raw mut ty));
         assert_eq!(ty, d::CU_GRAPH_NODE_TYPE_CONDITIONAL);

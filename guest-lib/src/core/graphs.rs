@@ -605,13 +605,26 @@ pub unsafe fn conditional_handle_create(
     unsafe { write_out(out, reply.rets[0]) }
 }
 
+/// Per conditional node, the array of its body graphs that `phGraph_out` points to: CUDA's own
+/// array, valid for the node's lifetime (kept until the node is destroyed, or the process ends).
+static BODY_ARRAYS: std::sync::Mutex<Vec<(u64, Box<[usize]>)>> = std::sync::Mutex::new(Vec::new());
+
+/// Forgets the body array of conditional node `node` (destroyed).
+pub fn forget_bodies(node: u64) {
+    BODY_ARRAYS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .retain(|(n, _)| *n != node);
+}
+
 /// A conditional node (if with one body or two, while, switch with `size` bodies) on
-/// conditional handle `cond` of `graph`: writes the node and its body graphs, which the host's
-/// driver made and the node owns (the caller fills them, or captures into them).
+/// conditional handle `cond` of `graph`: writes the node, and points `bodies_out` at the array of
+/// its body graphs (made by the host's driver, owned by the node; the caller fills them, or
+/// captures into them), as CUDA does.
 ///
 /// # Safety
-/// `node` must be null or writable; `deps` must hold `n` readable handles; `bodies` must be null
-/// or valid for `size` writes.
+/// `node` must be null or writable; `deps` must hold `n` readable handles; `bodies_out` must be
+/// null or writable.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn add_conditional_node(
     rt: &Runtime,
@@ -623,10 +636,10 @@ pub unsafe fn add_conditional_node(
     cond: u64,
     kind: u32,
     size: c_uint,
-    bodies: *mut cudaGraph_t,
+    bodies_out: *mut *mut cudaGraph_t,
 ) -> CudaResult<()> {
     non_null(node)?;
-    non_null(bodies)?;
+    non_null(bodies_out)?;
     let enc = g::ConditionalNode {
         handle: cond,
         kind,
@@ -639,17 +652,24 @@ pub unsafe fn add_conditional_node(
     unsafe { add_node(rt, device, node, graph, deps, n, g::NODE_CONDITIONAL, &enc)? };
     // SAFETY: written by add_node just now.
     let h = handle(unsafe { *node });
+    let mut bodies = Vec::with_capacity(size as usize);
     for i in 0..size {
         let reply =
             rt.session
                 .submit(Call::new(Op::GraphQuery, device).args(&[h, 4, u64::from(i)]))?;
-        // SAFETY: `size` writable entries (caller contract).
-        unsafe {
-            bodies
-                .add(i as usize)
-                .write(usize_of(reply.rets[0]) as cudaGraph_t);
-        };
+        bodies.push(usize_of(reply.rets[0]));
     }
+    let mut bodies = bodies.into_boxed_slice();
+    let at = bodies.as_mut_ptr().cast::<cudaGraph_t>();
+    {
+        let mut kept = BODY_ARRAYS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.retain(|(k, _)| *k != h);
+        kept.push((h, bodies));
+    }
+    // SAFETY: non-null and writable (caller contract); the array lives as long as the node.
+    unsafe { bodies_out.write(at) };
     Ok(())
 }
 
@@ -1292,7 +1312,7 @@ pub unsafe fn graph_add_node(
         let params = &mut *nodeParams;
         match params.type_ {
             cu::cudaGraphNodeTypeConditional => {
-                let c = params.__bindgen_anon_1.conditional;
+                let c = &mut params.__bindgen_anon_1.conditional;
                 return add_conditional_node(
                     rt,
                     d,
@@ -1303,7 +1323,7 @@ pub unsafe fn graph_add_node(
                     c.handle,
                     c.type_,
                     c.size,
-                    c.phGraph_out,
+                    &raw mut c.phGraph_out,
                 );
             }
             cu::cudaGraphNodeTypeMemAlloc => {
@@ -2273,6 +2293,7 @@ pub unsafe fn graph_destroy_node(node: cudaGraphNode_t) -> CudaResult<()> {
     let (rt, d) = current()?;
     rt.session
         .submit(Call::new(Op::GraphDestroyNode, d).args(&[handle(node)]))?;
+    forget_bodies(handle(node));
     Ok(())
 }
 

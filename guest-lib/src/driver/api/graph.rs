@@ -369,7 +369,7 @@ unsafe fn add_generic(
                 )?)
             }
             d::CU_GRAPH_NODE_TYPE_CONDITIONAL => {
-                let c = &u.conditional;
+                let c = &mut u.conditional;
                 Ok(cg::add_conditional_node(
                     rt,
                     dev,
@@ -380,7 +380,7 @@ unsafe fn add_generic(
                     c.handle,
                     c.type_,
                     c.size,
-                    c.phGraph_out.cast(),
+                    (&raw mut c.phGraph_out).cast(),
                 )?)
             }
             _ => {

@@ -988,7 +988,6 @@ impl GraphDriverApi for super::CudaDriver {
             2 => K::CU_GRAPH_COND_TYPE_SWITCH,
             _ => return Err(CuError::INVALID_VALUE),
         };
-        let mut bodies: Vec<sys::CUgraph> = vec![null_mut(); size as usize];
         let mut p = sys::CUgraphNodeParams {
             type_: sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL,
             reserved0: [0; 3],
@@ -997,15 +996,15 @@ impl GraphDriverApi for super::CudaDriver {
                     handle,
                     type_: kind,
                     size,
-                    phGraph_out: bodies.as_mut_ptr(),
+                    // The driver points this at its own array of the body graphs.
+                    phGraph_out: null_mut(),
                     ctx: ptr(ctx.raw()),
                 },
             },
             reserved2: 0,
         };
         let mut n: sys::CUgraphNode = null_mut();
-        // SAFETY: see the impl comment; `bodies` has room for the `size` graphs the driver
-        // writes, and outlives the call.
+        // SAFETY: see the impl comment.
         check(unsafe {
             sys::cuGraphAddNode_v2(
                 &raw mut n,
@@ -1016,12 +1015,16 @@ impl GraphDriverApi for super::CudaDriver {
                 &raw mut p,
             )
         })?;
+        // SAFETY: the member this call filled in.
+        let out = unsafe { p.__bindgen_anon_1.conditional.phGraph_out };
+        if out.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        // SAFETY: the driver's array of `size` body graphs, valid while the node lives.
+        let bodies = unsafe { std::slice::from_raw_parts(out, size as usize) };
         Ok((
             GraphNode::from_raw(n as Raw),
-            bodies
-                .into_iter()
-                .map(|g| Graph::from_raw(g as Raw))
-                .collect(),
+            bodies.iter().map(|g| Graph::from_raw(*g as Raw)).collect(),
         ))
     }
 
