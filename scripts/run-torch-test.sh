@@ -3,7 +3,8 @@
 # (issue 18). The guest runs the host's installation itself, not a copy: run-vm.sh shares the
 # host's root read-only over virtiofs and runs the check chrooted into it, with qcuda's
 # libcudart.so.13 and libcuda.so.1 in front, so NVIDIA's runtime and libraries that PyTorch
-# brings (cuBLAS, cuBLASLt, cuDNN, cuFFT) run over our driver. tests/torch/torch_check.py checks
+# brings (cuBLAS, cuBLASLt, cuDNN, cuFFT) run over our driver, CUDA graphs captured and replayed
+# (torch.cuda.graph) among them. tests/torch/torch_check.py checks
 # each operation against the CPU; this script prints both results and the time ratio.
 #   ./run-torch-test.sh [--python PATH] [--log-dir DIR]    (from the repo or the bundle)
 # Without a GPU it prints "skipped: no GPU" and exits 0; without PyTorch, "skipped: no PyTorch".
