@@ -22,8 +22,7 @@ use crate::{
         warnings::warn_once,
     },
     driver::{
-        context,
-        modules::{self, Function},
+        context, modules,
         status::{DriverError, DrvResult},
     },
     generated::{self as cu, driver_api as d},
@@ -50,6 +49,29 @@ fn ready() -> DrvResult<(&'static Runtime, u32)> {
     initialized()?;
     context::require_current()?;
     Ok(current()?)
+}
+
+/// Per kernel node made or changed through this face, the `CUfunction` and `CUkernel` it was
+/// given, which `cuGraphKernelNodeGetParams` gives back (as the driver does) while the node
+/// still runs that function.
+static KERNEL_NODE_FUNCS: std::sync::Mutex<Vec<(u64, usize, usize)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn remember_function(node: u64, launch: &KernelLaunch) {
+    let mut v = KERNEL_NODE_FUNCS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    v.retain(|(n, ..)| *n != node);
+    v.push((node, launch.func as usize, launch.kern as usize));
+}
+
+fn remembered_function(node: u64) -> Option<(usize, usize)> {
+    KERNEL_NODE_FUNCS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|(n, ..)| *n == node)
+        .map(|(_, f, k)| (*f, *k))
 }
 
 /// A kernel node's launch as the driver API states it (`CUDA_KERNEL_NODE_PARAMS` v1 to v3).
@@ -383,6 +405,9 @@ unsafe fn add_generic(
                     (&raw mut c.phGraph_out).cast(),
                 )?)
             }
+            d::CU_GRAPH_NODE_TYPE_KERNEL => {
+                add_kernel(node, graph, deps, n, &KernelLaunch::v3(&u.kernel))
+            }
             _ => {
                 let (ty, enc) = generic_encoding(rt, p)?;
                 Ok(cg::add_node(
@@ -469,7 +494,15 @@ unsafe fn set_generic(
             }?,
         );
     }
-    Ok(cg::set_params(rt, dev, exec.cast(), node.cast(), ty, &enc)?)
+    cg::set_params(rt, dev, exec.cast(), node.cast(), ty, &enc)?;
+    if ty == d::CU_GRAPH_NODE_TYPE_KERNEL && exec.is_null() {
+        // SAFETY: the kernel member, named by `type_` (API contract).
+        remember_function(
+            node as u64,
+            &KernelLaunch::v3(unsafe { &(*params).__bindgen_anon_1.kernel }),
+        );
+    }
+    Ok(())
 }
 
 /// Adds a node of type `ty` with encoded `params`.
@@ -507,11 +540,23 @@ unsafe fn add(
 /// `out` null or writable.
 unsafe fn kernel_get(
     node: d::CUgraphNode,
-) -> DrvResult<(&'static Function, KernelNode<'static>, *mut *mut c_void)> {
+) -> DrvResult<(usize, usize, KernelNode<'static>, *mut *mut c_void)> {
     let (rt, dev) = ready()?;
     let enc = cg::kernel_node_encoding(rt, dev, node.cast())?;
     let k = KernelNode::decode(&enc).ok_or(CudaError::UNKNOWN)?;
-    let f = modules::function_by_host(dev, k.function).ok_or(DriverError::INVALID_VALUE)?;
+    // The function the node was given through this face, while the node still runs it;
+    // otherwise (captured, or made through the runtime face) this process's function that does.
+    let given = remembered_function(node as u64).and_then(|(func, kern)| {
+        let f = modules::launchable(if func == 0 { kern } else { func }).ok()?;
+        (f.resolved.function == k.function).then_some((f, func, kern))
+    });
+    let (f, func, kern) = match given {
+        Some(g) => g,
+        None => {
+            let f = modules::function_by_host(dev, k.function).ok_or(DriverError::INVALID_VALUE)?;
+            (f, modules::handle_of(f), 0)
+        }
+    };
     let mut block = vec![0u64; k.params.len().div_ceil(8)];
     // SAFETY: `block` holds at least `k.params.len()` bytes; u64 has no invalid values.
     unsafe {
@@ -541,7 +586,48 @@ unsafe fn kernel_get(
         params: &[],
     };
     cg::keep_kernel_params(node as u64, block, pointers);
-    Ok((f, header, args))
+    Ok((func, kern, header, args))
+}
+
+/// Adds a kernel node for `launch`, remembering the function it was given.
+///
+/// # Safety
+/// As `cuGraphAddKernelNode_v2` documents.
+unsafe fn add_kernel(
+    node: *mut d::CUgraphNode,
+    graph: d::CUgraph,
+    deps: *const d::CUgraphNode,
+    n: usize,
+    launch: &KernelLaunch,
+) -> DrvResult<()> {
+    ready()?;
+    // SAFETY: forwarded contract.
+    let enc = unsafe { launch.encode()? };
+    // SAFETY: forwarded contract.
+    unsafe { add(node, graph, deps, n, g::NODE_KERNEL, &enc)? };
+    // SAFETY: written by `add` just now.
+    remember_function(unsafe { *node } as u64, launch);
+    Ok(())
+}
+
+/// New kernel parameters for a graph's node (`exec` null; the function is remembered) or in an
+/// executable graph.
+///
+/// # Safety
+/// As `cuGraphKernelNodeSetParams_v2` documents.
+unsafe fn set_kernel(
+    exec: d::CUgraphExec,
+    node: d::CUgraphNode,
+    launch: &KernelLaunch,
+) -> DrvResult<()> {
+    let (rt, dev) = ready()?;
+    // SAFETY: forwarded contract.
+    let enc = unsafe { launch.encode()? };
+    cg::set_params(rt, dev, exec.cast(), node.cast(), g::NODE_KERNEL, &enc)?;
+    if exec.is_null() {
+        remember_function(node as u64, launch);
+    }
+    Ok(())
 }
 
 driver_api! {
@@ -803,14 +889,11 @@ driver_api! {
         numDependencies: usize,
         nodeParams: *const d::CUDA_KERNEL_NODE_PARAMS,
     ) {
-        ready()?;
         if nodeParams.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
-        // SAFETY: readable, with kernel parameters as the API requires.
-        let enc = unsafe { KernelLaunch::v2(&*nodeParams).encode()? };
-        // SAFETY: forwarded contract.
-        unsafe { add(phGraphNode, hGraph, dependencies, numDependencies, g::NODE_KERNEL, &enc) }
+        // SAFETY: readable, with kernel parameters as the API requires; the rest forwarded.
+        unsafe { add_kernel(phGraphNode, hGraph, dependencies, numDependencies, &KernelLaunch::v2(&*nodeParams)) }
     }
 
     /// `cuGraphAddKernelNode` (CUDA 10-11 parameters).
@@ -822,60 +905,49 @@ driver_api! {
         numDependencies: usize,
         nodeParams: *const d::CUDA_KERNEL_NODE_PARAMS_v1
     ) {
-        ready()?;
         if nodeParams.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
-        // SAFETY: as for _v2.
-        let enc = unsafe { KernelLaunch::v1(&*nodeParams).encode()? };
-        // SAFETY: forwarded contract.
-        unsafe { add(phGraphNode, hGraph, dependencies, numDependencies, g::NODE_KERNEL, &enc) }
+        // SAFETY: readable, with kernel parameters as the API requires; the rest forwarded.
+        unsafe { add_kernel(phGraphNode, hGraph, dependencies, numDependencies, &KernelLaunch::v1(&*nodeParams)) }
     }
 
     /// `cuGraphKernelNodeSetParams_v2`.
     fn cuGraphKernelNodeSetParams_v2(hNode: d::CUgraphNode, nodeParams: *const d::CUDA_KERNEL_NODE_PARAMS) {
-        let (rt, dev) = ready()?;
         if nodeParams.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: as for cuGraphAddKernelNode_v2.
-        let enc = unsafe { KernelLaunch::v2(&*nodeParams).encode()? };
-        Ok(cg::set_params(rt, dev, std::ptr::null_mut(), hNode.cast(), g::NODE_KERNEL, &enc)?)
+        unsafe { set_kernel(std::ptr::null_mut(), hNode, &KernelLaunch::v2(&*nodeParams)) }
     }
 
     /// `cuGraphKernelNodeSetParams` (CUDA 10-11 parameters).
     #[no_prototype = "cuda.h maps it to _v2"]
     fn cuGraphKernelNodeSetParams(hNode: d::CUgraphNode, nodeParams: *const d::CUDA_KERNEL_NODE_PARAMS_v1) {
-        let (rt, dev) = ready()?;
         if nodeParams.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: as for cuGraphAddKernelNode_v2.
-        let enc = unsafe { KernelLaunch::v1(&*nodeParams).encode()? };
-        Ok(cg::set_params(rt, dev, std::ptr::null_mut(), hNode.cast(), g::NODE_KERNEL, &enc)?)
+        unsafe { set_kernel(std::ptr::null_mut(), hNode, &KernelLaunch::v1(&*nodeParams)) }
     }
 
     /// `cuGraphExecKernelNodeSetParams_v2`.
     fn cuGraphExecKernelNodeSetParams_v2(hGraphExec: d::CUgraphExec, hNode: d::CUgraphNode, nodeParams: *const d::CUDA_KERNEL_NODE_PARAMS) {
-        let (rt, dev) = ready()?;
         if nodeParams.is_null() || hGraphExec.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: as for cuGraphAddKernelNode_v2.
-        let enc = unsafe { KernelLaunch::v2(&*nodeParams).encode()? };
-        Ok(cg::set_params(rt, dev, hGraphExec.cast(), hNode.cast(), g::NODE_KERNEL, &enc)?)
+        unsafe { set_kernel(hGraphExec, hNode, &KernelLaunch::v2(&*nodeParams)) }
     }
 
     /// `cuGraphExecKernelNodeSetParams` (CUDA 10-11 parameters).
     #[no_prototype = "cuda.h maps it to _v2"]
     fn cuGraphExecKernelNodeSetParams(hGraphExec: d::CUgraphExec, hNode: d::CUgraphNode, nodeParams: *const d::CUDA_KERNEL_NODE_PARAMS_v1) {
-        let (rt, dev) = ready()?;
         if nodeParams.is_null() || hGraphExec.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: as for cuGraphAddKernelNode_v2.
-        let enc = unsafe { KernelLaunch::v1(&*nodeParams).encode()? };
-        Ok(cg::set_params(rt, dev, hGraphExec.cast(), hNode.cast(), g::NODE_KERNEL, &enc)?)
+        unsafe { set_kernel(hGraphExec, hNode, &KernelLaunch::v1(&*nodeParams)) }
     }
 
     /// `cuGraphKernelNodeGetParams_v2`: the `CUfunction` of this process that the node runs;
@@ -885,9 +957,9 @@ driver_api! {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: forwarded contract.
-        let (f, k, args) = unsafe { kernel_get(hNode)? };
+        let (func, kern, k, args) = unsafe { kernel_get(hNode)? };
         let p = d::CUDA_KERNEL_NODE_PARAMS {
-            func: modules::handle_of(f) as d::CUfunction,
+            func: func as d::CUfunction,
             gridDimX: k.grid[0],
             gridDimY: k.grid[1],
             gridDimZ: k.grid[2],
@@ -897,7 +969,7 @@ driver_api! {
             sharedMemBytes: k.shared_mem,
             kernelParams: args,
             extra: std::ptr::null_mut(),
-            kern: std::ptr::null_mut(),
+            kern: kern as d::CUkernel,
             ctx: std::ptr::null_mut(),
         };
         // SAFETY: non-null and writable (API contract).
@@ -912,9 +984,10 @@ driver_api! {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: forwarded contract.
-        let (f, k, args) = unsafe { kernel_get(hNode)? };
+        let (func, kern, k, args) = unsafe { kernel_get(hNode)? };
         let p = d::CUDA_KERNEL_NODE_PARAMS_v1 {
-            func: modules::handle_of(f) as d::CUfunction,
+            // A CUkernel goes wherever a CUfunction does.
+            func: (if func == 0 { kern } else { func }) as d::CUfunction,
             gridDimX: k.grid[0],
             gridDimY: k.grid[1],
             gridDimZ: k.grid[2],
