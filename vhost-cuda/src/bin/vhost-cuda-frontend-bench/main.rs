@@ -16,10 +16,7 @@ mod ceiling;
 mod latency;
 mod session;
 
-#[allow(
-    dead_code,
-    reason = "the benchmark loads one of the shared test images; the rest serve the tests"
-)]
+// The benchmark loads one of the tests' images (the file allows what it leaves unused).
 #[path = "../../cuda/test_kernels.rs"]
 mod test_kernels;
 
