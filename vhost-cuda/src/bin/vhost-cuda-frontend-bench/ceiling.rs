@@ -52,7 +52,7 @@ fn steps(max: u32) -> Vec<u32> {
     v
 }
 
-/// Runs every configuration and prints one row each: `ceiling_<load>_<V>vm_<S>s`, requests
+/// Runs every configuration and prints one row each: `ceiling_<load>_<V>vm_<S>sess`, requests
 /// per second of all sessions together.
 pub fn sweep(r: &mut Report, args: &Args, sockets: &[PathBuf], gpu: bool, timeout: Duration) {
     let vms = args
@@ -80,7 +80,7 @@ pub fn sweep(r: &mut Report, args: &Args, sockets: &[PathBuf], gpu: bool, timeou
     for &load in loads {
         for v in steps(vms) {
             for &m in &sessions {
-                let metric = format!("ceiling_{}_{v}vm_{m}s", load.name());
+                let metric = format!("ceiling_{}_{v}vm_{m}sess", load.name());
                 r.row(&metric, 0, "req/s", || {
                     run(&sockets[..v as usize], m, load, seconds, timeout)
                 });

@@ -39,7 +39,7 @@ fn wrong(what: String) -> RowError {
 pub fn transport_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
     let n = plan.small_calls;
     for (metric, sess) in [("hello_us", s), ("hello_block_us", &blocking(s))] {
-        r.row(metric, 0, "us", || {
+        r.counted_row(s.queue, metric, 0, "us", || {
             mean_us(n, |_| {
                 let h = sess.ok(Op::Hello, &[u64::from(qcuda_proto::VERSION)])?;
                 if h.rets[0] != u64::from(qcuda_proto::VERSION) {
@@ -53,7 +53,7 @@ pub fn transport_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
         let data: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3).to_le_bytes()[0]).collect();
         let sum = Checksum::of(&data);
         for (metric, sess) in [("echo_us", s), ("echo_block_us", &blocking(s))] {
-            r.row(metric, bytes as u64, "us", || {
+            r.counted_row(s.queue, metric, bytes as u64, "us", || {
                 mean_us(n, |_| {
                     let rep = sess.ok_with(Op::Echo, &[], &data, bytes)?;
                     if rep.out != data || rep.resp.rets[0] != sum {
@@ -69,7 +69,7 @@ pub fn transport_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
 /// hop_nodev_us: without a GPU, a DeviceSynchronize still crosses the hop to the session's
 /// worker, which answers cudaErrorNoDevice (or another CUDA error): that round trip.
 pub fn no_device_row(r: &mut Report, plan: &Plan, s: &Session<'_>) {
-    r.row("hop_nodev_us", 0, "us", || {
+    r.counted_row(s.queue, "hop_nodev_us", 0, "us", || {
         let (v, how) = mean_us(plan.small_calls, |_| {
             let rep = s.call(Op::DeviceSynchronize, &[], &[], 0)?;
             if rep.resp.status == status::SUCCESS {
@@ -101,7 +101,7 @@ pub fn gpu_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
         ("device_sync_idle_us", s),
         ("device_sync_idle_block_us", &b),
     ] {
-        r.row(metric, 0, "us", || {
+        r.counted_row(s.queue, metric, 0, "us", || {
             mean_us(n, |_| sess.ok(Op::DeviceSynchronize, &[]).map(drop))
         });
     }
@@ -117,12 +117,12 @@ pub fn gpu_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
             ("stream_sync_idle_us", s),
             ("stream_sync_idle_block_us", &b),
         ] {
-            r.row(metric, 0, "us", || {
+            r.counted_row(s.queue, metric, 0, "us", || {
                 mean_us(n, |_| sess.ok(Op::StreamSynchronize, &[stream]).map(drop))
             });
         }
         for (metric, sess) in [("stream_query_us", s), ("stream_query_block_us", &b)] {
-            r.row(metric, 0, "us", || {
+            r.counted_row(s.queue, metric, 0, "us", || {
                 mean_us(n, |_| {
                     let rep = sess.call(Op::StreamQuery, &[stream], &[], 0)?;
                     if rep.resp.status == status::NOT_READY {
@@ -134,7 +134,7 @@ pub fn gpu_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
         }
     }
     let fatbin = test_kernels::unhex(test_kernels::MIXED_FATBIN_HEX);
-    r.row("module_load_us", fatbin.len() as u64, "us", || {
+    r.counted_row(s.queue, "module_load_us", fatbin.len() as u64, "us", || {
         let mut total = 0.0;
         for i in 0..=plan.module_loads {
             let t = Instant::now();
@@ -167,7 +167,7 @@ pub fn gpu_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
         }
     }
     small_copy_rows(r, plan, s);
-    r.row("malloc_free_1m_us", 1 << 20, "us", || {
+    r.counted_row(s.queue, "malloc_free_1m_us", 1 << 20, "us", || {
         mean_us(plan.malloc_free, |_| {
             let p = s.ok(Op::Malloc, &[1 << 20])?.rets[0];
             s.ok(Op::Free, &[p]).map(drop)
@@ -181,7 +181,7 @@ pub fn gpu_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
 fn launch_rows(r: &mut Report, plan: &Plan, s: &Session<'_>, b: &Session<'_>, func: u64) {
     let args = launch_args(func, 0);
     for (metric, sess) in [("launch_sync_us", s), ("launch_sync_block_us", b)] {
-        r.row(metric, 0, "us", || {
+        r.counted_row(s.queue, metric, 0, "us", || {
             mean_us(plan.launch_sync, |_| {
                 let mut batch = Batch::default();
                 batch.push(Op::LaunchKernel, &args, &[]);
@@ -190,7 +190,7 @@ fn launch_rows(r: &mut Report, plan: &Plan, s: &Session<'_>, b: &Session<'_>, fu
             })
         });
     }
-    r.row("launch_async_us", 0, "us", || {
+    r.counted_row(s.queue, "launch_async_us", 0, "us", || {
         let n = plan.launch_async;
         let mut batch = Batch::default();
         batch.push(Op::LaunchKernel, &args, &[]);
@@ -228,7 +228,7 @@ fn small_copy_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
             return;
         }
     };
-    r.row("memcpy4_h2d_us", 4, "us", || {
+    r.counted_row(s.queue, "memcpy4_h2d_us", 4, "us", || {
         let res = mean_us(n, |i| {
             let v = 0x1000u32 + i;
             s.ok_with(Op::MemcpyHtoD, &[dev, 0], &v.to_le_bytes(), 0)
@@ -243,7 +243,7 @@ fn small_copy_rows(r: &mut Report, plan: &Plan, s: &Session<'_>) {
         }
         Ok(res)
     });
-    r.row("memcpy4_d2h_us", 4, "us", || {
+    r.counted_row(s.queue, "memcpy4_d2h_us", 4, "us", || {
         let want = 0xfeed_f00du32.to_le_bytes();
         s.ok_with(Op::MemcpyHtoD, &[dev, 0], &want, 0)?;
         mean_us(n, |_| {
@@ -349,7 +349,7 @@ pub fn copy_rows(r: &mut Report, plan: &Plan, s: &Session<'_>, sizes: &[u64]) {
             for &bytes in sizes {
                 for metric in ["h2d_pinned", "d2h_pinned"] {
                     let e = format!("{e}");
-                    r.row(metric, bytes, "GB/s", || {
+                    r.counted_row(s.queue, metric, bytes, "GB/s", || {
                         Err(RowError::Frontend(
                             vhost_cuda::frontend::FrontendError::Device(format!(
                                 "registering guest RAM: {e}"
@@ -390,12 +390,12 @@ pub fn copy_rows(r: &mut Report, plan: &Plan, s: &Session<'_>, sizes: &[u64]) {
             Ok((bytes as f64 / best / 1e9, format!("best of {runs}")))
         };
         let seed = 0x5a5a_0000u32 ^ u32::try_from(bytes >> 20).unwrap_or(0);
-        r.row("h2d_pinned", bytes, "GB/s", || {
+        r.counted_row(s.queue, "h2d_pinned", bytes, "GB/s", || {
             fill(s, bytes, Some(seed))?;
             copy(dev, mapped)?;
             best(dev, mapped)
         });
-        r.row("d2h_pinned", bytes, "GB/s", || {
+        r.counted_row(s.queue, "d2h_pinned", bytes, "GB/s", || {
             // The device holds the pattern h2d put there: clear the guest side, copy back.
             fill(s, bytes, None)?;
             copy(mapped, dev)?;

@@ -139,6 +139,32 @@ fn size_label(bytes: u64) -> String {
 }
 
 impl Report {
+    /// [`Self::row`], adding to its progress line what the guest's exits would have been:
+    /// the chains `queue` carried meanwhile, the kicks the device asked for and the interrupts.
+    pub fn counted_row(
+        &mut self,
+        queue: &RequestQueue,
+        metric: &str,
+        bytes: u64,
+        unit: &str,
+        m: impl FnOnce() -> Result<(f64, String), RowError>,
+    ) {
+        let before = queue.stats();
+        self.row(metric, bytes, unit, || {
+            let (v, how) = m()?;
+            let after = queue.stats();
+            Ok((
+                v,
+                format!(
+                    "{how}; {} chains, {} kicks, {} interrupts",
+                    after.chains - before.chains,
+                    after.kicks - before.kicks,
+                    after.interrupts - before.interrupts
+                ),
+            ))
+        });
+    }
+
     /// One measurement: its row, or NA and why; a wrong answer is a FAIL.
     pub fn row(
         &mut self,
