@@ -348,16 +348,11 @@ pub fn copy_rows(r: &mut Report, plan: &Plan, s: &Session<'_>, sizes: &[u64]) {
         Err(e) => {
             for &bytes in sizes {
                 for metric in ["h2d_pinned", "d2h_pinned"] {
-                    let e = format!("{e}");
-                    r.counted_row(s.queue, metric, bytes, "GB/s", || {
-                        Err(RowError::Frontend(
-                            vhost_cuda::frontend::FrontendError::Device(format!(
-                                "registering guest RAM: {e}"
-                            )),
-                        ))
-                    });
+                    let why = format!("a stream and registered guest RAM: {e}");
+                    r.row(metric, bytes, "GB/s", || Err(RowError::Setup(why)));
                 }
             }
+
             return;
         }
     };

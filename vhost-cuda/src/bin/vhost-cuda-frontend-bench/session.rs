@@ -25,6 +25,9 @@ pub enum RowError {
     /// The transport failed: the row reads NA.
     #[error("{0}")]
     Frontend(#[from] FrontendError),
+    /// What the row needs could not be set up: the row reads NA.
+    #[error("{0}")]
+    Setup(String),
     /// A wrong answer: the benchmark fails.
     #[error("wrong result: {0}")]
     Wrong(String),
