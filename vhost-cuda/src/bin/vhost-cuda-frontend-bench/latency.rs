@@ -199,7 +199,8 @@ fn launch_rows(r: &mut Report, plan: &Plan, s: &Session<'_>, b: &Session<'_>, fu
         let mut batch = Batch::default();
         let mut batches = 0u64;
         for _ in 0..n {
-            if batch.len() + BATCH_RECORD_SIZE > BATCH_BYTES {
+            // Room is kept for the synchronising tail the last batch ends with.
+            if batch.len() + 2 * BATCH_RECORD_SIZE > BATCH_BYTES {
                 s.post_batch(&batch)?;
                 batches += 1;
                 batch = Batch::default();
