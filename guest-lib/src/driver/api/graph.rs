@@ -803,7 +803,8 @@ driver_api! {
 
     /// `cuGraphDestroy`.
     fn cuGraphDestroy(hGraph: d::CUgraph) {
-        ready()?;
+        // Like NVIDIA's driver, this needs no current context.
+        initialized()?;
         // SAFETY: forwarded contract.
         Ok(unsafe { cg::graph_destroy(hGraph.cast()) }?)
     }
@@ -1394,7 +1395,8 @@ driver_api! {
 
     /// `cuGraphDestroyNode`.
     fn cuGraphDestroyNode(hNode: d::CUgraphNode) {
-        ready()?;
+        // Like NVIDIA's driver, this needs no current context.
+        initialized()?;
         // SAFETY: a handle only.
         Ok(unsafe { cg::graph_destroy_node(hNode.cast()) }?)
     }
