@@ -163,6 +163,52 @@ fn a_driver_graph_is_built_queried_cloned_updated_and_launched() {
         let mut gs: d::CUDA_MEMSET_NODE_PARAMS = std::mem::zeroed();
         cu(cuGraphMemsetNodeGetParams(ms, &raw mut gs));
         assert_eq!((gs.dst, gs.value, gs.width), (dev, 7, 32));
+        // Unified addresses: the device allocation is device memory, the guest's own buffer
+        // host memory (pinned and mapped for the worker, as the node runs whenever the graph
+        // does), an address the guest does not map a device address (a module global).
+        let mut host_buf = vec![0u8; 128];
+        let mut uni: d::CUDA_MEMCPY3D = std::mem::zeroed();
+        uni.srcMemoryType = d::CU_MEMORYTYPE_UNIFIED;
+        uni.srcDevice = dev;
+        uni.dstMemoryType = d::CU_MEMORYTYPE_UNIFIED;
+        uni.dstDevice = host_buf.as_mut_ptr() as d::CUdeviceptr;
+        uni.WidthInBytes = 128;
+        uni.Height = 1;
+        uni.Depth = 1;
+        let mut un: d::CUgraphNode = ptr::null_mut();
+        cu(cuGraphAddMemcpyNode(
+            &raw mut un,
+            graph,
+            ptr::null(),
+            0,
+            &raw const uni,
+            ptr::null_mut(),
+        ));
+        let m = g::MemcpyNode::decode(&fake.state().graphs.nodes[&(un as u64)].params).unwrap();
+        assert_eq!(m.src, dev);
+        let pinned = crate::core::runtime::runtime()
+            .unwrap()
+            .host_memory
+            .find(host_buf.as_ptr() as usize)
+            .expect("the pageable side is pinned and mapped for the worker");
+        assert_eq!(pinned.kind, crate::core::host_memory::HostKind::GraphPinned);
+        uni.dstDevice = 0x7ff0_0000_0000;
+        let mut un2: d::CUgraphNode = ptr::null_mut();
+        cu(cuGraphAddMemcpyNode(
+            &raw mut un2,
+            graph,
+            ptr::null(),
+            0,
+            &raw const uni,
+            ptr::null_mut(),
+        ));
+        let m = g::MemcpyNode::decode(&fake.state().graphs.nodes[&(un2 as u64)].params).unwrap();
+        assert_eq!(
+            m.dst, 0x7ff0_0000_0000,
+            "an address the guest does not map goes as it is"
+        );
+        cu(cuGraphDestroyNode(un));
+        cu(cuGraphDestroyNode(un2));
         copy.srcMemoryType = d::CU_MEMORYTYPE_ARRAY;
         copy.srcArray = 0x40 as d::CUarray;
         cu_err(

@@ -148,18 +148,37 @@ impl KernelLaunch {
     }
 }
 
-/// One side of a `CUDA_MEMCPY3D` as a pitched pointer, and whether it is host memory by type.
+/// Whether `addr` lies in a page of this process's address space: a unified address that does
+/// not cannot be host memory (the device's addresses are the host's, not the guest's).
+fn guest_mapped(addr: u64) -> bool {
+    let page = addr & !0xfff;
+    let mut vec = [0u8; 1];
+    // SAFETY: mincore only reads the page tables for [page, page + 1) and writes one byte to
+    // `vec`; an unmapped range answers ENOMEM.
+    unsafe { libc::mincore(usize_of(page) as *mut c_void, 1, vec.as_mut_ptr()) == 0 }
+}
+
+/// One side of a `CUDA_MEMCPY3D` as a pointer, and whether it is host memory. A unified
+/// address is device memory when the guest knows it as such (allocations, graph memory),
+/// host memory when it is host-mapped or in this process's address space, and otherwise device
+/// memory (module globals): the host checks it against the session's memory either way.
 fn copy_side(
+    rt: &Runtime,
     ty: d::CUmemorytype,
     host: *const c_void,
     device: d::CUdeviceptr,
     array: d::CUarray,
     lod: usize,
-) -> DrvResult<(*mut c_void, Option<bool>)> {
+) -> DrvResult<(*mut c_void, bool)> {
     match ty {
-        d::CU_MEMORYTYPE_HOST => Ok((host.cast_mut(), Some(true))),
-        d::CU_MEMORYTYPE_DEVICE => Ok((usize_of(device) as *mut c_void, Some(false))),
-        d::CU_MEMORYTYPE_UNIFIED => Ok((usize_of(device) as *mut c_void, None)),
+        d::CU_MEMORYTYPE_HOST => Ok((host.cast_mut(), true)),
+        d::CU_MEMORYTYPE_DEVICE => Ok((usize_of(device) as *mut c_void, false)),
+        d::CU_MEMORYTYPE_UNIFIED => {
+            let is_host = rt.allocations.find(device).is_none()
+                && (rt.host_memory.device_range(usize_of(device), 1).is_some()
+                    || guest_mapped(device));
+            Ok((usize_of(device) as *mut c_void, is_host))
+        }
         d::CU_MEMORYTYPE_ARRAY if !array.is_null() || lod != 0 => {
             warn_once!("CUDA graphs: memcpy nodes with CUDA arrays are not supported");
             Err(DriverError::NOT_SUPPORTED)
@@ -169,9 +188,10 @@ fn copy_side(
 }
 
 /// A `CUDA_MEMCPY3D` as the runtime's `cudaMemcpy3DParms` (pitched pointers; the kind from the
-/// memory types, `cudaMemcpyDefault` when either side is unified).
-fn memcpy_params(p: &d::CUDA_MEMCPY3D) -> DrvResult<cu::cudaMemcpy3DParms> {
+/// memory types, and for unified addresses from what they are).
+fn memcpy_params(rt: &Runtime, p: &d::CUDA_MEMCPY3D) -> DrvResult<cu::cudaMemcpy3DParms> {
     let (src, src_host) = copy_side(
+        rt,
         p.srcMemoryType,
         p.srcHost,
         p.srcDevice,
@@ -179,6 +199,7 @@ fn memcpy_params(p: &d::CUDA_MEMCPY3D) -> DrvResult<cu::cudaMemcpy3DParms> {
         p.srcLOD,
     )?;
     let (dst, dst_host) = copy_side(
+        rt,
         p.dstMemoryType,
         p.dstHost,
         p.dstDevice,
@@ -186,11 +207,10 @@ fn memcpy_params(p: &d::CUDA_MEMCPY3D) -> DrvResult<cu::cudaMemcpy3DParms> {
         p.dstLOD,
     )?;
     let kind = match (src_host, dst_host) {
-        (Some(true), Some(true)) => cu::cudaMemcpyHostToHost,
-        (Some(true), Some(false)) => cu::cudaMemcpyHostToDevice,
-        (Some(false), Some(true)) => cu::cudaMemcpyDeviceToHost,
-        (Some(false), Some(false)) => cu::cudaMemcpyDeviceToDevice,
-        _ => cu::cudaMemcpyDefault,
+        (true, true) => cu::cudaMemcpyHostToHost,
+        (true, false) => cu::cudaMemcpyHostToDevice,
+        (false, true) => cu::cudaMemcpyDeviceToHost,
+        (false, false) => cu::cudaMemcpyDeviceToDevice,
     };
     // A copy of one row (or one plane) needs no pitch (height) to be given.
     let pitch = |given: usize| if given == 0 { p.WidthInBytes } else { given };
@@ -291,7 +311,7 @@ unsafe fn generic_encoding(rt: &Runtime, p: &d::CUgraphNodeParams) -> DrvResult<
             if m.flags != 0 {
                 return Err(DriverError::INVALID_VALUE);
             }
-            cg::memcpy_node(rt, &memcpy_params(&m.copyParams)?)?.to_vec()
+            cg::memcpy_node(rt, &memcpy_params(rt, &m.copyParams)?)?.to_vec()
         }
         d::CU_GRAPH_NODE_TYPE_MEMSET => {
             // SAFETY: as above.
@@ -1020,7 +1040,7 @@ driver_api! {
         }
         let _ = ctx;
         // SAFETY: readable (API contract).
-        let enc = cg::memcpy_node(rt, &memcpy_params(unsafe { &*copyParams })?)?;
+        let enc = cg::memcpy_node(rt, &memcpy_params(rt, unsafe { &*copyParams })?)?;
         // SAFETY: forwarded contract.
         unsafe { add(phGraphNode, hGraph, dependencies, numDependencies, g::NODE_MEMCPY, &enc) }
     }
@@ -1032,7 +1052,7 @@ driver_api! {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: readable (API contract).
-        let enc = cg::memcpy_node(rt, &memcpy_params(unsafe { &*nodeParams })?)?;
+        let enc = cg::memcpy_node(rt, &memcpy_params(rt, unsafe { &*nodeParams })?)?;
         Ok(cg::set_params(rt, dev, std::ptr::null_mut(), hNode.cast(), g::NODE_MEMCPY, &enc)?)
     }
 
@@ -1044,7 +1064,7 @@ driver_api! {
         }
         let _ = ctx;
         // SAFETY: readable (API contract).
-        let enc = cg::memcpy_node(rt, &memcpy_params(unsafe { &*copyParams })?)?;
+        let enc = cg::memcpy_node(rt, &memcpy_params(rt, unsafe { &*copyParams })?)?;
         Ok(cg::set_params(rt, dev, hGraphExec.cast(), hNode.cast(), g::NODE_MEMCPY, &enc)?)
     }
 
