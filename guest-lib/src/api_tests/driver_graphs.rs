@@ -366,13 +366,14 @@ fn conditional_nodes_hand_out_bodies_on_both_faces() {
         let mut graph: d::CUgraph = ptr::null_mut();
         cu(cuGraphCreate(&raw mut graph, 0));
         let mut h = 0u64;
-        cu(cuGraphConditionalHandleCreate(
-            &raw mut h,
-            graph,
-            ptr::null_mut(),
-            1,
-            1,
-        ));
+        let mut ctx: d::CUcontext = ptr::null_mut();
+        cu(cuCtxGetCurrent(&raw mut ctx));
+        // The context NVIDIA's runtime passes (the current one).
+        cu(cuGraphConditionalHandleCreate(&raw mut h, graph, ctx, 1, 1));
+        cu_err(
+            cuGraphConditionalHandleCreate(&raw mut h, graph, 0x99 as d::CUcontext, 1, 1),
+            DriverError::INVALID_CONTEXT,
+        );
         cu_err(
             cuGraphConditionalHandleCreate(&raw mut h, graph, ptr::null_mut(), 1, 2),
             DriverError::INVALID_VALUE,
