@@ -639,7 +639,9 @@ ops! {
     /// graph of a child graph node (owned by the node: not destroyable), 2 the
     /// `cudaGraphInstantiateFlags` of an executable graph, 3 the node of graph args[2] (a clone
     /// of the node's graph) that the node was cloned to, 4 body graph args[2] of a conditional
-    /// node (owned by the node, like a child graph). rets[0] = that handle or value.
+    /// node (owned by the node, like a child graph), 5 the device address (rets[0]) and size
+    /// (rets[1]) of a memory allocation node, 6 the device address a memory free node frees.
+    /// rets[0] = that handle or value.
     GraphQuery = 0x01B9, ins 0, outs 0;
     /// args[0] = handle of a kernel node. Out-buffer 0 receives up to its length of the node's
     /// parameters in the `graph::KernelNode` encoding; rets[0] = the encoding's length.

@@ -333,6 +333,35 @@ fn a_driver_graph_is_built_queried_cloned_updated_and_launched() {
         cu(cuGraphNodeGetEnabled(exec, k, &raw mut on));
         assert_eq!(on, 1);
 
+        // Memory nodes through the driver's records.
+        let mut ap: d::CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+        ap.poolProps.allocType = d::CU_MEM_ALLOCATION_TYPE_PINNED;
+        ap.poolProps.location.type_ = d::CU_MEM_LOCATION_TYPE_DEVICE;
+        ap.bytesize = 4096;
+        let mut alloc: d::CUgraphNode = ptr::null_mut();
+        cu(cuGraphAddMemAllocNode(
+            &raw mut alloc,
+            clone,
+            ptr::null(),
+            0,
+            &raw mut ap,
+        ));
+        assert_ne!(ap.dptr, 0);
+        let mut free: d::CUgraphNode = ptr::null_mut();
+        cu(cuGraphAddMemFreeNode(
+            &raw mut free,
+            clone,
+            &raw const alloc,
+            1,
+            ap.dptr,
+        ));
+        let mut back: d::CUDA_MEM_ALLOC_NODE_PARAMS = std::mem::zeroed();
+        cu(cuGraphMemAllocNodeGetParams(alloc, &raw mut back));
+        assert_eq!((back.dptr, back.bytesize), (ap.dptr, 4096));
+        let mut freed = 0;
+        cu(cuGraphMemFreeNodeGetParams(free, &raw mut freed));
+        assert_eq!(freed, ap.dptr);
+
         // DOT text, graph memory figures.
         let path = std::env::temp_dir().join(format!("qcuda-drv-graph-{}.dot", std::process::id()));
         let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();

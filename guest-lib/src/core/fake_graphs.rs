@@ -288,6 +288,16 @@ impl FakeGraphs {
                 }
             }
             Op::GraphQuery => {
+                if args[1] == 5 || args[1] == 6 {
+                    let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+                    let v = u64s(&n.params).first().copied().unwrap_or(0);
+                    match (args[1], n.ty) {
+                        (5, 10) => *rets = [0x7000_0000, v, 0, 0, 0, 0, 0],
+                        (6, 11) => rets[0] = v,
+                        _ => return Err(status::INVALID_VALUE),
+                    }
+                    return Ok(());
+                }
                 rets[0] = match args[1] {
                     4 => *self
                         .bodies

@@ -673,6 +673,34 @@ pub unsafe fn add_conditional_node(
     Ok(())
 }
 
+/// `cudaGraphMemAllocNodeGetParams`/`cuGraphMemAllocNodeGetParams`: the allocation's address
+/// and size, pinned memory of its device, with no access descriptors beyond that device's.
+pub fn mem_alloc_node_get(node: cudaGraphNode_t) -> CudaResult<cu::cudaMemAllocNodeParams> {
+    let (rt, d) = current()?;
+    if node.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let reply = rt
+        .session
+        .submit(Call::new(Op::GraphQuery, d).args(&[handle(node), 5, 0]))?;
+    let (dptr, size) = (reply.rets[0], reply.rets[1]);
+    let device = rt.allocations.find(dptr).map_or(d, |a| a.device);
+    // SAFETY: a C record of integers and pointers, for which all zeroes is a valid value.
+    let mut p: cu::cudaMemAllocNodeParams = unsafe { std::mem::zeroed() };
+    p.poolProps.allocType = cu::cudaMemAllocationTypePinned;
+    p.poolProps.location.type_ = cu::cudaMemLocationTypeDevice;
+    p.poolProps.location.id = i32::try_from(device).map_err(|_| CudaError::UNKNOWN)?;
+    p.bytesize = usize::try_from(size).map_err(|_| CudaError::UNKNOWN)?;
+    p.dptr = usize_of(dptr) as *mut c_void;
+    Ok(p)
+}
+
+/// `cudaGraphMemFreeNodeGetParams`/`cuGraphMemFreeNodeGetParams`: the address the node frees.
+pub fn mem_free_node_get(node: cudaGraphNode_t) -> CudaResult<u64> {
+    let (_, dptr) = graph_query(handle(node), 6)?;
+    Ok(dptr)
+}
+
 // ----- requests --------------------------------------------------------------------------
 
 /// Adds a node of type `ty` with encoded `params` after `deps`, writing its handle.

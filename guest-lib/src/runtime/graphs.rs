@@ -99,6 +99,20 @@ cuda_api! {
         unsafe { conditional_handle_create(pHandle_out, graph, defaultLaunchValue, flags) }
     }
 
+    /// `cudaGraphMemAllocNodeGetParams`: address, size and the pool properties of the device.
+    fn cudaGraphMemAllocNodeGetParams(node: cudaGraphNode_t, params_out: *mut cu::cudaMemAllocNodeParams) {
+        let p = mem_alloc_node_get(node)?;
+        // SAFETY: null or writable (API contract).
+        unsafe { write_out(params_out, p) }
+    }
+
+    /// `cudaGraphMemFreeNodeGetParams`: the address the node frees (written as a `void *`).
+    fn cudaGraphMemFreeNodeGetParams(node: cudaGraphNode_t, dptr_out: *mut c_void) {
+        let d = mem_free_node_get(node)?;
+        // SAFETY: null or writable for a pointer (API contract).
+        unsafe { write_out(dptr_out.cast::<u64>(), d) }
+    }
+
     /// `cudaGraphCreate` (flags must be 0).
     fn cudaGraphCreate(pGraph: *mut cudaGraph_t, flags: c_uint) {
         // SAFETY: forwarded API contract.

@@ -75,8 +75,6 @@ not_supported! {
     cudaGraphKernelNodeCopyAttributes,
     cudaGraphKernelNodeGetAttribute,
     cudaGraphKernelNodeSetAttribute,
-    cudaGraphMemAllocNodeGetParams,
-    cudaGraphMemFreeNodeGetParams,
     cudaGraphReleaseUserObject,
     cudaGraphRetainUserObject,
     cudaGraphicsEGLRegisterImage,

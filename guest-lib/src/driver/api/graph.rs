@@ -42,6 +42,7 @@ const _: () = {
             == size_of::<cu::cudaGraphInstantiateParams>()
     );
     assert!(size_of::<d::CUDA_HOST_NODE_PARAMS>() == size_of::<cu::cudaHostNodeParams>());
+    assert!(size_of::<d::CUDA_MEM_ALLOC_NODE_PARAMS>() == size_of::<cu::cudaMemAllocNodeParams>());
 };
 
 /// `cuInit` done and a context current (its device is then the core's current device).
@@ -1288,6 +1289,26 @@ driver_api! {
             let a = &mut *nodeParams;
             mem_alloc(rt, phGraphNode, hGraph, dependencies, numDependencies, &a.poolProps, a.accessDescs, a.accessDescCount, a.bytesize, &mut a.dptr)
         }
+    }
+
+    /// `cuGraphMemAllocNodeGetParams`: address, size and the pool properties of the device.
+    fn cuGraphMemAllocNodeGetParams(hNode: d::CUgraphNode, params_out: *mut d::CUDA_MEM_ALLOC_NODE_PARAMS) {
+        ready()?;
+        if params_out.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let p = cg::mem_alloc_node_get(hNode.cast())?;
+        // SAFETY: writable (API contract); the runtime's record, by layout (checked above).
+        unsafe { params_out.cast::<cu::cudaMemAllocNodeParams>().write_unaligned(p) };
+        Ok(())
+    }
+
+    /// `cuGraphMemFreeNodeGetParams`.
+    fn cuGraphMemFreeNodeGetParams(hNode: d::CUgraphNode, dptr_out: *mut d::CUdeviceptr) {
+        ready()?;
+        let d = cg::mem_free_node_get(hNode.cast())?;
+        // SAFETY: null or writable (API contract).
+        Ok(unsafe { cg::write_out(dptr_out, d) }?)
     }
 
     /// `cuGraphAddMemFreeNode`: `dptr` must be a graph allocation's address.

@@ -36,6 +36,8 @@ struct Node {
     enabled: bool,
     /// A conditional node's body graphs.
     bodies: Vec<Graph>,
+    /// A memory node's device address (and an allocation's size).
+    mem: Option<(u64, u64)>,
 }
 
 /// Graph state of one fake context.
@@ -102,6 +104,7 @@ impl FakeGraphs {
                 kernel: None,
                 params: None,
                 bodies: Vec::new(),
+                mem: None,
             },
         );
         self.graphs.entry(graph).or_default().push(n);
@@ -386,6 +389,9 @@ impl GraphDriverApi for FakeDriver {
             let n = c.graphs.add(graph, 10, deps.to_vec(), next);
             // Graph memory lives in a range of its own, far from cuMemAlloc's.
             let dptr = 0x7000_0000_0000 + (n.raw() as u64) * 0x1_0000;
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.mem = Some((dptr, bytesize as u64));
+            }
             Ok((n, dptr))
         })
     }
@@ -402,7 +408,11 @@ impl GraphDriverApi for FakeDriver {
             if dptr == 0 {
                 return Err(INVALID_VALUE);
             }
-            Ok(c.graphs.add(graph, 11, deps.to_vec(), next))
+            let n = c.graphs.add(graph, 11, deps.to_vec(), next);
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.mem = Some((dptr, 0));
+            }
+            Ok(n)
         })
     }
 
@@ -631,6 +641,26 @@ impl GraphDriverApi for FakeDriver {
                 x.bodies.clone_from(&bodies);
             }
             Ok((n, bodies))
+        })
+    }
+
+    fn mem_alloc_node_params(&self, node: GraphNode) -> CuResult<(u64, u64)> {
+        self.with_ctx("mem_alloc_node_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            match (n.ty, n.mem) {
+                (10, Some(m)) => Ok(m),
+                _ => Err(INVALID_VALUE),
+            }
+        })
+    }
+
+    fn mem_free_node_params(&self, node: GraphNode) -> CuResult<u64> {
+        self.with_ctx("mem_free_node_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            match (n.ty, n.mem) {
+                (11, Some((d, _))) => Ok(d),
+                _ => Err(INVALID_VALUE),
+            }
         })
     }
 

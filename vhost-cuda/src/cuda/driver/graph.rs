@@ -216,6 +216,10 @@ pub(crate) trait GraphDriverApi {
         size: u32,
         ctx: Context,
     ) -> CuResult<(GraphNode, Vec<Graph>)>;
+    /// cuGraphMemAllocNodeGetParams: (device address, size in bytes).
+    fn mem_alloc_node_params(&self, node: GraphNode) -> CuResult<(u64, u64)>;
+    /// cuGraphMemFreeNodeGetParams: the device address the node frees.
+    fn mem_free_node_params(&self, node: GraphNode) -> CuResult<u64>;
     /// cuGraphMemcpyNodeGetParams, for a copy between device addresses.
     fn memcpy_node_params(&self, node: GraphNode) -> CuResult<MemcpyNode>;
     /// cuGraphMemsetNodeGetParams.
@@ -295,6 +299,8 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphNodeSetEnabled",
     "cuGraphConditionalHandleCreate",
     "cuGraphAddNode_v2",
+    "cuGraphMemAllocNodeGetParams",
+    "cuGraphMemFreeNodeGetParams",
 ];
 
 /// CUDA_ERROR_OPERATING_SYSTEM.
@@ -1028,6 +1034,23 @@ impl GraphDriverApi for super::CudaDriver {
         ))
     }
 
+    fn mem_alloc_node_params(&self, node: GraphNode) -> CuResult<(u64, u64)> {
+        let mut p = std::mem::MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::zeroed();
+        // SAFETY: see the impl comment; the driver fills the record.
+        check(unsafe { sys::cuGraphMemAllocNodeGetParams(ptr(node.raw()), p.as_mut_ptr()) })?;
+        let p = p.as_ptr();
+        // SAFETY: plain integer fields of the record the driver filled (nothing else is read,
+        // so no enum field's value is relied on).
+        Ok(unsafe { ((*p).dptr, (*p).bytesize as u64) })
+    }
+
+    fn mem_free_node_params(&self, node: GraphNode) -> CuResult<u64> {
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphMemFreeNodeGetParams(ptr(node.raw()), &raw mut d) })?;
+        Ok(d)
+    }
+
     fn memcpy_node_params(&self, node: GraphNode) -> CuResult<MemcpyNode> {
         let mut p = blank_memcpy3d();
         // SAFETY: see the impl comment; the driver fills the struct in.
@@ -1275,6 +1298,12 @@ impl GraphDriverApi for NoDriver {
         _: u32,
         _: Context,
     ) -> CuResult<(GraphNode, Vec<Graph>)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_alloc_node_params(&self, _: GraphNode) -> CuResult<(u64, u64)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_free_node_params(&self, _: GraphNode) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn memcpy_node_params(&self, _: GraphNode) -> CuResult<MemcpyNode> {

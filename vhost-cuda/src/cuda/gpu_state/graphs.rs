@@ -1187,6 +1187,11 @@ impl GpuState {
                 // The node owns it: it is listed like a graph under capture (not destroyable).
                 ok_rets(&[self.captured_graph_handle(dev, raw, Some(graph))?])
             }
+            5 => {
+                let (dptr, size) = self.drv.mem_alloc_node_params(node).map_err(on(dev))?;
+                ok_rets(&[dptr, size])
+            }
+            6 => ok_rets(&[self.drv.mem_free_node_params(node).map_err(on(dev))?]),
             4 => {
                 let body = self
                     .graphs

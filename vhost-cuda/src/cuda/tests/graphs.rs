@@ -356,14 +356,28 @@ fn memory_nodes_make_session_memory_for_their_graphs_lifetime() {
         .status,
         status::INVALID_VALUE
     );
-    ok(add_node(
+    let free = ok(add_node(
         &mut rig,
         &mut s,
         graph,
         g::NODE_MEM_FREE,
         &[ms],
         &dptr.to_le_bytes(),
-    ));
+    ))[0];
+    // What each memory node holds, and only of memory nodes.
+    assert_eq!(
+        ok(run(&mut s, Op::GraphQuery, &[alloc, 5]))[..2],
+        [dptr, 4096]
+    );
+    assert_eq!(ok(run(&mut s, Op::GraphQuery, &[free, 6]))[0], dptr);
+    assert_eq!(
+        run(&mut s, Op::GraphQuery, &[ms, 5]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::GraphQuery, &[alloc, 6]).status,
+        status::INVALID_VALUE
+    );
     ok(run(&mut s, Op::GraphDestroy, &[graph]));
     // With its graph gone the address stays the session's (an executable graph made from it
     // still allocates it), until the context goes.
