@@ -712,7 +712,9 @@ impl GpuState {
                 return self.add_mem_alloc_node(dev, graph, graw, &deps, &params)
             }
             Ok(wire_graph::NODE_CONDITIONAL) => {
-                return self.add_conditional_node(dev, graph, graw, &deps, &params)
+                // The node runs in its graph's context, where its handle was made.
+                self.bind(gdev)?;
+                return self.add_conditional_node(gdev, graph, graw, &deps, &params);
             }
             Ok(wire_graph::NODE_MEM_FREE) => {
                 let dptr = wire_graph::decode_handle(&params).ok_or(status::INVALID_VALUE)?;
