@@ -1,14 +1,15 @@
 //! CUDA graphs and stream capture, implemented once for both faces (the runtime face's
-//! `api/graphs.rs` and the driver face's `driver/api/graph.rs` are C ABI over these). The graphs,
+//! `runtime/graphs.rs` and the driver face's `driver/api/graph.rs` are C ABI over these). The graphs,
 //! nodes and executable graphs are the host's (real driver objects in the session's worker);
 //! `cudaGraph_t`/`CUgraph`, `cudaGraphNode_t`/`CUgraphNode` and `cudaGraphExec_t`/`CUgraphExec`
 //! are the host's session-local handles, which it checks on every use, the same on both faces.
 //! Node parameters travel in the encodings of `qcuda_proto::graph`; kernel parameters are packed
 //! with the kernel's registered layout, exactly as for a launch. Capture: capture.rs (guest side)
-//! and vhost-cuda's session/graphs.rs (host side).
+//! and vhost-cuda's gpu_state/graphs.rs (host side). Conditional nodes: the host's driver makes
+//! the handles and the body graphs; [`add_conditional_node`] keeps CUDA's array of the bodies.
 //!
-//! Not served: external semaphore nodes, batch memory-operation nodes, arrays in memcpy nodes,
-//! and edges with ports or types other than the default.
+//! Not served: external semaphore nodes, batch memory-operation nodes, kernel node attributes,
+//! user objects, arrays in memcpy nodes, and edges with ports or types other than the default.
 
 #![allow(non_snake_case)] // the calls keep CUDA's parameter names
 
