@@ -12,6 +12,10 @@
 //! they stand for: kernels by function handle, geometry and parameter layout, copies and memsets
 //! against the session's device memory and host-mapped memory. A node handle lives as long as
 //! its graph; nodes the driver made (captured, cloned) get handles when the guest first sees them.
+//!
+//! Conditional nodes: a conditional handle is the driver's own value (kernels pass it to
+//! `cudaGraphSetConditional`), remembered with its graph; a node may name only a handle of its
+//! graph, and the body graphs the driver makes become session graphs owned by the node's graph.
 
 use std::collections::HashMap;
 
