@@ -95,7 +95,7 @@ fn contexts_memory_memsets_and_2d_copies() {
         // With the stack empty, the device's primary context is current again: the session
         // uses the device (guest-lib.md, "Limits": NVIDIA's driver would have none current).
         cu(cuCtxGetCurrent(&raw mut cur));
-        assert_eq!(cur as usize, crate::driver::context::primary(0).handle());
+        assert_eq!(cur as usize, crate::core::context::primary(0).handle());
         let mut id = 0;
         assert_eq!(
             DriverError::check(cuCtxGetId(ctx, &raw mut id)),

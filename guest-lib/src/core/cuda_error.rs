@@ -60,6 +60,8 @@ named_errors! {
     STREAM_CAPTURE_UNSUPPORTED = cudaErrorStreamCaptureUnsupported;
     STREAM_CAPTURE_WRONG_THREAD = cudaErrorStreamCaptureWrongThread;
     UNKNOWN = cudaErrorUnknown;
+    INVALID_CONTEXT = cudaErrorDeviceUninitialized;
+    CONTEXT_IS_DESTROYED = cudaErrorContextIsDestroyed;
 }
 
 impl CudaError {

@@ -8,6 +8,7 @@ pub mod arrays;
 pub mod batch;
 pub mod call_config;
 pub mod capture;
+pub mod context;
 pub mod conv;
 pub mod copy;
 pub mod copy3d;

@@ -21,10 +21,8 @@ use std::{
 
 use qcuda_proto::Op;
 
-use super::{
-    context,
-    status::{DriverError, DrvResult},
-};
+use super::status::{DriverError, DrvResult};
+use crate::core::context;
 use crate::{
     core::fatbin,
     core::modules as core_modules,

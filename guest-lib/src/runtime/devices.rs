@@ -80,7 +80,7 @@ cuda_api! {
     fn cudaSetDevice(device: c_int) {
         let d = runtime()?.devices.check(device)?;
         devices::set_current(d);
-        crate::driver::context::runtime_set_device(d);
+        crate::core::context::runtime_set_device(d);
         Ok(())
     }
 

@@ -7,12 +7,10 @@
 use core::ffi::{c_uint, c_void};
 
 use super::{initialized, out, via_runtime};
+use crate::core::context;
 use crate::{
     core::arrays::{channel_desc, format_of},
-    driver::{
-        context,
-        status::{DriverError, DrvResult},
-    },
+    driver::status::{DriverError, DrvResult},
     generated::{
         self as cu, cudaArray_t, cudaChannelFormatDesc, cudaExtent, cudaMemcpy3DParms,
         cudaMipmappedArray_t, cudaPitchedPtr, cudaPos, cudaResourceDesc, cudaResourceViewDesc,
@@ -23,7 +21,7 @@ use crate::{
 
 fn ready() -> DrvResult<()> {
     initialized()?;
-    context::require_current().map(drop)
+    Ok(context::require_current().map(drop)?)
 }
 
 /// The runtime's channel descriptor for a driver format and channel count.

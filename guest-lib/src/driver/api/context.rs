@@ -4,13 +4,11 @@
 use core::ffi::{c_int, c_uint};
 
 use super::{check_device, initialized, out, via_runtime};
+use crate::core::context::{self, Context};
 use crate::{
     core::runtime::{registry, runtime},
     core::transport::Call,
-    driver::{
-        context::{self, Context},
-        status::{DriverError, DrvResult},
-    },
+    driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
     runtime::{devices as rt_devices, launch_ex as rt_launch, streams as rt_streams},
 };
@@ -19,9 +17,9 @@ use qcuda_proto::Op;
 /// The context a handle names, or the current one for null where the API allows it.
 fn context_or_current(ctx: d::CUcontext) -> DrvResult<&'static Context> {
     if ctx.is_null() {
-        context::require_current()
+        Ok(context::require_current()?)
     } else {
-        context::lookup(ctx as usize)
+        Ok(context::lookup(ctx as usize)?)
     }
 }
 
@@ -112,7 +110,7 @@ driver_api! {
             return Err(DriverError::INVALID_CONTEXT);
         }
         synchronize(c)?;
-        context::destroy(c)
+        Ok(context::destroy(c)?)
     }
 
     /// `cuCtxPushCurrent_v2`.
@@ -301,13 +299,13 @@ driver_api! {
 
     /// `cuDevicePrimaryCtxRelease_v2`.
     fn cuDevicePrimaryCtxRelease_v2(dev: d::CUdevice) {
-        context::release_primary(check_device(dev)?)
+        Ok(context::release_primary(check_device(dev)?)?)
     }
 
     /// `cuDevicePrimaryCtxRelease` (pre-11.0 form).
     #[no_prototype = "cuda.h maps it to _v2"]
     fn cuDevicePrimaryCtxRelease(dev: d::CUdevice) {
-        context::release_primary(check_device(dev)?)
+        Ok(context::release_primary(check_device(dev)?)?)
     }
 
     /// `cuDevicePrimaryCtxReset_v2`: frees everything the process has on the device, as

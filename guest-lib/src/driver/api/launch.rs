@@ -5,13 +5,13 @@
 use core::ffi::{c_uint, c_void};
 
 use super::{initialized, via_runtime};
+use crate::core::context;
 use crate::{
     core::call_config::CallConfig,
     core::launch,
     core::params,
     core::runtime::runtime,
     driver::{
-        context,
         modules::{self, Function},
         status::{DriverError, DrvResult},
     },

@@ -6,13 +6,11 @@
 use core::ffi::{c_int, c_uint, c_void};
 
 use super::{initialized, via_runtime};
+use crate::core::context;
 use crate::{
     core::memory,
     core::runtime::runtime,
-    driver::{
-        context,
-        status::{DriverError, DrvResult},
-    },
+    driver::status::{DriverError, DrvResult},
     generated::{
         cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost,
         cudaMemcpyHostToDevice, cudaMemcpyKind, driver_api as d,
@@ -23,7 +21,7 @@ use crate::{
 /// The current context, made the runtime face's current device.
 fn ready() -> DrvResult<()> {
     initialized()?;
-    context::require_current().map(drop)
+    Ok(context::require_current().map(drop)?)
 }
 
 fn copy(dst: u64, src: u64, n: usize, kind: cudaMemcpyKind) -> DrvResult<()> {

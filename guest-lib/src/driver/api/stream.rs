@@ -6,19 +6,17 @@
 use core::ffi::{c_int, c_uint, c_void};
 
 use super::{initialized, out, via_runtime};
+use crate::core::context;
 use crate::{
     core::runtime::runtime,
-    driver::{
-        context,
-        status::{DriverError, DrvResult},
-    },
+    driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
     runtime::{events as rt_events, streams as rt_streams},
 };
 
 fn ready() -> DrvResult<()> {
     initialized()?;
-    context::require_current().map(drop)
+    Ok(context::require_current().map(drop)?)
 }
 
 driver_api! {
