@@ -520,3 +520,85 @@ fn arrays_copies_and_texture_objects() {
         cu(cuArrayDestroy(a));
     }
 }
+
+/// Mixed programs: the runtime face's primary context is the driver face's current context
+/// once a runtime call has selected the device, and a context the driver face makes current is
+/// the one the runtime face then uses.
+#[test]
+fn the_runtime_primary_context_is_current_for_the_driver() {
+    use crate::runtime::{devices::*, memory::cudaFree};
+    let fake = FakeDevice::new(2);
+    fake.install();
+    let primary = |d| crate::core::context::primary(d).handle();
+    // SAFETY: valid out-parameters throughout.
+    unsafe {
+        assert_eq!(cudaSetDevice(1), 0);
+        let mut cur: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxGetCurrent(&raw mut cur));
+        assert_eq!(cur as usize, primary(1));
+        let mut dev = -1;
+        cu(cuCtxGetDevice(&raw mut dev));
+        assert_eq!(dev, 1);
+        // The context cuDevicePrimaryCtxRetain hands out is that same one.
+        let mut retained: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut retained, 1));
+        assert_eq!(retained, cur);
+        cu(cuDevicePrimaryCtxRelease_v2(1));
+        let (mut flags, mut active) = (0, 0);
+        cu(cuDevicePrimaryCtxGetState(
+            1,
+            &raw mut flags,
+            &raw mut active,
+        ));
+        assert_eq!(active, 1);
+
+        // A context made through the driver API is what the runtime then works in.
+        let mut created: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxCreate_v2(&raw mut created, 0, 0));
+        let mut rt_dev = -1;
+        assert_eq!(cudaGetDevice(&raw mut rt_dev), 0);
+        assert_eq!(rt_dev, 0);
+        // cudaSetDevice puts that device's primary context in its place.
+        assert_eq!(cudaSetDevice(1), 0);
+        cu(cuCtxGetCurrent(&raw mut cur));
+        assert_eq!(cur as usize, primary(1));
+        cu(cuCtxDestroy_v2(created));
+    }
+    // Any runtime call that works on the device does it too: cudaFree(0) on a fresh thread.
+    std::thread::spawn(move || {
+        fake.install();
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(cudaFree(std::ptr::null_mut()), 0);
+            let mut cur: d::CUcontext = std::ptr::null_mut();
+            cu(cuCtxGetCurrent(&raw mut cur));
+            assert_eq!(cur as usize, primary(0));
+            let mut dev = -1;
+            cu(cuCtxGetDevice(&raw mut dev));
+            assert_eq!(dev, 0);
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// Profiler control with no profiler attached succeeds, in a current context, as natively.
+#[test]
+fn profiler_control_is_a_successful_no_op() {
+    use crate::runtime::profiler::{cudaProfilerStart, cudaProfilerStop};
+    let _fake = setup();
+    // SAFETY: no arguments.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxPushCurrent_v2(ctx));
+        cu(cuProfilerStart());
+        cu(cuProfilerStop());
+        assert_eq!(cudaProfilerStart(), 0);
+        assert_eq!(cudaProfilerStop(), 0);
+        let mut popped: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxPopCurrent_v2(&raw mut popped));
+        cu(cuDevicePrimaryCtxRelease_v2(0));
+    }
+}

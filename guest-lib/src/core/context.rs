@@ -141,13 +141,15 @@ pub fn lookup(handle: usize) -> CudaResult<&'static Context> {
     Err(CudaError::INVALID_CONTEXT)
 }
 
-/// Whether the primary context of `device` is active: retained through the driver API, or in
-/// use by the runtime face (the session has the device's host context).
+/// Whether the primary context of `device` is active: retained through the driver API,
+/// initialised by the runtime face (`cudaSetDevice`, or any call that works on the device), or
+/// in use by the session (it has the device's host context).
 pub fn primary_active(device: u32) -> bool {
     RETAINED
         .get(device as usize)
         .is_some_and(|r| r.load(Ordering::Relaxed) > 0)
-        || runtime_if_connected().is_some_and(|rt| rt.session.has_context(device))
+        || runtime_if_connected()
+            .is_some_and(|rt| rt.devices.primary_active(device) || rt.session.has_context(device))
 }
 
 /// The flags of the calling thread's current context if it is one the driver face created (not

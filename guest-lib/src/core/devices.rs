@@ -10,7 +10,7 @@ use std::{
     cell::Cell,
     collections::HashMap,
     sync::{
-        atomic::{AtomicU32, Ordering},
+        atomic::{AtomicBool, AtomicU32, Ordering},
         Mutex, OnceLock, PoisonError,
     },
 };
@@ -51,6 +51,10 @@ pub struct Devices {
     /// Per device, the limits every launch is checked against (launch.rs), once known: the
     /// launch path reads them without a lock or an allocation.
     launch_limits: [OnceLock<Vec<i32>>; MAX_DEVICES],
+    /// Per device, whether the runtime face has initialised its primary context: since CUDA 12,
+    /// `cudaSetDevice` and the first call that works on a device do, and from then on the driver
+    /// API sees that context current on threads that have none of their own (context.rs).
+    primary_active: [AtomicBool; MAX_DEVICES],
 }
 
 impl Devices {
@@ -65,7 +69,33 @@ impl Devices {
             attributes: Mutex::default(),
             flags: [const { AtomicU32::new(0) }; MAX_DEVICES],
             launch_limits: [const { OnceLock::new() }; MAX_DEVICES],
+            primary_active: [const { AtomicBool::new(false) }; MAX_DEVICES],
         }
+    }
+
+    /// The runtime face initialised the primary context of `device` (checked): a load first,
+    /// so the common case (already active) writes nothing shared.
+    pub fn activate_primary(&self, device: u32) {
+        if let Some(a) = self.primary_active.get(device as usize) {
+            if !a.load(Ordering::Relaxed) {
+                a.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// `cudaDeviceReset` destroyed the primary context of `device`; the next runtime call that
+    /// works on it initialises it again.
+    pub fn deactivate_primary(&self, device: u32) {
+        if let Some(a) = self.primary_active.get(device as usize) {
+            a.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the runtime face has initialised the primary context of `device`.
+    pub fn primary_active(&self, device: u32) -> bool {
+        self.primary_active
+            .get(device as usize)
+            .is_some_and(|a| a.load(Ordering::Relaxed))
     }
 
     /// Number of devices.

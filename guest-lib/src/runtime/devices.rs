@@ -76,9 +76,13 @@ cuda_api! {
         rt?.devices.any()
     }
 
-    /// `cudaSetDevice`: validates the ordinal and makes it the thread's current device.
+    /// `cudaSetDevice`: validates the ordinal and makes it the thread's current device; as
+    /// since CUDA 12, this initialises the device's primary context, current from then on for
+    /// the driver API too.
     fn cudaSetDevice(device: c_int) {
-        let d = runtime()?.devices.check(device)?;
+        let rt = runtime()?;
+        let d = rt.devices.check(device)?;
+        rt.devices.activate_primary(d);
         devices::set_current(d);
         crate::core::context::runtime_set_device(d);
         Ok(())
@@ -87,7 +91,8 @@ cuda_api! {
     /// `cudaGetDevice`.
     fn cudaGetDevice(device: *mut c_int) {
         non_null(device)?;
-        let (_, d) = current()?;
+        // Not `current()`: asking which device is current initialises no context.
+        let d = runtime()?.devices.current()?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(device, int_of_u32(d)) }
     }

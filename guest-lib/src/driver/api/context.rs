@@ -209,6 +209,23 @@ driver_api! {
         synchronize(context_or_current(ctx)?)
     }
 
+    /// `cuProfilerStart`: no profiler can attach to the guest side, and with none attached
+    /// NVIDIA's driver does nothing and succeeds (in a current context); so do we.
+    #[no_prototype = "cudaProfiler.h is not among the headers bindgen reads"]
+    fn cuProfilerStart() {
+        initialized()?;
+        context::require_current()?;
+        Ok(())
+    }
+
+    /// `cuProfilerStop`: as `cuProfilerStart`.
+    #[no_prototype = "cudaProfiler.h is not among the headers bindgen reads"]
+    fn cuProfilerStop() {
+        initialized()?;
+        context::require_current()?;
+        Ok(())
+    }
+
     /// `cuCtxGetLimit`: every `CUlimit`, the driver-only ones (shared memory size, CIG) too.
     fn cuCtxGetLimit(pvalue: *mut usize, limit: d::CUlimit) {
         initialized()?;
