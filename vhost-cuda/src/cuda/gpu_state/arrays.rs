@@ -23,7 +23,7 @@ use super::{
         driver::array::{Array, MipmappedArray},
         handles::HandleTable,
     },
-    flags_u32, ok, ok_rets, on, to_usize, CudaSession, Fault, OpResult,
+    flags_u32, ok, ok_rets, on, to_usize, Fault, GpuState, OpResult,
 };
 use crate::guest_buffer::Request;
 
@@ -119,7 +119,7 @@ fn word_f32(words: &[u64], i: usize) -> Result<f32, Fault> {
     word_u32(words, i).map(f32::from_bits)
 }
 
-impl CudaSession {
+impl GpuState {
     /// `MallocPitch`: cuMemAllocPitch; the whole pitch × rows becomes an allocation.
     pub(super) fn malloc_pitch(&mut self, req: &Request) -> OpResult {
         let [width, rows, ..] = req.header().args;

@@ -169,7 +169,7 @@ fn write_u64s(out: Option<&GuestBuffer>, values: &[u64]) -> Result<(), Fault> {
         .map_err(|_| Fault::Status(status::INVALID_VALUE))
 }
 
-impl CudaSession {
+impl GpuState {
     pub(super) fn graph_op(&mut self, req: &Request) -> OpResult {
         let args = req.header().args;
         match req.op() {
