@@ -2,6 +2,7 @@
 //! every width, 2D copies, modules and libraries, launches with pointer arrays and packed
 //! buffers, and the cuFFT table that lists a module's functions.
 
+use qcuda_proto::Op;
 use std::ffi::{c_void, CStr};
 
 use super::*;
@@ -225,6 +226,33 @@ fn modules_libraries_and_launches() {
             .map(|l| l.params.clone())
             .collect();
         assert_eq!(params, [packed.to_vec(), packed.to_vec(), packed.to_vec()]);
+        // A CUkernel resolved once launches with no lookup on the host: one fire-and-forget
+        // LaunchKernel per launch, as a runtime launch.
+        let logged = fake.state().log.len();
+        let mut launch_kern = || {
+            cuLaunchKernel(
+                kern.cast(),
+                3,
+                1,
+                1,
+                64,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        cu(launch_kern());
+        cu(launch_kern());
+        flush();
+        let ops: Vec<(Op, bool)> = fake.state().log[logged..]
+            .iter()
+            .map(|l| (l.op, l.fire_and_forget))
+            .filter(|(op, _)| *op != Op::Batch)
+            .collect();
+        assert_eq!(ops, [(Op::LaunchKernel, true), (Op::LaunchKernel, true)]);
 
         // cuFFT's table: a module's functions, each through the caller's sink.
         let mut table: *const c_void = std::ptr::null();
@@ -260,6 +288,11 @@ fn modules_libraries_and_launches() {
             Err(DriverError::INVALID_HANDLE)
         );
         cu(cuLibraryUnload(lib));
+        // Its kernels go with it, cached functions or not.
+        assert_eq!(
+            DriverError::check(launch_kern()),
+            Err(DriverError::INVALID_HANDLE)
+        );
         cu(cuDevicePrimaryCtxRelease_v2(0));
     }
 }
