@@ -41,8 +41,6 @@ const NOT_YET_IN_CORE: &[&str] = &[
     "driver::api::memory -> runtime::devices",
     "driver::api::memory -> runtime::memory",
     "driver::api::memory -> runtime::pools",
-    "driver::api::stream -> runtime::events",
-    "driver::api::stream -> runtime::streams",
 ];
 
 /// Which areas each area may use (besides itself).
