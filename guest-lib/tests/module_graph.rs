@@ -28,11 +28,6 @@ const TEST_ONLY: &[&str] = &["api_tests"];
 const NOT_YET_IN_CORE: &[&str] = &[
     "driver::api::arrays -> runtime::arrays",
     "driver::api::arrays -> runtime::texture",
-    "driver::api::context -> runtime::devices",
-    "driver::api::context -> runtime::launch_ex",
-    "driver::api::context -> runtime::stream_attrs",
-    "driver::api::context -> runtime::streams",
-    "driver::api::device -> runtime::devices",
     "driver::api::device -> runtime::pools",
     "driver::api::graph -> runtime::graphs",
     "driver::api::launch -> runtime::launch_ex",

@@ -6,7 +6,7 @@
 //! configuration, which CUDA documents as doing nothing on GPUs with a fixed bank size (every
 //! GPU CUDA 13 supports: 4-byte banks).
 
-use crate::core::conv::{c_int_of, low_u32, usize_of};
+use crate::core::conv::{c_int_of, usize_of};
 use core::ffi::{c_int, c_void};
 
 use qcuda_proto::{LaunchAttr, Op, MAX_LAUNCH_ATTRS};
@@ -200,13 +200,7 @@ pub(crate) unsafe fn cluster_occupancy_of(
     Ok(c_int_of(reply.rets[0]))
 }
 
-fn cache_config(config: cudaFuncCache) -> CudaResult<u64> {
-    if config <= cu::cudaFuncCachePreferEqual {
-        Ok(u64::from(config))
-    } else {
-        Err(CudaError::INVALID_VALUE)
-    }
-}
+use crate::core::devices::ops::cache_config;
 
 fn shared_mem_config(config: cudaSharedMemConfig) -> CudaResult<()> {
     if config <= cu::cudaSharedMemBankSizeEightByte {
@@ -259,19 +253,15 @@ cuda_api! {
 
     /// `cudaDeviceSetCacheConfig` (the current device's context).
     fn cudaDeviceSetCacheConfig(cacheConfig: cudaFuncCache) {
-        let config = cache_config(cacheConfig)?;
-        let (rt, device) = current()?;
-        rt.session.submit(Call::new(Op::DeviceSetCacheConfig, device).args(&[config]))?;
-        Ok(())
+        crate::core::devices::ops::set_cache_config(cacheConfig)
     }
 
     /// `cudaDeviceGetCacheConfig`.
     fn cudaDeviceGetCacheConfig(pCacheConfig: *mut cudaFuncCache) {
         non_null(pCacheConfig)?;
-        let (rt, device) = current()?;
-        let reply = rt.session.submit(Call::new(Op::DeviceGetCacheConfig, device))?;
+        let config = crate::core::devices::ops::cache_config_of_current()?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pCacheConfig, low_u32(reply.rets[0]) as cudaFuncCache) }
+        unsafe { write_out(pCacheConfig, config) }
     }
 
     /// `cudaDeviceSetSharedMemConfig` (deprecated): no effect on GPUs with a fixed bank size.

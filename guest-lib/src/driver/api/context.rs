@@ -3,14 +3,14 @@
 
 use core::ffi::{c_int, c_uint};
 
-use super::{check_device, initialized, out, via_runtime};
+use super::{check_device, initialized, out, via_core};
 use crate::core::context::{self, Context};
 use crate::{
+    core::devices,
     core::runtime::{registry, runtime},
     core::transport::Call,
     driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
-    runtime::{devices as rt_devices, launch_ex as rt_launch, streams as rt_streams},
 };
 use qcuda_proto::Op;
 
@@ -272,34 +272,41 @@ driver_api! {
     fn cuCtxGetCacheConfig(pconfig: *mut d::CUfunc_cache) {
         initialized()?;
         context::require_current()?;
-        // SAFETY: forwarded contract; CUfunc_cache and cudaFuncCache share their values.
-        via_runtime(|| unsafe { rt_launch::cudaDeviceGetCacheConfig(pconfig) })
+        // CUfunc_cache and cudaFuncCache share their values.
+        let config = via_core(devices::ops::cache_config_of_current)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pconfig, config) }
     }
 
     /// `cuCtxSetCacheConfig`.
     fn cuCtxSetCacheConfig(config: d::CUfunc_cache) {
         initialized()?;
         context::require_current()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_launch::cudaDeviceSetCacheConfig(config) })
+        via_core(|| devices::ops::set_cache_config(config))
     }
 
     /// `cuCtxGetStreamPriorityRange`.
     fn cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int) {
         initialized()?;
         context::require_current()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            rt_streams::cudaDeviceGetStreamPriorityRange(leastPriority, greatestPriority)
-        })
+        let (least, greatest) = via_core(crate::core::streams::ops::priority_range)?;
+        // Either pointer may be null.
+        if !leastPriority.is_null() {
+            // SAFETY: caller's out-parameter.
+            unsafe { out(leastPriority, least) }?;
+        }
+        if !greatestPriority.is_null() {
+            // SAFETY: caller's out-parameter.
+            unsafe { out(greatestPriority, greatest) }?;
+        }
+        Ok(())
     }
 
     /// `cuCtxResetPersistingL2Cache`.
     fn cuCtxResetPersistingL2Cache() {
         initialized()?;
         context::require_current()?;
-        // SAFETY: no arguments.
-        via_runtime(|| unsafe { crate::runtime::stream_attrs::cudaCtxResetPersistingL2Cache() })
+        via_core(devices::ops::reset_persisting_l2)
     }
 
     /// `cuDevicePrimaryCtxRetain`.
@@ -371,8 +378,7 @@ driver_api! {
 fn synchronize(c: &'static Context) -> DrvResult<()> {
     let saved = crate::core::devices::current();
     crate::core::devices::set_current(c.device);
-    // SAFETY: no arguments.
-    let result = via_runtime(|| unsafe { rt_devices::cudaDeviceSynchronize() });
+    let result = via_core(devices::ops::synchronize);
     crate::core::devices::set_current(saved);
     result
 }
