@@ -30,8 +30,6 @@ const NOT_YET_IN_CORE: &[&str] = &[
     "driver::api::arrays -> runtime::texture",
     "driver::api::device -> runtime::pools",
     "driver::api::graph -> runtime::graphs",
-    "driver::api::launch -> runtime::launch_ex",
-    "driver::api::launch -> runtime::streams",
     "driver::api::memory -> runtime::arrays",
     "driver::api::memory -> runtime::devices",
     "driver::api::memory -> runtime::memory",
