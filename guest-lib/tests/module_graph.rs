@@ -31,8 +31,6 @@ const NOT_YET_IN_CORE: &[&str] = &[
     "driver::api::device -> runtime::pools",
     "driver::api::graph -> runtime::graphs",
     "driver::api::memory -> runtime::arrays",
-    "driver::api::memory -> runtime::devices",
-    "driver::api::memory -> runtime::memory",
     "driver::api::memory -> runtime::pools",
 ];
 

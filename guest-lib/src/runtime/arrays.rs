@@ -10,16 +10,16 @@ use core::ffi::{c_int, c_uint, c_void};
 
 use qcuda_proto::Op;
 
-use super::{
-    memory::{async_order, sync_order},
-    write_out,
-};
+use super::write_out;
 use crate::{
     core::allocations::Allocation,
     core::arrays::{self, channel_desc},
     core::copy3d::{self, End, Side},
     core::cuda_error::{CudaError, CudaResult},
-    core::memory::Ordering,
+    core::memory::{
+        ops::{async_order, sync_order},
+        Ordering,
+    },
     core::runtime::{current, non_null, Runtime},
     core::transport::Call,
     generated::{
@@ -319,7 +319,7 @@ fn memcpy_array_to_array(
 }
 
 fn stream_order(stream: cudaStream_t) -> CudaResult<Ordering> {
-    async_order(stream).map(|(_, o)| o)
+    async_order(stream as usize).map(|(_, o)| o)
 }
 
 fn extent3(e: cudaExtent) -> [u64; 3] {

@@ -234,12 +234,11 @@ cuda_api! {
     fn cudaMemGetInfo(free: *mut usize, total: *mut usize) {
         non_null(free)?;
         non_null(total)?;
-        let (rt, d) = current()?;
-        let reply = rt.session.submit(Call::new(Op::MemGetInfo, d))?;
+        let (f, t) = crate::core::memory::ops::mem_info()?;
         // SAFETY: both non-null and writable (API contract).
         unsafe {
-            write_out(free, usize_of(reply.rets[0]))?;
-            write_out(total, usize_of(reply.rets[1]))
+            write_out(free, f)?;
+            write_out(total, t)
         }
     }
 }
