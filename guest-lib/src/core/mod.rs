@@ -4,6 +4,7 @@
 //! (`crate::driver`) and NVML (`crate::nvml`) call into it; it calls none of them.
 
 pub mod allocations;
+pub mod array_ops;
 pub mod arrays;
 pub mod batch;
 pub mod call_config;

@@ -6,17 +6,19 @@
 
 use core::ffi::{c_uint, c_void};
 
-use super::{initialized, out, via_runtime};
+use super::{initialized, out, via_core, via_runtime};
 use crate::core::context;
 use crate::{
+    core::array_ops,
     core::arrays::{channel_desc, format_of},
+    core::conv::usize_of,
     driver::status::{DriverError, DrvResult},
     generated::{
         self as cu, cudaArray_t, cudaChannelFormatDesc, cudaExtent, cudaMemcpy3DParms,
         cudaMipmappedArray_t, cudaPitchedPtr, cudaPos, cudaResourceDesc, cudaResourceViewDesc,
         cudaTextureDesc, driver_api as d,
     },
-    runtime::{arrays as rt_arrays, texture as rt_texture},
+    runtime::texture as rt_texture,
 };
 
 fn ready() -> DrvResult<()> {
@@ -47,16 +49,8 @@ fn format_and_channels(desc: &cudaChannelFormatDesc) -> DrvResult<(d::CUarray_fo
 
 /// Bytes of one element of `array`.
 fn element_bytes(array: d::CUarray) -> DrvResult<usize> {
-    let mut desc = cudaChannelFormatDesc::default();
-    // SAFETY: a valid out-pointer; null extent and flags pointers are allowed.
-    via_runtime(|| unsafe {
-        rt_arrays::cudaArrayGetInfo(
-            &raw mut desc,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            array as cudaArray_t,
-        )
-    })?;
+    let i = via_core(|| array_ops::array_info(array as u64))?;
+    let desc = channel_desc(i.format, i.channels);
     let bits = desc.x + desc.y + desc.z + desc.w;
     usize::try_from(bits / 8).map_err(|_| DriverError::INVALID_VALUE)
 }
@@ -183,9 +177,12 @@ fn copy_3d(
     };
     match stream {
         // SAFETY: the ranges the caller's descriptor names (API contract).
-        None => via_runtime(|| unsafe { rt_arrays::cudaMemcpy3D(&raw const p) }),
+        None => via_core(|| unsafe { array_ops::memcpy_3d(&raw const p, None) }),
         // SAFETY: as above.
-        Some(s) => via_runtime(|| unsafe { rt_arrays::cudaMemcpy3DAsync(&raw const p, s.cast()) }),
+        Some(s) => via_core(|| unsafe {
+            let order = array_ops::stream_order(s.cast())?;
+            array_ops::memcpy_3d(&raw const p, Some(order))
+        }),
     }
 }
 
@@ -500,24 +497,23 @@ fn create_3d(handle: *mut d::CUarray, desc: &d::CUDA_ARRAY3D_DESCRIPTOR) -> DrvR
         height: desc.Height,
         depth: desc.Depth,
     };
-    let mut a: cudaArray_t = std::ptr::null_mut();
     // The CUDA_ARRAY3D_* flags have the values of the runtime's cudaArray* flags.
-    // SAFETY: valid pointers.
-    via_runtime(|| unsafe {
-        rt_arrays::cudaMalloc3DArray(&raw mut a, &raw const channels, extent, desc.Flags)
-    })?;
+    let a =
+        via_core(|| array_ops::create_array(&channels, array_ops::extent3(extent), desc.Flags, 0))?;
     // SAFETY: the caller's out-pointer (API contract; null is refused).
     unsafe { out(handle, a as d::CUarray) }
 }
 
 fn descriptor(array: d::CUarray) -> DrvResult<d::CUDA_ARRAY3D_DESCRIPTOR> {
     ready()?;
-    let (mut desc, mut extent, mut flags) =
-        (cudaChannelFormatDesc::default(), cudaExtent::default(), 0);
-    // SAFETY: valid out-pointers.
-    via_runtime(|| unsafe {
-        rt_arrays::cudaArrayGetInfo(&raw mut desc, &raw mut extent, &raw mut flags, array.cast())
-    })?;
+    let i = via_core(|| array_ops::array_info(array as u64))?;
+    let desc = channel_desc(i.format, i.channels);
+    let extent = cudaExtent {
+        width: usize_of(i.extent[0]),
+        height: usize_of(i.extent[1]),
+        depth: usize_of(i.extent[2]),
+    };
+    let flags = i.flags;
     let (format, channels) = format_and_channels(&desc)?;
     Ok(d::CUDA_ARRAY3D_DESCRIPTOR {
         Width: extent.width,
@@ -554,8 +550,7 @@ driver_api! {
     /// `cuArrayDestroy`.
     fn cuArrayDestroy(hArray: d::CUarray) {
         ready()?;
-        // SAFETY: a handle value; the runtime face checks it.
-        via_runtime(|| unsafe { rt_arrays::cudaFreeArray(hArray.cast()) })
+        via_core(|| array_ops::free_array(hArray as u64, false))
     }
 
     /// `cuArrayGetDescriptor_v2`.
@@ -593,11 +588,10 @@ driver_api! {
         }
         let channels = channels_of(desc.Format, desc.NumChannels)?;
         let extent = cudaExtent { width: desc.Width, height: desc.Height, depth: desc.Depth };
-        let mut m: cudaMipmappedArray_t = std::ptr::null_mut();
-        // SAFETY: valid pointers.
-        via_runtime(|| unsafe {
-            rt_arrays::cudaMallocMipmappedArray(&raw mut m, &raw const channels, extent, numMipmapLevels, desc.Flags)
-        })?;
+        if numMipmapLevels == 0 {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let m = via_core(|| array_ops::create_array(&channels, array_ops::extent3(extent), desc.Flags, numMipmapLevels))?;
         // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pHandle, m as d::CUmipmappedArray) }
     }
@@ -605,17 +599,18 @@ driver_api! {
     /// `cuMipmappedArrayGetLevel`.
     fn cuMipmappedArrayGetLevel(pLevelArray: *mut d::CUarray, hMipmappedArray: d::CUmipmappedArray, level: c_uint) {
         ready()?;
-        // SAFETY: the out-pointer is the caller's (checked by the runtime face).
-        via_runtime(|| unsafe {
-            rt_arrays::cudaGetMipmappedArrayLevel(pLevelArray.cast(), hMipmappedArray.cast(), level)
-        })
+        if pLevelArray.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let a = via_core(|| array_ops::mipmapped_level(hMipmappedArray as u64, level))?;
+        // SAFETY: the caller's out-pointer, checked non-null.
+        unsafe { out(pLevelArray, a as d::CUarray) }
     }
 
     /// `cuMipmappedArrayDestroy`.
     fn cuMipmappedArrayDestroy(hMipmappedArray: d::CUmipmappedArray) {
         ready()?;
-        // SAFETY: a handle value; the runtime face checks it.
-        via_runtime(|| unsafe { rt_arrays::cudaFreeMipmappedArray(hMipmappedArray.cast()) })
+        via_core(|| array_ops::free_array(hMipmappedArray as u64, true))
     }
 
     /// `cuMemcpy3D_v2`.

@@ -8,6 +8,7 @@ use core::ffi::{c_int, c_uint, c_void};
 use super::{initialized, out, via_core, via_runtime};
 use crate::core::context;
 use crate::{
+    core::array_ops,
     core::conv::usize_of,
     core::memory::{self, ops as mem_ops},
     core::runtime::runtime,
@@ -106,10 +107,16 @@ driver_api! {
         if !matches!(ElementSizeBytes, 4 | 8 | 16) {
             return Err(DriverError::INVALID_VALUE);
         }
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            crate::runtime::arrays::cudaMallocPitch(dptr.cast(), pPitch, WidthInBytes, Height)
-        })
+        if dptr.is_null() || pPitch.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let (p, pitch) =
+            via_core(|| array_ops::malloc_pitch_current(WidthInBytes as u64, Height as u64))?;
+        // SAFETY: caller's out-parameters, checked non-null.
+        unsafe {
+            out(dptr, p)?;
+            out(pPitch, usize_of(pitch))
+        }
     }
 
     /// `cuMemGetAddressRange_v2`: the allocation `dptr` falls in.
@@ -390,9 +397,8 @@ driver_api! {
     #[per_thread(cuMemsetD2D8_v2_ptds)]
     fn cuMemsetD2D8_v2(dstDevice: d::CUdeviceptr, dstPitch: usize, uc: ::core::ffi::c_uchar, Width: usize, Height: usize) {
         ready()?;
-        // SAFETY: a device range (API contract).
-        via_runtime(|| unsafe {
-            crate::runtime::arrays::cudaMemset2D(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height)
+        via_core(|| {
+            array_ops::memset_2d(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height, None)
         })
     }
 
@@ -407,16 +413,9 @@ driver_api! {
         hStream: d::CUstream,
     ) {
         ready()?;
-        // SAFETY: a device range (API contract).
-        via_runtime(|| unsafe {
-            crate::runtime::arrays::cudaMemset2DAsync(
-                dstDevice as *mut c_void,
-                dstPitch,
-                c_int::from(uc),
-                Width,
-                Height,
-                hStream.cast(),
-            )
+        via_core(|| {
+            let order = array_ops::stream_order(hStream.cast())?;
+            array_ops::memset_2d(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height, Some(order))
         })
     }
 
@@ -572,20 +571,13 @@ unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> Dr
     let (d, s) = (dst as *mut c_void, src as *const c_void);
     match stream {
         // SAFETY: the ranges the descriptor names (API contract).
-        None => via_runtime(|| unsafe {
-            crate::runtime::arrays::cudaMemcpy2D(
-                d,
-                dpitch,
-                s,
-                spitch,
-                c.WidthInBytes,
-                c.Height,
-                kind,
-            )
+        None => via_core(|| unsafe {
+            array_ops::memcpy_2d(d, dpitch, s, spitch, c.WidthInBytes, c.Height, kind, None)
         }),
         // SAFETY: as above.
-        Some(st) => via_runtime(|| unsafe {
-            crate::runtime::arrays::cudaMemcpy2DAsync(
+        Some(st) => via_core(|| unsafe {
+            let order = array_ops::stream_order(st.cast())?;
+            array_ops::memcpy_2d(
                 d,
                 dpitch,
                 s,
@@ -593,7 +585,7 @@ unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> Dr
                 c.WidthInBytes,
                 c.Height,
                 kind,
-                st.cast(),
+                Some(order),
             )
         }),
     }
