@@ -26,7 +26,6 @@ const TEST_ONLY: &[&str] = &["api_tests"];
 /// face rather than in the core. The list must be exact: an entry that no longer occurs fails
 /// the test too, so it only ever shrinks.
 const NOT_YET_IN_CORE: &[&str] = &[
-    "driver::api::arrays -> runtime::texture",
     "driver::api::device -> runtime::pools",
     "driver::api::graph -> runtime::graphs",
     "driver::api::memory -> runtime::pools",

@@ -6,11 +6,11 @@
 
 use core::ffi::{c_uint, c_void};
 
-use super::{initialized, out, via_core, via_runtime};
+use super::{initialized, out, via_core};
 use crate::core::context;
 use crate::{
     core::array_ops,
-    core::arrays::{channel_desc, format_of},
+    core::arrays::{channel_desc, format_of, object_ops},
     core::conv::usize_of,
     driver::status::{DriverError, DrvResult},
     generated::{
@@ -18,7 +18,6 @@ use crate::{
         cudaMipmappedArray_t, cudaPitchedPtr, cudaPos, cudaResourceDesc, cudaResourceViewDesc,
         cudaTextureDesc, driver_api as d,
     },
-    runtime::texture as rt_texture,
 };
 
 fn ready() -> DrvResult<()> {
@@ -464,14 +463,13 @@ fn view_back(v: &cudaResourceViewDesc) -> d::CUDA_RESOURCE_VIEW_DESC {
 
 /// A getter through the runtime face: `query` fills the runtime's record, `convert` makes the
 /// driver's, which goes to the caller's `dst`.
-fn answer<R: Default, D>(
+fn answer<R, D>(
     dst: *mut D,
-    query: impl FnOnce(*mut R) -> crate::generated::cudaError_t,
+    query: impl FnOnce() -> crate::core::cuda_error::CudaResult<R>,
     convert: impl FnOnce(&R) -> DrvResult<D>,
 ) -> DrvResult<()> {
     ready()?;
-    let mut r = R::default();
-    via_runtime(|| query(&raw mut r))?;
+    let r = via_core(query)?;
     // SAFETY: the caller's out-pointer (API contract; null is refused).
     unsafe { out(dst, convert(&r)?) }
 }
@@ -682,12 +680,7 @@ driver_api! {
         let tex = texture(&tex, float_resource(&res));
         // SAFETY: as above.
         let view = (!pResViewDesc.is_null()).then(|| view(&unsafe { pResViewDesc.read_unaligned() }));
-        let view_ptr = view.as_ref().map_or(std::ptr::null(), std::ptr::from_ref);
-        let mut obj = 0;
-        // SAFETY: valid pointers.
-        via_runtime(|| unsafe {
-            rt_texture::cudaCreateTextureObject(&raw mut obj, &raw const res, &raw const tex, view_ptr)
-        })?;
+        let obj = via_core(|| object_ops::create_texture(&res, &tex, view.as_ref()))?;
         // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pTexObject, obj) }
     }
@@ -695,26 +688,22 @@ driver_api! {
     /// `cuTexObjectDestroy`.
     fn cuTexObjectDestroy(texObject: d::CUtexObject) {
         ready()?;
-        // SAFETY: a handle value; the runtime face checks it.
-        via_runtime(|| unsafe { rt_texture::cudaDestroyTextureObject(texObject) })
+        via_core(|| object_ops::destroy(texObject, false))
     }
 
     /// `cuTexObjectGetResourceDesc`.
     fn cuTexObjectGetResourceDesc(pResDesc: *mut d::CUDA_RESOURCE_DESC, texObject: d::CUtexObject) {
-        // SAFETY: `answer` passes a valid out-pointer.
-        answer(pResDesc, |r| unsafe { rt_texture::cudaGetTextureObjectResourceDesc(r, texObject) }, resource_back)
+        answer(pResDesc, || object_ops::resource(texObject, false), resource_back)
     }
 
     /// `cuTexObjectGetTextureDesc`.
     fn cuTexObjectGetTextureDesc(pTexDesc: *mut d::CUDA_TEXTURE_DESC, texObject: d::CUtexObject) {
-        // SAFETY: `answer` passes a valid out-pointer.
-        answer(pTexDesc, |r| unsafe { rt_texture::cudaGetTextureObjectTextureDesc(r, texObject) }, |t| Ok(texture_back(t)))
+        answer(pTexDesc, || object_ops::texture(texObject), |t| Ok(texture_back(t)))
     }
 
     /// `cuTexObjectGetResourceViewDesc`.
     fn cuTexObjectGetResourceViewDesc(pResViewDesc: *mut d::CUDA_RESOURCE_VIEW_DESC, texObject: d::CUtexObject) {
-        // SAFETY: `answer` passes a valid out-pointer.
-        answer(pResViewDesc, |r| unsafe { rt_texture::cudaGetTextureObjectResourceViewDesc(r, texObject) }, |v| Ok(view_back(v)))
+        answer(pResViewDesc, || object_ops::view(texObject), |v| Ok(view_back(v)))
     }
 
     /// `cuSurfObjectCreate`.
@@ -722,9 +711,7 @@ driver_api! {
         ready()?;
         // SAFETY: API contract.
         let res = resource(&unsafe { read(pResDesc) }?)?;
-        let mut obj = 0;
-        // SAFETY: valid pointers.
-        via_runtime(|| unsafe { rt_texture::cudaCreateSurfaceObject(&raw mut obj, &raw const res) })?;
+        let obj = via_core(|| object_ops::create_surface(&res))?;
         // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pSurfObject, obj) }
     }
@@ -732,14 +719,12 @@ driver_api! {
     /// `cuSurfObjectDestroy`.
     fn cuSurfObjectDestroy(surfObject: d::CUsurfObject) {
         ready()?;
-        // SAFETY: a handle value; the runtime face checks it.
-        via_runtime(|| unsafe { rt_texture::cudaDestroySurfaceObject(surfObject) })
+        via_core(|| object_ops::destroy(surfObject, true))
     }
 
     /// `cuSurfObjectGetResourceDesc`.
     fn cuSurfObjectGetResourceDesc(pResDesc: *mut d::CUDA_RESOURCE_DESC, surfObject: d::CUsurfObject) {
-        // SAFETY: `answer` passes a valid out-pointer.
-        answer(pResDesc, |r| unsafe { rt_texture::cudaGetSurfaceObjectResourceDesc(r, surfObject) }, resource_back)
+        answer(pResDesc, || object_ops::resource(surfObject, true), resource_back)
     }
 }
 
