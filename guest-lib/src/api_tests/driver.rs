@@ -8,7 +8,7 @@ use std::ffi::{c_void, CStr};
 use super::*;
 use crate::{
     driver::{
-        api::{context::*, device::*, init::*, launch::*, memory::*, module::*},
+        api::{context::*, device::*, init::*, launch::*, memory::*, module::*, stream::*},
         status::DriverError,
     },
     generated::driver_api as d,
@@ -632,6 +632,112 @@ fn profiler_control_is_a_successful_no_op() {
         assert_eq!(cudaProfilerStop(), 0);
         let mut popped: d::CUcontext = std::ptr::null_mut();
         cu(cuCtxPopCurrent_v2(&raw mut popped));
+        cu(cuDevicePrimaryCtxRelease_v2(0));
+    }
+}
+
+/// The driver face's small calls go out exactly as the runtime face's: the same requests, each
+/// waited for (or not) the same way, with the same payloads. NVIDIA's runtime over our driver
+/// then costs what our runtime costs per launch, synchronisation and small copy.
+#[test]
+fn driver_calls_send_what_runtime_calls_send() {
+    use crate::runtime::{
+        launch::cudaLaunchKernel,
+        memory::{cudaMalloc, cudaMemcpy},
+        streams::cudaStreamSynchronize,
+    };
+    let fake = setup();
+    fake.add_kernel("k", &[(0, 8), (8, 4)]);
+    let fatbin = register_fatbin();
+    let stub = register_kernel(fatbin, c"k");
+    let img = image();
+    let mut a = 7u64;
+    let mut b = 9u32;
+    let mut args = [(&raw mut a).cast::<c_void>(), (&raw mut b).cast::<c_void>()];
+    let host = [1u8, 2, 3, 4];
+    let calls = |from: usize| -> Vec<(Op, bool, u64, u64, qcuda_proto::WaitMode)> {
+        flush();
+        fake.state().log[from..]
+            .iter()
+            .map(|l| (l.op, l.fire_and_forget, l.in_len, l.out_len, l.wait))
+            .collect()
+    };
+    // SAFETY: valid out-parameters, buffers and parameter storage throughout.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxSetCurrent(ctx));
+        let mut m: d::CUmodule = std::ptr::null_mut();
+        cu(cuModuleLoadData(&raw mut m, img.as_ptr().cast()));
+        let mut f: d::CUfunction = std::ptr::null_mut();
+        cu(cuModuleGetFunction(&raw mut f, m, c"k".as_ptr()));
+        let mut dev: *mut c_void = std::ptr::null_mut();
+        assert_eq!(cudaMalloc(&raw mut dev, 64), 0);
+        let mut dptr: d::CUdeviceptr = 0;
+        cu(cuMemAlloc_v2(&raw mut dptr, 64));
+        let grid = crate::generated::dim3 { x: 2, y: 1, z: 1 };
+        let block = crate::generated::dim3 { x: 32, y: 1, z: 1 };
+        // Each runtime call once first, so that what is loaded or cached stays out of the way.
+        assert_eq!(
+            cudaLaunchKernel(
+                stub as *const c_void,
+                grid,
+                block,
+                args.as_mut_ptr(),
+                0,
+                std::ptr::null_mut()
+            ),
+            0
+        );
+        assert_eq!(cudaStreamSynchronize(std::ptr::null_mut()), 0);
+
+        let start = fake.state().log.len();
+        assert_eq!(
+            cudaLaunchKernel(
+                stub as *const c_void,
+                grid,
+                block,
+                args.as_mut_ptr(),
+                0,
+                std::ptr::null_mut()
+            ),
+            0
+        );
+        assert_eq!(cudaStreamSynchronize(std::ptr::null_mut()), 0);
+        assert_eq!(
+            cudaMemcpy(
+                dev,
+                host.as_ptr().cast(),
+                4,
+                crate::generated::cudaMemcpyHostToDevice
+            ),
+            0
+        );
+        assert_eq!(cudaStreamSynchronize(std::ptr::null_mut()), 0);
+        let runtime = calls(start);
+
+        let start = fake.state().log.len();
+        cu(cuLaunchKernel(
+            f,
+            2,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        cu(cuStreamSynchronize(std::ptr::null_mut()));
+        cu(cuMemcpyHtoD_v2(dptr, host.as_ptr().cast(), 4));
+        cu(cuStreamSynchronize(std::ptr::null_mut()));
+        let driver = calls(start);
+
+        assert!(!runtime.is_empty());
+        assert_eq!(driver, runtime);
         cu(cuDevicePrimaryCtxRelease_v2(0));
     }
 }
