@@ -1,6 +1,6 @@
 //! Streams: create, destroy, synchronise, query, wait for an event, and the read-only queries
 //! answered from the guest's own records. The `_ptsz` exports are the per-thread-default-stream
-//! spellings; qcuda sends that stream to the host's legacy stream (streams.rs at the crate root).
+//! spellings; qcuda sends that stream to the host's legacy stream (core/streams.rs).
 
 use crate::core::conv::int_of_u32;
 use core::ffi::{c_int, c_uint, c_void};
