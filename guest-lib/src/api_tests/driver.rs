@@ -741,3 +741,28 @@ fn driver_calls_send_what_runtime_calls_send() {
         cu(cuDevicePrimaryCtxRelease_v2(0));
     }
 }
+
+/// The CUDA 3.1 symbols of context creation and the stack (what old binaries and
+/// `cuGetProcAddress` at those versions get) behave as their `_v2` forms.
+#[test]
+fn first_context_symbols_are_their_v2_forms() {
+    let _fake = setup();
+    // SAFETY: valid out-parameters.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxCreate(&raw mut ctx, 0, 0));
+        let mut cur: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxGetCurrent(&raw mut cur));
+        assert_eq!(cur, ctx);
+        let mut popped: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxPopCurrent(&raw mut popped));
+        assert_eq!(popped, ctx);
+        cu(cuCtxPushCurrent(ctx));
+        cu(cuCtxDestroy(ctx));
+        assert_eq!(
+            DriverError::check(cuCtxPushCurrent(ctx)),
+            Err(DriverError::CONTEXT_IS_DESTROYED)
+        );
+    }
+}

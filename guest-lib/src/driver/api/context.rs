@@ -131,6 +131,33 @@ driver_api! {
         Ok(())
     }
 
+    /// `cuCtxCreate` (the CUDA 3.1 symbol, the same arguments as `_v2`).
+    #[no_prototype = "cuda.h maps it to _v4"]
+    fn cuCtxCreate(pctx: *mut d::CUcontext, flags: c_uint, dev: d::CUdevice) {
+        create(pctx, flags, dev)
+    }
+
+    /// `cuCtxDestroy` (the CUDA 3.1 symbol).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuCtxDestroy(ctx: d::CUcontext) {
+        // SAFETY: same contract.
+        DriverError::check(unsafe { cuCtxDestroy_v2(ctx) })
+    }
+
+    /// `cuCtxPushCurrent` (the CUDA 3.1 symbol).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuCtxPushCurrent(ctx: d::CUcontext) {
+        // SAFETY: same contract.
+        DriverError::check(unsafe { cuCtxPushCurrent_v2(ctx) })
+    }
+
+    /// `cuCtxPopCurrent` (the CUDA 3.1 symbol).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuCtxPopCurrent(pctx: *mut d::CUcontext) {
+        // SAFETY: same contract.
+        DriverError::check(unsafe { cuCtxPopCurrent_v2(pctx) })
+    }
+
     /// `cuCtxSetCurrent` (null pops).
     fn cuCtxSetCurrent(ctx: d::CUcontext) {
         initialized()?;
