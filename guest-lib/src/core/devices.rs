@@ -307,10 +307,16 @@ pub mod ops {
     }
 
     /// `cudaDeviceSynchronize` of the current device: then managed variables read what the
-    /// device wrote.
+    /// device wrote. With no request made since it last succeeded there, there is nothing to
+    /// wait for and no round trip is made.
     pub fn synchronize() -> CudaResult<()> {
         let (rt, d) = current()?;
-        rt.session.submit(Call::new(Op::DeviceSynchronize, d))?;
+        rt.session.check_sticky(d)?;
+        if !rt.session.already_drained(d, None) {
+            let before = rt.session.requests_made();
+            rt.session.submit(Call::new(Op::DeviceSynchronize, d))?;
+            rt.session.drained(before, d, None);
+        }
         crate::core::managed_vars::after_sync(rt)
     }
 

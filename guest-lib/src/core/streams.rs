@@ -173,10 +173,18 @@ pub mod ops {
         Ok(())
     }
 
-    /// `cudaStreamSynchronize`: then managed variables read what the device wrote.
+    /// `cudaStreamSynchronize`: then managed variables read what the device wrote. With no
+    /// request made since a synchronisation that covered the stream succeeded, there is
+    /// nothing to wait for and no round trip is made (as an idle stream costs natively).
     pub fn synchronize(stream: usize) -> CudaResult<()> {
         let (rt, _) = current()?;
-        rt.streams.synchronize(&rt.session, stream)?;
+        let t = rt.streams.target(stream)?;
+        rt.session.check_sticky(t.device)?;
+        if !rt.session.already_drained(t.device, Some(t.wire)) {
+            let before = rt.session.requests_made();
+            rt.streams.synchronize(&rt.session, stream)?;
+            rt.session.drained(before, t.device, Some(t.wire));
+        }
         crate::core::managed_vars::after_sync(rt)
     }
 
