@@ -188,10 +188,20 @@ pub mod ops {
         crate::core::managed_vars::after_sync(rt)
     }
 
-    /// `cudaStreamQuery`: `cudaErrorNotReady` while work is pending.
+    /// `cudaStreamQuery`: `cudaErrorNotReady` while work is pending. An answer of "done"
+    /// covers the stream as a synchronisation does (see `synchronize`), and a stream known to
+    /// be done is answered without a round trip.
     pub fn query(stream: usize) -> CudaResult<()> {
         let (rt, _) = current()?;
-        rt.streams.query(&rt.session, stream)
+        let t = rt.streams.target(stream)?;
+        rt.session.check_sticky(t.device)?;
+        if rt.session.already_drained(t.device, Some(t.wire)) {
+            return Ok(());
+        }
+        let before = rt.session.requests_made();
+        rt.streams.query(&rt.session, stream)?;
+        rt.session.drained(before, t.device, Some(t.wire));
+        Ok(())
     }
 
     /// `cudaStreamWaitEvent` (fire-and-forget).
