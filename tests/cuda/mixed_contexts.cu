@@ -21,11 +21,13 @@ extern "C" cudaError_t cudaProfilerStop(void);
 
 __global__ void fill(int *p, int v) { p[threadIdx.x] = v; }
 
-template <typename F> static F entry(const char *name)
+// The form of `name` that CUDA `version` has (cuCtxCreate: _v2 at 3.2, _v3 with affinity
+// parameters from 11.4), so each pointer has the signature it is called with.
+template <typename F> static F entry(const char *name, unsigned version = 12000)
 {
     void *f = nullptr;
     cudaDriverEntryPointQueryResult q;
-    CHECK(cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q));
+    CHECK(cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &q));
     if (q != cudaDriverEntryPointSuccess || !f)
         fail("no driver entry point %s (%d)", name, (int)q);
     return reinterpret_cast<F>(f);
@@ -46,7 +48,7 @@ int main()
     auto ctxGetDevice = entry<CUresult (*)(CUdevice *)>("cuCtxGetDevice");
     auto primaryRetain = entry<CUresult (*)(CUcontext *, CUdevice)>("cuDevicePrimaryCtxRetain");
     auto primaryRelease = entry<CUresult (*)(CUdevice)>("cuDevicePrimaryCtxRelease");
-    auto ctxCreate = entry<CUresult (*)(CUcontext *, unsigned, CUdevice)>("cuCtxCreate");
+    auto ctxCreate = entry<CUresult (*)(CUcontext *, unsigned, CUdevice)>("cuCtxCreate", 3020);
     auto ctxDestroy = entry<CUresult (*)(CUcontext)>("cuCtxDestroy");
     auto ctxPush = entry<CUresult (*)(CUcontext)>("cuCtxPushCurrent");
     auto ctxPop = entry<CUresult (*)(CUcontext *)>("cuCtxPopCurrent");
