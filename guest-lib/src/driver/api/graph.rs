@@ -15,6 +15,7 @@ use qcuda_proto::graph::{self as g, KernelNode, KERNEL_NODE_HEADER};
 use super::{initialized, launch::parameter_block};
 use crate::{
     core::{
+        context,
         conv::usize_of,
         cuda_error::CudaError,
         graphs as cg,
@@ -22,7 +23,7 @@ use crate::{
         warnings::warn_once,
     },
     driver::{
-        context, modules,
+        modules,
         status::{DriverError, DrvResult},
     },
     generated::{self as cu, driver_api as d},
