@@ -48,6 +48,7 @@ use crate::guest_buffer::{GuestBuffer, Request};
 #[path = "session_arrays.rs"]
 mod arrays;
 mod graphs;
+mod vmm;
 
 /// The launch attribute ids a stream takes: access policy window, synchronisation policy,
 /// priority, memory synchronisation domain map and domain.
@@ -302,6 +303,8 @@ pub struct CudaSession {
     graphs: graphs::GraphTables,
     /// Guest RAM registered for DMA of long copy runs (ram_registry.rs).
     ram: RamRegistry,
+    /// Physical allocations, reservations and mappings (session/vmm.rs).
+    vmm: vmm::VmmTables,
 }
 
 impl std::fmt::Debug for CudaSession {
@@ -343,6 +346,7 @@ impl CudaSession {
             arrays: arrays::ArrayState::default(),
             graphs: graphs::GraphTables::default(),
             ram: RamRegistry::default(),
+            vmm: vmm::VmmTables::default(),
         }
     }
 
@@ -545,6 +549,7 @@ impl CudaSession {
                 ok()
             }
             Op::Batch => self.batch(req),
+            qcuda_proto::vmm_ops!() => self.vmm_op(req),
             Op::MallocPitch => self.malloc_pitch(req),
             Op::Memset3D => self.memset_3d(req),
             Op::Memcpy3D | Op::Memcpy3DHtoD | Op::Memcpy3DDtoH => self.memcpy_3d(req),
@@ -1187,6 +1192,7 @@ impl CudaSession {
     fn check_range(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
         if self.context(dev)?.memory.contains(ptr, len)
             || self.host_memory.contains_device(ptr, len)
+            || self.vmm.holds(ptr, len)
         {
             Ok(())
         } else {
@@ -2086,6 +2092,8 @@ impl CudaSession {
 impl Drop for CudaSession {
     /// Frees everything the session owns on the GPU by destroying its contexts.
     fn drop(&mut self) {
+        // Mappings first: their memory may be another context's.
+        self.vmm.release_all(self.drv.as_ref());
         self.ram.release(self.drv.as_ref());
         for dev in 0..self.devices.len() {
             self.teardown(dev);
