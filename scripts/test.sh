@@ -75,6 +75,19 @@ step "fuzz: 4 cargo-fuzz targets, seeded, 7 s each" scripts/fuzz.sh --runs 20000
     sed 's/^/   /' "$LOGS"/fuzz_*.log | grep '^   fuzz '
 step "systemd units pass systemd-analyze verify (deploy/systemd)" scripts/check-systemd-units.sh
 step "libvirt domain XML passes virt-xml-validate (deploy/libvirt)" virt-xml-validate deploy/libvirt/qcuda-vm.xml domain
+step "docs: README and docs/ speak of the product (no words about how it was built)" scripts/check-doc-words.sh
+# The same check must fail when a phrase comes back: a copy of the docs with one appended.
+doc_words_fail() {
+    local d rc
+    d=$(mktemp -d)
+    cp README.md "$d"/ && cp -r docs "$d"/
+    echo 'Measured in this session.' >>"$d"/docs/running.md
+    scripts/check-doc-words.sh "$d"
+    rc=$?
+    rm -rf "$d"
+    ((rc == 1))
+}
+step "docs: the word check fails on a phrase put back" doc_words_fail
 gpu_tests() { cargo test --workspace --locked -q --test cuda_gpu --test worker_gpu -- --nocapture; }
 if step "vhost-cuda GPU tests (executor, worker isolation)" gpu_tests; then
     if grep -q 'skipped: no GPU' "$LOGS"/vhost-cuda_GPU*.log; then

@@ -4,10 +4,10 @@
 
 use qcuda_proto::{status, Op, VMM_HANDLE_POSIX_FD};
 
-use super::{dtoh, htod, ok, req, run, CudaSession, Rig};
+use super::{dtoh, htod, ok, req, run, GpuState, Rig};
 
 /// A `MemSetAccess` of `(ordinal, flags)` records over `ptr..ptr + size`.
-fn set_access(rig: &mut Rig, s: &mut CudaSession, ptr: u64, size: u64, recs: &[(u32, u32)]) -> u32 {
+fn set_access(rig: &mut Rig, s: &mut GpuState, ptr: u64, size: u64, recs: &[(u32, u32)]) -> u32 {
     let bytes: Vec<u8> = recs
         .iter()
         .flat_map(|&(d, f)| [d.to_le_bytes(), f.to_le_bytes()].concat())
