@@ -58,6 +58,7 @@ install -m 644 scripts/thread-cpu.sh "$B/thread-cpu.sh"
 install -m 755 scripts/guest-observe.sh "$B/guest-observe.sh"
 install -m 755 scripts/run-torch-test.sh "$B/run-torch-test.sh"
 install -D -m 644 tests/torch/torch_check.py "$B/tests/torch/torch_check.py"
+install -D -m 644 tests/torch/ddp_check.py "$B/tests/torch/ddp_check.py"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
 # The GPU host may lack libseccomp and libcap-ng: build-virtiofsd.sh links them in; check it did.
