@@ -596,7 +596,9 @@ impl Drop for GpuState {
     /// Frees everything the session owns on the GPU by destroying its contexts.
     fn drop(&mut self) {
         // Mappings first: their memory may be another context's.
-        self.vmm.release_all(self.drv.as_ref());
+        let drv = Arc::clone(&self.drv);
+        let live = self.host.sticky_error().is_none();
+        self.vmm.release_all(live.then_some(drv.as_ref()));
         self.ram.release(self.drv.as_ref());
         for dev in 0..self.devices.len() {
             self.teardown(dev);

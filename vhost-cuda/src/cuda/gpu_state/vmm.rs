@@ -180,15 +180,20 @@ impl VmmTables {
         Some(id)
     }
 
-    /// Unmaps, frees and releases everything (the session ends). Best effort: the worker's
-    /// exit frees whatever the driver refuses now.
-    pub(super) fn release_all(&mut self, drv: &dyn DriverApi) {
+    /// Unmaps, frees and releases everything (the session ends), and gives the quota back.
+    /// Best effort: the worker's exit frees whatever the driver refuses now. With a sticky
+    /// error (`driver` None) the corrupted driver is not called at all.
+    pub(super) fn release_all(&mut self, driver: Option<&dyn DriverApi>) {
         for (va, m) in std::mem::take(&mut self.maps) {
-            let _ = drv.mem_unmap(va, to_usize(m.size).unwrap_or(usize::MAX));
+            if let Some(drv) = driver {
+                let _ = drv.mem_unmap(va, to_usize(m.size).unwrap_or(usize::MAX));
+            }
             self.unref(m.phys);
         }
         for (va, size) in std::mem::take(&mut self.reserved) {
-            let _ = drv.mem_address_free(va, to_usize(size).unwrap_or(usize::MAX));
+            if let Some(drv) = driver {
+                let _ = drv.mem_address_free(va, to_usize(size).unwrap_or(usize::MAX));
+            }
         }
         let mut handles = Vec::new();
         self.handles.retain(|h| {
@@ -196,7 +201,9 @@ impl VmmTables {
             false
         });
         for (raw, phys) in handles {
-            let _ = drv.mem_release(raw);
+            if let Some(drv) = driver {
+                let _ = drv.mem_release(raw);
+            }
             self.unref(phys);
         }
     }
