@@ -5,7 +5,8 @@
 #    a short seeded run of the cargo-fuzz targets (scripts/fuzz.sh);
 #    rustfmt and clippy over qcuda.ko once its kernel tree is built (scripts/check-kmod.sh)
 # 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, virtiofsd, guest
-#    payload (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
+#    payload (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs); the
+#    frontend benchmark (qcuda at native CPU speed) against a daemon of its own
 # 3. the real stack: QEMU lists the device; a TCG guest sees it, loads qcuda.ko, runs the
 #    transport self-test, the concurrency and kill tests, every CUDA test program and the
 #    benchmark (qcuda_bench --quick at 4 KiB) against our libcudart.so.13 (on a host without a
@@ -102,6 +103,18 @@ step "build patched QEMU" scripts/build-qemu.sh || finish
 step "build guest kernel, qcuda.ko, initramfs" scripts/build-guest.sh || finish
 step "qcuda.ko: rustfmt and clippy (CLIPPY=1, warnings fail)" scripts/check-kmod.sh
 step "build vhost-cuda (release)" cargo build --release --locked -p vhost-cuda || finish
+# qcuda at native CPU speed: vhost-cuda-frontend-bench plays a VM against a daemon of its own
+# (docs/perf/frontend.md). It fails if the benchmark crashes or fails, or its Hello and Echo rows
+# are missing; without a GPU the GPU rows are left out with one "skipped: no GPU" line.
+frontend_bench() {
+    local o=$LOGS/frontend-bench
+    scripts/bench-frontend.sh --out "$o" --quick --max-bytes 64M --vms 2 --sessions 2 --seconds 0.5 || return 1
+    have_gpu || [ "$(grep -c '^skipped: no GPU' "$o/frontend.out")" = 1 ]
+}
+if step "frontend benchmark: Hello/Echo at native CPU speed through the daemon (vhost-cuda-frontend-bench)" frontend_bench; then
+    sed -n 's/^\(hello_us\|echo_us\),\([0-9]*\),\([0-9.]*\),us$/   \1 (\2 B): \3 us/p' "$LOGS/frontend-bench/frontend.csv"
+    have_gpu || skip "frontend benchmark GPU rows: no GPU"
+fi
 step "build virtiofsd (for run-vm.sh --share; cached)" scripts/build-virtiofsd.sh || finish
 step "build guest payload (guest-lib, qcuda-smi, CUDA tests)" scripts/build-payload.sh || finish
 step "libcudart.so.13 exports match the version map" guest-lib/check-symbols.sh
