@@ -95,6 +95,8 @@ fn create_reserve_map_access_and_copy() {
             &raw mut retained,
             (va + 64) as *mut c_void,
         ));
+        // Retained from the mapping: the same handle, one reference more.
+        assert_eq!(retained, h);
         let mut got = d::CUmemAllocationProp::default();
         cu(cuMemGetAllocationPropertiesFromHandle(
             &raw mut got,
@@ -108,6 +110,10 @@ fn create_reserve_map_access_and_copy() {
         );
         cu(cuMemRelease(retained));
 
+        // NCCL's way to free: retained and released, range, unmap, the original released.
+        let (mut base2, mut size2) = (0u64, 0usize);
+        cu(cuMemGetAddressRange_v2(&raw mut base2, &raw mut size2, va));
+        assert_eq!((base2, size2), (va, 2 * g));
         cu(cuMemUnmap(va, 2 * g));
         cu_err(
             cuMemGetAddressRange_v2(&raw mut base, &raw mut size, va + 100),
@@ -116,6 +122,7 @@ fn create_reserve_map_access_and_copy() {
         cu(cuMemAddressFree(va, 4 * g));
         cu(cuMemRelease(h));
         assert!(fake.state().vmm_handles.is_empty());
+        cu_err(cuMemRelease(h), DriverError::INVALID_VALUE);
         assert!(fake.state().vmm_reserved.is_empty());
     }
 }

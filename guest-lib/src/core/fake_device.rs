@@ -112,8 +112,8 @@ pub struct FakeState {
     pub cache_config: u32,
     /// The `LaunchAttr` records of the last `LaunchKernelEx` or `OccupancyCluster`.
     pub launch_attrs: Vec<u8>,
-    /// VMM allocation handles: handle -> (device, size, handle types).
-    pub vmm_handles: HashMap<u64, (u32, u64, u64)>,
+    /// VMM allocation handles: handle -> (device, size, handle types, references).
+    pub vmm_handles: HashMap<u64, (u32, u64, u64, usize)>,
     /// VMM reservations: base -> size.
     pub vmm_reserved: BTreeMap<u64, u64>,
     /// VMM mappings: address -> (size, handle); their bytes are in `memory`.
@@ -219,13 +219,18 @@ impl FakeState {
                     return Err(status::INVALID_VALUE);
                 }
                 let h = self.handle();
-                self.vmm_handles.insert(h, (device, args[0], args[1]));
+                self.vmm_handles.insert(h, (device, args[0], args[1], 1));
                 rets[0] = h;
             }
             Op::MemRelease => {
-                self.vmm_handles
-                    .remove(&args[0])
+                let e = self
+                    .vmm_handles
+                    .get_mut(&args[0])
                     .ok_or(status::INVALID_VALUE)?;
+                e.3 -= 1;
+                if e.3 == 0 {
+                    self.vmm_handles.remove(&args[0]);
+                }
             }
             Op::MemAddressReserve => {
                 let base = 0x6000_0000_0000 + self.vmm_reserved.len() as u64 * (1 << 36);
@@ -239,7 +244,7 @@ impl FakeState {
                 self.vmm_reserved.remove(&args[0]);
             }
             Op::MemMap => {
-                let &(_, size, _) = self
+                let &(_, size, _, _) = self
                     .vmm_handles
                     .get(&args[3])
                     .ok_or(status::INVALID_VALUE)?;
@@ -277,17 +282,17 @@ impl FakeState {
                     .ok_or(status::INVALID_VALUE)?;
                 match op {
                     Op::MemGetAccess => rets[0] = 3,
+                    // The mapping's handle, one reference more (as the host answers while the
+                    // process still holds a handle of the allocation).
                     Op::MemRetainHandle => {
-                        let entry = *self.vmm_handles.get(&h).ok_or(status::INVALID_VALUE)?;
-                        let n = self.handle();
-                        self.vmm_handles.insert(n, entry);
-                        rets[0] = n;
+                        self.vmm_handles.get_mut(&h).ok_or(status::INVALID_VALUE)?.3 += 1;
+                        rets[0] = h;
                     }
                     _ => rets[..2].copy_from_slice(&[va, size]),
                 }
             }
             Op::MemHandleProperties => {
-                let &(d, _, types) = self
+                let &(d, _, types, _) = self
                     .vmm_handles
                     .get(&args[0])
                     .ok_or(status::INVALID_VALUE)?;

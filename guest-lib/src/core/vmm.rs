@@ -63,8 +63,9 @@ struct Mapping {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Host handle -> device ordinal.
-    handles: HashMap<u64, u32>,
+    /// Host handle -> (device ordinal, references): a handle retained from a mapping is the
+    /// same value as the allocation's handle, and each release drops one reference.
+    handles: HashMap<u64, (u32, usize)>,
     /// Address -> mapping.
     maps: BTreeMap<u64, Mapping>,
 }
@@ -109,7 +110,7 @@ pub fn create(rt: &Runtime, size: usize, props: &AllocProps) -> CudaResult<u64> 
         .session
         .submit(Call::new(Op::MemCreate, props.device).args(&[size as u64, t, f, u]))?;
     let h = reply.rets[0];
-    rt.vmm.lock().handles.insert(h, props.device);
+    rt.vmm.lock().handles.insert(h, (props.device, 1));
     Ok(h)
 }
 
@@ -118,7 +119,14 @@ pub fn release(rt: &Runtime, handle: u64) -> CudaResult<()> {
     let device = handle_device(rt, handle)?;
     rt.session
         .submit(Call::new(Op::MemRelease, device).args(&[handle]))?;
-    rt.vmm.lock().handles.remove(&handle);
+    let mut st = rt.vmm.lock();
+    let last = st.handles.get_mut(&handle).is_some_and(|(_, refs)| {
+        *refs -= 1;
+        *refs == 0
+    });
+    if last {
+        st.handles.remove(&handle);
+    }
     Ok(())
 }
 
@@ -127,7 +135,7 @@ fn handle_device(rt: &Runtime, handle: u64) -> CudaResult<u32> {
         .lock()
         .handles
         .get(&handle)
-        .copied()
+        .map(|&(device, _)| device)
         .ok_or(CudaError::INVALID_VALUE)
 }
 
@@ -242,7 +250,7 @@ pub fn retain(rt: &Runtime, ptr: u64) -> CudaResult<u64> {
         .session
         .submit(Call::new(Op::MemRetainHandle, device).args(&[ptr]))?;
     let h = reply.rets[0];
-    rt.vmm.lock().handles.insert(h, device);
+    rt.vmm.lock().handles.entry(h).or_insert((device, 0)).1 += 1;
     Ok(h)
 }
 

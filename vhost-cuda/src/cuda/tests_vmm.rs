@@ -64,12 +64,24 @@ fn mapped_memory_is_device_memory_of_the_session() {
         ok(run(&mut s, Op::MemHandleProperties, &[h]))[..4],
         [0, VMM_HANDLE_POSIX_FD, 0, 0]
     );
+    // Retained from the mapping: the same handle, one reference more (NCCL releases it, then
+    // the original, by the same value).
     let retained = ok(run(&mut s, Op::MemRetainHandle, &[va + 100]))[0];
-    assert_ne!(retained, h);
+    assert_eq!(retained, h);
     ok(run(&mut s, Op::MemRelease, &[retained]));
+    assert_eq!(rig.fake.vmm_handles(), 1);
     // Released while mapped: the memory stays until unmapped.
     ok(run(&mut s, Op::MemRelease, &[h]));
+    assert_eq!(rig.fake.vmm_handles(), 0);
+    assert_eq!(
+        run(&mut s, Op::MemRelease, &[h]).status,
+        status::INVALID_VALUE
+    );
     assert_eq!(rig.fake.vmm_allocations(), 1);
+    // Retained again now that no handle is left: a new one, released on its own.
+    let again = ok(run(&mut s, Op::MemRetainHandle, &[va]))[0];
+    assert_ne!(again, h);
+    ok(run(&mut s, Op::MemRelease, &[again]));
     assert_eq!(
         run(&mut s, Op::MemAddressFree, &[va, 4 * g]).status,
         status::INVALID_VALUE

@@ -30,11 +30,24 @@ const MAX_MAPPINGS: usize = 1 << 16;
 /// Most access descriptors one MemSetAccess may carry.
 const MAX_ACCESS: usize = 64;
 
-/// A handle of the session: one reference of a physical allocation.
+/// Most references one handle may count (`cuMemRetainAllocationHandle` of a mapping of it).
+const MAX_HANDLE_REFS: usize = 1 << 16;
+
+/// A handle of the session: the references it holds of a physical allocation. As natively, a
+/// handle retained from a mapping is the same value as the handle the allocation already has,
+/// one reference more, and each `cuMemRelease` of it drops one (NCCL releases a retained handle
+/// and then the original, by the same value).
 #[derive(Debug)]
 struct HandleEntry {
-    raw: MemHandle,
+    /// The driver's references, each released once; never empty.
+    raws: Vec<MemHandle>,
     phys: u64,
+}
+
+impl HandleEntry {
+    fn raw(&self) -> MemHandle {
+        self.raws[0]
+    }
 }
 
 /// A physical allocation the session holds handles of or has mapped.
@@ -162,7 +175,8 @@ impl VmmTables {
         self.next_phys
     }
 
-    /// Adds a handle of `phys`; `None` (and the handle released) if the table is full.
+    /// Adds a reference `raw` of `phys`: to the session's handle of it if it has one, else as
+    /// a new handle. `None` (and the reference released) if the table or the count is full.
     fn add_handle(
         &mut self,
         ids: &mut HandleCounter,
@@ -170,7 +184,24 @@ impl VmmTables {
         raw: MemHandle,
         phys: u64,
     ) -> Option<u64> {
-        let Some(id) = self.handles.insert(ids, HandleEntry { raw, phys }) else {
+        let existing = self.handles.find(|h| h.phys == phys).map(|(id, _)| id);
+        let id = match existing {
+            Some(id) => match self.handles.get_mut(id) {
+                Some(h) if h.raws.len() < MAX_HANDLE_REFS => {
+                    h.raws.push(raw);
+                    Some(id)
+                }
+                _ => None,
+            },
+            None => self.handles.insert(
+                ids,
+                HandleEntry {
+                    raws: vec![raw],
+                    phys,
+                },
+            ),
+        };
+        let Some(id) = id else {
             let _ = drv.mem_release(raw);
             return None;
         };
@@ -197,7 +228,7 @@ impl VmmTables {
         }
         let mut handles = Vec::new();
         self.handles.retain(|h| {
-            handles.push((h.raw, h.phys));
+            handles.extend(h.raws.iter().map(|&r| (r, h.phys)));
             false
         });
         for (raw, phys) in handles {
@@ -285,7 +316,7 @@ impl GpuState {
             }
             Op::MemHandleProperties => {
                 let h = self.vmm.handles.get(args[0]).ok_or(status::INVALID_VALUE)?;
-                let (raw, dev) = (h.raw, self.phys_dev(h.phys)?);
+                let (raw, dev) = (h.raw(), self.phys_dev(h.phys)?);
                 self.bind(dev)?;
                 let p = self.drv.mem_handle_props(raw).map_err(on(dev))?;
                 let ordinal = self
@@ -363,10 +394,16 @@ impl GpuState {
 
     fn mem_release(&mut self, handle: u64) -> OpResult {
         let h = self.vmm.handles.get(handle).ok_or(status::INVALID_VALUE)?;
-        let (raw, phys) = (h.raw, h.phys);
+        let (raw, phys) = (h.raws[h.raws.len() - 1], h.phys);
         let dev = self.phys_dev(phys)?;
         self.drv.mem_release(raw).map_err(on(dev))?;
-        self.vmm.handles.remove(handle);
+        let last = self.vmm.handles.get_mut(handle).is_some_and(|h| {
+            h.raws.pop();
+            h.raws.is_empty()
+        });
+        if last {
+            self.vmm.handles.remove(handle);
+        }
         self.vmm.unref(phys);
         ok()
     }
@@ -423,7 +460,7 @@ impl GpuState {
     fn mem_map(&mut self, req: &Request) -> OpResult {
         let [ptr, size, offset, handle, ..] = req.header().args;
         let h = self.vmm.handles.get(handle).ok_or(status::INVALID_VALUE)?;
-        let (raw, phys) = (h.raw, h.phys);
+        let (raw, phys) = (h.raw(), h.phys);
         if size == 0 || !self.vmm.in_reservation(ptr, size) {
             return Err(status::INVALID_VALUE.into());
         }
