@@ -193,3 +193,37 @@ fn what_the_driver_refuses_is_refused() {
         );
     }
 }
+
+/// The device announces VMM with the GPU's value; host-NUMA VMM and POSIX-fd export handles,
+/// which qcuda does not offer, read 0 whatever the GPU says.
+#[test]
+fn the_device_announces_what_is_offered() {
+    use crate::driver::api::device::cuDeviceGetAttribute;
+    let fake = setup();
+    for attr in [102, 103, 107, 141] {
+        fake.state().attributes.insert(attr, 1);
+    }
+    // SAFETY: valid out-parameters.
+    unsafe {
+        cu(cuInit(0));
+        for (attr, want) in [
+            (
+                d::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                1,
+            ),
+            (d::CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 1),
+            (
+                d::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                0,
+            ),
+            (
+                d::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                0,
+            ),
+        ] {
+            let mut v = -1;
+            cu(cuDeviceGetAttribute(&raw mut v, attr, 0));
+            assert_eq!(v, want, "attribute {attr}");
+        }
+    }
+}
