@@ -7,7 +7,8 @@
 # each operation against the CPU; this script prints both results and the time ratio.
 #   ./run-torch-test.sh [--check NAME] [--python PATH] [--log-dir DIR]   (from the repo or the bundle)
 # --check NAME runs tests/torch/NAME.py instead of torch_check.py: ddp_check is two-process,
-# two-GPU DistributedDataParallel over NCCL (it prints "SKIP ddp_check: needs 2 GPUs" on one).
+# two-GPU DistributedDataParallel over NCCL (it prints "SKIP ddp_check: needs 2 GPUs" on one);
+# vmm_check is PyTorch's expandable segments (the driver's virtual memory management).
 # Without a GPU it prints "skipped: no GPU" and exits 0; without PyTorch, "skipped: no PyTorch".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
