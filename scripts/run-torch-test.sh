@@ -8,7 +8,8 @@
 #   ./run-torch-test.sh [--check NAME] [--python PATH] [--log-dir DIR]   (from the repo or the bundle)
 # --check NAME runs tests/torch/NAME.py instead of torch_check.py: ddp_check is two-process,
 # two-GPU DistributedDataParallel over NCCL (it prints "SKIP ddp_check: needs 2 GPUs" on one);
-# vmm_check is PyTorch's expandable segments (the driver's virtual memory management).
+# vmm_check is PyTorch's expandable segments (the driver's virtual memory management);
+# cufft_xt_check is a two-GPU cufftXt plan (peer copies), "SKIP ...: needs 2 GPUs" on one.
 # Without a GPU it prints "skipped: no GPU" and exits 0; without PyTorch, "skipped: no PyTorch".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
