@@ -20,7 +20,8 @@
 //! mappings), `pools.rs` (memory pools, stream-ordered allocations), `copies.rs` (copies and
 //! memsets), `modules.rs` (modules, functions, globals, launches), `streams.rs` (streams,
 //! events, host functions), `batch.rs` (Batch), `arrays.rs` (pitched memory, arrays, texture
-//! and surface objects), `graphs.rs` (graphs and stream capture).
+//! and surface objects), `graphs.rs` (graphs and stream capture), `vmm.rs` (virtual memory
+//! management: physical allocations, reservations, mappings).
 
 use std::{ffi::CString, sync::Arc};
 
