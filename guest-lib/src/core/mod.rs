@@ -4,10 +4,12 @@
 //! (`crate::driver`) and NVML (`crate::nvml`) call into it; it calls none of them.
 
 pub mod allocations;
+pub mod array_ops;
 pub mod arrays;
 pub mod batch;
 pub mod call_config;
 pub mod capture;
+pub mod context;
 pub mod conv;
 pub mod copy;
 pub mod copy3d;
