@@ -79,6 +79,26 @@ macro_rules! graph_ops {
     };
 }
 
+/// The virtual memory management ops (`MemCreate` ... `MemMappingRange`) as a pattern, for the
+/// matches over [`Op`] that treat them alike.
+#[macro_export]
+macro_rules! vmm_ops {
+    () => {
+        $crate::Op::MemCreate
+            | $crate::Op::MemRelease
+            | $crate::Op::MemAddressReserve
+            | $crate::Op::MemAddressFree
+            | $crate::Op::MemMap
+            | $crate::Op::MemUnmap
+            | $crate::Op::MemSetAccess
+            | $crate::Op::MemGetAccess
+            | $crate::Op::MemGetGranularity
+            | $crate::Op::MemRetainHandle
+            | $crate::Op::MemHandleProperties
+            | $crate::Op::MemMappingRange
+    };
+}
+
 /// The pitched, 3D, array, texture and surface ops (served by the host's array tables) as a
 /// pattern, for the matches over [`Op`] that treat them alike.
 #[macro_export]

@@ -55,6 +55,15 @@ pub const MAX_BUFFER_LEN: u64 = 64 * 1024 * 1024;
 /// Chunk size guest-lib uses for large memcpys (several chunks are kept in flight).
 pub const COPY_CHUNK: u64 = 8 * 1024 * 1024;
 
+/// `MemCreate` flag: generic compression (`CU_MEM_ALLOCATION_COMP_GENERIC`).
+pub const VMM_FLAG_COMPRESSED: u64 = 1 << 0;
+/// `MemCreate` flag: `allocFlags.gpuDirectRDMACapable`.
+pub const VMM_FLAG_RDMA_CAPABLE: u64 = 1 << 1;
+/// Every `VMM_FLAG_*` bit.
+pub const VMM_FLAGS: u64 = VMM_FLAG_COMPRESSED | VMM_FLAG_RDMA_CAPABLE;
+/// `MemCreate` handle type: a POSIX file descriptor.
+pub const VMM_HANDLE_POSIX_FD: u64 = 1;
+
 /// Request flag: fire-and-forget. The caller does not wait for the result; the device executes
 /// the op in stream order and reports a failure at the session's next synchronising op.
 pub const FLAG_ASYNC: u16 = 1 << 0;
@@ -459,6 +468,44 @@ ops! {
     /// stream). Both ranges must be the session's memory on their devices. A waited-for request
     /// returns once the copy is complete.
     MemcpyPeer = 0x0199, ins 0, outs 0;
+
+    // Virtual memory management (cuMemCreate and friends). Physical allocations are
+    // session-local handles; virtual addresses are the host driver's own, as for `Malloc`.
+    // `VMM_FLAG_*` bits carry the allocation flags.
+    /// A physical allocation on `hdr.device`: args[0] = size (a multiple of the granularity),
+    /// args[1] = shareable handle types (0, or 1: POSIX file descriptor), args[2] =
+    /// `VMM_FLAG_*` bits, args[3] = `allocFlags.usage`. rets[0] = allocation handle.
+    MemCreate = 0x0240, ins 0, outs 0;
+    /// args[0] = allocation handle (cuMemRelease). A mapping of it stays valid until unmapped.
+    MemRelease = 0x0241, ins 0, outs 0;
+    /// A virtual range: args[0] = size, args[1] = alignment (0: the granularity), args[2] =
+    /// address hint (0: anywhere). rets[0] = its address.
+    MemAddressReserve = 0x0242, ins 0, outs 0;
+    /// args[0] = address, args[1] = size: a whole reservation of the session, without mappings.
+    MemAddressFree = 0x0243, ins 0, outs 0;
+    /// args[0] = address (inside a reservation of the session), args[1] = size, args[2] =
+    /// offset into the allocation, args[3] = allocation handle.
+    MemMap = 0x0244, ins 0, outs 0;
+    /// args[0] = address, args[1] = size: whole mappings of the session.
+    MemUnmap = 0x0245, ins 0, outs 0;
+    /// args[0] = address, args[1] = size (mapped by the session). In-buffer 0 = `MemAccess`
+    /// records (device ordinal u32, flags u32: 0 none, 1 read, 3 read-write), at most 64.
+    MemSetAccess = 0x0246, ins 1, outs 0;
+    /// args[0] = address (mapped by the session), args[1] = device ordinal. rets[0] = access
+    /// flags (0, 1 or 3).
+    MemGetAccess = 0x0247, ins 0, outs 0;
+    /// Granularity of allocations on `hdr.device` with args[1..=3] as for `MemCreate`;
+    /// args[0] = 1: recommended, 0: minimum. rets[0] = bytes.
+    MemGetGranularity = 0x0248, ins 0, outs 0;
+    /// args[0] = an address mapped by the session. rets[0] = a new allocation handle of the
+    /// allocation mapped there (cuMemRetainAllocationHandle).
+    MemRetainHandle = 0x0249, ins 0, outs 0;
+    /// args[0] = allocation handle. rets[0] = device ordinal, rets[1] = handle types, rets[2] =
+    /// `VMM_FLAG_*` bits, rets[3] = usage.
+    MemHandleProperties = 0x024A, ins 0, outs 0;
+    /// args[0] = an address mapped by the session. rets[0] = base, rets[1] = size of the
+    /// mapping holding it (cuMemGetAddressRange).
+    MemMappingRange = 0x024B, ins 0, outs 0;
 
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;

@@ -38,6 +38,7 @@ pub mod signal_mask;
 pub mod streams;
 pub mod symbols;
 pub mod transport;
+pub mod vmm;
 pub(crate) mod warnings;
 
 #[cfg(test)]
