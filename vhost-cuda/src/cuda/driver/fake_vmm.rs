@@ -20,6 +20,9 @@ use super::{
     fresh, FakeDriver, INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, OUT_OF_MEMORY,
 };
 
+/// CUDA_ERROR_NOT_SUPPORTED.
+const NOT_SUPPORTED: CuError = CuError(801);
+
 /// The fake's allocation granularity (minimum and recommended), as an H100's.
 pub(crate) const GRANULARITY: usize = 2 << 20;
 /// Where the fake places reservations: apart from every context's allocations.
@@ -221,6 +224,11 @@ impl VmmDriverApi for FakeDriver {
             .is_some_and(|(&va, m)| va + m.size as u64 > ptr);
         if overlaps {
             return Err(INVALID_VALUE);
+        }
+        // As the real driver (measured on an H200, driver 580): an allocation maps whole, from
+        // offset 0; a part of it is refused.
+        if offset != 0 || size != len {
+            return Err(NOT_SUPPORTED);
         }
         if let Some(p) = vmm.phys.get_mut(&phys) {
             p.refs += 1;
