@@ -59,7 +59,7 @@ case $runtime in
 ours | nvidia | both) ;;
 *) echo "bench: --runtime is ours, nvidia or both, not $runtime" >&2; exit 2 ;;
 esac
-nvidia_env="LD_LIBRARY_PATH=/usr/lib/qcuda/nvidia/13 "
+nvidia_env="LD_LIBRARY_PATH=/usr/lib/qcuda/nvidia/13:/usr/lib/qcuda "
 
 # shellcheck source=scripts/gpu-host.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
