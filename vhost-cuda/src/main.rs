@@ -20,6 +20,7 @@ use std::{
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vhost_cuda::{
+    cuda::{AddressSpace, DEFAULT_VA_BASE, DEFAULT_VA_SIZE},
     limits::Limits,
     sandbox::{SandboxMode, SeccompMode},
     session::MAX_SESSIONS,
@@ -95,6 +96,19 @@ struct Args {
     /// Default: no limit beyond the GPU's.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "VHOST_CUDA_MAX_GPU_MEMORY")]
     max_gpu_memory: Option<u64>,
+
+    /// Where each guest process's device address range starts (hexadecimal with 0x, or
+    /// decimal; "off" or 0: none). Every allocation of a guest process lies in a range of
+    /// --gpu-va-size bytes per GPU reserved at a fixed address, so that its device pointers can
+    /// keep their values when its state is restored (pause and resume). Ranges of guest
+    /// processes follow each other up to 0x7800_0000_0000. Default: 0x680000000000.
+    #[arg(long, value_name = "ADDRESS", value_parser = parse_va_base, env = "VHOST_CUDA_GPU_VA_BASE")]
+    gpu_va_base: Option<u64>,
+
+    /// Bytes of a guest process's device address range on one GPU (suffixes K, M, G, T; a
+    /// multiple of 2M): the most it may allocate there. Default: 256G.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "VHOST_CUDA_GPU_VA_SIZE")]
+    gpu_va_size: Option<u64>,
 
     /// Most guest processes of one VM that may use qcuda at once (1 to 1024). A further
     /// process's first call fails with cudaErrorDevicesUnavailable. Default: 1024.
@@ -189,6 +203,19 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is out of range"))
 }
 
+/// `--gpu-va-base`: an address (0x hexadecimal or decimal), or "off" (0).
+fn parse_va_base(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim().replace('_', "");
+    if t == "off" {
+        return Ok(0);
+    }
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map_err(|_| format!("{s:?} is not an address"))
+}
+
 /// A switch: `on` or `off`.
 fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
     match s {
@@ -229,6 +256,12 @@ impl TryFrom<Args> for Config {
                 return Err(Error::BadMaxSessions(n, MAX_SESSIONS));
             }
         }
+        let address_space = AddressSpace {
+            base: args.gpu_va_base.unwrap_or(DEFAULT_VA_BASE),
+            per_device: args.gpu_va_size.unwrap_or(DEFAULT_VA_SIZE),
+        }
+        .check(1)
+        .map_err(Error::BadAddressSpace)?;
         let config = |socket_path, socket_count| Config {
             socket_path,
             socket_count,
@@ -248,6 +281,7 @@ impl TryFrom<Args> for Config {
                 .or_else(|| args.socket_path.as_deref().map(stats::default_path)),
             sandbox: args.sandbox,
             worker_seccomp: args.worker_seccomp,
+            address_space,
         };
         let path = match (args.socket_path.clone(), &args.inherited_fds) {
             // Every socket systemd passed; their paths are systemd's business.
@@ -302,6 +336,11 @@ fn session_worker_main(args: Args) -> i32 {
         sandbox: args.sandbox,
         seccomp: args.worker_seccomp,
         sandbox_check: args.sandbox_check,
+        // The daemon always passes its values (checked there).
+        address_space: AddressSpace {
+            base: args.gpu_va_base.unwrap_or(0),
+            per_device: args.gpu_va_size.unwrap_or(0),
+        },
     })
 }
 
@@ -418,6 +457,8 @@ mod tests {
             vm: String::new(),
             max_gpu_memory: None,
             max_sessions: None,
+            gpu_va_base: None,
+            gpu_va_size: None,
             gpu_memory_slot: None,
             inherited_fds: None,
             stats: false,
@@ -432,6 +473,46 @@ mod tests {
 
     fn tmp() -> String {
         std::env::temp_dir().display().to_string()
+    }
+
+    #[test]
+    fn device_address_ranges_are_configurable_and_checked() {
+        let path = format!("{}/vm0.sock", tmp());
+        let with = |base: Option<&str>, size: Option<&str>| {
+            Config::try_from(Args {
+                gpu_va_base: base.map(|b| parse_va_base(b).unwrap()),
+                gpu_va_size: size.map(|s| parse_bytes(s).unwrap()),
+                ..args(&path)
+            })
+            .map(|c| c.address_space)
+        };
+        assert_eq!(with(None, None).unwrap(), AddressSpace::default());
+        assert_eq!(
+            with(Some("0x7000_0000_0000"), Some("64G")).unwrap(),
+            AddressSpace {
+                base: 0x7000_0000_0000,
+                per_device: 64 << 30
+            }
+        );
+        assert_eq!(with(Some("off"), None).unwrap(), AddressSpace::OFF);
+        assert_eq!(with(Some("0"), Some("3M")).unwrap(), AddressSpace::OFF);
+        assert!(matches!(
+            with(Some("0x7000_0000_1000"), None),
+            Err(Error::BadAddressSpace(_))
+        ));
+        assert!(matches!(
+            with(None, Some("3M")),
+            Err(Error::BadAddressSpace(_))
+        ));
+        assert!(matches!(
+            with(None, Some("64T")),
+            Err(Error::BadAddressSpace(_))
+        ));
+        parse_va_base("0xzz").unwrap_err();
+        let a =
+            Args::try_parse_from(["vhost-cuda", "--socket-path", "/x", "--gpu-va-base", "0x10"])
+                .unwrap();
+        assert_eq!(a.gpu_va_base, Some(16));
     }
 
     #[test]
@@ -457,6 +538,7 @@ mod tests {
                 stats_socket: Some(format!("{path}.stats").into()),
                 sandbox: SandboxMode::Namespace,
                 worker_seccomp: SeccompMode::Enforce,
+                address_space: AddressSpace::default(),
             }
         );
         assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);

@@ -38,7 +38,7 @@ use tracing::{debug, error, error_span, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::{
-    cuda::{CudaHost, GpuState},
+    cuda::{AddressSpace, CudaHost, GpuState},
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     sandbox::{self, SandboxMode, SeccompMode},
@@ -73,6 +73,9 @@ pub struct WorkerConfig {
     pub seccomp: SeccompMode,
     /// `--sandbox-check`: build the sandbox, then exit 0 (the daemon's start-up check).
     pub sandbox_check: bool,
+    /// `--gpu-va-base` and `--gpu-va-size` of the daemon: where the session's device
+    /// address ranges lie.
+    pub address_space: AddressSpace,
 }
 
 /// Why a request from the daemon is refused.
@@ -522,6 +525,13 @@ pub fn run(config: &WorkerConfig) -> i32 {
                 error!("no GPU-memory quota (slot {slot}): {e}");
                 return 1;
             }
+        }
+    }
+    match config.address_space.check(host.gpu_count()) {
+        Ok(space) => host.set_address_space(space),
+        Err(e) => {
+            warn!("{e}: no reserved device ranges (device pointers cannot keep their values across a restore)");
+            host.set_address_space(AddressSpace::OFF);
         }
     }
     let mut session = GpuState::open(&host, config.session);

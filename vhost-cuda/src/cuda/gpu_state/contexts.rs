@@ -30,22 +30,32 @@ impl GpuState {
                 .gpus
                 .get(dev)
                 .ok_or(Fault::Status(status::INVALID_DEVICE))?;
-            let ctx = self.drv.ctx_create(gpu.dev).map_err(on(dev))?;
+            let (gpu, host_ordinal) = (gpu.dev, gpu.host_ordinal);
+            let ctx = self.drv.ctx_create(gpu).map_err(on(dev))?;
             debug!(
                 session = self.id,
                 dev,
-                gpu = gpu.host_ordinal,
+                gpu = host_ordinal,
                 "context created"
             );
-            *slot = Some(DeviceContext {
+            let range = match self.drv.ctx_set_current(ctx) {
+                Ok(()) => self.reserve_range(dev, gpu),
+                Err(_) => None,
+            };
+            self.devices[dev] = Some(DeviceContext {
                 ctx,
                 memory: AllocationTable::with_quota(self.host.memory_quota()),
                 staging: StagingState::NotYet,
                 default_pool: None,
                 current_pool: None,
+                range,
             });
         }
-        let c = slot.as_mut().ok_or(Fault::Status(status::UNKNOWN))?;
+        let c = self
+            .devices
+            .get_mut(dev)
+            .and_then(Option::as_mut)
+            .ok_or(Fault::Status(status::UNKNOWN))?;
         self.drv.ctx_set_current(c.ctx).map_err(on(dev))?;
         Ok(c)
     }
@@ -121,9 +131,17 @@ impl GpuState {
         }
         self.teardown_graphs(dev, live);
         self.release_pools(dev);
-        let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
+        let Some(mut c) = self.devices.get_mut(dev).and_then(Option::take) else {
             return;
         };
+        // Memory mapped into the range is the process's, not the context's: destroying the
+        // context would leave it mapped. Unmapped first, while the context is still current
+        // (with a sticky error the driver is not called: the worker's exit frees it).
+        if let Some(range) = c.range.as_mut() {
+            if live {
+                Self::release_range(self.drv.as_ref(), range);
+            }
+        }
         match self.drv.ctx_destroy(c.ctx) {
             Ok(()) => debug!(session = self.id, dev, "context destroyed"),
             Err(e) => warn!(session = self.id, dev, error = ?e, "cuCtxDestroy failed"),
@@ -173,6 +191,8 @@ impl GpuState {
         self.drv
             .ctx_peer_access(peer_ctx, enable == 1)
             .map_err(on(dev))?;
+        // The peer's reserved range is VMM memory, which peer access does not reach by itself.
+        self.share_range(peer, a, enable == 1)?;
         ok()
     }
 

@@ -242,6 +242,9 @@ struct DeviceContext {
     default_pool: Option<u64>,
     /// The pool `DeviceSetMemPool` made current; `None`: the default pool.
     current_pool: Option<u64>,
+    /// The session's reserved device range, which `Malloc` carves (memory.rs); `None`:
+    /// allocations come from `cuMemAlloc`.
+    range: Option<memory::ReservedRange>,
 }
 
 #[derive(Debug)]
