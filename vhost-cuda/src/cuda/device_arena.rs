@@ -139,7 +139,14 @@ pub(crate) enum ArenaError {
     BadSize,
     /// `free` of an address that is not a block of this arena.
     NotABlock,
+    /// Saved runs or blocks that this arena cannot have made (outside the range, overlapping,
+    /// misaligned, of an unknown class): a hostile or corrupted saved state.
+    BadSnapshot,
 }
+
+/// A mapped run as a saved state holds it: address, length, and the size class its blocks
+/// have (`None`: one large block).
+pub(crate) type SavedRun = (u64, u64, Option<u8>);
 
 /// How a live block was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,8 +179,8 @@ pub(crate) struct DeviceArena<H> {
     cached_bytes: u64,
     /// Live blocks by address.
     live: HashMap<u64, Block>,
-    /// Mapped runs: address -> (length, handle).
-    mapped: BTreeMap<u64, (u64, H)>,
+    /// Mapped runs: address -> (length, handle, size class or `None` for a large block).
+    mapped: BTreeMap<u64, (u64, H, Option<u8>)>,
 }
 
 impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
@@ -213,7 +220,7 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
     /// Bytes of physical memory mapped now.
     #[cfg(test)]
     pub(crate) fn mapped_bytes(&self) -> u64 {
-        self.mapped.values().map(|(len, _)| len).sum()
+        self.mapped.values().map(|(len, ..)| len).sum()
     }
 
     /// The size class of a small request.
@@ -251,7 +258,7 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
             self.live.insert(ptr, Block::Large { len });
             return Ok(ptr);
         }
-        let ptr = self.map_run(len, backing)?;
+        let ptr = self.map_run(len, None, backing)?;
         self.live.insert(ptr, Block::Large { len });
         Ok(ptr)
     }
@@ -278,7 +285,7 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
 
     /// Maps a fresh granule for size class `class` and splits it into free blocks.
     fn refill(&mut self, class: u8, backing: &impl Backing<Handle = H>) -> Result<(), ArenaError> {
-        let run = self.map_run(self.granularity, backing)?;
+        let run = self.map_run(self.granularity, Some(class), backing)?;
         let block = 1u64 << (u32::from(class) + MIN_BLOCK_SHIFT);
         let list = &mut self.classes[usize::from(class)];
         // Lowest address last, so it is handed out first.
@@ -289,7 +296,12 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
     /// Virtual space of `len` bytes (a multiple of the granularity) with physical memory mapped
     /// under it. When the range or the driver has no room, the cache of freed large blocks is
     /// given back first and the mapping tried once more.
-    fn map_run(&mut self, len: u64, backing: &impl Backing<Handle = H>) -> Result<u64, ArenaError> {
+    fn map_run(
+        &mut self,
+        len: u64,
+        class: Option<u8>,
+        backing: &impl Backing<Handle = H>,
+    ) -> Result<u64, ArenaError> {
         let va = match self.take_space(len) {
             Err(ArenaError::RangeFull) if self.cached_bytes > 0 => {
                 self.trim_all(backing);
@@ -310,7 +322,7 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
                 return Err(e);
             }
         };
-        self.mapped.insert(va, (len, handle));
+        self.mapped.insert(va, (len, handle, class));
         Ok(va)
     }
 
@@ -340,7 +352,7 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
     }
 
     fn unmap_run(&mut self, va: u64, backing: &impl Backing<Handle = H>) {
-        if let Some((len, handle)) = self.mapped.remove(&va) {
+        if let Some((len, handle, _)) = self.mapped.remove(&va) {
             backing.unmap(va, len, handle);
             self.give_space(va, len);
         }
@@ -392,7 +404,7 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
 
     /// Unmaps everything (the session ends, or its memory moved to the host for a pause).
     pub(crate) fn release_all(&mut self, backing: &impl Backing<Handle = H>) {
-        for (va, (len, handle)) in std::mem::take(&mut self.mapped) {
+        for (va, (len, handle, _)) in std::mem::take(&mut self.mapped) {
             backing.unmap(va, len, handle);
         }
         self.free_extents.clear();
@@ -405,7 +417,106 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
 
     /// The mapped runs: (address, length), lowest first.
     pub(crate) fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.mapped.iter().map(|(&va, &(len, _))| (va, len))
+        self.mapped.iter().map(|(&va, &(len, ..))| (va, len))
+    }
+
+    /// The length of the live block at `ptr`.
+    pub(crate) fn block_len(&self, ptr: u64) -> Option<u64> {
+        self.live.get(&ptr).map(|b| match *b {
+            Block::Small { class } => 1u64 << (u32::from(class) + MIN_BLOCK_SHIFT),
+            Block::Large { len } => len,
+        })
+    }
+
+    /// The runs a restore needs: every run of small blocks, and every large block's run that
+    /// is live (cached ones are left out).
+    pub(crate) fn saved_runs(&self) -> Vec<SavedRun> {
+        self.mapped
+            .iter()
+            .filter(|(va, (_, _, class))| class.is_some() || self.live.contains_key(va))
+            .map(|(&va, &(len, _, class))| (va, len, class))
+            .collect()
+    }
+
+    /// Makes an empty arena hold `runs` again, mapped at their addresses, with the blocks at
+    /// `live` (address, block length) in use and every other block of a small run free: what
+    /// [`saved_runs`](Self::saved_runs) and the live blocks described. Everything is checked
+    /// against the range and the geometry first; on any error nothing stays mapped.
+    pub(crate) fn restore(
+        &mut self,
+        runs: &[SavedRun],
+        live: &[(u64, u64)],
+        backing: &impl Backing<Handle = H>,
+    ) -> Result<(), ArenaError> {
+        if !self.mapped.is_empty() || !self.live.is_empty() {
+            return Err(ArenaError::BadSnapshot);
+        }
+        let mut sorted = runs.to_vec();
+        sorted.sort_unstable_by_key(|r| r.0);
+        let end = self.base + self.size;
+        let mut cursor = self.base;
+        for &(va, len, class) in &sorted {
+            let fits = va >= cursor
+                && len > 0
+                && va.is_multiple_of(self.granularity)
+                && len.is_multiple_of(self.granularity)
+                && va.checked_add(len).is_some_and(|e| e <= end)
+                && class.is_none_or(|c| usize::from(c) < CLASSES && len == self.granularity);
+            if !fits {
+                return Err(ArenaError::BadSnapshot);
+            }
+            cursor = va + len;
+        }
+        let mut blocks = HashMap::new();
+        for &(ptr, blen) in live {
+            let run = sorted
+                .iter()
+                .rev()
+                .find(|r| r.0 <= ptr)
+                .filter(|r| ptr < r.0 + r.1)
+                .ok_or(ArenaError::BadSnapshot)?;
+            let block = match run.2 {
+                Some(class) => {
+                    let size = 1u64 << (u32::from(class) + MIN_BLOCK_SHIFT);
+                    if blen != size || !(ptr - run.0).is_multiple_of(size) {
+                        return Err(ArenaError::BadSnapshot);
+                    }
+                    Block::Small { class }
+                }
+                None if ptr == run.0 && blen == run.1 => Block::Large { len: blen },
+                None => return Err(ArenaError::BadSnapshot),
+            };
+            if blocks.insert(ptr, block).is_some() {
+                return Err(ArenaError::BadSnapshot);
+            }
+        }
+        let mut cursor = self.base;
+        for &(va, len, class) in &sorted {
+            if va > cursor {
+                self.free_extents.insert(cursor, va - cursor);
+            }
+            match backing.map(va, len) {
+                Ok(h) => self.mapped.insert(va, (len, h, class)),
+                Err(e) => {
+                    self.release_all(backing);
+                    return Err(e);
+                }
+            };
+            cursor = va + len;
+            if let Some(class) = class {
+                let size = 1u64 << (u32::from(class) + MIN_BLOCK_SHIFT);
+                let list = &mut self.classes[usize::from(class)];
+                list.extend(
+                    (0..len / size)
+                        .rev()
+                        .map(|i| va + i * size)
+                        .filter(|p| !blocks.contains_key(p)),
+                );
+            }
+        }
+        self.top = cursor - self.base;
+        self.live = blocks;
+        Ok(())
     }
 }
 
@@ -567,6 +678,73 @@ mod tests {
             .check(1),
             Ok(AddressSpace::OFF)
         );
+    }
+
+    #[test]
+    fn a_restored_arena_has_the_same_blocks_and_hands_out_the_rest() {
+        let b = TestBacking::default();
+        let mut a = DeviceArena::new(BASE, 64 * G, G).unwrap();
+        let small: Vec<u64> = (0..5).map(|_| a.alloc(100, &b).unwrap()).collect();
+        let large = a.alloc(3 * G, &b).unwrap();
+        let cached = a.alloc(2 * G, &b).unwrap();
+        a.free(cached, &b).unwrap();
+        a.free(small[1], &b).unwrap();
+        let runs = a.saved_runs();
+        assert_eq!(runs.len(), 2, "the cached run is left out: {runs:?}");
+        let live: Vec<(u64, u64)> = [small[0], small[2], small[3], small[4], large]
+            .iter()
+            .map(|&p| (p, a.block_len(p).unwrap()))
+            .collect();
+        let b2 = TestBacking::default();
+        let mut r = DeviceArena::new(BASE, 64 * G, G).unwrap();
+        r.restore(&runs, &live, &b2).unwrap();
+        for &(p, len) in &live {
+            assert_eq!(r.block_len(p), Some(len));
+        }
+        assert_eq!(b2.maps.borrow().len(), 2);
+        // The free block of the small run comes back first; new runs go to the gap or above.
+        assert_eq!(r.alloc(128, &b2).unwrap(), small[1]);
+        let next = r.alloc(G * 2, &b2).unwrap();
+        assert!(!live.iter().any(|&(p, l)| next < p + l && p < next + 2 * G));
+        r.free(large, &b2).unwrap();
+        assert_eq!(r.free(large, &b2), Err(ArenaError::NotABlock));
+    }
+
+    #[test]
+    fn hostile_snapshots_are_refused_and_leave_nothing_mapped() {
+        let b = TestBacking::default();
+        type Case<'a> = (&'a [SavedRun], &'a [(u64, u64)]);
+        let cases: &[Case] = &[
+            (&[(BASE - G, G, None)], &[]),
+            (&[(BASE + 63 * G, 2 * G, None)], &[]),
+            (&[(BASE + 1, G, None)], &[]),
+            (&[(BASE, G, Some(13))], &[]),
+            (&[(BASE, 2 * G, Some(0))], &[]),
+            (&[(BASE, 2 * G, None), (BASE + G, G, None)], &[]),
+            (&[(BASE, G, Some(0))], &[(BASE + 1, 256)]),
+            (&[(BASE, G, Some(0))], &[(BASE, 512)]),
+            (&[(BASE, G, Some(0))], &[(BASE, 256), (BASE, 256)]),
+            (&[(BASE, 2 * G, None)], &[(BASE, G)]),
+            (&[(BASE, G, None)], &[(BASE + G, G)]),
+        ];
+        for (runs, live) in cases {
+            let mut a = DeviceArena::new(BASE, 64 * G, G).unwrap();
+            assert_eq!(
+                a.restore(runs, live, &b),
+                Err(ArenaError::BadSnapshot),
+                "{runs:?} {live:?}"
+            );
+            assert!(b.maps.borrow().is_empty());
+        }
+        // A driver that fails half-way leaves nothing mapped either.
+        let b = TestBacking {
+            limit: G,
+            ..TestBacking::default()
+        };
+        let mut a = DeviceArena::new(BASE, 64 * G, G).unwrap();
+        let runs = [(BASE, G, None), (BASE + G, G, None)];
+        assert_eq!(a.restore(&runs, &[], &b), Err(ArenaError::Driver(2)));
+        assert!(b.maps.borrow().is_empty());
     }
 
     #[test]

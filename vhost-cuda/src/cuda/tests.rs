@@ -1885,6 +1885,7 @@ fn long_runs_copy_through_registered_guest_ram() {
     assert_eq!(rig.fake.registered(), 0);
 }
 
+mod checkpoint;
 mod graphs;
 mod reserved_range;
 

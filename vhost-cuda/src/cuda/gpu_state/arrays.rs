@@ -85,6 +85,11 @@ impl Default for ArrayState {
 
 impl ArrayState {
     /// Forgets everything on `dev` (its context, which owned it, is gone).
+    /// True if the session holds no array, mipmapped array, texture or surface object.
+    pub(super) fn is_empty(&self) -> bool {
+        self.arrays.len() == 0 && self.mipmapped.len() == 0 && self.objects.is_empty()
+    }
+
     pub(super) fn forget_device(&mut self, dev: usize) {
         self.arrays.retain(|a| a.dev != dev);
         self.mipmapped.retain(|m| m.dev != dev);

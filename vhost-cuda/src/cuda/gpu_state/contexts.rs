@@ -49,6 +49,9 @@ impl GpuState {
                 default_pool: None,
                 current_pool: None,
                 range,
+                limits: Vec::new(),
+                cache_config: None,
+                peers: Vec::new(),
             });
         }
         let c = self
@@ -114,9 +117,27 @@ impl GpuState {
     /// in its worker process, so that wait stalls no other session; a daemon ending the session
     /// does not wait for it beyond a bound, it kills the worker (`crate::worker`).
     pub(super) fn teardown(&mut self, dev: usize) {
+        self.release_device(dev, false);
+    }
+
+    /// [`teardown`](Self::teardown), which also ends the host mappings registered in the
+    /// context; with `keep_host_mappings` (a pause) they are only unregistered, and stay mapped
+    /// for the context a resume makes.
+    pub(super) fn release_device(&mut self, dev: usize, keep_host_mappings: bool) {
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {
             let drv = Arc::clone(&self.drv);
+            if keep_host_mappings {
+                if let Some((_, m)) = self
+                    .host_memory
+                    .mappings()
+                    .into_iter()
+                    .find(|(g, _)| *g == guest)
+                {
+                    let _ = drv.mem_host_unregister(m.local);
+                }
+                continue;
+            }
             let _ = self.host_memory.unmap(guest, |m| {
                 let _ = drv.mem_host_unregister(m.local);
             });
@@ -193,6 +214,11 @@ impl GpuState {
             .map_err(on(dev))?;
         // The peer's reserved range is VMM memory, which peer access does not reach by itself.
         self.share_range(peer, a, enable == 1)?;
+        let peers = &mut self.context(dev)?.peers;
+        peers.retain(|&p| p != peer);
+        if enable == 1 {
+            peers.push(peer);
+        }
         ok()
     }
 
@@ -210,6 +236,9 @@ impl GpuState {
             self.drv
                 .ctx_set_limit(limit, to_usize(value)?)
                 .map_err(on(dev))?;
+            let limits = &mut self.context(dev)?.limits;
+            limits.retain(|&(l, _)| l != limit);
+            limits.push((limit, value));
             return ok();
         }
         let v = self.drv.ctx_get_limit(limit).map_err(on(dev))?;

@@ -84,7 +84,7 @@ fn arena_fault(dev: usize, e: ArenaError) -> Fault {
             dev,
             err: CuError(code),
         },
-        ArenaError::NotABlock => Fault::Status(status::INVALID_VALUE),
+        ArenaError::NotABlock | ArenaError::BadSnapshot => Fault::Status(status::INVALID_VALUE),
     }
 }
 
@@ -360,7 +360,12 @@ impl GpuState {
                 })
             });
         match (mapped, failure) {
-            (Ok(m), _) => ok_rets(&[m.dev_addr]),
+            (Ok(m), _) => {
+                if read_only {
+                    self.read_only_host.insert(guest);
+                }
+                ok_rets(&[m.dev_addr])
+            }
             (Err(_), Some(err)) => Err(Fault::Driver { dev, err }),
             (Err(e), None) => Err(map_status(e).into()),
         }
@@ -418,6 +423,7 @@ impl GpuState {
                 }
             })
             .map_err(map_status)?;
+        self.read_only_host.remove(&guest);
         ok()
     }
 }
