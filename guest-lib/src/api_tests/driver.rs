@@ -21,7 +21,7 @@ fn cu(r: d::CUresult) {
 /// A fake fatbin image as the test double accepts it.
 fn image() -> Vec<u64> {
     let mut words = vec![0u64; IMAGE_LEN / 8];
-    words[0] = u64::from(crate::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
+    words[0] = u64::from(crate::core::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
     words[1] = (IMAGE_LEN - 16) as u64;
     words
 }

@@ -4,12 +4,12 @@ use qcuda_proto::Op;
 
 use super::*;
 use crate::{
-    api::{
+    core::streams::{LEGACY, PER_THREAD},
+    generated::{self as cu, cudaEvent_t, cudaStream_t, dim3},
+    runtime::{
         errors::cudaGetLastError, events::*, graphs::cudaStreamIsCapturing,
         launch::cudaLaunchKernel, memory::*, streams::*,
     },
-    generated::{self as cu, cudaEvent_t, cudaStream_t, dim3},
-    streams::{LEGACY, PER_THREAD},
 };
 
 #[test]
@@ -237,12 +237,12 @@ fn host_functions_run_in_this_process_in_order_and_release_their_stream() {
     assert_eq!(*HOST_FN_RUNS.lock().unwrap(), [(0, 11), (s as usize, 12)]);
     assert_eq!(fake.state().host_released, [1, 2]);
     // One-shot: forgotten after their run.
-    assert!(crate::runtime::runtime().unwrap().host_fns.is_empty());
+    assert!(crate::core::runtime::runtime().unwrap().host_fns.is_empty());
 }
 
 #[test]
 fn synchronisations_wait_as_the_scheduling_flags_say() {
-    use crate::api::devices::{cudaDeviceSynchronize, cudaSetDeviceFlags};
+    use crate::runtime::devices::{cudaDeviceSynchronize, cudaSetDeviceFlags};
     use qcuda_proto::WaitMode;
     let fake = setup();
     let waits = |op: Op| -> Vec<WaitMode> {

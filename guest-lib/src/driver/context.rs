@@ -28,9 +28,9 @@ use core::ffi::c_void;
 
 use super::status::{DriverError, DrvResult};
 use crate::{
-    devices,
-    runtime::runtime_if_connected,
-    session::{MAX_DEVICES, MAX_DEVICES_U32},
+    core::devices,
+    core::runtime::runtime_if_connected,
+    core::session::{MAX_DEVICES, MAX_DEVICES_U32},
 };
 
 /// One driver context.

@@ -25,7 +25,7 @@ use super::{
     context, modules,
     status::{DriverError, DrvResult},
 };
-use crate::{fatbin, generated::driver_api as d, warnings::warn_first};
+use crate::{core::fatbin, core::warnings::warn_first, generated::driver_api as d};
 
 /// A table as the driver hands it out: words, function pointers among them.
 #[repr(C)]
@@ -396,7 +396,7 @@ unsafe fn integrity_check_impl(version: u32, seconds: u64, out: *mut [u64; 2]) -
                 // SAFETY: getpid and pthread_self have no preconditions.
                 pid: unsafe { libc::getpid() }.cast_unsigned(),
                 // SAFETY: as above. The runtime hashes the low half of the thread handle.
-                thread: crate::conv::low_u32(unsafe { libc::pthread_self() }),
+                thread: crate::core::conv::low_u32(unsafe { libc::pthread_self() }),
                 runtime_table: RUNTIME_INTERFACE.address() as u64,
                 integrity_table: INTEGRITY.address() as u64,
                 function: integrity_check as *const () as u64,
@@ -513,12 +513,12 @@ unsafe fn stream_object_impl(
     if out.is_null() {
         return d::CUDA_ERROR_INVALID_VALUE;
     }
-    let stream = if stream == crate::streams::LEGACY {
+    let stream = if stream == crate::core::streams::LEGACY {
         0
     } else {
         stream
     };
-    let Some(rt) = crate::runtime::runtime_if_connected() else {
+    let Some(rt) = crate::core::runtime::runtime_if_connected() else {
         return d::CUDA_ERROR_NOT_INITIALIZED;
     };
     if let Err(e) = rt.streams.target(stream) {
@@ -573,7 +573,7 @@ unsafe fn stream_object_id_impl(
     let Some(stream) = stream else {
         return d::CUDA_ERROR_INVALID_HANDLE;
     };
-    let Some(rt) = crate::runtime::runtime_if_connected() else {
+    let Some(rt) = crate::core::runtime::runtime_if_connected() else {
         return d::CUDA_ERROR_NOT_INITIALIZED;
     };
     match rt.streams.id(&rt.session, stream) {
@@ -611,7 +611,7 @@ unsafe extern "C" fn module_functions(
     let functions = match listed {
         Ok(f) => f,
         Err(e) => {
-            crate::warnings::warn(format_args!("export table 6e163fbe slot 7: {e:?}"));
+            crate::core::warnings::warn(format_args!("export table 6e163fbe slot 7: {e:?}"));
             return 0;
         }
     };
@@ -717,7 +717,7 @@ pub fn get(id: &[u8; 16]) -> DrvResult<*const c_void> {
         }
         return Ok(*t);
     }
-    crate::warnings::warn(format_args!("cuGetExportTable: no table {hex}"));
+    crate::core::warnings::warn(format_args!("cuGetExportTable: no table {hex}"));
     Err(DriverError::INVALID_VALUE)
 }
 

@@ -26,10 +26,11 @@ use super::{
     status::{DriverError, DrvResult},
 };
 use crate::{
-    fatbin, modules as core_modules,
-    registry::{DeviceGlobal, ResolvedKernel},
-    runtime::runtime,
-    transport::Call,
+    core::fatbin,
+    core::modules as core_modules,
+    core::registry::{DeviceGlobal, ResolvedKernel},
+    core::runtime::runtime,
+    core::transport::Call,
 };
 
 /// A loaded module.
@@ -195,18 +196,18 @@ unsafe fn elf_len(p: *const u8) -> DrvResult<usize> {
         (
             |o: u64| {
                 u64::from(
-                    p.add(crate::conv::usize_of(o))
+                    p.add(crate::core::conv::usize_of(o))
                         .cast::<u16>()
                         .read_unaligned(),
                 )
             },
             |o: u64| {
-                p.add(crate::conv::usize_of(o))
+                p.add(crate::core::conv::usize_of(o))
                     .cast::<u32>()
                     .read_unaligned()
             },
             |o: u64| {
-                p.add(crate::conv::usize_of(o))
+                p.add(crate::core::conv::usize_of(o))
                     .cast::<u64>()
                     .read_unaligned()
             },
@@ -306,7 +307,7 @@ pub fn functions(m: &'static Module) -> DrvResult<Vec<&'static Function>> {
                 .args(&[m.host])
                 .output(&mut names),
         )?;
-        let needed = crate::conv::usize_of(reply.rets[1]);
+        let needed = crate::core::conv::usize_of(reply.rets[1]);
         if needed <= names.len() {
             break (reply.rets[0], needed);
         }

@@ -8,8 +8,7 @@ use core::ffi::{c_uint, c_void};
 
 use super::{initialized, out, via_runtime};
 use crate::{
-    api::{arrays as rt_arrays, texture as rt_texture},
-    arrays::{channel_desc, format_of},
+    core::arrays::{channel_desc, format_of},
     driver::{
         context,
         status::{DriverError, DrvResult},
@@ -19,6 +18,7 @@ use crate::{
         cudaMipmappedArray_t, cudaPitchedPtr, cudaPos, cudaResourceDesc, cudaResourceViewDesc,
         cudaTextureDesc, driver_api as d,
     },
+    runtime::{arrays as rt_arrays, texture as rt_texture},
 };
 
 fn ready() -> DrvResult<()> {
@@ -30,7 +30,7 @@ fn ready() -> DrvResult<()> {
 fn channels_of(format: d::CUarray_format, channels: c_uint) -> DrvResult<cudaChannelFormatDesc> {
     const CLASSIC: [u32; 8] = [0x01, 0x02, 0x03, 0x08, 0x09, 0x0a, 0x10, 0x20];
     if !CLASSIC.contains(&format) {
-        crate::warnings::warn_once!(
+        crate::core::warnings::warn_once!(
             "qcuda: driver-API arrays of NV12, normalized or block-compressed formats are not \
              supported"
         );

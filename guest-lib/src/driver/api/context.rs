@@ -5,14 +5,14 @@ use core::ffi::{c_int, c_uint};
 
 use super::{check_device, initialized, out, via_runtime};
 use crate::{
-    api::{devices as rt_devices, launch_ex as rt_launch, streams as rt_streams},
+    core::runtime::{registry, runtime},
+    core::transport::Call,
     driver::{
         context::{self, Context},
         status::{DriverError, DrvResult},
     },
     generated::driver_api as d,
-    runtime::{registry, runtime},
-    transport::Call,
+    runtime::{devices as rt_devices, launch_ex as rt_launch, streams as rt_streams},
 };
 use qcuda_proto::Op;
 
@@ -226,7 +226,7 @@ driver_api! {
             .session
             .submit(Call::new(Op::DeviceGetLimit, c.device).args(&[u64::from(limit)]))?;
         // SAFETY: checked non-null.
-        unsafe { pvalue.write_unaligned(crate::conv::usize_of(reply.rets[0])) };
+        unsafe { pvalue.write_unaligned(crate::core::conv::usize_of(reply.rets[0])) };
         Ok(())
     }
 
@@ -284,7 +284,7 @@ driver_api! {
         initialized()?;
         context::require_current()?;
         // SAFETY: no arguments.
-        via_runtime(|| unsafe { crate::api::stream_attrs::cudaCtxResetPersistingL2Cache() })
+        via_runtime(|| unsafe { crate::runtime::stream_attrs::cudaCtxResetPersistingL2Cache() })
     }
 
     /// `cuDevicePrimaryCtxRetain`.
@@ -354,11 +354,11 @@ driver_api! {
 
 /// Waits for all work of the context's device.
 fn synchronize(c: &'static Context) -> DrvResult<()> {
-    let saved = crate::devices::current();
-    crate::devices::set_current(c.device);
+    let saved = crate::core::devices::current();
+    crate::core::devices::set_current(c.device);
     // SAFETY: no arguments.
     let result = via_runtime(|| unsafe { rt_devices::cudaDeviceSynchronize() });
-    crate::devices::set_current(saved);
+    crate::core::devices::set_current(saved);
     result
 }
 

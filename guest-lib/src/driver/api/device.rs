@@ -4,10 +4,10 @@ use core::ffi::{c_char, c_int, c_uint};
 
 use super::{check_device, initialized, out, via_runtime};
 use crate::{
-    api::{devices as rt_devices, pools as rt_pools},
+    core::runtime::runtime,
     driver::status::DriverError,
     generated::driver_api as d,
-    runtime::runtime,
+    runtime::{devices as rt_devices, pools as rt_pools},
 };
 
 driver_api! {

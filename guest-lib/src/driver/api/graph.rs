@@ -7,9 +7,9 @@ use core::ffi::c_ulonglong;
 
 use super::{initialized, via_runtime};
 use crate::{
-    api::graphs as rt_graphs,
     driver::{context, status::DrvResult},
     generated::driver_api as d,
+    runtime::graphs as rt_graphs,
 };
 
 fn ready() -> DrvResult<()> {

@@ -6,16 +6,17 @@ use core::ffi::{c_uint, c_void};
 
 use super::{initialized, via_runtime};
 use crate::{
-    api::{launch_ex, streams as rt_streams},
-    call_config::CallConfig,
+    core::call_config::CallConfig,
+    core::launch,
+    core::params,
+    core::runtime::runtime,
     driver::{
         context,
         modules::{self, Function},
         status::{DriverError, DrvResult},
     },
     generated::{cudaLaunchConfig_t, dim3, driver_api as d},
-    launch, params,
-    runtime::runtime,
+    runtime::{launch_ex, streams as rt_streams},
 };
 
 /// `CU_LAUNCH_PARAM_END`, `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE` (cuda.h

@@ -7,7 +7,8 @@ use core::ffi::{c_int, c_uint, c_void};
 
 use super::{initialized, via_runtime};
 use crate::{
-    api::{memory as rt_memory, pools as rt_pools},
+    core::memory,
+    core::runtime::runtime,
     driver::{
         context,
         status::{DriverError, DrvResult},
@@ -16,8 +17,7 @@ use crate::{
         cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost,
         cudaMemcpyHostToDevice, cudaMemcpyKind, driver_api as d,
     },
-    memory,
-    runtime::runtime,
+    runtime::{memory as rt_memory, pools as rt_pools},
 };
 
 /// The current context, made the runtime face's current device.
@@ -64,7 +64,7 @@ fn memset(
     ready()?;
     let rt = runtime()?;
     let (rt, order) = match stream {
-        None => (rt, rt_memory::sync_order(crate::devices::current())),
+        None => (rt, rt_memory::sync_order(crate::core::devices::current())),
         Some(s) => rt_memory::async_order(s.cast())?,
     };
     Ok(memory::memset_elements(rt, dst, value, width, n, order)?)
@@ -95,7 +95,7 @@ driver_api! {
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
         ready()?;
         // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { crate::api::devices::cudaMemGetInfo(free, total) })
+        via_runtime(|| unsafe { crate::runtime::devices::cudaMemGetInfo(free, total) })
     }
 
     /// `cuMemAllocPitch_v2`: rows of `WidthInBytes` at the device's pitch.
@@ -112,7 +112,7 @@ driver_api! {
         }
         // SAFETY: forwarded contract.
         via_runtime(|| unsafe {
-            crate::api::arrays::cudaMallocPitch(dptr.cast(), pPitch, WidthInBytes, Height)
+            crate::runtime::arrays::cudaMallocPitch(dptr.cast(), pPitch, WidthInBytes, Height)
         })
     }
 
@@ -390,7 +390,7 @@ driver_api! {
         ready()?;
         // SAFETY: a device range (API contract).
         via_runtime(|| unsafe {
-            crate::api::arrays::cudaMemset2D(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height)
+            crate::runtime::arrays::cudaMemset2D(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height)
         })
     }
 
@@ -407,7 +407,7 @@ driver_api! {
         ready()?;
         // SAFETY: a device range (API contract).
         via_runtime(|| unsafe {
-            crate::api::arrays::cudaMemset2DAsync(
+            crate::runtime::arrays::cudaMemset2DAsync(
                 dstDevice as *mut c_void,
                 dstPitch,
                 c_int::from(uc),
@@ -571,11 +571,19 @@ unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> Dr
     match stream {
         // SAFETY: the ranges the descriptor names (API contract).
         None => via_runtime(|| unsafe {
-            crate::api::arrays::cudaMemcpy2D(d, dpitch, s, spitch, c.WidthInBytes, c.Height, kind)
+            crate::runtime::arrays::cudaMemcpy2D(
+                d,
+                dpitch,
+                s,
+                spitch,
+                c.WidthInBytes,
+                c.Height,
+                kind,
+            )
         }),
         // SAFETY: as above.
         Some(st) => via_runtime(|| unsafe {
-            crate::api::arrays::cudaMemcpy2DAsync(
+            crate::runtime::arrays::cudaMemcpy2DAsync(
                 d,
                 dpitch,
                 s,
@@ -714,7 +722,7 @@ unsafe fn pointer_attribute(
                 data.cast::<usize>().write_unaligned(0);
             }
             _ => {
-                crate::warnings::warn_once!(
+                crate::core::warnings::warn_once!(
                     "cuPointerGetAttribute: attribute {attribute} is not supported"
                 );
                 return Err(DriverError::NOT_SUPPORTED);

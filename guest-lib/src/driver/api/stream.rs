@@ -7,13 +7,13 @@ use core::ffi::{c_int, c_uint, c_void};
 
 use super::{initialized, out, via_runtime};
 use crate::{
-    api::{events as rt_events, streams as rt_streams},
+    core::runtime::runtime,
     driver::{
         context,
         status::{DriverError, DrvResult},
     },
     generated::driver_api as d,
-    runtime::runtime,
+    runtime::{events as rt_events, streams as rt_streams},
 };
 
 fn ready() -> DrvResult<()> {
@@ -126,7 +126,7 @@ driver_api! {
         // SAFETY: forwarded contract; the callback's CUresult parameter is the runtime's
         // cudaError_t (an unsigned int either way).
         via_runtime(|| unsafe {
-            rt_streams::cudaStreamAddCallback(hStream.cast(), std::mem::transmute::<d::CUstreamCallback, crate::host_fns::StreamCallback>(callback), userData, flags)
+            rt_streams::cudaStreamAddCallback(hStream.cast(), std::mem::transmute::<d::CUstreamCallback, crate::core::host_fns::StreamCallback>(callback), userData, flags)
         })
     }
 

@@ -6,7 +6,7 @@
 //! stream (and into streams that join through events) are captured by the driver as the worker
 //! issues them. The worker's thread runs in the relaxed capture mode: all guest threads share
 //! it, so the per-thread rules of the global and thread-local modes are the guest library's to
-//! apply (guest-lib/src/capture.rs).
+//! apply (guest-lib/src/core/capture.rs).
 //!
 //! Node parameters arrive in the encodings of `qcuda_proto::graph` and are checked like the ops
 //! they stand for: kernels by function handle, geometry and parameter layout, copies and memsets
