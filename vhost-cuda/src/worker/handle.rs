@@ -594,6 +594,23 @@ impl WorkerProcess {
         }
     }
 
+    /// The operator's pause (`pause` true) or resume of the worker's GPU state, between
+    /// requests: the answer's status says how it went (`worker::checkpoint_answer`), rets[0]
+    /// the bytes moved between the GPU and host memory, rets[1] the nanoseconds it took.
+    pub fn checkpoint(&mut self, pause: bool) -> Result<ResponseHeader, WorkerError> {
+        let msg = if pause {
+            ToWorker::Pause
+        } else {
+            ToWorker::Resume
+        };
+        self.send_message(&msg, &[])?;
+        loop {
+            if let Waited::Done(resp) = self.wait(None)? {
+                return Ok(resp);
+            }
+        }
+    }
+
     /// Ends the worker: closes the channel, gives it `bound` to exit by itself, then SIGKILL.
     /// Returns once it is reaped.
     pub fn close(mut self, bound: Duration) -> ExitStatus {
