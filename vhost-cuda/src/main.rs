@@ -121,6 +121,19 @@ struct Args {
     #[arg(long, conflicts_with = "session_worker")]
     stats: bool,
 
+    /// Pause a guest process of the daemon serving --socket-path (or --stats-socket): its
+    /// session id (as --stats shows it), or "all" for every guest process of every VM. The
+    /// op in flight ends, every allocation's contents move to host memory and the GPU memory
+    /// is released; the program's further CUDA calls wait until --resume. Only root or the
+    /// daemon's user may.
+    #[arg(long, value_name = "SESSION|all", conflicts_with_all = ["session_worker", "stats", "resume"])]
+    pause: Option<String>,
+
+    /// Resume what --pause paused: the memory goes back to the GPU at the same addresses and
+    /// the program goes on.
+    #[arg(long, value_name = "SESSION|all", conflicts_with_all = ["session_worker", "stats"])]
+    resume: Option<String>,
+
     /// How --stats prints: a table for people, JSON, or Prometheus text.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = StatsFormat::Table)]
     stats_format: StatsFormat,
@@ -382,6 +395,36 @@ fn stats_main(args: &Args) -> i32 {
     }
 }
 
+/// `--pause` / `--resume`: the client of the operator's commands on the stats socket.
+fn checkpoint_main(args: &Args) -> i32 {
+    let (pause, target) = match (&args.pause, &args.resume) {
+        (Some(t), _) => (true, t.as_str()),
+        (None, Some(t)) => (false, t.as_str()),
+        (None, None) => return 2,
+    };
+    let Some(path) = args
+        .stats_socket
+        .clone()
+        .or_else(|| args.socket_path.as_deref().map(stats::default_path))
+    else {
+        eprintln!("vhost-cuda: --pause and --resume need --socket-path or --stats-socket");
+        return 2;
+    };
+    match stats::command(&path, pause, target) {
+        Ok(text) => {
+            print!("{text}");
+            i32::from(!text.ends_with("result: ok\n"))
+        }
+        Err(e) => {
+            eprintln!(
+                "vhost-cuda: cannot ask {} ({e}): is a vhost-cuda daemon serving that socket?",
+                path.display()
+            );
+            1
+        }
+    }
+}
+
 /// `--spin-budget` when not given: a quarter of the host's CPUs, at least 1.
 fn default_spin_budget() -> u64 {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -411,6 +454,9 @@ fn main() {
     }
     if args.stats {
         exit(stats_main(&args));
+    }
+    if args.pause.is_some() || args.resume.is_some() {
+        exit(checkpoint_main(&args));
     }
     // Single-threaded still, so the environment may change: the session workers (children)
     // inherit the budget from it.
@@ -462,6 +508,8 @@ mod tests {
             gpu_memory_slot: None,
             inherited_fds: None,
             stats: false,
+            pause: None,
+            resume: None,
             stats_format: StatsFormat::Table,
             stats_socket: None,
             sandbox: SandboxMode::Namespace,
