@@ -273,6 +273,11 @@ fn transport_failures_map_to_cuda_errors_and_eintr_is_retried() {
     fake.state().errnos.extend([libc::EINTR, libc::EINTR]);
     // SAFETY: no pointers.
     ok(unsafe { cudaDeviceSynchronize() });
+    // A request in between, so that the next synchronisation has something to wait for and
+    // goes to the host (an idle one makes no round trip).
+    let mut p = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter.
+    ok(unsafe { crate::runtime::memory::cudaMalloc(&raw mut p, 16) });
     fake.state().errnos.push_back(libc::EIO);
     // SAFETY: no pointers.
     assert_err(

@@ -1,8 +1,9 @@
 //! `CudaError`, the error type of every internal guest-lib function, and the name/description
 //! tables behind `cudaGetErrorName` and `cudaGetErrorString`.
 //!
-//! A `CudaError` is a nonzero `cudaError_t`: internal code returns `CudaResult<T>` and the exported
-//! functions (api/) turn it back into the integer the application sees. The codes, names and
+//! A `CudaError` is a nonzero `cudaError_t`: internal code returns `CudaResult<T>` and the
+//! exported functions of the faces (runtime/, driver/) turn it back into the integer the
+//! application sees (the driver face into the `CUresult` of the same number). The codes, names and
 //! descriptions are qcuda-proto's `cuda_errors`, generated from the CUDA 13.0 headers and shared
 //! with vhost-cuda, so they can never drift from the headers or from the host.
 
@@ -60,6 +61,8 @@ named_errors! {
     STREAM_CAPTURE_UNSUPPORTED = cudaErrorStreamCaptureUnsupported;
     STREAM_CAPTURE_WRONG_THREAD = cudaErrorStreamCaptureWrongThread;
     UNKNOWN = cudaErrorUnknown;
+    INVALID_CONTEXT = cudaErrorDeviceUninitialized;
+    CONTEXT_IS_DESTROYED = cudaErrorContextIsDestroyed;
 }
 
 impl CudaError {

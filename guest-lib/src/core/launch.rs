@@ -9,12 +9,13 @@
 //! `cudaErrorInvalidConfiguration`). Failures the host finds (out of resources, a fault in the
 //! kernel) surface at the next synchronising call.
 
-use core::ffi::c_void;
+use core::ffi::{c_int, c_void};
 
-use qcuda_proto::Op;
+use qcuda_proto::{LaunchAttr, Op, MAX_LAUNCH_ATTRS};
 
 use crate::{
     core::call_config::CallConfig,
+    core::conv::{c_int_of, usize_of},
     core::cuda_error::{CudaError, CudaResult},
     core::managed_vars,
     core::modules,
@@ -22,7 +23,8 @@ use crate::{
     core::registry::KernelRecord,
     core::runtime::Runtime,
     core::transport::Call,
-    generated::{self as cu, dim3},
+    core::warnings::warn_once,
+    generated::{self as cu, cudaLaunchAttribute, cudaLaunchConfig_t, dim3},
 };
 
 /// The device limits a launch configuration is checked against.
@@ -180,6 +182,114 @@ pub fn submit(
     }
     rt.session.submit(call.fire_and_forget())?;
     Ok(())
+}
+
+/// Reads the `i`th 32-bit word of a launch attribute's value union.
+fn word(val: &[u8; 64], i: usize) -> u32 {
+    u32::from_le_bytes([val[4 * i], val[4 * i + 1], val[4 * i + 2], val[4 * i + 3]])
+}
+
+fn dword(val: &[u8; 64], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&val[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// The wire records of `config`'s attributes (one `Ignore` record when there are none, so the
+/// op always carries its buffer). Unknown ids are `cudaErrorInvalidValue`, as the driver
+/// answers; events must be the application's; the device-updatable node attribute belongs to
+/// graphs, which qcuda does not support.
+///
+/// # Safety
+/// `config.attrs` holds `config.numAttrs` attributes (API contract).
+pub unsafe fn wire_attrs(rt: &Runtime, config: &cudaLaunchConfig_t) -> CudaResult<Vec<u8>> {
+    let n = config.numAttrs as usize;
+    if n > 0 && config.attrs.is_null() {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    if n > MAX_LAUNCH_ATTRS {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut out = Vec::with_capacity(n.max(1) * qcuda_proto::LAUNCH_ATTR_SIZE);
+    for i in 0..n {
+        // SAFETY: `attrs` holds `n` attributes (caller's contract).
+        let a: cudaLaunchAttribute = unsafe { config.attrs.add(i).read_unaligned() };
+        // SAFETY: every bit pattern is a valid byte array; the union is 64 bytes.
+        let val: [u8; 64] = unsafe { core::mem::transmute(a.val) };
+        let mut rec = LaunchAttr {
+            id: a.id,
+            ..LaunchAttr::default()
+        };
+        match a.id {
+            cu::cudaLaunchAttributeIgnore => {}
+            cu::cudaLaunchAttributeCooperative
+            | cu::cudaLaunchAttributeSynchronizationPolicy
+            | cu::cudaLaunchAttributeClusterSchedulingPolicyPreference
+            | cu::cudaLaunchAttributeProgrammaticStreamSerialization
+            | cu::cudaLaunchAttributePriority
+            | cu::cudaLaunchAttributeMemSyncDomain
+            | cu::cudaLaunchAttributePreferredSharedMemoryCarveout
+            | cu::cudaLaunchAttributeNvlinkUtilCentricScheduling => rec.v[0] = word(&val, 0),
+            cu::cudaLaunchAttributeClusterDimension
+            | cu::cudaLaunchAttributePreferredClusterDimension => {
+                rec.v = [word(&val, 0), word(&val, 1), word(&val, 2)];
+            }
+            cu::cudaLaunchAttributeMemSyncDomainMap => {
+                rec.v = [u32::from(val[0]), u32::from(val[1]), 0];
+            }
+            cu::cudaLaunchAttributeProgrammaticEvent
+            | cu::cudaLaunchAttributeLaunchCompletionEvent => {
+                let event = rt.events.info(usize_of(dword(&val, 0)))?;
+                rec.w[0] = event.host;
+                rec.v = [word(&val, 2), word(&val, 3), 0];
+                if a.id == cu::cudaLaunchAttributeLaunchCompletionEvent {
+                    rec.v[1] = 0;
+                }
+            }
+            cu::cudaLaunchAttributeAccessPolicyWindow => {
+                rec.w = [dword(&val, 0), dword(&val, 8)];
+                rec.v = [word(&val, 4), word(&val, 5), word(&val, 6)];
+            }
+            cu::cudaLaunchAttributeDeviceUpdatableKernelNode => {
+                warn_once!(
+                    "cudaLaunchAttributeDeviceUpdatableKernelNode: graphs are not supported"
+                );
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+            _ => return Err(CudaError::INVALID_VALUE),
+        }
+        out.extend_from_slice(&rec.encode());
+    }
+    if out.is_empty() {
+        out.extend_from_slice(&LaunchAttr::default().encode());
+    }
+    Ok(out)
+}
+
+/// The cluster occupancy of host function `f` on `device` (`OccupancyCluster`): the most
+/// clusters resident at once (`active`) or the largest cluster size. Both faces' cluster
+/// occupancy queries.
+///
+/// # Safety
+/// `c.attrs` holds `c.numAttrs` attributes (API contract).
+pub unsafe fn cluster_occupancy_of(
+    rt: &Runtime,
+    device: u32,
+    f: u64,
+    c: &cudaLaunchConfig_t,
+    active: bool,
+) -> CudaResult<c_int> {
+    // SAFETY: forwarded contract.
+    let attrs = unsafe { wire_attrs(rt, c) }?;
+    let mut args = [0u64; 7];
+    args[..6].copy_from_slice(&wire_args(f, c.gridDim, c.blockDim, c.dynamicSmemBytes, 0));
+    args[6] = u64::from(active);
+    let reply = rt.session.submit(
+        Call::new(Op::OccupancyCluster, device)
+            .args(&args)
+            .input(&attrs),
+    )?;
+    Ok(c_int_of(reply.rets[0]))
 }
 
 #[cfg(test)]

@@ -299,3 +299,280 @@ pub fn memset_elements(
     rt.session.submit(call)?;
     Ok(())
 }
+
+/// The memory operations both API faces offer (see `streams::ops`), on the calling thread's
+/// current device unless a stream or pointer names another.
+pub mod ops {
+    use core::ffi::c_void;
+
+    use qcuda_proto::Op;
+
+    use super::Ordering;
+    use crate::{
+        core::{
+            conv::{int_of_u32, usize_of},
+            cuda_error::{CudaError, CudaResult},
+            host_memory::HostKind,
+            runtime::{current, Runtime},
+            transport::Call,
+            warnings::warn_once,
+        },
+        generated::{
+            cudaHostAllocMapped, cudaHostAllocPortable, cudaHostAllocWriteCombined,
+            cudaHostRegisterIoMemory, cudaHostRegisterMapped, cudaHostRegisterPortable,
+            cudaHostRegisterReadOnly, cudaMemcpyKind, cudaMemoryTypeDevice, cudaMemoryTypeHost,
+            cudaMemoryTypeManaged, cudaMemoryTypeUnregistered, cudaPointerAttributes,
+        },
+    };
+
+    /// `cudaMemAttachGlobal`.
+    const MEM_ATTACH_GLOBAL: u32 = 1;
+    /// `cudaMemAttachHost`.
+    const MEM_ATTACH_HOST: u32 = 2;
+
+    /// Orders a synchronous call on the legacy stream of `device`.
+    pub fn sync_order(device: u32) -> Ordering {
+        Ordering {
+            device,
+            stream: 0,
+            is_async: false,
+        }
+    }
+
+    /// Orders an `*Async` call on `stream`.
+    pub fn async_order(stream: usize) -> CudaResult<(&'static Runtime, Ordering)> {
+        let (rt, _) = current()?;
+        let t = rt.streams.target(stream)?;
+        Ok((
+            rt,
+            Ordering {
+                device: t.device,
+                stream: t.wire,
+                is_async: true,
+            },
+        ))
+    }
+
+    /// `cudaMalloc`: the new allocation's device address (0 for size 0).
+    pub fn malloc(size: usize) -> CudaResult<u64> {
+        let (rt, d) = current()?;
+        super::malloc(rt, d, size)
+    }
+
+    /// `cudaFree`.
+    pub fn free(ptr: u64) -> CudaResult<()> {
+        let (rt, d) = current()?;
+        super::free(rt, d, ptr)
+    }
+
+    /// `cudaMemcpy`: all four kinds and `cudaMemcpyDefault`, any size.
+    ///
+    /// # Safety
+    /// The host-side ranges are valid for `count` bytes, as the API documents.
+    pub unsafe fn memcpy(dst: u64, src: u64, count: usize, kind: cudaMemcpyKind) -> CudaResult<()> {
+        let (rt, d) = current()?;
+        // SAFETY: forwarded contract for the host-side ranges.
+        unsafe { super::memcpy(rt, dst, src, count, kind, sync_order(d)) }
+    }
+
+    /// `cudaMemcpyAsync`: copies touching guest memory complete before returning (the memory
+    /// is pageable); device-to-device copies are fire-and-forget.
+    ///
+    /// # Safety
+    /// As for [`memcpy`].
+    pub unsafe fn memcpy_async(
+        dst: u64,
+        src: u64,
+        count: usize,
+        kind: cudaMemcpyKind,
+        stream: usize,
+    ) -> CudaResult<()> {
+        let (rt, order) = async_order(stream)?;
+        // SAFETY: forwarded contract for the host-side ranges.
+        unsafe { super::memcpy(rt, dst, src, count, kind, order) }
+    }
+
+    /// `cudaMemset`.
+    pub fn memset(dst: u64, value: i32, count: usize) -> CudaResult<()> {
+        let (rt, d) = current()?;
+        super::memset(rt, dst, value, count, sync_order(d))
+    }
+
+    /// `cudaMemsetAsync` (fire-and-forget).
+    pub fn memset_async(dst: u64, value: i32, count: usize, stream: usize) -> CudaResult<()> {
+        let (rt, order) = async_order(stream)?;
+        super::memset(rt, dst, value, count, order)
+    }
+
+    /// `cudaMemGetInfo` of the current device: (free, total).
+    pub fn mem_info() -> CudaResult<(usize, usize)> {
+        let (rt, d) = current()?;
+        let reply = rt.session.submit(Call::new(Op::MemGetInfo, d))?;
+        Ok((usize_of(reply.rets[0]), usize_of(reply.rets[1])))
+    }
+
+    /// `cudaHostAlloc`: every flag works. The memory is always portable and mapped (it is one
+    /// registration, visible to every device, at a device address equal to the pointer);
+    /// write-combining is a CPU caching hint that guest memory does not take, so it is recorded
+    /// only.
+    pub fn host_alloc(size: usize, flags: u32) -> CudaResult<usize> {
+        if flags & !(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined) != 0
+        {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        rt.session.check_sticky(d)?;
+        rt.session.captures.check_unsafe_call(&rt.session)?;
+        rt.host_memory
+            .alloc(&rt.session, size, flags, d, HostKind::Allocated)
+    }
+
+    /// `cudaFreeHost`: waits for the device's work, then the host drops its mapping.
+    pub fn free_host(ptr: usize) -> CudaResult<()> {
+        let (rt, _) = current()?;
+        rt.host_memory.free(&rt.session, ptr, HostKind::Allocated)
+    }
+
+    /// `cudaHostRegister`: qcuda.ko pins the pages and the host maps and registers them for as
+    /// long as the registration lives. `cudaHostRegisterIoMemory` (device memory of another
+    /// PCI device) has no guest equivalent.
+    pub fn host_register(ptr: usize, size: usize, flags: u32) -> CudaResult<()> {
+        let known = cudaHostRegisterPortable
+            | cudaHostRegisterMapped
+            | cudaHostRegisterIoMemory
+            | cudaHostRegisterReadOnly;
+        if flags & !known != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        if flags & cudaHostRegisterIoMemory != 0 {
+            warn_once!("cudaHostRegister: cudaHostRegisterIoMemory is not supported in a guest");
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        let (rt, d) = current()?;
+        rt.session.check_sticky(d)?;
+        rt.session.captures.check_unsafe_call(&rt.session)?;
+        let read_only = flags & cudaHostRegisterReadOnly != 0;
+        rt.host_memory
+            .register(&rt.session, ptr, size, flags, read_only, d)
+    }
+
+    /// `cudaHostUnregister`.
+    pub fn host_unregister(ptr: usize) -> CudaResult<()> {
+        let (rt, _) = current()?;
+        rt.host_memory.unregister(&rt.session, ptr)
+    }
+
+    /// `cudaHostGetDevicePointer`: the device address of host-mapped memory.
+    pub fn host_device_pointer(ptr: usize, flags: u32) -> CudaResult<u64> {
+        if flags != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, _) = current()?;
+        let a = rt.host_memory.find(ptr).ok_or(CudaError::INVALID_VALUE)?;
+        Ok(a.device_address(ptr))
+    }
+
+    /// `cudaHostGetFlags`: the flags an allocation was made with.
+    pub fn host_flags(ptr: usize) -> CudaResult<u32> {
+        let (rt, _) = current()?;
+        let a = rt.host_memory.find(ptr).ok_or(CudaError::INVALID_VALUE)?;
+        Ok(a.flags)
+    }
+
+    /// `cudaMallocManaged`: guest memory mapped into the device at its own address, which the
+    /// program and its kernels share. Unlike native unified memory it never migrates: the GPU
+    /// reaches it over the bus (docs/ARCHITECTURE.md, "Host memory").
+    pub fn malloc_managed(size: usize, flags: u32) -> CudaResult<usize> {
+        if flags != MEM_ATTACH_GLOBAL && flags != MEM_ATTACH_HOST {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let (rt, d) = current()?;
+        rt.session.check_sticky(d)?;
+        rt.session.captures.check_unsafe_call(&rt.session)?;
+        let p = rt
+            .host_memory
+            .alloc(&rt.session, size, flags, d, HostKind::Managed)?;
+        if rt
+            .host_memory
+            .find(p)
+            .is_some_and(|a| a.dev_addr != p as u64)
+        {
+            // Only memory at one address for both sides is managed memory.
+            let _ = rt.host_memory.free(&rt.session, p, HostKind::Managed);
+            warn_once!("cudaMallocManaged: the host could not map the memory at its own address");
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        Ok(p)
+    }
+
+    /// `cudaPointerGetAttributes`: device memory from `cudaMalloc`; host memory from
+    /// `cudaMallocHost`/`cudaHostAlloc`/`cudaHostRegister`, with its device address; managed
+    /// memory; anything else unregistered (device -2, the pointer as host pointer, as NVIDIA's
+    /// 13.0 runtime answers).
+    pub fn pointer_attributes(ptr: usize) -> CudaResult<cudaPointerAttributes> {
+        let (rt, _) = current()?;
+        let mut a = cudaPointerAttributes {
+            type_: cudaMemoryTypeUnregistered,
+            device: -2,
+            hostPointer: ptr as *mut c_void,
+            ..Default::default()
+        };
+        if let Some(d) = rt.allocations.find(ptr as u64) {
+            a.type_ = cudaMemoryTypeDevice;
+            a.device = int_of_u32(d.device);
+            a.devicePointer = ptr as *mut c_void;
+            a.hostPointer = std::ptr::null_mut();
+        } else if let Some(h) = rt
+            .host_memory
+            .find(ptr)
+            .filter(|h| h.kind != HostKind::GraphPinned)
+        {
+            a.type_ = if h.kind == HostKind::Managed {
+                cudaMemoryTypeManaged
+            } else {
+                cudaMemoryTypeHost
+            };
+            a.device = int_of_u32(h.device);
+            a.hostPointer = ptr as *mut c_void;
+            a.devicePointer = h.device_address(ptr) as *mut c_void;
+        }
+        Ok(a)
+    }
+
+    /// `cudaMemcpyPeer` (`stream` None: the current device's legacy stream, returning once the
+    /// copy is done) and `cudaMemcpyPeerAsync` (in the order of `stream`).
+    pub fn memcpy_peer(
+        dst: u64,
+        dst_device: i32,
+        src: u64,
+        src_device: i32,
+        count: usize,
+        stream: Option<usize>,
+    ) -> CudaResult<()> {
+        let (rt, order) = match stream {
+            None => {
+                let (rt, d) = current()?;
+                (rt, sync_order(d))
+            }
+            Some(s) => async_order(s)?,
+        };
+        let dd = rt.devices.check(dst_device)?;
+        let sd = rt.devices.check(src_device)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let mut call = Call::new(Op::MemcpyPeer, order.device).args(&[
+            dst,
+            u64::from(dd),
+            src,
+            u64::from(sd),
+            count as u64,
+            order.stream,
+        ]);
+        if order.is_async {
+            call = call.fire_and_forget();
+        }
+        rt.session.submit(call)?;
+        Ok(())
+    }
+}

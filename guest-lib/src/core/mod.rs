@@ -4,10 +4,12 @@
 //! (`crate::driver`) and NVML (`crate::nvml`) call into it; it calls none of them.
 
 pub mod allocations;
+pub mod array_ops;
 pub mod arrays;
 pub mod batch;
 pub mod call_config;
 pub mod capture;
+pub mod context;
 pub mod conv;
 pub mod copy;
 pub mod copy3d;
@@ -16,6 +18,7 @@ pub mod device_prop;
 pub mod devices;
 pub mod events;
 pub mod fatbin;
+pub mod graphs;
 pub mod handles;
 pub mod host_fns;
 pub mod host_memory;
@@ -35,6 +38,7 @@ pub mod signal_mask;
 pub mod streams;
 pub mod symbols;
 pub mod transport;
+pub mod vmm;
 pub(crate) mod warnings;
 
 #[cfg(test)]

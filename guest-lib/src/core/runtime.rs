@@ -53,6 +53,8 @@ pub struct Runtime {
     pub objects: crate::core::arrays::Objects,
     /// Memory pools the application has named.
     pub pools: Pools,
+    /// Physical allocations and mappings (cuMemCreate, cuMemMap).
+    pub vmm: crate::core::vmm::Vmm,
 }
 
 impl Runtime {
@@ -77,6 +79,7 @@ impl Runtime {
             host_fns: HostFns::default(),
             objects: crate::core::arrays::Objects::default(),
             pools: Pools::default(),
+            vmm: crate::core::vmm::Vmm::default(),
         })
     }
 
@@ -103,6 +106,7 @@ impl Runtime {
     /// resolved kernels and symbols, the sticky error).
     pub fn reset_device(&self, registry: &Registry, device: u32) -> CudaResult<()> {
         self.session.submit(Call::new(Op::DeviceReset, device))?;
+        self.devices.deactivate_primary(device);
         self.allocations.forget_device(device);
         crate::core::managed_vars::forget_device(device);
         self.host_memory.forget_device(&self.session, device);
@@ -127,10 +131,12 @@ extern "C" fn flush_device_output_at_exit() {
 }
 
 /// The runtime and the calling thread's current device, checked: the common preamble of every
-/// call that works on "the current device".
+/// call that works on "the current device". As with NVIDIA's runtime (CUDA 12 and later), such
+/// a call initialises the device's primary context, which the driver API then sees current.
 pub fn current() -> CudaResult<(&'static Runtime, u32)> {
     let rt = runtime()?;
     let device = rt.devices.current()?;
+    rt.devices.activate_primary(device);
     Ok((rt, device))
 }
 

@@ -11,9 +11,9 @@
 
 use qcuda_proto::WaitMode;
 
+use crate::core::context;
 use crate::{
     core::runtime::runtime_if_connected,
-    driver::context,
     generated::{cudaDeviceScheduleBlockingSync, cudaDeviceScheduleMask},
 };
 

@@ -10,8 +10,8 @@
 use crate::core::conv::{c_int_of, low_u32};
 use std::{
     sync::{
-        atomic::{AtomicBool, AtomicU32, Ordering},
-        Arc,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
     },
     time::Duration,
 };
@@ -65,6 +65,12 @@ pub struct Session {
     latency: Option<Latency>,
     /// The stream captures this process has under way (capture.rs).
     pub captures: crate::core::capture::Captures,
+    /// Requests this process has made (any op but `HostFuncWait`): work can only reach the
+    /// device through one, so none since a synchronisation means nothing to wait for.
+    requests: AtomicU64,
+    /// The last synchronisation that succeeded: the request count when it was made, its
+    /// device, and its stream (`None`: the whole device).
+    drained: Mutex<Option<(u64, u32, Option<u64>)>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -94,6 +100,8 @@ impl Session {
             contexts: [const { AtomicBool::new(false) }; MAX_DEVICES],
             latency: Latency::from_env(),
             captures: crate::core::capture::Captures::default(),
+            requests: AtomicU64::new(0),
+            drained: Mutex::new(None),
         };
         let reply = session.submit(Call::new(Op::Hello, 0).args(&[u64::from(VERSION)]))?;
         session.host = HostInfo {
@@ -116,6 +124,35 @@ impl Session {
             .is_some_and(|c| c.load(Ordering::Relaxed))
     }
 
+    /// The number of requests made so far: taken just before a synchronisation is sent, and
+    /// given to [`Session::drained`] once it succeeded.
+    pub fn requests_made(&self) -> u64 {
+        self.requests.load(Ordering::Acquire)
+    }
+
+    /// A synchronisation of `stream` (`None`: all of `device`) that was sent after
+    /// `requests_made()` returned `before` has succeeded.
+    pub fn drained(&self, before: u64, device: u32, stream: Option<u64>) {
+        // The synchronisation's own request is the one after `before`.
+        *self.drained.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((before + 1, device, stream));
+    }
+
+    /// Whether a synchronisation of `stream` (`None`: all of `device`) has nothing to wait for:
+    /// one that covered it succeeded and no request was made since, so no work can be pending
+    /// there, and no failure of earlier work can be unreported (that synchronisation reported
+    /// it). Natively such a call returns at once too; here it then costs no round trip.
+    /// While a capture is under way the host answers every synchronisation (capture rules).
+    pub fn already_drained(&self, device: u32, stream: Option<u64>) -> bool {
+        if self.captures.active() {
+            return false;
+        }
+        let last = *self.drained.lock().unwrap_or_else(PoisonError::into_inner);
+        last.is_some_and(|(count, d, covered)| {
+            count == self.requests_made() && d == device && (covered.is_none() || covered == stream)
+        })
+    }
+
     /// What the host said in the handshake.
     pub fn host(&self) -> HostInfo {
         self.host
@@ -136,6 +173,9 @@ impl Session {
             return Err(CudaError::UNKNOWN);
         }
         let device = call.device();
+        if op != Op::HostFuncWait {
+            self.requests.fetch_add(1, Ordering::AcqRel);
+        }
         if needs_context(op) {
             self.check_sticky(device)?;
             self.gpu_used.store(true, Ordering::Relaxed);
@@ -448,6 +488,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceP2PAttribute
         | Op::PeerAccess
         | Op::MemcpyPeer
+        | qcuda_proto::vmm_ops!()
         | qcuda_proto::graph_ops!() => true,
     }
 }
@@ -493,6 +534,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::StreamEndCapture
         | Op::StreamUpdateCaptureDependencies
         | Op::GraphCreate
+        | Op::GraphConditionalHandleCreate
         | Op::GraphDestroy
         | Op::GraphAddNode
         | Op::GraphEdges
@@ -500,8 +542,20 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::GraphInstantiate
         | Op::GraphExecDestroy
         | Op::GraphLaunch
-        | Op::GraphExecUpdate => false,
-        Op::Hello
+        | Op::GraphExecUpdate
+        | Op::MemCreate
+        | Op::MemRelease
+        | Op::MemAddressReserve
+        | Op::MemAddressFree
+        | Op::MemMap
+        | Op::MemUnmap
+        | Op::MemSetAccess
+        | Op::MemRetainHandle => false,
+        Op::MemGetAccess
+        | Op::MemGetGranularity
+        | Op::MemHandleProperties
+        | Op::MemMappingRange
+        | Op::Hello
         | Op::Echo
         | Op::HostInfo
         | Op::HostLatency

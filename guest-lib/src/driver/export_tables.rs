@@ -22,9 +22,10 @@ use hmac::{Hmac, Mac};
 
 use super::{
     api::{device_identity, driver_version_value},
-    context, modules,
+    modules,
     status::{DriverError, DrvResult},
 };
+use crate::core::context;
 use crate::{core::fatbin, core::warnings::warn_first, generated::driver_api as d};
 
 /// A table as the driver hands it out: words, function pointers among them.
@@ -281,11 +282,11 @@ unsafe extern "C" fn cls_put(
     value: usize,
     dtor: context::StorageDtor,
 ) -> d::CUresult {
-    super::status::finish(context::storage_put(ctx, key, value, dtor))
+    super::status::finish(context::storage_put(ctx, key, value, dtor).map_err(Into::into))
 }
 
 extern "C" fn cls_delete(ctx: usize, key: usize) -> d::CUresult {
-    super::status::finish(context::storage_delete(ctx, key))
+    super::status::finish(context::storage_delete(ctx, key).map_err(Into::into))
 }
 
 unsafe extern "C" fn cls_get(out: *mut usize, ctx: usize, key: usize) -> d::CUresult {
@@ -295,7 +296,7 @@ unsafe extern "C" fn cls_get(out: *mut usize, ctx: usize, key: usize) -> d::CUre
     let result = context::storage_get(ctx, key);
     // SAFETY: checked non-null.
     unsafe { out.write_unaligned(*result.as_ref().unwrap_or(&0)) };
-    super::status::finish(result.map(drop))
+    super::status::finish(result.map(drop).map_err(Into::into))
 }
 
 static CONTEXT_STORAGE: Table<4> = Table([
@@ -470,7 +471,9 @@ unsafe fn ctx_id_impl(ctx: usize, id: *mut u64) -> d::CUresult {
     let value = if ctx == 0 {
         Ok(0)
     } else {
-        context::lookup(ctx).map(|c| c.id)
+        context::lookup(ctx)
+            .map(|c| c.id)
+            .map_err(DriverError::from)
     };
     value.map_or_else(DriverError::code, |v| {
         // SAFETY: checked non-null.

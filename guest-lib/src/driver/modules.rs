@@ -15,21 +15,20 @@ use std::{
     ffi::CString,
     sync::{
         atomic::{AtomicBool, AtomicU32, Ordering},
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, OnceLock, PoisonError, RwLock,
     },
 };
 
 use qcuda_proto::Op;
 
-use super::{
-    context,
-    status::{DriverError, DrvResult},
-};
+use super::status::{DriverError, DrvResult};
+use crate::core::context;
 use crate::{
     core::fatbin,
     core::modules as core_modules,
     core::registry::{DeviceGlobal, ResolvedKernel},
     core::runtime::runtime,
+    core::session::MAX_DEVICES,
     core::transport::Call,
 };
 
@@ -73,6 +72,9 @@ pub struct Kernel {
     pub library: &'static Library,
     /// Its name.
     pub name: CString,
+    /// Its function on each device, once resolved there: a launch of a `CUkernel` (NVIDIA's
+    /// runtime launches these) then costs no lock and no name lookup.
+    functions: [OnceLock<&'static Function>; MAX_DEVICES],
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,11 +85,17 @@ enum Kind {
     Kernel,
 }
 
-static LIVE: Mutex<Option<HashMap<usize, Kind>>> = Mutex::new(None);
+static LIVE: RwLock<Option<HashMap<usize, Kind>>> = RwLock::new(None);
 
 fn with_live<R>(f: impl FnOnce(&mut HashMap<usize, Kind>) -> R) -> R {
-    let mut guard = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut guard = LIVE.write().unwrap_or_else(PoisonError::into_inner);
     f(guard.get_or_insert_with(HashMap::new))
+}
+
+/// What a handle is, if it is live: a shared lock, so launching threads do not contend.
+fn kind_of(h: usize) -> Option<Kind> {
+    let guard = LIVE.read().unwrap_or_else(PoisonError::into_inner);
+    guard.as_ref().and_then(|l| l.get(&h).copied())
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -99,7 +107,7 @@ fn handle<T>(r: &'static T) -> usize {
 }
 
 fn is_live(h: usize, kind: Kind) -> bool {
-    with_live(|l| l.get(&h) == Some(&kind))
+    kind_of(h) == Some(kind)
 }
 
 /// The module behind a handle.
@@ -118,6 +126,21 @@ pub fn function(h: usize) -> DrvResult<&'static Function> {
     }
     // SAFETY: as for `module`.
     Ok(unsafe { &*(h as *const Function) })
+}
+
+/// The live function of this process whose host function on `device` is `host` (what a graph's
+/// kernel node names).
+pub fn function_by_host(device: u32, host: u64) -> Option<&'static Function> {
+    let handles: Vec<usize> = with_live(|l| {
+        l.iter()
+            .filter(|(_, k)| **k == Kind::Function)
+            .map(|(h, _)| *h)
+            .collect()
+    });
+    handles
+        .into_iter()
+        .filter_map(|h| function(h).ok())
+        .find(|f| f.module.device == device && f.resolved.function == host)
 }
 
 /// The library behind a handle.
@@ -141,9 +164,14 @@ pub fn kernel(h: usize) -> DrvResult<&'static Kernel> {
 /// A launchable handle: a `CUfunction`, or a `CUkernel` (which the driver accepts wherever a
 /// function goes), resolved on the current context's device.
 pub fn launchable(h: usize) -> DrvResult<&'static Function> {
-    match with_live(|l| l.get(&h).copied()) {
-        Some(Kind::Function) => function(h),
-        Some(Kind::Kernel) => kernel_function(kernel(h)?, context::require_current()?.device),
+    match kind_of(h) {
+        // SAFETY: live handles of these kinds are addresses of leaked records of them.
+        Some(Kind::Function) => Ok(unsafe { &*(h as *const Function) }),
+        Some(Kind::Kernel) => kernel_function(
+            // SAFETY: as above.
+            unsafe { &*(h as *const Kernel) },
+            context::require_current()?.device,
+        ),
         _ => Err(DriverError::INVALID_HANDLE),
     }
 }
@@ -400,6 +428,7 @@ pub fn get_kernel(lib: &'static Library, name: &CStr) -> DrvResult<&'static Kern
     let k: &'static Kernel = Box::leak(Box::new(Kernel {
         library: lib,
         name: name.to_owned(),
+        functions: [const { OnceLock::new() }; MAX_DEVICES],
     }));
     kernels.push(k);
     with_live(|l| l.insert(handle(k), Kind::Kernel));
@@ -408,7 +437,16 @@ pub fn get_kernel(lib: &'static Library, name: &CStr) -> DrvResult<&'static Kern
 
 /// `cuKernelGetFunction` on `device`.
 pub fn kernel_function(k: &'static Kernel, device: u32) -> DrvResult<&'static Function> {
-    get_function(library_module(k.library, device)?, &k.name)
+    let slot = k
+        .functions
+        .get(device as usize)
+        .ok_or(DriverError::INVALID_DEVICE)?;
+    if let Some(f) = slot.get() {
+        return Ok(f);
+    }
+    let f = get_function(library_module(k.library, device)?, &k.name)?;
+    // Another thread may have resolved it meanwhile: `get_function` gives the same record.
+    Ok(slot.get_or_init(|| f))
 }
 
 /// A handle's address, for the exports.

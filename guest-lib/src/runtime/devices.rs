@@ -1,7 +1,7 @@
 //! Device management: count, selection, properties, attributes, versions, flags,
 //! synchronisation, reset, memory info.
 
-use crate::core::conv::{c_int_of, int_of_u32, usize_of};
+use crate::core::conv::{int_of_u32, usize_of};
 use core::ffi::{c_char, c_int, c_uint};
 
 use qcuda_proto::Op;
@@ -33,23 +33,6 @@ fn check_device_flags(flags: u32) -> Result<u32, CudaError> {
     Ok(flags)
 }
 
-/// `bus`/`device`/`domain` of a device in CUDA's "domain:bus:device.function" form.
-fn pci_bus_id(domain: i32, bus: i32, device: i32) -> String {
-    format!("{domain:04x}:{bus:02x}:{device:02x}.0")
-}
-
-/// Parses "[domain:]bus:device[.function]" (hex), as `cudaDeviceGetByPCIBusId` accepts it.
-fn parse_pci_bus_id(s: &str) -> Option<(i32, i32, i32)> {
-    let s = s.split('.').next()?;
-    let parts: Vec<&str> = s.split(':').collect();
-    let hex = |p: &str| i32::from_str_radix(p, 16).ok();
-    match parts[..] {
-        [domain, bus, device] => Some((hex(domain)?, hex(bus)?, hex(device)?)),
-        [bus, device] => Some((0, hex(bus)?, hex(device)?)),
-        _ => None,
-    }
-}
-
 /// The limits the runtime API names (`cudaLimit`: stack size to persisting L2 size); the
 /// driver's later ones (shared memory size, CIG) are `cudaErrorUnsupportedLimit` here, as with
 /// NVIDIA's runtime.
@@ -76,18 +59,23 @@ cuda_api! {
         rt?.devices.any()
     }
 
-    /// `cudaSetDevice`: validates the ordinal and makes it the thread's current device.
+    /// `cudaSetDevice`: validates the ordinal and makes it the thread's current device; as
+    /// since CUDA 12, this initialises the device's primary context, current from then on for
+    /// the driver API too.
     fn cudaSetDevice(device: c_int) {
-        let d = runtime()?.devices.check(device)?;
+        let rt = runtime()?;
+        let d = rt.devices.check(device)?;
+        rt.devices.activate_primary(d);
         devices::set_current(d);
-        crate::driver::context::runtime_set_device(d);
+        crate::core::context::runtime_set_device(d);
         Ok(())
     }
 
     /// `cudaGetDevice`.
     fn cudaGetDevice(device: *mut c_int) {
         non_null(device)?;
-        let (_, d) = current()?;
+        // Not `current()`: asking which device is current initialises no context.
+        let d = runtime()?.devices.current()?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(device, int_of_u32(d)) }
     }
@@ -119,9 +107,7 @@ cuda_api! {
     /// `cudaDeviceGetAttribute`: `cudaDeviceAttr` values are the driver's attribute ids.
     fn cudaDeviceGetAttribute(value: *mut c_int, attr: cudaDeviceAttr, device: c_int) {
         non_null(value)?;
-        let rt = runtime()?;
-        let d = rt.devices.check(device)?;
-        let v = rt.devices.attribute(&rt.session, d, attr)?;
+        let v = devices::ops::attribute(device, attr)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(value, v) }
     }
@@ -130,10 +116,7 @@ cuda_api! {
     fn cudaDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, device: c_int) {
         non_null(pciBusId)?;
         let len = usize::try_from(len).ok().filter(|&l| l > 0).ok_or(CudaError::INVALID_VALUE)?;
-        let rt = runtime()?;
-        let d = rt.devices.check(device)?;
-        let info = rt.devices.info(&rt.session, d)?;
-        let id = pci_bus_id(info.pci_domain, info.pci_bus, info.pci_device);
+        let id = devices::ops::pci_bus_id(device)?;
         let n = id.len().min(len - 1);
         // SAFETY: `pciBusId` is writable for `len` bytes (API contract); we write n + 1 <= len.
         unsafe {
@@ -149,48 +132,26 @@ cuda_api! {
         non_null(pciBusId)?;
         // SAFETY: a NUL-terminated string (API contract).
         let s = unsafe { std::ffi::CStr::from_ptr(pciBusId) };
-        let want = s.to_str().ok().and_then(parse_pci_bus_id).ok_or(CudaError::INVALID_VALUE)?;
-        let rt = runtime()?;
-        for d in 0..rt.devices.count() {
-            let info = rt.devices.info(&rt.session, d)?;
-            if (info.pci_domain, info.pci_bus, info.pci_device) == want {
-                // SAFETY: non-null and writable (API contract).
-                return unsafe { write_out(device, int_of_u32(d)) };
-            }
-        }
-        Err(CudaError::INVALID_DEVICE)
+        let d = devices::ops::by_pci_bus_id(s.to_str().map_err(|_| CudaError::INVALID_VALUE)?)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(device, int_of_u32(d)) }
     }
 
     /// `cudaDeviceCanAccessPeer`: the host driver's answer for the two GPUs (a device is not
     /// its own peer).
     fn cudaDeviceCanAccessPeer(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) {
         non_null(canAccessPeer)?;
-        let rt = runtime()?;
-        let d = rt.devices.check(device)?;
-        let p = rt.devices.check(peerDevice)?;
-        let reply = rt.session.submit(
-            crate::core::transport::Call::new(qcuda_proto::Op::DeviceCanAccessPeer, d)
-                .args(&[u64::from(d), u64::from(p)]),
-        )?;
+        let can = devices::ops::can_access_peer(device, peerDevice)?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(canAccessPeer, c_int::from(reply.rets[0] != 0)) }
+        unsafe { write_out(canAccessPeer, c_int::from(can)) }
     }
 
     /// `cudaDeviceGetP2PAttribute`.
     fn cudaDeviceGetP2PAttribute(value: *mut c_int, attr: crate::generated::cudaDeviceP2PAttr, srcDevice: c_int, dstDevice: c_int) {
         non_null(value)?;
-        let rt = runtime()?;
-        let src = rt.devices.check(srcDevice)?;
-        let dst = rt.devices.check(dstDevice)?;
-        if !(1..=5).contains(&attr) {
-            return Err(crate::core::cuda_error::CudaError::INVALID_VALUE);
-        }
-        let reply = rt.session.submit(
-            crate::core::transport::Call::new(qcuda_proto::Op::DeviceP2PAttribute, src)
-                .args(&[u64::from(attr), u64::from(src), u64::from(dst)]),
-        )?;
+        let v = devices::ops::p2p_attribute(attr, srcDevice, dstDevice)?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(value, c_int_of(reply.rets[0])) }
+        unsafe { write_out(value, v) }
     }
 
     /// `cudaDeviceEnablePeerAccess`: the current device's context reaches `peerDevice`'s
@@ -260,11 +221,7 @@ cuda_api! {
 
     /// `cudaDeviceSynchronize`: waits for all work of this process on the current device;
     /// reports failures of earlier fire-and-forget work.
-    fn cudaDeviceSynchronize() {
-        let (rt, d) = current()?;
-        rt.session.submit(Call::new(Op::DeviceSynchronize, d))?;
-        crate::core::managed_vars::after_sync(rt)
-    }
+    fn cudaDeviceSynchronize() { devices::ops::synchronize() }
 
     /// `cudaDeviceReset`: frees everything of this process on the current device and clears its
     /// sticky error.
@@ -277,12 +234,11 @@ cuda_api! {
     fn cudaMemGetInfo(free: *mut usize, total: *mut usize) {
         non_null(free)?;
         non_null(total)?;
-        let (rt, d) = current()?;
-        let reply = rt.session.submit(Call::new(Op::MemGetInfo, d))?;
+        let (f, t) = crate::core::memory::ops::mem_info()?;
         // SAFETY: both non-null and writable (API contract).
         unsafe {
-            write_out(free, usize_of(reply.rets[0]))?;
-            write_out(total, usize_of(reply.rets[1]))
+            write_out(free, f)?;
+            write_out(total, t)
         }
     }
 }
@@ -314,6 +270,7 @@ mod tests {
 
     #[test]
     fn pci_bus_ids_round_trip() {
+        use crate::core::devices::ops::{parse_pci_bus_id, pci_bus_id_string as pci_bus_id};
         assert_eq!(pci_bus_id(0, 0x65, 0), "0000:65:00.0");
         assert_eq!(parse_pci_bus_id("0000:65:00.0"), Some((0, 0x65, 0)));
         assert_eq!(parse_pci_bus_id("00000001:0A:1f"), Some((1, 0xa, 0x1f)));

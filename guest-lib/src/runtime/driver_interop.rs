@@ -1,13 +1,16 @@
 //! The runtime's doors to the driver: `cudaGetDriverEntryPoint[ByVersion]` hand out entry points
 //! of our `libcuda.so.1` (the driver face, with `cuGetProcAddress`'s rules), and
-//! `cudaGetExportTable` its private tables, as NVIDIA's runtime hands out its driver's.
+//! `cudaGetExportTable` its private tables, as NVIDIA's runtime hands out its driver's. Like
+//! NVIDIA's runtime, this face reaches the driver only through the driver's public C ABI
+//! (`cuGetProcAddress_v2`, `cuGetExportTable`), never its internals.
 
 use core::ffi::{c_char, c_uint, c_ulonglong, c_void};
 
 use crate::{
     core::cuda_error::{CudaError, CudaResult},
-    driver::{self, proc_address::Missing, status::DriverError},
-    generated::{cudaUUID_t, runtime_api::cudaDriverEntryPointQueryResult, CUDART_VERSION},
+    generated::{
+        cudaUUID_t, driver_api as d, runtime_api::cudaDriverEntryPointQueryResult, CUDART_VERSION,
+    },
 };
 
 /// `cudaEnableDefault`: what the caller was built for, which the `_ptsz` spellings say.
@@ -15,8 +18,9 @@ const ENABLE_DEFAULT: u64 = 0;
 /// `cudaEnablePerThreadDefaultStream`.
 const ENABLE_PER_THREAD: u64 = 2;
 
-fn runtime_error(e: DriverError) -> CudaError {
-    CudaError::from_code(e.code()).unwrap_or(CudaError::UNKNOWN)
+/// A driver status as the runtime's: every driver code has the runtime code of its number.
+fn from_driver(code: d::CUresult) -> CudaResult<()> {
+    CudaError::check(code)
 }
 
 /// The entry point `symbol` at `version`: a null pointer and the reason in `status` when there
@@ -40,24 +44,19 @@ unsafe fn entry_point(
     } else {
         flags
     };
-    // SAFETY: NUL-terminated (caller's contract).
-    let name = unsafe { core::ffi::CStr::from_ptr(symbol) }
-        .to_str()
-        .unwrap_or("");
     let version = i32::try_from(version).map_err(|_| CudaError::INVALID_VALUE)?;
-    let driver_version = driver::api::driver_version_value().map_err(runtime_error)?;
-    let found =
-        driver::proc_address::get(name, version, flags, driver_version).map_err(runtime_error)?;
+    let mut found: *mut c_void = std::ptr::null_mut();
+    let mut query: d::CUdriverProcAddressQueryResult = d::CU_GET_PROC_ADDRESS_SUCCESS;
+    // SAFETY: `symbol` is NUL-terminated (caller's contract); the out-parameters are locals.
+    from_driver(unsafe {
+        d::cuGetProcAddress_v2(symbol, &raw mut found, version, flags, &raw mut query)
+    })?;
     // SAFETY: checked non-null.
-    unsafe { func.write_unaligned(*found.as_ref().unwrap_or(&std::ptr::null_mut())) };
+    unsafe { func.write_unaligned(found) };
     if !status.is_null() {
-        let code = match found {
-            Ok(_) => 0,
-            Err(Missing::Symbol) => 1,
-            Err(Missing::Version) => 2,
-        };
+        // `cudaDriverEntryPointQueryResult` has the values of `CUdriverProcAddressQueryResult`.
         // SAFETY: non-null: the caller asked for it.
-        unsafe { status.write_unaligned(code) };
+        unsafe { status.write_unaligned(query) };
     }
     Ok(())
 }
@@ -115,11 +114,7 @@ cuda_api! {
         if ppExportTable.is_null() || pExportTableId.is_null() {
             return Err(CudaError::INVALID_VALUE);
         }
-        // SAFETY: a cudaUUID_t is 16 bytes (checked non-null).
-        let id = unsafe { &*pExportTableId.cast::<[u8; 16]>() };
-        let table = driver::export_tables::get(id).map_err(runtime_error)?;
-        // SAFETY: checked non-null.
-        unsafe { ppExportTable.write_unaligned(table) };
-        Ok(())
+        // SAFETY: both checked non-null; a cudaUUID_t is a CUuuid.
+        from_driver(unsafe { d::cuGetExportTable(ppExportTable, pExportTableId.cast()) })
     }
 }

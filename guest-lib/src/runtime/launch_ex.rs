@@ -6,10 +6,10 @@
 //! configuration, which CUDA documents as doing nothing on GPUs with a fixed bank size (every
 //! GPU CUDA 13 supports: 4-byte banks).
 
-use crate::core::conv::{c_int_of, low_u32, usize_of};
+use crate::core::conv::usize_of;
 use core::ffi::{c_int, c_void};
 
-use qcuda_proto::{LaunchAttr, Op, MAX_LAUNCH_ATTRS};
+use qcuda_proto::Op;
 
 use super::write_out;
 use crate::{
@@ -18,93 +18,8 @@ use crate::{
     core::launch,
     core::runtime::{current, non_null, registry, runtime, Runtime},
     core::transport::Call,
-    core::warnings::warn_once,
-    generated::{
-        self as cu, cudaFuncCache, cudaLaunchAttribute, cudaLaunchConfig_t, cudaSharedMemConfig,
-    },
+    generated::{self as cu, cudaFuncCache, cudaLaunchConfig_t, cudaSharedMemConfig},
 };
-
-/// Reads the `i`th 32-bit word of a launch attribute's value union.
-fn word(val: &[u8; 64], i: usize) -> u32 {
-    u32::from_le_bytes([val[4 * i], val[4 * i + 1], val[4 * i + 2], val[4 * i + 3]])
-}
-
-fn dword(val: &[u8; 64], at: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&val[at..at + 8]);
-    u64::from_le_bytes(b)
-}
-
-/// The wire records of `config`'s attributes (one `Ignore` record when there are none, so the
-/// op always carries its buffer). Unknown ids are `cudaErrorInvalidValue`, as the driver
-/// answers; events must be the application's; the device-updatable node attribute belongs to
-/// graphs, which qcuda does not support.
-///
-/// # Safety
-/// `config.attrs` holds `config.numAttrs` attributes (API contract).
-pub(crate) unsafe fn wire_attrs(rt: &Runtime, config: &cudaLaunchConfig_t) -> CudaResult<Vec<u8>> {
-    let n = config.numAttrs as usize;
-    if n > 0 && config.attrs.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    if n > MAX_LAUNCH_ATTRS {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let mut out = Vec::with_capacity(n.max(1) * qcuda_proto::LAUNCH_ATTR_SIZE);
-    for i in 0..n {
-        // SAFETY: `attrs` holds `n` attributes (caller's contract).
-        let a: cudaLaunchAttribute = unsafe { config.attrs.add(i).read_unaligned() };
-        // SAFETY: every bit pattern is a valid byte array; the union is 64 bytes.
-        let val: [u8; 64] = unsafe { core::mem::transmute(a.val) };
-        let mut rec = LaunchAttr {
-            id: a.id,
-            ..LaunchAttr::default()
-        };
-        match a.id {
-            cu::cudaLaunchAttributeIgnore => {}
-            cu::cudaLaunchAttributeCooperative
-            | cu::cudaLaunchAttributeSynchronizationPolicy
-            | cu::cudaLaunchAttributeClusterSchedulingPolicyPreference
-            | cu::cudaLaunchAttributeProgrammaticStreamSerialization
-            | cu::cudaLaunchAttributePriority
-            | cu::cudaLaunchAttributeMemSyncDomain
-            | cu::cudaLaunchAttributePreferredSharedMemoryCarveout
-            | cu::cudaLaunchAttributeNvlinkUtilCentricScheduling => rec.v[0] = word(&val, 0),
-            cu::cudaLaunchAttributeClusterDimension
-            | cu::cudaLaunchAttributePreferredClusterDimension => {
-                rec.v = [word(&val, 0), word(&val, 1), word(&val, 2)];
-            }
-            cu::cudaLaunchAttributeMemSyncDomainMap => {
-                rec.v = [u32::from(val[0]), u32::from(val[1]), 0];
-            }
-            cu::cudaLaunchAttributeProgrammaticEvent
-            | cu::cudaLaunchAttributeLaunchCompletionEvent => {
-                let event = rt.events.info(usize_of(dword(&val, 0)))?;
-                rec.w[0] = event.host;
-                rec.v = [word(&val, 2), word(&val, 3), 0];
-                if a.id == cu::cudaLaunchAttributeLaunchCompletionEvent {
-                    rec.v[1] = 0;
-                }
-            }
-            cu::cudaLaunchAttributeAccessPolicyWindow => {
-                rec.w = [dword(&val, 0), dword(&val, 8)];
-                rec.v = [word(&val, 4), word(&val, 5), word(&val, 6)];
-            }
-            cu::cudaLaunchAttributeDeviceUpdatableKernelNode => {
-                warn_once!(
-                    "cudaLaunchAttributeDeviceUpdatableKernelNode: graphs are not supported"
-                );
-                return Err(CudaError::NOT_SUPPORTED);
-            }
-            _ => return Err(CudaError::INVALID_VALUE),
-        }
-        out.extend_from_slice(&rec.encode());
-    }
-    if out.is_empty() {
-        out.extend_from_slice(&LaunchAttr::default().encode());
-    }
-    Ok(out)
-}
 
 /// `cudaLaunchKernelExC[_ptsz]`.
 ///
@@ -123,7 +38,7 @@ unsafe fn launch_ex(
         .kernel(func as usize)
         .ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
     // SAFETY: forwarded contract.
-    let attrs = unsafe { wire_attrs(rt, &c) }?;
+    let attrs = unsafe { launch::wire_attrs(rt, &c) }?;
     let call = CallConfig {
         grid: c.gridDim,
         block: c.blockDim,
@@ -163,50 +78,12 @@ unsafe fn cluster_occupancy(
     let c = unsafe { config.read_unaligned() };
     let (rt, device, f) = function(func)?;
     // SAFETY: forwarded contract.
-    let n = unsafe { cluster_occupancy_of(rt, device, f, &c, active) }?;
+    let n = unsafe { launch::cluster_occupancy_of(rt, device, f, &c, active) }?;
     // SAFETY: non-null and writable (API contract).
     unsafe { write_out(out, n) }
 }
 
-/// The cluster occupancy of host function `f` on `device` (`OccupancyCluster`): the most
-/// clusters resident at once (`active`) or the largest cluster size. Shared with the driver
-/// face's `cuOccupancyMaxActiveClusters`.
-///
-/// # Safety
-/// `c.attrs` holds `c.numAttrs` attributes (API contract).
-pub(crate) unsafe fn cluster_occupancy_of(
-    rt: &Runtime,
-    device: u32,
-    f: u64,
-    c: &cudaLaunchConfig_t,
-    active: bool,
-) -> CudaResult<c_int> {
-    // SAFETY: forwarded contract.
-    let attrs = unsafe { wire_attrs(rt, c) }?;
-    let mut args = [0u64; 7];
-    args[..6].copy_from_slice(&launch::wire_args(
-        f,
-        c.gridDim,
-        c.blockDim,
-        c.dynamicSmemBytes,
-        0,
-    ));
-    args[6] = u64::from(active);
-    let reply = rt.session.submit(
-        Call::new(Op::OccupancyCluster, device)
-            .args(&args)
-            .input(&attrs),
-    )?;
-    Ok(c_int_of(reply.rets[0]))
-}
-
-fn cache_config(config: cudaFuncCache) -> CudaResult<u64> {
-    if config <= cu::cudaFuncCachePreferEqual {
-        Ok(u64::from(config))
-    } else {
-        Err(CudaError::INVALID_VALUE)
-    }
-}
+use crate::core::devices::ops::cache_config;
 
 fn shared_mem_config(config: cudaSharedMemConfig) -> CudaResult<()> {
     if config <= cu::cudaSharedMemBankSizeEightByte {
@@ -259,19 +136,15 @@ cuda_api! {
 
     /// `cudaDeviceSetCacheConfig` (the current device's context).
     fn cudaDeviceSetCacheConfig(cacheConfig: cudaFuncCache) {
-        let config = cache_config(cacheConfig)?;
-        let (rt, device) = current()?;
-        rt.session.submit(Call::new(Op::DeviceSetCacheConfig, device).args(&[config]))?;
-        Ok(())
+        crate::core::devices::ops::set_cache_config(cacheConfig)
     }
 
     /// `cudaDeviceGetCacheConfig`.
     fn cudaDeviceGetCacheConfig(pCacheConfig: *mut cudaFuncCache) {
         non_null(pCacheConfig)?;
-        let (rt, device) = current()?;
-        let reply = rt.session.submit(Call::new(Op::DeviceGetCacheConfig, device))?;
+        let config = crate::core::devices::ops::cache_config_of_current()?;
         // SAFETY: non-null and writable (API contract).
-        unsafe { write_out(pCacheConfig, low_u32(reply.rets[0]) as cudaFuncCache) }
+        unsafe { write_out(pCacheConfig, config) }
     }
 
     /// `cudaDeviceSetSharedMemConfig` (deprecated): no effect on GPUs with a fixed bank size.

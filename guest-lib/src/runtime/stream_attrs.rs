@@ -129,11 +129,7 @@ cuda_api! {
 
     /// `cudaCtxResetPersistingL2Cache`: lines of the current device's L2 cache kept as
     /// persisting go back to normal.
-    fn cudaCtxResetPersistingL2Cache() {
-        let (rt, d) = current()?;
-        rt.session.submit(Call::new(Op::CtxResetPersistingL2, d))?;
-        Ok(())
-    }
+    fn cudaCtxResetPersistingL2Cache() { crate::core::devices::ops::reset_persisting_l2() }
 }
 
 #[cfg(test)]

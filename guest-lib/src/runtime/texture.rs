@@ -9,7 +9,8 @@ use core::ffi::c_int;
 
 use super::write_out;
 use crate::{
-    core::runtime::{current, non_null},
+    core::arrays::object_ops as ops,
+    core::runtime::non_null,
     generated::{
         cudaChannelFormatDesc, cudaChannelFormatKind, cudaResourceDesc, cudaResourceViewDesc,
         cudaSurfaceObject_t, cudaTextureDesc, cudaTextureObject_t,
@@ -40,25 +41,22 @@ cuda_api! {
         non_null(pTexObject)?;
         non_null(pResDesc)?;
         non_null(pTexDesc)?;
-        let (rt, d) = current()?;
         // SAFETY: non-null and readable (API contract); the view is null or readable.
         let (res, tex, view) = unsafe { (*pResDesc, *pTexDesc, pResViewDesc.as_ref()) };
-        let obj = rt.objects.create_texture(rt, d, &res, &tex, view)?;
+        let obj = ops::create_texture(&res, &tex, view)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pTexObject, obj) }
     }
 
     /// `cudaDestroyTextureObject`: only objects this process created.
     fn cudaDestroyTextureObject(texObject: cudaTextureObject_t) {
-        let (rt, d) = current()?;
-        rt.objects.destroy(rt, d, texObject, false)
+        ops::destroy(texObject, false)
     }
 
     /// `cudaGetTextureObjectResourceDesc`.
     fn cudaGetTextureObjectResourceDesc(pResDesc: *mut cudaResourceDesc, texObject: cudaTextureObject_t) {
         non_null(pResDesc)?;
-        let (rt, _) = current()?;
-        let r = rt.objects.resource(texObject, false)?;
+        let r = ops::resource(texObject, false)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pResDesc, r) }
     }
@@ -66,8 +64,7 @@ cuda_api! {
     /// `cudaGetTextureObjectTextureDesc`.
     fn cudaGetTextureObjectTextureDesc(pTexDesc: *mut cudaTextureDesc, texObject: cudaTextureObject_t) {
         non_null(pTexDesc)?;
-        let (rt, _) = current()?;
-        let t = rt.objects.texture(texObject)?;
+        let t = ops::texture(texObject)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pTexDesc, t) }
     }
@@ -78,8 +75,7 @@ cuda_api! {
         texObject: cudaTextureObject_t,
     ) {
         non_null(pResViewDesc)?;
-        let (rt, _) = current()?;
-        let v = rt.objects.view(texObject)?;
+        let v = ops::view(texObject)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pResViewDesc, v) }
     }
@@ -88,25 +84,22 @@ cuda_api! {
     fn cudaCreateSurfaceObject(pSurfObject: *mut cudaSurfaceObject_t, pResDesc: *const cudaResourceDesc) {
         non_null(pSurfObject)?;
         non_null(pResDesc)?;
-        let (rt, d) = current()?;
         // SAFETY: non-null and readable (API contract).
         let res = unsafe { *pResDesc };
-        let obj = rt.objects.create_surface(rt, d, &res)?;
+        let obj = ops::create_surface(&res)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pSurfObject, obj) }
     }
 
     /// `cudaDestroySurfaceObject`: only objects this process created.
     fn cudaDestroySurfaceObject(surfObject: cudaSurfaceObject_t) {
-        let (rt, d) = current()?;
-        rt.objects.destroy(rt, d, surfObject, true)
+        ops::destroy(surfObject, true)
     }
 
     /// `cudaGetSurfaceObjectResourceDesc`.
     fn cudaGetSurfaceObjectResourceDesc(pResDesc: *mut cudaResourceDesc, surfObject: cudaSurfaceObject_t) {
         non_null(pResDesc)?;
-        let (rt, _) = current()?;
-        let r = rt.objects.resource(surfObject, true)?;
+        let r = ops::resource(surfObject, true)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pResDesc, r) }
     }

@@ -7,7 +7,7 @@
 //! That holds for every function below, all of which return `cudaError_t` or (the three hidden
 //! `__cuda*` ones, which no CUDA 13 header declares and nvcc 13 never emits) nothing the caller
 //! reads as a pointer. Functions with other return types (`cudaGetErrorString`,
-//! `cudaCreateChannelDesc`, `__cudaRegisterFatBinary`, ...) are implemented elsewhere in api/.
+//! `cudaCreateChannelDesc`, `__cudaRegisterFatBinary`, ...) are implemented elsewhere in runtime/.
 //!
 //! Implementing a function means moving its name from this list to a `cuda_api!` block; the
 //! linker refuses a duplicate, and tests/exported_symbols.rs refuses a missing one.
@@ -66,7 +66,6 @@ not_supported! {
     cudaGetFuncBySymbol,
     cudaGraphAddExternalSemaphoresSignalNode,
     cudaGraphAddExternalSemaphoresWaitNode,
-    cudaGraphConditionalHandleCreate,
     cudaGraphExecExternalSemaphoresSignalNodeSetParams,
     cudaGraphExecExternalSemaphoresWaitNodeSetParams,
     cudaGraphExternalSemaphoresSignalNodeGetParams,
@@ -76,8 +75,6 @@ not_supported! {
     cudaGraphKernelNodeCopyAttributes,
     cudaGraphKernelNodeGetAttribute,
     cudaGraphKernelNodeSetAttribute,
-    cudaGraphMemAllocNodeGetParams,
-    cudaGraphMemFreeNodeGetParams,
     cudaGraphReleaseUserObject,
     cudaGraphRetainUserObject,
     cudaGraphicsEGLRegisterImage,

@@ -15,14 +15,12 @@ use qcuda_proto::{
 };
 
 use super::initialized;
+use crate::core::context;
 use crate::{
     core::runtime::runtime,
     core::transport::Call,
     core::warnings::warn_first,
-    driver::{
-        context,
-        status::{DriverError, DrvResult},
-    },
+    driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
 };
 

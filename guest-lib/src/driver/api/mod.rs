@@ -93,6 +93,16 @@ fn via_runtime(call: impl FnOnce() -> cudaError_t) -> DrvResult<()> {
     }
 }
 
+/// Runs a core operation for the driver face: its error becomes a driver status, and the
+/// runtime face's per-thread last error is left as it was (driver calls never change what
+/// `cudaGetLastError` reports, also when the core records a lost fire-and-forget failure).
+fn via_core<T>(call: impl FnOnce() -> crate::core::cuda_error::CudaResult<T>) -> DrvResult<T> {
+    let saved = last_error::peek();
+    let result = call();
+    last_error::restore(saved);
+    result.map_err(Into::into)
+}
+
 /// `cuInit`'s outcome, once it succeeded.
 static INITIALIZED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -171,3 +181,4 @@ pub mod link;
 pub mod memory;
 pub mod module;
 pub mod stream;
+pub mod vmm;

@@ -5,11 +5,11 @@ use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use qcuda_proto::Op;
 
 use super::{initialized, out};
+use crate::core::context;
 use crate::{
     core::runtime::runtime,
     core::transport::Call,
     driver::{
-        context,
         modules::{self, Function},
         status::{DriverError, DrvResult},
     },

@@ -17,7 +17,8 @@
 //! What the record cannot make again is refused at capture, with the program left running
 //! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
 //! surface objects, memory pools the program created and stream-ordered allocations (the
-//! driver's pools place them), and allocations outside a reserved range.
+//! driver's pools place them), memory the program maps itself (`cuMemCreate`/`cuMemMap`), and
+//! allocations outside a reserved range.
 //!
 //! [`GpuState::save`] is the capture encoded (`saved_state.rs`), and [`GpuState::restore`]
 //! decodes and restores bytes from anywhere into a fresh state: the path a restart of the
@@ -112,6 +113,11 @@ impl GpuState {
         if !self.arrays.is_empty() {
             return Err(CheckpointError::Unsupported(
                 "CUDA arrays, texture or surface objects",
+            ));
+        }
+        if !self.vmm.is_empty() {
+            return Err(CheckpointError::Unsupported(
+                "memory the program maps itself (cuMemCreate, cuMemMap)",
             ));
         }
         if self.pools.values().any(|p| !p.default) {

@@ -321,6 +321,7 @@ impl GpuState {
     pub(super) fn check_range(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
         if self.context(dev)?.memory.contains(ptr, len)
             || self.host_memory.contains_device(ptr, len)
+            || self.vmm.holds(ptr, len)
         {
             Ok(())
         } else {

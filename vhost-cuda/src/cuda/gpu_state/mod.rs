@@ -20,7 +20,8 @@
 //! mappings), `pools.rs` (memory pools, stream-ordered allocations), `copies.rs` (copies and
 //! memsets), `modules.rs` (modules, functions, globals, launches), `streams.rs` (streams,
 //! events, host functions), `batch.rs` (Batch), `arrays.rs` (pitched memory, arrays, texture
-//! and surface objects), `graphs.rs` (graphs and stream capture).
+//! and surface objects), `graphs.rs` (graphs and stream capture), `vmm.rs` (virtual memory
+//! management: physical allocations, reservations, mappings).
 
 use std::{ffi::CString, sync::Arc};
 
@@ -63,6 +64,7 @@ mod memory;
 mod modules;
 mod pools;
 mod streams;
+mod vmm;
 
 pub use checkpoint::CheckpointError;
 
@@ -351,6 +353,8 @@ pub struct GpuState {
     /// While paused (checkpoint.rs): the contents of the reserved ranges, whose GPU memory
     /// is given back; the next op resumes first.
     paused: Option<Vec<checkpoint::PausedRange>>,
+    /// Physical allocations, reservations and mappings (gpu_state/vmm.rs).
+    vmm: vmm::VmmTables,
 }
 
 impl std::fmt::Debug for GpuState {
@@ -394,6 +398,7 @@ impl GpuState {
             ram: RamRegistry::default(),
             read_only_host: std::collections::HashSet::new(),
             paused: None,
+            vmm: vmm::VmmTables::default(),
         }
     }
 
@@ -610,6 +615,7 @@ impl GpuState {
                 ok()
             }
             Op::Batch => self.batch(req),
+            qcuda_proto::vmm_ops!() => self.vmm_op(req),
             Op::MallocPitch => self.malloc_pitch(req),
             Op::Memset3D => self.memset_3d(req),
             Op::Memcpy3D | Op::Memcpy3DHtoD | Op::Memcpy3DDtoH => self.memcpy_3d(req),
@@ -642,6 +648,10 @@ impl GpuState {
 impl Drop for GpuState {
     /// Frees everything the session owns on the GPU by destroying its contexts.
     fn drop(&mut self) {
+        // Mappings first: their memory may be another context's.
+        let drv = Arc::clone(&self.drv);
+        let live = self.host.sticky_error().is_none();
+        self.vmm.release_all(live.then_some(drv.as_ref()));
         self.ram.release(self.drv.as_ref());
         for dev in 0..self.devices.len() {
             self.teardown(dev);

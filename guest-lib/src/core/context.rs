@@ -26,11 +26,11 @@ use std::{
 
 use core::ffi::c_void;
 
-use super::status::{DriverError, DrvResult};
-use crate::{
-    core::devices,
-    core::runtime::runtime_if_connected,
-    core::session::{MAX_DEVICES, MAX_DEVICES_U32},
+use crate::core::{
+    cuda_error::{CudaError, CudaResult},
+    devices,
+    runtime::runtime_if_connected,
+    session::{MAX_DEVICES, MAX_DEVICES_U32},
 };
 
 /// One driver context.
@@ -124,7 +124,7 @@ pub fn primary(device: u32) -> &'static Context {
 }
 
 /// The context behind a handle: `CUDA_ERROR_INVALID_CONTEXT` for null or unknown ones.
-pub fn lookup(handle: usize) -> DrvResult<&'static Context> {
+pub fn lookup(handle: usize) -> CudaResult<&'static Context> {
     if let Some(c) = PRIMARY.iter().find(|c| c.handle() == handle) {
         return Ok(c);
     }
@@ -136,18 +136,20 @@ pub fn lookup(handle: usize) -> DrvResult<&'static Context> {
         .unwrap_or_else(PoisonError::into_inner)
         .contains(&handle)
     {
-        return Err(DriverError::CONTEXT_IS_DESTROYED);
+        return Err(CudaError::CONTEXT_IS_DESTROYED);
     }
-    Err(DriverError::INVALID_CONTEXT)
+    Err(CudaError::INVALID_CONTEXT)
 }
 
-/// Whether the primary context of `device` is active: retained through the driver API, or in
-/// use by the runtime face (the session has the device's host context).
+/// Whether the primary context of `device` is active: retained through the driver API,
+/// initialised by the runtime face (`cudaSetDevice`, or any call that works on the device), or
+/// in use by the session (it has the device's host context).
 pub fn primary_active(device: u32) -> bool {
     RETAINED
         .get(device as usize)
         .is_some_and(|r| r.load(Ordering::Relaxed) > 0)
-        || runtime_if_connected().is_some_and(|rt| rt.session.has_context(device))
+        || runtime_if_connected()
+            .is_some_and(|rt| rt.devices.primary_active(device) || rt.session.has_context(device))
 }
 
 /// The flags of the calling thread's current context if it is one the driver face created (not
@@ -169,8 +171,8 @@ pub fn current() -> Option<&'static Context> {
 }
 
 /// The calling thread's current context, or `CUDA_ERROR_INVALID_CONTEXT`.
-pub fn require_current() -> DrvResult<&'static Context> {
-    let ctx = current().ok_or(DriverError::INVALID_CONTEXT)?;
+pub fn require_current() -> CudaResult<&'static Context> {
+    let ctx = current().ok_or(CudaError::INVALID_CONTEXT)?;
     devices::set_current(ctx.device);
     Ok(ctx)
 }
@@ -200,10 +202,10 @@ pub fn push(ctx: &'static Context) {
 }
 
 /// `cuCtxPopCurrent`: the popped context, `CUDA_ERROR_INVALID_CONTEXT` with an empty stack.
-pub fn pop() -> DrvResult<&'static Context> {
+pub fn pop() -> CudaResult<&'static Context> {
     let (popped, top) = with_stack(|s| (s.pop(), s.last().copied())).unwrap_or((None, None));
     follow(top);
-    popped.ok_or(DriverError::INVALID_CONTEXT)
+    popped.ok_or(CudaError::INVALID_CONTEXT)
 }
 
 /// The runtime face changed the thread's device (`cudaSetDevice`): as with NVIDIA's runtime,
@@ -232,9 +234,9 @@ pub fn create(device: u32, flags: u32) -> &'static Context {
 /// `cuCtxDestroy` of a created context: its local storage's destructors run, it leaves the
 /// calling thread's stack, and its handle stops being valid. (Its record stays allocated, so a
 /// racing use of the stale handle reads valid memory and fails the lookup.)
-pub fn destroy(ctx: &'static Context) -> DrvResult<()> {
+pub fn destroy(ctx: &'static Context) -> CudaResult<()> {
     if ctx.primary {
-        return Err(DriverError::INVALID_CONTEXT);
+        return Err(CudaError::INVALID_CONTEXT);
     }
     created().retain(|c| !std::ptr::eq(*c, ctx));
     DESTROYED
@@ -259,13 +261,13 @@ pub fn retain_primary(device: u32) -> &'static Context {
 }
 
 /// `cuDevicePrimaryCtxRelease`: `CUDA_ERROR_INVALID_CONTEXT` when not retained.
-pub fn release_primary(device: u32) -> DrvResult<()> {
+pub fn release_primary(device: u32) -> CudaResult<()> {
     let r = RETAINED
         .get(device as usize)
-        .ok_or(DriverError::INVALID_DEVICE)?;
+        .ok_or(CudaError::INVALID_DEVICE)?;
     r.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
         .map(drop)
-        .map_err(|_| DriverError::INVALID_CONTEXT)
+        .map_err(|_| CudaError::INVALID_CONTEXT)
 }
 
 /// The primary context of `device` was reset: its local storage's destructors run.
@@ -292,7 +294,7 @@ fn with_storage<R>(f: impl FnOnce(&mut HashMap<(usize, usize), Stored>) -> R) ->
 }
 
 /// The context a storage call names: null means the calling thread's current one.
-fn storage_context(ctx: usize) -> DrvResult<usize> {
+fn storage_context(ctx: usize) -> CudaResult<usize> {
     if ctx == 0 {
         Ok(require_current()?.handle())
     } else {
@@ -301,24 +303,24 @@ fn storage_context(ctx: usize) -> DrvResult<usize> {
 }
 
 /// Stores `value` under (`ctx`, `key`), replacing what was there.
-pub fn storage_put(ctx: usize, key: usize, value: usize, dtor: StorageDtor) -> DrvResult<()> {
+pub fn storage_put(ctx: usize, key: usize, value: usize, dtor: StorageDtor) -> CudaResult<()> {
     let ctx = storage_context(ctx)?;
     with_storage(|s| s.insert((ctx, key), Stored { value, dtor }));
     Ok(())
 }
 
 /// Removes (`ctx`, `key`) without running its destructor.
-pub fn storage_delete(ctx: usize, key: usize) -> DrvResult<()> {
+pub fn storage_delete(ctx: usize, key: usize) -> CudaResult<()> {
     let ctx = storage_context(ctx)?;
     with_storage(|s| s.remove(&(ctx, key)))
         .map(drop)
-        .ok_or(DriverError::INVALID_HANDLE)
+        .ok_or(CudaError::INVALID_RESOURCE_HANDLE)
 }
 
 /// The value under (`ctx`, `key`): `CUDA_ERROR_INVALID_HANDLE` when there is none.
-pub fn storage_get(ctx: usize, key: usize) -> DrvResult<usize> {
+pub fn storage_get(ctx: usize, key: usize) -> CudaResult<usize> {
     let ctx = storage_context(ctx)?;
-    with_storage(|s| s.get(&(ctx, key)).map(|v| v.value)).ok_or(DriverError::INVALID_HANDLE)
+    with_storage(|s| s.get(&(ctx, key)).map(|v| v.value)).ok_or(CudaError::INVALID_RESOURCE_HANDLE)
 }
 
 /// Runs and drops every destructor stored for `ctx` (outside the lock: they may call back).
@@ -357,7 +359,7 @@ mod tests {
         destroy(a).unwrap();
         assert_eq!(
             lookup(a.handle()).map(Context::handle),
-            Err(DriverError::CONTEXT_IS_DESTROYED)
+            Err(CudaError::CONTEXT_IS_DESTROYED)
         );
         lookup(primary(3).handle()).unwrap();
         lookup(0).unwrap_err();
@@ -376,10 +378,10 @@ mod tests {
         assert_eq!(storage_get(0, 7).unwrap(), 40);
         assert_eq!(
             storage_get(primary(0).handle(), 7),
-            Err(DriverError::INVALID_HANDLE)
+            Err(CudaError::INVALID_RESOURCE_HANDLE)
         );
         storage_delete(0, 8).unwrap();
-        assert_eq!(storage_get(0, 8), Err(DriverError::INVALID_HANDLE));
+        assert_eq!(storage_get(0, 8), Err(CudaError::INVALID_RESOURCE_HANDLE));
         storage_put(0, 9, 2, Some(dtor)).unwrap();
         destroy(a).unwrap();
         assert_eq!(RAN.load(Ordering::Relaxed), 42);
