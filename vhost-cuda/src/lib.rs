@@ -116,6 +116,9 @@ pub enum Error {
     /// The daemon's own seccomp filter cannot be installed.
     #[error("the daemon's seccomp filter: {0}")]
     DaemonFilter(sandbox::SandboxError),
+    /// `--gpu-va-base` / `--gpu-va-size` out of range.
+    #[error("{0}")]
+    BadAddressSpace(String),
     /// `--max-sessions` out of range.
     #[error("--max-sessions must be between 1 and {1}, not {0}")]
     BadMaxSessions(usize, usize),
@@ -184,6 +187,8 @@ pub struct Config {
     pub sandbox: sandbox::SandboxMode,
     /// What a worker's seccomp filter does outside its list (`--worker-seccomp`).
     pub worker_seccomp: sandbox::SeccompMode,
+    /// Where each session's device address range lies (`--gpu-va-base`, `--gpu-va-size`).
+    pub address_space: cuda::AddressSpace,
 }
 
 impl Config {
@@ -461,7 +466,8 @@ impl Server {
             .with_limits(config.limits)
             .with_hop_poll(config.hop_poll)
             .with_hop_mailbox(config.hop_mailbox)
-            .with_sandbox(config.sandbox, config.worker_seccomp);
+            .with_sandbox(config.sandbox, config.worker_seccomp)
+            .with_address_space(config.address_space);
         Ok(Self {
             sockets,
             host,

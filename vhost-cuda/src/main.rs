@@ -20,6 +20,7 @@ use std::{
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vhost_cuda::{
+    cuda::{AddressSpace, DEFAULT_VA_BASE, DEFAULT_VA_SIZE},
     limits::Limits,
     sandbox::{SandboxMode, SeccompMode},
     session::MAX_SESSIONS,
@@ -96,6 +97,19 @@ struct Args {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "VHOST_CUDA_MAX_GPU_MEMORY")]
     max_gpu_memory: Option<u64>,
 
+    /// Where each guest process's device address range starts (hexadecimal with 0x, or
+    /// decimal; "off" or 0: none). Every allocation of a guest process lies in a range of
+    /// --gpu-va-size bytes per GPU reserved at a fixed address, so that its device pointers can
+    /// keep their values when its state is restored (pause and resume). Ranges of guest
+    /// processes follow each other up to 0x7800_0000_0000. Default: 0x680000000000.
+    #[arg(long, value_name = "ADDRESS", value_parser = parse_va_base, env = "VHOST_CUDA_GPU_VA_BASE")]
+    gpu_va_base: Option<u64>,
+
+    /// Bytes of a guest process's device address range on one GPU (suffixes K, M, G, T; a
+    /// multiple of 2M): the most it may allocate there. Default: 256G.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "VHOST_CUDA_GPU_VA_SIZE")]
+    gpu_va_size: Option<u64>,
+
     /// Most guest processes of one VM that may use qcuda at once (1 to 1024). A further
     /// process's first call fails with cudaErrorDevicesUnavailable. Default: 1024.
     #[arg(long, value_name = "N", env = "VHOST_CUDA_MAX_SESSIONS")]
@@ -106,6 +120,19 @@ struct Args {
     /// guest pids; print it and exit.
     #[arg(long, conflicts_with = "session_worker")]
     stats: bool,
+
+    /// Pause a guest process of the daemon serving --socket-path (or --stats-socket): its
+    /// session id (as --stats shows it), or "all" for every guest process of every VM. The
+    /// op in flight ends, every allocation's contents move to host memory and the GPU memory
+    /// is released; the program's further CUDA calls wait until --resume. Only root or the
+    /// daemon's user may.
+    #[arg(long, value_name = "SESSION|all", conflicts_with_all = ["session_worker", "stats", "resume"])]
+    pause: Option<String>,
+
+    /// Resume what --pause paused: the memory goes back to the GPU at the same addresses and
+    /// the program goes on.
+    #[arg(long, value_name = "SESSION|all", conflicts_with_all = ["session_worker", "stats"])]
+    resume: Option<String>,
 
     /// How --stats prints: a table for people, JSON, or Prometheus text.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = StatsFormat::Table)]
@@ -189,6 +216,19 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is out of range"))
 }
 
+/// `--gpu-va-base`: an address (0x hexadecimal or decimal), or "off" (0).
+fn parse_va_base(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim().replace('_', "");
+    if t == "off" {
+        return Ok(0);
+    }
+    let parsed = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    parsed.map_err(|_| format!("{s:?} is not an address"))
+}
+
 /// A switch: `on` or `off`.
 fn parse_on_off(s: &str) -> std::result::Result<bool, String> {
     match s {
@@ -229,6 +269,12 @@ impl TryFrom<Args> for Config {
                 return Err(Error::BadMaxSessions(n, MAX_SESSIONS));
             }
         }
+        let address_space = AddressSpace {
+            base: args.gpu_va_base.unwrap_or(DEFAULT_VA_BASE),
+            per_device: args.gpu_va_size.unwrap_or(DEFAULT_VA_SIZE),
+        }
+        .check(1)
+        .map_err(Error::BadAddressSpace)?;
         let config = |socket_path, socket_count| Config {
             socket_path,
             socket_count,
@@ -248,6 +294,7 @@ impl TryFrom<Args> for Config {
                 .or_else(|| args.socket_path.as_deref().map(stats::default_path)),
             sandbox: args.sandbox,
             worker_seccomp: args.worker_seccomp,
+            address_space,
         };
         let path = match (args.socket_path.clone(), &args.inherited_fds) {
             // Every socket systemd passed; their paths are systemd's business.
@@ -302,6 +349,11 @@ fn session_worker_main(args: Args) -> i32 {
         sandbox: args.sandbox,
         seccomp: args.worker_seccomp,
         sandbox_check: args.sandbox_check,
+        // The daemon always passes its values (checked there).
+        address_space: AddressSpace {
+            base: args.gpu_va_base.unwrap_or(0),
+            per_device: args.gpu_va_size.unwrap_or(0),
+        },
     })
 }
 
@@ -343,6 +395,36 @@ fn stats_main(args: &Args) -> i32 {
     }
 }
 
+/// `--pause` / `--resume`: the client of the operator's commands on the stats socket.
+fn checkpoint_main(args: &Args) -> i32 {
+    let (pause, target) = match (&args.pause, &args.resume) {
+        (Some(t), _) => (true, t.as_str()),
+        (None, Some(t)) => (false, t.as_str()),
+        (None, None) => return 2,
+    };
+    let Some(path) = args
+        .stats_socket
+        .clone()
+        .or_else(|| args.socket_path.as_deref().map(stats::default_path))
+    else {
+        eprintln!("vhost-cuda: --pause and --resume need --socket-path or --stats-socket");
+        return 2;
+    };
+    match stats::command(&path, pause, target) {
+        Ok(text) => {
+            print!("{text}");
+            i32::from(!text.ends_with("result: ok\n"))
+        }
+        Err(e) => {
+            eprintln!(
+                "vhost-cuda: cannot ask {} ({e}): is a vhost-cuda daemon serving that socket?",
+                path.display()
+            );
+            1
+        }
+    }
+}
+
 /// `--spin-budget` when not given: a quarter of the host's CPUs, at least 1.
 fn default_spin_budget() -> u64 {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -372,6 +454,9 @@ fn main() {
     }
     if args.stats {
         exit(stats_main(&args));
+    }
+    if args.pause.is_some() || args.resume.is_some() {
+        exit(checkpoint_main(&args));
     }
     // Single-threaded still, so the environment may change: the session workers (children)
     // inherit the budget from it.
@@ -418,9 +503,13 @@ mod tests {
             vm: String::new(),
             max_gpu_memory: None,
             max_sessions: None,
+            gpu_va_base: None,
+            gpu_va_size: None,
             gpu_memory_slot: None,
             inherited_fds: None,
             stats: false,
+            pause: None,
+            resume: None,
             stats_format: StatsFormat::Table,
             stats_socket: None,
             sandbox: SandboxMode::Namespace,
@@ -432,6 +521,46 @@ mod tests {
 
     fn tmp() -> String {
         std::env::temp_dir().display().to_string()
+    }
+
+    #[test]
+    fn device_address_ranges_are_configurable_and_checked() {
+        let path = format!("{}/vm0.sock", tmp());
+        let with = |base: Option<&str>, size: Option<&str>| {
+            Config::try_from(Args {
+                gpu_va_base: base.map(|b| parse_va_base(b).unwrap()),
+                gpu_va_size: size.map(|s| parse_bytes(s).unwrap()),
+                ..args(&path)
+            })
+            .map(|c| c.address_space)
+        };
+        assert_eq!(with(None, None).unwrap(), AddressSpace::default());
+        assert_eq!(
+            with(Some("0x7000_0000_0000"), Some("64G")).unwrap(),
+            AddressSpace {
+                base: 0x7000_0000_0000,
+                per_device: 64 << 30
+            }
+        );
+        assert_eq!(with(Some("off"), None).unwrap(), AddressSpace::OFF);
+        assert_eq!(with(Some("0"), Some("3M")).unwrap(), AddressSpace::OFF);
+        assert!(matches!(
+            with(Some("0x7000_0000_1000"), None),
+            Err(Error::BadAddressSpace(_))
+        ));
+        assert!(matches!(
+            with(None, Some("3M")),
+            Err(Error::BadAddressSpace(_))
+        ));
+        assert!(matches!(
+            with(None, Some("64T")),
+            Err(Error::BadAddressSpace(_))
+        ));
+        parse_va_base("0xzz").unwrap_err();
+        let a =
+            Args::try_parse_from(["vhost-cuda", "--socket-path", "/x", "--gpu-va-base", "0x10"])
+                .unwrap();
+        assert_eq!(a.gpu_va_base, Some(16));
     }
 
     #[test]
@@ -457,6 +586,7 @@ mod tests {
                 stats_socket: Some(format!("{path}.stats").into()),
                 sandbox: SandboxMode::Namespace,
                 worker_seccomp: SeccompMode::Enforce,
+                address_space: AddressSpace::default(),
             }
         );
         assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);

@@ -10,6 +10,13 @@
 //! knows which table is the current connection's. Clients are served one at a time, each
 //! bounded by [`CLIENT_TIMEOUT`], so a stuck client delays the next by at most that.
 //!
+//! The same socket takes the operator's `pause TARGET` and `resume TARGET` (TARGET: a session
+//! id, or `all`), from the daemon's own user or root only (the peer's credentials,
+//! `SO_PEERCRED`, are checked on every such line; anyone else gets an error and nothing
+//! happens): each named session of every VM is paused or resumed (`UsageView::checkpoint`),
+//! one answer line per session, then `result: ok` or `result: failed`; `vhost-cuda --pause` and
+//! `--resume` are that client ([`command`]).
+//!
 //! Neighbours: lib.rs registers each connection's table; main.rs has the `--stats` client.
 
 use std::{
@@ -136,6 +143,14 @@ impl StatsRegistry {
         }
     }
 
+    /// Each VM's label and the table of its current connection.
+    fn views(&self) -> Vec<(String, UsageView)> {
+        self.lock()
+            .iter()
+            .filter_map(|e| Some((e.label.clone(), e.view.clone()?)))
+            .collect()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<VmEntry>> {
         self.vms.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -197,7 +212,15 @@ pub fn serve(
         path: name.clone(),
         source,
     })?;
-    info!("stats on {name} (vhost-cuda --stats)");
+    // The daemon's user and group may connect (the stats); pause and resume are checked
+    // again per line against the peer's credentials.
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o660)).map_err(
+        |source| SocketError::Probe {
+            path: name.clone(),
+            source,
+        },
+    )?;
+    info!("stats on {name} (vhost-cuda --stats, --pause, --resume)");
     thread::Builder::new()
         .name("qcuda-stats".into())
         .spawn(move || {
@@ -229,10 +252,111 @@ fn answer(conn: UnixStream, host: &CudaHost, registry: &StatsRegistry) -> io::Re
     let mut line = String::new();
     BufReader::new((&conn).take(MAX_REQUEST)).read_line(&mut line)?;
     let mut out = &conn;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    if let [verb @ ("pause" | "resume"), target] = words[..] {
+        return out.write_all(control(&conn, registry, verb == "pause", target).as_bytes());
+    }
     let Some(format) = StatsFormat::from_word(line.trim()) else {
         return out.write_all(b"error: ask for table, json or prometheus\n");
     };
     out.write_all(render(format, &report(host, registry)).as_bytes())
+}
+
+/// How long a pause or resume may take per request before its session is reported as not
+/// answering (moving device memory to host memory runs at copy bandwidth).
+pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The user id of the peer of `conn` (`SO_PEERCRED`).
+fn peer_uid(conn: &UnixStream) -> io::Result<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>())
+        .map_err(|_| io::Error::other("ucred size"))?;
+    // SAFETY: `cred` and `len` are live locals of the sizes the kernel writes.
+    let r = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &raw mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// The operator's `pause TARGET` or `resume TARGET`: the answer lines.
+fn control(conn: &UnixStream, registry: &StatsRegistry, pause: bool, target: &str) -> String {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    match peer_uid(conn) {
+        Ok(uid) if uid == 0 || uid == me => {}
+        Ok(uid) => {
+            warn!("pause/resume refused to user {uid} (only root or user {me} may)");
+            return format!("error: only root or user {me} may pause or resume sessions\n");
+        }
+        Err(e) => return format!("error: cannot tell who asks: {e}\n"),
+    }
+    let session = match target {
+        "all" => None,
+        t => match t.parse::<u64>() {
+            Ok(id) => Some(id),
+            Err(_) => return "error: name a session id or all\n".into(),
+        },
+    };
+    let verb = if pause { "paused" } else { "resumed" };
+    let mut out = String::new();
+    let mut all_ok = true;
+    for (label, view) in registry.views() {
+        for (id, resp) in view.checkpoint(session, pause, CHECKPOINT_TIMEOUT) {
+            let secs = resp.rets[1] as f64 / 1e9;
+            if resp.status == qcuda_proto::status::SUCCESS {
+                let rate = resp.rets[0] as f64 / secs.max(1e-9) / f64::from(1u32 << 30);
+                let _ = writeln!(
+                    out,
+                    "vm {label} session {id}: {verb}, {} {} in {secs:.3} s ({rate:.2} GiB/s)",
+                    bytes_text(resp.rets[0]),
+                    if pause {
+                        "to host memory"
+                    } else {
+                        "back to the GPU"
+                    },
+                );
+            } else {
+                all_ok = false;
+                let _ = writeln!(
+                    out,
+                    "vm {label} session {id}: not {verb}: {} ({})",
+                    qcuda_proto::cuda_errors::name(resp.status).unwrap_or("unknown error"),
+                    resp.status
+                );
+            }
+        }
+    }
+    if out.is_empty() {
+        let _ = writeln!(out, "no such session: {target}");
+        all_ok = false;
+    }
+    let _ = writeln!(out, "result: {}", if all_ok { "ok" } else { "failed" });
+    out
+}
+
+/// The client of the operator's commands: `pause` or `resume` `target` (a session id or
+/// `all`) at the daemon's stats socket `path`. Returns the daemon's answer.
+pub fn command(path: &Path, pause: bool, target: &str) -> io::Result<String> {
+    let mut conn = UnixStream::connect(path)?;
+    conn.set_read_timeout(Some(CHECKPOINT_TIMEOUT + Duration::from_secs(10)))?;
+    writeln!(conn, "{} {target}", if pause { "pause" } else { "resume" })?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 /// The client: asks the daemon at `path` for a report in `format`.

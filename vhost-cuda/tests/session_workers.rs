@@ -372,6 +372,31 @@ fn answer(w: &mut WorkerProcess) -> ResponseHeader {
 }
 
 #[test]
+fn the_operators_pause_and_resume_reach_the_workers_state_between_requests() {
+    let mem = guest_ram();
+    let mut w = WorkerProcess::spawn(&worker_binary("error"), 62, "workers-pause").unwrap();
+    w.share_memory(&mem).unwrap();
+    // No GPU here: nothing to move, but the state goes paused and back.
+    let r = w.checkpoint(true).unwrap();
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 0));
+    assert_eq!(w.checkpoint(true).unwrap().status, status::ILLEGAL_STATE);
+    let r = w.checkpoint(false).unwrap();
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 0));
+    assert_eq!(w.checkpoint(false).unwrap().status, status::ILLEGAL_STATE);
+    // Requests still run after it, in order.
+    let data = b"after a pause".to_vec();
+    mem.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
+    let echo = request(
+        62,
+        Op::Echo,
+        &mem,
+        &[(0x10_0000, data.len())],
+        &[(HIGH + 0x20_0000, data.len())],
+    );
+    assert_eq!(w.execute(&echo).unwrap().status, status::SUCCESS);
+}
+
+#[test]
 fn the_worker_maps_guest_ram_and_refuses_a_malformed_run_list() {
     let mem = guest_ram();
     let mut w = WorkerProcess::spawn(&worker_binary("error"), 61, "workers-malformed").unwrap();

@@ -159,3 +159,76 @@ fn each_vm_sees_its_own_sessions_and_the_operator_sees_all() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is a vhost-cuda daemon serving"));
 }
+
+fn operator(socket: &std::path::Path, verb: &str, target: &str) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_vhost-cuda"))
+        .args([verb, target, "--socket-path"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn the_operator_pauses_and_resumes_a_guest_process_and_no_other_user_may() {
+    let dir = scratch_dir("stats-pause");
+    let socket = dir.join("vm.sock");
+    let daemon = Daemon::start(&dir, &["--socket-path", socket.to_str().unwrap()]);
+    let mut vm = GuestVm::connect(&socket);
+    hello(&mut vm, 31, 900);
+    assert!(daemon.wait_log("session 31 opened", 1));
+
+    let (ok, text) = operator(&socket, "--pause", "31");
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("session 31: paused") && text.ends_with("result: ok\n"),
+        "{text}"
+    );
+    // Twice is an error, as is a session that does not exist.
+    let (ok, text) = operator(&socket, "--pause", "all");
+    assert!(
+        !ok && text.contains("not paused: cudaErrorIllegalState"),
+        "{text}"
+    );
+    let (ok, text) = operator(&socket, "--pause", "999");
+    assert!(!ok && text.contains("no such session"), "{text}");
+    let (ok, text) = operator(&socket, "--resume", "31");
+    assert!(ok && text.contains("session 31: resumed"), "{text}");
+    // The program goes on.
+    hello(&mut vm, 31, 900);
+
+    // Only root or the daemon's user: another user is refused by the socket's mode, and, where
+    // the mode lets it in (here made world-writable on purpose), by its credentials.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: not root (another user cannot be played)");
+        return;
+    }
+    let stats = dir.join("vm.sock.stats");
+    let nobody = |verb: &str| {
+        use std::os::unix::process::CommandExt;
+        Command::new(env!("CARGO_BIN_EXE_vhost-cuda"))
+            .args([verb, "all", "--stats-socket"])
+            .arg(&stats)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    let out = nobody("--pause");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot ask"));
+    std::fs::set_permissions(&stats, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let out = nobody("--pause");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success() && text.contains("error: only root or user 0"),
+        "{text}"
+    );
+    assert!(daemon.wait_log("pause/resume refused to user 65534", 1));
+    // Nothing was paused: the guest is answered at once.
+    hello(&mut vm, 31, 900);
+}

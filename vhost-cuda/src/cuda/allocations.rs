@@ -227,6 +227,22 @@ impl AllocationTable {
             .collect()
     }
 
+    /// The `Malloc` allocations (not stream-ordered ones): base and size, lowest first.
+    pub(crate) fn allocations(&self) -> Vec<(u64, u64)> {
+        self.regions
+            .iter()
+            .filter(|(_, r)| r.kind == RegionKind::Allocation)
+            .map(|(&b, r)| (b, r.size))
+            .collect()
+    }
+
+    /// True if the table holds graph memory.
+    pub(crate) fn has_graph_memory(&self) -> bool {
+        self.regions
+            .values()
+            .any(|r| matches!(r.kind, RegionKind::GraphMemory { .. }))
+    }
+
     /// Removes the allocation starting at `base`; returns its size.
     pub(crate) fn remove_allocation(&mut self, base: u64) -> Result<u64, TableError> {
         if !self.is_allocation(base) {

@@ -1,5 +1,6 @@
 //! What the fuzz targets (`fuzz/`, feature `fuzzing`) need from inside the executor: a host
-//! over the fake driver, and the host-side module image check. Not built into the binary.
+//! over the fake driver, the host-side module image check, and the saved-state decoder and
+//! restore. Not built into the binary.
 
 use std::sync::Arc;
 
@@ -7,6 +8,8 @@ use super::{
     driver::fake::FakeDriver,
     host::{CudaHost, Tuning},
     module_image::ModuleImage,
+    saved_state::SavedState,
+    GpuState,
 };
 
 /// A host over the fake driver with `gpus` GPUs and tiny staging, so that small buffers take
@@ -32,4 +35,109 @@ pub fn check_module_image(bytes: &[u8]) -> Result<&'static str, u32> {
         super::module_image::ImageKind::Elf => "elf",
         super::module_image::ImageKind::Ptx => "ptx",
     })
+}
+
+/// A saved state from anywhere (a file, another daemon): decoded, and if it decodes, restored
+/// into a fresh state over the fake driver (2 GPUs) and dropped. Whatever the bytes, nothing
+/// panics, what decodes re-encodes to a state that decodes the same, and nothing stays behind
+/// on the fake device. Returns whether the state was restored.
+pub fn restore_saved_state(bytes: &[u8]) -> bool {
+    let Ok(state) = SavedState::decode(bytes) else {
+        return false;
+    };
+    assert_eq!(SavedState::decode(&state.encode()).as_ref(), Ok(&state));
+    let driver = Arc::new(FakeDriver::new(2));
+    let host = Arc::new(
+        CudaHost::from_driver(driver.clone(), 13000, None, Tuning::default())
+            .expect("fake driver host"),
+    );
+    let restored = GpuState::restore(&host, state.session, bytes).is_ok();
+    assert_eq!(driver.live_contexts(), 0);
+    assert_eq!(driver.vmm_ranges(), (0, 0));
+    restored
+}
+
+/// A saved state with one of most things the format holds (contexts with settings and a peer,
+/// a run of small blocks with an allocation, an empty large run, a module with a function, a
+/// stream, an event, a pool), restorable over the fake driver with 2 GPUs: a seed for the fuzz
+/// target.
+pub fn sample_saved_state() -> Vec<u8> {
+    use super::saved_state::{
+        SavedAllocation, SavedContext, SavedEvent, SavedFunction, SavedModule, SavedPool, SavedRun,
+        SavedStream,
+    };
+    let space = super::AddressSpace::default();
+    let base = |dev| space.session_base(1, dev, 2).expect("in the space");
+    let state = SavedState {
+        session: 1,
+        last_handle: 10,
+        devices: 2,
+        va_base: space.base,
+        va_size: space.per_device,
+        contexts: vec![
+            SavedContext {
+                dev: 0,
+                cache_config: Some(1),
+                limits: vec![(0, 4096)],
+                peers: vec![1],
+                ranged: true,
+            },
+            SavedContext {
+                dev: 1,
+                cache_config: None,
+                limits: Vec::new(),
+                peers: Vec::new(),
+                ranged: true,
+            },
+        ],
+        runs: vec![
+            SavedRun {
+                dev: 0,
+                va: base(0),
+                len: 2 << 20,
+                class: Some(0),
+            },
+            SavedRun {
+                dev: 1,
+                va: base(1) + (4 << 20),
+                len: 4 << 20,
+                class: None,
+            },
+        ],
+        allocations: vec![SavedAllocation {
+            dev: 0,
+            ptr: base(0) + 256,
+            size: 16,
+            block: 256,
+            contents: b"0123456789abcdef".to_vec(),
+        }],
+        modules: vec![SavedModule {
+            handle: 2,
+            dev: 0,
+            image: b".version 9.0\n.target sm_90\n.address_size 64\n".to_vec(),
+        }],
+        globals: Vec::new(),
+        functions: vec![SavedFunction {
+            handle: 3,
+            module: 2,
+            name: c"vadd".to_owned(),
+            cache_config: Some(2),
+            attributes: vec![(8, 1024)],
+        }],
+        streams: vec![SavedStream {
+            handle: 4,
+            dev: 1,
+            flags: 1,
+            priority: -1,
+            attributes: vec![(3, [0; 64])],
+        }],
+        events: vec![SavedEvent {
+            handle: 5,
+            dev: 0,
+            flags: 2,
+            recorded: true,
+        }],
+        pools: vec![SavedPool { handle: 6, dev: 0 }],
+    };
+    state.encode()
 }

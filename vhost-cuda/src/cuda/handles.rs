@@ -15,6 +15,16 @@ pub(crate) struct HandleCounter {
 }
 
 impl HandleCounter {
+    /// The last id handed out (0: none yet).
+    pub(crate) fn last(&self) -> u64 {
+        self.last
+    }
+
+    /// A counter that goes on after `last` (a restored state's).
+    pub(crate) fn after(last: u64) -> Self {
+        Self { last }
+    }
+
     /// The next id, or `None` once the 64-bit space is spent (never, in practice).
     pub(crate) fn next_id(&mut self) -> Option<u64> {
         self.last = self.last.checked_add(1)?;
@@ -55,6 +65,21 @@ impl<T> HandleTable<T> {
     }
 
     /// The object with handle `id`.
+    /// Puts `value` under a given id (a restored state's), if there is room, the id is not
+    /// taken, and the counter has handed it out already (so it never hands it out again).
+    pub(crate) fn insert_at(&mut self, ids: &HandleCounter, id: u64, value: T) -> bool {
+        if !self.has_room() || id == 0 || id > ids.last || self.entries.contains_key(&id) {
+            return false;
+        }
+        self.entries.insert(id, value);
+        true
+    }
+
+    /// Every id and its value.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, &T)> {
+        self.entries.iter().map(|(&k, v)| (k, v))
+    }
+
     pub(crate) fn get(&self, id: u64) -> Option<&T> {
         self.entries.get(&id)
     }
@@ -111,6 +136,21 @@ mod tests {
         assert!(a.get(y).is_none());
         assert_eq!(a.get(x), Some(&"module"));
         assert!(a.get(0).is_none());
+    }
+
+    #[test]
+    fn restored_ids_keep_their_numbers_and_are_never_handed_out_again() {
+        let ids = HandleCounter::after(10);
+        let mut t = HandleTable::new(2);
+        assert!(t.insert_at(&ids, 7, "stream"));
+        assert!(!t.insert_at(&ids, 7, "again"));
+        assert!(!t.insert_at(&ids, 0, "zero"));
+        assert!(!t.insert_at(&ids, 11, "not handed out"));
+        assert!(t.insert_at(&ids, 10, "event"));
+        assert!(!t.insert_at(&ids, 9, "full"));
+        let mut ids = ids;
+        assert_eq!(ids.next_id(), Some(11));
+        assert_eq!(t.iter().count(), 2);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use tracing::{debug, error, warn};
 use crate::limits::QuotaSlot;
 
 use super::{
+    device_arena::AddressSpace,
     driver::{CudaDriver, DriverApi, DriverLoad, NoDriver},
     launch::LaunchLimits,
 };
@@ -95,6 +96,8 @@ pub struct CudaHost {
     sticky: AtomicU32,
     /// The VM's `--max-gpu-memory` quota (a worker's slot of it), if the daemon set one.
     memory_quota: OnceLock<Arc<QuotaSlot>>,
+    /// Where sessions reserve their device address ranges (`device_arena.rs`).
+    address_space: OnceLock<AddressSpace>,
 }
 
 impl fmt::Debug for CudaHost {
@@ -192,6 +195,18 @@ impl CudaHost {
         let _ = self.memory_quota.set(Arc::new(quota));
     }
 
+    /// Where this process's sessions reserve their device address ranges
+    /// (`--gpu-va-base`, `--gpu-va-size`); set once, before the first session opens a context.
+    /// Unset: [`AddressSpace::default`].
+    pub fn set_address_space(&self, space: AddressSpace) {
+        let _ = self.address_space.set(space);
+    }
+
+    /// Where sessions reserve their device address ranges.
+    pub(crate) fn address_space(&self) -> AddressSpace {
+        self.address_space.get().copied().unwrap_or_default()
+    }
+
     /// The quota allocations count against, if any.
     pub(crate) fn memory_quota(&self) -> Option<Arc<QuotaSlot>> {
         self.memory_quota.get().cloned()
@@ -256,6 +271,7 @@ impl CudaHost {
             tuning: Tuning::default(),
             sticky: AtomicU32::new(0),
             memory_quota: OnceLock::new(),
+            address_space: OnceLock::new(),
         }
     }
 
@@ -331,6 +347,7 @@ impl CudaHost {
             tuning,
             sticky: AtomicU32::new(0),
             memory_quota: OnceLock::new(),
+            address_space: OnceLock::new(),
         })
     }
 }

@@ -283,6 +283,11 @@ impl HostMappings {
             .collect()
     }
 
+    /// Every mapping: guest address and what it is.
+    pub(crate) fn mappings(&self) -> Vec<(u64, Mapping)> {
+        self.by_guest.iter().map(|(&g, m)| (g, *m)).collect()
+    }
+
     /// Every guest address with a mapping.
     pub(crate) fn all(&self) -> Vec<u64> {
         self.by_guest.keys().copied().collect()

@@ -17,6 +17,7 @@
 mod aligned_bytes;
 mod allocations;
 mod copy;
+mod device_arena;
 mod driver;
 mod gpu_state;
 mod handles;
@@ -27,6 +28,7 @@ mod host_queries;
 mod launch;
 mod module_image;
 mod ram_registry;
+mod saved_state;
 mod status;
 
 #[cfg(feature = "fuzzing")]
@@ -36,6 +38,7 @@ mod test_kernels;
 #[cfg(test)]
 mod tests;
 
-pub use gpu_state::GpuState;
+pub use device_arena::{AddressSpace, DEFAULT_VA_BASE, DEFAULT_VA_SIZE, VA_ALIGN, VA_END};
+pub use gpu_state::{CheckpointError, GpuState};
 pub use host::{CudaHost, HostError};
 pub use host_mappings::reserve_window;

@@ -184,12 +184,20 @@ impl ModuleImage {
         Ok(Self { bytes, kind })
     }
 
-    /// A checked image from host bytes (tests and fuzz targets).
-    #[cfg(any(test, feature = "fuzzing"))]
+    /// A checked image from host bytes (a restored state's, tests, fuzz targets).
     pub(crate) fn from_slice(b: &[u8]) -> Result<Self, u32> {
+        if b.is_empty() {
+            return Err(status::INVALID_VALUE);
+        }
         let mut bytes = AlignedBytes::zeroed(b.len() + 1);
         bytes.as_mut_slice()[..b.len()].copy_from_slice(b);
         Self::from_bytes(bytes, b.len())
+    }
+
+    /// The image alone, without the NUL byte the driver gets after it.
+    pub(crate) fn image(&self) -> &[u8] {
+        let b = self.bytes.as_slice();
+        &b[..b.len().saturating_sub(1)]
     }
 
     /// The image followed by a NUL byte, as the driver gets it.

@@ -23,6 +23,8 @@ fn set_access(rig: &mut Rig, s: &mut GpuState, ptr: u64, size: u64, recs: &[(u32
 #[test]
 fn mapped_memory_is_device_memory_of_the_session() {
     let mut rig = Rig::new(2);
+    // The guest's own reservations only: no reserved range of the session beside them.
+    rig.host.set_address_space(crate::cuda::AddressSpace::OFF);
     let mut s = rig.session();
     let g = ok(run(&mut s, Op::MemGetGranularity, &[0, 0, 0, 0]))[0];
     assert_eq!(ok(run(&mut s, Op::MemGetGranularity, &[1, 0, 0, 0]))[0], g);
@@ -96,6 +98,8 @@ fn mapped_memory_is_device_memory_of_the_session() {
 #[test]
 fn only_the_sessions_own_handles_and_reservations_are_accepted() {
     let mut rig = Rig::new(1);
+    // The guest's own reservations only: no reserved range of the session beside them.
+    rig.host.set_address_space(crate::cuda::AddressSpace::OFF);
     let mut s = rig.session();
     let g = ok(run(&mut s, Op::MemGetGranularity, &[0, 0, 0, 0]))[0];
     for bad in [[g, 2, 0, 0], [g, 0, 4, 0], [0, 0, 0, 0]] {
@@ -172,6 +176,8 @@ fn only_the_sessions_own_handles_and_reservations_are_accepted() {
 #[test]
 fn the_end_of_a_session_frees_its_vmm_objects() {
     let mut rig = Rig::new(1);
+    // The guest's own reservations only: no reserved range of the session beside them.
+    rig.host.set_address_space(crate::cuda::AddressSpace::OFF);
     let mut s = rig.session();
     let g = ok(run(&mut s, Op::MemGetGranularity, &[0, 0, 0, 0]))[0];
     let h = ok(run(&mut s, Op::MemCreate, &[g, 0, 0, 0]))[0];

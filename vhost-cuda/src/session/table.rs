@@ -157,6 +157,12 @@ pub(super) enum Msg {
     /// The VM, or the guest driver instance the session belonged to, is gone: close the
     /// session (the reason is logged) and stop.
     Shutdown(&'static str),
+    /// The operator's pause (`true`) or resume of the session (`vhost-cuda --pause`): the
+    /// thread answers on `reply` once its worker has (see `thread.rs`).
+    Checkpoint {
+        pause: bool,
+        reply: Sender<ResponseHeader>,
+    },
 }
 
 impl Msg {
@@ -164,7 +170,7 @@ impl Msg {
     pub(super) fn ends_session(&self) -> bool {
         match self {
             Msg::Run(job) => job.request.op() == Op::SessionClose,
-            Msg::Memory(_) => false,
+            Msg::Memory(_) | Msg::Checkpoint { .. } => false,
             Msg::Shutdown(_) => true,
         }
     }
@@ -189,6 +195,15 @@ pub(super) struct SessionHandle {
 }
 
 impl SessionHandle {
+    /// Queues the operator's pause or resume.
+    pub(super) fn send_checkpoint(
+        &self,
+        pause: bool,
+        reply: Sender<ResponseHeader>,
+    ) -> Result<(), SendError<Msg>> {
+        self.tx.send(Msg::Checkpoint { pause, reply })
+    }
+
     /// Queues `msg`, ringing the wake-up if it ends the session.
     fn send(&self, msg: Msg) -> Result<(), SendError<Msg>> {
         let ends = msg.ends_session();

@@ -100,6 +100,9 @@ impl SessionThread {
         // How long to spin for the next message before blocking: `--hop-poll-us` right after
         // an answer (a guest calling back to back finds this thread awake), else nothing.
         let mut spin = Duration::ZERO;
+        // Paused by the operator: requests wait here (in order) until the resume.
+        let mut paused = false;
+        let mut held: VecDeque<Box<super::table::Job>> = VecDeque::new();
         loop {
             let msg = match backlog.pop_front() {
                 Some(m) => m,
@@ -118,8 +121,30 @@ impl SessionThread {
                     self.share_memory(&mut gpu, &mem);
                     continue;
                 }
+                Msg::Checkpoint { pause, reply } => {
+                    let resp = self.checkpoint(&mut gpu, pause, paused);
+                    if resp.status == status::SUCCESS {
+                        paused = pause;
+                        if !paused {
+                            // What waited goes first, in its order.
+                            for job in held.drain(..).rev() {
+                                backlog.push_front(Msg::Run(job));
+                            }
+                        }
+                    }
+                    let _ = reply.send(resp);
+                    continue;
+                }
                 Msg::Run(job) => job,
             };
+            if paused {
+                if job.request.op() != Op::SessionClose {
+                    held.push_back(job);
+                    continue;
+                }
+                // The program ends while paused: what waited is answered with the close.
+                backlog.extend(held.drain(..).map(Msg::Run));
+            }
             if self.abandoned() {
                 continue;
             }
@@ -433,6 +458,32 @@ impl SessionThread {
                 }
                 Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op(), &e)),
             }
+        }
+    }
+
+    /// The operator's pause or resume of this session (`was_paused`: the state it is in).
+    fn checkpoint(&self, gpu: &mut Gpu, pause: bool, was_paused: bool) -> ResponseHeader {
+        if pause == was_paused {
+            return ResponseHeader::with_status(status::ILLEGAL_STATE);
+        }
+        let Gpu::Running { process, .. } = gpu else {
+            // No worker: nothing on the GPU to move; its requests wait all the same.
+            return ResponseHeader::with_status(status::SUCCESS);
+        };
+        match process.checkpoint(pause) {
+            Ok(resp) => {
+                info!(
+                    vm = %self.shared.label,
+                    session = self.id,
+                    status = resp.status,
+                    bytes = resp.rets[0],
+                    ms = resp.rets[1] / 1_000_000,
+                    "{}",
+                    if pause { "paused by the operator" } else { "resumed by the operator" }
+                );
+                resp
+            }
+            Err(e) => self.worker_failed(gpu, Op::DeviceSynchronize, &e),
         }
     }
 

@@ -296,6 +296,41 @@ impl UsageView {
     pub fn snapshot(&self) -> Option<VmUsage> {
         self.0.upgrade().map(|s| snapshot(&s, None))
     }
+
+    /// The operator's pause (`pause` true) or resume of session `session` of this VM, or of
+    /// every session (`None`): each session's thread takes it in turn with its requests (so
+    /// the op in flight ends first) and answers once its worker has. Returns each session's
+    /// answer (`worker::checkpoint_answer`); a session that does not answer within `timeout`
+    /// is left out.
+    pub fn checkpoint(
+        &self,
+        session: Option<u64>,
+        pause: bool,
+        timeout: std::time::Duration,
+    ) -> Vec<(u64, qcuda_proto::ResponseHeader)> {
+        let Some(shared) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        let asked: Vec<(u64, std::sync::mpsc::Receiver<qcuda_proto::ResponseHeader>)> = shared
+            .threads()
+            .iter()
+            .filter(|(&id, _)| session.is_none_or(|s| s == id))
+            .filter_map(|(&id, h)| {
+                let (reply, rx) = std::sync::mpsc::channel();
+                h.send_checkpoint(pause, reply).ok()?;
+                Some((id, rx))
+            })
+            .collect();
+        drop(shared);
+        let deadline = std::time::Instant::now() + timeout;
+        asked
+            .into_iter()
+            .filter_map(|(id, rx)| {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                rx.recv_timeout(left).ok().map(|r| (id, r))
+            })
+            .collect()
+    }
 }
 
 /// Bytes for people: "0 B", "512 B", "4.0 KiB", "1.5 GiB" (`qcuda_proto::HumanBytes`).

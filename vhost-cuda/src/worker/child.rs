@@ -38,7 +38,7 @@ use tracing::{debug, error, error_span, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::{
-    cuda::{CudaHost, GpuState},
+    cuda::{AddressSpace, CheckpointError, CudaHost, GpuState},
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     sandbox::{self, SandboxMode, SeccompMode},
@@ -73,6 +73,9 @@ pub struct WorkerConfig {
     pub seccomp: SeccompMode,
     /// `--sandbox-check`: build the sandbox, then exit 0 (the daemon's start-up check).
     pub sandbox_check: bool,
+    /// `--gpu-va-base` and `--gpu-va-size` of the daemon: where the session's device
+    /// address ranges lie.
+    pub address_space: AddressSpace,
 }
 
 /// Why a request from the daemon is refused.
@@ -213,6 +216,40 @@ impl Phases {
     }
 }
 
+/// What the worker's loop hands its GPU state.
+#[derive(Debug)]
+pub enum Work<'a> {
+    /// A guest request.
+    Request(&'a Request),
+    /// The operator's pause ([`ToWorker::Pause`]).
+    Pause,
+    /// The operator's resume.
+    Resume,
+}
+
+/// The answer of a pause or resume: SUCCESS with rets[0] the bytes moved, or why not
+/// (cudaErrorNotReady: a stream capture is under way, try again; cudaErrorNotSupported: the
+/// state holds what cannot be paused; cudaErrorIllegalState: already paused, or not paused).
+pub fn checkpoint_answer(result: Result<u64, CheckpointError>) -> ResponseHeader {
+    match result {
+        Ok(bytes) => {
+            let mut r = ResponseHeader::with_status(status::SUCCESS);
+            r.rets[0] = bytes;
+            r
+        }
+        Err(e) => {
+            warn!("{e}");
+            ResponseHeader::with_status(match e {
+                CheckpointError::Busy => status::NOT_READY,
+                CheckpointError::Unsupported(_) => status::NOT_SUPPORTED,
+                CheckpointError::Cuda(s) => s,
+                CheckpointError::WrongPhase(_) => status::ILLEGAL_STATE,
+                CheckpointError::Mismatch(_) => status::UNKNOWN,
+            })
+        }
+    }
+}
+
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
 /// request through `execute` (after [`build_request`]) and answers it. Returns the error that
 /// ended it otherwise (a broken channel or an undecodable frame).
@@ -225,7 +262,7 @@ pub fn serve(
     channel: &WorkerChannel,
     session: u64,
     hop_poll: Duration,
-    mut execute: impl FnMut(&Request) -> ResponseHeader,
+    mut execute: impl FnMut(Work<'_>) -> ResponseHeader,
     mut host_function_link: impl FnMut(UnixStream),
 ) -> Result<(), MessageError> {
     let mut mem = Arc::new(GuestRam::new());
@@ -291,7 +328,7 @@ pub fn serve(
                 let built = build_request(session, &mem, &run);
                 let rebuilt = Instant::now();
                 let (op, resp) = match built {
-                    Ok(req) => (Some(req.op()), execute(&req)),
+                    Ok(req) => (Some(req.op()), execute(Work::Request(&req))),
                     Err(e) => {
                         warn!("request refused: {e}");
                         (None, ResponseHeader::with_status(status::INVALID_VALUE))
@@ -309,6 +346,17 @@ pub fn serve(
             ToWorker::SandboxTestHook(attempt) => {
                 let resp = crate::sandbox::test_hook::attempt(&attempt);
                 hop.answer(channel, &FromWorker::Done(resp, 0))?;
+            }
+            ToWorker::Pause | ToWorker::Resume => {
+                let started = Instant::now();
+                let mut resp = execute(if matches!(msg, ToWorker::Pause) {
+                    Work::Pause
+                } else {
+                    Work::Resume
+                });
+                let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                resp.rets[1] = took;
+                hop.answer(channel, &FromWorker::Done(resp, took))?;
             }
             // Handled above.
             ToWorker::MemoryTable(_)
@@ -524,6 +572,13 @@ pub fn run(config: &WorkerConfig) -> i32 {
             }
         }
     }
+    match config.address_space.check(host.gpu_count()) {
+        Ok(space) => host.set_address_space(space),
+        Err(e) => {
+            warn!("{e}: no reserved device ranges (device pointers cannot keep their values across a restore)");
+            host.set_address_space(AddressSpace::OFF);
+        }
+    }
     let mut session = GpuState::open(&host, config.session);
     debug!(
         pid = std::process::id(),
@@ -549,7 +604,12 @@ pub fn run(config: &WorkerConfig) -> i32 {
         &channel,
         config.session,
         config.hop_poll,
-        |req| {
+        |work| {
+            let req = match work {
+                Work::Request(req) => req,
+                Work::Pause => return checkpoint_answer(session.pause()),
+                Work::Resume => return checkpoint_answer(session.resume()),
+            };
             let mut resp = match req.op() {
                 // The transport self-test, here too: it proves this process's view of guest RAM.
                 Op::Echo => transport_ops::echo(req),
@@ -756,7 +816,12 @@ mod tests {
                 &ch,
                 9,
                 hop_poll,
-                |req| {
+                |work| {
+                    let req = match work {
+                        Work::Request(req) => req,
+                        Work::Pause => return ResponseHeader::with_status(77),
+                        Work::Resume => return ResponseHeader::with_status(78),
+                    };
                     seen.push(req.inputs()[0].to_vec().unwrap());
                     ResponseHeader::with_status(u32::try_from(seen.len()).unwrap())
                 },
@@ -784,6 +849,11 @@ mod tests {
             daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
             assert_eq!(answer(), n);
         }
+        // The operator's pause and resume reach the state between requests, answered in turn.
+        daemon.send_to_worker(&ToWorker::Pause, &[]).unwrap();
+        assert_eq!(answer(), 77);
+        daemon.send_to_worker(&ToWorker::Resume, &[]).unwrap();
+        assert_eq!(answer(), 78);
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
         // A table the worker cannot map leaves it without guest RAM.
         let f = memfd(0x1000);

@@ -39,6 +39,7 @@ use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::{
+    cuda::AddressSpace,
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
     sandbox::{self, ChildProcess, IdMaps, SandboxMode, SeccompMode, SpawnSpec},
@@ -74,6 +75,8 @@ pub struct WorkerCommand {
     sandbox: SandboxMode,
     /// `--worker-seccomp`.
     seccomp: SeccompMode,
+    /// `--gpu-va-base`, `--gpu-va-size`.
+    address_space: AddressSpace,
 }
 
 impl WorkerCommand {
@@ -98,7 +101,14 @@ impl WorkerCommand {
             hop_mailbox: false,
             sandbox: SandboxMode::None,
             seccomp: SeccompMode::Enforce,
+            address_space: AddressSpace::default(),
         }
+    }
+
+    /// The same command, for a daemon with `--gpu-va-base` and `--gpu-va-size`.
+    pub fn with_address_space(mut self, space: AddressSpace) -> Self {
+        self.address_space = space;
+        self
     }
 
     /// The same command, for a daemon with these per-VM limits.
@@ -172,7 +182,15 @@ impl WorkerCommand {
             self.sandbox.as_str().into(),
             "--worker-seccomp".into(),
             self.seccomp.as_str().into(),
+            "--gpu-va-base".into(),
+            format!("{:#x}", self.address_space.base).into(),
         ];
+        if self.address_space.base != 0 {
+            args.extend([
+                "--gpu-va-size".into(),
+                self.address_space.per_device.to_string().into(),
+            ]);
+        }
         if let Some(g) = self.gpu {
             args.extend(["--gpu".into(), g.to_string().into()]);
         }
@@ -569,6 +587,23 @@ impl WorkerProcess {
     /// Sends a request and waits for its answer.
     pub fn execute(&mut self, req: &Request) -> Result<ResponseHeader, WorkerError> {
         self.send(req)?;
+        loop {
+            if let Waited::Done(resp) = self.wait(None)? {
+                return Ok(resp);
+            }
+        }
+    }
+
+    /// The operator's pause (`pause` true) or resume of the worker's GPU state, between
+    /// requests: the answer's status says how it went (`worker::checkpoint_answer`), rets[0]
+    /// the bytes moved between the GPU and host memory, rets[1] the nanoseconds it took.
+    pub fn checkpoint(&mut self, pause: bool) -> Result<ResponseHeader, WorkerError> {
+        let msg = if pause {
+            ToWorker::Pause
+        } else {
+            ToWorker::Resume
+        };
+        self.send_message(&msg, &[])?;
         loop {
             if let Waited::Done(resp) = self.wait(None)? {
                 return Ok(resp);

@@ -46,6 +46,8 @@ const TAG_DONE: u8 = 3;
 const TAG_HOST_FUNCTION_LINK: u8 = 4;
 const TAG_MAILBOX: u8 = 5;
 const TAG_POSTED: u8 = 6;
+const TAG_PAUSE: u8 = 7;
+const TAG_RESUME: u8 = 8;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -95,6 +97,12 @@ pub enum ToWorker {
     Mailbox,
     /// "Look in the mailbox": a request was posted there while the worker slept on this socket.
     Posted,
+    /// The operator's pause: quiesce the GPU state and move its memory to host memory
+    /// (`GpuState::pause`); answered [`FromWorker::Done`] with the status, rets[0] the bytes
+    /// moved and rets[1] the nanoseconds it took.
+    Pause,
+    /// The operator's resume (`GpuState::resume`); answered as [`ToWorker::Pause`] is.
+    Resume,
     /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
     /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
     #[cfg(feature = "test-hooks")]
@@ -237,7 +245,7 @@ impl ToWorker {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
             Self::HostFunctionLink | Self::Mailbox => 1,
-            Self::Posted => 0,
+            Self::Posted | Self::Pause | Self::Resume => 0,
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(_) => 0,
         }
@@ -284,6 +292,8 @@ impl ToWorker {
             Self::HostFunctionLink => out.push(TAG_HOST_FUNCTION_LINK),
             Self::Mailbox => out.push(TAG_MAILBOX),
             Self::Posted => out.push(TAG_POSTED),
+            Self::Pause => out.push(TAG_PAUSE),
+            Self::Resume => out.push(TAG_RESUME),
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(bytes) => {
                 let n = u32::try_from(bytes.len())
@@ -338,6 +348,8 @@ impl ToWorker {
             TAG_HOST_FUNCTION_LINK => Self::HostFunctionLink,
             TAG_MAILBOX => Self::Mailbox,
             TAG_POSTED => Self::Posted,
+            TAG_PAUSE => Self::Pause,
+            TAG_RESUME => Self::Resume,
             #[cfg(feature = "test-hooks")]
             TAG_SANDBOX_TEST_HOOK => {
                 let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
@@ -596,6 +608,8 @@ mod tests {
             ToWorker::MemoryTable(vec![]),
             ToWorker::Run(Box::new(run_request())),
             ToWorker::HostFunctionLink,
+            ToWorker::Pause,
+            ToWorker::Resume,
         ] {
             assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
         }

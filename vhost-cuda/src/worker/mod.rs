@@ -14,5 +14,7 @@ mod handle;
 pub mod mailbox;
 pub mod message;
 
-pub use child::{build_request, run, serve, RunError, WorkerConfig, CHANNEL_FD};
+pub use child::{
+    build_request, checkpoint_answer, run, serve, RunError, Work, WorkerConfig, CHANNEL_FD,
+};
 pub use handle::{Waited, WorkerCommand, WorkerError, WorkerProcess, CLOSE_WAIT};

@@ -30,22 +30,35 @@ impl GpuState {
                 .gpus
                 .get(dev)
                 .ok_or(Fault::Status(status::INVALID_DEVICE))?;
-            let ctx = self.drv.ctx_create(gpu.dev).map_err(on(dev))?;
+            let (gpu, host_ordinal) = (gpu.dev, gpu.host_ordinal);
+            let ctx = self.drv.ctx_create(gpu).map_err(on(dev))?;
             debug!(
                 session = self.id,
                 dev,
-                gpu = gpu.host_ordinal,
+                gpu = host_ordinal,
                 "context created"
             );
-            *slot = Some(DeviceContext {
+            let range = match self.drv.ctx_set_current(ctx) {
+                Ok(()) => self.reserve_range(dev, gpu),
+                Err(_) => None,
+            };
+            self.devices[dev] = Some(DeviceContext {
                 ctx,
                 memory: AllocationTable::with_quota(self.host.memory_quota()),
                 staging: StagingState::NotYet,
                 default_pool: None,
                 current_pool: None,
+                range,
+                limits: Vec::new(),
+                cache_config: None,
+                peers: Vec::new(),
             });
         }
-        let c = slot.as_mut().ok_or(Fault::Status(status::UNKNOWN))?;
+        let c = self
+            .devices
+            .get_mut(dev)
+            .and_then(Option::as_mut)
+            .ok_or(Fault::Status(status::UNKNOWN))?;
         self.drv.ctx_set_current(c.ctx).map_err(on(dev))?;
         Ok(c)
     }
@@ -104,9 +117,27 @@ impl GpuState {
     /// in its worker process, so that wait stalls no other session; a daemon ending the session
     /// does not wait for it beyond a bound, it kills the worker (`crate::worker`).
     pub(super) fn teardown(&mut self, dev: usize) {
+        self.release_device(dev, false);
+    }
+
+    /// [`teardown`](Self::teardown), which also ends the host mappings registered in the
+    /// context; with `keep_host_mappings` (a pause) they are only unregistered, and stay mapped
+    /// for the context a resume makes.
+    pub(super) fn release_device(&mut self, dev: usize, keep_host_mappings: bool) {
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {
             let drv = Arc::clone(&self.drv);
+            if keep_host_mappings {
+                if let Some((_, m)) = self
+                    .host_memory
+                    .mappings()
+                    .into_iter()
+                    .find(|(g, _)| *g == guest)
+                {
+                    let _ = drv.mem_host_unregister(m.local);
+                }
+                continue;
+            }
             let _ = self.host_memory.unmap(guest, |m| {
                 let _ = drv.mem_host_unregister(m.local);
             });
@@ -121,9 +152,17 @@ impl GpuState {
         }
         self.teardown_graphs(dev, live);
         self.release_pools(dev);
-        let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
+        let Some(mut c) = self.devices.get_mut(dev).and_then(Option::take) else {
             return;
         };
+        // Memory mapped into the range is the process's, not the context's: destroying the
+        // context would leave it mapped. Unmapped first, while the context is still current
+        // (with a sticky error the driver is not called: the worker's exit frees it).
+        if let Some(range) = c.range.as_mut() {
+            if live {
+                Self::release_range(self.drv.as_ref(), range);
+            }
+        }
         match self.drv.ctx_destroy(c.ctx) {
             Ok(()) => debug!(session = self.id, dev, "context destroyed"),
             Err(e) => warn!(session = self.id, dev, error = ?e, "cuCtxDestroy failed"),
@@ -173,6 +212,13 @@ impl GpuState {
         self.drv
             .ctx_peer_access(peer_ctx, enable == 1)
             .map_err(on(dev))?;
+        // The peer's reserved range is VMM memory, which peer access does not reach by itself.
+        self.share_range(peer, a, enable == 1)?;
+        let peers = &mut self.context(dev)?.peers;
+        peers.retain(|&p| p != peer);
+        if enable == 1 {
+            peers.push(peer);
+        }
         ok()
     }
 
@@ -190,6 +236,9 @@ impl GpuState {
             self.drv
                 .ctx_set_limit(limit, to_usize(value)?)
                 .map_err(on(dev))?;
+            let limits = &mut self.context(dev)?.limits;
+            limits.retain(|&(l, _)| l != limit);
+            limits.push((limit, value));
             return ok();
         }
         let v = self.drv.ctx_get_limit(limit).map_err(on(dev))?;

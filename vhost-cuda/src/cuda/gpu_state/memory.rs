@@ -1,9 +1,237 @@
 //! The guest process's device memory (Malloc, Free), the check every device range passes, and
 //! guest RAM mapped for the device (HostMap, HostUnmap).
+//!
+//! Device memory comes from the session's reserved range on the device (`device_arena.rs`),
+//! with physical memory mapped under it through the driver's VMM calls ([`VmmBacking`]), so
+//! every allocation has an address a restore can give it again. Without a range (ranges off,
+//! or the driver placed the reservation elsewhere) it comes from `cuMemAlloc`.
 
 use super::*;
+use crate::cuda::{
+    device_arena::{ArenaError, Backing, DeviceArena},
+    driver::vmm::{AllocProps, ACCESS_NONE, ACCESS_READWRITE},
+};
+
+/// Physical memory under a session's range, through the driver's VMM calls: one `cuMemCreate`
+/// per run, mapped and made accessible to the devices in `access`. The allocation handle is
+/// released at once: the mapping keeps the memory, and unmapping frees it.
+pub(super) struct VmmBacking<'a> {
+    pub(super) drv: &'a dyn DriverApi,
+    /// The device whose memory backs the range.
+    pub(super) props: AllocProps,
+    /// `(CUdevice, ACCESS_*)`: the owner, and peers that enabled access to it.
+    pub(super) access: &'a [(i32, u32)],
+}
+
+impl Backing for VmmBacking<'_> {
+    type Handle = ();
+
+    fn map(&self, va: u64, len: u64) -> Result<(), ArenaError> {
+        let size = usize::try_from(len).map_err(|_| ArenaError::BadSize)?;
+        let drv = |e: CuError| ArenaError::Driver(e.0);
+        let handle = self.drv.mem_create(size, &self.props).map_err(drv)?;
+        let mapped = self.drv.mem_map(va, size, 0, handle);
+        let _ = self.drv.mem_release(handle);
+        mapped.map_err(drv)?;
+        if let Err(e) = self.drv.mem_set_access(va, size, self.access) {
+            let _ = self.drv.mem_unmap(va, size);
+            return Err(drv(e));
+        }
+        Ok(())
+    }
+
+    fn unmap(&self, va: u64, len: u64, (): ()) {
+        if let Ok(size) = usize::try_from(len) {
+            let _ = self.drv.mem_unmap(va, size);
+        }
+    }
+}
+
+/// The reserved range of a session on one device and who may reach its memory.
+#[derive(Debug)]
+pub(super) struct ReservedRange {
+    pub(super) arena: DeviceArena<()>,
+    /// The `CUdevice` whose memory it holds.
+    pub(super) gpu: i32,
+    /// `(CUdevice, ACCESS_*)` of every device that reaches it: its own first, then peers.
+    pub(super) access: Vec<(i32, u32)>,
+}
+
+impl ReservedRange {
+    /// Its blocks' backing over `drv`.
+    pub(super) fn backing<'a>(
+        drv: &'a dyn DriverApi,
+        gpu: i32,
+        access: &'a [(i32, u32)],
+    ) -> VmmBacking<'a> {
+        VmmBacking {
+            drv,
+            props: AllocProps {
+                device: gpu,
+                ..AllocProps::default()
+            },
+            access,
+        }
+    }
+}
+
+/// The fault of a failed arena allocation on `dev`: an exhausted range is out of memory, as
+/// CUDA reports it (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY).
+fn arena_fault(dev: usize, e: ArenaError) -> Fault {
+    match e {
+        ArenaError::RangeFull | ArenaError::BadSize => Fault::Status(status::MEMORY_ALLOCATION),
+        ArenaError::Driver(code) => Fault::Driver {
+            dev,
+            err: CuError(code),
+        },
+        ArenaError::NotABlock | ArenaError::BadSnapshot => Fault::Status(status::INVALID_VALUE),
+    }
+}
 
 impl GpuState {
+    /// Reserves the session's range on guest device `dev` (`CUdevice` `gpu`), its context
+    /// current: at the configured address or not at all, since an allocation at another address
+    /// could not keep it across a restore. `None` (and a warning) when ranges are off or the
+    /// driver cannot place it there; the device's memory then comes from `cuMemAlloc`.
+    pub(super) fn reserve_range(&self, dev: usize, gpu: i32) -> Option<ReservedRange> {
+        let space = self.host.address_space();
+        let base = space.session_base(self.id, dev, self.devices.len())?;
+        let size = usize::try_from(space.per_device).ok()?;
+        let props = AllocProps {
+            device: gpu,
+            ..AllocProps::default()
+        };
+        let unplaced = |why: &dyn std::fmt::Debug| {
+            warn!(
+                session = self.id,
+                dev,
+                base = format_args!("{base:#x}"),
+                reason = ?why,
+                "no reserved device range: allocations come from cuMemAlloc and cannot be \
+                 restored at their addresses"
+            );
+        };
+        let granularity = match self.drv.mem_granularity(&props, false) {
+            Ok(g) => g as u64,
+            Err(e) => {
+                unplaced(&e);
+                return None;
+            }
+        };
+        let got = match self.drv.mem_address_reserve(size, 0, base) {
+            Ok(got) => got,
+            Err(e) => {
+                unplaced(&e);
+                return None;
+            }
+        };
+        let arena = (got == base)
+            .then(|| DeviceArena::new(base, space.per_device, granularity))
+            .flatten();
+        let Some(arena) = arena else {
+            let _ = self.drv.mem_address_free(got, size);
+            unplaced(&format_args!(
+                "placed at {got:#x}, granularity {granularity}"
+            ));
+            return None;
+        };
+        debug!(
+            session = self.id,
+            dev,
+            base = format_args!("{base:#x}"),
+            size,
+            "device range reserved"
+        );
+        Some(ReservedRange {
+            arena,
+            gpu,
+            access: vec![(gpu, ACCESS_READWRITE)],
+        })
+    }
+
+    /// Gives the range of `c` back: unmaps every block and frees the reservation. Nothing of
+    /// the guest's may use it any more.
+    pub(super) fn release_range(drv: &dyn DriverApi, range: &mut ReservedRange) {
+        let backing = ReservedRange::backing(drv, range.gpu, &range.access);
+        range.arena.release_all(&backing);
+        let (base, size) = range.arena.range();
+        if let Ok(size) = usize::try_from(size) {
+            let _ = drv.mem_address_free(base, size);
+        }
+    }
+
+    /// `size` (> 0) bytes of device memory on `dev` (bound): a block of the session's range, or
+    /// `cuMemAlloc`'s.
+    pub(super) fn device_alloc(&mut self, dev: usize, size: u64) -> Result<u64, Fault> {
+        let drv = Arc::clone(&self.drv);
+        let c = self.context(dev)?;
+        match c.range.as_mut() {
+            Some(r) => {
+                let backing = ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+                r.arena
+                    .alloc(size, &backing)
+                    .map_err(|e| arena_fault(dev, e))
+            }
+            None => drv.mem_alloc(to_usize(size)?).map_err(on(dev)),
+        }
+    }
+
+    /// Frees what [`device_alloc`](Self::device_alloc) returned. A block of the range is handed
+    /// out again at once, so the device's work is waited for first, as `cuMemFree` does.
+    pub(super) fn device_free(&mut self, dev: usize, ptr: u64) -> Result<(), Fault> {
+        let in_range = self
+            .context(dev)?
+            .range
+            .as_ref()
+            .is_some_and(|r| r.arena.holds(ptr));
+        if !in_range {
+            return self.drv.mem_free(ptr).map_err(on(dev));
+        }
+        if self.capture_under_way() {
+            self.wait_for_device_work(dev);
+        } else {
+            self.drv.ctx_synchronize().map_err(on(dev))?;
+        }
+        let drv = Arc::clone(&self.drv);
+        let c = self.context(dev)?;
+        if let Some(r) = c.range.as_mut() {
+            let backing = ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+            r.arena
+                .free(ptr, &backing)
+                .map_err(|e| arena_fault(dev, e))?;
+        }
+        Ok(())
+    }
+
+    /// Grants (or withdraws) device `peer_gpu` access to the session's range on `dev`: what
+    /// peer access means for memory the driver did not allocate itself.
+    pub(super) fn share_range(
+        &mut self,
+        dev: usize,
+        peer_gpu: i32,
+        enable: bool,
+    ) -> Result<(), Fault> {
+        let drv = Arc::clone(&self.drv);
+        let c = self.context(dev)?;
+        let Some(r) = c.range.as_mut() else {
+            return Ok(());
+        };
+        r.access.retain(|&(g, _)| g != peer_gpu);
+        let flags = if enable {
+            ACCESS_READWRITE
+        } else {
+            ACCESS_NONE
+        };
+        if enable {
+            r.access.push((peer_gpu, flags));
+        }
+        for (va, len) in r.arena.runs() {
+            drv.mem_set_access(va, to_usize(len)?, &[(peer_gpu, flags)])
+                .map_err(on(dev))?;
+        }
+        Ok(())
+    }
+
     pub(super) fn malloc(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
         let size = req.header().args[0];
@@ -11,30 +239,39 @@ impl GpuState {
             // cudaMalloc(&p, 0) succeeds with a NULL pointer.
             return ok_rets(&[0]);
         }
-        let bytes = to_usize(size)?;
-        let (drv, id) = (Arc::clone(&self.drv), self.id);
         let c = self.context(dev)?;
         if !c.memory.has_room() || !c.memory.quota_allows(size) {
             return Err(status::MEMORY_ALLOCATION.into());
         }
-        let ptr = drv.mem_alloc(bytes).map_err(on(dev))?;
-        if let Err(e) = c.memory.insert_allocation(ptr, size) {
-            let _ = drv.mem_free(ptr);
-            if e == TableError::OverQuota {
-                // Another session of the VM took the rest meanwhile.
-                return Err(status::MEMORY_ALLOCATION.into());
-            }
-            warn!(
-                session = id,
-                dev,
-                ptr,
-                size,
-                ?e,
-                "driver returned an overlapping allocation"
-            );
-            return Err(status::UNKNOWN.into());
-        }
+        let ptr = self.device_alloc(dev, size)?;
+        self.record_allocation(dev, ptr, size)?;
         ok_rets(&[ptr])
+    }
+
+    /// Enters a fresh allocation in the table of `dev`; frees it again if the table refuses.
+    pub(super) fn record_allocation(
+        &mut self,
+        dev: usize,
+        ptr: u64,
+        size: u64,
+    ) -> Result<(), Fault> {
+        let Err(e) = self.context(dev)?.memory.insert_allocation(ptr, size) else {
+            return Ok(());
+        };
+        let _ = self.device_free(dev, ptr);
+        if e == TableError::OverQuota {
+            // Another session of the VM took the rest meanwhile.
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        warn!(
+            session = self.id,
+            dev,
+            ptr,
+            size,
+            ?e,
+            "an allocation overlaps another"
+        );
+        Err(status::UNKNOWN.into())
     }
 
     pub(super) fn free(&mut self, req: &Request) -> OpResult {
@@ -57,8 +294,8 @@ impl GpuState {
             }
             return Err(status::INVALID_VALUE.into());
         }
-        drv.mem_free(ptr).map_err(on(dev))?;
-        let _ = c.memory.remove_allocation(ptr);
+        self.device_free(dev, ptr)?;
+        let _ = self.context(dev)?.memory.remove_allocation(ptr);
         ok()
     }
 
@@ -124,7 +361,12 @@ impl GpuState {
                 })
             });
         match (mapped, failure) {
-            (Ok(m), _) => ok_rets(&[m.dev_addr]),
+            (Ok(m), _) => {
+                if read_only {
+                    self.read_only_host.insert(guest);
+                }
+                ok_rets(&[m.dev_addr])
+            }
             (Err(_), Some(err)) => Err(Fault::Driver { dev, err }),
             (Err(e), None) => Err(map_status(e).into()),
         }
@@ -182,6 +424,7 @@ impl GpuState {
                 }
             })
             .map_err(map_status)?;
+        self.read_only_host.remove(&guest);
         ok()
     }
 }

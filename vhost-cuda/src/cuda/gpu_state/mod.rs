@@ -35,6 +35,7 @@ use tracing::{debug, warn};
 
 use super::ram_registry::RamRegistry;
 
+use super::saved_state::SavedState;
 use super::{
     aligned_bytes::AlignedBytes,
     allocations::{AllocationTable, TableError},
@@ -55,6 +56,7 @@ use crate::guest_buffer::{GuestBuffer, Request};
 
 mod arrays;
 mod batch;
+mod checkpoint;
 mod contexts;
 mod copies;
 mod graphs;
@@ -63,6 +65,8 @@ mod modules;
 mod pools;
 mod streams;
 mod vmm;
+
+pub use checkpoint::CheckpointError;
 
 /// The launch attribute ids a stream takes: access policy window, synchronisation policy,
 /// priority, memory synchronisation domain map and domain.
@@ -244,6 +248,15 @@ struct DeviceContext {
     default_pool: Option<u64>,
     /// The pool `DeviceSetMemPool` made current; `None`: the default pool.
     current_pool: Option<u64>,
+    /// The session's reserved device range, which `Malloc` carves (memory.rs); `None`:
+    /// allocations come from `cuMemAlloc`.
+    range: Option<memory::ReservedRange>,
+    /// How the context was set up since its creation, for a restore (checkpoint.rs):
+    /// `cuCtxSetLimit`s in the order set (one per limit), `cuCtxSetCacheConfig`, and the
+    /// guest devices whose memory it reaches (peer access).
+    limits: Vec<(u32, u64)>,
+    cache_config: Option<u32>,
+    peers: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -260,6 +273,10 @@ struct ModuleEntry {
     raw: Module,
     /// Length of its image (counted against [`MAX_MODULE_BYTES`](super::host::MAX_MODULE_BYTES)).
     bytes: u64,
+    /// The image, to load it again on a restore.
+    image: Arc<[u8]>,
+    /// The globals the guest looked up: name, address, size (their values are saved).
+    globals: Vec<(CString, u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -268,12 +285,21 @@ struct FunctionEntry {
     module: u64,
     raw: Function,
     layout: ParamLayout,
+    /// Its kernel's name, and the settings made on it (`cuFuncSetCacheConfig`,
+    /// `cuFuncSetAttribute`s, one per attribute), for a restore.
+    name: CString,
+    cache_config: Option<u32>,
+    attributes: Vec<(i32, i32)>,
 }
 
 #[derive(Debug)]
 struct StreamEntry {
     dev: usize,
     raw: Stream,
+    /// How it was created and the attributes set on it (one per id), for a restore.
+    flags: u32,
+    priority: i32,
+    attributes: Vec<(u32, [u8; 64])>,
 }
 
 #[derive(Debug)]
@@ -288,6 +314,10 @@ struct PoolEntry {
 struct EventEntry {
     dev: usize,
     raw: Event,
+    /// Its creation flags, and whether it has been recorded (a restored one is recorded once
+    /// more, so that it is complete as it was).
+    flags: u32,
+    recorded: bool,
 }
 
 /// The CUDA state of one guest process: contexts, allocations, modules, functions, streams
@@ -317,6 +347,12 @@ pub struct GpuState {
     graphs: graphs::GraphTables,
     /// Guest RAM registered for DMA of long copy runs (ram_registry.rs).
     ram: RamRegistry,
+    /// Guest addresses of the host mappings registered read-only (a resume registers them
+    /// again as they were).
+    read_only_host: std::collections::HashSet<u64>,
+    /// While paused (checkpoint.rs): the contents of the reserved ranges, whose GPU memory
+    /// is given back; the next op resumes first.
+    paused: Option<Vec<checkpoint::PausedRange>>,
     /// Physical allocations, reservations and mappings (gpu_state/vmm.rs).
     vmm: vmm::VmmTables,
 }
@@ -360,6 +396,8 @@ impl GpuState {
             arrays: arrays::ArrayState::default(),
             graphs: graphs::GraphTables::default(),
             ram: RamRegistry::default(),
+            read_only_host: std::collections::HashSet::new(),
+            paused: None,
             vmm: vmm::VmmTables::default(),
         }
     }
@@ -376,6 +414,16 @@ impl GpuState {
     ///
     /// `FLAG_ASYNC` requests run like the others, in order, and report their real status.
     pub fn execute(&mut self, req: &Request) -> ResponseHeader {
+        if self.paused.is_some() {
+            // The guest goes on as if nothing had happened: its state comes back first.
+            if let Err(e) = self.resume() {
+                let s = match e {
+                    CheckpointError::Cuda(s) => s,
+                    _ => status::UNKNOWN,
+                };
+                return ResponseHeader::with_status(s);
+            }
+        }
         let mut resp = match self.dispatch(req) {
             Ok(r) => r,
             Err(Fault::Status(s)) => ResponseHeader::with_status(s),
@@ -463,12 +511,16 @@ impl GpuState {
                 self.drv
                     .func_set_cache_config(raw, config)
                     .map_err(on(dev))?;
+                if let Some(f) = self.functions.get_mut(args[0]) {
+                    f.cache_config = Some(config);
+                }
                 ok()
             }
             Op::DeviceSetCacheConfig => {
                 let config = cache_config(args[0])?;
                 let dev = self.bind_new(req)?;
                 self.drv.ctx_set_cache_config(config).map_err(on(dev))?;
+                self.context(dev)?.cache_config = Some(config);
                 ok()
             }
             Op::DeviceGetCacheConfig => {

@@ -18,7 +18,16 @@ impl GpuState {
         debug!(session = self.id, dev, kind = ?image.kind(), len = buf.len(), "module loaded");
         let handle = self
             .modules
-            .insert(&mut self.ids, ModuleEntry { dev, raw, bytes })
+            .insert(
+                &mut self.ids,
+                ModuleEntry {
+                    dev,
+                    raw,
+                    bytes,
+                    image: image.image().into(),
+                    globals: Vec::new(),
+                },
+            )
             .ok_or(status::MEMORY_ALLOCATION)?;
         ok_rets(&[handle])
     }
@@ -137,6 +146,9 @@ impl GpuState {
                     module: handle,
                     raw,
                     layout: layout.clone(),
+                    name,
+                    cache_config: None,
+                    attributes: Vec::new(),
                 };
                 let fh = self
                     .functions
@@ -189,6 +201,11 @@ impl GpuState {
         let name = symbol_name(req.inputs().first().ok_or(status::INVALID_VALUE)?)?;
         self.bind(dev)?;
         let (ptr, size) = self.drv.module_global(module, &name).map_err(on(dev))?;
+        if let Some(m) = self.modules.get_mut(handle) {
+            if !m.globals.iter().any(|(n, ..)| *n == name) {
+                m.globals.push((name, ptr, size));
+            }
+        }
         if size > 0 {
             if let Err(e) = self.context(dev)?.memory.insert_global(ptr, size, handle) {
                 warn!(
@@ -282,6 +299,10 @@ impl GpuState {
         self.drv
             .func_set_attribute(raw, attr, value)
             .map_err(on(dev))?;
+        if let Some(f) = self.functions.get_mut(args[0]) {
+            f.attributes.retain(|&(a, _)| a != attr);
+            f.attributes.push((attr, value));
+        }
         ok()
     }
 

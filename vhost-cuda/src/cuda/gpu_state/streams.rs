@@ -43,7 +43,16 @@ impl GpuState {
         };
         let handle = self
             .streams
-            .insert(&mut self.ids, StreamEntry { dev, raw })
+            .insert(
+                &mut self.ids,
+                StreamEntry {
+                    dev,
+                    raw,
+                    flags,
+                    priority: prio,
+                    attributes: Vec::new(),
+                },
+            )
             .ok_or(status::MEMORY_ALLOCATION)?;
         ok_rets(&[handle, int_ret(got)])
     }
@@ -115,7 +124,15 @@ impl GpuState {
         let raw = self.drv.event_create(flags).map_err(on(dev))?;
         let handle = self
             .events
-            .insert(&mut self.ids, EventEntry { dev, raw })
+            .insert(
+                &mut self.ids,
+                EventEntry {
+                    dev,
+                    raw,
+                    flags,
+                    recorded: false,
+                },
+            )
             .ok_or(status::MEMORY_ALLOCATION)?;
         ok_rets(&[handle])
     }
@@ -134,6 +151,9 @@ impl GpuState {
         let stream = self.stream_on(args[1], dev)?;
         self.bind(dev)?;
         self.drv.event_record(event, stream).map_err(on(dev))?;
+        if let Some(e) = self.events.get_mut(args[0]) {
+            e.recorded = true;
+        }
         ok()
     }
 
@@ -168,6 +188,10 @@ impl GpuState {
         self.drv
             .stream_set_attribute(stream, a.id, &value)
             .map_err(on(dev))?;
+        if let Some(s) = self.streams.get_mut(req.header().args[0]) {
+            s.attributes.retain(|&(id, _)| id != a.id);
+            s.attributes.push((a.id, value));
+        }
         ok()
     }
 

@@ -96,6 +96,14 @@ impl Default for VmmTables {
 }
 
 impl VmmTables {
+    /// True if the program holds no physical allocation, reservation or mapping of its own.
+    pub(super) fn is_empty(&self) -> bool {
+        self.handles.len() == 0
+            && self.phys.is_empty()
+            && self.reserved.is_empty()
+            && self.maps.is_empty()
+    }
+
     /// Whether `ptr..ptr + len` is mapped memory of the session with access set, over one or
     /// more adjacent mappings.
     pub(super) fn holds(&self, ptr: u64, len: u64) -> bool {

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: Apache-2.0 OR MIT
+// A program whose state only survives a pause if its device pointers keep their values: a
+// linked list built in device memory (each node holds the next node's device address), walked
+// and updated by a kernel every iteration; two streams ordered by events; a CUDA graph captured
+// once and launched every iteration; a managed buffer the kernels accumulate into. It loops
+// ITERATIONS times (argv[1], default 200), sleeping SLEEP_US between iterations (argv[2],
+// default 0; scripts/test-checkpoint.sh gives 3000 and 2000 so that an operator can pause it
+// mid-loop), and prints
+// "CHECKSUM <hex>", which must equal an uninterrupted run's, before its PASS line. Prints
+// "CHECKPOINT ready" after the first iteration.
+#define TEST_NAME "checkpoint_linked_list"
+#include "selfcheck.cuh"
+
+#include <cstdint>
+#include <unistd.h>
+
+struct Node {
+    Node *next;
+    unsigned long long value;
+    // Padding, so nodes span small blocks and whole granules alike.
+    unsigned long long pad[6];
+};
+
+// Walks the list from `head` and folds every value into `acc[0]`; bumps each value.
+__global__ void walk(Node *head, unsigned long long *acc, unsigned long long salt)
+{
+    if (blockIdx.x != 0 || threadIdx.x != 0)
+        return;
+    unsigned long long h = acc[0];
+    for (Node *n = head; n != nullptr; n = n->next) {
+        h = (h ^ n->value) * 0x100000001b3ULL + salt;
+        n->value += salt | 1;
+    }
+    acc[0] = h;
+}
+
+// buf[i] = buf[i] * 3 + i (a graph's kernel).
+__global__ void mix(unsigned int *buf, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        buf[i] = buf[i] * 3u + (unsigned)i;
+}
+
+// managed[i % m] += buf[i]
+__global__ void fold(const unsigned int *buf, int n, unsigned long long *managed, int m)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        atomicAdd(&managed[i % m], (unsigned long long)buf[i]);
+}
+
+int main(int argc, char **argv)
+{
+    require_device();
+    const int iterations = argc > 1 ? atoi(argv[1]) : 200;
+    const int sleep_us = argc > 2 ? atoi(argv[2]) : 0;
+    const int nodes = 300, N = 1 << 16, M = 64;
+
+    // The list: nodes allocated one by one (small ones) and a few large ones, linked in a
+    // shuffled order, the links written from the host.
+    Node **dev = new Node *[nodes];
+    for (int i = 0; i < nodes; i++) {
+        size_t sz = (i % 50 == 7) ? (size_t)(3 << 20) : sizeof(Node);
+        CHECK(cudaMalloc(&dev[i], sz));
+    }
+    int *order = new int[nodes];
+    for (int i = 0; i < nodes; i++)
+        order[i] = (i * 37) % nodes;
+    for (int k = 0; k < nodes; k++) {
+        Node h = {};
+        h.next = k + 1 < nodes ? dev[order[k + 1]] : nullptr;
+        h.value = 0x9e3779b97f4a7c15ULL * (unsigned long long)(k + 1);
+        CHECK(cudaMemcpy(dev[order[k]], &h, sizeof h, cudaMemcpyHostToDevice));
+    }
+    Node *head = dev[order[0]];
+    unsigned long long *acc;
+    CHECK(cudaMalloc(&acc, sizeof *acc));
+    CHECK(cudaMemset(acc, 0, sizeof *acc));
+
+    unsigned int *buf;
+    CHECK(cudaMalloc(&buf, N * sizeof *buf));
+    CHECK(cudaMemset(buf, 1, N * sizeof *buf));
+    unsigned long long *managed;
+    CHECK(cudaMallocManaged(&managed, M * sizeof *managed));
+    for (int i = 0; i < M; i++)
+        managed[i] = (unsigned long long)i;
+
+    cudaStream_t a, b;
+    CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithPriority(&b, cudaStreamNonBlocking, -1));
+    cudaEvent_t done_a, done_b;
+    CHECK(cudaEventCreateWithFlags(&done_a, cudaEventDisableTiming));
+    CHECK(cudaEventCreate(&done_b));
+
+    // The graph: mix then fold, captured once on stream b.
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(b, cudaStreamCaptureModeGlobal));
+    mix<<<N / 256, 256, 0, b>>>(buf, N);
+    fold<<<N / 256, 256, 0, b>>>(buf, N, managed, M);
+    CHECK(cudaStreamEndCapture(b, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+    for (int it = 0; it < iterations; it++) {
+        walk<<<1, 1, 0, a>>>(head, acc, (unsigned long long)it);
+        CHECK(cudaEventRecord(done_a, a));
+        CHECK(cudaStreamWaitEvent(b, done_a, 0));
+        CHECK(cudaGraphLaunch(exec, b));
+        CHECK(cudaEventRecord(done_b, b));
+        CHECK(cudaStreamWaitEvent(a, done_b, 0));
+        CHECK(cudaEventSynchronize(done_b));
+        if (it == 0) {
+            std::printf("CHECKPOINT ready\n");
+            std::fflush(stdout);
+        }
+        if (sleep_us > 0)
+            usleep(sleep_us);
+    }
+    CHECK(cudaDeviceSynchronize());
+
+    unsigned long long h = 0;
+    CHECK(cudaMemcpy(&h, acc, sizeof h, cudaMemcpyDeviceToHost));
+    unsigned int *host = new unsigned int[N];
+    CHECK(cudaMemcpy(host, buf, N * sizeof *host, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < N; i++)
+        h = (h ^ host[i]) * 0x100000001b3ULL;
+    for (int i = 0; i < M; i++)
+        h = (h ^ managed[i]) * 0x100000001b3ULL;
+    // The list still walks from its head to its end, every link intact.
+    int walked = 0;
+    for (Node *n = head; n != nullptr; walked++) {
+        Node node;
+        CHECK(cudaMemcpy(&node, n, sizeof node, cudaMemcpyDeviceToHost));
+        h = (h ^ node.value) * 0x100000001b3ULL;
+        n = node.next;
+        if (walked > nodes)
+            fail("the list has a cycle");
+    }
+    if (walked != nodes)
+        fail("the list has %d nodes, not %d", walked, nodes);
+    std::printf("CHECKSUM %016llx\n", h);
+
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaEventDestroy(done_a));
+    CHECK(cudaEventDestroy(done_b));
+    CHECK(cudaStreamDestroy(a));
+    CHECK(cudaStreamDestroy(b));
+    CHECK(cudaFree(managed));
+    CHECK(cudaFree(buf));
+    CHECK(cudaFree(acc));
+    for (int i = 0; i < nodes; i++)
+        CHECK(cudaFree(dev[i]));
+    delete[] dev;
+    delete[] order;
+    delete[] host;
+    return pass();
+}

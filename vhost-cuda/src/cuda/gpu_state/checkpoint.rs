@@ -1,0 +1,711 @@
+//! Capture and restore of the GPU state (`saved_state.rs` holds the format), and pause and
+//! resume on top of them.
+//!
+//! The state keeps, beside each driver object, how it was made: a module's image and the
+//! globals the guest looked up, a function's kernel name and the attributes set on it, a
+//! stream's flags, priority and attributes, an event's flags, a context's limits, cache
+//! configuration and peers, and every allocation's block in the session's reserved range
+//! (`device_arena.rs`). [`GpuState::capture`] first quiesces the state (the worker runs one op
+//! at a time, so nothing is in flight between ops; a stream capture under way makes it answer
+//! [`CheckpointError::Busy`], to be tried again once the capture has ended; then every context
+//! is synchronised), then copies that record and the contents of every allocation and looked-up
+//! global into a [`SavedState`]. [`GpuState::restore_into`] makes it all again in fresh
+//! contexts: the same ranges at the same addresses, every block at its old address with its
+//! contents, and every object under its old handle, so the guest's handles and device pointers
+//! (those stored in device memory included) stay valid.
+//!
+//! What the record cannot make again is refused at capture, with the program left running
+//! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
+//! surface objects, memory pools the program created and stream-ordered allocations (the
+//! driver's pools place them), memory the program maps itself (`cuMemCreate`/`cuMemMap`), and
+//! allocations outside a reserved range.
+//!
+//! [`GpuState::save`] is the capture encoded (`saved_state.rs`), and [`GpuState::restore`]
+//! decodes and restores bytes from anywhere into a fresh state: the path a restart of the
+//! daemon or a migration takes. Pause and resume on one worker take a shorter one:
+//! [`GpuState::pause`] quiesces the state the same way, copies every mapped run of its reserved
+//! ranges (so every allocation, at its address) to host memory and unmaps them, giving the GPU
+//! memory back, and keeps the contexts, with what lives in them (modules and their globals,
+//! streams, events, graphs, arrays, pools, host registrations); [`GpuState::resume`] maps the
+//! runs back at their addresses and copies their contents back. So a pause needs nothing
+//! refused above but a capture under way and allocations outside a range. An op that arrives
+//! while paused resumes first: the guest program goes on unaware.
+
+use thiserror::Error;
+
+use super::*;
+use crate::cuda::{
+    device_arena::{ArenaError, SavedRun as ArenaRun},
+    saved_state::{
+        SavedAllocation, SavedContext, SavedEvent, SavedFunction, SavedGlobal, SavedModule,
+        SavedPool, SavedRun, SavedStream,
+    },
+};
+
+/// Why a state cannot be captured or restored.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum CheckpointError {
+    /// A stream capture is under way: try again once it has ended.
+    #[error("a stream capture is under way; try again when it has ended")]
+    Busy,
+    /// The state holds something the record cannot make again; nothing was changed.
+    #[error("cannot be saved: {0}")]
+    Unsupported(&'static str),
+    /// A CUDA error (`cudaError_t`): a sticky error, or a driver call that failed.
+    #[error("CUDA error {name} ({0})", name = cuda_name(*.0))]
+    Cuda(u32),
+    /// The saved state does not fit this worker (another session, address space or GPU
+    /// count), or contradicts itself.
+    #[error("the saved state does not fit: {0}")]
+    Mismatch(String),
+    /// Pause of a paused state, or resume of a running one.
+    #[error("the state is {0}")]
+    WrongPhase(&'static str),
+}
+
+impl From<Fault> for CheckpointError {
+    fn from(f: Fault) -> Self {
+        match f {
+            Fault::Status(s) => Self::Cuda(s),
+            Fault::Driver { err, .. } => Self::Cuda(err.status()),
+        }
+    }
+}
+
+/// A global the guest looked up: name, address, size.
+type LookedUpGlobal = (CString, u64, u64);
+
+/// One device's range while paused: its runs, the live blocks in them, and the runs'
+/// contents.
+#[derive(Debug)]
+pub(super) struct PausedRange {
+    dev: usize,
+    runs: Vec<ArenaRun>,
+    live: Vec<(u64, u64)>,
+    contents: Vec<Vec<u8>>,
+}
+
+fn mismatch(what: impl Into<String>) -> CheckpointError {
+    CheckpointError::Mismatch(what.into())
+}
+
+fn dev_u32(dev: usize) -> u32 {
+    u32::try_from(dev).unwrap_or(u32::MAX)
+}
+
+impl GpuState {
+    /// True while paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused.is_some()
+    }
+
+    /// Refuses a state the record cannot make again (see the module documentation).
+    fn check_capturable(&mut self) -> Result<(), CheckpointError> {
+        if let Some(s) = self.host.sticky_error() {
+            return Err(CheckpointError::Cuda(s));
+        }
+        if self.capture_under_way() {
+            return Err(CheckpointError::Busy);
+        }
+        if self.graphs.len() > 0 || !self.captured_calls.is_empty() {
+            return Err(CheckpointError::Unsupported("graphs and executable graphs"));
+        }
+        if !self.arrays.is_empty() {
+            return Err(CheckpointError::Unsupported(
+                "CUDA arrays, texture or surface objects",
+            ));
+        }
+        if !self.vmm.is_empty() {
+            return Err(CheckpointError::Unsupported(
+                "memory the program maps itself (cuMemCreate, cuMemMap)",
+            ));
+        }
+        if self.pools.values().any(|p| !p.default) {
+            return Err(CheckpointError::Unsupported(
+                "memory pools created by the program",
+            ));
+        }
+        for c in self.devices.iter().flatten() {
+            if !c.memory.stream_ordered().is_empty() || c.memory.has_graph_memory() {
+                return Err(CheckpointError::Unsupported(
+                    "stream-ordered allocations (cudaMallocAsync)",
+                ));
+            }
+            if c.range.is_none() && !c.memory.allocations().is_empty() {
+                return Err(CheckpointError::Unsupported(
+                    "allocations outside a reserved device range (--gpu-va-base off, or the \
+                     driver placed the range elsewhere)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `len` bytes of device memory at `ptr` (its context bound) to the host.
+    fn read_device(&self, dev: usize, ptr: u64, len: u64) -> Result<Vec<u8>, CheckpointError> {
+        let n = to_usize(len)?;
+        let mut v = vec![0u8; n];
+        if n > 0 {
+            // SAFETY: `v` is writable for `n` bytes and outlives the synchronised copy.
+            unsafe { self.drv.memcpy_dtoh(v.as_mut_ptr(), ptr, n, NULL_STREAM) }
+                .map_err(on(dev))?;
+            self.drv.stream_synchronize(NULL_STREAM).map_err(on(dev))?;
+        }
+        Ok(v)
+    }
+
+    /// Copies `bytes` to device memory at `ptr` (its context bound).
+    fn write_device(&self, dev: usize, ptr: u64, bytes: &[u8]) -> Result<(), CheckpointError> {
+        if !bytes.is_empty() {
+            // SAFETY: `bytes` is readable for its length and outlives the synchronised copy.
+            unsafe {
+                self.drv
+                    .memcpy_htod(ptr, bytes.as_ptr(), bytes.len(), NULL_STREAM)
+            }
+            .map_err(on(dev))?;
+            self.drv.stream_synchronize(NULL_STREAM).map_err(on(dev))?;
+        }
+        Ok(())
+    }
+
+    /// Quiesces the state and saves it (see the module documentation). The state goes on
+    /// running unchanged.
+    pub(crate) fn capture(&mut self) -> Result<SavedState, CheckpointError> {
+        if self.paused.is_some() {
+            return Err(CheckpointError::WrongPhase("paused"));
+        }
+        self.check_capturable()?;
+        let space = self.host.address_space();
+        let mut saved = SavedState {
+            session: self.id,
+            last_handle: self.ids.last(),
+            devices: dev_u32(self.devices.len()),
+            va_base: space.base,
+            va_size: space.per_device,
+            ..SavedState::default()
+        };
+        for dev in 0..self.devices.len() {
+            if !matches!(self.devices.get(dev), Some(Some(_))) {
+                continue;
+            }
+            self.bind(dev)?;
+            self.drv.ctx_synchronize().map_err(on(dev))?;
+            let c = self.context(dev)?;
+            saved.contexts.push(SavedContext {
+                dev: dev_u32(dev),
+                cache_config: c.cache_config,
+                limits: c.limits.clone(),
+                peers: c.peers.iter().map(|&p| dev_u32(p)).collect(),
+                ranged: c.range.is_some(),
+            });
+            let (allocations, blocks, runs) = match &c.range {
+                Some(r) => {
+                    let allocations = c.memory.allocations();
+                    let blocks: Vec<Option<u64>> = allocations
+                        .iter()
+                        .map(|&(p, _)| r.arena.block_len(p))
+                        .collect();
+                    (allocations, blocks, r.arena.saved_runs())
+                }
+                None => (Vec::new(), Vec::new(), Vec::new()),
+            };
+            saved
+                .runs
+                .extend(runs.into_iter().map(|(va, len, class)| SavedRun {
+                    dev: dev_u32(dev),
+                    va,
+                    len,
+                    class,
+                }));
+            for (&(ptr, size), block) in allocations.iter().zip(blocks) {
+                let block = block.ok_or_else(|| mismatch("an allocation outside its range"))?;
+                let contents = self.read_device(dev, ptr, size)?;
+                saved.allocations.push(SavedAllocation {
+                    dev: dev_u32(dev),
+                    ptr,
+                    size,
+                    block,
+                    contents,
+                });
+            }
+        }
+        let mut handles: Vec<u64> = self.modules.iter().map(|(h, _)| h).collect();
+        handles.sort_unstable();
+        for handle in handles {
+            let Some(m) = self.modules.get(handle) else {
+                continue;
+            };
+            let (dev, image) = (m.dev, Arc::clone(&m.image));
+            let globals: Vec<LookedUpGlobal> = m.globals.clone();
+            self.bind(dev)?;
+            saved.modules.push(SavedModule {
+                handle,
+                dev: dev_u32(dev),
+                image: image.to_vec(),
+            });
+            for (name, ptr, size) in globals {
+                let contents = self.read_device(dev, ptr, size)?;
+                saved.globals.push(SavedGlobal {
+                    module: handle,
+                    name,
+                    ptr,
+                    contents,
+                });
+            }
+        }
+        saved.functions = self
+            .functions
+            .iter()
+            .map(|(handle, f)| SavedFunction {
+                handle,
+                module: f.module,
+                name: f.name.clone(),
+                cache_config: f.cache_config,
+                attributes: f.attributes.clone(),
+            })
+            .collect();
+        saved.functions.sort_unstable_by_key(|f| f.handle);
+        saved.streams = self
+            .streams
+            .iter()
+            .map(|(handle, s)| SavedStream {
+                handle,
+                dev: dev_u32(s.dev),
+                flags: s.flags,
+                priority: s.priority,
+                attributes: s.attributes.clone(),
+            })
+            .collect();
+        saved.streams.sort_unstable_by_key(|s| s.handle);
+        saved.events = self
+            .events
+            .iter()
+            .map(|(handle, e)| SavedEvent {
+                handle,
+                dev: dev_u32(e.dev),
+                flags: e.flags,
+                recorded: e.recorded,
+            })
+            .collect();
+        saved.events.sort_unstable_by_key(|e| e.handle);
+        saved.pools = self
+            .pools
+            .iter()
+            .map(|(handle, p)| SavedPool {
+                handle,
+                dev: dev_u32(p.dev),
+            })
+            .collect();
+        saved.pools.sort_unstable_by_key(|p| p.handle);
+        debug!(
+            session = self.id,
+            bytes = saved.device_bytes(),
+            allocations = saved.allocations.len(),
+            modules = saved.modules.len(),
+            "GPU state captured"
+        );
+        Ok(saved)
+    }
+
+    /// A guest device ordinal from a saved state, checked.
+    fn saved_dev(&self, dev: u32) -> Result<usize, CheckpointError> {
+        usize::try_from(dev)
+            .ok()
+            .filter(|&d| d < self.devices.len())
+            .ok_or_else(|| mismatch(format!("device {dev}")))
+    }
+
+    /// Makes the saved state again in this state, which has no context (a fresh one, or one
+    /// paused). On an error, what was made stays for the caller to tear down.
+    pub(crate) fn restore_into(&mut self, saved: &SavedState) -> Result<(), CheckpointError> {
+        if self.devices.iter().any(Option::is_some) || self.modules.len() > 0 {
+            return Err(CheckpointError::WrongPhase("running"));
+        }
+        let space = self.host.address_space();
+        if saved.session != self.id
+            || saved.devices as usize != self.devices.len()
+            || saved.va_base != space.base
+            || saved.va_size != space.per_device
+        {
+            return Err(mismatch(format!(
+                "saved for session {} with {} GPU(s) and ranges at {:#x}+{}, restored into \
+                 session {} with {} and {:#x}+{}",
+                saved.session,
+                saved.devices,
+                saved.va_base,
+                saved.va_size,
+                self.id,
+                self.devices.len(),
+                space.base,
+                space.per_device
+            )));
+        }
+        self.ids = HandleCounter::after(saved.last_handle.max(self.ids.last()));
+        for c in &saved.contexts {
+            let dev = self.saved_dev(c.dev)?;
+            if self.devices[dev].is_some() {
+                return Err(mismatch(format!("device {dev} twice")));
+            }
+            self.bind(dev)?;
+            for &(limit, value) in &c.limits {
+                self.drv
+                    .ctx_set_limit(limit, to_usize(value)?)
+                    .map_err(on(dev))?;
+            }
+            if let Some(config) = c.cache_config {
+                self.drv.ctx_set_cache_config(config).map_err(on(dev))?;
+            }
+            let drv = Arc::clone(&self.drv);
+            let ctx = self.context(dev)?;
+            ctx.limits = c.limits.clone();
+            ctx.cache_config = c.cache_config;
+            let runs: Vec<ArenaRun> = saved
+                .runs
+                .iter()
+                .filter(|r| r.dev == c.dev)
+                .map(|r| (r.va, r.len, r.class))
+                .collect();
+            let allocations: Vec<&SavedAllocation> = saved
+                .allocations
+                .iter()
+                .filter(|a| a.dev == c.dev)
+                .collect();
+            match ctx.range.as_mut() {
+                Some(r) => {
+                    let live: Vec<(u64, u64)> =
+                        allocations.iter().map(|a| (a.ptr, a.block)).collect();
+                    let backing = memory::ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+                    r.arena
+                        .restore(&runs, &live, &backing)
+                        .map_err(|e| mismatch(format!("device {dev}'s range: {e:?}")))?;
+                }
+                None if runs.is_empty() && allocations.is_empty() => {}
+                None => {
+                    return Err(mismatch(format!(
+                        "device {dev}'s range could not be reserved at its address"
+                    )))
+                }
+            }
+            for a in allocations {
+                if a.contents.len() as u64 != a.size || a.size > a.block {
+                    return Err(mismatch("an allocation's contents"));
+                }
+                self.write_device(dev, a.ptr, &a.contents)?;
+                self.context(dev)?
+                    .memory
+                    .insert_allocation(a.ptr, a.size)
+                    .map_err(|e| mismatch(format!("allocation {:#x}: {e:?}", a.ptr)))?;
+            }
+        }
+        for c in &saved.contexts {
+            let dev = self.saved_dev(c.dev)?;
+            for &peer in &c.peers {
+                let peer = self.saved_dev(peer)?;
+                if peer == dev || self.devices[peer].is_none() {
+                    return Err(mismatch("a peer"));
+                }
+                let peer_ctx = self.bind(peer)?.ctx;
+                self.bind(dev)?;
+                self.drv.ctx_peer_access(peer_ctx, true).map_err(on(dev))?;
+                let gpu = self.gpu_of(dev as u64)?;
+                self.share_range(peer, gpu, true)?;
+                self.context(dev)?.peers.push(peer);
+            }
+        }
+        self.restore_modules(saved)?;
+        self.restore_streams_and_events(saved)?;
+        for p in &saved.pools {
+            let dev = self.saved_dev(p.dev)?;
+            self.bind(dev)?;
+            let gpu = self.gpu_of(dev as u64)?;
+            let raw = self.drv.mem_pool_default(gpu).map_err(on(dev))?;
+            let entry = PoolEntry {
+                dev,
+                raw,
+                default: true,
+            };
+            if self.context(dev)?.default_pool.is_some()
+                || !self.pools.insert_at(&self.ids, p.handle, entry)
+            {
+                return Err(mismatch(format!("pool handle {}", p.handle)));
+            }
+            self.context(dev)?.default_pool = Some(p.handle);
+        }
+        for dev in 0..self.devices.len() {
+            if self.bind_existing(dev)? {
+                self.drv.ctx_synchronize().map_err(on(dev))?;
+            }
+        }
+        debug!(
+            session = self.id,
+            bytes = saved.device_bytes(),
+            "GPU state restored"
+        );
+        Ok(())
+    }
+
+    fn restore_modules(&mut self, saved: &SavedState) -> Result<(), CheckpointError> {
+        for m in &saved.modules {
+            let dev = self.saved_dev(m.dev)?;
+            self.bind(dev)?;
+            let image = ModuleImage::from_slice(&m.image).map_err(CheckpointError::Cuda)?;
+            let raw = self.drv.module_load(image.as_bytes()).map_err(on(dev))?;
+            let entry = ModuleEntry {
+                dev,
+                raw,
+                bytes: m.image.len() as u64,
+                image: image.image().into(),
+                globals: Vec::new(),
+            };
+            if !self.modules.insert_at(&self.ids, m.handle, entry) {
+                let _ = self.drv.module_unload(raw);
+                return Err(mismatch(format!("module handle {}", m.handle)));
+            }
+        }
+        for g in &saved.globals {
+            let (dev, raw) = self
+                .modules
+                .get(g.module)
+                .map(|m| (m.dev, m.raw))
+                .ok_or_else(|| mismatch("a global of no module"))?;
+            self.bind(dev)?;
+            let (ptr, size) = self.drv.module_global(raw, &g.name).map_err(on(dev))?;
+            if ptr != g.ptr || size != g.contents.len() as u64 {
+                // A pointer to it may be stored anywhere: the module must load where it was.
+                return Err(mismatch(format!(
+                    "global {:?} loaded at {ptr:#x} ({size} bytes), was at {:#x} ({} bytes)",
+                    g.name,
+                    g.ptr,
+                    g.contents.len()
+                )));
+            }
+            self.write_device(dev, ptr, &g.contents)?;
+            if size > 0 {
+                let _ = self.context(dev)?.memory.insert_global(ptr, size, g.module);
+            }
+            if let Some(m) = self.modules.get_mut(g.module) {
+                m.globals.push((g.name.clone(), ptr, size));
+            }
+        }
+        for f in &saved.functions {
+            let (dev, module) = self
+                .modules
+                .get(f.module)
+                .map(|m| (m.dev, m.raw))
+                .ok_or_else(|| mismatch("a function of no module"))?;
+            self.bind(dev)?;
+            let raw = self.drv.module_function(module, &f.name).map_err(on(dev))?;
+            let layout = self.param_layout(dev, raw)?;
+            if let Some(config) = f.cache_config {
+                self.drv
+                    .func_set_cache_config(raw, config)
+                    .map_err(on(dev))?;
+            }
+            for &(attr, value) in &f.attributes {
+                self.drv
+                    .func_set_attribute(raw, attr, value)
+                    .map_err(on(dev))?;
+            }
+            let entry = FunctionEntry {
+                dev,
+                module: f.module,
+                raw,
+                layout,
+                name: f.name.clone(),
+                cache_config: f.cache_config,
+                attributes: f.attributes.clone(),
+            };
+            if !self.functions.insert_at(&self.ids, f.handle, entry) {
+                return Err(mismatch(format!("function handle {}", f.handle)));
+            }
+        }
+        Ok(())
+    }
+
+    fn restore_streams_and_events(&mut self, saved: &SavedState) -> Result<(), CheckpointError> {
+        for s in &saved.streams {
+            let dev = self.saved_dev(s.dev)?;
+            self.bind(dev)?;
+            let flags = flags_u32(u64::from(s.flags), STREAM_NON_BLOCKING)?;
+            let raw = self.drv.stream_create(flags, s.priority).map_err(on(dev))?;
+            let entry = StreamEntry {
+                dev,
+                raw,
+                flags,
+                priority: s.priority,
+                attributes: Vec::new(),
+            };
+            if !self.streams.insert_at(&self.ids, s.handle, entry) {
+                let _ = self.drv.stream_destroy(raw);
+                return Err(mismatch(format!("stream handle {}", s.handle)));
+            }
+            for (id, value) in &s.attributes {
+                if !STREAM_ATTRIBUTES.contains(id) {
+                    return Err(mismatch("a stream attribute"));
+                }
+                self.drv
+                    .stream_set_attribute(raw, *id, value)
+                    .map_err(on(dev))?;
+            }
+            if let Some(e) = self.streams.get_mut(s.handle) {
+                e.attributes = s.attributes.clone();
+            }
+        }
+        for e in &saved.events {
+            let dev = self.saved_dev(e.dev)?;
+            self.bind(dev)?;
+            let flags = flags_u32(u64::from(e.flags), EVENT_FLAGS)?;
+            let raw = self.drv.event_create(flags).map_err(on(dev))?;
+            if e.recorded {
+                // Complete, as it was at the capture (its timing starts again).
+                self.drv.event_record(raw, NULL_STREAM).map_err(on(dev))?;
+            }
+            let entry = EventEntry {
+                dev,
+                raw,
+                flags,
+                recorded: e.recorded,
+            };
+            if !self.events.insert_at(&self.ids, e.handle, entry) {
+                let _ = self.drv.event_destroy(raw);
+                return Err(mismatch(format!("event handle {}", e.handle)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Quiesces and saves the whole state as bytes (`saved_state.rs`), for a restore in a
+    /// fresh worker ([`restore`](Self::restore)). The state goes on running.
+    pub fn save(&mut self) -> Result<Vec<u8>, CheckpointError> {
+        self.capture().map(|s| s.encode())
+    }
+
+    /// A fresh state of `host` for guest process `id`, restored from `bytes` (a saved state
+    /// from anywhere: it is checked as it is decoded and as it is made).
+    pub fn restore(host: &Arc<CudaHost>, id: u64, bytes: &[u8]) -> Result<Self, CheckpointError> {
+        let saved = SavedState::decode(bytes).map_err(|e| mismatch(e.to_string()))?;
+        let mut state = Self::open(host, id);
+        state.restore_into(&saved)?;
+        Ok(state)
+    }
+
+    /// Pauses the state: waits for its work, copies every run of its reserved ranges (every
+    /// allocation it holds) to host memory and unmaps them, giving the GPU memory back. The
+    /// contexts stay, and with them what lives in them (modules and their globals, streams,
+    /// events, graphs, host registrations), so nothing but the memory has to be made again.
+    /// Returns the bytes moved to host memory.
+    pub fn pause(&mut self) -> Result<u64, CheckpointError> {
+        if self.paused.is_some() {
+            return Err(CheckpointError::WrongPhase("paused"));
+        }
+        if let Some(s) = self.host.sticky_error() {
+            return Err(CheckpointError::Cuda(s));
+        }
+        if self.capture_under_way() {
+            return Err(CheckpointError::Busy);
+        }
+        if self
+            .devices
+            .iter()
+            .flatten()
+            .any(|c| c.range.is_none() && !c.memory.allocations().is_empty())
+        {
+            return Err(CheckpointError::Unsupported(
+                "allocations outside a reserved device range (--gpu-va-base off, or the \
+                 driver placed the range elsewhere)",
+            ));
+        }
+        let mut paused = Vec::new();
+        for dev in 0..self.devices.len() {
+            if !self.bind_existing(dev)? {
+                continue;
+            }
+            self.drv.ctx_synchronize().map_err(on(dev))?;
+            let c = self.context(dev)?;
+            let Some(r) = c.range.as_ref() else {
+                continue;
+            };
+            let runs = r.arena.saved_runs();
+            let live: Vec<(u64, u64)> = c
+                .memory
+                .allocations()
+                .iter()
+                .filter_map(|&(p, _)| Some((p, r.arena.block_len(p)?)))
+                .collect();
+            let mut contents = Vec::with_capacity(runs.len());
+            for &(va, len, _) in &runs {
+                contents.push(self.read_device(dev, va, len)?);
+            }
+            paused.push(PausedRange {
+                dev,
+                runs,
+                live,
+                contents,
+            });
+        }
+        // Everything is in host memory: now give the GPU memory back.
+        let drv = Arc::clone(&self.drv);
+        let mut bytes = 0;
+        for p in &paused {
+            self.bind(p.dev)?;
+            if let Some(r) = self.context(p.dev)?.range.as_mut() {
+                let backing = memory::ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+                r.arena.release_all(&backing);
+            }
+            bytes += p.contents.iter().map(|c| c.len() as u64).sum::<u64>();
+        }
+        self.paused = Some(paused);
+        debug!(session = self.id, bytes, "GPU state paused");
+        Ok(bytes)
+    }
+
+    /// Maps every paused run back at its address and copies its contents back. On failure
+    /// what was mapped is given back and the state stays paused.
+    pub fn resume(&mut self) -> Result<u64, CheckpointError> {
+        let paused = self
+            .paused
+            .take()
+            .ok_or(CheckpointError::WrongPhase("running"))?;
+        let mut bytes = 0;
+        for (i, p) in paused.iter().enumerate() {
+            if let Err(e) = self.resume_range(p) {
+                warn!(session = self.id, error = %e, "resume failed; the state stays paused");
+                let drv = Arc::clone(&self.drv);
+                for q in &paused[..=i] {
+                    if self.bind(q.dev).is_err() {
+                        continue;
+                    }
+                    if let Ok(Some(r)) = self.context(q.dev).map(|c| c.range.as_mut()) {
+                        let backing =
+                            memory::ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+                        r.arena.release_all(&backing);
+                    }
+                }
+                self.paused = Some(paused);
+                return Err(e);
+            }
+            bytes += p.contents.iter().map(|c| c.len() as u64).sum::<u64>();
+        }
+        debug!(session = self.id, bytes, "GPU state resumed");
+        Ok(bytes)
+    }
+
+    fn resume_range(&mut self, p: &PausedRange) -> Result<(), CheckpointError> {
+        self.bind(p.dev)?;
+        let drv = Arc::clone(&self.drv);
+        let Some(r) = self.context(p.dev)?.range.as_mut() else {
+            return Err(mismatch("a paused device without its range"));
+        };
+        let backing = memory::ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+        r.arena
+            .restore(&p.runs, &p.live, &backing)
+            .map_err(|e| match e {
+                ArenaError::Driver(code) => CheckpointError::Cuda(CuError(code).status()),
+                e => mismatch(format!("{e:?}")),
+            })?;
+        for (&(va, _, _), contents) in p.runs.iter().zip(&p.contents) {
+            self.write_device(p.dev, va, contents)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,691 @@
+//! The saved state of one guest process's GPU state, and its byte format.
+//!
+//! [`GpuState::capture`](super::GpuState::capture) fills a [`SavedState`] from the state's
+//! record of how each object was made (creation call and later settings, not a log of calls)
+//! and the contents of its memory; [`GpuState::restore`](super::GpuState::restore) makes it
+//! all again, behind the same handle numbers and at the same device addresses, in fresh
+//! contexts of this or another worker. Between the two the state may sit in host memory or a
+//! file, and later cross to another daemon, so the bytes are a versioned, self-describing
+//! format, and decoding trusts nothing: every count and length is checked against the bytes
+//! that are left, nothing is allocated before its bytes are known to be there, and no input
+//! panics (the fuzz target `saved_state` feeds it anything).
+//!
+//! Layout (little-endian): the 8-byte magic `QCUDAGS1`, the format version (u32), a reserved
+//! u32 (0), the length of everything after the header (u64); then records, each a tag (u32),
+//! the length of its body (u64) and the body. Bodies are fixed fields and length-prefixed byte
+//! strings (u64 length). A reader refuses an unknown tag, a body longer or shorter than its
+//! fields, and trailing bytes. The first record is [`TAG_SESSION`], exactly once.
+
+use std::ffi::CString;
+
+use thiserror::Error;
+
+/// The first bytes of every saved state.
+pub(crate) const MAGIC: [u8; 8] = *b"QCUDAGS1";
+/// The format version this build writes and reads.
+pub(crate) const VERSION: u32 = 1;
+const HEADER_LEN: usize = 8 + 4 + 4 + 8;
+
+const TAG_SESSION: u32 = 1;
+const TAG_CONTEXT: u32 = 2;
+const TAG_RUN: u32 = 3;
+const TAG_ALLOCATION: u32 = 4;
+const TAG_MODULE: u32 = 5;
+const TAG_GLOBAL: u32 = 6;
+const TAG_FUNCTION: u32 = 7;
+const TAG_STREAM: u32 = 8;
+const TAG_EVENT: u32 = 9;
+const TAG_POOL: u32 = 10;
+
+/// Why bytes are not a saved state.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Not a saved state at all.
+    #[error("not a qcuda saved state (bad magic)")]
+    Magic,
+    /// Written by another format version.
+    #[error("saved-state format version {0}, this build reads {VERSION}")]
+    Version(u32),
+    /// A length or count points past the end, or bytes are left over.
+    #[error("saved state truncated or with trailing bytes at offset {0}")]
+    Length(usize),
+    /// A record of an unknown kind.
+    #[error("unknown saved-state record {0} at offset {1}")]
+    Tag(u32, usize),
+    /// A field holds a value no capture writes.
+    #[error("bad saved-state field: {0}")]
+    Field(&'static str),
+}
+
+/// A guest process's saved GPU state. See the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct SavedState {
+    /// The session (guest process) it belongs to.
+    pub(crate) session: u64,
+    /// The last handle number given out (new handles continue after it).
+    pub(crate) last_handle: u64,
+    /// Guest devices of the state when captured.
+    pub(crate) devices: u32,
+    /// The address space the ranges lie in (`--gpu-va-base`, `--gpu-va-size`).
+    pub(crate) va_base: u64,
+    pub(crate) va_size: u64,
+    pub(crate) contexts: Vec<SavedContext>,
+    pub(crate) runs: Vec<SavedRun>,
+    pub(crate) allocations: Vec<SavedAllocation>,
+    pub(crate) modules: Vec<SavedModule>,
+    pub(crate) globals: Vec<SavedGlobal>,
+    pub(crate) functions: Vec<SavedFunction>,
+    pub(crate) streams: Vec<SavedStream>,
+    pub(crate) events: Vec<SavedEvent>,
+    pub(crate) pools: Vec<SavedPool>,
+}
+
+/// A context on one guest device, with its settings.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct SavedContext {
+    pub(crate) dev: u32,
+    /// `cuCtxSetCacheConfig`, if set.
+    pub(crate) cache_config: Option<u32>,
+    /// `cuCtxSetLimit`s: (limit, value), in the order set.
+    pub(crate) limits: Vec<(u32, u64)>,
+    /// Guest devices whose memory this context reaches (peer access enabled).
+    pub(crate) peers: Vec<u32>,
+    /// Whether the device's memory came from its reserved range.
+    pub(crate) ranged: bool,
+}
+
+/// A mapped run of a device range: its address, length, and the size class it was cut into
+/// (`None`: a large block's run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SavedRun {
+    pub(crate) dev: u32,
+    pub(crate) va: u64,
+    pub(crate) len: u64,
+    pub(crate) class: Option<u8>,
+}
+
+/// A device allocation and its contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedAllocation {
+    pub(crate) dev: u32,
+    pub(crate) ptr: u64,
+    /// The bytes the guest asked for (what the allocation table holds).
+    pub(crate) size: u64,
+    /// The block's length in the range (what it was cut to).
+    pub(crate) block: u64,
+    pub(crate) contents: Vec<u8>,
+}
+
+/// A loaded module: its handle, device and image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedModule {
+    pub(crate) handle: u64,
+    pub(crate) dev: u32,
+    pub(crate) image: Vec<u8>,
+}
+
+/// A module global the guest looked up, with its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedGlobal {
+    pub(crate) module: u64,
+    pub(crate) name: CString,
+    pub(crate) ptr: u64,
+    pub(crate) contents: Vec<u8>,
+}
+
+/// A function handle: which kernel of which module, and its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedFunction {
+    pub(crate) handle: u64,
+    pub(crate) module: u64,
+    pub(crate) name: CString,
+    pub(crate) cache_config: Option<u32>,
+    /// `cuFuncSetAttribute`s: (attribute, value), in the order set.
+    pub(crate) attributes: Vec<(i32, i32)>,
+}
+
+/// A stream: how it was created, and the attributes set on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedStream {
+    pub(crate) handle: u64,
+    pub(crate) dev: u32,
+    pub(crate) flags: u32,
+    pub(crate) priority: i32,
+    pub(crate) attributes: Vec<(u32, [u8; 64])>,
+}
+
+/// An event: how it was created, and whether it had been recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SavedEvent {
+    pub(crate) handle: u64,
+    pub(crate) dev: u32,
+    pub(crate) flags: u32,
+    pub(crate) recorded: bool,
+}
+
+/// A device's default memory pool as the guest knows it (a handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SavedPool {
+    pub(crate) handle: u64,
+    pub(crate) dev: u32,
+}
+
+/// Appends fields of a record body.
+#[derive(Default)]
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn i32(&mut self, v: i32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.u64(v.len() as u64);
+        self.0.extend_from_slice(v);
+        self
+    }
+    fn opt_u32(&mut self, v: Option<u32>) -> &mut Self {
+        self.u8(u8::from(v.is_some())).u32(v.unwrap_or(0))
+    }
+}
+
+/// Reads fields from a byte string, every read checked against what is left.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    /// Offset of `bytes` in the whole input, for error messages.
+    base: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(bytes: &'a [u8], base: usize) -> Self {
+        Self { bytes, at: 0, base }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or(DecodeError::Length(self.base + self.at))?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn i32(&mut self) -> Result<i32, DecodeError> {
+        Ok(i32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn len(&mut self) -> Result<usize, DecodeError> {
+        let at = self.base + self.at;
+        usize::try_from(self.u64()?).map_err(|_| DecodeError::Length(at))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let n = self.len()?;
+        self.take(n)
+    }
+    fn flag(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::Field("flag")),
+        }
+    }
+    fn opt_u32(&mut self) -> Result<Option<u32>, DecodeError> {
+        let some = self.flag()?;
+        let v = self.u32()?;
+        Ok(some.then_some(v))
+    }
+    fn name(&mut self) -> Result<CString, DecodeError> {
+        CString::new(self.bytes()?).map_err(|_| DecodeError::Field("name"))
+    }
+    /// A count of items of at least `item` bytes each: refused if they cannot all be there.
+    fn count(&mut self, item: usize) -> Result<usize, DecodeError> {
+        let at = self.base + self.at;
+        let n = self.len()?;
+        let room = (self.bytes.len() - self.at) / item.max(1);
+        if n > room {
+            return Err(DecodeError::Length(at));
+        }
+        Ok(n)
+    }
+    fn done(&self) -> Result<(), DecodeError> {
+        if self.at == self.bytes.len() {
+            Ok(())
+        } else {
+            Err(DecodeError::Length(self.base + self.at))
+        }
+    }
+}
+
+impl SavedState {
+    /// The bytes of the state (see the module documentation).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        let mut record = |tag: u32, w: &mut Writer| {
+            body.extend_from_slice(&tag.to_le_bytes());
+            body.extend_from_slice(&(w.0.len() as u64).to_le_bytes());
+            body.append(&mut w.0);
+        };
+        let mut w = Writer::default();
+        w.u64(self.session)
+            .u64(self.last_handle)
+            .u32(self.devices)
+            .u64(self.va_base)
+            .u64(self.va_size);
+        record(TAG_SESSION, &mut w);
+        for c in &self.contexts {
+            w.u32(c.dev).opt_u32(c.cache_config).u8(u8::from(c.ranged));
+            w.u64(c.limits.len() as u64);
+            for &(l, v) in &c.limits {
+                w.u32(l).u64(v);
+            }
+            w.u64(c.peers.len() as u64);
+            for &p in &c.peers {
+                w.u32(p);
+            }
+            record(TAG_CONTEXT, &mut w);
+        }
+        for r in &self.runs {
+            w.u32(r.dev)
+                .u64(r.va)
+                .u64(r.len)
+                .u8(r.class.map_or(0xff, |c| c));
+            record(TAG_RUN, &mut w);
+        }
+        for a in &self.allocations {
+            w.u32(a.dev)
+                .u64(a.ptr)
+                .u64(a.size)
+                .u64(a.block)
+                .bytes(&a.contents);
+            record(TAG_ALLOCATION, &mut w);
+        }
+        for m in &self.modules {
+            w.u64(m.handle).u32(m.dev).bytes(&m.image);
+            record(TAG_MODULE, &mut w);
+        }
+        for g in &self.globals {
+            w.u64(g.module)
+                .bytes(g.name.as_bytes())
+                .u64(g.ptr)
+                .bytes(&g.contents);
+            record(TAG_GLOBAL, &mut w);
+        }
+        for f in &self.functions {
+            w.u64(f.handle)
+                .u64(f.module)
+                .bytes(f.name.as_bytes())
+                .opt_u32(f.cache_config);
+            w.u64(f.attributes.len() as u64);
+            for &(a, v) in &f.attributes {
+                w.i32(a).i32(v);
+            }
+            record(TAG_FUNCTION, &mut w);
+        }
+        for s in &self.streams {
+            w.u64(s.handle).u32(s.dev).u32(s.flags).i32(s.priority);
+            w.u64(s.attributes.len() as u64);
+            for (id, v) in &s.attributes {
+                w.u32(*id);
+                w.0.extend_from_slice(v);
+            }
+            record(TAG_STREAM, &mut w);
+        }
+        for e in &self.events {
+            w.u64(e.handle)
+                .u32(e.dev)
+                .u32(e.flags)
+                .u8(u8::from(e.recorded));
+            record(TAG_EVENT, &mut w);
+        }
+        for p in &self.pools {
+            w.u64(p.handle).u32(p.dev);
+            record(TAG_POOL, &mut w);
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Decodes bytes from anywhere (a file, another daemon): refuses anything that is not
+    /// exactly a state this version writes, never panics.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(bytes, 0);
+        if r.take(8).map_err(|_| DecodeError::Magic)? != MAGIC {
+            return Err(DecodeError::Magic);
+        }
+        let version = r.u32()?;
+        if version != VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        if r.u32()? != 0 {
+            return Err(DecodeError::Field("reserved"));
+        }
+        let len = r.len()?;
+        let body = r.take(len)?;
+        r.done()?;
+        let mut r = Reader::new(body, HEADER_LEN);
+        let mut s = SavedState::default();
+        let mut session_seen = false;
+        while r.at < body.len() {
+            let at = HEADER_LEN + r.at;
+            let tag = r.u32()?;
+            let mut f = Reader::new(r.bytes()?, HEADER_LEN + r.at);
+            if (tag == TAG_SESSION) == session_seen {
+                // The session record comes first, once.
+                return Err(DecodeError::Field("session record"));
+            }
+            match tag {
+                TAG_SESSION => {
+                    session_seen = true;
+                    s.session = f.u64()?;
+                    s.last_handle = f.u64()?;
+                    s.devices = f.u32()?;
+                    s.va_base = f.u64()?;
+                    s.va_size = f.u64()?;
+                }
+                TAG_CONTEXT => {
+                    let dev = f.u32()?;
+                    let cache_config = f.opt_u32()?;
+                    let ranged = f.flag()?;
+                    let n = f.count(12)?;
+                    let limits = (0..n)
+                        .map(|_| Ok((f.u32()?, f.u64()?)))
+                        .collect::<Result<_, DecodeError>>()?;
+                    let n = f.count(4)?;
+                    let peers = (0..n).map(|_| f.u32()).collect::<Result<_, _>>()?;
+                    s.contexts.push(SavedContext {
+                        dev,
+                        cache_config,
+                        limits,
+                        peers,
+                        ranged,
+                    });
+                }
+                TAG_RUN => {
+                    let (dev, va, len) = (f.u32()?, f.u64()?, f.u64()?);
+                    let class = match f.u8()? {
+                        0xff => None,
+                        c => Some(c),
+                    };
+                    s.runs.push(SavedRun {
+                        dev,
+                        va,
+                        len,
+                        class,
+                    });
+                }
+                TAG_ALLOCATION => s.allocations.push(SavedAllocation {
+                    dev: f.u32()?,
+                    ptr: f.u64()?,
+                    size: f.u64()?,
+                    block: f.u64()?,
+                    contents: f.bytes()?.to_vec(),
+                }),
+                TAG_MODULE => s.modules.push(SavedModule {
+                    handle: f.u64()?,
+                    dev: f.u32()?,
+                    image: f.bytes()?.to_vec(),
+                }),
+                TAG_GLOBAL => s.globals.push(SavedGlobal {
+                    module: f.u64()?,
+                    name: f.name()?,
+                    ptr: f.u64()?,
+                    contents: f.bytes()?.to_vec(),
+                }),
+                TAG_FUNCTION => {
+                    let (handle, module, name) = (f.u64()?, f.u64()?, f.name()?);
+                    let cache_config = f.opt_u32()?;
+                    let n = f.count(8)?;
+                    let attributes =
+                        (0..n)
+                            .map(|_| Ok((f.i32()?, f.i32()?)))
+                            .collect::<Result<_, DecodeError>>()?;
+                    s.functions.push(SavedFunction {
+                        handle,
+                        module,
+                        name,
+                        cache_config,
+                        attributes,
+                    });
+                }
+                TAG_STREAM => {
+                    let (handle, dev, flags, priority) = (f.u64()?, f.u32()?, f.u32()?, f.i32()?);
+                    let n = f.count(68)?;
+                    let attributes = (0..n)
+                        .map(|_| Ok((f.u32()?, f.array::<64>()?)))
+                        .collect::<Result<_, DecodeError>>()?;
+                    s.streams.push(SavedStream {
+                        handle,
+                        dev,
+                        flags,
+                        priority,
+                        attributes,
+                    });
+                }
+                TAG_EVENT => s.events.push(SavedEvent {
+                    handle: f.u64()?,
+                    dev: f.u32()?,
+                    flags: f.u32()?,
+                    recorded: f.flag()?,
+                }),
+                TAG_POOL => s.pools.push(SavedPool {
+                    handle: f.u64()?,
+                    dev: f.u32()?,
+                }),
+                _ => return Err(DecodeError::Tag(tag, at)),
+            }
+            f.done()?;
+        }
+        if !session_seen {
+            return Err(DecodeError::Field("session record"));
+        }
+        Ok(s)
+    }
+
+    /// Bytes of device memory the state holds (allocations and globals).
+    pub(crate) fn device_bytes(&self) -> u64 {
+        let a: u64 = self
+            .allocations
+            .iter()
+            .map(|a| a.contents.len() as u64)
+            .sum();
+        let g: u64 = self.globals.iter().map(|g| g.contents.len() as u64).sum();
+        a + g
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A state with one of everything.
+    pub(crate) fn sample() -> SavedState {
+        SavedState {
+            session: 7,
+            last_handle: 40,
+            devices: 2,
+            va_base: 0x6800_0000_0000,
+            va_size: 256 << 30,
+            contexts: vec![SavedContext {
+                dev: 1,
+                cache_config: Some(2),
+                limits: vec![(0, 4096), (2, 1 << 20)],
+                peers: vec![0],
+                ranged: true,
+            }],
+            runs: vec![
+                SavedRun {
+                    dev: 1,
+                    va: 0x6840_0000_0000,
+                    len: 2 << 20,
+                    class: Some(0),
+                },
+                SavedRun {
+                    dev: 1,
+                    va: 0x6840_0020_0000,
+                    len: 4 << 20,
+                    class: None,
+                },
+            ],
+            allocations: vec![SavedAllocation {
+                dev: 1,
+                ptr: 0x6840_0000_0000,
+                size: 5,
+                block: 256,
+                contents: b"hello".to_vec(),
+            }],
+            modules: vec![SavedModule {
+                handle: 3,
+                dev: 1,
+                image: b".version 9.0\n".to_vec(),
+            }],
+            globals: vec![SavedGlobal {
+                module: 3,
+                name: CString::new("g").unwrap(),
+                ptr: 0x7f00_0000_1000,
+                contents: vec![1, 2, 3],
+            }],
+            functions: vec![SavedFunction {
+                handle: 4,
+                module: 3,
+                name: CString::new("vadd").unwrap(),
+                cache_config: None,
+                attributes: vec![(8, 65536)],
+            }],
+            streams: vec![SavedStream {
+                handle: 5,
+                dev: 1,
+                flags: 1,
+                priority: -2,
+                attributes: vec![(3, [7; 64])],
+            }],
+            events: vec![SavedEvent {
+                handle: 6,
+                dev: 1,
+                flags: 2,
+                recorded: true,
+            }],
+            pools: vec![SavedPool { handle: 9, dev: 1 }],
+        }
+    }
+
+    #[test]
+    fn a_state_round_trips() {
+        let s = sample();
+        let bytes = s.encode();
+        assert_eq!(&bytes[..8], b"QCUDAGS1");
+        assert_eq!(SavedState::decode(&bytes), Ok(s.clone()));
+        assert_eq!(s.device_bytes(), 8);
+        let empty = SavedState::default();
+        assert_eq!(SavedState::decode(&empty.encode()), Ok(empty));
+    }
+
+    #[test]
+    fn every_truncation_and_every_flipped_byte_is_an_error_or_another_state_never_a_panic() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            assert!(SavedState::decode(&bytes[..n]).is_err(), "prefix of {n}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(
+            SavedState::decode(&longer),
+            Err(DecodeError::Length(bytes.len()))
+        );
+        for i in 0..bytes.len() {
+            for x in [0x01, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[i] ^= x;
+                let _ = SavedState::decode(&b);
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_headers_and_records_are_refused() {
+        let good = sample().encode();
+        let mut b = good.clone();
+        b[0] = b'X';
+        assert_eq!(SavedState::decode(&b), Err(DecodeError::Magic));
+        let mut b = good.clone();
+        b[8..12].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(SavedState::decode(&b), Err(DecodeError::Version(2)));
+        // A body length past the end, and one that does not fit usize arithmetic.
+        let mut b = good.clone();
+        b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            SavedState::decode(&b),
+            Err(DecodeError::Length(_))
+        ));
+        // A record whose count claims more items than its body holds.
+        let mut w = Writer::default();
+        w.u64(1).u64(0).u32(1).u64(0).u64(0);
+        let session = w.0.clone();
+        let mut body = Vec::new();
+        body.extend_from_slice(&TAG_SESSION.to_le_bytes());
+        body.extend_from_slice(&(session.len() as u64).to_le_bytes());
+        body.extend_from_slice(&session);
+        let mut ctx = Writer::default();
+        ctx.u32(0).opt_u32(None).u8(0).u64(u64::MAX / 2);
+        body.extend_from_slice(&TAG_CONTEXT.to_le_bytes());
+        body.extend_from_slice(&(ctx.0.len() as u64).to_le_bytes());
+        body.extend_from_slice(&ctx.0);
+        let mut b = Vec::new();
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        b.extend_from_slice(&body);
+        assert!(matches!(
+            SavedState::decode(&b),
+            Err(DecodeError::Length(_))
+        ));
+        // An unknown record.
+        let mut b = good[..HEADER_LEN].to_vec();
+        let mut body = Vec::new();
+        body.extend_from_slice(&TAG_SESSION.to_le_bytes());
+        body.extend_from_slice(&(session.len() as u64).to_le_bytes());
+        body.extend_from_slice(&session);
+        body.extend_from_slice(&99u32.to_le_bytes());
+        body.extend_from_slice(&0u64.to_le_bytes());
+        b[16..24].copy_from_slice(&(body.len() as u64).to_le_bytes());
+        b.extend_from_slice(&body);
+        assert!(matches!(
+            SavedState::decode(&b),
+            Err(DecodeError::Tag(99, _))
+        ));
+    }
+}

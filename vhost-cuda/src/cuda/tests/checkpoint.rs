@@ -1,0 +1,292 @@
+//! Capture, restore, pause and resume of the GPU state over the fake driver.
+
+use qcuda_proto::{HostRun, LaunchAttr, HOST_WINDOW_BASE};
+
+use super::*;
+use crate::cuda::{gpu_state::CheckpointError, saved_state::SavedState};
+
+/// What a program holds: a linked list in device memory (each node's first 8 bytes the next
+/// node's address), a buffer for vadd, a module with its function and global, a stream with
+/// an attribute, a recorded event, a limit.
+struct Program {
+    nodes: Vec<u64>,
+    module: u64,
+    func: u64,
+    global: u64,
+    stream: u64,
+    event: u64,
+    abc: [u64; 3],
+}
+
+const N: usize = 64;
+
+fn build(rig: &mut Rig, s: &mut GpuState) -> Program {
+    // Nodes of several sizes, so small classes and large runs are both saved.
+    let sizes = [24u64, 300, 4096, 3 << 20, 40];
+    let nodes: Vec<u64> = sizes.iter().map(|&n| malloc(s, n)).collect();
+    for (i, &p) in nodes.iter().enumerate() {
+        let next = nodes.get(i + 1).copied().unwrap_or(0);
+        let mut node = next.to_le_bytes().to_vec();
+        node.extend_from_slice(&(i as u64 * 7).to_le_bytes());
+        ok(htod(rig, s, p, &node, &[16]));
+    }
+    let module = load_module(rig, s);
+    let (r, _) = get_function(rig, s, module, "vadd", 64);
+    let func = ok(r)[0];
+    ok(run(s, Op::FuncSetAttribute, &[func, 8, 1024]));
+    let name = rig.buf(b"g");
+    let global = ok(s.execute(&req(Op::ModuleGetGlobal, 0, &[module], vec![name], vec![])))[0];
+    ok(htod(rig, s, global, b"global value", &[12]));
+    let stream = ok(run(s, Op::StreamCreate, &[1, u64::from(u32::MAX)]))[0];
+    let attr = LaunchAttr {
+        id: 3,
+        v: [1, 0, 0],
+        ..LaunchAttr::default()
+    };
+    let a = rig.buf(&attr.encode());
+    ok(s.execute(&req(Op::StreamSetAttribute, 0, &[stream], vec![a], vec![])));
+    let event = ok(run(s, Op::EventCreate, &[0]))[0];
+    ok(run(s, Op::EventRecord, &[event, stream]));
+    ok(run(s, Op::DeviceSetLimit, &[0, 4096]));
+    let abc = [
+        malloc(s, 4 * N as u64),
+        malloc(s, 4 * N as u64),
+        malloc(s, 4 * N as u64),
+    ];
+    let xs: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    ok(htod(rig, s, abc[0], &floats(&xs), &[4 * N]));
+    ok(htod(rig, s, abc[1], &floats(&xs), &[4 * N]));
+    Program {
+        nodes,
+        module,
+        func,
+        global,
+        stream,
+        event,
+        abc,
+    }
+}
+
+/// Checks that everything the program holds still works: the list walked through the
+/// pointers stored in device memory, vadd launched through its handle on its stream, the
+/// global, the event, the limit.
+fn check(rig: &mut Rig, s: &mut GpuState, p: &Program) {
+    let mut at = p.nodes[0];
+    let mut walked = 0;
+    while at != 0 {
+        let (r, node) = dtoh(rig, s, at, 16, &[16]);
+        ok(r);
+        assert_eq!(
+            u64::from_le_bytes(node[8..].try_into().unwrap()),
+            walked * 7
+        );
+        at = u64::from_le_bytes(node[..8].try_into().unwrap());
+        walked += 1;
+    }
+    assert_eq!(walked, p.nodes.len() as u64);
+    let mut block = Vec::new();
+    for x in p.abc {
+        block.extend_from_slice(&x.to_le_bytes());
+    }
+    block.extend_from_slice(&i32::try_from(N).unwrap().to_le_bytes());
+    let pb = rig.buf(&block);
+    let args = launch_args(p.func, [1, 1, 1], [128, 1, 1], p.stream);
+    ok(s.execute(&req(Op::LaunchKernel, 0, &args, vec![pb], vec![])));
+    ok(run(s, Op::StreamSynchronize, &[p.stream]));
+    let (r, got) = dtoh(rig, s, p.abc[2], 4 * N, &[4 * N]);
+    ok(r);
+    let want: Vec<f32> = (0..N).map(|i| 2.0 * i as f32).collect();
+    assert_eq!(got, floats(&want));
+    let (r, g) = dtoh(rig, s, p.global, 12, &[12]);
+    ok(r);
+    assert_eq!(g, b"global value");
+    ok(run(s, Op::EventSynchronize, &[p.event]));
+    assert_eq!(ok(run(s, Op::DeviceGetLimit, &[0]))[0], 4096);
+    let out = rig.out(LAUNCH_ATTR_SIZE_FOR_TESTS);
+    ok(s.execute(&req(
+        Op::StreamGetAttribute,
+        0,
+        &[p.stream, 3],
+        vec![],
+        vec![out.clone()],
+    )));
+    assert_eq!(LaunchAttr::decode(&out.to_vec().unwrap()).unwrap().v[0], 1);
+    assert!(p.module != 0);
+}
+
+const LAUNCH_ATTR_SIZE_FOR_TESTS: usize = qcuda_proto::LAUNCH_ATTR_SIZE;
+
+#[test]
+fn a_state_restored_in_a_fresh_worker_keeps_its_handles_pointers_and_contents() {
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    let p = build(&mut a, &mut s);
+    check(&mut a, &mut s, &p);
+    let saved = s.capture().unwrap();
+    assert!(saved.device_bytes() >= (3 << 20) + 12);
+    let bytes = saved.encode();
+    assert_eq!(SavedState::decode(&bytes).unwrap(), saved);
+    // The state goes on running after a capture.
+    check(&mut a, &mut s, &p);
+    drop(s);
+
+    // Another worker: a fresh driver (process), a fresh host, other guest memory.
+    let mut b = Rig::new(1);
+    let mut r = GpuState::restore(&b.host, 3, &bytes).unwrap();
+    check(&mut b, &mut r, &p);
+    // New handles never collide with restored ones; new memory never overlaps restored blocks.
+    let stream = ok(run(&mut r, Op::StreamCreate, &[0, 0]))[0];
+    assert!(stream > p.event);
+    let q = malloc(&mut r, 24);
+    assert!(!p.nodes.contains(&q));
+    // A restored state is saved again just the same.
+    let again = r.capture().unwrap();
+    assert_eq!(again.allocations.len(), saved.allocations.len() + 1);
+    drop(r);
+    assert_eq!(b.fake.live_contexts(), 0);
+    assert_eq!(b.fake.vmm_ranges(), (0, 0));
+}
+
+#[test]
+fn pause_gives_the_gpu_back_and_the_next_call_resumes_unaware() {
+    assert!(crate::cuda::reserve_window());
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let p = build(&mut rig, &mut s);
+    // Guest memory mapped for the device (how managed memory reaches the GPU).
+    let guest = HOST_WINDOW_BASE + 0x7300_0000;
+    let t = rig.buf(
+        &HostRun {
+            gpa: 0x30_0000,
+            len: 0x1000,
+        }
+        .encode(),
+    );
+    let r = s.execute(&req(Op::HostMap, 0, &[guest, 0x1000, 0], vec![t], vec![]));
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, guest));
+    let saved = s.pause().unwrap();
+    assert!(saved >= 3 << 20);
+    assert!(s.is_paused());
+    // The memory is given back; the context (code, streams, events) and the reserved range
+    // stay.
+    assert_eq!(rig.fake.vmm_ranges(), (1, 0));
+    assert_eq!(rig.fake.vmm_allocations(), 0);
+    assert_eq!(rig.fake.live_contexts(), 1);
+    assert_eq!(s.pause(), Err(CheckpointError::WrongPhase("paused")));
+    // The next op resumes first.
+    check(&mut rig, &mut s, &p);
+    assert!(!s.is_paused());
+    // The host mapping still reaches the device.
+    let scratch = malloc(&mut s, 64);
+    rig.mem
+        .write_slice(b"managed", GuestAddress(0x30_0000))
+        .unwrap();
+    let copy = req(Op::MemcpyMapped, 0, &[scratch, guest, 7, 0], vec![], vec![]);
+    ok(s.execute(&copy));
+    assert_eq!(rig.fake.peek(scratch, 7).unwrap(), b"managed");
+    // Pause and resume by hand, twice.
+    for _ in 0..2 {
+        s.pause().unwrap();
+        s.resume().unwrap();
+    }
+    assert_eq!(s.resume(), Err(CheckpointError::WrongPhase("running")));
+    check(&mut rig, &mut s, &p);
+}
+
+#[test]
+fn what_cannot_be_saved_is_refused_and_the_program_goes_on() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let p = build(&mut rig, &mut s);
+    // A capture under way: busy, try again later.
+    ok(run(&mut s, Op::StreamBeginCapture, &[p.stream, 2]));
+    assert_eq!(s.pause(), Err(CheckpointError::Busy));
+    assert_eq!(s.save(), Err(CheckpointError::Busy));
+    let graph = ok(run(&mut s, Op::StreamEndCapture, &[p.stream]))[0];
+    // A graph lives in its context: a pause keeps it, a saved state cannot make it again.
+    assert!(matches!(s.save(), Err(CheckpointError::Unsupported(_))));
+    s.pause().unwrap();
+    s.resume().unwrap();
+    ok(run(&mut s, Op::GraphDestroy, &[graph]));
+    // Stream-ordered allocations live in the driver's pools, at its addresses.
+    let q = ok(run(&mut s, Op::MallocAsync, &[100, p.stream, 0]))[0];
+    assert!(matches!(s.save(), Err(CheckpointError::Unsupported(_))));
+    ok(run(&mut s, Op::FreeAsync, &[q, p.stream]));
+    ok(run(&mut s, Op::StreamSynchronize, &[p.stream]));
+    check(&mut rig, &mut s, &p);
+    // Allocations outside a reserved range cannot be paused.
+    let rig2 = Rig::new(1);
+    rig2.host.set_address_space(crate::cuda::AddressSpace::OFF);
+    let mut t = rig2.session();
+    malloc(&mut t, 64);
+    assert!(matches!(t.pause(), Err(CheckpointError::Unsupported(_))));
+    malloc(&mut t, 64);
+}
+
+#[test]
+fn a_hostile_saved_state_is_refused_and_leaves_nothing_behind() {
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    build(&mut a, &mut s);
+    let saved = s.capture().unwrap();
+    drop(s);
+    let b = Rig::new(1);
+    let refused = |bytes: &[u8]| {
+        GpuState::restore(&b.host, 3, bytes).unwrap_err();
+        assert_eq!(b.fake.live_contexts(), 0);
+        assert_eq!(b.fake.vmm_ranges(), (0, 0));
+    };
+    // Another session's, another address space's.
+    assert!(matches!(
+        GpuState::restore(&b.host, 4, &saved.encode()),
+        Err(CheckpointError::Mismatch(_))
+    ));
+    let mut other = saved.clone();
+    other.va_base += 2 << 20;
+    refused(&other.encode());
+    // Memory outside the range, blocks over each other, contents of the wrong length, handles
+    // taken twice or never handed out, devices that do not exist, an unloadable image.
+    let mut bad = saved.clone();
+    bad.allocations[0].ptr = 0x1000;
+    refused(&bad.encode());
+    let mut bad = saved.clone();
+    bad.allocations[1].ptr = bad.allocations[0].ptr;
+    refused(&bad.encode());
+    let mut bad = saved.clone();
+    bad.allocations[0].contents.push(0);
+    refused(&bad.encode());
+    let mut bad = saved.clone();
+    bad.streams[0].handle = bad.events[0].handle;
+    refused(&bad.encode());
+    let mut bad = saved.clone();
+    bad.events[0].handle = bad.last_handle + 1;
+    refused(&bad.encode());
+    let mut bad = saved.clone();
+    bad.contexts[0].dev = 5;
+    refused(&bad.encode());
+    let mut bad = saved.clone();
+    bad.modules[0].image = b"\x7fELF nonsense".to_vec();
+    refused(&bad.encode());
+    let mut bad = saved.clone();
+    bad.globals[0].ptr += 8;
+    refused(&bad.encode());
+    // Any single flipped byte: refused or restored, never a panic, nothing left behind.
+    let bytes = saved.encode();
+    for i in (0..bytes.len()).step_by(bytes.len() / 96 + 1) {
+        let mut b2 = bytes.clone();
+        b2[i] ^= 0x5a;
+        if let Ok(r) = GpuState::restore(&b.host, 3, &b2) {
+            drop(r);
+        }
+        assert_eq!(b.fake.live_contexts(), 0);
+        assert_eq!(b.fake.vmm_ranges(), (0, 0));
+    }
+}
+
+#[cfg(feature = "fuzzing")]
+#[test]
+fn the_fuzz_seed_restores() {
+    assert!(crate::cuda::fuzzing::restore_saved_state(
+        &crate::cuda::fuzzing::sample_saved_state()
+    ));
+}
