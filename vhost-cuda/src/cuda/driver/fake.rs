@@ -18,6 +18,8 @@ use crate::cuda::launch::{attr, DriverLaunchAttr, LaunchConfig};
 
 #[path = "fake_arrays.rs"]
 mod arrays;
+#[path = "fake_vmm.rs"]
+mod vmm;
 
 pub(crate) const TOTAL_MEM: u64 = 1 << 30;
 const INVALID_VALUE: CuError = CuError(1);
@@ -137,6 +139,8 @@ struct State {
     last_launch_attrs: Vec<(u32, u32)>,
     /// Peer access enabled: (context, peer context).
     peers: HashSet<(Raw, Raw)>,
+    /// Physical allocations, reservations and mappings (fake_vmm.rs).
+    vmm: vmm::FakeVmm,
 }
 
 impl State {

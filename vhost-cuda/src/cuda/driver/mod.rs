@@ -36,6 +36,7 @@ use tracing::{debug, warn};
 use self::{
     array::{ArrayDriverApi, ARRAY_SYMBOLS},
     graph::{GraphDriverApi, GRAPH_SYMBOLS},
+    vmm::{VmmDriverApi, VMM_SYMBOLS},
 };
 use super::{
     launch::{DriverLaunchAttr, LaunchConfig},
@@ -44,6 +45,9 @@ use super::{
 
 pub(crate) mod array;
 pub(crate) mod graph;
+// Used by the session's VMM ops and by host-side placement of a session's memory.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) mod vmm;
 
 // The test double also serves the fuzz targets (fuzz/, feature `fuzzing`), never the binary.
 #[cfg(any(test, feature = "fuzzing"))]
@@ -215,7 +219,9 @@ impl MemsetWidth {
 }
 
 /// The driver calls the executor makes. See the module documentation for the handle contract.
-pub(crate) trait DriverApi: ArrayDriverApi + GraphDriverApi + Send + Sync {
+pub(crate) trait DriverApi:
+    ArrayDriverApi + GraphDriverApi + VmmDriverApi + Send + Sync
+{
     /// cuDeviceGetCount.
     fn device_count(&self) -> CuResult<i32>;
     /// cuDeviceGet: the `CUdevice` of ordinal `ordinal`.
@@ -672,6 +678,7 @@ impl CudaDriver {
             .iter()
             .chain(ARRAY_SYMBOLS)
             .chain(GRAPH_SYMBOLS)
+            .chain(VMM_SYMBOLS)
             .copied()
             .filter(|s| !has(s))
             .collect();
