@@ -1882,6 +1882,7 @@ fn long_runs_copy_through_registered_guest_ram() {
 }
 
 mod graphs;
+mod managed;
 
 #[test]
 fn stream_attributes_round_trip_and_only_stream_ids_are_taken() {

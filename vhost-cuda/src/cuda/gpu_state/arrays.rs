@@ -259,7 +259,7 @@ impl GpuState {
             .get(dev)
             .and_then(Option::as_ref)
             .is_some_and(|c| c.memory.contains(ptr, len));
-        if mine || self.host_memory.contains_device(ptr, len) {
+        if mine || self.host_memory.contains_device(ptr, len) || self.managed_contains(ptr, len) {
             Ok(())
         } else {
             Err(invalid())

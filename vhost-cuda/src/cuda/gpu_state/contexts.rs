@@ -106,6 +106,7 @@ impl GpuState {
     pub(super) fn teardown(&mut self, dev: usize) {
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {
+            self.unplace_managed(guest);
             let drv = Arc::clone(&self.drv);
             let _ = self.host_memory.unmap(guest, |m| {
                 let _ = drv.mem_host_unregister(m.local);
