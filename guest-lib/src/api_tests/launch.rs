@@ -745,7 +745,7 @@ fn launch_ex_sends_its_attributes_and_tuning_calls_reach_the_host() {
 fn managed_memory_is_the_device_s_during_work_and_the_host_s_after_synchronising() {
     use crate::runtime::{
         devices::cudaDeviceSynchronize,
-        memory::{cudaFree, cudaMallocManaged, cudaMemset},
+        memory::{cudaFree, cudaMallocManaged, cudaMemcpy, cudaMemset},
         streams::cudaStreamSynchronize,
     };
     use qcuda_proto::MANAGED_ALIGN;
@@ -782,8 +782,18 @@ fn managed_memory_is_the_device_s_during_work_and_the_host_s_after_synchronising
             .device_bytes_for_test(base, 2)
             .copy_from_slice(b"XY");
         assert_eq!(&host[..4], b"abcd");
-        ok(cudaDeviceSynchronize());
+        // A blocking copy the CPU does (host to host) is ordered after the work, as natively.
+        let mut local = [0u8; 4];
+        ok(cudaMemcpy(
+            local.as_mut_ptr().cast(),
+            m,
+            4,
+            cu::cudaMemcpyDefault,
+        ));
+        assert_eq!(&local, b"XYcd");
         assert_eq!(&host[..4], b"XYcd");
+        assert_eq!(migrations(&fake), before + 2);
+        ok(cudaDeviceSynchronize());
         assert_eq!(migrations(&fake), before + 2);
         // Nothing ran since: a synchronisation migrates nothing.
         ok(cudaStreamSynchronize(ptr::null_mut()));

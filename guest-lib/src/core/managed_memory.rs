@@ -139,3 +139,40 @@ pub fn after_sync(rt: &Runtime) -> CudaResult<()> {
     }
     Ok(())
 }
+
+/// Before a blocking copy that the CPU does itself (host to host) from or to `ranges`: where
+/// one lies in a managed allocation in the device's turn, the copy waits for the work queued
+/// on `stream` of `device` and the host takes its turn first, so it reads and writes what the
+/// device left there (a blocking `cudaMemcpy` is ordered after earlier work, as natively).
+pub fn before_cpu_copy(
+    rt: &Runtime,
+    device: u32,
+    stream: u64,
+    ranges: &[(u64, usize)],
+) -> CudaResult<()> {
+    let t = &rt.host_memory.managed;
+    if t.on_device.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let touches = {
+        let allocs = t.lock();
+        ranges.iter().any(|&(addr, len)| {
+            let Ok(addr) = usize::try_from(addr) else {
+                return false;
+            };
+            allocs.range(..addr.saturating_add(len)).any(|(&b, e)| {
+                e.turn == Turn::Device
+                    && rt
+                        .host_memory
+                        .find(b)
+                        .is_some_and(|a| a.base + a.size > addr)
+            })
+        })
+    };
+    if !touches {
+        return Ok(());
+    }
+    rt.session
+        .submit(Call::new(Op::StreamSynchronize, device).args(&[stream]))?;
+    crate::core::managed_vars::after_sync(rt)
+}

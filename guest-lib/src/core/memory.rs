@@ -174,6 +174,14 @@ pub unsafe fn memcpy(
     }
     match dir {
         Direction::HostToHost => {
+            if !order.is_async {
+                crate::core::managed_memory::before_cpu_copy(
+                    rt,
+                    order.device,
+                    order.stream,
+                    &[(dst, count), (src, count)],
+                )?;
+            }
             // SAFETY: both ranges are host memory valid for `count` bytes (caller contract);
             // `copy` allows them to overlap.
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
