@@ -341,8 +341,10 @@ ops! {
     /// Managed memory placed on the device (`HOST_MAP_MANAGED`): args[0] = the allocation's
     /// guest address (its `HostMap` address), args[1] = [`MANAGED_TO_DEVICE`] (guest RAM →
     /// device, in stream order on stream args[2]) or [`MANAGED_TO_HOST`] (device → guest RAM
-    /// after the work of stream args[2]; answered once the bytes are in guest RAM). A host
-    /// mapping the worker could not place on the device is coherent by itself: nothing to do.
+    /// after the work of stream args[2]; answered once the bytes are in guest RAM). rets[0] = 1
+    /// if the bytes moved; 0 if there was nothing to do: a host mapping the worker could not
+    /// place on the device (coherent by itself), or a stream being captured (a capture records
+    /// work for later; the graph's launch migrates then).
     ManagedMigrate = 0x0117, ins 0, outs 0;
 
     /// In-buffer 0 is a whole fatbin (or cubin/PTX) image. rets[0] = module handle.

@@ -596,6 +596,7 @@ fn run(
                 qcuda_proto::MANAGED_TO_HOST => guest.copy_from_slice(dev),
                 _ => return Err(status::INVALID_VALUE),
             }
+            rets[0] = 1;
         }
         // Only qcuda.ko sends these.
         Op::HostMap | Op::HostUnmap => return Err(status::NOT_SUPPORTED),

@@ -100,16 +100,23 @@ pub fn before_work(rt: &Runtime, device: u32, stream: u64) -> CudaResult<()> {
     if t.live.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
+    let capturing = rt.session.captures.active();
     let mut allocs = t.lock();
     for (&base, e) in allocs.iter_mut() {
         if e.device != device || e.turn != Turn::Host {
             continue;
         }
-        rt.session.submit(
-            Call::new(Op::ManagedMigrate, device)
-                .args(&[base as u64, MANAGED_TO_DEVICE, stream])
-                .fire_and_forget(),
-        )?;
+        let call =
+            Call::new(Op::ManagedMigrate, device).args(&[base as u64, MANAGED_TO_DEVICE, stream]);
+        if capturing {
+            // The call waits (as every call does during a capture): a capturing stream moves
+            // nothing (rets[0] = 0), and the allocation stays in the host's turn.
+            if rt.session.submit(call)?.rets[0] == 0 {
+                continue;
+            }
+        } else {
+            rt.session.submit(call.fire_and_forget())?;
+        }
         e.turn = Turn::Device;
         t.on_device.fetch_add(1, Ordering::AcqRel);
     }

@@ -253,13 +253,13 @@ impl GpuState {
         let (dev, stream) = self.copy_stream(req, stream)?;
         if self.is_capturing(stream) {
             // A capture records work for later; the graph's launch migrates then.
-            return ok();
+            return ok_rets(&[0]);
         }
         let Some(p) = self.managed.get(&guest) else {
             // Pinned-style managed memory (not placed) is coherent by itself; anything else is
             // not the session's managed memory.
             return if guest.is_multiple_of(HOST_PAGE_SIZE) && self.host_memory.overlaps(guest, 1) {
-                ok()
+                ok_rets(&[0])
             } else {
                 Err(status::INVALID_VALUE.into())
             };
@@ -275,6 +275,6 @@ impl GpuState {
                 .map_err(on(dev))?;
             self.drv.stream_synchronize(stream).map_err(on(dev))?;
         }
-        ok()
+        ok_rets(&[1])
     }
 }
