@@ -11,6 +11,10 @@
 #   vector_add_static
 #                   tests/cuda/vector_add.cu with --cudart=static: NVIDIA's runtime linked in,
 #                   which finds our libcuda.so.1 at run time
+#   graphs_static, stream_capture_static, conditional_nodes_static
+#                   tests/cuda/{graphs,stream_capture,conditional_nodes}.cu with --cudart=static:
+#                   graphs built by hand, captured, updated and cloned, and conditional nodes,
+#                   all through NVIDIA's runtime over our driver face (cuGraph*)
 #   build/cuda-runtimes/13/libcudart.so.13, build/cuda-runtimes/12/libcudart.so.12
 #                   NVIDIA's runtimes (PyPI wheels), for programs run over our libcuda.so.1
 #                   with NVIDIA's runtime instead of ours
@@ -76,7 +80,14 @@ echo "build-cuda-flavours: vector_add_static (--cudart=static)" >&2
     -o "$work/vector_add_static" "$src/vector_add.cu"
 ! readelf -d "$work/vector_add_static" | grep -q 'NEEDED.*libcud'
 
-for p in driver_api vector_add12 vector_add_static; do
+for n in graphs stream_capture conditional_nodes; do
+    echo "build-cuda-flavours: ${n}_static (--cudart=static)" >&2
+    "$nvcc" -L"$root/lib" --cudart=static "${gencode[@]}" -O2 -std=c++17 -I"$src" \
+        -o "$work/${n}_static" "$src/$n.cu"
+    ! readelf -d "$work/${n}_static" | grep -q 'NEEDED.*libcud'
+done
+
+for p in driver_api vector_add12 vector_add_static graphs_static stream_capture_static conditional_nodes_static; do
     mv -f "$work/$p" "$out/$p"
 done
 install -m 755 "$root/lib/libcudart.so.13" "$runtimes/13/libcudart.so.13"

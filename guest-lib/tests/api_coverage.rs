@@ -362,7 +362,8 @@ fn render_driver(exports: &[&str], unsupported: &[String], tables: &[TableInfo])
          memory management (the device reports it unsupported, so libraries such as NCCL and\n\
          PyTorch use ordinary allocations), graphics interop, external resources, green contexts,\n\
          multicast, checkpoints, and the rarer forms of arrays (sparse, planes, memory\n\
-         requirements) and graphs (memory, conditional and external-semaphore nodes).\n\n",
+         requirements) and graphs (external-semaphore and batch memory-operation nodes, kernel\n\
+         node attributes, user objects).\n\n",
     );
     out.push_str(&format!(
         "**{implemented} of {} symbols implemented; {} answer `CUDA_ERROR_NOT_SUPPORTED`.**\n\n",

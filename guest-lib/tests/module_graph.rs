@@ -27,7 +27,6 @@ const TEST_ONLY: &[&str] = &["api_tests"];
 /// the test too, so it only ever shrinks.
 const NOT_YET_IN_CORE: &[&str] = &[
     "driver::api::device -> runtime::pools",
-    "driver::api::graph -> runtime::graphs",
     "driver::api::memory -> runtime::pools",
 ];
 

@@ -28,6 +28,18 @@ pub const NODE_EVENT_RECORD: u32 = 7;
 pub const NODE_MEM_ALLOC: u32 = 10;
 /// `cudaGraphNodeTypeMemFree`: params are one u64, the device address of a graph allocation.
 pub const NODE_MEM_FREE: u32 = 11;
+/// `cudaGraphNodeTypeConditional`: params are a [`ConditionalNode`]. `GraphAddNode` returns
+/// the number of body graphs the driver made in rets[1]; `GraphQuery` (what 4) names each.
+pub const NODE_CONDITIONAL: u32 = 13;
+
+/// `cudaGraphCondTypeIf`: one body (run when the value is non-zero), or two (if/else).
+pub const COND_IF: u32 = 0;
+/// `cudaGraphCondTypeWhile`: one body, run while the value is non-zero.
+pub const COND_WHILE: u32 = 1;
+/// `cudaGraphCondTypeSwitch`: `size` bodies, body n run when the value is n.
+pub const COND_SWITCH: u32 = 2;
+/// Most bodies a conditional node may have (a switch's `size`).
+pub const MAX_COND_BODIES: u32 = 1024;
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     let s = b.get(at..at + 4)?;
@@ -256,6 +268,55 @@ impl MemsetNode {
     }
 }
 
+/// A conditional node: the conditional handle (the driver's own value, from
+/// `GraphConditionalHandleCreate`), its kind (`COND_*`) and its number of bodies.
+///
+/// Layout: handle u64 @0, kind u32 @8, size u32 @12.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConditionalNode {
+    /// The conditional handle, created on the node's graph.
+    pub handle: u64,
+    /// `COND_IF`, `COND_WHILE` or `COND_SWITCH`.
+    pub kind: u32,
+    /// Number of body graphs.
+    pub size: u32,
+}
+
+/// Bytes of an encoded [`ConditionalNode`].
+pub const CONDITIONAL_NODE_SIZE: usize = 16;
+
+impl ConditionalNode {
+    /// The encoding.
+    pub fn encode(&self) -> [u8; CONDITIONAL_NODE_SIZE] {
+        let mut b = [0u8; CONDITIONAL_NODE_SIZE];
+        put(&mut b, 0, &self.handle.to_le_bytes());
+        put(&mut b, 8, &self.kind.to_le_bytes());
+        put(&mut b, 12, &self.size.to_le_bytes());
+        b
+    }
+
+    /// Decodes `b` (exactly `CONDITIONAL_NODE_SIZE` bytes) and checks the kind against the
+    /// number of bodies CUDA allows for it (if: 1 or 2, while: 1, switch: 1 to
+    /// `MAX_COND_BODIES`).
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != CONDITIONAL_NODE_SIZE {
+            return None;
+        }
+        let n = Self {
+            handle: u64_at(b, 0)?,
+            kind: u32_at(b, 8)?,
+            size: u32_at(b, 12)?,
+        };
+        let fits = match n.kind {
+            COND_IF => matches!(n.size, 1 | 2),
+            COND_WHILE => n.size == 1,
+            COND_SWITCH => (1..=MAX_COND_BODIES).contains(&n.size),
+            _ => false,
+        };
+        fits.then_some(n)
+    }
+}
+
 /// A node whose only parameter is one u64 handle (child graph, event, host callback id).
 pub fn decode_handle(b: &[u8]) -> Option<u64> {
     if b.len() != 8 {
@@ -323,5 +384,25 @@ mod tests {
         assert_eq!(MemsetNode { pitch: 8, ..s }.span(), None);
         assert_eq!(decode_handle(&9u64.to_le_bytes()), Some(9));
         assert_eq!(decode_handle(&[0; 4]), None);
+    }
+
+    #[test]
+    fn conditional_nodes_round_trip_and_check_their_size() {
+        let c = ConditionalNode {
+            handle: 0xdead_beef_0000_0001,
+            kind: COND_IF,
+            size: 2,
+        };
+        assert_eq!(ConditionalNode::decode(&c.encode()), Some(c));
+        let bad =
+            |kind, size| ConditionalNode::decode(&ConditionalNode { kind, size, ..c }.encode());
+        assert_eq!(bad(COND_IF, 3), None);
+        assert_eq!(bad(COND_IF, 0), None);
+        assert_eq!(bad(COND_WHILE, 2), None);
+        assert_eq!(bad(COND_SWITCH, 0), None);
+        assert_eq!(bad(COND_SWITCH, MAX_COND_BODIES + 1), None);
+        assert!(bad(COND_SWITCH, 5).is_some());
+        assert_eq!(bad(3, 1), None);
+        assert_eq!(ConditionalNode::decode(&[0; 15]), None);
     }
 }

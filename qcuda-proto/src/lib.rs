@@ -75,6 +75,27 @@ macro_rules! graph_ops {
             | $crate::Op::GraphDestroyNode
             | $crate::Op::GraphNodeGetParams
             | $crate::Op::GraphMem
+            | $crate::Op::GraphConditionalHandleCreate
+    };
+}
+
+/// The virtual memory management ops (`MemCreate` ... `MemMappingRange`) as a pattern, for the
+/// matches over [`Op`] that treat them alike.
+#[macro_export]
+macro_rules! vmm_ops {
+    () => {
+        $crate::Op::MemCreate
+            | $crate::Op::MemRelease
+            | $crate::Op::MemAddressReserve
+            | $crate::Op::MemAddressFree
+            | $crate::Op::MemMap
+            | $crate::Op::MemUnmap
+            | $crate::Op::MemSetAccess
+            | $crate::Op::MemGetAccess
+            | $crate::Op::MemGetGranularity
+            | $crate::Op::MemRetainHandle
+            | $crate::Op::MemHandleProperties
+            | $crate::Op::MemMappingRange
     };
 }
 

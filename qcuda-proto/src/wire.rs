@@ -55,6 +55,15 @@ pub const MAX_BUFFER_LEN: u64 = 64 * 1024 * 1024;
 /// Chunk size guest-lib uses for large memcpys (several chunks are kept in flight).
 pub const COPY_CHUNK: u64 = 8 * 1024 * 1024;
 
+/// `MemCreate` flag: generic compression (`CU_MEM_ALLOCATION_COMP_GENERIC`).
+pub const VMM_FLAG_COMPRESSED: u64 = 1 << 0;
+/// `MemCreate` flag: `allocFlags.gpuDirectRDMACapable`.
+pub const VMM_FLAG_RDMA_CAPABLE: u64 = 1 << 1;
+/// Every `VMM_FLAG_*` bit.
+pub const VMM_FLAGS: u64 = VMM_FLAG_COMPRESSED | VMM_FLAG_RDMA_CAPABLE;
+/// `MemCreate` handle type: a POSIX file descriptor.
+pub const VMM_HANDLE_POSIX_FD: u64 = 1;
+
 /// Request flag: fire-and-forget. The caller does not wait for the result; the device executes
 /// the op in stream order and reports a failure at the session's next synchronising op.
 pub const FLAG_ASYNC: u16 = 1 << 0;
@@ -468,6 +477,44 @@ ops! {
     /// returns once the copy is complete.
     MemcpyPeer = 0x0199, ins 0, outs 0;
 
+    // Virtual memory management (cuMemCreate and friends). Physical allocations are
+    // session-local handles; virtual addresses are the host driver's own, as for `Malloc`.
+    // `VMM_FLAG_*` bits carry the allocation flags.
+    /// A physical allocation on `hdr.device`: args[0] = size (a multiple of the granularity),
+    /// args[1] = shareable handle types (0, or 1: POSIX file descriptor), args[2] =
+    /// `VMM_FLAG_*` bits, args[3] = `allocFlags.usage`. rets[0] = allocation handle.
+    MemCreate = 0x0240, ins 0, outs 0;
+    /// args[0] = allocation handle (cuMemRelease). A mapping of it stays valid until unmapped.
+    MemRelease = 0x0241, ins 0, outs 0;
+    /// A virtual range: args[0] = size, args[1] = alignment (0: the granularity), args[2] =
+    /// address hint (0: anywhere). rets[0] = its address.
+    MemAddressReserve = 0x0242, ins 0, outs 0;
+    /// args[0] = address, args[1] = size: a whole reservation of the session, without mappings.
+    MemAddressFree = 0x0243, ins 0, outs 0;
+    /// args[0] = address (inside a reservation of the session), args[1] = size, args[2] =
+    /// offset into the allocation, args[3] = allocation handle.
+    MemMap = 0x0244, ins 0, outs 0;
+    /// args[0] = address, args[1] = size: whole mappings of the session.
+    MemUnmap = 0x0245, ins 0, outs 0;
+    /// args[0] = address, args[1] = size (mapped by the session). In-buffer 0 = `MemAccess`
+    /// records (device ordinal u32, flags u32: 0 none, 1 read, 3 read-write), at most 64.
+    MemSetAccess = 0x0246, ins 1, outs 0;
+    /// args[0] = address (mapped by the session), args[1] = device ordinal. rets[0] = access
+    /// flags (0, 1 or 3).
+    MemGetAccess = 0x0247, ins 0, outs 0;
+    /// Granularity of allocations on `hdr.device` with args[1..=3] as for `MemCreate`;
+    /// args[0] = 1: recommended, 0: minimum. rets[0] = bytes.
+    MemGetGranularity = 0x0248, ins 0, outs 0;
+    /// args[0] = an address mapped by the session. rets[0] = a new allocation handle of the
+    /// allocation mapped there (cuMemRetainAllocationHandle).
+    MemRetainHandle = 0x0249, ins 0, outs 0;
+    /// args[0] = allocation handle. rets[0] = device ordinal, rets[1] = handle types, rets[2] =
+    /// `VMM_FLAG_*` bits, rets[3] = usage.
+    MemHandleProperties = 0x024A, ins 0, outs 0;
+    /// args[0] = an address mapped by the session. rets[0] = base, rets[1] = size of the
+    /// mapping holding it (cuMemGetAddressRange).
+    MemMappingRange = 0x024B, ins 0, outs 0;
+
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;
     /// args[0] = event handle.
@@ -646,7 +693,10 @@ ops! {
     /// args[0] = a handle, args[1] = what: 0 the event of an event record or wait node, 1 the
     /// graph of a child graph node (owned by the node: not destroyable), 2 the
     /// `cudaGraphInstantiateFlags` of an executable graph, 3 the node of graph args[2] (a clone
-    /// of the node's graph) that the node was cloned to. rets[0] = that handle or value.
+    /// of the node's graph) that the node was cloned to, 4 body graph args[2] of a conditional
+    /// node (owned by the node, like a child graph), 5 the device address (rets[0]) and size
+    /// (rets[1]) of a memory allocation node, 6 the device address a memory free node frees.
+    /// rets[0] = that handle or value.
     GraphQuery = 0x01B9, ins 0, outs 0;
     /// args[0] = handle of a kernel node. Out-buffer 0 receives up to its length of the node's
     /// parameters in the `graph::KernelNode` encoding; rets[0] = the encoding's length.
@@ -660,6 +710,10 @@ ops! {
     /// 2 set attribute args[1] (`cudaGraphMemAttributeType`, 0..=3) to args[2]. rets[0] = the
     /// value (get).
     GraphMem = 0x01BD, ins 0, outs 0;
+    /// args[0] = graph handle, args[1] = default launch value, args[2] = flags
+    /// (`cudaGraphCondAssignDefault`). rets[0] = the driver's conditional handle itself, the
+    /// value kernels pass to `cudaGraphSetConditional` and conditional nodes of that graph name.
+    GraphConditionalHandleCreate = 0x01BE, ins 0, outs 0;
 }
 
 /// Bytes of an encoded [`LatencyRecord`].

@@ -323,6 +323,44 @@ fn peer_access_between_contexts_of_two_devices() {
         // A context is no peer of its own device (the host's answer).
         assert!(DriverError::check(cuCtxEnablePeerAccess(c0, 0)).is_err());
         cu(cuCtxDisablePeerAccess(c1));
+
+        // A 3D peer copy (what cufftXt issues between the GPUs of a plan): a 4x2 block from
+        // device 1's memory (pitch 8) into device 0's (pitch 4).
+        cu(cuCtxSetCurrent(c1));
+        let mut src: d::CUdeviceptr = 0;
+        cu(cuMemAlloc_v2(&raw mut src, 16));
+        let bytes: Vec<u8> = (0..16).collect();
+        cu(cuMemcpyHtoD_v2(src, bytes.as_ptr().cast(), 16));
+        cu(cuCtxSetCurrent(c0));
+        let mut dst: d::CUdeviceptr = 0;
+        cu(cuMemAlloc_v2(&raw mut dst, 8));
+        let peer = d::CUDA_MEMCPY3D_PEER {
+            srcMemoryType: d::CU_MEMORYTYPE_DEVICE,
+            srcDevice: src,
+            srcContext: c1,
+            srcPitch: 8,
+            srcHeight: 2,
+            dstMemoryType: d::CU_MEMORYTYPE_DEVICE,
+            dstDevice: dst,
+            dstContext: c0,
+            dstPitch: 4,
+            dstHeight: 2,
+            WidthInBytes: 4,
+            Height: 2,
+            Depth: 1,
+            ..Default::default()
+        };
+        cu(crate::driver::api::arrays::cuMemcpy3DPeer(&raw const peer));
+        let mut back = [0u8; 8];
+        cu(cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), dst, 8));
+        assert_eq!(back, [0, 1, 2, 3, 8, 9, 10, 11]);
+        let bad = d::CUDA_MEMCPY3D_PEER {
+            srcContext: 0xdead_0000 as d::CUcontext,
+            ..peer
+        };
+        assert!(
+            DriverError::check(crate::driver::api::arrays::cuMemcpy3DPeer(&raw const bad)).is_err()
+        );
     }
 }
 

@@ -165,11 +165,11 @@ fn a_failed_fire_and_forget_op_reaches_the_last_error_through_a_non_sync_call() 
 fn unsupported_functions_fail_honestly() {
     setup();
     assert_err(
-        unsupported::cudaGraphConditionalHandleCreate(),
+        unsupported::cudaGraphAddExternalSemaphoresSignalNode(),
         cu::cudaErrorNotSupported,
     );
     assert_err(
-        unsupported::cudaGraphConditionalHandleCreate(),
+        unsupported::cudaGraphAddExternalSemaphoresSignalNode(),
         cu::cudaErrorNotSupported,
     );
     assert_err(cudaGetLastError(), cu::cudaErrorNotSupported);

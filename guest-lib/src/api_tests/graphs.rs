@@ -328,6 +328,18 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             1,
             ap.dptr,
         ));
+        // What the memory nodes hold, read back (and only from memory nodes).
+        let mut back: cu::cudaMemAllocNodeParams = std::mem::zeroed();
+        ok(cudaGraphMemAllocNodeGetParams(alloc, &raw mut back));
+        assert_eq!((back.dptr, back.bytesize), (ap.dptr, ap.bytesize));
+        assert_eq!(back.poolProps.location.type_, cu::cudaMemLocationTypeDevice);
+        let mut freed: *mut c_void = ptr::null_mut();
+        ok(cudaGraphMemFreeNodeGetParams(free, (&raw mut freed).cast()));
+        assert_eq!(freed, ap.dptr);
+        assert_err(
+            cudaGraphMemFreeNodeGetParams(alloc, (&raw mut freed).cast()),
+            cu::cudaErrorInvalidValue,
+        );
         ap.poolProps.location.id = 3;
         assert_err(
             cudaGraphAddMemAllocNode(&raw mut alloc, graph, ptr::null(), 0, &raw mut ap),

@@ -24,6 +24,7 @@ use crate::{
 mod arrays;
 mod devices;
 mod driver;
+mod driver_graphs;
 mod errors;
 mod graphs;
 mod launch;
@@ -31,6 +32,7 @@ mod memory;
 mod pools;
 mod streams;
 mod symbols;
+mod vmm;
 
 /// Bytes of the fake fatbin images the tests register: 16 header bytes + 48 entry bytes.
 pub const IMAGE_LEN: usize = 64;

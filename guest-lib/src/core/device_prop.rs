@@ -155,8 +155,10 @@ pub const PROP_ATTRIBUTES: &[(CUdevice_attribute, Setter)] = prop_attributes! {
 /// Capabilities the GPU may have but a guest application cannot use through qcuda yet: pageable
 /// memory access, host atomics, pools of host memory and shareable pools, multi-device cooperative launches, IPC, interop. They read as
 /// 0 in both `cudaDeviceProp` and `cudaDeviceGetAttribute`, so applications that check before
-/// using a feature take the path that works. Mapped host memory and host registration are
-/// carried (the host's own values pass through); managed memory has values of its own
+/// using a feature take the path that works. Mapped host memory, host registration and virtual
+/// memory management (`cuMemCreate`, `cuMemMap`: core/vmm.rs) are carried (the host's own
+/// values pass through, generic compression included); shareable handles of VMM allocations
+/// (POSIX file descriptors) are not yet. Managed memory has values of its own
 /// ([`QCUDA_VALUES`]).
 pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
@@ -168,6 +170,8 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH,
     cu::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
     cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED,
+    // cuMemCreate of host (NUMA) memory is not offered: only device-located allocations.
+    cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED,
@@ -177,7 +181,6 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
     cu::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED,
-    cu::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,

@@ -116,7 +116,16 @@ pub struct FakeState {
     pub cache_config: u32,
     /// The `LaunchAttr` records of the last `LaunchKernelEx` or `OccupancyCluster`.
     pub launch_attrs: Vec<u8>,
+    /// VMM allocation handles: handle -> (device, size, handle types, references).
+    pub vmm_handles: HashMap<u64, (u32, u64, u64, usize)>,
+    /// VMM reservations: base -> size.
+    pub vmm_reserved: BTreeMap<u64, u64>,
+    /// VMM mappings: address -> (size, handle); their bytes are in `memory`.
+    pub vmm_maps: BTreeMap<u64, (u64, u64)>,
 }
+
+/// The fake's VMM granularity (2 MiB, as an H100's).
+pub const VMM_GRANULARITY: u64 = 2 << 20;
 
 /// The test double; share it with the runtime through `Arc`.
 #[derive(Debug, Default)]
@@ -202,6 +211,100 @@ impl FakeState {
         self.next_addr += size.max(1).next_multiple_of(256) + 256;
         self.memory.insert(addr, vec![0; size as usize]);
         addr
+    }
+
+    /// The VMM ops: checks what the host checks that the guest relies on.
+    fn vmm(&mut self, op: Op, device: u32, args: &[u64], rets: &mut [u64]) -> Result<(), u32> {
+        let g = VMM_GRANULARITY;
+        match op {
+            Op::MemGetGranularity => rets[0] = g,
+            Op::MemCreate => {
+                if args[0] == 0 || !args[0].is_multiple_of(g) || device >= self.devices {
+                    return Err(status::INVALID_VALUE);
+                }
+                let h = self.handle();
+                self.vmm_handles.insert(h, (device, args[0], args[1], 1));
+                rets[0] = h;
+            }
+            Op::MemRelease => {
+                let e = self
+                    .vmm_handles
+                    .get_mut(&args[0])
+                    .ok_or(status::INVALID_VALUE)?;
+                e.3 -= 1;
+                if e.3 == 0 {
+                    self.vmm_handles.remove(&args[0]);
+                }
+            }
+            Op::MemAddressReserve => {
+                let base = 0x6000_0000_0000 + self.vmm_reserved.len() as u64 * (1 << 36);
+                self.vmm_reserved.insert(base, args[0]);
+                rets[0] = base;
+            }
+            Op::MemAddressFree => {
+                if self.vmm_reserved.get(&args[0]) != Some(&args[1]) {
+                    return Err(status::INVALID_VALUE);
+                }
+                self.vmm_reserved.remove(&args[0]);
+            }
+            Op::MemMap => {
+                let &(_, size, _, _) = self
+                    .vmm_handles
+                    .get(&args[3])
+                    .ok_or(status::INVALID_VALUE)?;
+                let inside = self
+                    .vmm_reserved
+                    .range(..=args[0])
+                    .next_back()
+                    .is_some_and(|(&b, &l)| args[0] + args[1] <= b + l);
+                if !inside || args[2] + args[1] > size || self.vmm_maps.contains_key(&args[0]) {
+                    return Err(status::INVALID_VALUE);
+                }
+                self.vmm_maps.insert(args[0], (args[1], args[3]));
+                self.memory.insert(args[0], vec![0; args[1] as usize]);
+            }
+            Op::MemUnmap => {
+                let end = args[0] + args[1];
+                let gone: Vec<u64> = self.vmm_maps.range(args[0]..end).map(|(&a, _)| a).collect();
+                if gone.is_empty() {
+                    return Err(status::INVALID_VALUE);
+                }
+                for a in gone {
+                    self.vmm_maps.remove(&a);
+                    self.memory.remove(&a);
+                }
+            }
+            Op::MemSetAccess => {
+                self.vmm_maps.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+            }
+            Op::MemGetAccess | Op::MemRetainHandle | Op::MemMappingRange => {
+                let (&va, &(size, h)) = self
+                    .vmm_maps
+                    .range(..=args[0])
+                    .next_back()
+                    .filter(|(&va, &(size, _))| args[0] < va + size)
+                    .ok_or(status::INVALID_VALUE)?;
+                match op {
+                    Op::MemGetAccess => rets[0] = 3,
+                    // The mapping's handle, one reference more (as the host answers while the
+                    // process still holds a handle of the allocation).
+                    Op::MemRetainHandle => {
+                        self.vmm_handles.get_mut(&h).ok_or(status::INVALID_VALUE)?.3 += 1;
+                        rets[0] = h;
+                    }
+                    _ => rets[..2].copy_from_slice(&[va, size]),
+                }
+            }
+            Op::MemHandleProperties => {
+                let &(d, _, types, _) = self
+                    .vmm_handles
+                    .get(&args[0])
+                    .ok_or(status::INVALID_VALUE)?;
+                rets[..4].copy_from_slice(&[u64::from(d), types, 0, 0]);
+            }
+            _ => return Err(status::NOT_SUPPORTED),
+        }
+        Ok(())
     }
 
     /// For fake_arrays.rs: a new allocation.
@@ -776,6 +879,7 @@ fn run(
             }
             _ => return Err(status::INVALID_VALUE),
         },
+        qcuda_proto::vmm_ops!() => s.vmm(op, device, args, rets)?,
         Op::MemPoolSetAttribute => {
             s.pools.get(&args[0]).ok_or(status::INVALID_VALUE)?;
             s.pool_attrs.insert((args[0], args[1]), args[2]);

@@ -32,6 +32,10 @@ pub struct FakeGraphs {
     pub captures: HashMap<u64, (u64, u64)>,
     /// Captures invalidated (`StreamCaptureInvalidate`).
     pub invalidated: Vec<u64>,
+    /// Conditional handle -> its graph.
+    pub conditionals: HashMap<u64, u64>,
+    /// Conditional node -> its body graphs.
+    pub bodies: HashMap<u64, Vec<u64>>,
 }
 
 fn u64s(b: &[u8]) -> Vec<u64> {
@@ -137,6 +141,21 @@ impl FakeGraphs {
                     // A host node carries the key of its function.
                     return Err(status::INVALID_VALUE);
                 }
+                if args[1] == u64::from(qcuda_proto::graph::NODE_CONDITIONAL) {
+                    let c = qcuda_proto::graph::ConditionalNode::decode(ins[1])
+                        .ok_or(status::INVALID_VALUE)?;
+                    if self.conditionals.get(&c.handle) != Some(&args[0]) {
+                        return Err(status::INVALID_VALUE);
+                    }
+                    let bodies: Vec<u64> = (0..u64::from(c.size))
+                        .map(|i| fresh * 1000 + 500 + i)
+                        .collect();
+                    for b in &bodies {
+                        self.graphs.insert(*b, Vec::new());
+                    }
+                    rets[1] = bodies.len() as u64;
+                    self.bodies.insert(fresh, bodies);
+                }
                 self.nodes.insert(
                     fresh,
                     FakeNode {
@@ -151,6 +170,15 @@ impl FakeGraphs {
                 if args[1] == 10 {
                     rets[1] = 0x7000_0000;
                 }
+            }
+            Op::GraphConditionalHandleCreate => {
+                self.graph(args[0])?;
+                if args[2] > 1 {
+                    return Err(status::INVALID_VALUE);
+                }
+                let h = 0xc0d0_0000_0000 | fresh;
+                self.conditionals.insert(h, args[0]);
+                rets[0] = h;
             }
             Op::GraphNodeSetParams | Op::GraphExecNodeSetParams => {
                 let (node, ty) = if op == Op::GraphNodeSetParams {
@@ -260,7 +288,22 @@ impl FakeGraphs {
                 }
             }
             Op::GraphQuery => {
+                if args[1] == 5 || args[1] == 6 {
+                    let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
+                    let v = u64s(&n.params).first().copied().unwrap_or(0);
+                    match (args[1], n.ty) {
+                        (5, 10) => *rets = [0x7000_0000, v, 0, 0, 0, 0, 0],
+                        (6, 11) => rets[0] = v,
+                        _ => return Err(status::INVALID_VALUE),
+                    }
+                    return Ok(());
+                }
                 rets[0] = match args[1] {
+                    4 => *self
+                        .bodies
+                        .get(&args[0])
+                        .and_then(|b| b.get(args[2] as usize))
+                        .ok_or(status::INVALID_VALUE)?,
                     3 => {
                         let n = self.nodes.get(&args[0]).ok_or(status::INVALID_VALUE)?;
                         let i = self.graphs[&n.graph]

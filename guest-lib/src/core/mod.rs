@@ -18,6 +18,7 @@ pub mod device_prop;
 pub mod devices;
 pub mod events;
 pub mod fatbin;
+pub mod graphs;
 pub mod handles;
 pub mod host_fns;
 pub mod host_memory;
@@ -38,6 +39,7 @@ pub mod signal_mask;
 pub mod streams;
 pub mod symbols;
 pub mod transport;
+pub mod vmm;
 pub(crate) mod warnings;
 
 #[cfg(test)]

@@ -53,6 +53,8 @@ pub struct Runtime {
     pub objects: crate::core::arrays::Objects,
     /// Memory pools the application has named.
     pub pools: Pools,
+    /// Physical allocations and mappings (cuMemCreate, cuMemMap).
+    pub vmm: crate::core::vmm::Vmm,
 }
 
 impl Runtime {
@@ -77,6 +79,7 @@ impl Runtime {
             host_fns: HostFns::default(),
             objects: crate::core::arrays::Objects::default(),
             pools: Pools::default(),
+            vmm: crate::core::vmm::Vmm::default(),
         })
     }
 

@@ -489,6 +489,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceP2PAttribute
         | Op::PeerAccess
         | Op::MemcpyPeer
+        | qcuda_proto::vmm_ops!()
         | qcuda_proto::graph_ops!() => true,
     }
 }
@@ -534,6 +535,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::StreamEndCapture
         | Op::StreamUpdateCaptureDependencies
         | Op::GraphCreate
+        | Op::GraphConditionalHandleCreate
         | Op::GraphDestroy
         | Op::GraphAddNode
         | Op::GraphEdges
@@ -541,8 +543,20 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::GraphInstantiate
         | Op::GraphExecDestroy
         | Op::GraphLaunch
-        | Op::GraphExecUpdate => false,
-        Op::Hello
+        | Op::GraphExecUpdate
+        | Op::MemCreate
+        | Op::MemRelease
+        | Op::MemAddressReserve
+        | Op::MemAddressFree
+        | Op::MemMap
+        | Op::MemUnmap
+        | Op::MemSetAccess
+        | Op::MemRetainHandle => false,
+        Op::MemGetAccess
+        | Op::MemGetGranularity
+        | Op::MemHandleProperties
+        | Op::MemMappingRange
+        | Op::Hello
         | Op::Echo
         | Op::HostInfo
         | Op::HostLatency

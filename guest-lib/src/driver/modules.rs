@@ -128,6 +128,21 @@ pub fn function(h: usize) -> DrvResult<&'static Function> {
     Ok(unsafe { &*(h as *const Function) })
 }
 
+/// The live function of this process whose host function on `device` is `host` (what a graph's
+/// kernel node names).
+pub fn function_by_host(device: u32, host: u64) -> Option<&'static Function> {
+    let handles: Vec<usize> = with_live(|l| {
+        l.iter()
+            .filter(|(_, k)| **k == Kind::Function)
+            .map(|(h, _)| *h)
+            .collect()
+    });
+    handles
+        .into_iter()
+        .filter_map(|h| function(h).ok())
+        .find(|f| f.module.device == device && f.resolved.function == host)
+}
+
 /// The library behind a handle.
 pub fn library(h: usize) -> DrvResult<&'static Library> {
     if !is_live(h, Kind::Library) {

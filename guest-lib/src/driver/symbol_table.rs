@@ -8,7 +8,7 @@ use core::ffi::c_void;
 use super::{
     api::{
         arrays::*, context::*, device::*, graph::*, init::*, launch::*, link::*, memory::*,
-        module::*, stream::*,
+        module::*, stream::*, vmm::*,
     },
     unsupported::*,
 };

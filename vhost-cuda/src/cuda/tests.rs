@@ -20,6 +20,8 @@ use crate::guest_buffer::{GuestBuffer, GuestRam, Request};
 
 #[path = "tests_arrays.rs"]
 mod arrays;
+#[path = "tests_vmm.rs"]
+mod vmm;
 
 const RAM: usize = 32 << 20;
 const PTX: &[u8] = b".version 9.0\n.target sm_90\n.address_size 64\n";

@@ -382,3 +382,22 @@ fn host_mapped_memory_is_a_device_side_of_3d_copies_within_its_mapping() {
         .unwrap();
     assert_eq!(b[0], 0x33);
 }
+
+/// A 3D copy issued on device 0 whose source is device 1's memory (`cuMemcpy3DPeer`, as
+/// cufftXt copies between a plan's GPUs): accepted by unified addressing; memory of no
+/// session device is still refused.
+#[test]
+fn a_3d_copy_may_name_another_devices_memory() {
+    let mut rig = Rig::new(2);
+    let mut s = rig.session();
+    let src = ok(s.execute(&req(Op::Malloc, 1, &[64], vec![], vec![])))[0];
+    let dst = ok(run(&mut s, Op::Malloc, &[64]))[0];
+    let d = rig.buf(&copy(device(src, 16, 4), device(dst, 16, 4), [16, 4, 1]).encode());
+    ok(s.execute(&req(Op::Memcpy3D, 0, &[0], vec![d], vec![])));
+    let d = rig.buf(&copy(device(0xdead_0000, 16, 4), device(dst, 16, 4), [16, 4, 1]).encode());
+    assert_eq!(
+        s.execute(&req(Op::Memcpy3D, 0, &[0], vec![d], vec![]))
+            .status,
+        status::INVALID_VALUE
+    );
+}

@@ -215,6 +215,50 @@ pub unsafe fn copy_2d_arrays(c: &d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) 
     copy_3d(src, dst, [c.WidthInBytes, c.Height, 1], stream)
 }
 
+/// The `CUDA_MEMCPY3D` of a peer copy's description (its contexts are checked and dropped).
+///
+/// # Safety
+/// `p` is null or points at a readable `CUDA_MEMCPY3D_PEER`.
+unsafe fn peer_as_3d(p: *const d::CUDA_MEMCPY3D_PEER) -> DrvResult<d::CUDA_MEMCPY3D> {
+    if p.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    // SAFETY: non-null and readable (caller's contract).
+    let c = unsafe { p.read_unaligned() };
+    for ctx in [c.srcContext, c.dstContext] {
+        if !ctx.is_null() {
+            super::memory::device_of(ctx)?;
+        }
+    }
+    Ok(d::CUDA_MEMCPY3D {
+        srcXInBytes: c.srcXInBytes,
+        srcY: c.srcY,
+        srcZ: c.srcZ,
+        srcLOD: c.srcLOD,
+        srcMemoryType: c.srcMemoryType,
+        srcHost: c.srcHost,
+        srcDevice: c.srcDevice,
+        srcArray: c.srcArray,
+        reserved0: std::ptr::null_mut(),
+        srcPitch: c.srcPitch,
+        srcHeight: c.srcHeight,
+        dstXInBytes: c.dstXInBytes,
+        dstY: c.dstY,
+        dstZ: c.dstZ,
+        dstLOD: c.dstLOD,
+        dstMemoryType: c.dstMemoryType,
+        dstHost: c.dstHost,
+        dstDevice: c.dstDevice,
+        dstArray: c.dstArray,
+        reserved1: std::ptr::null_mut(),
+        dstPitch: c.dstPitch,
+        dstHeight: c.dstHeight,
+        WidthInBytes: c.WidthInBytes,
+        Height: c.Height,
+        Depth: c.Depth,
+    })
+}
+
 /// # Safety
 /// `p` must be null or readable (API contract).
 unsafe fn memcpy_3d(p: *const d::CUDA_MEMCPY3D, stream: Option<d::CUstream>) -> DrvResult<()> {
@@ -623,6 +667,25 @@ driver_api! {
     fn cuMemcpy3DAsync_v2(pCopy: *const d::CUDA_MEMCPY3D, hStream: d::CUstream) {
         // SAFETY: API contract.
         unsafe { memcpy_3d(pCopy, Some(hStream)) }
+    }
+
+    /// `cuMemcpy3DPeer`: device addresses are unified, so the peer copy is the 3D copy of the
+    /// same description; the contexts name the devices the host already knows by address.
+    #[per_thread(cuMemcpy3DPeer_ptds)]
+    fn cuMemcpy3DPeer(pCopy: *const d::CUDA_MEMCPY3D_PEER) {
+        // SAFETY: API contract.
+        let c = unsafe { peer_as_3d(pCopy) }?;
+        // SAFETY: a local description.
+        unsafe { memcpy_3d(&raw const c, None) }
+    }
+
+    /// `cuMemcpy3DPeerAsync`.
+    #[per_thread(cuMemcpy3DPeerAsync_ptsz)]
+    fn cuMemcpy3DPeerAsync(pCopy: *const d::CUDA_MEMCPY3D_PEER, hStream: d::CUstream) {
+        // SAFETY: API contract.
+        let c = unsafe { peer_as_3d(pCopy) }?;
+        // SAFETY: a local description.
+        unsafe { memcpy_3d(&raw const c, Some(hStream)) }
     }
 
     /// `cuMemcpyHtoA_v2`.

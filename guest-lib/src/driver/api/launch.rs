@@ -30,7 +30,7 @@ const PARAM_BUFFER_SIZE: usize = 2;
 ///
 /// # Safety
 /// As `cuLaunchKernel` documents for `kernelParams` and `extra`.
-unsafe fn parameter_block(
+pub(super) unsafe fn parameter_block(
     f: &Function,
     args: *mut *mut c_void,
     extra: *mut *mut c_void,

@@ -591,7 +591,7 @@ unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> Dr
     }
 }
 
-fn device_of(ctx: d::CUcontext) -> DrvResult<c_int> {
+pub(super) fn device_of(ctx: d::CUcontext) -> DrvResult<c_int> {
     let c = context::lookup(ctx as usize)?;
     c_int::try_from(c.device).map_err(|_| DriverError::INVALID_CONTEXT)
 }

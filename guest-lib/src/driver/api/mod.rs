@@ -181,3 +181,4 @@ pub mod link;
 pub mod memory;
 pub mod module;
 pub mod stream;
+pub mod vmm;

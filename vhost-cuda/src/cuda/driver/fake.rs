@@ -277,7 +277,7 @@ impl FakeDriver {
 
     /// Runs `f` on the current context, which must exist and not be corrupted.
     /// As `with_ctx`, with the other contexts beside the current one (unified addressing).
-    fn with_ctx_uva<T>(
+    pub(super) fn with_ctx_uva<T>(
         &self,
         name: &'static str,
         f: impl FnOnce(&mut Ctx, &mut HashMap<Raw, Ctx>) -> CuResult<T>,
@@ -339,7 +339,7 @@ fn holds(c: &Ctx, ptr: u64, len: usize) -> bool {
 
 /// A device range by unified addressing: in the current context `c` or in any other, as
 /// NVIDIA's driver reaches every context's memory from any of them.
-fn uva_slice_mut<'a>(
+pub(super) fn uva_slice_mut<'a>(
     c: &'a mut Ctx,
     others: &'a mut HashMap<Raw, Ctx>,
     ptr: u64,

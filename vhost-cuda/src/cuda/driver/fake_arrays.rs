@@ -3,7 +3,7 @@
 //! bytes, objects are fresh numbers. Checks what the real driver checks that the session
 //! relies on: live handles, ranges inside allocations and arrays.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{
     super::{
@@ -11,9 +11,9 @@ use super::{
             format_bytes, Array, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem,
             MipmappedArray, Resource, TexParams, ViewParams,
         },
-        CuError, CuResult, DriverApi, Stream,
+        CuError, CuResult, DriverApi, Raw, Stream,
     },
-    check_stream, fresh, host_slice, slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
+    check_stream, fresh, host_slice, uva_slice_mut, Ctx, FakeDriver, INVALID_HANDLE, INVALID_VALUE,
 };
 
 /// Bytes per element, row pitch and rows per slice of an array.
@@ -27,7 +27,7 @@ fn array_layout(d: &ArrayDesc) -> (usize, usize, usize, usize) {
 
 /// The bytes of one row of a copy side: `len` bytes at row (`y`, `z`) from byte `x`.
 fn row<'a>(
-    c: &'a mut Ctx,
+    (c, others): (&'a mut Ctx, &'a mut HashMap<Raw, Ctx>),
     registered: &BTreeMap<u64, u64>,
     s: &CopySide,
     x: usize,
@@ -47,7 +47,8 @@ fn row<'a>(
                 // SAFETY: registered ranges stay mapped while registered (method contract of
                 // `mem_host_register`).
                 Some(p) => Ok(unsafe { std::slice::from_raw_parts_mut(p, len) }),
-                None => slice_mut(c, addr, len),
+                // By unified addressing, as the driver reaches every context's memory.
+                None => uva_slice_mut(c, others, addr, len),
             }
         }
         Mem::Array(a) => {
@@ -96,7 +97,7 @@ impl ArrayDriverApi for FakeDriver {
                 z: 0,
             };
             for y in 0..height {
-                row(c, &registered, &rows, 0, y, 0, width)?.fill(value);
+                row((c, &mut HashMap::new()), &registered, &rows, 0, y, 0, width)?.fill(value);
             }
             Ok(())
         })
@@ -104,14 +105,15 @@ impl ArrayDriverApi for FakeDriver {
 
     unsafe fn memcpy_3d(&self, p: &Copy3DParams, stream: Stream) -> CuResult<()> {
         let registered = self.st().registered.clone();
-        self.with_ctx("memcpy_3d", |c, _| {
+        self.with_ctx_uva("memcpy_3d", |c, others| {
             check_stream(c, stream.raw())?;
             let [w, h, d] = p.extent;
             for z in 0..d {
                 for y in 0..h {
                     let (s, t) = (&p.src, &p.dst);
-                    let data = row(c, &registered, s, s.x, s.y + y, s.z + z, w)?.to_vec();
-                    row(c, &registered, t, t.x, t.y + y, t.z + z, w)?.copy_from_slice(&data);
+                    let data = row((c, others), &registered, s, s.x, s.y + y, s.z + z, w)?.to_vec();
+                    row((c, others), &registered, t, t.x, t.y + y, t.z + z, w)?
+                        .copy_from_slice(&data);
                 }
             }
             Ok(())

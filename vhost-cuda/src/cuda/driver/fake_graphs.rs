@@ -34,6 +34,10 @@ struct Node {
     params: Option<NodeParams>,
     deps: Vec<GraphNode>,
     enabled: bool,
+    /// A conditional node's body graphs.
+    bodies: Vec<Graph>,
+    /// A memory node's device address (and an allocation's size).
+    mem: Option<(u64, u64)>,
 }
 
 /// Graph state of one fake context.
@@ -50,6 +54,8 @@ pub(crate) struct FakeGraphs {
     invalidated: HashSet<Raw>,
     /// Streams capturing into a graph of the caller's (which survives a failed capture).
     into: HashSet<Raw>,
+    /// Conditional handle -> the graph it was created on.
+    conditionals: HashMap<u64, Graph>,
 }
 
 impl FakeGraphs {
@@ -97,6 +103,8 @@ impl FakeGraphs {
                 object: 0,
                 kernel: None,
                 params: None,
+                bodies: Vec::new(),
+                mem: None,
             },
         );
         self.graphs.entry(graph).or_default().push(n);
@@ -247,10 +255,17 @@ impl GraphDriverApi for FakeDriver {
 
     fn graph_destroy(&self, graph: Graph) -> CuResult<()> {
         self.with_ctx("graph_destroy", |c, _| {
-            let nodes = c.graphs.graphs.remove(&graph).ok_or(INVALID_VALUE)?;
-            for n in nodes {
-                c.graphs.nodes.remove(&n);
+            let mut gone = vec![graph];
+            c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?;
+            // A conditional node's bodies go with its graph.
+            while let Some(g) = gone.pop() {
+                for n in c.graphs.graphs.remove(&g).unwrap_or_default() {
+                    if let Some(x) = c.graphs.nodes.remove(&n) {
+                        gone.extend(x.bodies);
+                    }
+                }
             }
+            c.graphs.conditionals.retain(|_, g| *g != graph);
             Ok(())
         })
     }
@@ -374,6 +389,9 @@ impl GraphDriverApi for FakeDriver {
             let n = c.graphs.add(graph, 10, deps.to_vec(), next);
             // Graph memory lives in a range of its own, far from cuMemAlloc's.
             let dptr = 0x7000_0000_0000 + (n.raw() as u64) * 0x1_0000;
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.mem = Some((dptr, bytesize as u64));
+            }
             Ok((n, dptr))
         })
     }
@@ -390,7 +408,11 @@ impl GraphDriverApi for FakeDriver {
             if dptr == 0 {
                 return Err(INVALID_VALUE);
             }
-            Ok(c.graphs.add(graph, 11, deps.to_vec(), next))
+            let n = c.graphs.add(graph, 11, deps.to_vec(), next);
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.mem = Some((dptr, 0));
+            }
+            Ok(n)
         })
     }
 
@@ -576,6 +598,69 @@ impl GraphDriverApi for FakeDriver {
             (0, _) | (1, 0..=3) => Ok(0),
             (2, 1 | 3) if value == 0 => Ok(0),
             _ => Err(INVALID_VALUE),
+        })
+    }
+
+    fn conditional_handle_create(
+        &self,
+        graph: Graph,
+        _ctx: Context,
+        _default_value: u32,
+        flags: u32,
+    ) -> CuResult<u64> {
+        self.with_ctx("conditional_handle_create", |c, next| {
+            c.graphs.check_graph(graph)?;
+            if flags > 1 {
+                return Err(INVALID_VALUE);
+            }
+            *next += 0x10;
+            let h = 0xc0d0_0000_0000_0000 | *next as u64;
+            c.graphs.conditionals.insert(h, graph);
+            Ok(h)
+        })
+    }
+
+    fn graph_add_conditional_node(
+        &self,
+        graph: Graph,
+        deps: &[GraphNode],
+        handle: u64,
+        kind: u32,
+        size: u32,
+        _ctx: Context,
+    ) -> CuResult<(GraphNode, Vec<Graph>)> {
+        self.with_ctx("graph_add_conditional_node", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_nodes(graph, deps)?;
+            if c.graphs.conditionals.get(&handle) != Some(&graph) || kind > 2 || size == 0 {
+                return Err(INVALID_VALUE);
+            }
+            let bodies: Vec<Graph> = (0..size).map(|_| c.graphs.new_graph(next)).collect();
+            let n = c.graphs.add(graph, 13, deps.to_vec(), next);
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.bodies.clone_from(&bodies);
+            }
+            Ok((n, bodies))
+        })
+    }
+
+    fn mem_alloc_node_params(&self, node: GraphNode) -> CuResult<(u64, u64)> {
+        self.with_ctx("mem_alloc_node_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            match (n.ty, n.mem) {
+                (10, Some(m)) => Ok(m),
+                _ => Err(INVALID_VALUE),
+            }
+        })
+    }
+
+    fn mem_free_node_params(&self, node: GraphNode) -> CuResult<u64> {
+        self.with_ctx("mem_free_node_params", |c, _| {
+            let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
+            match (n.ty, n.mem) {
+                (11, Some((d, _))) => Ok(d),
+                _ => Err(INVALID_VALUE),
+            }
         })
     }
 

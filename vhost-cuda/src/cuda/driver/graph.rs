@@ -197,6 +197,29 @@ pub(crate) trait GraphDriverApi {
     /// cuDeviceGraphMemTrim (`what` 0), cuDeviceGetGraphMemAttribute (1) or
     /// cuDeviceSetGraphMemAttribute (2) of attribute `attr` (0..=3) on CUdevice `device`.
     fn graph_mem(&self, device: i32, what: u32, attr: u32, value: u64) -> CuResult<u64>;
+    /// cuGraphConditionalHandleCreate on `graph` in `ctx`: the handle's value.
+    fn conditional_handle_create(
+        &self,
+        graph: Graph,
+        ctx: Context,
+        default_value: u32,
+        flags: u32,
+    ) -> CuResult<u64>;
+    /// cuGraphAddNode_v2 of a conditional node (`kind`: 0 if, 1 while, 2 switch) with `size`
+    /// bodies on `handle`: the node, and the body graphs the driver made (owned by the node).
+    fn graph_add_conditional_node(
+        &self,
+        graph: Graph,
+        deps: &[GraphNode],
+        handle: u64,
+        kind: u32,
+        size: u32,
+        ctx: Context,
+    ) -> CuResult<(GraphNode, Vec<Graph>)>;
+    /// cuGraphMemAllocNodeGetParams: (device address, size in bytes).
+    fn mem_alloc_node_params(&self, node: GraphNode) -> CuResult<(u64, u64)>;
+    /// cuGraphMemFreeNodeGetParams: the device address the node frees.
+    fn mem_free_node_params(&self, node: GraphNode) -> CuResult<u64>;
     /// cuGraphMemcpyNodeGetParams, for a copy between device addresses.
     fn memcpy_node_params(&self, node: GraphNode) -> CuResult<MemcpyNode>;
     /// cuGraphMemsetNodeGetParams.
@@ -274,6 +297,10 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuDeviceSetGraphMemAttribute",
     "cuGraphDestroyNode",
     "cuGraphNodeSetEnabled",
+    "cuGraphConditionalHandleCreate",
+    "cuGraphAddNode_v2",
+    "cuGraphMemAllocNodeGetParams",
+    "cuGraphMemFreeNodeGetParams",
 ];
 
 /// CUDA_ERROR_OPERATING_SYSTEM.
@@ -930,6 +957,100 @@ impl GraphDriverApi for super::CudaDriver {
         Ok(v)
     }
 
+    fn conditional_handle_create(
+        &self,
+        graph: Graph,
+        ctx: Context,
+        default_value: u32,
+        flags: u32,
+    ) -> CuResult<u64> {
+        let mut h: sys::CUgraphConditionalHandle = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuGraphConditionalHandleCreate(
+                &raw mut h,
+                ptr(graph.raw()),
+                ptr(ctx.raw()),
+                default_value,
+                flags,
+            )
+        })?;
+        Ok(h)
+    }
+
+    fn graph_add_conditional_node(
+        &self,
+        graph: Graph,
+        deps: &[GraphNode],
+        handle: u64,
+        kind: u32,
+        size: u32,
+        ctx: Context,
+    ) -> CuResult<(GraphNode, Vec<Graph>)> {
+        use sys::CUgraphConditionalNodeType as K;
+        let kind = match kind {
+            0 => K::CU_GRAPH_COND_TYPE_IF,
+            1 => K::CU_GRAPH_COND_TYPE_WHILE,
+            2 => K::CU_GRAPH_COND_TYPE_SWITCH,
+            _ => return Err(CuError::INVALID_VALUE),
+        };
+        let mut p = sys::CUgraphNodeParams {
+            type_: sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL,
+            reserved0: [0; 3],
+            __bindgen_anon_1: sys::CUgraphNodeParams_st__bindgen_ty_1 {
+                conditional: sys::CUDA_CONDITIONAL_NODE_PARAMS {
+                    handle,
+                    type_: kind,
+                    size,
+                    // The driver points this at its own array of the body graphs.
+                    phGraph_out: null_mut(),
+                    ctx: ptr(ctx.raw()),
+                },
+            },
+            reserved2: 0,
+        };
+        let mut n: sys::CUgraphNode = null_mut();
+        // SAFETY: see the impl comment.
+        check(unsafe {
+            sys::cuGraphAddNode_v2(
+                &raw mut n,
+                ptr(graph.raw()),
+                node_list(deps),
+                null(),
+                deps.len(),
+                &raw mut p,
+            )
+        })?;
+        // SAFETY: the member this call filled in.
+        let out = unsafe { p.__bindgen_anon_1.conditional.phGraph_out };
+        if out.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        // SAFETY: the driver's array of `size` body graphs, valid while the node lives.
+        let bodies = unsafe { std::slice::from_raw_parts(out, size as usize) };
+        Ok((
+            GraphNode::from_raw(n as Raw),
+            bodies.iter().map(|g| Graph::from_raw(*g as Raw)).collect(),
+        ))
+    }
+
+    fn mem_alloc_node_params(&self, node: GraphNode) -> CuResult<(u64, u64)> {
+        let mut p = std::mem::MaybeUninit::<sys::CUDA_MEM_ALLOC_NODE_PARAMS>::zeroed();
+        // SAFETY: see the impl comment; the driver fills the record.
+        check(unsafe { sys::cuGraphMemAllocNodeGetParams(ptr(node.raw()), p.as_mut_ptr()) })?;
+        let p = p.as_ptr();
+        // SAFETY: plain integer fields of the record the driver filled (nothing else is read,
+        // so no enum field's value is relied on).
+        Ok(unsafe { ((*p).dptr, (*p).bytesize as u64) })
+    }
+
+    fn mem_free_node_params(&self, node: GraphNode) -> CuResult<u64> {
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuGraphMemFreeNodeGetParams(ptr(node.raw()), &raw mut d) })?;
+        Ok(d)
+    }
+
     fn memcpy_node_params(&self, node: GraphNode) -> CuResult<MemcpyNode> {
         let mut p = blank_memcpy3d();
         // SAFETY: see the impl comment; the driver fills the struct in.
@@ -1163,6 +1284,26 @@ impl GraphDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn graph_mem(&self, _: i32, _: u32, _: u32, _: u64) -> CuResult<u64> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn conditional_handle_create(&self, _: Graph, _: Context, _: u32, _: u32) -> CuResult<u64> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn graph_add_conditional_node(
+        &self,
+        _: Graph,
+        _: &[GraphNode],
+        _: u64,
+        _: u32,
+        _: u32,
+        _: Context,
+    ) -> CuResult<(GraphNode, Vec<Graph>)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_alloc_node_params(&self, _: GraphNode) -> CuResult<(u64, u64)> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_free_node_params(&self, _: GraphNode) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn memcpy_node_params(&self, _: GraphNode) -> CuResult<MemcpyNode> {

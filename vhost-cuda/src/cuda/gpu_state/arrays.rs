@@ -252,14 +252,27 @@ impl GpuState {
         }
     }
 
-    /// `check_range` through a shared borrow.
+    /// `check_range` through a shared borrow, by unified addressing: the range may be the
+    /// session's memory on any of its devices (a 3D copy between devices, `cuMemcpy3DPeer`, names
+    /// both sides by address alone), host-mapped memory, or mapped VMM memory.
     fn check_range_ro(&self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
-        let mine = self
+        let here = self
             .devices
             .get(dev)
             .and_then(Option::as_ref)
             .is_some_and(|c| c.memory.contains(ptr, len));
-        if mine || self.host_memory.contains_device(ptr, len) || self.managed_contains(ptr, len) {
+        let anywhere = || {
+            self.devices
+                .iter()
+                .flatten()
+                .any(|c| c.memory.contains(ptr, len))
+        };
+        if here
+            || anywhere()
+            || self.host_memory.contains_device(ptr, len)
+            || self.vmm.holds(ptr, len)
+            || self.managed_contains(ptr, len)
+        {
             Ok(())
         } else {
             Err(invalid())

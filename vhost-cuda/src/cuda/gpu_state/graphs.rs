@@ -12,6 +12,10 @@
 //! they stand for: kernels by function handle, geometry and parameter layout, copies and memsets
 //! against the session's device memory and host-mapped memory. A node handle lives as long as
 //! its graph; nodes the driver made (captured, cloned) get handles when the guest first sees them.
+//!
+//! Conditional nodes: a conditional handle is the driver's own value (kernels pass it to
+//! `cudaGraphSetConditional`), remembered with its graph; a node may name only a handle of its
+//! graph, and the body graphs the driver makes become session graphs owned by the node's graph.
 
 use std::collections::HashMap;
 
@@ -44,6 +48,10 @@ const INSTANTIATE_UPLOAD: u64 = 2;
 const CAPTURE_RELAXED: u32 = 2;
 /// cudaGraphDebugDotFlags: every bit up to cudaGraphDebugDotFlagsConditionalNodeParams.
 const DOT_FLAGS: u64 = (1 << 16) - 1;
+/// cudaGraphCondAssignDefault.
+const COND_FLAGS: u64 = 1;
+/// Most conditional handles a session may hold.
+const MAX_CONDITIONALS: usize = 1 << 16;
 /// Longest DOT text returned.
 const MAX_DOT: usize = 64 << 20;
 
@@ -63,6 +71,8 @@ struct GraphEntry {
 struct NodeEntry {
     graph: u64,
     raw: GraphNode,
+    /// A conditional node's body graphs (handles, owned by the node's graph).
+    bodies: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -83,6 +93,8 @@ pub(super) struct GraphTables {
     execs: HandleTable<ExecEntry>,
     /// Captures begun and not ended (an upper bound: a capture can also end with its stream).
     captures: usize,
+    /// Conditional handle (the driver's value) -> the graph it was created on.
+    conditionals: HashMap<u64, u64>,
 }
 
 impl Default for GraphTables {
@@ -93,6 +105,7 @@ impl Default for GraphTables {
             node_ids: HashMap::new(),
             execs: HandleTable::new(MAX_EXECS),
             captures: 0,
+            conditionals: HashMap::new(),
         }
     }
 }
@@ -110,6 +123,7 @@ impl GraphTables {
             self.forget_nodes_of(held);
         }
         self.forget_own_nodes(graph);
+        self.conditionals.retain(|_, g| *g != graph);
     }
 
     fn forget_own_nodes(&mut self, graph: u64) {
@@ -238,6 +252,7 @@ impl GpuState {
                 ok()
             }
             Op::GraphDebugDot => self.graph_debug_dot(req),
+            Op::GraphConditionalHandleCreate => self.conditional_handle_create(args),
             Op::GraphNodeEnabled => {
                 let (dev, exec) = self.exec(args[0])?;
                 let node = self.node(args[1])?;
@@ -320,7 +335,14 @@ impl GpuState {
         let h = self
             .graphs
             .nodes
-            .insert(&mut self.ids, NodeEntry { graph, raw })
+            .insert(
+                &mut self.ids,
+                NodeEntry {
+                    graph,
+                    raw,
+                    bodies: Vec::new(),
+                },
+            )
             .ok_or(status::MEMORY_ALLOCATION)?;
         self.graphs.node_ids.insert(raw, h);
         Ok(h)
@@ -544,9 +566,10 @@ impl GpuState {
             .graphs
             .graphs
             .get(handle)
-            .is_some_and(|g| g.capturing || g.capture_target)
+            .is_some_and(|g| g.capturing || g.capture_target || g.owner.is_some())
         {
-            // A graph under capture is the driver's until the capture ends.
+            // A graph under capture is the driver's until the capture ends; a child graph or
+            // conditional body goes with the node that holds it.
             return Err(status::INVALID_VALUE.into());
         }
         let (dev, raw) = self.graph(handle)?;
@@ -692,6 +715,11 @@ impl GpuState {
             Ok(wire_graph::NODE_MEM_ALLOC) => {
                 return self.add_mem_alloc_node(dev, graph, graw, &deps, &params)
             }
+            Ok(wire_graph::NODE_CONDITIONAL) => {
+                // The node runs in its graph's context, where its handle was made.
+                self.bind(gdev)?;
+                return self.add_conditional_node(gdev, graph, graw, &deps, &params);
+            }
             Ok(wire_graph::NODE_MEM_FREE) => {
                 let dptr = wire_graph::decode_handle(&params).ok_or(status::INVALID_VALUE)?;
                 if !self.context(dev)?.memory.is_graph_memory(dptr) {
@@ -730,6 +758,78 @@ impl GpuState {
         };
         let h = self.node_handle(graph, raw)?;
         ok_rets(&[h])
+    }
+
+    /// `GraphConditionalHandleCreate`: a conditional handle on graph args[0], remembered with
+    /// its graph so that conditional nodes name only handles of their own graph.
+    fn conditional_handle_create(&mut self, args: [u64; MAX_ARGS]) -> OpResult {
+        let [graph, default_value, flags, ..] = args;
+        let default_value = u32::try_from(default_value).map_err(|_| status::INVALID_VALUE)?;
+        let flags = flags_u32(flags, COND_FLAGS)?;
+        let (dev, raw) = self.graph(graph)?;
+        if self.graphs.conditionals.len() >= MAX_CONDITIONALS {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let ctx = self.context(dev)?.ctx;
+        let h = self
+            .drv
+            .conditional_handle_create(raw, ctx, default_value, flags)
+            .map_err(on(dev))?;
+        self.graphs.conditionals.insert(h, graph);
+        ok_rets(&[h])
+    }
+
+    /// A conditional node on a handle of `graph`: its body graphs become graphs of the
+    /// session, owned by `graph` (they go with it or with the node), which the guest fills
+    /// with nodes or captures into. rets[0] = node, rets[1] = number of bodies.
+    fn add_conditional_node(
+        &mut self,
+        dev: usize,
+        graph: u64,
+        graw: Graph,
+        deps: &[GraphNode],
+        params: &[u8],
+    ) -> OpResult {
+        let c = wire_graph::ConditionalNode::decode(params).ok_or(status::INVALID_VALUE)?;
+        if self.graphs.conditionals.get(&c.handle) != Some(&graph) {
+            return Err(status::INVALID_VALUE.into());
+        }
+        if self.graphs.graphs.len() + c.size as usize > MAX_GRAPHS {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let ctx = self.context(dev)?.ctx;
+        let (raw, bodies) = self
+            .drv
+            .graph_add_conditional_node(graw, deps, c.handle, c.kind, c.size, ctx)
+            .map_err(on(dev))?;
+        let node = self.node_handle(graph, raw)?;
+        let mut handles = Vec::with_capacity(bodies.len());
+        for body in bodies {
+            let entry = GraphEntry {
+                dev,
+                raw: body,
+                capturing: false,
+                capture_target: false,
+                owner: Some(graph),
+            };
+            match self.graphs.graphs.insert(&mut self.ids, entry) {
+                Some(h) => handles.push(h),
+                None => {
+                    let _ = self.drv.destroy_node(raw);
+                    for h in handles {
+                        self.graphs.graphs.remove(h);
+                    }
+                    self.graphs.nodes.remove(node);
+                    self.graphs.node_ids.remove(&raw);
+                    return Err(status::MEMORY_ALLOCATION.into());
+                }
+            }
+        }
+        let count = handles.len() as u64;
+        if let Some(n) = self.graphs.nodes.get_mut(node) {
+            n.bodies = handles;
+        }
+        ok_rets(&[node, count])
     }
 
     /// A memory allocation node of `bytesize` (params: one u64) bytes on `dev`: its address
@@ -993,7 +1093,11 @@ impl GpuState {
             _ => None,
         };
         self.drv.destroy_node(node).map_err(on(dev))?;
-        self.graphs.nodes.remove(handle);
+        let entry = self.graphs.nodes.remove(handle);
+        for body in entry.map(|e| e.bodies).unwrap_or_default() {
+            self.graphs.graphs.remove(body);
+            self.graphs.forget_nodes_of(body);
+        }
         self.graphs.node_ids.remove(&node);
         if let Some((h, _)) = held.and_then(|raw| {
             self.graphs
@@ -1089,6 +1193,20 @@ impl GpuState {
                 // The node owns it: it is listed like a graph under capture (not destroyable).
                 ok_rets(&[self.captured_graph_handle(dev, raw, Some(graph))?])
             }
+            5 => {
+                let (dptr, size) = self.drv.mem_alloc_node_params(node).map_err(on(dev))?;
+                ok_rets(&[dptr, size])
+            }
+            6 => ok_rets(&[self.drv.mem_free_node_params(node).map_err(on(dev))?]),
+            4 => {
+                let body = self
+                    .graphs
+                    .nodes
+                    .get(handle)
+                    .and_then(|n| n.bodies.get(usize::try_from(clone).ok()?).copied())
+                    .ok_or(status::INVALID_VALUE)?;
+                ok_rets(&[body])
+            }
             3 => {
                 let (_, clone_raw) = self.graph(clone)?;
                 let raw = self.drv.find_in_clone(node, clone_raw).map_err(on(dev))?;
@@ -1128,7 +1246,7 @@ impl GpuState {
         let mut gone = Vec::new();
         self.graphs.graphs.retain(|g| {
             if g.dev == dev {
-                if call_driver && !g.capturing {
+                if call_driver && !g.capturing && g.owner.is_none() {
                     let _ = drv.graph_destroy(g.raw);
                 }
                 false

@@ -85,6 +85,7 @@ impl GpuState {
         if self.context(dev)?.memory.contains(ptr, len)
             || self.host_memory.contains_device(ptr, len)
             || self.managed_contains(ptr, len)
+            || self.vmm.holds(ptr, len)
         {
             Ok(())
         } else {

@@ -20,7 +20,8 @@
 //! mappings), `pools.rs` (memory pools, stream-ordered allocations), `copies.rs` (copies and
 //! memsets), `modules.rs` (modules, functions, globals, launches), `streams.rs` (streams,
 //! events, host functions), `batch.rs` (Batch), `arrays.rs` (pitched memory, arrays, texture
-//! and surface objects), `graphs.rs` (graphs and stream capture).
+//! and surface objects), `graphs.rs` (graphs and stream capture), `vmm.rs` (virtual memory
+//! management: physical allocations, reservations, mappings).
 
 use std::{ffi::CString, sync::Arc};
 
@@ -63,6 +64,7 @@ mod memory;
 mod modules;
 mod pools;
 mod streams;
+mod vmm;
 
 /// The launch attribute ids a stream takes: access policy window, synchronisation policy,
 /// priority, memory synchronisation domain map and domain.
@@ -319,6 +321,8 @@ pub struct GpuState {
     graphs: graphs::GraphTables,
     /// Guest RAM registered for DMA of long copy runs (ram_registry.rs).
     ram: RamRegistry,
+    /// Physical allocations, reservations and mappings (gpu_state/vmm.rs).
+    vmm: vmm::VmmTables,
 }
 
 impl std::fmt::Debug for GpuState {
@@ -361,6 +365,7 @@ impl GpuState {
             arrays: arrays::ArrayState::default(),
             graphs: graphs::GraphTables::default(),
             ram: RamRegistry::default(),
+            vmm: vmm::VmmTables::default(),
         }
     }
 
@@ -564,6 +569,7 @@ impl GpuState {
                 ok()
             }
             Op::Batch => self.batch(req),
+            qcuda_proto::vmm_ops!() => self.vmm_op(req),
             Op::MallocPitch => self.malloc_pitch(req),
             Op::Memset3D => self.memset_3d(req),
             Op::Memcpy3D | Op::Memcpy3DHtoD | Op::Memcpy3DDtoH => self.memcpy_3d(req),
@@ -596,6 +602,10 @@ impl GpuState {
 impl Drop for GpuState {
     /// Frees everything the session owns on the GPU by destroying its contexts.
     fn drop(&mut self) {
+        // Mappings first: their memory may be another context's.
+        let drv = Arc::clone(&self.drv);
+        let live = self.host.sticky_error().is_none();
+        self.vmm.release_all(live.then_some(drv.as_ref()));
         self.ram.release(self.drv.as_ref());
         for dev in 0..self.devices.len() {
             self.teardown(dev);

@@ -356,14 +356,28 @@ fn memory_nodes_make_session_memory_for_their_graphs_lifetime() {
         .status,
         status::INVALID_VALUE
     );
-    ok(add_node(
+    let free = ok(add_node(
         &mut rig,
         &mut s,
         graph,
         g::NODE_MEM_FREE,
         &[ms],
         &dptr.to_le_bytes(),
-    ));
+    ))[0];
+    // What each memory node holds, and only of memory nodes.
+    assert_eq!(
+        ok(run(&mut s, Op::GraphQuery, &[alloc, 5]))[..2],
+        [dptr, 4096]
+    );
+    assert_eq!(ok(run(&mut s, Op::GraphQuery, &[free, 6]))[0], dptr);
+    assert_eq!(
+        run(&mut s, Op::GraphQuery, &[ms, 5]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::GraphQuery, &[alloc, 6]).status,
+        status::INVALID_VALUE
+    );
     ok(run(&mut s, Op::GraphDestroy, &[graph]));
     // With its graph gone the address stays the session's (an executable graph made from it
     // still allocates it), until the context goes.
@@ -495,6 +509,121 @@ fn stream_capture_records_launches_and_refuses_sync() {
     ok(run(&mut s, Op::DeviceReset, &[]));
     assert_eq!(
         run(&mut s, Op::GraphLaunch, &[exec, 0]).status,
+        status::INVALID_VALUE
+    );
+}
+
+#[test]
+fn conditional_nodes_get_body_graphs_the_guest_fills() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let graph = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+    let other = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+    // A handle on a graph the session does not have, or with unknown flags, is refused.
+    assert_eq!(
+        run(&mut s, Op::GraphConditionalHandleCreate, &[0x77, 1, 1]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(
+        run(&mut s, Op::GraphConditionalHandleCreate, &[graph, 1, 2]).status,
+        status::INVALID_VALUE
+    );
+    let h = ok(run(
+        &mut s,
+        Op::GraphConditionalHandleCreate,
+        &[graph, 1, 1],
+    ))[0];
+    let cond = |handle, kind, size| g::ConditionalNode { handle, kind, size }.encode().to_vec();
+    // The handle belongs to its graph; sizes must suit the kind; unknown handles are refused.
+    for (gr, p) in [
+        (other, cond(h, g::COND_IF, 1)),
+        (graph, cond(h, g::COND_IF, 3)),
+        (graph, cond(h, g::COND_WHILE, 2)),
+        (graph, cond(h ^ 0x10, g::COND_IF, 1)),
+        (graph, cond(h, g::COND_IF, 1)[..15].to_vec()),
+    ] {
+        let r = add_node(&mut rig, &mut s, gr, g::NODE_CONDITIONAL, &[], &p);
+        assert_eq!(r.status, status::INVALID_VALUE);
+    }
+    let r = ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_CONDITIONAL,
+        &[],
+        &cond(h, g::COND_SWITCH, 3),
+    ));
+    let (node, count) = (r[0], r[1]);
+    assert_eq!(count, 3);
+    assert_eq!(
+        ok(run(&mut s, Op::GraphNodeQuery, &[node, 0]))[0],
+        u64::from(g::NODE_CONDITIONAL)
+    );
+    let bodies: Vec<u64> = (0..3)
+        .map(|i| ok(run(&mut s, Op::GraphQuery, &[node, 4, i]))[0])
+        .collect();
+    assert!(bodies[0] != bodies[1] && bodies[1] != bodies[2]);
+    assert_eq!(
+        run(&mut s, Op::GraphQuery, &[node, 4, 3]).status,
+        status::INVALID_VALUE
+    );
+    // A body is a graph of the session: nodes go into it, and streams capture into it.
+    let e = ok(add_node(
+        &mut rig,
+        &mut s,
+        bodies[0],
+        g::NODE_EMPTY,
+        &[],
+        &[],
+    ))[0];
+    assert_eq!(
+        list(&mut rig, &mut s, Op::GraphGetNodes, &[bodies[0], 0]),
+        vec![e]
+    );
+    let stream = ok(run(&mut s, Op::StreamCreate, &[0, 0]))[0];
+    let none = rig.buf(&[]);
+    ok(s.execute(&req(
+        Op::StreamBeginCaptureToGraph,
+        0,
+        &[stream, bodies[1], 2],
+        vec![none],
+        vec![],
+    )));
+    assert_eq!(
+        ok(run(&mut s, Op::StreamEndCapture, &[stream]))[0],
+        bodies[1]
+    );
+    // The node owns its bodies: not destroyable, and gone with the node.
+    assert_eq!(
+        run(&mut s, Op::GraphDestroy, &[bodies[2]]).status,
+        status::INVALID_VALUE
+    );
+    let exec = ok(run(&mut s, Op::GraphInstantiate, &[graph, 0, 0]))[0];
+    ok(run(&mut s, Op::GraphLaunch, &[exec, stream]));
+    ok(run(&mut s, Op::GraphDestroyNode, &[node]));
+    assert_eq!(
+        run(&mut s, Op::GraphGetNodes, &[bodies[0], 0]).status,
+        status::INVALID_VALUE
+    );
+    // A second conditional node's bodies go with the graph.
+    let h2 = ok(run(
+        &mut s,
+        Op::GraphConditionalHandleCreate,
+        &[graph, 0, 0],
+    ))[0];
+    let r = ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_CONDITIONAL,
+        &[],
+        &cond(h2, g::COND_WHILE, 1),
+    ));
+    let body = ok(run(&mut s, Op::GraphQuery, &[r[0], 4, 0]))[0];
+    ok(run(&mut s, Op::GraphDestroy, &[graph]));
+    assert_eq!(run(&mut s, Op::GraphCreate, &[]).status, status::SUCCESS);
+    assert_eq!(
+        run(&mut s, Op::GraphGetNodes, &[body, 0]).status,
         status::INVALID_VALUE
     );
 }

@@ -1,0 +1,229 @@
+//! Virtual memory management through the driver face against the test double: granularity,
+//! create, reserve, map, access, copies into the mapping, pointer attributes and address
+//! ranges that know it, retain, properties, and the refusals of what NVIDIA's driver refuses.
+
+use super::*;
+use crate::{
+    driver::{
+        api::{context::*, init::*, memory::*, vmm::*},
+        status::DriverError,
+    },
+    generated::driver_api as d,
+};
+
+#[track_caller]
+fn cu(r: d::CUresult) {
+    assert_eq!(DriverError::check(r), Ok(()));
+}
+
+#[track_caller]
+fn cu_err(r: d::CUresult, e: DriverError) {
+    assert_eq!(DriverError::check(r), Err(e));
+}
+
+fn props(handle_types: u32) -> d::CUmemAllocationProp {
+    d::CUmemAllocationProp {
+        type_: d::CU_MEM_ALLOCATION_TYPE_PINNED,
+        location: d::CUmemLocation {
+            type_: d::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 0,
+        },
+        requestedHandleTypes: handle_types,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn create_reserve_map_access_and_copy() {
+    let fake = setup();
+    // SAFETY: valid out-parameters and buffers throughout.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxSetCurrent(ctx));
+        let p = props(d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        let mut g = 0usize;
+        cu(cuMemGetAllocationGranularity(
+            &raw mut g,
+            &raw const p,
+            d::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        ));
+        assert_eq!(g as u64, crate::core::fake_device::VMM_GRANULARITY);
+
+        let mut h: d::CUmemGenericAllocationHandle = 0;
+        cu(cuMemCreate(&raw mut h, 2 * g, &raw const p, 0));
+        let mut va: d::CUdeviceptr = 0;
+        cu(cuMemAddressReserve(&raw mut va, 4 * g, 0, 0, 0));
+        cu(cuMemMap(va, 2 * g, 0, h, 0));
+        let desc = d::CUmemAccessDesc {
+            location: p.location,
+            flags: d::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        cu(cuMemSetAccess(va, 2 * g, &raw const desc, 1));
+        let mut flags = 0u64;
+        cu(cuMemGetAccess(
+            &raw mut flags,
+            &raw const p.location,
+            va + 8,
+        ));
+        assert_eq!(flags, 3);
+
+        // The mapping is device memory: copies reach it, pointer queries know it.
+        let data: Vec<u8> = (0..64).collect();
+        cu(cuMemcpyHtoD_v2(va + 128, data.as_ptr().cast(), 64));
+        let mut back = [0u8; 64];
+        cu(cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), va + 128, 64));
+        assert_eq!(back.to_vec(), data);
+        let (mut base, mut size) = (0u64, 0usize);
+        cu(cuMemGetAddressRange_v2(
+            &raw mut base,
+            &raw mut size,
+            va + 100,
+        ));
+        assert_eq!((base, size), (va, 2 * g));
+        let mut mem_type: u32 = 0;
+        cu(cuPointerGetAttribute(
+            (&raw mut mem_type).cast(),
+            d::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            va + 1,
+        ));
+        assert_eq!(mem_type, d::CU_MEMORYTYPE_DEVICE);
+
+        let mut retained: d::CUmemGenericAllocationHandle = 0;
+        cu(cuMemRetainAllocationHandle(
+            &raw mut retained,
+            (va + 64) as *mut c_void,
+        ));
+        // Retained from the mapping: the same handle, one reference more.
+        assert_eq!(retained, h);
+        let mut got = d::CUmemAllocationProp::default();
+        cu(cuMemGetAllocationPropertiesFromHandle(
+            &raw mut got,
+            retained,
+        ));
+        assert_eq!(got.location.id, 0);
+        assert_eq!(got.type_, d::CU_MEM_ALLOCATION_TYPE_PINNED);
+        assert_eq!(
+            got.requestedHandleTypes,
+            d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        );
+        cu(cuMemRelease(retained));
+
+        // NCCL's way to free: retained and released, range, unmap, the original released.
+        let (mut base2, mut size2) = (0u64, 0usize);
+        cu(cuMemGetAddressRange_v2(&raw mut base2, &raw mut size2, va));
+        assert_eq!((base2, size2), (va, 2 * g));
+        cu(cuMemUnmap(va, 2 * g));
+        cu_err(
+            cuMemGetAddressRange_v2(&raw mut base, &raw mut size, va + 100),
+            DriverError::NOT_FOUND,
+        );
+        cu(cuMemAddressFree(va, 4 * g));
+        cu(cuMemRelease(h));
+        assert!(fake.state().vmm_handles.is_empty());
+        cu_err(cuMemRelease(h), DriverError::INVALID_VALUE);
+        assert!(fake.state().vmm_reserved.is_empty());
+    }
+}
+
+#[test]
+fn what_the_driver_refuses_is_refused() {
+    let _fake = setup();
+    // SAFETY: valid out-parameters; the refused calls must not touch their outputs.
+    unsafe {
+        cu(cuInit(0));
+        let mut h: d::CUmemGenericAllocationHandle = 0;
+        let g = crate::core::fake_device::VMM_GRANULARITY as usize;
+        // Win32 handles, a managed type, a host location, flags, a missing prop.
+        let mut bad = props(2);
+        cu_err(
+            cuMemCreate(&raw mut h, g, &raw const bad, 0),
+            DriverError::INVALID_VALUE,
+        );
+        bad = props(0);
+        bad.type_ = 2;
+        cu_err(
+            cuMemCreate(&raw mut h, g, &raw const bad, 0),
+            DriverError::INVALID_VALUE,
+        );
+        bad = props(0);
+        bad.location.type_ = 2;
+        cu_err(
+            cuMemCreate(&raw mut h, g, &raw const bad, 0),
+            DriverError::INVALID_VALUE,
+        );
+        bad = props(0);
+        bad.location.id = 5;
+        cu_err(
+            cuMemCreate(&raw mut h, g, &raw const bad, 0),
+            DriverError::INVALID_DEVICE,
+        );
+        let p = props(0);
+        cu_err(
+            cuMemCreate(&raw mut h, g, &raw const p, 1),
+            DriverError::INVALID_VALUE,
+        );
+        cu_err(
+            cuMemCreate(&raw mut h, g, std::ptr::null(), 0),
+            DriverError::INVALID_VALUE,
+        );
+        // A handle the process never had, access with a bad flag.
+        cu_err(cuMemRelease(12345), DriverError::INVALID_VALUE);
+        let mut va: d::CUdeviceptr = 0;
+        cu_err(
+            cuMemAddressReserve(&raw mut va, g, 3, 0, 0),
+            DriverError::INVALID_VALUE,
+        );
+        cu(cuMemCreate(&raw mut h, g, &raw const p, 0));
+        cu(cuMemAddressReserve(&raw mut va, g, 0, 0, 0));
+        cu_err(cuMemMap(va, g, 0, 999, 0), DriverError::INVALID_VALUE);
+        cu(cuMemMap(va, g, 0, h, 0));
+        let desc = d::CUmemAccessDesc {
+            location: p.location,
+            flags: 2,
+        };
+        cu_err(
+            cuMemSetAccess(va, g, &raw const desc, 1),
+            DriverError::INVALID_VALUE,
+        );
+        cu_err(
+            cuMemSetAccess(va, g, &raw const desc, 0),
+            DriverError::INVALID_VALUE,
+        );
+    }
+}
+
+/// The device announces VMM with the GPU's value; host-NUMA VMM and POSIX-fd export handles,
+/// which qcuda does not offer, read 0 whatever the GPU says.
+#[test]
+fn the_device_announces_what_is_offered() {
+    use crate::driver::api::device::cuDeviceGetAttribute;
+    let fake = setup();
+    for attr in [102, 103, 107, 141] {
+        fake.state().attributes.insert(attr, 1);
+    }
+    // SAFETY: valid out-parameters.
+    unsafe {
+        cu(cuInit(0));
+        for (attr, want) in [
+            (
+                d::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                1,
+            ),
+            (d::CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 1),
+            (
+                d::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                0,
+            ),
+            (
+                d::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                0,
+            ),
+        ] {
+            let mut v = -1;
+            cu(cuDeviceGetAttribute(&raw mut v, attr, 0));
+            assert_eq!(v, want, "attribute {attr}");
+        }
+    }
+}
