@@ -347,6 +347,14 @@ ops! {
     /// addresses), args[2] = size, args[3] = stream handle. The driver's own DMA moves the
     /// bytes, in stream order; nothing crosses the virtqueue.
     MemcpyMapped = 0x0116, ins 0, outs 0;
+    /// Managed memory placed on the device (`HOST_MAP_MANAGED`): args[0] = the allocation's
+    /// guest address (its `HostMap` address), args[1] = [`MANAGED_TO_DEVICE`] (guest RAM →
+    /// device, in stream order on stream args[2]) or [`MANAGED_TO_HOST`] (device → guest RAM
+    /// after the work of stream args[2]; answered once the bytes are in guest RAM). rets[0] = 1
+    /// if the bytes moved; 0 if there was nothing to do: a host mapping the worker could not
+    /// place on the device (coherent by itself), or a stream being captured (a capture records
+    /// work for later; the graph's launch migrates then).
+    ManagedMigrate = 0x0117, ins 0, outs 0;
 
     /// In-buffer 0 is a whole fatbin (or cubin/PTX) image. rets[0] = module handle.
     ModuleLoad = 0x0120, ins 1, outs 0;
@@ -1333,8 +1341,20 @@ pub const HOST_WINDOW_LEN: u64 = 1 << 40;
 pub const HOST_PAGE_SIZE: u64 = 4096;
 /// `HostMap` flag: the device only reads the memory (`cudaHostRegisterReadOnly`).
 pub const HOST_MAP_READ_ONLY: u64 = 1 << 0;
+/// `HostMap` flag: managed memory (`cudaMallocManaged`). The worker places device memory at
+/// the guest address (the range must be [`MANAGED_ALIGN`]-aligned in the guest's window, which
+/// keeps the rest of the last [`MANAGED_ALIGN`] block free) and keeps the guest pages elsewhere
+/// for [`Op::ManagedMigrate`]; where it cannot, the pages are mapped as for pinned memory.
+pub const HOST_MAP_MANAGED: u64 = 1 << 1;
 /// All `HostMap` flags.
-pub const HOST_MAP_FLAGS: u64 = HOST_MAP_READ_ONLY;
+pub const HOST_MAP_FLAGS: u64 = HOST_MAP_READ_ONLY | HOST_MAP_MANAGED;
+/// Alignment and size granule of managed allocations in the window (the device's VMM
+/// granularity on every NVIDIA GPU qcuda supports).
+pub const MANAGED_ALIGN: u64 = 2 << 20;
+/// [`Op::ManagedMigrate`] direction: guest RAM → device.
+pub const MANAGED_TO_DEVICE: u64 = 0;
+/// [`Op::ManagedMigrate`] direction: device → guest RAM.
+pub const MANAGED_TO_HOST: u64 = 1;
 
 /// Bytes of an encoded [`HostRun`].
 pub const HOST_RUN_SIZE: usize = 16;

@@ -131,7 +131,12 @@ fn host_map_calls_and_runs_roundtrip() {
         dev_addr: 0,
     };
     assert_eq!(HostMapCall::decode(&c.encode()), Ok(c));
-    let bad = HostMapCall { flags: 2, ..c };
+    let managed = HostMapCall {
+        flags: HOST_MAP_MANAGED,
+        ..c
+    };
+    assert_eq!(HostMapCall::decode(&managed.encode()), Ok(managed));
+    let bad = HostMapCall { flags: 4, ..c };
     assert_eq!(HostMapCall::decode(&bad.encode()), Err(WireError::Reserved));
     let r = HostRun {
         gpa: 0x1_2345_6000,

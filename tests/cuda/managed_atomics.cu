@@ -2,7 +2,8 @@
 // Atomics on managed memory: 4000 blocks of 256 threads each add 1 sixteen times to one counter
 // with system-scope atomicAdd_system and to another with device-scope atomicAdd, both in one
 // cudaMallocManaged allocation; after cudaDeviceSynchronize the CPU must read exactly
-// 16 384 000 in each. Then the CPU writes the counters, a kernel adds to what it wrote, and the
+// 16 384 000 in each; then 1000 x 128 threads add 128 times each to one counter (16 384 000).
+// Then the CPU writes the counters, a kernel adds to what it wrote, and the
 // CPU reads the sums after synchronising (managed memory is coherent at synchronisation points,
 // as CUDA documents for devices without concurrent managed access, and natively also with it).
 // The device's managed-memory attributes are printed for the record.
@@ -15,6 +16,13 @@ __global__ void count(unsigned long long *c, int rounds)
         atomicAdd_system(&c[0], 1ULL);
         atomicAdd(&c[1], 1ULL);
     }
+}
+
+// Heavier contention: every thread adds 1 `rounds` times to one system-scope counter.
+__global__ void hammer(unsigned long long *c, int rounds)
+{
+    for (int i = 0; i < rounds; i++)
+        atomicAdd_system(c, 1ULL);
 }
 
 __global__ void add_to(unsigned long long *c, unsigned long long v)
@@ -57,6 +65,16 @@ int main()
         fail("system-scope atomicAdd on managed memory counted %llu of %llu", c[0], want);
     if (c[1] != want)
         fail("device-scope atomicAdd on managed memory counted %llu of %llu", c[1], want);
+
+    // One counter, 1000 blocks of 128 threads, 128 rounds each: more contention on one word.
+    c[0] = 0;
+    const unsigned long long want2 = 1000ULL * 128 * 128;
+    hammer<<<1000, 128>>>(c, 128);
+    CHECK_LAUNCH();
+    CHECK(cudaDeviceSynchronize());
+    std::printf("one counter: %llu, expected %llu\n", c[0], want2);
+    if (c[0] != want2)
+        fail("contended atomicAdd_system on managed memory counted %llu of %llu", c[0], want2);
 
     // CPU writes, the GPU adds, the CPU reads after synchronising.
     c[0] = 1000;

@@ -740,3 +740,77 @@ fn launch_ex_sends_its_attributes_and_tuning_calls_reach_the_host() {
     }
     cudaGetLastError();
 }
+
+#[test]
+fn managed_memory_is_the_device_s_during_work_and_the_host_s_after_synchronising() {
+    use crate::runtime::{
+        devices::cudaDeviceSynchronize,
+        memory::{cudaFree, cudaMallocManaged, cudaMemcpy, cudaMemset},
+        streams::cudaStreamSynchronize,
+    };
+    use qcuda_proto::MANAGED_ALIGN;
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let fatbin = register_fatbin();
+    let k = register_kernel(fatbin, c"_Z1kv");
+    let migrations = |f: &FakeDevice| f.ops().iter().filter(|o| **o == Op::ManagedMigrate).count();
+    let launch = || {
+        // SAFETY: the kernel takes no parameters.
+        ok(unsafe { stub_launch(k, d3(1, 1, 1), d3(1, 1, 1), 0, ptr::null_mut(), &mut []) });
+        flush();
+    };
+    let mut m: *mut c_void = ptr::null_mut();
+    // SAFETY: `m` is managed memory of 4096 bytes, touched by the CPU only between turns.
+    unsafe {
+        ok(cudaMallocManaged(&raw mut m, 4096, 1));
+        let base = m as u64;
+        assert_eq!(base % MANAGED_ALIGN, 0, "placed on its own granule");
+        assert!(
+            fake.state().managed.contains_key(&base),
+            "placed on the device"
+        );
+        let host = std::slice::from_raw_parts_mut(m.cast::<u8>(), 4096);
+        host[..4].copy_from_slice(b"abcd");
+        // The host's writes reach the device before a kernel runs.
+        let before = migrations(&fake);
+        launch();
+        assert_eq!(migrations(&fake), before + 1);
+        assert_eq!(fake.state().device_bytes_for_test(base, 4), b"abcd");
+        // The "kernel" (and its atomics) write device memory; the CPU sees that only after
+        // synchronising.
+        fake.state()
+            .device_bytes_for_test(base, 2)
+            .copy_from_slice(b"XY");
+        assert_eq!(&host[..4], b"abcd");
+        // A blocking copy the CPU does (host to host) is ordered after the work, as natively.
+        let mut local = [0u8; 4];
+        ok(cudaMemcpy(
+            local.as_mut_ptr().cast(),
+            m,
+            4,
+            cu::cudaMemcpyDefault,
+        ));
+        assert_eq!(&local, b"XYcd");
+        assert_eq!(&host[..4], b"XYcd");
+        assert_eq!(migrations(&fake), before + 2);
+        ok(cudaDeviceSynchronize());
+        assert_eq!(migrations(&fake), before + 2);
+        // Nothing ran since: a synchronisation migrates nothing.
+        ok(cudaStreamSynchronize(ptr::null_mut()));
+        assert_eq!(migrations(&fake), before + 2);
+        // A memset is work on managed memory too: the host's write goes first, the memset's
+        // bytes come back at the synchronisation.
+        host[3] = b'q';
+        ok(cudaMemset(m.byte_add(1), i32::from(b'Z'), 1));
+        ok(cudaDeviceSynchronize());
+        assert_eq!(&host[..4], b"XZcq");
+        assert_eq!(migrations(&fake), before + 4);
+        ok(cudaFree(m));
+        assert!(fake.state().managed.is_empty());
+        assert_eq!(fake.state().host_maps.len(), 0);
+        // Without managed memory, launches and synchronisations migrate nothing.
+        launch();
+        ok(cudaDeviceSynchronize());
+        assert_eq!(migrations(&fake), before + 4);
+    }
+}

@@ -64,6 +64,10 @@ pub struct FakeState {
     /// Host-mapped guest ranges (`IOCTL_HOST_MAP`): address -> length. Their device address is
     /// their address, as on the real host inside the window.
     pub host_maps: BTreeMap<u64, u64>,
+    /// Managed memory placed on the device (`HOST_MAP_MANAGED`): address -> the device's
+    /// bytes, which copies, memsets and `device_bytes` reach instead of the guest pages until
+    /// `ManagedMigrate` carries them over, as on the real host.
+    pub managed: BTreeMap<u64, Vec<u8>>,
     next_addr: u64,
     pub modules: HashMap<u64, Vec<u8>>,
     next_handle: u64,
@@ -347,6 +351,17 @@ impl FakeState {
     }
 
     fn device_bytes(&mut self, addr: u64, len: u64) -> Result<&mut [u8], u32> {
+        let placed = self
+            .managed
+            .range(..=addr)
+            .next_back()
+            .filter(|(&b, v)| addr + len <= b + v.len() as u64)
+            .map(|(&b, _)| b);
+        if let Some(b) = placed {
+            let off = (addr - b) as usize;
+            let v = self.managed.get_mut(&b).unwrap();
+            return Ok(&mut v[off..off + len as usize]);
+        }
         if let Some((&b, &l)) = self.host_maps.range(..=addr).next_back() {
             if addr + len <= b + l {
                 // SAFETY: host-mapped ranges are live mappings of the test process (made by
@@ -390,6 +405,7 @@ impl Transport for Arc<FakeDevice> {
         HostMapCall::decode(&call.encode()).expect("guest-lib built a call the kernel refuses");
         let (addr, len) = (call.addr, call.len);
         call.status = if unmap {
+            s.managed.remove(&addr);
             match s.host_maps.remove(&addr) {
                 Some(_) => status::SUCCESS,
                 None => status::HOST_MEMORY_NOT_REGISTERED,
@@ -405,6 +421,16 @@ impl Transport for Arc<FakeDevice> {
             status::HOST_MEMORY_ALREADY_REGISTERED
         } else {
             s.host_maps.insert(addr, len);
+            if call.flags & qcuda_proto::HOST_MAP_MANAGED != 0 {
+                assert_eq!(
+                    addr % qcuda_proto::MANAGED_ALIGN,
+                    0,
+                    "managed memory off its granule"
+                );
+                // SAFETY: the range was just mapped by `map_memory` for this call.
+                let now = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+                s.managed.insert(addr, now.to_vec());
+            }
             call.dev_addr = addr;
             status::SUCCESS
         };
@@ -662,6 +688,18 @@ fn run(
         Op::MemcpyMapped => {
             let src = s.device_bytes(args[1], args[2])?.to_vec();
             s.device_bytes(args[0], args[2])?.copy_from_slice(&src);
+        }
+        Op::ManagedMigrate => {
+            let (base, dir) = (args[0], args[1]);
+            let dev = s.managed.get_mut(&base).ok_or(status::INVALID_VALUE)?;
+            // SAFETY: a managed range stays mapped (by `map_memory`) while it is in the table.
+            let guest = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, dev.len()) };
+            match dir {
+                qcuda_proto::MANAGED_TO_DEVICE => dev.copy_from_slice(guest),
+                qcuda_proto::MANAGED_TO_HOST => guest.copy_from_slice(dev),
+                _ => return Err(status::INVALID_VALUE),
+            }
+            rets[0] = 1;
         }
         // Only qcuda.ko sends these.
         Op::HostMap | Op::HostUnmap => return Err(status::NOT_SUPPORTED),

@@ -12,6 +12,12 @@
 //!   mapped at the same address on the host when it is free there, else elsewhere (then
 //!   `cudaHostGetDevicePointer` gives a different device address).
 //!
+//! - **Managed on the device** (`cudaMallocManaged`): allocated like the first kind, but at a
+//!   `MANAGED_ALIGN`-aligned window address with the rest of its last `MANAGED_ALIGN` block
+//!   kept free, and mapped with `HOST_MAP_MANAGED`: the worker puts device memory at that
+//!   address and keeps these pages as the other side of the migrations that
+//!   managed_memory.rs asks for.
+//!
 //! The table here answers which pointers are such memory, and their device addresses.
 
 use crate::core::conv::usize_of;
@@ -21,7 +27,8 @@ use std::{
 };
 
 use qcuda_proto::{
-    ioctl::HostMapCall, HOST_MAP_READ_ONLY, HOST_PAGE_SIZE, HOST_WINDOW_BASE, HOST_WINDOW_LEN,
+    ioctl::HostMapCall, HOST_MAP_MANAGED, HOST_MAP_READ_ONLY, HOST_PAGE_SIZE, HOST_WINDOW_BASE,
+    HOST_WINDOW_LEN, MANAGED_ALIGN,
 };
 
 use crate::{
@@ -57,6 +64,9 @@ pub struct HostAllocation {
     pub size: usize,
     /// Bytes mapped (allocations: size rounded up to pages).
     mapped: usize,
+    /// Bytes of the window it holds (`mapped`, or for managed memory on the device `mapped`
+    /// rounded up to `MANAGED_ALIGN`).
+    window: usize,
     /// `cudaHostAlloc*` / `cudaHostRegister*` / `cudaMemAttach*` flags.
     pub flags: u32,
     /// The device that was current when it was made.
@@ -128,13 +138,20 @@ impl Window {
         ok
     }
 
-    fn take(&mut self, len: usize) -> Option<usize> {
-        let (&start, &n) = self.free.iter().find(|(_, &n)| n >= len)?;
+    /// First fit of `len` bytes at a multiple of `align` (a power of two, at least a page).
+    fn take_aligned(&mut self, len: usize, align: usize) -> Option<usize> {
+        let (start, n, at) = self.free.iter().find_map(|(&start, &n)| {
+            let at = start.checked_next_multiple_of(align)?;
+            (at.checked_add(len)? <= start + n).then_some((start, n, at))
+        })?;
         self.free.remove(&start);
-        if n > len {
-            self.free.insert(start + len, n - len);
+        if at > start {
+            self.free.insert(start, at - start);
         }
-        Some(start)
+        if start + n > at + len {
+            self.free.insert(at + len, start + n - (at + len));
+        }
+        Some(at)
     }
 
     /// Gives `start..start + len` back, as a PROT_NONE reservation again.
@@ -171,6 +188,8 @@ impl Window {
 #[derive(Debug, Default)]
 pub struct HostAllocations {
     by_base: Mutex<BTreeMap<usize, HostAllocation>>,
+    /// Managed memory on the device and whose turn it is (managed_memory.rs).
+    pub managed: crate::core::managed_memory::ManagedTurns,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -188,31 +207,71 @@ impl HostAllocations {
         device: u32,
         kind: HostKind,
     ) -> CudaResult<usize> {
+        self.alloc_in(session, size, flags, device, kind, false)
+    }
+
+    /// `cudaMallocManaged`: as [`alloc`](Self::alloc), and the host places device memory at
+    /// the address (see the module's doc); the allocation starts in the host's turn
+    /// (managed_memory.rs).
+    pub fn alloc_managed(
+        &self,
+        session: &Session,
+        size: usize,
+        flags: u32,
+        device: u32,
+    ) -> CudaResult<usize> {
+        let p = self.alloc_in(session, size, flags, device, HostKind::Managed, true)?;
+        if p != 0 {
+            self.managed.insert(p, device);
+        }
+        Ok(p)
+    }
+
+    fn alloc_in(
+        &self,
+        session: &Session,
+        size: usize,
+        flags: u32,
+        device: u32,
+        kind: HostKind,
+        on_device: bool,
+    ) -> CudaResult<usize> {
         if size == 0 {
             return Ok(0);
         }
         let mapped = size
             .checked_next_multiple_of(PAGE)
             .ok_or(CudaError::MEMORY_ALLOCATION)?;
+        let (window, align) = if on_device {
+            let align = usize_of(MANAGED_ALIGN);
+            let w = mapped
+                .checked_next_multiple_of(align)
+                .ok_or(CudaError::MEMORY_ALLOCATION)?;
+            (w, align)
+        } else {
+            (mapped, PAGE)
+        };
+        let map_flags = if on_device { HOST_MAP_MANAGED } else { 0 };
         let base = {
             let mut w = lock(&WINDOW);
             if !w.reserve() {
                 return Err(CudaError::MEMORY_ALLOCATION);
             }
-            w.take(mapped).ok_or(CudaError::MEMORY_ALLOCATION)?
+            w.take_aligned(window, align)
+                .ok_or(CudaError::MEMORY_ALLOCATION)?
         };
         let undo = |forget: bool| {
             if forget {
                 // The module forgets the mmap's pages (the host never mapped them).
                 let _ = session.host_map(call(base, 0, 0, device), true);
             }
-            lock(&WINDOW).give(base, mapped);
+            lock(&WINDOW).give(base, window);
         };
         if let Err(e) = session.map_memory(base, mapped) {
             undo(false);
             return Err(e);
         }
-        let reply = match session.host_map(call(base, mapped, 0, device), false) {
+        let reply = match session.host_map(call(base, mapped, map_flags, device), false) {
             Ok(r) => r,
             Err(e) => {
                 undo(true);
@@ -229,6 +288,7 @@ impl HostAllocations {
                 base,
                 size,
                 mapped,
+                window,
                 flags,
                 device,
                 dev_addr: reply.dev_addr,
@@ -258,6 +318,7 @@ impl HostAllocations {
     /// Ends the host mapping of `a` (waiting for the device's work, as `cudaFreeHost` does) and
     /// gives allocated memory back.
     fn release(&self, session: &Session, a: &HostAllocation) -> CudaResult<()> {
+        self.managed.remove(a.base);
         let unmapped = session.host_map(call(a.base, 0, 0, a.device), true);
         if a.kind != HostKind::Registered {
             if unmapped.is_err() {
@@ -265,7 +326,7 @@ impl HostAllocations {
                 // until the process ends); only the address range is lost.
                 return unmapped.map(|_| ());
             }
-            lock(&WINDOW).give(a.base, a.mapped);
+            lock(&WINDOW).give(a.base, a.window);
         }
         unmapped.map(|_| ())
     }
@@ -296,6 +357,7 @@ impl HostAllocations {
                 base: ptr,
                 size,
                 mapped: size,
+                window: size,
                 flags,
                 device,
                 dev_addr: reply.dev_addr,
@@ -352,6 +414,7 @@ impl HostAllocations {
                     base: s,
                     size: e - s,
                     mapped: e - s,
+                    window: e - s,
                     flags: 0,
                     device,
                     dev_addr: reply.dev_addr,

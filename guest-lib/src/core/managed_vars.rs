@@ -186,8 +186,9 @@ fn copy(
 }
 
 /// Before a launch on `stream` (wire handle) of `device`: hands the device every variable in
-/// the host's turn.
+/// the host's turn (and managed allocations, managed_memory.rs).
 pub fn before_launch(rt: &Runtime, device: u32, stream: u64) -> CudaResult<()> {
+    crate::core::managed_memory::before_work(rt, device, stream)?;
     if table().bound.load(Ordering::Acquire) == 0 {
         return Ok(());
     }
@@ -210,8 +211,9 @@ pub fn before_launch(rt: &Runtime, device: u32, stream: u64) -> CudaResult<()> {
 }
 
 /// After a synchronising call that succeeded: hands the host every variable in the device's
-/// turn.
+/// turn (and managed allocations, managed_memory.rs).
 pub fn after_sync(rt: &Runtime) -> CudaResult<()> {
+    crate::core::managed_memory::after_sync(rt)?;
     if table().bound.load(Ordering::Acquire) == 0 {
         return Ok(());
     }

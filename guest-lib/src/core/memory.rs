@@ -129,6 +129,10 @@ pub unsafe fn memcpy(
     if dst == 0 || src == 0 {
         return Err(CudaError::INVALID_VALUE);
     }
+    if dir != Direction::HostToHost {
+        // Managed memory on either side is the device's while the copy runs.
+        crate::core::managed_memory::before_work(rt, order.device, order.stream)?;
+    }
     // Host memory the GPU maps: the driver copies it directly, in stream order, with nothing on
     // the virtqueue; an `*Async` copy returns at once, as on native pinned memory.
     let mapped = match dir {
@@ -170,6 +174,14 @@ pub unsafe fn memcpy(
     }
     match dir {
         Direction::HostToHost => {
+            if !order.is_async {
+                crate::core::managed_memory::before_cpu_copy(
+                    rt,
+                    order.device,
+                    order.stream,
+                    &[(dst, count), (src, count)],
+                )?;
+            }
             // SAFETY: both ranges are host memory valid for `count` bytes (caller contract);
             // `copy` allows them to overlap.
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, count) };
@@ -286,6 +298,7 @@ pub fn memset_elements(
     if count == 0 {
         return Ok(());
     }
+    crate::core::managed_memory::before_work(rt, order.device, order.stream)?;
     let mut call = Call::new(Op::Memset, order.device).args(&[
         dst,
         u64::from(value),
@@ -479,9 +492,9 @@ pub mod ops {
         Ok(a.flags)
     }
 
-    /// `cudaMallocManaged`: guest memory mapped into the device at its own address, which the
-    /// program and its kernels share. Unlike native unified memory it never migrates: the GPU
-    /// reaches it over the bus (docs/ARCHITECTURE.md, "Host memory").
+    /// `cudaMallocManaged`: one address that the program and its kernels share: device memory
+    /// for the GPU, guest pages for the CPU, migrated at launches and synchronisations
+    /// (managed_memory.rs; docs/ARCHITECTURE.md, "Host memory").
     pub fn malloc_managed(size: usize, flags: u32) -> CudaResult<usize> {
         if flags != MEM_ATTACH_GLOBAL && flags != MEM_ATTACH_HOST {
             return Err(CudaError::INVALID_VALUE);
@@ -489,9 +502,7 @@ pub mod ops {
         let (rt, d) = current()?;
         rt.session.check_sticky(d)?;
         rt.session.captures.check_unsafe_call(&rt.session)?;
-        let p = rt
-            .host_memory
-            .alloc(&rt.session, size, flags, d, HostKind::Managed)?;
+        let p = rt.host_memory.alloc_managed(&rt.session, size, flags, d)?;
         if rt
             .host_memory
             .find(p)

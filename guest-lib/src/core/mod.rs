@@ -25,6 +25,7 @@ pub mod host_memory;
 pub mod last_error;
 pub mod latency;
 pub mod launch;
+pub mod managed_memory;
 pub mod managed_vars;
 pub mod memory;
 pub mod modules;

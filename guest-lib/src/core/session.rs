@@ -436,6 +436,7 @@ pub fn needs_context(op: Op) -> bool {
         | Op::MemcpyDtoH
         | Op::MemcpyDtoD
         | Op::MemcpyMapped
+        | Op::ManagedMigrate
         | Op::Memset
         | Op::ModuleLoad
         | Op::ModuleUnload
@@ -579,6 +580,7 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemcpyDtoH
         | Op::MemcpyDtoD
         | Op::MemcpyMapped
+        | Op::ManagedMigrate
         | Op::Memset
         | Op::ModuleGetFunction
         | Op::ModuleFunctionNames

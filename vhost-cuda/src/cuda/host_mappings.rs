@@ -188,7 +188,7 @@ impl HostMappings {
     }
 
     /// True if `guest..guest + len` overlaps a mapping.
-    fn overlaps(&self, guest: u64, len: u64) -> bool {
+    pub(crate) fn overlaps(&self, guest: u64, len: u64) -> bool {
         let end = guest + len;
         if let Some((&b, m)) = self.by_guest.range(..end).next_back() {
             return b + m.len > guest;
@@ -208,6 +208,39 @@ impl HostMappings {
         dev: usize,
         register: impl FnOnce(u64, u64) -> Result<u64, MapError>,
     ) -> Result<Mapping, MapError> {
+        self.map_placed(mem, guest, len, runs, dev, false, register)
+    }
+
+    /// As [`map`](Self::map), but the runs go to an address of the kernel's choosing, never
+    /// to `guest`: for managed memory, whose guest address holds device memory in this process
+    /// (gpu_state/managed.rs). The mapping still counts as `guest..guest + len` for overlaps
+    /// and lookups by guest address.
+    pub(crate) fn map_elsewhere(
+        &mut self,
+        mem: &GuestRam,
+        guest: u64,
+        len: u64,
+        runs: &[HostRun],
+        dev: usize,
+        register: impl FnOnce(u64, u64) -> Result<u64, MapError>,
+    ) -> Result<Mapping, MapError> {
+        self.map_placed(mem, guest, len, runs, dev, true, register)
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the two public forms above differ only in `elsewhere`"
+    )]
+    fn map_placed(
+        &mut self,
+        mem: &GuestRam,
+        guest: u64,
+        len: u64,
+        runs: &[HostRun],
+        dev: usize,
+        elsewhere: bool,
+        register: impl FnOnce(u64, u64) -> Result<u64, MapError>,
+    ) -> Result<Mapping, MapError> {
         check_range(guest, len)?;
         if self.overlaps(guest, len) {
             return Err(MapError::Overlap);
@@ -215,9 +248,11 @@ impl HostMappings {
         if self.runs + runs.len() > MAX_TOTAL_RUNS {
             return Err(MapError::NoMemory);
         }
-        let windowed = in_window(guest, len) && window_reserved();
+        let windowed = !elsewhere && in_window(guest, len) && window_reserved();
         let local = if windowed {
             guest
+        } else if elsewhere {
+            reserve_anywhere(len)?
         } else {
             reserve_anywhere_near(guest, len)?
         };
@@ -345,6 +380,61 @@ fn reserve_anywhere_near(guest: u64, len: u64) -> Result<u64, MapError> {
         return Err(MapError::NoMemory);
     }
     Ok(p as u64)
+}
+
+/// Reserves `len` bytes of address space wherever the kernel chooses.
+fn reserve_anywhere(len: u64) -> Result<u64, MapError> {
+    let size = usize::try_from(len).map_err(|_| MapError::Invalid)?;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    // SAFETY: a PROT_NONE anonymous reservation at an address of the kernel's choosing
+    // replaces nothing and touches no memory.
+    let p = unsafe { libc::mmap(null_mut(), size, libc::PROT_NONE, flags, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(MapError::NoMemory);
+    }
+    Ok(p as u64)
+}
+
+/// Opens a hole of `len` bytes at `guest` in this process's reservation of the window, for the
+/// driver to reserve (device memory at the guest's address). False if the range is not inside
+/// a reserved window. The caller must know that no mapping of its own lies there.
+pub(crate) fn window_open(guest: u64, len: u64) -> bool {
+    if !in_window(guest, len) || !window_reserved() || !guest.is_multiple_of(HOST_PAGE_SIZE) {
+        return false;
+    }
+    let Ok(size) = usize::try_from(len) else {
+        return false;
+    };
+    // SAFETY: inside the window this process reserved; the caller holds no mapping there, so
+    // only (part of) the PROT_NONE reservation goes.
+    unsafe { libc::munmap(guest as *mut libc::c_void, size) == 0 }
+}
+
+/// Closes a hole [`window_open`] made (after the driver freed its reservation): the range is
+/// reserved PROT_NONE again. Where something else took it meanwhile, it is left alone.
+pub(crate) fn window_close(guest: u64, len: u64) {
+    let Ok(size) = usize::try_from(len) else {
+        return;
+    };
+    let want = guest as *mut libc::c_void;
+    // SAFETY: MAP_FIXED_NOREPLACE replaces nothing; a PROT_NONE reservation touches no memory.
+    let p = unsafe {
+        libc::mmap(
+            want,
+            size,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    if p != want && p != libc::MAP_FAILED {
+        // SAFETY: a reservation just made elsewhere, used by nothing.
+        unsafe { libc::munmap(p, size) };
+    }
 }
 
 /// Maps guest-physical run `r` at local address `at`, inside a reservation this table owns.

@@ -169,7 +169,9 @@ impl VmmDriverApi for FakeDriver {
         check_granular(size as u64)?;
         let vmm = &mut st.vmm;
         let free = |vmm: &FakeVmm, at: u64| {
-            at >= RESERVE_BASE
+            // A hint below the fake's own range is honoured too (as the real driver does where
+            // the process leaves the range free): managed placement asks for window addresses.
+            at != 0
                 && at.is_multiple_of(GRANULARITY as u64)
                 && vmm
                     .reserved
@@ -183,7 +185,9 @@ impl VmmDriverApi for FakeDriver {
             let align = (align as u64).max(GRANULARITY as u64);
             b.div_ceil(align) * align
         };
-        vmm.next_reserve = base - RESERVE_BASE + size as u64 + GRANULARITY as u64;
+        if base >= RESERVE_BASE {
+            vmm.next_reserve = base - RESERVE_BASE + size as u64 + GRANULARITY as u64;
+        }
         vmm.reserved.insert(base, size);
         Ok(base)
     }

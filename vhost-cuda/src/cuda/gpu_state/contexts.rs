@@ -126,6 +126,7 @@ impl GpuState {
     pub(super) fn release_device(&mut self, dev: usize, keep_host_mappings: bool) {
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {
+            self.unplace_managed(guest);
             let drv = Arc::clone(&self.drv);
             if keep_host_mappings {
                 if let Some((_, m)) = self

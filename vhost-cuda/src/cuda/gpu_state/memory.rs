@@ -321,6 +321,7 @@ impl GpuState {
     pub(super) fn check_range(&mut self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
         if self.context(dev)?.memory.contains(ptr, len)
             || self.host_memory.contains_device(ptr, len)
+            || self.managed_contains(ptr, len)
             || self.vmm.holds(ptr, len)
         {
             Ok(())
@@ -340,7 +341,19 @@ impl GpuState {
         host_mappings::check_range(guest, len).map_err(map_status)?;
         let bytes = table.to_vec().map_err(|_| status::INVALID_VALUE)?;
         let runs = host_mappings::decode_runs(&bytes, len).map_err(map_status)?;
+        // Device memory placed for managed memory holds the rest of its last granule too.
+        if self.managed_overlaps(guest, len) {
+            return Err(status::HOST_MEMORY_ALREADY_REGISTERED.into());
+        }
         let dev = self.bind_new(req)?;
+        if flags & HOST_MAP_MANAGED != 0 {
+            if flags & HOST_MAP_READ_ONLY != 0 {
+                return Err(status::INVALID_VALUE.into());
+            }
+            if let Some(at) = self.place_managed(table.memory(), guest, len, &runs, dev)? {
+                return ok_rets(&[at]);
+            }
+        }
         let drv = Arc::clone(&self.drv);
         let read_only = flags & HOST_MAP_READ_ONLY != 0;
         let mut failure = None;
@@ -415,6 +428,7 @@ impl GpuState {
             .iter()
             .map(|d| d.as_ref().map(|c| c.ctx))
             .collect();
+        self.unplace_managed(guest);
         self.host_memory
             .unmap(guest, |m| {
                 if let Some(Some(ctx)) = dev_ctx.get(m.dev) {

@@ -28,8 +28,9 @@ use std::{ffi::CString, sync::Arc};
 use qcuda_proto::{
     link::{LinkRequest, LINK_INPUT_TYPES},
     status, BatchRecord, Direction, LaunchAttr, Op, RequestHeader, ResponseHeader,
-    BATCH_RECORD_SIZE, BATCH_TAIL, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_READ_ONLY,
-    LAUNCH_ATTR_SIZE, LAUNCH_COOPERATIVE, MAX_LAUNCH_ATTRS, PARAM_INFO_SIZE, RESP_FLAG_STICKY,
+    BATCH_RECORD_SIZE, BATCH_TAIL, FLAG_ASYNC, HOST_MAP_FLAGS, HOST_MAP_MANAGED,
+    HOST_MAP_READ_ONLY, LAUNCH_ATTR_SIZE, LAUNCH_COOPERATIVE, MAX_LAUNCH_ATTRS, PARAM_INFO_SIZE,
+    RESP_FLAG_STICKY,
 };
 use tracing::{debug, warn};
 
@@ -60,6 +61,7 @@ mod checkpoint;
 mod contexts;
 mod copies;
 mod graphs;
+mod managed;
 mod memory;
 mod modules;
 mod pools;
@@ -336,6 +338,8 @@ pub struct GpuState {
     pools: HandleTable<PoolEntry>,
     /// Guest memory mapped into this process and registered (`HostMap`).
     host_memory: HostMappings,
+    /// Managed allocations placed on the device, by guest address (managed.rs).
+    managed: std::collections::BTreeMap<u64, managed::Placement>,
     /// Host functions: the link to the guest's host-function thread.
     host_functions: HostFunctions,
     /// Host-function calls captured into graphs: they may run as long as a graph lives, so
@@ -391,6 +395,7 @@ impl GpuState {
             events: HandleTable::new(MAX_EVENTS),
             pools: HandleTable::new(MAX_POOLS),
             host_memory: HostMappings::default(),
+            managed: std::collections::BTreeMap::new(),
             host_functions: HostFunctions::default(),
             captured_calls: Vec::new(),
             arrays: arrays::ArrayState::default(),
@@ -485,6 +490,7 @@ impl GpuState {
             Op::MemcpyDtoD => self.memcpy_dtod(req),
             Op::Memset => self.memset(req),
             Op::MemcpyMapped => self.memcpy_mapped(req),
+            Op::ManagedMigrate => self.managed_migrate(req),
             Op::HostMap => self.host_map(req),
             Op::HostUnmap => self.host_unmap(req),
             Op::ModuleLoad => self.module_load(req),
