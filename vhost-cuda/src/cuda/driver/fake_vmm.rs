@@ -65,6 +65,9 @@ pub(crate) struct FakeVmm {
     maps: BTreeMap<u64, Mapping>,
     /// memfd inode -> physical allocation.
     exports: HashMap<u64, u64>,
+    /// Address ranges something else of the process holds (base, length): a hint there is not
+    /// honoured, as the real driver does not place a reservation over the process's mappings.
+    occupied: Vec<(u64, u64)>,
 }
 
 impl FakeVmm {
@@ -110,6 +113,12 @@ impl FakeDriver {
     pub(crate) fn vmm_ranges(&self) -> (usize, usize) {
         let st = self.st();
         (st.vmm.reserved.len(), st.vmm.maps.len())
+    }
+
+    /// Marks `[base, base + len)` as held by something else of the process (for tests of a
+    /// placement the driver refuses).
+    pub(crate) fn occupy_va(&self, base: u64, len: u64) {
+        self.st().vmm.occupied.push((base, len));
     }
 
     /// Handles held (for assertions).
@@ -176,7 +185,9 @@ impl VmmDriverApi for FakeDriver {
                 && vmm
                     .reserved
                     .iter()
-                    .all(|(&b, &l)| at + size as u64 <= b || b + l as u64 <= at)
+                    .map(|(&b, &l)| (b, l as u64))
+                    .chain(vmm.occupied.iter().copied())
+                    .all(|(b, l)| at + size as u64 <= b || b + l <= at)
         };
         let base = if hint != 0 && free(vmm, hint) {
             hint

@@ -84,12 +84,14 @@ fn an_exhausted_range_is_out_of_memory_and_frees_make_room() {
 
 #[test]
 fn a_range_the_driver_will_not_place_falls_back_to_cu_mem_alloc() {
-    // The fake driver places reservations from 0x6000_0000_0000 only.
+    // Something else of the worker holds the range, so the driver places the reservation
+    // elsewhere.
     let space = AddressSpace {
         base: 0x1000_0000_0000,
         per_device: DEFAULT_VA_SIZE,
     };
     let mut rig = rig_with(1, space);
+    rig.fake.occupy_va(0x1000_0000_0000, 0x1000_0000_0000);
     let mut s = rig.session();
     let p = malloc(&mut s, 1000);
     assert!(!(0x1000_0000_0000..0x1000_0000_0000 + DEFAULT_VA_SIZE).contains(&p));
