@@ -21,6 +21,10 @@
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
 #   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests),
 #                             installed.cpio.gz (the installed guest: run-vm.sh --payload it)
+#   guest/stock/              Debian's stock kernel (vmlinuz), its modules the guest needs with
+#                             qcuda.ko built against its headers (modules.cpio.gz), versions.txt:
+#                             run-vm.sh --kernel stock, run-gpu-tests.sh --kernel stock
+#                             (scripts/build-stock-guest.sh; left out when not built)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
 #   host-tools/               gpu_meminfo (device memory in use, for the kill and load checks)
 #   bench/                    the benchmark qcuda_bench and its start-up helpers, for the native
@@ -81,6 +85,12 @@ done
 cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
 cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
 [[ -f build/guest/installed.cpio.gz ]] && cp build/guest/installed.cpio.gz "$B/guest/"
+if [[ -f build/stock/vmlinuz && -f build/stock/modules.cpio.gz ]]; then
+    mkdir -p "$B/guest/stock"
+    cp build/stock/vmlinuz build/stock/modules.cpio.gz build/stock/versions.txt "$B/guest/stock/"
+else
+    say "no build/stock (scripts/build-stock-guest.sh): the bundle has no stock kernel"
+fi
 [[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
 [[ -d build/cuda-runtimes ]] && cp -r build/cuda-runtimes "$B/cuda-runtimes"
 [[ -d build/host-tools ]] && find build/host-tools -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/host-tools/" \;

@@ -5,7 +5,9 @@
 # libcudart.so.13 and libcuda.so.1 in front, so NVIDIA's runtime and libraries that PyTorch
 # brings (cuBLAS, cuBLASLt, cuDNN, cuFFT) run over our driver. tests/torch/torch_check.py checks
 # each operation against the CPU; this script prints both results and the time ratio.
-#   ./run-torch-test.sh [--python PATH] [--log-dir DIR]    (from the repo or the bundle)
+#   ./run-torch-test.sh [--python PATH] [--log-dir DIR] [--kernel own|stock]
+#                                                          (from the repo or the bundle)
+# --kernel stock boots the guest on Debian's stock kernel (run-vm.sh --kernel; QCUDA_KERNEL too).
 # Without a GPU it prints "skipped: no GPU" and exits 0; without PyTorch, "skipped: no PyTorch".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,7 +21,8 @@ while (($#)); do
     case $1 in
     --python) python=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
-    *) echo "usage: $0 [--python PATH] [--log-dir DIR]" >&2; exit 2 ;;
+    --kernel) export QCUDA_KERNEL=$2; shift 2 ;;
+    *) echo "usage: $0 [--python PATH] [--log-dir DIR] [--kernel own|stock]" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$logs"

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# check-guest-deb.sh: the qcuda-guest package's life cycle, with dpkg, in a copy-on-write copy
+# of the trixie build root (scripts/trixie-root.sh; the stock kernel's headers and source are in
+# it, scripts/build-stock-guest.sh has prepared its Rust build files):
+#
+#   dpkg -i   the libraries in ld.so.cache, qcuda-smi on the PATH, modules-load.d, DKMS built
+#             qcuda.ko for the stock kernel into /lib/modules/<release>/updates/dkms with the
+#             distribution's vermagic (that of its virtio_pci), listed in modules.dep
+#   dpkg -r   no module, no DKMS entry, no library left in ld.so.cache, no file of the package
+#   dpkg -i   again (a reinstall builds again, from the prepared Rust files: seconds)
+#   kernel    the headers of a second kernel flavour (linux-headers-<version>-cloud-amd64): DKMS's
+#             kernel hook builds qcuda.ko for it too (--with-second-kernel: it prepares that
+#             flavour's Rust build files, minutes)
+#   dpkg -P   purge removes the prepared Rust build files
+#
+# Needs the package (scripts/build-guest-deb.sh) and the root; the root itself is not changed
+# (everything happens in a copy made with cp --reflink=auto, removed at the end).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
+# shellcheck source=scripts/trixie-root.sh
+source scripts/trixie-root.sh
+say() { printf '[check-guest-deb] %s\n' "$*"; }
+fails=0
+check() { # name, command...
+    local name=$1
+    shift
+    if "$@"; then say "ok: $name"; else say "FAIL: $name"; fails=$((fails + 1)); fi
+}
+second=0
+[[ ${1:-} == --with-second-kernel ]] && second=1
+
+deb=$(scripts/build-guest-deb.sh | tail -n 1)
+base=$(trixie_root)
+rel=$(stock_release "$base")
+work=$(mktemp -d "$QCUDA_CACHE/check-deb.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+say "copying the build root ($base)"
+cp -a --reflink=auto "$base" "$work/root"
+r=$work/root
+cp "$deb" "$r/tmp/"
+debname=/tmp/$(basename "$deb")
+R() { in_root "$r" "$@"; }
+ko=/lib/modules/$rel/updates/dkms/qcuda.ko
+
+installed_ok() {
+    R sh -c "ldconfig -p | grep -q 'libcudart.so.13 (libc6,x86-64) => /usr/lib/qcuda/libcudart.so.13'" &&
+        R sh -c "ldconfig -p | grep -q 'libcuda.so.1 (libc6,x86-64) => /usr/lib/qcuda/libcuda.so.1'" &&
+        R sh -c "ldconfig -p | grep -q 'libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/qcuda/libnvidia-ml.so.1'"
+}
+module_ok() { # release
+    local f=/lib/modules/$1/updates/dkms/qcuda.ko ours theirs
+    [[ -f $r$f ]] || { say "no $f"; return 1; }
+    ours=$(modinfo -F vermagic "$r$f")
+    theirs=$(R modinfo -k "$1" -F vermagic virtio_pci)
+    say "  $f: vermagic '$ours', virtio_pci's '$theirs', signer '$(modinfo -F signer "$r$f")'"
+    [[ $ours == "$theirs" ]] && grep -q 'updates/dkms/qcuda.ko' "$r/lib/modules/$1/modules.dep"
+}
+
+say "dpkg -i $(basename "$deb") (kernel $rel)"
+R dpkg -i "$debname" >"$work/install.log" 2>&1 || { cat "$work/install.log"; say "FAIL: dpkg -i"; exit 1; }
+sed 's/^/    | /' "$work/install.log"
+check "dpkg -i: DKMS built qcuda.ko for $rel with the distribution's vermagic" module_ok "$rel"
+check "dpkg -i: the three libraries in ld.so.cache (/usr/lib/qcuda)" installed_ok
+check "dpkg -i: qcuda-smi in /usr/bin, modules-load.d names qcuda" \
+    sh -c "test -x '$r/usr/bin/qcuda-smi' && grep -qx qcuda '$r/etc/modules-load.d/qcuda.conf'"
+R dkms status qcuda | sed 's/^/    | /'
+dkms_installed() { R dkms status qcuda | grep -q "$rel.*installed"; }
+check "dpkg -i: dkms status: qcuda installed for $rel" dkms_installed
+
+R dpkg -r qcuda-guest >"$work/remove.log" 2>&1 || { cat "$work/remove.log"; say "FAIL: dpkg -r"; exit 1; }
+sed 's/^/    | /' "$work/remove.log"
+check "dpkg -r: the module is gone" test ! -e "$r$ko"
+check "dpkg -r: modules.dep no longer lists it" sh -c "! grep -q qcuda '$r/lib/modules/$rel/modules.dep'"
+no_libs() { ! R ldconfig -p | grep -q /usr/lib/qcuda; }
+no_dkms() { [[ -z $(R dkms status qcuda) ]]; }
+check "dpkg -r: no library left in ld.so.cache" no_libs
+check "dpkg -r: no DKMS entry" no_dkms
+check "dpkg -r: no file of the package left (source, libraries, qcuda-smi)" \
+    sh -c "! ls -d '$r'/usr/src/qcuda-* '$r/usr/lib/qcuda' '$r/usr/bin/qcuda-smi' 2>/dev/null | grep -q ."
+check "dpkg -r: the prepared Rust build files stay (for a reinstall)" test -f "$r/var/cache/qcuda/kbuild/$rel/.complete"
+
+t0=$SECONDS
+R dpkg -i "$debname" >"$work/reinstall.log" 2>&1 || { cat "$work/reinstall.log"; say "FAIL: dpkg -i again"; exit 1; }
+check "dpkg -i again: qcuda.ko rebuilt from the prepared files ($((SECONDS - t0)) s)" module_ok "$rel"
+
+if ((second)); then
+    other=${rel%-amd64}-cloud-amd64
+    say "a second kernel: linux-headers-$other (DKMS's header hook builds for it)"
+    R sh -c "DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-headers-$other" >"$work/kernel.log" 2>&1 ||
+        { tail -n 40 "$work/kernel.log"; say "FAIL: apt-get install linux-headers-$other"; exit 1; }
+    grep -iE 'dkms|qcuda' "$work/kernel.log" | sed 's/^/    | /'
+    R sh -c "DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-image-$other" >>"$work/kernel.log" 2>&1 || true
+    check "a new kernel's headers: DKMS built qcuda.ko for $other" module_ok "$other"
+fi
+
+R dpkg -P qcuda-guest >"$work/purge.log" 2>&1 || { cat "$work/purge.log"; say "FAIL: dpkg -P"; exit 1; }
+check "dpkg -P: the prepared Rust build files are removed" test ! -e "$r/var/cache/qcuda/kbuild"
+((fails == 0)) && say "all passed" || say "$fails failed"
+exit $((fails > 0))
