@@ -100,7 +100,8 @@ prepare_kbuild() { # prints the prepared build dir
     series=$(sed -n 's/^# Linux\/[^ ]* \([0-9]*\.[0-9]*\).* Kernel Configuration$/\1/p' "$kdir/.config" | head -n 1)
     [[ -n $series ]] || die "cannot read the kernel version from $kdir/.config"
     src=$(kernel_source "$series" "$hver")
-    stamp="headers=$real $hver; source=$src $(owner_version "$src" | cut -d' ' -f2); rustc=$have; bindgen=$("$bindgen" --version 2>&1 | head -n 1); script=$(sha256sum "$0" | cut -c1-16)"
+    # What the prepared files depend on; "layout" counts changes of what this script keeps.
+    stamp="headers=$real $hver; source=$src $(owner_version "$src" | cut -d' ' -f2); rustc=$have; bindgen=$("$bindgen" --version 2>&1 | head -n 1); layout=1"
     exec 7>"$cache.lock"
     flock 7
     if [[ -f $cache/.complete && $(cat "$cache/.complete") == "$stamp" ]]; then
@@ -110,17 +111,26 @@ prepare_kbuild() { # prints the prepared build dir
     fi
     [[ -x $bindgen ]] || die "no bindgen at $bindgen (Debian: the bindgen package of the kernel's suite; or set QCUDA_BINDGEN)"
     say "the headers of $rel lack the Rust build files: preparing them from $src in $cache (once per kernel release; minutes)"
-    rm -rf "$cache"
-    mkdir -p "$cache/src" "$cache/kdir/scripts" "$cache/kdir/rust"
-    if [[ -d $src ]]; then
-        cp -a "$src"/. "$cache/src/"
+    # An interrupted preparation of the same inputs resumes (make prepare is incremental).
+    if [[ -f $cache/src/.qcuda-stamp && $(cat "$cache/src/.qcuda-stamp") == "$stamp" ]]; then
+        say "resuming in $cache/src"
     else
-        tar -xf "$src" -C "$cache/src" --strip-components=1
+        rm -rf "$cache"
+        mkdir -p "$cache/src"
+        if [[ -d $src ]]; then
+            cp -a "$src"/. "$cache/src/"
+        else
+            tar -xf "$src" -C "$cache/src" --strip-components=1
+        fi
+        cp "$kdir/.config" "$cache/src/.config"
+        # Debian's headers name the compiler and the release in .kernelvariables, which
+        # Debian's kernel Makefile reads (CC=x86_64-linux-gnu-gcc-14, KERNELRELEASE): the source
+        # gets them too.
+        [[ ! -f $kdir/.kernelvariables ]] || cp "$kdir/.kernelvariables" "$cache/src/"
+        echo "$stamp" >"$cache/src/.qcuda-stamp"
     fi
-    cp "$kdir/.config" "$cache/src/.config"
-    # Debian's headers name the compiler and the release in .kernelvariables, which Debian's
-    # kernel Makefile reads (CC=x86_64-linux-gnu-gcc-14, KERNELRELEASE): the source gets them too.
-    [[ ! -f $kdir/.kernelvariables ]] || cp "$kdir/.kernelvariables" "$cache/src/"
+    rm -rf "$cache/kdir"
+    mkdir -p "$cache/kdir/scripts" "$cache/kdir/rust"
     (
         cd "$cache/src"
         "${kmake[@]}" -s olddefconfig
@@ -134,8 +144,8 @@ prepare_kbuild() { # prints the prepared build dir
         diff <(grep '^CONFIG_' "$kdir/.config" | sort) <(grep '^CONFIG_' .config | sort) | sed -n 's/^[<>] /  other option differs: /p' >&2 || true
         "${kmake[@]}" -s -j"$jobs" prepare
     ) >&2 || die "preparing the Rust build files failed"
-    [[ -f $cache/src/scripts/target.json && -f $cache/src/rust/kernel.rmeta ]] ||
-        die "make prepare left no scripts/target.json or rust/kernel.rmeta"
+    [[ -f $cache/src/scripts/target.json && -f $cache/src/rust/libkernel.rmeta ]] ||
+        die "make prepare left no scripts/target.json or rust/libkernel.rmeta"
     # A tree of links to the headers, with the prepared files where the headers lack them.
     link_entries "$real" "$cache/kdir" scripts rust
     link_entries "$(readlink -f "$real/scripts")" "$cache/kdir/scripts" target.json
@@ -154,7 +164,7 @@ prepare_kbuild() { # prints the prepared build dir
     echo "$cache/kdir"
 }
 
-if [[ -f $kdir/scripts/target.json && -f $kdir/rust/kernel.rmeta ]]; then
+if [[ -f $kdir/scripts/target.json && -f $kdir/rust/libkernel.rmeta ]]; then
     build=$kdir
 else
     build=$(prepare_kbuild)

@@ -5,7 +5,7 @@
 #
 #   dpkg -i   the libraries in ld.so.cache, qcuda-smi on the PATH, modules-load.d, DKMS built
 #             qcuda.ko for the stock kernel into /lib/modules/<release>/updates/dkms with the
-#             distribution's vermagic (that of its virtio_pci), listed in modules.dep
+#             distribution's vermagic (that of its overlay.ko), listed in modules.dep
 #   dpkg -r   no module, no DKMS entry, no library left in ld.so.cache, no file of the package
 #   dpkg -i   again (a reinstall builds again, from the prepared Rust files: seconds)
 #   kernel    the headers of a second kernel flavour (linux-headers-<version>-cloud-amd64): DKMS's
@@ -54,8 +54,8 @@ module_ok() { # release
     local f=/lib/modules/$1/updates/dkms/qcuda.ko ours theirs
     [[ -f $r$f ]] || { say "no $f"; return 1; }
     ours=$(modinfo -F vermagic "$r$f")
-    theirs=$(R modinfo -k "$1" -F vermagic virtio_pci)
-    say "  $f: vermagic '$ours', virtio_pci's '$theirs', signer '$(modinfo -F signer "$r$f")'"
+    theirs=$(R modinfo -k "$1" -F vermagic overlay)
+    say "  $f: vermagic '$ours', the distribution's overlay.ko: '$theirs', signer '$(modinfo -F signer "$r$f")'"
     [[ $ours == "$theirs" ]] && grep -q 'updates/dkms/qcuda.ko' "$r/lib/modules/$1/modules.dep"
 }
 

@@ -420,8 +420,8 @@ if step "build the stock guest: Debian's kernel and modules, qcuda.ko against it
         local r rel ours theirs
         r=$(scripts/build-stock-guest.sh --root) && rel=$(sed -n 's/^kernelrelease: //p' build/stock/versions.txt) || return 1
         ours=$(modinfo -F vermagic build/stock/qcuda.ko)
-        theirs=$(modinfo -F vermagic "$(find "$r/lib/modules/$rel/kernel/drivers/virtio" -name 'virtio_pci.ko*' | head -n 1)")
-        echo "qcuda.ko: '$ours'; the distribution's virtio_pci: '$theirs'"
+        theirs=$(modinfo -F vermagic "$(find "$r/lib/modules/$rel/kernel/fs/overlayfs" -name 'overlay.ko*' | head -n 1)")
+        echo "qcuda.ko: '$ours'; the distribution's overlay.ko: '$theirs'"
         [[ -n $ours && $ours == "$theirs" ]]
     }
     step "stock kernel: qcuda.ko's vermagic (modinfo) equals the distribution's modules'" stock_vermagic

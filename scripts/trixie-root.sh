@@ -24,8 +24,9 @@ TRIXIE_KERNEL_PACKAGES=(linux-image-amd64/trixie-backports linux-headers-amd64/t
     linux-source/trixie-backports)
 # What the Rust build files and the module build need (the same as the qcuda-guest package's
 # Depends, plus the kernel's packages and dkms/dpkg-dev to build and try the package here).
+# A root made before one was added here gets it by apt-get on its next use.
 TRIXIE_BUILD_PACKAGES=(rustc rust-src bindgen libclang-dev gcc-14 make bc flex bison libelf-dev
-    libssl-dev xz-utils zstd kmod cpio dkms dpkg-dev fakeroot)
+    libssl-dev python3 xz-utils zstd kmod cpio dkms dpkg-dev fakeroot)
 
 trixie_mmdebstrap() { # target, more mmdebstrap options (hooks, packages)
     local target=$1 suite mirrors=()
@@ -56,8 +57,7 @@ trixie_root_make() { # target directory
 trixie_root() {
     local key dir
     key=$(declare -f trixie_mmdebstrap trixie_root_make | cat - <(printf '%s\n' \
-        "${TRIXIE_KERNEL_PACKAGES[@]}" "${TRIXIE_BUILD_PACKAGES[@]}" "$QCUDA_DEBIAN_MIRROR") |
-        sha256sum | cut -c1-16)
+        "${TRIXIE_KERNEL_PACKAGES[@]}" "$QCUDA_DEBIAN_MIRROR") | sha256sum | cut -c1-16)
     dir=$QCUDA_CACHE/trixie-root-$key
     mkdir -p "$QCUDA_CACHE"
     exec 8>"$dir.lock"
@@ -71,6 +71,18 @@ trixie_root() {
             return 1
         }
         touch "$dir/.qcuda-complete"
+    fi
+    local p missing=()
+    for p in "${TRIXIE_BUILD_PACKAGES[@]}"; do
+        in_root "$dir" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+        printf '[trixie-root] adding %s\n' "${missing[*]}" >&2
+        in_root "$dir" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${missing[*]}" >>"$dir.log" 2>&1 || {
+            tail -n 20 "$dir.log" >&2
+            printf '[trixie-root] error: apt-get install %s failed\n' "${missing[*]}" >&2
+            return 1
+        }
     fi
     flock -u 8
     echo "$dir"
