@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# check-guest-deb.sh: the qcuda-guest package's life cycle, with dpkg, in a copy-on-write copy
-# of the trixie build root (scripts/trixie-root.sh; the stock kernel's headers and source are in
-# it, scripts/build-stock-guest.sh has prepared its Rust build files):
+# check-guest-deb.sh: the qcuda-guest package's life cycle, with dpkg, in the trixie build root
+# (scripts/trixie-root.sh; the stock kernel's headers and source are in it,
+# scripts/build-stock-guest.sh has prepared its Rust build files), seen through an overlay so
+# that the root itself is not changed:
 #
 #   dpkg -i   the libraries in ld.so.cache, qcuda-smi on the PATH, modules-load.d, DKMS built
 #             qcuda.ko for the stock kernel into /lib/modules/<release>/updates/dkms with the
@@ -13,8 +14,9 @@
 #             flavour's Rust build files, minutes)
 #   dpkg -P   purge removes the prepared Rust build files
 #
-# Needs the package (scripts/build-guest-deb.sh) and the root; the root itself is not changed
-# (everything happens in a copy made with cp --reflink=auto, removed at the end).
+# Needs the package (scripts/build-guest-deb.sh) and the root. Every command runs in a mount
+# namespace of its own with an overlayfs over the root (its upper layer in a temporary folder,
+# removed at the end).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -37,13 +39,18 @@ base=$(trixie_root)
 rel=$(stock_release "$base")
 work=$(mktemp -d "$QCUDA_CACHE/check-deb.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-say "copying the build root ($base)"
-cp -a --reflink=auto "$base" "$work/root"
-r=$work/root
-cp "$deb" "$r/tmp/"
+mkdir -p "$work/upper/tmp" "$work/work" "$work/merged"
+cp "$deb" "$work/upper/tmp/"
 debname=/tmp/$(basename "$deb")
-R() { in_root "$r" "$@"; }
-ko=/lib/modules/$rel/updates/dkms/qcuda.ko
+# R CMD...: CMD in the root as the package sees it (the overlay, mounted for this command only).
+R() {
+    unshare --mount --propagation private -- bash -c "
+        mount -t overlay overlay -o 'lowerdir=$base,upperdir=$work/upper,workdir=$work/work' '$work/merged' || exit 125
+        $(declare -f in_root)
+        in_root '$work/merged' \"\$@\"" bash "$@"
+}
+# DKMS compresses the module as the kernel's own are (Debian: xz).
+ko=/lib/modules/$rel/updates/dkms/qcuda.ko.xz
 
 installed_ok() {
     R sh -c "ldconfig -p | grep -q 'libcudart.so.13 (libc6,x86-64) => /usr/lib/qcuda/libcudart.so.13'" &&
@@ -51,36 +58,38 @@ installed_ok() {
         R sh -c "ldconfig -p | grep -q 'libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/qcuda/libnvidia-ml.so.1'"
 }
 module_ok() { # release
-    local f=/lib/modules/$1/updates/dkms/qcuda.ko ours theirs
-    [[ -f $r$f ]] || { say "no $f"; return 1; }
-    ours=$(modinfo -F vermagic "$r$f")
+    local f=/lib/modules/$1/updates/dkms/qcuda.ko.xz ours theirs
+    R test -f "$f" || { say "no $f"; return 1; }
+    ours=$(R modinfo -F vermagic "$f")
     theirs=$(R modinfo -k "$1" -F vermagic overlay)
-    say "  $f: vermagic '$ours', the distribution's overlay.ko: '$theirs', signer '$(modinfo -F signer "$r$f")'"
-    [[ $ours == "$theirs" ]] && grep -q 'updates/dkms/qcuda.ko' "$r/lib/modules/$1/modules.dep"
+    say "  $f: vermagic '$ours', the distribution's overlay.ko: '$theirs', signer '$(R modinfo -F signer "$f")'"
+    [[ $ours == "$theirs" ]] && R grep -q 'updates/dkms/qcuda.ko' "/lib/modules/$1/modules.dep"
 }
 
 say "dpkg -i $(basename "$deb") (kernel $rel)"
 R dpkg -i "$debname" >"$work/install.log" 2>&1 || { cat "$work/install.log"; say "FAIL: dpkg -i"; exit 1; }
 sed 's/^/    | /' "$work/install.log"
 check "dpkg -i: DKMS built qcuda.ko for $rel with the distribution's vermagic" module_ok "$rel"
+signed() { [[ $(R modinfo -F signer "$ko") == "DKMS module signing key" ]] && R test -f /var/lib/dkms/mok.pub; }
+check "dpkg -i: DKMS signed it with its MOK key (/var/lib/dkms/mok.pub, to enroll for Secure Boot)" signed
 check "dpkg -i: the three libraries in ld.so.cache (/usr/lib/qcuda)" installed_ok
 check "dpkg -i: qcuda-smi in /usr/bin, modules-load.d names qcuda" \
-    sh -c "test -x '$r/usr/bin/qcuda-smi' && grep -qx qcuda '$r/etc/modules-load.d/qcuda.conf'"
+    R sh -c "test -x /usr/bin/qcuda-smi && grep -qx qcuda /etc/modules-load.d/qcuda.conf"
 R dkms status qcuda | sed 's/^/    | /'
 dkms_installed() { R dkms status qcuda | grep -q "$rel.*installed"; }
 check "dpkg -i: dkms status: qcuda installed for $rel" dkms_installed
 
 R dpkg -r qcuda-guest >"$work/remove.log" 2>&1 || { cat "$work/remove.log"; say "FAIL: dpkg -r"; exit 1; }
 sed 's/^/    | /' "$work/remove.log"
-check "dpkg -r: the module is gone" test ! -e "$r$ko"
-check "dpkg -r: modules.dep no longer lists it" sh -c "! grep -q qcuda '$r/lib/modules/$rel/modules.dep'"
+check "dpkg -r: the module is gone" R test ! -e "$ko"
+check "dpkg -r: modules.dep no longer lists it" R sh -c "! grep -q qcuda /lib/modules/$rel/modules.dep"
 no_libs() { ! R ldconfig -p | grep -q /usr/lib/qcuda; }
 no_dkms() { [[ -z $(R dkms status qcuda) ]]; }
 check "dpkg -r: no library left in ld.so.cache" no_libs
 check "dpkg -r: no DKMS entry" no_dkms
 check "dpkg -r: no file of the package left (source, libraries, qcuda-smi)" \
-    sh -c "! ls -d '$r'/usr/src/qcuda-* '$r/usr/lib/qcuda' '$r/usr/bin/qcuda-smi' 2>/dev/null | grep -q ."
-check "dpkg -r: the prepared Rust build files stay (for a reinstall)" test -f "$r/var/cache/qcuda/kbuild/$rel/.complete"
+    R sh -c "! ls -d /usr/src/qcuda-* /usr/lib/qcuda /usr/bin/qcuda-smi 2>/dev/null | grep -q ."
+check "dpkg -r: the prepared Rust build files stay (for a reinstall)" R test -f "/var/cache/qcuda/kbuild/$rel/.complete"
 
 t0=$SECONDS
 R dpkg -i "$debname" >"$work/reinstall.log" 2>&1 || { cat "$work/reinstall.log"; say "FAIL: dpkg -i again"; exit 1; }
@@ -97,6 +106,6 @@ if ((second)); then
 fi
 
 R dpkg -P qcuda-guest >"$work/purge.log" 2>&1 || { cat "$work/purge.log"; say "FAIL: dpkg -P"; exit 1; }
-check "dpkg -P: the prepared Rust build files are removed" test ! -e "$r/var/cache/qcuda/kbuild"
+check "dpkg -P: the prepared Rust build files are removed" R test ! -e /var/cache/qcuda/kbuild
 ((fails == 0)) && say "all passed" || say "$fails failed"
 exit $((fails > 0))

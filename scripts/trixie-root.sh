@@ -26,7 +26,7 @@ TRIXIE_KERNEL_PACKAGES=(linux-image-amd64/trixie-backports linux-headers-amd64/t
 # Depends, plus the kernel's packages and dkms/dpkg-dev to build and try the package here).
 # A root made before one was added here gets it by apt-get on its next use.
 TRIXIE_BUILD_PACKAGES=(rustc rust-src bindgen libclang-dev gcc-14 make bc flex bison libelf-dev
-    libssl-dev python3 xz-utils zstd kmod cpio dkms dpkg-dev fakeroot)
+    libssl-dev openssl python3 xz-utils zstd kmod cpio dkms dpkg-dev fakeroot)
 
 trixie_mmdebstrap() { # target, more mmdebstrap options (hooks, packages)
     local target=$1 suite mirrors=()
