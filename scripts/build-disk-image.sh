@@ -17,13 +17,20 @@
 # (run-vm.sh --disk, run-libvirt.sh --disk) and runs the walkthrough's check block and
 # tests/guest/check-disk in it.
 #
+#   scripts/build-disk-image.sh [--keys]
+#
 # For the test harness the image also has qcuda-vm-command.service: when QEMU passes a command
 # through fw_cfg (opt/qcuda/cmd, as run-vm.sh --disk does), it runs it on the serial console,
 # prints QCUDA_EXIT=<rc> and powers off; without one the image boots normally. The serial
 # console has no login (no root password is set).
 #
-# Cached as ~/.cache/qcuda/disk-<hash>, keyed by the .deb, the doc's block and this script.
-# As root; needs mmdebstrap, mke2fs (e2fsprogs) and qemu-img. See docs/guest-install.md.
+# Two caches: the installed system as a folder, ~/.cache/qcuda/disk-base-<hash> (about 2.5 GiB),
+# keyed by the doc's block and this script's code, made from scratch with the .deb of that
+# moment; and the image, ~/.cache/qcuda/disk-<hash>, keyed by that and the current .deb. A newer
+# .deb goes onto the folder with `dpkg -i` (an upgrade, as a user's: DKMS rebuilds the module
+# from the Rust build files it prepared, in about a minute) through an overlay, so a code change
+# costs a minute and an image, not a new system. As root; needs mmdebstrap, mke2fs (e2fsprogs)
+# and qemu-img. See docs/guest-install.md.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -86,16 +93,25 @@ WantedBy=multi-user.target
 EOF
 )
 
-key=$({
-    sha256sum "$deb" | cut -d' ' -f1
+basekey=$({
     echo "$install_block" "$runner" "$unit"
     declare -f trixie_mmdebstrap
+    sed -n '/^# --- base ---/,/^# --- image ---/p' "$0"
+} | sha256sum | cut -c1-16)
+base=$QCUDA_CACHE/disk-base-$basekey
+# The .deb by its contents (its control files, md5sums of every file included), not its bytes,
+# which hold build times.
+debsum=$(d=$(mktemp -d) && dpkg-deb -e "$deb" "$d" && cat "$d"/* | sha256sum | cut -c1-16 && rm -rf "$d")
+key=$({
+    echo "$basekey $debsum"
     sed -n '/^# --- image ---/,$p' "$0"
 } | sha256sum | cut -c1-16)
 cache=$QCUDA_CACHE/disk-$key
+# --keys: print the two cache folders (the installed system, the image) and stop.
+[[ ${1:-} != --keys ]] || { echo "$base $cache"; exit 0; }
 
-# --- image ---
-make_image() { # cache dir
+# --- base ---
+make_base() { # base dir: the walkthrough, from scratch, into base/root
     local c=$1 r=$1/root
     rm -rf "$c"
     mkdir -p "$c"
@@ -116,41 +132,73 @@ make_image() { # cache dir
         --customize-hook='echo qcuda-guest >"$1/etc/hostname"' \
         --customize-hook='printf "/dev/vda / ext4 defaults,errors=remount-ro 0 1\n" >"$1/etc/fstab"' \
         >"$c/mmdebstrap.log" 2>&1 || { tail -n 40 "$c/mmdebstrap.log" >&2; die "mmdebstrap failed ($c/mmdebstrap.log)"; }
-    local rel
-    rel=$(stock_release "$r")
-    cp "$r/boot/vmlinuz-$rel" "$c/$NAME-vmlinuz"
-    cp "$r/boot/initrd.img-$rel" "$c/$NAME-initrd.img"
-    {
-        echo "kernelrelease: $rel"
-        trixie_root_versions "$r" "$rel"
-        echo "qcuda-guest: $(chroot "$r" dpkg-query -W -f='${Version} ${Status}' qcuda-guest)"
-        echo "dkms: $(chroot "$r" dkms status qcuda 2>&1 | tr '\n' ' ')"
-    } >"$c/versions.txt"
-    [[ -f $r/lib/modules/$rel/updates/dkms/qcuda.ko || -f $r/lib/modules/$rel/updates/dkms/qcuda.ko.xz ]] ||
-        die "DKMS left no qcuda.ko for $rel in the image"
-    # ext4 straight from the folder (no loop device, no mount), a quarter free.
-    local mib
-    mib=$(($(du -sm "$r" | cut -f1) * 5 / 4 + 256))
-    mke2fs -q -t ext4 -L qcuda-root -d "$r" "$c/$NAME.raw" "${mib}M"
-    qemu-img convert -c -O qcow2 "$c/$NAME.raw" "$c/$NAME.qcow2"
-    rm -rf "$c/$NAME.raw" "$r"
+    echo "$debsum" >"$c/deb.sha"
     touch "$c/.qcuda-complete"
 }
 
-exec 9>"$cache.lock"
+# --- image ---
+# In a mount namespace: the base under an overlay, the current .deb installed over it with dpkg
+# when it is not the one the base has, the image written from that view.
+image_from_base() { # base dir, image dir
+    local b=$1 c=$2 m=$2/merged
+    mkdir -p "$c/upper/tmp" "$c/work" "$m"
+    cp "$deb" "$c/upper/tmp/"
+    unshare --mount --propagation private -- bash -euo pipefail -c '
+        b=$1 c=$2 m=$2/merged deb=$3 name=$4 same=$5
+        mount -t overlay overlay -o "lowerdir=$b/root,upperdir=$c/upper,workdir=$c/work" "$m"
+        if [ "$same" != 1 ]; then
+            mount -t proc proc "$m/proc" && mount --rbind /dev "$m/dev" && mount --rbind /sys "$m/sys"
+            echo "dpkg -i $deb over the base"
+            chroot "$m" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root dpkg -i "/tmp/$deb"
+            umount -l "$m/proc" "$m/dev" "$m/sys"
+        fi
+        rm -f "$m/tmp/$deb"
+        rel=$(ls "$m/lib/modules" | sort -V | tail -n 1)
+        ls "$m/lib/modules/$rel/updates/dkms/qcuda.ko"* >/dev/null || { echo "DKMS left no qcuda.ko for $rel"; exit 1; }
+        cp "$m/boot/vmlinuz-$rel" "$c/$name-vmlinuz"
+        cp "$m/boot/initrd.img-$rel" "$c/$name-initrd.img"
+        {
+            echo "kernelrelease: $rel"
+            for p in linux-image-$rel linux-headers-$rel linux-source rustc rust-src bindgen dkms qcuda-guest; do
+                echo "$p: $(chroot "$m" dpkg-query -W -f="\${Version}" "$p" 2>/dev/null || echo -)"
+            done
+            echo "dkms status: $(chroot "$m" dkms status qcuda 2>&1 | tr "\n" " ")"
+        } >"$c/versions.txt"
+        # ext4 straight from the folder (no loop device), a quarter free.
+        mib=$(( $(du -sm "$m" | cut -f1) * 5 / 4 + 256 ))
+        mke2fs -q -t ext4 -L qcuda-root -d "$m" "$c/$name.raw" "${mib}M"
+    ' bash "$b" "$c" "$(basename "$deb")" "$NAME" "$([[ $(cat "$b/deb.sha") == "$debsum" ]] && echo 1 || echo 0)"
+    qemu-img convert -c -O qcow2 "$c/$NAME.raw" "$c/$NAME.qcow2"
+    rm -rf "$c/$NAME.raw" "$c/upper" "$c/work" "$m"
+    touch "$c/.qcuda-complete"
+}
+
+exec 9>"$base.lock"
 flock 9
+if [[ ! -f $base/.qcuda-complete ]]; then
+    log "building $base: the walkthrough from scratch (mmdebstrap, apt, dpkg; DKMS prepares the kernel's Rust build files: ~25 min on 2 cores)"
+    t0=$SECONDS
+    make_base "$base"
+    log "base built in $((SECONDS - t0)) s"
+fi
+exec 8>"$cache.lock"
+flock 8
 if [[ -f $cache/.qcuda-complete ]]; then
     log "cached: $cache"
 else
-    log "building $cache (mmdebstrap; DKMS prepares the kernel's Rust build files: ~10 min on 2 cores)"
+    log "building $cache from $base$([[ $(cat "$base/deb.sha") == "$debsum" ]] || echo ' with the current .deb (dpkg -i over it)')"
     t0=$SECONDS
-    make_image "$cache"
-    log "built in $((SECONDS - t0)) s"
+    rm -rf "$cache"
+    mkdir -p "$cache"
+    image_from_base "$base" "$cache" >"$cache/image.log" 2>&1 || { tail -n 30 "$cache/image.log" >&2; die "the image failed ($cache/image.log)"; }
+    log "image built in $((SECONDS - t0)) s"
 fi
+flock -u 8
 flock -u 9
 mkdir -p "$OUT"
 for f in "$NAME.qcow2" "$NAME-vmlinuz" "$NAME-initrd.img" versions.txt; do
-    ln -f "$cache/$f" "$OUT/$f" 2>/dev/null || cp "$cache/$f" "$OUT/$f"
+    rm -f "$OUT/$f"
+    ln "$cache/$f" "$OUT/$f" 2>/dev/null || cp "$cache/$f" "$OUT/$f"
 done
 sed 's/^/[build-disk-image]   /' "$OUT/versions.txt" >&2
 (cd "$OUT" && ls -l "$NAME.qcow2" "$NAME-vmlinuz" "$NAME-initrd.img") | sed 's/^/[build-disk-image]   /' >&2
