@@ -4,7 +4,7 @@
 #   guest-lib/link.sh <libqcudart.a> <output dir>/libcudart.so.13
 #     -> <output dir>/libcuda.so.1        the driver API face, and the whole core
 #     -> <output dir>/libcudart.so.13     the runtime API face: a thin forwarder into libcuda.so.1
-#     -> <output dir>/libnvidia-ml.so.1   the NVML face (src/nvml.rs): the same kind of forwarder
+#     -> <output dir>/libnvidia-ml.so.1   the NVML face (src/nvml/): the same kind of forwarder
 #
 # One process must have one session, one set of handles and one batch (DESIGN.md §6a), whether
 # it uses our runtime, the driver API, or NVIDIA's own runtime over our driver. So the core
@@ -79,7 +79,7 @@ forwarder() {
 
 # The runtime face, at the version node nvcc-built programs bind to (libcudart.map).
 forwarder "$lib/gen/exports.txt" qcuda_rt_ libcudart.so.13 "$lib/libcudart.map" "$out.tmp"
-# The NVML face (src/nvml.rs): NVIDIA's NVML versions no symbol, so neither does this one.
+# The NVML face (src/nvml/): NVIDIA's NVML versions no symbol, so neither does this one.
 {
     echo "{ global:"
     sed 's/.*/    &;/' "$lib/gen/nvml-exports.txt"

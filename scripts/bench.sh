@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
 # bench.sh: on a GPU host, runs qcuda_bench (bench/qcuda_bench.cu) natively against the host's
-# libcudart, then inside the qcuda guest against ours, and prints guest/native ratios.
+# libcudart, then qcuda at native CPU speed (bench-frontend.sh: vhost-cuda-frontend-bench, a host
+# process that drives a vhost-cuda as QEMU and qcuda.ko do), then qcuda_bench inside the qcuda
+# guest against ours, and prints one table of the three with the ratios to native.
 #   ./bench.sh [--out DIR] [--max-bytes N[K|M|G]] [--guest-mem SIZE] [--guest-smp N]
-#              [--timeout SECONDS] [--daemon-arg ARG]... [--vm-arg ARG]... [-- BENCH-ARGS...]
+#              [--timeout SECONDS] [--daemon-arg ARG]... [--vm-arg ARG]... [--no-frontend]
+#              [--frontend-arg ARG]... [--runtime WHICH] [-- BENCH-ARGS...]
+# --runtime picks the CUDA runtime of the guest run: "ours" (default: qcuda's libcudart.so.13),
+# "nvidia" (NVIDIA's libcudart.so.13, shipped in the guest at /usr/lib/qcuda/nvidia/13, over
+# qcuda's libcuda.so.1: the path of frameworks and NVIDIA's libraries), or "both" (a second guest
+# run with NVIDIA's: guest-nvidia.csv/.log, vm-nvidia/, and runtimes.csv, a table of the two
+# runtimes in the guest).
 # Writes to DIR (default: bench-out beside this script; build/bench-out in the repo):
-#   native.csv, guest.csv   metric,bytes,value,unit (the program's own rows)
+#   native.csv, frontend.csv, guest.csv   metric,bytes,value,unit (each program's own rows)
 #   bench.csv               metric,bytes,native,guest,unit,ratio; ratio is native/guest for
 #                           times (us) and guest/native for everything else (GB/s, launch/s, the
 #                           scaling factor x), so higher is better, 1 = parity
-#   native.log, guest.log, vm/   progress, the guest console, the daemon's and QEMU's logs
+#   table.csv               metric,bytes,native,frontend,guest,unit,frontend_ratio,guest_ratio:
+#                           the same ratios for the frontend and the guest (the table printed)
+#   native.log, frontend.log, guest.log, vm/   progress, the guest console, the daemons' and
+#                           QEMU's logs
+# --no-frontend leaves the frontend run out; --frontend-arg passes an argument to
+# bench-frontend.sh (repeatable, e.g. --frontend-arg --vms --frontend-arg 8).
 # The guest runs with --quick (a guest under TCG is slow on the CPU side), the host in full.
 # --daemon-arg passes an argument to vhost-cuda (repeatable, e.g. --daemon-arg --hop-poll-us=0);
 # --vm-arg one to run-vm.sh (repeatable, e.g. --vm-arg --add --vm-arg FILE:/opt/qcuda/bench/FILE
@@ -24,6 +37,7 @@ else # repo layout: scripts/ beside build/
     bench=$B/../build/bench/qcuda_bench out=$B/../build/bench-out
 fi
 max_args=() mem_args=() smp_args=() daemon_args=() vm_args=() bench_args=() timeout=1800
+frontend=1 frontend_args=() runtime=ours
 while (($#)); do
     case $1 in
     --out) out=$2; shift 2 ;;
@@ -33,11 +47,19 @@ while (($#)); do
     --timeout) timeout=$2; shift 2 ;;
     --daemon-arg) daemon_args+=(--daemon-arg "$2"); shift 2 ;;
     --vm-arg) vm_args+=("$2"); shift 2 ;;
+    --no-frontend) frontend=0; shift ;;
+    --frontend-arg) frontend_args+=("$2"); shift 2 ;;
+    --runtime) runtime=$2; shift 2 ;;
     --) shift; bench_args=("$@"); break ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS] [--daemon-arg ARG]... [--vm-arg ARG]... [-- BENCH-ARGS...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS] [--daemon-arg ARG]... [--vm-arg ARG]... [--no-frontend] [--frontend-arg ARG]... [--runtime ours|nvidia|both] [-- BENCH-ARGS...]" >&2; exit 2 ;;
     esac
 done
+case $runtime in
+ours | nvidia | both) ;;
+*) echo "bench: --runtime is ours, nvidia or both, not $runtime" >&2; exit 2 ;;
+esac
+nvidia_env="LD_LIBRARY_PATH=/usr/lib/qcuda/nvidia/13 "
 
 # shellcheck source=scripts/gpu-host.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
@@ -56,14 +78,33 @@ rc=$?
 csv_rows <"$out/native.out" >"$out/native.csv"
 ((rc == 0)) || { echo "bench: native run exited $rc: $(tail -n 1 "$out/native.out")"; status=1; }
 
-echo "== guest (through QEMU, qcuda.ko and vhost-cuda), --quick run"
-"$B/run-vm.sh" --log-dir "$out/vm" --timeout "$timeout" "${mem_args[@]}" "${smp_args[@]}" \
-    "${daemon_args[@]}" "${vm_args[@]}" -- \
-    "insmod /lib/modules/qcuda.ko && /opt/qcuda/bench/qcuda_bench --quick ${max_args[*]} ${bench_args[*]}" 2>&1 |
-    tee "$out/guest.log"
-rc=${PIPESTATUS[0]}
-csv_rows <"$out/guest.log" >"$out/guest.csv"
-((rc == 0)) || { echo "bench: guest run exited $rc: $(tr -d '\r' <"$out/guest.log" | grep -E '^(FAIL|SKIP)' | tail -n 1)"; status=1; }
+echo "metric,bytes,value,unit" >"$out/frontend.csv"
+if ((frontend)); then
+    echo "== qcuda at native CPU speed (vhost-cuda-frontend-bench against a vhost-cuda of its own)"
+    # Progress and verdicts shown; the rows come in the table below.
+    "$B/bench-frontend.sh" --out "$out" "${max_args[@]}" "${daemon_args[@]}" "${frontend_args[@]}" 2>&1 |
+        grep --line-buffered -vE '^[a-z0-9_]+,[0-9]+,'
+    rc=${PIPESTATUS[0]}
+    ((rc == 0)) || { echo "bench: frontend run exited $rc (see $out/frontend.log)"; status=1; }
+fi
+
+# One guest run: SUFFIX names its files ("" or "-nvidia"); ENV prefixes the program.
+guest_run() { # suffix, env, what
+    echo "== guest (through QEMU, qcuda.ko and vhost-cuda; $3), --quick run"
+    "$B/run-vm.sh" --log-dir "$out/vm$1" --timeout "$timeout" "${mem_args[@]}" "${smp_args[@]}" \
+        "${daemon_args[@]}" "${vm_args[@]}" -- \
+        "insmod /lib/modules/qcuda.ko && $2/opt/qcuda/bench/qcuda_bench --quick ${max_args[*]} ${bench_args[*]}" 2>&1 |
+        tee "$out/guest$1.log"
+    local rc=${PIPESTATUS[0]}
+    csv_rows <"$out/guest$1.log" >"$out/guest$1.csv"
+    ((rc == 0)) || { echo "bench: guest run ($3) exited $rc: $(tr -d '\r' <"$out/guest$1.log" | grep -E '^(FAIL|SKIP)' | tail -n 1)"; status=1; }
+}
+if [[ $runtime == nvidia ]]; then
+    guest_run "" "$nvidia_env" "NVIDIA's libcudart.so.13 over qcuda's libcuda.so.1"
+else
+    guest_run "" "" "qcuda's libcudart.so.13"
+    [[ $runtime == both ]] && guest_run -nvidia "$nvidia_env" "NVIDIA's libcudart.so.13 over qcuda's libcuda.so.1"
+fi
 
 # Rows keyed by metric and size, in the native run's order, then any the guest alone has.
 awk -F, -v OFS=, '
@@ -80,6 +121,23 @@ awk -F, -v OFS=, '
         }
     }' "$out/native.csv" "$out/guest.csv" >"$out/bench.csv"
 
+# The same with the frontend's rows between: native, frontend, guest, and both ratios.
+awk -F, -v OFS=, '
+    FNR == 1 { f++; next }
+    { key = $1 FS $2; if (!(key in unit)) order[++n] = key; val[f, key] = $3; unit[key] = $4 }
+    function ratio(a, b, u) {
+        if (a == "" || b == "" || a == "NA" || b == "NA" || a + 0 <= 0 || b + 0 <= 0) return "NA"
+        return sprintf("%.3f", u == "us" ? a / b : b / a)
+    }
+    function v(i, k) { return ((i, k) in val) ? val[i, k] : "NA" }
+    END {
+        print "metric,bytes,native,frontend,guest,unit,frontend_ratio,guest_ratio"
+        for (i = 1; i <= n; i++) {
+            k = order[i]
+            print k, v(1, k), v(2, k), v(3, k), unit[k], ratio(v(1, k), v(2, k), unit[k]), ratio(v(1, k), v(3, k), unit[k])
+        }
+    }' "$out/native.csv" "$out/frontend.csv" "$out/guest.csv" >"$out/table.csv"
+
 awk -F, '
     function size(b) {
         if (b == 0) return "-"
@@ -89,12 +147,36 @@ awk -F, '
         if (b % 1024 == 0) return b / 1024 " KiB"
         return b " B"
     }
-    NR == 1 { printf "%-20s %8s %14s %14s %-8s %7s\n", "metric", "size", "native", "guest", "unit", "ratio"; next }
-    { printf "%-20s %8s %14s %14s %-8s %7s\n", $1, size($2), $3, $4, $5, $6 }' "$out/bench.csv"
+    NR == 1 { printf "%-26s %8s %12s %12s %12s %-8s %8s %8s\n", "metric", "size", "native", "frontend", "guest", "unit", "fe/nat", "gst/nat"; next }
+    { printf "%-26s %8s %12s %12s %12s %-8s %8s %8s\n", $1, size($2), $3, $4, $5, $6, $7, $8 }' "$out/table.csv"
 rows() { tail -n +2 "$1" | grep -vc ',NA,' || true; }
 accel=$(sed -n 's/^\[run-vm\] accelerator: \([a-z]*\).*/\1/p' "$out/guest.log" | head -n 1)
-echo "native: $(rows "$out/native.csv") rows measured, guest (${accel:-unknown accelerator}):" \
-    "$(rows "$out/guest.csv"); ratio = native/guest for us, guest/native for the rest (higher" \
-    "is better, 1.000 = parity); files in $out"
+echo "native: $(rows "$out/native.csv") rows measured, frontend (native CPU speed):" \
+    "$(rows "$out/frontend.csv"), guest (${accel:-unknown accelerator}): $(rows "$out/guest.csv");" \
+    "ratio = native/x for us, x/native for the rest (higher is better, 1.000 = parity); files in $out"
 (($(rows "$out/native.csv") > 0 && $(rows "$out/guest.csv") > 0)) || status=1
+if [[ $runtime == both ]]; then
+    # Native, ours and NVIDIA's over our driver; the ratios are each runtime's to native and
+    # NVIDIA's to ours (higher is better; ours/nvidia > 1: NVIDIA's over our driver is faster).
+    echo "== native, the guest with qcuda's runtime, the guest with NVIDIA's over qcuda's driver"
+    awk -F, -v OFS=, '
+        FNR == 1 { f++; next }
+        { key = $1 FS $2; if (!(key in unit)) order[++n] = key; val[f, key] = $3; unit[key] = $4 }
+        function ratio(a, b, u) {
+            if (a == "" || b == "" || a == "NA" || b == "NA" || a + 0 <= 0 || b + 0 <= 0) return "NA"
+            return sprintf("%.3f", u == "us" ? a / b : b / a)
+        }
+        function v(i, k) { return ((i, k) in val) ? val[i, k] : "NA" }
+        END {
+            print "metric,bytes,native,ours,nvidia,unit,ours_ratio,nvidia_ratio,nvidia_to_ours"
+            for (i = 1; i <= n; i++) {
+                k = order[i]; u = unit[k]
+                print k, v(1, k), v(2, k), v(3, k), u, ratio(v(1, k), v(2, k), u), ratio(v(1, k), v(3, k), u), ratio(v(2, k), v(3, k), u)
+            }
+        }' "$out/native.csv" "$out/guest.csv" "$out/guest-nvidia.csv" >"$out/runtimes.csv"
+    awk -F, '
+        NR == 1 { printf "%-26s %10s %12s %12s %12s %-8s %8s %8s %8s\n", "metric", "bytes", "native", "ours", "nvidia", "unit", "our/nat", "nv/nat", "nv/our"; next }
+        { printf "%-26s %10s %12s %12s %12s %-8s %8s %8s %8s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }' "$out/runtimes.csv"
+    (($(rows "$out/guest-nvidia.csv") > 0)) || status=1
+fi
 exit $status

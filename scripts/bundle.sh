@@ -5,7 +5,9 @@
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
 #   sandbox-gpu-check.sh      measures the workers' system calls under the real driver, and runs
 #                             the CUDA tests with the sandbox on and off (docs/SECURITY.md)
-#   bench.sh                  runs the benchmark natively and inside the guest, prints the ratios
+#   bench.sh                  runs the benchmark natively, at native CPU speed through qcuda
+#                             (bench-frontend.sh) and inside the guest; prints one table
+#   bench-frontend.sh         vhost-cuda-frontend-bench against a vhost-cuda of its own
 #   bench-scale.sh            many busy processes at once, natively and in 1 or 4 guests: the
 #                             aggregate launch rate and copy bandwidth, guest against native
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
@@ -15,6 +17,8 @@
 #   qcuda-accounting.sh       qcuda's per-VM accounting for those checks (sourced by them)
 #   run-torch-test.sh         the host's PyTorch natively and in the guest (tests/torch), compared
 #   bin/vhost-cuda            the host daemon
+#   bin/vhost-cuda-frontend-bench   plays a VM (QEMU and qcuda.ko) from a host process:
+#                             qcuda's own cost at native CPU speed (docs/perf/frontend.md)
 #   bin/busybox               static busybox (cpio for run-vm.sh where the host has none)
 #   bin/virtiofsd             rust-vmm's virtiofsd for run-vm.sh --share (libseccomp and
 #                             libcap-ng linked in statically: it needs only glibc and libgcc_s)
@@ -44,7 +48,7 @@ cd "$ROOT"
 say() { printf '[bundle] %s\n' "$*" >&2; }
 for f in build/qemu/bin/qemu-system-x86_64:build-qemu.sh build/guest/bzImage:build-guest.sh \
     build/guest/initramfs.cpio.gz:build-guest.sh build/guest/payload.cpio.gz:build-payload.sh \
-    target/release/vhost-cuda:demo.sh build/virtiofsd/bin/virtiofsd:build-virtiofsd.sh; do
+    target/release/vhost-cuda:demo.sh target/release/vhost-cuda-frontend-bench:demo.sh build/virtiofsd/bin/virtiofsd:build-virtiofsd.sh; do
     [[ -e ${f%%:*} ]] || { say "missing ${f%%:*}: build it first (scripts/${f#*:})"; exit 1; }
 done
 stage=$(mktemp -d)
@@ -56,6 +60,7 @@ install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
 install -m 755 scripts/sandbox-gpu-check.sh "$B/sandbox-gpu-check.sh"
 install -m 755 scripts/bench.sh "$B/bench.sh"
 install -m 755 scripts/bench-scale.sh "$B/bench-scale.sh"
+install -m 755 scripts/bench-frontend.sh "$B/bench-frontend.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
 install -m 755 scripts/two-vm-test.sh "$B/two-vm-test.sh"
@@ -67,6 +72,8 @@ install -m 755 scripts/run-torch-test.sh "$B/run-torch-test.sh"
 install -D -m 644 tests/torch/torch_check.py "$B/tests/torch/torch_check.py"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
+install -m 755 target/release/vhost-cuda-frontend-bench "$B/bin/"
+strip "$B/bin/vhost-cuda-frontend-bench"
 # The GPU host may lack libseccomp and libcap-ng: build-virtiofsd.sh links them in; check it did.
 if readelf -d build/virtiofsd/bin/virtiofsd | grep -Eq 'NEEDED.*(libseccomp|libcap-ng)'; then
     say "build/virtiofsd/bin/virtiofsd links libseccomp or libcap-ng dynamically (rerun scripts/build-virtiofsd.sh)"

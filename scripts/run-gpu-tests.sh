@@ -61,7 +61,7 @@ done < <(tr -d '\r' <"$logs/guest.log")
 grep -q 'sessions open: 0' "$logs/vm/daemon.log" && res ok "daemon: every session closed" || res FAIL "daemon: sessions left open"
 
 # The guest sees the GPU's own attribute values, except those qcuda reports deliberately
-# (guest-lib/src/device_prop.rs: NOT_REMOTED and QCUDA_VALUES; a guest-lib test keeps this list
+# (guest-lib/src/core/device_prop.rs: NOT_REMOTED and QCUDA_VALUES; a guest-lib test keeps this list
 # equal to them).
 QCUDA_OWN_ATTRIBUTES="83 86 88 89 91 96 100 101 102 103 112 114 116 117 118 119 121 124 125 128 142 143 144 146"
 if [[ -z $only || $only == device_attributes ]] && [[ -f $logs/native-device_attributes.log ]]; then

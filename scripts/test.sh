@@ -5,7 +5,8 @@
 #    a short seeded run of the cargo-fuzz targets (scripts/fuzz.sh);
 #    rustfmt and clippy over qcuda.ko once its kernel tree is built (scripts/check-kmod.sh)
 # 2. builds: patched QEMU, guest kernel + qcuda.ko + initramfs, vhost-cuda, virtiofsd, guest
-#    payload (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs)
+#    payload (heavy builds are cached under ~/.cache/qcuda by a hash of their inputs); the
+#    frontend benchmark (qcuda at native CPU speed) against a daemon of its own
 # 3. the real stack: QEMU lists the device; a TCG guest sees it, loads qcuda.ko, runs the
 #    transport self-test, the concurrency and kill tests, every CUDA test program and the
 #    benchmark (qcuda_bench --quick at 4 KiB) against our libcudart.so.13 (on a host without a
@@ -81,6 +82,19 @@ step "fuzz: 4 cargo-fuzz targets, seeded, 7 s each" scripts/fuzz.sh --runs 20000
     sed 's/^/   /' "$LOGS"/fuzz_*.log | grep '^   fuzz '
 step "systemd units pass systemd-analyze verify (deploy/systemd)" scripts/check-systemd-units.sh
 step "libvirt domain XML passes virt-xml-validate (deploy/libvirt)" virt-xml-validate deploy/libvirt/qcuda-vm.xml domain
+step "docs: README and docs/ speak of the product (no words about how it was built)" scripts/check-doc-words.sh
+# The same check must fail when a phrase comes back: a copy of the docs with one appended.
+doc_words_fail() {
+    local d rc
+    d=$(mktemp -d)
+    cp README.md "$d"/ && cp -r docs "$d"/
+    echo 'Measured in this session.' >>"$d"/docs/running.md
+    scripts/check-doc-words.sh "$d"
+    rc=$?
+    rm -rf "$d"
+    ((rc == 1))
+}
+step "docs: the word check fails on a phrase put back" doc_words_fail
 gpu_tests() { cargo test --workspace --locked -q --test cuda_gpu --test worker_gpu -- --nocapture; }
 if step "vhost-cuda GPU tests (executor, worker isolation)" gpu_tests; then
     if grep -q 'skipped: no GPU' "$LOGS"/vhost-cuda_GPU*.log; then
@@ -95,6 +109,18 @@ step "build patched QEMU" scripts/build-qemu.sh || finish
 step "build guest kernel, qcuda.ko, initramfs" scripts/build-guest.sh || finish
 step "qcuda.ko: rustfmt and clippy (CLIPPY=1, warnings fail)" scripts/check-kmod.sh
 step "build vhost-cuda (release)" cargo build --release --locked -p vhost-cuda || finish
+# qcuda at native CPU speed: vhost-cuda-frontend-bench plays a VM against a daemon of its own
+# (docs/perf/frontend.md). It fails if the benchmark crashes or fails, or its Hello and Echo rows
+# are missing; without a GPU the GPU rows are left out with one "skipped: no GPU" line.
+frontend_bench() {
+    local o=$LOGS/frontend-bench
+    scripts/bench-frontend.sh --out "$o" --quick --max-bytes 64M --vms 2 --sessions 2 --seconds 0.5 || return 1
+    have_gpu || [ "$(grep -c '^skipped: no GPU' "$o/frontend.out")" = 1 ]
+}
+if step "frontend benchmark: Hello/Echo at native CPU speed through the daemon (vhost-cuda-frontend-bench)" frontend_bench; then
+    sed -n 's/^\(hello_us\|echo_us\),\([0-9]*\),\([0-9.]*\),us$/   \1 (\2 B): \3 us/p' "$LOGS/frontend-bench/frontend.csv"
+    have_gpu || skip "frontend benchmark GPU rows: no GPU"
+fi
 step "build virtiofsd (for run-vm.sh --share; cached)" scripts/build-virtiofsd.sh || finish
 step "build guest payload (guest-lib, qcuda-smi, CUDA tests)" scripts/build-payload.sh || finish
 step "libcudart.so.13 exports match the version map" guest-lib/check-symbols.sh

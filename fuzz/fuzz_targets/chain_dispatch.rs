@@ -3,7 +3,7 @@
 //! arguments drawn from earlier answers) goes through `chain::parse`, and every request that
 //! parses is run as the daemon and its worker would run it: Hello and Echo
 //! (`transport_ops`), the host queries (`CudaHost::answer_query`), and everything else on a
-//! `CudaSession` over the fake CUDA driver.
+//! `GpuState` over the fake CUDA driver.
 //!
 //! Checked: nothing panics, every chain gets at most one response, and no byte of guest memory
 //! outside the chain's device-writable descriptors changes.
@@ -15,7 +15,7 @@ use libfuzzer_sys::fuzz_target;
 use qcuda_proto::{Direction, Op, RequestHeader, MAX_ARGS, REQUEST_HEADER_SIZE, VERSION};
 use vhost_cuda::{
     chain,
-    cuda::{fuzzing::fake_host, CudaSession},
+    cuda::{fuzzing::fake_host, GpuState},
     guest_buffer::GuestRam,
     transport_ops,
 };
@@ -214,7 +214,7 @@ fuzz_target!(|data: &[u8]| {
     let mut inp = Input(data);
     let mut g = Guest::new();
     let host = fake_host(2);
-    let mut session = CudaSession::open(&host, 1);
+    let mut session = GpuState::open(&host, 1);
     // Handles, pointers and sizes the host answered, for later arguments.
     let mut seen: Vec<u64> = vec![0, 1];
     for _ in 0..24 {

@@ -153,7 +153,7 @@ fn render(exports: &[&str], unsupported: &[String]) -> String {
          `QCUDA_BLESS=1 cargo test -p guest-lib --test api_coverage` after changing the API).\n\
          Every export of NVIDIA's `libcudart.so.13` (CUDA 13.0, `guest-lib/gen/exports.txt`) is\n\
          either implemented by qcuda's guest-lib or answers `cudaErrorNotSupported`, logged once\n\
-         per process (`guest-lib/src/api/unsupported.rs`); none pretends to succeed.\n\n",
+         per process (`guest-lib/src/runtime/unsupported.rs`); none pretends to succeed.\n\n",
     );
     out.push_str(&format!(
         "**{implemented} of {} exports implemented; {} answer `cudaErrorNotSupported`.**\n\n",
@@ -416,7 +416,7 @@ fn the_coverage_table_in_docs_is_current() {
     let exports = fs::read_to_string(krate.join("gen/exports.txt")).unwrap();
     let exports: Vec<&str> = exports.lines().filter(|l| !l.is_empty()).collect();
     let unsupported =
-        not_supported(&fs::read_to_string(krate.join("src/api/unsupported.rs")).unwrap());
+        not_supported(&fs::read_to_string(krate.join("src/runtime/unsupported.rs")).unwrap());
     for u in &unsupported {
         assert!(
             exports.contains(&u.as_str()),

@@ -19,10 +19,14 @@
 //! bound and passed (`socket_activation.rs`) are served the same way, but their files are
 //! systemd's and stay. Beside them, `stats.rs` serves what each VM uses (`vhost-cuda --stats`)
 //! from the table of its current connection.
+//!
+//! Outside the data path, `frontend/` plays a VM (QEMU's vhost-user side and qcuda.ko's request
+//! queue) from a host process, for the process tests and `vhost-cuda-frontend-bench`.
 
 pub mod chain;
 pub mod cuda;
 pub mod device_output;
+pub mod frontend;
 pub mod guest_buffer;
 pub mod host_function_link;
 pub mod limits;

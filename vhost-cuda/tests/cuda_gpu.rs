@@ -1,4 +1,4 @@
-//! The CUDA executor on a real GPU: a whole flow through `CudaSession::execute`, with guest
+//! The CUDA executor on a real GPU: a whole flow through `GpuState::execute`, with guest
 //! buffers over real guest memory (a `GuestMemoryMmap`), as a session's worker process drives
 //! it, but with several sessions in this one process, to show what the driver does then.
 //!
@@ -11,7 +11,7 @@ use qcuda_proto::{
     GPU_INFO_SIZE, RESP_FLAG_STICKY,
 };
 use vhost_cuda::{
-    cuda::{CudaHost, CudaSession},
+    cuda::{CudaHost, GpuState},
     guest_buffer::{GuestBuffer, GuestRam, Request},
 };
 use vm_memory::{Bytes, GuestAddress};
@@ -95,20 +95,20 @@ fn ok(r: ResponseHeader) -> [u64; 7] {
     r.rets
 }
 
-fn call(s: &mut CudaSession, op: Op, args: &[u64]) -> ResponseHeader {
+fn call(s: &mut GpuState, op: Op, args: &[u64]) -> ResponseHeader {
     s.execute(&request(op, args, vec![], vec![]))
 }
 
-fn free_memory(s: &mut CudaSession) -> u64 {
+fn free_memory(s: &mut GpuState) -> u64 {
     ok(call(s, Op::MemGetInfo, &[]))[0]
 }
 
-fn load(g: &mut Guest, s: &mut CudaSession, image: &[u8]) -> u64 {
+fn load(g: &mut Guest, s: &mut GpuState, image: &[u8]) -> u64 {
     let b = g.contiguous(image);
     ok(s.execute(&request(Op::ModuleLoad, &[], vec![b], vec![])))[0]
 }
 
-fn function(g: &mut Guest, s: &mut CudaSession, module: u64, name: &str) -> (u64, Vec<(u32, u32)>) {
+fn function(g: &mut Guest, s: &mut GpuState, module: u64, name: &str) -> (u64, Vec<(u32, u32)>) {
     let n = g.contiguous(name.as_bytes());
     let out = g.zeroed(64 * 8, false);
     let rets = ok(s.execute(&request(
@@ -131,7 +131,7 @@ fn function(g: &mut Guest, s: &mut CudaSession, module: u64, name: &str) -> (u64
 
 fn launch(
     g: &mut Guest,
-    s: &mut CudaSession,
+    s: &mut GpuState,
     func: u64,
     grid: u32,
     block: u32,
@@ -149,7 +149,7 @@ fn launch(
 
 fn htod(
     g: &mut Guest,
-    s: &mut CudaSession,
+    s: &mut GpuState,
     dst: u64,
     data: &[u8],
     scattered: bool,
@@ -165,7 +165,7 @@ fn htod(
 
 fn dtoh(
     g: &mut Guest,
-    s: &mut CudaSession,
+    s: &mut GpuState,
     src: u64,
     len: usize,
     scattered: bool,
@@ -211,7 +211,7 @@ fn gpu_flow_through_the_executor() {
     let mut g = Guest::new();
 
     // HostInfo.
-    let mut observer = CudaSession::open(&host, 100);
+    let mut observer = GpuState::open(&host, 100);
     let out = g.zeroed(GPU_INFO_SIZE * 8, false);
     let rets = ok(observer.execute(&request(Op::HostInfo, &[], vec![], vec![out.clone()])));
     assert_eq!(rets[0], u64::from(host.gpu_count()));
@@ -237,7 +237,7 @@ fn gpu_flow_through_the_executor() {
     );
     let free_before = free_memory(&mut observer);
 
-    let mut s = CudaSession::open(&host, 1);
+    let mut s = GpuState::open(&host, 1);
 
     // Malloc, copies both ways, on both copy paths.
     let n = 1usize << 20;
@@ -431,8 +431,8 @@ fn gpu_flow_through_the_executor() {
 
     // Observed, not asserted: the contexts of one process share one GPU address space, so a
     // kernel of one session can write memory of another (what only separate processes stop).
-    let mut sa = CudaSession::open(&host, 4);
-    let mut sb = CudaSession::open(&host, 5);
+    let mut sa = GpuState::open(&host, 4);
+    let mut sb = GpuState::open(&host, 5);
     let pa = ok(call(&mut sa, Op::Malloc, &[64]))[0];
     ok(call(&mut sa, Op::Memset, &[pa, 1, 64, 0]));
     let mb = load(&mut g, &mut sb, VADD_PTX.as_bytes());
@@ -454,7 +454,7 @@ fn gpu_flow_through_the_executor() {
 
     // Last, because it corrupts CUDA for the whole process: a sticky error. The faulting
     // session, every other session and every later one answer it with RESP_FLAG_STICKY.
-    let mut f = CudaSession::open(&host, 2);
+    let mut f = GpuState::open(&host, 2);
     let mf = load(&mut g, &mut f, VADD_PTX.as_bytes());
     let (poke, _) = function(&mut g, &mut f, mf, "poke");
     ok(launch(
@@ -479,7 +479,7 @@ fn gpu_flow_through_the_executor() {
     assert_eq!((r.status, r.flags), (sticky, RESP_FLAG_STICKY));
     let r = call(&mut observer, Op::MemGetInfo, &[]);
     assert_eq!((r.status, r.flags), (sticky, RESP_FLAG_STICKY));
-    let mut late = CudaSession::open(&host, 6);
+    let mut late = GpuState::open(&host, 6);
     let r = call(&mut late, Op::Malloc, &[64]);
     assert_eq!((r.status, r.flags), (sticky, RESP_FLAG_STICKY));
     let r = call(&mut late, Op::DeviceCount, &[]);

@@ -4,11 +4,11 @@ use qcuda_proto::{Op, COPY_CHUNK};
 
 use super::*;
 use crate::{
-    api::{arrays::*, memory::*, texture::*},
     generated::{
         self as cu, cudaArray_t, cudaChannelFormatDesc, cudaExtent, cudaMemcpy3DParms,
         cudaMipmappedArray_t, cudaPitchedPtr, cudaPos, cudaResourceDesc, cudaTextureDesc,
     },
+    runtime::{arrays::*, memory::*, texture::*},
 };
 
 fn pattern(len: usize) -> Vec<u8> {

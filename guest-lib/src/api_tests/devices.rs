@@ -2,11 +2,11 @@ use std::ffi::CStr;
 
 use super::*;
 use crate::{
-    api::devices::*,
-    fake_device::FakeDevice,
+    core::fake_device::FakeDevice,
+    core::last_error,
+    core::runtime::Runtime,
     generated::{self as cu, cudaDeviceProp},
-    last_error,
-    runtime::Runtime,
+    runtime::devices::*,
 };
 use qcuda_proto::Op;
 
@@ -86,7 +86,7 @@ fn set_device_validates_and_is_per_thread() {
         ok(cudaGetDevice(&raw mut d));
         assert_eq!(d, 1);
     }
-    std::thread::spawn(|| assert_eq!(crate::devices::current(), 0))
+    std::thread::spawn(|| assert_eq!(crate::core::devices::current(), 0))
         .join()
         .unwrap();
 }
@@ -223,31 +223,31 @@ fn versions_flags_pci_and_memory_info() {
         assert_err(cudaDeviceEnablePeerAccess(1, 3), cu::cudaErrorInvalidValue);
         assert_err(cudaDeviceEnablePeerAccess(0, 0), cu::cudaErrorInvalidDevice);
         ok(cudaDeviceDisablePeerAccess(1));
-        crate::api::errors::cudaGetLastError();
+        crate::runtime::errors::cudaGetLastError();
         // A copy from device 1 to device 0.
         let (mut a, mut b): (*mut core::ffi::c_void, *mut core::ffi::c_void) =
             (core::ptr::null_mut(), core::ptr::null_mut());
-        ok(crate::api::memory::cudaMalloc(&raw mut a, 64));
+        ok(crate::runtime::memory::cudaMalloc(&raw mut a, 64));
         ok(cudaSetDevice(1));
-        ok(crate::api::memory::cudaMalloc(&raw mut b, 64));
+        ok(crate::runtime::memory::cudaMalloc(&raw mut b, 64));
         let data = [9u8; 64];
-        ok(crate::api::memory::cudaMemcpy(
+        ok(crate::runtime::memory::cudaMemcpy(
             b,
             data.as_ptr().cast(),
             64,
             cu::cudaMemcpyHostToDevice,
         ));
         ok(cudaSetDevice(0));
-        ok(crate::api::memory::cudaMemcpyPeer(a, 0, b, 1, 64));
+        ok(crate::runtime::memory::cudaMemcpyPeer(a, 0, b, 1, 64));
         let mut back = [0u8; 64];
-        ok(crate::api::memory::cudaMemcpy(
+        ok(crate::runtime::memory::cudaMemcpy(
             back.as_mut_ptr().cast(),
             a,
             64,
             cu::cudaMemcpyDeviceToHost,
         ));
         assert_eq!(back, data);
-        ok(crate::api::memory::cudaMemcpyPeerAsync(
+        ok(crate::runtime::memory::cudaMemcpyPeerAsync(
             a,
             0,
             b,
@@ -256,10 +256,10 @@ fn versions_flags_pci_and_memory_info() {
             core::ptr::null_mut(),
         ));
         assert_err(
-            crate::api::memory::cudaMemcpyPeer(a, 0, b, 5, 64),
+            crate::runtime::memory::cudaMemcpyPeer(a, 0, b, 5, 64),
             cu::cudaErrorInvalidDevice,
         );
-        crate::api::errors::cudaGetLastError();
+        crate::runtime::errors::cudaGetLastError();
         let (mut free, mut total) = (0, 0);
         ok(cudaMemGetInfo(&raw mut free, &raw mut total));
         assert_eq!(total, 80 << 30);
@@ -273,6 +273,11 @@ fn transport_failures_map_to_cuda_errors_and_eintr_is_retried() {
     fake.state().errnos.extend([libc::EINTR, libc::EINTR]);
     // SAFETY: no pointers.
     ok(unsafe { cudaDeviceSynchronize() });
+    // A request in between, so that the next synchronisation has something to wait for and
+    // goes to the host (an idle one makes no round trip).
+    let mut p = std::ptr::null_mut();
+    // SAFETY: a valid out-parameter.
+    ok(unsafe { crate::runtime::memory::cudaMalloc(&raw mut p, 16) });
     fake.state().errnos.push_back(libc::EIO);
     // SAFETY: no pointers.
     assert_err(
@@ -297,5 +302,5 @@ fn transport_failures_map_to_cuda_errors_and_eintr_is_retried() {
     let old = FakeDevice::new(1);
     old.state().errnos.push_back(libc::ENOTTY);
     let err = Runtime::connect(Box::new(old.clone()), false).unwrap_err();
-    assert_eq!(err, crate::cuda_error::CudaError::INSUFFICIENT_DRIVER);
+    assert_eq!(err, crate::core::cuda_error::CudaError::INSUFFICIENT_DRIVER);
 }

@@ -2,12 +2,13 @@
 //! every width, 2D copies, modules and libraries, launches with pointer arrays and packed
 //! buffers, and the cuFFT table that lists a module's functions.
 
+use qcuda_proto::Op;
 use std::ffi::{c_void, CStr};
 
 use super::*;
 use crate::{
     driver::{
-        api::{context::*, device::*, init::*, launch::*, memory::*, module::*},
+        api::{context::*, device::*, init::*, launch::*, memory::*, module::*, stream::*},
         status::DriverError,
     },
     generated::driver_api as d,
@@ -21,7 +22,7 @@ fn cu(r: d::CUresult) {
 /// A fake fatbin image as the test double accepts it.
 fn image() -> Vec<u64> {
     let mut words = vec![0u64; IMAGE_LEN / 8];
-    words[0] = u64::from(crate::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
+    words[0] = u64::from(crate::core::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
     words[1] = (IMAGE_LEN - 16) as u64;
     words
 }
@@ -95,7 +96,7 @@ fn contexts_memory_memsets_and_2d_copies() {
         // With the stack empty, the device's primary context is current again: the session
         // uses the device (guest-lib.md, "Limits": NVIDIA's driver would have none current).
         cu(cuCtxGetCurrent(&raw mut cur));
-        assert_eq!(cur as usize, crate::driver::context::primary(0).handle());
+        assert_eq!(cur as usize, crate::core::context::primary(0).handle());
         let mut id = 0;
         assert_eq!(
             DriverError::check(cuCtxGetId(ctx, &raw mut id)),
@@ -225,6 +226,33 @@ fn modules_libraries_and_launches() {
             .map(|l| l.params.clone())
             .collect();
         assert_eq!(params, [packed.to_vec(), packed.to_vec(), packed.to_vec()]);
+        // A CUkernel resolved once launches with no lookup on the host: one fire-and-forget
+        // LaunchKernel per launch, as a runtime launch.
+        let logged = fake.state().log.len();
+        let mut launch_kern = || {
+            cuLaunchKernel(
+                kern.cast(),
+                3,
+                1,
+                1,
+                64,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        cu(launch_kern());
+        cu(launch_kern());
+        flush();
+        let ops: Vec<(Op, bool)> = fake.state().log[logged..]
+            .iter()
+            .map(|l| (l.op, l.fire_and_forget))
+            .filter(|(op, _)| *op != Op::Batch)
+            .collect();
+        assert_eq!(ops, [(Op::LaunchKernel, true), (Op::LaunchKernel, true)]);
 
         // cuFFT's table: a module's functions, each through the caller's sink.
         let mut table: *const c_void = std::ptr::null();
@@ -260,6 +288,11 @@ fn modules_libraries_and_launches() {
             Err(DriverError::INVALID_HANDLE)
         );
         cu(cuLibraryUnload(lib));
+        // Its kernels go with it, cached functions or not.
+        assert_eq!(
+            DriverError::check(launch_kern()),
+            Err(DriverError::INVALID_HANDLE)
+        );
         cu(cuDevicePrimaryCtxRelease_v2(0));
     }
 }
@@ -518,5 +551,218 @@ fn arrays_copies_and_texture_objects() {
         assert_ne!(tex_back.flags & d::CU_TRSF_NORMALIZED_COORDINATES, 0);
         cu(cuTexObjectDestroy(obj));
         cu(cuArrayDestroy(a));
+    }
+}
+
+/// Mixed programs: the runtime face's primary context is the driver face's current context
+/// once a runtime call has selected the device, and a context the driver face makes current is
+/// the one the runtime face then uses.
+#[test]
+fn the_runtime_primary_context_is_current_for_the_driver() {
+    use crate::runtime::{devices::*, memory::cudaFree};
+    let fake = FakeDevice::new(2);
+    fake.install();
+    let primary = |d| crate::core::context::primary(d).handle();
+    // SAFETY: valid out-parameters throughout.
+    unsafe {
+        assert_eq!(cudaSetDevice(1), 0);
+        let mut cur: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxGetCurrent(&raw mut cur));
+        assert_eq!(cur as usize, primary(1));
+        let mut dev = -1;
+        cu(cuCtxGetDevice(&raw mut dev));
+        assert_eq!(dev, 1);
+        // The context cuDevicePrimaryCtxRetain hands out is that same one.
+        let mut retained: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut retained, 1));
+        assert_eq!(retained, cur);
+        cu(cuDevicePrimaryCtxRelease_v2(1));
+        let (mut flags, mut active) = (0, 0);
+        cu(cuDevicePrimaryCtxGetState(
+            1,
+            &raw mut flags,
+            &raw mut active,
+        ));
+        assert_eq!(active, 1);
+
+        // A context made through the driver API is what the runtime then works in.
+        let mut created: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxCreate_v2(&raw mut created, 0, 0));
+        let mut rt_dev = -1;
+        assert_eq!(cudaGetDevice(&raw mut rt_dev), 0);
+        assert_eq!(rt_dev, 0);
+        // cudaSetDevice puts that device's primary context in its place.
+        assert_eq!(cudaSetDevice(1), 0);
+        cu(cuCtxGetCurrent(&raw mut cur));
+        assert_eq!(cur as usize, primary(1));
+        cu(cuCtxDestroy_v2(created));
+    }
+    // Any runtime call that works on the device does it too: cudaFree(0) on a fresh thread.
+    std::thread::spawn(move || {
+        fake.install();
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(cudaFree(std::ptr::null_mut()), 0);
+            let mut cur: d::CUcontext = std::ptr::null_mut();
+            cu(cuCtxGetCurrent(&raw mut cur));
+            assert_eq!(cur as usize, primary(0));
+            let mut dev = -1;
+            cu(cuCtxGetDevice(&raw mut dev));
+            assert_eq!(dev, 0);
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// Profiler control with no profiler attached succeeds, in a current context, as natively.
+#[test]
+fn profiler_control_is_a_successful_no_op() {
+    use crate::runtime::profiler::{cudaProfilerStart, cudaProfilerStop};
+    let _fake = setup();
+    // SAFETY: no arguments.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxPushCurrent_v2(ctx));
+        cu(cuProfilerStart());
+        cu(cuProfilerStop());
+        assert_eq!(cudaProfilerStart(), 0);
+        assert_eq!(cudaProfilerStop(), 0);
+        let mut popped: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxPopCurrent_v2(&raw mut popped));
+        cu(cuDevicePrimaryCtxRelease_v2(0));
+    }
+}
+
+/// The driver face's small calls go out exactly as the runtime face's: the same requests, each
+/// waited for (or not) the same way, with the same payloads. NVIDIA's runtime over our driver
+/// then costs what our runtime costs per launch, synchronisation and small copy.
+#[test]
+fn driver_calls_send_what_runtime_calls_send() {
+    use crate::runtime::{
+        launch::cudaLaunchKernel,
+        memory::{cudaMalloc, cudaMemcpy},
+        streams::cudaStreamSynchronize,
+    };
+    let fake = setup();
+    fake.add_kernel("k", &[(0, 8), (8, 4)]);
+    let fatbin = register_fatbin();
+    let stub = register_kernel(fatbin, c"k");
+    let img = image();
+    let mut a = 7u64;
+    let mut b = 9u32;
+    let mut args = [(&raw mut a).cast::<c_void>(), (&raw mut b).cast::<c_void>()];
+    let host = [1u8, 2, 3, 4];
+    let calls = |from: usize| -> Vec<(Op, bool, u64, u64, qcuda_proto::WaitMode)> {
+        flush();
+        fake.state().log[from..]
+            .iter()
+            .map(|l| (l.op, l.fire_and_forget, l.in_len, l.out_len, l.wait))
+            .collect()
+    };
+    // SAFETY: valid out-parameters, buffers and parameter storage throughout.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxSetCurrent(ctx));
+        let mut m: d::CUmodule = std::ptr::null_mut();
+        cu(cuModuleLoadData(&raw mut m, img.as_ptr().cast()));
+        let mut f: d::CUfunction = std::ptr::null_mut();
+        cu(cuModuleGetFunction(&raw mut f, m, c"k".as_ptr()));
+        let mut dev: *mut c_void = std::ptr::null_mut();
+        assert_eq!(cudaMalloc(&raw mut dev, 64), 0);
+        let mut dptr: d::CUdeviceptr = 0;
+        cu(cuMemAlloc_v2(&raw mut dptr, 64));
+        let grid = crate::generated::dim3 { x: 2, y: 1, z: 1 };
+        let block = crate::generated::dim3 { x: 32, y: 1, z: 1 };
+        // Each runtime call once first, so that what is loaded or cached stays out of the way.
+        assert_eq!(
+            cudaLaunchKernel(
+                stub as *const c_void,
+                grid,
+                block,
+                args.as_mut_ptr(),
+                0,
+                std::ptr::null_mut()
+            ),
+            0
+        );
+        assert_eq!(cudaStreamSynchronize(std::ptr::null_mut()), 0);
+
+        let start = fake.state().log.len();
+        assert_eq!(
+            cudaLaunchKernel(
+                stub as *const c_void,
+                grid,
+                block,
+                args.as_mut_ptr(),
+                0,
+                std::ptr::null_mut()
+            ),
+            0
+        );
+        assert_eq!(cudaStreamSynchronize(std::ptr::null_mut()), 0);
+        assert_eq!(
+            cudaMemcpy(
+                dev,
+                host.as_ptr().cast(),
+                4,
+                crate::generated::cudaMemcpyHostToDevice
+            ),
+            0
+        );
+        assert_eq!(cudaStreamSynchronize(std::ptr::null_mut()), 0);
+        let runtime = calls(start);
+
+        let start = fake.state().log.len();
+        cu(cuLaunchKernel(
+            f,
+            2,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            std::ptr::null_mut(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        cu(cuStreamSynchronize(std::ptr::null_mut()));
+        cu(cuMemcpyHtoD_v2(dptr, host.as_ptr().cast(), 4));
+        cu(cuStreamSynchronize(std::ptr::null_mut()));
+        let driver = calls(start);
+
+        assert!(!runtime.is_empty());
+        assert_eq!(driver, runtime);
+        cu(cuDevicePrimaryCtxRelease_v2(0));
+    }
+}
+
+/// The CUDA 3.1 symbols of context creation and the stack (what old binaries and
+/// `cuGetProcAddress` at those versions get) behave as their `_v2` forms.
+#[test]
+fn first_context_symbols_are_their_v2_forms() {
+    let _fake = setup();
+    // SAFETY: valid out-parameters.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxCreate(&raw mut ctx, 0, 0));
+        let mut cur: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxGetCurrent(&raw mut cur));
+        assert_eq!(cur, ctx);
+        let mut popped: d::CUcontext = std::ptr::null_mut();
+        cu(cuCtxPopCurrent(&raw mut popped));
+        assert_eq!(popped, ctx);
+        cu(cuCtxPushCurrent(ctx));
+        cu(cuCtxDestroy(ctx));
+        assert_eq!(
+            DriverError::check(cuCtxPushCurrent(ctx)),
+            Err(DriverError::CONTEXT_IS_DESTROYED)
+        );
     }
 }

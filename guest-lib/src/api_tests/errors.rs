@@ -4,9 +4,9 @@ use qcuda_proto::{status, Op};
 
 use super::*;
 use crate::{
-    api::{devices::*, errors::*, launch::*, memory::*, streams::*, unsupported},
-    fake_device::FAULTING_KERNEL,
+    core::fake_device::FAULTING_KERNEL,
     generated::{self as cu, dim3},
+    runtime::{devices::*, errors::*, launch::*, memory::*, streams::*, unsupported},
 };
 
 #[test]
@@ -214,4 +214,4 @@ fn interrupted_calls_are_repeated_only_when_idempotent() {
     cudaGetLastError();
 }
 
-use crate::fake_device::FakeDevice;
+use crate::core::fake_device::FakeDevice;

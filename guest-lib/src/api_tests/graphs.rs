@@ -7,8 +7,8 @@ use qcuda_proto::{
 
 use super::*;
 use crate::{
-    api::{graphs::*, memory::*, streams::*},
     generated::{self as cu, cudaGraphExec_t, cudaGraphNode_t, cudaGraph_t, cudaStream_t, dim3},
+    runtime::{graphs::*, memory::*, streams::*},
 };
 
 fn d3(x: u32) -> dim3 {
@@ -116,14 +116,14 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             256,
             cu::cudaMemcpyDeviceToHost,
         ));
-        let pinned_for_graph = crate::runtime::runtime()
+        let pinned_for_graph = crate::core::runtime::runtime()
             .unwrap()
             .host_memory
             .find(pageable.as_ptr() as usize)
             .unwrap();
         assert_eq!(
             pinned_for_graph.kind,
-            crate::host_memory::HostKind::GraphPinned
+            crate::core::host_memory::HostKind::GraphPinned
         );
         ok(cudaGraphDestroyNode(bad));
         // A host node needs a function; with one, it carries the key of the process's host

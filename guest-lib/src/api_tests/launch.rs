@@ -4,10 +4,10 @@ use qcuda_proto::{status, Op};
 
 use super::*;
 use crate::{
-    api::{errors::cudaGetLastError, launch::*},
-    fake_device::FakeDevice,
+    core::fake_device::FakeDevice,
+    core::last_error,
     generated::{self as cu, cudaKernel_t, cudaStream_t, dim3},
-    last_error,
+    runtime::{errors::cudaGetLastError, launch::*},
 };
 
 fn d3(x: u32, y: u32, z: u32) -> dim3 {
@@ -299,8 +299,8 @@ fn an_interrupted_fire_and_forget_launch_is_sent_again() {
 #[test]
 fn launch_blocking_waits_and_reports_at_the_launch() {
     let fake = FakeDevice::new(1);
-    crate::runtime::install(
-        crate::runtime::Runtime::connect(Box::new(fake.clone()), true).unwrap(),
+    crate::core::runtime::install(
+        crate::core::runtime::Runtime::connect(Box::new(fake.clone()), true).unwrap(),
     );
     fake.add_kernel("_Z1kv", &[]);
     let k = register_kernel(register_fatbin(), c"_Z1kv");
@@ -314,7 +314,7 @@ fn launch_blocking_waits_and_reports_at_the_launch() {
 
 #[test]
 fn managed_variables_take_turns_between_launches_and_synchronisations() {
-    use crate::api::{devices::cudaDeviceSynchronize, registration::*};
+    use crate::runtime::{devices::cudaDeviceSynchronize, registration::*};
     let fake = setup();
     fake.add_kernel("_Z3incv", &[]);
     let p = fake.add_global("counter", 4);
@@ -439,7 +439,7 @@ fn function_attributes_and_occupancy_go_to_the_kernel_s_host_function() {
 
 #[test]
 fn a_synchronising_call_carries_the_gathered_work_in_one_request() {
-    use crate::api::{errors::cudaGetLastError, streams::cudaStreamSynchronize};
+    use crate::runtime::{errors::cudaGetLastError, streams::cudaStreamSynchronize};
     let fake = setup();
     fake.add_kernel("_Z1kv", &[]);
     let k = register_kernel(register_fatbin(), c"_Z1kv");
@@ -482,7 +482,7 @@ fn a_synchronising_call_carries_the_gathered_work_in_one_request() {
 
 #[test]
 fn an_interrupted_batch_with_a_synchronising_tail_runs_its_records_once() {
-    use crate::api::devices::cudaDeviceSynchronize;
+    use crate::runtime::devices::cudaDeviceSynchronize;
     let fake = setup();
     fake.add_kernel("_Z1kv", &[]);
     let k = register_kernel(register_fatbin(), c"_Z1kv");
@@ -511,7 +511,7 @@ fn an_interrupted_batch_with_a_synchronising_tail_runs_its_records_once() {
 
 #[test]
 fn fire_and_forget_work_travels_in_batches_in_program_order() {
-    use crate::api::{devices::cudaDeviceSynchronize, errors::cudaGetLastError};
+    use crate::runtime::{devices::cudaDeviceSynchronize, errors::cudaGetLastError};
     let fake = setup();
     fake.add_kernel("_Z1kPi", &[(0, 8)]);
     let k = register_kernel(register_fatbin(), c"_Z1kPi");
@@ -593,8 +593,8 @@ fn launch_ex_sends_its_attributes_and_tuning_calls_reach_the_host() {
     use qcuda_proto::{LaunchAttr, LAUNCH_ATTR_SIZE};
 
     use crate::{
-        api::{events::cudaEventCreate, launch_ex::*},
         generated::{cudaEvent_t, cudaLaunchAttribute, cudaLaunchConfig_t},
+        runtime::{events::cudaEventCreate, launch_ex::*},
     };
     let fake = setup();
     fake.add_kernel("_Z1kv", &[]);

@@ -4,8 +4,8 @@ use qcuda_proto::{Op, COPY_CHUNK};
 
 use super::*;
 use crate::{
-    api::{errors::cudaGetLastError, memory::*},
     generated::{self as cu, cudaPointerAttributes},
+    runtime::{errors::cudaGetLastError, memory::*},
 };
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -285,7 +285,7 @@ fn host_allocations_and_pointer_attributes() {
 
 #[test]
 fn stream_attach_checks_its_managed_range() {
-    use crate::api::streams::cudaStreamAttachMemAsync;
+    use crate::runtime::streams::cudaStreamAttachMemAsync;
     setup();
     let mut m = ptr::null_mut();
     let mut local = 0u8;

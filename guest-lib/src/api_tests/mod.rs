@@ -15,10 +15,10 @@ use std::{
 };
 
 use crate::{
-    api::registration::{__cudaRegisterFatBinary, __cudaRegisterFunction, __cudaRegisterVar},
-    fake_device::FakeDevice,
-    fatbin::{FatbinWrapper, FATBIN_MAGIC, WRAPPER_MAGIC},
+    core::fake_device::FakeDevice,
+    core::fatbin::{FatbinWrapper, FATBIN_MAGIC, WRAPPER_MAGIC},
     generated::{cudaError_t, cudaSuccess},
+    runtime::registration::{__cudaRegisterFatBinary, __cudaRegisterFunction, __cudaRegisterVar},
 };
 
 mod arrays;
@@ -39,7 +39,10 @@ pub const IMAGE_LEN: usize = 64;
 /// Sends the runtime's gathered fire-and-forget work to the fake now (as the flusher thread
 /// or the next call would), so a test can look at what the "host" did.
 pub fn flush() {
-    crate::runtime::runtime().unwrap().session.flush_batch();
+    crate::core::runtime::runtime()
+        .unwrap()
+        .session
+        .flush_batch();
 }
 
 pub fn setup() -> Arc<FakeDevice> {
@@ -112,7 +115,7 @@ pub fn register_var(fatbin: *mut *mut c_void, name: &CStr, size: usize) -> usize
 /// Asserts a `cudaError_t` result by name, for readable failures.
 #[track_caller]
 pub fn assert_err(got: cudaError_t, want: cudaError_t) {
-    let name = |e| crate::cuda_error::error_name(e).to_str().unwrap();
+    let name = |e| crate::core::cuda_error::error_name(e).to_str().unwrap();
     assert_eq!(name(got), name(want));
 }
 

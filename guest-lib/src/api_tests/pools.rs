@@ -6,11 +6,11 @@ use qcuda_proto::Op;
 
 use super::*;
 use crate::{
-    api::{errors::cudaGetLastError, memory::*, pools::*, streams::*},
     generated::{
         self as cu, cudaMemAccessDesc, cudaMemLocation, cudaMemPoolProps, cudaMemPool_t,
         cudaPointerAttributes, cudaStream_t,
     },
+    runtime::{errors::cudaGetLastError, memory::*, pools::*, streams::*},
 };
 
 fn device_location(id: i32) -> cudaMemLocation {
@@ -260,7 +260,7 @@ fn stream_priorities_are_the_device_s_and_clamped() {
 
 #[test]
 fn a_device_reset_forgets_the_device_s_pools() {
-    use crate::api::devices::cudaDeviceReset;
+    use crate::runtime::devices::cudaDeviceReset;
     let fake = setup();
     let (mut def, mut pool): (cudaMemPool_t, cudaMemPool_t) = (ptr::null_mut(), ptr::null_mut());
     let props = cudaMemPoolProps {

@@ -4,12 +4,12 @@ use qcuda_proto::Op;
 
 use super::*;
 use crate::{
-    api::{
+    core::streams::{LEGACY, PER_THREAD},
+    generated::{self as cu, cudaEvent_t, cudaStream_t, dim3},
+    runtime::{
         errors::cudaGetLastError, events::*, graphs::cudaStreamIsCapturing,
         launch::cudaLaunchKernel, memory::*, streams::*,
     },
-    generated::{self as cu, cudaEvent_t, cudaStream_t, dim3},
-    streams::{LEGACY, PER_THREAD},
 };
 
 #[test]
@@ -237,12 +237,12 @@ fn host_functions_run_in_this_process_in_order_and_release_their_stream() {
     assert_eq!(*HOST_FN_RUNS.lock().unwrap(), [(0, 11), (s as usize, 12)]);
     assert_eq!(fake.state().host_released, [1, 2]);
     // One-shot: forgotten after their run.
-    assert!(crate::runtime::runtime().unwrap().host_fns.is_empty());
+    assert!(crate::core::runtime::runtime().unwrap().host_fns.is_empty());
 }
 
 #[test]
 fn synchronisations_wait_as_the_scheduling_flags_say() {
-    use crate::api::devices::{cudaDeviceSynchronize, cudaSetDeviceFlags};
+    use crate::runtime::devices::{cudaDeviceSynchronize, cudaSetDeviceFlags};
     use qcuda_proto::WaitMode;
     let fake = setup();
     let waits = |op: Op| -> Vec<WaitMode> {
@@ -266,8 +266,10 @@ fn synchronisations_wait_as_the_scheduling_flags_say() {
             cu::cudaEventBlockingSync,
         ));
         ok(cudaMalloc(&raw mut d, 64));
-        // The default (auto): synchronisations poll until the answer comes.
+        // The default (auto): synchronisations poll until the answer comes. (A record before
+        // a synchronisation gives it work to wait for: an idle one makes no round trip.)
         ok(cudaDeviceSynchronize());
+        ok(cudaEventRecord(e, s));
         ok(cudaStreamSynchronize(s));
         ok(cudaEventRecord(e, s));
         ok(cudaEventSynchronize(e));
@@ -277,8 +279,10 @@ fn synchronisations_wait_as_the_scheduling_flags_say() {
         // Blocking synchronisation for the device.
         ok(cudaSetDeviceFlags(cu::cudaDeviceScheduleBlockingSync));
         ok(cudaDeviceSynchronize());
+        ok(cudaEventRecord(e, s));
         ok(cudaStreamSynchronize(s));
         ok(cudaSetDeviceFlags(cu::cudaDeviceScheduleYield));
+        ok(cudaEventRecord(e, s));
         ok(cudaStreamSynchronize(s));
     }
     assert_eq!(
@@ -296,4 +300,55 @@ fn synchronisations_wait_as_the_scheduling_flags_say() {
     // Calls that are not synchronisations keep the module's default.
     assert_eq!(waits(Op::Malloc), [WaitMode::Poll]);
     assert!(waits(Op::StreamCreate).iter().all(|w| *w == WaitMode::Poll));
+}
+
+/// A synchronisation with nothing to wait for (no request since one that covered it
+/// succeeded) makes no round trip; any request in between, from any thread, makes the next one
+/// go to the host again.
+#[test]
+fn an_idle_synchronisation_makes_no_round_trip() {
+    use crate::runtime::{devices::cudaDeviceSynchronize, streams::*};
+    let fake = setup();
+    let sent = |op: Op| fake.state().log.iter().filter(|l| l.op == op).count();
+    let mut s: crate::generated::cudaStream_t = std::ptr::null_mut();
+    let mut e: cudaEvent_t = std::ptr::null_mut();
+    // SAFETY: valid out-parameters.
+    unsafe {
+        assert_eq!(cudaStreamCreate(&raw mut s), 0);
+        assert_eq!(cudaEventCreate(&raw mut e), 0);
+        assert_eq!(cudaStreamSynchronize(s), 0);
+        assert_eq!(cudaStreamSynchronize(s), 0);
+        assert_eq!(cudaStreamSynchronize(s), 0);
+        assert_eq!(sent(Op::StreamSynchronize), 1);
+        // A stream known to be done is answered at once.
+        assert_eq!(cudaStreamQuery(s), 0);
+        assert_eq!(sent(Op::StreamQuery), 0);
+        // Another stream was not covered by that.
+        assert_eq!(cudaStreamSynchronize(std::ptr::null_mut()), 0);
+        assert_eq!(sent(Op::StreamSynchronize), 2);
+        // A device synchronisation covers every stream of the device.
+        assert_eq!(cudaDeviceSynchronize(), 0);
+        assert_eq!(cudaDeviceSynchronize(), 0);
+        assert_eq!(cudaStreamSynchronize(s), 0);
+        assert_eq!(sent(Op::DeviceSynchronize), 1);
+        assert_eq!(sent(Op::StreamSynchronize), 2);
+        // Work in between: the next one waits for it; a query that finds it done covers the
+        // stream too.
+        assert_eq!(cudaEventRecord(e, s), 0);
+        assert_eq!(cudaStreamQuery(s), 0);
+        assert_eq!(cudaStreamSynchronize(s), 0);
+        assert_eq!(sent(Op::StreamQuery), 1);
+        assert_eq!(sent(Op::StreamSynchronize), 2);
+        // A query answered from the guest's records is no request.
+        let mut flags = 0;
+        assert_eq!(cudaStreamGetFlags(s, &raw mut flags), 0);
+        assert_eq!(cudaStreamSynchronize(s), 0);
+        assert_eq!(sent(Op::StreamSynchronize), 2);
+        // A synchronisation that failed covers nothing: the next one goes to the host.
+        assert_eq!(cudaEventRecord(e, s), 0);
+        fake.state().fail_next = Some((Op::StreamSynchronize, cu::cudaErrorUnknown, false));
+        assert_eq!(cudaStreamSynchronize(s), cu::cudaErrorUnknown);
+        assert_eq!(cudaStreamSynchronize(s), 0);
+        assert_eq!(sent(Op::StreamSynchronize), 4);
+    }
 }

@@ -4,8 +4,8 @@ use qcuda_proto::Op;
 
 use super::*;
 use crate::{
-    api::{errors::cudaGetLastError, memory::cudaMalloc, symbols::*},
     generated as cu,
+    runtime::{errors::cudaGetLastError, memory::cudaMalloc, symbols::*},
 };
 
 #[test]

@@ -22,10 +22,11 @@ use hmac::{Hmac, Mac};
 
 use super::{
     api::{device_identity, driver_version_value},
-    context, modules,
+    modules,
     status::{DriverError, DrvResult},
 };
-use crate::{fatbin, generated::driver_api as d, warnings::warn_first};
+use crate::core::context;
+use crate::{core::fatbin, core::warnings::warn_first, generated::driver_api as d};
 
 /// A table as the driver hands it out: words, function pointers among them.
 #[repr(C)]
@@ -281,11 +282,11 @@ unsafe extern "C" fn cls_put(
     value: usize,
     dtor: context::StorageDtor,
 ) -> d::CUresult {
-    super::status::finish(context::storage_put(ctx, key, value, dtor))
+    super::status::finish(context::storage_put(ctx, key, value, dtor).map_err(Into::into))
 }
 
 extern "C" fn cls_delete(ctx: usize, key: usize) -> d::CUresult {
-    super::status::finish(context::storage_delete(ctx, key))
+    super::status::finish(context::storage_delete(ctx, key).map_err(Into::into))
 }
 
 unsafe extern "C" fn cls_get(out: *mut usize, ctx: usize, key: usize) -> d::CUresult {
@@ -295,7 +296,7 @@ unsafe extern "C" fn cls_get(out: *mut usize, ctx: usize, key: usize) -> d::CUre
     let result = context::storage_get(ctx, key);
     // SAFETY: checked non-null.
     unsafe { out.write_unaligned(*result.as_ref().unwrap_or(&0)) };
-    super::status::finish(result.map(drop))
+    super::status::finish(result.map(drop).map_err(Into::into))
 }
 
 static CONTEXT_STORAGE: Table<4> = Table([
@@ -396,7 +397,7 @@ unsafe fn integrity_check_impl(version: u32, seconds: u64, out: *mut [u64; 2]) -
                 // SAFETY: getpid and pthread_self have no preconditions.
                 pid: unsafe { libc::getpid() }.cast_unsigned(),
                 // SAFETY: as above. The runtime hashes the low half of the thread handle.
-                thread: crate::conv::low_u32(unsafe { libc::pthread_self() }),
+                thread: crate::core::conv::low_u32(unsafe { libc::pthread_self() }),
                 runtime_table: RUNTIME_INTERFACE.address() as u64,
                 integrity_table: INTEGRITY.address() as u64,
                 function: integrity_check as *const () as u64,
@@ -470,7 +471,9 @@ unsafe fn ctx_id_impl(ctx: usize, id: *mut u64) -> d::CUresult {
     let value = if ctx == 0 {
         Ok(0)
     } else {
-        context::lookup(ctx).map(|c| c.id)
+        context::lookup(ctx)
+            .map(|c| c.id)
+            .map_err(DriverError::from)
     };
     value.map_or_else(DriverError::code, |v| {
         // SAFETY: checked non-null.
@@ -513,12 +516,12 @@ unsafe fn stream_object_impl(
     if out.is_null() {
         return d::CUDA_ERROR_INVALID_VALUE;
     }
-    let stream = if stream == crate::streams::LEGACY {
+    let stream = if stream == crate::core::streams::LEGACY {
         0
     } else {
         stream
     };
-    let Some(rt) = crate::runtime::runtime_if_connected() else {
+    let Some(rt) = crate::core::runtime::runtime_if_connected() else {
         return d::CUDA_ERROR_NOT_INITIALIZED;
     };
     if let Err(e) = rt.streams.target(stream) {
@@ -573,7 +576,7 @@ unsafe fn stream_object_id_impl(
     let Some(stream) = stream else {
         return d::CUDA_ERROR_INVALID_HANDLE;
     };
-    let Some(rt) = crate::runtime::runtime_if_connected() else {
+    let Some(rt) = crate::core::runtime::runtime_if_connected() else {
         return d::CUDA_ERROR_NOT_INITIALIZED;
     };
     match rt.streams.id(&rt.session, stream) {
@@ -611,7 +614,7 @@ unsafe extern "C" fn module_functions(
     let functions = match listed {
         Ok(f) => f,
         Err(e) => {
-            crate::warnings::warn(format_args!("export table 6e163fbe slot 7: {e:?}"));
+            crate::core::warnings::warn(format_args!("export table 6e163fbe slot 7: {e:?}"));
             return 0;
         }
     };
@@ -717,7 +720,7 @@ pub fn get(id: &[u8; 16]) -> DrvResult<*const c_void> {
         }
         return Ok(*t);
     }
-    crate::warnings::warn(format_args!("cuGetExportTable: no table {hex}"));
+    crate::core::warnings::warn(format_args!("cuGetExportTable: no table {hex}"));
     Err(DriverError::INVALID_VALUE)
 }
 

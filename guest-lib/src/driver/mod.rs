@@ -11,7 +11,8 @@
 //!   (gen/driver-symbols.py): stubs for what is not implemented, and every symbol's address;
 //! - `proc_address`: `cuGetProcAddress`'s version and flavour rules;
 //! - `export_tables`: the private tables, with the runtime's integrity check;
-//! - `context`: contexts and the per-thread stack, shared with the runtime face's device;
+//! - contexts and the per-thread stack are the core's (`core::context`), shared with the
+//!   runtime face's device;
 //! - `modules`: modules, functions, libraries and kernels;
 //! - `status`: `CUresult` and the mapping from the core's runtime codes.
 
@@ -31,7 +32,6 @@ macro_rules! unsupported {
 
 #[macro_use]
 pub mod api;
-pub mod context;
 pub mod export_tables;
 pub mod modules;
 pub mod proc_address;

@@ -15,21 +15,21 @@ use std::{
     ffi::CString,
     sync::{
         atomic::{AtomicBool, AtomicU32, Ordering},
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, OnceLock, PoisonError, RwLock,
     },
 };
 
 use qcuda_proto::Op;
 
-use super::{
-    context,
-    status::{DriverError, DrvResult},
-};
+use super::status::{DriverError, DrvResult};
+use crate::core::context;
 use crate::{
-    fatbin, modules as core_modules,
-    registry::{DeviceGlobal, ResolvedKernel},
-    runtime::runtime,
-    transport::Call,
+    core::fatbin,
+    core::modules as core_modules,
+    core::registry::{DeviceGlobal, ResolvedKernel},
+    core::runtime::runtime,
+    core::session::MAX_DEVICES,
+    core::transport::Call,
 };
 
 /// A loaded module.
@@ -72,6 +72,9 @@ pub struct Kernel {
     pub library: &'static Library,
     /// Its name.
     pub name: CString,
+    /// Its function on each device, once resolved there: a launch of a `CUkernel` (NVIDIA's
+    /// runtime launches these) then costs no lock and no name lookup.
+    functions: [OnceLock<&'static Function>; MAX_DEVICES],
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,11 +85,17 @@ enum Kind {
     Kernel,
 }
 
-static LIVE: Mutex<Option<HashMap<usize, Kind>>> = Mutex::new(None);
+static LIVE: RwLock<Option<HashMap<usize, Kind>>> = RwLock::new(None);
 
 fn with_live<R>(f: impl FnOnce(&mut HashMap<usize, Kind>) -> R) -> R {
-    let mut guard = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut guard = LIVE.write().unwrap_or_else(PoisonError::into_inner);
     f(guard.get_or_insert_with(HashMap::new))
+}
+
+/// What a handle is, if it is live: a shared lock, so launching threads do not contend.
+fn kind_of(h: usize) -> Option<Kind> {
+    let guard = LIVE.read().unwrap_or_else(PoisonError::into_inner);
+    guard.as_ref().and_then(|l| l.get(&h).copied())
 }
 
 fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -98,7 +107,7 @@ fn handle<T>(r: &'static T) -> usize {
 }
 
 fn is_live(h: usize, kind: Kind) -> bool {
-    with_live(|l| l.get(&h) == Some(&kind))
+    kind_of(h) == Some(kind)
 }
 
 /// The module behind a handle.
@@ -140,9 +149,14 @@ pub fn kernel(h: usize) -> DrvResult<&'static Kernel> {
 /// A launchable handle: a `CUfunction`, or a `CUkernel` (which the driver accepts wherever a
 /// function goes), resolved on the current context's device.
 pub fn launchable(h: usize) -> DrvResult<&'static Function> {
-    match with_live(|l| l.get(&h).copied()) {
-        Some(Kind::Function) => function(h),
-        Some(Kind::Kernel) => kernel_function(kernel(h)?, context::require_current()?.device),
+    match kind_of(h) {
+        // SAFETY: live handles of these kinds are addresses of leaked records of them.
+        Some(Kind::Function) => Ok(unsafe { &*(h as *const Function) }),
+        Some(Kind::Kernel) => kernel_function(
+            // SAFETY: as above.
+            unsafe { &*(h as *const Kernel) },
+            context::require_current()?.device,
+        ),
         _ => Err(DriverError::INVALID_HANDLE),
     }
 }
@@ -195,18 +209,18 @@ unsafe fn elf_len(p: *const u8) -> DrvResult<usize> {
         (
             |o: u64| {
                 u64::from(
-                    p.add(crate::conv::usize_of(o))
+                    p.add(crate::core::conv::usize_of(o))
                         .cast::<u16>()
                         .read_unaligned(),
                 )
             },
             |o: u64| {
-                p.add(crate::conv::usize_of(o))
+                p.add(crate::core::conv::usize_of(o))
                     .cast::<u32>()
                     .read_unaligned()
             },
             |o: u64| {
-                p.add(crate::conv::usize_of(o))
+                p.add(crate::core::conv::usize_of(o))
                     .cast::<u64>()
                     .read_unaligned()
             },
@@ -306,7 +320,7 @@ pub fn functions(m: &'static Module) -> DrvResult<Vec<&'static Function>> {
                 .args(&[m.host])
                 .output(&mut names),
         )?;
-        let needed = crate::conv::usize_of(reply.rets[1]);
+        let needed = crate::core::conv::usize_of(reply.rets[1]);
         if needed <= names.len() {
             break (reply.rets[0], needed);
         }
@@ -399,6 +413,7 @@ pub fn get_kernel(lib: &'static Library, name: &CStr) -> DrvResult<&'static Kern
     let k: &'static Kernel = Box::leak(Box::new(Kernel {
         library: lib,
         name: name.to_owned(),
+        functions: [const { OnceLock::new() }; MAX_DEVICES],
     }));
     kernels.push(k);
     with_live(|l| l.insert(handle(k), Kind::Kernel));
@@ -407,7 +422,16 @@ pub fn get_kernel(lib: &'static Library, name: &CStr) -> DrvResult<&'static Kern
 
 /// `cuKernelGetFunction` on `device`.
 pub fn kernel_function(k: &'static Kernel, device: u32) -> DrvResult<&'static Function> {
-    get_function(library_module(k.library, device)?, &k.name)
+    let slot = k
+        .functions
+        .get(device as usize)
+        .ok_or(DriverError::INVALID_DEVICE)?;
+    if let Some(f) = slot.get() {
+        return Ok(f);
+    }
+    let f = get_function(library_module(k.library, device)?, &k.name)?;
+    // Another thread may have resolved it meanwhile: `get_function` gives the same record.
+    Ok(slot.get_or_init(|| f))
 }
 
 /// A handle's address, for the exports.

@@ -11,9 +11,9 @@
 use std::{ffi::CStr, fmt, num::NonZeroU32, sync::atomic::AtomicBool};
 
 use crate::{
-    cuda_error::{self, CudaError},
+    core::cuda_error::{self, CudaError},
+    core::warnings,
     generated::{cudaError_t, driver_api as d, driver_tables::ERROR_NAMES},
-    warnings,
 };
 
 /// A failed driver call: a nonzero `CUresult`.

@@ -58,3 +58,44 @@ impl PartialEq for dim3 {
     }
 }
 impl Eq for dim3 {}
+
+/// Whether a form is the legacy-stream one or a per-thread-default-stream one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    /// The legacy-default-stream form (no suffix).
+    Plain,
+    /// `_ptds`: a synchronous call on the per-thread default stream.
+    Ptds,
+    /// `_ptsz`: a stream-taking call, stream 0 meaning the per-thread default stream.
+    Ptsz,
+}
+
+/// One form of a driver entry point.
+#[derive(Clone, Copy, Debug)]
+pub struct EntryPoint {
+    /// The base name programs ask for (`cuMemAlloc`).
+    pub name: &'static str,
+    /// The CUDA version that introduced this form (1000 * major + 10 * minor).
+    pub version: i32,
+    /// Its stream flavour.
+    pub flavour: Flavour,
+    /// The symbol it is exported as (`cuMemAlloc_v2`).
+    pub symbol: &'static str,
+}
+
+impl EntryPoint {
+    /// A table row.
+    pub const fn new(
+        name: &'static str,
+        version: i32,
+        flavour: Flavour,
+        symbol: &'static str,
+    ) -> Self {
+        Self {
+            name,
+            version,
+            flavour,
+            symbol,
+        }
+    }
+}

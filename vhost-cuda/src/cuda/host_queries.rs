@@ -3,7 +3,7 @@
 //!
 //! The daemon answers them itself (`crate::session`), so a guest process that only asks which GPUs
 //! there are never starts a worker process, and the daemon never creates a CUDA context. A
-//! [`CudaSession`](super::CudaSession) answers them the same way, through the same code.
+//! [`GpuState`](super::GpuState) answers them the same way, through the same code.
 
 use qcuda_proto::{status, Op, ResponseHeader, GPU_INFO_SIZE};
 

@@ -1,12 +1,12 @@
 //! The CUDA executor: runs qcuda ops on the host GPU through the CUDA driver API.
 //!
 //! Above it, a session's worker process (`crate::worker`) hands each validated
-//! [`Request`](crate::guest_buffer::Request) of its guest process to the [`CudaSession`]; below
+//! [`Request`](crate::guest_buffer::Request) of its guest process to the [`GpuState`]; below
 //! it is libcuda, loaded at run time through cudarc. [`CudaHost`] is the process-wide part
 //! (driver, GPU list); the daemon keeps one too, to answer the host queries without a context.
 //!
 //! Files, along the data path: `host.rs` (driver and GPUs), `host_queries.rs` (what is
-//! answered from the GPU list), `session.rs` (per-process state and the op handlers),
+//! answered from the GPU list), `gpu_state/` (a guest process's GPU state and the op handlers),
 //! `allocations.rs` and `handles.rs` (what a session may touch), `module_image.rs` and
 //! `launch.rs` (checking images and launches), `host_functions.rs` (host functions run by the
 //! guest), `copy.rs` (guest RAM to and from the device), `driver/` (the driver calls behind a
@@ -18,6 +18,7 @@ mod aligned_bytes;
 mod allocations;
 mod copy;
 mod driver;
+mod gpu_state;
 mod handles;
 mod host;
 pub mod host_functions;
@@ -26,7 +27,6 @@ mod host_queries;
 mod launch;
 mod module_image;
 mod ram_registry;
-mod session;
 mod status;
 
 #[cfg(feature = "fuzzing")]
@@ -36,6 +36,6 @@ mod test_kernels;
 #[cfg(test)]
 mod tests;
 
+pub use gpu_state::GpuState;
 pub use host::{CudaHost, HostError};
 pub use host_mappings::reserve_window;
-pub use session::CudaSession;

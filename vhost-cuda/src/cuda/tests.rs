@@ -14,7 +14,7 @@ use super::{
     host::{CudaHost, Tuning},
     launch::LaunchConfig,
     module_image::tests::fatbin,
-    CudaSession, HostError,
+    GpuState, HostError,
 };
 use crate::guest_buffer::{GuestBuffer, GuestRam, Request};
 
@@ -66,8 +66,8 @@ impl Rig {
         }
     }
 
-    fn session(&self) -> CudaSession {
-        CudaSession::open(&self.host, 1)
+    fn session(&self) -> GpuState {
+        GpuState::open(&self.host, 1)
     }
 
     /// A guest buffer holding `data`, split into runs of the given lengths (cycled) that lie
@@ -142,7 +142,7 @@ fn fire_and_forget(r: Request) -> Request {
 }
 
 /// Runs `op` with no data: its buffers, if its shape has any, are empty.
-fn run(s: &mut CudaSession, op: Op, args: &[u64]) -> ResponseHeader {
+fn run(s: &mut GpuState, op: Op, args: &[u64]) -> ResponseHeader {
     let (ins, outs) = op.shape();
     let empty = || {
         let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 4096)]).unwrap());
@@ -198,24 +198,18 @@ fn int_ret(v: u64) -> i32 {
     v as u32 as i32
 }
 
-fn malloc(s: &mut CudaSession, size: u64) -> u64 {
+fn malloc(s: &mut GpuState, size: u64) -> u64 {
     ok(run(s, Op::Malloc, &[size]))[0]
 }
 
-fn htod(
-    rig: &mut Rig,
-    s: &mut CudaSession,
-    dst: u64,
-    data: &[u8],
-    runs: &[usize],
-) -> ResponseHeader {
+fn htod(rig: &mut Rig, s: &mut GpuState, dst: u64, data: &[u8], runs: &[usize]) -> ResponseHeader {
     let b = rig.buf_runs(data, runs);
     s.execute(&req(Op::MemcpyHtoD, 0, &[dst, 0], vec![b], vec![]))
 }
 
 fn dtoh(
     rig: &mut Rig,
-    s: &mut CudaSession,
+    s: &mut GpuState,
     src: u64,
     len: usize,
     runs: &[usize],
@@ -225,14 +219,14 @@ fn dtoh(
     (r, b.to_vec().unwrap())
 }
 
-fn load_module(rig: &mut Rig, s: &mut CudaSession) -> u64 {
+fn load_module(rig: &mut Rig, s: &mut GpuState) -> u64 {
     let img = rig.buf(PTX);
     ok(s.execute(&req(Op::ModuleLoad, 0, &[], vec![img], vec![])))[0]
 }
 
 fn get_function(
     rig: &mut Rig,
-    s: &mut CudaSession,
+    s: &mut GpuState,
     module: u64,
     name: &str,
     out_len: usize,
@@ -273,7 +267,7 @@ fn launch_args(func: u64, grid: [u32; 3], block: [u32; 3], stream: u64) -> [u64;
 #[test]
 fn session_is_send() {
     fn assert_send<T: Send>() {}
-    assert_send::<CudaSession>();
+    assert_send::<GpuState>();
     fn assert_sync<T: Send + Sync>() {}
     assert_sync::<CudaHost>();
 }
@@ -295,7 +289,7 @@ fn no_driver_answers_every_op_without_panicking() {
     let host = Arc::new(CudaHost::without_driver());
     assert_eq!((host.gpu_count(), host.driver_version()), (0, 0));
     let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
-    let mut s = CudaSession::open(&host, 9);
+    let mut s = GpuState::open(&host, 9);
     for &op in Op::ALL {
         let (ins, outs) = op.shape();
         let b = |i: u64| GuestBuffer::new(mem.clone(), [(GuestAddress(i * 4096), 640)]).unwrap();
@@ -325,7 +319,7 @@ fn an_unusable_driver_answers_its_status() {
     };
     let host = Arc::new(CudaHost::from_load(load, Some(0)).unwrap());
     assert_eq!((host.gpu_count(), host.driver_version()), (0, 12080));
-    let mut s = CudaSession::open(&host, 1);
+    let mut s = GpuState::open(&host, 1);
     let r = run(&mut s, Op::DeviceCount, &[]);
     assert_eq!((r.status, r.rets[0]), (status::INSUFFICIENT_DRIVER, 0));
     assert_eq!(
@@ -996,8 +990,7 @@ fn stream_ordered_allocations_and_memory_pools() {
     let data = pattern(1000);
     ok(htod(&mut rig, &mut s, p, &data, &[300]));
     assert_eq!(dtoh(&mut rig, &mut s, p, 1000, &[7]).1, data);
-    let used =
-        |s: &mut CudaSession, pool, attr| ok(run(s, Op::MemPoolGetAttribute, &[pool, attr]))[0];
+    let used = |s: &mut GpuState, pool, attr| ok(run(s, Op::MemPoolGetAttribute, &[pool, attr]))[0];
     assert_eq!(used(&mut s, default, 7), 1000);
     assert_eq!(used(&mut s, default, 8), 1000);
     ok(run(&mut s, Op::FreeAsync, &[p, st]));
@@ -1170,7 +1163,7 @@ fn launches_with_attributes_cache_config_and_cluster_occupancy() {
         v: [v, 0, 0],
         w: [0; 2],
     };
-    let launch = |rig: &mut Rig, s: &mut CudaSession, grid: u32, list: &[LaunchAttr]| {
+    let launch = |rig: &mut Rig, s: &mut GpuState, grid: u32, list: &[LaunchAttr]| {
         let block = rig.buf(&[7]);
         let a = attrs(rig, list);
         s.execute(&req(
@@ -1868,7 +1861,7 @@ fn long_runs_copy_through_registered_guest_ram() {
         ..Tuning::default()
     };
     let host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
-    let mut s = CudaSession::open(&host, 1);
+    let mut s = GpuState::open(&host, 1);
     let len = 12 << 20;
     let data: Vec<u8> = (0..len).map(|i| u8::try_from(i % 253).unwrap()).collect();
     let dst = malloc(&mut s, len as u64);
@@ -1900,7 +1893,7 @@ fn stream_attributes_round_trip_and_only_stream_ids_are_taken() {
         v: [0.5f32.to_bits(), 2, 1],
         w: [0x7f00_0000_1000, 1 << 20],
     };
-    let set = |rig: &mut Rig, s: &mut CudaSession, a: qcuda_proto::LaunchAttr| {
+    let set = |rig: &mut Rig, s: &mut GpuState, a: qcuda_proto::LaunchAttr| {
         let b = rig.buf(&a.encode());
         s.execute(&req(Op::StreamSetAttribute, 0, &[stream], vec![b], vec![]))
     };
@@ -1963,7 +1956,7 @@ fn device_memory_of_a_vm_stays_within_its_quota() {
     };
     let (la, lb) = (quota.lease().unwrap(), quota.lease().unwrap());
     let (ha, hb) = (worker(&la), worker(&lb));
-    let (mut a, mut b) = (CudaSession::open(&ha, 1), CudaSession::open(&hb, 2));
+    let (mut a, mut b) = (GpuState::open(&ha, 1), GpuState::open(&hb, 2));
     let p = malloc(&mut a, 600);
     assert_eq!(
         run(&mut b, Op::Malloc, &[401]).status,
@@ -2093,7 +2086,7 @@ fn link_buffer(options: &[(u32, u64)], inputs: &[(u32, &[u8], &[u8])]) -> Vec<u8
 fn links_with_the_drivers_linker_and_loads_the_result() {
     let mut rig = Rig::new(1);
     let mut s = rig.session();
-    let run_link = |rig: &mut Rig, s: &mut CudaSession, bytes: &[u8], room: usize| {
+    let run_link = |rig: &mut Rig, s: &mut GpuState, bytes: &[u8], room: usize| {
         let input = rig.buf(bytes);
         let out = rig.out(room);
         let r = s.execute(&req(Op::Link, 0, &[], vec![input], vec![out.clone()]));

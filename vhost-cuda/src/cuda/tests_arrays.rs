@@ -4,7 +4,7 @@ use qcuda_proto::{
     status, tex, Copy3D, Copy3DSide, Op, COPY_ARRAY, COPY_DEVICE, COPY_WIRE, TEX_DESC_SIZE,
 };
 
-use super::{ok, pattern, req, run, CudaSession, Rig};
+use super::{ok, pattern, req, run, GpuState, Rig};
 
 fn device(addr: u64, pitch: u64, height: u64) -> Copy3DSide {
     Copy3DSide {
@@ -41,14 +41,14 @@ fn copy(src: Copy3DSide, dst: Copy3DSide, extent: [u64; 3]) -> Copy3D {
     }
 }
 
-fn put(rig: &mut Rig, s: &mut CudaSession, c: Copy3D, data: &[u8]) -> u32 {
+fn put(rig: &mut Rig, s: &mut GpuState, c: Copy3D, data: &[u8]) -> u32 {
     let d = rig.buf(&c.encode());
     let b = rig.buf_runs(data, &[7, 50]);
     s.execute(&req(Op::Memcpy3DHtoD, 0, &[0], vec![d, b], vec![]))
         .status
 }
 
-fn get(rig: &mut Rig, s: &mut CudaSession, c: Copy3D) -> (u32, Vec<u8>) {
+fn get(rig: &mut Rig, s: &mut GpuState, c: Copy3D) -> (u32, Vec<u8>) {
     let d = rig.buf(&c.encode());
     let len = usize::try_from(c.packed_len().unwrap()).unwrap();
     let o = rig.out_runs(len, &[5, 64]);

@@ -4,7 +4,7 @@
 //! only separate processes isolate guest processes from each other on the GPU: measured with
 //! driver 580, all CUDA contexts of one process share one GPU address space (a kernel can
 //! write another context's memory), and one sticky error fails every context of the process.
-//! Here the session's [`CudaSession`] lives alone; a fault or an endless kernel ends with this
+//! Here the session's [`GpuState`] lives alone; a fault or an endless kernel ends with this
 //! process, and the driver frees everything it had when it exits.
 //!
 //! The worker maps guest RAM itself from the descriptors the daemon passes
@@ -16,7 +16,7 @@
 //! Outputs go straight into guest memory; the response header goes back to the daemon, which
 //! completes the chain.
 //!
-//! The worker ends when the daemon closes the channel (dropping the `CudaSession` frees its
+//! The worker ends when the daemon closes the channel (dropping the `GpuState` frees its
 //! contexts), on a frame it cannot decode (the daemon is the same binary, so that is a broken
 //! daemon or channel), and with the daemon's thread that started it (`PR_SET_PDEATHSIG`).
 
@@ -38,7 +38,7 @@ use tracing::{debug, error, error_span, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::{
-    cuda::{CudaHost, CudaSession},
+    cuda::{CudaHost, GpuState},
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     sandbox::{self, SandboxMode, SeccompMode},
@@ -524,7 +524,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
             }
         }
     }
-    let mut session = CudaSession::open(&host, config.session);
+    let mut session = GpuState::open(&host, config.session);
     debug!(
         pid = std::process::id(),
         gpus = host.gpu_count(),

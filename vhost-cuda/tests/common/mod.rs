@@ -1,6 +1,7 @@
 //! Test harness shared by the process-level tests: the `vhost-cuda` binary as a child process
-//! with its log in a file, and a minimal virtio driver ("guest VM") that plays QEMU's part
-//! over vhost-user with memfd guest memory and a hand-laid split vring. `rig.rs`: a session
+//! with its log in a file, and a minimal virtio driver ("guest VM") over the crate's own
+//! frontend (`vhost_cuda::frontend`: QEMU's part over vhost-user with memfd guest memory and a
+//! split ring), which lays chains out by hand with direct descriptors. `rig.rs`: a session
 //! table with real worker processes, without vhost-user.
 
 #![allow(dead_code)] // Each test file uses part of the harness.
@@ -10,7 +11,6 @@ pub mod rig;
 use std::{
     fs::File,
     io::Read,
-    os::fd::FromRawFd,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::atomic::{AtomicUsize, Ordering},
@@ -19,17 +19,15 @@ use std::{
 };
 
 use qcuda_proto::{
-    Direction, Op, RequestHeader, ResponseHeader, NUM_QUEUES, QUEUE_SIZE, RESPONSE_HEADER_SIZE,
-    VERSION,
+    Direction, Op, RequestHeader, ResponseHeader, QUEUE_SIZE, RESPONSE_HEADER_SIZE, VERSION,
 };
-use vhost::{
-    vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures},
-    VhostBackend, VhostUserMemoryRegionInfo, VringConfigData,
+use vhost::vhost_user::Frontend;
+use vhost_cuda::{
+    frontend::{self, SplitRing, RING_AREA},
+    vhu_cuda::DEVICE_FEATURES,
 };
-use vhost_cuda::vhu_cuda::DEVICE_FEATURES;
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vm_memory::{Bytes, GuestAddress};
 
 pub const WAIT: Duration = Duration::from_secs(20);
 
@@ -154,22 +152,23 @@ fn unique(p: PathBuf) -> PathBuf {
 }
 
 const GUEST_RAM: usize = 16 << 20;
-const DESC: u64 = 0x0;
-const AVAIL: u64 = 0x1000;
-const USED: u64 = 0x2000;
-const DATA: u64 = 0x1_0000;
+const DATA: u64 = RING_AREA;
 
-/// A guest as the device sees it: memfd-backed RAM shared with the daemon, a split vring for
-/// each queue, and a driver that puts chains on queue 0.
+/// A guest as the device sees it (`vhost_cuda::frontend::GuestVm`: memfd RAM shared with the
+/// daemon, a split ring per queue, set up as QEMU does), with a driver that puts chains of
+/// direct descriptors on queue 0, in order, and panics on anything unexpected.
 pub struct GuestVm {
-    pub frontend: Frontend,
-    pub mem: GuestMemoryMmap,
-    kicks: Vec<EventFd>,
-    pub calls: Vec<EventFd>,
+    vm: frontend::GuestVm,
+    ring: SplitRing,
     next_desc: u16,
-    avail_idx: u16,
-    used_seen: u16,
     data_next: u64,
+}
+
+impl std::ops::Deref for GuestVm {
+    type Target = frontend::GuestVm;
+    fn deref(&self) -> &frontend::GuestVm {
+        &self.vm
+    }
 }
 
 /// A response and the output bytes of one call.
@@ -179,96 +178,27 @@ pub struct Reply {
     pub used_len: u32,
 }
 
-fn memfd(size: usize) -> File {
-    // SAFETY: memfd_create with a valid NUL-terminated name returns a new fd or -1.
-    let fd = unsafe { libc::memfd_create(c"qcuda-test-guest".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(size as u64).unwrap();
-    f
-}
-
 impl GuestVm {
     /// Connects to the daemon without any handshake.
     pub fn connect_only(socket: &Path) -> Frontend {
-        let mut last = None;
-        let deadline = Instant::now() + WAIT;
-        while Instant::now() < deadline {
-            match Frontend::connect(socket, NUM_QUEUES as u64) {
-                Ok(f) => return f,
-                Err(e) => last = Some(e),
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
-        panic!("cannot connect to {}: {last:?}", socket.display());
+        frontend::GuestVm::connect_only(socket, WAIT)
+            .unwrap_or_else(|e| panic!("{}: {e}", socket.display()))
     }
 
     /// Connects and does what QEMU does when the guest driver starts the device.
     pub fn connect(socket: &Path) -> GuestVm {
-        let mut frontend = Self::connect_only(socket);
-        let mem = GuestMemoryMmap::<()>::from_ranges_with_files([(
-            GuestAddress(0),
-            GUEST_RAM,
-            Some(FileOffset::new(memfd(GUEST_RAM), 0)),
-        )])
-        .unwrap();
-
-        frontend.set_owner().unwrap();
-        let features = frontend.get_features().unwrap();
-        assert_eq!(features, DEVICE_FEATURES, "offered virtio features");
-        let protocol = frontend.get_protocol_features().unwrap();
-        assert!(protocol.contains(VhostUserProtocolFeatures::MQ));
-        frontend.set_protocol_features(protocol).unwrap();
-        assert_eq!(frontend.get_queue_num().unwrap(), NUM_QUEUES as u64);
-        frontend.set_features(features).unwrap();
-
-        let regions: Vec<VhostUserMemoryRegionInfo> = mem
-            .iter()
-            .map(|r| VhostUserMemoryRegionInfo::from_guest_region(r).unwrap())
-            .collect();
-        frontend.set_mem_table(&regions).unwrap();
-
-        let mut kicks = Vec::new();
-        let mut calls = Vec::new();
-        for q in 0..NUM_QUEUES {
-            // Queue q's rings live in the q-th 16 KiB below DATA.
-            let base = (q as u64) * 0x4000;
-            let va = |gpa: u64| mem.get_host_address(GuestAddress(base + gpa)).unwrap() as u64;
-            frontend.set_vring_num(q, QUEUE_SIZE).unwrap();
-            frontend.set_vring_base(q, 0).unwrap();
-            frontend
-                .set_vring_addr(
-                    q,
-                    &VringConfigData {
-                        queue_max_size: QUEUE_SIZE,
-                        queue_size: QUEUE_SIZE,
-                        flags: 0,
-                        desc_table_addr: va(DESC),
-                        used_ring_addr: va(USED),
-                        avail_ring_addr: va(AVAIL),
-                        log_addr: None,
-                    },
-                )
-                .unwrap();
-            let kick = EventFd::new(EFD_NONBLOCK).unwrap();
-            let call = EventFd::new(EFD_NONBLOCK).unwrap();
-            frontend.set_vring_kick(q, &kick).unwrap();
-            frontend.set_vring_call(q, &call).unwrap();
-            kicks.push(kick);
-            calls.push(call);
-        }
-        for q in 0..NUM_QUEUES {
-            frontend.set_vring_enable(q, true).unwrap();
-        }
+        let vm = frontend::GuestVm::connect(socket, GUEST_RAM, WAIT)
+            .unwrap_or_else(|e| panic!("{}: {e}", socket.display()));
+        assert_eq!(
+            vm.offered_features, DEVICE_FEATURES,
+            "offered virtio features"
+        );
+        assert_eq!(vm.features, DEVICE_FEATURES, "acknowledged virtio features");
+        let ring = SplitRing::new(0, vm.event_idx());
         GuestVm {
-            frontend,
-            mem,
-            kicks,
-            calls,
+            vm,
+            ring,
             next_desc: 0,
-            avail_idx: 0,
-            used_seen: 0,
             data_next: DATA,
         }
     }
@@ -297,22 +227,13 @@ impl GuestVm {
             if i + 1 < descs.len() {
                 flags |= u16::try_from(VRING_DESC_F_NEXT).unwrap();
             }
-            let at = DESC + 16 * u64::from(idx);
-            self.mem.write_obj(addr, GuestAddress(at)).unwrap();
-            self.mem.write_obj(len, GuestAddress(at + 8)).unwrap();
-            self.mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
-            self.mem
-                .write_obj(self.next_desc, GuestAddress(at + 14))
+            self.ring
+                .write_desc(&self.vm.mem, idx, addr, len, flags, self.next_desc)
                 .unwrap();
         }
-        let slot = AVAIL + 4 + 2 * u64::from(self.avail_idx % QUEUE_SIZE);
-        self.mem.write_obj(head, GuestAddress(slot)).unwrap();
-        self.avail_idx = self.avail_idx.wrapping_add(1);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.mem
-            .write_obj(self.avail_idx, GuestAddress(AVAIL + 2))
-            .unwrap();
-        self.kicks[0].write(1).unwrap();
+        // Always kick: the tests do not depend on the device's notification suppression.
+        self.ring.publish(&self.vm.mem, head).unwrap();
+        self.vm.kicks[0].write(1).unwrap();
         head
     }
 
@@ -322,7 +243,7 @@ impl GuestVm {
         let mut stream = h.encode().to_vec();
         stream.extend_from_slice(input);
         let r = self.alloc(stream.len() as u64);
-        self.mem.write_slice(&stream, GuestAddress(r)).unwrap();
+        self.vm.mem.write_slice(&stream, GuestAddress(r)).unwrap();
         let wlen = out_len + RESPONSE_HEADER_SIZE;
         let w = self.alloc(wlen as u64);
         let (r1, w1) = (stream.len() / 2, wlen / 3);
@@ -341,21 +262,19 @@ impl GuestVm {
 
     /// Waits until the device has used `n` more chains; returns their (id, len).
     pub fn wait_used(&mut self, n: u16) -> Vec<(u32, u32)> {
-        let target = self.used_seen.wrapping_add(n);
-        assert!(
-            eventually(|| {
-                let idx: u16 = self.mem.read_obj(GuestAddress(USED + 2)).unwrap();
-                idx.wrapping_sub(self.used_seen) >= n
-            }),
-            "the device did not complete {n} chains"
-        );
         let mut out = Vec::new();
-        while self.used_seen != target {
-            let at = USED + 4 + 8 * u64::from(self.used_seen % QUEUE_SIZE);
-            let id: u32 = self.mem.read_obj(GuestAddress(at)).unwrap();
-            let len: u32 = self.mem.read_obj(GuestAddress(at + 4)).unwrap();
-            out.push((id, len));
-            self.used_seen = self.used_seen.wrapping_add(1);
+        let deadline = Instant::now() + WAIT;
+        while out.len() < usize::from(n) {
+            match self.ring.pop_used(&self.vm.mem).unwrap() {
+                Some(u) => out.push(u),
+                None => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the device did not complete {n} chains"
+                    );
+                    thread::sleep(Duration::from_millis(1));
+                }
+            }
         }
         out
     }
@@ -366,9 +285,10 @@ impl GuestVm {
         let used = self.wait_used(1);
         assert_eq!(used[0].0, u32::from(head));
         let mut out = vec![0u8; out_len];
-        self.mem.read_slice(&mut out, GuestAddress(w)).unwrap();
+        self.vm.mem.read_slice(&mut out, GuestAddress(w)).unwrap();
         let mut b = [0u8; RESPONSE_HEADER_SIZE];
-        self.mem
+        self.vm
+            .mem
             .read_slice(&mut b, GuestAddress(w + out_len as u64))
             .unwrap();
         Reply {
@@ -401,6 +321,6 @@ impl GuestVm {
 
     /// Whether the device signalled queue 0 since the last look.
     pub fn was_signalled(&self) -> bool {
-        self.calls[0].read().is_ok()
+        self.vm.calls[0].read().is_ok()
     }
 }

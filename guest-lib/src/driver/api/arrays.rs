@@ -6,14 +6,13 @@
 
 use core::ffi::{c_uint, c_void};
 
-use super::{initialized, out, via_runtime};
+use super::{initialized, out, via_core};
+use crate::core::context;
 use crate::{
-    api::{arrays as rt_arrays, texture as rt_texture},
-    arrays::{channel_desc, format_of},
-    driver::{
-        context,
-        status::{DriverError, DrvResult},
-    },
+    core::array_ops,
+    core::arrays::{channel_desc, format_of, object_ops},
+    core::conv::usize_of,
+    driver::status::{DriverError, DrvResult},
     generated::{
         self as cu, cudaArray_t, cudaChannelFormatDesc, cudaExtent, cudaMemcpy3DParms,
         cudaMipmappedArray_t, cudaPitchedPtr, cudaPos, cudaResourceDesc, cudaResourceViewDesc,
@@ -23,14 +22,14 @@ use crate::{
 
 fn ready() -> DrvResult<()> {
     initialized()?;
-    context::require_current().map(drop)
+    Ok(context::require_current().map(drop)?)
 }
 
 /// The runtime's channel descriptor for a driver format and channel count.
 fn channels_of(format: d::CUarray_format, channels: c_uint) -> DrvResult<cudaChannelFormatDesc> {
     const CLASSIC: [u32; 8] = [0x01, 0x02, 0x03, 0x08, 0x09, 0x0a, 0x10, 0x20];
     if !CLASSIC.contains(&format) {
-        crate::warnings::warn_once!(
+        crate::core::warnings::warn_once!(
             "qcuda: driver-API arrays of NV12, normalized or block-compressed formats are not \
              supported"
         );
@@ -49,16 +48,8 @@ fn format_and_channels(desc: &cudaChannelFormatDesc) -> DrvResult<(d::CUarray_fo
 
 /// Bytes of one element of `array`.
 fn element_bytes(array: d::CUarray) -> DrvResult<usize> {
-    let mut desc = cudaChannelFormatDesc::default();
-    // SAFETY: a valid out-pointer; null extent and flags pointers are allowed.
-    via_runtime(|| unsafe {
-        rt_arrays::cudaArrayGetInfo(
-            &raw mut desc,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            array as cudaArray_t,
-        )
-    })?;
+    let i = via_core(|| array_ops::array_info(array as u64))?;
+    let desc = channel_desc(i.format, i.channels);
     let bits = desc.x + desc.y + desc.z + desc.w;
     usize::try_from(bits / 8).map_err(|_| DriverError::INVALID_VALUE)
 }
@@ -185,9 +176,12 @@ fn copy_3d(
     };
     match stream {
         // SAFETY: the ranges the caller's descriptor names (API contract).
-        None => via_runtime(|| unsafe { rt_arrays::cudaMemcpy3D(&raw const p) }),
+        None => via_core(|| unsafe { array_ops::memcpy_3d(&raw const p, None) }),
         // SAFETY: as above.
-        Some(s) => via_runtime(|| unsafe { rt_arrays::cudaMemcpy3DAsync(&raw const p, s.cast()) }),
+        Some(s) => via_core(|| unsafe {
+            let order = array_ops::stream_order(s.cast())?;
+            array_ops::memcpy_3d(&raw const p, Some(order))
+        }),
     }
 }
 
@@ -469,14 +463,13 @@ fn view_back(v: &cudaResourceViewDesc) -> d::CUDA_RESOURCE_VIEW_DESC {
 
 /// A getter through the runtime face: `query` fills the runtime's record, `convert` makes the
 /// driver's, which goes to the caller's `dst`.
-fn answer<R: Default, D>(
+fn answer<R, D>(
     dst: *mut D,
-    query: impl FnOnce(*mut R) -> crate::generated::cudaError_t,
+    query: impl FnOnce() -> crate::core::cuda_error::CudaResult<R>,
     convert: impl FnOnce(&R) -> DrvResult<D>,
 ) -> DrvResult<()> {
     ready()?;
-    let mut r = R::default();
-    via_runtime(|| query(&raw mut r))?;
+    let r = via_core(query)?;
     // SAFETY: the caller's out-pointer (API contract; null is refused).
     unsafe { out(dst, convert(&r)?) }
 }
@@ -502,24 +495,23 @@ fn create_3d(handle: *mut d::CUarray, desc: &d::CUDA_ARRAY3D_DESCRIPTOR) -> DrvR
         height: desc.Height,
         depth: desc.Depth,
     };
-    let mut a: cudaArray_t = std::ptr::null_mut();
     // The CUDA_ARRAY3D_* flags have the values of the runtime's cudaArray* flags.
-    // SAFETY: valid pointers.
-    via_runtime(|| unsafe {
-        rt_arrays::cudaMalloc3DArray(&raw mut a, &raw const channels, extent, desc.Flags)
-    })?;
+    let a =
+        via_core(|| array_ops::create_array(&channels, array_ops::extent3(extent), desc.Flags, 0))?;
     // SAFETY: the caller's out-pointer (API contract; null is refused).
     unsafe { out(handle, a as d::CUarray) }
 }
 
 fn descriptor(array: d::CUarray) -> DrvResult<d::CUDA_ARRAY3D_DESCRIPTOR> {
     ready()?;
-    let (mut desc, mut extent, mut flags) =
-        (cudaChannelFormatDesc::default(), cudaExtent::default(), 0);
-    // SAFETY: valid out-pointers.
-    via_runtime(|| unsafe {
-        rt_arrays::cudaArrayGetInfo(&raw mut desc, &raw mut extent, &raw mut flags, array.cast())
-    })?;
+    let i = via_core(|| array_ops::array_info(array as u64))?;
+    let desc = channel_desc(i.format, i.channels);
+    let extent = cudaExtent {
+        width: usize_of(i.extent[0]),
+        height: usize_of(i.extent[1]),
+        depth: usize_of(i.extent[2]),
+    };
+    let flags = i.flags;
     let (format, channels) = format_and_channels(&desc)?;
     Ok(d::CUDA_ARRAY3D_DESCRIPTOR {
         Width: extent.width,
@@ -556,8 +548,7 @@ driver_api! {
     /// `cuArrayDestroy`.
     fn cuArrayDestroy(hArray: d::CUarray) {
         ready()?;
-        // SAFETY: a handle value; the runtime face checks it.
-        via_runtime(|| unsafe { rt_arrays::cudaFreeArray(hArray.cast()) })
+        via_core(|| array_ops::free_array(hArray as u64, false))
     }
 
     /// `cuArrayGetDescriptor_v2`.
@@ -595,11 +586,10 @@ driver_api! {
         }
         let channels = channels_of(desc.Format, desc.NumChannels)?;
         let extent = cudaExtent { width: desc.Width, height: desc.Height, depth: desc.Depth };
-        let mut m: cudaMipmappedArray_t = std::ptr::null_mut();
-        // SAFETY: valid pointers.
-        via_runtime(|| unsafe {
-            rt_arrays::cudaMallocMipmappedArray(&raw mut m, &raw const channels, extent, numMipmapLevels, desc.Flags)
-        })?;
+        if numMipmapLevels == 0 {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let m = via_core(|| array_ops::create_array(&channels, array_ops::extent3(extent), desc.Flags, numMipmapLevels))?;
         // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pHandle, m as d::CUmipmappedArray) }
     }
@@ -607,17 +597,18 @@ driver_api! {
     /// `cuMipmappedArrayGetLevel`.
     fn cuMipmappedArrayGetLevel(pLevelArray: *mut d::CUarray, hMipmappedArray: d::CUmipmappedArray, level: c_uint) {
         ready()?;
-        // SAFETY: the out-pointer is the caller's (checked by the runtime face).
-        via_runtime(|| unsafe {
-            rt_arrays::cudaGetMipmappedArrayLevel(pLevelArray.cast(), hMipmappedArray.cast(), level)
-        })
+        if pLevelArray.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let a = via_core(|| array_ops::mipmapped_level(hMipmappedArray as u64, level))?;
+        // SAFETY: the caller's out-pointer, checked non-null.
+        unsafe { out(pLevelArray, a as d::CUarray) }
     }
 
     /// `cuMipmappedArrayDestroy`.
     fn cuMipmappedArrayDestroy(hMipmappedArray: d::CUmipmappedArray) {
         ready()?;
-        // SAFETY: a handle value; the runtime face checks it.
-        via_runtime(|| unsafe { rt_arrays::cudaFreeMipmappedArray(hMipmappedArray.cast()) })
+        via_core(|| array_ops::free_array(hMipmappedArray as u64, true))
     }
 
     /// `cuMemcpy3D_v2`.
@@ -689,12 +680,7 @@ driver_api! {
         let tex = texture(&tex, float_resource(&res));
         // SAFETY: as above.
         let view = (!pResViewDesc.is_null()).then(|| view(&unsafe { pResViewDesc.read_unaligned() }));
-        let view_ptr = view.as_ref().map_or(std::ptr::null(), std::ptr::from_ref);
-        let mut obj = 0;
-        // SAFETY: valid pointers.
-        via_runtime(|| unsafe {
-            rt_texture::cudaCreateTextureObject(&raw mut obj, &raw const res, &raw const tex, view_ptr)
-        })?;
+        let obj = via_core(|| object_ops::create_texture(&res, &tex, view.as_ref()))?;
         // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pTexObject, obj) }
     }
@@ -702,26 +688,22 @@ driver_api! {
     /// `cuTexObjectDestroy`.
     fn cuTexObjectDestroy(texObject: d::CUtexObject) {
         ready()?;
-        // SAFETY: a handle value; the runtime face checks it.
-        via_runtime(|| unsafe { rt_texture::cudaDestroyTextureObject(texObject) })
+        via_core(|| object_ops::destroy(texObject, false))
     }
 
     /// `cuTexObjectGetResourceDesc`.
     fn cuTexObjectGetResourceDesc(pResDesc: *mut d::CUDA_RESOURCE_DESC, texObject: d::CUtexObject) {
-        // SAFETY: `answer` passes a valid out-pointer.
-        answer(pResDesc, |r| unsafe { rt_texture::cudaGetTextureObjectResourceDesc(r, texObject) }, resource_back)
+        answer(pResDesc, || object_ops::resource(texObject, false), resource_back)
     }
 
     /// `cuTexObjectGetTextureDesc`.
     fn cuTexObjectGetTextureDesc(pTexDesc: *mut d::CUDA_TEXTURE_DESC, texObject: d::CUtexObject) {
-        // SAFETY: `answer` passes a valid out-pointer.
-        answer(pTexDesc, |r| unsafe { rt_texture::cudaGetTextureObjectTextureDesc(r, texObject) }, |t| Ok(texture_back(t)))
+        answer(pTexDesc, || object_ops::texture(texObject), |t| Ok(texture_back(t)))
     }
 
     /// `cuTexObjectGetResourceViewDesc`.
     fn cuTexObjectGetResourceViewDesc(pResViewDesc: *mut d::CUDA_RESOURCE_VIEW_DESC, texObject: d::CUtexObject) {
-        // SAFETY: `answer` passes a valid out-pointer.
-        answer(pResViewDesc, |r| unsafe { rt_texture::cudaGetTextureObjectResourceViewDesc(r, texObject) }, |v| Ok(view_back(v)))
+        answer(pResViewDesc, || object_ops::view(texObject), |v| Ok(view_back(v)))
     }
 
     /// `cuSurfObjectCreate`.
@@ -729,9 +711,7 @@ driver_api! {
         ready()?;
         // SAFETY: API contract.
         let res = resource(&unsafe { read(pResDesc) }?)?;
-        let mut obj = 0;
-        // SAFETY: valid pointers.
-        via_runtime(|| unsafe { rt_texture::cudaCreateSurfaceObject(&raw mut obj, &raw const res) })?;
+        let obj = via_core(|| object_ops::create_surface(&res))?;
         // SAFETY: the caller's out-pointer (API contract; null is refused).
         unsafe { out(pSurfObject, obj) }
     }
@@ -739,14 +719,12 @@ driver_api! {
     /// `cuSurfObjectDestroy`.
     fn cuSurfObjectDestroy(surfObject: d::CUsurfObject) {
         ready()?;
-        // SAFETY: a handle value; the runtime face checks it.
-        via_runtime(|| unsafe { rt_texture::cudaDestroySurfaceObject(surfObject) })
+        via_core(|| object_ops::destroy(surfObject, true))
     }
 
     /// `cuSurfObjectGetResourceDesc`.
     fn cuSurfObjectGetResourceDesc(pResDesc: *mut d::CUDA_RESOURCE_DESC, surfObject: d::CUsurfObject) {
-        // SAFETY: `answer` passes a valid out-pointer.
-        answer(pResDesc, |r| unsafe { rt_texture::cudaGetSurfaceObjectResourceDesc(r, surfObject) }, resource_back)
+        answer(pResDesc, || object_ops::resource(surfObject, true), resource_back)
     }
 }
 

@@ -3,25 +3,23 @@
 
 use core::ffi::{c_int, c_uint};
 
-use super::{check_device, initialized, out, via_runtime};
+use super::{check_device, initialized, out, via_core};
+use crate::core::context::{self, Context};
 use crate::{
-    api::{devices as rt_devices, launch_ex as rt_launch, streams as rt_streams},
-    driver::{
-        context::{self, Context},
-        status::{DriverError, DrvResult},
-    },
+    core::devices,
+    core::runtime::{registry, runtime},
+    core::transport::Call,
+    driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
-    runtime::{registry, runtime},
-    transport::Call,
 };
 use qcuda_proto::Op;
 
 /// The context a handle names, or the current one for null where the API allows it.
 fn context_or_current(ctx: d::CUcontext) -> DrvResult<&'static Context> {
     if ctx.is_null() {
-        context::require_current()
+        Ok(context::require_current()?)
     } else {
-        context::lookup(ctx as usize)
+        Ok(context::lookup(ctx as usize)?)
     }
 }
 
@@ -112,7 +110,7 @@ driver_api! {
             return Err(DriverError::INVALID_CONTEXT);
         }
         synchronize(c)?;
-        context::destroy(c)
+        Ok(context::destroy(c)?)
     }
 
     /// `cuCtxPushCurrent_v2`.
@@ -131,6 +129,33 @@ driver_api! {
             unsafe { pctx.write_unaligned(handle(c)) };
         }
         Ok(())
+    }
+
+    /// `cuCtxCreate` (the CUDA 3.1 symbol, the same arguments as `_v2`).
+    #[no_prototype = "cuda.h maps it to _v4"]
+    fn cuCtxCreate(pctx: *mut d::CUcontext, flags: c_uint, dev: d::CUdevice) {
+        create(pctx, flags, dev)
+    }
+
+    /// `cuCtxDestroy` (the CUDA 3.1 symbol).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuCtxDestroy(ctx: d::CUcontext) {
+        // SAFETY: same contract.
+        DriverError::check(unsafe { cuCtxDestroy_v2(ctx) })
+    }
+
+    /// `cuCtxPushCurrent` (the CUDA 3.1 symbol).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuCtxPushCurrent(ctx: d::CUcontext) {
+        // SAFETY: same contract.
+        DriverError::check(unsafe { cuCtxPushCurrent_v2(ctx) })
+    }
+
+    /// `cuCtxPopCurrent` (the CUDA 3.1 symbol).
+    #[no_prototype = "cuda.h maps it to _v2"]
+    fn cuCtxPopCurrent(pctx: *mut d::CUcontext) {
+        // SAFETY: same contract.
+        DriverError::check(unsafe { cuCtxPopCurrent_v2(pctx) })
     }
 
     /// `cuCtxSetCurrent` (null pops).
@@ -211,6 +236,23 @@ driver_api! {
         synchronize(context_or_current(ctx)?)
     }
 
+    /// `cuProfilerStart`: no profiler can attach to the guest side, and with none attached
+    /// NVIDIA's driver does nothing and succeeds (in a current context); so do we.
+    #[no_prototype = "cudaProfiler.h is not among the headers bindgen reads"]
+    fn cuProfilerStart() {
+        initialized()?;
+        context::require_current()?;
+        Ok(())
+    }
+
+    /// `cuProfilerStop`: as `cuProfilerStart`.
+    #[no_prototype = "cudaProfiler.h is not among the headers bindgen reads"]
+    fn cuProfilerStop() {
+        initialized()?;
+        context::require_current()?;
+        Ok(())
+    }
+
     /// `cuCtxGetLimit`: every `CUlimit`, the driver-only ones (shared memory size, CIG) too.
     fn cuCtxGetLimit(pvalue: *mut usize, limit: d::CUlimit) {
         initialized()?;
@@ -226,7 +268,7 @@ driver_api! {
             .session
             .submit(Call::new(Op::DeviceGetLimit, c.device).args(&[u64::from(limit)]))?;
         // SAFETY: checked non-null.
-        unsafe { pvalue.write_unaligned(crate::conv::usize_of(reply.rets[0])) };
+        unsafe { pvalue.write_unaligned(crate::core::conv::usize_of(reply.rets[0])) };
         Ok(())
     }
 
@@ -257,34 +299,41 @@ driver_api! {
     fn cuCtxGetCacheConfig(pconfig: *mut d::CUfunc_cache) {
         initialized()?;
         context::require_current()?;
-        // SAFETY: forwarded contract; CUfunc_cache and cudaFuncCache share their values.
-        via_runtime(|| unsafe { rt_launch::cudaDeviceGetCacheConfig(pconfig) })
+        // CUfunc_cache and cudaFuncCache share their values.
+        let config = via_core(devices::ops::cache_config_of_current)?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pconfig, config) }
     }
 
     /// `cuCtxSetCacheConfig`.
     fn cuCtxSetCacheConfig(config: d::CUfunc_cache) {
         initialized()?;
         context::require_current()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_launch::cudaDeviceSetCacheConfig(config) })
+        via_core(|| devices::ops::set_cache_config(config))
     }
 
     /// `cuCtxGetStreamPriorityRange`.
     fn cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int) {
         initialized()?;
         context::require_current()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            rt_streams::cudaDeviceGetStreamPriorityRange(leastPriority, greatestPriority)
-        })
+        let (least, greatest) = via_core(crate::core::streams::ops::priority_range)?;
+        // Either pointer may be null.
+        if !leastPriority.is_null() {
+            // SAFETY: caller's out-parameter.
+            unsafe { out(leastPriority, least) }?;
+        }
+        if !greatestPriority.is_null() {
+            // SAFETY: caller's out-parameter.
+            unsafe { out(greatestPriority, greatest) }?;
+        }
+        Ok(())
     }
 
     /// `cuCtxResetPersistingL2Cache`.
     fn cuCtxResetPersistingL2Cache() {
         initialized()?;
         context::require_current()?;
-        // SAFETY: no arguments.
-        via_runtime(|| unsafe { crate::api::stream_attrs::cudaCtxResetPersistingL2Cache() })
+        via_core(devices::ops::reset_persisting_l2)
     }
 
     /// `cuDevicePrimaryCtxRetain`.
@@ -301,13 +350,13 @@ driver_api! {
 
     /// `cuDevicePrimaryCtxRelease_v2`.
     fn cuDevicePrimaryCtxRelease_v2(dev: d::CUdevice) {
-        context::release_primary(check_device(dev)?)
+        Ok(context::release_primary(check_device(dev)?)?)
     }
 
     /// `cuDevicePrimaryCtxRelease` (pre-11.0 form).
     #[no_prototype = "cuda.h maps it to _v2"]
     fn cuDevicePrimaryCtxRelease(dev: d::CUdevice) {
-        context::release_primary(check_device(dev)?)
+        Ok(context::release_primary(check_device(dev)?)?)
     }
 
     /// `cuDevicePrimaryCtxReset_v2`: frees everything the process has on the device, as
@@ -354,11 +403,10 @@ driver_api! {
 
 /// Waits for all work of the context's device.
 fn synchronize(c: &'static Context) -> DrvResult<()> {
-    let saved = crate::devices::current();
-    crate::devices::set_current(c.device);
-    // SAFETY: no arguments.
-    let result = via_runtime(|| unsafe { rt_devices::cudaDeviceSynchronize() });
-    crate::devices::set_current(saved);
+    let saved = crate::core::devices::current();
+    crate::core::devices::set_current(c.device);
+    let result = via_core(devices::ops::synchronize);
+    crate::core::devices::set_current(saved);
     result
 }
 

@@ -2,12 +2,10 @@
 
 use core::ffi::{c_char, c_int, c_uint};
 
-use super::{check_device, initialized, out, via_runtime};
+use super::{check_device, initialized, out, via_core, via_runtime};
 use crate::{
-    api::{devices as rt_devices, pools as rt_pools},
-    driver::status::DriverError,
-    generated::driver_api as d,
-    runtime::runtime,
+    core::devices, core::runtime::runtime, driver::status::DriverError, generated::driver_api as d,
+    runtime::pools as rt_pools,
 };
 
 driver_api! {
@@ -88,8 +86,10 @@ driver_api! {
         if pi.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
-        // SAFETY: checked non-null; the ids are the runtime's cudaDeviceAttr values.
-        via_runtime(|| unsafe { rt_devices::cudaDeviceGetAttribute(pi, attrib, dev) })?;
+        // The ids are the runtime's cudaDeviceAttr values.
+        let v = via_core(|| devices::ops::attribute(dev, attrib))?;
+        // SAFETY: checked non-null; caller's out-parameter.
+        unsafe { out(pi, v) }?;
         if crate::driver::trace::enabled() {
             // SAFETY: written above.
             crate::driver::trace::log(format_args!("device attribute {attrib}: {}", unsafe { *pi }));
@@ -113,23 +113,42 @@ driver_api! {
     /// `cuDeviceGetPCIBusId`.
     fn cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, dev: d::CUdevice) {
         check_device(dev)?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_devices::cudaDeviceGetPCIBusId(pciBusId, len, dev) })
+        if pciBusId.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let len = usize::try_from(len).ok().filter(|&l| l > 0).ok_or(DriverError::INVALID_VALUE)?;
+        let id = via_core(|| devices::ops::pci_bus_id(dev))?;
+        let n = id.len().min(len - 1);
+        // SAFETY: `pciBusId` is writable for `len` bytes (API contract); we write n + 1 <= len.
+        unsafe {
+            std::ptr::copy_nonoverlapping(id.as_ptr().cast::<c_char>(), pciBusId, n);
+            pciBusId.add(n).write(0);
+        }
+        Ok(())
     }
 
     /// `cuDeviceGetByPCIBusId`.
     fn cuDeviceGetByPCIBusId(dev: *mut d::CUdevice, pciBusId: *const c_char) {
         initialized()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_devices::cudaDeviceGetByPCIBusId(dev, pciBusId) })
+        if dev.is_null() || pciBusId.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: a NUL-terminated string (API contract).
+        let id = unsafe { std::ffi::CStr::from_ptr(pciBusId) }
+            .to_str()
+            .map_err(|_| DriverError::INVALID_VALUE)?;
+        let found = via_core(|| devices::ops::by_pci_bus_id(id))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(dev, d::CUdevice::try_from(found).unwrap_or(d::CUdevice::MAX)) }
     }
 
     /// `cuDeviceCanAccessPeer`.
     fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: d::CUdevice, peerDev: d::CUdevice) {
         check_device(dev)?;
         check_device(peerDev)?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_devices::cudaDeviceCanAccessPeer(canAccessPeer, dev, peerDev) })
+        let can = via_core(|| devices::ops::can_access_peer(dev, peerDev))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(canAccessPeer, c_int::from(can)) }
     }
 
     /// `cuDeviceGetP2PAttribute` (the attribute ids are the runtime's).
@@ -141,10 +160,9 @@ driver_api! {
     ) {
         check_device(srcDevice)?;
         check_device(dstDevice)?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            rt_devices::cudaDeviceGetP2PAttribute(value, attrib, srcDevice, dstDevice)
-        })
+        let v = via_core(|| devices::ops::p2p_attribute(attrib, srcDevice, dstDevice))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(value, v) }
     }
 
     /// `cuDeviceGetDefaultMemPool`.

@@ -6,15 +6,12 @@
 use core::ffi::c_ulonglong;
 
 use super::{initialized, via_runtime};
-use crate::{
-    api::graphs as rt_graphs,
-    driver::{context, status::DrvResult},
-    generated::driver_api as d,
-};
+use crate::core::context;
+use crate::{driver::status::DrvResult, generated::driver_api as d, runtime::graphs as rt_graphs};
 
 fn ready() -> DrvResult<()> {
     initialized()?;
-    context::require_current().map(drop)
+    Ok(context::require_current().map(drop)?)
 }
 
 driver_api! {

@@ -6,12 +6,12 @@ use std::sync::atomic::Ordering;
 
 use super::{out, INITIALIZED};
 use crate::{
+    core::runtime::runtime,
     driver::{
         export_tables, proc_address,
         status::{self, DriverError},
     },
     generated::driver_api as d,
-    runtime::runtime,
 };
 
 driver_api! {

@@ -4,18 +4,18 @@
 
 use core::ffi::{c_uint, c_void};
 
-use super::{initialized, via_runtime};
+use super::{initialized, via_core};
+use crate::core::context;
 use crate::{
-    api::{launch_ex, streams as rt_streams},
-    call_config::CallConfig,
+    core::call_config::CallConfig,
+    core::launch,
+    core::params,
+    core::runtime::runtime,
     driver::{
-        context,
         modules::{self, Function},
         status::{DriverError, DrvResult},
     },
     generated::{cudaLaunchConfig_t, dim3, driver_api as d},
-    launch, params,
-    runtime::runtime,
 };
 
 /// `CU_LAUNCH_PARAM_END`, `CU_LAUNCH_PARAM_BUFFER_POINTER`, `CU_LAUNCH_PARAM_BUFFER_SIZE` (cuda.h
@@ -168,7 +168,7 @@ unsafe fn cluster_occupancy(
     let rt = runtime()?;
     // SAFETY: forwarded contract (attributes).
     let n = unsafe {
-        launch_ex::cluster_occupancy_of(
+        launch::cluster_occupancy_of(
             rt,
             func.module.device,
             func.resolved.function,
@@ -291,7 +291,7 @@ driver_api! {
         let rt = runtime()?;
         let as_runtime = runtime_config(&c);
         // SAFETY: CUlaunchAttribute and cudaLaunchAttribute share layout and ids.
-        let attrs = unsafe { launch_ex::wire_attrs(rt, &as_runtime) }?;
+        let attrs = unsafe { launch::wire_attrs(rt, &as_runtime) }?;
         let attrs = (c.numAttrs > 0).then_some(attrs.as_slice());
         // SAFETY: forwarded contract.
         unsafe {
@@ -314,7 +314,7 @@ driver_api! {
     fn cuLaunchHostFunc(hStream: d::CUstream, fn_: d::CUhostFn, userData: *mut c_void) {
         initialized()?;
         context::require_current()?;
-        // SAFETY: forwarded contract; CUhostFn and cudaHostFn_t are the same C type.
-        via_runtime(|| unsafe { rt_streams::cudaLaunchHostFunc(hStream.cast(), fn_, userData) })
+        // CUhostFn and cudaHostFn_t are the same C type.
+        via_core(|| crate::core::streams::ops::launch_host_func(hStream as usize, fn_, userData))
     }
 }

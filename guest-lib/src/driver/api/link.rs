@@ -15,15 +15,13 @@ use qcuda_proto::{
 };
 
 use super::initialized;
+use crate::core::context;
 use crate::{
-    driver::{
-        context,
-        status::{DriverError, DrvResult},
-    },
+    core::runtime::runtime,
+    core::transport::Call,
+    core::warnings::warn_first,
+    driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
-    runtime::runtime,
-    transport::Call,
-    warnings::warn_first,
 };
 
 /// The `CUjit_option`s that carry a plain value, which travel to the host's linker as they
@@ -221,7 +219,7 @@ fn complete(state: d::CUlinkState, cubin: *mut *mut c_void, size: *mut usize) ->
                 .output(&mut out),
         )?;
         let need: u64 = reply.rets[..3].iter().sum();
-        let need = crate::conv::usize_of(need);
+        let need = crate::core::conv::usize_of(need);
         if need <= out.len() {
             break reply.rets;
         }
@@ -230,7 +228,7 @@ fn complete(state: d::CUlinkState, cubin: *mut *mut c_void, size: *mut usize) ->
         }
         out = vec![0u8; need];
     };
-    let [image, info, error] = [0, 1, 2].map(|i| crate::conv::usize_of(rets[i]));
+    let [image, info, error] = [0, 1, 2].map(|i| crate::core::conv::usize_of(rets[i]));
     fill_log(s.info.as_ref(), &out[image..image + info]);
     fill_log(s.error.as_ref(), &out[image + info..image + info + error]);
     if let Some(slot) = s.wall_time {

@@ -5,33 +5,31 @@
 
 use core::ffi::{c_int, c_uint, c_void};
 
-use super::{initialized, via_runtime};
+use super::{initialized, out, via_core, via_runtime};
+use crate::core::context;
 use crate::{
-    api::{memory as rt_memory, pools as rt_pools},
-    driver::{
-        context,
-        status::{DriverError, DrvResult},
-    },
+    core::array_ops,
+    core::conv::usize_of,
+    core::memory::{self, ops as mem_ops},
+    core::runtime::runtime,
+    driver::status::{DriverError, DrvResult},
     generated::{
         cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost,
         cudaMemcpyHostToDevice, cudaMemcpyKind, driver_api as d,
     },
-    memory,
-    runtime::runtime,
+    runtime::pools as rt_pools,
 };
 
 /// The current context, made the runtime face's current device.
 fn ready() -> DrvResult<()> {
     initialized()?;
-    context::require_current().map(drop)
+    Ok(context::require_current().map(drop)?)
 }
 
 fn copy(dst: u64, src: u64, n: usize, kind: cudaMemcpyKind) -> DrvResult<()> {
     ready()?;
     // SAFETY: the driver API's contract for the host-side range, forwarded.
-    via_runtime(|| unsafe {
-        rt_memory::cudaMemcpy(dst as *mut c_void, src as *const c_void, n, kind)
-    })
+    via_core(|| unsafe { mem_ops::memcpy(dst, src, n, kind) })
 }
 
 fn copy_async(
@@ -43,15 +41,7 @@ fn copy_async(
 ) -> DrvResult<()> {
     ready()?;
     // SAFETY: as above; CUstream and cudaStream_t are the same handle.
-    via_runtime(|| unsafe {
-        rt_memory::cudaMemcpyAsync(
-            dst as *mut c_void,
-            src as *const c_void,
-            n,
-            kind,
-            stream.cast(),
-        )
-    })
+    via_core(|| unsafe { mem_ops::memcpy_async(dst, src, n, kind, stream as usize) })
 }
 
 fn memset(
@@ -64,8 +54,8 @@ fn memset(
     ready()?;
     let rt = runtime()?;
     let (rt, order) = match stream {
-        None => (rt, rt_memory::sync_order(crate::devices::current())),
-        Some(s) => rt_memory::async_order(s.cast())?,
+        None => (rt, mem_ops::sync_order(crate::core::devices::current())),
+        Some(s) => mem_ops::async_order(s as usize)?,
     };
     Ok(memory::memset_elements(rt, dst, value, width, n, order)?)
 }
@@ -80,22 +70,29 @@ driver_api! {
         if bytesize == 0 {
             return Err(DriverError::INVALID_VALUE);
         }
-        // SAFETY: checked non-null; CUdeviceptr is the runtime's device address.
-        via_runtime(|| unsafe { rt_memory::cudaMalloc(dptr.cast(), bytesize) })
+        let p = via_core(|| mem_ops::malloc(bytesize))?;
+        // SAFETY: checked non-null; caller's out-parameter.
+        unsafe { out(dptr, p) }
     }
 
     /// `cuMemFree_v2`.
     fn cuMemFree_v2(dptr: d::CUdeviceptr) {
         ready()?;
-        // SAFETY: a device address (or 0).
-        via_runtime(|| unsafe { rt_memory::cudaFree(dptr as *mut c_void) })
+        via_core(|| mem_ops::free(dptr))
     }
 
     /// `cuMemGetInfo_v2`.
     fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { crate::api::devices::cudaMemGetInfo(free, total) })
+        if free.is_null() || total.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let (f, t) = via_core(mem_ops::mem_info)?;
+        // SAFETY: caller's out-parameters, checked non-null.
+        unsafe {
+            out(free, f)?;
+            out(total, t)
+        }
     }
 
     /// `cuMemAllocPitch_v2`: rows of `WidthInBytes` at the device's pitch.
@@ -110,10 +107,16 @@ driver_api! {
         if !matches!(ElementSizeBytes, 4 | 8 | 16) {
             return Err(DriverError::INVALID_VALUE);
         }
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            crate::api::arrays::cudaMallocPitch(dptr.cast(), pPitch, WidthInBytes, Height)
-        })
+        if dptr.is_null() || pPitch.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let (p, pitch) =
+            via_core(|| array_ops::malloc_pitch_current(WidthInBytes as u64, Height as u64))?;
+        // SAFETY: caller's out-parameters, checked non-null.
+        unsafe {
+            out(dptr, p)?;
+            out(pPitch, usize_of(pitch))
+        }
     }
 
     /// `cuMemGetAddressRange_v2`: the allocation `dptr` falls in.
@@ -135,57 +138,74 @@ driver_api! {
     /// `cuMemAllocHost_v2`: pinned guest memory the GPU reaches directly.
     fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_memory::cudaMallocHost(pp, bytesize) })
+        if pp.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let p = via_core(|| mem_ops::host_alloc(bytesize, 0))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pp, p as *mut c_void) }
     }
 
     /// `cuMemFreeHost`.
     fn cuMemFreeHost(p: *mut c_void) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_memory::cudaFreeHost(p) })
+        via_core(|| mem_ops::free_host(p as usize))
     }
 
     /// `cuMemHostAlloc` (`CU_MEMHOSTALLOC_*` are the runtime's `cudaHostAlloc*` flags).
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_memory::cudaHostAlloc(pp, bytesize, Flags) })
+        if pp.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let p = via_core(|| mem_ops::host_alloc(bytesize, Flags))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pp, p as *mut c_void) }
     }
 
     /// `cuMemHostGetDevicePointer_v2`.
     fn cuMemHostGetDevicePointer_v2(pdptr: *mut d::CUdeviceptr, p: *mut c_void, Flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_memory::cudaHostGetDevicePointer(pdptr.cast(), p, Flags) })
+        if pdptr.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let dp = via_core(|| mem_ops::host_device_pointer(p as usize, Flags))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pdptr, dp) }
     }
 
     /// `cuMemHostGetFlags`.
     fn cuMemHostGetFlags(pFlags: *mut c_uint, p: *mut c_void) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_memory::cudaHostGetFlags(pFlags, p) })
+        if pFlags.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let f = via_core(|| mem_ops::host_flags(p as usize))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pFlags, f) }
     }
 
     /// `cuMemHostRegister_v2` (`CU_MEMHOSTREGISTER_*` are the runtime's flags).
     fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, Flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_memory::cudaHostRegister(p, bytesize, Flags) })
+        via_core(|| mem_ops::host_register(p as usize, bytesize, Flags))
     }
 
     /// `cuMemHostUnregister`.
     fn cuMemHostUnregister(p: *mut c_void) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_memory::cudaHostUnregister(p) })
+        via_core(|| mem_ops::host_unregister(p as usize))
     }
 
     /// `cuMemAllocManaged`.
     fn cuMemAllocManaged(dptr: *mut d::CUdeviceptr, bytesize: usize, flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_memory::cudaMallocManaged(dptr.cast(), bytesize, flags) })
+        if dptr.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let p = via_core(|| mem_ops::malloc_managed(bytesize, flags))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(dptr, p as d::CUdeviceptr) }
     }
 
     /// `cuMemAllocAsync`.
@@ -294,10 +314,7 @@ driver_api! {
         ready()?;
         let dst = device_of(dstContext)?;
         let src = device_of(srcContext)?;
-        // SAFETY: device addresses of those contexts' devices.
-        via_runtime(|| unsafe {
-            rt_memory::cudaMemcpyPeer(dstDevice as *mut c_void, dst, srcDevice as *const c_void, src, ByteCount)
-        })
+        via_core(|| mem_ops::memcpy_peer(dstDevice, dst, srcDevice, src, ByteCount, None))
     }
 
     /// `cuMemcpyPeerAsync`.
@@ -313,16 +330,8 @@ driver_api! {
         ready()?;
         let dst = device_of(dstContext)?;
         let src = device_of(srcContext)?;
-        // SAFETY: as above.
-        via_runtime(|| unsafe {
-            rt_memory::cudaMemcpyPeerAsync(
-                dstDevice as *mut c_void,
-                dst,
-                srcDevice as *const c_void,
-                src,
-                ByteCount,
-                hStream.cast(),
-            )
+        via_core(|| {
+            mem_ops::memcpy_peer(dstDevice, dst, srcDevice, src, ByteCount, Some(hStream as usize))
         })
     }
 
@@ -388,9 +397,8 @@ driver_api! {
     #[per_thread(cuMemsetD2D8_v2_ptds)]
     fn cuMemsetD2D8_v2(dstDevice: d::CUdeviceptr, dstPitch: usize, uc: ::core::ffi::c_uchar, Width: usize, Height: usize) {
         ready()?;
-        // SAFETY: a device range (API contract).
-        via_runtime(|| unsafe {
-            crate::api::arrays::cudaMemset2D(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height)
+        via_core(|| {
+            array_ops::memset_2d(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height, None)
         })
     }
 
@@ -405,16 +413,9 @@ driver_api! {
         hStream: d::CUstream,
     ) {
         ready()?;
-        // SAFETY: a device range (API contract).
-        via_runtime(|| unsafe {
-            crate::api::arrays::cudaMemset2DAsync(
-                dstDevice as *mut c_void,
-                dstPitch,
-                c_int::from(uc),
-                Width,
-                Height,
-                hStream.cast(),
-            )
+        via_core(|| {
+            let order = array_ops::stream_order(hStream.cast())?;
+            array_ops::memset_2d(dstDevice as *mut c_void, dstPitch, c_int::from(uc), Width, Height, Some(order))
         })
     }
 
@@ -570,12 +571,13 @@ unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> Dr
     let (d, s) = (dst as *mut c_void, src as *const c_void);
     match stream {
         // SAFETY: the ranges the descriptor names (API contract).
-        None => via_runtime(|| unsafe {
-            crate::api::arrays::cudaMemcpy2D(d, dpitch, s, spitch, c.WidthInBytes, c.Height, kind)
+        None => via_core(|| unsafe {
+            array_ops::memcpy_2d(d, dpitch, s, spitch, c.WidthInBytes, c.Height, kind, None)
         }),
         // SAFETY: as above.
-        Some(st) => via_runtime(|| unsafe {
-            crate::api::arrays::cudaMemcpy2DAsync(
+        Some(st) => via_core(|| unsafe {
+            let order = array_ops::stream_order(st.cast())?;
+            array_ops::memcpy_2d(
                 d,
                 dpitch,
                 s,
@@ -583,7 +585,7 @@ unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> Dr
                 c.WidthInBytes,
                 c.Height,
                 kind,
-                st.cast(),
+                Some(order),
             )
         }),
     }
@@ -609,11 +611,7 @@ unsafe fn pointer_attribute(
     if data.is_null() {
         return Err(DriverError::INVALID_VALUE);
     }
-    let mut a = cudaPointerAttributes::default();
-    // SAFETY: a valid out-pointer.
-    via_runtime(|| unsafe {
-        rt_memory::cudaPointerGetAttributes(&raw mut a, ptr as *const c_void)
-    })?;
+    let a: cudaPointerAttributes = via_core(|| mem_ops::pointer_attributes(usize_of(ptr)))?;
     let known = a.type_ != crate::generated::cudaMemoryTypeUnregistered;
     let rt = runtime()?;
     let alloc = rt.allocations.find(ptr);
@@ -714,7 +712,7 @@ unsafe fn pointer_attribute(
                 data.cast::<usize>().write_unaligned(0);
             }
             _ => {
-                crate::warnings::warn_once!(
+                crate::core::warnings::warn_once!(
                     "cuPointerGetAttribute: attribute {attribute} is not supported"
                 );
                 return Err(DriverError::NOT_SUPPORTED);

@@ -6,10 +6,10 @@
 #![allow(non_snake_case)]
 
 use crate::{
-    cuda_error::CudaError,
+    core::cuda_error::CudaError,
+    core::last_error,
+    core::runtime::runtime_if_connected,
     generated::{cudaError_t, driver_api as d},
-    last_error,
-    runtime::runtime_if_connected,
 };
 
 use super::status::{DriverError, DrvResult};
@@ -93,6 +93,16 @@ fn via_runtime(call: impl FnOnce() -> cudaError_t) -> DrvResult<()> {
     }
 }
 
+/// Runs a core operation for the driver face: its error becomes a driver status, and the
+/// runtime face's per-thread last error is left as it was (driver calls never change what
+/// `cudaGetLastError` reports, also when the core records a lost fire-and-forget failure).
+fn via_core<T>(call: impl FnOnce() -> crate::core::cuda_error::CudaResult<T>) -> DrvResult<T> {
+    let saved = last_error::peek();
+    let result = call();
+    last_error::restore(saved);
+    result.map_err(Into::into)
+}
+
 /// `cuInit`'s outcome, once it succeeded.
 static INITIALIZED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -111,7 +121,7 @@ fn initialized() -> DrvResult<()> {
 /// `device` as an ordinal: `CUDA_ERROR_INVALID_DEVICE` when out of range.
 pub fn check_device(device: d::CUdevice) -> DrvResult<u32> {
     initialized()?;
-    let rt = crate::runtime::runtime()?;
+    let rt = crate::core::runtime::runtime()?;
     match u32::try_from(device) {
         Ok(dv) if dv < rt.devices.count() => Ok(dv),
         _ => Err(DriverError::INVALID_DEVICE),
@@ -126,7 +136,7 @@ pub const DRIVER_API_VERSION: u32 = 13000;
 /// implemented version itself when there is no host to ask (no `/dev/qcuda`), so that NVIDIA's
 /// runtime goes on to `cuInit` and reports the missing device rather than an old driver.
 pub fn driver_version_value() -> DrvResult<u32> {
-    let host = crate::runtime::runtime().map_or(0, |rt| rt.session.host().driver_version);
+    let host = crate::core::runtime::runtime().map_or(0, |rt| rt.session.host().driver_version);
     let host = u32::try_from(host).unwrap_or(0);
     Ok(if host == 0 {
         DRIVER_API_VERSION

@@ -5,15 +5,15 @@ use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use qcuda_proto::Op;
 
 use super::{initialized, out};
+use crate::core::context;
 use crate::{
+    core::runtime::runtime,
+    core::transport::Call,
     driver::{
-        context,
         modules::{self, Function},
         status::{DriverError, DrvResult},
     },
     generated::driver_api as d,
-    runtime::runtime,
-    transport::Call,
 };
 
 /// A NUL-terminated name argument.
@@ -270,7 +270,7 @@ driver_api! {
         initialized()?;
         modules::library(library as usize)?;
         let _ = (dptr, bytes, name);
-        crate::warnings::warn_once!("cuLibraryGetManaged is not supported");
+        crate::core::warnings::warn_once!("cuLibraryGetManaged is not supported");
         Err(DriverError::NOT_SUPPORTED)
     }
 
@@ -439,7 +439,7 @@ driver_api! {
                 .args(&[f.resolved.function, blocks, block]),
         )?;
         // SAFETY: checked non-null.
-        unsafe { dynamicSmemSize.write_unaligned(crate::conv::usize_of(reply.rets[0])) };
+        unsafe { dynamicSmemSize.write_unaligned(crate::core::conv::usize_of(reply.rets[0])) };
         Ok(())
     }
 
@@ -458,7 +458,7 @@ driver_api! {
 fn global_out(
     dptr: *mut d::CUdeviceptr,
     bytes: *mut usize,
-    g: crate::registry::DeviceGlobal,
+    g: crate::core::registry::DeviceGlobal,
 ) -> DrvResult<()> {
     if !dptr.is_null() {
         // SAFETY: non-null: the caller asked for it.
@@ -513,7 +513,7 @@ fn set_function_attribute(
         .submit(Call::new(Op::FuncSetAttribute, f.module.device).args(&[
             f.resolved.function,
             u64::from(attrib),
-            crate::conv::int_word(value),
+            crate::core::conv::int_word(value),
         ]))?;
     if attrib == d::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES {
         f.max_dynamic_smem.store(

@@ -5,44 +5,42 @@
 
 use core::ffi::{c_int, c_uint, c_void};
 
-use super::{initialized, out, via_runtime};
+use super::{initialized, out, via_core};
+use crate::core::context;
 use crate::{
-    api::{events as rt_events, streams as rt_streams},
-    driver::{
-        context,
-        status::{DriverError, DrvResult},
-    },
+    core::events::ops as events,
+    core::runtime::runtime,
+    core::streams::ops as streams,
+    driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
-    runtime::runtime,
 };
 
 fn ready() -> DrvResult<()> {
     initialized()?;
-    context::require_current().map(drop)
+    Ok(context::require_current().map(drop)?)
 }
 
 driver_api! {
     /// `cuStreamCreate` (`CU_STREAM_NON_BLOCKING` is `cudaStreamNonBlocking`).
     fn cuStreamCreate(phStream: *mut d::CUstream, Flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamCreateWithFlags(phStream.cast(), Flags) })
+        let h = via_core(|| streams::create(Flags, 0))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(phStream, h as d::CUstream) }
     }
 
     /// `cuStreamCreateWithPriority`.
     fn cuStreamCreateWithPriority(phStream: *mut d::CUstream, flags: c_uint, priority: c_int) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            rt_streams::cudaStreamCreateWithPriority(phStream.cast(), flags, priority)
-        })
+        let h = via_core(|| streams::create(flags, priority))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(phStream, h as d::CUstream) }
     }
 
     /// `cuStreamDestroy_v2`.
     fn cuStreamDestroy_v2(hStream: d::CUstream) {
         initialized()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamDestroy(hStream.cast()) })
+        via_core(|| streams::destroy(hStream as usize))
     }
 
     /// `cuStreamDestroy` (pre-4.0 form).
@@ -56,56 +54,57 @@ driver_api! {
     #[per_thread(cuStreamSynchronize_ptsz)]
     fn cuStreamSynchronize(hStream: d::CUstream) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamSynchronize(hStream.cast()) })
+        via_core(|| streams::synchronize(hStream as usize))
     }
 
     /// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is pending.
     #[per_thread(cuStreamQuery_ptsz)]
     fn cuStreamQuery(hStream: d::CUstream) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamQuery(hStream.cast()) })
+        via_core(|| streams::query(hStream as usize))
     }
 
     /// `cuStreamWaitEvent`.
     #[per_thread(cuStreamWaitEvent_ptsz)]
     fn cuStreamWaitEvent(hStream: d::CUstream, hEvent: d::CUevent, Flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamWaitEvent(hStream.cast(), hEvent.cast(), Flags) })
+        via_core(|| streams::wait_event(hStream as usize, hEvent as usize, Flags))
     }
 
     /// `cuStreamGetFlags`.
     #[per_thread(cuStreamGetFlags_ptsz)]
     fn cuStreamGetFlags(hStream: d::CUstream, flags: *mut c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamGetFlags(hStream.cast(), flags) })
+        let s = via_core(|| streams::info(hStream as usize))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(flags, s.flags) }
     }
 
     /// `cuStreamGetPriority`.
     #[per_thread(cuStreamGetPriority_ptsz)]
     fn cuStreamGetPriority(hStream: d::CUstream, priority: *mut c_int) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamGetPriority(hStream.cast(), priority) })
+        let s = via_core(|| streams::info(hStream as usize))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(priority, s.priority) }
     }
 
     /// `cuStreamGetId`.
     #[per_thread(cuStreamGetId_ptsz)]
     fn cuStreamGetId(hStream: d::CUstream, streamId: *mut ::core::ffi::c_ulonglong) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamGetId(hStream.cast(), streamId.cast()) })
+        let id = via_core(|| streams::id(hStream as usize))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(streamId, id) }
     }
 
     /// `cuStreamGetDevice`.
     #[per_thread(cuStreamGetDevice_ptsz)]
     fn cuStreamGetDevice(hStream: d::CUstream, device: *mut d::CUdevice) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_streams::cudaStreamGetDevice(hStream.cast(), device) })
+        let s = via_core(|| streams::info(hStream as usize))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(device, d::CUdevice::try_from(s.device).unwrap_or(d::CUdevice::MAX)) }
     }
 
     /// `cuStreamGetCtx`: the primary context of the stream's device (streams belong to the
@@ -123,25 +122,26 @@ driver_api! {
     #[per_thread(cuStreamAddCallback_ptsz)]
     fn cuStreamAddCallback(hStream: d::CUstream, callback: d::CUstreamCallback, userData: *mut c_void, flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract; the callback's CUresult parameter is the runtime's
-        // cudaError_t (an unsigned int either way).
-        via_runtime(|| unsafe {
-            rt_streams::cudaStreamAddCallback(hStream.cast(), std::mem::transmute::<d::CUstreamCallback, crate::host_fns::StreamCallback>(callback), userData, flags)
-        })
+        // SAFETY: the callback's CUresult parameter is the runtime's cudaError_t (an unsigned
+        // int either way): the same C function type.
+        let callback = unsafe {
+            std::mem::transmute::<d::CUstreamCallback, crate::core::host_fns::StreamCallback>(callback)
+        };
+        via_core(|| streams::add_callback(hStream as usize, callback, userData, flags))
     }
 
     /// `cuEventCreate` (`CU_EVENT_*` are the runtime's `cudaEvent*` flags).
     fn cuEventCreate(phEvent: *mut d::CUevent, Flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_events::cudaEventCreateWithFlags(phEvent.cast(), Flags) })
+        let h = via_core(|| events::create(Flags))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(phEvent, h as d::CUevent) }
     }
 
     /// `cuEventDestroy_v2`.
     fn cuEventDestroy_v2(hEvent: d::CUevent) {
         initialized()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_events::cudaEventDestroy(hEvent.cast()) })
+        via_core(|| events::destroy(hEvent as usize))
     }
 
     /// `cuEventDestroy` (pre-4.0 form).
@@ -155,41 +155,34 @@ driver_api! {
     #[per_thread(cuEventRecord_ptsz)]
     fn cuEventRecord(hEvent: d::CUevent, hStream: d::CUstream) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_events::cudaEventRecord(hEvent.cast(), hStream.cast()) })
+        via_core(|| events::record(hEvent as usize, hStream as usize, 0))
     }
 
     /// `cuEventRecordWithFlags`.
     #[per_thread(cuEventRecordWithFlags_ptsz)]
     fn cuEventRecordWithFlags(hEvent: d::CUevent, hStream: d::CUstream, flags: c_uint) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            rt_events::cudaEventRecordWithFlags(hEvent.cast(), hStream.cast(), flags)
-        })
+        via_core(|| events::record(hEvent as usize, hStream as usize, flags))
     }
 
     /// `cuEventSynchronize`.
     fn cuEventSynchronize(hEvent: d::CUevent) {
         initialized()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_events::cudaEventSynchronize(hEvent.cast()) })
+        via_core(|| events::synchronize(hEvent as usize))
     }
 
     /// `cuEventQuery`.
     fn cuEventQuery(hEvent: d::CUevent) {
         initialized()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_events::cudaEventQuery(hEvent.cast()) })
+        via_core(|| events::query(hEvent as usize))
     }
 
     /// `cuEventElapsedTime_v2`.
     fn cuEventElapsedTime_v2(pMilliseconds: *mut f32, hStart: d::CUevent, hEnd: d::CUevent) {
         initialized()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            rt_events::cudaEventElapsedTime(pMilliseconds, hStart.cast(), hEnd.cast())
-        })
+        let ms = via_core(|| events::elapsed_ms(hStart as usize, hEnd as usize))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pMilliseconds, ms) }
     }
 
     /// `cuEventElapsedTime` (pre-12.8 form, same meaning).

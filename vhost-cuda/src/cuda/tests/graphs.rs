@@ -10,7 +10,7 @@ fn u64s(v: &[u64]) -> Vec<u8> {
 
 fn add_node(
     rig: &mut Rig,
-    s: &mut CudaSession,
+    s: &mut GpuState,
     graph: u64,
     ty: u32,
     deps: &[u64],
@@ -27,7 +27,7 @@ fn add_node(
     ))
 }
 
-fn list(rig: &mut Rig, s: &mut CudaSession, op: Op, args: &[u64]) -> Vec<u64> {
+fn list(rig: &mut Rig, s: &mut GpuState, op: Op, args: &[u64]) -> Vec<u64> {
     let out = rig.out(8 * 64);
     let r = ok(s.execute(&req(op, 0, args, vec![], vec![out.clone()])));
     let n = usize::try_from(r[0]).unwrap();

@@ -1,0 +1,198 @@
+//! Events: `cudaEvent_t` handles and the event ops. Recording an event and making a stream wait
+//! for one are fire-and-forget; synchronising, querying and timing wait for the host.
+
+use crate::core::conv::low_u32;
+use qcuda_proto::{Op, WaitMode};
+
+use crate::{
+    core::cuda_error::{CudaError, CudaResult},
+    core::handles::HandleTable,
+    core::session::Session,
+    core::streams::Streams,
+    core::transport::Call,
+    generated::{
+        cudaEventBlockingSync, cudaEventDisableTiming, cudaEventInterprocess, cudaEventWaitDefault,
+    },
+};
+
+/// An event the application created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventInfo {
+    /// The host's handle.
+    pub host: u64,
+    /// The device that was current at creation.
+    pub device: u32,
+    /// `cudaEvent*` creation flags.
+    pub flags: u32,
+}
+
+/// The events of this process.
+#[derive(Debug, Default)]
+pub struct Events {
+    table: HandleTable<EventInfo>,
+}
+
+impl Events {
+    /// `cudaEventCreateWithFlags` on `device`.
+    pub fn create(&self, session: &Session, device: u32, flags: u32) -> CudaResult<usize> {
+        if flags & !(cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess) != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        if flags & cudaEventInterprocess != 0 {
+            // IPC handles cannot cross the VM boundary yet.
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        let reply = session.submit(Call::new(Op::EventCreate, device).args(&[u64::from(flags)]))?;
+        Ok(self.table.insert(EventInfo {
+            host: reply.rets[0],
+            device,
+            flags,
+        }))
+    }
+
+    /// The record of `handle`.
+    pub fn info(&self, handle: usize) -> CudaResult<EventInfo> {
+        self.table
+            .get(handle)
+            .ok_or(CudaError::INVALID_RESOURCE_HANDLE)
+    }
+
+    /// `cudaEventDestroy`.
+    pub fn destroy(&self, session: &Session, handle: usize) -> CudaResult<()> {
+        let e = self.info(handle)?;
+        session.submit(Call::new(Op::EventDestroy, e.device).args(&[e.host]))?;
+        self.table.remove(handle);
+        Ok(())
+    }
+
+    /// `cudaEventRecord` (fire-and-forget).
+    pub fn record(
+        &self,
+        session: &Session,
+        streams: &Streams,
+        handle: usize,
+        stream: usize,
+    ) -> CudaResult<()> {
+        let e = self.info(handle)?;
+        let s = streams.target(stream)?;
+        session.submit(
+            Call::new(Op::EventRecord, e.device)
+                .args(&[e.host, s.wire])
+                .fire_and_forget(),
+        )?;
+        Ok(())
+    }
+
+    /// The application's handle of the event with host handle `host`.
+    pub fn by_host(&self, host: u64) -> Option<usize> {
+        self.table.find(|e| e.host == host)
+    }
+
+    /// `cudaEventSynchronize`.
+    pub fn synchronize(&self, session: &Session, handle: usize) -> CudaResult<()> {
+        let e = self.info(handle)?;
+        let mut call = Call::new(Op::EventSynchronize, e.device).args(&[e.host]);
+        if e.flags & cudaEventBlockingSync != 0 {
+            // The event asks its waiters to block, whatever the device's flags.
+            call = call.wait_as(WaitMode::Block);
+        }
+        session.submit(call)?;
+        Ok(())
+    }
+
+    /// `cudaEventQuery`: `Ok` when complete, `cudaErrorNotReady` while pending.
+    pub fn query(&self, session: &Session, handle: usize) -> CudaResult<()> {
+        let e = self.info(handle)?;
+        session.submit(Call::new(Op::EventQuery, e.device).args(&[e.host]))?;
+        Ok(())
+    }
+
+    /// `cudaEventElapsedTime` in milliseconds.
+    pub fn elapsed_ms(&self, session: &Session, start: usize, end: usize) -> CudaResult<f32> {
+        let s = self.info(start)?;
+        let e = self.info(end)?;
+        let reply =
+            session.submit(Call::new(Op::EventElapsedTime, s.device).args(&[s.host, e.host]))?;
+        Ok(f32::from_bits(low_u32(reply.rets[0])))
+    }
+
+    /// `cudaStreamWaitEvent` (fire-and-forget).
+    pub fn stream_wait(
+        &self,
+        session: &Session,
+        streams: &Streams,
+        stream: usize,
+        handle: usize,
+        flags: u32,
+    ) -> CudaResult<()> {
+        if flags != cudaEventWaitDefault {
+            // cudaEventWaitExternal only matters under stream capture, which qcuda lacks.
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        let e = self.info(handle)?;
+        let s = streams.target(stream)?;
+        session.submit(
+            Call::new(Op::StreamWaitEvent, s.device)
+                .args(&[s.wire, e.host, u64::from(flags)])
+                .fire_and_forget(),
+        )?;
+        Ok(())
+    }
+
+    /// Forgets the events of `device` (the host freed them in `DeviceReset`).
+    pub fn forget_device(&self, device: u32) {
+        self.table.retain(|e| e.device != device);
+    }
+}
+
+/// The event operations both API faces offer (see `streams::ops`).
+pub mod ops {
+    use crate::{
+        core::{
+            cuda_error::{CudaError, CudaResult},
+            runtime::current,
+        },
+        generated::cudaEventRecordDefault,
+    };
+
+    /// `cudaEventCreateWithFlags`: the new event's handle.
+    pub fn create(flags: u32) -> CudaResult<usize> {
+        let (rt, d) = current()?;
+        rt.events.create(&rt.session, d, flags)
+    }
+
+    /// `cudaEventRecordWithFlags` (fire-and-forget): only `cudaEventRecordDefault`
+    /// (`cudaEventRecordExternal` only matters under stream capture).
+    pub fn record(event: usize, stream: usize, flags: u32) -> CudaResult<()> {
+        if flags != cudaEventRecordDefault {
+            return Err(CudaError::NOT_SUPPORTED);
+        }
+        let (rt, _) = current()?;
+        rt.events.record(&rt.session, &rt.streams, event, stream)
+    }
+
+    /// `cudaEventSynchronize`: then managed variables read what the device wrote.
+    pub fn synchronize(event: usize) -> CudaResult<()> {
+        let (rt, _) = current()?;
+        rt.events.synchronize(&rt.session, event)?;
+        crate::core::managed_vars::after_sync(rt)
+    }
+
+    /// `cudaEventQuery`: `cudaErrorNotReady` while pending.
+    pub fn query(event: usize) -> CudaResult<()> {
+        let (rt, _) = current()?;
+        rt.events.query(&rt.session, event)
+    }
+
+    /// `cudaEventElapsedTime` in milliseconds.
+    pub fn elapsed_ms(start: usize, end: usize) -> CudaResult<f32> {
+        let (rt, _) = current()?;
+        rt.events.elapsed_ms(&rt.session, start, end)
+    }
+
+    /// `cudaEventDestroy`.
+    pub fn destroy(event: usize) -> CudaResult<()> {
+        let (rt, _) = current()?;
+        rt.events.destroy(&rt.session, event)
+    }
+}

@@ -1,0 +1,660 @@
+//! The session's pitched memory, 2D/3D copies and memsets, CUDA arrays and texture/surface
+//! objects (ops 0x0160..=0x016C).
+//!
+//! Arrays and mipmapped arrays reach the guest as session-local handles; the level arrays of a
+//! mipmapped array get handles too, owned by it. Texture and surface objects are different:
+//! kernels take the driver's 64-bit value as an argument, so the guest gets the real value,
+//! and the session keeps the set of values it created, destroying only those. Every device
+//! range a copy, memset or texture touches is checked against the session's memory first
+//! (the whole span from the first to the last byte, overflow-checked), and every array offset
+//! and extent against the array's own size.
+
+use std::collections::HashMap;
+
+use qcuda_proto::{
+    status, tex, Copy3D, Copy3DSide, COPY_ARRAY, COPY_DEVICE, COPY_WIRE, FLAG_ASYNC, TEX_DESC_SIZE,
+};
+
+use super::{
+    super::{
+        driver::array::{
+            format_bytes, ArrayDesc, Copy3DParams, CopySide, Mem, Resource, TexParams, ViewParams,
+        },
+        driver::array::{Array, MipmappedArray},
+        handles::HandleTable,
+    },
+    flags_u32, ok, ok_rets, on, to_usize, Fault, GpuState, OpResult,
+};
+use crate::guest_buffer::Request;
+
+/// Most arrays (level arrays included) a session may hold.
+const MAX_ARRAYS: usize = 1 << 16;
+/// Most mipmapped arrays a session may hold.
+const MAX_MIPMAPPED: usize = 1 << 14;
+/// Most texture and surface objects a session may hold.
+const MAX_OBJECTS: usize = 1 << 16;
+/// CUDA_ARRAY3D_LAYERED | SURFACE_LDST | CUBEMAP | TEXTURE_GATHER.
+const ARRAY_FLAGS: u64 = 0xf;
+/// CU_TRSF_READ_AS_INTEGER | NORMALIZED_COORDINATES | SRGB | DISABLE_TRILINEAR_OPTIMIZATION |
+/// SEAMLESS_CUBEMAP.
+const TEX_FLAGS: u64 = 0x73;
+/// The last `CUresourceViewFormat` (CU_RES_VIEW_FORMAT_UNSIGNED_BC7).
+const MAX_VIEW_FORMAT: u64 = 0x22;
+
+#[derive(Debug)]
+struct ArrayEntry {
+    dev: usize,
+    raw: Array,
+    desc: ArrayDesc,
+    /// The mipmapped array a level array belongs to.
+    owner: Option<u64>,
+}
+
+#[derive(Debug)]
+struct MipmappedEntry {
+    dev: usize,
+    raw: MipmappedArray,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ObjectEntry {
+    dev: usize,
+    surface: bool,
+}
+
+/// What the session owns of arrays and objects.
+#[derive(Debug)]
+pub(super) struct ArrayState {
+    arrays: HandleTable<ArrayEntry>,
+    mipmapped: HandleTable<MipmappedEntry>,
+    objects: HashMap<u64, ObjectEntry>,
+}
+
+impl Default for ArrayState {
+    fn default() -> Self {
+        Self {
+            arrays: HandleTable::new(MAX_ARRAYS),
+            mipmapped: HandleTable::new(MAX_MIPMAPPED),
+            objects: HashMap::new(),
+        }
+    }
+}
+
+impl ArrayState {
+    /// Forgets everything on `dev` (its context, which owned it, is gone).
+    pub(super) fn forget_device(&mut self, dev: usize) {
+        self.arrays.retain(|a| a.dev != dev);
+        self.mipmapped.retain(|m| m.dev != dev);
+        self.objects.retain(|_, o| o.dev != dev);
+    }
+}
+
+fn invalid() -> Fault {
+    Fault::Status(status::INVALID_VALUE)
+}
+
+/// The bytes from the first to the last one a pitched 3D region touches: slices of `rows`
+/// rows of `pitch` bytes, `extent` = (bytes per row, rows, slices), all nonzero.
+fn pitched_span(pitch: u64, rows: u64, extent: [u64; 3]) -> Option<u64> {
+    let [w, h, d] = extent;
+    if w > pitch || (d > 1 && h > rows) {
+        return None;
+    }
+    let slice = pitch.checked_mul(rows)?;
+    (d - 1)
+        .checked_mul(slice)?
+        .checked_add((h - 1).checked_mul(pitch)?)?
+        .checked_add(w)
+}
+
+fn word(words: &[u64], i: usize) -> u64 {
+    words.get(i).copied().unwrap_or(0)
+}
+
+fn word_u32(words: &[u64], i: usize) -> Result<u32, Fault> {
+    u32::try_from(word(words, i)).map_err(|_| invalid())
+}
+
+fn word_f32(words: &[u64], i: usize) -> Result<f32, Fault> {
+    word_u32(words, i).map(f32::from_bits)
+}
+
+impl GpuState {
+    /// `MallocPitch`: cuMemAllocPitch; the whole pitch × rows becomes an allocation.
+    pub(super) fn malloc_pitch(&mut self, req: &Request) -> OpResult {
+        let [width, rows, ..] = req.header().args;
+        let dev = self.bind_new(req)?;
+        if width == 0 || rows == 0 {
+            return ok_rets(&[0, 0]);
+        }
+        let (w, r) = (to_usize(width)?, to_usize(rows)?);
+        if !self.context(dev)?.memory.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let (ptr, pitch) = self.drv.mem_alloc_pitch(w, r).map_err(on(dev))?;
+        let size = (pitch as u64).checked_mul(rows);
+        let inserted = size.map(|s| {
+            self.context(dev)
+                .map(|c| c.memory.insert_allocation(ptr, s))
+        });
+        if !matches!(inserted, Some(Ok(Ok(())))) {
+            let _ = self.drv.mem_free(ptr);
+            if matches!(
+                inserted,
+                Some(Ok(Err(super::super::allocations::TableError::OverQuota)))
+            ) {
+                return Err(status::MEMORY_ALLOCATION.into());
+            }
+            return Err(status::UNKNOWN.into());
+        }
+        ok_rets(&[ptr, pitch as u64])
+    }
+
+    /// `Memset3D`: cuMemsetD2D8 over each slice (one call when the slices are contiguous).
+    pub(super) fn memset_3d(&mut self, req: &Request) -> OpResult {
+        let [ptr, pitch, value, width, height, depth, rows, stream] = req.header().args;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(stream, dev)?;
+        if width == 0 || height == 0 || depth == 0 {
+            return ok();
+        }
+        let span = pitched_span(pitch, rows, [width, height, depth]).ok_or_else(invalid)?;
+        self.check_range(dev, ptr, span)?;
+        let (p, w, h) = (to_usize(pitch)?, to_usize(width)?, to_usize(height)?);
+        let value = (value & 0xff) as u8;
+        if depth == 1 || height == rows {
+            let all = h.checked_mul(to_usize(depth)?).ok_or_else(invalid)?;
+            self.drv
+                .memset_2d(ptr, p, value, w, all, stream)
+                .map_err(on(dev))?;
+            return ok();
+        }
+        let slice = pitch * rows; // cannot overflow: `pitched_span` computed it
+        for z in 0..depth {
+            self.drv
+                .memset_2d(ptr + z * slice, p, value, w, h, stream)
+                .map_err(on(dev))?;
+        }
+        ok()
+    }
+
+    /// The driver's view of one side of a copy on `dev`, checked. `wire` is where the packed
+    /// bytes of a `COPY_WIRE` side are.
+    fn copy_side(
+        &self,
+        dev: usize,
+        s: &Copy3DSide,
+        extent: [u64; 3],
+        wire: Option<usize>,
+    ) -> Result<CopySide, Fault> {
+        let [w, h, d] = extent;
+        match s.kind {
+            COPY_WIRE => Ok(CopySide {
+                mem: Mem::Host(wire.ok_or_else(invalid)?),
+                pitch: to_usize(w)?,
+                height: to_usize(h)?,
+                x: 0,
+                y: 0,
+                z: 0,
+            }),
+            COPY_DEVICE => {
+                let span = pitched_span(
+                    s.pitch,
+                    s.height,
+                    [s.x.checked_add(w).ok_or_else(invalid)?, h, d],
+                )
+                .ok_or_else(invalid)?;
+                let first =
+                    s.z.checked_mul(s.pitch.checked_mul(s.height).ok_or_else(invalid)?)
+                        .and_then(|v| v.checked_add(s.y.checked_mul(s.pitch)?))
+                        .ok_or_else(invalid)?;
+                // From the start of the first row touched: `span` counts x in (its width is
+                // x + w), so the check covers the first byte to the last.
+                let start = s.addr.checked_add(first).ok_or_else(invalid)?;
+                self.check_range_ro(dev, start, span)?;
+                Ok(CopySide {
+                    mem: Mem::Device(s.addr),
+                    pitch: to_usize(s.pitch)?,
+                    height: to_usize(s.height)?,
+                    x: to_usize(s.x)?,
+                    y: to_usize(s.y)?,
+                    z: to_usize(s.z)?,
+                })
+            }
+            COPY_ARRAY => {
+                let a = self
+                    .arrays
+                    .arrays
+                    .get(s.addr)
+                    .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))?;
+                if a.dev != dev {
+                    return Err(invalid());
+                }
+                let row = (a.desc.width as u64)
+                    .checked_mul(format_bytes(a.desc.format) as u64 * u64::from(a.desc.channels))
+                    .ok_or_else(invalid)?;
+                let rows = (a.desc.height as u64).max(1);
+                let slices = (a.desc.depth as u64).max(1);
+                let fits = |o: u64, n: u64, lim: u64| o.checked_add(n).is_some_and(|e| e <= lim);
+                if !fits(s.x, w, row) || !fits(s.y, h, rows) || !fits(s.z, d, slices) {
+                    return Err(invalid());
+                }
+                Ok(CopySide {
+                    mem: Mem::Array(a.raw),
+                    pitch: 0,
+                    height: 0,
+                    x: to_usize(s.x)?,
+                    y: to_usize(s.y)?,
+                    z: to_usize(s.z)?,
+                })
+            }
+            _ => Err(invalid()),
+        }
+    }
+
+    /// `check_range` through a shared borrow.
+    fn check_range_ro(&self, dev: usize, ptr: u64, len: u64) -> Result<(), Fault> {
+        let mine = self
+            .devices
+            .get(dev)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.memory.contains(ptr, len));
+        if mine || self.host_memory.contains_device(ptr, len) {
+            Ok(())
+        } else {
+            Err(invalid())
+        }
+    }
+
+    /// `Memcpy3D`, `Memcpy3DHtoD`, `Memcpy3DDtoH`.
+    pub(super) fn memcpy_3d(&mut self, req: &Request) -> OpResult {
+        let desc = req.inputs().first().ok_or_else(invalid)?;
+        if desc.len() != qcuda_proto::COPY3D_SIZE {
+            return Err(invalid());
+        }
+        let bytes = desc.to_vec().map_err(|_| invalid())?;
+        let c = Copy3D::decode(&bytes).map_err(|_| invalid())?;
+        let dev = self.bind_new(req)?;
+        let stream = self.stream_on(req.header().args[0], dev)?;
+        let (src_wire, dst_wire) = (c.src.kind == COPY_WIRE, c.dst.kind == COPY_WIRE);
+        let shape_ok = match req.op() {
+            qcuda_proto::Op::Memcpy3DHtoD => src_wire && !dst_wire,
+            qcuda_proto::Op::Memcpy3DDtoH => dst_wire && !src_wire,
+            _ => !src_wire && !dst_wire,
+        };
+        if !shape_ok {
+            return Err(invalid());
+        }
+        let extent = [c.width, c.height, c.depth];
+        let packed = c.packed_len().ok_or_else(invalid)?;
+        let wire_buf = match req.op() {
+            qcuda_proto::Op::Memcpy3DHtoD => req.inputs().get(1),
+            qcuda_proto::Op::Memcpy3DDtoH => req.outputs().first(),
+            _ => None,
+        };
+        if wire_buf.is_some_and(|b| b.len() as u64 != packed) {
+            return Err(invalid());
+        }
+        if packed == 0 {
+            return ok();
+        }
+        let mut staging = match (req.op(), wire_buf) {
+            (qcuda_proto::Op::Memcpy3DHtoD, Some(b)) => b.to_vec().map_err(|_| invalid())?,
+            (qcuda_proto::Op::Memcpy3DDtoH, Some(_)) => vec![0u8; to_usize(packed)?],
+            _ => Vec::new(),
+        };
+        let wire = (!staging.is_empty()).then_some(staging.as_mut_ptr() as usize);
+        let p = Copy3DParams {
+            src: self.copy_side(dev, &c.src, extent, wire)?,
+            dst: self.copy_side(dev, &c.dst, extent, wire)?,
+            extent: [to_usize(c.width)?, to_usize(c.height)?, to_usize(c.depth)?],
+        };
+        // SAFETY: the only host side is `staging`, packed bytes of exactly the extent, which
+        // lives until after the stream is synchronised below.
+        unsafe { self.drv.memcpy_3d(&p, stream) }.map_err(on(dev))?;
+        if wire.is_some() || req.header().flags & FLAG_ASYNC == 0 {
+            self.drv.stream_synchronize(stream).map_err(on(dev))?;
+        }
+        if let (qcuda_proto::Op::Memcpy3DDtoH, Some(out)) = (req.op(), wire_buf) {
+            out.write_at(0, &staging).map_err(|_| invalid())?;
+        }
+        ok()
+    }
+
+    /// `ArrayCreate`: an array or a mipmapped array.
+    pub(super) fn array_create(&mut self, req: &Request) -> OpResult {
+        let [w, h, d, format, channels, flags, levels, _] = req.header().args;
+        let format = u32::try_from(format).map_err(|_| invalid())?;
+        let channels = u32::try_from(channels)
+            .ok()
+            .filter(|c| [1, 2, 4].contains(c))
+            .ok_or_else(invalid)?;
+        if format_bytes(format) == 0 {
+            return Err(invalid());
+        }
+        let flags = flags_u32(flags, ARRAY_FLAGS)?;
+        let levels = u32::try_from(levels).map_err(|_| invalid())?;
+        let desc = ArrayDesc {
+            width: to_usize(w)?,
+            height: to_usize(h)?,
+            depth: to_usize(d)?,
+            format,
+            channels,
+            flags,
+        };
+        // As CUDA documents for mipmapped arrays, the level count is clamped to
+        // 1 + floor(log2(largest extent)): a hostile count must not make the driver (or the
+        // test double) loop over billions of 1 x 1 levels.
+        let largest = desc.width.max(desc.height).max(desc.depth).max(1);
+        let levels = levels.min(largest.ilog2() + 1);
+        let dev = self.bind_new(req)?;
+        if levels == 0 {
+            if !self.arrays.arrays.has_room() {
+                return Err(status::MEMORY_ALLOCATION.into());
+            }
+            let raw = self.drv.array_create(&desc).map_err(on(dev))?;
+            let entry = ArrayEntry {
+                dev,
+                raw,
+                desc,
+                owner: None,
+            };
+            let Some(handle) = self.arrays.arrays.insert(&mut self.ids, entry) else {
+                let _ = self.drv.array_destroy(raw);
+                return Err(status::MEMORY_ALLOCATION.into());
+            };
+            return ok_rets(&[handle]);
+        }
+        if !self.arrays.mipmapped.has_room() {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let raw = self
+            .drv
+            .mipmapped_array_create(&desc, levels)
+            .map_err(on(dev))?;
+        let Some(handle) = self
+            .arrays
+            .mipmapped
+            .insert(&mut self.ids, MipmappedEntry { dev, raw })
+        else {
+            let _ = self.drv.mipmapped_array_destroy(raw);
+            return Err(status::MEMORY_ALLOCATION.into());
+        };
+        ok_rets(&[handle])
+    }
+
+    /// `ArrayDestroy`. A level array goes only with its mipmapped array.
+    pub(super) fn array_destroy(&mut self, req: &Request) -> OpResult {
+        let [handle, kind, ..] = req.header().args;
+        match kind {
+            0 => {
+                let (dev, raw, owned) = match self.arrays.arrays.get(handle) {
+                    Some(a) => (a.dev, a.raw, a.owner.is_some()),
+                    None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+                };
+                if owned {
+                    return Err(invalid());
+                }
+                self.bind(dev)?;
+                let r = self.drv.array_destroy(raw);
+                self.arrays.arrays.remove(handle);
+                r.map_err(on(dev))?;
+            }
+            1 => {
+                let (dev, raw) = match self.arrays.mipmapped.get(handle) {
+                    Some(m) => (m.dev, m.raw),
+                    None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+                };
+                self.bind(dev)?;
+                let r = self.drv.mipmapped_array_destroy(raw);
+                self.arrays.mipmapped.remove(handle);
+                self.arrays.arrays.retain(|a| a.owner != Some(handle));
+                r.map_err(on(dev))?;
+            }
+            _ => return Err(invalid()),
+        }
+        ok()
+    }
+
+    /// `MipmappedArrayLevel`: one handle per level, made on first request.
+    pub(super) fn mipmapped_level(&mut self, req: &Request) -> OpResult {
+        let [handle, level, ..] = req.header().args;
+        let (dev, raw) = match self.arrays.mipmapped.get(handle) {
+            Some(m) => (m.dev, m.raw),
+            None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
+        };
+        let level = u32::try_from(level).map_err(|_| invalid())?;
+        self.bind(dev)?;
+        let level_raw = self
+            .drv
+            .mipmapped_array_level(raw, level)
+            .map_err(on(dev))?;
+        if let Some((h, _)) = self
+            .arrays
+            .arrays
+            .find(|a| a.owner == Some(handle) && a.raw == level_raw)
+        {
+            return ok_rets(&[h]);
+        }
+        let desc = self.drv.array_descriptor(level_raw).map_err(on(dev))?;
+        let entry = ArrayEntry {
+            dev,
+            raw: level_raw,
+            desc,
+            owner: Some(handle),
+        };
+        let h = self
+            .arrays
+            .arrays
+            .insert(&mut self.ids, entry)
+            .ok_or(status::MEMORY_ALLOCATION)?;
+        ok_rets(&[h])
+    }
+
+    /// `ArrayInfo`: the driver's descriptor of the array.
+    pub(super) fn array_info(&mut self, req: &Request) -> OpResult {
+        let (dev, raw) = self.array(req.header().args[0])?;
+        self.bind(dev)?;
+        let d = self.drv.array_descriptor(raw).map_err(on(dev))?;
+        ok_rets(&[
+            d.width as u64,
+            d.height as u64,
+            d.depth as u64,
+            u64::from(d.format),
+            u64::from(d.channels),
+            u64::from(d.flags),
+        ])
+    }
+
+    fn array(&self, handle: u64) -> Result<(usize, Array), Fault> {
+        self.arrays
+            .arrays
+            .get(handle)
+            .map(|a| (a.dev, a.raw))
+            .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))
+    }
+
+    /// The resource of a texture object, checked; its device.
+    fn resource(&self, req: &Request, words: &[u64]) -> Result<(usize, Resource), Fault> {
+        let handle = word(words, tex::RES_HANDLE);
+        let format = word_u32(words, tex::RES_FORMAT)?;
+        let channels = word_u32(words, tex::RES_CHANNELS)?;
+        let elem = format_bytes(format) as u64 * u64::from(channels);
+        let linear_ok = elem != 0 && [1, 2, 4].contains(&channels);
+        match word(words, tex::RES_TYPE) {
+            0 => {
+                let (dev, raw) = self.array(handle)?;
+                Ok((dev, Resource::Array(raw)))
+            }
+            1 => match self.arrays.mipmapped.get(handle) {
+                Some(m) => Ok((m.dev, Resource::Mipmapped(m.raw))),
+                None => Err(status::INVALID_RESOURCE_HANDLE.into()),
+            },
+            2 => {
+                let size = word(words, tex::RES_WIDTH);
+                let dev = self.device(req)?;
+                if !linear_ok || size == 0 {
+                    return Err(invalid());
+                }
+                self.check_range_ro(dev, handle, size)?;
+                Ok((
+                    dev,
+                    Resource::Linear {
+                        ptr: handle,
+                        format,
+                        channels,
+                        size: to_usize(size)?,
+                    },
+                ))
+            }
+            3 => {
+                let [width, height, pitch] =
+                    [tex::RES_WIDTH, tex::RES_HEIGHT, tex::RES_PITCH].map(|i| word(words, i));
+                let dev = self.device(req)?;
+                let row = width.checked_mul(elem).ok_or_else(invalid)?;
+                if !linear_ok || row == 0 || height == 0 {
+                    return Err(invalid());
+                }
+                let span = pitched_span(pitch, height, [row, height, 1]).ok_or_else(invalid)?;
+                self.check_range_ro(dev, handle, span)?;
+                Ok((
+                    dev,
+                    Resource::Pitch2D {
+                        ptr: handle,
+                        format,
+                        channels,
+                        width: to_usize(width)?,
+                        height: to_usize(height)?,
+                        pitch: to_usize(pitch)?,
+                    },
+                ))
+            }
+            _ => Err(invalid()),
+        }
+    }
+
+    /// `TexObjectCreate`.
+    pub(super) fn tex_object_create(&mut self, req: &Request) -> OpResult {
+        let buf = req.inputs().first().ok_or_else(invalid)?;
+        if buf.len() != TEX_DESC_SIZE {
+            return Err(invalid());
+        }
+        let bytes = buf.to_vec().map_err(|_| invalid())?;
+        let words: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect();
+        let (dev, res) = self.resource(req, &words)?;
+        if word(&words, tex::FLAGS) & !TEX_FLAGS != 0 {
+            return Err(invalid());
+        }
+        let t = TexParams {
+            address: [
+                word_u32(&words, tex::ADDRESS_MODE)?,
+                word_u32(&words, tex::ADDRESS_MODE + 1)?,
+                word_u32(&words, tex::ADDRESS_MODE + 2)?,
+            ],
+            filter: word_u32(&words, tex::FILTER_MODE)?,
+            flags: word_u32(&words, tex::FLAGS)?,
+            max_anisotropy: word_u32(&words, tex::MAX_ANISOTROPY)?,
+            mipmap_filter: word_u32(&words, tex::MIPMAP_FILTER_MODE)?,
+            mipmap_bias: word_f32(&words, tex::MIPMAP_LEVEL_BIAS)?,
+            min_clamp: word_f32(&words, tex::MIN_MIPMAP_LEVEL_CLAMP)?,
+            max_clamp: word_f32(&words, tex::MAX_MIPMAP_LEVEL_CLAMP)?,
+            border: [
+                word_f32(&words, tex::BORDER_COLOR)?,
+                word_f32(&words, tex::BORDER_COLOR + 1)?,
+                word_f32(&words, tex::BORDER_COLOR + 2)?,
+                word_f32(&words, tex::BORDER_COLOR + 3)?,
+            ],
+        };
+        // The driver's enums take only their own values (driver/array.rs converts them).
+        if t.address.iter().any(|m| *m > 3)
+            || t.filter > 1
+            || t.mipmap_filter > 1
+            || word(&words, tex::VIEW_FORMAT) > MAX_VIEW_FORMAT
+        {
+            return Err(invalid());
+        }
+        let view = match word(&words, tex::VIEW_PRESENT) {
+            0 => None,
+            1 => Some(ViewParams {
+                format: word_u32(&words, tex::VIEW_FORMAT)?,
+                extent: [
+                    to_usize(word(&words, tex::VIEW_EXTENT))?,
+                    to_usize(word(&words, tex::VIEW_EXTENT + 1))?,
+                    to_usize(word(&words, tex::VIEW_EXTENT + 2))?,
+                ],
+                levels: [
+                    word_u32(&words, tex::VIEW_LEVELS)?,
+                    word_u32(&words, tex::VIEW_LEVELS + 1)?,
+                    word_u32(&words, tex::VIEW_LEVELS + 2)?,
+                    word_u32(&words, tex::VIEW_LEVELS + 3)?,
+                ],
+            }),
+            _ => return Err(invalid()),
+        };
+        self.new_object(dev, false, |drv| {
+            drv.tex_object_create(&res, &t, view.as_ref())
+        })
+    }
+
+    /// `SurfObjectCreate` over an array.
+    pub(super) fn surf_object_create(&mut self, req: &Request) -> OpResult {
+        let (dev, raw) = self.array(req.header().args[0])?;
+        self.new_object(dev, true, |drv| drv.surf_object_create(raw))
+    }
+
+    fn new_object(
+        &mut self,
+        dev: usize,
+        surface: bool,
+        create: impl FnOnce(&dyn super::super::driver::DriverApi) -> super::super::driver::CuResult<u64>,
+    ) -> OpResult {
+        self.bind(dev)?;
+        if self.arrays.objects.len() >= MAX_OBJECTS {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
+        let obj = create(self.drv.as_ref()).map_err(on(dev))?;
+        self.arrays
+            .objects
+            .insert(obj, ObjectEntry { dev, surface });
+        ok_rets(&[obj])
+    }
+
+    /// `TexObjectDestroy` and `SurfObjectDestroy`: only objects the session created.
+    pub(super) fn object_destroy(&mut self, req: &Request) -> OpResult {
+        let obj = req.header().args[0];
+        let surface = req.op() == qcuda_proto::Op::SurfObjectDestroy;
+        let o = match self.arrays.objects.get(&obj) {
+            Some(o) if o.surface == surface => *o,
+            _ => return Err(invalid()),
+        };
+        self.bind(o.dev)?;
+        let r = if surface {
+            self.drv.surf_object_destroy(obj)
+        } else {
+            self.drv.tex_object_destroy(obj)
+        };
+        self.arrays.objects.remove(&obj);
+        r.map_err(on(o.dev))?;
+        ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pitched_span;
+
+    #[test]
+    fn pitched_spans_cover_first_to_last_byte() {
+        assert_eq!(pitched_span(512, 10, [100, 10, 1]), Some(9 * 512 + 100));
+        assert_eq!(
+            pitched_span(512, 10, [100, 4, 3]),
+            Some(2 * 5120 + 3 * 512 + 100)
+        );
+        assert_eq!(pitched_span(512, 10, [513, 1, 1]), None);
+        assert_eq!(pitched_span(512, 10, [100, 11, 2]), None);
+        assert_eq!(pitched_span(u64::MAX, 2, [1, 1, 3]), None);
+    }
+}

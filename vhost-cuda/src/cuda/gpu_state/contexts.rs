@@ -1,0 +1,198 @@
+//! The worker's CUDA contexts, one per guest device the process has used: creating and binding
+//! them, device-wide ops (attributes, synchronise, limits, peer access) and DeviceReset's teardown.
+
+use super::*;
+
+impl GpuState {
+    /// The guest device ordinal of the request, checked.
+    pub(super) fn device(&self, req: &Request) -> Result<usize, Fault> {
+        let dev = req.header().device as usize;
+        if dev < self.devices.len() {
+            Ok(dev)
+        } else {
+            Err(status::INVALID_DEVICE.into())
+        }
+    }
+
+    /// Binds the session's context on `dev` to this thread, creating it on first use. Fails
+    /// with the sticky error once the driver state is corrupted.
+    pub(super) fn bind(&mut self, dev: usize) -> Result<&mut DeviceContext, Fault> {
+        if let Some(s) = self.host.sticky_error() {
+            return Err(s.into());
+        }
+        let slot = self
+            .devices
+            .get_mut(dev)
+            .ok_or(Fault::Status(status::INVALID_DEVICE))?;
+        if slot.is_none() {
+            let gpu = self
+                .host
+                .gpus
+                .get(dev)
+                .ok_or(Fault::Status(status::INVALID_DEVICE))?;
+            let ctx = self.drv.ctx_create(gpu.dev).map_err(on(dev))?;
+            debug!(
+                session = self.id,
+                dev,
+                gpu = gpu.host_ordinal,
+                "context created"
+            );
+            *slot = Some(DeviceContext {
+                ctx,
+                memory: AllocationTable::with_quota(self.host.memory_quota()),
+                staging: StagingState::NotYet,
+                default_pool: None,
+                current_pool: None,
+            });
+        }
+        let c = slot.as_mut().ok_or(Fault::Status(status::UNKNOWN))?;
+        self.drv.ctx_set_current(c.ctx).map_err(on(dev))?;
+        Ok(c)
+    }
+
+    /// Binds the context of the request's device (creating it).
+    pub(super) fn bind_new(&mut self, req: &Request) -> Result<usize, Fault> {
+        let dev = self.device(req)?;
+        self.bind(dev)?;
+        Ok(dev)
+    }
+
+    /// Binds the context on `dev` if the session has one; `false` if it has none (so there
+    /// is no work of this session to wait for). Fails with the sticky error in any case.
+    pub(super) fn bind_existing(&mut self, dev: usize) -> Result<bool, Fault> {
+        if let Some(s) = self.host.sticky_error() {
+            return Err(s.into());
+        }
+        match self.devices.get(dev) {
+            Some(Some(_)) => self.bind(dev).map(|_| true),
+            Some(None) => Ok(false),
+            None => Err(status::INVALID_DEVICE.into()),
+        }
+    }
+
+    pub(super) fn context(&mut self, dev: usize) -> Result<&mut DeviceContext, Fault> {
+        self.devices
+            .get_mut(dev)
+            .and_then(Option::as_mut)
+            .ok_or(Fault::Status(status::UNKNOWN))
+    }
+
+    pub(super) fn device_attributes(&self, req: &Request) -> OpResult {
+        let dev = self.device(req)?;
+        let gpu = self.host.gpus.get(dev).ok_or(status::INVALID_DEVICE)?;
+        attribute_table(req, |attr| match self.drv.device_attribute(gpu.dev, attr) {
+            Ok(v) => Ok(v),
+            Err(CuError::INVALID_VALUE) => Err(status::INVALID_VALUE.into()),
+            Err(err) => Err(Fault::Driver { dev, err }),
+        })
+    }
+
+    pub(super) fn device_synchronize(&mut self, req: &Request) -> OpResult {
+        let dev = self.device(req)?;
+        if self.bind_existing(dev)? {
+            self.drv.ctx_synchronize().map_err(on(dev))?;
+        }
+        ok()
+    }
+
+    /// Destroys the session's context on `dev` (if any) and forgets everything in it: what
+    /// DeviceReset does, and what dropping the session does for each device. A sticky error
+    /// stays (it belongs to the process).
+    ///
+    /// `cuCtxDestroy` frees the context's allocations, pinned staging memory, modules, streams
+    /// and events, and waits for the kernels still running in the process. The session is alone
+    /// in its worker process, so that wait stalls no other session; a daemon ending the session
+    /// does not wait for it beyond a bound, it kills the worker (`crate::worker`).
+    pub(super) fn teardown(&mut self, dev: usize) {
+        // Host mappings registered in this context go with it; their pages stay the guest's.
+        for guest in self.host_memory.on_device(dev) {
+            let drv = Arc::clone(&self.drv);
+            let _ = self.host_memory.unmap(guest, |m| {
+                let _ = drv.mem_host_unregister(m.local);
+            });
+        }
+        // Executable graphs and graphs first, while their context still exists (with a
+        // sticky error the driver is not called, and the context takes them along).
+        let live = self.devices.get(dev).is_some_and(Option::is_some) && self.bind(dev).is_ok();
+        // A context takes the registrations it made with it: forget them all (the next copy
+        // registers what it needs again), so the registry never counts blocks the driver lost.
+        if live {
+            self.ram.release(self.drv.as_ref());
+        }
+        self.teardown_graphs(dev, live);
+        self.release_pools(dev);
+        let Some(c) = self.devices.get_mut(dev).and_then(Option::take) else {
+            return;
+        };
+        match self.drv.ctx_destroy(c.ctx) {
+            Ok(()) => debug!(session = self.id, dev, "context destroyed"),
+            Err(e) => warn!(session = self.id, dev, error = ?e, "cuCtxDestroy failed"),
+        }
+        self.modules.retain(|m| m.dev != dev);
+        self.functions.retain(|f| f.dev != dev);
+        self.streams.retain(|s| s.dev != dev);
+        self.events.retain(|e| e.dev != dev);
+        self.arrays.forget_device(dev);
+        self.pools.retain(|p| p.dev != dev);
+    }
+
+    /// The `CUdevice` of guest device ordinal `ordinal` (an argument, not the header's).
+    pub(super) fn gpu_of(&self, ordinal: u64) -> Result<i32, Fault> {
+        self.gpu_index(ordinal).map(|(_, gpu)| gpu)
+    }
+
+    /// Guest device ordinal `ordinal` (an argument, not the header's) as an index, and its
+    /// `CUdevice`.
+    pub(super) fn gpu_index(&self, ordinal: u64) -> Result<(usize, i32), Fault> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|d| Some((d, self.host.gpus.get(d)?.dev)))
+            .ok_or(Fault::Status(status::INVALID_DEVICE))
+    }
+
+    /// `PeerAccess`: the context on the request's device gains or loses access to the
+    /// session's context on device args[0] (created if needed).
+    pub(super) fn peer_access(&mut self, req: &Request) -> OpResult {
+        let [peer, enable, flags, ..] = req.header().args;
+        let dev = self.device(req)?;
+        let (peer, _) = self.gpu_index(peer)?;
+        if flags != 0 || enable > 1 {
+            return Err(status::INVALID_VALUE.into());
+        }
+        // As the runtime answers (measured: CUDA 13.0, driver 580, H100): a device and itself,
+        // or a pair that cannot reach each other, is cudaErrorPeerAccessUnsupported.
+        if peer == dev {
+            return Err(status::PEER_ACCESS_UNSUPPORTED.into());
+        }
+        let (a, b) = (self.gpu_of(dev as u64)?, self.gpu_of(peer as u64)?);
+        if enable == 1 && !self.drv.device_can_access_peer(a, b).map_err(on(dev))? {
+            return Err(status::PEER_ACCESS_UNSUPPORTED.into());
+        }
+        let peer_ctx = self.bind(peer)?.ctx;
+        self.bind(dev)?;
+        self.drv
+            .ctx_peer_access(peer_ctx, enable == 1)
+            .map_err(on(dev))?;
+        ok()
+    }
+
+    /// `DeviceGetLimit` / `DeviceSetLimit`: `cuCtxGetLimit`/`SetLimit` in the session's context.
+    pub(super) fn limit(&mut self, req: &Request) -> OpResult {
+        let [limit, value, ..] = req.header().args;
+        let limit = u32::try_from(limit)
+            .ok()
+            // Every CUlimit of CUDA 13.0 (7-9 only the driver API names: shared memory size
+            // and the CIG settings).
+            .filter(|l| *l <= 9)
+            .ok_or(status::UNSUPPORTED_LIMIT)?;
+        let dev = self.bind_new(req)?;
+        if req.op() == Op::DeviceSetLimit {
+            self.drv
+                .ctx_set_limit(limit, to_usize(value)?)
+                .map_err(on(dev))?;
+            return ok();
+        }
+        let v = self.drv.ctx_get_limit(limit).map_err(on(dev))?;
+        ok_rets(&[v as u64])
+    }
+}
