@@ -27,6 +27,13 @@
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
 #   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests),
 #                             installed.cpio.gz (the installed guest: run-vm.sh --payload it)
+#   guest/stock/              Debian's stock kernel (vmlinuz), its modules the guest needs with
+#                             qcuda.ko built against its headers (modules.cpio.gz), versions.txt:
+#                             run-vm.sh --kernel stock, run-gpu-tests.sh --kernel stock
+#                             (scripts/build-stock-guest.sh; left out when not built). Also packed
+#                             alone as dist/qcuda-stock.tar.gz (~15 MiB, unpacks to
+#                             qcuda/guest/stock/ beside the bundle), and left out of the bundle
+#                             when it would take it over 60 MiB (it says so)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
 #   host-tools/               gpu_meminfo (device memory in use, for the kill and load checks)
 #   bench/                    the benchmark qcuda_bench and its start-up helpers, for the native
@@ -94,6 +101,14 @@ done
 cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
 cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
 [[ -f build/guest/installed.cpio.gz ]] && cp build/guest/installed.cpio.gz "$B/guest/"
+stock=0
+if [[ -f build/stock/vmlinuz && -f build/stock/modules.cpio.gz ]]; then
+    stock=1
+    mkdir -p "$stage/stock/qcuda/guest/stock"
+    cp build/stock/vmlinuz build/stock/modules.cpio.gz build/stock/versions.txt "$stage/stock/qcuda/guest/stock/"
+else
+    say "no build/stock (scripts/build-stock-guest.sh): the bundle has no stock kernel"
+fi
 [[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
 [[ -d build/cuda-runtimes ]] && cp -r build/cuda-runtimes "$B/cuda-runtimes"
 [[ -d build/host-tools ]] && find build/host-tools -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/host-tools/" \;
@@ -103,6 +118,18 @@ git rev-parse --short HEAD >"$B/VERSION" 2>/dev/null || echo unknown >"$B/VERSIO
 mkdir -p dist
 tar -C "$stage" -czf dist/qcuda-bundle.tar.gz qcuda
 size=$(stat -c %s dist/qcuda-bundle.tar.gz)
+if ((stock)); then
+    tar -C "$stage/stock" -czf dist/qcuda-stock.tar.gz qcuda
+    ssize=$(stat -c %s dist/qcuda-stock.tar.gz)
+    if ((size + ssize < 60 * 1024 * 1024)); then
+        cp -r "$stage/stock/qcuda/guest/stock" "$B/guest/stock"
+        tar -C "$stage" -czf dist/qcuda-bundle.tar.gz qcuda
+        size=$(stat -c %s dist/qcuda-bundle.tar.gz)
+        say "the bundle carries the stock kernel (guest/stock)"
+    else
+        say "the stock kernel would take the bundle over 60 MiB: carry dist/qcuda-stock.tar.gz ($((ssize / 1024 / 1024)) MiB) too and unpack it where the bundle is"
+    fi
+fi
 say "dist/qcuda-bundle.tar.gz: $((size / 1024 / 1024)) MiB"
 ((size < 60 * 1024 * 1024)) || { say "bundle is over 60 MiB"; exit 1; }
 echo "$ROOT/dist/qcuda-bundle.tar.gz"

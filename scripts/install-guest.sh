@@ -24,6 +24,9 @@
 #                    vermagic
 #   --smi FILE       qcuda-smi (default <target>/release/qcuda-smi, built if missing)
 #   --no-dkms        do not register the DKMS source (with --root: do not install it either)
+#   --package        with --root: lay out a package's files only (scripts/build-guest-deb.sh):
+#                    no qcuda.ko (DKMS builds it where the package is installed), no ldconfig,
+#                    no depmod (its maintainer scripts and triggers do that)
 #
 # Installing into / (in a guest, as root) also runs ldconfig and depmod, and, where dkms is
 # installed, `dkms add` and, when the running kernel is not the one qcuda.ko was built for,
@@ -34,7 +37,7 @@ cd "$ROOT"
 say() { printf '[install-guest] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
-dest=/ lib_dir="" module=build/guest/qcuda.ko smi="" dkms=1
+dest=/ lib_dir="" module=build/guest/qcuda.ko smi="" dkms=1 package=0
 while (($#)); do
     case $1 in
     --root) dest=$2; shift 2 ;;
@@ -42,6 +45,7 @@ while (($#)); do
     --module) module=$2; shift 2 ;;
     --smi) smi=$2; shift 2 ;;
     --no-dkms) dkms=0; shift ;;
+    --package) package=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1" ;;
     esac
@@ -61,12 +65,16 @@ if [[ -z $smi ]]; then
     smi=$target/release/qcuda-smi
     [[ -x $smi ]] || cargo build --release -q -p qcuda-smi
 fi
-for f in "$lib_dir/libcudart.so.13" "$lib_dir/libcuda.so.1" "$lib_dir/libnvidia-ml.so.1" "$module" "$smi"; do
+((package == 0)) || [[ $dest != / ]] || die "--package needs --root"
+((package == 0)) || module=""
+for f in "$lib_dir/libcudart.so.13" "$lib_dir/libcuda.so.1" "$lib_dir/libnvidia-ml.so.1" ${module:+"$module"} "$smi"; do
     [[ -f $f ]] || die "$f is missing (scripts/build-guest.sh, scripts/build-payload.sh build it)"
 done
-# The release the module was built for: the first word of its vermagic ("7.3.4 SMP preempt ...").
-release=$(modinfo -F vermagic "$module" | cut -d' ' -f1)
-[[ -n $release ]] || die "$module has no vermagic"
+if [[ -n $module ]]; then
+    # The release the module was built for: the first word of its vermagic ("7.3.4 SMP preempt ...").
+    release=$(modinfo -F vermagic "$module" | cut -d' ' -f1)
+    [[ -n $release ]] || die "$module has no vermagic"
+fi
 
 # The libraries: one folder, registered with the dynamic loader. libcudart.so.13 forwards into
 # libcuda.so.1 (one core, one session per process), which the loader finds in the same folder.
@@ -77,10 +85,10 @@ install -d "$dest/etc/ld.so.conf.d"
 printf '# qcuda: the CUDA runtime and driver that reach the host GPU through /dev/qcuda\n/usr/lib/qcuda\n' \
     >"$dest/etc/ld.so.conf.d/qcuda.conf"
 # A distribution has this file already; a bare image being assembled needs Debian's.
-[[ -f $dest/etc/ld.so.conf ]] || printf 'include /etc/ld.so.conf.d/*.conf\n' >"$dest/etc/ld.so.conf"
+((package)) || [[ -f $dest/etc/ld.so.conf ]] || printf 'include /etc/ld.so.conf.d/*.conf\n' >"$dest/etc/ld.so.conf"
 
 # The module: where depmod looks for out-of-tree modules, and named for loading at boot.
-install -D -m 644 "$module" "$dest/lib/modules/$release/extra/qcuda.ko"
+[[ -z $module ]] || install -D -m 644 "$module" "$dest/lib/modules/$release/extra/qcuda.ko"
 install -d "$dest/etc/modules-load.d"
 printf '# qcuda: /dev/qcuda, the transport to the host GPU (virtio device 1af4:1078)\nqcuda\n' \
     >"$dest/etc/modules-load.d/qcuda.conf"
@@ -95,12 +103,16 @@ if ((dkms)); then
     for f in guest-kmod/Kbuild guest-kmod/Makefile guest-kmod/*.rs guest-kmod/*.c; do
         install -m 644 "$f" "$src/$f"
     done
+    install -m 755 guest-kmod/dkms-build.sh "$src/guest-kmod/dkms-build.sh"
     install -m 644 qcuda-proto/src/wire.rs "$src/qcuda-proto/src/wire.rs"
     install -m 644 scripts/lib.sh "$src/scripts/lib.sh"
     sed "s/@VERSION@/$version/" guest-kmod/dkms.conf >"$src/dkms.conf"
 fi
 
-if [[ $dest == / ]]; then
+if ((package)); then
+    say "laid out qcuda $version's package files in $dest"
+    exit 0
+elif [[ $dest == / ]]; then
     ldconfig
     depmod -a "$release"
     if ((dkms)) && command -v dkms >/dev/null; then

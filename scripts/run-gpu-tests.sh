@@ -2,7 +2,9 @@
 # run-gpu-tests.sh: on a GPU host, from an unpacked bundle (scripts/bundle.sh): runs every CUDA
 # test program natively (the host's own libcudart) and inside the qcuda guest (ours, remoted to
 # this GPU), checks that a killed guest program leaves no GPU memory behind, and prints a table.
-#   ./run-gpu-tests.sh [--only NAME] [--log-dir DIR] [--samples DIR]
+#   ./run-gpu-tests.sh [--only NAME] [--log-dir DIR] [--samples DIR] [--kernel own|stock]
+# --kernel stock: every guest boots Debian's stock kernel with qcuda.ko built against its headers
+# (run-vm.sh --kernel stock; the environment's QCUDA_KERNEL does the same).
 # --samples DIR: also run third-party CUDA programs (e.g. NVIDIA's cuda-samples built with
 # nvcc --cudart=shared), natively and in the guest; each must exit 0.
 set -uo pipefail
@@ -13,7 +15,8 @@ while (($#)); do
     --only) only=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
     --samples) samples=$(cd "$2" && pwd); shift 2 ;;
-    *) echo "usage: $0 [--only NAME] [--log-dir DIR]" >&2; exit 2 ;;
+    --kernel) export QCUDA_KERNEL=$2; shift 2 ;;
+    *) echo "usage: $0 [--only NAME] [--log-dir DIR] [--samples DIR] [--kernel own|stock]" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$logs"

@@ -27,6 +27,11 @@
 #   --mem MIB          guest RAM in MiB (default 3072)
 #   --payload FILE     an extra .cpio.gz unpacked after the payload (repeatable), e.g.
 #                      build/guest/installed.cpio.gz, the installed guest (install-guest.sh)
+#   --disk IMAGE       boot a Debian disk image (scripts/build-disk-image.sh) with its own
+#                      kernel and initrd instead of qcuda's initramfs: a qcow2 overlay on it
+#                      (the image stays unchanged), the command through fw_cfg (<sysinfo
+#                      type='fwcfg'>), as run-vm.sh --disk does; --payload does not apply
+#   --add SRC:DEST     with --disk: put file SRC at DEST in the guest (fw_cfg; repeatable)
 #   --log-dir DIR      keep domain.xml, serial.log, qemu.log (libvirt's), daemon.log here
 #   --timeout SECONDS  whole-run limit (default 600); exit 124 when hit
 #
@@ -41,7 +46,7 @@ TEMPLATE=$ROOT/deploy/libvirt/qcuda-vm.xml
 URI=qemu:///system
 QEMU_USER=libvirt-qemu QEMU_GROUP=kvm
 
-name=qcuda-run-$$ ext_sock="" daemon_args=() payloads=() mem=3072 log_dir="" timeout=600 cmd=""
+name=qcuda-run-$$ ext_sock="" daemon_args=() payloads=() mem=3072 log_dir="" timeout=600 cmd="" disk="" adds=()
 while (($#)); do
     case $1 in
     --name) name=$2; shift 2 ;;
@@ -49,6 +54,8 @@ while (($#)); do
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --payload) payloads+=("$2"); shift 2 ;;
+    --disk) disk=$(readlink -f "$2"); shift 2 ;;
+    --add) adds+=("$2"); shift 2 ;;
     --log-dir) log_dir=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -65,6 +72,14 @@ for p in "${payloads[@]}"; do [[ -f $p ]] || fail "--payload $p: no such file"; 
 [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || fail "--name: letters, digits, '.', '_' and '-' only"
 (($(id -u) == 0)) || fail "run as root (libvirt's system instance)"
 for t in virsh libvirtd cpio; do command -v $t >/dev/null || fail "$t is missing (scripts/setup.sh)"; done
+if [[ -n $disk ]]; then
+    for f in "$disk" "${disk%.qcow2}-vmlinuz" "${disk%.qcow2}-initrd.img"; do
+        [[ -f $f ]] || fail "--disk: $f is missing (scripts/build-disk-image.sh)"
+    done
+    ((${#payloads[@]} == 0)) || fail "--disk does not take --payload"
+elif ((${#adds[@]})); then
+    fail "--add needs --disk (run-vm.sh --add for the initramfs guest)"
+fi
 for f in "$QEMU_DIR/bin/qemu-system-x86_64" "$GUEST_DIR/bzImage" "$GUEST_DIR/initramfs.cpio.gz"; do
     [[ -e $f ]] || fail "$f is missing (scripts/build-qemu.sh, scripts/build-guest.sh)"
 done
@@ -156,6 +171,29 @@ fi
 runuser -u "$QEMU_USER" -- test -w "$sock" || fail "$sock is not writable for $QEMU_USER (QEMU could not connect)"
 
 # --- the guest's files ------------------------------------------------------------------------------
+disk_xml="" fwcfg_xml="" cmdline=""
+if [[ -n $disk ]]; then
+    # The image's own kernel and initrd; a qcow2 overlay takes the run's writes.
+    cp "${disk%.qcow2}-vmlinuz" "$work/files/bzImage"
+    cp "${disk%.qcow2}-initrd.img" "$work/files/initrd.cpio.gz"
+    qemu-img create -q -f qcow2 -F qcow2 -b "$disk" "$work/files/disk.qcow2"
+    chown "$QEMU_USER:$QEMU_GROUP" "$work/files/disk.qcow2"
+    printf '%s\n' "$cmd" >"$work/files/cmd"
+    fwcfg_xml="<entry name='opt/qcuda/cmd' file='$work/files/cmd'/>"
+    n=0
+    for spec in "${adds[@]}"; do
+        src=${spec%%:*} dest=${spec#*:}
+        [[ -f $src ]] || fail "--add $spec: with --disk, files only"
+        cp "$src" "$work/files/add$n"
+        printf '%s' "$dest" >"$work/files/add$n.path"
+        fwcfg_xml+="<entry name='opt/qcuda/add$n' file='$work/files/add$n'/><entry name='opt/qcuda/add$n.path' file='$work/files/add$n.path'/>"
+        n=$((n + 1))
+    done
+    chmod 644 "$work"/files/*
+    disk_xml="<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='$work/files/disk.qcow2'/><target dev='vda' bus='virtio'/></disk>"
+    cmdline="root=/dev/vda rw console=ttyS0 quiet panic=-1"
+    initrd=$work/files/initrd.cpio.gz
+else
 cp "$GUEST_DIR/bzImage" "$work/files/bzImage"
 initrd=$work/files/initrd.cpio.gz
 # As run-vm.sh: Linux unpacks concatenated archives, each at a 512-byte aligned offset.
@@ -169,6 +207,7 @@ mkdir -p "$work/extra/qcuda"
 printf '#!/bin/sh\n%s\n' "$cmd" >"$work/extra/qcuda/cmd"
 chmod 755 "$work/extra/qcuda/cmd"
 (cd "$work/extra" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 2>/dev/null) >>"$initrd"
+fi
 qemu_dir=$QEMU_DIR
 if ! runuser -u "$QEMU_USER" -- test -x "$QEMU_DIR/bin/qemu-system-x86_64" ||
     ! runuser -u "$QEMU_USER" -- test -r "$QEMU_DIR/share/qemu/bios-256k.bin"; then
@@ -196,6 +235,11 @@ sed -e "s|<name>qcuda-vm0</name>|<name>$name</name>|" \
     -e "s|/opt/qcuda/qemu|$qemu_dir|g" \
     -e "/<qemu:env name='LD_LIBRARY_PATH'/d" \
     "$TEMPLATE" >"$xml"
+if [[ -n $disk ]]; then
+    sed -i -e "s|<cmdline>.*</cmdline>|<cmdline>$cmdline</cmdline>|" \
+        -e "s|^  <devices>|  <devices>\n    $disk_xml|" \
+        -e "s|^  <os>|  <sysinfo type='fwcfg'>$fwcfg_xml</sysinfo>\n  <os>|" "$xml"
+fi
 virsh -c "$URI" define "$xml" >/dev/null || fail "virsh define failed ($xml)"
 defined=1
 t0=$SECONDS

@@ -6,11 +6,13 @@
 # brings (cuBLAS, cuBLASLt, cuDNN, cuFFT) run over our driver, CUDA graphs captured and replayed
 # (torch.cuda.graph) among them. tests/torch/torch_check.py checks
 # each operation against the CPU; this script prints both results and the time ratio.
-#   ./run-torch-test.sh [--check NAME] [--python PATH] [--log-dir DIR]   (from the repo or the bundle)
+#   ./run-torch-test.sh [--check NAME] [--python PATH] [--log-dir DIR] [--kernel own|stock]
+#                                                          (from the repo or the bundle)
 # --check NAME runs tests/torch/NAME.py instead of torch_check.py: ddp_check is two-process,
 # two-GPU DistributedDataParallel over NCCL (it prints "SKIP ddp_check: needs 2 GPUs" on one);
 # vmm_check is PyTorch's expandable segments (the driver's virtual memory management);
 # cufft_xt_check is a two-GPU cufftXt plan (peer copies), "SKIP ...: needs 2 GPUs" on one.
+# --kernel stock boots the guest on Debian's stock kernel (run-vm.sh --kernel; QCUDA_KERNEL too).
 # Without a GPU it prints "skipped: no GPU" and exits 0; without PyTorch, "skipped: no PyTorch".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,7 +28,8 @@ while (($#)); do
     --check) name=${2%.py}; shift 2 ;;
     --python) python=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
-    *) echo "usage: $0 [--check NAME] [--python PATH] [--log-dir DIR]" >&2; exit 2 ;;
+    --kernel) export QCUDA_KERNEL=$2; shift 2 ;;
+    *) echo "usage: $0 [--check NAME] [--python PATH] [--log-dir DIR] [--kernel own|stock]" >&2; exit 2 ;;
     esac
 done
 check=$checks/$name.py

@@ -15,6 +15,15 @@
 #                      (e.g. --share /:/mnt/host:ro --chroot /mnt/host): an in-RAM overlay over
 #                      it, with the guest's /proc, /sys, /dev and qcuda's files mounted in front
 #   --no-payload       do not add the default payload (guest-lib, qcuda-smi, CUDA tests)
+#   --kernel own|stock which kernel boots our initramfs (default own, or $QCUDA_KERNEL): own is
+#                      our Linux build (build/guest/bzImage); stock is Debian's kernel with
+#                      qcuda.ko built against its headers and the stock modules the guest needs
+#                      (scripts/build-stock-guest.sh: build/stock/, in the bundle guest/stock/)
+#   --disk IMAGE       boot a Debian disk image (scripts/build-disk-image.sh) instead of our
+#                      initramfs: its own kernel and initrd (IMAGE's -vmlinuz and -initrd.img
+#                      beside it), systemd, the qcuda-guest package; the command reaches it
+#                      through fw_cfg, and --add files too (files only); the image is not
+#                      changed (snapshot=on). --payload, --share and --kernel do not apply
 #   --no-device        boot without vhost-cuda and the qcuda device
 #   --socket PATH      attach to an already running vhost-cuda on PATH instead of starting one
 #   --reconnect MS     with --socket: QEMU reconnects to the daemon MS ms after losing it
@@ -38,6 +47,7 @@ if [[ -f $here/guest/bzImage ]]; then # release bundle layout
     ROOT=$here
     QEMU_DIR=$ROOT/qemu
     GUEST_DIR=$ROOT/guest
+    STOCK_DIR=$ROOT/guest/stock
     DAEMON=$ROOT/bin/vhost-cuda
     VIRTIOFSD=$ROOT/bin/virtiofsd
     export LD_LIBRARY_PATH_QEMU=$ROOT/qemu/lib
@@ -45,6 +55,7 @@ else # repo layout
     ROOT=$(cd "$here/.." && pwd)
     QEMU_DIR=$ROOT/build/qemu
     GUEST_DIR=$ROOT/build/guest
+    STOCK_DIR=$ROOT/build/stock
     DAEMON=$ROOT/target/release/vhost-cuda
     VIRTIOFSD=$ROOT/build/virtiofsd/bin/virtiofsd
     LD_LIBRARY_PATH_QEMU=
@@ -55,7 +66,7 @@ VIRTIOFSD=${QCUDA_VIRTIOFSD:-$VIRTIOFSD}
 CACHE=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
 
 adds=() payloads=() daemon_args=() shares=() virtiofsd_args=() chroot_dir="" log_dir="" mem=3G smp=2 accel=${QCUDA_ACCEL:-auto}
-timeout=900 use_device=1 use_payload=1 cmd="" ext_sock="" reconnect=""
+timeout=900 use_device=1 use_payload=1 cmd="" ext_sock="" reconnect="" kernel=${QCUDA_KERNEL:-own} disk=""
 while (($#)); do
     case $1 in
     --add) adds+=("$2"); shift 2 ;;
@@ -64,6 +75,8 @@ while (($#)); do
     --chroot) chroot_dir=$2; shift 2 ;;
     --virtiofsd-arg) virtiofsd_args+=("$2"); shift 2 ;;
     --no-payload) use_payload=0; shift ;;
+    --kernel) kernel=$2; shift 2 ;;
+    --disk) disk=$2; shift 2 ;;
     --no-device) use_device=0; shift ;;
     --socket) ext_sock=$2; shift 2 ;;
     --reconnect) reconnect=$2; shift 2 ;;
@@ -83,7 +96,24 @@ done
 say() { printf '[run-vm] %s\n' "$*" >&2; }
 fail() { say "error: $*"; exit 125; }
 
-for f in "$QEMU" "$GUEST_DIR/bzImage" "$GUEST_DIR/initramfs.cpio.gz"; do
+case $kernel in
+own) KERNEL_IMAGE=$GUEST_DIR/bzImage base=("$GUEST_DIR/initramfs.cpio.gz") ;;
+# The stock modules and the stock-built qcuda.ko go right after the base initramfs, whose own
+# /lib/modules/qcuda.ko they replace (a later archive's file wins).
+stock) KERNEL_IMAGE=$STOCK_DIR/vmlinuz base=("$GUEST_DIR/initramfs.cpio.gz" "$STOCK_DIR/modules.cpio.gz")
+    [[ -e $KERNEL_IMAGE ]] || fail "$KERNEL_IMAGE is missing (scripts/build-stock-guest.sh)" ;;
+*) fail "--kernel must be own or stock" ;;
+esac
+disk_initrd=""
+if [[ -n $disk ]]; then
+    # The image's own kernel and initrd, beside it (QEMU's direct kernel boot; no initramfs of ours).
+    [[ -f $disk ]] || fail "--disk $disk: no such file"
+    KERNEL_IMAGE=${disk%.qcow2}-vmlinuz disk_initrd=${disk%.qcow2}-initrd.img base=()
+    [[ -f $KERNEL_IMAGE && -f $disk_initrd ]] || fail "--disk: $KERNEL_IMAGE or $disk_initrd is missing (scripts/build-disk-image.sh writes them)"
+    ((${#shares[@]} == 0 && ${#payloads[@]} == 0)) || fail "--disk does not take --share or --payload"
+    use_payload=0
+fi
+for f in "$QEMU" "$KERNEL_IMAGE" "${base[@]}"; do
     [[ -e $f ]] || fail "$f is missing (build with scripts/build-qemu.sh and scripts/build-guest.sh)"
 done
 ((use_device == 0)) || [[ -n $ext_sock ]] || [[ -x $DAEMON ]] || fail "$DAEMON is missing (cargo build --release -p vhost-cuda)"
@@ -172,18 +202,38 @@ fi
 initrd=$work/initrd.cpio.gz
 # Linux finds each appended archive only at an aligned offset: pad after every piece.
 : >"$initrd"
-for piece in "$GUEST_DIR/initramfs.cpio.gz" "${payloads[@]}"; do
+for piece in "${base[@]}" "${payloads[@]}"; do
     cat "$piece" >>"$initrd"
     truncate -s %512 "$initrd"
 done
 [[ -z $(ls -A "$extra") ]] || cpio_of_dir "$extra" >>"$initrd"
+# A disk image takes the command and the added files through fw_cfg instead: its
+# qcuda-vm-command.service (scripts/build-disk-image.sh) copies opt/qcuda/addN to the path that
+# opt/qcuda/addN.path names, runs opt/qcuda/cmd, prints QCUDA_EXIT=<rc> and powers off.
+disk_args=()
+if [[ -n $disk ]]; then
+    [[ -n $cmd ]] || fail "--disk needs a command"
+    initrd=$disk_initrd
+    n=0
+    for spec in "${adds[@]}"; do
+        src=${spec%%:*} dest=${spec#*:}
+        [[ -f $src ]] || fail "--add $spec: with --disk, files only"
+        printf '%s' "$dest" >"$work/add$n.path"
+        disk_args+=(-fw_cfg "name=opt/qcuda/add$n,file=$src" -fw_cfg "name=opt/qcuda/add$n.path,file=$work/add$n.path")
+        n=$((n + 1))
+    done
+    printf '%s\n' "$cmd" >"$work/disk-cmd"
+    disk_args+=(-fw_cfg "name=opt/qcuda/cmd,file=$work/disk-cmd"
+        -drive "file=$disk,if=virtio,format=qcow2,snapshot=on")
+fi
 
 # --- accelerator ----------------------------------------------------------------------------
 append="console=ttyS0 quiet panic=-1 rdinit=/init"
+[[ -z $disk ]] || append="root=/dev/vda rw console=ttyS0 quiet panic=-1"
 # debug-threads: QEMU names its threads ("CPU 0/TCG", "CPU 0/KVM"), so that per-thread views of
 # the host (top -H, bench-scale.sh's thread-cpu.sh) tell the vCPUs from QEMU's other threads.
 qemu_base=(-M pc -smp "$smp" -m "$mem" -display none -monitor none -no-reboot -nic none
-    -name qcuda,debug-threads=on -kernel "$GUEST_DIR/bzImage")
+    -name qcuda,debug-threads=on -kernel "$KERNEL_IMAGE")
 [[ -n $LD_LIBRARY_PATH_QEMU ]] && qemu_env=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH_QEMU") || qemu_env=()
 datadir=$QEMU_DIR/share/qemu
 [[ -d $datadir ]] && qemu_base+=(-L "$datadir")
@@ -193,7 +243,8 @@ kvm_works() {
     # the answer is kept per host boot and kernel image.
     [[ -r /dev/kvm && -w /dev/kvm ]] || return 1
     local key
-    key=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)-$(sha256sum "$GUEST_DIR/bzImage" | cut -c1-12)
+    [[ -z $disk ]] || return 1 # the probe boots our initramfs
+    key=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)-$(sha256sum "$KERNEL_IMAGE" | cut -c1-12)
     local memo=$CACHE/kvm-probe-$key
     if [[ ! -f $memo ]]; then
         mkdir -p "$CACHE"
@@ -201,7 +252,8 @@ kvm_works() {
         mkdir -p "$work/probe/qcuda"
         printf '#!/bin/sh\ntrue\n' >"$work/probe/qcuda/cmd"
         chmod 755 "$work/probe/qcuda/cmd"
-        { cat "$GUEST_DIR/initramfs.cpio.gz"; cpio_of_dir "$work/probe"; } >"$probe"
+        cat "${base[@]}" >"$probe" # each piece is padded to 512 bytes by its builder
+        cpio_of_dir "$work/probe" >>"$probe"
         if timeout 30 "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" -cpu max -accel kvm -initrd "$probe" \
             -serial stdio </dev/null 2>/dev/null | tr -d '\r' | grep -q '^QCUDA_EXIT=0'; then
             out=yes
@@ -231,7 +283,7 @@ if [[ $accel == tcg ]]; then
 else
     qemu_base+=(-cpu max -accel kvm)
 fi
-say "accelerator: $accel"
+if [[ -n $disk ]]; then say "accelerator: $accel, disk: $disk (its own kernel)"; else say "accelerator: $accel, kernel: $kernel"; fi
 
 # --- daemons ----------------------------------------------------------------------------------
 wait_for_socket() { # pid, socket, log, name
@@ -292,7 +344,7 @@ if [[ -z $cmd ]]; then
     wait "$qemu_pid" || true
     exit 0
 fi
-"${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" -initrd "$initrd" -serial "file:$serial" \
+"${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" "${disk_args[@]}" -initrd "$initrd" -serial "file:$serial" \
     </dev/null >"$log_dir/qemu.log" 2>&1 &
 qemu_pid=$!
 # Stream the console while the guest runs.

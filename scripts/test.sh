@@ -23,6 +23,12 @@
 #    (scripts/install-guest.sh): its DKMS configuration builds qcuda.ko, and under run-vm.sh
 #    and libvirt it loads qcuda.ko at boot and runs a CUDA program without LD_LIBRARY_PATH;
 #    the by-hand blocks of README.md and docs/running.md run as printed
+# 6. stock kernels (docs/guest-install.md): Debian's trixie-backports kernel with qcuda.ko built
+#    against its headers (vermagic equal to the distribution's), booted with our initramfs
+#    (transport tests, the no-GPU CUDA result); the qcuda-guest package's dpkg -i / -r / a new
+#    kernel's headers (DKMS); a Debian disk image built by running docs/guest-install.md's
+#    walkthrough as printed, booted from its own disk under run-vm.sh and libvirt: qcuda.ko
+#    built by DKMS and loaded at boot, a CUDA program without LD_LIBRARY_PATH
 #
 # Ends with "N passed, N failed, N skipped"; exits non-zero if anything failed.
 set -uo pipefail
@@ -159,34 +165,40 @@ step "guest: run-vm.sh --smp 4 gives the guest 4 CPUs" sh -c \
     'scripts/run-vm.sh --no-device --smp 4 --log-dir "$1" --timeout 300 -- "echo CPUS=\$(grep -c ^processor /proc/cpuinfo)" 2>&1 |
         tr -d "\r" | tee "$1/console.log" | grep -qx "CPUS=4"' _ "$LOGS/vm-smp"
 
-if have_gpu; then
-    guest_suite cuda /opt/qcuda/bin/check-cuda
-else
-    # No GPU: every program must load our library, see cudaErrorNoDevice with count 0, and say so.
-    mkdir -p "$LOGS/vm-cuda"
-    scripts/run-vm.sh --log-dir "$LOGS/vm-cuda" --timeout 900 -- /opt/qcuda/bin/check-cuda \
-        >"$LOGS/vm-cuda/console.log" 2>&1
+# No GPU: every program must load our library, see cudaErrorNoDevice with count 0, and say so.
+cuda_nogpu() { # name (log folder vm-NAME, prefix of the results), run-vm.sh options...
+    local name=$1 d=$LOGS/vm-$1 pre
+    shift
+    [[ $name == cuda ]] && pre="guest" || pre="guest ($name)"
+    mkdir -p "$d"
+    scripts/run-vm.sh --log-dir "$d" --timeout 900 "$@" -- /opt/qcuda/bin/check-cuda >"$d/console.log" 2>&1
     # One SKIP per program; the kill check behind a host function needs the GPU too and is
     # covered by the skip line below.
-    n=$(grep '^CHECK SKIP cuda/' "$LOGS/vm-cuda/console.log" | grep -vc 'behind a host function')
-    nodev=$(grep -cE '^SKIP .*no CUDA device \((cudaErrorNoDevice|CUDA_ERROR_NO_DEVICE)\)' "$LOGS/vm-cuda/console.log")
+    local n nodev total nvrt line
+    n=$(grep '^CHECK SKIP cuda/' "$d/console.log" | grep -vc 'behind a host function')
+    nodev=$(grep -cE '^SKIP .*no CUDA device \((cudaErrorNoDevice|CUDA_ERROR_NO_DEVICE)\)' "$d/console.log")
     total=$(find build/cuda-tests -maxdepth 1 -type f -perm -u+x | wc -l)
     while IFS= read -r line; do
         case $line in
-        "CHECK ok cuda/host-mapped"*) ok "guest: ${line#CHECK ok }" ;;
+        "CHECK ok cuda/host-mapped"*) ok "$pre: ${line#CHECK ok }" ;;
         # NVIDIA's libcudart.so.13 over our libcuda.so.1: it must start and see no device.
-        "CHECK SKIP nvidia-cudart/"*) ok "guest: ${line#CHECK SKIP } with NVIDIA's libcudart.so.13: reports no device" ;;
-        "CHECK FAIL "*) bad "guest: ${line#CHECK FAIL }" ;;
+        "CHECK SKIP nvidia-cudart/"*) ok "$pre: ${line#CHECK SKIP } with NVIDIA's libcudart.so.13: reports no device" ;;
+        "CHECK FAIL "*) bad "$pre: ${line#CHECK FAIL }" ;;
         esac
-    done <"$LOGS/vm-cuda/console.log"
+    done <"$d/console.log"
     # NVIDIA's libcudart.so.13 runs some of the same programs again (each its own SKIP line).
-    nvrt=$(grep -c '^CHECK SKIP nvidia-cudart/' "$LOGS/vm-cuda/console.log")
+    nvrt=$(grep -c '^CHECK SKIP nvidia-cudart/' "$d/console.log")
     if ((total > 0 && n == total && nodev == total + nvrt)); then
-        ok "guest: all $total CUDA programs (runtime, driver API, --cudart=static, CUDA 12) load and report no device"
+        ok "$pre: all $total CUDA programs (runtime, driver API, --cudart=static, CUDA 12) load and report no device"
     else
-        bad "guest: CUDA programs without a GPU ($n of $total skipped, $nodev said cudaErrorNoDevice)"
-        grep -E '^(---|CHECK|SKIP|FAIL|PASS)' "$LOGS/vm-cuda/console.log" | sed 's/^/    | /' | head -n 40
+        bad "$pre: CUDA programs without a GPU ($n of $total skipped, $nodev said cudaErrorNoDevice)"
+        grep -E '^(---|CHECK|SKIP|FAIL|PASS)' "$d/console.log" | sed 's/^/    | /' | head -n 40
     fi
+}
+if have_gpu; then
+    guest_suite cuda /opt/qcuda/bin/check-cuda
+else
+    cuda_nogpu cuda
     skip "CUDA programs computing on the GPU: no GPU (run scripts/bundle.sh and run-gpu-tests.sh on a GPU host)"
 fi
 # The benchmark at its smallest sizes (issue 10): without a GPU it must load, reach the host and
@@ -421,6 +433,51 @@ libvirt_installed() {
 }
 step "libvirt: the installed guest loads qcuda.ko at boot, a CUDA program runs without LD_LIBRARY_PATH" libvirt_installed
 step "docs: README's and running.md's by-hand blocks run as printed" scripts/check-doc-blocks.sh "$LOGS/doc-blocks"
+
+echo "== stock kernels (docs/guest-install.md)"
+t_stock=$SECONDS
+# Debian's trixie-backports kernel, qcuda.ko built against its headers in a trixie build root
+# (the Rust build files prepared once per release, cached), booted with our initramfs.
+if step "build the stock guest: Debian's kernel and modules, qcuda.ko against its headers" scripts/build-stock-guest.sh; then
+    sed -n 's/^\[build-stock-guest\]   \(kernelrelease\|vermagic\|rustc --version\|linux-image-[^:]*\|bindgen --version\): /   \1: /p' \
+        "$LOGS"/build_the_stock_guest*.log
+    stock_vermagic() {
+        # qcuda.ko's against a module of the distribution's own package, from the build root.
+        local r rel ours theirs
+        r=$(scripts/build-stock-guest.sh --root) && rel=$(sed -n 's/^kernelrelease: //p' build/stock/versions.txt) || return 1
+        ours=$(modinfo -F vermagic build/stock/qcuda.ko)
+        theirs=$(modinfo -F vermagic "$(find "$r/lib/modules/$rel/kernel/fs/overlayfs" -name 'overlay.ko*' | head -n 1)")
+        echo "qcuda.ko: '$ours'; the distribution's overlay.ko: '$theirs'"
+        [[ -n $ours && $ours == "$theirs" ]]
+    }
+    step "stock kernel: qcuda.ko's vermagic (modinfo) equals the distribution's modules'" stock_vermagic
+    guest_suite stock-transport /opt/qcuda/bin/check-transport --kernel stock
+    if have_gpu; then guest_suite stock-cuda /opt/qcuda/bin/check-cuda --kernel stock; else cuda_nogpu stock-kernel --kernel stock; fi
+fi
+step "guest package: dpkg -i, -r, -i again, a new kernel's headers (DKMS), dpkg -P, in a trixie root" \
+    scripts/check-guest-deb.sh --with-second-kernel && grep -E '^\[check-guest-deb\] (ok|FAIL)' "$LOGS"/guest_package*.log | sed 's/^\[check-guest-deb\]/  /'
+if step "Debian disk image: docs/guest-install.md's walkthrough run as printed (apt, dpkg, DKMS)" scripts/build-disk-image.sh; then
+    disk=build/disk/qcuda-trixie.qcow2
+    walk=$LOGS/walkthrough-check.sh
+    awk '$0 == "<!-- qcuda-walkthrough:check -->" { w = 1; next } w && /^```/ { if (b) exit; b = 1; next } b { print }' \
+        docs/guest-install.md >"$walk"
+    disk_cmd="if sh -ex /root/walkthrough-check; then echo 'CHECK ok disk: docs/guest-install.md walkthrough check block, as printed'; \
+else echo 'CHECK FAIL disk: docs/guest-install.md walkthrough check block, as printed'; fi; EXPECT_GPU=$(have_gpu && echo 1 || echo 0) /root/check-disk"
+    disk_adds=(--add build/cuda-tests/vector_add:/root/vector_add --add tests/guest/check-disk:/root/check-disk
+        --add "$walk:/root/walkthrough-check")
+    guest_suite disk "$disk_cmd" --disk "$disk" "${disk_adds[@]}"
+    libvirt_disk() {
+        local rc=0
+        scripts/run-libvirt.sh --log-dir "$LOGS/libvirt-disk" --timeout 900 --disk "$disk" "${disk_adds[@]}" -- "$disk_cmd" \
+            >"$LOGS/libvirt-disk-console.log" 2>&1 || rc=$?
+        tr -d '\r' <"$LOGS/libvirt-disk-console.log"
+        echo "exit $rc"
+        [ "$rc" -eq 0 ] && grep -q '^CHECK ok disk: qcuda.ko loaded at boot' "$LOGS/libvirt-disk-console.log" &&
+            ! grep -q '^CHECK FAIL' "$LOGS/libvirt-disk-console.log"
+    }
+    step "libvirt: the Debian disk image boots with our device, qcuda.ko loaded at boot, CUDA without LD_LIBRARY_PATH" libvirt_disk
+fi
+echo "   stock kernels took $((SECONDS - t_stock))s"
 
 echo "== release bundle"
 bundle_boots() {
