@@ -62,8 +62,12 @@ installed_ok() {
         R sh -c "ldconfig -p | grep -q 'libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/qcuda/libnvidia-ml.so.1'"
 }
 module_ok() { # release
-    local f=/lib/modules/$1/updates/dkms/qcuda.ko.xz ours theirs
-    R test -f "$f" || { say "no $f"; return 1; }
+    # DKMS compresses the module as the kernel's own are where that kernel is installed, and
+    # leaves it plain where only its headers are.
+    local d=/lib/modules/$1/updates/dkms f ours theirs
+    f=$d/qcuda.ko.xz
+    R test -f "$f" || f=$d/qcuda.ko
+    R test -f "$f" || { say "no qcuda.ko(.xz) in $d"; return 1; }
     ours=$(R modinfo -F vermagic "$f")
     theirs=$(R modinfo -k "$1" -F vermagic overlay)
     say "  $f: vermagic '$ours', the distribution's overlay.ko: '$theirs', signer '$(R modinfo -F signer "$f")'"
