@@ -994,20 +994,18 @@ impl GraphDriverApi for super::CudaDriver {
             2 => K::CU_GRAPH_COND_TYPE_SWITCH,
             _ => return Err(CuError::INVALID_VALUE),
         };
-        let mut p = sys::CUgraphNodeParams {
-            type_: sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL,
-            reserved0: [0; 3],
-            __bindgen_anon_1: sys::CUgraphNodeParams_st__bindgen_ty_1 {
-                conditional: sys::CUDA_CONDITIONAL_NODE_PARAMS {
-                    handle,
-                    type_: kind,
-                    size,
-                    // The driver points this at its own array of the body graphs.
-                    phGraph_out: null_mut(),
-                    ctx: ptr(ctx.raw()),
-                },
-            },
-            reserved2: 0,
+        // The driver checks the union's unused bytes and the reserved fields: all zero, as a C
+        // caller's `= {}` leaves them (a Rust union literal would leave them undefined).
+        // SAFETY: CUgraphNodeParams is plain C data; all zero is a valid value of every field.
+        let mut p: sys::CUgraphNodeParams = unsafe { std::mem::zeroed() };
+        p.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+        p.__bindgen_anon_1.conditional = sys::CUDA_CONDITIONAL_NODE_PARAMS {
+            handle,
+            type_: kind,
+            size,
+            // The driver points this at its own array of the body graphs.
+            phGraph_out: null_mut(),
+            ctx: ptr(ctx.raw()),
         };
         let mut n: sys::CUgraphNode = null_mut();
         // SAFETY: see the impl comment.
