@@ -78,7 +78,7 @@ step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked 
 step "cargo test (unit, fuzz, vhost-user protocol)" cargo test --workspace --locked --no-fail-fast
 awk '/^test result:/ { p += $4; f += $6 } END { printf "   cargo test: %d passed, %d failed\n", p, f }' "$LOGS"/cargo_test*.log
 # Coverage-guided fuzzing, short and seeded (scripts/fuzz.sh runs the long ones).
-step "fuzz: 4 cargo-fuzz targets, seeded, 7 s each" scripts/fuzz.sh --runs 2000000 --time 7 --seed 1 --scratch &&
+step "fuzz: every cargo-fuzz target, seeded, 7 s each" scripts/fuzz.sh --runs 2000000 --time 7 --seed 1 --scratch &&
     sed 's/^/   /' "$LOGS"/fuzz_*.log | grep '^   fuzz '
 step "systemd units pass systemd-analyze verify (deploy/systemd)" scripts/check-systemd-units.sh
 step "libvirt domain XML passes virt-xml-validate (deploy/libvirt)" virt-xml-validate deploy/libvirt/qcuda-vm.xml domain
