@@ -54,6 +54,8 @@ step() {
         return 0
     fi
     bad "$name ($((SECONDS - t0))s, log: ${log#"$ROOT"/})"
+    # A failing Rust test or a panic can sit far above the tail: name it first.
+    grep -E '^test .* FAILED$|panicked at|^---- .* stdout ----$|^error(\[|:)' "$log" | head -n 20 | sed 's/^/    ! /'
     tail -n 40 "$log" | sed 's/^/    | /'
     return 1
 }

@@ -283,6 +283,7 @@ fn large_parameter_blocks_are_not_fire_and_forget() {
 fn an_interrupted_fire_and_forget_launch_is_sent_again() {
     // qcuda.ko returns EINTR for an async call only before queueing it.
     let fake = setup();
+    hold_batches();
     fake.add_kernel("_Z1kv", &[]);
     let k = register_kernel(register_fatbin(), c"_Z1kv");
     // SAFETY: no parameters.
@@ -441,6 +442,7 @@ fn function_attributes_and_occupancy_go_to_the_kernel_s_host_function() {
 fn a_synchronising_call_carries_the_gathered_work_in_one_request() {
     use crate::runtime::{errors::cudaGetLastError, streams::cudaStreamSynchronize};
     let fake = setup();
+    hold_batches();
     fake.add_kernel("_Z1kv", &[]);
     let k = register_kernel(register_fatbin(), c"_Z1kv");
     // SAFETY: the legacy stream (null) is always a valid stream.

@@ -47,6 +47,15 @@ pub fn flush() {
         .flush_batch();
 }
 
+/// Keeps the runtime's flusher thread from sending batches on its own: for tests that count
+/// them, whatever the machine's load.
+pub fn hold_batches() {
+    crate::core::runtime::runtime()
+        .unwrap()
+        .session
+        .hold_batches();
+}
+
 pub fn setup() -> Arc<FakeDevice> {
     let fake = FakeDevice::new(1);
     fake.install();

@@ -31,7 +31,10 @@
 
 use crate::core::conv::usize_of;
 use std::{
-    sync::{Arc, Condvar, Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Condvar, Mutex, MutexGuard,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -84,6 +87,8 @@ struct Shared {
     send: Mutex<()>,
     state: Mutex<State>,
     wake: Condvar,
+    /// [`FLUSH_AFTER`], save in tests that count batches and must not race the flusher.
+    flush_after_us: AtomicU64,
 }
 
 impl Shared {
@@ -177,6 +182,7 @@ impl Batcher {
                 send: Mutex::new(()),
                 state: Mutex::new(State::default()),
                 wake: Condvar::new(),
+                flush_after_us: AtomicU64::new(FLUSH_AFTER.as_micros() as u64),
             }),
         }
     }
@@ -251,6 +257,15 @@ impl Batcher {
             shared.wake.notify_one();
         }
         true
+    }
+
+    /// Test hook: the flusher waits this long, not [`FLUSH_AFTER`], so that a test counting
+    /// batches on a loaded machine decides itself when work goes out.
+    #[cfg(test)]
+    pub fn set_flush_after(&self, after: Duration) {
+        let us = u64::try_from(after.as_micros()).unwrap_or(u64::MAX);
+        self.shared.flush_after_us.store(us, Ordering::Relaxed);
+        self.shared.wake.notify_one();
     }
 
     /// Sends what is gathered, now; whether there was anything.
@@ -347,14 +362,15 @@ fn flusher(shared: &Shared) {
                     .0;
             }
             Some(since) => {
-                let due = since + FLUSH_AFTER;
+                let after = Duration::from_micros(shared.flush_after_us.load(Ordering::Relaxed));
+                let due = since + after;
                 let now = Instant::now();
                 if now >= due {
                     // Sending takes `send` first (a waited batch may hold it a while).
                     drop(st);
                     let send = shared.send_lock();
                     st = shared.state();
-                    if st.since.is_some_and(|s| s + FLUSH_AFTER <= Instant::now()) {
+                    if st.since.is_some_and(|s| s + after <= Instant::now()) {
                         shared.flush_locked(&mut st);
                     }
                     drop(send);

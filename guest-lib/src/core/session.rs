@@ -117,6 +117,13 @@ impl Session {
         self.batch.flush();
     }
 
+    /// Test hook: batches go out only when a call or the test sends them (batch.rs).
+    #[cfg(test)]
+    pub fn hold_batches(&self) {
+        self.batch
+            .set_flush_after(std::time::Duration::from_secs(3600));
+    }
+
     /// Whether the host has this process's context on `device` already.
     pub fn has_context(&self, device: u32) -> bool {
         self.contexts
