@@ -52,7 +52,8 @@ use crate::{
 /// fire-and-forget.
 pub const BATCH_BYTES: usize = usize_of(BOUNCE_THRESHOLD);
 /// How long a batch may sit without a new record before the flusher sends it.
-pub const FLUSH_AFTER: Duration = Duration::from_micros(200);
+pub const FLUSH_AFTER: Duration = Duration::from_micros(FLUSH_AFTER_US);
+const FLUSH_AFTER_US: u64 = 200;
 /// While the process is active the flusher looks every [`FLUSHER_TICK`] without being woken
 /// (a wake-up per batch would cost a context switch per launch-and-synchronise); after this long
 /// without any record it sleeps until the next one wakes it.
@@ -182,7 +183,7 @@ impl Batcher {
                 send: Mutex::new(()),
                 state: Mutex::new(State::default()),
                 wake: Condvar::new(),
-                flush_after_us: AtomicU64::new(FLUSH_AFTER.as_micros() as u64),
+                flush_after_us: AtomicU64::new(FLUSH_AFTER_US),
             }),
         }
     }
