@@ -26,6 +26,7 @@
 pub mod chain;
 pub mod cuda;
 pub mod device_output;
+pub mod fd_store;
 pub mod frontend;
 pub mod guest_buffer;
 pub mod host_function_link;
@@ -211,9 +212,28 @@ impl Config {
     }
 }
 
+/// What a daemon gets from the one before it, through systemd's file-descriptor store
+/// (`fd_store.rs`), and whether it keeps its own workers there for the next one.
+#[derive(Debug, Default)]
+pub struct Handover {
+    /// The store, when workers are kept for the next daemon (`NOTIFY_SOCKET`,
+    /// `--keep-workers`).
+    pub store: Option<Arc<fd_store::FdStore>>,
+    /// What the previous daemon left: its workers and accounting files.
+    pub passed: fd_store::Passed,
+}
+
 /// Runs the daemon until SIGINT or SIGTERM: binds every socket, then serves one connection
 /// after another on each.
 pub fn start_backend(config: Config) -> Result<()> {
+    start_backend_with(config, Handover::default())
+}
+
+/// [`start_backend`], taking over the previous daemon's workers and keeping this one's for
+/// the next (`handover`). With a store, SIGINT and SIGTERM end the daemon at once and leave
+/// the sessions to the next daemon: `systemctl restart` then loses no guest program's state,
+/// and `systemctl stop` ends the workers when systemd closes the store.
+pub fn start_backend_with(config: Config, handover: Handover) -> Result<()> {
     // Before any thread exists, so that every thread inherits the mask.
     let signals = signals::block().map_err(Error::Signals)?;
     let host = CudaHost::with_gpu_filter(config.gpu)?;
@@ -266,7 +286,9 @@ pub fn start_backend(config: Config) -> Result<()> {
         config.hop_poll.as_micros(),
         if config.hop_mailbox { "on" } else { "off" }
     );
-    let server = Server::bind(&config, host.clone())?;
+    let keeping = handover.store.clone();
+    let mut server = Server::bind(&config, host.clone())?;
+    server.take_handover(handover);
     let stop = server.stop_handle();
     // Only the files this process made are removed; systemd's stay with systemd.
     let mut own_files = if config.inherited_fds.is_some() {
@@ -278,9 +300,31 @@ pub fn start_backend(config: Config) -> Result<()> {
         stats::serve(path, host, server.stats())?;
         own_files.push(path.clone());
     }
-    signals
-        .spawn_handler(own_files, move || stop.stop())
-        .map_err(Error::Signals)?;
+    match keeping {
+        Some(store) => {
+            let files = own_files.clone();
+            signals
+                .spawn_handler(own_files, move || {
+                    // The sessions stay with their workers, in systemd's store, for the next
+                    // daemon; QEMU reconnects to it. Ending now is what a crash would do.
+                    info!("workers kept for the next daemon; exiting");
+                    for p in &files {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    drop(store);
+                    #[expect(
+                        clippy::exit,
+                        reason = "the sessions must outlive this process untouched: no drop \
+                                  may close them"
+                    )]
+                    std::process::exit(0);
+                })
+                .map_err(Error::Signals)?;
+        }
+        None => signals
+            .spawn_handler(own_files, move || stop.stop())
+            .map_err(Error::Signals)?,
+    }
     // From here on no thread that handles guest data opens a file or executes a program;
     // workers are started by the spawner thread, which stays unfiltered. (The stats socket is
     // bound already; its thread only accepts, reads and writes, and the unlink below is
@@ -425,6 +469,10 @@ pub struct Server {
     workers: WorkerCommand,
     poll: Duration,
     stats: Arc<StatsRegistry>,
+    /// Where workers are kept for the next daemon, if they are.
+    keep: Option<worker::KeepWorkers>,
+    /// What the previous daemon left.
+    passed: fd_store::Passed,
 }
 
 impl std::fmt::Debug for Server {
@@ -474,7 +522,36 @@ impl Server {
             workers,
             poll: config.poll,
             stats,
+            keep: None,
+            passed: fd_store::Passed::default(),
         })
+    }
+
+    /// Takes over what the previous daemon left, and keeps this one's workers for the next
+    /// when `handover` has a store. Tells systemd the daemon is ready.
+    pub fn take_handover(&mut self, handover: Handover) {
+        self.passed = handover.passed;
+        self.keep = handover.store.map(|s| {
+            s.ready();
+            worker::KeepWorkers::new(s, 0)
+        });
+        let sockets = self.sockets.len();
+        let (orphans, kept) = std::mem::take(&mut self.passed.workers)
+            .into_iter()
+            .partition(|w| w.vm >= sockets);
+        self.passed.workers = kept;
+        for w in orphans {
+            warn!(
+                "session {} of socket {} of the previous daemon: no such socket now; its \
+                 worker process {} is ended",
+                w.session, w.vm, w.pid
+            );
+            if let Some(k) = &self.keep {
+                k.store()
+                    .remove(&fd_store::worker_name(w.vm, w.session, w.pid, w.slot));
+            }
+            let _ = sandbox::ChildProcess::adopted(w.pid, w.pidfd).kill();
+        }
     }
 
     /// What each socket's VM uses, for the stats socket.
@@ -493,12 +570,20 @@ impl Server {
     /// not stop the others; the first failure is returned once all have ended.
     pub fn run(self) -> Result<()> {
         let mut threads = Vec::new();
+        let mut passed = self.passed;
         for (i, (listener, control)) in self.sockets.into_iter().enumerate() {
-            let (host, workers, poll) = (self.host.clone(), self.workers.clone(), self.poll);
+            let workers = self
+                .workers
+                .clone()
+                .with_keep(self.keep.as_ref().map(|k| k.for_vm(i)));
+            let (host, poll) = (self.host.clone(), self.poll);
             let stats = (self.stats.clone(), i);
+            let inherited = (passed.take_workers(i), passed.quotas.remove(&i));
             let spawned = thread::Builder::new()
                 .name(format!("qcuda-vm{i}"))
-                .spawn(move || serve_socket(listener, control, host, workers, poll, stats));
+                .spawn(move || {
+                    serve_socket(listener, control, host, workers, poll, stats, inherited)
+                });
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -582,6 +667,7 @@ fn serve_socket(
     workers: WorkerCommand,
     poll: Duration,
     (stats, stats_index): (Arc<StatsRegistry>, usize),
+    (mut adopted, mut quota_file): (Vec<fd_store::StoredWorker>, Option<std::os::fd::OwnedFd>),
 ) -> Result<()> {
     let label = control.path.display().to_string();
     let mut failures = 0u32;
@@ -591,9 +677,20 @@ fn serve_socket(
         }
         let mem = GuestMemoryAtomic::new(GuestRam::new());
         let backend = Arc::new(
-            VhostCudaBackend::new(host.clone(), workers.clone(), mem.clone(), &*label)
-                .with_poll(poll),
+            VhostCudaBackend::with_quota_file(
+                host.clone(),
+                workers.clone(),
+                mem.clone(),
+                &*label,
+                quota_file.take(),
+            )
+            .with_poll(poll),
         );
+        // The previous daemon's sessions of this VM, for the frontend that reconnects.
+        if !adopted.is_empty() {
+            info!(vm = %label, "taking over {} session(s) of the previous daemon", adopted.len());
+            backend.sessions().adopt(std::mem::take(&mut adopted));
+        }
         let mut daemon = match VhostUserDaemon::new("vhost-cuda".to_string(), backend.clone(), mem)
         {
             Ok(d) => d,

@@ -24,10 +24,10 @@ use vhost_cuda::{
     limits::Limits,
     sandbox::{SandboxMode, SeccompMode},
     session::MAX_SESSIONS,
-    socket_activation, spin_wait, start_backend,
+    socket_activation, spin_wait, start_backend_with,
     stats::{self, StatsFormat},
     worker::{self, WorkerConfig},
-    Config, Error, Result, MAX_SOCKETS,
+    Config, Error, Handover, Result, MAX_SOCKETS,
 };
 
 /// Longest socket path: sockaddr_un.sun_path holds 108 bytes including the NUL.
@@ -188,6 +188,15 @@ struct Args {
     /// A worker's slot of its VM's GPU-memory quota, whose file is on fd 4.
     #[arg(long, hide = true, value_name = "SLOT", requires = "session_worker")]
     gpu_memory_slot: Option<usize>,
+
+    /// Under systemd (`NOTIFY_SOCKET`): start workers that outlive the daemon and keep their
+    /// channels in systemd's file-descriptor store (the unit needs `FileDescriptorStoreMax=`,
+    /// `NotifyAccess=main` and `KillMode=process`), so that a restarted or crashed daemon's
+    /// successor takes every session over and no guest program notices. `off`: workers die
+    /// with the daemon.
+    #[arg(long, value_name = "on|off", env = "VHOST_CUDA_KEEP_WORKERS", default_value = "on",
+          num_args = 0..=1, default_missing_value = "on", value_parser = parse_on_off)]
+    keep_workers: bool,
 
     /// The listening sockets systemd passed (`LISTEN_FDS`), taken from the environment.
     #[arg(skip)]
@@ -462,6 +471,15 @@ fn main() {
     // inherit the budget from it.
     let spin_budget = args.spin_budget.unwrap_or_else(default_spin_budget);
     std::env::set_var("VHOST_CUDA_SPIN_BUDGET", spin_budget.to_string());
+    // The previous daemon's workers first: what is left of LISTEN_FDS is the socket unit's.
+    let passed = vhost_cuda::fd_store::take_passed();
+    let store = match vhost_cuda::fd_store::FdStore::from_environment() {
+        Ok(s) => s.filter(|_| args.keep_workers).map(std::sync::Arc::new),
+        Err(e) => {
+            eprintln!("vhost-cuda: NOTIFY_SOCKET: {e}; workers end with the daemon");
+            None
+        }
+    };
     match socket_activation::take_from_environment() {
         Ok(fds) => args.inherited_fds = fds,
         Err(e) => {
@@ -478,7 +496,14 @@ fn main() {
     };
     init_logging(&config.log_filter);
     join_spin_budget(Some(spin_budget));
-    if let Err(e) = start_backend(config) {
+    if !passed.workers.is_empty() {
+        tracing::info!(
+            "{} worker(s) of the previous daemon in systemd's file-descriptor store",
+            passed.workers.len()
+        );
+    }
+    let handover = Handover { store, passed };
+    if let Err(e) = start_backend_with(config, handover) {
         eprintln!("vhost-cuda: {e}");
         exit(1);
     }
@@ -496,6 +521,7 @@ mod tests {
             poll_us: 200,
             hop_poll_us: None,
             hop_mailbox: false,
+            keep_workers: true,
             spin_budget: None,
             log_level: Some("info".into()),
             session_worker: false,

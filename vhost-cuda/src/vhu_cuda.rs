@@ -156,9 +156,21 @@ impl VhostCudaBackend {
         mem: GuestMemoryHandle,
         label: impl Into<String>,
     ) -> Self {
+        Self::with_quota_file(host, workers, mem, label, None)
+    }
+
+    /// Like [`VhostCudaBackend::new`], counting in the accounting file a previous daemon left
+    /// (`SessionTable::with_quota_file`).
+    pub fn with_quota_file(
+        host: Arc<CudaHost>,
+        workers: WorkerCommand,
+        mem: GuestMemoryHandle,
+        label: impl Into<String>,
+        quota_file: Option<std::os::fd::OwnedFd>,
+    ) -> Self {
         let label = label.into();
         Self {
-            sessions: SessionTable::new(host, workers, label.clone()),
+            sessions: SessionTable::with_quota_file(host, workers, label.clone(), quota_file),
             label,
             mem,
             live: Arc::new(RwLock::new(false)),
