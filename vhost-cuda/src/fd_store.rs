@@ -60,6 +60,13 @@ impl FdStore {
         Ok(Some(Self { sock }))
     }
 
+    /// Connects to the notification socket at `path` (tests play systemd there).
+    pub fn connect(path: &std::path::Path) -> io::Result<Self> {
+        let sock = UnixDatagram::unbound()?;
+        sock.connect(path)?;
+        Ok(Self { sock })
+    }
+
     /// Sends one notification, with `fds`.
     fn notify(&self, text: &str, fds: &[RawFd]) -> io::Result<()> {
         self.sock

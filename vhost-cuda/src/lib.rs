@@ -216,9 +216,11 @@ impl Config {
 /// (`fd_store.rs`), and whether it keeps its own workers there for the next one.
 #[derive(Debug, Default)]
 pub struct Handover {
-    /// The store, when workers are kept for the next daemon (`NOTIFY_SOCKET`,
-    /// `--keep-workers`).
+    /// systemd's notification socket (`NOTIFY_SOCKET`), told `READY=1`.
     pub store: Option<Arc<fd_store::FdStore>>,
+    /// Whether workers are kept in its file-descriptor store for the next daemon
+    /// (`--keep-workers`).
+    pub keep_workers: bool,
     /// What the previous daemon left: its workers and accounting files.
     pub passed: fd_store::Passed,
 }
@@ -286,7 +288,7 @@ pub fn start_backend_with(config: Config, handover: Handover) -> Result<()> {
         config.hop_poll.as_micros(),
         if config.hop_mailbox { "on" } else { "off" }
     );
-    let keeping = handover.store.clone();
+    let keeping = handover.store.clone().filter(|_| handover.keep_workers);
     let mut server = Server::bind(&config, host.clone())?;
     server.take_handover(handover);
     let stop = server.stop_handle();
@@ -531,10 +533,13 @@ impl Server {
     /// when `handover` has a store. Tells systemd the daemon is ready.
     pub fn take_handover(&mut self, handover: Handover) {
         self.passed = handover.passed;
-        self.keep = handover.store.map(|s| {
+        if let Some(s) = &handover.store {
             s.ready();
-            worker::KeepWorkers::new(s, 0)
-        });
+        }
+        self.keep = handover
+            .store
+            .filter(|_| handover.keep_workers)
+            .map(|s| worker::KeepWorkers::new(s, 0));
         let sockets = self.sockets.len();
         let (orphans, kept) = std::mem::take(&mut self.passed.workers)
             .into_iter()
@@ -660,6 +665,32 @@ fn end_connection(daemon: VhostUserDaemon<Arc<VhostCudaBackend>>, backend: &Vhos
     backend.disconnect();
 }
 
+/// How long sessions taken over from the previous daemon wait for their VM to reconnect.
+pub const RECONNECT_WAIT: Duration = Duration::from_secs(120);
+
+/// Ends the sessions taken over from the previous daemon if their VM does not reconnect within
+/// [`RECONNECT_WAIT`] (QEMU quit during the restart): nothing of them is left behind.
+fn watch_adopted(backend: &Arc<VhostCudaBackend>, label: &str) {
+    let backend = Arc::downgrade(backend);
+    let label = label.to_string();
+    let spawned = thread::Builder::new()
+        .name("qcuda-adopted".into())
+        .spawn(move || {
+            thread::sleep(RECONNECT_WAIT);
+            if let Some(b) = backend.upgrade().filter(|b| !b.was_connected()) {
+                warn!(
+                    vm = %label,
+                    "the VM did not reconnect within {RECONNECT_WAIT:?}: ending the sessions \
+                     taken over from the previous daemon"
+                );
+                b.sessions().close_all(vhu_cuda::CLOSE_WAIT);
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("cannot watch the sessions taken over: {e}");
+    }
+}
+
 fn serve_socket(
     mut listener: Listener,
     control: Arc<SocketControl>,
@@ -690,6 +721,7 @@ fn serve_socket(
         if !adopted.is_empty() {
             info!(vm = %label, "taking over {} session(s) of the previous daemon", adopted.len());
             backend.sessions().adopt(std::mem::take(&mut adopted));
+            watch_adopted(&backend, &label);
         }
         let mut daemon = match VhostUserDaemon::new("vhost-cuda".to_string(), backend.clone(), mem)
         {
@@ -728,6 +760,7 @@ fn serve_socket(
             continue;
         }
         failures = 0;
+        backend.note_connected();
         if !control.connected(daemon.shutdown_handle()) {
             daemon.request_shutdown();
         }

@@ -189,6 +189,11 @@ struct Args {
     #[arg(long, hide = true, value_name = "SLOT", requires = "session_worker")]
     gpu_memory_slot: Option<usize>,
 
+    /// Worker mode: the daemon keeps this worker for its successor (systemd's
+    /// file-descriptor store), so a closed host-function link means the daemon died.
+    #[arg(long, hide = true, requires = "session_worker")]
+    outlive_daemon: bool,
+
     /// Under systemd (`NOTIFY_SOCKET`): start workers that outlive the daemon and keep their
     /// channels in systemd's file-descriptor store (the unit needs `FileDescriptorStoreMax=`,
     /// `NotifyAccess=main` and `KillMode=process`), so that a restarted or crashed daemon's
@@ -353,6 +358,7 @@ fn session_worker_main(args: Args) -> i32 {
         gpu: args.gpu,
         vm: args.vm,
         gpu_memory_slot: args.gpu_memory_slot,
+        outlive_daemon: args.outlive_daemon,
         // The daemon always passes its value.
         hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or(0)),
         sandbox: args.sandbox,
@@ -471,10 +477,11 @@ fn main() {
     // inherit the budget from it.
     let spin_budget = args.spin_budget.unwrap_or_else(default_spin_budget);
     std::env::set_var("VHOST_CUDA_SPIN_BUDGET", spin_budget.to_string());
+    let keep_workers = args.keep_workers;
     // The previous daemon's workers first: what is left of LISTEN_FDS is the socket unit's.
     let passed = vhost_cuda::fd_store::take_passed();
     let store = match vhost_cuda::fd_store::FdStore::from_environment() {
-        Ok(s) => s.filter(|_| args.keep_workers).map(std::sync::Arc::new),
+        Ok(s) => s.map(std::sync::Arc::new),
         Err(e) => {
             eprintln!("vhost-cuda: NOTIFY_SOCKET: {e}; workers end with the daemon");
             None
@@ -502,7 +509,11 @@ fn main() {
             passed.workers.len()
         );
     }
-    let handover = Handover { store, passed };
+    let handover = Handover {
+        store,
+        keep_workers,
+        passed,
+    };
     if let Err(e) = start_backend_with(config, handover) {
         eprintln!("vhost-cuda: {e}");
         exit(1);
@@ -532,6 +543,7 @@ mod tests {
             gpu_va_base: None,
             gpu_va_size: None,
             gpu_memory_slot: None,
+            outlive_daemon: false,
             inherited_fds: None,
             stats: false,
             pause: None,

@@ -135,6 +135,8 @@ pub struct VhostCudaBackend {
     started: [AtomicBool; NUM_QUEUES],
     /// How long the request queue is polled after its last chain before waiting for a kick.
     poll: Duration,
+    /// Whether a frontend connected to this backend.
+    connected: AtomicBool,
 }
 
 impl std::fmt::Debug for VhostCudaBackend {
@@ -178,6 +180,7 @@ impl VhostCudaBackend {
             event_idx: AtomicBool::new(false),
             started: [const { AtomicBool::new(false) }; NUM_QUEUES],
             poll: Duration::ZERO,
+            connected: AtomicBool::new(false),
         }
     }
 
@@ -189,6 +192,16 @@ impl VhostCudaBackend {
     pub fn with_poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self
+    }
+
+    /// Records that a frontend connected.
+    pub fn note_connected(&self) {
+        self.connected.store(true, Ordering::Release);
+    }
+
+    /// Whether a frontend connected to this backend.
+    pub fn was_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
     }
 
     /// The sessions of this connection.

@@ -76,6 +76,9 @@ pub struct WorkerConfig {
     /// `--gpu-va-base` and `--gpu-va-size` of the daemon: where the session's device
     /// address ranges lie.
     pub address_space: AddressSpace,
+    /// `--outlive-daemon`: the daemon keeps this worker for its successor
+    /// (`crate::fd_store`): a closed host-function link means the daemon died.
+    pub outlive_daemon: bool,
 }
 
 /// Why a request from the daemon is refused.
@@ -631,6 +634,9 @@ pub fn run(config: &WorkerConfig) -> i32 {
         "worker ready"
     );
     let host_functions = session.host_functions_attacher();
+    if config.outlive_daemon {
+        host_functions.survive_daemon();
+    }
     // The driver is initialised: from here on only the measured system calls (every thread).
     if let Err(e) = sandbox::filter_worker(config.sandbox, config.seccomp) {
         error!("cannot install the worker's seccomp filter: {e}");

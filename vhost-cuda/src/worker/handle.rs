@@ -256,6 +256,9 @@ impl WorkerCommand {
         if let Some(slot) = quota_slot {
             args.extend(["--gpu-memory-slot".into(), slot.to_string().into()]);
         }
+        if self.keep.is_some() {
+            args.push("--outlive-daemon".into());
+        }
         // In a sandbox the driver's JIT cache is out of reach (and must be: a cache shared
         // by every VM's workers would let one VM's worker plant code in another's): say so
         // to the driver rather than let it fail on every PTX load.

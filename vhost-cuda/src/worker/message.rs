@@ -643,14 +643,34 @@ mod tests {
             ToWorker::HostFunctionLink,
             ToWorker::Pause,
             ToWorker::Resume,
+            ToWorker::Adopt,
+            ToWorker::End,
         ] {
             assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
         }
         let mut resp = ResponseHeader::with_status(700);
         resp.flags = 1;
         resp.rets = [1, 2, 3, 4, 5, 6, u64::MAX];
-        let msg = FromWorker::Done(resp, 1234);
-        assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        for msg in [
+            FromWorker::Done(resp, 1234),
+            FromWorker::Adopted {
+                session: u64::MAX - 1,
+                replay: true,
+            },
+            FromWorker::Adopted {
+                session: 3,
+                replay: false,
+            },
+        ] {
+            assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        }
+        // An Adopted answer cut short is refused.
+        let b = FromWorker::Adopted {
+            session: 3,
+            replay: false,
+        }
+        .encode();
+        FromWorker::decode(&b[..b.len() - 1]).unwrap_err();
     }
 
     #[test]
@@ -670,8 +690,8 @@ mod tests {
             Err(MessageError::TrailingBytes(1))
         ));
         assert!(matches!(
-            ToWorker::decode(&[9]),
-            Err(MessageError::UnknownTag(9))
+            ToWorker::decode(&[0x7f]),
+            Err(MessageError::UnknownTag(0x7f))
         ));
         assert!(matches!(
             FromWorker::decode(&good),

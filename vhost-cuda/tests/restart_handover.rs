@@ -1,0 +1,173 @@
+//! A daemon restart under running sessions: the workers of one session table are kept in a
+//! file-descriptor store (a stand-in for systemd's, on a datagram socket of the test), and a
+//! second table, as the next daemon would, takes them over from what the store hands back.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    os::{
+        fd::{FromRawFd, OwnedFd},
+        unix::net::UnixDatagram,
+    },
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use common::{
+    rig::{guest_ram, process_state, worker_binary, Rig},
+    scratch_dir,
+};
+use qcuda_proto::{status, Op, ResponseHeader};
+use vhost_cuda::{
+    cuda::CudaHost,
+    fd_store::{self, FdStore},
+    session::SessionTable,
+    worker::KeepWorkers,
+};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+/// systemd's side of the store: what the daemon stored, by name, minus what it removed.
+struct StoreStandIn {
+    sock: UnixDatagram,
+    kept: Vec<(String, OwnedFd)>,
+    removed: Vec<String>,
+}
+
+impl StoreStandIn {
+    fn take_messages(&mut self) {
+        self.sock.set_nonblocking(true).unwrap();
+        loop {
+            let mut buf = [0u8; 512];
+            let mut fds = [0; 8];
+            let mut iov = [libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            }];
+            // SAFETY: the iovec points at `buf`, which outlives the call and may take any bytes.
+            let Ok((n, nfds)) = (unsafe { self.sock.recv_with_fds(&mut iov, &mut fds) }) else {
+                return;
+            };
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            let fields: HashMap<&str, &str> =
+                text.lines().filter_map(|l| l.split_once('=')).collect();
+            // SAFETY: the descriptors just received are ours.
+            let fds = fds[..nfds]
+                .iter()
+                .map(|&fd| unsafe { OwnedFd::from_raw_fd(fd) });
+            let name = fields.get("FDNAME").copied().unwrap_or("").to_string();
+            if fields.get("FDSTOREREMOVE") == Some(&"1") {
+                self.kept.retain(|(n, _)| *n != name);
+                self.removed.push(name.clone());
+            }
+            if fields.get("FDSTORE") == Some(&"1") {
+                self.kept.extend(fds.map(|f| (name.clone(), f)));
+            }
+        }
+    }
+
+    /// What a restarted daemon gets: copies of everything kept.
+    fn pass(&self) -> Vec<(String, OwnedFd)> {
+        self.kept
+            .iter()
+            .map(|(n, f)| (n.clone(), f.try_clone().unwrap()))
+            .collect()
+    }
+}
+
+fn gpu_op(host: &CudaHost, r: ResponseHeader) {
+    if host.gpu_count() > 0 {
+        assert_eq!(r.status, status::SUCCESS, "{r:?}");
+    } else {
+        assert_ne!(r.status, status::SUCCESS, "{r:?}");
+        assert_eq!(r.flags, 0, "no sticky error: {r:?}");
+    }
+}
+
+#[test]
+fn a_new_session_table_takes_over_the_workers_of_the_last_and_keeps_their_ids() {
+    let dir = scratch_dir("handover");
+    let path = dir.join("notify.sock");
+    let mut standin = StoreStandIn {
+        sock: UnixDatagram::bind(&path).unwrap(),
+        kept: Vec::new(),
+        removed: Vec::new(),
+    };
+    let store = Arc::new(FdStore::connect(&path).unwrap());
+    let command = worker_binary("warn")
+        .with_hop_mailbox(true)
+        .with_keep(Some(KeepWorkers::new(store.clone(), 0)));
+
+    // The first daemon: two sessions with a worker each, one without.
+    let mut old = Rig::new(command.clone(), "handover-old");
+    let host = old.host.clone();
+    gpu_op(&host, old.op(31, Op::Malloc, &[64]));
+    gpu_op(&host, old.op(32, Op::MemGetInfo, &[]));
+    assert_eq!(old.op(33, Op::Hello, &[1]).status, status::SUCCESS);
+    let pids = [
+        old.table.worker_pid(31).unwrap(),
+        old.table.worker_pid(32).unwrap(),
+    ];
+    standin.take_messages();
+    let names: Vec<&str> = standin.kept.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"qcuda-q.0"), "{names:?}");
+    for (session, pid) in [31, 32].iter().zip(pids) {
+        let n = names
+            .iter()
+            .filter(|n| n.starts_with(&format!("qcuda-w.0.{session}.{pid}.")))
+            .count();
+        assert_eq!(n, 2, "channel and pidfd of session {session}: {names:?}");
+    }
+    // The daemon dies: nothing of its sessions is closed (its table is never dropped).
+    std::mem::forget(old);
+
+    // The next daemon gets the store back and takes the workers over.
+    let passed = fd_store::sort(standin.pass());
+    let (mut passed, quota) = {
+        let mut p = passed;
+        let q = p.quotas.remove(&0);
+        (p, q)
+    };
+    let table = SessionTable::with_quota_file(host.clone(), command, "handover-new", quota);
+    table.adopt(passed.take_workers(0));
+    let mut new = Rig::with_table(host.clone(), table, guest_ram());
+    // The same sessions are served by the same workers, and nothing failed.
+    gpu_op(&host, new.op(31, Op::MemGetInfo, &[]));
+    gpu_op(&host, new.op(32, Op::MemGetInfo, &[]));
+    assert_eq!(new.table.worker_pid(31), Some(pids[0]));
+    assert_eq!(new.table.worker_pid(32), Some(pids[1]));
+    // A guest process that ended meanwhile: its close reaps the worker it never saw start.
+    assert_eq!(new.op(32, Op::SessionClose, &[]).status, status::SUCCESS);
+    let gone = |pid: u32| process_state(pid).is_none_or(|s| s == 'Z');
+    let t = Instant::now();
+    while !gone(pids[1]) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "worker {} still runs",
+            pids[1]
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    standin.take_messages();
+    assert!(
+        standin
+            .removed
+            .iter()
+            .any(|n| n.starts_with(&format!("qcuda-w.0.32.{}.", pids[1]))),
+        "{:?}",
+        standin.removed
+    );
+    // The other goes on, and ends with the VM.
+    gpu_op(&host, new.op(31, Op::MemGetInfo, &[]));
+    assert_eq!(new.table.close_all(Duration::from_secs(10)), 0);
+    let t = Instant::now();
+    while !gone(pids[0]) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "worker {} still runs",
+            pids[0]
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
