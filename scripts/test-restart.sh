@@ -67,7 +67,7 @@ start_daemon
 guest_cmd=/opt/qcuda/bin/check-restart
 [[ $keep == 1 ]] && guest_cmd="QCUDA_RESTART_KEEP=1 QCUDA_RESTART_PROGRAM=${QCUDA_RESTART_PROGRAM:-/opt/qcuda/tests/large_copy} $guest_cmd"
 "$here/run-vm.sh" --socket "$sock" --reconnect 100 --timeout 400 --log-dir "$log_dir/vm" \
-    -- sh -c "$guest_cmd" >"$log_dir/guest.log" 2>&1 &
+    -- "$guest_cmd" >"$log_dir/guest.log" 2>&1 &
 vm=$!
 if ! wait_for '^RESTART ready' 240; then
     say "the guest never got ready"; tail -n 20 "$log_dir/guest.log"; exit 1
@@ -80,7 +80,7 @@ wait "$daemon" 2>/dev/null || true
 if [[ $keep != 1 ]]; then sleep 1; fi
 t0=$(date +%s%N)
 start_daemon
-[[ $keep == 1 ]] && say "the store restarted vhost-cuda $(((t0 - t_kill) / 1000000)) ms after the kill (RestartSec=1 s)"
+[[ $keep == 1 ]] && say "the store restarted vhost-cuda; it serves $((($(date +%s%N) - t_kill) / 1000000)) ms after the kill (RestartSec=1 s)"
 say "vhost-cuda started again (pid $daemon)"
 if wait_for '^RESTART recovered' 60; then
     t1=$(date +%s%N)

@@ -16,7 +16,9 @@
 //! Names: `qcuda-w.<vm>.<session>.<pid>.<slot>` for a worker (its channel and its pidfd, told
 //! apart by type), where `<vm>` is the index of the daemon's socket and `<slot>` the worker's
 //! slot of the VM's accounting file (`x`: none); `qcuda-q.<vm>` for a VM's accounting file
-//! (`limits.rs`), so that adopted workers keep counting where the daemon reads.
+//! (`limits.rs`), so that adopted workers keep counting where the daemon reads; `qcuda-r.<vm>`
+//! for the record of the VM's request ring (`ring_record.rs`), so that the chains in flight are
+//! taken again exactly.
 //!
 //! Outside systemd a stand-in does the same (scripts/fd-store.py: the restart test).
 
@@ -101,6 +103,11 @@ pub fn worker_name(vm: usize, session: u64, pid: u32, slot: Option<usize>) -> St
     format!("{PREFIX}w.{vm}.{session}.{pid}.{slot}")
 }
 
+/// The name of a VM's record of its request ring (`ring_record.rs`).
+pub fn ring_name(vm: usize) -> String {
+    format!("{PREFIX}r.{vm}")
+}
+
 /// The name of a VM's accounting file.
 pub fn quota_name(vm: usize) -> String {
     format!("{PREFIX}q.{vm}")
@@ -130,6 +137,8 @@ pub struct Passed {
     pub workers: Vec<StoredWorker>,
     /// The VMs' accounting files.
     pub quotas: HashMap<usize, OwnedFd>,
+    /// The VMs' records of their request rings.
+    pub rings: HashMap<usize, OwnedFd>,
 }
 
 impl Passed {
@@ -179,6 +188,14 @@ pub fn sort(named: Vec<(String, OwnedFd)>) -> Passed {
             .and_then(|v| v.parse().ok())
         {
             passed.quotas.insert(vm, fd);
+            continue;
+        }
+        if let Some(vm) = name
+            .strip_prefix(PREFIX)
+            .and_then(|n| n.strip_prefix("r."))
+            .and_then(|v| v.parse().ok())
+        {
+            passed.rings.insert(vm, fd);
             continue;
         }
         if parse_worker_name(&name).is_none() {

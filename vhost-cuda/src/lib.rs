@@ -31,6 +31,7 @@ pub mod frontend;
 pub mod guest_buffer;
 pub mod host_function_link;
 pub mod limits;
+pub mod ring_record;
 pub mod sandbox;
 pub mod session;
 pub mod shared_guest_ram;
@@ -583,7 +584,12 @@ impl Server {
                 .with_keep(self.keep.as_ref().map(|k| k.for_vm(i)));
             let (host, poll) = (self.host.clone(), self.poll);
             let stats = (self.stats.clone(), i);
-            let inherited = (passed.take_workers(i), passed.quotas.remove(&i));
+            let record = ring_record_for(i, passed.rings.remove(&i), self.keep.as_ref());
+            let inherited = Inherited {
+                workers: passed.take_workers(i),
+                quota_file: passed.quotas.remove(&i),
+                ring: record,
+            };
             let spawned = thread::Builder::new()
                 .name(format!("qcuda-vm{i}"))
                 .spawn(move || {
@@ -665,6 +671,47 @@ fn end_connection(daemon: VhostUserDaemon<Arc<VhostCudaBackend>>, backend: &Vhos
     backend.disconnect();
 }
 
+/// What one socket takes over from the previous daemon.
+struct Inherited {
+    workers: Vec<fd_store::StoredWorker>,
+    quota_file: Option<std::os::fd::OwnedFd>,
+    /// The ring's record, and whether it is the previous daemon's.
+    ring: (Option<Arc<ring_record::RingRecord>>, bool),
+}
+
+/// The record of socket `vm`'s request ring: the previous daemon's (`passed`: its chains in
+/// flight are taken again), or a new one kept in the store for the next daemon; none when
+/// workers are not kept. Returns it and whether it is the previous daemon's.
+fn ring_record_for(
+    vm: usize,
+    passed: Option<std::os::fd::OwnedFd>,
+    keep: Option<&worker::KeepWorkers>,
+) -> (Option<Arc<ring_record::RingRecord>>, bool) {
+    if let Some(fd) = passed {
+        match ring_record::RingRecord::open(fd) {
+            Ok(r) => return (Some(Arc::new(r)), true),
+            Err(e) => warn!("the previous daemon's ring record of socket {vm} is unusable: {e}"),
+        }
+    }
+    let Some(keep) = keep else {
+        return (None, false);
+    };
+    match ring_record::RingRecord::create() {
+        Ok(r) => {
+            let name = fd_store::ring_name(vm);
+            keep.store().remove(&name);
+            if let Err(e) = keep.store().store(&name, &[r.fd()]) {
+                warn!("ring record of socket {vm} not kept for a restart: {e}");
+            }
+            (Some(Arc::new(r)), false)
+        }
+        Err(e) => {
+            warn!("no ring record for socket {vm}: {e}");
+            (None, false)
+        }
+    }
+}
+
 /// How long sessions taken over from the previous daemon wait for their VM to reconnect.
 pub const RECONNECT_WAIT: Duration = Duration::from_secs(120);
 
@@ -698,8 +745,13 @@ fn serve_socket(
     workers: WorkerCommand,
     poll: Duration,
     (stats, stats_index): (Arc<StatsRegistry>, usize),
-    (mut adopted, mut quota_file): (Vec<fd_store::StoredWorker>, Option<std::os::fd::OwnedFd>),
+    inherited: Inherited,
 ) -> Result<()> {
+    let Inherited {
+        workers: mut adopted,
+        mut quota_file,
+        ring: (record, mut recover),
+    } = inherited;
     let label = control.path.display().to_string();
     let mut failures = 0u32;
     let result = loop {
@@ -715,7 +767,8 @@ fn serve_socket(
                 &*label,
                 quota_file.take(),
             )
-            .with_poll(poll),
+            .with_poll(poll)
+            .with_ring_record(record.clone(), std::mem::take(&mut recover)),
         );
         // The previous daemon's sessions of this VM, for the frontend that reconnects.
         if !adopted.is_empty() {

@@ -40,6 +40,7 @@ use crate::{
     chain,
     cuda::CudaHost,
     guest_buffer::GuestRam,
+    ring_record::{RingAddrs, RingRecord},
     session::{ChainCompleter, SessionTable},
     spin_wait,
     worker::WorkerCommand,
@@ -94,6 +95,8 @@ pub struct VringCompleter {
     /// False once the ring was stopped (GET_VRING_BASE, reset, disconnect): after that the
     /// ring belongs to the frontend again and must not be written.
     live: Arc<RwLock<bool>>,
+    /// The record of chains in flight, for a restarted daemon (`ring_record.rs`).
+    record: Option<Arc<RingRecord>>,
 }
 
 impl std::fmt::Debug for VringCompleter {
@@ -111,9 +114,15 @@ impl ChainCompleter for VringCompleter {
             return;
         }
         let mut vring = self.vring.get_mut();
+        if let Some(r) = &self.record {
+            r.completing(head, vring.get_queue().next_used());
+        }
         if let Err(e) = vring.add_used(head, used_len) {
             warn!("cannot complete chain {head}: {e}");
             return;
+        }
+        if let Some(r) = &self.record {
+            r.completed(head);
         }
         // With EVENT_IDX the guest says when it wants an interrupt; without, it always does.
         if vring.needs_notification().unwrap_or(true) {
@@ -137,6 +146,11 @@ pub struct VhostCudaBackend {
     poll: Duration,
     /// Whether a frontend connected to this backend.
     connected: AtomicBool,
+    /// The record of the request ring's chains in flight, kept for the next daemon.
+    record: Option<Arc<RingRecord>>,
+    /// Set until the request ring first starts when the record is the previous daemon's: the
+    /// chains it had in flight are taken again then.
+    recover: AtomicBool,
 }
 
 impl std::fmt::Debug for VhostCudaBackend {
@@ -181,6 +195,8 @@ impl VhostCudaBackend {
             started: [const { AtomicBool::new(false) }; NUM_QUEUES],
             poll: Duration::ZERO,
             connected: AtomicBool::new(false),
+            record: None,
+            recover: AtomicBool::new(false),
         }
     }
 
@@ -191,6 +207,15 @@ impl VhostCudaBackend {
     /// core spinning for up to `poll` after each burst.
     pub fn with_poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
+        self
+    }
+
+    /// Keeps the record of the request ring's chains in flight in `record` (`ring_record.rs`);
+    /// `recover`: it is the previous daemon's, and its chains in flight are taken again when
+    /// the ring first starts.
+    pub fn with_ring_record(mut self, record: Option<Arc<RingRecord>>, recover: bool) -> Self {
+        self.record = record;
+        self.recover = AtomicBool::new(recover);
         self
     }
 
@@ -224,10 +249,15 @@ impl VhostCudaBackend {
         self.sessions.close_all(CLOSE_WAIT);
     }
 
-    /// Logs a queue's layout the first time it is serviced after (re)starting.
+    /// Logs a queue's layout the first time it is serviced after (re)starting; for the
+    /// request queue, starts the ring's record, or first takes again what the previous daemon
+    /// had in flight.
     fn note_started(&self, index: usize, vring: &Vring) {
         if self.started[index].swap(true, Ordering::AcqRel) {
             return;
+        }
+        if index == usize::from(REQUEST_QUEUE) {
+            self.start_record(vring);
         }
         let state = vring.get_ref();
         let q = state.get_queue();
@@ -242,6 +272,88 @@ impl VhostCudaBackend {
         );
     }
 
+    fn start_record(&self, vring: &Vring) {
+        let Some(record) = &self.record else { return };
+        let (addrs, next_avail) = {
+            let state = vring.get_ref();
+            let q = state.get_queue();
+            (
+                RingAddrs {
+                    desc: q.desc_table(),
+                    avail: q.avail_ring(),
+                    used: q.used_ring(),
+                },
+                q.next_avail(),
+            )
+        };
+        let recovery = if self.recover.swap(false, Ordering::AcqRel) {
+            vring
+                .queue_used_idx()
+                .ok()
+                .and_then(|used| record.recovery(addrs, used))
+        } else {
+            None
+        };
+        let Some(recovery) = recovery else {
+            record.start(addrs, next_avail);
+            return;
+        };
+        info!(
+            vm = %self.label,
+            "request ring of the previous daemon: {} chain(s) in flight taken again, going on at \
+             avail {} (the frontend said {next_avail})",
+            recovery.in_flight.len(),
+            recovery.next_avail
+        );
+        record.start(addrs, recovery.next_avail);
+        self.set_live(true);
+        let completer: Arc<dyn ChainCompleter> = Arc::new(VringCompleter {
+            vring: vring.clone(),
+            live: self.live.clone(),
+            record: self.record.clone(),
+        });
+        let mem = self.mem.memory().into_inner();
+        for (pos, head) in recovery.in_flight {
+            let chain = {
+                let mut state = vring.get_mut();
+                let q = state.get_queue_mut();
+                q.set_next_avail(pos);
+                q.pop_descriptor_chain(mem.clone())
+            };
+            match chain {
+                Some(chain) if chain.head_index() == head => {
+                    record.taken(head, pos);
+                    self.dispatch(&mem, chain, &completer);
+                }
+                _ => warn!(
+                    vm = %self.label,
+                    "chain {head} at avail {pos} of the previous daemon is not there any more"
+                ),
+            }
+        }
+        vring
+            .get_mut()
+            .get_queue_mut()
+            .set_next_avail(recovery.next_avail);
+    }
+
+    /// Parses a chain and hands it to its session (or answers it, if malformed).
+    fn dispatch(
+        &self,
+        mem: &Arc<GuestRam>,
+        chain: virtio_queue::DescriptorChain<Arc<GuestRam>>,
+        completer: &Arc<dyn ChainCompleter>,
+    ) {
+        let head = chain.head_index();
+        match chain::parse(mem, chain) {
+            Ok(parsed) => self.sessions.dispatch(head, parsed, completer.clone()),
+            Err(rejected) => {
+                debug!(vm = %self.label, "chain {head} rejected: {}", rejected.error);
+                completer.complete(head, rejected.answer());
+            }
+        }
+    }
+
     /// Drains the request queue: disable notifications, pop everything, re-enable, and go
     /// again if the guest added chains in between.
     fn process_requests(&self, vring: &Vring) {
@@ -252,6 +364,7 @@ impl VhostCudaBackend {
         let completer: Arc<dyn ChainCompleter> = Arc::new(VringCompleter {
             vring: vring.clone(),
             live: self.live.clone(),
+            record: self.record.clone(),
         });
         let mut last_chain = Instant::now();
         // Polling is spinning: it needs a slot of the host's spin budget (spin_wait.rs), kept
@@ -322,22 +435,22 @@ impl VhostCudaBackend {
         let mem = self.mem.memory().into_inner();
         let mut popped = 0;
         loop {
-            let chain = vring
-                .get_mut()
-                .get_queue_mut()
-                .pop_descriptor_chain(mem.clone());
+            let chain = {
+                let mut state = vring.get_mut();
+                let q = state.get_queue_mut();
+                let pos = q.next_avail();
+                let chain = q.pop_descriptor_chain(mem.clone());
+                if let (Some(r), Some(c)) = (&self.record, &chain) {
+                    r.taken(c.head_index(), pos);
+                    r.advanced(q.next_avail());
+                }
+                chain
+            };
             let Some(chain) = chain else {
                 return popped;
             };
             popped += 1;
-            let head = chain.head_index();
-            match chain::parse(&mem, chain) {
-                Ok(parsed) => self.sessions.dispatch(head, parsed, completer.clone()),
-                Err(rejected) => {
-                    debug!(vm = %self.label, "chain {head} rejected: {}", rejected.error);
-                    completer.complete(head, rejected.answer());
-                }
-            }
+            self.dispatch(&mem, chain, completer);
         }
     }
 }
@@ -375,6 +488,9 @@ impl VhostUserBackend for VhostCudaBackend {
 
     fn reset_device(&self) {
         info!(vm = %self.label, "device reset: closing all sessions");
+        if let Some(r) = &self.record {
+            r.stop();
+        }
         self.set_live(false);
         for s in &self.started {
             s.store(false, Ordering::Release);
@@ -425,6 +541,10 @@ impl VhostUserBackend for VhostCudaBackend {
             s.store(false, Ordering::Release);
         }
         if index == u32::from(REQUEST_QUEUE) {
+            if let Some(r) = &self.record {
+                // The frontend owns the ring again: a later daemon takes nothing from it.
+                r.stop();
+            }
             // The ring goes back to the frontend when we return: let requests under way finish
             // first, as the vhost-user spec asks.
             if !self.sessions.wait_idle(STOP_WAIT) {
@@ -642,6 +762,7 @@ mod tests {
         let completer = VringCompleter {
             vring: v.clone(),
             live: r.backend.live.clone(),
+            record: None,
         };
         completer.complete(0, 64);
         assert_eq!(used_idx(&ram, &q), 0);
