@@ -808,6 +808,93 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_daemon_takes_again_exactly_the_chains_in_flight() {
+        // Three Hello chains of three sessions at avail 0, 1, 2. The old daemon completed the
+        // first and the third (out of order) and died with the second in flight. QEMU then
+        // rolls the ring back to the used index (2): without the record the third chain would
+        // come again (a second completion of a head the guest has back) and the second never.
+        let old = rig();
+        let ram = old.mem.memory();
+        let q = MockSplitQueue::new(&*ram, QUEUE_SIZE);
+        let n = u16::try_from(virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT).unwrap();
+        let w = u16::try_from(VRING_DESC_F_WRITE).unwrap();
+        let mut descs = Vec::new();
+        for session in 0..3u16 {
+            let mut h = RequestHeader::new(Op::Hello);
+            h.session = u64::from(session) + 1;
+            h.args[0] = u64::from(VERSION);
+            let at = DATA + u64::from(session) * 0x1000;
+            ram.write_slice(&h.encode(), GuestAddress(at)).unwrap();
+            descs.push(RawDescriptor::from(Descriptor::new(
+                at,
+                224,
+                n,
+                2 * session + 1,
+            )));
+            descs.push(RawDescriptor::from(Descriptor::new(at + 0x800, 64, w, 0)));
+        }
+        q.add_desc_chains(&descs, 0).unwrap();
+        let setup = |v: &Vring| {
+            v.set_queue_size(QUEUE_SIZE);
+            v.set_queue_info(q.desc_table_addr().0, q.avail_addr().0, q.used_addr().0)
+                .unwrap();
+            v.set_queue_ready(true);
+            v.set_enabled(true);
+        };
+        setup(&old.vrings[0]);
+        let record = Arc::new(RingRecord::create().unwrap());
+        let addrs = RingAddrs {
+            desc: q.desc_table_addr().0,
+            avail: q.avail_addr().0,
+            used: q.used_addr().0,
+        };
+        // What the old daemon's drain and completions recorded.
+        record.start(addrs, 0);
+        for (pos, head) in [(0u16, 0u16), (1, 2), (2, 4)] {
+            record.taken(head, pos);
+            record.advanced(pos + 1);
+        }
+        let completer = VringCompleter {
+            vring: old.vrings[0].clone(),
+            live: Arc::new(RwLock::new(true)),
+            record: Some(record.clone()),
+        };
+        completer.complete(0, 64);
+        completer.complete(4, 64);
+        assert_eq!(used_idx(&ram, &q), 2);
+
+        // The next daemon: the same ring, as QEMU hands it over (avail rolled back to 2).
+        let vrings: Vec<Vring> = (0..NUM_QUEUES)
+            .map(|_| Vring::new(old.mem.clone(), QUEUE_SIZE).unwrap())
+            .collect();
+        let backend = VhostCudaBackend::new(
+            CudaHost::probe(),
+            WorkerCommand::this_binary(None, "info"),
+            old.mem.clone(),
+            "test",
+        )
+        .with_ring_record(Some(record.clone()), true);
+        let v = &vrings[0];
+        setup(v);
+        v.set_queue_next_avail(2);
+        v.set_queue_next_used(2);
+        backend
+            .handle_event(REQUEST_QUEUE, EventSet::IN, &vrings, 0)
+            .unwrap();
+        assert!(backend.sessions().wait_idle(Duration::from_secs(10)));
+        assert_eq!(used_idx(&ram, &q), 3);
+        let used: Vec<u32> = (0..3).map(|i| used_entry(&ram, &q, i).0).collect();
+        assert_eq!(used, vec![0, 4, 2]);
+        // It goes on at avail 3, and the record says nothing is in flight.
+        assert_eq!(v.get_ref().get_queue().next_avail(), 3);
+        assert_eq!(
+            record.recovery(addrs, 3).unwrap().in_flight,
+            Vec::<(u16, u16)>::new()
+        );
+        backend.disconnect();
+    }
+
+    #[test]
     fn features_are_named() {
         assert_eq!(
             feature_names(DEVICE_FEATURES),
