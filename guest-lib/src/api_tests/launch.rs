@@ -816,3 +816,32 @@ fn managed_memory_is_the_device_s_during_work_and_the_host_s_after_synchronising
         assert_eq!(migrations(&fake), before + 4);
     }
 }
+
+/// The guest's own cost per launch, for a profiler: `cargo test --release -p guest-lib --lib
+/// launch_path_for_profiling -- --ignored` under `valgrind --tool=callgrind` (the fake's work
+/// at each batch shows apart, under `FakeDevice`).
+#[test]
+#[ignore = "a workload for a profiler, not a check"]
+fn launch_path_for_profiling() {
+    use crate::runtime::devices::cudaDeviceSynchronize;
+    let fake = setup();
+    fake.add_kernel("_Z1kPi", &[(0, 8)]);
+    let k = register_kernel(register_fatbin(), c"_Z1kPi");
+    // SAFETY: one 8-byte parameter each time.
+    unsafe {
+        for i in 0..20_000u64 {
+            let mut v = i;
+            let mut args: [*mut c_void; 1] = [(&raw mut v).cast()];
+            ok(stub_launch(
+                k,
+                d3(1, 1, 1),
+                d3(1, 1, 1),
+                0,
+                ptr::null_mut(),
+                &mut args,
+            ));
+        }
+        ok(cudaDeviceSynchronize());
+    }
+    assert_eq!(fake.state().launches.len(), 20_000);
+}
