@@ -845,3 +845,21 @@ fn launch_path_for_profiling() {
     }
     assert_eq!(fake.state().launches.len(), 20_000);
 }
+
+#[test]
+fn a_batch_the_device_did_not_take_is_reported_once_at_the_next_call() {
+    use crate::runtime::{devices::cudaDeviceSynchronize, errors::cudaGetLastError};
+    let fake = setup();
+    fake.add_kernel("_Z1kv", &[]);
+    let k = register_kernel(register_fatbin(), c"_Z1kv");
+    launch_plain(k);
+    fake.state().errnos.push_back(libc::EIO);
+    flush();
+    assert!(fake.state().launches.is_empty());
+    // SAFETY: no arguments.
+    ok(unsafe { cudaDeviceSynchronize() });
+    assert_ne!(cudaGetLastError(), cu::cudaSuccess);
+    // SAFETY: no arguments.
+    ok(unsafe { cudaDeviceSynchronize() });
+    assert_eq!(cudaGetLastError(), cu::cudaSuccess);
+}
