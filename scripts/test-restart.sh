@@ -30,7 +30,7 @@ trap 'cleanup; cleanup_store' EXIT
 start_daemon() {
     if [[ $keep == 1 ]]; then
         if [[ -z $store ]]; then
-            RUST_LOG=${RUST_LOG:-info} python3 "$here/fd-store.py" --dir "$log_dir" --pid-file "$log_dir/daemon.pid" \
+            RUST_LOG=${RUST_LOG:-info} python3 "$here/fd-store.py" --dir "$log_dir" --pid-file "$log_dir/daemon.pid" --restart-sec "${QCUDA_RESTART_SEC:-1}" \
                 -- "$DAEMON" --socket-path "$sock" >>"$log_dir/daemon.log" 2>&1 &
             store=$!
         fi
@@ -80,7 +80,7 @@ wait "$daemon" 2>/dev/null || true
 if [[ $keep != 1 ]]; then sleep 1; fi
 t0=$(date +%s%N)
 start_daemon
-[[ $keep == 1 ]] && say "the store restarted vhost-cuda; it serves $((($(date +%s%N) - t_kill) / 1000000)) ms after the kill (RestartSec=1 s)"
+[[ $keep == 1 ]] && say "the store restarted vhost-cuda; it serves $((($(date +%s%N) - t_kill) / 1000000)) ms after the kill (RestartSec=${QCUDA_RESTART_SEC:-1} s)"
 say "vhost-cuda started again (pid $daemon)"
 if wait_for '^RESTART recovered' 60; then
     t1=$(date +%s%N)

@@ -368,6 +368,15 @@ restart() {
     return $rc
 }
 step "daemon restart: QEMU reconnects, nothing hangs, new programs work (no reboot)" restart 3>&1
+restart_keep() {
+    local out
+    out=$(scripts/test-restart.sh --keep "$LOGS/restart-keep" 2>&1)
+    local rc=$?
+    echo "$out"
+    echo "$out" | grep -E 'worker calls ended' | sed 's/^ *RESTART /   /' >&3
+    return $rc
+}
+step "daemon killed (-9) under running programs, workers kept (fd store): the next daemon takes them over, no call fails" restart_keep 3>&1
 # 1000 guest CUDA programs killed at random points, over 4 VMs (issue 11, point 6); needs the
 # GPU. (load-test.sh load, the 5-minute 32 x 8 load test, runs from the bundle: docs/testing.md.)
 kills() { scripts/load-test.sh kills --count 1000 --vms 4 --log-dir "$LOGS/kills"; }
