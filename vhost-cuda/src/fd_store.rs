@@ -139,6 +139,8 @@ pub struct Passed {
     pub quotas: HashMap<usize, OwnedFd>,
     /// The VMs' records of their request rings.
     pub rings: HashMap<usize, OwnedFd>,
+    /// Names of entries whose worker is gone (only half of the entry is left), for removal.
+    pub gone: Vec<String>,
 }
 
 impl Passed {
@@ -200,6 +202,9 @@ pub fn sort(named: Vec<(String, OwnedFd)>) -> Passed {
         }
         if parse_worker_name(&name).is_none() {
             warn!("file-descriptor store: unknown entry {name:?} closed");
+            if name.starts_with(PREFIX) {
+                passed.gone.push(name);
+            }
             continue;
         }
         let entry = halves.entry(name).or_default();
@@ -223,7 +228,10 @@ pub fn sort(named: Vec<(String, OwnedFd)>) -> Passed {
                 pidfd,
             }),
             // The channel hung up (systemd dropped it): the worker is gone.
-            _ => info!("file-descriptor store: worker {pid} of session {session} is gone"),
+            _ => {
+                info!("file-descriptor store: worker {pid} of session {session} is gone");
+                passed.gone.push(name);
+            }
         }
     }
     passed.workers.sort_by_key(|w| (w.vm, w.session));
@@ -347,6 +355,7 @@ mod tests {
         assert!(is_socket(w.channel.as_raw_fd()));
         assert!(!is_socket(w.pidfd.as_raw_fd()));
         assert!(passed.quotas.contains_key(&0));
+        assert_eq!(passed.gone, vec![worker_name(1, 4, 43, None)]);
     }
 
     fn tempfile_like() -> std::fs::File {

@@ -541,6 +541,11 @@ impl Server {
             .store
             .filter(|_| handover.keep_workers)
             .map(|s| worker::KeepWorkers::new(s, 0));
+        if let Some(k) = &self.keep {
+            for name in std::mem::take(&mut self.passed.gone) {
+                k.store().remove(&name);
+            }
+        }
         let sockets = self.sockets.len();
         let (orphans, kept) = std::mem::take(&mut self.passed.workers)
             .into_iter()

@@ -385,6 +385,10 @@ impl SessionTable {
                      (session taken or too many sessions); ending it",
                     w.pid
                 );
+                if let Some(k) = self.shared.command.keep() {
+                    k.store()
+                        .remove(&fd_store::worker_name(k.vm(), id, w.pid, w.slot));
+                }
                 drop(ChildProcess::adopted(w.pid, w.pidfd).kill());
                 continue;
             }
