@@ -20,6 +20,10 @@
 //! systemd's and stay. Beside them, `stats.rs` serves what each VM uses (`vhost-cuda --stats`)
 //! from the table of its current connection.
 //!
+//! Across a restart: under systemd the workers outlive the daemon, their channels kept in
+//! systemd's file-descriptor store (`fd_store.rs`), and the next daemon takes them over with
+//! the request ring's record of chains in flight (`ring_record.rs`).
+//!
 //! Outside the data path, `frontend/` plays a VM (QEMU's vhost-user side and qcuda.ko's request
 //! queue) from a host process, for the process tests and `vhost-cuda-frontend-bench`.
 
