@@ -15,8 +15,10 @@
 //! the used ring before the crash (its used index is below the ring's) is not repeated.
 //!
 //! Each entry is one 64-bit word, written with one atomic store, so a crash leaves every entry
-//! whole. The record applies only to the very ring it was written for (same addresses); a guest
-//! that rebooted meanwhile has a new ring, and the record is dropped.
+//! whole. The record applies only to the very ring it was written for: the same addresses, a
+//! used index where the record left it, and an avail index at or past the recorded position. A
+//! guest that rebooted meanwhile has a new ring (often at the same addresses, but counting from
+//! zero again), and the record is dropped.
 
 use std::{
     fs::File,
@@ -36,6 +38,8 @@ const W_AVAIL: usize = 2;
 const W_USED: usize = 3;
 /// The next avail position the daemon would take.
 const W_NEXT_AVAIL: usize = 4;
+/// The used index after the last completion.
+const W_USED_IDX: usize = 5;
 const ENTRIES: usize = 8;
 const WORDS: usize = ENTRIES + QUEUE_SIZE as usize;
 const BYTES: usize = WORDS * 8;
@@ -151,9 +155,9 @@ impl RingRecord {
         unsafe { &*self.words.as_ptr().add(i) }
     }
 
-    /// Starts recording for the ring at `addrs`, from avail position `next_avail`, with
-    /// nothing in flight.
-    pub fn start(&self, addrs: RingAddrs, next_avail: u16) {
+    /// Starts recording for the ring at `addrs`, from avail position `next_avail` and used
+    /// index `used_idx`, with nothing in flight.
+    pub fn start(&self, addrs: RingAddrs, next_avail: u16, used_idx: u16) {
         self.word(W_MAGIC).store(0, Ordering::SeqCst);
         for i in ENTRIES..WORDS {
             self.word(i).store(0, Ordering::Relaxed);
@@ -163,6 +167,8 @@ impl RingRecord {
         self.word(W_USED).store(addrs.used, Ordering::Relaxed);
         self.word(W_NEXT_AVAIL)
             .store(u64::from(next_avail), Ordering::Relaxed);
+        self.word(W_USED_IDX)
+            .store(u64::from(used_idx), Ordering::Relaxed);
         self.word(W_MAGIC).store(MAGIC, Ordering::SeqCst);
     }
 
@@ -198,16 +204,19 @@ impl RingRecord {
         }
     }
 
-    /// The chain with `head` is completed (the used index is published).
-    pub fn completed(&self, head: u16) {
+    /// The chain with `head` is completed: the used index `used_idx` is published.
+    pub fn completed(&self, head: u16, used_idx: u16) {
         if let Some(w) = self.entry_word(head) {
             w.store(0, Ordering::Release);
         }
+        self.word(W_USED_IDX)
+            .store(u64::from(used_idx), Ordering::Release);
     }
 
-    /// What to take again on the ring at `addrs`, whose used index is `used_idx` now; `None`
-    /// when the record is not of this ring (or empty of meaning: never started, or stopped).
-    pub fn recovery(&self, addrs: RingAddrs, used_idx: u16) -> Option<Recovery> {
+    /// What to take again on the ring at `addrs`, whose used and avail indices in guest memory
+    /// are `used_idx` and `avail_idx` now; `None` when the record is not of this ring (never
+    /// started, stopped, other addresses, or a ring that counts from elsewhere: a new one).
+    pub fn recovery(&self, addrs: RingAddrs, used_idx: u16, avail_idx: u16) -> Option<Recovery> {
         if self.word(W_MAGIC).load(Ordering::SeqCst) != MAGIC
             || self.word(W_DESC).load(Ordering::Relaxed) != addrs.desc
             || self.word(W_AVAIL).load(Ordering::Relaxed) != addrs.avail
@@ -217,6 +226,25 @@ impl RingRecord {
         }
         let next_avail =
             u16::try_from(self.word(W_NEXT_AVAIL).load(Ordering::Acquire) & 0xffff).unwrap_or(0);
+        let recorded_used =
+            u16::try_from(self.word(W_USED_IDX).load(Ordering::Acquire) & 0xffff).unwrap_or(0);
+        // The guest publishes forward only: its avail index is at or past what was taken.
+        if avail_idx.wrapping_sub(next_avail) >= 0x8000 {
+            return None;
+        }
+        // The used index is where the record left it, or one further for a completion under
+        // way at the crash.
+        let completing_at_end = (0..QUEUE_SIZE).any(|head| {
+            self.entry_word(head).is_some_and(|w| {
+                let (state, _, used_at) = unpack(w.load(Ordering::Acquire));
+                state == COMPLETING && used_at == recorded_used
+            })
+        });
+        if used_idx != recorded_used
+            && !(completing_at_end && used_idx == recorded_used.wrapping_add(1))
+        {
+            return None;
+        }
         let mut in_flight = Vec::new();
         for head in 0..QUEUE_SIZE {
             let Some(w) = self.entry_word(head) else {
@@ -251,7 +279,7 @@ mod tests {
     #[test]
     fn only_chains_not_completed_are_taken_again_oldest_first() {
         let r = RingRecord::create().unwrap();
-        r.start(RING, 65530);
+        r.start(RING, 65530, 38);
         // Six chains across the wrap of the avail index.
         for (i, head) in [4u16, 9, 2, 7, 11, 5].iter().enumerate() {
             let pos = 65530u16.wrapping_add(u16::try_from(i).unwrap());
@@ -260,45 +288,55 @@ mod tests {
         }
         // Out of order: 9 completed and published; 7 completed at used 41 (the ring's used
         // index is 41: not published yet); 11 at used 40 (published).
-        r.completing(9, 39);
-        r.completed(9);
-        r.completing(7, 41);
-        r.completing(11, 40);
-        let rec = r.recovery(RING, 41).unwrap();
+        r.completing(9, 38);
+        r.completed(9, 39);
+        r.completing(11, 39);
+        r.completed(11, 40);
+        r.completing(7, 40);
+        // Crashed with 7's completion under way: the used index is 40 or 41.
+        assert_eq!(
+            r.recovery(RING, 41, 0).unwrap().in_flight,
+            vec![(65530, 4), (65532, 2), (65535, 5)]
+        );
+        let rec = r.recovery(RING, 40, 0).unwrap();
         assert_eq!(rec.next_avail, 0);
         assert_eq!(
             rec.in_flight,
             vec![(65530, 4), (65532, 2), (65533, 7), (65535, 5)]
         );
-        // Another ring (a rebooted guest), or a stopped record: nothing.
+        // Another ring, a new ring at the same addresses (counting from zero), or a stopped
+        // record: nothing.
         assert_eq!(
             r.recovery(
                 RingAddrs {
                     used: 0x4000,
                     ..RING
                 },
-                41
+                40,
+                0
             ),
             None
         );
+        assert_eq!(r.recovery(RING, 0, 0), None);
+        assert_eq!(r.recovery(RING, 40, 65000), None);
         r.stop();
-        assert_eq!(r.recovery(RING, 41), None);
+        assert_eq!(r.recovery(RING, 40, 0), None);
     }
 
     #[test]
     fn the_record_travels_in_its_file() {
         let r = RingRecord::create().unwrap();
-        r.start(RING, 7);
+        r.start(RING, 7, 7);
         r.taken(3, 7);
         r.advanced(8);
         let copy = RingRecord::open(OwnedFd::from(r.file.try_clone().unwrap())).unwrap();
         drop(r);
-        let rec = copy.recovery(RING, 0).unwrap();
+        let rec = copy.recovery(RING, 7, 8).unwrap();
         assert_eq!(rec.in_flight, vec![(7, 3)]);
         assert_eq!(rec.next_avail, 8);
         // A head beyond the ring is ignored, not a crash.
         copy.taken(QUEUE_SIZE, 8);
         copy.completing(QUEUE_SIZE + 3, 1);
-        copy.completed(u16::MAX);
+        copy.completed(u16::MAX, 0);
     }
 }

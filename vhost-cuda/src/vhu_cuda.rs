@@ -122,7 +122,7 @@ impl ChainCompleter for VringCompleter {
             return;
         }
         if let Some(r) = &self.record {
-            r.completed(head);
+            r.completed(head, vring.get_queue().next_used());
         }
         // With EVENT_IDX the guest says when it wants an interrupt; without, it always does.
         if vring.needs_notification().unwrap_or(true) {
@@ -274,7 +274,8 @@ impl VhostCudaBackend {
 
     fn start_record(&self, vring: &Vring) {
         let Some(record) = &self.record else { return };
-        let (addrs, next_avail) = {
+        let mem = self.mem.memory().into_inner();
+        let (addrs, next_avail, next_used, avail_idx) = {
             let state = vring.get_ref();
             let q = state.get_queue();
             (
@@ -284,18 +285,21 @@ impl VhostCudaBackend {
                     used: q.used_ring(),
                 },
                 q.next_avail(),
+                q.next_used(),
+                q.avail_idx(&*mem, std::sync::atomic::Ordering::Acquire)
+                    .ok(),
             )
         };
         let recovery = if self.recover.swap(false, Ordering::AcqRel) {
-            vring
-                .queue_used_idx()
-                .ok()
-                .and_then(|used| record.recovery(addrs, used))
+            match (vring.queue_used_idx().ok(), avail_idx) {
+                (Some(used), Some(avail)) => record.recovery(addrs, used, avail.0),
+                _ => None,
+            }
         } else {
             None
         };
         let Some(recovery) = recovery else {
-            record.start(addrs, next_avail);
+            record.start(addrs, next_avail, next_used);
             return;
         };
         info!(
@@ -305,14 +309,13 @@ impl VhostCudaBackend {
             recovery.in_flight.len(),
             recovery.next_avail
         );
-        record.start(addrs, recovery.next_avail);
+        record.start(addrs, recovery.next_avail, next_used);
         self.set_live(true);
         let completer: Arc<dyn ChainCompleter> = Arc::new(VringCompleter {
             vring: vring.clone(),
             live: self.live.clone(),
             record: self.record.clone(),
         });
-        let mem = self.mem.memory().into_inner();
         for (pos, head) in recovery.in_flight {
             let chain = {
                 let mut state = vring.get_mut();
@@ -849,7 +852,7 @@ mod tests {
             used: q.used_addr().0,
         };
         // What the old daemon's drain and completions recorded.
-        record.start(addrs, 0);
+        record.start(addrs, 0, 0);
         for (pos, head) in [(0u16, 0u16), (1, 2), (2, 4)] {
             record.taken(head, pos);
             record.advanced(pos + 1);
@@ -888,7 +891,7 @@ mod tests {
         // It goes on at avail 3, and the record says nothing is in flight.
         assert_eq!(v.get_ref().get_queue().next_avail(), 3);
         assert_eq!(
-            record.recovery(addrs, 3).unwrap().in_flight,
+            record.recovery(addrs, 3, 3).unwrap().in_flight,
             Vec::<(u16, u16)>::new()
         );
         backend.disconnect();

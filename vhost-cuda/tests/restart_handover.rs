@@ -1,24 +1,31 @@
 //! A daemon restart under running sessions: the workers of one session table are kept in a
 //! file-descriptor store (a stand-in for systemd's, on a datagram socket of the test), and a
-//! second table, as the next daemon would, takes them over from what the store hands back.
+//! second table, as the next daemon would, takes them over from what the store hands back; and
+//! the same with daemon processes: one killed with SIGKILL, the next started with the stored
+//! descriptors beside a socket unit's listening socket, as systemd starts it.
 
 mod common;
 
 use std::{
     collections::HashMap,
     os::{
-        fd::{FromRawFd, OwnedFd},
-        unix::net::UnixDatagram,
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        unix::{
+            net::{UnixDatagram, UnixListener},
+            process::CommandExt,
+        },
     },
+    path::Path,
+    process::Command,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use common::{
     rig::{guest_ram, process_state, worker_binary, Rig},
-    scratch_dir,
+    scratch_dir, Daemon, GuestVm,
 };
-use qcuda_proto::{status, Op, ResponseHeader};
+use qcuda_proto::{status, Op, RequestHeader, ResponseHeader, RESP_FLAG_STICKY};
 use vhost_cuda::{
     cuda::CudaHost,
     fd_store::{self, FdStore},
@@ -169,5 +176,144 @@ fn a_new_session_table_takes_over_the_workers_of_the_last_and_keeps_their_ids() 
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The daemon as systemd starts it with `NOTIFY_SOCKET` and `passed` (a socket unit's listener
+/// first, named `vm0.socket`, then the store's entries) at 3, 4, ...
+fn under_systemd(notify: &Path, log: &Path, args: &[&str], passed: &[(String, RawFd)]) -> Command {
+    let mut cmd_sh = Command::new("/bin/sh");
+    cmd_sh
+        .arg("-c")
+        .arg(r#"LISTEN_PID=$$ exec "$0" "$@""#)
+        .arg(env!("CARGO_BIN_EXE_vhost-cuda"))
+        .args(args)
+        .env("NOTIFY_SOCKET", notify)
+        .env("LISTEN_FDS", passed.len().to_string())
+        .env(
+            "LISTEN_FDNAMES",
+            passed
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(":"),
+        )
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    let fds: Vec<RawFd> = passed.iter().map(|(_, fd)| *fd).collect();
+    // SAFETY: the closure only calls dup2 and fcntl (async-signal-safe) on descriptors that
+    // stay open in the parent until the child has started; copies go high first, so no dup2
+    // clobbers a descriptor still to be placed.
+    unsafe {
+        cmd_sh.pre_exec(move || {
+            for (i, fd) in (0..).zip(&fds) {
+                if libc::dup2(*fd, 200 + i) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for (i, _) in (0..).zip(&fds) {
+                if libc::dup2(200 + i, 3 + i) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(200 + i);
+            }
+            Ok(())
+        });
+    }
+    cmd_sh
+}
+
+#[test]
+fn a_killed_daemons_successor_takes_its_sessions_over_beside_a_socket_units_socket() {
+    let dir = scratch_dir("restart-process");
+    let notify = dir.join("notify.sock");
+    let mut standin = StoreStandIn {
+        sock: UnixDatagram::bind(&notify).unwrap(),
+        kept: Vec::new(),
+        removed: Vec::new(),
+    };
+    let socket = dir.join("vm0.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    let listener_entry = ("vm0.socket".to_string(), listener.as_raw_fd());
+    let args = [
+        "--socket-path",
+        socket.to_str().unwrap(),
+        "--sandbox",
+        "none",
+    ];
+
+    let log = dir.join("daemon-1.log");
+    let daemon = Daemon::spawn(
+        under_systemd(&notify, &log, &args, std::slice::from_ref(&listener_entry)),
+        log,
+    );
+    let mut vm = GuestVm::connect(&socket);
+    let mut h = RequestHeader::new(Op::MemGetInfo);
+    h.session = 7;
+    let first = vm.call(&h, &[], 0).resp;
+    assert_eq!(first.flags & RESP_FLAG_STICKY, 0, "{first:?}");
+    assert!(daemon.wait_log("worker process", 1), "{}", daemon.log());
+    standin.take_messages();
+    assert!(
+        standin
+            .kept
+            .iter()
+            .any(|(n, _)| n.starts_with("qcuda-w.0.7.")),
+        "{:?}\n{}",
+        standin.kept.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        daemon.log()
+    );
+    // The crash.
+    daemon.signal(libc::SIGKILL);
+    drop(daemon);
+    drop(vm);
+
+    // systemd starts the next daemon with the socket and everything stored.
+    let stored = standin.pass();
+    let mut passed = vec![listener_entry];
+    passed.extend(stored.iter().map(|(n, f)| (n.clone(), f.as_raw_fd())));
+    let log = dir.join("daemon-2.log");
+    let daemon = Daemon::spawn(under_systemd(&notify, &log, &args, &passed), log);
+    drop(stored);
+    assert!(
+        daemon.wait_log("taken over after a daemon restart", 1),
+        "{}",
+        daemon.log()
+    );
+    assert!(
+        daemon
+            .log()
+            .contains(&format!("socket {} from systemd (fd 3)", socket.display())),
+        "{}",
+        daemon.log()
+    );
+    // The guest process's next call reaches its old worker: the same answer, not a lost
+    // worker's sticky error.
+    let mut vm = GuestVm::connect(&socket);
+    let again = vm.call(&h, &[], 0).resp;
+    assert_eq!(
+        (again.status, again.flags),
+        (first.status, first.flags),
+        "{}",
+        daemon.log()
+    );
+    assert!(
+        !daemon.log().contains("worker process") || !daemon.log().contains("started (sandbox"),
+        "a new worker was started:\n{}",
+        daemon.log()
+    );
+    // Its end ends the worker and its entries in the store.
+    assert_eq!(vm.close_session(7).status, status::SUCCESS);
+    standin.take_messages();
+    assert!(
+        standin
+            .removed
+            .iter()
+            .any(|n| n.starts_with("qcuda-w.0.7.")),
+        "{:?}",
+        standin.removed
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
