@@ -304,6 +304,32 @@ fn a_killed_daemons_successor_takes_its_sessions_over_beside_a_socket_units_sock
         "a new worker was started:\n{}",
         daemon.log()
     );
+    // `systemctl restart`: SIGTERM ends the daemon at once (status 0) and leaves the session to
+    // the next one.
+    daemon.signal(libc::SIGTERM);
+    let mut daemon = daemon;
+    assert!(daemon.wait_exit().success(), "{}", daemon.log());
+    drop(vm);
+    standin.take_messages();
+    let stored = standin.pass();
+    let mut passed = vec![("vm0.socket".to_string(), listener.as_raw_fd())];
+    passed.extend(stored.iter().map(|(n, f)| (n.clone(), f.as_raw_fd())));
+    let log = dir.join("daemon-3.log");
+    let daemon = Daemon::spawn(under_systemd(&notify, &log, &args, &passed), log);
+    drop(stored);
+    assert!(
+        daemon.wait_log("taken over after a daemon restart", 1),
+        "{}",
+        daemon.log()
+    );
+    let mut vm = GuestVm::connect(&socket);
+    let third = vm.call(&h, &[], 0).resp;
+    assert_eq!(
+        (third.status, third.flags),
+        (first.status, first.flags),
+        "{}",
+        daemon.log()
+    );
     // Its end ends the worker and its entries in the store.
     assert_eq!(vm.close_session(7).status, status::SUCCESS);
     standin.take_messages();
