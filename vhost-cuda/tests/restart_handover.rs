@@ -293,6 +293,22 @@ fn a_killed_daemons_successor_takes_its_sessions_over_beside_a_socket_units_sock
     // worker's sticky error.
     let mut vm = GuestVm::connect(&socket);
     let again = vm.call(&h, &[], 0).resp;
+    // The operator's view has the session, with its old worker.
+    let out = Command::new(env!("CARGO_BIN_EXE_vhost-cuda"))
+        .args(["--stats", "--stats-format", "json", "--socket-path"])
+        .arg(&socket)
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout);
+    let worker = json_worker_pid(&json, 7);
+    assert!(
+        worker.is_some()
+            && daemon
+                .log()
+                .contains(&format!("worker process {} taken over", worker.unwrap())),
+        "{json}\n{}",
+        daemon.log()
+    );
     assert_eq!(
         (again.status, again.flags),
         (first.status, first.flags),
@@ -342,4 +358,16 @@ fn a_killed_daemons_successor_takes_its_sessions_over_beside_a_socket_units_sock
         standin.removed
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The worker pid of session `session` in `vhost-cuda --stats --stats-format json`'s output.
+fn json_worker_pid(json: &str, session: u64) -> Option<u64> {
+    let at = json.find(&format!("\"session\":{session},"))?;
+    let rest = &json[at..];
+    let w = rest.find("\"worker_pid\":")? + "\"worker_pid\":".len();
+    rest[w..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
