@@ -42,7 +42,7 @@ use crate::{
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     sandbox::{self, SandboxMode, SeccompMode},
-    shared_guest_ram::map_regions,
+    shared_guest_ram::{map_regions, maps_the_same},
     signals, spin_wait, transport_ops,
     worker::{
         mailbox::{self, Mailbox},
@@ -298,6 +298,10 @@ pub fn serve(
             Next::Frame(msg, files) => {
                 match msg {
                     ToWorker::MemoryTable(regions) => {
+                        if mem.num_regions() > 0 && maps_the_same(&mem, &regions, &files) {
+                            debug!("guest RAM table sent again: the mapping stays");
+                            continue;
+                        }
                         mem = match map_regions(&regions, files) {
                             Ok(m) => {
                                 let total: u64 = m.iter().map(|r| r.len()).sum();
