@@ -153,7 +153,19 @@ guest_suite() { # name, guest command, run-vm.sh options...
     return $rc
 }
 daemon_logged() { grep -q "$2" "$LOGS/vm-$1/daemon.log"; }
-no_leftovers() { ! pgrep -f "qcuda-vm\.[A-Za-z0-9]{6}/" >/dev/null && ! pgrep -f -- "--session-worker" >/dev/null; }
+# Only this checkout's: a process whose binary or working directory lies in it (another
+# checkout's tests may run beside these on the same machine).
+no_leftovers() {
+    local pid exe cwd left=0
+    for pid in $(pgrep -f -- "qcuda-vm\.[A-Za-z0-9]{6}/|--session-worker"); do
+        exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
+        cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null) || continue
+        [[ $exe == "$ROOT"/* || $cwd == "$ROOT" || $cwd == "$ROOT"/* ]] || continue
+        ps -o pid=,args= -p "$pid"
+        left=1
+    done
+    ((left == 0))
+}
 
 t_vm=$SECONDS
 guest_suite transport /opt/qcuda/bin/check-transport
