@@ -32,7 +32,8 @@ store="" vm=""
 say() { printf '[test-restart-gpu] %s\n' "$*"; }
 cleanup() {
     [[ -z $vm ]] || kill -KILL "$vm" 2>/dev/null || true
-    [[ -z $store ]] || kill -TERM "$store" 2>/dev/null || true
+    # The store closes: the workers see their channels end and exit.
+    [[ -z $store ]] || { kill -TERM "$store" 2>/dev/null; wait "$store" 2>/dev/null; } || true
 }
 trap cleanup EXIT
 RUST_LOG=${RUST_LOG:-info} python3 "$here/fd-store.py" --dir "$log_dir" --pid-file "$log_dir/daemon.pid" \

@@ -25,7 +25,7 @@ say() { printf '[test-restart] %s\n' "$*"; }
 cleanup() { [[ -z $daemon ]] || kill -KILL "$daemon" 2>/dev/null || true; }
 trap cleanup EXIT
 store=""
-cleanup_store() { [[ -z $store ]] || kill -TERM "$store" 2>/dev/null || true; }
+cleanup_store() { [[ -z $store ]] || { kill -TERM "$store" 2>/dev/null; wait "$store" 2>/dev/null; } || true; }
 trap 'cleanup; cleanup_store' EXIT
 start_daemon() {
     if [[ $keep == 1 ]]; then
