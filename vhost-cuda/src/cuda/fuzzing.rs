@@ -59,7 +59,7 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
 
 /// A saved state with one of most things the format holds (contexts with settings and a peer,
 /// a run of small blocks with an allocation, an empty large run, a module with a function, a
-/// stream, an event, a pool), restorable over the fake driver with 2 GPUs: a seed for the fuzz
+/// stream, an event, the default pool and a created current one), restorable over the fake driver with 2 GPUs: a seed for the fuzz
 /// target.
 pub fn sample_saved_state() -> Vec<u8> {
     use super::saved_state::{
@@ -137,7 +137,26 @@ pub fn sample_saved_state() -> Vec<u8> {
             flags: 2,
             recorded: true,
         }],
-        pools: vec![SavedPool { handle: 6, dev: 0 }],
+        pools: vec![
+            SavedPool {
+                handle: 6,
+                dev: 0,
+                default: true,
+                current: false,
+                max_size: 0,
+                settings: vec![(4, 1 << 20)],
+                access: Vec::new(),
+            },
+            SavedPool {
+                handle: 7,
+                dev: 0,
+                default: false,
+                current: true,
+                max_size: 32 << 20,
+                settings: vec![(1, 0)],
+                access: vec![(1, 3)],
+            },
+        ],
     };
     state.encode()
 }

@@ -23,7 +23,7 @@ use thiserror::Error;
 /// The first bytes of every saved state.
 pub(crate) const MAGIC: [u8; 8] = *b"QCUDAGS1";
 /// The format version this build writes and reads.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8;
 
 const TAG_SESSION: u32 = 1;
@@ -163,11 +163,22 @@ pub(crate) struct SavedEvent {
     pub(crate) recorded: bool,
 }
 
-/// A device's default memory pool as the guest knows it (a handle).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A memory pool as the guest knows it: a device's default pool, or one the guest created,
+/// with the settings it gave it. (Version 1 held only `handle` and `dev`, of default pools.)
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SavedPool {
     pub(crate) handle: u64,
     pub(crate) dev: u32,
+    /// The device's default pool (else `cuMemPoolCreate`'s).
+    pub(crate) default: bool,
+    /// The device's current pool (`cuDeviceSetMemPool`), if not its default one.
+    pub(crate) current: bool,
+    /// `maxSize` it was created with (0 for a default pool, or no limit).
+    pub(crate) max_size: u64,
+    /// Settable attributes (1..=4): (attribute, value), in the order set.
+    pub(crate) settings: Vec<(u32, u64)>,
+    /// Access granted: (guest device ordinal, flags), in the order granted.
+    pub(crate) access: Vec<(u32, u32)>,
 }
 
 /// Appends fields of a record body.
@@ -367,7 +378,19 @@ impl SavedState {
             record(TAG_EVENT, &mut w);
         }
         for p in &self.pools {
-            w.u64(p.handle).u32(p.dev);
+            w.u64(p.handle)
+                .u32(p.dev)
+                .u8(u8::from(p.default))
+                .u8(u8::from(p.current))
+                .u64(p.max_size);
+            w.u64(p.settings.len() as u64);
+            for &(a, v) in &p.settings {
+                w.u32(a).u64(v);
+            }
+            w.u64(p.access.len() as u64);
+            for &(d, f) in &p.access {
+                w.u32(d).u32(f);
+            }
             record(TAG_POOL, &mut w);
         }
         let mut out = Vec::with_capacity(HEADER_LEN + body.len());
@@ -501,10 +524,28 @@ impl SavedState {
                     flags: f.u32()?,
                     recorded: f.flag()?,
                 }),
-                TAG_POOL => s.pools.push(SavedPool {
-                    handle: f.u64()?,
-                    dev: f.u32()?,
-                }),
+                TAG_POOL => {
+                    let (handle, dev) = (f.u64()?, f.u32()?);
+                    let (default, current, max_size) = (f.flag()?, f.flag()?, f.u64()?);
+                    let n = f.count(12)?;
+                    let settings =
+                        (0..n)
+                            .map(|_| Ok((f.u32()?, f.u64()?)))
+                            .collect::<Result<_, DecodeError>>()?;
+                    let n = f.count(8)?;
+                    let access = (0..n)
+                        .map(|_| Ok((f.u32()?, f.u32()?)))
+                        .collect::<Result<_, DecodeError>>()?;
+                    s.pools.push(SavedPool {
+                        handle,
+                        dev,
+                        default,
+                        current,
+                        max_size,
+                        settings,
+                        access,
+                    });
+                }
                 _ => return Err(DecodeError::Tag(tag, at)),
             }
             f.done()?;
@@ -598,7 +639,26 @@ pub(crate) mod tests {
                 flags: 2,
                 recorded: true,
             }],
-            pools: vec![SavedPool { handle: 9, dev: 1 }],
+            pools: vec![
+                SavedPool {
+                    handle: 9,
+                    dev: 1,
+                    default: true,
+                    current: false,
+                    max_size: 0,
+                    settings: vec![(4, 1 << 30)],
+                    access: Vec::new(),
+                },
+                SavedPool {
+                    handle: 10,
+                    dev: 1,
+                    default: false,
+                    current: true,
+                    max_size: 64 << 20,
+                    settings: vec![(1, 0), (4, 4096)],
+                    access: vec![(0, 3)],
+                },
+            ],
         }
     }
 
@@ -641,8 +701,8 @@ pub(crate) mod tests {
         b[0] = b'X';
         assert_eq!(SavedState::decode(&b), Err(DecodeError::Magic));
         let mut b = good.clone();
-        b[8..12].copy_from_slice(&2u32.to_le_bytes());
-        assert_eq!(SavedState::decode(&b), Err(DecodeError::Version(2)));
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        assert_eq!(SavedState::decode(&b), Err(DecodeError::Version(1)));
         // A body length past the end, and one that does not fit usize arithmetic.
         let mut b = good.clone();
         b[16..24].copy_from_slice(&u64::MAX.to_le_bytes());

@@ -16,9 +16,10 @@
 //!
 //! What the record cannot make again is refused at capture, with the program left running
 //! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
-//! surface objects, memory pools the program created and stream-ordered allocations (the
-//! driver's pools place them), memory the program maps itself (`cuMemCreate`/`cuMemMap`), and
-//! allocations outside a reserved range.
+//! surface objects, stream-ordered allocations still live (the driver's pools place them;
+//! the pools themselves, the default ones and those the program created, are saved with their
+//! attributes, access and which one is current), graph memory, memory the program maps itself
+//! (`cuMemCreate`/`cuMemMap`), and allocations outside a reserved range.
 //!
 //! [`GpuState::save`] is the capture encoded (`saved_state.rs`), and [`GpuState::restore`]
 //! decodes and restores bytes from anywhere into a fresh state: the path a restart of the
@@ -120,15 +121,16 @@ impl GpuState {
                 "memory the program maps itself (cuMemCreate, cuMemMap)",
             ));
         }
-        if self.pools.values().any(|p| !p.default) {
-            return Err(CheckpointError::Unsupported(
-                "memory pools created by the program",
-            ));
-        }
         for c in self.devices.iter().flatten() {
-            if !c.memory.stream_ordered().is_empty() || c.memory.has_graph_memory() {
+            if !c.memory.stream_ordered().is_empty() {
                 return Err(CheckpointError::Unsupported(
-                    "stream-ordered allocations (cudaMallocAsync)",
+                    "live stream-ordered allocations (cudaMallocAsync not yet freed: the \
+                     driver's pools place them, not the reserved range)",
+                ));
+            }
+            if c.memory.has_graph_memory() {
+                return Err(CheckpointError::Unsupported(
+                    "graph memory (memory allocation nodes)",
                 ));
             }
             if c.range.is_none() && !c.memory.allocations().is_empty() {
@@ -294,6 +296,15 @@ impl GpuState {
             .map(|(handle, p)| SavedPool {
                 handle,
                 dev: dev_u32(p.dev),
+                default: p.default,
+                current: self
+                    .devices
+                    .get(p.dev)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|c| c.current_pool == Some(handle)),
+                max_size: p.max_size,
+                settings: p.settings.clone(),
+                access: p.access.clone(),
             })
             .collect();
         saved.pools.sort_unstable_by_key(|p| p.handle);
@@ -414,23 +425,7 @@ impl GpuState {
         }
         self.restore_modules(saved)?;
         self.restore_streams_and_events(saved)?;
-        for p in &saved.pools {
-            let dev = self.saved_dev(p.dev)?;
-            self.bind(dev)?;
-            let gpu = self.gpu_of(dev as u64)?;
-            let raw = self.drv.mem_pool_default(gpu).map_err(on(dev))?;
-            let entry = PoolEntry {
-                dev,
-                raw,
-                default: true,
-            };
-            if self.context(dev)?.default_pool.is_some()
-                || !self.pools.insert_at(&self.ids, p.handle, entry)
-            {
-                return Err(mismatch(format!("pool handle {}", p.handle)));
-            }
-            self.context(dev)?.default_pool = Some(p.handle);
-        }
+        self.restore_pools(saved)?;
         for dev in 0..self.devices.len() {
             if self.bind_existing(dev)? {
                 self.drv.ctx_synchronize().map_err(on(dev))?;
@@ -517,6 +512,73 @@ impl GpuState {
             };
             if !self.functions.insert_at(&self.ids, f.handle, entry) {
                 return Err(mismatch(format!("function handle {}", f.handle)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the saved pools again under their handles: default pools looked up, created
+    /// pools created, each with the attributes and access the guest set, and the current pool
+    /// of each device made current again.
+    fn restore_pools(&mut self, saved: &SavedState) -> Result<(), CheckpointError> {
+        for p in &saved.pools {
+            let dev = self.saved_dev(p.dev)?;
+            self.bind(dev)?;
+            let gpu = self.gpu_of(dev as u64)?;
+            if p.default && (p.current || p.max_size != 0) {
+                return Err(mismatch(format!("default pool {}", p.handle)));
+            }
+            if p.settings.iter().any(|&(a, _)| !(1..=4).contains(&a))
+                || p.access.iter().any(|&(_, f)| !matches!(f, 0 | 1 | 3))
+            {
+                return Err(mismatch(format!("pool {}'s settings", p.handle)));
+            }
+            let raw = if p.default {
+                if self.context(dev)?.default_pool.is_some() {
+                    return Err(mismatch(format!("pool handle {}", p.handle)));
+                }
+                self.drv.mem_pool_default(gpu).map_err(on(dev))?
+            } else {
+                let max_size = to_usize(p.max_size)?;
+                self.drv.mem_pool_create(gpu, max_size).map_err(on(dev))?
+            };
+            let entry = PoolEntry {
+                settings: p.settings.clone(),
+                access: p.access.clone(),
+                ..PoolEntry::new(dev, raw, p.default, p.max_size)
+            };
+            if !self.pools.insert_at(&self.ids, p.handle, entry) {
+                if !p.default {
+                    let _ = self.drv.mem_pool_destroy(raw);
+                }
+                return Err(mismatch(format!("pool handle {}", p.handle)));
+            }
+            if p.default {
+                self.context(dev)?.default_pool = Some(p.handle);
+            }
+            for &(attr, value) in &p.settings {
+                self.drv
+                    .mem_pool_set_attribute(raw, attr, value)
+                    .map_err(on(dev))?;
+            }
+            let mut access = Vec::with_capacity(p.access.len());
+            for &(ordinal, flags) in &p.access {
+                let peer = self
+                    .gpu_of(u64::from(ordinal))
+                    .map_err(|_| mismatch(format!("pool {}'s access", p.handle)))?;
+                access.push((peer, flags));
+            }
+            if !access.is_empty() {
+                self.drv
+                    .mem_pool_set_access(raw, &access)
+                    .map_err(on(dev))?;
+            }
+            if p.current {
+                if self.context(dev)?.current_pool.is_some() {
+                    return Err(mismatch(format!("device {dev}'s current pool")));
+                }
+                self.drv.device_set_mem_pool(gpu, raw).map_err(on(dev))?;
+                self.context(dev)?.current_pool = Some(p.handle);
             }
         }
         Ok(())

@@ -310,6 +310,25 @@ struct PoolEntry {
     raw: MemPool,
     /// The device's default pool (never destroyed by the session).
     default: bool,
+    /// `max_size` it was created with (0: the default pool, or no limit).
+    max_size: u64,
+    /// Settable attributes (1..=4) the guest set: (attribute, value), the last value of each.
+    settings: Vec<(u32, u64)>,
+    /// Access the guest granted: (guest device ordinal, flags), the last flags of each.
+    access: Vec<(u32, u32)>,
+}
+
+impl PoolEntry {
+    fn new(dev: usize, raw: MemPool, default: bool, max_size: u64) -> Self {
+        Self {
+            dev,
+            raw,
+            default,
+            max_size,
+            settings: Vec::new(),
+            access: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug)]

@@ -15,14 +15,7 @@ impl GpuState {
         let raw = self.drv.mem_pool_default(gpu).map_err(on(dev))?;
         let h = self
             .pools
-            .insert(
-                &mut self.ids,
-                PoolEntry {
-                    dev,
-                    raw,
-                    default: true,
-                },
-            )
+            .insert(&mut self.ids, PoolEntry::new(dev, raw, true, 0))
             .ok_or(status::MEMORY_ALLOCATION)?;
         self.context(dev)?.default_pool = Some(h);
         Ok(h)
@@ -63,11 +56,7 @@ impl GpuState {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let raw = self.drv.mem_pool_create(gpu, max_size).map_err(on(dev))?;
-        let entry = PoolEntry {
-            dev,
-            raw,
-            default: false,
-        };
+        let entry = PoolEntry::new(dev, raw, false, max_size as u64);
         match self.pools.insert(&mut self.ids, entry) {
             Some(h) => ok_rets(&[h]),
             None => {
@@ -121,6 +110,13 @@ impl GpuState {
         self.drv
             .mem_pool_set_attribute(raw, attr, value)
             .map_err(on(dev))?;
+        // Kept for a restore (the high watermarks' resets are not settings).
+        if (1..=4).contains(&attr) {
+            if let Some(p) = self.pools.get_mut(handle) {
+                p.settings.retain(|&(a, _)| a != attr);
+                p.settings.push((attr, value));
+            }
+        }
         ok()
     }
 
@@ -132,6 +128,7 @@ impl GpuState {
         }
         let bytes = buf.to_vec().map_err(|_| status::INVALID_VALUE)?;
         let mut access = Vec::with_capacity(bytes.len() / 8);
+        let mut granted = Vec::with_capacity(bytes.len() / 8);
         for rec in bytes.chunks_exact(8) {
             let ordinal = u32::from_le_bytes([rec[0], rec[1], rec[2], rec[3]]);
             let flags = u32::from_le_bytes([rec[4], rec[5], rec[6], rec[7]]);
@@ -142,10 +139,18 @@ impl GpuState {
                 .gpu_of(u64::from(ordinal))
                 .map_err(|_| Fault::Status(status::INVALID_DEVICE))?;
             access.push((gpu, flags));
+            granted.push((ordinal, flags));
         }
         self.drv
             .mem_pool_set_access(raw, &access)
             .map_err(on(dev))?;
+        // Kept for a restore: the last flags of each device.
+        if let Some(p) = self.pools.get_mut(req.header().args[0]) {
+            for (ordinal, flags) in granted {
+                p.access.retain(|&(o, _)| o != ordinal);
+                p.access.push((ordinal, flags));
+            }
+        }
         ok()
     }
 

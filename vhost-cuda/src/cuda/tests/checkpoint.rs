@@ -208,9 +208,12 @@ fn what_cannot_be_saved_is_refused_and_the_program_goes_on() {
     s.pause().unwrap();
     s.resume().unwrap();
     ok(run(&mut s, Op::GraphDestroy, &[graph]));
-    // Stream-ordered allocations live in the driver's pools, at its addresses.
+    // Live stream-ordered allocations live in the driver's pools, at its addresses.
     let q = ok(run(&mut s, Op::MallocAsync, &[100, p.stream, 0]))[0];
-    assert!(matches!(s.save(), Err(CheckpointError::Unsupported(_))));
+    assert!(matches!(
+        s.save(),
+        Err(CheckpointError::Unsupported(what)) if what.contains("stream-ordered")
+    ));
     ok(run(&mut s, Op::FreeAsync, &[q, p.stream]));
     ok(run(&mut s, Op::StreamSynchronize, &[p.stream]));
     check(&mut rig, &mut s, &p);
@@ -289,4 +292,83 @@ fn the_fuzz_seed_restores() {
     assert!(crate::cuda::fuzzing::restore_saved_state(
         &crate::cuda::fuzzing::sample_saved_state()
     ));
+}
+
+#[test]
+fn memory_pools_come_back_under_their_handles_with_their_settings() {
+    let mut a = Rig::new(2);
+    let mut s = GpuState::open(&a.host, 3);
+    let p = build(&mut a, &mut s);
+    let default = ok(run(&mut s, Op::DeviceGetDefaultMemPool, &[]))[0];
+    // The default pool's release threshold, and a created pool with a size limit, settings,
+    // access for device 1, made current.
+    ok(run(&mut s, Op::MemPoolSetAttribute, &[default, 4, 1 << 30]));
+    let pool = ok(run(&mut s, Op::MemPoolCreate, &[64 << 20]))[0];
+    ok(run(&mut s, Op::MemPoolSetAttribute, &[pool, 1, 0]));
+    ok(run(&mut s, Op::MemPoolSetAttribute, &[pool, 4, 4096]));
+    ok(run(&mut s, Op::MemPoolSetAttribute, &[pool, 4, 8192]));
+    let descs: Vec<u8> = [1u32, 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let d = a.buf(&descs);
+    ok(s.execute(&req(Op::MemPoolSetAccess, 0, &[pool], vec![d], vec![])));
+    ok(run(&mut s, Op::DeviceSetMemPool, &[pool]));
+    // A stream-ordered allocation freed before the save leaves nothing to refuse.
+    let q = ok(run(&mut s, Op::MallocAsync, &[100, p.stream, 0]))[0];
+    ok(run(&mut s, Op::FreeAsync, &[q, p.stream]));
+    let saved = s.capture().unwrap();
+    assert_eq!(saved.pools.len(), 2);
+    let bytes = saved.encode();
+    assert_eq!(SavedState::decode(&bytes).unwrap(), saved);
+    drop(s);
+
+    let mut b = Rig::new(2);
+    let mut r = GpuState::restore(&b.host, 3, &bytes).unwrap();
+    check(&mut b, &mut r, &p);
+    assert_eq!(
+        ok(run(&mut r, Op::DeviceGetDefaultMemPool, &[]))[0],
+        default
+    );
+    assert_eq!(ok(run(&mut r, Op::DeviceGetMemPool, &[]))[0], pool);
+    let attr = |r: &mut GpuState, h: u64, a: u64| ok(run(r, Op::MemPoolGetAttribute, &[h, a]))[0];
+    assert_eq!(attr(&mut r, default, 4), 1 << 30);
+    assert_eq!(attr(&mut r, pool, 1), 0);
+    assert_eq!(attr(&mut r, pool, 4), 8192);
+    assert_eq!(ok(run(&mut r, Op::MemPoolGetAccess, &[pool, 1]))[0], 3);
+    // The current pool serves the next stream-ordered allocation, as before the save.
+    let q = ok(run(&mut r, Op::MallocAsync, &[512, p.stream, 0]))[0];
+    assert_eq!(attr(&mut r, pool, 7), 512);
+    ok(run(&mut r, Op::FreeAsync, &[q, p.stream]));
+    ok(run(&mut r, Op::MemPoolDestroy, &[pool]));
+    assert_eq!(ok(run(&mut r, Op::DeviceGetMemPool, &[]))[0], default);
+
+    // A saved pool the restore cannot make is refused, and nothing stays behind.
+    let c = Rig::new(2);
+    for bad in [
+        {
+            let mut x = saved.clone();
+            x.pools[1].settings.push((9, 0));
+            x
+        },
+        {
+            let mut x = saved.clone();
+            x.pools[1].access.push((7, 3));
+            x
+        },
+        {
+            let mut x = saved.clone();
+            x.pools[0].current = true;
+            x
+        },
+        {
+            let mut x = saved.clone();
+            x.pools[1].handle = x.pools[0].handle;
+            x
+        },
+    ] {
+        assert!(matches!(
+            GpuState::restore(&c.host, 3, &bad.encode()),
+            Err(CheckpointError::Mismatch(_))
+        ));
+        assert_eq!(c.fake.live_contexts(), 0);
+        assert_eq!(c.fake.vmm_ranges(), (0, 0));
+    }
 }
