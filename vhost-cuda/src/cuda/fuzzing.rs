@@ -59,7 +59,7 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
 
 /// A saved state with one of most things the format holds (contexts with settings and a peer,
 /// a run of small blocks with an allocation, an empty large run, a module with a function, a
-/// stream, an event, the default pool and a created current one), restorable over the fake driver with 2 GPUs: a seed for the fuzz
+/// stream, an event, the default pool and a created current one, a VMM reservation), restorable over the fake driver with 2 GPUs: a seed for the fuzz
 /// target.
 pub fn sample_saved_state() -> Vec<u8> {
     use super::saved_state::{
@@ -157,6 +157,13 @@ pub fn sample_saved_state() -> Vec<u8> {
                 access: vec![(1, 3)],
             },
         ],
+        // A reservation of the program's own (an allocation would make the seed 2 MiB: the
+        // granularity).
+        vmm_reservations: vec![super::saved_state::SavedVmmReservation {
+            va: 0x6000_0000_0000,
+            size: 4 << 20,
+        }],
+        ..SavedState::default()
     };
     state.encode()
 }

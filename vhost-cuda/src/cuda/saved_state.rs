@@ -36,6 +36,9 @@ const TAG_FUNCTION: u32 = 7;
 const TAG_STREAM: u32 = 8;
 const TAG_EVENT: u32 = 9;
 const TAG_POOL: u32 = 10;
+const TAG_VMM_ALLOCATION: u32 = 11;
+const TAG_VMM_RESERVATION: u32 = 12;
+const TAG_VMM_MAPPING: u32 = 13;
 
 /// Why bytes are not a saved state.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -78,6 +81,49 @@ pub(crate) struct SavedState {
     pub(crate) streams: Vec<SavedStream>,
     pub(crate) events: Vec<SavedEvent>,
     pub(crate) pools: Vec<SavedPool>,
+    /// The program's own VMM objects (`cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`).
+    pub(crate) vmm_allocations: Vec<SavedVmmAllocation>,
+    pub(crate) vmm_reservations: Vec<SavedVmmReservation>,
+    pub(crate) vmm_mappings: Vec<SavedVmmMapping>,
+}
+
+/// A physical allocation the program made with `cuMemCreate`, and its contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedVmmAllocation {
+    /// The state's own number for it (what mappings name).
+    pub(crate) id: u64,
+    pub(crate) dev: u32,
+    pub(crate) size: u64,
+    /// `CUmemAllocationHandleType` bits, compression, RDMA, usage, as created.
+    pub(crate) handle_types: u32,
+    pub(crate) compressed: bool,
+    pub(crate) rdma_capable: bool,
+    pub(crate) usage: u16,
+    /// The program's handle of it (0: none left, only mappings keep it).
+    pub(crate) handle: u64,
+    /// References the handle holds (`cuMemCreate` and every `cuMemRetainAllocationHandle`).
+    pub(crate) refs: u64,
+    pub(crate) contents: Vec<u8>,
+}
+
+/// An address range the program reserved (`cuMemAddressReserve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SavedVmmReservation {
+    pub(crate) va: u64,
+    pub(crate) size: u64,
+}
+
+/// A mapping the program made (`cuMemMap`), with the access set on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedVmmMapping {
+    pub(crate) va: u64,
+    pub(crate) size: u64,
+    /// Offset in the physical allocation.
+    pub(crate) offset: u64,
+    /// [`SavedVmmAllocation::id`] of what it maps.
+    pub(crate) allocation: u64,
+    /// (guest device ordinal, `ACCESS_*`) of every device with access.
+    pub(crate) access: Vec<(u32, u32)>,
 }
 
 /// A context on one guest device, with its settings.
@@ -393,6 +439,31 @@ impl SavedState {
             }
             record(TAG_POOL, &mut w);
         }
+        for a in &self.vmm_allocations {
+            w.u64(a.id)
+                .u32(a.dev)
+                .u64(a.size)
+                .u32(a.handle_types)
+                .u8(u8::from(a.compressed))
+                .u8(u8::from(a.rdma_capable))
+                .u32(u32::from(a.usage))
+                .u64(a.handle)
+                .u64(a.refs)
+                .bytes(&a.contents);
+            record(TAG_VMM_ALLOCATION, &mut w);
+        }
+        for r in &self.vmm_reservations {
+            w.u64(r.va).u64(r.size);
+            record(TAG_VMM_RESERVATION, &mut w);
+        }
+        for m in &self.vmm_mappings {
+            w.u64(m.va).u64(m.size).u64(m.offset).u64(m.allocation);
+            w.u64(m.access.len() as u64);
+            for &(d, f) in &m.access {
+                w.u32(d).u32(f);
+            }
+            record(TAG_VMM_MAPPING, &mut w);
+        }
         let mut out = Vec::with_capacity(HEADER_LEN + body.len());
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -546,6 +617,41 @@ impl SavedState {
                         access,
                     });
                 }
+                TAG_VMM_ALLOCATION => {
+                    let (id, dev, size, handle_types) = (f.u64()?, f.u32()?, f.u64()?, f.u32()?);
+                    let (compressed, rdma_capable) = (f.flag()?, f.flag()?);
+                    let usage = u16::try_from(f.u32()?).map_err(|_| DecodeError::Field("usage"))?;
+                    s.vmm_allocations.push(SavedVmmAllocation {
+                        id,
+                        dev,
+                        size,
+                        handle_types,
+                        compressed,
+                        rdma_capable,
+                        usage,
+                        handle: f.u64()?,
+                        refs: f.u64()?,
+                        contents: f.bytes()?.to_vec(),
+                    });
+                }
+                TAG_VMM_RESERVATION => s.vmm_reservations.push(SavedVmmReservation {
+                    va: f.u64()?,
+                    size: f.u64()?,
+                }),
+                TAG_VMM_MAPPING => {
+                    let (va, size, offset, allocation) = (f.u64()?, f.u64()?, f.u64()?, f.u64()?);
+                    let n = f.count(8)?;
+                    let access = (0..n)
+                        .map(|_| Ok((f.u32()?, f.u32()?)))
+                        .collect::<Result<_, DecodeError>>()?;
+                    s.vmm_mappings.push(SavedVmmMapping {
+                        va,
+                        size,
+                        offset,
+                        allocation,
+                        access,
+                    });
+                }
                 _ => return Err(DecodeError::Tag(tag, at)),
             }
             f.done()?;
@@ -556,7 +662,7 @@ impl SavedState {
         Ok(s)
     }
 
-    /// Bytes of device memory the state holds (allocations and globals).
+    /// Bytes of device memory the state holds (allocations, globals, VMM allocations).
     pub(crate) fn device_bytes(&self) -> u64 {
         let a: u64 = self
             .allocations
@@ -564,7 +670,12 @@ impl SavedState {
             .map(|a| a.contents.len() as u64)
             .sum();
         let g: u64 = self.globals.iter().map(|g| g.contents.len() as u64).sum();
-        a + g
+        let v: u64 = self
+            .vmm_allocations
+            .iter()
+            .map(|a| a.contents.len() as u64)
+            .sum();
+        a + g + v
     }
 }
 
@@ -659,6 +770,29 @@ pub(crate) mod tests {
                     access: vec![(0, 3)],
                 },
             ],
+            vmm_allocations: vec![SavedVmmAllocation {
+                id: 1,
+                dev: 1,
+                size: 64,
+                handle_types: 1,
+                compressed: false,
+                rdma_capable: true,
+                usage: 0,
+                handle: 11,
+                refs: 2,
+                contents: vec![9; 64],
+            }],
+            vmm_reservations: vec![SavedVmmReservation {
+                va: 0x6000_0000_0000,
+                size: 4 << 20,
+            }],
+            vmm_mappings: vec![SavedVmmMapping {
+                va: 0x6000_0020_0000,
+                size: 2 << 20,
+                offset: 0,
+                allocation: 1,
+                access: vec![(1, 3), (0, 1)],
+            }],
         }
     }
 
@@ -668,7 +802,7 @@ pub(crate) mod tests {
         let bytes = s.encode();
         assert_eq!(&bytes[..8], b"QCUDAGS1");
         assert_eq!(SavedState::decode(&bytes), Ok(s.clone()));
-        assert_eq!(s.device_bytes(), 8);
+        assert_eq!(s.device_bytes(), 8 + 64);
         let empty = SavedState::default();
         assert_eq!(SavedState::decode(&empty.encode()), Ok(empty));
     }

@@ -18,8 +18,11 @@
 //! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
 //! surface objects, stream-ordered allocations still live (the driver's pools place them;
 //! the pools themselves, the default ones and those the program created, are saved with their
-//! attributes, access and which one is current), graph memory, memory the program maps itself
-//! (`cuMemCreate`/`cuMemMap`), and allocations outside a reserved range.
+//! attributes, access and which one is current), graph memory, and allocations outside a
+//! reserved range. The program's own VMM objects (`vmm.rs`) are saved: each physical
+//! allocation with its properties, handle (and its reference count) and contents, read through
+//! a window of its own; each reservation, made again at its address with the address as the
+//! hint (refused if the driver places it elsewhere); each mapping with its offset and access.
 //!
 //! [`GpuState::save`] is the capture encoded (`saved_state.rs`), and [`GpuState::restore`]
 //! decodes and restores bytes from anywhere into a fresh state: the path a restart of the
@@ -116,11 +119,6 @@ impl GpuState {
                 "CUDA arrays, texture or surface objects",
             ));
         }
-        if !self.vmm.is_empty() {
-            return Err(CheckpointError::Unsupported(
-                "memory the program maps itself (cuMemCreate, cuMemMap)",
-            ));
-        }
         for c in self.devices.iter().flatten() {
             if !c.memory.stream_ordered().is_empty() {
                 return Err(CheckpointError::Unsupported(
@@ -144,7 +142,12 @@ impl GpuState {
     }
 
     /// Copies `len` bytes of device memory at `ptr` (its context bound) to the host.
-    fn read_device(&self, dev: usize, ptr: u64, len: u64) -> Result<Vec<u8>, CheckpointError> {
+    pub(super) fn read_device(
+        &self,
+        dev: usize,
+        ptr: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, CheckpointError> {
         let n = to_usize(len)?;
         let mut v = vec![0u8; n];
         if n > 0 {
@@ -157,7 +160,12 @@ impl GpuState {
     }
 
     /// Copies `bytes` to device memory at `ptr` (its context bound).
-    fn write_device(&self, dev: usize, ptr: u64, bytes: &[u8]) -> Result<(), CheckpointError> {
+    pub(super) fn write_device(
+        &self,
+        dev: usize,
+        ptr: u64,
+        bytes: &[u8],
+    ) -> Result<(), CheckpointError> {
         if !bytes.is_empty() {
             // SAFETY: `bytes` is readable for its length and outlives the synchronised copy.
             unsafe {
@@ -231,6 +239,11 @@ impl GpuState {
                 });
             }
         }
+        (
+            saved.vmm_allocations,
+            saved.vmm_reservations,
+            saved.vmm_mappings,
+        ) = self.capture_vmm()?;
         let mut handles: Vec<u64> = self.modules.iter().map(|(h, _)| h).collect();
         handles.sort_unstable();
         for handle in handles {
@@ -423,6 +436,11 @@ impl GpuState {
                 self.context(dev)?.peers.push(peer);
             }
         }
+        self.restore_vmm(
+            &saved.vmm_allocations,
+            &saved.vmm_reservations,
+            &saved.vmm_mappings,
+        )?;
         self.restore_modules(saved)?;
         self.restore_streams_and_events(saved)?;
         self.restore_pools(saved)?;

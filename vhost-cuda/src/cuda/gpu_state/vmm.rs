@@ -59,11 +59,16 @@ struct Phys {
     charged: u64,
     /// Handles plus mappings: the driver frees it when this reaches 0.
     refs: usize,
+    /// Its size and properties, as created (for a restore).
+    size: u64,
+    props: AllocProps,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Mapping {
     size: u64,
+    /// Offset in the physical allocation.
+    offset: u64,
     phys: u64,
     /// Access has been granted to some device: copies may touch it.
     accessible: bool,
@@ -96,14 +101,6 @@ impl Default for VmmTables {
 }
 
 impl VmmTables {
-    /// True if the program holds no physical allocation, reservation or mapping of its own.
-    pub(super) fn is_empty(&self) -> bool {
-        self.handles.len() == 0
-            && self.phys.is_empty()
-            && self.reserved.is_empty()
-            && self.maps.is_empty()
-    }
-
     /// Whether `ptr..ptr + len` is mapped memory of the session with access set, over one or
     /// more adjacent mappings.
     pub(super) fn holds(&self, ptr: u64, len: u64) -> bool {
@@ -170,7 +167,7 @@ impl VmmTables {
         }
     }
 
-    fn new_phys(&mut self, dev: usize, charged: u64) -> u64 {
+    fn new_phys(&mut self, dev: usize, charged: u64, props: AllocProps) -> u64 {
         self.next_phys += 1;
         self.phys.insert(
             self.next_phys,
@@ -178,6 +175,8 @@ impl VmmTables {
                 dev,
                 charged,
                 refs: 0,
+                size: charged,
+                props,
             },
         );
         self.next_phys
@@ -385,7 +384,7 @@ impl GpuState {
                 return Err(Fault::Driver { dev, err });
             }
         };
-        let phys = self.vmm.new_phys(dev, size);
+        let phys = self.vmm.new_phys(dev, size, props);
         let drv = Arc::clone(&self.drv);
         match self.vmm.add_handle(&mut self.ids, drv.as_ref(), raw, phys) {
             Some(id) => ok_rets(&[id]),
@@ -491,6 +490,7 @@ impl GpuState {
             ptr,
             Mapping {
                 size,
+                offset,
                 phys,
                 accessible: false,
             },
@@ -548,5 +548,405 @@ impl GpuState {
             }
         }
         ok()
+    }
+}
+
+/// Capture and restore of the program's VMM objects (`checkpoint.rs` calls these): every
+/// physical allocation with its properties, handle and contents, every reservation at its
+/// address, every mapping with its offset and access.
+mod saved {
+    use super::*;
+    use crate::cuda::{
+        driver::vmm::ACCESS_READWRITE,
+        gpu_state::CheckpointError,
+        saved_state::{SavedVmmAllocation, SavedVmmMapping, SavedVmmReservation},
+    };
+
+    /// The program's VMM objects as saved: allocations, reservations, mappings.
+    pub(in crate::cuda::gpu_state) type SavedVmm = (
+        Vec<SavedVmmAllocation>,
+        Vec<SavedVmmReservation>,
+        Vec<SavedVmmMapping>,
+    );
+
+    fn mismatch(what: impl Into<String>) -> CheckpointError {
+        CheckpointError::Mismatch(what.into())
+    }
+
+    fn dev_u32(dev: usize) -> u32 {
+        u32::try_from(dev).unwrap_or(u32::MAX)
+    }
+
+    /// A physical allocation mapped whole, with access for `gpu`, at an address of its own for
+    /// as long as it lives (to read or write its contents). Unmapped and freed when dropped.
+    struct Window<'a> {
+        drv: &'a dyn DriverApi,
+        va: u64,
+        size: usize,
+        mapped: bool,
+    }
+
+    impl<'a> Window<'a> {
+        fn open(
+            drv: &'a dyn DriverApi,
+            raw: MemHandle,
+            size: usize,
+            gpu: i32,
+        ) -> Result<Self, CuError> {
+            let va = drv.mem_address_reserve(size, 0, 0)?;
+            let mut w = Window {
+                drv,
+                va,
+                size,
+                mapped: false,
+            };
+            drv.mem_map(va, size, 0, raw)?;
+            w.mapped = true;
+            drv.mem_set_access(va, size, &[(gpu, ACCESS_READWRITE)])?;
+            Ok(w)
+        }
+    }
+
+    impl Drop for Window<'_> {
+        fn drop(&mut self) {
+            if self.mapped {
+                let _ = self.drv.mem_unmap(self.va, self.size);
+            }
+            let _ = self.drv.mem_address_free(self.va, self.size);
+        }
+    }
+
+    impl GpuState {
+        /// The program's VMM objects, with the contents of every physical allocation (read
+        /// through a window of its own, so what no mapping shows is saved too).
+        pub(in crate::cuda::gpu_state) fn capture_vmm(
+            &mut self,
+        ) -> Result<SavedVmm, CheckpointError> {
+            let drv = Arc::clone(&self.drv);
+            let mut phys: Vec<(u64, usize, u64, AllocProps)> = self
+                .vmm
+                .phys
+                .iter()
+                .map(|(&id, p)| (id, p.dev, p.size, p.props))
+                .collect();
+            phys.sort_unstable_by_key(|p| p.0);
+            let mut allocations = Vec::with_capacity(phys.len());
+            for (id, dev, size, props) in phys {
+                if size == 0 {
+                    return Err(CheckpointError::Unsupported(
+                        "VMM memory the program did not create itself",
+                    ));
+                }
+                let handle = self
+                    .vmm
+                    .handles
+                    .find(|h| h.phys == id)
+                    .map(|(h, e)| (h, e.raw(), e.raws.len()));
+                self.bind(dev)?;
+                // Without a handle, a mapping keeps it: take a reference from there.
+                let (raw, retained) = match handle {
+                    Some((_, raw, _)) => (raw, false),
+                    None => {
+                        let va = self
+                            .vmm
+                            .maps
+                            .iter()
+                            .find(|(_, m)| m.phys == id)
+                            .map(|(&va, _)| va)
+                            .ok_or_else(|| {
+                                mismatch("an allocation with no handle and no mapping")
+                            })?;
+                        (drv.mem_retain_handle(va).map_err(on(dev))?, true)
+                    }
+                };
+                // Through a mapping of it the program can reach, if any (the driver maps an
+                // allocation whole), else through a window of its own.
+                let mapped = self
+                    .vmm
+                    .maps
+                    .iter()
+                    .find(|(_, m)| m.phys == id && m.accessible && m.offset == 0 && m.size == size)
+                    .map(|(&va, _)| va);
+                if let Some(va) = mapped {
+                    if retained {
+                        let _ = drv.mem_release(raw);
+                    }
+                    let contents = self.read_device(dev, va, size)?;
+                    allocations.push(SavedVmmAllocation {
+                        id,
+                        dev: dev_u32(dev),
+                        size,
+                        handle_types: props.handle_types,
+                        compressed: props.compressed,
+                        rdma_capable: props.rdma_capable,
+                        usage: props.usage,
+                        handle: handle.map_or(0, |h| h.0),
+                        refs: handle.map_or(0, |h| h.2 as u64),
+                        contents,
+                    });
+                    continue;
+                }
+                let n = to_usize(size)?;
+                let read = Window::open(drv.as_ref(), raw, n, props.device)
+                    .map_err(on(dev))
+                    .map_err(CheckpointError::from)
+                    .and_then(|w| self.read_device(dev, w.va, size));
+                if retained {
+                    let _ = drv.mem_release(raw);
+                }
+                let contents = read?;
+                allocations.push(SavedVmmAllocation {
+                    id,
+                    dev: dev_u32(dev),
+                    size,
+                    handle_types: props.handle_types,
+                    compressed: props.compressed,
+                    rdma_capable: props.rdma_capable,
+                    usage: props.usage,
+                    handle: handle.map_or(0, |h| h.0),
+                    refs: handle.map_or(0, |h| h.2 as u64),
+                    contents,
+                });
+            }
+            let reservations = self
+                .vmm
+                .reserved
+                .iter()
+                .map(|(&va, &size)| SavedVmmReservation { va, size })
+                .collect();
+            let maps: Vec<(u64, Mapping)> = self.vmm.maps.iter().map(|(&v, &m)| (v, m)).collect();
+            let mut mappings = Vec::with_capacity(maps.len());
+            for (va, m) in maps {
+                let dev = self.phys_dev(m.phys)?;
+                self.bind(dev)?;
+                let mut access = Vec::new();
+                if m.accessible {
+                    for ordinal in 0..self.devices.len() {
+                        let gpu = self.gpu_of(ordinal as u64)?;
+                        let flags = drv.mem_get_access(va, gpu).map_err(on(dev))?;
+                        if flags != ACCESS_NONE {
+                            access.push((dev_u32(ordinal), flags));
+                        }
+                    }
+                }
+                mappings.push(SavedVmmMapping {
+                    va,
+                    size: m.size,
+                    offset: m.offset,
+                    allocation: m.phys,
+                    access,
+                });
+            }
+            Ok((allocations, reservations, mappings))
+        }
+
+        /// Makes the saved VMM objects again: allocations created with their properties and
+        /// contents under their handles, reservations at their addresses (refused if the driver
+        /// places one elsewhere), mappings with their access. On an error, what was made is in
+        /// the tables, for the state's teardown.
+        pub(in crate::cuda::gpu_state) fn restore_vmm(
+            &mut self,
+            allocations: &[SavedVmmAllocation],
+            reservations: &[SavedVmmReservation],
+            mappings: &[SavedVmmMapping],
+        ) -> Result<(), CheckpointError> {
+            let drv = Arc::clone(&self.drv);
+            if self.vmm.quota.is_none() {
+                self.vmm.quota = self.host.memory_quota();
+            }
+            // Creation references of allocations that only mappings keep, released at the end.
+            let mut unheld: Vec<(u64, MemHandle)> = Vec::new();
+            let result = self.restore_vmm_inner(
+                drv.as_ref(),
+                allocations,
+                reservations,
+                mappings,
+                &mut unheld,
+            );
+            for (phys, raw) in unheld {
+                let _ = drv.mem_release(raw);
+                self.vmm.unref(phys);
+            }
+            result
+        }
+
+        fn restore_vmm_inner(
+            &mut self,
+            drv: &dyn DriverApi,
+            allocations: &[SavedVmmAllocation],
+            reservations: &[SavedVmmReservation],
+            mappings: &[SavedVmmMapping],
+            unheld: &mut Vec<(u64, MemHandle)>,
+        ) -> Result<(), CheckpointError> {
+            let mut raws: HashMap<u64, MemHandle> = HashMap::new();
+            for a in allocations {
+                let dev = usize::try_from(a.dev)
+                    .ok()
+                    .filter(|&d| d < self.devices.len())
+                    .ok_or_else(|| mismatch(format!("VMM allocation on device {}", a.dev)))?;
+                let refs = usize::try_from(a.refs).unwrap_or(usize::MAX);
+                if a.id == 0
+                    || self.vmm.phys.contains_key(&a.id)
+                    || a.contents.len() as u64 != a.size
+                    || a.size == 0
+                    || (a.handle == 0) != (refs == 0)
+                    || refs > MAX_HANDLE_REFS
+                    || u64::from(a.handle_types) & !VMM_HANDLE_POSIX_FD != 0
+                {
+                    return Err(mismatch(format!("VMM allocation {}", a.id)));
+                }
+                self.bind(dev)?;
+                let props = AllocProps {
+                    device: self.gpu_of(dev as u64)?,
+                    handle_types: a.handle_types,
+                    compressed: a.compressed,
+                    rdma_capable: a.rdma_capable,
+                    usage: a.usage,
+                };
+                if let Some(q) = &self.vmm.quota {
+                    if !q.reserve(a.size) {
+                        return Err(CheckpointError::Cuda(status::MEMORY_ALLOCATION));
+                    }
+                }
+                let size = to_usize(a.size)?;
+                let raw = match drv.mem_create(size, &props) {
+                    Ok(raw) => raw,
+                    Err(e) => {
+                        if let Some(q) = &self.vmm.quota {
+                            q.release(a.size);
+                        }
+                        return Err(on(dev)(e).into());
+                    }
+                };
+                self.vmm.phys.insert(
+                    a.id,
+                    Phys {
+                        dev,
+                        charged: a.size,
+                        refs: 1,
+                        size: a.size,
+                        props,
+                    },
+                );
+                self.vmm.next_phys = self.vmm.next_phys.max(a.id);
+                let mut held = vec![raw];
+                let filled = Window::open(drv, raw, size, props.device)
+                    .map_err(on(dev))
+                    .map_err(CheckpointError::from)
+                    .and_then(|w| {
+                        self.write_device(dev, w.va, &a.contents)?;
+                        // The handle's other references, as the program retained them.
+                        while held.len() < refs {
+                            held.push(drv.mem_retain_handle(w.va).map_err(on(dev))?);
+                        }
+                        Ok(())
+                    });
+                if a.handle == 0 {
+                    unheld.push((a.id, raw));
+                } else {
+                    let entry = HandleEntry {
+                        raws: held.clone(),
+                        phys: a.id,
+                    };
+                    if let Some(p) = self.vmm.phys.get_mut(&a.id) {
+                        p.refs = held.len();
+                    }
+                    if !self.vmm.handles.insert_at(&self.ids, a.handle, entry) {
+                        for r in held {
+                            let _ = drv.mem_release(r);
+                            self.vmm.unref(a.id);
+                        }
+                        return Err(mismatch(format!("VMM handle {}", a.handle)));
+                    }
+                }
+                raws.insert(a.id, raw);
+                filled?;
+            }
+            let first = (0..self.devices.len())
+                .find(|&d| matches!(self.devices.get(d), Some(Some(_))))
+                .unwrap_or(0);
+            for r in reservations {
+                let overlaps = self
+                    .vmm
+                    .reserved
+                    .range(..r.va.saturating_add(r.size))
+                    .next_back()
+                    .is_some_and(|(&b, &l)| b + l > r.va);
+                if r.size == 0
+                    || r.va == 0
+                    || overlaps
+                    || self.vmm.reserved.len() >= MAX_RESERVATIONS
+                {
+                    return Err(mismatch(format!("VMM reservation {:#x}", r.va)));
+                }
+                self.bind(first)?;
+                let size = to_usize(r.size)?;
+                let got = drv.mem_address_reserve(size, 0, r.va).map_err(on(first))?;
+                if got != r.va {
+                    let _ = drv.mem_address_free(got, size);
+                    return Err(mismatch(format!(
+                        "the program's reservation at {:#x} ({} bytes) was placed at {got:#x}",
+                        r.va, r.size
+                    )));
+                }
+                self.vmm.reserved.insert(r.va, r.size);
+            }
+            for m in mappings {
+                let (raw, dev, psize) =
+                    match (raws.get(&m.allocation), self.vmm.phys.get(&m.allocation)) {
+                        (Some(&raw), Some(p)) => (raw, p.dev, p.size),
+                        _ => return Err(mismatch(format!("mapping {:#x}", m.va))),
+                    };
+                let overlaps = self
+                    .vmm
+                    .maps
+                    .range(..m.va.saturating_add(m.size))
+                    .next_back()
+                    .is_some_and(|(&va, x)| va + x.size > m.va);
+                let fits = m.offset.checked_add(m.size).is_some_and(|e| e <= psize);
+                if m.size == 0
+                    || !fits
+                    || overlaps
+                    || !self.vmm.in_reservation(m.va, m.size)
+                    || self.vmm.maps.len() >= MAX_MAPPINGS
+                    || m.access.len() > MAX_ACCESS
+                {
+                    return Err(mismatch(format!("mapping {:#x}", m.va)));
+                }
+                self.bind(dev)?;
+                drv.mem_map(m.va, to_usize(m.size)?, to_usize(m.offset)?, raw)
+                    .map_err(on(dev))?;
+                self.vmm.maps.insert(
+                    m.va,
+                    Mapping {
+                        size: m.size,
+                        offset: m.offset,
+                        phys: m.allocation,
+                        accessible: false,
+                    },
+                );
+                if let Some(p) = self.vmm.phys.get_mut(&m.allocation) {
+                    p.refs += 1;
+                }
+                let mut access = Vec::with_capacity(m.access.len());
+                for &(ordinal, flags) in &m.access {
+                    if !matches!(flags, 1 | 3) {
+                        return Err(mismatch(format!("mapping {:#x}'s access", m.va)));
+                    }
+                    let gpu = self
+                        .gpu_of(u64::from(ordinal))
+                        .map_err(|_| mismatch(format!("mapping {:#x}'s access", m.va)))?;
+                    access.push((gpu, flags));
+                }
+                if !access.is_empty() {
+                    drv.mem_set_access(m.va, to_usize(m.size)?, &access)
+                        .map_err(on(dev))?;
+                    if let Some(x) = self.vmm.maps.get_mut(&m.va) {
+                        x.accessible = true;
+                    }
+                }
+            }
+            Ok(())
+        }
     }
 }

@@ -3,7 +3,7 @@
 use qcuda_proto::{HostRun, LaunchAttr, HOST_WINDOW_BASE};
 
 use super::*;
-use crate::cuda::{gpu_state::CheckpointError, saved_state::SavedState};
+use crate::cuda::{driver::vmm::VmmDriverApi, gpu_state::CheckpointError, saved_state::SavedState};
 
 /// What a program holds: a linked list in device memory (each node's first 8 bytes the next
 /// node's address), a buffer for vadd, a module with its function and global, a stream with
@@ -370,5 +370,143 @@ fn memory_pools_come_back_under_their_handles_with_their_settings() {
         ));
         assert_eq!(c.fake.live_contexts(), 0);
         assert_eq!(c.fake.vmm_ranges(), (0, 0));
+    }
+}
+
+/// A `MemSetAccess` of `(ordinal, flags)` records over `ptr..ptr + size`.
+fn set_access(rig: &mut Rig, s: &mut GpuState, ptr: u64, size: u64, recs: &[(u32, u32)]) {
+    let bytes: Vec<u8> = recs
+        .iter()
+        .flat_map(|&(d, f)| [d.to_le_bytes(), f.to_le_bytes()].concat())
+        .collect();
+    let b = rig.buf(&bytes);
+    ok(s.execute(&req(Op::MemSetAccess, 0, &[ptr, size], vec![b], vec![])));
+}
+
+#[test]
+fn the_programs_own_vmm_memory_comes_back_at_its_addresses_with_its_handles() {
+    let mut a = Rig::new(2);
+    let mut s = GpuState::open(&a.host, 3);
+    let p = build(&mut a, &mut s);
+    let g = ok(run(&mut s, Op::MemGetGranularity, &[0, 0, 0, 0]))[0];
+    let h1 = ok(run(&mut s, Op::MemCreate, &[2 * g, 0, 0, 0]))[0];
+    let h2 = ok(run(
+        &mut s,
+        Op::MemCreate,
+        &[g, qcuda_proto::VMM_HANDLE_POSIX_FD, 0, 0],
+    ))[0];
+    // Never mapped: its handle alone keeps it.
+    let h3 = ok(run(&mut s, Op::MemCreate, &[g, 0, 0, 0]))[0];
+    let va = ok(run(&mut s, Op::MemAddressReserve, &[8 * g, 0, 0]))[0];
+    ok(run(&mut s, Op::MemMap, &[va, 2 * g, 0, h1]));
+    // h2 mapped twice, the second time without access.
+    ok(run(&mut s, Op::MemMap, &[va + 2 * g, g, 0, h2]));
+    ok(run(&mut s, Op::MemMap, &[va + 4 * g, g, 0, h2]));
+    set_access(&mut a, &mut s, va, 2 * g, &[(0, 3), (1, 1)]);
+    set_access(&mut a, &mut s, va + 2 * g, g, &[(0, 3)]);
+    let pattern = |seed: u8| -> Vec<u8> { (0..64u8).map(|i| i ^ seed).collect() };
+    ok(htod(&mut a, &mut s, va + g - 32, &pattern(1), &[64]));
+    ok(htod(&mut a, &mut s, va + 2 * g + 8, &pattern(2), &[64]));
+    // A pointer to mapped memory stored in ordinary device memory.
+    let slot = malloc(&mut s, 8);
+    ok(htod(&mut a, &mut s, slot, &va.to_le_bytes(), &[8]));
+    // h1 retained once (two references); h2 released (its mappings keep it).
+    assert_eq!(ok(run(&mut s, Op::MemRetainHandle, &[va + 5]))[0], h1);
+    ok(run(&mut s, Op::MemRelease, &[h2]));
+    let saved = s.capture().unwrap();
+    assert_eq!(
+        (
+            saved.vmm_allocations.len(),
+            saved.vmm_reservations.len(),
+            saved.vmm_mappings.len()
+        ),
+        (3, 1, 3)
+    );
+    let bytes = saved.encode();
+    assert_eq!(SavedState::decode(&bytes).unwrap(), saved);
+    drop(s);
+
+    let mut b = Rig::new(2);
+    let mut r = GpuState::restore(&b.host, 3, &bytes).unwrap();
+    let (st, data) = dtoh(&mut b, &mut r, va + g - 32, 64, &[64]);
+    ok(st);
+    assert_eq!(data, pattern(1));
+    let (st, data) = dtoh(&mut b, &mut r, va + 2 * g + 8, 64, &[64]);
+    ok(st);
+    assert_eq!(data, pattern(2));
+    // Without access, still not memory copies may touch.
+    let (st, _) = dtoh(&mut b, &mut r, va + 4 * g + 8, 64, &[64]);
+    assert_eq!(st.status, status::INVALID_VALUE);
+    let (st, data) = dtoh(&mut b, &mut r, slot, 8, &[8]);
+    ok(st);
+    assert_eq!(data, va.to_le_bytes());
+    assert_eq!(ok(run(&mut r, Op::MemGetAccess, &[va, 1]))[0], 1);
+    assert_eq!(ok(run(&mut r, Op::MemGetAccess, &[va + 4 * g, 0]))[0], 0);
+    assert_eq!(
+        ok(run(&mut r, Op::MemMappingRange, &[va + 2 * g + 5]))[..2],
+        [va + 2 * g, g]
+    );
+    assert_eq!(
+        ok(run(&mut r, Op::MemHandleProperties, &[h3]))[..4],
+        [0, 0, 0, 0]
+    );
+    // h1 holds its two references, h2 none: retained from a mapping, a new handle.
+    ok(run(&mut r, Op::MemRelease, &[h1]));
+    ok(run(&mut r, Op::MemRelease, &[h1]));
+    assert_eq!(
+        run(&mut r, Op::MemRelease, &[h1]).status,
+        status::INVALID_VALUE
+    );
+    let h2b = ok(run(&mut r, Op::MemRetainHandle, &[va + 4 * g]))[0];
+    assert!(h2b != h2 && h2b > h3);
+    assert_eq!(
+        ok(run(&mut r, Op::MemHandleProperties, &[h2b]))[1],
+        qcuda_proto::VMM_HANDLE_POSIX_FD
+    );
+    check(&mut b, &mut r, &p);
+    drop(r);
+    assert_eq!(b.fake.vmm_ranges(), (0, 0));
+    assert_eq!(b.fake.vmm_allocations(), 0);
+
+    // The program's reservation cannot be placed at its address: refused, nothing left.
+    let c = Rig::new(2);
+    let taken = c
+        .fake
+        .mem_address_reserve(2 << 20, 0, va + (2 << 20))
+        .unwrap();
+    assert_eq!(taken, va + (2 << 20));
+    let before = c.fake.vmm_ranges();
+    match GpuState::restore(&c.host, 3, &bytes) {
+        Err(CheckpointError::Mismatch(m)) => assert!(m.contains("placed at"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.fake.vmm_ranges(), before);
+    // Hostile records: a mapping past its allocation, of no allocation, outside any
+    // reservation; contents of the wrong length; a handle taken twice.
+    let d = Rig::new(2);
+    let mut bad = Vec::new();
+    let mut x = saved.clone();
+    x.vmm_mappings[0].offset = 2 * g;
+    bad.push(x);
+    let mut x = saved.clone();
+    x.vmm_mappings[0].allocation = 99;
+    bad.push(x);
+    let mut x = saved.clone();
+    x.vmm_mappings[0].va = va + 64 * g;
+    bad.push(x);
+    let mut x = saved.clone();
+    x.vmm_allocations[0].contents.pop();
+    bad.push(x);
+    let mut x = saved.clone();
+    x.vmm_allocations[2].handle = x.vmm_allocations[0].handle;
+    bad.push(x);
+    for x in bad {
+        assert!(matches!(
+            GpuState::restore(&d.host, 3, &x.encode()),
+            Err(CheckpointError::Mismatch(_))
+        ));
+        assert_eq!(d.fake.live_contexts(), 0);
+        assert_eq!(d.fake.vmm_ranges(), (0, 0));
+        assert_eq!(d.fake.vmm_allocations(), 0);
     }
 }
