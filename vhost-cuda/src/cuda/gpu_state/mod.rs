@@ -646,7 +646,9 @@ impl GpuState {
             // The daemon answers it, outside the request order (host_functions.rs).
             | Op::HostFuncWait
             | Op::HostLatency
-            | Op::VmUsage => Err(status::NOT_SUPPORTED.into()),
+            | Op::VmUsage
+            // The session table answers it (session/process_checkpoint.rs).
+            | Op::ProcessCheckpoint => Err(status::NOT_SUPPORTED.into()),
         }
     }
 }
