@@ -172,6 +172,7 @@ pub fn device_identity() -> DrvResult<Vec<DeviceIdentity>> {
 }
 
 pub mod arrays;
+pub mod checkpoint;
 pub mod context;
 pub mod device;
 pub mod graph;
