@@ -760,6 +760,9 @@ static void test_process(void)
 	}
 	pid_t child = fork();
 	if (child == 0) {
+		/* Only the parent writes to_child: its close is the child's end. */
+		close(to_child[1]);
+		close(from_child[0]);
 		int fd = open_dev();
 		struct qcuda_call c;
 		char b;
@@ -778,6 +781,8 @@ static void test_process(void)
 		}
 		_exit(0);
 	}
+	close(to_child[0]);
+	close(from_child[1]);
 	int fd = open_dev();
 	char b = 0;
 	uint64_t v = 99;
@@ -833,9 +838,7 @@ static void test_process(void)
 	st = process_call(fd, P_LOCK, child, 0, NULL);
 	CHECK(st == INVALID_VALUE || st == INITIALIZATION_ERROR, "process: an ended process cannot be locked (%u)", st);
 	close(fd);
-	close(to_child[0]);
 	close(from_child[0]);
-	close(from_child[1]);
 }
 
 int main(int argc, char **argv)

@@ -157,6 +157,7 @@ fn bad_arguments_fail_before_anything_goes_out() {
             Err(DriverError::NOT_SUPPORTED)
         );
         pair.newUuid.bytes[0] = 0;
+        restore.gpuPairs = &raw mut pair;
         assert_eq!(
             check(cuCheckpointProcessRestore(90, &raw mut restore)),
             Ok(())
