@@ -43,7 +43,7 @@ PROG=$native/checkpoint_linked_list TOOL=$native/checkpoint_toggle \
 say "guest (the host's userland, qcuda's libcuda.so.1 in front)"
 "$here/run-vm.sh" --mem 8G --timeout 2400 --log-dir "$logs/vm" \
     --share /:/host:ro --chroot /host -- \
-    "/opt/qcuda/bin/check-cuda-checkpoint $iterations 2000 $rounds" 2>&1 |
+    "env LD_LIBRARY_PATH=/usr/lib/qcuda /opt/qcuda/bin/check-cuda-checkpoint $iterations 2000 $rounds" 2>&1 |
     tr -d '\r' | tee "$logs/guest.log" | grep -E '^(CKPT|qcuda)'
 
 rc=0
