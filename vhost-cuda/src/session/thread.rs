@@ -174,6 +174,10 @@ impl SessionThread {
                     continue;
                 }
                 Msg::Process(t) => {
+                    if self.abandoned() {
+                        // The VM is gone: the caller's chain is not ours to complete.
+                        continue;
+                    }
                     if paused {
                         held.push_back(Msg::Process(t));
                         continue;
