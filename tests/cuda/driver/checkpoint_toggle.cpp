@@ -9,12 +9,16 @@
 //                                  states and back to RUNNING; prints PASS/FAIL. Also prints
 //                                  "INFO" lines with what a pid without CUDA and another user
 //                                  get (the harness compares them with a native run's)
+//   checkpoint_toggle              the self-test the CUDA test runs use: a child process with
+//                                  device memory is checked as above, toggled off and on, and
+//                                  must then read its memory back unchanged
 // Exits 0 on success, 1 on failure, 2 without a driver/GPU (SKIP).
 #include <cuda.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <csignal>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,7 +145,74 @@ static int check(int pid) {
     return 0;
 }
 
+// The self-test's child: device memory with a pattern, then (once told) the pattern read back.
+static int child_main(int ready_fd, int go_fd) {
+    char b = 'x';
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr p = 0;
+    unsigned int words[1024];
+    for (unsigned i = 0; i < 1024; i++) words[i] = i * 2654435761u;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+        cuMemAlloc(&p, sizeof words) != CUDA_SUCCESS ||
+        cuMemcpyHtoD(p, words, sizeof words) != CUDA_SUCCESS || cuCtxSynchronize() != CUDA_SUCCESS) {
+        (void)!write(ready_fd, &b, 1);
+        return 2;
+    }
+    b = 'r';
+    if (write(ready_fd, &b, 1) != 1 || read(go_fd, &b, 1) != 1) return 1;
+    unsigned int back[1024] = {0};
+    if (cuMemcpyDtoH(back, p, sizeof back) != CUDA_SUCCESS) return 1;
+    return std::memcmp(back, words, sizeof words) == 0 ? 0 : 1;
+}
+
+static int self_test() {
+    int ready[2], go[2];
+    if (pipe(ready) || pipe(go)) return 1;
+    pid_t child = fork();
+    if (child == 0) {
+        close(ready[0]);
+        close(go[1]);
+        _exit(child_main(ready[1], go[0]));
+    }
+    close(ready[1]);
+    close(go[0]);
+    char b = 0;
+    if (read(ready[0], &b, 1) != 1 || b != 'r') {
+        int status = 0;
+        waitpid(child, &status, 0);
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 2) {
+            std::printf("SKIP " NAME ": the child has no CUDA device\n");
+            return 2;
+        }
+        std::printf("FAIL " NAME ": the child did not start\n");
+        return 1;
+    }
+    CUresult r = cuInit(0);
+    if (r != CUDA_SUCCESS) {
+        std::printf("SKIP " NAME ": cuInit -> %s\n", err(r));
+        kill(child, SIGKILL);
+        waitpid(child, nullptr, 0);
+        return 2;
+    }
+    int rc = check(child);
+    if (rc == 0) rc = toggle(child) || toggle(child);
+    b = 'g';
+    if (write(go[1], &b, 1) != 1) rc = 1;
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::printf("FAIL " NAME ": the child's memory after the checkpoint (status %d)\n", status);
+        rc = 1;
+    }
+    if (rc == 0) std::printf("PASS " NAME " (self-test)\n");
+    return rc;
+}
+
 int main(int argc, char **argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (argc == 1) return self_test();
     if (argc != 3) {
         std::fprintf(stderr, "usage: %s toggle|state|check PID\n", argv[0]);
         return 2;
