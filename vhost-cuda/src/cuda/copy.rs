@@ -206,6 +206,95 @@ impl Staging {
     }
 }
 
+impl Staging {
+    /// Copies `out.len()` bytes of device memory at `src` into `out` through the two halves:
+    /// the DMA of one chunk into a half runs while the previous chunk is copied out of the
+    /// other (pinned memory copies at the link's speed; `out` may be pageable). Every DMA is
+    /// waited for before this returns, also on an error.
+    pub(crate) fn read_device(
+        &mut self,
+        drv: &dyn DriverApi,
+        src: u64,
+        out: &mut [u8],
+        stream: Stream,
+    ) -> CuResult<()> {
+        let result = self.read_chunks(drv, src, out, stream);
+        let drained = self.wait(drv, 0).and(self.wait(drv, 1));
+        result.and(drained)
+    }
+
+    fn read_chunks(
+        &mut self,
+        drv: &dyn DriverApi,
+        src: u64,
+        out: &mut [u8],
+        stream: Stream,
+    ) -> CuResult<()> {
+        let half = self.half.max(1);
+        // The chunk in flight: (half, offset in `out`, length).
+        let mut prev: Option<(usize, usize, usize)> = None;
+        for (k, at) in (0..out.len()).step_by(half).enumerate() {
+            let (i, len) = (k % 2, half.min(out.len() - at));
+            self.wait(drv, i)?;
+            // SAFETY: half `i` is `half` >= `len` bytes of pinned memory owned by `self`, no
+            // DMA uses it (waited above), and it is not read until its event is waited for.
+            unsafe { drv.memcpy_dtoh(self.half_ptr(i), src + at as u64, len, stream)? };
+            self.mark(drv, i, stream)?;
+            if let Some((j, pat, plen)) = prev {
+                self.copy_out(drv, j, &mut out[pat..pat + plen])?;
+            }
+            prev = Some((i, at, len));
+        }
+        if let Some((j, pat, plen)) = prev {
+            self.copy_out(drv, j, &mut out[pat..pat + plen])?;
+        }
+        Ok(())
+    }
+
+    /// Waits for half `i`'s DMA, then copies its first `out.len()` bytes into `out`.
+    fn copy_out(&mut self, drv: &dyn DriverApi, i: usize, out: &mut [u8]) -> CuResult<()> {
+        self.wait(drv, i)?;
+        self.half_slice(i, out.len()).copy_to(out);
+        Ok(())
+    }
+
+    /// Copies `bytes` to device memory at `dst` through the two halves: one chunk is copied
+    /// into a half while the DMA of the previous one runs from the other. Every DMA is waited
+    /// for before this returns, also on an error.
+    pub(crate) fn write_device(
+        &mut self,
+        drv: &dyn DriverApi,
+        dst: u64,
+        bytes: &[u8],
+        stream: Stream,
+    ) -> CuResult<()> {
+        let result = self.write_chunks(drv, dst, bytes, stream);
+        let drained = self.wait(drv, 0).and(self.wait(drv, 1));
+        result.and(drained)
+    }
+
+    fn write_chunks(
+        &mut self,
+        drv: &dyn DriverApi,
+        dst: u64,
+        bytes: &[u8],
+        stream: Stream,
+    ) -> CuResult<()> {
+        let half = self.half.max(1);
+        for (k, chunk) in bytes.chunks(half).enumerate() {
+            let i = k % 2;
+            self.wait(drv, i)?;
+            self.half_slice(i, chunk.len()).copy_from(chunk);
+            let at = (k * half) as u64;
+            // SAFETY: half `i` holds `chunk.len()` bytes just written, and is not written
+            // again until its event is waited for.
+            unsafe { drv.memcpy_htod(dst + at, self.half_ptr(i), chunk.len(), stream)? };
+            self.mark(drv, i, stream)?;
+        }
+        Ok(())
+    }
+}
+
 /// Threads that gather or scatter one staging half at most.
 pub(crate) const COPY_THREADS: usize = 4;
 /// Halves smaller than this are copied by the calling thread alone; a thread's share is at
@@ -554,6 +643,47 @@ pub(crate) fn from_device(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_memory_moves_through_both_staging_halves_in_chunks() {
+        use crate::cuda::driver::{fake::FakeDriver, NULL_STREAM};
+        let drv = FakeDriver::new(1);
+        let gpu = drv.device_get(0).unwrap();
+        let ctx = drv.ctx_create(gpu).unwrap();
+        drv.ctx_set_current(ctx).unwrap();
+        // 1000 bytes in halves of 48: 21 chunks, the last one partial.
+        let bytes: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 3).to_le_bytes()[0]).collect();
+        let ptr = drv.mem_alloc(bytes.len()).unwrap();
+        let mut staging = Staging::create(&drv, 48).unwrap();
+        let (h, d) = (drv.calls("memcpy_htod"), drv.calls("memcpy_dtoh"));
+        staging
+            .write_device(&drv, ptr, &bytes, NULL_STREAM)
+            .unwrap();
+        assert_eq!(drv.peek(ptr, bytes.len()), Some(bytes.clone()));
+        assert_eq!(drv.calls("memcpy_htod") - h, 21);
+        let mut back = vec![0u8; bytes.len()];
+        staging
+            .read_device(&drv, ptr, &mut back, NULL_STREAM)
+            .unwrap();
+        assert_eq!(back, bytes);
+        assert_eq!(drv.calls("memcpy_dtoh") - d, 21);
+        // Nothing left in flight; a read of a part, and of nothing, work as well.
+        assert_eq!(staging.pending, [false; 2]);
+        let mut part = vec![0u8; 50];
+        staging
+            .read_device(&drv, ptr + 950, &mut part, NULL_STREAM)
+            .unwrap();
+        assert_eq!(part, bytes[950..]);
+        staging
+            .read_device(&drv, ptr, &mut [], NULL_STREAM)
+            .unwrap();
+        // A copy past the allocation fails, and leaves no DMA pending.
+        let mut over = vec![0u8; 100];
+        assert!(staging
+            .read_device(&drv, ptr + 960, &mut over, NULL_STREAM)
+            .is_err());
+        assert_eq!(staging.pending, [false; 2]);
+    }
 
     fn run(addr: usize, len: usize) -> HostRun {
         HostRun { addr, len }

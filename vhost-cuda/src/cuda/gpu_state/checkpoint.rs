@@ -89,6 +89,10 @@ pub(super) struct PausedRange {
     contents: Vec<Vec<u8>>,
 }
 
+/// Staging halves smaller than this cost more in calls than they save: such a context's
+/// checkpoint copies go straight to pageable memory.
+const STAGED_MIN_HALF: usize = 64 << 10;
+
 fn mismatch(what: impl Into<String>) -> CheckpointError {
     CheckpointError::Mismatch(what.into())
 }
@@ -141,40 +145,60 @@ impl GpuState {
         Ok(())
     }
 
-    /// Copies `len` bytes of device memory at `ptr` (its context bound) to the host.
+    /// Copies `len` bytes of device memory at `ptr` (its context bound) to the host: through
+    /// the context's pinned staging buffer, double-buffered (`Staging::read_device`), or, if
+    /// it has none (or its halves are under [`STAGED_MIN_HALF`]), straight into pageable
+    /// memory.
     pub(super) fn read_device(
-        &self,
+        &mut self,
         dev: usize,
         ptr: u64,
         len: u64,
     ) -> Result<Vec<u8>, CheckpointError> {
         let n = to_usize(len)?;
         let mut v = vec![0u8; n];
-        if n > 0 {
-            // SAFETY: `v` is writable for `n` bytes and outlives the synchronised copy.
-            unsafe { self.drv.memcpy_dtoh(v.as_mut_ptr(), ptr, n, NULL_STREAM) }
-                .map_err(on(dev))?;
-            self.drv.stream_synchronize(NULL_STREAM).map_err(on(dev))?;
+        if n == 0 {
+            return Ok(v);
         }
+        let drv = Arc::clone(&self.drv);
+        let half = self.host.tuning.staging_half;
+        let staged = half >= STAGED_MIN_HALF;
+        if let Some(staging) = Self::staging_for(drv.as_ref(), self.context(dev)?, half, staged) {
+            staging
+                .read_device(drv.as_ref(), ptr, &mut v, NULL_STREAM)
+                .map_err(on(dev))?;
+            return Ok(v);
+        }
+        // SAFETY: `v` is writable for `n` bytes and outlives the synchronised copy.
+        unsafe { drv.memcpy_dtoh(v.as_mut_ptr(), ptr, n, NULL_STREAM) }.map_err(on(dev))?;
+        drv.stream_synchronize(NULL_STREAM).map_err(on(dev))?;
         Ok(v)
     }
 
-    /// Copies `bytes` to device memory at `ptr` (its context bound).
+    /// Copies `bytes` to device memory at `ptr` (its context bound), through the context's
+    /// pinned staging buffer as [`read_device`](Self::read_device) does.
     pub(super) fn write_device(
-        &self,
+        &mut self,
         dev: usize,
         ptr: u64,
         bytes: &[u8],
     ) -> Result<(), CheckpointError> {
-        if !bytes.is_empty() {
-            // SAFETY: `bytes` is readable for its length and outlives the synchronised copy.
-            unsafe {
-                self.drv
-                    .memcpy_htod(ptr, bytes.as_ptr(), bytes.len(), NULL_STREAM)
-            }
-            .map_err(on(dev))?;
-            self.drv.stream_synchronize(NULL_STREAM).map_err(on(dev))?;
+        if bytes.is_empty() {
+            return Ok(());
         }
+        let drv = Arc::clone(&self.drv);
+        let half = self.host.tuning.staging_half;
+        let staged = half >= STAGED_MIN_HALF;
+        if let Some(staging) = Self::staging_for(drv.as_ref(), self.context(dev)?, half, staged) {
+            staging
+                .write_device(drv.as_ref(), ptr, bytes, NULL_STREAM)
+                .map_err(on(dev))?;
+            return Ok(());
+        }
+        // SAFETY: `bytes` is readable for its length and outlives the synchronised copy.
+        unsafe { drv.memcpy_htod(ptr, bytes.as_ptr(), bytes.len(), NULL_STREAM) }
+            .map_err(on(dev))?;
+        drv.stream_synchronize(NULL_STREAM).map_err(on(dev))?;
         Ok(())
     }
 

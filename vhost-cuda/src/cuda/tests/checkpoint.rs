@@ -510,3 +510,42 @@ fn the_programs_own_vmm_memory_comes_back_at_its_addresses_with_its_handles() {
         assert_eq!(d.fake.vmm_allocations(), 0);
     }
 }
+
+/// A rig whose host has the default staging halves (2 MiB), so checkpoint copies go through
+/// the pinned staging buffer.
+fn staged_rig(gpus: i32) -> Rig {
+    let mut rig = Rig::new(gpus);
+    let tuning = Tuning {
+        max_registered_ram: 0,
+        ..Tuning::default()
+    };
+    rig.host = Arc::new(CudaHost::from_driver(rig.fake.clone(), 13000, None, tuning).unwrap());
+    rig
+}
+
+#[test]
+fn checkpoint_copies_go_through_the_pinned_staging_buffer() {
+    let mut a = staged_rig(1);
+    let mut s = GpuState::open(&a.host, 3);
+    let p = build(&mut a, &mut s);
+    let (events, dtoh) = (a.fake.calls("event_record"), a.fake.calls("memcpy_dtoh"));
+    let bytes = s.save().unwrap();
+    // Every chunk is marked with its half's event; the 3 MiB node takes two chunks of the
+    // 2 MiB halves, so there are more chunks than saved allocations and globals.
+    let saved = SavedState::decode(&bytes).unwrap();
+    let copies = saved.allocations.len() + saved.globals.len();
+    assert_eq!(
+        a.fake.calls("event_record") - events,
+        a.fake.calls("memcpy_dtoh") - dtoh
+    );
+    assert!(a.fake.calls("memcpy_dtoh") - dtoh > copies);
+    assert!(a.fake.calls("mem_alloc_host") > 0);
+    drop(s);
+    let mut b = staged_rig(1);
+    let mut r = GpuState::restore(&b.host, 3, &bytes).unwrap();
+    check(&mut b, &mut r, &p);
+    assert!(b.fake.calls("mem_alloc_host") > 0);
+    r.pause().unwrap();
+    r.resume().unwrap();
+    check(&mut b, &mut r, &p);
+}
