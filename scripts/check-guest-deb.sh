@@ -44,6 +44,9 @@ work=$(mktemp -d "$QCUDA_CACHE/check-deb.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/upper/tmp" "$work/work" "$work/merged" "$work/upper/var/cache/qcuda/kbuild"
 cp "$deb" "$work/upper/tmp/"
+# The upper layer's /tmp is the root's /tmp: world-writable and sticky, as apt's unprivileged
+# signature check needs it.
+chmod 1777 "$work/upper/tmp"
 kb=$(kbuild_shared)
 if [[ -f $kb/$rel/.complete ]]; then
     cp -al "$kb/$rel" "$work/upper/var/cache/qcuda/kbuild/"
