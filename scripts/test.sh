@@ -135,8 +135,9 @@ step "qemu -device help lists vhost-user-cuda-pci" sh -c "$QEMU -device help | g
 
 # One guest boot per suite; CHECK lines from inside the guest become results here.
 guest_suite() { # name, guest command, run-vm.sh options...
-    local name=$1 cmd=$2 dir=$LOGS/vm-$1 rc=0
+    local name=$1 cmd=$2 dir=$LOGS/vm-$1 rc=0 pre=guest
     shift 2
+    [[ $name != stock-* ]] || pre="guest (stock kernel)"
     mkdir -p "$dir"
     local t0=$SECONDS
     scripts/run-vm.sh --log-dir "$dir" --timeout 1200 "$@" -- "$cmd" >"$dir/console.log" 2>&1 || rc=$?
@@ -144,9 +145,9 @@ guest_suite() { # name, guest command, run-vm.sh options...
     local line
     while IFS= read -r line; do
         case $line in
-        "CHECK ok "*) ok "guest: ${line#CHECK ok }" ;;
-        "CHECK SKIP "*) skip "guest: ${line#CHECK SKIP }" ;;
-        "CHECK FAIL "*) bad "guest: ${line#CHECK FAIL }" ;;
+        "CHECK ok "*) ok "$pre: ${line#CHECK ok }" ;;
+        "CHECK SKIP "*) skip "$pre: ${line#CHECK SKIP }" ;;
+        "CHECK FAIL "*) bad "$pre: ${line#CHECK FAIL }" ;;
         esac
     done <"$dir/console.log"
     grep -q '^CHECK ' "$dir/console.log" || { bad "guest '$name' produced no checks"; tail -n 30 "$dir/console.log" | sed 's/^/    | /'; }
