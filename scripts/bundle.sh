@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bundle.sh: packs a relocatable release tarball, dist/qcuda-bundle.tar.xz, unpacking to qcuda/
-# (`tar xf`; xz with a 64 MiB window, which also stores the benchmark's incompressible 10 MiB
-# helper once though the guest payload has it too: ~35 MiB with the stock kernel, where gzip
-# took 51 without it):
+# (`tar xf`; xz with a 64 MiB window, which stores the benchmark's incompressible 14 MiB helper
+# once though the guest payload has it too: 43 MiB with the stock kernel, where gzip took 51
+# without it):
 #
 #   run-vm.sh                 the same runner as scripts/run-vm.sh (it detects this layout)
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
