@@ -117,11 +117,15 @@ impl Session {
         self.batch.flush();
     }
 
-    /// Test hook: batches go out only when a call or the test sends them (batch.rs).
+    /// Test hook: batches go out only when a call or the test sends them (batch.rs), or again
+    /// also when the flusher finds them idle.
     #[cfg(test)]
-    pub fn hold_batches(&self) {
-        self.batch
-            .set_flush_after(std::time::Duration::from_secs(3600));
+    pub fn hold_batches(&self, hold: bool) {
+        self.batch.set_flush_after(if hold {
+            std::time::Duration::from_secs(3600)
+        } else {
+            crate::core::batch::FLUSH_AFTER
+        });
     }
 
     /// Whether the host has this process's context on `device` already.
@@ -432,7 +436,9 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceReset
         | Op::HostFuncWait
         | Op::HostLatency
-        | Op::VmUsage => false,
+        | Op::VmUsage
+        // About another process, whose session is its own.
+        | Op::ProcessCheckpoint => false,
         Op::DeviceSynchronize
         | Op::MemGetInfo
         | Op::DeviceGetLimit
@@ -558,7 +564,9 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemMap
         | Op::MemUnmap
         | Op::MemSetAccess
-        | Op::MemRetainHandle => false,
+        | Op::MemRetainHandle
+        // A lock repeated finds the process locked already (ILLEGAL_STATE).
+        | Op::ProcessCheckpoint => false,
         Op::MemGetAccess
         | Op::MemGetGranularity
         | Op::MemHandleProperties

@@ -14,13 +14,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use qcuda_proto::{status, Op, ResponseHeader, FLAG_ASYNC, RESP_FLAG_STICKY};
+use qcuda_proto::{
+    status, Op, ResponseHeader, FLAG_ASYNC, PROCESS_CHECKPOINT, PROCESS_RESTORE,
+    PROCESS_STATE_CHECKPOINTED, RESP_FLAG_STICKY,
+};
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
     latency::{ns, LatencyStats},
-    table::{Msg, Shared},
+    process_checkpoint::{self, ProcessState},
+    table::{Adopting, Msg, Shared},
     usage::{self, bytes_text, SessionAccount},
     OPEN_SESSIONS_TOTAL,
 };
@@ -54,6 +58,11 @@ pub(super) struct SessionThread {
     pub(super) latency: RefCell<LatencyStats>,
     /// The last worker round trip: (ns from send to answer, ns the worker said it took).
     pub(super) last_hop: Cell<(u64, u64)>,
+    /// The state under CUDA's process checkpoint (process_checkpoint.rs); this thread alone
+    /// changes it.
+    pub(super) process: Arc<ProcessState>,
+    /// A worker of the previous daemon to take over before anything else.
+    pub(super) adopting: Option<Adopting>,
 }
 
 /// A session's GPU side, seen from the daemon.
@@ -76,6 +85,27 @@ impl Gpu {
     }
 }
 
+/// Answers a message that will never run because its session ended: a request (`resp`), or
+/// a transition of CUDA's process checkpoint, whose caller lives on (the process is gone).
+fn answer_unrun(msg: Msg, resp: &ResponseHeader) {
+    match msg {
+        Msg::Run(job) => job.finish(resp),
+        Msg::Process(t) => {
+            if let Some(job) = t.take() {
+                job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
+            }
+        }
+        Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } => {}
+    }
+}
+
+/// Puts what waited back at the front of the queue, in its order, to be looked at again.
+fn requeue(held: &mut VecDeque<Msg>, backlog: &mut VecDeque<Msg>) {
+    for msg in held.drain(..).rev() {
+        backlog.push_front(msg);
+    }
+}
+
 /// How an op handed to the worker ended.
 enum Outcome {
     Answered(ResponseHeader),
@@ -88,9 +118,12 @@ impl SessionThread {
         self.abandoned.load(Ordering::Acquire)
     }
 
-    pub(super) fn run(self, rx: Receiver<Msg>) {
+    pub(super) fn run(mut self, rx: Receiver<Msg>) {
         self.opened();
-        let mut gpu = Gpu::Idle;
+        let mut gpu = match self.adopting.take() {
+            Some(a) => self.take_over(a),
+            None => Gpu::Idle,
+        };
         // Messages taken off the queue while an op was running in the worker.
         let mut backlog: VecDeque<Msg> = VecDeque::new();
         // Why the loop ended, unless a SessionClose ended the session.
@@ -100,9 +133,11 @@ impl SessionThread {
         // How long to spin for the next message before blocking: `--hop-poll-us` right after
         // an answer (a guest calling back to back finds this thread awake), else nothing.
         let mut spin = Duration::ZERO;
-        // Paused by the operator: requests wait here (in order) until the resume.
+        // Paused by the operator: requests and the guest's checkpoint actions wait here (in
+        // order) until the resume. A process locked by CUDA's process checkpoint has its
+        // requests wait here too.
         let mut paused = false;
-        let mut held: VecDeque<Box<super::table::Job>> = VecDeque::new();
+        let mut held: VecDeque<Msg> = VecDeque::new();
         loop {
             let msg = match backlog.pop_front() {
                 Some(m) => m,
@@ -122,28 +157,52 @@ impl SessionThread {
                     continue;
                 }
                 Msg::Checkpoint { pause, reply } => {
-                    let resp = self.checkpoint(&mut gpu, pause, paused);
+                    let resp = if pause && self.process.get() == PROCESS_STATE_CHECKPOINTED {
+                        // cuCheckpointProcessCheckpoint has moved it off the GPU already.
+                        ResponseHeader::with_status(status::ILLEGAL_STATE)
+                    } else {
+                        self.checkpoint(&mut gpu, pause, paused)
+                    };
                     if resp.status == status::SUCCESS {
                         paused = pause;
                         if !paused {
                             // What waited goes first, in its order.
-                            for job in held.drain(..).rev() {
-                                backlog.push_front(Msg::Run(job));
-                            }
+                            requeue(&mut held, &mut backlog);
                         }
                     }
                     let _ = reply.send(resp);
                     continue;
                 }
-                Msg::Run(job) => job,
-            };
-            if paused {
-                if job.request.op() != Op::SessionClose {
-                    held.push_back(job);
+                Msg::Process(t) => {
+                    if self.abandoned() {
+                        // The VM is gone: the caller's chain is not ours to complete.
+                        continue;
+                    }
+                    if paused {
+                        held.push_back(Msg::Process(t));
+                        continue;
+                    }
+                    // None: a lock whose timeout passed first (answered NOT_READY).
+                    if let Some(job) = t.take() {
+                        let was_holding = self.process.holds_requests();
+                        let resp = self.transition(&mut gpu, t.action);
+                        if was_holding && !self.process.holds_requests() {
+                            requeue(&mut held, &mut backlog);
+                        }
+                        job.finish(&resp);
+                    }
                     continue;
                 }
-                // The program ends while paused: what waited is answered with the close.
-                backlog.extend(held.drain(..).map(Msg::Run));
+                Msg::Run(job) => job,
+            };
+            if paused || self.process.holds_requests() {
+                if job.request.op() != Op::SessionClose {
+                    held.push_back(Msg::Run(job));
+                    continue;
+                }
+                // The program ends while paused or locked: what waited is answered with the
+                // close.
+                backlog.extend(held.drain(..));
             }
             if self.abandoned() {
                 continue;
@@ -155,8 +214,8 @@ impl SessionThread {
                 job.finish(&ResponseHeader::with_status(status::SUCCESS));
                 // Nothing can arrive any more; answer what was queued behind the close.
                 for late in backlog.drain(..).chain(rx.try_iter()) {
-                    if let (Msg::Run(late), false) = (late, self.abandoned()) {
-                        late.finish(&ResponseHeader::with_status(status::INVALID_VALUE));
+                    if !self.abandoned() {
+                        answer_unrun(late, &ResponseHeader::with_status(status::INVALID_VALUE));
                     }
                 }
                 return;
@@ -183,6 +242,11 @@ impl SessionThread {
             }
             let (op, received) = (job.request.op(), job.received);
             job.finish(&resp);
+            if let Gpu::Running { process, .. } = &gpu {
+                // The answer reached the guest: a daemon that takes the worker over after a
+                // restart must not give it again.
+                process.note_delivered();
+            }
             spin = self.shared.command.hop_poll();
             // Only a request that the guest waits for has a guest-side time to set this
             // against (HostLatency): a waited Batch is its own row, fire-and-forget ones none.
@@ -461,6 +525,45 @@ impl SessionThread {
         }
     }
 
+    /// Takes over the worker a previous daemon left: its state lives on, and the session goes
+    /// on where the guest process left it. A worker that cannot be taken over is ended, and
+    /// the session's GPU ops fail until DeviceReset, as for a worker that died.
+    fn take_over(&self, a: Adopting) -> Gpu {
+        let (session, pid) = (a.worker.session, a.worker.pid);
+        let slot = a.quota.as_ref().map(crate::limits::SlotLease::usage);
+        match WorkerProcess::adopt(&self.shared.command, a.worker, &self.shared.label, a.quota) {
+            Ok((mut process, replay)) => {
+                self.pid.store(process.pid(), Ordering::Release);
+                self.account.worker_started(slot);
+                if let Err(e) = self.link_host_functions(&mut process) {
+                    let mut gpu = Gpu::Running {
+                        process,
+                        sticky: false,
+                    };
+                    self.worker_failed(&mut gpu, Op::HostInfo, &e);
+                    return gpu;
+                }
+                info!(
+                    vm = %self.shared.label,
+                    "session {session}: worker process {pid} taken over after a daemon restart{}",
+                    if replay { "; the answer the previous daemon lost is given again" } else { "" }
+                );
+                Gpu::Running {
+                    process,
+                    sticky: false,
+                }
+            }
+            Err(e) => {
+                error!(
+                    vm = %self.shared.label,
+                    "session {session}: worker process {pid} of the previous daemon cannot be \
+                     taken over ({e}); the session's GPU ops fail until DeviceReset"
+                );
+                Gpu::Failed
+            }
+        }
+    }
+
     /// The operator's pause or resume of this session (`was_paused`: the state it is in).
     fn checkpoint(&self, gpu: &mut Gpu, pause: bool, was_paused: bool) -> ResponseHeader {
         if pause == was_paused {
@@ -487,6 +590,41 @@ impl SessionThread {
         }
     }
 
+    /// A transition of CUDA's process checkpoint (process_checkpoint.rs), run between this
+    /// session's requests: checkpoint and restore are the worker's pause and resume.
+    fn transition(&self, gpu: &mut Gpu, action: u64) -> ResponseHeader {
+        let before = self.process.get();
+        let next = match process_checkpoint::next_state(action, before) {
+            Ok(next) => next,
+            Err(code) => return ResponseHeader::with_status(code),
+        };
+        let resp = if action == PROCESS_CHECKPOINT || action == PROCESS_RESTORE {
+            match gpu {
+                Gpu::Running { process, .. } => {
+                    match process.checkpoint(action == PROCESS_CHECKPOINT) {
+                        Ok(resp) => resp,
+                        Err(e) => {
+                            let resp = self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+                            self.process
+                                .set(process_checkpoint::after_failure(true, before));
+                            return resp;
+                        }
+                    }
+                }
+                // No worker: nothing on the GPU to move.
+                Gpu::Idle => ResponseHeader::with_status(status::SUCCESS),
+                Gpu::Failed => worker_lost(),
+            }
+        } else {
+            ResponseHeader::with_status(status::SUCCESS)
+        };
+        if resp.status == status::SUCCESS {
+            self.process.set(next);
+            process_checkpoint::log_transition(&self.shared.label, self.id, action, &resp);
+        }
+        resp
+    }
+
     /// Gives a new worker its host-function link.
     fn link_host_functions(&self, process: &mut WorkerProcess) -> Result<(), WorkerError> {
         let (ours, theirs) = host_function_link::socket_pair().map_err(WorkerError::Spawn)?;
@@ -503,8 +641,8 @@ impl SessionThread {
             return self.abandoned();
         };
         for msg in backlog.drain(..end) {
-            if let (Msg::Run(job), false) = (msg, self.abandoned()) {
-                job.finish(&worker_lost());
+            if !self.abandoned() {
+                answer_unrun(msg, &worker_lost());
             }
         }
         true

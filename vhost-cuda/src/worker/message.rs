@@ -48,6 +48,9 @@ const TAG_MAILBOX: u8 = 5;
 const TAG_POSTED: u8 = 6;
 const TAG_PAUSE: u8 = 7;
 const TAG_RESUME: u8 = 8;
+const TAG_ADOPT: u8 = 9;
+const TAG_ADOPTED: u8 = 10;
+const TAG_END: u8 = 11;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -103,6 +106,14 @@ pub enum ToWorker {
     Pause,
     /// The operator's resume (`GpuState::resume`); answered as [`ToWorker::Pause`] is.
     Resume,
+    /// A restarted daemon takes the worker over (`worker/store.rs`): the worker drops the old
+    /// daemon's mailbox, remembers whether its last answer was lost with the old daemon (the
+    /// mailbox's delivered count), and answers [`FromWorker::Adopted`] over the socket. Answers
+    /// it sent the old daemon may still be in the socket before that one.
+    Adopt,
+    /// The session is over: the worker exits (as when the channel closes, which it cannot see
+    /// while a copy of the daemon's end is kept for a restart).
+    End,
     /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
     /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
     #[cfg(feature = "test-hooks")]
@@ -117,6 +128,15 @@ pub enum FromWorker {
     Done(ResponseHeader, u64),
     /// "Look in the mailbox": an answer was posted there while the daemon slept on this socket.
     Posted,
+    /// The answer to [`ToWorker::Adopt`]: the worker's session id, and whether it holds an
+    /// answer that the old daemon never delivered (it gives it again, without running the
+    /// request twice, when the guest's ring delivers that request again).
+    Adopted {
+        /// The session the worker serves.
+        session: u64,
+        /// Whether its last answer was lost with the old daemon.
+        replay: bool,
+    },
 }
 
 /// Errors of encoding, decoding and moving messages.
@@ -245,7 +265,7 @@ impl ToWorker {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
             Self::HostFunctionLink | Self::Mailbox => 1,
-            Self::Posted | Self::Pause | Self::Resume => 0,
+            Self::Posted | Self::Pause | Self::Resume | Self::Adopt | Self::End => 0,
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(_) => 0,
         }
@@ -294,6 +314,8 @@ impl ToWorker {
             Self::Posted => out.push(TAG_POSTED),
             Self::Pause => out.push(TAG_PAUSE),
             Self::Resume => out.push(TAG_RESUME),
+            Self::Adopt => out.push(TAG_ADOPT),
+            Self::End => out.push(TAG_END),
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(bytes) => {
                 let n = u32::try_from(bytes.len())
@@ -350,6 +372,8 @@ impl ToWorker {
             TAG_POSTED => Self::Posted,
             TAG_PAUSE => Self::Pause,
             TAG_RESUME => Self::Resume,
+            TAG_ADOPT => Self::Adopt,
+            TAG_END => Self::End,
             #[cfg(feature = "test-hooks")]
             TAG_SANDBOX_TEST_HOOK => {
                 let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
@@ -373,6 +397,11 @@ impl FromWorker {
                 out.extend_from_slice(&exec_ns.to_le_bytes());
             }
             Self::Posted => out.push(TAG_POSTED),
+            Self::Adopted { session, replay } => {
+                out.push(TAG_ADOPTED);
+                out.extend_from_slice(&session.to_le_bytes());
+                out.push(u8::from(*replay));
+            }
         }
         out
     }
@@ -387,6 +416,10 @@ impl FromWorker {
                 Self::Done(resp, r.u64()?)
             }
             TAG_POSTED => Self::Posted,
+            TAG_ADOPTED => Self::Adopted {
+                session: r.u64()?,
+                replay: r.u8()? != 0,
+            },
             tag => return Err(MessageError::UnknownTag(tag)),
         };
         r.end()?;
@@ -610,14 +643,34 @@ mod tests {
             ToWorker::HostFunctionLink,
             ToWorker::Pause,
             ToWorker::Resume,
+            ToWorker::Adopt,
+            ToWorker::End,
         ] {
             assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
         }
         let mut resp = ResponseHeader::with_status(700);
         resp.flags = 1;
         resp.rets = [1, 2, 3, 4, 5, 6, u64::MAX];
-        let msg = FromWorker::Done(resp, 1234);
-        assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        for msg in [
+            FromWorker::Done(resp, 1234),
+            FromWorker::Adopted {
+                session: u64::MAX - 1,
+                replay: true,
+            },
+            FromWorker::Adopted {
+                session: 3,
+                replay: false,
+            },
+        ] {
+            assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        }
+        // An Adopted answer cut short is refused.
+        let b = FromWorker::Adopted {
+            session: 3,
+            replay: false,
+        }
+        .encode();
+        FromWorker::decode(&b[..b.len() - 1]).unwrap_err();
     }
 
     #[test]
@@ -637,8 +690,8 @@ mod tests {
             Err(MessageError::TrailingBytes(1))
         ));
         assert!(matches!(
-            ToWorker::decode(&[9]),
-            Err(MessageError::UnknownTag(9))
+            ToWorker::decode(&[0x7f]),
+            Err(MessageError::UnknownTag(0x7f))
         ));
         assert!(matches!(
             FromWorker::decode(&good),
