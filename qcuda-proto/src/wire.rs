@@ -64,6 +64,18 @@ pub const VMM_FLAGS: u64 = VMM_FLAG_COMPRESSED | VMM_FLAG_RDMA_CAPABLE;
 /// `MemCreate` handle type: a POSIX file descriptor.
 pub const VMM_HANDLE_POSIX_FD: u64 = 1;
 
+/// `IpcExport`/`IpcImport` kind: device memory of a `Malloc` (legacy `cuIpcGetMemHandle`).
+pub const IPC_KIND_MEMORY: u64 = 1;
+/// `IpcExport`/`IpcImport` kind: a VMM allocation handle (`cuMemExportToShareableHandle`
+/// with a POSIX file descriptor).
+pub const IPC_KIND_VMM: u64 = 2;
+/// The bytes of a guest-side IPC handle (`cudaIpcMemHandle_t`, and the contents of the file
+/// a POSIX-descriptor handle is): magic u32 @0 ([`IPC_HANDLE_MAGIC`]), kind u32 @4, token
+/// u64 @8, secret [u64; 2] @16, device u32 @32 (of the exporter), reserved up to 64.
+pub const IPC_HANDLE_LEN: usize = 64;
+/// First word of a guest-side IPC handle ("QIPC").
+pub const IPC_HANDLE_MAGIC: u32 = 0x4350_4951;
+
 /// Request flag: fire-and-forget. The caller does not wait for the result; the device executes
 /// the op in stream order and reports a failure at the session's next synchronising op.
 pub const FLAG_ASYNC: u16 = 1 << 0;
@@ -177,6 +189,9 @@ pub mod status {
     pub const UNSUPPORTED_LIMIT: u32 = 215;
     /// cudaErrorInvalidKernelImage
     pub const INVALID_KERNEL_IMAGE: u32 = 200;
+    /// cudaErrorDeviceUninitialized, which is CUDA_ERROR_INVALID_CONTEXT ("invalid device
+    /// context").
+    pub const INVALID_CONTEXT: u32 = 201;
     /// cudaErrorNoKernelImageForDevice
     pub const NO_KERNEL_IMAGE_FOR_DEVICE: u32 = 209;
     /// cudaErrorPeerAccessUnsupported
@@ -514,6 +529,24 @@ ops! {
     /// args[0] = an address mapped by the session. rets[0] = base, rets[1] = size of the
     /// mapping holding it (cuMemGetAddressRange).
     MemMappingRange = 0x024B, ins 0, outs 0;
+
+    // Sharing device memory between the processes of one VM. The daemon keeps a table per VM
+    // of what was exported, under a token and a random secret: the exporting worker makes the
+    // real shareable handle (a POSIX file descriptor of the physical allocation), the daemon
+    // holds it and hands it to the importing worker. Answered by the daemon and the workers,
+    // never by one worker alone.
+    /// args[0] = `IPC_KIND_*`, args[1] = the device pointer (`IPC_KIND_MEMORY`: anywhere in
+    /// one `Malloc` of the session on `hdr.device`) or the allocation handle (`IPC_KIND_VMM`).
+    /// rets[0] = token, rets[1..=2] = secret; valid until the exporting session ends.
+    IpcExport = 0x0260, ins 0, outs 0;
+    /// args[0] = `IPC_KIND_*`, args[1] = token, args[2..=3] = secret, args[4] = flags
+    /// (`IPC_KIND_MEMORY`: cudaIpcMemLazyEnablePeerAccess = 1). Imported on `hdr.device`.
+    /// rets[0] = the device address of the exported allocation's start (`IPC_KIND_MEMORY`) or
+    /// a new allocation handle of the session (`IPC_KIND_VMM`); rets[1] = its size.
+    IpcImport = 0x0261, ins 0, outs 0;
+    /// args[0] = an address `IpcImport` returned (`IPC_KIND_MEMORY`): unmapped once the device
+    /// is done with it (cuIpcCloseMemHandle).
+    IpcClose = 0x0262, ins 0, outs 0;
 
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;

@@ -51,6 +51,7 @@ use std::{
 };
 
 mod driver_reset;
+pub mod ipc_broker;
 mod latency;
 mod table;
 #[cfg(test)]

@@ -48,6 +48,8 @@ const TAG_MAILBOX: u8 = 5;
 const TAG_POSTED: u8 = 6;
 const TAG_PAUSE: u8 = 7;
 const TAG_RESUME: u8 = 8;
+const TAG_IPC: u8 = 9;
+const TAG_EXPORTED: u8 = 10;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -84,6 +86,24 @@ pub struct RunRequest {
     pub outputs: Vec<Vec<Span>>,
 }
 
+/// A share of device memory with another process of the VM, which the daemon brokers
+/// (`crate::session::ipc_broker`): an export (the worker answers [`FromWorker::Exported`] with
+/// the driver's file descriptor) or an import of a descriptor that travels with the message
+/// (answered [`FromWorker::Done`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcCall {
+    /// Import (a descriptor travels with the message) or export.
+    pub import: bool,
+    /// The guest device the guest process called on.
+    pub device: u32,
+    /// `qcuda_proto::IPC_KIND_*`.
+    pub kind: u64,
+    /// Export: the device pointer or allocation handle. Import: the guest's flags.
+    pub arg: u64,
+    /// Import: what the exporting worker said about the allocation (`IpcExported::meta`).
+    pub meta: [u64; 3],
+}
+
 /// What the daemon sends a worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToWorker {
@@ -103,6 +123,8 @@ pub enum ToWorker {
     Pause,
     /// The operator's resume (`GpuState::resume`); answered as [`ToWorker::Pause`] is.
     Resume,
+    /// An IPC export or import (an import carries one descriptor).
+    Ipc(IpcCall),
     /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
     /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
     #[cfg(feature = "test-hooks")]
@@ -117,6 +139,9 @@ pub enum FromWorker {
     Done(ResponseHeader, u64),
     /// "Look in the mailbox": an answer was posted there while the daemon slept on this socket.
     Posted,
+    /// The answer of an IPC export that succeeded: the response (rets[0..3] the `meta` for
+    /// importers) and, with it, the driver's file descriptor. Always sent on the socket.
+    Exported(ResponseHeader),
 }
 
 /// Errors of encoding, decoding and moving messages.
@@ -246,6 +271,7 @@ impl ToWorker {
             Self::Run(_) => 0,
             Self::HostFunctionLink | Self::Mailbox => 1,
             Self::Posted | Self::Pause | Self::Resume => 0,
+            Self::Ipc(call) => usize::from(call.import),
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(_) => 0,
         }
@@ -294,6 +320,14 @@ impl ToWorker {
             Self::Posted => out.push(TAG_POSTED),
             Self::Pause => out.push(TAG_PAUSE),
             Self::Resume => out.push(TAG_RESUME),
+            Self::Ipc(c) => {
+                out.push(TAG_IPC);
+                out.push(u8::from(c.import));
+                out.extend_from_slice(&c.device.to_le_bytes());
+                for v in [c.kind, c.arg, c.meta[0], c.meta[1], c.meta[2]] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(bytes) => {
                 let n = u32::try_from(bytes.len())
@@ -350,6 +384,23 @@ impl ToWorker {
             TAG_POSTED => Self::Posted,
             TAG_PAUSE => Self::Pause,
             TAG_RESUME => Self::Resume,
+            TAG_IPC => {
+                let import = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(MessageError::Truncated),
+                };
+                let device = r.u32()?;
+                let (kind, arg) = (r.u64()?, r.u64()?);
+                let meta = [r.u64()?, r.u64()?, r.u64()?];
+                Self::Ipc(IpcCall {
+                    import,
+                    device,
+                    kind,
+                    arg,
+                    meta,
+                })
+            }
             #[cfg(feature = "test-hooks")]
             TAG_SANDBOX_TEST_HOOK => {
                 let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
@@ -373,6 +424,10 @@ impl FromWorker {
                 out.extend_from_slice(&exec_ns.to_le_bytes());
             }
             Self::Posted => out.push(TAG_POSTED),
+            Self::Exported(resp) => {
+                out.push(TAG_EXPORTED);
+                out.extend_from_slice(&resp.encode());
+            }
         }
         out
     }
@@ -387,6 +442,10 @@ impl FromWorker {
                 Self::Done(resp, r.u64()?)
             }
             TAG_POSTED => Self::Posted,
+            TAG_EXPORTED => {
+                let bytes = r.bytes(RESPONSE_HEADER_SIZE)?;
+                Self::Exported(ResponseHeader::decode(bytes).map_err(|_| MessageError::Truncated)?)
+            }
             tag => return Err(MessageError::UnknownTag(tag)),
         };
         r.end()?;
@@ -497,6 +556,34 @@ impl WorkerChannel {
             }
         }
         Ok(())
+    }
+
+    /// Sends an IPC export's answer with the driver's descriptor.
+    pub fn send_exported(&self, resp: ResponseHeader, fd: RawFd) -> Result<(), MessageError> {
+        self.send_frame(&FromWorker::Exported(resp).encode(), &[fd])
+    }
+
+    /// Receives the answer of an IPC call from the worker, on the socket: `Exported` with its
+    /// descriptor, or `Done`; `Posted` frames (stale wake-ups) are skipped. `None` when the
+    /// worker closed its end.
+    pub fn recv_ipc_answer(&self) -> Result<Option<(FromWorker, Option<File>)>, MessageError> {
+        loop {
+            let Some(Frame { body, mut files }) = self.recv_frame(1)? else {
+                return Ok(None);
+            };
+            let msg = FromWorker::decode(&body)?;
+            let expected = usize::from(matches!(msg, FromWorker::Exported(_)));
+            match msg {
+                FromWorker::Posted => continue,
+                _ if files.len() != expected => {
+                    return Err(MessageError::FdCount {
+                        expected,
+                        got: files.len(),
+                    })
+                }
+                _ => return Ok(Some((msg, files.pop()))),
+            }
+        }
     }
 
     /// Receives one frame and the descriptors that came with it (at most `max_fds`); `None`
@@ -618,6 +705,19 @@ mod tests {
         resp.rets = [1, 2, 3, 4, 5, 6, u64::MAX];
         let msg = FromWorker::Done(resp, 1234);
         assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        let msg = FromWorker::Exported(resp);
+        assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        for import in [false, true] {
+            let msg = ToWorker::Ipc(IpcCall {
+                import,
+                device: 3,
+                kind: 1,
+                arg: u64::MAX,
+                meta: [7, 8, 9],
+            });
+            assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
+            assert_eq!(msg.fd_count(), usize::from(import));
+        }
     }
 
     #[test]
@@ -637,9 +737,25 @@ mod tests {
             Err(MessageError::TrailingBytes(1))
         ));
         assert!(matches!(
-            ToWorker::decode(&[9]),
-            Err(MessageError::UnknownTag(9))
+            ToWorker::decode(&[0x77]),
+            Err(MessageError::UnknownTag(0x77))
         ));
+        // An IPC call with a bad import flag, or cut short.
+        let ipc = ToWorker::Ipc(IpcCall {
+            import: true,
+            device: 1,
+            kind: 2,
+            arg: 3,
+            meta: [4, 5, u64::MAX],
+        })
+        .encode()
+        .unwrap();
+        let mut bad_flag = ipc.clone();
+        bad_flag[1] = 2;
+        assert!(ToWorker::decode(&bad_flag).is_err());
+        for n in 0..ipc.len() {
+            assert!(ToWorker::decode(&ipc[..n]).is_err(), "prefix of {n}");
+        }
         assert!(matches!(
             FromWorker::decode(&good),
             Err(MessageError::UnknownTag(TAG_RUN))

@@ -314,11 +314,28 @@ impl VmmDriverApi for FakeDriver {
             }
             let reachable = m.access.values().any(|&f| f != ACCESS_NONE);
             if reachable && m.ctx.is_none() {
-                let bytes = st.vmm.phys[&m.phys].bytes[m.offset..m.offset + m.size].to_vec();
+                let (phys, offset, size) = (m.phys, m.offset, m.size);
+                m.ctx = Some(cur);
+                // Another live mapping of the allocation (an exporter's, say) holds its current
+                // bytes; the fake copies them now (later writes stay each mapping's own until
+                // it is unmapped).
+                let sibling = st
+                    .vmm
+                    .maps
+                    .iter()
+                    .filter(|&(&v, o)| v != va && o.phys == phys && o.offset == offset)
+                    .find_map(|(&v, o)| {
+                        o.ctx
+                            .and_then(|c| st.contexts.get(&c))
+                            .and_then(|c| c.mem.get(&v))
+                            .filter(|b| b.len() == size)
+                            .cloned()
+                    });
+                let bytes = sibling
+                    .unwrap_or_else(|| st.vmm.phys[&phys].bytes[offset..offset + size].to_vec());
                 if let Some(c) = st.contexts.get_mut(&cur) {
                     c.mem.insert(va, bytes);
                 }
-                m.ctx = Some(cur);
             }
         }
         Ok(())

@@ -9,7 +9,7 @@
 use super::*;
 use crate::cuda::{
     device_arena::{ArenaError, Backing, DeviceArena},
-    driver::vmm::{AllocProps, ACCESS_NONE, ACCESS_READWRITE},
+    driver::vmm::{AllocProps, ACCESS_NONE, ACCESS_READWRITE, HANDLE_TYPE_POSIX_FD},
 };
 
 /// Physical memory under a session's range, through the driver's VMM calls: one `cuMemCreate`
@@ -66,8 +66,11 @@ impl ReservedRange {
     ) -> VmmBacking<'a> {
         VmmBacking {
             drv,
+            // Shareable as a POSIX file descriptor, so that legacy IPC (`ipc.rs`) can hand
+            // the memory of a block to another process of the VM.
             props: AllocProps {
                 device: gpu,
+                handle_types: HANDLE_TYPE_POSIX_FD,
                 ..AllocProps::default()
             },
             access,
@@ -323,6 +326,7 @@ impl GpuState {
             || self.host_memory.contains_device(ptr, len)
             || self.managed_contains(ptr, len)
             || self.vmm.holds(ptr, len)
+            || self.ipc.holds(ptr, len)
         {
             Ok(())
         } else {

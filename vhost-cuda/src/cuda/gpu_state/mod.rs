@@ -61,6 +61,7 @@ mod checkpoint;
 mod contexts;
 mod copies;
 mod graphs;
+mod ipc;
 mod managed;
 mod memory;
 mod modules;
@@ -69,6 +70,7 @@ mod streams;
 mod vmm;
 
 pub use checkpoint::CheckpointError;
+pub use ipc::IpcExported;
 
 /// The launch attribute ids a stream takes: access policy window, synchronisation policy,
 /// priority, memory synchronisation domain map and domain.
@@ -359,6 +361,8 @@ pub struct GpuState {
     paused: Option<Vec<checkpoint::PausedRange>>,
     /// Physical allocations, reservations and mappings (gpu_state/vmm.rs).
     vmm: vmm::VmmTables,
+    /// Memory of other processes of the VM opened through legacy IPC (gpu_state/ipc.rs).
+    ipc: ipc::IpcImports,
 }
 
 impl std::fmt::Debug for GpuState {
@@ -404,6 +408,7 @@ impl GpuState {
             read_only_host: std::collections::HashSet::new(),
             paused: None,
             vmm: vmm::VmmTables::default(),
+            ipc: ipc::IpcImports::default(),
         }
     }
 
@@ -622,6 +627,10 @@ impl GpuState {
             }
             Op::Batch => self.batch(req),
             qcuda_proto::vmm_ops!() => self.vmm_op(req),
+            Op::IpcClose => self.ipc_close(req),
+            // They carry a file descriptor: the daemon sends them as messages of their own
+            // (`ipc_export`, `ipc_import`).
+            Op::IpcExport | Op::IpcImport => Err(status::NOT_SUPPORTED.into()),
             Op::MallocPitch => self.malloc_pitch(req),
             Op::Memset3D => self.memset_3d(req),
             Op::Memcpy3D | Op::Memcpy3DHtoD | Op::Memcpy3DDtoH => self.memcpy_3d(req),
@@ -658,6 +667,7 @@ impl Drop for GpuState {
         let drv = Arc::clone(&self.drv);
         let live = self.host.sticky_error().is_none();
         self.vmm.release_all(live.then_some(drv.as_ref()));
+        self.ipc.release_all(live.then_some(drv.as_ref()));
         self.ram.release(self.drv.as_ref());
         for dev in 0..self.devices.len() {
             self.teardown(dev);

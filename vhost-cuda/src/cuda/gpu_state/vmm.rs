@@ -219,6 +219,29 @@ impl VmmTables {
         Some(id)
     }
 
+    /// The driver's handle behind the session's allocation handle `id`.
+    pub(super) fn handle_raw(&self, id: u64) -> Option<MemHandle> {
+        self.handles.get(id).map(HandleEntry::raw)
+    }
+
+    /// A handle of an allocation another process made (imported, `ipc.rs`): a physical
+    /// allocation of its own, on guest device `dev`, charged to its maker. `None` (and `raw`
+    /// released) if the table is full.
+    pub(super) fn adopt(
+        &mut self,
+        ids: &mut HandleCounter,
+        drv: &dyn DriverApi,
+        raw: MemHandle,
+        dev: usize,
+    ) -> Option<u64> {
+        let phys = self.new_phys(dev, 0);
+        let id = self.add_handle(ids, drv, raw, phys);
+        if id.is_none() {
+            self.phys.remove(&phys);
+        }
+        id
+    }
+
     /// Unmaps, frees and releases everything (the session ends), and gives the quota back.
     /// Best effort: the worker's exit frees whatever the driver refuses now. With a sticky
     /// error (`driver` None) the corrupted driver is not called at all.
@@ -346,6 +369,12 @@ impl GpuState {
             }
             _ => Err(status::NOT_SUPPORTED.into()),
         }
+    }
+
+    /// The guest device of the physical allocation behind allocation handle `id`.
+    pub(super) fn vmm_dev_of(&self, id: u64) -> Result<usize, Fault> {
+        let h = self.vmm.handles.get(id).ok_or(status::INVALID_VALUE)?;
+        self.phys_dev(h.phys)
     }
 
     fn phys_dev(&self, phys: u64) -> Result<usize, Fault> {

@@ -1,0 +1,294 @@
+//! Device memory shared with the other processes of the VM: this worker's half of legacy IPC
+//! (`cuIpcGetMemHandle`/`cuIpcOpenMemHandle`/`cuIpcCloseMemHandle`) and of VMM shareable
+//! handles (`cuMemExportToShareableHandle`/`cuMemImportFromShareableHandle`, POSIX file
+//! descriptors).
+//!
+//! Each guest process has a worker of its own, in namespaces of its own, so the driver's legacy
+//! IPC handles (which name the exporting process) cannot cross from one worker to another. One
+//! mechanism serves both kinds instead: the exporting worker asks the driver for a POSIX file
+//! descriptor of the physical allocation (every block of a session's reserved range is made
+//! shareable that way, `memory.rs`), the daemon keeps it in the VM's table under a token
+//! (`crate::session::ipc_broker`) and passes it, with what the exporter said about it, to the
+//! importing worker, which imports it here.
+//!
+//! - Legacy memory: the importer maps the whole physical allocation (the 2 MiB granule, or the
+//!   run of a large block) at an address the driver picks, grants its device (and the owner's)
+//!   access, and lets the guest reach only the exported allocation inside it; the answer is
+//!   that allocation's start, as `cuIpcOpenMemHandle` answers the base of the allocation.
+//!   `IpcClose` unmaps it (after the device's work, as natively). The mapping holds the memory:
+//!   an exporter that exits or frees takes nothing from the importer.
+//! - VMM: the imported allocation becomes a handle of the session's VMM table (`vmm.rs`),
+//!   mapped, given access and released as any other.
+//!
+//! Neighbours: `crate::worker::child` calls [`GpuState::ipc_export`] and
+//! [`GpuState::ipc_import`] for the daemon's `ToWorker::Ipc` messages (they carry a file
+//! descriptor, so they do not travel as guest requests); `IpcClose` is an ordinary request.
+
+use std::{
+    collections::BTreeMap,
+    os::fd::{BorrowedFd, OwnedFd},
+};
+
+use qcuda_proto::{IPC_KIND_MEMORY, IPC_KIND_VMM};
+
+use super::*;
+use crate::cuda::driver::vmm::ACCESS_READWRITE;
+
+/// Most legacy IPC mappings a session may hold open.
+const MAX_IPC_OPEN: usize = 4096;
+/// `cudaIpcMemLazyEnablePeerAccess`, the one flag `cuIpcOpenMemHandle` knows.
+const IPC_LAZY_ENABLE_PEER_ACCESS: u64 = 1;
+
+/// What an export gives the daemon: the real shareable handle and what an importer needs to
+/// know about it (`meta`, passed back to the importing worker as is).
+#[derive(Debug)]
+pub struct IpcExported {
+    /// The driver's POSIX file descriptor of the physical allocation.
+    pub fd: OwnedFd,
+    /// `IPC_KIND_MEMORY`: the exported allocation's offset in the physical allocation, its
+    /// size, the physical allocation's size. `IPC_KIND_VMM`: zeros.
+    pub meta: [u64; 3],
+}
+
+/// One opened legacy IPC mapping.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IpcMapping {
+    /// The reservation and mapping: the whole physical allocation.
+    va: u64,
+    len: u64,
+    /// What the guest may touch: the exported allocation.
+    size: u64,
+    /// The guest device it was opened on (whose context must be current to unmap).
+    dev: usize,
+}
+
+/// The legacy IPC mappings the session opened, by the address given to the guest.
+#[derive(Debug, Default)]
+pub(super) struct IpcImports {
+    open: BTreeMap<u64, IpcMapping>,
+    /// Whether the session has exported memory: another process may map it from then on.
+    exported: bool,
+}
+
+impl IpcImports {
+    /// Whether `ptr..ptr + len` lies inside one opened allocation.
+    pub(super) fn holds(&self, ptr: u64, len: u64) -> bool {
+        let Some(end) = ptr.checked_add(len) else {
+            return false;
+        };
+        self.open
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&base, m)| ptr < base + m.size && end <= base + m.size)
+    }
+
+    /// Whether the session shares device memory with another process: it opened memory of
+    /// one, or gave its own away (after an export, the importer may map it at any time).
+    pub(super) fn shares(&self) -> bool {
+        self.exported || !self.open.is_empty()
+    }
+
+    /// Unmaps everything (the session ends); with a sticky error (`driver` None) the
+    /// corrupted driver is not called: the worker's exit frees it.
+    pub(super) fn release_all(&mut self, driver: Option<&dyn DriverApi>) {
+        for (_, m) in std::mem::take(&mut self.open) {
+            if let Some(drv) = driver {
+                unmap(drv, &m);
+            }
+        }
+    }
+}
+
+fn unmap(drv: &dyn DriverApi, m: &IpcMapping) {
+    if let Ok(len) = usize::try_from(m.len) {
+        let _ = drv.mem_unmap(m.va, len);
+        let _ = drv.mem_address_free(m.va, len);
+    }
+}
+
+impl GpuState {
+    /// The answer for `r` of `op` (a driver error may be sticky), as `execute` gives it.
+    fn ipc_answer(&mut self, op: Op, r: OpResult) -> ResponseHeader {
+        let mut resp = match r {
+            Ok(r) => r,
+            Err(Fault::Status(s)) => ResponseHeader::with_status(s),
+            Err(Fault::Driver { dev, err }) => {
+                ResponseHeader::with_status(self.driver_failed(op, dev, err))
+            }
+        };
+        if self.host.sticky_error().is_some() {
+            resp.flags |= RESP_FLAG_STICKY;
+        }
+        resp
+    }
+
+    /// `IpcExport` of `kind` for guest device `device`: `arg` is a device pointer
+    /// (`IPC_KIND_MEMORY`) or an allocation handle (`IPC_KIND_VMM`). The error is the answer.
+    pub fn ipc_export(
+        &mut self,
+        device: u32,
+        kind: u64,
+        arg: u64,
+    ) -> Result<IpcExported, ResponseHeader> {
+        let r = self.export(device, kind, arg);
+        r.map_err(|f| self.ipc_answer(Op::IpcExport, Err(f)))
+    }
+
+    fn export(&mut self, device: u32, kind: u64, arg: u64) -> Result<IpcExported, Fault> {
+        if let Some(s) = self.host.unavailable() {
+            return Err(s.into());
+        }
+        if self.paused.is_some() {
+            self.resume().map_err(|_| Fault::Status(status::UNKNOWN))?;
+        }
+        let dev = device as usize;
+        match kind {
+            IPC_KIND_MEMORY => {
+                // cuIpcGetMemHandle: any pointer inside an allocation of the current context.
+                if !self.bind_existing(dev)? {
+                    return Err(invalid());
+                }
+                let ctx = self.context(dev)?;
+                let (base, size) = ctx.memory.allocation_at(arg).ok_or_else(invalid)?;
+                let range = ctx.range.as_ref().ok_or(status::NOT_SUPPORTED)?;
+                let (run, run_len) = range.arena.run_at(base).ok_or_else(invalid)?;
+                if base + size > run + run_len {
+                    return Err(invalid());
+                }
+                let raw = self.drv.mem_retain_handle(run).map_err(on(dev))?;
+                let fd = self.drv.mem_export_fd(raw);
+                let _ = self.drv.mem_release(raw);
+                self.ipc.exported = true;
+                Ok(IpcExported {
+                    fd: fd.map_err(on(dev))?,
+                    meta: [base - run, size, run_len],
+                })
+            }
+            IPC_KIND_VMM => {
+                let h = self.vmm.handle_raw(arg).ok_or_else(invalid)?;
+                let dev = self.vmm_dev_of(arg)?;
+                self.bind(dev)?;
+                let fd = self.drv.mem_export_fd(h).map_err(on(dev))?;
+                self.ipc.exported = true;
+                Ok(IpcExported { fd, meta: [0; 3] })
+            }
+            _ => Err(invalid()),
+        }
+    }
+
+    /// `IpcImport` of `kind` on guest device `device` of the descriptor `fd` an exporter made,
+    /// with the exporter's `meta`; `flags` as the guest gave them.
+    pub fn ipc_import(
+        &mut self,
+        device: u32,
+        kind: u64,
+        fd: BorrowedFd<'_>,
+        meta: [u64; 3],
+        flags: u64,
+    ) -> ResponseHeader {
+        let r = self.import(device, kind, fd, meta, flags);
+        self.ipc_answer(Op::IpcImport, r)
+    }
+
+    fn import(
+        &mut self,
+        device: u32,
+        kind: u64,
+        fd: BorrowedFd<'_>,
+        meta: [u64; 3],
+        flags: u64,
+    ) -> OpResult {
+        if let Some(s) = self.host.unavailable() {
+            return Err(s.into());
+        }
+        if self.paused.is_some() {
+            self.resume().map_err(|_| Fault::Status(status::UNKNOWN))?;
+        }
+        let dev = device as usize;
+        if dev >= self.devices.len() {
+            return Err(status::INVALID_DEVICE.into());
+        }
+        match kind {
+            IPC_KIND_MEMORY => {
+                if flags & !IPC_LAZY_ENABLE_PEER_ACCESS != 0 {
+                    return Err(invalid());
+                }
+                let [offset, size, len] = meta;
+                let end = offset.checked_add(size).ok_or_else(invalid)?;
+                if size == 0 || end > len || self.ipc.open.len() >= MAX_IPC_OPEN {
+                    return Err(invalid());
+                }
+                let gpu = self.gpu_of(dev as u64)?;
+                self.bind(dev)?;
+                let drv = Arc::clone(&self.drv);
+                let raw = drv.mem_import_fd(fd).map_err(on(dev))?;
+                let owner = drv.mem_handle_props(raw).map(|p| p.device);
+                let len_us = to_usize(len)?;
+                let va = match drv.mem_address_reserve(len_us, 0, 0) {
+                    Ok(va) => va,
+                    Err(e) => {
+                        let _ = drv.mem_release(raw);
+                        return Err(on(dev)(e));
+                    }
+                };
+                let mapped = drv.mem_map(va, len_us, 0, raw);
+                let _ = drv.mem_release(raw);
+                let mut access = vec![(gpu, ACCESS_READWRITE)];
+                if let Ok(o) = owner {
+                    if o != gpu {
+                        access.push((o, ACCESS_READWRITE));
+                    }
+                }
+                let m = IpcMapping { va, len, size, dev };
+                if let Err(e) = mapped {
+                    let _ = drv.mem_address_free(va, len_us);
+                    return Err(on(dev)(e));
+                }
+                if let Err(e) = drv.mem_set_access(va, len_us, &access) {
+                    unmap(drv.as_ref(), &m);
+                    return Err(on(dev)(e));
+                }
+                self.ipc.open.insert(va + offset, m);
+                ok_rets(&[va + offset, size])
+            }
+            IPC_KIND_VMM => {
+                if flags != 0 {
+                    return Err(invalid());
+                }
+                self.bind(dev)?;
+                let drv = Arc::clone(&self.drv);
+                let raw = drv.mem_import_fd(fd).map_err(on(dev))?;
+                let owner = match drv.mem_handle_props(raw) {
+                    Ok(p) => self.host.gpus.iter().position(|g| g.dev == p.device),
+                    Err(_) => None,
+                };
+                let Some(owner) = owner else {
+                    let _ = drv.mem_release(raw);
+                    return Err(invalid());
+                };
+                let id = self
+                    .vmm
+                    .adopt(&mut self.ids, drv.as_ref(), raw, owner)
+                    .ok_or(status::MEMORY_ALLOCATION)?;
+                ok_rets(&[id])
+            }
+            _ => Err(invalid()),
+        }
+    }
+
+    /// `IpcClose`: args[0] = an address `IpcImport` gave. Waits for the device's work, as
+    /// `cuIpcCloseMemHandle` does, then unmaps.
+    pub(super) fn ipc_close(&mut self, req: &Request) -> OpResult {
+        let ptr = req.header().args[0];
+        let m = *self.ipc.open.get(&ptr).ok_or_else(invalid)?;
+        self.bind(m.dev)?;
+        self.drv.ctx_synchronize().map_err(on(m.dev))?;
+        self.ipc.open.remove(&ptr);
+        unmap(self.drv.as_ref(), &m);
+        ok()
+    }
+}
+
+fn invalid() -> Fault {
+    Fault::Status(status::INVALID_VALUE)
+}
