@@ -158,7 +158,8 @@ pub const PROP_ATTRIBUTES: &[(CUdevice_attribute, Setter)] = prop_attributes! {
 /// using a feature take the path that works. Mapped host memory, host registration and virtual
 /// memory management (`cuMemCreate`, `cuMemMap`: core/vmm.rs) are carried (the host's own
 /// values pass through, generic compression included); shareable handles of VMM allocations
-/// (POSIX file descriptors) are not yet. Managed memory has values of its own
+/// (POSIX file descriptors) are, between the processes of the VM (core/ipc.rs), so that
+/// attribute passes through; IPC events and shareable pools are not offered yet. Managed memory has values of its own
 /// ([`QCUDA_VALUES`]).
 pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
@@ -181,7 +182,6 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
     cu::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED,
-    cu::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED,

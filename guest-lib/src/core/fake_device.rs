@@ -122,6 +122,10 @@ pub struct FakeState {
     pub vmm_reserved: BTreeMap<u64, u64>,
     /// VMM mappings: address -> (size, handle); their bytes are in `memory`.
     pub vmm_maps: BTreeMap<u64, (u64, u64)>,
+    /// IPC exports: token -> (kind, device pointer or allocation handle, size).
+    pub ipc_exports: HashMap<u64, (u64, u64, u64)>,
+    /// Addresses `IpcImport` gave for legacy handles, not yet closed.
+    pub ipc_opened: Vec<u64>,
 }
 
 /// The fake's VMM granularity (2 MiB, as an H100's).
@@ -880,6 +884,53 @@ fn run(
             _ => return Err(status::INVALID_VALUE),
         },
         qcuda_proto::vmm_ops!() => s.vmm(op, device, args, rets)?,
+        Op::IpcExport => {
+            let (kind, arg) = (args[0], args[1]);
+            let size = match kind {
+                qcuda_proto::IPC_KIND_MEMORY => {
+                    let (&base, bytes) = s
+                        .memory
+                        .range(..=arg)
+                        .next_back()
+                        .filter(|(&b, v)| arg < b + v.len() as u64)
+                        .ok_or(status::INVALID_VALUE)?;
+                    (base, bytes.len() as u64)
+                }
+                qcuda_proto::IPC_KIND_VMM => {
+                    let &(_, size, types, _) =
+                        s.vmm_handles.get(&arg).ok_or(status::INVALID_VALUE)?;
+                    if types == 0 {
+                        return Err(status::INVALID_VALUE);
+                    }
+                    (arg, size)
+                }
+                _ => return Err(status::INVALID_VALUE),
+            };
+            let token = s.handle();
+            s.ipc_exports.insert(token, (kind, size.0, size.1));
+            rets[..3].copy_from_slice(&[token, 0x5eed ^ token, !token]);
+        }
+        Op::IpcImport => {
+            let token = args[1];
+            let &(kind, arg, size) = s.ipc_exports.get(&token).ok_or(status::INVALID_VALUE)?;
+            if kind != args[0] || [args[2], args[3]] != [0x5eed ^ token, !token] {
+                return Err(status::INVALID_VALUE);
+            }
+            if kind == qcuda_proto::IPC_KIND_VMM {
+                s.vmm_handles.get_mut(&arg).ok_or(status::INVALID_VALUE)?.3 += 1;
+            } else {
+                s.ipc_opened.push(arg);
+            }
+            rets[..2].copy_from_slice(&[arg, size]);
+        }
+        Op::IpcClose => {
+            let at = s
+                .ipc_opened
+                .iter()
+                .position(|&p| p == args[0])
+                .ok_or(status::INVALID_VALUE)?;
+            s.ipc_opened.remove(at);
+        }
         Op::MemPoolSetAttribute => {
             s.pools.get(&args[0]).ok_or(status::INVALID_VALUE)?;
             s.pool_attrs.insert((args[0], args[1]), args[2]);

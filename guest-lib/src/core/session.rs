@@ -497,6 +497,9 @@ pub fn needs_context(op: Op) -> bool {
         | Op::PeerAccess
         | Op::MemcpyPeer
         | qcuda_proto::vmm_ops!()
+        | Op::IpcExport
+        | Op::IpcImport
+        | Op::IpcClose
         | qcuda_proto::graph_ops!() => true,
     }
 }
@@ -558,7 +561,10 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemMap
         | Op::MemUnmap
         | Op::MemSetAccess
-        | Op::MemRetainHandle => false,
+        | Op::MemRetainHandle
+        | Op::IpcExport
+        | Op::IpcImport
+        | Op::IpcClose => false,
         Op::MemGetAccess
         | Op::MemGetGranularity
         | Op::MemHandleProperties

@@ -7,7 +7,7 @@ use core::ffi::c_void;
 #[allow(clippy::wildcard_imports)]
 use super::{
     api::{
-        arrays::*, context::*, device::*, graph::*, init::*, launch::*, link::*, memory::*,
+        arrays::*, context::*, device::*, graph::*, init::*, ipc::*, launch::*, link::*, memory::*,
         module::*, stream::*, vmm::*,
     },
     unsupported::*,

@@ -88,6 +88,21 @@ impl IpcImports {
         self.exported || !self.open.is_empty()
     }
 
+    /// Unmaps what was opened on guest device `dev` (its reset).
+    pub(super) fn release_device(&mut self, dev: usize, drv: &dyn DriverApi) {
+        let gone: Vec<u64> = self
+            .open
+            .iter()
+            .filter(|(_, m)| m.dev == dev)
+            .map(|(&p, _)| p)
+            .collect();
+        for p in gone {
+            if let Some(m) = self.open.remove(&p) {
+                unmap(drv, &m);
+            }
+        }
+    }
+
     /// Unmaps everything (the session ends); with a sticky error (`driver` None) the
     /// corrupted driver is not called: the worker's exit frees it.
     pub(super) fn release_all(&mut self, driver: Option<&dyn DriverApi>) {
