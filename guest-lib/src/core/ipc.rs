@@ -140,7 +140,10 @@ pub fn import_fd(rt: &Runtime, fd: RawFd) -> CudaResult<u64> {
     if usize::try_from(n).ok() != Some(h.len()) {
         return Err(CudaError::INVALID_VALUE);
     }
-    let (token, secret, device) = decode(&h, IPC_KIND_VMM)?;
+    let (token, secret, _exporter_device) = decode(&h, IPC_KIND_VMM)?;
+    // The calling thread's device, as natively the current context's: the host works in its
+    // context there (no context on the allocation's own device, which may be a peer).
+    let device = crate::core::devices::current();
     let reply = rt.session.submit(Call::new(Op::IpcImport, device).args(&[
         IPC_KIND_VMM,
         token,

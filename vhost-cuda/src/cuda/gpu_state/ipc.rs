@@ -273,17 +273,12 @@ impl GpuState {
                 self.bind(dev)?;
                 let drv = Arc::clone(&self.drv);
                 let raw = drv.mem_import_fd(fd).map_err(on(dev))?;
-                let owner = match drv.mem_handle_props(raw) {
-                    Ok(p) => self.host.gpus.iter().position(|g| g.dev == p.device),
-                    Err(_) => None,
-                };
-                let Some(owner) = owner else {
-                    let _ = drv.mem_release(raw);
-                    return Err(invalid());
-                };
+                // The allocation may live on a peer of `dev` (another process's GPU): the
+                // session works on it in its context on `dev`, as the importing process does
+                // natively, and makes no context on the owner.
                 let id = self
                     .vmm
-                    .adopt(&mut self.ids, drv.as_ref(), raw, owner)
+                    .adopt(&mut self.ids, drv.as_ref(), raw, dev)
                     .ok_or(status::MEMORY_ALLOCATION)?;
                 ok_rets(&[id])
             }

@@ -225,7 +225,8 @@ impl VmmTables {
     }
 
     /// A handle of an allocation another process made (imported, `ipc.rs`): a physical
-    /// allocation of its own, on guest device `dev`, charged to its maker. `None` (and `raw`
+    /// allocation of its own, worked on in the context of guest device `dev` (the importer's;
+    /// the memory may be a peer's), charged to its maker. `None` (and `raw`
     /// released) if the table is full.
     pub(super) fn adopt(
         &mut self,
