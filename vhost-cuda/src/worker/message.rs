@@ -752,9 +752,12 @@ mod tests {
         .unwrap();
         let mut bad_flag = ipc.clone();
         bad_flag[1] = 2;
-        assert!(ToWorker::decode(&bad_flag).is_err());
+        ToWorker::decode(&bad_flag).unwrap_err();
         for n in 0..ipc.len() {
-            assert!(ToWorker::decode(&ipc[..n]).is_err(), "prefix of {n}");
+            assert!(
+                matches!(ToWorker::decode(&ipc[..n]), Err(MessageError::Truncated)),
+                "prefix of {n}"
+            );
         }
         assert!(matches!(
             FromWorker::decode(&good),
