@@ -195,7 +195,8 @@ fn what_the_driver_refuses_is_refused() {
 }
 
 /// The device announces VMM and POSIX-fd shareable handles with the GPU's values; host-NUMA
-/// VMM, IPC events and shareable pools, which qcuda does not offer, read 0 whatever the GPU says.
+/// VMM, IPC events, shareable pools and multicast objects, which qcuda does not offer, read 0
+/// whatever the GPU says.
 #[test]
 fn the_device_announces_what_is_offered() {
     use crate::driver::api::device::cuDeviceGetAttribute;
@@ -207,6 +208,7 @@ fn the_device_announces_what_is_offered() {
         141,
         d::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED as i32,
         d::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES as i32,
+        d::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED as i32,
     ] {
         fake.state().attributes.insert(attr, 1);
     }
@@ -225,6 +227,7 @@ fn the_device_announces_what_is_offered() {
             ),
             (d::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 0),
             (d::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0),
+            (d::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0),
             (
                 d::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                 0,
