@@ -69,6 +69,13 @@ pub const IPC_KIND_MEMORY: u64 = 1;
 /// `IpcExport`/`IpcImport` kind: a VMM allocation handle (`cuMemExportToShareableHandle`
 /// with a POSIX file descriptor).
 pub const IPC_KIND_VMM: u64 = 2;
+/// `IpcExport`/`IpcImport` kind: a memory pool created shareable as POSIX file descriptors
+/// (`cuMemPoolExportToShareableHandle`).
+pub const IPC_KIND_POOL: u64 = 3;
+/// `MemPoolCreate` args[1]: the pool is shareable as POSIX file descriptors.
+pub const POOL_HANDLE_POSIX_FD: u64 = 1;
+/// Bytes of a pool pointer's export record (`CUmemPoolPtrExportData`), the driver's own.
+pub const POOL_PTR_EXPORT_LEN: usize = 64;
 /// The bytes of a guest-side IPC handle (`cudaIpcMemHandle_t`, and the contents of the file
 /// a POSIX-descriptor handle is): magic u32 @0 ([`IPC_HANDLE_MAGIC`]), kind u32 @4, token
 /// u64 @8, secret [u64; 2] @16, device u32 @32 (of the exporter), reserved up to 64.
@@ -434,8 +441,9 @@ ops! {
     DeviceGetMemPool = 0x0181, ins 0, outs 0;
     /// args[0] = pool handle of device `hdr.device`, which becomes its current pool.
     DeviceSetMemPool = 0x0182, ins 0, outs 0;
-    /// A new pool of pinned device memory on device `hdr.device`, no shareable handle types:
-    /// args[0] = maximum size in bytes (0: the driver's default). rets[0] = pool handle.
+    /// A new pool of pinned device memory on device `hdr.device`: args[0] = maximum size in
+    /// bytes (0: the driver's default), args[1] = shareable handle types (0, or
+    /// `POOL_HANDLE_POSIX_FD`). rets[0] = pool handle.
     MemPoolCreate = 0x0183, ins 0, outs 0;
     /// args[0] = pool handle (not a default pool). A pool that was its device's current pool
     /// is replaced there by the default pool.
@@ -536,17 +544,26 @@ ops! {
     // holds it and hands it to the importing worker. Answered by the daemon and the workers,
     // never by one worker alone.
     /// args[0] = `IPC_KIND_*`, args[1] = the device pointer (`IPC_KIND_MEMORY`: anywhere in
-    /// one `Malloc` of the session on `hdr.device`) or the allocation handle (`IPC_KIND_VMM`).
-    /// rets[0] = token, rets[1..=2] = secret; valid until the exporting session ends.
+    /// one `Malloc` of the session on `hdr.device`), the allocation handle (`IPC_KIND_VMM`) or
+    /// the pool handle (`IPC_KIND_POOL`). rets[0] = token, rets[1..=2] = secret; valid until
+    /// the exporting session ends.
     IpcExport = 0x0260, ins 0, outs 0;
     /// args[0] = `IPC_KIND_*`, args[1] = token, args[2..=3] = secret, args[4] = flags
     /// (`IPC_KIND_MEMORY`: cudaIpcMemLazyEnablePeerAccess = 1). Imported on `hdr.device`.
     /// rets[0] = the device address of the exported allocation's start (`IPC_KIND_MEMORY`) or
-    /// a new allocation handle of the session (`IPC_KIND_VMM`); rets[1] = its size.
+    /// a new allocation handle (`IPC_KIND_VMM`) or pool handle (`IPC_KIND_POOL`) of the
+    /// session; rets[1] = the size (`IPC_KIND_MEMORY`).
     IpcImport = 0x0261, ins 0, outs 0;
     /// args[0] = an address `IpcImport` returned (`IPC_KIND_MEMORY`): unmapped once the device
     /// is done with it (cuIpcCloseMemHandle).
     IpcClose = 0x0262, ins 0, outs 0;
+    /// args[0] = a stream-ordered allocation of the session from a shareable pool: out-buffer 0
+    /// (`POOL_PTR_EXPORT_LEN` bytes) receives the driver's export record (cuMemPoolExportPointer).
+    MemPoolExportPointer = 0x0263, ins 0, outs 1;
+    /// args[0] = a pool handle the session imported (`IpcImport` of `IPC_KIND_POOL`); in-buffer
+    /// 0 = an export record of `MemPoolExportPointer`. rets[0] = the allocation's address in
+    /// this process, rets[1] = its size (cuMemPoolImportPointer); freed by `Free`/`FreeAsync`.
+    MemPoolImportPointer = 0x0264, ins 1, outs 0;
 
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;

@@ -22,7 +22,9 @@ use std::{
 
 use cudarc::driver::sys;
 
-use super::{check, driver_handles, CuError, CuResult, CudaDriver, NoDriver};
+use super::{
+    check, driver_handles, mem_location, CuError, CuResult, CudaDriver, MemPool, NoDriver,
+};
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
 pub(crate) const VMM_SYMBOLS: &[&str] = &[
@@ -36,6 +38,11 @@ pub(crate) const VMM_SYMBOLS: &[&str] = &[
     "cuMemGetAllocationPropertiesFromHandle",
     "cuMemImportFromShareableHandle",
     "cuMemMap",
+    "cuMemPoolCreate",
+    "cuMemPoolExportPointer",
+    "cuMemPoolExportToShareableHandle",
+    "cuMemPoolImportFromShareableHandle",
+    "cuMemPoolImportPointer",
     "cuMemRelease",
     "cuMemRetainAllocationHandle",
     "cuMemSetAccess",
@@ -179,6 +186,20 @@ pub(crate) trait VmmDriverApi {
     /// cuMemGetAddressRange: (base, size) of the allocation or mapping holding `ptr`. Needs
     /// a current context.
     fn mem_address_range(&self, ptr: u64) -> CuResult<(u64, usize)>;
+    /// cuMemPoolCreate of a pool of pinned memory on `dev` shareable as POSIX file
+    /// descriptors (`max_size` 0: the driver's default), to be destroyed with
+    /// `DriverApi::mem_pool_destroy`.
+    fn mem_pool_create_shareable(&self, dev: i32, max_size: usize) -> CuResult<MemPool>;
+    /// cuMemPoolExportToShareableHandle of a POSIX file descriptor.
+    fn mem_pool_export_fd(&self, pool: MemPool) -> CuResult<OwnedFd>;
+    /// cuMemPoolImportFromShareableHandle of a POSIX file descriptor: a pool to be destroyed
+    /// with `DriverApi::mem_pool_destroy`. The descriptor stays the caller's.
+    fn mem_pool_import_fd(&self, fd: BorrowedFd<'_>) -> CuResult<MemPool>;
+    /// cuMemPoolExportPointer: the driver's opaque 64 bytes naming the pool allocation `ptr`.
+    fn mem_pool_export_pointer(&self, ptr: u64) -> CuResult<[u8; 64]>;
+    /// cuMemPoolImportPointer: the address in this process of what `data` names in the
+    /// imported `pool`, to be freed with cuMemFree(Async).
+    fn mem_pool_import_pointer(&self, pool: MemPool, data: &[u8; 64]) -> CuResult<u64>;
 }
 
 // SAFETY (for every unsafe block in this impl): as for `DriverApi for CudaDriver`: each symbol
@@ -312,6 +333,71 @@ impl VmmDriverApi for CudaDriver {
         check(unsafe { sys::cuMemGetAddressRange_v2(&raw mut base, &raw mut size, ptr) })?;
         Ok((base, size))
     }
+
+    fn mem_pool_create_shareable(&self, dev: i32, max_size: usize) -> CuResult<MemPool> {
+        // SAFETY: an all-zero CUmemPoolProps is a valid value (no pointers are followed).
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD);
+        props.location = mem_location(dev);
+        props.maxSize = max_size;
+        let mut p: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: see the impl comment; `props` is fully initialised.
+        check(unsafe { sys::cuMemPoolCreate(&raw mut p, &raw const props) })?;
+        Ok(MemPool::from_raw(p as super::Raw))
+    }
+
+    fn mem_pool_export_fd(&self, pool: MemPool) -> CuResult<OwnedFd> {
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: see the impl comment; for the POSIX type the driver writes an int.
+        check(unsafe {
+            sys::cuMemPoolExportToShareableHandle(
+                (&raw mut fd).cast(),
+                pool.raw() as sys::CUmemoryPool,
+                sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(CuError::UNKNOWN);
+        }
+        // SAFETY: the driver returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn mem_pool_import_fd(&self, fd: BorrowedFd<'_>) -> CuResult<MemPool> {
+        let mut p: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: see the impl comment; the descriptor is passed as the pointer-sized value.
+        check(unsafe {
+            sys::cuMemPoolImportFromShareableHandle(
+                &raw mut p,
+                fd.as_raw_fd() as isize as *mut c_void,
+                sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+                0,
+            )
+        })?;
+        Ok(MemPool::from_raw(p as super::Raw))
+    }
+
+    fn mem_pool_export_pointer(&self, ptr: u64) -> CuResult<[u8; 64]> {
+        // SAFETY: an all-zero export record is a valid value.
+        let mut data: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemPoolExportPointer(&raw mut data, ptr) })?;
+        Ok(data.reserved)
+    }
+
+    fn mem_pool_import_pointer(&self, pool: MemPool, data: &[u8; 64]) -> CuResult<u64> {
+        // SAFETY: an all-zero export record is a valid value.
+        let mut rec: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
+        rec.reserved = *data;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: see the impl comment; the driver reads the local record.
+        check(unsafe {
+            sys::cuMemPoolImportPointer(&raw mut ptr, pool.raw() as sys::CUmemoryPool, &raw mut rec)
+        })?;
+        Ok(ptr)
+    }
 }
 
 impl VmmDriverApi for NoDriver {
@@ -352,6 +438,21 @@ impl VmmDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn mem_import_fd(&self, _: BorrowedFd<'_>) -> CuResult<MemHandle> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_create_shareable(&self, _: i32, _: usize) -> CuResult<MemPool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_export_fd(&self, _: MemPool) -> CuResult<OwnedFd> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_import_fd(&self, _: BorrowedFd<'_>) -> CuResult<MemPool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_export_pointer(&self, _: u64) -> CuResult<[u8; 64]> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_import_pointer(&self, _: MemPool, _: &[u8; 64]) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn mem_address_range(&self, _: u64) -> CuResult<(u64, usize)> {

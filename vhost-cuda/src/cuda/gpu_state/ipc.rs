@@ -29,7 +29,7 @@ use std::{
     os::fd::{BorrowedFd, OwnedFd},
 };
 
-use qcuda_proto::{IPC_KIND_MEMORY, IPC_KIND_VMM};
+use qcuda_proto::{IPC_KIND_MEMORY, IPC_KIND_POOL, IPC_KIND_VMM, POOL_PTR_EXPORT_LEN};
 
 use super::*;
 use crate::cuda::driver::vmm::ACCESS_READWRITE;
@@ -66,26 +66,41 @@ pub(super) struct IpcMapping {
 #[derive(Debug, Default)]
 pub(super) struct IpcImports {
     open: BTreeMap<u64, IpcMapping>,
+    /// Allocations imported from other processes' pools: address -> size.
+    pool_pointers: BTreeMap<u64, u64>,
+    /// Pools imported from other processes (session pool handles).
+    pools: std::collections::HashSet<u64>,
     /// Whether the session has exported memory: another process may map it from then on.
     exported: bool,
 }
 
 impl IpcImports {
-    /// Whether `ptr..ptr + len` lies inside one opened allocation.
+    /// Whether `ptr..ptr + len` lies inside one opened or imported allocation.
     pub(super) fn holds(&self, ptr: u64, len: u64) -> bool {
         let Some(end) = ptr.checked_add(len) else {
             return false;
         };
+        let inside = |base: u64, size: u64| ptr < base + size && end <= base + size;
         self.open
             .range(..=ptr)
             .next_back()
-            .is_some_and(|(&base, m)| ptr < base + m.size && end <= base + m.size)
+            .is_some_and(|(&base, m)| inside(base, m.size))
+            || self
+                .pool_pointers
+                .range(..=ptr)
+                .next_back()
+                .is_some_and(|(&base, &size)| inside(base, size))
+    }
+
+    /// Forgets the imported pool allocation at `ptr`; whether it was one.
+    pub(super) fn take_pool_pointer(&mut self, ptr: u64) -> bool {
+        self.pool_pointers.remove(&ptr).is_some()
     }
 
     /// Whether the session shares device memory with another process: it opened memory of
     /// one, or gave its own away (after an export, the importer may map it at any time).
     pub(super) fn shares(&self) -> bool {
-        self.exported || !self.open.is_empty()
+        self.exported || !self.open.is_empty() || !self.pools.is_empty()
     }
 
     /// Unmaps what was opened on guest device `dev` (its reset).
@@ -111,6 +126,10 @@ impl IpcImports {
                 unmap(drv, &m);
             }
         }
+        // Imported pool allocations go with their pools (the contexts' teardown destroys
+        // them); the worker's exit frees whatever is left.
+        self.pool_pointers.clear();
+        self.pools.clear();
     }
 }
 
@@ -178,6 +197,16 @@ impl GpuState {
                     fd: fd.map_err(on(dev))?,
                     meta: [base - run, size, run_len],
                 })
+            }
+            IPC_KIND_POOL => {
+                let (dev, raw) = self.pool(arg)?;
+                if self.ipc.pools.contains(&arg) {
+                    // Not this process's to give away.
+                    return Err(invalid());
+                }
+                let fd = self.drv.mem_pool_export_fd(raw).map_err(on(dev))?;
+                self.ipc.exported = true;
+                Ok(IpcExported { fd, meta: [0; 3] })
             }
             IPC_KIND_VMM => {
                 let h = self.vmm.handle_raw(arg).ok_or_else(invalid)?;
@@ -266,6 +295,27 @@ impl GpuState {
                 self.ipc.open.insert(va + offset, m);
                 ok_rets(&[va + offset, size])
             }
+            IPC_KIND_POOL => {
+                if flags != 0 {
+                    return Err(invalid());
+                }
+                self.bind(dev)?;
+                if !self.pools.has_room() {
+                    return Err(status::MEMORY_ALLOCATION.into());
+                }
+                let raw = self.drv.mem_pool_import_fd(fd).map_err(on(dev))?;
+                let entry = PoolEntry {
+                    dev,
+                    raw,
+                    default: false,
+                };
+                let Some(h) = self.pools.insert(&mut self.ids, entry) else {
+                    let _ = self.drv.mem_pool_destroy(raw);
+                    return Err(status::MEMORY_ALLOCATION.into());
+                };
+                self.ipc.pools.insert(h);
+                ok_rets(&[h])
+            }
             IPC_KIND_VMM => {
                 if flags != 0 {
                     return Err(invalid());
@@ -296,6 +346,55 @@ impl GpuState {
         self.ipc.open.remove(&ptr);
         unmap(self.drv.as_ref(), &m);
         ok()
+    }
+}
+
+impl GpuState {
+    /// `MemPoolExportPointer`: args[0] = a stream-ordered allocation of the session.
+    pub(super) fn pool_export_pointer(&mut self, req: &Request) -> OpResult {
+        let ptr = req.header().args[0];
+        let out = req.outputs().first().ok_or_else(invalid)?;
+        if out.len() != POOL_PTR_EXPORT_LEN {
+            return Err(invalid());
+        }
+        let dev = self
+            .devices
+            .iter()
+            .position(|d| {
+                d.as_ref()
+                    .is_some_and(|c| c.memory.stream_ordered().contains(&ptr))
+            })
+            .ok_or_else(invalid)?;
+        self.bind(dev)?;
+        let data = self.drv.mem_pool_export_pointer(ptr).map_err(on(dev))?;
+        out.write_at(0, &data).map_err(|_| invalid())?;
+        self.ipc.exported = true;
+        ok()
+    }
+
+    /// `MemPoolImportPointer`: args[0] = a pool the session imported, in-buffer 0 the record.
+    pub(super) fn pool_import_pointer(&mut self, req: &Request) -> OpResult {
+        let pool = req.header().args[0];
+        if !self.ipc.pools.contains(&pool) {
+            return Err(invalid());
+        }
+        let input = req.inputs().first().ok_or_else(invalid)?;
+        let bytes = input.to_vec().map_err(|_| invalid())?;
+        let data: [u8; POOL_PTR_EXPORT_LEN] = bytes.try_into().map_err(|_| invalid())?;
+        let (dev, raw) = self.pool(pool)?;
+        let ptr = self
+            .drv
+            .mem_pool_import_pointer(raw, &data)
+            .map_err(on(dev))?;
+        let size = match self.drv.mem_address_range(ptr) {
+            Ok((base, size)) if base == ptr && size > 0 => size as u64,
+            _ => {
+                let _ = self.drv.mem_free_async(ptr, NULL_STREAM);
+                return Err(invalid());
+            }
+        };
+        self.ipc.pool_pointers.insert(ptr, size);
+        ok_rets(&[ptr, size])
     }
 }
 

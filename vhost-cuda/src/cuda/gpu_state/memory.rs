@@ -295,6 +295,13 @@ impl GpuState {
                 drv.ctx_synchronize().map_err(on(dev))?;
                 return ok();
             }
+            // An allocation imported from another process's pool (ipc.rs): freed as natively,
+            // once the device is done with it.
+            if self.ipc.take_pool_pointer(ptr) {
+                drv.mem_free_async(ptr, NULL_STREAM).map_err(on(dev))?;
+                drv.ctx_synchronize().map_err(on(dev))?;
+                return ok();
+            }
             return Err(status::INVALID_VALUE.into());
         }
         self.device_free(dev, ptr)?;

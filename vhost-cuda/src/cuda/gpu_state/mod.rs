@@ -628,6 +628,8 @@ impl GpuState {
             Op::Batch => self.batch(req),
             qcuda_proto::vmm_ops!() => self.vmm_op(req),
             Op::IpcClose => self.ipc_close(req),
+            Op::MemPoolExportPointer => self.pool_export_pointer(req),
+            Op::MemPoolImportPointer => self.pool_import_pointer(req),
             // They carry a file descriptor: the daemon sends them as messages of their own
             // (`ipc_export`, `ipc_import`).
             Op::IpcExport | Op::IpcImport => Err(status::NOT_SUPPORTED.into()),

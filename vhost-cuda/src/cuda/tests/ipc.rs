@@ -159,3 +159,80 @@ fn vmm_handles_travel_as_descriptors() {
     drop(b);
     assert_eq!(rig.fake.vmm_allocations(), 0);
 }
+
+#[test]
+fn shareable_pools_and_their_pointers_are_imported_by_another_session() {
+    use qcuda_proto::{IPC_KIND_POOL, POOL_HANDLE_POSIX_FD};
+    let mut rig = Rig::new(1);
+    let (mut a, mut b) = two_sessions(&rig);
+    let plain = ok(run(&mut a, Op::MemPoolCreate, &[0, 0]))[0];
+    assert_eq!(
+        run(&mut a, Op::MemPoolCreate, &[0, 2]).status,
+        status::INVALID_VALUE
+    );
+    // A pool not created shareable cannot be exported.
+    assert_ne!(
+        a.ipc_export(0, IPC_KIND_POOL, plain).unwrap_err().status,
+        status::SUCCESS
+    );
+    let pool = ok(run(&mut a, Op::MemPoolCreate, &[0, POOL_HANDLE_POSIX_FD]))[0];
+    let p = ok(run(&mut a, Op::MallocAsync, &[256, 0, pool]))[0];
+    ok(htod(&mut rig, &mut a, p, &[0x5a; 256], &[256]));
+    let e = a.ipc_export(0, IPC_KIND_POOL, pool).unwrap();
+    let out = rig.out(64);
+    ok(a.execute(&req(
+        Op::MemPoolExportPointer,
+        0,
+        &[p],
+        vec![],
+        vec![out.clone()],
+    )));
+    let record = out.to_vec().unwrap();
+    // Only stream-ordered allocations export, into a record of the driver's size.
+    let m = malloc(&mut a, 64);
+    let out2 = rig.out(64);
+    assert_eq!(
+        a.execute(&req(Op::MemPoolExportPointer, 0, &[m], vec![], vec![out2]))
+            .status,
+        status::INVALID_VALUE
+    );
+
+    let hb = ok(b.ipc_import(0, IPC_KIND_POOL, e.fd.as_fd(), e.meta, 0))[0];
+    // A pool of its own is no imported pool; a forged record is refused.
+    let own = ok(run(&mut b, Op::MemPoolCreate, &[0, 0]))[0];
+    let rec = rig.buf(&record);
+    assert_eq!(
+        b.execute(&req(Op::MemPoolImportPointer, 0, &[own], vec![rec], vec![]))
+            .status,
+        status::INVALID_VALUE
+    );
+    let mut forged = record.clone();
+    forged[9] ^= 1;
+    let rec = rig.buf(&forged);
+    assert_ne!(
+        b.execute(&req(Op::MemPoolImportPointer, 0, &[hb], vec![rec], vec![]))
+            .status,
+        status::SUCCESS
+    );
+    let rec = rig.buf(&record);
+    let [q, size, ..] = ok(b.execute(&req(Op::MemPoolImportPointer, 0, &[hb], vec![rec], vec![])));
+    assert_eq!(size, 256);
+    let (r, got) = dtoh(&mut rig, &mut b, q, 256, &[256]);
+    assert_eq!(r.status, status::SUCCESS);
+    assert!(
+        got == vec![0x5a; 256],
+        "the importer does not see the pool allocation"
+    );
+    // The importer re-exports nothing of it, cannot be checkpointed, and frees what it imported.
+    assert_eq!(
+        b.ipc_export(0, IPC_KIND_POOL, hb).unwrap_err().status,
+        status::INVALID_VALUE
+    );
+    assert!(matches!(b.pause(), Err(CheckpointError::Unsupported(_))));
+    ok(run(&mut b, Op::FreeAsync, &[q, 0]));
+    assert_eq!(
+        run(&mut b, Op::FreeAsync, &[q, 0]).status,
+        status::INVALID_VALUE
+    );
+    ok(run(&mut b, Op::MemPoolDestroy, &[hb]));
+}
