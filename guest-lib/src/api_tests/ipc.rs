@@ -170,3 +170,117 @@ fn vmm_handles_export_to_a_descriptor_and_import_from_it() {
         assert_eq!(DriverError::check(cuMemRelease(h)), Ok(()));
     }
 }
+
+#[test]
+fn shareable_pools_export_to_a_descriptor_and_their_allocations_follow() {
+    use crate::{
+        generated::{
+            cudaErrorNotSupported, cudaMemAllocationTypePinned, cudaMemHandleTypeFabric,
+            cudaMemHandleTypePosixFileDescriptor, cudaMemLocation, cudaMemLocationTypeDevice,
+            cudaMemPoolProps, cudaMemPool_t, runtime_api::cudaMemPoolPtrExportData,
+        },
+        runtime::pools::*,
+    };
+    let _fake = setup();
+    // SAFETY: valid out-parameters and buffers throughout; descriptors owned by the test.
+    unsafe {
+        let mut props = cudaMemPoolProps {
+            allocType: cudaMemAllocationTypePinned,
+            location: cudaMemLocation {
+                type_: cudaMemLocationTypeDevice,
+                id: 0,
+            },
+            ..Default::default()
+        };
+        let mut plain: cudaMemPool_t = ptr::null_mut();
+        assert_eq!(
+            cudaMemPoolCreate(&raw mut plain, &raw const props),
+            cudaSuccess
+        );
+        props.handleTypes = cudaMemHandleTypeFabric;
+        let mut pool: cudaMemPool_t = ptr::null_mut();
+        assert_eq!(
+            cudaMemPoolCreate(&raw mut pool, &raw const props),
+            cudaErrorNotSupported
+        );
+        props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+        assert_eq!(
+            cudaMemPoolCreate(&raw mut pool, &raw const props),
+            cudaSuccess
+        );
+        let posix = cudaMemHandleTypePosixFileDescriptor;
+        let mut fd: i32 = -1;
+        // Not shareable: refused by the host.
+        assert_eq!(
+            cudaMemPoolExportToShareableHandle((&raw mut fd).cast(), plain, posix, 0),
+            cudaErrorInvalidValue
+        );
+        assert_eq!(
+            cudaMemPoolExportToShareableHandle((&raw mut fd).cast(), pool, posix, 1),
+            cudaErrorInvalidValue
+        );
+        assert_eq!(
+            cudaMemPoolExportToShareableHandle((&raw mut fd).cast(), pool, posix, 0),
+            cudaSuccess
+        );
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut imported: cudaMemPool_t = ptr::null_mut();
+        assert_eq!(
+            cudaMemPoolImportFromShareableHandle(
+                &raw mut imported,
+                fd.as_raw_fd().cast_unsigned() as usize as *mut c_void,
+                posix,
+                0
+            ),
+            cudaSuccess
+        );
+        assert!(!imported.is_null());
+        assert_ne!(imported, pool);
+
+        let mut p: *mut c_void = ptr::null_mut();
+        assert_eq!(
+            cudaMallocFromPoolAsync(&raw mut p, 512, pool, ptr::null_mut()),
+            cudaSuccess
+        );
+        let mut rec = cudaMemPoolPtrExportData { reserved: [0; 64] };
+        assert_eq!(cudaMemPoolExportPointer(&raw mut rec, p), cudaSuccess);
+        // Not the start of an allocation.
+        assert_eq!(
+            cudaMemPoolExportPointer(&raw mut rec, p.byte_add(8)),
+            cudaErrorInvalidValue
+        );
+        let mut q: *mut c_void = ptr::null_mut();
+        // Only an imported pool takes pointers; a forged record is refused.
+        assert_eq!(
+            cudaMemPoolImportPointer(&raw mut q, pool, &raw mut rec),
+            cudaErrorInvalidValue
+        );
+        let mut forged = rec;
+        forged.reserved[16] ^= 1;
+        assert_eq!(
+            cudaMemPoolImportPointer(&raw mut q, imported, &raw mut forged),
+            cudaErrorInvalidValue
+        );
+        assert_eq!(
+            cudaMemPoolImportPointer(&raw mut q, imported, &raw mut rec),
+            cudaSuccess
+        );
+        // The imported allocation is device memory of this process: copies know it.
+        let data = [3u8; 16];
+        assert_eq!(
+            cudaMemcpy(q, data.as_ptr().cast(), 16, cudaMemcpyDefault),
+            cudaSuccess
+        );
+        // A descriptor that is no pool handle.
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(
+            cudaMemPoolImportFromShareableHandle(
+                &raw mut imported,
+                null.as_raw_fd().cast_unsigned() as usize as *mut c_void,
+                posix,
+                0
+            ),
+            cudaErrorInvalidValue
+        );
+    }
+}

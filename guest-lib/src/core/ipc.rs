@@ -23,7 +23,10 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
-use qcuda_proto::{Op, IPC_HANDLE_LEN, IPC_HANDLE_MAGIC, IPC_KIND_MEMORY, IPC_KIND_VMM};
+use qcuda_proto::{
+    Op, IPC_HANDLE_LEN, IPC_HANDLE_MAGIC, IPC_KIND_MEMORY, IPC_KIND_POOL, IPC_KIND_VMM,
+    POOL_PTR_EXPORT_LEN,
+};
 
 use crate::core::{
     allocations::Allocation,
@@ -133,13 +136,7 @@ pub fn export_fd(rt: &Runtime, handle: u64) -> CudaResult<RawFd> {
 
 /// `cuMemImportFromShareableHandle` of descriptor `fd`: a new allocation handle of this process.
 pub fn import_fd(rt: &Runtime, fd: RawFd) -> CudaResult<u64> {
-    let mut h = [0u8; IPC_HANDLE_LEN];
-    // SAFETY: reads at most `h.len()` bytes into `h`, a live local buffer; `fd` is the
-    // caller's, and a bad one fails the call.
-    let n = unsafe { libc::pread(fd, h.as_mut_ptr().cast(), h.len(), 0) };
-    if usize::try_from(n).ok() != Some(h.len()) {
-        return Err(CudaError::INVALID_VALUE);
-    }
+    let h = read_handle_file(fd)?;
     let (token, secret, _exporter_device) = decode(&h, IPC_KIND_VMM)?;
     // The calling thread's device, as natively the current context's: the host works in its
     // context there (no context on the allocation's own device, which may be a peer).
@@ -154,6 +151,84 @@ pub fn import_fd(rt: &Runtime, fd: RawFd) -> CudaResult<u64> {
     let handle = reply.rets[0];
     crate::core::vmm::adopt(rt, handle, device);
     Ok(handle)
+}
+
+/// Reads the handle bytes of a descriptor `export_fd`/`export_pool_fd` made; another file is
+/// `cudaErrorInvalidValue`.
+fn read_handle_file(fd: RawFd) -> CudaResult<IpcHandle> {
+    let mut h = [0u8; IPC_HANDLE_LEN];
+    // SAFETY: reads at most `h.len()` bytes into `h`, a live local buffer; `fd` is the
+    // caller's, and a bad one fails the call.
+    let n = unsafe { libc::pread(fd, h.as_mut_ptr().cast(), h.len(), 0) };
+    if usize::try_from(n).ok() != Some(h.len()) {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    Ok(h)
+}
+
+/// `cudaMemPoolExportToShareableHandle` with a POSIX file descriptor (the pool was created
+/// shareable that way).
+pub fn export_pool_fd(rt: &Runtime, pool: usize) -> CudaResult<RawFd> {
+    let info = rt.pools.info(pool)?;
+    let reply = rt
+        .session
+        .submit(Call::new(Op::IpcExport, info.device).args(&[IPC_KIND_POOL, info.host]))?;
+    let [token, s0, s1, ..] = reply.rets;
+    let bytes = encode(IPC_KIND_POOL, token, [s0, s1], info.device);
+    let fd = handle_file(&bytes).map_err(|_| CudaError::MEMORY_ALLOCATION)?;
+    Ok(fd.into_raw_fd())
+}
+
+/// `cudaMemPoolImportFromShareableHandle` of descriptor `fd`: a pool of this process, worked on
+/// from the current device.
+pub fn import_pool_fd(rt: &Runtime, fd: RawFd) -> CudaResult<usize> {
+    let h = read_handle_file(fd)?;
+    let (token, secret, _) = decode(&h, IPC_KIND_POOL)?;
+    let device = crate::core::devices::current();
+    let reply = rt.session.submit(Call::new(Op::IpcImport, device).args(&[
+        IPC_KIND_POOL,
+        token,
+        secret[0],
+        secret[1],
+        0,
+    ]))?;
+    Ok(rt.pools.adopt(reply.rets[0], device))
+}
+
+/// `cudaMemPoolExportPointer`: the driver's record of a stream-ordered allocation.
+pub fn export_pointer(rt: &Runtime, ptr: u64) -> CudaResult<[u8; POOL_PTR_EXPORT_LEN]> {
+    let a = rt.allocations.find(ptr).ok_or(CudaError::INVALID_VALUE)?;
+    if a.base != ptr {
+        return Err(CudaError::INVALID_VALUE);
+    }
+    let mut data = [0u8; POOL_PTR_EXPORT_LEN];
+    rt.session.submit(
+        Call::new(Op::MemPoolExportPointer, a.device)
+            .args(&[ptr])
+            .output(&mut data),
+    )?;
+    Ok(data)
+}
+
+/// `cudaMemPoolImportPointer` from an imported `pool`: the allocation's address here.
+pub fn import_pointer(
+    rt: &Runtime,
+    pool: usize,
+    data: &[u8; POOL_PTR_EXPORT_LEN],
+) -> CudaResult<u64> {
+    let info = rt.pools.info(pool)?;
+    let reply = rt.session.submit(
+        Call::new(Op::MemPoolImportPointer, info.device)
+            .args(&[info.host])
+            .input(data),
+    )?;
+    let [ptr, size, ..] = reply.rets;
+    rt.allocations.insert(Allocation {
+        base: ptr,
+        size,
+        device: info.device,
+    });
+    Ok(ptr)
 }
 
 /// A memory file holding `bytes`, sealed against any change.

@@ -79,12 +79,25 @@ impl Pools {
         Ok(())
     }
 
-    /// `cudaMemPoolCreate` of a device pool of at most `max_size` bytes.
-    pub fn create(&self, rt: &Runtime, device: u32, max_size: usize) -> CudaResult<usize> {
+    /// `cudaMemPoolCreate` of a device pool of at most `max_size` bytes, shareable as
+    /// `handle_types` say (0, or `qcuda_proto::POOL_HANDLE_POSIX_FD`).
+    pub fn create(
+        &self,
+        rt: &Runtime,
+        device: u32,
+        max_size: usize,
+        handle_types: u64,
+    ) -> CudaResult<usize> {
         let reply = rt
             .session
-            .submit(Call::new(Op::MemPoolCreate, device).args(&[max_size as u64]))?;
+            .submit(Call::new(Op::MemPoolCreate, device).args(&[max_size as u64, handle_types]))?;
         Ok(self.handle_for(reply.rets[0], device))
+    }
+
+    /// The application's handle for a pool the host imported from another process
+    /// (core/ipc.rs), worked on from `device`.
+    pub fn adopt(&self, host: u64, device: u32) -> usize {
+        self.handle_for(host, device)
     }
 
     /// `cudaMemPoolDestroy`.

@@ -504,6 +504,8 @@ pub fn needs_context(op: Op) -> bool {
         | Op::IpcExport
         | Op::IpcImport
         | Op::IpcClose
+        | Op::MemPoolExportPointer
+        | Op::MemPoolImportPointer
         | qcuda_proto::graph_ops!() => true,
     }
 }
@@ -568,8 +570,10 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemRetainHandle
         | Op::IpcExport
         | Op::IpcImport
-        | Op::IpcClose => false,
+        | Op::IpcClose
+        | Op::MemPoolImportPointer => false,
         Op::MemGetAccess
+        | Op::MemPoolExportPointer
         | Op::MemGetGranularity
         | Op::MemHandleProperties
         | Op::MemMappingRange

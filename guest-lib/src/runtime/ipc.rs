@@ -1,6 +1,8 @@
-//! Legacy interprocess memory handles between the processes of one VM:
-//! `cudaIpcGetMemHandle`, `cudaIpcOpenMemHandle`, `cudaIpcCloseMemHandle` (core/ipc.rs; the
-//! host brokers the memory between the two processes' workers). Event handles
+//! Memory shared between the processes of one VM (core/ipc.rs; the host brokers it between
+//! the two processes' workers): legacy interprocess memory handles (`cudaIpcGetMemHandle`,
+//! `cudaIpcOpenMemHandle`, `cudaIpcCloseMemHandle`) and shareable pools
+//! (`cudaMemPoolExportToShareableHandle`, `cudaMemPoolImportFromShareableHandle`,
+//! `cudaMemPoolExportPointer`, `cudaMemPoolImportPointer`; POSIX file descriptors). Event handles
 //! (`cudaIpcGetEventHandle`, `cudaIpcOpenEventHandle`) are not offered yet
 //! (`cudaErrorNotSupported`, runtime/unsupported.rs).
 
@@ -13,7 +15,10 @@ use crate::{
         ipc,
         runtime::{current, non_null, runtime},
     },
-    generated::runtime_api::cudaIpcMemHandle_t,
+    generated::{
+        self as cu, cudaMemAllocationHandleType, cudaMemPool_t,
+        runtime_api::{cudaIpcMemHandle_t, cudaMemPoolPtrExportData},
+    },
 };
 
 /// `cudaIpcMemLazyEnablePeerAccess`, the one flag of `cudaIpcOpenMemHandle`.
@@ -45,5 +50,51 @@ cuda_api! {
     /// `cudaIpcCloseMemHandle`.
     fn cudaIpcCloseMemHandle(devPtr: *mut c_void) {
         ipc::close_mem_handle(runtime()?, devPtr as u64)
+    }
+
+    /// `cudaMemPoolExportToShareableHandle`: POSIX file descriptors (`shareableHandle` points
+    /// at an `int`), flags 0.
+    fn cudaMemPoolExportToShareableHandle(shareableHandle: *mut c_void, memPool: cudaMemPool_t, handleType: cudaMemAllocationHandleType, flags: c_uint) {
+        non_null(shareableHandle)?;
+        if handleType != cu::cudaMemHandleTypePosixFileDescriptor || flags != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let fd = ipc::export_pool_fd(runtime()?, memPool as usize)?;
+        // SAFETY: non-null; an int for this handle type (API contract).
+        unsafe { write_out(shareableHandle.cast::<i32>(), fd) }
+    }
+
+    /// `cudaMemPoolImportFromShareableHandle`: `shareableHandle` is the descriptor, cast to a
+    /// pointer.
+    fn cudaMemPoolImportFromShareableHandle(memPool: *mut cudaMemPool_t, shareableHandle: *mut c_void, handleType: cudaMemAllocationHandleType, flags: c_uint) {
+        non_null(memPool)?;
+        if handleType != cu::cudaMemHandleTypePosixFileDescriptor || flags != 0 {
+            return Err(CudaError::INVALID_VALUE);
+        }
+        let fd = i32::try_from(shareableHandle as usize).map_err(|_| CudaError::INVALID_VALUE)?;
+        let (rt, _) = current()?;
+        let pool = ipc::import_pool_fd(rt, fd)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(memPool, pool as cudaMemPool_t) }
+    }
+
+    /// `cudaMemPoolExportPointer`: a stream-ordered allocation of a shareable pool.
+    fn cudaMemPoolExportPointer(exportData: *mut cudaMemPoolPtrExportData, ptr: *mut c_void) {
+        non_null(exportData)?;
+        let data = ipc::export_pointer(runtime()?, ptr as u64)?;
+        // SAFETY: non-null; the record is 64 bytes of anything.
+        unsafe { write_out(exportData.cast::<[u8; 64]>(), data) }
+    }
+
+    /// `cudaMemPoolImportPointer` from a pool imported with
+    /// `cudaMemPoolImportFromShareableHandle`.
+    fn cudaMemPoolImportPointer(ptr: *mut *mut c_void, memPool: cudaMemPool_t, exportData: *mut cudaMemPoolPtrExportData) {
+        non_null(ptr)?;
+        non_null(exportData)?;
+        // SAFETY: non-null and readable (API contract); 64 bytes.
+        let data = unsafe { exportData.cast::<[u8; 64]>().read_unaligned() };
+        let p = ipc::import_pointer(runtime()?, memPool as usize, &data)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(ptr, p as *mut c_void) }
     }
 }

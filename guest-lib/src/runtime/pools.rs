@@ -3,7 +3,9 @@
 //! (`cudaDeviceGetDefaultMemPool`, `…GetMemPool`, `…SetMemPool`, and CUDA 13's location-based
 //! `cudaMemGetDefaultMemPool`, `cudaMemGetMemPool`, `cudaMemSetMemPool` for device locations),
 //! `cudaMemPoolCreate`/`Destroy`, attributes, `cudaMemPoolTrimTo` and access. Pools of host
-//! memory and shareable (IPC) pools are not supported (`cudaErrorNotSupported`, warned once).
+//! memory, and pools shareable other than as POSIX file descriptors, are not supported
+//! (`cudaErrorNotSupported`, warned once). Export and import of shareable pools and their
+//! allocations: runtime/ipc.rs.
 
 use crate::core::conv::low_u32;
 use core::ffi::{c_int, c_void};
@@ -18,8 +20,8 @@ use crate::{
     core::warnings::warn_once,
     generated::{
         self as cu, cudaMemAccessDesc, cudaMemAccessFlags, cudaMemAllocationType,
-        cudaMemAllocationTypePinned, cudaMemHandleTypeNone, cudaMemLocation, cudaMemPoolAttr,
-        cudaMemPoolAttrUsedMemHigh, cudaMemPoolProps, cudaMemPoolReuseAllowInternalDependencies,
+        cudaMemAllocationTypePinned, cudaMemLocation, cudaMemPoolAttr, cudaMemPoolAttrUsedMemHigh,
+        cudaMemPoolProps, cudaMemPoolReuseAllowInternalDependencies,
         cudaMemPoolReuseFollowEventDependencies, cudaMemPool_t, cudaStream_t,
     },
 };
@@ -155,7 +157,7 @@ cuda_api! {
         rt.pools.set_current(rt, d, memPool as usize)
     }
 
-    /// `cudaMemPoolCreate`: pinned device memory without shareable handles.
+    /// `cudaMemPoolCreate`: pinned device memory, shareable as POSIX file descriptors or not.
     fn cudaMemPoolCreate(memPool: *mut cudaMemPool_t, poolProps: *const cudaMemPoolProps) {
         non_null(memPool)?;
         non_null(poolProps)?;
@@ -164,10 +166,14 @@ cuda_api! {
         check_type(props.allocType)?;
         // SAFETY: the location lies inside `props`, a local.
         let d = unsafe { location_device(&raw const props.location) }?;
-        if props.handleTypes != cudaMemHandleTypeNone {
-            warn_once!("cudaMemPoolCreate: shareable (IPC) memory pools are not supported");
-            return Err(CudaError::NOT_SUPPORTED);
-        }
+        let handle_types = match props.handleTypes {
+            cu::cudaMemHandleTypeNone => 0,
+            cu::cudaMemHandleTypePosixFileDescriptor => qcuda_proto::POOL_HANDLE_POSIX_FD,
+            _ => {
+                warn_once!("cudaMemPoolCreate: pools shareable other than as POSIX file descriptors are not supported");
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+        };
         if props.usage != 0 {
             warn_once!("cudaMemPoolCreate: pool usage flags are not supported");
             return Err(CudaError::NOT_SUPPORTED);
@@ -176,7 +182,7 @@ cuda_api! {
             return Err(CudaError::INVALID_VALUE);
         }
         let rt = runtime()?;
-        let h = rt.pools.create(rt, d, props.maxSize)?;
+        let h = rt.pools.create(rt, d, props.maxSize, handle_types)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_pool(memPool, h) }
     }

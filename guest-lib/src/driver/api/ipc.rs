@@ -104,3 +104,77 @@ driver_api! {
         unsafe { out(handle, h) }
     }
 }
+
+driver_api! {
+    /// `cuMemPoolExportToShareableHandle`: POSIX file descriptors (`handle_out` points at an
+    /// `int`), flags 0.
+    fn cuMemPoolExportToShareableHandle(
+        handle_out: *mut c_void,
+        pool: d::CUmemoryPool,
+        handleType: d::CUmemAllocationHandleType,
+        flags: c_ulonglong,
+    ) {
+        initialized()?;
+        if handle_out.is_null()
+            || flags != 0
+            || handleType != d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let (rt, _) = current()?;
+        let fd = ipc::export_pool_fd(rt, pool as usize)?;
+        // SAFETY: checked non-null; an int for this handle type (API contract).
+        unsafe { out(handle_out.cast::<i32>(), fd) }
+    }
+
+    /// `cuMemPoolImportFromShareableHandle`: `handle` is the descriptor, cast to a pointer.
+    fn cuMemPoolImportFromShareableHandle(
+        pool_out: *mut d::CUmemoryPool,
+        handle: *mut c_void,
+        handleType: d::CUmemAllocationHandleType,
+        flags: c_ulonglong,
+    ) {
+        ready()?;
+        if pool_out.is_null()
+            || flags != 0
+            || handleType != d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let fd = i32::try_from(handle as usize).map_err(|_| DriverError::INVALID_VALUE)?;
+        let (rt, _) = current()?;
+        let pool = ipc::import_pool_fd(rt, fd)?;
+        // SAFETY: checked non-null.
+        unsafe { out(pool_out, pool as d::CUmemoryPool) }
+    }
+
+    /// `cuMemPoolExportPointer`.
+    fn cuMemPoolExportPointer(shareData_out: *mut d::CUmemPoolPtrExportData, ptr: d::CUdeviceptr) {
+        ready()?;
+        if shareData_out.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let (rt, _) = current()?;
+        let data = ipc::export_pointer(rt, ptr)?;
+        // SAFETY: checked non-null; the record is 64 bytes of anything.
+        unsafe { out(shareData_out.cast::<[u8; 64]>(), data) }
+    }
+
+    /// `cuMemPoolImportPointer`.
+    fn cuMemPoolImportPointer(
+        ptr_out: *mut d::CUdeviceptr,
+        pool: d::CUmemoryPool,
+        shareData: *mut d::CUmemPoolPtrExportData,
+    ) {
+        ready()?;
+        if ptr_out.is_null() || shareData.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: checked non-null; readable by the API contract; 64 bytes.
+        let data = unsafe { shareData.cast::<[u8; 64]>().read_unaligned() };
+        let (rt, _) = current()?;
+        let p = ipc::import_pointer(rt, pool as usize, &data)?;
+        // SAFETY: checked non-null.
+        unsafe { out(ptr_out, p) }
+    }
+}
