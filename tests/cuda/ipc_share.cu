@@ -6,8 +6,12 @@
 // allocation shareable as a POSIX file descriptor (cuMemCreate), exports it with
 // cuMemExportToShareableHandle and passes the descriptor with SCM_RIGHTS; the child imports it
 // (cuMemImportFromShareableHandle), maps it, checks and writes it, and asks cuPointerGetAttribute
-// about it. The parent then sees the child's writes in both. Skipped without a device; the VMM
-// part is skipped (and said so) where the device reports no POSIX-descriptor handles.
+// about it; (3) creates a memory pool shareable as POSIX descriptors, allocates from it
+// (cudaMallocFromPoolAsync), passes the pool's descriptor (cudaMemPoolExportToShareableHandle)
+// and the allocation's export record (cudaMemPoolExportPointer); the child imports both,
+// sets access, checks and writes the allocation and frees it. The parent then sees the child's
+// writes in all three. Skipped without a device; the VMM and pool parts are skipped (and said
+// so) where the device reports no POSIX-descriptor handles for them.
 #define TEST_NAME "ipc_share"
 #include "selfcheck.cuh"
 
@@ -126,6 +130,11 @@ struct VmmInfo {
     size_t size;
 };
 
+struct PoolInfo {
+    int have; // 0: the device's pools offer no POSIX-descriptor handles
+    cudaMemPoolPtrExportData record;
+};
+
 static void child(int s)
 {
     require_device();
@@ -168,6 +177,29 @@ static void child(int s)
         CHECK(cudaDeviceSynchronize());
         CU(p_cuMemUnmap(va, info.size));
         CU(p_cuMemAddressFree(va, info.size));
+    }
+    // (3) A shareable pool and one of its allocations.
+    PoolInfo pinfo;
+    fd = recv_all(s, &pinfo, sizeof(pinfo));
+    if (pinfo.have) {
+        if (fd < 0)
+            fail("child: no descriptor came with the pool");
+        cudaMemPool_t pool;
+        CHECK(cudaMemPoolImportFromShareableHandle(&pool, (void *)(uintptr_t)fd,
+                                                   cudaMemHandleTypePosixFileDescriptor, 0));
+        close(fd);
+        cudaMemAccessDesc acc = {};
+        acc.location.type = cudaMemLocationTypeDevice;
+        acc.location.id = 0;
+        acc.flags = cudaMemAccessFlagsProtReadWrite;
+        CHECK(cudaMemPoolSetAccess(pool, &acc, 1));
+        void *q = nullptr;
+        CHECK(cudaMemPoolImportPointer(&q, pool, &pinfo.record));
+        check_words(q, 0, WORDS / 2, 5000, "child, pool, parent's half");
+        fill<<<64, 256>>>((unsigned *)q + WORDS / 2, WORDS / 2, 6000);
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaFree(q));
+        CHECK(cudaMemPoolDestroy(pool));
     }
     char done = 'd';
     send_all(s, &done, 1);
@@ -236,6 +268,32 @@ int main()
         send_all(s, &info, sizeof(info));
     }
 
+    int pool_types = 0;
+    CHECK(cudaDeviceGetAttribute(&pool_types, cudaDevAttrMemoryPoolSupportedHandleTypes, 0));
+    PoolInfo pinfo = {};
+    pinfo.have = (pool_types & cudaMemHandleTypePosixFileDescriptor) != 0;
+    cudaMemPool_t pool = nullptr;
+    unsigned *pp = nullptr;
+    if (pinfo.have) {
+        cudaMemPoolProps props = {};
+        props.allocType = cudaMemAllocationTypePinned;
+        props.handleTypes = cudaMemHandleTypePosixFileDescriptor;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = 0;
+        CHECK(cudaMemPoolCreate(&pool, &props));
+        CHECK(cudaMallocFromPoolAsync((void **)&pp, WORDS * sizeof(unsigned), pool, 0));
+        fill<<<64, 256>>>(pp, WORDS / 2, 5000);
+        CHECK(cudaDeviceSynchronize());
+        int fd = -1;
+        CHECK(cudaMemPoolExportToShareableHandle(&fd, pool, cudaMemHandleTypePosixFileDescriptor, 0));
+        CHECK(cudaMemPoolExportPointer(&pinfo.record, pp));
+        send_all(s, &pinfo, sizeof(pinfo), fd);
+        close(fd);
+    } else {
+        std::printf("no POSIX-descriptor handles for pools on this device: pool sharing not checked\n");
+        send_all(s, &pinfo, sizeof(pinfo));
+    }
+
     char done = 0;
     ssize_t got = read(s, &done, 1);
     int status = 0;
@@ -251,6 +309,12 @@ int main()
         CU(p_cuMemUnmap(va, info.size));
         CU(p_cuMemAddressFree(va, info.size));
         CU(p_cuMemRelease(mh));
+    }
+    if (pinfo.have) {
+        check_words(pp, WORDS / 2, WORDS / 2, 6000, "parent, pool, child's half");
+        CHECK(cudaFreeAsync(pp, 0));
+        CHECK(cudaStreamSynchronize(0));
+        CHECK(cudaMemPoolDestroy(pool));
     }
     return pass();
 }
