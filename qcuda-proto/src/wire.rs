@@ -72,6 +72,9 @@ pub const IPC_KIND_VMM: u64 = 2;
 /// `IpcExport`/`IpcImport` kind: a memory pool created shareable as POSIX file descriptors
 /// (`cuMemPoolExportToShareableHandle`).
 pub const IPC_KIND_POOL: u64 = 3;
+/// `IpcExport`/`IpcImport` kind: an event created with `cudaEventInterprocess` and
+/// `cudaEventDisableTiming` (`cuIpcGetEventHandle`).
+pub const IPC_KIND_EVENT: u64 = 4;
 /// `MemPoolCreate` args[1]: the pool is shareable as POSIX file descriptors.
 pub const POOL_HANDLE_POSIX_FD: u64 = 1;
 /// Bytes of a pool pointer's export record (`CUmemPoolPtrExportData`), the driver's own.
@@ -544,15 +547,15 @@ ops! {
     // holds it and hands it to the importing worker. Answered by the daemon and the workers,
     // never by one worker alone.
     /// args[0] = `IPC_KIND_*`, args[1] = the device pointer (`IPC_KIND_MEMORY`: anywhere in
-    /// one `Malloc` of the session on `hdr.device`), the allocation handle (`IPC_KIND_VMM`) or
-    /// the pool handle (`IPC_KIND_POOL`). rets[0] = token, rets[1..=2] = secret; valid until
+    /// one `Malloc` of the session on `hdr.device`), the allocation handle (`IPC_KIND_VMM`),
+    /// the pool handle (`IPC_KIND_POOL`) or the event handle (`IPC_KIND_EVENT`). rets[0] = token, rets[1..=2] = secret; valid until
     /// the exporting session ends.
     IpcExport = 0x0260, ins 0, outs 0;
     /// args[0] = `IPC_KIND_*`, args[1] = token, args[2..=3] = secret, args[4] = flags
     /// (`IPC_KIND_MEMORY`: cudaIpcMemLazyEnablePeerAccess = 1). Imported on `hdr.device`.
     /// rets[0] = the device address of the exported allocation's start (`IPC_KIND_MEMORY`) or
-    /// a new allocation handle (`IPC_KIND_VMM`) or pool handle (`IPC_KIND_POOL`) of the
-    /// session; rets[1] = the size (`IPC_KIND_MEMORY`).
+    /// a new allocation handle (`IPC_KIND_VMM`), pool handle (`IPC_KIND_POOL`) or event handle
+    /// (`IPC_KIND_EVENT`) of the session; rets[1] = the size (`IPC_KIND_MEMORY`).
     IpcImport = 0x0261, ins 0, outs 0;
     /// args[0] = an address `IpcImport` returned (`IPC_KIND_MEMORY`): unmapped once the device
     /// is done with it (cuIpcCloseMemHandle).

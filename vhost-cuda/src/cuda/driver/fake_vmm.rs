@@ -15,7 +15,7 @@ use std::{
 use super::{
     super::{
         vmm::{AllocProps, MemHandle, VmmDriverApi, ACCESS_NONE, HANDLE_TYPE_POSIX_FD},
-        CuError, CuResult, MemPool,
+        CuError, CuResult, Event, MemPool,
     },
     fresh, FakeDriver, FakePool, INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, OUT_OF_MEMORY,
 };
@@ -493,6 +493,31 @@ impl VmmDriverApi for FakeDriver {
             .mem
             .insert(ptr, bytes);
         Ok(ptr)
+    }
+
+    fn ipc_event_handle(&self, event: Event) -> CuResult<[u8; 64]> {
+        self.with_ctx("ipc_event_handle", |c, _| {
+            c.events.get(&event.raw()).ok_or(INVALID_HANDLE)?;
+            let mut h = [0u8; 64];
+            h[..8].copy_from_slice(&event.raw().to_le_bytes());
+            h[8..16].copy_from_slice(&0x1bc_e7e_u64.to_le_bytes());
+            Ok(h)
+        })
+    }
+
+    fn ipc_open_event(&self, handle: &[u8; 64]) -> CuResult<Event> {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&handle[8..16]);
+        if u64::from_le_bytes(word) != 0x1bc_e7e {
+            return Err(INVALID_VALUE);
+        }
+        self.with_ctx("ipc_open_event", |c, next| {
+            // The fake keeps events per context: the opened one is a new event of the
+            // importer's, complete (it cannot follow the exporter's records).
+            let e = fresh(next);
+            c.events.insert(e, true);
+            Ok(Event::from_raw(e))
+        })
     }
 
     fn mem_address_range(&self, ptr: u64) -> CuResult<(u64, usize)> {

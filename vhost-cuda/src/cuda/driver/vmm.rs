@@ -23,11 +23,13 @@ use std::{
 use cudarc::driver::sys;
 
 use super::{
-    check, driver_handles, mem_location, CuError, CuResult, CudaDriver, MemPool, NoDriver,
+    check, driver_handles, mem_location, CuError, CuResult, CudaDriver, Event, MemPool, NoDriver,
 };
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
 pub(crate) const VMM_SYMBOLS: &[&str] = &[
+    "cuIpcGetEventHandle",
+    "cuIpcOpenEventHandle",
     "cuMemAddressFree",
     "cuMemAddressReserve",
     "cuMemCreate",
@@ -200,6 +202,12 @@ pub(crate) trait VmmDriverApi {
     /// cuMemPoolImportPointer: the address in this process of what `data` names in the
     /// imported `pool`, to be freed with cuMemFree(Async).
     fn mem_pool_import_pointer(&self, pool: MemPool, data: &[u8; 64]) -> CuResult<u64>;
+    /// cuIpcGetEventHandle of an event created interprocess and without timing, its context
+    /// current: the driver's 64 bytes.
+    fn ipc_event_handle(&self, event: Event) -> CuResult<[u8; 64]>;
+    /// cuIpcOpenEventHandle in the current context: an event to be destroyed with
+    /// `DriverApi::event_destroy`.
+    fn ipc_open_event(&self, handle: &[u8; 64]) -> CuResult<Event>;
 }
 
 // SAFETY (for every unsafe block in this impl): as for `DriverApi for CudaDriver`: each symbol
@@ -387,6 +395,24 @@ impl VmmDriverApi for CudaDriver {
         Ok(data.reserved)
     }
 
+    fn ipc_event_handle(&self, event: Event) -> CuResult<[u8; 64]> {
+        // SAFETY: an all-zero handle is a valid value.
+        let mut h: sys::CUipcEventHandle = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuIpcGetEventHandle(&raw mut h, event.raw() as sys::CUevent) })?;
+        Ok(h.reserved.map(|b| b.cast_unsigned()))
+    }
+
+    fn ipc_open_event(&self, handle: &[u8; 64]) -> CuResult<Event> {
+        // SAFETY: an all-zero handle is a valid value.
+        let mut h: sys::CUipcEventHandle = unsafe { std::mem::zeroed() };
+        h.reserved = handle.map(|b| b.cast_signed());
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: see the impl comment; the handle is passed by value.
+        check(unsafe { sys::cuIpcOpenEventHandle(&raw mut e, h) })?;
+        Ok(Event::from_raw(e as super::Raw))
+    }
+
     fn mem_pool_import_pointer(&self, pool: MemPool, data: &[u8; 64]) -> CuResult<u64> {
         // SAFETY: an all-zero export record is a valid value.
         let mut rec: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
@@ -441,6 +467,12 @@ impl VmmDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn mem_pool_create_shareable(&self, _: i32, _: usize) -> CuResult<MemPool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ipc_event_handle(&self, _: Event) -> CuResult<[u8; 64]> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ipc_open_event(&self, _: &[u8; 64]) -> CuResult<Event> {
         Err(CuError::NO_DEVICE)
     }
     fn mem_pool_export_fd(&self, _: MemPool) -> CuResult<OwnedFd> {

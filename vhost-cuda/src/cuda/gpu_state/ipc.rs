@@ -26,16 +26,20 @@
 
 use std::{
     collections::BTreeMap,
-    os::fd::{BorrowedFd, OwnedFd},
+    os::fd::{AsRawFd, BorrowedFd, OwnedFd},
 };
 
-use qcuda_proto::{IPC_KIND_MEMORY, IPC_KIND_POOL, IPC_KIND_VMM, POOL_PTR_EXPORT_LEN};
+use qcuda_proto::{
+    IPC_KIND_EVENT, IPC_KIND_MEMORY, IPC_KIND_POOL, IPC_KIND_VMM, POOL_PTR_EXPORT_LEN,
+};
 
 use super::*;
 use crate::cuda::driver::vmm::ACCESS_READWRITE;
 
 /// Most legacy IPC mappings a session may hold open.
 const MAX_IPC_OPEN: usize = 4096;
+/// `cudaEventInterprocess | cudaEventDisableTiming`: what an event needs to be exported.
+const IPC_EVENT_FLAGS: u32 = 0x6;
 /// `cudaIpcMemLazyEnablePeerAccess`, the one flag `cuIpcOpenMemHandle` knows.
 const IPC_LAZY_ENABLE_PEER_ACCESS: u64 = 1;
 
@@ -70,6 +74,8 @@ pub(super) struct IpcImports {
     pool_pointers: BTreeMap<u64, u64>,
     /// Pools imported from other processes (session pool handles).
     pools: std::collections::HashSet<u64>,
+    /// Events opened from other processes (session event handles).
+    events: std::collections::HashSet<u64>,
     /// Whether the session has exported memory: another process may map it from then on.
     exported: bool,
 }
@@ -100,7 +106,7 @@ impl IpcImports {
     /// Whether the session shares device memory with another process: it opened memory of
     /// one, or gave its own away (after an export, the importer may map it at any time).
     pub(super) fn shares(&self) -> bool {
-        self.exported || !self.open.is_empty() || !self.pools.is_empty()
+        self.exported || !self.open.is_empty() || !self.pools.is_empty() || !self.events.is_empty()
     }
 
     /// Unmaps what was opened on guest device `dev` (its reset).
@@ -130,6 +136,7 @@ impl IpcImports {
         // them); the worker's exit frees whatever is left.
         self.pool_pointers.clear();
         self.pools.clear();
+        self.events.clear();
     }
 }
 
@@ -205,6 +212,23 @@ impl GpuState {
                     return Err(invalid());
                 }
                 let fd = self.drv.mem_pool_export_fd(raw).map_err(on(dev))?;
+                self.ipc.exported = true;
+                Ok(IpcExported { fd, meta: [0; 3] })
+            }
+            IPC_KIND_EVENT => {
+                // cuIpcGetEventHandle: the event was made interprocess, without timing.
+                let e = self
+                    .events
+                    .get(arg)
+                    .ok_or(status::INVALID_RESOURCE_HANDLE)?;
+                let (dev, raw, flags) = (e.dev, e.raw, e.flags);
+                if flags & IPC_EVENT_FLAGS != IPC_EVENT_FLAGS || self.ipc.events.contains(&arg) {
+                    return Err(Fault::Status(status::INVALID_RESOURCE_HANDLE));
+                }
+                self.bind(dev)?;
+                let bytes = self.drv.ipc_event_handle(raw).map_err(on(dev))?;
+                let fd =
+                    bytes_file(&bytes).map_err(|_| Fault::Status(status::MEMORY_ALLOCATION))?;
                 self.ipc.exported = true;
                 Ok(IpcExported { fd, meta: [0; 3] })
             }
@@ -294,6 +318,37 @@ impl GpuState {
                 }
                 self.ipc.open.insert(va + offset, m);
                 ok_rets(&[va + offset, size])
+            }
+            IPC_KIND_EVENT => {
+                if flags != 0 {
+                    return Err(invalid());
+                }
+                let mut bytes = [0u8; 64];
+                // SAFETY: reads at most 64 bytes into a live local buffer from a descriptor
+                // borrowed for the call.
+                let n = unsafe {
+                    libc::pread(fd.as_raw_fd(), bytes.as_mut_ptr().cast(), bytes.len(), 0)
+                };
+                if usize::try_from(n).ok() != Some(bytes.len()) {
+                    return Err(invalid());
+                }
+                self.bind(dev)?;
+                if !self.events.has_room() {
+                    return Err(status::MEMORY_ALLOCATION.into());
+                }
+                let raw = self.drv.ipc_open_event(&bytes).map_err(on(dev))?;
+                let entry = EventEntry {
+                    dev,
+                    raw,
+                    flags: IPC_EVENT_FLAGS,
+                    recorded: true,
+                };
+                let Some(h) = self.events.insert(&mut self.ids, entry) else {
+                    let _ = self.drv.event_destroy(raw);
+                    return Err(status::MEMORY_ALLOCATION.into());
+                };
+                self.ipc.events.insert(h);
+                ok_rets(&[h])
             }
             IPC_KIND_POOL => {
                 if flags != 0 {
@@ -396,6 +451,24 @@ impl GpuState {
         self.ipc.pool_pointers.insert(ptr, size);
         ok_rets(&[ptr, size])
     }
+}
+
+/// A memory file holding `bytes` (how a driver's event handle travels to the daemon, which
+/// only carries descriptors).
+fn bytes_file(bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    // SAFETY: a plain system call with a static name; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"qcuda-ipc-event".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create just returned this descriptor; nothing else owns it.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: writes `bytes`, a live slice, to the descriptor owned above.
+    let n = unsafe { libc::pwrite(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+    if usize::try_from(n).ok() != Some(bytes.len()) {
+        return Err(std::io::Error::other("short write"));
+    }
+    Ok(fd)
 }
 
 fn invalid() -> Fault {

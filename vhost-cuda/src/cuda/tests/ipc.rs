@@ -236,3 +236,39 @@ fn shareable_pools_and_their_pointers_are_imported_by_another_session() {
     );
     ok(run(&mut b, Op::MemPoolDestroy, &[hb]));
 }
+
+#[test]
+fn interprocess_events_are_opened_by_another_session() {
+    use qcuda_proto::IPC_KIND_EVENT;
+    let rig = Rig::new(1);
+    let (mut a, mut b) = two_sessions(&rig);
+    let timed = ok(run(&mut a, Op::EventCreate, &[4]))[0];
+    let ipc = ok(run(&mut a, Op::EventCreate, &[6]))[0];
+    // Only an event made interprocess and without timing exports, as CUDA says.
+    for e in [timed, 999] {
+        assert_eq!(
+            a.ipc_export(0, IPC_KIND_EVENT, e).unwrap_err().status,
+            status::INVALID_RESOURCE_HANDLE
+        );
+    }
+    ok(run(&mut a, Op::EventRecord, &[ipc, 0]));
+    let e = a.ipc_export(0, IPC_KIND_EVENT, ipc).unwrap();
+    let h = ok(b.ipc_import(0, IPC_KIND_EVENT, e.fd.as_fd(), e.meta, 0))[0];
+    // An event of the importer's: waited for, queried, waited on by a stream, destroyed.
+    ok(run(&mut b, Op::EventSynchronize, &[h]));
+    ok(run(&mut b, Op::EventQuery, &[h]));
+    ok(run(&mut b, Op::StreamWaitEvent, &[0, h, 0]));
+    // Not the importer's to export again; a descriptor that holds no event handle is refused.
+    assert_eq!(
+        b.ipc_export(0, IPC_KIND_EVENT, h).unwrap_err().status,
+        status::INVALID_RESOURCE_HANDLE
+    );
+    let null = std::fs::File::open("/dev/null").unwrap();
+    assert_eq!(
+        b.ipc_import(0, IPC_KIND_EVENT, null.as_fd(), e.meta, 0)
+            .status,
+        status::INVALID_VALUE
+    );
+    assert!(matches!(b.pause(), Err(CheckpointError::Unsupported(_))));
+    ok(run(&mut b, Op::EventDestroy, &[h]));
+}
