@@ -128,9 +128,9 @@ fn note(area: &str) -> Option<&'static str> {
              (`libcuda.so.1`, below), through `cuGetProcAddress` and `cuGetExportTable`."
         }
         "Inter-process" => {
-            "Memory handles work between the processes of one VM: the host brokers each export \
-             under a token and a secret of that VM's table (guest-lib.md, \"IPC\"); a handle of \
-             another VM opens nothing. Event handles are not offered yet."
+"Memory, event and pool handles work between the processes of one VM: the host \
+             brokers each export under a token and a secret of that VM's table (guest-lib.md, \
+             \"IPC\"); a handle of another VM opens nothing."
         }
         "External resources" => {
             "External memory and semaphores are file descriptors or handles of the guest's own \

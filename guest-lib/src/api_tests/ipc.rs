@@ -284,3 +284,57 @@ fn shareable_pools_export_to_a_descriptor_and_their_allocations_follow() {
         );
     }
 }
+
+#[test]
+fn interprocess_events_export_and_open_and_their_records_are_not_held_back() {
+    use crate::{
+        generated::{
+            cudaErrorInvalidResourceHandle, cudaEventDisableTiming, cudaEventInterprocess,
+            cudaEvent_t, runtime_api::cudaIpcEventHandle_t,
+        },
+        runtime::events::*,
+    };
+    let fake = setup();
+    // SAFETY: valid out-parameters throughout.
+    unsafe {
+        let mut timed: cudaEvent_t = ptr::null_mut();
+        assert_eq!(
+            cudaEventCreateWithFlags(&raw mut timed, cudaEventInterprocess),
+            cudaSuccess
+        );
+        let mut ev: cudaEvent_t = ptr::null_mut();
+        assert_eq!(
+            cudaEventCreateWithFlags(&raw mut ev, cudaEventInterprocess | cudaEventDisableTiming),
+            cudaSuccess
+        );
+        let mut h = cudaIpcEventHandle_t { reserved: [0; 64] };
+        // With timing: refused, as CUDA refuses it.
+        assert_eq!(
+            cudaIpcGetEventHandle(&raw mut h, timed),
+            cudaErrorInvalidResourceHandle
+        );
+        assert_eq!(cudaIpcGetEventHandle(&raw mut h, ev), cudaSuccess);
+        let mut opened: cudaEvent_t = ptr::null_mut();
+        assert_eq!(cudaIpcOpenEventHandle(&raw mut opened, h), cudaSuccess);
+        assert!(!opened.is_null());
+        assert_eq!(cudaEventSynchronize(opened), cudaSuccess);
+        let mut forged = h;
+        forged.reserved[0] ^= 1;
+        assert_eq!(
+            cudaIpcOpenEventHandle(&raw mut opened, forged),
+            cudaErrorInvalidValue
+        );
+        // A record of an interprocess event reaches the host before the call returns (another
+        // process may wait for it at once), not in a later batch.
+        let sent = fake.state().log.len();
+        assert_eq!(cudaEventRecord(ev, ptr::null_mut()), cudaSuccess);
+        let log = fake.state().log.clone();
+        assert!(
+            log[sent..]
+                .iter()
+                .any(|l| l.op == qcuda_proto::Op::EventRecord),
+            "the record of an interprocess event was held back"
+        );
+        assert_eq!(cudaEventDestroy(opened), cudaSuccess);
+    }
+}

@@ -195,8 +195,8 @@ fn what_the_driver_refuses_is_refused() {
 }
 
 /// The device announces VMM and POSIX-fd shareable handles with the GPU's values, and pools'
-/// handle types as far as qcuda offers them (POSIX descriptors); host-NUMA VMM, IPC events and
-/// multicast objects, which qcuda does not offer, read 0 whatever the GPU says.
+/// handle types as far as qcuda offers them (POSIX descriptors), and IPC events; host-NUMA VMM
+/// and multicast objects, which qcuda does not offer, read 0 whatever the GPU says.
 #[test]
 fn the_device_announces_what_is_offered() {
     use crate::driver::api::device::cuDeviceGetAttribute;
@@ -229,7 +229,7 @@ fn the_device_announces_what_is_offered() {
                 d::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                 1,
             ),
-            (d::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 0),
+            (d::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 1),
             (d::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 1),
             (d::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0),
             (

@@ -159,8 +159,8 @@ pub const PROP_ATTRIBUTES: &[(CUdevice_attribute, Setter)] = prop_attributes! {
 /// memory management (`cuMemCreate`, `cuMemMap`: core/vmm.rs) are carried (the host's own
 /// values pass through, generic compression included); shareable handles of VMM allocations
 /// (POSIX file descriptors) are, between the processes of the VM (core/ipc.rs), so that
-/// attribute passes through, and pools shareable that way ([`MASKED`]); IPC events are not
-/// offered yet. Managed memory has values of its own
+/// attribute passes through, and pools shareable that way ([`MASKED`]), and interprocess
+/// events (`IPC_EVENT_SUPPORTED` passes through). Managed memory has values of its own
 /// ([`QCUDA_VALUES`]).
 pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
@@ -180,7 +180,6 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
     cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
-    cu::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
     // Multicast objects (cuMulticast*: NVLink SHARP) are not offered; NCCL takes its NVLS path

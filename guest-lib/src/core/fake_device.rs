@@ -130,6 +130,8 @@ pub struct FakeState {
     pub shareable_pools: Vec<u64>,
     /// Pools imported through `IpcImport`.
     pub imported_pools: Vec<u64>,
+    /// Events created interprocess without timing (exportable).
+    pub ipc_events: Vec<u64>,
 }
 
 /// The fake's VMM granularity (2 MiB, as an H100's).
@@ -922,6 +924,12 @@ fn run(
                         .ok_or(status::INVALID_VALUE)?;
                     (base, bytes.len() as u64)
                 }
+                qcuda_proto::IPC_KIND_EVENT => {
+                    if !s.ipc_events.contains(&arg) {
+                        return Err(status::INVALID_RESOURCE_HANDLE);
+                    }
+                    (arg, 0)
+                }
                 qcuda_proto::IPC_KIND_POOL => {
                     if !s.shareable_pools.contains(&arg) {
                         return Err(status::INVALID_VALUE);
@@ -947,6 +955,12 @@ fn run(
             let &(kind, arg, size) = s.ipc_exports.get(&token).ok_or(status::INVALID_VALUE)?;
             if kind != args[0] || [args[2], args[3]] != [0x5eed ^ token, !token] {
                 return Err(status::INVALID_VALUE);
+            }
+            if kind == qcuda_proto::IPC_KIND_EVENT {
+                let h = s.handle();
+                s.events.insert(h, None);
+                rets[0] = h;
+                return Ok(());
             }
             if kind == qcuda_proto::IPC_KIND_POOL {
                 let h = s.handle();
@@ -1032,6 +1046,9 @@ fn run(
         Op::EventCreate => {
             let h = s.handle();
             s.events.insert(h, None);
+            if args[0] & 0x6 == 0x6 {
+                s.ipc_events.push(h);
+            }
             rets[0] = h;
         }
         Op::EventDestroy => {

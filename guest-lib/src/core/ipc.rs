@@ -24,8 +24,8 @@ use std::{
 };
 
 use qcuda_proto::{
-    Op, IPC_HANDLE_LEN, IPC_HANDLE_MAGIC, IPC_KIND_MEMORY, IPC_KIND_POOL, IPC_KIND_VMM,
-    POOL_PTR_EXPORT_LEN,
+    Op, IPC_HANDLE_LEN, IPC_HANDLE_MAGIC, IPC_KIND_EVENT, IPC_KIND_MEMORY, IPC_KIND_POOL,
+    IPC_KIND_VMM, POOL_PTR_EXPORT_LEN,
 };
 
 use crate::core::{
@@ -114,6 +114,30 @@ pub fn close_mem_handle(rt: &Runtime, ptr: u64) -> CudaResult<()> {
     opened().remove(&ptr);
     rt.allocations.remove(ptr);
     Ok(())
+}
+
+/// `cudaIpcGetEventHandle`: a handle of an event created with `cudaEventInterprocess` and
+/// `cudaEventDisableTiming` (else `cudaErrorInvalidResourceHandle`, from the host).
+pub fn get_event_handle(rt: &Runtime, event: usize) -> CudaResult<IpcHandle> {
+    let e = rt.events.info(event)?;
+    let reply = rt
+        .session
+        .submit(Call::new(Op::IpcExport, e.device).args(&[IPC_KIND_EVENT, e.host]))?;
+    let [token, s0, s1, ..] = reply.rets;
+    Ok(encode(IPC_KIND_EVENT, token, [s0, s1], e.device))
+}
+
+/// `cudaIpcOpenEventHandle` on `device`: an event of this process.
+pub fn open_event_handle(rt: &Runtime, device: u32, h: &IpcHandle) -> CudaResult<usize> {
+    let (token, secret, _) = decode(h, IPC_KIND_EVENT)?;
+    let reply = rt.session.submit(Call::new(Op::IpcImport, device).args(&[
+        IPC_KIND_EVENT,
+        token,
+        secret[0],
+        secret[1],
+        0,
+    ]))?;
+    Ok(rt.events.adopt(reply.rets[0], device))
 }
 
 /// Forgets what was opened on `device` (its reset unmapped it on the host).

@@ -2,9 +2,8 @@
 //! the two processes' workers): legacy interprocess memory handles (`cudaIpcGetMemHandle`,
 //! `cudaIpcOpenMemHandle`, `cudaIpcCloseMemHandle`) and shareable pools
 //! (`cudaMemPoolExportToShareableHandle`, `cudaMemPoolImportFromShareableHandle`,
-//! `cudaMemPoolExportPointer`, `cudaMemPoolImportPointer`; POSIX file descriptors). Event handles
-//! (`cudaIpcGetEventHandle`, `cudaIpcOpenEventHandle`) are not offered yet
-//! (`cudaErrorNotSupported`, runtime/unsupported.rs).
+//! `cudaMemPoolExportPointer`, `cudaMemPoolImportPointer`; POSIX file descriptors), and
+//! interprocess events (`cudaIpcGetEventHandle`, `cudaIpcOpenEventHandle`).
 
 use core::ffi::{c_uint, c_void};
 
@@ -16,8 +15,8 @@ use crate::{
         runtime::{current, non_null, runtime},
     },
     generated::{
-        self as cu, cudaMemAllocationHandleType, cudaMemPool_t,
-        runtime_api::{cudaIpcMemHandle_t, cudaMemPoolPtrExportData},
+        self as cu, cudaEvent_t, cudaMemAllocationHandleType, cudaMemPool_t,
+        runtime_api::{cudaIpcEventHandle_t, cudaIpcMemHandle_t, cudaMemPoolPtrExportData},
     },
 };
 
@@ -96,5 +95,24 @@ cuda_api! {
         let p = ipc::import_pointer(runtime()?, memPool as usize, &data)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(ptr, p as *mut c_void) }
+    }
+
+    /// `cudaIpcGetEventHandle`: of an event created with `cudaEventInterprocess` and
+    /// `cudaEventDisableTiming`.
+    fn cudaIpcGetEventHandle(handle: *mut cudaIpcEventHandle_t, event: cudaEvent_t) {
+        non_null(handle)?;
+        let bytes = ipc::get_event_handle(runtime()?, event as usize)?;
+        // SAFETY: non-null; a cudaIpcEventHandle_t is 64 bytes of anything.
+        unsafe { write_out(handle.cast::<[u8; 64]>(), bytes) }
+    }
+
+    /// `cudaIpcOpenEventHandle` on the current device.
+    fn cudaIpcOpenEventHandle(event: *mut cudaEvent_t, handle: cudaIpcEventHandle_t) {
+        non_null(event)?;
+        let (rt, device) = current()?;
+        let bytes = handle.reserved.map(|b| b.cast_unsigned());
+        let e = ipc::open_event_handle(rt, device, &bytes)?;
+        // SAFETY: non-null and writable (API contract).
+        unsafe { write_out(event, e as cudaEvent_t) }
     }
 }

@@ -92,8 +92,6 @@ not_supported! {
     cudaGraphicsVDPAURegisterVideoSurface,
     cudaImportExternalMemory,
     cudaImportExternalSemaphore,
-    cudaIpcGetEventHandle,
-    cudaIpcOpenEventHandle,
     cudaKernelSetAttributeForDevice,
     cudaLibraryEnumerateKernels,
     cudaLibraryGetGlobal,

@@ -3,7 +3,8 @@
 //! VMM shareable handles as POSIX file descriptors (`cuMemExportToShareableHandle`,
 //! `cuMemImportFromShareableHandle`), over the core's IPC (core/ipc.rs). Other handle types
 //! (Win32, fabric) are refused with `CUDA_ERROR_INVALID_VALUE`, as NVIDIA's Linux driver refuses
-//! them; IPC event handles are not offered yet (`CUDA_ERROR_NOT_SUPPORTED`).
+//! them. Also shareable pools (`cuMemPool*`) and interprocess events (`cuIpcGetEventHandle`,
+//! `cuIpcOpenEventHandle`).
 
 use core::ffi::{c_uint, c_ulonglong, c_void};
 
@@ -176,5 +177,33 @@ driver_api! {
         let p = ipc::import_pointer(rt, pool as usize, &data)?;
         // SAFETY: checked non-null.
         unsafe { out(ptr_out, p) }
+    }
+}
+
+driver_api! {
+    /// `cuIpcGetEventHandle`: of an event created with `CU_EVENT_INTERPROCESS` and
+    /// `CU_EVENT_DISABLE_TIMING`.
+    fn cuIpcGetEventHandle(pHandle: *mut d::CUipcEventHandle, event: d::CUevent) {
+        initialized()?;
+        if pHandle.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let (rt, _) = current()?;
+        let bytes = ipc::get_event_handle(rt, event as usize)?;
+        // SAFETY: checked non-null; a CUipcEventHandle is 64 bytes of anything.
+        unsafe { out(pHandle.cast::<[u8; 64]>(), bytes) }
+    }
+
+    /// `cuIpcOpenEventHandle`, on the current context's device.
+    fn cuIpcOpenEventHandle(phEvent: *mut d::CUevent, handle: d::CUipcEventHandle) {
+        ready()?;
+        if phEvent.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let (rt, device) = current()?;
+        let bytes = handle.reserved.map(|b| b.cast_unsigned());
+        let e = ipc::open_event_handle(rt, device, &bytes)?;
+        // SAFETY: checked non-null.
+        unsafe { out(phEvent, e as d::CUevent) }
     }
 }
