@@ -10,7 +10,10 @@
 // (cudaMallocFromPoolAsync), passes the pool's descriptor (cudaMemPoolExportToShareableHandle)
 // and the allocation's export record (cudaMemPoolExportPointer); the child imports both,
 // sets access, checks and writes the allocation and frees it. The parent then sees the child's
-// writes in all three. Skipped without a device; the VMM and pool parts are skipped (and said
+// writes in all three; (4) records an interprocess event after a slow kernel that fills a
+// fourth buffer and sends the event's handle (cudaIpcGetEventHandle) at once, without waiting:
+// the child opens it (cudaIpcOpenEventHandle), makes its stream wait for it
+// (cudaStreamWaitEvent) and must then read the kernel's data. Skipped without a device; the VMM and pool parts are skipped (and said
 // so) where the device reports no POSIX-descriptor handles for them.
 #define TEST_NAME "ipc_share"
 #include "selfcheck.cuh"
@@ -22,6 +25,15 @@
 
 #include <cstring>
 #include <vector>
+
+__global__ void slow_fill(unsigned *p, size_t n, unsigned base, long long cycles)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = base + (unsigned)i;
+}
 
 __global__ void fill(unsigned *p, size_t n, unsigned base)
 {
@@ -77,6 +89,7 @@ static void load_all()
     } while (0)
 
 static const size_t WORDS = 1 << 18; // 1 MiB of unsigned
+static const size_t EVENT_WORDS = 1 << 16;
 
 static void check_words(const void *p, size_t from, size_t n, unsigned base, const char *what)
 {
@@ -128,6 +141,11 @@ static int recv_all(int s, void *b, size_t n)
 struct VmmInfo {
     int have; // 0: the device offers no POSIX-descriptor handles
     size_t size;
+};
+
+struct EventInfo {
+    cudaIpcMemHandle_t mem;
+    cudaIpcEventHandle_t event;
 };
 
 struct PoolInfo {
@@ -201,6 +219,28 @@ static void child(int s)
         CHECK(cudaFree(q));
         CHECK(cudaMemPoolDestroy(pool));
     }
+    // (4) An interprocess event orders this process's work after the other's.
+    EventInfo einfo;
+    recv_all(s, &einfo, sizeof(einfo));
+    void *eb = nullptr;
+    CHECK(cudaIpcOpenMemHandle(&eb, einfo.mem, cudaIpcMemLazyEnablePeerAccess));
+    cudaEvent_t ev;
+    CHECK(cudaIpcOpenEventHandle(&ev, einfo.event));
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CHECK(cudaStreamWaitEvent(st, ev, 0));
+    std::vector<unsigned> h4(EVENT_WORDS);
+    CHECK(cudaMemcpyAsync(h4.data(), eb, EVENT_WORDS * sizeof(unsigned), cudaMemcpyDeviceToHost, st));
+    CHECK(cudaStreamSynchronize(st));
+    for (size_t i = 0; i < EVENT_WORDS; i++)
+        if (h4[i] != 7000 + (unsigned)i)
+            fail("child: after waiting for the other process's event, word %zu is %u, expected %u", i,
+                 h4[i], 7000 + (unsigned)i);
+    CHECK(cudaEventSynchronize(ev));
+    CHECK(cudaEventQuery(ev));
+    CHECK(cudaEventDestroy(ev));
+    CHECK(cudaStreamDestroy(st));
+    CHECK(cudaIpcCloseMemHandle(eb));
     char done = 'd';
     send_all(s, &done, 1);
 }
@@ -294,6 +334,23 @@ int main()
         send_all(s, &pinfo, sizeof(pinfo));
     }
 
+    // (4) The event: recorded after a kernel that takes a while, handle sent at once.
+    unsigned *eb = nullptr;
+    CHECK(cudaMalloc(&eb, EVENT_WORDS * sizeof(unsigned)));
+    CHECK(cudaMemset(eb, 0, EVENT_WORDS * sizeof(unsigned)));
+    CHECK(cudaDeviceSynchronize());
+    cudaEvent_t ev;
+    CHECK(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+    EventInfo einfo;
+    CHECK(cudaIpcGetMemHandle(&einfo.mem, eb));
+    CHECK(cudaIpcGetEventHandle(&einfo.event, ev));
+    int clock_khz = 0;
+    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    // About 200 ms of spinning before the data is written.
+    slow_fill<<<32, 256>>>(eb, EVENT_WORDS, 7000, (long long)clock_khz * 200);
+    CHECK(cudaEventRecord(ev, 0));
+    send_all(s, &einfo, sizeof(einfo));
+
     char done = 0;
     ssize_t got = read(s, &done, 1);
     int status = 0;
@@ -310,6 +367,8 @@ int main()
         CU(p_cuMemAddressFree(va, info.size));
         CU(p_cuMemRelease(mh));
     }
+    CHECK(cudaEventDestroy(ev));
+    CHECK(cudaFree(eb));
     if (pinfo.have) {
         check_words(pp, WORDS / 2, WORDS / 2, 6000, "parent, pool, child's half");
         CHECK(cudaFreeAsync(pp, 0));
