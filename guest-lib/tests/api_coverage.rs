@@ -128,7 +128,7 @@ fn note(area: &str) -> Option<&'static str> {
              (`libcuda.so.1`, below), through `cuGetProcAddress` and `cuGetExportTable`."
         }
         "Inter-process" => {
-"Memory, event and pool handles work between the processes of one VM: the host \
+            "Memory, event and pool handles work between the processes of one VM: the host \
              brokers each export under a token and a secret of that VM's table (guest-lib.md, \
              \"IPC\"); a handle of another VM opens nothing."
         }

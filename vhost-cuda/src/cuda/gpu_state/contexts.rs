@@ -127,7 +127,8 @@ impl GpuState {
         // Memory opened from other processes: mapped in this process, not in the context.
         if self.host.sticky_error().is_none() {
             let drv = Arc::clone(&self.drv);
-            self.ipc.release_device(dev, drv.as_ref());
+            let quota = self.host.memory_quota();
+            self.ipc.release_device(dev, drv.as_ref(), quota.as_deref());
         }
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {

@@ -50,7 +50,8 @@ pub struct IpcExported {
     /// The driver's POSIX file descriptor of the physical allocation.
     pub fd: OwnedFd,
     /// `IPC_KIND_MEMORY`: the exported allocation's offset in the physical allocation, its
-    /// size, the physical allocation's size. `IPC_KIND_VMM`: zeros.
+    /// size, the physical allocation's size. `IPC_KIND_VMM`: 0, the allocation's size, 0.
+    /// Other kinds: zeros.
     pub meta: [u64; 3],
 }
 
@@ -98,9 +99,22 @@ impl IpcImports {
                 .is_some_and(|(&base, &size)| inside(base, size))
     }
 
-    /// Forgets the imported pool allocation at `ptr`; whether it was one.
-    pub(super) fn take_pool_pointer(&mut self, ptr: u64) -> bool {
-        self.pool_pointers.remove(&ptr).is_some()
+    /// Forgets the imported pool allocation at `ptr` (its count given back); whether it was
+    /// one.
+    pub(super) fn take_pool_pointer(
+        &mut self,
+        ptr: u64,
+        quota: Option<&crate::limits::QuotaSlot>,
+    ) -> bool {
+        match self.pool_pointers.remove(&ptr) {
+            Some(size) => {
+                if let Some(q) = quota {
+                    q.release(size);
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether the session shares device memory with another process: it opened memory of
@@ -109,8 +123,13 @@ impl IpcImports {
         self.exported || !self.open.is_empty() || !self.pools.is_empty() || !self.events.is_empty()
     }
 
-    /// Unmaps what was opened on guest device `dev` (its reset).
-    pub(super) fn release_device(&mut self, dev: usize, drv: &dyn DriverApi) {
+    /// Unmaps what was opened on guest device `dev` (its reset) and gives its count back.
+    pub(super) fn release_device(
+        &mut self,
+        dev: usize,
+        drv: &dyn DriverApi,
+        quota: Option<&crate::limits::QuotaSlot>,
+    ) {
         let gone: Vec<u64> = self
             .open
             .iter()
@@ -120,17 +139,30 @@ impl IpcImports {
         for p in gone {
             if let Some(m) = self.open.remove(&p) {
                 unmap(drv, &m);
+                if let Some(q) = quota {
+                    q.release(m.len);
+                }
             }
         }
     }
 
     /// Unmaps everything (the session ends); with a sticky error (`driver` None) the
     /// corrupted driver is not called: the worker's exit frees it.
-    pub(super) fn release_all(&mut self, driver: Option<&dyn DriverApi>) {
+    pub(super) fn release_all(
+        &mut self,
+        driver: Option<&dyn DriverApi>,
+        quota: Option<&crate::limits::QuotaSlot>,
+    ) {
         for (_, m) in std::mem::take(&mut self.open) {
             if let Some(drv) = driver {
                 unmap(drv, &m);
             }
+            if let Some(q) = quota {
+                q.release(m.len);
+            }
+        }
+        if let Some(q) = quota {
+            q.release(self.pool_pointers.values().sum());
         }
         // Imported pool allocations go with their pools (the contexts' teardown destroys
         // them); the worker's exit frees whatever is left.
@@ -148,6 +180,22 @@ fn unmap(drv: &dyn DriverApi, m: &IpcMapping) {
 }
 
 impl GpuState {
+    /// Counts `bytes` of memory another process made against this VM's device-memory quota
+    /// for as long as this session holds it: an exporter that exits gives its share back, and
+    /// the importer's mapping would otherwise hold memory nobody counts.
+    fn charge_import(&self, bytes: u64) -> Result<(), Fault> {
+        match self.host.memory_quota() {
+            Some(q) if !q.reserve(bytes) => Err(status::MEMORY_ALLOCATION.into()),
+            _ => Ok(()),
+        }
+    }
+
+    fn uncharge_import(&self, bytes: u64) {
+        if let Some(q) = self.host.memory_quota() {
+            q.release(bytes);
+        }
+    }
+
     /// The answer for `r` of `op` (a driver error may be sticky), as `execute` gives it.
     fn ipc_answer(&mut self, op: Op, r: OpResult) -> ResponseHeader {
         let mut resp = match r {
@@ -235,10 +283,14 @@ impl GpuState {
             IPC_KIND_VMM => {
                 let h = self.vmm.handle_raw(arg).ok_or_else(invalid)?;
                 let dev = self.vmm_dev_of(arg)?;
+                let size = self.vmm.handle_size(arg);
                 self.bind(dev)?;
                 let fd = self.drv.mem_export_fd(h).map_err(on(dev))?;
                 self.ipc.exported = true;
-                Ok(IpcExported { fd, meta: [0; 3] })
+                Ok(IpcExported {
+                    fd,
+                    meta: [0, size, 0],
+                })
             }
             _ => Err(invalid()),
         }
@@ -289,13 +341,21 @@ impl GpuState {
                 let gpu = self.gpu_of(dev as u64)?;
                 self.bind(dev)?;
                 let drv = Arc::clone(&self.drv);
-                let raw = drv.mem_import_fd(fd).map_err(on(dev))?;
+                self.charge_import(len)?;
+                let raw = match drv.mem_import_fd(fd) {
+                    Ok(raw) => raw,
+                    Err(e) => {
+                        self.uncharge_import(len);
+                        return Err(on(dev)(e));
+                    }
+                };
                 let owner = drv.mem_handle_props(raw).map(|p| p.device);
                 let len_us = to_usize(len)?;
                 let va = match drv.mem_address_reserve(len_us, 0, 0) {
                     Ok(va) => va,
                     Err(e) => {
                         let _ = drv.mem_release(raw);
+                        self.uncharge_import(len);
                         return Err(on(dev)(e));
                     }
                 };
@@ -310,10 +370,12 @@ impl GpuState {
                 let m = IpcMapping { va, len, size, dev };
                 if let Err(e) = mapped {
                     let _ = drv.mem_address_free(va, len_us);
+                    self.uncharge_import(len);
                     return Err(on(dev)(e));
                 }
                 if let Err(e) = drv.mem_set_access(va, len_us, &access) {
                     unmap(drv.as_ref(), &m);
+                    self.uncharge_import(len);
                     return Err(on(dev)(e));
                 }
                 self.ipc.open.insert(va + offset, m);
@@ -377,13 +439,25 @@ impl GpuState {
                 }
                 self.bind(dev)?;
                 let drv = Arc::clone(&self.drv);
-                let raw = drv.mem_import_fd(fd).map_err(on(dev))?;
+                let size = meta[1];
+                self.charge_import(size)?;
+                let raw = match drv.mem_import_fd(fd) {
+                    Ok(raw) => raw,
+                    Err(e) => {
+                        self.uncharge_import(size);
+                        return Err(on(dev)(e));
+                    }
+                };
+                if self.vmm.quota_unset() {
+                    self.vmm.set_quota(self.host.memory_quota());
+                }
                 // The allocation may live on a peer of `dev` (another process's GPU): the
                 // session works on it in its context on `dev`, as the importing process does
-                // natively, and makes no context on the owner.
+                // natively, and makes no context on the owner. Its count goes back when the
+                // session's last handle and mapping of it are gone.
                 let id = self
                     .vmm
-                    .adopt(&mut self.ids, drv.as_ref(), raw, dev)
+                    .adopt(&mut self.ids, drv.as_ref(), raw, dev, size)
                     .ok_or(status::MEMORY_ALLOCATION)?;
                 ok_rets(&[id])
             }
@@ -400,6 +474,7 @@ impl GpuState {
         self.drv.ctx_synchronize().map_err(on(m.dev))?;
         self.ipc.open.remove(&ptr);
         unmap(self.drv.as_ref(), &m);
+        self.uncharge_import(m.len);
         ok()
     }
 }
@@ -448,6 +523,10 @@ impl GpuState {
                 return Err(invalid());
             }
         };
+        if let Err(f) = self.charge_import(size) {
+            let _ = self.drv.mem_free_async(ptr, NULL_STREAM);
+            return Err(f);
+        }
         self.ipc.pool_pointers.insert(ptr, size);
         ok_rets(&[ptr, size])
     }

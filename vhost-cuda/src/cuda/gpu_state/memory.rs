@@ -297,7 +297,8 @@ impl GpuState {
             }
             // An allocation imported from another process's pool (ipc.rs): freed as natively,
             // once the device is done with it.
-            if self.ipc.take_pool_pointer(ptr) {
+            let quota = self.host.memory_quota();
+            if self.ipc.take_pool_pointer(ptr, quota.as_deref()) {
                 drv.mem_free_async(ptr, NULL_STREAM).map_err(on(dev))?;
                 drv.ctx_synchronize().map_err(on(dev))?;
                 return ok();

@@ -669,7 +669,9 @@ impl Drop for GpuState {
         let drv = Arc::clone(&self.drv);
         let live = self.host.sticky_error().is_none();
         self.vmm.release_all(live.then_some(drv.as_ref()));
-        self.ipc.release_all(live.then_some(drv.as_ref()));
+        let quota = self.host.memory_quota();
+        self.ipc
+            .release_all(live.then_some(drv.as_ref()), quota.as_deref());
         self.ram.release(self.drv.as_ref());
         for dev in 0..self.devices.len() {
             self.teardown(dev);

@@ -231,7 +231,10 @@ impl GpuState {
                 return ok();
             }
             // An allocation imported from another process's pool (ipc.rs).
-            if self.ipc.take_pool_pointer(ptr) {
+            if self
+                .ipc
+                .take_pool_pointer(ptr, self.host.memory_quota().as_deref())
+            {
                 self.drv.mem_free_async(ptr, stream).map_err(on(dev))?;
                 return ok();
             }

@@ -226,7 +226,8 @@ impl VmmTables {
 
     /// A handle of an allocation another process made (imported, `ipc.rs`): a physical
     /// allocation of its own, worked on in the context of guest device `dev` (the importer's;
-    /// the memory may be a peer's), charged to its maker. `None` (and `raw`
+    /// the memory may be a peer's), `charged` bytes already counted for it against the quota
+    /// (given back when the driver frees it here). `None` (and `raw`
     /// released) if the table is full.
     pub(super) fn adopt(
         &mut self,
@@ -234,13 +235,37 @@ impl VmmTables {
         drv: &dyn DriverApi,
         raw: MemHandle,
         dev: usize,
+        charged: u64,
     ) -> Option<u64> {
-        let phys = self.new_phys(dev, 0);
+        let phys = self.new_phys(dev, charged);
         let id = self.add_handle(ids, drv, raw, phys);
         if id.is_none() {
-            self.phys.remove(&phys);
+            // Released by add_handle: the count goes back with it.
+            if let Some(p) = self.phys.get_mut(&phys) {
+                p.refs = 1;
+            }
+            self.unref(phys);
         }
         id
+    }
+
+    /// Bytes counted for the allocation behind handle `id` (its size, for what the session
+    /// created or imported with a size).
+    pub(super) fn handle_size(&self, id: u64) -> u64 {
+        self.handles
+            .get(id)
+            .and_then(|h| self.phys.get(&h.phys))
+            .map_or(0, |p| p.charged)
+    }
+
+    /// Whether the quota slot has not been looked up yet.
+    pub(super) fn quota_unset(&self) -> bool {
+        self.quota.is_none()
+    }
+
+    /// The quota slot imports and creations count against.
+    pub(super) fn set_quota(&mut self, quota: Option<Arc<QuotaSlot>>) {
+        self.quota = quota;
     }
 
     /// Unmaps, frees and releases everything (the session ends), and gives the quota back.

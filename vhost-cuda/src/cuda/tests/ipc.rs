@@ -139,7 +139,7 @@ fn vmm_handles_travel_as_descriptors() {
     ok(a.execute(&req(Op::MemSetAccess, 0, &[va, g], vec![acc], vec![])));
     ok(htod(&mut rig, &mut a, va, &[42; 64], &[64]));
     let e = a.ipc_export(0, IPC_KIND_VMM, h).unwrap();
-    assert_eq!(e.meta, [0; 3]);
+    assert_eq!(e.meta, [0, g, 0]);
     let hb = ok(b.ipc_import(0, IPC_KIND_VMM, e.fd.as_fd(), e.meta, 0))[0];
     // The importer's handle is an ordinary handle of its own: properties, map, access, copy.
     assert_eq!(
@@ -271,4 +271,43 @@ fn interprocess_events_are_opened_by_another_session() {
     );
     assert!(matches!(b.pause(), Err(CheckpointError::Unsupported(_))));
     ok(run(&mut b, Op::EventDestroy, &[h]));
+}
+
+/// What a process opens of another's counts against the VM's device-memory quota while it holds
+/// it: an exporter that exits gives its own count back, and the memory is still held.
+#[test]
+fn imported_memory_counts_against_the_vms_quota_until_closed() {
+    use std::os::fd::FromRawFd;
+
+    use crate::limits::{GpuMemoryQuota, QuotaSlot};
+    let mut rig = Rig::new(1);
+    let quota = GpuMemoryQuota::new(5 << 20, 2).unwrap();
+    let lease = quota.lease().unwrap();
+    // SAFETY: dup of an open descriptor returns a new one we own.
+    let file = unsafe { std::fs::File::from_raw_fd(libc::dup(lease.fd())) };
+    rig.host
+        .set_memory_quota(QuotaSlot::attach(file, lease.index()).unwrap());
+    let (mut a, mut b) = two_sessions(&rig);
+    let p = malloc(&mut a, 1 << 20);
+    assert_eq!(quota.used(), 1 << 20);
+    let e = a.ipc_export(0, IPC_KIND_MEMORY, p).unwrap();
+    let granule = e.meta[2];
+    assert_eq!(granule, 2 << 20);
+    let q = ok(b.ipc_import(0, IPC_KIND_MEMORY, e.fd.as_fd(), e.meta, 0))[0];
+    assert_eq!(quota.used(), (1 << 20) + granule);
+    // A second open of the same memory counts again; past the limit it is refused.
+    let q2 = ok(b.ipc_import(0, IPC_KIND_MEMORY, e.fd.as_fd(), e.meta, 0))[0];
+    assert_eq!(
+        b.ipc_import(0, IPC_KIND_MEMORY, e.fd.as_fd(), e.meta, 0)
+            .status,
+        status::MEMORY_ALLOCATION
+    );
+    // The exporter leaves: the importer's opens still count.
+    drop(a);
+    assert_eq!(quota.used(), 2 * granule);
+    ok(run(&mut b, Op::IpcClose, &[q]));
+    assert_eq!(quota.used(), granule);
+    drop(b);
+    assert_eq!(quota.used(), 0);
+    let _ = (q2, &mut rig);
 }
