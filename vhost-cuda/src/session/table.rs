@@ -4,6 +4,8 @@
 use std::{
     cell::{Cell, RefCell},
     collections::HashMap,
+    fs::File,
+    os::fd::OwnedFd,
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
         mpsc::{self, SendError, Sender},
@@ -25,11 +27,21 @@ use super::{
 use crate::{
     chain::{ParsedRequest, Reply},
     cuda::CudaHost,
+    fd_store::{self, StoredWorker},
     guest_buffer::{GuestRam, Request},
     host_function_link::{HostFnLink, Waiter},
+    limits::SlotLease,
     limits::{GpuMemoryQuota, NO_LIMIT},
+    sandbox::ChildProcess,
     worker::WorkerCommand,
 };
+
+/// A worker of the previous daemon that a new session thread takes over first.
+pub(super) struct Adopting {
+    pub(super) worker: StoredWorker,
+    /// Its slot of the VM's accounting file.
+    pub(super) quota: Option<SlotLease>,
+}
 
 /// Counters the table waits on.
 #[derive(Debug, Default, Clone, Copy)]
@@ -239,6 +251,19 @@ impl SessionTable {
     /// The table applies `command`'s per-VM limits: at most `max_sessions` sessions, and the
     /// device memory of all its workers together at most `max_gpu_memory`.
     pub fn new(host: Arc<CudaHost>, command: WorkerCommand, label: impl Into<String>) -> Self {
+        Self::with_quota_file(host, command, label, None)
+    }
+
+    /// Like [`SessionTable::new`], counting in the accounting file a previous daemon left
+    /// (`quota_file`, from systemd's file-descriptor store), if any, so that the workers taken
+    /// over from it ([`SessionTable::adopt`]) keep counting where this table reads. When the
+    /// command keeps its workers for the next daemon, the file is kept for it too.
+    pub fn with_quota_file(
+        host: Arc<CudaHost>,
+        command: WorkerCommand,
+        label: impl Into<String>,
+        quota_file: Option<OwnedFd>,
+    ) -> Self {
         let limits = command.limits();
         let label = label.into();
         let max_sessions = limits
@@ -246,23 +271,37 @@ impl SessionTable {
             .unwrap_or(MAX_SESSIONS)
             .min(MAX_SESSIONS);
         let memory_limited = limits.max_gpu_memory.is_some();
-        let gpu_memory =
-            GpuMemoryQuota::new(limits.max_gpu_memory.unwrap_or(NO_LIMIT), max_sessions).map_err(
-                |e| {
-                    if memory_limited {
-                        error!(
-                            vm = %label,
-                            "cannot set up --max-gpu-memory: {e}; no GPU work will run"
-                        );
-                    } else {
-                        error!(
-                            vm = %label,
-                            "cannot set up GPU-memory accounting: {e}; sessions run uncounted"
-                        );
-                    }
-                    e.to_string()
-                },
-            );
+        let limit = limits.max_gpu_memory.unwrap_or(NO_LIMIT);
+        let adopted = quota_file.and_then(|f| {
+            GpuMemoryQuota::from_file(File::from(f), limit)
+                .inspect_err(|e| {
+                    warn!(vm = %label, "the previous daemon's accounting file is unusable: {e}");
+                })
+                .ok()
+        });
+        let gpu_memory = adopted
+            .map_or_else(|| GpuMemoryQuota::new(limit, max_sessions), Ok)
+            .map_err(|e| {
+                if memory_limited {
+                    error!(
+                        vm = %label,
+                        "cannot set up --max-gpu-memory: {e}; no GPU work will run"
+                    );
+                } else {
+                    error!(
+                        vm = %label,
+                        "cannot set up GPU-memory accounting: {e}; sessions run uncounted"
+                    );
+                }
+                e.to_string()
+            });
+        if let (Some(keep), Ok(q)) = (command.keep(), &gpu_memory) {
+            let name = fd_store::quota_name(keep.vm());
+            keep.store().remove(&name);
+            if let Err(e) = keep.store().store(&name, &[q.fd()]) {
+                warn!(vm = %label, "accounting file not kept for a restart: {e}");
+            }
+        }
         Self {
             shared: Arc::new(Shared {
                 host,
@@ -326,6 +365,92 @@ impl SessionTable {
         for w in self.shared.threads().values() {
             let _ = w.send(Msg::Memory(mem.clone()));
         }
+    }
+
+    /// Takes over the workers a previous daemon left (systemd's file-descriptor store): each
+    /// gets a session thread under its session id, with its slot of the accounting file, so
+    /// that the guest process's next request reaches the worker that holds its state. The
+    /// thread finishes the takeover itself (`WorkerProcess::adopt`, which waits for an op the
+    /// worker may still be running).
+    pub fn adopt(&self, workers: Vec<StoredWorker>) {
+        for w in workers {
+            let id = w.session;
+            let quota = match (&self.shared.gpu_memory, w.slot) {
+                (Ok(q), Some(slot)) => q.claim(slot),
+                _ => None,
+            };
+            let mut threads = self.shared.threads();
+            if threads.contains_key(&id) || threads.len() >= self.shared.max_sessions {
+                drop(threads);
+                warn!(
+                    vm = %self.shared.label,
+                    "session {id}: worker process {} of the previous daemon not taken over \
+                     (session taken or too many sessions); ending it",
+                    w.pid
+                );
+                if let Some(k) = self.shared.command.keep() {
+                    k.store()
+                        .remove(&fd_store::worker_name(k.vm(), id, w.pid, w.slot));
+                }
+                drop(ChildProcess::adopted(w.pid, w.pidfd).kill());
+                continue;
+            }
+            if let Err(e) =
+                self.start_thread(&mut threads, id, 0, Some(Adopting { worker: w, quota }))
+            {
+                error!(vm = %self.shared.label, "session {id}: cannot take its worker over: {e}");
+            }
+        }
+    }
+
+    /// Starts the thread of session `id` (guest process `guest_pid`, 0 if not known yet) and
+    /// puts it in `threads`; `adopting`: it starts with a worker of the previous daemon.
+    fn start_thread(
+        &self,
+        threads: &mut HashMap<u64, SessionHandle>,
+        id: u64,
+        guest_pid: u32,
+        adopting: Option<Adopting>,
+    ) -> std::io::Result<Sender<Msg>> {
+        let wake = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let (tx, rx) = mpsc::channel();
+        let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let pid = Arc::new(AtomicU32::new(0));
+        let account = Arc::new(SessionAccount::new(id, guest_pid, pid.clone()));
+        let ended = Arc::new(AtomicBool::new(false));
+        let host_fns = Arc::new(HostFnLink::default());
+        let thread = SessionThread {
+            shared: self.shared.clone(),
+            id,
+            generation,
+            abandoned: abandoned.clone(),
+            wake: wake.clone(),
+            pid: pid.clone(),
+            account: account.clone(),
+            ended: ended.clone(),
+            host_fns: host_fns.clone(),
+            latency: RefCell::default(),
+            last_hop: Cell::new((0, 0)),
+            adopting,
+        };
+        thread::Builder::new()
+            .name(format!("qcuda-s{id}"))
+            .spawn(move || thread.run(rx))?;
+        threads.insert(
+            id,
+            SessionHandle {
+                tx: tx.clone(),
+                generation,
+                abandoned,
+                wake,
+                pid,
+                account,
+                ended,
+                host_fns,
+            },
+        );
+        Ok(tx)
     }
 
     /// Hands a parsed request to its session's thread, starting the thread if needed. The chain
@@ -402,68 +527,27 @@ impl SessionTable {
             }));
             return;
         }
-        let wake = match EventFd::new(EFD_NONBLOCK) {
-            Ok(w) => Arc::new(w),
+        let host_fns = match self.start_thread(&mut threads, id, job.request.header().pid, None) {
+            Ok(_) => threads.get(&id).map(|h| h.host_fns.clone()),
             Err(e) => {
                 drop(threads);
-                error!(vm = %self.shared.label, "session {id}: cannot create its eventfd: {e}");
+                error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
                 job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
                 return;
             }
         };
-        let (tx, rx) = mpsc::channel();
-        let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
-        let abandoned = Arc::new(AtomicBool::new(false));
-        let pid = Arc::new(AtomicU32::new(0));
-        let account = Arc::new(SessionAccount::new(
-            id,
-            job.request.header().pid,
-            pid.clone(),
-        ));
-        let ended = Arc::new(AtomicBool::new(false));
-        let host_fns = Arc::new(HostFnLink::default());
-        let thread = SessionThread {
-            shared: self.shared.clone(),
-            id,
-            generation,
-            abandoned: abandoned.clone(),
-            wake: wake.clone(),
-            pid: pid.clone(),
-            account: account.clone(),
-            ended: ended.clone(),
-            host_fns: host_fns.clone(),
-            latency: RefCell::default(),
-            last_hop: Cell::new((0, 0)),
-        };
-        let spawned = thread::Builder::new()
-            .name(format!("qcuda-s{id}"))
-            .spawn(move || thread.run(rx));
-        if let Err(e) = spawned {
-            drop(threads);
-            error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
-            job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+        let Some(handle) = threads.get(&id) else {
             return;
-        }
+        };
         if job.request.op() == Op::HostFuncWait {
             // The session's first request: its thread starts with nothing to do.
-            host_fns.wait(job.request.header().args[0], job);
+            if let Some(link) = host_fns {
+                link.wait(job.request.header().args[0], job);
+            }
         } else {
             // The receiver lives until the thread ends, and it cannot end before receiving.
-            let _ = tx.send(Msg::Run(job));
+            let _ = handle.tx.send(Msg::Run(job));
         }
-        threads.insert(
-            id,
-            SessionHandle {
-                tx,
-                generation,
-                abandoned,
-                wake,
-                pid,
-                account,
-                ended,
-                host_fns,
-            },
-        );
     }
 }
 

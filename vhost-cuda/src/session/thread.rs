@@ -20,7 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{
     latency::{ns, LatencyStats},
-    table::{Msg, Shared},
+    table::{Adopting, Msg, Shared},
     usage::{self, bytes_text, SessionAccount},
     OPEN_SESSIONS_TOTAL,
 };
@@ -54,6 +54,8 @@ pub(super) struct SessionThread {
     pub(super) latency: RefCell<LatencyStats>,
     /// The last worker round trip: (ns from send to answer, ns the worker said it took).
     pub(super) last_hop: Cell<(u64, u64)>,
+    /// A worker of the previous daemon to take over before anything else.
+    pub(super) adopting: Option<Adopting>,
 }
 
 /// A session's GPU side, seen from the daemon.
@@ -88,9 +90,12 @@ impl SessionThread {
         self.abandoned.load(Ordering::Acquire)
     }
 
-    pub(super) fn run(self, rx: Receiver<Msg>) {
+    pub(super) fn run(mut self, rx: Receiver<Msg>) {
         self.opened();
-        let mut gpu = Gpu::Idle;
+        let mut gpu = match self.adopting.take() {
+            Some(a) => self.take_over(a),
+            None => Gpu::Idle,
+        };
         // Messages taken off the queue while an op was running in the worker.
         let mut backlog: VecDeque<Msg> = VecDeque::new();
         // Why the loop ended, unless a SessionClose ended the session.
@@ -183,6 +188,11 @@ impl SessionThread {
             }
             let (op, received) = (job.request.op(), job.received);
             job.finish(&resp);
+            if let Gpu::Running { process, .. } = &gpu {
+                // The answer reached the guest: a daemon that takes the worker over after a
+                // restart must not give it again.
+                process.note_delivered();
+            }
             spin = self.shared.command.hop_poll();
             // Only a request that the guest waits for has a guest-side time to set this
             // against (HostLatency): a waited Batch is its own row, fire-and-forget ones none.
@@ -545,6 +555,45 @@ impl SessionThread {
             }
         }
         resp
+    }
+
+    /// Takes over the worker a previous daemon left: its state lives on, and the session goes
+    /// on where the guest process left it. A worker that cannot be taken over is ended, and
+    /// the session's GPU ops fail until DeviceReset, as for a worker that died.
+    fn take_over(&self, a: Adopting) -> Gpu {
+        let (session, pid) = (a.worker.session, a.worker.pid);
+        let slot = a.quota.as_ref().map(crate::limits::SlotLease::usage);
+        match WorkerProcess::adopt(&self.shared.command, a.worker, &self.shared.label, a.quota) {
+            Ok((mut process, replay)) => {
+                self.pid.store(process.pid(), Ordering::Release);
+                self.account.worker_started(slot);
+                if let Err(e) = self.link_host_functions(&mut process) {
+                    let mut gpu = Gpu::Running {
+                        process,
+                        sticky: false,
+                    };
+                    self.worker_failed(&mut gpu, Op::HostInfo, &e);
+                    return gpu;
+                }
+                info!(
+                    vm = %self.shared.label,
+                    "session {session}: worker process {pid} taken over after a daemon restart{}",
+                    if replay { "; the answer the previous daemon lost is given again" } else { "" }
+                );
+                Gpu::Running {
+                    process,
+                    sticky: false,
+                }
+            }
+            Err(e) => {
+                error!(
+                    vm = %self.shared.label,
+                    "session {session}: worker process {pid} of the previous daemon cannot be \
+                     taken over ({e}); the session's GPU ops fail until DeviceReset"
+                );
+                Gpu::Failed
+            }
+        }
     }
 
     /// The operator's pause or resume of this session (`was_paused`: the state it is in).
