@@ -34,7 +34,7 @@ use qcuda_proto::{
 };
 
 use super::*;
-use crate::cuda::driver::vmm::ACCESS_READWRITE;
+use crate::cuda::driver::vmm::{AllocProps, ACCESS_READWRITE, HANDLE_TYPE_POSIX_FD};
 
 /// Most legacy IPC mappings a session may hold open.
 const MAX_IPC_OPEN: usize = 4096;
@@ -211,6 +211,74 @@ impl GpuState {
         resp
     }
 
+    /// Puts memory shareable as a POSIX descriptor under the run `run..run + len` of the
+    /// session's range on `dev` (context bound), with the run's contents, at the same address:
+    /// the device's work is waited for, the bytes copied to a new allocation mapped aside, the
+    /// run unmapped and the new allocation mapped in its place with the same access. Blocks in
+    /// the run keep their addresses and contents; only the physical memory changes.
+    fn make_shareable(
+        &mut self,
+        dev: usize,
+        run: u64,
+        len: u64,
+        access: &[(i32, u32)],
+    ) -> Result<(), Fault> {
+        let drv = Arc::clone(&self.drv);
+        let gpu = self.gpu_of(dev as u64)?;
+        let size = to_usize(len)?;
+        let props = AllocProps {
+            device: gpu,
+            handle_types: HANDLE_TYPE_POSIX_FD,
+            ..AllocProps::default()
+        };
+        drv.ctx_synchronize().map_err(on(dev))?;
+        let fresh = drv.mem_create(size, &props).map_err(on(dev))?;
+        let aside = match drv.mem_address_reserve(size, 0, 0) {
+            Ok(va) => va,
+            Err(e) => {
+                let _ = drv.mem_release(fresh);
+                return Err(on(dev)(e));
+            }
+        };
+        let undo_aside = |mapped: bool| {
+            if mapped {
+                let _ = drv.mem_unmap(aside, size);
+            }
+            let _ = drv.mem_address_free(aside, size);
+            let _ = drv.mem_release(fresh);
+        };
+        if let Err(e) = drv.mem_map(aside, size, 0, fresh) {
+            undo_aside(false);
+            return Err(on(dev)(e));
+        }
+        let copied = drv
+            .mem_set_access(aside, size, access)
+            .and_then(|()| drv.memcpy_dtod(aside, run, size, NULL_STREAM))
+            .and_then(|()| drv.ctx_synchronize());
+        if let Err(e) = copied {
+            undo_aside(true);
+            return Err(on(dev)(e));
+        }
+        // From here the run's old memory goes: the new one must take its place.
+        let _ = drv.mem_unmap(aside, size);
+        let _ = drv.mem_address_free(aside, size);
+        let swapped = drv
+            .mem_unmap(run, size)
+            .and_then(|()| drv.mem_map(run, size, 0, fresh))
+            .and_then(|()| drv.mem_set_access(run, size, access));
+        let _ = drv.mem_release(fresh);
+        swapped.map_err(|e| {
+            warn!(
+                session = self.id,
+                dev,
+                run = format_args!("{run:#x}"),
+                error = ?e,
+                "moving a run to shareable memory failed after its old memory was unmapped"
+            );
+            on(dev)(e)
+        })
+    }
+
     /// `IpcExport` of `kind` for guest device `device`: `arg` is a device pointer
     /// (`IPC_KIND_MEMORY`) or an allocation handle (`IPC_KIND_VMM`). The error is the answer.
     pub fn ipc_export(
@@ -243,6 +311,16 @@ impl GpuState {
                 let (run, run_len) = range.arena.run_at(base).ok_or_else(invalid)?;
                 if base + size > run + run_len {
                     return Err(invalid());
+                }
+                let access = range.access.clone();
+                let raw = self.drv.mem_retain_handle(run).map_err(on(dev))?;
+                let shareable = self
+                    .drv
+                    .mem_handle_props(raw)
+                    .is_ok_and(|p| p.handle_types & HANDLE_TYPE_POSIX_FD != 0);
+                let _ = self.drv.mem_release(raw);
+                if !shareable {
+                    self.make_shareable(dev, run, run_len, &access)?;
                 }
                 let raw = self.drv.mem_retain_handle(run).map_err(on(dev))?;
                 let fd = self.drv.mem_export_fd(raw);

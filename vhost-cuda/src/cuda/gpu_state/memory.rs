@@ -9,7 +9,7 @@
 use super::*;
 use crate::cuda::{
     device_arena::{ArenaError, Backing, DeviceArena},
-    driver::vmm::{AllocProps, ACCESS_NONE, ACCESS_READWRITE, HANDLE_TYPE_POSIX_FD},
+    driver::vmm::{AllocProps, ACCESS_NONE, ACCESS_READWRITE},
 };
 
 /// Physical memory under a session's range, through the driver's VMM calls: one `cuMemCreate`
@@ -66,11 +66,11 @@ impl ReservedRange {
     ) -> VmmBacking<'a> {
         VmmBacking {
             drv,
-            // Shareable as a POSIX file descriptor, so that legacy IPC (`ipc.rs`) can hand
-            // the memory of a block to another process of the VM.
+            // Not shareable: legacy IPC (`ipc.rs`) moves a run to shareable memory, at the same
+            // address, the first time a block of it is exported, so programs that never share
+            // never ask the driver for shareable memory.
             props: AllocProps {
                 device: gpu,
-                handle_types: HANDLE_TYPE_POSIX_FD,
                 ..AllocProps::default()
             },
             access,

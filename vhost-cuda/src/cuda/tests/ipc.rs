@@ -17,12 +17,24 @@ fn two_sessions(rig: &Rig) -> (GpuState, GpuState) {
 fn legacy_ipc_memory_is_shared_and_survives_the_exporter() {
     let mut rig = Rig::new(1);
     let (mut a, mut b) = two_sessions(&rig);
-    let _neighbour = malloc(&mut a, 512);
+    let neighbour = malloc(&mut a, 512);
+    ok(htod(&mut rig, &mut a, neighbour, &[0x77; 512], &[512]));
     let p = malloc(&mut a, 4096);
     let data = pattern(4096);
     ok(htod(&mut rig, &mut a, p, &data, &[4096]));
-    // Any pointer inside the allocation names it.
+    // Any pointer inside the allocation names it. The first export moves the granule to
+    // shareable memory at the same address: the exporter's blocks keep their contents.
     let e = a.ipc_export(0, IPC_KIND_MEMORY, p + 100).unwrap();
+    let (_, got) = dtoh(&mut rig, &mut a, neighbour, 512, &[512]);
+    assert!(
+        got == vec![0x77; 512],
+        "the neighbour block lost its contents"
+    );
+    let (_, got) = dtoh(&mut rig, &mut a, p, 4096, &[4096]);
+    assert!(got == data, "the exported block lost its contents");
+    // A second export of the same granule needs no move.
+    let again = a.ipc_export(0, IPC_KIND_MEMORY, neighbour).unwrap();
+    assert_eq!(again.meta[2], e.meta[2]);
     let [offset, size, len] = e.meta;
     assert_eq!(size, 4096);
     assert!(offset + size <= len);
