@@ -15,6 +15,10 @@
 #                             fd-store.py playing systemd's store: the same result as uninterrupted
 #   test-checkpoint.sh        the operator pauses and resumes a guest program mid-loop; its
 #                             checksum must equal an uninterrupted run's (pause/resume rates)
+#   test-cuda-checkpoint.sh   cuda-checkpoint --toggle (or cuCheckpointProcess* from our tool) on a
+#                             running program, natively and in the guest; checksums equal
+#   test-torch-pause.sh       PyTorch training in the guest paused and resumed by the operator
+#                             mid-run: the same loss curve step for step
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
 #   two-vm-test.sh            two VMs on the GPU at once: per-VM views, the kill check beside a
 #                             busy VM (run-gpu-tests.sh runs it too)
@@ -67,6 +71,9 @@ install -m 755 scripts/bench-scale.sh "$B/bench-scale.sh"
 install -m 755 scripts/bench-frontend.sh "$B/bench-frontend.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/test-checkpoint.sh "$B/test-checkpoint.sh"
+install -m 755 scripts/test-cuda-checkpoint.sh "$B/test-cuda-checkpoint.sh"
+install -m 755 scripts/test-torch-pause.sh "$B/test-torch-pause.sh"
+install -D -m 755 tests/guest/check-cuda-checkpoint "$B/tests/guest/check-cuda-checkpoint"
 install -m 755 scripts/test-restart-gpu.sh "$B/test-restart-gpu.sh"
 install -m 755 scripts/fd-store.py "$B/fd-store.py"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
@@ -80,6 +87,7 @@ install -D -m 644 tests/torch/torch_check.py "$B/tests/torch/torch_check.py"
 install -D -m 644 tests/torch/ddp_check.py "$B/tests/torch/ddp_check.py"
 install -D -m 644 tests/torch/vmm_check.py "$B/tests/torch/vmm_check.py"
 install -D -m 644 tests/torch/cufft_xt_check.py "$B/tests/torch/cufft_xt_check.py"
+install -D -m 644 tests/torch/train_check.py "$B/tests/torch/train_check.py"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
 install -m 755 target/release/vhost-cuda-frontend-bench "$B/bin/"

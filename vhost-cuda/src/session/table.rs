@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
+    process_checkpoint::{ProcessState, Transition},
     thread::SessionThread,
     usage::{self, SessionAccount, UsageView, VmTotals, VmUsage},
     ChainCompleter, MAX_IN_FLIGHT, MAX_SESSIONS,
@@ -177,6 +178,9 @@ pub(super) enum Msg {
         pause: bool,
         reply: Sender<ResponseHeader>,
     },
+    /// A transition of CUDA's process checkpoint asked by a guest process
+    /// (process_checkpoint.rs).
+    Process(Transition),
 }
 
 impl Msg {
@@ -184,7 +188,7 @@ impl Msg {
     pub(super) fn ends_session(&self) -> bool {
         match self {
             Msg::Run(job) => job.request.op() == Op::SessionClose,
-            Msg::Memory(_) | Msg::Checkpoint { .. } => false,
+            Msg::Memory(_) | Msg::Checkpoint { .. } | Msg::Process(_) => false,
             Msg::Shutdown(_) => true,
         }
     }
@@ -206,6 +210,8 @@ pub(super) struct SessionHandle {
     pub(super) ended: Arc<AtomicBool>,
     /// Where `HostFuncWait` requests go, past the session's queue.
     host_fns: Arc<HostFnLink>,
+    /// The state under CUDA's process checkpoint, kept by the session's thread.
+    pub(super) process: Arc<ProcessState>,
 }
 
 impl SessionHandle {
@@ -216,6 +222,11 @@ impl SessionHandle {
         reply: Sender<ResponseHeader>,
     ) -> Result<(), SendError<Msg>> {
         self.tx.send(Msg::Checkpoint { pause, reply })
+    }
+
+    /// Queues a transition of CUDA's process checkpoint.
+    pub(super) fn send_transition(&self, t: Transition) -> Result<(), SendError<Msg>> {
+        self.tx.send(Msg::Process(t))
     }
 
     /// Queues `msg`, ringing the wake-up if it ends the session.
@@ -420,7 +431,9 @@ impl SessionTable {
         let account = Arc::new(SessionAccount::new(id, guest_pid, pid.clone()));
         let ended = Arc::new(AtomicBool::new(false));
         let host_fns = Arc::new(HostFnLink::default());
+        let process = Arc::new(ProcessState::default());
         let thread = SessionThread {
+            process: process.clone(),
             shared: self.shared.clone(),
             id,
             generation,
@@ -448,6 +461,7 @@ impl SessionTable {
                 account,
                 ended,
                 host_fns,
+                process,
             },
         );
         Ok(tx)
@@ -482,6 +496,12 @@ impl SessionTable {
         if job.request.op() == Op::DriverReset {
             // Whatever session id it carries: it is about the whole table.
             self.driver_reset(job);
+            return;
+        }
+        if job.request.op() == Op::ProcessCheckpoint {
+            // About another session (the target), which may be this one: never queued behind
+            // the caller's own requests.
+            self.process_checkpoint(job);
             return;
         }
         let mut threads = self.shared.threads();

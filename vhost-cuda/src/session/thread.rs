@@ -14,12 +14,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use qcuda_proto::{status, Op, ResponseHeader, FLAG_ASYNC, RESP_FLAG_STICKY};
+use qcuda_proto::{
+    status, Op, ResponseHeader, FLAG_ASYNC, PROCESS_CHECKPOINT, PROCESS_RESTORE,
+    PROCESS_STATE_CHECKPOINTED, RESP_FLAG_STICKY,
+};
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
     latency::{ns, LatencyStats},
+    process_checkpoint::{self, ProcessState},
     table::{Adopting, Msg, Shared},
     usage::{self, bytes_text, SessionAccount},
     OPEN_SESSIONS_TOTAL,
@@ -54,6 +58,9 @@ pub(super) struct SessionThread {
     pub(super) latency: RefCell<LatencyStats>,
     /// The last worker round trip: (ns from send to answer, ns the worker said it took).
     pub(super) last_hop: Cell<(u64, u64)>,
+    /// The state under CUDA's process checkpoint (process_checkpoint.rs); this thread alone
+    /// changes it.
+    pub(super) process: Arc<ProcessState>,
     /// A worker of the previous daemon to take over before anything else.
     pub(super) adopting: Option<Adopting>,
 }
@@ -75,6 +82,27 @@ impl Gpu {
     /// Whether responses of this session carry `RESP_FLAG_STICKY`.
     fn sticky(&self) -> bool {
         matches!(self, Gpu::Failed | Gpu::Running { sticky: true, .. })
+    }
+}
+
+/// Answers a message that will never run because its session ended: a request (`resp`), or
+/// a transition of CUDA's process checkpoint, whose caller lives on (the process is gone).
+fn answer_unrun(msg: Msg, resp: &ResponseHeader) {
+    match msg {
+        Msg::Run(job) => job.finish(resp),
+        Msg::Process(t) => {
+            if let Some(job) = t.take() {
+                job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
+            }
+        }
+        Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } => {}
+    }
+}
+
+/// Puts what waited back at the front of the queue, in its order, to be looked at again.
+fn requeue(held: &mut VecDeque<Msg>, backlog: &mut VecDeque<Msg>) {
+    for msg in held.drain(..).rev() {
+        backlog.push_front(msg);
     }
 }
 
@@ -105,9 +133,11 @@ impl SessionThread {
         // How long to spin for the next message before blocking: `--hop-poll-us` right after
         // an answer (a guest calling back to back finds this thread awake), else nothing.
         let mut spin = Duration::ZERO;
-        // Paused by the operator: requests wait here (in order) until the resume.
+        // Paused by the operator: requests and the guest's checkpoint actions wait here (in
+        // order) until the resume. A process locked by CUDA's process checkpoint has its
+        // requests wait here too.
         let mut paused = false;
-        let mut held: VecDeque<Box<super::table::Job>> = VecDeque::new();
+        let mut held: VecDeque<Msg> = VecDeque::new();
         loop {
             let msg = match backlog.pop_front() {
                 Some(m) => m,
@@ -127,28 +157,52 @@ impl SessionThread {
                     continue;
                 }
                 Msg::Checkpoint { pause, reply } => {
-                    let resp = self.checkpoint(&mut gpu, pause, paused);
+                    let resp = if pause && self.process.get() == PROCESS_STATE_CHECKPOINTED {
+                        // cuCheckpointProcessCheckpoint has moved it off the GPU already.
+                        ResponseHeader::with_status(status::ILLEGAL_STATE)
+                    } else {
+                        self.checkpoint(&mut gpu, pause, paused)
+                    };
                     if resp.status == status::SUCCESS {
                         paused = pause;
                         if !paused {
                             // What waited goes first, in its order.
-                            for job in held.drain(..).rev() {
-                                backlog.push_front(Msg::Run(job));
-                            }
+                            requeue(&mut held, &mut backlog);
                         }
                     }
                     let _ = reply.send(resp);
                     continue;
                 }
-                Msg::Run(job) => job,
-            };
-            if paused {
-                if job.request.op() != Op::SessionClose {
-                    held.push_back(job);
+                Msg::Process(t) => {
+                    if self.abandoned() {
+                        // The VM is gone: the caller's chain is not ours to complete.
+                        continue;
+                    }
+                    if paused {
+                        held.push_back(Msg::Process(t));
+                        continue;
+                    }
+                    // None: a lock whose timeout passed first (answered NOT_READY).
+                    if let Some(job) = t.take() {
+                        let was_holding = self.process.holds_requests();
+                        let resp = self.transition(&mut gpu, t.action);
+                        if was_holding && !self.process.holds_requests() {
+                            requeue(&mut held, &mut backlog);
+                        }
+                        job.finish(&resp);
+                    }
                     continue;
                 }
-                // The program ends while paused: what waited is answered with the close.
-                backlog.extend(held.drain(..).map(Msg::Run));
+                Msg::Run(job) => job,
+            };
+            if paused || self.process.holds_requests() {
+                if job.request.op() != Op::SessionClose {
+                    held.push_back(Msg::Run(job));
+                    continue;
+                }
+                // The program ends while paused or locked: what waited is answered with the
+                // close.
+                backlog.extend(held.drain(..));
             }
             if self.abandoned() {
                 continue;
@@ -160,8 +214,8 @@ impl SessionThread {
                 job.finish(&ResponseHeader::with_status(status::SUCCESS));
                 // Nothing can arrive any more; answer what was queued behind the close.
                 for late in backlog.drain(..).chain(rx.try_iter()) {
-                    if let (Msg::Run(late), false) = (late, self.abandoned()) {
-                        late.finish(&ResponseHeader::with_status(status::INVALID_VALUE));
+                    if !self.abandoned() {
+                        answer_unrun(late, &ResponseHeader::with_status(status::INVALID_VALUE));
                     }
                 }
                 return;
@@ -622,6 +676,41 @@ impl SessionThread {
         }
     }
 
+    /// A transition of CUDA's process checkpoint (process_checkpoint.rs), run between this
+    /// session's requests: checkpoint and restore are the worker's pause and resume.
+    fn transition(&self, gpu: &mut Gpu, action: u64) -> ResponseHeader {
+        let before = self.process.get();
+        let next = match process_checkpoint::next_state(action, before) {
+            Ok(next) => next,
+            Err(code) => return ResponseHeader::with_status(code),
+        };
+        let resp = if action == PROCESS_CHECKPOINT || action == PROCESS_RESTORE {
+            match gpu {
+                Gpu::Running { process, .. } => {
+                    match process.checkpoint(action == PROCESS_CHECKPOINT) {
+                        Ok(resp) => resp,
+                        Err(e) => {
+                            let resp = self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+                            self.process
+                                .set(process_checkpoint::after_failure(true, before));
+                            return resp;
+                        }
+                    }
+                }
+                // No worker: nothing on the GPU to move.
+                Gpu::Idle => ResponseHeader::with_status(status::SUCCESS),
+                Gpu::Failed => worker_lost(),
+            }
+        } else {
+            ResponseHeader::with_status(status::SUCCESS)
+        };
+        if resp.status == status::SUCCESS {
+            self.process.set(next);
+            process_checkpoint::log_transition(&self.shared.label, self.id, action, &resp);
+        }
+        resp
+    }
+
     /// Gives a new worker its host-function link.
     fn link_host_functions(&self, process: &mut WorkerProcess) -> Result<(), WorkerError> {
         let (ours, theirs) = host_function_link::socket_pair().map_err(WorkerError::Spawn)?;
@@ -638,8 +727,8 @@ impl SessionThread {
             return self.abandoned();
         };
         for msg in backlog.drain(..end) {
-            if let (Msg::Run(job), false) = (msg, self.abandoned()) {
-                job.finish(&worker_lost());
+            if !self.abandoned() {
+                answer_unrun(msg, &worker_lost());
             }
         }
         true
