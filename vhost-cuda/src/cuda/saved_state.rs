@@ -221,6 +221,8 @@ pub(crate) struct SavedPool {
     pub(crate) current: bool,
     /// `maxSize` it was created with (0 for a default pool, or no limit).
     pub(crate) max_size: u64,
+    /// Created shareable (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
+    pub(crate) shareable: bool,
     /// Settable attributes (1..=4): (attribute, value), in the order set.
     pub(crate) settings: Vec<(u32, u64)>,
     /// Access granted: (guest device ordinal, flags), in the order granted.
@@ -428,7 +430,8 @@ impl SavedState {
                 .u32(p.dev)
                 .u8(u8::from(p.default))
                 .u8(u8::from(p.current))
-                .u64(p.max_size);
+                .u64(p.max_size)
+                .u8(u8::from(p.shareable));
             w.u64(p.settings.len() as u64);
             for &(a, v) in &p.settings {
                 w.u32(a).u64(v);
@@ -597,7 +600,8 @@ impl SavedState {
                 }),
                 TAG_POOL => {
                     let (handle, dev) = (f.u64()?, f.u32()?);
-                    let (default, current, max_size) = (f.flag()?, f.flag()?, f.u64()?);
+                    let (default, current) = (f.flag()?, f.flag()?);
+                    let (max_size, shareable) = (f.u64()?, f.flag()?);
                     let n = f.count(12)?;
                     let settings =
                         (0..n)
@@ -613,6 +617,7 @@ impl SavedState {
                         default,
                         current,
                         max_size,
+                        shareable,
                         settings,
                         access,
                     });
@@ -757,6 +762,7 @@ pub(crate) mod tests {
                     default: true,
                     current: false,
                     max_size: 0,
+                    shareable: false,
                     settings: vec![(4, 1 << 30)],
                     access: Vec::new(),
                 },
@@ -766,6 +772,7 @@ pub(crate) mod tests {
                     default: false,
                     current: true,
                     max_size: 64 << 20,
+                    shareable: true,
                     settings: vec![(1, 0), (4, 4096)],
                     access: vec![(0, 3)],
                 },

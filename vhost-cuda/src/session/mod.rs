@@ -52,6 +52,7 @@ use std::{
 };
 
 mod driver_reset;
+pub mod ipc_broker;
 mod latency;
 mod process_checkpoint;
 mod table;

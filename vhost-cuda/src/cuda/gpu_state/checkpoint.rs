@@ -101,6 +101,11 @@ fn dev_u32(dev: usize) -> u32 {
     u32::try_from(dev).unwrap_or(u32::MAX)
 }
 
+/// Why a state that shares memory with another process is refused: the other process maps
+/// the same physical memory, which a pause would take away and a restore cannot give back.
+const IPC_SHARED: &str = "device memory shared with another process of the VM (CUDA IPC: \
+                          cudaIpcGetMemHandle / cudaIpcOpenMemHandle, cuMem shareable handles)";
+
 impl GpuState {
     /// True while paused.
     pub fn is_paused(&self) -> bool {
@@ -114,6 +119,9 @@ impl GpuState {
         }
         if self.capture_under_way() {
             return Err(CheckpointError::Busy);
+        }
+        if self.ipc.shares() {
+            return Err(CheckpointError::Unsupported(IPC_SHARED));
         }
         if self.graphs.len() > 0 || !self.captured_calls.is_empty() {
             return Err(CheckpointError::Unsupported("graphs and executable graphs"));
@@ -340,6 +348,7 @@ impl GpuState {
                     .and_then(Option::as_ref)
                     .is_some_and(|c| c.current_pool == Some(handle)),
                 max_size: p.max_size,
+                shareable: p.shareable,
                 settings: p.settings.clone(),
                 access: p.access.clone(),
             })
@@ -568,7 +577,7 @@ impl GpuState {
             let dev = self.saved_dev(p.dev)?;
             self.bind(dev)?;
             let gpu = self.gpu_of(dev as u64)?;
-            if p.default && (p.current || p.max_size != 0) {
+            if p.default && (p.current || p.max_size != 0 || p.shareable) {
                 return Err(mismatch(format!("default pool {}", p.handle)));
             }
             if p.settings.iter().any(|&(a, _)| !(1..=4).contains(&a))
@@ -583,9 +592,15 @@ impl GpuState {
                 self.drv.mem_pool_default(gpu).map_err(on(dev))?
             } else {
                 let max_size = to_usize(p.max_size)?;
-                self.drv.mem_pool_create(gpu, max_size).map_err(on(dev))?
+                if p.shareable {
+                    self.drv.mem_pool_create_shareable(gpu, max_size)
+                } else {
+                    self.drv.mem_pool_create(gpu, max_size)
+                }
+                .map_err(on(dev))?
             };
             let entry = PoolEntry {
+                shareable: p.shareable,
                 settings: p.settings.clone(),
                 access: p.access.clone(),
                 ..PoolEntry::new(dev, raw, p.default, p.max_size)
@@ -708,6 +723,9 @@ impl GpuState {
         }
         if self.capture_under_way() {
             return Err(CheckpointError::Busy);
+        }
+        if self.ipc.shares() {
+            return Err(CheckpointError::Unsupported(IPC_SHARED));
         }
         if self
             .devices

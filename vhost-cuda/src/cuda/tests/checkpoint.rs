@@ -303,7 +303,11 @@ fn memory_pools_come_back_under_their_handles_with_their_settings() {
     // The default pool's release threshold, and a created pool with a size limit, settings,
     // access for device 1, made current.
     ok(run(&mut s, Op::MemPoolSetAttribute, &[default, 4, 1 << 30]));
-    let pool = ok(run(&mut s, Op::MemPoolCreate, &[64 << 20]))[0];
+    let pool = ok(run(
+        &mut s,
+        Op::MemPoolCreate,
+        &[64 << 20, qcuda_proto::POOL_HANDLE_POSIX_FD],
+    ))[0];
     ok(run(&mut s, Op::MemPoolSetAttribute, &[pool, 1, 0]));
     ok(run(&mut s, Op::MemPoolSetAttribute, &[pool, 4, 4096]));
     ok(run(&mut s, Op::MemPoolSetAttribute, &[pool, 4, 8192]));
@@ -316,6 +320,10 @@ fn memory_pools_come_back_under_their_handles_with_their_settings() {
     ok(run(&mut s, Op::FreeAsync, &[q, p.stream]));
     let saved = s.capture().unwrap();
     assert_eq!(saved.pools.len(), 2);
+    assert!(saved
+        .pools
+        .iter()
+        .any(|p| p.shareable && p.max_size == 64 << 20));
     let bytes = saved.encode();
     assert_eq!(SavedState::decode(&bytes).unwrap(), saved);
     drop(s);
