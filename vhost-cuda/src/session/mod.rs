@@ -52,6 +52,7 @@ use std::{
 
 mod driver_reset;
 mod latency;
+pub mod migration;
 mod table;
 #[cfg(test)]
 mod tests;

@@ -18,7 +18,8 @@ use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
-    thread::SessionThread,
+    migration::{SavedGpu, SessionState},
+    thread::{Restore, SessionThread},
     usage::{self, SessionAccount, UsageView, VmTotals, VmUsage},
     ChainCompleter, MAX_IN_FLIGHT, MAX_SESSIONS,
 };
@@ -163,6 +164,9 @@ pub(super) enum Msg {
         pause: bool,
         reply: Sender<ResponseHeader>,
     },
+    /// A migration's source: the thread answers what its GPU side is, its worker's saved state
+    /// included (the state goes on running).
+    SaveState(Sender<Result<SavedGpu, String>>),
 }
 
 impl Msg {
@@ -170,7 +174,7 @@ impl Msg {
     pub(super) fn ends_session(&self) -> bool {
         match self {
             Msg::Run(job) => job.request.op() == Op::SessionClose,
-            Msg::Memory(_) | Msg::Checkpoint { .. } => false,
+            Msg::Memory(_) | Msg::Checkpoint { .. } | Msg::SaveState(_) => false,
             Msg::Shutdown(_) => true,
         }
     }
@@ -399,24 +403,40 @@ impl SessionTable {
             }));
             return;
         }
+        let pid = job.request.header().pid;
+        if let Err((job, status)) = self.start_session(&mut threads, id, pid, First::Job(job)) {
+            drop(threads);
+            if let Some(job) = job {
+                job.finish(&ResponseHeader::with_status(status));
+            }
+        }
+    }
+
+    /// Starts session `id`'s thread (guest process `pid`) with `first` to do, and puts it in
+    /// `threads`. On failure a first job comes back, with the status to answer it.
+    fn start_session(
+        &self,
+        threads: &mut HashMap<u64, SessionHandle>,
+        id: u64,
+        pid: u32,
+        first: First,
+    ) -> Result<(), (Option<Box<Job>>, u32)> {
         let wake = match EventFd::new(EFD_NONBLOCK) {
             Ok(w) => Arc::new(w),
             Err(e) => {
-                drop(threads);
                 error!(vm = %self.shared.label, "session {id}: cannot create its eventfd: {e}");
-                job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
-                return;
+                let job = match first {
+                    First::Job(job) => Some(job),
+                    First::Restore(_) => None,
+                };
+                return Err((job, status::MEMORY_ALLOCATION));
             }
         };
         let (tx, rx) = mpsc::channel();
         let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
         let abandoned = Arc::new(AtomicBool::new(false));
-        let pid = Arc::new(AtomicU32::new(0));
-        let account = Arc::new(SessionAccount::new(
-            id,
-            job.request.header().pid,
-            pid.clone(),
-        ));
+        let worker_pid = Arc::new(AtomicU32::new(0));
+        let account = Arc::new(SessionAccount::new(id, pid, worker_pid.clone()));
         let ended = Arc::new(AtomicBool::new(false));
         let host_fns = Arc::new(HostFnLink::default());
         let thread = SessionThread {
@@ -425,28 +445,33 @@ impl SessionTable {
             generation,
             abandoned: abandoned.clone(),
             wake: wake.clone(),
-            pid: pid.clone(),
+            pid: worker_pid.clone(),
             account: account.clone(),
             ended: ended.clone(),
             host_fns: host_fns.clone(),
             latency: RefCell::default(),
             last_hop: Cell::new((0, 0)),
         };
+        let (first, restore) = match first {
+            First::Restore(r) => (None, Some(r)),
+            First::Job(job) => (Some(job), None),
+        };
         let spawned = thread::Builder::new()
             .name(format!("qcuda-s{id}"))
-            .spawn(move || thread.run(rx));
+            .spawn(move || thread.run(rx, restore));
         if let Err(e) = spawned {
-            drop(threads);
             error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
-            job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
-            return;
+            // The restore went with the closure; a job is answered by the caller.
+            return Err((first, status::MEMORY_ALLOCATION));
         }
-        if job.request.op() == Op::HostFuncWait {
-            // The session's first request: its thread starts with nothing to do.
-            host_fns.wait(job.request.header().args[0], job);
-        } else {
-            // The receiver lives until the thread ends, and it cannot end before receiving.
-            let _ = tx.send(Msg::Run(job));
+        if let Some(job) = first {
+            if job.request.op() == Op::HostFuncWait {
+                // The session's first request: its thread starts with nothing to do.
+                host_fns.wait(job.request.header().args[0], job);
+            } else {
+                // The receiver lives until the thread ends, and it cannot end before receiving.
+                let _ = tx.send(Msg::Run(job));
+            }
         }
         threads.insert(
             id,
@@ -455,13 +480,110 @@ impl SessionTable {
                 generation,
                 abandoned,
                 wake,
-                pid,
+                pid: worker_pid,
                 account,
                 ended,
                 host_fns,
             },
         );
+        Ok(())
     }
+
+    /// A migration's source, with the request ring stopped and idle: every session's state
+    /// (`migration.rs`), its worker's saved state included. The sessions go on running (a
+    /// migration that fails resumes them as they were). Fails with the first session that
+    /// cannot be saved (what it holds cannot be saved, it is paused, or its worker failed
+    /// meanwhile), or after `timeout`.
+    pub fn save_states(&self, timeout: Duration) -> Result<Vec<SessionState>, String> {
+        let mut asked = Vec::new();
+        for (&id, t) in self.shared.threads().iter() {
+            let (reply, answer) = mpsc::channel();
+            if t.send(Msg::SaveState(reply)).is_ok() {
+                asked.push((id, t.account.pid(), answer));
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        let mut states = Vec::with_capacity(asked.len());
+        for (id, pid, answer) in asked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match answer.recv_timeout(left) {
+                Ok(Ok(gpu)) => states.push(SessionState { id, pid, gpu }),
+                Ok(Err(why)) => return Err(format!("session {id}: {why}")),
+                // The session ended meanwhile: nothing of it to move.
+                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!("session {id}: no answer within {timeout:?}"))
+                }
+            }
+        }
+        states.sort_unstable_by_key(|s| s.id);
+        Ok(states)
+    }
+
+    /// A migration's destination: starts a session for each of `states` under its id, with a
+    /// worker restored from its saved state. All or nothing: if one fails, every session
+    /// started here is ended again and the reason returned (the migration then fails, and the
+    /// VM keeps running on its source).
+    pub fn restore_states(
+        &self,
+        states: Vec<SessionState>,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let mut waits = Vec::with_capacity(states.len());
+        let mut failed = None;
+        {
+            let mut threads = self.shared.threads();
+            for s in states {
+                if threads.contains_key(&s.id) {
+                    failed = Some(format!("session {} is open here already", s.id));
+                    break;
+                }
+                if threads.len() >= self.shared.max_sessions {
+                    failed = Some(format!("more than {} sessions", self.shared.max_sessions));
+                    break;
+                }
+                let (reply, answer) = mpsc::channel();
+                let restore = Restore { gpu: s.gpu, reply };
+                match self.start_session(&mut threads, s.id, s.pid, First::Restore(restore)) {
+                    Ok(()) => waits.push((s.id, answer)),
+                    Err(_) => {
+                        failed = Some(format!("session {}: cannot start its thread", s.id));
+                        break;
+                    }
+                }
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        for (id, answer) in waits {
+            if failed.is_some() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match answer.recv_timeout(left) {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => failed = Some(format!("session {id}: {why}")),
+                Err(_) => failed = Some(format!("session {id}: not restored within {timeout:?}")),
+            }
+        }
+        match failed {
+            None => Ok(()),
+            Some(why) => {
+                self.close_all(CLOSE_WAIT_AFTER_REFUSAL);
+                Err(why)
+            }
+        }
+    }
+}
+
+/// How long a refused restore waits for the sessions it had started to end.
+const CLOSE_WAIT_AFTER_REFUSAL: Duration = Duration::from_secs(10);
+
+/// What a new session thread starts with.
+enum First {
+    /// The session's first request.
+    Job(Box<Job>),
+    /// A migrated session: its worker to restore.
+    Restore(Restore),
 }
 
 impl SessionTable {

@@ -20,6 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{
     latency::{ns, LatencyStats},
+    migration::SavedGpu,
     table::{Msg, Shared},
     usage::{self, bytes_text, SessionAccount},
     OPEN_SESSIONS_TOTAL,
@@ -56,6 +57,13 @@ pub(super) struct SessionThread {
     pub(super) last_hop: Cell<(u64, u64)>,
 }
 
+/// A migrated session's start: what its GPU side was on the source, and where to say whether
+/// it was made again here.
+pub(super) struct Restore {
+    pub(super) gpu: SavedGpu,
+    pub(super) reply: std::sync::mpsc::Sender<Result<(), String>>,
+}
+
 /// A session's GPU side, seen from the daemon.
 enum Gpu {
     /// No worker process (none needed yet, or the last one was ended by a reset).
@@ -88,9 +96,18 @@ impl SessionThread {
         self.abandoned.load(Ordering::Acquire)
     }
 
-    pub(super) fn run(self, rx: Receiver<Msg>) {
+    pub(super) fn run(self, rx: Receiver<Msg>, restore: Option<Restore>) {
         self.opened();
         let mut gpu = Gpu::Idle;
+        if let Some(Restore { gpu: saved, reply }) = restore {
+            let restored = self.restore(&mut gpu, saved);
+            let ok = restored.is_ok();
+            let _ = reply.send(restored);
+            if !ok {
+                // The table ends the restored sessions; this one has nothing to keep.
+                self.end_worker(&mut gpu, Gpu::Idle);
+            }
+        }
         // Messages taken off the queue while an op was running in the worker.
         let mut backlog: VecDeque<Msg> = VecDeque::new();
         // Why the loop ended, unless a SessionClose ended the session.
@@ -119,6 +136,15 @@ impl SessionThread {
                 }
                 Msg::Memory(mem) => {
                     self.share_memory(&mut gpu, &mem);
+                    continue;
+                }
+                Msg::SaveState(reply) => {
+                    let saved = if paused {
+                        Err("paused by the operator".to_string())
+                    } else {
+                        self.save(&mut gpu)
+                    };
+                    let _ = reply.send(saved);
                     continue;
                 }
                 Msg::Checkpoint { pause, reply } => {
@@ -370,50 +396,8 @@ impl SessionThread {
             return Outcome::Answered(worker_lost());
         }
         if let Gpu::Idle = gpu {
-            let quota = match &self.shared.gpu_memory {
-                Ok(q) => match q.lease() {
-                    Some(lease) => Some(lease),
-                    // Slots match --max-sessions; only a bug runs out of them.
-                    None => {
-                        return Outcome::Answered(ResponseHeader::with_status(
-                            status::DEVICES_UNAVAILABLE,
-                        ))
-                    }
-                },
-                Err(_) if self.shared.memory_limited => {
-                    return Outcome::Answered(ResponseHeader::with_status(
-                        status::MEMORY_ALLOCATION,
-                    ))
-                }
-                Err(_) => None,
-            };
-            let slot = quota.as_ref().map(crate::limits::SlotLease::usage);
-            let spawned = WorkerProcess::spawn_with_quota(
-                &self.shared.command,
-                self.id,
-                &self.shared.label,
-                quota,
-            );
-            let mut process = match spawned {
-                Ok(p) => p,
-                Err(e) => {
-                    error!(vm = %self.shared.label, "session {}: {e}", self.id);
-                    return Outcome::Answered(ResponseHeader::with_status(
-                        status::MEMORY_ALLOCATION,
-                    ));
-                }
-            };
-            self.pid.store(process.pid(), Ordering::Release);
-            self.account.worker_started(slot);
-            let shared = process
-                .share_memory(&self.shared.memory())
-                .and_then(|()| self.link_host_functions(&mut process));
-            *gpu = Gpu::Running {
-                process,
-                sticky: false,
-            };
-            if let Err(e) = shared {
-                return Outcome::Answered(self.worker_failed(gpu, req.op(), &e));
+            if let Err(resp) = self.start_worker(gpu, req.op()) {
+                return Outcome::Answered(resp);
             }
         }
         let Gpu::Running { process, sticky } = gpu else {
@@ -457,6 +441,124 @@ impl SessionThread {
                     }
                 }
                 Err(e) => return Outcome::Answered(self.worker_failed(gpu, req.op(), &e)),
+            }
+        }
+    }
+
+    /// Starts the session's worker (the session has none), with guest RAM and its
+    /// host-function link; on failure the answer to give (`op`: for the log).
+    fn start_worker(&self, gpu: &mut Gpu, op: Op) -> Result<(), ResponseHeader> {
+        let quota = match &self.shared.gpu_memory {
+            Ok(q) => match q.lease() {
+                Some(lease) => Some(lease),
+                // Slots match --max-sessions; only a bug runs out of them.
+                None => return Err(ResponseHeader::with_status(status::DEVICES_UNAVAILABLE)),
+            },
+            Err(_) if self.shared.memory_limited => {
+                return Err(ResponseHeader::with_status(status::MEMORY_ALLOCATION))
+            }
+            Err(_) => None,
+        };
+        let slot = quota.as_ref().map(crate::limits::SlotLease::usage);
+        let spawned = WorkerProcess::spawn_with_quota(
+            &self.shared.command,
+            self.id,
+            &self.shared.label,
+            quota,
+        );
+        let mut process = match spawned {
+            Ok(p) => p,
+            Err(e) => {
+                error!(vm = %self.shared.label, "session {}: {e}", self.id);
+                return Err(ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+            }
+        };
+        self.pid.store(process.pid(), Ordering::Release);
+        self.account.worker_started(slot);
+        let shared = process
+            .share_memory(&self.shared.memory())
+            .and_then(|()| self.link_host_functions(&mut process));
+        *gpu = Gpu::Running {
+            process,
+            sticky: false,
+        };
+        if let Err(e) = shared {
+            return Err(self.worker_failed(gpu, op, &e));
+        }
+
+        Ok(())
+    }
+
+    /// A migration's source: what this session's GPU side is, its worker's saved state
+    /// included (the worker goes on running).
+    fn save(&self, gpu: &mut Gpu) -> Result<SavedGpu, String> {
+        let process = match gpu {
+            Gpu::Idle => return Ok(SavedGpu::None),
+            Gpu::Failed => return Ok(SavedGpu::Failed),
+            Gpu::Running { sticky: true, .. } => {
+                return Err("its worker holds a sticky CUDA error".into())
+            }
+            Gpu::Running { process, .. } => process,
+        };
+        let started = Instant::now();
+        match process.save_state() {
+            Ok(Ok(bytes)) => {
+                info!(
+                    vm = %self.shared.label,
+                    session = self.id,
+                    bytes = bytes.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "GPU state saved for migration"
+                );
+                Ok(SavedGpu::State(bytes))
+            }
+            Ok(Err(resp)) => Err(format!(
+                "its GPU state cannot be saved (CUDA error {})",
+                resp.status
+            )),
+            Err(e) => {
+                let why = e.to_string();
+                self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+                Err(why)
+            }
+        }
+    }
+
+    /// A migration's destination: makes the session's GPU side again from `saved`.
+    fn restore(&self, gpu: &mut Gpu, saved: SavedGpu) -> Result<(), String> {
+        let bytes = match saved {
+            SavedGpu::None => return Ok(()),
+            SavedGpu::Failed => {
+                *gpu = Gpu::Failed;
+                return Ok(());
+            }
+            SavedGpu::State(bytes) => bytes,
+        };
+        self.start_worker(gpu, Op::DeviceSynchronize)
+            .map_err(|resp| format!("no worker (CUDA error {})", resp.status))?;
+        let Gpu::Running { process, .. } = gpu else {
+            return Err("no worker".into());
+        };
+        let started = Instant::now();
+        match process.restore_state(&bytes) {
+            Ok(resp) if resp.status == status::SUCCESS => {
+                info!(
+                    vm = %self.shared.label,
+                    session = self.id,
+                    bytes = bytes.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "GPU state restored from a migration"
+                );
+                Ok(())
+            }
+            Ok(resp) => Err(format!(
+                "its saved state was refused here (CUDA error {}; the worker's log says why)",
+                resp.status
+            )),
+            Err(e) => {
+                let why = e.to_string();
+                self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+                Err(why)
             }
         }
     }

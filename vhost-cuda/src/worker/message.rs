@@ -48,6 +48,8 @@ const TAG_MAILBOX: u8 = 5;
 const TAG_POSTED: u8 = 6;
 const TAG_PAUSE: u8 = 7;
 const TAG_RESUME: u8 = 8;
+const TAG_SAVE_STATE: u8 = 9;
+const TAG_RESTORE_STATE: u8 = 10;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -103,6 +105,16 @@ pub enum ToWorker {
     Pause,
     /// The operator's resume (`GpuState::resume`); answered as [`ToWorker::Pause`] is.
     Resume,
+    /// Save the whole GPU state (`GpuState::save`, a migration's source): one file travels
+    /// with it (a memfd), which the worker fills with the saved state from offset 0. Answered
+    /// [`FromWorker::Done`] with the status (as for [`ToWorker::Pause`]), rets[0] the bytes
+    /// written and rets[1] the nanoseconds it took. The state goes on running.
+    SaveState,
+    /// Replace this worker's GPU state, which must be fresh (no request ran yet), with the
+    /// saved state in the file that travels with it (`GpuState::restore`, a migration's
+    /// destination), read from offset 0 to its end. Answered as [`ToWorker::SaveState`] is,
+    /// rets[0] the bytes read.
+    RestoreState,
     /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
     /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
     #[cfg(feature = "test-hooks")]
@@ -244,7 +256,7 @@ impl ToWorker {
         match self {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
-            Self::HostFunctionLink | Self::Mailbox => 1,
+            Self::HostFunctionLink | Self::Mailbox | Self::SaveState | Self::RestoreState => 1,
             Self::Posted | Self::Pause | Self::Resume => 0,
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(_) => 0,
@@ -294,6 +306,8 @@ impl ToWorker {
             Self::Posted => out.push(TAG_POSTED),
             Self::Pause => out.push(TAG_PAUSE),
             Self::Resume => out.push(TAG_RESUME),
+            Self::SaveState => out.push(TAG_SAVE_STATE),
+            Self::RestoreState => out.push(TAG_RESTORE_STATE),
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(bytes) => {
                 let n = u32::try_from(bytes.len())
@@ -350,6 +364,8 @@ impl ToWorker {
             TAG_POSTED => Self::Posted,
             TAG_PAUSE => Self::Pause,
             TAG_RESUME => Self::Resume,
+            TAG_SAVE_STATE => Self::SaveState,
+            TAG_RESTORE_STATE => Self::RestoreState,
             #[cfg(feature = "test-hooks")]
             TAG_SANDBOX_TEST_HOOK => {
                 let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
@@ -610,6 +626,8 @@ mod tests {
             ToWorker::HostFunctionLink,
             ToWorker::Pause,
             ToWorker::Resume,
+            ToWorker::SaveState,
+            ToWorker::RestoreState,
         ] {
             assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
         }

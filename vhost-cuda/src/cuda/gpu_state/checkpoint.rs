@@ -589,6 +589,15 @@ impl GpuState {
         Ok(state)
     }
 
+    /// Makes the saved state in `bytes` (from anywhere: checked as it is decoded and as it is
+    /// made) again in this state, which must be fresh: [`restore`](Self::restore) into a
+    /// state already set up (its host-function link, say). On an error, what was made stays
+    /// for the caller to tear down (end the worker).
+    pub fn restore_saved(&mut self, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let saved = SavedState::decode(bytes).map_err(|e| mismatch(e.to_string()))?;
+        self.restore_into(&saved)
+    }
+
     /// Pauses the state: waits for its work, copies every run of its reserved ranges (every
     /// allocation it holds) to host memory and unmaps them, giving the GPU memory back. The
     /// contexts stay, and with them what lives in them (modules and their globals, streams,

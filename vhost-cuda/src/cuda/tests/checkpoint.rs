@@ -290,3 +290,46 @@ fn the_fuzz_seed_restores() {
         &crate::cuda::fuzzing::sample_saved_state()
     ));
 }
+
+#[test]
+fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
+    use crate::session::migration::{read_stream, write_stream, SavedGpu, SessionState};
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    let p = build(&mut a, &mut s);
+    let sessions = [
+        SessionState {
+            id: 3,
+            pid: 77,
+            gpu: SavedGpu::State(s.save().unwrap()),
+        },
+        SessionState {
+            id: 4,
+            pid: 78,
+            gpu: SavedGpu::None,
+        },
+    ];
+    // The source goes on running: a migration that fails leaves it as it was.
+    check(&mut a, &mut s, &p);
+    let mut stream = Vec::new();
+    write_stream(&mut stream, &sessions).unwrap();
+    drop(s);
+
+    // The destination: another daemon's worker, fresh, restored from what the stream carried.
+    let got = read_stream(&mut stream.as_slice()).unwrap();
+    assert_eq!(got, sessions);
+    let SavedGpu::State(bytes) = &got[0].gpu else {
+        panic!("no state")
+    };
+    let mut b = Rig::new(1);
+    let mut r = GpuState::open(&b.host, 3);
+    r.restore_saved(bytes).unwrap();
+    check(&mut b, &mut r, &p);
+    // A state restored under another session id is refused, and so is one into a used state.
+    let mut other = GpuState::open(&b.host, 5);
+    assert!(matches!(
+        other.restore_saved(bytes),
+        Err(CheckpointError::Mismatch(_))
+    ));
+    assert!(r.restore_saved(bytes).is_err());
+}
