@@ -11,6 +11,8 @@
 #   bench-scale.sh            many busy processes at once, natively and in 1 or 4 guests: the
 #                             aggregate launch rate and copy bandwidth, guest against native
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
+#   test-migration.sh         live-migrates a VM running a CUDA program to a second QEMU and
+#                             daemon (--target-gpu 1: onto the other GPU); the checksums agree
 #   test-checkpoint.sh        the operator pauses and resumes a guest program mid-loop; its
 #                             checksum must equal an uninterrupted run's (pause/resume rates)
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
@@ -65,6 +67,7 @@ install -m 755 scripts/bench-scale.sh "$B/bench-scale.sh"
 install -m 755 scripts/bench-frontend.sh "$B/bench-frontend.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/test-checkpoint.sh "$B/test-checkpoint.sh"
+install -m 755 scripts/test-migration.sh "$B/test-migration.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
 install -m 755 scripts/two-vm-test.sh "$B/two-vm-test.sh"
 install -m 644 scripts/qcuda-accounting.sh "$B/qcuda-accounting.sh"

@@ -280,7 +280,7 @@ impl VhostCudaBackend {
                     vm = %self.label,
                     sessions = states.len(),
                     bytes,
-                    ms = started.elapsed().as_millis() as u64,
+                    ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     "migration: sessions saved at the last stop"
                 );
             }
@@ -584,7 +584,7 @@ impl VhostUserBackend for VhostCudaBackend {
                         info!(
                             vm = %self.label,
                             sessions = n,
-                            ms = started.elapsed().as_millis() as u64,
+                            ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                             "migration: sessions restored"
                         );
                     })

@@ -522,7 +522,7 @@ impl SessionTable {
 
     /// A migration's destination: starts a session for each of `states` under its id, with a
     /// worker restored from its saved state. All or nothing: if one fails, every session
-    /// started here is ended again and the reason returned (the migration then fails, and the
+    /// started by this call is ended again (no other) and the reason returned (the migration then fails, and the
     /// VM keeps running on its source).
     pub fn restore_states(
         &self,
@@ -530,6 +530,7 @@ impl SessionTable {
         timeout: Duration,
     ) -> Result<(), String> {
         let mut waits = Vec::with_capacity(states.len());
+        let mut started = Vec::with_capacity(states.len());
         let mut failed = None;
         {
             let mut threads = self.shared.threads();
@@ -545,7 +546,10 @@ impl SessionTable {
                 let (reply, answer) = mpsc::channel();
                 let restore = Restore { gpu: s.gpu, reply };
                 match self.start_session(&mut threads, s.id, s.pid, First::Restore(restore)) {
-                    Ok(()) => waits.push((s.id, answer)),
+                    Ok(()) => {
+                        started.push(s.id);
+                        waits.push((s.id, answer));
+                    }
                     Err(_) => {
                         failed = Some(format!("session {}: cannot start its thread", s.id));
                         break;
@@ -565,13 +569,20 @@ impl SessionTable {
                 Err(_) => failed = Some(format!("session {id}: not restored within {timeout:?}")),
             }
         }
-        match failed {
-            None => Ok(()),
-            Some(why) => {
-                self.close_all(CLOSE_WAIT_AFTER_REFUSAL);
-                Err(why)
-            }
-        }
+        let Some(why) = failed else {
+            return Ok(());
+        };
+        // End what this restore started, and only that.
+        let ended: Vec<SessionHandle> = {
+            let mut threads = self.shared.threads();
+            started.iter().filter_map(|id| threads.remove(id)).collect()
+        };
+        let n = ended.len();
+        end_sessions(ended, "its migration was refused");
+        let target = self.open_count().saturating_sub(n);
+        self.shared
+            .wait_for(CLOSE_WAIT_AFTER_REFUSAL, |c| c.open <= target);
+        Err(why)
     }
 }
 

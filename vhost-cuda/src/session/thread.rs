@@ -507,7 +507,7 @@ impl SessionThread {
                     vm = %self.shared.label,
                     session = self.id,
                     bytes = bytes.len(),
-                    ms = started.elapsed().as_millis() as u64,
+                    ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     "GPU state saved for migration"
                 );
                 Ok(SavedGpu::State(bytes))
@@ -546,7 +546,7 @@ impl SessionThread {
                     vm = %self.shared.label,
                     session = self.id,
                     bytes = bytes.len(),
-                    ms = started.elapsed().as_millis() as u64,
+                    ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     "GPU state restored from a migration"
                 );
                 Ok(())

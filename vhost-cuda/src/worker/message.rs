@@ -655,8 +655,8 @@ mod tests {
             Err(MessageError::TrailingBytes(1))
         ));
         assert!(matches!(
-            ToWorker::decode(&[9]),
-            Err(MessageError::UnknownTag(9))
+            ToWorker::decode(&[0x7f]),
+            Err(MessageError::UnknownTag(0x7f))
         ));
         assert!(matches!(
             FromWorker::decode(&good),

@@ -331,5 +331,5 @@ fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
         other.restore_saved(bytes),
         Err(CheckpointError::Mismatch(_))
     ));
-    assert!(r.restore_saved(bytes).is_err());
+    r.restore_saved(bytes).unwrap_err();
 }

@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# test-migration.sh: live migration of a VM that uses qcuda, from one QEMU and vhost-cuda to a
+# second QEMU (-incoming) with a daemon of its own, on this host, driven through QEMU's monitor
+# as an operator would (`migrate -d unix:PATH`, `info migrate`). Guests run under TCG with 1 GiB
+# of RAM. Two programs:
+#
+#   --program transport (default; no GPU needed): the guest keeps calling the device from a
+#     stream of short programs (tests/guest/check-migrate) while the host first migrates to a
+#     destination whose daemon is killed as the migration starts (it must fail, and the VM must
+#     go on at the source), then for real; afterwards the guest's transport self-test and data
+#     self-test must pass on the destination, and every call made around the migrations must
+#     have succeeded.
+#   --program checkpoint (a GPU): tests/cuda/checkpoint_linked_list (a linked list in device
+#     memory, two streams and events, a managed buffer, a working set of --working-set-mib MiB)
+#     runs twice in one guest: uninterrupted, then migrated mid-loop to the destination (whose
+#     daemon uses GPU --target-gpu, so with two GPUs the state moves to the other one); the two
+#     CHECKSUM lines must be equal. --graph 1 keeps the program's CUDA graph, whose state cannot
+#     be saved yet: the migration must then fail and the program go on at the source, unharmed.
+#     Without a GPU the program prints SKIP and so does this script ("skipped: no GPU").
+#
+# Prints the migration's figures from `info migrate` (total time, downtime, setup, transferred
+# RAM) and the daemons' lines about the sessions' state (bytes, milliseconds to save and to
+# restore). Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
+#
+#   scripts/test-migration.sh [--program transport|checkpoint] [--window S] [--iterations N]
+#       [--working-set-mib M] [--graph 0|1] [--target-gpu N] [--mem SIZE] [--log-dir DIR]
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
+DAEMON=${QCUDA_DAEMON:-$DAEMON}
+program=transport window=60 iterations=3000 working_mib=0 graph=0 target_gpu="" mem=1G log_dir=""
+while (($#)); do
+    case $1 in
+    --program) program=$2; shift 2 ;;
+    --window) window=$2; shift 2 ;;
+    --iterations) iterations=$2; shift 2 ;;
+    --working-set-mib) working_mib=$2; shift 2 ;;
+    --graph) graph=$2; shift 2 ;;
+    --target-gpu) target_gpu=$2; shift 2 ;;
+    --mem) mem=$2; shift 2 ;;
+    --log-dir) log_dir=$2; shift 2 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "test-migration.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+[[ $program == transport || $program == checkpoint ]] || { echo "test-migration.sh: --program transport|checkpoint" >&2; exit 2; }
+log_dir=${log_dir:-$(mktemp -d)}
+mkdir -p "$log_dir"
+log_dir=$(cd "$log_dir" && pwd)
+say() { printf '[test-migration] %s\n' "$*"; }
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    sleep 0.5
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# One daemon per side, each on its own socket and log; its pid in $started.
+start_daemon() { # name, extra args...
+    local name=$1 sock=$log_dir/$1.sock
+    shift
+    RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" "$@" >>"$log_dir/daemon-$name.log" 2>&1 &
+    local pid=$!
+    pids+=("$pid")
+    started=$pid
+    for _ in $(seq 200); do
+        grep -q 'waiting for a frontend' "$log_dir/daemon-$name.log" 2>/dev/null && [[ -S $sock ]] && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    say "vhost-cuda ($name) did not start:"; tail -n 5 "$log_dir/daemon-$name.log" >&2; return 1
+}
+
+# A human monitor command on a QEMU's monitor socket; prints the answer.
+hmp() { # socket, command
+    python3 - "$1" "$2" <<'EOF'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+for _ in range(100):
+    try:
+        s.connect(sys.argv[1]); break
+    except OSError:
+        time.sleep(0.1)
+else:
+    sys.exit("no monitor at " + sys.argv[1])
+def until_prompt():
+    out = b""
+    while not out.endswith(b"(qemu) "):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out.decode(errors="replace")
+until_prompt()
+s.sendall(sys.argv[2].encode() + b"\n")
+answer = until_prompt()
+# The monitor echoes the command line first; drop it, the prompt and terminal escapes.
+lines = [l for l in answer.replace("\r", "").split("\n") if not l.startswith("(qemu)")]
+print("\n".join(l for l in lines[1:] if "\x1b" not in l).strip())
+EOF
+}
+
+# The guest: one command line for both sides (the destination's guest never runs it: it
+# arrives running). Identical options matter: QEMU migrates between identical machines.
+if [[ $program == transport ]]; then
+    guest_cmd="/opt/qcuda/bin/check-migrate $window"
+    ready='^MIGRATE ready'
+else
+    prog=/opt/qcuda/tests/checkpoint_linked_list
+    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph; echo EXIT \$?; done"
+    ready='^\(CHECKPOINT ready\|SKIP\)'
+fi
+vm_opts=(--accel tcg --mem "$mem" --timeout 3000)
+
+start_vm() { # name, socket, extra run-vm args...: starts run-vm.sh in the background, its pid in $started
+    local name=$1 sock=$2
+    shift 2
+    "$here/run-vm.sh" "${vm_opts[@]}" --socket "$sock" --log-dir "$log_dir/vm-$name" \
+        --qemu-arg -monitor --qemu-arg "unix:$log_dir/monitor-$name.sock,server=on,wait=off" "$@" \
+        -- "$guest_cmd" >"$log_dir/guest-$name.log" 2>&1 &
+    started=$!
+    pids+=("$started")
+}
+wait_line() { # file, pattern, count, seconds, pid
+    local n=0
+    until (($(grep -c "$2" "$1" 2>/dev/null || true) >= $3)); do
+        n=$((n + 1))
+        ((n <= $4 * 10)) || return 1
+        kill -0 "$5" 2>/dev/null || return 1
+        sleep 0.1
+    done
+}
+# Migrates the source to a destination listening on unix socket $1; prints "completed" or
+# "failed" (or the last status after $2 seconds), and keeps `info migrate` in the log.
+migrate() { # incoming socket, seconds
+    local status="" n=0
+    hmp "$log_dir/monitor-src.sock" "migrate -d unix:$1" >>"$log_dir/monitor.log"
+    while ((n < $2 * 5)); do
+        sleep 0.2
+        n=$((n + 1))
+        status=$(hmp "$log_dir/monitor-src.sock" "info migrate" | tee "$log_dir/info-migrate.txt" |
+            sed -n 's/^Status: *\([a-z-]*\).*/\1/p; s/^Migration status: *\([a-z-]*\).*/\1/p' | head -n 1)
+        [[ $status == completed || $status == failed || $status == cancelled ]] && break
+    done
+    cat "$log_dir/info-migrate.txt" >>"$log_dir/monitor.log"
+    echo "${status:-unknown}"
+}
+wait_incoming() { # socket, pid
+    for _ in $(seq 600); do
+        [[ -S $1 ]] && return 0
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+src_running() { [[ $(hmp "$log_dir/monitor-src.sock" "info status") == *running* ]]; }
+
+start_daemon src
+dst_args=()
+[[ -z $target_gpu ]] || dst_args=(--gpu "$target_gpu")
+start_vm src "$log_dir/src.sock"
+src_vm=$started
+if ! wait_line "$log_dir/guest-src.log" "$ready" 1 900 "$src_vm"; then
+    say "FAILED: the guest never got ready; logs in $log_dir"
+    tail -n 20 "$log_dir/guest-src.log"
+    exit 1
+fi
+if grep -q '^SKIP' "$log_dir/guest-src.log"; then
+    say "skipped: no GPU"
+    exit 0
+fi
+rc=0
+
+# 1. A destination that goes away as the migration starts: the migration fails, the VM goes on.
+if [[ $program == transport ]]; then
+    start_daemon gone
+    gone_daemon=$started
+    start_vm gone "$log_dir/gone.sock" --qemu-arg -incoming --qemu-arg "unix:$log_dir/incoming-gone.sock"
+    gone_vm=$started
+    wait_incoming "$log_dir/incoming-gone.sock" "$gone_vm" || { say "FAILED: the first destination never listened"; exit 1; }
+    sleep 1
+    (sleep 0.3; kill -KILL "$gone_daemon" 2>/dev/null) &
+    status=$(migrate "$log_dir/incoming-gone.sock" 300)
+    if [[ $status != failed ]]; then
+        say "FAILED: a migration to a destination whose daemon died ended '$status', not 'failed'"
+        rc=1
+    elif ! src_running; then
+        say "FAILED: after the failed migration the source VM is not running: $(hmp "$log_dir/monitor-src.sock" "info status")"
+        rc=1
+    else
+        say "ok: the migration to a destination whose daemon died failed, and the source VM runs on"
+    fi
+    wait "$gone_vm" 2>/dev/null || true
+fi
+
+# 2. The real migration (in the checkpoint program: in the second run, mid-loop).
+if [[ $program == checkpoint ]]; then
+    wait_line "$log_dir/guest-src.log" '^CHECKPOINT ready' 2 900 "$src_vm" || { say "FAILED: the second run never got ready"; exit 1; }
+    sleep 1
+fi
+start_daemon dst "${dst_args[@]}"
+start_vm dst "$log_dir/dst.sock" --qemu-arg -incoming --qemu-arg "unix:$log_dir/incoming-dst.sock"
+dst_vm=$started
+wait_incoming "$log_dir/incoming-dst.sock" "$dst_vm" || { say "FAILED: the destination never listened"; exit 1; }
+status=$(migrate "$log_dir/incoming-dst.sock" 600)
+say "migration: $status"
+grep -Ei '^(total time|downtime|setup|transferred ram|throughput|precopy ram|downtime ram|Time \(ms\)|RAM info)' "$log_dir/info-migrate.txt" | sed 's/^/  /' || true
+sed -n 's/.*\(migration: sessions saved at the last stop.*\)/  source: \1/p; s/.*\(GPU state saved for migration.*\)/  source: \1/p' "$log_dir/daemon-src.log"
+expect_fail=0
+[[ $program == checkpoint && $graph != 0 ]] && expect_fail=1
+if ((expect_fail)); then
+    if [[ $status == completed ]]; then
+        say "FAILED: a state with a CUDA graph migrated (the capture refuses graphs)"
+        rc=1
+    elif ! src_running; then
+        say "FAILED: the refused migration left the source VM stopped"
+        rc=1
+    else
+        say "ok: the state with a CUDA graph was refused and the program goes on at the source"
+    fi
+    kill -KILL "$dst_vm" 2>/dev/null || true
+    finish_vm=$src_vm finish_log=$log_dir/guest-src.log
+else
+    if [[ $status != completed ]]; then
+        say "FAILED: the migration ended '$status'; logs in $log_dir"
+        sed 's/^/  /' "$log_dir/info-migrate.txt"
+        grep -h 'migration\|refused' "$log_dir"/daemon-*.log | tail -n 10 | sed 's/^/  /'
+        exit 1
+    fi
+    sed -n 's/.*\(migration: sessions restored.*\)/  destination: \1/p; s/.*\(GPU state restored from a migration.*\)/  destination: \1/p' "$log_dir/daemon-dst.log"
+    # The source has handed over: it stays paused until told to quit.
+    hmp "$log_dir/monitor-src.sock" quit >/dev/null 2>&1 || true
+    wait "$src_vm" 2>/dev/null || true
+    finish_vm=$dst_vm finish_log=$log_dir/guest-dst.log
+fi
+vm_rc=0
+wait "$finish_vm" || vm_rc=$?
+if [[ $program == transport ]]; then
+    sed -n 's/^\(MIGRATE .*\)/  guest: \1/p' "$log_dir/guest-src.log" "$finish_log" | sort -u -k2,2 | head -n 30
+    if ((vm_rc != 0)) || ! grep -q '^MIGRATE ok' "$finish_log"; then
+        say "FAILED: the guest's checks after the migration failed (exit $vm_rc); logs in $log_dir"
+        tail -n 20 "$finish_log"
+        exit 1
+    fi
+    ((rc == 0)) || exit 1
+    say "ok: migrated with sessions open; the guest's transport works on the destination"
+    exit 0
+fi
+mapfile -t sums < <(cat "$log_dir/guest-src.log" "$finish_log" | grep '^CHECKSUM' | awk '{print $2}' | sort -u)
+grep -hE '^(RUN|CHECKSUM|PASS|FAIL|EXIT)' "$log_dir/guest-src.log" "$finish_log" | sed 's/^/  /'
+n=$(cat "$log_dir/guest-src.log" "$finish_log" | grep -c '^CHECKSUM' || true)
+if ((n != 2)) || ((${#sums[@]} != 1)); then
+    say "FAILED: $n of 2 runs printed a checksum, ${#sums[@]} distinct (${sums[*]}); logs in $log_dir"
+    exit 1
+fi
+if ((vm_rc != 0 || rc != 0)); then
+    say "FAILED (guest exit $vm_rc); logs in $log_dir"
+    exit 1
+fi
+say "ok: the same checksum ${sums[0]} uninterrupted and across the migration (working set $working_mib MiB)"
