@@ -183,6 +183,7 @@ if [[ $program == transport ]]; then
     sleep 1
     (sleep 0.3; kill -KILL "$gone_daemon" 2>/dev/null) &
     status=$(migrate "$log_dir/incoming-gone.sock" 300)
+    { wait "$gone_daemon"; } 2>/dev/null || true
     if [[ $status != failed ]]; then
         say "FAILED: a migration to a destination whose daemon died ended '$status', not 'failed'"
         rc=1
@@ -238,7 +239,8 @@ fi
 vm_rc=0
 wait "$finish_vm" || vm_rc=$?
 if [[ $program == transport ]]; then
-    sed -n 's/^\(MIGRATE .*\)/  guest: \1/p' "$log_dir/guest-src.log" "$finish_log" | sort -u -k2,2 | head -n 30
+    sed -n 's/^\(MIGRATE .*\)/  guest at the source: \1/p' "$log_dir/guest-src.log"
+    sed -n 's/^\(MIGRATE .*\)/  guest at the destination: \1/p' "$finish_log"
     if ((vm_rc != 0)) || ! grep -q '^MIGRATE ok' "$finish_log"; then
         say "FAILED: the guest's checks after the migration failed (exit $vm_rc); logs in $log_dir"
         tail -n 20 "$finish_log"

@@ -615,7 +615,7 @@ fn close_all_drops_queued_requests_without_completing_them() {
 }
 
 #[test]
-fn sessions_migrate_to_another_table_and_a_refused_stream_leaves_nothing_open() {
+fn sessions_migrate_to_another_table_and_a_refused_stream_ends_only_what_it_started() {
     use super::migration::{read_stream, write_stream, SavedGpu};
     let mut src = Guest::new();
     for (head, session) in [(1u16, 21u64), (2, 22)] {
