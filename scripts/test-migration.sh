@@ -4,10 +4,12 @@
 # as an operator would (`migrate -d unix:PATH`, `info migrate`). Guests run under TCG with 1 GiB
 # of RAM. Two programs:
 #
-#   --program transport (default; no GPU needed): the guest keeps calling the device from a
-#     stream of short programs (tests/guest/check-migrate) while the host first migrates to a
-#     destination whose daemon is killed as the migration starts (it must fail, and the VM must
-#     go on at the source), then for real; afterwards the guest's transport self-test and data
+#   --program transport (default; no GPU needed): the guest keeps two sessions open and calls the
+#     device from them and from a stream of short programs (tests/guest/check-migrate) while the
+#     host migrates three times: to a destination whose daemon refuses the state (--max-sessions
+#     1: the source has stopped and saved its sessions, the destination refuses them), to one
+#     whose daemon is killed as the migration starts, then for real. The first two must fail
+#     with the VM going on at the source; afterwards the guest's transport self-test and data
 #     self-test must pass on the destination, and every call made around the migrations must
 #     have succeeded.
 #   --program checkpoint (a GPU): tests/cuda/checkpoint_linked_list (a linked list in device
@@ -28,7 +30,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=60 iterations=3000 working_mib=0 graph=0 target_gpu="" mem=1G log_dir=""
+program=transport window=90 iterations=3000 working_mib=0 graph=0 target_gpu="" mem=1G log_dir=""
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -173,7 +175,31 @@ if grep -q '^SKIP' "$log_dir/guest-src.log"; then
 fi
 rc=0
 
-# 1. A destination that goes away as the migration starts: the migration fails, the VM goes on.
+# 1. A destination that refuses the state (the source has stopped the VM and saved its sessions
+# by then): the migration fails, the VM and its sessions go on at the source.
+if [[ $program == transport ]]; then
+    start_daemon refuse --max-sessions 1
+    start_vm refuse "$log_dir/refuse.sock" --qemu-arg -incoming --qemu-arg "unix:$log_dir/incoming-refuse.sock"
+    refuse_vm=$started
+    wait_incoming "$log_dir/incoming-refuse.sock" "$refuse_vm" || { say "FAILED: the refusing destination never listened"; exit 1; }
+    status=$(migrate "$log_dir/incoming-refuse.sock" 300)
+    saved=$(grep -c 'sessions saved at the last stop' "$log_dir/daemon-src.log" || true)
+    if [[ $status != failed ]]; then
+        say "FAILED: a migration to a destination that refuses the state ended '$status', not 'failed'"
+        rc=1
+    elif ! src_running; then
+        say "FAILED: after the refused migration the source VM is not running: $(hmp "$log_dir/monitor-src.sock" "info status")"
+        rc=1
+    elif ((saved < 1)) || ! grep -q 'state transfer failed' "$log_dir/daemon-refuse.log"; then
+        say "FAILED: the refusal did not come from the state (source saves: $saved; the destination's log: $(grep -m1 migration "$log_dir/daemon-refuse.log"))"
+        rc=1
+    else
+        say "ok: the destination refused the state ($(sed -n 's/.*state transfer failed: //p' "$log_dir/daemon-refuse.log" | head -n 1)); the source VM runs on"
+    fi
+    wait "$refuse_vm" 2>/dev/null || true
+fi
+
+# 2. A destination that goes away as the migration starts: the migration fails, the VM goes on.
 if [[ $program == transport ]]; then
     start_daemon gone
     gone_daemon=$started
@@ -196,7 +222,7 @@ if [[ $program == transport ]]; then
     wait "$gone_vm" 2>/dev/null || true
 fi
 
-# 2. The real migration (in the checkpoint program: in the second run, mid-loop).
+# 3. The real migration (in the checkpoint program: in the second run, mid-loop).
 if [[ $program == checkpoint ]]; then
     wait_line "$log_dir/guest-src.log" '^CHECKPOINT ready' 2 900 "$src_vm" || { say "FAILED: the second run never got ready"; exit 1; }
     sleep 1
