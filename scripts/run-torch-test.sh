@@ -7,11 +7,13 @@
 # (torch.cuda.graph) among them. tests/torch/torch_check.py checks
 # each operation against the CPU; this script prints both results and the time ratio.
 #   ./run-torch-test.sh [--check NAME] [--python PATH] [--log-dir DIR] [--kernel own|stock]
+#                       [--env NAME=VALUE]...
 #                                                          (from the repo or the bundle)
 # --check NAME runs tests/torch/NAME.py instead of torch_check.py: ddp_check is two-process,
 # two-GPU DistributedDataParallel over NCCL (it prints "SKIP ddp_check: needs 2 GPUs" on one);
 # vmm_check is PyTorch's expandable segments (the driver's virtual memory management);
 # cufft_xt_check is a two-GPU cufftXt plan (peer copies), "SKIP ...: needs 2 GPUs" on one.
+# --env sets a variable for both runs (e.g. NCCL_DEBUG=INFO, QCUDA_DRIVER_TRACE=count).
 # --kernel stock boots the guest on Debian's stock kernel (run-vm.sh --kernel; QCUDA_KERNEL too).
 # Without a GPU it prints "skipped: no GPU" and exits 0; without PyTorch, "skipped: no PyTorch".
 set -uo pipefail
@@ -23,13 +25,15 @@ else # the repo
 fi
 name=torch_check
 python=${PYTHON:-$(command -v python3 || true)} logs=$(mktemp -d)
+extra=()
 while (($#)); do
     case $1 in
     --check) name=${2%.py}; shift 2 ;;
     --python) python=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
     --kernel) export QCUDA_KERNEL=$2; shift 2 ;;
-    *) echo "usage: $0 [--check NAME] [--python PATH] [--log-dir DIR] [--kernel own|stock]" >&2; exit 2 ;;
+    --env) extra+=("$2"); shift 2 ;;
+    *) echo "usage: $0 [--check NAME] [--python PATH] [--log-dir DIR] [--kernel own|stock] [--env NAME=VALUE]..." >&2; exit 2 ;;
     esac
 done
 check=$checks/$name.py
@@ -46,7 +50,7 @@ if [[ -z $python ]] || ! "$python" -c 'import torch' 2>/dev/null; then
     exit 0
 fi
 # NVLink multicast stays off (the lent hosts' rule), natively and in the guest.
-envs="NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
+envs="NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1${extra[*]:+ ${extra[*]}}"
 
 echo "== native ($python)"
 env $envs "$python" "$check" 2>&1 | tee "$logs/native.log"

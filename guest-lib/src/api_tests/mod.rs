@@ -47,18 +47,20 @@ pub fn flush() {
         .flush_batch();
 }
 
-/// Keeps the runtime's flusher thread from sending batches on its own: for tests that count
-/// them, whatever the machine's load.
-pub fn hold_batches() {
+/// Keeps the runtime's flusher thread from sending batches on its own (`true`; `false` lets it
+/// again): for tests that count them, whatever the machine's load.
+pub fn hold_batches(hold: bool) {
     crate::core::runtime::runtime()
         .unwrap()
         .session
-        .hold_batches();
+        .hold_batches(hold);
 }
 
+/// Batches wait for a call or the test to send them (see [`hold_batches`]).
 pub fn setup() -> Arc<FakeDevice> {
     let fake = FakeDevice::new(1);
     fake.install();
+    hold_batches(true);
     fake
 }
 

@@ -141,6 +141,38 @@ fn events_record_time_and_wait() {
 }
 
 #[test]
+fn a_completed_event_is_answered_without_a_round_trip_until_anything_is_sent() {
+    let fake = setup();
+    let mut e: cudaEvent_t = ptr::null_mut();
+    let count = |fake: &FakeDevice, op: Op| fake.state().log.iter().filter(|l| l.op == op).count();
+    // SAFETY: valid pointers; the null stream always exists.
+    unsafe {
+        ok(cudaEventCreate(&raw mut e));
+        ok(cudaEventRecord(e, ptr::null_mut()));
+        ok(cudaEventSynchronize(e));
+        let asked = count(&fake, Op::EventSynchronize) + count(&fake, Op::EventQuery);
+        for _ in 0..5 {
+            ok(cudaEventQuery(e));
+            ok(cudaEventSynchronize(e));
+        }
+        assert_eq!(
+            count(&fake, Op::EventSynchronize) + count(&fake, Op::EventQuery),
+            asked
+        );
+        // Recorded again: the host is asked, and a pending event says so.
+        ok(cudaEventRecord(e, ptr::null_mut()));
+        fake.state().fail_next = Some((Op::EventQuery, qcuda_proto::status::NOT_READY, false));
+        assert_err(cudaEventQuery(e), cu::cudaErrorNotReady);
+        // Not complete: asked again, complete now, then known.
+        ok(cudaEventQuery(e));
+        ok(cudaEventQuery(e));
+        assert_eq!(count(&fake, Op::EventQuery), 2);
+        ok(cudaEventDestroy(e));
+    }
+    cudaGetLastError();
+}
+
+#[test]
 fn async_copies_of_guest_memory_wait_and_use_the_stream() {
     let fake = setup();
     let mut s: cudaStream_t = ptr::null_mut();

@@ -32,7 +32,7 @@
 use crate::core::conv::usize_of;
 use std::{
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicI32, AtomicU64, Ordering},
         Arc, Condvar, Mutex, MutexGuard,
     },
     thread,
@@ -77,8 +77,6 @@ struct State {
     flusher_parked: bool,
     /// When the last record was appended, empty batch or not.
     last_append: Option<Instant>,
-    /// errno of a batch the device did not take: reported once, at the next call.
-    lost: Option<i32>,
 }
 
 struct Shared {
@@ -90,6 +88,9 @@ struct Shared {
     wake: Condvar,
     /// [`FLUSH_AFTER`], save in tests that count batches and must not race the flusher.
     flush_after_us: AtomicU64,
+    /// errno of a batch the device did not take (0: none): reported once, at the next call.
+    /// Outside `state`, so that every call's look at it is one load and no lock.
+    lost: AtomicI32,
 }
 
 impl Shared {
@@ -119,7 +120,10 @@ impl Shared {
                 st.records,
                 std::io::Error::from_raw_os_error(errno)
             );
-            st.lost.get_or_insert(errno);
+            // The first loss is the one reported.
+            let _ = self
+                .lost
+                .compare_exchange(0, errno, Ordering::AcqRel, Ordering::Relaxed);
         }
         st.buf.clear();
         st.records = 0;
@@ -184,6 +188,7 @@ impl Batcher {
                 state: Mutex::new(State::default()),
                 wake: Condvar::new(),
                 flush_after_us: AtomicU64::new(FLUSH_AFTER_US),
+                lost: AtomicI32::new(0),
             }),
         }
     }
@@ -337,7 +342,11 @@ impl Batcher {
 
     /// The errno of a batch the device did not take since the last call, once.
     pub fn take_lost(&self) -> Option<i32> {
-        self.shared.state().lost.take()
+        let lost = &self.shared.lost;
+        if lost.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        Some(lost.swap(0, Ordering::AcqRel)).filter(|&e| e != 0)
     }
 }
 

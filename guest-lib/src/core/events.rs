@@ -1,6 +1,8 @@
 //! Events: `cudaEvent_t` handles and the event ops. Recording an event and making a stream wait
 //! for one are fire-and-forget; synchronising, querying and timing wait for the host.
 
+use std::sync::{Mutex, PoisonError};
+
 use crate::core::conv::low_u32;
 use qcuda_proto::{Op, WaitMode};
 
@@ -26,10 +28,15 @@ pub struct EventInfo {
     pub flags: u32,
 }
 
+/// How many events are remembered as complete at once (see [`Events::known_complete`]).
+const COMPLETE_KEPT: usize = 8;
+
 /// The events of this process.
 #[derive(Debug, Default)]
 pub struct Events {
     table: HandleTable<EventInfo>,
+    /// Events the host last said were complete: (handle, the session's request count then).
+    complete: Mutex<Vec<(usize, u64)>>,
 }
 
 impl Events {
@@ -62,6 +69,10 @@ impl Events {
         let e = self.info(handle)?;
         session.submit(Call::new(Op::EventDestroy, e.device).args(&[e.host]))?;
         self.table.remove(handle);
+        self.complete
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&(h, _)| h != handle);
         Ok(())
     }
 
@@ -88,22 +99,62 @@ impl Events {
         self.table.find(|e| e.host == host)
     }
 
+    /// Whether `handle` is known to be complete without asking: the host said so (a
+    /// synchronisation or query of it succeeded) and this process made no request since, so
+    /// the event was not recorded again, no graph re-recorded it and no earlier failure can be
+    /// unreported. Natively such a query reads a completed flag; here it then makes no round
+    /// trip. An interprocess event may be recorded by another process, so it is always asked,
+    /// as is every event while a capture is under way (capture rules).
+    fn known_complete(&self, session: &Session, handle: usize, e: &EventInfo) -> bool {
+        if e.flags & cudaEventInterprocess != 0 || session.captures.active() {
+            return false;
+        }
+        let now = session.requests_made();
+        let complete = self.complete.lock().unwrap_or_else(PoisonError::into_inner);
+        complete
+            .iter()
+            .any(|&(h, count)| h == handle && count == now)
+    }
+
+    /// The host said `handle` is complete, answering the request made after the session's
+    /// request count was `before`.
+    fn completed(&self, handle: usize, before: u64) {
+        let mut complete = self.complete.lock().unwrap_or_else(PoisonError::into_inner);
+        // The request count only grows: entries of an older count can never match again.
+        let count = before + 1;
+        complete.retain(|&(h, c)| h != handle && c == count);
+        if complete.len() == COMPLETE_KEPT {
+            complete.remove(0);
+        }
+        complete.push((handle, count));
+    }
+
     /// `cudaEventSynchronize`.
     pub fn synchronize(&self, session: &Session, handle: usize) -> CudaResult<()> {
         let e = self.info(handle)?;
+        if self.known_complete(session, handle, &e) {
+            return session.check_sticky(e.device);
+        }
         let mut call = Call::new(Op::EventSynchronize, e.device).args(&[e.host]);
         if e.flags & cudaEventBlockingSync != 0 {
             // The event asks its waiters to block, whatever the device's flags.
             call = call.wait_as(WaitMode::Block);
         }
+        let before = session.requests_made();
         session.submit(call)?;
+        self.completed(handle, before);
         Ok(())
     }
 
     /// `cudaEventQuery`: `Ok` when complete, `cudaErrorNotReady` while pending.
     pub fn query(&self, session: &Session, handle: usize) -> CudaResult<()> {
         let e = self.info(handle)?;
+        if self.known_complete(session, handle, &e) {
+            return session.check_sticky(e.device);
+        }
+        let before = session.requests_made();
         session.submit(Call::new(Op::EventQuery, e.device).args(&[e.host]))?;
+        self.completed(handle, before);
         Ok(())
     }
 

@@ -6,15 +6,14 @@
 //! every use looks the handle up: an unknown or destroyed handle is
 //! `cudaErrorInvalidResourceHandle`, never a wild pointer.
 
-use std::{
-    collections::HashMap,
-    sync::{Mutex, PoisonError},
-};
+use std::sync::{Mutex, PoisonError};
+
+use crate::core::addr_map::AddrMap;
 
 /// Handles to records of type `T`.
 #[derive(Debug)]
 pub struct HandleTable<T> {
-    records: Mutex<HashMap<usize, Box<T>>>,
+    records: Mutex<AddrMap<usize, Box<T>>>,
 }
 
 impl<T> Default for HandleTable<T> {
@@ -61,7 +60,7 @@ impl<T: Copy> HandleTable<T> {
         self.lock().is_empty()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Box<T>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AddrMap<usize, Box<T>>> {
         self.records.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -3,6 +3,7 @@
 //! and the process-wide state. The runtime face (`crate::runtime`), the driver face
 //! (`crate::driver`) and NVML (`crate::nvml`) call into it; it calls none of them.
 
+pub mod addr_map;
 pub mod allocations;
 pub mod array_ops;
 pub mod arrays;

@@ -21,20 +21,87 @@ pub fn block_len(params: &[ParamInfo]) -> CudaResult<usize> {
     })
 }
 
+/// Blocks up to this size are built on the stack: nearly every kernel's are (NVIDIA's own
+/// limit was 4 KiB before CUDA 12.1; most kernels take a few pointers and sizes).
+const INLINE: usize = 256;
+
+/// A packed parameter block: on the stack when small, so a launch allocates nothing.
+pub struct ParamBlock {
+    len: usize,
+    inline: [u8; INLINE],
+    heap: Vec<u8>,
+}
+
+impl ParamBlock {
+    fn zeroed(len: usize) -> Self {
+        Self {
+            len,
+            inline: [0; INLINE],
+            heap: if len > INLINE {
+                vec![0; len]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// A block holding a copy of `bytes` (a block the caller laid out itself).
+    pub fn copy_of(bytes: &[u8]) -> Self {
+        let mut block = Self::zeroed(bytes.len());
+        block.bytes_mut().copy_from_slice(bytes);
+        block
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len > INLINE {
+            &mut self.heap
+        } else {
+            &mut self.inline[..self.len]
+        }
+    }
+}
+
+impl std::ops::Deref for ParamBlock {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        if self.len > INLINE {
+            &self.heap
+        } else {
+            &self.inline[..self.len]
+        }
+    }
+}
+
+impl std::fmt::Debug for ParamBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParamBlock")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl PartialEq<[u8]> for ParamBlock {
+    fn eq(&self, other: &[u8]) -> bool {
+        **self == *other
+    }
+}
+
 /// The parameter block for a launch with `args`.
 ///
 /// # Safety
 /// When `params` is not empty, `args` must point at `params.len()` pointers, the `i`-th valid
 /// for reads of `params[i].size` bytes (what nvcc's stubs and the CUDA API guarantee for a
 /// kernel with this signature).
-pub unsafe fn pack(params: &[ParamInfo], args: *const *const c_void) -> CudaResult<Vec<u8>> {
-    let mut block = vec![0u8; block_len(params)?];
+pub unsafe fn pack(params: &[ParamInfo], args: *const *const c_void) -> CudaResult<ParamBlock> {
+    let mut block = ParamBlock::zeroed(block_len(params)?);
     if params.is_empty() {
         return Ok(block);
     }
     if args.is_null() {
         return Err(CudaError::INVALID_VALUE);
     }
+    let bytes = block.bytes_mut();
     for (i, p) in params.iter().enumerate() {
         // SAFETY: `args` has `params.len()` entries (caller contract).
         let src = unsafe { *args.add(i) };
@@ -42,9 +109,9 @@ pub unsafe fn pack(params: &[ParamInfo], args: *const *const c_void) -> CudaResu
             return Err(CudaError::INVALID_VALUE);
         }
         let at = p.offset as usize;
-        let dst = &mut block[at..at + p.size as usize];
+        let dst = &mut bytes[at..at + p.size as usize];
         // SAFETY: `src` is readable for `p.size` bytes (caller contract) and cannot overlap our
-        // freshly allocated block.
+        // freshly made block.
         unsafe { std::ptr::copy_nonoverlapping(src.cast::<u8>(), dst.as_mut_ptr(), dst.len()) };
     }
     Ok(block)
@@ -86,7 +153,7 @@ mod tests {
     #[test]
     fn no_params_needs_no_args() {
         // SAFETY: nothing is read for an empty parameter list.
-        assert_eq!(unsafe { pack(&[], std::ptr::null()) }, Ok(vec![]));
+        assert!(unsafe { pack(&[], std::ptr::null()) }.is_ok_and(|b| b.is_empty()));
     }
 
     #[test]
@@ -94,11 +161,24 @@ mod tests {
         let params = [p(0, 4)];
         // SAFETY: a null args array is checked before use.
         let r = unsafe { pack(&params, std::ptr::null()) };
-        assert_eq!(r, Err(CudaError::INVALID_VALUE));
+        assert_eq!(r.err(), Some(CudaError::INVALID_VALUE));
         let args: [*const c_void; 1] = [std::ptr::null()];
         // SAFETY: args has one entry; a null entry is checked before use.
         let r = unsafe { pack(&params, args.as_ptr()) };
-        assert_eq!(r, Err(CudaError::INVALID_VALUE));
+        assert_eq!(r.err(), Some(CudaError::INVALID_VALUE));
+    }
+
+    #[test]
+    fn a_large_block_is_packed_as_a_small_one() {
+        let big = [7u8; 600];
+        let args: [*const c_void; 2] = [(&raw const big).cast(), (&raw const big).cast()];
+        let params = [p(0, 600), p(1000, 4)];
+        // SAFETY: each args[i] points at 600 readable bytes.
+        let block = unsafe { pack(&params, args.as_ptr()) }.unwrap();
+        assert_eq!(block.len(), 1004);
+        assert!(block[..600].iter().all(|&b| b == 7));
+        assert!(block[600..1000].iter().all(|&b| b == 0));
+        assert_eq!(&block[1000..], &[7; 4]);
     }
 
     #[test]

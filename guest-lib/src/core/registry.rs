@@ -10,7 +10,6 @@
 //! variables from the maps.
 
 use std::{
-    collections::HashMap,
     ffi::{CStr, CString},
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -20,7 +19,7 @@ use std::{
 
 use qcuda_proto::ParamInfo;
 
-use crate::{core::cuda_error::CudaResult, core::fatbin::FatbinError};
+use crate::{core::addr_map::AddrMap, core::cuda_error::CudaResult, core::fatbin::FatbinError};
 
 /// One `__cudaRegisterFatBinary` call: an image, loaded lazily per device.
 #[derive(Debug)]
@@ -100,10 +99,10 @@ pub struct VarRecord {
 
 #[derive(Debug, Default)]
 struct Maps {
-    fatbins: HashMap<usize, &'static FatbinRecord>,
-    kernels_by_host: HashMap<usize, &'static KernelRecord>,
-    kernels_by_handle: HashMap<usize, &'static KernelRecord>,
-    vars: HashMap<usize, &'static VarRecord>,
+    fatbins: AddrMap<usize, &'static FatbinRecord>,
+    kernels_by_host: AddrMap<usize, &'static KernelRecord>,
+    kernels_by_handle: AddrMap<usize, &'static KernelRecord>,
+    vars: AddrMap<usize, &'static VarRecord>,
 }
 
 /// All registrations of the process.

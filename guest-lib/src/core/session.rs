@@ -117,11 +117,15 @@ impl Session {
         self.batch.flush();
     }
 
-    /// Test hook: batches go out only when a call or the test sends them (batch.rs).
+    /// Test hook: batches go out only when a call or the test sends them (batch.rs), or again
+    /// also when the flusher finds them idle.
     #[cfg(test)]
-    pub fn hold_batches(&self) {
-        self.batch
-            .set_flush_after(std::time::Duration::from_secs(3600));
+    pub fn hold_batches(&self, hold: bool) {
+        self.batch.set_flush_after(if hold {
+            std::time::Duration::from_secs(3600)
+        } else {
+            crate::core::batch::FLUSH_AFTER
+        });
     }
 
     /// Whether the host has this process's context on `device` already.

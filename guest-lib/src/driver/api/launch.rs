@@ -34,7 +34,7 @@ pub(super) unsafe fn parameter_block(
     f: &Function,
     args: *mut *mut c_void,
     extra: *mut *mut c_void,
-) -> DrvResult<Vec<u8>> {
+) -> DrvResult<params::ParamBlock> {
     if extra.is_null() {
         // SAFETY: forwarded contract: one pointer per parameter.
         return Ok(unsafe { params::pack(&f.resolved.params, args as *const *const c_void) }?);
@@ -66,7 +66,9 @@ pub(super) unsafe fn parameter_block(
         return Err(DriverError::INVALID_VALUE);
     }
     // SAFETY: the caller's block is `size` >= `need` bytes long.
-    Ok(unsafe { std::slice::from_raw_parts(buffer, need) }.to_vec())
+    Ok(params::ParamBlock::copy_of(unsafe {
+        std::slice::from_raw_parts(buffer, need)
+    }))
 }
 
 /// One launch of `f` in its context's device.
