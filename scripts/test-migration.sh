@@ -13,11 +13,12 @@
 #     self-test must pass on the destination, and every call made around the migrations must
 #     have succeeded.
 #   --program checkpoint (a GPU): tests/cuda/checkpoint_linked_list (a linked list in device
-#     memory, two streams and events, a managed buffer, a working set of --working-set-mib MiB)
-#     runs twice in one guest: uninterrupted, then migrated mid-loop to the destination (whose
-#     daemon uses GPU --target-gpu, so with two GPUs the state moves to the other one); the two
-#     CHECKSUM lines must be equal. --graph 1 keeps the program's CUDA graph, whose state cannot
-#     be saved yet: the migration must then fail and the program go on at the source, unharmed.
+#     memory, two streams and events, a module with kernels, a working set of --working-set-mib
+#     MiB) runs twice in one guest: uninterrupted, then migrated mid-loop to the destination
+#     (whose daemon uses GPU --target-gpu, so with two GPUs the state moves to the other one);
+#     the two CHECKSUM lines must be equal. --graph 1 and --managed 1 keep the program's CUDA
+#     graph and managed buffer, which a saved state cannot hold yet: the migration must then
+#     fail and the program go on at the source, unharmed, with the same checksum.
 #     Without a GPU the program prints SKIP and so does this script ("skipped: no GPU").
 #
 # Prints the migration's figures from `info migrate` (total time, downtime, setup, transferred
@@ -25,12 +26,13 @@
 # restore). Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
 #
 #   scripts/test-migration.sh [--program transport|checkpoint] [--window S] [--iterations N]
-#       [--working-set-mib M] [--graph 0|1] [--target-gpu N] [--mem SIZE] [--log-dir DIR]
+#       [--working-set-mib M] [--graph 0|1] [--managed 0|1] [--target-gpu N] [--mem SIZE]
+#       [--log-dir DIR]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=90 iterations=3000 working_mib=0 graph=0 target_gpu="" mem=1G log_dir=""
+program=transport window=90 iterations=3000 working_mib=0 graph=0 managed=0 target_gpu="" mem=1G log_dir=""
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -38,6 +40,7 @@ while (($#)); do
     --iterations) iterations=$2; shift 2 ;;
     --working-set-mib) working_mib=$2; shift 2 ;;
     --graph) graph=$2; shift 2 ;;
+    --managed) managed=$2; shift 2 ;;
     --target-gpu) target_gpu=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --log-dir) log_dir=$2; shift 2 ;;
@@ -111,7 +114,7 @@ if [[ $program == transport ]]; then
     ready='^MIGRATE ready'
 else
     prog=/opt/qcuda/tests/checkpoint_linked_list
-    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph; echo EXIT \$?; done"
+    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed; echo EXIT \$?; done"
     ready='^\(CHECKPOINT ready\|SKIP\)'
 fi
 vm_opts=(--accel tcg --mem "$mem" --timeout 3000)
@@ -236,16 +239,16 @@ say "migration: $status"
 grep -Ei '^(total time|downtime|setup|transferred ram|throughput|precopy ram|downtime ram|Time \(ms\)|RAM info)' "$log_dir/info-migrate.txt" | sed 's/^/  /' || true
 sed -n 's/.*\(migration: sessions saved at the last stop.*\)/  source: \1/p; s/.*\(GPU state saved for migration.*\)/  source: \1/p' "$log_dir/daemon-src.log"
 expect_fail=0
-[[ $program == checkpoint && $graph != 0 ]] && expect_fail=1
+[[ $program == checkpoint && ($graph != 0 || $managed != 0) ]] && expect_fail=1
 if ((expect_fail)); then
     if [[ $status == completed ]]; then
-        say "FAILED: a state with a CUDA graph migrated (the capture refuses graphs)"
+        say "FAILED: a state with a CUDA graph or managed memory migrated (a save refuses them)"
         rc=1
     elif ! src_running; then
         say "FAILED: the refused migration left the source VM stopped"
         rc=1
     else
-        say "ok: the state with a CUDA graph was refused and the program goes on at the source"
+        say "ok: the state with a CUDA graph or managed memory was refused and the program goes on at the source"
     fi
     kill -KILL "$dst_vm" 2>/dev/null || true
     finish_vm=$src_vm finish_log=$log_dir/guest-src.log

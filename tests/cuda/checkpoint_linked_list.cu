@@ -10,12 +10,14 @@
 // "CHECKPOINT ready" after the first iteration. argv[3], WORKING_SET_MIB (default 0), adds a
 // device buffer of that many MiB, filled with a pattern by the GPU and checked at the end (the
 // migration downtime of scripts/test-migration.sh is measured with 1 GiB and 16 GiB); argv[4]
-// (default 1) 0 launches the graph's two kernels directly instead of through the graph, for a
-// state without graphs.
+// (default 1) 0 launches the graph's two kernels directly instead of through the graph, and
+// argv[5] (default 1) 0 keeps the "managed" buffer in plain device memory (copied in and out),
+// for a state with neither (what a live migration can carry today).
 #define TEST_NAME "checkpoint_linked_list"
 #include "selfcheck.cuh"
 
 #include <cstdint>
+#include <cstring>
 #include <unistd.h>
 
 struct Node {
@@ -80,6 +82,7 @@ int main(int argc, char **argv)
     const int sleep_us = argc > 2 ? atoi(argv[2]) : 0;
     const size_t working_mib = argc > 3 ? strtoull(argv[3], nullptr, 10) : 0;
     const bool use_graph = argc > 4 ? atoi(argv[4]) != 0 : true;
+    const bool use_managed = argc > 5 ? atoi(argv[5]) != 0 : true;
     const int nodes = 300, N = 1 << 16, M = 64;
     // The working set: a pattern the GPU writes, checked and folded into the checksum at the end.
     const size_t words = working_mib * (1 << 20) / sizeof(unsigned int);
@@ -115,9 +118,17 @@ int main(int argc, char **argv)
     CHECK(cudaMalloc(&buf, N * sizeof *buf));
     CHECK(cudaMemset(buf, 1, N * sizeof *buf));
     unsigned long long *managed;
-    CHECK(cudaMallocManaged(&managed, M * sizeof *managed));
+    unsigned long long managed_init[M];
     for (int i = 0; i < M; i++)
-        managed[i] = (unsigned long long)i;
+        managed_init[i] = (unsigned long long)i;
+    if (use_managed) {
+        CHECK(cudaMallocManaged(&managed, M * sizeof *managed));
+        for (int i = 0; i < M; i++)
+            managed[i] = managed_init[i];
+    } else {
+        CHECK(cudaMalloc(&managed, M * sizeof *managed));
+        CHECK(cudaMemcpy(managed, managed_init, sizeof managed_init, cudaMemcpyHostToDevice));
+    }
 
     cudaStream_t a, b;
     CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
@@ -163,8 +174,13 @@ int main(int argc, char **argv)
     CHECK(cudaMemcpy(host, buf, N * sizeof *host, cudaMemcpyDeviceToHost));
     for (int i = 0; i < N; i++)
         h = (h ^ host[i]) * 0x100000001b3ULL;
+    unsigned long long managed_end[M];
+    if (use_managed)
+        std::memcpy(managed_end, managed, sizeof managed_end);
+    else
+        CHECK(cudaMemcpy(managed_end, managed, sizeof managed_end, cudaMemcpyDeviceToHost));
     for (int i = 0; i < M; i++)
-        h = (h ^ managed[i]) * 0x100000001b3ULL;
+        h = (h ^ managed_end[i]) * 0x100000001b3ULL;
     // The list still walks from its head to its end, every link intact.
     int walked = 0;
     for (Node *n = head; n != nullptr; walked++) {

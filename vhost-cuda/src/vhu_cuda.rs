@@ -870,7 +870,7 @@ mod tests {
     fn features_are_named() {
         assert_eq!(
             feature_names(DEVICE_FEATURES),
-            "VERSION_1 | RING_INDIRECT_DESC | RING_EVENT_IDX | PROTOCOL_FEATURES"
+            "VERSION_1 | RING_INDIRECT_DESC | RING_EVENT_IDX | LOG_ALL | PROTOCOL_FEATURES"
         );
         assert_eq!(feature_names(0), "none");
         assert_eq!(feature_names(1 << 32 | 1), "VERSION_1 | 0x1");

@@ -17,8 +17,9 @@
 //! What the record cannot make again is refused at capture, with the program left running
 //! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
 //! surface objects, memory pools the program created and stream-ordered allocations (the
-//! driver's pools place them), memory the program maps itself (`cuMemCreate`/`cuMemMap`), and
-//! allocations outside a reserved range.
+//! driver's pools place them), memory the program maps itself (`cuMemCreate`/`cuMemMap`),
+//! guest memory mapped for the GPU (pinned, registered and managed memory), and allocations
+//! outside a reserved range.
 //!
 //! [`GpuState::save`] is the capture encoded (`saved_state.rs`), and [`GpuState::restore`]
 //! decodes and restores bytes from anywhere into a fresh state: the path a restart of the
@@ -118,6 +119,13 @@ impl GpuState {
         if !self.vmm.is_empty() {
             return Err(CheckpointError::Unsupported(
                 "memory the program maps itself (cuMemCreate, cuMemMap)",
+            ));
+        }
+        if self.host_memory.len() > 0 || !self.managed.is_empty() {
+            // Guest RAM the worker maps for the GPU is not in the record yet: a restore would
+            // lose it silently.
+            return Err(CheckpointError::Unsupported(
+                "host memory mapped for the GPU (cudaHostAlloc, cudaHostRegister, managed memory)",
             ));
         }
         if self.pools.values().any(|p| !p.default) {

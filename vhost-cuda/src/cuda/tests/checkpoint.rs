@@ -333,3 +333,27 @@ fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
     ));
     r.restore_saved(bytes).unwrap_err();
 }
+
+#[test]
+fn a_state_with_guest_memory_mapped_for_the_gpu_is_not_saved() {
+    assert!(crate::cuda::reserve_window());
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let p = build(&mut rig, &mut s);
+    let guest = HOST_WINDOW_BASE + 0x7400_0000;
+    let t = rig.buf(
+        &HostRun {
+            gpa: 0x30_0000,
+            len: 0x1000,
+        }
+        .encode(),
+    );
+    let r = s.execute(&req(Op::HostMap, 0, &[guest, 0x1000, 0], vec![t], vec![]));
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, guest));
+    // Pinned, registered and managed memory are guest RAM the worker maps: a saved state
+    // without them would lose them silently, so it is refused and the program goes on.
+    assert!(matches!(s.save(), Err(CheckpointError::Unsupported(_))));
+    check(&mut rig, &mut s, &p);
+    ok(run(&mut s, Op::HostUnmap, &[guest]));
+    s.save().unwrap();
+}
