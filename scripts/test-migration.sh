@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test-migration.sh: live migration of a VM that uses qcuda, from one QEMU and vhost-cuda to a
 # second QEMU (-incoming) with a daemon of its own, on this host, driven through QEMU's monitor
-# as an operator would (`migrate -d unix:PATH`, `info migrate`). Guests run under TCG with 1 GiB
+# as an operator would (`migrate_set_capability return-path on` on both sides, `-incoming defer`
+# and `migrate_incoming unix:PATH` on the destination, `migrate -d unix:PATH`, `info migrate`). Guests run under TCG with 1 GiB
 # of RAM. Two programs:
 #
 #   --program transport (default; no GPU needed): the guest keeps two sessions open and calls the
@@ -26,13 +27,15 @@
 # restore). Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
 #
 #   scripts/test-migration.sh [--program transport|checkpoint] [--window S] [--iterations N]
+#
+# --window: how long the transport program's guest waits to arrive at the destination.
 #       [--working-set-mib M] [--graph 0|1] [--managed 0|1] [--target-gpu N] [--mem SIZE]
 #       [--log-dir DIR]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=90 iterations=3000 working_mib=0 graph=0 managed=0 target_gpu="" mem=1G log_dir=""
+program=transport window=900 iterations=3000 working_mib=0 graph=0 managed=0 target_gpu="" mem=1G log_dir=""
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -141,6 +144,9 @@ wait_line() { # file, pattern, count, seconds, pid
 # "failed" (or the last status after $2 seconds), and keeps `info migrate` in the log.
 migrate() { # incoming socket, seconds
     local status="" n=0
+    # The return path: the destination reports whether it took the state, so that a refusal
+    # fails the migration and the source runs on (without it the source would call it done).
+    hmp "$log_dir/monitor-src.sock" "migrate_set_capability return-path on" >>"$log_dir/monitor.log"
     hmp "$log_dir/monitor-src.sock" "migrate -d unix:$1" >>"$log_dir/monitor.log"
     while ((n < $2 * 5)); do
         sleep 0.2
@@ -152,10 +158,20 @@ migrate() { # incoming socket, seconds
     cat "$log_dir/info-migrate.txt" >>"$log_dir/monitor.log"
     echo "${status:-unknown}"
 }
-wait_incoming() { # socket, pid
-    for _ in $(seq 600); do
-        [[ -S $1 ]] && return 0
-        kill -0 "$2" 2>/dev/null || return 1
+# A destination QEMU (started with -incoming defer) listens on unix socket $1 once its monitor
+# is up, with the return path on.
+listen_incoming() { # name, socket, pid
+    local mon=$log_dir/monitor-$1.sock
+    for _ in $(seq 1200); do
+        [[ -S $mon ]] && break
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    [[ -S $mon ]] || return 1
+    hmp "$mon" "migrate_set_capability return-path on" >>"$log_dir/monitor.log"
+    hmp "$mon" "migrate_incoming unix:$2" >>"$log_dir/monitor.log"
+    for _ in $(seq 100); do
+        [[ -S $2 ]] && return 0
         sleep 0.1
     done
     return 1
@@ -182,9 +198,9 @@ rc=0
 # by then): the migration fails, the VM and its sessions go on at the source.
 if [[ $program == transport ]]; then
     start_daemon refuse --max-sessions 1
-    start_vm refuse "$log_dir/refuse.sock" --qemu-arg -incoming --qemu-arg "unix:$log_dir/incoming-refuse.sock"
+    start_vm refuse "$log_dir/refuse.sock" --qemu-arg -incoming --qemu-arg defer
     refuse_vm=$started
-    wait_incoming "$log_dir/incoming-refuse.sock" "$refuse_vm" || { say "FAILED: the refusing destination never listened"; exit 1; }
+    listen_incoming refuse "$log_dir/incoming-refuse.sock" "$refuse_vm" || { say "FAILED: the refusing destination never listened"; exit 1; }
     status=$(migrate "$log_dir/incoming-refuse.sock" 300)
     saved=$(grep -c 'sessions saved at the last stop' "$log_dir/daemon-src.log" || true)
     if [[ $status != failed ]]; then
@@ -206,9 +222,9 @@ fi
 if [[ $program == transport ]]; then
     start_daemon gone
     gone_daemon=$started
-    start_vm gone "$log_dir/gone.sock" --qemu-arg -incoming --qemu-arg "unix:$log_dir/incoming-gone.sock"
+    start_vm gone "$log_dir/gone.sock" --qemu-arg -incoming --qemu-arg defer
     gone_vm=$started
-    wait_incoming "$log_dir/incoming-gone.sock" "$gone_vm" || { say "FAILED: the first destination never listened"; exit 1; }
+    listen_incoming gone "$log_dir/incoming-gone.sock" "$gone_vm" || { say "FAILED: the first destination never listened"; exit 1; }
     sleep 1
     (sleep 0.3; kill -KILL "$gone_daemon" 2>/dev/null) &
     status=$(migrate "$log_dir/incoming-gone.sock" 300)
@@ -230,10 +246,12 @@ if [[ $program == checkpoint ]]; then
     wait_line "$log_dir/guest-src.log" '^CHECKPOINT ready' 2 900 "$src_vm" || { say "FAILED: the second run never got ready"; exit 1; }
     sleep 1
 fi
+# The guest of the transport program knows it has arrived by this daemon's memory limit.
+[[ $program == transport ]] && dst_args+=(--max-gpu-memory 64G)
 start_daemon dst "${dst_args[@]}"
-start_vm dst "$log_dir/dst.sock" --qemu-arg -incoming --qemu-arg "unix:$log_dir/incoming-dst.sock"
+start_vm dst "$log_dir/dst.sock" --qemu-arg -incoming --qemu-arg defer
 dst_vm=$started
-wait_incoming "$log_dir/incoming-dst.sock" "$dst_vm" || { say "FAILED: the destination never listened"; exit 1; }
+listen_incoming dst "$log_dir/incoming-dst.sock" "$dst_vm" || { say "FAILED: the destination never listened"; exit 1; }
 status=$(migrate "$log_dir/incoming-dst.sock" 600)
 say "migration: $status"
 grep -Ei '^(total time|downtime|setup|transferred ram|throughput|precopy ram|downtime ram|Time \(ms\)|RAM info)' "$log_dir/info-migrate.txt" | sed 's/^/  /' || true

@@ -374,7 +374,7 @@ step "daemon restart: QEMU reconnects, nothing hangs, new programs work (no rebo
 # pass on the destination.
 migration() {
     local out
-    out=$(scripts/test-migration.sh --window 90 --log-dir "$LOGS/migration" 2>&1)
+    out=$(scripts/test-migration.sh --log-dir "$LOGS/migration" 2>&1)
     local rc=$?
     echo "$out"
     echo "$out" | grep -E '^\[test-migration\] (ok|migration:)|^  (Time|total time|downtime)' | sed 's/^\[test-migration\] /   /' >&3
