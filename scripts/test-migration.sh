@@ -215,6 +215,8 @@ if [[ $program == transport ]]; then
     else
         say "ok: the destination refused the state ($(sed -n 's/.*state transfer failed: //p' "$log_dir/daemon-refuse.log" | head -n 1)); the source VM runs on"
     fi
+    # A destination whose load failed stays up (paused, its incoming migration failed): end it.
+    hmp "$log_dir/monitor-refuse.sock" quit >/dev/null 2>&1 || true
     wait "$refuse_vm" 2>/dev/null || true
 fi
 
@@ -238,6 +240,7 @@ if [[ $program == transport ]]; then
     else
         say "ok: the migration to a destination whose daemon died failed, and the source VM runs on"
     fi
+    hmp "$log_dir/monitor-gone.sock" quit >/dev/null 2>&1 || true
     wait "$gone_vm" 2>/dev/null || true
 fi
 
@@ -268,7 +271,8 @@ if ((expect_fail)); then
     else
         say "ok: the state with a CUDA graph or managed memory was refused and the program goes on at the source"
     fi
-    kill -KILL "$dst_vm" 2>/dev/null || true
+    hmp "$log_dir/monitor-dst.sock" quit >/dev/null 2>&1 || true
+    wait "$dst_vm" 2>/dev/null || true
     finish_vm=$src_vm finish_log=$log_dir/guest-src.log
 else
     if [[ $status != completed ]]; then
