@@ -35,7 +35,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=900 iterations=3000 working_mib=0 graph=0 managed=0 target_gpu="" mem=1G log_dir=""
+program=transport window=900 iterations=10000 working_mib=0 graph=0 managed=0 target_gpu="" mem=1G log_dir=""
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -244,17 +244,18 @@ if [[ $program == transport ]]; then
     wait "$gone_vm" 2>/dev/null || true
 fi
 
-# 3. The real migration (in the checkpoint program: in the second run, mid-loop).
-if [[ $program == checkpoint ]]; then
-    wait_line "$log_dir/guest-src.log" '^CHECKPOINT ready' 2 900 "$src_vm" || { say "FAILED: the second run never got ready"; exit 1; }
-    sleep 1
-fi
+# 3. The real migration (in the checkpoint program: in the second run, mid-loop; the destination
+# is up and listening before that run starts its loop).
 # The guest of the transport program knows it has arrived by this daemon's memory limit.
 [[ $program == transport ]] && dst_args+=(--max-gpu-memory 64G)
 start_daemon dst "${dst_args[@]}"
 start_vm dst "$log_dir/dst.sock" --qemu-arg -incoming --qemu-arg defer
 dst_vm=$started
 listen_incoming dst "$log_dir/incoming-dst.sock" "$dst_vm" || { say "FAILED: the destination never listened"; exit 1; }
+if [[ $program == checkpoint ]]; then
+    wait_line "$log_dir/guest-src.log" '^CHECKPOINT ready' 2 900 "$src_vm" || { say "FAILED: the second run never got ready"; exit 1; }
+    sleep 1
+fi
 status=$(migrate "$log_dir/incoming-dst.sock" 600)
 say "migration: $status"
 grep -Ei '^(total time|downtime|setup|transferred ram|throughput|precopy ram|downtime ram|Time \(ms\)|RAM info)' "$log_dir/info-migrate.txt" | sed 's/^/  /' || true
@@ -301,9 +302,15 @@ if [[ $program == transport ]]; then
     say "ok: migrated with sessions open; the guest's transport works on the destination"
     exit 0
 fi
-mapfile -t sums < <(cat "$log_dir/guest-src.log" "$finish_log" | grep '^CHECKSUM' | awk '{print $2}' | sort -u)
-grep -hE '^(RUN|CHECKSUM|PASS|FAIL|EXIT)' "$log_dir/guest-src.log" "$finish_log" | sed 's/^/  /'
-n=$(cat "$log_dir/guest-src.log" "$finish_log" | grep -c '^CHECKSUM' || true)
+logs=("$log_dir/guest-src.log")
+[[ $finish_log == "$log_dir/guest-src.log" ]] || logs+=("$finish_log")
+mapfile -t sums < <(cat "${logs[@]}" | grep '^CHECKSUM' | awk '{print $2}' | sort -u)
+grep -hE '^(RUN|CHECKSUM|PASS|FAIL|EXIT)' "${logs[@]}" | sed 's/^/  /'
+n=$(cat "${logs[@]}" | grep -c '^CHECKSUM' || true)
+if ((expect_fail == 0)) && ! grep -q '^CHECKSUM' "$finish_log"; then
+    say "FAILED: the migrated run printed no checksum at the destination (it ended before the migration, or failed there; raise --iterations); logs in $log_dir"
+    exit 1
+fi
 if ((n != 2)) || ((${#sums[@]} != 1)); then
     say "FAILED: $n of 2 runs printed a checksum, ${#sums[@]} distinct (${sums[*]}); logs in $log_dir"
     exit 1
