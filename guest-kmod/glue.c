@@ -8,11 +8,16 @@
  * sg_mark_end, page_to_pfn). This file wraps exactly those, owns the `struct virtio_driver` and forwards
  * the driver callbacks to Rust (qcuda_rs_*, in driver.rs). Exported virtio functions that
  * are real symbols (virtqueue_add_sgs, virtqueue_get_buf, ...) are declared in Rust
- * (virtio.rs) and called from its safe types. Everything here can be replaced by a Rust virtio
- * abstraction once one exists upstream.
+ * (virtio.rs) and called from its safe types. Everything virtio here can be replaced by a
+ * Rust virtio abstraction once one exists upstream. At the end: the process lookup and
+ * credential check of CUDA's process checkpoint (process.rs), which need RCU and inlines.
  */
+#include <linux/capability.h>
+#include <linux/cred.h>
 #include <linux/mm.h>
 #include <linux/module.h>
+#include <linux/pid.h>
+#include <linux/sched/task.h>
 #include <linux/scatterlist.h>
 #include <linux/sched/signal.h>
 #include <linux/virtio.h>
@@ -46,6 +51,9 @@ unsigned long qcuda_glue_page_to_pfn(struct page *page);
 struct page *qcuda_glue_alloc_chunk(unsigned int order);
 void qcuda_glue_free_page(struct page *page);
 bool qcuda_glue_fatal_signal_pending(void);
+struct pid *qcuda_glue_current_process(void);
+int qcuda_glue_process_of(int vpid, struct pid **process, int *nr);
+void qcuda_glue_put_process(struct pid *process);
 
 /*
  * Used-buffer notification of the request queue: runs in interrupt context. The driver's
@@ -209,4 +217,51 @@ void qcuda_glue_free_page(struct page *page)
 bool qcuda_glue_fatal_signal_pending(void)
 {
 	return fatal_signal_pending(current);
+}
+
+/*
+ * Processes for CUDA's process checkpoint (process.rs): the thread group of the caller, and of
+ * a thread another process names, held by their struct pid.
+ */
+struct pid *qcuda_glue_current_process(void)
+{
+	return get_pid(task_tgid(current));
+}
+
+/*
+ * The thread group of thread vpid (the caller's pid namespace), referenced, with its id as the
+ * caller numbers it, if the caller may act on it: its effective user is the process's real or
+ * effective user, or it has CAP_SYS_PTRACE (root). -ESRCH: no such thread; -EPERM: not allowed.
+ */
+int qcuda_glue_process_of(int vpid, struct pid **process, int *nr)
+{
+	struct pid *pid = find_get_pid(vpid);
+	struct task_struct *task;
+	const struct cred *cred, *tcred;
+	bool same_user;
+
+	if (!pid)
+		return -ESRCH;
+	task = get_pid_task(pid, PIDTYPE_PID);
+	put_pid(pid);
+	if (!task)
+		return -ESRCH;
+	rcu_read_lock();
+	cred = current_cred();
+	tcred = __task_cred(task);
+	same_user = uid_eq(cred->euid, tcred->uid) || uid_eq(cred->euid, tcred->euid);
+	rcu_read_unlock();
+	if (!same_user && !capable(CAP_SYS_PTRACE)) {
+		put_task_struct(task);
+		return -EPERM;
+	}
+	*process = get_pid(task_tgid(task));
+	*nr = task_tgid_vnr(task);
+	put_task_struct(task);
+	return 0;
+}
+
+void qcuda_glue_put_process(struct pid *process)
+{
+	put_pid(process);
 }

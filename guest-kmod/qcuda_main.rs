@@ -12,7 +12,8 @@
 //! Files, along the data path: session.rs (/dev/qcuda, the ioctl), request.rs (one chain),
 //! user_buffer.rs (bounce or pin), host_memory.rs (pages the host maps), device.rs (queue,
 //! completion), driver.rs (probe, remove, the C callbacks), virtio.rs (safe types over the C
-//! virtio API) and glue.c (its macros and inlines). The wire format is qcuda-proto's wire.rs,
+//! virtio API), process.rs (which process opened each session, for CUDA's process checkpoint)
+//! and glue.c (the macros and inlines they need). The wire format is qcuda-proto's wire.rs,
 //! included verbatim. See docs/guest.md.
 
 use kernel::prelude::*;
@@ -20,6 +21,7 @@ use kernel::prelude::*;
 mod device;
 mod driver;
 mod host_memory;
+mod process;
 mod request;
 mod session;
 mod user_buffer;

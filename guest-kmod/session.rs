@@ -4,7 +4,9 @@
 //! The session id comes from a global counter when the file is opened and is stamped on every
 //! request of that file, so a process can neither choose nor forge it. The one ioctl,
 //! `IOCTL_CALL`, carries a request header and up to `MAX_BUFFERS` user buffers (qcuda-proto's
-//! `wire::ioctl`); the module knows nothing about the ops beyond refusing kernel-only ones.
+//! `wire::ioctl`); the module knows nothing about the ops beyond refusing kernel-only ones,
+//! except `ProcessCheckpoint`, which names another process: the module checks that the caller
+//! may act on it and stamps its session (process.rs).
 //! Closing the file (also when the process is killed) sends `SessionClose` and waits for it,
 //! so the host frees everything the session owned.
 //!
@@ -33,6 +35,7 @@ use kernel::{
 use crate::{
     device::{QcudaDevice, Wait},
     host_memory::{held_pages, HostRegion},
+    process::{ProcessRef, SessionOwners},
     request::Request,
     wire::{
         ioctl::{
@@ -78,20 +81,23 @@ const SPARE_REQUESTS: usize = 2;
 /// /dev/qcuda of one device: the misc device and the device state its files use.
 ///
 /// Teardown order is field drop order: `misc` first (deregistering /dev/qcuda waits for opens
-/// in progress, so no open can reach `device` afterwards), then `device`.
+/// in progress, so no open can reach `device` or `owners` afterwards), then `device`, `owners`.
 #[pin_data]
 pub(crate) struct DeviceNode {
     #[pin]
     misc: MiscDeviceRegistration<Session>,
     device: Arc<QcudaDevice>,
+    /// Which process opened each session (for CUDA's process checkpoint).
+    owners: Arc<SessionOwners>,
 }
 
 impl DeviceNode {
     /// Registers /dev/qcuda, whose files use `device`.
     pub(crate) fn register(device: Arc<QcudaDevice>) -> impl PinInit<Self, Error> {
         try_pin_init!(Self {
-            // Initialised before `misc` registers /dev/qcuda: open() reads it.
+            // Initialised before `misc` registers /dev/qcuda: open() reads them.
             device,
+            owners: SessionOwners::new()?,
             misc <- MiscDeviceRegistration::register(MiscDeviceOptions { name: c"qcuda" }),
         })
     }
@@ -117,6 +123,8 @@ fn ns_since(t: &Instant<Monotonic>) -> u64 {
 pub(crate) struct Session {
     id: u64,
     device: Arc<QcudaDevice>,
+    /// The device's sessions and their processes, this one's among them until release.
+    owners: Arc<SessionOwners>,
     /// Set once a request went out: only then does the host know the session.
     used: Atomic<bool>,
     /// Where this file's waited calls spent their time in the module, summed (fdinfo): the
@@ -145,20 +153,28 @@ impl MiscDevice for Session {
         // during this call and deregistration takes it, so the `DeviceNode` is alive, and its
         // `device` was initialised before the registration.
         let node = unsafe { &*kernel::container_of!(misc, DeviceNode, misc) };
-        KBox::try_pin_init(
+        let id = NEXT_SESSION.fetch_add(1, Relaxed);
+        node.owners.opened(id)?;
+        let session = KBox::try_pin_init(
             try_pin_init!(Session {
-                id: NEXT_SESSION.fetch_add(1, Relaxed),
+                id,
                 device: node.device.clone(),
+                owners: node.owners.clone(),
                 used: Atomic::new(false),
                 phases: [const { Atomic::new(0) }; 5],
                 regions <- new_mutex!(KVec::new(), "qcuda_regions"),
                 spares <- new_spinlock!([const { None }; SPARE_REQUESTS], "qcuda_spares"),
             }),
             GFP_KERNEL,
-        )
+        );
+        if session.is_err() {
+            node.owners.closed(id);
+        }
+        session
     }
 
     fn release(session: Pin<KBox<Self>>, _file: &File) {
+        session.owners.closed(session.id);
         let host_done = session.close();
         let regions = core::mem::take(&mut *session.regions.lock());
         for r in regions {
@@ -249,6 +265,12 @@ impl Session {
         let mut header: RequestHeader = call.header();
         header.session = self.id;
         header.pid = caller_pid();
+        if header.op == Op::ProcessCheckpoint as u32 {
+            if let Err(code) = self.name_process(&mut header) {
+                write_response(user, &ResponseHeader::with_status(code))?;
+                return Ok(0);
+            }
+        }
         let fire_and_forget = header.flags & FLAG_ASYNC != 0;
         if fire_and_forget && header.counts().1 > 0 {
             // Nobody would copy the outputs back.
@@ -305,6 +327,24 @@ impl Session {
         drop(req);
         write_response(user, &response)?;
         Ok(0)
+    }
+
+    /// `ProcessCheckpoint`: resolves the pid the caller names (args[1]) and stamps the target's
+    /// session (args[3]; 0, which no session has, if the process has none) and its pid as the
+    /// caller numbers it (args[4]). The CUDA status of a pid that names no process, or one the
+    /// caller may not act on, is the error (the request then does not go out).
+    fn name_process(&self, header: &mut RequestHeader) -> core::result::Result<(), u32> {
+        let vpid = i32::try_from(header.args[1]).map_err(|_| status::INVALID_VALUE)?;
+        let (process, nr) = ProcessRef::named(vpid).map_err(|e| {
+            if e == EPERM {
+                status::NOT_PERMITTED
+            } else {
+                status::INVALID_VALUE
+            }
+        })?;
+        header.args[3] = self.owners.session_of(&process).unwrap_or(0);
+        header.args[4] = u64::try_from(nr).unwrap_or(0);
+        Ok(())
     }
 
     /// An empty request: a kept one if there is one, else a new one.

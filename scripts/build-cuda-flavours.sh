@@ -6,6 +6,9 @@
 #   driver_api      tests/cuda/driver/driver_api.cpp: the driver API only (libcuda.so.1), its
 #                   kernels (driver_api.kernels.cu) compiled apart to a fatbin and to PTX and
 #                   embedded as arrays
+#   checkpoint_toggle
+#                   tests/cuda/driver/checkpoint_toggle.cpp: cuCheckpointProcess* on another
+#                   process (cuda-checkpoint's toggle, and the documented state machine)
 #   vector_add12    tests/cuda/driver/vector_add12.cpp: a CUDA 12 program, built against CUDA
 #                   12.9's runtime headers, run with NVIDIA's libcudart.so.12
 #   vector_add_static
@@ -69,6 +72,10 @@ c++ -O2 -std=c++17 -Wall -I"$root/include" -I"$work" -o "$work/driver_api" \
 readelf -d "$work/driver_api" | grep -q 'NEEDED.*\[libcuda\.so\.1\]'
 ! readelf -d "$work/driver_api" | grep -q 'NEEDED.*libcudart'
 
+echo "build-cuda-flavours: checkpoint_toggle" >&2
+c++ -O2 -std=c++17 -Wall -I"$root/include" -o "$work/checkpoint_toggle" \
+    "$src/driver/checkpoint_toggle.cpp" -L"$work" -lcuda
+
 echo "build-cuda-flavours: vector_add12 (CUDA 12 runtime)" >&2
 kernels vector_add12
 c++ -O2 -std=c++17 -Wall -I"$root12/include" -I"$root12/../cuda_nvcc/include" -I"$work" -o "$work/vector_add12" \
@@ -87,7 +94,7 @@ for n in graphs stream_capture conditional_nodes; do
     ! readelf -d "$work/${n}_static" | grep -q 'NEEDED.*libcud'
 done
 
-for p in driver_api vector_add12 vector_add_static graphs_static stream_capture_static conditional_nodes_static; do
+for p in driver_api checkpoint_toggle vector_add12 vector_add_static graphs_static stream_capture_static conditional_nodes_static; do
     mv -f "$work/$p" "$out/$p"
 done
 install -m 755 "$root/lib/libcudart.so.13" "$runtimes/13/libcudart.so.13"

@@ -20,9 +20,11 @@
 # archive keeps only the newest patch level, so the root takes what is current when it is made,
 # and versions.txt says what that was. The root is cached as ~/.cache/qcuda/trixie-root-<hash>,
 # keyed by the package list and the code that makes it (delete it to take newer packages); the
-# Rust build files that Debian's headers lack are prepared in it once per kernel release, as
-# DKMS does in a guest (docs/guest-install.md says why); the .deb files are kept in
-# ~/.cache/qcuda/trixie-debs for the next root and for scripts/build-disk-image.sh.
+# Rust build files that Debian's headers lack are prepared once per kernel release, as DKMS does
+# in a guest (docs/guest-install.md says why), into ~/.cache/qcuda/kbuild (bound at the root's
+# /var/cache/qcuda/kbuild), which scripts/check-guest-deb.sh and scripts/build-disk-image.sh
+# reuse; the .deb files are kept in ~/.cache/qcuda/trixie-debs for the next root and for
+# scripts/build-disk-image.sh.
 #
 #   scripts/build-stock-guest.sh            everything above
 #   scripts/build-stock-guest.sh --root     only print the build root's path (made if missing)
@@ -108,10 +110,11 @@ main() {
     mkdir -p "$r$src/guest-kmod" "$r$src/qcuda-proto/src"
     cp -a "$ROOT"/guest-kmod/. "$r$src/guest-kmod/"
     cp "$ROOT/qcuda-proto/src/wire.rs" "$r$src/qcuda-proto/src/"
-    local tm=$SECONDS
-    in_root "$r" sh -c "cd $src && guest-kmod/dkms-build.sh $rel /lib/modules/$rel/build" >&2 ||
+    local tm=$SECONDS kb
+    kb=$(kbuild_shared)
+    QCUDA_IN_ROOT_KBUILD=$kb in_root "$r" sh -c "cd $src && guest-kmod/dkms-build.sh $rel /lib/modules/$rel/build" >&2 ||
         die "qcuda.ko did not build against $rel"
-    log "qcuda.ko built in $((SECONDS - tm)) s (Rust build files prepared or cached)"
+    log "qcuda.ko built in $((SECONDS - tm)) s (Rust build files prepared or cached in $kb/$rel)"
     cp "$r$src/guest-kmod/qcuda.ko" "$OUT/qcuda.ko"
     rm -rf "$r$src"
 

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# bundle.sh: packs a relocatable release tarball, dist/qcuda-bundle.tar.gz, unpacking to qcuda/:
+# bundle.sh: packs a relocatable release tarball, dist/qcuda-bundle.tar.xz, unpacking to qcuda/
+# (`tar xf`; xz with a 64 MiB window, which stores the benchmark's incompressible 14 MiB helper
+# once though the guest payload has it too: 43 MiB with the stock kernel, where gzip took 51
+# without it):
 #
 #   run-vm.sh                 the same runner as scripts/run-vm.sh (it detects this layout)
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
@@ -11,10 +14,16 @@
 #   bench-scale.sh            many busy processes at once, natively and in 1 or 4 guests: the
 #                             aggregate launch rate and copy bandwidth, guest against native
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
+#   test-restart-gpu.sh       kills the daemon (SIGKILL) mid-loop under a guest program, with
+#                             fd-store.py playing systemd's store: the same result as uninterrupted
 #   test-migration.sh         live-migrates a VM running a CUDA program to a second QEMU and
 #                             daemon (--target-gpu 1: onto the other GPU); the checksums agree
 #   test-checkpoint.sh        the operator pauses and resumes a guest program mid-loop; its
 #                             checksum must equal an uninterrupted run's (pause/resume rates)
+#   test-cuda-checkpoint.sh   cuda-checkpoint --toggle (or cuCheckpointProcess* from our tool) on a
+#                             running program, natively and in the guest; checksums equal
+#   test-torch-pause.sh       PyTorch training in the guest paused and resumed by the operator
+#                             mid-run: the same loss curve step for step
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
 #   two-vm-test.sh            two VMs on the GPU at once: per-VM views, the kill check beside a
 #                             busy VM (run-gpu-tests.sh runs it too)
@@ -29,13 +38,11 @@
 #   qemu/bin, qemu/lib, qemu/share/qemu   patched QEMU, its non-glibc libraries, firmware
 #   guest/                    bzImage, base initramfs (with qcuda.ko), payload (guest-lib, tests),
 #                             installed.cpio.gz (the installed guest: run-vm.sh --payload it)
-#   guest/stock/              Debian's stock kernel (vmlinuz), its modules the guest needs with
-#                             qcuda.ko built against its headers (modules.cpio.gz), versions.txt:
-#                             run-vm.sh --kernel stock, run-gpu-tests.sh --kernel stock
-#                             (scripts/build-stock-guest.sh; left out when not built). Also packed
-#                             alone as dist/qcuda-stock.tar.gz (~15 MiB, unpacks to
-#                             qcuda/guest/stock/ beside the bundle), and left out of the bundle
-#                             when it would take it over 60 MiB (it says so)
+#   guest/stock/              Debian's stock kernel (vmlinuz, ~14 MiB), its modules the guest
+#                             needs with qcuda.ko built against its headers (modules.cpio.gz),
+#                             versions.txt: run-vm.sh --kernel stock, run-gpu-tests.sh and
+#                             run-torch-test.sh --kernel stock (scripts/build-stock-guest.sh;
+#                             left out, with a line saying so, when not built)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
 #   host-tools/               gpu_meminfo (device memory in use, for the kill and load checks)
 #   bench/                    the benchmark qcuda_bench and its start-up helpers, for the native
@@ -67,6 +74,11 @@ install -m 755 scripts/bench-scale.sh "$B/bench-scale.sh"
 install -m 755 scripts/bench-frontend.sh "$B/bench-frontend.sh"
 install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/test-checkpoint.sh "$B/test-checkpoint.sh"
+install -m 755 scripts/test-cuda-checkpoint.sh "$B/test-cuda-checkpoint.sh"
+install -m 755 scripts/test-torch-pause.sh "$B/test-torch-pause.sh"
+install -D -m 755 tests/guest/check-cuda-checkpoint "$B/tests/guest/check-cuda-checkpoint"
+install -m 755 scripts/test-restart-gpu.sh "$B/test-restart-gpu.sh"
+install -m 755 scripts/fd-store.py "$B/fd-store.py"
 install -m 755 scripts/test-migration.sh "$B/test-migration.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
 install -m 755 scripts/two-vm-test.sh "$B/two-vm-test.sh"
@@ -79,6 +91,7 @@ install -D -m 644 tests/torch/torch_check.py "$B/tests/torch/torch_check.py"
 install -D -m 644 tests/torch/ddp_check.py "$B/tests/torch/ddp_check.py"
 install -D -m 644 tests/torch/vmm_check.py "$B/tests/torch/vmm_check.py"
 install -D -m 644 tests/torch/cufft_xt_check.py "$B/tests/torch/cufft_xt_check.py"
+install -D -m 644 tests/torch/train_check.py "$B/tests/torch/train_check.py"
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
 install -m 755 target/release/vhost-cuda-frontend-bench "$B/bin/"
@@ -104,11 +117,9 @@ done
 cp -rL "$(readlink -f build/qemu/share/qemu)" "$B/qemu/share/qemu"
 cp build/guest/bzImage build/guest/initramfs.cpio.gz build/guest/payload.cpio.gz "$B/guest/"
 [[ -f build/guest/installed.cpio.gz ]] && cp build/guest/installed.cpio.gz "$B/guest/"
-stock=0
 if [[ -f build/stock/vmlinuz && -f build/stock/modules.cpio.gz ]]; then
-    stock=1
-    mkdir -p "$stage/stock/qcuda/guest/stock"
-    cp build/stock/vmlinuz build/stock/modules.cpio.gz build/stock/versions.txt "$stage/stock/qcuda/guest/stock/"
+    mkdir -p "$B/guest/stock"
+    cp build/stock/vmlinuz build/stock/modules.cpio.gz build/stock/versions.txt "$B/guest/stock/"
 else
     say "no build/stock (scripts/build-stock-guest.sh): the bundle has no stock kernel"
 fi
@@ -119,20 +130,10 @@ fi
 cp -r deploy "$B/deploy"
 git rev-parse --short HEAD >"$B/VERSION" 2>/dev/null || echo unknown >"$B/VERSION"
 mkdir -p dist
-tar -C "$stage" -czf dist/qcuda-bundle.tar.gz qcuda
-size=$(stat -c %s dist/qcuda-bundle.tar.gz)
-if ((stock)); then
-    tar -C "$stage/stock" -czf dist/qcuda-stock.tar.gz qcuda
-    ssize=$(stat -c %s dist/qcuda-stock.tar.gz)
-    if ((size + ssize < 60 * 1024 * 1024)); then
-        cp -r "$stage/stock/qcuda/guest/stock" "$B/guest/stock"
-        tar -C "$stage" -czf dist/qcuda-bundle.tar.gz qcuda
-        size=$(stat -c %s dist/qcuda-bundle.tar.gz)
-        say "the bundle carries the stock kernel (guest/stock)"
-    else
-        say "the stock kernel would take the bundle over 60 MiB: carry dist/qcuda-stock.tar.gz ($((ssize / 1024 / 1024)) MiB) too and unpack it where the bundle is"
-    fi
-fi
-say "dist/qcuda-bundle.tar.gz: $((size / 1024 / 1024)) MiB"
+rm -f dist/qcuda-bundle.tar.gz dist/qcuda-stock.tar.gz # the gzip bundles of earlier versions
+tar -C "$stage" --sort=name -cf - qcuda | xz -T1 -9 >dist/qcuda-bundle.tar.xz.tmp
+mv dist/qcuda-bundle.tar.xz.tmp dist/qcuda-bundle.tar.xz
+size=$(stat -c %s dist/qcuda-bundle.tar.xz)
+say "dist/qcuda-bundle.tar.xz: $((size / 1024 / 1024)) MiB"
 ((size < 60 * 1024 * 1024)) || { say "bundle is over 60 MiB"; exit 1; }
-echo "$ROOT/dist/qcuda-bundle.tar.gz"
+echo "$ROOT/dist/qcuda-bundle.tar.xz"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # check-guest-deb.sh: the qcuda-guest package's life cycle, with dpkg, in the trixie build root
-# (scripts/trixie-root.sh; the stock kernel's headers and source are in it,
-# scripts/build-stock-guest.sh has prepared its Rust build files), seen through an overlay so
-# that the root itself is not changed:
+# (scripts/trixie-root.sh; the stock kernel's headers and source are in it), seen through an
+# overlay so that the root itself is not changed; the Rust build files that
+# scripts/build-stock-guest.sh prepared into ~/.cache/qcuda/kbuild are copied (hard links) into
+# the overlay's /var/cache/qcuda/kbuild first, as a root where DKMS built before has them:
 #
 #   dpkg -i   the libraries in ld.so.cache, qcuda-smi on the PATH, modules-load.d, DKMS built
 #             qcuda.ko for the stock kernel into /lib/modules/<release>/updates/dkms with the
@@ -12,8 +13,9 @@
 #   dpkg -P   purge removes the prepared Rust build files
 #   kernel    (--with-second-kernel) a fresh install, then the headers of a second kernel flavour
 #             (linux-headers-<version>-cloud-amd64): DKMS's kernel hook builds qcuda.ko for it
-#             too; dpkg -r removes both (its Rust build files are prepared once and kept in
-#             ~/.cache/qcuda/kbuild-second-kernel: the first run takes minutes more)
+#             too; dpkg -r removes both (that flavour's Rust build files are prepared once and
+#             kept in ~/.cache/qcuda/kbuild, bound at /var/cache/qcuda/kbuild for this part:
+#             the first run takes minutes more)
 #
 # Needs the package (scripts/build-guest-deb.sh) and the root. Every command runs in a mount
 # namespace of its own with an overlayfs over the root (its upper layer in a temporary folder,
@@ -40,8 +42,17 @@ base=$(trixie_root)
 rel=$(stock_release "$base")
 work=$(mktemp -d "$QCUDA_CACHE/check-deb.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/upper/tmp" "$work/work" "$work/merged"
+mkdir -p "$work/upper/tmp" "$work/work" "$work/merged" "$work/upper/var/cache/qcuda/kbuild"
 cp "$deb" "$work/upper/tmp/"
+# The upper layer's /tmp is the root's /tmp: world-writable and sticky, as apt's unprivileged
+# signature check needs it.
+chmod 1777 "$work/upper/tmp"
+kb=$(kbuild_shared)
+if [[ -f $kb/$rel/.complete ]]; then
+    cp -al "$kb/$rel" "$work/upper/var/cache/qcuda/kbuild/"
+else
+    say "no prepared Rust build files for $rel in $kb (scripts/build-stock-guest.sh makes them): DKMS prepares them here (minutes)"
+fi
 debname=/tmp/$(basename "$deb")
 # R CMD...: CMD in the root as the package sees it (the overlay, mounted for this command only).
 R() {
@@ -69,9 +80,16 @@ module_ok() { # release
     R test -f "$f" || f=$d/qcuda.ko
     R test -f "$f" || { say "no qcuda.ko(.xz) in $d"; return 1; }
     ours=$(R modinfo -F vermagic "$f")
-    theirs=$(R modinfo -k "$1" -F vermagic overlay)
-    say "  $f: vermagic '$ours', the distribution's overlay.ko: '$theirs', signer '$(R modinfo -F signer "$f")'"
-    [[ $ours == "$theirs" ]] && R grep -q 'updates/dkms/qcuda.ko' "/lib/modules/$1/modules.dep"
+    if R test -d "/lib/modules/$1/kernel"; then
+        theirs=$(R modinfo -k "$1" -F vermagic overlay)
+        say "  $f: vermagic '$ours', the distribution's overlay.ko: '$theirs', signer '$(R modinfo -F signer "$f")'"
+        [[ $ours == "$theirs" ]] && R grep -q 'updates/dkms/qcuda.ko' "/lib/modules/$1/modules.dep"
+    else
+        # Only the kernel's headers are installed (no module of the distribution's to compare
+        # with, no modules.dep): the vermagic must name that kernel.
+        say "  $f: vermagic '$ours' (only the headers of $1 are installed), signer '$(R modinfo -F signer "$f")'"
+        [[ ${ours%% *} == "$1" ]]
+    fi
 }
 
 say "dpkg -i $(basename "$deb") (kernel $rel)"
@@ -108,19 +126,17 @@ R dpkg -P qcuda-guest >"$work/purge.log" 2>&1 || { cat "$work/purge.log"; say "F
 check "dpkg -P: the prepared Rust build files are removed" R test ! -e /var/cache/qcuda/kbuild
 if ((second)); then
     # A fresh install, then a second kernel flavour's headers. Its Rust build files are kept
-    # across runs in ~/.cache/qcuda/kbuild-second-kernel, mounted as the root's
-    # /var/cache/qcuda/kbuild (dkms-build.sh reprepares what no longer matches its inputs).
+    # across runs in ~/.cache/qcuda/kbuild, mounted as the root's /var/cache/qcuda/kbuild
+    # (dkms-build.sh reprepares what no longer matches its inputs).
     other=${rel%-amd64}-cloud-amd64
-    persist=$QCUDA_CACHE/kbuild-second-kernel
-    mkdir -p "$persist"
-    [[ -f $persist/$rel/.complete ]] || { rm -rf "${persist:?}/$rel"; cp -a "$base/var/cache/qcuda/kbuild/$rel" "$persist/"; }
-    export QCUDA_CHECK_KBUILD=$persist
+    export QCUDA_CHECK_KBUILD=$kb
     R dpkg -i "$debname" >"$work/install2.log" 2>&1 || { cat "$work/install2.log"; say "FAIL: dpkg -i"; exit 1; }
     say "a second kernel: linux-headers-$other (DKMS's header hook builds for it; the first time it prepares that flavour's Rust build files: minutes)"
-    R sh -c "DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-headers-$other" >"$work/kernel.log" 2>&1 ||
+    # A root fresh from mmdebstrap has no package lists (it cleans them): apt-get update first.
+    R sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-headers-$other" >"$work/kernel.log" 2>&1 ||
         { tail -n 40 "$work/kernel.log"; say "FAIL: apt-get install linux-headers-$other"; exit 1; }
     grep -iE 'dkms|qcuda|Signing|Installing' "$work/kernel.log" | sed 's/^/    | /'
-    check "a new kernel's headers: DKMS built qcuda.ko for $other (kernel hook, AUTOINSTALL)" module_ok "$other"
+    check "a new kernel's headers: DKMS built qcuda.ko for $other (its headers' hook, AUTOINSTALL)" module_ok "$other"
     R dpkg -r qcuda-guest >/dev/null 2>&1
     check "dpkg -r: the module is gone from both kernels" R sh -c "! ls /lib/modules/*/updates/dkms/qcuda.ko* 2>/dev/null | grep -q ."
     unset QCUDA_CHECK_KBUILD

@@ -12,6 +12,8 @@
 # --check NAME runs tests/torch/NAME.py instead of torch_check.py: ddp_check is two-process,
 # two-GPU DistributedDataParallel over NCCL (it prints "SKIP ddp_check: needs 2 GPUs" on one);
 # vmm_check is PyTorch's expandable segments (the driver's virtual memory management);
+# train_check is a small conv net (cuDNN, cuBLAS) printing its loss per step (test-torch-pause.sh
+# pauses it mid-run);
 # cufft_xt_check is a two-GPU cufftXt plan (peer copies), "SKIP ...: needs 2 GPUs" on one.
 # --env sets a variable for both runs (e.g. NCCL_DEBUG=INFO, QCUDA_DRIVER_TRACE=count).
 # --kernel stock boots the guest on Debian's stock kernel (run-vm.sh --kernel; QCUDA_KERNEL too).

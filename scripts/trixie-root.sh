@@ -10,6 +10,13 @@
 #   stock_release ROOT          the release of the stock kernel installed there
 #   trixie_root_versions ROOT REL   the versions that went in, one "what: version" a line
 #   trixie_mmdebstrap TARGET OPTIONS...   mmdebstrap with the trixie suites and the shared .deb cache
+#   kbuild_shared               prints the shared folder of prepared Rust build files (below)
+#
+# The Rust build files that guest-kmod/dkms-build.sh prepares for a kernel release (minutes of
+# make prepare) are kept once for every root and image: ~/.cache/qcuda/kbuild is what a root's
+# /var/cache/qcuda/kbuild holds (one folder per release, valid while its .complete stamp
+# matches the headers, source, rustc and bindgen it was made from), bind-mounted there
+# (in_root with QCUDA_IN_ROOT_KBUILD set) or copied in.
 
 QCUDA_DEBIAN_MIRROR=${QCUDA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 QCUDA_DEBIAN_SECURITY=${QCUDA_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
@@ -88,15 +95,27 @@ trixie_root() {
     echo "$dir"
 }
 
-in_root() { # root, command...
+in_root() { # root, command...   (QCUDA_IN_ROOT_KBUILD=DIR: DIR bound at /var/cache/qcuda/kbuild)
     local r=$1
     shift
     unshare --mount --propagation private -- sh -c '
-        r=$1; shift
+        r=$1 kb=$2; shift 2
         mount -t proc proc "$r/proc" && mount --rbind /sys "$r/sys" && mount --rbind /dev "$r/dev" &&
             mount -t tmpfs tmpfs "$r/run" || exit 125
+        if [ -n "$kb" ]; then
+            mkdir -p "$r/var/cache/qcuda/kbuild" && mount --bind "$kb" "$r/var/cache/qcuda/kbuild" || exit 125
+        fi
         exec chroot "$r" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8 "$@"' \
-        sh "$r" "$@"
+        sh "$r" "${QCUDA_IN_ROOT_KBUILD:-}" "$@"
+}
+
+kbuild_shared() {
+    local d=$QCUDA_CACHE/kbuild
+    # Caches from before this folder existed: the second kernel's (check-guest-deb.sh) held
+    # both flavours' prepared files (hard links: nothing is copied).
+    [[ -d $d || ! -d $QCUDA_CACHE/kbuild-second-kernel ]] || cp -al "$QCUDA_CACHE/kbuild-second-kernel" "$d"
+    mkdir -p "$d"
+    echo "$d"
 }
 
 stock_release() { # root: the newest kernel release with an image and headers

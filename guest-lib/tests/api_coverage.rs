@@ -358,12 +358,10 @@ fn render_driver(exports: &[&str], unsupported: &[String], tables: &[TableInfo])
          `cuda*Typedefs.h`, `guest-lib/gen/driver-exports.txt`: every form, `_v2`/`_ptds`/`_ptsz`\n\
          included) is exported by qcuda's `libcuda.so.1`: implemented in `guest-lib/src/driver/api/`,\n\
          or a stub of `guest-lib/src/driver/unsupported.rs` that answers `CUDA_ERROR_NOT_SUPPORTED`\n\
-         and says so once per process. Most stubs are whole areas qcuda does not remote: virtual\n\
-         memory management (the device reports it unsupported, so libraries such as NCCL and\n\
-         PyTorch use ordinary allocations), graphics interop, external resources, green contexts,\n\
-         multicast, checkpoints, and the rarer forms of arrays (sparse, planes, memory\n\
-         requirements) and graphs (external-semaphore and batch memory-operation nodes, kernel\n\
-         node attributes, user objects).\n\n",
+         and says so once per process. Most stubs are whole areas qcuda does not remote: graphics\n\
+         interop, external resources, green contexts, multicast, coredumps, and the rarer forms of\n\
+         arrays (sparse, planes, memory requirements) and graphs (external-semaphore and batch\n\
+         memory-operation nodes, kernel node attributes, user objects).\n\n",
     );
     out.push_str(&format!(
         "**{implemented} of {} symbols implemented; {} answer `CUDA_ERROR_NOT_SUPPORTED`.**\n\n",

@@ -18,7 +18,7 @@ fn refusals_are_cuda_errors_logged_once() {
         "proc-missing 0 1 1",
         "proc-old 0 2 1",
         "proc-newer 1",
-        "vmm 801 801",
+        "luid 801 801",
         "table-unknown 1 1",
         "table-ctx 0 744 801 801",
         "name CUDA_ERROR_NO_DEVICE",
@@ -30,7 +30,7 @@ fn refusals_are_cuda_errors_logged_once() {
         );
     }
     let once = |needle: &str| err.lines().filter(|l| l.contains(needle)).count();
-    assert_eq!(once("cuMemAddressReserve is not supported"), 1, "{err}");
+    assert_eq!(once("cuDeviceGetLuid is not supported"), 1, "{err}");
     assert_eq!(once("cuGetExportTable: no table 00112233"), 1, "{err}");
     assert_eq!(
         once("export table 21318c60 slot 20 is not supported"),

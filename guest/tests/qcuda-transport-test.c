@@ -2,7 +2,7 @@
 // qcuda-transport-test: exercises qcuda.ko's ioctl ABI inside the guest, against a live
 // vhost-cuda (it needs the Hello and Echo ops only).
 //
-//   qcuda-transport-test [all|basic|validate|echo|e2big|concurrency|signals|kill|unplug]
+//   qcuda-transport-test [all|basic|validate|echo|e2big|concurrency|signals|kill|host-memory|process|unplug]
 //
 // `unplug` calls until the device is removed (e.g. `echo virtio0 >
 // /sys/bus/virtio/drivers/qcuda/unbind` from a script) and expects ENODEV; see
@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -61,6 +62,14 @@ _Static_assert(sizeof(struct qcuda_host_map) == 40, "HOST_MAP_CALL_SIZE");
 #define OP_ECHO 0x0002
 #define OP_HOST_INFO 0x0003
 #define OP_SESSION_CLOSE 0x80000001u
+#define OP_PROCESS_CHECKPOINT 0x0280
+enum { P_GET_STATE, P_LOCK, P_CHECKPOINT, P_RESTORE, P_UNLOCK, P_RESTORE_THREAD };
+enum { S_RUNNING, S_LOCKED, S_CHECKPOINTED };
+#define INVALID_VALUE 1
+#define INITIALIZATION_ERROR 3
+#define NOT_READY 600
+#define ILLEGAL_STATE 401
+#define NOT_PERMITTED 800
 #define FLAG_ASYNC 1
 #define MAX_BUFFER_LEN (64ull << 20)
 #define WIRE_VERSION 1
@@ -719,6 +728,119 @@ static void test_unplug(void)
 	CHECK(close(fd) == 0, "close of a file of a removed device");
 }
 
+/* ProcessCheckpoint from `fd` about process `pid`: the call's status, the answer in *ret. */
+static uint32_t process_call(int fd, uint64_t action, int pid, uint64_t timeout_ms, uint64_t *ret)
+{
+	struct qcuda_call c;
+	memset(&c, 0, sizeof c);
+	c.op = OP_PROCESS_CHECKPOINT;
+	c.args[0] = action;
+	c.args[1] = (uint64_t)pid;
+	c.args[2] = timeout_ms;
+	c.args[3] = 12345; /* a session of the caller's choosing: the module overwrites it */
+	int rc = call(fd, &c);
+	if (rc != 0)
+		return 0xffffffffu;
+	if (ret)
+		*ret = c.rets[0];
+	return c.status;
+}
+
+/*
+ * CUDA's process checkpoint through the module (issue 31): a child with a session is named by
+ * pid; its calls wait while it is locked and go on after the unlock; states and errors as CUDA
+ * documents them; a process without a session, a missing pid and another user are refused.
+ */
+static void test_process(void)
+{
+	int to_child[2], from_child[2];
+	if (pipe(to_child) || pipe(from_child)) {
+		CHECK(0, "process: pipes");
+		return;
+	}
+	pid_t child = fork();
+	if (child == 0) {
+		/* Only the parent writes to_child: its close is the child's end. */
+		close(to_child[1]);
+		close(from_child[0]);
+		int fd = open_dev();
+		struct qcuda_call c;
+		char b;
+		/* One call makes the session known to the host; then a call per byte from the parent. */
+		hello_call(&c);
+		int rc = call(fd, &c);
+		b = rc == 0 ? 'r' : 'x';
+		if (write(from_child[1], &b, 1) != 1)
+			_exit(1);
+		while (read(to_child[0], &b, 1) == 1 && b == 'c') {
+			hello_call(&c);
+			rc = call(fd, &c);
+			b = rc == 0 && c.status == 0 ? 'd' : 'x';
+			if (write(from_child[1], &b, 1) != 1)
+				_exit(1);
+		}
+		_exit(0);
+	}
+	close(to_child[0]);
+	close(from_child[1]);
+	int fd = open_dev();
+	char b = 0;
+	uint64_t v = 99;
+	CHECK(read(from_child[0], &b, 1) == 1 && b == 'r', "process: the child made a call");
+	uint32_t st = process_call(fd, P_GET_STATE, child, 0, &v);
+	CHECK(st == 0 && v == S_RUNNING, "process: a running process is RUNNING (%u, %llu)", st,
+	      (unsigned long long)v);
+	CHECK(process_call(fd, P_UNLOCK, child, 0, NULL) == ILLEGAL_STATE, "process: unlock of a running process is refused");
+	CHECK(process_call(fd, P_LOCK, child, 1000, NULL) == 0, "process: lock");
+	CHECK(process_call(fd, P_LOCK, child, 0, NULL) == ILLEGAL_STATE, "process: a second lock is refused");
+	/* The locked child's next call waits. */
+	b = 'c';
+	CHECK(write(to_child[1], &b, 1) == 1, "process: the child calls while locked");
+	struct timeval tv = { 0, 400000 };
+	fd_set set;
+	FD_ZERO(&set);
+	FD_SET(from_child[0], &set);
+	CHECK(select(from_child[0] + 1, &set, NULL, NULL, &tv) == 0, "process: the locked child's call waits");
+	CHECK(process_call(fd, P_CHECKPOINT, child, 0, NULL) == 0, "process: checkpoint");
+	st = process_call(fd, P_GET_STATE, child, 0, &v);
+	CHECK(st == 0 && v == S_CHECKPOINTED, "process: CHECKPOINTED (%u, %llu)", st, (unsigned long long)v);
+	CHECK(process_call(fd, P_UNLOCK, child, 0, NULL) == ILLEGAL_STATE, "process: unlock of a checkpointed process is refused");
+	CHECK(process_call(fd, P_RESTORE, child, 0, NULL) == 0, "process: restore");
+	CHECK(process_call(fd, P_UNLOCK, child, 0, NULL) == 0, "process: unlock");
+	CHECK(read(from_child[0], &b, 1) == 1 && b == 'd', "process: the child's call went on after the unlock");
+	st = process_call(fd, P_RESTORE_THREAD, child, 0, &v);
+	CHECK(st == 0 && v == (uint64_t)child, "process: restore thread (%u, %llu)", st, (unsigned long long)v);
+	st = process_call(fd, P_GET_STATE, 1, 0, &v);
+	CHECK(st == INITIALIZATION_ERROR, "process: a process without a session -> INITIALIZATION_ERROR (%u)", st);
+	st = process_call(fd, P_GET_STATE, 0x3ffffff0, 0, &v);
+	CHECK(st == INVALID_VALUE, "process: no such pid -> INVALID_VALUE (%u)", st);
+	if (getuid() == 0) {
+		chmod(dev_path, 0666);
+		pid_t other = fork();
+		if (other == 0) {
+			if (setgid(65534) || setuid(65534))
+				_exit(3);
+			int ofd = open(dev_path, O_RDWR | O_CLOEXEC);
+			if (ofd < 0)
+				_exit(4);
+			_exit(process_call(ofd, P_LOCK, child, 0, NULL) == NOT_PERMITTED ? 0 : 5);
+		}
+		int status = 0;
+		waitpid(other, &status, 0);
+		CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process: another user may not lock it (%d)",
+		      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+		st = process_call(fd, P_GET_STATE, child, 0, &v);
+		CHECK(st == 0 && v == S_RUNNING, "process: still RUNNING");
+	}
+	close(to_child[1]);
+	int status = 0;
+	waitpid(child, &status, 0);
+	st = process_call(fd, P_LOCK, child, 0, NULL);
+	CHECK(st == INVALID_VALUE || st == INITIALIZATION_ERROR, "process: an ended process cannot be locked (%u)", st);
+	close(fd);
+	close(from_child[0]);
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = argc > 1 ? argv[1] : "all";
@@ -740,6 +862,8 @@ int main(int argc, char **argv)
 		test_kill();
 	if (all || !strcmp(what, "host-memory"))
 		test_host_memory();
+	if (all || !strcmp(what, "process"))
+		test_process();
 	if (!strcmp(what, "unplug")) /* not in "all": the caller must remove the device */
 		test_unplug();
 	if (!strcmp(what, "flood")) /* not in "all": the caller stalls the daemon meanwhile */

@@ -55,6 +55,29 @@ pub const MAX_BUFFER_LEN: u64 = 64 * 1024 * 1024;
 /// Chunk size guest-lib uses for large memcpys (several chunks are kept in flight).
 pub const COPY_CHUNK: u64 = 8 * 1024 * 1024;
 
+/// `ProcessCheckpoint` action: the target's `PROCESS_STATE_*` (`cuCheckpointProcessGetState`).
+pub const PROCESS_GET_STATE: u64 = 0;
+/// `ProcessCheckpoint` action: RUNNING -> LOCKED (`cuCheckpointProcessLock`): the target's
+/// further calls wait.
+pub const PROCESS_LOCK: u64 = 1;
+/// `ProcessCheckpoint` action: LOCKED -> CHECKPOINTED (`cuCheckpointProcessCheckpoint`): its
+/// device memory moves to host memory and the GPU memory is released.
+pub const PROCESS_CHECKPOINT: u64 = 2;
+/// `ProcessCheckpoint` action: CHECKPOINTED -> LOCKED (`cuCheckpointProcessRestore`).
+pub const PROCESS_RESTORE: u64 = 3;
+/// `ProcessCheckpoint` action: LOCKED -> RUNNING (`cuCheckpointProcessUnlock`).
+pub const PROCESS_UNLOCK: u64 = 4;
+/// `ProcessCheckpoint` action: the target's restore thread (`cuCheckpointProcessGetRestoreThreadId`).
+pub const PROCESS_GET_RESTORE_THREAD: u64 = 5;
+/// `CU_PROCESS_STATE_RUNNING`.
+pub const PROCESS_STATE_RUNNING: u64 = 0;
+/// `CU_PROCESS_STATE_LOCKED`.
+pub const PROCESS_STATE_LOCKED: u64 = 1;
+/// `CU_PROCESS_STATE_CHECKPOINTED`.
+pub const PROCESS_STATE_CHECKPOINTED: u64 = 2;
+/// `CU_PROCESS_STATE_FAILED`.
+pub const PROCESS_STATE_FAILED: u64 = 3;
+
 /// `MemCreate` flag: generic compression (`CU_MEM_ALLOCATION_COMP_GENERIC`).
 pub const VMM_FLAG_COMPRESSED: u64 = 1 << 0;
 /// `MemCreate` flag: `allocFlags.gpuDirectRDMACapable`.
@@ -201,6 +224,8 @@ pub mod status {
     pub const LAUNCH_FAILURE: u32 = 719;
     /// cudaErrorNotSupported
     pub const NOT_SUPPORTED: u32 = 801;
+    /// cudaErrorNotPermitted
+    pub const NOT_PERMITTED: u32 = 800;
     /// cudaErrorIllegalState
     pub const ILLEGAL_STATE: u32 = 401;
     /// cudaErrorStreamCaptureUnsupported
@@ -514,6 +539,18 @@ ops! {
     /// args[0] = an address mapped by the session. rets[0] = base, rets[1] = size of the
     /// mapping holding it (cuMemGetAddressRange).
     MemMappingRange = 0x024B, ins 0, outs 0;
+
+    /// CUDA's process checkpoint (`cuCheckpointProcess*`) of another guest process of this VM:
+    /// args[0] = a `PROCESS_*` action, args[1] = the target's pid as the caller names it,
+    /// args[2] = the lock's timeout in ms (0: none; `PROCESS_LOCK` only), args[3] = the target's
+    /// session, args[4] = the target's process id as the caller's pid namespace numbers it.
+    /// args[3] and args[4] are stamped by the kernel module, which looks the pid up, checks that
+    /// the caller may act on it (root, or the same user) and finds its session; a caller's own
+    /// values are overwritten. rets[0] = a `PROCESS_STATE_*` (`PROCESS_GET_STATE`) or the
+    /// restore thread's id (`PROCESS_GET_RESTORE_THREAD`). A process without a session is
+    /// answered `INITIALIZATION_ERROR`; an action in the wrong state `ILLEGAL_STATE`; a lock not
+    /// taken within its timeout `NOT_READY`.
+    ProcessCheckpoint = 0x0280, ins 0, outs 0;
 
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;

@@ -23,6 +23,7 @@ mod shared_slots;
 mod size;
 mod stress;
 mod vm_usage;
+mod worker_calls;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -93,6 +94,14 @@ enum Command {
         /// Calls of each kind.
         #[arg(long, default_value_t = 2000)]
         count: u32,
+    },
+    /// One process calling its worker on the host (MemGetInfo) back to back for SECONDS;
+    /// every answer must be the first one's, never sticky (a daemon restart meanwhile must
+    /// change nothing). Prints the calls and the longest wait for one.
+    WorkerCalls {
+        /// How long to call.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
     },
     /// Children in endless large echo calls, each killed with SIGKILL mid-call and reaped.
     Killtest {
@@ -200,6 +209,8 @@ fn main() -> ExitCode {
         Some(Command::Latency { count }) => {
             device::Device::open(&args.device).and_then(|dev| latency(&dev, *count))
         }
+        Some(Command::WorkerCalls { seconds }) => device::Device::open(&args.device)
+            .and_then(|dev| worker_calls::run(&dev, *seconds).map_err(|e| e.to_string())),
         Some(Command::Killtest {
             count,
             parallel,
@@ -254,6 +265,7 @@ fn main() -> ExitCode {
                 Some(Command::Killprog { .. }) => "killprog FAILED: ",
                 Some(Command::Hostile) => "hostile FAILED: ",
                 Some(Command::Latency { .. }) => "latency FAILED: ",
+                Some(Command::WorkerCalls { .. }) => "worker-calls FAILED: ",
             };
             eprintln!("qcuda-smi: {what}{e}");
             ExitCode::FAILURE

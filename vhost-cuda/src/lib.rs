@@ -20,16 +20,22 @@
 //! systemd's and stay. Beside them, `stats.rs` serves what each VM uses (`vhost-cuda --stats`)
 //! from the table of its current connection.
 //!
+//! Across a restart: under systemd the workers outlive the daemon, their channels kept in
+//! systemd's file-descriptor store (`fd_store.rs`), and the next daemon takes them over with
+//! the request ring's record of chains in flight (`ring_record.rs`).
+//!
 //! Outside the data path, `frontend/` plays a VM (QEMU's vhost-user side and qcuda.ko's request
 //! queue) from a host process, for the process tests and `vhost-cuda-frontend-bench`.
 
 pub mod chain;
 pub mod cuda;
 pub mod device_output;
+pub mod fd_store;
 pub mod frontend;
 pub mod guest_buffer;
 pub mod host_function_link;
 pub mod limits;
+pub mod ring_record;
 pub mod sandbox;
 pub mod session;
 pub mod shared_guest_ram;
@@ -211,9 +217,30 @@ impl Config {
     }
 }
 
+/// What a daemon gets from the one before it, through systemd's file-descriptor store
+/// (`fd_store.rs`), and whether it keeps its own workers there for the next one.
+#[derive(Debug, Default)]
+pub struct Handover {
+    /// systemd's notification socket (`NOTIFY_SOCKET`), told `READY=1`.
+    pub store: Option<Arc<fd_store::FdStore>>,
+    /// Whether workers are kept in its file-descriptor store for the next daemon
+    /// (`--keep-workers`).
+    pub keep_workers: bool,
+    /// What the previous daemon left: its workers and accounting files.
+    pub passed: fd_store::Passed,
+}
+
 /// Runs the daemon until SIGINT or SIGTERM: binds every socket, then serves one connection
 /// after another on each.
 pub fn start_backend(config: Config) -> Result<()> {
+    start_backend_with(config, Handover::default())
+}
+
+/// [`start_backend`], taking over the previous daemon's workers and keeping this one's for
+/// the next (`handover`). With a store, SIGINT and SIGTERM end the daemon at once and leave
+/// the sessions to the next daemon: `systemctl restart` then loses no guest program's state,
+/// and `systemctl stop` ends the workers when systemd closes the store.
+pub fn start_backend_with(config: Config, handover: Handover) -> Result<()> {
     // Before any thread exists, so that every thread inherits the mask.
     let signals = signals::block().map_err(Error::Signals)?;
     let host = CudaHost::with_gpu_filter(config.gpu)?;
@@ -266,7 +293,9 @@ pub fn start_backend(config: Config) -> Result<()> {
         config.hop_poll.as_micros(),
         if config.hop_mailbox { "on" } else { "off" }
     );
-    let server = Server::bind(&config, host.clone())?;
+    let keeping = handover.store.clone().filter(|_| handover.keep_workers);
+    let mut server = Server::bind(&config, host.clone())?;
+    server.take_handover(handover);
     let stop = server.stop_handle();
     // Only the files this process made are removed; systemd's stay with systemd.
     let mut own_files = if config.inherited_fds.is_some() {
@@ -278,9 +307,31 @@ pub fn start_backend(config: Config) -> Result<()> {
         stats::serve(path, host, server.stats())?;
         own_files.push(path.clone());
     }
-    signals
-        .spawn_handler(own_files, move || stop.stop())
-        .map_err(Error::Signals)?;
+    match keeping {
+        Some(store) => {
+            let files = own_files.clone();
+            signals
+                .spawn_handler(own_files, move || {
+                    // The sessions stay with their workers, in systemd's store, for the next
+                    // daemon; QEMU reconnects to it. Ending now is what a crash would do.
+                    info!("workers kept for the next daemon; exiting");
+                    for p in &files {
+                        let _ = std::fs::remove_file(p);
+                    }
+                    drop(store);
+                    #[expect(
+                        clippy::exit,
+                        reason = "the sessions must outlive this process untouched: no drop \
+                                  may close them"
+                    )]
+                    std::process::exit(0);
+                })
+                .map_err(Error::Signals)?;
+        }
+        None => signals
+            .spawn_handler(own_files, move || stop.stop())
+            .map_err(Error::Signals)?,
+    }
     // From here on no thread that handles guest data opens a file or executes a program;
     // workers are started by the spawner thread, which stays unfiltered. (The stats socket is
     // bound already; its thread only accepts, reads and writes, and the unlink below is
@@ -425,6 +476,10 @@ pub struct Server {
     workers: WorkerCommand,
     poll: Duration,
     stats: Arc<StatsRegistry>,
+    /// Where workers are kept for the next daemon, if they are.
+    keep: Option<worker::KeepWorkers>,
+    /// What the previous daemon left.
+    passed: fd_store::Passed,
 }
 
 impl std::fmt::Debug for Server {
@@ -474,7 +529,44 @@ impl Server {
             workers,
             poll: config.poll,
             stats,
+            keep: None,
+            passed: fd_store::Passed::default(),
         })
+    }
+
+    /// Takes over what the previous daemon left, and keeps this one's workers for the next
+    /// when `handover` has a store. Tells systemd the daemon is ready.
+    pub fn take_handover(&mut self, handover: Handover) {
+        self.passed = handover.passed;
+        if let Some(s) = &handover.store {
+            s.ready();
+        }
+        self.keep = handover
+            .store
+            .filter(|_| handover.keep_workers)
+            .map(|s| worker::KeepWorkers::new(s, 0));
+        if let Some(k) = &self.keep {
+            for name in std::mem::take(&mut self.passed.gone) {
+                k.store().remove(&name);
+            }
+        }
+        let sockets = self.sockets.len();
+        let (orphans, kept) = std::mem::take(&mut self.passed.workers)
+            .into_iter()
+            .partition(|w| w.vm >= sockets);
+        self.passed.workers = kept;
+        for w in orphans {
+            warn!(
+                "session {} of socket {} of the previous daemon: no such socket now; its \
+                 worker process {} is ended",
+                w.session, w.vm, w.pid
+            );
+            if let Some(k) = &self.keep {
+                k.store()
+                    .remove(&fd_store::worker_name(w.vm, w.session, w.pid, w.slot));
+            }
+            let _ = sandbox::ChildProcess::adopted(w.pid, w.pidfd).kill();
+        }
     }
 
     /// What each socket's VM uses, for the stats socket.
@@ -493,12 +585,25 @@ impl Server {
     /// not stop the others; the first failure is returned once all have ended.
     pub fn run(self) -> Result<()> {
         let mut threads = Vec::new();
+        let mut passed = self.passed;
         for (i, (listener, control)) in self.sockets.into_iter().enumerate() {
-            let (host, workers, poll) = (self.host.clone(), self.workers.clone(), self.poll);
+            let workers = self
+                .workers
+                .clone()
+                .with_keep(self.keep.as_ref().map(|k| k.for_vm(i)));
+            let (host, poll) = (self.host.clone(), self.poll);
             let stats = (self.stats.clone(), i);
+            let record = ring_record_for(i, passed.rings.remove(&i), self.keep.as_ref());
+            let inherited = Inherited {
+                workers: passed.take_workers(i),
+                quota_file: passed.quotas.remove(&i),
+                ring: record,
+            };
             let spawned = thread::Builder::new()
                 .name(format!("qcuda-vm{i}"))
-                .spawn(move || serve_socket(listener, control, host, workers, poll, stats));
+                .spawn(move || {
+                    serve_socket(listener, control, host, workers, poll, stats, inherited)
+                });
             match spawned {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -575,6 +680,73 @@ fn end_connection(daemon: VhostUserDaemon<Arc<VhostCudaBackend>>, backend: &Vhos
     backend.disconnect();
 }
 
+/// What one socket takes over from the previous daemon.
+struct Inherited {
+    workers: Vec<fd_store::StoredWorker>,
+    quota_file: Option<std::os::fd::OwnedFd>,
+    /// The ring's record, and whether it is the previous daemon's.
+    ring: (Option<Arc<ring_record::RingRecord>>, bool),
+}
+
+/// The record of socket `vm`'s request ring: the previous daemon's (`passed`: its chains in
+/// flight are taken again), or a new one kept in the store for the next daemon; none when
+/// workers are not kept. Returns it and whether it is the previous daemon's.
+fn ring_record_for(
+    vm: usize,
+    passed: Option<std::os::fd::OwnedFd>,
+    keep: Option<&worker::KeepWorkers>,
+) -> (Option<Arc<ring_record::RingRecord>>, bool) {
+    if let Some(fd) = passed {
+        match ring_record::RingRecord::open(fd) {
+            Ok(r) => return (Some(Arc::new(r)), true),
+            Err(e) => warn!("the previous daemon's ring record of socket {vm} is unusable: {e}"),
+        }
+    }
+    let Some(keep) = keep else {
+        return (None, false);
+    };
+    match ring_record::RingRecord::create() {
+        Ok(r) => {
+            let name = fd_store::ring_name(vm);
+            keep.store().remove(&name);
+            if let Err(e) = keep.store().store(&name, &[r.fd()]) {
+                warn!("ring record of socket {vm} not kept for a restart: {e}");
+            }
+            (Some(Arc::new(r)), false)
+        }
+        Err(e) => {
+            warn!("no ring record for socket {vm}: {e}");
+            (None, false)
+        }
+    }
+}
+
+/// How long sessions taken over from the previous daemon wait for their VM to reconnect.
+pub const RECONNECT_WAIT: Duration = Duration::from_secs(120);
+
+/// Ends the sessions taken over from the previous daemon if their VM does not reconnect within
+/// [`RECONNECT_WAIT`] (QEMU quit during the restart): nothing of them is left behind.
+fn watch_adopted(backend: &Arc<VhostCudaBackend>, label: &str) {
+    let backend = Arc::downgrade(backend);
+    let label = label.to_string();
+    let spawned = thread::Builder::new()
+        .name("qcuda-adopted".into())
+        .spawn(move || {
+            thread::sleep(RECONNECT_WAIT);
+            if let Some(b) = backend.upgrade().filter(|b| !b.was_connected()) {
+                warn!(
+                    vm = %label,
+                    "the VM did not reconnect within {RECONNECT_WAIT:?}: ending the sessions \
+                     taken over from the previous daemon"
+                );
+                b.sessions().close_all(vhu_cuda::CLOSE_WAIT);
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("cannot watch the sessions taken over: {e}");
+    }
+}
+
 fn serve_socket(
     mut listener: Listener,
     control: Arc<SocketControl>,
@@ -582,7 +754,13 @@ fn serve_socket(
     workers: WorkerCommand,
     poll: Duration,
     (stats, stats_index): (Arc<StatsRegistry>, usize),
+    inherited: Inherited,
 ) -> Result<()> {
+    let Inherited {
+        workers: mut adopted,
+        mut quota_file,
+        ring: (record, mut recover),
+    } = inherited;
     let label = control.path.display().to_string();
     let mut failures = 0u32;
     let result = loop {
@@ -591,9 +769,22 @@ fn serve_socket(
         }
         let mem = GuestMemoryAtomic::new(GuestRam::new());
         let backend = Arc::new(
-            VhostCudaBackend::new(host.clone(), workers.clone(), mem.clone(), &*label)
-                .with_poll(poll),
+            VhostCudaBackend::with_quota_file(
+                host.clone(),
+                workers.clone(),
+                mem.clone(),
+                &*label,
+                quota_file.take(),
+            )
+            .with_poll(poll)
+            .with_ring_record(record.clone(), std::mem::take(&mut recover)),
         );
+        // The previous daemon's sessions of this VM, for the frontend that reconnects.
+        if !adopted.is_empty() {
+            info!(vm = %label, "taking over {} session(s) of the previous daemon", adopted.len());
+            backend.sessions().adopt(std::mem::take(&mut adopted));
+            watch_adopted(&backend, &label);
+        }
         let mut daemon = match VhostUserDaemon::new("vhost-cuda".to_string(), backend.clone(), mem)
         {
             Ok(d) => d,
@@ -631,6 +822,7 @@ fn serve_socket(
             continue;
         }
         failures = 0;
+        backend.note_connected();
         if !control.connected(daemon.shutdown_handle()) {
             daemon.request_shutdown();
         }

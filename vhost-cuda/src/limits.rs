@@ -236,6 +236,41 @@ impl GpuMemoryQuota {
         })
     }
 
+    /// The accounting file a previous daemon made (kept across its restart in systemd's
+    /// file-descriptor store, `crate::fd_store`): its slots' words stay as its workers wrote
+    /// them, the limit word becomes `limit`. Slots are claimed with [`GpuMemoryQuota::claim`].
+    pub fn from_file(file: File, limit: u64) -> io::Result<Self> {
+        let map = QuotaMap::map(file)?;
+        map.word(0).store(limit, Ordering::Release);
+        Ok(Self {
+            taken: Arc::new(Mutex::new(vec![false; map.slots()])),
+            map: Arc::new(map),
+        })
+    }
+
+    /// The file's descriptor (to keep it for the next daemon).
+    pub fn fd(&self) -> RawFd {
+        self.map.file.as_raw_fd()
+    }
+
+    /// Slot `index` for a worker that already uses it (one taken over after a restart): its
+    /// words are left as they are. `None` if there is no such slot or it is taken.
+    pub fn claim(&self, index: usize) -> Option<SlotLease> {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        let t = taken.get_mut(index)?;
+        if *t {
+            return None;
+        }
+        *t = true;
+        Some(SlotLease {
+            claim: Arc::new(SlotClaim {
+                map: self.map.clone(),
+                taken: self.taken.clone(),
+                index,
+            }),
+        })
+    }
+
     /// The limit in bytes; `None`: none.
     pub fn limit(&self) -> Option<u64> {
         Some(self.map.limit()).filter(|&l| l != NO_LIMIT)

@@ -24,10 +24,10 @@ use vhost_cuda::{
     limits::Limits,
     sandbox::{SandboxMode, SeccompMode},
     session::MAX_SESSIONS,
-    socket_activation, spin_wait, start_backend,
+    socket_activation, spin_wait, start_backend_with,
     stats::{self, StatsFormat},
     worker::{self, WorkerConfig},
-    Config, Error, Result, MAX_SOCKETS,
+    Config, Error, Handover, Result, MAX_SOCKETS,
 };
 
 /// Longest socket path: sockaddr_un.sun_path holds 108 bytes including the NUL.
@@ -189,6 +189,20 @@ struct Args {
     #[arg(long, hide = true, value_name = "SLOT", requires = "session_worker")]
     gpu_memory_slot: Option<usize>,
 
+    /// Worker mode: the daemon keeps this worker for its successor (systemd's
+    /// file-descriptor store), so a closed host-function link means the daemon died.
+    #[arg(long, hide = true, requires = "session_worker")]
+    outlive_daemon: bool,
+
+    /// Under systemd (`NOTIFY_SOCKET`): start workers that outlive the daemon and keep their
+    /// channels in systemd's file-descriptor store (the unit needs `FileDescriptorStoreMax=`,
+    /// `NotifyAccess=main` and `KillMode=process`), so that a restarted or crashed daemon's
+    /// successor takes every session over and no guest program notices. `off`: workers die
+    /// with the daemon.
+    #[arg(long, value_name = "on|off", env = "VHOST_CUDA_KEEP_WORKERS", default_value = "on",
+          num_args = 0..=1, default_missing_value = "on", value_parser = parse_on_off)]
+    keep_workers: bool,
+
     /// The listening sockets systemd passed (`LISTEN_FDS`), taken from the environment.
     #[arg(skip)]
     inherited_fds: Option<Range<RawFd>>,
@@ -344,6 +358,7 @@ fn session_worker_main(args: Args) -> i32 {
         gpu: args.gpu,
         vm: args.vm,
         gpu_memory_slot: args.gpu_memory_slot,
+        outlive_daemon: args.outlive_daemon,
         // The daemon always passes its value.
         hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or(0)),
         sandbox: args.sandbox,
@@ -462,6 +477,16 @@ fn main() {
     // inherit the budget from it.
     let spin_budget = args.spin_budget.unwrap_or_else(default_spin_budget);
     std::env::set_var("VHOST_CUDA_SPIN_BUDGET", spin_budget.to_string());
+    let keep_workers = args.keep_workers;
+    // The previous daemon's workers first: what is left of LISTEN_FDS is the socket unit's.
+    let passed = vhost_cuda::fd_store::take_passed();
+    let store = match vhost_cuda::fd_store::FdStore::from_environment() {
+        Ok(s) => s.map(std::sync::Arc::new),
+        Err(e) => {
+            eprintln!("vhost-cuda: NOTIFY_SOCKET: {e}; workers end with the daemon");
+            None
+        }
+    };
     match socket_activation::take_from_environment() {
         Ok(fds) => args.inherited_fds = fds,
         Err(e) => {
@@ -478,7 +503,18 @@ fn main() {
     };
     init_logging(&config.log_filter);
     join_spin_budget(Some(spin_budget));
-    if let Err(e) = start_backend(config) {
+    if !passed.workers.is_empty() {
+        tracing::info!(
+            "{} worker(s) of the previous daemon in systemd's file-descriptor store",
+            passed.workers.len()
+        );
+    }
+    let handover = Handover {
+        store,
+        keep_workers,
+        passed,
+    };
+    if let Err(e) = start_backend_with(config, handover) {
         eprintln!("vhost-cuda: {e}");
         exit(1);
     }
@@ -496,6 +532,7 @@ mod tests {
             poll_us: 200,
             hop_poll_us: None,
             hop_mailbox: false,
+            keep_workers: true,
             spin_budget: None,
             log_level: Some("info".into()),
             session_worker: false,
@@ -506,6 +543,7 @@ mod tests {
             gpu_va_base: None,
             gpu_va_size: None,
             gpu_memory_slot: None,
+            outlive_daemon: false,
             inherited_fds: None,
             stats: false,
             pause: None,

@@ -84,6 +84,28 @@ pub fn region_table(mem: &GuestRam) -> (Vec<RegionSpec>, Vec<RawFd>, usize) {
 }
 
 /// Maps guest RAM from a region table and its descriptors (one per region, in order).
+/// Whether `mem` already maps exactly `regions` of `files` (the same guest-physical ranges, at
+/// the same offsets of the same files, by device and inode): a table sent again, as a daemon that
+/// took the worker over after a restart does, then needs no new mapping (and the registrations of
+/// the old one stay valid).
+pub fn maps_the_same(mem: &GuestRam, regions: &[RegionSpec], files: &[File]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |f: &File| f.metadata().ok().map(|m| (m.dev(), m.ino()));
+    regions.len() == files.len()
+        && mem.num_regions() == regions.len()
+        && regions.iter().zip(files).all(|(r, f)| {
+            mem.iter().any(|m| {
+                m.start_addr().0 == r.gpa
+                    && m.len() == r.size
+                    && m.file_offset().is_some_and(|fo| {
+                        fo.start() == r.file_offset
+                            && id(fo.file()).is_some()
+                            && id(fo.file()) == id(f)
+                    })
+            })
+        })
+}
+
 pub fn map_regions(regions: &[RegionSpec], files: Vec<File>) -> Result<GuestRam, MapError> {
     if regions.len() != files.len() {
         return Err(MapError::FdCount {
@@ -147,6 +169,36 @@ mod tests {
 
     fn dup(f: &File) -> File {
         f.try_clone().unwrap()
+    }
+
+    #[test]
+    fn a_table_sent_again_is_recognised_and_another_is_not() {
+        let file = memfd(0x30_0000);
+        let regions = [
+            RegionSpec {
+                gpa: 0,
+                size: 0x10_0000,
+                file_offset: 0,
+            },
+            RegionSpec {
+                gpa: 0x1_0000_0000,
+                size: 0x20_0000,
+                file_offset: 0x10_0000,
+            },
+        ];
+        let mem = map_regions(&regions, vec![dup(&file), dup(&file)]).unwrap();
+        // The same file through other descriptors (a new daemon's): the same table.
+        assert!(maps_the_same(&mem, &regions, &[dup(&file), dup(&file)]));
+        // Another file, another range, another offset, a region more or less: not.
+        let other = memfd(0x30_0000);
+        assert!(!maps_the_same(&mem, &regions, &[dup(&file), dup(&other)]));
+        let mut moved = regions;
+        moved[1].gpa += 0x1000;
+        assert!(!maps_the_same(&mem, &moved, &[dup(&file), dup(&file)]));
+        let mut shifted = regions;
+        shifted[0].file_offset = 0x1000;
+        assert!(!maps_the_same(&mem, &shifted, &[dup(&file), dup(&file)]));
+        assert!(!maps_the_same(&mem, &regions[..1], &[dup(&file)]));
     }
 
     #[test]

@@ -59,6 +59,7 @@ use crate::{
     chain,
     cuda::CudaHost,
     guest_buffer::GuestRam,
+    ring_record::{RingAddrs, RingRecord},
     session::{
         migration::{self, SavedGpu, SessionState},
         ChainCompleter, SessionTable,
@@ -127,6 +128,8 @@ pub struct VringCompleter {
     /// False once the ring was stopped (GET_VRING_BASE, reset, disconnect): after that the
     /// ring belongs to the frontend again and must not be written.
     live: Arc<RwLock<bool>>,
+    /// The record of chains in flight, for a restarted daemon (`ring_record.rs`).
+    record: Option<Arc<RingRecord>>,
 }
 
 impl std::fmt::Debug for VringCompleter {
@@ -144,9 +147,15 @@ impl ChainCompleter for VringCompleter {
             return;
         }
         let mut vring = self.vring.get_mut();
+        if let Some(r) = &self.record {
+            r.completing(head, vring.get_queue().next_used());
+        }
         if let Err(e) = vring.add_used(head, used_len) {
             warn!("cannot complete chain {head}: {e}");
             return;
+        }
+        if let Some(r) = &self.record {
+            r.completed(head, vring.get_queue().next_used());
         }
         // With EVENT_IDX the guest says when it wants an interrupt; without, it always does.
         if vring.needs_notification().unwrap_or(true) {
@@ -168,6 +177,13 @@ pub struct VhostCudaBackend {
     started: [AtomicBool; NUM_QUEUES],
     /// How long the request queue is polled after its last chain before waiting for a kick.
     poll: Duration,
+    /// Whether a frontend connected to this backend.
+    connected: AtomicBool,
+    /// The record of the request ring's chains in flight, kept for the next daemon.
+    record: Option<Arc<RingRecord>>,
+    /// Set until the request ring first starts when the record is the previous daemon's: the
+    /// chains it had in flight are taken again then.
+    recover: AtomicBool,
     /// Whether QEMU asked for dirty logging (`VHOST_F_LOG_ALL` acked: a migration runs).
     logging: AtomicBool,
     /// A migration's state transfer.
@@ -204,9 +220,21 @@ impl VhostCudaBackend {
         mem: GuestMemoryHandle,
         label: impl Into<String>,
     ) -> Self {
+        Self::with_quota_file(host, workers, mem, label, None)
+    }
+
+    /// Like [`VhostCudaBackend::new`], counting in the accounting file a previous daemon left
+    /// (`SessionTable::with_quota_file`).
+    pub fn with_quota_file(
+        host: Arc<CudaHost>,
+        workers: WorkerCommand,
+        mem: GuestMemoryHandle,
+        label: impl Into<String>,
+        quota_file: Option<std::os::fd::OwnedFd>,
+    ) -> Self {
         let label = label.into();
         Self {
-            sessions: SessionTable::new(host, workers, label.clone()),
+            sessions: SessionTable::with_quota_file(host, workers, label.clone(), quota_file),
             label,
             mem,
             live: Arc::new(RwLock::new(false)),
@@ -214,6 +242,9 @@ impl VhostCudaBackend {
             event_idx: AtomicBool::new(false),
             started: [const { AtomicBool::new(false) }; NUM_QUEUES],
             poll: Duration::ZERO,
+            connected: AtomicBool::new(false),
+            record: None,
+            recover: AtomicBool::new(false),
             logging: AtomicBool::new(false),
             migration: Mutex::new(Migration::default()),
         }
@@ -227,6 +258,25 @@ impl VhostCudaBackend {
     pub fn with_poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self
+    }
+
+    /// Keeps the record of the request ring's chains in flight in `record` (`ring_record.rs`);
+    /// `recover`: it is the previous daemon's, and its chains in flight are taken again when
+    /// the ring first starts.
+    pub fn with_ring_record(mut self, record: Option<Arc<RingRecord>>, recover: bool) -> Self {
+        self.record = record;
+        self.recover = AtomicBool::new(recover);
+        self
+    }
+
+    /// Records that a frontend connected.
+    pub fn note_connected(&self) {
+        self.connected.store(true, Ordering::Release);
+    }
+
+    /// Whether a frontend connected to this backend.
+    pub fn was_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
     }
 
     /// The sessions of this connection.
@@ -299,10 +349,15 @@ impl VhostCudaBackend {
         self.sessions.close_all(CLOSE_WAIT);
     }
 
-    /// Logs a queue's layout the first time it is serviced after (re)starting.
+    /// Logs a queue's layout the first time it is serviced after (re)starting; for the
+    /// request queue, starts the ring's record, or first takes again what the previous daemon
+    /// had in flight.
     fn note_started(&self, index: usize, vring: &Vring) {
         if self.started[index].swap(true, Ordering::AcqRel) {
             return;
+        }
+        if index == usize::from(REQUEST_QUEUE) {
+            self.start_record(vring);
         }
         let state = vring.get_ref();
         let q = state.get_queue();
@@ -317,6 +372,91 @@ impl VhostCudaBackend {
         );
     }
 
+    fn start_record(&self, vring: &Vring) {
+        let Some(record) = &self.record else { return };
+        let mem = self.mem.memory().into_inner();
+        let (addrs, next_avail, next_used, avail_idx) = {
+            let state = vring.get_ref();
+            let q = state.get_queue();
+            (
+                RingAddrs {
+                    desc: q.desc_table(),
+                    avail: q.avail_ring(),
+                    used: q.used_ring(),
+                },
+                q.next_avail(),
+                q.next_used(),
+                q.avail_idx(&*mem, std::sync::atomic::Ordering::Acquire)
+                    .ok(),
+            )
+        };
+        let recovery = if self.recover.swap(false, Ordering::AcqRel) {
+            match (vring.queue_used_idx().ok(), avail_idx) {
+                (Some(used), Some(avail)) => record.recovery(addrs, used, avail.0),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let Some(recovery) = recovery else {
+            record.start(addrs, next_avail, next_used);
+            return;
+        };
+        info!(
+            vm = %self.label,
+            "request ring of the previous daemon: {} chain(s) in flight taken again, going on at \
+             avail {} (the frontend said {next_avail})",
+            recovery.in_flight.len(),
+            recovery.next_avail
+        );
+        record.start(addrs, recovery.next_avail, next_used);
+        self.set_live(true);
+        let completer: Arc<dyn ChainCompleter> = Arc::new(VringCompleter {
+            vring: vring.clone(),
+            live: self.live.clone(),
+            record: self.record.clone(),
+        });
+        for (pos, head) in recovery.in_flight {
+            let chain = {
+                let mut state = vring.get_mut();
+                let q = state.get_queue_mut();
+                q.set_next_avail(pos);
+                q.pop_descriptor_chain(mem.clone())
+            };
+            match chain {
+                Some(chain) if chain.head_index() == head => {
+                    record.taken(head, pos);
+                    self.dispatch(&mem, chain, &completer);
+                }
+                _ => warn!(
+                    vm = %self.label,
+                    "chain {head} at avail {pos} of the previous daemon is not there any more"
+                ),
+            }
+        }
+        vring
+            .get_mut()
+            .get_queue_mut()
+            .set_next_avail(recovery.next_avail);
+    }
+
+    /// Parses a chain and hands it to its session (or answers it, if malformed).
+    fn dispatch(
+        &self,
+        mem: &Arc<GuestRam>,
+        chain: virtio_queue::DescriptorChain<Arc<GuestRam>>,
+        completer: &Arc<dyn ChainCompleter>,
+    ) {
+        let head = chain.head_index();
+        match chain::parse(mem, chain) {
+            Ok(parsed) => self.sessions.dispatch(head, parsed, completer.clone()),
+            Err(rejected) => {
+                debug!(vm = %self.label, "chain {head} rejected: {}", rejected.error);
+                completer.complete(head, rejected.answer());
+            }
+        }
+    }
+
     /// Drains the request queue: disable notifications, pop everything, re-enable, and go
     /// again if the guest added chains in between.
     fn process_requests(&self, vring: &Vring) {
@@ -327,6 +467,7 @@ impl VhostCudaBackend {
         let completer: Arc<dyn ChainCompleter> = Arc::new(VringCompleter {
             vring: vring.clone(),
             live: self.live.clone(),
+            record: self.record.clone(),
         });
         let mut last_chain = Instant::now();
         // Polling is spinning: it needs a slot of the host's spin budget (spin_wait.rs), kept
@@ -397,22 +538,22 @@ impl VhostCudaBackend {
         let mem = self.mem.memory().into_inner();
         let mut popped = 0;
         loop {
-            let chain = vring
-                .get_mut()
-                .get_queue_mut()
-                .pop_descriptor_chain(mem.clone());
+            let chain = {
+                let mut state = vring.get_mut();
+                let q = state.get_queue_mut();
+                let pos = q.next_avail();
+                let chain = q.pop_descriptor_chain(mem.clone());
+                if let (Some(r), Some(c)) = (&self.record, &chain) {
+                    r.taken(c.head_index(), pos);
+                    r.advanced(q.next_avail());
+                }
+                chain
+            };
             let Some(chain) = chain else {
                 return popped;
             };
             popped += 1;
-            let head = chain.head_index();
-            match chain::parse(&mem, chain) {
-                Ok(parsed) => self.sessions.dispatch(head, parsed, completer.clone()),
-                Err(rejected) => {
-                    debug!(vm = %self.label, "chain {head} rejected: {}", rejected.error);
-                    completer.complete(head, rejected.answer());
-                }
-            }
+            self.dispatch(&mem, chain, completer);
         }
     }
 }
@@ -460,6 +601,9 @@ impl VhostUserBackend for VhostCudaBackend {
 
     fn reset_device(&self) {
         info!(vm = %self.label, "device reset: closing all sessions");
+        if let Some(r) = &self.record {
+            r.stop();
+        }
         self.set_live(false);
         for s in &self.started {
             s.store(false, Ordering::Release);
@@ -510,6 +654,10 @@ impl VhostUserBackend for VhostCudaBackend {
             s.store(false, Ordering::Release);
         }
         if index == u32::from(REQUEST_QUEUE) {
+            if let Some(r) = &self.record {
+                // The frontend owns the ring again: a later daemon takes nothing from it.
+                r.stop();
+            }
             // The ring goes back to the frontend when we return: let requests under way finish
             // first, as the vhost-user spec asks.
             if !self.sessions.wait_idle(STOP_WAIT) {
@@ -822,6 +970,7 @@ mod tests {
         let completer = VringCompleter {
             vring: v.clone(),
             live: r.backend.live.clone(),
+            record: None,
         };
         completer.complete(0, 64);
         assert_eq!(used_idx(&ram, &q), 0);
@@ -864,6 +1013,93 @@ mod tests {
         assert_eq!(r.backend.sessions().open_count(), 3);
         r.backend.reset_device();
         assert_eq!(r.backend.sessions().open_count(), 0);
+    }
+
+    #[test]
+    fn a_restarted_daemon_takes_again_exactly_the_chains_in_flight() {
+        // Three Hello chains of three sessions at avail 0, 1, 2. The old daemon completed the
+        // first and the third (out of order) and died with the second in flight. QEMU then
+        // rolls the ring back to the used index (2): without the record the third chain would
+        // come again (a second completion of a head the guest has back) and the second never.
+        let old = rig();
+        let ram = old.mem.memory();
+        let q = MockSplitQueue::new(&*ram, QUEUE_SIZE);
+        let n = u16::try_from(virtio_bindings::bindings::virtio_ring::VRING_DESC_F_NEXT).unwrap();
+        let w = u16::try_from(VRING_DESC_F_WRITE).unwrap();
+        let mut descs = Vec::new();
+        for session in 0..3u16 {
+            let mut h = RequestHeader::new(Op::Hello);
+            h.session = u64::from(session) + 1;
+            h.args[0] = u64::from(VERSION);
+            let at = DATA + u64::from(session) * 0x1000;
+            ram.write_slice(&h.encode(), GuestAddress(at)).unwrap();
+            descs.push(RawDescriptor::from(Descriptor::new(
+                at,
+                224,
+                n,
+                2 * session + 1,
+            )));
+            descs.push(RawDescriptor::from(Descriptor::new(at + 0x800, 64, w, 0)));
+        }
+        q.add_desc_chains(&descs, 0).unwrap();
+        let setup = |v: &Vring| {
+            v.set_queue_size(QUEUE_SIZE);
+            v.set_queue_info(q.desc_table_addr().0, q.avail_addr().0, q.used_addr().0)
+                .unwrap();
+            v.set_queue_ready(true);
+            v.set_enabled(true);
+        };
+        setup(&old.vrings[0]);
+        let record = Arc::new(RingRecord::create().unwrap());
+        let addrs = RingAddrs {
+            desc: q.desc_table_addr().0,
+            avail: q.avail_addr().0,
+            used: q.used_addr().0,
+        };
+        // What the old daemon's drain and completions recorded.
+        record.start(addrs, 0, 0);
+        for (pos, head) in [(0u16, 0u16), (1, 2), (2, 4)] {
+            record.taken(head, pos);
+            record.advanced(pos + 1);
+        }
+        let completer = VringCompleter {
+            vring: old.vrings[0].clone(),
+            live: Arc::new(RwLock::new(true)),
+            record: Some(record.clone()),
+        };
+        completer.complete(0, 64);
+        completer.complete(4, 64);
+        assert_eq!(used_idx(&ram, &q), 2);
+
+        // The next daemon: the same ring, as QEMU hands it over (avail rolled back to 2).
+        let vrings: Vec<Vring> = (0..NUM_QUEUES)
+            .map(|_| Vring::new(old.mem.clone(), QUEUE_SIZE).unwrap())
+            .collect();
+        let backend = VhostCudaBackend::new(
+            CudaHost::probe(),
+            WorkerCommand::this_binary(None, "info"),
+            old.mem.clone(),
+            "test",
+        )
+        .with_ring_record(Some(record.clone()), true);
+        let v = &vrings[0];
+        setup(v);
+        v.set_queue_next_avail(2);
+        v.set_queue_next_used(2);
+        backend
+            .handle_event(REQUEST_QUEUE, EventSet::IN, &vrings, 0)
+            .unwrap();
+        assert!(backend.sessions().wait_idle(Duration::from_secs(10)));
+        assert_eq!(used_idx(&ram, &q), 3);
+        let used: Vec<u32> = (0..3).map(|i| used_entry(&ram, &q, i).0).collect();
+        assert_eq!(used, vec![0, 4, 2]);
+        // It goes on at avail 3, and the record says nothing is in flight.
+        assert_eq!(v.get_ref().get_queue().next_avail(), 3);
+        assert_eq!(
+            record.recovery(addrs, 3, 3).unwrap().in_flight,
+            Vec::<(u16, u16)>::new()
+        );
+        backend.disconnect();
     }
 
     #[test]

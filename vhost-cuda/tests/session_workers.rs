@@ -26,8 +26,9 @@ use common::{
     scratch_dir,
 };
 use qcuda_proto::{
-    status, Checksum, Direction, Op, RequestHeader, ResponseHeader, REQUEST_HEADER_SIZE,
-    RESP_FLAG_STICKY,
+    status, Checksum, Direction, Op, RequestHeader, ResponseHeader, PROCESS_CHECKPOINT,
+    PROCESS_GET_STATE, PROCESS_LOCK, PROCESS_RESTORE, PROCESS_STATE_CHECKPOINTED,
+    PROCESS_STATE_RUNNING, PROCESS_UNLOCK, REQUEST_HEADER_SIZE, RESP_FLAG_STICKY,
 };
 use vhost_cuda::{
     guest_buffer::{GuestBuffer, Request},
@@ -394,6 +395,48 @@ fn the_operators_pause_and_resume_reach_the_workers_state_between_requests() {
         &[(HIGH + 0x20_0000, data.len())],
     );
     assert_eq!(w.execute(&echo).unwrap().status, status::SUCCESS);
+}
+
+#[test]
+fn cuda_process_checkpoint_pauses_and_resumes_the_target_s_worker() {
+    let mut rig = Rig::new(worker_binary("warn"), "workers-ckpt");
+    // Session 31 uses the GPU (its worker starts); session 32 is cuda-checkpoint.
+    let r = rig.op(31, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    let pid = rig.table.worker_pid(31).expect("a worker process");
+    let act = |rig: &mut Rig, action: u64| {
+        rig.op(32, Op::ProcessCheckpoint, &[action, 4242, 0, 31, 4242])
+    };
+    assert_eq!(act(&mut rig, PROCESS_LOCK).status, status::SUCCESS);
+    // No GPU here: nothing to move, but the worker pauses and resumes for real.
+    let r = act(&mut rig, PROCESS_CHECKPOINT);
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 0), "{r:?}");
+    assert_eq!(
+        act(&mut rig, PROCESS_GET_STATE).rets[0],
+        PROCESS_STATE_CHECKPOINTED
+    );
+    assert_eq!(act(&mut rig, PROCESS_RESTORE).status, status::SUCCESS);
+    assert_eq!(act(&mut rig, PROCESS_UNLOCK).status, status::SUCCESS);
+    assert_eq!(
+        act(&mut rig, PROCESS_GET_STATE).rets[0],
+        PROCESS_STATE_RUNNING
+    );
+    // The same worker serves the session on.
+    let r = rig.op(31, Op::MemGetInfo, &[]);
+    expect_gpu_op(&rig, r);
+    assert_eq!(rig.table.worker_pid(31), Some(pid));
+    // A second round, as cuda-checkpoint --toggle twice more.
+    assert_eq!(act(&mut rig, PROCESS_LOCK).status, status::SUCCESS);
+    assert_eq!(act(&mut rig, PROCESS_CHECKPOINT).status, status::SUCCESS);
+    assert_eq!(act(&mut rig, PROCESS_RESTORE).status, status::SUCCESS);
+    assert_eq!(act(&mut rig, PROCESS_UNLOCK).status, status::SUCCESS);
+    assert_eq!(rig.op(31, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert!(!is_our_child(pid), "worker {pid} not reaped");
+    assert_eq!(
+        act(&mut rig, PROCESS_GET_STATE).status,
+        status::INITIALIZATION_ERROR
+    );
+    assert_eq!(rig.op(32, Op::SessionClose, &[]).status, status::SUCCESS);
 }
 
 #[test]

@@ -28,6 +28,69 @@ fn image() -> Vec<u64> {
 }
 
 #[test]
+fn attribute_and_occupancy_calls_load_a_function_before_its_first_launch() {
+    let fake = setup();
+    fake.add_kernel("k1", &[(0, 8)]);
+    fake.add_kernel("k2", &[(0, 8)]);
+    fake.add_kernel("k3", &[(0, 8)]);
+    let img = image();
+    let attr_calls = |fake: &FakeDevice| {
+        fake.state()
+            .log
+            .iter()
+            .filter(|l| l.op == Op::FuncAttributes)
+            .count()
+    };
+    let is_loaded = |f: d::CUfunction| {
+        let mut st = 99;
+        // SAFETY: a valid out-parameter.
+        cu(unsafe { cuFuncIsLoaded(&raw mut st, f) });
+        st == d::CU_FUNCTION_LOADING_STATE_LOADED
+    };
+    // SAFETY: valid out-parameters and the fake image throughout.
+    unsafe {
+        cu(cuInit(0));
+        let mut primary: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut primary, 0));
+        cu(cuCtxSetCurrent(primary));
+        let mut m: d::CUmodule = std::ptr::null_mut();
+        cu(cuModuleLoadData(&raw mut m, img.as_ptr().cast()));
+        let [mut f1, mut f2, mut f3]: [d::CUfunction; 3] = [std::ptr::null_mut(); 3];
+        cu(cuModuleGetFunction(&raw mut f1, m, c"k1".as_ptr()));
+        cu(cuModuleGetFunction(&raw mut f2, m, c"k2".as_ptr()));
+        cu(cuModuleGetFunction(&raw mut f3, m, c"k3".as_ptr()));
+        // As under the driver's lazy loading: not loaded until something loads it.
+        assert!(!is_loaded(f1) && !is_loaded(f2) && !is_loaded(f3));
+
+        // An attribute query is the moment the host loads it (vhost-cuda: cuFuncLoad first).
+        let mut v = 0;
+        cu(cuFuncGetAttribute(
+            &raw mut v,
+            d::CU_FUNC_ATTRIBUTE_NUM_REGS,
+            f1,
+        ));
+        assert!(is_loaded(f1));
+        let mut blocks = 0;
+        cu(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            &raw mut blocks,
+            f2,
+            128,
+            0,
+        ));
+        assert!(is_loaded(f2));
+
+        // cuFuncLoad (what NVIDIA's runtime calls when cuFuncIsLoaded says UNLOADED) reaches
+        // the host, once.
+        let before = attr_calls(&fake);
+        cu(cuFuncLoad(f3));
+        assert_eq!(attr_calls(&fake), before + 1);
+        assert!(is_loaded(f3));
+        cu(cuFuncLoad(f3));
+        assert_eq!(attr_calls(&fake), before + 1);
+    }
+}
+
+#[test]
 fn contexts_memory_memsets_and_2d_copies() {
     let _fake = setup();
     // SAFETY: valid out-parameters and buffers throughout.

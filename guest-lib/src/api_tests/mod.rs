@@ -22,6 +22,7 @@ use crate::{
 };
 
 mod arrays;
+mod checkpoint;
 mod devices;
 mod driver;
 mod driver_graphs;

@@ -283,3 +283,107 @@ fn a_device_reset_forgets_the_device_s_pools() {
     }
     assert!(fake.state().pools.values().all(|(_, default)| *default));
 }
+
+#[test]
+fn the_driver_face_s_pools_are_the_core_s_as_the_runtime_s_are() {
+    use crate::{
+        driver::{
+            api::{context::*, device::*, init::cuInit, memory::*},
+            status::DriverError,
+        },
+        generated::driver_api as d,
+    };
+    let fake = setup();
+    let drv = |r: d::CUresult| DriverError::check(r);
+    // SAFETY: valid out-parameters and structures throughout.
+    unsafe {
+        assert_eq!(drv(cuInit(0)), Ok(()));
+        let mut primary: d::CUcontext = ptr::null_mut();
+        assert_eq!(drv(cuDevicePrimaryCtxRetain(&raw mut primary, 0)), Ok(()));
+        assert_eq!(drv(cuCtxSetCurrent(primary)), Ok(()));
+        // One default pool, whichever face asks.
+        let mut dp: d::CUmemoryPool = ptr::null_mut();
+        assert_eq!(drv(cuDeviceGetDefaultMemPool(&raw mut dp, 0)), Ok(()));
+        let mut rp: cudaMemPool_t = ptr::null_mut();
+        ok(cudaDeviceGetDefaultMemPool(&raw mut rp, 0));
+        assert_eq!(dp.cast::<core::ffi::c_void>(), rp.cast());
+        assert_eq!(
+            drv(cuDeviceGetDefaultMemPool(ptr::null_mut(), 0)),
+            Err(DriverError::INVALID_VALUE)
+        );
+        assert_eq!(
+            drv(cuDeviceGetMemPool(&raw mut dp, 7)),
+            Err(DriverError::INVALID_DEVICE)
+        );
+
+        // A created pool: the core's checks of the props, allocations from it, its attributes.
+        let mut props: d::CUmemPoolProps = std::mem::zeroed();
+        props.allocType = d::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type_ = d::CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = 0;
+        props.handleTypes = d::CU_MEM_HANDLE_TYPE_WIN32;
+        let mut pool: d::CUmemoryPool = ptr::null_mut();
+        assert_eq!(
+            drv(cuMemPoolCreate(&raw mut pool, &raw const props)),
+            Err(DriverError::NOT_SUPPORTED)
+        );
+        props.handleTypes = d::CU_MEM_HANDLE_TYPE_NONE;
+        props.location.type_ = d::CU_MEM_LOCATION_TYPE_HOST;
+        assert_eq!(
+            drv(cuMemPoolCreate(&raw mut pool, &raw const props)),
+            Err(DriverError::NOT_SUPPORTED)
+        );
+        props.location.type_ = d::CU_MEM_LOCATION_TYPE_DEVICE;
+        assert_eq!(
+            drv(cuMemPoolCreate(&raw mut pool, &raw const props)),
+            Ok(())
+        );
+        let mut threshold: u64 = 1 << 20;
+        assert_eq!(
+            drv(cuMemPoolSetAttribute(
+                pool,
+                d::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&raw mut threshold).cast()
+            )),
+            Ok(())
+        );
+        let sets = fake
+            .state()
+            .log
+            .iter()
+            .filter(|l| l.op == Op::MemPoolSetAttribute)
+            .count();
+        assert_eq!(sets, 1);
+        let mut p: d::CUdeviceptr = 0;
+        assert_eq!(
+            drv(cuMemAllocFromPoolAsync(
+                &raw mut p,
+                256,
+                pool,
+                ptr::null_mut()
+            )),
+            Ok(())
+        );
+        assert_ne!(p, 0);
+        assert_eq!(drv(cuMemFreeAsync(p, ptr::null_mut())), Ok(()));
+        assert_eq!(
+            drv(cuMemAllocFromPoolAsync(
+                &raw mut p,
+                256,
+                ptr::null_mut(),
+                ptr::null_mut()
+            )),
+            Err(DriverError::INVALID_VALUE)
+        );
+        let mut loc: d::CUmemLocation = std::mem::zeroed();
+        loc.type_ = d::CU_MEM_LOCATION_TYPE_DEVICE;
+        let mut flags: d::CUmemAccess_flags = 99;
+        assert_eq!(
+            drv(cuMemPoolGetAccess(&raw mut flags, pool, &raw mut loc)),
+            Ok(())
+        );
+        assert_eq!(drv(cuMemPoolTrimTo(pool, 0)), Ok(()));
+        assert_eq!(drv(cuMemPoolDestroy(pool)), Ok(()));
+        assert_eq!(drv(cuMemPoolDestroy(pool)), Err(DriverError::INVALID_VALUE));
+    }
+}

@@ -54,6 +54,14 @@ pub struct Logged {
 /// The simulated host.
 #[derive(Debug, Default)]
 pub struct FakeState {
+    /// Other guest processes under CUDA's process checkpoint, as the kernel module and the
+    /// host together answer for them (`Op::ProcessCheckpoint`): pid -> `PROCESS_STATE_*`. A
+    /// pid not listed has no CUDA session.
+    pub processes: HashMap<i32, u64>,
+    /// Pids whose lock never gets taken in time (a long call under way there).
+    pub busy_processes: Vec<i32>,
+    /// The arguments of the last `ProcessCheckpoint`.
+    pub last_process_call: Option<[u64; 3]>,
     pub devices: u32,
     pub driver_version: i32,
     /// Attribute values; ids below 150 not listed read as `id * 10`, except `unknown` ones.
@@ -964,9 +972,36 @@ fn run(
             };
             rets[0] = u64::from((b - a).to_bits());
         }
+        Op::ProcessCheckpoint => process_checkpoint(s, args, rets)?,
         Op::Echo | Op::HostInfo | Op::SessionClose | Op::DriverReset => {
             return Err(status::NOT_SUPPORTED)
         }
+    }
+    Ok(())
+}
+
+/// CUDA's process checkpoint of another process, as qcuda.ko and vhost-cuda answer it.
+fn process_checkpoint(s: &mut FakeState, args: &[u64; 8], rets: &mut [u64; 7]) -> Result<(), u32> {
+    use qcuda_proto::{
+        PROCESS_CHECKPOINT as CKPT, PROCESS_GET_RESTORE_THREAD, PROCESS_GET_STATE,
+        PROCESS_LOCK as LOCK, PROCESS_RESTORE as RESTORE, PROCESS_STATE_CHECKPOINTED as C,
+        PROCESS_STATE_LOCKED as L, PROCESS_STATE_RUNNING as R, PROCESS_UNLOCK as UNLOCK,
+    };
+    s.last_process_call = Some([args[0], args[1], args[2]]);
+    let pid = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
+    let state = s
+        .processes
+        .get_mut(&pid)
+        .ok_or(status::INITIALIZATION_ERROR)?;
+    match (args[0], *state) {
+        (PROCESS_GET_STATE, st) => rets[0] = st,
+        (PROCESS_GET_RESTORE_THREAD, _) => rets[0] = args[1],
+        (LOCK, R) if s.busy_processes.contains(&pid) => return Err(status::NOT_READY),
+        (LOCK, R) | (RESTORE, C) => *state = L,
+        (CKPT, L) => *state = C,
+        (UNLOCK, L) => *state = R,
+        (LOCK | CKPT | RESTORE | UNLOCK, _) => return Err(status::ILLEGAL_STATE),
+        _ => return Err(status::INVALID_VALUE),
     }
     Ok(())
 }

@@ -32,6 +32,7 @@ pub mod memory;
 pub mod modules;
 pub mod params;
 pub mod pools;
+pub mod process_checkpoint;
 pub mod registry;
 pub mod runtime;
 pub mod schedule;

@@ -436,7 +436,9 @@ pub fn needs_context(op: Op) -> bool {
         | Op::DeviceReset
         | Op::HostFuncWait
         | Op::HostLatency
-        | Op::VmUsage => false,
+        | Op::VmUsage
+        // About another process, whose session is its own.
+        | Op::ProcessCheckpoint => false,
         Op::DeviceSynchronize
         | Op::MemGetInfo
         | Op::DeviceGetLimit
@@ -562,7 +564,9 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemMap
         | Op::MemUnmap
         | Op::MemSetAccess
-        | Op::MemRetainHandle => false,
+        | Op::MemRetainHandle
+        // A lock repeated finds the process locked already (ILLEGAL_STATE).
+        | Op::ProcessCheckpoint => false,
         Op::MemGetAccess
         | Op::MemGetGranularity
         | Op::MemHandleProperties

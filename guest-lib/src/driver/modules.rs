@@ -54,6 +54,16 @@ pub struct Function {
     pub resolved: Arc<ResolvedKernel>,
     /// The dynamic shared memory the kernel was opted into (`cuFuncSetAttribute`).
     pub max_dynamic_smem: AtomicU32,
+    /// Whether the host's driver has loaded it: a launch, `cuFuncLoad`, or an attribute or
+    /// occupancy call, which load it there as they do natively (`cuFuncIsLoaded`).
+    pub loaded: AtomicBool,
+}
+
+impl Function {
+    /// Notes that a call that loads the function on the host went out.
+    pub fn note_loaded(&self) {
+        self.loaded.store(true, Ordering::Relaxed);
+    }
 }
 
 /// A library: an image loadable on any device.
@@ -319,6 +329,7 @@ pub fn get_function(m: &'static Module, name: &CStr) -> DrvResult<&'static Funct
         name: name.to_owned(),
         resolved: Arc::new(resolved),
         max_dynamic_smem: AtomicU32::new(0),
+        loaded: AtomicBool::new(false),
     }));
     functions.push(f);
     with_live(|l| l.insert(handle(f), Kind::Function));

@@ -10,32 +10,23 @@ pub fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Links the staticlib cargo built for this test run (`<target>/<profile>/libqcudart.a`, built
-/// here if this run has none) with
-/// `link.sh` into `<tmp>/<name>/libcudart.so.13`, exactly as build.sh does for the release build.
+/// Builds this tree's staticlib (`libqcudart.a`) and links it with `link.sh` into
+/// `<tmp>/<name>/libcudart.so.13`, exactly as build.sh does for the release build.
 pub fn link_library(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // <target>/<profile>/deps/<test binary>
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target profile dir");
-    let mut archive = profile_dir.join("libqcudart.a");
-    if !archive.exists() {
-        // `cargo test` builds the rlib only; a fresh checkout has no staticlib yet. Build it in
-        // a target dir of its own: the one of this test run is locked by the running cargo.
-        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("staticlib");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "--lib", "--manifest-path"])
-            .arg(crate_dir().join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target)
-            .status()
-            .expect("run cargo build for the staticlib");
-        assert!(status.success(), "cargo build of the staticlib failed");
-        archive = target.join("debug").join("libqcudart.a");
-    }
+    // `cargo test` builds the rlib only, and a staticlib left in the profile folder by an
+    // earlier `cargo build` may be older than the code under test: build this tree's, in a
+    // target dir of its own (the one of this test run is locked by the running cargo).
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("staticlib");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--lib", "--manifest-path"])
+        .arg(crate_dir().join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("run cargo build for the staticlib");
+    assert!(status.success(), "cargo build of the staticlib failed");
+    let archive = target.join("debug").join("libqcudart.a");
     assert!(archive.exists(), "{} was not built", archive.display());
     let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(name)

@@ -15,9 +15,14 @@
 //! unknown `seq` (a hostile or stale guest) is ignored. When the link closes (session ending,
 //! daemon gone) every waiting function returns at once and later ones do not wait, so nothing
 //! the guest does or fails to do can keep the worker's streams blocked past its session.
+//!
+//! A worker kept across a daemon restart ([`LinkAttacher::survive_daemon`]) instead keeps its
+//! runs waiting when the link closes (the daemon died; its successor sends a new link), and
+//! announces every waiting run again on the new link; its session's end (the worker dropping
+//! its state) releases them.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     ffi::c_void,
     io::{Read, Write},
     os::unix::net::UnixStream,
@@ -57,8 +62,11 @@ struct State {
     /// The link has been attached once and is gone now: nothing waits any more.
     closed: bool,
     next_seq: u64,
-    /// Runs announced and not yet released.
-    waiting: HashSet<u64>,
+    /// Runs announced and not yet released, with the guest's key.
+    waiting: HashMap<u64, u64>,
+    /// A closed link means the daemon died, not that the session ended: runs keep waiting for
+    /// the next daemon's link.
+    survive_daemon: bool,
     /// Runs the guest has released and whose trampoline has not woken yet.
     released: HashSet<u64>,
     /// Calls enqueued with the driver and not yet run (one-shot) or alive (graph nodes).
@@ -105,6 +113,11 @@ impl std::fmt::Debug for LinkAttacher {
 }
 
 impl LinkAttacher {
+    /// Keeps runs waiting across a closed link, for the link of the next daemon.
+    pub fn survive_daemon(&self) {
+        self.0.state().survive_daemon = true;
+    }
+
     /// Takes the link from the daemon and starts the thread that reads its `Done` records.
     pub fn attach(&self, link: UnixStream) {
         let reader = match link.try_clone() {
@@ -117,9 +130,17 @@ impl LinkAttacher {
         };
         {
             let mut st = self.0.state();
-            if st.closed || st.link.is_some() {
+            if st.closed || (st.link.is_some() && !st.survive_daemon) {
                 warn!("a second host-function link: ignored");
                 return;
+            }
+            // A restarted daemon's link: the runs that wait are announced on it again.
+            let mut link = link;
+            let again: Vec<(u64, u64)> = st.waiting.iter().map(|(&s, &k)| (s, k)).collect();
+            for (seq, key) in again {
+                if link.write_all(&record(key, seq)).is_err() {
+                    warn!("host-function link broke while runs were announced again");
+                }
             }
             st.link = Some(link);
         }
@@ -195,7 +216,7 @@ fn close(shared: &Shared) {
     let mut st = shared.state();
     st.closed = true;
     st.link = None;
-    let waiting: Vec<u64> = st.waiting.drain().collect();
+    let waiting: Vec<u64> = st.waiting.drain().map(|(seq, _)| seq).collect();
     st.released.extend(waiting);
     shared.wake.notify_all();
 }
@@ -205,7 +226,7 @@ fn read_done(mut link: UnixStream, shared: &Shared) {
     while link.read_exact(&mut r).is_ok() {
         let (seq, _) = parse_record(&r);
         let mut st = shared.state();
-        if st.waiting.remove(&seq) {
+        if st.waiting.remove(&seq).is_some() {
             st.released.insert(seq);
             shared.wake.notify_all();
         } else {
@@ -213,6 +234,14 @@ fn read_done(mut link: UnixStream, shared: &Shared) {
         }
     }
     debug!("host-function link closed");
+    let mut st = shared.state();
+    if st.survive_daemon && !st.closed {
+        // The daemon died: its successor sends a new link. (The session's end drops the
+        // state, which releases everything.)
+        st.link = None;
+        return;
+    }
+    drop(st);
     close(shared);
 }
 
@@ -243,7 +272,8 @@ fn run(call: &HostCall) {
     st.next_seq += 1;
     let sent = match st.link.as_mut() {
         Some(link) => link.write_all(&record(call.key, seq)).is_ok(),
-        None => false,
+        // Between two daemons: announced when the next one links.
+        None => st.survive_daemon,
     };
     if !sent {
         // No link yet (cannot happen: the daemon sends it before any request) or broken.
@@ -255,7 +285,7 @@ fn run(call: &HostCall) {
         close(shared);
         return;
     }
-    st.waiting.insert(seq);
+    st.waiting.insert(seq, call.key);
     while !st.released.remove(&seq) {
         st = shared.wake.wait(st).unwrap_or_else(|p| p.into_inner());
     }
@@ -310,6 +340,44 @@ mod tests {
         // SAFETY: no driver runs it any more.
         unsafe { HostFunctions::free(call as *mut c_void) };
         assert_eq!(hf.shared.state().live, 0);
+    }
+
+    #[test]
+    fn a_kept_worker_announces_waiting_runs_again_on_the_next_daemons_link() {
+        let hf = HostFunctions::default();
+        hf.attacher().survive_daemon();
+        let (worker_end, mut daemon) = UnixStream::pair().unwrap();
+        hf.attacher().attach(worker_end);
+        let call = hf.call(9, true).unwrap() as usize;
+        let runner = thread::spawn(move || {
+            // SAFETY: a fresh one-shot call, run once.
+            unsafe { trampoline(call as *mut c_void) }
+        });
+        let mut r = [0u8; RECORD];
+        daemon.read_exact(&mut r).unwrap();
+        let (key, seq) = parse_record(&r);
+        assert_eq!(key, 9);
+        // The daemon dies: the run keeps waiting.
+        drop(daemon);
+        thread::sleep(Duration::from_millis(50));
+        assert!(!runner.is_finished());
+        // The next daemon's link: the run is announced again and its release ends it.
+        let (worker_end, mut daemon) = UnixStream::pair().unwrap();
+        hf.attacher().attach(worker_end);
+        daemon.read_exact(&mut r).unwrap();
+        assert_eq!(parse_record(&r), (9, seq));
+        daemon.write_all(&record(seq, 0)).unwrap();
+        runner.join().unwrap();
+        assert_eq!(hf.shared.state().live, 0);
+        // The session's end releases what waits.
+        let call = hf.call(10, true).unwrap() as usize;
+        let runner = thread::spawn(move || {
+            // SAFETY: a fresh one-shot call, run once.
+            unsafe { trampoline(call as *mut c_void) }
+        });
+        daemon.read_exact(&mut r).unwrap();
+        drop(hf);
+        runner.join().unwrap();
     }
 
     #[test]

@@ -666,6 +666,39 @@ fn modules_functions_and_launches() {
 /// The VM's accounting (the quota file, here without a limit): a worker counts what it holds,
 /// the most it held, and the launches the driver accepted, not the refused ones.
 #[test]
+fn attribute_and_occupancy_calls_load_the_function_before_its_first_launch() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let m = load_module(&mut rig, &mut s);
+    // Getting a function whose parameters the driver knows loads nothing.
+    let f = ok(get_function(&mut rig, &mut s, m, "vadd", 64).0)[0];
+    assert_eq!(rig.fake.calls("function_load"), 0);
+    // The first attribute call loads it (cuFuncLoad), as natively; later ones do not again.
+    let ids = rig.buf(&0i32.to_le_bytes());
+    let out = rig.out(4);
+    ok(s.execute(&req(
+        Op::FuncAttributes,
+        0,
+        &[f],
+        vec![ids.clone()],
+        vec![out.clone()],
+    )));
+    assert_eq!(rig.fake.calls("function_load"), 1);
+    ok(s.execute(&req(Op::FuncAttributes, 0, &[f], vec![ids], vec![out])));
+    ok(run(&mut s, Op::OccupancyMaxActiveBlocks, &[f, 128, 0, 0]));
+    assert_eq!(rig.fake.calls("function_load"), 1);
+
+    // Each of the others loads a function not yet loaded: occupancy, setting an attribute.
+    let g = ok(get_function(&mut rig, &mut s, m, "spin", 64).0)[0];
+    ok(run(&mut s, Op::OccupancyMaxActiveBlocks, &[g, 128, 0, 0]));
+    assert_eq!(rig.fake.calls("function_load"), 2);
+    let m2 = load_module(&mut rig, &mut s);
+    let h = ok(get_function(&mut rig, &mut s, m2, "vadd", 64).0)[0];
+    ok(run(&mut s, Op::FuncSetAttribute, &[h, 8, 1024]));
+    assert_eq!(rig.fake.calls("function_load"), 3);
+}
+
+#[test]
 fn accounting_counts_memory_peak_and_accepted_launches() {
     use crate::limits::{GpuMemoryQuota, QuotaSlot, WorkerUsage, NO_LIMIT};
     use std::os::fd::FromRawFd;

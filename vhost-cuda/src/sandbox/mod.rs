@@ -26,7 +26,7 @@ pub mod test_hook;
 use std::{fmt, io, str::FromStr};
 
 pub use filters::{daemon_filter, worker_allowed_names, worker_filters, SeccompMode};
-pub use spawn::{spawn, start_spawner, ChildProcess, IdMaps, SpawnSpec};
+pub use spawn::{pidfd_open, spawn, start_spawner, ChildProcess, IdMaps, SpawnSpec};
 use thiserror::Error;
 
 /// How workers are confined (`--sandbox`).

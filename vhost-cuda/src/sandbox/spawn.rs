@@ -63,6 +63,10 @@ pub struct SpawnSpec {
     namespaces: libc::c_int,
     /// Written by the child itself when `namespaces` has `CLONE_NEWUSER`.
     id_maps: Option<IdMaps>,
+    /// Whether the child outlives the daemon (no `PR_SET_PDEATHSIG`): a worker whose channel
+    /// the daemon keeps in systemd's file-descriptor store, for the next daemon to take over
+    /// (`worker/store.rs`).
+    outlive_parent: bool,
 }
 
 impl SpawnSpec {
@@ -96,12 +100,19 @@ impl SpawnSpec {
             fds: Vec::new(),
             namespaces: 0,
             id_maps: None,
+            outlive_parent: false,
         })
     }
 
     /// Puts `fds` at 3, 4, ... in the child.
     pub fn with_fds(mut self, fds: Vec<RawFd>) -> Self {
         self.fds = fds;
+        self
+    }
+
+    /// Lets the child outlive the daemon (no `PR_SET_PDEATHSIG`).
+    pub fn outliving_parent(mut self, on: bool) -> Self {
+        self.outlive_parent = on;
         self
     }
 
@@ -119,17 +130,78 @@ impl SpawnSpec {
 pub struct ChildProcess {
     pid: libc::pid_t,
     status: Option<ExitStatus>,
+    /// A process this daemon did not start (a worker of a daemon before a restart, whose
+    /// parent is now init or a subreaper): it is watched and killed through its pidfd, and
+    /// its exit status is not ours to read.
+    adopted: Option<OwnedFd>,
+}
+
+/// `pidfd_open(2)` of `pid`.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_open,
+            libc::pid_t::try_from(pid).unwrap_or(-1),
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = RawFd::try_from(fd).map_err(io::Error::other)?;
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl ChildProcess {
+    /// A process started by an earlier daemon, known by its pid (in this daemon's PID
+    /// namespace) and a pidfd of it.
+    pub fn adopted(pid: u32, pidfd: OwnedFd) -> Self {
+        Self {
+            pid: libc::pid_t::try_from(pid).unwrap_or(-1),
+            status: None,
+            adopted: Some(pidfd),
+        }
+    }
+
     /// Its process id (in the daemon's PID namespace).
     pub fn id(&self) -> u32 {
         self.pid.unsigned_abs()
     }
 
+    /// Whether it ended, for an adopted process: its pidfd turns readable (`block`: wait).
+    fn poll_adopted(&mut self, pidfd: RawFd, block: bool) -> io::Result<Option<ExitStatus>> {
+        loop {
+            let mut fds = [libc::pollfd {
+                fd: pidfd,
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: one initialised pollfd that outlives the call.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, if block { -1 } else { 0 }) };
+            if rc > 0 {
+                // Its parent (init, or a subreaper) reaps it; the status is not ours to know.
+                let s = ExitStatus::from_raw(0);
+                self.status = Some(s);
+                return Ok(Some(s));
+            }
+            if rc == 0 {
+                return Ok(None);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     fn waitpid(&mut self, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
         if let Some(s) = self.status {
             return Ok(Some(s));
+        }
+        if let Some(fd) = self.adopted.as_ref().map(AsRawFd::as_raw_fd) {
+            return self.poll_adopted(fd, flags & libc::WNOHANG == 0);
         }
         loop {
             let mut status = 0;
@@ -165,6 +237,24 @@ impl ChildProcess {
     pub fn kill(&mut self) -> io::Result<()> {
         if self.status.is_some() {
             return Ok(());
+        }
+        if let Some(fd) = &self.adopted {
+            // SAFETY: pidfd_send_signal on a pidfd we own, with no siginfo: a pidfd names
+            // one process for good, so a reused pid cannot be hit.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            return if rc == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            };
         }
         // SAFETY: kill(2) of our own unreaped child: the pid cannot have been reused.
         if unsafe { libc::kill(self.pid, libc::SIGKILL) } != 0 {
@@ -260,7 +350,11 @@ fn spawn_here(spec: &SpawnSpec) -> io::Result<ChildProcess> {
     }
     drop(write_end);
     let pid = libc::pid_t::try_from(pid).map_err(io::Error::other)?;
-    let mut child = ChildProcess { pid, status: None };
+    let mut child = ChildProcess {
+        pid,
+        status: None,
+        adopted: None,
+    };
     // The write end closes on exec: no bytes mean the exec worked, four are its errno.
     let mut errno = [0u8; 4];
     let mut got = 0;
@@ -345,17 +439,19 @@ fn child_after_clone(
         libc::sigprocmask(libc::SIG_SETMASK, &raw const none, std::ptr::null_mut());
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of this process. The spawner thread
-    // that cloned us waits on the report pipe, so it cannot have ended yet.
-    if unsafe {
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    } != 0
+    // A worker kept for the next daemon outlives this one.
+    if !spec.outlive_parent
+        // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of this process. The spawner
+        // thread that cloned us waits on the report pipe, so it cannot have ended yet.
+        && unsafe {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        } != 0
     {
         fail();
     }

@@ -43,7 +43,8 @@
 //! `thread.rs` (one session's thread: what it answers itself, driving its worker, failure and
 //! reset), `driver_reset.rs` (`DriverReset`), `latency.rs` (`HostLatency`'s statistics),
 //! `usage.rs` (what each session uses of the host: `VmUsage`, `vhost-cuda --stats`, the open
-//! and close log lines).
+//! and close log lines), `process_checkpoint.rs` (CUDA's process checkpoint of one guest process
+//! by another: `cuCheckpointProcessLock` ... `Unlock`).
 
 use std::{
     sync::atomic::{AtomicUsize, Ordering},
@@ -53,6 +54,7 @@ use std::{
 mod driver_reset;
 mod latency;
 pub mod migration;
+mod process_checkpoint;
 mod table;
 #[cfg(test)]
 mod tests;

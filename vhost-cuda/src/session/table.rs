@@ -4,6 +4,8 @@
 use std::{
     cell::{Cell, RefCell},
     collections::HashMap,
+    fs::File,
+    os::fd::OwnedFd,
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
         mpsc::{self, SendError, Sender},
@@ -19,6 +21,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
     migration::{SavedGpu, SessionState},
+    process_checkpoint::{ProcessState, Transition},
     thread::{Restore, SessionThread},
     usage::{self, SessionAccount, UsageView, VmTotals, VmUsage},
     ChainCompleter, MAX_IN_FLIGHT, MAX_SESSIONS,
@@ -26,11 +29,21 @@ use super::{
 use crate::{
     chain::{ParsedRequest, Reply},
     cuda::CudaHost,
+    fd_store::{self, StoredWorker},
     guest_buffer::{GuestRam, Request},
     host_function_link::{HostFnLink, Waiter},
+    limits::SlotLease,
     limits::{GpuMemoryQuota, NO_LIMIT},
+    sandbox::ChildProcess,
     worker::WorkerCommand,
 };
+
+/// A worker of the previous daemon that a new session thread takes over first.
+pub(super) struct Adopting {
+    pub(super) worker: StoredWorker,
+    /// Its slot of the VM's accounting file.
+    pub(super) quota: Option<SlotLease>,
+}
 
 /// Counters the table waits on.
 #[derive(Debug, Default, Clone, Copy)]
@@ -164,6 +177,9 @@ pub(super) enum Msg {
         pause: bool,
         reply: Sender<ResponseHeader>,
     },
+    /// A transition of CUDA's process checkpoint asked by a guest process
+    /// (process_checkpoint.rs).
+    Process(Transition),
     /// A migration's source: the thread answers what its GPU side is, its worker's saved state
     /// included (the state goes on running).
     SaveState(Sender<Result<SavedGpu, String>>),
@@ -174,7 +190,7 @@ impl Msg {
     pub(super) fn ends_session(&self) -> bool {
         match self {
             Msg::Run(job) => job.request.op() == Op::SessionClose,
-            Msg::Memory(_) | Msg::Checkpoint { .. } | Msg::SaveState(_) => false,
+            Msg::Memory(_) | Msg::Checkpoint { .. } | Msg::Process(_) | Msg::SaveState(_) => false,
             Msg::Shutdown(_) => true,
         }
     }
@@ -196,6 +212,8 @@ pub(super) struct SessionHandle {
     pub(super) ended: Arc<AtomicBool>,
     /// Where `HostFuncWait` requests go, past the session's queue.
     host_fns: Arc<HostFnLink>,
+    /// The state under CUDA's process checkpoint, kept by the session's thread.
+    pub(super) process: Arc<ProcessState>,
 }
 
 impl SessionHandle {
@@ -206,6 +224,11 @@ impl SessionHandle {
         reply: Sender<ResponseHeader>,
     ) -> Result<(), SendError<Msg>> {
         self.tx.send(Msg::Checkpoint { pause, reply })
+    }
+
+    /// Queues a transition of CUDA's process checkpoint.
+    pub(super) fn send_transition(&self, t: Transition) -> Result<(), SendError<Msg>> {
+        self.tx.send(Msg::Process(t))
     }
 
     /// Queues `msg`, ringing the wake-up if it ends the session.
@@ -241,6 +264,19 @@ impl SessionTable {
     /// The table applies `command`'s per-VM limits: at most `max_sessions` sessions, and the
     /// device memory of all its workers together at most `max_gpu_memory`.
     pub fn new(host: Arc<CudaHost>, command: WorkerCommand, label: impl Into<String>) -> Self {
+        Self::with_quota_file(host, command, label, None)
+    }
+
+    /// Like [`SessionTable::new`], counting in the accounting file a previous daemon left
+    /// (`quota_file`, from systemd's file-descriptor store), if any, so that the workers taken
+    /// over from it ([`SessionTable::adopt`]) keep counting where this table reads. When the
+    /// command keeps its workers for the next daemon, the file is kept for it too.
+    pub fn with_quota_file(
+        host: Arc<CudaHost>,
+        command: WorkerCommand,
+        label: impl Into<String>,
+        quota_file: Option<OwnedFd>,
+    ) -> Self {
         let limits = command.limits();
         let label = label.into();
         let max_sessions = limits
@@ -248,23 +284,37 @@ impl SessionTable {
             .unwrap_or(MAX_SESSIONS)
             .min(MAX_SESSIONS);
         let memory_limited = limits.max_gpu_memory.is_some();
-        let gpu_memory =
-            GpuMemoryQuota::new(limits.max_gpu_memory.unwrap_or(NO_LIMIT), max_sessions).map_err(
-                |e| {
-                    if memory_limited {
-                        error!(
-                            vm = %label,
-                            "cannot set up --max-gpu-memory: {e}; no GPU work will run"
-                        );
-                    } else {
-                        error!(
-                            vm = %label,
-                            "cannot set up GPU-memory accounting: {e}; sessions run uncounted"
-                        );
-                    }
-                    e.to_string()
-                },
-            );
+        let limit = limits.max_gpu_memory.unwrap_or(NO_LIMIT);
+        let adopted = quota_file.and_then(|f| {
+            GpuMemoryQuota::from_file(File::from(f), limit)
+                .inspect_err(|e| {
+                    warn!(vm = %label, "the previous daemon's accounting file is unusable: {e}");
+                })
+                .ok()
+        });
+        let gpu_memory = adopted
+            .map_or_else(|| GpuMemoryQuota::new(limit, max_sessions), Ok)
+            .map_err(|e| {
+                if memory_limited {
+                    error!(
+                        vm = %label,
+                        "cannot set up --max-gpu-memory: {e}; no GPU work will run"
+                    );
+                } else {
+                    error!(
+                        vm = %label,
+                        "cannot set up GPU-memory accounting: {e}; sessions run uncounted"
+                    );
+                }
+                e.to_string()
+            });
+        if let (Some(keep), Ok(q)) = (command.keep(), &gpu_memory) {
+            let name = fd_store::quota_name(keep.vm());
+            keep.store().remove(&name);
+            if let Err(e) = keep.store().store(&name, &[q.fd()]) {
+                warn!(vm = %label, "accounting file not kept for a restart: {e}");
+            }
+        }
         Self {
             shared: Arc::new(Shared {
                 host,
@@ -329,6 +379,101 @@ impl SessionTable {
         }
     }
 
+    /// Takes over the workers a previous daemon left (systemd's file-descriptor store): each
+    /// gets a session thread under its session id, with its slot of the accounting file, so
+    /// that the guest process's next request reaches the worker that holds its state. The
+    /// thread finishes the takeover itself (`WorkerProcess::adopt`, which waits for an op the
+    /// worker may still be running).
+    pub fn adopt(&self, workers: Vec<StoredWorker>) {
+        for w in workers {
+            let id = w.session;
+            let quota = match (&self.shared.gpu_memory, w.slot) {
+                (Ok(q), Some(slot)) => q.claim(slot),
+                _ => None,
+            };
+            let mut threads = self.shared.threads();
+            if threads.contains_key(&id) || threads.len() >= self.shared.max_sessions {
+                drop(threads);
+                warn!(
+                    vm = %self.shared.label,
+                    "session {id}: worker process {} of the previous daemon not taken over \
+                     (session taken or too many sessions); ending it",
+                    w.pid
+                );
+                if let Some(k) = self.shared.command.keep() {
+                    k.store()
+                        .remove(&fd_store::worker_name(k.vm(), id, w.pid, w.slot));
+                }
+                drop(ChildProcess::adopted(w.pid, w.pidfd).kill());
+                continue;
+            }
+            if let Err(e) = self.start_thread(
+                &mut threads,
+                id,
+                0,
+                Some(Adopting { worker: w, quota }),
+                None,
+            ) {
+                error!(vm = %self.shared.label, "session {id}: cannot take its worker over: {e}");
+            }
+        }
+    }
+
+    /// Starts the thread of session `id` (guest process `guest_pid`, 0 if not known yet) and
+    /// puts it in `threads`; `adopting`: it starts with a worker of the previous daemon.
+    fn start_thread(
+        &self,
+        threads: &mut HashMap<u64, SessionHandle>,
+        id: u64,
+        guest_pid: u32,
+        adopting: Option<Adopting>,
+        restore: Option<Restore>,
+    ) -> std::io::Result<Sender<Msg>> {
+        let wake = Arc::new(EventFd::new(EFD_NONBLOCK)?);
+        let (tx, rx) = mpsc::channel();
+        let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let pid = Arc::new(AtomicU32::new(0));
+        let account = Arc::new(SessionAccount::new(id, guest_pid, pid.clone()));
+        let ended = Arc::new(AtomicBool::new(false));
+        let host_fns = Arc::new(HostFnLink::default());
+        let process = Arc::new(ProcessState::default());
+        let thread = SessionThread {
+            process: process.clone(),
+            shared: self.shared.clone(),
+            id,
+            generation,
+            abandoned: abandoned.clone(),
+            wake: wake.clone(),
+            pid: pid.clone(),
+            account: account.clone(),
+            ended: ended.clone(),
+            host_fns: host_fns.clone(),
+            latency: RefCell::default(),
+            last_hop: Cell::new((0, 0)),
+            adopting,
+            restore,
+        };
+        thread::Builder::new()
+            .name(format!("qcuda-s{id}"))
+            .spawn(move || thread.run(rx))?;
+        threads.insert(
+            id,
+            SessionHandle {
+                tx: tx.clone(),
+                generation,
+                abandoned,
+                wake,
+                pid,
+                account,
+                ended,
+                host_fns,
+                process,
+            },
+        );
+        Ok(tx)
+    }
+
     /// Hands a parsed request to its session's thread, starting the thread if needed. The chain
     /// is completed through `completer`, from the session's thread (a `DriverReset`'s from a
     /// thread of its own).
@@ -358,6 +503,12 @@ impl SessionTable {
         if job.request.op() == Op::DriverReset {
             // Whatever session id it carries: it is about the whole table.
             self.driver_reset(job);
+            return;
+        }
+        if job.request.op() == Op::ProcessCheckpoint {
+            // About another session (the target), which may be this one: never queued behind
+            // the caller's own requests.
+            self.process_checkpoint(job);
             return;
         }
         let mut threads = self.shared.threads();
@@ -403,90 +554,28 @@ impl SessionTable {
             }));
             return;
         }
-        let pid = job.request.header().pid;
-        if let Err((job, status)) = self.start_session(&mut threads, id, pid, First::Job(job)) {
-            drop(threads);
-            if let Some(job) = job {
-                job.finish(&ResponseHeader::with_status(status));
-            }
-        }
-    }
-
-    /// Starts session `id`'s thread (guest process `pid`) with `first` to do, and puts it in
-    /// `threads`. On failure a first job comes back, with the status to answer it.
-    fn start_session(
-        &self,
-        threads: &mut HashMap<u64, SessionHandle>,
-        id: u64,
-        pid: u32,
-        first: First,
-    ) -> Result<(), (Option<Box<Job>>, u32)> {
-        let wake = match EventFd::new(EFD_NONBLOCK) {
-            Ok(w) => Arc::new(w),
-            Err(e) => {
-                error!(vm = %self.shared.label, "session {id}: cannot create its eventfd: {e}");
-                let job = match first {
-                    First::Job(job) => Some(job),
-                    First::Restore(_) => None,
-                };
-                return Err((job, status::MEMORY_ALLOCATION));
-            }
+        let host_fns =
+            match self.start_thread(&mut threads, id, job.request.header().pid, None, None) {
+                Ok(_) => threads.get(&id).map(|h| h.host_fns.clone()),
+                Err(e) => {
+                    drop(threads);
+                    error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
+                    job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+                    return;
+                }
+            };
+        let Some(handle) = threads.get(&id) else {
+            return;
         };
-        let (tx, rx) = mpsc::channel();
-        let generation = self.shared.next_generation.fetch_add(1, Ordering::Relaxed);
-        let abandoned = Arc::new(AtomicBool::new(false));
-        let worker_pid = Arc::new(AtomicU32::new(0));
-        let account = Arc::new(SessionAccount::new(id, pid, worker_pid.clone()));
-        let ended = Arc::new(AtomicBool::new(false));
-        let host_fns = Arc::new(HostFnLink::default());
-        let thread = SessionThread {
-            shared: self.shared.clone(),
-            id,
-            generation,
-            abandoned: abandoned.clone(),
-            wake: wake.clone(),
-            pid: worker_pid.clone(),
-            account: account.clone(),
-            ended: ended.clone(),
-            host_fns: host_fns.clone(),
-            latency: RefCell::default(),
-            last_hop: Cell::new((0, 0)),
-        };
-        let (first, restore) = match first {
-            First::Restore(r) => (None, Some(r)),
-            First::Job(job) => (Some(job), None),
-        };
-        let spawned = thread::Builder::new()
-            .name(format!("qcuda-s{id}"))
-            .spawn(move || thread.run(rx, restore));
-        if let Err(e) = spawned {
-            error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
-            // The restore went with the closure; a job is answered by the caller.
-            return Err((first, status::MEMORY_ALLOCATION));
-        }
-        if let Some(job) = first {
-            if job.request.op() == Op::HostFuncWait {
-                // The session's first request: its thread starts with nothing to do.
-                host_fns.wait(job.request.header().args[0], job);
-            } else {
-                // The receiver lives until the thread ends, and it cannot end before receiving.
-                let _ = tx.send(Msg::Run(job));
+        if job.request.op() == Op::HostFuncWait {
+            // The session's first request: its thread starts with nothing to do.
+            if let Some(link) = host_fns {
+                link.wait(job.request.header().args[0], job);
             }
+        } else {
+            // The receiver lives until the thread ends, and it cannot end before receiving.
+            let _ = handle.tx.send(Msg::Run(job));
         }
-        threads.insert(
-            id,
-            SessionHandle {
-                tx,
-                generation,
-                abandoned,
-                wake,
-                pid: worker_pid,
-                account,
-                ended,
-                host_fns,
-            },
-        );
-        Ok(())
     }
 
     /// A migration's source, with the request ring stopped and idle: every session's state
@@ -545,8 +634,8 @@ impl SessionTable {
                 }
                 let (reply, answer) = mpsc::channel();
                 let restore = Restore { gpu: s.gpu, reply };
-                match self.start_session(&mut threads, s.id, s.pid, First::Restore(restore)) {
-                    Ok(()) => {
+                match self.start_thread(&mut threads, s.id, s.pid, None, Some(restore)) {
+                    Ok(_) => {
                         started.push(s.id);
                         waits.push((s.id, answer));
                     }
@@ -588,14 +677,6 @@ impl SessionTable {
 
 /// How long a refused restore waits for the sessions it had started to end.
 const CLOSE_WAIT_AFTER_REFUSAL: Duration = Duration::from_secs(10);
-
-/// What a new session thread starts with.
-enum First {
-    /// The session's first request.
-    Job(Box<Job>),
-    /// A migrated session: its worker to restore.
-    Restore(Restore),
-}
 
 impl SessionTable {
     /// Takes every session out of the table: requests with their ids start new sessions.

@@ -8,7 +8,10 @@ use std::{
 
 use qcuda_proto::{
     status, Checksum, Direction, LatencyRecord, Op, RequestHeader, ResponseHeader, SessionUsage,
-    FLAG_ASYNC, LATENCY_RECORD_SIZE, SESSION_USAGE_SIZE, USAGE_CALLER, VERSION,
+    FLAG_ASYNC, LATENCY_RECORD_SIZE, PROCESS_CHECKPOINT, PROCESS_GET_RESTORE_THREAD,
+    PROCESS_GET_STATE, PROCESS_LOCK, PROCESS_RESTORE, PROCESS_STATE_CHECKPOINTED,
+    PROCESS_STATE_LOCKED, PROCESS_STATE_RUNNING, PROCESS_UNLOCK, SESSION_USAGE_SIZE, USAGE_CALLER,
+    VERSION,
 };
 use virtio_bindings::bindings::virtio_ring::VRING_DESC_F_WRITE;
 use virtio_queue::desc::split::Descriptor;
@@ -162,6 +165,41 @@ impl Guest {
         h.session = session;
         h.args[0] = u64::from(VERSION);
         self.request(h, &[])
+    }
+
+    /// `ProcessCheckpoint` from session `caller` about session `target` (as the guest kernel
+    /// module stamps it, with 4242 as the target's pid).
+    fn process(
+        &mut self,
+        caller: u64,
+        action: u64,
+        target: u64,
+        timeout_ms: u64,
+    ) -> (ParsedRequest, u64) {
+        let mut h = RequestHeader::new(Op::ProcessCheckpoint);
+        h.session = caller;
+        h.args[0] = action;
+        h.args[1] = 4242;
+        h.args[2] = timeout_ms;
+        h.args[3] = target;
+        h.args[4] = 4242;
+        self.request(h, &[])
+    }
+
+    /// Sends a `ProcessCheckpoint` and waits for its answer (the `n`th completion).
+    fn process_now(
+        &mut self,
+        head: u16,
+        n: usize,
+        action: u64,
+        target: u64,
+        timeout_ms: u64,
+    ) -> ResponseHeader {
+        let (p, out) = self.process(99, action, target, timeout_ms);
+        self.send(head, p);
+        let done = self.rec.wait(n);
+        assert!(done.contains(&(head, 64)), "{done:?}");
+        self.response(out)
     }
 
     fn response(&self, at: u64) -> ResponseHeader {
@@ -612,6 +650,171 @@ fn close_all_drops_queued_requests_without_completing_them() {
     assert!(g.table.wait_idle(WAIT));
     assert!(g.table.shared.wait_for(WAIT, |c| c.open == 0));
     assert_eq!(g.rec.done.lock().unwrap().len(), 1);
+}
+
+#[test]
+fn cuda_process_checkpoint_follows_cudas_states_and_holds_a_locked_process() {
+    let mut g = Guest::new();
+    let (first, _) = g.echo(7, b"a");
+    g.send(0, first);
+    g.rec.wait(1);
+    let state = |g: &mut Guest, head, n| {
+        let r = g.process_now(head, n, PROCESS_GET_STATE, 7, 0);
+        assert_eq!(r.status, status::SUCCESS);
+        r.rets[0]
+    };
+    assert_eq!(state(&mut g, 1, 2), PROCESS_STATE_RUNNING);
+    // Only a locked process can be checkpointed or unlocked, only a checkpointed one restored.
+    for (head, action) in [
+        (2, PROCESS_CHECKPOINT),
+        (3, PROCESS_RESTORE),
+        (4, PROCESS_UNLOCK),
+    ] {
+        let r = g.process_now(head, usize::from(head) + 1, action, 7, 0);
+        assert_eq!(r.status, status::ILLEGAL_STATE, "action {action}");
+    }
+    assert_eq!(
+        g.process_now(5, 6, PROCESS_LOCK, 7, 0).status,
+        status::SUCCESS
+    );
+    assert_eq!(state(&mut g, 6, 7), PROCESS_STATE_LOCKED);
+    assert_eq!(
+        g.process_now(7, 8, PROCESS_LOCK, 7, 0).status,
+        status::ILLEGAL_STATE
+    );
+    assert_eq!(
+        g.process_now(8, 9, PROCESS_RESTORE, 7, 0).status,
+        status::ILLEGAL_STATE
+    );
+
+    // The locked process's own requests wait, in order, while other sessions go on.
+    let (held_a, held_a_out) = g.echo(7, b"b");
+    let (held_b, _) = g.echo(7, b"c");
+    g.send(20, held_a);
+    g.send(21, held_b);
+    let (other, _) = g.echo(8, b"d");
+    g.send(22, other);
+    assert!(g.rec.wait(10).contains(&(22, 65)));
+    thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        g.rec.done.lock().unwrap().len(),
+        10,
+        "a locked process's request ran"
+    );
+
+    assert_eq!(
+        g.process_now(9, 11, PROCESS_CHECKPOINT, 7, 0).status,
+        status::SUCCESS
+    );
+    assert_eq!(state(&mut g, 10, 12), PROCESS_STATE_CHECKPOINTED);
+    assert_eq!(
+        g.process_now(11, 13, PROCESS_UNLOCK, 7, 0).status,
+        status::ILLEGAL_STATE
+    );
+    assert_eq!(
+        g.process_now(12, 14, PROCESS_CHECKPOINT, 7, 0).status,
+        status::ILLEGAL_STATE
+    );
+    assert_eq!(
+        g.process_now(13, 15, PROCESS_RESTORE, 7, 0).status,
+        status::SUCCESS
+    );
+    assert_eq!(state(&mut g, 14, 16), PROCESS_STATE_LOCKED);
+    assert_eq!(
+        g.rec.done.lock().unwrap().len(),
+        16,
+        "a locked process's request ran"
+    );
+    assert_eq!(
+        g.process_now(15, 17, PROCESS_UNLOCK, 7, 0).status,
+        status::SUCCESS
+    );
+    let done = g.rec.wait(19);
+    let order: Vec<u16> = done[17..].iter().map(|d| d.0).collect();
+    assert_eq!(order, vec![20, 21]);
+    assert_eq!(g.response(held_a_out + 1).status, status::SUCCESS);
+    assert_eq!(state(&mut g, 16, 20), PROCESS_STATE_RUNNING);
+    assert!(g.table.wait_idle(WAIT));
+    g.table.close_all(WAIT);
+}
+
+#[test]
+fn cuda_process_checkpoint_of_a_process_without_cuda_or_a_bad_action_fails() {
+    let mut g = Guest::new();
+    // No session 30 in this VM: the process never used CUDA (or another VM's id).
+    for (head, action) in (0u16..).zip([PROCESS_GET_STATE, PROCESS_LOCK, PROCESS_UNLOCK]) {
+        let r = g.process_now(head, usize::from(head) + 1, action, 30, 0);
+        assert_eq!(r.status, status::INITIALIZATION_ERROR, "action {action}");
+    }
+    let (first, _) = g.echo(31, b"a");
+    g.send(3, first);
+    g.rec.wait(4);
+    assert_eq!(g.process_now(4, 5, 77, 31, 0).status, status::INVALID_VALUE);
+    let r = g.process_now(5, 6, PROCESS_GET_RESTORE_THREAD, 31, 0);
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 4242));
+    g.table.close_all(WAIT);
+}
+
+#[test]
+fn a_lock_not_taken_within_its_timeout_fails_and_leaves_the_process_running() {
+    let mut g = Guest::new();
+    let gate = Arc::new(Gate::default());
+    let entered = Arc::new(Gate::default());
+    let (busy, _) = g.simple(Op::Hello, 40);
+    // Session 40's thread is busy (its completion waits for the gate), as in a long op.
+    g.table.dispatch(
+        1,
+        busy,
+        Arc::new(GatedCompleter {
+            gate: gate.clone(),
+            entered: entered.clone(),
+            saw_open: Arc::default(),
+            inner: g.rec.clone(),
+        }),
+    );
+    assert!(entered.wait(WAIT));
+    let started = Instant::now();
+    let r = g.process_now(2, 1, PROCESS_LOCK, 40, 60);
+    assert_eq!(r.status, status::NOT_READY);
+    assert!(started.elapsed() >= Duration::from_millis(60));
+    gate.open();
+    g.rec.wait(2);
+    // The expired lock is never taken: the process runs on, and can be locked again.
+    let (after, _) = g.echo(40, b"x");
+    g.send(3, after);
+    g.rec.wait(3);
+    let r = g.process_now(4, 4, PROCESS_GET_STATE, 40, 0);
+    assert_eq!(r.rets[0], PROCESS_STATE_RUNNING);
+    assert_eq!(
+        g.process_now(5, 5, PROCESS_LOCK, 40, 1000).status,
+        status::SUCCESS
+    );
+    g.table.close_all(WAIT);
+}
+
+#[test]
+fn a_locked_process_that_ends_answers_what_waited_and_is_gone() {
+    let mut g = Guest::new();
+    let (first, _) = g.echo(50, b"a");
+    g.send(0, first);
+    g.rec.wait(1);
+    assert_eq!(
+        g.process_now(1, 2, PROCESS_LOCK, 50, 0).status,
+        status::SUCCESS
+    );
+    let (held, _) = g.echo(50, b"b");
+    g.send(2, held);
+    let (close, close_out) = g.simple(Op::SessionClose, 50);
+    g.send(3, close);
+    let done = g.rec.wait(4);
+    assert!(
+        done.contains(&(2, 65)) && done.contains(&(3, 64)),
+        "{done:?}"
+    );
+    assert_eq!(g.response(close_out).status, status::SUCCESS);
+    let r = g.process_now(4, 5, PROCESS_UNLOCK, 50, 0);
+    assert_eq!(r.status, status::INITIALIZATION_ERROR);
+    g.table.close_all(WAIT);
 }
 
 #[test]

@@ -14,14 +14,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use qcuda_proto::{status, Op, ResponseHeader, FLAG_ASYNC, RESP_FLAG_STICKY};
+use qcuda_proto::{
+    status, Op, ResponseHeader, FLAG_ASYNC, PROCESS_CHECKPOINT, PROCESS_RESTORE,
+    PROCESS_STATE_CHECKPOINTED, RESP_FLAG_STICKY,
+};
 use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
     latency::{ns, LatencyStats},
     migration::SavedGpu,
-    table::{Msg, Shared},
+    process_checkpoint::{self, ProcessState},
+    table::{Adopting, Msg, Shared},
     usage::{self, bytes_text, SessionAccount},
     OPEN_SESSIONS_TOTAL,
 };
@@ -55,6 +59,13 @@ pub(super) struct SessionThread {
     pub(super) latency: RefCell<LatencyStats>,
     /// The last worker round trip: (ns from send to answer, ns the worker said it took).
     pub(super) last_hop: Cell<(u64, u64)>,
+    /// The state under CUDA's process checkpoint (process_checkpoint.rs); this thread alone
+    /// changes it.
+    pub(super) process: Arc<ProcessState>,
+    /// A worker of the previous daemon to take over before anything else.
+    pub(super) adopting: Option<Adopting>,
+    /// A migrated session's start: its worker to restore (taken once, at the start).
+    pub(super) restore: Option<Restore>,
 }
 
 /// A migrated session's start: what its GPU side was on the source, and where to say whether
@@ -84,6 +95,27 @@ impl Gpu {
     }
 }
 
+/// Answers a message that will never run because its session ended: a request (`resp`), or
+/// a transition of CUDA's process checkpoint, whose caller lives on (the process is gone).
+fn answer_unrun(msg: Msg, resp: &ResponseHeader) {
+    match msg {
+        Msg::Run(job) => job.finish(resp),
+        Msg::Process(t) => {
+            if let Some(job) = t.take() {
+                job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
+            }
+        }
+        Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } | Msg::SaveState(_) => {}
+    }
+}
+
+/// Puts what waited back at the front of the queue, in its order, to be looked at again.
+fn requeue(held: &mut VecDeque<Msg>, backlog: &mut VecDeque<Msg>) {
+    for msg in held.drain(..).rev() {
+        backlog.push_front(msg);
+    }
+}
+
 /// How an op handed to the worker ended.
 enum Outcome {
     Answered(ResponseHeader),
@@ -96,10 +128,13 @@ impl SessionThread {
         self.abandoned.load(Ordering::Acquire)
     }
 
-    pub(super) fn run(self, rx: Receiver<Msg>, restore: Option<Restore>) {
+    pub(super) fn run(mut self, rx: Receiver<Msg>) {
         self.opened();
-        let mut gpu = Gpu::Idle;
-        if let Some(Restore { gpu: saved, reply }) = restore {
+        let mut gpu = match self.adopting.take() {
+            Some(a) => self.take_over(a),
+            None => Gpu::Idle,
+        };
+        if let Some(Restore { gpu: saved, reply }) = self.restore.take() {
             let restored = self.restore(&mut gpu, saved);
             let ok = restored.is_ok();
             let _ = reply.send(restored);
@@ -117,9 +152,11 @@ impl SessionThread {
         // How long to spin for the next message before blocking: `--hop-poll-us` right after
         // an answer (a guest calling back to back finds this thread awake), else nothing.
         let mut spin = Duration::ZERO;
-        // Paused by the operator: requests wait here (in order) until the resume.
+        // Paused by the operator: requests and the guest's checkpoint actions wait here (in
+        // order) until the resume. A process locked by CUDA's process checkpoint has its
+        // requests wait here too.
         let mut paused = false;
-        let mut held: VecDeque<Box<super::table::Job>> = VecDeque::new();
+        let mut held: VecDeque<Msg> = VecDeque::new();
         loop {
             let msg = match backlog.pop_front() {
                 Some(m) => m,
@@ -148,28 +185,52 @@ impl SessionThread {
                     continue;
                 }
                 Msg::Checkpoint { pause, reply } => {
-                    let resp = self.checkpoint(&mut gpu, pause, paused);
+                    let resp = if pause && self.process.get() == PROCESS_STATE_CHECKPOINTED {
+                        // cuCheckpointProcessCheckpoint has moved it off the GPU already.
+                        ResponseHeader::with_status(status::ILLEGAL_STATE)
+                    } else {
+                        self.checkpoint(&mut gpu, pause, paused)
+                    };
                     if resp.status == status::SUCCESS {
                         paused = pause;
                         if !paused {
                             // What waited goes first, in its order.
-                            for job in held.drain(..).rev() {
-                                backlog.push_front(Msg::Run(job));
-                            }
+                            requeue(&mut held, &mut backlog);
                         }
                     }
                     let _ = reply.send(resp);
                     continue;
                 }
-                Msg::Run(job) => job,
-            };
-            if paused {
-                if job.request.op() != Op::SessionClose {
-                    held.push_back(job);
+                Msg::Process(t) => {
+                    if self.abandoned() {
+                        // The VM is gone: the caller's chain is not ours to complete.
+                        continue;
+                    }
+                    if paused {
+                        held.push_back(Msg::Process(t));
+                        continue;
+                    }
+                    // None: a lock whose timeout passed first (answered NOT_READY).
+                    if let Some(job) = t.take() {
+                        let was_holding = self.process.holds_requests();
+                        let resp = self.transition(&mut gpu, t.action);
+                        if was_holding && !self.process.holds_requests() {
+                            requeue(&mut held, &mut backlog);
+                        }
+                        job.finish(&resp);
+                    }
                     continue;
                 }
-                // The program ends while paused: what waited is answered with the close.
-                backlog.extend(held.drain(..).map(Msg::Run));
+                Msg::Run(job) => job,
+            };
+            if paused || self.process.holds_requests() {
+                if job.request.op() != Op::SessionClose {
+                    held.push_back(Msg::Run(job));
+                    continue;
+                }
+                // The program ends while paused or locked: what waited is answered with the
+                // close.
+                backlog.extend(held.drain(..));
             }
             if self.abandoned() {
                 continue;
@@ -181,8 +242,8 @@ impl SessionThread {
                 job.finish(&ResponseHeader::with_status(status::SUCCESS));
                 // Nothing can arrive any more; answer what was queued behind the close.
                 for late in backlog.drain(..).chain(rx.try_iter()) {
-                    if let (Msg::Run(late), false) = (late, self.abandoned()) {
-                        late.finish(&ResponseHeader::with_status(status::INVALID_VALUE));
+                    if !self.abandoned() {
+                        answer_unrun(late, &ResponseHeader::with_status(status::INVALID_VALUE));
                     }
                 }
                 return;
@@ -209,6 +270,11 @@ impl SessionThread {
             }
             let (op, received) = (job.request.op(), job.received);
             job.finish(&resp);
+            if let Gpu::Running { process, .. } = &gpu {
+                // The answer reached the guest: a daemon that takes the worker over after a
+                // restart must not give it again.
+                process.note_delivered();
+            }
             spin = self.shared.command.hop_poll();
             // Only a request that the guest waits for has a guest-side time to set this
             // against (HostLatency): a waited Batch is its own row, fire-and-forget ones none.
@@ -392,13 +458,8 @@ impl SessionThread {
         rx: &Receiver<Msg>,
         backlog: &mut VecDeque<Msg>,
     ) -> Outcome {
-        if let Gpu::Failed = gpu {
-            return Outcome::Answered(worker_lost());
-        }
-        if let Gpu::Idle = gpu {
-            if let Err(resp) = self.start_worker(gpu, req.op()) {
-                return Outcome::Answered(resp);
-            }
+        if let Err(resp) = self.start_worker(gpu, req.op()) {
+            return Outcome::Answered(resp);
         }
         let Gpu::Running { process, sticky } = gpu else {
             return Outcome::Answered(ResponseHeader::with_status(status::UNKNOWN));
@@ -445,47 +506,90 @@ impl SessionThread {
         }
     }
 
-    /// Starts the session's worker (the session has none), with guest RAM and its
-    /// host-function link; on failure the answer to give (`op`: for the log).
-    fn start_worker(&self, gpu: &mut Gpu, op: Op) -> Result<(), ResponseHeader> {
-        let quota = match &self.shared.gpu_memory {
-            Ok(q) => match q.lease() {
-                Some(lease) => Some(lease),
-                // Slots match --max-sessions; only a bug runs out of them.
-                None => return Err(ResponseHeader::with_status(status::DEVICES_UNAVAILABLE)),
-            },
-            Err(_) if self.shared.memory_limited => {
-                return Err(ResponseHeader::with_status(status::MEMORY_ALLOCATION))
+    /// Takes over the worker a previous daemon left: its state lives on, and the session goes
+    /// on where the guest process left it. A worker that cannot be taken over is ended, and
+    /// the session's GPU ops fail until DeviceReset, as for a worker that died.
+    fn take_over(&self, a: Adopting) -> Gpu {
+        let (session, pid) = (a.worker.session, a.worker.pid);
+        let slot = a.quota.as_ref().map(crate::limits::SlotLease::usage);
+        match WorkerProcess::adopt(&self.shared.command, a.worker, &self.shared.label, a.quota) {
+            Ok((mut process, replay)) => {
+                self.pid.store(process.pid(), Ordering::Release);
+                self.account.worker_started(slot);
+                if let Err(e) = self.link_host_functions(&mut process) {
+                    let mut gpu = Gpu::Running {
+                        process,
+                        sticky: false,
+                    };
+                    self.worker_failed(&mut gpu, Op::HostInfo, &e);
+                    return gpu;
+                }
+                info!(
+                    vm = %self.shared.label,
+                    "session {session}: worker process {pid} taken over after a daemon restart{}",
+                    if replay { "; the answer the previous daemon lost is given again" } else { "" }
+                );
+                Gpu::Running {
+                    process,
+                    sticky: false,
+                }
             }
-            Err(_) => None,
-        };
-        let slot = quota.as_ref().map(crate::limits::SlotLease::usage);
-        let spawned = WorkerProcess::spawn_with_quota(
-            &self.shared.command,
-            self.id,
-            &self.shared.label,
-            quota,
-        );
-        let mut process = match spawned {
-            Ok(p) => p,
             Err(e) => {
-                error!(vm = %self.shared.label, "session {}: {e}", self.id);
-                return Err(ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+                error!(
+                    vm = %self.shared.label,
+                    "session {session}: worker process {pid} of the previous daemon cannot be \
+                     taken over ({e}); the session's GPU ops fail until DeviceReset"
+                );
+                Gpu::Failed
             }
-        };
-        self.pid.store(process.pid(), Ordering::Release);
-        self.account.worker_started(slot);
-        let shared = process
-            .share_memory(&self.shared.memory())
-            .and_then(|()| self.link_host_functions(&mut process));
-        *gpu = Gpu::Running {
-            process,
-            sticky: false,
-        };
-        if let Err(e) = shared {
-            return Err(self.worker_failed(gpu, op, &e));
         }
+    }
 
+    /// Starts the session's worker process if it has none; the answer for `op` if it cannot
+    /// (the worker died earlier, or it failed to start).
+    fn start_worker(&self, gpu: &mut Gpu, op: Op) -> Result<(), ResponseHeader> {
+        if let Gpu::Failed = gpu {
+            return Err(worker_lost());
+        }
+        if let Gpu::Idle = gpu {
+            let quota = match &self.shared.gpu_memory {
+                Ok(q) => match q.lease() {
+                    Some(lease) => Some(lease),
+                    // Slots match --max-sessions; only a bug runs out of them.
+                    None => return Err(ResponseHeader::with_status(status::DEVICES_UNAVAILABLE)),
+                },
+                Err(_) if self.shared.memory_limited => {
+                    return Err(ResponseHeader::with_status(status::MEMORY_ALLOCATION))
+                }
+                Err(_) => None,
+            };
+            let slot = quota.as_ref().map(crate::limits::SlotLease::usage);
+            let spawned = WorkerProcess::spawn_with_quota(
+                &self.shared.command,
+                self.id,
+                &self.shared.label,
+                quota,
+            );
+            let mut process = match spawned {
+                Ok(p) => p,
+                Err(e) => {
+                    error!(vm = %self.shared.label, "session {}: {e}", self.id);
+                    return Err(ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+                }
+            };
+            self.pid.store(process.pid(), Ordering::Release);
+            self.account.worker_started(slot);
+            let shared = process
+                .share_memory(&self.shared.memory())
+                .and_then(|()| self.link_host_functions(&mut process));
+            *gpu = Gpu::Running {
+                process,
+                sticky: false,
+            };
+            if let Err(e) = shared {
+                return Err(self.worker_failed(gpu, op, &e));
+            }
+        }
         Ok(())
     }
 
@@ -589,6 +693,41 @@ impl SessionThread {
         }
     }
 
+    /// A transition of CUDA's process checkpoint (process_checkpoint.rs), run between this
+    /// session's requests: checkpoint and restore are the worker's pause and resume.
+    fn transition(&self, gpu: &mut Gpu, action: u64) -> ResponseHeader {
+        let before = self.process.get();
+        let next = match process_checkpoint::next_state(action, before) {
+            Ok(next) => next,
+            Err(code) => return ResponseHeader::with_status(code),
+        };
+        let resp = if action == PROCESS_CHECKPOINT || action == PROCESS_RESTORE {
+            match gpu {
+                Gpu::Running { process, .. } => {
+                    match process.checkpoint(action == PROCESS_CHECKPOINT) {
+                        Ok(resp) => resp,
+                        Err(e) => {
+                            let resp = self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+                            self.process
+                                .set(process_checkpoint::after_failure(true, before));
+                            return resp;
+                        }
+                    }
+                }
+                // No worker: nothing on the GPU to move.
+                Gpu::Idle => ResponseHeader::with_status(status::SUCCESS),
+                Gpu::Failed => worker_lost(),
+            }
+        } else {
+            ResponseHeader::with_status(status::SUCCESS)
+        };
+        if resp.status == status::SUCCESS {
+            self.process.set(next);
+            process_checkpoint::log_transition(&self.shared.label, self.id, action, &resp);
+        }
+        resp
+    }
+
     /// Gives a new worker its host-function link.
     fn link_host_functions(&self, process: &mut WorkerProcess) -> Result<(), WorkerError> {
         let (ours, theirs) = host_function_link::socket_pair().map_err(WorkerError::Spawn)?;
@@ -605,8 +744,8 @@ impl SessionThread {
             return self.abandoned();
         };
         for msg in backlog.drain(..end) {
-            if let (Msg::Run(job), false) = (msg, self.abandoned()) {
-                job.finish(&worker_lost());
+            if !self.abandoned() {
+                answer_unrun(msg, &worker_lost());
             }
         }
         true

@@ -34,7 +34,7 @@ use std::{
 
 use qcuda_proto::{status, Op, RequestHeader, ResponseHeader, WireError};
 use thiserror::Error;
-use tracing::{debug, error, error_span, warn};
+use tracing::{debug, error, error_span, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::{
@@ -42,7 +42,7 @@ use crate::{
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     sandbox::{self, SandboxMode, SeccompMode},
-    shared_guest_ram::map_regions,
+    shared_guest_ram::{map_regions, maps_the_same},
     signals, spin_wait, transport_ops,
     worker::{
         mailbox::{self, Mailbox},
@@ -76,6 +76,9 @@ pub struct WorkerConfig {
     /// `--gpu-va-base` and `--gpu-va-size` of the daemon: where the session's device
     /// address ranges lie.
     pub address_space: AddressSpace,
+    /// `--outlive-daemon`: the daemon keeps this worker for its successor
+    /// (`crate::fd_store`): a closed host-function link means the daemon died.
+    pub outlive_daemon: bool,
 }
 
 /// Why a request from the daemon is refused.
@@ -312,6 +315,11 @@ pub fn serve(
     let mut phases = Phases::wanted().then(Phases::default);
     // How long to spin before the next read: `hop_poll` right after an answer, else nothing.
     let mut spin = Duration::ZERO;
+    // The last request run and its answer, and (after an adoption, `ToWorker::Adopt`) the one
+    // whose answer the old daemon never delivered: when the guest's ring delivers that request
+    // again, its answer is given again instead of running it twice.
+    let mut last_run: Option<(Box<RunRequest>, ResponseHeader)> = None;
+    let mut replay: Option<(Box<RunRequest>, ResponseHeader)> = None;
     loop {
         let (msg, files) = match hop.next(channel, std::mem::take(&mut spin))? {
             Next::End => break,
@@ -334,6 +342,10 @@ pub fn serve(
             Next::Frame(msg, files) => {
                 match msg {
                     ToWorker::MemoryTable(regions) => {
+                        if mem.num_regions() > 0 && maps_the_same(&mem, &regions, &files) {
+                            debug!("guest RAM table sent again: the mapping stays");
+                            continue;
+                        }
                         mem = match map_regions(&regions, files) {
                             Ok(m) => {
                                 let total: u64 = m.iter().map(|r| r.len()).sum();
@@ -368,6 +380,17 @@ pub fn serve(
         };
         match msg {
             ToWorker::Run(run) => {
+                // Only the first request after an adoption can be the one given again.
+                if let Some((again, resp)) = replay.take().filter(|(r, _)| *r == run) {
+                    info!(
+                        "session {session}: a request the restarted daemon delivered again \
+                         was answered before the restart: its answer is given again"
+                    );
+                    hop.answer(channel, &FromWorker::Done(resp, 0))?;
+                    last_run = Some((again, resp));
+                    spin = hop_poll;
+                    continue;
+                }
                 let started = Instant::now();
                 let built = build_request(session, &mem, &run);
                 let rebuilt = Instant::now();
@@ -384,8 +407,37 @@ pub fn serve(
                 if let (Some(p), Some(op)) = (&mut phases, op) {
                     p.add(op, [rebuilt - started, ran - rebuilt, ran.elapsed()]);
                 }
+                last_run = Some((run, resp));
                 spin = hop_poll;
             }
+            ToWorker::Adopt => {
+                // The old daemon numbered our answers; the mailbox it shared says how many
+                // reached the guest. One short: the last was lost with it.
+                let lost = hop
+                    .mailbox
+                    .as_ref()
+                    .is_some_and(|m| m.delivered().wrapping_add(1) == hop.answers);
+                replay = if lost { last_run.take() } else { None };
+                // The new daemon numbers from zero, over the socket (it may send a mailbox of
+                // its own); the Adopt frame itself was read.
+                hop = Hop {
+                    frames_read: 1,
+                    ..Hop::default()
+                };
+                info!(
+                    "session {session}: taken over by a restarted daemon{}",
+                    if replay.is_some() {
+                        "; the last answer is kept to be given again"
+                    } else {
+                        ""
+                    }
+                );
+                channel.send_to_daemon(&FromWorker::Adopted {
+                    session,
+                    replay: replay.is_some(),
+                })?;
+            }
+            ToWorker::End => break,
             #[cfg(feature = "test-hooks")]
             ToWorker::SandboxTestHook(attempt) => {
                 let resp = crate::sandbox::test_hook::attempt(&attempt);
@@ -634,6 +686,9 @@ pub fn run(config: &WorkerConfig) -> i32 {
         "worker ready"
     );
     let host_functions = session.host_functions_attacher();
+    if config.outlive_daemon {
+        host_functions.survive_daemon();
+    }
     // The driver is initialised: from here on only the measured system calls (every thread).
     if let Err(e) = sandbox::filter_worker(config.sandbox, config.seccomp) {
         error!("cannot install the worker's seccomp filter: {e}");
@@ -848,6 +903,112 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_adopted_worker_gives_a_lost_answer_again_and_runs_nothing_twice() {
+        let file = memfd(0x1_0000);
+        let mem = GuestRam::from_ranges_with_files([(
+            GuestAddress(0x4000_0000),
+            0x1_0000,
+            Some(FileOffset::new(file, 0)),
+        )])
+        .unwrap();
+        let (daemon, theirs) = WorkerChannel::pair().unwrap();
+        let worker = thread::spawn(move || {
+            let ch = WorkerChannel::new(theirs);
+            let mut runs = 0u32;
+            let r = serve(
+                &ch,
+                9,
+                Duration::ZERO,
+                |_| {
+                    runs += 1;
+                    ResponseHeader::with_status(100 + runs)
+                },
+                |_| {},
+            );
+            (r.is_ok(), runs)
+        });
+        let (regions, fds, _) = region_table(&mem);
+        daemon
+            .send_to_worker(&ToWorker::MemoryTable(regions), &fds)
+            .unwrap();
+        // The old daemon's mailbox: it records which answers reached the guest.
+        let (old_mailbox, fd) = Mailbox::create().unwrap();
+        daemon
+            .send_to_worker(&ToWorker::Mailbox, &[fd.as_raw_fd()])
+            .unwrap();
+        let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
+        let answer = |m: Option<&Mailbox>, n: u64| -> (u32, u64) {
+            let body = match m {
+                Some(m) => loop {
+                    if let Some(b) = m.take_answer(n) {
+                        break b.unwrap();
+                    }
+                    std::hint::spin_loop();
+                },
+                None => loop {
+                    match daemon.recv_from_worker().unwrap().unwrap() {
+                        FromWorker::Posted => {}
+                        other => break other.encode(),
+                    }
+                },
+            };
+            match FromWorker::decode(&body).unwrap() {
+                FromWorker::Done(r, ns) => (r.status, ns),
+                other => panic!("{other:?}"),
+            }
+        };
+        let adopt = || {
+            daemon.send_to_worker(&ToWorker::Adopt, &[]).unwrap();
+            loop {
+                match daemon.recv_from_worker().unwrap().unwrap() {
+                    FromWorker::Adopted { session, replay } => {
+                        assert_eq!(session, 9);
+                        break replay;
+                    }
+                    // What the old daemon never read.
+                    FromWorker::Done(..) | FromWorker::Posted => {}
+                }
+            }
+        };
+        // Request A answered and delivered; request B answered, then the daemon dies before
+        // completing its chain (the delivered count stays at 1).
+        daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
+        assert_eq!(answer(Some(&old_mailbox), 1).0, 101);
+        old_mailbox.set_delivered(1);
+        daemon.send_to_worker(&run(0x4000_0200), &[]).unwrap();
+        assert_eq!(answer(Some(&old_mailbox), 2).0, 102);
+        assert!(adopt(), "the lost answer is not kept");
+        // The ring delivers B again: its answer comes back without a second run.
+        daemon.send_to_worker(&run(0x4000_0200), &[]).unwrap();
+        assert_eq!(answer(None, 1), (102, 0));
+        // The same request once more is a new one: it runs.
+        daemon.send_to_worker(&run(0x4000_0200), &[]).unwrap();
+        assert_eq!(answer(None, 2).0, 103);
+        // Adopted again with nothing lost (no mailbox: nothing known, nothing kept); a request
+        // equal to the last one runs.
+        assert!(!adopt());
+        daemon.send_to_worker(&run(0x4000_0200), &[]).unwrap();
+        assert_eq!(answer(None, 1).0, 104);
+        // A request other than the lost one, after an adoption that kept one, runs too.
+        let (m, fd) = Mailbox::create().unwrap();
+        daemon
+            .send_to_worker(&ToWorker::Mailbox, &[fd.as_raw_fd()])
+            .unwrap();
+        daemon.send_to_worker(&run(0x4000_0300), &[]).unwrap();
+        assert_eq!(answer(Some(&m), 2).0, 105);
+        m.set_delivered(1);
+        assert!(adopt());
+        daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
+        assert_eq!(answer(None, 1).0, 106);
+        // End stops the worker although the daemon's end stays open.
+        daemon.send_to_worker(&ToWorker::End, &[]).unwrap();
+        let (clean, runs) = worker.join().unwrap();
+        assert!(clean);
+        assert_eq!(runs, 6);
+        drop(daemon);
+    }
+
     fn serves_in_order(hop_poll: Duration) {
         let file = memfd(0x1_0000);
         let mem = GuestRam::from_ranges_with_files([(
@@ -890,7 +1051,9 @@ mod tests {
         let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
         let answer = || match daemon.recv_from_worker().unwrap().unwrap() {
             FromWorker::Done(r, _) => r.status,
-            FromWorker::Posted => unreachable!("no mailbox in this test"),
+            FromWorker::Posted | FromWorker::Adopted { .. } => {
+                unreachable!("no mailbox in this test")
+            }
         };
         // Before any table: refused.
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();

@@ -40,6 +40,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::{
     cuda::AddressSpace,
+    fd_store::{self, FdStore},
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
     sandbox::{self, ChildProcess, IdMaps, SandboxMode, SeccompMode, SpawnSpec},
@@ -77,7 +78,48 @@ pub struct WorkerCommand {
     seccomp: SeccompMode,
     /// `--gpu-va-base`, `--gpu-va-size`.
     address_space: AddressSpace,
+    /// Workers outlive the daemon, their channels kept in systemd's file-descriptor store
+    /// (`crate::fd_store`), for the next daemon to take over.
+    keep: Option<KeepWorkers>,
 }
+
+/// Where a daemon keeps its workers for the next one: the store, and the index of the
+/// daemon's socket (the VM) the workers belong to.
+#[derive(Debug, Clone)]
+pub struct KeepWorkers {
+    store: Arc<FdStore>,
+    vm: usize,
+}
+
+impl KeepWorkers {
+    /// Workers of VM `vm` (the daemon's socket index) kept in `store`.
+    pub fn new(store: Arc<FdStore>, vm: usize) -> Self {
+        Self { store, vm }
+    }
+
+    /// The same store, for the workers of VM `vm`.
+    pub fn for_vm(&self, vm: usize) -> Self {
+        Self::new(self.store.clone(), vm)
+    }
+
+    /// The index of the daemon socket (VM) its workers belong to.
+    pub fn vm(&self) -> usize {
+        self.vm
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<FdStore> {
+        &self.store
+    }
+}
+
+impl PartialEq for KeepWorkers {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.store, &other.store) && self.vm == other.vm
+    }
+}
+
+impl Eq for KeepWorkers {}
 
 impl WorkerCommand {
     /// Workers run this very binary (through `/proc/self/exe`, so replacing the file on disk
@@ -102,7 +144,24 @@ impl WorkerCommand {
             sandbox: SandboxMode::None,
             seccomp: SeccompMode::Enforce,
             address_space: AddressSpace::default(),
+            keep: None,
         }
+    }
+
+    /// The same command, its workers outliving the daemon in `keep`'s store.
+    pub fn with_keep(mut self, keep: Option<KeepWorkers>) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// Where workers are kept for the next daemon, if they are.
+    pub fn keep(&self) -> Option<&KeepWorkers> {
+        self.keep.as_ref()
+    }
+
+    /// Whether `--hop-mailbox` is on.
+    pub fn hop_mailbox(&self) -> bool {
+        self.hop_mailbox
     }
 
     /// The same command, for a daemon with `--gpu-va-base` and `--gpu-va-size`.
@@ -197,6 +256,9 @@ impl WorkerCommand {
         if let Some(slot) = quota_slot {
             args.extend(["--gpu-memory-slot".into(), slot.to_string().into()]);
         }
+        if self.keep.is_some() {
+            args.push("--outlive-daemon".into());
+        }
         // In a sandbox the driver's JIT cache is out of reach (and must be: a cache shared
         // by every VM's workers would let one VM's worker plant code in another's): say so
         // to the driver rather than let it fail on every PTX load.
@@ -208,6 +270,7 @@ impl WorkerCommand {
         let (flags, user) = self.sandbox.clone_flags();
         Ok(SpawnSpec::new(&self.program, &args, env)?
             .with_fds(fds)
+            .outliving_parent(self.keep.is_some())
             .with_namespaces(flags, user.then(IdMaps::own_ids_as_root)))
     }
 }
@@ -278,7 +341,12 @@ pub struct WorkerProcess {
     answers: u64,
     /// Its slot of the VM's GPU-memory quota; freed (dropped) only after the worker is reaped.
     _quota: Option<SlotLease>,
+    /// The store and name its channel is kept under for the next daemon, if it is.
+    stored: Option<(Arc<FdStore>, String)>,
 }
+
+/// How long taking over a worker waits for its answer (it finishes the op it runs first).
+pub const ADOPT_WAIT: Duration = Duration::from_secs(60);
 
 /// While spinning on the mailbox, the socket is checked once every this many looks.
 const SOCKET_CHECK_EVERY: u32 = 64;
@@ -390,6 +458,7 @@ fn wait_for_answer(
                 // A wake-up, or a stale one (its answer was taken before it came): the loop
                 // looks in the mailbox again.
                 Some(FromWorker::Posted) => continue,
+                Some(FromWorker::Adopted { .. }) => return Err(MessageError::Mailbox.into()),
                 None => return Err(WorkerError::Closed),
             }
         }
@@ -407,7 +476,7 @@ fn mailbox_answer(answer: Result<Vec<u8>, ()>) -> Result<(ResponseHeader, u64), 
     let body = answer.map_err(|()| MessageError::Mailbox)?;
     match FromWorker::decode(&body)? {
         FromWorker::Done(resp, exec_ns) => Ok((resp, exec_ns)),
-        FromWorker::Posted => Err(MessageError::Mailbox.into()),
+        FromWorker::Posted | FromWorker::Adopted { .. } => Err(MessageError::Mailbox.into()),
     }
 }
 
@@ -479,7 +548,11 @@ impl WorkerProcess {
             requests_posted: 0,
             answers: 0,
             _quota: quota,
+            stored: None,
         };
+        if let Some(keep) = &cmd.keep {
+            worker.keep_in(keep);
+        }
         // Without a mailbox the socket carries everything, as it always can.
         if cmd.hop_mailbox {
             match Mailbox::create() {
@@ -494,6 +567,125 @@ impl WorkerProcess {
             }
         }
         Ok(worker)
+    }
+
+    /// Hands systemd copies of the channel and a pidfd, for the next daemon.
+    fn keep_in(&mut self, keep: &KeepWorkers) {
+        let Some(ch) = &self.channel else { return };
+        let slot = self._quota.as_ref().map(SlotLease::index);
+        let name = fd_store::worker_name(keep.vm, self.session, self.pid, slot);
+        let kept = sandbox::pidfd_open(self.pid).and_then(|pidfd| {
+            keep.store
+                .store(&name, &[ch.as_raw_fd(), pidfd.as_raw_fd()])
+        });
+        match kept {
+            Ok(()) => self.stored = Some((keep.store.clone(), name)),
+            Err(e) => warn!(
+                vm = %self.vm,
+                "session {}: worker {} not kept for a restart ({e}): it ends with the daemon",
+                self.session, self.pid
+            ),
+        }
+    }
+
+    /// Takes over a worker that an earlier daemon left in the store: tells it so
+    /// ([`ToWorker::Adopt`]), skips the answers it had sent the old daemon, and gives it a
+    /// mailbox of its own if `cmd` says so. `quota` is its slot of the VM's accounting file.
+    /// Waits up to [`ADOPT_WAIT`] (the worker first finishes the op it runs). Returns the
+    /// worker and whether it keeps an answer the old daemon never delivered.
+    pub fn adopt(
+        cmd: &WorkerCommand,
+        stored: fd_store::StoredWorker,
+        vm: &str,
+        quota: Option<SlotLease>,
+    ) -> Result<(Self, bool), WorkerError> {
+        let channel = WorkerChannel::new(std::os::unix::net::UnixStream::from(stored.channel));
+        channel
+            .set_timeouts(CHANNEL_TIMEOUT)
+            .map_err(WorkerError::Spawn)?;
+        let keep = cmd.keep.as_ref().map(|k| {
+            (
+                k.store.clone(),
+                fd_store::worker_name(k.vm, stored.session, stored.pid, stored.slot),
+            )
+        });
+        let mut worker = Self {
+            session: stored.session,
+            vm: vm.to_string(),
+            pid: stored.pid,
+            child: ChildProcess::adopted(stored.pid, stored.pidfd),
+            channel: Some(channel),
+            shared: Weak::new(),
+            reaped: false,
+            last_exec_ns: 0,
+            hop_poll: cmd.hop_poll,
+            mailbox: None,
+            frames_sent: 0,
+            requests_posted: 0,
+            answers: 0,
+            _quota: quota,
+            stored: keep,
+        };
+        worker.send_message(&ToWorker::Adopt, &[])?;
+        let deadline = Instant::now() + ADOPT_WAIT;
+        let replay = loop {
+            let ch = worker.channel()?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut fds = [libc::pollfd {
+                fd: ch.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one initialised pollfd that outlives the call.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+            if rc == 0 {
+                return Err(WorkerError::Channel(MessageError::Io(io::Error::from(
+                    io::ErrorKind::TimedOut,
+                ))));
+            }
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(MessageError::Io(e).into());
+            }
+            match ch.recv_from_worker()? {
+                Some(FromWorker::Adopted { session, replay }) if session == stored.session => {
+                    break replay
+                }
+                Some(FromWorker::Adopted { .. }) => return Err(MessageError::Mailbox.into()),
+                // Answers the old daemon never read: the guest's ring delivers their requests
+                // again (the worker gives the last one's answer again).
+                Some(FromWorker::Done(..) | FromWorker::Posted) => {}
+                None => return Err(WorkerError::Closed),
+            }
+        };
+        info!(
+            vm,
+            "session {}: worker process {} taken over from the previous daemon",
+            stored.session,
+            stored.pid
+        );
+        if cmd.hop_mailbox {
+            match Mailbox::create() {
+                Ok((mailbox, fd)) => {
+                    worker.send_message(&ToWorker::Mailbox, &[fd.as_raw_fd()])?;
+                    worker.mailbox = Some(mailbox);
+                }
+                Err(e) => warn!(vm, "session {}: no hop mailbox ({e})", stored.session),
+            }
+        }
+        Ok((worker, replay))
+    }
+
+    /// Records that every answer so far reached the guest (its chain was completed), for a
+    /// daemon that takes this worker over after a restart (`ToWorker::Adopt`).
+    pub fn note_delivered(&self) {
+        if let Some(m) = &self.mailbox {
+            m.set_delivered(self.answers);
+        }
     }
 
     /// Whether the hop's mailbox carries requests and answers (else the socket alone does).
@@ -675,6 +867,11 @@ impl WorkerProcess {
     /// Ends the worker: closes the channel, gives it `bound` to exit by itself, then SIGKILL.
     /// Returns once it is reaped.
     pub fn close(mut self, bound: Duration) -> ExitStatus {
+        if let Some((store, name)) = self.stored.take() {
+            // systemd's copy keeps the channel open: say it in words, then drop the copy.
+            let _ = self.send_message(&ToWorker::End, &[]);
+            store.remove(&name);
+        }
         self.channel = None;
         let deadline = Instant::now() + bound;
         loop {
@@ -701,6 +898,9 @@ impl WorkerProcess {
     }
 
     fn kill_and_reap(&mut self) -> ExitStatus {
+        if let Some((store, name)) = self.stored.take() {
+            store.remove(&name);
+        }
         self.channel = None;
         // Child::kill does nothing once the child has been reaped, so it never hits a reused pid.
         let _ = self.child.kill();

@@ -47,6 +47,9 @@ const REQUEST_SEQ: usize = 0;
 const REQUEST_LEN: usize = 8;
 const REQUEST_AFTER: usize = 16;
 const DAEMON_SLEEPING: usize = 64;
+/// How many of the worker's answers the daemon has delivered to the guest (completed on the
+/// ring): read by a worker that a restarted daemon adopts (`child.rs`, `ToWorker::Adopt`).
+const DELIVERED: usize = 320;
 // ... and by the worker.
 const ANSWER_SEQ: usize = 128;
 const ANSWER_LEN: usize = 136;
@@ -203,7 +206,19 @@ impl Mailbox {
             .store(u32::from(sleeping), SeqCst);
     }
 
+    /// Records that the answers up to number `n` reached the guest (their chains are
+    /// completed). A worker adopted by a restarted daemon compares it with its own count to tell
+    /// whether its last answer was lost with the old daemon.
+    pub fn set_delivered(&self, n: u64) {
+        self.u64_at(DELIVERED).store(n, SeqCst);
+    }
+
     // --- the worker's side ----------------------------------------------------------------
+
+    /// How many answers the daemon says reached the guest ([`Mailbox::set_delivered`]).
+    pub fn delivered(&self) -> u64 {
+        self.u64_at(DELIVERED).load(SeqCst)
+    }
 
     /// The request after `last`, if the daemon posted it.
     pub fn take_request(&self, last: u64) -> Option<Posted> {

@@ -48,8 +48,11 @@ const TAG_MAILBOX: u8 = 5;
 const TAG_POSTED: u8 = 6;
 const TAG_PAUSE: u8 = 7;
 const TAG_RESUME: u8 = 8;
-const TAG_SAVE_STATE: u8 = 9;
-const TAG_RESTORE_STATE: u8 = 10;
+const TAG_ADOPT: u8 = 9;
+const TAG_ADOPTED: u8 = 10;
+const TAG_END: u8 = 11;
+const TAG_SAVE_STATE: u8 = 12;
+const TAG_RESTORE_STATE: u8 = 13;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -105,6 +108,14 @@ pub enum ToWorker {
     Pause,
     /// The operator's resume (`GpuState::resume`); answered as [`ToWorker::Pause`] is.
     Resume,
+    /// A restarted daemon takes the worker over (`worker/store.rs`): the worker drops the old
+    /// daemon's mailbox, remembers whether its last answer was lost with the old daemon (the
+    /// mailbox's delivered count), and answers [`FromWorker::Adopted`] over the socket. Answers
+    /// it sent the old daemon may still be in the socket before that one.
+    Adopt,
+    /// The session is over: the worker exits (as when the channel closes, which it cannot see
+    /// while a copy of the daemon's end is kept for a restart).
+    End,
     /// Save the whole GPU state (`GpuState::save`, a migration's source): one file travels
     /// with it (a memfd), which the worker fills with the saved state from offset 0. Answered
     /// [`FromWorker::Done`] with the status (as for [`ToWorker::Pause`]), rets[0] the bytes
@@ -129,6 +140,15 @@ pub enum FromWorker {
     Done(ResponseHeader, u64),
     /// "Look in the mailbox": an answer was posted there while the daemon slept on this socket.
     Posted,
+    /// The answer to [`ToWorker::Adopt`]: the worker's session id, and whether it holds an
+    /// answer that the old daemon never delivered (it gives it again, without running the
+    /// request twice, when the guest's ring delivers that request again).
+    Adopted {
+        /// The session the worker serves.
+        session: u64,
+        /// Whether its last answer was lost with the old daemon.
+        replay: bool,
+    },
 }
 
 /// Errors of encoding, decoding and moving messages.
@@ -257,7 +277,7 @@ impl ToWorker {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
             Self::HostFunctionLink | Self::Mailbox | Self::SaveState | Self::RestoreState => 1,
-            Self::Posted | Self::Pause | Self::Resume => 0,
+            Self::Posted | Self::Pause | Self::Resume | Self::Adopt | Self::End => 0,
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(_) => 0,
         }
@@ -306,6 +326,8 @@ impl ToWorker {
             Self::Posted => out.push(TAG_POSTED),
             Self::Pause => out.push(TAG_PAUSE),
             Self::Resume => out.push(TAG_RESUME),
+            Self::Adopt => out.push(TAG_ADOPT),
+            Self::End => out.push(TAG_END),
             Self::SaveState => out.push(TAG_SAVE_STATE),
             Self::RestoreState => out.push(TAG_RESTORE_STATE),
             #[cfg(feature = "test-hooks")]
@@ -364,6 +386,8 @@ impl ToWorker {
             TAG_POSTED => Self::Posted,
             TAG_PAUSE => Self::Pause,
             TAG_RESUME => Self::Resume,
+            TAG_ADOPT => Self::Adopt,
+            TAG_END => Self::End,
             TAG_SAVE_STATE => Self::SaveState,
             TAG_RESTORE_STATE => Self::RestoreState,
             #[cfg(feature = "test-hooks")]
@@ -389,6 +413,11 @@ impl FromWorker {
                 out.extend_from_slice(&exec_ns.to_le_bytes());
             }
             Self::Posted => out.push(TAG_POSTED),
+            Self::Adopted { session, replay } => {
+                out.push(TAG_ADOPTED);
+                out.extend_from_slice(&session.to_le_bytes());
+                out.push(u8::from(*replay));
+            }
         }
         out
     }
@@ -403,6 +432,10 @@ impl FromWorker {
                 Self::Done(resp, r.u64()?)
             }
             TAG_POSTED => Self::Posted,
+            TAG_ADOPTED => Self::Adopted {
+                session: r.u64()?,
+                replay: r.u8()? != 0,
+            },
             tag => return Err(MessageError::UnknownTag(tag)),
         };
         r.end()?;
@@ -626,6 +659,8 @@ mod tests {
             ToWorker::HostFunctionLink,
             ToWorker::Pause,
             ToWorker::Resume,
+            ToWorker::Adopt,
+            ToWorker::End,
             ToWorker::SaveState,
             ToWorker::RestoreState,
         ] {
@@ -634,8 +669,26 @@ mod tests {
         let mut resp = ResponseHeader::with_status(700);
         resp.flags = 1;
         resp.rets = [1, 2, 3, 4, 5, 6, u64::MAX];
-        let msg = FromWorker::Done(resp, 1234);
-        assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        for msg in [
+            FromWorker::Done(resp, 1234),
+            FromWorker::Adopted {
+                session: u64::MAX - 1,
+                replay: true,
+            },
+            FromWorker::Adopted {
+                session: 3,
+                replay: false,
+            },
+        ] {
+            assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        }
+        // An Adopted answer cut short is refused.
+        let b = FromWorker::Adopted {
+            session: 3,
+            replay: false,
+        }
+        .encode();
+        FromWorker::decode(&b[..b.len() - 1]).unwrap_err();
     }
 
     #[test]

@@ -17,4 +17,6 @@ pub mod message;
 pub use child::{
     build_request, checkpoint_answer, run, serve, RunError, Work, WorkerConfig, CHANNEL_FD,
 };
-pub use handle::{Waited, WorkerCommand, WorkerError, WorkerProcess, CLOSE_WAIT};
+pub use handle::{
+    KeepWorkers, Waited, WorkerCommand, WorkerError, WorkerProcess, ADOPT_WAIT, CLOSE_WAIT,
+};

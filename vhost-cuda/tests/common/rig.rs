@@ -125,9 +125,13 @@ pub struct Rig {
 
 impl Rig {
     pub fn new(command: WorkerCommand, label: &str) -> Rig {
-        let mem = guest_ram();
         let host = CudaHost::probe();
         let table = SessionTable::new(host.clone(), command, label);
+        Self::with_table(host, table, guest_ram())
+    }
+
+    /// A rig around `table` (made with `host`), serving guest RAM `mem`.
+    pub fn with_table(host: Arc<CudaHost>, table: SessionTable, mem: Arc<GuestRam>) -> Rig {
         table.set_memory(mem.clone());
         Rig {
             mem,

@@ -2,10 +2,12 @@
 
 use core::ffi::{c_char, c_int, c_uint};
 
-use super::{check_device, initialized, out, via_core, via_runtime};
+use qcuda_proto::Op;
+
+use super::{check_device, initialized, out, via_core};
 use crate::{
-    core::devices, core::runtime::runtime, driver::status::DriverError, generated::driver_api as d,
-    runtime::pools as rt_pools,
+    core::devices, core::pools::ops as pool_ops, core::runtime::runtime,
+    driver::status::DriverError, generated::driver_api as d,
 };
 
 driver_api! {
@@ -167,23 +169,30 @@ driver_api! {
 
     /// `cuDeviceGetDefaultMemPool`.
     fn cuDeviceGetDefaultMemPool(pool_out: *mut d::CUmemoryPool, dev: d::CUdevice) {
-        check_device(dev)?;
-        // SAFETY: forwarded contract; CUmemoryPool and cudaMemPool_t are the same handle.
-        via_runtime(|| unsafe { rt_pools::cudaDeviceGetDefaultMemPool(pool_out.cast(), dev) })
+        let dev = check_device(dev)?;
+        if pool_out.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let h = via_core(|| pool_ops::pool_of(Op::DeviceGetDefaultMemPool, dev))?;
+        // SAFETY: caller's out-parameter; a CUmemoryPool is the core's pool handle.
+        unsafe { out(pool_out, h as d::CUmemoryPool) }
     }
 
     /// `cuDeviceGetMemPool`.
     fn cuDeviceGetMemPool(pool: *mut d::CUmemoryPool, dev: d::CUdevice) {
-        check_device(dev)?;
+        let dev = check_device(dev)?;
+        if pool.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let h = via_core(|| pool_ops::pool_of(Op::DeviceGetMemPool, dev))?;
         // SAFETY: as above.
-        via_runtime(|| unsafe { rt_pools::cudaDeviceGetMemPool(pool.cast(), dev) })
+        unsafe { out(pool, h as d::CUmemoryPool) }
     }
 
     /// `cuDeviceSetMemPool`.
     fn cuDeviceSetMemPool(dev: d::CUdevice, pool: d::CUmemoryPool) {
-        check_device(dev)?;
-        // SAFETY: as above.
-        via_runtime(|| unsafe { rt_pools::cudaDeviceSetMemPool(dev, pool.cast()) })
+        let dev = check_device(dev)?;
+        via_core(|| pool_ops::set_current(dev, pool as usize))
     }
 
     /// `cuDeviceGetExecAffinitySupport`: qcuda offers no execution affinity (SM partitions),

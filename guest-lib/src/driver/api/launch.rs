@@ -117,6 +117,8 @@ unsafe fn launch_function(
     )?;
     // SAFETY: forwarded contract.
     let block = unsafe { parameter_block(f, args, extra) }?;
+    // The launch loads it on the host, if nothing did before.
+    f.note_loaded();
     Ok(launch::submit(
         rt,
         device,

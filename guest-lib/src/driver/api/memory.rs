@@ -5,8 +5,9 @@
 
 use core::ffi::{c_int, c_uint, c_void};
 
-use super::{initialized, out, via_core, via_runtime};
+use super::{initialized, out, via_core};
 use crate::core::context;
+use crate::core::pools::ops as pool_ops;
 use crate::{
     core::array_ops,
     core::conv::usize_of,
@@ -17,7 +18,17 @@ use crate::{
         cudaMemcpyDefault, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToHost,
         cudaMemcpyHostToDevice, cudaMemcpyKind, driver_api as d,
     },
-    runtime::pools as rt_pools,
+};
+
+// The driver's pool structures are the runtime's, field for field: the core reads both as the
+// runtime's.
+const _: () = {
+    use crate::generated::{cudaMemAccessDesc, cudaMemLocation, cudaMemPoolProps};
+    use core::mem::{align_of, size_of};
+    assert!(size_of::<d::CUmemPoolProps>() == size_of::<cudaMemPoolProps>());
+    assert!(align_of::<d::CUmemPoolProps>() == align_of::<cudaMemPoolProps>());
+    assert!(size_of::<d::CUmemAccessDesc>() == size_of::<cudaMemAccessDesc>());
+    assert!(size_of::<d::CUmemLocation>() == size_of::<cudaMemLocation>());
 };
 
 /// The current context, made the runtime face's current device.
@@ -212,8 +223,12 @@ driver_api! {
     #[per_thread(cuMemAllocAsync_ptsz)]
     fn cuMemAllocAsync(dptr: *mut d::CUdeviceptr, bytesize: usize, hStream: d::CUstream) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_pools::cudaMallocAsync(dptr.cast(), bytesize, hStream.cast()) })
+        if dptr.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let p = via_core(|| pool_ops::malloc_async(bytesize, None, hStream as usize))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(dptr, p as d::CUdeviceptr) }
     }
 
     /// `cuMemAllocFromPoolAsync`.
@@ -225,18 +240,19 @@ driver_api! {
         hStream: d::CUstream,
     ) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe {
-            rt_pools::cudaMallocFromPoolAsync(dptr.cast(), bytesize, pool.cast(), hStream.cast())
-        })
+        if dptr.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        let p = via_core(|| pool_ops::malloc_async(bytesize, Some(pool as usize), hStream as usize))?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(dptr, p as d::CUdeviceptr) }
     }
 
     /// `cuMemFreeAsync`.
     #[per_thread(cuMemFreeAsync_ptsz)]
     fn cuMemFreeAsync(dptr: d::CUdeviceptr, hStream: d::CUstream) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_pools::cudaFreeAsync(dptr as *mut c_void, hStream.cast()) })
+        via_core(|| pool_ops::free_async(dptr, hStream as usize))
     }
 
     /// `cuMemcpy`: between any two addresses, by unified addressing.
@@ -422,50 +438,58 @@ driver_api! {
     /// `cuMemPoolCreate` (`CUmemPoolProps` is `cudaMemPoolProps`, field for field).
     fn cuMemPoolCreate(pool: *mut d::CUmemoryPool, poolProps: *const d::CUmemPoolProps) {
         ready()?;
-        // SAFETY: forwarded contract; the same layout.
-        via_runtime(|| unsafe { rt_pools::cudaMemPoolCreate(pool.cast(), poolProps.cast()) })
+        if pool.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: the caller's contract; the same layout (checked above).
+        let h = via_core(|| unsafe { pool_ops::create(poolProps.cast()) })?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(pool, h as d::CUmemoryPool) }
     }
 
     /// `cuMemPoolDestroy`.
     fn cuMemPoolDestroy(pool: d::CUmemoryPool) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_pools::cudaMemPoolDestroy(pool.cast()) })
+        via_core(|| pool_ops::destroy(pool as usize))
     }
 
     /// `cuMemPoolSetAttribute` (the attribute ids are the runtime's).
     fn cuMemPoolSetAttribute(pool: d::CUmemoryPool, attr: d::CUmemPool_attribute, value: *mut c_void) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_pools::cudaMemPoolSetAttribute(pool.cast(), attr, value) })
+        // SAFETY: the caller's contract.
+        via_core(|| unsafe { pool_ops::set_attribute(pool as usize, attr, value) })
     }
 
     /// `cuMemPoolGetAttribute`.
     fn cuMemPoolGetAttribute(pool: d::CUmemoryPool, attr: d::CUmemPool_attribute, value: *mut c_void) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_pools::cudaMemPoolGetAttribute(pool.cast(), attr, value) })
+        // SAFETY: the caller's contract.
+        via_core(|| unsafe { pool_ops::get_attribute(pool as usize, attr, value) })
     }
 
     /// `cuMemPoolTrimTo`.
     fn cuMemPoolTrimTo(pool: d::CUmemoryPool, minBytesToKeep: usize) {
         ready()?;
-        // SAFETY: forwarded contract.
-        via_runtime(|| unsafe { rt_pools::cudaMemPoolTrimTo(pool.cast(), minBytesToKeep) })
+        via_core(|| pool_ops::trim_to(pool as usize, minBytesToKeep))
     }
 
     /// `cuMemPoolSetAccess` (`CUmemAccessDesc` is `cudaMemAccessDesc`).
     fn cuMemPoolSetAccess(pool: d::CUmemoryPool, map: *const d::CUmemAccessDesc, count: usize) {
         ready()?;
-        // SAFETY: forwarded contract; the same layout.
-        via_runtime(|| unsafe { rt_pools::cudaMemPoolSetAccess(pool.cast(), map.cast(), count) })
+        // SAFETY: the caller's contract; the same layout (checked above).
+        via_core(|| unsafe { pool_ops::set_access(pool as usize, map.cast(), count) })
     }
 
     /// `cuMemPoolGetAccess`.
     fn cuMemPoolGetAccess(flags: *mut d::CUmemAccess_flags, memPool: d::CUmemoryPool, location: *mut d::CUmemLocation) {
         ready()?;
-        // SAFETY: forwarded contract; the same layout.
-        via_runtime(|| unsafe { rt_pools::cudaMemPoolGetAccess(flags, memPool.cast(), location.cast()) })
+        if flags.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: the caller's contract; the same layout (checked above).
+        let f = via_core(|| unsafe { pool_ops::get_access(memPool as usize, location.cast()) })?;
+        // SAFETY: caller's out-parameter.
+        unsafe { out(flags, f as d::CUmemAccess_flags) }
     }
 
     /// `cuPointerGetAttributes`: several attributes of one address; each value's slot as

@@ -1,16 +1,10 @@
 //! The exported driver API (`libcuda.so.1`): every function this face implements, declared
-//! once. Each export converts C arguments into calls on the shared core (or on the runtime
-//! face's own functions, where a driver call is a runtime call on the current context) and the
-//! result into a `CUresult`. The symbols of NVIDIA's driver that qcuda does not implement are
+//! once. Each export converts C arguments into calls on the shared core and the result into a
+//! `CUresult`. The symbols of NVIDIA's driver that qcuda does not implement are
 //! in `../unsupported.rs` and return `CUDA_ERROR_NOT_SUPPORTED`.
 #![allow(non_snake_case)]
 
-use crate::{
-    core::cuda_error::CudaError,
-    core::last_error,
-    core::runtime::runtime_if_connected,
-    generated::{cudaError_t, driver_api as d},
-};
+use crate::{core::last_error, core::runtime::runtime_if_connected, generated::driver_api as d};
 
 use super::status::{DriverError, DrvResult};
 
@@ -78,19 +72,6 @@ unsafe fn out<T>(ptr: *mut T, value: T) -> DrvResult<()> {
     // SAFETY: non-null, and valid for writes by the caller's contract.
     unsafe { ptr.write_unaligned(value) };
     Ok(())
-}
-
-/// Runs one of the runtime face's exports for the driver face: its status becomes a driver
-/// status, and the runtime's per-thread last error is left as it was (driver calls never
-/// change what `cudaGetLastError` reports).
-fn via_runtime(call: impl FnOnce() -> cudaError_t) -> DrvResult<()> {
-    let saved = last_error::peek();
-    let code = call();
-    last_error::restore(saved);
-    match CudaError::from_code(code) {
-        None => Ok(()),
-        Some(e) => Err(e.into()),
-    }
 }
 
 /// Runs a core operation for the driver face: its error becomes a driver status, and the
@@ -172,6 +153,7 @@ pub fn device_identity() -> DrvResult<Vec<DeviceIdentity>> {
 }
 
 pub mod arrays;
+pub mod checkpoint;
 pub mod context;
 pub mod device;
 pub mod graph;

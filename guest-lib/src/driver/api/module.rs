@@ -367,18 +367,31 @@ driver_api! {
         param_info(modules::launchable(func as usize)?, paramIndex, paramOffset, paramSize)
     }
 
-    /// `cuFuncIsLoaded`: a function handle exists only once its module is loaded.
+    /// `cuFuncIsLoaded`: whether the host's driver has loaded the function (modules are
+    /// loaded lazily there, as natively): after a launch, `cuFuncLoad`, or an attribute or
+    /// occupancy call.
     fn cuFuncIsLoaded(state: *mut d::CUfunctionLoadingState, function: d::CUfunction) {
         initialized()?;
-        modules::launchable(function as usize)?;
+        let f = modules::launchable(function as usize)?;
+        let s = if f.loaded.load(std::sync::atomic::Ordering::Relaxed) {
+            d::CU_FUNCTION_LOADING_STATE_LOADED
+        } else {
+            d::CU_FUNCTION_LOADING_STATE_UNLOADED
+        };
         // SAFETY: caller's out-parameter.
-        unsafe { out(state, d::CU_FUNCTION_LOADING_STATE_LOADED) }
+        unsafe { out(state, s) }
     }
 
-    /// `cuFuncLoad`: already loaded.
+    /// `cuFuncLoad`: the host's driver loads the function now (an attribute query, which
+    /// loads it there first), so that its first launch does not.
     fn cuFuncLoad(function: d::CUfunction) {
         initialized()?;
-        modules::launchable(function as usize).map(drop)
+        let f = modules::launchable(function as usize)?;
+        if f.loaded.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut threads: c_int = 0;
+        function_attribute(&raw mut threads, d::CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, f)
     }
 
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessor`.
@@ -438,6 +451,7 @@ driver_api! {
             Call::new(Op::OccupancyAvailableDynamicSMem, f.module.device)
                 .args(&[f.resolved.function, blocks, block]),
         )?;
+        f.note_loaded();
         // SAFETY: checked non-null.
         unsafe { dynamicSmemSize.write_unaligned(crate::core::conv::usize_of(reply.rets[0])) };
         Ok(())
@@ -488,6 +502,7 @@ fn function_attribute(
             .input(&id)
             .output(&mut value),
     )?;
+    f.note_loaded();
     if crate::driver::trace::enabled() {
         crate::driver::trace::log(format_args!(
             "function attribute {attrib} of {}: {}",
@@ -515,6 +530,7 @@ fn set_function_attribute(
             u64::from(attrib),
             crate::core::conv::int_word(value),
         ]))?;
+    f.note_loaded();
     if attrib == d::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES {
         f.max_dynamic_smem.store(
             u32::try_from(value).unwrap_or(0),
@@ -641,6 +657,7 @@ fn occupancy(
             u64::from(flags),
         ]),
     )?;
+    f.note_loaded();
     // SAFETY: checked non-null.
     unsafe { num_blocks.write_unaligned(c_int::try_from(reply.rets[0]).unwrap_or(c_int::MAX)) };
     Ok(())

@@ -522,6 +522,7 @@ impl GpuState {
                 name: f.name.clone(),
                 cache_config: f.cache_config,
                 attributes: f.attributes.clone(),
+                loaded: false,
             };
             if !self.functions.insert_at(&self.ids, f.handle, entry) {
                 return Err(mismatch(format!("function handle {}", f.handle)));

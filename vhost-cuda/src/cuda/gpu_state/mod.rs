@@ -292,6 +292,10 @@ struct FunctionEntry {
     name: CString,
     cache_config: Option<u32>,
     attributes: Vec<(i32, i32)>,
+    /// Whether this session had the driver load it (`cuFuncLoad`) for an attribute or
+    /// occupancy call: under lazy loading those load the function natively, so a first launch
+    /// timed with events does not include the load.
+    loaded: bool,
 }
 
 #[derive(Debug)]
@@ -502,7 +506,7 @@ impl GpuState {
             Op::LaunchKernel | Op::LaunchKernelEx => self.launch_kernel(req),
             Op::OccupancyCluster => self.occupancy_cluster(req),
             Op::OccupancyAvailableDynamicSMem => {
-                let (dev, raw) = self.function(args[0])?;
+                let (dev, raw) = self.loaded_function(args[0])?;
                 let blocks = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
                 let block = i32::try_from(args[2]).map_err(|_| status::INVALID_VALUE)?;
                 let n = self
@@ -646,7 +650,9 @@ impl GpuState {
             // The daemon answers it, outside the request order (host_functions.rs).
             | Op::HostFuncWait
             | Op::HostLatency
-            | Op::VmUsage => Err(status::NOT_SUPPORTED.into()),
+            | Op::VmUsage
+            // The session table answers it (session/process_checkpoint.rs).
+            | Op::ProcessCheckpoint => Err(status::NOT_SUPPORTED.into()),
         }
     }
 }

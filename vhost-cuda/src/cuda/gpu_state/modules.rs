@@ -149,6 +149,7 @@ impl GpuState {
                     name,
                     cache_config: None,
                     attributes: Vec::new(),
+                    loaded: false,
                 };
                 let fh = self
                     .functions
@@ -286,14 +287,29 @@ impl GpuState {
         Ok((dev, raw))
     }
 
+    /// [`Self::function`], loaded by the driver first the first time: the attribute and
+    /// occupancy calls (cudaFuncGetAttributes, cuFuncGetAttribute, cudaFuncSetAttribute, the
+    /// occupancy calculators) load a lazily loaded function, as they do natively, rather than
+    /// leaving the load to its first launch.
+    pub(super) fn loaded_function(&mut self, handle: u64) -> Result<(usize, Function), Fault> {
+        let (dev, raw) = self.function(handle)?;
+        if let Some(f) = self.functions.get_mut(handle) {
+            if !f.loaded {
+                self.drv.function_load(raw).map_err(on(dev))?;
+                f.loaded = true;
+            }
+        }
+        Ok((dev, raw))
+    }
+
     pub(super) fn func_attributes(&mut self, req: &Request) -> OpResult {
-        let (dev, raw) = self.function(req.header().args[0])?;
+        let (dev, raw) = self.loaded_function(req.header().args[0])?;
         let drv = Arc::clone(&self.drv);
         attribute_table(req, |attr| drv.func_attribute(raw, attr).map_err(on(dev)))
     }
 
     pub(super) fn func_set_attribute(&mut self, args: &[u64]) -> OpResult {
-        let (dev, raw) = self.function(args[0])?;
+        let (dev, raw) = self.loaded_function(args[0])?;
         let attr = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
         let value = priority(args[2])?;
         self.drv
@@ -309,7 +325,7 @@ impl GpuState {
     /// `OccupancyCluster`: cluster occupancy of a launch configuration with attributes.
     pub(super) fn occupancy_cluster(&mut self, req: &Request) -> OpResult {
         let args = &req.header().args;
-        let (dev, raw) = self.function(args[0])?;
+        let (dev, raw) = self.loaded_function(args[0])?;
         let cfg = LaunchConfig::decode(args)?;
         let active = match args[6] {
             0 => false,
@@ -331,7 +347,7 @@ impl GpuState {
     }
 
     pub(super) fn occupancy(&mut self, args: &[u64]) -> OpResult {
-        let (dev, raw) = self.function(args[0])?;
+        let (dev, raw) = self.loaded_function(args[0])?;
         let block = i32::try_from(args[1]).map_err(|_| status::INVALID_VALUE)?;
         let flags = u32::try_from(args[3])
             .ok()
