@@ -63,7 +63,7 @@ grep -q 'sessions open: 0' "$logs/vm/daemon.log" && res ok "daemon: every sessio
 # The guest sees the GPU's own attribute values, except those qcuda reports deliberately
 # (guest-lib/src/core/device_prop.rs: NOT_REMOTED and QCUDA_VALUES; a guest-lib test keeps this list
 # equal to them).
-QCUDA_OWN_ATTRIBUTES="83 86 88 89 91 96 100 101 103 112 114 116 117 118 119 121 124 125 128 141 142 143 144 146"
+QCUDA_OWN_ATTRIBUTES="83 86 88 89 91 96 100 101 112 114 116 117 118 119 121 124 128 132 141 142 143 144 146"
 if [[ -z $only || $only == device_attributes ]] && [[ -f $logs/native-device_attributes.log ]]; then
     attrs() { grep -E '^(ATTR|PROP) ' | tr -d '\r' | awk -v own=" $QCUDA_OWN_ATTRIBUTES " '!($1 == "ATTR" && index(own, " " $3 " "))'; }
     attrs <"$logs/native-device_attributes.log" >"$logs/attrs-native.txt"

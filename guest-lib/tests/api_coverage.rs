@@ -128,8 +128,9 @@ fn note(area: &str) -> Option<&'static str> {
              (`libcuda.so.1`, below), through `cuGetProcAddress` and `cuGetExportTable`."
         }
         "Inter-process" => {
-            "IPC handles name host memory of another process; across VMs they would break the \
-             isolation between sessions."
+            "Memory, event and pool handles work between the processes of one VM: the host \
+             brokers each export under a token and a secret of that VM's table (guest-lib.md, \
+             \"IPC\"); a handle of another VM opens nothing."
         }
         "External resources" => {
             "External memory and semaphores are file descriptors or handles of the guest's own \

@@ -87,6 +87,28 @@ pub const VMM_FLAGS: u64 = VMM_FLAG_COMPRESSED | VMM_FLAG_RDMA_CAPABLE;
 /// `MemCreate` handle type: a POSIX file descriptor.
 pub const VMM_HANDLE_POSIX_FD: u64 = 1;
 
+/// `IpcExport`/`IpcImport` kind: device memory of a `Malloc` (legacy `cuIpcGetMemHandle`).
+pub const IPC_KIND_MEMORY: u64 = 1;
+/// `IpcExport`/`IpcImport` kind: a VMM allocation handle (`cuMemExportToShareableHandle`
+/// with a POSIX file descriptor).
+pub const IPC_KIND_VMM: u64 = 2;
+/// `IpcExport`/`IpcImport` kind: a memory pool created shareable as POSIX file descriptors
+/// (`cuMemPoolExportToShareableHandle`).
+pub const IPC_KIND_POOL: u64 = 3;
+/// `IpcExport`/`IpcImport` kind: an event created with `cudaEventInterprocess` and
+/// `cudaEventDisableTiming` (`cuIpcGetEventHandle`).
+pub const IPC_KIND_EVENT: u64 = 4;
+/// `MemPoolCreate` args[1]: the pool is shareable as POSIX file descriptors.
+pub const POOL_HANDLE_POSIX_FD: u64 = 1;
+/// Bytes of a pool pointer's export record (`CUmemPoolPtrExportData`), the driver's own.
+pub const POOL_PTR_EXPORT_LEN: usize = 64;
+/// The bytes of a guest-side IPC handle (`cudaIpcMemHandle_t`, and the contents of the file
+/// a POSIX-descriptor handle is): magic u32 @0 ([`IPC_HANDLE_MAGIC`]), kind u32 @4, token
+/// u64 @8, secret [u64; 2] @16, device u32 @32 (of the exporter), reserved up to 64.
+pub const IPC_HANDLE_LEN: usize = 64;
+/// First word of a guest-side IPC handle ("QIPC").
+pub const IPC_HANDLE_MAGIC: u32 = 0x4350_4951;
+
 /// Request flag: fire-and-forget. The caller does not wait for the result; the device executes
 /// the op in stream order and reports a failure at the session's next synchronising op.
 pub const FLAG_ASYNC: u16 = 1 << 0;
@@ -200,6 +222,9 @@ pub mod status {
     pub const UNSUPPORTED_LIMIT: u32 = 215;
     /// cudaErrorInvalidKernelImage
     pub const INVALID_KERNEL_IMAGE: u32 = 200;
+    /// cudaErrorDeviceUninitialized, which is CUDA_ERROR_INVALID_CONTEXT ("invalid device
+    /// context").
+    pub const INVALID_CONTEXT: u32 = 201;
     /// cudaErrorNoKernelImageForDevice
     pub const NO_KERNEL_IMAGE_FOR_DEVICE: u32 = 209;
     /// cudaErrorPeerAccessUnsupported
@@ -444,8 +469,9 @@ ops! {
     DeviceGetMemPool = 0x0181, ins 0, outs 0;
     /// args[0] = pool handle of device `hdr.device`, which becomes its current pool.
     DeviceSetMemPool = 0x0182, ins 0, outs 0;
-    /// A new pool of pinned device memory on device `hdr.device`, no shareable handle types:
-    /// args[0] = maximum size in bytes (0: the driver's default). rets[0] = pool handle.
+    /// A new pool of pinned device memory on device `hdr.device`: args[0] = maximum size in
+    /// bytes (0: the driver's default), args[1] = shareable handle types (0, or
+    /// `POOL_HANDLE_POSIX_FD`). rets[0] = pool handle.
     MemPoolCreate = 0x0183, ins 0, outs 0;
     /// args[0] = pool handle (not a default pool). A pool that was its device's current pool
     /// is replaced there by the default pool.
@@ -540,6 +566,32 @@ ops! {
     /// mapping holding it (cuMemGetAddressRange).
     MemMappingRange = 0x024B, ins 0, outs 0;
 
+    // Sharing device memory between the processes of one VM. The daemon keeps a table per VM
+    // of what was exported, under a token and a random secret: the exporting worker makes the
+    // real shareable handle (a POSIX file descriptor of the physical allocation), the daemon
+    // holds it and hands it to the importing worker. Answered by the daemon and the workers,
+    // never by one worker alone.
+    /// args[0] = `IPC_KIND_*`, args[1] = the device pointer (`IPC_KIND_MEMORY`: anywhere in
+    /// one `Malloc` of the session on `hdr.device`), the allocation handle (`IPC_KIND_VMM`),
+    /// the pool handle (`IPC_KIND_POOL`) or the event handle (`IPC_KIND_EVENT`). rets[0] = token, rets[1..=2] = secret; valid until
+    /// the exporting session ends.
+    IpcExport = 0x0260, ins 0, outs 0;
+    /// args[0] = `IPC_KIND_*`, args[1] = token, args[2..=3] = secret, args[4] = flags
+    /// (`IPC_KIND_MEMORY`: cudaIpcMemLazyEnablePeerAccess = 1). Imported on `hdr.device`.
+    /// rets[0] = the device address of the exported allocation's start (`IPC_KIND_MEMORY`) or
+    /// a new allocation handle (`IPC_KIND_VMM`), pool handle (`IPC_KIND_POOL`) or event handle
+    /// (`IPC_KIND_EVENT`) of the session; rets[1] = the size (`IPC_KIND_MEMORY`).
+    IpcImport = 0x0261, ins 0, outs 0;
+    /// args[0] = an address `IpcImport` returned (`IPC_KIND_MEMORY`): unmapped once the device
+    /// is done with it (cuIpcCloseMemHandle).
+    IpcClose = 0x0262, ins 0, outs 0;
+    /// args[0] = a stream-ordered allocation of the session from a shareable pool: out-buffer 0
+    /// (`POOL_PTR_EXPORT_LEN` bytes) receives the driver's export record (cuMemPoolExportPointer).
+    MemPoolExportPointer = 0x0263, ins 0, outs 1;
+    /// args[0] = a pool handle the session imported (`IpcImport` of `IPC_KIND_POOL`); in-buffer
+    /// 0 = an export record of `MemPoolExportPointer`. rets[0] = the allocation's address in
+    /// this process, rets[1] = its size (cuMemPoolImportPointer); freed by `Free`/`FreeAsync`.
+    MemPoolImportPointer = 0x0264, ins 1, outs 0;
     /// CUDA's process checkpoint (`cuCheckpointProcess*`) of another guest process of this VM:
     /// args[0] = a `PROCESS_*` action, args[1] = the target's pid as the caller names it,
     /// args[2] = the lock's timeout in ms (0: none; `PROCESS_LOCK` only), args[3] = the target's

@@ -781,6 +781,82 @@ fn the_hop_mailbox_survives_a_storm_of_requests_at_every_pace() {
     }
 }
 
+/// IPC through the daemon and real workers (without a GPU the workers answer
+/// `cudaErrorNoDevice`): a session with no worker has nothing to export; a forged, unknown or
+/// wrong-kind token is refused by the daemon before any worker is involved; an export and an
+/// import (its descriptor passed with `SCM_RIGHTS`) reach the worker between requests and are
+/// answered on the socket, and requests still run in order after them.
+#[test]
+fn ipc_calls_reach_the_worker_and_forged_tokens_do_not() {
+    use qcuda_proto::{IPC_KIND_MEMORY, IPC_KIND_VMM};
+    use std::os::fd::AsRawFd;
+    use vhost_cuda::worker::message::IpcCall;
+
+    let mut rig = Rig::new(worker_binary("warn"), "workers-ipc");
+    let r = rig.op(21, Op::IpcExport, &[IPC_KIND_MEMORY, 0x1000]);
+    assert_eq!(r.status, status::INVALID_VALUE);
+    assert_eq!(rig.table.worker_pid(21), None, "an export started a worker");
+    for args in [
+        [IPC_KIND_MEMORY, 1, 2, 3, 0],
+        [IPC_KIND_VMM, 1, 0, 0, 0],
+        [IPC_KIND_MEMORY, 0, 0, 0, 0],
+        [7, u64::MAX, u64::MAX, u64::MAX, 0],
+    ] {
+        let r = rig.op(22, Op::IpcImport, &args);
+        assert_eq!(r.status, status::INVALID_VALUE, "{args:?}");
+    }
+    assert_eq!(
+        rig.table.worker_pid(22),
+        None,
+        "a refused import started a worker"
+    );
+    // With a worker: it answers the export itself (no device here), through the daemon.
+    let r = rig.op(21, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    let r = rig.op(21, Op::IpcExport, &[IPC_KIND_MEMORY, 0x1000]);
+    if rig.host.gpu_count() == 0 {
+        assert_ne!(r.status, status::SUCCESS, "{r:?}");
+    }
+    let r = rig.op(21, Op::MemGetInfo, &[]);
+    expect_gpu_op(&rig, r);
+    assert_eq!(rig.op(21, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert_eq!(rig.op(22, Op::SessionClose, &[]).status, status::SUCCESS);
+
+    // The worker side alone: an import carries its descriptor; an export without a device
+    // comes back without one.
+    let mem = guest_ram();
+    let mut w = WorkerProcess::spawn(&worker_binary("error"), 63, "workers-ipc2").unwrap();
+    w.share_memory(&mem).unwrap();
+    let null = fs::File::open("/dev/null").unwrap();
+    let call = IpcCall {
+        import: true,
+        device: 0,
+        kind: IPC_KIND_MEMORY,
+        arg: 0,
+        meta: [0, 4096, 2 << 20],
+    };
+    let (r, fd) = w.ipc(&call, Some(null.as_raw_fd())).unwrap();
+    assert!(fd.is_none());
+    assert_ne!(r.status, status::SUCCESS, "{r:?}");
+    let export = IpcCall {
+        import: false,
+        ..call
+    };
+    let (r, fd) = w.ipc(&export, None).unwrap();
+    assert!(fd.is_none());
+    assert_ne!(r.status, status::SUCCESS, "{r:?}");
+    let data = b"after IPC".to_vec();
+    mem.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
+    let echo = request(
+        63,
+        Op::Echo,
+        &mem,
+        &[(0x10_0000, data.len())],
+        &[(HIGH + 0x20_0000, data.len())],
+    );
+    assert_eq!(w.execute(&echo).unwrap().status, status::SUCCESS);
+}
+
 #[test]
 fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
     use vhost_cuda::session::migration::{read_stream, write_stream, SavedGpu};

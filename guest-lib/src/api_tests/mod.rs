@@ -28,6 +28,7 @@ mod driver;
 mod driver_graphs;
 mod errors;
 mod graphs;
+mod ipc;
 mod launch;
 mod memory;
 mod pools;

@@ -204,8 +204,9 @@ fn pools_get_stable_handles_and_device_checks() {
         ok(cudaMemPoolGetAccess(&raw mut flags, pool, &raw mut loc));
         assert_eq!(flags, cu::cudaMemAccessFlagsProtReadWrite);
 
-        // Shareable pools and host pools are refused honestly.
-        props.handleTypes = cu::cudaMemHandleTypePosixFileDescriptor;
+        // Pools shareable other than as POSIX descriptors (fabric) and host pools are refused
+        // honestly.
+        props.handleTypes = cu::cudaMemHandleTypeFabric;
         assert_err(
             cudaMemPoolCreate(&raw mut c, &raw const props),
             cu::cudaErrorNotSupported,

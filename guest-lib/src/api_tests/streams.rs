@@ -110,12 +110,16 @@ fn events_record_time_and_wait() {
             cudaEventRecordWithFlags(end, s, 1),
             cu::cudaErrorNotSupported,
         );
+        // Interprocess events exist (their handles: api_tests/ipc.rs); unknown flags do not.
+        let mut ipc: cudaEvent_t = ptr::null_mut();
+        ok(cudaEventCreateWithFlags(
+            &raw mut ipc,
+            cu::cudaEventInterprocess | cu::cudaEventDisableTiming,
+        ));
+        ok(cudaEventDestroy(ipc));
         assert_err(
-            cudaEventCreateWithFlags(
-                &raw mut end,
-                cu::cudaEventInterprocess | cu::cudaEventDisableTiming,
-            ),
-            cu::cudaErrorNotSupported,
+            cudaEventCreateWithFlags(&raw mut ipc, 0x80),
+            cu::cudaErrorInvalidValue,
         );
         ok(cudaEventDestroy(start));
         assert_err(

@@ -194,15 +194,28 @@ fn what_the_driver_refuses_is_refused() {
     }
 }
 
-/// The device announces VMM with the GPU's value; host-NUMA VMM and POSIX-fd export handles,
-/// which qcuda does not offer, read 0 whatever the GPU says.
+/// The device announces VMM and POSIX-fd shareable handles with the GPU's values, and pools'
+/// handle types as far as qcuda offers them (POSIX descriptors), and IPC events; host-NUMA VMM
+/// and multicast objects, which qcuda does not offer, read 0 whatever the GPU says.
 #[test]
 fn the_device_announces_what_is_offered() {
     use crate::driver::api::device::cuDeviceGetAttribute;
     let fake = setup();
-    for attr in [102, 103, 107, 141] {
+    for attr in [
+        102,
+        103,
+        107,
+        141,
+        d::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED as i32,
+        d::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED as i32,
+    ] {
         fake.state().attributes.insert(attr, 1);
     }
+    // A GPU whose pools share as POSIX descriptors and fabric handles: only the first is offered.
+    fake.state().attributes.insert(
+        d::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES as i32,
+        9,
+    );
     // SAFETY: valid out-parameters.
     unsafe {
         cu(cuInit(0));
@@ -214,8 +227,11 @@ fn the_device_announces_what_is_offered() {
             (d::CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 1),
             (
                 d::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                0,
+                1,
             ),
+            (d::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 1),
+            (d::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 1),
+            (d::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 0),
             (
                 d::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                 0,

@@ -158,7 +158,9 @@ pub const PROP_ATTRIBUTES: &[(CUdevice_attribute, Setter)] = prop_attributes! {
 /// using a feature take the path that works. Mapped host memory, host registration and virtual
 /// memory management (`cuMemCreate`, `cuMemMap`: core/vmm.rs) are carried (the host's own
 /// values pass through, generic compression included); shareable handles of VMM allocations
-/// (POSIX file descriptors) are not yet. Managed memory has values of its own
+/// (POSIX file descriptors) are, between the processes of the VM (core/ipc.rs), so that
+/// attribute passes through, and pools shareable that way ([`MASKED`]), and interprocess
+/// events (`IPC_EVENT_SUPPORTED` passes through). Managed memory has values of its own
 /// ([`QCUDA_VALUES`]).
 pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
@@ -168,7 +170,6 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
     cu::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH,
-    cu::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
     cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED,
     // cuMemCreate of host (NUMA) memory is not offered: only device-located allocations.
     cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
@@ -179,10 +180,11 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
     cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS,
     cu::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING,
-    cu::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED,
-    cu::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED,
+    // Multicast objects (cuMulticast*: NVLink SHARP) are not offered; NCCL takes its NVLS path
+    // only where this reads 1.
+    cu::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
     cu::CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED,
 ];
@@ -195,6 +197,20 @@ pub const NOT_REMOTED: &[CUdevice_attribute] = &[
 /// `cudaHostGetDevicePointer`, as CUDA requires then.
 pub const QCUDA_VALUES: &[(CUdevice_attribute, i32)] =
     &[(cu::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 1)];
+
+/// Attributes whose GPU value passes through only in part: the bits qcuda offers. Pools
+/// shareable as POSIX file descriptors are (core/ipc.rs); other handle types (fabric, Win32)
+/// are not.
+pub const MASKED: &[(CUdevice_attribute, i32)] =
+    &[(cu::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 1)];
+
+/// The GPU's value `v` of `attr` as qcuda reports it ([`MASKED`]).
+pub fn masked(attr: CUdevice_attribute, v: i32) -> i32 {
+    MASKED
+        .iter()
+        .find(|(a, _)| *a == attr)
+        .map_or(v, |&(_, m)| v & m)
+}
 
 /// The value qcuda reports for `attr` whatever the GPU says, if any.
 pub fn fixed_value(attr: CUdevice_attribute) -> Option<i32> {
@@ -253,6 +269,7 @@ mod tests {
             .iter()
             .copied()
             .chain(QCUDA_VALUES.iter().map(|&(a, _)| a))
+            .chain(MASKED.iter().map(|&(a, _)| a))
             .collect();
         ours.sort_unstable();
         assert_eq!(

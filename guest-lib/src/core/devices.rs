@@ -218,8 +218,9 @@ impl Devices {
         Ok(attrs
             .iter()
             .map(|a| {
-                device_prop::fixed_value(*a)
-                    .unwrap_or_else(|| cache.get(&(device, *a)).copied().unwrap_or(0))
+                device_prop::fixed_value(*a).unwrap_or_else(|| {
+                    device_prop::masked(*a, cache.get(&(device, *a)).copied().unwrap_or(0))
+                })
             })
             .collect())
     }

@@ -45,10 +45,6 @@ impl Events {
         if flags & !(cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess) != 0 {
             return Err(CudaError::INVALID_VALUE);
         }
-        if flags & cudaEventInterprocess != 0 {
-            // IPC handles cannot cross the VM boundary yet.
-            return Err(CudaError::NOT_SUPPORTED);
-        }
         let reply = session.submit(Call::new(Op::EventCreate, device).args(&[u64::from(flags)]))?;
         Ok(self.table.insert(EventInfo {
             host: reply.rets[0],
@@ -86,12 +82,26 @@ impl Events {
     ) -> CudaResult<()> {
         let e = self.info(handle)?;
         let s = streams.target(stream)?;
-        session.submit(
-            Call::new(Op::EventRecord, e.device)
-                .args(&[e.host, s.wire])
-                .fire_and_forget(),
-        )?;
+        let call = Call::new(Op::EventRecord, e.device).args(&[e.host, s.wire]);
+        // Another process may wait for an interprocess event as soon as this returns (it
+        // learns of the record through a channel of the program's own): the record, and the
+        // work before it, must be on the host by then, not in this process's batch.
+        if e.flags & cudaEventInterprocess != 0 {
+            session.submit(call)?;
+        } else {
+            session.submit(call.fire_and_forget())?;
+        }
         Ok(())
+    }
+
+    /// The application's handle for an event the host opened from another process's
+    /// interprocess event (core/ipc.rs), on `device`.
+    pub fn adopt(&self, host: u64, device: u32) -> usize {
+        self.table.insert(EventInfo {
+            host,
+            device,
+            flags: cudaEventInterprocess | cudaEventDisableTiming,
+        })
     }
 
     /// The application's handle of the event with host handle `host`.

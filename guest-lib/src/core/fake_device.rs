@@ -130,6 +130,16 @@ pub struct FakeState {
     pub vmm_reserved: BTreeMap<u64, u64>,
     /// VMM mappings: address -> (size, handle); their bytes are in `memory`.
     pub vmm_maps: BTreeMap<u64, (u64, u64)>,
+    /// IPC exports: token -> (kind, device pointer or allocation handle, size).
+    pub ipc_exports: HashMap<u64, (u64, u64, u64)>,
+    /// Addresses `IpcImport` gave for legacy handles, not yet closed.
+    pub ipc_opened: Vec<u64>,
+    /// Pools created shareable as POSIX descriptors.
+    pub shareable_pools: Vec<u64>,
+    /// Pools imported through `IpcImport`.
+    pub imported_pools: Vec<u64>,
+    /// Events created interprocess without timing (exportable).
+    pub ipc_events: Vec<u64>,
 }
 
 /// The fake's VMM granularity (2 MiB, as an H100's).
@@ -876,9 +886,31 @@ fn run(
             _ => return Err(status::INVALID_VALUE),
         },
         Op::MemPoolCreate => {
+            if args[1] > qcuda_proto::POOL_HANDLE_POSIX_FD {
+                return Err(status::INVALID_VALUE);
+            }
             let h = s.handle();
             s.pools.insert(h, (device, false));
+            if args[1] != 0 {
+                s.shareable_pools.push(h);
+            }
             rets[0] = h;
+        }
+        Op::MemPoolExportPointer => {
+            let len = s.memory.get(&args[0]).ok_or(status::INVALID_VALUE)?.len();
+            outs[0][..8].copy_from_slice(&args[0].to_le_bytes());
+            outs[0][8..16].copy_from_slice(&(len as u64).to_le_bytes());
+            outs[0][16..24].copy_from_slice(&0x5ca1_ab1e_u64.to_le_bytes());
+        }
+        Op::MemPoolImportPointer => {
+            if !s.imported_pools.contains(&args[0]) {
+                return Err(status::INVALID_VALUE);
+            }
+            let word = |i: usize| u64::from_le_bytes(ins[0][i..i + 8].try_into().unwrap());
+            if word(16) != 0x5ca1_ab1e || !s.memory.contains_key(&word(0)) {
+                return Err(status::INVALID_VALUE);
+            }
+            rets[..2].copy_from_slice(&[word(0), word(8)]);
         }
         Op::MemPoolDestroy => match s.pools.get(&args[0]) {
             Some(&(_, false)) => {
@@ -888,6 +920,78 @@ fn run(
             _ => return Err(status::INVALID_VALUE),
         },
         qcuda_proto::vmm_ops!() => s.vmm(op, device, args, rets)?,
+        Op::IpcExport => {
+            let (kind, arg) = (args[0], args[1]);
+            let size = match kind {
+                qcuda_proto::IPC_KIND_MEMORY => {
+                    let (&base, bytes) = s
+                        .memory
+                        .range(..=arg)
+                        .next_back()
+                        .filter(|(&b, v)| arg < b + v.len() as u64)
+                        .ok_or(status::INVALID_VALUE)?;
+                    (base, bytes.len() as u64)
+                }
+                qcuda_proto::IPC_KIND_EVENT => {
+                    if !s.ipc_events.contains(&arg) {
+                        return Err(status::INVALID_RESOURCE_HANDLE);
+                    }
+                    (arg, 0)
+                }
+                qcuda_proto::IPC_KIND_POOL => {
+                    if !s.shareable_pools.contains(&arg) {
+                        return Err(status::INVALID_VALUE);
+                    }
+                    (arg, 0)
+                }
+                qcuda_proto::IPC_KIND_VMM => {
+                    let &(_, size, types, _) =
+                        s.vmm_handles.get(&arg).ok_or(status::INVALID_VALUE)?;
+                    if types == 0 {
+                        return Err(status::INVALID_VALUE);
+                    }
+                    (arg, size)
+                }
+                _ => return Err(status::INVALID_VALUE),
+            };
+            let token = s.handle();
+            s.ipc_exports.insert(token, (kind, size.0, size.1));
+            rets[..3].copy_from_slice(&[token, 0x5eed ^ token, !token]);
+        }
+        Op::IpcImport => {
+            let token = args[1];
+            let &(kind, arg, size) = s.ipc_exports.get(&token).ok_or(status::INVALID_VALUE)?;
+            if kind != args[0] || [args[2], args[3]] != [0x5eed ^ token, !token] {
+                return Err(status::INVALID_VALUE);
+            }
+            if kind == qcuda_proto::IPC_KIND_EVENT {
+                let h = s.handle();
+                s.events.insert(h, None);
+                rets[0] = h;
+                return Ok(());
+            }
+            if kind == qcuda_proto::IPC_KIND_POOL {
+                let h = s.handle();
+                s.pools.insert(h, (device, false));
+                s.imported_pools.push(h);
+                rets[0] = h;
+                return Ok(());
+            }
+            if kind == qcuda_proto::IPC_KIND_VMM {
+                s.vmm_handles.get_mut(&arg).ok_or(status::INVALID_VALUE)?.3 += 1;
+            } else {
+                s.ipc_opened.push(arg);
+            }
+            rets[..2].copy_from_slice(&[arg, size]);
+        }
+        Op::IpcClose => {
+            let at = s
+                .ipc_opened
+                .iter()
+                .position(|&p| p == args[0])
+                .ok_or(status::INVALID_VALUE)?;
+            s.ipc_opened.remove(at);
+        }
         Op::MemPoolSetAttribute => {
             s.pools.get(&args[0]).ok_or(status::INVALID_VALUE)?;
             s.pool_attrs.insert((args[0], args[1]), args[2]);
@@ -950,6 +1054,9 @@ fn run(
         Op::EventCreate => {
             let h = s.handle();
             s.events.insert(h, None);
+            if args[0] & 0x6 == 0x6 {
+                s.ipc_events.push(h);
+            }
             rets[0] = h;
         }
         Op::EventDestroy => {

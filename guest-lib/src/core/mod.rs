@@ -23,6 +23,7 @@ pub mod graphs;
 pub mod handles;
 pub mod host_fns;
 pub mod host_memory;
+pub mod ipc;
 pub mod last_error;
 pub mod latency;
 pub mod launch;

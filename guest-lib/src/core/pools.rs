@@ -79,12 +79,25 @@ impl Pools {
         Ok(())
     }
 
-    /// `cudaMemPoolCreate` of a device pool of at most `max_size` bytes.
-    pub fn create(&self, rt: &Runtime, device: u32, max_size: usize) -> CudaResult<usize> {
+    /// `cudaMemPoolCreate` of a device pool of at most `max_size` bytes, shareable as
+    /// `handle_types` say (0, or `qcuda_proto::POOL_HANDLE_POSIX_FD`).
+    pub fn create(
+        &self,
+        rt: &Runtime,
+        device: u32,
+        max_size: usize,
+        handle_types: u64,
+    ) -> CudaResult<usize> {
         let reply = rt
             .session
-            .submit(Call::new(Op::MemPoolCreate, device).args(&[max_size as u64]))?;
+            .submit(Call::new(Op::MemPoolCreate, device).args(&[max_size as u64, handle_types]))?;
         Ok(self.handle_for(reply.rets[0], device))
+    }
+
+    /// The application's handle for a pool the host imported from another process
+    /// (core/ipc.rs), worked on from `device`.
+    pub fn adopt(&self, host: u64, device: u32) -> usize {
+        self.handle_for(host, device)
     }
 
     /// `cudaMemPoolDestroy`.
@@ -167,9 +180,8 @@ pub mod ops {
         },
         generated::{
             self as cu, cudaMemAccessDesc, cudaMemAllocationType, cudaMemAllocationTypePinned,
-            cudaMemHandleTypeNone, cudaMemLocation, cudaMemPoolAttr, cudaMemPoolAttrUsedMemHigh,
-            cudaMemPoolProps, cudaMemPoolReuseAllowInternalDependencies,
-            cudaMemPoolReuseFollowEventDependencies,
+            cudaMemLocation, cudaMemPoolAttr, cudaMemPoolAttrUsedMemHigh, cudaMemPoolProps,
+            cudaMemPoolReuseAllowInternalDependencies, cudaMemPoolReuseFollowEventDependencies,
         },
     };
 
@@ -236,7 +248,8 @@ pub mod ops {
         rt.pools.set_current(rt, device, pool)
     }
 
-    /// `cudaMemPoolCreate`: pinned device memory without shareable handles.
+    /// `cudaMemPoolCreate`: pinned device memory, shareable as POSIX file descriptors or not
+    /// (export and import: core/ipc.rs).
     ///
     /// # Safety
     /// `props` is null or readable.
@@ -247,10 +260,17 @@ pub mod ops {
         check_type(props.allocType)?;
         // SAFETY: the location lies inside `props`, a local.
         let d = unsafe { location_device(&raw const props.location) }?;
-        if props.handleTypes != cudaMemHandleTypeNone {
-            warn_once!("cudaMemPoolCreate: shareable (IPC) memory pools are not supported");
-            return Err(CudaError::NOT_SUPPORTED);
-        }
+        let handle_types = match props.handleTypes {
+            cu::cudaMemHandleTypeNone => 0,
+            cu::cudaMemHandleTypePosixFileDescriptor => qcuda_proto::POOL_HANDLE_POSIX_FD,
+            _ => {
+                warn_once!(
+                    "cudaMemPoolCreate: pools shareable other than as POSIX file descriptors \
+                     are not supported"
+                );
+                return Err(CudaError::NOT_SUPPORTED);
+            }
+        };
         if props.usage != 0 {
             warn_once!("cudaMemPoolCreate: pool usage flags are not supported");
             return Err(CudaError::NOT_SUPPORTED);
@@ -259,7 +279,7 @@ pub mod ops {
             return Err(CudaError::INVALID_VALUE);
         }
         let rt = runtime()?;
-        rt.pools.create(rt, d, props.maxSize)
+        rt.pools.create(rt, d, props.maxSize, handle_types)
     }
 
     /// `cudaMemPoolDestroy`: not a default pool; its allocations stay valid until freed.

@@ -109,6 +109,7 @@ impl Runtime {
         self.devices.deactivate_primary(device);
         self.allocations.forget_device(device);
         crate::core::managed_vars::forget_device(device);
+        crate::core::ipc::forget_device(device);
         self.host_memory.forget_device(&self.session, device);
         self.streams.forget_device(device);
         self.session.captures.forget_device(device);

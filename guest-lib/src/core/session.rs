@@ -503,6 +503,11 @@ pub fn needs_context(op: Op) -> bool {
         | Op::PeerAccess
         | Op::MemcpyPeer
         | qcuda_proto::vmm_ops!()
+        | Op::IpcExport
+        | Op::IpcImport
+        | Op::IpcClose
+        | Op::MemPoolExportPointer
+        | Op::MemPoolImportPointer
         | qcuda_proto::graph_ops!() => true,
     }
 }
@@ -565,9 +570,14 @@ pub fn is_idempotent(op: Op) -> bool {
         | Op::MemUnmap
         | Op::MemSetAccess
         | Op::MemRetainHandle
+        | Op::IpcExport
+        | Op::IpcImport
+        | Op::IpcClose
+        | Op::MemPoolImportPointer
         // A lock repeated finds the process locked already (ILLEGAL_STATE).
         | Op::ProcessCheckpoint => false,
         Op::MemGetAccess
+        | Op::MemPoolExportPointer
         | Op::MemGetGranularity
         | Op::MemHandleProperties
         | Op::MemMappingRange

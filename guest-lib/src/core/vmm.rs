@@ -130,13 +130,20 @@ pub fn release(rt: &Runtime, handle: u64) -> CudaResult<()> {
     Ok(())
 }
 
-fn handle_device(rt: &Runtime, handle: u64) -> CudaResult<u32> {
+/// The device of the process's allocation handle `handle`.
+pub(crate) fn handle_device(rt: &Runtime, handle: u64) -> CudaResult<u32> {
     rt.vmm
         .lock()
         .handles
         .get(&handle)
         .map(|&(device, _)| device)
         .ok_or(CudaError::INVALID_VALUE)
+}
+
+/// Takes a handle the host made by importing another process's allocation (core/ipc.rs):
+/// the physical allocation lives on `device`.
+pub(crate) fn adopt(rt: &Runtime, handle: u64, device: u32) {
+    rt.vmm.lock().handles.entry(handle).or_insert((device, 0)).1 += 1;
 }
 
 /// `cuMemAddressReserve`.

@@ -7,8 +7,8 @@ use core::ffi::c_void;
 #[allow(clippy::wildcard_imports)]
 use super::{
     api::{
-        arrays::*, checkpoint::*, context::*, device::*, graph::*, init::*, launch::*, link::*,
-        memory::*, module::*, stream::*, vmm::*,
+        arrays::*, checkpoint::*, context::*, device::*, graph::*, init::*, ipc::*, launch::*,
+        link::*, memory::*, module::*, stream::*, vmm::*,
     },
     unsupported::*,
 };

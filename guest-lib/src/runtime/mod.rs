@@ -103,6 +103,7 @@ pub mod driver_interop;
 pub mod errors;
 pub mod events;
 pub mod graphs;
+pub mod ipc;
 pub mod launch;
 pub mod launch_ex;
 pub mod memory;

@@ -3,9 +3,10 @@
 //! (`cudaDeviceGetDefaultMemPool`, `…GetMemPool`, `…SetMemPool`, and CUDA 13's location-based
 //! `cudaMemGetDefaultMemPool`, `cudaMemGetMemPool`, `cudaMemSetMemPool` for device locations),
 //! `cudaMemPoolCreate`/`Destroy`, attributes, `cudaMemPoolTrimTo` and access. Pools of host
-//! memory and shareable (IPC) pools are not supported (`cudaErrorNotSupported`, warned once).
-//! The work and the checks of CUDA's structures are the core's (`core::pools::ops`), which the
-//! driver face shares.
+//! memory, and pools shareable other than as POSIX file descriptors, are not supported
+//! (`cudaErrorNotSupported`, warned once); export and import of shareable pools and their
+//! allocations: runtime/ipc.rs. The work and the checks of CUDA's structures are the core's
+//! (`core::pools::ops`), which the driver face shares.
 
 use core::ffi::{c_int, c_void};
 
@@ -109,7 +110,7 @@ cuda_api! {
         ops::set_current(d, memPool as usize)
     }
 
-    /// `cudaMemPoolCreate`: pinned device memory without shareable handles.
+    /// `cudaMemPoolCreate`: pinned device memory, shareable as POSIX file descriptors or not.
     fn cudaMemPoolCreate(memPool: *mut cudaMemPool_t, poolProps: *const cudaMemPoolProps) {
         non_null(memPool)?;
         // SAFETY: forwarded API contract.

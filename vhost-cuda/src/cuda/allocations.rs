@@ -227,6 +227,13 @@ impl AllocationTable {
             .collect()
     }
 
+    /// The `Malloc` allocation (not a stream-ordered one, graph memory or a global) holding
+    /// `ptr`: its base and size.
+    pub(crate) fn allocation_at(&self, ptr: u64) -> Option<(u64, u64)> {
+        let (&b, r) = self.regions.range(..=ptr).next_back()?;
+        (r.kind == RegionKind::Allocation && ptr < b + r.size).then_some((b, r.size))
+    }
+
     /// The `Malloc` allocations (not stream-ordered ones): base and size, lowest first.
     pub(crate) fn allocations(&self) -> Vec<(u64, u64)> {
         self.regions

@@ -420,6 +420,12 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
         self.mapped.iter().map(|(&va, &(len, ..))| (va, len))
     }
 
+    /// The mapped run (one physical allocation) holding `ptr`: its address and length.
+    pub(crate) fn run_at(&self, ptr: u64) -> Option<(u64, u64)> {
+        let (&va, &(len, ..)) = self.mapped.range(..=ptr).next_back()?;
+        (ptr < va + len).then_some((va, len))
+    }
+
     /// The length of the live block at `ptr`.
     pub(crate) fn block_len(&self, ptr: u64) -> Option<u64> {
         self.live.get(&ptr).map(|b| match *b {

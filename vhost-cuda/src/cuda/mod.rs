@@ -39,6 +39,6 @@ mod test_kernels;
 mod tests;
 
 pub use device_arena::{AddressSpace, DEFAULT_VA_BASE, DEFAULT_VA_SIZE, VA_ALIGN, VA_END};
-pub use gpu_state::{CheckpointError, GpuState};
+pub use gpu_state::{CheckpointError, GpuState, IpcExported};
 pub use host::{CudaHost, HostError};
 pub use host_mappings::reserve_window;

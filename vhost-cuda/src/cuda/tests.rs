@@ -1923,6 +1923,7 @@ fn long_runs_copy_through_registered_guest_ram() {
 
 mod checkpoint;
 mod graphs;
+mod ipc;
 mod managed;
 mod reserved_range;
 

@@ -196,3 +196,50 @@ fn the_end_of_a_session_frees_its_vmm_objects() {
     assert_eq!(rig.fake.vmm_handles(), 0);
     assert_eq!(rig.fake.vmm_ranges(), (0, 0));
 }
+
+/// PyTorch's expandable segments on a large GPU: one reservation of about 161 GB beside the
+/// session's reserved range, then 20 MiB allocations made shareable as POSIX descriptors,
+/// mapped one after another at its start, given access and used.
+#[test]
+fn a_large_reservation_takes_shareable_segments() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let warm = ok(run(&mut s, Op::Malloc, &[256]))[0];
+    let g = ok(run(
+        &mut s,
+        Op::MemGetGranularity,
+        &[0, VMM_HANDLE_POSIX_FD, 0, 0],
+    ))[0];
+    let seg = 10 * g;
+    let total = seg * (161u64 << 30).div_ceil(seg);
+    let va = ok(run(&mut s, Op::MemAddressReserve, &[total, 0, 0]))[0];
+    for i in 0..3 {
+        let h = ok(run(
+            &mut s,
+            Op::MemCreate,
+            &[seg, VMM_HANDLE_POSIX_FD, 0, 0],
+        ))[0];
+        ok(run(&mut s, Op::MemMap, &[va + i * seg, seg, 0, h]));
+        ok(run(&mut s, Op::MemRelease, &[h]));
+        assert_eq!(
+            set_access(&mut rig, &mut s, va + i * seg, seg, &[(0, 3)]),
+            status::SUCCESS
+        );
+        ok(run(
+            &mut s,
+            Op::Memset,
+            &[va + i * seg + seg - 64, 9, 64, 0, 1],
+        ));
+    }
+    // Each segment is memory copies reach (the fake keeps each mapping's bytes apart, so a
+    // copy across two of them is the real driver's to check).
+    for i in 0..3 {
+        let (r, data) = dtoh(&mut rig, &mut s, va + i * seg + seg - 8, 8, &[8]);
+        assert_eq!((r.status, data), (status::SUCCESS, vec![9; 8]));
+    }
+    for i in 0..3 {
+        ok(run(&mut s, Op::MemUnmap, &[va + i * seg, seg]));
+    }
+    ok(run(&mut s, Op::MemAddressFree, &[va, total]));
+    ok(run(&mut s, Op::Free, &[warm]));
+}

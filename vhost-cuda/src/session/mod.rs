@@ -52,6 +52,7 @@ use std::{
 };
 
 mod driver_reset;
+pub mod ipc_broker;
 mod latency;
 pub mod migration;
 mod process_checkpoint;

@@ -78,6 +78,8 @@ pub(super) struct Shared {
     next_generation: AtomicU64,
     counters: Mutex<Counters>,
     changed: Condvar,
+    /// Device memory the VM's processes share (CUDA IPC).
+    pub(super) ipc: super::ipc_broker::IpcBroker,
 }
 
 impl Shared {
@@ -331,6 +333,7 @@ impl SessionTable {
                 next_generation: AtomicU64::new(0),
                 counters: Mutex::new(Counters::default()),
                 changed: Condvar::new(),
+                ipc: super::ipc_broker::IpcBroker::default(),
             }),
         }
     }

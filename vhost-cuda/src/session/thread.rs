@@ -33,7 +33,7 @@ use crate::{
     guest_buffer::{GuestRam, Request},
     host_function_link::{self, HostFnLink},
     spin_wait, transport_ops,
-    worker::message::ToWorker,
+    worker::message::{IpcCall, ToWorker},
     worker::{Waited, WorkerError, WorkerProcess, CLOSE_WAIT},
 };
 
@@ -315,6 +315,11 @@ impl SessionThread {
             self.pid.store(0, Ordering::Release);
             self.account.worker_ended(false);
         }
+        // Its exports: no process can open them any more (what others opened stays theirs).
+        let exports = self.shared.ipc.drop_session(self.id);
+        if exports > 0 {
+            debug!(vm = %self.shared.label, session = self.id, exports, "IPC exports dropped");
+        }
         // What the guest process left allocated, freed with its worker.
         let held = self.account.held_at_end();
         let t = self.account.close_into(&self.shared.totals);
@@ -413,6 +418,7 @@ impl SessionThread {
             Op::HostLatency => return Outcome::Answered(self.latency.borrow().answer(req)),
             Op::VmUsage => return Outcome::Answered(usage::answer(&self.shared, self.id, req)),
             Op::DeviceReset if gpu.sticky() => self.reset(gpu, req),
+            Op::IpcExport | Op::IpcImport => self.ipc(gpu, req),
             // A worker that is not running maps nothing: no need to start one to say so.
             Op::HostUnmap if !matches!(gpu, Gpu::Running { .. }) => {
                 ResponseHeader::with_status(status::HOST_MEMORY_NOT_REGISTERED)
@@ -506,45 +512,6 @@ impl SessionThread {
         }
     }
 
-    /// Takes over the worker a previous daemon left: its state lives on, and the session goes
-    /// on where the guest process left it. A worker that cannot be taken over is ended, and
-    /// the session's GPU ops fail until DeviceReset, as for a worker that died.
-    fn take_over(&self, a: Adopting) -> Gpu {
-        let (session, pid) = (a.worker.session, a.worker.pid);
-        let slot = a.quota.as_ref().map(crate::limits::SlotLease::usage);
-        match WorkerProcess::adopt(&self.shared.command, a.worker, &self.shared.label, a.quota) {
-            Ok((mut process, replay)) => {
-                self.pid.store(process.pid(), Ordering::Release);
-                self.account.worker_started(slot);
-                if let Err(e) = self.link_host_functions(&mut process) {
-                    let mut gpu = Gpu::Running {
-                        process,
-                        sticky: false,
-                    };
-                    self.worker_failed(&mut gpu, Op::HostInfo, &e);
-                    return gpu;
-                }
-                info!(
-                    vm = %self.shared.label,
-                    "session {session}: worker process {pid} taken over after a daemon restart{}",
-                    if replay { "; the answer the previous daemon lost is given again" } else { "" }
-                );
-                Gpu::Running {
-                    process,
-                    sticky: false,
-                }
-            }
-            Err(e) => {
-                error!(
-                    vm = %self.shared.label,
-                    "session {session}: worker process {pid} of the previous daemon cannot be \
-                     taken over ({e}); the session's GPU ops fail until DeviceReset"
-                );
-                Gpu::Failed
-            }
-        }
-    }
-
     /// Starts the session's worker process if it has none; the answer for `op` if it cannot
     /// (the worker died earlier, or it failed to start).
     fn start_worker(&self, gpu: &mut Gpu, op: Op) -> Result<(), ResponseHeader> {
@@ -591,6 +558,124 @@ impl SessionThread {
             }
         }
         Ok(())
+    }
+
+    /// `IpcExport` and `IpcImport`: brokered between this session's worker and the VM's table
+    /// of exports (`ipc_broker.rs`), since a file descriptor travels with each.
+    fn ipc(&self, gpu: &mut Gpu, req: &Request) -> ResponseHeader {
+        let (h, op) = (req.header(), req.op());
+        let args = h.args;
+        let import = op == Op::IpcImport;
+        if !import && !matches!(gpu, Gpu::Running { .. }) {
+            // No worker: no memory to export.
+            return ResponseHeader::with_status(if matches!(gpu, Gpu::Failed) {
+                worker_lost().status
+            } else {
+                status::INVALID_VALUE
+            });
+        }
+        let (call, found) = if import {
+            let found = match self.shared.ipc.find(args[1], [args[2], args[3]], args[0]) {
+                Ok(f) => f,
+                Err(s) => {
+                    warn!(
+                        vm = %self.shared.label,
+                        session = self.id,
+                        token = args[1],
+                        "IPC import of an unknown handle refused"
+                    );
+                    return ResponseHeader::with_status(s);
+                }
+            };
+            // cuIpcOpenMemHandle in the exporting process itself is refused by CUDA.
+            if found.exporter == self.id && args[0] == qcuda_proto::IPC_KIND_MEMORY {
+                return ResponseHeader::with_status(status::INVALID_CONTEXT);
+            }
+            let call = IpcCall {
+                import: true,
+                device: h.device,
+                kind: args[0],
+                arg: args[4],
+                meta: found.meta,
+            };
+            (call, Some(found))
+        } else {
+            let call = IpcCall {
+                import: false,
+                device: h.device,
+                kind: args[0],
+                arg: args[1],
+                meta: [0; 3],
+            };
+            (call, None)
+        };
+        if let Err(resp) = self.start_worker(gpu, op) {
+            return resp;
+        }
+        let Gpu::Running { process, sticky } = gpu else {
+            return ResponseHeader::with_status(status::UNKNOWN);
+        };
+        let answer = process.ipc(&call, found.as_ref().map(|f| f.fd.as_raw_fd()));
+        drop(found);
+        let (mut resp, fd) = match answer {
+            Ok(a) => a,
+            Err(e) => return self.worker_failed(gpu, op, &e),
+        };
+        *sticky |= resp.flags & RESP_FLAG_STICKY != 0;
+        if *sticky {
+            resp.flags |= RESP_FLAG_STICKY;
+        }
+        if let (false, Some(fd)) = (import, fd) {
+            let meta = [resp.rets[0], resp.rets[1], resp.rets[2]];
+            resp.rets = [0; 7];
+            match self.shared.ipc.register(self.id, call.kind, fd, meta) {
+                Ok((token, secret)) => {
+                    resp.rets[..3].copy_from_slice(&[token, secret[0], secret[1]]);
+                    debug!(vm = %self.shared.label, session = self.id, token, "IPC export");
+                }
+                Err(s) => resp.status = s,
+            }
+        }
+        resp
+    }
+
+    /// Takes over the worker a previous daemon left: its state lives on, and the session goes
+    /// on where the guest process left it. A worker that cannot be taken over is ended, and
+    /// the session's GPU ops fail until DeviceReset, as for a worker that died.
+    fn take_over(&self, a: Adopting) -> Gpu {
+        let (session, pid) = (a.worker.session, a.worker.pid);
+        let slot = a.quota.as_ref().map(crate::limits::SlotLease::usage);
+        match WorkerProcess::adopt(&self.shared.command, a.worker, &self.shared.label, a.quota) {
+            Ok((mut process, replay)) => {
+                self.pid.store(process.pid(), Ordering::Release);
+                self.account.worker_started(slot);
+                if let Err(e) = self.link_host_functions(&mut process) {
+                    let mut gpu = Gpu::Running {
+                        process,
+                        sticky: false,
+                    };
+                    self.worker_failed(&mut gpu, Op::HostInfo, &e);
+                    return gpu;
+                }
+                info!(
+                    vm = %self.shared.label,
+                    "session {session}: worker process {pid} taken over after a daemon restart{}",
+                    if replay { "; the answer the previous daemon lost is given again" } else { "" }
+                );
+                Gpu::Running {
+                    process,
+                    sticky: false,
+                }
+            }
+            Err(e) => {
+                error!(
+                    vm = %self.shared.label,
+                    "session {session}: worker process {pid} of the previous daemon cannot be \
+                     taken over ({e}); the session's GPU ops fail until DeviceReset"
+                );
+                Gpu::Failed
+            }
+        }
     }
 
     /// A migration's source: what this session's GPU side is, its worker's saved state

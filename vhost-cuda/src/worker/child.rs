@@ -25,7 +25,7 @@ use std::{
     io,
     mem::MaybeUninit,
     os::{
-        fd::{FromRawFd, OwnedFd, RawFd},
+        fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
         unix::net::UnixStream,
     },
     sync::Arc,
@@ -46,7 +46,7 @@ use crate::{
     signals, spin_wait, transport_ops,
     worker::{
         mailbox::{self, Mailbox},
-        message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+        message::{FromWorker, IpcCall, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
     },
 };
 
@@ -228,6 +228,16 @@ pub enum Work<'a> {
     Pause,
     /// The operator's resume.
     Resume,
+    /// An IPC export or import (`ToWorker::Ipc`), with the descriptor an import carries; an
+    /// export that succeeds leaves the driver's descriptor in `exported`.
+    Ipc {
+        /// The call.
+        call: IpcCall,
+        /// The descriptor of an import.
+        fd: Option<BorrowedFd<'a>>,
+        /// Where an export leaves its descriptor.
+        exported: &'a mut Option<OwnedFd>,
+    },
     /// Save the whole state into this file from offset 0 ([`ToWorker::SaveState`]); the
     /// answer's rets[0] is the bytes written.
     SaveState(&'a std::fs::File),
@@ -256,6 +266,30 @@ pub fn checkpoint_answer(result: Result<u64, CheckpointError>) -> ResponseHeader
                 CheckpointError::Mismatch(_) => status::UNKNOWN,
             })
         }
+    }
+}
+
+/// The answer of an IPC call to `session` (see [`Work::Ipc`]).
+pub fn ipc_answer(
+    session: &mut GpuState,
+    call: &IpcCall,
+    fd: Option<BorrowedFd<'_>>,
+    exported: &mut Option<OwnedFd>,
+) -> ResponseHeader {
+    if call.import {
+        return match fd {
+            Some(fd) => session.ipc_import(call.device, call.kind, fd, call.meta, call.arg),
+            None => ResponseHeader::with_status(status::INVALID_VALUE),
+        };
+    }
+    match session.ipc_export(call.device, call.kind, call.arg) {
+        Ok(e) => {
+            let mut r = ResponseHeader::with_status(status::SUCCESS);
+            r.rets[..3].copy_from_slice(&e.meta);
+            *exported = Some(e.fd);
+            r
+        }
+        Err(resp) => resp,
     }
 }
 
@@ -365,6 +399,22 @@ pub fn serve(
                         };
                         continue;
                     }
+                    ToWorker::Ipc(call) => {
+                        // Answered on the socket, outside the mailbox's numbering: the daemon
+                        // reads this answer alone (`WorkerProcess::ipc`).
+                        let file = files.into_iter().next();
+                        let mut exported = None;
+                        let resp = execute(Work::Ipc {
+                            call,
+                            fd: file.as_ref().map(AsFd::as_fd),
+                            exported: &mut exported,
+                        });
+                        match exported {
+                            Some(fd) => channel.send_exported(resp, fd.as_raw_fd())?,
+                            None => channel.send_to_daemon(&FromWorker::Done(resp, 0))?,
+                        }
+                        continue;
+                    }
                     ToWorker::HostFunctionLink => {
                         match files.into_iter().next() {
                             // fd_count() is 1 for this message, and recv_to_worker checked the
@@ -461,6 +511,7 @@ pub fn serve(
             // Handled above.
             ToWorker::MemoryTable(_)
             | ToWorker::HostFunctionLink
+            | ToWorker::Ipc(_)
             | ToWorker::Mailbox
             | ToWorker::Posted => {}
         }
@@ -712,6 +763,9 @@ pub fn run(config: &WorkerConfig) -> i32 {
                 Work::Request(req) => req,
                 Work::Pause => return checkpoint_answer(session.pause()),
                 Work::Resume => return checkpoint_answer(session.resume()),
+                Work::Ipc { call, fd, exported } => {
+                    return ipc_answer(&mut session, &call, fd, exported)
+                }
                 Work::SaveState(file) => return save_state_into(&mut session, file),
                 Work::RestoreState(file) => return restore_state_from(&mut session, file),
             };
@@ -967,7 +1021,7 @@ mod tests {
                         break replay;
                     }
                     // What the old daemon never read.
-                    FromWorker::Done(..) | FromWorker::Posted => {}
+                    FromWorker::Done(..) | FromWorker::Posted | FromWorker::Exported(_) => {}
                 }
             }
         };
@@ -1032,6 +1086,18 @@ mod tests {
                         Work::Request(req) => req,
                         Work::Pause => return ResponseHeader::with_status(77),
                         Work::Resume => return ResponseHeader::with_status(78),
+                        // An export hands over a descriptor; an import must come with one.
+                        Work::Ipc { call, fd, exported } => {
+                            if call.import {
+                                return ResponseHeader::with_status(if fd.is_some() {
+                                    79
+                                } else {
+                                    1
+                                });
+                            }
+                            *exported = Some(OwnedFd::from(memfd(16)));
+                            return ResponseHeader::with_status(80);
+                        }
                         Work::SaveState(f) => {
                             use std::os::unix::fs::FileExt;
                             f.write_all_at(b"saved", 0).unwrap();
@@ -1051,8 +1117,8 @@ mod tests {
         let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
         let answer = || match daemon.recv_from_worker().unwrap().unwrap() {
             FromWorker::Done(r, _) => r.status,
-            FromWorker::Posted | FromWorker::Adopted { .. } => {
-                unreachable!("no mailbox in this test")
+            FromWorker::Posted | FromWorker::Adopted { .. } | FromWorker::Exported(_) => {
+                unreachable!("no mailbox or IPC in this test")
             }
         };
         // Before any table: refused.
@@ -1075,6 +1141,34 @@ mod tests {
         assert_eq!(answer(), 77);
         daemon.send_to_worker(&ToWorker::Resume, &[]).unwrap();
         assert_eq!(answer(), 78);
+        // IPC calls between requests: an export's answer brings its descriptor, an import's
+        // descriptor reaches the state.
+        let call = IpcCall {
+            import: false,
+            device: 0,
+            kind: qcuda_proto::IPC_KIND_MEMORY,
+            arg: 0,
+            meta: [0; 3],
+        };
+        daemon.send_to_worker(&ToWorker::Ipc(call), &[]).unwrap();
+        match daemon.recv_ipc_answer().unwrap().unwrap() {
+            (FromWorker::Exported(r), Some(_)) => assert_eq!(r.status, 80),
+            other => panic!("{other:?}"),
+        }
+        let import = IpcCall {
+            import: true,
+            ..call
+        };
+        let f = memfd(16);
+        daemon
+            .send_to_worker(&ToWorker::Ipc(import), &[f.as_raw_fd()])
+            .unwrap();
+        match daemon.recv_ipc_answer().unwrap().unwrap() {
+            (FromWorker::Done(r, _), None) => assert_eq!(r.status, 79),
+            other => panic!("{other:?}"),
+        }
+        // An import without its descriptor is not a message.
+        assert!(daemon.send_to_worker(&ToWorker::Ipc(import), &[]).is_err());
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
         // A table the worker cannot map leaves it without guest RAM.
         let f = memfd(0x1000);

@@ -23,7 +23,7 @@ use std::{
     ffi::OsString,
     io, mem,
     os::{
-        fd::{AsRawFd, RawFd},
+        fd::{AsRawFd, OwnedFd, RawFd},
         unix::{fs::FileExt, process::ExitStatusExt},
     },
     path::PathBuf,
@@ -48,7 +48,7 @@ use crate::{
     spin_wait,
     worker::{
         mailbox::Mailbox,
-        message::{FromWorker, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+        message::{FromWorker, IpcCall, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
     },
 };
 
@@ -459,6 +459,8 @@ fn wait_for_answer(
                 // looks in the mailbox again.
                 Some(FromWorker::Posted) => continue,
                 Some(FromWorker::Adopted { .. }) => return Err(MessageError::Mailbox.into()),
+                // Only ever the answer of an IPC call, which is read on its own.
+                Some(FromWorker::Exported(_)) => return Err(MessageError::Mailbox.into()),
                 None => return Err(WorkerError::Closed),
             }
         }
@@ -476,7 +478,9 @@ fn mailbox_answer(answer: Result<Vec<u8>, ()>) -> Result<(ResponseHeader, u64), 
     let body = answer.map_err(|()| MessageError::Mailbox)?;
     match FromWorker::decode(&body)? {
         FromWorker::Done(resp, exec_ns) => Ok((resp, exec_ns)),
-        FromWorker::Posted | FromWorker::Adopted { .. } => Err(MessageError::Mailbox.into()),
+        FromWorker::Posted | FromWorker::Adopted { .. } | FromWorker::Exported(_) => {
+            Err(MessageError::Mailbox.into())
+        }
     }
 }
 
@@ -657,8 +661,9 @@ impl WorkerProcess {
                 }
                 Some(FromWorker::Adopted { .. }) => return Err(MessageError::Mailbox.into()),
                 // Answers the old daemon never read: the guest's ring delivers their requests
-                // again (the worker gives the last one's answer again).
-                Some(FromWorker::Done(..) | FromWorker::Posted) => {}
+                // again (the worker gives the last one's answer again). An IPC export's answer
+                // goes with the old daemon's table of exports (its descriptor is not taken).
+                Some(FromWorker::Done(..) | FromWorker::Posted | FromWorker::Exported(_)) => {}
                 None => return Err(WorkerError::Closed),
             }
         };
@@ -813,6 +818,41 @@ impl WorkerProcess {
         loop {
             if let Waited::Done(resp) = self.wait(None)? {
                 return Ok(resp);
+            }
+        }
+    }
+
+    /// An IPC export or import between requests (`crate::session::ipc_broker`), with `fd` the
+    /// descriptor an import carries. Answered on the socket, never through the mailbox: the
+    /// response, and for an export that succeeded the driver's descriptor.
+    pub fn ipc(
+        &mut self,
+        call: &IpcCall,
+        fd: Option<RawFd>,
+    ) -> Result<(ResponseHeader, Option<OwnedFd>), WorkerError> {
+        let fds: Vec<RawFd> = fd.into_iter().collect();
+        self.send_message(&ToWorker::Ipc(*call), &fds)?;
+        let ch = self.channel()?;
+        // The read times out after CHANNEL_TIMEOUT; an import may first create the context,
+        // which can take longer on a loaded host.
+        let mut tries = 0;
+        loop {
+            match ch.recv_ipc_answer() {
+                Ok(Some((FromWorker::Exported(resp), Some(f)))) => {
+                    return Ok((resp, Some(OwnedFd::from(f))))
+                }
+                Ok(Some((FromWorker::Done(resp, _), _))) => return Ok((resp, None)),
+                Ok(Some(_)) => return Err(MessageError::Mailbox.into()),
+                Ok(None) => return Err(WorkerError::Closed),
+                Err(MessageError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) && tries < 6 =>
+                {
+                    tries += 1;
+                }
+                Err(e) => return Err(e.into()),
             }
         }
     }

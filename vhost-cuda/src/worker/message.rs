@@ -51,8 +51,10 @@ const TAG_RESUME: u8 = 8;
 const TAG_ADOPT: u8 = 9;
 const TAG_ADOPTED: u8 = 10;
 const TAG_END: u8 = 11;
-const TAG_SAVE_STATE: u8 = 12;
-const TAG_RESTORE_STATE: u8 = 13;
+const TAG_IPC: u8 = 12;
+const TAG_EXPORTED: u8 = 13;
+const TAG_SAVE_STATE: u8 = 14;
+const TAG_RESTORE_STATE: u8 = 15;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -89,6 +91,24 @@ pub struct RunRequest {
     pub outputs: Vec<Vec<Span>>,
 }
 
+/// A share of device memory with another process of the VM, which the daemon brokers
+/// (`crate::session::ipc_broker`): an export (the worker answers [`FromWorker::Exported`] with
+/// the driver's file descriptor) or an import of a descriptor that travels with the message
+/// (answered [`FromWorker::Done`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcCall {
+    /// Import (a descriptor travels with the message) or export.
+    pub import: bool,
+    /// The guest device the guest process called on.
+    pub device: u32,
+    /// `qcuda_proto::IPC_KIND_*`.
+    pub kind: u64,
+    /// Export: the device pointer or allocation handle. Import: the guest's flags.
+    pub arg: u64,
+    /// Import: what the exporting worker said about the allocation (`IpcExported::meta`).
+    pub meta: [u64; 3],
+}
+
 /// What the daemon sends a worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToWorker {
@@ -116,6 +136,8 @@ pub enum ToWorker {
     /// The session is over: the worker exits (as when the channel closes, which it cannot see
     /// while a copy of the daemon's end is kept for a restart).
     End,
+    /// An IPC export or import (an import carries one descriptor).
+    Ipc(IpcCall),
     /// Save the whole GPU state (`GpuState::save`, a migration's source): one file travels
     /// with it (a memfd), which the worker fills with the saved state from offset 0. Answered
     /// [`FromWorker::Done`] with the status (as for [`ToWorker::Pause`]), rets[0] the bytes
@@ -149,6 +171,9 @@ pub enum FromWorker {
         /// Whether its last answer was lost with the old daemon.
         replay: bool,
     },
+    /// The answer of an IPC export that succeeded: the response (rets[0..3] the `meta` for
+    /// importers) and, with it, the driver's file descriptor. Always sent on the socket.
+    Exported(ResponseHeader),
 }
 
 /// Errors of encoding, decoding and moving messages.
@@ -278,6 +303,7 @@ impl ToWorker {
             Self::Run(_) => 0,
             Self::HostFunctionLink | Self::Mailbox | Self::SaveState | Self::RestoreState => 1,
             Self::Posted | Self::Pause | Self::Resume | Self::Adopt | Self::End => 0,
+            Self::Ipc(call) => usize::from(call.import),
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(_) => 0,
         }
@@ -328,6 +354,14 @@ impl ToWorker {
             Self::Resume => out.push(TAG_RESUME),
             Self::Adopt => out.push(TAG_ADOPT),
             Self::End => out.push(TAG_END),
+            Self::Ipc(c) => {
+                out.push(TAG_IPC);
+                out.push(u8::from(c.import));
+                out.extend_from_slice(&c.device.to_le_bytes());
+                for v in [c.kind, c.arg, c.meta[0], c.meta[1], c.meta[2]] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
             Self::SaveState => out.push(TAG_SAVE_STATE),
             Self::RestoreState => out.push(TAG_RESTORE_STATE),
             #[cfg(feature = "test-hooks")]
@@ -388,6 +422,23 @@ impl ToWorker {
             TAG_RESUME => Self::Resume,
             TAG_ADOPT => Self::Adopt,
             TAG_END => Self::End,
+            TAG_IPC => {
+                let import = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(MessageError::Truncated),
+                };
+                let device = r.u32()?;
+                let (kind, arg) = (r.u64()?, r.u64()?);
+                let meta = [r.u64()?, r.u64()?, r.u64()?];
+                Self::Ipc(IpcCall {
+                    import,
+                    device,
+                    kind,
+                    arg,
+                    meta,
+                })
+            }
             TAG_SAVE_STATE => Self::SaveState,
             TAG_RESTORE_STATE => Self::RestoreState,
             #[cfg(feature = "test-hooks")]
@@ -418,6 +469,10 @@ impl FromWorker {
                 out.extend_from_slice(&session.to_le_bytes());
                 out.push(u8::from(*replay));
             }
+            Self::Exported(resp) => {
+                out.push(TAG_EXPORTED);
+                out.extend_from_slice(&resp.encode());
+            }
         }
         out
     }
@@ -436,6 +491,10 @@ impl FromWorker {
                 session: r.u64()?,
                 replay: r.u8()? != 0,
             },
+            TAG_EXPORTED => {
+                let bytes = r.bytes(RESPONSE_HEADER_SIZE)?;
+                Self::Exported(ResponseHeader::decode(bytes).map_err(|_| MessageError::Truncated)?)
+            }
             tag => return Err(MessageError::UnknownTag(tag)),
         };
         r.end()?;
@@ -546,6 +605,34 @@ impl WorkerChannel {
             }
         }
         Ok(())
+    }
+
+    /// Sends an IPC export's answer with the driver's descriptor.
+    pub fn send_exported(&self, resp: ResponseHeader, fd: RawFd) -> Result<(), MessageError> {
+        self.send_frame(&FromWorker::Exported(resp).encode(), &[fd])
+    }
+
+    /// Receives the answer of an IPC call from the worker, on the socket: `Exported` with its
+    /// descriptor, or `Done`; `Posted` frames (stale wake-ups) are skipped. `None` when the
+    /// worker closed its end.
+    pub fn recv_ipc_answer(&self) -> Result<Option<(FromWorker, Option<File>)>, MessageError> {
+        loop {
+            let Some(Frame { body, mut files }) = self.recv_frame(1)? else {
+                return Ok(None);
+            };
+            let msg = FromWorker::decode(&body)?;
+            let expected = usize::from(matches!(msg, FromWorker::Exported(_)));
+            match msg {
+                FromWorker::Posted => continue,
+                _ if files.len() != expected => {
+                    return Err(MessageError::FdCount {
+                        expected,
+                        got: files.len(),
+                    })
+                }
+                _ => return Ok(Some((msg, files.pop()))),
+            }
+        }
     }
 
     /// Receives one frame and the descriptors that came with it (at most `max_fds`); `None`
@@ -689,6 +776,19 @@ mod tests {
         }
         .encode();
         FromWorker::decode(&b[..b.len() - 1]).unwrap_err();
+        let msg = FromWorker::Exported(resp);
+        assert_eq!(FromWorker::decode(&msg.encode()).unwrap(), msg);
+        for import in [false, true] {
+            let msg = ToWorker::Ipc(IpcCall {
+                import,
+                device: 3,
+                kind: 1,
+                arg: u64::MAX,
+                meta: [7, 8, 9],
+            });
+            assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
+            assert_eq!(msg.fd_count(), usize::from(import));
+        }
     }
 
     #[test]
@@ -711,6 +811,25 @@ mod tests {
             ToWorker::decode(&[0x7f]),
             Err(MessageError::UnknownTag(0x7f))
         ));
+        // An IPC call with a bad import flag, or cut short.
+        let ipc = ToWorker::Ipc(IpcCall {
+            import: true,
+            device: 1,
+            kind: 2,
+            arg: 3,
+            meta: [4, 5, u64::MAX],
+        })
+        .encode()
+        .unwrap();
+        let mut bad_flag = ipc.clone();
+        bad_flag[1] = 2;
+        ToWorker::decode(&bad_flag).unwrap_err();
+        for n in 0..ipc.len() {
+            assert!(
+                matches!(ToWorker::decode(&ipc[..n]), Err(MessageError::Truncated)),
+                "prefix of {n}"
+            );
+        }
         assert!(matches!(
             FromWorker::decode(&good),
             Err(MessageError::UnknownTag(TAG_RUN))

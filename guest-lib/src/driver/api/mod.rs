@@ -158,6 +158,7 @@ pub mod context;
 pub mod device;
 pub mod graph;
 pub mod init;
+pub mod ipc;
 pub mod launch;
 pub mod link;
 pub mod memory;

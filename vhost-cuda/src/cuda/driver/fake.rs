@@ -113,6 +113,10 @@ pub(crate) struct FakePool {
     reserved_high: u64,
     /// Access granted to other devices.
     access: HashMap<i32, u32>,
+    /// Created shareable as POSIX descriptors.
+    shareable: bool,
+    /// The pool it was imported from (another "process"'s): its pointers import here.
+    origin: Option<Raw>,
 }
 
 #[derive(Debug, Default)]

@@ -15,9 +15,9 @@ use std::{
 use super::{
     super::{
         vmm::{AllocProps, MemHandle, VmmDriverApi, ACCESS_NONE, HANDLE_TYPE_POSIX_FD},
-        CuError, CuResult,
+        CuError, CuResult, Event, MemPool,
     },
-    fresh, FakeDriver, INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, OUT_OF_MEMORY,
+    fresh, FakeDriver, FakePool, INVALID_CONTEXT, INVALID_HANDLE, INVALID_VALUE, OUT_OF_MEMORY,
 };
 
 /// CUDA_ERROR_NOT_SUPPORTED.
@@ -65,6 +65,8 @@ pub(crate) struct FakeVmm {
     maps: BTreeMap<u64, Mapping>,
     /// memfd inode -> physical allocation.
     exports: HashMap<u64, u64>,
+    /// memfd inode -> exported pool.
+    pool_exports: HashMap<u64, super::Raw>,
     /// Address ranges something else of the process holds (base, length): a hint there is not
     /// honoured, as the real driver does not place a reservation over the process's mappings.
     occupied: Vec<(u64, u64)>,
@@ -314,11 +316,28 @@ impl VmmDriverApi for FakeDriver {
             }
             let reachable = m.access.values().any(|&f| f != ACCESS_NONE);
             if reachable && m.ctx.is_none() {
-                let bytes = st.vmm.phys[&m.phys].bytes[m.offset..m.offset + m.size].to_vec();
+                let (phys, offset, size) = (m.phys, m.offset, m.size);
+                m.ctx = Some(cur);
+                // Another live mapping of the allocation (an exporter's, say) holds its current
+                // bytes; the fake copies them now (later writes stay each mapping's own until
+                // it is unmapped).
+                let sibling = st
+                    .vmm
+                    .maps
+                    .iter()
+                    .filter(|&(&v, o)| v != va && o.phys == phys && o.offset == offset)
+                    .find_map(|(&v, o)| {
+                        o.ctx
+                            .and_then(|c| st.contexts.get(&c))
+                            .and_then(|c| c.mem.get(&v))
+                            .filter(|b| b.len() == size)
+                            .cloned()
+                    });
+                let bytes = sibling
+                    .unwrap_or_else(|| st.vmm.phys[&phys].bytes[offset..offset + size].to_vec());
                 if let Some(c) = st.contexts.get_mut(&cur) {
                     c.mem.insert(va, bytes);
                 }
-                m.ctx = Some(cur);
             }
         }
         Ok(())
@@ -390,6 +409,115 @@ impl VmmDriverApi for FakeDriver {
             p.refs += 1;
         }
         Ok(MemHandle::from_raw(h))
+    }
+
+    fn mem_pool_create_shareable(&self, dev: i32, max_size: usize) -> CuResult<MemPool> {
+        let pool = super::super::DriverApi::mem_pool_create(self, dev, max_size)?;
+        let mut st = self.enter("mem_pool_create_shareable")?;
+        if let Some(p) = st.pools.get_mut(&pool.raw()) {
+            p.shareable = true;
+        }
+        Ok(pool)
+    }
+
+    fn mem_pool_export_fd(&self, pool: MemPool) -> CuResult<OwnedFd> {
+        let mut st = self.enter("mem_pool_export_fd")?;
+        let p = st.pools.get(&pool.raw()).ok_or(INVALID_VALUE)?;
+        if !p.shareable {
+            return Err(INVALID_VALUE);
+        }
+        // SAFETY: a plain system call with a static name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"qcuda-fake-pool".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(OUT_OF_MEMORY);
+        }
+        // SAFETY: memfd_create returned a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let ino = inode(fd.as_fd())?;
+        st.vmm.pool_exports.insert(ino, pool.raw());
+        Ok(fd)
+    }
+
+    fn mem_pool_import_fd(&self, fd: BorrowedFd<'_>) -> CuResult<MemPool> {
+        let mut st = self.enter("mem_pool_import_fd")?;
+        let st = &mut *st;
+        let origin = *st.vmm.pool_exports.get(&inode(fd)?).ok_or(INVALID_VALUE)?;
+        let dev = st.pools.get(&origin).ok_or(INVALID_VALUE)?.dev;
+        let p = fresh(&mut st.next);
+        st.pools.insert(
+            p,
+            FakePool {
+                dev,
+                settings: [1, 1, 1, 0],
+                origin: Some(origin),
+                ..FakePool::default()
+            },
+        );
+        Ok(MemPool::from_raw(p))
+    }
+
+    fn mem_pool_export_pointer(&self, ptr: u64) -> CuResult<[u8; 64]> {
+        let st = self.enter("mem_pool_export_pointer")?;
+        let c = st.contexts.get(&st.cur()).ok_or(INVALID_CONTEXT)?;
+        if !c.mem.contains_key(&ptr) {
+            return Err(INVALID_VALUE);
+        }
+        let mut data = [0u8; 64];
+        data[..8].copy_from_slice(&ptr.to_le_bytes());
+        data[8..16].copy_from_slice(&0x5ca1_ab1e_u64.to_le_bytes());
+        Ok(data)
+    }
+
+    fn mem_pool_import_pointer(&self, pool: MemPool, data: &[u8; 64]) -> CuResult<u64> {
+        let mut st = self.enter("mem_pool_import_pointer")?;
+        let st = &mut *st;
+        let p = st.pools.get(&pool.raw()).ok_or(INVALID_VALUE)?;
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&data[8..16]);
+        if p.origin.is_none() || u64::from_le_bytes(word) != 0x5ca1_ab1e {
+            return Err(INVALID_VALUE);
+        }
+        word.copy_from_slice(&data[..8]);
+        let ptr = u64::from_le_bytes(word);
+        // The importing context gets the allocation's bytes as they are now (the fake keeps
+        // memory per context).
+        let bytes = st
+            .contexts
+            .values()
+            .find_map(|c| c.mem.get(&ptr).cloned())
+            .ok_or(INVALID_VALUE)?;
+        let cur = st.cur();
+        st.contexts
+            .get_mut(&cur)
+            .ok_or(INVALID_CONTEXT)?
+            .mem
+            .insert(ptr, bytes);
+        Ok(ptr)
+    }
+
+    fn ipc_event_handle(&self, event: Event) -> CuResult<[u8; 64]> {
+        self.with_ctx("ipc_event_handle", |c, _| {
+            c.events.get(&event.raw()).ok_or(INVALID_HANDLE)?;
+            let mut h = [0u8; 64];
+            h[..8].copy_from_slice(&event.raw().to_le_bytes());
+            h[8..16].copy_from_slice(&0x1bc_e7e_u64.to_le_bytes());
+            Ok(h)
+        })
+    }
+
+    fn ipc_open_event(&self, handle: &[u8; 64]) -> CuResult<Event> {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&handle[8..16]);
+        if u64::from_le_bytes(word) != 0x1bc_e7e {
+            return Err(INVALID_VALUE);
+        }
+        self.with_ctx("ipc_open_event", |c, next| {
+            // The fake keeps events per context: the opened one is a new event of the
+            // importer's, complete (it cannot follow the exporter's records).
+            let e = fresh(next);
+            c.events.insert(e, true);
+            Ok(Event::from_raw(e))
+        })
     }
 
     fn mem_address_range(&self, ptr: u64) -> CuResult<(u64, usize)> {

@@ -22,10 +22,14 @@ use std::{
 
 use cudarc::driver::sys;
 
-use super::{check, driver_handles, CuError, CuResult, CudaDriver, NoDriver};
+use super::{
+    check, driver_handles, mem_location, CuError, CuResult, CudaDriver, Event, MemPool, NoDriver,
+};
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
 pub(crate) const VMM_SYMBOLS: &[&str] = &[
+    "cuIpcGetEventHandle",
+    "cuIpcOpenEventHandle",
     "cuMemAddressFree",
     "cuMemAddressReserve",
     "cuMemCreate",
@@ -36,6 +40,11 @@ pub(crate) const VMM_SYMBOLS: &[&str] = &[
     "cuMemGetAllocationPropertiesFromHandle",
     "cuMemImportFromShareableHandle",
     "cuMemMap",
+    "cuMemPoolCreate",
+    "cuMemPoolExportPointer",
+    "cuMemPoolExportToShareableHandle",
+    "cuMemPoolImportFromShareableHandle",
+    "cuMemPoolImportPointer",
     "cuMemRelease",
     "cuMemRetainAllocationHandle",
     "cuMemSetAccess",
@@ -179,6 +188,26 @@ pub(crate) trait VmmDriverApi {
     /// cuMemGetAddressRange: (base, size) of the allocation or mapping holding `ptr`. Needs
     /// a current context.
     fn mem_address_range(&self, ptr: u64) -> CuResult<(u64, usize)>;
+    /// cuMemPoolCreate of a pool of pinned memory on `dev` shareable as POSIX file
+    /// descriptors (`max_size` 0: the driver's default), to be destroyed with
+    /// `DriverApi::mem_pool_destroy`.
+    fn mem_pool_create_shareable(&self, dev: i32, max_size: usize) -> CuResult<MemPool>;
+    /// cuMemPoolExportToShareableHandle of a POSIX file descriptor.
+    fn mem_pool_export_fd(&self, pool: MemPool) -> CuResult<OwnedFd>;
+    /// cuMemPoolImportFromShareableHandle of a POSIX file descriptor: a pool to be destroyed
+    /// with `DriverApi::mem_pool_destroy`. The descriptor stays the caller's.
+    fn mem_pool_import_fd(&self, fd: BorrowedFd<'_>) -> CuResult<MemPool>;
+    /// cuMemPoolExportPointer: the driver's opaque 64 bytes naming the pool allocation `ptr`.
+    fn mem_pool_export_pointer(&self, ptr: u64) -> CuResult<[u8; 64]>;
+    /// cuMemPoolImportPointer: the address in this process of what `data` names in the
+    /// imported `pool`, to be freed with cuMemFree(Async).
+    fn mem_pool_import_pointer(&self, pool: MemPool, data: &[u8; 64]) -> CuResult<u64>;
+    /// cuIpcGetEventHandle of an event created interprocess and without timing, its context
+    /// current: the driver's 64 bytes.
+    fn ipc_event_handle(&self, event: Event) -> CuResult<[u8; 64]>;
+    /// cuIpcOpenEventHandle in the current context: an event to be destroyed with
+    /// `DriverApi::event_destroy`.
+    fn ipc_open_event(&self, handle: &[u8; 64]) -> CuResult<Event>;
 }
 
 // SAFETY (for every unsafe block in this impl): as for `DriverApi for CudaDriver`: each symbol
@@ -312,6 +341,89 @@ impl VmmDriverApi for CudaDriver {
         check(unsafe { sys::cuMemGetAddressRange_v2(&raw mut base, &raw mut size, ptr) })?;
         Ok((base, size))
     }
+
+    fn mem_pool_create_shareable(&self, dev: i32, max_size: usize) -> CuResult<MemPool> {
+        // SAFETY: an all-zero CUmemPoolProps is a valid value (no pointers are followed).
+        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.handleTypes = sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD);
+        props.location = mem_location(dev);
+        props.maxSize = max_size;
+        let mut p: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: see the impl comment; `props` is fully initialised.
+        check(unsafe { sys::cuMemPoolCreate(&raw mut p, &raw const props) })?;
+        Ok(MemPool::from_raw(p as super::Raw))
+    }
+
+    fn mem_pool_export_fd(&self, pool: MemPool) -> CuResult<OwnedFd> {
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: see the impl comment; for the POSIX type the driver writes an int.
+        check(unsafe {
+            sys::cuMemPoolExportToShareableHandle(
+                (&raw mut fd).cast(),
+                pool.raw() as sys::CUmemoryPool,
+                sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(CuError::UNKNOWN);
+        }
+        // SAFETY: the driver returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn mem_pool_import_fd(&self, fd: BorrowedFd<'_>) -> CuResult<MemPool> {
+        let mut p: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: see the impl comment; the descriptor is passed as the pointer-sized value.
+        check(unsafe {
+            sys::cuMemPoolImportFromShareableHandle(
+                &raw mut p,
+                fd.as_raw_fd() as isize as *mut c_void,
+                sys::CUmemAllocationHandleType(HANDLE_TYPE_POSIX_FD),
+                0,
+            )
+        })?;
+        Ok(MemPool::from_raw(p as super::Raw))
+    }
+
+    fn mem_pool_export_pointer(&self, ptr: u64) -> CuResult<[u8; 64]> {
+        // SAFETY: an all-zero export record is a valid value.
+        let mut data: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuMemPoolExportPointer(&raw mut data, ptr) })?;
+        Ok(data.reserved)
+    }
+
+    fn ipc_event_handle(&self, event: Event) -> CuResult<[u8; 64]> {
+        // SAFETY: an all-zero handle is a valid value.
+        let mut h: sys::CUipcEventHandle = unsafe { std::mem::zeroed() };
+        // SAFETY: see the impl comment.
+        check(unsafe { sys::cuIpcGetEventHandle(&raw mut h, event.raw() as sys::CUevent) })?;
+        Ok(h.reserved.map(|b| b.cast_unsigned()))
+    }
+
+    fn ipc_open_event(&self, handle: &[u8; 64]) -> CuResult<Event> {
+        // SAFETY: an all-zero handle is a valid value.
+        let mut h: sys::CUipcEventHandle = unsafe { std::mem::zeroed() };
+        h.reserved = handle.map(|b| b.cast_signed());
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: see the impl comment; the handle is passed by value.
+        check(unsafe { sys::cuIpcOpenEventHandle(&raw mut e, h) })?;
+        Ok(Event::from_raw(e as super::Raw))
+    }
+
+    fn mem_pool_import_pointer(&self, pool: MemPool, data: &[u8; 64]) -> CuResult<u64> {
+        // SAFETY: an all-zero export record is a valid value.
+        let mut rec: sys::CUmemPoolPtrExportData = unsafe { std::mem::zeroed() };
+        rec.reserved = *data;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: see the impl comment; the driver reads the local record.
+        check(unsafe {
+            sys::cuMemPoolImportPointer(&raw mut ptr, pool.raw() as sys::CUmemoryPool, &raw mut rec)
+        })?;
+        Ok(ptr)
+    }
 }
 
 impl VmmDriverApi for NoDriver {
@@ -352,6 +464,27 @@ impl VmmDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn mem_import_fd(&self, _: BorrowedFd<'_>) -> CuResult<MemHandle> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_create_shareable(&self, _: i32, _: usize) -> CuResult<MemPool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ipc_event_handle(&self, _: Event) -> CuResult<[u8; 64]> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn ipc_open_event(&self, _: &[u8; 64]) -> CuResult<Event> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_export_fd(&self, _: MemPool) -> CuResult<OwnedFd> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_import_fd(&self, _: BorrowedFd<'_>) -> CuResult<MemPool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_export_pointer(&self, _: u64) -> CuResult<[u8; 64]> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn mem_pool_import_pointer(&self, _: MemPool, _: &[u8; 64]) -> CuResult<u64> {
         Err(CuError::NO_DEVICE)
     }
     fn mem_address_range(&self, _: u64) -> CuResult<(u64, usize)> {

@@ -289,6 +289,7 @@ impl GpuState {
             || anywhere()
             || self.host_memory.contains_device(ptr, len)
             || self.vmm.holds(ptr, len)
+            || self.ipc.holds(ptr, len)
             || self.managed_contains(ptr, len)
         {
             Ok(())

@@ -94,6 +94,11 @@ fn dev_u32(dev: usize) -> u32 {
     u32::try_from(dev).unwrap_or(u32::MAX)
 }
 
+/// Why a state that shares memory with another process is refused: the other process maps
+/// the same physical memory, which a pause would take away and a restore cannot give back.
+const IPC_SHARED: &str = "device memory shared with another process of the VM (CUDA IPC: \
+                          cudaIpcGetMemHandle / cudaIpcOpenMemHandle, cuMem shareable handles)";
+
 impl GpuState {
     /// True while paused.
     pub fn is_paused(&self) -> bool {
@@ -107,6 +112,9 @@ impl GpuState {
         }
         if self.capture_under_way() {
             return Err(CheckpointError::Busy);
+        }
+        if self.ipc.shares() {
+            return Err(CheckpointError::Unsupported(IPC_SHARED));
         }
         if self.graphs.len() > 0 || !self.captured_calls.is_empty() {
             return Err(CheckpointError::Unsupported("graphs and executable graphs"));
@@ -621,6 +629,9 @@ impl GpuState {
         }
         if self.capture_under_way() {
             return Err(CheckpointError::Busy);
+        }
+        if self.ipc.shares() {
+            return Err(CheckpointError::Unsupported(IPC_SHARED));
         }
         if self
             .devices

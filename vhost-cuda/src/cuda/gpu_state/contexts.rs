@@ -124,6 +124,12 @@ impl GpuState {
     /// context; with `keep_host_mappings` (a pause) they are only unregistered, and stay mapped
     /// for the context a resume makes.
     pub(super) fn release_device(&mut self, dev: usize, keep_host_mappings: bool) {
+        // Memory opened from other processes: mapped in this process, not in the context.
+        if self.host.sticky_error().is_none() {
+            let drv = Arc::clone(&self.drv);
+            let quota = self.host.memory_quota();
+            self.ipc.release_device(dev, drv.as_ref(), quota.as_deref());
+        }
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {
             self.unplace_managed(guest);

@@ -66,6 +66,9 @@ impl ReservedRange {
     ) -> VmmBacking<'a> {
         VmmBacking {
             drv,
+            // Not shareable: legacy IPC (`ipc.rs`) moves a run to shareable memory, at the same
+            // address, the first time a block of it is exported, so programs that never share
+            // never ask the driver for shareable memory.
             props: AllocProps {
                 device: gpu,
                 ..AllocProps::default()
@@ -292,6 +295,14 @@ impl GpuState {
                 drv.ctx_synchronize().map_err(on(dev))?;
                 return ok();
             }
+            // An allocation imported from another process's pool (ipc.rs): freed as natively,
+            // once the device is done with it.
+            let quota = self.host.memory_quota();
+            if self.ipc.take_pool_pointer(ptr, quota.as_deref()) {
+                drv.mem_free_async(ptr, NULL_STREAM).map_err(on(dev))?;
+                drv.ctx_synchronize().map_err(on(dev))?;
+                return ok();
+            }
             return Err(status::INVALID_VALUE.into());
         }
         self.device_free(dev, ptr)?;
@@ -323,6 +334,7 @@ impl GpuState {
             || self.host_memory.contains_device(ptr, len)
             || self.managed_contains(ptr, len)
             || self.vmm.holds(ptr, len)
+            || self.ipc.holds(ptr, len)
         {
             Ok(())
         } else {

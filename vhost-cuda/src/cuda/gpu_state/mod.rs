@@ -61,6 +61,7 @@ mod checkpoint;
 mod contexts;
 mod copies;
 mod graphs;
+mod ipc;
 mod managed;
 mod memory;
 mod modules;
@@ -69,6 +70,7 @@ mod streams;
 mod vmm;
 
 pub use checkpoint::CheckpointError;
+pub use ipc::IpcExported;
 
 /// The launch attribute ids a stream takes: access policy window, synchronisation policy,
 /// priority, memory synchronisation domain map and domain.
@@ -363,6 +365,8 @@ pub struct GpuState {
     paused: Option<Vec<checkpoint::PausedRange>>,
     /// Physical allocations, reservations and mappings (gpu_state/vmm.rs).
     vmm: vmm::VmmTables,
+    /// Memory of other processes of the VM opened through legacy IPC (gpu_state/ipc.rs).
+    ipc: ipc::IpcImports,
 }
 
 impl std::fmt::Debug for GpuState {
@@ -408,6 +412,7 @@ impl GpuState {
             read_only_host: std::collections::HashSet::new(),
             paused: None,
             vmm: vmm::VmmTables::default(),
+            ipc: ipc::IpcImports::default(),
         }
     }
 
@@ -626,6 +631,12 @@ impl GpuState {
             }
             Op::Batch => self.batch(req),
             qcuda_proto::vmm_ops!() => self.vmm_op(req),
+            Op::IpcClose => self.ipc_close(req),
+            Op::MemPoolExportPointer => self.pool_export_pointer(req),
+            Op::MemPoolImportPointer => self.pool_import_pointer(req),
+            // They carry a file descriptor: the daemon sends them as messages of their own
+            // (`ipc_export`, `ipc_import`).
+            Op::IpcExport | Op::IpcImport => Err(status::NOT_SUPPORTED.into()),
             Op::MallocPitch => self.malloc_pitch(req),
             Op::Memset3D => self.memset_3d(req),
             Op::Memcpy3D | Op::Memcpy3DHtoD | Op::Memcpy3DDtoH => self.memcpy_3d(req),
@@ -664,6 +675,9 @@ impl Drop for GpuState {
         let drv = Arc::clone(&self.drv);
         let live = self.host.sticky_error().is_none();
         self.vmm.release_all(live.then_some(drv.as_ref()));
+        let quota = self.host.memory_quota();
+        self.ipc
+            .release_all(live.then_some(drv.as_ref()), quota.as_deref());
         self.ram.release(self.drv.as_ref());
         for dev in 0..self.devices.len() {
             self.teardown(dev);

@@ -57,12 +57,18 @@ impl GpuState {
 
     pub(super) fn mem_pool_create(&mut self, req: &Request) -> OpResult {
         let dev = self.bind_new(req)?;
-        let max_size = to_usize(req.header().args[0])?;
+        let [max_size, types, ..] = req.header().args;
+        let max_size = to_usize(max_size)?;
         let gpu = self.gpu_of(dev as u64)?;
         if !self.pools.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
         }
-        let raw = self.drv.mem_pool_create(gpu, max_size).map_err(on(dev))?;
+        let raw = match types {
+            0 => self.drv.mem_pool_create(gpu, max_size),
+            qcuda_proto::POOL_HANDLE_POSIX_FD => self.drv.mem_pool_create_shareable(gpu, max_size),
+            _ => return Err(status::INVALID_VALUE.into()),
+        }
+        .map_err(on(dev))?;
         let entry = PoolEntry {
             dev,
             raw,
@@ -221,6 +227,14 @@ impl GpuState {
                 .flatten()
                 .any(|c| c.memory.is_graph_memory(ptr));
             if graph_memory {
+                self.drv.mem_free_async(ptr, stream).map_err(on(dev))?;
+                return ok();
+            }
+            // An allocation imported from another process's pool (ipc.rs).
+            if self
+                .ipc
+                .take_pool_pointer(ptr, self.host.memory_quota().as_deref())
+            {
                 self.drv.mem_free_async(ptr, stream).map_err(on(dev))?;
                 return ok();
             }

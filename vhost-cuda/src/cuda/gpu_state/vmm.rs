@@ -219,6 +219,55 @@ impl VmmTables {
         Some(id)
     }
 
+    /// The driver's handle behind the session's allocation handle `id`.
+    pub(super) fn handle_raw(&self, id: u64) -> Option<MemHandle> {
+        self.handles.get(id).map(HandleEntry::raw)
+    }
+
+    /// A handle of an allocation another process made (imported, `ipc.rs`): a physical
+    /// allocation of its own, worked on in the context of guest device `dev` (the importer's;
+    /// the memory may be a peer's), `charged` bytes already counted for it against the quota
+    /// (given back when the driver frees it here). `None` (and `raw`
+    /// released) if the table is full.
+    pub(super) fn adopt(
+        &mut self,
+        ids: &mut HandleCounter,
+        drv: &dyn DriverApi,
+        raw: MemHandle,
+        dev: usize,
+        charged: u64,
+    ) -> Option<u64> {
+        let phys = self.new_phys(dev, charged);
+        let id = self.add_handle(ids, drv, raw, phys);
+        if id.is_none() {
+            // Released by add_handle: the count goes back with it.
+            if let Some(p) = self.phys.get_mut(&phys) {
+                p.refs = 1;
+            }
+            self.unref(phys);
+        }
+        id
+    }
+
+    /// Bytes counted for the allocation behind handle `id` (its size, for what the session
+    /// created or imported with a size).
+    pub(super) fn handle_size(&self, id: u64) -> u64 {
+        self.handles
+            .get(id)
+            .and_then(|h| self.phys.get(&h.phys))
+            .map_or(0, |p| p.charged)
+    }
+
+    /// Whether the quota slot has not been looked up yet.
+    pub(super) fn quota_unset(&self) -> bool {
+        self.quota.is_none()
+    }
+
+    /// The quota slot imports and creations count against.
+    pub(super) fn set_quota(&mut self, quota: Option<Arc<QuotaSlot>>) {
+        self.quota = quota;
+    }
+
     /// Unmaps, frees and releases everything (the session ends), and gives the quota back.
     /// Best effort: the worker's exit frees whatever the driver refuses now. With a sticky
     /// error (`driver` None) the corrupted driver is not called at all.
@@ -346,6 +395,12 @@ impl GpuState {
             }
             _ => Err(status::NOT_SUPPORTED.into()),
         }
+    }
+
+    /// The guest device of the physical allocation behind allocation handle `id`.
+    pub(super) fn vmm_dev_of(&self, id: u64) -> Result<usize, Fault> {
+        let h = self.vmm.handles.get(id).ok_or(status::INVALID_VALUE)?;
+        self.phys_dev(h.phys)
     }
 
     fn phys_dev(&self, phys: u64) -> Result<usize, Fault> {
