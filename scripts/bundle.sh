@@ -16,6 +16,8 @@
 #   test-restart.sh           kills and restarts the daemon under a running guest (recovery)
 #   test-restart-gpu.sh       kills the daemon (SIGKILL) mid-loop under a guest program, with
 #                             fd-store.py playing systemd's store: the same result as uninterrupted
+#   test-migration.sh         live-migrates a VM running a CUDA program to a second QEMU and
+#                             daemon (--target-gpu 1: onto the other GPU); the checksums agree
 #   test-checkpoint.sh        the operator pauses and resumes a guest program mid-loop; its
 #                             checksum must equal an uninterrupted run's (pause/resume rates)
 #   test-cuda-checkpoint.sh   cuda-checkpoint --toggle (or cuCheckpointProcess* from our tool) on a
@@ -77,6 +79,7 @@ install -m 755 scripts/test-torch-pause.sh "$B/test-torch-pause.sh"
 install -D -m 755 tests/guest/check-cuda-checkpoint "$B/tests/guest/check-cuda-checkpoint"
 install -m 755 scripts/test-restart-gpu.sh "$B/test-restart-gpu.sh"
 install -m 755 scripts/fd-store.py "$B/fd-store.py"
+install -m 755 scripts/test-migration.sh "$B/test-migration.sh"
 install -m 755 scripts/load-test.sh "$B/load-test.sh"
 install -m 755 scripts/two-vm-test.sh "$B/two-vm-test.sh"
 install -m 644 scripts/qcuda-accounting.sh "$B/qcuda-accounting.sh"

@@ -28,6 +28,9 @@
 #   --socket PATH      attach to an already running vhost-cuda on PATH instead of starting one
 #   --reconnect MS     with --socket: QEMU reconnects to the daemon MS ms after losing it
 #   --daemon-arg ARG   extra argument for vhost-cuda (repeatable)
+#   --qemu-arg ARG     extra argument for QEMU (repeatable), e.g. a monitor socket
+#                      (-monitor unix:PATH,server=on,wait=off) or -incoming for the destination of
+#                      a live migration (scripts/test-migration.sh)
 #   --virtiofsd-arg ARG  extra argument for every virtiofsd (repeatable)
 #   --log-dir DIR      keep logs there: daemon.log, serial.log, virtiofsd-N.log (default: a
 #                      temp dir, removed)
@@ -65,7 +68,7 @@ DAEMON=${QCUDA_DAEMON:-$DAEMON}
 VIRTIOFSD=${QCUDA_VIRTIOFSD:-$VIRTIOFSD}
 CACHE=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
 
-adds=() payloads=() daemon_args=() shares=() virtiofsd_args=() chroot_dir="" log_dir="" mem=3G smp=2 accel=${QCUDA_ACCEL:-auto}
+adds=() payloads=() daemon_args=() qemu_args=() shares=() virtiofsd_args=() chroot_dir="" log_dir="" mem=3G smp=2 accel=${QCUDA_ACCEL:-auto}
 timeout=900 use_device=1 use_payload=1 cmd="" ext_sock="" reconnect="" kernel=${QCUDA_KERNEL:-own} disk=""
 while (($#)); do
     case $1 in
@@ -81,6 +84,7 @@ while (($#)); do
     --socket) ext_sock=$2; shift 2 ;;
     --reconnect) reconnect=$2; shift 2 ;;
     --daemon-arg) daemon_args+=("$2"); shift 2 ;;
+    --qemu-arg) qemu_args+=("$2"); shift 2 ;;
     --log-dir) log_dir=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --smp) smp=$2; shift 2 ;;
@@ -339,12 +343,12 @@ serial=$log_dir/serial.log
 : >"$serial"
 if [[ -z $cmd ]]; then
     # Interactive: the console is this terminal.
-    "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" -initrd "$initrd" -serial mon:stdio <&0 &
+    "${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" -initrd "$initrd" "${qemu_args[@]}" -serial mon:stdio <&0 &
     qemu_pid=$!
     wait "$qemu_pid" || true
     exit 0
 fi
-"${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" "${disk_args[@]}" -initrd "$initrd" -serial "file:$serial" \
+"${qemu_env[@]}" "$QEMU" "${qemu_base[@]}" -append "$append" "${qemu_dev[@]}" "${disk_args[@]}" -initrd "$initrd" "${qemu_args[@]}" -serial "file:$serial" \
     </dev/null >"$log_dir/qemu.log" 2>&1 &
 qemu_pid=$!
 # Stream the console while the guest runs.

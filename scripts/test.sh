@@ -391,6 +391,19 @@ restart_keep() {
     return $rc
 }
 step "daemon killed (-9) under running programs, workers kept (fd store): the next daemon takes them over, no call fails" restart_keep 3>&1
+# Live migration between two QEMUs and two daemons on this host (issue 31): a migration to a
+# destination whose daemon dies fails and leaves the source running, then the real one carries
+# the open sessions; the guest's calls around both must all succeed, and its transport self-test
+# pass on the destination.
+migration() {
+    local out
+    out=$(scripts/test-migration.sh --log-dir "$LOGS/migration" 2>&1)
+    local rc=$?
+    echo "$out"
+    echo "$out" | grep -E '^\[test-migration\] (ok|migration:)|^  (Time|total time|downtime)' | sed 's/^\[test-migration\] /   /' >&3
+    return $rc
+}
+step "live migration: two QEMUs and daemons; a failed one leaves the source running, sessions move" migration 3>&1
 # 1000 guest CUDA programs killed at random points, over 4 VMs (issue 11, point 6); needs the
 # GPU. (load-test.sh load, the 5-minute 32 x 8 load test, runs from the bundle: docs/testing.md.)
 kills() { scripts/load-test.sh kills --count 1000 --vms 4 --log-dir "$LOGS/kills"; }

@@ -7,11 +7,17 @@
 // default 0; scripts/test-checkpoint.sh gives 3000 and 2000 so that an operator can pause it
 // mid-loop), and prints
 // "CHECKSUM <hex>", which must equal an uninterrupted run's, before its PASS line. Prints
-// "CHECKPOINT ready" after the first iteration.
+// "CHECKPOINT ready" after the first iteration. argv[3], WORKING_SET_MIB (default 0), adds a
+// device buffer of that many MiB, filled with a pattern by the GPU and checked at the end (the
+// migration downtime of scripts/test-migration.sh is measured with 1 GiB and 16 GiB); argv[4]
+// (default 1) 0 launches the graph's two kernels directly instead of through the graph, and
+// argv[5] (default 1) 0 keeps the "managed" buffer in plain device memory (copied in and out),
+// for a state with neither (what a live migration can carry today).
 #define TEST_NAME "checkpoint_linked_list"
 #include "selfcheck.cuh"
 
 #include <cstdint>
+#include <cstring>
 #include <unistd.h>
 
 struct Node {
@@ -42,6 +48,25 @@ __global__ void mix(unsigned int *buf, int n)
         buf[i] = buf[i] * 3u + (unsigned)i;
 }
 
+// working[i] = i * 2654435761 (a pattern every word of which a restore must bring back).
+__global__ void fill_working(unsigned int *working, size_t words)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
+         i += (size_t)gridDim.x * blockDim.x)
+        working[i] = (unsigned int)(i * 2654435761u);
+}
+
+// bad[0] += number of words of `working` that differ from the pattern.
+__global__ void check_working(const unsigned int *working, size_t words, unsigned long long *bad)
+{
+    unsigned long long n = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
+         i += (size_t)gridDim.x * blockDim.x)
+        n += working[i] != (unsigned int)(i * 2654435761u);
+    if (n)
+        atomicAdd(bad, n);
+}
+
 // managed[i % m] += buf[i]
 __global__ void fold(const unsigned int *buf, int n, unsigned long long *managed, int m)
 {
@@ -55,7 +80,18 @@ int main(int argc, char **argv)
     require_device();
     const int iterations = argc > 1 ? atoi(argv[1]) : 200;
     const int sleep_us = argc > 2 ? atoi(argv[2]) : 0;
+    const size_t working_mib = argc > 3 ? strtoull(argv[3], nullptr, 10) : 0;
+    const bool use_graph = argc > 4 ? atoi(argv[4]) != 0 : true;
+    const bool use_managed = argc > 5 ? atoi(argv[5]) != 0 : true;
     const int nodes = 300, N = 1 << 16, M = 64;
+    // The working set: a pattern the GPU writes, checked and folded into the checksum at the end.
+    const size_t words = working_mib * (1 << 20) / sizeof(unsigned int);
+    unsigned int *working = nullptr;
+    if (words > 0) {
+        CHECK(cudaMalloc(&working, words * sizeof *working));
+        fill_working<<<1024, 256>>>(working, words);
+        CHECK(cudaDeviceSynchronize());
+    }
 
     // The list: nodes allocated one by one (small ones) and a few large ones, linked in a
     // shuffled order, the links written from the host.
@@ -82,9 +118,17 @@ int main(int argc, char **argv)
     CHECK(cudaMalloc(&buf, N * sizeof *buf));
     CHECK(cudaMemset(buf, 1, N * sizeof *buf));
     unsigned long long *managed;
-    CHECK(cudaMallocManaged(&managed, M * sizeof *managed));
+    unsigned long long managed_init[M];
     for (int i = 0; i < M; i++)
-        managed[i] = (unsigned long long)i;
+        managed_init[i] = (unsigned long long)i;
+    if (use_managed) {
+        CHECK(cudaMallocManaged(&managed, M * sizeof *managed));
+        for (int i = 0; i < M; i++)
+            managed[i] = managed_init[i];
+    } else {
+        CHECK(cudaMalloc(&managed, M * sizeof *managed));
+        CHECK(cudaMemcpy(managed, managed_init, sizeof managed_init, cudaMemcpyHostToDevice));
+    }
 
     cudaStream_t a, b;
     CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
@@ -106,7 +150,12 @@ int main(int argc, char **argv)
         walk<<<1, 1, 0, a>>>(head, acc, (unsigned long long)it);
         CHECK(cudaEventRecord(done_a, a));
         CHECK(cudaStreamWaitEvent(b, done_a, 0));
-        CHECK(cudaGraphLaunch(exec, b));
+        if (use_graph) {
+            CHECK(cudaGraphLaunch(exec, b));
+        } else {
+            mix<<<N / 256, 256, 0, b>>>(buf, N);
+            fold<<<N / 256, 256, 0, b>>>(buf, N, managed, M);
+        }
         CHECK(cudaEventRecord(done_b, b));
         CHECK(cudaStreamWaitEvent(a, done_b, 0));
         CHECK(cudaEventSynchronize(done_b));
@@ -125,8 +174,13 @@ int main(int argc, char **argv)
     CHECK(cudaMemcpy(host, buf, N * sizeof *host, cudaMemcpyDeviceToHost));
     for (int i = 0; i < N; i++)
         h = (h ^ host[i]) * 0x100000001b3ULL;
+    unsigned long long managed_end[M];
+    if (use_managed)
+        std::memcpy(managed_end, managed, sizeof managed_end);
+    else
+        CHECK(cudaMemcpy(managed_end, managed, sizeof managed_end, cudaMemcpyDeviceToHost));
     for (int i = 0; i < M; i++)
-        h = (h ^ managed[i]) * 0x100000001b3ULL;
+        h = (h ^ managed_end[i]) * 0x100000001b3ULL;
     // The list still walks from its head to its end, every link intact.
     int walked = 0;
     for (Node *n = head; n != nullptr; walked++) {
@@ -139,6 +193,18 @@ int main(int argc, char **argv)
     }
     if (walked != nodes)
         fail("the list has %d nodes, not %d", walked, nodes);
+    if (words > 0) {
+        unsigned long long *bad;
+        CHECK(cudaMalloc(&bad, sizeof *bad));
+        CHECK(cudaMemset(bad, 0, sizeof *bad));
+        check_working<<<1024, 256>>>(working, words, bad);
+        unsigned long long nbad = 0;
+        CHECK(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
+        if (nbad != 0)
+            fail("%llu words of the %zu MiB working set changed", nbad, working_mib);
+        CHECK(cudaFree(bad));
+        CHECK(cudaFree(working));
+    }
     std::printf("CHECKSUM %016llx\n", h);
 
     CHECK(cudaGraphExecDestroy(exec));

@@ -14,10 +14,13 @@ use std::sync::Arc;
 
 use qcuda_proto::{Direction, Op, RequestHeader, WireError};
 use thiserror::Error;
+use vhost_user_backend::bitmap::BitmapMmapRegion;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
-/// Guest RAM as the backend maps it.
-pub type GuestRam = GuestMemoryMmap<()>;
+/// Guest RAM as the backend maps it. Its bitmap is the dirty log of a live migration
+/// (`VHOST_USER_PROTOCOL_F_LOG_SHMFD`): empty until QEMU hands the daemon a log, then every
+/// write through this map marks its pages (`vhu_cuda.rs` marks what other writers touched).
+pub type GuestRam = GuestMemoryMmap<BitmapMmapRegion>;
 
 /// Errors of guest buffer access.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -158,7 +161,7 @@ impl GuestBuffer {
         &self,
         offset: usize,
         len: usize,
-        mut f: impl FnMut(usize, VolatileSlice<'_>) -> Result<(), E>,
+        mut f: impl FnMut(usize, VolatileSlice<'_, BitmapMmapRegion>) -> Result<(), E>,
     ) -> Result<Result<(), E>, BufferError> {
         self.check(offset, len)?;
         let (mut pos, end) = (0usize, offset + len);

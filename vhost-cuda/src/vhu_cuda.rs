@@ -7,30 +7,49 @@
 //! Queue 1 (host-to-guest events) is set up but not used yet: buffers the guest posts there
 //! stay queued.
 //!
+//! Live migration (QEMU's `migrate`) goes through here too. The device offers dirty logging
+//! (`VHOST_F_LOG_ALL`, `VHOST_USER_PROTOCOL_F_LOG_SHMFD`): every write through the daemon's
+//! map of guest RAM marks its pages in QEMU's log, and when the request ring stops while
+//! logging is on (the migration's last stop, the VM paused) the daemon waits for the requests
+//! under way, has every session save its state (which synchronises its GPU work), and marks all
+//! of guest RAM dirty if a session has a worker, since the GPU writes guest pages (pinned host
+//! memory, copies) behind the daemon's back; QEMU's last RAM pass then carries them. QEMU then
+//! takes the sessions' saved state through `VHOST_USER_PROTOCOL_F_DEVICE_STATE`
+//! ([`VhostUserBackend::set_device_state_fd`], in the `session/migration.rs` stream), and the
+//! destination's daemon starts the same sessions from it before the VM runs there. A
+//! migration that fails leaves every session here as it was: saving changes nothing.
+//!
 //! The backend implements the `&self` trait with fine-grained state (atomics, the session
 //! table's own lock, the vring's lock), so the vhost-user thread, the vring thread and the
 //! session threads never wait on one big lock. One backend serves one connection; `lib.rs`
 //! makes a new one for the next connection.
 
 use std::{
+    fs::File,
     io,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, RwLock,
+        Arc, Mutex, RwLock,
     },
+    thread::{self, JoinHandle},
     time::{Duration, Instant},
 };
 
 use qcuda_proto::{EVENT_QUEUE, NUM_QUEUES, QUEUE_SIZE, REQUEST_QUEUE};
 use tracing::{debug, info, trace, warn};
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
+use vhost_user_backend::{bitmap::BitmapMmapRegion, VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::bindings::{
     virtio_config::VIRTIO_F_VERSION_1,
     virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC},
 };
 use virtio_queue::QueueT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{
+    bitmap::Bitmap, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion,
+};
 use vmm_sys_util::{
     epoll::EventSet,
     event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier},
@@ -41,7 +60,10 @@ use crate::{
     cuda::CudaHost,
     guest_buffer::GuestRam,
     ring_record::{RingAddrs, RingRecord},
-    session::{ChainCompleter, SessionTable},
+    session::{
+        migration::{self, SavedGpu, SessionState},
+        ChainCompleter, SessionTable,
+    },
     spin_wait,
     worker::WorkerCommand,
 };
@@ -56,18 +78,29 @@ pub const STOP_WAIT: Duration = Duration::from_secs(30);
 /// How long a disconnect or reset waits for sessions to close before moving on.
 pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a migration's last stop waits for every session's saved state.
+pub const SAVE_WAIT: Duration = Duration::from_secs(600);
+/// How long a migration's destination waits for every session's restore.
+pub const RESTORE_WAIT: Duration = Duration::from_secs(600);
+
+/// `VHOST_F_LOG_ALL`: the back-end logs its writes to guest RAM (a vhost feature bit, not a
+/// virtio one: QEMU sets it while a migration runs; the guest never acks it).
+pub const VHOST_F_LOG_ALL: u64 = 1 << 26;
+
 /// The virtio features the device offers.
 pub const DEVICE_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
     | (1 << VIRTIO_RING_F_INDIRECT_DESC)
     | (1 << VIRTIO_RING_F_EVENT_IDX)
+    | VHOST_F_LOG_ALL
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
 
 /// Names of the feature bits in `features`, e.g. `VERSION_1 | RING_EVENT_IDX`.
 pub fn feature_names(features: u64) -> String {
-    const NAMES: [(u64, &str); 4] = [
+    const NAMES: [(u64, &str); 5] = [
         (1 << VIRTIO_F_VERSION_1, "VERSION_1"),
         (1 << VIRTIO_RING_F_INDIRECT_DESC, "RING_INDIRECT_DESC"),
         (1 << VIRTIO_RING_F_EVENT_IDX, "RING_EVENT_IDX"),
+        (VHOST_F_LOG_ALL, "LOG_ALL"),
         (
             VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
             "PROTOCOL_FEATURES",
@@ -151,6 +184,21 @@ pub struct VhostCudaBackend {
     /// Set until the request ring first starts when the record is the previous daemon's: the
     /// chains it had in flight are taken again then.
     recover: AtomicBool,
+    /// Whether QEMU asked for dirty logging (`VHOST_F_LOG_ALL` acked: a migration runs).
+    logging: AtomicBool,
+    /// A migration's state transfer.
+    migration: Mutex<Migration>,
+}
+
+/// A migration's state transfer, as far as it has come.
+#[derive(Default)]
+struct Migration {
+    /// The sessions' states, saved when the request ring stopped while logging (the last stop
+    /// of a migration's source), or why they could not be.
+    saved: Option<Result<Vec<SessionState>, String>>,
+    /// The thread moving the state through QEMU's pipe: a save yields nothing, a load the
+    /// sessions it read.
+    transfer: Option<JoinHandle<Result<Option<Vec<SessionState>>, String>>>,
 }
 
 impl std::fmt::Debug for VhostCudaBackend {
@@ -197,6 +245,8 @@ impl VhostCudaBackend {
             connected: AtomicBool::new(false),
             record: None,
             recover: AtomicBool::new(false),
+            logging: AtomicBool::new(false),
+            migration: Mutex::new(Migration::default()),
         }
     }
 
@@ -241,6 +291,56 @@ impl VhostCudaBackend {
 
     fn set_live(&self, live: bool) {
         *self.live.write().unwrap_or_else(|p| p.into_inner()) = live;
+    }
+
+    fn migration(&self) -> std::sync::MutexGuard<'_, Migration> {
+        self.migration.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks every page of guest RAM dirty in QEMU's log (a no-op without a log).
+    fn mark_all_dirty(&self) {
+        let mem = self.mem.memory();
+        for r in mem.iter() {
+            r.bitmap()
+                .mark_dirty(0, usize::try_from(r.len()).unwrap_or(usize::MAX));
+        }
+    }
+
+    /// The last stop of a migration's source (the VM is paused, the ring idle): saves every
+    /// session's state now, while QEMU has yet to copy guest RAM for the last time, and marks
+    /// guest RAM dirty where the GPU may have written it.
+    fn save_for_migration(&self) {
+        let started = Instant::now();
+        let saved = self.sessions.save_states(SAVE_WAIT);
+        match &saved {
+            Ok(states) => {
+                let bytes: usize = states
+                    .iter()
+                    .map(|s| match &s.gpu {
+                        SavedGpu::State(b) => b.len(),
+                        _ => 0,
+                    })
+                    .sum();
+                if states.iter().any(|s| matches!(s.gpu, SavedGpu::State(_))) {
+                    // The GPU wrote pinned guest memory and copy destinations without the
+                    // daemon's map seeing it: QEMU's last pass must carry all of it.
+                    self.mark_all_dirty();
+                }
+                info!(
+                    vm = %self.label,
+                    sessions = states.len(),
+                    bytes,
+                    ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    "migration: sessions saved at the last stop"
+                );
+            }
+            Err(why) => warn!(
+                vm = %self.label,
+                "migration: the sessions cannot be saved ({why}); the migration will fail and \
+                 the VM go on here"
+            ),
+        }
+        self.migration().saved = Some(saved);
     }
 
     /// The frontend is gone: stop completing chains and close every session.
@@ -459,7 +559,7 @@ impl VhostCudaBackend {
 }
 
 impl VhostUserBackend for VhostCudaBackend {
-    type Bitmap = ();
+    type Bitmap = BitmapMmapRegion;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -476,6 +576,14 @@ impl VhostUserBackend for VhostCudaBackend {
 
     fn acked_features(&self, features: u64) {
         self.acked_features.store(features, Ordering::Release);
+        let logging = features & VHOST_F_LOG_ALL != 0;
+        if self.logging.swap(logging, Ordering::AcqRel) != logging {
+            info!(vm = %self.label, "dirty logging {}", if logging { "on" } else { "off" });
+        }
+        if !logging {
+            // No migration runs (any more): a state saved for one is stale.
+            self.migration().saved = None;
+        }
         info!(
             vm = %self.label,
             "acked features {features:#x} ({}); offered {DEVICE_FEATURES:#x}",
@@ -487,6 +595,8 @@ impl VhostUserBackend for VhostCudaBackend {
         VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::LOG_SHMFD
+            | VhostUserProtocolFeatures::DEVICE_STATE
     }
 
     fn reset_device(&self) {
@@ -559,9 +669,81 @@ impl VhostUserBackend for VhostCudaBackend {
                 );
             }
             self.set_live(false);
+            if self.logging.load(Ordering::Acquire) {
+                self.save_for_migration();
+            }
         }
         info!(vm = %self.label, "vring {index} stopped");
         Ok(())
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<Option<File>> {
+        if !matches!(phase, VhostTransferStatePhase::STOPPED) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "only the stopped phase of a state transfer is supported",
+            ));
+        }
+        let mut m = self.migration();
+        if m.transfer.is_some() {
+            return Err(io::Error::other("a state transfer is under way already"));
+        }
+        let label = self.label.clone();
+        let spawned = match direction {
+            VhostTransferStateDirection::SAVE => {
+                // Saved at the ring's last stop; without one (no migration's logging: a
+                // snapshot, say) the sessions are saved now.
+                let saved = match m.saved.take() {
+                    Some(s) => s,
+                    None => self.sessions.save_states(SAVE_WAIT),
+                };
+                thread::Builder::new()
+                    .name("qcuda-migrate-out".into())
+                    .spawn(move || send_state(&label, file, saved))
+            }
+            VhostTransferStateDirection::LOAD => thread::Builder::new()
+                .name("qcuda-migrate-in".into())
+                .spawn(move || receive_state(&label, file)),
+        };
+        m.transfer = Some(spawned?);
+        Ok(None)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        let transfer = self.migration().transfer.take();
+        let Some(transfer) = transfer else {
+            return Err(io::Error::other("no state transfer was started"));
+        };
+        let outcome = transfer
+            .join()
+            .unwrap_or_else(|_| Err("the state transfer's thread panicked".into()));
+        let outcome = match outcome {
+            Ok(Some(states)) => {
+                let started = Instant::now();
+                let n = states.len();
+                self.sessions
+                    .restore_states(states, RESTORE_WAIT)
+                    .map(|()| {
+                        info!(
+                            vm = %self.label,
+                            sessions = n,
+                            ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                            "migration: sessions restored"
+                        );
+                    })
+            }
+            Ok(None) => Ok(()),
+            Err(why) => Err(why),
+        };
+        outcome.map_err(|why| {
+            warn!(vm = %self.label, "migration: state transfer failed: {why}");
+            io::Error::other(why)
+        })
     }
 
     fn handle_event(
@@ -589,6 +771,29 @@ impl VhostUserBackend for VhostCudaBackend {
         // Guest mistakes never end the vring thread: they are answered or logged above.
         Ok(())
     }
+}
+
+/// A migration's source: writes the saved sessions into QEMU's pipe and closes it.
+fn send_state(
+    label: &str,
+    file: File,
+    saved: Result<Vec<SessionState>, String>,
+) -> Result<Option<Vec<SessionState>>, String> {
+    // Dropping the file at the end is the end of the stream for QEMU, also on an error (QEMU
+    // then asks CHECK_DEVICE_STATE, which reports it).
+    let states = saved?;
+    let mut out = io::BufWriter::with_capacity(1 << 20, file);
+    migration::write_stream(&mut out, &states).map_err(|e| e.to_string())?;
+    info!(vm = %label, sessions = states.len(), "migration: state sent");
+    Ok(None)
+}
+
+/// A migration's destination: reads the sessions from QEMU's pipe to its end.
+fn receive_state(label: &str, file: File) -> Result<Option<Vec<SessionState>>, String> {
+    let mut input = io::BufReader::with_capacity(1 << 20, file);
+    let states = migration::read_stream(&mut input).map_err(|e| e.to_string())?;
+    info!(vm = %label, sessions = states.len(), "migration: state received");
+    Ok(Some(states))
 }
 
 #[cfg(test)]
@@ -901,7 +1106,7 @@ mod tests {
     fn features_are_named() {
         assert_eq!(
             feature_names(DEVICE_FEATURES),
-            "VERSION_1 | RING_INDIRECT_DESC | RING_EVENT_IDX | PROTOCOL_FEATURES"
+            "VERSION_1 | RING_INDIRECT_DESC | RING_EVENT_IDX | LOG_ALL | PROTOCOL_FEATURES"
         );
         assert_eq!(feature_names(0), "none");
         assert_eq!(feature_names(1 << 32 | 1), "VERSION_1 | 0x1");

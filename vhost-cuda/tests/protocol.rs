@@ -157,7 +157,7 @@ fn frontend_handshake_requests_and_reconnect() {
     let log = daemon.log();
     for needle in [
         "acked features 0x170000000 (VERSION_1 | RING_INDIRECT_DESC | RING_EVENT_IDX | \
-         PROTOCOL_FEATURES); offered 0x170000000",
+         PROTOCOL_FEATURES); offered 0x174000000",
         "SET_MEM_TABLE: 1 region(s), 16 MiB of guest RAM",
         "SET_MEM_TABLE: region 0: GPA 0x0..0x1000000 (16777216 bytes)",
         "vring 0 started: size 256, desc 0x0, avail 0x1000, used 0x2000, event_idx true",

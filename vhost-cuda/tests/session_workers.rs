@@ -856,3 +856,49 @@ fn ipc_calls_reach_the_worker_and_forged_tokens_do_not() {
     );
     assert_eq!(w.execute(&echo).unwrap().status, status::SUCCESS);
 }
+
+#[test]
+fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
+    use vhost_cuda::session::migration::{read_stream, write_stream, SavedGpu};
+    let mut src = Rig::new(worker_binary("warn"), "workers-migrate-src");
+    let r = src.op(41, Op::Malloc, &[64]);
+    expect_gpu_op(&src, r);
+    let src_pid = src.table.worker_pid(41).expect("a worker process");
+    assert!(src.table.wait_idle(WAIT));
+    // The worker saves its state into a memfd (without a GPU: an empty state, still a whole
+    // QCUDAGS1 record of its session) and goes on running.
+    let states = src.table.save_states(WAIT).unwrap();
+    assert_eq!(states.len(), 1);
+    let SavedGpu::State(bytes) = &states[0].gpu else {
+        panic!("no saved state: {:?}", states[0].gpu)
+    };
+    assert_eq!(&bytes[..8], b"QCUDAGS1");
+    assert_eq!(src.table.worker_pid(41), Some(src_pid));
+    let r = src.op(41, Op::MemGetInfo, &[]);
+    expect_gpu_op(&src, r);
+    let mut stream = Vec::new();
+    write_stream(&mut stream, &states).unwrap();
+
+    // The destination starts the session with a worker restored from it, before any request.
+    let mut dst = Rig::new(worker_binary("warn"), "workers-migrate-dst");
+    dst.table
+        .restore_states(read_stream(&mut stream.as_slice()).unwrap(), WAIT)
+        .unwrap();
+    let dst_pid = dst.table.worker_pid(41).expect("a restored worker");
+    assert!(is_our_child(dst_pid));
+    let r = dst.op(41, Op::MemGetInfo, &[]);
+    expect_gpu_op(&dst, r);
+    assert_eq!(dst.table.worker_pid(41), Some(dst_pid));
+
+    // A saved state that is not its session's is refused by the worker: the restore fails as
+    // a whole and leaves no session or worker behind.
+    let mut wrong = read_stream(&mut stream.as_slice()).unwrap();
+    wrong[0].id = 42;
+    let other = Rig::new(worker_binary("warn"), "workers-migrate-refused");
+    other.table.restore_states(wrong, WAIT).unwrap_err();
+    assert_eq!(other.table.open_count(), 0);
+    assert!(within(WAIT, || children_with("workers-migrate-refused").is_empty()));
+
+    assert_eq!(src.op(41, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert_eq!(dst.op(41, Op::SessionClose, &[]).status, status::SUCCESS);
+}

@@ -20,7 +20,7 @@ use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, G
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{split_ring::ring_layout, FrontendError, Result};
-use crate::vhu_cuda::DEVICE_FEATURES;
+use crate::vhu_cuda::{DEVICE_FEATURES, VHOST_F_LOG_ALL};
 
 /// Guest RAM below this address holds the queues' rings (queue q's in the q-th 16 KiB); what
 /// lies above is the caller's.
@@ -117,7 +117,8 @@ impl GuestVm {
 
         step("SET_OWNER", frontend.set_owner())?;
         let offered = step("GET_FEATURES", frontend.get_features())?;
-        let features = offered & DEVICE_FEATURES;
+        // Dirty logging is for a migration, which QEMU turns on by itself later: not at start.
+        let features = offered & DEVICE_FEATURES & !VHOST_F_LOG_ALL;
         let protocol = step("GET_PROTOCOL_FEATURES", frontend.get_protocol_features())?;
         if !protocol.contains(VhostUserProtocolFeatures::MQ) {
             return Err(FrontendError::Missing("the MQ protocol feature"));

@@ -54,6 +54,7 @@ use std::{
 mod driver_reset;
 pub mod ipc_broker;
 mod latency;
+pub mod migration;
 mod process_checkpoint;
 mod table;
 #[cfg(test)]

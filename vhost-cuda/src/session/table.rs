@@ -20,8 +20,9 @@ use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{
+    migration::{SavedGpu, SessionState},
     process_checkpoint::{ProcessState, Transition},
-    thread::SessionThread,
+    thread::{Restore, SessionThread},
     usage::{self, SessionAccount, UsageView, VmTotals, VmUsage},
     ChainCompleter, MAX_IN_FLIGHT, MAX_SESSIONS,
 };
@@ -181,6 +182,9 @@ pub(super) enum Msg {
     /// A transition of CUDA's process checkpoint asked by a guest process
     /// (process_checkpoint.rs).
     Process(Transition),
+    /// A migration's source: the thread answers what its GPU side is, its worker's saved state
+    /// included (the state goes on running).
+    SaveState(Sender<Result<SavedGpu, String>>),
 }
 
 impl Msg {
@@ -188,7 +192,7 @@ impl Msg {
     pub(super) fn ends_session(&self) -> bool {
         match self {
             Msg::Run(job) => job.request.op() == Op::SessionClose,
-            Msg::Memory(_) | Msg::Checkpoint { .. } | Msg::Process(_) => false,
+            Msg::Memory(_) | Msg::Checkpoint { .. } | Msg::Process(_) | Msg::SaveState(_) => false,
             Msg::Shutdown(_) => true,
         }
     }
@@ -406,9 +410,13 @@ impl SessionTable {
                 drop(ChildProcess::adopted(w.pid, w.pidfd).kill());
                 continue;
             }
-            if let Err(e) =
-                self.start_thread(&mut threads, id, 0, Some(Adopting { worker: w, quota }))
-            {
+            if let Err(e) = self.start_thread(
+                &mut threads,
+                id,
+                0,
+                Some(Adopting { worker: w, quota }),
+                None,
+            ) {
                 error!(vm = %self.shared.label, "session {id}: cannot take its worker over: {e}");
             }
         }
@@ -422,6 +430,7 @@ impl SessionTable {
         id: u64,
         guest_pid: u32,
         adopting: Option<Adopting>,
+        restore: Option<Restore>,
     ) -> std::io::Result<Sender<Msg>> {
         let wake = Arc::new(EventFd::new(EFD_NONBLOCK)?);
         let (tx, rx) = mpsc::channel();
@@ -446,6 +455,7 @@ impl SessionTable {
             latency: RefCell::default(),
             last_hop: Cell::new((0, 0)),
             adopting,
+            restore,
         };
         thread::Builder::new()
             .name(format!("qcuda-s{id}"))
@@ -547,15 +557,16 @@ impl SessionTable {
             }));
             return;
         }
-        let host_fns = match self.start_thread(&mut threads, id, job.request.header().pid, None) {
-            Ok(_) => threads.get(&id).map(|h| h.host_fns.clone()),
-            Err(e) => {
-                drop(threads);
-                error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
-                job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
-                return;
-            }
-        };
+        let host_fns =
+            match self.start_thread(&mut threads, id, job.request.header().pid, None, None) {
+                Ok(_) => threads.get(&id).map(|h| h.host_fns.clone()),
+                Err(e) => {
+                    drop(threads);
+                    error!(vm = %self.shared.label, "session {id}: cannot start its thread: {e}");
+                    job.finish(&ResponseHeader::with_status(status::MEMORY_ALLOCATION));
+                    return;
+                }
+            };
         let Some(handle) = threads.get(&id) else {
             return;
         };
@@ -569,7 +580,106 @@ impl SessionTable {
             let _ = handle.tx.send(Msg::Run(job));
         }
     }
+
+    /// A migration's source, with the request ring stopped and idle: every session's state
+    /// (`migration.rs`), its worker's saved state included. The sessions go on running (a
+    /// migration that fails resumes them as they were). Fails with the first session that
+    /// cannot be saved (what it holds cannot be saved, it is paused, or its worker failed
+    /// meanwhile), or after `timeout`.
+    pub fn save_states(&self, timeout: Duration) -> Result<Vec<SessionState>, String> {
+        let mut asked = Vec::new();
+        for (&id, t) in self.shared.threads().iter() {
+            let (reply, answer) = mpsc::channel();
+            if t.send(Msg::SaveState(reply)).is_ok() {
+                asked.push((id, t.account.pid(), answer));
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        let mut states = Vec::with_capacity(asked.len());
+        for (id, pid, answer) in asked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match answer.recv_timeout(left) {
+                Ok(Ok(gpu)) => states.push(SessionState { id, pid, gpu }),
+                Ok(Err(why)) => return Err(format!("session {id}: {why}")),
+                // The session ended meanwhile: nothing of it to move.
+                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!("session {id}: no answer within {timeout:?}"))
+                }
+            }
+        }
+        states.sort_unstable_by_key(|s| s.id);
+        Ok(states)
+    }
+
+    /// A migration's destination: starts a session for each of `states` under its id, with a
+    /// worker restored from its saved state. All or nothing: if one fails, every session
+    /// started by this call is ended again (no other) and the reason returned (the migration then fails, and the
+    /// VM keeps running on its source).
+    pub fn restore_states(
+        &self,
+        states: Vec<SessionState>,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let mut waits = Vec::with_capacity(states.len());
+        let mut started = Vec::with_capacity(states.len());
+        let mut failed = None;
+        {
+            let mut threads = self.shared.threads();
+            for s in states {
+                if threads.contains_key(&s.id) {
+                    failed = Some(format!("session {} is open here already", s.id));
+                    break;
+                }
+                if threads.len() >= self.shared.max_sessions {
+                    failed = Some(format!("more than {} sessions", self.shared.max_sessions));
+                    break;
+                }
+                let (reply, answer) = mpsc::channel();
+                let restore = Restore { gpu: s.gpu, reply };
+                match self.start_thread(&mut threads, s.id, s.pid, None, Some(restore)) {
+                    Ok(_) => {
+                        started.push(s.id);
+                        waits.push((s.id, answer));
+                    }
+                    Err(_) => {
+                        failed = Some(format!("session {}: cannot start its thread", s.id));
+                        break;
+                    }
+                }
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        for (id, answer) in waits {
+            if failed.is_some() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match answer.recv_timeout(left) {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => failed = Some(format!("session {id}: {why}")),
+                Err(_) => failed = Some(format!("session {id}: not restored within {timeout:?}")),
+            }
+        }
+        let Some(why) = failed else {
+            return Ok(());
+        };
+        // End what this restore started, and only that.
+        let ended: Vec<SessionHandle> = {
+            let mut threads = self.shared.threads();
+            started.iter().filter_map(|id| threads.remove(id)).collect()
+        };
+        let n = ended.len();
+        end_sessions(ended, "its migration was refused");
+        let target = self.open_count().saturating_sub(n);
+        self.shared
+            .wait_for(CLOSE_WAIT_AFTER_REFUSAL, |c| c.open <= target);
+        Err(why)
+    }
 }
+
+/// How long a refused restore waits for the sessions it had started to end.
+const CLOSE_WAIT_AFTER_REFUSAL: Duration = Duration::from_secs(10);
 
 impl SessionTable {
     /// Takes every session out of the table: requests with their ids start new sessions.

@@ -816,3 +816,51 @@ fn a_locked_process_that_ends_answers_what_waited_and_is_gone() {
     assert_eq!(r.status, status::INITIALIZATION_ERROR);
     g.table.close_all(WAIT);
 }
+
+#[test]
+fn sessions_migrate_to_another_table_and_a_refused_stream_ends_only_what_it_started() {
+    use super::migration::{read_stream, write_stream, SavedGpu};
+    let mut src = Guest::new();
+    for (head, session) in [(1u16, 21u64), (2, 22)] {
+        let (hello, _) = src.simple(Op::Hello, session);
+        src.send(head, hello);
+    }
+    src.rec.wait(2);
+    assert!(src.table.wait_idle(WAIT));
+    let states = src.table.save_states(WAIT).unwrap();
+    assert_eq!(
+        states.iter().map(|s| (s.id, &s.gpu)).collect::<Vec<_>>(),
+        [(21, &SavedGpu::None), (22, &SavedGpu::None)]
+    );
+    // Saving changed nothing at the source: its sessions answer as before.
+    let (echo, echo_out) = src.echo(21, b"still here");
+    src.send(3, echo);
+    src.rec.wait(3);
+    assert_eq!(src.response(echo_out + 10).status, status::SUCCESS);
+    let mut stream = Vec::new();
+    write_stream(&mut stream, &states).unwrap();
+
+    // The destination: the same sessions, open before their next request.
+    let mut dst = Guest::new();
+    dst.table
+        .restore_states(read_stream(&mut stream.as_slice()).unwrap(), WAIT)
+        .unwrap();
+    assert_eq!(dst.table.open_count(), 2);
+    let (echo, echo_out) = dst.echo(22, b"moved");
+    dst.send(7, echo);
+    dst.rec.wait(1);
+    assert_eq!(dst.response(echo_out + 5).status, status::SUCCESS);
+    assert_eq!(dst.table.open_count(), 2);
+    // A stream with a new session and then an id open here already: refused as a whole, the
+    // session it started is ended again, and the sessions open before are untouched.
+    let mut again = read_stream(&mut stream.as_slice()).unwrap();
+    again[0].id = 30;
+    dst.table.restore_states(again, WAIT).unwrap_err();
+    assert_eq!(dst.table.open_count(), 2);
+    let (echo, echo_out) = dst.echo(21, b"after");
+    dst.send(8, echo);
+    dst.rec.wait(2);
+    assert_eq!(dst.response(echo_out + 5).status, status::SUCCESS);
+    dst.table.close_all(WAIT);
+    src.table.close_all(WAIT);
+}

@@ -23,6 +23,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{
     latency::{ns, LatencyStats},
+    migration::SavedGpu,
     process_checkpoint::{self, ProcessState},
     table::{Adopting, Msg, Shared},
     usage::{self, bytes_text, SessionAccount},
@@ -63,6 +64,15 @@ pub(super) struct SessionThread {
     pub(super) process: Arc<ProcessState>,
     /// A worker of the previous daemon to take over before anything else.
     pub(super) adopting: Option<Adopting>,
+    /// A migrated session's start: its worker to restore (taken once, at the start).
+    pub(super) restore: Option<Restore>,
+}
+
+/// A migrated session's start: what its GPU side was on the source, and where to say whether
+/// it was made again here.
+pub(super) struct Restore {
+    pub(super) gpu: SavedGpu,
+    pub(super) reply: std::sync::mpsc::Sender<Result<(), String>>,
 }
 
 /// A session's GPU side, seen from the daemon.
@@ -95,7 +105,7 @@ fn answer_unrun(msg: Msg, resp: &ResponseHeader) {
                 job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
             }
         }
-        Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } => {}
+        Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } | Msg::SaveState(_) => {}
     }
 }
 
@@ -124,6 +134,15 @@ impl SessionThread {
             Some(a) => self.take_over(a),
             None => Gpu::Idle,
         };
+        if let Some(Restore { gpu: saved, reply }) = self.restore.take() {
+            let restored = self.restore(&mut gpu, saved);
+            let ok = restored.is_ok();
+            let _ = reply.send(restored);
+            if !ok {
+                // The table ends the restored sessions; this one has nothing to keep.
+                self.end_worker(&mut gpu, Gpu::Idle);
+            }
+        }
         // Messages taken off the queue while an op was running in the worker.
         let mut backlog: VecDeque<Msg> = VecDeque::new();
         // Why the loop ended, unless a SessionClose ended the session.
@@ -154,6 +173,15 @@ impl SessionThread {
                 }
                 Msg::Memory(mem) => {
                     self.share_memory(&mut gpu, &mem);
+                    continue;
+                }
+                Msg::SaveState(reply) => {
+                    let saved = if paused {
+                        Err("paused by the operator".to_string())
+                    } else {
+                        self.save(&mut gpu)
+                    };
+                    let _ = reply.send(saved);
                     continue;
                 }
                 Msg::Checkpoint { pause, reply } => {
@@ -646,6 +674,80 @@ impl SessionThread {
                      taken over ({e}); the session's GPU ops fail until DeviceReset"
                 );
                 Gpu::Failed
+            }
+        }
+    }
+
+    /// A migration's source: what this session's GPU side is, its worker's saved state
+    /// included (the worker goes on running).
+    fn save(&self, gpu: &mut Gpu) -> Result<SavedGpu, String> {
+        let process = match gpu {
+            Gpu::Idle => return Ok(SavedGpu::None),
+            Gpu::Failed => return Ok(SavedGpu::Failed),
+            Gpu::Running { sticky: true, .. } => {
+                return Err("its worker holds a sticky CUDA error".into())
+            }
+            Gpu::Running { process, .. } => process,
+        };
+        let started = Instant::now();
+        match process.save_state() {
+            Ok(Ok(bytes)) => {
+                info!(
+                    vm = %self.shared.label,
+                    session = self.id,
+                    bytes = bytes.len(),
+                    ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    "GPU state saved for migration"
+                );
+                Ok(SavedGpu::State(bytes))
+            }
+            Ok(Err(resp)) => Err(format!(
+                "its GPU state cannot be saved (CUDA error {})",
+                resp.status
+            )),
+            Err(e) => {
+                let why = e.to_string();
+                self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+                Err(why)
+            }
+        }
+    }
+
+    /// A migration's destination: makes the session's GPU side again from `saved`.
+    fn restore(&self, gpu: &mut Gpu, saved: SavedGpu) -> Result<(), String> {
+        let bytes = match saved {
+            SavedGpu::None => return Ok(()),
+            SavedGpu::Failed => {
+                *gpu = Gpu::Failed;
+                return Ok(());
+            }
+            SavedGpu::State(bytes) => bytes,
+        };
+        self.start_worker(gpu, Op::DeviceSynchronize)
+            .map_err(|resp| format!("no worker (CUDA error {})", resp.status))?;
+        let Gpu::Running { process, .. } = gpu else {
+            return Err("no worker".into());
+        };
+        let started = Instant::now();
+        match process.restore_state(&bytes) {
+            Ok(resp) if resp.status == status::SUCCESS => {
+                info!(
+                    vm = %self.shared.label,
+                    session = self.id,
+                    bytes = bytes.len(),
+                    ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    "GPU state restored from a migration"
+                );
+                Ok(())
+            }
+            Ok(resp) => Err(format!(
+                "its saved state was refused here (CUDA error {}; the worker's log says why)",
+                resp.status
+            )),
+            Err(e) => {
+                let why = e.to_string();
+                self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+                Err(why)
             }
         }
     }

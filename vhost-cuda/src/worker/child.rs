@@ -238,6 +238,12 @@ pub enum Work<'a> {
         /// Where an export leaves its descriptor.
         exported: &'a mut Option<OwnedFd>,
     },
+    /// Save the whole state into this file from offset 0 ([`ToWorker::SaveState`]); the
+    /// answer's rets[0] is the bytes written.
+    SaveState(&'a std::fs::File),
+    /// Replace the (fresh) state with the saved state this file holds from offset 0
+    /// ([`ToWorker::RestoreState`]); the answer's rets[0] is the bytes read.
+    RestoreState(&'a std::fs::File),
 }
 
 /// The answer of a pause or resume: SUCCESS with rets[0] the bytes moved, or why not
@@ -287,6 +293,41 @@ pub fn ipc_answer(
     }
 }
 
+/// A migration's source: saves the whole state into `file` (from offset 0); the answer's
+/// rets[0] is the bytes written.
+fn save_state_into(session: &mut GpuState, file: &std::fs::File) -> ResponseHeader {
+    use std::os::unix::fs::FileExt;
+    let bytes = match session.save() {
+        Ok(b) => b,
+        Err(e) => return checkpoint_answer(Err(e)),
+    };
+    if let Err(e) = file.write_all_at(&bytes, 0) {
+        error!("cannot write the saved state ({} bytes): {e}", bytes.len());
+        return ResponseHeader::with_status(status::MEMORY_ALLOCATION);
+    }
+    checkpoint_answer(Ok(bytes.len() as u64))
+}
+
+/// A migration's destination: makes the saved state in `file` (offset 0 to its end) again in
+/// this fresh state. The bytes come from another host: they are decoded with the checked
+/// decoder (`saved_state.rs`) and every object is checked as it is made again.
+fn restore_state_from(session: &mut GpuState, file: &std::fs::File) -> ResponseHeader {
+    use std::os::unix::fs::FileExt;
+    let read = file.metadata().and_then(|m| {
+        let len = usize::try_from(m.len()).map_err(io::Error::other)?;
+        let mut bytes = vec![0u8; len];
+        file.read_exact_at(&mut bytes, 0).map(|()| bytes)
+    });
+    let bytes = match read {
+        Ok(b) => b,
+        Err(e) => {
+            error!("cannot read the state to restore: {e}");
+            return ResponseHeader::with_status(status::MEMORY_ALLOCATION);
+        }
+    };
+    checkpoint_answer(session.restore_saved(&bytes).map(|()| bytes.len() as u64))
+}
+
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
 /// request through `execute` (after [`build_request`]) and answers it. Returns the error that
 /// ended it otherwise (a broken channel or an undecodable frame).
@@ -314,13 +355,16 @@ pub fn serve(
     let mut last_run: Option<(Box<RunRequest>, ResponseHeader)> = None;
     let mut replay: Option<(Box<RunRequest>, ResponseHeader)> = None;
     loop {
-        let msg = match hop.next(channel, std::mem::take(&mut spin))? {
+        let (msg, files) = match hop.next(channel, std::mem::take(&mut spin))? {
             Next::End => break,
-            Next::Posted(body) => ToWorker::decode(&body).and_then(|m| match m {
-                ToWorker::Run(run) => Ok(ToWorker::Run(run)),
-                // Only requests travel through the mailbox.
-                _ => Err(MessageError::Mailbox),
-            })?,
+            Next::Posted(body) => (
+                ToWorker::decode(&body).and_then(|m| match m {
+                    ToWorker::Run(run) => Ok(ToWorker::Run(run)),
+                    // Only requests travel through the mailbox.
+                    _ => Err(MessageError::Mailbox),
+                })?,
+                Vec::new(),
+            ),
             Next::Frame(ToWorker::Mailbox, files) => {
                 // The daemon posts to it from now on: a worker without it would never see
                 // another request, so it ends instead (the session's op fails, nothing hangs).
@@ -380,7 +424,7 @@ pub fn serve(
                         }
                         continue;
                     }
-                    other => other,
+                    other => (other, files),
                 }
             }
         };
@@ -449,13 +493,17 @@ pub fn serve(
                 let resp = crate::sandbox::test_hook::attempt(&attempt);
                 hop.answer(channel, &FromWorker::Done(resp, 0))?;
             }
-            ToWorker::Pause | ToWorker::Resume => {
+            ToWorker::Pause | ToWorker::Resume | ToWorker::SaveState | ToWorker::RestoreState => {
                 let started = Instant::now();
-                let mut resp = execute(if matches!(msg, ToWorker::Pause) {
-                    Work::Pause
-                } else {
-                    Work::Resume
-                });
+                let file = files.first();
+                let mut resp = match (&msg, file) {
+                    (ToWorker::Pause, _) => execute(Work::Pause),
+                    (ToWorker::Resume, _) => execute(Work::Resume),
+                    (ToWorker::SaveState, Some(f)) => execute(Work::SaveState(f)),
+                    (ToWorker::RestoreState, Some(f)) => execute(Work::RestoreState(f)),
+                    // recv_to_worker checked that the file came.
+                    _ => ResponseHeader::with_status(status::INVALID_VALUE),
+                };
                 let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 resp.rets[1] = took;
                 hop.answer(channel, &FromWorker::Done(resp, took))?;
@@ -718,6 +766,8 @@ pub fn run(config: &WorkerConfig) -> i32 {
                 Work::Ipc { call, fd, exported } => {
                     return ipc_answer(&mut session, &call, fd, exported)
                 }
+                Work::SaveState(file) => return save_state_into(&mut session, file),
+                Work::RestoreState(file) => return restore_state_from(&mut session, file),
             };
             let mut resp = match req.op() {
                 // The transport self-test, here too: it proves this process's view of guest RAM.
@@ -1048,6 +1098,14 @@ mod tests {
                             *exported = Some(OwnedFd::from(memfd(16)));
                             return ResponseHeader::with_status(80);
                         }
+                        Work::SaveState(f) => {
+                            use std::os::unix::fs::FileExt;
+                            f.write_all_at(b"saved", 0).unwrap();
+                            let mut r = ResponseHeader::with_status(status::SUCCESS);
+                            r.rets[0] = 5;
+                            return r;
+                        }
+                        Work::RestoreState(_) => return ResponseHeader::with_status(79),
                     };
                     seen.push(req.inputs()[0].to_vec().unwrap());
                     ResponseHeader::with_status(u32::try_from(seen.len()).unwrap())

@@ -24,7 +24,7 @@ use std::{
     io, mem,
     os::{
         fd::{AsRawFd, OwnedFd, RawFd},
-        unix::process::ExitStatusExt,
+        unix::{fs::FileExt, process::ExitStatusExt},
     },
     path::PathBuf,
     process::ExitStatus,
@@ -290,6 +290,20 @@ pub enum WorkerError {
     /// The worker closed its end: it exited or was killed.
     #[error("the worker closed its channel")]
     Closed,
+    /// The file a saved state travels in cannot be made, written or read.
+    #[error("saved-state file: {0}")]
+    StateFile(io::Error),
+}
+
+/// An anonymous file (memfd) for a saved state on its way to or from a worker.
+fn state_file(name: &std::ffi::CStr) -> Result<std::fs::File, WorkerError> {
+    // SAFETY: `name` is a NUL-terminated string; the flags are valid.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(WorkerError::StateFile(io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just created and nothing else owns it.
+    Ok(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 /// What [`WorkerProcess::wait`] saw first.
@@ -839,6 +853,53 @@ impl WorkerProcess {
                     tries += 1;
                 }
                 Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Saves the worker's whole GPU state (a migration's source; the state goes on running):
+    /// `Ok(Ok(bytes))` the saved state (`saved_state.rs`), `Ok(Err(answer))` the worker's
+    /// refusal (its status says why, as for [`checkpoint`](Self::checkpoint)).
+    pub fn save_state(&mut self) -> Result<Result<Vec<u8>, ResponseHeader>, WorkerError> {
+        let file = state_file(c"qcuda-saved-state")?;
+        self.send_message(&ToWorker::SaveState, &[file.as_raw_fd()])?;
+        let resp = loop {
+            if let Waited::Done(resp) = self.wait(None)? {
+                break resp;
+            }
+        };
+        if resp.status != qcuda_proto::status::SUCCESS {
+            return Ok(Err(resp));
+        }
+        let len = usize::try_from(resp.rets[0]).map_err(|_| {
+            WorkerError::StateFile(io::Error::other("saved state larger than memory"))
+        })?;
+        // The worker's number is checked against the file before anything is allocated.
+        let size = file.metadata().map_err(WorkerError::StateFile)?.len();
+        if resp.rets[0] > size {
+            return Err(WorkerError::StateFile(io::Error::other(format!(
+                "the worker says {} bytes, its file holds {size}",
+                resp.rets[0]
+            ))));
+        }
+        let mut bytes = vec![0u8; len];
+        file.read_exact_at(&mut bytes, 0)
+            .map_err(WorkerError::StateFile)?;
+        Ok(Ok(bytes))
+    }
+
+    /// Restores a saved state (`saved_state.rs`, from a migration's source) into this worker,
+    /// which must not have run a request yet. The answer's status says whether it was taken
+    /// (as for [`checkpoint`](Self::checkpoint)); on a refusal the worker's state is left
+    /// fresh or broken and the caller ends it.
+    pub fn restore_state(&mut self, state: &[u8]) -> Result<ResponseHeader, WorkerError> {
+        let file = state_file(c"qcuda-restore-state")?;
+        file.write_all_at(state, 0)
+            .map_err(WorkerError::StateFile)?;
+        self.send_message(&ToWorker::RestoreState, &[file.as_raw_fd()])?;
+        loop {
+            if let Waited::Done(resp) = self.wait(None)? {
+                return Ok(resp);
             }
         }
     }

@@ -53,6 +53,8 @@ const TAG_ADOPTED: u8 = 10;
 const TAG_END: u8 = 11;
 const TAG_IPC: u8 = 12;
 const TAG_EXPORTED: u8 = 13;
+const TAG_SAVE_STATE: u8 = 14;
+const TAG_RESTORE_STATE: u8 = 15;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -136,6 +138,16 @@ pub enum ToWorker {
     End,
     /// An IPC export or import (an import carries one descriptor).
     Ipc(IpcCall),
+    /// Save the whole GPU state (`GpuState::save`, a migration's source): one file travels
+    /// with it (a memfd), which the worker fills with the saved state from offset 0. Answered
+    /// [`FromWorker::Done`] with the status (as for [`ToWorker::Pause`]), rets[0] the bytes
+    /// written and rets[1] the nanoseconds it took. The state goes on running.
+    SaveState,
+    /// Replace this worker's GPU state, which must be fresh (no request ran yet), with the
+    /// saved state in the file that travels with it (`GpuState::restore`, a migration's
+    /// destination), read from offset 0 to its end. Answered as [`ToWorker::SaveState`] is,
+    /// rets[0] the bytes read.
+    RestoreState,
     /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
     /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
     #[cfg(feature = "test-hooks")]
@@ -289,7 +301,7 @@ impl ToWorker {
         match self {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
-            Self::HostFunctionLink | Self::Mailbox => 1,
+            Self::HostFunctionLink | Self::Mailbox | Self::SaveState | Self::RestoreState => 1,
             Self::Posted | Self::Pause | Self::Resume | Self::Adopt | Self::End => 0,
             Self::Ipc(call) => usize::from(call.import),
             #[cfg(feature = "test-hooks")]
@@ -350,6 +362,8 @@ impl ToWorker {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
             }
+            Self::SaveState => out.push(TAG_SAVE_STATE),
+            Self::RestoreState => out.push(TAG_RESTORE_STATE),
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(bytes) => {
                 let n = u32::try_from(bytes.len())
@@ -425,6 +439,8 @@ impl ToWorker {
                     meta,
                 })
             }
+            TAG_SAVE_STATE => Self::SaveState,
+            TAG_RESTORE_STATE => Self::RestoreState,
             #[cfg(feature = "test-hooks")]
             TAG_SANDBOX_TEST_HOOK => {
                 let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
@@ -732,6 +748,8 @@ mod tests {
             ToWorker::Resume,
             ToWorker::Adopt,
             ToWorker::End,
+            ToWorker::SaveState,
+            ToWorker::RestoreState,
         ] {
             assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
         }

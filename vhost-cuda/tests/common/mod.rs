@@ -24,7 +24,7 @@ use qcuda_proto::{
 use vhost::vhost_user::Frontend;
 use vhost_cuda::{
     frontend::{self, SplitRing, RING_AREA},
-    vhu_cuda::DEVICE_FEATURES,
+    vhu_cuda::{DEVICE_FEATURES, VHOST_F_LOG_ALL},
 };
 use virtio_bindings::bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use vm_memory::{Bytes, GuestAddress};
@@ -193,7 +193,11 @@ impl GuestVm {
             vm.offered_features, DEVICE_FEATURES,
             "offered virtio features"
         );
-        assert_eq!(vm.features, DEVICE_FEATURES, "acknowledged virtio features");
+        assert_eq!(
+            vm.features,
+            DEVICE_FEATURES & !VHOST_F_LOG_ALL,
+            "acknowledged virtio features (dirty logging waits for a migration)"
+        );
         let ring = SplitRing::new(0, vm.event_idx());
         GuestVm {
             vm,

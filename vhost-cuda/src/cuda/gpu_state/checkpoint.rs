@@ -18,11 +18,12 @@
 //! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
 //! surface objects, stream-ordered allocations still live (the driver's pools place them;
 //! the pools themselves, the default ones and those the program created, are saved with their
-//! attributes, access and which one is current), graph memory, and allocations outside a
-//! reserved range. The program's own VMM objects (`vmm.rs`) are saved: each physical
-//! allocation with its properties, handle (and its reference count) and contents, read through
-//! a window of its own; each reservation, made again at its address with the address as the
-//! hint (refused if the driver places it elsewhere); each mapping with its offset and access.
+//! attributes, access and which one is current), graph memory, guest memory mapped for the GPU
+//! (pinned, registered and managed memory), and allocations outside a reserved range. The
+//! program's own VMM objects (`vmm.rs`) are saved: each physical allocation with its
+//! properties, handle (and its reference count) and contents, read through a window of its
+//! own; each reservation, made again at its address with the address as the hint (refused if
+//! the driver places it elsewhere); each mapping with its offset and access.
 //!
 //! [`GpuState::save`] is the capture encoded (`saved_state.rs`), and [`GpuState::restore`]
 //! decodes and restores bytes from anywhere into a fresh state: the path a restart of the
@@ -129,6 +130,13 @@ impl GpuState {
         if !self.arrays.is_empty() {
             return Err(CheckpointError::Unsupported(
                 "CUDA arrays, texture or surface objects",
+            ));
+        }
+        if self.host_memory.len() > 0 || !self.managed.is_empty() {
+            // Guest RAM the worker maps for the GPU is not in the record yet: a restore would
+            // lose it silently.
+            return Err(CheckpointError::Unsupported(
+                "host memory mapped for the GPU (cudaHostAlloc, cudaHostRegister, managed memory)",
             ));
         }
         for c in self.devices.iter().flatten() {
@@ -707,6 +715,15 @@ impl GpuState {
         let mut state = Self::open(host, id);
         state.restore_into(&saved)?;
         Ok(state)
+    }
+
+    /// Makes the saved state in `bytes` (from anywhere: checked as it is decoded and as it is
+    /// made) again in this state, which must be fresh: [`restore`](Self::restore) into a
+    /// state already set up (its host-function link, say). On an error, what was made stays
+    /// for the caller to tear down (end the worker).
+    pub fn restore_saved(&mut self, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let saved = SavedState::decode(bytes).map_err(|e| mismatch(e.to_string()))?;
+        self.restore_into(&saved)
     }
 
     /// Pauses the state: waits for its work, copies every run of its reserved ranges (every

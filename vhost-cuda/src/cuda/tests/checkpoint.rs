@@ -557,3 +557,70 @@ fn checkpoint_copies_go_through_the_pinned_staging_buffer() {
     r.resume().unwrap();
     check(&mut b, &mut r, &p);
 }
+
+#[test]
+fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
+    use crate::session::migration::{read_stream, write_stream, SavedGpu, SessionState};
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    let p = build(&mut a, &mut s);
+    let sessions = [
+        SessionState {
+            id: 3,
+            pid: 77,
+            gpu: SavedGpu::State(s.save().unwrap()),
+        },
+        SessionState {
+            id: 4,
+            pid: 78,
+            gpu: SavedGpu::None,
+        },
+    ];
+    // The source goes on running: a migration that fails leaves it as it was.
+    check(&mut a, &mut s, &p);
+    let mut stream = Vec::new();
+    write_stream(&mut stream, &sessions).unwrap();
+    drop(s);
+
+    // The destination: another daemon's worker, fresh, restored from what the stream carried.
+    let got = read_stream(&mut stream.as_slice()).unwrap();
+    assert_eq!(got, sessions);
+    let SavedGpu::State(bytes) = &got[0].gpu else {
+        panic!("no state")
+    };
+    let mut b = Rig::new(1);
+    let mut r = GpuState::open(&b.host, 3);
+    r.restore_saved(bytes).unwrap();
+    check(&mut b, &mut r, &p);
+    // A state restored under another session id is refused, and so is one into a used state.
+    let mut other = GpuState::open(&b.host, 5);
+    assert!(matches!(
+        other.restore_saved(bytes),
+        Err(CheckpointError::Mismatch(_))
+    ));
+    r.restore_saved(bytes).unwrap_err();
+}
+
+#[test]
+fn a_state_with_guest_memory_mapped_for_the_gpu_is_not_saved() {
+    assert!(crate::cuda::reserve_window());
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let p = build(&mut rig, &mut s);
+    let guest = HOST_WINDOW_BASE + 0x7400_0000;
+    let t = rig.buf(
+        &HostRun {
+            gpa: 0x30_0000,
+            len: 0x1000,
+        }
+        .encode(),
+    );
+    let r = s.execute(&req(Op::HostMap, 0, &[guest, 0x1000, 0], vec![t], vec![]));
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, guest));
+    // Pinned, registered and managed memory are guest RAM the worker maps: a saved state
+    // without them would lose them silently, so it is refused and the program goes on.
+    assert!(matches!(s.save(), Err(CheckpointError::Unsupported(_))));
+    check(&mut rig, &mut s, &p);
+    ok(run(&mut s, Op::HostUnmap, &[guest]));
+    s.save().unwrap();
+}

@@ -1,0 +1,322 @@
+#!/usr/bin/env bash
+# test-migration.sh: live migration of a VM that uses qcuda, from one QEMU and vhost-cuda to a
+# second QEMU (-incoming) with a daemon of its own, on this host, driven through QEMU's monitor
+# as an operator would (`migrate_set_capability return-path on` on both sides, `-incoming defer`
+# and `migrate_incoming unix:PATH` on the destination, `migrate -d unix:PATH`, `info migrate`). Guests run under TCG with 1 GiB
+# of RAM. Two programs:
+#
+#   --program transport (default; no GPU needed): the guest keeps two sessions open and calls the
+#     device from them and from a stream of short programs (tests/guest/check-migrate) while the
+#     host migrates three times: to a destination whose daemon refuses the state (--max-sessions
+#     1: the source has stopped and saved its sessions, the destination refuses them), to one
+#     whose daemon is killed as the migration starts, then for real. The first two must fail
+#     with the VM going on at the source; afterwards the guest's transport self-test and data
+#     self-test must pass on the destination, and every call made around the migrations must
+#     have succeeded.
+#   --program checkpoint (a GPU): tests/cuda/checkpoint_linked_list (a linked list in device
+#     memory, two streams and events, a module with kernels, a working set of --working-set-mib
+#     MiB) runs twice in one guest: uninterrupted, then migrated mid-loop to the destination
+#     (whose daemon uses GPU --target-gpu, so with two GPUs the state moves to the other one);
+#     the two CHECKSUM lines must be equal. --graph 1 and --managed 1 keep the program's CUDA
+#     graph and managed buffer, which a saved state cannot hold yet: the migration must then
+#     fail and the program go on at the source, unharmed, with the same checksum.
+#     Without a GPU the program prints SKIP and so does this script ("skipped: no GPU").
+#
+# Prints the migration's figures from `info migrate` (total time, downtime, setup, transferred
+# RAM) and the daemons' lines about the sessions' state (bytes, milliseconds to save and to
+# restore). Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
+#
+#   scripts/test-migration.sh [--program transport|checkpoint] [--window S] [--iterations N]
+#
+# --window: how long the transport program's guest waits to arrive at the destination.
+#       [--working-set-mib M] [--graph 0|1] [--managed 0|1] [--target-gpu N] [--mem SIZE]
+#       [--log-dir DIR]
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
+DAEMON=${QCUDA_DAEMON:-$DAEMON}
+program=transport window=900 iterations=10000 working_mib=0 graph=0 managed=0 target_gpu="" mem=1G log_dir=""
+while (($#)); do
+    case $1 in
+    --program) program=$2; shift 2 ;;
+    --window) window=$2; shift 2 ;;
+    --iterations) iterations=$2; shift 2 ;;
+    --working-set-mib) working_mib=$2; shift 2 ;;
+    --graph) graph=$2; shift 2 ;;
+    --managed) managed=$2; shift 2 ;;
+    --target-gpu) target_gpu=$2; shift 2 ;;
+    --mem) mem=$2; shift 2 ;;
+    --log-dir) log_dir=$2; shift 2 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "test-migration.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+[[ $program == transport || $program == checkpoint ]] || { echo "test-migration.sh: --program transport|checkpoint" >&2; exit 2; }
+log_dir=${log_dir:-$(mktemp -d)}
+mkdir -p "$log_dir"
+log_dir=$(cd "$log_dir" && pwd)
+say() { printf '[test-migration] %s\n' "$*"; }
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    sleep 0.5
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+# One daemon per side, each on its own socket and log; its pid in $started.
+start_daemon() { # name, extra args...
+    local name=$1 sock=$log_dir/$1.sock
+    shift
+    RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" "$@" >>"$log_dir/daemon-$name.log" 2>&1 &
+    local pid=$!
+    pids+=("$pid")
+    started=$pid
+    for _ in $(seq 200); do
+        grep -q 'waiting for a frontend' "$log_dir/daemon-$name.log" 2>/dev/null && [[ -S $sock ]] && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    say "vhost-cuda ($name) did not start:"; tail -n 5 "$log_dir/daemon-$name.log" >&2; return 1
+}
+
+# A human monitor command on a QEMU's monitor socket; prints the answer.
+hmp() { # socket, command
+    python3 - "$1" "$2" <<'EOF'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+for _ in range(100):
+    try:
+        s.connect(sys.argv[1]); break
+    except OSError:
+        time.sleep(0.1)
+else:
+    sys.exit("no monitor at " + sys.argv[1])
+def until_prompt():
+    out = b""
+    while not out.endswith(b"(qemu) "):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    return out.decode(errors="replace")
+until_prompt()
+s.sendall(sys.argv[2].encode() + b"\n")
+answer = until_prompt()
+# The monitor echoes the command line first; drop it, the prompt and terminal escapes.
+lines = [l for l in answer.replace("\r", "").split("\n") if not l.startswith("(qemu)")]
+print("\n".join(l for l in lines[1:] if "\x1b" not in l).strip())
+EOF
+}
+
+# The guest: one command line for both sides (the destination's guest never runs it: it
+# arrives running). Identical options matter: QEMU migrates between identical machines.
+if [[ $program == transport ]]; then
+    guest_cmd="/opt/qcuda/bin/check-migrate $window"
+    ready='^MIGRATE ready'
+else
+    prog=/opt/qcuda/tests/checkpoint_linked_list
+    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed; echo EXIT \$?; done"
+    ready='^\(CHECKPOINT ready\|SKIP\)'
+fi
+vm_opts=(--accel tcg --mem "$mem" --timeout 3000)
+
+start_vm() { # name, socket, extra run-vm args...: starts run-vm.sh in the background, its pid in $started
+    local name=$1 sock=$2
+    shift 2
+    "$here/run-vm.sh" "${vm_opts[@]}" --socket "$sock" --log-dir "$log_dir/vm-$name" \
+        --qemu-arg -monitor --qemu-arg "unix:$log_dir/monitor-$name.sock,server=on,wait=off" "$@" \
+        -- "$guest_cmd" >"$log_dir/guest-$name.log" 2>&1 &
+    started=$!
+    pids+=("$started")
+}
+wait_line() { # file, pattern, count, seconds, pid
+    local n=0
+    until (($(grep -c "$2" "$1" 2>/dev/null || true) >= $3)); do
+        n=$((n + 1))
+        ((n <= $4 * 10)) || return 1
+        kill -0 "$5" 2>/dev/null || return 1
+        sleep 0.1
+    done
+}
+# Migrates the source to a destination listening on unix socket $1; prints "completed" or
+# "failed" (or the last status after $2 seconds), and keeps `info migrate` in the log.
+migrate() { # incoming socket, seconds
+    local status="" n=0
+    # The return path: the destination reports whether it took the state, so that a refusal
+    # fails the migration and the source runs on (without it the source would call it done).
+    hmp "$log_dir/monitor-src.sock" "migrate_set_capability return-path on" >>"$log_dir/monitor.log"
+    hmp "$log_dir/monitor-src.sock" "migrate -d unix:$1" >>"$log_dir/monitor.log"
+    while ((n < $2 * 5)); do
+        sleep 0.2
+        n=$((n + 1))
+        status=$(hmp "$log_dir/monitor-src.sock" "info migrate" | tee "$log_dir/info-migrate.txt" |
+            sed -n 's/^Status: *\([a-z-]*\).*/\1/p; s/^Migration status: *\([a-z-]*\).*/\1/p' | head -n 1)
+        [[ $status == completed || $status == failed || $status == cancelled ]] && break
+    done
+    cat "$log_dir/info-migrate.txt" >>"$log_dir/monitor.log"
+    echo "${status:-unknown}"
+}
+# A destination QEMU (started with -incoming defer) listens on unix socket $1 once its monitor
+# is up, with the return path on.
+listen_incoming() { # name, socket, pid
+    local mon=$log_dir/monitor-$1.sock
+    for _ in $(seq 1200); do
+        [[ -S $mon ]] && break
+        kill -0 "$3" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    [[ -S $mon ]] || return 1
+    hmp "$mon" "migrate_set_capability return-path on" >>"$log_dir/monitor.log"
+    hmp "$mon" "migrate_incoming unix:$2" >>"$log_dir/monitor.log"
+    for _ in $(seq 100); do
+        [[ -S $2 ]] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+src_running() { [[ $(hmp "$log_dir/monitor-src.sock" "info status") == *running* ]]; }
+
+start_daemon src
+dst_args=()
+[[ -z $target_gpu ]] || dst_args=(--gpu "$target_gpu")
+start_vm src "$log_dir/src.sock"
+src_vm=$started
+if ! wait_line "$log_dir/guest-src.log" "$ready" 1 900 "$src_vm"; then
+    say "FAILED: the guest never got ready; logs in $log_dir"
+    tail -n 20 "$log_dir/guest-src.log"
+    exit 1
+fi
+if grep -q '^SKIP' "$log_dir/guest-src.log"; then
+    say "skipped: no GPU"
+    exit 0
+fi
+rc=0
+
+# 1. A destination that refuses the state (the source has stopped the VM and saved its sessions
+# by then): the migration fails, the VM and its sessions go on at the source.
+if [[ $program == transport ]]; then
+    start_daemon refuse --max-sessions 1
+    start_vm refuse "$log_dir/refuse.sock" --qemu-arg -incoming --qemu-arg defer
+    refuse_vm=$started
+    listen_incoming refuse "$log_dir/incoming-refuse.sock" "$refuse_vm" || { say "FAILED: the refusing destination never listened"; exit 1; }
+    status=$(migrate "$log_dir/incoming-refuse.sock" 300)
+    saved=$(grep -c 'sessions saved at the last stop' "$log_dir/daemon-src.log" || true)
+    if [[ $status != failed ]]; then
+        say "FAILED: a migration to a destination that refuses the state ended '$status', not 'failed'"
+        rc=1
+    elif ! src_running; then
+        say "FAILED: after the refused migration the source VM is not running: $(hmp "$log_dir/monitor-src.sock" "info status")"
+        rc=1
+    elif ((saved < 1)) || ! grep -q 'state transfer failed' "$log_dir/daemon-refuse.log"; then
+        say "FAILED: the refusal did not come from the state (source saves: $saved; the destination's log: $(grep -m1 migration "$log_dir/daemon-refuse.log"))"
+        rc=1
+    else
+        say "ok: the destination refused the state ($(sed -n 's/.*state transfer failed: //p' "$log_dir/daemon-refuse.log" | head -n 1)); the source VM runs on"
+    fi
+    # A destination whose load failed stays up (paused, its incoming migration failed): end it.
+    hmp "$log_dir/monitor-refuse.sock" quit >/dev/null 2>&1 || true
+    wait "$refuse_vm" 2>/dev/null || true
+fi
+
+# 2. A destination that goes away as the migration starts: the migration fails, the VM goes on.
+if [[ $program == transport ]]; then
+    start_daemon gone
+    gone_daemon=$started
+    start_vm gone "$log_dir/gone.sock" --qemu-arg -incoming --qemu-arg defer
+    gone_vm=$started
+    listen_incoming gone "$log_dir/incoming-gone.sock" "$gone_vm" || { say "FAILED: the first destination never listened"; exit 1; }
+    sleep 1
+    (sleep 0.3; kill -KILL "$gone_daemon" 2>/dev/null) &
+    status=$(migrate "$log_dir/incoming-gone.sock" 300)
+    { wait "$gone_daemon"; } 2>/dev/null || true
+    if [[ $status != failed ]]; then
+        say "FAILED: a migration to a destination whose daemon died ended '$status', not 'failed'"
+        rc=1
+    elif ! src_running; then
+        say "FAILED: after the failed migration the source VM is not running: $(hmp "$log_dir/monitor-src.sock" "info status")"
+        rc=1
+    else
+        say "ok: the migration to a destination whose daemon died failed, and the source VM runs on"
+    fi
+    hmp "$log_dir/monitor-gone.sock" quit >/dev/null 2>&1 || true
+    wait "$gone_vm" 2>/dev/null || true
+fi
+
+# 3. The real migration (in the checkpoint program: in the second run, mid-loop; the destination
+# is up and listening before that run starts its loop).
+# The guest of the transport program knows it has arrived by this daemon's memory limit.
+[[ $program == transport ]] && dst_args+=(--max-gpu-memory 64G)
+start_daemon dst "${dst_args[@]}"
+start_vm dst "$log_dir/dst.sock" --qemu-arg -incoming --qemu-arg defer
+dst_vm=$started
+listen_incoming dst "$log_dir/incoming-dst.sock" "$dst_vm" || { say "FAILED: the destination never listened"; exit 1; }
+if [[ $program == checkpoint ]]; then
+    wait_line "$log_dir/guest-src.log" '^CHECKPOINT ready' 2 900 "$src_vm" || { say "FAILED: the second run never got ready"; exit 1; }
+    sleep 1
+fi
+status=$(migrate "$log_dir/incoming-dst.sock" 600)
+say "migration: $status"
+grep -Ei '^(total time|downtime|setup|transferred ram|throughput|precopy ram|downtime ram|Time \(ms\)|RAM info)' "$log_dir/info-migrate.txt" | sed 's/^/  /' || true
+sed -n 's/.*\(migration: sessions saved at the last stop.*\)/  source: \1/p; s/.*\(GPU state saved for migration.*\)/  source: \1/p' "$log_dir/daemon-src.log"
+expect_fail=0
+[[ $program == checkpoint && ($graph != 0 || $managed != 0) ]] && expect_fail=1
+if ((expect_fail)); then
+    if [[ $status == completed ]]; then
+        say "FAILED: a state with a CUDA graph or managed memory migrated (a save refuses them)"
+        rc=1
+    elif ! src_running; then
+        say "FAILED: the refused migration left the source VM stopped"
+        rc=1
+    else
+        say "ok: the state with a CUDA graph or managed memory was refused and the program goes on at the source"
+    fi
+    hmp "$log_dir/monitor-dst.sock" quit >/dev/null 2>&1 || true
+    wait "$dst_vm" 2>/dev/null || true
+    finish_vm=$src_vm finish_log=$log_dir/guest-src.log
+else
+    if [[ $status != completed ]]; then
+        say "FAILED: the migration ended '$status'; logs in $log_dir"
+        sed 's/^/  /' "$log_dir/info-migrate.txt"
+        grep -h 'migration\|refused' "$log_dir"/daemon-*.log | tail -n 10 | sed 's/^/  /'
+        exit 1
+    fi
+    sed -n 's/.*\(migration: sessions restored.*\)/  destination: \1/p; s/.*\(GPU state restored from a migration.*\)/  destination: \1/p' "$log_dir/daemon-dst.log"
+    # The source has handed over: it stays paused until told to quit.
+    hmp "$log_dir/monitor-src.sock" quit >/dev/null 2>&1 || true
+    wait "$src_vm" 2>/dev/null || true
+    finish_vm=$dst_vm finish_log=$log_dir/guest-dst.log
+fi
+vm_rc=0
+wait "$finish_vm" || vm_rc=$?
+if [[ $program == transport ]]; then
+    sed -n 's/^\(MIGRATE .*\)/  guest at the source: \1/p' "$log_dir/guest-src.log"
+    sed -n 's/^\(MIGRATE .*\)/  guest at the destination: \1/p' "$finish_log"
+    if ((vm_rc != 0)) || ! grep -q '^MIGRATE ok' "$finish_log"; then
+        say "FAILED: the guest's checks after the migration failed (exit $vm_rc); logs in $log_dir"
+        tail -n 20 "$finish_log"
+        exit 1
+    fi
+    ((rc == 0)) || exit 1
+    say "ok: migrated with sessions open; the guest's transport works on the destination"
+    exit 0
+fi
+logs=("$log_dir/guest-src.log")
+[[ $finish_log == "$log_dir/guest-src.log" ]] || logs+=("$finish_log")
+mapfile -t sums < <(cat "${logs[@]}" | grep '^CHECKSUM' | awk '{print $2}' | sort -u)
+grep -hE '^(RUN|CHECKSUM|PASS|FAIL|EXIT)' "${logs[@]}" | sed 's/^/  /'
+n=$(cat "${logs[@]}" | grep -c '^CHECKSUM' || true)
+if ((expect_fail == 0)) && ! grep -q '^CHECKSUM' "$finish_log"; then
+    say "FAILED: the migrated run printed no checksum at the destination (it ended before the migration, or failed there; raise --iterations); logs in $log_dir"
+    exit 1
+fi
+if ((n != 2)) || ((${#sums[@]} != 1)); then
+    say "FAILED: $n of 2 runs printed a checksum, ${#sums[@]} distinct (${sums[*]}); logs in $log_dir"
+    exit 1
+fi
+if ((vm_rc != 0 || rc != 0)); then
+    say "FAILED (guest exit $vm_rc); logs in $log_dir"
+    exit 1
+fi
+say "ok: the same checksum ${sums[0]} uninterrupted and across the migration (working set $working_mib MiB)"
