@@ -178,7 +178,100 @@ pub(crate) fn check_range(addr: u64, len: u64) -> Result<(), MapError> {
 #[derive(Debug, Default)]
 pub(crate) struct HostMappings {
     by_guest: BTreeMap<u64, Mapping>,
+    /// Each mapping's guest-physical runs, in order (what a saved state records).
+    tables: BTreeMap<u64, Vec<HostRun>>,
     runs: usize,
+}
+
+/// Address space held for a mapping that a restore makes again at a saved local address,
+/// until guest RAM is there to fill it ([`HostMappings::map_held`]). Dropped unused, it is
+/// given back.
+///
+/// # Invariants
+/// `local..local + len` is this hold's: the window's own reservation (`windowed`, where no
+/// mapping of the session lies, which the caller checks) or a PROT_NONE reservation it made.
+#[derive(Debug)]
+pub(crate) struct HeldRange {
+    local: u64,
+    len: u64,
+    windowed: bool,
+}
+
+impl HeldRange {
+    /// Holds `local..local + len` for the mapping of guest range `guest..guest + len`: inside
+    /// the window only at the guest's own address (as [`HostMappings::map`] places it), and
+    /// elsewhere only if nothing of this process is there ([`MapError::Overlap`]: taken).
+    pub(crate) fn hold(guest: u64, local: u64, len: u64) -> Result<Self, MapError> {
+        check_range(guest, len)?;
+        check_range(local, len)?;
+        if window_reserved() && in_window(local, len) {
+            if local != guest {
+                return Err(MapError::Invalid);
+            }
+            return Ok(Self {
+                local,
+                len,
+                windowed: true,
+            });
+        }
+        let size = usize::try_from(len).map_err(|_| MapError::Invalid)?;
+        let want = local as *mut libc::c_void;
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; a PROT_NONE
+        // anonymous reservation touches no memory.
+        let p = unsafe {
+            libc::mmap(
+                want,
+                size,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE
+                    | libc::MAP_ANONYMOUS
+                    | libc::MAP_NORESERVE
+                    | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if p == want {
+            return Ok(Self {
+                local,
+                len,
+                windowed: false,
+            });
+        }
+        if p != libc::MAP_FAILED {
+            // SAFETY: a reservation just made elsewhere, used by nothing.
+            unsafe { libc::munmap(p, size) };
+        }
+        Err(MapError::Overlap)
+    }
+
+    /// The local address held.
+    pub(crate) fn local(&self) -> u64 {
+        self.local
+    }
+
+    /// Gives up the hold without releasing the range: its new owner releases it.
+    fn into_parts(self) -> (u64, bool) {
+        let parts = (self.local, self.windowed);
+        std::mem::forget(self);
+        parts
+    }
+}
+
+impl Drop for HeldRange {
+    fn drop(&mut self) {
+        release(self.local, self.len, self.windowed);
+    }
+}
+
+/// Where [`HostMappings::map_placed`] puts a mapping.
+enum Place {
+    /// At the guest's address if it can, else where the kernel chooses.
+    Guest,
+    /// Where the kernel chooses (managed memory's staging side).
+    Elsewhere,
+    /// In a range held for it.
+    Held(HeldRange),
 }
 
 impl HostMappings {
@@ -208,7 +301,7 @@ impl HostMappings {
         dev: usize,
         register: impl FnOnce(u64, u64) -> Result<u64, MapError>,
     ) -> Result<Mapping, MapError> {
-        self.map_placed(mem, guest, len, runs, dev, false, register)
+        self.map_placed(mem, guest, len, runs, dev, Place::Guest, register)
     }
 
     /// As [`map`](Self::map), but the runs go to an address of the kernel's choosing, never
@@ -224,12 +317,28 @@ impl HostMappings {
         dev: usize,
         register: impl FnOnce(u64, u64) -> Result<u64, MapError>,
     ) -> Result<Mapping, MapError> {
-        self.map_placed(mem, guest, len, runs, dev, true, register)
+        self.map_placed(mem, guest, len, runs, dev, Place::Elsewhere, register)
+    }
+
+    /// As [`map`](Self::map), but in the range `held` (a restore's: the mapping comes back
+    /// at the local address it had). Runs are checked against `mem` as for `map`, and the
+    /// run budgets are the same. On an error the held range is given back.
+    pub(crate) fn map_held(
+        &mut self,
+        mem: &GuestRam,
+        guest: u64,
+        runs: &[HostRun],
+        dev: usize,
+        held: HeldRange,
+        register: impl FnOnce(u64, u64) -> Result<u64, MapError>,
+    ) -> Result<Mapping, MapError> {
+        let len = held.len;
+        self.map_placed(mem, guest, len, runs, dev, Place::Held(held), register)
     }
 
     #[expect(
         clippy::too_many_arguments,
-        reason = "the two public forms above differ only in `elsewhere`"
+        reason = "the public forms above differ only in `place`"
     )]
     fn map_placed(
         &mut self,
@@ -238,23 +347,24 @@ impl HostMappings {
         len: u64,
         runs: &[HostRun],
         dev: usize,
-        elsewhere: bool,
+        place: Place,
         register: impl FnOnce(u64, u64) -> Result<u64, MapError>,
     ) -> Result<Mapping, MapError> {
         check_range(guest, len)?;
         if self.overlaps(guest, len) {
             return Err(MapError::Overlap);
         }
-        if self.runs + runs.len() > MAX_TOTAL_RUNS {
+        if runs.len() > MAX_RUNS || self.runs + runs.len() > MAX_TOTAL_RUNS {
             return Err(MapError::NoMemory);
         }
-        let windowed = !elsewhere && in_window(guest, len) && window_reserved();
-        let local = if windowed {
-            guest
-        } else if elsewhere {
-            reserve_anywhere(len)?
-        } else {
-            reserve_anywhere_near(guest, len)?
+        if runs.iter().try_fold(0u64, |t, r| t.checked_add(r.len)) != Some(len) {
+            return Err(MapError::Invalid);
+        }
+        let (local, windowed) = match place {
+            Place::Guest if in_window(guest, len) && window_reserved() => (guest, true),
+            Place::Guest => (reserve_anywhere_near(guest, len)?, false),
+            Place::Elsewhere => (reserve_anywhere(len)?, false),
+            Place::Held(held) => held.into_parts(),
         };
         let mut at = local;
         for r in runs {
@@ -279,6 +389,7 @@ impl HostMappings {
             runs: runs.len(),
         };
         self.by_guest.insert(guest, m);
+        self.tables.insert(guest, runs.to_vec());
         self.runs += runs.len();
         debug!(
             guest = format_args!("{guest:#x}"),
@@ -299,6 +410,7 @@ impl HostMappings {
         unregister: impl FnOnce(&Mapping),
     ) -> Result<(), MapError> {
         let m = self.by_guest.remove(&guest).ok_or(MapError::NotMapped)?;
+        self.tables.remove(&guest);
         unregister(&m);
         self.runs -= m.runs;
         release(
@@ -307,6 +419,16 @@ impl HostMappings {
             m.local == guest && in_window(guest, m.len) && window_reserved(),
         );
         Ok(())
+    }
+
+    /// The guest-physical runs of the mapping made for `guest`, in order.
+    pub(crate) fn runs_of(&self, guest: u64) -> Option<&[HostRun]> {
+        self.tables.get(&guest).map(Vec::as_slice)
+    }
+
+    /// Runs all mappings hold together (what [`MAX_TOTAL_RUNS`] bounds).
+    pub(crate) fn total_runs(&self) -> usize {
+        self.runs
     }
 
     /// The guest addresses of the mappings registered in the context of `dev`.

@@ -39,6 +39,8 @@ const TAG_POOL: u32 = 10;
 const TAG_VMM_ALLOCATION: u32 = 11;
 const TAG_VMM_RESERVATION: u32 = 12;
 const TAG_VMM_MAPPING: u32 = 13;
+const TAG_HOST_MAPPING: u32 = 30;
+const TAG_MANAGED: u32 = 31;
 
 /// Why bytes are not a saved state.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -85,6 +87,43 @@ pub(crate) struct SavedState {
     pub(crate) vmm_allocations: Vec<SavedVmmAllocation>,
     pub(crate) vmm_reservations: Vec<SavedVmmReservation>,
     pub(crate) vmm_mappings: Vec<SavedVmmMapping>,
+    /// Guest memory mapped for the GPU: pinned, registered, and managed memory left in guest
+    /// RAM (its pinned form). The pages are not here: guest RAM moves with the VM.
+    pub(crate) host_mappings: Vec<SavedHostMapping>,
+    /// Managed memory placed on the device at its guest address, with the device's copy.
+    pub(crate) managed: Vec<SavedManaged>,
+}
+
+/// Guest memory mapped into the worker and registered with the driver (`HostMap`): where
+/// the guest has it, where the worker mapped it, the device address the guest was told, and
+/// the guest-physical runs (held by qcuda.ko, so valid wherever the VM goes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedHostMapping {
+    pub(crate) guest: u64,
+    pub(crate) len: u64,
+    /// Its address in the worker (a restore maps it there again).
+    pub(crate) local: u64,
+    /// The device address the guest learnt (a restore must give it again).
+    pub(crate) dev_addr: u64,
+    /// The guest device ordinal whose context registered it.
+    pub(crate) dev: u32,
+    /// `HOST_MAP_*` flags it was made with (read-only; managed, for managed memory that
+    /// stayed in guest RAM).
+    pub(crate) flags: u32,
+    /// (guest-physical address, length) of each run, in order.
+    pub(crate) runs: Vec<(u64, u64)>,
+}
+
+/// Managed memory placed on the device at its guest address (gpu_state/managed.rs): the
+/// guest pages (its staging side, by their runs) and the device's copy of the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedManaged {
+    pub(crate) guest: u64,
+    pub(crate) dev: u32,
+    /// (guest-physical address, length) of each run of the guest pages, in order.
+    pub(crate) runs: Vec<(u64, u64)>,
+    /// The device's bytes at `guest` (as many as the guest mapped).
+    pub(crate) contents: Vec<u8>,
 }
 
 /// A physical allocation the program made with `cuMemCreate`, and its contents.
@@ -258,6 +297,13 @@ impl Writer {
     fn opt_u32(&mut self, v: Option<u32>) -> &mut Self {
         self.u8(u8::from(v.is_some())).u32(v.unwrap_or(0))
     }
+    fn runs(&mut self, runs: &[(u64, u64)]) -> &mut Self {
+        self.u64(runs.len() as u64);
+        for &(gpa, len) in runs {
+            self.u64(gpa).u64(len);
+        }
+        self
+    }
 }
 
 /// Reads fields from a byte string, every read checked against what is left.
@@ -334,6 +380,11 @@ impl<'a> Reader<'a> {
             return Err(DecodeError::Length(at));
         }
         Ok(n)
+    }
+    /// A run table: count, then (guest-physical address, length) pairs.
+    fn runs(&mut self) -> Result<Vec<(u64, u64)>, DecodeError> {
+        let n = self.count(16)?;
+        (0..n).map(|_| Ok((self.u64()?, self.u64()?))).collect()
     }
     fn done(&self) -> Result<(), DecodeError> {
         if self.at == self.bytes.len() {
@@ -466,6 +517,20 @@ impl SavedState {
                 w.u32(d).u32(f);
             }
             record(TAG_VMM_MAPPING, &mut w);
+        }
+        for m in &self.host_mappings {
+            w.u64(m.guest)
+                .u64(m.len)
+                .u64(m.local)
+                .u64(m.dev_addr)
+                .u32(m.dev)
+                .u32(m.flags)
+                .runs(&m.runs);
+            record(TAG_HOST_MAPPING, &mut w);
+        }
+        for m in &self.managed {
+            w.u64(m.guest).u32(m.dev).runs(&m.runs).bytes(&m.contents);
+            record(TAG_MANAGED, &mut w);
         }
         let mut out = Vec::with_capacity(HEADER_LEN + body.len());
         out.extend_from_slice(&MAGIC);
@@ -657,6 +722,21 @@ impl SavedState {
                         access,
                     });
                 }
+                TAG_HOST_MAPPING => s.host_mappings.push(SavedHostMapping {
+                    guest: f.u64()?,
+                    len: f.u64()?,
+                    local: f.u64()?,
+                    dev_addr: f.u64()?,
+                    dev: f.u32()?,
+                    flags: f.u32()?,
+                    runs: f.runs()?,
+                }),
+                TAG_MANAGED => s.managed.push(SavedManaged {
+                    guest: f.u64()?,
+                    dev: f.u32()?,
+                    runs: f.runs()?,
+                    contents: f.bytes()?.to_vec(),
+                }),
                 _ => return Err(DecodeError::Tag(tag, at)),
             }
             f.done()?;
@@ -667,7 +747,8 @@ impl SavedState {
         Ok(s)
     }
 
-    /// Bytes of device memory the state holds (allocations, globals, VMM allocations).
+    /// Bytes of device memory the state holds (allocations, globals, VMM allocations,
+    /// managed memory placed on the device).
     pub(crate) fn device_bytes(&self) -> u64 {
         let a: u64 = self
             .allocations
@@ -680,7 +761,8 @@ impl SavedState {
             .iter()
             .map(|a| a.contents.len() as u64)
             .sum();
-        a + g + v
+        let m: u64 = self.managed.iter().map(|m| m.contents.len() as u64).sum();
+        a + g + v + m
     }
 }
 
@@ -800,6 +882,32 @@ pub(crate) mod tests {
                 allocation: 1,
                 access: vec![(1, 3), (0, 1)],
             }],
+            host_mappings: vec![
+                SavedHostMapping {
+                    guest: 0x2000_0000_0000,
+                    len: 0x3000,
+                    local: 0x2000_0000_0000,
+                    dev_addr: 0x2000_0000_0000,
+                    dev: 1,
+                    flags: 0,
+                    runs: vec![(0x10_0000, 0x1000), (0x8_0000, 0x2000)],
+                },
+                SavedHostMapping {
+                    guest: 0x5555_0000_0000,
+                    len: 0x1000,
+                    local: 0x7f00_1234_0000,
+                    dev_addr: 0x7f00_1234_0000,
+                    dev: 1,
+                    flags: 1,
+                    runs: vec![(0x20_0000, 0x1000)],
+                },
+            ],
+            managed: vec![SavedManaged {
+                guest: 0x2000_0020_0000,
+                dev: 1,
+                runs: vec![(0x30_0000, 0x2000)],
+                contents: vec![5; 0x20],
+            }],
         }
     }
 
@@ -809,7 +917,7 @@ pub(crate) mod tests {
         let bytes = s.encode();
         assert_eq!(&bytes[..8], b"QCUDAGS1");
         assert_eq!(SavedState::decode(&bytes), Ok(s.clone()));
-        assert_eq!(s.device_bytes(), 8 + 64);
+        assert_eq!(s.device_bytes(), 8 + 64 + 0x20);
         let empty = SavedState::default();
         assert_eq!(SavedState::decode(&empty.encode()), Ok(empty));
     }

@@ -1926,6 +1926,7 @@ mod graphs;
 mod ipc;
 mod managed;
 mod reserved_range;
+mod saved_host_memory;
 
 #[test]
 fn stream_attributes_round_trip_and_only_stream_ids_are_taken() {

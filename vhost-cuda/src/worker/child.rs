@@ -244,6 +244,9 @@ pub enum Work<'a> {
     /// Replace the (fresh) state with the saved state this file holds from offset 0
     /// ([`ToWorker::RestoreState`]); the answer's rets[0] is the bytes read.
     RestoreState(&'a std::fs::File),
+    /// Guest RAM has just been mapped (a memory table): a restored state maps the guest
+    /// memory it had mapped for the GPU from it. The answer is not sent anywhere.
+    GuestRam(&'a Arc<GuestRam>),
 }
 
 /// The answer of a pause or resume: SUCCESS with rets[0] the bytes moved, or why not
@@ -388,7 +391,9 @@ pub fn serve(
                                     regions.len(),
                                     total >> 20
                                 );
-                                Arc::new(m)
+                                let m = Arc::new(m);
+                                execute(Work::GuestRam(&m));
+                                m
                             }
                             Err(e) => {
                                 // Without a map every run is refused, which is what a bad table
@@ -768,6 +773,10 @@ pub fn run(config: &WorkerConfig) -> i32 {
                 }
                 Work::SaveState(file) => return save_state_into(&mut session, file),
                 Work::RestoreState(file) => return restore_state_from(&mut session, file),
+                Work::GuestRam(mem) => {
+                    session.attach_guest_ram(mem);
+                    return ResponseHeader::with_status(status::SUCCESS);
+                }
             };
             let mut resp = match req.op() {
                 // The transport self-test, here too: it proves this process's view of guest RAM.
@@ -1106,6 +1115,7 @@ mod tests {
                             return r;
                         }
                         Work::RestoreState(_) => return ResponseHeader::with_status(79),
+                        Work::GuestRam(_) => return ResponseHeader::with_status(status::SUCCESS),
                     };
                     seen.push(req.inputs()[0].to_vec().unwrap());
                     ResponseHeader::with_status(u32::try_from(seen.len()).unwrap())

@@ -18,8 +18,9 @@
 //! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
 //! surface objects, stream-ordered allocations still live (the driver's pools place them;
 //! the pools themselves, the default ones and those the program created, are saved with their
-//! attributes, access and which one is current), graph memory, guest memory mapped for the GPU
-//! (pinned, registered and managed memory), and allocations outside a reserved range. The
+//! attributes, access and which one is current), graph memory, and allocations outside a
+//! reserved range. Guest memory mapped for the GPU (pinned, registered and managed memory) is
+//! saved by description, its pages staying guest RAM (`saved_host_memory.rs`). The
 //! program's own VMM objects (`vmm.rs`) are saved: each physical allocation with its
 //! properties, handle (and its reference count) and contents, read through a window of its
 //! own; each reservation, made again at its address with the address as the hint (refused if
@@ -130,13 +131,6 @@ impl GpuState {
         if !self.arrays.is_empty() {
             return Err(CheckpointError::Unsupported(
                 "CUDA arrays, texture or surface objects",
-            ));
-        }
-        if self.host_memory.len() > 0 || !self.managed.is_empty() {
-            // Guest RAM the worker maps for the GPU is not in the record yet: a restore would
-            // lose it silently.
-            return Err(CheckpointError::Unsupported(
-                "host memory mapped for the GPU (cudaHostAlloc, cudaHostRegister, managed memory)",
             ));
         }
         for c in self.devices.iter().flatten() {
@@ -284,6 +278,7 @@ impl GpuState {
             saved.vmm_reservations,
             saved.vmm_mappings,
         ) = self.capture_vmm()?;
+        (saved.host_mappings, saved.managed) = self.capture_host_memory()?;
         let mut handles: Vec<u64> = self.modules.iter().map(|(h, _)| h).collect();
         handles.sort_unstable();
         for handle in handles {
@@ -482,6 +477,7 @@ impl GpuState {
             &saved.vmm_reservations,
             &saved.vmm_mappings,
         )?;
+        self.restore_host_memory(&saved.host_mappings, &saved.managed)?;
         self.restore_modules(saved)?;
         self.restore_streams_and_events(saved)?;
         self.restore_pools(saved)?;

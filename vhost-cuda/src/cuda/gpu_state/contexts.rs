@@ -130,6 +130,8 @@ impl GpuState {
             let quota = self.host.memory_quota();
             self.ipc.release_device(dev, drv.as_ref(), quota.as_deref());
         }
+        // Restored mappings still waiting for guest RAM go too.
+        self.drop_waiting(dev);
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {
             self.unplace_managed(guest);

@@ -29,12 +29,15 @@ use crate::limits::QuotaSlot;
 #[derive(Debug)]
 pub(super) struct Placement {
     /// Bytes the guest mapped (what migrates).
-    len: u64,
+    pub(super) len: u64,
     /// Bytes reserved and backed on the device (`len` rounded up to `MANAGED_ALIGN`).
-    size: usize,
+    pub(super) size: usize,
     handle: MemHandle,
-    /// The device address of the guest pages (registered, mapped elsewhere in this process).
-    staging: u64,
+    /// The device address of the guest pages (registered, mapped elsewhere in this process);
+    /// 0 while a restored placement waits for guest RAM (saved_host_memory.rs).
+    pub(super) staging: u64,
+    /// The guest device ordinal it was placed on.
+    pub(super) dev: usize,
     /// The quota this placement holds `size` bytes of.
     quota: Option<Arc<QuotaSlot>>,
 }
@@ -114,8 +117,7 @@ impl GpuState {
             guest,
             size_us,
             &props,
-            staging,
-            to_usize(len)?,
+            Some((staging, to_usize(len)?)),
         ) {
             Ok(handle) => {
                 self.managed.insert(
@@ -125,6 +127,7 @@ impl GpuState {
                         size: size_us,
                         handle,
                         staging,
+                        dev,
                         quota,
                     },
                 );
@@ -151,14 +154,71 @@ impl GpuState {
         }
     }
 
-    /// Device memory at `guest` (`size` bytes) holding the `len` bytes at `staging`.
+    /// Places saved managed memory again (saved_host_memory.rs): device memory at `guest`
+    /// for `len` bytes on device `dev` (bound), counted in the quota as `place_managed`
+    /// counts it, its staging side still to come (0). Its contents are the caller's to write.
+    pub(super) fn place_managed_again(
+        &mut self,
+        guest: u64,
+        len: u64,
+        dev: usize,
+    ) -> Result<(), CheckpointError> {
+        let size = len
+            .checked_next_multiple_of(MANAGED_ALIGN)
+            .filter(|_| len > 0 && guest.is_multiple_of(MANAGED_ALIGN))
+            .ok_or(CheckpointError::Mismatch(format!(
+                "managed memory at {guest:#x} ({len} bytes) off its granule"
+            )))?;
+        if self.host_memory.overlaps(guest, size) || self.managed_overlaps(guest, size) {
+            return Err(CheckpointError::Mismatch(format!(
+                "managed memory at {guest:#x} over other host memory"
+            )));
+        }
+        let size_us = to_usize(size)?;
+        let props = AllocProps {
+            device: self.gpu_of(dev as u64)?,
+            ..AllocProps::default()
+        };
+        let quota = self.host.memory_quota();
+        if let Some(q) = &quota {
+            if !q.reserve(size) {
+                return Err(CheckpointError::Cuda(status::MEMORY_ALLOCATION));
+            }
+        }
+        match Self::vmm_place(self.drv.as_ref(), guest, size_us, &props, None) {
+            Ok(handle) => {
+                self.managed.insert(
+                    guest,
+                    Placement {
+                        len,
+                        size: size_us,
+                        handle,
+                        staging: 0,
+                        dev,
+                        quota,
+                    },
+                );
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(q) = &quota {
+                    q.release(size);
+                }
+                Err(CheckpointError::Mismatch(format!(
+                    "managed memory cannot be placed at {guest:#x} again ({e:?})"
+                )))
+            }
+        }
+    }
+
+    /// Device memory at `guest` (`size` bytes), holding the `len` bytes at `staging` where
+    /// `fill` is `Some((staging, len))`.
     fn vmm_place(
         drv: &dyn DriverApi,
         guest: u64,
         size: usize,
         props: &AllocProps,
-        staging: u64,
-        len: usize,
+        fill: Option<(u64, usize)>,
     ) -> Result<MemHandle, CuError> {
         if !host_mappings::window_open(guest, size as u64) {
             return Err(CuError::INVALID_VALUE);
@@ -189,10 +249,12 @@ impl GpuState {
         };
         let steps = drv.mem_map(guest, size, 0, handle).and_then(|()| {
             drv.mem_set_access(guest, size, &[(props.device, ACCESS_READWRITE)])
-                .and_then(|()| {
+                .and_then(|()| match fill {
                     // The guest's bytes (zeroes, fresh from the module) become the device's.
-                    drv.memcpy(guest, staging, len, NULL_STREAM)
-                        .and_then(|()| drv.stream_synchronize(NULL_STREAM))
+                    Some((staging, len)) => drv
+                        .memcpy(guest, staging, len, NULL_STREAM)
+                        .and_then(|()| drv.stream_synchronize(NULL_STREAM)),
+                    None => Ok(()),
                 })
                 .inspect_err(|_| {
                     let _ = drv.mem_unmap(guest, size);
@@ -265,6 +327,10 @@ impl GpuState {
             };
         };
         let (len, staging) = (to_usize(p.len)?, p.staging);
+        if staging == 0 {
+            // Restored, and guest RAM has not come yet: there is no staging side to copy.
+            return Err(status::NOT_READY.into());
+        }
         if dir == MANAGED_TO_DEVICE {
             self.drv
                 .memcpy(guest, staging, len, stream)

@@ -66,6 +66,7 @@ mod managed;
 mod memory;
 mod modules;
 mod pools;
+mod saved_host_memory;
 mod streams;
 mod vmm;
 
@@ -368,6 +369,10 @@ pub struct GpuState {
     host_memory: HostMappings,
     /// Managed allocations placed on the device, by guest address (managed.rs).
     managed: std::collections::BTreeMap<u64, managed::Placement>,
+    /// Guest RAM as the worker last mapped it, and the restored host mappings waiting for
+    /// it (saved_host_memory.rs).
+    guest_ram: Option<Arc<crate::guest_buffer::GuestRam>>,
+    waiting_host: Vec<saved_host_memory::Waiting>,
     /// Host functions: the link to the guest's host-function thread.
     host_functions: HostFunctions,
     /// Host-function calls captured into graphs: they may run as long as a graph lives, so
@@ -426,6 +431,8 @@ impl GpuState {
             pools: HandleTable::new(MAX_POOLS),
             host_memory: HostMappings::default(),
             managed: std::collections::BTreeMap::new(),
+            guest_ram: None,
+            waiting_host: Vec::new(),
             host_functions: HostFunctions::default(),
             captured_calls: Vec::new(),
             arrays: arrays::ArrayState::default(),

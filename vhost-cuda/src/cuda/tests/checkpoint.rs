@@ -602,12 +602,12 @@ fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
 }
 
 #[test]
-fn a_state_with_guest_memory_mapped_for_the_gpu_is_not_saved() {
+fn a_state_with_guest_memory_mapped_for_the_gpu_is_saved_with_its_mappings() {
     assert!(crate::cuda::reserve_window());
     let mut rig = Rig::new(1);
     let mut s = rig.session();
     let p = build(&mut rig, &mut s);
-    let guest = HOST_WINDOW_BASE + 0x7400_0000;
+    let guest = HOST_WINDOW_BASE + 0x7500_0000;
     let t = rig.buf(
         &HostRun {
             gpa: 0x30_0000,
@@ -617,10 +617,19 @@ fn a_state_with_guest_memory_mapped_for_the_gpu_is_not_saved() {
     );
     let r = s.execute(&req(Op::HostMap, 0, &[guest, 0x1000, 0], vec![t], vec![]));
     assert_eq!((r.status, r.rets[0]), (status::SUCCESS, guest));
-    // Pinned, registered and managed memory are guest RAM the worker maps: a saved state
-    // without them would lose them silently, so it is refused and the program goes on.
-    assert!(matches!(s.save(), Err(CheckpointError::Unsupported(_))));
+    // Pinned, registered and managed memory are saved by description (tests/
+    // saved_host_memory.rs restores them); the program goes on.
+    let saved = s.capture().unwrap();
+    assert_eq!(saved.host_mappings.len(), 1);
+    assert_eq!(
+        (
+            saved.host_mappings[0].guest,
+            saved.host_mappings[0].dev_addr
+        ),
+        (guest, guest)
+    );
+    assert_eq!(saved.host_mappings[0].runs, [(0x30_0000, 0x1000)]);
     check(&mut rig, &mut s, &p);
     ok(run(&mut s, Op::HostUnmap, &[guest]));
-    s.save().unwrap();
+    assert!(s.capture().unwrap().host_mappings.is_empty());
 }
