@@ -983,7 +983,10 @@ mod tests {
                 &ch,
                 9,
                 Duration::ZERO,
-                |_| {
+                |work| {
+                    if matches!(work, Work::GuestRam(_)) {
+                        return ResponseHeader::with_status(status::SUCCESS);
+                    }
                     runs += 1;
                     ResponseHeader::with_status(100 + runs)
                 },
@@ -1086,6 +1089,7 @@ mod tests {
         let worker = thread::spawn(move || {
             let ch = WorkerChannel::new(theirs);
             let mut seen = Vec::new();
+            let mut tables = 0;
             let r = serve(
                 &ch,
                 9,
@@ -1115,14 +1119,20 @@ mod tests {
                             return r;
                         }
                         Work::RestoreState(_) => return ResponseHeader::with_status(79),
-                        Work::GuestRam(_) => return ResponseHeader::with_status(status::SUCCESS),
+                        Work::GuestRam(m) => {
+                            // Each table mapped reaches the state (a restored state's host
+                            // mappings wait for it).
+                            assert!(m.num_regions() > 0);
+                            tables += 1;
+                            return ResponseHeader::with_status(status::SUCCESS);
+                        }
                     };
                     seen.push(req.inputs()[0].to_vec().unwrap());
                     ResponseHeader::with_status(u32::try_from(seen.len()).unwrap())
                 },
                 |_| unreachable!(),
             );
-            (r.is_ok(), seen)
+            (r.is_ok(), seen, tables)
         });
         let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
         let answer = || match daemon.recv_from_worker().unwrap().unwrap() {
@@ -1196,9 +1206,11 @@ mod tests {
         let answers: Vec<u32> = (0..2).map(|_| answer()).collect();
         assert_eq!(answers, [5, status::INVALID_VALUE]);
         drop(daemon);
-        let (clean, seen) = worker.join().unwrap();
+        let (clean, seen, tables) = worker.join().unwrap();
         assert!(clean);
         assert_eq!(seen, vec![b"shared".to_vec(); 5]);
+        // The table mapped reached the state; the refused one did not.
+        assert_eq!(tables, 1);
 
         // A mailbox the worker cannot use ends it: the daemon would post requests it never saw.
         let (daemon, theirs) = WorkerChannel::pair().unwrap();
