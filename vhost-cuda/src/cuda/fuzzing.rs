@@ -46,6 +46,8 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
         return false;
     };
     assert_eq!(SavedState::decode(&state.encode()).as_ref(), Ok(&state));
+    // As a worker does before its driver starts: managed memory is placed in the window.
+    super::reserve_window();
     let driver = Arc::new(FakeDriver::new(2));
     let host = Arc::new(
         CudaHost::from_driver(driver.clone(), 13000, None, Tuning::default())
@@ -54,17 +56,21 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
     let restored = GpuState::restore(&host, state.session, bytes).is_ok();
     assert_eq!(driver.live_contexts(), 0);
     assert_eq!(driver.vmm_ranges(), (0, 0));
+    assert_eq!(driver.registered(), 0);
     restored
 }
 
 /// A saved state with one of most things the format holds (contexts with settings and a peer,
 /// a run of small blocks with an allocation, an empty large run, a module with a function, a
-/// stream, an event, the default pool and a created current one, a VMM reservation), restorable over the fake driver with 2 GPUs: a seed for the fuzz
-/// target.
+/// stream, an event, the default pool and a created current one, a VMM reservation, pinned,
+/// registered and managed memory), restorable over the fake driver with 2 GPUs: a seed for
+/// the fuzz target.
 pub fn sample_saved_state() -> Vec<u8> {
+    use qcuda_proto::HOST_WINDOW_BASE;
+
     use super::saved_state::{
-        SavedAllocation, SavedContext, SavedEvent, SavedFunction, SavedModule, SavedPool, SavedRun,
-        SavedStream,
+        SavedAllocation, SavedContext, SavedEvent, SavedFunction, SavedHostMapping, SavedManaged,
+        SavedModule, SavedPool, SavedRun, SavedStream,
     };
     let space = super::AddressSpace::default();
     let base = |dev| space.session_base(1, dev, 2).expect("in the space");
@@ -164,6 +170,35 @@ pub fn sample_saved_state() -> Vec<u8> {
         vmm_reservations: vec![super::saved_state::SavedVmmReservation {
             va: 0x6000_0000_0000,
             size: 4 << 20,
+        }],
+        // Pinned memory in the window and registered memory outside it (their pages are guest
+        // RAM: the restore holds their addresses until guest RAM comes), and managed memory
+        // placed on the device with its bytes.
+        host_mappings: vec![
+            SavedHostMapping {
+                guest: HOST_WINDOW_BASE + 0x4000_0000,
+                len: 0x2000,
+                local: HOST_WINDOW_BASE + 0x4000_0000,
+                dev_addr: HOST_WINDOW_BASE + 0x4000_0000,
+                dev: 0,
+                flags: 0,
+                runs: vec![(0x10_0000, 0x1000), (0x8_0000, 0x1000)],
+            },
+            SavedHostMapping {
+                guest: 0x3f00_0000_0000,
+                len: 0x1000,
+                local: 0x3f00_0000_0000,
+                dev_addr: 0x3f00_0000_0000,
+                dev: 1,
+                flags: 1,
+                runs: vec![(0x20_0000, 0x1000)],
+            },
+        ],
+        managed: vec![SavedManaged {
+            guest: HOST_WINDOW_BASE + 0x4020_0000,
+            dev: 0,
+            runs: vec![(0x30_0000, 0x1000)],
+            contents: b"managed".repeat(586)[..0x1000].to_vec(),
         }],
         ..SavedState::default()
     };
