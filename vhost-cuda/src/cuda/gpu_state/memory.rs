@@ -435,6 +435,9 @@ impl GpuState {
                 }
             }
         }
+        if self.unmap_waiting(guest) {
+            return ok();
+        }
         let dev_ctx: Vec<Option<Context>> = self
             .devices
             .iter()

@@ -330,6 +330,20 @@ impl GpuState {
         self.read_only_host.clear();
     }
 
+    /// `HostUnmap` of a restored mapping still waiting for guest RAM: it is given up (a
+    /// managed one's placement too). False if none waits at `guest`.
+    pub(super) fn unmap_waiting(&mut self, guest: u64) -> bool {
+        let Some(i) = self.waiting_host.iter().position(|w| match w {
+            Waiting::Mapping { guest: g, .. } | Waiting::Staging { guest: g, .. } => *g == guest,
+        }) else {
+            return false;
+        };
+        if let Waiting::Staging { .. } = self.waiting_host.swap_remove(i) {
+            self.unplace_managed(guest);
+        }
+        true
+    }
+
     /// Ends what waits for guest RAM on device `dev` (its context is going).
     pub(super) fn drop_waiting(&mut self, dev: usize) {
         let (gone, kept): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.waiting_host)

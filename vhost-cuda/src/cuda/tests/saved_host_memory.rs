@@ -186,6 +186,18 @@ fn pinned_registered_and_managed_memory_come_back_at_the_addresses_the_guest_hol
     // before guest RAM's table, as in a migration: the mappings wait for it.
     let mut b = quota_rig(&lb);
     migrate_ram(&ram, &b);
+    // Unmapped before guest RAM came (no guest does that, a hostile one may): given up, and
+    // what is left is made when it comes.
+    let mut early = GpuState::restore(&b.host, 3, &bytes).unwrap();
+    ok(run(&mut early, Op::HostUnmap, &[managed]));
+    ok(run(&mut early, Op::HostUnmap, &[pinned]));
+    assert_eq!(quota.used(), used - (2 << 20));
+    early.attach_guest_ram(&b.mem);
+    assert_eq!(b.host.sticky_error(), None);
+    assert_eq!(b.fake.registered(), 1);
+    drop(early);
+    assert_eq!(quota.used(), 0);
+    assert_eq!(b.fake.registered(), 0);
     let mut r = GpuState::restore(&b.host, 3, &bytes).unwrap();
     assert_eq!(quota.used(), used);
     assert_eq!(b.fake.peek(managed, 4).unwrap(), b"DDDD");
