@@ -124,9 +124,6 @@ impl GpuState {
         if self.ipc.shares() {
             return Err(CheckpointError::Unsupported(IPC_SHARED));
         }
-        if self.graphs.len() > 0 || !self.captured_calls.is_empty() {
-            return Err(CheckpointError::Unsupported("graphs and executable graphs"));
-        }
         if !self.arrays.is_empty() {
             return Err(CheckpointError::Unsupported(
                 "CUDA arrays, texture or surface objects",
@@ -362,6 +359,9 @@ impl GpuState {
             })
             .collect();
         saved.pools.sort_unstable_by_key(|p| p.handle);
+        (saved.graphs, saved.conditionals, saved.execs) = self.capture_graphs()?;
+        // Reading the graphs gives handles to the nodes and held graphs that had none.
+        saved.last_handle = self.ids.last();
         debug!(
             session = self.id,
             bytes = saved.device_bytes(),
@@ -485,6 +485,7 @@ impl GpuState {
         self.restore_modules(saved)?;
         self.restore_streams_and_events(saved)?;
         self.restore_pools(saved)?;
+        self.restore_graphs(saved)?;
         for dev in 0..self.devices.len() {
             if self.bind_existing(dev)? {
                 self.drv.ctx_synchronize().map_err(on(dev))?;
