@@ -15,7 +15,8 @@
 //! (those stored in device memory included) stay valid.
 //!
 //! What the record cannot make again is refused at capture, with the program left running
-//! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
+//! ([`CheckpointError::Unsupported`]): the graphs and executable graphs `graphs/saved.rs`
+//! cannot make again (graphs and executable graphs themselves are saved), CUDA arrays and texture or
 //! surface objects, stream-ordered allocations still live (the driver's pools place them;
 //! the pools themselves, the default ones and those the program created, are saved with their
 //! attributes, access and which one is current), graph memory, guest memory mapped for the GPU

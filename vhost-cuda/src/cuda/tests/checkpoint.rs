@@ -203,7 +203,8 @@ fn what_cannot_be_saved_is_refused_and_the_program_goes_on() {
     assert_eq!(s.pause(), Err(CheckpointError::Busy));
     assert_eq!(s.save(), Err(CheckpointError::Busy));
     let graph = ok(run(&mut s, Op::StreamEndCapture, &[p.stream]))[0];
-    // A graph lives in its context: a pause keeps it, a saved state cannot make it again.
+    // A graph lives in its context: a pause keeps it; a saved state cannot make this one
+    // again (captured from a stream with attributes, which its kernel nodes may carry).
     assert!(matches!(s.save(), Err(CheckpointError::Unsupported(_))));
     s.pause().unwrap();
     s.resume().unwrap();
@@ -292,6 +293,19 @@ fn the_fuzz_seed_restores() {
     assert!(crate::cuda::fuzzing::restore_saved_state(
         &crate::cuda::fuzzing::sample_saved_state()
     ));
+}
+
+/// The fuzz target's check over every flipped byte of its seed (graphs included): refused or
+/// restored, never a panic, nothing left behind.
+#[cfg(feature = "fuzzing")]
+#[test]
+fn every_flipped_byte_of_the_fuzz_seed_restores_or_is_refused_cleanly() {
+    let seed = crate::cuda::fuzzing::sample_saved_state();
+    for i in 0..seed.len() {
+        let mut b = seed.clone();
+        b[i] ^= 0x81;
+        crate::cuda::fuzzing::restore_saved_state(&b);
+    }
 }
 
 #[test]
