@@ -1039,6 +1039,21 @@ mod graphs {
         let exec = ok(run(&mut s, Op::GraphInstantiate, &[g1, 4, 0]))[0];
         refused(&mut s, "device-launchable");
         ok(run(&mut s, Op::GraphExecDestroy, &[exec]));
+        // A memset of memory freed since (CUDA lets the graph keep it until it runs).
+        let gone = malloc(&mut s, 4 * N as u64);
+        let g4 = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+        add(
+            &mut rig,
+            &mut s,
+            g4,
+            g::NODE_MEMSET,
+            &[],
+            &memset(gone, 1).encode(),
+        );
+        s.save().unwrap();
+        ok(run(&mut s, Op::Free, &[gone]));
+        refused(&mut s, "freed");
+        ok(run(&mut s, Op::GraphDestroy, &[g4]));
         // Kernels captured from a stream with attributes may carry them as node attributes.
         ok(run(&mut s, Op::StreamBeginCapture, &[p.stream, 2]));
         let captured = ok(run(&mut s, Op::StreamEndCapture, &[p.stream]))[0];

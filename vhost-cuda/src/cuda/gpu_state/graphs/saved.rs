@@ -182,6 +182,34 @@ impl GpuState {
         private: &mut u64,
     ) -> Saved<SavedNodeKind> {
         let ty = self.drv.node_type(n).map_err(on(dev))?;
+        let kind = self.capture_node_kind(graph, dev, role, handle, n, ty, queue, private)?;
+        if let SavedNodeKind::Plain { params, .. } = &kind {
+            // A restore checks copies and memsets against the program's memory as the
+            // guest's own: one on memory freed since (CUDA lets a graph keep it while it is
+            // not launched) would fail it, so the save refuses it now.
+            if matches!(ty, wire_graph::NODE_MEMCPY | wire_graph::NODE_MEMSET)
+                && self.decode_node(dev, u64::from(ty), params).is_err()
+            {
+                return Err(unsupported(
+                    "graph copies or memsets of memory the program has freed",
+                ));
+            }
+        }
+        Ok(kind)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn capture_node_kind(
+        &mut self,
+        graph: u64,
+        dev: usize,
+        role: GraphRole,
+        handle: u64,
+        n: GraphNode,
+        ty: u32,
+        queue: &mut VecDeque<Pending>,
+        private: &mut u64,
+    ) -> Saved<SavedNodeKind> {
         let plain = |params: Vec<u8>| SavedNodeKind::Plain { ty, params };
         Ok(match ty {
             wire_graph::NODE_KERNEL => {
