@@ -11,8 +11,9 @@
 // device buffer of that many MiB, filled with a pattern by the GPU and checked at the end (the
 // migration downtime of scripts/test-migration.sh is measured with 1 GiB and 16 GiB); argv[4]
 // (default 1) 0 launches the graph's two kernels directly instead of through the graph, and
-// argv[5] (default 1) 0 keeps the "managed" buffer in plain device memory (copied in and out),
-// for a state with neither (what a live migration can carry today).
+// argv[5] (default 1) 0 keeps the "managed" buffer in plain device memory (copied in and out).
+// argv[6] (default 0) 1 keeps a stream-ordered allocation (cudaMallocAsync) live through the
+// loop, which a saved state cannot hold: a migration must then fail and the program go on.
 #define TEST_NAME "checkpoint_linked_list"
 #include "selfcheck.cuh"
 
@@ -83,6 +84,7 @@ int main(int argc, char **argv)
     const size_t working_mib = argc > 3 ? strtoull(argv[3], nullptr, 10) : 0;
     const bool use_graph = argc > 4 ? atoi(argv[4]) != 0 : true;
     const bool use_managed = argc > 5 ? atoi(argv[5]) != 0 : true;
+    const bool live_async = argc > 6 ? atoi(argv[6]) != 0 : false;
     const int nodes = 300, N = 1 << 16, M = 64;
     // The working set: a pattern the GPU writes, checked and folded into the checksum at the end.
     const size_t words = working_mib * (1 << 20) / sizeof(unsigned int);
@@ -145,6 +147,11 @@ int main(int argc, char **argv)
     fold<<<N / 256, 256, 0, b>>>(buf, N, managed, M);
     CHECK(cudaStreamEndCapture(b, &graph));
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    void *held = nullptr;
+    if (live_async) {
+        CHECK(cudaMallocAsync(&held, 4096, a));
+        CHECK(cudaMemsetAsync(held, 0, 4096, a));
+    }
 
     for (int it = 0; it < iterations; it++) {
         walk<<<1, 1, 0, a>>>(head, acc, (unsigned long long)it);
@@ -166,6 +173,8 @@ int main(int argc, char **argv)
         if (sleep_us > 0)
             usleep(sleep_us);
     }
+    if (held != nullptr)
+        CHECK(cudaFreeAsync(held, a));
     CHECK(cudaDeviceSynchronize());
 
     unsigned long long h = 0;

@@ -63,20 +63,102 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
 /// A saved state with one of most things the format holds (contexts with settings and a peer,
 /// a run of small blocks with an allocation, an empty large run, a module with a function, a
 /// stream, an event, the default pool and a created current one, a VMM reservation, pinned,
-/// registered and managed memory), restorable over the fake driver with 2 GPUs: a seed for
-/// the fuzz target.
+/// registered and managed memory, a graph with a kernel, memset, event record, child graph and
+/// conditional node, and an executable graph), restorable over the fake driver with 2 GPUs: a
+/// seed for the fuzz target.
 pub fn sample_saved_state() -> Vec<u8> {
+    use qcuda_proto::graph::{self as g, KernelNode, MemsetNode};
     use qcuda_proto::HOST_WINDOW_BASE;
 
     use super::saved_state::{
-        SavedAllocation, SavedContext, SavedEvent, SavedFunction, SavedHostMapping, SavedManaged,
-        SavedModule, SavedPool, SavedRun, SavedStream,
+        GraphRole, SavedAllocation, SavedConditional, SavedContext, SavedEvent, SavedExec,
+        SavedFunction, SavedGraph, SavedHostMapping, SavedManaged, SavedModule, SavedNode,
+        SavedNodeKind, SavedPool, SavedRun, SavedStream,
     };
     let space = super::AddressSpace::default();
     let base = |dev| space.session_base(1, dev, 2).expect("in the space");
+    let buffer = base(0) + 256;
+    let mut params: Vec<u8> = [buffer, buffer, buffer]
+        .iter()
+        .flat_map(|p| p.to_le_bytes())
+        .collect();
+    params.extend_from_slice(&4i32.to_le_bytes());
+    let mut kernel = vec![0u8; g::KERNEL_NODE_HEADER + params.len()];
+    KernelNode {
+        function: 3,
+        grid: [1, 1, 1],
+        block: [4, 1, 1],
+        shared_mem: 0,
+        params: &params,
+    }
+    .encode(&mut kernel);
+    let memset = MemsetNode {
+        dst: buffer,
+        pitch: 0,
+        value: 1,
+        element_size: 4,
+        width: 4,
+        height: 1,
+    }
+    .encode()
+    .to_vec();
+    let node = |handle, kind, deps: &[u32]| SavedNode {
+        handle,
+        kind,
+        deps: deps.to_vec(),
+    };
+    let plain = |ty, params: &[u8]| SavedNodeKind::Plain {
+        ty,
+        params: params.to_vec(),
+    };
+    // The fake driver numbers conditional handles in order, from 1.
+    let cond = 0xc0d0_0000_0000_0001;
+    let graphs = vec![
+        SavedGraph {
+            id: 11,
+            dev: 0,
+            role: GraphRole::Session,
+            nodes: vec![
+                node(12, plain(g::NODE_KERNEL, &kernel), &[]),
+                node(13, plain(g::NODE_MEMSET, &memset), &[0]),
+                node(14, plain(g::NODE_EVENT_RECORD, &5u64.to_le_bytes()), &[1]),
+                node(15, SavedNodeKind::Child { graph: 16 }, &[0]),
+                node(
+                    18,
+                    SavedNodeKind::Conditional {
+                        handle: cond,
+                        kind: 0,
+                        bodies: vec![19],
+                    },
+                    &[2, 3],
+                ),
+            ],
+        },
+        SavedGraph {
+            id: 16,
+            dev: 0,
+            role: GraphRole::Held,
+            nodes: vec![node(17, plain(g::NODE_EMPTY, &[]), &[])],
+        },
+        SavedGraph {
+            id: 19,
+            dev: 0,
+            role: GraphRole::Held,
+            nodes: Vec::new(),
+        },
+        SavedGraph {
+            id: 1 << 63,
+            dev: 0,
+            role: GraphRole::Private,
+            nodes: vec![
+                node(0, plain(g::NODE_KERNEL, &kernel), &[]),
+                node(0, plain(g::NODE_MEMSET, &memset), &[0]),
+            ],
+        },
+    ];
     let state = SavedState {
         session: 1,
-        last_handle: 10,
+        last_handle: 20,
         devices: 2,
         va_base: space.base,
         va_size: space.per_device,
@@ -199,6 +281,22 @@ pub fn sample_saved_state() -> Vec<u8> {
             dev: 0,
             runs: vec![(0x30_0000, 0x1000)],
             contents: b"managed".repeat(586)[..0x1000].to_vec(),
+        }],
+        graphs,
+        conditionals: vec![SavedConditional {
+            handle: cond,
+            graph: 11,
+            default_value: 1,
+            flags: 1,
+        }],
+        execs: vec![SavedExec {
+            handle: 20,
+            dev: 0,
+            flags: 0,
+            source: 11,
+            graph: 1 << 63,
+            nodes: vec![(12, 0), (13, 1)],
+            disabled: vec![1],
         }],
         ..SavedState::default()
     };

@@ -198,6 +198,15 @@ impl HostFunctions {
         call.shared.state().live -= 1;
     }
 
+    /// The guest's key of `call` (what a saved state keeps of a host node).
+    ///
+    /// # Safety
+    /// `call` came from [`HostFunctions::call`] and was not freed.
+    pub(crate) unsafe fn key_of(call: *const c_void) -> u64 {
+        // SAFETY: by the contract, a live HostCall.
+        unsafe { (*call.cast::<HostCall>()).key }
+    }
+
     /// Whether host functions can run (the link is there and open).
     pub(crate) fn linked(&self) -> bool {
         let st = self.shared.state();

@@ -20,6 +20,12 @@ use std::ffi::CString;
 
 use thiserror::Error;
 
+mod graphs;
+
+pub(crate) use graphs::{
+    GraphRole, SavedConditional, SavedExec, SavedGraph, SavedNode, SavedNodeKind,
+};
+
 /// The first bytes of every saved state.
 pub(crate) const MAGIC: [u8; 8] = *b"QCUDAGS1";
 /// The format version this build writes and reads.
@@ -87,6 +93,11 @@ pub(crate) struct SavedState {
     pub(crate) vmm_allocations: Vec<SavedVmmAllocation>,
     pub(crate) vmm_reservations: Vec<SavedVmmReservation>,
     pub(crate) vmm_mappings: Vec<SavedVmmMapping>,
+    /// Graphs (the program's, those their nodes hold, executable graphs' copies), their
+    /// conditional handles, and executable graphs (`saved_state/graphs.rs`).
+    pub(crate) graphs: Vec<SavedGraph>,
+    pub(crate) conditionals: Vec<SavedConditional>,
+    pub(crate) execs: Vec<SavedExec>,
     /// Guest memory mapped for the GPU: pinned, registered, and managed memory left in guest
     /// RAM (its pinned form). The pages are not here: guest RAM moves with the VM.
     pub(crate) host_mappings: Vec<SavedHostMapping>,
@@ -532,6 +543,18 @@ impl SavedState {
             w.u64(m.guest).u32(m.dev).runs(&m.runs).bytes(&m.contents);
             record(TAG_MANAGED, &mut w);
         }
+        for g in &self.graphs {
+            graphs::encode_graph(g, &mut w);
+            record(graphs::TAG_GRAPH, &mut w);
+        }
+        for c in &self.conditionals {
+            graphs::encode_conditional(c, &mut w);
+            record(graphs::TAG_GRAPH_CONDITIONAL, &mut w);
+        }
+        for e in &self.execs {
+            graphs::encode_exec(e, &mut w);
+            record(graphs::TAG_GRAPH_EXEC, &mut w);
+        }
         let mut out = Vec::with_capacity(HEADER_LEN + body.len());
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
@@ -737,6 +760,11 @@ impl SavedState {
                     runs: f.runs()?,
                     contents: f.bytes()?.to_vec(),
                 }),
+                graphs::TAG_GRAPH => s.graphs.push(graphs::decode_graph(&mut f)?),
+                graphs::TAG_GRAPH_CONDITIONAL => {
+                    s.conditionals.push(graphs::decode_conditional(&mut f)?);
+                }
+                graphs::TAG_GRAPH_EXEC => s.execs.push(graphs::decode_exec(&mut f)?),
                 _ => return Err(DecodeError::Tag(tag, at)),
             }
             f.done()?;
@@ -744,6 +772,7 @@ impl SavedState {
         if !session_seen {
             return Err(DecodeError::Field("session record"));
         }
+        graphs::check(&s.graphs, &s.conditionals, &s.execs)?;
         Ok(s)
     }
 
@@ -908,7 +937,186 @@ pub(crate) mod tests {
                 runs: vec![(0x30_0000, 0x2000)],
                 contents: vec![5; 0x20],
             }],
+            graphs: sample_graphs(),
+            conditionals: vec![SavedConditional {
+                handle: 0xc0d0_0000_0000_0001,
+                graph: 20,
+                default_value: 1,
+                flags: 1,
+            }],
+            execs: vec![SavedExec {
+                handle: 30,
+                dev: 1,
+                flags: 1,
+                source: 20,
+                graph: 31,
+                nodes: vec![(21, 0), (22, 1)],
+                disabled: vec![1],
+            }],
         }
+    }
+
+    fn node(handle: u64, kind: SavedNodeKind, deps: &[u32]) -> SavedNode {
+        SavedNode {
+            handle,
+            kind,
+            deps: deps.to_vec(),
+        }
+    }
+
+    fn plain(ty: u32, params: &[u8]) -> SavedNodeKind {
+        SavedNodeKind::Plain {
+            ty,
+            params: params.to_vec(),
+        }
+    }
+
+    /// A program's graph with a kernel, an event record, a child graph and a conditional
+    /// node, the graphs those two hold, and an executable graph's copy.
+    fn sample_graphs() -> Vec<SavedGraph> {
+        vec![
+            SavedGraph {
+                id: 20,
+                dev: 1,
+                role: GraphRole::Session,
+                nodes: vec![
+                    node(21, plain(0, &[4; 40]), &[]),
+                    node(22, plain(7, &6u64.to_le_bytes()), &[0]),
+                    node(23, SavedNodeKind::Child { graph: 24 }, &[0, 1]),
+                    node(
+                        25,
+                        SavedNodeKind::Conditional {
+                            handle: 0xc0d0_0000_0000_0001,
+                            kind: 1,
+                            bodies: vec![26],
+                        },
+                        &[2],
+                    ),
+                ],
+            },
+            SavedGraph {
+                id: 24,
+                dev: 1,
+                role: GraphRole::Held,
+                nodes: vec![node(27, plain(5, &[]), &[])],
+            },
+            SavedGraph {
+                id: 26,
+                dev: 1,
+                role: GraphRole::Held,
+                nodes: Vec::new(),
+            },
+            SavedGraph {
+                id: 31,
+                dev: 1,
+                role: GraphRole::Private,
+                nodes: vec![
+                    node(0, plain(0, &[4; 40]), &[]),
+                    node(0, plain(2, &[1; 8]), &[0]),
+                ],
+            },
+        ]
+    }
+
+    /// `f` applied to the sample's graphs, conditionals and executable graphs, encoded and
+    /// decoded: what the decoder says.
+    fn decode_changed(
+        f: impl FnOnce(&mut Vec<SavedGraph>, &mut Vec<SavedConditional>, &mut Vec<SavedExec>),
+    ) -> Result<SavedState, DecodeError> {
+        let mut s = sample();
+        f(&mut s.graphs, &mut s.conditionals, &mut s.execs);
+        SavedState::decode(&s.encode())
+    }
+
+    #[test]
+    fn graphs_that_do_not_fit_together_are_refused() {
+        let field = |r: Result<SavedState, DecodeError>| match r {
+            Err(DecodeError::Field(what)) => what,
+            other => panic!("not refused: {other:?}"),
+        };
+        // A dependency on a later node (or itself): what a cycle would need.
+        assert_eq!(
+            field(decode_changed(|g, _, _| g[0].nodes[0].deps = vec![0])),
+            "graph node dependencies"
+        );
+        assert_eq!(
+            field(decode_changed(|g, _, _| g[0].nodes[1].deps = vec![0, 0])),
+            "graph node dependencies"
+        );
+        // Two graphs under one id; a node handle twice; a private graph's node with one.
+        assert_eq!(field(decode_changed(|g, _, _| g[1].id = 20)), "graph id");
+        assert_eq!(
+            field(decode_changed(|g, _, _| g[1].nodes[0].handle = 21)),
+            "graph node handle"
+        );
+        assert_eq!(
+            field(decode_changed(|g, _, _| g[3].nodes[0].handle = 99)),
+            "graph node handle"
+        );
+        // A child graph node naming a missing graph, a program's graph, or one held already.
+        assert_eq!(
+            field(decode_changed(
+                |g, _, _| g[0].nodes[2].kind = SavedNodeKind::Child { graph: 77 }
+            )),
+            "a graph a node holds"
+        );
+        assert_eq!(
+            field(decode_changed(
+                |g, _, _| g[0].nodes[2].kind = SavedNodeKind::Child { graph: 20 }
+            )),
+            "a graph a node holds"
+        );
+        assert_eq!(
+            field(decode_changed(
+                |g, _, _| g[0].nodes[2].kind = SavedNodeKind::Child { graph: 26 }
+            )),
+            "a graph held twice"
+        );
+        // Two held graphs holding each other, held by nothing else.
+        assert_eq!(
+            field(decode_changed(|g, _, _| {
+                g[0].nodes.truncate(2);
+                g[1].nodes = vec![node(40, SavedNodeKind::Child { graph: 26 }, &[])];
+                g[2].nodes = vec![node(41, SavedNodeKind::Child { graph: 24 }, &[])];
+            })),
+            "graphs holding each other"
+        );
+        // A held graph nothing holds.
+        assert_eq!(
+            field(decode_changed(|g, _, _| g[0].nodes.truncate(3))),
+            "a graph's holder"
+        );
+        // An executable graph whose copy is a program's graph, or shared, or whose node
+        // names are out of range; a conditional handle of no graph.
+        assert_eq!(
+            field(decode_changed(|_, _, e| e[0].graph = 20)),
+            "an executable graph's copy"
+        );
+        assert_eq!(
+            field(decode_changed(|_, _, e| {
+                let mut other = e[0].clone();
+                other.handle = 32;
+                e.push(other);
+            })),
+            "a graph held twice"
+        );
+        assert_eq!(
+            field(decode_changed(|_, _, e| e[0].nodes.push((29, 2)))),
+            "an executable graph's nodes"
+        );
+        assert_eq!(
+            field(decode_changed(|_, _, e| e[0].disabled.push(5))),
+            "an executable graph's nodes"
+        );
+        assert_eq!(
+            field(decode_changed(|_, c, _| c[0].graph = 31)),
+            "conditional handle"
+        );
+        // A node type no capture writes.
+        assert_eq!(
+            field(decode_changed(|g, _, _| g[0].nodes[0].kind = plain(10, &[]))),
+            "graph node type"
+        );
     }
 
     #[test]

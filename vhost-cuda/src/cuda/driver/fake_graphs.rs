@@ -21,7 +21,7 @@ const ILLEGAL_STATE: CuError = CuError(401);
 const CAPTURE_UNSUPPORTED: CuError = CuError(900);
 const CAPTURE_INVALIDATED: CuError = CuError(901);
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Node {
     graph: Graph,
     ty: u32,
@@ -38,6 +38,36 @@ struct Node {
     bodies: Vec<Graph>,
     /// A memory node's device address (and an allocation's size).
     mem: Option<(u64, u64)>,
+    /// A conditional node's handle and kind.
+    cond: Option<(u64, u32)>,
+}
+
+impl Node {
+    /// What a launch of this node does, without the driver's own handles (events, functions
+    /// and host calls differ from one driver to another): for tests to compare runs.
+    fn describe(&self) -> String {
+        let params = match self.params {
+            Some(NodeParams::Memcpy(m)) => format!("{m:?}"),
+            Some(NodeParams::Memset(m)) => format!("{m:?}"),
+            _ => String::new(),
+        };
+        format!(
+            "type {} kernel {:?} {params} enabled {} bodies {}",
+            self.ty,
+            self.kernel,
+            self.enabled,
+            self.bodies.len()
+        )
+    }
+}
+
+/// An executable graph: the graph it came from, its launches, and its own copy of the
+/// nodes' parameters (which the executable-graph calls change, and the graph's do not).
+#[derive(Debug)]
+struct FakeExec {
+    graph: Graph,
+    launches: usize,
+    nodes: HashMap<GraphNode, Node>,
 }
 
 /// Graph state of one fake context.
@@ -46,8 +76,11 @@ pub(crate) struct FakeGraphs {
     /// Graph -> its nodes, in creation order.
     graphs: HashMap<Graph, Vec<GraphNode>>,
     nodes: HashMap<GraphNode, Node>,
-    /// Executable graph -> (graph it came from, launches).
-    execs: HashMap<GraphExec, (Graph, usize)>,
+    execs: HashMap<GraphExec, FakeExec>,
+    /// What every launch ran: each node of the executable graph described, in order.
+    runs: Vec<Vec<String>>,
+    /// Conditional handles made so far (the driver numbers them).
+    cond_made: u64,
     /// Capturing stream -> graph being captured.
     captures: HashMap<Raw, Graph>,
     /// Captures an illegal call invalidated.
@@ -87,7 +120,7 @@ impl FakeGraphs {
 
     /// Executable graph launches so far.
     pub(crate) fn launches(&self) -> usize {
-        self.execs.values().map(|e| e.1).sum()
+        self.execs.values().map(|e| e.launches).sum()
     }
 
     fn add(&mut self, graph: Graph, ty: u32, deps: Vec<GraphNode>, next: &mut Raw) -> GraphNode {
@@ -105,6 +138,7 @@ impl FakeGraphs {
                 params: None,
                 bodies: Vec::new(),
                 mem: None,
+                cond: None,
             },
         );
         self.graphs.entry(graph).or_default().push(n);
@@ -116,6 +150,33 @@ impl FakeGraphs {
         let g = Graph::from_raw(*next);
         self.graphs.insert(g, Vec::new());
         g
+    }
+
+    /// A deep copy of `graph`: every node with its parameters, child graphs and bodies
+    /// copied too, in the same order (so `find_in_clone` finds a node by its position).
+    fn clone_graph(&mut self, graph: Graph, next: &mut Raw) -> CuResult<Graph> {
+        self.check_graph(graph)?;
+        let g = self.new_graph(next);
+        let mut map = HashMap::new();
+        for n in self.graphs[&graph].clone() {
+            let mut x = self.nodes[&n].clone();
+            x.deps = x.deps.iter().filter_map(|d| map.get(d).copied()).collect();
+            if x.ty == 4 {
+                x.object = self.clone_graph(Graph::from_raw(x.object), next)?.raw();
+            }
+            let mut bodies = Vec::new();
+            for b in &x.bodies {
+                bodies.push(self.clone_graph(*b, next)?);
+            }
+            x.bodies = bodies;
+            x.graph = g;
+            *next += 0x10;
+            let m = GraphNode::from_raw(*next);
+            self.nodes.insert(m, x);
+            self.graphs.entry(g).or_default().push(m);
+            map.insert(n, m);
+        }
+        Ok(g)
     }
 
     fn check_graph(&self, g: Graph) -> CuResult<()> {
@@ -141,6 +202,13 @@ impl FakeDriver {
     pub(crate) fn graph_launches(&self) -> usize {
         self.with_ctx("graph_launches", |c, _| Ok(c.graphs.launches()))
             .unwrap_or(0)
+    }
+
+    /// What each executable graph launch in the current context ran: its nodes described
+    /// (type, kernel geometry and parameter values, copy and memset parameters, enabled).
+    pub(crate) fn graph_runs(&self) -> Vec<Vec<String>> {
+        self.with_ctx("graph_runs", |c, _| Ok(c.graphs.runs.clone()))
+            .unwrap_or_default()
     }
 }
 
@@ -271,23 +339,7 @@ impl GraphDriverApi for FakeDriver {
     }
 
     fn graph_clone(&self, graph: Graph) -> CuResult<Graph> {
-        self.with_ctx("graph_clone", |c, next| {
-            c.graphs.check_graph(graph)?;
-            let g = c.graphs.new_graph(next);
-            let mut map = HashMap::new();
-            for n in c.graphs.graphs[&graph].clone() {
-                let (ty, deps) = {
-                    let x = &c.graphs.nodes[&n];
-                    (
-                        x.ty,
-                        x.deps.iter().filter_map(|d| map.get(d).copied()).collect(),
-                    )
-                };
-                let m = c.graphs.add(g, ty, deps, next);
-                map.insert(n, m);
-            }
-            Ok(g)
-        })
+        self.with_ctx("graph_clone", |c, next| c.graphs.clone_graph(graph, next))
     }
 
     fn graph_add_node(
@@ -304,10 +356,8 @@ impl GraphDriverApi for FakeDriver {
                 NodeParams::Empty => (5, 0),
                 NodeParams::Memcpy(_) => (1, 0),
                 NodeParams::Memset(_) => (2, 0),
-                NodeParams::Child(g) => {
-                    c.graphs.check_graph(*g)?;
-                    (4, c.graphs.new_graph(next).raw())
-                }
+                // The driver embeds a copy of the graph.
+                NodeParams::Child(g) => (4, c.graphs.clone_graph(*g, next)?.raw()),
                 NodeParams::EventRecord(e) => (7, e.raw()),
                 NodeParams::EventWait(e) => (6, e.raw()),
                 NodeParams::Host(call) => (3, *call),
@@ -423,9 +473,9 @@ impl GraphDriverApi for FakeDriver {
         params: &NodeParams,
         _: Option<Context>,
     ) -> CuResult<()> {
-        self.with_ctx("node_set_params", |c, _| {
+        self.with_ctx("node_set_params", |c, next| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
-            if exec.is_some_and(|x| c.graphs.execs.get(&x).map(|e| e.0) != Some(n.graph)) {
+            if exec.is_some_and(|x| c.graphs.execs.get(&x).map(|e| e.graph) != Some(n.graph)) {
                 return Err(INVALID_VALUE);
             }
             let ty = match params {
@@ -437,7 +487,27 @@ impl GraphDriverApi for FakeDriver {
                 NodeParams::EventWait(_) => 6,
                 NodeParams::Host(_) => 3,
             };
-            (n.ty == ty).then_some(()).ok_or(INVALID_VALUE)
+            if n.ty != ty || (exec.is_none() && ty == 4) {
+                return Err(INVALID_VALUE);
+            }
+            let object = match params {
+                NodeParams::Child(g) => c.graphs.clone_graph(*g, next)?.raw(),
+                NodeParams::EventRecord(e) | NodeParams::EventWait(e) => e.raw(),
+                NodeParams::Host(call) => *call,
+                _ => n.object,
+            };
+            let target = match exec {
+                None => c.graphs.nodes.get_mut(&node),
+                Some(x) => c
+                    .graphs
+                    .execs
+                    .get_mut(&x)
+                    .and_then(|e| e.nodes.get_mut(&node)),
+            };
+            let target = target.ok_or(INVALID_VALUE)?;
+            target.object = object;
+            target.params = Some(*params);
+            Ok(())
         })
     }
 
@@ -445,16 +515,43 @@ impl GraphDriverApi for FakeDriver {
         &self,
         exec: Option<GraphExec>,
         node: GraphNode,
-        _func: Function,
-        _cfg: &LaunchConfig,
-        _params: &mut [*mut c_void],
+        func: Function,
+        cfg: &LaunchConfig,
+        params: &mut [*mut c_void],
     ) -> CuResult<()> {
         self.with_ctx("kernel_node_set_params", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
-            if exec.is_some_and(|x| c.graphs.execs.get(&x).map(|e| e.0) != Some(n.graph)) {
+            if exec.is_some_and(|x| c.graphs.execs.get(&x).map(|e| e.graph) != Some(n.graph)) {
                 return Err(INVALID_VALUE);
             }
-            (n.ty == 0).then_some(()).ok_or(INVALID_VALUE)
+            if n.ty != 0 {
+                return Err(INVALID_VALUE);
+            }
+            let (_, k) = kernel_of(c, func.raw())?;
+            let layout = KERNELS[k].1;
+            if params.len() != layout.len() {
+                return Err(INVALID_VALUE);
+            }
+            let values = layout
+                .iter()
+                .zip(params.iter())
+                .map(|(&(_, size), p)| {
+                    // SAFETY: the caller's contract, as in graph_add_kernel_node.
+                    unsafe { std::slice::from_raw_parts(p.cast::<u8>(), size) }.to_vec()
+                })
+                .collect();
+            let target = match exec {
+                None => c.graphs.nodes.get_mut(&node),
+                Some(x) => c
+                    .graphs
+                    .execs
+                    .get_mut(&x)
+                    .and_then(|e| e.nodes.get_mut(&node)),
+            };
+            let target = target.ok_or(INVALID_VALUE)?;
+            target.object = func.raw();
+            target.kernel = Some((*cfg, values));
+            Ok(())
         })
     }
 
@@ -534,7 +631,18 @@ impl GraphDriverApi for FakeDriver {
             }
             *next += 0x10;
             let exec = GraphExec::from_raw(*next);
-            c.graphs.execs.insert(exec, (graph, 0));
+            let nodes = c.graphs.graphs[&graph]
+                .iter()
+                .map(|n| (*n, c.graphs.nodes[n].clone()))
+                .collect();
+            c.graphs.execs.insert(
+                exec,
+                FakeExec {
+                    graph,
+                    launches: 0,
+                    nodes,
+                },
+            );
             Ok(exec)
         })
     }
@@ -556,8 +664,15 @@ impl GraphDriverApi for FakeDriver {
                 return Err(INVALID_VALUE);
             }
             if !upload_only && !c.graphs.capture(stream.raw(), 4, next) {
-                if let Some(e) = c.graphs.execs.get_mut(&exec) {
-                    e.1 += 1;
+                let g = &mut c.graphs;
+                if let Some(e) = g.execs.get_mut(&exec) {
+                    e.launches += 1;
+                    let order = g.graphs.get(&e.graph).cloned().unwrap_or_default();
+                    let ran = order
+                        .iter()
+                        .filter_map(|n| e.nodes.get(n).map(Node::describe))
+                        .collect();
+                    g.runs.push(ran);
                 }
             }
             Ok(())
@@ -570,7 +685,7 @@ impl GraphDriverApi for FakeDriver {
         graph: Graph,
     ) -> CuResult<(u32, Option<GraphNode>)> {
         self.with_ctx("graph_exec_update", |c, _| {
-            let (old, _) = *c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?;
+            let old = c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?.graph;
             c.graphs.check_graph(graph)?;
             let shape = |g: Graph| -> Vec<u32> {
                 c.graphs.graphs[&g]
@@ -581,6 +696,27 @@ impl GraphDriverApi for FakeDriver {
             if c.graphs.graphs.contains_key(&old) && shape(old) != shape(graph) {
                 // cudaGraphExecUpdateErrorTopologyChanged
                 return Ok((2, None));
+            }
+            // The nodes pair up in order; each takes the new graph's parameters and keeps its
+            // enabled state.
+            let pairs: Vec<(GraphNode, Node)> = c
+                .graphs
+                .graphs
+                .get(&old)
+                .into_iter()
+                .flatten()
+                .zip(&c.graphs.graphs[&graph])
+                .map(|(o, n)| (*o, c.graphs.nodes[n].clone()))
+                .collect();
+            if let Some(e) = c.graphs.execs.get_mut(&exec) {
+                for (o, mut n) in pairs {
+                    if let Some(mine) = e.nodes.get(&o) {
+                        n.enabled = mine.enabled;
+                        n.deps.clone_from(&mine.deps);
+                        n.graph = mine.graph;
+                        e.nodes.insert(o, n);
+                    }
+                }
             }
             Ok((0, None))
         })
@@ -608,13 +744,15 @@ impl GraphDriverApi for FakeDriver {
         _default_value: u32,
         flags: u32,
     ) -> CuResult<u64> {
-        self.with_ctx("conditional_handle_create", |c, next| {
+        self.with_ctx("conditional_handle_create", |c, _| {
             c.graphs.check_graph(graph)?;
             if flags > 1 {
                 return Err(INVALID_VALUE);
             }
-            *next += 0x10;
-            let h = 0xc0d0_0000_0000_0000 | *next as u64;
+            // Numbered in order of creation in the context (so a context that makes its
+            // handles in the same order gets the same values).
+            c.graphs.cond_made += 1;
+            let h = 0xc0d0_0000_0000_0000 | c.graphs.cond_made;
             c.graphs.conditionals.insert(h, graph);
             Ok(h)
         })
@@ -639,6 +777,7 @@ impl GraphDriverApi for FakeDriver {
             let n = c.graphs.add(graph, 13, deps.to_vec(), next);
             if let Some(x) = c.graphs.nodes.get_mut(&n) {
                 x.bodies.clone_from(&bodies);
+                x.cond = Some((handle, kind));
             }
             Ok((n, bodies))
         })
@@ -730,15 +869,21 @@ impl GraphDriverApi for FakeDriver {
 
     fn node_enabled(&self, exec: GraphExec, node: GraphNode, set: Option<bool>) -> CuResult<bool> {
         self.with_ctx("node_enabled", |c, _| {
-            let (g, _) = *c.graphs.execs.get(&exec).ok_or(INVALID_VALUE)?;
-            let n = c.graphs.nodes.get_mut(&node).ok_or(INVALID_VALUE)?;
-            if n.graph != g {
-                return Err(INVALID_VALUE);
-            }
+            let e = c.graphs.execs.get_mut(&exec).ok_or(INVALID_VALUE)?;
+            let n = e.nodes.get_mut(&node).ok_or(INVALID_VALUE)?;
             if let Some(on) = set {
                 n.enabled = on;
             }
             Ok(n.enabled)
+        })
+    }
+
+    fn host_node_call(&self, node: GraphNode) -> CuResult<Raw> {
+        self.with_ctx("host_node_call", |c, _| {
+            match c.graphs.nodes.get(&node).and_then(|n| n.params) {
+                Some(NodeParams::Host(call)) => Ok(call),
+                _ => Err(INVALID_VALUE),
+            }
         })
     }
 }

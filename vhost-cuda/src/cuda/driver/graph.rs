@@ -234,6 +234,9 @@ pub(crate) trait GraphDriverApi {
     fn destroy_node(&self, node: GraphNode) -> CuResult<()>;
     /// cuGraphNodeGetEnabled, or cuGraphNodeSetEnabled (`set`: the new value).
     fn node_enabled(&self, exec: GraphExec, node: GraphNode, set: Option<bool>) -> CuResult<bool>;
+    /// cuGraphHostNodeGetParams: the user data of a host node (the worker's stand-in's call;
+    /// the caller checks that it is one of its own).
+    fn host_node_call(&self, node: GraphNode) -> CuResult<Raw>;
 }
 
 /// Every driver symbol this file calls; `CudaDriver::load` checks them with `driver/mod.rs`'s.
@@ -301,6 +304,7 @@ pub(crate) const GRAPH_SYMBOLS: &[&str] = &[
     "cuGraphAddNode_v2",
     "cuGraphMemAllocNodeGetParams",
     "cuGraphMemFreeNodeGetParams",
+    "cuGraphHostNodeGetParams",
 ];
 
 /// CUDA_ERROR_OPERATING_SYSTEM.
@@ -1152,6 +1156,19 @@ impl GraphDriverApi for super::CudaDriver {
             }
         }
     }
+
+    fn host_node_call(&self, node: GraphNode) -> CuResult<Raw> {
+        let mut p = sys::CUDA_HOST_NODE_PARAMS {
+            fn_: None,
+            userData: null_mut(),
+        };
+        // SAFETY: see the impl comment; the driver fills the record.
+        check(unsafe { sys::cuGraphHostNodeGetParams(ptr(node.raw()), &raw mut p) })?;
+        if p.fn_.is_none() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        Ok(p.userData as Raw)
+    }
 }
 
 impl GraphDriverApi for NoDriver {
@@ -1323,6 +1340,9 @@ impl GraphDriverApi for NoDriver {
         Err(CuError::NO_DEVICE)
     }
     fn node_enabled(&self, _: GraphExec, _: GraphNode, _: Option<bool>) -> CuResult<bool> {
+        Err(CuError::NO_DEVICE)
+    }
+    fn host_node_call(&self, _: GraphNode) -> CuResult<Raw> {
         Err(CuError::NO_DEVICE)
     }
 }

@@ -15,7 +15,8 @@
 //! (those stored in device memory included) stay valid.
 //!
 //! What the record cannot make again is refused at capture, with the program left running
-//! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
+//! ([`CheckpointError::Unsupported`]): the graphs and executable graphs `graphs/saved.rs`
+//! cannot make again (graphs and executable graphs themselves are saved), CUDA arrays and texture or
 //! surface objects, stream-ordered allocations still live (the driver's pools place them;
 //! the pools themselves, the default ones and those the program created, are saved with their
 //! attributes, access and which one is current), graph memory, and allocations outside a
@@ -124,9 +125,6 @@ impl GpuState {
         }
         if self.ipc.shares() {
             return Err(CheckpointError::Unsupported(IPC_SHARED));
-        }
-        if self.graphs.len() > 0 || !self.captured_calls.is_empty() {
-            return Err(CheckpointError::Unsupported("graphs and executable graphs"));
         }
         if !self.arrays.is_empty() {
             return Err(CheckpointError::Unsupported(
@@ -357,6 +355,9 @@ impl GpuState {
             })
             .collect();
         saved.pools.sort_unstable_by_key(|p| p.handle);
+        (saved.graphs, saved.conditionals, saved.execs) = self.capture_graphs()?;
+        // Reading the graphs gives handles to the nodes and held graphs that had none.
+        saved.last_handle = self.ids.last();
         debug!(
             session = self.id,
             bytes = saved.device_bytes(),
@@ -481,6 +482,7 @@ impl GpuState {
         self.restore_modules(saved)?;
         self.restore_streams_and_events(saved)?;
         self.restore_pools(saved)?;
+        self.restore_graphs(saved)?;
         for dev in 0..self.devices.len() {
             if self.bind_existing(dev)? {
                 self.drv.ctx_synchronize().map_err(on(dev))?;

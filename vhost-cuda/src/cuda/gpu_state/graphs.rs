@@ -29,6 +29,8 @@ use crate::cuda::{
     driver::Raw,
 };
 
+mod saved;
+
 /// Most graphs a session may hold.
 const MAX_GRAPHS: usize = 1 << 14;
 /// Most executable graphs a session may hold.
@@ -50,6 +52,9 @@ const CAPTURE_RELAXED: u32 = 2;
 const DOT_FLAGS: u64 = (1 << 16) - 1;
 /// cudaGraphCondAssignDefault.
 const COND_FLAGS: u64 = 1;
+/// Why graphs whose kernel nodes may carry attributes are not saved.
+const ATTRIBUTED: &str = "graphs captured from launches with launch attributes, or from \
+                          streams with attributes (kernel node attributes are not saved)";
 /// Most conditional handles a session may hold.
 const MAX_CONDITIONALS: usize = 1 << 16;
 /// Longest DOT text returned.
@@ -65,6 +70,9 @@ struct GraphEntry {
     capture_target: bool,
     /// The graph whose child graph node holds this one (it goes with that graph).
     owner: Option<u64>,
+    /// Its kernel nodes may carry attributes (captured while launch attributes were in use,
+    /// or made from such a graph), which a saved state does not hold.
+    attributed: bool,
 }
 
 #[derive(Debug)]
@@ -73,14 +81,51 @@ struct NodeEntry {
     raw: GraphNode,
     /// A conditional node's body graphs (handles, owned by the node's graph).
     bodies: Vec<u64>,
+    /// A conditional node's handle and kind, as the guest gave them (the driver of CUDA 13.0
+    /// cannot be asked).
+    cond: Option<(u64, u32)>,
 }
 
+impl NodeEntry {
+    fn new(graph: u64, raw: GraphNode) -> Self {
+        Self {
+            graph,
+            raw,
+            bodies: Vec::new(),
+            cond: None,
+        }
+    }
+}
+
+/// An executable graph. It is instantiated from a copy of its graph (`shadow`) that the
+/// session keeps as the executable graph runs: the executable-graph calls that change it
+/// change the copy's node too, so a saved state can read back what it runs now, whatever
+/// became of the graph it came from. The guest names its nodes by the nodes of that graph:
+/// `nodes` maps them (filled on first use with the driver's `cuGraphNodeFindInClone`, or
+/// whole when restored).
 #[derive(Debug)]
 struct ExecEntry {
     dev: usize,
     raw: GraphExec,
     /// The flags it was instantiated with.
     flags: u64,
+    /// The copy it was instantiated from (None: instantiated from the graph itself, see
+    /// `unsaveable`).
+    shadow: Option<Graph>,
+    /// The graph it came from.
+    source: Option<u64>,
+    /// Node handle (of `source`) -> the copy's node.
+    nodes: HashMap<u64, GraphNode>,
+    /// Why a saved state cannot hold it, if it cannot.
+    unsaveable: Option<&'static str>,
+}
+
+/// A conditional handle the guest made: the graph, default value and flags it was made with.
+#[derive(Debug, Clone, Copy)]
+struct ConditionalEntry {
+    graph: u64,
+    default_value: u32,
+    flags: u32,
 }
 
 /// The graphs, nodes and executable graphs of a session.
@@ -93,8 +138,12 @@ pub(super) struct GraphTables {
     execs: HandleTable<ExecEntry>,
     /// Captures begun and not ended (an upper bound: a capture can also end with its stream).
     captures: usize,
-    /// Conditional handle (the driver's value) -> the graph it was created on.
-    conditionals: HashMap<u64, u64>,
+    /// Conditional handle (the driver's value) -> how it was made.
+    conditionals: HashMap<u64, ConditionalEntry>,
+    /// A launch with launch attributes, or a capture begun on a stream with attributes, while
+    /// a capture was under way: the graphs of captures that end before none is left under
+    /// way are `attributed`.
+    attributed_capture: bool,
 }
 
 impl Default for GraphTables {
@@ -106,6 +155,7 @@ impl Default for GraphTables {
             execs: HandleTable::new(MAX_EXECS),
             captures: 0,
             conditionals: HashMap::new(),
+            attributed_capture: false,
         }
     }
 }
@@ -123,7 +173,7 @@ impl GraphTables {
             self.forget_nodes_of(held);
         }
         self.forget_own_nodes(graph);
-        self.conditionals.retain(|_, g| *g != graph);
+        self.conditionals.retain(|_, c| c.graph != graph);
     }
 
     fn forget_own_nodes(&mut self, graph: u64) {
@@ -196,10 +246,7 @@ impl GpuState {
             Op::GraphDestroy => self.graph_destroy(args[0]),
             Op::GraphAddNode => self.graph_add_node(req),
             Op::GraphNodeSetParams => self.graph_set_params(req, None, args[0], args[1]),
-            Op::GraphExecNodeSetParams => {
-                let (_, exec) = self.exec(args[0])?;
-                self.graph_set_params(req, Some(exec), args[1], args[2])
-            }
+            Op::GraphExecNodeSetParams => self.exec_set_params(req, args[0], args[1], args[2]),
             Op::GraphGetNodes => self.graph_nodes(req),
             Op::GraphGetEdges => self.graph_edges(req),
             Op::GraphNodeQuery => self.node_query(req),
@@ -255,7 +302,7 @@ impl GpuState {
             Op::GraphConditionalHandleCreate => self.conditional_handle_create(args),
             Op::GraphNodeEnabled => {
                 let (dev, exec) = self.exec(args[0])?;
-                let node = self.node(args[1])?;
+                let node = self.exec_node(args[0], args[1])?;
                 let set = match args[2] {
                     0 => None,
                     1 => Some(args[3] != 0),
@@ -266,17 +313,25 @@ impl GpuState {
             }
             Op::GraphExecChildGraph => {
                 let (dev, exec) = self.exec(args[0])?;
-                let node = self.node(args[1])?;
+                let node = self.exec_node(args[0], args[1])?;
                 let (_, child) = self.graph(args[2])?;
+                self.bind(dev)?;
                 self.drv
                     .node_set_params(Some(exec), node, &NodeParams::Child(child), None)
                     .map_err(on(dev))?;
+                // A graph's child graph node cannot take another graph: the copy cannot follow.
+                self.exec_unsaveable(
+                    args[0],
+                    "an executable graph whose child graph was replaced \
+                     (cudaGraphExecChildGraphNodeSetParams)",
+                );
                 ok()
             }
             Op::GraphExecSetEvent => {
                 let (dev, exec) = self.exec(args[0])?;
-                let node = self.node(args[1])?;
+                let node = self.exec_node(args[0], args[1])?;
                 let (_, event) = self.event(args[2])?;
+                self.bind(dev)?;
                 let p = match self.drv.node_type(node).map_err(on(dev))? {
                     wire_graph::NODE_EVENT_RECORD => NodeParams::EventRecord(event),
                     wire_graph::NODE_WAIT_EVENT => NodeParams::EventWait(event),
@@ -285,6 +340,7 @@ impl GpuState {
                 self.drv
                     .node_set_params(Some(exec), node, &p, None)
                     .map_err(on(dev))?;
+                self.mirror_to_shadow(args[0], node, &p, dev);
                 ok()
             }
             _ => Err(status::NOT_SUPPORTED.into()),
@@ -335,14 +391,7 @@ impl GpuState {
         let h = self
             .graphs
             .nodes
-            .insert(
-                &mut self.ids,
-                NodeEntry {
-                    graph,
-                    raw,
-                    bodies: Vec::new(),
-                },
-            )
+            .insert(&mut self.ids, NodeEntry::new(graph, raw))
             .ok_or(status::MEMORY_ALLOCATION)?;
         self.graphs.node_ids.insert(raw, h);
         Ok(h)
@@ -369,6 +418,7 @@ impl GpuState {
                     capturing: true,
                     capture_target: false,
                     owner,
+                    attributed: false,
                 },
             )
             .ok_or(status::MEMORY_ALLOCATION.into())
@@ -398,12 +448,32 @@ impl GpuState {
             .stream_begin_capture(stream, mode)
             .map_err(on(dev))?;
         self.graphs.captures += 1;
+        self.note_capture_stream(args[0]);
         ok()
     }
 
     /// Whether a capture the session began may still be under way.
     pub(super) fn capture_under_way(&self) -> bool {
         self.graphs.captures > 0
+    }
+
+    /// A launch with launch attributes: if a capture may be under way, its kernel node may
+    /// carry them (see `GraphTables::attributed_capture`). Free otherwise.
+    pub(super) fn note_launch_attributes(&mut self) {
+        if self.graphs.captures > 0 {
+            self.graphs.attributed_capture = true;
+        }
+    }
+
+    /// A capture begun on stream `handle`: kernels captured from it take its attributes.
+    fn note_capture_stream(&mut self, handle: u64) {
+        if self
+            .streams
+            .get(handle)
+            .is_some_and(|s| !s.attributes.is_empty())
+        {
+            self.graphs.attributed_capture = true;
+        }
     }
 
     /// Whether `stream` (of the bound context) is being captured; free while no capture of the
@@ -418,6 +488,7 @@ impl GpuState {
 
     fn begin_capture_to_graph(&mut self, req: &Request) -> OpResult {
         let [stream, graph, mode, ..] = req.header().args;
+        let stream_handle = stream;
         let mode = u32::try_from(mode)
             .ok()
             .filter(|m| *m <= CAPTURE_RELAXED)
@@ -440,6 +511,7 @@ impl GpuState {
             g.capture_target = true;
         }
         self.graphs.captures += 1;
+        self.note_capture_stream(stream_handle);
         ok()
     }
 
@@ -450,11 +522,16 @@ impl GpuState {
         if before.as_ref().is_some_and(|i| i.status != 0) {
             self.graphs.captures = self.graphs.captures.saturating_sub(1);
         }
+        let attributed = self.graphs.attributed_capture;
+        if self.graphs.captures == 0 {
+            self.graphs.attributed_capture = false;
+        }
         // The graph of this capture is the caller's now, or gone (failed capture).
         let old = before.and_then(|i| i.graph);
         let known = old.and_then(|g| self.graphs.graphs.find(|e| e.raw == g).map(|(h, _)| h));
         if let Some(e) = known.and_then(|h| self.graphs.graphs.get_mut(h)) {
             e.capture_target = false;
+            e.attributed |= attributed;
         }
         match ended {
             Ok(raw) => {
@@ -476,6 +553,7 @@ impl GpuState {
                         capturing: false,
                         capture_target: false,
                         owner: None,
+                        attributed,
                     },
                 );
                 match h {
@@ -551,6 +629,7 @@ impl GpuState {
             capturing: false,
             capture_target: false,
             owner: None,
+            attributed: false,
         };
         match self.graphs.graphs.insert(&mut self.ids, entry) {
             Some(h) => ok_rets(&[h]),
@@ -589,12 +668,14 @@ impl GpuState {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let copy = self.drv.graph_clone(raw).map_err(on(dev))?;
+        let attributed = self.graphs.graphs.get(handle).is_some_and(|g| g.attributed);
         let entry = GraphEntry {
             dev,
             raw: copy,
             capturing: false,
             capture_target: false,
             owner: None,
+            attributed,
         };
         match self.graphs.graphs.insert(&mut self.ids, entry) {
             Some(h) => ok_rets(&[h]),
@@ -757,6 +838,15 @@ impl GpuState {
             }
         };
         let h = self.node_handle(graph, raw)?;
+        // A child graph node embeds a copy of its graph, attributes and all.
+        let child = (u32::try_from(ty) == Ok(wire_graph::NODE_GRAPH))
+            .then(|| wire_graph::decode_handle(&params))
+            .flatten();
+        if child.is_some_and(|c| self.graphs.graphs.get(c).is_some_and(|g| g.attributed)) {
+            if let Some(g) = self.graphs.graphs.get_mut(graph) {
+                g.attributed = true;
+            }
+        }
         ok_rets(&[h])
     }
 
@@ -775,7 +865,14 @@ impl GpuState {
             .drv
             .conditional_handle_create(raw, ctx, default_value, flags)
             .map_err(on(dev))?;
-        self.graphs.conditionals.insert(h, graph);
+        self.graphs.conditionals.insert(
+            h,
+            ConditionalEntry {
+                graph,
+                default_value,
+                flags,
+            },
+        );
         ok_rets(&[h])
     }
 
@@ -791,7 +888,7 @@ impl GpuState {
         params: &[u8],
     ) -> OpResult {
         let c = wire_graph::ConditionalNode::decode(params).ok_or(status::INVALID_VALUE)?;
-        if self.graphs.conditionals.get(&c.handle) != Some(&graph) {
+        if self.graphs.conditionals.get(&c.handle).map(|e| e.graph) != Some(graph) {
             return Err(status::INVALID_VALUE.into());
         }
         if self.graphs.graphs.len() + c.size as usize > MAX_GRAPHS {
@@ -811,6 +908,7 @@ impl GpuState {
                 capturing: false,
                 capture_target: false,
                 owner: Some(graph),
+                attributed: false,
             };
             match self.graphs.graphs.insert(&mut self.ids, entry) {
                 Some(h) => handles.push(h),
@@ -828,6 +926,7 @@ impl GpuState {
         let count = handles.len() as u64;
         if let Some(n) = self.graphs.nodes.get_mut(node) {
             n.bodies = handles;
+            n.cond = Some((c.handle, c.kind));
         }
         ok_rets(&[node, count])
     }
@@ -995,10 +1094,33 @@ impl GpuState {
         if !self.graphs.execs.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
         }
-        let exec = self
+        // Instantiated from a copy the session keeps in step (see ExecEntry). A graph with
+        // conditional nodes is instantiated as it is: its handles belong to it.
+        let has_conditionals = self.graphs.conditionals.values().any(|c| c.graph == graph);
+        let shadow = if has_conditionals {
+            None
+        } else {
+            self.drv.graph_clone(raw).ok()
+        };
+        let attributed = self.graphs.graphs.get(graph).is_some_and(|g| g.attributed);
+        let unsaveable = match shadow {
+            Some(_) if attributed => Some(ATTRIBUTED),
+            Some(_) => None,
+            None if has_conditionals => Some("executable graphs of graphs with conditional nodes"),
+            None => Some("an executable graph of a graph the driver could not copy"),
+        };
+        let exec = match self
             .drv
-            .graph_instantiate(raw, flags & !INSTANTIATE_UPLOAD)
-            .map_err(on(dev))?;
+            .graph_instantiate(shadow.unwrap_or(raw), flags & !INSTANTIATE_UPLOAD)
+        {
+            Ok(exec) => exec,
+            Err(e) => {
+                if let Some(copy) = shadow {
+                    let _ = self.drv.graph_destroy(copy);
+                }
+                return Err(on(dev)(e));
+            }
+        };
         let uploaded = if flags & INSTANTIATE_UPLOAD != 0 {
             self.drv.graph_launch(exec, stream, true)
         } else {
@@ -1011,6 +1133,10 @@ impl GpuState {
                     dev,
                     raw: exec,
                     flags,
+                    shadow,
+                    source: Some(graph),
+                    nodes: HashMap::new(),
+                    unsaveable,
                 },
             ),
             Err(_) => None,
@@ -1019,6 +1145,9 @@ impl GpuState {
             (Some(h), _) => ok_rets(&[h]),
             (None, r) => {
                 let _ = self.drv.graph_exec_destroy(exec);
+                if let Some(copy) = shadow {
+                    let _ = self.drv.graph_destroy(copy);
+                }
                 r.map_err(on(dev))?;
                 Err(status::MEMORY_ALLOCATION.into())
             }
@@ -1028,7 +1157,9 @@ impl GpuState {
     fn graph_exec_destroy(&mut self, handle: u64) -> OpResult {
         let (dev, raw) = self.exec(handle)?;
         let result = self.drv.graph_exec_destroy(raw);
-        self.graphs.execs.remove(handle);
+        if let Some(copy) = self.graphs.execs.remove(handle).and_then(|e| e.shadow) {
+            let _ = self.drv.graph_destroy(copy);
+        }
         result.map_err(on(dev))?;
         ok()
     }
@@ -1038,11 +1169,206 @@ impl GpuState {
         let (_, graph) = self.graph(args[1])?;
         self.bind(dev)?;
         let (result, node) = self.drv.graph_exec_update(exec, graph).map_err(on(dev))?;
+        if result == 0 {
+            self.mirror_update(args[0], args[1], dev);
+        }
         let node = match node {
             None => 0,
             Some(node) => self.node_handle(args[1], node)?,
         };
         ok_rets(&[u64::from(result), node])
+    }
+
+    /// The node of executable graph `exec` the guest names by node handle `node` (a node of
+    /// the graph it came from): the copy's node it was instantiated from.
+    fn exec_node(&mut self, exec: u64, node: u64) -> Result<GraphNode, Fault> {
+        let e = self
+            .graphs
+            .execs
+            .get(exec)
+            .ok_or(Fault::Status(status::INVALID_VALUE))?;
+        let Some(shadow) = e.shadow else {
+            return self.node(node);
+        };
+        if let Some(&n) = e.nodes.get(&node) {
+            return Ok(n);
+        }
+        let dev = e.dev;
+        let raw = self.node(node)?;
+        self.bind(dev)?;
+        // Not a node of its graph when instantiated: the driver's own answer.
+        let n = self
+            .drv
+            .find_in_clone(raw, shadow)
+            .map_err(|_| Fault::Status(status::INVALID_VALUE))?;
+        if let Some(e) = self.graphs.execs.get_mut(exec) {
+            e.nodes.insert(node, n);
+        }
+        Ok(n)
+    }
+
+    fn exec_unsaveable(&mut self, exec: u64, why: &'static str) {
+        if let Some(e) = self.graphs.execs.get_mut(exec) {
+            e.unsaveable.get_or_insert(why);
+        }
+    }
+
+    /// Sets `p` on the copy's `node` of executable graph `exec` (after the same change to
+    /// the executable graph); if the copy cannot take it, the executable graph cannot be
+    /// saved.
+    fn mirror_to_shadow(&mut self, exec: u64, node: GraphNode, p: &NodeParams, dev: usize) {
+        let Some(ctx) = self.context(dev).ok().map(|c| c.ctx) else {
+            return;
+        };
+        if self
+            .graphs
+            .execs
+            .get(exec)
+            .is_some_and(|e| e.shadow.is_some())
+            && self.drv.node_set_params(None, node, p, Some(ctx)).is_err()
+        {
+            self.exec_unsaveable(
+                exec,
+                "an executable graph changed in a way its copy cannot follow",
+            );
+        }
+    }
+
+    /// After `cudaGraphExecUpdate(exec, graph)` succeeded: the copy takes `graph`'s node
+    /// parameters, node by node, when `graph` is the one the executable graph came from (its
+    /// nodes pair with their own copies). An update from another graph pairs nodes the
+    /// driver's way, which the session cannot follow: such an executable graph is not saved.
+    fn mirror_update(&mut self, exec: u64, graph: u64, dev: usize) {
+        let Some(e) = self.graphs.execs.get(exec) else {
+            return;
+        };
+        if e.shadow.is_none() {
+            return;
+        }
+        if self.graphs.graphs.get(graph).is_some_and(|g| g.attributed) {
+            self.exec_unsaveable(exec, ATTRIBUTED);
+            return;
+        }
+        if e.source != Some(graph) {
+            self.exec_unsaveable(
+                exec,
+                "an executable graph updated from another graph (cudaGraphExecUpdate)",
+            );
+            return;
+        }
+        if let Err(why) = self.copy_params_to_shadow(exec, graph, dev) {
+            self.exec_unsaveable(exec, why);
+        }
+    }
+
+    fn copy_params_to_shadow(
+        &mut self,
+        exec: u64,
+        graph: u64,
+        dev: usize,
+    ) -> Result<(), &'static str> {
+        const CANNOT: &str = "an executable graph updated (cudaGraphExecUpdate) from a graph \
+                              with child graph or conditional nodes";
+        let (_, raw) = self.graph(graph).map_err(|_| CANNOT)?;
+        let ctx = self.context(dev).map_err(|_| CANNOT)?.ctx;
+        let nodes = self.drv.graph_nodes(raw, false).map_err(|_| CANNOT)?;
+        for n in nodes {
+            let h = self.node_handle(graph, n).map_err(|_| CANNOT)?;
+            let target = self.exec_node(exec, h).map_err(|_| CANNOT)?;
+            let p = match self.drv.node_type(n).map_err(|_| CANNOT)? {
+                wire_graph::NODE_KERNEL => {
+                    let functions = &self.functions;
+                    let layout_of = |raw: Function| {
+                        functions
+                            .find(|f| f.raw == raw)
+                            .map(|(_, f)| f.layout.clone())
+                    };
+                    let (func, cfg, bytes) = self
+                        .drv
+                        .kernel_node_params(n, &layout_of)
+                        .map_err(|_| CANNOT)?;
+                    let layout = layout_of(func).ok_or(CANNOT)?;
+                    let mut block = AlignedBytes::zeroed(layout.block_len());
+                    block.as_mut_slice().copy_from_slice(&bytes);
+                    let mut ptrs = layout.pointers(&mut block).ok_or(CANNOT)?;
+                    // SAFETY: one pointer per parameter of this function's own layout, each
+                    // into `block`, which outlives the call; the driver copies the values.
+                    unsafe {
+                        self.drv
+                            .kernel_node_set_params(None, target, func, &cfg, &mut ptrs)
+                    }
+                    .map_err(|_| CANNOT)?;
+                    continue;
+                }
+                wire_graph::NODE_MEMCPY => {
+                    NodeParams::Memcpy(self.drv.memcpy_node_params(n).map_err(|_| CANNOT)?)
+                }
+                wire_graph::NODE_MEMSET => {
+                    NodeParams::Memset(self.drv.memset_node_params(n).map_err(|_| CANNOT)?)
+                }
+                wire_graph::NODE_EVENT_RECORD => {
+                    NodeParams::EventRecord(self.drv.node_event(n, true).map_err(|_| CANNOT)?)
+                }
+                wire_graph::NODE_WAIT_EVENT => {
+                    NodeParams::EventWait(self.drv.node_event(n, false).map_err(|_| CANNOT)?)
+                }
+                wire_graph::NODE_HOST => {
+                    NodeParams::Host(self.drv.host_node_call(n).map_err(|_| CANNOT)?)
+                }
+                wire_graph::NODE_EMPTY => continue,
+                _ => return Err(CANNOT),
+            };
+            self.drv
+                .node_set_params(None, target, &p, Some(ctx))
+                .map_err(|_| CANNOT)?;
+        }
+        Ok(())
+    }
+
+    /// `GraphExecNodeSetParams`: the executable graph's node, then its copy's.
+    fn exec_set_params(&mut self, req: &Request, exec: u64, node: u64, ty: u64) -> OpResult {
+        let (_, raw) = self.exec(exec)?;
+        let target = self.exec_node(exec, node)?;
+        let params = read_all(req.inputs().first(), MAX_NODE_PARAMS)?;
+        let dev = self.bind_new(req)?;
+        match self.decode_node(dev, ty, &params)? {
+            Decoded::Kernel(mut k) => {
+                self.bind(k.dev)?;
+                let mut ptrs = k
+                    .layout
+                    .pointers(&mut k.block)
+                    .ok_or(status::INVALID_VALUE)?;
+                // SAFETY: as in graph_add_node.
+                unsafe {
+                    self.drv
+                        .kernel_node_set_params(Some(raw), target, k.func, &k.cfg, &mut ptrs)
+                }
+                .map_err(on(k.dev))?;
+                let shadow = self.graphs.execs.get(exec).and_then(|e| e.shadow);
+                let mirrored = shadow.is_none() || {
+                    // SAFETY: as above.
+                    unsafe {
+                        self.drv
+                            .kernel_node_set_params(None, target, k.func, &k.cfg, &mut ptrs)
+                    }
+                    .is_ok()
+                };
+                if !mirrored {
+                    self.exec_unsaveable(
+                        exec,
+                        "an executable graph changed in a way its copy cannot follow",
+                    );
+                }
+            }
+            Decoded::Other(p) => {
+                let ctx = self.context(dev)?.ctx;
+                self.drv
+                    .node_set_params(Some(raw), target, &p, Some(ctx))
+                    .map_err(on(dev))?;
+                self.mirror_to_shadow(exec, target, &p, dev);
+            }
+        }
+        ok()
     }
 
     fn node_get_params(&mut self, req: &Request) -> OpResult {
@@ -1237,6 +1563,9 @@ impl GpuState {
             if e.dev == dev {
                 if call_driver {
                     let _ = drv.graph_exec_destroy(e.raw);
+                    if let Some(copy) = e.shadow {
+                        let _ = drv.graph_destroy(copy);
+                    }
                 }
                 false
             } else {

@@ -257,6 +257,9 @@ impl GpuState {
             }
             let buf = req.inputs().get(1).ok_or(status::INVALID_VALUE)?;
             let attrs = launch_attrs(buf, &self.events, dev)?;
+            if !attrs.is_empty() {
+                self.note_launch_attributes();
+            }
             // SAFETY: as above; `attrs` outlive the call.
             unsafe { self.drv.launch_ex(raw, &cfg, stream, &mut params, &attrs) }
                 .map_err(on(dev))?;

@@ -203,7 +203,8 @@ fn what_cannot_be_saved_is_refused_and_the_program_goes_on() {
     assert_eq!(s.pause(), Err(CheckpointError::Busy));
     assert_eq!(s.save(), Err(CheckpointError::Busy));
     let graph = ok(run(&mut s, Op::StreamEndCapture, &[p.stream]))[0];
-    // A graph lives in its context: a pause keeps it, a saved state cannot make it again.
+    // A graph lives in its context: a pause keeps it; a saved state cannot make this one
+    // again (captured from a stream with attributes, which its kernel nodes may carry).
     assert!(matches!(s.save(), Err(CheckpointError::Unsupported(_))));
     s.pause().unwrap();
     s.resume().unwrap();
@@ -292,6 +293,19 @@ fn the_fuzz_seed_restores() {
     assert!(crate::cuda::fuzzing::restore_saved_state(
         &crate::cuda::fuzzing::sample_saved_state()
     ));
+}
+
+/// The fuzz target's check over every flipped byte of its seed (graphs included): refused or
+/// restored, never a panic, nothing left behind.
+#[cfg(feature = "fuzzing")]
+#[test]
+fn every_flipped_byte_of_the_fuzz_seed_restores_or_is_refused_cleanly() {
+    let seed = crate::cuda::fuzzing::sample_saved_state();
+    for i in 0..seed.len() {
+        let mut b = seed.clone();
+        b[i] ^= 0x81;
+        crate::cuda::fuzzing::restore_saved_state(&b);
+    }
 }
 
 #[test]
@@ -632,4 +646,474 @@ fn a_state_with_guest_memory_mapped_for_the_gpu_is_saved_with_its_mappings() {
     check(&mut rig, &mut s, &p);
     ok(run(&mut s, Op::HostUnmap, &[guest]));
     assert!(s.capture().unwrap().host_mappings.is_empty());
+}
+
+mod graphs {
+    //! Graphs and executable graphs in a saved state.
+
+    use qcuda_proto::graph::{self as g, ConditionalNode, KernelNode, MemcpyNode, MemsetNode};
+
+    use super::*;
+
+    fn u64s(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn add(rig: &mut Rig, s: &mut GpuState, graph: u64, ty: u32, deps: &[u64], p: &[u8]) -> u64 {
+        let d = rig.buf(&u64s(deps));
+        let p = rig.buf(p);
+        ok(s.execute(&req(
+            Op::GraphAddNode,
+            0,
+            &[graph, u64::from(ty)],
+            vec![d, p],
+            vec![],
+        )))[0]
+    }
+
+    /// vadd(a, b, c, n) as a kernel node.
+    fn vadd(func: u64, abc: [u64; 3], n: i32) -> Vec<u8> {
+        let mut params = u64s(&abc);
+        params.extend_from_slice(&n.to_le_bytes());
+        let mut b = vec![0u8; g::KERNEL_NODE_HEADER + params.len()];
+        KernelNode {
+            function: func,
+            grid: [1, 1, 1],
+            block: [64, 1, 1],
+            shared_mem: 0,
+            params: &params,
+        }
+        .encode(&mut b);
+        b
+    }
+
+    fn memset(dst: u64, value: u32) -> MemsetNode {
+        MemsetNode {
+            dst,
+            pitch: 0,
+            value,
+            element_size: 4,
+            width: N as u64,
+            height: 1,
+        }
+    }
+
+    fn list(rig: &mut Rig, s: &mut GpuState, op: Op, args: &[u64]) -> Vec<u64> {
+        let out = rig.out(8 * 64);
+        let n = ok(s.execute(&req(op, 0, args, vec![], vec![out.clone()])))[0];
+        out.to_vec().unwrap()[..8 * usize::try_from(n).unwrap()]
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn params_of(rig: &mut Rig, s: &mut GpuState, op: Op, node: u64) -> Vec<u8> {
+        let out = rig.out(256);
+        ok(s.execute(&req(op, 0, &[node], vec![], vec![out.clone()])));
+        out.to_vec().unwrap()
+    }
+
+    /// The program's graphs: `graph` with a node of every kind and two conditional nodes,
+    /// `g2` (kernel, memset, child graph) and its executable graph, changed after it was
+    /// instantiated in every way a copy can follow.
+    struct Graphs {
+        graph: u64,
+        nodes: Vec<u64>,
+        child_graph: u64,
+        bodies: Vec<u64>,
+        g2: u64,
+        k2: u64,
+        ms2: u64,
+        exec: u64,
+        exec3: u64,
+    }
+
+    fn build_graphs(rig: &mut Rig, s: &mut GpuState, p: &Program) -> Graphs {
+        let graph = ok(run(s, Op::GraphCreate, &[]))[0];
+        let k = add(rig, s, graph, g::NODE_KERNEL, &[], &vadd(p.func, p.abc, 16));
+        let ms = add(
+            rig,
+            s,
+            graph,
+            g::NODE_MEMSET,
+            &[k],
+            &memset(p.abc[2], 9).encode(),
+        );
+        let copy = MemcpyNode {
+            dst: p.abc[1],
+            src: p.abc[0],
+            width: 64,
+            height: 1,
+            depth: 1,
+            ..Default::default()
+        };
+        let mc = add(rig, s, graph, g::NODE_MEMCPY, &[ms], &copy.encode());
+        let ev = p.event.to_le_bytes();
+        let rec = add(rig, s, graph, g::NODE_EVENT_RECORD, &[mc], &ev);
+        let wait = add(rig, s, graph, g::NODE_WAIT_EVENT, &[], &ev);
+        let inner = ok(run(s, Op::GraphCreate, &[]))[0];
+        add(rig, s, inner, g::NODE_EMPTY, &[], &[]);
+        let child = add(
+            rig,
+            s,
+            graph,
+            g::NODE_GRAPH,
+            &[rec, wait],
+            &inner.to_le_bytes(),
+        );
+        ok(run(s, Op::GraphDestroy, &[inner]));
+        let child_graph = ok(run(s, Op::GraphQuery, &[child, 1]))[0];
+        let h_if = ok(run(s, Op::GraphConditionalHandleCreate, &[graph, 1, 1]))[0];
+        let h_while = ok(run(s, Op::GraphConditionalHandleCreate, &[graph, 0, 0]))[0];
+        let cond = |handle, kind| ConditionalNode {
+            handle,
+            kind,
+            size: 1,
+        };
+        let c_if = add(
+            rig,
+            s,
+            graph,
+            g::NODE_CONDITIONAL,
+            &[child],
+            &cond(h_if, g::COND_IF).encode(),
+        );
+        let c_while = add(
+            rig,
+            s,
+            graph,
+            g::NODE_CONDITIONAL,
+            &[],
+            &cond(h_while, g::COND_WHILE).encode(),
+        );
+        let body_if = ok(run(s, Op::GraphQuery, &[c_if, 4, 0]))[0];
+        let body_while = ok(run(s, Op::GraphQuery, &[c_while, 4, 0]))[0];
+        add(
+            rig,
+            s,
+            body_if,
+            g::NODE_KERNEL,
+            &[],
+            &vadd(p.func, p.abc, 8),
+        );
+        let e = add(rig, s, body_while, g::NODE_EMPTY, &[], &[]);
+        add(
+            rig,
+            s,
+            body_while,
+            g::NODE_MEMSET,
+            &[e],
+            &memset(p.abc[0], 1).encode(),
+        );
+
+        let g2 = ok(run(s, Op::GraphCreate, &[]))[0];
+        let k2 = add(rig, s, g2, g::NODE_KERNEL, &[], &vadd(p.func, p.abc, 32));
+        let ms2 = add(
+            rig,
+            s,
+            g2,
+            g::NODE_MEMSET,
+            &[k2],
+            &memset(p.abc[2], 3).encode(),
+        );
+        let inner = ok(run(s, Op::GraphCreate, &[]))[0];
+        add(
+            rig,
+            s,
+            inner,
+            g::NODE_MEMSET,
+            &[],
+            &memset(p.abc[1], 4).encode(),
+        );
+        // A third graph holds a child graph; its executable graph's copy holds one too.
+        let g3 = ok(run(s, Op::GraphCreate, &[]))[0];
+        add(rig, s, g3, g::NODE_GRAPH, &[], &inner.to_le_bytes());
+        ok(run(s, Op::GraphDestroy, &[inner]));
+        let exec3 = ok(run(s, Op::GraphInstantiate, &[g3, 0, 0]))[0];
+        let exec = ok(run(s, Op::GraphInstantiate, &[g2, 0, 0]))[0];
+        // Changed after instantiation: the graph's memset edited and the executable graph
+        // updated from it; then its kernel's arguments set in the executable graph alone;
+        // its memset disabled; the graph edited again (the executable graph keeps its own).
+        let set = rig.buf(&memset(p.abc[2], 5).encode());
+        ok(s.execute(&req(
+            Op::GraphNodeSetParams,
+            0,
+            &[ms2, u64::from(g::NODE_MEMSET)],
+            vec![set],
+            vec![],
+        )));
+        let r = ok(run(s, Op::GraphExecUpdate, &[exec, g2]));
+        assert_eq!(r[0], 0);
+        let kp = rig.buf(&vadd(p.func, p.abc, 12));
+        ok(s.execute(&req(
+            Op::GraphExecNodeSetParams,
+            0,
+            &[exec, k2, u64::from(g::NODE_KERNEL)],
+            vec![kp],
+            vec![],
+        )));
+        ok(run(s, Op::GraphNodeEnabled, &[exec, ms2, 1, 0]));
+        let set = rig.buf(&memset(p.abc[2], 6).encode());
+        ok(s.execute(&req(
+            Op::GraphNodeSetParams,
+            0,
+            &[ms2, u64::from(g::NODE_MEMSET)],
+            vec![set],
+            vec![],
+        )));
+        Graphs {
+            graph,
+            nodes: vec![k, ms, mc, rec, wait, child, c_if, c_while],
+            child_graph,
+            bodies: vec![body_if, body_while],
+            g2,
+            k2,
+            ms2,
+            exec,
+            exec3,
+        }
+    }
+
+    /// Everything the guest can ask of the graphs, as it answers.
+    fn answers(rig: &mut Rig, s: &mut GpuState, p: &Program, gr: &Graphs) -> Vec<Vec<u8>> {
+        let mut a = Vec::new();
+        a.push(u64s(&list(rig, s, Op::GraphGetNodes, &[gr.graph, 0])));
+        a.push(u64s(&list(rig, s, Op::GraphGetEdges, &[gr.graph])));
+        for &n in &gr.nodes {
+            a.push(u64s(&[ok(run(s, Op::GraphNodeQuery, &[n, 0]))[0]]));
+            a.push(u64s(&list(rig, s, Op::GraphNodeQuery, &[n, 1])));
+        }
+        a.push(params_of(rig, s, Op::GraphKernelNodeGetParams, gr.nodes[0]));
+        a.push(params_of(rig, s, Op::GraphNodeGetParams, gr.nodes[1]));
+        a.push(params_of(rig, s, Op::GraphNodeGetParams, gr.nodes[2]));
+        a.push(u64s(&[
+            ok(run(s, Op::GraphQuery, &[gr.nodes[3], 0]))[0],
+            p.event,
+        ]));
+        a.push(u64s(&[
+            ok(run(s, Op::GraphQuery, &[gr.nodes[5], 1]))[0],
+            gr.child_graph,
+        ]));
+        a.push(u64s(&list(rig, s, Op::GraphGetNodes, &[gr.child_graph, 0])));
+        for (i, &c) in gr.nodes[6..].iter().enumerate() {
+            a.push(u64s(&[
+                ok(run(s, Op::GraphQuery, &[c, 4, 0]))[0],
+                gr.bodies[i],
+            ]));
+        }
+        for &b in &gr.bodies {
+            let nodes = list(rig, s, Op::GraphGetNodes, &[b, 0]);
+            a.push(u64s(&nodes));
+            a.push(u64s(&list(rig, s, Op::GraphGetEdges, &[b])));
+        }
+        a.push(params_of(rig, s, Op::GraphKernelNodeGetParams, gr.k2));
+        a.push(u64s(&[ok(run(s, Op::GraphQuery, &[gr.exec, 2]))[0]]));
+        a
+    }
+
+    /// What a launch of the executable graph runs (the fake driver's record of it).
+    fn launch(rig: &Rig, s: &mut GpuState, exec: u64, stream: u64) -> Vec<String> {
+        ok(run(s, Op::GraphLaunch, &[exec, stream]));
+        rig.fake.graph_runs().last().cloned().unwrap()
+    }
+
+    #[test]
+    fn graphs_and_executable_graphs_come_back_under_their_handles_as_they_run() {
+        let mut a = Rig::new(1);
+        let mut s = GpuState::open(&a.host, 3);
+        let p = build(&mut a, &mut s);
+        let gr = build_graphs(&mut a, &mut s, &p);
+        let ran = launch(&a, &mut s, gr.exec, 0);
+        let ran3 = launch(&a, &mut s, gr.exec3, 0);
+        assert_eq!(ran3.len(), 1);
+        // The executable graph runs its own parameters, not its graph's.
+        let fresh = ok(run(&mut s, Op::GraphInstantiate, &[gr.g2, 0, 0]))[0];
+        let graph_runs = launch(&a, &mut s, fresh, 0);
+        assert_ne!(ran, graph_runs);
+        ok(run(&mut s, Op::GraphExecDestroy, &[fresh]));
+        assert!(ran[0].contains("[12, 0, 0, 0]"), "{ran:?}");
+        assert!(
+            ran[1].contains("value: 5") && ran[1].contains("enabled false"),
+            "{ran:?}"
+        );
+        let before = answers(&mut a, &mut s, &p, &gr);
+
+        let saved = s.capture().unwrap();
+        // The program's graphs (and what their nodes hold) under their handles, and the
+        // executable graph's copy with what it holds.
+        // Three graphs of the program; four held by their nodes (a child graph, two bodies,
+        // a child graph); the executable graphs' two copies and the child graph one holds.
+        assert_eq!(saved.graphs.len(), 3 + 4 + 3);
+        assert_eq!(saved.execs.len(), 2);
+        assert_eq!(saved.conditionals.len(), 2);
+        let bytes = saved.encode();
+        assert_eq!(SavedState::decode(&bytes).unwrap(), saved);
+        // Still running, unchanged.
+        assert_eq!(launch(&a, &mut s, gr.exec, 0), ran);
+        assert_eq!(answers(&mut a, &mut s, &p, &gr), before);
+        drop(s);
+
+        let mut b = Rig::new(1);
+        let mut r = GpuState::restore(&b.host, 3, &bytes).unwrap();
+        check(&mut b, &mut r, &p);
+        assert_eq!(answers(&mut b, &mut r, &p, &gr), before);
+        assert_eq!(launch(&b, &mut r, gr.exec, p.stream), ran);
+        assert_eq!(launch(&b, &mut r, gr.exec3, p.stream), ran3);
+        // The graph is its own again: instantiated afresh it runs what it holds now.
+        let fresh = ok(run(&mut r, Op::GraphInstantiate, &[gr.g2, 0, 0]))[0];
+        assert_eq!(launch(&b, &mut r, fresh, 0), graph_runs);
+        // The executable graph's nodes are still named by its graph's node handles.
+        let kp = b.buf(&vadd(p.func, p.abc, 20));
+        ok(r.execute(&req(
+            Op::GraphExecNodeSetParams,
+            0,
+            &[gr.exec, gr.k2, u64::from(g::NODE_KERNEL)],
+            vec![kp],
+            vec![],
+        )));
+        // Its memset is still disabled in it.
+        assert_eq!(
+            ok(run(&mut r, Op::GraphNodeEnabled, &[gr.exec, gr.ms2, 0]))[0],
+            0
+        );
+        let now = launch(&b, &mut r, gr.exec, 0);
+        assert!(now[0].contains("[20, 0, 0, 0]"), "{now:?}");
+        assert_eq!(now[1..], ran[1..]);
+        // And saved again, it comes back again.
+        let again = r.capture().unwrap();
+        assert_eq!(again.execs[..2], saved.execs[..]);
+        drop(r);
+        assert_eq!(b.fake.live_contexts(), 0);
+    }
+
+    #[test]
+    fn graphs_a_restore_cannot_make_again_are_refused_by_name() {
+        let mut rig = Rig::new(1);
+        let mut s = rig.session();
+        let p = build(&mut rig, &mut s);
+        let refused = |s: &mut GpuState, what: &str| match s.save() {
+            Err(CheckpointError::Unsupported(why)) => assert!(why.contains(what), "{why}"),
+            other => panic!("not refused: {other:?}"),
+        };
+        // Executable graphs of graphs with conditional nodes (their handles are the graph's).
+        let graph = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+        let h = ok(run(
+            &mut s,
+            Op::GraphConditionalHandleCreate,
+            &[graph, 1, 1],
+        ))[0];
+        let c = ConditionalNode {
+            handle: h,
+            kind: g::COND_IF,
+            size: 1,
+        };
+        add(
+            &mut rig,
+            &mut s,
+            graph,
+            g::NODE_CONDITIONAL,
+            &[],
+            &c.encode(),
+        );
+        let exec = ok(run(&mut s, Op::GraphInstantiate, &[graph, 0, 0]))[0];
+        refused(&mut s, "conditional nodes");
+        ok(run(&mut s, Op::GraphExecDestroy, &[exec]));
+        s.save().unwrap();
+        ok(run(&mut s, Op::GraphDestroy, &[graph]));
+        // An executable graph updated from another graph: the driver pairs the nodes.
+        let g1 = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+        add(
+            &mut rig,
+            &mut s,
+            g1,
+            g::NODE_MEMSET,
+            &[],
+            &memset(p.abc[0], 1).encode(),
+        );
+        let g2 = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+        add(
+            &mut rig,
+            &mut s,
+            g2,
+            g::NODE_MEMSET,
+            &[],
+            &memset(p.abc[0], 2).encode(),
+        );
+        let exec = ok(run(&mut s, Op::GraphInstantiate, &[g1, 0, 0]))[0];
+        s.save().unwrap();
+        assert_eq!(ok(run(&mut s, Op::GraphExecUpdate, &[exec, g2]))[0], 0);
+        refused(&mut s, "updated from another graph");
+        ok(run(&mut s, Op::GraphExecDestroy, &[exec]));
+        // Device-launchable executable graphs: kernels hold their driver handle.
+        let exec = ok(run(&mut s, Op::GraphInstantiate, &[g1, 4, 0]))[0];
+        refused(&mut s, "device-launchable");
+        ok(run(&mut s, Op::GraphExecDestroy, &[exec]));
+        // A memset of memory freed since (CUDA lets the graph keep it until it runs).
+        let gone = malloc(&mut s, 4 * N as u64);
+        let g4 = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+        add(
+            &mut rig,
+            &mut s,
+            g4,
+            g::NODE_MEMSET,
+            &[],
+            &memset(gone, 1).encode(),
+        );
+        s.save().unwrap();
+        ok(run(&mut s, Op::Free, &[gone]));
+        refused(&mut s, "freed");
+        ok(run(&mut s, Op::GraphDestroy, &[g4]));
+        // Kernels captured from a stream with attributes may carry them as node attributes.
+        ok(run(&mut s, Op::StreamBeginCapture, &[p.stream, 2]));
+        let captured = ok(run(&mut s, Op::StreamEndCapture, &[p.stream]))[0];
+        refused(&mut s, "attributes");
+        ok(run(&mut s, Op::GraphDestroy, &[captured]));
+        s.save().unwrap();
+        check(&mut rig, &mut s, &p);
+        // Graph memory nodes (the memory stays the program's, as CUDA allows, until the
+        // context goes).
+        let g1 = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+        add(
+            &mut rig,
+            &mut s,
+            g1,
+            g::NODE_MEM_ALLOC,
+            &[],
+            &256u64.to_le_bytes(),
+        );
+        refused(&mut s, "graph memory");
+        ok(run(&mut s, Op::GraphDestroy, &[g1]));
+        ok(run(&mut s, Op::GraphDestroy, &[g2]));
+    }
+
+    #[test]
+    fn a_conditional_handle_that_comes_back_with_another_value_fails_the_restore() {
+        let mut a = Rig::new(1);
+        let mut s = GpuState::open(&a.host, 3);
+        let p = build(&mut a, &mut s);
+        build_graphs(&mut a, &mut s, &p);
+        let mut saved = s.capture().unwrap();
+        drop(s);
+        // Kernels hold the value: as if the driver gave the first handle another one.
+        let old = saved.conditionals[0].handle;
+        let new = old ^ 0x100;
+        saved.conditionals[0].handle = new;
+        for gr in &mut saved.graphs {
+            for n in &mut gr.nodes {
+                if let crate::cuda::saved_state::SavedNodeKind::Conditional { handle, .. } =
+                    &mut n.kind
+                {
+                    if *handle == old {
+                        *handle = new;
+                    }
+                }
+            }
+        }
+        let b = Rig::new(1);
+        match GpuState::restore(&b.host, 3, &saved.encode()) {
+            Err(CheckpointError::Mismatch(why)) => assert!(why.contains("came back as"), "{why}"),
+            other => panic!("restored: {:?}", other.map(|_| ())),
+        }
+        assert_eq!(b.fake.live_contexts(), 0);
+    }
 }
