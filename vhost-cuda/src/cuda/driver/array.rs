@@ -198,6 +198,54 @@ pub(crate) fn format_bytes(f: u32) -> usize {
     }
 }
 
+/// CUDA_ARRAY3D_LAYERED.
+pub(crate) const ARRAY_LAYERED: u32 = 0x1;
+/// CUDA_ARRAY3D_CUBEMAP.
+pub(crate) const ARRAY_CUBEMAP: u32 = 0x4;
+
+/// An array's bytes as a 3D copy moves them: (bytes per row, rows, slices), every layer and
+/// cubemap face a slice. `None` for an unknown format or channel count, a zero width, or a
+/// size that overflows.
+pub(crate) fn array_layout(d: &ArrayDesc) -> Option<(usize, usize, usize)> {
+    let elem = format_bytes(d.format).checked_mul(d.channels as usize)?;
+    if elem == 0 || d.width == 0 || ![1, 2, 4].contains(&d.channels) {
+        return None;
+    }
+    let row = d.width.checked_mul(elem)?;
+    let (rows, slices) = (d.height.max(1), d.depth.max(1));
+    row.checked_mul(rows)?.checked_mul(slices)?;
+    Some((row, rows, slices))
+}
+
+/// Bytes of an array ([`array_layout`]'s product).
+pub(crate) fn array_bytes(d: &ArrayDesc) -> Option<usize> {
+    array_layout(d).map(|(row, rows, slices)| row * rows * slices)
+}
+
+/// The descriptor of level `level` of a mipmapped array of descriptor `d`, as CUDA sizes
+/// levels: each extent halved per level (at least 1; a 0 stays 0), but the layers of a layered
+/// array and the faces of a cubemap are not extents and stay.
+pub(crate) fn mip_level(d: &ArrayDesc, level: u32) -> ArrayDesc {
+    let half = |v: usize| match v {
+        0 => 0,
+        v => v.checked_shr(level).unwrap_or(0).max(1),
+    };
+    let keeps_depth = d.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+    ArrayDesc {
+        width: half(d.width),
+        height: half(d.height),
+        depth: if keeps_depth { d.depth } else { half(d.depth) },
+        ..*d
+    }
+}
+
+/// The most levels a mipmapped array of descriptor `d` has: 1 + floor(log2(largest extent)).
+pub(crate) fn max_mip_levels(d: &ArrayDesc) -> u32 {
+    let keeps_depth = d.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+    let depth = if keeps_depth { 1 } else { d.depth };
+    d.width.max(d.height).max(depth).max(1).ilog2() + 1
+}
+
 fn address_mode(m: u32) -> CuResult<sys::CUaddress_mode> {
     use sys::CUaddress_mode as A;
     Ok(match m {

@@ -72,8 +72,8 @@ pub(super) struct Ctx {
     arrays: HashMap<Raw, (super::array::ArrayDesc, Vec<u8>)>,
     /// Mipmapped arrays: their level arrays.
     mipmapped: HashMap<Raw, Vec<super::array::Array>>,
-    /// Texture and surface objects alive.
-    objects: HashSet<u64>,
+    /// Texture and surface objects alive: value -> what it views.
+    objects: BTreeMap<u64, super::array::Resource>,
     /// Stream priorities (clamped to `PRIORITY_RANGE`).
     priorities: HashMap<Raw, i32>,
     /// cuCtxSetCacheConfig.
@@ -162,6 +162,8 @@ impl State {
 pub(crate) struct FakeDriver {
     gpus: i32,
     state: Mutex<State>,
+    /// The least texture/surface object value a context hands out (fake_arrays.rs).
+    object_base: std::sync::atomic::AtomicU64,
 }
 
 impl FakeDriver {
@@ -172,6 +174,7 @@ impl FakeDriver {
                 next: 0x1000,
                 ..State::default()
             }),
+            object_base: std::sync::atomic::AtomicU64::new(1),
         }
     }
 
