@@ -1500,7 +1500,10 @@ pub(crate) mod tests {
         });
         refused(&b, "an unknown view format");
         let mut b = good.clone();
-        if let SavedResource::Linear { ref mut channels, .. } = b.objects[0].resource {
+        if let SavedResource::Linear {
+            ref mut channels, ..
+        } = b.objects[0].resource
+        {
             *channels = 3;
         }
         refused(&b, "linear memory of 3 channels");

@@ -162,8 +162,8 @@ impl State {
 pub(crate) struct FakeDriver {
     gpus: i32,
     state: Mutex<State>,
-    /// The least texture/surface object value a context hands out (fake_arrays.rs).
-    object_base: std::sync::atomic::AtomicU64,
+    /// Texture/surface object values (fake_arrays.rs).
+    object_values: Mutex<arrays::ObjectValues>,
 }
 
 impl FakeDriver {
@@ -174,7 +174,7 @@ impl FakeDriver {
                 next: 0x1000,
                 ..State::default()
             }),
-            object_base: std::sync::atomic::AtomicU64::new(1),
+            object_values: Mutex::default(),
         }
     }
 
@@ -469,9 +469,12 @@ impl DriverApi for FakeDriver {
 
     fn ctx_destroy(&self, ctx: Context) -> CuResult<()> {
         let mut st = self.enter("ctx_destroy")?;
-        st.contexts.remove(&ctx.raw()).ok_or(INVALID_CONTEXT)?;
+        let gone = st.contexts.remove(&ctx.raw()).ok_or(INVALID_CONTEXT)?;
         st.destroyed += 1;
         st.current.retain(|_, c| *c != ctx.raw());
+        drop(st);
+        // Its objects go with it: their values are free again.
+        self.free_object_values(gone.objects.keys().copied());
         Ok(())
     }
 

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use super::{
     super::{
         array::{
-            format_bytes, max_mip_levels, mip_level, Array, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem,
-            MipmappedArray, Resource, TexParams, ViewParams,
+            format_bytes, max_mip_levels, mip_level, Array, ArrayDesc, ArrayDriverApi,
+            Copy3DParams, CopySide, Mem, MipmappedArray, Resource, TexParams, ViewParams,
         },
         CuError, CuResult, DriverApi, Raw, Stream,
     },
@@ -65,28 +65,58 @@ fn row<'a>(
     }
 }
 
-/// The least object value from `base` up that no object of `c` holds.
-fn least_free(c: &Ctx, base: u64) -> u64 {
-    let mut v = base.max(1);
-    for &held in c.objects.range(v..).map(|(k, _)| k) {
-        if held != v {
-            break;
+/// How the fake numbers texture and surface objects: as the driver is believed to, small
+/// integers from 1 (or the base a test set), the least freed one first, one numbering for
+/// the whole process.
+#[derive(Debug, Default)]
+pub(crate) struct ObjectValues {
+    /// The least value handed out (0: 1).
+    base: u64,
+    /// The next value never handed out (0: `base`).
+    high: u64,
+    freed: std::collections::BTreeSet<u64>,
+}
+
+impl ObjectValues {
+    fn take(&mut self) -> u64 {
+        if let Some(v) = self.freed.pop_first() {
+            return v;
         }
-        v += 1;
+        let v = self.high.max(self.base).max(1);
+        self.high = v + 1;
+        v
     }
-    v
 }
 
 impl FakeDriver {
-    fn object_base(&self) -> u64 {
-        self.object_base.load(std::sync::atomic::Ordering::Relaxed)
+    fn values(&self) -> std::sync::MutexGuard<'_, ObjectValues> {
+        self.object_values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Makes contexts hand out texture and surface objects from `base` up (a driver that
-    /// numbers them unlike the one a state was saved under).
+    /// Arrays (level arrays included), mipmapped arrays and objects alive in every context.
+    pub(crate) fn array_objects(&self) -> (usize, usize, usize) {
+        let st = self.st();
+        let c = st.contexts.values();
+        c.fold((0, 0, 0), |(a, m, o), c| {
+            (
+                a + c.arrays.len(),
+                m + c.mipmapped.len(),
+                o + c.objects.len(),
+            )
+        })
+    }
+
+    /// Frees the values of objects gone with their context.
+    pub(super) fn free_object_values(&self, values: impl Iterator<Item = u64>) {
+        self.values().freed.extend(values);
+    }
+
+    /// Makes texture and surface objects take values from `base` up (a driver that numbers
+    /// them unlike the one a state was saved under).
     pub(crate) fn set_object_base(&self, base: u64) {
-        self.object_base
-            .store(base.max(1), std::sync::atomic::Ordering::Relaxed);
+        self.values().base = base;
     }
 
     /// The bytes texture or surface object `obj` views, from any context: an array's (a
@@ -94,7 +124,10 @@ impl FakeDriver {
     pub(crate) fn object_reads(&self, obj: u64) -> Option<Vec<u8>> {
         let res = {
             let st = self.st();
-            let c = st.contexts.values().find(|c| c.objects.contains_key(&obj))?;
+            let c = st
+                .contexts
+                .values()
+                .find(|c| c.objects.contains_key(&obj))?;
             let res = *c.objects.get(&obj)?;
             let array = match res {
                 Resource::Array(a) => Some(a),
@@ -263,7 +296,6 @@ impl ArrayDriverApi for FakeDriver {
         _tex: &TexParams,
         _view: Option<&ViewParams>,
     ) -> CuResult<u64> {
-        let base = self.object_base();
         self.with_ctx("tex_object_create", |c, _| {
             match *res {
                 Resource::Array(a) if !c.arrays.contains_key(&a.raw()) => {
@@ -274,7 +306,10 @@ impl ArrayDriverApi for FakeDriver {
                 }
                 _ => {}
             }
-            let t = least_free(c, base);
+            Ok(())
+        })?;
+        let t = self.values().take();
+        self.with_ctx("tex_object_create", |c, _| {
             c.objects.insert(t, *res);
             Ok(t)
         })
@@ -283,16 +318,20 @@ impl ArrayDriverApi for FakeDriver {
     fn tex_object_destroy(&self, obj: u64) -> CuResult<()> {
         self.with_ctx("tex_object_destroy", |c, _| {
             c.objects.remove(&obj).map(|_| ()).ok_or(INVALID_VALUE)
-        })
+        })?;
+        self.values().freed.insert(obj);
+        Ok(())
     }
 
     fn surf_object_create(&self, array: Array) -> CuResult<u64> {
-        let base = self.object_base();
         self.with_ctx("surf_object_create", |c, _| {
             if !c.arrays.contains_key(&array.raw()) {
                 return Err(INVALID_HANDLE);
             }
-            let s = least_free(c, base);
+            Ok(())
+        })?;
+        let s = self.values().take();
+        self.with_ctx("surf_object_create", |c, _| {
             c.objects.insert(s, Resource::Array(array));
             Ok(s)
         })
@@ -301,6 +340,8 @@ impl ArrayDriverApi for FakeDriver {
     fn surf_object_destroy(&self, obj: u64) -> CuResult<()> {
         self.with_ctx("surf_object_destroy", |c, _| {
             c.objects.remove(&obj).map(|_| ()).ok_or(INVALID_VALUE)
-        })
+        })?;
+        self.values().freed.insert(obj);
+        Ok(())
     }
 }

@@ -127,11 +127,6 @@ impl GpuState {
         if self.graphs.len() > 0 || !self.captured_calls.is_empty() {
             return Err(CheckpointError::Unsupported("graphs and executable graphs"));
         }
-        if !self.arrays.is_empty() {
-            return Err(CheckpointError::Unsupported(
-                "CUDA arrays, texture or surface objects",
-            ));
-        }
         if self.host_memory.len() > 0 || !self.managed.is_empty() {
             // Guest RAM the worker maps for the GPU is not in the record yet: a restore would
             // lose it silently.
@@ -362,6 +357,7 @@ impl GpuState {
             })
             .collect();
         saved.pools.sort_unstable_by_key(|p| p.handle);
+        (saved.arrays, saved.mipmapped, saved.levels, saved.objects) = self.capture_arrays()?;
         debug!(
             session = self.id,
             bytes = saved.device_bytes(),
@@ -373,7 +369,7 @@ impl GpuState {
     }
 
     /// A guest device ordinal from a saved state, checked.
-    fn saved_dev(&self, dev: u32) -> Result<usize, CheckpointError> {
+    pub(super) fn saved_dev(&self, dev: u32) -> Result<usize, CheckpointError> {
         usize::try_from(dev)
             .ok()
             .filter(|&d| d < self.devices.len())
@@ -485,6 +481,7 @@ impl GpuState {
         self.restore_modules(saved)?;
         self.restore_streams_and_events(saved)?;
         self.restore_pools(saved)?;
+        self.restore_arrays(saved)?;
         for dev in 0..self.devices.len() {
             if self.bind_existing(dev)? {
                 self.drv.ctx_synchronize().map_err(on(dev))?;
