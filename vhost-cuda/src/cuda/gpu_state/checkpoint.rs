@@ -15,15 +15,18 @@
 //! (those stored in device memory included) stay valid.
 //!
 //! What the record cannot make again is refused at capture, with the program left running
-//! ([`CheckpointError::Unsupported`]): graphs and executable graphs, CUDA arrays and texture or
-//! surface objects, stream-ordered allocations still live (the driver's pools place them;
+//! ([`CheckpointError::Unsupported`]): graphs and executable graphs, stream-ordered
+//! allocations still live (the driver's pools place them;
 //! the pools themselves, the default ones and those the program created, are saved with their
 //! attributes, access and which one is current), graph memory, guest memory mapped for the GPU
 //! (pinned, registered and managed memory), and allocations outside a reserved range. The
 //! program's own VMM objects (`vmm.rs`) are saved: each physical allocation with its
 //! properties, handle (and its reference count) and contents, read through a window of its
 //! own; each reservation, made again at its address with the address as the hint (refused if
-//! the driver places it elsewhere); each mapping with its offset and access.
+//! the driver places it elsewhere); each mapping with its offset and access. CUDA arrays,
+//! mipmapped arrays (every level) and texture and surface objects are saved too
+//! (`arrays/saved.rs`): arrays come back under their handles with their contents, objects with
+//! their old values or not at all (the restore fails).
 //!
 //! [`GpuState::save`] is the capture encoded (`saved_state.rs`), and [`GpuState::restore`]
 //! decodes and restores bytes from anywhere into a fresh state: the path a restart of the
