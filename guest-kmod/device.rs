@@ -35,6 +35,14 @@ const DRIVER_RESET_TIMEOUT_MS: i64 = 30_000;
 /// How long a caller that waits for its request polls the ring before it sleeps (ns).
 const POLL_NS: i64 = 300_000;
 
+/// Most fire-and-forget requests of one session (open file) in the ring at once. A process
+/// whose requests the host holds (paused, locked by `cuCheckpointProcessLock`, or behind a long
+/// synchronisation) that keeps posting waits here, as CUDA's launch queue makes a launching
+/// thread wait, instead of filling the ring that the VM's other processes share: a quarter of
+/// the ring is left to them at the least. guest-lib posts batches of up to 64 KiB of records,
+/// so this many is deep enough for any stream of work.
+pub(crate) const MAX_POSTED_PER_SESSION: usize = 64;
+
 /// What became of the request in a slot.
 enum SlotState {
     /// Unused.
@@ -269,6 +277,11 @@ impl QcudaDevice {
         }
     }
 
+    /// Fire-and-forget requests of `session` in the ring now.
+    pub(crate) fn posted(&self, session: u64) -> usize {
+        Self::posted_by(&self.queue.lock(), session)
+    }
+
     /// Most descriptors one chain may have.
     pub(crate) fn max_segments(&self) -> usize {
         self.max_segments
@@ -296,10 +309,13 @@ impl QcudaDevice {
         req.response()
     }
 
-    /// Queues `req` with nobody waiting for it (a fire-and-forget op).
+    /// Queues `req` with nobody waiting for it (a fire-and-forget op), once its session has
+    /// fewer than [`MAX_POSTED_PER_SESSION`] of them in the ring.
     pub(crate) fn post(&self, req: &Arc<Request>) -> Result {
+        let mut wait = Wait::interruptible();
+        self.wait_posted_below_bound(req.session(), &mut wait)?;
         let mut chain = Request::chain(req)?;
-        let idx = self.submit(&mut chain, &mut Wait::interruptible())?;
+        let idx = self.submit(&mut chain, &mut wait)?;
         drop(chain);
         let done = {
             let mut q = self.queue.lock();
@@ -316,6 +332,48 @@ impl QcudaDevice {
         // Dropped here, unlocked: the request may hold pinned pages.
         drop(done);
         Ok(())
+    }
+
+    /// Fire-and-forget requests of `session` in the ring (nobody waits for them).
+    fn posted_by(q: &Queue, session: u64) -> usize {
+        // No session can be at the bound while the whole ring holds fewer: the common case
+        // costs no scan.
+        if q.in_ring < MAX_POSTED_PER_SESSION {
+            return 0;
+        }
+        q.slots
+            .iter()
+            .filter(|s| {
+                matches!(s.state, SlotState::Abandoned)
+                    && s.req.as_deref().is_some_and(|r| r.session() == session)
+            })
+            .count()
+    }
+
+    /// Waits (as `wait` says: a signal ends it with `EINTR`, nothing queued) until `session`
+    /// has fewer than [`MAX_POSTED_PER_SESSION`] fire-and-forget requests in the ring.
+    fn wait_posted_below_bound(&self, session: u64, wait: &mut Wait) -> Result {
+        let started = Instant::<Monotonic>::now();
+        let mut q = self.queue.lock();
+        loop {
+            if !q.ready {
+                return Err(ENODEV);
+            }
+            if Self::posted_by(&q, session) < MAX_POSTED_PER_SESSION {
+                return Ok(());
+            }
+            // Completions may wait in the used ring (no interrupt while nobody sleeps).
+            self.drain_used(&mut q);
+            if Self::posted_by(&q, session) < MAX_POSTED_PER_SESSION {
+                return Ok(());
+            }
+            // Every completion notifies `space` while someone waits on it.
+            q.space_waiters += 1;
+            let slept;
+            (q, slept) = self.sleep(&self.space, q, wait, &started);
+            q.space_waiters = q.space_waiters.saturating_sub(1);
+            slept?;
+        }
     }
 
     /// Adds the chain of a request to the ring and kicks the device; waits for a slot or ring

@@ -55,6 +55,8 @@ pub(crate) struct Request {
     /// Its slot in device.rs's in-flight table, while it has one; written and read with the
     /// queue lock held.
     slot: Atomic<usize>,
+    /// The session (open file) the header names, for device.rs's per-session bound.
+    session: u64,
     header: [u8; REQUEST_HEADER_SIZE],
     response: Opaque<[u8; RESPONSE_HEADER_SIZE]>,
     buffers: KVec<UserBuffer>,
@@ -78,6 +80,7 @@ impl Request {
             try_pin_init!(Self {
                 done <- new_condvar!("qcuda_request"),
                 slot: Atomic::new(usize::MAX),
+                session: 0,
                 header: [0; REQUEST_HEADER_SIZE],
                 response: Opaque::new([0; RESPONSE_HEADER_SIZE]),
                 buffers: KVec::with_capacity(MAX_BUFFERS, GFP_KERNEL)?,
@@ -109,6 +112,7 @@ impl Request {
             return Err(EINVAL);
         }
         *this.header = header.encode();
+        *this.session = header.session;
         // A device that completes the chain without writing a response leaves this status.
         let prefill = ResponseHeader::with_status(status::UNKNOWN).encode();
         // SAFETY: The caller has the request exclusively (`Pin<&mut Self>`), so it is in no
@@ -159,6 +163,11 @@ impl Request {
     /// The slot of device.rs's in-flight table that holds this request.
     pub(crate) fn slot(&self) -> usize {
         self.slot.load(Relaxed)
+    }
+
+    /// The session (open file) this request is a call of; 0 for the module's own requests.
+    pub(crate) fn session(&self) -> u64 {
+        self.session
     }
 
     /// Records the slot of device.rs's in-flight table that holds this request.

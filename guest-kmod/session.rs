@@ -219,8 +219,8 @@ impl MiscDevice for Session {
         Ok(())
     }
 
-    /// `/proc/<pid>/fdinfo/<fd>`: the session id, the device's in-flight table and the pages
-    /// held for the host (this file's, and all files' together), for debugging and tests.
+    /// `/proc/<pid>/fdinfo/<fd>`: the session id, the device's in-flight table, this file's
+    /// fire-and-forget requests in the ring, and the pages held for the host (this file's, and all files' together), for debugging and tests.
     fn show_fdinfo(session: Pin<&Session>, m: &SeqFile, _file: &File) {
         let s = session.device.stats();
         let (regions, pages) = {
@@ -229,12 +229,13 @@ impl MiscDevice for Session {
         };
         seq_print!(
             m,
-            "qcuda-session:\t{}\nqcuda-in-ring:\t{}\nqcuda-abandoned:\t{}\nqcuda-reapable:\t{}\nqcuda-free-slots:\t{}\nqcuda-host-regions:\t{}\nqcuda-host-pages:\t{}\nqcuda-host-pages-all:\t{}\nqcuda-waited-calls:\t{}\nqcuda-prepare-ns:\t{}\nqcuda-submit-ns:\t{}\nqcuda-wait-ns:\t{}\nqcuda-finish-ns:\t{}\n",
+            "qcuda-session:\t{}\nqcuda-in-ring:\t{}\nqcuda-abandoned:\t{}\nqcuda-reapable:\t{}\nqcuda-free-slots:\t{}\nqcuda-posted:\t{}\nqcuda-host-regions:\t{}\nqcuda-host-pages:\t{}\nqcuda-host-pages-all:\t{}\nqcuda-waited-calls:\t{}\nqcuda-prepare-ns:\t{}\nqcuda-submit-ns:\t{}\nqcuda-wait-ns:\t{}\nqcuda-finish-ns:\t{}\n",
             session.id,
             s.in_ring,
             s.abandoned,
             s.reapable,
             s.free_slots,
+            session.device.posted(session.id),
             regions,
             pages,
             held_pages(),

@@ -31,3 +31,27 @@ bench_host_start() { # name, bench
     cudart=$(host_cudart)
     nvidia-smi -L
 }
+
+# The daemon the test scripts start: $QCUDA_DAEMON if set, else the bundle's bin/vhost-cuda
+# beside the script's folder HERE, else the repo's release build.
+daemon_binary() { # here
+    if [[ -n ${QCUDA_DAEMON:-} ]]; then
+        echo "$QCUDA_DAEMON"
+    elif [[ -x $1/bin/vhost-cuda ]]; then
+        echo "$1/bin/vhost-cuda"
+    else
+        echo "$1/../target/release/vhost-cuda"
+    fi
+}
+
+# Waits (10 s at most) until the daemon that logs to LOG serves SOCK: the socket exists and LOG
+# has COUNT (default 1) or more "waiting for a frontend" lines. Returns 1 if it never does.
+daemon_wait() { # log sock [count]
+    local n
+    for _ in $(seq 200); do
+        n=$(grep -c 'waiting for a frontend' "$1" 2>/dev/null || true)
+        ((n >= ${3:-1})) && [[ -S $2 ]] && return 0
+        sleep 0.05
+    done
+    return 1
+}

@@ -12,8 +12,9 @@
 #   scripts/test-checkpoint.sh [--iterations N] [--hold S] [--rounds R] [--log-dir DIR]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
-DAEMON=${QCUDA_DAEMON:-$DAEMON}
+# shellcheck source=scripts/gpu-host.sh
+. "$here/gpu-host.sh"
+DAEMON=$(daemon_binary "$here")
 iterations=3000 hold=3 rounds=3 log_dir=""
 while (($#)); do
     case $1 in
@@ -36,11 +37,7 @@ cleanup() {
 trap cleanup EXIT
 RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" >>"$log_dir/daemon.log" 2>&1 &
 daemon=$!
-for _ in $(seq 200); do
-    grep -q 'waiting for a frontend' "$log_dir/daemon.log" 2>/dev/null && [[ -S $sock ]] && break
-    sleep 0.05
-done
-[[ -S $sock ]] || { say "vhost-cuda did not start"; exit 1; }
+daemon_wait "$log_dir/daemon.log" "$sock" || { say "vhost-cuda did not start"; exit 1; }
 
 # One guest boot runs the program three times, each started when the host says so (a file the
 # guest polls is not available: the host watches the guest's output instead).

@@ -14,8 +14,9 @@
 #   scripts/test-restart-gpu.sh [--iterations N] [--rounds R] [--log-dir DIR]
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
-DAEMON=${QCUDA_DAEMON:-$DAEMON}
+# shellcheck source=scripts/gpu-host.sh
+. "$here/gpu-host.sh"
+DAEMON=$(daemon_binary "$here")
 iterations=3000 rounds=3 log_dir=""
 while (($#)); do
     case $1 in
@@ -39,12 +40,7 @@ trap cleanup EXIT
 RUST_LOG=${RUST_LOG:-info} python3 "$here/fd-store.py" --dir "$log_dir" --pid-file "$log_dir/daemon.pid" \
     -- "$DAEMON" --socket-path "$sock" >>"$log_dir/daemon.log" 2>&1 &
 store=$!
-serving() { grep -c 'waiting for a frontend' "$log_dir/daemon.log" 2>/dev/null || true; }
-for _ in $(seq 200); do
-    (($(serving) >= 1)) && [[ -S $sock ]] && break
-    sleep 0.05
-done
-[[ -S $sock ]] || { say "vhost-cuda did not start"; exit 1; }
+daemon_wait "$log_dir/daemon.log" "$sock" || { say "vhost-cuda did not start"; exit 1; }
 
 prog=/opt/qcuda/tests/checkpoint_linked_list
 guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain restarted; do echo RUN \$run; $prog $iterations 2000; echo EXIT \$?; done"

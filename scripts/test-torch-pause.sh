@@ -16,11 +16,13 @@
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then # the bundle
-    DAEMON=$here/bin/vhost-cuda check=$here/tests/torch/train_check.py
+    check=$here/tests/torch/train_check.py
 else # the repo
-    DAEMON=$here/../target/release/vhost-cuda check=$here/../tests/torch/train_check.py
+    check=$here/../tests/torch/train_check.py
 fi
-DAEMON=${QCUDA_DAEMON:-$DAEMON}
+# shellcheck source=scripts/gpu-host.sh
+. "$here/gpu-host.sh"
+DAEMON=$(daemon_binary "$here")
 steps=50 rounds=2 hold=3 logs="" python=${PYTHON:-$(command -v python3 || true)}
 while (($#)); do
     case $1 in
@@ -35,8 +37,6 @@ done
 logs=${logs:-$(mktemp -d)}
 mkdir -p "$logs"
 say() { printf '[test-torch-pause] %s\n' "$*"; }
-# shellcheck source=scripts/gpu-host.sh
-. "$here/gpu-host.sh"
 if ! gpu_present; then
     echo "skipped: no GPU"
     exit 0
@@ -58,11 +58,7 @@ cleanup() {
 trap cleanup EXIT
 RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" >>"$logs/daemon.log" 2>&1 &
 daemon=$!
-for _ in $(seq 200); do
-    grep -q 'waiting for a frontend' "$logs/daemon.log" 2>/dev/null && [[ -S $sock ]] && break
-    sleep 0.05
-done
-[[ -S $sock ]] || { say "vhost-cuda did not start"; exit 1; }
+daemon_wait "$logs/daemon.log" "$sock" || { say "vhost-cuda did not start"; exit 1; }
 
 # One guest boot, two runs; the steps are slowed a little so that pauses land mid-run.
 run="env LD_LIBRARY_PATH=/usr/lib/qcuda TRAIN_STEPS=$steps TRAIN_STEP_SLEEP=0.3 $python /opt/qcuda/train_check.py"

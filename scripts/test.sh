@@ -349,8 +349,9 @@ echo \"$v-AFTER \$(qcuda-smi processes --csv | grep -vc '^pid,')\"" >"$d/guest-$
 }
 step "per-VM views: each VM's qcuda-smi lists only its own processes, the host's vhost-cuda --stats the same" per_vm_views
 flood_stalled() {
-    # A guest process floods fire-and-forget calls while the daemon is stopped for 1.5 s: the
-    # ring fills with requests nobody waits for, and the caller must get slots again after.
+    # Guest sessions flood fire-and-forget calls while the daemon is stopped for 1.5 s: one
+    # waits at qcuda.ko's per-session bound, more fill the ring with requests nobody waits for,
+    # and the callers must get slots again after.
     local d rc=0
     d=$(mktemp -d)
     target/release/vhost-cuda --socket-path "$d/s.sock" >"$d/daemon.log" 2>&1 &
@@ -372,7 +373,7 @@ flood_stalled() {
     rm -rf "$d"
     return $rc
 }
-step "guest: a fire-and-forget flood survives a stalled daemon (ring full, slots reaped)" flood_stalled
+step "guest: a fire-and-forget flood survives a stalled daemon (a session waits at its bound, the ring fills, slots reaped)" flood_stalled
 restart() {
     local out
     out=$(scripts/test-restart.sh "$LOGS/restart" 2>&1)

@@ -553,38 +553,100 @@ static void on_flood_watchdog(int sig)
 /*
  * `flood`: fire-and-forget calls without any waited-for call in between, for 8 s, while the host
  * stalls the daemon for a while (scripts/test.sh sends it SIGSTOP after "FLOOD-START", then
- * SIGCONT): the ring fills with requests nobody waits for, the caller sleeps for a slot, and
- * must get one once they complete. A watchdog fails the test if it hangs.
+ * SIGCONT). Each flooding thread has its own file (a session of its own), and no file may ever
+ * have more than the module's per-session bound (64) in the ring. Two flood from the start, and
+ * the first must reach the bound and stop there while the host holds its requests; then four
+ * more start, and together they fill the ring (256 slots), so callers sleep for a slot and must
+ * get one once the host goes on. A watchdog fails the test if it hangs.
  */
+#define FLOOD_BOUND 64
+#define FLOOD_EARLY 2
+#define FLOOD_THREADS 6
+struct flood_arg {
+	int fd;
+	volatile int go, stop;
+	long n;
+	int rc;
+	double slowest;
+};
+
+static void *flood_worker(void *p)
+{
+	struct flood_arg *a = p;
+	while (!a->go)
+		usleep(1000);
+	struct qcuda_call c;
+	while (!a->stop) {
+		hello_call(&c);
+		c.flags = FLAG_ASYNC;
+		double t = now();
+		if ((a->rc = call(a->fd, &c)) != 0)
+			break;
+		if (now() - t > a->slowest)
+			a->slowest = now() - t;
+		a->n++;
+	}
+	return NULL;
+}
+
 static void test_flood(void)
 {
 	signal(SIGALRM, on_flood_watchdog);
 	alarm(60);
-	int fd = open_dev();
-	flood_fd = fd;
-	struct qcuda_call c;
-	long n = 0;
-	int rc = 0;
+	struct flood_arg a[FLOOD_THREADS];
+	pthread_t t[FLOOD_THREADS];
+	for (int i = 0; i < FLOOD_THREADS; i++) {
+		a[i] = (struct flood_arg){ .fd = open_dev(), .go = i < FLOOD_EARLY };
+		pthread_create(&t[i], NULL, flood_worker, &a[i]);
+	}
+	flood_fd = a[0].fd;
 	printf("FLOOD-START\n");
-	double t0 = now(), slowest = 0;
+	/* Watch each file's requests in the ring (fdinfo), and the device's free slots. */
+	long most[FLOOD_THREADS] = { 0 }, fewest_free = 256;
+	double t0 = now(), bound_at = -1;
 	while (now() - t0 < 8.0) {
-		hello_call(&c);
-		c.flags = FLAG_ASYNC;
-		double t = now();
-		if ((rc = call(fd, &c)) != 0)
-			break;
-		if (now() - t > slowest)
-			slowest = now() - t;
-		n++;
+		for (int i = 0; i < FLOOD_THREADS; i++) {
+			long v = fdinfo(a[i].fd, "qcuda-posted");
+			if (v > most[i])
+				most[i] = v;
+		}
+		long f = fdinfo(a[0].fd, "qcuda-free-slots");
+		if (f >= 0 && f < fewest_free)
+			fewest_free = f;
+		if (bound_at < 0 && most[0] >= FLOOD_BOUND) {
+			bound_at = now() - t0;
+			for (int i = FLOOD_EARLY; i < FLOOD_THREADS; i++)
+				a[i].go = 1;
+		}
+		usleep(2000);
+	}
+	long total = 0, above = 0;
+	double slowest = 0;
+	int rc = 0;
+	for (int i = 0; i < FLOOD_THREADS; i++) {
+		a[i].go = a[i].stop = 1;
+		pthread_join(t[i], NULL);
+		total += a[i].n;
+		rc = rc ? rc : a[i].rc;
+		slowest = a[i].slowest > slowest ? a[i].slowest : slowest;
+		above += most[i] > FLOOD_BOUND;
+
 	}
 	alarm(0);
-	CHECK(rc == 0 && n > 256, "flood: %ld fire-and-forget calls in 8 s, slowest %.0f ms (rc %d)", n,
-	      slowest * 1e3, rc);
+	CHECK(rc == 0 && total > 256, "flood: %ld fire-and-forget calls from %d files in 8 s, slowest %.0f ms (rc %d)",
+	      total, FLOOD_THREADS, slowest * 1e3, rc);
+	CHECK(most[0] == FLOOD_BOUND && above == 0,
+	      "flood: a held session stops at %d requests in the ring (most per file: %ld %ld %ld %ld %ld %ld; at %.1f s)",
+	      FLOOD_BOUND, most[0], most[1], most[2], most[3], most[4], most[5], bound_at);
+	CHECK(fewest_free == 0, "flood: more sessions fill the ring (fewest free slots seen: %ld)", fewest_free);
+	struct qcuda_call c;
 	hello_call(&c);
-	rc = call(fd, &c);
+	rc = call(a[0].fd, &c);
 	CHECK(rc == 0 && c.status == 0, "waited call after the flood: rc %d", rc);
-	check_drained(fd, "the flood");
-	close(fd);
+	for (int i = 1; i < FLOOD_THREADS; i++)
+		close(a[i].fd);
+	check_drained(a[0].fd, "the flood");
+	close(a[0].fd);
 }
 
 /*

@@ -89,6 +89,21 @@ fn create_reserve_map_access_and_copy() {
             va + 1,
         ));
         assert_eq!(mem_type, d::CU_MEMORYTYPE_DEVICE);
+        // Legacy IPC exports cuMemAlloc memory, never a VMM mapping.
+        let legacy = |ptr: d::CUdeviceptr| {
+            let mut v: u32 = 7;
+            cu(cuPointerGetAttribute(
+                (&raw mut v).cast(),
+                d::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                ptr,
+            ));
+            v
+        };
+        assert_eq!(legacy(va + 1), 0);
+        let mut plain: d::CUdeviceptr = 0;
+        cu(cuMemAlloc_v2(&raw mut plain, 256));
+        assert_eq!(legacy(plain + 8), 1);
+        cu(cuMemFree_v2(plain));
 
         let mut retained: d::CUmemGenericAllocationHandle = 0;
         cu(cuMemRetainAllocationHandle(

@@ -16,6 +16,10 @@ pub struct Allocation {
     pub size: u64,
     /// The device it lives on.
     pub device: u32,
+    /// Made by `cudaMalloc`/`cuMemAlloc` or their pitched forms: memory CUDA's legacy IPC
+    /// exports (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`), unlike pool, graph, VMM and
+    /// imported memory.
+    pub legacy_ipc: bool,
 }
 
 /// Live device allocations, by base address.
@@ -88,11 +92,13 @@ mod tests {
             base: 0x1000,
             size: 0x100,
             device: 0,
+            legacy_ipc: true,
         });
         t.insert(Allocation {
             base: 0x2000,
             size: 0x10,
             device: 1,
+            legacy_ipc: false,
         });
         assert_eq!(t.find(0xfff), None);
         assert_eq!(t.find(0x1000).unwrap().base, 0x1000);

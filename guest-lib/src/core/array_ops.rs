@@ -40,6 +40,7 @@ pub fn malloc_pitch(rt: &Runtime, device: u32, width: u64, rows: u64) -> CudaRes
             base: ptr,
             size: pitch.saturating_mul(rows),
             device,
+            legacy_ipc: true,
         });
     }
     Ok((ptr, pitch))

@@ -529,6 +529,7 @@ pub unsafe fn mem_alloc_node(
         base: dptr,
         size: bytesize as u64,
         device,
+        legacy_ipc: false,
     });
     GRAPH_MEMORY
         .lock()

@@ -101,6 +101,7 @@ pub fn open_mem_handle(rt: &Runtime, device: u32, h: &IpcHandle, flags: u32) -> 
         base: ptr,
         size,
         device,
+        legacy_ipc: false,
     });
     opened().insert(ptr, device);
     Ok(ptr)
@@ -251,6 +252,7 @@ pub fn import_pointer(
         base: ptr,
         size,
         device: info.device,
+        legacy_ipc: false,
     });
     Ok(ptr)
 }

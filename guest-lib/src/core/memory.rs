@@ -32,6 +32,7 @@ pub fn malloc(rt: &Runtime, device: u32, size: usize) -> CudaResult<u64> {
         base,
         size: size as u64,
         device,
+        legacy_ipc: true,
     });
     Ok(base)
 }

@@ -146,6 +146,7 @@ pub fn malloc_async(
             base,
             size: size as u64,
             device,
+            legacy_ipc: false,
         });
     }
     Ok(base)

@@ -234,6 +234,7 @@ pub fn set_access(rt: &Runtime, ptr: u64, size: usize, access: &[(u32, u32)]) ->
                     base: va,
                     size: m.size,
                     device: m.device,
+                    legacy_ipc: false,
                 });
             }
         }

@@ -722,13 +722,14 @@ unsafe fn pointer_attribute(
                 data.cast::<c_uint>()
                     .write_unaligned(d::CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
             }
-            // Not reported for any memory: legacy IPC capability (cudaIpcGetMemHandle works on
-            // `cudaMalloc` memory, core/ipc.rs, but the guest's table does not tell it from
-            // pool and mapped memory, so 0 keeps a caller off the legacy path, which it then
-            // finds through cuMem), shareable handle types, GPUDirect RDMA, hardware
+            // `cudaMalloc` memory (and its pitched forms) is what legacy IPC exports.
+            d::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE => {
+                data.cast::<c_uint>()
+                    .write_unaligned(c_uint::from(alloc.is_some_and(|a| a.legacy_ipc)));
+            }
+            // Not reported for any memory: shareable handle types, GPUDirect RDMA, hardware
             // decompression. No pool is named for plain allocations.
-            d::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
-            | d::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
+            d::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
             | d::CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE => {
                 data.cast::<c_uint>().write_unaligned(0);
             }
