@@ -892,3 +892,61 @@ fn objects_over_freed_memory_are_refused_and_the_program_goes_on() {
     ok(run(&mut s, Op::TexObjectDestroy, &[obj]));
     s.save().unwrap();
 }
+
+#[test]
+fn hostile_array_and_object_records_are_refused_and_leave_nothing_behind() {
+    use crate::cuda::saved_state::SavedResource;
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    build(&mut a, &mut s);
+    create_textures(&mut a, &mut s);
+    let saved = s.capture().unwrap();
+    drop(s);
+    let b = Rig::new(1);
+    let refused = |bad: &SavedState, why: &str| {
+        let mut r = GpuState::open(&b.host, 3);
+        assert!(
+            matches!(
+                r.restore_saved(&bad.encode()),
+                Err(CheckpointError::Mismatch(_))
+            ),
+            "{why}"
+        );
+        assert_eq!(b.fake.array_objects(), (0, 0, 0), "{why}");
+        drop(r);
+        assert_eq!(b.fake.live_contexts(), 0, "{why}");
+    };
+    // A texture over memory the state does not hold.
+    let mut bad = saved.clone();
+    let pitched = bad
+        .objects
+        .iter_mut()
+        .find(|o| matches!(o.resource, SavedResource::Pitch2D { .. }))
+        .unwrap();
+    if let SavedResource::Pitch2D { ref mut ptr, .. } = pitched.resource {
+        *ptr += 1 << 30;
+    }
+    refused(&bad, "a texture over memory of no allocation");
+    // An array under a handle another object holds, or one never handed out.
+    let mut bad = saved.clone();
+    bad.arrays[1].handle = bad.modules[0].handle;
+    refused(&bad, "an array under a module's handle");
+    let mut bad = saved.clone();
+    bad.mipmapped[0].handle = bad.last_handle + 1;
+    for l in &mut bad.levels {
+        l.mipmapped = bad.last_handle + 1;
+    }
+    for o in &mut bad.objects {
+        if o.resource == SavedResource::Mipmapped(saved.mipmapped[0].handle) {
+            o.resource = SavedResource::Mipmapped(bad.last_handle + 1);
+        }
+    }
+    refused(&bad, "a handle the counter never gave");
+    // Objects and arrays on a device the state does not have.
+    let mut bad = saved.clone();
+    bad.objects[3].dev = 5;
+    refused(&bad, "an object on device 5");
+    let mut bad = saved.clone();
+    bad.arrays[0].dev = 1;
+    refused(&bad, "an array on device 1 of 1");
+}
