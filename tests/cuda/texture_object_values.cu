@@ -142,7 +142,19 @@ static void check_reads(char kind, unsigned long long v, const Resources &r)
 
 int main(int argc, char **argv)
 {
-    require_device();
+    int devices = require_device();
+    if (argc < 2 && devices >= 2) {
+        // Informational: whether object values are numbered per device (context) or for the
+        // whole process. vhost-cuda keeps a session's objects by value alone.
+        CHECK(cudaSetDevice(1));
+        Resources r1 = make_resources();
+        unsigned long long v1 = make('a', r1);
+        std::printf("device 1's first texture object: %#llx\n", v1);
+        destroy('a', v1);
+        CHECK(cudaFreeArray(r1.array));
+        CHECK(cudaFree(r1.pitched));
+        CHECK(cudaFree(r1.linear));
+    }
     CHECK(cudaSetDevice(0));
     Resources r = make_resources();
     if (argc < 2) {
