@@ -608,6 +608,51 @@ impl ArrayDriverApi for NoDriver {
 mod tests {
     use super::*;
 
+    #[test]
+    fn array_sizes_and_mip_levels_follow_cuda() {
+        let d = |width, height, depth, flags| ArrayDesc {
+            width,
+            height,
+            depth,
+            format: 0x20,
+            channels: 2,
+            flags,
+        };
+        // 1D, 2D, 3D, layered and cubemap arrays: every layer and face is a slice.
+        assert_eq!(array_layout(&d(5, 0, 0, 0)), Some((40, 1, 1)));
+        assert_eq!(array_layout(&d(5, 3, 0, 0)), Some((40, 3, 1)));
+        assert_eq!(array_layout(&d(5, 3, 2, 0)), Some((40, 3, 2)));
+        assert_eq!(array_bytes(&d(4, 4, 6, ARRAY_CUBEMAP)), Some(32 * 4 * 6));
+        assert_eq!(array_layout(&d(0, 3, 2, 0)), None);
+        assert_eq!(array_layout(&d(usize::MAX, 2, 2, 0)), None);
+        assert_eq!(
+            array_layout(&ArrayDesc {
+                format: 7,
+                ..d(1, 1, 1, 0)
+            }),
+            None
+        );
+        assert_eq!(
+            array_layout(&ArrayDesc {
+                channels: 3,
+                ..d(1, 1, 1, 0)
+            }),
+            None
+        );
+        // Levels halve every extent but layers and faces; a 0 stays 0.
+        let m = d(16, 5, 9, 0);
+        assert_eq!(max_mip_levels(&m), 5);
+        let l2 = mip_level(&m, 2);
+        assert_eq!((l2.width, l2.height, l2.depth), (4, 1, 2));
+        let l4 = mip_level(&m, 4);
+        assert_eq!((l4.width, l4.height, l4.depth), (1, 1, 1));
+        let layered = d(8, 8, 3, ARRAY_LAYERED);
+        assert_eq!(max_mip_levels(&layered), 4);
+        assert_eq!(mip_level(&layered, 3).depth, 3);
+        assert_eq!(mip_level(&d(8, 0, 0, 0), 1).height, 0);
+        assert_eq!(mip_level(&d(8, 0, 0, 0), 200).width, 1);
+    }
+
     /// Every `sys::cu*` call in this file is in ARRAY_SYMBOLS and the other way round.
     #[test]
     fn array_symbols_match_the_calls() {
