@@ -1012,7 +1012,8 @@ impl SavedState {
     /// Checks the arrays, mipmapped arrays, level handles and objects against each other:
     /// counts within a session's limits, handles unique and nonzero, descriptors a session
     /// can create, contents exactly as long as their descriptors say, levels of arrays that
-    /// exist and have them, objects unique and nonzero over resources that exist.
+    /// exist and have them, object values nonzero and unique per device (a driver may number each
+    /// context's objects on its own), over resources that exist.
     fn check_arrays(&self) -> Result<(), DecodeError> {
         use std::collections::{HashMap, HashSet};
         let field = DecodeError::Field;
@@ -1070,7 +1071,7 @@ impl SavedState {
             .collect();
         let mut values = HashSet::new();
         for o in &self.objects {
-            if o.value == 0 || !values.insert(o.value) {
+            if o.value == 0 || !values.insert((o.dev, o.value)) {
                 return Err(field("object value"));
             }
             let linear_ok = |format: u32, channels: u32| {
@@ -1475,6 +1476,9 @@ pub(crate) mod tests {
         let mut b = good.clone();
         b.objects[1].value = 3;
         refused(&b, "an object value twice");
+        // The same value on another device is another object.
+        b.objects[1].dev = 0;
+        assert_eq!(SavedState::decode(&b.encode()), Ok(b.clone()));
         let mut b = good.clone();
         b.objects[0].value = 0;
         refused(&b, "object value 0");

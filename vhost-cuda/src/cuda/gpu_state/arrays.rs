@@ -79,7 +79,8 @@ struct ObjectEntry {
 pub(super) struct ArrayState {
     arrays: HandleTable<ArrayEntry>,
     mipmapped: HandleTable<MipmappedEntry>,
-    objects: HashMap<u64, ObjectEntry>,
+    /// By (device, value): a driver may number each context's objects on its own.
+    objects: HashMap<(usize, u64), ObjectEntry>,
     /// The next object's [`ObjectEntry::seq`].
     next_seq: u64,
 }
@@ -100,7 +101,7 @@ impl ArrayState {
     pub(super) fn forget_device(&mut self, dev: usize) {
         self.arrays.retain(|a| a.dev != dev);
         self.mipmapped.retain(|m| m.dev != dev);
-        self.objects.retain(|_, o| o.dev != dev);
+        self.objects.retain(|&(d, _), _| d != dev);
     }
 }
 
@@ -772,15 +773,25 @@ impl GpuState {
         let obj = create(self.drv.as_ref()).map_err(on(dev))?;
         made.seq = self.arrays.next_seq;
         self.arrays.next_seq += 1;
-        self.arrays.objects.insert(obj, made);
+        self.arrays.objects.insert((dev, obj), made);
         ok_rets(&[obj])
     }
 
-    /// `TexObjectDestroy` and `SurfObjectDestroy`: only objects the session created.
+    /// `TexObjectDestroy` and `SurfObjectDestroy`: only objects the session created; the one
+    /// on the caller's current device, else the only one of that value on any device.
     pub(super) fn object_destroy(&mut self, req: &Request) -> OpResult {
         let obj = req.header().args[0];
         let surface = req.op() == qcuda_proto::Op::SurfObjectDestroy;
-        let o = match self.arrays.objects.get(&obj) {
+        let here = self
+            .device(req)
+            .ok()
+            .and_then(|d| self.arrays.objects.get(&(d, obj)));
+        let mut anywhere = self.arrays.objects.iter().filter(|(&(_, v), _)| v == obj);
+        let only = match (anywhere.next(), anywhere.next()) {
+            (Some((_, o)), None) => Some(o),
+            _ => None,
+        };
+        let o = match here.or(only) {
             Some(o) if o.surface == surface => *o,
             _ => return Err(invalid()),
         };
@@ -790,7 +801,7 @@ impl GpuState {
         } else {
             self.drv.tex_object_destroy(obj)
         };
-        self.arrays.objects.remove(&obj);
+        self.arrays.objects.remove(&(o.dev, obj));
         r.map_err(on(o.dev))?;
         ok()
     }

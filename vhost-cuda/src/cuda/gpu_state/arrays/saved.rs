@@ -30,7 +30,8 @@ use crate::cuda::{
 struct Fillers {
     /// (device, surface, value) of each.
     made: Vec<(usize, bool, u64)>,
-    values: std::collections::HashSet<u64>,
+    /// (device, value) of each.
+    values: std::collections::HashSet<(usize, u64)>,
 }
 
 /// What capture saves of arrays and objects.
@@ -194,8 +195,12 @@ impl GpuState {
                 levels: contents,
             });
         }
-        let mut objects: Vec<(u64, ObjectEntry)> =
-            self.arrays.objects.iter().map(|(&v, o)| (v, *o)).collect();
+        let mut objects: Vec<(u64, ObjectEntry)> = self
+            .arrays
+            .objects
+            .iter()
+            .map(|(&(_, v), o)| (v, *o))
+            .collect();
         objects.sort_unstable_by_key(|(_, o)| o.seq);
         let mut saved = Vec::with_capacity(objects.len());
         for (value, o) in objects {
@@ -235,8 +240,8 @@ impl GpuState {
 
     /// Destroys every array, mipmapped array and object the session holds.
     fn release_arrays(&mut self) {
-        let objects: Vec<(u64, ObjectEntry)> = self.arrays.objects.drain().collect();
-        for (value, o) in objects {
+        let objects: Vec<((usize, u64), ObjectEntry)> = self.arrays.objects.drain().collect();
+        for ((_, value), o) in objects {
             if self.bind(o.dev).is_ok() {
                 let _ = if o.surface {
                     self.drv.surf_object_destroy(value)
@@ -429,13 +434,14 @@ impl GpuState {
                     tex,
                     view,
                 };
-                self.arrays.objects.insert(got, entry);
+                self.arrays.objects.insert((dev, got), entry);
                 return Ok(());
             }
-            let taken = self.arrays.objects.contains_key(&got) || fillers.values.contains(&got);
+            let taken = self.arrays.objects.contains_key(&(dev, got))
+                || fillers.values.contains(&(dev, got));
             if got < o.value && !taken && fillers.made.len() < MAX_OBJECTS {
                 fillers.made.push((dev, o.surface, got));
-                fillers.values.insert(got);
+                fillers.values.insert((dev, got));
                 continue;
             }
             let _ = if o.surface {
