@@ -4,7 +4,9 @@
 //! Arrays and mipmapped arrays reach the guest as session-local handles; the level arrays of a
 //! mipmapped array get handles too, owned by it. Texture and surface objects are different:
 //! kernels take the driver's 64-bit value as an argument, so the guest gets the real value,
-//! and the session keeps the set of values it created, destroying only those. Every device
+//! and the session keeps the values it created (by device: a driver may number each context's
+//! objects on its own), with how each was made (for a saved state: `arrays/saved.rs`),
+//! destroying only those. Every device
 //! range a copy, memset or texture touches is checked against the session's memory first
 //! (the whole span from the first to the last byte, overflow-checked), and every array offset
 //! and extent against the array's own size.
