@@ -949,4 +949,17 @@ fn hostile_array_and_object_records_are_refused_and_leave_nothing_behind() {
     let mut bad = saved.clone();
     bad.arrays[0].dev = 1;
     refused(&bad, "an array on device 1 of 1");
+    // Any single flipped byte of the array and object records: refused or restored, never a
+    // panic, nothing left behind.
+    let bytes = saved.encode();
+    let records = bytes.len() - saved.arrays.iter().map(|a| a.contents.len()).sum::<usize>() - 1500;
+    for i in (records..bytes.len()).step_by(7) {
+        let mut b2 = bytes.clone();
+        b2[i] ^= 0x5a;
+        if let Ok(r) = GpuState::restore(&b.host, 3, &b2) {
+            drop(r);
+        }
+        assert_eq!(b.fake.live_contexts(), 0);
+        assert_eq!(b.fake.array_objects(), (0, 0, 0));
+    }
 }
