@@ -64,16 +64,26 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
 /// a run of small blocks with an allocation, an empty large run, a module with a function, a
 /// stream, an event, the default pool and a created current one, a VMM reservation, pinned,
 /// registered and managed memory, a graph with a kernel, memset, event record, child graph and
-/// conditional node, and an executable graph), restorable over the fake driver with 2 GPUs: a
-/// seed for the fuzz target.
+/// conditional node, an executable graph, arrays, a mipmapped array with a level handle, texture
+/// and surface objects), restorable over the fake driver with 2 GPUs: a seed for the fuzz
+/// target.
 pub fn sample_saved_state() -> Vec<u8> {
     use qcuda_proto::graph::{self as g, KernelNode, MemsetNode};
     use qcuda_proto::HOST_WINDOW_BASE;
 
     use super::saved_state::{
-        GraphRole, SavedAllocation, SavedConditional, SavedContext, SavedEvent, SavedExec,
-        SavedFunction, SavedGraph, SavedHostMapping, SavedManaged, SavedModule, SavedNode,
-        SavedNodeKind, SavedPool, SavedRun, SavedStream,
+        GraphRole, SavedAllocation, SavedArray, SavedArrayDesc, SavedConditional, SavedContext,
+        SavedEvent, SavedExec, SavedFunction, SavedGraph, SavedHostMapping, SavedLevel,
+        SavedManaged, SavedMipmapped, SavedModule, SavedNode, SavedNodeKind, SavedObject,
+        SavedPool, SavedResource, SavedRun, SavedStream, SavedTexDesc,
+    };
+    let desc = |width, height, format, flags| SavedArrayDesc {
+        width,
+        height,
+        depth: 0,
+        format,
+        channels: 1,
+        flags,
     };
     let space = super::AddressSpace::default();
     let base = |dev| space.session_base(1, dev, 2).expect("in the space");
@@ -298,6 +308,59 @@ pub fn sample_saved_state() -> Vec<u8> {
             nodes: vec![(12, 0), (13, 1)],
             disabled: vec![1],
         }],
+        // A 2D array and a mipmapped array of 2 levels on device 1, a handle of level 1, and
+        // objects over them and over the allocation (value 1 freed before the capture).
+        arrays: vec![SavedArray {
+            handle: 8,
+            dev: 1,
+            desc: desc(4, 2, 0x01, 2),
+            contents: (0..8).collect(),
+        }],
+        mipmapped: vec![SavedMipmapped {
+            handle: 9,
+            dev: 1,
+            desc: desc(2, 2, 0x02, 0),
+            levels: vec![vec![1; 8], vec![2; 2]],
+        }],
+        levels: vec![SavedLevel {
+            handle: 10,
+            mipmapped: 9,
+            level: 1,
+        }],
+        objects: vec![
+            SavedObject {
+                value: 2,
+                dev: 1,
+                surface: true,
+                resource: SavedResource::Array(8),
+                tex: SavedTexDesc::default(),
+                view: None,
+            },
+            SavedObject {
+                value: 3,
+                dev: 1,
+                surface: false,
+                resource: SavedResource::Mipmapped(9),
+                tex: SavedTexDesc {
+                    filter: 1,
+                    ..SavedTexDesc::default()
+                },
+                view: None,
+            },
+            SavedObject {
+                value: 4,
+                dev: 0,
+                surface: false,
+                resource: SavedResource::Linear {
+                    ptr: base(0) + 256,
+                    format: 0x20,
+                    channels: 1,
+                    size: 16,
+                },
+                tex: SavedTexDesc::default(),
+                view: None,
+            },
+        ],
         ..SavedState::default()
     };
     state.encode()

@@ -26,6 +26,8 @@ pub(crate) use graphs::{
     GraphRole, SavedConditional, SavedExec, SavedGraph, SavedNode, SavedNodeKind,
 };
 
+use super::driver::array::{array_bytes, max_mip_levels, mip_level, ArrayDesc};
+
 /// The first bytes of every saved state.
 pub(crate) const MAGIC: [u8; 8] = *b"QCUDAGS1";
 /// The format version this build writes and reads.
@@ -47,6 +49,34 @@ const TAG_VMM_RESERVATION: u32 = 12;
 const TAG_VMM_MAPPING: u32 = 13;
 const TAG_HOST_MAPPING: u32 = 30;
 const TAG_MANAGED: u32 = 31;
+
+const TAG_ARRAY: u32 = 40;
+const TAG_MIPMAPPED: u32 = 41;
+const TAG_LEVEL: u32 = 42;
+const TAG_OBJECT: u32 = 43;
+
+/// Most arrays (level arrays with handles included), mipmapped arrays and texture or surface
+/// objects a saved state may hold: what a session may hold (`gpu_state/arrays.rs`).
+pub(crate) const MAX_ARRAYS: usize = 1 << 16;
+pub(crate) const MAX_MIPMAPPED: usize = 1 << 14;
+pub(crate) const MAX_OBJECTS: usize = 1 << 16;
+/// The array flags a saved array may have: CUDA_ARRAY3D_LAYERED | SURFACE_LDST | CUBEMAP |
+/// TEXTURE_GATHER (no sparse or deferred-mapping array is ever saved).
+pub(crate) const ARRAY_FLAGS: u32 = 0xf;
+/// The texture flags: CU_TRSF_READ_AS_INTEGER | NORMALIZED_COORDINATES | SRGB |
+/// DISABLE_TRILINEAR_OPTIMIZATION | SEAMLESS_CUBEMAP.
+pub(crate) const TEX_FLAGS: u32 = 0x73;
+/// The last `CUresourceViewFormat` (CU_RES_VIEW_FORMAT_UNSIGNED_BC7).
+pub(crate) const MAX_VIEW_FORMAT: u32 = 0x22;
+
+/// Whether a texture descriptor and view hold only values the driver's enums and flags take.
+pub(crate) fn tex_desc_ok(t: &SavedTexDesc, view: Option<&SavedView>) -> bool {
+    t.address.iter().all(|&m| m <= 3)
+        && t.filter <= 1
+        && t.mipmap_filter <= 1
+        && t.flags & !TEX_FLAGS == 0
+        && view.is_none_or(|v| v.format <= MAX_VIEW_FORMAT)
+}
 
 /// Why bytes are not a saved state.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -103,6 +133,14 @@ pub(crate) struct SavedState {
     pub(crate) host_mappings: Vec<SavedHostMapping>,
     /// Managed memory placed on the device at its guest address, with the device's copy.
     pub(crate) managed: Vec<SavedManaged>,
+    /// CUDA arrays the program created (not the levels of mipmapped arrays), with contents.
+    pub(crate) arrays: Vec<SavedArray>,
+    /// Mipmapped arrays, with the contents of every level.
+    pub(crate) mipmapped: Vec<SavedMipmapped>,
+    /// Level arrays the program holds handles of.
+    pub(crate) levels: Vec<SavedLevel>,
+    /// Texture and surface objects, in the order they were created.
+    pub(crate) objects: Vec<SavedObject>,
 }
 
 /// Guest memory mapped into the worker and registered with the driver (`HostMap`): where
@@ -135,6 +173,129 @@ pub(crate) struct SavedManaged {
     pub(crate) runs: Vec<(u64, u64)>,
     /// The device's bytes at `guest` (as many as the guest mapped).
     pub(crate) contents: Vec<u8>,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`: extents, format number, channels, flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct SavedArrayDesc {
+    pub(crate) width: u64,
+    pub(crate) height: u64,
+    pub(crate) depth: u64,
+    pub(crate) format: u32,
+    pub(crate) channels: u32,
+    pub(crate) flags: u32,
+}
+
+/// A CUDA array: its handle, descriptor and contents (rows of width x element bytes, height
+/// rows (at least 1) per slice, depth slices (at least 1): every layer and cubemap face).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedArray {
+    pub(crate) handle: u64,
+    pub(crate) dev: u32,
+    pub(crate) desc: SavedArrayDesc,
+    pub(crate) contents: Vec<u8>,
+}
+
+/// A mipmapped array: handle, level 0's descriptor, level count, and every level's contents
+/// (laid out as [`SavedArray::contents`], each level sized as CUDA sizes levels).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedMipmapped {
+    pub(crate) handle: u64,
+    pub(crate) dev: u32,
+    pub(crate) desc: SavedArrayDesc,
+    pub(crate) levels: Vec<Vec<u8>>,
+}
+
+/// The handle the program holds of one level of a mipmapped array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SavedLevel {
+    pub(crate) handle: u64,
+    /// [`SavedMipmapped::handle`] of the array it is a level of.
+    pub(crate) mipmapped: u64,
+    pub(crate) level: u32,
+}
+
+/// What a texture or surface object views, in the program's terms: arrays by handle, memory
+/// by device address (which a restore keeps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SavedResource {
+    Array(u64),
+    Mipmapped(u64),
+    Linear {
+        ptr: u64,
+        format: u32,
+        channels: u32,
+        size: u64,
+    },
+    Pitch2D {
+        ptr: u64,
+        format: u32,
+        channels: u32,
+        width: u64,
+        height: u64,
+        pitch: u64,
+    },
+}
+
+/// `CUDA_TEXTURE_DESC`, its floats as their bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct SavedTexDesc {
+    pub(crate) address: [u32; 3],
+    pub(crate) filter: u32,
+    pub(crate) flags: u32,
+    pub(crate) max_anisotropy: u32,
+    pub(crate) mipmap_filter: u32,
+    pub(crate) mipmap_bias: u32,
+    pub(crate) min_clamp: u32,
+    pub(crate) max_clamp: u32,
+    pub(crate) border: [u32; 4],
+}
+
+/// `CUDA_RESOURCE_VIEW_DESC`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct SavedView {
+    pub(crate) format: u32,
+    pub(crate) extent: [u64; 3],
+    /// First and last mipmap level, first and last layer.
+    pub(crate) levels: [u32; 4],
+}
+
+/// A texture or surface object: the driver's value the program holds (a restore must give it
+/// the same one), and how it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SavedObject {
+    pub(crate) value: u64,
+    pub(crate) dev: u32,
+    /// A surface object (over an array; no texture or view descriptor).
+    pub(crate) surface: bool,
+    pub(crate) resource: SavedResource,
+    pub(crate) tex: SavedTexDesc,
+    pub(crate) view: Option<SavedView>,
+}
+
+impl SavedArrayDesc {
+    /// The driver's form of it, if its extents fit this machine.
+    pub(crate) fn to_desc(self) -> Option<ArrayDesc> {
+        Some(ArrayDesc {
+            width: usize::try_from(self.width).ok()?,
+            height: usize::try_from(self.height).ok()?,
+            depth: usize::try_from(self.depth).ok()?,
+            format: self.format,
+            channels: self.channels,
+            flags: self.flags,
+        })
+    }
+
+    pub(crate) fn from_desc(d: &ArrayDesc) -> Self {
+        Self {
+            width: d.width as u64,
+            height: d.height as u64,
+            depth: d.depth as u64,
+            format: d.format,
+            channels: d.channels,
+            flags: d.flags,
+        }
+    }
 }
 
 /// A physical allocation the program made with `cuMemCreate`, and its contents.
@@ -315,6 +476,65 @@ impl Writer {
         }
         self
     }
+    fn desc(&mut self, d: &SavedArrayDesc) -> &mut Self {
+        self.u64(d.width)
+            .u64(d.height)
+            .u64(d.depth)
+            .u32(d.format)
+            .u32(d.channels)
+            .u32(d.flags)
+    }
+    fn object(&mut self, o: &SavedObject) -> &mut Self {
+        self.u64(o.value).u32(o.dev).u8(u8::from(o.surface));
+        let (kind, addr, format, channels, [w, h, p]) = match o.resource {
+            SavedResource::Array(a) => (0, a, 0, 0, [0; 3]),
+            SavedResource::Mipmapped(m) => (1, m, 0, 0, [0; 3]),
+            SavedResource::Linear {
+                ptr,
+                format,
+                channels,
+                size,
+            } => (2, ptr, format, channels, [size, 0, 0]),
+            SavedResource::Pitch2D {
+                ptr,
+                format,
+                channels,
+                width,
+                height,
+                pitch,
+            } => (3, ptr, format, channels, [width, height, pitch]),
+        };
+        self.u32(kind)
+            .u64(addr)
+            .u32(format)
+            .u32(channels)
+            .u64(w)
+            .u64(h)
+            .u64(p);
+        let t = &o.tex;
+        for v in t.address {
+            self.u32(v);
+        }
+        self.u32(t.filter)
+            .u32(t.flags)
+            .u32(t.max_anisotropy)
+            .u32(t.mipmap_filter)
+            .u32(t.mipmap_bias)
+            .u32(t.min_clamp)
+            .u32(t.max_clamp);
+        for v in t.border {
+            self.u32(v);
+        }
+        let v = o.view.unwrap_or_default();
+        self.u8(u8::from(o.view.is_some())).u32(v.format);
+        for e in v.extent {
+            self.u64(e);
+        }
+        for l in v.levels {
+            self.u32(l);
+        }
+        self
+    }
 }
 
 /// Reads fields from a byte string, every read checked against what is left.
@@ -378,6 +598,83 @@ impl<'a> Reader<'a> {
         let some = self.flag()?;
         let v = self.u32()?;
         Ok(some.then_some(v))
+    }
+    fn desc(&mut self) -> Result<SavedArrayDesc, DecodeError> {
+        Ok(SavedArrayDesc {
+            width: self.u64()?,
+            height: self.u64()?,
+            depth: self.u64()?,
+            format: self.u32()?,
+            channels: self.u32()?,
+            flags: self.u32()?,
+        })
+    }
+    fn u32s<const N: usize>(&mut self) -> Result<[u32; N], DecodeError> {
+        let mut a = [0u32; N];
+        for v in &mut a {
+            *v = self.u32()?;
+        }
+        Ok(a)
+    }
+    fn object(&mut self) -> Result<SavedObject, DecodeError> {
+        let (value, dev, surface) = (self.u64()?, self.u32()?, self.flag()?);
+        let (kind, addr, format, channels) = (self.u32()?, self.u64()?, self.u32()?, self.u32()?);
+        let [w, h, p] = [self.u64()?, self.u64()?, self.u64()?];
+        let bad = || DecodeError::Field("object resource");
+        let resource = match kind {
+            0 | 1 if format != 0 || channels != 0 || w != 0 || h != 0 || p != 0 => {
+                return Err(bad())
+            }
+            0 => SavedResource::Array(addr),
+            1 => SavedResource::Mipmapped(addr),
+            2 if h != 0 || p != 0 => return Err(bad()),
+            2 => SavedResource::Linear {
+                ptr: addr,
+                format,
+                channels,
+                size: w,
+            },
+            3 => SavedResource::Pitch2D {
+                ptr: addr,
+                format,
+                channels,
+                width: w,
+                height: h,
+                pitch: p,
+            },
+            _ => return Err(bad()),
+        };
+        let address = self.u32s::<3>()?;
+        let [filter, flags, max_anisotropy, mipmap_filter, mipmap_bias, min_clamp, max_clamp] =
+            self.u32s::<7>()?;
+        let tex = SavedTexDesc {
+            address,
+            filter,
+            flags,
+            max_anisotropy,
+            mipmap_filter,
+            mipmap_bias,
+            min_clamp,
+            max_clamp,
+            border: self.u32s::<4>()?,
+        };
+        let present = self.flag()?;
+        let view = SavedView {
+            format: self.u32()?,
+            extent: [self.u64()?, self.u64()?, self.u64()?],
+            levels: self.u32s::<4>()?,
+        };
+        if !present && view != SavedView::default() {
+            return Err(DecodeError::Field("object view"));
+        }
+        Ok(SavedObject {
+            value,
+            dev,
+            surface,
+            resource,
+            tex,
+            view: present.then_some(view),
+        })
     }
     fn name(&mut self) -> Result<CString, DecodeError> {
         CString::new(self.bytes()?).map_err(|_| DecodeError::Field("name"))
@@ -554,6 +851,26 @@ impl SavedState {
         for e in &self.execs {
             graphs::encode_exec(e, &mut w);
             record(graphs::TAG_GRAPH_EXEC, &mut w);
+        }
+        for a in &self.arrays {
+            w.u64(a.handle).u32(a.dev).desc(&a.desc).bytes(&a.contents);
+            record(TAG_ARRAY, &mut w);
+        }
+        for m in &self.mipmapped {
+            w.u64(m.handle).u32(m.dev).desc(&m.desc);
+            w.u64(m.levels.len() as u64);
+            for l in &m.levels {
+                w.bytes(l);
+            }
+            record(TAG_MIPMAPPED, &mut w);
+        }
+        for l in &self.levels {
+            w.u64(l.handle).u64(l.mipmapped).u32(l.level);
+            record(TAG_LEVEL, &mut w);
+        }
+        for o in &self.objects {
+            w.object(o);
+            record(TAG_OBJECT, &mut w);
         }
         let mut out = Vec::with_capacity(HEADER_LEN + body.len());
         out.extend_from_slice(&MAGIC);
@@ -765,6 +1082,31 @@ impl SavedState {
                     s.conditionals.push(graphs::decode_conditional(&mut f)?);
                 }
                 graphs::TAG_GRAPH_EXEC => s.execs.push(graphs::decode_exec(&mut f)?),
+                TAG_ARRAY => s.arrays.push(SavedArray {
+                    handle: f.u64()?,
+                    dev: f.u32()?,
+                    desc: f.desc()?,
+                    contents: f.bytes()?.to_vec(),
+                }),
+                TAG_MIPMAPPED => {
+                    let (handle, dev, desc) = (f.u64()?, f.u32()?, f.desc()?);
+                    let n = f.count(8)?;
+                    let levels = (0..n)
+                        .map(|_| Ok(f.bytes()?.to_vec()))
+                        .collect::<Result<_, DecodeError>>()?;
+                    s.mipmapped.push(SavedMipmapped {
+                        handle,
+                        dev,
+                        desc,
+                        levels,
+                    });
+                }
+                TAG_LEVEL => s.levels.push(SavedLevel {
+                    handle: f.u64()?,
+                    mipmapped: f.u64()?,
+                    level: f.u32()?,
+                }),
+                TAG_OBJECT => s.objects.push(f.object()?),
                 _ => return Err(DecodeError::Tag(tag, at)),
             }
             f.done()?;
@@ -773,11 +1115,116 @@ impl SavedState {
             return Err(DecodeError::Field("session record"));
         }
         graphs::check(&s.graphs, &s.conditionals, &s.execs)?;
+        s.check_arrays()?;
         Ok(s)
     }
 
+    /// Checks the arrays, mipmapped arrays, level handles and objects against each other:
+    /// counts within a session's limits, handles unique and nonzero, descriptors a session
+    /// can create, contents exactly as long as their descriptors say, levels of arrays that
+    /// exist and have them, object values nonzero and unique per device (a driver may number each
+    /// context's objects on its own), over resources that exist.
+    fn check_arrays(&self) -> Result<(), DecodeError> {
+        use std::collections::{HashMap, HashSet};
+        let field = DecodeError::Field;
+        if self.arrays.len() + self.levels.len() > MAX_ARRAYS
+            || self.mipmapped.len() > MAX_MIPMAPPED
+            || self.objects.len() > MAX_OBJECTS
+        {
+            return Err(field("too many arrays or objects"));
+        }
+        let mut handles = HashSet::new();
+        let all = self.arrays.iter().map(|a| a.handle);
+        let all = all.chain(self.mipmapped.iter().map(|m| m.handle));
+        for h in all.chain(self.levels.iter().map(|l| l.handle)) {
+            if h == 0 || !handles.insert(h) {
+                return Err(field("array handle"));
+            }
+        }
+        let desc = |d: &SavedArrayDesc| {
+            d.to_desc()
+                .filter(|d| d.flags & !ARRAY_FLAGS == 0 && array_bytes(d).is_some())
+                .ok_or(field("array descriptor"))
+        };
+        for a in &self.arrays {
+            if array_bytes(&desc(&a.desc)?) != Some(a.contents.len()) {
+                return Err(field("array contents"));
+            }
+        }
+        // Mipmapped array -> its level count.
+        let mut mipmapped = HashMap::new();
+        for m in &self.mipmapped {
+            let d = desc(&m.desc)?;
+            let n = u32::try_from(m.levels.len()).map_err(|_| field("mipmap levels"))?;
+            if n == 0 || n > max_mip_levels(&d) {
+                return Err(field("mipmap levels"));
+            }
+            for (l, bytes) in (0..n).zip(&m.levels) {
+                if array_bytes(&mip_level(&d, l)) != Some(bytes.len()) {
+                    return Err(field("mipmap level contents"));
+                }
+            }
+            mipmapped.insert(m.handle, n);
+        }
+        let mut taken = HashSet::new();
+        for l in &self.levels {
+            let n = mipmapped.get(&l.mipmapped).ok_or(field("level array"))?;
+            if l.level >= *n || !taken.insert((l.mipmapped, l.level)) {
+                return Err(field("level array"));
+            }
+        }
+        let arrays: HashSet<u64> = self
+            .arrays
+            .iter()
+            .map(|a| a.handle)
+            .chain(self.levels.iter().map(|l| l.handle))
+            .collect();
+        let mut values = HashSet::new();
+        for o in &self.objects {
+            if o.value == 0 || !values.insert((o.dev, o.value)) {
+                return Err(field("object value"));
+            }
+            let linear_ok = |format: u32, channels: u32| {
+                super::driver::array::format_bytes(format) != 0 && [1, 2, 4].contains(&channels)
+            };
+            let resource_ok = match o.resource {
+                SavedResource::Array(h) => arrays.contains(&h),
+                SavedResource::Mipmapped(h) => !o.surface && mipmapped.contains_key(&h),
+                SavedResource::Linear {
+                    format,
+                    channels,
+                    size,
+                    ..
+                } => !o.surface && linear_ok(format, channels) && size != 0,
+                SavedResource::Pitch2D {
+                    format,
+                    channels,
+                    width,
+                    height,
+                    pitch,
+                    ..
+                } => {
+                    !o.surface
+                        && linear_ok(format, channels)
+                        && width != 0
+                        && height != 0
+                        && pitch != 0
+                }
+            };
+            let desc_ok = if o.surface {
+                o.tex == SavedTexDesc::default() && o.view.is_none()
+            } else {
+                tex_desc_ok(&o.tex, o.view.as_ref())
+            };
+            if !resource_ok || !desc_ok {
+                return Err(field("object"));
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of device memory the state holds (allocations, globals, VMM allocations,
-    /// managed memory placed on the device).
+    /// managed memory placed on the device, arrays).
     pub(crate) fn device_bytes(&self) -> u64 {
         let a: u64 = self
             .allocations
@@ -791,7 +1238,14 @@ impl SavedState {
             .map(|a| a.contents.len() as u64)
             .sum();
         let m: u64 = self.managed.iter().map(|m| m.contents.len() as u64).sum();
-        a + g + v + m
+        let arrays: u64 = self.arrays.iter().map(|a| a.contents.len() as u64).sum();
+        let levels: u64 = self
+            .mipmapped
+            .iter()
+            .flat_map(|m| &m.levels)
+            .map(|l| l.len() as u64)
+            .sum();
+        a + g + v + m + arrays + levels
     }
 }
 
@@ -953,6 +1407,81 @@ pub(crate) mod tests {
                 nodes: vec![(21, 0), (22, 1)],
                 disabled: vec![1],
             }],
+            arrays: vec![SavedArray {
+                handle: 12,
+                dev: 1,
+                desc: SavedArrayDesc {
+                    width: 8,
+                    height: 4,
+                    depth: 0,
+                    format: 0x01,
+                    channels: 1,
+                    flags: 2,
+                },
+                contents: (0..32).collect(),
+            }],
+            mipmapped: vec![SavedMipmapped {
+                handle: 13,
+                dev: 1,
+                desc: SavedArrayDesc {
+                    width: 4,
+                    height: 4,
+                    depth: 0,
+                    format: 0x01,
+                    channels: 1,
+                    flags: 0,
+                },
+                levels: vec![vec![1; 16], vec![2; 4]],
+            }],
+            levels: vec![SavedLevel {
+                handle: 14,
+                mipmapped: 13,
+                level: 1,
+            }],
+            objects: vec![
+                SavedObject {
+                    value: 3,
+                    dev: 1,
+                    surface: false,
+                    resource: SavedResource::Linear {
+                        ptr: 0x6840_0000_0000,
+                        format: 0x20,
+                        channels: 1,
+                        size: 4,
+                    },
+                    tex: SavedTexDesc {
+                        address: [1, 1, 0],
+                        filter: 1,
+                        mipmap_bias: 0.5f32.to_bits(),
+                        border: [1.0f32.to_bits(); 4],
+                        ..SavedTexDesc::default()
+                    },
+                    view: None,
+                },
+                SavedObject {
+                    value: 1,
+                    dev: 1,
+                    surface: true,
+                    resource: SavedResource::Array(12),
+                    tex: SavedTexDesc::default(),
+                    view: None,
+                },
+                SavedObject {
+                    value: 2,
+                    dev: 1,
+                    surface: false,
+                    resource: SavedResource::Mipmapped(13),
+                    tex: SavedTexDesc {
+                        mipmap_filter: 1,
+                        ..SavedTexDesc::default()
+                    },
+                    view: Some(SavedView {
+                        format: 1,
+                        extent: [4, 4, 0],
+                        levels: [0, 1, 0, 0],
+                    }),
+                },
+            ],
         }
     }
 
@@ -1125,7 +1654,7 @@ pub(crate) mod tests {
         let bytes = s.encode();
         assert_eq!(&bytes[..8], b"QCUDAGS1");
         assert_eq!(SavedState::decode(&bytes), Ok(s.clone()));
-        assert_eq!(s.device_bytes(), 8 + 64 + 0x20);
+        assert_eq!(s.device_bytes(), 8 + 64 + 0x20 + 32 + 16 + 4);
         let empty = SavedState::default();
         assert_eq!(SavedState::decode(&empty.encode()), Ok(empty));
     }
@@ -1204,5 +1733,123 @@ pub(crate) mod tests {
             SavedState::decode(&b),
             Err(DecodeError::Tag(99, _))
         ));
+    }
+
+    #[test]
+    fn hostile_arrays_and_objects_are_refused() {
+        let good = sample();
+        let refused = |s: &SavedState, why: &str| {
+            assert!(
+                matches!(SavedState::decode(&s.encode()), Err(DecodeError::Field(_))),
+                "{why}"
+            );
+        };
+        let mut b = good.clone();
+        b.arrays[0].contents.pop();
+        refused(&b, "contents shorter than the descriptor");
+        let mut b = good.clone();
+        b.arrays[0].desc.height = u64::MAX;
+        refused(&b, "an extent past any size");
+        let mut b = good.clone();
+        b.arrays[0].desc.format = 0x04;
+        refused(&b, "an unknown format");
+        let mut b = good.clone();
+        b.arrays[0].desc.channels = 3;
+        refused(&b, "3 channels");
+        let mut b = good.clone();
+        b.arrays[0].desc.flags |= 0x40;
+        refused(&b, "a sparse array");
+        let mut b = good.clone();
+        b.arrays[0].desc.width = 0;
+        b.arrays[0].contents.clear();
+        refused(&b, "no width");
+        let mut b = good.clone();
+        b.mipmapped[0].handle = 12;
+        refused(&b, "a handle twice");
+        let mut b = good.clone();
+        b.levels[0].handle = 0;
+        refused(&b, "handle 0");
+        let mut b = good.clone();
+        b.mipmapped[0].levels.extend([vec![3], vec![3]]);
+        refused(&b, "more levels than the extent has");
+        let mut b = good.clone();
+        b.mipmapped[0].levels[1].push(0);
+        refused(&b, "a level of the wrong size");
+        let mut b = good.clone();
+        b.mipmapped[0].levels.clear();
+        refused(&b, "no level");
+        let mut b = good.clone();
+        b.levels[0].level = 2;
+        refused(&b, "a level the array does not have");
+        let mut b = good.clone();
+        b.levels[0].mipmapped = 12;
+        refused(&b, "a level of a plain array");
+        let mut b = good.clone();
+        b.levels.push(SavedLevel {
+            handle: 15,
+            ..b.levels[0]
+        });
+        refused(&b, "one level under two handles");
+        let mut b = good.clone();
+        b.objects[1].value = 3;
+        refused(&b, "an object value twice");
+        // The same value on another device is another object.
+        b.objects[1].dev = 0;
+        assert_eq!(SavedState::decode(&b.encode()), Ok(b.clone()));
+        let mut b = good.clone();
+        b.objects[0].value = 0;
+        refused(&b, "object value 0");
+        let mut b = good.clone();
+        b.objects[1].resource = SavedResource::Array(13);
+        refused(&b, "a surface over a mipmapped array's handle");
+        let mut b = good.clone();
+        b.objects[1].tex.filter = 1;
+        refused(&b, "a surface with a texture descriptor");
+        let mut b = good.clone();
+        b.objects[2].resource = SavedResource::Mipmapped(99);
+        refused(&b, "a texture over no array");
+        let mut b = good.clone();
+        b.objects[0].tex.address[2] = 4;
+        refused(&b, "an unknown address mode");
+        let mut b = good.clone();
+        b.objects[0].tex.flags = 0x100;
+        refused(&b, "unknown texture flags");
+        let mut b = good.clone();
+        b.objects[2].view = Some(SavedView {
+            format: 0x23,
+            ..SavedView::default()
+        });
+        refused(&b, "an unknown view format");
+        let mut b = good.clone();
+        if let SavedResource::Linear {
+            ref mut channels, ..
+        } = b.objects[0].resource
+        {
+            *channels = 3;
+        }
+        refused(&b, "linear memory of 3 channels");
+        // Counts past the session's limits.
+        let mut b = good.clone();
+        b.objects = (1..=MAX_OBJECTS as u64 + 1)
+            .map(|value| SavedObject {
+                value,
+                ..good.objects[1]
+            })
+            .collect();
+        refused(&b, "too many objects");
+        // A view flag that says absent over a view that is there.
+        let mut bytes = good.encode();
+        let mut o = Writer::default();
+        o.object(&good.objects[0]);
+        let at = bytes
+            .windows(o.0.len())
+            .position(|w| w == o.0.as_slice())
+            .unwrap();
+        let view_at = at + o.0.len() - (1 + 4 + 24 + 16);
+        bytes[view_at + 1] = 1;
+        assert_eq!(
+            SavedState::decode(&bytes),
+            Err(DecodeError::Field("object view"))
+        );
     }
 }

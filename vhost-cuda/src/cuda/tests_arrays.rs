@@ -6,7 +6,7 @@ use qcuda_proto::{
 
 use super::{ok, pattern, req, run, GpuState, Rig};
 
-fn device(addr: u64, pitch: u64, height: u64) -> Copy3DSide {
+pub(super) fn device(addr: u64, pitch: u64, height: u64) -> Copy3DSide {
     Copy3DSide {
         kind: COPY_DEVICE,
         addr,
@@ -16,7 +16,7 @@ fn device(addr: u64, pitch: u64, height: u64) -> Copy3DSide {
     }
 }
 
-fn array(handle: u64) -> Copy3DSide {
+pub(super) fn array(handle: u64) -> Copy3DSide {
     Copy3DSide {
         kind: COPY_ARRAY,
         addr: handle,
@@ -24,14 +24,14 @@ fn array(handle: u64) -> Copy3DSide {
     }
 }
 
-fn wire() -> Copy3DSide {
+pub(super) fn wire() -> Copy3DSide {
     Copy3DSide {
         kind: COPY_WIRE,
         ..Default::default()
     }
 }
 
-fn copy(src: Copy3DSide, dst: Copy3DSide, extent: [u64; 3]) -> Copy3D {
+pub(super) fn copy(src: Copy3DSide, dst: Copy3DSide, extent: [u64; 3]) -> Copy3D {
     Copy3D {
         src,
         dst,
@@ -41,14 +41,14 @@ fn copy(src: Copy3DSide, dst: Copy3DSide, extent: [u64; 3]) -> Copy3D {
     }
 }
 
-fn put(rig: &mut Rig, s: &mut GpuState, c: Copy3D, data: &[u8]) -> u32 {
+pub(super) fn put(rig: &mut Rig, s: &mut GpuState, c: Copy3D, data: &[u8]) -> u32 {
     let d = rig.buf(&c.encode());
     let b = rig.buf_runs(data, &[7, 50]);
     s.execute(&req(Op::Memcpy3DHtoD, 0, &[0], vec![d, b], vec![]))
         .status
 }
 
-fn get(rig: &mut Rig, s: &mut GpuState, c: Copy3D) -> (u32, Vec<u8>) {
+pub(super) fn get(rig: &mut Rig, s: &mut GpuState, c: Copy3D) -> (u32, Vec<u8>) {
     let d = rig.buf(&c.encode());
     let len = usize::try_from(c.packed_len().unwrap()).unwrap();
     let o = rig.out_runs(len, &[5, 64]);
@@ -223,7 +223,7 @@ fn arrays_copy_report_and_free() {
     );
 }
 
-fn tex_words(words: &[(usize, u64)]) -> Vec<u8> {
+pub(super) fn tex_words(words: &[(usize, u64)]) -> Vec<u8> {
     let mut w = [0u64; tex::WORDS];
     for &(i, v) in words {
         w[i] = v;

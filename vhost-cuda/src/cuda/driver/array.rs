@@ -198,6 +198,54 @@ pub(crate) fn format_bytes(f: u32) -> usize {
     }
 }
 
+/// CUDA_ARRAY3D_LAYERED.
+pub(crate) const ARRAY_LAYERED: u32 = 0x1;
+/// CUDA_ARRAY3D_CUBEMAP.
+pub(crate) const ARRAY_CUBEMAP: u32 = 0x4;
+
+/// An array's bytes as a 3D copy moves them: (bytes per row, rows, slices), every layer and
+/// cubemap face a slice. `None` for an unknown format or channel count, a zero width, or a
+/// size that overflows.
+pub(crate) fn array_layout(d: &ArrayDesc) -> Option<(usize, usize, usize)> {
+    let elem = format_bytes(d.format).checked_mul(d.channels as usize)?;
+    if elem == 0 || d.width == 0 || ![1, 2, 4].contains(&d.channels) {
+        return None;
+    }
+    let row = d.width.checked_mul(elem)?;
+    let (rows, slices) = (d.height.max(1), d.depth.max(1));
+    row.checked_mul(rows)?.checked_mul(slices)?;
+    Some((row, rows, slices))
+}
+
+/// Bytes of an array ([`array_layout`]'s product).
+pub(crate) fn array_bytes(d: &ArrayDesc) -> Option<usize> {
+    array_layout(d).map(|(row, rows, slices)| row * rows * slices)
+}
+
+/// The descriptor of level `level` of a mipmapped array of descriptor `d`, as CUDA sizes
+/// levels: each extent halved per level (at least 1; a 0 stays 0), but the layers of a layered
+/// array and the faces of a cubemap are not extents and stay.
+pub(crate) fn mip_level(d: &ArrayDesc, level: u32) -> ArrayDesc {
+    let half = |v: usize| match v {
+        0 => 0,
+        v => v.checked_shr(level).unwrap_or(0).max(1),
+    };
+    let keeps_depth = d.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+    ArrayDesc {
+        width: half(d.width),
+        height: half(d.height),
+        depth: if keeps_depth { d.depth } else { half(d.depth) },
+        ..*d
+    }
+}
+
+/// The most levels a mipmapped array of descriptor `d` has: 1 + floor(log2(largest extent)).
+pub(crate) fn max_mip_levels(d: &ArrayDesc) -> u32 {
+    let keeps_depth = d.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+    let depth = if keeps_depth { 1 } else { d.depth };
+    d.width.max(d.height).max(depth).max(1).ilog2() + 1
+}
+
 fn address_mode(m: u32) -> CuResult<sys::CUaddress_mode> {
     use sys::CUaddress_mode as A;
     Ok(match m {
@@ -559,6 +607,51 @@ impl ArrayDriverApi for NoDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn array_sizes_and_mip_levels_follow_cuda() {
+        let d = |width, height, depth, flags| ArrayDesc {
+            width,
+            height,
+            depth,
+            format: 0x20,
+            channels: 2,
+            flags,
+        };
+        // 1D, 2D, 3D, layered and cubemap arrays: every layer and face is a slice.
+        assert_eq!(array_layout(&d(5, 0, 0, 0)), Some((40, 1, 1)));
+        assert_eq!(array_layout(&d(5, 3, 0, 0)), Some((40, 3, 1)));
+        assert_eq!(array_layout(&d(5, 3, 2, 0)), Some((40, 3, 2)));
+        assert_eq!(array_bytes(&d(4, 4, 6, ARRAY_CUBEMAP)), Some(32 * 4 * 6));
+        assert_eq!(array_layout(&d(0, 3, 2, 0)), None);
+        assert_eq!(array_layout(&d(usize::MAX, 2, 2, 0)), None);
+        assert_eq!(
+            array_layout(&ArrayDesc {
+                format: 7,
+                ..d(1, 1, 1, 0)
+            }),
+            None
+        );
+        assert_eq!(
+            array_layout(&ArrayDesc {
+                channels: 3,
+                ..d(1, 1, 1, 0)
+            }),
+            None
+        );
+        // Levels halve every extent but layers and faces; a 0 stays 0.
+        let m = d(16, 5, 9, 0);
+        assert_eq!(max_mip_levels(&m), 5);
+        let l2 = mip_level(&m, 2);
+        assert_eq!((l2.width, l2.height, l2.depth), (4, 1, 2));
+        let l4 = mip_level(&m, 4);
+        assert_eq!((l4.width, l4.height, l4.depth), (1, 1, 1));
+        let layered = d(8, 8, 3, ARRAY_LAYERED);
+        assert_eq!(max_mip_levels(&layered), 4);
+        assert_eq!(mip_level(&layered, 3).depth, 3);
+        assert_eq!(mip_level(&d(8, 0, 0, 0), 1).height, 0);
+        assert_eq!(mip_level(&d(8, 0, 0, 0), 200).width, 1);
+    }
 
     /// Every `sys::cu*` call in this file is in ARRAY_SYMBOLS and the other way round.
     #[test]

@@ -72,8 +72,8 @@ pub(super) struct Ctx {
     arrays: HashMap<Raw, (super::array::ArrayDesc, Vec<u8>)>,
     /// Mipmapped arrays: their level arrays.
     mipmapped: HashMap<Raw, Vec<super::array::Array>>,
-    /// Texture and surface objects alive.
-    objects: HashSet<u64>,
+    /// Texture and surface objects alive: value -> what it views.
+    objects: BTreeMap<u64, super::array::Resource>,
     /// Stream priorities (clamped to `PRIORITY_RANGE`).
     priorities: HashMap<Raw, i32>,
     /// cuCtxSetCacheConfig.
@@ -162,6 +162,8 @@ impl State {
 pub(crate) struct FakeDriver {
     gpus: i32,
     state: Mutex<State>,
+    /// Texture/surface object values (fake_arrays.rs).
+    object_values: Mutex<arrays::ObjectValues>,
 }
 
 impl FakeDriver {
@@ -172,6 +174,7 @@ impl FakeDriver {
                 next: 0x1000,
                 ..State::default()
             }),
+            object_values: Mutex::default(),
         }
     }
 
@@ -466,9 +469,12 @@ impl DriverApi for FakeDriver {
 
     fn ctx_destroy(&self, ctx: Context) -> CuResult<()> {
         let mut st = self.enter("ctx_destroy")?;
-        st.contexts.remove(&ctx.raw()).ok_or(INVALID_CONTEXT)?;
+        let gone = st.contexts.remove(&ctx.raw()).ok_or(INVALID_CONTEXT)?;
         st.destroyed += 1;
         st.current.retain(|_, c| *c != ctx.raw());
+        drop(st);
+        // Its objects go with it: their values are free again.
+        self.free_object_values(gone.objects.keys().copied());
         Ok(())
     }
 

@@ -1,6 +1,8 @@
 //! The fake driver's arrays, pitched memory, 3D copies and texture/surface objects: arrays are
 //! byte vectors (rows of width × element bytes, height rows per slice), copies move real
-//! bytes, objects are fresh numbers. Checks what the real driver checks that the session
+//! bytes. Texture and surface objects are numbered per context as the driver is believed to
+//! number them (small integers from 1, the least free one first; [`FakeDriver::set_object_base`]
+//! moves the start, to play a driver that numbers them otherwise). Checks what the real driver checks that the session
 //! relies on: live handles, ranges inside allocations and arrays.
 
 use std::collections::{BTreeMap, HashMap};
@@ -8,8 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use super::{
     super::{
         array::{
-            format_bytes, Array, ArrayDesc, ArrayDriverApi, Copy3DParams, CopySide, Mem,
-            MipmappedArray, Resource, TexParams, ViewParams,
+            format_bytes, max_mip_levels, mip_level, Array, ArrayDesc, ArrayDriverApi,
+            Copy3DParams, CopySide, Mem, MipmappedArray, Resource, TexParams, ViewParams,
         },
         CuError, CuResult, DriverApi, Raw, Stream,
     },
@@ -59,6 +61,90 @@ fn row<'a>(
             }
             let off = (z * rows + y) * pitch + x;
             bytes.get_mut(off..off + len).ok_or(INVALID_VALUE)
+        }
+    }
+}
+
+/// How the fake numbers texture and surface objects: as the driver is believed to, small
+/// integers from 1 (or the base a test set), the least freed one first, one numbering for
+/// the whole process.
+#[derive(Debug, Default)]
+pub(crate) struct ObjectValues {
+    /// The least value handed out (0: 1).
+    base: u64,
+    /// The next value never handed out (0: `base`).
+    high: u64,
+    freed: std::collections::BTreeSet<u64>,
+}
+
+impl ObjectValues {
+    fn take(&mut self) -> u64 {
+        if let Some(v) = self.freed.pop_first() {
+            return v;
+        }
+        let v = self.high.max(self.base).max(1);
+        self.high = v + 1;
+        v
+    }
+}
+
+impl FakeDriver {
+    fn values(&self) -> std::sync::MutexGuard<'_, ObjectValues> {
+        self.object_values
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Arrays (level arrays included), mipmapped arrays and objects alive in every context.
+    pub(crate) fn array_objects(&self) -> (usize, usize, usize) {
+        let st = self.st();
+        let c = st.contexts.values();
+        c.fold((0, 0, 0), |(a, m, o), c| {
+            (
+                a + c.arrays.len(),
+                m + c.mipmapped.len(),
+                o + c.objects.len(),
+            )
+        })
+    }
+
+    /// Frees the values of objects gone with their context.
+    pub(super) fn free_object_values(&self, values: impl Iterator<Item = u64>) {
+        self.values().freed.extend(values);
+    }
+
+    /// Makes texture and surface objects take values from `base` up (a driver that numbers
+    /// them unlike the one a state was saved under).
+    pub(crate) fn set_object_base(&self, base: u64) {
+        self.values().base = base;
+    }
+
+    /// The bytes texture or surface object `obj` views, from any context: an array's (a
+    /// mipmapped array's first level), or the device memory of a linear or pitched resource.
+    pub(crate) fn object_reads(&self, obj: u64) -> Option<Vec<u8>> {
+        let res = {
+            let st = self.st();
+            let c = st
+                .contexts
+                .values()
+                .find(|c| c.objects.contains_key(&obj))?;
+            let res = *c.objects.get(&obj)?;
+            let array = match res {
+                Resource::Array(a) => Some(a),
+                Resource::Mipmapped(m) => c.mipmapped.get(&m.raw())?.first().copied(),
+                _ => None,
+            };
+            if let Some(a) = array {
+                return c.arrays.get(&a.raw()).map(|(_, v)| v.clone());
+            }
+            res
+        };
+        match res {
+            Resource::Linear { ptr, size, .. } => self.peek(ptr, size),
+            Resource::Pitch2D {
+                ptr, height, pitch, ..
+            } => self.peek(ptr, pitch * height),
+            _ => None,
         }
     }
 }
@@ -165,16 +251,20 @@ impl ArrayDriverApi for FakeDriver {
         if levels == 0 {
             return Err(INVALID_VALUE);
         }
+        if levels > max_mip_levels(d) {
+            return Err(INVALID_VALUE);
+        }
         let mut level_arrays = Vec::new();
-        let mut l = *d;
-        for _ in 0..levels {
-            level_arrays.push(self.array_create(&l)?);
-            l.width = (l.width / 2).max(1);
-            l.height = if l.height == 0 {
-                0
-            } else {
-                (l.height / 2).max(1)
-            };
+        for l in 0..levels {
+            match self.array_create(&mip_level(d, l)) {
+                Ok(a) => level_arrays.push(a),
+                Err(e) => {
+                    for a in level_arrays {
+                        let _ = self.array_destroy(a);
+                    }
+                    return Err(e);
+                }
+            }
         }
         self.with_ctx("mipmapped_array_create", |c, next| {
             let m = fresh(next);
@@ -206,7 +296,7 @@ impl ArrayDriverApi for FakeDriver {
         _tex: &TexParams,
         _view: Option<&ViewParams>,
     ) -> CuResult<u64> {
-        self.with_ctx("tex_object_create", |c, next| {
+        self.with_ctx("tex_object_create", |c, _| {
             match *res {
                 Resource::Array(a) if !c.arrays.contains_key(&a.raw()) => {
                     return Err(INVALID_HANDLE)
@@ -216,32 +306,42 @@ impl ArrayDriverApi for FakeDriver {
                 }
                 _ => {}
             }
-            let t = fresh(next) as u64;
-            c.objects.insert(t);
+            Ok(())
+        })?;
+        let t = self.values().take();
+        self.with_ctx("tex_object_create", |c, _| {
+            c.objects.insert(t, *res);
             Ok(t)
         })
     }
 
     fn tex_object_destroy(&self, obj: u64) -> CuResult<()> {
         self.with_ctx("tex_object_destroy", |c, _| {
-            c.objects.remove(&obj).then_some(()).ok_or(INVALID_VALUE)
-        })
+            c.objects.remove(&obj).map(|_| ()).ok_or(INVALID_VALUE)
+        })?;
+        self.values().freed.insert(obj);
+        Ok(())
     }
 
     fn surf_object_create(&self, array: Array) -> CuResult<u64> {
-        self.with_ctx("surf_object_create", |c, next| {
+        self.with_ctx("surf_object_create", |c, _| {
             if !c.arrays.contains_key(&array.raw()) {
                 return Err(INVALID_HANDLE);
             }
-            let s = fresh(next) as u64;
-            c.objects.insert(s);
+            Ok(())
+        })?;
+        let s = self.values().take();
+        self.with_ctx("surf_object_create", |c, _| {
+            c.objects.insert(s, Resource::Array(array));
             Ok(s)
         })
     }
 
     fn surf_object_destroy(&self, obj: u64) -> CuResult<()> {
         self.with_ctx("surf_object_destroy", |c, _| {
-            c.objects.remove(&obj).then_some(()).ok_or(INVALID_VALUE)
-        })
+            c.objects.remove(&obj).map(|_| ()).ok_or(INVALID_VALUE)
+        })?;
+        self.values().freed.insert(obj);
+        Ok(())
     }
 }

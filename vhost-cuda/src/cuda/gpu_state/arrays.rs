@@ -4,7 +4,9 @@
 //! Arrays and mipmapped arrays reach the guest as session-local handles; the level arrays of a
 //! mipmapped array get handles too, owned by it. Texture and surface objects are different:
 //! kernels take the driver's 64-bit value as an argument, so the guest gets the real value,
-//! and the session keeps the set of values it created, destroying only those. Every device
+//! and the session keeps the values it created (by device: a driver may number each context's
+//! objects on its own), with how each was made (for a saved state: `arrays/saved.rs`),
+//! destroying only those. Every device
 //! range a copy, memset or texture touches is checked against the session's memory first
 //! (the whole span from the first to the last byte, overflow-checked), and every array offset
 //! and extent against the array's own size.
@@ -18,31 +20,28 @@ use qcuda_proto::{
 use super::{
     super::{
         driver::array::{
-            format_bytes, ArrayDesc, Copy3DParams, CopySide, Mem, Resource, TexParams, ViewParams,
+            format_bytes, max_mip_levels, ArrayDesc, Copy3DParams, CopySide, Mem, Resource,
+            TexParams, ViewParams,
         },
         driver::array::{Array, MipmappedArray},
         handles::HandleTable,
+        saved_state::{
+            tex_desc_ok, SavedResource, SavedTexDesc, SavedView, ARRAY_FLAGS, MAX_ARRAYS,
+            MAX_MIPMAPPED, MAX_OBJECTS,
+        },
     },
     flags_u32, ok, ok_rets, on, to_usize, Fault, GpuState, OpResult,
 };
 use crate::guest_buffer::Request;
 
+mod saved;
+
 /// The row alignment of pitched allocations in the session's range: what cuMemAllocPitch
 /// gives.
 const PITCH_ALIGN: usize = 512;
-/// Most arrays (level arrays included) a session may hold.
-const MAX_ARRAYS: usize = 1 << 16;
-/// Most mipmapped arrays a session may hold.
-const MAX_MIPMAPPED: usize = 1 << 14;
-/// Most texture and surface objects a session may hold.
-const MAX_OBJECTS: usize = 1 << 16;
-/// CUDA_ARRAY3D_LAYERED | SURFACE_LDST | CUBEMAP | TEXTURE_GATHER.
-const ARRAY_FLAGS: u64 = 0xf;
-/// CU_TRSF_READ_AS_INTEGER | NORMALIZED_COORDINATES | SRGB | DISABLE_TRILINEAR_OPTIMIZATION |
-/// SEAMLESS_CUBEMAP.
-const TEX_FLAGS: u64 = 0x73;
-/// The last `CUresourceViewFormat` (CU_RES_VIEW_FORMAT_UNSIGNED_BC7).
-const MAX_VIEW_FORMAT: u64 = 0x22;
+// The most arrays (level arrays included), mipmapped arrays and texture or surface objects a
+// session may hold, and the flags they may have, are the saved state's (`saved_state.rs`), so
+// that whatever a session holds can be saved and nothing else can be restored.
 
 #[derive(Debug)]
 struct ArrayEntry {
@@ -51,18 +50,30 @@ struct ArrayEntry {
     desc: ArrayDesc,
     /// The mipmapped array a level array belongs to.
     owner: Option<u64>,
+    /// Which level of it (0 for an array of its own).
+    level: u32,
 }
 
 #[derive(Debug)]
 struct MipmappedEntry {
     dev: usize,
     raw: MipmappedArray,
+    /// Level 0's descriptor, and the level count (clamped as the driver clamps it).
+    desc: ArrayDesc,
+    levels: u32,
 }
 
+/// A texture or surface object, with how it was made (what a saved state needs to make it
+/// again).
 #[derive(Debug, Clone, Copy)]
 struct ObjectEntry {
     dev: usize,
     surface: bool,
+    /// Creation order among the session's objects.
+    seq: u64,
+    resource: SavedResource,
+    tex: TexParams,
+    view: Option<ViewParams>,
 }
 
 /// What the session owns of arrays and objects.
@@ -70,7 +81,10 @@ struct ObjectEntry {
 pub(super) struct ArrayState {
     arrays: HandleTable<ArrayEntry>,
     mipmapped: HandleTable<MipmappedEntry>,
-    objects: HashMap<u64, ObjectEntry>,
+    /// By (device, value): a driver may number each context's objects on its own.
+    objects: HashMap<(usize, u64), ObjectEntry>,
+    /// The next object's [`ObjectEntry::seq`].
+    next_seq: u64,
 }
 
 impl Default for ArrayState {
@@ -79,21 +93,17 @@ impl Default for ArrayState {
             arrays: HandleTable::new(MAX_ARRAYS),
             mipmapped: HandleTable::new(MAX_MIPMAPPED),
             objects: HashMap::new(),
+            next_seq: 0,
         }
     }
 }
 
 impl ArrayState {
     /// Forgets everything on `dev` (its context, which owned it, is gone).
-    /// True if the session holds no array, mipmapped array, texture or surface object.
-    pub(super) fn is_empty(&self) -> bool {
-        self.arrays.len() == 0 && self.mipmapped.len() == 0 && self.objects.is_empty()
-    }
-
     pub(super) fn forget_device(&mut self, dev: usize) {
         self.arrays.retain(|a| a.dev != dev);
         self.mipmapped.retain(|m| m.dev != dev);
-        self.objects.retain(|_, o| o.dev != dev);
+        self.objects.retain(|&(d, _), _| d != dev);
     }
 }
 
@@ -113,6 +123,55 @@ fn pitched_span(pitch: u64, rows: u64, extent: [u64; 3]) -> Option<u64> {
         .checked_mul(slice)?
         .checked_add((h - 1).checked_mul(pitch)?)?
         .checked_add(w)
+}
+
+/// A texture descriptor in the saved state's terms (floats as their bits).
+fn saved_tex(t: &TexParams) -> SavedTexDesc {
+    SavedTexDesc {
+        address: t.address,
+        filter: t.filter,
+        flags: t.flags,
+        max_anisotropy: t.max_anisotropy,
+        mipmap_filter: t.mipmap_filter,
+        mipmap_bias: t.mipmap_bias.to_bits(),
+        min_clamp: t.min_clamp.to_bits(),
+        max_clamp: t.max_clamp.to_bits(),
+        border: t.border.map(f32::to_bits),
+    }
+}
+
+fn tex_params(t: &SavedTexDesc) -> TexParams {
+    TexParams {
+        address: t.address,
+        filter: t.filter,
+        flags: t.flags,
+        max_anisotropy: t.max_anisotropy,
+        mipmap_filter: t.mipmap_filter,
+        mipmap_bias: f32::from_bits(t.mipmap_bias),
+        min_clamp: f32::from_bits(t.min_clamp),
+        max_clamp: f32::from_bits(t.max_clamp),
+        border: t.border.map(f32::from_bits),
+    }
+}
+
+fn saved_view(v: &ViewParams) -> SavedView {
+    SavedView {
+        format: v.format,
+        extent: v.extent.map(|e| e as u64),
+        levels: v.levels,
+    }
+}
+
+fn view_params(v: &SavedView) -> Result<ViewParams, Fault> {
+    Ok(ViewParams {
+        format: v.format,
+        extent: [
+            to_usize(v.extent[0])?,
+            to_usize(v.extent[1])?,
+            to_usize(v.extent[2])?,
+        ],
+        levels: v.levels,
+    })
 }
 
 fn word(words: &[u64], i: usize) -> u64 {
@@ -364,7 +423,7 @@ impl GpuState {
         if format_bytes(format) == 0 {
             return Err(invalid());
         }
-        let flags = flags_u32(flags, ARRAY_FLAGS)?;
+        let flags = flags_u32(flags, u64::from(ARRAY_FLAGS))?;
         let levels = u32::try_from(levels).map_err(|_| invalid())?;
         let desc = ArrayDesc {
             width: to_usize(w)?,
@@ -377,8 +436,7 @@ impl GpuState {
         // As CUDA documents for mipmapped arrays, the level count is clamped to
         // 1 + floor(log2(largest extent)): a hostile count must not make the driver (or the
         // test double) loop over billions of 1 x 1 levels.
-        let largest = desc.width.max(desc.height).max(desc.depth).max(1);
-        let levels = levels.min(largest.ilog2() + 1);
+        let levels = levels.min(max_mip_levels(&desc));
         let dev = self.bind_new(req)?;
         if levels == 0 {
             if !self.arrays.arrays.has_room() {
@@ -390,6 +448,7 @@ impl GpuState {
                 raw,
                 desc,
                 owner: None,
+                level: 0,
             };
             let Some(handle) = self.arrays.arrays.insert(&mut self.ids, entry) else {
                 let _ = self.drv.array_destroy(raw);
@@ -404,11 +463,15 @@ impl GpuState {
             .drv
             .mipmapped_array_create(&desc, levels)
             .map_err(on(dev))?;
-        let Some(handle) = self
-            .arrays
-            .mipmapped
-            .insert(&mut self.ids, MipmappedEntry { dev, raw })
-        else {
+        let Some(handle) = self.arrays.mipmapped.insert(
+            &mut self.ids,
+            MipmappedEntry {
+                dev,
+                raw,
+                desc,
+                levels,
+            },
+        ) else {
             let _ = self.drv.mipmapped_array_destroy(raw);
             return Err(status::MEMORY_ALLOCATION.into());
         };
@@ -474,6 +537,7 @@ impl GpuState {
             raw: level_raw,
             desc,
             owner: Some(handle),
+            level,
         };
         let h = self
             .arrays
@@ -506,53 +570,106 @@ impl GpuState {
             .ok_or(Fault::Status(status::INVALID_RESOURCE_HANDLE))
     }
 
-    /// The resource of a texture object, checked; its device.
-    fn resource(&self, req: &Request, words: &[u64]) -> Result<(usize, Resource), Fault> {
+    /// The resource of a texture object from the guest's words, in the session's terms, and
+    /// the device linear memory is named on (the request's).
+    fn resource_words(
+        &self,
+        req: &Request,
+        words: &[u64],
+    ) -> Result<(Option<usize>, SavedResource), Fault> {
         let handle = word(words, tex::RES_HANDLE);
         let format = word_u32(words, tex::RES_FORMAT)?;
         let channels = word_u32(words, tex::RES_CHANNELS)?;
-        let elem = format_bytes(format) as u64 * u64::from(channels);
-        let linear_ok = elem != 0 && [1, 2, 4].contains(&channels);
-        match word(words, tex::RES_TYPE) {
-            0 => {
-                let (dev, raw) = self.array(handle)?;
-                Ok((dev, Resource::Array(raw)))
+        Ok(match word(words, tex::RES_TYPE) {
+            0 => (None, SavedResource::Array(handle)),
+            1 => (None, SavedResource::Mipmapped(handle)),
+            2 => (
+                Some(self.device(req)?),
+                SavedResource::Linear {
+                    ptr: handle,
+                    format,
+                    channels,
+                    size: word(words, tex::RES_WIDTH),
+                },
+            ),
+            3 => (
+                Some(self.device(req)?),
+                SavedResource::Pitch2D {
+                    ptr: handle,
+                    format,
+                    channels,
+                    width: word(words, tex::RES_WIDTH),
+                    height: word(words, tex::RES_HEIGHT),
+                    pitch: word(words, tex::RES_PITCH),
+                },
+            ),
+            _ => return Err(invalid()),
+        })
+    }
+
+    /// The driver's resource of `res`, checked: arrays must be the session's (on `dev`, if
+    /// given), memory ranges the session's on `dev` (required for them). Its device.
+    fn resource(
+        &self,
+        dev: Option<usize>,
+        res: &SavedResource,
+    ) -> Result<(usize, Resource), Fault> {
+        let linear_ok =
+            |format: u32, channels: u32| format_bytes(format) != 0 && [1, 2, 4].contains(&channels);
+        let same = |d: usize| match dev {
+            Some(want) if want != d => Err(invalid()),
+            _ => Ok(d),
+        };
+        match *res {
+            SavedResource::Array(handle) => {
+                let (d, raw) = self.array(handle)?;
+                Ok((same(d)?, Resource::Array(raw)))
             }
-            1 => match self.arrays.mipmapped.get(handle) {
-                Some(m) => Ok((m.dev, Resource::Mipmapped(m.raw))),
+            SavedResource::Mipmapped(handle) => match self.arrays.mipmapped.get(handle) {
+                Some(m) => Ok((same(m.dev)?, Resource::Mipmapped(m.raw))),
                 None => Err(status::INVALID_RESOURCE_HANDLE.into()),
             },
-            2 => {
-                let size = word(words, tex::RES_WIDTH);
-                let dev = self.device(req)?;
-                if !linear_ok || size == 0 {
+            SavedResource::Linear {
+                ptr,
+                format,
+                channels,
+                size,
+            } => {
+                let dev = dev.ok_or_else(invalid)?;
+                if !linear_ok(format, channels) || size == 0 {
                     return Err(invalid());
                 }
-                self.check_range_ro(dev, handle, size)?;
+                self.check_range_ro(dev, ptr, size)?;
                 Ok((
                     dev,
                     Resource::Linear {
-                        ptr: handle,
+                        ptr,
                         format,
                         channels,
                         size: to_usize(size)?,
                     },
                 ))
             }
-            3 => {
-                let [width, height, pitch] =
-                    [tex::RES_WIDTH, tex::RES_HEIGHT, tex::RES_PITCH].map(|i| word(words, i));
-                let dev = self.device(req)?;
+            SavedResource::Pitch2D {
+                ptr,
+                format,
+                channels,
+                width,
+                height,
+                pitch,
+            } => {
+                let dev = dev.ok_or_else(invalid)?;
+                let elem = format_bytes(format) as u64 * u64::from(channels);
                 let row = width.checked_mul(elem).ok_or_else(invalid)?;
-                if !linear_ok || row == 0 || height == 0 {
+                if !linear_ok(format, channels) || row == 0 || height == 0 {
                     return Err(invalid());
                 }
                 let span = pitched_span(pitch, height, [row, height, 1]).ok_or_else(invalid)?;
-                self.check_range_ro(dev, handle, span)?;
+                self.check_range_ro(dev, ptr, span)?;
                 Ok((
                     dev,
                     Resource::Pitch2D {
-                        ptr: handle,
+                        ptr,
                         format,
                         channels,
                         width: to_usize(width)?,
@@ -561,7 +678,6 @@ impl GpuState {
                     },
                 ))
             }
-            _ => Err(invalid()),
         }
     }
 
@@ -576,10 +692,8 @@ impl GpuState {
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
             .collect();
-        let (dev, res) = self.resource(req, &words)?;
-        if word(&words, tex::FLAGS) & !TEX_FLAGS != 0 {
-            return Err(invalid());
-        }
+        let (dev, saved_res) = self.resource_words(req, &words)?;
+        let (dev, res) = self.resource(dev, &saved_res)?;
         let t = TexParams {
             address: [
                 word_u32(&words, tex::ADDRESS_MODE)?,
@@ -600,14 +714,6 @@ impl GpuState {
                 word_f32(&words, tex::BORDER_COLOR + 3)?,
             ],
         };
-        // The driver's enums take only their own values (driver/array.rs converts them).
-        if t.address.iter().any(|m| *m > 3)
-            || t.filter > 1
-            || t.mipmap_filter > 1
-            || word(&words, tex::VIEW_FORMAT) > MAX_VIEW_FORMAT
-        {
-            return Err(invalid());
-        }
         let view = match word(&words, tex::VIEW_PRESENT) {
             0 => None,
             1 => Some(ViewParams {
@@ -626,39 +732,68 @@ impl GpuState {
             }),
             _ => return Err(invalid()),
         };
-        self.new_object(dev, false, |drv| {
-            drv.tex_object_create(&res, &t, view.as_ref())
-        })
+        // The driver's enums take only their own values (driver/array.rs converts them).
+        if !tex_desc_ok(&saved_tex(&t), view.as_ref().map(saved_view).as_ref()) {
+            return Err(invalid());
+        }
+        let made = ObjectEntry {
+            dev,
+            surface: false,
+            seq: 0,
+            resource: saved_res,
+            tex: t,
+            view,
+        };
+        self.new_object(made, |drv| drv.tex_object_create(&res, &t, view.as_ref()))
     }
 
     /// `SurfObjectCreate` over an array.
     pub(super) fn surf_object_create(&mut self, req: &Request) -> OpResult {
-        let (dev, raw) = self.array(req.header().args[0])?;
-        self.new_object(dev, true, |drv| drv.surf_object_create(raw))
+        let handle = req.header().args[0];
+        let (dev, raw) = self.array(handle)?;
+        let made = ObjectEntry {
+            dev,
+            surface: true,
+            seq: 0,
+            resource: SavedResource::Array(handle),
+            tex: TexParams::default(),
+            view: None,
+        };
+        self.new_object(made, |drv| drv.surf_object_create(raw))
     }
 
     fn new_object(
         &mut self,
-        dev: usize,
-        surface: bool,
+        mut made: ObjectEntry,
         create: impl FnOnce(&dyn super::super::driver::DriverApi) -> super::super::driver::CuResult<u64>,
     ) -> OpResult {
+        let dev = made.dev;
         self.bind(dev)?;
         if self.arrays.objects.len() >= MAX_OBJECTS {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let obj = create(self.drv.as_ref()).map_err(on(dev))?;
-        self.arrays
-            .objects
-            .insert(obj, ObjectEntry { dev, surface });
+        made.seq = self.arrays.next_seq;
+        self.arrays.next_seq += 1;
+        self.arrays.objects.insert((dev, obj), made);
         ok_rets(&[obj])
     }
 
-    /// `TexObjectDestroy` and `SurfObjectDestroy`: only objects the session created.
+    /// `TexObjectDestroy` and `SurfObjectDestroy`: only objects the session created; the one
+    /// on the caller's current device, else the only one of that value on any device.
     pub(super) fn object_destroy(&mut self, req: &Request) -> OpResult {
         let obj = req.header().args[0];
         let surface = req.op() == qcuda_proto::Op::SurfObjectDestroy;
-        let o = match self.arrays.objects.get(&obj) {
+        let here = self
+            .device(req)
+            .ok()
+            .and_then(|d| self.arrays.objects.get(&(d, obj)));
+        let mut anywhere = self.arrays.objects.iter().filter(|(&(_, v), _)| v == obj);
+        let only = match (anywhere.next(), anywhere.next()) {
+            (Some((_, o)), None) => Some(o),
+            _ => None,
+        };
+        let o = match here.or(only) {
             Some(o) if o.surface == surface => *o,
             _ => return Err(invalid()),
         };
@@ -668,7 +803,7 @@ impl GpuState {
         } else {
             self.drv.tex_object_destroy(obj)
         };
-        self.arrays.objects.remove(&obj);
+        self.arrays.objects.remove(&(o.dev, obj));
         r.map_err(on(o.dev))?;
         ok()
     }

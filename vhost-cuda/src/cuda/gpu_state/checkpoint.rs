@@ -16,8 +16,9 @@
 //!
 //! What the record cannot make again is refused at capture, with the program left running
 //! ([`CheckpointError::Unsupported`]): the graphs and executable graphs `graphs/saved.rs`
-//! cannot make again (graphs and executable graphs themselves are saved), CUDA arrays and texture or
-//! surface objects, stream-ordered allocations still live (the driver's pools place them;
+//! cannot make again (graphs and executable graphs themselves are saved), the texture or
+//! surface objects `arrays/saved.rs` cannot make again (arrays, mipmapped arrays and objects
+//! themselves are saved), stream-ordered allocations still live (the driver's pools place them;
 //! the pools themselves, the default ones and those the program created, are saved with their
 //! attributes, access and which one is current), graph memory, and allocations outside a
 //! reserved range. Guest memory mapped for the GPU (pinned, registered and managed memory) is
@@ -25,7 +26,10 @@
 //! program's own VMM objects (`vmm.rs`) are saved: each physical allocation with its
 //! properties, handle (and its reference count) and contents, read through a window of its
 //! own; each reservation, made again at its address with the address as the hint (refused if
-//! the driver places it elsewhere); each mapping with its offset and access.
+//! the driver places it elsewhere); each mapping with its offset and access. CUDA arrays,
+//! mipmapped arrays (every level) and texture and surface objects are saved too
+//! (`arrays/saved.rs`): arrays come back under their handles with their contents, objects with
+//! their old values or not at all (the restore fails).
 //!
 //! [`GpuState::save`] is the capture encoded (`saved_state.rs`), and [`GpuState::restore`]
 //! decodes and restores bytes from anywhere into a fresh state: the path a restart of the
@@ -125,11 +129,6 @@ impl GpuState {
         }
         if self.ipc.shares() {
             return Err(CheckpointError::Unsupported(IPC_SHARED));
-        }
-        if !self.arrays.is_empty() {
-            return Err(CheckpointError::Unsupported(
-                "CUDA arrays, texture or surface objects",
-            ));
         }
         for c in self.devices.iter().flatten() {
             if !c.memory.stream_ordered().is_empty() {
@@ -358,6 +357,7 @@ impl GpuState {
         (saved.graphs, saved.conditionals, saved.execs) = self.capture_graphs()?;
         // Reading the graphs gives handles to the nodes and held graphs that had none.
         saved.last_handle = self.ids.last();
+        (saved.arrays, saved.mipmapped, saved.levels, saved.objects) = self.capture_arrays()?;
         debug!(
             session = self.id,
             bytes = saved.device_bytes(),
@@ -369,7 +369,7 @@ impl GpuState {
     }
 
     /// A guest device ordinal from a saved state, checked.
-    fn saved_dev(&self, dev: u32) -> Result<usize, CheckpointError> {
+    pub(super) fn saved_dev(&self, dev: u32) -> Result<usize, CheckpointError> {
         usize::try_from(dev)
             .ok()
             .filter(|&d| d < self.devices.len())
@@ -483,6 +483,7 @@ impl GpuState {
         self.restore_streams_and_events(saved)?;
         self.restore_pools(saved)?;
         self.restore_graphs(saved)?;
+        self.restore_arrays(saved)?;
         for dev in 0..self.devices.len() {
             if self.bind_existing(dev)? {
                 self.drv.ctx_synchronize().map_err(on(dev))?;

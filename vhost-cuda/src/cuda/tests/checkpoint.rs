@@ -1,6 +1,6 @@
 //! Capture, restore, pause and resume of the GPU state over the fake driver.
 
-use qcuda_proto::{HostRun, LaunchAttr, HOST_WINDOW_BASE};
+use qcuda_proto::{tex, HostRun, LaunchAttr, HOST_WINDOW_BASE};
 
 use super::*;
 use crate::cuda::{driver::vmm::VmmDriverApi, gpu_state::CheckpointError, saved_state::SavedState};
@@ -1115,5 +1115,354 @@ mod graphs {
             other => panic!("restored: {:?}", other.map(|_| ())),
         }
         assert_eq!(b.fake.live_contexts(), 0);
+    }
+}
+
+/// What a program holds of arrays and objects, and the bytes it put in them.
+struct Textures {
+    /// 8 x 4 floats, surface load/store: handle, contents.
+    flat: (u64, Vec<u8>),
+    /// 4 x 4 x 3 layers of 2 x u8: handle, contents.
+    layered: (u64, Vec<u8>),
+    /// 16 x 16 of 4 x u8, 3 levels, and handles of levels 0 and 2 with their contents.
+    mipmapped: u64,
+    levels: [(u64, Vec<u8>); 2],
+    /// Pitched memory (pointer, pitch) of 16 x 4 floats under a texture.
+    pitched: (u64, u64, Vec<u8>),
+    /// Texture over `flat`, texture over `pitched`, surface over `flat`, texture over
+    /// `mipmapped`.
+    objects: [u64; 4],
+}
+
+fn create_textures(rig: &mut Rig, s: &mut GpuState) -> Textures {
+    use super::arrays::{array, copy, put, tex_words, wire};
+    let filled = |rig: &mut Rig, s: &mut GpuState, handle: u64, extent: [u64; 3], seed: usize| {
+        let n = usize::try_from(extent.iter().product::<u64>()).unwrap();
+        let data: Vec<u8> = (0..n)
+            .map(|i: usize| (i * 7 + seed).to_le_bytes()[0])
+            .collect();
+        assert_eq!(
+            put(rig, s, copy(wire(), array(handle), extent), &data),
+            status::SUCCESS
+        );
+        (handle, data)
+    };
+    let flat = ok(run(s, Op::ArrayCreate, &[8, 4, 0, 0x20, 1, 2, 0]))[0];
+    let flat = filled(rig, s, flat, [32, 4, 1], 1);
+    let layered = ok(run(s, Op::ArrayCreate, &[4, 4, 3, 0x01, 2, 1, 0]))[0];
+    let layered = filled(rig, s, layered, [8, 4, 3], 2);
+    let mipmapped = ok(run(s, Op::ArrayCreate, &[16, 16, 0, 0x01, 4, 0, 3]))[0];
+    let l0 = ok(run(s, Op::MipmappedArrayLevel, &[mipmapped, 0]))[0];
+    let l2 = ok(run(s, Op::MipmappedArrayLevel, &[mipmapped, 2]))[0];
+    let levels = [
+        filled(rig, s, l0, [64, 16, 1], 3),
+        filled(rig, s, l2, [16, 4, 1], 4),
+    ];
+    let r = ok(run(s, Op::MallocPitch, &[64, 4]));
+    let (ptr, pitch) = (r[0], r[1]);
+    let bytes: Vec<u8> = (0..pitch * 4).map(|i| (i * 3).to_le_bytes()[0]).collect();
+    ok(htod(rig, s, ptr, &bytes, &[100]));
+    let tex = |rig: &mut Rig, s: &mut GpuState, words: &[(usize, u64)]| {
+        let t = rig.buf(&tex_words(words));
+        ok(s.execute(&req(Op::TexObjectCreate, 0, &[], vec![t], vec![])))[0]
+    };
+    // A value freed before the capture: the restore has to step over it.
+    let gone = tex(rig, s, &[(tex::RES_TYPE, 0), (tex::RES_HANDLE, flat.0)]);
+    let over_flat = tex(
+        rig,
+        s,
+        &[
+            (tex::RES_TYPE, 0),
+            (tex::RES_HANDLE, flat.0),
+            (tex::ADDRESS_MODE, 1),
+            (tex::FILTER_MODE, 1),
+            (tex::FLAGS, 2),
+            (tex::BORDER_COLOR, u64::from(0.25f32.to_bits())),
+        ],
+    );
+    let over_pitched = tex(
+        rig,
+        s,
+        &[
+            (tex::RES_TYPE, 3),
+            (tex::RES_HANDLE, ptr),
+            (tex::RES_FORMAT, 0x20),
+            (tex::RES_CHANNELS, 1),
+            (tex::RES_WIDTH, 16),
+            (tex::RES_HEIGHT, 4),
+            (tex::RES_PITCH, pitch),
+        ],
+    );
+    let surface = ok(run(s, Op::SurfObjectCreate, &[flat.0]))[0];
+    let over_mipmapped = tex(
+        rig,
+        s,
+        &[
+            (tex::RES_TYPE, 1),
+            (tex::RES_HANDLE, mipmapped),
+            (tex::MIPMAP_FILTER_MODE, 1),
+            (tex::MAX_MIPMAP_LEVEL_CLAMP, u64::from(2.0f32.to_bits())),
+            (tex::VIEW_PRESENT, 1),
+            (tex::VIEW_FORMAT, 3),
+            (tex::VIEW_EXTENT, 16),
+            (tex::VIEW_EXTENT + 1, 16),
+            (tex::VIEW_LEVELS + 1, 2),
+        ],
+    );
+    ok(run(s, Op::TexObjectDestroy, &[gone]));
+    Textures {
+        flat,
+        layered,
+        mipmapped,
+        levels,
+        pitched: (ptr, pitch, bytes),
+        objects: [over_flat, over_pitched, surface, over_mipmapped],
+    }
+}
+
+/// Checks every array's contents through a copy, and what every object views in the fake.
+fn check_textures(rig: &mut Rig, s: &mut GpuState, t: &Textures) {
+    use super::arrays::{array, copy, get, wire};
+    for ((handle, data), extent) in [
+        (&t.flat, [32, 4, 1]),
+        (&t.layered, [8, 4, 3]),
+        (&t.levels[0], [64, 16, 1]),
+        (&t.levels[1], [16, 4, 1]),
+    ] {
+        let (st, back) = get(rig, s, copy(array(*handle), wire(), extent));
+        assert_eq!((st, &back), (status::SUCCESS, data), "array {handle}");
+    }
+    assert_eq!(
+        ok(run(s, Op::ArrayInfo, &[t.flat.0]))[..6],
+        [8, 4, 0, 0x20, 1, 2]
+    );
+    assert_eq!(
+        ok(run(s, Op::ArrayInfo, &[t.layered.0]))[..6],
+        [4, 4, 3, 1, 2, 1]
+    );
+    assert_eq!(ok(run(s, Op::ArrayInfo, &[t.levels[1].0]))[..2], [4, 4]);
+    let [over_flat, over_pitched, surface, over_mipmapped] = t.objects;
+    assert_eq!(rig.fake.object_reads(over_flat).as_ref(), Some(&t.flat.1));
+    assert_eq!(rig.fake.object_reads(surface).as_ref(), Some(&t.flat.1));
+    assert_eq!(
+        rig.fake.object_reads(over_mipmapped).as_ref(),
+        Some(&t.levels[0].1)
+    );
+    assert_eq!(
+        rig.fake.object_reads(over_pitched).as_ref(),
+        Some(&t.pitched.2)
+    );
+}
+
+#[test]
+fn arrays_mipmaps_and_objects_come_back_under_their_handles_and_values() {
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    let p = build(&mut a, &mut s);
+    let t = create_textures(&mut a, &mut s);
+    check_textures(&mut a, &mut s, &t);
+    // The freed value is below the live ones: the restore must step over it.
+    assert_eq!(a.fake.object_reads(1), None);
+    assert!(t.objects.iter().all(|&v| v > 1));
+    let saved = s.capture().unwrap();
+    assert_eq!(
+        (
+            saved.arrays.len(),
+            saved.mipmapped.len(),
+            saved.levels.len(),
+            saved.objects.len()
+        ),
+        (2, 1, 2, 4)
+    );
+    // In creation order, each with its own descriptor.
+    let values: Vec<u64> = saved.objects.iter().map(|o| o.value).collect();
+    assert_eq!(values, t.objects);
+    assert_eq!(saved.mipmapped[0].levels.len(), 3);
+    let bytes = saved.encode();
+    assert_eq!(SavedState::decode(&bytes).unwrap(), saved);
+    check_textures(&mut a, &mut s, &t);
+    drop(s);
+
+    let mut b = Rig::new(1);
+    let mut r = GpuState::restore(&b.host, 3, &bytes).unwrap();
+    check(&mut b, &mut r, &p);
+    check_textures(&mut b, &mut r, &t);
+    // The fillers that took the freed value are gone again.
+    assert_eq!(b.fake.object_reads(1), None);
+    assert_eq!(b.fake.array_objects().2, 4);
+    // The level without a handle came back too (zeros), and gets a new handle.
+    let l1 = ok(run(&mut r, Op::MipmappedArrayLevel, &[t.mipmapped, 1]))[0];
+    assert!(l1 > saved.last_handle);
+    let (st, back) = super::arrays::get(
+        &mut b,
+        &mut r,
+        super::arrays::copy(super::arrays::array(l1), super::arrays::wire(), [32, 8, 1]),
+    );
+    assert_eq!((st, back), (status::SUCCESS, vec![0; 256]));
+    assert_eq!(
+        ok(run(&mut r, Op::MipmappedArrayLevel, &[t.mipmapped, 2]))[0],
+        t.levels[1].0
+    );
+    // Saved again just the same (and the new level handle).
+    let again = r.capture().unwrap();
+    assert_eq!(again.arrays, saved.arrays);
+    assert_eq!(again.mipmapped, saved.mipmapped);
+    assert_eq!(again.objects, saved.objects);
+    assert_eq!(again.levels.len(), 3);
+    // The objects are the session's: destroyed by their values; a level goes only with its
+    // mipmapped array.
+    for (i, &o) in t.objects.iter().enumerate() {
+        let op = if i == 2 {
+            Op::SurfObjectDestroy
+        } else {
+            Op::TexObjectDestroy
+        };
+        ok(run(&mut r, op, &[o]));
+    }
+    assert_eq!(
+        run(&mut r, Op::ArrayDestroy, &[t.levels[0].0, 0]).status,
+        status::INVALID_VALUE
+    );
+    ok(run(&mut r, Op::ArrayDestroy, &[t.mipmapped, 1]));
+    ok(run(&mut r, Op::ArrayDestroy, &[t.flat.0, 0]));
+    assert_eq!(b.fake.array_objects(), (1, 0, 0));
+    drop(r);
+    assert_eq!(b.fake.live_contexts(), 0);
+}
+
+#[test]
+fn a_restore_the_driver_would_give_other_object_values_fails_and_leaves_nothing() {
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    let p = build(&mut a, &mut s);
+    let t = create_textures(&mut a, &mut s);
+    let bytes = s.save().unwrap();
+    drop(s);
+    // A driver that numbers objects from 100: the first object would get another value.
+    let b = Rig::new(1);
+    b.fake.set_object_base(100);
+    let mut r = GpuState::open(&b.host, 3);
+    let err = r.restore_saved(&bytes).unwrap_err();
+    assert!(
+        matches!(&err, CheckpointError::Mismatch(m) if m.contains("the driver gives 0x64")),
+        "{err}"
+    );
+    // Everything of arrays and objects it made is gone already (fillers and all), the rest
+    // goes with the state.
+    assert_eq!(b.fake.array_objects(), (0, 0, 0));
+    drop(r);
+    assert_eq!(b.fake.live_contexts(), 0);
+    assert_eq!(b.fake.vmm_ranges(), (0, 0));
+    // A driver that numbers them as the saved state's did restores it.
+    let mut c = Rig::new(1);
+    let mut r = GpuState::restore(&c.host, 3, &bytes).unwrap();
+    check(&mut c, &mut r, &p);
+    check_textures(&mut c, &mut r, &t);
+}
+
+#[test]
+fn objects_over_freed_memory_are_refused_and_the_program_goes_on() {
+    use super::arrays::tex_words;
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let p = build(&mut rig, &mut s);
+    let q = malloc(&mut s, 256);
+    let w = rig.buf(&tex_words(&[
+        (tex::RES_TYPE, 2),
+        (tex::RES_HANDLE, q),
+        (tex::RES_FORMAT, 0x20),
+        (tex::RES_CHANNELS, 1),
+        (tex::RES_WIDTH, 256),
+    ]));
+    let obj = ok(s.execute(&req(Op::TexObjectCreate, 0, &[], vec![w], vec![])))[0];
+    s.capture().unwrap();
+    ok(run(&mut s, Op::Free, &[q]));
+    assert!(matches!(
+        s.save(),
+        Err(CheckpointError::Unsupported(what)) if what.contains("freed")
+    ));
+    check(&mut rig, &mut s, &p);
+    ok(run(&mut s, Op::TexObjectDestroy, &[obj]));
+    s.save().unwrap();
+}
+
+#[test]
+fn hostile_array_and_object_records_are_refused_and_leave_nothing_behind() {
+    use crate::cuda::saved_state::SavedResource;
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    build(&mut a, &mut s);
+    create_textures(&mut a, &mut s);
+    let saved = s.capture().unwrap();
+    drop(s);
+    let b = Rig::new(1);
+    let refused = |bad: &SavedState, why: &str| {
+        let mut r = GpuState::open(&b.host, 3);
+        assert!(
+            matches!(
+                r.restore_saved(&bad.encode()),
+                Err(CheckpointError::Mismatch(_))
+            ),
+            "{why}"
+        );
+        assert_eq!(b.fake.array_objects(), (0, 0, 0), "{why}");
+        drop(r);
+        assert_eq!(b.fake.live_contexts(), 0, "{why}");
+    };
+    // A texture over memory the state does not hold.
+    let mut bad = saved.clone();
+    let pitched = bad
+        .objects
+        .iter_mut()
+        .find(|o| matches!(o.resource, SavedResource::Pitch2D { .. }))
+        .unwrap();
+    if let SavedResource::Pitch2D { ref mut ptr, .. } = pitched.resource {
+        *ptr += 1 << 30;
+    }
+    refused(&bad, "a texture over memory of no allocation");
+    // An array under a handle another object holds, or one never handed out.
+    let mut bad = saved.clone();
+    bad.arrays[1].handle = bad.modules[0].handle;
+    refused(&bad, "an array under a module's handle");
+    let mut bad = saved.clone();
+    bad.mipmapped[0].handle = bad.last_handle + 1;
+    for l in &mut bad.levels {
+        l.mipmapped = bad.last_handle + 1;
+    }
+    for o in &mut bad.objects {
+        if o.resource == SavedResource::Mipmapped(saved.mipmapped[0].handle) {
+            o.resource = SavedResource::Mipmapped(bad.last_handle + 1);
+        }
+    }
+    refused(&bad, "a handle the counter never gave");
+    // Objects and arrays on a device the state does not have.
+    let mut bad = saved.clone();
+    bad.objects[3].dev = 5;
+    refused(&bad, "an object on device 5");
+    let mut bad = saved.clone();
+    bad.arrays[0].dev = 1;
+    refused(&bad, "an array on device 1 of 1");
+    // Any single flipped byte of the array and object records: refused or restored, never a
+    // panic, nothing left behind.
+    let bytes = saved.encode();
+    // They are encoded last: they start where a state without them ends.
+    let records = SavedState {
+        arrays: Vec::new(),
+        mipmapped: Vec::new(),
+        levels: Vec::new(),
+        objects: Vec::new(),
+        ..saved.clone()
+    }
+    .encode()
+    .len();
+    assert!(records < bytes.len());
+    for i in (records..bytes.len()).step_by(7) {
+        let mut b2 = bytes.clone();
+        b2[i] ^= 0x5a;
+        if let Ok(r) = GpuState::restore(&b.host, 3, &b2) {
+            drop(r);
+        }
+        assert_eq!(b.fake.live_contexts(), 0);
+        assert_eq!(b.fake.array_objects(), (0, 0, 0));
     }
 }
