@@ -245,8 +245,15 @@ impl GpuState {
             Op::GraphCreate => self.graph_create(req),
             Op::GraphDestroy => self.graph_destroy(args[0]),
             Op::GraphAddNode => self.graph_add_node(req),
-            Op::GraphNodeSetParams => self.graph_set_params(req, None, args[0], args[1]),
-            Op::GraphExecNodeSetParams => self.exec_set_params(req, args[0], args[1], args[2]),
+            Op::GraphNodeSetParams => {
+                let node = self.node(args[0])?;
+                self.set_node_params(req, None, node, args[1])
+            }
+            Op::GraphExecNodeSetParams => {
+                let (_, raw) = self.exec(args[0])?;
+                let node = self.exec_node(args[0], args[1])?;
+                self.set_node_params(req, Some((args[0], raw)), node, args[2])
+            }
             Op::GraphGetNodes => self.graph_nodes(req),
             Op::GraphGetEdges => self.graph_edges(req),
             Op::GraphNodeQuery => self.node_query(req),
@@ -975,17 +982,19 @@ impl GpuState {
         ok_rets(&[node, dptr])
     }
 
-    /// `GraphNodeSetParams` (`exec` 0) and `GraphExecNodeSetParams`.
-    fn graph_set_params(
+    /// `GraphNodeSetParams` (`exec` None) and `GraphExecNodeSetParams` (`exec`: the executable
+    /// graph's handle and driver value, `node` its own node): sets `node`'s parameters; an
+    /// executable graph's copy follows (see `ExecEntry`).
+    fn set_node_params(
         &mut self,
         req: &Request,
-        exec: Option<GraphExec>,
-        node: u64,
+        exec: Option<(u64, GraphExec)>,
+        node: GraphNode,
         ty: u64,
     ) -> OpResult {
-        let node = self.node(node)?;
         let params = read_all(req.inputs().first(), MAX_NODE_PARAMS)?;
         let dev = self.bind_new(req)?;
+        let raw_exec = exec.map(|(_, raw)| raw);
         match self.decode_node(dev, ty, &params)? {
             Decoded::Kernel(mut k) => {
                 self.bind(k.dev)?;
@@ -996,15 +1005,35 @@ impl GpuState {
                 // SAFETY: as in graph_add_node.
                 unsafe {
                     self.drv
-                        .kernel_node_set_params(exec, node, k.func, &k.cfg, &mut ptrs)
+                        .kernel_node_set_params(raw_exec, node, k.func, &k.cfg, &mut ptrs)
                 }
                 .map_err(on(k.dev))?;
+                if let Some((handle, _)) = exec {
+                    let shadow = self.graphs.execs.get(handle).and_then(|e| e.shadow);
+                    let mirrored = shadow.is_none() || {
+                        // SAFETY: as above.
+                        unsafe {
+                            self.drv
+                                .kernel_node_set_params(None, node, k.func, &k.cfg, &mut ptrs)
+                        }
+                        .is_ok()
+                    };
+                    if !mirrored {
+                        self.exec_unsaveable(
+                            handle,
+                            "an executable graph changed in a way its copy cannot follow",
+                        );
+                    }
+                }
             }
             Decoded::Other(p) => {
                 let ctx = self.context(dev)?.ctx;
                 self.drv
-                    .node_set_params(exec, node, &p, Some(ctx))
+                    .node_set_params(raw_exec, node, &p, Some(ctx))
                     .map_err(on(dev))?;
+                if let Some((handle, _)) = exec {
+                    self.mirror_to_shadow(handle, node, &p, dev);
+                }
             }
         }
         ok()
@@ -1323,52 +1352,6 @@ impl GpuState {
                 .map_err(|_| CANNOT)?;
         }
         Ok(())
-    }
-
-    /// `GraphExecNodeSetParams`: the executable graph's node, then its copy's.
-    fn exec_set_params(&mut self, req: &Request, exec: u64, node: u64, ty: u64) -> OpResult {
-        let (_, raw) = self.exec(exec)?;
-        let target = self.exec_node(exec, node)?;
-        let params = read_all(req.inputs().first(), MAX_NODE_PARAMS)?;
-        let dev = self.bind_new(req)?;
-        match self.decode_node(dev, ty, &params)? {
-            Decoded::Kernel(mut k) => {
-                self.bind(k.dev)?;
-                let mut ptrs = k
-                    .layout
-                    .pointers(&mut k.block)
-                    .ok_or(status::INVALID_VALUE)?;
-                // SAFETY: as in graph_add_node.
-                unsafe {
-                    self.drv
-                        .kernel_node_set_params(Some(raw), target, k.func, &k.cfg, &mut ptrs)
-                }
-                .map_err(on(k.dev))?;
-                let shadow = self.graphs.execs.get(exec).and_then(|e| e.shadow);
-                let mirrored = shadow.is_none() || {
-                    // SAFETY: as above.
-                    unsafe {
-                        self.drv
-                            .kernel_node_set_params(None, target, k.func, &k.cfg, &mut ptrs)
-                    }
-                    .is_ok()
-                };
-                if !mirrored {
-                    self.exec_unsaveable(
-                        exec,
-                        "an executable graph changed in a way its copy cannot follow",
-                    );
-                }
-            }
-            Decoded::Other(p) => {
-                let ctx = self.context(dev)?.ctx;
-                self.drv
-                    .node_set_params(Some(raw), target, &p, Some(ctx))
-                    .map_err(on(dev))?;
-                self.mirror_to_shadow(exec, target, &p, dev);
-            }
-        }
-        ok()
     }
 
     fn node_get_params(&mut self, req: &Request) -> OpResult {
