@@ -55,3 +55,15 @@ daemon_wait() { # log sock [count]
     done
     return 1
 }
+
+# Stops a run-vm.sh started in the background (PID): TERM first, which has it stop its QEMU
+# and daemons; KILL only if it is still there after 15 s (killing run-vm.sh alone would leave
+# its QEMU running).
+vm_stop() { # pid
+    kill -TERM "$1" 2>/dev/null || return 0
+    for _ in $(seq 150); do
+        kill -0 "$1" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "$1" 2>/dev/null || true
+}

@@ -31,7 +31,7 @@ sock=$log_dir/vhost-cuda.sock
 daemon="" vm=""
 say() { printf '[test-checkpoint] %s\n' "$*"; }
 cleanup() {
-    [[ -z $vm ]] || kill -KILL "$vm" 2>/dev/null || true
+    [[ -z $vm ]] || vm_stop "$vm"
     [[ -z $daemon ]] || kill -KILL "$daemon" 2>/dev/null || true
 }
 trap cleanup EXIT

@@ -32,7 +32,7 @@ sock=$log_dir/vhost-cuda.sock
 store="" vm=""
 say() { printf '[test-restart-gpu] %s\n' "$*"; }
 cleanup() {
-    [[ -z $vm ]] || kill -KILL "$vm" 2>/dev/null || true
+    [[ -z $vm ]] || vm_stop "$vm"
     # The store closes: the workers see their channels end and exit.
     [[ -z $store ]] || { kill -TERM "$store" 2>/dev/null; wait "$store" 2>/dev/null; } || true
 }

@@ -52,7 +52,7 @@ grep -E '^(PASS|FAIL|SKIP|TORCH)' "$logs/native.log" | sed 's/^/  /'
 
 sock=$logs/vhost-cuda.sock daemon="" vm=""
 cleanup() {
-    [[ -z $vm ]] || kill -KILL "$vm" 2>/dev/null || true
+    [[ -z $vm ]] || vm_stop "$vm"
     [[ -z $daemon ]] || kill -KILL "$daemon" 2>/dev/null || true
 }
 trap cleanup EXIT
