@@ -10,11 +10,9 @@
 //!   declared once.
 //! - `driver/`: the exported C ABI of `libcuda.so.1`, `cuGetProcAddress`, export tables.
 //! - `nvml/`: the exported C ABI of `libnvidia-ml.so.1`.
-//! - `core/`: beneath the faces. `launch`, `memory`, `symbols`, `streams`, `events`, `devices`,
-//!   `host_memory`, `host_fns`: the semantics, in safe Rust; `registry`, `fatbin`, `modules`:
-//!   what static constructors register, and loading it lazily; `session`, `batch`,
-//!   `signal_mask`, `transport`: requests, batching fire-and-forget work, errnos, `EINTR`,
-//!   sticky errors; the one ioctl.
+//! - `core/`: beneath the faces, in layers: `transport` (the one ioctl, the session, batching),
+//!   the tables of each concept (`devices`, `memory`, `streams`, `modules`, `launch`, `arrays`),
+//!   and `runtime`, the process's `Runtime` and the operations both faces call (core/mod.rs).
 //! - `generated/`: ABI types and error tables from the CUDA 13.0 headers (gen/bindgen.sh).
 //!
 //! The crate builds as a staticlib that `build.sh` relinks with `libcudart.map`, so that the

@@ -116,8 +116,8 @@ int main()
 
     // Proves this is qcuda's library: NVIDIA's answers cudaErrorNoDevice or
     // cudaErrorInsufficientDriver here, ours cudaErrorNotSupported (and warns once on stderr).
-    EXPECT(cudaGraphRetainUserObject(nullptr, nullptr, 1, 0), cudaErrorNotSupported);
-    EXPECT(cudaGraphRetainUserObject(nullptr, nullptr, 1, 0), cudaErrorNotSupported);
+    EXPECT(cudaDestroyExternalSemaphore(nullptr), cudaErrorNotSupported);
+    EXPECT(cudaDestroyExternalSemaphore(nullptr), cudaErrorNotSupported);
     EXPECT(cudaGetLastError(), cudaErrorNotSupported);
 
     if (failures) {

@@ -60,7 +60,7 @@ fn nvcc_program_runs_without_a_device() {
     let warnings: Vec<&str> = stderr.lines().collect();
     assert_eq!(
         warnings,
-        ["qcuda: cudaGraphRetainUserObject is not supported"],
+        ["qcuda: cudaDestroyExternalSemaphore is not supported"],
         "one warning, once, for the one unsupported call"
     );
 }

@@ -304,3 +304,56 @@ fn transport_failures_map_to_cuda_errors_and_eintr_is_retried() {
     let err = Runtime::connect(Box::new(old.clone()), false).unwrap_err();
     assert_eq!(err, crate::core::cuda_error::CudaError::INSUFFICIENT_DRIVER);
 }
+
+/// A repeated single-attribute query (NVIDIA's runtime asks the driver on every
+/// `cudaDeviceGetAttribute`) is answered in the guest on both faces, masked as the first answer
+/// was, after one request; an attribute the host does not know is asked again each time, so the
+/// host's error stays the answer.
+#[test]
+fn repeated_attribute_queries_are_answered_in_the_guest_on_both_faces() {
+    use crate::{driver::api::device::cuDeviceGetAttribute, generated::driver_api as d};
+    let fake = setup();
+    let pools = d::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES;
+    fake.state().attributes.insert(pools as i32, 9);
+    let l2 = d::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE;
+    fake.state().unknown_attributes.push(l2 as i32);
+    let requests = || {
+        fake.ops()
+            .iter()
+            .filter(|o| **o == Op::DeviceAttributes)
+            .count()
+    };
+    // SAFETY: valid out-pointers throughout.
+    unsafe {
+        assert_eq!(crate::driver::api::init::cuInit(0), d::CUDA_SUCCESS);
+        for _ in 0..3 {
+            let (mut a, mut b) = (-1, -1);
+            ok(cudaDeviceGetAttribute(
+                &raw mut a,
+                cu::cudaDevAttrMultiProcessorCount,
+                0,
+            ));
+            let sm = d::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+            assert_eq!(cuDeviceGetAttribute(&raw mut b, sm, 0), d::CUDA_SUCCESS);
+            assert_eq!((a, b), (132, 132));
+            assert_eq!(cuDeviceGetAttribute(&raw mut b, pools, 0), d::CUDA_SUCCESS);
+            ok(cudaDeviceGetAttribute(&raw mut a, pools, 0));
+            assert_eq!((a, b), (1, 1), "masked to what qcuda offers");
+            assert_err(
+                cudaDeviceGetAttribute(&raw mut a, cu::cudaDevAttrL2CacheSize, 0),
+                cu::cudaErrorInvalidValue,
+            );
+            assert_eq!(
+                cuDeviceGetAttribute(&raw mut b, l2, 0),
+                d::CUDA_ERROR_INVALID_VALUE
+            );
+            // Another device's answers are its own.
+            assert_eq!(
+                cuDeviceGetAttribute(&raw mut b, sm, 7),
+                d::CUDA_ERROR_INVALID_DEVICE
+            );
+        }
+    }
+    // One request each for the two known attributes, and one per unknown query.
+    assert_eq!(requests(), 2 + 6);
+}

@@ -9,6 +9,7 @@ use super::*;
 use crate::{
     driver::{
         api::{context::*, device::*, init::*, launch::*, memory::*, module::*, stream::*},
+        export_tables::cuGetExportTable,
         status::DriverError,
     },
     generated::driver_api as d,
@@ -22,7 +23,7 @@ fn cu(r: d::CUresult) {
 /// A fake fatbin image as the test double accepts it.
 fn image() -> Vec<u64> {
     let mut words = vec![0u64; IMAGE_LEN / 8];
-    words[0] = u64::from(crate::core::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
+    words[0] = u64::from(crate::core::modules::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
     words[1] = (IMAGE_LEN - 16) as u64;
     words
 }
@@ -159,7 +160,10 @@ fn contexts_memory_memsets_and_2d_copies() {
         // With the stack empty, the device's primary context is current again: the session
         // uses the device (guest-lib.md, "Limits": NVIDIA's driver would have none current).
         cu(cuCtxGetCurrent(&raw mut cur));
-        assert_eq!(cur as usize, crate::core::context::primary(0).handle());
+        assert_eq!(
+            cur as usize,
+            crate::core::runtime::context::primary(0).handle()
+        );
         let mut id = 0;
         assert_eq!(
             DriverError::check(cuCtxGetId(ctx, &raw mut id)),
@@ -663,7 +667,7 @@ fn the_runtime_primary_context_is_current_for_the_driver() {
     use crate::runtime::{devices::*, memory::cudaFree};
     let fake = FakeDevice::new(2);
     fake.install();
-    let primary = |d| crate::core::context::primary(d).handle();
+    let primary = |d| crate::core::runtime::context::primary(d).handle();
     // SAFETY: valid out-parameters throughout.
     unsafe {
         assert_eq!(cudaSetDevice(1), 0);
@@ -865,5 +869,138 @@ fn first_context_symbols_are_their_v2_forms() {
             DriverError::check(cuCtxPushCurrent(ctx)),
             Err(DriverError::CONTEXT_IS_DESTROYED)
         );
+    }
+}
+
+/// `cuModuleGetLoadingMode` answers eager unless `CUDA_MODULE_LOADING=LAZY` (the tests run
+/// without the variable, or with the CI's own).
+#[test]
+fn the_loading_mode_is_eager_by_default() {
+    let _fake = setup();
+    let want = match std::env::var("CUDA_MODULE_LOADING").as_deref() {
+        Ok("LAZY") => d::CU_MODULE_LAZY_LOADING,
+        _ => d::CU_MODULE_EAGER_LOADING,
+    };
+    let mut mode = 0;
+    // SAFETY: valid out-parameter; null is refused.
+    unsafe {
+        cu(cuInit(0));
+        cu(cuModuleGetLoadingMode(&raw mut mode));
+        assert_eq!(mode, want);
+        assert_eq!(
+            DriverError::check(cuModuleGetLoadingMode(std::ptr::null_mut())),
+            Err(DriverError::INVALID_VALUE)
+        );
+    }
+}
+
+/// A library keeps its own copy of the image, made once at `cuLibraryLoadData` (what the host
+/// loads later is what was passed then), unless the caller keeps it
+/// (`CU_LIBRARY_BINARY_IS_PRESERVED`): then the caller's bytes are what the host gets, with no
+/// copy in the guest. `cuLibraryLoadFromFile` reads the file once and refuses the option.
+#[test]
+fn libraries_copy_their_image_once_or_not_at_all() {
+    let fake = setup();
+    let load = |img: &mut Vec<u64>, preserved: bool| {
+        let mut lib: d::CUlibrary = std::ptr::null_mut();
+        let mut opt = d::CU_LIBRARY_BINARY_IS_PRESERVED;
+        let mut value: *mut c_void = std::ptr::without_provenance_mut(1); // "true"
+                                                                          // SAFETY: valid out-parameter, image and one option.
+        cu(unsafe {
+            cuLibraryLoadData(
+                &raw mut lib,
+                img.as_ptr().cast(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                &raw mut opt,
+                &raw mut value,
+                u32::from(preserved),
+            )
+        });
+        // Changed after the load, before the first use.
+        img[2] = 0x1234_5678;
+        let mut m: d::CUmodule = std::ptr::null_mut();
+        // SAFETY: valid out-parameter; the library is live.
+        cu(unsafe { cuLibraryGetModule(&raw mut m, lib) });
+        // The only module loaded: the last one went with its library.
+        let loaded = fake.state().modules.values().last().unwrap().clone();
+        // SAFETY: the library is live; after this the image may go.
+        cu(unsafe { cuLibraryUnload(lib) });
+        u64::from_le_bytes(loaded[16..24].try_into().unwrap())
+    };
+    // SAFETY: no pointers.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxSetCurrent(ctx));
+    }
+    assert_eq!(
+        load(&mut image(), false),
+        0,
+        "its own copy, made at the load"
+    );
+    assert_eq!(
+        load(&mut image(), true),
+        0x1234_5678,
+        "the caller's own bytes"
+    );
+
+    let path = std::env::temp_dir().join(format!("qcuda-lib-{}.fatbin", std::process::id()));
+    let bytes: Vec<u8> = image().iter().flat_map(|w| w.to_le_bytes()).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let name = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let mut lib: d::CUlibrary = std::ptr::null_mut();
+    let mut opt = d::CU_LIBRARY_BINARY_IS_PRESERVED;
+    let mut value: *mut c_void = std::ptr::without_provenance_mut(1); // "true"
+                                                                      // SAFETY: valid out-parameters, path and options.
+    unsafe {
+        assert_eq!(
+            DriverError::check(cuLibraryLoadFromFile(
+                &raw mut lib,
+                name.as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                &raw mut opt,
+                &raw mut value,
+                1,
+            )),
+            Err(DriverError::INVALID_VALUE)
+        );
+        cu(cuLibraryLoadFromFile(
+            &raw mut lib,
+            name.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        ));
+        std::fs::remove_file(&path).unwrap();
+        let mut m: d::CUmodule = std::ptr::null_mut();
+        cu(cuLibraryGetModule(&raw mut m, lib));
+        let loaded = fake.state().modules.values().last().unwrap().clone();
+        assert_eq!(loaded, bytes, "the file's image, exactly");
+        cu(cuLibraryUnload(lib));
+
+        // A count of library options with null arrays, as NVIDIA's runtime passes when it
+        // loads cuBLAS's fatbins: no option, a library of its own copy (NVIDIA's driver takes
+        // it; refusing it left cuBLAS without kernels).
+        let img = image();
+        cu(cuLibraryLoadData(
+            &raw mut lib,
+            img.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            2,
+        ));
+        cu(cuLibraryGetModule(&raw mut m, lib));
+        cu(cuLibraryUnload(lib));
     }
 }

@@ -31,7 +31,7 @@ fn cu_err(r: d::CUresult, want: DriverError) {
 
 fn image() -> Vec<u64> {
     let mut words = vec![0u64; IMAGE_LEN / 8];
-    words[0] = u64::from(crate::core::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
+    words[0] = u64::from(crate::core::modules::fatbin::FATBIN_MAGIC) | 1 << 32 | 16 << 48;
     words[1] = (IMAGE_LEN - 16) as u64;
     words
 }
@@ -191,7 +191,10 @@ fn a_driver_graph_is_built_queried_cloned_updated_and_launched() {
             .host_memory
             .find(host_buf.as_ptr() as usize)
             .expect("the pageable side is pinned and mapped for the worker");
-        assert_eq!(pinned.kind, crate::core::host_memory::HostKind::GraphPinned);
+        assert_eq!(
+            pinned.kind,
+            crate::core::memory::host::HostKind::GraphPinned
+        );
         uni.dstDevice = 0x7ff0_0000_0000;
         let mut un2: d::CUgraphNode = ptr::null_mut();
         cu(cuGraphAddMemcpyNode(

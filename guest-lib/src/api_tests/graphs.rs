@@ -123,7 +123,7 @@ fn an_explicit_graph_is_built_queried_instantiated_and_launched() {
             .unwrap();
         assert_eq!(
             pinned_for_graph.kind,
-            crate::core::host_memory::HostKind::GraphPinned
+            crate::core::memory::host::HostKind::GraphPinned
         );
         ok(cudaGraphDestroyNode(bad));
         // A host node needs a function; with one, it carries the key of the process's host
@@ -510,5 +510,164 @@ fn capture_follows_the_modes_and_waits_for_every_call() {
         ));
         ok(cudaStreamEndCapture(s, &raw mut graph));
         assert_eq!(graph, into);
+    }
+}
+
+#[test]
+fn edge_data_travels_with_nodes_edges_and_captures() {
+    // Programmatic edges (what programmatic dependent launches make, and what programs pass
+    // on from cudaStreamGetCaptureInfo) reach the host and come back; a query without room for
+    // them fails with cudaErrorLossyQuery, as in CUDA.
+    let fake = setup();
+    let programmatic = cu::cudaGraphEdgeData {
+        from_port: 1,
+        to_port: 0,
+        type_: 1,
+        reserved: [0; 5],
+    };
+    let mut graph: cudaGraph_t = ptr::null_mut();
+    let mut s: cudaStream_t = ptr::null_mut();
+    // SAFETY: valid out-pointers and arrays throughout.
+    unsafe {
+        ok(cudaGraphCreate(&raw mut graph, 0));
+        let mut a: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddEmptyNode(&raw mut a, graph, ptr::null(), 0));
+        let mut params = cu::cudaGraphNodeParams {
+            type_: cu::cudaGraphNodeTypeEmpty,
+            ..Default::default()
+        };
+        let mut b: cudaGraphNode_t = ptr::null_mut();
+        ok(cudaGraphAddNode(
+            &raw mut b,
+            graph,
+            &raw const a,
+            &raw const programmatic,
+            1,
+            &raw mut params,
+        ));
+        let mut bad = programmatic;
+        bad.reserved[2] = 1;
+        let mut c: cudaGraphNode_t = ptr::null_mut();
+        assert_err(
+            cudaGraphAddNode(
+                &raw mut c,
+                graph,
+                &raw const a,
+                &raw const bad,
+                1,
+                &raw mut params,
+            ),
+            cu::cudaErrorInvalidValue,
+        );
+        let mut from = [ptr::null_mut(); 2];
+        let mut to = [ptr::null_mut(); 2];
+        let mut data = [cu::cudaGraphEdgeData::default(); 2];
+        let mut n = 2usize;
+        ok(cudaGraphGetEdges(
+            graph,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            data.as_mut_ptr(),
+            &raw mut n,
+        ));
+        assert_eq!((n, from[0], to[0]), (1, a, b));
+        assert_eq!((data[0].from_port, data[0].type_), (1, 1));
+        n = 2;
+        assert_err(
+            cudaGraphGetEdges(
+                graph,
+                from.as_mut_ptr(),
+                to.as_mut_ptr(),
+                ptr::null_mut(),
+                &raw mut n,
+            ),
+            cu::cudaErrorLossyQuery,
+        );
+        let mut deps = [ptr::null_mut(); 1];
+        let mut dep_data = [cu::cudaGraphEdgeData::default(); 1];
+        n = 1;
+        ok(cudaGraphNodeGetDependencies(
+            b,
+            deps.as_mut_ptr(),
+            dep_data.as_mut_ptr(),
+            &raw mut n,
+        ));
+        assert_eq!((deps[0], dep_data[0].type_), (a, 1));
+        // Removing and adding edges carries their data too.
+        ok(cudaGraphRemoveDependencies(
+            graph,
+            &raw const a,
+            &raw const b,
+            &raw const programmatic,
+            1,
+        ));
+        ok(cudaGraphAddDependencies(
+            graph,
+            &raw const a,
+            &raw const b,
+            &raw const programmatic,
+            1,
+        ));
+        assert_eq!(
+            fake.state().graphs.nodes[&(b as u64)].edges[&(a as u64)].kind,
+            1
+        );
+
+        // A capture into the graph after `b` over a programmatic edge: the capture's
+        // dependencies carry it, and a query that cannot hold it is lossy.
+        ok(cudaStreamCreate(&raw mut s));
+        ok(cudaStreamBeginCaptureToGraph(
+            s,
+            graph,
+            &raw const b,
+            &raw const programmatic,
+            1,
+            cu::cudaStreamCaptureModeRelaxed,
+        ));
+        let mut status = 0;
+        let mut out: *const cudaGraphNode_t = ptr::null();
+        let mut out_edges: *const cu::cudaGraphEdgeData = ptr::null();
+        ok(cudaStreamGetCaptureInfo(
+            s,
+            &raw mut status,
+            ptr::null_mut(),
+            ptr::null_mut(),
+            &raw mut out,
+            &raw mut out_edges,
+            &raw mut n,
+        ));
+        assert_eq!((n, *out, (*out_edges).type_), (1, b, 1));
+        assert_err(
+            cudaStreamGetCaptureInfo(
+                s,
+                &raw mut status,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                &raw mut out,
+                ptr::null_mut(),
+                &raw mut n,
+            ),
+            cu::cudaErrorLossyQuery,
+        );
+        // Set back to a default edge: nothing is lost any more.
+        let mut node = b;
+        ok(cudaStreamUpdateCaptureDependencies(
+            s,
+            &raw mut node,
+            ptr::null(),
+            1,
+            1,
+        ));
+        ok(cudaStreamGetCaptureInfo(
+            s,
+            &raw mut status,
+            ptr::null_mut(),
+            ptr::null_mut(),
+            &raw mut out,
+            ptr::null_mut(),
+            &raw mut n,
+        ));
+        ok(cudaStreamEndCapture(s, ptr::null_mut()));
+        ok(cudaGraphDestroy(graph));
     }
 }

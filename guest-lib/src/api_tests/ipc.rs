@@ -121,13 +121,13 @@ fn vmm_handles_export_to_a_descriptor_and_import_from_it() {
             Ok(())
         );
         assert_eq!(DriverError::check(cuMemRelease(imported)), Ok(()));
-        // Another handle type; a descriptor that is no handle; flags.
+        // A Win32 handle type (fabric ones: vmm.rs); a descriptor that is no handle; flags.
         let mut other: i32 = -1;
         assert_eq!(
             DriverError::check(cuMemExportToShareableHandle(
                 (&raw mut other).cast(),
                 h,
-                8,
+                2,
                 0
             )),
             Err(DriverError::INVALID_VALUE)

@@ -541,7 +541,7 @@ fn fire_and_forget_work_travels_in_batches_in_program_order() {
         .all(|(i, l)| l.params == (i as u64).to_ne_bytes()));
     // 2000 launches of 88 bytes, in 64 KiB batches while the loop keeps adding, the last one
     // carried by the synchronisation.
-    let full = (2000 * 88 / crate::core::batch::BATCH_BYTES) as u64;
+    let full = (2000 * 88 / crate::core::transport::batch::BATCH_BYTES) as u64;
     assert_eq!(s.batches, full + 1, "{} batches", s.batches);
     assert_eq!(s.log.last().unwrap().op, Op::DeviceSynchronize);
     drop(s);

@@ -16,22 +16,27 @@ use std::{
 
 use crate::{
     core::fake_device::FakeDevice,
-    core::fatbin::{FatbinWrapper, FATBIN_MAGIC, WRAPPER_MAGIC},
+    core::modules::fatbin::{FatbinWrapper, FATBIN_MAGIC, WRAPPER_MAGIC},
     generated::{cudaError_t, cudaSuccess},
     runtime::registration::{__cudaRegisterFatBinary, __cudaRegisterFunction, __cudaRegisterVar},
 };
 
 mod arrays;
 mod checkpoint;
+mod conditional_capture;
 mod devices;
 mod driver;
 mod driver_graphs;
 mod errors;
+mod frameworks;
 mod graphs;
 mod ipc;
 mod launch;
+mod managed;
 mod memory;
+mod pointer_attrs;
 mod pools;
+mod profiler;
 mod streams;
 mod symbols;
 mod vmm;

@@ -209,6 +209,64 @@ fn what_the_driver_refuses_is_refused() {
     }
 }
 
+/// Fabric handles are answered as NVIDIA's driver answers on a system without fabric support
+/// (`CUDA_ERROR_NOT_SUPPORTED`), which is what PyTorch's expandable segments, NCCL and others
+/// probe for before falling back to file descriptors: `cuMemCreate` with them alone or beside
+/// POSIX descriptors, exporting or importing one; the granularity does not depend on them, and
+/// the probe leaves nothing behind on the host.
+#[test]
+fn fabric_handles_are_not_supported() {
+    use crate::driver::api::ipc::{cuMemExportToShareableHandle, cuMemImportFromShareableHandle};
+    let fake = setup();
+    let fabric = d::CU_MEM_HANDLE_TYPE_FABRIC;
+    let posix = d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // SAFETY: valid out-parameters; the refused calls must not touch their outputs.
+    unsafe {
+        cu(cuInit(0));
+        let mut ctx: d::CUcontext = std::ptr::null_mut();
+        cu(cuDevicePrimaryCtxRetain(&raw mut ctx, 0));
+        cu(cuCtxSetCurrent(ctx));
+        let mut g = 0usize;
+        let p = props(fabric);
+        cu(cuMemGetAllocationGranularity(
+            &raw mut g,
+            &raw const p,
+            d::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        ));
+        assert_eq!(g as u64, crate::core::fake_device::VMM_GRANULARITY);
+        let before = fake.ops().len();
+        let mut h: d::CUmemGenericAllocationHandle = 7;
+        for types in [fabric, fabric | posix] {
+            let p = props(types);
+            cu_err(
+                cuMemCreate(&raw mut h, g, &raw const p, 0),
+                DriverError::NOT_SUPPORTED,
+            );
+            assert_eq!(h, 7);
+        }
+        assert_eq!(fake.ops().len(), before, "the probe reaches no host");
+        // The fallback works: a POSIX-shareable allocation, which has no fabric handle.
+        let p = props(posix);
+        cu(cuMemCreate(&raw mut h, g, &raw const p, 0));
+        let mut out = [0u8; 64];
+        cu_err(
+            cuMemExportToShareableHandle(out.as_mut_ptr().cast(), h, fabric, 0),
+            DriverError::NOT_SUPPORTED,
+        );
+        // Win32 stays invalid on Linux.
+        cu_err(
+            cuMemExportToShareableHandle(out.as_mut_ptr().cast(), h, 2, 0),
+            DriverError::INVALID_VALUE,
+        );
+        let mut imported: d::CUmemGenericAllocationHandle = 0;
+        cu_err(
+            cuMemImportFromShareableHandle(&raw mut imported, out.as_mut_ptr().cast(), fabric),
+            DriverError::NOT_SUPPORTED,
+        );
+        cu(cuMemRelease(h));
+    }
+}
+
 /// The device announces VMM and POSIX-fd shareable handles with the GPU's values, and pools'
 /// handle types as far as qcuda offers them (POSIX descriptors), and IPC events; host-NUMA VMM
 /// and multicast objects, which qcuda does not offer, read 0 whatever the GPU says.

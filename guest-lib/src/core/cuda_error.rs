@@ -60,6 +60,7 @@ named_errors! {
     GRAPH_EXEC_UPDATE_FAILURE = cudaErrorGraphExecUpdateFailure;
     STREAM_CAPTURE_UNSUPPORTED = cudaErrorStreamCaptureUnsupported;
     STREAM_CAPTURE_WRONG_THREAD = cudaErrorStreamCaptureWrongThread;
+    LOSSY_QUERY = cudaErrorLossyQuery;
     UNKNOWN = cudaErrorUnknown;
     INVALID_CONTEXT = cudaErrorDeviceUninitialized;
     CONTEXT_IS_DESTROYED = cudaErrorContextIsDestroyed;

@@ -72,12 +72,25 @@ pub struct FakeState {
     /// Host-mapped guest ranges (`IOCTL_HOST_MAP`): address -> length. Their device address is
     /// their address, as on the real host inside the window.
     pub host_maps: BTreeMap<u64, u64>,
-    /// Managed memory placed on the device (`HOST_MAP_MANAGED`): address -> the device's
-    /// bytes, which copies, memsets and `device_bytes` reach instead of the guest pages until
-    /// `ManagedMigrate` carries them over, as on the real host.
+    /// Managed memory placed on the device whose guest pages came (`HOST_MAP_MANAGED`):
+    /// address -> the device's bytes, which copies, memsets and `device_bytes` reach instead of
+    /// the guest pages until `ManagedMigrate` carries them over, as on the real host.
     pub managed: BTreeMap<u64, Vec<u8>>,
+    /// `ManagedPlace`: address -> (bytes the guest maps, bytes reserved, its pages came).
+    pub placed: BTreeMap<u64, (u64, u64, bool)>,
+    /// Addresses the next `ManagedPlace`s answer, before the fake's own (a test puts there
+    /// addresses its process holds, as a host's driver may give).
+    pub place_at: VecDeque<u64>,
+    /// Honour the address offered to `ManagedPlace` (a driver that honours hints).
+    pub honour_hint: bool,
+    /// `ManagedMigrate` to the host moves nothing (work that may touch it still runs).
+    pub managed_busy: bool,
+    /// The `ManagedMigrate` requests: (address, direction, stream, scope).
+    pub migrations: Vec<[u64; 4]>,
     next_addr: u64,
     pub modules: HashMap<u64, Vec<u8>>,
+    /// Kernel node -> the launch attributes set on it.
+    pub node_attributes: HashMap<u64, Vec<qcuda_proto::LaunchAttr>>,
     next_handle: u64,
     /// Kernels every module contains: name → parameter layout.
     pub kernels: HashMap<String, Vec<ParamInfo>>,
@@ -108,6 +121,11 @@ pub struct FakeState {
     pub host_released: Vec<u64>,
     /// A host function became due: wake `HostFuncWait`.
     host_due_signal: bool,
+    /// The host's GPU timeline recorder (`Op::GpuTrace`): arms so far, whether armed, and
+    /// whether a read of the recording is still to come.
+    pub trace_arms: u64,
+    pub trace_armed: bool,
+    trace_unread: bool,
     /// `Batch` requests received.
     pub batches: u64,
     /// Requests received (ioctls), `HostFuncWait` aside.
@@ -184,6 +202,7 @@ impl FakeDevice {
                 (76, 0),
                 (83, 1),
                 (97, 232_448),
+                (102, 1),
             ] {
                 s.attributes.insert(attr, v);
             }
@@ -424,6 +443,7 @@ impl Transport for Arc<FakeDevice> {
         let (addr, len) = (call.addr, call.len);
         call.status = if unmap {
             s.managed.remove(&addr);
+            s.placed.remove(&addr);
             match s.host_maps.remove(&addr) {
                 Some(_) => status::SUCCESS,
                 None => status::HOST_MEMORY_NOT_REGISTERED,
@@ -438,13 +458,18 @@ impl Transport for Arc<FakeDevice> {
         {
             status::HOST_MEMORY_ALREADY_REGISTERED
         } else {
+            let managed = call.flags & qcuda_proto::HOST_MAP_MANAGED != 0;
+            match s.placed.get_mut(&addr) {
+                // Only where ManagedPlace put device memory, of that length, once.
+                Some((l, _, came)) if managed && *l == len && !*came => *came = true,
+                _ if managed => {
+                    call.status = status::INVALID_VALUE;
+                    return Ok(());
+                }
+                _ => {}
+            }
             s.host_maps.insert(addr, len);
-            if call.flags & qcuda_proto::HOST_MAP_MANAGED != 0 {
-                assert_eq!(
-                    addr % qcuda_proto::MANAGED_ALIGN,
-                    0,
-                    "managed memory off its granule"
-                );
+            if managed {
                 // SAFETY: the range was just mapped by `map_memory` for this call.
                 let now = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
                 s.managed.insert(addr, now.to_vec());
@@ -619,7 +644,7 @@ fn run(
 ) -> Result<(), u32> {
     let (op, device, args) = (Op::from_u32(raw.op).unwrap(), raw.device, &raw.args);
     let fire_and_forget = raw.flags & u32::from(FLAG_ASYNC) != 0;
-    let needs_context = crate::core::session::needs_context(op);
+    let needs_context = crate::core::transport::session::needs_context(op);
     if needs_context {
         if let Some(code) = s.sticky {
             return Err(code);
@@ -650,7 +675,15 @@ fn run(
             g.cc_major = 9;
             g.multiprocessors = 132;
             g.pci_bus = 0x10 + device as i32;
+            g.pcie_link = [4, 16, 5, 16];
             outs[0].copy_from_slice(&g.encode());
+        }
+        Op::DriverRelease => {
+            let text = b"580.95.05";
+            if text.len() <= outs[0].len() {
+                outs[0][..text.len()].copy_from_slice(text);
+            }
+            rets[0] = text.len() as u64;
         }
         Op::DeviceAttributes => {
             for (id, out) in ins[0].chunks_exact(4).zip(outs[0].chunks_exact_mut(4)) {
@@ -707,8 +740,43 @@ fn run(
             let src = s.device_bytes(args[1], args[2])?.to_vec();
             s.device_bytes(args[0], args[2])?.copy_from_slice(&src);
         }
+        Op::ManagedPlace => {
+            let (len, hint) = (args[0], args[1]);
+            let align = qcuda_proto::MANAGED_ALIGN;
+            if len == 0 || len % 4096 != 0 || hint % align != 0 {
+                return Err(status::INVALID_VALUE);
+            }
+            let size = len.next_multiple_of(align);
+            let at = if hint != 0 && s.honour_hint {
+                hint
+            } else if let Some(a) = s.place_at.pop_front() {
+                a
+            } else {
+                // Addresses of the fake's own, apart for every fake of the test process.
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = NEXT.fetch_add(size + align, std::sync::atomic::Ordering::Relaxed);
+                0x5e00_0000_0000 + n
+            };
+            s.placed.insert(at, (len, size, false));
+            rets[..2].copy_from_slice(&[at, size]);
+        }
+        Op::ManagedUnplace => match s.placed.get(&args[0]) {
+            Some(&(_, _, false)) => {
+                s.placed.remove(&args[0]);
+            }
+            _ => return Err(status::INVALID_VALUE),
+        },
         Op::ManagedMigrate => {
             let (base, dir) = (args[0], args[1]);
+            s.migrations.push([args[0], args[1], args[2], args[3]]);
+            if args[3] > 1 || (args[3] == 1 && args[2] == 0) {
+                return Err(status::INVALID_VALUE);
+            }
+            if dir == qcuda_proto::MANAGED_TO_HOST && s.managed_busy {
+                s.managed.get(&base).ok_or(status::INVALID_VALUE)?;
+                rets[0] = 0;
+                return Ok(());
+            }
             let dev = s.managed.get_mut(&base).ok_or(status::INVALID_VALUE)?;
             // SAFETY: a managed range stays mapped (by `map_memory`) while it is in the table.
             let guest = unsafe { std::slice::from_raw_parts_mut(base as *mut u8, dev.len()) };
@@ -741,6 +809,52 @@ fn run(
             let h = s.handle();
             s.modules.insert(h, ins[0].to_vec());
             rets[0] = h;
+        }
+        Op::TensorMapEncode => {
+            // A stand-in encoding: the address first, then kind, rank and data type.
+            use qcuda_proto::tensor_map::{TensorMapRequest, TENSOR_MAP_REPLACE_ADDRESS};
+            let r = TensorMapRequest::decode(ins[0]).ok_or(status::INVALID_VALUE)?;
+            let mut map = if r.kind == TENSOR_MAP_REPLACE_ADDRESS {
+                r.map
+            } else {
+                [0u8; 128]
+            };
+            if r.kind != TENSOR_MAP_REPLACE_ADDRESS {
+                map[8..12].copy_from_slice(&r.kind.to_le_bytes());
+                map[12..16].copy_from_slice(&r.rank.to_le_bytes());
+                map[16..24].copy_from_slice(&r.global_dim[0].to_le_bytes());
+            }
+            map[..8].copy_from_slice(&r.address.to_le_bytes());
+            outs[0][..128].copy_from_slice(&map);
+        }
+        Op::ModuleLoadLogged => {
+            // The options must be a link request without inputs; the logs say what came.
+            let options =
+                qcuda_proto::link::LinkRequest::decode(ins[1]).ok_or(status::INVALID_VALUE)?;
+            let (info, error, code) =
+                if ins[0].len() < 16 || ins[0][..4] != 0xBA55_ED50u32.to_le_bytes() {
+                    (
+                        String::new(),
+                        "fake JIT: not a module image".to_string(),
+                        218,
+                    )
+                } else {
+                    let h = s.handle();
+                    s.modules.insert(h, ins[0].to_vec());
+                    rets[0] = h;
+                    (
+                        format!("fake JIT: {} options", options.options().count()),
+                        String::new(),
+                        0,
+                    )
+                };
+            let i = info.len().min(outs[0].len());
+            outs[0][..i].copy_from_slice(&info.as_bytes()[..i]);
+            let e = error.len().min(outs[0].len() - i);
+            outs[0][i..i + e].copy_from_slice(&error.as_bytes()[..e]);
+            rets[1] = i as u64;
+            rets[2] = e as u64;
+            rets[3] = code;
         }
         Op::ModuleUnload => {
             s.modules
@@ -858,6 +972,10 @@ fn run(
                 params: ins[0].to_vec(),
                 fire_and_forget,
             });
+            // A launch into a capturing stream is a kernel node of its graph.
+            let node = s.handle();
+            s.graphs
+                .capture_work(args[5], qcuda_proto::graph::NODE_KERNEL, ins[0], node);
             if name == FAULTING_KERNEL {
                 s.sticky = Some(status::ILLEGAL_ADDRESS);
                 return Err(status::ILLEGAL_ADDRESS);
@@ -1041,6 +1159,40 @@ fn run(
             };
             outs[0][..qcuda_proto::LAUNCH_ATTR_SIZE].copy_from_slice(&rec.encode());
         }
+        Op::GraphKernelNodeSetAttribute
+        | Op::GraphKernelNodeGetAttribute
+        | Op::GraphKernelNodeCopyAttributes => {
+            let kernel = |s: &FakeState, n: u64| match s.graphs.nodes.get(&n) {
+                Some(node) if node.ty == qcuda_proto::graph::NODE_KERNEL => Ok(()),
+                _ => Err(status::INVALID_VALUE),
+            };
+            kernel(s, args[0])?;
+            match op {
+                Op::GraphKernelNodeSetAttribute => {
+                    let a = qcuda_proto::LaunchAttr::decode(ins[0])
+                        .map_err(|_| status::INVALID_VALUE)?;
+                    let list = s.node_attributes.entry(args[0]).or_default();
+                    list.retain(|x| x.id != a.id);
+                    list.push(a);
+                }
+                Op::GraphKernelNodeGetAttribute => {
+                    let rec = s
+                        .node_attributes
+                        .get(&args[0])
+                        .and_then(|l| l.iter().find(|a| u64::from(a.id) == args[1]).copied())
+                        .unwrap_or(qcuda_proto::LaunchAttr {
+                            id: args[1] as u32,
+                            ..Default::default()
+                        });
+                    outs[0][..qcuda_proto::LAUNCH_ATTR_SIZE].copy_from_slice(&rec.encode());
+                }
+                _ => {
+                    kernel(s, args[1])?;
+                    let from = s.node_attributes.get(&args[1]).cloned().unwrap_or_default();
+                    s.node_attributes.insert(args[0], from);
+                }
+            }
+        }
         qcuda_proto::graph_ops!() => {
             let h = s.handle();
             let streams = s.streams.clone();
@@ -1080,10 +1232,65 @@ fn run(
             rets[0] = u64::from((b - a).to_bits());
         }
         Op::ProcessCheckpoint => process_checkpoint(s, args, rets)?,
+        Op::GpuTrace => gpu_trace(s, args, outs, rets)?,
         Op::Echo | Op::HostInfo | Op::SessionClose | Op::DriverReset => {
             return Err(status::NOT_SUPPORTED)
         }
     }
+    Ok(())
+}
+
+/// The host's recorder, as vhost-cuda answers it: an arm starts a recording in which one
+/// kernel ran, which one read returns (its name first).
+fn gpu_trace(
+    s: &mut FakeState,
+    args: &[u64; 8],
+    outs: &mut [&mut [u8]],
+    rets: &mut [u64; 7],
+) -> Result<(), u32> {
+    use qcuda_proto::trace::{
+        TraceRecord, TraceSpan, TRACE_ARM, TRACE_DISARM, TRACE_READ, TRACE_STATE_ARMED,
+        TRACE_STATE_CUPTI, TRACE_STATUS,
+    };
+    let mut written = 0u64;
+    match args[0] {
+        TRACE_STATUS => {}
+        TRACE_ARM => {
+            s.trace_arms += 1;
+            s.trace_armed = true;
+            s.trace_unread = true;
+        }
+        TRACE_DISARM => s.trace_armed = false,
+        TRACE_READ if s.trace_unread => {
+            let out = outs.first_mut().ok_or(status::INVALID_VALUE)?;
+            let mut bytes = Vec::new();
+            TraceRecord::name_records(1, b"_Z6kernelv", |r| bytes.extend(r.encode()));
+            let kernel = TraceRecord::Kernel {
+                span: TraceSpan {
+                    device: 0,
+                    start: 1_000,
+                    end: 9_000,
+                    stream: 1,
+                    correlation: 0,
+                },
+                name: 1,
+                grid: [1, 1, 1],
+                block: [32, 1, 1],
+                shared_mem: 0,
+            };
+            bytes.extend(kernel.encode());
+            if out.len() < bytes.len() {
+                return Err(status::INVALID_VALUE);
+            }
+            out[..bytes.len()].copy_from_slice(&bytes);
+            written = (bytes.len() / 64) as u64;
+            s.trace_unread = false;
+        }
+        TRACE_READ => {}
+        _ => return Err(status::INVALID_VALUE),
+    }
+    let state = TRACE_STATE_CUPTI | if s.trace_armed { TRACE_STATE_ARMED } else { 0 };
+    *rets = [state, written, 0, 0, 2_000_000, 3_000_000, 10_000];
     Ok(())
 }
 

@@ -9,7 +9,10 @@
 
 use std::collections::HashMap;
 
-use qcuda_proto::{status, Op};
+use qcuda_proto::{
+    graph::{EdgeData, EDGE_DATA_SIZE},
+    status, Op,
+};
 
 /// One recorded node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -18,6 +21,19 @@ pub struct FakeNode {
     pub ty: u32,
     pub params: Vec<u8>,
     pub deps: Vec<u64>,
+    /// The edge data of each dependency (absent: a default edge).
+    pub edges: HashMap<u64, EdgeData>,
+}
+
+/// A capture under way: the graph it records into, its mode, and the nodes the next captured
+/// work depends on (what `cuStreamGetCaptureInfo` reports and
+/// `cuStreamUpdateCaptureDependencies` changes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FakeCapture {
+    pub graph: u64,
+    pub mode: u64,
+    pub deps: Vec<u64>,
+    pub edges: Vec<EdgeData>,
 }
 
 /// Graph state of the fake device.
@@ -28,8 +44,8 @@ pub struct FakeGraphs {
     pub nodes: HashMap<u64, FakeNode>,
     /// Executable graph -> (graph, launches).
     pub execs: HashMap<u64, (u64, usize)>,
-    /// Stream (wire handle) -> (graph, mode).
-    pub captures: HashMap<u64, (u64, u64)>,
+    /// Stream (wire handle) -> its capture.
+    pub captures: HashMap<u64, FakeCapture>,
     /// Captures invalidated (`StreamCaptureInvalidate`).
     pub invalidated: Vec<u64>,
     /// Conditional handle -> its graph.
@@ -44,6 +60,25 @@ fn u64s(b: &[u8]) -> Vec<u64> {
         .collect()
 }
 
+/// `n` edge data records from an in-buffer (empty: default edges); `Err` if malformed.
+fn edges_in(b: &[u8], n: usize) -> Result<Vec<EdgeData>, u32> {
+    if b.is_empty() {
+        return Ok(vec![EdgeData::DEFAULT; n]);
+    }
+    if b.len() != n * EDGE_DATA_SIZE {
+        return Err(status::INVALID_VALUE);
+    }
+    b.chunks_exact(EDGE_DATA_SIZE)
+        .map(|c| EdgeData::decode(c).ok_or(status::INVALID_VALUE))
+        .collect()
+}
+
+fn put_edges(out: &mut [u8], edges: &[EdgeData]) {
+    for (slot, e) in out.chunks_exact_mut(EDGE_DATA_SIZE).zip(edges) {
+        slot.copy_from_slice(&e.encode());
+    }
+}
+
 fn put(out: &mut [u8], values: &[u64]) {
     for (slot, v) in out.chunks_exact_mut(8).zip(values) {
         slot.copy_from_slice(&v.to_le_bytes());
@@ -53,6 +88,38 @@ fn put(out: &mut [u8], values: &[u64]) {
 impl FakeGraphs {
     fn graph(&self, h: u64) -> Result<&Vec<u64>, u32> {
         self.graphs.get(&h).ok_or(status::INVALID_VALUE)
+    }
+
+    /// The edge data of the edge `from` -> `to`.
+    fn edge(&self, from: u64, to: u64) -> EdgeData {
+        self.nodes
+            .get(&to)
+            .and_then(|n| n.edges.get(&from))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Work of type `ty` with `params` sent to `stream`: recorded as node `fresh` of the
+    /// stream's capture, after the capture's dependencies, if one is under way (true).
+    pub fn capture_work(&mut self, stream: u64, ty: u32, params: &[u8], fresh: u64) -> bool {
+        let Some(c) = self.captures.get_mut(&stream) else {
+            return false;
+        };
+        let deps = std::mem::replace(&mut c.deps, vec![fresh]);
+        let edges = std::mem::replace(&mut c.edges, vec![EdgeData::DEFAULT]);
+        let graph = c.graph;
+        self.nodes.insert(
+            fresh,
+            FakeNode {
+                graph,
+                ty,
+                params: params.to_vec(),
+                edges: deps.iter().copied().zip(edges).collect(),
+                deps,
+            },
+        );
+        self.graphs.entry(graph).or_default().push(fresh);
+        true
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -79,20 +146,47 @@ impl FakeGraphs {
                     return Err(status::ILLEGAL_STATE);
                 }
                 self.graphs.insert(fresh, Vec::new());
-                self.captures.insert(args[0], (fresh, args[1]));
+                self.captures.insert(
+                    args[0],
+                    FakeCapture {
+                        graph: fresh,
+                        mode: args[1],
+                        deps: Vec::new(),
+                        edges: Vec::new(),
+                    },
+                );
             }
             Op::StreamBeginCaptureToGraph => {
                 self.graph(args[1])?;
-                if self.captures.contains_key(&args[0]) {
+                if self.captures.contains_key(&args[0])
+                    || self.captures.values().any(|c| c.graph == args[1])
+                {
                     return Err(status::ILLEGAL_STATE);
                 }
-                self.captures.insert(args[0], (args[1], args[2]));
+                let deps = u64s(ins[0]);
+                if deps
+                    .iter()
+                    .any(|d| self.nodes.get(d).map(|n| n.graph) != Some(args[1]))
+                {
+                    return Err(status::INVALID_VALUE);
+                }
+                let edges = edges_in(ins[1], deps.len())?;
+                self.captures.insert(
+                    args[0],
+                    FakeCapture {
+                        graph: args[1],
+                        mode: args[2],
+                        deps,
+                        edges,
+                    },
+                );
             }
             Op::StreamEndCapture => {
-                let (g, _) = self
+                let g = self
                     .captures
                     .remove(&args[0])
-                    .ok_or(status::ILLEGAL_STATE)?;
+                    .ok_or(status::ILLEGAL_STATE)?
+                    .graph;
                 if let Some(i) = self.invalidated.iter().position(|s| *s == args[0]) {
                     self.invalidated.remove(i);
                     self.graphs.remove(&g);
@@ -104,10 +198,10 @@ impl FakeGraphs {
                 if !stream_ok(args[0]) {
                     return Err(status::INVALID_RESOURCE_HANDLE);
                 }
-                if let Some(&(g, _)) = self.captures.get(&args[0]) {
-                    let last: Vec<u64> = self.graph(g)?.last().copied().into_iter().collect();
-                    put(outs[0], &last);
-                    *rets = [1, g, g, last.len() as u64, 0, 0, 0];
+                if let Some(c) = self.captures.get(&args[0]) {
+                    put(outs[0], &c.deps);
+                    put_edges(outs[1], &c.edges);
+                    *rets = [1, c.graph, c.graph, c.deps.len() as u64, 0, 0, 0];
                 }
             }
             Op::StreamCaptureInvalidate => {
@@ -116,7 +210,28 @@ impl FakeGraphs {
                 }
             }
             Op::StreamUpdateCaptureDependencies => {
-                self.captures.get(&args[0]).ok_or(status::ILLEGAL_STATE)?;
+                let c = self.captures.get(&args[0]).ok_or(status::ILLEGAL_STATE)?;
+                let list = u64s(ins[0]);
+                if list
+                    .iter()
+                    .any(|d| self.nodes.get(d).map(|n| n.graph) != Some(c.graph))
+                {
+                    return Err(status::INVALID_VALUE);
+                }
+                let edges = edges_in(ins[1], list.len())?;
+                let c = self.captures.get_mut(&args[0]).unwrap();
+                match args[1] {
+                    0 => {
+                        for (d, e) in list.into_iter().zip(edges) {
+                            if !c.deps.contains(&d) {
+                                c.deps.push(d);
+                                c.edges.push(e);
+                            }
+                        }
+                    }
+                    1 => (c.deps, c.edges) = (list, edges),
+                    _ => return Err(status::INVALID_VALUE),
+                }
             }
             Op::GraphCreate => {
                 self.graphs.insert(fresh, Vec::new());
@@ -156,12 +271,14 @@ impl FakeGraphs {
                     rets[1] = bodies.len() as u64;
                     self.bodies.insert(fresh, bodies);
                 }
+                let edges = edges_in(ins[2], deps.len())?;
                 self.nodes.insert(
                     fresh,
                     FakeNode {
                         graph: args[0],
                         ty: args[1] as u32,
                         params: ins[1].to_vec(),
+                        edges: deps.iter().copied().zip(edges).collect(),
                         deps,
                     },
                 );
@@ -209,7 +326,12 @@ impl FakeGraphs {
                     .iter()
                     .flat_map(|n| self.nodes[n].deps.iter().flat_map(move |d| [*d, *n]))
                     .collect();
+                let data: Vec<EdgeData> = pairs
+                    .chunks_exact(2)
+                    .map(|p| self.edge(p[0], p[1]))
+                    .collect();
                 put(outs[0], &pairs);
+                put_edges(outs[1], &data);
                 rets[0] = pairs.len() as u64 / 2;
             }
             Op::GraphNodeQuery => {
@@ -217,7 +339,10 @@ impl FakeGraphs {
                 match args[1] {
                     0 => rets[0] = u64::from(n.ty),
                     1 => {
+                        let data: Vec<EdgeData> =
+                            n.deps.iter().map(|d| self.edge(*d, args[0])).collect();
                         put(outs[0], &n.deps.clone());
+                        put_edges(outs[1], &data);
                         rets[0] = n.deps.len() as u64;
                     }
                     _ => {
@@ -226,19 +351,26 @@ impl FakeGraphs {
                             .copied()
                             .filter(|m| self.nodes[m].deps.contains(&args[0]))
                             .collect();
+                        let data: Vec<EdgeData> =
+                            list.iter().map(|m| self.edge(args[0], *m)).collect();
                         put(outs[0], &list);
+                        put_edges(outs[1], &data);
                         rets[0] = list.len() as u64;
                     }
                 }
             }
             Op::GraphEdges => {
                 self.graph(args[0])?;
-                for p in u64s(ins[0]).chunks_exact(2) {
+                let pairs = u64s(ins[0]);
+                let edges = edges_in(ins[1], pairs.len() / 2)?;
+                for (p, e) in pairs.chunks_exact(2).zip(edges) {
                     let to = self.nodes.get_mut(&p[1]).ok_or(status::INVALID_VALUE)?;
                     if args[1] == 0 {
                         to.deps.push(p[0]);
+                        to.edges.insert(p[0], e);
                     } else {
                         to.deps.retain(|d| *d != p[0]);
+                        to.edges.remove(&p[0]);
                     }
                 }
             }

@@ -46,6 +46,25 @@ pub fn restore(code: cudaError_t) {
     let _ = LAST_ERROR.try_with(|c| c.set(code));
 }
 
+/// Runs `f` and then puts the calling thread's last error back as it was: the driver face runs
+/// runtime-face functions without touching the runtime's last error, which only runtime calls
+/// may change. One thread-local access for both the read and the write.
+pub fn preserving<T>(f: impl FnOnce() -> T) -> T {
+    let mut f = Some(f);
+    let kept = LAST_ERROR.try_with(|c| {
+        let saved = c.get();
+        let r = f.take().map(|f| f());
+        c.set(saved);
+        r
+    });
+    match (kept, f) {
+        (Ok(Some(r)), _) => r,
+        // The thread's locals are being torn down: nothing to keep.
+        (_, Some(f)) => f(),
+        (_, None) => unreachable!("a closure that ran returned its value"),
+    }
+}
+
 /// Turns the result of an exported function into its return value, recording a failure.
 pub fn finish(result: CudaResult<()>) -> cudaError_t {
     match result {

@@ -14,6 +14,7 @@
 //!
 //! An unknown UUID fails with `CUDA_ERROR_INVALID_VALUE` and one log line, as NVIDIA's driver
 //! answers tables it does not have.
+#![allow(non_snake_case)] // cuGetExportTable keeps CUDA's parameter names
 
 use core::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::AtomicBool;
@@ -25,8 +26,23 @@ use super::{
     modules,
     status::{DriverError, DrvResult},
 };
-use crate::core::context;
-use crate::{core::fatbin, core::warnings::warn_first, generated::driver_api as d};
+use crate::core::runtime::context;
+use crate::{core::modules::fatbin, core::warnings::warn_first, generated::driver_api as d};
+
+driver_api! {
+    /// `cuGetExportTable`.
+    fn cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const d::CUuuid) {
+        if ppExportTable.is_null() || pExportTableId.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: a CUuuid is 16 bytes (checked non-null above).
+        let id = unsafe { &*pExportTableId.cast::<[u8; 16]>() };
+        let table = get(id);
+        // SAFETY: checked non-null.
+        unsafe { ppExportTable.write_unaligned(*table.as_ref().unwrap_or(&std::ptr::null())) };
+        table.map(drop)
+    }
+}
 
 /// A table as the driver hands it out: words, function pointers among them.
 #[repr(C)]

@@ -11,7 +11,7 @@
 //!   (gen/driver-symbols.py): stubs for what is not implemented, and every symbol's address;
 //! - `proc_address`: `cuGetProcAddress`'s version and flavour rules;
 //! - `export_tables`: the private tables, with the runtime's integrity check;
-//! - contexts and the per-thread stack are the core's (`core::context`), shared with the
+//! - contexts and the per-thread stack are the core's (`core::runtime::context`), shared with the
 //!   runtime face's device;
 //! - `modules`: modules, functions, libraries and kernels;
 //! - `status`: `CUresult` and the mapping from the core's runtime codes.

@@ -11,7 +11,7 @@
 
 use core::ffi::{c_void, CStr};
 use std::{
-    collections::HashMap,
+    borrow::Cow,
     ffi::CString,
     sync::{
         atomic::{AtomicBool, AtomicU32, Ordering},
@@ -22,13 +22,14 @@ use std::{
 use qcuda_proto::Op;
 
 use super::status::{DriverError, DrvResult};
-use crate::core::context;
+use crate::core::runtime::context;
 use crate::{
-    core::fatbin,
+    core::addr_map::AddrMap,
     core::modules as core_modules,
-    core::registry::{DeviceGlobal, ResolvedKernel},
+    core::modules::fatbin,
+    core::modules::registry::{DeviceGlobal, ResolvedKernel},
     core::runtime::runtime,
-    core::session::MAX_DEVICES,
+    core::transport::session::MAX_DEVICES,
     core::transport::Call,
 };
 
@@ -69,7 +70,10 @@ impl Function {
 /// A library: an image loadable on any device.
 #[derive(Debug)]
 pub struct Library {
-    image: Box<[u8]>,
+    /// The image: qcuda's own copy, or the caller's where it promised to keep it until
+    /// `cuLibraryUnload` (`CU_LIBRARY_BINARY_IS_PRESERVED`), which is read only while the
+    /// library is live.
+    image: Cow<'static, [u8]>,
     live: AtomicBool,
     modules: Mutex<Vec<(u32, &'static Module)>>,
     kernels: Mutex<Vec<&'static Kernel>>,
@@ -95,11 +99,12 @@ enum Kind {
     Kernel,
 }
 
-static LIVE: RwLock<Option<HashMap<usize, Kind>>> = RwLock::new(None);
+/// The live handles and their kinds, read on every launch (an address-keyed map: no SipHash).
+static LIVE: RwLock<Option<AddrMap<usize, Kind>>> = RwLock::new(None);
 
-fn with_live<R>(f: impl FnOnce(&mut HashMap<usize, Kind>) -> R) -> R {
+fn with_live<R>(f: impl FnOnce(&mut AddrMap<usize, Kind>) -> R) -> R {
     let mut guard = LIVE.write().unwrap_or_else(PoisonError::into_inner);
-    f(guard.get_or_insert_with(HashMap::new))
+    f(guard.get_or_insert_with(AddrMap::default))
 }
 
 /// What a handle is, if it is live: a shared lock, so launching threads do not contend.
@@ -292,6 +297,53 @@ fn load_on(image: &[u8], device: u32) -> DrvResult<&'static Module> {
     Ok(m)
 }
 
+/// What a module load with the JIT's logs (`ModuleLoadLogged`) answered: the module (or the
+/// driver's error), and how many bytes of `logs` are the info and the error log.
+#[derive(Debug)]
+pub struct LoggedLoad {
+    pub module: DrvResult<usize>,
+    pub info_len: usize,
+    pub error_len: usize,
+}
+
+/// `cuModuleLoadDataEx` with logs: `image` loaded in the current context with the value
+/// options encoded in `options` (a `link::LinkRequest` without inputs); the host writes the
+/// info log and then the error log into `logs`, as far as they fit.
+pub fn load_logged(image: &[u8], options: &[u8], logs: &mut [u8]) -> DrvResult<LoggedLoad> {
+    let ctx = context::require_current()?;
+    let rt = runtime()?;
+    let reply = rt.session.submit(
+        Call::new(Op::ModuleLoadLogged, ctx.device)
+            .input(image)
+            .input(options)
+            .output(logs),
+    )?;
+    let [host, info, error, code, ..] = reply.rets;
+    let len = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let (info_len, error_len) = (len(info), len(error));
+    if info_len.saturating_add(error_len) > logs.len() {
+        return Err(DriverError::UNKNOWN);
+    }
+    let module = match DriverError::check(u32::try_from(code).unwrap_or(u32::MAX)) {
+        Ok(()) => {
+            let m: &'static Module = Box::leak(Box::new(Module {
+                device: ctx.device,
+                host,
+                live: AtomicBool::new(true),
+                functions: Mutex::default(),
+            }));
+            with_live(|l| l.insert(handle(m), Kind::Module));
+            Ok(handle(m))
+        }
+        Err(e) => Err(e),
+    };
+    Ok(LoggedLoad {
+        module,
+        info_len,
+        error_len,
+    })
+}
+
 /// `cuModuleLoadData`: `image` loaded in the current context; the module's handle.
 pub fn load(image: &[u8]) -> DrvResult<usize> {
     let ctx = context::require_current()?;
@@ -323,7 +375,7 @@ pub fn get_function(m: &'static Module, name: &CStr) -> DrvResult<&'static Funct
         return Ok(f);
     }
     let rt = runtime()?;
-    let resolved = core_modules::function(rt, m.device, m.host, name.to_bytes())?;
+    let resolved = core_modules::function(&rt.session, m.device, m.host, name.to_bytes())?;
     let f: &'static Function = Box::leak(Box::new(Function {
         module: m,
         name: name.to_owned(),
@@ -369,7 +421,7 @@ pub fn functions(m: &'static Module) -> DrvResult<Vec<&'static Function>> {
 pub fn get_global(m: &'static Module, name: &CStr) -> DrvResult<DeviceGlobal> {
     let rt = runtime()?;
     Ok(core_modules::module_global(
-        rt,
+        &rt.session,
         m.device,
         m.host,
         name.to_bytes(),
@@ -380,9 +432,9 @@ pub fn get_global(m: &'static Module, name: &CStr) -> DrvResult<DeviceGlobal> {
 /// used there, as NVIDIA's driver loads libraries lazily (`CUDA_MODULE_LOADING=LAZY`, its
 /// default): NVIDIA's runtime loads every fatbin of a program or library this way, also those
 /// with no code for this GPU, which must fail only if a kernel of theirs is used.
-pub fn load_library(image: &[u8]) -> DrvResult<usize> {
+pub fn load_library(image: Cow<'static, [u8]>) -> DrvResult<usize> {
     let lib: &'static Library = Box::leak(Box::new(Library {
-        image: image.into(),
+        image,
         live: AtomicBool::new(true),
         modules: Mutex::default(),
         kernels: Mutex::default(),

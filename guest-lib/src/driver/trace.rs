@@ -18,29 +18,35 @@ static STATE: AtomicU8 = AtomicU8::new(0);
 static OUT: Mutex<()> = Mutex::new(());
 static COUNTS: Mutex<Option<HashMap<&'static str, u64>>> = Mutex::new(None);
 
+/// The switch, read from the environment on first use.
+#[inline]
 fn state() -> u8 {
     match STATE.load(Ordering::Relaxed) {
-        0 => {
-            let s = match std::env::var_os("QCUDA_DRIVER_TRACE") {
-                Some(v) if v == "1" => 2,
-                Some(v) if v == "count" => 3,
-                _ => 1,
-            };
-            if STATE
-                .compare_exchange(0, s, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-                && s == 3
-            {
-                // SAFETY: registering a plain extern "C" function; it runs once, at exit.
-                unsafe { libc::atexit(print_counts) };
-            }
-            STATE.load(Ordering::Relaxed)
-        }
+        0 => read_switch(),
         s => s,
     }
 }
 
+#[cold]
+fn read_switch() -> u8 {
+    let s = match std::env::var_os("QCUDA_DRIVER_TRACE") {
+        Some(v) if v == "1" => 2,
+        Some(v) if v == "count" => 3,
+        _ => 1,
+    };
+    if STATE
+        .compare_exchange(0, s, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+        && s == 3
+    {
+        // SAFETY: registering a plain extern "C" function; it runs once, at exit.
+        unsafe { libc::atexit(print_counts) };
+    }
+    STATE.load(Ordering::Relaxed)
+}
+
 /// Whether a line per call is printed.
+#[inline]
 pub fn enabled() -> bool {
     state() == 2
 }
@@ -52,9 +58,20 @@ pub fn log(what: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "qcuda-trace: {what}");
 }
 
-/// A call and its result.
+/// A call and its result. Every driver export ends here: with tracing off (the switch read),
+/// one load and a compare, inlined into the export.
+#[inline]
 pub fn call(name: &'static str, code: u32) {
+    crate::core::warnings::exported(name, code);
     match state() {
+        1 => {}
+        s => record(name, code, s),
+    }
+}
+
+#[cold]
+fn record(name: &'static str, code: u32, state: u8) {
+    match state {
         2 => match super::status::error_name(code) {
             Some(n) => log(format_args!("{name} -> {}", n.to_string_lossy())),
             None => log(format_args!("{name} -> {code}")),

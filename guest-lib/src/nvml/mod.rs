@@ -598,6 +598,116 @@ pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
     unsafe { put(status, value) }
 }
 
+/// The longest driver version text NVML gives (`NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE`).
+const DRIVER_VERSION_LEN: usize = 80;
+
+/// `nvmlSystemGetDriverVersion`: the host's NVIDIA driver version (e.g. "580.95.05"), which
+/// cuda-pathfinder's compatibility checks compare with the toolkit's minimum.
+///
+/// # Safety
+/// `version` must be null or writable for `length` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    if let Err(e) = devices() {
+        return e;
+    }
+    let Ok(rt) = runtime() else {
+        return DRIVER_NOT_LOADED;
+    };
+    let mut buf = [0u8; DRIVER_VERSION_LEN];
+    match rt
+        .session
+        .submit(Call::new(Op::DriverRelease, 0).output(&mut buf))
+    {
+        Ok(r) => {
+            let n = usize::try_from(r.rets[0]).unwrap_or(usize::MAX);
+            let Some(text) = buf.get(..n).and_then(|b| std::str::from_utf8(b).ok()) else {
+                return UNKNOWN;
+            };
+            // SAFETY: caller's contract.
+            unsafe { put_string(version, length, text) }
+        }
+        Err(crate::core::cuda_error::CudaError::NOT_SUPPORTED) => {
+            static ONCE: AtomicBool = AtomicBool::new(false);
+            unsupported(
+                "nvmlSystemGetDriverVersion (the host's driver did not say)",
+                &ONCE,
+            )
+        }
+        Err(_) => UNKNOWN,
+    }
+}
+
+/// One field of the device's PCIe link as the host saw it (`GpuInfo::pcie_link`): 0 is unknown.
+///
+/// # Safety
+/// `out` must be null or writable.
+unsafe fn pcie(device: *const Device, field: usize, out: *mut c_uint) -> NvmlReturn {
+    match self::device(device) {
+        Ok(d) if d.info.pcie_link[field] != 0 => {
+            // SAFETY: caller's contract.
+            unsafe { put(out, c_uint::from(d.info.pcie_link[field])) }
+        }
+        Ok(_) => NOT_SUPPORTED,
+        Err(e) => e,
+    }
+}
+
+/// `nvmlDeviceGetCurrPcieLinkGeneration` (XLA's cost model reads the link).
+///
+/// # Safety
+/// `gen` must be null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
+    device: *const Device,
+    gen: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { pcie(device, 0, gen) }
+}
+
+/// `nvmlDeviceGetCurrPcieLinkWidth`.
+///
+/// # Safety
+/// `width` must be null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
+    device: *const Device,
+    width: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { pcie(device, 1, width) }
+}
+
+/// `nvmlDeviceGetMaxPcieLinkGeneration`.
+///
+/// # Safety
+/// `gen` must be null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
+    device: *const Device,
+    gen: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { pcie(device, 2, gen) }
+}
+
+/// `nvmlDeviceGetMaxPcieLinkWidth`.
+///
+/// # Safety
+/// `width` must be null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
+    device: *const Device,
+    width: *mut c_uint,
+) -> NvmlReturn {
+    // SAFETY: forwarded contract.
+    unsafe { pcie(device, 3, width) }
+}
+
 nvml_unsupported! {
     nvmlDeviceGetNvLinkState(device: *const Device, link: c_uint, active: *mut c_uint);
     nvmlDeviceGetNvLinkCapability(device: *const Device, link: c_uint, capability: c_uint, result: *mut c_uint);
@@ -618,7 +728,6 @@ nvml_unsupported! {
     nvmlDeviceGetPowerUsage(device: *const Device, power: *mut c_uint);
     nvmlDeviceGetClockInfo(device: *const Device, kind: c_uint, clock: *mut c_uint);
     nvmlDeviceGetMinorNumber(device: *const Device, minor: *mut c_uint);
-    nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint);
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@ use core::ffi::{c_int, c_uint, c_void};
 
 use super::write_out;
 use crate::{
-    core::array_ops::{self, *},
     core::arrays::{self, channel_desc},
     core::cuda_error::{CudaError, CudaResult},
+    core::runtime::arrays::{self as array_ops, *},
     core::runtime::{current, non_null},
     generated::{
         cudaArray_const_t, cudaArray_t, cudaChannelFormatDesc, cudaExtent, cudaMemcpy3DParms,
@@ -401,7 +401,7 @@ cuda_api! {
     fn cudaGetChannelDesc(desc: *mut cudaChannelFormatDesc, array: cudaArray_const_t) {
         non_null(desc)?;
         let (rt, d) = current()?;
-        let i = arrays::info(rt, d, array as u64)?;
+        let i = arrays::info(&rt.session, d, array as u64)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(desc, channel_desc(i.format, i.channels)) }
     }

@@ -10,6 +10,7 @@ use super::write_out;
 use crate::{
     core::cuda_error::CudaError,
     core::devices,
+    core::runtime::devices as device_ops,
     core::runtime::{current, non_null, registry, runtime},
     core::transport::Call,
     generated::{
@@ -67,7 +68,7 @@ cuda_api! {
         let d = rt.devices.check(device)?;
         rt.devices.activate_primary(d);
         devices::set_current(d);
-        crate::core::context::runtime_set_device(d);
+        crate::core::runtime::context::runtime_set_device(d);
         Ok(())
     }
 
@@ -107,7 +108,7 @@ cuda_api! {
     /// `cudaDeviceGetAttribute`: `cudaDeviceAttr` values are the driver's attribute ids.
     fn cudaDeviceGetAttribute(value: *mut c_int, attr: cudaDeviceAttr, device: c_int) {
         non_null(value)?;
-        let v = devices::ops::attribute(device, attr)?;
+        let v = device_ops::attribute(device, attr)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(value, v) }
     }
@@ -116,7 +117,7 @@ cuda_api! {
     fn cudaDeviceGetPCIBusId(pciBusId: *mut c_char, len: c_int, device: c_int) {
         non_null(pciBusId)?;
         let len = usize::try_from(len).ok().filter(|&l| l > 0).ok_or(CudaError::INVALID_VALUE)?;
-        let id = devices::ops::pci_bus_id(device)?;
+        let id = device_ops::pci_bus_id(device)?;
         let n = id.len().min(len - 1);
         // SAFETY: `pciBusId` is writable for `len` bytes (API contract); we write n + 1 <= len.
         unsafe {
@@ -132,7 +133,7 @@ cuda_api! {
         non_null(pciBusId)?;
         // SAFETY: a NUL-terminated string (API contract).
         let s = unsafe { std::ffi::CStr::from_ptr(pciBusId) };
-        let d = devices::ops::by_pci_bus_id(s.to_str().map_err(|_| CudaError::INVALID_VALUE)?)?;
+        let d = device_ops::by_pci_bus_id(s.to_str().map_err(|_| CudaError::INVALID_VALUE)?)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(device, int_of_u32(d)) }
     }
@@ -141,7 +142,7 @@ cuda_api! {
     /// its own peer).
     fn cudaDeviceCanAccessPeer(canAccessPeer: *mut c_int, device: c_int, peerDevice: c_int) {
         non_null(canAccessPeer)?;
-        let can = devices::ops::can_access_peer(device, peerDevice)?;
+        let can = device_ops::can_access_peer(device, peerDevice)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(canAccessPeer, c_int::from(can)) }
     }
@@ -149,7 +150,7 @@ cuda_api! {
     /// `cudaDeviceGetP2PAttribute`.
     fn cudaDeviceGetP2PAttribute(value: *mut c_int, attr: crate::generated::cudaDeviceP2PAttr, srcDevice: c_int, dstDevice: c_int) {
         non_null(value)?;
-        let v = devices::ops::p2p_attribute(attr, srcDevice, dstDevice)?;
+        let v = device_ops::p2p_attribute(attr, srcDevice, dstDevice)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(value, v) }
     }
@@ -221,7 +222,7 @@ cuda_api! {
 
     /// `cudaDeviceSynchronize`: waits for all work of this process on the current device;
     /// reports failures of earlier fire-and-forget work.
-    fn cudaDeviceSynchronize() { devices::ops::synchronize() }
+    fn cudaDeviceSynchronize() { device_ops::synchronize() }
 
     /// `cudaDeviceReset`: frees everything of this process on the current device and clears its
     /// sticky error.
@@ -234,7 +235,7 @@ cuda_api! {
     fn cudaMemGetInfo(free: *mut usize, total: *mut usize) {
         non_null(free)?;
         non_null(total)?;
-        let (f, t) = crate::core::memory::ops::mem_info()?;
+        let (f, t) = crate::core::runtime::memory::ops::mem_info()?;
         // SAFETY: both non-null and writable (API contract).
         unsafe {
             write_out(free, f)?;
@@ -270,7 +271,7 @@ mod tests {
 
     #[test]
     fn pci_bus_ids_round_trip() {
-        use crate::core::devices::ops::{parse_pci_bus_id, pci_bus_id_string as pci_bus_id};
+        use crate::core::runtime::devices::{parse_pci_bus_id, pci_bus_id_string as pci_bus_id};
         assert_eq!(pci_bus_id(0, 0x65, 0), "0000:65:00.0");
         assert_eq!(parse_pci_bus_id("0000:65:00.0"), Some((0, 0x65, 0)));
         assert_eq!(parse_pci_bus_id("00000001:0A:1f"), Some((1, 0xa, 0x1f)));

@@ -5,7 +5,7 @@ use core::ffi::c_uint;
 use super::write_out;
 use crate::{
     core::cuda_error::CudaResult,
-    core::events::ops,
+    core::runtime::events as ops,
     core::runtime::non_null,
     generated::{cudaEvent_t, cudaStream_t},
 };

@@ -7,7 +7,7 @@ use core::ffi::{c_char, c_uint, c_ulonglong, c_void};
 use qcuda_proto::graph as g;
 
 #[allow(clippy::wildcard_imports)]
-use crate::core::graphs::*;
+use crate::core::runtime::graphs::*;
 use crate::generated::{
     cudaEvent_t, cudaGraphEdgeData, cudaGraphExecUpdateResultInfo, cudaGraphExec_t,
     cudaGraphInstantiateParams, cudaGraphNodeType, cudaGraphNode_t, cudaGraph_t,
@@ -30,7 +30,7 @@ cuda_api! {
         begin_capture(stream, mode)
     }
 
-    /// `cudaStreamBeginCaptureToGraph` (default edges only).
+    /// `cudaStreamBeginCaptureToGraph` (edge data included).
     #[per_thread(cudaStreamBeginCaptureToGraph_ptsz)]
     fn cudaStreamBeginCaptureToGraph(
         stream: cudaStream_t,
@@ -74,7 +74,7 @@ cuda_api! {
         unsafe { stream_get_capture_info(stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out, numDependencies_out) }
     }
 
-    /// `cudaStreamUpdateCaptureDependencies` (default edges only).
+    /// `cudaStreamUpdateCaptureDependencies` (edge data included).
     #[per_thread(cudaStreamUpdateCaptureDependencies_ptsz)]
     fn cudaStreamUpdateCaptureDependencies(
         stream: cudaStream_t,
@@ -571,7 +571,7 @@ cuda_api! {
         unsafe { exec_set_event(hGraphExec, hNode, event) }
     }
 
-    /// `cudaGraphAddDependencies` (default edges only).
+    /// `cudaGraphAddDependencies` (edge data included).
     fn cudaGraphAddDependencies(
         graph: cudaGraph_t,
         from: *const cudaGraphNode_t,
@@ -583,7 +583,7 @@ cuda_api! {
         unsafe { change_edges(graph, from, to, edgeData, numDependencies, false) }
     }
 
-    /// `cudaGraphRemoveDependencies` (default edges only).
+    /// `cudaGraphRemoveDependencies` (edge data included).
     fn cudaGraphRemoveDependencies(
         graph: cudaGraph_t,
         from: *const cudaGraphNode_t,

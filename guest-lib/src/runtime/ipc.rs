@@ -1,4 +1,4 @@
-//! Memory shared between the processes of one VM (core/ipc.rs; the host brokers it between
+//! Memory shared between the processes of one VM (core/runtime/ipc.rs; the host brokers it between
 //! the two processes' workers): legacy interprocess memory handles (`cudaIpcGetMemHandle`,
 //! `cudaIpcOpenMemHandle`, `cudaIpcCloseMemHandle`) and shareable pools
 //! (`cudaMemPoolExportToShareableHandle`, `cudaMemPoolImportFromShareableHandle`,
@@ -11,7 +11,7 @@ use super::write_out;
 use crate::{
     core::{
         cuda_error::CudaError,
-        ipc,
+        runtime::ipc,
         runtime::{current, non_null, runtime},
     },
     generated::{

@@ -10,10 +10,10 @@ use qcuda_proto::Op;
 
 use super::write_out;
 use crate::{
-    core::call_config::{self, CallConfig},
     core::cuda_error::{CudaError, CudaResult},
-    core::launch,
-    core::registry::KernelRecord,
+    core::launch::call_config::{self, CallConfig},
+    core::modules::registry::KernelRecord,
+    core::runtime::launch,
     core::runtime::{non_null, registry, runtime},
     core::transport::Call,
     generated::{
@@ -182,7 +182,7 @@ fn function_handle(
     let kernel = registry()
         .kernel(func as usize)
         .ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
-    let resolved = crate::core::modules::kernel(rt, kernel, device)?;
+    let resolved = crate::core::modules::kernel(&rt.session, kernel, device)?;
     Ok((rt, device, resolved.function))
 }
 

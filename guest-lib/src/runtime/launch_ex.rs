@@ -13,9 +13,9 @@ use qcuda_proto::Op;
 
 use super::write_out;
 use crate::{
-    core::call_config::CallConfig,
     core::cuda_error::{CudaError, CudaResult},
-    core::launch,
+    core::launch::call_config::CallConfig,
+    core::runtime::launch,
     core::runtime::{current, non_null, registry, runtime, Runtime},
     core::transport::Call,
     generated::{self as cu, cudaFuncCache, cudaLaunchConfig_t, cudaSharedMemConfig},
@@ -57,7 +57,7 @@ fn function(func: *const c_void) -> CudaResult<(&'static Runtime, u32, u64)> {
     let kernel = registry()
         .kernel(func as usize)
         .ok_or(CudaError::INVALID_DEVICE_FUNCTION)?;
-    let resolved = crate::core::modules::kernel(rt, kernel, device)?;
+    let resolved = crate::core::modules::kernel(&rt.session, kernel, device)?;
     Ok((rt, device, resolved.function))
 }
 
@@ -83,7 +83,7 @@ unsafe fn cluster_occupancy(
     unsafe { write_out(out, n) }
 }
 
-use crate::core::devices::ops::cache_config;
+use crate::core::runtime::devices::cache_config;
 
 fn shared_mem_config(config: cudaSharedMemConfig) -> CudaResult<()> {
     if config <= cu::cudaSharedMemBankSizeEightByte {
@@ -136,13 +136,13 @@ cuda_api! {
 
     /// `cudaDeviceSetCacheConfig` (the current device's context).
     fn cudaDeviceSetCacheConfig(cacheConfig: cudaFuncCache) {
-        crate::core::devices::ops::set_cache_config(cacheConfig)
+        crate::core::runtime::devices::set_cache_config(cacheConfig)
     }
 
     /// `cudaDeviceGetCacheConfig`.
     fn cudaDeviceGetCacheConfig(pCacheConfig: *mut cudaFuncCache) {
         non_null(pCacheConfig)?;
-        let config = crate::core::devices::ops::cache_config_of_current()?;
+        let config = crate::core::runtime::devices::cache_config_of_current()?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(pCacheConfig, config) }
     }

@@ -1,13 +1,13 @@
 //! Memory: `cudaMalloc`, `cudaFree`, `cudaMemcpy[Async]`, `cudaMemset[Async]`, host allocations
 //! and `cudaPointerGetAttributes`. The `_ptds`/`_ptsz` exports are the per-thread-default-stream
 //! spellings of the same calls (see streams.rs for how that stream is mapped). What each does
-//! is `core::memory::ops`'s; this face checks and writes the out-parameters.
+//! is `core::runtime::memory::ops`'s; this face checks and writes the out-parameters.
 
 use core::ffi::{c_int, c_uint, c_void};
 
 use super::write_out;
 use crate::{
-    core::memory::ops,
+    core::runtime::memory::ops,
     core::runtime::non_null,
     generated::{cudaMemcpyKind, cudaPointerAttributes, cudaStream_t},
 };
@@ -59,7 +59,7 @@ cuda_api! {
         ops::memset_async(devPtr as u64, value, count, stream as usize)
     }
 
-    /// `cudaMallocHost`: pinned guest memory the GPU reads and writes directly (host_memory.rs).
+    /// `cudaMallocHost`: pinned guest memory the GPU reads and writes directly (memory/host.rs).
     fn cudaMallocHost(ptr: *mut *mut c_void, size: usize) {
         non_null(ptr)?;
         let p = ops::host_alloc(size, 0)?;
@@ -118,13 +118,11 @@ cuda_api! {
         unsafe { write_out(pFlags, f) }
     }
 
-    /// `cudaPointerGetAttributes`: device memory from `cudaMalloc`; host memory from
-    /// `cudaMallocHost`/`cudaHostAlloc`/`cudaHostRegister`, with its device address; managed
-    /// memory; anything else unregistered (device -2, the pointer as host pointer, as NVIDIA's
-    /// 13.0 runtime answers).
+    /// `cudaPointerGetAttributes`: device, host, managed memory, or unregistered (success:
+    /// pageable memory, NULL, one past an allocation), as core/runtime/pointer_attrs.rs says.
     fn cudaPointerGetAttributes(attributes: *mut cudaPointerAttributes, ptr: *const c_void) {
         non_null(attributes)?;
-        let a = ops::pointer_attributes(ptr as usize)?;
+        let a = crate::core::runtime::pointer_attrs::ops::pointer_attributes(ptr as usize)?;
         // SAFETY: non-null and writable (API contract).
         unsafe { write_out(attributes, a) }
     }

@@ -36,7 +36,9 @@ macro_rules! cuda_api {
             #[allow(clippy::too_many_arguments)]
             unsafe fn body($($arg: $ty),*) -> $crate::core::cuda_error::CudaResult<()> $body
             // SAFETY: `body` has exactly this function's contract, which our caller upholds.
-            $crate::core::last_error::finish(unsafe { body($($arg),*) })
+            let code = $crate::core::last_error::finish(unsafe { body($($arg),*) });
+            $crate::core::warnings::exported(stringify!($name), code);
+            code
         }
     };
     (@per_thread [] [$($why:literal)?] $name:ident $params:tt) => {};
@@ -115,3 +117,4 @@ pub mod streams;
 pub mod symbols;
 pub mod texture;
 pub mod unsupported;
+pub mod user_objects;

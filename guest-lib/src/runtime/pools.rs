@@ -6,7 +6,7 @@
 //! memory, and pools shareable other than as POSIX file descriptors, are not supported
 //! (`cudaErrorNotSupported`, warned once); export and import of shareable pools and their
 //! allocations: runtime/ipc.rs. The work and the checks of CUDA's structures are the core's
-//! (`core::pools::ops`), which the driver face shares.
+//! (`core::runtime::pools`), which the driver face shares.
 
 use core::ffi::{c_int, c_void};
 
@@ -15,7 +15,7 @@ use qcuda_proto::Op;
 use super::write_out;
 use crate::{
     core::cuda_error::CudaResult,
-    core::pools::ops,
+    core::runtime::pools as ops,
     core::runtime::{non_null, runtime},
     generated::{
         cudaMemAccessDesc, cudaMemAccessFlags, cudaMemAllocationType, cudaMemLocation,

@@ -10,9 +10,9 @@
 use core::ffi::{c_char, c_int, c_void, CStr};
 
 use crate::{
-    core::fatbin,
-    core::managed_vars,
     core::modules,
+    core::modules::fatbin,
+    core::runtime::managed as managed_vars,
     core::runtime::{registry, runtime_if_connected},
     core::warnings::warn_once,
     generated::{dim3, uint3},
@@ -50,7 +50,7 @@ pub unsafe extern "C" fn __cudaUnregisterFatBinary(fatCubinHandle: *mut *mut c_v
     if let Some(fatbin) = registry().unregister_fatbin(fatCubinHandle as usize) {
         managed_vars::forget_fatbin(fatbin);
         if let Some(rt) = runtime_if_connected() {
-            modules::unload(rt, fatbin);
+            modules::unload(&rt.session, fatbin);
         }
     }
 }
@@ -118,7 +118,7 @@ pub unsafe extern "C" fn __cudaRegisterVar(
 }
 
 /// `__cudaRegisterManagedVar`: records a `__managed__` variable; `hostVarPtrAddress` is the
-/// program's pointer to it, which `__cudaInitModule` fills in (managed_vars.rs).
+/// program's pointer to it, which `__cudaInitModule` fills in (modules/managed_vars.rs).
 ///
 /// # Safety
 /// `deviceName` is null or a NUL-terminated string; `hostVarPtrAddress` is null or the

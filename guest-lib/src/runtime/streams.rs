@@ -1,52 +1,18 @@
 //! Streams: create, destroy, synchronise, query, wait for an event, and the read-only queries
 //! answered from the guest's own records. The `_ptsz` exports are the per-thread-default-stream
-//! spellings; qcuda sends that stream to the host's legacy stream (core/streams.rs).
+//! spellings; qcuda sends that stream to the host's legacy stream (core/streams/mod.rs).
 
 use crate::core::conv::int_of_u32;
 use core::ffi::{c_int, c_uint, c_void};
 
 use super::write_out;
 use crate::{
-    core::cuda_error::{CudaError, CudaResult},
-    core::host_fns::{HostFn, StreamCallback},
-    core::host_memory::HostKind,
-    core::runtime::{current, non_null},
-    core::streams::ops,
+    core::cuda_error::CudaResult,
+    core::runtime::non_null,
+    core::runtime::streams as ops,
+    core::streams::host_fns::{HostFn, StreamCallback},
     generated::{cudaEvent_t, cudaStream_t},
 };
-
-/// `cudaStreamAttachMemAsync`: which streams' work may touch a managed range while the CPU does.
-/// qcuda's managed memory is guest RAM that the CPU and the GPU reach coherently at all times
-/// (docs/ARCHITECTURE.md, "Host memory"), so every attachment already holds; the call checks its
-/// arguments as CUDA does and changes nothing.
-fn attach_mem(
-    stream: cudaStream_t,
-    ptr: *mut c_void,
-    length: usize,
-    flags: c_uint,
-) -> CudaResult<()> {
-    const GLOBAL: c_uint = 1;
-    const HOST: c_uint = 2;
-    const SINGLE: c_uint = 4;
-    if flags != GLOBAL && flags != HOST && flags != SINGLE {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let (rt, _) = current()?;
-    rt.streams.target(stream as usize)?;
-    if flags == SINGLE && stream.is_null() {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    let a = rt
-        .host_memory
-        .find(ptr as usize)
-        .filter(|a| a.kind == HostKind::Managed)
-        .ok_or(CudaError::INVALID_VALUE)?;
-    // Length 0 names the whole allocation, which `ptr` must then start.
-    if (length == 0 && a.base != ptr as usize) || (length != 0 && length != a.size) {
-        return Err(CudaError::INVALID_VALUE);
-    }
-    Ok(())
-}
 
 unsafe fn create(stream: *mut cudaStream_t, flags: c_uint, priority: c_int) -> CudaResult<()> {
     non_null(stream)?;
@@ -71,7 +37,7 @@ cuda_api! {
     /// `cudaStreamAttachMemAsync` (see `attach_mem`).
     #[per_thread(cudaStreamAttachMemAsync_ptsz)]
     fn cudaStreamAttachMemAsync(stream: cudaStream_t, devPtr: *mut c_void, length: usize, flags: c_uint) {
-        attach_mem(stream, devPtr, length, flags)
+        crate::core::runtime::managed::attach_mem(stream as usize, devPtr as usize, length, flags)
     }
 
     /// `cudaStreamCreate`.

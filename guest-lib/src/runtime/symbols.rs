@@ -8,9 +8,9 @@ use core::ffi::c_void;
 use super::write_out;
 use crate::{
     core::cuda_error::CudaResult,
-    core::memory::Ordering,
+    core::runtime::memory::Ordering,
+    core::runtime::symbols,
     core::runtime::{current, non_null, registry},
-    core::symbols,
     generated::{cudaMemcpyKind, cudaStream_t},
 };
 

@@ -9,8 +9,8 @@ use core::ffi::c_int;
 
 use super::write_out;
 use crate::{
-    core::arrays::object_ops as ops,
     core::runtime::non_null,
+    core::runtime::objects as ops,
     generated::{
         cudaChannelFormatDesc, cudaChannelFormatKind, cudaResourceDesc, cudaResourceViewDesc,
         cudaSurfaceObject_t, cudaTextureDesc, cudaTextureObject_t,

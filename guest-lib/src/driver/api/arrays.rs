@@ -7,11 +7,12 @@
 use core::ffi::{c_uint, c_void};
 
 use super::{initialized, out, via_core};
-use crate::core::context;
+use crate::core::runtime::context;
 use crate::{
-    core::array_ops,
-    core::arrays::{channel_desc, format_of, object_ops},
+    core::arrays::{channel_desc, format_of},
     core::conv::usize_of,
+    core::runtime::arrays as array_ops,
+    core::runtime::objects as object_ops,
     driver::status::{DriverError, DrvResult},
     generated::{
         self as cu, cudaArray_t, cudaChannelFormatDesc, cudaExtent, cudaMemcpy3DParms,
@@ -227,7 +228,7 @@ unsafe fn peer_as_3d(p: *const d::CUDA_MEMCPY3D_PEER) -> DrvResult<d::CUDA_MEMCP
     let c = unsafe { p.read_unaligned() };
     for ctx in [c.srcContext, c.dstContext] {
         if !ctx.is_null() {
-            super::memory::device_of(ctx)?;
+            super::device_of(ctx)?;
         }
     }
     Ok(d::CUDA_MEMCPY3D {

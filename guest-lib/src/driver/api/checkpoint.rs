@@ -1,6 +1,7 @@
 //! CUDA's process checkpoint of another guest process: `cuCheckpointProcessLock`,
 //! `Checkpoint`, `Restore`, `Unlock`, `GetState` and `GetRestoreThreadId`, as NVIDIA's
-//! `cuda-checkpoint` calls them, over the core's one round trip (core/process_checkpoint.rs).
+//! `cuda-checkpoint` calls them, over the core's one round trip
+//! (core/runtime/process_checkpoint.rs).
 //!
 //! The optional argument structures are checked as the driver documents them (reserved fields
 //! zero). A restore onto other GPUs (`gpuPairs` naming a different GPU) is not offered: the
@@ -9,7 +10,7 @@
 use super::initialized;
 use crate::{
     core::{
-        process_checkpoint::{process_checkpoint, ProcessAction},
+        runtime::process_checkpoint::{process_checkpoint, ProcessAction},
         runtime::runtime,
     },
     driver::status::{DriverError, DrvResult},

@@ -4,9 +4,9 @@
 use core::ffi::{c_int, c_uint};
 
 use super::{check_device, initialized, out, via_core};
-use crate::core::context::{self, Context};
+use crate::core::runtime::context::{self, Context};
 use crate::{
-    core::devices,
+    core::runtime::devices as device_ops,
     core::runtime::{registry, runtime},
     core::transport::Call,
     driver::status::{DriverError, DrvResult},
@@ -195,7 +195,7 @@ driver_api! {
         initialized()?;
         let c = context::require_current()?;
         // SAFETY: caller's out-parameter.
-        unsafe { out(flags, c.flags()) }
+        unsafe { out(flags, context::flags(c)) }
     }
 
     /// `cuCtxSetFlags`.
@@ -204,7 +204,7 @@ driver_api! {
         if flags & !CTX_FLAGS != 0 {
             return Err(DriverError::INVALID_VALUE);
         }
-        context::require_current()?.set_flags(flags);
+        context::set_flags(context::require_current()?, flags);
         Ok(())
     }
 
@@ -236,20 +236,23 @@ driver_api! {
         synchronize(context_or_current(ctx)?)
     }
 
-    /// `cuProfilerStart`: no profiler can attach to the guest side, and with none attached
-    /// NVIDIA's driver does nothing and succeeds (in a current context); so do we.
+    /// `cuProfilerStart`: with `QCUDA_PROFILE`, the host records this process's GPU timeline
+    /// from now on (core/profile.rs); without, nothing happens and nothing is sent, as natively
+    /// with no profiler attached (in a current context).
     #[no_prototype = "cudaProfiler.h is not among the headers bindgen reads"]
     fn cuProfilerStart() {
         initialized()?;
         context::require_current()?;
+        runtime()?.session.profiler_start();
         Ok(())
     }
 
-    /// `cuProfilerStop`: as `cuProfilerStart`.
+    /// `cuProfilerStop`: as `cuProfilerStart`; the recording so far is written.
     #[no_prototype = "cudaProfiler.h is not among the headers bindgen reads"]
     fn cuProfilerStop() {
         initialized()?;
         context::require_current()?;
+        runtime()?.session.profiler_stop();
         Ok(())
     }
 
@@ -300,7 +303,7 @@ driver_api! {
         initialized()?;
         context::require_current()?;
         // CUfunc_cache and cudaFuncCache share their values.
-        let config = via_core(devices::ops::cache_config_of_current)?;
+        let config = via_core(device_ops::cache_config_of_current)?;
         // SAFETY: caller's out-parameter.
         unsafe { out(pconfig, config) }
     }
@@ -309,14 +312,14 @@ driver_api! {
     fn cuCtxSetCacheConfig(config: d::CUfunc_cache) {
         initialized()?;
         context::require_current()?;
-        via_core(|| devices::ops::set_cache_config(config))
+        via_core(|| device_ops::set_cache_config(config))
     }
 
     /// `cuCtxGetStreamPriorityRange`.
     fn cuCtxGetStreamPriorityRange(leastPriority: *mut c_int, greatestPriority: *mut c_int) {
         initialized()?;
         context::require_current()?;
-        let (least, greatest) = via_core(crate::core::streams::ops::priority_range)?;
+        let (least, greatest) = via_core(crate::core::runtime::streams::priority_range)?;
         // Either pointer may be null.
         if !leastPriority.is_null() {
             // SAFETY: caller's out-parameter.
@@ -333,7 +336,7 @@ driver_api! {
     fn cuCtxResetPersistingL2Cache() {
         initialized()?;
         context::require_current()?;
-        via_core(devices::ops::reset_persisting_l2)
+        via_core(device_ops::reset_persisting_l2)
     }
 
     /// `cuDevicePrimaryCtxRetain`.
@@ -378,7 +381,7 @@ driver_api! {
         let dv = check_device(dev)?;
         // SAFETY: caller's out-parameters.
         unsafe {
-            out(flags, context::primary(dv).flags())?;
+            out(flags, context::flags(context::primary(dv)))?;
             out(active, c_int::from(context::primary_active(dv)))
         }
     }
@@ -389,7 +392,7 @@ driver_api! {
         if flags & !CTX_FLAGS != 0 {
             return Err(DriverError::INVALID_VALUE);
         }
-        context::primary(dv).set_flags(flags);
+        context::set_flags(context::primary(dv), flags);
         Ok(())
     }
 
@@ -405,7 +408,7 @@ driver_api! {
 fn synchronize(c: &'static Context) -> DrvResult<()> {
     let saved = crate::core::devices::current();
     crate::core::devices::set_current(c.device);
-    let result = via_core(devices::ops::synchronize);
+    let result = via_core(device_ops::synchronize);
     crate::core::devices::set_current(saved);
     result
 }

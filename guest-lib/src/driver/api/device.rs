@@ -6,7 +6,7 @@ use qcuda_proto::Op;
 
 use super::{check_device, initialized, out, via_core};
 use crate::{
-    core::devices, core::pools::ops as pool_ops, core::runtime::runtime,
+    core::runtime::devices as device_ops, core::runtime::pools as pool_ops, core::runtime::runtime,
     driver::status::DriverError, generated::driver_api as d,
 };
 
@@ -84,12 +84,16 @@ driver_api! {
     /// `cuDeviceGetAttribute`: the attributes the runtime face reports (masked where qcuda
     /// cannot honour them in the guest).
     fn cuDeviceGetAttribute(pi: *mut c_int, attrib: d::CUdevice_attribute, dev: d::CUdevice) {
-        check_device(dev)?;
+        let dv = check_device(dev)?;
         if pi.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
-        // The ids are the runtime's cudaDeviceAttr values.
-        let v = via_core(|| devices::ops::attribute(dev, attrib))?;
+        // The ids are the runtime's cudaDeviceAttr values. One asked before is answered from
+        // the runtime face's table (the commonest repeated driver call of NVIDIA's runtime).
+        let v = match runtime()?.devices.answered_attribute(dv, attrib) {
+            Some(v) => v,
+            None => via_core(|| device_ops::attribute(dev, attrib))?,
+        };
         // SAFETY: checked non-null; caller's out-parameter.
         unsafe { out(pi, v) }?;
         if crate::driver::trace::enabled() {
@@ -119,7 +123,7 @@ driver_api! {
             return Err(DriverError::INVALID_VALUE);
         }
         let len = usize::try_from(len).ok().filter(|&l| l > 0).ok_or(DriverError::INVALID_VALUE)?;
-        let id = via_core(|| devices::ops::pci_bus_id(dev))?;
+        let id = via_core(|| device_ops::pci_bus_id(dev))?;
         let n = id.len().min(len - 1);
         // SAFETY: `pciBusId` is writable for `len` bytes (API contract); we write n + 1 <= len.
         unsafe {
@@ -139,7 +143,7 @@ driver_api! {
         let id = unsafe { std::ffi::CStr::from_ptr(pciBusId) }
             .to_str()
             .map_err(|_| DriverError::INVALID_VALUE)?;
-        let found = via_core(|| devices::ops::by_pci_bus_id(id))?;
+        let found = via_core(|| device_ops::by_pci_bus_id(id))?;
         // SAFETY: caller's out-parameter.
         unsafe { out(dev, d::CUdevice::try_from(found).unwrap_or(d::CUdevice::MAX)) }
     }
@@ -148,7 +152,7 @@ driver_api! {
     fn cuDeviceCanAccessPeer(canAccessPeer: *mut c_int, dev: d::CUdevice, peerDev: d::CUdevice) {
         check_device(dev)?;
         check_device(peerDev)?;
-        let can = via_core(|| devices::ops::can_access_peer(dev, peerDev))?;
+        let can = via_core(|| device_ops::can_access_peer(dev, peerDev))?;
         // SAFETY: caller's out-parameter.
         unsafe { out(canAccessPeer, c_int::from(can)) }
     }
@@ -162,7 +166,7 @@ driver_api! {
     ) {
         check_device(srcDevice)?;
         check_device(dstDevice)?;
-        let v = via_core(|| devices::ops::p2p_attribute(attrib, srcDevice, dstDevice))?;
+        let v = via_core(|| device_ops::p2p_attribute(attrib, srcDevice, dstDevice))?;
         // SAFETY: caller's out-parameter.
         unsafe { out(value, v) }
     }

@@ -15,10 +15,10 @@ use qcuda_proto::graph::{self as g, KernelNode, KERNEL_NODE_HEADER};
 use super::{initialized, launch::parameter_block};
 use crate::{
     core::{
-        context,
         conv::usize_of,
         cuda_error::CudaError,
-        graphs as cg,
+        runtime::context,
+        runtime::graphs as cg,
         runtime::{current, Runtime},
         warnings::warn_once,
     },
@@ -329,16 +329,10 @@ unsafe fn generic_encoding(rt: &Runtime, p: &d::CUgraphNodeParams) -> DrvResult<
         d::CU_GRAPH_NODE_TYPE_GRAPH => {
             // SAFETY: as above.
             let c = unsafe { &u.graph };
-            if c.ownership != d::CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE {
-                warn_once!(
-                    "CUDA graphs: child graph nodes that take ownership (move) are not supported"
-                );
-                return Err(DriverError::NOT_SUPPORTED);
-            }
             if c.graph.is_null() {
                 return Err(DriverError::INVALID_VALUE);
             }
-            (c.graph as u64).to_le_bytes().to_vec()
+            child_graph_params(c)?
         }
         d::CU_GRAPH_NODE_TYPE_EMPTY => Vec::new(),
         d::CU_GRAPH_NODE_TYPE_WAIT_EVENT => {
@@ -358,6 +352,20 @@ unsafe fn generic_encoding(rt: &Runtime, p: &d::CUgraphNodeParams) -> DrvResult<
         _ => return Err(DriverError::INVALID_VALUE),
     };
     Ok((p.type_, enc))
+}
+
+/// A child graph node's encoding: the graph, and for `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`
+/// the word that has the host give the graph itself to the node (XLA's command buffers).
+fn child_graph_params(c: &d::CUDA_CHILD_GRAPH_NODE_PARAMS) -> DrvResult<Vec<u8>> {
+    let mut enc = (c.graph as u64).to_le_bytes().to_vec();
+    match c.ownership {
+        d::CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE => {}
+        d::CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE => {
+            enc.extend_from_slice(&g::CHILD_MOVE.to_le_bytes());
+        }
+        _ => return Err(DriverError::INVALID_VALUE),
+    }
+    Ok(enc)
 }
 
 /// `cuGraphAddNode[_v2]`: every node type of the generic call except external semaphores and
@@ -380,7 +388,7 @@ unsafe fn add_generic(
     // SAFETY: forwarded API contract throughout; the union member named by `type_` is
     // initialised.
     unsafe {
-        cg::default_edges(edges.cast(), n)?;
+        let edges = cg::edge_bytes(edges.cast(), n)?;
         let p = &mut *params;
         let u = &mut p.__bindgen_anon_1;
         match p.type_ {
@@ -392,6 +400,7 @@ unsafe fn add_generic(
                     graph,
                     deps,
                     n,
+                    &edges,
                     &a.poolProps,
                     a.accessDescs,
                     a.accessDescCount,
@@ -401,13 +410,14 @@ unsafe fn add_generic(
             }
             d::CU_GRAPH_NODE_TYPE_MEM_FREE => {
                 let p = u.free.dptr.to_le_bytes();
-                Ok(cg::add_node(
+                Ok(cg::add_node_edged(
                     rt,
                     dev,
                     node.cast(),
                     graph.cast(),
                     deps.cast(),
                     n,
+                    &edges,
                     g::NODE_MEM_FREE,
                     &p,
                 )?)
@@ -421,6 +431,7 @@ unsafe fn add_generic(
                     graph.cast(),
                     deps.cast(),
                     n,
+                    &edges,
                     c.handle,
                     c.type_,
                     c.size,
@@ -428,17 +439,18 @@ unsafe fn add_generic(
                 )?)
             }
             d::CU_GRAPH_NODE_TYPE_KERNEL => {
-                add_kernel(node, graph, deps, n, &KernelLaunch::v3(&u.kernel))
+                add_kernel(node, graph, deps, n, &edges, &KernelLaunch::v3(&u.kernel))
             }
             _ => {
                 let (ty, enc) = generic_encoding(rt, p)?;
-                Ok(cg::add_node(
+                Ok(cg::add_node_edged(
                     rt,
                     dev,
                     node.cast(),
                     graph.cast(),
                     deps.cast(),
                     n,
+                    &edges,
                     ty,
                     &enc,
                 )?)
@@ -459,6 +471,7 @@ unsafe fn mem_alloc(
     graph: d::CUgraph,
     deps: *const d::CUgraphNode,
     n: usize,
+    edges: &[u8],
     props: &d::CUmemPoolProps,
     access: *const d::CUmemAccessDesc,
     access_count: usize,
@@ -475,6 +488,7 @@ unsafe fn mem_alloc(
             graph.cast(),
             deps.cast(),
             n,
+            edges,
             &*std::ptr::from_ref(props).cast::<cu::cudaMemPoolProps>(),
             access.cast(),
             access_count,
@@ -620,13 +634,26 @@ unsafe fn add_kernel(
     graph: d::CUgraph,
     deps: *const d::CUgraphNode,
     n: usize,
+    edges: &[u8],
     launch: &KernelLaunch,
 ) -> DrvResult<()> {
-    ready()?;
+    let (rt, dev) = ready()?;
     // SAFETY: forwarded contract.
     let enc = unsafe { launch.encode()? };
     // SAFETY: forwarded contract.
-    unsafe { add(node, graph, deps, n, g::NODE_KERNEL, &enc)? };
+    unsafe {
+        cg::add_node_edged(
+            rt,
+            dev,
+            node.cast(),
+            graph.cast(),
+            deps.cast(),
+            n,
+            edges,
+            g::NODE_KERNEL,
+            &enc,
+        )?;
+    }
     // SAFETY: written by `add` just now.
     remember_function(unsafe { *node } as u64, launch);
     Ok(())
@@ -675,7 +702,7 @@ driver_api! {
         Ok(cg::begin_capture(hStream.cast(), cu::cudaStreamCaptureModeGlobal)?)
     }
 
-    /// `cuStreamBeginCaptureToGraph` (default edges only).
+    /// `cuStreamBeginCaptureToGraph` (edge data included).
     #[per_thread(cuStreamBeginCaptureToGraph_ptsz)]
     fn cuStreamBeginCaptureToGraph(
         hStream: d::CUstream,
@@ -784,7 +811,7 @@ driver_api! {
         }?)
     }
 
-    /// `cuStreamUpdateCaptureDependencies_v2` (default edges only).
+    /// `cuStreamUpdateCaptureDependencies_v2` (edge data included).
     #[per_thread(cuStreamUpdateCaptureDependencies_v2_ptsz)]
     fn cuStreamUpdateCaptureDependencies_v2(
         hStream: d::CUstream,
@@ -856,7 +883,7 @@ driver_api! {
     }
 
     /// `cuGraphAddNode_v2`: kernel, memcpy, memset, host, child graph, empty, event, memory
-    /// allocation and free, and conditional nodes (default edges only).
+    /// allocation and free, and conditional nodes (edge data included).
     fn cuGraphAddNode_v2(
         phGraphNode: *mut d::CUgraphNode,
         hGraph: d::CUgraph,
@@ -916,7 +943,7 @@ driver_api! {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: readable, with kernel parameters as the API requires; the rest forwarded.
-        unsafe { add_kernel(phGraphNode, hGraph, dependencies, numDependencies, &KernelLaunch::v2(&*nodeParams)) }
+        unsafe { add_kernel(phGraphNode, hGraph, dependencies, numDependencies, &[], &KernelLaunch::v2(&*nodeParams)) }
     }
 
     /// `cuGraphAddKernelNode` (CUDA 10-11 parameters).
@@ -932,7 +959,7 @@ driver_api! {
             return Err(DriverError::INVALID_VALUE);
         }
         // SAFETY: readable, with kernel parameters as the API requires; the rest forwarded.
-        unsafe { add_kernel(phGraphNode, hGraph, dependencies, numDependencies, &KernelLaunch::v1(&*nodeParams)) }
+        unsafe { add_kernel(phGraphNode, hGraph, dependencies, numDependencies, &[], &KernelLaunch::v1(&*nodeParams)) }
     }
 
     /// `cuGraphKernelNodeSetParams_v2`.
@@ -1288,7 +1315,7 @@ driver_api! {
         // SAFETY: readable and writable (API contract); the rest forwarded.
         unsafe {
             let a = &mut *nodeParams;
-            mem_alloc(rt, phGraphNode, hGraph, dependencies, numDependencies, &a.poolProps, a.accessDescs, a.accessDescCount, a.bytesize, &mut a.dptr)
+            mem_alloc(rt, phGraphNode, hGraph, dependencies, numDependencies, &[], &a.poolProps, a.accessDescs, a.accessDescCount, a.bytesize, &mut a.dptr)
         }
     }
 
@@ -1405,7 +1432,7 @@ driver_api! {
         Ok(unsafe { cg::node_lists(hNode.cast(), 2, dependentNodes.cast(), std::ptr::null_mut(), numDependentNodes) }?)
     }
 
-    /// `cuGraphAddDependencies_v2` (default edges only).
+    /// `cuGraphAddDependencies_v2` (edge data included).
     fn cuGraphAddDependencies_v2(hGraph: d::CUgraph, from: *const d::CUgraphNode, to: *const d::CUgraphNode, edgeData: *const d::CUgraphEdgeData, numDependencies: usize) {
         ready()?;
         // SAFETY: forwarded contract.
@@ -1420,7 +1447,7 @@ driver_api! {
         Ok(unsafe { cg::change_edges(hGraph.cast(), from.cast(), to.cast(), std::ptr::null(), numDependencies, false) }?)
     }
 
-    /// `cuGraphRemoveDependencies_v2` (default edges only).
+    /// `cuGraphRemoveDependencies_v2` (edge data included).
     fn cuGraphRemoveDependencies_v2(hGraph: d::CUgraph, from: *const d::CUgraphNode, to: *const d::CUgraphNode, edgeData: *const d::CUgraphEdgeData, numDependencies: usize) {
         ready()?;
         // SAFETY: forwarded contract.

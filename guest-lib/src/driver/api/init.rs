@@ -1,5 +1,5 @@
-//! Initialisation, versions, error strings, and the two ways to reach entry points:
-//! `cuGetProcAddress` and `cuGetExportTable`.
+//! Initialisation, versions, error strings, and `cuGetProcAddress` (`cuGetExportTable` is
+//! export_tables.rs's).
 
 use core::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::Ordering;
@@ -8,7 +8,7 @@ use super::{out, INITIALIZED};
 use crate::{
     core::runtime::runtime,
     driver::{
-        export_tables, proc_address,
+        proc_address,
         status::{self, DriverError},
     },
     generated::driver_api as d,
@@ -71,19 +71,6 @@ driver_api! {
     ) {
         // SAFETY: forwarded contract; no status out-parameter.
         unsafe { lookup_entry_point(symbol, pfn, cudaVersion, flags, std::ptr::null_mut(), false) }
-    }
-
-    /// `cuGetExportTable`.
-    fn cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const d::CUuuid) {
-        if ppExportTable.is_null() || pExportTableId.is_null() {
-            return Err(DriverError::INVALID_VALUE);
-        }
-        // SAFETY: a CUuuid is 16 bytes (checked non-null above).
-        let id = unsafe { &*pExportTableId.cast::<[u8; 16]>() };
-        let table = export_tables::get(id);
-        // SAFETY: checked non-null.
-        unsafe { ppExportTable.write_unaligned(*table.as_ref().unwrap_or(&std::ptr::null())) };
-        table.map(drop)
     }
 }
 

@@ -1,16 +1,16 @@
 //! Sharing device memory with the other processes of the VM on the driver face: legacy IPC
 //! memory handles (`cuIpcGetMemHandle`, `cuIpcOpenMemHandle[_v2]`, `cuIpcCloseMemHandle`) and
 //! VMM shareable handles as POSIX file descriptors (`cuMemExportToShareableHandle`,
-//! `cuMemImportFromShareableHandle`), over the core's IPC (core/ipc.rs). Other handle types
-//! (Win32, fabric) are refused with `CUDA_ERROR_INVALID_VALUE`, as NVIDIA's Linux driver refuses
-//! them. Also shareable pools (`cuMemPool*`) and interprocess events (`cuIpcGetEventHandle`,
+//! `cuMemImportFromShareableHandle`), over the core's IPC (core/runtime/ipc.rs). Win32 handles are
+//! refused with `CUDA_ERROR_INVALID_VALUE`, as NVIDIA's Linux driver refuses them, and fabric
+//! handles with `CUDA_ERROR_NOT_SUPPORTED`, as it answers on a system without fabric support. Also shareable pools (`cuMemPool*`) and interprocess events (`cuIpcGetEventHandle`,
 //! `cuIpcOpenEventHandle`).
 
 use core::ffi::{c_uint, c_ulonglong, c_void};
 
 use super::{initialized, out};
 use crate::{
-    core::{context, ipc, runtime::current},
+    core::{runtime::context, runtime::current, runtime::ipc},
     driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
 };
@@ -76,11 +76,13 @@ driver_api! {
         flags: c_ulonglong,
     ) {
         initialized()?;
-        if shareableHandle.is_null()
-            || flags != 0
-            || handleType != d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        {
+        if shareableHandle.is_null() || flags != 0 {
             return Err(DriverError::INVALID_VALUE);
+        }
+        match handleType {
+            d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => {}
+            d::CU_MEM_HANDLE_TYPE_FABRIC => return Err(DriverError::NOT_SUPPORTED),
+            _ => return Err(DriverError::INVALID_VALUE),
         }
         let (rt, _) = current()?;
         let fd = ipc::export_fd(rt, handle)?;
@@ -95,8 +97,13 @@ driver_api! {
         shHandleType: d::CUmemAllocationHandleType,
     ) {
         initialized()?;
-        if handle.is_null() || shHandleType != d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        if handle.is_null() {
             return Err(DriverError::INVALID_VALUE);
+        }
+        match shHandleType {
+            d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => {}
+            d::CU_MEM_HANDLE_TYPE_FABRIC => return Err(DriverError::NOT_SUPPORTED),
+            _ => return Err(DriverError::INVALID_VALUE),
         }
         let fd = i32::try_from(osHandle as usize).map_err(|_| DriverError::INVALID_VALUE)?;
         let (rt, _) = current()?;

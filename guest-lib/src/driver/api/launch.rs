@@ -5,11 +5,11 @@
 use core::ffi::{c_uint, c_void};
 
 use super::{initialized, via_core};
-use crate::core::context;
+use crate::core::runtime::context;
 use crate::{
-    core::call_config::CallConfig,
-    core::launch,
-    core::params,
+    core::launch::call_config::CallConfig,
+    core::launch::params,
+    core::runtime::launch,
     core::runtime::runtime,
     driver::{
         modules::{self, Function},
@@ -30,6 +30,7 @@ const PARAM_BUFFER_SIZE: usize = 2;
 ///
 /// # Safety
 /// As `cuLaunchKernel` documents for `kernelParams` and `extra`.
+#[inline(always)]
 pub(super) unsafe fn parameter_block(
     f: &Function,
     args: *mut *mut c_void,
@@ -319,6 +320,6 @@ driver_api! {
         initialized()?;
         context::require_current()?;
         // CUhostFn and cudaHostFn_t are the same C type.
-        via_core(|| crate::core::streams::ops::launch_host_func(hStream as usize, fn_, userData))
+        via_core(|| crate::core::runtime::streams::launch_host_func(hStream as usize, fn_, userData))
     }
 }

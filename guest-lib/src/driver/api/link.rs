@@ -15,7 +15,7 @@ use qcuda_proto::{
 };
 
 use super::initialized;
-use crate::core::context;
+use crate::core::runtime::context;
 use crate::{
     core::runtime::runtime,
     core::transport::Call,
@@ -27,16 +27,16 @@ use crate::{
 /// The `CUjit_option`s that carry a plain value, which travel to the host's linker as they
 /// are; the log buffers and the wall time are answered here; the others (symbol tables and
 /// kernel lists, which hold guest pointers) are not supported.
-const VALUE_OPTIONS: &[u32] = &[
+pub(super) const VALUE_OPTIONS: &[u32] = &[
     0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 29, 30, 31, 32, 33,
 ];
 
 /// A caller's log buffer and the option slot its size came in (the driver writes back the
 /// bytes it used there).
-struct Log {
-    buf: *mut u8,
-    size: usize,
-    size_slot: *mut *mut c_void,
+pub(super) struct Log {
+    pub(super) buf: *mut u8,
+    pub(super) size: usize,
+    pub(super) size_slot: *mut *mut c_void,
 }
 
 /// One `CUlinkState`.
@@ -88,7 +88,7 @@ fn state_of<'a>(state: d::CUlinkState) -> DrvResult<&'a mut LinkState> {
 
 /// Writes `text` into a caller's log buffer (truncated, NUL-terminated) and the bytes used
 /// into its size slot.
-fn fill_log(log: Option<&Log>, text: &[u8]) {
+pub(super) fn fill_log(log: Option<&Log>, text: &[u8]) {
     let Some(log) = log else { return };
     if log.buf.is_null() || log.size == 0 {
         return;

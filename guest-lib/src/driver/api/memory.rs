@@ -5,13 +5,14 @@
 
 use core::ffi::{c_int, c_uint, c_void};
 
-use super::{initialized, out, via_core};
-use crate::core::context;
-use crate::core::pools::ops as pool_ops;
+use super::{device_of, initialized, out, via_core};
+use crate::core::runtime::context;
+use crate::core::runtime::pools as pool_ops;
 use crate::{
-    core::array_ops,
     core::conv::usize_of,
-    core::memory::{self, ops as mem_ops},
+    core::runtime::arrays as array_ops,
+    core::runtime::memory::{self, ops as mem_ops},
+    core::runtime::pointer_attrs::{self, Attr},
     core::runtime::runtime,
     driver::status::{DriverError, DrvResult},
     generated::{
@@ -492,33 +493,99 @@ driver_api! {
         unsafe { out(flags, f as d::CUmemAccess_flags) }
     }
 
-    /// `cuPointerGetAttributes`: several attributes of one address; each value's slot as
-    /// `cuPointerGetAttribute` fills it.
+    /// `cuPointerGetAttributes`: several attributes of one address. Unlike
+    /// `cuPointerGetAttribute` it succeeds for memory CUDA does not know, and for attributes
+    /// that say nothing of this memory, writing their default (zero, NULL, `CU_DEVICE_INVALID`).
     fn cuPointerGetAttributes(
         numAttributes: c_uint,
         attributes: *mut d::CUpointer_attribute,
         data: *mut *mut c_void,
         ptr: d::CUdeviceptr,
     ) {
-        ready()?;
+        // What an address is needs no current context (a runtime may ask before it makes one
+        // current); the current device, where an attribute depends on it, is the thread's.
+        initialized()?;
         if numAttributes > 0 && (attributes.is_null() || data.is_null()) {
             return Err(DriverError::INVALID_VALUE);
         }
+        let rt = runtime()?;
+        let info = pointer_attrs::of(rt, ptr);
         for i in 0..numAttributes as usize {
             // SAFETY: `numAttributes` entries each (API contract).
             let (a, slot) = unsafe { (*attributes.add(i), *data.add(i)) };
+            let v = match info.attribute(a, current_device()) {
+                Attr::NotApplicable => pointer_attrs::default_of(a, &info),
+                v => v,
+            };
             // SAFETY: the slot has room for the attribute's type (API contract).
-            unsafe { pointer_attribute(slot, a, ptr) }?;
+            unsafe { write_attribute(slot, a, v, &info) }?;
         }
         Ok(())
     }
 
-    /// `cuPointerGetAttribute`: what the runtime face knows of an address.
+    /// `cuPointerGetAttribute`: one attribute of an address; `CUDA_ERROR_INVALID_VALUE` where
+    /// it says nothing of this memory (pageable memory's type, device memory's host pointer).
     fn cuPointerGetAttribute(data: *mut c_void, attribute: d::CUpointer_attribute, ptr: d::CUdeviceptr) {
-        ready()?;
+        initialized()?;
+        let rt = runtime()?;
+        let info = pointer_attrs::of(rt, ptr);
+        let v = info.attribute(attribute, current_device());
         // SAFETY: caller's contract: `data` has room for the attribute's type.
-        unsafe { pointer_attribute(data, attribute, ptr) }
+        unsafe { write_attribute(data, attribute, v, &info) }
     }
+}
+
+/// The device of the calling thread's context.
+fn current_device() -> u32 {
+    crate::core::devices::current()
+}
+
+/// Writes one attribute's value `v` into `data`.
+///
+/// # Safety
+/// `data` must have room for the attribute's value type.
+unsafe fn write_attribute(
+    data: *mut c_void,
+    attribute: d::CUpointer_attribute,
+    v: Attr,
+    info: &pointer_attrs::PointerInfo,
+) -> DrvResult<()> {
+    if data.is_null() {
+        return Err(DriverError::INVALID_VALUE);
+    }
+    // SAFETY: the caller's buffer has room for the attribute's type (API contract).
+    unsafe {
+        match v {
+            Attr::U32(x) => data.cast::<c_uint>().write_unaligned(x),
+            Attr::I32(x) => data.cast::<c_int>().write_unaligned(x),
+            Attr::U64(x) => data.cast::<u64>().write_unaligned(x),
+            Attr::Context(dev) => data
+                .cast::<usize>()
+                .write_unaligned(context::primary(dev).handle()),
+            Attr::Usize(x) if attribute == d::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE && x == 0 => {
+                // Stream-ordered memory of the device's current pool names that pool.
+                let pool = match (info.pool_current, info.device) {
+                    (true, Some(dev)) => {
+                        via_core(|| pool_ops::pool_of(qcuda_proto::Op::DeviceGetMemPool, dev))?
+                    }
+                    _ => 0,
+                };
+                data.cast::<usize>().write_unaligned(pool);
+            }
+            Attr::Usize(x) => data.cast::<usize>().write_unaligned(x),
+            Attr::NoTokens => data
+                .cast::<d::CUDA_POINTER_ATTRIBUTE_P2P_TOKENS>()
+                .write_unaligned(d::CUDA_POINTER_ATTRIBUTE_P2P_TOKENS::default()),
+            Attr::NotApplicable | Attr::Unknown => return Err(DriverError::INVALID_VALUE),
+            Attr::NotSupported => {
+                crate::core::warnings::warn_once!(
+                    "cuPointerGetAttribute: attribute {attribute} (P2P tokens for the host kernel's nv-p2p interface) is not supported in a guest"
+                );
+                return Err(DriverError::NOT_SUPPORTED);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One side of a 2D copy: its first byte's address and whether it is host memory (`None` for
@@ -613,139 +680,4 @@ unsafe fn copy_2d(p: *const d::CUDA_MEMCPY2D, stream: Option<d::CUstream>) -> Dr
             )
         }),
     }
-}
-
-pub(super) fn device_of(ctx: d::CUcontext) -> DrvResult<c_int> {
-    let c = context::lookup(ctx as usize)?;
-    c_int::try_from(c.device).map_err(|_| DriverError::INVALID_CONTEXT)
-}
-
-/// One `CUpointer_attribute` of `ptr`.
-///
-/// # Safety
-/// `data` must have room for the attribute's value type.
-unsafe fn pointer_attribute(
-    data: *mut c_void,
-    attribute: d::CUpointer_attribute,
-    ptr: d::CUdeviceptr,
-) -> DrvResult<()> {
-    use crate::generated::{
-        cudaMemoryTypeDevice, cudaMemoryTypeHost, cudaMemoryTypeManaged, cudaPointerAttributes,
-    };
-    if data.is_null() {
-        return Err(DriverError::INVALID_VALUE);
-    }
-    let a: cudaPointerAttributes = via_core(|| mem_ops::pointer_attributes(usize_of(ptr)))?;
-    let known = a.type_ != crate::generated::cudaMemoryTypeUnregistered;
-    let rt = runtime()?;
-    let alloc = rt.allocations.find(ptr);
-    // SAFETY: the caller's buffer has room for the attribute's type (API contract).
-    unsafe {
-        match attribute {
-            d::CU_POINTER_ATTRIBUTE_CONTEXT => {
-                let dev = u32::try_from(a.device).map_err(|_| DriverError::INVALID_VALUE)?;
-                if !known {
-                    return Err(DriverError::INVALID_VALUE);
-                }
-                data.cast::<usize>()
-                    .write_unaligned(context::primary(dev).handle());
-            }
-            d::CU_POINTER_ATTRIBUTE_MEMORY_TYPE => {
-                let t = match a.type_ {
-                    t if t == cudaMemoryTypeDevice || t == cudaMemoryTypeManaged => {
-                        d::CU_MEMORYTYPE_DEVICE
-                    }
-                    t if t == cudaMemoryTypeHost => d::CU_MEMORYTYPE_HOST,
-                    _ => return Err(DriverError::INVALID_VALUE),
-                };
-                data.cast::<c_uint>().write_unaligned(t);
-            }
-            d::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => {
-                if !known {
-                    return Err(DriverError::INVALID_VALUE);
-                }
-                data.cast::<u64>().write_unaligned(a.devicePointer as u64);
-            }
-            d::CU_POINTER_ATTRIBUTE_HOST_POINTER => {
-                if a.hostPointer.is_null() {
-                    return Err(DriverError::INVALID_VALUE);
-                }
-                data.cast::<usize>().write_unaligned(a.hostPointer as usize);
-            }
-            d::CU_POINTER_ATTRIBUTE_IS_MANAGED => {
-                data.cast::<c_uint>()
-                    .write_unaligned(c_uint::from(a.type_ == cudaMemoryTypeManaged));
-            }
-            d::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => {
-                if !known {
-                    return Err(DriverError::INVALID_VALUE);
-                }
-                data.cast::<c_int>().write_unaligned(a.device);
-            }
-            d::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR | d::CU_POINTER_ATTRIBUTE_RANGE_SIZE => {
-                let a = alloc.ok_or(DriverError::INVALID_VALUE)?;
-                if attribute == d::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR {
-                    data.cast::<u64>().write_unaligned(a.base);
-                } else {
-                    data.cast::<usize>()
-                        .write_unaligned(usize::try_from(a.size).unwrap_or(usize::MAX));
-                }
-            }
-            d::CU_POINTER_ATTRIBUTE_MAPPED => {
-                data.cast::<c_uint>().write_unaligned(c_uint::from(known));
-            }
-            d::CU_POINTER_ATTRIBUTE_BUFFER_ID | d::CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID => {
-                let a = alloc.ok_or(DriverError::INVALID_VALUE)?;
-                let id = rt
-                    .allocations
-                    .buffer_id(a.base)
-                    .ok_or(DriverError::INVALID_VALUE)?;
-                data.cast::<u64>().write_unaligned(id);
-            }
-            d::CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR => {
-                let a = alloc.ok_or(DriverError::INVALID_VALUE)?;
-                data.cast::<u64>().write_unaligned(a.base);
-            }
-            d::CU_POINTER_ATTRIBUTE_MAPPING_SIZE => {
-                let a = alloc.ok_or(DriverError::INVALID_VALUE)?;
-                data.cast::<usize>()
-                    .write_unaligned(usize::try_from(a.size).unwrap_or(usize::MAX));
-            }
-            // Copies through the runtime face's synchronous calls always wait for the device.
-            d::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS => {
-                data.cast::<c_uint>().write_unaligned(c_uint::from(known));
-            }
-            d::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS => {
-                if !known {
-                    return Err(DriverError::INVALID_VALUE);
-                }
-                data.cast::<c_uint>()
-                    .write_unaligned(d::CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE);
-            }
-            // `cudaMalloc` memory (and its pitched forms) is what legacy IPC exports.
-            d::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE => {
-                data.cast::<c_uint>()
-                    .write_unaligned(c_uint::from(alloc.is_some_and(|a| a.legacy_ipc)));
-            }
-            // Not reported for any memory: shareable handle types, GPUDirect RDMA, hardware
-            // decompression. No pool is named for plain allocations.
-            d::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
-            | d::CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE => {
-                data.cast::<c_uint>().write_unaligned(0);
-            }
-            d::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES => {
-                data.cast::<u64>().write_unaligned(0);
-            }
-            d::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => {
-                data.cast::<usize>().write_unaligned(0);
-            }
-            _ => {
-                crate::core::warnings::warn_once!(
-                    "cuPointerGetAttribute: attribute {attribute} is not supported"
-                );
-                return Err(DriverError::NOT_SUPPORTED);
-            }
-        }
-    }
-    Ok(())
 }

@@ -78,10 +78,7 @@ unsafe fn out<T>(ptr: *mut T, value: T) -> DrvResult<()> {
 /// runtime face's per-thread last error is left as it was (driver calls never change what
 /// `cudaGetLastError` reports, also when the core records a lost fire-and-forget failure).
 fn via_core<T>(call: impl FnOnce() -> crate::core::cuda_error::CudaResult<T>) -> DrvResult<T> {
-    let saved = last_error::peek();
-    let result = call();
-    last_error::restore(saved);
-    result.map_err(Into::into)
+    last_error::preserving(call).map_err(Into::into)
 }
 
 /// `cuInit`'s outcome, once it succeeded.
@@ -107,6 +104,12 @@ pub fn check_device(device: d::CUdevice) -> DrvResult<u32> {
         Ok(dv) if dv < rt.devices.count() => Ok(dv),
         _ => Err(DriverError::INVALID_DEVICE),
     }
+}
+
+/// The device of context `ctx`, as an ordinal of the runtime's kind.
+fn device_of(ctx: d::CUcontext) -> DrvResult<core::ffi::c_int> {
+    let c = crate::core::runtime::context::lookup(ctx as usize)?;
+    core::ffi::c_int::try_from(c.device).map_err(|_| DriverError::INVALID_CONTEXT)
 }
 
 /// The CUDA version of the driver API this library implements (cuda.h 13.0).
@@ -153,6 +156,7 @@ pub fn device_identity() -> DrvResult<Vec<DeviceIdentity>> {
 }
 
 pub mod arrays;
+pub mod attributes;
 pub mod checkpoint;
 pub mod context;
 pub mod device;
@@ -164,4 +168,6 @@ pub mod link;
 pub mod memory;
 pub mod module;
 pub mod stream;
+pub mod tensor_map;
+pub mod user_objects;
 pub mod vmm;

@@ -1,11 +1,18 @@
 //! Modules, functions, libraries and kernels: loading code and looking up what it holds.
 
 use core::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::borrow::Cow;
 
 use qcuda_proto::Op;
 
-use super::{initialized, out};
-use crate::core::context;
+use qcuda_proto::link::{encode_link, LinkOption};
+
+use super::{
+    initialized,
+    link::{fill_log, Log, VALUE_OPTIONS},
+    out,
+};
+use crate::core::runtime::context;
 use crate::{
     core::runtime::runtime,
     core::transport::Call,
@@ -28,44 +35,106 @@ unsafe fn name_arg<'a>(name: *const c_char) -> DrvResult<&'a CStr> {
     Ok(unsafe { CStr::from_ptr(name) })
 }
 
-/// JIT and library options qcuda honours by their meaning: log buffers get empty logs (the
-/// host's driver compiles; its messages are not carried back), every other option is a hint
-/// to the compiler or loader and changes nothing observable.
-///
-/// # Safety
-/// `options`/`values` must hold `n` entries when `n > 0`, as the API requires.
-unsafe fn jit_options(
-    n: c_uint,
-    options: *const d::CUjit_option,
-    values: *mut *mut c_void,
-) -> DrvResult<()> {
-    // Without both arrays there is nothing to honour or answer (libraries pass counts with
-    // null arrays; NVIDIA's driver accepts that).
-    if n == 0 || options.is_null() || values.is_null() {
-        return Ok(());
-    }
-    for i in 0..n as usize {
-        // SAFETY: `n` entries (caller's contract).
-        let (opt, value) = unsafe { (*options.add(i), values.add(i)) };
-        match opt {
-            d::CU_JIT_INFO_LOG_BUFFER | d::CU_JIT_ERROR_LOG_BUFFER => {
-                // SAFETY: the value is the caller's buffer (its size follows as another option).
-                let buf = unsafe { *value }.cast::<u8>();
-                if !buf.is_null() {
-                    // SAFETY: a log buffer has room for at least its NUL.
-                    unsafe { buf.write(0) };
-                }
-            }
-            d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES | d::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES => {
-                // SAFETY: the value slot itself holds the size; the driver writes back the
-                // bytes it used: none.
-                unsafe { value.write(std::ptr::null_mut()) };
-            }
-            _ => {}
-        }
-    }
-    Ok(())
+/// The JIT options of `cuModuleLoadDataEx` and `cuLibraryLoadData`: the log buffers (filled
+/// with the host JIT's logs), the value options (optimisation level, register limit, target,
+/// verbosity, ... which travel to the host's driver as they are); every other option is a
+/// pointer or an output the host cannot use (the wall time, symbol tables) and changes nothing
+/// observable.
+struct JitRequest {
+    info: Option<Log>,
+    error: Option<Log>,
+    values: Vec<LinkOption>,
 }
+
+impl JitRequest {
+    /// # Safety
+    /// `options`/`values` must hold `n` entries when `n > 0`, as the API requires.
+    unsafe fn parse(n: c_uint, options: *const d::CUjit_option, values: *mut *mut c_void) -> Self {
+        let mut r = Self {
+            info: None,
+            error: None,
+            values: Vec::new(),
+        };
+        // Without both arrays there is nothing to honour or answer (libraries pass counts with
+        // null arrays; NVIDIA's driver accepts that).
+        if n == 0 || options.is_null() || values.is_null() {
+            return r;
+        }
+        let empty = || Log {
+            buf: std::ptr::null_mut(),
+            size: 0,
+            size_slot: std::ptr::null_mut(),
+        };
+        for i in 0..n as usize {
+            // SAFETY: `n` entries (caller's contract).
+            let (opt, slot) = unsafe { (*options.add(i), values.add(i)) };
+            // SAFETY: as above.
+            let value = unsafe { *slot };
+            match opt {
+                d::CU_JIT_INFO_LOG_BUFFER => r.info.get_or_insert_with(empty).buf = value.cast(),
+                d::CU_JIT_ERROR_LOG_BUFFER => r.error.get_or_insert_with(empty).buf = value.cast(),
+                d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES | d::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES => {
+                    let log = if opt == d::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES {
+                        &mut r.info
+                    } else {
+                        &mut r.error
+                    };
+                    let log = log.get_or_insert_with(empty);
+                    log.size = value as usize;
+                    log.size_slot = slot;
+                }
+                o if VALUE_OPTIONS.contains(&o) => r.values.push(LinkOption {
+                    id: o,
+                    value: value as usize as u64,
+                }),
+                _ => {}
+            }
+        }
+        r
+    }
+
+    /// The bytes of each log the caller has room for.
+    fn room(log: Option<&Log>) -> usize {
+        log.filter(|l| !l.buf.is_null())
+            .map_or(0, |l| l.size.saturating_sub(1).min(LOG_MAX))
+    }
+
+    /// Whether the host must be asked (logs wanted, or options to pass on).
+    fn wants_host(&self) -> bool {
+        Self::room(self.info.as_ref()) + Self::room(self.error.as_ref()) > 0
+            || !self.values.is_empty()
+    }
+
+    /// Empty logs, as a load that writes none.
+    fn clear(&self) {
+        fill_log(self.info.as_ref(), b"");
+        fill_log(self.error.as_ref(), b"");
+    }
+
+    /// `image` loaded with these options in the current context, the host's logs written into
+    /// the caller's buffers: the module's handle or the load's error.
+    fn load(&self, image: &[u8]) -> DrvResult<usize> {
+        let mut options = Vec::new();
+        encode_link(&self.values, &[], |b| options.extend_from_slice(b))
+            .ok_or(DriverError::INVALID_VALUE)?;
+        let (i, e) = (
+            Self::room(self.info.as_ref()),
+            Self::room(self.error.as_ref()),
+        );
+        let mut logs = vec![0u8; i + e];
+        let r = modules::load_logged(image, &options, &mut logs).inspect_err(|_| self.clear())?;
+        // The host wrote as much of each log as fitted in the whole buffer; each caller
+        // buffer takes its own part.
+        let info = &logs[..r.info_len];
+        let error = &logs[r.info_len..r.info_len + r.error_len];
+        fill_log(self.info.as_ref(), &info[..info.len().min(i)]);
+        fill_log(self.error.as_ref(), &error[..error.len().min(e)]);
+        r.module
+    }
+}
+
+/// Most bytes of a log carried back (the host's JIT writes at most 64 KiB of each).
+const LOG_MAX: usize = 64 << 10;
 
 /// The code image in file `path` (read in the guest), followed by a NUL: PTX text must end
 /// with one; binary formats ignore what follows their own length.
@@ -92,6 +161,73 @@ fn function_handle(f: &'static Function) -> d::CUfunction {
     modules::handle_of(f) as d::CUfunction
 }
 
+/// Whether the library options say the caller keeps its image (`CU_LIBRARY_BINARY_IS_PRESERVED`
+/// with a nonzero value); `CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE` and others say
+/// nothing qcuda needs.
+///
+/// # Safety
+/// `options` and `values` hold `n` entries each when `n` > 0.
+unsafe fn binary_is_preserved(
+    options: *const d::CUlibraryOption,
+    values: *const *mut c_void,
+    n: c_uint,
+) -> DrvResult<bool> {
+    // Without both arrays there is no option to honour: NVIDIA's driver takes a count with
+    // null arrays, and NVIDIA's runtime passes one when it loads a program's or a library's
+    // fatbins (cuBLAS's, seen over the device double: refusing it left cuBLAS without its
+    // kernels, CUBLAS_STATUS_INTERNAL_ERROR).
+    if n == 0 || options.is_null() || values.is_null() {
+        return Ok(false);
+    }
+    // SAFETY: `n` entries each (caller's contract).
+    let (options, values) = unsafe {
+        (
+            std::slice::from_raw_parts(options, n as usize),
+            std::slice::from_raw_parts(values, n as usize),
+        )
+    };
+    Ok(options
+        .iter()
+        .zip(values)
+        .any(|(o, v)| *o == d::CU_LIBRARY_BINARY_IS_PRESERVED && !v.is_null()))
+}
+
+/// A new library of `image` into `library` (checked non-null): it loads on each device at first
+/// use, with no JIT options (their logs are empty).
+///
+/// # Safety
+/// The JIT options as `cuLibraryLoadData` takes them.
+unsafe fn library_out(
+    library: *mut d::CUlibrary,
+    image: Cow<'static, [u8]>,
+    jit_options: *mut d::CUjit_option,
+    jit_values: *mut *mut c_void,
+    jit_count: c_uint,
+) -> DrvResult<()> {
+    // SAFETY: the caller's contract for the options.
+    let jit = unsafe { JitRequest::parse(jit_count, jit_options, jit_values) };
+    jit.clear();
+    let lib = modules::load_library(image)?;
+    // SAFETY: checked non-null.
+    unsafe { library.write_unaligned(lib as d::CUlibrary) };
+    Ok(())
+}
+
+/// The loading mode reported: eager, as qcuda loads a module's kernels when the module loads,
+/// unless `CUDA_MODULE_LOADING=LAZY` asks for lazy loading. Read once, as the driver reads it at
+/// initialisation. NVIDIA's runtime asks, and takes other paths under lazy loading.
+fn loading_mode() -> d::CUmoduleLoadingMode {
+    static MODE: std::sync::OnceLock<d::CUmoduleLoadingMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| loading_mode_of(std::env::var_os("CUDA_MODULE_LOADING").as_deref()))
+}
+
+fn loading_mode_of(setting: Option<&std::ffi::OsStr>) -> d::CUmoduleLoadingMode {
+    match setting {
+        Some(v) if v == "LAZY" => d::CU_MODULE_LAZY_LOADING,
+        _ => d::CU_MODULE_EAGER_LOADING,
+    }
+}
+
 driver_api! {
     /// `cuModuleLoadData`: a fatbin, cubin or PTX image.
     fn cuModuleLoadData(module: *mut d::CUmodule, image: *const c_void) {
@@ -108,9 +244,21 @@ driver_api! {
         optionValues: *mut *mut c_void,
     ) {
         // SAFETY: the API's contract for the options.
-        unsafe { jit_options(numOptions, options, optionValues) }?;
+        let jit = unsafe { JitRequest::parse(numOptions, options, optionValues) };
         // SAFETY: the API's contract for `image`.
-        module_out(module, unsafe { modules::image_at(image) }?)
+        let image = unsafe { modules::image_at(image) }?;
+        if !jit.wants_host() {
+            jit.clear();
+            return module_out(module, image);
+        }
+        if module.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        initialized()?;
+        let m = jit.load(image)?;
+        // SAFETY: checked non-null.
+        unsafe { module.write_unaligned(m as d::CUmodule) };
+        Ok(())
     }
 
     /// `cuModuleLoadFatBinary`.
@@ -158,14 +306,18 @@ driver_api! {
         global_out(dptr, bytes, g)
     }
 
-    /// `cuModuleGetLoadingMode`: qcuda loads modules when asked (eager).
+    /// `cuModuleGetLoadingMode`: what NVIDIA's driver answers, from `CUDA_MODULE_LOADING`.
     fn cuModuleGetLoadingMode(mode: *mut d::CUmoduleLoadingMode) {
         initialized()?;
-        // SAFETY: caller's out-parameter.
-        unsafe { out(mode, d::CU_MODULE_EAGER_LOADING) }
+        if mode.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: checked non-null; caller's out-parameter.
+        unsafe { out(mode, loading_mode()) }
     }
 
-    /// `cuLibraryLoadData`: the image is kept and loaded per device on use.
+    /// `cuLibraryLoadData`: the image is kept and loaded per device on use: a copy of it, as
+    /// NVIDIA's driver keeps one, unless the caller keeps it (`CU_LIBRARY_BINARY_IS_PRESERVED`).
     fn cuLibraryLoadData(
         library: *mut d::CUlibrary,
         code: *const c_void,
@@ -180,19 +332,23 @@ driver_api! {
         if library.is_null() {
             return Err(DriverError::INVALID_VALUE);
         }
-        // Library options (CU_LIBRARY_BINARY_IS_PRESERVED, ...) say how long the caller keeps
-        // its image; qcuda keeps its own copy either way.
-        let _ = (libraryOptions, libraryOptionValues, numLibraryOptions);
         // SAFETY: the API's contract for the options.
-        unsafe { jit_options(numJitOptions, jitOptions, jitOptionsValues) }?;
+        let preserved =
+            unsafe { binary_is_preserved(libraryOptions, libraryOptionValues, numLibraryOptions) }?;
         // SAFETY: the API's contract for `code`.
-        let lib = modules::load_library(unsafe { modules::image_at(code) }?)?;
-        // SAFETY: checked non-null.
-        unsafe { library.write_unaligned(lib as d::CUlibrary) };
-        Ok(())
+        let image = unsafe { modules::image_at(code) }?;
+        let image = if preserved {
+            // SAFETY: the caller keeps `code` readable until cuLibraryUnload, and the library
+            // reads its image only while it is live.
+            Cow::Borrowed(unsafe { std::slice::from_raw_parts(image.as_ptr(), image.len()) })
+        } else {
+            Cow::Owned(image.to_vec())
+        };
+        // SAFETY: the API's contract for the options.
+        unsafe { library_out(library, image, jitOptions, jitOptionsValues, numJitOptions) }
     }
 
-    /// `cuLibraryLoadFromFile`.
+    /// `cuLibraryLoadFromFile`: the file's image, read once, is the library's own.
     fn cuLibraryLoadFromFile(
         library: *mut d::CUlibrary,
         fileName: *const c_char,
@@ -203,21 +359,22 @@ driver_api! {
         libraryOptionValues: *mut *mut c_void,
         numLibraryOptions: c_uint,
     ) {
+        initialized()?;
+        if library.is_null() {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: the API's contract for the options.
+        if unsafe { binary_is_preserved(libraryOptions, libraryOptionValues, numLibraryOptions) }? {
+            // cuda.h: "Specifying this option with cuLibraryLoadFromFile() is invalid".
+            return Err(DriverError::INVALID_VALUE);
+        }
         // SAFETY: NUL-terminated (API contract).
-        let image = read_image(unsafe { name_arg(fileName) }?)?;
-        // SAFETY: forwarded contract, with the file's image in place of the caller's.
-        DriverError::check(unsafe {
-            cuLibraryLoadData(
-                library,
-                image.as_ptr().cast(),
-                jitOptions,
-                jitOptionsValues,
-                numJitOptions,
-                libraryOptions,
-                libraryOptionValues,
-                numLibraryOptions,
-            )
-        })
+        let mut image = read_image(unsafe { name_arg(fileName) }?)?;
+        // SAFETY: a readable image that ends with a NUL.
+        let len = unsafe { modules::image_at(image.as_ptr().cast()) }?.len();
+        image.truncate(len);
+        // SAFETY: the API's contract for the options.
+        unsafe { library_out(library, Cow::Owned(image), jitOptions, jitOptionsValues, numJitOptions) }
     }
 
     /// `cuLibraryUnload`.
@@ -472,7 +629,7 @@ driver_api! {
 fn global_out(
     dptr: *mut d::CUdeviceptr,
     bytes: *mut usize,
-    g: crate::core::registry::DeviceGlobal,
+    g: crate::core::modules::registry::DeviceGlobal,
 ) -> DrvResult<()> {
     if !dptr.is_null() {
         // SAFETY: non-null: the caller asked for it.
@@ -661,4 +818,28 @@ fn occupancy(
     // SAFETY: checked non-null.
     unsafe { num_blocks.write_unaligned(c_int::try_from(reply.rets[0]).unwrap_or(c_int::MAX)) };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::*;
+
+    #[test]
+    fn loading_is_eager_unless_lazy_is_asked_for() {
+        assert_eq!(loading_mode_of(None), d::CU_MODULE_EAGER_LOADING);
+        assert_eq!(
+            loading_mode_of(Some(OsStr::new("LAZY"))),
+            d::CU_MODULE_LAZY_LOADING
+        );
+        assert_eq!(
+            loading_mode_of(Some(OsStr::new("EAGER"))),
+            d::CU_MODULE_EAGER_LOADING
+        );
+        assert_eq!(
+            loading_mode_of(Some(OsStr::new(""))),
+            d::CU_MODULE_EAGER_LOADING
+        );
+    }
 }

@@ -6,11 +6,11 @@
 use core::ffi::{c_int, c_uint, c_void};
 
 use super::{initialized, out, via_core};
-use crate::core::context;
+use crate::core::runtime::context;
 use crate::{
-    core::events::ops as events,
+    core::runtime::events,
     core::runtime::runtime,
-    core::streams::ops as streams,
+    core::runtime::streams,
     driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
 };
@@ -55,6 +55,15 @@ driver_api! {
     fn cuStreamSynchronize(hStream: d::CUstream) {
         ready()?;
         via_core(|| streams::synchronize(hStream as usize))
+    }
+
+    /// `cuStreamAttachMemAsync`: which streams' work may touch a managed allocation (the
+    /// runtime face's `cudaStreamAttachMemAsync`, with the driver's `CU_MEM_ATTACH_*` values,
+    /// which are the runtime's).
+    #[per_thread(cuStreamAttachMemAsync_ptsz)]
+    fn cuStreamAttachMemAsync(hStream: d::CUstream, dptr: d::CUdeviceptr, length: usize, flags: c_uint) {
+        ready()?;
+        via_core(|| crate::core::runtime::managed::attach_mem(hStream as usize, crate::core::conv::usize_of(dptr), length, flags))
     }
 
     /// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is pending.
@@ -125,7 +134,7 @@ driver_api! {
         // SAFETY: the callback's CUresult parameter is the runtime's cudaError_t (an unsigned
         // int either way): the same C function type.
         let callback = unsafe {
-            std::mem::transmute::<d::CUstreamCallback, crate::core::host_fns::StreamCallback>(callback)
+            std::mem::transmute::<d::CUstreamCallback, crate::core::streams::host_fns::StreamCallback>(callback)
         };
         via_core(|| streams::add_callback(hStream as usize, callback, userData, flags))
     }

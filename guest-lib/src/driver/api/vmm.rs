@@ -1,14 +1,15 @@
 //! Virtual memory management: `cuMemCreate`, `cuMemAddressReserve`, `cuMemMap`,
-//! `cuMemSetAccess` and their companions, over the core's VMM (core/vmm.rs). Only pinned
+//! `cuMemSetAccess` and their companions, over the core's VMM (core/memory/vmm.rs). Only pinned
 //! allocations located on a device exist, as on the GPU; addresses are the host driver's real
-//! device addresses. Shareable handles of types other than POSIX file descriptors (Win32,
-//! fabric) are refused with `CUDA_ERROR_INVALID_VALUE`, as NVIDIA's Linux driver refuses them.
+//! device addresses. Shareable handles are POSIX file descriptors: Win32 ones are refused with
+//! `CUDA_ERROR_INVALID_VALUE`, as NVIDIA's Linux driver refuses them, and fabric ones with
+//! `CUDA_ERROR_NOT_SUPPORTED`, as it answers on a system without fabric support.
 
 use core::ffi::{c_ulonglong, c_void};
 
 use super::{check_device, initialized};
 use crate::{
-    core::{runtime::runtime, vmm},
+    core::{memory::vmm::AllocProps, runtime::runtime, runtime::vmm},
     driver::status::{DriverError, DrvResult},
     generated::driver_api as d,
 };
@@ -36,7 +37,7 @@ fn device_location(loc: &d::CUmemLocation) -> DrvResult<u32> {
 ///
 /// # Safety
 /// `prop` is null or points at a `CUmemAllocationProp`.
-unsafe fn props_of(prop: *const d::CUmemAllocationProp) -> DrvResult<vmm::AllocProps> {
+unsafe fn props_of(prop: *const d::CUmemAllocationProp) -> DrvResult<AllocProps> {
     // SAFETY: the caller's contract.
     let p = unsafe { prop.as_ref() }.ok_or(DriverError::INVALID_VALUE)?;
     if p.type_ != d::CU_MEM_ALLOCATION_TYPE_PINNED {
@@ -44,13 +45,19 @@ unsafe fn props_of(prop: *const d::CUmemAllocationProp) -> DrvResult<vmm::AllocP
         return Err(DriverError::INVALID_VALUE);
     }
     let types = u64::from(p.requestedHandleTypes);
-    if types & !u64::from(d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0 {
+    if types
+        & !u64::from(d::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | d::CU_MEM_HANDLE_TYPE_FABRIC)
+        != 0
+    {
         return Err(DriverError::INVALID_VALUE);
     }
+    // Fabric handles pass here (a granularity does not depend on them); `cuMemCreate` refuses
+    // them as a driver without fabric support does.
+    let types = types & !u64::from(d::CU_MEM_HANDLE_TYPE_FABRIC);
     if p.allocFlags.compressionType > COMP_GENERIC {
         return Err(DriverError::INVALID_VALUE);
     }
-    Ok(vmm::AllocProps {
+    Ok(AllocProps {
         device: device_location(&p.location)?,
         handle_types: types,
         compressed: p.allocFlags.compressionType == COMP_GENERIC,
@@ -95,6 +102,13 @@ driver_api! {
         }
         // SAFETY: the API's contract for `prop`.
         let props = unsafe { props_of(prop) }?;
+        // The GPU behind qcuda offers no fabric handles (HANDLE_TYPE_FABRIC_SUPPORTED reads
+        // 0): what NVIDIA's driver answers then, and what frameworks probe for before falling
+        // back to file descriptors (PyTorch's expandable segments, NCCL, Mooncake).
+        // SAFETY: `props_of` checked that `prop` points at a CUmemAllocationProp.
+        if unsafe { (*prop).requestedHandleTypes } & d::CU_MEM_HANDLE_TYPE_FABRIC != 0 {
+            return Err(DriverError::NOT_SUPPORTED);
+        }
         let h = vmm::create(runtime()?, size, &props)?;
         // SAFETY: checked non-null.
         unsafe { handle.write_unaligned(h) };
