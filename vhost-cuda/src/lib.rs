@@ -35,6 +35,7 @@ pub mod frontend;
 pub mod guest_buffer;
 pub mod host_function_link;
 pub mod limits;
+pub(crate) mod peer;
 pub mod ring_record;
 pub mod sandbox;
 pub mod session;
@@ -195,6 +196,8 @@ pub struct Config {
     pub worker_seccomp: sandbox::SeccompMode,
     /// Where each session's device address range lies (`--gpu-va-base`, `--gpu-va-size`).
     pub address_space: cuda::AddressSpace,
+    /// How workers record GPU timelines (`--gpu-trace`, `--cupti`).
+    pub gpu_trace: cuda::trace::GpuTraceSetup,
 }
 
 impl Config {
@@ -228,6 +231,31 @@ pub struct Handover {
     pub keep_workers: bool,
     /// What the previous daemon left: its workers and accounting files.
     pub passed: fd_store::Passed,
+}
+
+/// The directory of the VMs' shared `/dev/shm`s (sandbox/shared_shm.rs), on the host's
+/// `/dev/shm`; made before the daemon's filter, which opens no file. Without it sandboxed
+/// workers have no `/dev/shm`, and the driver's interprocess events fail.
+fn shared_shm(mode: sandbox::SandboxMode) -> Option<Arc<sandbox::SharedShm>> {
+    if mode == sandbox::SandboxMode::None {
+        return None;
+    }
+    match sandbox::SharedShm::create(std::path::Path::new("/dev/shm")) {
+        Ok(s) => {
+            info!(
+                "each VM's workers share a directory of {} as their /dev/shm (interprocess events)",
+                s.path().display()
+            );
+            Some(s)
+        }
+        Err(e) => {
+            warn!(
+                "no shared /dev/shm for the workers ({e}): interprocess events between a VM's \
+                 processes will fail"
+            );
+            None
+        }
+    }
 }
 
 /// Runs the daemon until SIGINT or SIGTERM: binds every socket, then serves one connection
@@ -287,6 +315,15 @@ pub fn start_backend_with(config: Config, handover: Handover) -> Result<()> {
             );
         }
     }
+    info!(
+        "GPU timelines: {}{}",
+        config.gpu_trace.mode,
+        match (&config.gpu_trace.cupti, config.gpu_trace.mode.wants_cupti()) {
+            (Some(p), true) => format!(" (libcupti from {})", p.display()),
+            (None, true) => " (libcupti from the CUDA toolkit or the loader's path)".to_string(),
+            _ => String::new(),
+        }
+    );
     info!(
         "polling: request queues {} µs, the hop to the workers {} µs; hop mailbox {}",
         config.poll.as_micros(),
@@ -522,7 +559,9 @@ impl Server {
             .with_hop_poll(config.hop_poll)
             .with_hop_mailbox(config.hop_mailbox)
             .with_sandbox(config.sandbox, config.worker_seccomp)
-            .with_address_space(config.address_space);
+            .with_address_space(config.address_space)
+            .with_shared_shm(shared_shm(config.sandbox))
+            .with_gpu_trace(config.gpu_trace.clone());
         Ok(Self {
             sockets,
             host,
@@ -777,7 +816,8 @@ fn serve_socket(
                 quota_file.take(),
             )
             .with_poll(poll)
-            .with_ring_record(record.clone(), std::mem::take(&mut recover)),
+            .with_ring_record(record.clone(), std::mem::take(&mut recover))
+            .with_migration_log(stats.migration_log(stats_index)),
         );
         // The previous daemon's sessions of this VM, for the frontend that reconnects.
         if !adopted.is_empty() {

@@ -64,18 +64,26 @@ const LOCK_NONE: libc::c_short = flock_short(libc::F_UNLCK);
 /// `SEEK_SET` for `flock::l_whence`.
 const WHENCE_START: libc::c_short = flock_short(libc::SEEK_SET);
 
-/// Words per slot: bytes held, the most bytes held, kernels launched, graphs launched.
-const SLOT_WORDS: usize = 4;
+/// Words per slot: bytes held, the most bytes held, kernels launched, graphs launched, ns
+/// the GPU was busy with the worker's work and ns of recording they were measured over (the
+/// GPU timeline recorder, `cuda/trace/`).
+const SLOT_WORDS: usize = 6;
 /// A slot's words, by offset.
 const HELD: usize = 0;
 const PEAK: usize = 1;
 const KERNELS: usize = 2;
 const GRAPHS: usize = 3;
+const GPU_BUSY: usize = 4;
+const GPU_TRACED: usize = 5;
+/// The file's last word: this layout ("QCUDAQ02"). A file without it (a daemon of another
+/// layout made it) is not used.
+const FORMAT: u64 = u64::from_le_bytes(*b"QCUDAQ02");
 
 /// The limit word's value when there is no limit.
 pub const NO_LIMIT: u64 = u64::MAX;
 
-/// The mapped quota file: word 0 the limit, then [`SLOT_WORDS`] words per slot.
+/// The mapped quota file: word 0 the limit, then [`SLOT_WORDS`] words per slot, then
+/// [`FORMAT`].
 struct QuotaMap {
     file: File,
     words: NonNull<AtomicU64>,
@@ -121,13 +129,14 @@ impl Drop for Admission<'_> {
 }
 
 impl QuotaMap {
-    fn map(file: File) -> io::Result<Self> {
+    /// Maps `file`; `fresh`: a file just made, which gets its format word here.
+    fn map(file: File, fresh: bool) -> io::Result<Self> {
         let size = file.metadata()?.len();
         let len = usize::try_from(size / 8).map_err(|_| io::ErrorKind::InvalidData)?;
-        if len < 1 + SLOT_WORDS || size % 8 != 0 || (len - 1) % SLOT_WORDS != 0 {
+        if len < 2 + SLOT_WORDS || size % 8 != 0 || (len - 2) % SLOT_WORDS != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                "quota file too small",
+                "quota file too small, or of another layout",
             ));
         }
         // SAFETY: a fresh shared mapping of the whole file; the kernel picks the address.
@@ -145,12 +154,22 @@ impl QuotaMap {
             return Err(io::Error::last_os_error());
         }
         let words = NonNull::new(p.cast::<AtomicU64>()).ok_or(io::ErrorKind::Other)?;
-        Ok(Self {
+        let map = Self {
             file,
             words,
             len,
             lock: Mutex::new(()),
-        })
+        };
+        let format = map.word(len - 1);
+        if fresh {
+            format.store(FORMAT, Ordering::Release);
+        } else if format.load(Ordering::Acquire) != FORMAT {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "quota file of another layout (a daemon of another version made it)",
+            ));
+        }
+        Ok(map)
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
@@ -165,7 +184,7 @@ impl QuotaMap {
     }
 
     fn slots(&self) -> usize {
-        (self.len - 1) / SLOT_WORDS
+        (self.len - 2) / SLOT_WORDS
     }
 
     /// Word `which` of slot `slot`.
@@ -227,8 +246,8 @@ impl GpuMemoryQuota {
         }
         // SAFETY: `fd` is a fresh descriptor that nothing else owns.
         let file = unsafe { File::from_raw_fd(fd) };
-        file.set_len(((slots.max(1) * SLOT_WORDS + 1) * 8) as u64)?;
-        let map = QuotaMap::map(file)?;
+        file.set_len(((slots.max(1) * SLOT_WORDS + 2) * 8) as u64)?;
+        let map = QuotaMap::map(file, true)?;
         map.word(0).store(limit, Ordering::Release);
         Ok(Self {
             taken: Arc::new(Mutex::new(vec![false; map.slots()])),
@@ -240,7 +259,7 @@ impl GpuMemoryQuota {
     /// file-descriptor store, `crate::fd_store`): its slots' words stay as its workers wrote
     /// them, the limit word becomes `limit`. Slots are claimed with [`GpuMemoryQuota::claim`].
     pub fn from_file(file: File, limit: u64) -> io::Result<Self> {
-        let map = QuotaMap::map(file)?;
+        let map = QuotaMap::map(file, false)?;
         map.word(0).store(limit, Ordering::Release);
         Ok(Self {
             taken: Arc::new(Mutex::new(vec![false; map.slots()])),
@@ -360,6 +379,10 @@ pub struct WorkerUsage {
     pub kernels: u64,
     /// Graphs launched.
     pub graph_launches: u64,
+    /// ns the GPU was busy with the worker's work, while a GPU timeline was recorded.
+    pub gpu_busy_ns: u64,
+    /// ns of recording `gpu_busy_ns` was measured over.
+    pub gpu_traced_ns: u64,
 }
 
 /// The daemon's reader of one worker's slot.
@@ -382,6 +405,8 @@ impl SlotUsage {
             peak_memory: word(PEAK),
             kernels: word(KERNELS),
             graph_launches: word(GRAPHS),
+            gpu_busy_ns: word(GPU_BUSY),
+            gpu_traced_ns: word(GPU_TRACED),
         }
     }
 }
@@ -396,7 +421,7 @@ pub struct QuotaSlot {
 impl QuotaSlot {
     /// Maps the quota `file` and takes slot `index` of it.
     pub fn attach(file: File, index: usize) -> io::Result<Self> {
-        let map = QuotaMap::map(file)?;
+        let map = QuotaMap::map(file, false)?;
         if index >= map.slots() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -477,6 +502,16 @@ impl QuotaSlot {
             .slot_word(self.index, GRAPHS)
             .fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Counts `busy` ns of GPU work over `traced` ns of recording (the GPU timeline).
+    pub fn count_gpu_time(&self, busy: u64, traced: u64) {
+        self.map
+            .slot_word(self.index, GPU_BUSY)
+            .fetch_add(busy, Ordering::Relaxed);
+        self.map
+            .slot_word(self.index, GPU_TRACED)
+            .fetch_add(traced, Ordering::Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -532,6 +567,7 @@ mod tests {
             peak_memory: 2 << 40,
             kernels: 2,
             graph_launches: 1,
+            ..WorkerUsage::default()
         };
         assert_eq!(usage.read(), expect);
         // The worker is reaped: its memory stops counting, its other counts stay readable,

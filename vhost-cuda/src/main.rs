@@ -20,7 +20,10 @@ use std::{
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use vhost_cuda::{
-    cuda::{AddressSpace, DEFAULT_VA_BASE, DEFAULT_VA_SIZE},
+    cuda::{
+        trace::{GpuTraceMode, GpuTraceSetup},
+        AddressSpace, DEFAULT_VA_BASE, DEFAULT_VA_SIZE,
+    },
     limits::Limits,
     sandbox::{SandboxMode, SeccompMode},
     session::MAX_SESSIONS,
@@ -158,6 +161,19 @@ struct Args {
     #[arg(long, value_name = "MODE", default_value_t = SeccompMode::Enforce, env = "VHOST_CUDA_WORKER_SECCOMP")]
     worker_seccomp: SeccompMode,
 
+    /// How a recording of a guest process's GPU timeline (`qcuda-smi trace`, QCUDA_PROFILE in
+    /// the guest) times its GPU work: auto (CUPTI's activity API where libcupti loads, else
+    /// CUDA events around each op), cupti (CUPTI only: a recording is refused without it),
+    /// events, off (requests only; nothing of CUPTI is loaded into workers).
+    #[arg(long, value_name = "MODE", default_value_t = GpuTraceMode::Auto, env = "VHOST_CUDA_GPU_TRACE")]
+    gpu_trace: GpuTraceMode,
+
+    /// libcupti.so.13 for GPU timelines: the file, or the directory holding it (the CUDA
+    /// toolkit's extras/CUPTI/lib64, or the nvidia-cuda-cupti wheel's lib). Default: the
+    /// toolkit under /usr/local/cuda, then the dynamic loader's path.
+    #[arg(long, value_name = "PATH", env = "VHOST_CUDA_CUPTI")]
+    cupti: Option<PathBuf>,
+
     /// Print the system calls a worker's seccomp filter allows, one a line, and exit (for
     /// comparing with a measurement: scripts/sandbox-gpu-check.sh).
     #[arg(long, hide = true)]
@@ -184,6 +200,11 @@ struct Args {
     /// The VM a worker serves, for its logs.
     #[arg(long, hide = true, value_name = "LABEL", default_value = "")]
     vm: String,
+
+    /// Worker mode: the descriptor of the VM's shared directory, bound at /dev/shm in the
+    /// worker's root.
+    #[arg(long, hide = true, value_name = "FD", requires = "session_worker")]
+    shm_fd: Option<RawFd>,
 
     /// A worker's slot of its VM's GPU-memory quota, whose file is on fd 4.
     #[arg(long, hide = true, value_name = "SLOT", requires = "session_worker")]
@@ -309,6 +330,10 @@ impl TryFrom<Args> for Config {
             sandbox: args.sandbox,
             worker_seccomp: args.worker_seccomp,
             address_space,
+            gpu_trace: GpuTraceSetup {
+                mode: args.gpu_trace,
+                cupti: args.cupti.clone(),
+            },
         };
         let path = match (args.socket_path.clone(), &args.inherited_fds) {
             // Every socket systemd passed; their paths are systemd's business.
@@ -346,7 +371,20 @@ impl TryFrom<Args> for Config {
 
 /// The hidden worker mode.
 fn session_worker_main(args: Args) -> i32 {
+    // First, while this process has one thread: a worker born pid 1 of its own PID
+    // namespace becomes that namespace's init and forks the worker proper with a pid of its own.
+    let split = if args.sandbox == vhost_cuda::sandbox::SandboxMode::Namespace {
+        vhost_cuda::sandbox::split_from_pid_one()
+    } else {
+        Ok(())
+    };
     init_logging(&log_filter(args.log_level));
+    if let Err(e) = split {
+        tracing::warn!(
+            "this worker stays pid 1 of its PID namespace ({e}): the driver's interprocess \
+             events between this VM's processes may not work"
+        );
+    }
     let Some(session) = args.session_id else {
         eprintln!("vhost-cuda: --session-worker needs --session-id");
         return 2;
@@ -358,12 +396,17 @@ fn session_worker_main(args: Args) -> i32 {
         gpu: args.gpu,
         vm: args.vm,
         gpu_memory_slot: args.gpu_memory_slot,
+        shm_fd: args.shm_fd,
         outlive_daemon: args.outlive_daemon,
         // The daemon always passes its value.
         hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or(0)),
         sandbox: args.sandbox,
         seccomp: args.worker_seccomp,
         sandbox_check: args.sandbox_check,
+        gpu_trace: GpuTraceSetup {
+            mode: args.gpu_trace,
+            cupti: args.cupti,
+        },
         // The daemon always passes its values (checked there).
         address_space: AddressSpace {
             base: args.gpu_va_base.unwrap_or(0),
@@ -457,6 +500,19 @@ fn join_spin_budget(budget: Option<u64>) {
 }
 
 fn main() {
+    // The init of a worker's PID namespace (a worker starts it itself, sandbox/pid_init.rs):
+    // `--pid-namespace-init PID` and the worker's own arguments, which it only carries.
+    let mut raw = std::env::args_os().skip(1);
+    if raw
+        .next()
+        .is_some_and(|a| a == vhost_cuda::sandbox::PID_INIT_FLAG)
+    {
+        let worker = raw
+            .next()
+            .and_then(|p| p.to_str()?.parse().ok())
+            .unwrap_or(-1);
+        vhost_cuda::sandbox::run_init(worker);
+    }
     let mut args = Args::parse();
     if args.print_worker_syscalls {
         for name in vhost_cuda::sandbox::worker_allowed_names() {
@@ -543,6 +599,7 @@ mod tests {
             gpu_va_base: None,
             gpu_va_size: None,
             gpu_memory_slot: None,
+            shm_fd: None,
             outlive_daemon: false,
             inherited_fds: None,
             stats: false,
@@ -554,6 +611,8 @@ mod tests {
             worker_seccomp: SeccompMode::Enforce,
             sandbox_check: false,
             print_worker_syscalls: false,
+            gpu_trace: GpuTraceMode::Auto,
+            cupti: None,
         }
     }
 
@@ -625,6 +684,7 @@ mod tests {
                 sandbox: SandboxMode::Namespace,
                 worker_seccomp: SeccompMode::Enforce,
                 address_space: AddressSpace::default(),
+                gpu_trace: GpuTraceSetup::default(),
             }
         );
         assert_eq!(config.socket_paths(), vec![PathBuf::from(&path)]);

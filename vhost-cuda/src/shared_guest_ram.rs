@@ -15,7 +15,18 @@ use std::{fs::File, os::fd::AsRawFd, os::fd::RawFd};
 use thiserror::Error;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use crate::{guest_buffer::GuestRam, worker::message::RegionSpec};
+use crate::guest_buffer::GuestRam;
+
+/// One region of guest RAM: where it sits in guest-physical space and where in its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionSpec {
+    /// Guest-physical start.
+    pub gpa: u64,
+    /// Length in bytes.
+    pub size: u64,
+    /// Offset of the region in its file.
+    pub file_offset: u64,
+}
 
 /// Why a memory table cannot be mapped.
 #[derive(Debug, Error)]

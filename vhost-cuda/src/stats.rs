@@ -19,6 +19,7 @@
 //!
 //! Neighbours: lib.rs registers each connection's table; main.rs has the `--stats` client.
 
+use crate::peer::peer_uid;
 use std::{
     fmt::Write as _,
     io::{self, BufRead, BufReader, Read, Write},
@@ -33,7 +34,11 @@ use tracing::{info, warn};
 
 use crate::{
     cuda::CudaHost,
-    session::{bytes_text, UsageView, VmUsage},
+    session::{
+        bytes_text,
+        migration_figures::{MigrationFigures, MigrationLog, Phase},
+        UsageView, VmUsage,
+    },
     socket::{self, SocketError},
 };
 
@@ -79,6 +84,10 @@ impl StatsFormat {
 struct VmEntry {
     label: String,
     view: Option<UsageView>,
+    /// Its last migration's figures, kept across connections.
+    migration: MigrationLog,
+    /// The VM's GPU busy and recorded ns at the last report (busy fraction since then).
+    last_gpu: (u64, u64),
 }
 
 /// Every VM this daemon serves.
@@ -88,12 +97,33 @@ pub struct StatsRegistry {
 }
 
 /// One VM in a report.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VmReport {
     /// Whether a frontend (QEMU) is connected.
     pub connected: bool,
     /// Its use of the host (all zero when not connected).
     pub usage: VmUsage,
+    /// GPU busy ns and recorded ns since the previous report (GPU timelines recorded then).
+    pub gpu_since_last: (u64, u64),
+    /// Its last migration through this daemon, phase by phase (no phases: none yet).
+    pub migration: MigrationFigures,
+}
+
+impl VmReport {
+    /// The busy fraction over the recording since the previous report, else over all of it;
+    /// `None`: nothing of the VM was recorded.
+    pub fn gpu_busy(&self) -> Option<f64> {
+        let (busy, traced) = if self.gpu_since_last.1 > 0 {
+            self.gpu_since_last
+        } else {
+            (self.usage.gpu_busy_ns, self.usage.gpu_traced_ns)
+        };
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a fraction, for people and Prometheus"
+        )]
+        (traced > 0).then(|| (busy as f64 / traced as f64).min(1.0))
+    }
 }
 
 /// One host GPU in a report.
@@ -108,7 +138,7 @@ pub struct GpuReport {
 }
 
 /// A whole report.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Report {
     /// The host's CUDA driver version (0: none).
     pub driver_version: u32,
@@ -125,14 +155,25 @@ impl StatsRegistry {
         vms.push(VmEntry {
             label: label.to_string(),
             view: None,
+            migration: MigrationLog::default(),
+            last_gpu: (0, 0),
         });
         vms.len() - 1
+    }
+
+    /// VM `index`'s migration figures, for each of its connections' backends to record in.
+    pub fn migration_log(&self, index: usize) -> MigrationLog {
+        self.lock()
+            .get(index)
+            .map(|e| e.migration.clone())
+            .unwrap_or_default()
     }
 
     /// VM `index` has a connection, whose table `view` reads.
     pub fn connect(&self, index: usize, view: UsageView) {
         if let Some(e) = self.lock().get_mut(index) {
             e.view = Some(view);
+            e.last_gpu = (0, 0);
         }
     }
 
@@ -158,27 +199,44 @@ impl StatsRegistry {
     /// Every VM now.
     pub fn vms(&self) -> Vec<VmReport> {
         // The views are read outside the lock: a snapshot takes the tables' own locks.
-        let entries: Vec<(String, Option<UsageView>)> = self
+        let entries: Vec<(String, Option<UsageView>, MigrationLog)> = self
             .lock()
             .iter()
-            .map(|e| (e.label.clone(), e.view.clone()))
+            .map(|e| (e.label.clone(), e.view.clone(), e.migration.clone()))
             .collect();
-        entries
+        let mut reports: Vec<VmReport> = entries
             .into_iter()
-            .map(|(label, view)| match view.and_then(|v| v.snapshot()) {
-                Some(usage) => VmReport {
-                    connected: true,
-                    usage: VmUsage { vm: label, ..usage },
-                },
-                None => VmReport {
-                    connected: false,
-                    usage: VmUsage {
-                        vm: label,
-                        ..VmUsage::default()
+            .map(|(label, view, migration)| {
+                let migration = migration.snapshot();
+                match view.and_then(|v| v.snapshot()) {
+                    Some(usage) => VmReport {
+                        connected: true,
+                        usage: VmUsage { vm: label, ..usage },
+                        gpu_since_last: (0, 0),
+                        migration,
                     },
-                },
+                    None => VmReport {
+                        connected: false,
+                        usage: VmUsage {
+                            vm: label,
+                            ..VmUsage::default()
+                        },
+                        gpu_since_last: (0, 0),
+                        migration,
+                    },
+                }
             })
-            .collect()
+            .collect();
+        let mut vms = self.lock();
+        for (e, r) in vms.iter_mut().zip(&mut reports) {
+            let now = (r.usage.gpu_busy_ns, r.usage.gpu_traced_ns);
+            r.gpu_since_last = (
+                now.0.saturating_sub(e.last_gpu.0),
+                now.1.saturating_sub(e.last_gpu.1),
+            );
+            e.last_gpu = now;
+        }
+        reports
     }
 }
 
@@ -265,32 +323,6 @@ fn answer(conn: UnixStream, host: &CudaHost, registry: &StatsRegistry) -> io::Re
 /// How long a pause or resume may take per request before its session is reported as not
 /// answering (moving device memory to host memory runs at copy bandwidth).
 pub const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// The user id of the peer of `conn` (`SO_PEERCRED`).
-fn peer_uid(conn: &UnixStream) -> io::Result<u32> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: u32::MAX,
-        gid: u32::MAX,
-    };
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>())
-        .map_err(|_| io::Error::other("ucred size"))?;
-    // SAFETY: `cred` and `len` are live locals of the sizes the kernel writes.
-    let r = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast(),
-            &raw mut len,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cred.uid)
-}
 
 /// The operator's `pause TARGET` or `resume TARGET`: the answer lines.
 fn control(conn: &UnixStream, registry: &StatsRegistry, pause: bool, target: &str) -> String {
@@ -404,6 +436,7 @@ fn table(r: &Report) -> String {
         let u = &vm.usage;
         if !vm.connected {
             let _ = writeln!(s, "VM {}: not connected", u.vm);
+            migration_lines(&mut s, &vm.migration);
             continue;
         }
         let limit = u
@@ -421,6 +454,8 @@ fn table(r: &Report) -> String {
             u.graph_launches,
             u.sessions_opened
         );
+        let _ = writeln!(s, "  GPU busy: {}", gpu_busy_text(vm));
+        migration_lines(&mut s, &vm.migration);
         if u.sessions.is_empty() {
             continue;
         }
@@ -458,6 +493,46 @@ fn table(r: &Report) -> String {
         }
     }
     s
+}
+
+/// The VM's last migration, one line per phase, for people.
+fn migration_lines(s: &mut String, m: &MigrationFigures) {
+    if m.phases.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "  last migration ({}):", m.role);
+    for p in &m.phases {
+        let _ = writeln!(
+            s,
+            "    {:<8} {:>11} in {:>8.3} s, {:>7.2} GiB/s",
+            p.name,
+            bytes_text(p.bytes),
+            p.secs,
+            p.gib_per_s()
+        );
+    }
+}
+
+/// The VM's GPU busy fraction for people.
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "seconds with one decimal, for people"
+)]
+fn gpu_busy_text(vm: &VmReport) -> String {
+    let secs = |ns: u64| ns as f64 / 1e9;
+    match vm.gpu_busy() {
+        None => "not recorded (no GPU timeline was recorded: qcuda-smi trace in the guest)".into(),
+        Some(f) if vm.gpu_since_last.1 > 0 => format!(
+            "{:.1}% of {:.1} s recorded since the last report",
+            f * 100.0,
+            secs(vm.gpu_since_last.1)
+        ),
+        Some(f) => format!(
+            "{:.1}% of {:.1} s recorded in all (none since the last report)",
+            f * 100.0,
+            secs(vm.usage.gpu_traced_ns)
+        ),
+    }
 }
 
 /// The report as one JSON object (serde_json), on one line.
@@ -501,7 +576,21 @@ fn json(r: &Report) -> String {
                 "kernels": u.kernels,
                 "graph_launches": u.graph_launches,
                 "sessions_opened": u.sessions_opened,
+                "gpu_busy_ns": u.gpu_busy_ns,
+                "gpu_traced_ns": u.gpu_traced_ns,
+                "gpu_busy_since_last_ns": vm.gpu_since_last.0,
+                "gpu_traced_since_last_ns": vm.gpu_since_last.1,
+                "gpu_busy_fraction": vm.gpu_busy(),
                 "sessions": sessions,
+                "migration": {
+                    "role": vm.migration.role,
+                    "phases": vm.migration.phases.iter().map(|p| json!({
+                        "phase": p.name,
+                        "bytes": p.bytes,
+                        "seconds": p.secs,
+                        "gib_per_s": p.gib_per_s(),
+                    })).collect::<Vec<_>>(),
+                },
             })
         })
         .collect();
@@ -611,6 +700,81 @@ fn prometheus(r: &Report) -> String {
     for (name, kind, help, f) in vm_families {
         family(name, kind, help, per_vm(f));
     }
+    // Seconds, as Prometheus counts time: rate(busy) / rate(traced) is the busy fraction.
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "seconds to the ns, within f64's range"
+    )]
+    let seconds = |ns: u64| ns as f64 / 1e9;
+    let float_family = |s: &mut String,
+                        name: &str,
+                        kind: &str,
+                        help: &str,
+                        f: &dyn Fn(&VmReport) -> Option<f64>| {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} {kind}");
+        for vm in &r.vms {
+            if let Some(v) = f(vm) {
+                let _ = writeln!(s, "{name}{{vm={}}} {v}", label(&vm.usage.vm));
+            }
+        }
+    };
+    float_family(
+        &mut s,
+        "qcuda_vm_gpu_busy_seconds_total",
+        "counter",
+        "GPU time the VM's work kept the GPU busy while GPU timelines were recorded (the union of its kernels, copies and memsets).",
+        &|vm| Some(seconds(vm.usage.gpu_busy_ns)),
+    );
+    float_family(
+        &mut s,
+        "qcuda_vm_gpu_traced_seconds_total",
+        "counter",
+        "Time the VM's sessions were recorded (summed over sessions), the base of qcuda_vm_gpu_busy_seconds_total.",
+        &|vm| Some(seconds(vm.usage.gpu_traced_ns)),
+    );
+    for (name, help, f) in [
+        (
+            "qcuda_vm_migration_phase_seconds",
+            "Seconds each phase of the VM's last migration through this daemon took (save, send, receive, restore).",
+            (|p: &Phase| p.secs) as fn(&Phase) -> f64,
+        ),
+        (
+            "qcuda_vm_migration_phase_bytes",
+            "Bytes each phase of the VM's last migration through this daemon moved.",
+            #[expect(clippy::cast_precision_loss, reason = "a gauge")]
+            |p: &Phase| p.bytes as f64,
+        ),
+    ] {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} gauge");
+        for vm in &r.vms {
+            for p in &vm.migration.phases {
+                let _ = writeln!(
+                    s,
+                    "{name}{{vm={},role=\"{}\",phase=\"{}\"}} {}",
+                    label(&vm.usage.vm),
+                    vm.migration.role,
+                    p.name,
+                    f(p)
+                );
+            }
+        }
+    }
+    float_family(
+        &mut s,
+        "qcuda_vm_gpu_busy_ratio",
+        "gauge",
+        "The VM's GPU busy fraction over the recording since the previous report (else over all of it); absent where nothing was recorded.",
+        &|vm| vm.gpu_busy(),
+    );
+    let mut family = |name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>| {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(s, "{name}{{{labels}}} {v}");
+        }
+    };
     let per_session = |f: fn(&qcuda_proto::SessionUsage) -> u64| -> Vec<(String, u64)> {
         r.vms
             .iter()
@@ -690,7 +854,27 @@ mod tests {
                                 age_ms: 1500,
                             },
                             worker_pid: 40211,
+                            gpu_busy_ns: 3_000_000_000,
+                            gpu_traced_ns: 4_000_000_000,
                         }],
+                        gpu_busy_ns: 3_000_000_000,
+                        gpu_traced_ns: 4_000_000_000,
+                    },
+                    gpu_since_last: (0, 0),
+                    migration: MigrationFigures {
+                        role: "source",
+                        phases: vec![
+                            Phase {
+                                name: "save",
+                                bytes: 1 << 30,
+                                secs: 0.5,
+                            },
+                            Phase {
+                                name: "send",
+                                bytes: 1 << 30,
+                                secs: 0.25,
+                            },
+                        ],
                     },
                 },
                 VmReport {
@@ -699,6 +883,8 @@ mod tests {
                         vm: "/run/qcuda/vm1.sock".into(),
                         ..VmUsage::default()
                     },
+                    gpu_since_last: (0, 0),
+                    migration: MigrationFigures::default(),
                 },
             ],
         }
@@ -728,6 +914,16 @@ mod tests {
             t.ends_with("VM /run/qcuda/vm1.sock: not connected\n"),
             "{t}"
         );
+        assert!(t.contains("  last migration (source):\n"), "{t}");
+        let save = t
+            .lines()
+            .find(|l| l.trim_start().starts_with("save "))
+            .unwrap();
+        let cols: Vec<&str> = save.split_whitespace().collect();
+        assert_eq!(
+            cols,
+            ["save", "1.0", "GiB", "in", "0.500", "s,", "2.00", "GiB/s"]
+        );
     }
 
     #[test]
@@ -750,6 +946,10 @@ mod tests {
             })
         );
         assert_eq!(v["vms"][1]["connected"], false);
+        assert_eq!(vm["migration"]["role"], "source");
+        assert_eq!(vm["migration"]["phases"][1]["phase"], "send");
+        assert_eq!(vm["migration"]["phases"][1]["bytes"], 1u64 << 30);
+        assert_eq!(vm["migration"]["phases"][1]["gib_per_s"], 4.0);
         assert!(
             j.contains("\\\"0.sock"),
             "the quote in the label is escaped: {j}"
@@ -763,6 +963,9 @@ mod tests {
             "# TYPE qcuda_vm_gpu_memory_bytes gauge",
             "qcuda_vm_gpu_memory_bytes{vm=\"/run/qcuda/vm\\\"0.sock\"} 1610612736",
             "qcuda_vm_gpu_memory_bytes{vm=\"/run/qcuda/vm1.sock\"} 0",
+            "# TYPE qcuda_vm_migration_phase_seconds gauge",
+            "qcuda_vm_migration_phase_seconds{vm=\"/run/qcuda/vm\\\"0.sock\",role=\"source\",phase=\"save\"} 0.5",
+            "qcuda_vm_migration_phase_bytes{vm=\"/run/qcuda/vm\\\"0.sock\",role=\"source\",phase=\"send\"} 1073741824",
             "qcuda_vm_connected{vm=\"/run/qcuda/vm1.sock\"} 0",
             "qcuda_vm_gpu_memory_limit_bytes{vm=\"/run/qcuda/vm\\\"0.sock\"} 4294967296",
             "qcuda_vm_kernels_total{vm=\"/run/qcuda/vm\\\"0.sock\"} 12",

@@ -62,10 +62,11 @@ use crate::{
     ring_record::{RingAddrs, RingRecord},
     session::{
         migration::{self, SavedGpu, SessionState},
+        migration_figures::MigrationLog,
         ChainCompleter, SessionTable,
     },
     spin_wait,
-    worker::WorkerCommand,
+    worker::{widen_pipe, WorkerCommand},
 };
 
 /// Guest memory as vhost-user-backend shares it with us (swapped on SET_MEM_TABLE).
@@ -188,6 +189,8 @@ pub struct VhostCudaBackend {
     logging: AtomicBool,
     /// A migration's state transfer.
     migration: Mutex<Migration>,
+    /// The VM's migration figures, phase by phase (`session/migration_figures.rs`).
+    figures: MigrationLog,
 }
 
 /// A migration's state transfer, as far as it has come.
@@ -247,7 +250,20 @@ impl VhostCudaBackend {
             recover: AtomicBool::new(false),
             logging: AtomicBool::new(false),
             migration: Mutex::new(Migration::default()),
+            figures: MigrationLog::default(),
         }
+    }
+
+    /// Records the VM's migration figures in `figures` (the VM's own, which outlive this
+    /// connection: `lib.rs` takes them from the stats registry).
+    pub fn with_migration_log(mut self, figures: MigrationLog) -> Self {
+        self.figures = figures;
+        self
+    }
+
+    /// The VM's migration figures.
+    pub fn migration_log(&self) -> &MigrationLog {
+        &self.figures
     }
 
     /// Polls the request queue for `poll` after its last chain before going back to waiting
@@ -311,16 +327,12 @@ impl VhostCudaBackend {
     /// guest RAM dirty where the GPU may have written it.
     fn save_for_migration(&self) {
         let started = Instant::now();
+        self.figures.begin("source");
         let saved = self.sessions.save_states(SAVE_WAIT);
         match &saved {
             Ok(states) => {
-                let bytes: usize = states
-                    .iter()
-                    .map(|s| match &s.gpu {
-                        SavedGpu::State(b) => b.len(),
-                        _ => 0,
-                    })
-                    .sum();
+                let bytes = state_bytes(states);
+                self.figures.record(&self.label, "save", bytes, started);
                 if states.iter().any(|s| matches!(s.gpu, SavedGpu::State(_))) {
                     // The GPU wrote pinned guest memory and copy destinations without the
                     // daemon's map seeing it: QEMU's last pass must carry all of it.
@@ -700,15 +712,29 @@ impl VhostUserBackend for VhostCudaBackend {
                 // snapshot, say) the sessions are saved now.
                 let saved = match m.saved.take() {
                     Some(s) => s,
-                    None => self.sessions.save_states(SAVE_WAIT),
+                    None => {
+                        let started = Instant::now();
+                        self.figures.begin("source");
+                        let saved = self.sessions.save_states(SAVE_WAIT);
+                        if let Ok(states) = &saved {
+                            let bytes = state_bytes(states);
+                            self.figures.record(&label, "save", bytes, started);
+                        }
+                        saved
+                    }
                 };
+                let figures = self.figures.clone();
                 thread::Builder::new()
                     .name("qcuda-migrate-out".into())
-                    .spawn(move || send_state(&label, file, saved))
+                    .spawn(move || send_state(&label, &figures, file, saved))
             }
-            VhostTransferStateDirection::LOAD => thread::Builder::new()
-                .name("qcuda-migrate-in".into())
-                .spawn(move || receive_state(&label, file)),
+            VhostTransferStateDirection::LOAD => {
+                self.figures.begin("destination");
+                let figures = self.figures.clone();
+                thread::Builder::new()
+                    .name("qcuda-migrate-in".into())
+                    .spawn(move || receive_state(&label, &figures, file))
+            }
         };
         m.transfer = Some(spawned?);
         Ok(None)
@@ -726,9 +752,11 @@ impl VhostUserBackend for VhostCudaBackend {
             Ok(Some(states)) => {
                 let started = Instant::now();
                 let n = states.len();
+                let bytes = state_bytes(&states);
                 self.sessions
                     .restore_states(states, RESTORE_WAIT)
                     .map(|()| {
+                        self.figures.record(&self.label, "restore", bytes, started);
                         info!(
                             vm = %self.label,
                             sessions = n,
@@ -773,25 +801,47 @@ impl VhostUserBackend for VhostCudaBackend {
     }
 }
 
+/// Bytes of the saved states among `states`.
+fn state_bytes(states: &[SessionState]) -> u64 {
+    states
+        .iter()
+        .map(|s| match &s.gpu {
+            SavedGpu::State(f) => f.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
 /// A migration's source: writes the saved sessions into QEMU's pipe and closes it.
 fn send_state(
     label: &str,
+    figures: &MigrationLog,
     file: File,
     saved: Result<Vec<SessionState>, String>,
 ) -> Result<Option<Vec<SessionState>>, String> {
     // Dropping the file at the end is the end of the stream for QEMU, also on an error (QEMU
     // then asks CHECK_DEVICE_STATE, which reports it).
     let states = saved?;
+    let started = Instant::now();
+    widen_pipe(&file);
     let mut out = io::BufWriter::with_capacity(1 << 20, file);
     migration::write_stream(&mut out, &states).map_err(|e| e.to_string())?;
+    figures.record(label, "send", state_bytes(&states), started);
     info!(vm = %label, sessions = states.len(), "migration: state sent");
     Ok(None)
 }
 
 /// A migration's destination: reads the sessions from QEMU's pipe to its end.
-fn receive_state(label: &str, file: File) -> Result<Option<Vec<SessionState>>, String> {
+fn receive_state(
+    label: &str,
+    figures: &MigrationLog,
+    file: File,
+) -> Result<Option<Vec<SessionState>>, String> {
+    let started = Instant::now();
+    widen_pipe(&file);
     let mut input = io::BufReader::with_capacity(1 << 20, file);
     let states = migration::read_stream(&mut input).map_err(|e| e.to_string())?;
+    figures.record(label, "receive", state_bytes(&states), started);
     info!(vm = %label, sessions = states.len(), "migration: state received");
     Ok(Some(states))
 }
@@ -1110,5 +1160,52 @@ mod tests {
         );
         assert_eq!(feature_names(0), "none");
         assert_eq!(feature_names(1 << 32 | 1), "VERSION_1 | 0x1");
+    }
+
+    #[test]
+    fn a_state_transfer_through_a_pipe_records_each_phase_on_both_ends() {
+        let src = rig();
+        let dst = rig();
+        let log = MigrationLog::default();
+        let dst_log = MigrationLog::default();
+        let src_backend = src.backend.with_migration_log(log.clone());
+        let dst_backend = dst.backend.with_migration_log(dst_log.clone());
+        // QEMU's pipes, one per end, joined as QEMU relays the bytes.
+        let (from_src, to_qemu) = std::io::pipe().unwrap();
+        let (from_qemu, to_dst) = std::io::pipe().unwrap();
+        let relay = thread::spawn(move || {
+            let mut from_src = from_src;
+            let mut to_dst = to_dst;
+            io::copy(&mut from_src, &mut to_dst).unwrap()
+        });
+        dst_backend
+            .set_device_state_fd(
+                VhostTransferStateDirection::LOAD,
+                VhostTransferStatePhase::STOPPED,
+                File::from(std::os::fd::OwnedFd::from(from_qemu)),
+            )
+            .unwrap();
+        src_backend
+            .set_device_state_fd(
+                VhostTransferStateDirection::SAVE,
+                VhostTransferStatePhase::STOPPED,
+                File::from(std::os::fd::OwnedFd::from(to_qemu)),
+            )
+            .unwrap();
+        src_backend.check_device_state().unwrap();
+        // magic, version and a count of no sessions.
+        assert_eq!(relay.join().unwrap(), 16);
+        dst_backend.check_device_state().unwrap();
+        let phases = |l: &MigrationLog| {
+            let f = l.snapshot();
+            (f.role, f.phases.iter().map(|p| p.name).collect::<Vec<_>>())
+        };
+        assert_eq!(phases(&log), ("source", vec!["save", "send"]));
+        assert_eq!(
+            phases(&dst_log),
+            ("destination", vec!["receive", "restore"])
+        );
+        // The source's figures belong to the VM: a later connection's backend shares them.
+        assert_eq!(phases(src_backend.migration_log()).1.len(), 2);
     }
 }

@@ -152,6 +152,15 @@ pub(crate) struct Staging {
     pending: [bool; 2],
 }
 
+/// Why [`Staging::stream_device`] stopped: the driver, or the sink.
+#[derive(Debug)]
+pub(crate) enum SinkError<E> {
+    /// A copy or an event failed.
+    Cuda(CuError),
+    /// The sink refused a chunk.
+    Sink(E),
+}
+
 impl Staging {
     /// Allocates the buffer and its events in the current context. On failure whatever was
     /// made is left to the context (destroying it frees pinned memory and events alike).
@@ -249,6 +258,72 @@ impl Staging {
             self.copy_out(drv, j, &mut out[pat..pat + plen])?;
         }
         Ok(())
+    }
+
+    /// Hands `len` bytes of device memory at `src` to `sink` chunk by chunk, through the two
+    /// halves: the DMA of chunk n+1 into one half runs while `sink` takes chunk n from the
+    /// other, straight out of pinned memory (a migration's saved state written into its file
+    /// as it is read, never held whole). Every DMA is waited for before this returns, also on
+    /// an error; `sink`'s first error ends it.
+    pub(crate) fn stream_device<E>(
+        &mut self,
+        drv: &dyn DriverApi,
+        src: u64,
+        len: usize,
+        stream: Stream,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<(), SinkError<E>> {
+        let result = self.stream_chunks(drv, src, len, stream, sink);
+        let drained = self
+            .wait(drv, 0)
+            .and(self.wait(drv, 1))
+            .map_err(SinkError::Cuda);
+        result.and(drained)
+    }
+
+    fn stream_chunks<E>(
+        &mut self,
+        drv: &dyn DriverApi,
+        src: u64,
+        len: usize,
+        stream: Stream,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<(), SinkError<E>> {
+        let half = self.half.max(1);
+        let mut prev: Option<(usize, usize)> = None;
+        for (k, at) in (0..len).step_by(half).enumerate() {
+            let (i, n) = (k % 2, half.min(len - at));
+            self.wait(drv, i).map_err(SinkError::Cuda)?;
+            // SAFETY: half `i` is `half` >= `n` bytes of pinned memory owned by `self`, no DMA
+            // uses it (waited above), and it is not read until its event is waited for.
+            unsafe { drv.memcpy_dtoh(self.half_ptr(i), src + at as u64, n, stream) }
+                .map_err(SinkError::Cuda)?;
+            self.mark(drv, i, stream).map_err(SinkError::Cuda)?;
+            if let Some((j, plen)) = prev {
+                self.hand_out(drv, j, plen, sink)?;
+            }
+            prev = Some((i, n));
+        }
+        if let Some((j, plen)) = prev {
+            self.hand_out(drv, j, plen, sink)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for half `i`'s DMA, then hands its first `len` bytes to `sink`.
+    fn hand_out<E>(
+        &mut self,
+        drv: &dyn DriverApi,
+        i: usize,
+        len: usize,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<(), SinkError<E>> {
+        self.wait(drv, i).map_err(SinkError::Cuda)?;
+        // SAFETY: half `i` is `half` >= `len` bytes of pinned memory owned by `self`; its DMA
+        // has completed (waited above) and none is queued into it until `sink` returns, so
+        // nothing writes it while the slice lives.
+        let chunk = unsafe { std::slice::from_raw_parts(self.half_ptr(i), len.min(self.half)) };
+        sink(chunk).map_err(SinkError::Sink)
     }
 
     /// Waits for half `i`'s DMA, then copies its first `out.len()` bytes into `out`.

@@ -12,6 +12,9 @@ use super::{
     GpuState,
 };
 
+/// Most bytes of host memory a fuzzed fake driver's buffers hold together.
+const FUZZ_RAM_BUDGET: u64 = 256 << 20;
+
 /// A host over the fake driver with `gpus` GPUs and tiny staging, so that small buffers take
 /// every copy path.
 pub fn fake_host(gpus: i32) -> Arc<CudaHost> {
@@ -21,7 +24,9 @@ pub fn fake_host(gpus: i32) -> Arc<CudaHost> {
         max_registered_ram: 0,
         ..Tuning::default()
     };
-    let driver = Arc::new(FakeDriver::new(gpus));
+    // Every device may be filled at once: bounded in all, so that no input passes the fuzzer's
+    // memory limit (2 GiB, with AddressSanitizer's own share).
+    let driver = Arc::new(FakeDriver::new(gpus).with_ram_budget(FUZZ_RAM_BUDGET));
     Arc::new(CudaHost::from_driver(driver, 13000, None, tuning).expect("fake driver host"))
 }
 
@@ -48,7 +53,7 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
     assert_eq!(SavedState::decode(&state.encode()).as_ref(), Ok(&state));
     // As a worker does before its driver starts: managed memory is placed in the window.
     super::reserve_window();
-    let driver = Arc::new(FakeDriver::new(2));
+    let driver = Arc::new(FakeDriver::new(2).with_ram_budget(FUZZ_RAM_BUDGET));
     let host = Arc::new(
         CudaHost::from_driver(driver.clone(), 13000, None, Tuning::default())
             .expect("fake driver host"),
@@ -57,7 +62,51 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
     assert_eq!(driver.live_contexts(), 0);
     assert_eq!(driver.vmm_ranges(), (0, 0));
     assert_eq!(driver.registered(), 0);
+    // Decoded in place (a worker's restore from its mapped file): the same state, the
+    // allocations' bytes where they lie.
+    let (mut borrowed, contents) = SavedState::decode_borrowed(bytes).expect("it decoded");
+    assert_eq!(contents.len(), borrowed.allocations.len());
+    for (a, c) in borrowed.allocations.iter_mut().zip(&contents) {
+        assert!(a.contents.is_empty());
+        a.contents = c.to_vec();
+    }
+    assert_eq!(borrowed, state);
+    // The same bytes as a handover's state, restored in place, with no run handed over: only a
+    // state without runs or contents may come back, and nothing stays behind either way.
+    {
+        let mut fresh = GpuState::open(&host, state.session);
+        let handed = fresh.restore_handed_over(bytes, &[]);
+        assert!(
+            handed.is_err() || (state.runs.is_empty() && contents.iter().all(|c| c.is_empty()))
+        );
+        let mut fresh = GpuState::open(&host, state.session);
+        let _ = fresh.restore_saved(bytes);
+    }
+    assert_eq!(driver.live_contexts(), 0);
+    assert_eq!(driver.vmm_ranges(), (0, 0));
+    assert_eq!(driver.registered(), 0);
     restored
+}
+
+/// A same-host handover's offer from anywhere (it rides in the migration stream): decoded,
+/// and what decodes encodes to the same bytes. Returns whether it decoded.
+pub fn decode_handover_offer(bytes: &[u8]) -> bool {
+    let Ok(offer) = crate::session::handover::Offer::decode(bytes) else {
+        return false;
+    };
+    assert_eq!(offer.encode(), bytes);
+    true
+}
+
+/// An offer: a seed for the fuzz target.
+pub fn sample_handover_offer() -> Vec<u8> {
+    crate::session::handover::Offer {
+        boot_id: [0x5a; 16],
+        gpus: vec![[1; 16], [2; 16]],
+        socket: "/run/qcuda/qcuda-handover-42.sock".into(),
+        token: [0xc3; crate::session::handover::TOKEN_LEN],
+    }
+    .encode()
 }
 
 /// A saved state with one of most things the format holds (contexts with settings and a peer,
@@ -69,7 +118,7 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
 /// target.
 pub fn sample_saved_state() -> Vec<u8> {
     use qcuda_proto::graph::{self as g, KernelNode, MemsetNode};
-    use qcuda_proto::HOST_WINDOW_BASE;
+    use qcuda_proto::{HOST_WINDOW_BASE, MANAGED_WINDOW_BASE};
 
     use super::saved_state::{
         GraphRole, SavedAllocation, SavedArray, SavedArrayDesc, SavedConditional, SavedContext,
@@ -287,7 +336,9 @@ pub fn sample_saved_state() -> Vec<u8> {
             },
         ],
         managed: vec![SavedManaged {
-            guest: HOST_WINDOW_BASE + 0x4020_0000,
+            // Managed memory lives in the managed-memory window, where guest-lib offers the
+            // driver its hints (and the fake, as NVIDIA's driver does there, honours them).
+            guest: MANAGED_WINDOW_BASE + 0x20_0000,
             dev: 0,
             runs: vec![(0x30_0000, 0x1000)],
             contents: b"managed".repeat(586)[..0x1000].to_vec(),

@@ -98,6 +98,10 @@ pub struct CudaHost {
     memory_quota: OnceLock<Arc<QuotaSlot>>,
     /// Where sessions reserve their device address ranges (`device_arena.rs`).
     address_space: OnceLock<AddressSpace>,
+    /// The NVIDIA driver's version text, read at start (`DriverRelease`).
+    pub(crate) release: Option<String>,
+    /// How the GPU timeline recorder times GPU work (`--gpu-trace`; `cuda/trace/`).
+    trace_mode: OnceLock<super::trace::GpuTraceMode>,
 }
 
 impl fmt::Debug for CudaHost {
@@ -136,6 +140,7 @@ fn describe(driver: &dyn DriverApi, ordinal: u32) -> Result<HostGpu, super::driv
     info.pci_bus = attr(ATTR_PCI_BUS_ID)?;
     info.pci_device = attr(ATTR_PCI_DEVICE_ID)?;
     info.pci_domain = attr(ATTR_PCI_DOMAIN_ID)?;
+    info.pcie_link = driver.pcie_link(info.pci_domain, info.pci_bus, info.pci_device);
     let limits = LaunchLimits {
         max_threads_per_block: unsigned(ATTR_MAX_THREADS_PER_BLOCK)?,
         max_block: [
@@ -193,6 +198,17 @@ impl CudaHost {
     /// opens a context.
     pub fn set_memory_quota(&self, quota: QuotaSlot) {
         let _ = self.memory_quota.set(Arc::new(quota));
+    }
+
+    /// How this process's recordings time GPU work (`--gpu-trace`); set once, at the
+    /// worker's start. Unset: [`GpuTraceMode::Auto`](super::trace::GpuTraceMode::Auto).
+    pub fn set_trace_mode(&self, mode: super::trace::GpuTraceMode) {
+        let _ = self.trace_mode.set(mode);
+    }
+
+    /// See [`CudaHost::set_trace_mode`].
+    pub(crate) fn trace_mode(&self) -> super::trace::GpuTraceMode {
+        self.trace_mode.get().copied().unwrap_or_default()
     }
 
     /// Where this process's sessions reserve their device address ranges
@@ -272,6 +288,8 @@ impl CudaHost {
             sticky: AtomicU32::new(0),
             memory_quota: OnceLock::new(),
             address_space: OnceLock::new(),
+            release: None,
+            trace_mode: OnceLock::new(),
         }
     }
 
@@ -339,6 +357,7 @@ impl CudaHost {
                 Err(e) => warn!(ordinal, error = ?e, "skipping a GPU the driver cannot describe"),
             }
         }
+        let release = driver.driver_release();
         Ok(Self {
             driver,
             version,
@@ -348,6 +367,8 @@ impl CudaHost {
             sticky: AtomicU32::new(0),
             memory_quota: OnceLock::new(),
             address_space: OnceLock::new(),
+            release,
+            trace_mode: OnceLock::new(),
         })
     }
 }

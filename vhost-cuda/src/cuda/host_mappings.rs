@@ -94,7 +94,8 @@ fn window_reserved() -> bool {
     WINDOW_RESERVED.load(Ordering::Acquire)
 }
 
-fn in_window(addr: u64, len: u64) -> bool {
+/// Whether `addr..addr + len` lies inside the window.
+pub(crate) fn in_window(addr: u64, len: u64) -> bool {
     addr >= HOST_WINDOW_BASE
         && addr
             .checked_add(len)

@@ -1,5 +1,5 @@
 //! The ops answered from what the host found at start, with no context and no driver call:
-//! HostInfo, DriverVersion, DeviceCount and DeviceInfo.
+//! HostInfo, DriverVersion, DriverRelease, DeviceCount and DeviceInfo.
 //!
 //! The daemon answers them itself (`crate::session`), so a guest process that only asks which GPUs
 //! there are never starts a worker process, and the daemon never creates a CUDA context. A
@@ -28,6 +28,10 @@ impl CudaHost {
         let resp = match req.op() {
             Op::HostInfo => self.host_info(req),
             Op::DriverVersion => Ok(with_rets(&[u64::from(self.driver_version())])),
+            Op::DriverRelease => match self.unavailable() {
+                Some(s) => Err(s),
+                None => self.driver_release(req),
+            },
             Op::DeviceCount => match self.unavailable() {
                 Some(s) => Err(s),
                 None => Ok(with_rets(&[u64::from(self.gpu_count())])),
@@ -53,6 +57,18 @@ impl CudaHost {
             u64::from(self.gpu_count()),
             u64::from(self.driver_version()),
         ]))
+    }
+
+    /// DriverRelease: the NVIDIA driver's version text into out-buffer 0 if it fits; rets[0]
+    /// = its length.
+    fn driver_release(&self, req: &Request) -> Result<ResponseHeader, u32> {
+        let text = self.release.as_deref().ok_or(status::NOT_SUPPORTED)?;
+        let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
+        if text.len() <= out.len() {
+            out.write_at(0, text.as_bytes())
+                .map_err(|_| status::INVALID_VALUE)?;
+        }
+        Ok(with_rets(&[text.len() as u64]))
     }
 
     /// DeviceInfo: the `GpuInfo` of the request's device into out-buffer 0.

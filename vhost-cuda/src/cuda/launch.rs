@@ -11,7 +11,7 @@ use std::ffi::c_void;
 
 use qcuda_proto::{status, ParamInfo, MAX_ARGS};
 
-use super::{aligned_bytes::AlignedBytes, driver::Event};
+use super::aligned_bytes::AlignedBytes;
 
 /// Grid and block dimensions and dynamic shared memory of one launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,11 +130,12 @@ pub(crate) mod attr {
 
 impl DriverLaunchAttr {
     /// The driver's attribute for wire record `a`. `event` maps a session event handle to the
-    /// driver's event (None: unknown). Unknown ids, and the graph-only device-updatable node,
+    /// driver's event as a launch attribute holds it (`Event::launch_attr_value`; None:
+    /// unknown). Unknown ids, and the graph-only device-updatable node,
     /// are `INVALID_VALUE`.
     pub(crate) fn from_wire(
         a: &qcuda_proto::LaunchAttr,
-        event: impl Fn(u64) -> Option<Event>,
+        event: impl Fn(u64) -> Option<u64>,
     ) -> Result<Self, u32> {
         let mut value = [0u8; 64];
         let mut put = |at: usize, b: &[u8]| value[at..at + b.len()].copy_from_slice(b);
@@ -162,7 +163,7 @@ impl DriverLaunchAttr {
             }
             attr::PROGRAMMATIC_EVENT | attr::LAUNCH_COMPLETION_EVENT => {
                 let e = event(a.w[0]).ok_or(status::INVALID_RESOURCE_HANDLE)?;
-                put(0, &e.launch_attr_value().to_le_bytes());
+                put(0, &e.to_le_bytes());
                 put(8, &a.v[0].to_le_bytes());
                 if a.id == attr::PROGRAMMATIC_EVENT {
                     put(12, &a.v[1].to_le_bytes());

@@ -11,7 +11,7 @@
 //! `launch.rs` (checking images and launches), `host_functions.rs` (host functions run by the
 //! guest), `copy.rs` (guest RAM to and from the device), `driver/` (the driver calls behind a
 //! trait, the typed handles only it makes, and the test double), `status.rs` (`CUresult` to
-//! `cudaError_t`).
+//! `cudaError_t`), `trace/` (the GPU timeline recorder: ring, CUPTI, activity records).
 //! docs/executor.md describes the design.
 
 mod aligned_bytes;
@@ -30,6 +30,7 @@ mod module_image;
 mod ram_registry;
 mod saved_state;
 mod status;
+pub mod trace;
 
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
@@ -39,6 +40,6 @@ mod test_kernels;
 mod tests;
 
 pub use device_arena::{AddressSpace, DEFAULT_VA_BASE, DEFAULT_VA_SIZE, VA_ALIGN, VA_END};
-pub use gpu_state::{CheckpointError, GpuState, IpcExported};
+pub use gpu_state::{CheckpointError, ExportedRun, GpuState, IpcExported, SaveFigures};
 pub use host::{CudaHost, HostError};
 pub use host_mappings::reserve_window;

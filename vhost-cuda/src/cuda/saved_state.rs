@@ -16,12 +16,14 @@
 //! strings (u64 length). A reader refuses an unknown tag, a body longer or shorter than its
 //! fields, and trailing bytes. The first record is [`TAG_SESSION`], exactly once.
 
-use std::ffi::CString;
+use std::{ffi::CString, io};
 
-use thiserror::Error;
-
+mod codec;
 mod graphs;
 
+pub use codec::DecodeError;
+pub(crate) use codec::VERSION;
+use codec::{Reader, Writer};
 pub(crate) use graphs::{
     GraphRole, SavedConditional, SavedExec, SavedGraph, SavedNode, SavedNodeKind,
 };
@@ -30,8 +32,6 @@ use super::driver::array::{array_bytes, max_mip_levels, mip_level, ArrayDesc};
 
 /// The first bytes of every saved state.
 pub(crate) const MAGIC: [u8; 8] = *b"QCUDAGS1";
-/// The format version this build writes and reads.
-pub(crate) const VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 4 + 8;
 
 const TAG_SESSION: u32 = 1;
@@ -76,26 +76,6 @@ pub(crate) fn tex_desc_ok(t: &SavedTexDesc, view: Option<&SavedView>) -> bool {
         && t.mipmap_filter <= 1
         && t.flags & !TEX_FLAGS == 0
         && view.is_none_or(|v| v.format <= MAX_VIEW_FORMAT)
-}
-
-/// Why bytes are not a saved state.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum DecodeError {
-    /// Not a saved state at all.
-    #[error("not a qcuda saved state (bad magic)")]
-    Magic,
-    /// Written by another format version.
-    #[error("saved-state format version {0}, this build reads {VERSION}")]
-    Version(u32),
-    /// A length or count points past the end, or bytes are left over.
-    #[error("saved state truncated or with trailing bytes at offset {0}")]
-    Length(usize),
-    /// A record of an unknown kind.
-    #[error("unknown saved-state record {0} at offset {1}")]
-    Tag(u32, usize),
-    /// A field holds a value no capture writes.
-    #[error("bad saved-state field: {0}")]
-    Field(&'static str),
 }
 
 /// A guest process's saved GPU state. See the module documentation.
@@ -440,42 +420,7 @@ pub(crate) struct SavedPool {
     pub(crate) access: Vec<(u32, u32)>,
 }
 
-/// Appends fields of a record body.
-#[derive(Default)]
-struct Writer(Vec<u8>);
-
 impl Writer {
-    fn u8(&mut self, v: u8) -> &mut Self {
-        self.0.push(v);
-        self
-    }
-    fn u32(&mut self, v: u32) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn i32(&mut self, v: i32) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn bytes(&mut self, v: &[u8]) -> &mut Self {
-        self.u64(v.len() as u64);
-        self.0.extend_from_slice(v);
-        self
-    }
-    fn opt_u32(&mut self, v: Option<u32>) -> &mut Self {
-        self.u8(u8::from(v.is_some())).u32(v.unwrap_or(0))
-    }
-    fn runs(&mut self, runs: &[(u64, u64)]) -> &mut Self {
-        self.u64(runs.len() as u64);
-        for &(gpa, len) in runs {
-            self.u64(gpa).u64(len);
-        }
-        self
-    }
     fn desc(&mut self, d: &SavedArrayDesc) -> &mut Self {
         self.u64(d.width)
             .u64(d.height)
@@ -537,68 +482,7 @@ impl Writer {
     }
 }
 
-/// Reads fields from a byte string, every read checked against what is left.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-    /// Offset of `bytes` in the whole input, for error messages.
-    base: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn new(bytes: &'a [u8], base: usize) -> Self {
-        Self { bytes, at: 0, base }
-    }
-
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.bytes.len())
-            .ok_or(DecodeError::Length(self.base + self.at))?;
-        let s = &self.bytes[self.at..end];
-        self.at = end;
-        Ok(s)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.array::<1>()?[0])
-    }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-    fn i32(&mut self) -> Result<i32, DecodeError> {
-        Ok(i32::from_le_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-    fn len(&mut self) -> Result<usize, DecodeError> {
-        let at = self.base + self.at;
-        usize::try_from(self.u64()?).map_err(|_| DecodeError::Length(at))
-    }
-    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
-        let n = self.len()?;
-        self.take(n)
-    }
-    fn flag(&mut self) -> Result<bool, DecodeError> {
-        match self.u8()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            _ => Err(DecodeError::Field("flag")),
-        }
-    }
-    fn opt_u32(&mut self) -> Result<Option<u32>, DecodeError> {
-        let some = self.flag()?;
-        let v = self.u32()?;
-        Ok(some.then_some(v))
-    }
+impl Reader<'_> {
     fn desc(&mut self) -> Result<SavedArrayDesc, DecodeError> {
         Ok(SavedArrayDesc {
             width: self.u64()?,
@@ -608,13 +492,6 @@ impl<'a> Reader<'a> {
             channels: self.u32()?,
             flags: self.u32()?,
         })
-    }
-    fn u32s<const N: usize>(&mut self) -> Result<[u32; N], DecodeError> {
-        let mut a = [0u32; N];
-        for v in &mut a {
-            *v = self.u32()?;
-        }
-        Ok(a)
     }
     fn object(&mut self) -> Result<SavedObject, DecodeError> {
         let (value, dev, surface) = (self.u64()?, self.u32()?, self.flag()?);
@@ -676,41 +553,136 @@ impl<'a> Reader<'a> {
             view: present.then_some(view),
         })
     }
-    fn name(&mut self) -> Result<CString, DecodeError> {
-        CString::new(self.bytes()?).map_err(|_| DecodeError::Field("name"))
-    }
-    /// A count of items of at least `item` bytes each: refused if they cannot all be there.
-    fn count(&mut self, item: usize) -> Result<usize, DecodeError> {
-        let at = self.base + self.at;
-        let n = self.len()?;
-        let room = (self.bytes.len() - self.at) / item.max(1);
-        if n > room {
-            return Err(DecodeError::Length(at));
-        }
+}
+
+/// Where [`SavedState::encode_into`] puts its records: each is its tag, its body's length and
+/// the body (the fields in a [`Writer`], then a tail written as it is: device memory's
+/// contents). The first error is kept and the records after it dropped.
+struct RecordSink<'o, W: io::Write> {
+    out: &'o mut W,
+    /// Bytes of records written.
+    len: u64,
+    failed: Option<io::Error>,
+}
+
+/// Writes an allocation's contents into a saved state as they are read from the device
+/// ([`SavedState::encode_streaming`]).
+pub(crate) type ContentsFill<'f> =
+    &'f mut dyn FnMut(&SavedAllocation, &mut dyn io::Write) -> io::Result<()>;
+
+/// Counts what passes through it.
+struct Counted<'o> {
+    out: &'o mut dyn io::Write,
+    n: u64,
+}
+
+impl io::Write for Counted<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.n += n as u64;
         Ok(n)
     }
-    /// A run table: count, then (guest-physical address, length) pairs.
-    fn runs(&mut self) -> Result<Vec<(u64, u64)>, DecodeError> {
-        let n = self.count(16)?;
-        (0..n).map(|_| Ok((self.u64()?, self.u64()?))).collect()
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
     }
-    fn done(&self) -> Result<(), DecodeError> {
-        if self.at == self.bytes.len() {
-            Ok(())
-        } else {
-            Err(DecodeError::Length(self.base + self.at))
+}
+
+impl<W: io::Write> RecordSink<'_, W> {
+    /// A record whose body is `w`'s fields and then `tail` bytes that `fill` writes.
+    fn put_filled(
+        &mut self,
+        tag: u32,
+        w: &mut Writer,
+        tail: u64,
+        fill: &mut dyn FnMut(&mut dyn io::Write) -> io::Result<()>,
+    ) {
+        let body = w.0.len() as u64 + tail;
+        if self.failed.is_none() {
+            let wrote = self
+                .out
+                .write_all(&tag.to_le_bytes())
+                .and_then(|()| self.out.write_all(&body.to_le_bytes()))
+                .and_then(|()| self.out.write_all(&w.0))
+                .and_then(|()| {
+                    let mut counted = Counted {
+                        out: &mut *self.out,
+                        n: 0,
+                    };
+                    fill(&mut counted)?;
+                    if counted.n == tail {
+                        Ok(())
+                    } else {
+                        Err(io::Error::other(format!(
+                            "{} bytes of contents written, {tail} expected",
+                            counted.n
+                        )))
+                    }
+                });
+            if let Err(e) = wrote {
+                self.failed = Some(e);
+            }
         }
+        self.len += 4 + 8 + body;
+        w.0.clear();
+    }
+
+    fn put(&mut self, tag: u32, w: &mut Writer) {
+        self.put_with(tag, w, &[]);
+    }
+
+    fn put_with(&mut self, tag: u32, w: &mut Writer, tail: &[u8]) {
+        let body = (w.0.len() + tail.len()) as u64;
+        if self.failed.is_none() {
+            let wrote = self
+                .out
+                .write_all(&tag.to_le_bytes())
+                .and_then(|()| self.out.write_all(&body.to_le_bytes()))
+                .and_then(|()| self.out.write_all(&w.0))
+                .and_then(|()| self.out.write_all(tail));
+            if let Err(e) = wrote {
+                self.failed = Some(e);
+            }
+        }
+        self.len += 4 + 8 + body;
+        w.0.clear();
     }
 }
 
 impl SavedState {
     /// The bytes of the state (see the module documentation).
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut body = Vec::new();
-        let mut record = |tag: u32, w: &mut Writer| {
-            body.extend_from_slice(&tag.to_le_bytes());
-            body.extend_from_slice(&(w.0.len() as u64).to_le_bytes());
-            body.append(&mut w.0);
+        let mut out = io::Cursor::new(Vec::new());
+        // Writing into memory fails only where allocating would (and that aborts).
+        let _ = self.encode_into(&mut out);
+        out.into_inner()
+    }
+
+    /// Writes the state's bytes (those of [`encode`](Self::encode)) into `out` as they are
+    /// made, record by record, and returns their length: the contents of device memory go
+    /// from the capture to `out` in one copy, never assembled with the rest (a saved state of
+    /// gigabytes goes straight into its file). The header's length is written last (`out` is
+    /// seeked back to it and then to the end).
+    pub(crate) fn encode_into(&self, out: &mut (impl io::Write + io::Seek)) -> io::Result<u64> {
+        self.encode_streaming(out, None)
+    }
+
+    /// [`encode_into`](Self::encode_into), where `fill` writes the contents of each allocation
+    /// captured without them (empty contents, a size): exactly its size in bytes, as it reads
+    /// them from the device. A `fill` that writes another number of bytes is an error.
+    pub(crate) fn encode_streaming(
+        &self,
+        out: &mut (impl io::Write + io::Seek),
+        mut fill: Option<ContentsFill<'_>>,
+    ) -> io::Result<u64> {
+        let start = out.stream_position()?;
+        out.write_all(&MAGIC)?;
+        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&0u32.to_le_bytes())?;
+        out.write_all(&0u64.to_le_bytes())?;
+        let mut rec = RecordSink {
+            out: &mut *out,
+            len: 0,
+            failed: None,
         };
         let mut w = Writer::default();
         w.u64(self.session)
@@ -718,7 +690,7 @@ impl SavedState {
             .u32(self.devices)
             .u64(self.va_base)
             .u64(self.va_size);
-        record(TAG_SESSION, &mut w);
+        rec.put(TAG_SESSION, &mut w);
         for c in &self.contexts {
             w.u32(c.dev).opt_u32(c.cache_config).u8(u8::from(c.ranged));
             w.u64(c.limits.len() as u64);
@@ -729,33 +701,38 @@ impl SavedState {
             for &p in &c.peers {
                 w.u32(p);
             }
-            record(TAG_CONTEXT, &mut w);
+            rec.put(TAG_CONTEXT, &mut w);
         }
         for r in &self.runs {
             w.u32(r.dev)
                 .u64(r.va)
                 .u64(r.len)
                 .u8(r.class.map_or(0xff, |c| c));
-            record(TAG_RUN, &mut w);
+            rec.put(TAG_RUN, &mut w);
         }
         for a in &self.allocations {
-            w.u32(a.dev)
-                .u64(a.ptr)
-                .u64(a.size)
-                .u64(a.block)
-                .bytes(&a.contents);
-            record(TAG_ALLOCATION, &mut w);
+            w.u32(a.dev).u64(a.ptr).u64(a.size).u64(a.block);
+            match fill.as_mut() {
+                Some(fill) if a.contents.is_empty() && a.size > 0 => {
+                    w.u64(a.size);
+                    rec.put_filled(TAG_ALLOCATION, &mut w, a.size, &mut |out| fill(a, out));
+                }
+                _ => {
+                    w.u64(a.contents.len() as u64);
+                    rec.put_with(TAG_ALLOCATION, &mut w, &a.contents);
+                }
+            }
         }
         for m in &self.modules {
             w.u64(m.handle).u32(m.dev).bytes(&m.image);
-            record(TAG_MODULE, &mut w);
+            rec.put(TAG_MODULE, &mut w);
         }
         for g in &self.globals {
             w.u64(g.module)
                 .bytes(g.name.as_bytes())
                 .u64(g.ptr)
                 .bytes(&g.contents);
-            record(TAG_GLOBAL, &mut w);
+            rec.put(TAG_GLOBAL, &mut w);
         }
         for f in &self.functions {
             w.u64(f.handle)
@@ -766,7 +743,7 @@ impl SavedState {
             for &(a, v) in &f.attributes {
                 w.i32(a).i32(v);
             }
-            record(TAG_FUNCTION, &mut w);
+            rec.put(TAG_FUNCTION, &mut w);
         }
         for s in &self.streams {
             w.u64(s.handle).u32(s.dev).u32(s.flags).i32(s.priority);
@@ -775,14 +752,14 @@ impl SavedState {
                 w.u32(*id);
                 w.0.extend_from_slice(v);
             }
-            record(TAG_STREAM, &mut w);
+            rec.put(TAG_STREAM, &mut w);
         }
         for e in &self.events {
             w.u64(e.handle)
                 .u32(e.dev)
                 .u32(e.flags)
                 .u8(u8::from(e.recorded));
-            record(TAG_EVENT, &mut w);
+            rec.put(TAG_EVENT, &mut w);
         }
         for p in &self.pools {
             w.u64(p.handle)
@@ -799,7 +776,7 @@ impl SavedState {
             for &(d, f) in &p.access {
                 w.u32(d).u32(f);
             }
-            record(TAG_POOL, &mut w);
+            rec.put(TAG_POOL, &mut w);
         }
         for a in &self.vmm_allocations {
             w.u64(a.id)
@@ -812,11 +789,11 @@ impl SavedState {
                 .u64(a.handle)
                 .u64(a.refs)
                 .bytes(&a.contents);
-            record(TAG_VMM_ALLOCATION, &mut w);
+            rec.put(TAG_VMM_ALLOCATION, &mut w);
         }
         for r in &self.vmm_reservations {
             w.u64(r.va).u64(r.size);
-            record(TAG_VMM_RESERVATION, &mut w);
+            rec.put(TAG_VMM_RESERVATION, &mut w);
         }
         for m in &self.vmm_mappings {
             w.u64(m.va).u64(m.size).u64(m.offset).u64(m.allocation);
@@ -824,7 +801,7 @@ impl SavedState {
             for &(d, f) in &m.access {
                 w.u32(d).u32(f);
             }
-            record(TAG_VMM_MAPPING, &mut w);
+            rec.put(TAG_VMM_MAPPING, &mut w);
         }
         for m in &self.host_mappings {
             w.u64(m.guest)
@@ -834,27 +811,27 @@ impl SavedState {
                 .u32(m.dev)
                 .u32(m.flags)
                 .runs(&m.runs);
-            record(TAG_HOST_MAPPING, &mut w);
+            rec.put(TAG_HOST_MAPPING, &mut w);
         }
         for m in &self.managed {
             w.u64(m.guest).u32(m.dev).runs(&m.runs).bytes(&m.contents);
-            record(TAG_MANAGED, &mut w);
+            rec.put(TAG_MANAGED, &mut w);
         }
         for g in &self.graphs {
             graphs::encode_graph(g, &mut w);
-            record(graphs::TAG_GRAPH, &mut w);
+            rec.put(graphs::TAG_GRAPH, &mut w);
         }
         for c in &self.conditionals {
             graphs::encode_conditional(c, &mut w);
-            record(graphs::TAG_GRAPH_CONDITIONAL, &mut w);
+            rec.put(graphs::TAG_GRAPH_CONDITIONAL, &mut w);
         }
         for e in &self.execs {
             graphs::encode_exec(e, &mut w);
-            record(graphs::TAG_GRAPH_EXEC, &mut w);
+            rec.put(graphs::TAG_GRAPH_EXEC, &mut w);
         }
         for a in &self.arrays {
             w.u64(a.handle).u32(a.dev).desc(&a.desc).bytes(&a.contents);
-            record(TAG_ARRAY, &mut w);
+            rec.put(TAG_ARRAY, &mut w);
         }
         for m in &self.mipmapped {
             w.u64(m.handle).u32(m.dev).desc(&m.desc);
@@ -862,28 +839,47 @@ impl SavedState {
             for l in &m.levels {
                 w.bytes(l);
             }
-            record(TAG_MIPMAPPED, &mut w);
+            rec.put(TAG_MIPMAPPED, &mut w);
         }
         for l in &self.levels {
             w.u64(l.handle).u64(l.mipmapped).u32(l.level);
-            record(TAG_LEVEL, &mut w);
+            rec.put(TAG_LEVEL, &mut w);
         }
         for o in &self.objects {
             w.object(o);
-            record(TAG_OBJECT, &mut w);
+            rec.put(TAG_OBJECT, &mut w);
         }
-        let mut out = Vec::with_capacity(HEADER_LEN + body.len());
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
-        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        out.extend_from_slice(&body);
-        out
+        let (len, failed) = (rec.len, rec.failed);
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        out.seek(io::SeekFrom::Start(start + 16))?;
+        out.write_all(&len.to_le_bytes())?;
+        out.seek(io::SeekFrom::Start(start + HEADER_LEN as u64 + len))?;
+        out.flush()?;
+        Ok(HEADER_LEN as u64 + len)
     }
 
     /// Decodes bytes from anywhere (a file, another daemon): refuses anything that is not
     /// exactly a state this version writes, never panics.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        Self::decode_inner(bytes, None)
+    }
+
+    /// [`decode`](Self::decode), with the allocations' contents left in `bytes`: each
+    /// allocation's contents are empty and the returned slices, one per allocation in order,
+    /// are its bytes (a restore writes them to the device from where they lie, a mapped file,
+    /// without copying gigabytes into vectors first).
+    pub(crate) fn decode_borrowed(bytes: &[u8]) -> Result<(Self, Vec<&[u8]>), DecodeError> {
+        let mut contents = Vec::new();
+        let s = Self::decode_inner(bytes, Some(&mut contents))?;
+        Ok((s, contents))
+    }
+
+    fn decode_inner<'b>(
+        bytes: &'b [u8],
+        mut borrowed: Option<&mut Vec<&'b [u8]>>,
+    ) -> Result<Self, DecodeError> {
         let mut r = Reader::new(bytes, 0);
         if r.take(8).map_err(|_| DecodeError::Magic)? != MAGIC {
             return Err(DecodeError::Magic);
@@ -949,13 +945,24 @@ impl SavedState {
                         class,
                     });
                 }
-                TAG_ALLOCATION => s.allocations.push(SavedAllocation {
-                    dev: f.u32()?,
-                    ptr: f.u64()?,
-                    size: f.u64()?,
-                    block: f.u64()?,
-                    contents: f.bytes()?.to_vec(),
-                }),
+                TAG_ALLOCATION => {
+                    let (dev, ptr, size, block) = (f.u32()?, f.u64()?, f.u64()?, f.u64()?);
+                    let bytes = f.bytes()?;
+                    let contents = match borrowed.as_mut() {
+                        Some(b) => {
+                            b.push(bytes);
+                            Vec::new()
+                        }
+                        None => bytes.to_vec(),
+                    };
+                    s.allocations.push(SavedAllocation {
+                        dev,
+                        ptr,
+                        size,
+                        block,
+                        contents,
+                    });
+                }
                 TAG_MODULE => s.modules.push(SavedModule {
                     handle: f.u64()?,
                     dev: f.u32()?,
@@ -1657,6 +1664,43 @@ pub(crate) mod tests {
         assert_eq!(s.device_bytes(), 8 + 64 + 0x20 + 32 + 16 + 4);
         let empty = SavedState::default();
         assert_eq!(SavedState::decode(&empty.encode()), Ok(empty));
+    }
+
+    #[test]
+    fn a_state_streamed_as_it_is_encoded_and_decoded_in_place_is_the_same_state() {
+        let s = sample();
+        let bytes = s.encode();
+        // Captured without the allocations' contents, which a fill writes as it encodes.
+        let mut deferred = s.clone();
+        for a in &mut deferred.allocations {
+            a.contents.clear();
+        }
+        let mut out = io::Cursor::new(Vec::new());
+        let mut fill = |a: &SavedAllocation, out: &mut dyn io::Write| {
+            let c = s.allocations.iter().find(|b| b.ptr == a.ptr).unwrap();
+            // In two pieces, as chunks come from the device.
+            let half = c.contents.len() / 2;
+            out.write_all(&c.contents[..half])?;
+            out.write_all(&c.contents[half..])
+        };
+        let len = deferred
+            .encode_streaming(&mut out, Some(&mut fill))
+            .unwrap();
+        assert_eq!(out.into_inner(), bytes);
+        assert_eq!(len, bytes.len() as u64);
+        // A fill that writes a byte short is an error, not a state.
+        let mut short = |_: &SavedAllocation, out: &mut dyn io::Write| out.write_all(&[1]);
+        deferred
+            .encode_streaming(&mut io::Cursor::new(Vec::new()), Some(&mut short))
+            .unwrap_err();
+        // Decoded in place: the same state, its allocations' bytes left where they lie.
+        let (mut got, contents) = SavedState::decode_borrowed(&bytes).unwrap();
+        assert_eq!(contents.len(), s.allocations.len());
+        for (a, c) in got.allocations.iter_mut().zip(contents) {
+            assert!(a.contents.is_empty());
+            a.contents = c.to_vec();
+        }
+        assert_eq!(got, s);
     }
 
     #[test]

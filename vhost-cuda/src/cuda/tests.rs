@@ -37,6 +37,16 @@ struct Rig {
 
 impl Rig {
     fn new(gpus: i32) -> Self {
+        Self::with_fake(FakeDriver::new(gpus))
+    }
+
+    fn with_fake(fake: FakeDriver) -> Self {
+        Self::with_staging(fake, 64)
+    }
+
+    /// A rig whose contexts' staging buffers have halves of `staging_half` bytes (64 above:
+    /// too small to be used, so most copies go straight to the guest's pages).
+    fn with_staging(fake: FakeDriver, staging_half: usize) -> Self {
         // File-backed, as QEMU's memfd is, so that HostMap can map it.
         // SAFETY: memfd_create with a valid NUL-terminated name returns a new fd or -1.
         let fd = unsafe { libc::memfd_create(c"qcuda-exec-test".as_ptr(), libc::MFD_CLOEXEC) };
@@ -52,9 +62,9 @@ impl Rig {
             )])
             .unwrap(),
         );
-        let fake = Arc::new(FakeDriver::new(gpus));
+        let fake = Arc::new(fake);
         let tuning = Tuning {
-            staging_half: 64,
+            staging_half,
             direct_min: 100,
             max_registered_ram: 0,
             ..Tuning::default()
@@ -116,13 +126,26 @@ impl Rig {
     }
 }
 
+/// A request for `op`. Buffers the op's shape has beyond those given are empty ones (the
+/// edge-data buffers of the graph ops: default edges, no room for any).
 fn req(
     op: Op,
     device: u32,
     args: &[u64],
-    inputs: Vec<GuestBuffer>,
-    outputs: Vec<GuestBuffer>,
+    mut inputs: Vec<GuestBuffer>,
+    mut outputs: Vec<GuestBuffer>,
 ) -> Request {
+    let (ins, outs) = op.shape();
+    let empty = || {
+        let mem = Arc::new(GuestRam::from_ranges(&[(GuestAddress(0), 4096)]).unwrap());
+        GuestBuffer::new(mem, []).unwrap()
+    };
+    while inputs.len() < ins {
+        inputs.push(empty());
+    }
+    while outputs.len() < outs {
+        outputs.push(empty());
+    }
     let mut header = RequestHeader::new(op);
     header.device = device;
     header.session = 1;
@@ -740,7 +763,8 @@ fn accounting_counts_memory_peak_and_accepted_launches() {
             memory: 800,
             peak_memory: 1200,
             kernels: 2,
-            graph_launches: 0
+            graph_launches: 0,
+            ..WorkerUsage::default()
         }
     );
     // The context goes, and with it the memory; the counts stay.
@@ -1922,11 +1946,13 @@ fn long_runs_copy_through_registered_guest_ram() {
 }
 
 mod checkpoint;
+mod frameworks;
 mod graphs;
 mod ipc;
 mod managed;
 mod reserved_range;
 mod saved_host_memory;
+mod trace;
 
 #[test]
 fn stream_attributes_round_trip_and_only_stream_ids_are_taken() {

@@ -19,7 +19,10 @@ use virtio_bindings::bindings::virtio_ring::{
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::{split_ring::ring_layout, FrontendError, Result};
+use super::{
+    error::{FrontendError, Result},
+    split_ring::ring_layout,
+};
 use crate::vhu_cuda::{DEVICE_FEATURES, VHOST_F_LOG_ALL};
 
 /// Guest RAM below this address holds the queues' rings (queue q's in the q-th 16 KiB); what

@@ -36,8 +36,9 @@ use virtio_bindings::bindings::virtio_ring::{
 use vm_memory::{Bytes, GuestAddress};
 
 use super::{
+    connection::{GuestVm, RING_AREA},
+    error::{FrontendError, Result},
     split_ring::{write_desc, SplitRing},
-    FrontendError, GuestVm, Result,
 };
 
 /// Bounce memory of one slot: what qcuda.ko copies instead of pinning.
@@ -152,7 +153,7 @@ impl RequestQueue {
             return Err(FrontendError::Missing("indirect descriptors"));
         }
         let end = slots_at + u64::from(QUEUE_SIZE) * SLOT_BYTES;
-        if slots_at < super::RING_AREA || end > vm.ram_bytes() {
+        if slots_at < RING_AREA || end > vm.ram_bytes() {
             return Err(FrontendError::Memory(format!(
                 "slots at {slots_at:#x}..{end:#x} do not fit guest RAM above the rings"
             )));

@@ -8,7 +8,7 @@ use qcuda_proto::QUEUE_SIZE;
 use virtio_bindings::bindings::virtio_ring::{VRING_AVAIL_F_NO_INTERRUPT, VRING_USED_F_NO_NOTIFY};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{FrontendError, Result};
+use super::error::{FrontendError, Result};
 
 /// Guest-physical addresses of queue `q`'s descriptor table, avail ring and used ring: the
 /// q-th 16 KiB of guest RAM, each part in a page of its own.

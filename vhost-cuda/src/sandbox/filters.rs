@@ -26,7 +26,7 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
-use super::SandboxError;
+use super::error::SandboxError;
 
 /// What the worker's filter does with a call outside its list (`--worker-seccomp`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -103,6 +103,9 @@ const WORKER_CALLS: &[(&str, libc::c_long)] = syscalls![
     SYS_memfd_create,
     SYS_ftruncate,
     SYS_fallocate,
+    // The driver's interprocess events: shm_unlink of its file in /dev/shm, the one writable
+    // directory of the root (the VM's shared one, root.rs).
+    SYS_unlinkat,
     // Memory: guest RAM, the host-mapping window, the driver's pinned and UVM memory.
     SYS_mmap,
     SYS_munmap,
@@ -188,6 +191,13 @@ const WORKER_CALLS: &[(&str, libc::c_long)] = syscalls![
     SYS_getpeername,
 ];
 
+/// What libcupti's activity API adds to the worker's calls, allowed only in workers that
+/// loaded it (`--gpu-trace auto|cupti` where libcupti is found): the `[cupti]` section of
+/// `syscalls-measured.txt`. Empty until measured on a GPU host (scripts/sandbox-gpu-check.sh
+/// --trace): CUPTI is then known to need nothing beyond the driver's list, or its calls are
+/// added here.
+const CUPTI_CALLS: &[(&str, libc::c_long)] = &[];
+
 /// The older calls x86-64's glibc and driver still use.
 #[cfg(target_arch = "x86_64")]
 const WORKER_CALLS_ARCH: &[(&str, libc::c_long)] = syscalls![
@@ -196,6 +206,7 @@ const WORKER_CALLS_ARCH: &[(&str, libc::c_long)] = syscalls![
     SYS_lstat,
     SYS_access,
     SYS_readlink,
+    SYS_unlink,
     SYS_pipe,
     SYS_dup2,
     SYS_poll,
@@ -309,21 +320,30 @@ fn compile(
         .map_err(|e| SandboxError::Seccomp(e.to_string()))
 }
 
-/// Every system call name the worker's list allows (for the measurement's comparison).
+/// Every system call name the worker's list allows (for the measurement's comparison), with
+/// those of libcupti.
 pub fn worker_allowed_names() -> impl Iterator<Item = &'static str> {
     WORKER_CALLS
         .iter()
         .chain(WORKER_CALLS_ARCH)
+        .chain(CUPTI_CALLS)
         .map(|(n, _)| n.trim_start_matches("SYS_"))
 }
 
 /// The worker's filters, for a process whose pid (in its own namespace) is `pid`: the
-/// allow-list, then one filter per refusal (a filter has one action for all its matches).
-pub fn worker_filters(mode: SeccompMode, pid: u32) -> Result<Vec<BpfProgram>, SandboxError> {
+/// allow-list (with libcupti's calls if `cupti`), then one filter per refusal (a filter has one
+/// action for all its matches).
+pub fn worker_filters(
+    mode: SeccompMode,
+    pid: u32,
+    cupti: bool,
+) -> Result<Vec<BpfProgram>, SandboxError> {
     let pid = u64::from(pid);
+    let extra: &[(&str, libc::c_long)] = if cupti { CUPTI_CALLS } else { &[] };
     let allow: BTreeMap<i64, Vec<SeccompRule>> = WORKER_CALLS
         .iter()
         .chain(WORKER_CALLS_ARCH)
+        .chain(extra)
         .map(|&(_, nr)| (nr, Vec::new()))
         .collect();
     let mismatch = match mode {
@@ -398,8 +418,11 @@ pub fn daemon_filter() -> Result<BpfProgram, SandboxError> {
 
 /// Installs the worker's filters on every thread of the process: the refusals first, the
 /// allow-list last (it does not allow `seccomp` itself, so nothing can be installed after it).
-pub fn install_worker_filters(mode: SeccompMode) -> Result<(), SandboxError> {
-    for prog in worker_filters(mode, std::process::id())?.iter().rev() {
+pub fn install_worker_filters(mode: SeccompMode, cupti: bool) -> Result<(), SandboxError> {
+    for prog in worker_filters(mode, std::process::id(), cupti)?
+        .iter()
+        .rev()
+    {
         seccompiler::apply_filter_all_threads(prog)
             .map_err(|e| SandboxError::Seccomp(e.to_string()))?;
     }
@@ -428,7 +451,8 @@ mod tests {
     #[test]
     fn the_filters_compile_in_both_modes() {
         for mode in [SeccompMode::Enforce, SeccompMode::Log] {
-            assert_eq!(worker_filters(mode, 1).unwrap().len(), 7);
+            assert_eq!(worker_filters(mode, 1, false).unwrap().len(), 7);
+            assert_eq!(worker_filters(mode, 1, true).unwrap().len(), 7);
         }
         assert!(!daemon_filter().unwrap().is_empty());
     }

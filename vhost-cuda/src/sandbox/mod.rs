@@ -3,8 +3,11 @@
 //! A worker runs the NVIDIA driver on behalf of one guest process: a driver bug that a hostile
 //! guest can reach runs code in the worker. So each worker starts in namespaces of its own
 //! (`spawn.rs`: mount, PID, network, IPC and UTS; a user namespace when the daemon lacks
-//! `CAP_SYS_ADMIN`). Before it loads the driver it moves into a minimal root that holds only
-//! the NVIDIA device nodes and the driver's files (`root.rs`), and gives up every capability
+//! `CAP_SYS_ADMIN`). Born pid 1 of its PID namespace, it first forks the worker proper with a
+//! pid of its own and stays as the namespace's init (`pid_init.rs`: the driver names what it
+//! shares between processes by pid). Before it loads the driver it moves into a minimal root
+//! that holds only the NVIDIA device nodes, the driver's files and the `/dev/shm` its VM's
+//! workers share (`root.rs`, `shared_shm.rs`), and gives up every capability
 //! and sets `no_new_privs` (`privileges.rs`); after the driver is initialised and before it
 //! reads its first request it installs a seccomp filter that allows the system calls the
 //! driver was measured to make (`filters.rs`, `syscalls-measured.txt`); any other call kills
@@ -16,18 +19,25 @@
 //! [`filter_worker`]; `lib.rs` checks at start-up that the host can build the sandbox
 //! ([`check_host`]) and refuses to start otherwise.
 
+mod error;
 mod filters;
+mod pid_init;
 mod privileges;
 mod root;
+mod shared_shm;
 mod spawn;
 #[cfg(feature = "test-hooks")]
 pub mod test_hook;
 
-use std::{fmt, io, str::FromStr};
+use std::{fmt, str::FromStr};
 
+pub use error::SandboxError;
 pub use filters::{daemon_filter, worker_allowed_names, worker_filters, SeccompMode};
-pub use spawn::{pidfd_open, spawn, start_spawner, ChildProcess, IdMaps, SpawnSpec};
-use thiserror::Error;
+pub use pid_init::{run_init, split_from_pid_one, INIT_FLAG as PID_INIT_FLAG};
+pub use shared_shm::SharedShm;
+pub use spawn::{
+    pidfd_open, run_unfiltered, spawn, start_spawner, ChildProcess, IdMaps, SpawnSpec,
+};
 
 /// How workers are confined (`--sandbox`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -96,49 +106,37 @@ impl FromStr for SandboxMode {
     }
 }
 
-/// Why a sandbox cannot be built.
-#[derive(Debug, Error)]
-pub enum SandboxError {
-    /// A mount, pivot_root or directory of the minimal root.
-    #[error("building the worker's root: {what}: {source}")]
-    Root {
-        /// What was being done.
-        what: String,
-        /// The system's error.
-        source: io::Error,
-    },
-    /// Dropping capabilities or setting `no_new_privs`.
-    #[error("dropping privileges: {0}")]
-    Privileges(io::Error),
-    /// The seccomp filter cannot be built or installed.
-    #[error("seccomp filter: {0}")]
-    Seccomp(String),
-    /// The check worker could not be started or failed.
-    #[error("the sandbox check worker {0}")]
-    Check(String),
-}
-
 /// Confines the calling worker before it loads the driver, while it has one thread (capabilities
-/// are per thread): the minimal root, then no capabilities and `no_new_privs`. Returns how many
-/// paths the root holds. [`SandboxMode::None`] does nothing. The worker must exit if this fails.
-pub fn confine_worker(mode: SandboxMode) -> Result<usize, SandboxError> {
+/// are per thread): the minimal root (with `shm`, its VM's shared directory, at `/dev/shm`),
+/// then no capabilities and `no_new_privs`. Returns how many paths the root holds.
+/// [`SandboxMode::None`] does nothing. The worker must exit if this fails.
+pub fn confine_worker(
+    mode: SandboxMode,
+    shm: Option<std::os::fd::OwnedFd>,
+) -> Result<usize, SandboxError> {
     if mode == SandboxMode::None {
         return Ok(0);
     }
-    let allowance = root::Allowance::of_this_process();
+    let mut allowance = root::Allowance::of_this_process();
+    allowance.shared_shm = shm;
     let bound = root::pivot_into_minimal_root(&allowance)?;
     privileges::drop_all()?;
     Ok(bound)
 }
 
 /// Installs the worker's seccomp filters on every thread (the driver's included), after the
-/// driver is initialised and before the first request is read. [`SandboxMode::None`] does
-/// nothing.
-pub fn filter_worker(mode: SandboxMode, seccomp: SeccompMode) -> Result<(), SandboxError> {
+/// driver is initialised and before the first request is read; `cupti`: libcupti is loaded
+/// (GPU timelines may use it), and the calls it makes are allowed too. [`SandboxMode::None`]
+/// does nothing.
+pub fn filter_worker(
+    mode: SandboxMode,
+    seccomp: SeccompMode,
+    cupti: bool,
+) -> Result<(), SandboxError> {
     if mode == SandboxMode::None {
         return Ok(());
     }
-    filters::install_worker_filters(seccomp)
+    filters::install_worker_filters(seccomp, cupti)
 }
 
 /// Installs the daemon's own filter on the calling thread (and the threads it starts from now

@@ -6,7 +6,7 @@
 
 use std::io;
 
-use super::SandboxError;
+use super::error::SandboxError;
 
 /// `_LINUX_CAPABILITY_VERSION_3`.
 const CAPABILITY_VERSION_3: u32 = 0x2008_0522;

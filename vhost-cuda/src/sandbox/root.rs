@@ -17,7 +17,10 @@
 //! - a fresh /proc (in `namespace` mode it lists only the worker itself; `/proc/driver/nvidia`
 //!   is the driver's).
 //!
-//! Nothing is writable but the device nodes: the tmpfs is made read-only once built.
+//! - the VM's shared directory at `/dev/shm` (shared_shm.rs), read-write, `nosuid,nodev,noexec`,
+//!   where the driver keeps interprocess events.
+//!
+//! Nothing else is writable but the device nodes: the tmpfs is made read-only once built.
 
 use std::{
     ffi::CString,
@@ -33,7 +36,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::SandboxError;
+use super::error::SandboxError;
 
 /// Where the new root is assembled before `pivot_root` (in the worker's own mount namespace,
 /// so the host never sees it). Sources are opened before it is covered.
@@ -62,6 +65,8 @@ enum Kind {
 #[derive(Debug, Default)]
 pub struct Allowance {
     entries: Vec<(PathBuf, Kind)>,
+    /// The VM's shared directory (shared_shm.rs), bound writable at `/dev/shm`.
+    pub shared_shm: Option<OwnedFd>,
 }
 
 impl Allowance {
@@ -209,6 +214,36 @@ fn locked_flags(fd: &OwnedFd) -> libc::c_ulong {
     .fold(0, |acc, (_, ms)| acc | ms)
 }
 
+/// The directory `given` names, opened again in this process's mount namespace (a bind mount
+/// must come from it; the daemon's spawn opened `given` beneath a descriptor of the host's):
+/// by its path, and only if that is still the same directory.
+fn in_own_namespace(given: &OwnedFd) -> io::Result<OwnedFd> {
+    let path = fs::read_link(format!("/proc/self/fd/{}", given.as_raw_fd()))?;
+    let again = OwnedFd::from(
+        fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&path)?,
+    );
+    let id = |fd: &OwnedFd| -> io::Result<(u64, u64)> {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: fstat writes one stat into the buffer it is given.
+        if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fstat succeeded, so it initialised the buffer.
+        let st = unsafe { st.assume_init() };
+        Ok((st.st_dev, st.st_ino))
+    };
+    if id(&again)? != id(given)? {
+        return Err(io::Error::other(format!(
+            "{} is no longer the directory the daemon gave",
+            path.display()
+        )));
+    }
+    Ok(again)
+}
+
 /// Builds the root from `allowance` and moves this process into it. Returns how many paths
 /// were bound.
 pub fn pivot_into_minimal_root(allowance: &Allowance) -> Result<usize, SandboxError> {
@@ -229,6 +264,12 @@ pub fn pivot_into_minimal_root(allowance: &Allowance) -> Result<usize, SandboxEr
             Some((p.as_path(), *k, OwnedFd::from(f)))
         })
         .collect();
+    let shared = allowance
+        .shared_shm
+        .as_ref()
+        .map(in_own_namespace)
+        .transpose()
+        .map_err(root_err("finding the VM's shared /dev/shm"))?;
     let staging = Path::new(STAGING);
     mount(
         Some(Path::new("tmpfs")),
@@ -260,8 +301,22 @@ pub fn pivot_into_minimal_root(allowance: &Allowance) -> Result<usize, SandboxEr
         mount(None, &target, None, flags)
             .map_err(root_err(format!("making {} read-only", path.display())))?;
     }
-    let bound = sources.len();
+    let mut bound = sources.len();
     drop(sources);
+    if let Some(fd) = shared {
+        // The one writable place: what the VM's workers share (the driver's interprocess
+        // events). Nothing in it may run or be a device.
+        let target = staging.join("dev/shm");
+        fs::create_dir_all(&target).map_err(root_err("mkdir /dev/shm"))?;
+        let by_fd = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        mount(Some(&by_fd), &target, None, libc::MS_BIND)
+            .map_err(root_err("binding the VM's shared /dev/shm"))?;
+        let flags =
+            libc::MS_REMOUNT | libc::MS_BIND | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+        mount(None, &target, None, flags | locked_flags(&fd))
+            .map_err(root_err("remounting /dev/shm"))?;
+        bound += 1;
+    }
     let proc = staging.join("proc");
     fs::create_dir_all(&proc).map_err(root_err("mkdir /proc"))?;
     mount(

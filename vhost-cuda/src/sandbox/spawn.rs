@@ -67,6 +67,9 @@ pub struct SpawnSpec {
     /// the daemon keeps in systemd's file-descriptor store, for the next daemon to take over
     /// (`worker/store.rs`).
     outlive_parent: bool,
+    /// A directory to make (if missing) and open beneath a directory descriptor, given to the
+    /// child after `fds` (its VM's shared `/dev/shm`, shared_shm.rs).
+    shared_dir: Option<(RawFd, CString)>,
 }
 
 impl SpawnSpec {
@@ -101,12 +104,21 @@ impl SpawnSpec {
             namespaces: 0,
             id_maps: None,
             outlive_parent: false,
+            shared_dir: None,
         })
     }
 
     /// Puts `fds` at 3, 4, ... in the child.
     pub fn with_fds(mut self, fds: Vec<RawFd>) -> Self {
         self.fds = fds;
+        self
+    }
+
+    /// Gives the child, at the descriptor after `fds`, directory `name` beneath the directory
+    /// `parent` (made with mode 0700 if missing; never through a symbolic link), opened
+    /// `O_PATH` between clone and exec.
+    pub fn with_shared_dir(mut self, parent: RawFd, name: CString) -> Self {
+        self.shared_dir = Some((parent, name));
         self
     }
 
@@ -130,6 +142,11 @@ impl SpawnSpec {
 pub struct ChildProcess {
     pid: libc::pid_t,
     status: Option<ExitStatus>,
+    /// Born pid 1 of a PID namespace of its own: the namespace's init (pid_init.rs), whose
+    /// exit status stands for its worker's.
+    pid_init: bool,
+    /// Then the worker proper's pid (its child), as this daemon's PID namespace numbers it.
+    worker: Option<libc::pid_t>,
     /// A process this daemon did not start (a worker of a daemon before a restart, whose
     /// parent is now init or a subreaper): it is watched and killed through its pidfd, and
     /// its exit status is not ours to read.
@@ -161,6 +178,8 @@ impl ChildProcess {
         Self {
             pid: libc::pid_t::try_from(pid).unwrap_or(-1),
             status: None,
+            pid_init: false,
+            worker: None,
             adopted: Some(pidfd),
         }
     }
@@ -168,6 +187,12 @@ impl ChildProcess {
     /// Its process id (in the daemon's PID namespace).
     pub fn id(&self) -> u32 {
         self.pid.unsigned_abs()
+    }
+
+    /// The id of the process that does its work: for the init of a worker's PID namespace,
+    /// the worker proper (the process `nvidia-smi` lists); else its own.
+    pub fn worker_id(&self) -> u32 {
+        self.worker.unwrap_or(self.pid).unsigned_abs()
     }
 
     /// Whether it ended, for an adopted process: its pidfd turns readable (`block`: wait).
@@ -208,7 +233,10 @@ impl ChildProcess {
             // SAFETY: waitpid for our own child, writing one int we own.
             let rc = unsafe { libc::waitpid(self.pid, &raw mut status, flags) };
             if rc == self.pid {
-                let s = ExitStatus::from_raw(status);
+                let mut s = ExitStatus::from_raw(status);
+                if self.pid_init {
+                    s = super::pid_init::worker_status(s);
+                }
                 self.status = Some(s);
                 return Ok(Some(s));
             }
@@ -264,7 +292,13 @@ impl ChildProcess {
     }
 }
 
-type Job = (SpawnSpec, mpsc::Sender<io::Result<ChildProcess>>);
+/// What the spawner thread does.
+enum Job {
+    /// Starts a child and answers its handle.
+    Spawn(SpawnSpec, mpsc::Sender<io::Result<ChildProcess>>),
+    /// Runs file-system work the daemon's filter refuses its other threads (shared_shm.rs).
+    Run(Box<dyn FnOnce() + Send>),
+}
 
 static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
 
@@ -278,8 +312,13 @@ pub fn start_spawner() -> io::Result<()> {
     thread::Builder::new()
         .name("qcuda-spawner".into())
         .spawn(move || {
-            for (spec, reply) in rx {
-                let _ = reply.send(spawn_here(&spec));
+            for job in rx {
+                match job {
+                    Job::Spawn(spec, reply) => {
+                        let _ = reply.send(spawn_here(&spec));
+                    }
+                    Job::Run(work) => work(),
+                }
             }
         })?;
     // A racing caller's thread and channel are dropped; its thread then ends.
@@ -298,11 +337,23 @@ pub fn spawn(spec: SpawnSpec) -> io::Result<ChildProcess> {
         .map_err(|_| io::Error::other("spawner lock poisoned"))?
         .clone();
     sender
-        .send((spec, reply))
+        .send(Job::Spawn(spec, reply))
         .map_err(|_| io::Error::other("the spawner thread has ended"))?;
     answer
         .recv()
         .map_err(|_| io::Error::other("the spawner thread has ended"))?
+}
+
+/// Runs `work` on the spawner thread, which the daemon's filter does not cover, without
+/// waiting for it. Work for which no spawner can be had is dropped, with a warning.
+pub fn run_unfiltered(work: Box<dyn FnOnce() + Send>) {
+    let sent = start_spawner().ok().and_then(|()| {
+        let sender = SPAWNER.get()?.lock().ok()?.clone();
+        sender.send(Job::Run(work)).ok()
+    });
+    if sent.is_none() {
+        tracing::warn!("the spawner thread has ended: file-system work not done");
+    }
 }
 
 fn null_terminated(v: &[CString]) -> Vec<*const libc::c_char> {
@@ -317,7 +368,8 @@ fn spawn_here(spec: &SpawnSpec) -> io::Result<ChildProcess> {
     let argv = null_terminated(&spec.argv);
     let envp = null_terminated(&spec.envp);
     // Numbered above every target of the child's dup2s, so that none of them is clobbered.
-    let floor = 3 + RawFd::try_from(spec.fds.len()).map_err(io::Error::other)?;
+    let floor = 3 + RawFd::try_from(spec.fds.len() + usize::from(spec.shared_dir.is_some()))
+        .map_err(io::Error::other)?;
     let null = above(
         std::fs::File::options()
             .read(true)
@@ -326,6 +378,20 @@ fn spawn_here(spec: &SpawnSpec) -> io::Result<ChildProcess> {
             .into(),
         floor,
     )?;
+    // The shared directory's parent, numbered above the child's targets too (the caller's
+    // descriptor may be one of them).
+    let shared_parent = match &spec.shared_dir {
+        Some((parent, _)) => {
+            // SAFETY: F_DUPFD_CLOEXEC on the caller's open descriptor returns a new one or -1.
+            let copy = unsafe { libc::fcntl(*parent, libc::F_DUPFD_CLOEXEC, floor) };
+            if copy < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: `copy` is a fresh descriptor nothing else owns.
+            Some(unsafe { OwnedFd::from_raw_fd(copy) })
+        }
+        None => None,
+    };
     let mut pipe = [-1; 2];
     // SAFETY: pipe2 writes two descriptors into the array it is given.
     if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -343,7 +409,14 @@ fn spawn_here(spec: &SpawnSpec) -> io::Result<ChildProcess> {
     // returns.
     let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     if pid == 0 {
-        child_after_clone(spec, &argv, &envp, null.as_raw_fd(), write_end.as_raw_fd());
+        child_after_clone(
+            spec,
+            &argv,
+            &envp,
+            null.as_raw_fd(),
+            write_end.as_raw_fd(),
+            shared_parent.as_ref().map(AsRawFd::as_raw_fd),
+        );
     }
     if pid < 0 {
         return Err(io::Error::last_os_error());
@@ -353,6 +426,8 @@ fn spawn_here(spec: &SpawnSpec) -> io::Result<ChildProcess> {
     let mut child = ChildProcess {
         pid,
         status: None,
+        pid_init: spec.namespaces & libc::CLONE_NEWPID != 0,
+        worker: None,
         adopted: None,
     };
     // The write end closes on exec: no bytes mean the exec worked, four are its errno.
@@ -375,10 +450,36 @@ fn spawn_here(spec: &SpawnSpec) -> io::Result<ChildProcess> {
         }
     }
     if got == 0 {
+        if child.pid_init {
+            child.worker = child_of(pid);
+        }
         return Ok(child);
     }
     let _ = child.wait();
     Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno)))
+}
+
+/// The child of `init`, a worker born pid 1 of its PID namespace, which forks the worker proper
+/// first thing (pid_init.rs): read from /proc (this thread is not filtered), waiting up to a
+/// second for it. None where the kernel lists no children (`CONFIG_PROC_CHILDREN`) or none
+/// came.
+fn child_of(init: libc::pid_t) -> Option<libc::pid_t> {
+    let path = format!("/proc/{init}/task/{init}/children");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        let listed = std::fs::read_to_string(&path).ok()?;
+        if let Some(pid) = listed
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+        {
+            return Some(pid);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// `fd`, renumbered close-on-exec at `floor` or above.
@@ -417,6 +518,7 @@ fn child_after_clone(
     envp: &[*const libc::c_char],
     null: RawFd,
     report: RawFd,
+    shared_parent: Option<RawFd>,
 ) -> ! {
     let fail = || -> ! {
         let errno = io::Error::last_os_error()
@@ -478,6 +580,39 @@ fn child_after_clone(
             // SAFETY: dup2 of an open descriptor; the copy is not close-on-exec. Every source
             // is numbered above every target (SpawnSpec::with_fds), so nothing is clobbered.
             unsafe { libc::dup2(fd, target) }
+        };
+        if rc < 0 {
+            fail();
+        }
+        target += 1;
+    }
+    if let (Some(parent), Some((_, name))) = (shared_parent, &spec.shared_dir) {
+        // SAFETY: mkdirat and openat of a NUL-terminated name beneath an open directory
+        // descriptor; a directory that is already there is fine.
+        let fd = unsafe {
+            if libc::mkdirat(parent, name.as_ptr(), 0o700) != 0
+                && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+            {
+                fail();
+            }
+            libc::openat(
+                parent,
+                name.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            fail();
+        }
+        // SAFETY: dup2 of the descriptor just opened onto `target` (the copy is not
+        // close-on-exec; the original, wherever it is, closes on exec), or fcntl clearing
+        // close-on-exec when it already is `target`.
+        let rc = unsafe {
+            if fd == target {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, target)
+            }
         };
         if rc < 0 {
             fail();

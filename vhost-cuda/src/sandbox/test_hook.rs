@@ -20,8 +20,16 @@ pub enum Attempt {
     /// A system call outside the worker's list (`ptrace(PTRACE_TRACEME)`): the filter kills it.
     ForbiddenSyscall,
     /// rets\[0\] = processes visible in /proc, rets\[1\] = CapEff, rets\[2\] = NoNewPrivs,
-    /// rets\[3\] = Seccomp mode (2: filter), rets\[4\] = this process's pid as it sees it.
+    /// rets\[3\] = Seccomp mode (2: filter), rets\[4\] = this process's pid as it sees it,
+    /// rets\[5\] = 1 if pid 1 of its namespace is the namespace's init (`--pid-namespace-init`).
     Survey,
+    /// What the driver does for an interprocess event, on `path` (in /dev/shm): remove a file
+    /// of that name, create it exclusively, size it and map it shared, write `value` into it,
+    /// unmap it: rets\[0\] = the first errno (0: all worked).
+    ShmCreate(PathBuf, u64),
+    /// Open `path` and map it shared, as an importer does: rets\[0\] = errno (0: mapped),
+    /// rets\[1\] = the value at its start.
+    ShmOpen(PathBuf),
 }
 
 impl Attempt {
@@ -32,6 +40,10 @@ impl Attempt {
             Self::Network(port) => [&[2u8][..], &port.to_le_bytes()].concat(),
             Self::ForbiddenSyscall => vec![3],
             Self::Survey => vec![4],
+            Self::ShmCreate(p, v) => {
+                [&[5u8][..], &v.to_le_bytes(), p.as_os_str().as_bytes()].concat()
+            }
+            Self::ShmOpen(p) => [&[6u8][..], p.as_os_str().as_bytes()].concat(),
         }
     }
 
@@ -42,6 +54,14 @@ impl Attempt {
             2 => Self::Network(u16::from_le_bytes(rest.try_into().ok()?)),
             3 => Self::ForbiddenSyscall,
             4 => Self::Survey,
+            5 => {
+                let (v, p) = rest.split_at_checked(8)?;
+                Self::ShmCreate(
+                    PathBuf::from(std::ffi::OsStr::from_bytes(p)),
+                    u64::from_le_bytes(v.try_into().ok()?),
+                )
+            }
+            6 => Self::ShmOpen(PathBuf::from(std::ffi::OsStr::from_bytes(rest))),
             _ => return None,
         })
     }
@@ -116,6 +136,13 @@ pub fn attempt(payload: &[u8]) -> ResponseHeader {
             // Only reached without a filter.
             resp.rets[0] = errno_of(i32::try_from(rc).unwrap_or(-1));
         }
+        Attempt::ShmCreate(path, value) => {
+            resp.rets[0] = shm_create(&path, value).err().unwrap_or(0);
+        }
+        Attempt::ShmOpen(path) => match shm_open(&path) {
+            Ok(v) => resp.rets[1] = v,
+            Err(e) => resp.rets[0] = e,
+        },
         Attempt::Survey => {
             resp.rets[0] = fs::read_dir("/proc")
                 .map(|d| {
@@ -128,7 +155,95 @@ pub fn attempt(payload: &[u8]) -> ResponseHeader {
             resp.rets[2] = status_field("NoNewPrivs:");
             resp.rets[3] = status_field("Seccomp:");
             resp.rets[4] = u64::from(std::process::id());
+            let init = fs::read("/proc/1/cmdline").unwrap_or_default();
+            resp.rets[5] = u64::from(
+                init.split(|&b| b == 0)
+                    .any(|a| a == b"--pid-namespace-init"),
+            );
         }
     }
     resp
+}
+
+const SHM_LEN: usize = 4096;
+/// `SHM_LEN` as a file offset.
+const SHM_OFF: libc::off_t = 4096;
+
+fn last_errno() -> u64 {
+    errno_of(-1)
+}
+
+/// Maps `fd` shared, `SHM_LEN` bytes.
+fn map_shared(fd: libc::c_int) -> Result<*mut u64, u64> {
+    // SAFETY: a fresh shared mapping of a file we hold open; unmapped by the caller.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SHM_LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    Ok(p.cast())
+}
+
+fn shm_create(path: &std::path::Path, value: u64) -> Result<(), u64> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| u64::MAX)?;
+    // SAFETY: unlink of a NUL-terminated path (a missing file is fine), then open of it.
+    let fd = unsafe {
+        libc::unlink(c.as_ptr());
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    // SAFETY: ftruncate of the descriptor just opened.
+    let r = if unsafe { libc::ftruncate(fd, SHM_OFF) } == 0 {
+        map_shared(fd).map(|p| {
+            // SAFETY: `p` maps SHM_LEN writable bytes; then unmapped.
+            unsafe {
+                p.write_volatile(value);
+                libc::munmap(p.cast(), SHM_LEN);
+            }
+        })
+    } else {
+        Err(last_errno())
+    };
+    // SAFETY: close of the descriptor just opened.
+    unsafe { libc::close(fd) };
+    r
+}
+
+fn shm_open(path: &std::path::Path) -> Result<u64, u64> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|_| u64::MAX)?;
+    // SAFETY: open of a NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    let r = map_shared(fd).map(|p| {
+        // SAFETY: `p` maps SHM_LEN readable bytes; then unmapped.
+        unsafe {
+            let v = p.read_volatile();
+            libc::munmap(p.cast(), SHM_LEN);
+            v
+        }
+    });
+    // SAFETY: close of the descriptor just opened.
+    unsafe { libc::close(fd) };
+    r
 }

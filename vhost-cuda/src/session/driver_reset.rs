@@ -12,8 +12,10 @@ use qcuda_proto::{status, ResponseHeader};
 use tracing::{info, warn};
 
 use super::{
-    table::{end_sessions, lock, Job, SessionTable, Shared},
-    DRIVER_RESET_WAIT,
+    limits::DRIVER_RESET_WAIT,
+    locking::lock,
+    shared::{end_sessions, Job, Shared},
+    table::SessionTable,
 };
 
 impl SessionTable {

@@ -12,9 +12,13 @@
 //! [`KIND_NONE`], [`KIND_FAILED`], [`KIND_STATE`]), the length of the saved state (u64, 0
 //! unless `KIND_STATE`) and the saved state; nothing after the last session.
 //!
+//! A saved state is never held in the daemon's memory: it is a [`StateFile`] (a memfd) that the
+//! source's worker filled, copied into the stream by the kernel, and on the destination copied
+//! from the stream into a new file, which its worker maps.
+//!
 //! The stream comes from another host and QEMU relays it unchecked: [`read_stream`] trusts
 //! nothing. Every count is bounded, a length is never allocated before its bytes have arrived
-//! (it reads in pieces), ids must be distinct, and trailing bytes are refused. The saved states
+//! (the file grows with what came), ids must be distinct, and trailing bytes are refused. The saved states
 //! themselves are decoded by the worker with the checked decoder of `saved_state.rs`. Both
 //! decoders are fuzzed (`fuzz/fuzz_targets/migration_stream.rs`, `saved_state.rs`).
 
@@ -22,7 +26,8 @@ use std::io::{self, Read, Write};
 
 use thiserror::Error;
 
-use super::MAX_SESSIONS;
+use super::limits::MAX_SESSIONS;
+use crate::worker::StateFile;
 
 /// The first bytes of every stream.
 pub const MAGIC: [u8; 8] = *b"QCUDAMS1";
@@ -37,8 +42,6 @@ pub const KIND_STATE: u8 = 2;
 /// Longest saved state one session may send: far above any GPU's memory, far below what would
 /// overflow anything.
 pub const MAX_STATE: u64 = 1 << 44;
-/// Bytes read at a time: what a hostile length can make the reader hold before its bytes came.
-const PIECE: u64 = 1 << 20;
 
 /// What a session holds on the GPU side, as it migrates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,8 +50,8 @@ pub enum SavedGpu {
     None,
     /// A failed worker.
     Failed,
-    /// A worker's saved state (`QCUDAGS1`).
-    State(Vec<u8>),
+    /// A worker's saved state (`QCUDAGS1`), in the file it travels in.
+    State(StateFile),
 }
 
 /// One session in the stream.
@@ -92,16 +95,18 @@ pub fn write_stream(out: &mut impl Write, sessions: &[SessionState]) -> Result<(
     out.write_all(&VERSION.to_le_bytes())?;
     out.write_all(&n.to_le_bytes())?;
     for s in sessions {
-        let (kind, state): (u8, &[u8]) = match &s.gpu {
-            SavedGpu::None => (KIND_NONE, &[]),
-            SavedGpu::Failed => (KIND_FAILED, &[]),
-            SavedGpu::State(b) => (KIND_STATE, b),
+        let (kind, state) = match &s.gpu {
+            SavedGpu::None => (KIND_NONE, None),
+            SavedGpu::Failed => (KIND_FAILED, None),
+            SavedGpu::State(f) => (KIND_STATE, Some(f)),
         };
         out.write_all(&s.id.to_le_bytes())?;
         out.write_all(&s.pid.to_le_bytes())?;
         out.write_all(&[kind])?;
-        out.write_all(&(state.len() as u64).to_le_bytes())?;
-        out.write_all(state)?;
+        out.write_all(&state.map_or(0, StateFile::len).to_le_bytes())?;
+        if let Some(f) = state {
+            f.write_to(out)?;
+        }
     }
     out.flush()?;
     Ok(())
@@ -141,19 +146,13 @@ pub fn read_stream(input: &mut impl Read) -> Result<Vec<SessionState>, StreamErr
         let gpu = match (kind, len) {
             (KIND_NONE, 0) => SavedGpu::None,
             (KIND_FAILED, 0) => SavedGpu::Failed,
-            (KIND_STATE, 1..=MAX_STATE) => {
-                let mut state = Vec::new();
-                let mut left = len;
-                while left > 0 {
-                    let piece = left.min(PIECE);
-                    let got = input.by_ref().take(piece).read_to_end(&mut state)? as u64;
-                    if got != piece {
-                        return Err(StreamError::Length);
-                    }
-                    left -= piece;
+            (KIND_STATE, 1..=MAX_STATE) => match StateFile::read_from(input, len) {
+                Ok(f) => SavedGpu::State(f),
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    return Err(StreamError::Length)
                 }
-                SavedGpu::State(state)
-            }
+                Err(e) => return Err(StreamError::Io(e)),
+            },
             (KIND_NONE | KIND_FAILED | KIND_STATE, _) => {
                 return Err(StreamError::Field("a saved state's length"))
             }
@@ -177,7 +176,7 @@ mod tests {
             SessionState {
                 id: 7,
                 pid: 1234,
-                gpu: SavedGpu::State(b"QCUDAGS1 and more".to_vec()),
+                gpu: SavedGpu::State(StateFile::from_bytes(b"QCUDAGS1 and more").unwrap()),
             },
             SessionState {
                 id: 9,

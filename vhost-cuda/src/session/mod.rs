@@ -39,61 +39,37 @@
 //! The table's lock only guards the map from session id to thread and is never held while an
 //! op runs. This module knows nothing about vrings: the virtio edge supplies the completer.
 //!
-//! Files, along the data path: `table.rs` (the [`SessionTable`]: dispatch, close, close-all),
-//! `thread.rs` (one session's thread: what it answers itself, driving its worker, failure and
-//! reset), `driver_reset.rs` (`DriverReset`), `latency.rs` (`HostLatency`'s statistics),
-//! `usage.rs` (what each session uses of the host: `VmUsage`, `vhost-cuda --stats`, the open
-//! and close log lines), `process_checkpoint.rs` (CUDA's process checkpoint of one guest process
-//! by another: `cuCheckpointProcessLock` ... `Unlock`).
+//! Files, along the data path: `table.rs` (the [`SessionTable`]: dispatch, close, close-all,
+//! the routing of CUDA's process checkpoint), `thread.rs` (one session's thread: what it
+//! answers itself, driving its worker, failure and reset), `driver_reset.rs` (`DriverReset`),
+//! `latency.rs` (`HostLatency`'s statistics), `usage.rs` (what the VM's sessions use of the
+//! host, for `VmUsage` and `vhost-cuda --stats`), `process_checkpoint.rs` (CUDA's process
+//! checkpoint of one guest process by another, `cuCheckpointProcessLock` ... `Unlock`: its
+//! states and rules). Beneath them: `shared.rs` (the state the table's parts share: each
+//! session's handle, its messages, a request on its way), `account.rs` (one session's
+//! accounting and the records of what it uses), `limits.rs` (the bounds), `locking.rs`,
+//! `migration.rs`, `ipc_broker.rs`.
 
-use std::{
-    sync::atomic::{AtomicUsize, Ordering},
-    time::Duration,
-};
-
+mod account;
 mod driver_reset;
+pub mod handover;
 pub mod ipc_broker;
 mod latency;
+mod limits;
+mod locking;
 pub mod migration;
+pub mod migration_figures;
 mod process_checkpoint;
+mod shared;
 mod table;
 #[cfg(test)]
 mod tests;
 mod thread;
 mod usage;
 
+pub use account::{bytes_text, SessionView, VmUsage};
+pub use limits::{DRIVER_RESET_WAIT, MAX_IN_FLIGHT, MAX_SESSIONS};
+pub use shared::ChainCompleter;
 pub use table::SessionTable;
-pub use usage::{bytes_text, SessionView, UsageView, VmUsage};
-
-/// Most sessions one VM may have open at once. Each is a host thread, and a worker process if
-/// it uses the GPU; a guest kernel that invents session ids must not be able to exhaust the
-/// host. Requests of further sessions are answered with `cudaErrorMemoryAllocation`.
-pub const MAX_SESSIONS: usize = 1024;
-
-/// Most chains of one VM handed to sessions and not yet completed. A driver that follows the
-/// virtio rules has at most one queue's worth (256) outstanding, since a chain stays in the ring
-/// until it is answered; a hostile one can publish the same descriptor heads again and again,
-/// and every copy would hold host memory until its session gets to it. Past this, chains are
-/// answered `cudaErrorMemoryAllocation` at once (`DriverReset` excepted: a new driver instance
-/// must always be able to clear what an old one left).
-pub const MAX_IN_FLIGHT: usize = 4 * qcuda_proto::QUEUE_SIZE as usize;
-
-/// How long `DriverReset` waits for the sessions it ends before answering anyway (they then finish
-/// closing in the background). Well above a worker's own close bound
-/// ([`CLOSE_WAIT`](crate::worker::CLOSE_WAIT)), and well below the guest module's wait for the
-/// answer (30 s).
-pub const DRIVER_RESET_WAIT: Duration = Duration::from_secs(10);
-
-/// Sessions open in this process, over all VMs.
-static OPEN_SESSIONS_TOTAL: AtomicUsize = AtomicUsize::new(0);
-
-/// Sessions open in this process, over all sockets (VMs).
-pub fn open_sessions_total() -> usize {
-    OPEN_SESSIONS_TOTAL.load(Ordering::Acquire)
-}
-
-/// Puts a finished chain on the used ring. Implemented by the virtio edge; tests record calls.
-pub trait ChainCompleter: Send + Sync {
-    /// Completes the chain whose head descriptor is `head`, reporting `used_len` bytes written.
-    fn complete(&self, head: u16, used_len: u32);
-}
+pub use thread::open_sessions_total;
+pub use usage::UsageView;

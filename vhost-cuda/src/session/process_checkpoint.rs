@@ -26,25 +26,18 @@
 //! the lost worker's error) rather than held. While the operator has paused the session
 //! (`vhost-cuda --pause`), the guest's actions wait with its requests.
 //!
-//! Neighbours: table.rs routes the op here, thread.rs runs the transitions.
+//! Neighbours: table.rs routes the op to the target (`SessionTable::process_checkpoint`),
+//! shared.rs carries a transition to it ([`Transition`](super::shared::Transition)), thread.rs
+//! runs the transitions.
 
-use std::{
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Condvar, Mutex, MutexGuard,
-    },
-    thread,
-    time::Duration,
-};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use qcuda_proto::{
-    status, ResponseHeader, PROCESS_CHECKPOINT, PROCESS_GET_RESTORE_THREAD, PROCESS_GET_STATE,
-    PROCESS_LOCK, PROCESS_RESTORE, PROCESS_STATE_CHECKPOINTED, PROCESS_STATE_FAILED,
-    PROCESS_STATE_LOCKED, PROCESS_STATE_RUNNING, PROCESS_UNLOCK,
+    status, ResponseHeader, PROCESS_CHECKPOINT, PROCESS_LOCK, PROCESS_RESTORE,
+    PROCESS_STATE_CHECKPOINTED, PROCESS_STATE_FAILED, PROCESS_STATE_LOCKED, PROCESS_STATE_RUNNING,
+    PROCESS_UNLOCK,
 };
-use tracing::{info, warn};
-
-use super::table::{lock, Job, SessionTable};
+use tracing::info;
 
 /// A session's state under CUDA's process checkpoint (`CU_PROCESS_STATE_*`), read by
 /// `cuCheckpointProcessGetState` without waiting for the session's thread.
@@ -75,110 +68,12 @@ impl ProcessState {
     }
 }
 
-/// A transition on its way to the target's thread. The caller's request is answered by
-/// whoever takes it first: the target's thread (which then runs the action), or, for a lock
-/// with a timeout, the timer (which answers `NOT_READY`, and the action never runs).
-#[derive(Clone)]
-pub(super) struct Transition {
-    pub(super) action: u64,
-    claim: Arc<(Mutex<Option<Box<Job>>>, Condvar)>,
-}
-
-impl Transition {
-    fn new(action: u64, job: Box<Job>) -> Self {
-        Self {
-            action,
-            claim: Arc::new((Mutex::new(Some(job)), Condvar::new())),
-        }
-    }
-
-    /// The caller's request, unless the timer answered it already.
-    pub(super) fn take(&self) -> Option<Box<Job>> {
-        let job = lock(&self.claim.0).take();
-        self.claim.1.notify_all();
-        job
-    }
-
-    /// Answers `NOT_READY` if nobody has taken the request within `timeout`.
-    fn expire_after(&self, timeout: Duration) {
-        let (slot, cv) = &*self.claim;
-        let waited = cv
-            .wait_timeout_while(lock(slot), timeout, |job| job.is_some())
-            .unwrap_or_else(|p| p.into_inner());
-        let mut guard: MutexGuard<'_, _> = waited.0;
-        if let Some(job) = guard.take() {
-            drop(guard);
-            job.finish(&ResponseHeader::with_status(status::NOT_READY));
-        }
-    }
-}
-
 /// Whether `action` is one of the transitions (not a query).
-fn is_transition(action: u64) -> bool {
+pub(super) fn is_transition(action: u64) -> bool {
     matches!(
         action,
         PROCESS_LOCK | PROCESS_CHECKPOINT | PROCESS_RESTORE | PROCESS_UNLOCK
     )
-}
-
-impl SessionTable {
-    /// `ProcessCheckpoint` from any session of this VM: args[0] = action, args[2] = the lock's
-    /// timeout in ms, args[3] = the target's session, args[4] = the target's pid as its caller
-    /// numbers it (both stamped by the guest kernel module).
-    pub(super) fn process_checkpoint(&self, job: Job) {
-        let args = job.request.header().args;
-        let (action, timeout_ms, target) = (args[0], args[2], args[3]);
-        if action != PROCESS_GET_STATE
-            && action != PROCESS_GET_RESTORE_THREAD
-            && !is_transition(action)
-        {
-            job.finish(&ResponseHeader::with_status(status::INVALID_VALUE));
-            return;
-        }
-        let threads = self.shared.threads();
-        let Some(handle) = threads.get(&target) else {
-            drop(threads);
-            // No such session of this VM: the process has not used CUDA (or has ended).
-            job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
-            return;
-        };
-        let mut resp = ResponseHeader::with_status(status::SUCCESS);
-        match action {
-            PROCESS_GET_STATE => {
-                resp.rets[0] = handle.process.get();
-            }
-            // Nothing of the process takes part in a restore (the daemon restores the
-            // worker), so any of its threads will do: its main thread, whose id is the pid.
-            PROCESS_GET_RESTORE_THREAD => resp.rets[0] = args[4],
-            _ => {
-                let t = Transition::new(action, Box::new(job));
-                if handle.send_transition(t.clone()).is_err() {
-                    drop(threads);
-                    if let Some(job) = t.take() {
-                        job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
-                    }
-                    return;
-                }
-                drop(threads);
-                if action == PROCESS_LOCK && timeout_ms != 0 {
-                    let timer = t.clone();
-                    let spawned = thread::Builder::new()
-                        .name(format!("qcuda-lock{target}"))
-                        .spawn(move || timer.expire_after(Duration::from_millis(timeout_ms)));
-                    if let Err(e) = spawned {
-                        // The lock then waits without a bound, as one without a timeout.
-                        warn!(
-                            vm = %self.shared.label,
-                            "session {target}: cannot time the lock: {e}"
-                        );
-                    }
-                }
-                return;
-            }
-        }
-        drop(threads);
-        job.finish(&resp);
-    }
 }
 
 /// What a transition does to the state, checked before anything runs: the new state, or the

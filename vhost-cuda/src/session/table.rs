@@ -9,7 +9,7 @@ use std::{
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
         mpsc::{self, SendError, Sender},
-        Arc, Condvar, Mutex, MutexGuard,
+        Arc, Condvar, Mutex,
     },
     thread,
     time::{Duration, Instant},
@@ -19,230 +19,30 @@ use qcuda_proto::{status, Op, ResponseHeader};
 use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use qcuda_proto::{PROCESS_GET_RESTORE_THREAD, PROCESS_GET_STATE, PROCESS_LOCK};
+
 use super::{
-    migration::{SavedGpu, SessionState},
-    process_checkpoint::{ProcessState, Transition},
+    account::{SessionAccount, VmTotals, VmUsage},
+    limits::{MAX_IN_FLIGHT, MAX_SESSIONS},
+    migration::SessionState,
+    process_checkpoint::{is_transition, ProcessState},
+    shared::{
+        end_sessions, Adopting, ChainCompleter, Counters, InFlight, Job, Msg, SessionHandle,
+        Shared, Transition,
+    },
     thread::{Restore, SessionThread},
-    usage::{self, SessionAccount, UsageView, VmTotals, VmUsage},
-    ChainCompleter, MAX_IN_FLIGHT, MAX_SESSIONS,
+    usage::{self, UsageView},
 };
 use crate::{
-    chain::{ParsedRequest, Reply},
+    chain::ParsedRequest,
     cuda::CudaHost,
     fd_store::{self, StoredWorker},
     guest_buffer::{GuestRam, Request},
-    host_function_link::{HostFnLink, Waiter},
-    limits::SlotLease,
+    host_function_link::HostFnLink,
     limits::{GpuMemoryQuota, NO_LIMIT},
     sandbox::ChildProcess,
     worker::WorkerCommand,
 };
-
-/// A worker of the previous daemon that a new session thread takes over first.
-pub(super) struct Adopting {
-    pub(super) worker: StoredWorker,
-    /// Its slot of the VM's accounting file.
-    pub(super) quota: Option<SlotLease>,
-}
-
-/// Counters the table waits on.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Counters {
-    /// Chains dispatched and not yet completed or dropped.
-    in_flight: usize,
-    /// Sessions with a thread (and maybe a worker process) not yet ended.
-    pub(super) open: usize,
-}
-
-pub(super) struct Shared {
-    pub(super) host: Arc<CudaHost>,
-    pub(super) command: WorkerCommand,
-    pub(super) label: String,
-    /// `--max-sessions` (at most [`MAX_SESSIONS`]).
-    pub(super) max_sessions: usize,
-    /// [`MAX_IN_FLIGHT`] (tests lower it).
-    pub(super) max_in_flight: usize,
-    /// Whether the in-flight bound was hit (logged once).
-    flooded: AtomicBool,
-    /// The VM's accounting file (with its `--max-gpu-memory`), shared with its workers; `Err`
-    /// if it could not be made: then, under a limit, no worker starts (the limit is not
-    /// silently dropped), and without one they run uncounted.
-    pub(super) gpu_memory: Result<GpuMemoryQuota, String>,
-    /// Whether `--max-gpu-memory` is set.
-    pub(super) memory_limited: bool,
-    /// Counts over the VM's ended sessions.
-    pub(super) totals: VmTotals,
-    threads: Mutex<HashMap<u64, SessionHandle>>,
-    /// The guest memory map of the last SET_MEM_TABLE, for new worker processes.
-    memory: Mutex<Arc<GuestRam>>,
-    next_generation: AtomicU64,
-    counters: Mutex<Counters>,
-    changed: Condvar,
-    /// Device memory the VM's processes share (CUDA IPC).
-    pub(super) ipc: super::ipc_broker::IpcBroker,
-}
-
-impl Shared {
-    pub(super) fn counters(&self) -> MutexGuard<'_, Counters> {
-        // The counters stay consistent even if a holder panicked: every update is one statement.
-        self.counters.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn threads(&self) -> MutexGuard<'_, HashMap<u64, SessionHandle>> {
-        self.threads.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn memory(&self) -> Arc<GuestRam> {
-        self.memory
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    pub(super) fn update(&self, f: impl FnOnce(&mut Counters)) -> Counters {
-        let mut c = self.counters();
-        f(&mut c);
-        self.changed.notify_all();
-        *c
-    }
-
-    /// Waits until `done(counters)` or the timeout; returns whether `done` holds.
-    pub(super) fn wait_for(&self, timeout: Duration, done: impl Fn(&Counters) -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut c = self.counters();
-        while !done(&c) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            c = self
-                .changed
-                .wait_timeout(c, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
-    }
-}
-
-/// Counts a chain as in flight from dispatch until it is completed or dropped.
-pub(super) struct InFlight(Arc<Shared>);
-
-impl InFlight {
-    fn new(shared: &Arc<Shared>) -> Self {
-        shared.update(|c| c.in_flight += 1);
-        Self(shared.clone())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.update(|c| c.in_flight -= 1);
-    }
-}
-
-/// One request on its way to a session thread.
-pub(super) struct Job {
-    head: u16,
-    /// When the chain was taken off the ring (for the latency statistics).
-    pub(super) received: Instant,
-    pub(super) request: Request,
-    reply: Reply,
-    completer: Arc<dyn ChainCompleter>,
-    _in_flight: InFlight,
-}
-
-impl Job {
-    /// Writes the response and completes the chain.
-    pub(super) fn finish(self, resp: &ResponseHeader) {
-        let used = self.reply.write(resp);
-        self.completer.complete(self.head, used);
-    }
-}
-
-impl Waiter for Job {
-    fn answer(self: Box<Self>, resp: &ResponseHeader) {
-        self.finish(resp);
-    }
-}
-
-pub(super) enum Msg {
-    Run(Box<Job>),
-    /// A new guest memory map (SET_MEM_TABLE), for the worker process.
-    Memory(Arc<GuestRam>),
-    /// The VM, or the guest driver instance the session belonged to, is gone: close the
-    /// session (the reason is logged) and stop.
-    Shutdown(&'static str),
-    /// The operator's pause (`true`) or resume of the session (`vhost-cuda --pause`): the
-    /// thread answers on `reply` once its worker has (see `thread.rs`).
-    Checkpoint {
-        pause: bool,
-        reply: Sender<ResponseHeader>,
-    },
-    /// A transition of CUDA's process checkpoint asked by a guest process
-    /// (process_checkpoint.rs).
-    Process(Transition),
-    /// A migration's source: the thread answers what its GPU side is, its worker's saved state
-    /// included (the state goes on running).
-    SaveState(Sender<Result<SavedGpu, String>>),
-}
-
-impl Msg {
-    /// Whether this message ends the session.
-    pub(super) fn ends_session(&self) -> bool {
-        match self {
-            Msg::Run(job) => job.request.op() == Op::SessionClose,
-            Msg::Memory(_) | Msg::Checkpoint { .. } | Msg::Process(_) | Msg::SaveState(_) => false,
-            Msg::Shutdown(_) => true,
-        }
-    }
-}
-
-pub(super) struct SessionHandle {
-    tx: Sender<Msg>,
-    pub(super) generation: u64,
-    /// Set when the VM goes away: queued requests are dropped, never completed.
-    abandoned: Arc<AtomicBool>,
-    /// Rung with every message that ends the session, so that a thread waiting for its worker
-    /// looks at its queue.
-    wake: Arc<EventFd>,
-    /// The worker process's id, 0 while there is none.
-    pid: Arc<AtomicU32>,
-    /// What the session uses of the host.
-    pub(super) account: Arc<SessionAccount>,
-    /// Set when the session has ended (its worker reaped), under the counters' lock.
-    pub(super) ended: Arc<AtomicBool>,
-    /// Where `HostFuncWait` requests go, past the session's queue.
-    host_fns: Arc<HostFnLink>,
-    /// The state under CUDA's process checkpoint, kept by the session's thread.
-    pub(super) process: Arc<ProcessState>,
-}
-
-impl SessionHandle {
-    /// Queues the operator's pause or resume.
-    pub(super) fn send_checkpoint(
-        &self,
-        pause: bool,
-        reply: Sender<ResponseHeader>,
-    ) -> Result<(), SendError<Msg>> {
-        self.tx.send(Msg::Checkpoint { pause, reply })
-    }
-
-    /// Queues a transition of CUDA's process checkpoint.
-    pub(super) fn send_transition(&self, t: Transition) -> Result<(), SendError<Msg>> {
-        self.tx.send(Msg::Process(t))
-    }
-
-    /// Queues `msg`, ringing the wake-up if it ends the session.
-    fn send(&self, msg: Msg) -> Result<(), SendError<Msg>> {
-        let ends = msg.ends_session();
-        self.tx.send(msg)?;
-        if ends {
-            let _ = self.wake.write(1);
-        }
-        Ok(())
-    }
-}
 
 /// The sessions of one VM (one vhost-user connection).
 pub struct SessionTable {
@@ -310,6 +110,7 @@ impl SessionTable {
                 }
                 e.to_string()
             });
+        clear_shared_shm(&command, &label);
         if let (Some(keep), Ok(q)) = (command.keep(), &gpu_memory) {
             let name = fd_store::quota_name(keep.vm());
             keep.store().remove(&name);
@@ -514,6 +315,15 @@ impl SessionTable {
             self.process_checkpoint(job);
             return;
         }
+        let job = if job.request.op() == Op::GpuTrace {
+            // The session the kernel module named; the caller's own goes the usual way.
+            match self.gpu_trace(job) {
+                Some(own) => own,
+                None => return,
+            }
+        } else {
+            job
+        };
         let mut threads = self.shared.threads();
         if job.request.op() == Op::HostFuncWait {
             if let Some(w) = threads.get(&id) {
@@ -678,6 +488,48 @@ impl SessionTable {
     }
 }
 
+impl SessionTable {
+    /// `GpuTrace` naming session args[3] (stamped by the kernel module: the caller's own, or a
+    /// process the caller may act on; this VM's table holds only this VM's sessions). Another
+    /// session's goes to its thread, restamped as its own; the caller's own is handed back.
+    fn gpu_trace(&self, mut job: Job) -> Option<Job> {
+        let h = *job.request.header();
+        let target = h.args[3];
+        if target == h.session {
+            return Some(job);
+        }
+        let threads = self.shared.threads();
+        let Some(handle) = threads.get(&target) else {
+            drop(threads);
+            // No such session of this VM: the process has not used CUDA (or has ended).
+            job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
+            return None;
+        };
+        let mut header = h;
+        header.session = target;
+        // The caller's pid is not the target's (the target's thread notes pids of its own
+        // requests).
+        header.pid = 0;
+        match Request::new(
+            header,
+            job.request.inputs().to_vec(),
+            job.request.outputs().to_vec(),
+        ) {
+            Ok(r) => job.request = r,
+            Err(_) => {
+                drop(threads);
+                job.finish(&ResponseHeader::with_status(status::INVALID_VALUE));
+                return None;
+            }
+        }
+        if let Err(SendError(Msg::Trace(job))) = handle.tx.send(Msg::Trace(Box::new(job))) {
+            drop(threads);
+            job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
+        }
+        None
+    }
+}
+
 /// How long a refused restore waits for the sessions it had started to end.
 const CLOSE_WAIT_AFTER_REFUSAL: Duration = Duration::from_secs(10);
 
@@ -718,19 +570,76 @@ impl SessionTable {
 impl Drop for SessionTable {
     fn drop(&mut self) {
         self.close_all(Duration::ZERO);
+        clear_shared_shm(&self.shared.command, &self.shared.label);
     }
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// Empties the VM's shared `/dev/shm` (what its workers' driver left), unless its workers are
+/// kept for the next daemon, which go on using it.
+fn clear_shared_shm(command: &WorkerCommand, label: &str) {
+    if command.keep().is_none() {
+        if let Some(shm) = command.shared_shm() {
+            shm.clear_vm(label);
+        }
+    }
 }
 
-/// Tells the threads of `sessions` to end their sessions: what they have queued is dropped
-/// without being completed (it came from a ring, or a driver instance, that is gone), a worker
-/// still running an op is killed, the others get their usual bounded close.
-pub(super) fn end_sessions(sessions: Vec<SessionHandle>, why: &'static str) {
-    for t in sessions {
-        t.abandoned.store(true, Ordering::Release);
-        let _ = t.send(Msg::Shutdown(why));
+impl SessionTable {
+    /// `ProcessCheckpoint` from any session of this VM: args[0] = action, args[2] = the lock's
+    /// timeout in ms, args[3] = the target's session, args[4] = the target's pid as its caller
+    /// numbers it (both stamped by the guest kernel module).
+    pub(super) fn process_checkpoint(&self, job: Job) {
+        let args = job.request.header().args;
+        let (action, timeout_ms, target) = (args[0], args[2], args[3]);
+        if action != PROCESS_GET_STATE
+            && action != PROCESS_GET_RESTORE_THREAD
+            && !is_transition(action)
+        {
+            job.finish(&ResponseHeader::with_status(status::INVALID_VALUE));
+            return;
+        }
+        let threads = self.shared.threads();
+        let Some(handle) = threads.get(&target) else {
+            drop(threads);
+            // No such session of this VM: the process has not used CUDA (or has ended).
+            job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
+            return;
+        };
+        let mut resp = ResponseHeader::with_status(status::SUCCESS);
+        match action {
+            PROCESS_GET_STATE => {
+                resp.rets[0] = handle.process.get();
+            }
+            // Nothing of the process takes part in a restore (the daemon restores the
+            // worker), so any of its threads will do: its main thread, whose id is the pid.
+            PROCESS_GET_RESTORE_THREAD => resp.rets[0] = args[4],
+            _ => {
+                let t = Transition::new(action, Box::new(job));
+                if handle.send_transition(t.clone()).is_err() {
+                    drop(threads);
+                    if let Some(job) = t.take() {
+                        job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
+                    }
+                    return;
+                }
+                drop(threads);
+                if action == PROCESS_LOCK && timeout_ms != 0 {
+                    let timer = t.clone();
+                    let spawned = thread::Builder::new()
+                        .name(format!("qcuda-lock{target}"))
+                        .spawn(move || timer.expire_after(Duration::from_millis(timeout_ms)));
+                    if let Err(e) = spawned {
+                        // The lock then waits without a bound, as one without a timeout.
+                        warn!(
+                            vm = %self.shared.label,
+                            "session {target}: cannot time the lock: {e}"
+                        );
+                    }
+                }
+                return;
+            }
+        }
+        drop(threads);
+        job.finish(&resp);
     }
 }

@@ -864,3 +864,42 @@ fn sessions_migrate_to_another_table_and_a_refused_stream_ends_only_what_it_star
     dst.table.close_all(WAIT);
     src.table.close_all(WAIT);
 }
+
+impl Guest {
+    /// `GpuTrace` (status) from session `caller` about session `target`, as the guest kernel
+    /// module stamps it, waited for as the `n`th completion.
+    fn trace_now(&mut self, head: u16, n: usize, caller: u64, target: u64) -> ResponseHeader {
+        let mut h = RequestHeader::new(Op::GpuTrace);
+        h.session = caller;
+        h.args[1] = 4242;
+        h.args[3] = target;
+        h.args[4] = 4242;
+        h.push_buffer(Direction::Out, 64).unwrap();
+        let (p, out) = self.request(h, &[]);
+        self.send(head, p);
+        let done = self.rec.wait(n);
+        assert!(done.contains(&(head, 128)), "{done:?}");
+        self.response(out + 64)
+    }
+}
+
+#[test]
+fn a_gpu_trace_reaches_only_a_session_of_its_own_vm() {
+    let mut a = Guest::new();
+    let mut b = Guest::new();
+    // Session 7 lives in VM A (a Hello opens it; it has no worker).
+    let (hello, _) = a.simple(Op::Hello, 7);
+    a.send(0, hello);
+    a.rec.wait(1);
+    // VM B's table has no session 7: another VM's process cannot be named.
+    let r = b.trace_now(0, 1, 99, 7);
+    assert_eq!(r.status, status::INITIALIZATION_ERROR);
+    // In VM A it is found; with no GPU work yet there is nothing to record, and no worker is
+    // started for it.
+    let r = a.trace_now(1, 2, 99, 7);
+    assert_eq!(r.status, status::NOT_READY);
+    assert_eq!(a.table.worker_pid(7), None);
+    // A session nobody has.
+    let r = a.trace_now(2, 3, 99, 12345);
+    assert_eq!(r.status, status::INITIALIZATION_ERROR);
+}

@@ -7,7 +7,7 @@ use std::{
     mem,
     os::fd::AsRawFd,
     sync::{
-        atomic::{AtomicBool, AtomicU32, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
         mpsc::Receiver,
         Arc,
     },
@@ -22,12 +22,12 @@ use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
+    account::{bytes_text, SessionAccount},
     latency::{ns, LatencyStats},
     migration::SavedGpu,
     process_checkpoint::{self, ProcessState},
-    table::{Adopting, Msg, Shared},
-    usage::{self, bytes_text, SessionAccount},
-    OPEN_SESSIONS_TOTAL,
+    shared::{Adopting, Msg, Shared},
+    usage,
 };
 use crate::{
     guest_buffer::{GuestRam, Request},
@@ -36,6 +36,14 @@ use crate::{
     worker::message::{IpcCall, ToWorker},
     worker::{Waited, WorkerError, WorkerProcess, CLOSE_WAIT},
 };
+
+/// Sessions open in this process, over all VMs.
+static OPEN_SESSIONS_TOTAL: AtomicUsize = AtomicUsize::new(0);
+
+/// Sessions open in this process, over all sockets (VMs).
+pub fn open_sessions_total() -> usize {
+    OPEN_SESSIONS_TOTAL.load(Ordering::Acquire)
+}
 
 /// The answer of every op that needs the GPU in a session whose worker died.
 fn worker_lost() -> ResponseHeader {
@@ -105,6 +113,7 @@ fn answer_unrun(msg: Msg, resp: &ResponseHeader) {
                 job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR));
             }
         }
+        Msg::Trace(job) => job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR)),
         Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } | Msg::SaveState(_) => {}
     }
 }
@@ -217,6 +226,21 @@ impl SessionThread {
                         if was_holding && !self.process.holds_requests() {
                             requeue(&mut held, &mut backlog);
                         }
+                        job.finish(&resp);
+                    }
+                    continue;
+                }
+                Msg::Trace(job) => {
+                    if self.abandoned() {
+                        continue;
+                    }
+                    if paused {
+                        // A paused worker would resume for it.
+                        held.push_back(Msg::Trace(job));
+                        continue;
+                    }
+                    let resp = self.foreign_trace(&mut gpu, &job.request, &rx, &mut backlog);
+                    if !self.abandoned() {
                         job.finish(&resp);
                     }
                     continue;
@@ -438,6 +462,29 @@ impl SessionThread {
         Outcome::Answered(resp)
     }
 
+    /// Another process's `GpuTrace` of this session: its worker answers, if it has one (a
+    /// recording of a process that has not used the GPU is not a reason to start a worker).
+    fn foreign_trace(
+        &self,
+        gpu: &mut Gpu,
+        req: &Request,
+        rx: &Receiver<Msg>,
+        backlog: &mut VecDeque<Msg>,
+    ) -> ResponseHeader {
+        match gpu {
+            Gpu::Running { .. } => match self.on_worker(gpu, req, rx, backlog) {
+                // The target's sticky state is the target's to learn, not the caller's.
+                Outcome::Answered(mut resp) => {
+                    resp.flags &= !RESP_FLAG_STICKY;
+                    resp
+                }
+                Outcome::Interrupted => ResponseHeader::with_status(status::INITIALIZATION_ERROR),
+            },
+            Gpu::Idle => ResponseHeader::with_status(status::NOT_READY),
+            Gpu::Failed => ResponseHeader::with_status(status::LAUNCH_FAILURE),
+        }
+    }
+
     /// DeviceReset after a sticky error or a lost worker: CUDA says the process must be
     /// restarted, so the worker is, and the session starts afresh on every device.
     fn reset(&self, gpu: &mut Gpu, req: &Request) -> ResponseHeader {
@@ -545,6 +592,7 @@ impl SessionThread {
                 }
             };
             self.pid.store(process.pid(), Ordering::Release);
+            self.account.set_gpu_pid(process.gpu_pid());
             self.account.worker_started(slot);
             let shared = process
                 .share_memory(&self.shared.memory())
@@ -648,6 +696,7 @@ impl SessionThread {
         match WorkerProcess::adopt(&self.shared.command, a.worker, &self.shared.label, a.quota) {
             Ok((mut process, replay)) => {
                 self.pid.store(process.pid(), Ordering::Release);
+                self.account.set_gpu_pid(process.gpu_pid());
                 self.account.worker_started(slot);
                 if let Err(e) = self.link_host_functions(&mut process) {
                     let mut gpu = Gpu::Running {
@@ -691,15 +740,17 @@ impl SessionThread {
         };
         let started = Instant::now();
         match process.save_state() {
-            Ok(Ok(bytes)) => {
+            Ok(Ok(saved)) => {
                 info!(
                     vm = %self.shared.label,
                     session = self.id,
-                    bytes = bytes.len(),
+                    bytes = saved.file.len(),
+                    capture_ms = saved.capture_us / 1000,
+                    encode_ms = saved.encode_us / 1000,
                     ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     "GPU state saved for migration"
                 );
-                Ok(SavedGpu::State(bytes))
+                Ok(SavedGpu::State(saved.file))
             }
             Ok(Err(resp)) => Err(format!(
                 "its GPU state cannot be saved (CUDA error {})",

@@ -7,205 +7,15 @@
 //! `qcuda-smi` (`Op::VmUsage`, [`answer`]), the operator's `vhost-cuda --stats` ([`VmUsage`],
 //! through `stats.rs`), and the session's close log line ([`SessionAccount::totals`]).
 
-use std::{
-    sync::{
-        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
-        Arc, Mutex, Weak,
-    },
-    time::Instant,
+use std::sync::{atomic::Ordering, Arc, Weak};
+
+use qcuda_proto::{status, ResponseHeader, SessionUsage, SESSION_USAGE_SIZE};
+
+use super::{
+    account::{SessionAccount, SessionView, VmUsage},
+    shared::Shared,
 };
-
-use qcuda_proto::{
-    status, ResponseHeader, SessionUsage, SESSION_USAGE_SIZE, USAGE_CALLER, USAGE_FAILED, USAGE_GPU,
-};
-
-use super::table::{lock, Shared};
-use crate::{
-    guest_buffer::Request,
-    limits::{SlotUsage, WorkerUsage},
-};
-
-/// One session's accounting, shared by its thread (which updates it) and the table (which
-/// reads it for snapshots).
-#[derive(Debug)]
-pub(super) struct SessionAccount {
-    id: u64,
-    /// The guest pid the kernel module stamped (0 until a request carries one).
-    pid: AtomicU32,
-    /// Its worker process's pid on the host, 0 while there is none.
-    pub(super) worker_pid: Arc<AtomicU32>,
-    opened: Instant,
-    /// The slot of its current worker, while it has one.
-    worker: Mutex<Option<SlotUsage>>,
-    /// What its ended workers counted (memory: what the last one held when it ended; peak:
-    /// the most of any).
-    ended: Mutex<WorkerUsage>,
-    /// Its worker died; GPU ops fail until DeviceReset.
-    failed: AtomicBool,
-    /// Closed: its counts have gone into the VM's totals (snapshots skip it).
-    closed: AtomicBool,
-}
-
-impl SessionAccount {
-    pub(super) fn new(id: u64, pid: u32, worker_pid: Arc<AtomicU32>) -> Self {
-        Self {
-            id,
-            pid: AtomicU32::new(pid),
-            worker_pid,
-            opened: Instant::now(),
-            worker: Mutex::new(None),
-            ended: Mutex::new(WorkerUsage::default()),
-            failed: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-        }
-    }
-
-    /// Takes the guest pid of a request if none is known yet.
-    pub(super) fn note_pid(&self, pid: u32) {
-        // A load first: this runs for every request, and the pid is almost always known.
-        if pid != 0 && self.pid.load(Ordering::Relaxed) == 0 {
-            let _ = self
-                .pid
-                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Acquire);
-        }
-    }
-
-    pub(super) fn pid(&self) -> u32 {
-        self.pid.load(Ordering::Acquire)
-    }
-
-    /// Seconds since the session opened.
-    pub(super) fn age_secs(&self) -> f64 {
-        self.opened.elapsed().as_secs_f64()
-    }
-
-    /// A worker started, counting in `slot` (`None`: the VM has no accounting file).
-    pub(super) fn worker_started(&self, slot: Option<SlotUsage>) {
-        self.failed.store(false, Ordering::Release);
-        *lock(&self.worker) = slot;
-    }
-
-    /// The worker is about to be ended: notes what it holds (its slot's bytes are cleared once
-    /// it is reaped).
-    pub(super) fn worker_ending(&self) {
-        if let Some(slot) = lock(&self.worker).as_ref() {
-            lock(&self.ended).memory = slot.read().memory;
-        }
-    }
-
-    /// The worker was reaped: its final counts join the session's, and its slot is free.
-    /// `failed`: it died unexpectedly.
-    pub(super) fn worker_ended(&self, failed: bool) {
-        if let Some(slot) = lock(&self.worker).take() {
-            let last = slot.read();
-            let mut e = lock(&self.ended);
-            e.peak_memory = e.peak_memory.max(last.peak_memory);
-            e.kernels = e.kernels.saturating_add(last.kernels);
-            e.graph_launches = e.graph_launches.saturating_add(last.graph_launches);
-        }
-        self.failed.store(failed, Ordering::Release);
-    }
-
-    /// Its counts now: the current worker's and those of the ended ones.
-    pub(super) fn totals(&self) -> WorkerUsage {
-        let now = lock(&self.worker)
-            .as_ref()
-            .map(SlotUsage::read)
-            .unwrap_or_default();
-        let e = *lock(&self.ended);
-        WorkerUsage {
-            memory: now.memory,
-            peak_memory: e.peak_memory.max(now.peak_memory),
-            kernels: e.kernels.saturating_add(now.kernels),
-            graph_launches: e.graph_launches.saturating_add(now.graph_launches),
-        }
-    }
-
-    /// Bytes its current worker holds, or the last one held when it was ended: what the guest
-    /// process left allocated when it went.
-    pub(super) fn held_at_end(&self) -> u64 {
-        match lock(&self.worker).as_ref() {
-            Some(slot) => slot.read().memory,
-            None => lock(&self.ended).memory,
-        }
-    }
-
-    /// Marks the session closed; its final counts go into the VM's `totals`.
-    pub(super) fn close_into(&self, totals: &VmTotals) -> WorkerUsage {
-        self.closed.store(true, Ordering::Release);
-        let t = self.totals();
-        totals.ended_kernels.fetch_add(t.kernels, Ordering::AcqRel);
-        totals
-            .ended_graph_launches
-            .fetch_add(t.graph_launches, Ordering::AcqRel);
-        t
-    }
-
-    /// Its wire record; `caller`: the session that asks.
-    fn record(&self, caller: bool) -> SessionUsage {
-        let t = self.totals();
-        let mut flags = 0;
-        if caller {
-            flags |= USAGE_CALLER;
-        }
-        if self.worker_pid.load(Ordering::Acquire) != 0 {
-            flags |= USAGE_GPU;
-        }
-        if self.failed.load(Ordering::Acquire) {
-            flags |= USAGE_FAILED;
-        }
-        SessionUsage {
-            session: self.id,
-            pid: self.pid(),
-            flags,
-            memory: t.memory,
-            peak_memory: t.peak_memory,
-            kernels: t.kernels,
-            graph_launches: t.graph_launches,
-            age_ms: u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX),
-        }
-    }
-}
-
-/// A VM's counts over the sessions that have ended, since the connection began.
-#[derive(Debug, Default)]
-pub(super) struct VmTotals {
-    pub(super) sessions_opened: AtomicU64,
-    ended_kernels: AtomicU64,
-    ended_graph_launches: AtomicU64,
-}
-
-/// One session in the host's view: its record and its worker process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SessionView {
-    /// What the guest sees too.
-    pub usage: SessionUsage,
-    /// Its worker process on the host (what `nvidia-smi` on the host lists), 0 if none.
-    pub worker_pid: u32,
-}
-
-/// A VM's use of the host at one moment.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct VmUsage {
-    /// The VM's label (its socket path).
-    pub vm: String,
-    /// Sessions open.
-    pub sessions_open: usize,
-    /// `--max-sessions` (or the built-in bound).
-    pub max_sessions: usize,
-    /// Bytes of device memory its sessions hold.
-    pub memory: u64,
-    /// `--max-gpu-memory`.
-    pub memory_limit: Option<u64>,
-    /// Kernels launched since the VM connected, by open and ended sessions.
-    pub kernels: u64,
-    /// Graphs launched since then.
-    pub graph_launches: u64,
-    /// Sessions opened since then.
-    pub sessions_opened: u64,
-    /// The open sessions, by session id.
-    pub sessions: Vec<SessionView>,
-}
+use crate::guest_buffer::Request;
 
 /// The open sessions' accounts, by session id.
 fn accounts(shared: &Shared) -> Vec<Arc<SessionAccount>> {
@@ -223,9 +33,14 @@ fn accounts(shared: &Shared) -> Vec<Arc<SessionAccount>> {
 pub(super) fn snapshot(shared: &Shared, caller: Option<u64>) -> VmUsage {
     let sessions: Vec<SessionView> = accounts(shared)
         .iter()
-        .map(|a| SessionView {
-            usage: a.record(Some(a.id) == caller),
-            worker_pid: a.worker_pid.load(Ordering::Acquire),
+        .map(|a| {
+            let t = a.totals();
+            SessionView {
+                usage: a.record(Some(a.id) == caller),
+                worker_pid: a.reported_worker_pid(),
+                gpu_busy_ns: t.gpu_busy_ns,
+                gpu_traced_ns: t.gpu_traced_ns,
+            }
         })
         .collect();
     let live = |f: fn(&SessionUsage) -> u64| {
@@ -253,6 +68,19 @@ pub(super) fn snapshot(shared: &Shared, caller: Option<u64>) -> VmUsage {
             .load(Ordering::Acquire)
             .saturating_add(live(|s| s.graph_launches)),
         sessions_opened: t.sessions_opened.load(Ordering::Acquire),
+        gpu_busy_ns: t.ended_gpu_busy_ns.load(Ordering::Acquire).saturating_add(
+            sessions
+                .iter()
+                .fold(0u64, |a, s| a.saturating_add(s.gpu_busy_ns)),
+        ),
+        gpu_traced_ns: t
+            .ended_gpu_traced_ns
+            .load(Ordering::Acquire)
+            .saturating_add(
+                sessions
+                    .iter()
+                    .fold(0u64, |a, s| a.saturating_add(s.gpu_traced_ns)),
+            ),
         sessions,
     }
 }
@@ -330,24 +158,5 @@ impl UsageView {
                 rx.recv_timeout(left).ok().map(|r| (id, r))
             })
             .collect()
-    }
-}
-
-/// Bytes for people: "0 B", "512 B", "4.0 KiB", "1.5 GiB" (`qcuda_proto::HumanBytes`).
-pub fn bytes_text(b: u64) -> String {
-    qcuda_proto::HumanBytes(b).to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bytes_for_people() {
-        assert_eq!(bytes_text(0), "0 B");
-        assert_eq!(bytes_text(1023), "1023 B");
-        assert_eq!(bytes_text(4096), "4.0 KiB");
-        assert_eq!(bytes_text(3 << 29), "1.5 GiB");
-        assert_eq!(bytes_text(u64::MAX), "16384.0 PiB");
     }
 }

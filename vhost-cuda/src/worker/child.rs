@@ -22,7 +22,7 @@
 
 use std::{
     collections::BTreeMap,
-    io,
+    io::{self, Write},
     mem::MaybeUninit,
     os::{
         fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
@@ -38,7 +38,10 @@ use tracing::{debug, error, error_span, info, warn};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use crate::{
-    cuda::{AddressSpace, CheckpointError, CudaHost, GpuState},
+    cuda::{
+        trace::{cupti, GpuTraceMode, GpuTraceSetup},
+        AddressSpace, CheckpointError, CudaHost, GpuState,
+    },
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
     sandbox::{self, SandboxMode, SeccompMode},
@@ -73,12 +76,18 @@ pub struct WorkerConfig {
     pub seccomp: SeccompMode,
     /// `--sandbox-check`: build the sandbox, then exit 0 (the daemon's start-up check).
     pub sandbox_check: bool,
+    /// `--shm-fd`: the inherited descriptor of the VM's shared directory (the worker's
+    /// `/dev/shm`).
+    pub shm_fd: Option<std::os::fd::RawFd>,
     /// `--gpu-va-base` and `--gpu-va-size` of the daemon: where the session's device
     /// address ranges lie.
     pub address_space: AddressSpace,
     /// `--outlive-daemon`: the daemon keeps this worker for its successor
     /// (`crate::fd_store`): a closed host-function link means the daemon died.
     pub outlive_daemon: bool,
+    /// `--gpu-trace` and `--cupti` of the daemon: how a recording of the GPU timeline times GPU
+    /// work, and where libcupti is.
+    pub gpu_trace: GpuTraceSetup,
 }
 
 /// Why a request from the daemon is refused.
@@ -296,39 +305,48 @@ pub fn ipc_answer(
     }
 }
 
-/// A migration's source: saves the whole state into `file` (from offset 0); the answer's
-/// rets[0] is the bytes written.
+/// A migration's source: saves the whole state into `file` (from offset 0), written as it is
+/// encoded (`GpuState::save_into`); the answer's rets[0] is the bytes written, rets[2] and
+/// rets[3] the microseconds of the capture and of the encoding (rets[1], the nanoseconds of
+/// the whole, is the loop's).
 fn save_state_into(session: &mut GpuState, file: &std::fs::File) -> ResponseHeader {
-    use std::os::unix::fs::FileExt;
-    let bytes = match session.save() {
-        Ok(b) => b,
+    let mut out = io::BufWriter::with_capacity(1 << 20, file);
+    let figures = match session.save_into(&mut out) {
+        Ok(f) => f,
         Err(e) => return checkpoint_answer(Err(e)),
     };
-    if let Err(e) = file.write_all_at(&bytes, 0) {
-        error!("cannot write the saved state ({} bytes): {e}", bytes.len());
+    if let Err(e) = out.flush() {
+        error!("cannot write the saved state: {e}");
         return ResponseHeader::with_status(status::MEMORY_ALLOCATION);
     }
-    checkpoint_answer(Ok(bytes.len() as u64))
+    info!(
+        bytes = figures.bytes,
+        device_bytes = figures.device_bytes,
+        capture_s = figures.capture.as_secs_f64(),
+        encode_s = figures.encode.as_secs_f64(),
+        "saved state written"
+    );
+    let mut r = checkpoint_answer(Ok(figures.bytes));
+    r.rets[2] = u64::try_from(figures.capture.as_micros()).unwrap_or(u64::MAX);
+    r.rets[3] = u64::try_from(figures.encode.as_micros()).unwrap_or(u64::MAX);
+    r
 }
 
 /// A migration's destination: makes the saved state in `file` (offset 0 to its end) again in
 /// this fresh state. The bytes come from another host: they are decoded with the checked
-/// decoder (`saved_state.rs`) and every object is checked as it is made again.
+/// decoder (`saved_state.rs`) and every object is checked as it is made again. The file is
+/// mapped, not read: the state's gigabytes of device memory are copied once, from the
+/// mapping to the device.
 fn restore_state_from(session: &mut GpuState, file: &std::fs::File) -> ResponseHeader {
-    use std::os::unix::fs::FileExt;
-    let read = file.metadata().and_then(|m| {
-        let len = usize::try_from(m.len()).map_err(io::Error::other)?;
-        let mut bytes = vec![0u8; len];
-        file.read_exact_at(&mut bytes, 0).map(|()| bytes)
-    });
-    let bytes = match read {
-        Ok(b) => b,
+    let mapped = match super::state_file::SealedMap::new(file) {
+        Ok(m) => m,
         Err(e) => {
-            error!("cannot read the state to restore: {e}");
+            error!("cannot map the state to restore: {e}");
             return ResponseHeader::with_status(status::MEMORY_ALLOCATION);
         }
     };
-    checkpoint_answer(session.restore_saved(&bytes).map(|()| bytes.len() as u64))
+    let bytes = mapped.bytes();
+    checkpoint_answer(session.restore_saved(bytes).map(|()| bytes.len() as u64))
 }
 
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
@@ -659,8 +677,8 @@ fn take_channel() -> io::Result<WorkerChannel> {
 
 /// `--sandbox-check`: builds the sandbox as a worker would, without a driver or a channel.
 fn check_sandbox(config: &WorkerConfig) -> i32 {
-    match sandbox::confine_worker(config.sandbox)
-        .and_then(|_| sandbox::filter_worker(config.sandbox, config.seccomp))
+    match sandbox::confine_worker(config.sandbox, inherited_shm(config))
+        .and_then(|_| sandbox::filter_worker(config.sandbox, config.seccomp, false))
     {
         Ok(()) => 0,
         Err(e) => {
@@ -671,6 +689,14 @@ fn check_sandbox(config: &WorkerConfig) -> i32 {
             1
         }
     }
+}
+
+/// The VM's shared directory the daemon passed (`--shm-fd`), if any.
+fn inherited_shm(config: &WorkerConfig) -> Option<std::os::fd::OwnedFd> {
+    let fd = config.shm_fd?;
+    // SAFETY: the daemon passes `--shm-fd` exactly when it placed that descriptor there
+    // (SpawnSpec::with_shared_dir), and nothing else in this process owns it.
+    Some(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 /// The worker's `main`: returns the exit status.
@@ -698,9 +724,26 @@ pub fn run(config: &WorkerConfig) -> i32 {
     if !crate::cuda::reserve_window() {
         warn!("cannot reserve the host-mapping window: host memory will map at other addresses");
     }
+    // libcupti, where recordings may use it, is loaded before the root is built, so that its
+    // file is bound with the driver's; without it nothing of CUPTI is in the worker.
+    let cupti_loaded = config.gpu_trace.mode.wants_cupti()
+        && match cupti::load(config.gpu_trace.cupti.as_deref()) {
+            Ok(path) => {
+                debug!("libcupti loaded from {}", path.display());
+                true
+            }
+            Err(e) => {
+                if config.gpu_trace.mode == GpuTraceMode::Cupti {
+                    warn!("{e}: GPU traces of this process are refused (--gpu-trace cupti)");
+                } else {
+                    debug!("{e}: GPU traces of this process time GPU work with CUDA events");
+                }
+                false
+            }
+        };
     // Into the minimal root while this process has one thread (capabilities are per thread);
     // the driver is loaded here first, so that its files are known.
-    let bound = match sandbox::confine_worker(config.sandbox) {
+    let bound = match sandbox::confine_worker(config.sandbox, inherited_shm(config)) {
         Ok(n) => n,
         Err(e) => {
             error!(
@@ -728,6 +771,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
             }
         }
     }
+    host.set_trace_mode(config.gpu_trace.mode);
     match config.address_space.check(host.gpu_count()) {
         Ok(space) => host.set_address_space(space),
         Err(e) => {
@@ -746,7 +790,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
         host_functions.survive_daemon();
     }
     // The driver is initialised: from here on only the measured system calls (every thread).
-    if let Err(e) = sandbox::filter_worker(config.sandbox, config.seccomp) {
+    if let Err(e) = sandbox::filter_worker(config.sandbox, config.seccomp, cupti_loaded) {
         error!("cannot install the worker's seccomp filter: {e}");
         return 1;
     }

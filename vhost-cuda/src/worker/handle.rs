@@ -24,7 +24,7 @@ use std::{
     io, mem,
     os::{
         fd::{AsRawFd, OwnedFd, RawFd},
-        unix::{fs::FileExt, process::ExitStatusExt},
+        unix::process::ExitStatusExt,
     },
     path::PathBuf,
     process::ExitStatus,
@@ -39,16 +39,17 @@ use tracing::{error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::{
-    cuda::AddressSpace,
+    cuda::{trace::GpuTraceSetup, AddressSpace},
     fd_store::{self, FdStore},
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
-    sandbox::{self, ChildProcess, IdMaps, SandboxMode, SeccompMode, SpawnSpec},
+    sandbox::{self, ChildProcess, IdMaps, SandboxMode, SeccompMode, SharedShm, SpawnSpec},
     shared_guest_ram::region_table,
     spin_wait,
     worker::{
         mailbox::Mailbox,
         message::{FromWorker, IpcCall, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+        state_file::StateFile,
     },
 };
 
@@ -78,9 +79,13 @@ pub struct WorkerCommand {
     seccomp: SeccompMode,
     /// `--gpu-va-base`, `--gpu-va-size`.
     address_space: AddressSpace,
+    /// `--gpu-trace`, `--cupti`.
+    gpu_trace: GpuTraceSetup,
     /// Workers outlive the daemon, their channels kept in systemd's file-descriptor store
     /// (`crate::fd_store`), for the next daemon to take over.
     keep: Option<KeepWorkers>,
+    /// Where each VM's workers get their shared `/dev/shm` (sandboxed workers only).
+    shared_shm: Option<Arc<SharedShm>>,
 }
 
 /// Where a daemon keeps its workers for the next one: the store, and the index of the
@@ -144,8 +149,30 @@ impl WorkerCommand {
             sandbox: SandboxMode::None,
             seccomp: SeccompMode::Enforce,
             address_space: AddressSpace::default(),
+            gpu_trace: GpuTraceSetup::default(),
             keep: None,
+            shared_shm: None,
         }
+    }
+
+    /// The same command, each VM's sandboxed workers sharing a directory of `shm` as their
+    /// `/dev/shm` (the driver's interprocess events between the VM's processes).
+    pub fn with_shared_shm(mut self, shm: Option<Arc<SharedShm>>) -> Self {
+        self.shared_shm = shm;
+        self
+    }
+
+    /// Where VMs' workers share their `/dev/shm`, if they do.
+    pub fn shared_shm(&self) -> Option<&Arc<SharedShm>> {
+        self.shared_shm
+            .as_ref()
+            .filter(|_| self.sandbox != SandboxMode::None)
+    }
+
+    /// The same command, for a daemon with `--gpu-trace` and `--cupti`.
+    pub fn with_gpu_trace(mut self, setup: GpuTraceSetup) -> Self {
+        self.gpu_trace = setup;
+        self
     }
 
     /// The same command, its workers outliving the daemon in `keep`'s store.
@@ -243,7 +270,12 @@ impl WorkerCommand {
             self.seccomp.as_str().into(),
             "--gpu-va-base".into(),
             format!("{:#x}", self.address_space.base).into(),
+            "--gpu-trace".into(),
+            self.gpu_trace.mode.as_str().into(),
         ];
+        if let Some(p) = &self.gpu_trace.cupti {
+            args.extend(["--cupti".into(), p.clone().into()]);
+        }
         if self.address_space.base != 0 {
             args.extend([
                 "--gpu-va-size".into(),
@@ -259,6 +291,13 @@ impl WorkerCommand {
         if self.keep.is_some() {
             args.push("--outlive-daemon".into());
         }
+        let shm = self
+            .shared_shm()
+            .map(|s| (s.fd(), SharedShm::vm_dir_name(vm)));
+        if shm.is_some() {
+            let at = 3 + fds.len();
+            args.extend(["--shm-fd".into(), at.to_string().into()]);
+        }
         // In a sandbox the driver's JIT cache is out of reach (and must be: a cache shared
         // by every VM's workers would let one VM's worker plant code in another's): say so
         // to the driver rather than let it fail on every PTX load.
@@ -268,7 +307,11 @@ impl WorkerCommand {
             &[("CUDA_CACHE_DISABLE", "1")]
         };
         let (flags, user) = self.sandbox.clone_flags();
-        Ok(SpawnSpec::new(&self.program, &args, env)?
+        let mut spec = SpawnSpec::new(&self.program, &args, env)?;
+        if let Some((parent, name)) = shm {
+            spec = spec.with_shared_dir(parent, name);
+        }
+        Ok(spec
             .with_fds(fds)
             .outliving_parent(self.keep.is_some())
             .with_namespaces(flags, user.then(IdMaps::own_ids_as_root)))
@@ -295,15 +338,15 @@ pub enum WorkerError {
     StateFile(io::Error),
 }
 
-/// An anonymous file (memfd) for a saved state on its way to or from a worker.
-fn state_file(name: &std::ffi::CStr) -> Result<std::fs::File, WorkerError> {
-    // SAFETY: `name` is a NUL-terminated string; the flags are valid.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(WorkerError::StateFile(io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` was just created and nothing else owns it.
-    Ok(unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+/// A worker's saved state ([`WorkerProcess::save_state`]) and how long the worker took.
+#[derive(Debug, Clone)]
+pub struct SavedByWorker {
+    /// The saved state.
+    pub file: StateFile,
+    /// Microseconds the worker took to quiesce and capture (device memory copied out).
+    pub capture_us: u64,
+    /// Microseconds it took to encode the capture and write it into the file.
+    pub encode_us: u64,
 }
 
 /// What [`WorkerProcess::wait`] saw first.
@@ -533,10 +576,18 @@ impl WorkerProcess {
         drop(theirs);
         drop(quota_copy);
         let pid = child.id();
-        info!(
-            vm,
-            "session {session}: worker process {pid} started (sandbox: {})", cmd.sandbox
-        );
+        match child.worker_id() {
+            gpu if gpu != pid => info!(
+                vm,
+                "session {session}: worker process {pid} started (sandbox: {}; the init of its \
+                 PID namespace, the worker proper {gpu})",
+                cmd.sandbox
+            ),
+            _ => info!(
+                vm,
+                "session {session}: worker process {pid} started (sandbox: {})", cmd.sandbox
+            ),
+        }
         let mut worker = Self {
             session,
             vm: vm.to_string(),
@@ -698,9 +749,16 @@ impl WorkerProcess {
         self.mailbox.is_some()
     }
 
-    /// The worker's process id.
+    /// The worker's process id: the daemon's child (in the namespace sandbox, the init of the
+    /// worker's PID namespace, which ends the worker when it is killed).
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The id of the process that holds the session's GPU contexts, as `nvidia-smi` lists it:
+    /// the init's child in the namespace sandbox, else [`WorkerProcess::pid`].
+    pub fn gpu_pid(&self) -> u32 {
+        self.child.worker_id()
     }
 
     /// Nanoseconds the worker spent on the last request it answered (its own measure).
@@ -858,11 +916,11 @@ impl WorkerProcess {
     }
 
     /// Saves the worker's whole GPU state (a migration's source; the state goes on running):
-    /// `Ok(Ok(bytes))` the saved state (`saved_state.rs`), `Ok(Err(answer))` the worker's
+    /// `Ok(Ok(saved))` the saved state (`saved_state.rs`) in its file, `Ok(Err(answer))` the worker's
     /// refusal (its status says why, as for [`checkpoint`](Self::checkpoint)).
-    pub fn save_state(&mut self) -> Result<Result<Vec<u8>, ResponseHeader>, WorkerError> {
-        let file = state_file(c"qcuda-saved-state")?;
-        self.send_message(&ToWorker::SaveState, &[file.as_raw_fd()])?;
+    pub fn save_state(&mut self) -> Result<Result<SavedByWorker, ResponseHeader>, WorkerError> {
+        let file = StateFile::create(c"qcuda-saved-state").map_err(WorkerError::StateFile)?;
+        self.send_message(&ToWorker::SaveState, &[file.file().as_raw_fd()])?;
         let resp = loop {
             if let Waited::Done(resp) = self.wait(None)? {
                 break resp;
@@ -871,32 +929,40 @@ impl WorkerProcess {
         if resp.status != qcuda_proto::status::SUCCESS {
             return Ok(Err(resp));
         }
-        let len = usize::try_from(resp.rets[0]).map_err(|_| {
-            WorkerError::StateFile(io::Error::other("saved state larger than memory"))
-        })?;
-        // The worker's number is checked against the file before anything is allocated.
-        let size = file.metadata().map_err(WorkerError::StateFile)?.len();
-        if resp.rets[0] > size {
-            return Err(WorkerError::StateFile(io::Error::other(format!(
-                "the worker says {} bytes, its file holds {size}",
-                resp.rets[0]
-            ))));
-        }
-        let mut bytes = vec![0u8; len];
-        file.read_exact_at(&mut bytes, 0)
-            .map_err(WorkerError::StateFile)?;
-        Ok(Ok(bytes))
+        // The worker's number is checked against the file: the file is what travels on.
+        let file = StateFile::filled(
+            file.file().try_clone().map_err(WorkerError::StateFile)?,
+            resp.rets[0],
+        )
+        .map_err(WorkerError::StateFile)?;
+        Ok(Ok(SavedByWorker {
+            file,
+            capture_us: resp.rets[2],
+            encode_us: resp.rets[3],
+        }))
     }
 
     /// Restores a saved state (`saved_state.rs`, from a migration's source) into this worker,
     /// which must not have run a request yet. The answer's status says whether it was taken
     /// (as for [`checkpoint`](Self::checkpoint)); on a refusal the worker's state is left
     /// fresh or broken and the caller ends it.
-    pub fn restore_state(&mut self, state: &[u8]) -> Result<ResponseHeader, WorkerError> {
-        let file = state_file(c"qcuda-restore-state")?;
-        file.write_all_at(state, 0)
-            .map_err(WorkerError::StateFile)?;
-        self.send_message(&ToWorker::RestoreState, &[file.as_raw_fd()])?;
+    pub fn restore_state(&mut self, state: &StateFile) -> Result<ResponseHeader, WorkerError> {
+        // The worker reads the file to its end: a file longer than the state (none the
+        // daemon makes) is cut first.
+        if state
+            .file()
+            .metadata()
+            .map_err(WorkerError::StateFile)?
+            .len()
+            != state.len()
+        {
+            state
+                .file()
+                .set_len(state.len())
+                .map_err(WorkerError::StateFile)?;
+        }
+        state.seal().map_err(WorkerError::StateFile)?;
+        self.send_message(&ToWorker::RestoreState, &[state.file().as_raw_fd()])?;
         loop {
             if let Waited::Done(resp) = self.wait(None)? {
                 return Ok(resp);

@@ -31,6 +31,8 @@ use qcuda_proto::{ResponseHeader, MAX_BUFFERS, REQUEST_HEADER_SIZE, RESPONSE_HEA
 use thiserror::Error;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+pub use crate::shared_guest_ram::RegionSpec;
+
 /// Longest frame body. A request has at most `MAX_SPANS` runs of 16 bytes each.
 pub const MAX_FRAME: usize = 2 << 20;
 /// Most regions a memory table may have (vhost-user without `CONFIGURE_MEM_SLOTS` sends at most
@@ -59,17 +61,6 @@ const TAG_RESTORE_STATE: u8 = 15;
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
 const TAG_SANDBOX_TEST_HOOK: u8 = 0xf0;
-
-/// One region of guest RAM: where it sits in guest-physical space and where in its file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegionSpec {
-    /// Guest-physical start.
-    pub gpa: u64,
-    /// Length in bytes.
-    pub size: u64,
-    /// Offset of the region in its file.
-    pub file_offset: u64,
-}
 
 /// One guest-physical run of a buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,7 +132,8 @@ pub enum ToWorker {
     /// Save the whole GPU state (`GpuState::save`, a migration's source): one file travels
     /// with it (a memfd), which the worker fills with the saved state from offset 0. Answered
     /// [`FromWorker::Done`] with the status (as for [`ToWorker::Pause`]), rets[0] the bytes
-    /// written and rets[1] the nanoseconds it took. The state goes on running.
+    /// written, rets[1] the nanoseconds it took, rets[2] and rets[3] the microseconds of the
+    /// capture and of the encoding with device memory streamed. The state goes on running.
     SaveState,
     /// Replace this worker's GPU state, which must be fresh (no request ran yet), with the
     /// saved state in the file that travels with it (`GpuState::restore`, a migration's

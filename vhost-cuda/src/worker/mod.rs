@@ -7,16 +7,20 @@
 //! and reap it; driven by the session's thread, `crate::session`) → `message.rs` (the socket
 //! between them: messages and frames; `mailbox.rs`, the hop's shared-memory fast path) →
 //! `child.rs` (the worker itself: its main, the re-validation of every request, its loop) →
-//! `crate::cuda` (every CUDA op).
+//! `crate::cuda` (every CUDA op). A saved state travels to and from a worker in a
+//! `state_file.rs` (a memfd), never as bytes in the daemon's memory.
 
 mod child;
 mod handle;
 pub mod mailbox;
 pub mod message;
+mod state_file;
 
 pub use child::{
     build_request, checkpoint_answer, run, serve, RunError, Work, WorkerConfig, CHANNEL_FD,
 };
 pub use handle::{
-    KeepWorkers, Waited, WorkerCommand, WorkerError, WorkerProcess, ADOPT_WAIT, CLOSE_WAIT,
+    KeepWorkers, SavedByWorker, Waited, WorkerCommand, WorkerError, WorkerProcess, ADOPT_WAIT,
+    CLOSE_WAIT,
 };
+pub use state_file::{widen_pipe, SealedMap, StateFile};

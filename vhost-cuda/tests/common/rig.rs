@@ -251,11 +251,22 @@ pub fn process_state(pid: u32) -> Option<char> {
     rest.split_whitespace().next()?.chars().next()
 }
 
-/// The command line of process `pid`, NUL-separated arguments joined with spaces.
+/// The command line of process `pid`, NUL-separated arguments joined with spaces; for the
+/// init of a worker's PID namespace (the daemon's child in the `namespace` sandbox), its
+/// worker's.
 pub fn cmdline(pid: u32) -> String {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .unwrap_or_default()
+    let read = |pid: &str| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default()
+    };
+    let own = read(&pid.to_string());
+    if !own.contains(" --pid-namespace-init ") {
+        return own;
+    }
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    children.split_whitespace().next().map_or(own, read)
 }
 
 /// Children of this process whose command line contains `needle`.

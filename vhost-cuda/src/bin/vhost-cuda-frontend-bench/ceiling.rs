@@ -13,9 +13,10 @@ use qcuda_proto::{Op, VERSION};
 use vhost_cuda::frontend::QueueWait;
 
 use crate::{
-    connect,
+    args::Args,
+    report::Report,
     session::{RowError, Session},
-    Args, Report,
+    vm::connect,
 };
 
 /// What each session sends.

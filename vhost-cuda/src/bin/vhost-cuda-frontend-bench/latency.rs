@@ -8,9 +8,10 @@ use vhost_cuda::frontend::QueueWait;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::{
-    mean_us,
+    report::{mean_us, Plan, Report},
     session::{Batch, RowError, Session},
-    test_kernels, Plan, Report, PINNED_AT,
+    test_kernels,
+    vm::PINNED_AT,
 };
 
 /// guest-lib's batch limit: what qcuda.ko copies into bounce memory.

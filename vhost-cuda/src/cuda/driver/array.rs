@@ -10,7 +10,11 @@ use std::{ffi::c_uint, ptr::null_mut};
 
 use cudarc::driver::sys;
 
-use super::{check, driver_handles, ptr, CuError, CuResult, CudaDriver, NoDriver, Raw, Stream};
+use super::{
+    error::{check, CuError, CuResult},
+    handles::{driver_handles, ptr, Raw, Stream},
+    library::{CudaDriver, NoDriver},
+};
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
 pub(crate) const ARRAY_SYMBOLS: &[&str] = &[

@@ -16,6 +16,8 @@ use super::{
 };
 use crate::cuda::launch::{attr, DriverLaunchAttr, LaunchConfig};
 
+#[path = "fake_activity.rs"]
+mod activity;
 #[path = "fake_arrays.rs"]
 mod arrays;
 #[path = "fake_vmm.rs"]
@@ -164,6 +166,14 @@ pub(crate) struct FakeDriver {
     state: Mutex<State>,
     /// Texture/surface object values (fake_arrays.rs).
     object_values: Mutex<arrays::ObjectValues>,
+    /// What it ran, for the timeline recorder (fake_activity.rs); `None`: it reports nothing,
+    /// so the recorder times with events.
+    activity: Option<activity::SharedLog>,
+    /// Most bytes of host memory the fake's own buffers (device memory, physical VMM
+    /// allocations, arrays, pinned host memory) may hold together: beyond it an allocation
+    /// answers out of memory, as a machine would. Unbounded unless set (the fuzz targets bound
+    /// it, so that inputs allocating on every device at once stay inside the fuzzer's limit).
+    ram_budget: u64,
 }
 
 impl FakeDriver {
@@ -175,7 +185,65 @@ impl FakeDriver {
                 ..State::default()
             }),
             object_values: Mutex::default(),
+            activity: Some(activity::SharedLog::default()),
+            ram_budget: u64::MAX,
         }
+    }
+
+    /// The same driver with its buffers bounded to `bytes` of host memory in all.
+    pub(crate) fn with_ram_budget(mut self, bytes: u64) -> Self {
+        self.ram_budget = bytes;
+        self
+    }
+
+    /// Bytes the fake's buffers hold in host memory.
+    fn ram_used(st: &State) -> u64 {
+        let contexts: u64 = st
+            .contexts
+            .values()
+            .map(|c| {
+                let mem: u64 = c.mem.values().map(|v| v.len() as u64).sum();
+                let host: u64 = c.host.values().map(|v| v.len() as u64).sum();
+                let arrays: u64 = c.arrays.values().map(|(_, v)| v.len() as u64).sum();
+                mem + host + arrays
+            })
+            .sum();
+        contexts + st.vmm.phys_bytes()
+    }
+
+    /// Out of memory when `size` more bytes would pass the host-memory budget.
+    fn check_ram(&self, st: &State, size: usize) -> CuResult<()> {
+        if Self::ram_used(st).saturating_add(size as u64) > self.ram_budget {
+            return Err(OUT_OF_MEMORY);
+        }
+        Ok(())
+    }
+
+    /// A driver without a record of its work (the recorder then times ops with events).
+    pub(crate) fn without_activity(mut self) -> Self {
+        self.activity = None;
+        self
+    }
+
+    /// How often a recorder enabled this driver's record of its work.
+    pub(crate) fn activity_enables(&self) -> usize {
+        self.activity
+            .as_ref()
+            .map_or(0, |a| activity::lock(a).enables)
+    }
+
+    /// Notes work for the recorder, if it records.
+    fn note(&self, device: i32, stream: Stream, work: activity::Work) {
+        if let Some(a) = &self.activity {
+            activity::note(a, device, stream.raw() as u64 + 1, work);
+        }
+    }
+
+    /// The device of the current context (the fake's `CUdevice`).
+    fn current_device(&self) -> i32 {
+        let st = self.st();
+        let cur = st.cur();
+        st.contexts.get(&cur).map_or(100, |c| c.dev)
     }
 
     fn st(&self) -> MutexGuard<'_, State> {
@@ -515,7 +583,8 @@ impl DriverApi for FakeDriver {
     fn mem_get_info(&self) -> CuResult<(u64, u64)> {
         let st = self.enter("mem_get_info")?;
         let c = st.contexts.get(&st.cur()).ok_or(INVALID_CONTEXT)?;
-        Ok((TOTAL_MEM - Self::used(&st, c.dev), TOTAL_MEM))
+        // Mapped VMM views count in `used` beside their physical allocation: never below 0.
+        Ok((TOTAL_MEM.saturating_sub(Self::used(&st, c.dev)), TOTAL_MEM))
     }
 
     fn mem_alloc(&self, size: usize) -> CuResult<u64> {
@@ -526,6 +595,7 @@ impl DriverApi for FakeDriver {
         if Self::used(&st, dev).saturating_add(size as u64) > TOTAL_MEM {
             return Err(OUT_OF_MEMORY);
         }
+        self.check_ram(&st, size)?;
         let c = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;
         if let Some(e) = c.sticky {
             return Err(e);
@@ -552,6 +622,7 @@ impl DriverApi for FakeDriver {
     }
 
     fn mem_alloc_host(&self, size: usize) -> CuResult<Raw> {
+        self.check_ram(&self.st(), size)?;
         self.with_ctx("mem_alloc_host", |c, _| {
             let v = vec![0u8; size];
             let p = v.as_ptr() as Raw;
@@ -568,14 +639,25 @@ impl DriverApi for FakeDriver {
         stream: Stream,
     ) -> CuResult<()> {
         self.check_host_range(src as u64, len)?;
-        self.with_ctx_uva("memcpy_htod", |c, others| {
+        let r = self.with_ctx_uva("memcpy_htod", |c, others| {
             check_stream(c, stream.raw())?;
             let d = uva_slice_mut(c, others, dst, len)?;
             // SAFETY: the caller guarantees `src` is readable for `len` bytes.
             let s = unsafe { std::slice::from_raw_parts(src, len) };
             d.copy_from_slice(s);
             Ok(())
-        })
+        });
+        if r.is_ok() {
+            self.note(
+                self.current_device(),
+                stream,
+                activity::Work::Copy {
+                    kind: qcuda_proto::trace::copy_kind::HTOD,
+                    bytes: len as u64,
+                },
+            );
+        }
+        r
     }
 
     unsafe fn memcpy_dtoh(
@@ -586,23 +668,45 @@ impl DriverApi for FakeDriver {
         stream: Stream,
     ) -> CuResult<()> {
         self.check_host_range(dst as u64, len)?;
-        self.with_ctx_uva("memcpy_dtoh", |c, others| {
+        let r = self.with_ctx_uva("memcpy_dtoh", |c, others| {
             check_stream(c, stream.raw())?;
             let s = uva_slice_mut(c, others, src, len)?;
             // SAFETY: the caller guarantees `dst` is writable for `len` bytes and not aliased.
             let d = unsafe { std::slice::from_raw_parts_mut(dst, len) };
             d.copy_from_slice(s);
             Ok(())
-        })
+        });
+        if r.is_ok() {
+            self.note(
+                self.current_device(),
+                stream,
+                activity::Work::Copy {
+                    kind: qcuda_proto::trace::copy_kind::DTOH,
+                    bytes: len as u64,
+                },
+            );
+        }
+        r
     }
 
     fn memcpy_dtod(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()> {
-        self.with_ctx("memcpy_dtod", |c, _| {
+        let r = self.with_ctx("memcpy_dtod", |c, _| {
             check_stream(c, stream.raw())?;
             let data = slice_mut(c, src, len)?.to_vec();
             slice_mut(c, dst, len)?.copy_from_slice(&data);
             Ok(())
-        })
+        });
+        if r.is_ok() {
+            self.note(
+                self.current_device(),
+                stream,
+                activity::Work::Copy {
+                    kind: activity::DEVICE_COPY,
+                    bytes: len as u64,
+                },
+            );
+        }
+        r
     }
 
     fn memset(
@@ -622,7 +726,7 @@ impl DriverApi for FakeDriver {
                 chunk.copy_from_slice(&pattern[..w]);
             }
         };
-        self.with_ctx_uva("memset", |c, others| {
+        let r = self.with_ctx_uva("memset", |c, others| {
             check_stream(c, stream.raw())?;
             match host_slice(&registered, dst, len) {
                 // SAFETY: registered ranges stay mapped while registered (method contract of
@@ -631,12 +735,20 @@ impl DriverApi for FakeDriver {
                 None => fill(uva_slice_mut(c, others, dst, len)?),
             }
             Ok(())
-        })
+        });
+        if r.is_ok() {
+            self.note(
+                self.current_device(),
+                stream,
+                activity::Work::Memset { bytes: len as u64 },
+            );
+        }
+        r
     }
 
     fn memcpy(&self, dst: u64, src: u64, len: usize, stream: Stream) -> CuResult<()> {
         let registered = self.st().registered.clone();
-        self.with_ctx_uva("memcpy", |c, others| {
+        let r = self.with_ctx_uva("memcpy", |c, others| {
             check_stream(c, stream.raw())?;
             let data = match host_slice(&registered, src, len) {
                 Some(p) => {
@@ -652,7 +764,18 @@ impl DriverApi for FakeDriver {
                 None => uva_slice_mut(c, others, dst, len)?.copy_from_slice(&data),
             }
             Ok(())
-        })
+        });
+        if r.is_ok() {
+            self.note(
+                self.current_device(),
+                stream,
+                activity::Work::Copy {
+                    kind: activity::DEVICE_COPY,
+                    bytes: len as u64,
+                },
+            );
+        }
+        r
     }
 
     unsafe fn mem_host_register(&self, ptr: u64, len: usize, _read_only: bool) -> CuResult<()> {
@@ -1007,7 +1130,8 @@ impl DriverApi for FakeDriver {
         stream: Stream,
         params: &mut [*mut c_void],
     ) -> CuResult<()> {
-        self.with_ctx("launch", |c, next| {
+        let mut ran = None;
+        let result = self.with_ctx("launch", |c, next| {
             check_stream(c, stream.raw())?;
             let (_, k) = kernel_of(c, func.raw())?;
             if c.graphs.capture(stream.raw(), 0, next) {
@@ -1017,6 +1141,7 @@ impl DriverApi for FakeDriver {
             if params.len() != layout.len() || cfg.grid.contains(&0) {
                 return Err(INVALID_VALUE);
             }
+            ran = Some((name, c.dev));
             let read = |i: usize, size: usize| -> Vec<u8> {
                 let p = params[i].cast::<u8>();
                 // SAFETY: the caller guarantees each pointer is readable for its parameter's
@@ -1062,7 +1187,19 @@ impl DriverApi for FakeDriver {
                 _ => {}
             }
             Ok(())
-        })
+        });
+        if let (Ok(()), Some((name, dev))) = (&result, ran) {
+            self.note(
+                dev,
+                stream,
+                activity::Work::Kernel {
+                    name,
+                    grid: cfg.grid,
+                    block: cfg.block,
+                },
+            );
+        }
+        result
     }
 
     fn stream_create(&self, flags: u32, priority: i32) -> CuResult<Stream> {
@@ -1221,6 +1358,7 @@ impl DriverApi for FakeDriver {
         if Self::used(st, dev) + size as u64 > TOTAL_MEM {
             return Err(OUT_OF_MEMORY);
         }
+        self.check_ram(st, size)?;
         let c = st.contexts.get_mut(&cur).ok_or(INVALID_CONTEXT)?;
         let ptr = c.next_addr;
         c.next_addr += (size as u64).div_ceil(256) * 256 + 256;
@@ -1369,6 +1507,12 @@ impl DriverApi for FakeDriver {
         })
     }
 
+    fn activity_source(&self) -> Option<Box<dyn crate::cuda::trace::ActivitySource>> {
+        self.activity.as_ref().map(|a| {
+            Box::new(activity::FakeSource(a.clone())) as Box<dyn crate::cuda::trace::ActivitySource>
+        })
+    }
+
     unsafe fn launch_host_func(
         &self,
         stream: Stream,
@@ -1381,5 +1525,70 @@ impl DriverApi for FakeDriver {
         // SAFETY: the caller keeps `user_data` valid for `func` (our contract).
         thread::spawn(move || unsafe { func(data as *mut c_void) });
         Ok(())
+    }
+}
+
+/// The fake's host facts: a driver version and a Gen5 x16 link (Gen4 x16 running), as a test
+/// value of the kind the real host gives.
+impl super::host_facts::HostFactsDriverApi for FakeDriver {
+    fn driver_release(&self) -> Option<String> {
+        Some("580.95.05".into())
+    }
+
+    fn pcie_link(&self, _: i32, _: i32, _: i32) -> [u8; 4] {
+        [4, 16, 5, 16]
+    }
+}
+
+/// The fake JIT: the module as `module_load` makes it, an info log naming what it was given, an
+/// error log for an image it cannot load.
+impl super::jit_logs::JitLogDriverApi for FakeDriver {
+    fn module_load_logged(
+        &self,
+        image: &[u8],
+        options: &[(u32, u64)],
+    ) -> (CuResult<Module>, super::jit_logs::JitLogs) {
+        // PTX with a ".bad" line stands for code the JIT refuses.
+        let r = if image.windows(5).any(|w| w == b".bad\n") {
+            Err(CuError(
+                cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_PTX as u32,
+            ))
+        } else {
+            DriverApi::module_load(self, image)
+        };
+        let mut logs = super::jit_logs::JitLogs::default();
+        match r {
+            Ok(_) => {
+                logs.info = format!("fake JIT: {} bytes, {} options", image.len(), options.len())
+                    .into_bytes();
+            }
+            Err(_) => logs.error = b"fake JIT: ptxas refused .bad".to_vec(),
+        }
+        (r, logs)
+    }
+}
+
+/// The fake's tensor maps: a stand-in encoding (the kind, rank, data type and address in the
+/// first words), checked the way the driver checks the rank and the alignment of the address.
+impl super::tensor_maps::TensorMapDriverApi for FakeDriver {
+    fn tensor_map(
+        &self,
+        r: &qcuda_proto::tensor_map::TensorMapRequest,
+    ) -> CuResult<[u8; qcuda_proto::tensor_map::TENSOR_MAP_SIZE]> {
+        use qcuda_proto::tensor_map::TENSOR_MAP_REPLACE_ADDRESS;
+        if !r.address.is_multiple_of(16) || r.data_type > 15 {
+            return Err(INVALID_VALUE);
+        }
+        let mut map = if r.kind == TENSOR_MAP_REPLACE_ADDRESS {
+            r.map
+        } else {
+            let mut m = [0u8; 128];
+            m[8..12].copy_from_slice(&r.kind.to_le_bytes());
+            m[12..16].copy_from_slice(&r.rank.to_le_bytes());
+            m[16..20].copy_from_slice(&r.data_type.to_le_bytes());
+            m
+        };
+        map[..8].copy_from_slice(&r.address.to_le_bytes());
+        Ok(map)
     }
 }

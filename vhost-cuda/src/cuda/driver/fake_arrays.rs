@@ -207,6 +207,13 @@ impl ArrayDriverApi for FakeDriver {
     }
 
     fn array_create(&self, d: &ArrayDesc) -> CuResult<Array> {
+        // Arrays count against the fake's host-memory budget too (their bound is per context).
+        let (_, pitch, rows, slices) = array_layout(d);
+        let want = pitch
+            .saturating_mul(rows)
+            .saturating_mul(slices)
+            .min(16 << 20);
+        self.check_ram(&self.st(), want)?;
         self.with_ctx("array_create", |c, next| {
             let (elem, pitch, rows, slices) = array_layout(d);
             if elem == 0 || d.width == 0 || ![1, 2, 4].contains(&d.channels) {

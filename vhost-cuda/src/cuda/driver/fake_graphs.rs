@@ -7,11 +7,12 @@ use std::{
     ffi::c_void,
 };
 
-use qcuda_proto::graph::{MemcpyNode, MemsetNode};
+use qcuda_proto::graph::{EdgeData, MemcpyNode, MemsetNode};
 
 use super::{
     fake::{check_stream, kernel_of, FakeDriver, KERNELS},
     graph::{CaptureInfo, Graph, GraphDriverApi, GraphExec, GraphNode, NodeParams},
+    node_attrs::NodeAttrDriverApi,
     Context, CuError, CuResult, Event, Function, Raw, Stream,
 };
 use crate::cuda::launch::{LaunchConfig, ParamLayout};
@@ -33,6 +34,8 @@ struct Node {
     /// A memcpy or memset node's parameters.
     params: Option<NodeParams>,
     deps: Vec<GraphNode>,
+    /// The edge data of dependencies whose edges are not default ones.
+    edges: HashMap<GraphNode, EdgeData>,
     enabled: bool,
     /// A conditional node's body graphs.
     bodies: Vec<Graph>,
@@ -70,6 +73,38 @@ struct FakeExec {
     nodes: HashMap<GraphNode, Node>,
 }
 
+/// A capture under way: the graph it records into and what the next captured op depends on.
+#[derive(Debug)]
+struct FakeCapture {
+    graph: Graph,
+    deps: Vec<GraphNode>,
+    edges: Vec<EdgeData>,
+}
+
+/// An edge's data as the driver judges it: `to_port` 0, a default or programmatic type, a
+/// kernel port; an edge that is not the default only between kernel nodes (checked where the
+/// nodes are known).
+fn check_edge(e: EdgeData) -> CuResult<()> {
+    if e.to_port != 0 || e.kind > 1 || e.from_port > 2 {
+        return Err(INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// `edges` for `n` dependencies (empty: default edges).
+fn edges_for(n: usize, edges: &[EdgeData]) -> CuResult<Vec<EdgeData>> {
+    if edges.is_empty() {
+        return Ok(vec![EdgeData::DEFAULT; n]);
+    }
+    if edges.len() != n {
+        return Err(INVALID_VALUE);
+    }
+    for e in edges {
+        check_edge(*e)?;
+    }
+    Ok(edges.to_vec())
+}
+
 /// Graph state of one fake context.
 #[derive(Debug, Default)]
 pub(crate) struct FakeGraphs {
@@ -81,30 +116,44 @@ pub(crate) struct FakeGraphs {
     runs: Vec<Vec<String>>,
     /// Conditional handles made so far (the driver numbers them).
     cond_made: u64,
-    /// Capturing stream -> graph being captured.
-    captures: HashMap<Raw, Graph>,
+    /// Capturing stream -> its capture.
+    captures: HashMap<Raw, FakeCapture>,
     /// Captures an illegal call invalidated.
     invalidated: HashSet<Raw>,
     /// Streams capturing into a graph of the caller's (which survives a failed capture).
     into: HashSet<Raw>,
     /// Conditional handle -> the graph it was created on.
     conditionals: HashMap<u64, Graph>,
+    /// Kernel node -> the launch attributes set on it (id, value).
+    attributes: HashMap<GraphNode, Vec<(u32, [u8; 64])>>,
+    /// Graphs that child graph nodes took (ownership moved).
+    moved: HashSet<Graph>,
 }
 
 impl FakeGraphs {
     /// If `stream` is capturing, adds a node of type `ty` after the last captured one and
     /// returns true (the op is captured, not run).
     pub(crate) fn capture(&mut self, stream: Raw, ty: u32, next: &mut Raw) -> bool {
-        let Some(&g) = self.captures.get(&stream) else {
+        let Some(c) = self.captures.get_mut(&stream) else {
             return false;
         };
-        let deps = self
-            .graphs
-            .get(&g)
-            .and_then(|n| n.last().copied())
-            .into_iter()
-            .collect();
-        self.add(g, ty, deps, next);
+        let (g, deps, edges) = (
+            c.graph,
+            std::mem::take(&mut c.deps),
+            std::mem::take(&mut c.edges),
+        );
+        let n = self.add(g, ty, deps.clone(), next);
+        if let Some(x) = self.nodes.get_mut(&n) {
+            x.edges = deps
+                .into_iter()
+                .zip(edges)
+                .filter(|(_, e)| !e.is_default())
+                .collect();
+        }
+        if let Some(c) = self.captures.get_mut(&stream) {
+            c.deps = vec![n];
+            c.edges = vec![EdgeData::DEFAULT];
+        }
         true
     }
 
@@ -132,6 +181,7 @@ impl FakeGraphs {
                 graph,
                 ty,
                 deps,
+                edges: HashMap::new(),
                 enabled: true,
                 object: 0,
                 kernel: None,
@@ -161,6 +211,11 @@ impl FakeGraphs {
         for n in self.graphs[&graph].clone() {
             let mut x = self.nodes[&n].clone();
             x.deps = x.deps.iter().filter_map(|d| map.get(d).copied()).collect();
+            x.edges = x
+                .edges
+                .iter()
+                .filter_map(|(d, e)| Some((*map.get(d)?, *e)))
+                .collect();
             if x.ty == 4 {
                 x.object = self.clone_graph(Graph::from_raw(x.object), next)?.raw();
             }
@@ -232,7 +287,14 @@ impl GraphDriverApi for FakeDriver {
                 return Err(ILLEGAL_STATE);
             }
             let g = c.graphs.new_graph(next);
-            c.graphs.captures.insert(stream.raw(), g);
+            c.graphs.captures.insert(
+                stream.raw(),
+                FakeCapture {
+                    graph: g,
+                    deps: Vec::new(),
+                    edges: Vec::new(),
+                },
+            );
             Ok(())
         })
     }
@@ -242,6 +304,7 @@ impl GraphDriverApi for FakeDriver {
         stream: Stream,
         graph: Graph,
         deps: &[GraphNode],
+        edges: &[EdgeData],
         mode: u32,
     ) -> CuResult<()> {
         self.with_ctx("stream_begin_capture_to_graph", |c, _| {
@@ -251,10 +314,20 @@ impl GraphDriverApi for FakeDriver {
             }
             c.graphs.check_graph(graph)?;
             c.graphs.check_nodes(graph, deps)?;
-            if c.graphs.captures.contains_key(&stream.raw()) {
+            let edges = edges_for(deps.len(), edges)?;
+            if c.graphs.captures.contains_key(&stream.raw())
+                || c.graphs.captures.values().any(|x| x.graph == graph)
+            {
                 return Err(ILLEGAL_STATE);
             }
-            c.graphs.captures.insert(stream.raw(), graph);
+            c.graphs.captures.insert(
+                stream.raw(),
+                FakeCapture {
+                    graph,
+                    deps: deps.to_vec(),
+                    edges,
+                },
+            );
             c.graphs.into.insert(stream.raw());
             Ok(())
         })
@@ -267,7 +340,8 @@ impl GraphDriverApi for FakeDriver {
                 .graphs
                 .captures
                 .remove(&stream.raw())
-                .ok_or(ILLEGAL_STATE)?;
+                .ok_or(ILLEGAL_STATE)?
+                .graph;
             let into = c.graphs.into.remove(&stream.raw());
             if c.graphs.invalidated.remove(&stream.raw()) {
                 if !into {
@@ -287,15 +361,16 @@ impl GraphDriverApi for FakeDriver {
         self.with_ctx("stream_capture_info", |c, _| {
             check_stream(c, stream.raw())?;
             Ok(match c.graphs.captures.get(&stream.raw()) {
-                Some(&g) => CaptureInfo {
+                Some(x) => CaptureInfo {
                     status: if c.graphs.invalidated.contains(&stream.raw()) {
                         2
                     } else {
                         1
                     },
-                    id: g.raw() as u64,
-                    graph: Some(g),
-                    deps: c.graphs.graphs[&g].last().copied().into_iter().collect(),
+                    id: x.graph.raw() as u64,
+                    graph: Some(x.graph),
+                    deps: x.deps.clone(),
+                    edges: x.edges.clone(),
                 },
                 None => CaptureInfo::default(),
             })
@@ -306,14 +381,37 @@ impl GraphDriverApi for FakeDriver {
         &self,
         stream: Stream,
         deps: &[GraphNode],
+        edges: &[EdgeData],
         flags: u32,
     ) -> CuResult<()> {
         self.with_ctx("stream_update_capture_deps", |c, _| {
-            let g = *c.graphs.captures.get(&stream.raw()).ok_or(ILLEGAL_STATE)?;
+            let g = c
+                .graphs
+                .captures
+                .get(&stream.raw())
+                .ok_or(ILLEGAL_STATE)?
+                .graph;
             if flags > 1 {
                 return Err(INVALID_VALUE);
             }
-            c.graphs.check_nodes(g, deps)
+            c.graphs.check_nodes(g, deps)?;
+            let edges = edges_for(deps.len(), edges)?;
+            let x = c
+                .graphs
+                .captures
+                .get_mut(&stream.raw())
+                .ok_or(ILLEGAL_STATE)?;
+            if flags == 1 {
+                x.deps.clear();
+                x.edges.clear();
+            }
+            for (d, e) in deps.iter().zip(edges) {
+                if !x.deps.contains(d) {
+                    x.deps.push(*d);
+                    x.edges.push(e);
+                }
+            }
+            Ok(())
         })
     }
 
@@ -566,12 +664,17 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode)>> {
+    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode, EdgeData)>> {
         self.with_ctx("graph_edges", |c, _| {
             let nodes = c.graphs.graphs.get(&graph).ok_or(INVALID_VALUE)?;
             Ok(nodes
                 .iter()
-                .flat_map(|n| c.graphs.nodes[n].deps.iter().map(move |d| (*d, *n)))
+                .flat_map(|n| {
+                    let x = &c.graphs.nodes[n];
+                    x.deps
+                        .iter()
+                        .map(move |d| (*d, *n, x.edges.get(d).copied().unwrap_or_default()))
+                })
                 .collect())
         })
     }
@@ -581,6 +684,7 @@ impl GraphDriverApi for FakeDriver {
         graph: Graph,
         from: &[GraphNode],
         to: &[GraphNode],
+        edges: &[EdgeData],
         remove: bool,
     ) -> CuResult<()> {
         self.with_ctx("graph_change_edges", |c, _| {
@@ -590,13 +694,25 @@ impl GraphDriverApi for FakeDriver {
             if from.len() != to.len() {
                 return Err(INVALID_VALUE);
             }
-            for (f, t) in from.iter().zip(to) {
-                let deps = &mut c.graphs.nodes.get_mut(t).ok_or(INVALID_VALUE)?.deps;
-                let has = deps.contains(f);
-                match (remove, has) {
-                    (false, false) => deps.push(*f),
-                    (true, true) => deps.retain(|d| d != f),
-                    _ => return Err(INVALID_VALUE),
+            let edges = edges_for(from.len(), edges)?;
+            // All or nothing, as the driver checks the whole list first.
+            for ((f, t), e) in from.iter().zip(to).zip(&edges) {
+                let kernels = c.graphs.nodes[f].ty == 0 && c.graphs.nodes[t].ty == 0;
+                let has = c.graphs.nodes[t].deps.contains(f);
+                if (!e.is_default() && !kernels) || has != remove {
+                    return Err(INVALID_VALUE);
+                }
+            }
+            for ((f, t), e) in from.iter().zip(to).zip(edges) {
+                let x = c.graphs.nodes.get_mut(t).ok_or(INVALID_VALUE)?;
+                if remove {
+                    x.deps.retain(|d| d != f);
+                    x.edges.remove(f);
+                } else {
+                    x.deps.push(*f);
+                    if !e.is_default() {
+                        x.edges.insert(*f, e);
+                    }
                 }
             }
             Ok(())
@@ -609,16 +725,28 @@ impl GraphDriverApi for FakeDriver {
         })
     }
 
-    fn node_neighbours(&self, node: GraphNode, dependents: bool) -> CuResult<Vec<GraphNode>> {
+    fn node_neighbours(
+        &self,
+        node: GraphNode,
+        dependents: bool,
+    ) -> CuResult<Vec<(GraphNode, EdgeData)>> {
         self.with_ctx("node_neighbours", |c, _| {
             let n = c.graphs.nodes.get(&node).ok_or(INVALID_VALUE)?;
             if !dependents {
-                return Ok(n.deps.clone());
+                return Ok(n
+                    .deps
+                    .iter()
+                    .map(|d| (*d, n.edges.get(d).copied().unwrap_or_default()))
+                    .collect());
             }
             Ok(c.graphs.graphs[&n.graph]
                 .iter()
                 .copied()
                 .filter(|m| c.graphs.nodes[m].deps.contains(&node))
+                .map(|m| {
+                    let e = c.graphs.nodes[&m].edges.get(&node).copied();
+                    (m, e.unwrap_or_default())
+                })
                 .collect())
         })
     }
@@ -884,6 +1012,87 @@ impl GraphDriverApi for FakeDriver {
                 Some(NodeParams::Host(call)) => Ok(call),
                 _ => Err(INVALID_VALUE),
             }
+        })
+    }
+}
+
+/// The launch attributes a kernel node takes (cuda.h: "valid for graph nodes").
+const NODE_ATTRIBUTES: &[u32] = &[1, 2, 4, 5, 8, 9, 10, 11, 14, 16];
+
+impl FakeGraphs {
+    /// A kernel node, or INVALID_VALUE.
+    fn kernel_node(&self, node: GraphNode) -> CuResult<()> {
+        match self.nodes.get(&node) {
+            Some(n) if n.ty == 0 => Ok(()),
+            _ => Err(INVALID_VALUE),
+        }
+    }
+}
+
+impl NodeAttrDriverApi for FakeDriver {
+    fn kernel_node_set_attribute(
+        &self,
+        node: GraphNode,
+        id: u32,
+        value: &[u8; 64],
+    ) -> CuResult<()> {
+        self.with_ctx("kernel_node_set_attribute", |c, _| {
+            c.graphs.kernel_node(node)?;
+            if !NODE_ATTRIBUTES.contains(&id) {
+                return Err(INVALID_VALUE);
+            }
+            let list = c.graphs.attributes.entry(node).or_default();
+            list.retain(|(i, _)| *i != id);
+            list.push((id, *value));
+            Ok(())
+        })
+    }
+
+    fn kernel_node_get_attribute(&self, node: GraphNode, id: u32) -> CuResult<[u8; 64]> {
+        self.with_ctx("kernel_node_get_attribute", |c, _| {
+            c.graphs.kernel_node(node)?;
+            if !NODE_ATTRIBUTES.contains(&id) {
+                return Err(INVALID_VALUE);
+            }
+            Ok(c.graphs
+                .attributes
+                .get(&node)
+                .and_then(|l| l.iter().find(|(i, _)| *i == id))
+                .map_or([0; 64], |(_, v)| *v))
+        })
+    }
+
+    fn kernel_node_copy_attributes(&self, dst: GraphNode, src: GraphNode) -> CuResult<()> {
+        self.with_ctx("kernel_node_copy_attributes", |c, _| {
+            c.graphs.kernel_node(dst)?;
+            c.graphs.kernel_node(src)?;
+            let from = c.graphs.attributes.get(&src).cloned().unwrap_or_default();
+            c.graphs.attributes.insert(dst, from);
+            Ok(())
+        })
+    }
+
+    fn graph_add_child_moved(
+        &self,
+        graph: Graph,
+        deps: &[GraphNode],
+        child: Graph,
+    ) -> CuResult<GraphNode> {
+        self.with_ctx("graph_add_child_moved", |c, next| {
+            c.graphs.check_graph(graph)?;
+            c.graphs.check_graph(child)?;
+            c.graphs.check_nodes(graph, deps)?;
+            if graph == child || c.graphs.moved.contains(&child) {
+                return Err(INVALID_VALUE);
+            }
+            // The node holds the graph itself, not a copy.
+            let n = c.graphs.add(graph, 4, deps.to_vec(), next);
+            if let Some(x) = c.graphs.nodes.get_mut(&n) {
+                x.object = child.raw();
+                x.params = Some(NodeParams::Child(child));
+            }
+            c.graphs.moved.insert(child);
+            Ok(n)
         })
     }
 }

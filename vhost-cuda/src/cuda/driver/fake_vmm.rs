@@ -25,8 +25,14 @@ const NOT_SUPPORTED: CuError = CuError(801);
 
 /// The fake's allocation granularity (minimum and recommended), as an H100's.
 pub(crate) const GRANULARITY: usize = 2 << 20;
-/// Where the fake places reservations: apart from every context's allocations.
+/// Where the fake places reservations asked for without a hint: apart from every context's
+/// allocations.
 const RESERVE_BASE: u64 = 0x6000_0000_0000;
+/// The virtual address space the fake manages, where it honours a hint: from 64 TiB to the end
+/// of the sessions' space (`device_arena::VA_END`). NVIDIA's driver honoured hints for qcuda's
+/// session ranges there (`--gpu-va-base`, 0x6800_0000_0000 by default) and did not place
+/// managed memory at the host-mapping window's addresses (32 TiB), below it.
+const DRIVER_VA: std::ops::Range<u64> = 0x4000_0000_0000..0x7800_0000_0000;
 /// CUDA_ERROR_NOT_PERMITTED.
 const NOT_PERMITTED: CuError = CuError(800);
 
@@ -73,6 +79,11 @@ pub(crate) struct FakeVmm {
 }
 
 impl FakeVmm {
+    /// Bytes of the physical allocations.
+    pub(super) fn phys_bytes(&self) -> u64 {
+        self.phys.values().map(|p| p.bytes.len() as u64).sum()
+    }
+
     fn handle(&self, h: MemHandle) -> CuResult<u64> {
         self.handles.get(&h.raw()).copied().ok_or(INVALID_VALUE)
     }
@@ -147,10 +158,10 @@ impl VmmDriverApi for FakeDriver {
         if !(100..100 + self.gpus).contains(&props.device) {
             return Err(CuError(101));
         }
-        let used: usize = st.vmm.phys.values().map(|p| p.bytes.len()).sum();
-        if used.saturating_add(size) as u64 > super::TOTAL_MEM {
+        if st.vmm.phys_bytes().saturating_add(size as u64) > super::TOTAL_MEM {
             return Err(OUT_OF_MEMORY);
         }
+        self.check_ram(&st, size)?;
         let id = fresh(&mut st.next);
         st.vmm.phys.insert(
             id as u64,
@@ -180,9 +191,12 @@ impl VmmDriverApi for FakeDriver {
         check_granular(size as u64)?;
         let vmm = &mut st.vmm;
         let free = |vmm: &FakeVmm, at: u64| {
-            // A hint below the fake's own range is honoured too (as the real driver does where
-            // the process leaves the range free): managed placement asks for window addresses.
-            at != 0
+            // The address is only a hint: NVIDIA's driver need not place a reservation there.
+            // The fake honours one only inside the range it manages itself, and only where that
+            // is free (the stricter reading), so that nothing qcuda does depends on a hint
+            // outside it being honoured.
+            at >= DRIVER_VA.start
+                && at.saturating_add(size as u64) <= DRIVER_VA.end
                 && at.is_multiple_of(GRANULARITY as u64)
                 && vmm
                     .reserved
@@ -194,13 +208,18 @@ impl VmmDriverApi for FakeDriver {
         let base = if hint != 0 && free(vmm, hint) {
             hint
         } else {
-            let b = RESERVE_BASE + vmm.next_reserve;
+            // The next free range from where the last one ended.
             let align = (align as u64).max(GRANULARITY as u64);
-            b.div_ceil(align) * align
+            let mut b = (RESERVE_BASE + vmm.next_reserve).div_ceil(align) * align;
+            while !free(vmm, b) {
+                b = (b + GRANULARITY as u64).div_ceil(align) * align;
+                if b + size as u64 > DRIVER_VA.end {
+                    return Err(OUT_OF_MEMORY);
+                }
+            }
+            vmm.next_reserve = b - RESERVE_BASE + size as u64 + GRANULARITY as u64;
+            b
         };
-        if base >= RESERVE_BASE {
-            vmm.next_reserve = base - RESERVE_BASE + size as u64 + GRANULARITY as u64;
-        }
         vmm.reserved.insert(base, size);
         Ok(base)
     }
@@ -563,6 +582,29 @@ mod tests {
 
     /// Create, reserve, map, set access: the range is device memory copies reach; unmapped,
     /// released and freed, nothing remains.
+    #[test]
+    fn a_ram_budget_bounds_every_kind_of_buffer_together() {
+        let d = FakeDriver::new(2).with_ram_budget(6 * GRANULARITY as u64);
+        let ctx = d.ctx_create(100).unwrap();
+        d.ctx_set_current(ctx).unwrap();
+        let dev = d.mem_alloc(2 * GRANULARITY).unwrap();
+        let phys = d.mem_create(2 * GRANULARITY, &props(0)).unwrap();
+        d.mem_alloc_host(GRANULARITY).unwrap();
+        // 5 granules held: one more fits, two do not, whatever kind they are.
+        assert_eq!(d.mem_alloc(2 * GRANULARITY).unwrap_err(), OUT_OF_MEMORY);
+        assert_eq!(
+            d.mem_create(2 * GRANULARITY, &props(0)).unwrap_err(),
+            OUT_OF_MEMORY
+        );
+        assert_eq!(
+            d.mem_alloc_host(2 * GRANULARITY).unwrap_err(),
+            OUT_OF_MEMORY
+        );
+        d.mem_free(dev).unwrap();
+        d.mem_release(phys).unwrap();
+        d.mem_alloc(5 * GRANULARITY).unwrap();
+    }
+
     #[test]
     fn a_mapping_is_device_memory_until_unmapped() {
         let d = FakeDriver::new(1);

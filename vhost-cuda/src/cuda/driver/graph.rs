@@ -10,9 +10,13 @@ use std::{
 };
 
 use cudarc::driver::sys;
-use qcuda_proto::graph::{MemcpyNode, MemsetNode};
+use qcuda_proto::graph::{EdgeData, MemcpyNode, MemsetNode};
 
-use super::{driver_handles, Context, CuError, CuResult, Event, Function, NoDriver, Raw, Stream};
+use super::{
+    error::{CuError, CuResult},
+    handles::{driver_handles, Context, Event, Function, Raw, Stream},
+    library::{CudaDriver, NoDriver},
+};
 use crate::cuda::launch::{LaunchConfig, ParamLayout};
 
 /// Parameters of a node other than a kernel node, already checked by the session.
@@ -54,6 +58,8 @@ pub(crate) struct CaptureInfo {
     pub(crate) graph: Option<Graph>,
     /// The nodes the next captured op will depend on.
     pub(crate) deps: Vec<GraphNode>,
+    /// The edge data of each of `deps`.
+    pub(crate) edges: Vec<EdgeData>,
 }
 
 driver_handles! {
@@ -71,23 +77,26 @@ pub(crate) trait GraphDriverApi {
     fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32>;
     /// cuStreamBeginCapture with `mode` (0 global, 1 thread-local, 2 relaxed).
     fn stream_begin_capture(&self, stream: Stream, mode: u32) -> CuResult<()>;
-    /// cuStreamBeginCaptureToGraph (default edges).
+    /// cuStreamBeginCaptureToGraph after `deps` with their `edges` (empty: default edges;
+    /// else one per dependency, as for every `edges` below).
     fn stream_begin_capture_to_graph(
         &self,
         stream: Stream,
         graph: Graph,
         deps: &[GraphNode],
+        edges: &[EdgeData],
         mode: u32,
     ) -> CuResult<()>;
     /// cuStreamEndCapture: the captured graph.
     fn stream_end_capture(&self, stream: Stream) -> CuResult<Graph>;
-    /// cuStreamGetCaptureInfo.
+    /// cuStreamGetCaptureInfo, with the dependencies' edge data.
     fn stream_capture_info(&self, stream: Stream) -> CuResult<CaptureInfo>;
     /// cuStreamUpdateCaptureDependencies (flags: 0 add, 1 set).
     fn stream_update_capture_deps(
         &self,
         stream: Stream,
         deps: &[GraphNode],
+        edges: &[EdgeData],
         flags: u32,
     ) -> CuResult<()>;
 
@@ -158,20 +167,25 @@ pub(crate) trait GraphDriverApi {
     ) -> CuResult<()>;
     /// cuGraphGetNodes, or cuGraphGetRootNodes.
     fn graph_nodes(&self, graph: Graph, roots: bool) -> CuResult<Vec<GraphNode>>;
-    /// cuGraphGetEdges: (from, to) pairs.
-    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode)>>;
+    /// cuGraphGetEdges: (from, to, edge data).
+    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode, EdgeData)>>;
     /// cuGraphAddDependencies, or cuGraphRemoveDependencies.
     fn graph_change_edges(
         &self,
         graph: Graph,
         from: &[GraphNode],
         to: &[GraphNode],
+        edges: &[EdgeData],
         remove: bool,
     ) -> CuResult<()>;
     /// cuGraphNodeGetType.
     fn node_type(&self, node: GraphNode) -> CuResult<u32>;
-    /// cuGraphNodeGetDependencies, or cuGraphNodeGetDependentNodes.
-    fn node_neighbours(&self, node: GraphNode, dependents: bool) -> CuResult<Vec<GraphNode>>;
+    /// cuGraphNodeGetDependencies, or cuGraphNodeGetDependentNodes, with each edge's data.
+    fn node_neighbours(
+        &self,
+        node: GraphNode,
+        dependents: bool,
+    ) -> CuResult<Vec<(GraphNode, EdgeData)>>;
     /// cuGraphInstantiateWithFlags.
     fn graph_instantiate(&self, graph: Graph, flags: u64) -> CuResult<GraphExec>;
     /// cuGraphExecDestroy.
@@ -341,6 +355,45 @@ fn node_list(nodes: &[GraphNode]) -> *const sys::CUgraphNode {
     }
 }
 
+/// `edges` as the driver's array (empty: none, meaning default edges). The caller checks the
+/// length against its node list.
+fn edge_array(edges: &[EdgeData]) -> Vec<sys::CUgraphEdgeData> {
+    edges
+        .iter()
+        .map(|e| sys::CUgraphEdgeData {
+            from_port: e.from_port,
+            to_port: e.to_port,
+            type_: e.kind,
+            reserved: [0; 5],
+        })
+        .collect()
+}
+
+fn edge_ptr(edges: &[sys::CUgraphEdgeData]) -> *const sys::CUgraphEdgeData {
+    if edges.is_empty() {
+        null()
+    } else {
+        edges.as_ptr()
+    }
+}
+
+fn edge_of(e: &sys::CUgraphEdgeData) -> EdgeData {
+    EdgeData {
+        from_port: e.from_port,
+        to_port: e.to_port,
+        kind: e.type_,
+    }
+}
+
+/// Empty, or one edge per node.
+fn check_edges(nodes: usize, edges: &[EdgeData]) -> CuResult<()> {
+    if edges.is_empty() || edges.len() == nodes {
+        Ok(())
+    } else {
+        Err(CuError::INVALID_VALUE)
+    }
+}
+
 /// The driver's 3D copy between two device addresses.
 /// A `CUDA_MEMCPY3D` with every field zero except the memory types (unified), which have no
 /// zero value: `mem::zeroed` of this struct is undefined behaviour (and panics without
@@ -449,7 +502,7 @@ fn list(
 // SAFETY (for every unsafe block in this impl): each call goes to a symbol that `load` found
 // (GRAPH_SYMBOLS), through cudarc's binding of its CUDA 13.0 prototype; out parameters point at
 // live locals; handles obey driver/mod.rs's contract; input arrays are borrowed for the whole call.
-impl GraphDriverApi for super::CudaDriver {
+impl GraphDriverApi for CudaDriver {
     fn exchange_capture_mode(&self, mode: u32) -> CuResult<u32> {
         let mut m = capture_mode(mode)?;
         // SAFETY: see the impl comment.
@@ -468,16 +521,19 @@ impl GraphDriverApi for super::CudaDriver {
         stream: Stream,
         graph: Graph,
         deps: &[GraphNode],
+        edges: &[EdgeData],
         mode: u32,
     ) -> CuResult<()> {
         let m = capture_mode(mode)?;
-        // SAFETY: see the impl comment; `deps` holds `deps.len()` nodes.
+        check_edges(deps.len(), edges)?;
+        let e = edge_array(edges);
+        // SAFETY: see the impl comment; `deps` holds `deps.len()` nodes, `e` as many or none.
         check(unsafe {
             sys::cuStreamBeginCaptureToGraph(
                 ptr(stream.raw()),
                 ptr(graph.raw()),
                 node_list(deps),
-                null(),
+                edge_ptr(&e),
                 deps.len(),
                 m,
             )
@@ -496,9 +552,11 @@ impl GraphDriverApi for super::CudaDriver {
         let mut id: u64 = 0;
         let mut graph: sys::CUgraph = null_mut();
         let mut deps: *const sys::CUgraphNode = null();
+        let mut edges: *const sys::CUgraphEdgeData = null();
         let mut n = 0usize;
-        // SAFETY: see the impl comment; the driver's dependency array stays valid until the
-        // next call on the stream, and is copied out at once.
+        // SAFETY: see the impl comment; the driver's dependency and edge arrays stay valid
+        // until the next call on the stream, and are copied out at once. Asking for the edge
+        // data keeps the query from being lossy (programmatic dependent launches).
         check(unsafe {
             sys::cuStreamGetCaptureInfo_v3(
                 ptr(stream.raw()),
@@ -506,24 +564,35 @@ impl GraphDriverApi for super::CudaDriver {
                 &raw mut id,
                 &raw mut graph,
                 &raw mut deps,
-                null_mut(),
+                &raw mut edges,
                 &raw mut n,
             )
         })?;
-        let deps = if deps.is_null() || n == 0 {
-            Vec::new()
+        let (deps, edges) = if deps.is_null() || n == 0 {
+            (Vec::new(), Vec::new())
         } else {
             // SAFETY: the driver returned `n` nodes at `deps`.
-            unsafe { std::slice::from_raw_parts(deps, n) }
+            let d = unsafe { std::slice::from_raw_parts(deps, n) }
                 .iter()
                 .map(|p| GraphNode::from_raw(*p as Raw))
-                .collect()
+                .collect();
+            let e = if edges.is_null() {
+                vec![EdgeData::DEFAULT; n]
+            } else {
+                // SAFETY: and `n` edge data records at `edges`.
+                unsafe { std::slice::from_raw_parts(edges, n) }
+                    .iter()
+                    .map(edge_of)
+                    .collect()
+            };
+            (d, e)
         };
         Ok(CaptureInfo {
             status: st as u32,
             id,
             graph: (!graph.is_null()).then(|| Graph::from_raw(graph as Raw)),
             deps,
+            edges,
         })
     }
 
@@ -531,14 +600,17 @@ impl GraphDriverApi for super::CudaDriver {
         &self,
         stream: Stream,
         deps: &[GraphNode],
+        edges: &[EdgeData],
         flags: u32,
     ) -> CuResult<()> {
-        // SAFETY: see the impl comment.
+        check_edges(deps.len(), edges)?;
+        let e = edge_array(edges);
+        // SAFETY: see the impl comment; `e` holds as many records as `deps`, or none.
         check(unsafe {
             sys::cuStreamUpdateCaptureDependencies_v2(
                 ptr(stream.raw()),
                 node_list(deps).cast_mut(),
-                null(),
+                edge_ptr(&e),
                 deps.len(),
                 flags,
             )
@@ -765,7 +837,7 @@ impl GraphDriverApi for super::CudaDriver {
         })
     }
 
-    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode)>> {
+    fn graph_edges(&self, graph: Graph) -> CuResult<Vec<(GraphNode, GraphNode, EdgeData)>> {
         let g = ptr(graph.raw());
         let mut n = 0usize;
         // SAFETY: see the impl comment (a count query).
@@ -774,14 +846,15 @@ impl GraphDriverApi for super::CudaDriver {
         })?;
         let mut from: Vec<sys::CUgraphNode> = vec![null_mut(); n];
         let mut to: Vec<sys::CUgraphNode> = vec![null_mut(); n];
+        let mut data = edge_array(&vec![EdgeData::DEFAULT; n]);
         if n > 0 {
-            // SAFETY: both arrays hold `n` slots.
+            // SAFETY: the three arrays hold `n` slots.
             check(unsafe {
                 sys::cuGraphGetEdges_v2(
                     g,
                     from.as_mut_ptr(),
                     to.as_mut_ptr(),
-                    null_mut(),
+                    data.as_mut_ptr(),
                     &raw mut n,
                 )
             })?;
@@ -789,8 +862,15 @@ impl GraphDriverApi for super::CudaDriver {
         Ok(from
             .into_iter()
             .zip(to)
+            .zip(data)
             .take(n)
-            .map(|(a, b)| (GraphNode::from_raw(a as Raw), GraphNode::from_raw(b as Raw)))
+            .map(|((a, b), e)| {
+                (
+                    GraphNode::from_raw(a as Raw),
+                    GraphNode::from_raw(b as Raw),
+                    edge_of(&e),
+                )
+            })
             .collect())
     }
 
@@ -799,18 +879,21 @@ impl GraphDriverApi for super::CudaDriver {
         graph: Graph,
         from: &[GraphNode],
         to: &[GraphNode],
+        edges: &[EdgeData],
         remove: bool,
     ) -> CuResult<()> {
         if from.len() != to.len() {
             return Err(CuError::INVALID_VALUE);
         }
+        check_edges(from.len(), edges)?;
+        let e = edge_array(edges);
         let (g, f, t, n) = (ptr(graph.raw()), node_list(from), node_list(to), from.len());
-        // SAFETY: see the impl comment; both arrays hold `n` nodes.
+        // SAFETY: see the impl comment; both arrays hold `n` nodes, `e` as many or none.
         check(unsafe {
             if remove {
-                sys::cuGraphRemoveDependencies_v2(g, f, t, null(), n)
+                sys::cuGraphRemoveDependencies_v2(g, f, t, edge_ptr(&e), n)
             } else {
-                sys::cuGraphAddDependencies_v2(g, f, t, null(), n)
+                sys::cuGraphAddDependencies_v2(g, f, t, edge_ptr(&e), n)
             }
         })
     }
@@ -822,18 +905,35 @@ impl GraphDriverApi for super::CudaDriver {
         Ok(t as u32)
     }
 
-    fn node_neighbours(&self, node: GraphNode, dependents: bool) -> CuResult<Vec<GraphNode>> {
+    fn node_neighbours(
+        &self,
+        node: GraphNode,
+        dependents: bool,
+    ) -> CuResult<Vec<(GraphNode, EdgeData)>> {
         let n0 = ptr(node.raw());
-        list(|out, n| {
-            // SAFETY: see the impl comment; `out` is null or holds `*n` slots.
+        let query = |out: *mut sys::CUgraphNode, data: *mut sys::CUgraphEdgeData, n: *mut usize| {
+            // SAFETY: see the impl comment; `out` and `data` are null or hold `*n` slots.
             unsafe {
                 if dependents {
-                    sys::cuGraphNodeGetDependentNodes_v2(n0, out, null_mut(), n)
+                    sys::cuGraphNodeGetDependentNodes_v2(n0, out, data, n)
                 } else {
-                    sys::cuGraphNodeGetDependencies_v2(n0, out, null_mut(), n)
+                    sys::cuGraphNodeGetDependencies_v2(n0, out, data, n)
                 }
             }
-        })
+        };
+        let mut n = 0usize;
+        check(query(null_mut(), null_mut(), &raw mut n))?;
+        let mut nodes: Vec<sys::CUgraphNode> = vec![null_mut(); n];
+        let mut data = edge_array(&vec![EdgeData::DEFAULT; n]);
+        if n > 0 {
+            check(query(nodes.as_mut_ptr(), data.as_mut_ptr(), &raw mut n))?;
+        }
+        Ok(nodes
+            .into_iter()
+            .zip(data)
+            .take(n)
+            .map(|(p, e)| (GraphNode::from_raw(p as Raw), edge_of(&e)))
+            .collect())
     }
 
     fn graph_instantiate(&self, graph: Graph, flags: u64) -> CuResult<GraphExec> {
@@ -1183,6 +1283,7 @@ impl GraphDriverApi for NoDriver {
         _: Stream,
         _: Graph,
         _: &[GraphNode],
+        _: &[EdgeData],
         _: u32,
     ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
@@ -1193,7 +1294,13 @@ impl GraphDriverApi for NoDriver {
     fn stream_capture_info(&self, _: Stream) -> CuResult<CaptureInfo> {
         Err(CuError::NO_DEVICE)
     }
-    fn stream_update_capture_deps(&self, _: Stream, _: &[GraphNode], _: u32) -> CuResult<()> {
+    fn stream_update_capture_deps(
+        &self,
+        _: Stream,
+        _: &[GraphNode],
+        _: &[EdgeData],
+        _: u32,
+    ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
     }
     fn graph_create(&self) -> CuResult<Graph> {
@@ -1258,7 +1365,7 @@ impl GraphDriverApi for NoDriver {
     fn graph_nodes(&self, _: Graph, _: bool) -> CuResult<Vec<GraphNode>> {
         Err(CuError::NO_DEVICE)
     }
-    fn graph_edges(&self, _: Graph) -> CuResult<Vec<(GraphNode, GraphNode)>> {
+    fn graph_edges(&self, _: Graph) -> CuResult<Vec<(GraphNode, GraphNode, EdgeData)>> {
         Err(CuError::NO_DEVICE)
     }
     fn graph_change_edges(
@@ -1266,6 +1373,7 @@ impl GraphDriverApi for NoDriver {
         _: Graph,
         _: &[GraphNode],
         _: &[GraphNode],
+        _: &[EdgeData],
         _: bool,
     ) -> CuResult<()> {
         Err(CuError::NO_DEVICE)
@@ -1273,7 +1381,7 @@ impl GraphDriverApi for NoDriver {
     fn node_type(&self, _: GraphNode) -> CuResult<u32> {
         Err(CuError::NO_DEVICE)
     }
-    fn node_neighbours(&self, _: GraphNode, _: bool) -> CuResult<Vec<GraphNode>> {
+    fn node_neighbours(&self, _: GraphNode, _: bool) -> CuResult<Vec<(GraphNode, EdgeData)>> {
         Err(CuError::NO_DEVICE)
     }
     fn graph_instantiate(&self, _: Graph, _: u64) -> CuResult<GraphExec> {

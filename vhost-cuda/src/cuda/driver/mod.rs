@@ -1,8 +1,8 @@
 //! The driver boundary: every CUDA driver call the executor makes, as one trait.
 //!
 //! [`CudaDriver`] implements it over cudarc's `sys` layer with dynamic loading; the unit tests
-//! implement it with a fake device (`fake.rs`, `fake_arrays.rs`, `fake_graphs.rs`), so the session logic is tested on
-//! machines without a GPU. Driver objects cross the boundary as typed handles ([`Context`],
+//! implement it with a fake device (`fake.rs`, `fake_arrays.rs`, `fake_graphs.rs`), so the
+//! session logic is tested on machines without a GPU. Driver objects cross the boundary as typed handles ([`Context`],
 //! [`Module`], [`Function`], [`Stream`], [`Event`], [`MemPool`]) that only the driver layer
 //! makes, so passing one kind where the driver expects another (a stream for an event, say)
 //! does not compile. They are never shown to the guest, only stored in the session's tables.
@@ -10,10 +10,16 @@
 //! talks to libcuda or stands in for it lives in this folder, and only code here can make a
 //! handle from a raw value or look inside one.
 //!
+//! Files, from the bottom: `handles.rs` (the typed handles), `error.rs` ([`CuError`]),
+//! `library.rs` (the driver, loaded, and [`NoDriver`]); `array.rs`, `graph.rs`, `vmm.rs` (the
+//! array, graph and VMM calls, each a supertrait of [`DriverApi`] with both implementations);
+//! this file (the other calls, and the trait that joins them).
+//!
 //! The `sys` layer is used rather than cudarc's `result` layer because cudarc resolves each
 //! symbol on first call and panics if it is missing. [`CudaDriver::load`] therefore checks, by
-//! name, every symbol this file calls (a unit test keeps [`REQUIRED_SYMBOLS`] in step with the
-//! calls below), and a driver lacking one is reported as too old instead of panicking later.
+//! name, every symbol the layer calls (a unit test in each file keeps its list, here
+//! [`REQUIRED_SYMBOLS`], in step with its calls), and a driver lacking one is reported as too
+//! old instead of panicking later.
 //!
 //! # Contract for callers
 //! Handles passed to a method must have come from the same driver and not have been destroyed,
@@ -23,28 +29,39 @@
 //! another context is an error the driver reports, not undefined behaviour.
 
 use std::{
-    ffi::{c_char, c_int, c_uint, c_void, CStr},
-    fmt,
+    ffi::{c_char, c_int, c_void, CStr},
     mem::MaybeUninit,
     ptr::null_mut,
 };
 
 use cudarc::driver::sys;
-use qcuda_proto::status;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use self::{
     array::{ArrayDriverApi, ARRAY_SYMBOLS},
     graph::{GraphDriverApi, GRAPH_SYMBOLS},
-    vmm::{VmmDriverApi, VMM_SYMBOLS},
+    host_facts::HostFactsDriverApi,
+    jit_logs::JitLogDriverApi,
+    node_attrs::{NodeAttrDriverApi, NODE_ATTR_SYMBOLS},
+    tensor_maps::{TensorMapDriverApi, TENSOR_MAP_SYMBOLS},
+    vmm::{mem_location, VmmDriverApi, VMM_SYMBOLS},
 };
-use super::{
-    launch::{DriverLaunchAttr, LaunchConfig},
-    status as cu_status,
+pub(crate) use self::{
+    error::{check, CuError, CuResult},
+    handles::{ptr, Context, Event, Function, MemPool, Module, Raw, Stream, NULL_STREAM},
+    library::{CudaDriver, DriverLoad, NoDriver},
 };
+use super::launch::{DriverLaunchAttr, LaunchConfig};
 
 pub(crate) mod array;
+mod error;
 pub(crate) mod graph;
+mod handles;
+pub(crate) mod host_facts;
+pub(crate) mod jit_logs;
+mod library;
+pub(crate) mod node_attrs;
+pub(crate) mod tensor_maps;
 // Used by the session's VMM ops and by host-side placement of a session's memory.
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod vmm;
@@ -62,118 +79,6 @@ const _: () = {
     assert!(size_of::<DriverLaunchAttr>() == size_of::<sys::CUlaunchAttribute>());
     assert!(align_of::<DriverLaunchAttr>() == align_of::<sys::CUlaunchAttribute>());
 };
-
-/// A driver object or pinned host pointer, as an integer: what the driver layer passes to
-/// and gets from libcuda, and what the typed handles below wrap.
-pub(crate) type Raw = usize;
-
-/// Declares typed handles of driver objects. Only the driver layer (the [`DriverApi`]
-/// implementations: `CudaDriver`, `NoDriver`, the test double) makes them from a raw value, so a
-/// handle of one kind cannot be passed where the driver expects another: the session code only
-/// stores what the driver returned and hands it back.
-macro_rules! driver_handles {
-    ($($(#[$doc:meta])* $name:ident;)*) => {$(
-        $(#[$doc])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        #[repr(transparent)]
-        pub(crate) struct $name($crate::cuda::driver::Raw);
-
-        impl $name {
-            /// Wraps a value the driver returned. For the driver layer only.
-            pub(in crate::cuda::driver) fn from_raw(raw: $crate::cuda::driver::Raw) -> Self {
-                Self(raw)
-            }
-
-            /// The value to hand to the driver. For the driver layer only.
-            pub(in crate::cuda::driver) fn raw(self) -> $crate::cuda::driver::Raw {
-                self.0
-            }
-        }
-
-        impl ::std::fmt::Debug for $name {
-            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
-                write!(f, "{}({:#x})", stringify!($name), self.0)
-            }
-        }
-    )*};
-}
-use driver_handles;
-
-driver_handles! {
-    /// A `CUcontext`.
-    Context;
-    /// A `CUmodule`.
-    Module;
-    /// A `CUfunction`.
-    Function;
-    /// A `CUstream`; [`Stream::NULL`] is the context's legacy default stream.
-    Stream;
-    /// A `CUevent`.
-    Event;
-    /// A `CUmemoryPool`.
-    MemPool;
-}
-
-impl Stream {
-    /// The NULL stream: the context's legacy default stream.
-    pub(crate) const NULL: Self = Self(0);
-}
-
-impl Event {
-    /// The event as the value of a launch attribute (`DriverLaunchAttr`, which the driver
-    /// reads as a `CUlaunchAttribute`) holds it.
-    pub(crate) fn launch_attr_value(self) -> u64 {
-        self.0 as u64
-    }
-}
-
-/// The NULL stream: the context's legacy default stream.
-pub(crate) const NULL_STREAM: Stream = Stream::NULL;
-
-/// Oldest driver the executor works with: CUDA 13.0 (compressed fatbins, the 13.0 symbol
-/// versions cudarc binds, `cuFuncGetParamInfo`).
-pub(crate) const MIN_DRIVER_VERSION: u32 = 13000;
-
-/// A failed driver call: a `CUresult` code other than CUDA_SUCCESS.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CuError(pub(crate) u32);
-
-impl CuError {
-    /// CUDA_ERROR_INVALID_VALUE.
-    pub(crate) const INVALID_VALUE: Self = Self(sys::CUresult::CUDA_ERROR_INVALID_VALUE as u32);
-    /// CUDA_ERROR_FUNCTION_NOT_LOADED.
-    pub(crate) const FUNCTION_NOT_LOADED: Self =
-        Self(sys::CUresult::CUDA_ERROR_FUNCTION_NOT_LOADED as u32);
-    /// CUDA_ERROR_NO_DEVICE.
-    pub(crate) const NO_DEVICE: Self = Self(sys::CUresult::CUDA_ERROR_NO_DEVICE as u32);
-    /// CUDA_ERROR_NOT_SUPPORTED.
-    pub(crate) const NOT_SUPPORTED: Self = Self(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED as u32);
-    /// CUDA_ERROR_UNKNOWN.
-    pub(crate) const UNKNOWN: Self = Self(sys::CUresult::CUDA_ERROR_UNKNOWN as u32);
-
-    /// The `cudaError_t` the runtime reports for this code.
-    pub(crate) fn status(self) -> u32 {
-        cu_status::cuda_status(self.0)
-    }
-}
-
-impl fmt::Debug for CuError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Names come from the table, never from the driver: formatting must not call into a
-        // library that may be absent.
-        write!(f, "{}", cu_status::driver_name(self.0))
-    }
-}
-
-/// Result of a driver call.
-pub(crate) type CuResult<T> = Result<T, CuError>;
-
-pub(crate) fn check(r: sys::CUresult) -> CuResult<()> {
-    match r {
-        sys::CUresult::CUDA_SUCCESS => Ok(()),
-        e => Err(CuError(e as u32)),
-    }
-}
 
 /// What the driver's JIT linker made of a link (`cuLinkComplete`) and what it said.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -220,7 +125,15 @@ impl MemsetWidth {
 
 /// The driver calls the executor makes. See the module documentation for the handle contract.
 pub(crate) trait DriverApi:
-    ArrayDriverApi + GraphDriverApi + VmmDriverApi + Send + Sync
+    ArrayDriverApi
+    + GraphDriverApi
+    + HostFactsDriverApi
+    + JitLogDriverApi
+    + NodeAttrDriverApi
+    + TensorMapDriverApi
+    + VmmDriverApi
+    + Send
+    + Sync
 {
     /// cuDeviceGetCount.
     fn device_count(&self) -> CuResult<i32>;
@@ -490,6 +403,13 @@ pub(crate) trait DriverApi:
         func: HostFn,
         user_data: *mut c_void,
     ) -> CuResult<()>;
+
+    /// A record of the GPU work this driver runs, for the timeline recorder, where the driver
+    /// keeps one itself (the test double); `None`: the recorder uses CUPTI or CUDA events
+    /// (`cuda/trace/`).
+    fn activity_source(&self) -> Option<Box<dyn crate::cuda::trace::ActivitySource>> {
+        None
+    }
 }
 
 /// The driver's id of a stream attribute (the launch attributes that apply to streams).
@@ -603,114 +523,19 @@ pub(crate) const REQUIRED_SYMBOLS: &[&str] = &[
     "cuStreamWaitEvent",
 ];
 
-/// cuDeviceGetAttribute with the attribute as a plain `int`, as the C ABI passes it: the guest
-/// chooses the id, and cudarc's enum parameter cannot hold ids it does not list.
-type DeviceGetAttributeFn = unsafe extern "C" fn(*mut c_int, c_int, sys::CUdevice) -> c_uint;
-
-/// The CUDA driver, loaded and initialised.
-pub(crate) struct CudaDriver {
-    device_get_attribute: DeviceGetAttributeFn,
-}
-
-impl fmt::Debug for CudaDriver {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("CudaDriver")
-    }
-}
-
-/// What loading the driver found.
-#[derive(Debug)]
-pub(crate) enum DriverLoad {
-    /// No libcuda on this host.
-    Absent,
-    /// libcuda is there but cannot serve: too old, missing symbols, or cuInit failed.
-    /// `status` is what CUDA ops answer (cudaErrorInsufficientDriver, cudaErrorNoDevice, ...).
-    Unusable {
-        /// cuDriverGetVersion, 0 if unknown.
-        version: u32,
-        /// The `cudaError_t` for CUDA ops.
-        status: u32,
-    },
-    /// Ready to use.
-    Ready {
-        /// The driver.
-        driver: CudaDriver,
-        /// cuDriverGetVersion.
-        version: u32,
-    },
-}
-
 impl CudaDriver {
-    /// Finds libcuda, checks its version and symbols, and calls cuInit. Never panics on a
-    /// missing or old library.
+    /// Finds libcuda, checks its version and every symbol the driver layer calls, and calls
+    /// cuInit. Never panics on a missing or old library.
     pub(crate) fn load() -> DriverLoad {
-        // SAFETY: is_culib_present only dlopens candidate names and closes them again; loading
-        // libcuda runs no initialisation that could affect this process beyond that.
-        if !unsafe { sys::is_culib_present() } {
-            return DriverLoad::Absent;
-        }
-        // SAFETY: a candidate loaded just above, so culib() finds one and does not panic.
-        let lib = unsafe { sys::culib() };
-        let has = |name: &str| {
-            // SAFETY: the symbol is only looked up, never called through this type.
-            unsafe { lib.get::<unsafe extern "C" fn()>(name) }.is_ok()
-        };
-        let too_old = |version| DriverLoad::Unusable {
-            version,
-            status: status::INSUFFICIENT_DRIVER,
-        };
-        if !has("cuDriverGetVersion") || !has("cuInit") {
-            warn!("libcuda lacks cuInit/cuDriverGetVersion; treating it as too old");
-            return too_old(0);
-        }
-        let mut v: c_int = 0;
-        // SAFETY: the symbol exists (checked above); `v` is a valid out pointer.
-        if let Err(e) = check(unsafe { sys::cuDriverGetVersion(&raw mut v) }) {
-            warn!(error = ?e, "cuDriverGetVersion failed");
-            return too_old(0);
-        }
-        let version = u32::try_from(v).unwrap_or(0);
-        if version < MIN_DRIVER_VERSION {
-            warn!(version, min = MIN_DRIVER_VERSION, "CUDA driver too old");
-            return too_old(version);
-        }
-        let missing: Vec<&str> = REQUIRED_SYMBOLS
-            .iter()
-            .chain(ARRAY_SYMBOLS)
-            .chain(GRAPH_SYMBOLS)
-            .chain(VMM_SYMBOLS)
-            .copied()
-            .filter(|s| !has(s))
-            .collect();
-        if !missing.is_empty() {
-            warn!(version, ?missing, "CUDA driver lacks required entry points");
-            return too_old(version);
-        }
-        // SAFETY: the symbol exists; cuInit may be called any number of times.
-        if let Err(e) = check(unsafe { sys::cuInit(0) }) {
-            warn!(version, error = ?e, "cuInit failed");
-            return DriverLoad::Unusable {
-                version,
-                status: e.status(),
-            };
-        }
-        // SAFETY: the symbol exists (REQUIRED_SYMBOLS) and has this C signature: CUresult is a
-        // C enum (an unsigned int) and CUdevice_attribute is passed as an int.
-        let get_attr = unsafe { lib.get::<DeviceGetAttributeFn>("cuDeviceGetAttribute") };
-        match get_attr {
-            Ok(f) => DriverLoad::Ready {
-                driver: CudaDriver {
-                    device_get_attribute: *f,
-                },
-                version,
-            },
-            Err(_) => too_old(version),
-        }
+        Self::load_checking(&[
+            REQUIRED_SYMBOLS,
+            ARRAY_SYMBOLS,
+            GRAPH_SYMBOLS,
+            NODE_ATTR_SYMBOLS,
+            TENSOR_MAP_SYMBOLS,
+            VMM_SYMBOLS,
+        ])
     }
-}
-
-pub(crate) fn ptr<T>(raw: Raw) -> *mut T {
-    raw as *mut T
 }
 
 // SAFETY (for every unsafe block in this impl): each call goes to a symbol that `load` found,
@@ -1592,14 +1417,6 @@ fn func_cache(config: u32) -> CuResult<sys::CUfunc_cache> {
     })
 }
 
-/// The location of device `dev` (a `CUdevice`).
-fn mem_location(dev: i32) -> sys::CUmemLocation {
-    sys::CUmemLocation {
-        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-        id: dev,
-    }
-}
-
 /// The `CUmemAccess_flags` with value `flags` (0, 1 or 3).
 fn access_flags(flags: u32) -> CuResult<sys::CUmemAccess_flags> {
     use sys::CUmemAccess_flags as F;
@@ -1644,12 +1461,6 @@ fn cu_limit(limit: u32) -> CuResult<sys::CUlimit> {
         _ => return Err(CuError::INVALID_VALUE),
     })
 }
-
-/// The driver of a host without a usable CUDA driver: every call fails with
-/// CUDA_ERROR_NO_DEVICE. Sessions of such a host answer before calling it; it exists so that
-/// a session always has a driver to hold.
-#[derive(Debug)]
-pub(crate) struct NoDriver;
 
 impl DriverApi for NoDriver {
     fn device_count(&self) -> CuResult<i32> {
@@ -1950,24 +1761,18 @@ pub(super) fn driver_calls(src: &str) -> Vec<&str> {
 mod tests {
     use super::*;
 
-    /// Every `sys::cu*` call in this file is in REQUIRED_SYMBOLS (so `load` checks it), and
-    /// REQUIRED_SYMBOLS names nothing this file does not call (cuDeviceGetAttribute is
+    /// Every `sys::cu*` call in this file and library.rs is in REQUIRED_SYMBOLS (so `load`
+    /// checks it), and REQUIRED_SYMBOLS names nothing they do not call (cuDeviceGetAttribute is
     /// resolved by hand).
     #[test]
     fn required_symbols_match_the_calls() {
         let mut called = driver_calls(include_str!("mod.rs"));
+        called.extend(driver_calls(include_str!("library.rs")));
         called.push("cuDeviceGetAttribute");
         called.sort_unstable();
         called.dedup();
         let mut required = REQUIRED_SYMBOLS.to_vec();
         required.sort_unstable();
         assert_eq!(called, required);
-    }
-
-    #[test]
-    fn errors_format_without_the_driver() {
-        assert_eq!(format!("{:?}", CuError(700)), "CUDA_ERROR_ILLEGAL_ADDRESS");
-        assert_eq!(CuError(700).status(), status::ILLEGAL_ADDRESS);
-        assert_eq!(CuError(600).status(), status::NOT_READY);
     }
 }

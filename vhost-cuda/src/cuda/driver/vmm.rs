@@ -23,7 +23,9 @@ use std::{
 use cudarc::driver::sys;
 
 use super::{
-    check, driver_handles, mem_location, CuError, CuResult, CudaDriver, Event, MemPool, NoDriver,
+    error::{check, CuError, CuResult},
+    handles::{driver_handles, Event, MemPool, Raw},
+    library::{CudaDriver, NoDriver},
 };
 
 /// Driver entry points this file calls (`CudaDriver::load` checks them with the others).
@@ -50,6 +52,14 @@ pub(crate) const VMM_SYMBOLS: &[&str] = &[
     "cuMemSetAccess",
     "cuMemUnmap",
 ];
+
+/// The location of device `dev` (a `CUdevice`).
+pub(super) fn mem_location(dev: i32) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: dev,
+    }
+}
 
 driver_handles! {
     /// A `CUmemGenericAllocationHandle`: a physical allocation made by `cuMemCreate`, retained
@@ -352,7 +362,7 @@ impl VmmDriverApi for CudaDriver {
         let mut p: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: see the impl comment; `props` is fully initialised.
         check(unsafe { sys::cuMemPoolCreate(&raw mut p, &raw const props) })?;
-        Ok(MemPool::from_raw(p as super::Raw))
+        Ok(MemPool::from_raw(p as Raw))
     }
 
     fn mem_pool_export_fd(&self, pool: MemPool) -> CuResult<OwnedFd> {
@@ -384,7 +394,7 @@ impl VmmDriverApi for CudaDriver {
                 0,
             )
         })?;
-        Ok(MemPool::from_raw(p as super::Raw))
+        Ok(MemPool::from_raw(p as Raw))
     }
 
     fn mem_pool_export_pointer(&self, ptr: u64) -> CuResult<[u8; 64]> {
@@ -410,7 +420,7 @@ impl VmmDriverApi for CudaDriver {
         let mut e: sys::CUevent = std::ptr::null_mut();
         // SAFETY: see the impl comment; the handle is passed by value.
         check(unsafe { sys::cuIpcOpenEventHandle(&raw mut e, h) })?;
-        Ok(Event::from_raw(e as super::Raw))
+        Ok(Event::from_raw(e as Raw))
     }
 
     fn mem_pool_import_pointer(&self, pool: MemPool, data: &[u8; 64]) -> CuResult<u64> {

@@ -11,26 +11,23 @@
 //! (the whole span from the first to the last byte, overflow-checked), and every array offset
 //! and extent against the array's own size.
 
-use std::collections::HashMap;
-
 use qcuda_proto::{
     status, tex, Copy3D, Copy3DSide, COPY_ARRAY, COPY_DEVICE, COPY_WIRE, FLAG_ASYNC, TEX_DESC_SIZE,
 };
 
 use super::{
     super::{
+        driver::array::Array,
         driver::array::{
             format_bytes, max_mip_levels, ArrayDesc, Copy3DParams, CopySide, Mem, Resource,
             TexParams, ViewParams,
         },
-        driver::array::{Array, MipmappedArray},
-        handles::HandleTable,
         saved_state::{
-            tex_desc_ok, SavedResource, SavedTexDesc, SavedView, ARRAY_FLAGS, MAX_ARRAYS,
-            MAX_MIPMAPPED, MAX_OBJECTS,
+            tex_desc_ok, SavedResource, SavedTexDesc, SavedView, ARRAY_FLAGS, MAX_OBJECTS,
         },
     },
-    flags_u32, ok, ok_rets, on, to_usize, Fault, GpuState, OpResult,
+    flags_u32, ok, ok_rets, on, to_usize, ArrayEntry, ArrayState, Fault, GpuState, MipmappedEntry,
+    ObjectEntry, OpResult,
 };
 use crate::guest_buffer::Request;
 
@@ -42,70 +39,6 @@ const PITCH_ALIGN: usize = 512;
 // The most arrays (level arrays included), mipmapped arrays and texture or surface objects a
 // session may hold, and the flags they may have, are the saved state's (`saved_state.rs`), so
 // that whatever a session holds can be saved and nothing else can be restored.
-
-#[derive(Debug)]
-struct ArrayEntry {
-    dev: usize,
-    raw: Array,
-    desc: ArrayDesc,
-    /// The mipmapped array a level array belongs to.
-    owner: Option<u64>,
-    /// Which level of it (0 for an array of its own).
-    level: u32,
-}
-
-#[derive(Debug)]
-struct MipmappedEntry {
-    dev: usize,
-    raw: MipmappedArray,
-    /// Level 0's descriptor, and the level count (clamped as the driver clamps it).
-    desc: ArrayDesc,
-    levels: u32,
-}
-
-/// A texture or surface object, with how it was made (what a saved state needs to make it
-/// again).
-#[derive(Debug, Clone, Copy)]
-struct ObjectEntry {
-    dev: usize,
-    surface: bool,
-    /// Creation order among the session's objects.
-    seq: u64,
-    resource: SavedResource,
-    tex: TexParams,
-    view: Option<ViewParams>,
-}
-
-/// What the session owns of arrays and objects.
-#[derive(Debug)]
-pub(super) struct ArrayState {
-    arrays: HandleTable<ArrayEntry>,
-    mipmapped: HandleTable<MipmappedEntry>,
-    /// By (device, value): a driver may number each context's objects on its own.
-    objects: HashMap<(usize, u64), ObjectEntry>,
-    /// The next object's [`ObjectEntry::seq`].
-    next_seq: u64,
-}
-
-impl Default for ArrayState {
-    fn default() -> Self {
-        Self {
-            arrays: HandleTable::new(MAX_ARRAYS),
-            mipmapped: HandleTable::new(MAX_MIPMAPPED),
-            objects: HashMap::new(),
-            next_seq: 0,
-        }
-    }
-}
-
-impl ArrayState {
-    /// Forgets everything on `dev` (its context, which owned it, is gone).
-    pub(super) fn forget_device(&mut self, dev: usize) {
-        self.arrays.retain(|a| a.dev != dev);
-        self.mipmapped.retain(|m| m.dev != dev);
-        self.objects.retain(|&(d, _), _| d != dev);
-    }
-}
 
 fn invalid() -> Fault {
     Fault::Status(status::INVALID_VALUE)

@@ -63,7 +63,7 @@ impl GpuState {
             // Batch records take at most one In buffer and no Out buffer, so this holds.
             let sub =
                 Request::new(header, inputs, Vec::new()).map_err(|_| status::INVALID_VALUE)?;
-            let mut resp = self.execute(&sub);
+            let mut resp = self.execute_batched(&sub);
             if tail {
                 // The synchronising call answers; what failed before it is reported with it,
                 // as the next waited-for request would report it.

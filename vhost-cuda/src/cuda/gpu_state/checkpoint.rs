@@ -6,8 +6,9 @@
 //! stream's flags, priority and attributes, an event's flags, a context's limits, cache
 //! configuration and peers, and every allocation's block in the session's reserved range
 //! (`device_arena.rs`). [`GpuState::capture`] first quiesces the state (the worker runs one op
-//! at a time, so nothing is in flight between ops; a stream capture under way makes it answer
-//! [`CheckpointError::Busy`], to be tried again once the capture has ended; then every context
+//! at a time, so nothing is in flight between ops; a stream capture under way, or a managed
+//! allocation placed and not yet mapped, makes it answer [`CheckpointError::Busy`], to be tried
+//! again once it has ended; then every context
 //! is synchronised), then copies that record and the contents of every allocation and looked-up
 //! global into a [`SavedState`]. [`GpuState::restore_into`] makes it all again in fresh
 //! contexts: the same ranges at the same addresses, every block at its old address with its
@@ -42,10 +43,9 @@
 //! refused above but a capture under way and allocations outside a range. An op that arrives
 //! while paused resumes first: the guest program goes on unaware.
 
-use thiserror::Error;
-
 use super::*;
 use crate::cuda::{
+    copy::SinkError,
     device_arena::{ArenaError, SavedRun as ArenaRun},
     saved_state::{
         SavedAllocation, SavedContext, SavedEvent, SavedFunction, SavedGlobal, SavedModule,
@@ -53,48 +53,19 @@ use crate::cuda::{
     },
 };
 
-/// Why a state cannot be captured or restored.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum CheckpointError {
-    /// A stream capture is under way: try again once it has ended.
-    #[error("a stream capture is under way; try again when it has ended")]
-    Busy,
-    /// The state holds something the record cannot make again; nothing was changed.
-    #[error("cannot be saved: {0}")]
-    Unsupported(&'static str),
-    /// A CUDA error (`cudaError_t`): a sticky error, or a driver call that failed.
-    #[error("CUDA error {name} ({0})", name = cuda_name(*.0))]
-    Cuda(u32),
-    /// The saved state does not fit this worker (another session, address space or GPU
-    /// count), or contradicts itself.
-    #[error("the saved state does not fit: {0}")]
-    Mismatch(String),
-    /// Pause of a paused state, or resume of a running one.
-    #[error("the state is {0}")]
-    WrongPhase(&'static str),
-}
+/// Bytes a state without a staging buffer streams from the device at a time.
+const UNSTAGED_PIECE: usize = 8 << 20;
 
-impl From<Fault> for CheckpointError {
-    fn from(f: Fault) -> Self {
-        match f {
-            Fault::Status(s) => Self::Cuda(s),
-            Fault::Driver { err, .. } => Self::Cuda(err.status()),
-        }
-    }
+/// Why [`GpuState::stream_device`] stopped.
+enum StreamedError {
+    /// Reading the device.
+    Device(CheckpointError),
+    /// Writing the bytes.
+    Write(std::io::Error),
 }
 
 /// A global the guest looked up: name, address, size.
 type LookedUpGlobal = (CString, u64, u64);
-
-/// One device's range while paused: its runs, the live blocks in them, and the runs'
-/// contents.
-#[derive(Debug)]
-pub(super) struct PausedRange {
-    dev: usize,
-    runs: Vec<ArenaRun>,
-    live: Vec<(u64, u64)>,
-    contents: Vec<Vec<u8>>,
-}
 
 /// Staging halves smaller than this cost more in calls than they save: such a context's
 /// checkpoint copies go straight to pageable memory.
@@ -120,11 +91,11 @@ impl GpuState {
     }
 
     /// Refuses a state the record cannot make again (see the module documentation).
-    fn check_capturable(&mut self) -> Result<(), CheckpointError> {
+    pub(super) fn check_capturable(&mut self) -> Result<(), CheckpointError> {
         if let Some(s) = self.host.sticky_error() {
             return Err(CheckpointError::Cuda(s));
         }
-        if self.capture_under_way() {
+        if self.capture_under_way() || self.managed_unmapped() {
             return Err(CheckpointError::Busy);
         }
         if self.ipc.shares() {
@@ -212,6 +183,17 @@ impl GpuState {
     /// Quiesces the state and saves it (see the module documentation). The state goes on
     /// running unchanged.
     pub(crate) fn capture(&mut self) -> Result<SavedState, CheckpointError> {
+        self.capture_with(false)
+    }
+
+    /// [`capture`](Self::capture) without the allocations' contents (a handover's state).
+    pub(super) fn capture_without_contents(&mut self) -> Result<SavedState, CheckpointError> {
+        self.capture_with(true)
+    }
+
+    /// [`capture`](Self::capture); with `deferred`, the allocations' contents are left out
+    /// (empty), for [`save_into`](Self::save_into) to stream from the device as it encodes.
+    fn capture_with(&mut self, deferred: bool) -> Result<SavedState, CheckpointError> {
         if self.paused.is_some() {
             return Err(CheckpointError::WrongPhase("paused"));
         }
@@ -260,7 +242,11 @@ impl GpuState {
                 }));
             for (&(ptr, size), block) in allocations.iter().zip(blocks) {
                 let block = block.ok_or_else(|| mismatch("an allocation outside its range"))?;
-                let contents = self.read_device(dev, ptr, size)?;
+                let contents = if deferred {
+                    Vec::new()
+                } else {
+                    self.read_device(dev, ptr, size)?
+                };
                 saved.allocations.push(SavedAllocation {
                     dev: dev_u32(dev),
                     ptr,
@@ -379,6 +365,31 @@ impl GpuState {
     /// Makes the saved state again in this state, which has no context (a fresh one, or one
     /// paused). On an error, what was made stays for the caller to tear down.
     pub(crate) fn restore_into(&mut self, saved: &SavedState) -> Result<(), CheckpointError> {
+        self.restore_into_with(saved, &[], None)
+    }
+
+    /// [`restore_into`](Self::restore_into) of a state without allocation contents, every run
+    /// of its ranges mapped from `imported` (a handover, `handover.rs`, which checked them).
+    pub(super) fn restore_into_imported(
+        &mut self,
+        saved: &SavedState,
+        imported: &[ExportedRun],
+    ) -> Result<(), CheckpointError> {
+        self.restore_into_with(saved, &[], Some(imported))
+    }
+
+    /// [`restore_into`](Self::restore_into), where `contents` (when not empty: one per
+    /// allocation, `SavedState::decode_borrowed`) are the allocations' bytes, and `imported`
+    /// (when given) the memory of every run, whose allocations then carry no contents.
+    fn restore_into_with(
+        &mut self,
+        saved: &SavedState,
+        contents: &[&[u8]],
+        imported: Option<&[ExportedRun]>,
+    ) -> Result<(), CheckpointError> {
+        if !contents.is_empty() && contents.len() != saved.allocations.len() {
+            return Err(mismatch("allocations and their contents"));
+        }
         if self.devices.iter().any(Option::is_some) || self.modules.len() > 0 {
             return Err(CheckpointError::WrongPhase("running"));
         }
@@ -426,19 +437,37 @@ impl GpuState {
                 .filter(|r| r.dev == c.dev)
                 .map(|r| (r.va, r.len, r.class))
                 .collect();
-            let allocations: Vec<&SavedAllocation> = saved
+            let allocations: Vec<(&SavedAllocation, &[u8])> = saved
                 .allocations
                 .iter()
-                .filter(|a| a.dev == c.dev)
+                .enumerate()
+                .filter(|(_, a)| a.dev == c.dev)
+                .map(|(i, a)| (a, contents.get(i).copied().unwrap_or(&a.contents)))
                 .collect();
             match ctx.range.as_mut() {
                 Some(r) => {
                     let live: Vec<(u64, u64)> =
-                        allocations.iter().map(|a| (a.ptr, a.block)).collect();
-                    let backing = memory::ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
-                    r.arena
-                        .restore(&runs, &live, &backing)
-                        .map_err(|e| mismatch(format!("device {dev}'s range: {e:?}")))?;
+                        allocations.iter().map(|(a, _)| (a.ptr, a.block)).collect();
+                    let restored = match imported {
+                        Some(all) => {
+                            let mine: Vec<(u64, u64, &std::os::fd::OwnedFd)> = all
+                                .iter()
+                                .filter(|x| x.dev == c.dev)
+                                .map(|x| (x.va, x.len, &x.fd))
+                                .collect();
+                            let backing = ImportingBacking {
+                                drv: drv.as_ref(),
+                                access: &r.access,
+                                runs: &mine,
+                            };
+                            r.arena.restore(&runs, &live, &backing)
+                        }
+                        None => {
+                            let backing = ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+                            r.arena.restore(&runs, &live, &backing)
+                        }
+                    };
+                    restored.map_err(|e| mismatch(format!("device {dev}'s range: {e:?}")))?;
                 }
                 None if runs.is_empty() && allocations.is_empty() => {}
                 None => {
@@ -447,11 +476,18 @@ impl GpuState {
                     )))
                 }
             }
-            for a in allocations {
-                if a.contents.len() as u64 != a.size || a.size > a.block {
-                    return Err(mismatch("an allocation's contents"));
+            for (a, bytes) in allocations {
+                if imported.is_some() {
+                    // Its bytes are in the imported memory already.
+                    if !bytes.is_empty() || a.size > a.block {
+                        return Err(mismatch("a handed-over allocation"));
+                    }
+                } else {
+                    if bytes.len() as u64 != a.size || a.size > a.block {
+                        return Err(mismatch("an allocation's contents"));
+                    }
+                    self.write_device(dev, a.ptr, bytes)?;
                 }
-                self.write_device(dev, a.ptr, &a.contents)?;
                 self.context(dev)?
                     .memory
                     .insert_allocation(a.ptr, a.size)
@@ -707,6 +743,86 @@ impl GpuState {
         self.capture().map(|s| s.encode())
     }
 
+    /// [`save`](Self::save) straight into `out` (a migration's file): the allocations'
+    /// device memory is streamed into it as it is encoded, in pinned chunks, the DMA of the
+    /// next chunk overlapping the write of the last ([`stream_device`](Self::stream_device)),
+    /// never held whole in memory. Returns the bytes written and how long the capture
+    /// (quiescing, recording, small contents) and the streaming took.
+    pub fn save_into(
+        &mut self,
+        out: &mut (impl std::io::Write + std::io::Seek),
+    ) -> Result<SaveFigures, CheckpointError> {
+        let started = std::time::Instant::now();
+        let saved = self.capture_with(true)?;
+        let captured = started.elapsed();
+        let mut device_bytes = saved.device_bytes();
+        let mut failed = None;
+        let written = saved.encode_streaming(
+            out,
+            Some(&mut |a: &SavedAllocation, out: &mut dyn std::io::Write| {
+                device_bytes += a.size;
+                self.stream_device(a.dev, a.ptr, a.size, out)
+                    .map_err(|e| match e {
+                        StreamedError::Device(e) => {
+                            failed = Some(e);
+                            std::io::Error::other("device memory could not be read")
+                        }
+                        StreamedError::Write(e) => e,
+                    })
+            }),
+        );
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let bytes = written.map_err(|e| mismatch(format!("writing the saved state: {e}")))?;
+        Ok(SaveFigures {
+            bytes,
+            device_bytes,
+            capture: captured,
+            encode: started.elapsed() - captured,
+        })
+    }
+
+    /// Writes `len` bytes of device `dev`'s memory at `ptr` into `out`: through the context's
+    /// pinned staging buffer, chunk by chunk (`Staging::stream_device`), or, without one, in
+    /// pieces through pageable memory.
+    fn stream_device(
+        &mut self,
+        dev: u32,
+        ptr: u64,
+        len: u64,
+        out: &mut dyn std::io::Write,
+    ) -> Result<(), StreamedError> {
+        let dev = self.saved_dev(dev).map_err(StreamedError::Device)?;
+        self.bind(dev)
+            .map_err(|e| StreamedError::Device(e.into()))?;
+        let n = to_usize(len).map_err(|e| StreamedError::Device(e.into()))?;
+        let drv = Arc::clone(&self.drv);
+        let half = self.host.tuning.staging_half;
+        let staged = half >= STAGED_MIN_HALF;
+        let ctx = self
+            .context(dev)
+            .map_err(|e| StreamedError::Device(e.into()))?;
+        if let Some(staging) = Self::staging_for(drv.as_ref(), ctx, half, staged) {
+            return staging
+                .stream_device(drv.as_ref(), ptr, n, NULL_STREAM, &mut |chunk| {
+                    out.write_all(chunk)
+                })
+                .map_err(|e| match e {
+                    SinkError::Cuda(e) => StreamedError::Device(on(dev)(e).into()),
+                    SinkError::Sink(e) => StreamedError::Write(e),
+                });
+        }
+        for at in (0..len).step_by(UNSTAGED_PIECE) {
+            let piece = (len - at).min(UNSTAGED_PIECE as u64);
+            let bytes = self
+                .read_device(dev, ptr + at, piece)
+                .map_err(StreamedError::Device)?;
+            out.write_all(&bytes).map_err(StreamedError::Write)?;
+        }
+        Ok(())
+    }
+
     /// A fresh state of `host` for guest process `id`, restored from `bytes` (a saved state
     /// from anywhere: it is checked as it is decoded and as it is made).
     pub fn restore(host: &Arc<CudaHost>, id: u64, bytes: &[u8]) -> Result<Self, CheckpointError> {
@@ -721,8 +837,9 @@ impl GpuState {
     /// state already set up (its host-function link, say). On an error, what was made stays
     /// for the caller to tear down (end the worker).
     pub fn restore_saved(&mut self, bytes: &[u8]) -> Result<(), CheckpointError> {
-        let saved = SavedState::decode(bytes).map_err(|e| mismatch(e.to_string()))?;
-        self.restore_into(&saved)
+        let (saved, contents) =
+            SavedState::decode_borrowed(bytes).map_err(|e| mismatch(e.to_string()))?;
+        self.restore_into_with(&saved, &contents, None)
     }
 
     /// Pauses the state: waits for its work, copies every run of its reserved ranges (every
@@ -737,7 +854,7 @@ impl GpuState {
         if let Some(s) = self.host.sticky_error() {
             return Err(CheckpointError::Cuda(s));
         }
-        if self.capture_under_way() {
+        if self.capture_under_way() || self.managed_unmapped() {
             return Err(CheckpointError::Busy);
         }
         if self.ipc.shares() {
@@ -788,7 +905,7 @@ impl GpuState {
         for p in &paused {
             self.bind(p.dev)?;
             if let Some(r) = self.context(p.dev)?.range.as_mut() {
-                let backing = memory::ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+                let backing = ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
                 r.arena.release_all(&backing);
             }
             bytes += p.contents.iter().map(|c| c.len() as u64).sum::<u64>();
@@ -815,8 +932,7 @@ impl GpuState {
                         continue;
                     }
                     if let Ok(Some(r)) = self.context(q.dev).map(|c| c.range.as_mut()) {
-                        let backing =
-                            memory::ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+                        let backing = ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
                         r.arena.release_all(&backing);
                     }
                 }
@@ -835,7 +951,7 @@ impl GpuState {
         let Some(r) = self.context(p.dev)?.range.as_mut() else {
             return Err(mismatch("a paused device without its range"));
         };
-        let backing = memory::ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+        let backing = ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
         r.arena
             .restore(&p.runs, &p.live, &backing)
             .map_err(|e| match e {

@@ -52,6 +52,7 @@ impl GpuState {
                 limits: Vec::new(),
                 cache_config: None,
                 peers: Vec::new(),
+                managed_sync: None,
             });
         }
         let c = self
@@ -130,8 +131,10 @@ impl GpuState {
             let quota = self.host.memory_quota();
             self.ipc.release_device(dev, drv.as_ref(), quota.as_deref());
         }
-        // Restored mappings still waiting for guest RAM go too.
+        // Restored mappings still waiting for guest RAM go too, and managed memory placed
+        // for an allocation still being made.
         self.drop_waiting(dev);
+        self.unplace_unmapped_on(dev);
         // Host mappings registered in this context go with it; their pages stay the guest's.
         for guest in self.host_memory.on_device(dev) {
             self.unplace_managed(guest);

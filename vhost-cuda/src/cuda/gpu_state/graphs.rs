@@ -6,7 +6,7 @@
 //! stream (and into streams that join through events) are captured by the driver as the worker
 //! issues them. The worker's thread runs in the relaxed capture mode: all guest threads share
 //! it, so the per-thread rules of the global and thread-local modes are the guest library's to
-//! apply (guest-lib/src/core/capture.rs).
+//! apply (guest-lib/src/core/transport/capture.rs).
 //!
 //! Node parameters arrive in the encodings of `qcuda_proto::graph` and are checked like the ops
 //! they stand for: kernels by function handle, geometry and parameter layout, copies and memsets
@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 
-use qcuda_proto::graph::{self as wire_graph, KernelNode, MemcpyNode, MemsetNode};
+use qcuda_proto::graph::{self as wire_graph, EdgeData, KernelNode, MemcpyNode, MemsetNode};
 
 use qcuda_proto::MAX_ARGS;
 
@@ -29,14 +29,10 @@ use crate::cuda::{
     driver::Raw,
 };
 
+mod moved_child;
+mod node_attrs;
 mod saved;
 
-/// Most graphs a session may hold.
-const MAX_GRAPHS: usize = 1 << 14;
-/// Most executable graphs a session may hold.
-const MAX_EXECS: usize = 1 << 14;
-/// Most node handles a session may hold.
-const MAX_NODES: usize = 1 << 20;
 /// Most nodes one request may name.
 const MAX_NODE_LIST: usize = 1 << 16;
 /// Largest node parameter encoding (a kernel node with the largest parameter block).
@@ -59,135 +55,6 @@ const ATTRIBUTED: &str = "graphs captured from launches with launch attributes, 
 const MAX_CONDITIONALS: usize = 1 << 16;
 /// Longest DOT text returned.
 const MAX_DOT: usize = 64 << 20;
-
-#[derive(Debug)]
-struct GraphEntry {
-    dev: usize,
-    raw: Graph,
-    /// Still being captured: the driver owns it until the capture ends.
-    capturing: bool,
-    /// A capture into this graph of the guest's is under way (StreamBeginCaptureToGraph).
-    capture_target: bool,
-    /// The graph whose child graph node holds this one (it goes with that graph).
-    owner: Option<u64>,
-    /// Its kernel nodes may carry attributes (captured while launch attributes were in use,
-    /// or made from such a graph), which a saved state does not hold.
-    attributed: bool,
-}
-
-#[derive(Debug)]
-struct NodeEntry {
-    graph: u64,
-    raw: GraphNode,
-    /// A conditional node's body graphs (handles, owned by the node's graph).
-    bodies: Vec<u64>,
-    /// A conditional node's handle and kind, as the guest gave them (the driver of CUDA 13.0
-    /// cannot be asked).
-    cond: Option<(u64, u32)>,
-}
-
-impl NodeEntry {
-    fn new(graph: u64, raw: GraphNode) -> Self {
-        Self {
-            graph,
-            raw,
-            bodies: Vec::new(),
-            cond: None,
-        }
-    }
-}
-
-/// An executable graph. It is instantiated from a copy of its graph (`shadow`) that the
-/// session keeps as the executable graph runs: the executable-graph calls that change it
-/// change the copy's node too, so a saved state can read back what it runs now, whatever
-/// became of the graph it came from. The guest names its nodes by the nodes of that graph:
-/// `nodes` maps them (filled on first use with the driver's `cuGraphNodeFindInClone`, or
-/// whole when restored).
-#[derive(Debug)]
-struct ExecEntry {
-    dev: usize,
-    raw: GraphExec,
-    /// The flags it was instantiated with.
-    flags: u64,
-    /// The copy it was instantiated from (None: instantiated from the graph itself, see
-    /// `unsaveable`).
-    shadow: Option<Graph>,
-    /// The graph it came from.
-    source: Option<u64>,
-    /// Node handle (of `source`) -> the copy's node.
-    nodes: HashMap<u64, GraphNode>,
-    /// Why a saved state cannot hold it, if it cannot.
-    unsaveable: Option<&'static str>,
-}
-
-/// A conditional handle the guest made: the graph, default value and flags it was made with.
-#[derive(Debug, Clone, Copy)]
-struct ConditionalEntry {
-    graph: u64,
-    default_value: u32,
-    flags: u32,
-}
-
-/// The graphs, nodes and executable graphs of a session.
-#[derive(Debug)]
-pub(super) struct GraphTables {
-    graphs: HandleTable<GraphEntry>,
-    nodes: HandleTable<NodeEntry>,
-    /// Driver node -> its handle.
-    node_ids: HashMap<GraphNode, u64>,
-    execs: HandleTable<ExecEntry>,
-    /// Captures begun and not ended (an upper bound: a capture can also end with its stream).
-    captures: usize,
-    /// Conditional handle (the driver's value) -> how it was made.
-    conditionals: HashMap<u64, ConditionalEntry>,
-    /// A launch with launch attributes, or a capture begun on a stream with attributes, while
-    /// a capture was under way: the graphs of captures that end before none is left under
-    /// way are `attributed`.
-    attributed_capture: bool,
-}
-
-impl Default for GraphTables {
-    fn default() -> Self {
-        Self {
-            graphs: HandleTable::new(MAX_GRAPHS),
-            nodes: HandleTable::new(MAX_NODES),
-            node_ids: HashMap::new(),
-            execs: HandleTable::new(MAX_EXECS),
-            captures: 0,
-            conditionals: HashMap::new(),
-            attributed_capture: false,
-        }
-    }
-}
-
-impl GraphTables {
-    pub(super) fn len(&self) -> usize {
-        self.graphs.len() + self.execs.len()
-    }
-
-    /// Forgets `graph`'s nodes, and the graphs its child graph nodes hold with theirs (the
-    /// driver destroyed them with it).
-    fn forget_nodes_of(&mut self, graph: u64) {
-        while let Some((held, _)) = self.graphs.find(|g| g.owner == Some(graph)) {
-            self.graphs.remove(held);
-            self.forget_nodes_of(held);
-        }
-        self.forget_own_nodes(graph);
-        self.conditionals.retain(|_, c| c.graph != graph);
-    }
-
-    fn forget_own_nodes(&mut self, graph: u64) {
-        let node_ids = &mut self.node_ids;
-        self.nodes.retain(|n| {
-            if n.graph == graph {
-                node_ids.remove(&n.raw);
-                false
-            } else {
-                true
-            }
-        });
-    }
-}
 
 /// A decoded, checked kernel node: the function and the parameter block its pointers point into.
 struct KernelArgs {
@@ -221,6 +88,40 @@ fn u64s(bytes: &[u8]) -> Result<Vec<u64>, Fault> {
         .chunks_exact(8)
         .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
         .collect())
+}
+
+/// The edge data of `n` dependencies or edges from in-buffer `buf` (empty: default edges,
+/// returned as an empty list; else exactly `n` valid records).
+fn read_edges(buf: Option<&GuestBuffer>, n: usize) -> Result<Vec<EdgeData>, Fault> {
+    let bytes = match buf {
+        Some(b) if !b.is_empty() => read_all(Some(b), MAX_NODE_LIST * wire_graph::EDGE_DATA_SIZE)?,
+        _ => return Ok(Vec::new()),
+    };
+    if bytes.len() != n * wire_graph::EDGE_DATA_SIZE {
+        return Err(status::INVALID_VALUE.into());
+    }
+    let edges = bytes
+        .chunks_exact(wire_graph::EDGE_DATA_SIZE)
+        .map(EdgeData::decode)
+        .collect::<Option<Vec<_>>>()
+        .ok_or(status::INVALID_VALUE)?;
+    // All default edges are what the driver takes without an array.
+    Ok(if edges.iter().all(|e| e.is_default()) {
+        Vec::new()
+    } else {
+        edges
+    })
+}
+
+/// Writes as many of `edges` as out-buffer `out` holds.
+fn write_edges(out: Option<&GuestBuffer>, edges: &[EdgeData]) -> Result<(), Fault> {
+    let Some(out) = out else {
+        return Err(status::INVALID_VALUE.into());
+    };
+    let fit = (out.len() / wire_graph::EDGE_DATA_SIZE).min(edges.len());
+    let bytes: Vec<u8> = edges[..fit].iter().flat_map(|e| e.encode()).collect();
+    out.write_at(0, &bytes)
+        .map_err(|_| Fault::Status(status::INVALID_VALUE))
 }
 
 fn write_u64s(out: Option<&GuestBuffer>, values: &[u64]) -> Result<(), Fault> {
@@ -307,6 +208,9 @@ impl GpuState {
             }
             Op::GraphDebugDot => self.graph_debug_dot(req),
             Op::GraphConditionalHandleCreate => self.conditional_handle_create(args),
+            Op::GraphKernelNodeSetAttribute => self.kernel_node_set_attribute(req),
+            Op::GraphKernelNodeGetAttribute => self.kernel_node_get_attribute(req),
+            Op::GraphKernelNodeCopyAttributes => self.kernel_node_copy_attributes(args),
             Op::GraphNodeEnabled => {
                 let (dev, exec) = self.exec(args[0])?;
                 let node = self.exec_node(args[0], args[1])?;
@@ -502,6 +406,7 @@ impl GpuState {
             .ok_or(status::INVALID_VALUE)?;
         let list = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&list)?;
+        let edges = read_edges(req.inputs().get(1), deps.len())?;
         let graph_handle = graph;
         let graph = match self.graphs.graphs.get(graph) {
             Some(g) if !g.capturing && !g.capture_target => g.raw,
@@ -512,7 +417,7 @@ impl GpuState {
             .exchange_capture_mode(CAPTURE_RELAXED)
             .map_err(on(dev))?;
         self.drv
-            .stream_begin_capture_to_graph(stream, graph, &deps, mode)
+            .stream_begin_capture_to_graph(stream, graph, &deps, &edges, mode)
             .map_err(on(dev))?;
         if let Some(g) = self.graphs.graphs.get_mut(graph_handle) {
             g.capture_target = true;
@@ -605,7 +510,9 @@ impl GpuState {
         } else {
             (0, Vec::new())
         };
+        let edges = if graph == 0 { Vec::new() } else { info.edges };
         write_u64s(req.outputs().first(), &deps)?;
+        write_edges(req.outputs().get(1), &edges)?;
         ok_rets(&[u64::from(info.status), info.id, graph, deps.len() as u64])
     }
 
@@ -617,9 +524,10 @@ impl GpuState {
             .ok_or(status::INVALID_VALUE)?;
         let list = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&list)?;
+        let edges = read_edges(req.inputs().get(1), deps.len())?;
         let (dev, stream) = self.capture_stream(stream)?;
         self.drv
-            .stream_update_capture_deps(stream, &deps, flags)
+            .stream_update_capture_deps(stream, &deps, &edges, flags)
             .map_err(on(dev))?;
         ok()
     }
@@ -794,34 +702,67 @@ impl GpuState {
         let deps = u64s(&read_all(req.inputs().first(), MAX_NODE_LIST * 8)?)?;
         let deps = self.nodes(&deps)?;
         let params = read_all(req.inputs().get(1), MAX_NODE_PARAMS)?;
+        let edges = read_edges(req.inputs().get(2), deps.len())?;
+        if edges.is_empty() {
+            return self.add_node_after(req, graph, ty, &deps, &params);
+        }
+        // The driver's per-type calls take no edge data: the node comes first, then its edges,
+        // and a node whose edges the driver refuses goes again, as if never added.
+        let added = self.add_node_after(req, graph, ty, &[], &params)?;
+        let node = added.rets[0];
+        let raw = self.node(node)?;
+        let (dev, graw) = self.graph(graph)?;
+        let to = vec![raw; deps.len()];
+        if let Err(e) = self.drv.graph_change_edges(graw, &deps, &to, &edges, false) {
+            let _ = self.destroy_node(node);
+            return Err(on(dev)(e));
+        }
+        Ok(added)
+    }
+
+    /// `GraphAddNode` of a node of type `ty` with encoded `params` after `deps` (default
+    /// edges).
+    fn add_node_after(
+        &mut self,
+        req: &Request,
+        graph: u64,
+        ty: u64,
+        deps: &[GraphNode],
+        params: &[u8],
+    ) -> OpResult {
         let (gdev, graw) = self.graph(graph)?;
         if !self.graphs.nodes.has_room() {
             return Err(status::MEMORY_ALLOCATION.into());
         }
         let dev = self.bind_new(req)?;
+        if let (Ok(wire_graph::NODE_GRAPH), Some((child, true))) =
+            (u32::try_from(ty), wire_graph::decode_child(params))
+        {
+            return self.add_moved_child(graph, graw, deps, child);
+        }
         match u32::try_from(ty) {
             Ok(wire_graph::NODE_MEM_ALLOC) => {
-                return self.add_mem_alloc_node(dev, graph, graw, &deps, &params)
+                return self.add_mem_alloc_node(dev, graph, graw, deps, params)
             }
             Ok(wire_graph::NODE_CONDITIONAL) => {
                 // The node runs in its graph's context, where its handle was made.
                 self.bind(gdev)?;
-                return self.add_conditional_node(gdev, graph, graw, &deps, &params);
+                return self.add_conditional_node(gdev, graph, graw, deps, params);
             }
             Ok(wire_graph::NODE_MEM_FREE) => {
-                let dptr = wire_graph::decode_handle(&params).ok_or(status::INVALID_VALUE)?;
+                let dptr = wire_graph::decode_handle(params).ok_or(status::INVALID_VALUE)?;
                 if !self.context(dev)?.memory.is_graph_memory(dptr) {
                     return Err(status::INVALID_VALUE.into());
                 }
                 let raw = self
                     .drv
-                    .graph_add_mem_free_node(graw, &deps, dptr)
+                    .graph_add_mem_free_node(graw, deps, dptr)
                     .map_err(on(dev))?;
                 return ok_rets(&[self.node_handle(graph, raw)?]);
             }
             _ => {}
         }
-        let raw = match self.decode_node(dev, ty, &params)? {
+        let raw = match self.decode_node(dev, ty, params)? {
             Decoded::Kernel(mut k) => {
                 self.bind(k.dev)?;
                 let mut ptrs = k
@@ -833,21 +774,21 @@ impl GpuState {
                 // the values.
                 unsafe {
                     self.drv
-                        .graph_add_kernel_node(graw, &deps, k.func, &k.cfg, &mut ptrs)
+                        .graph_add_kernel_node(graw, deps, k.func, &k.cfg, &mut ptrs)
                 }
                 .map_err(on(k.dev))?
             }
             Decoded::Other(p) => {
                 let ctx = self.context(dev)?.ctx;
                 self.drv
-                    .graph_add_node(graw, &deps, &p, ctx)
+                    .graph_add_node(graw, deps, &p, ctx)
                     .map_err(on(gdev))?
             }
         };
         let h = self.node_handle(graph, raw)?;
         // A child graph node embeds a copy of its graph, attributes and all.
         let child = (u32::try_from(ty) == Ok(wire_graph::NODE_GRAPH))
-            .then(|| wire_graph::decode_handle(&params))
+            .then(|| wire_graph::decode_handle(params))
             .flatten();
         if child.is_some_and(|c| self.graphs.graphs.get(c).is_some_and(|g| g.attributed)) {
             if let Some(g) = self.graphs.graphs.get_mut(graph) {
@@ -1059,13 +1000,16 @@ impl GpuState {
         let (dev, raw) = self.graph(graph)?;
         let edges = self.drv.graph_edges(raw).map_err(on(dev))?;
         let mut flat = Vec::with_capacity(edges.len() * 2);
-        for (a, b) in edges.iter().copied() {
+        let mut data = Vec::with_capacity(edges.len());
+        for (a, b, e) in edges.iter().copied() {
             flat.push(self.node_handle(graph, a)?);
             flat.push(self.node_handle(graph, b)?);
+            data.push(e);
         }
         let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;
         let fit = (out.len() / 16).min(edges.len());
         write_u64s(Some(out), &flat[..fit * 2])?;
+        write_edges(req.outputs().get(1), &data[..fit])?;
         ok_rets(&[edges.len() as u64])
     }
 
@@ -1088,10 +1032,13 @@ impl GpuState {
             _ => return Err(status::INVALID_VALUE.into()),
         };
         let mut handles = Vec::with_capacity(list.len());
-        for r in list {
+        let mut data = Vec::with_capacity(list.len());
+        for (r, e) in list {
             handles.push(self.node_handle(graph, r)?);
+            data.push(e);
         }
         write_u64s(req.outputs().first(), &handles)?;
+        write_edges(req.outputs().get(1), &data)?;
         ok_rets(&[handles.len() as u64])
     }
 
@@ -1106,9 +1053,10 @@ impl GpuState {
         }
         let from = self.nodes(&pairs.iter().step_by(2).copied().collect::<Vec<_>>())?;
         let to = self.nodes(&pairs.iter().skip(1).step_by(2).copied().collect::<Vec<_>>())?;
+        let edges = read_edges(req.inputs().get(1), from.len())?;
         let (dev, raw) = self.graph(graph)?;
         self.drv
-            .graph_change_edges(raw, &from, &to, remove == 1)
+            .graph_change_edges(raw, &from, &to, &edges, remove == 1)
             .map_err(on(dev))?;
         ok()
     }

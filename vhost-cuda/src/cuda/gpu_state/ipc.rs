@@ -24,10 +24,7 @@
 //! [`GpuState::ipc_import`] for the daemon's `ToWorker::Ipc` messages (they carry a file
 //! descriptor, so they do not travel as guest requests); `IpcClose` is an ordinary request.
 
-use std::{
-    collections::BTreeMap,
-    os::fd::{AsRawFd, BorrowedFd, OwnedFd},
-};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use qcuda_proto::{
     IPC_KIND_EVENT, IPC_KIND_MEMORY, IPC_KIND_POOL, IPC_KIND_VMM, POOL_PTR_EXPORT_LEN,
@@ -42,142 +39,6 @@ const MAX_IPC_OPEN: usize = 4096;
 const IPC_EVENT_FLAGS: u32 = 0x6;
 /// `cudaIpcMemLazyEnablePeerAccess`, the one flag `cuIpcOpenMemHandle` knows.
 const IPC_LAZY_ENABLE_PEER_ACCESS: u64 = 1;
-
-/// What an export gives the daemon: the real shareable handle and what an importer needs to
-/// know about it (`meta`, passed back to the importing worker as is).
-#[derive(Debug)]
-pub struct IpcExported {
-    /// The driver's POSIX file descriptor of the physical allocation.
-    pub fd: OwnedFd,
-    /// `IPC_KIND_MEMORY`: the exported allocation's offset in the physical allocation, its
-    /// size, the physical allocation's size. `IPC_KIND_VMM`: 0, the allocation's size, 0.
-    /// Other kinds: zeros.
-    pub meta: [u64; 3],
-}
-
-/// One opened legacy IPC mapping.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct IpcMapping {
-    /// The reservation and mapping: the whole physical allocation.
-    va: u64,
-    len: u64,
-    /// What the guest may touch: the exported allocation.
-    size: u64,
-    /// The guest device it was opened on (whose context must be current to unmap).
-    dev: usize,
-}
-
-/// The legacy IPC mappings the session opened, by the address given to the guest.
-#[derive(Debug, Default)]
-pub(super) struct IpcImports {
-    open: BTreeMap<u64, IpcMapping>,
-    /// Allocations imported from other processes' pools: address -> size.
-    pool_pointers: BTreeMap<u64, u64>,
-    /// Pools imported from other processes (session pool handles).
-    pools: std::collections::HashSet<u64>,
-    /// Events opened from other processes (session event handles).
-    events: std::collections::HashSet<u64>,
-    /// Whether the session has exported memory: another process may map it from then on.
-    exported: bool,
-}
-
-impl IpcImports {
-    /// Whether `ptr..ptr + len` lies inside one opened or imported allocation.
-    pub(super) fn holds(&self, ptr: u64, len: u64) -> bool {
-        let Some(end) = ptr.checked_add(len) else {
-            return false;
-        };
-        let inside = |base: u64, size: u64| ptr < base + size && end <= base + size;
-        self.open
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(&base, m)| inside(base, m.size))
-            || self
-                .pool_pointers
-                .range(..=ptr)
-                .next_back()
-                .is_some_and(|(&base, &size)| inside(base, size))
-    }
-
-    /// Forgets the imported pool allocation at `ptr` (its count given back); whether it was
-    /// one.
-    pub(super) fn take_pool_pointer(
-        &mut self,
-        ptr: u64,
-        quota: Option<&crate::limits::QuotaSlot>,
-    ) -> bool {
-        match self.pool_pointers.remove(&ptr) {
-            Some(size) => {
-                if let Some(q) = quota {
-                    q.release(size);
-                }
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Whether the session shares device memory with another process: it opened memory of
-    /// one, or gave its own away (after an export, the importer may map it at any time).
-    pub(super) fn shares(&self) -> bool {
-        self.exported || !self.open.is_empty() || !self.pools.is_empty() || !self.events.is_empty()
-    }
-
-    /// Unmaps what was opened on guest device `dev` (its reset) and gives its count back.
-    pub(super) fn release_device(
-        &mut self,
-        dev: usize,
-        drv: &dyn DriverApi,
-        quota: Option<&crate::limits::QuotaSlot>,
-    ) {
-        let gone: Vec<u64> = self
-            .open
-            .iter()
-            .filter(|(_, m)| m.dev == dev)
-            .map(|(&p, _)| p)
-            .collect();
-        for p in gone {
-            if let Some(m) = self.open.remove(&p) {
-                unmap(drv, &m);
-                if let Some(q) = quota {
-                    q.release(m.len);
-                }
-            }
-        }
-    }
-
-    /// Unmaps everything (the session ends); with a sticky error (`driver` None) the
-    /// corrupted driver is not called: the worker's exit frees it.
-    pub(super) fn release_all(
-        &mut self,
-        driver: Option<&dyn DriverApi>,
-        quota: Option<&crate::limits::QuotaSlot>,
-    ) {
-        for (_, m) in std::mem::take(&mut self.open) {
-            if let Some(drv) = driver {
-                unmap(drv, &m);
-            }
-            if let Some(q) = quota {
-                q.release(m.len);
-            }
-        }
-        if let Some(q) = quota {
-            q.release(self.pool_pointers.values().sum());
-        }
-        // Imported pool allocations go with their pools (the contexts' teardown destroys
-        // them); the worker's exit frees whatever is left.
-        self.pool_pointers.clear();
-        self.pools.clear();
-        self.events.clear();
-    }
-}
-
-fn unmap(drv: &dyn DriverApi, m: &IpcMapping) {
-    if let Ok(len) = usize::try_from(m.len) {
-        let _ = drv.mem_unmap(m.va, len);
-        let _ = drv.mem_address_free(m.va, len);
-    }
-}
 
 impl GpuState {
     /// Counts `bytes` of memory another process made against this VM's device-memory quota
@@ -216,7 +77,7 @@ impl GpuState {
     /// the device's work is waited for, the bytes copied to a new allocation mapped aside, the
     /// run unmapped and the new allocation mapped in its place with the same access. Blocks in
     /// the run keep their addresses and contents; only the physical memory changes.
-    fn make_shareable(
+    pub(super) fn make_shareable(
         &mut self,
         dev: usize,
         run: u64,

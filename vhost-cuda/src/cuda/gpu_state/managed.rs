@@ -1,79 +1,76 @@
-//! Managed memory resident on the device (`HostMap` with `HOST_MAP_MANAGED`, `ManagedMigrate`).
+//! Managed memory resident on the device (`ManagedPlace`, `HostMap` with `HOST_MAP_MANAGED`,
+//! `ManagedMigrate`).
 //!
 //! CUDA's model for devices without concurrent managed access (`concurrentManagedAccess` = 0,
 //! what qcuda reports): managed memory is the device's while work that may touch it runs, and
-//! the host's after a synchronisation. The GPU's atomics on it are then device atomics, as
-//! natively. Here:
+//! the host's once that work is done and the program synchronised. The GPU's atomics on it are
+//! then device atomics, as natively. Here:
 //!
-//! - the guest pages of a managed allocation (held by qcuda.ko) are mapped into this process at
-//!   an address of the kernel's choosing and registered with the driver (the *staging* side);
-//! - at the guest's own address, device memory is reserved, created, mapped and made
-//!   accessible through the driver's virtual memory calls, so the pointer the program holds is
-//!   a device address (unified addressing: one address space, so the guest pages are NOT also
-//!   mapped there);
+//! - `ManagedPlace` asks the driver for an address range (`cuMemAddressReserve`: its address
+//!   wherever the driver's virtual memory puts it; the address the guest offers, of its
+//!   managed-memory window, only if the driver honours that hint), backs it with device memory (`cuMemCreate`, sizes and addresses
+//!   multiples of the allocation granularity) and makes it accessible: that address becomes the
+//!   program's pointer. The guest maps the allocation's pages there in its own process, which is
+//!   why the driver chooses and the guest follows: a driver need not place a reservation where
+//!   it is asked to;
+//! - `HostMap` with `HOST_MAP_MANAGED` then maps those guest pages into this process at an
+//!   address of the kernel's choosing and registers them with the driver (the *staging* side);
+//!   unified addressing keeps one address space, so they are NOT mapped at the device address;
 //! - `ManagedMigrate` copies guest RAM → device (before work that may touch it, in stream
-//!   order) or device → guest RAM (at a synchronisation point) with the driver's DMA.
+//!   order, the session's other streams ordered after the copy) or device → guest RAM (at a
+//!   synchronisation, once no work that may touch it can still run) with the driver's DMA.
 //!
-//! guest-lib decides when (core/managed_memory.rs). Where any step fails (no VMM support, the
-//! address not free in the driver's address space), the allocation is mapped as pinned memory
-//! instead: coherent at all times, with atomics as the bus provides them.
+//! guest-lib decides when (core/memory/managed.rs). A driver without virtual memory management
+//! places nothing: `cudaMallocManaged` fails there rather than hand out memory whose atomics
+//! would not be exact.
 
-use qcuda_proto::{HostRun, HOST_PAGE_SIZE, MANAGED_ALIGN, MANAGED_TO_DEVICE, MANAGED_TO_HOST};
+use qcuda_proto::{
+    HostRun, HOST_PAGE_SIZE, MANAGED_ALIGN, MANAGED_SCOPE_GLOBAL, MANAGED_SCOPE_STREAM,
+    MANAGED_TO_DEVICE, MANAGED_TO_HOST, MANAGED_WINDOW_BASE, MANAGED_WINDOW_LEN,
+};
 
 use super::*;
 use crate::cuda::driver::vmm::{AllocProps, MemHandle, ACCESS_READWRITE};
 use crate::guest_buffer::GuestRam;
 use crate::limits::QuotaSlot;
 
-/// Device memory placed at a managed allocation's guest address.
-#[derive(Debug)]
-pub(super) struct Placement {
-    /// Bytes the guest mapped (what migrates).
-    pub(super) len: u64,
-    /// Bytes reserved and backed on the device (`len` rounded up to `MANAGED_ALIGN`).
-    pub(super) size: usize,
-    handle: MemHandle,
-    /// The device address of the guest pages (registered, mapped elsewhere in this process);
-    /// 0 while a restored placement waits for guest RAM (saved_host_memory.rs).
-    pub(super) staging: u64,
-    /// The guest device ordinal it was placed on.
-    pub(super) dev: usize,
-    /// The quota this placement holds `size` bytes of.
-    quota: Option<Arc<QuotaSlot>>,
-}
+/// Most managed allocations a session may have placed at once.
+const MAX_PLACEMENTS: usize = 1 << 16;
+/// cudaEventDisableTiming.
+const EVENT_DISABLE_TIMING: u32 = 2;
 
 impl GpuState {
-    /// Places managed memory for `HostMap` of `guest` (`len` bytes, `runs`) on device `dev`
-    /// (bound). `Ok(None)`: it could not be placed; nothing is left behind and the caller maps
-    /// the pages as pinned memory.
-    pub(super) fn place_managed(
-        &mut self,
-        mem: &GuestRam,
-        guest: u64,
-        len: u64,
-        runs: &[HostRun],
-        dev: usize,
-    ) -> Result<Option<u64>, Fault> {
-        let Some(size) = len.checked_next_multiple_of(MANAGED_ALIGN) else {
+    /// `ManagedPlace`: see qcuda-proto's `Op::ManagedPlace`.
+    pub(super) fn managed_place(&mut self, req: &Request) -> OpResult {
+        let [len, hint, ..] = req.header().args;
+        if len == 0 || !len.is_multiple_of(HOST_PAGE_SIZE) {
             return Err(status::INVALID_VALUE.into());
-        };
-        if !guest.is_multiple_of(MANAGED_ALIGN) {
-            return Ok(None);
         }
-        // The whole device range must be the guest's own: nothing else of the session there.
-        if self.host_memory.overlaps(guest, size) || self.managed_overlaps(guest, size) {
-            return Err(status::HOST_MEMORY_ALREADY_REGISTERED.into());
+        let size = len
+            .checked_next_multiple_of(MANAGED_ALIGN)
+            .ok_or(status::INVALID_VALUE)?;
+        let offered =
+            |w: u64, n: u64| hint >= w && hint.checked_add(size).is_some_and(|e| e <= w + n);
+        if hint != 0
+            && (!hint.is_multiple_of(MANAGED_ALIGN)
+                || !(offered(MANAGED_WINDOW_BASE, MANAGED_WINDOW_LEN)
+                    || host_mappings::in_window(hint, size)))
+        {
+            return Err(status::INVALID_VALUE.into());
         }
         let size_us = to_usize(size)?;
-        let cu_dev = self.gpu_of(dev as u64)?;
+        let dev = self.bind_new(req)?;
+        if self.managed.len() >= MAX_PLACEMENTS {
+            return Err(status::MEMORY_ALLOCATION.into());
+        }
         let props = AllocProps {
-            device: cu_dev,
+            device: self.gpu_of(dev as u64)?,
             ..AllocProps::default()
         };
-        let drv = Arc::clone(&self.drv);
-        match drv.mem_granularity(&props, false) {
+        match self.drv.mem_granularity(&props, false) {
             Ok(g) if g != 0 && MANAGED_ALIGN.is_multiple_of(g as u64) => {}
-            _ => return Ok(None),
+            Ok(_) => return Err(status::NOT_SUPPORTED.into()),
+            Err(e) => return Err(on(dev)(e)),
         }
         let quota = self.host.memory_quota();
         if let Some(q) = &quota {
@@ -81,12 +78,104 @@ impl GpuState {
                 return Err(status::MEMORY_ALLOCATION.into());
             }
         }
-        let give_quota = |q: &Option<Arc<QuotaSlot>>| {
-            if let Some(q) = q {
-                q.release(size);
+        // A window address is worth asking for only where nothing of the session lies.
+        let hint = if hint != 0
+            && !self.host_memory.overlaps(hint, size)
+            && !self.managed_overlaps(hint, size)
+            && !self.waiting_overlaps(hint, size)
+        {
+            hint
+        } else {
+            0
+        };
+        let placed = Self::vmm_place(self.drv.as_ref(), hint, size_us, &props);
+        let (at, handle) = match placed {
+            Ok(p) => p,
+            Err(e) => {
+                if let Some(q) = &quota {
+                    q.release(size);
+                }
+                warn!(
+                    session = self.id,
+                    len,
+                    error = ?e,
+                    "no device memory for managed memory"
+                );
+                return Err(on(dev)(e));
             }
         };
-        // The guest pages, elsewhere, registered: the staging side of every migration.
+        let in_window = host_mappings::in_window(at, size);
+        // Anywhere but the hint, the driver's range must be apart from all the session has
+        // (it is, unless the driver's bookkeeping and this process's disagree).
+        if at != hint
+            && (in_window
+                || self.host_memory.overlaps(at, size)
+                || self.managed_overlaps(at, size)
+                || self.waiting_overlaps(at, size))
+        {
+            warn!(
+                session = self.id,
+                at = format_args!("{at:#x}"),
+                size,
+                "the driver placed managed memory over the session's own memory"
+            );
+            Self::vmm_release(self.drv.as_ref(), at, size_us, handle, false);
+            if let Some(q) = &quota {
+                q.release(size);
+            }
+            return Err(status::UNKNOWN.into());
+        }
+        self.managed.insert(
+            at,
+            Placement {
+                len,
+                size: size_us,
+                handle,
+                staging: 0,
+                dev,
+                quota,
+                in_window,
+                unmapped: true,
+            },
+        );
+        debug!(
+            session = self.id,
+            at = format_args!("{at:#x}"),
+            len,
+            hinted = at == hint,
+            "managed memory placed on the device"
+        );
+        ok_rets(&[at, size])
+    }
+
+    /// `ManagedUnplace`: frees a placement `HostMap` has not taken.
+    pub(super) fn managed_unplace(&mut self, at: u64) -> OpResult {
+        match self.managed.get(&at) {
+            Some(p) if p.unmapped => {
+                self.unplace_managed(at);
+                ok()
+            }
+            _ => Err(status::INVALID_VALUE.into()),
+        }
+    }
+
+    /// `HostMap` with `HOST_MAP_MANAGED` of `guest` (`len` bytes, `runs`) on device `dev`
+    /// (bound): the guest pages of the placement `ManagedPlace` made there become its staging
+    /// side, and their bytes (fresh zeroes from the module) the device's.
+    pub(super) fn attach_managed(
+        &mut self,
+        mem: &GuestRam,
+        guest: u64,
+        len: u64,
+        runs: &[HostRun],
+        dev: usize,
+    ) -> OpResult {
+        match self.managed.get(&guest) {
+            Some(p) if p.unmapped && p.len == len && p.dev == dev => {}
+            Some(p) if !p.unmapped => return Err(status::HOST_MEMORY_ALREADY_REGISTERED.into()),
+            _ => return Err(status::INVALID_VALUE.into()),
+        }
+        let drv = Arc::clone(&self.drv);
         let mapped = self
             .host_memory
             .map_elsewhere(mem, guest, len, runs, dev, |local, n| {
@@ -99,64 +188,35 @@ impl GpuState {
                     let _ = drv.mem_host_unregister(local);
                     MapError::NoMemory
                 })
+            })
+            .map_err(map_status)?;
+        let staging = mapped.dev_addr;
+        let n = to_usize(len)?;
+        // On the worker's own stream: the legacy stream would join a capture under way.
+        let filled = self
+            .managed_sync(dev)
+            .map_err(|_| CuError::UNKNOWN)
+            .and_then(|m| {
+                drv.memcpy(guest, staging, n, m.stream)
+                    .and_then(|()| drv.stream_synchronize(m.stream))
             });
-        let staging = match mapped {
-            Ok(m) => m.dev_addr,
-            Err(_) => {
-                give_quota(&quota);
-                return Ok(None);
-            }
-        };
-        let undo_staging = |me: &mut Self| {
-            let _ = me.host_memory.unmap(guest, |m| {
+        if let Err(e) = filled {
+            let _ = self.host_memory.unmap(guest, |m| {
                 let _ = drv.mem_host_unregister(m.local);
             });
-        };
-        match Self::vmm_place(
-            drv.as_ref(),
-            guest,
-            size_us,
-            &props,
-            Some((staging, to_usize(len)?)),
-        ) {
-            Ok(handle) => {
-                self.managed.insert(
-                    guest,
-                    Placement {
-                        len,
-                        size: size_us,
-                        handle,
-                        staging,
-                        dev,
-                        quota,
-                    },
-                );
-                debug!(
-                    session = self.id,
-                    guest = format_args!("{guest:#x}"),
-                    len,
-                    "managed memory placed on the device"
-                );
-                Ok(Some(guest))
-            }
-            Err(e) => {
-                warn!(
-                    session = self.id,
-                    guest = format_args!("{guest:#x}"),
-                    len,
-                    error = ?e,
-                    "managed memory stays in guest RAM: no device memory at its address"
-                );
-                undo_staging(self);
-                give_quota(&quota);
-                Ok(None)
-            }
+            return Err(on(dev)(e));
         }
+        if let Some(p) = self.managed.get_mut(&guest) {
+            p.staging = staging;
+            p.unmapped = false;
+        }
+        ok_rets(&[guest])
     }
 
     /// Places saved managed memory again (saved_host_memory.rs): device memory at `guest`
-    /// for `len` bytes on device `dev` (bound), counted in the quota as `place_managed`
-    /// counts it, its staging side still to come (0). Its contents are the caller's to write.
+    /// for `len` bytes on device `dev` (bound), counted in the quota as `ManagedPlace` counts
+    /// it, its staging side still to come (0). Its contents are the caller's to write. The
+    /// driver must honour the address: the program holds it.
     pub(super) fn place_managed_again(
         &mut self,
         guest: u64,
@@ -185,8 +245,13 @@ impl GpuState {
                 return Err(CheckpointError::Cuda(status::MEMORY_ALLOCATION));
             }
         }
-        match Self::vmm_place(self.drv.as_ref(), guest, size_us, &props, None) {
-            Ok(handle) => {
+        let release = |q: &Option<Arc<QuotaSlot>>| {
+            if let Some(q) = q {
+                q.release(size);
+            }
+        };
+        match Self::vmm_place(self.drv.as_ref(), guest, size_us, &props) {
+            Ok((at, handle)) if at == guest => {
                 self.managed.insert(
                     guest,
                     Placement {
@@ -196,14 +261,21 @@ impl GpuState {
                         staging: 0,
                         dev,
                         quota,
+                        in_window: host_mappings::in_window(guest, size),
+                        unmapped: false,
                     },
                 );
                 Ok(())
             }
+            Ok((at, handle)) => {
+                Self::vmm_release(self.drv.as_ref(), at, size_us, handle, false);
+                release(&quota);
+                Err(CheckpointError::Mismatch(format!(
+                    "managed memory at {guest:#x}: this worker's driver places it at {at:#x}"
+                )))
+            }
             Err(e) => {
-                if let Some(q) = &quota {
-                    q.release(size);
-                }
+                release(&quota);
                 Err(CheckpointError::Mismatch(format!(
                     "managed memory cannot be placed at {guest:#x} again ({e:?})"
                 )))
@@ -211,61 +283,62 @@ impl GpuState {
         }
     }
 
-    /// Device memory at `guest` (`size` bytes), holding the `len` bytes at `staging` where
-    /// `fill` is `Some((staging, len))`.
+    /// Reserves `size` bytes (asking for `hint` if non-zero: a window address, opened for the
+    /// driver in this process's reservation, or an address to have again), backs them with
+    /// device memory of `props` and makes them readable and writable by its device: (address,
+    /// handle). The address is wherever the driver put the reservation.
     fn vmm_place(
         drv: &dyn DriverApi,
-        guest: u64,
+        hint: u64,
         size: usize,
         props: &AllocProps,
-        fill: Option<(u64, usize)>,
-    ) -> Result<MemHandle, CuError> {
-        if !host_mappings::window_open(guest, size as u64) {
+    ) -> Result<(u64, MemHandle), CuError> {
+        let window = hint != 0 && host_mappings::in_window(hint, size as u64);
+        if window && !host_mappings::window_open(hint, size as u64) {
             return Err(CuError::INVALID_VALUE);
         }
-        let close = || host_mappings::window_close(guest, size as u64);
-        let at = match drv.mem_address_reserve(size, 0, guest) {
-            Ok(at) => at,
-            Err(e) => {
-                close();
-                return Err(e);
-            }
-        };
-        if at != guest {
-            let _ = drv.mem_address_free(at, size);
-            close();
-            return Err(CuError::INVALID_VALUE);
+        let reserved = drv.mem_address_reserve(size, to_usize(MANAGED_ALIGN).unwrap_or(0), hint);
+        if window && reserved.as_ref().map_or(true, |&at| at != hint) {
+            // Not taken: the hole goes back to the reservation.
+            host_mappings::window_close(hint, size as u64);
         }
-        let free_va = || {
-            let _ = drv.mem_address_free(guest, size);
-            close();
-        };
+        let at = reserved?;
+        let in_window = window && at == hint;
         let handle = match drv.mem_create(size, props) {
             Ok(h) => h,
             Err(e) => {
-                free_va();
+                let _ = drv.mem_address_free(at, size);
+                if in_window {
+                    host_mappings::window_close(at, size as u64);
+                }
                 return Err(e);
             }
         };
-        let steps = drv.mem_map(guest, size, 0, handle).and_then(|()| {
-            drv.mem_set_access(guest, size, &[(props.device, ACCESS_READWRITE)])
-                .and_then(|()| match fill {
-                    // The guest's bytes (zeroes, fresh from the module) become the device's.
-                    Some((staging, len)) => drv
-                        .memcpy(guest, staging, len, NULL_STREAM)
-                        .and_then(|()| drv.stream_synchronize(NULL_STREAM)),
-                    None => Ok(()),
-                })
+        let steps = drv.mem_map(at, size, 0, handle).and_then(|()| {
+            drv.mem_set_access(at, size, &[(props.device, ACCESS_READWRITE)])
                 .inspect_err(|_| {
-                    let _ = drv.mem_unmap(guest, size);
+                    let _ = drv.mem_unmap(at, size);
                 })
         });
         if let Err(e) = steps {
             let _ = drv.mem_release(handle);
-            free_va();
+            let _ = drv.mem_address_free(at, size);
+            if in_window {
+                host_mappings::window_close(at, size as u64);
+            }
             return Err(e);
         }
-        Ok(handle)
+        Ok((at, handle))
+    }
+
+    /// Undoes [`Self::vmm_place`] of `at`.
+    fn vmm_release(drv: &dyn DriverApi, at: u64, size: usize, handle: MemHandle, in_window: bool) {
+        let _ = drv.mem_unmap(at, size);
+        let _ = drv.mem_release(handle);
+        let _ = drv.mem_address_free(at, size);
+        if in_window {
+            host_mappings::window_close(at, size as u64);
+        }
     }
 
     /// True if `guest..guest + size` overlaps a placement.
@@ -277,7 +350,8 @@ impl GpuState {
             .is_some_and(|(&b, p)| b + p.size as u64 > guest)
     }
 
-    /// True if the device range `ptr..ptr + len` lies inside the mapped bytes of one placement.
+    /// True if the device range `ptr..ptr + len` lies inside the mapped bytes of one placement
+    /// the guest's pages stand behind.
     pub(super) fn managed_contains(&self, ptr: u64, len: u64) -> bool {
         let Some(end) = ptr.checked_add(len) else {
             return false;
@@ -285,7 +359,12 @@ impl GpuState {
         self.managed
             .range(..=ptr)
             .next_back()
-            .is_some_and(|(&b, p)| end <= b + p.len)
+            .is_some_and(|(&b, p)| !p.unmapped && end <= b + p.len)
+    }
+
+    /// True while a placement waits for its `HostMap` (a saved state cannot hold it).
+    pub(super) fn managed_unmapped(&self) -> bool {
+        self.managed.values().any(|p| p.unmapped)
     }
 
     /// Frees the device memory placed at `guest`, if any (the caller then unmaps the staging
@@ -295,52 +374,172 @@ impl GpuState {
             return;
         };
         if self.host.sticky_error().is_none() {
-            let drv = self.drv.as_ref();
-            let _ = drv.mem_unmap(guest, p.size);
-            let _ = drv.mem_release(p.handle);
-            let _ = drv.mem_address_free(guest, p.size);
-            host_mappings::window_close(guest, p.size as u64);
+            Self::vmm_release(self.drv.as_ref(), guest, p.size, p.handle, p.in_window);
         }
         if let Some(q) = &p.quota {
             q.release(p.size as u64);
         }
     }
 
+    /// Frees every placement on `dev` that `HostMap` has not taken (the context goes).
+    pub(super) fn unplace_unmapped_on(&mut self, dev: usize) {
+        let gone: Vec<u64> = self
+            .managed
+            .iter()
+            .filter(|(_, p)| p.unmapped && p.dev == dev)
+            .map(|(&g, _)| g)
+            .collect();
+        for g in gone {
+            self.unplace_managed(g);
+        }
+    }
+
+    /// The migration stream and event of `dev` (bound), made on first need.
+    fn managed_sync(&mut self, dev: usize) -> Result<ManagedSync, Fault> {
+        if let Some(s) = self.context(dev)?.managed_sync {
+            return Ok(s);
+        }
+        // cudaStreamNonBlocking: ordered with none of the program's streams.
+        let stream = self.drv.stream_create(1, 0).map_err(on(dev))?;
+        let fence = match self.drv.event_create(EVENT_DISABLE_TIMING) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = self.drv.stream_destroy(stream);
+                return Err(on(dev)(e));
+            }
+        };
+        let s = ManagedSync { stream, fence };
+        self.context(dev)?.managed_sync = Some(s);
+        Ok(s)
+    }
+
+    /// A stream made on `dev` (bound) waits for the last copy of managed memory to the
+    /// device, as the streams that existed then do.
+    pub(super) fn order_after_managed_copies(&mut self, dev: usize, stream: Stream) {
+        let fence = self
+            .devices
+            .get(dev)
+            .and_then(Option::as_ref)
+            .and_then(|c| c.managed_sync)
+            .map(|s| s.fence);
+        if let Some(fence) = fence {
+            let _ = self.drv.stream_wait_event(stream, fence, 0);
+        }
+    }
+
+    /// Stream `stream` of `dev` (bound) is about to be destroyed with work that may touch
+    /// managed memory still queued: the legacy stream waits for that work, so that the check
+    /// before a copy back (`device_idle`) still sees it.
+    pub(super) fn managed_outlive_stream(&mut self, dev: usize, stream: Stream) {
+        if !self.managed.values().any(|p| p.dev == dev) || self.is_capturing(stream) {
+            return;
+        }
+        if !matches!(self.drv.stream_is_capturing(NULL_STREAM), Ok(false)) {
+            return;
+        }
+        // An event of its own: the fence marks the last copy to the device, which streams
+        // made later wait for. Destroyed at once; the driver keeps it until the wait is done.
+        let Ok(done) = self.drv.event_create(EVENT_DISABLE_TIMING) else {
+            return;
+        };
+        if self.drv.event_record(done, stream).is_ok() {
+            let _ = self.drv.stream_wait_event(NULL_STREAM, done, 0);
+        }
+        let _ = self.drv.event_destroy(done);
+    }
+
+    /// After a copy to the device on `stream` of `dev` (bound): every other stream of the
+    /// session there (the legacy stream too) waits for it before its next work, which may
+    /// touch the memory. Streams being captured record work for later and are left alone.
+    fn order_streams_after(&mut self, dev: usize, stream: Stream) -> Result<(), Fault> {
+        let fence = self.managed_sync(dev)?.fence;
+        self.drv.event_record(fence, stream).map_err(on(dev))?;
+        let others: Vec<Stream> = self
+            .streams
+            .values()
+            .filter(|s| s.dev == dev && s.raw != stream)
+            .map(|s| s.raw)
+            .collect();
+        for s in others {
+            if !self.is_capturing(s) {
+                self.drv.stream_wait_event(s, fence, 0).map_err(on(dev))?;
+            }
+        }
+        if stream != NULL_STREAM && matches!(self.drv.stream_is_capturing(NULL_STREAM), Ok(false)) {
+            self.drv
+                .stream_wait_event(NULL_STREAM, fence, 0)
+                .map_err(on(dev))?;
+        }
+        Ok(())
+    }
+
+    /// Whether no work of the session on `dev` (bound) can still run: every stream idle
+    /// (streams being captured hold only work for later).
+    fn device_idle(&self, dev: usize) -> Result<bool, Fault> {
+        let idle = |s: Stream| match self.drv.stream_query(s) {
+            Ok(()) => Ok(true),
+            Err(e) if e == CuError::NOT_READY => Ok(false),
+            Err(e) => Err(on(dev)(e)),
+        };
+        for s in self.streams.values().filter(|s| s.dev == dev) {
+            if !self.is_capturing(s.raw) && !idle(s.raw)? {
+                return Ok(false);
+            }
+        }
+        if matches!(self.drv.stream_is_capturing(NULL_STREAM), Ok(false)) && !idle(NULL_STREAM)? {
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
     /// `ManagedMigrate`: see qcuda-proto's `Op::ManagedMigrate`.
     pub(super) fn managed_migrate(&mut self, req: &Request) -> OpResult {
-        let [guest, dir, stream, ..] = req.header().args;
-        if dir != MANAGED_TO_DEVICE && dir != MANAGED_TO_HOST {
+        let [guest, dir, stream, scope, ..] = req.header().args;
+        if (dir != MANAGED_TO_DEVICE && dir != MANAGED_TO_HOST)
+            || (scope != MANAGED_SCOPE_GLOBAL && scope != MANAGED_SCOPE_STREAM)
+            || (scope == MANAGED_SCOPE_STREAM && stream == 0)
+        {
             return Err(status::INVALID_VALUE.into());
         }
-        let (dev, stream) = self.copy_stream(req, stream)?;
-        if self.is_capturing(stream) {
-            // A capture records work for later; the graph's launch migrates then.
-            return ok_rets(&[0]);
-        }
-        let Some(p) = self.managed.get(&guest) else {
-            // Pinned-style managed memory (not placed) is coherent by itself; anything else is
-            // not the session's managed memory.
-            return if guest.is_multiple_of(HOST_PAGE_SIZE) && self.host_memory.overlaps(guest, 1) {
-                ok_rets(&[0])
-            } else {
-                Err(status::INVALID_VALUE.into())
-            };
+        let (dev, s) = self.copy_stream(req, stream)?;
+        let (len, staging) = match self.managed.get(&guest) {
+            Some(p) if p.dev == dev && !p.unmapped => (to_usize(p.len)?, p.staging),
+            _ => return Err(status::INVALID_VALUE.into()),
         };
-        let (len, staging) = (to_usize(p.len)?, p.staging);
         if staging == 0 {
             // Restored, and guest RAM has not come yet: there is no staging side to copy.
             return Err(status::NOT_READY.into());
         }
         if dir == MANAGED_TO_DEVICE {
-            self.drv
-                .memcpy(guest, staging, len, stream)
-                .map_err(on(dev))?;
-        } else {
-            self.drv
-                .memcpy(staging, guest, len, stream)
-                .map_err(on(dev))?;
-            self.drv.stream_synchronize(stream).map_err(on(dev))?;
+            if self.is_capturing(s) {
+                // A capture records work for later; the graph's launch migrates then.
+                return ok_rets(&[0]);
+            }
+            self.drv.memcpy(guest, staging, len, s).map_err(on(dev))?;
+            if scope == MANAGED_SCOPE_GLOBAL {
+                self.order_streams_after(dev, s)?;
+            }
+            return ok_rets(&[1]);
         }
+        let idle = if scope == MANAGED_SCOPE_GLOBAL {
+            self.device_idle(dev)?
+        } else {
+            !self.is_capturing(s)
+                && match self.drv.stream_query(s) {
+                    Ok(()) => true,
+                    Err(e) if e == CuError::NOT_READY => false,
+                    Err(e) => return Err(on(dev)(e)),
+                }
+        };
+        if !idle {
+            // Work that may touch it still runs: the CPU may not touch it yet either.
+            return ok_rets(&[0]);
+        }
+        let copy = self.managed_sync(dev)?.stream;
+        self.drv
+            .memcpy(staging, guest, len, copy)
+            .map_err(on(dev))?;
+        self.drv.stream_synchronize(copy).map_err(on(dev))?;
         ok_rets(&[1])
     }
 }

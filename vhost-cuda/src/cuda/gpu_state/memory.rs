@@ -8,75 +8,9 @@
 
 use super::*;
 use crate::cuda::{
-    device_arena::{ArenaError, Backing, DeviceArena},
+    device_arena::{ArenaError, DeviceArena},
     driver::vmm::{AllocProps, ACCESS_NONE, ACCESS_READWRITE},
 };
-
-/// Physical memory under a session's range, through the driver's VMM calls: one `cuMemCreate`
-/// per run, mapped and made accessible to the devices in `access`. The allocation handle is
-/// released at once: the mapping keeps the memory, and unmapping frees it.
-pub(super) struct VmmBacking<'a> {
-    pub(super) drv: &'a dyn DriverApi,
-    /// The device whose memory backs the range.
-    pub(super) props: AllocProps,
-    /// `(CUdevice, ACCESS_*)`: the owner, and peers that enabled access to it.
-    pub(super) access: &'a [(i32, u32)],
-}
-
-impl Backing for VmmBacking<'_> {
-    type Handle = ();
-
-    fn map(&self, va: u64, len: u64) -> Result<(), ArenaError> {
-        let size = usize::try_from(len).map_err(|_| ArenaError::BadSize)?;
-        let drv = |e: CuError| ArenaError::Driver(e.0);
-        let handle = self.drv.mem_create(size, &self.props).map_err(drv)?;
-        let mapped = self.drv.mem_map(va, size, 0, handle);
-        let _ = self.drv.mem_release(handle);
-        mapped.map_err(drv)?;
-        if let Err(e) = self.drv.mem_set_access(va, size, self.access) {
-            let _ = self.drv.mem_unmap(va, size);
-            return Err(drv(e));
-        }
-        Ok(())
-    }
-
-    fn unmap(&self, va: u64, len: u64, (): ()) {
-        if let Ok(size) = usize::try_from(len) {
-            let _ = self.drv.mem_unmap(va, size);
-        }
-    }
-}
-
-/// The reserved range of a session on one device and who may reach its memory.
-#[derive(Debug)]
-pub(super) struct ReservedRange {
-    pub(super) arena: DeviceArena<()>,
-    /// The `CUdevice` whose memory it holds.
-    pub(super) gpu: i32,
-    /// `(CUdevice, ACCESS_*)` of every device that reaches it: its own first, then peers.
-    pub(super) access: Vec<(i32, u32)>,
-}
-
-impl ReservedRange {
-    /// Its blocks' backing over `drv`.
-    pub(super) fn backing<'a>(
-        drv: &'a dyn DriverApi,
-        gpu: i32,
-        access: &'a [(i32, u32)],
-    ) -> VmmBacking<'a> {
-        VmmBacking {
-            drv,
-            // Not shareable: legacy IPC (`ipc.rs`) moves a run to shareable memory, at the same
-            // address, the first time a block of it is exported, so programs that never share
-            // never ask the driver for shareable memory.
-            props: AllocProps {
-                device: gpu,
-                ..AllocProps::default()
-            },
-            access,
-        }
-    }
-}
 
 /// The fault of a failed arena allocation on `dev`: an exhausted range is out of memory, as
 /// CUDA reports it (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY).
@@ -353,19 +287,18 @@ impl GpuState {
         host_mappings::check_range(guest, len).map_err(map_status)?;
         let bytes = table.to_vec().map_err(|_| status::INVALID_VALUE)?;
         let runs = host_mappings::decode_runs(&bytes, len).map_err(map_status)?;
+        if flags & HOST_MAP_MANAGED != 0 {
+            if flags & HOST_MAP_READ_ONLY != 0 {
+                return Err(status::INVALID_VALUE.into());
+            }
+            let dev = self.bind_new(req)?;
+            return self.attach_managed(table.memory(), guest, len, &runs, dev);
+        }
         // Device memory placed for managed memory holds the rest of its last granule too.
         if self.managed_overlaps(guest, len) {
             return Err(status::HOST_MEMORY_ALREADY_REGISTERED.into());
         }
         let dev = self.bind_new(req)?;
-        if flags & HOST_MAP_MANAGED != 0 {
-            if flags & HOST_MAP_READ_ONLY != 0 {
-                return Err(status::INVALID_VALUE.into());
-            }
-            if let Some(at) = self.place_managed(table.memory(), guest, len, &runs, dev)? {
-                return ok_rets(&[at]);
-            }
-        }
         let drv = Arc::clone(&self.drv);
         let read_only = flags & HOST_MAP_READ_ONLY != 0;
         let mut failure = None;

@@ -21,7 +21,10 @@
 //! memsets), `modules.rs` (modules, functions, globals, launches), `streams.rs` (streams,
 //! events, host functions), `batch.rs` (Batch), `arrays.rs` (pitched memory, arrays, texture
 //! and surface objects), `graphs.rs` (graphs and stream capture), `vmm.rs` (virtual memory
-//! management: physical allocations, reservations, mappings).
+//! management: physical allocations, reservations, mappings), `trace.rs` (the GPU timeline
+//! recorder's op, request records and event timer). Beneath them all: `fault.rs` (why an op
+//! failed, what it answers) and `tables.rs` (what the state holds of arrays, graphs, IPC,
+//! managed memory, reserved ranges, VMM and a pause), which the op files act on.
 
 use std::{ffi::CString, sync::Arc};
 
@@ -60,18 +63,27 @@ mod batch;
 mod checkpoint;
 mod contexts;
 mod copies;
+mod fault;
 mod graphs;
+mod handover;
 mod ipc;
+mod jit_logs;
 mod managed;
 mod memory;
 mod modules;
 mod pools;
 mod saved_host_memory;
 mod streams;
+mod tables;
+mod tensor_maps;
+mod trace;
 mod vmm;
 
-pub use checkpoint::CheckpointError;
-pub use ipc::IpcExported;
+pub use fault::CheckpointError;
+use fault::{ok, ok_rets, on, to_usize, DeviceCopy, Fault, OpResult};
+#[allow(clippy::wildcard_imports)] // the ops files (`use super::*`) work on every table
+use tables::*;
+pub use tables::{ExportedRun, IpcExported, SaveFigures};
 
 /// The launch attribute ids a stream takes: access policy window, synchronisation policy,
 /// priority, memory synchronisation domain map and domain.
@@ -104,43 +116,6 @@ const EVENT_FLAGS: u64 = 0x7;
 /// cudaEventWaitExternal.
 const EVENT_WAIT_FLAGS: u64 = 0x1;
 
-/// Why an op failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    /// A status decided here (validation, unknown handle, sticky error).
-    Status(u32),
-    /// A driver call on guest device `dev` failed.
-    Driver { dev: usize, err: CuError },
-}
-
-impl From<u32> for Fault {
-    fn from(status: u32) -> Self {
-        Fault::Status(status)
-    }
-}
-
-type OpResult = Result<ResponseHeader, Fault>;
-
-/// A checked copy between two device addresses: destination, source, bytes.
-type DeviceCopy = (u64, u64, usize);
-
-fn ok() -> OpResult {
-    Ok(ResponseHeader::with_status(status::SUCCESS))
-}
-
-fn ok_rets(rets: &[u64]) -> OpResult {
-    let mut r = ResponseHeader::with_status(status::SUCCESS);
-    for (slot, v) in r.rets.iter_mut().zip(rets) {
-        *slot = *v;
-    }
-    Ok(r)
-}
-
-/// Maps driver errors of calls on device `dev`.
-fn on(dev: usize) -> impl Fn(CuError) -> Fault {
-    move |err| Fault::Driver { dev, err }
-}
-
 /// The attribute ops (DeviceAttributes, FuncAttributes): in-buffer 0 holds i32 ids, out-buffer 0
 /// (the same length, at most `MAX_ATTRIBUTES` ids) receives `value(id)` for each.
 fn attribute_table(req: &Request, mut value: impl FnMut(i32) -> Result<i32, Fault>) -> OpResult {
@@ -170,10 +145,6 @@ fn map_status(e: MapError) -> u32 {
         MapError::NoMemory => status::MEMORY_ALLOCATION,
         MapError::NotMapped => status::HOST_MEMORY_NOT_REGISTERED,
     }
-}
-
-fn to_usize(v: u64) -> Result<usize, Fault> {
-    usize::try_from(v).map_err(|_| Fault::Status(status::INVALID_VALUE))
 }
 
 /// Flag word `arg` of the guest if it has no bit outside `known`, else INVALID_VALUE.
@@ -233,7 +204,12 @@ fn launch_attrs(
         return Err(status::INVALID_VALUE.into());
     }
     let bytes = buf.to_vec().map_err(|_| status::INVALID_VALUE)?;
-    let event = |h: u64| events.get(h).filter(|e| e.dev == dev).map(|e| e.raw);
+    let event = |h: u64| {
+        events
+            .get(h)
+            .filter(|e| e.dev == dev)
+            .map(|e| e.raw.launch_attr_value())
+    };
     bytes
         .chunks_exact(LAUNCH_ATTR_SIZE)
         .map(|rec| {
@@ -255,13 +231,15 @@ struct DeviceContext {
     current_pool: Option<u64>,
     /// The session's reserved device range, which `Malloc` carves (memory.rs); `None`:
     /// allocations come from `cuMemAlloc`.
-    range: Option<memory::ReservedRange>,
+    range: Option<ReservedRange>,
     /// How the context was set up since its creation, for a restore (checkpoint.rs):
     /// `cuCtxSetLimit`s in the order set (one per limit), `cuCtxSetCacheConfig`, and the
     /// guest devices whose memory it reaches (peer access).
     limits: Vec<(u32, u64)>,
     cache_config: Option<u32>,
     peers: Vec<usize>,
+    /// The stream and event managed memory's migrations use (managed.rs), made on first need.
+    managed_sync: Option<ManagedSync>,
 }
 
 #[derive(Debug)]
@@ -368,20 +346,20 @@ pub struct GpuState {
     /// Guest memory mapped into this process and registered (`HostMap`).
     host_memory: HostMappings,
     /// Managed allocations placed on the device, by guest address (managed.rs).
-    managed: std::collections::BTreeMap<u64, managed::Placement>,
+    managed: std::collections::BTreeMap<u64, Placement>,
     /// Guest RAM as the worker last mapped it, and the restored host mappings waiting for
     /// it (saved_host_memory.rs).
     guest_ram: Option<Arc<crate::guest_buffer::GuestRam>>,
-    waiting_host: Vec<saved_host_memory::Waiting>,
+    waiting_host: Vec<Waiting>,
     /// Host functions: the link to the guest's host-function thread.
     host_functions: HostFunctions,
     /// Host-function calls captured into graphs: they may run as long as a graph lives, so
     /// they are freed with the session, after its contexts.
     captured_calls: Vec<usize>,
     /// Arrays, mipmapped arrays, texture and surface objects (arrays.rs).
-    arrays: arrays::ArrayState,
+    arrays: ArrayState,
     /// Graphs, their nodes and executable graphs (graphs.rs).
-    graphs: graphs::GraphTables,
+    graphs: GraphTables,
     /// Guest RAM registered for DMA of long copy runs (ram_registry.rs).
     ram: RamRegistry,
     /// Guest addresses of the host mappings registered read-only (a resume registers them
@@ -389,11 +367,14 @@ pub struct GpuState {
     read_only_host: std::collections::HashSet<u64>,
     /// While paused (checkpoint.rs): the contents of the reserved ranges, whose GPU memory
     /// is given back; the next op resumes first.
-    paused: Option<Vec<checkpoint::PausedRange>>,
+    paused: Option<Vec<PausedRange>>,
     /// Physical allocations, reservations and mappings (gpu_state/vmm.rs).
-    vmm: vmm::VmmTables,
+    vmm: VmmTables,
     /// Memory of other processes of the VM opened through legacy IPC (gpu_state/ipc.rs).
-    ipc: ipc::IpcImports,
+    ipc: IpcImports,
+    /// The GPU timeline recording, once one was armed (gpu_state/trace.rs); `None` costs each
+    /// request one check.
+    trace: Option<Box<Tracing>>,
 }
 
 impl std::fmt::Debug for GpuState {
@@ -435,13 +416,14 @@ impl GpuState {
             waiting_host: Vec::new(),
             host_functions: HostFunctions::default(),
             captured_calls: Vec::new(),
-            arrays: arrays::ArrayState::default(),
-            graphs: graphs::GraphTables::default(),
+            arrays: ArrayState::default(),
+            graphs: GraphTables::default(),
             ram: RamRegistry::default(),
             read_only_host: std::collections::HashSet::new(),
             paused: None,
-            vmm: vmm::VmmTables::default(),
-            ipc: ipc::IpcImports::default(),
+            vmm: VmmTables::default(),
+            ipc: IpcImports::default(),
+            trace: None,
         }
     }
 
@@ -457,6 +439,16 @@ impl GpuState {
     ///
     /// `FLAG_ASYNC` requests run like the others, in order, and report their real status.
     pub fn execute(&mut self, req: &Request) -> ResponseHeader {
+        // While a GPU timeline is recorded (`Op::GpuTrace`); otherwise this one check is all a
+        // recorder costs.
+        if self.trace.is_some() {
+            return self.execute_recorded(req);
+        }
+        self.execute_unrecorded(req)
+    }
+
+    /// [`GpuState::execute`] without the recorder.
+    fn execute_unrecorded(&mut self, req: &Request) -> ResponseHeader {
         if self.paused.is_some() {
             // The guest goes on as if nothing had happened: its state comes back first.
             if let Err(e) = self.resume() {
@@ -529,9 +521,13 @@ impl GpuState {
             Op::Memset => self.memset(req),
             Op::MemcpyMapped => self.memcpy_mapped(req),
             Op::ManagedMigrate => self.managed_migrate(req),
+            Op::ManagedPlace => self.managed_place(req),
+            Op::ManagedUnplace => self.managed_unplace(args[0]),
             Op::HostMap => self.host_map(req),
             Op::HostUnmap => self.host_unmap(req),
             Op::ModuleLoad => self.module_load(req),
+            Op::ModuleLoadLogged => self.module_load_logged(req),
+            Op::TensorMapEncode => self.tensor_map_encode(req),
             Op::ModuleUnload => self.module_unload(args[0]),
             Op::ModuleGetFunction => self.module_get_function(req),
             Op::ModuleFunctionNames => self.module_function_names(req),
@@ -659,6 +655,7 @@ impl GpuState {
                 ok()
             }
             Op::Batch => self.batch(req),
+            Op::GpuTrace => self.gpu_trace(req),
             qcuda_proto::vmm_ops!() => self.vmm_op(req),
             Op::IpcClose => self.ipc_close(req),
             Op::MemPoolExportPointer => self.pool_export_pointer(req),
@@ -679,6 +676,7 @@ impl GpuState {
             qcuda_proto::graph_ops!() => self.graph_op(req),
             Op::HostInfo
             | Op::DriverVersion
+            | Op::DriverRelease
             | Op::DeviceCount
             | Op::DeviceInfo
             | Op::Hello

@@ -2,6 +2,14 @@
 
 use super::*;
 
+/// The `CUjit_option`s that carry a plain value: every other one is a pointer or an output,
+/// which the guest keeps (its log buffers, the wall time) or refuses.
+pub(super) const VALUE_OPTIONS: &[u32] = &[
+    0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 29, 30, 31, 32, 33,
+];
+/// Most JIT options one request may carry.
+pub(super) const MAX_OPTIONS: usize = 64;
+
 impl GpuState {
     pub(super) fn module_load(&mut self, req: &Request) -> OpResult {
         let buf = req.inputs().first().ok_or(status::INVALID_VALUE)?;
@@ -51,12 +59,6 @@ impl GpuState {
     /// answered in rets[3] (its `CUresult`) with its error log in the out-buffer, as
     /// `cuLinkComplete` reports it, rather than as a failed request.
     pub(super) fn link(&mut self, req: &Request) -> OpResult {
-        /// The `CUjit_option`s that carry a plain value: every other one is a pointer or an
-        /// output, which the guest keeps (its log buffers, the wall time) or refuses.
-        const VALUE_OPTIONS: &[u32] = &[
-            0, 1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 21, 22, 23, 24, 29, 30, 31, 32, 33,
-        ];
-        const MAX_OPTIONS: usize = 64;
         const MAX_INPUTS: usize = 1024;
         let input = req.inputs().first().ok_or(status::INVALID_VALUE)?;
         let out = req.outputs().first().ok_or(status::INVALID_VALUE)?;

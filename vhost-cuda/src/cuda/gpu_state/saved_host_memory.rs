@@ -39,34 +39,6 @@ use crate::{
     guest_buffer::GuestRam,
 };
 
-/// A restored mapping waiting for guest RAM.
-#[derive(Debug)]
-pub(super) enum Waiting {
-    /// Pinned or registered memory, its local range held.
-    Mapping {
-        guest: u64,
-        dev: usize,
-        read_only: bool,
-        dev_addr: u64,
-        runs: Vec<HostRun>,
-        held: HeldRange,
-    },
-    /// The guest pages of managed memory placed on the device.
-    Staging {
-        guest: u64,
-        dev: usize,
-        runs: Vec<HostRun>,
-    },
-}
-
-impl Waiting {
-    fn dev(&self) -> usize {
-        match self {
-            Self::Mapping { dev, .. } | Self::Staging { dev, .. } => *dev,
-        }
-    }
-}
-
 fn mismatch(what: impl Into<String>) -> CheckpointError {
     CheckpointError::Mismatch(what.into())
 }
@@ -302,7 +274,7 @@ impl GpuState {
             .ok_or_else(|| mismatch(format!("{what}: device {dev} has no context")))
     }
 
-    fn waiting_overlaps(&self, guest: u64, len: u64) -> bool {
+    pub(super) fn waiting_overlaps(&self, guest: u64, len: u64) -> bool {
         let end = guest.saturating_add(len);
         self.waiting_host.iter().any(|w| match w {
             Waiting::Mapping { guest: g, runs, .. } => {

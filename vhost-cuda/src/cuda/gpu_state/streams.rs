@@ -54,6 +54,8 @@ impl GpuState {
                 },
             )
             .ok_or(status::MEMORY_ALLOCATION)?;
+        // Its work may touch managed memory copied to the device just before.
+        self.order_after_managed_copies(dev, raw);
         ok_rets(&[handle, int_ret(got)])
     }
 
@@ -63,6 +65,9 @@ impl GpuState {
             None => return Err(status::INVALID_RESOURCE_HANDLE.into()),
         };
         self.bind(dev)?;
+        // Work still queued on it may touch managed memory: the legacy stream, which the
+        // copies back to guest RAM wait for (managed.rs), waits for it from now on.
+        self.managed_outlive_stream(dev, raw);
         let result = self.drv.stream_destroy(raw);
         self.streams.remove(handle);
         result.map_err(on(dev))?;

@@ -11,295 +11,19 @@
 //! creation until the driver frees them (the last handle released and the last mapping gone).
 //! Dropping the session unmaps, frees and releases everything it still holds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use qcuda_proto::{VMM_FLAGS, VMM_FLAG_COMPRESSED, VMM_FLAG_RDMA_CAPABLE, VMM_HANDLE_POSIX_FD};
 
 use super::*;
-use crate::{
-    cuda::driver::vmm::{AllocProps, MemHandle, ACCESS_NONE},
-    limits::QuotaSlot,
-};
+use crate::cuda::driver::vmm::{AllocProps, MemHandle, ACCESS_NONE};
 
-/// Most allocation handles a session may hold.
-const MAX_VMM_HANDLES: usize = 1 << 16;
 /// Most reservations a session may hold.
 const MAX_RESERVATIONS: usize = 1 << 14;
 /// Most mappings a session may hold.
 const MAX_MAPPINGS: usize = 1 << 16;
 /// Most access descriptors one MemSetAccess may carry.
 const MAX_ACCESS: usize = 64;
-
-/// Most references one handle may count (`cuMemRetainAllocationHandle` of a mapping of it).
-const MAX_HANDLE_REFS: usize = 1 << 16;
-
-/// A handle of the session: the references it holds of a physical allocation. As natively, a
-/// handle retained from a mapping is the same value as the handle the allocation already has,
-/// one reference more, and each `cuMemRelease` of it drops one (NCCL releases a retained handle
-/// and then the original, by the same value).
-#[derive(Debug)]
-struct HandleEntry {
-    /// The driver's references, each released once; never empty.
-    raws: Vec<MemHandle>,
-    phys: u64,
-}
-
-impl HandleEntry {
-    fn raw(&self) -> MemHandle {
-        self.raws[0]
-    }
-}
-
-/// A physical allocation the session holds handles of or has mapped.
-#[derive(Debug)]
-struct Phys {
-    /// Guest ordinal of the device holding it.
-    dev: usize,
-    /// Bytes counted against the quota (0 for what the session did not create).
-    charged: u64,
-    /// Handles plus mappings: the driver frees it when this reaches 0.
-    refs: usize,
-    /// Its size and properties, as created (for a restore); size 0: imported, not the
-    /// session's own.
-    size: u64,
-    props: AllocProps,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Mapping {
-    size: u64,
-    /// Offset in the physical allocation.
-    offset: u64,
-    phys: u64,
-    /// Access has been granted to some device: copies may touch it.
-    accessible: bool,
-}
-
-/// The session's VMM objects.
-#[derive(Debug)]
-pub(super) struct VmmTables {
-    handles: HandleTable<HandleEntry>,
-    phys: HashMap<u64, Phys>,
-    next_phys: u64,
-    /// Reservations: base -> size.
-    reserved: BTreeMap<u64, u64>,
-    /// Mappings: address -> mapping.
-    maps: BTreeMap<u64, Mapping>,
-    quota: Option<Arc<QuotaSlot>>,
-}
-
-impl Default for VmmTables {
-    fn default() -> Self {
-        Self {
-            handles: HandleTable::new(MAX_VMM_HANDLES),
-            phys: HashMap::new(),
-            next_phys: 0,
-            reserved: BTreeMap::new(),
-            maps: BTreeMap::new(),
-            quota: None,
-        }
-    }
-}
-
-impl VmmTables {
-    /// Whether `ptr..ptr + len` is mapped memory of the session with access set, over one or
-    /// more adjacent mappings.
-    pub(super) fn holds(&self, ptr: u64, len: u64) -> bool {
-        let Some(end) = ptr.checked_add(len) else {
-            return false;
-        };
-        let Some((&va, m)) = self.maps.range(..=ptr).next_back() else {
-            return false;
-        };
-        if !m.accessible || va + m.size <= ptr {
-            return false;
-        }
-        let mut reached = va + m.size;
-        while reached < end {
-            match self.maps.get(&reached) {
-                Some(m) if m.accessible => reached += m.size,
-                _ => return false,
-            }
-        }
-        true
-    }
-
-    /// The mapping holding `ptr`, with its address.
-    fn mapping_at(&self, ptr: u64) -> Option<(u64, Mapping)> {
-        let (&va, &m) = self.maps.range(..=ptr).next_back()?;
-        (ptr < va + m.size).then_some((va, m))
-    }
-
-    /// The addresses of the mappings that tile `ptr..ptr + size` exactly.
-    fn tiling(&self, ptr: u64, size: u64) -> Option<Vec<u64>> {
-        let end = ptr.checked_add(size).filter(|_| size > 0)?;
-        let mut at = ptr;
-        let mut out = Vec::new();
-        while at < end {
-            let m = self.maps.get(&at)?;
-            out.push(at);
-            at += m.size;
-        }
-        (at == end).then_some(out)
-    }
-
-    /// Whether `ptr..ptr + size` lies in one reservation.
-    fn in_reservation(&self, ptr: u64, size: u64) -> bool {
-        let Some(end) = ptr.checked_add(size) else {
-            return false;
-        };
-        self.reserved
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(&b, &l)| end <= b + l)
-    }
-
-    /// Takes one reference of `phys` away; at the last, the driver freed it: the quota gets its
-    /// bytes back.
-    fn unref(&mut self, phys: u64) {
-        let gone = self.phys.get_mut(&phys).is_some_and(|p| {
-            p.refs -= 1;
-            p.refs == 0
-        });
-        if gone {
-            if let (Some(p), Some(q)) = (self.phys.remove(&phys), &self.quota) {
-                q.release(p.charged);
-            }
-        }
-    }
-
-    fn new_phys(&mut self, dev: usize, charged: u64, props: AllocProps) -> u64 {
-        self.next_phys += 1;
-        self.phys.insert(
-            self.next_phys,
-            Phys {
-                dev,
-                charged,
-                refs: 0,
-                size: charged,
-                props,
-            },
-        );
-        self.next_phys
-    }
-
-    /// Adds a reference `raw` of `phys`: to the session's handle of it if it has one, else as
-    /// a new handle. `None` (and the reference released) if the table or the count is full.
-    fn add_handle(
-        &mut self,
-        ids: &mut HandleCounter,
-        drv: &dyn DriverApi,
-        raw: MemHandle,
-        phys: u64,
-    ) -> Option<u64> {
-        let existing = self.handles.find(|h| h.phys == phys).map(|(id, _)| id);
-        let id = match existing {
-            Some(id) => match self.handles.get_mut(id) {
-                Some(h) if h.raws.len() < MAX_HANDLE_REFS => {
-                    h.raws.push(raw);
-                    Some(id)
-                }
-                _ => None,
-            },
-            None => self.handles.insert(
-                ids,
-                HandleEntry {
-                    raws: vec![raw],
-                    phys,
-                },
-            ),
-        };
-        let Some(id) = id else {
-            let _ = drv.mem_release(raw);
-            return None;
-        };
-        if let Some(p) = self.phys.get_mut(&phys) {
-            p.refs += 1;
-        }
-        Some(id)
-    }
-
-    /// The driver's handle behind the session's allocation handle `id`.
-    pub(super) fn handle_raw(&self, id: u64) -> Option<MemHandle> {
-        self.handles.get(id).map(HandleEntry::raw)
-    }
-
-    /// A handle of an allocation another process made (imported, `ipc.rs`): a physical
-    /// allocation of its own, worked on in the context of guest device `dev` (the importer's;
-    /// the memory may be a peer's), `charged` bytes already counted for it against the quota
-    /// (given back when the driver frees it here). `None` (and `raw`
-    /// released) if the table is full.
-    pub(super) fn adopt(
-        &mut self,
-        ids: &mut HandleCounter,
-        drv: &dyn DriverApi,
-        raw: MemHandle,
-        dev: usize,
-        charged: u64,
-    ) -> Option<u64> {
-        let phys = self.new_phys(dev, charged, AllocProps::default());
-        if let Some(p) = self.phys.get_mut(&phys) {
-            // Not the session's own: a save refuses it (size 0: not made here).
-            p.size = 0;
-        }
-        let id = self.add_handle(ids, drv, raw, phys);
-        if id.is_none() {
-            // Released by add_handle: the count goes back with it.
-            if let Some(p) = self.phys.get_mut(&phys) {
-                p.refs = 1;
-            }
-            self.unref(phys);
-        }
-        id
-    }
-
-    /// Bytes counted for the allocation behind handle `id` (its size, for what the session
-    /// created or imported with a size).
-    pub(super) fn handle_size(&self, id: u64) -> u64 {
-        self.handles
-            .get(id)
-            .and_then(|h| self.phys.get(&h.phys))
-            .map_or(0, |p| p.charged)
-    }
-
-    /// Whether the quota slot has not been looked up yet.
-    pub(super) fn quota_unset(&self) -> bool {
-        self.quota.is_none()
-    }
-
-    /// The quota slot imports and creations count against.
-    pub(super) fn set_quota(&mut self, quota: Option<Arc<QuotaSlot>>) {
-        self.quota = quota;
-    }
-
-    /// Unmaps, frees and releases everything (the session ends), and gives the quota back.
-    /// Best effort: the worker's exit frees whatever the driver refuses now. With a sticky
-    /// error (`driver` None) the corrupted driver is not called at all.
-    pub(super) fn release_all(&mut self, driver: Option<&dyn DriverApi>) {
-        for (va, m) in std::mem::take(&mut self.maps) {
-            if let Some(drv) = driver {
-                let _ = drv.mem_unmap(va, to_usize(m.size).unwrap_or(usize::MAX));
-            }
-            self.unref(m.phys);
-        }
-        for (va, size) in std::mem::take(&mut self.reserved) {
-            if let Some(drv) = driver {
-                let _ = drv.mem_address_free(va, to_usize(size).unwrap_or(usize::MAX));
-            }
-        }
-        let mut handles = Vec::new();
-        self.handles.retain(|h| {
-            handles.extend(h.raws.iter().map(|&r| (r, h.phys)));
-            false
-        });
-        for (raw, phys) in handles {
-            if let Some(drv) = driver {
-                let _ = drv.mem_release(raw);
-            }
-            self.unref(phys);
-        }
-    }
-}
 
 /// `VMM_FLAG_*` bits of allocation properties.
 fn prop_flags(p: &AllocProps) -> u64 {
@@ -727,34 +451,22 @@ mod saved {
                     .iter()
                     .find(|(_, m)| m.phys == id && m.accessible && m.offset == 0 && m.size == size)
                     .map(|(&va, _)| va);
-                if let Some(va) = mapped {
+                let contents = if let Some(va) = mapped {
                     if retained {
                         let _ = drv.mem_release(raw);
                     }
-                    let contents = self.read_device(dev, va, size)?;
-                    allocations.push(SavedVmmAllocation {
-                        id,
-                        dev: dev_u32(dev),
-                        size,
-                        handle_types: props.handle_types,
-                        compressed: props.compressed,
-                        rdma_capable: props.rdma_capable,
-                        usage: props.usage,
-                        handle: handle.map_or(0, |h| h.0),
-                        refs: handle.map_or(0, |h| h.2 as u64),
-                        contents,
-                    });
-                    continue;
-                }
-                let n = to_usize(size)?;
-                let read = Window::open(drv.as_ref(), raw, n, props.device)
-                    .map_err(on(dev))
-                    .map_err(CheckpointError::from)
-                    .and_then(|w| self.read_device(dev, w.va, size));
-                if retained {
-                    let _ = drv.mem_release(raw);
-                }
-                let contents = read?;
+                    self.read_device(dev, va, size)?
+                } else {
+                    let n = to_usize(size)?;
+                    let read = Window::open(drv.as_ref(), raw, n, props.device)
+                        .map_err(on(dev))
+                        .map_err(CheckpointError::from)
+                        .and_then(|w| self.read_device(dev, w.va, size));
+                    if retained {
+                        let _ = drv.mem_release(raw);
+                    }
+                    read?
+                };
                 allocations.push(SavedVmmAllocation {
                     id,
                     dev: dev_u32(dev),

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{DecodeError, Reader, Writer};
+use super::codec::{DecodeError, Reader, Writer};
 
 pub(super) const TAG_GRAPH: u32 = 20;
 pub(super) const TAG_GRAPH_CONDITIONAL: u32 = 21;

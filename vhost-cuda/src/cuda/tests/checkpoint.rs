@@ -295,6 +295,21 @@ fn the_fuzz_seed_restores() {
     ));
 }
 
+/// The handover offer's fuzz check: the seed decodes, every cut and flipped byte is refused or
+/// decodes to bytes that encode back the same.
+#[cfg(feature = "fuzzing")]
+#[test]
+fn the_handover_offer_seed_decodes_and_its_mutations_never_panic() {
+    let seed = crate::cuda::fuzzing::sample_handover_offer();
+    assert!(crate::cuda::fuzzing::decode_handover_offer(&seed));
+    for i in 0..seed.len() {
+        assert!(!crate::cuda::fuzzing::decode_handover_offer(&seed[..i]));
+        let mut b = seed.clone();
+        b[i] ^= 0x81;
+        crate::cuda::fuzzing::decode_handover_offer(&b);
+    }
+}
+
 /// The fuzz target's check over every flipped byte of its seed (graphs included): refused or
 /// restored, never a panic, nothing left behind.
 #[cfg(feature = "fuzzing")]
@@ -574,7 +589,10 @@ fn checkpoint_copies_go_through_the_pinned_staging_buffer() {
 
 #[test]
 fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
-    use crate::session::migration::{read_stream, write_stream, SavedGpu, SessionState};
+    use crate::{
+        session::migration::{read_stream, write_stream, SavedGpu, SessionState},
+        worker::StateFile,
+    };
     let mut a = Rig::new(1);
     let mut s = GpuState::open(&a.host, 3);
     let p = build(&mut a, &mut s);
@@ -582,7 +600,7 @@ fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
         SessionState {
             id: 3,
             pid: 77,
-            gpu: SavedGpu::State(s.save().unwrap()),
+            gpu: SavedGpu::State(StateFile::from_bytes(&s.save().unwrap()).unwrap()),
         },
         SessionState {
             id: 4,
@@ -599,9 +617,10 @@ fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
     // The destination: another daemon's worker, fresh, restored from what the stream carried.
     let got = read_stream(&mut stream.as_slice()).unwrap();
     assert_eq!(got, sessions);
-    let SavedGpu::State(bytes) = &got[0].gpu else {
+    let SavedGpu::State(file) = &got[0].gpu else {
         panic!("no state")
     };
+    let bytes = &file.to_vec().unwrap();
     let mut b = Rig::new(1);
     let mut r = GpuState::open(&b.host, 3);
     r.restore_saved(bytes).unwrap();
@@ -1465,4 +1484,190 @@ fn hostile_array_and_object_records_are_refused_and_leave_nothing_behind() {
         assert_eq!(b.fake.live_contexts(), 0);
         assert_eq!(b.fake.array_objects(), (0, 0, 0));
     }
+}
+
+/// The stop phase of a migration over the fake driver, phase by phase, as the daemons run it:
+/// the source's worker saves its state into a memfd (capture: device memory copied out through
+/// the staging buffers; encode: written into the file as it is encoded), the source's daemon
+/// sends the file into a pipe (QEMU's) while the destination's daemon receives it into a new
+/// file, and the destination's worker maps that file and restores from it. Prints each phase's
+/// bytes, seconds and GiB/s (`cargo test -p vhost-cuda stop_phase -- --nocapture`); the working
+/// set is `QCUDA_FAKE_WORKING_SET_MIB` MiB (64 by default, 1024 to measure), and every MiB of it
+/// must come back with its own contents.
+#[test]
+fn the_stop_phase_moves_a_working_set_through_files_and_a_pipe_phase_by_phase() {
+    use std::{io::Write as _, time::Instant};
+
+    use crate::{
+        session::migration::{read_stream, write_stream, SavedGpu, SessionState},
+        worker::{widen_pipe, SealedMap, StateFile},
+    };
+    const MIB: u64 = 1 << 20;
+    let mib: u64 = std::env::var("QCUDA_FAKE_WORKING_SET_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    // The daemon's staging halves (2 MiB), so device memory moves through pinned chunks.
+    let mut a = Rig::with_staging(FakeDriver::new(1), 2 << 20);
+    let mut s = GpuState::open(&a.host, 3);
+    // The working set in 64 MiB allocations, each MiB marked with its own number.
+    let chunk = 64.min(mib);
+    let blocks: Vec<u64> = (0..mib / chunk)
+        .map(|_| malloc(&mut s, chunk * MIB))
+        .collect();
+    let mut marks = Vec::new();
+    for &b in &blocks {
+        ok(run(&mut s, Op::Memset, &[b, 0x5a, chunk * MIB, 0]));
+        for m in 0..chunk {
+            let at = b + m * MIB;
+            ok(htod(&mut a, &mut s, at, &at.to_le_bytes(), &[8]));
+            marks.push(at);
+        }
+    }
+    let figure = |name: &str, bytes: u64, started: Instant| {
+        let secs = started.elapsed().as_secs_f64();
+        #[expect(clippy::cast_precision_loss, reason = "a figure for people")]
+        let gib = bytes as f64 / f64::from(1u32 << 30);
+        eprintln!(
+            "stop phase {name:<8} {bytes:>12} bytes {secs:>8.3} s {:>8.2} GiB/s",
+            gib / secs.max(1e-9)
+        );
+    };
+
+    let file = StateFile::create(c"test-saved-state").unwrap();
+    let started = Instant::now();
+    let figures = {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file.file());
+        let f = s.save_into(&mut out).unwrap();
+        out.flush().unwrap();
+        f
+    };
+    eprintln!(
+        "stop phase capture  {:>12} bytes {:>8.3} s (quiesce, record)",
+        figures.device_bytes,
+        figures.capture.as_secs_f64()
+    );
+    eprintln!(
+        "stop phase encode   {:>12} bytes {:>8.3} s (device memory streamed into the file)",
+        figures.bytes,
+        figures.encode.as_secs_f64()
+    );
+    figure("save", figures.bytes, started);
+    assert!(figures.device_bytes >= mib * MIB);
+    let saved = StateFile::filled(file.file().try_clone().unwrap(), figures.bytes).unwrap();
+    let sessions = vec![SessionState {
+        id: 3,
+        pid: 1,
+        gpu: SavedGpu::State(saved),
+    }];
+
+    let (r, w) = std::io::pipe().unwrap();
+    // As the daemons do with QEMU's pipes.
+    widen_pipe(&w);
+    let started = Instant::now();
+    let sender = std::thread::spawn(move || {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, w);
+        write_stream(&mut out, &sessions).unwrap();
+    });
+    let got = read_stream(&mut std::io::BufReader::with_capacity(1 << 20, r)).unwrap();
+    sender.join().unwrap();
+    figure("transfer", figures.bytes, started);
+    let SavedGpu::State(incoming) = &got[0].gpu else {
+        panic!("no state")
+    };
+    drop(s);
+
+    let started = Instant::now();
+    incoming.seal().unwrap();
+    let mapped = SealedMap::new(incoming.file()).unwrap();
+    let mut b = Rig::with_staging(FakeDriver::new(1), 2 << 20);
+    let mut restored = GpuState::open(&b.host, 3);
+    restored.restore_saved(mapped.bytes()).unwrap();
+    figure("restore", figures.bytes, started);
+    for at in marks {
+        let (r, got) = dtoh(&mut b, &mut restored, at, 8, &[8]);
+        ok(r);
+        assert_eq!(got, at.to_le_bytes());
+    }
+}
+
+/// A same-host handover over the fake driver: the source exports its runs (moved to shareable
+/// memory in place, the program unaware) and saves its state without the allocations' contents;
+/// a destination given other runs is refused before it maps anything, and the source goes on
+/// as a failed migration leaves it; the destination given the source's runs maps them at their
+/// addresses, and the program's memory (pointers stored in it included) is all there. The fake
+/// keeps an allocation's bytes in its mapping until it is unmapped and frees an allocation whose
+/// last handle goes even while its descriptor is open (the real driver keeps it for the
+/// descriptor), so the test holds an import of each run while the source ends. (One fake
+/// serves both ends, so the program holds no module: the fake would place a second load's
+/// globals elsewhere.)
+#[test]
+fn a_handover_maps_the_sources_memory_at_its_addresses_and_a_refused_one_leaves_the_source_running()
+{
+    use std::os::fd::AsFd;
+    let mut a = Rig::new(1);
+    let mut s = GpuState::open(&a.host, 3);
+    // A linked list in device memory, of small blocks and a large one.
+    let nodes: Vec<u64> = [24u64, 300, 4096, 3 << 20, 40]
+        .iter()
+        .map(|&n| malloc(&mut s, n))
+        .collect();
+    for (i, &at) in nodes.iter().enumerate() {
+        let mut node = nodes
+            .get(i + 1)
+            .copied()
+            .unwrap_or(0)
+            .to_le_bytes()
+            .to_vec();
+        node.extend_from_slice(&(i as u64 * 7).to_le_bytes());
+        ok(htod(&mut a, &mut s, at, &node, &[16]));
+    }
+    let walk = |a: &mut Rig, s: &mut GpuState| {
+        let (mut at, mut seen) = (nodes[0], 0u64);
+        while at != 0 {
+            let (r, node) = dtoh(a, s, at, 16, &[16]);
+            ok(r);
+            assert_eq!(node[8..], (seen * 7).to_le_bytes());
+            at = u64::from_le_bytes(node[..8].try_into().unwrap());
+            seen += 1;
+        }
+        assert_eq!(seen, nodes.len() as u64);
+    };
+    let runs = s.export_runs().unwrap();
+    assert!(!runs.is_empty());
+    let mut out = std::io::Cursor::new(Vec::new());
+    let figures = s.save_for_handover_into(&mut out).unwrap();
+    let bytes = out.into_inner();
+    assert_eq!(figures.bytes, bytes.len() as u64);
+    // The 3 MiB node and the rest stay on the GPU: the state is only the record.
+    assert!(bytes.len() < 64 << 10, "{} bytes", bytes.len());
+    walk(&mut a, &mut s);
+
+    // A destination given fewer runs than were saved refuses before it maps anything (the
+    // source still holds its range, so mapping would fail anyway: it is never tried).
+    let mut wrong = GpuState::open(&a.host, 3);
+    assert!(matches!(
+        wrong.restore_handed_over(&bytes, &runs[1..]),
+        Err(CheckpointError::Mismatch(_))
+    ));
+    drop(wrong);
+    // A state with contents is not a handover's.
+    let full = s.save().unwrap();
+    let mut wrong = GpuState::open(&a.host, 3);
+    wrong.restore_handed_over(&full, &runs).unwrap_err();
+    drop(wrong);
+    // The migration failed: the source runs on, its memory intact.
+    walk(&mut a, &mut s);
+
+    let held: Vec<_> = runs
+        .iter()
+        .map(|r| a.fake.mem_import_fd(r.fd.as_fd()).unwrap())
+        .collect();
+    drop(s);
+    let mut r = GpuState::open(&a.host, 3);
+    r.restore_handed_over(&bytes, &runs).unwrap();
+    for h in held {
+        a.fake.mem_release(h).unwrap();
+    }
+    walk(&mut a, &mut r);
 }

@@ -627,3 +627,267 @@ fn conditional_nodes_get_body_graphs_the_guest_fills() {
         status::INVALID_VALUE
     );
 }
+
+/// `(status, graph, dependencies, their edge data)` of `stream`'s capture.
+fn capture_info(
+    rig: &mut Rig,
+    s: &mut GpuState,
+    stream: u64,
+) -> (u64, u64, Vec<u64>, Vec<g::EdgeData>) {
+    let out = rig.out(8 * 16);
+    let edges = rig.out(g::EDGE_DATA_SIZE * 16);
+    let r = ok(s.execute(&req(
+        Op::StreamCaptureInfo,
+        0,
+        &[stream],
+        vec![],
+        vec![out.clone(), edges.clone()],
+    )));
+    let n = usize::try_from(r[3]).unwrap();
+    let deps = out.to_vec().unwrap()[..8 * n]
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let data = edges.to_vec().unwrap()[..g::EDGE_DATA_SIZE * n]
+        .chunks_exact(g::EDGE_DATA_SIZE)
+        .map(|c| g::EdgeData::decode(c).unwrap())
+        .collect();
+    (r[0], r[2], deps, data)
+}
+
+#[test]
+fn a_conditional_node_joins_a_graph_under_capture_and_its_body_is_captured() {
+    // NVIDIA's capturedWhileGraph: the handle made on the capture's own graph, the node added
+    // after the capture's dependencies, the capture moved past it, the body captured into
+    // while the outer capture still runs (another stream) and after it ended.
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let m = load_module(&mut rig, &mut s);
+    let (r, _) = get_function(&mut rig, &mut s, m, "spin", 64);
+    let f = ok(r)[0];
+    let outer = ok(run(&mut s, Op::StreamCreate, &[0, 0]))[0];
+    let side = ok(run(&mut s, Op::StreamCreate, &[0, 0]))[0];
+    let empty = rig.buf(&[]);
+    let launch = |s: &mut GpuState, stream| {
+        ok(s.execute(&req(
+            Op::LaunchKernel,
+            0,
+            &launch_args(f, [1, 1, 1], [1, 1, 1], stream),
+            vec![empty.clone()],
+            vec![],
+        )));
+    };
+    ok(run(&mut s, Op::StreamBeginCapture, &[outer, 0]));
+    let (_, graph, deps, _) = capture_info(&mut rig, &mut s, outer);
+    assert!(graph != 0 && deps.is_empty());
+    let h = ok(run(
+        &mut s,
+        Op::GraphConditionalHandleCreate,
+        &[graph, 0, 0],
+    ))[0];
+    launch(&mut s, outer);
+    let (_, same, deps, _) = capture_info(&mut rig, &mut s, outer);
+    assert_eq!((same, deps.len()), (graph, 1));
+    let a = deps[0];
+    let cond = g::ConditionalNode {
+        handle: h,
+        kind: g::COND_IF,
+        size: 2,
+    }
+    .encode();
+    let r = ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_CONDITIONAL,
+        &deps,
+        &cond,
+    ));
+    let node = r[0];
+    let bodies: Vec<u64> = (0..2)
+        .map(|i| ok(run(&mut s, Op::GraphQuery, &[node, 4, i]))[0])
+        .collect();
+    let set = rig.buf(&u64s(&[node]));
+    ok(s.execute(&req(
+        Op::StreamUpdateCaptureDependencies,
+        0,
+        &[outer, 1],
+        vec![set],
+        vec![],
+    )));
+    assert_eq!(capture_info(&mut rig, &mut s, outer).2, vec![node]);
+    // The first body while the outer capture runs, on another stream.
+    let none = rig.buf(&[]);
+    ok(s.execute(&req(
+        Op::StreamBeginCaptureToGraph,
+        0,
+        &[side, bodies[0], 0],
+        vec![none.clone()],
+        vec![],
+    )));
+    launch(&mut s, side);
+    assert_eq!(ok(run(&mut s, Op::StreamEndCapture, &[side]))[0], bodies[0]);
+    launch(&mut s, outer);
+    assert_eq!(ok(run(&mut s, Op::StreamEndCapture, &[outer]))[0], graph);
+    // The second after it, on the outer capture's own stream.
+    ok(s.execute(&req(
+        Op::StreamBeginCaptureToGraph,
+        0,
+        &[outer, bodies[1], 0],
+        vec![none],
+        vec![],
+    )));
+    launch(&mut s, outer);
+    assert_eq!(
+        ok(run(&mut s, Op::StreamEndCapture, &[outer]))[0],
+        bodies[1]
+    );
+    // A -> conditional -> D, a kernel in each body.
+    let nodes = list(&mut rig, &mut s, Op::GraphGetNodes, &[graph, 0]);
+    assert_eq!(nodes.len(), 3);
+    let pairs = rig.out(16 * 4);
+    let r = ok(s.execute(&req(
+        Op::GraphGetEdges,
+        0,
+        &[graph],
+        vec![],
+        vec![pairs.clone()],
+    )));
+    assert_eq!(r[0], 2);
+    let pairs = pairs.to_vec().unwrap();
+    assert_eq!(&pairs[..16], &u64s(&[a, node])[..]);
+    assert_eq!(&pairs[16..24], &node.to_le_bytes());
+    for b in &bodies {
+        assert_eq!(list(&mut rig, &mut s, Op::GraphGetNodes, &[*b, 0]).len(), 1);
+    }
+    let exec = ok(run(&mut s, Op::GraphInstantiate, &[graph, 0, 0]))[0];
+    for _ in 0..3 {
+        ok(run(&mut s, Op::GraphLaunch, &[exec, outer]));
+    }
+    assert_eq!(rig.fake.graph_launches(), 3);
+}
+
+#[test]
+fn edge_data_reaches_the_driver_and_comes_back() {
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let m = load_module(&mut rig, &mut s);
+    let (r, _) = get_function(&mut rig, &mut s, m, "spin", 64);
+    let f = ok(r)[0];
+    let graph = ok(run(&mut s, Op::GraphCreate, &[]))[0];
+    let k1 = ok(add_node(
+        &mut rig,
+        &mut s,
+        graph,
+        g::NODE_KERNEL,
+        &[],
+        &kernel_params(f, &[]),
+    ))[0];
+    let programmatic = g::EdgeData {
+        from_port: 1,
+        to_port: 0,
+        kind: 1,
+    };
+    let with_edge = |rig: &mut Rig, s: &mut GpuState, ty: u32, params: &[u8], e: &[u8]| {
+        let d = rig.buf(&u64s(&[k1]));
+        let p = rig.buf(params);
+        let e = rig.buf(e);
+        s.execute(&req(
+            Op::GraphAddNode,
+            0,
+            &[graph, u64::from(ty)],
+            vec![d, p, e],
+            vec![],
+        ))
+    };
+    // A kernel node after k1 over a programmatic edge.
+    let k2 = ok(with_edge(
+        &mut rig,
+        &mut s,
+        g::NODE_KERNEL,
+        &kernel_params(f, &[]),
+        &programmatic.encode(),
+    ))[0];
+    // One the driver refuses (programmatic edges join kernel nodes only) is not left behind.
+    let before = list(&mut rig, &mut s, Op::GraphGetNodes, &[graph, 0]).len();
+    let r = with_edge(&mut rig, &mut s, g::NODE_EMPTY, &[], &programmatic.encode());
+    assert_eq!(r.status, status::INVALID_VALUE);
+    assert_eq!(
+        list(&mut rig, &mut s, Op::GraphGetNodes, &[graph, 0]).len(),
+        before
+    );
+    // Malformed edge data: reserved bytes, or not one record per dependency.
+    let mut bad = programmatic.encode();
+    bad[7] = 1;
+    for e in [bad.to_vec(), programmatic.encode()[..4].to_vec()] {
+        let r = with_edge(&mut rig, &mut s, g::NODE_KERNEL, &kernel_params(f, &[]), &e);
+        assert_eq!(r.status, status::INVALID_VALUE);
+    }
+    // The edge and the dependency come back with their data.
+    let pairs = rig.out(16 * 4);
+    let data = rig.out(g::EDGE_DATA_SIZE * 4);
+    let r = ok(s.execute(&req(
+        Op::GraphGetEdges,
+        0,
+        &[graph],
+        vec![],
+        vec![pairs.clone(), data.clone()],
+    )));
+    assert_eq!(r[0], 1);
+    assert_eq!(
+        pairs.to_vec().unwrap()[..16],
+        u64s(&[k1, k2])[..],
+        "k1 -> k2"
+    );
+    assert_eq!(
+        g::EdgeData::decode(&data.to_vec().unwrap()[..8]),
+        Some(programmatic)
+    );
+    let deps = rig.out(8 * 4);
+    let data = rig.out(g::EDGE_DATA_SIZE * 4);
+    ok(s.execute(&req(
+        Op::GraphNodeQuery,
+        0,
+        &[k2, 1],
+        vec![],
+        vec![deps, data.clone()],
+    )));
+    assert_eq!(
+        g::EdgeData::decode(&data.to_vec().unwrap()[..8]),
+        Some(programmatic)
+    );
+    // A capture into the graph after k2 over a programmatic edge reports it, and the next
+    // captured kernel depends on k2 over it.
+    let stream = ok(run(&mut s, Op::StreamCreate, &[0, 0]))[0];
+    let d = rig.buf(&u64s(&[k2]));
+    let e = rig.buf(&programmatic.encode());
+    ok(s.execute(&req(
+        Op::StreamBeginCaptureToGraph,
+        0,
+        &[stream, graph, 2],
+        vec![d, e],
+        vec![],
+    )));
+    let (_, _, deps, data) = capture_info(&mut rig, &mut s, stream);
+    assert_eq!((deps, data), (vec![k2], vec![programmatic]));
+    let empty = rig.buf(&[]);
+    ok(s.execute(&req(
+        Op::LaunchKernel,
+        0,
+        &launch_args(f, [1, 1, 1], [1, 1, 1], stream),
+        vec![empty],
+        vec![],
+    )));
+    ok(run(&mut s, Op::StreamEndCapture, &[stream]));
+    let data = rig.out(g::EDGE_DATA_SIZE * 4);
+    let r = ok(s.execute(&req(
+        Op::GraphGetEdges,
+        0,
+        &[graph],
+        vec![],
+        vec![rig.out(16 * 4), data.clone()],
+    )));
+    assert_eq!(r[0], 2);
+    let all = data.to_vec().unwrap();
+    assert_eq!(g::EdgeData::decode(&all[8..16]), Some(programmatic));
+}

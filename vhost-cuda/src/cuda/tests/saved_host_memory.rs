@@ -15,7 +15,7 @@ use crate::{
 /// Where a test's program maps its memory (tests run in parallel in one process, whose host
 /// window they share): pinned memory (two guest pages at a window address), registered memory
 /// (one read-only page at a `malloc`-style address outside the window) and managed memory
-/// placed on the device (two pages).
+/// placed on the device (two pages, wherever the driver placed them: 0 until then).
 #[derive(Clone, Copy)]
 struct At {
     pinned: u64,
@@ -28,9 +28,18 @@ impl At {
         Self {
             pinned: HOST_WINDOW_BASE + ((k + 1) << 32),
             registered: 0x3e51_2340_0000 + (k << 32),
-            managed: HOST_WINDOW_BASE + ((k + 1) << 32) + 0x4000_0000,
+            managed: 0,
         }
     }
+}
+
+/// `cudaMallocManaged`'s two steps: device memory placed (`ManagedPlace`, where the driver
+/// chooses), then the guest's pages mapped there. Returns the address.
+fn place(rig: &mut Rig, s: &mut GpuState, runs: &[(u64, u64)]) -> u64 {
+    let len: u64 = runs.iter().map(|r| r.1).sum();
+    let at = ok(run(s, Op::ManagedPlace, &[len, 0]))[0];
+    assert_eq!(host_map(rig, s, at, runs, HOST_MAP_MANAGED), at);
+    at
 }
 
 const PINNED_RUNS: [(u64, u64); 2] = [(0x180_0000, 0x1000), (0x1a0_0000, 0x1000)];
@@ -81,11 +90,9 @@ fn migrate_ram(ram: &[u8], to: &Rig) {
 
 /// A state with pinned, registered and managed memory, the managed bytes on the device
 /// differing from its guest pages. Returns the session.
-fn program(rig: &mut Rig, at: At) -> GpuState {
+fn program(rig: &mut Rig, at: At) -> (GpuState, At) {
     let At {
-        pinned,
-        registered,
-        managed,
+        pinned, registered, ..
     } = at;
     let mut s = GpuState::open(&rig.host, 3);
     assert_eq!(host_map(rig, &mut s, pinned, &PINNED_RUNS, 0), pinned);
@@ -97,10 +104,7 @@ fn program(rig: &mut Rig, at: At) -> GpuState {
         HOST_MAP_READ_ONLY,
     );
     assert_eq!(got, registered, "the test's address is free here");
-    assert_eq!(
-        host_map(rig, &mut s, managed, &MANAGED_RUNS, HOST_MAP_MANAGED),
-        managed
-    );
+    let managed = place(rig, &mut s, &MANAGED_RUNS);
     rig.mem
         .write_slice(b"pinned page", GuestAddress(PINNED_RUNS[0].0))
         .unwrap();
@@ -116,7 +120,7 @@ fn program(rig: &mut Rig, at: At) -> GpuState {
         Op::Memset,
         &[managed, u64::from(b'D'), 0x1800, 0],
     ));
-    s
+    (s, At { managed, ..at })
 }
 
 /// Everything reaches the GPU at the addresses the guest holds, and the managed memory holds
@@ -157,14 +161,13 @@ fn pinned_registered_and_managed_memory_come_back_at_the_addresses_the_guest_hol
     assert!(crate::cuda::reserve_window());
     let quota = GpuMemoryQuota::new(1 << 30, 4).unwrap();
     let (la, lb) = (quota.lease().unwrap(), quota.lease().unwrap());
-    let at = At::slot(0);
+    let mut a = quota_rig(&la);
+    let (mut s, at) = program(&mut a, At::slot(0));
     let At {
         pinned,
         registered,
         managed,
     } = at;
-    let mut a = quota_rig(&la);
-    let mut s = program(&mut a, at);
     let saved = s.capture().unwrap();
     assert_eq!(saved.host_mappings.len(), 2);
     assert_eq!(saved.managed.len(), 1);
@@ -259,11 +262,10 @@ fn a_restore_whose_address_is_taken_fails_and_leaves_nothing_behind() {
     // Another test's addresses: this one keeps its source alive.
     let mut s = GpuState::open(&a.host, 3);
     let At {
-        managed: guest,
         registered: outside,
         ..
     } = At::slot(1);
-    host_map(&mut a, &mut s, guest, &MANAGED_RUNS, HOST_MAP_MANAGED);
+    place(&mut a, &mut s, &MANAGED_RUNS);
     assert_eq!(
         host_map(&mut a, &mut s, outside, &REGISTERED_RUNS, 0),
         outside
@@ -311,12 +313,11 @@ fn a_restore_whose_address_is_taken_fails_and_leaves_nothing_behind() {
 #[test]
 fn hostile_host_memory_records_are_refused_and_leave_nothing_behind() {
     assert!(crate::cuda::reserve_window());
-    let at = At::slot(2);
+    let mut a = Rig::new(1);
+    let (mut s, at) = program(&mut a, At::slot(2));
     let At {
         pinned, managed, ..
     } = at;
-    let mut a = Rig::new(1);
-    let mut s = program(&mut a, at);
     let saved = s.capture().unwrap();
     let ram = ram_of(&a);
     drop(s);

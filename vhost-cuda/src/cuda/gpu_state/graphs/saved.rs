@@ -21,7 +21,7 @@ use qcuda_proto::graph::{self as wire_graph, KernelNode};
 
 use super::*;
 use crate::cuda::{
-    gpu_state::checkpoint::CheckpointError,
+    gpu_state::CheckpointError,
     host_functions::HostFunctions,
     saved_state::{
         GraphRole, SavedConditional, SavedExec, SavedGraph, SavedNode, SavedNodeKind, SavedState,
@@ -130,7 +130,13 @@ impl GpuState {
     ) -> Saved<(SavedGraph, Vec<GraphNode>)> {
         self.bind(dev)?;
         let nodes = self.drv.graph_nodes(raw, false).map_err(on(dev))?;
-        let edges = self.drv.graph_edges(raw).map_err(on(dev))?;
+        let edged = self.drv.graph_edges(raw).map_err(on(dev))?;
+        if edged.iter().any(|(_, _, e)| !e.is_default()) {
+            return Err(unsupported(
+                "graphs with programmatic edges (programmatic dependent launch)",
+            ));
+        }
+        let edges: Vec<(GraphNode, GraphNode)> = edged.iter().map(|&(a, b, _)| (a, b)).collect();
         let order =
             topological(&nodes, &edges).ok_or_else(|| mismatch(format!("graph {id}'s edges")))?;
         let index: HashMap<GraphNode, u32> = order
