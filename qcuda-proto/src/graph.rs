@@ -15,8 +15,12 @@ pub const NODE_MEMSET: u32 = 2;
 /// `cudaGraphNodeTypeHost`: params are one u64, the guest's callback id (reserved for host
 /// functions run in the guest; not served yet).
 pub const NODE_HOST: u32 = 3;
-/// `cudaGraphNodeTypeGraph` (child graph): params are one u64 graph handle.
+/// `cudaGraphNodeTypeGraph` (child graph): params are one u64 graph handle (the driver clones
+/// the graph into the node), or that handle and a u64 [`CHILD_MOVE`] (`GraphAddNode` only: the
+/// graph itself becomes the node's, `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`).
 pub const NODE_GRAPH: u32 = 4;
+/// `CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`, in a child graph node's second word.
+pub const CHILD_MOVE: u64 = 1;
 /// `cudaGraphNodeTypeEmpty`: no params.
 pub const NODE_EMPTY: u32 = 5;
 /// `cudaGraphNodeTypeWaitEvent`: params are one u64 event handle.
@@ -317,6 +321,16 @@ impl ConditionalNode {
     }
 }
 
+/// A child graph node's parameters: the graph handle, and whether the node takes the graph
+/// itself (`CHILD_MOVE`) rather than a copy. `None` for any other length or ownership.
+pub fn decode_child(b: &[u8]) -> Option<(u64, bool)> {
+    match b.len() {
+        8 => Some((u64_at(b, 0)?, false)),
+        16 if u64_at(b, 8)? == CHILD_MOVE => Some((u64_at(b, 0)?, true)),
+        _ => None,
+    }
+}
+
 /// A node whose only parameter is one u64 handle (child graph, event, host callback id).
 pub fn decode_handle(b: &[u8]) -> Option<u64> {
     if b.len() != 8 {
@@ -325,9 +339,71 @@ pub fn decode_handle(b: &[u8]) -> Option<u64> {
     u64_at(b, 0)
 }
 
+/// Bytes of one edge's data on the wire: `cudaGraphEdgeData`/`CUgraphEdgeData` as they lie in
+/// memory (from port, to port, type, five reserved bytes that must be zero).
+pub const EDGE_DATA_SIZE: usize = 8;
+
+/// The data of one graph edge or capture dependency: the ports and type of
+/// `cudaGraphEdgeData` (all zero: a default edge, a full dependency on the whole node; the
+/// programmatic ones come from programmatic dependent launches). An empty edge list on the
+/// wire means default edges for every dependency.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct EdgeData {
+    /// `from_port` (`cudaGraphKernelNodePort*` of the node depended on).
+    pub from_port: u8,
+    /// `to_port` (0: the whole dependent node).
+    pub to_port: u8,
+    /// `type` (`cudaGraphDependencyType*`).
+    pub kind: u8,
+}
+
+impl EdgeData {
+    /// A default edge.
+    pub const DEFAULT: Self = Self {
+        from_port: 0,
+        to_port: 0,
+        kind: 0,
+    };
+
+    /// Its eight bytes.
+    pub fn encode(self) -> [u8; EDGE_DATA_SIZE] {
+        [self.from_port, self.to_port, self.kind, 0, 0, 0, 0, 0]
+    }
+
+    /// From eight bytes; `None` unless the reserved bytes are zero (as CUDA requires).
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != EDGE_DATA_SIZE || b[3..].iter().any(|&x| x != 0) {
+            return None;
+        }
+        Some(Self {
+            from_port: b[0],
+            to_port: b[1],
+            kind: b[2],
+        })
+    }
+
+    /// True for a default edge.
+    pub fn is_default(self) -> bool {
+        self == Self::DEFAULT
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn edge_data_round_trips_and_refuses_reserved_bytes() {
+        let e = EdgeData {
+            from_port: 1,
+            to_port: 0,
+            kind: 1,
+        };
+        assert_eq!(EdgeData::decode(&e.encode()), Some(e));
+        assert_eq!(EdgeData::decode(&[1, 0, 1, 0, 0, 0, 0, 9]), None);
+        assert_eq!(EdgeData::decode(&[0; 7]), None);
+        assert!(EdgeData::decode(&[0; 8]).is_some_and(EdgeData::is_default));
+    }
 
     #[test]
     fn kernel_node_round_trips() {
@@ -383,6 +459,14 @@ mod tests {
         );
         assert_eq!(MemsetNode { pitch: 8, ..s }.span(), None);
         assert_eq!(decode_handle(&9u64.to_le_bytes()), Some(9));
+        assert_eq!(decode_child(&9u64.to_le_bytes()), Some((9, false)));
+        let mut moved = [0u8; 16];
+        moved[..8].copy_from_slice(&9u64.to_le_bytes());
+        moved[8..].copy_from_slice(&CHILD_MOVE.to_le_bytes());
+        assert_eq!(decode_child(&moved), Some((9, true)));
+        moved[8] = 2;
+        assert_eq!(decode_child(&moved), None);
+        assert_eq!(decode_child(&moved[..12]), None);
         assert_eq!(decode_handle(&[0; 4]), None);
     }
 

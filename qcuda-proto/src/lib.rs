@@ -4,12 +4,15 @@
 //! The wire definitions live in `wire.rs` (graph node parameter encodings in `graph.rs`), which
 //! the guest kernel module includes verbatim with `#[path]`; this crate re-exports it for the
 //! host daemon, guest-lib and qcuda-smi. `cuda_errors` is CUDA's own error table and sticky set,
-//! which the kernel module, a transport, has no use for.
+//! which the kernel module, a transport, has no use for; `trace` is the GPU timeline's record
+//! format (`Op::GpuTrace`).
 #![no_std]
 
 pub mod cuda_errors;
 pub mod graph;
 pub mod link;
+pub mod tensor_map;
+pub mod trace;
 mod wire;
 
 pub use wire::*;
@@ -76,6 +79,9 @@ macro_rules! graph_ops {
             | $crate::Op::GraphNodeGetParams
             | $crate::Op::GraphMem
             | $crate::Op::GraphConditionalHandleCreate
+            | $crate::Op::GraphKernelNodeSetAttribute
+            | $crate::Op::GraphKernelNodeGetAttribute
+            | $crate::Op::GraphKernelNodeCopyAttributes
     };
 }
 

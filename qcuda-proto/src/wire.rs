@@ -397,14 +397,33 @@ ops! {
     /// addresses), args[2] = size, args[3] = stream handle. The driver's own DMA moves the
     /// bytes, in stream order; nothing crosses the virtqueue.
     MemcpyMapped = 0x0116, ins 0, outs 0;
-    /// Managed memory placed on the device (`HOST_MAP_MANAGED`): args[0] = the allocation's
-    /// guest address (its `HostMap` address), args[1] = [`MANAGED_TO_DEVICE`] (guest RAM →
-    /// device, in stream order on stream args[2]) or [`MANAGED_TO_HOST`] (device → guest RAM
-    /// after the work of stream args[2]; answered once the bytes are in guest RAM). rets[0] = 1
-    /// if the bytes moved; 0 if there was nothing to do: a host mapping the worker could not
-    /// place on the device (coherent by itself), or a stream being captured (a capture records
+    /// Managed memory placed on the device ([`Op::ManagedPlace`], `HOST_MAP_MANAGED`): args[0]
+    /// = the allocation's address, args[1] = [`MANAGED_TO_DEVICE`] or [`MANAGED_TO_HOST`],
+    /// args[2] = a stream handle, args[3] = [`MANAGED_SCOPE_GLOBAL`] or
+    /// [`MANAGED_SCOPE_STREAM`] (the allocation is attached to stream args[2] alone).
+    /// To the device: guest RAM → device in stream order on args[2]; with the global scope the
+    /// session's other streams of the device (and the ones it creates later) wait for the copy
+    /// too, since any of them may touch the memory next. To the host (answered once the bytes
+    /// are in guest RAM): device → guest RAM, but only once no work that may touch the
+    /// allocation can still run: every stream of the session on the device idle (global
+    /// scope), or stream args[2] idle (stream scope). rets[0] = 1 if the bytes moved; 0 if not:
+    /// work that may touch them still runs, or args[2] is being captured (a capture records
     /// work for later; the graph's launch migrates then).
     ManagedMigrate = 0x0117, ins 0, outs 0;
+    /// `cudaMallocManaged`'s device memory: args[0] = bytes the guest will map (a page
+    /// multiple), args[1] = 0, or a [`MANAGED_ALIGN`]-aligned address of [`MANAGED_WINDOW_BASE`]'s
+    /// window (or the host-mapping window) that the guest holds free for it (the driver may
+    /// honour it). The worker reserves an address range with the
+    /// driver, backs it with device memory of the request's device and makes it accessible
+    /// (counted against the VM's device-memory quota). rets[0] = its address (a multiple of
+    /// [`MANAGED_ALIGN`]; the guest maps the allocation's pages at that address in its
+    /// process, which is the pointer the program holds), rets[1] = bytes reserved there
+    /// (args[0] rounded up to [`MANAGED_ALIGN`]; the guest keeps all of them free). Then
+    /// `HostMap` with `HOST_MAP_MANAGED` at rets[0] brings the guest pages.
+    ManagedPlace = 0x0118, ins 0, outs 0;
+    /// Frees device memory of [`Op::ManagedPlace`] at args[0] that `HostMap` has not taken (the
+    /// guest could not use the address). Afterwards `HostUnmap` frees it.
+    ManagedUnplace = 0x0119, ins 0, outs 0;
 
     /// In-buffer 0 is a whole fatbin (or cubin/PTX) image. rets[0] = module handle.
     ModuleLoad = 0x0120, ins 1, outs 0;
@@ -603,6 +622,23 @@ ops! {
     /// answered `INITIALIZATION_ERROR`; an action in the wrong state `ILLEGAL_STATE`; a lock not
     /// taken within its timeout `NOT_READY`.
     ProcessCheckpoint = 0x0280, ins 0, outs 0;
+    /// The GPU timeline recorder in a guest process's worker (`qcuda-smi trace`, and
+    /// `cudaProfilerStart`/`cudaProfilerStop` with `QCUDA_PROFILE`; the record format is
+    /// qcuda-proto's `trace` module): args[0] = a `TRACE_*` action, args[1] = the target's pid
+    /// as the caller names it (0: the caller itself), args[2] = the ring's capacity in records
+    /// (`TRACE_ARM`; 0: `TRACE_DEFAULT_RECORDS`, at most `TRACE_MAX_RECORDS`), args[3] = the
+    /// target's session and args[4] = the target's process id, both stamped by the kernel
+    /// module as for `ProcessCheckpoint` (the caller's own for args[1] = 0; a caller's values are
+    /// overwritten), args[5] = the window in ms after which recording stops by itself
+    /// (`TRACE_ARM`; 0: none, at most `TRACE_MAX_WINDOW_MS`). Out-buffer 0 (`TRACE_READ`; empty
+    /// for the other actions) receives whole `TRACE_RECORD_SIZE`-byte records, oldest first,
+    /// which leave the ring. rets[0] = `TRACE_STATE_*` bits, rets[1] = records written,
+    /// rets[2] = records the ring still holds, rets[3] = records lost since the arm (ring full,
+    /// or dropped by the GPU's profiling interface), rets[4] = the worker's CLOCK_MONOTONIC and
+    /// rets[5] = its CLOCK_REALTIME at the answer (ns), rets[6] = ns recorded since the arm. A
+    /// process without a session is answered `INITIALIZATION_ERROR`, one that has not used the
+    /// GPU yet (named by another process) `NOT_READY`.
+    GpuTrace = 0x0290, ins 0, outs 1;
 
     /// args[0] = flags (cudaEventDisableTiming = 2, ...). rets[0] = event handle.
     EventCreate = 0x0150, ins 0, outs 0;
@@ -714,19 +750,21 @@ ops! {
     /// args[0] = stream handle (0: legacy stream). rets[0] = `cudaStreamCaptureStatus`,
     /// rets[1] = capture id, rets[2] = handle of the graph being captured (0 when none),
     /// rets[3] = number of dependencies; out-buffer 0 receives up to len / 8 of their node
-    /// handles (u64).
-    StreamCaptureInfo = 0x01A2, ins 0, outs 1;
+    /// handles (u64), out-buffer 1 up to len / `graph::EDGE_DATA_SIZE` of their edge data.
+    StreamCaptureInfo = 0x01A2, ins 0, outs 2;
     /// args[0] = stream handle, args[1] = flags (0 add, 1 set); in-buffer 0 = node handles
-    /// (u64) of the capture's graph.
-    StreamUpdateCaptureDependencies = 0x01A3, ins 1, outs 0;
+    /// (u64) of the capture's graph, in-buffer 1 = their edge data (`graph::EdgeData`, one
+    /// per node; empty: default edges).
+    StreamUpdateCaptureDependencies = 0x01A3, ins 2, outs 0;
     /// rets[0] = handle of a new empty graph.
     GraphCreate = 0x01A4, ins 0, outs 0;
     /// args[0] = graph handle.
     GraphDestroy = 0x01A5, ins 0, outs 0;
     /// args[0] = graph handle, args[1] = node type (`graph::NODE_*`); in-buffer 0 = node
-    /// handles (u64) it depends on, in-buffer 1 = its parameters. rets[0] = node handle,
-    /// rets[1] = the device address of a memory allocation node.
-    GraphAddNode = 0x01A6, ins 2, outs 0;
+    /// handles (u64) it depends on, in-buffer 1 = its parameters, in-buffer 2 = the edge data
+    /// of its dependencies (`graph::EdgeData`, one per dependency; empty: default edges).
+    /// rets[0] = node handle, rets[1] = the device address of a memory allocation node.
+    GraphAddNode = 0x01A6, ins 3, outs 0;
     /// args[0] = node handle, args[1] = its node type; in-buffer 0 = new parameters.
     GraphNodeSetParams = 0x01A7, ins 1, outs 0;
     /// args[0] = executable graph, args[1] = node handle (of the graph it came from),
@@ -736,14 +774,17 @@ ops! {
     /// 0 receives up to len / 8 node handles (u64).
     GraphGetNodes = 0x01A9, ins 0, outs 1;
     /// args[0] = graph handle. rets[0] = number of edges; out-buffer 0 receives up to len / 16
-    /// (from u64, to u64) pairs.
-    GraphGetEdges = 0x01AA, ins 0, outs 1;
+    /// (from u64, to u64) pairs, out-buffer 1 up to len / `graph::EDGE_DATA_SIZE` of their
+    /// edge data.
+    GraphGetEdges = 0x01AA, ins 0, outs 2;
     /// args[0] = node handle, args[1] = 0 type, 1 dependencies, 2 dependent nodes. rets[0] =
-    /// the `cudaGraphNodeType` or the count; out-buffer 0 receives up to len / 8 node handles.
-    GraphNodeQuery = 0x01AB, ins 0, outs 1;
+    /// the `cudaGraphNodeType` or the count; out-buffer 0 receives up to len / 8 node handles,
+    /// out-buffer 1 up to len / `graph::EDGE_DATA_SIZE` of the edges' data.
+    GraphNodeQuery = 0x01AB, ins 0, outs 2;
     /// args[0] = graph handle, args[1] = 0 add, 1 remove; in-buffer 0 = (from u64, to u64)
-    /// node handle pairs.
-    GraphEdges = 0x01AC, ins 1, outs 0;
+    /// node handle pairs, in-buffer 1 = their edge data (`graph::EdgeData`, one per pair;
+    /// empty: default edges).
+    GraphEdges = 0x01AC, ins 2, outs 0;
     /// args[0] = graph handle. rets[0] = handle of a copy of it.
     GraphClone = 0x01AD, ins 0, outs 0;
     /// args[0] = graph handle, args[1] = `cudaGraphInstantiateFlags`, args[2] = stream handle
@@ -777,8 +818,9 @@ ops! {
     /// natively, with cudaErrorStreamCaptureInvalidated at its end).
     StreamCaptureInvalidate = 0x01B7, ins 0, outs 0;
     /// args[0] = stream handle, args[1] = graph handle to capture into, args[2] = capture mode;
-    /// in-buffer 0 = node handles (u64) of that graph the first captured node depends on.
-    StreamBeginCaptureToGraph = 0x01B8, ins 1, outs 0;
+    /// in-buffer 0 = node handles (u64) of that graph the first captured node depends on,
+    /// in-buffer 1 = their edge data (`graph::EdgeData`, one per node; empty: default edges).
+    StreamBeginCaptureToGraph = 0x01B8, ins 2, outs 0;
     /// args[0] = a handle, args[1] = what: 0 the event of an event record or wait node, 1 the
     /// graph of a child graph node (owned by the node: not destroyable), 2 the
     /// `cudaGraphInstantiateFlags` of an executable graph, 3 the node of graph args[2] (a clone
@@ -803,6 +845,32 @@ ops! {
     /// (`cudaGraphCondAssignDefault`). rets[0] = the driver's conditional handle itself, the
     /// value kernels pass to `cudaGraphSetConditional` and conditional nodes of that graph name.
     GraphConditionalHandleCreate = 0x01BE, ins 0, outs 0;
+
+    /// `cuModuleLoadDataEx` with the JIT's logs: in-buffer 0 = the image (as for `ModuleLoad`),
+    /// in-buffer 1 = a `link::LinkRequest` with the value options the program gave and no
+    /// inputs. Out-buffer 0 receives the info log, then the error log (no NULs), as far as
+    /// they fit. rets[0] = module handle (0 when the load failed), rets[1] and rets[2] = the
+    /// logs' lengths, rets[3] = the driver's `CUresult` (the load's failure, with its error log,
+    /// is an answer here, not a failed request).
+    ModuleLoadLogged = 0x0304, ins 2, outs 1;
+    /// A tensor map (`cuTensorMapEncodeTiled`, `...Im2col`, `...Im2colWide`,
+    /// `cuTensorMapReplaceAddress`): in-buffer 0 = one `tensor_map::TensorMapRequest`;
+    /// out-buffer 0 (128 bytes) receives the `CUtensorMap` the host's driver encoded.
+    TensorMapEncode = 0x0305, ins 1, outs 1;
+    /// The host's NVIDIA driver version as NVML gives it (e.g. "580.95.05"), answered by the
+    /// daemon from what it read at start: out-buffer 0 receives the text (no NUL) if it fits;
+    /// rets[0] = its length. `NOT_SUPPORTED` when the host's driver did not say.
+    DriverRelease = 0x0303, ins 0, outs 1;
+    /// args[0] = kernel node handle; in-buffer 0 = one [`LaunchAttr`] record, checked as for a
+    /// launch (cuGraphKernelNodeSetAttribute: priority, cluster dimensions, access policy
+    /// window, ...; the driver says which a node takes).
+    GraphKernelNodeSetAttribute = 0x0300, ins 1, outs 0;
+    /// args[0] = kernel node handle, args[1] = attribute id; out-buffer 0 receives its value as
+    /// one [`LaunchAttr`] record (cuGraphKernelNodeGetAttribute).
+    GraphKernelNodeGetAttribute = 0x0301, ins 0, outs 1;
+    /// args[0] = destination kernel node, args[1] = source kernel node: the destination takes
+    /// every attribute of the source (cuGraphKernelNodeCopyAttributes).
+    GraphKernelNodeCopyAttributes = 0x0302, ins 0, outs 0;
 }
 
 /// Bytes of an encoded [`LatencyRecord`].
@@ -963,6 +1031,11 @@ pub const BATCH_TAIL: &[Op] = &[
     Op::EventSynchronize,
     Op::EventQuery,
 ];
+/// Ops that name a guest process by pid (args[1]): the kernel module resolves it in the
+/// caller's pid namespace, checks that the caller may act on it (root, or the same user) and
+/// stamps its session in args[3] and its pid in args[4]. For `GpuTrace`, args[1] = 0 names the
+/// caller itself.
+pub const NAMES_PROCESS: &[Op] = &[Op::ProcessCheckpoint, Op::GpuTrace];
 /// Bytes of an encoded [`BatchRecord`].
 pub const BATCH_RECORD_SIZE: usize = 80;
 /// Most in-data bytes one batch record may carry.
@@ -1320,7 +1393,7 @@ pub const GPU_NAME_LEN: usize = 256;
 ///
 /// Layout: name [u8; 256] @0, uuid [u8; 16] @256, total_mem u64 @272, cc_major i32 @280,
 /// cc_minor i32 @284, multiprocessors i32 @288, pci_bus i32 @292, pci_device i32 @296,
-/// pci_domain i32 @300, reserved [u8; 16] @304.
+/// pci_domain i32 @300, pcie_link [u8; 4] @304, reserved [u8; 12] @308.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuInfo {
     /// Device name, NUL-padded.
@@ -1341,6 +1414,9 @@ pub struct GpuInfo {
     pub pci_device: i32,
     /// PCI domain id.
     pub pci_domain: i32,
+    /// The GPU's PCIe link as the host saw it when the daemon started: current generation,
+    /// current width (lanes), maximum generation, maximum width; 0 where unknown.
+    pub pcie_link: [u8; 4],
 }
 
 impl Default for GpuInfo {
@@ -1355,6 +1431,7 @@ impl Default for GpuInfo {
             pci_bus: 0,
             pci_device: 0,
             pci_domain: 0,
+            pcie_link: [0; 4],
         }
     }
 }
@@ -1394,6 +1471,7 @@ impl GpuInfo {
         for (i, v) in ints.iter().enumerate() {
             put(&mut b, 280 + 4 * i, &v.to_le_bytes());
         }
+        put(&mut b, 304, &self.pcie_link);
         b
     }
 
@@ -1414,12 +1492,14 @@ impl GpuInfo {
         g.pci_bus = i(3);
         g.pci_device = i(4);
         g.pci_domain = i(5);
+        g.pcie_link.copy_from_slice(&b[304..308]);
         Ok(g)
     }
 }
 
 /// The guest-user address window for host-mapped memory that the guest library allocates
-/// (`cudaHostAlloc`, `cudaMallocManaged`): guest-lib and every session worker reserve
+/// (`cudaHostAlloc`; `cudaMallocManaged` where the driver places its device memory there):
+/// guest-lib and every session worker reserve
 /// `[HOST_WINDOW_BASE, HOST_WINDOW_BASE + HOST_WINDOW_LEN)` at start, so that a range the guest
 /// maps there can be mapped at the same address on the host, and the device address of
 /// host-mapped memory equals the guest's pointer.
@@ -1431,19 +1511,33 @@ pub const HOST_PAGE_SIZE: u64 = 4096;
 /// `HostMap` flag: the device only reads the memory (`cudaHostRegisterReadOnly`).
 pub const HOST_MAP_READ_ONLY: u64 = 1 << 0;
 /// `HostMap` flag: managed memory (`cudaMallocManaged`). The worker places device memory at
-/// the guest address (the range must be [`MANAGED_ALIGN`]-aligned in the guest's window, which
-/// keeps the rest of the last [`MANAGED_ALIGN`] block free) and keeps the guest pages elsewhere
-/// for [`Op::ManagedMigrate`]; where it cannot, the pages are mapped as for pinned memory.
+/// the guest address: the device memory [`Op::ManagedPlace`] put there, of exactly this length.
+/// The worker keeps the guest pages elsewhere in its process, as the other side of
+/// [`Op::ManagedMigrate`].
 pub const HOST_MAP_MANAGED: u64 = 1 << 1;
 /// All `HostMap` flags.
 pub const HOST_MAP_FLAGS: u64 = HOST_MAP_READ_ONLY | HOST_MAP_MANAGED;
-/// Alignment and size granule of managed allocations in the window (the device's VMM
+/// Where guest-lib offers addresses for managed memory ([`Op::ManagedPlace`]'s hint):
+/// `[MANAGED_WINDOW_BASE, MANAGED_WINDOW_BASE + MANAGED_WINDOW_LEN)` (80 TiB, 1 TiB long),
+/// reserved in the guest process at its first managed allocation and mapped by nothing of
+/// qcuda's in a worker (the sessions' device ranges start at 0x6800_0000_0000 by default, the
+/// host-mapping window lies at 32 TiB), so that where the driver honours the hint the memory
+/// lands at an address the guest holds for it.
+pub const MANAGED_WINDOW_BASE: u64 = 0x5000_0000_0000;
+/// See [`MANAGED_WINDOW_BASE`].
+pub const MANAGED_WINDOW_LEN: u64 = 1 << 40;
+/// Alignment and size granule of managed allocations' device memory (the device's VMM
 /// granularity on every NVIDIA GPU qcuda supports).
 pub const MANAGED_ALIGN: u64 = 2 << 20;
 /// [`Op::ManagedMigrate`] direction: guest RAM → device.
 pub const MANAGED_TO_DEVICE: u64 = 0;
 /// [`Op::ManagedMigrate`] direction: device → guest RAM.
 pub const MANAGED_TO_HOST: u64 = 1;
+/// [`Op::ManagedMigrate`] scope: the allocation is attached globally (`cudaMemAttachGlobal`):
+/// work on any stream of its device may touch it.
+pub const MANAGED_SCOPE_GLOBAL: u64 = 0;
+/// [`Op::ManagedMigrate`] scope: attached to one stream (`cudaMemAttachSingle`).
+pub const MANAGED_SCOPE_STREAM: u64 = 1;
 
 /// Bytes of an encoded [`HostRun`].
 pub const HOST_RUN_SIZE: usize = 16;

@@ -244,6 +244,15 @@ impl Device {
     ///
     /// # Safety
     /// As for [`Device::call_raw`], and every buffer must be valid.
+    /// [`Device::call`] for other modules: the status checked, interrupted calls repeated.
+    ///
+    /// # Safety
+    /// As for [`Device::call_raw`].
+    pub unsafe fn call_checked(&self, call: &mut IoctlCall) -> Result<(), CallError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.call(call) }
+    }
+
     unsafe fn call(&self, call: &mut IoctlCall) -> Result<(), CallError> {
         loop {
             // SAFETY: forwarded from the caller.

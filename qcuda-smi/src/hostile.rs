@@ -2,7 +2,8 @@
 //! `qcuda-smi hostile`: what a hostile guest program can send through the real ioctl, bypassing
 //! guest-lib's checks: garbage and truncated module images, kernels launched with parameter
 //! blocks of the wrong size, handles and device pointers never issued, huge allocations, floods
-//! of fire-and-forget requests nobody waits for, and thousands of open descriptors. Every call
+//! of fire-and-forget requests nobody waits for, thousands of open descriptors, and NVIDIA's own
+//! ioctls (as its user space would send them on `/dev/nvidiactl`, a link to the device). Every call
 //! must be answered with an error status (never success, never a hung or failed ioctl), and the
 //! session must still work afterwards. Whether other processes kept computing and the guest
 //! kernel stayed quiet is checked by the caller (tests/guest/check-cuda runs a mixed load
@@ -144,6 +145,10 @@ pub fn run(path: &Path) -> Result<(), String> {
     }
     let (checked, mut failures) = (raw.checked, raw.failures);
     match many_descriptors(path) {
+        Ok(text) => println!("hostile: {text}"),
+        Err(e) => failures.push(e),
+    }
+    match foreign_ioctls(path) {
         Ok(text) => println!("hostile: {text}"),
         Err(e) => failures.push(e),
     }
@@ -561,5 +566,91 @@ fn raise_fd_limit(want: u64) {
             }
             libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim);
         }
+    }
+}
+
+/// NVIDIA's ioctl magic ('F') and some of its requests with their parameter sizes, as NVIDIA's
+/// user space sends them to `/dev/nvidiactl`: the card list (NV_ESC_CARD_INFO, 200), the
+/// version check (NV_ESC_CHECK_VERSION_STR, 210), an fd registration (201), the system
+/// parameters (214), and the resource manager's free, control and alloc escapes (0x29, 0x2a,
+/// 0x2b).
+const NVIDIA_IOCTLS: &[(u32, u32)] = &[
+    (200, 0x400),
+    (210, 0x48),
+    (201, 4),
+    (214, 8),
+    (0x29, 0x10),
+    (0x2a, 0x20),
+    (0x2b, 0x30),
+];
+
+/// `_IOWR(type, nr, size)`.
+const fn iowr(ty: u32, nr: u32, size: u32) -> u32 {
+    (3 << 30) | (size << 16) | (ty << 8) | nr
+}
+
+/// NVIDIA's ioctls on the device (through `/dev/nvidiactl` where it is the link to it, as
+/// JAX's device check needs it): each must fail with ENOTTY, no other answer, and the session
+/// must still work after them.
+fn foreign_ioctls(path: &Path) -> Result<String, String> {
+    use std::os::unix::{fs::FileTypeExt, fs::MetadataExt, io::AsRawFd};
+    let ctl = Path::new("/dev/nvidiactl");
+    let rdev = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .filter(|m| m.file_type().is_char_device())
+            .map(|m| m.rdev())
+    };
+    let target = match (rdev(ctl), rdev(path)) {
+        (Some(a), Some(b)) if a == b => ctl,
+        (Some(_), _) => {
+            return Err(format!(
+                "foreign ioctls: {} is another device than {}",
+                ctl.display(),
+                path.display()
+            ))
+        }
+        _ => path,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(target)
+        .map_err(|e| format!("open {}: {e}", target.display()))?;
+    let mut params = vec![0u8; 0x400];
+    let mut wrong = Vec::new();
+    for &(nr, size) in NVIDIA_IOCTLS {
+        let cmd = iowr(u32::from(b'F'), nr, size);
+        // SAFETY: `params` is a live, writable buffer at least `size` bytes long, which is all
+        // any handler of this request could read or write; qcuda.ko must not touch it at all.
+        let rc = unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                libc::c_ulong::from(cmd),
+                params.as_mut_ptr(),
+            )
+        };
+        let errno = io::Error::last_os_error().raw_os_error();
+        if rc != -1 || errno != Some(libc::ENOTTY) {
+            wrong.push(format!(
+                "ioctl {cmd:#010x} ('F', {nr}) returned {rc} ({})",
+                io::Error::last_os_error()
+            ));
+        }
+    }
+    if params.iter().any(|&b| b != 0) {
+        wrong.push("a refused ioctl wrote into its buffer".into());
+    }
+    Device::from_file(file, target)
+        .hello()
+        .map_err(|e| format!("hello after NVIDIA's ioctls: {e}"))?;
+    if wrong.is_empty() {
+        Ok(format!(
+            "{} of NVIDIA's ioctls on {} answered ENOTTY, the session still works",
+            NVIDIA_IOCTLS.len(),
+            target.display()
+        ))
+    } else {
+        Err(format!("NVIDIA's ioctls: {}", wrong.join("; ")))
     }
 }

@@ -7,7 +7,9 @@
 //! with calls in flight), `killtest` (processes killed mid-call) and
 //! `killprog` (copies of a CUDA program killed at random points); `sessions` prints how many
 //! sessions the host has open, `processes` what each process of this VM holds on the host, and
-//! `memory` the GPU memory this VM holds. docs/testing.md describes how the in-VM tests use it.
+//! `memory` the GPU memory this VM holds; `trace` records a process's GPU timeline on the host
+//! (trace.rs); `loader` says which driver files programs get. docs/testing.md describes how the
+//! in-VM tests use it.
 
 mod call_plan;
 mod child_process;
@@ -16,12 +18,14 @@ mod host_info;
 mod hostile;
 mod killprog;
 mod killtest;
+mod loader;
 mod page_buffer;
 mod prng;
 mod selftest;
 mod shared_slots;
 mod size;
 mod stress;
+mod trace;
 mod vm_usage;
 mod worker_calls;
 
@@ -124,6 +128,45 @@ enum Command {
         /// Seed of the delays.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+    },
+    /// Which files the dynamic loader gives for libcuda.so.1, libcuda.so, libnvidia-ml.so.1,
+    /// libnvidia-ml.so and the fixed paths some frameworks open; fails when one is not qcuda's
+    /// (another CUDA driver comes first). Needs no device.
+    Loader,
+    /// Record the GPU timeline of process PID for SECONDS on the host, where its GPU work runs:
+    /// its kernels, copies, memsets and synchronisations with GPU times, and its requests as
+    /// the host received them. Writes a Chrome/Perfetto trace (-o) and prints a summary (top
+    /// kernels, copy bandwidth, GPU busy fraction). Your own processes, or any of this VM's as
+    /// root.
+    Trace {
+        /// The process to trace.
+        #[arg(long)]
+        pid: u32,
+        /// How long to record (1..3600).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// The trace file (trace-event JSON: ui.perfetto.dev, chrome://tracing).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Records the host may hold between reads (0: its default, 262144).
+        #[arg(long, default_value_t = 0)]
+        records: u64,
+    },
+    /// Merge a qcuda trace (qcuda-smi trace -o, QCUDA_PROFILE) into a Chrome trace the guest
+    /// made (torch.profiler's export_chrome_trace), on the guest's clock.
+    TraceMerge {
+        /// The guest's trace (its events and time base are kept).
+        #[arg(long)]
+        torch: PathBuf,
+        /// The qcuda trace.
+        #[arg(long)]
+        qcuda: PathBuf,
+        /// The merged trace.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// The clock of the guest's trace: realtime (torch.profiler) or monotonic.
+        #[arg(long, value_enum, default_value_t = trace::MergeClock::Realtime)]
+        clock: trace::MergeClock,
     },
     /// Hostile raw calls: garbage and truncated module images, wrong parameter sizes, handles
     /// and pointers never issued, huge allocations, a fire-and-forget flood, 4000 descriptors;
@@ -230,6 +273,29 @@ fn main() -> ExitCode {
             },
         ),
         Some(Command::Hostile) => hostile::run(&args.device),
+        Some(Command::Loader) => loader::run(),
+        Some(Command::Trace {
+            pid,
+            seconds,
+            output,
+            records,
+        }) => device::Device::open(&args.device).and_then(|dev| {
+            trace::run(
+                &dev,
+                &trace::TraceOptions {
+                    pid: *pid,
+                    seconds: *seconds,
+                    output: output.clone(),
+                    records: *records,
+                },
+            )
+        }),
+        Some(Command::TraceMerge {
+            torch,
+            qcuda,
+            output,
+            clock,
+        }) => trace::merge(torch, qcuda, output, *clock),
         Some(Command::Killprog {
             count,
             parallel,
@@ -264,8 +330,10 @@ fn main() -> ExitCode {
                 Some(Command::Killtest { .. }) => "killtest FAILED: ",
                 Some(Command::Killprog { .. }) => "killprog FAILED: ",
                 Some(Command::Hostile) => "hostile FAILED: ",
+                Some(Command::Loader) => "loader: ",
                 Some(Command::Latency { .. }) => "latency FAILED: ",
                 Some(Command::WorkerCalls { .. }) => "worker-calls FAILED: ",
+                Some(Command::Trace { .. }) | Some(Command::TraceMerge { .. }) => "",
             };
             eprintln!("qcuda-smi: {what}{e}");
             ExitCode::FAILURE
