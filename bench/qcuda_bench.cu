@@ -633,6 +633,17 @@ void latency_rows(const Plan &plan)
                 fail("get_device_us: cudaGetDevice says %d, expected 0", device);
         });
     });
+    // An attribute query: qcuda caches each attribute in the guest after its first query.
+    measure("device_attribute_us", 0, "us", [&] {
+        int want = -1;
+        NEED(cudaDeviceGetAttribute(&want, cudaDevAttrMultiProcessorCount, 0));
+        return mean_us(plan.small_calls, [want](int) {
+            int value = -1;
+            NEED(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, 0));
+            if (value != want)
+                fail("device_attribute_us: cudaDeviceGetAttribute says %d, then %d", want, value);
+        });
+    });
     measure("memcpy4_h2d_us", 4, "us", [&] {
         Owned dev = device_alloc(4);
         Sample s = mean_us(plan.small_calls, [&](int i) {

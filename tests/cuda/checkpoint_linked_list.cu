@@ -14,11 +14,17 @@
 // argv[5] (default 1) 0 keeps the "managed" buffer in plain device memory (copied in and out).
 // argv[6] (default 0) 1 keeps a stream-ordered allocation (cudaMallocAsync) live through the
 // loop, which a saved state cannot hold: a migration must then fail and the program go on.
+// argv[7], REWRITE (default 0), 1 rewrites the whole working set every iteration with a pattern
+// of that iteration (a training-like loop whose memory changes between any two stops); the end
+// checks the last iteration's pattern. Prints "RATE <iterations> <seconds> <iterations/s>" (the
+// loop's own wall time) before the checksum, so that a migrated run's rate can be set against
+// an uninterrupted one's.
 #define TEST_NAME "checkpoint_linked_list"
 #include "selfcheck.cuh"
 
 #include <cstdint>
 #include <cstring>
+#include <chrono>
 #include <unistd.h>
 
 struct Node {
@@ -49,21 +55,22 @@ __global__ void mix(unsigned int *buf, int n)
         buf[i] = buf[i] * 3u + (unsigned)i;
 }
 
-// working[i] = i * 2654435761 (a pattern every word of which a restore must bring back).
-__global__ void fill_working(unsigned int *working, size_t words)
+// working[i] = i * 2654435761 ^ salt (a pattern every word of which a restore must bring back).
+__global__ void fill_working(unsigned int *working, size_t words, unsigned int salt)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
          i += (size_t)gridDim.x * blockDim.x)
-        working[i] = (unsigned int)(i * 2654435761u);
+        working[i] = (unsigned int)(i * 2654435761u) ^ salt;
 }
 
-// bad[0] += number of words of `working` that differ from the pattern.
-__global__ void check_working(const unsigned int *working, size_t words, unsigned long long *bad)
+// bad[0] += number of words of `working` that differ from the pattern of `salt`.
+__global__ void check_working(const unsigned int *working, size_t words, unsigned int salt,
+                              unsigned long long *bad)
 {
     unsigned long long n = 0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words;
          i += (size_t)gridDim.x * blockDim.x)
-        n += working[i] != (unsigned int)(i * 2654435761u);
+        n += working[i] != ((unsigned int)(i * 2654435761u) ^ salt);
     if (n)
         atomicAdd(bad, n);
 }
@@ -85,13 +92,15 @@ int main(int argc, char **argv)
     const bool use_graph = argc > 4 ? atoi(argv[4]) != 0 : true;
     const bool use_managed = argc > 5 ? atoi(argv[5]) != 0 : true;
     const bool live_async = argc > 6 ? atoi(argv[6]) != 0 : false;
+    const bool rewrite = argc > 7 ? atoi(argv[7]) != 0 : false;
+    unsigned int salt = 0;
     const int nodes = 300, N = 1 << 16, M = 64;
     // The working set: a pattern the GPU writes, checked and folded into the checksum at the end.
     const size_t words = working_mib * (1 << 20) / sizeof(unsigned int);
     unsigned int *working = nullptr;
     if (words > 0) {
         CHECK(cudaMalloc(&working, words * sizeof *working));
-        fill_working<<<1024, 256>>>(working, words);
+        fill_working<<<1024, 256>>>(working, words, salt);
         CHECK(cudaDeviceSynchronize());
     }
 
@@ -153,7 +162,12 @@ int main(int argc, char **argv)
         CHECK(cudaMemsetAsync(held, 0, 4096, a));
     }
 
+    const auto loop_start = std::chrono::steady_clock::now();
     for (int it = 0; it < iterations; it++) {
+        if (rewrite && working != nullptr) {
+            salt = 0x9e3779b9u * (unsigned int)(it + 1);
+            fill_working<<<1024, 256, 0, a>>>(working, words, salt);
+        }
         walk<<<1, 1, 0, a>>>(head, acc, (unsigned long long)it);
         CHECK(cudaEventRecord(done_a, a));
         CHECK(cudaStreamWaitEvent(b, done_a, 0));
@@ -176,6 +190,9 @@ int main(int argc, char **argv)
     if (held != nullptr)
         CHECK(cudaFreeAsync(held, a));
     CHECK(cudaDeviceSynchronize());
+    const double loop_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+    std::printf("RATE %d %.3f %.2f\n", iterations, loop_s, loop_s > 0 ? iterations / loop_s : 0.0);
 
     unsigned long long h = 0;
     CHECK(cudaMemcpy(&h, acc, sizeof h, cudaMemcpyDeviceToHost));
@@ -206,7 +223,7 @@ int main(int argc, char **argv)
         unsigned long long *bad;
         CHECK(cudaMalloc(&bad, sizeof *bad));
         CHECK(cudaMemset(bad, 0, sizeof *bad));
-        check_working<<<1024, 256>>>(working, words, bad);
+        check_working<<<1024, 256>>>(working, words, salt, bad);
         unsigned long long nbad = 0;
         CHECK(cudaMemcpy(&nbad, bad, sizeof nbad, cudaMemcpyDeviceToHost));
         if (nbad != 0)
