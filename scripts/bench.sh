@@ -10,7 +10,12 @@
 # "nvidia" (NVIDIA's libcudart.so.13, shipped in the guest at /usr/lib/qcuda/nvidia/13, over
 # qcuda's libcuda.so.1: the path of frameworks and NVIDIA's libraries), or "both" (a second guest
 # run with NVIDIA's: guest-nvidia.csv/.log, vm-nvidia/, and runtimes.csv, a table of the two
-# runtimes in the guest).
+# runtimes in the guest), "host" (the guest chrooted into this host's root, as frameworks run:
+# the host toolkit's own libcudart.so.13 over qcuda's libcuda.so.1), "ours-chroot" (our runtime
+# in that chrooted guest), or a comma-separated list of these (e.g. ours,nvidia,host,ours-chroot:
+# one guest run each, one column each in runtimes.csv, with each one's ratio to native and to
+# ours). --guest-env NAME=VALUE sets a variable for every guest run (repeatable; e.g.
+# QCUDA_DRIVER_TRACE=count, which lists at the program's exit the driver calls each runtime made).
 # Writes to DIR (default: bench-out beside this script; build/bench-out in the repo):
 #   native.csv, frontend.csv, guest.csv   metric,bytes,value,unit (each program's own rows)
 #   bench.csv               metric,bytes,native,guest,unit,ratio; ratio is native/guest for
@@ -37,7 +42,7 @@ else # repo layout: scripts/ beside build/
     bench=$B/../build/bench/qcuda_bench out=$B/../build/bench-out
 fi
 max_args=() mem_args=() smp_args=() daemon_args=() vm_args=() bench_args=() timeout=1800
-frontend=1 frontend_args=() runtime=ours
+frontend=1 frontend_args=() runtime=ours guest_env=""
 while (($#)); do
     case $1 in
     --out) out=$2; shift 2 ;;
@@ -50,16 +55,20 @@ while (($#)); do
     --no-frontend) frontend=0; shift ;;
     --frontend-arg) frontend_args+=("$2"); shift 2 ;;
     --runtime) runtime=$2; shift 2 ;;
+    --guest-env) guest_env+="$2 "; shift 2 ;;
     --) shift; bench_args=("$@"); break ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS] [--daemon-arg ARG]... [--vm-arg ARG]... [--no-frontend] [--frontend-arg ARG]... [--runtime ours|nvidia|both] [-- BENCH-ARGS...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--max-bytes N] [--guest-mem SIZE] [--guest-smp N] [--timeout SECONDS] [--daemon-arg ARG]... [--vm-arg ARG]... [--no-frontend] [--frontend-arg ARG]... [--runtime ours|nvidia|host|ours-chroot|both|LIST] [--guest-env NAME=VALUE]... [-- BENCH-ARGS...]" >&2; exit 2 ;;
     esac
 done
-case $runtime in
-ours | nvidia | both) ;;
-*) echo "bench: --runtime is ours, nvidia or both, not $runtime" >&2; exit 2 ;;
-esac
-nvidia_env="LD_LIBRARY_PATH=/usr/lib/qcuda/nvidia/13:/usr/lib/qcuda "
+[[ $runtime == both ]] && runtime=ours,nvidia
+runtimes=()
+for r in ${runtime//,/ }; do
+    case $r in
+    ours | nvidia | host | ours-chroot) runtimes+=("$r") ;;
+    *) echo "bench: --runtime takes ours, nvidia, host, ours-chroot, both or a list of them, not $r" >&2; exit 2 ;;
+    esac
+done
 
 # shellcheck source=scripts/gpu-host.sh
 . "$(dirname "${BASH_SOURCE[0]}")/gpu-host.sh"
@@ -88,23 +97,34 @@ if ((frontend)); then
     ((rc == 0)) || { echo "bench: frontend run exited $rc (see $out/frontend.log)"; status=1; }
 fi
 
-# One guest run: SUFFIX names its files ("" or "-nvidia"); ENV prefixes the program.
-guest_run() { # suffix, env, what
-    echo "== guest (through QEMU, qcuda.ko and vhost-cuda; $3), --quick run"
-    "$B/run-vm.sh" --log-dir "$out/vm$1" --timeout "$timeout" "${mem_args[@]}" "${smp_args[@]}" \
-        "${daemon_args[@]}" "${vm_args[@]}" -- \
-        "insmod /lib/modules/qcuda.ko && $2/opt/qcuda/bench/qcuda_bench --quick ${max_args[*]} ${bench_args[*]}" 2>&1 |
-        tee "$out/guest$1.log"
+# One guest run of RUNTIME; its files are guest-RUNTIME.* (the first one's also guest.*).
+guest_run() { # runtime
+    local what env="" chroot=() suffix=-$1
+    case $1 in
+    ours) what="qcuda's libcudart.so.13" ;;
+    nvidia) what="NVIDIA's libcudart.so.13 (the guest's copy) over qcuda's libcuda.so.1"
+        env="LD_LIBRARY_PATH=/usr/lib/qcuda/nvidia/13:/usr/lib/qcuda " ;;
+    host) what="chrooted into this host's root: its toolkit's libcudart.so.13 (${cudart:-?}) over qcuda's libcuda.so.1"
+        env="LD_LIBRARY_PATH=${cudart:-/usr/local/cuda/lib64}:/usr/lib/qcuda " chroot=(--share /:/host:ro --chroot /host) ;;
+    ours-chroot) what="chrooted into this host's root: qcuda's libcudart.so.13"
+        env="LD_LIBRARY_PATH=/usr/lib/qcuda " chroot=(--share /:/host:ro --chroot /host) ;;
+    esac
+    echo "== guest (through QEMU, qcuda.ko and vhost-cuda; $what), --quick run"
+    "$B/run-vm.sh" --log-dir "$out/vm$suffix" --timeout "$timeout" "${mem_args[@]}" "${smp_args[@]}" \
+        "${daemon_args[@]}" "${vm_args[@]}" "${chroot[@]}" -- \
+        "grep -q '^qcuda ' /proc/modules || insmod /lib/modules/qcuda.ko; env $guest_env$env/opt/qcuda/bench/qcuda_bench --quick ${max_args[*]} ${bench_args[*]}" 2>&1 |
+        tee "$out/guest$suffix.log"
     local rc=${PIPESTATUS[0]}
-    csv_rows <"$out/guest$1.log" >"$out/guest$1.csv"
-    ((rc == 0)) || { echo "bench: guest run ($3) exited $rc: $(tr -d '\r' <"$out/guest$1.log" | grep -E '^(FAIL|SKIP)' | tail -n 1)"; status=1; }
+    csv_rows <"$out/guest$suffix.log" >"$out/guest$suffix.csv"
+    ((rc == 0)) || { echo "bench: guest run ($what) exited $rc: $(tr -d '\r' <"$out/guest$suffix.log" | grep -E '^(FAIL|SKIP)' | tail -n 1)"; status=1; }
+    if [[ $guest_env == *QCUDA_DRIVER_TRACE=count* ]]; then
+        tr -d '\r' <"$out/guest$suffix.log" | grep 'qcuda-trace' >"$out/trace$suffix.txt"
+        echo "   driver calls ($1): $(wc -l <"$out/trace$suffix.txt") lines in trace$suffix.txt"
+    fi
 }
-if [[ $runtime == nvidia ]]; then
-    guest_run "" "$nvidia_env" "NVIDIA's libcudart.so.13 over qcuda's libcuda.so.1"
-else
-    guest_run "" "" "qcuda's libcudart.so.13"
-    [[ $runtime == both ]] && guest_run -nvidia "$nvidia_env" "NVIDIA's libcudart.so.13 over qcuda's libcuda.so.1"
-fi
+for r in "${runtimes[@]}"; do guest_run "$r"; done
+cp "$out/guest-${runtimes[0]}.csv" "$out/guest.csv"
+cp "$out/guest-${runtimes[0]}.log" "$out/guest.log"
 
 # Rows keyed by metric and size, in the native run's order, then any the guest alone has.
 awk -F, -v OFS=, '
@@ -155,11 +175,13 @@ echo "native: $(rows "$out/native.csv") rows measured, frontend (native CPU spee
     "$(rows "$out/frontend.csv"), guest (${accel:-unknown accelerator}): $(rows "$out/guest.csv");" \
     "ratio = native/x for us, x/native for the rest (higher is better, 1.000 = parity); files in $out"
 (($(rows "$out/native.csv") > 0 && $(rows "$out/guest.csv") > 0)) || status=1
-if [[ $runtime == both ]]; then
-    # Native, ours and NVIDIA's over our driver; the ratios are each runtime's to native and
-    # NVIDIA's to ours (higher is better; ours/nvidia > 1: NVIDIA's over our driver is faster).
-    echo "== native, the guest with qcuda's runtime, the guest with NVIDIA's over qcuda's driver"
-    awk -F, -v OFS=, '
+if ((${#runtimes[@]} > 1)); then
+    # Native and each runtime: each one's ratio to native and, where ours ran, to ours (higher is
+    # better; x/ours > 1: that runtime is faster than ours).
+    echo "== native and the guest with each runtime (${runtimes[*]})"
+    files=("$out/native.csv")
+    for r in "${runtimes[@]}"; do files+=("$out/guest-$r.csv"); done
+    awk -F, -v OFS=, -v names="${runtimes[*]}" '
         FNR == 1 { f++; next }
         { key = $1 FS $2; if (!(key in unit)) order[++n] = key; val[f, key] = $3; unit[key] = $4 }
         function ratio(a, b, u) {
@@ -168,15 +190,24 @@ if [[ $runtime == both ]]; then
         }
         function v(i, k) { return ((i, k) in val) ? val[i, k] : "NA" }
         END {
-            print "metric,bytes,native,ours,nvidia,unit,ours_ratio,nvidia_ratio,nvidia_to_ours"
+            m = split(names, name, " "); ours = 0
+            for (j = 1; j <= m; j++) if (name[j] == "ours") ours = j + 1
+            line = "metric,bytes,native"
+            for (j = 1; j <= m; j++) line = line "," name[j]
+            line = line ",unit"
+            for (j = 1; j <= m; j++) line = line "," name[j] "_ratio"
+            if (ours) for (j = 1; j <= m; j++) if (j + 1 != ours) line = line "," name[j] "_to_ours"
+            print line
             for (i = 1; i <= n; i++) {
-                k = order[i]; u = unit[k]
-                print k, v(1, k), v(2, k), v(3, k), u, ratio(v(1, k), v(2, k), u), ratio(v(1, k), v(3, k), u), ratio(v(2, k), v(3, k), u)
+                k = order[i]; u = unit[k]; line = k "," v(1, k)
+                for (j = 1; j <= m; j++) line = line "," v(j + 1, k)
+                line = line "," u
+                for (j = 1; j <= m; j++) line = line "," ratio(v(1, k), v(j + 1, k), u)
+                if (ours) for (j = 1; j <= m; j++) if (j + 1 != ours) line = line "," ratio(v(ours, k), v(j + 1, k), u)
+                print line
             }
-        }' "$out/native.csv" "$out/guest.csv" "$out/guest-nvidia.csv" >"$out/runtimes.csv"
-    awk -F, '
-        NR == 1 { printf "%-26s %10s %12s %12s %12s %-8s %8s %8s %8s\n", "metric", "bytes", "native", "ours", "nvidia", "unit", "our/nat", "nv/nat", "nv/our"; next }
-        { printf "%-26s %10s %12s %12s %12s %-8s %8s %8s %8s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9 }' "$out/runtimes.csv"
-    (($(rows "$out/guest-nvidia.csv") > 0)) || status=1
+        }' "${files[@]}" >"$out/runtimes.csv"
+    awk -F, '{ line = sprintf("%-24s", $1); for (i = 2; i <= NF; i++) line = line sprintf(" %12s", $i); print line }' "$out/runtimes.csv"
+    for r in "${runtimes[@]}"; do (($(rows "$out/guest-$r.csv") > 0)) || status=1; done
 fi
 exit $status

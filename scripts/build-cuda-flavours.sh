@@ -14,10 +14,16 @@
 #   vector_add_static
 #                   tests/cuda/vector_add.cu with --cudart=static: NVIDIA's runtime linked in,
 #                   which finds our libcuda.so.1 at run time
-#   graphs_static, stream_capture_static, conditional_nodes_static
-#                   tests/cuda/{graphs,stream_capture,conditional_nodes}.cu with --cudart=static:
-#                   graphs built by hand, captured, updated and cloned, and conditional nodes,
-#                   all through NVIDIA's runtime over our driver face (cuGraph*)
+#   graphs_static, stream_capture_static, conditional_nodes_static, conditional_capture_static,
+#   managed_atomics_static
+#                   tests/cuda/{graphs,stream_capture,conditional_nodes,conditional_capture,
+#                   managed_atomics}.cu with --cudart=static: graphs built by hand, captured,
+#                   updated and cloned, conditional nodes built by hand and by capture, and
+#                   managed memory with atomics, all through NVIDIA's runtime over our driver face
+#   pointer_attributes_static
+#                   tests/cuda/pointer_attributes.cu with --cudart=static: NVIDIA's runtime
+#                   answering cudaPointerGetAttributes from our cuPointerGetAttributes, as in
+#                   CuPy (which links NVIDIA's runtime statically)
 #   build/cuda-runtimes/13/libcudart.so.13, build/cuda-runtimes/12/libcudart.so.12
 #                   NVIDIA's runtimes (PyPI wheels), for programs run over our libcuda.so.1
 #                   with NVIDIA's runtime instead of ours
@@ -87,14 +93,15 @@ echo "build-cuda-flavours: vector_add_static (--cudart=static)" >&2
     -o "$work/vector_add_static" "$src/vector_add.cu"
 ! readelf -d "$work/vector_add_static" | grep -q 'NEEDED.*libcud'
 
-for n in graphs stream_capture conditional_nodes; do
+for n in graphs stream_capture conditional_nodes conditional_capture managed_atomics pointer_attributes; do
     echo "build-cuda-flavours: ${n}_static (--cudart=static)" >&2
     "$nvcc" -L"$root/lib" --cudart=static "${gencode[@]}" -O2 -std=c++17 -I"$src" \
         -o "$work/${n}_static" "$src/$n.cu"
     ! readelf -d "$work/${n}_static" | grep -q 'NEEDED.*libcud'
 done
 
-for p in driver_api checkpoint_toggle vector_add12 vector_add_static graphs_static stream_capture_static conditional_nodes_static; do
+for p in driver_api checkpoint_toggle vector_add12 vector_add_static graphs_static stream_capture_static \
+    conditional_nodes_static conditional_capture_static managed_atomics_static pointer_attributes_static; do
     mv -f "$work/$p" "$out/$p"
 done
 install -m 755 "$root/lib/libcudart.so.13" "$runtimes/13/libcudart.so.13"

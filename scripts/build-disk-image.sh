@@ -205,6 +205,7 @@ image_from_base() { # base dir, image dir
 
 exec 9>"$base.lock"
 flock 9
+qcuda_cache_prune disk-base "$base"
 if [[ ! -f $base/.qcuda-complete ]]; then
     log "building $base: the walkthrough from scratch (mmdebstrap, apt, dpkg, DKMS; ~10 min on 2 busy cores with the Rust build files prepared)"
     t0=$SECONDS
@@ -213,6 +214,7 @@ if [[ ! -f $base/.qcuda-complete ]]; then
 fi
 exec 8>"$cache.lock"
 flock 8
+qcuda_cache_prune disk "$cache"
 if [[ -f $cache/.qcuda-complete ]]; then
     log "cached: $cache"
 else

@@ -4,6 +4,8 @@
 # scripts of deploy/deb/:
 #
 #   /usr/lib/qcuda/libcudart.so.13, libcuda.so.1, libnvidia-ml.so.1   guest-lib
+#   /usr/lib/qcuda/libcuda.so, libnvidia-ml.so   links to those (as NVIDIA's driver has them)
+#   /usr/lib/udev/rules.d/70-qcuda.rules   /dev/nvidiactl, a link to /dev/qcuda (JAX's check)
 #   /etc/ld.so.conf.d/qcuda.conf      registers /usr/lib/qcuda (ldconfig runs by libc-bin's trigger)
 #   /etc/modules-load.d/qcuda.conf    qcuda.ko loaded at boot
 #   /usr/bin/qcuda-smi                the guest CLI

@@ -305,6 +305,7 @@ main() {
     # One builder per cached tree; a second caller waits and then finds it done.
     exec 9>"$CACHE/kernel-$key.lock"
     flock 9
+    qcuda_cache_prune kernel "$kdir"
     if [[ -f $kdir/.qcuda-complete ]]; then
         log "kernel: cached $kdir"
     else

@@ -5,10 +5,14 @@
 #   /usr/lib/qcuda/libcudart.so.13   guest-lib, our CUDA runtime (the runtime API face)
 #   /usr/lib/qcuda/libcuda.so.1      guest-lib, our CUDA driver (the driver API face and the core)
 #   /usr/lib/qcuda/libnvidia-ml.so.1 guest-lib, our NVML (the devices this VM may use)
+#   /usr/lib/qcuda/libcuda.so, libnvidia-ml.so   links to those, as NVIDIA's driver has them
+#                                    (Numba opens libcuda.so first: docs/guest-install.md)
 #   /usr/lib/qcuda/nvidia/13, /12    NVIDIA's libcudart.so.13 and .so.12 (PyPI wheels), for the
 #                                    tests that run NVIDIA's runtime over our driver
 #   /usr/bin/qcuda-smi               the guest CLI (host GPUs, transport self-test, stress)
 #   /opt/qcuda/tests/*               the CUDA test programs of tests/cuda (nvcc --cudart=shared)
+#   /opt/qcuda/libraries/*           the programs of tests/cuda/libraries (cuSPARSE, cuBLAS; run
+#                                    in a chroot with the host toolkit's libraries)
 #   /opt/qcuda/bench/*               the benchmark qcuda_bench and its start-up helpers (bench/;
 #                                    not tests, so not in tests/)
 #   /opt/qcuda/bin/*                 the guest-side test scripts of tests/guest and the
@@ -32,6 +36,11 @@ tests_dir=$(scripts/build-cuda-tests.sh | tail -n 1)
 # Driver-API, --cudart=static and CUDA 12 programs, and NVIDIA's runtimes (build/cuda-runtimes).
 scripts/build-cuda-flavours.sh >/dev/null
 bench_dir=$(scripts/build-cuda-tests.sh --src=bench --out=build/bench | tail -n 1)
+# Programs over NVIDIA's libraries: headers and link-time libraries from the PyPI wheels; the
+# libraries' own dependencies come from the toolkit where they run.
+libs=$(scripts/cuda-toolchain.sh --libraries)
+libs_dir=$(NVCC_FLAGS="-I$libs/include -L$libs/lib -lcusparse -lcublas -l:libcublasLt.so.13 -Xlinker --allow-shlib-undefined" \
+    scripts/build-cuda-tests.sh --src=tests/cuda/libraries --out=build/cuda-libraries | tail -n 1)
 # Host-only helpers of the GPU harnesses (not in the guest): travel in the bundle.
 scripts/build-cuda-tests.sh --src=tests/host --out=build/host-tools >/dev/null
 
@@ -40,11 +49,15 @@ trap 'rm -rf "$stage" "$installed"' EXIT
 install -D -m 755 "$lib" "$stage/usr/lib/qcuda/libcudart.so.13"
 install -D -m 755 "$(dirname "$lib")/libcuda.so.1" "$stage/usr/lib/qcuda/libcuda.so.1"
 install -D -m 755 "$(dirname "$lib")/libnvidia-ml.so.1" "$stage/usr/lib/qcuda/libnvidia-ml.so.1"
+ln -s libcuda.so.1 "$stage/usr/lib/qcuda/libcuda.so"
+ln -s libnvidia-ml.so.1 "$stage/usr/lib/qcuda/libnvidia-ml.so"
 install -D -m 755 build/cuda-runtimes/13/libcudart.so.13 "$stage/usr/lib/qcuda/nvidia/13/libcudart.so.13"
 install -D -m 755 build/cuda-runtimes/12/libcudart.so.12 "$stage/usr/lib/qcuda/nvidia/12/libcudart.so.12"
 install -D -m 755 target/release/qcuda-smi "$stage/usr/bin/qcuda-smi"
 mkdir -p "$stage/opt/qcuda/tests" "$stage/opt/qcuda/bin"
 find "$tests_dir" -maxdepth 1 -type f -perm -u+x -exec cp {} "$stage/opt/qcuda/tests/" \;
+mkdir -p "$stage/opt/qcuda/libraries"
+find "$libs_dir" -maxdepth 1 -type f -perm -u+x -exec cp {} "$stage/opt/qcuda/libraries/" \;
 mkdir -p "$stage/opt/qcuda/bench"
 find "$bench_dir" -maxdepth 1 -type f -perm -u+x -exec cp {} "$stage/opt/qcuda/bench/" \;
 find tests/guest -maxdepth 1 -type f -exec install -m 755 {} "$stage/opt/qcuda/bin/" \;

@@ -5,6 +5,8 @@
 # without it):
 #
 #   run-vm.sh                 the same runner as scripts/run-vm.sh (it detects this layout)
+#   gpu-check.sh              every GPU suite below side by side, one table, one log archive
+#                             ("does qcuda work on this GPU host?"; --quick: under 5 minutes)
 #   run-gpu-tests.sh          runs the CUDA tests natively and inside the guest, on a GPU host
 #   sandbox-gpu-check.sh      measures the workers' system calls under the real driver, and runs
 #                             the CUDA tests with the sandbox on and off (docs/SECURITY.md)
@@ -22,6 +24,9 @@
 #                             checksum must equal an uninterrupted run's (pause/resume rates)
 #   test-cuda-checkpoint.sh   cuda-checkpoint --toggle (or cuCheckpointProcess* from our tool) on a
 #                             running program, natively and in the guest; checksums equal
+#   test-trace.sh             a PyTorch training loop's GPU timeline recorded on the host
+#                             (qcuda-smi trace): trace JSON, kernels within 10% of native's,
+#                             the VM's busy fraction in --stats
 #   test-torch-pause.sh       PyTorch training in the guest paused and resumed by the operator
 #                             mid-run: the same loss curve step for step
 #   load-test.sh              1000 guest CUDA programs killed at random points; 32x8 load test
@@ -44,6 +49,7 @@
 #                             run-torch-test.sh --kernel stock (scripts/build-stock-guest.sh;
 #                             left out, with a line saying so, when not built)
 #   native-tests/             the CUDA test programs, for native runs against the host's CUDA
+#   native-libraries/         the programs over cuSPARSE and cuBLAS (run-gpu-tests.sh --libraries)
 #   host-tools/               gpu_meminfo (device memory in use, for the kill and load checks)
 #   bench/                    the benchmark qcuda_bench and its start-up helpers, for the native
 #                             run (the guest has its own copy)
@@ -67,6 +73,7 @@ trap 'rm -rf "$stage"' EXIT
 B=$stage/qcuda
 mkdir -p "$B/bin" "$B/qemu/bin" "$B/qemu/lib" "$B/qemu/share" "$B/guest" "$B/native-tests" "$B/bench" "$B/host-tools"
 install -m 755 scripts/run-vm.sh "$B/run-vm.sh"
+install -m 755 scripts/gpu-check.sh "$B/gpu-check.sh"
 install -m 755 scripts/run-gpu-tests.sh "$B/run-gpu-tests.sh"
 install -m 755 scripts/sandbox-gpu-check.sh "$B/sandbox-gpu-check.sh"
 install -m 755 scripts/bench.sh "$B/bench.sh"
@@ -76,6 +83,7 @@ install -m 755 scripts/test-restart.sh "$B/test-restart.sh"
 install -m 755 scripts/test-checkpoint.sh "$B/test-checkpoint.sh"
 install -m 755 scripts/test-cuda-checkpoint.sh "$B/test-cuda-checkpoint.sh"
 install -m 755 scripts/test-torch-pause.sh "$B/test-torch-pause.sh"
+install -m 755 scripts/test-trace.sh "$B/test-trace.sh"
 install -D -m 755 tests/guest/check-cuda-checkpoint "$B/tests/guest/check-cuda-checkpoint"
 install -m 755 scripts/test-restart-gpu.sh "$B/test-restart-gpu.sh"
 install -m 755 scripts/fd-store.py "$B/fd-store.py"
@@ -92,6 +100,9 @@ install -D -m 644 tests/torch/ddp_check.py "$B/tests/torch/ddp_check.py"
 install -D -m 644 tests/torch/vmm_check.py "$B/tests/torch/vmm_check.py"
 install -D -m 644 tests/torch/cufft_xt_check.py "$B/tests/torch/cufft_xt_check.py"
 install -D -m 644 tests/torch/train_check.py "$B/tests/torch/train_check.py"
+install -D -m 644 tests/torch/trace_check.py "$B/tests/torch/trace_check.py"
+install -D -m 644 tests/torch/trace_json_check.py "$B/tests/torch/trace_json_check.py"
+for f in tests/torch/*_check.py; do install -D -m 644 "$f" "$B/$f"; done
 install -m 755 target/release/vhost-cuda "$B/bin/"
 strip "$B/bin/vhost-cuda"
 install -m 755 target/release/vhost-cuda-frontend-bench "$B/bin/"
@@ -125,6 +136,10 @@ else
 fi
 [[ -d build/cuda-tests ]] && find build/cuda-tests -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-tests/" \;
 [[ -d build/cuda-runtimes ]] && cp -r build/cuda-runtimes "$B/cuda-runtimes"
+if [[ -d build/cuda-libraries ]]; then
+    mkdir -p "$B/native-libraries"
+    find build/cuda-libraries -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/native-libraries/" \;
+fi
 [[ -d build/host-tools ]] && find build/host-tools -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/host-tools/" \;
 [[ -d build/bench ]] && find build/bench -maxdepth 1 -type f -perm -u+x -exec cp {} "$B/bench/" \;
 cp -r deploy "$B/deploy"

@@ -5,7 +5,8 @@
 # scripts/build-stock-guest.sh prepared into ~/.cache/qcuda/kbuild are copied (hard links) into
 # the overlay's /var/cache/qcuda/kbuild first, as a root where DKMS built before has them:
 #
-#   dpkg -i   the libraries in ld.so.cache, qcuda-smi on the PATH, modules-load.d, DKMS built
+#   dpkg -i   the libraries in ld.so.cache (libcuda.so and libnvidia-ml.so too), the udev rule
+#             of /dev/nvidiactl, qcuda-smi on the PATH, modules-load.d, DKMS built
 #             qcuda.ko for the stock kernel into /lib/modules/<release>/updates/dkms with the
 #             distribution's vermagic (that of its overlay.ko), listed in modules.dep
 #   dpkg -r   no module, no DKMS entry, no library left in ld.so.cache, no file of the package
@@ -70,7 +71,9 @@ ko=/lib/modules/$rel/updates/dkms/qcuda.ko.xz
 installed_ok() {
     R sh -c "ldconfig -p | grep -q 'libcudart.so.13 (libc6,x86-64) => /usr/lib/qcuda/libcudart.so.13'" &&
         R sh -c "ldconfig -p | grep -q 'libcuda.so.1 (libc6,x86-64) => /usr/lib/qcuda/libcuda.so.1'" &&
-        R sh -c "ldconfig -p | grep -q 'libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/qcuda/libnvidia-ml.so.1'"
+        R sh -c "ldconfig -p | grep -q 'libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/qcuda/libnvidia-ml.so.1'" &&
+        R sh -c "ldconfig -p | grep -q 'libcuda.so (libc6,x86-64) => /usr/lib/qcuda/libcuda.so$'" &&
+        R sh -c "ldconfig -p | grep -q 'libnvidia-ml.so (libc6,x86-64) => /usr/lib/qcuda/libnvidia-ml.so$'"
 }
 module_ok() { # release
     # DKMS compresses the module as the kernel's own are where that kernel is installed, and
@@ -98,7 +101,10 @@ sed 's/^/    | /' "$work/install.log"
 check "dpkg -i: DKMS built qcuda.ko for $rel with the distribution's vermagic" module_ok "$rel"
 signed() { [[ $(R modinfo -F signer "$ko") == "DKMS module signing key" ]] && R test -f /var/lib/dkms/mok.pub; }
 check "dpkg -i: DKMS signed it with its MOK key (/var/lib/dkms/mok.pub, to enroll for Secure Boot)" signed
-check "dpkg -i: the three libraries in ld.so.cache (/usr/lib/qcuda)" installed_ok
+check "dpkg -i: the three libraries and the unversioned names in ld.so.cache (/usr/lib/qcuda)" installed_ok
+check "dpkg -i: qcuda-smi loader: every driver name gives qcuda's" R qcuda-smi loader
+check "dpkg -i: the udev rule links /dev/nvidiactl to qcuda" \
+    R grep -q 'KERNEL=="qcuda".*SYMLINK+="nvidiactl"' /usr/lib/udev/rules.d/70-qcuda.rules
 check "dpkg -i: qcuda-smi in /usr/bin, modules-load.d names qcuda" \
     R sh -c "test -x /usr/bin/qcuda-smi && grep -qx qcuda /etc/modules-load.d/qcuda.conf"
 R dkms status qcuda | sed 's/^/    | /'

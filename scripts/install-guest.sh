@@ -3,8 +3,12 @@
 # distribution package would, so that CUDA programs run without LD_LIBRARY_PATH and qcuda.ko
 # loads at boot:
 #
-#   /usr/lib/qcuda/libcudart.so.13, libcuda.so.1  guest-lib (runtime and driver API faces)
+#   /usr/lib/qcuda/libcudart.so.13, libcuda.so.1, libnvidia-ml.so.1
+#                                                 guest-lib (runtime, driver and NVML faces)
+#   /usr/lib/qcuda/libcuda.so, libnvidia-ml.so    links to those, as NVIDIA's driver has them
 #   /etc/ld.so.conf.d/qcuda.conf                  registers /usr/lib/qcuda; then ldconfig
+#   /usr/lib/udev/rules.d/70-qcuda.rules          /dev/nvidiactl, a link to /dev/qcuda (JAX
+#                                                 looks for it before it starts CUDA)
 #   /lib/modules/<release>/extra/qcuda.ko         the module built for <release>; then depmod
 #   /etc/modules-load.d/qcuda.conf                "qcuda": loaded at boot (systemd-modules-load,
 #                                                 or our initramfs's /init)
@@ -81,6 +85,10 @@ fi
 install -D -m 755 "$lib_dir/libcudart.so.13" "$dest/usr/lib/qcuda/libcudart.so.13"
 install -D -m 755 "$lib_dir/libcuda.so.1" "$dest/usr/lib/qcuda/libcuda.so.1"
 install -D -m 755 "$lib_dir/libnvidia-ml.so.1" "$dest/usr/lib/qcuda/libnvidia-ml.so.1"
+# The unversioned names, as NVIDIA's driver installs them: Numba opens libcuda.so before
+# libcuda.so.1, and older Triton links with -lcuda (docs/guest-install.md).
+ln -sfn libcuda.so.1 "$dest/usr/lib/qcuda/libcuda.so"
+ln -sfn libnvidia-ml.so.1 "$dest/usr/lib/qcuda/libnvidia-ml.so"
 install -d "$dest/etc/ld.so.conf.d"
 printf '# qcuda: the CUDA runtime and driver that reach the host GPU through /dev/qcuda\n/usr/lib/qcuda\n' \
     >"$dest/etc/ld.so.conf.d/qcuda.conf"
@@ -94,6 +102,8 @@ printf '# qcuda: /dev/qcuda, the transport to the host GPU (virtio device 1af4:1
     >"$dest/etc/modules-load.d/qcuda.conf"
 
 install -D -m 755 "$smi" "$dest/usr/bin/qcuda-smi"
+# /dev/nvidiactl: JAX starts its CUDA backend only where one of NVIDIA's device nodes exists.
+install -D -m 644 deploy/udev/70-qcuda.rules "$dest/usr/lib/udev/rules.d/70-qcuda.rules"
 
 # DKMS: the module's source in the layout its Makefile expects, with the configuration.
 src=$dest/usr/src/qcuda-$version

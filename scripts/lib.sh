@@ -20,3 +20,33 @@ QCUDA_VIRTIOFSD=$QCUDA_CACHE/virtiofsd-$QCUDA_VIRTIOFSD_VERSION/bin/virtiofsd
 # guest kernel and of qcuda.ko, configuration steps included.
 QCUDA_KMAKE_FLAGS=(ARCH=x86_64 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc
     HOSTRUSTC=/usr/bin/rustc "BINDGEN=$QCUDA_BINDGEN")
+
+# Keyed cache entries of one kind (PREFIX-<hash>) would pile up as their inputs change (a kernel
+# tree is ~2.5 GiB): called before KEEP is built or used, it marks KEEP as used now and removes all but the `keep` most recently used of
+# its kind (default 2: a second checkout building other inputs beside this one keeps its own).
+# An entry whose lock another builder holds is left alone.
+qcuda_cache_prune() { # PREFIX KEEP [keep]
+    local prefix=$1 keep_dir=$2 keep=${3:-2} d t n=1
+    mkdir -p "$keep_dir" && touch "$keep_dir/.qcuda-used" 2>/dev/null || return 0
+    local -a entries=()
+    for d in "$QCUDA_CACHE/$prefix"-*/; do
+        d=${d%/}
+        [[ -d $d && $d != "$keep_dir" ]] || continue
+        # Only this kind's keys (disk-<key>, not disk-base-<key>).
+        [[ ${d##*/"$prefix"-} != *-* ]] || continue
+        t=$(stat -c %Y "$d/.qcuda-used" 2>/dev/null || stat -c %Y "$d")
+        entries+=("$t $d")
+    done
+    ((${#entries[@]})) || return 0
+    while IFS= read -r d; do
+        d=${d#* }
+        n=$((n + 1))
+        ((n <= keep)) && continue
+        (
+            exec 7>"$d.lock"
+            flock -n 7 || exit 0
+            printf '[cache] removing %s (older inputs than %s)\n' "$d" "${keep_dir##*/}" >&2
+            rm -rf "$d" "$d.log" "$d.lock"
+        )
+    done < <(printf '%s\n' "${entries[@]}" | sort -rn)
+}

@@ -2,21 +2,27 @@
 # run-gpu-tests.sh: on a GPU host, from an unpacked bundle (scripts/bundle.sh): runs every CUDA
 # test program natively (the host's own libcudart) and inside the qcuda guest (ours, remoted to
 # this GPU), checks that a killed guest program leaves no GPU memory behind, and prints a table.
-#   ./run-gpu-tests.sh [--only NAME] [--log-dir DIR] [--samples DIR] [--kernel own|stock]
+#   ./run-gpu-tests.sh [--only NAME] [--log-dir DIR] [--samples DIR] [--kernel own|stock] [--libraries]
 # --kernel stock: every guest boots Debian's stock kernel with qcuda.ko built against its headers
 # (run-vm.sh --kernel stock; the environment's QCUDA_KERNEL does the same).
 # --samples DIR: also run third-party CUDA programs (e.g. NVIDIA's cuda-samples built with
 # nvcc --cudart=shared), natively and in the guest; each must exit 0.
+# --libraries: only the programs of tests/cuda/libraries (cuSPARSE, cuBLAS: the bundle's
+# native-libraries/, the guest's /opt/qcuda/libraries), natively with the host toolkit's
+# libraries and then in one guest chrooted into the host's root, with
+# LD_LIBRARY_PATH=/usr/lib/qcuda:<the toolkit's lib64>: our runtime, NVIDIA's libraries over our
+# driver. A program whose teardown fails prints the driver calls of its teardown (ilu_cg).
 set -uo pipefail
 B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-only="" logs=$B/logs samples=""
+only="" logs=$B/logs samples="" libraries=0
 while (($#)); do
     case $1 in
     --only) only=$2; shift 2 ;;
     --log-dir) logs=$2; shift 2 ;;
     --samples) samples=$(cd "$2" && pwd); shift 2 ;;
     --kernel) export QCUDA_KERNEL=$2; shift 2 ;;
-    *) echo "usage: $0 [--only NAME] [--log-dir DIR] [--samples DIR] [--kernel own|stock]" >&2; exit 2 ;;
+    --libraries) libraries=1; shift ;;
+    *) echo "usage: $0 [--only NAME] [--log-dir DIR] [--samples DIR] [--kernel own|stock] [--libraries]" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$logs"
@@ -34,6 +40,34 @@ if ! gpu_present; then
 fi
 nvidia-smi -L
 cudart=$(host_cudart)
+
+if ((libraries)); then
+    libs=$B/native-libraries
+    [[ -d $libs ]] || libs=$B/../build/cuda-libraries
+    echo "== native library programs (the toolkit's libraries from ${cudart:-the default path})"
+    names=()
+    for t in "$libs"/*; do
+        [[ -x $t ]] || continue
+        n=$(basename "$t")
+        [[ -z $only || $n == "$only" ]] || continue
+        names+=("$n")
+        LD_LIBRARY_PATH=$cudart "$t" >"$logs/native-lib-$n.log" 2>&1
+        rc=$?
+        tail -n 3 "$logs/native-lib-$n.log" | sed 's/^/    /'
+        case $rc in 0) res ok "native/libraries/$n" ;; *) res FAIL "native/libraries/$n (exit $rc)" ;; esac
+    done
+    echo "== the same in a guest chrooted into this host's root (our libcudart and libcuda, the toolkit's libraries)"
+    gcmd="for n in ${names[*]}; do echo \"--- \$n\"; LD_LIBRARY_PATH=/usr/lib/qcuda:$cudart /opt/qcuda/libraries/\$n; echo \"LIB-EXIT \$n \$?\"; done"
+    "$B/run-vm.sh" --mem 8G --log-dir "$logs/vm-libraries" --timeout 1200 --share /:/host:ro --chroot /host -- "$gcmd" 2>&1 |
+        tr -d '\r' | tee "$logs/guest-libraries.log" | grep -E '^(---|LIB-EXIT|PASS|FAIL|SKIP|teardown|trace|traced|ilu_cg|qcuda guest)'
+    for n in "${names[@]}"; do
+        rc=$(sed -n "s/^LIB-EXIT $n //p" "$logs/guest-libraries.log" | tail -n 1)
+        case $rc in 0) res ok "guest/libraries/$n" ;; *) res FAIL "guest/libraries/$n (exit ${rc:-none: the guest ended first})" ;; esac
+    done
+    echo "$passed passed, $failed failed, $skipped skipped"
+    ((failed == 0))
+    exit
+fi
 
 echo "== native (host libcudart from $cudart)"
 for t in "$B"/native-tests/*; do
@@ -61,8 +95,8 @@ done < <(tr -d '\r' <"$logs/guest.log")
 grep -q 'sessions open: 0' "$logs/vm/daemon.log" && res ok "daemon: every session closed" || res FAIL "daemon: sessions left open"
 
 # The guest sees the GPU's own attribute values, except those qcuda reports deliberately
-# (guest-lib/src/core/device_prop.rs: NOT_REMOTED and QCUDA_VALUES; a guest-lib test keeps this list
-# equal to them).
+# (guest-lib/src/core/devices/device_prop.rs: NOT_REMOTED and QCUDA_VALUES; a guest-lib test keeps
+# this list equal to them).
 QCUDA_OWN_ATTRIBUTES="83 86 88 89 91 96 100 101 112 114 116 117 118 119 121 124 128 132 141 142 143 144 146"
 if [[ -z $only || $only == device_attributes ]] && [[ -f $logs/native-device_attributes.log ]]; then
     attrs() { grep -E '^(ATTR|PROP) ' | tr -d '\r' | awk -v own=" $QCUDA_OWN_ATTRIBUTES " '!($1 == "ATTR" && index(own, " " $3 " "))'; }

@@ -4,6 +4,7 @@
 # test programs pass with the workers sandboxed (vhost-cuda --sandbox, docs/SECURITY.md).
 #
 #   ./sandbox-gpu-check.sh [--strace DIR] [--out DIR] [--programs "a b c"] [--budget SECONDS]
+#                          [--trace]
 #
 # 1. measure: the daemon under strace -f with --sandbox=namespace --worker-seccomp=log (calls
 #    outside the list run and the kernel logs them); every system call a worker made after its
@@ -14,30 +15,42 @@
 # 3. none: the same programs with --sandbox=none, for comparison.
 # --strace DIR: a directory holding strace and, where the host lacks them, its libraries and
 # ld-linux-x86-64.so.2 (run through that loader so that nothing else sees its libraries).
+# --trace: every program records its GPU timeline with CUPTI (QCUDA_PROFILE in the guest, the
+# daemon with --gpu-trace cupti), so the calls libcupti adds are measured and enforced too
+# (the [cupti] section of vhost-cuda/src/sandbox/syscalls-measured.txt).
 # Prints one "ok|FAIL <pass>/<program>" line per program and "N passed, N failed".
 set -uo pipefail
 B=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-strace_dir="" out=$B/sandbox-check budget=270
-programs="vector_add driver_api matrix_mul streams_events graphs host_functions mapped_memory pinned_async managed_memory stream_ordered_alloc device_printf errors isolation large_copy"
+strace_dir="" out=$B/sandbox-check budget=270 trace=0
+# ipc_events and ipc_share: interprocess events (the driver's POSIX shared memory in the VM's
+# shared /dev/shm, between workers of distinct pids) and VMM POSIX-descriptor export and import
+# between two workers; pointer_attributes: every kind of pointer.
+programs="vector_add driver_api matrix_mul streams_events graphs host_functions mapped_memory pinned_async managed_memory stream_ordered_alloc device_printf errors isolation large_copy ipc_events ipc_share pointer_attributes"
 while (($#)); do
     case $1 in
     --strace) strace_dir=$(cd "$2" && pwd); shift 2 ;;
     --out) out=$2; shift 2 ;;
     --programs) programs=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
-    *) echo "usage: $0 [--strace DIR] [--out DIR] [--programs LIST] [--budget SECONDS]" >&2; exit 2 ;;
+    --trace) trace=1; shift ;;
+    *) echo "usage: $0 [--strace DIR] [--out DIR] [--programs LIST] [--budget SECONDS] [--trace]" >&2; exit 2 ;;
     esac
 done
 mkdir -p "$out"
 start=$SECONDS
 passed=0 failed=0
-guest_cmd="insmod /lib/modules/qcuda.ko; export QCUDA_EXPECT_RESET_RECOVERY=1; for t in $programs; do [ -x /opt/qcuda/tests/\$t ] || continue; echo \"--- \$t\"; /opt/qcuda/tests/\$t; echo \"PROG-EXIT \$t \$?\"; done"
+profile="" trace_args=()
+if ((trace)); then
+    profile="export QCUDA_PROFILE=/tmp/profile.json; "
+    trace_args=(--gpu-trace cupti)
+fi
+guest_cmd="insmod /lib/modules/qcuda.ko; export QCUDA_EXPECT_RESET_RECOVERY=1; ${profile}for t in $programs; do [ -x /opt/qcuda/tests/\$t ] || continue; echo \"--- \$t\"; /opt/qcuda/tests/\$t; echo \"PROG-EXIT \$t \$?\"; done"
 real=$B/bin/vhost-cuda
 run_pass() { # name timeout daemon-args...
     local name=$1 limit=$2
     shift 2
     local args=()
-    for a in "$@"; do args+=(--daemon-arg "$a"); done
+    for a in "$@" "${trace_args[@]}"; do args+=(--daemon-arg "$a"); done
     "$B/run-vm.sh" --log-dir "$out/vm-$name" --timeout "$limit" "${args[@]}" -- "$guest_cmd" >"$out/guest-$name.log" 2>&1
     echo "== $name: run-vm.sh exit $? after $((SECONDS - start)) s"
     local seen=0
@@ -64,9 +77,12 @@ if [[ -n $strace_dir ]]; then
     chmod +x "$real"
     run_pass measure $((budget * 45 / 100)) --sandbox namespace --worker-seccomp log
     mv "$real.real" "$real"
-    # Worker processes: the pids that exec'd with --session-worker, and the threads they cloned.
+    # Worker processes: the pids that exec'd with --session-worker, and the processes and threads
+    # they cloned (a worker born pid 1 of its PID namespace clones the worker proper, then
+    # execs the namespace's init, --pid-namespace-init, which is no worker).
     awk '
         / execve\(/ && /--session-worker/ { w[$1] = 1; next }
+        / execve\(/ && ($1 in w) { delete w[$1]; next }
         ($1 in w) {
             line = $0; sub(/^[0-9]+ +/, "", line)
             if (match(line, /^<\.\.\. [a-z0-9_]+ resumed>/)) { name = substr(line, 6); sub(/ .*/, "", name) }

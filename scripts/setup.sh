@@ -5,8 +5,14 @@ set -euo pipefail
 # systemd: only its tools (systemd-analyze verify, systemd-socket-activate) for the unit tests;
 # it need not run. libvirt without libvirt-daemon-system, which would pull systemd in as init
 # (scripts/run-libvirt.sh starts libvirtd itself); libxml2-utils for virt-xml-validate; kmod
-# (depmod, modinfo) and dkms for the installed guest (scripts/install-guest.sh, check-dkms.sh).
-need=(build-essential pkg-config cpio gzip busybox-static python3-venv python3-pip binutils file procps systemd kmod dkms
+# (depmod, modinfo) and dkms for the installed guest (scripts/install-guest.sh, check-dkms.sh);
+# mmdebstrap for the trixie build root (scripts/trixie-root.sh: stock kernel, guest package,
+# disk image); qemu-utils (qemu-img) and zstd for the disk image and the stock kernel's modules;
+# valgrind for the driver face's instruction counts (scripts/driver-face-cost.sh).
+# scripts/host-commands.txt says which package gives each command the scripts run, and
+# scripts/check-host-commands.py (in test.sh) fails on one that no install step provides.
+need=(build-essential pkg-config cpio gzip busybox-static python3 python3-venv python3-pip binutils file procps systemd kmod dkms
+    mmdebstrap qemu-utils zstd xz-utils git valgrind
     curl ca-certificates
     libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libxml2-utils)
 missing=()

@@ -20,17 +20,20 @@
 #     the two CHECKSUM lines must be equal. --graph 1 and --managed 1 (the defaults of the
 #     program) keep its CUDA graph (captured once, launched every iteration) and its managed
 #     buffer (placed on the device at its guest address), which the saved state carries.
+#     --rewrite 1 rewrites the whole working set every iteration (a training-like loop: every
+#     byte changed between any two stops). Both runs print their loop's rate (RATE: iterations,
+#     seconds, iterations/s), shown as "iteration rate" uninterrupted and migrated.
 #     --live-async 1 keeps a stream-ordered allocation live through the loop, which a saved
 #     state cannot hold: the migration must then fail and the
 #     program go on at the source, unharmed, with the same checksum.
 #     Without a GPU the program prints SKIP and so does this script ("skipped: no GPU").
 #
 # Prints the migration's figures from `info migrate` (total time, downtime, setup, transferred
-# RAM) and the daemons' lines about the sessions' state (bytes, milliseconds to save and to
-# restore). Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
+# RAM) and the daemons' lines about the sessions' state: each stop phase's bytes, seconds and
+# GiB/s (source: save, send; destination: receive, restore), as `vhost-cuda --stats` keeps them. Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
 #
 #   scripts/test-migration.sh [--program transport|checkpoint] [--window S] [--iterations N]
-#       [--working-set-mib M] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
+#       [--working-set-mib M] [--rewrite 0|1] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
 #       [--mem SIZE] [--log-dir DIR]
 #
 # --window: how long the transport program's guest waits to arrive at the destination.
@@ -38,13 +41,14 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=900 iterations=10000 working_mib=0 graph=1 managed=1 live_async=0 target_gpu="" mem=1G log_dir=""
+program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 target_gpu="" mem=1G log_dir=""
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
     --window) window=$2; shift 2 ;;
     --iterations) iterations=$2; shift 2 ;;
     --working-set-mib) working_mib=$2; shift 2 ;;
+    --rewrite) rewrite=$2; shift 2 ;;
     --graph) graph=$2; shift 2 ;;
     --managed) managed=$2; shift 2 ;;
     --live-async) live_async=$2; shift 2 ;;
@@ -121,7 +125,7 @@ if [[ $program == transport ]]; then
     ready='^MIGRATE ready'
 else
     prog=/opt/qcuda/tests/checkpoint_linked_list
-    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed $live_async; echo EXIT \$?; done"
+    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed $live_async $rewrite; echo EXIT \$?; done"
     ready='^\(CHECKPOINT ready\|SKIP\)'
 fi
 vm_opts=(--accel tcg --mem "$mem" --timeout 3000)
@@ -263,7 +267,14 @@ fi
 status=$(migrate "$log_dir/incoming-dst.sock" 600)
 say "migration: $status"
 grep -Ei '^(total time|downtime|setup|transferred ram|throughput|precopy ram|downtime ram|Time \(ms\)|RAM info)' "$log_dir/info-migrate.txt" | sed 's/^/  /' || true
-sed -n 's/.*\(migration: sessions saved at the last stop.*\)/  source: \1/p; s/.*\(GPU state saved for migration.*\)/  source: \1/p' "$log_dir/daemon-src.log"
+sed -n 's/.*\(migration: sessions saved at the last stop.*\)/  source: \1/p; s/.*\(GPU state saved for migration.*\)/  source: \1/p; s/.*\(migration: phase done.*\)/  source: \1/p' "$log_dir/daemon-src.log"
+# Which path the stop phase took. Until the handover is wired (issue 36) every migration copies
+# device memory; a handover run is one whose daemons log a phase named handover.
+if grep -q 'phase=.\?handover' "$log_dir"/daemon-*.log 2>/dev/null; then
+    say "migration path: handover"
+else
+    say "migration path: copy"
+fi
 expect_fail=0
 [[ $program == checkpoint && $live_async != 0 ]] && expect_fail=1
 if ((expect_fail)); then
@@ -286,7 +297,12 @@ else
         grep -h 'migration\|refused' "$log_dir"/daemon-*.log | tail -n 10 | sed 's/^/  /'
         exit 1
     fi
-    sed -n 's/.*\(migration: sessions restored.*\)/  destination: \1/p; s/.*\(GPU state restored from a migration.*\)/  destination: \1/p' "$log_dir/daemon-dst.log"
+    sed -n 's/.*\(migration: sessions restored.*\)/  destination: \1/p; s/.*\(GPU state restored from a migration.*\)/  destination: \1/p; s/.*\(migration: phase done.*\)/  destination: \1/p' "$log_dir/daemon-dst.log"
+    # The same phases as each daemon's stats socket reports them (vhost-cuda --stats).
+    for side in src dst; do
+        "$DAEMON" --stats --socket-path "$log_dir/$side.sock" 2>/dev/null |
+            grep -E 'last migration|^    (save|send|receive|restore) ' | sed "s/^ */  stats ($side): /"
+    done
     # The source has handed over: it stays paused until told to quit.
     hmp "$log_dir/monitor-src.sock" quit >/dev/null 2>&1 || true
     wait "$src_vm" 2>/dev/null || true
@@ -309,7 +325,10 @@ fi
 logs=("$log_dir/guest-src.log")
 [[ $finish_log == "$log_dir/guest-src.log" ]] || logs+=("$finish_log")
 mapfile -t sums < <(cat "${logs[@]}" | grep '^CHECKSUM' | awk '{print $2}' | sort -u)
-grep -hE '^(RUN|CHECKSUM|PASS|FAIL|EXIT)' "${logs[@]}" | sed 's/^/  /'
+grep -hE '^(RUN|RATE|CHECKSUM|PASS|FAIL|EXIT)' "${logs[@]}" | sed 's/^/  /'
+# The loop's rate: the first RATE line is the uninterrupted run's, the last the migrated one's.
+mapfile -t rates < <(cat "${logs[@]}" | awk '$1 == "RATE" { print $4 }')
+((${#rates[@]} >= 2)) && say "iteration rate: uninterrupted ${rates[0]}/s, migrated ${rates[-1]}/s (working set $working_mib MiB, rewrite $rewrite)"
 n=$(cat "${logs[@]}" | grep -c '^CHECKSUM' || true)
 if ((expect_fail == 0)) && ! grep -q '^CHECKSUM' "$finish_log"; then
     say "FAILED: the migrated run printed no checksum at the destination (it ended before the migration, or failed there; raise --iterations); logs in $log_dir"

@@ -60,8 +60,17 @@ step() {
     tail -n 40 "$log" | sed 's/^/    | /'
     return 1
 }
+# Free disk and what the builds hold: a full disk fails builds far from their cause.
+disk_report() {
+    local c=${QCUDA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qcuda}
+    printf '   disk: %s free; cache %s, target %s, fuzz %s, build %s\n' \
+        "$(df -h --output=avail "$ROOT" | tail -n 1 | tr -d ' ')" \
+        "$(du -sh "$c" 2>/dev/null | cut -f1)" "$(du -sh target 2>/dev/null | cut -f1)" \
+        "$(du -sh fuzz/target 2>/dev/null | cut -f1)" "$(du -sh build 2>/dev/null | cut -f1)"
+}
 finish() {
     echo
+    disk_report
     ((failed == 0)) || printf 'failed: %s\n' "${failures[@]}"
     echo "$passed passed, $failed failed, $skipped skipped"
     ((failed == 0))
@@ -71,6 +80,7 @@ finish() {
 have_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
 
 echo "== setup and static checks"
+disk_report
 step "setup: system packages" scripts/setup.sh || finish
 # setup.sh may have installed Rust into ~/.cargo (a machine without cargo).
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -79,6 +89,8 @@ step "libcuda.so.1: stubs, symbol table and version map match the code (gen/driv
     python3 guest-lib/gen/driver-symbols.py --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test (unit, fuzz, vhost-user protocol)" cargo test --workspace --locked --no-fail-fast
+step "cuBLAS and cuBLASLt over our libraries on the device double: every call and the driver calls beneath succeed" \
+    scripts/check-libraries-double.sh
 awk '/^test result:/ { p += $4; f += $6 } END { printf "   cargo test: %d passed, %d failed\n", p, f }' "$LOGS"/cargo_test*.log
 # Coverage-guided fuzzing, short and seeded (scripts/fuzz.sh runs the long ones).
 step "fuzz: every cargo-fuzz target, seeded, 7 s each" scripts/fuzz.sh --runs 2000000 --time 7 --seed 1 --scratch &&
@@ -98,6 +110,30 @@ doc_words_fail() {
     ((rc == 1))
 }
 step "docs: the word check fails on a phrase put back" doc_words_fail
+step "host commands: every command the scripts run has an install step (scripts/host-commands.txt)" \
+    scripts/check-host-commands.py
+# The same check must fail when an install step loses a package the scripts need: a copy of the
+# scripts whose setup.sh no longer installs mmdebstrap, and one whose script runs a command
+# nothing installs.
+host_commands_fail() {
+    local d rc1 rc2
+    d=$(mktemp -d)
+    cp -r scripts guest-lib guest-kmod .ci "$d"/ 2>/dev/null
+    sed -i '/^need=(/,/)/s/ mmdebstrap\b//' "$d"/scripts/setup.sh
+    ! grep -v '^#' "$d"/scripts/setup.sh | grep -qw mmdebstrap || { rm -rf "$d"; return 1; }
+    scripts/check-host-commands.py "$d"
+    rc1=$?
+    cp scripts/setup.sh "$d"/scripts/setup.sh
+    echo 'sponge </dev/null >/dev/null' >>"$d"/scripts/bench.sh
+    scripts/check-host-commands.py "$d"
+    rc2=$?
+    rm -rf "$d"
+    ((rc1 == 1 && rc2 == 1))
+}
+step "host commands: the check fails without mmdebstrap in setup.sh, and on a command nothing installs" host_commands_fail
+step "gpu-check.sh's scheduler, table, verdicts and archive (test-double lanes and nvidia-smi)" tests/host/check-gpu-check
+step "gpu-check.sh without a GPU: one \"skipped: no GPU\" line per lane, exit 0" sh -c \
+    'out=$(scripts/gpu-check.sh) && echo "$out" && n=$(echo "$out" | grep -c "skipped: no GPU") && test "$n" -eq "$(scripts/gpu-check.sh --list | tail -n +2 | wc -l)" && test "$n" -gt 5'
 gpu_tests() { cargo test --workspace --locked -q --test cuda_gpu --test worker_gpu -- --nocapture; }
 if step "vhost-cuda GPU tests (executor, worker isolation)" gpu_tests; then
     if grep -q 'skipped: no GPU' "$LOGS"/vhost-cuda_GPU*.log; then
@@ -134,13 +170,14 @@ QEMU=build/qemu/bin/qemu-system-x86_64
 step "qemu -device help lists vhost-user-cuda-pci" sh -c "$QEMU -device help | grep -q '\"vhost-user-cuda-pci\"'"
 
 # One guest boot per suite; CHECK lines from inside the guest become results here.
-guest_suite() { # name, guest command, run-vm.sh options...
+guest_suite() { # name, guest command, run-vm.sh options... ($GUEST_WRAP: a command run-vm.sh runs under)
     local name=$1 cmd=$2 dir=$LOGS/vm-$1 rc=0 pre=guest
     shift 2
     [[ $name != stock-* ]] || pre="guest (stock kernel)"
     mkdir -p "$dir"
     local t0=$SECONDS
-    scripts/run-vm.sh --log-dir "$dir" --timeout 1200 "$@" -- "$cmd" >"$dir/console.log" 2>&1 || rc=$?
+    # shellcheck disable=SC2086 # GUEST_WRAP is a command line
+    ${GUEST_WRAP:-} scripts/run-vm.sh --log-dir "$dir" --timeout 1200 "$@" -- "$cmd" >"$dir/console.log" 2>&1 || rc=$?
     echo "   guest '$name' ran in $((SECONDS - t0))s (exit $rc)"
     local line
     while IFS= read -r line; do
@@ -246,9 +283,20 @@ shares() {
     step "share: the read-only share is unchanged on the host" \
         sh -c "[ \"\$(ls -A '$d/ro' | tr '\n' ' ')\" = 'big.bin hello.txt sub ' ]"
     rm -f /etc/qcuda-chroot-probe
-    guest_suite share-chroot "EXPECT_GPU=$(have_gpu && echo 1 || echo 0) HOST_OS='$(. /etc/os-release && echo "$PRETTY_NAME")' /opt/qcuda/bin/check-share chroot" \
-        --share /:/mnt/host:ro --chroot /mnt/host
+    # With a test double of NVIDIA's driver on this host's library path, which only the guest's
+    # share sees (tests/host/driver-double: a mount namespace of its own); the daemon, started
+    # outside it, keeps this host's real driver, or none.
+    local sock=$d/vhost-cuda.sock dpid
+    target/release/vhost-cuda --socket-path "$sock" >"$d/daemon.log" 2>&1 &
+    dpid=$!
+    for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+    GUEST_WRAP=tests/host/driver-double/run guest_suite share-chroot "FOREIGN_DRIVER=1 EXPECT_GPU=$(have_gpu && echo 1 || echo 0) HOST_OS='$(. /etc/os-release && echo "$PRETTY_NAME")' /opt/qcuda/bin/check-share chroot" \
+        --socket "$sock" --share /:/mnt/host:ro --chroot /mnt/host
+    kill "$dpid"
+    wait "$dpid" 2>/dev/null
     step "share: the chroot's writes stayed in the guest" test ! -e /etc/qcuda-chroot-probe
+    step "share: the driver double stayed in its namespace (this host's loader does not see it)" \
+        sh -c '! ldconfig -p | grep -q "libcuda.so.999.99" && [ ! -e /usr/lib/x86_64-linux-gnu/libcuda.so.999.99 ]'
     rm -rf "$d"
 }
 shares
@@ -564,4 +612,15 @@ bundle_boots() {
 }
 step "bundle unpacked in a fresh folder boots (own kernel: loads qcuda.ko, shares a folder; stock kernel: a CUDA program in the host's root)" bundle_boots
 grep -q 'BUNDLE-OK' "$LOGS"/bundle*.log 2>/dev/null || true
+bundle_lanes() {
+    local d tarball
+    tarball=$ROOT/dist/qcuda-bundle.tar.xz
+    [[ -f $tarball ]] || return 1
+    d=$(mktemp -d)
+    tar -xf "$tarball" -C "$d" && "$d"/qcuda/gpu-check.sh --check-lanes
+    local rc=$?
+    rm -rf "$d"
+    return $rc
+}
+step "bundle: every gpu-check.sh lane's script (and check) is in the bundle" bundle_lanes
 finish

@@ -69,6 +69,7 @@ trixie_root() {
     mkdir -p "$QCUDA_CACHE"
     exec 8>"$dir.lock"
     flock 8
+    qcuda_cache_prune trixie-root "$dir"
     if [[ ! -f $dir/.qcuda-complete ]]; then
         rm -rf "$dir"
         printf '[trixie-root] making %s with mmdebstrap (downloads ~700 MiB once)\n' "$dir" >&2
