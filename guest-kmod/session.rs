@@ -5,8 +5,8 @@
 //! request of that file, so a process can neither choose nor forge it. The one ioctl,
 //! `IOCTL_CALL`, carries a request header and up to `MAX_BUFFERS` user buffers (qcuda-proto's
 //! `wire::ioctl`); the module knows nothing about the ops beyond refusing kernel-only ones,
-//! except `ProcessCheckpoint`, which names another process: the module checks that the caller
-//! may act on it and stamps its session (process.rs).
+//! except `ProcessCheckpoint` and `GpuTrace` (`NAMES_PROCESS`), which name another process:
+//! the module checks that the caller may act on it and stamps its session (process.rs).
 //! Closing the file (also when the process is killed) sends `SessionClose` and waits for it,
 //! so the host frees everything the session owned.
 //!
@@ -42,7 +42,7 @@ use crate::{
             HostMapCall, IoctlCall, HOST_MAP_CALL_SIZE, IOCTL_CALL, IOCTL_CALL_SIZE,
             IOCTL_HOST_MAP, IOCTL_HOST_UNMAP,
         },
-        status, Direction, Op, RequestHeader, ResponseHeader, FLAG_ASYNC, MAX_RETS,
+        status, Direction, Op, RequestHeader, ResponseHeader, FLAG_ASYNC, MAX_RETS, NAMES_PROCESS,
     },
 };
 
@@ -266,7 +266,7 @@ impl Session {
         let mut header: RequestHeader = call.header();
         header.session = self.id;
         header.pid = caller_pid();
-        if header.op == Op::ProcessCheckpoint as u32 {
+        if NAMES_PROCESS.iter().any(|&op| op as u32 == header.op) {
             if let Err(code) = self.name_process(&mut header) {
                 write_response(user, &ResponseHeader::with_status(code))?;
                 return Ok(0);
@@ -330,11 +330,18 @@ impl Session {
         Ok(0)
     }
 
-    /// `ProcessCheckpoint`: resolves the pid the caller names (args[1]) and stamps the target's
+    /// `ProcessCheckpoint` and `GpuTrace` (`NAMES_PROCESS`): resolves the pid the caller names
+    /// (args[1]; for `GpuTrace` 0 names the caller) and stamps the target's
     /// session (args[3]; 0, which no session has, if the process has none) and its pid as the
     /// caller numbers it (args[4]). The CUDA status of a pid that names no process, or one the
     /// caller may not act on, is the error (the request then does not go out).
     fn name_process(&self, header: &mut RequestHeader) -> core::result::Result<(), u32> {
+        if header.op == Op::GpuTrace as u32 && header.args[1] == 0 {
+            // The caller names itself.
+            header.args[3] = self.id;
+            header.args[4] = u64::from(header.pid);
+            return Ok(());
+        }
         let vpid = i32::try_from(header.args[1]).map_err(|_| status::INVALID_VALUE)?;
         let (process, nr) = ProcessRef::named(vpid).map_err(|e| {
             if e == EPERM {

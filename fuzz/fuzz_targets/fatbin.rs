@@ -6,7 +6,7 @@
 
 use std::ptr;
 
-use qcudart::core::fatbin::{image_from_wrapper, image_len, FatbinWrapper, HEADER_LEN, WRAPPER_MAGIC};
+use qcudart::core::modules::fatbin::{image_from_wrapper, image_len, FatbinWrapper, HEADER_LEN, WRAPPER_MAGIC};
 use libfuzzer_sys::fuzz_target;
 use vhost_cuda::cuda::fuzzing::check_module_image;
 

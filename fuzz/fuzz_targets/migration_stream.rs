@@ -2,16 +2,24 @@
 //! `session::migration::read_stream`, and every saved state it carries restored into a fresh
 //! state over the fake CUDA driver, as a destination's workers would. No input may panic,
 //! allocate past what arrived, or leave a context, reservation or mapping behind; what reads
-//! writes back to the same bytes.
+//! writes back to the same bytes. Inputs that begin as a same-host handover's offer
+//! (`QCUDAHO1`, which a source puts at the head of its state) go to the offer's decoder.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use vhost_cuda::{
-    cuda::fuzzing::restore_saved_state,
-    session::migration::{read_stream, write_stream, SavedGpu},
+    cuda::fuzzing::{decode_handover_offer, restore_saved_state},
+    session::{
+        handover::OFFER_MAGIC,
+        migration::{read_stream, write_stream, SavedGpu},
+    },
 };
 
 fuzz_target!(|data: &[u8]| {
+    if data.starts_with(&OFFER_MAGIC) {
+        let _ = decode_handover_offer(data);
+        return;
+    }
     let Ok(sessions) = read_stream(&mut &data[..]) else {
         return;
     };
@@ -19,8 +27,9 @@ fuzz_target!(|data: &[u8]| {
     write_stream(&mut again, &sessions).expect("a stream that reads writes");
     assert_eq!(again, data);
     for s in &sessions {
-        if let SavedGpu::State(bytes) = &s.gpu {
-            let _ = restore_saved_state(bytes);
+        if let SavedGpu::State(file) = &s.gpu {
+            let bytes = file.to_vec().expect("a state that arrived reads back");
+            let _ = restore_saved_state(&bytes);
         }
     }
 });

@@ -63,6 +63,7 @@ _Static_assert(sizeof(struct qcuda_host_map) == 40, "HOST_MAP_CALL_SIZE");
 #define OP_HOST_INFO 0x0003
 #define OP_SESSION_CLOSE 0x80000001u
 #define OP_PROCESS_CHECKPOINT 0x0280
+#define OP_GPU_TRACE 0x0290
 enum { P_GET_STATE, P_LOCK, P_CHECKPOINT, P_RESTORE, P_UNLOCK, P_RESTORE_THREAD };
 enum { S_RUNNING, S_LOCKED, S_CHECKPOINTED };
 #define INVALID_VALUE 1
@@ -906,6 +907,84 @@ static void test_process(void)
 	close(from_child[0]);
 }
 
+/* A GpuTrace status request about process `pid` (its recorder's state). */
+static uint32_t trace_call(int fd, int pid)
+{
+	struct qcuda_call c;
+	static uint8_t out[64];
+	memset(&c, 0, sizeof c);
+	c.op = OP_GPU_TRACE;
+	c.nbufs = 1;
+	c.args[0] = 0; /* TRACE_STATUS */
+	c.args[1] = (uint64_t)pid;
+	c.args[3] = 12345; /* a session of the caller's choosing: the module overwrites it */
+	c.bufs[0] = (struct qcuda_buffer){ (uintptr_t)out, sizeof out, DIR_OUT, 0 };
+	int rc = call(fd, &c);
+	return rc != 0 ? 0xffffffffu : c.status;
+}
+
+/*
+ * A process's GPU timeline (issue 38), named by pid as for the process checkpoint: a child with
+ * a session but no GPU work yet is found (nothing to record: NOT_READY), a process without a
+ * session, a missing pid and another user are refused.
+ */
+static void test_trace(void)
+{
+	int to_child[2], from_child[2];
+	if (pipe(to_child) || pipe(from_child)) {
+		CHECK(0, "trace: pipes");
+		return;
+	}
+	pid_t child = fork();
+	if (child == 0) {
+		close(to_child[1]);
+		close(from_child[0]);
+		int fd = open_dev();
+		struct qcuda_call c;
+		char b;
+		hello_call(&c);
+		b = call(fd, &c) == 0 ? 'r' : 'x';
+		if (write(from_child[1], &b, 1) != 1)
+			_exit(1);
+		/* Until the parent closes its end. */
+		while (read(to_child[0], &b, 1) == 1) {
+		}
+		_exit(0);
+	}
+	close(to_child[0]);
+	close(from_child[1]);
+	int fd = open_dev();
+	char b = 0;
+	CHECK(read(from_child[0], &b, 1) == 1 && b == 'r', "trace: the child made a call");
+	uint32_t st = trace_call(fd, child);
+	CHECK(st == NOT_READY, "trace: a process without GPU work is found, nothing to record (%u)", st);
+	st = trace_call(fd, 1);
+	CHECK(st == INITIALIZATION_ERROR, "trace: a process without a session -> INITIALIZATION_ERROR (%u)", st);
+	st = trace_call(fd, 0x3ffffff0);
+	CHECK(st == INVALID_VALUE, "trace: no such pid -> INVALID_VALUE (%u)", st);
+	if (getuid() == 0) {
+		chmod(dev_path, 0666);
+		pid_t other = fork();
+		if (other == 0) {
+			if (setgid(65534) || setuid(65534))
+				_exit(3);
+			int ofd = open(dev_path, O_RDWR | O_CLOEXEC);
+			if (ofd < 0)
+				_exit(4);
+			_exit(trace_call(ofd, child) == NOT_PERMITTED ? 0 : 5);
+		}
+		int status = 0;
+		waitpid(other, &status, 0);
+		CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "trace: another user may not trace it (%d)",
+		      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+	}
+	close(to_child[1]);
+	int status = 0;
+	waitpid(child, &status, 0);
+	close(fd);
+	close(from_child[0]);
+}
+
 int main(int argc, char **argv)
 {
 	const char *what = argc > 1 ? argv[1] : "all";
@@ -929,6 +1008,8 @@ int main(int argc, char **argv)
 		test_host_memory();
 	if (all || !strcmp(what, "process"))
 		test_process();
+	if (all || !strcmp(what, "trace"))
+		test_trace();
 	if (!strcmp(what, "unplug")) /* not in "all": the caller must remove the device */
 		test_unplug();
 	if (!strcmp(what, "flood")) /* not in "all": the caller stalls the daemon meanwhile */
