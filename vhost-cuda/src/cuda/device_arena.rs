@@ -212,6 +212,20 @@ impl<H: Copy + std::fmt::Debug> DeviceArena<H> {
         (self.base, self.size)
     }
 
+    /// The bytes of one run of physical memory: every large block's address and length are
+    /// multiples of it.
+    pub(crate) fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    /// True if `ptr..ptr + len` lies inside the reserved range.
+    pub(crate) fn covers(&self, ptr: u64, len: u64) -> bool {
+        ptr >= self.base
+            && ptr
+                .checked_add(len)
+                .is_some_and(|e| e <= self.base + self.size)
+    }
+
     /// True if `ptr` is the address of a live block.
     pub(crate) fn holds(&self, ptr: u64) -> bool {
         self.live.contains_key(&ptr)

@@ -446,8 +446,21 @@ impl GpuState {
                 .collect();
             match ctx.range.as_mut() {
                 Some(r) => {
-                    let live: Vec<(u64, u64)> =
-                        allocations.iter().map(|(a, _)| (a.ptr, a.block)).collect();
+                    // Managed memory placed in the range is a block of it too (managed.rs).
+                    let managed = saved
+                        .managed
+                        .iter()
+                        .filter(|m| m.dev == c.dev)
+                        .filter_map(|m| {
+                            let len: u64 = m.runs.iter().map(|&(_, n)| n).sum();
+                            let size = len.checked_next_multiple_of(qcuda_proto::MANAGED_ALIGN)?;
+                            r.arena.covers(m.guest, size).then_some((m.guest, size))
+                        });
+                    let live: Vec<(u64, u64)> = allocations
+                        .iter()
+                        .map(|(a, _)| (a.ptr, a.block))
+                        .chain(managed)
+                        .collect();
                     let restored = match imported {
                         Some(all) => {
                             let mine: Vec<(u64, u64, &std::os::fd::OwnedFd)> = all
@@ -882,12 +895,13 @@ impl GpuState {
                 continue;
             };
             let runs = r.arena.saved_runs();
-            let live: Vec<(u64, u64)> = c
+            let mut live: Vec<(u64, u64)> = c
                 .memory
                 .allocations()
                 .iter()
                 .filter_map(|&(p, _)| Some((p, r.arena.block_len(p)?)))
                 .collect();
+            live.extend(self.managed_range_blocks(dev));
             let mut contents = Vec::with_capacity(runs.len());
             for &(va, len, _) in &runs {
                 contents.push(self.read_device(dev, va, len)?);

@@ -6,13 +6,15 @@
 //! the host's once that work is done and the program synchronised. The GPU's atomics on it are
 //! then device atomics, as natively. Here:
 //!
-//! - `ManagedPlace` asks the driver for an address range (`cuMemAddressReserve`: its address
-//!   wherever the driver's virtual memory puts it; the address the guest offers, of its
-//!   managed-memory window, only if the driver honours that hint), backs it with device memory (`cuMemCreate`, sizes and addresses
-//!   multiples of the allocation granularity) and makes it accessible: that address becomes the
-//!   program's pointer. The guest maps the allocation's pages there in its own process, which is
-//!   why the driver chooses and the guest follows: a driver need not place a reservation where
-//!   it is asked to;
+//! - `ManagedPlace` takes a large block of the session's reserved device range (device_arena.rs:
+//!   physical memory mapped under it, 2 MiB multiples), as `Malloc` does: that address becomes
+//!   the program's pointer, and a pause, a restart or a migration gives it the same address
+//!   again whatever the new worker's driver would pick. Without a range it asks the driver for
+//!   an address range (`cuMemAddressReserve`: wherever the driver's virtual memory puts it; the
+//!   address the guest offers, of its managed-memory window, only if the driver honours that
+//!   hint) and backs it (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`). The guest maps the
+//!   allocation's pages there in its own process, which is why the worker chooses and the guest
+//!   follows;
 //! - `HostMap` with `HOST_MAP_MANAGED` then maps those guest pages into this process at an
 //!   address of the kernel's choosing and registers them with the driver (the *staging* side);
 //!   unified addressing keeps one address space, so they are NOT mapped at the device address;
@@ -78,6 +80,40 @@ impl GpuState {
                 return Err(status::MEMORY_ALLOCATION.into());
             }
         }
+        // A block of the session's device range where it has one: an address of its own that
+        // a restore in another worker gives it again, whatever that worker's driver would pick.
+        if let Some(placed) = self.place_in_range(dev, size) {
+            let at = match placed {
+                Ok(at) => at,
+                Err(e) => {
+                    if let Some(q) = &quota {
+                        q.release(size);
+                    }
+                    warn!(session = self.id, len, error = ?e, "no device memory for managed memory");
+                    return Err(e);
+                }
+            };
+            self.managed.insert(
+                at,
+                Placement {
+                    len,
+                    size: size_us,
+                    handle: None,
+                    staging: 0,
+                    dev,
+                    quota,
+                    in_window: false,
+                    unmapped: true,
+                },
+            );
+            debug!(
+                session = self.id,
+                at = format_args!("{at:#x}"),
+                len,
+                "managed memory placed in the session's device range"
+            );
+            return ok_rets(&[at, size]);
+        }
         // A window address is worth asking for only where nothing of the session lies.
         let hint = if hint != 0
             && !self.host_memory.overlaps(hint, size)
@@ -130,7 +166,7 @@ impl GpuState {
             Placement {
                 len,
                 size: size_us,
-                handle,
+                handle: Some(handle),
                 staging: 0,
                 dev,
                 quota,
@@ -239,11 +275,39 @@ impl GpuState {
             device: self.gpu_of(dev as u64)?,
             ..AllocProps::default()
         };
+        // Inside the session's device range: the range's restore mapped its block already.
+        let in_range = match self.context(dev)?.range.as_ref() {
+            Some(r) if r.arena.covers(guest, size) => {
+                if r.arena.block_len(guest) != Some(size) {
+                    return Err(CheckpointError::Mismatch(format!(
+                        "managed memory at {guest:#x}: no block of the device range there"
+                    )));
+                }
+                true
+            }
+            _ => false,
+        };
         let quota = self.host.memory_quota();
         if let Some(q) = &quota {
             if !q.reserve(size) {
                 return Err(CheckpointError::Cuda(status::MEMORY_ALLOCATION));
             }
+        }
+        if in_range {
+            self.managed.insert(
+                guest,
+                Placement {
+                    len,
+                    size: size_us,
+                    handle: None,
+                    staging: 0,
+                    dev,
+                    quota,
+                    in_window: false,
+                    unmapped: false,
+                },
+            );
+            return Ok(());
         }
         let release = |q: &Option<Arc<QuotaSlot>>| {
             if let Some(q) = q {
@@ -257,7 +321,7 @@ impl GpuState {
                     Placement {
                         len,
                         size: size_us,
-                        handle,
+                        handle: Some(handle),
                         staging: 0,
                         dev,
                         quota,
@@ -374,11 +438,69 @@ impl GpuState {
             return;
         };
         if self.host.sticky_error().is_none() {
-            Self::vmm_release(self.drv.as_ref(), guest, p.size, p.handle, p.in_window);
+            match p.handle {
+                Some(h) => Self::vmm_release(self.drv.as_ref(), guest, p.size, h, p.in_window),
+                None => self.free_range_block(p.dev, guest),
+            }
         }
         if let Some(q) = &p.quota {
             q.release(p.size as u64);
         }
+    }
+
+    /// A block of `size` bytes (a multiple of `MANAGED_ALIGN`) of device `dev`'s range (bound),
+    /// if the session has a range there whose large blocks are `MANAGED_ALIGN` aligned; `None`
+    /// where it has none (the driver's own reservation serves then).
+    fn place_in_range(&mut self, dev: usize, size: u64) -> Option<Result<u64, Fault>> {
+        let drv = Arc::clone(&self.drv);
+        let c = match self.context(dev) {
+            Ok(c) => c,
+            Err(e) => return Some(Err(e)),
+        };
+        let r = c.range.as_mut()?;
+        if r.arena.granularity() != MANAGED_ALIGN {
+            return None;
+        }
+        let backing = ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+        Some(
+            r.arena
+                .alloc(size, &backing)
+                .map_err(|e| super::memory::arena_fault(dev, e)),
+        )
+    }
+
+    /// Gives the range block of a placement at `at` on `dev` back, once the device's work that
+    /// may use it is done (as `cudaFree` of managed memory waits).
+    fn free_range_block(&mut self, dev: usize, at: u64) {
+        if self.bind(dev).is_err() {
+            return;
+        }
+        let held = self
+            .context(dev)
+            .is_ok_and(|c| c.range.as_ref().is_some_and(|r| r.arena.holds(at)));
+        if !held {
+            return;
+        }
+        if self.capture_under_way() {
+            self.wait_for_device_work(dev);
+        } else {
+            let _ = self.drv.ctx_synchronize();
+        }
+        let drv = Arc::clone(&self.drv);
+        if let Ok(Some(r)) = self.context(dev).map(|c| c.range.as_mut()) {
+            let backing = ReservedRange::backing(drv.as_ref(), r.gpu, &r.access);
+            let _ = r.arena.free(at, &backing);
+        }
+    }
+
+    /// The placements of `dev` that are blocks of its range: (address, block length), for the
+    /// range's saved or paused state.
+    pub(super) fn managed_range_blocks(&self, dev: usize) -> Vec<(u64, u64)> {
+        self.managed
+            .iter()
+            .filter(|(_, p)| p.dev == dev && p.handle.is_none())
+            .map(|(&at, p)| (at, p.size as u64))
+            .collect()
     }
 
     /// Frees every placement on `dev` that `HostMap` has not taken (the context goes).

@@ -14,7 +14,7 @@ use crate::cuda::{
 
 /// The fault of a failed arena allocation on `dev`: an exhausted range is out of memory, as
 /// CUDA reports it (cudaErrorMemoryAllocation, CUDA_ERROR_OUT_OF_MEMORY).
-fn arena_fault(dev: usize, e: ArenaError) -> Fault {
+pub(super) fn arena_fault(dev: usize, e: ArenaError) -> Fault {
     match e {
         ArenaError::RangeFull | ArenaError::BadSize => Fault::Status(status::MEMORY_ALLOCATION),
         ArenaError::Driver(code) => Fault::Driver {

@@ -452,7 +452,10 @@ pub(super) struct Placement {
     pub(super) len: u64,
     /// Bytes reserved and backed on the device (`len` rounded up to `MANAGED_ALIGN`).
     pub(super) size: usize,
-    pub(super) handle: MemHandle,
+    /// The driver's allocation behind a placement of its own reservation; `None` for a large
+    /// block of the session's device range (device_arena.rs), which a restore gives the same
+    /// address again.
+    pub(super) handle: Option<MemHandle>,
     /// The device address of the guest pages (registered, mapped elsewhere in this process);
     /// 0 until `HostMap` brings them, or while a restored placement waits for guest RAM
     /// (saved_host_memory.rs).

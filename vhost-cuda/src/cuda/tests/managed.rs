@@ -1,6 +1,8 @@
-//! Managed memory placed on the device (`ManagedPlace`, then `HostMap` with `HOST_MAP_MANAGED`)
-//! and its migrations (`ManagedMigrate`) over the fake driver, which honours an address hint
-//! only inside the range it manages itself (NVIDIA's driver is not bound by one).
+//! Managed memory placed on the device (`ManagedPlace`, then `HOST_MAP_MANAGED`) and its
+//! migrations (`ManagedMigrate`) over the fake driver: a block of the session's device range,
+//! which a pause, a restart or a migration gives the same address again; without a range, where
+//! the driver reserves it (the fake honours an address hint only inside the range it manages
+//! itself; NVIDIA's driver is not bound by one either).
 
 use qcuda_proto::{
     HostRun, HOST_MAP_MANAGED, HOST_WINDOW_BASE, MANAGED_ALIGN, MANAGED_SCOPE_GLOBAL,
@@ -66,9 +68,11 @@ fn held(at: u64) -> bool {
 }
 
 #[test]
-fn managed_memory_is_placed_where_the_driver_reserves_it_and_migrates_on_request() {
+fn without_a_device_range_managed_memory_is_placed_where_the_driver_reserves_it() {
     assert!(super::super::reserve_window());
     let mut rig = Rig::new(1);
+    // No reserved range (--gpu-va-base 0): the driver's own reservation serves.
+    rig.host.set_address_space(crate::cuda::AddressSpace::OFF);
     let mut s = rig.session();
     // The guest offers an address of the host-mapping window; this driver does not honour
     // it, and the window's reservation is whole again afterwards.
@@ -261,4 +265,69 @@ fn a_driver_without_virtual_memory_management_places_nothing() {
         before,
         "the reservation is freed again"
     );
+}
+
+#[test]
+fn managed_memory_is_a_block_of_the_sessions_range_and_keeps_its_address() {
+    assert!(super::super::reserve_window());
+    let mut rig = Rig::new(1);
+    let mut s = rig.session();
+    let runs = [(0x30_0000, 0x1000), (0x28_0000, 0x1000)];
+    ok(run(&mut s, Op::Malloc, &[0x1000]));
+    let (reservations, _) = rig.fake.vmm_ranges();
+    // The guest's offer is not needed: the range has the address, whatever a driver honours.
+    let r = ok(run(
+        &mut s,
+        Op::ManagedPlace,
+        &[0x2000, MANAGED_WINDOW_BASE],
+    ));
+    let (at, size) = (r[0], r[1]);
+    let space = rig.host.address_space();
+    let base = space.session_base(1, 0, 1).unwrap();
+    assert!(
+        at >= base && at + size <= base + space.per_device,
+        "{at:#x}"
+    );
+    assert!(at.is_multiple_of(MANAGED_ALIGN) && size == MANAGED_ALIGN);
+    assert_eq!(
+        rig.fake.vmm_ranges().0,
+        reservations,
+        "no reservation of its own"
+    );
+    rig.mem
+        .write_slice(b"abcd", GuestAddress(0x30_0000))
+        .unwrap();
+    assert_eq!(
+        host_map(&mut rig, &mut s, at, &runs).status,
+        status::SUCCESS
+    );
+    assert_eq!(rig.fake.peek(at, 4).unwrap(), b"abcd");
+    ok(run(&mut s, Op::Memset, &[at, u64::from(b'P'), 2, 0]));
+    // Paused and resumed: the block comes back at its address with the device's bytes.
+    s.pause().unwrap();
+    s.resume().unwrap();
+    assert_eq!(rig.fake.peek(at, 4).unwrap(), b"PPcd");
+    let r = s.execute(&migrate(at, MANAGED_TO_HOST, 0, MANAGED_SCOPE_GLOBAL));
+    assert_eq!((r.status, r.rets[0]), (status::SUCCESS, 1));
+    assert_eq!(guest_bytes(&rig, 0x30_0000, 4), b"PPcd");
+    // Saved and restored in a fresh worker (a restart or a migration): the same address.
+    let bytes = s.capture().unwrap().encode();
+    drop(s);
+    assert_eq!(rig.fake.vmm_ranges(), (0, 0));
+    let mut r = GpuState::restore(&rig.host, 1, &bytes).unwrap();
+    r.attach_guest_ram(&rig.mem);
+    assert_eq!(rig.host.sticky_error(), None);
+    assert_eq!(rig.fake.peek(at, 4).unwrap(), b"PPcd");
+    rig.mem.write_slice(b"xy", GuestAddress(0x30_0000)).unwrap();
+    ok(r.execute(&migrate(at, MANAGED_TO_DEVICE, 0, MANAGED_SCOPE_GLOBAL)));
+    assert_eq!(rig.fake.peek(at, 4).unwrap(), b"xycd");
+    // Unmapped, its block goes back to the range (the address is the next placement's).
+    ok(run(&mut r, Op::HostUnmap, &[at]));
+    assert_eq!(s_place(&mut r), at, "the freed block is handed out again");
+    drop(r);
+    assert_eq!(rig.fake.vmm_ranges(), (0, 0));
+}
+
+fn s_place(s: &mut GpuState) -> u64 {
+    ok(run(s, Op::ManagedPlace, &[0x2000, 0]))[0]
 }

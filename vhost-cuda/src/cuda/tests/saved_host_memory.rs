@@ -402,7 +402,7 @@ fn hostile_host_memory_records_are_refused_and_leave_nothing_behind() {
     assert_eq!(b.fake.registered(), 1, "the other mapping was made");
     drop(r);
     // Flipped bytes: refused or restored, never a panic, nothing left behind.
-    let c = Rig::new(1);
+    let mut c = Rig::new(1);
     migrate_ram(&ram, &c);
     let bytes = saved.encode();
     for i in (0..bytes.len()).step_by(bytes.len() / 200 + 1) {
@@ -411,7 +411,14 @@ fn hostile_host_memory_records_are_refused_and_leave_nothing_behind() {
         if let Ok(mut r) = GpuState::restore(&c.host, 3, &b2) {
             r.attach_guest_ram(&c.mem);
         }
+        if c.host.sticky_error().is_some() {
+            // Found only when guest RAM came (a run past it): the worker's calls fail from
+            // then on and its exit frees the rest, as above; the next flips get a fresh one.
+            c = Rig::new(1);
+            migrate_ram(&ram, &c);
+            continue;
+        }
         assert_eq!(c.fake.registered(), 0);
-        assert_eq!(c.fake.vmm_ranges(), (0, 0));
+        assert_eq!(c.fake.vmm_ranges(), (0, 0), "byte {i}");
     }
 }
