@@ -1068,6 +1068,18 @@ fn stream_ordered_allocations_and_memory_pools() {
     assert_eq!(run(&mut s, Op::Free, &[p]).status, status::INVALID_VALUE);
     assert_eq!(used(&mut s, default, 7), 0);
     assert_eq!(used(&mut s, default, 8), 1000);
+    // cudaMalloc memory freed in stream order (cuSPARSE's cusparseDestroyCsrilu02Info does):
+    // taken as natively, though the driver's cuMemFreeAsync refuses a block of the range; then
+    // gone like any freed allocation, and its block handed out again.
+    let m = ok(run(&mut s, Op::Malloc, &[4096]))[0];
+    ok(run(&mut s, Op::FreeAsync, &[m, st]));
+    assert_eq!(run(&mut s, Op::Free, &[m]).status, status::INVALID_VALUE);
+    assert_eq!(
+        run(&mut s, Op::FreeAsync, &[m + 256, st]).status,
+        status::INVALID_VALUE
+    );
+    assert_eq!(ok(run(&mut s, Op::Malloc, &[4096]))[0], m);
+    ok(run(&mut s, Op::Free, &[m]));
     // The high watermark resets only to 0; current figures are read-only.
     assert_eq!(
         run(&mut s, Op::MemPoolSetAttribute, &[default, 8, 5]).status,

@@ -253,6 +253,26 @@ impl GpuState {
             }
             return Err(status::INVALID_VALUE.into());
         };
+        let from_malloc = self
+            .context(owner)?
+            .memory
+            .allocation_at(ptr)
+            .is_some_and(|(b, _)| b == ptr);
+        if from_malloc {
+            // `cudaMalloc` memory freed in stream order, as libraries do (cuSPARSE's
+            // cusparseDestroyCsrilu02Info): the driver takes it natively. Here it is a block of
+            // the session's range (or cuMemAlloc's), which cuMemFreeAsync does not take: freed
+            // as `Free` frees it, once the stream has reached the free. A capture records only
+            // graph allocations' frees.
+            if self.is_capturing(stream) {
+                return Err(status::INVALID_VALUE.into());
+            }
+            self.drv.stream_synchronize(stream).map_err(on(dev))?;
+            self.bind(owner)?;
+            self.device_free(owner, ptr)?;
+            let _ = self.context(owner)?.memory.remove_allocation(ptr);
+            return ok();
+        }
         self.drv.mem_free_async(ptr, stream).map_err(on(dev))?;
         let _ = self.context(owner)?.memory.remove_allocation(ptr);
         ok()
