@@ -5,7 +5,7 @@
 # skipped, time, headline figure) and packs every log into one archive.
 #
 #   ./gpu-check.sh [--quick] [--out DIR] [--cores N] [--only LANE[,LANE...]] [--list]
-#                  [--check-lanes]
+#                  [--deadline S] [--check-lanes]
 #
 # --quick     the subset that finishes in under 5 minutes on a 16-core host (the CUDA programs
 #             on our kernel, PyTorch on the stock kernel, a pause, a migration, the sandbox);
@@ -15,6 +15,9 @@
 # --cores N   the core budget the lanes share (default: nproc). A lane's weight is about the
 #             host threads its guests keep busy (TCG runs one host thread per vCPU).
 # --only      run only these lanes (names from --list).
+# --deadline S  end the whole run within S seconds: a lane's limit is cut to the time left, a
+#             lane with under 30 s left is not started (its row says so), and the table and the
+#             archive are still written (a caller with a hard time limit gets its logs).
 # --list      print the lanes (name, kernel, weight, limit, quick, command) and exit.
 # --check-lanes  check that every lane's script is present beside this one, and exit
 #             (scripts/test.sh runs it on the bundle).
@@ -24,7 +27,7 @@
 # is just the suite's own command line.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-quick=0 out=$here/gpu-check-out cores=$(nproc) only="" list=0 check_lanes=0
+quick=0 out=$here/gpu-check-out cores=$(nproc) only="" list=0 check_lanes=0 deadline=0
 while (($#)); do
     case $1 in
     --quick) quick=1; shift ;;
@@ -32,8 +35,9 @@ while (($#)); do
     --cores) cores=$2; shift 2 ;;
     --only) only=,$2,; shift 2 ;;
     --list) list=1; shift ;;
+    --deadline) deadline=$2; shift 2 ;;
     --check-lanes) check_lanes=1; shift ;;
-    *) echo "usage: $0 [--quick] [--out DIR] [--cores N] [--only LANE,...] [--list] [--check-lanes]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick] [--out DIR] [--cores N] [--only LANE,...] [--list] [--deadline S] [--check-lanes]" >&2; exit 2 ;;
     esac
 done
 
@@ -152,6 +156,8 @@ echo "gpu-check: ${#selected[@]} lanes on a budget of $cores cores$( ((quick)) &
 declare -A pid_of start_of weight_of rc_of end_of
 running=0 used=0
 t_start=$(date +%s)
+# The time left before the deadline, in seconds (large without one).
+left() { if ((deadline > 0)); then echo $((t_start + deadline - $(date +%s))); else echo 999999; fi; }
 
 start_lane() { # line
     local l=$1 name limit dir cmd
@@ -160,6 +166,9 @@ start_lane() { # line
     cmd=$(lane_field "$l" 7)
     dir=$out/lanes/$name
     mkdir -p "$dir"
+    # Within the deadline, with time for the suite's own TERM handling (timeout -k 20).
+    local spare=$(($(left) - 25))
+    ((limit > spare)) && limit=$spare
     # Each lane is a process group of its own, so that a lane past its limit is stopped whole
     # (its QEMUs, daemons and virtiofsd), through the suites' own TERM handling first.
     (
@@ -203,6 +212,14 @@ for l in "${selected[@]}"; do
     w=$(lane_field "$l" 3)
     # A lane waits for cores, but one lane always runs even if it alone exceeds the budget.
     while ((running > 0 && used + w > cores)); do reap; done
+    if (($(left) < 55)); then
+        name=$(lane_field "$l" 1)
+        mkdir -p "$out/lanes/$name"
+        echo "not started: under 30 s of the deadline left" >"$out/lanes/$name/out.log"
+        rc_of[$name]=125 start_of[$name]=$(date +%s) end_of[$name]=$(date +%s)
+        printf '[%4ss] skip   %s (deadline)\n' "$(($(date +%s) - t_start))" "$name"
+        continue
+    fi
     start_lane "$l"
 done
 while ((running > 0)); do reap; done
@@ -254,6 +271,7 @@ summarize() { # name kind rc log
     counts | exit) head=$(grep -E '^(FAIL|ok: |== )' "$log" | grep -m1 '^FAIL' || true) ;;
     esac
     ((rc == 124 || rc == 137)) && head="ran past its limit${head:+; $head}"
+    ((rc == 125)) && head="not started: the deadline was near"
     echo "$p|$f|$s|$head"
 }
 
