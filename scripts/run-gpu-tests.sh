@@ -59,7 +59,7 @@ if ((libraries)); then
     echo "== the same in a guest chrooted into this host's root (our libcudart and libcuda, the toolkit's libraries)"
     gcmd="for n in ${names[*]}; do echo \"--- \$n\"; LD_LIBRARY_PATH=/usr/lib/qcuda:$cudart /opt/qcuda/libraries/\$n; echo \"LIB-EXIT \$n \$?\"; done"
     "$B/run-vm.sh" --mem 8G --log-dir "$logs/vm-libraries" --timeout 1200 --share /:/host:ro --chroot /host -- "$gcmd" 2>&1 |
-        tr -d '\r' | tee "$logs/guest-libraries.log" | grep -E '^(---|LIB-EXIT|PASS|FAIL|SKIP|teardown|trace|traced|ilu_cg|qcuda guest)'
+        tr -d '\r' | sed -u -E 's/\x1b\[[0-9;?]*[A-Za-z]//g' | tee "$logs/guest-libraries.log" | grep -E '^(---|LIB-EXIT|PASS|FAIL|SKIP|teardown|trace|traced|ilu_cg|qcuda guest)'
     for n in "${names[@]}"; do
         rc=$(sed -n "s/^LIB-EXIT $n //p" "$logs/guest-libraries.log" | tail -n 1)
         case $rc in 0) res ok "guest/libraries/$n" ;; *) res FAIL "guest/libraries/$n (exit ${rc:-none: the guest ended first})" ;; esac
@@ -119,7 +119,7 @@ if [[ -n $samples ]]; then
     done
     gcmd='insmod /lib/modules/qcuda.ko; for t in /opt/samples/*; do [ -x "$t" ] || continue; echo "--- $t"; "$t"; echo "SAMPLE-EXIT $(basename $t) $?"; done'
     "$B/run-vm.sh" --log-dir "$logs/vm-samples" --timeout 900 --add "$samples:/opt/samples" -- "$gcmd" 2>&1 |
-        tr -d '\r' | tee "$logs/guest-samples.log" | grep -E '^(---|SAMPLE-EXIT|Result|Test|.*PASS|.*FAIL|Device [0-9]|  CUDA)' | head -n 60
+        tr -d '\r' | sed -u -E 's/\x1b\[[0-9;?]*[A-Za-z]//g' | tee "$logs/guest-samples.log" | grep -E '^(---|SAMPLE-EXIT|Result|Test|.*PASS|.*FAIL|Device [0-9]|  CUDA)' | head -n 60
     while read -r _ n rc; do
         if [[ $rc == 0 ]]; then res ok "guest/sample/$n"; else res FAIL "guest/sample/$n (exit $rc)"; fi
     done < <(grep '^SAMPLE-EXIT ' "$logs/guest-samples.log")

@@ -110,7 +110,7 @@ for name in "${guest_names[@]}"; do
 done
 "$here/run-vm.sh" --mem 16G --smp 4 --timeout 1200 --log-dir "$logs/vm" \
     --share /:/host:ro --chroot /host "${adds[@]}" -- "$gcmd" 2>&1 |
-    tr -d '\r' | tee "$logs/guest.log" | grep -E "^(PASS|FAIL|SKIP|TORCH|=== |qcuda)"
+    tr -d '\r' | sed -u -E 's/\x1b\[[0-9;?]*[A-Za-z]//g' | tee "$logs/guest.log" | grep -E "^(PASS|FAIL|SKIP|TORCH|=== |qcuda)"
 vm_rc=${PIPESTATUS[0]}
 
 passed=0 failed=0

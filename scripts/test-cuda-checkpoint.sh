@@ -44,7 +44,7 @@ say "guest (the host's userland, qcuda's libcuda.so.1 in front)"
 "$here/run-vm.sh" --mem 8G --timeout 2400 --log-dir "$logs/vm" \
     --share /:/host:ro --chroot /host -- \
     "env LD_LIBRARY_PATH=/usr/lib/qcuda /opt/qcuda/bin/check-cuda-checkpoint $iterations 2000 $rounds" 2>&1 |
-    tr -d '\r' | tee "$logs/guest.log" | grep -E '^(CKPT|qcuda)'
+    tr -d '\r' | sed -u -E 's/\x1b\[[0-9;?]*[A-Za-z]//g' | tee "$logs/guest.log" | grep -E '^(CKPT|qcuda)'
 
 rc=0
 for side in native guest; do
