@@ -17,8 +17,11 @@ import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
+T_START = time.time()
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+T_IMPORTED = time.time()
 
 NAME = "jax_check"
 IN_GUEST = os.path.exists("/dev/qcuda")
@@ -85,7 +88,8 @@ def train(dev, steps=STEPS):
 
 
 def main():
-    t0 = time.time()
+    t0 = T_START
+    print(f"DIAG import jax: {T_IMPORTED - T_START:.1f} s", flush=True)
     print(f"DIAG gate: {gate()}", flush=True)
     print(f"DIAG XLA_PYTHON_CLIENT_PREALLOCATE={os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')!r}, "
           f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS')!r}", flush=True)
@@ -95,7 +99,7 @@ def main():
         devices, why = [], f"{type(e).__name__}: {e}"
     else:
         why = f"jax.devices() = {devices}"
-    print(f"DIAG devices: {why}", flush=True)
+    print(f"DIAG devices: {why} (at {time.time() - t0:.1f} s)", flush=True)
     print(f"DIAG mapped {mapped()}", flush=True)
     gpus = [d for d in devices if d.platform == "gpu"]
     if not gpus:
@@ -118,12 +122,15 @@ def main():
         except Exception as e:  # a CUDA error is a failure of that check, not of the run
             ok, why = False, f"{type(e).__name__}: {e}"
         failed += not ok
+        # Where the time goes (under TCG XLA's compilation in the guest dominates).
+        why = f"{why}; done at {time.time() - t0:.1f} s"
         print(f"PASS {name} ({why})" if ok else f"FAIL {name}: {why}", flush=True)
 
     result = {}
 
     def train_matches_cpu():
         g, where_g = train(gpu)
+        print(f"DIAG GPU loop done at {time.time() - t0:.1f} s", flush=True)
         c, where_c = train(cpu)
         result["gpu"] = g
         worst = max(abs(a - b) / max(1e-6, abs(b)) for a, b in zip(g, c))

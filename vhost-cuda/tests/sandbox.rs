@@ -163,7 +163,8 @@ fn a_forbidden_system_call_kills_that_worker_alone() {
         matches!(e, WorkerError::Closed | WorkerError::Channel(_)),
         "{e}"
     );
-    // SECCOMP_RET_KILL_PROCESS: the worker dies of SIGSYS. The daemon logs it, and its session
+    // SECCOMP_RET_TRAP: the worker's handler names the call on stderr and the worker dies of
+    // SIGSYS. The daemon logs it, and its session
     // thread answers the guest LAUNCH_FAILURE + sticky for a dead worker (session_workers.rs,
     // a_killed_worker_fails_the_session_until_device_reset).
     let st = victim.close(Duration::from_secs(2));

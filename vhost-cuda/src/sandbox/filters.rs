@@ -1,7 +1,11 @@
 //! The seccomp filters, built with `seccompiler`.
 //!
-//! **Worker**: an allow-list; any other system call kills the worker process
-//! (`SECCOMP_RET_KILL_PROCESS`: all its threads, the driver's included). The list is what the
+//! **Worker**: an allow-list; any other system call ends the worker process (all its threads,
+//! the driver's included): the filter traps it (`SECCOMP_RET_TRAP`, the call is not made), and
+//! the worker's SIGSYS handler writes the call's number to stderr (the daemon's log) and ends
+//! the process with SIGSYS, so an operator sees which call a driver or library needed rather
+//! than only a dead worker. A worker that replaced the handler gains nothing: the call still
+//! is not made. The list is what the
 //! worker and the NVIDIA driver call (`syscalls-measured.txt` says what was measured and how,
 //! and what is not measured yet). Further filters make some allowed calls fail instead of
 //! running: `clone3` (`ENOSYS`, so glibc falls back to `clone`, whose flags a filter can see),
@@ -191,12 +195,44 @@ const WORKER_CALLS: &[(&str, libc::c_long)] = syscalls![
     SYS_getpeername,
 ];
 
-/// What libcupti's activity API adds to the worker's calls, allowed only in workers that
-/// loaded it (`--gpu-trace auto|cupti` where libcupti is found): the `[cupti]` section of
-/// `syscalls-measured.txt`. Empty until measured on a GPU host (scripts/sandbox-gpu-check.sh
-/// --trace): CUPTI is then known to need nothing beyond the driver's list, or its calls are
-/// added here.
-const CUPTI_CALLS: &[(&str, libc::c_long)] = &[];
+/// What libcupti adds to the worker's calls, allowed only in workers that loaded it
+/// (`--gpu-trace auto|cupti` where libcupti is found): the `[cupti]` section of
+/// `syscalls-measured.txt`. Not measured yet: the file and socket calls libcupti's imports from
+/// glibc make that the driver's list lacks (its temporary files and directories, its Unix
+/// socket to a profiler), none of which reaches beyond the worker's own root and namespaces.
+/// System V shared memory (`shmget`), which libcupti also imports, is not allowed: in
+/// `--sandbox=chroot` the worker shares the host's IPC namespace. `scripts/sandbox-gpu-check.sh
+/// --trace` measures what CUPTI makes.
+const CUPTI_CALLS: &[(&str, libc::c_long)] = syscalls![
+    SYS_bind,
+    SYS_listen,
+    SYS_mkdirat,
+    SYS_renameat,
+    SYS_renameat2,
+    SYS_linkat,
+    SYS_symlinkat,
+    SYS_fchmod,
+    SYS_fchmodat,
+    SYS_fsync,
+    SYS_fdatasync,
+    SYS_truncate,
+    SYS_utimensat,
+    SYS_fadvise64,
+    SYS_sendfile,
+];
+
+/// libcupti's calls of the above that x86-64's glibc makes by their older numbers.
+#[cfg(target_arch = "x86_64")]
+const CUPTI_CALLS_ARCH: &[(&str, libc::c_long)] = syscalls![
+    SYS_mkdir,
+    SYS_rmdir,
+    SYS_rename,
+    SYS_link,
+    SYS_symlink,
+    SYS_chmod,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const CUPTI_CALLS_ARCH: &[(&str, libc::c_long)] = &[];
 
 /// The older calls x86-64's glibc and driver still use.
 #[cfg(target_arch = "x86_64")]
@@ -327,6 +363,7 @@ pub fn worker_allowed_names() -> impl Iterator<Item = &'static str> {
         .iter()
         .chain(WORKER_CALLS_ARCH)
         .chain(CUPTI_CALLS)
+        .chain(CUPTI_CALLS_ARCH)
         .map(|(n, _)| n.trim_start_matches("SYS_"))
 }
 
@@ -339,15 +376,20 @@ pub fn worker_filters(
     cupti: bool,
 ) -> Result<Vec<BpfProgram>, SandboxError> {
     let pid = u64::from(pid);
-    let extra: &[(&str, libc::c_long)] = if cupti { CUPTI_CALLS } else { &[] };
+    let (extra, extra_arch): (&[(&str, libc::c_long)], &[(&str, libc::c_long)]) = if cupti {
+        (CUPTI_CALLS, CUPTI_CALLS_ARCH)
+    } else {
+        (&[], &[])
+    };
     let allow: BTreeMap<i64, Vec<SeccompRule>> = WORKER_CALLS
         .iter()
         .chain(WORKER_CALLS_ARCH)
         .chain(extra)
+        .chain(extra_arch)
         .map(|&(_, nr)| (nr, Vec::new()))
         .collect();
     let mismatch = match mode {
-        SeccompMode::Enforce => SeccompAction::KillProcess,
+        SeccompMode::Enforce => SeccompAction::Trap,
         SeccompMode::Log => SeccompAction::Log,
     };
     let allow = compile(allow, mismatch, SeccompAction::Allow)?;
@@ -416,9 +458,87 @@ pub fn daemon_filter() -> Result<BpfProgram, SandboxError> {
     compile(rules, SeccompAction::Allow, SeccompAction::Errno(eperm))
 }
 
+/// Writes `n` in decimal into `buf`, returning the digits' length (async-signal-safe).
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> usize {
+    let mut digits = [0u8; 20];
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[i] = digits[len - 1 - i];
+    }
+    len
+}
+
+/// The message the SIGSYS handler writes for system call `nr`.
+fn refused_call_message(nr: u64, out: &mut [u8; 160]) -> usize {
+    const HEAD: &[u8] = b"vhost-cuda worker: system call ";
+    const TAIL: &[u8] =
+        b" is outside the sandbox's allowance (seccomp); the worker ends (SIGSYS)\n";
+    let mut digits = [0u8; 20];
+    let n = decimal(nr, &mut digits);
+    let mut len = 0;
+    for part in [HEAD, &digits[..n], TAIL] {
+        out[len..len + part.len()].copy_from_slice(part);
+        len += part.len();
+    }
+    len
+}
+
+/// The worker's SIGSYS handler: says which call the filter trapped, then lets SIGSYS end the
+/// process (default action, raised again: it is delivered as the handler returns).
+extern "C" fn report_refused_call(
+    _: libc::c_int,
+    info: *mut libc::siginfo_t,
+    _: *mut libc::c_void,
+) {
+    // SAFETY: the kernel passes a valid siginfo; for a seccomp trap (si_code SYS_SECCOMP) its
+    // union holds `_sigsys { void *call_addr; int syscall; unsigned arch; }` after the three
+    // ints and their padding (16 bytes): the call's number is the int at byte 24.
+    let nr = unsafe { (info.cast::<u8>().add(24).cast::<libc::c_int>()).read_unaligned() };
+    let mut msg = [0u8; 160];
+    let len = refused_call_message(u64::try_from(nr).unwrap_or(0), &mut msg);
+    // SAFETY: write(2), signal(2) and raise(3) are async-signal-safe; the buffer is ours.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), len);
+        libc::signal(libc::SIGSYS, libc::SIG_DFL);
+        libc::raise(libc::SIGSYS);
+    }
+}
+
+/// Installs [`report_refused_call`] for SIGSYS.
+fn install_sigsys_reporter() -> Result<(), SandboxError> {
+    // SAFETY: a zeroed sigaction is valid; the handler is an extern "C" fn of the right shape
+    // (SA_SIGINFO), and sigaction only sets this process's disposition.
+    let rc = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = report_refused_call as *const () as usize;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&raw mut sa.sa_mask);
+        libc::sigaction(libc::SIGSYS, &raw const sa, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(SandboxError::Seccomp(format!(
+            "SIGSYS handler: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
 /// Installs the worker's filters on every thread of the process: the refusals first, the
-/// allow-list last (it does not allow `seccomp` itself, so nothing can be installed after it).
+/// allow-list last (it does not allow `seccomp` itself, so nothing can be installed after it);
+/// in [`SeccompMode::Enforce`] the SIGSYS handler that reports a trapped call first.
 pub fn install_worker_filters(mode: SeccompMode, cupti: bool) -> Result<(), SandboxError> {
+    if mode == SeccompMode::Enforce {
+        install_sigsys_reporter()?;
+    }
     for prog in worker_filters(mode, std::process::id(), cupti)?
         .iter()
         .rev()
@@ -446,6 +566,23 @@ mod tests {
         let mut allowed: Vec<&str> = worker_allowed_names().collect();
         allowed.sort_unstable();
         assert_eq!(recorded, allowed);
+    }
+
+    #[test]
+    fn a_trapped_call_is_named_by_its_number() {
+        let mut out = [0u8; 160];
+        let len = refused_call_message(49, &mut out);
+        let text = std::str::from_utf8(&out[..len]).unwrap();
+        assert!(text.starts_with("vhost-cuda worker: system call 49 is outside"));
+        assert!(text.ends_with("(SIGSYS)\n"));
+        let len = refused_call_message(0, &mut out);
+        assert!(std::str::from_utf8(&out[..len])
+            .unwrap()
+            .contains("call 0 is"));
+        let len = refused_call_message(u64::MAX, &mut out);
+        assert!(std::str::from_utf8(&out[..len])
+            .unwrap()
+            .contains(&u64::MAX.to_string()));
     }
 
     #[test]

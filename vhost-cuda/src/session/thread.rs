@@ -40,6 +40,10 @@ use crate::{
 /// Sessions open in this process, over all VMs.
 static OPEN_SESSIONS_TOTAL: AtomicUsize = AtomicUsize::new(0);
 
+/// How long a failed worker is given to end by itself before SIGKILL (its pid-namespace init
+/// reports the worker's signal within milliseconds of it).
+const LOST_WORKER_GRACE: Duration = Duration::from_millis(500);
+
 /// Sessions open in this process, over all sockets (VMs).
 pub fn open_sessions_total() -> usize {
     OPEN_SESSIONS_TOTAL.load(Ordering::Acquire)
@@ -392,7 +396,13 @@ impl SessionThread {
         let failed = matches!(next, Gpu::Failed);
         if let Gpu::Running { process, .. } = mem::replace(gpu, next) {
             self.account.worker_ending();
-            process.kill();
+            if failed {
+                // The worker may be ending by itself (a signal): its own status is the one to
+                // log, so it is given a moment before SIGKILL.
+                process.reap_lost(LOST_WORKER_GRACE);
+            } else {
+                process.kill();
+            }
             self.pid.store(0, Ordering::Release);
             self.account.worker_ended(failed);
         }

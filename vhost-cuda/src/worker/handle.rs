@@ -979,6 +979,21 @@ impl WorkerProcess {
             store.remove(&name);
         }
         self.channel = None;
+        self.reap_within(bound, "after its session closed")
+    }
+
+    /// Reaps a worker that failed (it closed its channel or sent garbage): it is given `bound`
+    /// to end by itself, so that what ended it (a signal such as SIGSYS from its seccomp
+    /// filter, or SIGSEGV) is what the log says, rather than the SIGKILL that follows.
+    pub fn reap_lost(mut self, bound: Duration) -> ExitStatus {
+        if let Some((store, name)) = self.stored.take() {
+            store.remove(&name);
+        }
+        self.channel = None;
+        self.reap_within(bound, "after it failed")
+    }
+
+    fn reap_within(&mut self, bound: Duration, when: &str) -> ExitStatus {
         let deadline = Instant::now() + bound;
         loop {
             match self.child.try_wait() {
@@ -987,8 +1002,7 @@ impl WorkerProcess {
                 Ok(None) => {
                     warn!(
                         vm = %self.vm,
-                        "session {}: worker process {} still there {bound:?} after its session \
-                         closed; killing it",
+                        "session {}: worker process {} still there {bound:?} {when}; killing it",
                         self.session, self.pid
                     );
                     return self.kill_and_reap();
