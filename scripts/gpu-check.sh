@@ -66,8 +66,9 @@ checkpoint|own|2|420|q|pause|./test-checkpoint.sh --log-dir "$L"
 restart|own|2|420|-|restart|./test-restart-gpu.sh --log-dir "$L"
 cuda-checkpoint|own|2|420|-|exit|./test-cuda-checkpoint.sh --log-dir "$L"
 sandbox|own|2|420|q|counts|./sandbox-gpu-check.sh --out "$L" --budget 360
+sandbox-trace|own|2|420|-|counts|./sandbox-gpu-check.sh --trace --out "$L" --budget 360
 hostile|own|1|300|q|exit|./run-vm.sh --log-dir "$L/vm" --timeout 280 -- 'insmod /lib/modules/qcuda.ko && for i in 1 2 3; do qcuda-smi hostile || exit 1; done'
-bench|own|3|480|-|bench|./bench.sh --runtime ours,nvidia,host --no-frontend --out "$L" -- --only latency,pinned
+bench|own|3|480|-|bench|./bench.sh --runtime ours,ours-chroot,host --guest-env QCUDA_DRIVER_TRACE=count --no-frontend --out "$L" -- --only latency,pinned
 EOF
 )
 
@@ -157,6 +158,22 @@ echo "gpu-check: ${#selected[@]} lanes on a budget of $cores cores$( ((quick)) &
 declare -A pid_of start_of weight_of rc_of end_of
 running=0 used=0
 t_start=$(date +%s)
+# The host's CPU use and free memory every 5 s (host.txt: seconds, busy %, of nproc, MiB
+# available): whether the lanes were held back by cores or by memory.
+(
+    prev=$(head -n 1 /proc/stat)
+    while sleep 5; do
+        cur=$(head -n 1 /proc/stat)
+        awk -v a="$prev" -v b="$cur" -v t="$(($(date +%s) - t_start))" -v n="$(nproc)" \
+            -v m="$(awk '/^MemAvailable/ { print int($2 / 1024) }' /proc/meminfo)" 'BEGIN {
+            split(a, x); split(b, y); tot = 0; idle = 0
+            for (i = 2; i <= 11; i++) tot += y[i] - x[i]
+            idle = (y[5] - x[5]) + (y[6] - x[6])
+            printf "%d %.0f %d %d\n", t, tot ? 100 * (tot - idle) / tot : 0, n, m }'
+        prev=$cur
+    done
+) >"$out/host.txt" 2>/dev/null &
+sampler=$!
 # The time left before the deadline, in seconds (large without one).
 left() { if ((deadline > 0)); then echo $((t_start + deadline - $(date +%s))); else echo 999999; fi; }
 
@@ -175,7 +192,10 @@ start_lane() { # line
     (
         cd "$here" || exit 125
         export L=$dir
-        exec setsid timeout -k 20 "$limit" bash -c "$cmd"
+        # The lane's CPU time (its reaped descendants': QEMU, daemons, native runs) goes into
+        # cpu-times.txt, so that lanes can be sized by what they use.
+        exec setsid timeout -k 20 "$limit" bash -c "$cmd"'
+rc=$?; times >"$L/cpu-times.txt"; exit $rc'
     ) >"$dir/out.log" 2>&1 &
     pid_of[$name]=$!
     start_of[$name]=$(date +%s)
@@ -224,6 +244,7 @@ for l in "${selected[@]}"; do
     start_lane "$l"
 done
 while ((running > 0)); do reap; done
+kill "$sampler" 2>/dev/null
 
 # One lane's result: passed failed skipped headline, from its log and exit status.
 summarize() { # name kind rc log
@@ -291,8 +312,11 @@ summarize() { # name kind rc log
             "${rc_of[$name]}" "${head//\"/\'}" >>"$out/summary.csv"
     done
     echo "wall time: $(($(date +%s) - t_start)) s on $cores cores"
+    awk '{ b += $2; if ($2 > pb) pb = $2; if (lm == "" || $4 < lm) lm = $4; n++ }
+        END { if (n) printf "host: CPU busy %.0f%% on average, %.0f%% at most, of %d cores; least memory available %d MiB\n", b / n, pb, $3, lm }' \
+        "$out/host.txt"
 } | tee "$out/summary.txt"
 bad=$(awk -F, 'NR > 1 && $4 > 0 { b = 1 } END { print b + 0 }' "$out/summary.csv")
-tar -C "$out" -cJf "$out/gpu-check-logs.tar.xz" --exclude='*.tar.xz' lanes summary.txt summary.csv gpus.txt 2>/dev/null
+tar -C "$out" -cJf "$out/gpu-check-logs.tar.xz" --exclude='*.tar.xz' lanes summary.txt summary.csv gpus.txt host.txt 2>/dev/null
 echo "logs: $out/gpu-check-logs.tar.xz"
 ((bad == 0))
