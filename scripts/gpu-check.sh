@@ -68,7 +68,7 @@ cuda-checkpoint|own|2|420|-|exit|./test-cuda-checkpoint.sh --log-dir "$L"
 sandbox|own|2|420|q|counts|./sandbox-gpu-check.sh --out "$L" --budget 360
 sandbox-trace|own|2|420|-|counts|./sandbox-gpu-check.sh --trace --out "$L" --budget 360
 hostile|own|1|300|q|exit|./run-vm.sh --log-dir "$L/vm" --timeout 280 -- 'insmod /lib/modules/qcuda.ko && for i in 1 2 3; do qcuda-smi hostile || exit 1; done'
-bench|own|3|480|-|bench|./bench.sh --runtime ours,ours-chroot,host --guest-env QCUDA_DRIVER_TRACE=count --no-frontend --out "$L" -- --only latency,pinned
+bench|own|3|480|-|bench|./bench.sh --runtime ours,ours-chroot,host --no-frontend --out "$L" -- --only latency,pinned
 EOF
 )
 
