@@ -865,7 +865,7 @@ fn ipc_calls_reach_the_worker_and_forged_tokens_do_not() {
 
 #[test]
 fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
-    use vhost_cuda::session::migration::{read_stream, write_stream, SavedGpu};
+    use vhost_cuda::session::migration::{read_copied, write_stream, SavedGpu};
     let mut src = Rig::new(worker_binary("warn"), "workers-migrate-src");
     let r = src.op(41, Op::Malloc, &[64]);
     expect_gpu_op(&src, r);
@@ -888,7 +888,7 @@ fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
     // The destination starts the session with a worker restored from it, before any request.
     let mut dst = Rig::new(worker_binary("warn"), "workers-migrate-dst");
     dst.table
-        .restore_states(read_stream(&mut stream.as_slice()).unwrap(), WAIT)
+        .restore_states(read_copied(&mut stream.as_slice()).unwrap(), WAIT)
         .unwrap();
     let dst_pid = dst.table.worker_pid(41).expect("a restored worker");
     assert!(is_our_child(dst_pid));
@@ -898,7 +898,7 @@ fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
 
     // A saved state that is not its session's is refused by the worker: the restore fails as
     // a whole and leaves no session or worker behind.
-    let mut wrong = read_stream(&mut stream.as_slice()).unwrap();
+    let mut wrong = read_copied(&mut stream.as_slice()).unwrap();
     wrong[0].id = 42;
     let other = Rig::new(worker_binary("warn"), "workers-migrate-refused");
     other.table.restore_states(wrong, WAIT).unwrap_err();
