@@ -92,6 +92,10 @@ pub const HANDOVER_WAIT: Duration = Duration::from_millis(300);
 /// first, which waits for the GPU's work).
 pub const CLAIM_WAIT: Duration = Duration::from_secs(60);
 
+/// A host's identity for a handover: its boot id, and the UUID of each guest device's GPU in
+/// guest-device order.
+type Identity = ([u8; 16], Vec<[u8; 16]>);
+
 /// How a migration's source offers its device memory to a destination on the same host
 /// (`session/handover.rs`), and how long it waits for the claim.
 #[derive(Debug, Clone)]
@@ -326,7 +330,7 @@ impl VhostCudaBackend {
 
     /// This host's identity for a handover: its boot id and the UUID of each guest device's
     /// GPU, in order (`None` if the boot id is unreadable or the host has no GPU).
-    fn identity(&self) -> Option<([u8; 16], Vec<[u8; 16]>)> {
+    fn identity(&self) -> Option<Identity> {
         let boot = match handover::boot_id() {
             Ok(b) => b,
             Err(e) => {
@@ -918,7 +922,7 @@ struct Source {
     figures: MigrationLog,
     /// Where to offer a handover, and this host's identity (boot id, GPU UUIDs); `None`: no
     /// offer.
-    offer: Option<(std::path::PathBuf, ([u8; 16], Vec<[u8; 16]>))>,
+    offer: Option<(std::path::PathBuf, Identity)>,
     /// How long to wait for the claim.
     wait: Duration,
 }
@@ -1045,7 +1049,7 @@ fn hand_over(
 fn receive_state(
     label: &str,
     figures: &MigrationLog,
-    local: Option<([u8; 16], Vec<[u8; 16]>)>,
+    local: Option<Identity>,
     file: File,
 ) -> Result<Option<Incoming>, String> {
     let started = Instant::now();
@@ -1072,7 +1076,7 @@ fn receive_state(
                         claimed = true;
                     }
                     Err(e) => {
-                        warn!(vm = %label, "migration: the source's device memory could not be claimed ({e}); it comes as data")
+                        warn!(vm = %label, "migration: the source's device memory could not be claimed ({e}); it comes as data");
                     }
                 }
             }

@@ -582,6 +582,10 @@ impl FromWorker {
     }
 }
 
+/// The answer of [`ToWorker::ExportRuns`]: the final response, and every run with its
+/// descriptor.
+pub type ExportAnswer = (ResponseHeader, Vec<(RunMeta, File)>);
+
 /// A received frame: its body and the descriptors that came with it.
 #[derive(Debug)]
 pub struct Frame {
@@ -706,10 +710,7 @@ impl WorkerChannel {
     /// Receives the answer of [`ToWorker::ExportRuns`], on the socket: every run with its
     /// descriptor, and the final `Done`'s response; `Posted` frames are skipped. `None` when
     /// the worker closed its end. At most `max_runs` runs are taken.
-    pub fn recv_runs_answer(
-        &self,
-        max_runs: usize,
-    ) -> Result<Option<(ResponseHeader, Vec<(RunMeta, File)>)>, MessageError> {
+    pub fn recv_runs_answer(&self, max_runs: usize) -> Result<Option<ExportAnswer>, MessageError> {
         let mut runs = Vec::new();
         loop {
             let Some(Frame { body, files }) = self.recv_frame(RUN_BATCH)? else {
