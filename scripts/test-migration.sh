@@ -210,7 +210,7 @@ if [[ $program == transport ]]; then
     refuse_vm=$started
     listen_incoming refuse "$log_dir/incoming-refuse.sock" "$refuse_vm" || { say "FAILED: the refusing destination never listened"; exit 1; }
     status=$(migrate "$log_dir/incoming-refuse.sock" 300)
-    saved=$(grep -c 'sessions saved at the last stop' "$log_dir/daemon-src.log" || true)
+    saved=$(grep -cE 'sessions (saved|quiesced) at the last stop' "$log_dir/daemon-src.log" || true)
     if [[ $status != failed ]]; then
         say "FAILED: a migration to a destination that refuses the state ended '$status', not 'failed'"
         rc=1

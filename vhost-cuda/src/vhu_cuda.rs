@@ -11,13 +11,18 @@
 //! (`VHOST_F_LOG_ALL`, `VHOST_USER_PROTOCOL_F_LOG_SHMFD`): every write through the daemon's
 //! map of guest RAM marks its pages in QEMU's log, and when the request ring stops while
 //! logging is on (the migration's last stop, the VM paused) the daemon waits for the requests
-//! under way, has every session save its state (which synchronises its GPU work), and marks all
-//! of guest RAM dirty if a session has a worker, since the GPU writes guest pages (pinned host
-//! memory, copies) behind the daemon's back; QEMU's last RAM pass then carries them. QEMU then
-//! takes the sessions' saved state through `VHOST_USER_PROTOCOL_F_DEVICE_STATE`
-//! ([`VhostUserBackend::set_device_state_fd`], in the `session/migration.rs` stream), and the
-//! destination's daemon starts the same sessions from it before the VM runs there. A
-//! migration that fails leaves every session here as it was: saving changes nothing.
+//! under way, quiesces every session (its worker synchronises its GPU work and saves its record
+//! without device memory), and marks all of guest RAM dirty if a session has a worker, since the
+//! GPU writes guest pages (pinned host memory, copies) behind the daemon's back; QEMU's last RAM
+//! pass then carries them. QEMU then takes the sessions' state through
+//! `VHOST_USER_PROTOCOL_F_DEVICE_STATE` ([`VhostUserBackend::set_device_state_fd`], in the
+//! `session/migration.rs` stream): first its head, with an offer of the device memory to a
+//! destination on this host (`session/handover.rs`); if one claims it within
+//! [`HandoverSetup::wait`], the workers export their runs to it and the states go without their
+//! memory (the "handover" path), else the whole states are saved and sent (the "copy" path).
+//! The destination's daemon claims what is offered from its own host, and starts the same
+//! sessions from the states (and the claimed memory) before the VM runs there. A migration
+//! that fails leaves every session here as it was: saving and exporting change nothing.
 //!
 //! The backend implements the `&self` trait with fine-grained state (atomics, the session
 //! table's own lock, the vring's lock), so the vhost-user thread, the vring thread and the
