@@ -210,7 +210,7 @@ if [[ $program == transport ]]; then
     refuse_vm=$started
     listen_incoming refuse "$log_dir/incoming-refuse.sock" "$refuse_vm" || { say "FAILED: the refusing destination never listened"; exit 1; }
     status=$(migrate "$log_dir/incoming-refuse.sock" 300)
-    saved=$(grep -c 'sessions saved at the last stop' "$log_dir/daemon-src.log" || true)
+    saved=$(grep -cE 'sessions (saved|quiesced) at the last stop' "$log_dir/daemon-src.log" || true)
     if [[ $status != failed ]]; then
         say "FAILED: a migration to a destination that refuses the state ended '$status', not 'failed'"
         rc=1
@@ -267,10 +267,13 @@ fi
 status=$(migrate "$log_dir/incoming-dst.sock" 600)
 say "migration: $status"
 grep -Ei '^(total time|downtime|setup|transferred ram|throughput|precopy ram|downtime ram|Time \(ms\)|RAM info)' "$log_dir/info-migrate.txt" | sed 's/^/  /' || true
-sed -n 's/.*\(migration: sessions saved at the last stop.*\)/  source: \1/p; s/.*\(GPU state saved for migration.*\)/  source: \1/p; s/.*\(migration: phase done.*\)/  source: \1/p' "$log_dir/daemon-src.log"
-# Which path the stop phase took. Until the handover is wired (issue 36) every migration copies
-# device memory; a handover run is one whose daemons log a phase named handover.
-if grep -q 'phase=.\?handover' "$log_dir"/daemon-*.log 2>/dev/null; then
+sed -n 's/.*\(migration: sessions \(saved\|quiesced\) at the last stop.*\)/  source: \1/p; s/.*\(GPU state saved for migration.*\)/  source: \1/p; s/.*\(migration: phase done.*\)/  source: \1/p; s/.*\(migration: \(device memory handed over\|no destination on this host\|the handover failed\).*\)/  source: \1/p' "$log_dir/daemon-src.log"
+# Which path the stop phase took: the source's daemon says it as it sends the state
+# ("migration: state sent ... path=handover" when a destination on this host claimed the device
+# memory, "path=copy" when it went as data); a daemon of before the handover logs no path and
+# always copies. The downtime above is QEMU's own (`info migrate`), whatever the path.
+path=$(sed -n 's/.*migration: state sent.*path="\{0,1\}\([a-z]*\).*/\1/p' "$log_dir/daemon-src.log" | tail -n 1)
+if [[ $path == handover ]] || grep -q 'phase=.\?handover' "$log_dir/daemon-src.log" 2>/dev/null; then
     say "migration path: handover"
 else
     say "migration path: copy"

@@ -180,6 +180,9 @@ pub struct Config {
     pub log_filter: String,
     /// How long each request queue is polled after its last request (0: wait for kicks).
     pub poll: Duration,
+    /// How long a migration's source waits for a destination on its host to claim the device
+    /// memory before it copies it (`--handover-wait-ms`; 0: it never offers).
+    pub handover_wait: Duration,
     /// How long each wait between the request queue and the GPU spins before it blocks
     /// (`--hop-poll-us`; 0: block at once).
     pub hop_poll: Duration,
@@ -512,6 +515,7 @@ pub struct Server {
     host: Arc<CudaHost>,
     workers: WorkerCommand,
     poll: Duration,
+    handover_wait: Duration,
     stats: Arc<StatsRegistry>,
     /// Where workers are kept for the next daemon, if they are.
     keep: Option<worker::KeepWorkers>,
@@ -567,6 +571,7 @@ impl Server {
             host,
             workers,
             poll: config.poll,
+            handover_wait: config.handover_wait,
             stats,
             keep: None,
             passed: fd_store::Passed::default(),
@@ -630,7 +635,7 @@ impl Server {
                 .workers
                 .clone()
                 .with_keep(self.keep.as_ref().map(|k| k.for_vm(i)));
-            let (host, poll) = (self.host.clone(), self.poll);
+            let (host, poll) = (self.host.clone(), (self.poll, self.handover_wait));
             let stats = (self.stats.clone(), i);
             let record = ring_record_for(i, passed.rings.remove(&i), self.keep.as_ref());
             let inherited = Inherited {
@@ -786,15 +791,36 @@ fn watch_adopted(backend: &Arc<VhostCudaBackend>, label: &str) {
     }
 }
 
+/// Where a migration's source makes its handover socket (`session/handover.rs`): the
+/// daemon's runtime directory (systemd's `RUNTIME_DIRECTORY`, its first entry), else the
+/// directory of the VM's socket.
+fn handover_dir(socket: &std::path::Path) -> Option<PathBuf> {
+    std::env::var_os("RUNTIME_DIRECTORY")
+        .and_then(|v| {
+            v.to_str()
+                .and_then(|s| s.split(':').next())
+                .filter(|s| s.starts_with('/'))
+                .map(PathBuf::from)
+        })
+        .or_else(|| socket.parent().map(std::path::Path::to_path_buf))
+        .filter(|d| !d.as_os_str().is_empty())
+}
+
 fn serve_socket(
     mut listener: Listener,
     control: Arc<SocketControl>,
     host: Arc<CudaHost>,
     workers: WorkerCommand,
-    poll: Duration,
+    (poll, handover_wait): (Duration, Duration),
     (stats, stats_index): (Arc<StatsRegistry>, usize),
     inherited: Inherited,
 ) -> Result<()> {
+    let handover = vhu_cuda::HandoverSetup {
+        dir: (!handover_wait.is_zero())
+            .then(|| handover_dir(&control.path))
+            .flatten(),
+        wait: handover_wait,
+    };
     let Inherited {
         workers: mut adopted,
         mut quota_file,
@@ -817,7 +843,8 @@ fn serve_socket(
             )
             .with_poll(poll)
             .with_ring_record(record.clone(), std::mem::take(&mut recover))
-            .with_migration_log(stats.migration_log(stats_index)),
+            .with_migration_log(stats.migration_log(stats_index))
+            .with_handover(handover.clone()),
         );
         // The previous daemon's sessions of this VM, for the frontend that reconnects.
         if !adopted.is_empty() {

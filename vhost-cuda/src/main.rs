@@ -62,6 +62,14 @@ struct Args {
     #[arg(long, value_name = "MICROSECONDS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     poll_us: u64,
 
+    /// At a live migration's stop, wait up to this many milliseconds for a destination daemon
+    /// on this host (same boot, same GPUs) to claim the guests' device memory, which it then
+    /// maps instead of receiving a copy (see docs/operators.md, "Migrating a VM to another
+    /// host"). A destination elsewhere never claims: the wait is added to the downtime before
+    /// the memory is copied. 0: never offer, always copy.
+    #[arg(long, value_name = "MILLISECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    handover_wait_ms: u64,
+
     /// Spin for up to this many microseconds before each wait on the hop between the request
     /// queue and the GPU: the session thread for its next request, the session's worker
     /// process for its next message, the daemon for the worker's answer. Back-to-back calls
@@ -317,6 +325,7 @@ impl TryFrom<Args> for Config {
             gpu: args.gpu,
             log_filter: log_filter.clone(),
             poll: Duration::from_micros(args.poll_us),
+            handover_wait: Duration::from_millis(args.handover_wait_ms),
             hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or_else(default_hop_poll_us)),
             hop_mailbox: args.hop_mailbox,
             limits: Limits {
@@ -586,6 +595,7 @@ mod tests {
             socket_count: 1,
             gpu: None,
             poll_us: 200,
+            handover_wait_ms: 300,
             hop_poll_us: None,
             hop_mailbox: false,
             keep_workers: true,
@@ -677,6 +687,7 @@ mod tests {
                 gpu: Some(1),
                 log_filter: "info".into(),
                 poll: Duration::from_micros(200),
+                handover_wait: Duration::from_millis(300),
                 hop_poll: Duration::from_micros(default_hop_poll_us()),
                 hop_mailbox: false,
                 limits: Limits::default(),

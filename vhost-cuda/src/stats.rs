@@ -502,6 +502,18 @@ fn migration_lines(s: &mut String, m: &MigrationFigures) {
     }
     let _ = writeln!(s, "  last migration ({}):", m.role);
     for p in &m.phases {
+        if p.name == "handover" {
+            // Handed over, not moved: a rate would mislead.
+            let _ = writeln!(
+                s,
+                "    {:<8} {:>11} in {:>8.3} s, {} piece(s) handed over, not copied",
+                p.name,
+                bytes_text(p.bytes),
+                p.secs,
+                p.pieces
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
             "    {:<8} {:>11} in {:>8.3} s, {:>7.2} GiB/s",
@@ -587,6 +599,7 @@ fn json(r: &Report) -> String {
                     "phases": vm.migration.phases.iter().map(|p| json!({
                         "phase": p.name,
                         "bytes": p.bytes,
+                        "pieces": p.pieces,
                         "seconds": p.secs,
                         "gib_per_s": p.gib_per_s(),
                     })).collect::<Vec<_>>(),
@@ -736,7 +749,7 @@ fn prometheus(r: &Report) -> String {
     for (name, help, f) in [
         (
             "qcuda_vm_migration_phase_seconds",
-            "Seconds each phase of the VM's last migration through this daemon took (save, send, receive, restore).",
+            "Seconds each phase of the VM's last migration through this daemon took (quiesce, handover, save, send, receive, restore).",
             (|p: &Phase| p.secs) as fn(&Phase) -> f64,
         ),
         (
@@ -744,6 +757,12 @@ fn prometheus(r: &Report) -> String {
             "Bytes each phase of the VM's last migration through this daemon moved.",
             #[expect(clippy::cast_precision_loss, reason = "a gauge")]
             |p: &Phase| p.bytes as f64,
+        ),
+        (
+            "qcuda_vm_migration_phase_pieces",
+            "Pieces of device memory each phase of the VM's last migration through this daemon handed over (handover only).",
+            #[expect(clippy::cast_precision_loss, reason = "a gauge")]
+            |p: &Phase| p.pieces as f64,
         ),
     ] {
         let _ = writeln!(s, "# HELP {name} {help}");
@@ -867,11 +886,13 @@ mod tests {
                             Phase {
                                 name: "save",
                                 bytes: 1 << 30,
+                                pieces: 0,
                                 secs: 0.5,
                             },
                             Phase {
                                 name: "send",
                                 bytes: 1 << 30,
+                                pieces: 0,
                                 secs: 0.25,
                             },
                         ],

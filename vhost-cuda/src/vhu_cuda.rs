@@ -11,13 +11,18 @@
 //! (`VHOST_F_LOG_ALL`, `VHOST_USER_PROTOCOL_F_LOG_SHMFD`): every write through the daemon's
 //! map of guest RAM marks its pages in QEMU's log, and when the request ring stops while
 //! logging is on (the migration's last stop, the VM paused) the daemon waits for the requests
-//! under way, has every session save its state (which synchronises its GPU work), and marks all
-//! of guest RAM dirty if a session has a worker, since the GPU writes guest pages (pinned host
-//! memory, copies) behind the daemon's back; QEMU's last RAM pass then carries them. QEMU then
-//! takes the sessions' saved state through `VHOST_USER_PROTOCOL_F_DEVICE_STATE`
-//! ([`VhostUserBackend::set_device_state_fd`], in the `session/migration.rs` stream), and the
-//! destination's daemon starts the same sessions from it before the VM runs there. A
-//! migration that fails leaves every session here as it was: saving changes nothing.
+//! under way, quiesces every session (its worker synchronises its GPU work and saves its record
+//! without device memory), and marks all of guest RAM dirty if a session has a worker, since the
+//! GPU writes guest pages (pinned host memory, copies) behind the daemon's back; QEMU's last RAM
+//! pass then carries them. QEMU then takes the sessions' state through
+//! `VHOST_USER_PROTOCOL_F_DEVICE_STATE` ([`VhostUserBackend::set_device_state_fd`], in the
+//! `session/migration.rs` stream): first its head, with an offer of the device memory to a
+//! destination on this host (`session/handover.rs`); if one claims it within
+//! [`HandoverSetup::wait`], the workers export their runs to it and the states go without their
+//! memory (the "handover" path), else the whole states are saved and sent (the "copy" path).
+//! The destination's daemon claims what is offered from its own host, and starts the same
+//! sessions from the states (and the claimed memory) before the VM runs there. A migration
+//! that fails leaves every session here as it was: saving and exporting change nothing.
 //!
 //! The backend implements the `&self` trait with fine-grained state (atomics, the session
 //! table's own lock, the vring's lock), so the vhost-user thread, the vring thread and the
@@ -61,7 +66,8 @@ use crate::{
     guest_buffer::GuestRam,
     ring_record::{RingAddrs, RingRecord},
     session::{
-        migration::{self, SavedGpu, SessionState},
+        handover::{self, Claim, HandoverServer, Offer, Piece},
+        migration::{self, SavedGpu, SessionState, PATH_COPY, PATH_HANDOVER},
         migration_figures::MigrationLog,
         ChainCompleter, SessionTable,
     },
@@ -83,6 +89,37 @@ pub const CLOSE_WAIT: Duration = Duration::from_secs(10);
 pub const SAVE_WAIT: Duration = Duration::from_secs(600);
 /// How long a migration's destination waits for every session's restore.
 pub const RESTORE_WAIT: Duration = Duration::from_secs(600);
+
+/// How long a migration's source waits for a destination on its host to claim its device
+/// memory (`--handover-wait-ms`) before it sends the memory as data.
+pub const HANDOVER_WAIT: Duration = Duration::from_millis(300);
+/// How long a destination's claim may take once connected (the source exports every run
+/// first, which waits for the GPU's work).
+pub const CLAIM_WAIT: Duration = Duration::from_secs(60);
+
+/// A host's identity for a handover: its boot id, and the UUID of each guest device's GPU in
+/// guest-device order.
+type Identity = ([u8; 16], Vec<[u8; 16]>);
+
+/// How a migration's source offers its device memory to a destination on the same host
+/// (`session/handover.rs`), and how long it waits for the claim.
+#[derive(Debug, Clone)]
+pub struct HandoverSetup {
+    /// Where the source's handover socket is made (the daemon's runtime directory); `None`:
+    /// the source never offers, and every migration copies.
+    pub dir: Option<std::path::PathBuf>,
+    /// How long the source waits for a claim.
+    pub wait: Duration,
+}
+
+impl Default for HandoverSetup {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            wait: HANDOVER_WAIT,
+        }
+    }
+}
 
 /// `VHOST_F_LOG_ALL`: the back-end logs its writes to guest RAM (a vhost feature bit, not a
 /// virtio one: QEMU sets it while a migration runs; the guest never acks it).
@@ -171,7 +208,8 @@ impl ChainCompleter for VringCompleter {
 pub struct VhostCudaBackend {
     label: String,
     mem: GuestMemoryHandle,
-    sessions: SessionTable,
+    /// Shared with a migration's transfer thread, which saves or exports the sessions.
+    sessions: Arc<SessionTable>,
     live: Arc<RwLock<bool>>,
     acked_features: AtomicU64,
     event_idx: AtomicBool,
@@ -191,17 +229,46 @@ pub struct VhostCudaBackend {
     migration: Mutex<Migration>,
     /// The VM's migration figures, phase by phase (`session/migration_figures.rs`).
     figures: MigrationLog,
+    /// The same-host handover of a migration's device memory.
+    handover: HandoverSetup,
 }
 
 /// A migration's state transfer, as far as it has come.
 #[derive(Default)]
 struct Migration {
-    /// The sessions' states, saved when the request ring stopped while logging (the last stop
-    /// of a migration's source), or why they could not be.
+    /// The sessions' records (their states without device memory), saved when the request
+    /// ring stopped while logging (the last stop of a migration's source: the quiesce), or why
+    /// they could not be.
     saved: Option<Result<Vec<SessionState>, String>>,
-    /// The thread moving the state through QEMU's pipe: a save yields nothing, a load the
-    /// sessions it read.
-    transfer: Option<JoinHandle<Result<Option<Vec<SessionState>>, String>>>,
+    /// The thread moving the state through QEMU's pipe: a save yields nothing, a load what it
+    /// read.
+    transfer: Option<JoinHandle<Result<Option<Incoming>, String>>>,
+}
+
+/// What a destination read: the sessions, and the pieces of device memory it claimed (none
+/// unless the source handed its memory over).
+#[derive(Debug)]
+struct Incoming {
+    states: Vec<SessionState>,
+    pieces: Vec<Piece>,
+}
+
+/// What a migration's source saves its sessions with: the session table, or a test double.
+trait MigrationSessions: Send + Sync {
+    /// Every session's whole state, device memory included.
+    fn save_states(&self, timeout: Duration) -> Result<Vec<SessionState>, String>;
+    /// Every session's runs exported and its state without contents.
+    fn export_states(&self, timeout: Duration) -> Result<(Vec<SessionState>, Vec<Piece>), String>;
+}
+
+impl MigrationSessions for SessionTable {
+    fn save_states(&self, timeout: Duration) -> Result<Vec<SessionState>, String> {
+        SessionTable::save_states(self, timeout)
+    }
+
+    fn export_states(&self, timeout: Duration) -> Result<(Vec<SessionState>, Vec<Piece>), String> {
+        SessionTable::export_states(self, timeout)
+    }
 }
 
 impl std::fmt::Debug for VhostCudaBackend {
@@ -237,7 +304,12 @@ impl VhostCudaBackend {
     ) -> Self {
         let label = label.into();
         Self {
-            sessions: SessionTable::with_quota_file(host, workers, label.clone(), quota_file),
+            sessions: Arc::new(SessionTable::with_quota_file(
+                host,
+                workers,
+                label.clone(),
+                quota_file,
+            )),
             label,
             mem,
             live: Arc::new(RwLock::new(false)),
@@ -251,7 +323,28 @@ impl VhostCudaBackend {
             logging: AtomicBool::new(false),
             migration: Mutex::new(Migration::default()),
             figures: MigrationLog::default(),
+            handover: HandoverSetup::default(),
         }
+    }
+
+    /// Offers a migration's device memory to a destination on this host as `setup` says.
+    pub fn with_handover(mut self, setup: HandoverSetup) -> Self {
+        self.handover = setup;
+        self
+    }
+
+    /// This host's identity for a handover: its boot id and the UUID of each guest device's
+    /// GPU, in order (`None` if the boot id is unreadable or the host has no GPU).
+    fn identity(&self) -> Option<Identity> {
+        let boot = match handover::boot_id() {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(vm = %self.label, "migration: no handover: this host's boot id: {e}");
+                return None;
+            }
+        };
+        let gpus = self.sessions.gpu_uuids();
+        (!gpus.is_empty()).then_some((boot, gpus))
     }
 
     /// Records the VM's migration figures in `figures` (the VM's own, which outlive this
@@ -328,11 +421,14 @@ impl VhostCudaBackend {
     fn save_for_migration(&self) {
         let started = Instant::now();
         self.figures.begin("source");
-        let saved = self.sessions.save_states(SAVE_WAIT);
+        // Only the records (no device memory): they quiesce every worker and tell whether its
+        // state can be saved at all. Whether the memory is then handed over or copied is known
+        // once the state transfer begins (`send_state`).
+        let saved = self.sessions.save_records(SAVE_WAIT);
         match &saved {
             Ok(states) => {
                 let bytes = state_bytes(states);
-                self.figures.record(&self.label, "save", bytes, started);
+                self.figures.record(&self.label, "quiesce", bytes, started);
                 if states.iter().any(|s| matches!(s.gpu, SavedGpu::State(_))) {
                     // The GPU wrote pinned guest memory and copy destinations without the
                     // daemon's map seeing it: QEMU's last pass must carry all of it.
@@ -343,7 +439,7 @@ impl VhostCudaBackend {
                     sessions = states.len(),
                     bytes,
                     ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                    "migration: sessions saved at the last stop"
+                    "migration: sessions quiesced at the last stop"
                 );
             }
             Err(why) => warn!(
@@ -708,32 +804,48 @@ impl VhostUserBackend for VhostCudaBackend {
         let label = self.label.clone();
         let spawned = match direction {
             VhostTransferStateDirection::SAVE => {
-                // Saved at the ring's last stop; without one (no migration's logging: a
-                // snapshot, say) the sessions are saved now.
+                // Quiesced at the ring's last stop; without one (no migration's logging: a
+                // snapshot, say) the sessions are quiesced now.
                 let saved = match m.saved.take() {
                     Some(s) => s,
                     None => {
                         let started = Instant::now();
                         self.figures.begin("source");
-                        let saved = self.sessions.save_states(SAVE_WAIT);
+                        let saved = self.sessions.save_records(SAVE_WAIT);
                         if let Ok(states) = &saved {
                             let bytes = state_bytes(states);
-                            self.figures.record(&label, "save", bytes, started);
+                            self.figures.record(&label, "quiesce", bytes, started);
                         }
                         saved
                     }
                 };
-                let figures = self.figures.clone();
+                // A handover is offered only where there is device memory to hand over.
+                let offer = match &saved {
+                    Ok(states) if states.iter().any(|s| s.gpu.file().is_some()) => self
+                        .handover
+                        .dir
+                        .clone()
+                        .and_then(|dir| self.identity().map(|id| (dir, id))),
+                    _ => None,
+                };
+                let source = Source {
+                    label,
+                    figures: self.figures.clone(),
+                    offer,
+                    wait: self.handover.wait,
+                };
+                let sessions = Arc::clone(&self.sessions);
                 thread::Builder::new()
                     .name("qcuda-migrate-out".into())
-                    .spawn(move || send_state(&label, &figures, file, saved))
+                    .spawn(move || send_state(&source, &*sessions, file, saved))
             }
             VhostTransferStateDirection::LOAD => {
                 self.figures.begin("destination");
                 let figures = self.figures.clone();
+                let local = self.identity();
                 thread::Builder::new()
                     .name("qcuda-migrate-in".into())
-                    .spawn(move || receive_state(&label, &figures, file))
+                    .spawn(move || receive_state(&label, &figures, local, file))
             }
         };
         m.transfer = Some(spawned?);
@@ -749,12 +861,12 @@ impl VhostUserBackend for VhostCudaBackend {
             .join()
             .unwrap_or_else(|_| Err("the state transfer's thread panicked".into()));
         let outcome = match outcome {
-            Ok(Some(states)) => {
+            Ok(Some(Incoming { states, pieces })) => {
                 let started = Instant::now();
                 let n = states.len();
                 let bytes = state_bytes(&states);
                 self.sessions
-                    .restore_states(states, RESTORE_WAIT)
+                    .restore_handed_over(states, pieces, RESTORE_WAIT)
                     .map(|()| {
                         self.figures.record(&self.label, "restore", bytes, started);
                         info!(
@@ -805,45 +917,206 @@ impl VhostUserBackend for VhostCudaBackend {
 fn state_bytes(states: &[SessionState]) -> u64 {
     states
         .iter()
-        .map(|s| match &s.gpu {
-            SavedGpu::State(f) => f.len(),
-            _ => 0,
-        })
+        .map(|s| s.gpu.file().map_or(0, crate::worker::StateFile::len))
         .sum()
 }
 
-/// A migration's source: writes the saved sessions into QEMU's pipe and closes it.
+/// A migration's source, as its transfer thread sees it.
+struct Source {
+    label: String,
+    figures: MigrationLog,
+    /// Where to offer a handover, and this host's identity (boot id, GPU UUIDs); `None`: no
+    /// offer.
+    offer: Option<(std::path::PathBuf, Identity)>,
+    /// How long to wait for the claim.
+    wait: Duration,
+}
+
+/// A migration's source: writes the head of the stream (with a handover offer where it can
+/// make one), waits for a destination on this host to claim the device memory, and then
+/// writes the sessions: without their device memory if it was claimed (the "handover" path),
+/// their whole states otherwise (the "copy" path). Closes QEMU's pipe at the end.
 fn send_state(
-    label: &str,
-    figures: &MigrationLog,
+    source: &Source,
+    sessions: &dyn MigrationSessions,
     file: File,
     saved: Result<Vec<SessionState>, String>,
-) -> Result<Option<Vec<SessionState>>, String> {
+) -> Result<Option<Incoming>, String> {
     // Dropping the file at the end is the end of the stream for QEMU, also on an error (QEMU
     // then asks CHECK_DEVICE_STATE, which reports it).
-    let states = saved?;
-    let started = Instant::now();
+    let records = saved?;
+    let label = source.label.as_str();
     widen_pipe(&file);
     let mut out = io::BufWriter::with_capacity(1 << 20, file);
-    migration::write_stream(&mut out, &states).map_err(|e| e.to_string())?;
-    figures.record(label, "send", state_bytes(&states), started);
-    info!(vm = %label, sessions = states.len(), "migration: state sent");
+    let server = source.offer.as_ref().and_then(|(dir, (boot, gpus))| {
+        match HandoverServer::open(dir, *boot, gpus.clone()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                warn!(vm = %label, "migration: no handover offered ({e}); the memory is copied");
+                None
+            }
+        }
+    });
+    let head = migration::write_head(
+        &mut out,
+        server.as_ref().map(|(_, offer)| offer),
+        if server.is_some() {
+            migration::HEAD_PADDING
+        } else {
+            0
+        },
+    );
+    head.map_err(|e| e.to_string())?;
+    let handed = match &server {
+        Some((server, _)) => hand_over(source, sessions, server),
+        None => None,
+    };
+    drop(records);
+    let (path, states) = match handed {
+        Some(states) => (PATH_HANDOVER, states),
+        None => {
+            // The copy path: the whole states, saved now (the VM is stopped, the workers
+            // quiesced since the last stop: nothing changed).
+            let started = Instant::now();
+            let states = sessions.save_states(SAVE_WAIT)?;
+            source
+                .figures
+                .record(label, "save", state_bytes(&states), started);
+            (PATH_COPY, states)
+        }
+    };
+    let started = Instant::now();
+    migration::write_body(&mut out, path, &states).map_err(|e| e.to_string())?;
+    source
+        .figures
+        .record(label, "send", state_bytes(&states), started);
+    info!(
+        vm = %label,
+        sessions = states.len(),
+        path = if path == PATH_HANDOVER { "handover" } else { "copy" },
+        "migration: state sent"
+    );
     Ok(None)
 }
 
-/// A migration's destination: reads the sessions from QEMU's pipe to its end.
+/// Waits for a claim of `server`'s offer; the claim takes every session's runs, exported when
+/// it comes. The states without contents if the memory was handed over; `None` if it was not
+/// (no claim in time, a refused or failed one, an export that failed): the memory is then
+/// copied, and the source is as it was.
+fn hand_over(
+    source: &Source,
+    sessions: &dyn MigrationSessions,
+    server: &HandoverServer,
+) -> Option<Vec<SessionState>> {
+    let label = source.label.as_str();
+    let started = Instant::now();
+    let mut exported: Option<Vec<SessionState>> = None;
+    let claim = server.serve_with(Instant::now() + source.wait, CLAIM_WAIT, || match sessions
+        .export_states(SAVE_WAIT)
+    {
+        Ok((states, pieces)) => {
+            exported = Some(states);
+            Ok(pieces)
+        }
+        Err(why) => Err(why),
+    });
+    match claim {
+        Ok((Claim::Claimed, pieces, bytes)) => {
+            source
+                .figures
+                .record_pieces(label, "handover", bytes, pieces, started.elapsed());
+            info!(
+                vm = %label,
+                pieces,
+                bytes,
+                "migration: device memory handed over to a destination on this host (path: handover)"
+            );
+            exported
+        }
+        Ok((Claim::Unclaimed, ..)) => {
+            info!(
+                vm = %label,
+                wait_ms = u64::try_from(source.wait.as_millis()).unwrap_or(u64::MAX),
+                "migration: no destination on this host claimed the device memory; it is copied (path: copy)"
+            );
+            None
+        }
+        Err(why) => {
+            warn!(vm = %label, "migration: the handover failed ({why}); the memory is copied (path: copy)");
+            None
+        }
+    }
+}
+
+/// A migration's destination: reads the head from QEMU's pipe, claims the device memory if the
+/// head offers it from this host (`local`: this host's boot id and GPUs), then reads the
+/// sessions to the stream's end.
 fn receive_state(
     label: &str,
     figures: &MigrationLog,
+    local: Option<Identity>,
     file: File,
-) -> Result<Option<Vec<SessionState>>, String> {
+) -> Result<Option<Incoming>, String> {
     let started = Instant::now();
     widen_pipe(&file);
     let mut input = io::BufReader::with_capacity(1 << 20, file);
-    let states = migration::read_stream(&mut input).map_err(|e| e.to_string())?;
+    let head = migration::read_head(&mut input).map_err(|e| e.to_string())?;
+    let mut pieces = Vec::new();
+    let mut claimed = false;
+    if let Some(offer) = &head.offer {
+        match &local {
+            Some((boot, gpus)) if is_local(offer, boot, gpus) => {
+                let t = Instant::now();
+                match handover::claim(offer, CLAIM_WAIT) {
+                    Ok(p) => {
+                        let bytes: u64 = p.iter().map(|p| p.meta[2]).sum();
+                        figures.record_pieces(
+                            label,
+                            "handover",
+                            bytes,
+                            p.len() as u64,
+                            t.elapsed(),
+                        );
+                        pieces = p;
+                        claimed = true;
+                    }
+                    Err(e) => {
+                        warn!(vm = %label, "migration: the source's device memory could not be claimed ({e}); it comes as data");
+                    }
+                }
+            }
+            _ => info!(
+                vm = %label,
+                "migration: the source is on another host or GPU: its device memory comes as data"
+            ),
+        }
+    }
+    let (path, states) = migration::read_body(&mut input, &head).map_err(|e| e.to_string())?;
+    match path {
+        PATH_HANDOVER if !claimed => {
+            return Err(
+                "the source handed its device memory over, but it was not claimed here".into(),
+            )
+        }
+        // The source saw the claim fail (its acknowledgement lost): the memory comes as data,
+        // and what was claimed is dropped.
+        PATH_COPY if claimed => pieces.clear(),
+        _ => {}
+    }
     figures.record(label, "receive", state_bytes(&states), started);
-    info!(vm = %label, sessions = states.len(), "migration: state received");
-    Ok(Some(states))
+    info!(
+        vm = %label,
+        sessions = states.len(),
+        path = if path == PATH_HANDOVER { "handover" } else { "copy" },
+        "migration: state received"
+    );
+    Ok(Some(Incoming { states, pieces }))
+}
+
+/// Whether an offer comes from this host (`boot`) and names its GPUs as the same guest
+/// devices (`gpus`, in guest-device order): the runs are imported as the devices they were.
+fn is_local(offer: &Offer, boot: &[u8; 16], gpus: &[[u8; 16]]) -> bool {
+    offer.is_local(boot, gpus) && offer.gpus.iter().zip(gpus).all(|(a, b)| a == b)
 }
 
 #[cfg(test)]
@@ -1193,19 +1466,254 @@ mod tests {
             )
             .unwrap();
         src_backend.check_device_state().unwrap();
-        // magic, version and a count of no sessions.
-        assert_eq!(relay.join().unwrap(), 16);
+        // magic, version, no offer, no padding, the copy path and a count of no sessions.
+        assert_eq!(relay.join().unwrap(), 25);
         dst_backend.check_device_state().unwrap();
         let phases = |l: &MigrationLog| {
             let f = l.snapshot();
             (f.role, f.phases.iter().map(|p| p.name).collect::<Vec<_>>())
         };
-        assert_eq!(phases(&log), ("source", vec!["save", "send"]));
+        // No device memory: nothing offered, the copy path.
+        assert_eq!(phases(&log), ("source", vec!["quiesce", "save", "send"]));
         assert_eq!(
             phases(&dst_log),
             ("destination", vec!["receive", "restore"])
         );
         // The source's figures belong to the VM: a later connection's backend shares them.
-        assert_eq!(phases(src_backend.migration_log()).1.len(), 2);
+        assert_eq!(phases(src_backend.migration_log()).1.len(), 3);
+    }
+
+    /// A test double of a source's session table: sessions whose states are bytes, and whose
+    /// device memory is memfds (one per run, holding its number).
+    struct FakeSessions {
+        exports: std::sync::atomic::AtomicUsize,
+        export_fails: bool,
+    }
+
+    const STATE: &[u8] = b"QCUDAGS1 with device memory";
+    const RECORD: &[u8] = b"QCUDAGS1 record";
+
+    impl FakeSessions {
+        fn new(export_fails: bool) -> Self {
+            Self {
+                exports: std::sync::atomic::AtomicUsize::new(0),
+                export_fails,
+            }
+        }
+
+        fn session(gpu: SavedGpu) -> Vec<SessionState> {
+            vec![
+                SessionState {
+                    id: 3,
+                    pid: 30,
+                    gpu,
+                },
+                SessionState {
+                    id: 4,
+                    pid: 40,
+                    gpu: SavedGpu::None,
+                },
+            ]
+        }
+    }
+
+    impl MigrationSessions for FakeSessions {
+        fn save_states(&self, _: Duration) -> Result<Vec<SessionState>, String> {
+            Ok(Self::session(SavedGpu::State(
+                crate::worker::StateFile::from_bytes(STATE).unwrap(),
+            )))
+        }
+
+        fn export_states(&self, _: Duration) -> Result<(Vec<SessionState>, Vec<Piece>), String> {
+            self.exports.fetch_add(1, Ordering::AcqRel);
+            if self.export_fails {
+                return Err("the export failed (test)".into());
+            }
+            let pieces = (0..3u64)
+                .map(|i| {
+                    let f = crate::worker::StateFile::from_bytes(&i.to_le_bytes()).unwrap();
+                    Piece {
+                        meta: [0, 0x6800_0000_0000 + (i << 21), 2 << 20],
+                        fd: f.file().try_clone().unwrap().into(),
+                    }
+                })
+                .collect();
+            let state = crate::worker::StateFile::from_bytes(RECORD).unwrap();
+            Ok((
+                Self::session(SavedGpu::HandedOver { state, pieces: 3 }),
+                pieces,
+            ))
+        }
+    }
+
+    const BOOT: [u8; 16] = [1; 16];
+    const GPU: [u8; 16] = [7; 16];
+
+    fn handover_dir() -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("qcuda-vhu-handover-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        d
+    }
+
+    /// Moves a state from a source over `sessions` (offering from a host of `BOOT` and `GPU`)
+    /// through two pipes joined as QEMU joins them, to a destination on a host of `local`.
+    fn transfer(
+        sessions: &FakeSessions,
+        local: Option<([u8; 16], Vec<[u8; 16]>)>,
+        wait: Duration,
+    ) -> (
+        Result<Option<Incoming>, String>,
+        MigrationLog,
+        MigrationLog,
+        Duration,
+    ) {
+        let (from_src, to_qemu) = std::io::pipe().unwrap();
+        let (from_qemu, to_dst) = std::io::pipe().unwrap();
+        let relay = thread::spawn(move || {
+            let (mut from_src, mut to_dst) = (from_src, to_dst);
+            io::copy(&mut from_src, &mut to_dst).unwrap()
+        });
+        let dst_log = MigrationLog::default();
+        let log = dst_log.clone();
+        let dst = thread::spawn(move || {
+            let file = File::from(std::os::fd::OwnedFd::from(from_qemu));
+            receive_state("dst", &log, local, file)
+        });
+        let source = Source {
+            label: "src".into(),
+            figures: MigrationLog::default(),
+            offer: Some((handover_dir(), (BOOT, vec![GPU]))),
+            wait,
+        };
+        let records = FakeSessions::session(SavedGpu::State(
+            crate::worker::StateFile::from_bytes(RECORD).unwrap(),
+        ));
+        let started = Instant::now();
+        let file = File::from(std::os::fd::OwnedFd::from(to_qemu));
+        assert!(send_state(&source, sessions, file, Ok(records))
+            .unwrap()
+            .is_none());
+        let took = started.elapsed();
+        relay.join().unwrap();
+        (dst.join().unwrap(), source.figures, dst_log, took)
+    }
+
+    fn names(l: &MigrationLog) -> Vec<&'static str> {
+        l.snapshot().phases.iter().map(|p| p.name).collect()
+    }
+
+    #[test]
+    fn a_same_host_transfer_hands_the_device_memory_over() {
+        let sessions = FakeSessions::new(false);
+        let wait = Duration::from_secs(20);
+        let (got, src, dst, took) = transfer(&sessions, Some((BOOT, vec![GPU, [9; 16]])), wait);
+        let got = got.unwrap().unwrap();
+        // Claimed at once: the source did not wait out its deadline.
+        assert!(took < wait, "{took:?}");
+        assert_eq!(sessions.exports.load(Ordering::Acquire), 1);
+        assert_eq!(got.states.len(), 2);
+        let SavedGpu::HandedOver { state, pieces: 3 } = &got.states[0].gpu else {
+            panic!("{:?}", got.states[0].gpu)
+        };
+        assert_eq!(state.to_vec().unwrap(), RECORD);
+        assert_eq!(got.states[1].gpu, SavedGpu::None);
+        // The destination holds the source's memory itself, not a copy.
+        assert_eq!(got.pieces.len(), 3);
+        for (i, p) in got.pieces.iter().enumerate() {
+            use std::os::unix::fs::FileExt;
+            let mut b = [0u8; 8];
+            File::from(p.fd.try_clone().unwrap())
+                .read_exact_at(&mut b, 0)
+                .unwrap();
+            assert_eq!(u64::from_le_bytes(b), i as u64);
+            assert_eq!(p.meta[1], 0x6800_0000_0000 + ((i as u64) << 21));
+        }
+        assert_eq!(names(&src), ["handover", "send"]);
+        assert_eq!(names(&dst), ["handover", "receive"]);
+        let h = &src.snapshot().phases[0];
+        assert_eq!((h.pieces, h.bytes), (3, 3 * (2 << 20)));
+    }
+
+    #[test]
+    fn a_destination_elsewhere_does_not_claim_and_the_memory_is_copied() {
+        let wait = Duration::from_millis(200);
+        for local in [
+            Some(([2; 16], vec![GPU])),
+            Some((BOOT, vec![[9; 16]])),
+            // The same GPUs as other guest devices: imported there, they would be misplaced.
+            Some((BOOT, vec![[9; 16], GPU])),
+            None,
+        ] {
+            let sessions = FakeSessions::new(false);
+            let (got, src, dst, took) = transfer(&sessions, local.clone(), wait);
+            let got = got.unwrap().unwrap();
+            assert!(took >= wait, "{local:?}: {took:?}");
+            assert_eq!(sessions.exports.load(Ordering::Acquire), 0, "{local:?}");
+            assert!(got.pieces.is_empty());
+            let SavedGpu::State(state) = &got.states[0].gpu else {
+                panic!("{:?}", got.states[0].gpu)
+            };
+            assert_eq!(state.to_vec().unwrap(), STATE, "{local:?}");
+            assert_eq!(names(&src), ["save", "send"]);
+            assert_eq!(names(&dst), ["receive"]);
+        }
+    }
+
+    #[test]
+    fn a_claim_whose_export_fails_falls_back_to_the_copy() {
+        let sessions = FakeSessions::new(true);
+        let (got, src, _, _) =
+            transfer(&sessions, Some((BOOT, vec![GPU])), Duration::from_secs(20));
+        let got = got.unwrap().unwrap();
+        assert_eq!(sessions.exports.load(Ordering::Acquire), 1);
+        assert!(got.pieces.is_empty());
+        assert!(matches!(got.states[0].gpu, SavedGpu::State(_)));
+        assert_eq!(names(&src), ["save", "send"]);
+    }
+
+    #[test]
+    fn hostile_heads_end_the_load_with_an_error_not_a_panic() {
+        let load = |bytes: Vec<u8>, local: Option<([u8; 16], Vec<[u8; 16]>)>| {
+            let f = crate::worker::StateFile::from_bytes(&bytes).unwrap();
+            receive_state(
+                "dst",
+                &MigrationLog::default(),
+                local,
+                f.file().try_clone().unwrap(),
+            )
+        };
+        let offer = Offer {
+            boot_id: BOOT,
+            gpus: vec![GPU],
+            socket: handover_dir().join("nobody-listens.sock"),
+            token: [5; 32],
+        };
+        // An offer of this host whose socket is not there: nothing claimed, the copy is read.
+        let mut copy = Vec::new();
+        migration::write_head(&mut copy, Some(&offer), 8).unwrap();
+        migration::write_body(&mut copy, PATH_COPY, &[]).unwrap();
+        let local = Some((BOOT, vec![GPU]));
+        assert!(load(copy.clone(), local.clone())
+            .unwrap()
+            .unwrap()
+            .states
+            .is_empty());
+        // A handover's stream whose pieces never came is refused.
+        let mut handed = Vec::new();
+        migration::write_head(&mut handed, Some(&offer), 8).unwrap();
+        migration::write_body(&mut handed, PATH_HANDOVER, &[]).unwrap();
+        load(handed, local.clone()).unwrap_err();
+        // A head cut anywhere, and an offer whose lengths lie.
+        for cut in 0..copy.len() {
+            load(copy[..cut].to_vec(), local.clone()).unwrap_err();
+        }
+        let mut long = copy.clone();
+        long[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        load(long, local.clone()).unwrap_err();
+        let mut path = copy;
+        path[16 + 24..16 + 28].copy_from_slice(&100u32.to_le_bytes());
+        load(path, local).unwrap_err();
     }
 }

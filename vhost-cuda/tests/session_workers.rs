@@ -865,7 +865,7 @@ fn ipc_calls_reach_the_worker_and_forged_tokens_do_not() {
 
 #[test]
 fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
-    use vhost_cuda::session::migration::{read_stream, write_stream, SavedGpu};
+    use vhost_cuda::session::migration::{read_copied, write_stream, SavedGpu};
     let mut src = Rig::new(worker_binary("warn"), "workers-migrate-src");
     let r = src.op(41, Op::Malloc, &[64]);
     expect_gpu_op(&src, r);
@@ -888,7 +888,7 @@ fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
     // The destination starts the session with a worker restored from it, before any request.
     let mut dst = Rig::new(worker_binary("warn"), "workers-migrate-dst");
     dst.table
-        .restore_states(read_stream(&mut stream.as_slice()).unwrap(), WAIT)
+        .restore_states(read_copied(&mut stream.as_slice()).unwrap(), WAIT)
         .unwrap();
     let dst_pid = dst.table.worker_pid(41).expect("a restored worker");
     assert!(is_our_child(dst_pid));
@@ -898,7 +898,7 @@ fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
 
     // A saved state that is not its session's is refused by the worker: the restore fails as
     // a whole and leaves no session or worker behind.
-    let mut wrong = read_stream(&mut stream.as_slice()).unwrap();
+    let mut wrong = read_copied(&mut stream.as_slice()).unwrap();
     wrong[0].id = 42;
     let other = Rig::new(worker_binary("warn"), "workers-migrate-refused");
     other.table.restore_states(wrong, WAIT).unwrap_err();
@@ -907,4 +907,53 @@ fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
 
     assert_eq!(src.op(41, Op::SessionClose, &[]).status, status::SUCCESS);
     assert_eq!(dst.op(41, Op::SessionClose, &[]).status, status::SUCCESS);
+}
+
+#[test]
+fn a_handed_over_session_is_restored_from_its_record_and_its_runs() {
+    use vhost_cuda::session::migration::{
+        read_stream, write_body, write_head, SavedGpu, PATH_HANDOVER,
+    };
+    let mut src = Rig::new(worker_binary("warn"), "workers-handover-src");
+    let r = src.op(51, Op::Malloc, &[64]);
+    expect_gpu_op(&src, r);
+    let src_pid = src.table.worker_pid(51).expect("a worker process");
+    assert!(src.table.wait_idle(WAIT));
+    // The quiesce of the last stop: a record without device memory, the worker running on.
+    let records = src.table.save_records(WAIT).unwrap();
+    assert!(matches!(records[0].gpu, SavedGpu::State(_)));
+    // The worker exports its runs over its channel (without a GPU it has none) and saves its
+    // record beside them.
+    let (states, pieces) = src.table.export_states(WAIT).unwrap();
+    let SavedGpu::HandedOver { state, pieces: n } = &states[0].gpu else {
+        panic!("not handed over: {:?}", states[0].gpu)
+    };
+    assert_eq!(&state.to_vec().unwrap()[..8], b"QCUDAGS1");
+    assert_eq!(*n as usize, pieces.len());
+    assert_eq!(src.table.worker_pid(51), Some(src_pid));
+    let mut stream = Vec::new();
+    write_head(&mut stream, None, 0).unwrap();
+    write_body(&mut stream, PATH_HANDOVER, &states).unwrap();
+
+    let mut dst = Rig::new(worker_binary("warn"), "workers-handover-dst");
+    let incoming = read_stream(&mut stream.as_slice()).unwrap();
+    // Pieces that are not the states' are refused before any session starts.
+    let extra = vec![vhost_cuda::session::handover::Piece {
+        meta: [0, 0x6800_0000_0000, 2 << 20],
+        fd: std::fs::File::open("/dev/null").unwrap().into(),
+    }];
+    dst.table
+        .restore_handed_over(incoming.sessions.clone(), extra, WAIT)
+        .unwrap_err();
+    assert_eq!(dst.table.open_count(), 0);
+    dst.table
+        .restore_handed_over(incoming.sessions, pieces, WAIT)
+        .unwrap();
+    let dst_pid = dst.table.worker_pid(51).expect("a restored worker");
+    assert!(is_our_child(dst_pid));
+    let r = dst.op(51, Op::MemGetInfo, &[]);
+    expect_gpu_op(&dst, r);
+
+    assert_eq!(src.op(51, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert_eq!(dst.op(51, Op::SessionClose, &[]).status, status::SUCCESS);
 }

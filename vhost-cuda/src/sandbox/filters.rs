@@ -376,10 +376,11 @@ pub fn worker_filters(
     cupti: bool,
 ) -> Result<Vec<BpfProgram>, SandboxError> {
     let pid = u64::from(pid);
-    let (extra, extra_arch): (&[(&str, libc::c_long)], &[(&str, libc::c_long)]) = if cupti {
+    let none: &[(&str, libc::c_long)] = &[];
+    let (extra, extra_arch) = if cupti {
         (CUPTI_CALLS, CUPTI_CALLS_ARCH)
     } else {
-        (&[], &[])
+        (none, none)
     };
     let allow: BTreeMap<i64, Vec<SeccompRule>> = WORKER_CALLS
         .iter()

@@ -288,6 +288,32 @@ impl HandoverServer {
     /// A connection with a wrong token, from another user, or that breaks the protocol is
     /// closed and the wait goes on; after [`MAX_WRONG`] wrong tokens the offer is withdrawn.
     pub fn serve(&self, deadline: Instant, pieces: &[Piece]) -> Claim {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut given = Some(pieces);
+        match self.serve_with(deadline, left, || {
+            given.take().ok_or_else(|| "served once".to_string())
+        }) {
+            Ok((claim, ..)) => claim,
+            Err(why) => {
+                warn!("migration handover: a claim failed: {why}");
+                Claim::Unclaimed
+            }
+        }
+    }
+
+    /// Waits until `deadline` for a destination to present the token (connections with a
+    /// wrong one, from another user, or that break the protocol are closed and the wait goes
+    /// on; after [`MAX_WRONG`] wrong tokens the offer is withdrawn: unclaimed). Once one has,
+    /// `pieces` makes what it takes (the source exports its memory only for a claim), and it
+    /// is given them within `transfer` and acknowledges. Returns how it ended, with the
+    /// pieces and bytes handed over; `Err` if the claim came but the pieces could not be made
+    /// or given (the destination then takes nothing: it has no acknowledgement to give).
+    pub fn serve_with<P: std::borrow::Borrow<[Piece]>>(
+        &self,
+        deadline: Instant,
+        transfer: Duration,
+        pieces: impl FnOnce() -> Result<P, String>,
+    ) -> Result<(Claim, u64, u64), String> {
         let mut wrong = 0;
         while Instant::now() < deadline && wrong < MAX_WRONG {
             let conn = match self.listener.accept() {
@@ -298,38 +324,38 @@ impl HandoverServer {
                 }
                 Err(e) => {
                     warn!("migration handover: accept failed: {e}");
-                    return Claim::Unclaimed;
+                    return Ok((Claim::Unclaimed, 0, 0));
                 }
             };
-            match self.serve_one(&conn, deadline, pieces) {
-                Ok(()) => {
-                    info!(pieces = pieces.len(), "migration handover: claimed");
-                    return Claim::Claimed;
-                }
+            match self.authenticate(&conn, deadline) {
+                Ok(()) => {}
                 Err(Refused::WrongToken) => {
                     wrong += 1;
                     warn!("migration handover: a claim with a wrong token was refused");
+                    continue;
                 }
                 Err(Refused::Other(why)) => {
                     warn!("migration handover: a claim failed: {why}");
+                    continue;
                 }
             }
+            let pieces = pieces()?;
+            let pieces = pieces.borrow();
+            give(&conn, pieces, transfer).map_err(|e| format!("giving the pieces: {e}"))?;
+            let bytes = pieces.iter().map(|p| p.meta[2]).sum();
+            info!(pieces = pieces.len(), bytes, "migration handover: claimed");
+            return Ok((Claim::Claimed, pieces.len() as u64, bytes));
         }
-        Claim::Unclaimed
+        Ok((Claim::Unclaimed, 0, 0))
     }
 
-    fn serve_one(
-        &self,
-        conn: &UnixStream,
-        deadline: Instant,
-        pieces: &[Piece],
-    ) -> Result<(), Refused> {
+    /// Checks a connection's peer and token, reading until `deadline` at most.
+    fn authenticate(&self, conn: &UnixStream, deadline: Instant) -> Result<(), Refused> {
         conn.set_nonblocking(false).map_err(Refused::io)?;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
         conn.set_read_timeout(Some(left)).map_err(Refused::io)?;
-        conn.set_write_timeout(Some(left)).map_err(Refused::io)?;
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         match peer_uid(conn) {
@@ -341,25 +367,6 @@ impl HandoverServer {
         (&*conn).read_exact(&mut token).map_err(Refused::io)?;
         if !same_token(&token, &self.token) {
             return Err(Refused::WrongToken);
-        }
-        let mut c = conn;
-        c.write_all(&(pieces.len() as u64).to_le_bytes())
-            .map_err(Refused::io)?;
-        for batch in pieces.chunks(BATCH) {
-            let mut frame = Vec::with_capacity(4 + 24 * batch.len());
-            frame.extend_from_slice(&u32::try_from(batch.len()).unwrap_or(u32::MAX).to_le_bytes());
-            for p in batch {
-                for m in p.meta {
-                    frame.extend_from_slice(&m.to_le_bytes());
-                }
-            }
-            let fds: Vec<RawFd> = batch.iter().map(|p| p.fd.as_raw_fd()).collect();
-            send_all(conn, &frame, &fds).map_err(Refused::io)?;
-        }
-        let mut ack = [0u8; 1];
-        (&*conn).read_exact(&mut ack).map_err(Refused::io)?;
-        if ack[0] != ACK {
-            return Err(Refused::Other("no acknowledgement".into()));
         }
         Ok(())
     }
@@ -386,6 +393,33 @@ impl Refused {
     fn io(e: io::Error) -> Self {
         Self::Other(e.to_string())
     }
+}
+
+/// Gives an authenticated destination `pieces`, within `timeout` for each read or write, and
+/// takes its acknowledgement.
+fn give(conn: &UnixStream, pieces: &[Piece], timeout: Duration) -> io::Result<()> {
+    let timeout = timeout.max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
+    let mut c = conn;
+    c.write_all(&(pieces.len() as u64).to_le_bytes())?;
+    for batch in pieces.chunks(BATCH) {
+        let mut frame = Vec::with_capacity(4 + 24 * batch.len());
+        frame.extend_from_slice(&u32::try_from(batch.len()).unwrap_or(u32::MAX).to_le_bytes());
+        for p in batch {
+            for m in p.meta {
+                frame.extend_from_slice(&m.to_le_bytes());
+            }
+        }
+        let fds: Vec<RawFd> = batch.iter().map(|p| p.fd.as_raw_fd()).collect();
+        send_all(conn, &frame, &fds)?;
+    }
+    let mut ack = [0u8; 1];
+    c.read_exact(&mut ack)?;
+    if ack[0] != ACK {
+        return Err(io::Error::other("no acknowledgement"));
+    }
+    Ok(())
 }
 
 /// Sends `bytes` with `fds` attached to its first part.

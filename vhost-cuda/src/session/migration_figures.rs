@@ -1,8 +1,10 @@
 //! What a VM's last migration took here, phase by phase: the figures an operator plans with.
 //!
-//! `vhu_cuda.rs` times each phase of the stop (on the source: the sessions saved at the ring's
-//! last stop, with device memory streamed into their files; the state sent into QEMU's pipe;
-//! on the destination: the state received; the sessions restored) and records it in the VM's
+//! `vhu_cuda.rs` times each phase of the stop (on the source: the sessions quiesced at the
+//! ring's last stop; then either the device memory handed over to a destination on the same
+//! host, or the sessions saved with their device memory streamed into their files; the state
+//! sent into QEMU's pipe; on the destination: the handover claimed, if any; the state
+//! received; the sessions restored) and records it in the VM's
 //! [`MigrationLog`], which logs it as it comes (bytes, seconds, GiB/s) and which the stats
 //! socket reports (`vhost-cuda --stats`, `stats.rs`). The log belongs to the VM's socket, not
 //! to one connection, so the source's figures outlive the QEMU that migrated away.
@@ -17,10 +19,12 @@ use tracing::info;
 /// One phase of a migration's stop.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Phase {
-    /// Its name: `save`, `send`, `receive`, `restore`.
+    /// Its name: `quiesce`, `handover`, `save`, `send`, `receive`, `restore`.
     pub name: &'static str,
-    /// Bytes it moved.
+    /// Bytes it moved (for `handover`: the device memory handed over, which was not copied).
     pub bytes: u64,
+    /// Pieces of device memory handed over (`handover` only; 0 elsewhere).
+    pub pieces: u64,
     /// Seconds it took.
     pub secs: f64,
 }
@@ -67,15 +71,29 @@ impl MigrationLog {
 
     /// [`record`](Self::record) with the time it took.
     pub fn record_took(&self, vm: &str, name: &'static str, bytes: u64, took: Duration) {
+        self.record_pieces(vm, name, bytes, 0, took);
+    }
+
+    /// [`record_took`](Self::record_took) of a phase that handed `pieces` pieces over.
+    pub fn record_pieces(
+        &self,
+        vm: &str,
+        name: &'static str,
+        bytes: u64,
+        pieces: u64,
+        took: Duration,
+    ) {
         let phase = Phase {
             name,
             bytes,
+            pieces,
             secs: took.as_secs_f64(),
         };
         info!(
             vm,
             phase = name,
             bytes,
+            pieces,
             secs = format_args!("{:.3}", phase.secs),
             gib_per_s = format_args!("{:.2}", phase.gib_per_s()),
             "migration: phase done"
@@ -113,9 +131,11 @@ mod tests {
             ["save", "send"]
         );
         assert!((f.phases[0].gib_per_s() - 2.0).abs() < 1e-9);
+        log.record_pieces("vm", "handover", 4 << 30, 3, Duration::from_millis(20));
+        assert_eq!(log.snapshot().phases[2].pieces, 3);
         log.record_took("vm", "save", 5, Duration::ZERO);
-        assert_eq!(log.snapshot().phases[1].bytes, 5);
-        assert_eq!(log.snapshot().phases[1].gib_per_s(), 0.0);
+        assert_eq!(log.snapshot().phases[2].bytes, 5);
+        assert_eq!(log.snapshot().phases[2].gib_per_s(), 0.0);
         log.begin("destination");
         assert!(log.snapshot().phases.is_empty());
     }

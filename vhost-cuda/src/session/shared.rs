@@ -19,6 +19,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{
     account::{SessionAccount, VmTotals},
+    handover::Piece,
     locking::lock,
     migration::SavedGpu,
     process_checkpoint::ProcessState,
@@ -167,6 +168,27 @@ impl Waiter for Job {
     }
 }
 
+/// How a migration's source saves a session ([`Msg::SaveState`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SaveMode {
+    /// The whole state, device memory included (the copy path).
+    Full,
+    /// The state without the allocations' contents: the quiesce at the last stop.
+    Record,
+    /// The runs exported and the state without contents (the handover path).
+    Export,
+}
+
+/// What a session's thread answers a save with: its GPU side and, for [`SaveMode::Export`],
+/// the pieces of its device memory (in its runs' order).
+#[derive(Debug)]
+pub(super) struct Saved {
+    /// The session's GPU side.
+    pub(super) gpu: SavedGpu,
+    /// Its exported runs.
+    pub(super) pieces: Vec<Piece>,
+}
+
 pub(super) enum Msg {
     Run(Box<Job>),
     /// A new guest memory map (SET_MEM_TABLE), for the worker process.
@@ -185,7 +207,7 @@ pub(super) enum Msg {
     Process(Transition),
     /// A migration's source: the thread answers what its GPU side is, its worker's saved state
     /// included (the state goes on running).
-    SaveState(Sender<Result<SavedGpu, String>>),
+    SaveState(SaveMode, Sender<Result<Saved, String>>),
     /// Another process's `GpuTrace` of this session (its header restamped with this session):
     /// run by this session's worker between its own requests, never starting one.
     Trace(Box<Job>),
@@ -199,7 +221,7 @@ impl Msg {
             Msg::Memory(_)
             | Msg::Checkpoint { .. }
             | Msg::Process(_)
-            | Msg::SaveState(_)
+            | Msg::SaveState(..)
             | Msg::Trace(_) => false,
             Msg::Shutdown(_) => true,
         }

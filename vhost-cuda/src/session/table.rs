@@ -23,12 +23,13 @@ use qcuda_proto::{PROCESS_GET_RESTORE_THREAD, PROCESS_GET_STATE, PROCESS_LOCK};
 
 use super::{
     account::{SessionAccount, VmTotals, VmUsage},
+    handover::Piece,
     limits::{MAX_IN_FLIGHT, MAX_SESSIONS},
-    migration::SessionState,
+    migration::{SavedGpu, SessionState},
     process_checkpoint::{is_transition, ProcessState},
     shared::{
-        end_sessions, Adopting, ChainCompleter, Counters, InFlight, Job, Msg, SessionHandle,
-        Shared, Transition,
+        end_sessions, Adopting, ChainCompleter, Counters, InFlight, Job, Msg, SaveMode,
+        SessionHandle, Shared, Transition,
     },
     thread::{Restore, SessionThread},
     usage::{self, UsageView},
@@ -397,10 +398,48 @@ impl SessionTable {
     /// cannot be saved (what it holds cannot be saved, it is paused, or its worker failed
     /// meanwhile), or after `timeout`.
     pub fn save_states(&self, timeout: Duration) -> Result<Vec<SessionState>, String> {
+        self.save_as(SaveMode::Full, timeout)
+            .map(|(states, _)| states)
+    }
+
+    /// [`save_states`](Self::save_states) without the allocations' contents: a migration's
+    /// last stop, which quiesces every worker (its GPU work synchronised, nothing more to
+    /// write into guest RAM) and checks that each state can be saved, before the path is
+    /// chosen.
+    pub fn save_records(&self, timeout: Duration) -> Result<Vec<SessionState>, String> {
+        self.save_as(SaveMode::Record, timeout)
+            .map(|(states, _)| states)
+    }
+
+    /// A same-host handover's source: every worker exports the memory of its runs and saves
+    /// its state without their contents. The states (in session order, as the stream carries
+    /// them) and the pieces of every session, one after the other in that order. The workers
+    /// go on running, their memory where it was.
+    pub fn export_states(
+        &self,
+        timeout: Duration,
+    ) -> Result<(Vec<SessionState>, Vec<Piece>), String> {
+        self.save_as(SaveMode::Export, timeout)
+    }
+
+    /// The UUID of each guest device's GPU, in guest-device order (none without a driver): what
+    /// a handover's offer names, and what a destination compares with it.
+    pub fn gpu_uuids(&self) -> Vec<[u8; 16]> {
+        let host = &self.shared.host;
+        (0..host.gpu_count())
+            .filter_map(|i| host.gpu_info(i).map(|g| g.uuid))
+            .collect()
+    }
+
+    fn save_as(
+        &self,
+        mode: SaveMode,
+        timeout: Duration,
+    ) -> Result<(Vec<SessionState>, Vec<Piece>), String> {
         let mut asked = Vec::new();
         for (&id, t) in self.shared.threads().iter() {
             let (reply, answer) = mpsc::channel();
-            if t.send(Msg::SaveState(reply)).is_ok() {
+            if t.send(Msg::SaveState(mode, reply)).is_ok() {
                 asked.push((id, t.account.pid(), answer));
             }
         }
@@ -409,7 +448,14 @@ impl SessionTable {
         for (id, pid, answer) in asked {
             let left = deadline.saturating_duration_since(Instant::now());
             match answer.recv_timeout(left) {
-                Ok(Ok(gpu)) => states.push(SessionState { id, pid, gpu }),
+                Ok(Ok(saved)) => states.push((
+                    SessionState {
+                        id,
+                        pid,
+                        gpu: saved.gpu,
+                    },
+                    saved.pieces,
+                )),
                 Ok(Err(why)) => return Err(format!("session {id}: {why}")),
                 // The session ended meanwhile: nothing of it to move.
                 Err(mpsc::RecvTimeoutError::Disconnected) => {}
@@ -418,8 +464,16 @@ impl SessionTable {
                 }
             }
         }
-        states.sort_unstable_by_key(|s| s.id);
-        Ok(states)
+        states.sort_unstable_by_key(|(s, _)| s.id);
+        let mut pieces = Vec::new();
+        let states = states
+            .into_iter()
+            .map(|(s, p)| {
+                pieces.extend(p);
+                s
+            })
+            .collect();
+        Ok((states, pieces))
     }
 
     /// A migration's destination: starts a session for each of `states` under its id, with a
@@ -431,6 +485,32 @@ impl SessionTable {
         states: Vec<SessionState>,
         timeout: Duration,
     ) -> Result<(), String> {
+        self.restore_handed_over(states, Vec::new(), timeout)
+    }
+
+    /// [`restore_states`](Self::restore_states) where device memory was handed over: `pieces`
+    /// are the source's runs, claimed (`session/handover.rs`), each handed-over session's
+    /// own taken in turn, in the states' order. Every piece must be some session's.
+    pub fn restore_handed_over(
+        &self,
+        states: Vec<SessionState>,
+        pieces: Vec<Piece>,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        let wanted: u64 = states
+            .iter()
+            .map(|s| match s.gpu {
+                SavedGpu::HandedOver { pieces, .. } => u64::from(pieces),
+                _ => 0,
+            })
+            .sum();
+        if wanted != pieces.len() as u64 {
+            return Err(format!(
+                "the states name {wanted} pieces of device memory, {} were handed over",
+                pieces.len()
+            ));
+        }
+        let mut pieces = pieces.into_iter();
         let mut waits = Vec::with_capacity(states.len());
         let mut started = Vec::with_capacity(states.len());
         let mut failed = None;
@@ -446,7 +526,17 @@ impl SessionTable {
                     break;
                 }
                 let (reply, answer) = mpsc::channel();
-                let restore = Restore { gpu: s.gpu, reply };
+                let mine = match s.gpu {
+                    SavedGpu::HandedOver { pieces: n, .. } => {
+                        pieces.by_ref().take(n as usize).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                let restore = Restore {
+                    gpu: s.gpu,
+                    pieces: mine,
+                    reply,
+                };
                 match self.start_thread(&mut threads, s.id, s.pid, None, Some(restore)) {
                     Ok(_) => {
                         started.push(s.id);

@@ -819,7 +819,7 @@ fn a_locked_process_that_ends_answers_what_waited_and_is_gone() {
 
 #[test]
 fn sessions_migrate_to_another_table_and_a_refused_stream_ends_only_what_it_started() {
-    use super::migration::{read_stream, write_stream, SavedGpu};
+    use super::migration::{read_copied, write_stream, SavedGpu};
     let mut src = Guest::new();
     for (head, session) in [(1u16, 21u64), (2, 22)] {
         let (hello, _) = src.simple(Op::Hello, session);
@@ -843,7 +843,7 @@ fn sessions_migrate_to_another_table_and_a_refused_stream_ends_only_what_it_star
     // The destination: the same sessions, open before their next request.
     let mut dst = Guest::new();
     dst.table
-        .restore_states(read_stream(&mut stream.as_slice()).unwrap(), WAIT)
+        .restore_states(read_copied(&mut stream.as_slice()).unwrap(), WAIT)
         .unwrap();
     assert_eq!(dst.table.open_count(), 2);
     let (echo, echo_out) = dst.echo(22, b"moved");
@@ -853,7 +853,7 @@ fn sessions_migrate_to_another_table_and_a_refused_stream_ends_only_what_it_star
     assert_eq!(dst.table.open_count(), 2);
     // A stream with a new session and then an id open here already: refused as a whole, the
     // session it started is ended again, and the sessions open before are untouched.
-    let mut again = read_stream(&mut stream.as_slice()).unwrap();
+    let mut again = read_copied(&mut stream.as_slice()).unwrap();
     again[0].id = 30;
     dst.table.restore_states(again, WAIT).unwrap_err();
     assert_eq!(dst.table.open_count(), 2);

@@ -5,7 +5,7 @@ use std::{
     cell::{Cell, RefCell},
     collections::VecDeque,
     mem,
-    os::fd::AsRawFd,
+    os::fd::{AsRawFd, RawFd},
     sync::{
         atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
         mpsc::Receiver,
@@ -23,10 +23,11 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{
     account::{bytes_text, SessionAccount},
+    handover::Piece,
     latency::{ns, LatencyStats},
     migration::SavedGpu,
     process_checkpoint::{self, ProcessState},
-    shared::{Adopting, Msg, Shared},
+    shared::{Adopting, Msg, SaveMode, Saved, Shared},
     usage,
 };
 use crate::{
@@ -84,6 +85,8 @@ pub(super) struct SessionThread {
 /// it was made again here.
 pub(super) struct Restore {
     pub(super) gpu: SavedGpu,
+    /// The pieces of a handed-over state's runs (none otherwise).
+    pub(super) pieces: Vec<Piece>,
     pub(super) reply: std::sync::mpsc::Sender<Result<(), String>>,
 }
 
@@ -118,7 +121,7 @@ fn answer_unrun(msg: Msg, resp: &ResponseHeader) {
             }
         }
         Msg::Trace(job) => job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR)),
-        Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } | Msg::SaveState(_) => {}
+        Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } | Msg::SaveState(..) => {}
     }
 }
 
@@ -147,8 +150,15 @@ impl SessionThread {
             Some(a) => self.take_over(a),
             None => Gpu::Idle,
         };
-        if let Some(Restore { gpu: saved, reply }) = self.restore.take() {
-            let restored = self.restore(&mut gpu, saved);
+        if let Some(Restore {
+            gpu: saved,
+            pieces,
+            reply,
+        }) = self.restore.take()
+        {
+            let restored = self.restore(&mut gpu, saved, &pieces);
+            // The worker mapped what it imported: the daemon's descriptors go.
+            drop(pieces);
             let ok = restored.is_ok();
             let _ = reply.send(restored);
             if !ok {
@@ -188,11 +198,11 @@ impl SessionThread {
                     self.share_memory(&mut gpu, &mem);
                     continue;
                 }
-                Msg::SaveState(reply) => {
+                Msg::SaveState(mode, reply) => {
                     let saved = if paused {
                         Err("paused by the operator".to_string())
                     } else {
-                        self.save(&mut gpu)
+                        self.save(&mut gpu, mode)
                     };
                     let _ = reply.send(saved);
                     continue;
@@ -739,28 +749,55 @@ impl SessionThread {
 
     /// A migration's source: what this session's GPU side is, its worker's saved state
     /// included (the worker goes on running).
-    fn save(&self, gpu: &mut Gpu) -> Result<SavedGpu, String> {
+    fn save(&self, gpu: &mut Gpu, mode: SaveMode) -> Result<Saved, String> {
+        let nothing = |gpu| {
+            Ok(Saved {
+                gpu,
+                pieces: Vec::new(),
+            })
+        };
         let process = match gpu {
-            Gpu::Idle => return Ok(SavedGpu::None),
-            Gpu::Failed => return Ok(SavedGpu::Failed),
+            Gpu::Idle => return nothing(SavedGpu::None),
+            Gpu::Failed => return nothing(SavedGpu::Failed),
             Gpu::Running { sticky: true, .. } => {
                 return Err("its worker holds a sticky CUDA error".into())
             }
             Gpu::Running { process, .. } => process,
         };
         let started = Instant::now();
-        match process.save_state() {
-            Ok(Ok(saved)) => {
+        let saved = match mode {
+            SaveMode::Full => process.save_state().map(|r| r.map(|s| (s, Vec::new()))),
+            SaveMode::Record => process.save_record().map(|r| r.map(|s| (s, Vec::new()))),
+            SaveMode::Export => process.export_runs(),
+        };
+        match saved {
+            Ok(Ok((saved, runs))) => {
+                let handed: u64 = runs.iter().map(|(m, _)| m[2]).sum();
                 info!(
                     vm = %self.shared.label,
                     session = self.id,
+                    ?mode,
                     bytes = saved.file.len(),
+                    runs = runs.len(),
+                    handed_over_bytes = handed,
                     capture_ms = saved.capture_us / 1000,
                     encode_ms = saved.encode_us / 1000,
                     ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     "GPU state saved for migration"
                 );
-                Ok(SavedGpu::State(saved.file))
+                let pieces: Vec<Piece> = runs
+                    .into_iter()
+                    .map(|(meta, fd)| Piece { meta, fd })
+                    .collect();
+                let gpu = match mode {
+                    SaveMode::Export => SavedGpu::HandedOver {
+                        state: saved.file,
+                        pieces: u32::try_from(pieces.len())
+                            .map_err(|_| "too many runs to hand over".to_string())?,
+                    },
+                    SaveMode::Full | SaveMode::Record => SavedGpu::State(saved.file),
+                };
+                Ok(Saved { gpu, pieces })
             }
             Ok(Err(resp)) => Err(format!(
                 "its GPU state cannot be saved (CUDA error {})",
@@ -775,14 +812,15 @@ impl SessionThread {
     }
 
     /// A migration's destination: makes the session's GPU side again from `saved`.
-    fn restore(&self, gpu: &mut Gpu, saved: SavedGpu) -> Result<(), String> {
-        let bytes = match saved {
+    fn restore(&self, gpu: &mut Gpu, saved: SavedGpu, pieces: &[Piece]) -> Result<(), String> {
+        let (bytes, handed_over) = match saved {
             SavedGpu::None => return Ok(()),
             SavedGpu::Failed => {
                 *gpu = Gpu::Failed;
                 return Ok(());
             }
-            SavedGpu::State(bytes) => bytes,
+            SavedGpu::State(bytes) => (bytes, false),
+            SavedGpu::HandedOver { state, .. } => (state, true),
         };
         self.start_worker(gpu, Op::DeviceSynchronize)
             .map_err(|resp| format!("no worker (CUDA error {})", resp.status))?;
@@ -790,12 +828,20 @@ impl SessionThread {
             return Err("no worker".into());
         };
         let started = Instant::now();
-        match process.restore_state(&bytes) {
+        let restored = if handed_over {
+            let runs: Vec<([u64; 3], RawFd)> =
+                pieces.iter().map(|p| (p.meta, p.fd.as_raw_fd())).collect();
+            process.restore_handed_over(&bytes, &runs)
+        } else {
+            process.restore_state(&bytes)
+        };
+        match restored {
             Ok(resp) if resp.status == status::SUCCESS => {
                 info!(
                     vm = %self.shared.label,
                     session = self.id,
                     bytes = bytes.len(),
+                    runs = pieces.len(),
                     ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     "GPU state restored from a migration"
                 );

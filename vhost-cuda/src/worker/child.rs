@@ -40,7 +40,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use crate::{
     cuda::{
         trace::{cupti, GpuTraceMode, GpuTraceSetup},
-        AddressSpace, CheckpointError, CudaHost, GpuState,
+        AddressSpace, CheckpointError, CudaHost, ExportedRun, GpuState,
     },
     device_output::DeviceOutput,
     guest_buffer::{BufferError, GuestBuffer, GuestRam, Request, RequestError},
@@ -253,6 +253,25 @@ pub enum Work<'a> {
     /// Replace the (fresh) state with the saved state this file holds from offset 0
     /// ([`ToWorker::RestoreState`]); the answer's rets[0] is the bytes read.
     RestoreState(&'a std::fs::File),
+    /// Save the state without the allocations' contents into this file
+    /// ([`ToWorker::SaveRecord`]); answered as `SaveState` is.
+    SaveRecord(&'a std::fs::File),
+    /// Export every run into `runs`, then save the state without contents into `file`
+    /// ([`ToWorker::ExportRuns`]); answered as `SaveState` is.
+    ExportRuns {
+        /// Where the state goes.
+        file: &'a std::fs::File,
+        /// Where the exported runs go.
+        runs: &'a mut Vec<ExportedRun>,
+    },
+    /// Replace the (fresh) state with the state without contents in `file`, every run mapped
+    /// from `runs` ([`ToWorker::RestoreHandedOver`]); answered as `RestoreState` is.
+    RestoreHandedOver {
+        /// The saved state.
+        file: &'a std::fs::File,
+        /// The source's runs, imported.
+        runs: &'a [ExportedRun],
+    },
     /// Guest RAM has just been mapped (a memory table): a restored state maps the guest
     /// memory it had mapped for the GPU from it. The answer is not sent anywhere.
     GuestRam(&'a Arc<GuestRam>),
@@ -349,6 +368,60 @@ fn restore_state_from(session: &mut GpuState, file: &std::fs::File) -> ResponseH
     checkpoint_answer(session.restore_saved(bytes).map(|()| bytes.len() as u64))
 }
 
+/// Saves the state without the allocations' contents into `file` (from offset 0): a
+/// migration's quiesce at its last stop (`save_record`), or a handover's state after its runs
+/// were exported (`export_runs`, which exports them into `runs` first).
+fn save_without_contents_into(
+    session: &mut GpuState,
+    file: &std::fs::File,
+    runs: Option<&mut Vec<ExportedRun>>,
+) -> ResponseHeader {
+    if let Some(runs) = runs {
+        match session.export_runs() {
+            Ok(r) => *runs = r,
+            Err(e) => return checkpoint_answer(Err(e)),
+        }
+    }
+    let mut out = io::BufWriter::with_capacity(1 << 20, file);
+    let figures = match session.save_for_handover_into(&mut out) {
+        Ok(f) => f,
+        Err(e) => return checkpoint_answer(Err(e)),
+    };
+    if let Err(e) = out.flush() {
+        error!("cannot write the saved state: {e}");
+        return ResponseHeader::with_status(status::MEMORY_ALLOCATION);
+    }
+    let mut r = checkpoint_answer(Ok(figures.bytes));
+    r.rets[2] = u64::try_from(figures.capture.as_micros()).unwrap_or(u64::MAX);
+    r.rets[3] = u64::try_from(figures.encode.as_micros()).unwrap_or(u64::MAX);
+    r
+}
+
+/// A handover's destination: makes the state without contents in `file` again in this fresh
+/// state, every run mapped from `runs` (checked against the state's own: `restore_handed_over`).
+fn restore_handed_over_from(
+    session: &mut GpuState,
+    file: &std::fs::File,
+    runs: &[ExportedRun],
+) -> ResponseHeader {
+    let mapped = match super::state_file::SealedMap::new(file) {
+        Ok(m) => m,
+        Err(e) => {
+            error!("cannot map the state to restore: {e}");
+            return ResponseHeader::with_status(status::MEMORY_ALLOCATION);
+        }
+    };
+    let bytes = mapped.bytes();
+    checkpoint_answer(
+        session
+            .restore_handed_over(bytes, runs)
+            .map(|()| bytes.len() as u64),
+    )
+}
+
+/// Most runs a worker takes for one handover (`session/handover.rs`'s bound on pieces).
+const MAX_IMPORTED_RUNS: usize = crate::session::handover::MAX_PIECES;
+
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
 /// request through `execute` (after [`build_request`]) and answers it. Returns the error that
 /// ended it otherwise (a broken channel or an undecodable frame).
@@ -375,6 +448,8 @@ pub fn serve(
     // again, its answer is given again instead of running it twice.
     let mut last_run: Option<(Box<RunRequest>, ResponseHeader)> = None;
     let mut replay: Option<(Box<RunRequest>, ResponseHeader)> = None;
+    // The runs a handover's destination was given for its next `RestoreHandedOver`.
+    let mut imported: Vec<ExportedRun> = Vec::new();
     loop {
         let (msg, files) = match hop.next(channel, std::mem::take(&mut spin))? {
             Next::End => break,
@@ -436,6 +511,49 @@ pub fn serve(
                             Some(fd) => channel.send_exported(resp, fd.as_raw_fd())?,
                             None => channel.send_to_daemon(&FromWorker::Done(resp, 0))?,
                         }
+                        continue;
+                    }
+                    ToWorker::ImportRuns(metas) => {
+                        if imported.len() + metas.len() > MAX_IMPORTED_RUNS {
+                            // The restore that follows is refused: its runs are not all here.
+                            warn!("more runs handed over than a handover carries; dropped");
+                            imported.clear();
+                            continue;
+                        }
+                        // recv_to_worker checked one descriptor per run.
+                        for (m, f) in metas.into_iter().zip(files) {
+                            imported.push(ExportedRun {
+                                dev: u32::try_from(m[0]).unwrap_or(u32::MAX),
+                                va: m[1],
+                                len: m[2],
+                                fd: OwnedFd::from(f),
+                            });
+                        }
+                        continue;
+                    }
+                    ToWorker::ExportRuns => {
+                        // Answered on the socket with the descriptors, outside the mailbox's
+                        // numbering: the daemon reads this answer alone
+                        // (`WorkerProcess::export_runs`).
+                        let started = Instant::now();
+                        let mut runs = Vec::new();
+                        let mut resp = match files.first() {
+                            Some(file) => execute(Work::ExportRuns {
+                                file,
+                                runs: &mut runs,
+                            }),
+                            None => ResponseHeader::with_status(status::INVALID_VALUE),
+                        };
+                        resp.rets[1] =
+                            u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                        if resp.status == status::SUCCESS {
+                            let with_fds: Vec<([u64; 3], RawFd)> = runs
+                                .iter()
+                                .map(|r| ([u64::from(r.dev), r.va, r.len], r.fd.as_raw_fd()))
+                                .collect();
+                            channel.send_runs(&with_fds)?;
+                        }
+                        channel.send_to_daemon(&FromWorker::Done(resp, 0))?;
                         continue;
                     }
                     ToWorker::HostFunctionLink => {
@@ -516,7 +634,12 @@ pub fn serve(
                 let resp = crate::sandbox::test_hook::attempt(&attempt);
                 hop.answer(channel, &FromWorker::Done(resp, 0))?;
             }
-            ToWorker::Pause | ToWorker::Resume | ToWorker::SaveState | ToWorker::RestoreState => {
+            ToWorker::Pause
+            | ToWorker::Resume
+            | ToWorker::SaveState
+            | ToWorker::RestoreState
+            | ToWorker::SaveRecord
+            | ToWorker::RestoreHandedOver => {
                 let started = Instant::now();
                 let file = files.first();
                 let mut resp = match (&msg, file) {
@@ -524,6 +647,14 @@ pub fn serve(
                     (ToWorker::Resume, _) => execute(Work::Resume),
                     (ToWorker::SaveState, Some(f)) => execute(Work::SaveState(f)),
                     (ToWorker::RestoreState, Some(f)) => execute(Work::RestoreState(f)),
+                    (ToWorker::SaveRecord, Some(f)) => execute(Work::SaveRecord(f)),
+                    (ToWorker::RestoreHandedOver, Some(f)) => {
+                        let runs = std::mem::take(&mut imported);
+                        execute(Work::RestoreHandedOver {
+                            file: f,
+                            runs: &runs,
+                        })
+                    }
                     // recv_to_worker checked that the file came.
                     _ => ResponseHeader::with_status(status::INVALID_VALUE),
                 };
@@ -535,6 +666,8 @@ pub fn serve(
             ToWorker::MemoryTable(_)
             | ToWorker::HostFunctionLink
             | ToWorker::Ipc(_)
+            | ToWorker::ImportRuns(_)
+            | ToWorker::ExportRuns
             | ToWorker::Mailbox
             | ToWorker::Posted => {}
         }
@@ -817,6 +950,15 @@ pub fn run(config: &WorkerConfig) -> i32 {
                 }
                 Work::SaveState(file) => return save_state_into(&mut session, file),
                 Work::RestoreState(file) => return restore_state_from(&mut session, file),
+                Work::SaveRecord(file) => {
+                    return save_without_contents_into(&mut session, file, None)
+                }
+                Work::ExportRuns { file, runs } => {
+                    return save_without_contents_into(&mut session, file, Some(runs))
+                }
+                Work::RestoreHandedOver { file, runs } => {
+                    return restore_handed_over_from(&mut session, file, runs)
+                }
                 Work::GuestRam(mem) => {
                     session.attach_guest_ram(mem);
                     return ResponseHeader::with_status(status::SUCCESS);
@@ -1077,7 +1219,10 @@ mod tests {
                         break replay;
                     }
                     // What the old daemon never read.
-                    FromWorker::Done(..) | FromWorker::Posted | FromWorker::Exported(_) => {}
+                    FromWorker::Done(..)
+                    | FromWorker::Posted
+                    | FromWorker::Exported(_)
+                    | FromWorker::Runs(_) => {}
                 }
             }
         };
@@ -1163,6 +1308,38 @@ mod tests {
                             return r;
                         }
                         Work::RestoreState(_) => return ResponseHeader::with_status(79),
+                        Work::SaveRecord(_) => return ResponseHeader::with_status(81),
+                        // A test double of a handover's export: memfds stand for the device
+                        // memory of 300 runs (more than one frame carries).
+                        Work::ExportRuns { runs, .. } => {
+                            for i in 0..300u64 {
+                                let f = memfd(8);
+                                use std::os::unix::fs::FileExt;
+                                f.write_all_at(&i.to_le_bytes(), 0).unwrap();
+                                runs.push(ExportedRun {
+                                    dev: 0,
+                                    va: 0x6800_0000_0000 + (i << 21),
+                                    len: 2 << 20,
+                                    fd: OwnedFd::from(f),
+                                });
+                            }
+                            return ResponseHeader::with_status(status::SUCCESS);
+                        }
+                        // The runs given before the restore reach it, in order, with their
+                        // memory.
+                        Work::RestoreHandedOver { runs, .. } => {
+                            use std::os::unix::fs::FileExt;
+                            let ok = runs.len() == 100
+                                && runs.iter().enumerate().all(|(i, r)| {
+                                    let mut b = [0u8; 8];
+                                    File::from(r.fd.try_clone().unwrap())
+                                        .read_exact_at(&mut b, 0)
+                                        .unwrap();
+                                    r.va == 0x6800_0000_0000 + ((i as u64) << 21)
+                                        && u64::from_le_bytes(b) == i as u64
+                                });
+                            return ResponseHeader::with_status(if ok { 82 } else { 1 });
+                        }
                         Work::GuestRam(m) => {
                             // Each table mapped reaches the state (a restored state's host
                             // mappings wait for it).
@@ -1181,7 +1358,10 @@ mod tests {
         let run = |gpa| ToWorker::Run(Box::new(copy_run(9, 6, vec![span(gpa, 6)])));
         let answer = || match daemon.recv_from_worker().unwrap().unwrap() {
             FromWorker::Done(r, _) => r.status,
-            FromWorker::Posted | FromWorker::Adopted { .. } | FromWorker::Exported(_) => {
+            FromWorker::Posted
+            | FromWorker::Adopted { .. }
+            | FromWorker::Exported(_)
+            | FromWorker::Runs(_) => {
                 unreachable!("no mailbox or IPC in this test")
             }
         };
@@ -1233,6 +1413,41 @@ mod tests {
         }
         // An import without its descriptor is not a message.
         assert!(daemon.send_to_worker(&ToWorker::Ipc(import), &[]).is_err());
+        // A handover: the export's runs come back on the socket with their descriptors, in
+        // batches; the destination's runs, given in batches, reach its restore.
+        let state = memfd(16);
+        daemon
+            .send_to_worker(&ToWorker::SaveRecord, &[state.as_raw_fd()])
+            .unwrap();
+        assert_eq!(answer(), 81);
+        daemon
+            .send_to_worker(&ToWorker::ExportRuns, &[state.as_raw_fd()])
+            .unwrap();
+        let (resp, runs) = daemon.recv_runs_answer(1000).unwrap().unwrap();
+        assert_eq!((resp.status, runs.len()), (status::SUCCESS, 300));
+        for (i, (meta, f)) in runs.iter().enumerate() {
+            use std::os::unix::fs::FileExt;
+            let mut b = [0u8; 8];
+            f.read_exact_at(&mut b, 0).unwrap();
+            assert_eq!(u64::from_le_bytes(b), i as u64);
+            assert_eq!(meta[1], 0x6800_0000_0000 + ((i as u64) << 21));
+        }
+        for batch in runs[..100].chunks(crate::worker::message::RUN_BATCH) {
+            let metas: Vec<[u64; 3]> = batch.iter().map(|(m, _)| *m).collect();
+            let fds: Vec<RawFd> = batch.iter().map(|(_, f)| f.as_raw_fd()).collect();
+            daemon
+                .send_to_worker(&ToWorker::ImportRuns(metas), &fds)
+                .unwrap();
+        }
+        daemon
+            .send_to_worker(&ToWorker::RestoreHandedOver, &[state.as_raw_fd()])
+            .unwrap();
+        assert_eq!(answer(), 82);
+        // The runs were taken by that restore: the next has none.
+        daemon
+            .send_to_worker(&ToWorker::RestoreHandedOver, &[state.as_raw_fd()])
+            .unwrap();
+        assert_eq!(answer(), 1);
         daemon.send_to_worker(&run(0x4000_0100), &[]).unwrap();
         // A table the worker cannot map leaves it without guest RAM.
         let f = memfd(0x1000);

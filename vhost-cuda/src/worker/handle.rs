@@ -44,11 +44,15 @@ use crate::{
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
     sandbox::{self, ChildProcess, IdMaps, SandboxMode, SeccompMode, SharedShm, SpawnSpec},
+    session::handover::MAX_PIECES,
     shared_guest_ram::region_table,
     spin_wait,
     worker::{
         mailbox::Mailbox,
-        message::{FromWorker, IpcCall, MessageError, RunRequest, Span, ToWorker, WorkerChannel},
+        message::{
+            FromWorker, IpcCall, MessageError, RunMeta, RunRequest, Span, ToWorker, WorkerChannel,
+            RUN_BATCH,
+        },
         state_file::StateFile,
     },
 };
@@ -503,7 +507,9 @@ fn wait_for_answer(
                 Some(FromWorker::Posted) => continue,
                 Some(FromWorker::Adopted { .. }) => return Err(MessageError::Mailbox.into()),
                 // Only ever the answer of an IPC call, which is read on its own.
-                Some(FromWorker::Exported(_)) => return Err(MessageError::Mailbox.into()),
+                Some(FromWorker::Exported(_) | FromWorker::Runs(_)) => {
+                    return Err(MessageError::Mailbox.into())
+                }
                 None => return Err(WorkerError::Closed),
             }
         }
@@ -521,9 +527,10 @@ fn mailbox_answer(answer: Result<Vec<u8>, ()>) -> Result<(ResponseHeader, u64), 
     let body = answer.map_err(|()| MessageError::Mailbox)?;
     match FromWorker::decode(&body)? {
         FromWorker::Done(resp, exec_ns) => Ok((resp, exec_ns)),
-        FromWorker::Posted | FromWorker::Adopted { .. } | FromWorker::Exported(_) => {
-            Err(MessageError::Mailbox.into())
-        }
+        FromWorker::Posted
+        | FromWorker::Adopted { .. }
+        | FromWorker::Exported(_)
+        | FromWorker::Runs(_) => Err(MessageError::Mailbox.into()),
     }
 }
 
@@ -714,7 +721,12 @@ impl WorkerProcess {
                 // Answers the old daemon never read: the guest's ring delivers their requests
                 // again (the worker gives the last one's answer again). An IPC export's answer
                 // goes with the old daemon's table of exports (its descriptor is not taken).
-                Some(FromWorker::Done(..) | FromWorker::Posted | FromWorker::Exported(_)) => {}
+                Some(
+                    FromWorker::Done(..)
+                    | FromWorker::Posted
+                    | FromWorker::Exported(_)
+                    | FromWorker::Runs(_),
+                ) => {}
                 None => return Err(WorkerError::Closed),
             }
         };
@@ -919,8 +931,21 @@ impl WorkerProcess {
     /// `Ok(Ok(saved))` the saved state (`saved_state.rs`) in its file, `Ok(Err(answer))` the worker's
     /// refusal (its status says why, as for [`checkpoint`](Self::checkpoint)).
     pub fn save_state(&mut self) -> Result<Result<SavedByWorker, ResponseHeader>, WorkerError> {
+        self.save_as(&ToWorker::SaveState)
+    }
+
+    /// [`save_state`](Self::save_state) without the allocations' contents
+    /// ([`ToWorker::SaveRecord`]): a migration's quiesce at its last stop.
+    pub fn save_record(&mut self) -> Result<Result<SavedByWorker, ResponseHeader>, WorkerError> {
+        self.save_as(&ToWorker::SaveRecord)
+    }
+
+    fn save_as(
+        &mut self,
+        msg: &ToWorker,
+    ) -> Result<Result<SavedByWorker, ResponseHeader>, WorkerError> {
         let file = StateFile::create(c"qcuda-saved-state").map_err(WorkerError::StateFile)?;
-        self.send_message(&ToWorker::SaveState, &[file.file().as_raw_fd()])?;
+        self.send_message(msg, &[file.file().as_raw_fd()])?;
         let resp = loop {
             if let Waited::Done(resp) = self.wait(None)? {
                 break resp;
@@ -940,6 +965,81 @@ impl WorkerProcess {
             capture_us: resp.rets[2],
             encode_us: resp.rets[3],
         }))
+    }
+
+    /// A same-host handover's source (`session/handover.rs`): the worker exports the memory
+    /// under every mapped run of its ranges and saves its state without their contents
+    /// ([`ToWorker::ExportRuns`]). `Ok(Ok((saved, runs)))`: the state, and each run (guest
+    /// device, address, length) with its memory's descriptor; `Ok(Err(answer))`: the worker's
+    /// refusal. The state goes on running, its memory where it was.
+    #[expect(clippy::type_complexity, reason = "two outcomes of one exchange")]
+    pub fn export_runs(
+        &mut self,
+    ) -> Result<Result<(SavedByWorker, Vec<(RunMeta, OwnedFd)>), ResponseHeader>, WorkerError> {
+        let file = StateFile::create(c"qcuda-handover-state").map_err(WorkerError::StateFile)?;
+        self.send_message(&ToWorker::ExportRuns, &[file.file().as_raw_fd()])?;
+        let ch = self.channel()?;
+        // Each read times out after CHANNEL_TIMEOUT; the export first waits for the GPU's
+        // work and may move runs to shareable memory.
+        let mut tries = 0;
+        let (resp, runs) = loop {
+            match ch.recv_runs_answer(MAX_PIECES) {
+                Ok(Some(answer)) => break answer,
+                Ok(None) => return Err(WorkerError::Closed),
+                Err(MessageError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) && tries < 60 =>
+                {
+                    tries += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if resp.status != qcuda_proto::status::SUCCESS {
+            return Ok(Err(resp));
+        }
+        let file = StateFile::filled(
+            file.file().try_clone().map_err(WorkerError::StateFile)?,
+            resp.rets[0],
+        )
+        .map_err(WorkerError::StateFile)?;
+        let runs = runs
+            .into_iter()
+            .map(|(meta, f)| (meta, OwnedFd::from(f)))
+            .collect();
+        Ok(Ok((
+            SavedByWorker {
+                file,
+                capture_us: resp.rets[2],
+                encode_us: resp.rets[3],
+            },
+            runs,
+        )))
+    }
+
+    /// A same-host handover's destination: restores the state without contents `state` into
+    /// this fresh worker, every run of it mapped from `runs` (the source's, claimed: guest
+    /// device, address, length and the memory's descriptor), which travel first in batches
+    /// ([`ToWorker::ImportRuns`]). Answered as [`restore_state`](Self::restore_state) is.
+    pub fn restore_handed_over(
+        &mut self,
+        state: &StateFile,
+        runs: &[(RunMeta, RawFd)],
+    ) -> Result<ResponseHeader, WorkerError> {
+        for batch in runs.chunks(RUN_BATCH) {
+            let metas: Vec<RunMeta> = batch.iter().map(|(m, _)| *m).collect();
+            let fds: Vec<RawFd> = batch.iter().map(|(_, fd)| *fd).collect();
+            self.send_message(&ToWorker::ImportRuns(metas), &fds)?;
+        }
+        state.seal().map_err(WorkerError::StateFile)?;
+        self.send_message(&ToWorker::RestoreHandedOver, &[state.file().as_raw_fd()])?;
+        loop {
+            if let Waited::Done(resp) = self.wait(None)? {
+                return Ok(resp);
+            }
+        }
     }
 
     /// Restores a saved state (`saved_state.rs`, from a migration's source) into this worker,

@@ -41,6 +41,13 @@ pub const MAX_REGIONS: usize = 64;
 /// Most guest-physical runs one request may have over all its buffers: a chain has at most
 /// `MAX_CHAIN_SEGMENTS` (4096) descriptors, each split at most at every region boundary.
 pub const MAX_SPANS: usize = 64 * 1024;
+/// Most runs of device memory (each with its descriptor) one frame carries, both ways: below
+/// the kernel's 253 descriptors a message, and what a worker's read takes ([`MAX_REGIONS`]).
+pub const RUN_BATCH: usize = MAX_REGIONS;
+
+/// One run of device memory handed over (`session/handover.rs`): the guest device, its address
+/// and its length; its descriptor travels beside the frame.
+pub type RunMeta = [u64; 3];
 
 const TAG_MEMORY_TABLE: u8 = 1;
 const TAG_RUN: u8 = 2;
@@ -57,6 +64,11 @@ const TAG_IPC: u8 = 12;
 const TAG_EXPORTED: u8 = 13;
 const TAG_SAVE_STATE: u8 = 14;
 const TAG_RESTORE_STATE: u8 = 15;
+const TAG_SAVE_RECORD: u8 = 16;
+const TAG_EXPORT_RUNS: u8 = 17;
+const TAG_IMPORT_RUNS: u8 = 18;
+const TAG_RESTORE_HANDED_OVER: u8 = 19;
+const TAG_RUNS: u8 = 20;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -140,6 +152,25 @@ pub enum ToWorker {
     /// destination), read from offset 0 to its end. Answered as [`ToWorker::SaveState`] is,
     /// rets[0] the bytes read.
     RestoreState,
+    /// [`ToWorker::SaveState`] without the allocations' contents
+    /// (`GpuState::save_for_handover_into`): at a migration's last stop, the quiesce (it
+    /// synchronises the GPU work) and the check that the state can be saved at all, before the
+    /// path is chosen. Answered as `SaveState` is.
+    SaveRecord,
+    /// A same-host handover's source: export the memory under every mapped run
+    /// (`GpuState::export_runs`), then save the state without the contents into the file that
+    /// travels with it. Answered on the socket, never through the mailbox: [`FromWorker::Runs`]
+    /// frames with the runs' descriptors (at most [`RUN_BATCH`] a frame), then
+    /// [`FromWorker::Done`] (as for `SaveState`; on an error the runs sent are void).
+    ExportRuns,
+    /// A same-host handover's destination: runs imported from the source, their descriptors
+    /// with the message (at most [`RUN_BATCH`]), kept for the next
+    /// [`ToWorker::RestoreHandedOver`]. Not answered.
+    ImportRuns(Vec<RunMeta>),
+    /// Restore the state without contents in the file that travels with it into this fresh
+    /// state, every run mapped from the runs given before (`GpuState::restore_handed_over`),
+    /// which it then forgets. Answered as `RestoreState` is.
+    RestoreHandedOver,
     /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
     /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
     #[cfg(feature = "test-hooks")]
@@ -147,7 +178,7 @@ pub enum ToWorker {
 }
 
 /// What a worker sends the daemon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FromWorker {
     /// The response to the oldest `Run` not yet answered, and the nanoseconds the worker spent
     /// on it (rebuilding and executing it), for the latency statistics.
@@ -166,6 +197,9 @@ pub enum FromWorker {
     /// The answer of an IPC export that succeeded: the response (rets[0..3] the `meta` for
     /// importers) and, with it, the driver's file descriptor. Always sent on the socket.
     Exported(ResponseHeader),
+    /// Runs of device memory exported for a handover ([`ToWorker::ExportRuns`]), one
+    /// descriptor each beside the frame.
+    Runs(Vec<RunMeta>),
 }
 
 /// Errors of encoding, decoding and moving messages.
@@ -192,6 +226,9 @@ pub enum MessageError {
     /// A request with too many runs.
     #[error("more than {MAX_SPANS} guest runs")]
     TooManySpans,
+    /// A batch of device-memory runs longer than [`RUN_BATCH`].
+    #[error("a batch of {0} device-memory runs, at most {RUN_BATCH}")]
+    TooManyRuns(u64),
     /// File descriptors that do not match the message.
     #[error("{got} file descriptors with a message that carries {expected}")]
     FdCount {
@@ -293,7 +330,14 @@ impl ToWorker {
         match self {
             Self::MemoryTable(regions) => regions.len(),
             Self::Run(_) => 0,
-            Self::HostFunctionLink | Self::Mailbox | Self::SaveState | Self::RestoreState => 1,
+            Self::HostFunctionLink
+            | Self::Mailbox
+            | Self::SaveState
+            | Self::RestoreState
+            | Self::SaveRecord
+            | Self::ExportRuns
+            | Self::RestoreHandedOver => 1,
+            Self::ImportRuns(runs) => runs.len(),
             Self::Posted | Self::Pause | Self::Resume | Self::Adopt | Self::End => 0,
             Self::Ipc(call) => usize::from(call.import),
             #[cfg(feature = "test-hooks")]
@@ -356,6 +400,13 @@ impl ToWorker {
             }
             Self::SaveState => out.push(TAG_SAVE_STATE),
             Self::RestoreState => out.push(TAG_RESTORE_STATE),
+            Self::SaveRecord => out.push(TAG_SAVE_RECORD),
+            Self::ExportRuns => out.push(TAG_EXPORT_RUNS),
+            Self::ImportRuns(runs) => {
+                out.push(TAG_IMPORT_RUNS);
+                put_runs(&mut out, runs)?;
+            }
+            Self::RestoreHandedOver => out.push(TAG_RESTORE_HANDED_OVER),
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(bytes) => {
                 let n = u32::try_from(bytes.len())
@@ -433,6 +484,10 @@ impl ToWorker {
             }
             TAG_SAVE_STATE => Self::SaveState,
             TAG_RESTORE_STATE => Self::RestoreState,
+            TAG_SAVE_RECORD => Self::SaveRecord,
+            TAG_EXPORT_RUNS => Self::ExportRuns,
+            TAG_IMPORT_RUNS => Self::ImportRuns(get_runs(&mut r)?),
+            TAG_RESTORE_HANDED_OVER => Self::RestoreHandedOver,
             #[cfg(feature = "test-hooks")]
             TAG_SANDBOX_TEST_HOOK => {
                 let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
@@ -443,6 +498,33 @@ impl ToWorker {
         r.end()?;
         Ok(msg)
     }
+}
+
+/// A batch of runs: the count (u32, at most [`RUN_BATCH`]), then three u64 each.
+fn put_runs(out: &mut Vec<u8>, runs: &[RunMeta]) -> Result<(), MessageError> {
+    if runs.len() > RUN_BATCH {
+        return Err(MessageError::TooManyRuns(runs.len() as u64));
+    }
+    out.extend_from_slice(&u32::try_from(runs.len()).unwrap_or(u32::MAX).to_le_bytes());
+    for run in runs {
+        for v in run {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(())
+}
+
+fn get_runs(r: &mut Reader<'_>) -> Result<Vec<RunMeta>, MessageError> {
+    let n = u64::from(r.u32()?);
+    let n = usize::try_from(n)
+        .ok()
+        .filter(|&n| n <= RUN_BATCH)
+        .ok_or(MessageError::TooManyRuns(n))?;
+    let mut runs = Vec::with_capacity(n);
+    for _ in 0..n {
+        runs.push([r.u64()?, r.u64()?, r.u64()?]);
+    }
+    Ok(runs)
 }
 
 impl FromWorker {
@@ -464,6 +546,11 @@ impl FromWorker {
             Self::Exported(resp) => {
                 out.push(TAG_EXPORTED);
                 out.extend_from_slice(&resp.encode());
+            }
+            Self::Runs(runs) => {
+                out.push(TAG_RUNS);
+                // A worker never makes a longer batch (`send_runs`); cut, it would be refused.
+                let _ = put_runs(&mut out, &runs[..runs.len().min(RUN_BATCH)]);
             }
         }
         out
@@ -487,12 +574,17 @@ impl FromWorker {
                 let bytes = r.bytes(RESPONSE_HEADER_SIZE)?;
                 Self::Exported(ResponseHeader::decode(bytes).map_err(|_| MessageError::Truncated)?)
             }
+            TAG_RUNS => Self::Runs(get_runs(&mut r)?),
             tag => return Err(MessageError::UnknownTag(tag)),
         };
         r.end()?;
         Ok(msg)
     }
 }
+
+/// The answer of [`ToWorker::ExportRuns`]: the final response, and every run with its
+/// descriptor.
+pub type ExportAnswer = (ResponseHeader, Vec<(RunMeta, File)>);
 
 /// A received frame: its body and the descriptors that came with it.
 #[derive(Debug)]
@@ -602,6 +694,46 @@ impl WorkerChannel {
     /// Sends an IPC export's answer with the driver's descriptor.
     pub fn send_exported(&self, resp: ResponseHeader, fd: RawFd) -> Result<(), MessageError> {
         self.send_frame(&FromWorker::Exported(resp).encode(), &[fd])
+    }
+
+    /// Sends a handover's exported runs to the daemon, in batches of at most [`RUN_BATCH`]
+    /// with their descriptors ([`ToWorker::ExportRuns`]).
+    pub fn send_runs(&self, runs: &[(RunMeta, RawFd)]) -> Result<(), MessageError> {
+        for batch in runs.chunks(RUN_BATCH) {
+            let metas: Vec<RunMeta> = batch.iter().map(|(m, _)| *m).collect();
+            let fds: Vec<RawFd> = batch.iter().map(|(_, fd)| *fd).collect();
+            self.send_frame(&FromWorker::Runs(metas).encode(), &fds)?;
+        }
+        Ok(())
+    }
+
+    /// Receives the answer of [`ToWorker::ExportRuns`], on the socket: every run with its
+    /// descriptor, and the final `Done`'s response; `Posted` frames are skipped. `None` when
+    /// the worker closed its end. At most `max_runs` runs are taken.
+    pub fn recv_runs_answer(&self, max_runs: usize) -> Result<Option<ExportAnswer>, MessageError> {
+        let mut runs = Vec::new();
+        loop {
+            let Some(Frame { body, files }) = self.recv_frame(RUN_BATCH)? else {
+                return Ok(None);
+            };
+            match FromWorker::decode(&body)? {
+                FromWorker::Posted if files.is_empty() => {}
+                FromWorker::Runs(metas) if metas.len() == files.len() => {
+                    if runs.len() + metas.len() > max_runs {
+                        return Err(MessageError::TooManyRuns((runs.len() + metas.len()) as u64));
+                    }
+                    runs.extend(metas.into_iter().zip(files));
+                }
+                FromWorker::Done(resp, _) if files.is_empty() => return Ok(Some((resp, runs))),
+                FromWorker::Runs(metas) => {
+                    return Err(MessageError::FdCount {
+                        expected: metas.len(),
+                        got: files.len(),
+                    })
+                }
+                _ => return Err(MessageError::Mailbox),
+            }
+        }
     }
 
     /// Receives the answer of an IPC call from the worker, on the socket: `Exported` with its

@@ -590,7 +590,7 @@ fn checkpoint_copies_go_through_the_pinned_staging_buffer() {
 #[test]
 fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
     use crate::{
-        session::migration::{read_stream, write_stream, SavedGpu, SessionState},
+        session::migration::{read_copied, write_stream, SavedGpu, SessionState},
         worker::StateFile,
     };
     let mut a = Rig::new(1);
@@ -615,7 +615,7 @@ fn a_state_carried_in_a_migration_stream_is_restored_on_the_destination() {
     drop(s);
 
     // The destination: another daemon's worker, fresh, restored from what the stream carried.
-    let got = read_stream(&mut stream.as_slice()).unwrap();
+    let got = read_copied(&mut stream.as_slice()).unwrap();
     assert_eq!(got, sessions);
     let SavedGpu::State(file) = &got[0].gpu else {
         panic!("no state")
@@ -1499,7 +1499,7 @@ fn the_stop_phase_moves_a_working_set_through_files_and_a_pipe_phase_by_phase() 
     use std::{io::Write as _, time::Instant};
 
     use crate::{
-        session::migration::{read_stream, write_stream, SavedGpu, SessionState},
+        session::migration::{read_copied, write_stream, SavedGpu, SessionState},
         worker::{widen_pipe, SealedMap, StateFile},
     };
     const MIB: u64 = 1 << 20;
@@ -1569,7 +1569,7 @@ fn the_stop_phase_moves_a_working_set_through_files_and_a_pipe_phase_by_phase() 
         let mut out = std::io::BufWriter::with_capacity(1 << 20, w);
         write_stream(&mut out, &sessions).unwrap();
     });
-    let got = read_stream(&mut std::io::BufReader::with_capacity(1 << 20, r)).unwrap();
+    let got = read_copied(&mut std::io::BufReader::with_capacity(1 << 20, r)).unwrap();
     sender.join().unwrap();
     figure("transfer", figures.bytes, started);
     let SavedGpu::State(incoming) = &got[0].gpu else {
