@@ -56,8 +56,9 @@ pub const OFFER_MAGIC: [u8; 8] = *b"QCUDAHO1";
 pub const MAX_GPUS: usize = 64;
 /// Longest socket path (`sun_path` holds 108 bytes with its NUL).
 pub const MAX_PATH: usize = 107;
-/// Most pieces one handover carries (every mapped run of every session's ranges).
-pub const MAX_PIECES: usize = 1 << 20;
+/// Most pieces one handover carries (every mapped run of every session's ranges): the bound a
+/// worker's channel puts on the runs it exports or imports.
+pub use crate::worker::message::MAX_RUNS as MAX_PIECES;
 /// Descriptors per message: below the kernel's `SCM_MAX_FD` (253).
 const BATCH: usize = 250;
 /// Wrong tokens after which the offer is withdrawn.

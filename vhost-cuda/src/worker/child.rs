@@ -420,7 +420,7 @@ fn restore_handed_over_from(
 }
 
 /// Most runs a worker takes for one handover (`session/handover.rs`'s bound on pieces).
-const MAX_IMPORTED_RUNS: usize = crate::session::handover::MAX_PIECES;
+const MAX_IMPORTED_RUNS: usize = super::message::MAX_RUNS;
 
 /// Serves the daemon on `channel` until it closes its end: maps each memory table, runs each
 /// request through `execute` (after [`build_request`]) and answers it. Returns the error that

@@ -44,7 +44,6 @@ use crate::{
     guest_buffer::{GuestBuffer, GuestRam, Request},
     limits::{Limits, SlotLease, QUOTA_FD},
     sandbox::{self, ChildProcess, IdMaps, SandboxMode, SeccompMode, SharedShm, SpawnSpec},
-    session::handover::MAX_PIECES,
     shared_guest_ram::region_table,
     spin_wait,
     worker::{
@@ -983,7 +982,7 @@ impl WorkerProcess {
         // work and may move runs to shareable memory.
         let mut tries = 0;
         let (resp, runs) = loop {
-            match ch.recv_runs_answer(MAX_PIECES) {
+            match ch.recv_runs_answer(super::message::MAX_RUNS) {
                 Ok(Some(answer)) => break answer,
                 Ok(None) => return Err(WorkerError::Closed),
                 Err(MessageError::Io(e))

@@ -44,6 +44,9 @@ pub const MAX_SPANS: usize = 64 * 1024;
 /// Most runs of device memory (each with its descriptor) one frame carries, both ways: below
 /// the kernel's 253 descriptors a message, and what a worker's read takes ([`MAX_REGIONS`]).
 pub const RUN_BATCH: usize = MAX_REGIONS;
+/// Most runs of device memory one worker exports or imports (a migration's handover: every
+/// mapped run of the session's ranges).
+pub const MAX_RUNS: usize = 1 << 20;
 
 /// One run of device memory handed over (`session/handover.rs`): the guest device, its address
 /// and its length; its descriptor travels beside the frame.
