@@ -52,10 +52,10 @@ cuda-programs-stock|stock|3|540|-|counts|./run-gpu-tests.sh --kernel stock --log
 torch|own|4|540|-|torch|./run-torch-test.sh --log-dir "$L"
 torch-stock|stock|4|540|-|torch|./run-torch-test.sh --kernel stock --log-dir "$L"
 frameworks|own|3|480|q|counts|./run-torch-test.sh --check cupy_check,numba_check --log-dir "$L"
-jax|own|3|540|-|counts|./run-torch-test.sh --check jax_check --log-dir "$L"
+jax|own|3|560|-|counts|./run-torch-test.sh --check jax_check --log-dir "$L"
 expandable-segments|own|2|420|-|counts|./run-torch-test.sh --check vmm_check --log-dir "$L"
 libraries|own|2|480|-|counts|./run-gpu-tests.sh --libraries --log-dir "$L"
-torch-pause|own|4|480|-|pause|./test-torch-pause.sh --log-dir "$L"
+torch-pause|own|4|560|-|pause|./test-torch-pause.sh --log-dir "$L"
 trace|own|4|480|-|counts|./test-trace.sh --log-dir "$L"
 migration|own|2|420|q|migration|./test-migration.sh --program checkpoint --working-set-mib 1024 --log-dir "$L"
 migration-16g|own|2|600|-|migration|./test-migration.sh --program checkpoint --working-set-mib 16384 --log-dir "$L"
@@ -273,7 +273,7 @@ summarize() { # name kind rc log
             END { if (n) printf "%d pauses/resumes, %.2f-%.2f GiB/s", n, lo, hi }')
         ;;
     migration)
-        head=$(grep -iE '^ *downtime' "$log" | tail -n 1 | sed -E 's/^ *//')
+        head=$(grep -iE '^ *downtime:' "$log" | tail -n 1 | sed -E 's/^ *//')
         t=$(grep -iE '^ *total time' "$log" | tail -n 1 | sed -E 's/^ *//')
         head="${head}${t:+, $t}"
         r=$(grep -m1 'iteration rate:' "$log" | sed -E 's/.*iteration rate: ([^(]*).*/\1/; s/ *$//')

@@ -27,8 +27,13 @@ fuzz_target!(|data: &[u8]| {
     write_head(&mut again, stream.head.offer.as_ref(), stream.head.padding)
         .expect("a head that reads writes");
     write_body(&mut again, stream.path, &stream.sessions).expect("a stream that reads writes");
-    // Version 1 is read, version 2 written: what is written reads as what was read.
-    assert_eq!(read_stream(&mut again.as_slice()).expect("reads again"), stream);
+    // Version 1 is read, version 2 written: what is written reads as what was read, but for
+    // the version.
+    let back = read_stream(&mut again.as_slice()).expect("reads again");
+    assert_eq!(back.head.offer, stream.head.offer);
+    assert_eq!(back.head.padding, stream.head.padding);
+    assert_eq!(back.path, stream.path);
+    assert_eq!(back.sessions, stream.sessions);
     for s in &stream.sessions {
         if let Some(file) = s.gpu.file() {
             let bytes = file.to_vec().expect("a state that arrived reads back");

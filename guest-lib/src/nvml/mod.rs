@@ -708,13 +708,59 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
     unsafe { pcie(device, 3, width) }
 }
 
+/// `nvmlFieldValue_t`: field id, scope id, timestamp, latency, value type, the field's own
+/// status, the value (a union of 8 bytes).
+#[repr(C)]
+pub struct FieldValue {
+    field_id: c_uint,
+    scope_id: c_uint,
+    timestamp: i64,
+    latency_usec: i64,
+    value_type: c_uint,
+    nvml_return: NvmlReturn,
+    value: u64,
+}
+
+/// `nvmlDeviceGetFieldValues`: the call succeeds and each field carries its own status, as
+/// NVML answers them. None of NVML's fields (NVLink counters and states, power, clocks,
+/// fabric, ECC) is visible from a VM, so every field says `NVML_ERROR_NOT_SUPPORTED` (XLA asks
+/// for the NVLink fields at start-up).
+///
+/// # Safety
+/// `values` must be null or point to `count` writable field values.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: *const Device,
+    count: c_int,
+    values: *mut FieldValue,
+) -> NvmlReturn {
+    if let Err(e) = self::device(device) {
+        return e;
+    }
+    let Ok(count) = usize::try_from(count) else {
+        return INVALID_ARGUMENT;
+    };
+    if values.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    for i in 0..count {
+        // SAFETY: the caller gives `count` writable field values; only the outputs are written.
+        unsafe {
+            let v = values.add(i);
+            (*v).timestamp = 0;
+            (*v).latency_usec = 0;
+            (*v).nvml_return = NOT_SUPPORTED;
+        }
+    }
+    SUCCESS
+}
+
 nvml_unsupported! {
     nvmlDeviceGetNvLinkState(device: *const Device, link: c_uint, active: *mut c_uint);
     nvmlDeviceGetNvLinkCapability(device: *const Device, link: c_uint, capability: c_uint, result: *mut c_uint);
     nvmlDeviceGetNvLinkRemotePciInfo(device: *const Device, link: c_uint, pci: *mut PciInfo);
     nvmlDeviceGetNvLinkRemotePciInfo_v2(device: *const Device, link: c_uint, pci: *mut PciInfo);
     nvmlDeviceGetNvLinkRemoteDeviceType(device: *const Device, link: c_uint, kind: *mut c_uint);
-    nvmlDeviceGetFieldValues(device: *const Device, count: c_int, values: *mut core::ffi::c_void);
     nvmlDeviceGetGpuFabricInfoV(device: *const Device, info: *mut core::ffi::c_void);
     nvmlDeviceGetPlatformInfo(device: *const Device, info: *mut core::ffi::c_void);
     nvmlSystemGetConfComputeState(state: *mut core::ffi::c_void);
@@ -733,6 +779,18 @@ nvml_unsupported! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn field_values_have_nvmls_layout_and_a_bad_call_is_refused() {
+        // nvmlFieldValue_t: 40 bytes, the field's status at byte 28.
+        assert_eq!(core::mem::size_of::<FieldValue>(), 40);
+        assert_eq!(core::mem::offset_of!(FieldValue, nvml_return), 28);
+        let mut v = [0u8; 40];
+        // SAFETY: a null device is refused before anything is written.
+        let r = unsafe { nvmlDeviceGetFieldValues(core::ptr::null(), 1, v.as_mut_ptr().cast()) };
+        assert_ne!(r, SUCCESS);
+        assert_eq!(v, [0u8; 40]);
+    }
 
     #[test]
     fn uuids_bus_ids_and_layouts_are_nvmls() {
