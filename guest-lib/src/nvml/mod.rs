@@ -711,6 +711,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
 /// `nvmlFieldValue_t`: field id, scope id, timestamp, latency, value type, the field's own
 /// status, the value (a union of 8 bytes).
 #[repr(C)]
+#[derive(Debug)]
 pub struct FieldValue {
     field_id: c_uint,
     scope_id: c_uint,
