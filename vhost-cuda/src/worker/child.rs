@@ -345,6 +345,12 @@ fn save_state_into(session: &mut GpuState, file: &std::fs::File) -> ResponseHead
         encode_s = figures.encode.as_secs_f64(),
         "saved state written"
     );
+    saved_answer(&figures)
+}
+
+/// The answer to a save that wrote `figures.bytes`: rets[2] and rets[3] the microseconds of the
+/// capture and of the encoding.
+fn saved_answer(figures: &crate::cuda::SaveFigures) -> ResponseHeader {
     let mut r = checkpoint_answer(Ok(figures.bytes));
     r.rets[2] = u64::try_from(figures.capture.as_micros()).unwrap_or(u64::MAX);
     r.rets[3] = u64::try_from(figures.encode.as_micros()).unwrap_or(u64::MAX);
@@ -391,10 +397,7 @@ fn save_without_contents_into(
         error!("cannot write the saved state: {e}");
         return ResponseHeader::with_status(status::MEMORY_ALLOCATION);
     }
-    let mut r = checkpoint_answer(Ok(figures.bytes));
-    r.rets[2] = u64::try_from(figures.capture.as_micros()).unwrap_or(u64::MAX);
-    r.rets[3] = u64::try_from(figures.encode.as_micros()).unwrap_or(u64::MAX);
-    r
+    saved_answer(&figures)
 }
 
 /// A handover's destination: makes the state without contents in `file` again in this fresh
