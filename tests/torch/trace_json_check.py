@@ -4,10 +4,12 @@ and prints its kernels for scripts/test-trace.sh.
 Valid JSON with a traceEvents array; every "X" event has name, pid, tid, ts and dur, numbers in
 µs, not negative; on every track (pid, tid) the events start in time order; process and thread
 names are given ("M" events); flows ("s"/"f") come in pairs. Prints "QJSON ok <events>
-<kernels>" or "QJSON FAIL <why>", then "QKERNEL <count>|<total µs>|<name>" per kernel name.
+<kernels>" or "QJSON FAIL <why>", then "QKERNEL <count>|<total µs>|<median µs>|<name>" per
+kernel name.
 """
 
 import json
+import statistics
 import sys
 
 
@@ -50,8 +52,7 @@ def main(path):
             return 1
         last[key] = e["ts"]
         if e.get("cat") == "kernel":
-            n, us = kernels.get(e["name"], (0, 0.0))
-            kernels[e["name"]] = (n + 1, us + e["dur"])
+            kernels.setdefault(e["name"], []).append(e["dur"])
     if not any(n == "process_name" for _, n in named):
         print("QJSON FAIL no process names")
         return 1
@@ -59,10 +60,10 @@ def main(path):
         print("QJSON FAIL an unpaired flow")
         return 1
     meta = t.get("otherData", {}).get("qcuda", {})
-    print(f"QJSON ok {len(events)} events, {sum(n for n, _ in kernels.values())} kernels, "
+    print(f"QJSON ok {len(events)} events, {sum(len(d) for d in kernels.values())} kernels, "
           f"timing {meta.get('timing')}, lost {meta.get('lost_records')}")
-    for name, (n, us) in sorted(kernels.items(), key=lambda kv: -kv[1][1]):
-        print(f"QKERNEL {n}|{us:.3f}|{name}")
+    for name, durs in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
+        print(f"QKERNEL {len(durs)}|{sum(durs):.3f}|{statistics.median(durs):.3f}|{name}")
     return 0
 
 

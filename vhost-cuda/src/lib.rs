@@ -376,6 +376,10 @@ pub fn start_backend_with(config: Config, handover: Handover) -> Result<()> {
     // workers are started by the spawner thread, which stays unfiltered. (The stats socket is
     // bound already; its thread only accepts, reads and writes, and the unlink below is
     // allowed.)
+    // A migration's handover offer names this host by its boot id: read it while files open.
+    if let Err(e) = session::handover::boot_id() {
+        warn!("this host's boot id is unreadable ({e}): migrations will copy device memory");
+    }
     if config.sandbox != sandbox::SandboxMode::None {
         sandbox::enter_daemon_filter().map_err(Error::DaemonFilter)?;
         info!(

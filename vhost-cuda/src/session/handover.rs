@@ -183,10 +183,18 @@ impl Offer {
     }
 }
 
-/// This host's boot id (`/proc/sys/kernel/random/boot_id`, a UUID in text).
+/// This host's boot id (`/proc/sys/kernel/random/boot_id`, a UUID in text), read once: the
+/// daemon reads it before its seccomp filter refuses file opens (`lib.rs` calls this first),
+/// and every later call answers from that first read.
 pub fn boot_id() -> io::Result<[u8; 16]> {
-    parse_uuid(fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim())
-        .ok_or_else(|| io::Error::other("unreadable boot_id"))
+    static READ: std::sync::OnceLock<Result<[u8; 16], String>> = std::sync::OnceLock::new();
+    READ.get_or_init(|| {
+        let text =
+            fs::read_to_string("/proc/sys/kernel/random/boot_id").map_err(|e| e.to_string())?;
+        parse_uuid(text.trim()).ok_or_else(|| "unreadable boot_id".to_owned())
+    })
+    .clone()
+    .map_err(io::Error::other)
 }
 
 /// A UUID's 16 bytes from its text (hex digits, dashes ignored).
