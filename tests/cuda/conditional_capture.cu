@@ -80,7 +80,10 @@ static int get(const int *p)
 
 static void put(int *p, int v)
 {
-    CHECK(cudaMemcpy(p, &v, sizeof v, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(p, &v, sizeof v, cudaMemcpyHostToDevice));    // A copy from pageable memory may return before its DMA lands ("API synchronization
+    // behavior"), and the graphs run on a non-blocking stream, which does not wait for the legacy
+    // stream: without this wait a launch can read the old value (seen natively on an H200).
+    CHECK(cudaDeviceSynchronize());
 }
 
 // The graph and dependencies of `s`'s capture (the samples' cudaStreamGetCaptureInfo call).

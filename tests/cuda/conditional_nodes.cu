@@ -77,7 +77,10 @@ static int read_acc(const int *acc)
 
 static void put(int *dev, int v)
 {
-    CHECK(cudaMemcpy(dev, &v, sizeof v, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dev, &v, sizeof v, cudaMemcpyHostToDevice));    // A copy from pageable memory may return before its DMA lands ("API synchronization
+    // behavior"), and the graphs run on a non-blocking stream, which does not wait for the legacy
+    // stream: without this wait a launch can read the old value (seen natively on an H200).
+    CHECK(cudaDeviceSynchronize());
 }
 
 int main()
