@@ -36,7 +36,7 @@ use std::{
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
         unix::{
-            fs::PermissionsExt,
+            fs::DirBuilderExt,
             net::{UnixListener, UnixStream},
         },
     },
@@ -256,25 +256,32 @@ fn same_token(a: &[u8; TOKEN_LEN], b: &[u8; TOKEN_LEN]) -> bool {
 }
 
 impl HandoverServer {
-    /// Opens a socket of a random name in `dir` (the daemon's runtime directory), mode 0600,
-    /// and returns it with the offer naming it.
+    /// Opens a socket in a directory of its own, of a random name in `dir` (the daemon's
+    /// runtime directory) and mode 0700, and returns it with the offer naming it.
+    ///
+    /// The directory is made with its mode (no chmod: the daemon's seccomp filter refuses
+    /// `chmod` and `fchmodat`, and a socket's own mode could only be narrowed after `bind`,
+    /// when a peer may already connect): only the daemon's user can reach the socket from the
+    /// moment it exists, whatever the umask.
     pub fn open(
         dir: &Path,
         boot_id: [u8; 16],
         gpus: Vec<[u8; 16]>,
     ) -> Result<(Self, Offer), HandoverError> {
         let name: [u8; 8] = random()?;
-        let path = dir.join(format!("qcuda-handover-{}.sock", u64::from_le_bytes(name)));
+        let private = dir.join(format!("qcuda-handover-{}", u64::from_le_bytes(name)));
+        let path = private.join("offer.sock");
         if path.as_os_str().len() > MAX_PATH {
             return Err(HandoverError::Protocol("runtime directory path too long"));
         }
-        let listener = UnixListener::bind(&path)?;
-        // Before anyone could connect: the socket is created with the umask's mode, so it is
-        // narrowed at once; the directory is the daemon's own.
-        if let Err(e) = fs::set_permissions(&path, fs::Permissions::from_mode(0o600)) {
-            let _ = fs::remove_file(&path);
-            return Err(e.into());
-        }
+        fs::DirBuilder::new().mode(0o700).create(&private)?;
+        let listener = match UnixListener::bind(&path) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = fs::remove_dir(&private);
+                return Err(e.into());
+            }
+        };
         listener.set_nonblocking(true)?;
         let token = random()?;
         let offer = Offer {
@@ -389,6 +396,9 @@ impl HandoverServer {
 impl Drop for HandoverServer {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
+        if let Some(private) = self.path.parent() {
+            let _ = fs::remove_dir(private);
+        }
     }
 }
 
@@ -518,7 +528,11 @@ pub fn claim(offer: &Offer, timeout: Duration) -> Result<Vec<Piece>, HandoverErr
 
 #[cfg(test)]
 mod tests {
-    use std::{os::unix::fs::FileExt, sync::Arc, thread};
+    use std::{
+        os::unix::fs::{FileExt, PermissionsExt},
+        sync::Arc,
+        thread,
+    };
 
     use super::*;
 
@@ -580,8 +594,13 @@ mod tests {
     #[test]
     fn a_destination_with_the_token_claims_every_piece_over_a_private_socket() {
         let (server, offer) = HandoverServer::open(&dir(), [1; 16], vec![GPU]).unwrap();
-        let mode = fs::metadata(server.path()).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
+        let private = server.path().parent().unwrap();
+        let mode = fs::metadata(private).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o700,
+            "the socket's directory is the daemon user's alone"
+        );
         // More pieces than one message carries.
         let given = pieces(BATCH * 2 + 3);
         let metas: Vec<[u64; 3]> = given.iter().map(|p| p.meta).collect();
@@ -602,6 +621,45 @@ mod tests {
         let path = server.path().to_path_buf();
         drop(server);
         assert!(!path.exists(), "the socket is removed");
+    }
+
+    /// What both daemons do at a migration's stop runs under the daemon's seccomp filter (no
+    /// file opens, no chmod): the boot id from its read at start, the offer's private socket,
+    /// the claim and the clean-up. (On the GPU host the boot id read at the stop and the
+    /// socket's chmod were refused, and every migration fell back to a copy.)
+    #[test]
+    fn an_offer_is_made_claimed_and_removed_under_the_daemons_filter() {
+        let boot = boot_id().unwrap();
+        let d = dir();
+        let given = pieces(3);
+        let filtered = thread::spawn(move || {
+            seccompiler::apply_filter(&crate::sandbox::daemon_filter().unwrap()).unwrap();
+            assert!(
+                fs::read_to_string("/proc/sys/kernel/random/boot_id").is_err(),
+                "the filter refuses file opens"
+            );
+            assert_eq!(
+                boot_id().unwrap(),
+                boot,
+                "the boot id read before the filter"
+            );
+            let (server, offer) = HandoverServer::open(&d, boot, vec![GPU]).unwrap();
+            let server = Arc::new(server);
+            let s = Arc::clone(&server);
+            let source =
+                thread::spawn(move || s.serve(Instant::now() + Duration::from_secs(20), &given));
+            let got = claim(&offer, Duration::from_secs(20)).unwrap();
+            assert_eq!(source.join().unwrap(), Claim::Claimed);
+            assert_eq!(got.len(), 3);
+            let path = server.path().to_path_buf();
+            drop(server);
+            (path.exists(), path.parent().unwrap().exists())
+        });
+        assert_eq!(
+            filtered.join().unwrap(),
+            (false, false),
+            "socket and directory removed"
+        );
     }
 
     #[test]
