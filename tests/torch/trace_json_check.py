@@ -4,8 +4,8 @@ and prints its kernels for scripts/test-trace.sh.
 Valid JSON with a traceEvents array; every "X" event has name, pid, tid, ts and dur, numbers in
 µs, not negative; on every track (pid, tid) the events start in time order; process and thread
 names are given ("M" events); flows ("s"/"f") come in pairs. Prints "QJSON ok <events>
-<kernels>" or "QJSON FAIL <why>", then "QKERNEL <count>|<total µs>|<median µs>|<name>" per
-kernel name.
+<kernels>" or "QJSON FAIL <why>", then "QKERNEL <count>|<total µs>|<median µs>|<shortest µs>|
+<name>" per kernel name.
 """
 
 import json
@@ -63,7 +63,7 @@ def main(path):
     print(f"QJSON ok {len(events)} events, {sum(len(d) for d in kernels.values())} kernels, "
           f"timing {meta.get('timing')}, lost {meta.get('lost_records')}")
     for name, durs in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
-        print(f"QKERNEL {len(durs)}|{sum(durs):.3f}|{statistics.median(durs):.3f}|{name}")
+        print(f"QKERNEL {len(durs)}|{sum(durs):.3f}|{statistics.median(durs):.3f}|{min(durs):.3f}|{name}")
     return 0
 
 
