@@ -15,8 +15,10 @@
 # used the GPU (qa_gpu_others), before and after both VMs.
 #
 #   two-vm-test.sh [--log-dir DIR] [--busy-seconds N]
-# --busy-seconds: how long VM B keeps the GPU busy once it started (default 120; VM A must be
-# done by then, which takes about 30 s under KVM). Runs from an unpacked bundle or the repo.
+# --busy-seconds: the longest VM B keeps the GPU busy once it started (default 300; VM A must be
+# done by then: about 30 s on a quiet host). VM B ends sooner, at its next 5 s view, once VM A's
+# kill check is done: the host writes "stop" into a directory shared into VM B (virtiofs, ctl/).
+# Runs from an unpacked bundle or the repo.
 # Prints one "ok|FAIL ..." line per check and "N passed, N failed"; exits non-zero on failure.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -27,7 +29,7 @@ else
 fi
 # shellcheck source=qcuda-accounting.sh
 . "$here/qcuda-accounting.sh"
-logs=$PWD/logs-two-vm busy=120
+logs=$PWD/logs-two-vm busy=300
 while (($#)); do
     case $1 in
     --log-dir) logs=$2; shift 2 ;;
@@ -72,14 +74,15 @@ for _ in $(seq 100); do [[ -S $A && -S $B && -S $sock.stats ]] && break; sleep 0
 [[ -S $A && -S $B ]] || { echo "two-vm-test: vhost-cuda did not start"; cat "$logs/daemon.log"; exit 1; }
 echo "two-vm-test: one vhost-cuda, VM A on $A, VM B on $B; GPU used by $others_before other process(es), $device_before MiB before"
 
-# VM B: a program holding 1 GiB and launching kernels nonstop, and a mixed load, for --busy-seconds;
-# every 5 s its qcuda-smi view; then both killed, and its view afterwards.
+# VM B: a program holding 1 GiB and launching kernels nonstop, and a mixed load, until the host
+# says stop (at most --busy-seconds); every 5 s its qcuda-smi view; then both killed, and its
+# view afterwards.
 gb="insmod /lib/modules/qcuda.ko || exit 1; \
 /opt/qcuda/tests/large_copy --hold 512 >/tmp/hold.log 2>&1 & h=\$!; \
 /opt/qcuda/tests/mixed_load --threads 2 --forever >/tmp/mixed.log 2>&1 & m=\$!; \
 echo \"B-PIDS \$h \$m\"; n=0; until grep -q HOLDING /tmp/hold.log || ! kill -0 \$h || [ \$n -ge 900 ]; do sleep 0.2; n=\$((n+1)); done; \
 grep HOLDING /tmp/hold.log | sed 's/^/B-/'; echo B-BUSY; t=0; \
-while [ \$t -lt $busy ]; do qcuda-smi processes --csv | sed 's/^/B-PROCS /'; echo \"B-MEM \$(qcuda-smi memory)\"; sleep 5; t=\$((t+5)); done; \
+while [ \$t -lt $busy ] && [ ! -e /qcuda-ctl/stop ]; do qcuda-smi processes --csv | sed 's/^/B-PROCS /'; echo \"B-MEM \$(qcuda-smi memory)\"; sleep 5; t=\$((t+5)); done; \
 qcuda-smi; kill -9 \$h \$m; wait \$h; wait \$m; echo \"B-MEM-AFTER \$(qcuda-smi memory)\"; \
 qcuda-smi processes --csv | sed 's/^/B-PROCS-AFTER /'; echo B-DONE; sleep 4"
 # VM A: a program holding 2 x 256 MiB, its view and the host's compared, then killed.
@@ -92,7 +95,9 @@ echo A-SNAPSHOT; sleep 5; kill -9 \$p; wait \$p; \
 echo \"A-MEM-AFTER \$(qcuda-smi memory)\"; qcuda-smi processes --csv | sed 's/^/A-PROCS-AFTER /'; \
 echo A-KILLED; sleep 6"
 
-"$RUNVM" --socket "$B" --log-dir "$logs/vm-b" --timeout $((busy + 600)) -- "$gb" >"$logs/guest-b.log" 2>&1 &
+ctl=$logs/ctl
+rm -rf "$ctl" && mkdir -p "$ctl"
+"$RUNVM" --socket "$B" --log-dir "$logs/vm-b" --timeout $((busy + 600)) --share "$ctl:/qcuda-ctl:ro" -- "$gb" >"$logs/guest-b.log" 2>&1 &
 vm_b=$!
 if ! wait_line "$logs/guest-b.log" B-BUSY 1200; then
     res FAIL "VM B did not get busy (see $logs/guest-b.log)"
@@ -166,6 +171,8 @@ else
     res FAIL "VM A's program was not killed (see $logs/guest-a.log)"
     tail -n 20 "$logs/guest-a.log"
 fi
+# VM A's checks are done: VM B may stop being busy.
+echo stop >"$ctl/stop"
 wait $vm_a
 
 # --- VM B: only its own processes, all along; then its own kill.
