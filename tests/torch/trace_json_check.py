@@ -3,9 +3,9 @@ and prints its kernels for scripts/test-trace.sh.
 
 Valid JSON with a traceEvents array; every "X" event has name, pid, tid, ts and dur, numbers in
 µs, not negative; on every track (pid, tid) the events start in time order; process and thread
-names are given ("M" events); flows ("s"/"f") come in pairs. Prints "QJSON ok <events>
-<kernels>" or "QJSON FAIL <why>", then "QKERNEL <count>|<total µs>|<median µs>|<shortest µs>|
-<name>" per kernel name.
+names are given ("M" events); flows ("s"/"f") come in pairs; no kernel lasts 0 µs. Prints
+"QJSON ok <events> <kernels>" or "QJSON FAIL <why>", then
+"QKERNEL <count>|<total µs>|<median µs>|<shortest µs>|<name>" per kernel name.
 """
 
 import json
@@ -52,6 +52,10 @@ def main(path):
             return 1
         last[key] = e["ts"]
         if e.get("cat") == "kernel":
+            # No kernel runs in no time: a kernel of 0 µs is a record without the GPU's times.
+            if e["dur"] <= 0:
+                print(f"QJSON FAIL a kernel of no duration: {e}")
+                return 1
             kernels.setdefault(e["name"], []).append(e["dur"])
     if not any(n == "process_name" for _, n in named):
         print("QJSON FAIL no process names")

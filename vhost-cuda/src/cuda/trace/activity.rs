@@ -85,7 +85,9 @@ pub(crate) trait ActivitySource: Send + std::fmt::Debug {
     fn begin_request(&mut self, id: u64);
     /// The request of [`ActivitySource::begin_request`] is done.
     fn end_request(&mut self);
-    /// Hands every record made so far to `sink` (`flush`: including those of buffers not yet
-    /// full, which costs the interface a flush); returns how many the interface lost.
-    fn collect(&mut self, flush: bool, sink: &mut dyn FnMut(Activity)) -> u64;
+    /// Hands every record made so far to `sink` and returns how many the interface lost.
+    /// `forced`: every buffer, also one holding records of work still running (the end of a
+    /// recording: such records have no times, and count as lost); otherwise each buffer whose
+    /// records are all complete, full or not (what a recording takes as it goes).
+    fn collect(&mut self, forced: bool, sink: &mut dyn FnMut(Activity)) -> u64;
 }

@@ -180,12 +180,13 @@ unsafe extern "C" fn buffer_completed(
             == CUptiResult::CUPTI_SUCCESS
         {
             // SAFETY: a record CUPTI returned, which starts with its kind.
-            if let Some(a) = unsafe { activity_of(rec, &mut p.names) } {
-                if p.activities.len() < MAX_PENDING {
+            match unsafe { activity_of(rec, &mut p.names) } {
+                Some(Taken::Activity(a)) if p.activities.len() < MAX_PENDING => {
                     p.activities.push(a);
-                } else {
-                    p.lost += 1;
                 }
+                // A full queue, or work a forced flush found running (no times).
+                Some(Taken::Activity(_) | Taken::Incomplete) => p.lost += 1,
+                None => {}
             }
         }
     }
@@ -207,6 +208,14 @@ fn dim(v: i32) -> u32 {
     u32::try_from(v).unwrap_or(0)
 }
 
+/// What one CUPTI record gives.
+enum Taken {
+    Activity(Activity),
+    /// A timed record of work that had not ended when a forced flush took its buffer: CUPTI
+    /// leaves its times 0.
+    Incomplete,
+}
+
 /// The activity of one CUPTI record (`None`: a kind not recorded).
 ///
 /// # Safety
@@ -214,7 +223,7 @@ fn dim(v: i32) -> u32 {
 unsafe fn activity_of(
     rec: *const sys::CUpti_Activity,
     names: &mut HashMap<usize, Arc<str>>,
-) -> Option<Activity> {
+) -> Option<Taken> {
     // SAFETY: every record starts with its kind (the caller's promise).
     let kind = unsafe { (*rec).kind };
     let span = |device: u32, stream: u32, correlation: u32, start: u64, end: u64| ActivitySpan {
@@ -224,10 +233,15 @@ unsafe fn activity_of(
         start: mono(start),
         end: mono(end).max(mono(start)),
     };
-    Some(match kind {
+    // Times CUPTI did not have (a record a forced flush took before its work ended).
+    let untimed = |start: u64, end: u64| start == 0 || end == 0 || end < start;
+    Some(Taken::Activity(match kind {
         Kind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL | Kind::CUPTI_ACTIVITY_KIND_KERNEL => {
             // SAFETY: a kernel record (CUPTI 13's layout; later versions only append fields).
             let k = unsafe { std::ptr::read_unaligned(rec.cast::<sys::CUpti_ActivityKernel10>()) };
+            if untimed(k.start, k.end) {
+                return Some(Taken::Incomplete);
+            }
             let name_ptr = k.name;
             let name = names
                 .entry(name_ptr as usize)
@@ -253,6 +267,9 @@ unsafe fn activity_of(
         Kind::CUPTI_ACTIVITY_KIND_MEMCPY => {
             // SAFETY: a memcpy record.
             let m = unsafe { std::ptr::read_unaligned(rec.cast::<sys::CUpti_ActivityMemcpy6>()) };
+            if untimed(m.start, m.end) {
+                return Some(Taken::Incomplete);
+            }
             Activity::Copy {
                 at: span(m.deviceId, m.streamId, m.correlationId, m.start, m.end),
                 kind: m.copyKind,
@@ -262,6 +279,9 @@ unsafe fn activity_of(
         Kind::CUPTI_ACTIVITY_KIND_MEMSET => {
             // SAFETY: a memset record.
             let m = unsafe { std::ptr::read_unaligned(rec.cast::<sys::CUpti_ActivityMemset4>()) };
+            if untimed(m.start, m.end) {
+                return Some(Taken::Incomplete);
+            }
             Activity::Memset {
                 at: span(m.deviceId, m.streamId, m.correlationId, m.start, m.end),
                 bytes: m.bytes,
@@ -272,6 +292,9 @@ unsafe fn activity_of(
             let s = unsafe {
                 std::ptr::read_unaligned(rec.cast::<sys::CUpti_ActivitySynchronization2>())
             };
+            if untimed(s.start, s.end) {
+                return Some(Taken::Incomplete);
+            }
             let kind = match s.type_ as u32 {
                 1 => sync_kind::EVENT,
                 2 => sync_kind::STREAM_WAIT_EVENT,
@@ -297,7 +320,7 @@ unsafe fn activity_of(
             }
         }
         _ => return None,
-    })
+    }))
 }
 
 fn check(what: &str, r: CUptiResult) -> Result<(), String> {
@@ -417,14 +440,16 @@ impl ActivitySource for Cupti {
         self.pushed -= 1;
     }
 
-    fn collect(&mut self, flush: bool, sink: &mut dyn FnMut(Activity)) -> u64 {
-        if flush {
-            // CUPTI_ACTIVITY_FLAG_FLUSH_FORCED (1): buffers not yet full come back too.
-            // SAFETY: a flag value; the callbacks run on this thread or CUPTI's.
-            let r = unsafe { sys::cuptiActivityFlushAll(1) };
-            if r != CUptiResult::CUPTI_SUCCESS {
-                debug!("cuptiActivityFlushAll: {r:?}");
-            }
+    fn collect(&mut self, forced: bool, sink: &mut dyn FnMut(Activity)) -> u64 {
+        // 0: every buffer whose records are all complete, full or not. A forced flush
+        // (CUPTI_ACTIVITY_FLAG_FLUSH_FORCED, 1) hands over the records of work still running
+        // too, without times, and CUPTI never gives them again: taken as the recording went
+        // (every HARVEST_EVERY), it cost a PyTorch trace on an H200 a share of its kernels,
+        // which came with zero durations.
+        // SAFETY: a flag value; the callbacks run on this thread or CUPTI's.
+        let r = unsafe { sys::cuptiActivityFlushAll(u32::from(forced)) };
+        if r != CUptiResult::CUPTI_SUCCESS {
+            debug!("cuptiActivityFlushAll: {r:?}");
         }
         let (taken, lost) = {
             let mut p = pending();
@@ -446,5 +471,44 @@ impl Drop for Cupti {
             self.end_request();
         }
         self.disable();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel record as CUPTI lays it out, with the given times.
+    fn kernel(start: u64, end: u64) -> sys::CUpti_ActivityKernel10 {
+        // SAFETY: the record is plain data (integers and pointers); all-zero is a valid value.
+        let mut k: sys::CUpti_ActivityKernel10 = unsafe { std::mem::zeroed() };
+        k.kind = Kind::CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+        k.start = start;
+        k.end = end;
+        (k.gridX, k.gridY, k.gridZ) = (4, 1, 1);
+        (k.blockX, k.blockY, k.blockZ) = (128, 1, 1);
+        k
+    }
+
+    #[test]
+    fn a_record_without_times_is_incomplete_and_one_with_times_a_kernel() {
+        let mut names = HashMap::new();
+        for (start, end) in [(0, 0), (0, 500), (500, 0), (600, 500)] {
+            let k = kernel(start, end);
+            // SAFETY: a whole kernel record of the layout activity_of reads.
+            let got = unsafe { activity_of((&raw const k).cast(), &mut names) };
+            assert!(
+                matches!(got, Some(Taken::Incomplete)),
+                "times {start}..{end} are not a kernel's"
+            );
+        }
+        let k = kernel(1_000, 4_000);
+        // SAFETY: as above.
+        let got = unsafe { activity_of((&raw const k).cast(), &mut names) };
+        let Some(Taken::Activity(Activity::Kernel { at, grid, .. })) = got else {
+            panic!("a timed kernel record is a kernel");
+        };
+        assert_eq!(at.end - at.start, 3_000);
+        assert_eq!(grid, [4, 1, 1]);
     }
 }

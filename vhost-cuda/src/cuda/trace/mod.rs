@@ -275,7 +275,8 @@ impl Recorder {
             s.end_request();
         }
         if self.last_harvest.elapsed() >= HARVEST_EVERY {
-            self.harvest(true);
+            // Only complete records while the work goes on (a forced flush loses the rest).
+            self.harvest(false);
             return true;
         }
         false
@@ -310,15 +311,15 @@ impl Recorder {
         id
     }
 
-    /// Takes what the profiling interface has into the ring (`flush`: its partly filled
-    /// buffers too).
-    pub(crate) fn harvest(&mut self, flush: bool) {
+    /// Takes what the profiling interface has into the ring (`forced`: every buffer, at the
+    /// end of a recording; otherwise those whose records are all complete).
+    pub(crate) fn harvest(&mut self, forced: bool) {
         self.last_harvest = Instant::now();
         let Some(mut source) = self.source.take() else {
             return;
         };
         let mut got = Vec::new();
-        let lost = source.collect(flush, &mut |a| got.push(a));
+        let lost = source.collect(forced, &mut |a| got.push(a));
         self.source = Some(source);
         self.ring.lost(lost);
         for a in got {
