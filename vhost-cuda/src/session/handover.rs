@@ -559,6 +559,21 @@ mod tests {
             .collect()
     }
 
+    /// `server` serves `given` on a thread of its own while this one claims `offer`: the
+    /// pieces claimed, once the source said it was claimed.
+    fn serve_and_claim(
+        server: &Arc<HandoverServer>,
+        offer: &Offer,
+        given: Vec<Piece>,
+    ) -> Vec<Piece> {
+        let s = Arc::clone(server);
+        let source =
+            thread::spawn(move || s.serve(Instant::now() + Duration::from_secs(20), &given));
+        let got = claim(offer, Duration::from_secs(20)).unwrap();
+        assert_eq!(source.join().unwrap(), Claim::Claimed);
+        got
+    }
+
     #[test]
     fn offers_round_trip_and_hostile_ones_are_refused() {
         let offer = Offer {
@@ -605,11 +620,7 @@ mod tests {
         let given = pieces(BATCH * 2 + 3);
         let metas: Vec<[u64; 3]> = given.iter().map(|p| p.meta).collect();
         let server = Arc::new(server);
-        let s = Arc::clone(&server);
-        let source =
-            thread::spawn(move || s.serve(Instant::now() + Duration::from_secs(20), &given));
-        let got = claim(&offer, Duration::from_secs(20)).unwrap();
-        assert_eq!(source.join().unwrap(), Claim::Claimed);
+        let got = serve_and_claim(&server, &offer, given);
         assert_eq!(got.len(), metas.len());
         for (i, p) in got.iter().enumerate() {
             assert_eq!(p.meta, metas[i]);
@@ -645,12 +656,7 @@ mod tests {
             );
             let (server, offer) = HandoverServer::open(&d, boot, vec![GPU]).unwrap();
             let server = Arc::new(server);
-            let s = Arc::clone(&server);
-            let source =
-                thread::spawn(move || s.serve(Instant::now() + Duration::from_secs(20), &given));
-            let got = claim(&offer, Duration::from_secs(20)).unwrap();
-            assert_eq!(source.join().unwrap(), Claim::Claimed);
-            assert_eq!(got.len(), 3);
+            assert_eq!(serve_and_claim(&server, &offer, given).len(), 3);
             let path = server.path().to_path_buf();
             drop(server);
             (path.exists(), path.parent().unwrap().exists())
