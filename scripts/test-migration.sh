@@ -34,14 +34,17 @@
 #
 #   scripts/test-migration.sh [--program transport|checkpoint] [--window S] [--iterations N]
 #       [--working-set-mib M] [--rewrite 0|1] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
-#       [--mem SIZE] [--log-dir DIR]
+#       [--mem SIZE] [--spare-workers N] [--log-dir DIR]
+#
+# --spare-workers: both daemons keep N workers started ahead (default 1, as docs/operators.md
+#   advises for a migration's destination: the restore takes one, its context made already).
 #
 # --window: how long the transport program's guest waits to arrive at the destination.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 target_gpu="" mem=1G log_dir=""
+program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 target_gpu="" mem=1G log_dir="" spare_workers=1
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -55,6 +58,7 @@ while (($#)); do
     --target-gpu) target_gpu=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --log-dir) log_dir=$2; shift 2 ;;
+    --spare-workers) spare_workers=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "test-migration.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -77,7 +81,7 @@ trap cleanup EXIT
 start_daemon() { # name, extra args...
     local name=$1 sock=$log_dir/$1.sock
     shift
-    RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" "$@" >>"$log_dir/daemon-$name.log" 2>&1 &
+    RUST_LOG=${RUST_LOG:-info} "$DAEMON" --socket-path "$sock" --spare-workers "$spare_workers" "$@" >>"$log_dir/daemon-$name.log" 2>&1 &
     local pid=$!
     pids+=("$pid")
     started=$pid

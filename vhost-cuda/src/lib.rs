@@ -188,6 +188,8 @@ pub struct Config {
     pub hop_poll: Duration,
     /// Whether the hop to each worker has its shared mailbox (`--hop-mailbox`).
     pub hop_mailbox: bool,
+    /// Workers each VM keeps started ahead of its guest processes (`--spare-workers`).
+    pub spare_workers: usize,
     /// Per-VM limits (`--max-sessions`, `--max-gpu-memory`).
     pub limits: limits::Limits,
     /// Where to serve the stats (`--stats-socket`; by default `PATH.stats` beside the
@@ -566,6 +568,7 @@ impl Server {
             .with_limits(config.limits)
             .with_hop_poll(config.hop_poll)
             .with_hop_mailbox(config.hop_mailbox)
+            .with_spares(config.spare_workers)
             .with_sandbox(config.sandbox, config.worker_seccomp)
             .with_address_space(config.address_space)
             .with_shared_shm(shared_shm(config.sandbox))

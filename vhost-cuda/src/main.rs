@@ -121,6 +121,19 @@ struct Args {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, env = "VHOST_CUDA_GPU_VA_SIZE")]
     gpu_va_size: Option<u64>,
 
+    /// Worker processes each VM keeps started ahead of its guest processes (0 to 4), each
+    /// with its CUDA context made on the first GPU: a guest process's first CUDA call (or a
+    /// migrated process's restore on this daemon) takes one instead of waiting about 0.1 s for
+    /// a worker and the driver's first context; another is started at once. Each holds a
+    /// context's device memory while it waits. Default: 0.
+    #[arg(long, value_name = "N", env = "VHOST_CUDA_SPARE_WORKERS", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=4))]
+    spare_workers: u8,
+
+    /// Worker mode: started ahead of its session, which `ToWorker::Bind` gives it.
+    #[arg(long, hide = true, requires = "session_worker")]
+    spare: bool,
+
     /// Most guest processes of one VM that may use qcuda at once (1 to 1024). A further
     /// process's first call fails with cudaErrorDevicesUnavailable. Default: 1024.
     #[arg(long, value_name = "N", env = "VHOST_CUDA_MAX_SESSIONS")]
@@ -328,6 +341,7 @@ impl TryFrom<Args> for Config {
             handover_wait: Duration::from_millis(args.handover_wait_ms),
             hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or_else(default_hop_poll_us)),
             hop_mailbox: args.hop_mailbox,
+            spare_workers: usize::from(args.spare_workers),
             limits: Limits {
                 max_sessions: args.max_sessions,
                 max_gpu_memory: args.max_gpu_memory,
@@ -407,6 +421,7 @@ fn session_worker_main(args: Args) -> i32 {
         gpu_memory_slot: args.gpu_memory_slot,
         shm_fd: args.shm_fd,
         outlive_daemon: args.outlive_daemon,
+        spare: args.spare,
         // The daemon always passes its value.
         hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or(0)),
         sandbox: args.sandbox,
@@ -598,6 +613,8 @@ mod tests {
             handover_wait_ms: 300,
             hop_poll_us: None,
             hop_mailbox: false,
+            spare_workers: 0,
+            spare: false,
             keep_workers: true,
             spin_budget: None,
             log_level: Some("info".into()),
@@ -690,6 +707,7 @@ mod tests {
                 handover_wait: Duration::from_millis(300),
                 hop_poll: Duration::from_micros(default_hop_poll_us()),
                 hop_mailbox: false,
+                spare_workers: 0,
                 limits: Limits::default(),
                 stats_socket: Some(format!("{path}.stats").into()),
                 sandbox: SandboxMode::Namespace,

@@ -381,6 +381,7 @@ impl VhostCudaBackend {
     /// Records that a frontend connected.
     pub fn note_connected(&self) {
         self.connected.store(true, Ordering::Release);
+        self.sessions.start_spares();
     }
 
     /// Whether a frontend connected to this backend.
@@ -454,6 +455,7 @@ impl VhostCudaBackend {
     /// The frontend is gone: stop completing chains and close every session.
     pub fn disconnect(&self) {
         self.set_live(false);
+        self.sessions.stop_spares();
         self.sessions.close_all(CLOSE_WAIT);
     }
 

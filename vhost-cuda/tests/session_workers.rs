@@ -957,3 +957,103 @@ fn a_handed_over_session_is_restored_from_its_record_and_its_runs() {
     assert_eq!(src.op(51, Op::SessionClose, &[]).status, status::SUCCESS);
     assert_eq!(dst.op(51, Op::SessionClose, &[]).status, status::SUCCESS);
 }
+
+#[test]
+fn a_spare_worker_serves_the_next_session_and_another_takes_its_place() {
+    // Under a GPU-memory limit, so that the binding carries the VM's accounting file too.
+    let command = worker_binary("warn")
+        .with_spares(1)
+        .with_limits(vhost_cuda::limits::Limits {
+            max_sessions: None,
+            max_gpu_memory: Some(1 << 30),
+        });
+    let mut rig = Rig::new(command, "workers-spare");
+    // No spare until the VM connects.
+    assert!(rig.table.spare_pids().is_empty());
+    rig.table.start_spares();
+    assert!(within(WAIT, || rig.table.spare_pids().len() == 1));
+    let spare = rig.table.spare_pids()[0];
+    assert!(
+        within(WAIT, || cmdline(spare).contains(" --spare")),
+        "{}",
+        cmdline(spare)
+    );
+
+    // The first op that needs a worker takes the spare, and it serves that session.
+    let r = rig.op(31, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    assert_eq!(rig.table.worker_pid(31), Some(spare));
+    let r = rig.op(31, Op::MemGetInfo, &[]);
+    expect_gpu_op(&rig, r);
+    assert_eq!(rig.table.worker_pid(31), Some(spare));
+
+    // Another spare took its place; the next session takes that one.
+    assert!(within(WAIT, || rig
+        .table
+        .spare_pids()
+        .first()
+        .is_some_and(|&p| p != spare)));
+    let next = rig.table.spare_pids()[0];
+    let r = rig.op(32, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    assert_eq!(rig.table.worker_pid(32), Some(next));
+
+    // A spare killed before it is needed is passed over: the session starts its own worker.
+    assert!(within(WAIT, || rig.table.spare_pids().len() == 1));
+    let killed = rig.table.spare_pids()[0];
+    let pid = libc::pid_t::try_from(killed).unwrap();
+    // SAFETY: kill(2) on our own, unreaped child has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert_eq!(rc, 0);
+    assert!(within(WAIT, || matches!(
+        process_state(killed),
+        Some('Z') | None
+    )));
+    let r = rig.op(33, Op::Malloc, &[64]);
+    expect_gpu_op(&rig, r);
+    let own = rig.table.worker_pid(33).expect("a worker");
+    assert_ne!(own, killed);
+    assert!(!cmdline(own).contains(" --spare"), "{}", cmdline(own));
+
+    // The VM goes away: its spares end, and its sessions leave nothing behind.
+    rig.table.stop_spares();
+    assert!(rig.table.spare_pids().is_empty());
+    for s in [31, 32, 33] {
+        assert_eq!(rig.op(s, Op::SessionClose, &[]).status, status::SUCCESS);
+    }
+    assert!(
+        within(WAIT, || children_with("--vm workers-spare").is_empty()),
+        "left behind: {:?}",
+        children_with("--vm workers-spare")
+    );
+}
+
+#[test]
+fn a_spare_worker_ends_when_the_daemon_closes_its_channel_before_it_is_needed() {
+    let command = worker_binary("warn");
+    let mut w = WorkerProcess::spawn_spare(&command, "workers-spare-end").unwrap();
+    let pid = w.pid();
+    // Once it has executed (and, sandboxed, its PID namespace's init has forked it).
+    assert!(
+        within(WAIT, || cmdline(pid).contains(" --spare")),
+        "{}",
+        cmdline(pid)
+    );
+    assert!(!w.has_exited());
+    // Closing the channel is all it takes: it exits by itself, 0.
+    let status = w.close(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+
+    // A spare bound twice refuses the second binding: it ends instead of serving on.
+    let mut w = WorkerProcess::spawn_spare(&command, "workers-spare-end").unwrap();
+    w.bind(&command, 71, None).map_err(|(e, _)| e).unwrap();
+    w.send_message(
+        &ToWorker::Bind {
+            session: 72,
+            slot: None,
+        },
+        &[],
+    )
+    .unwrap();
+    assert!(within(WAIT, || w.has_exited()));
+}

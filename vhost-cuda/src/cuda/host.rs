@@ -4,7 +4,7 @@ use std::{
     fmt,
     sync::{
         atomic::{AtomicU32, Ordering},
-        Arc, OnceLock,
+        Arc, Mutex, OnceLock,
     },
 };
 
@@ -16,7 +16,7 @@ use crate::limits::QuotaSlot;
 
 use super::{
     device_arena::AddressSpace,
-    driver::{CudaDriver, DriverApi, DriverLoad, NoDriver},
+    driver::{Context, CudaDriver, DriverApi, DriverLoad, NoDriver},
     launch::LaunchLimits,
 };
 
@@ -102,6 +102,10 @@ pub struct CudaHost {
     pub(crate) release: Option<String>,
     /// How the GPU timeline recorder times GPU work (`--gpu-trace`; `cuda/trace/`).
     trace_mode: OnceLock<super::trace::GpuTraceMode>,
+    /// Contexts made before any session needed them (a spare worker's warm-up,
+    /// [`CudaHost::warm_context`]), by the driver's device: a session's first use of that GPU
+    /// takes one instead of waiting for the driver to make it.
+    warm: Mutex<Vec<(i32, Context)>>,
 }
 
 impl fmt::Debug for CudaHost {
@@ -200,6 +204,29 @@ impl CudaHost {
         let _ = self.memory_quota.set(Arc::new(quota));
     }
 
+    /// A spare worker's warm-up: makes a context on guest device `ordinal` now, for the
+    /// session that comes later ([`CudaHost::take_warm_context`]). The driver's own cost of a
+    /// process's first context (about 0.1 s on an H200) is then paid before the session waits
+    /// for it. Without that GPU (or a driver) there is nothing to warm.
+    pub(crate) fn warm_context(&self, ordinal: usize) -> Result<(), super::driver::CuError> {
+        let Some(gpu) = self.gpus.get(ordinal) else {
+            return Ok(());
+        };
+        let ctx = self.driver.ctx_create(gpu.dev)?;
+        self.warm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((gpu.dev, ctx));
+        Ok(())
+    }
+
+    /// The context [`CudaHost::warm_context`] made on the driver's device `dev`, once.
+    pub(crate) fn take_warm_context(&self, dev: i32) -> Option<Context> {
+        let mut warm = self.warm.lock().unwrap_or_else(|p| p.into_inner());
+        let at = warm.iter().position(|(d, _)| *d == dev)?;
+        Some(warm.swap_remove(at).1)
+    }
+
     /// How this process's recordings time GPU work (`--gpu-trace`); set once, at the
     /// worker's start. Unset: [`GpuTraceMode::Auto`](super::trace::GpuTraceMode::Auto).
     pub fn set_trace_mode(&self, mode: super::trace::GpuTraceMode) {
@@ -290,6 +317,7 @@ impl CudaHost {
             address_space: OnceLock::new(),
             release: None,
             trace_mode: OnceLock::new(),
+            warm: Mutex::new(Vec::new()),
         }
     }
 
@@ -369,6 +397,7 @@ impl CudaHost {
             address_space: OnceLock::new(),
             release,
             trace_mode: OnceLock::new(),
+            warm: Mutex::new(Vec::new()),
         })
     }
 }

@@ -921,6 +921,32 @@ fn a_sticky_error_fails_every_session_from_then_on() {
 }
 
 #[test]
+fn a_warm_context_serves_the_first_use_of_its_gpu_once() {
+    let rig = Rig::new(2);
+    // A spare worker's warm-up: the context of guest device 0 made before any session.
+    rig.host.warm_context(0).unwrap();
+    assert_eq!(rig.fake.calls("ctx_create"), 1);
+    // Device 0's first use takes it: no context is made; device 1's is made as always.
+    let mut s = rig.session();
+    let p = malloc(&mut s, 64);
+    assert_ne!(p, 0);
+    assert_eq!(rig.fake.calls("ctx_create"), 1);
+    let r = s.execute(&req(Op::Malloc, 1, &[64], vec![], vec![]));
+    assert_eq!(r.status, status::SUCCESS);
+    assert_eq!(rig.fake.calls("ctx_create"), 2);
+    // Taken once: a second session makes its own; every context goes with its session.
+    let mut other = rig.session();
+    let _ = malloc(&mut other, 64);
+    assert_eq!(rig.fake.calls("ctx_create"), 3);
+    drop(other);
+    drop(s);
+    assert_eq!(rig.fake.live_contexts(), 0);
+    // Without the GPU there is nothing to warm.
+    rig.host.warm_context(7).unwrap();
+    assert_eq!(rig.fake.calls("ctx_create"), 3);
+}
+
+#[test]
 fn streams_and_events() {
     let mut rig = Rig::new(2);
     let mut s = rig.session();

@@ -15,6 +15,7 @@ use std::{
 };
 
 use qcuda_proto::{status, Op, ResponseHeader};
+use tracing::warn;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{
@@ -31,8 +32,12 @@ use crate::{
     guest_buffer::{GuestRam, Request},
     host_function_link::{HostFnLink, Waiter},
     limits::{GpuMemoryQuota, SlotLease},
-    worker::WorkerCommand,
+    worker::{WorkerCommand, WorkerProcess},
 };
+
+/// How long a spare that is no longer wanted is given to end by itself (it may be making its
+/// context), before SIGKILL.
+const SPARE_CLOSE_WAIT: Duration = Duration::from_millis(500);
 
 /// Puts a finished chain on the used ring. Implemented by the virtio edge; tests record calls.
 pub trait ChainCompleter: Send + Sync {
@@ -82,9 +87,97 @@ pub(super) struct Shared {
     pub(super) changed: Condvar,
     /// Device memory the VM's processes share (CUDA IPC).
     pub(super) ipc: super::ipc_broker::IpcBroker,
+    /// Workers started ahead of the VM's sessions (`--spare-workers`).
+    pub(super) spares: Spares,
+}
+
+/// Workers started ahead of a VM's sessions (`--spare-workers`), each making its context on
+/// the first GPU as it starts: a session's first need of a worker takes one
+/// ([`Shared::take_spare`]) and another is started in its place. Kept only while the VM is
+/// connected ([`Shared::start_spares`] .. [`Shared::stop_spares`]).
+#[derive(Default)]
+pub(super) struct Spares {
+    ready: Mutex<Vec<WorkerProcess>>,
+    on: AtomicBool,
+    /// Whether a start failed (logged once).
+    failed: AtomicBool,
 }
 
 impl Shared {
+    /// Keeps the VM's spare workers from now on (starting them in the background).
+    pub(super) fn start_spares(self: &Arc<Self>) {
+        if self.command.spares() == 0 {
+            return;
+        }
+        self.spares.on.store(true, Ordering::Release);
+        self.refill_spares();
+    }
+
+    /// Ends the spare workers and starts no more (the VM went away).
+    pub(super) fn stop_spares(&self) {
+        self.spares.on.store(false, Ordering::Release);
+        let ended: Vec<WorkerProcess> = std::mem::take(&mut *self.spare_list());
+        for w in ended {
+            w.close(SPARE_CLOSE_WAIT);
+        }
+    }
+
+    /// A spare worker for a session that needs one now, if one is ready; another is started
+    /// in its place.
+    pub(super) fn take_spare(self: &Arc<Self>) -> Option<WorkerProcess> {
+        let spare = {
+            let mut list = self.spare_list();
+            loop {
+                let mut w = list.pop()?;
+                if w.has_exited() {
+                    // Gone before it was needed (killed by the operator, say): the next one.
+                    drop(w);
+                    continue;
+                }
+                break w;
+            }
+        };
+        self.refill_spares();
+        Some(spare)
+    }
+
+    pub(super) fn spare_pids(&self) -> Vec<u32> {
+        self.spare_list().iter().map(WorkerProcess::pid).collect()
+    }
+
+    fn spare_list(&self) -> MutexGuard<'_, Vec<WorkerProcess>> {
+        self.spares.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts spares up to `--spare-workers`, in a thread of its own (a start forks).
+    fn refill_spares(self: &Arc<Self>) {
+        if !self.spares.on.load(Ordering::Acquire) {
+            return;
+        }
+        let shared = Arc::clone(self);
+        let started = std::thread::Builder::new()
+            .name("qcuda-spares".into())
+            .spawn(move || shared.fill_spares());
+        if let Err(e) = started {
+            warn!(vm = %self.label, "no spare worker started: {e}");
+        }
+    }
+
+    fn fill_spares(&self) {
+        let mut list = self.spare_list();
+        while self.spares.on.load(Ordering::Acquire) && list.len() < self.command.spares() {
+            match WorkerProcess::spawn_spare(&self.command, &self.label) {
+                Ok(w) => list.push(w),
+                Err(e) => {
+                    if !self.spares.failed.swap(true, Ordering::AcqRel) {
+                        warn!(vm = %self.label, "no spare worker started: {e}");
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
     pub(super) fn counters(&self) -> MutexGuard<'_, Counters> {
         // The counters stay consistent even if a holder panicked: every update is one statement.
         self.counters.lock().unwrap_or_else(|p| p.into_inner())

@@ -136,8 +136,26 @@ impl SessionTable {
                 counters: Mutex::new(Counters::default()),
                 changed: Condvar::new(),
                 ipc: super::ipc_broker::IpcBroker::default(),
+                spares: super::shared::Spares::default(),
             }),
         }
+    }
+
+    /// Keeps `--spare-workers` workers started ahead of this VM's sessions from now on (the
+    /// VM connected).
+    pub fn start_spares(&self) {
+        self.shared.start_spares();
+    }
+
+    /// Ends the spare workers (the VM went away); sessions start their own until
+    /// [`SessionTable::start_spares`].
+    pub fn stop_spares(&self) {
+        self.shared.stop_spares();
+    }
+
+    /// Process ids of the spare workers waiting now.
+    pub fn spare_pids(&self) -> Vec<u32> {
+        self.shared.spare_pids()
     }
 
     /// Sessions of this VM not yet ended.
@@ -659,6 +677,7 @@ impl SessionTable {
 
 impl Drop for SessionTable {
     fn drop(&mut self) {
+        self.shared.stop_spares();
         self.close_all(Duration::ZERO);
         clear_shared_shm(&self.shared.command, &self.shared.label);
     }

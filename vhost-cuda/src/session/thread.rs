@@ -598,12 +598,32 @@ impl SessionThread {
                 Err(_) => None,
             };
             let slot = quota.as_ref().map(crate::limits::SlotLease::usage);
-            let spawned = WorkerProcess::spawn_with_quota(
-                &self.shared.command,
-                self.id,
-                &self.shared.label,
-                quota,
-            );
+            let spawned = match self.shared.take_spare() {
+                Some(mut spare) => match spare.bind(&self.shared.command, self.id, quota) {
+                    Ok(()) => Ok(spare),
+                    Err((e, quota)) => {
+                        warn!(
+                            vm = %self.shared.label,
+                            "session {}: spare worker {} not taken ({e}); starting one",
+                            self.id,
+                            spare.pid()
+                        );
+                        drop(spare);
+                        WorkerProcess::spawn_with_quota(
+                            &self.shared.command,
+                            self.id,
+                            &self.shared.label,
+                            quota,
+                        )
+                    }
+                },
+                None => WorkerProcess::spawn_with_quota(
+                    &self.shared.command,
+                    self.id,
+                    &self.shared.label,
+                    quota,
+                ),
+            };
             let mut process = match spawned {
                 Ok(p) => p,
                 Err(e) => {

@@ -88,6 +88,10 @@ pub struct WorkerConfig {
     /// `--gpu-trace` and `--cupti` of the daemon: how a recording of the GPU timeline times GPU
     /// work, and where libcupti is.
     pub gpu_trace: GpuTraceSetup,
+    /// `--spare`: started before any guest process needed it (`--spare-workers` of the
+    /// daemon): it makes its context on the first GPU, then waits for the session it is given
+    /// ([`ToWorker::Bind`], with its quota slot); `session` is unused until then.
+    pub spare: bool,
 }
 
 /// Why a request from the daemon is refused.
@@ -632,6 +636,8 @@ pub fn serve(
                 })?;
             }
             ToWorker::End => break,
+            // Only a spare is given its session, before it serves (`wait_for_binding`).
+            ToWorker::Bind { .. } => return Err(MessageError::Rebound),
             #[cfg(feature = "test-hooks")]
             ToWorker::SandboxTestHook(attempt) => {
                 let resp = crate::sandbox::test_hook::attempt(&attempt);
@@ -835,10 +841,50 @@ fn inherited_shm(config: &WorkerConfig) -> Option<std::os::fd::OwnedFd> {
     Some(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
+/// A spare worker's wait for its session ([`ToWorker::Bind`]), unfiltered as a worker is
+/// until its quota is attached (only the daemon speaks on the channel): attaches the quota
+/// file that travels with it, answers `Done` on the socket (rets[0]: milliseconds since this
+/// process started), and returns the session. `None` when the daemon ended the spare first
+/// (closed the channel, or `End`).
+fn wait_for_binding(
+    channel: &WorkerChannel,
+    host: &CudaHost,
+    born: Instant,
+) -> Result<Option<u64>, String> {
+    let (session, slot, mut files) = match channel.recv_to_worker() {
+        Ok(None) | Ok(Some((ToWorker::End, _))) => return Ok(None),
+        Ok(Some((ToWorker::Bind { session, slot }, files))) => (session, slot, files),
+        Ok(Some((other, _))) => {
+            return Err(format!("sent {other:?} before its session was given"));
+        }
+        Err(e) => return Err(format!("its channel: {e}")),
+    };
+    if let Some(slot) = slot {
+        let file = files.pop().ok_or("no quota file with its slot")?;
+        let index = usize::try_from(slot).map_err(|_| format!("slot {slot}"))?;
+        let quota = crate::limits::QuotaSlot::attach(file, index)
+            .map_err(|e| format!("no GPU-memory quota (slot {slot}): {e}"))?;
+        host.set_memory_quota(quota);
+    }
+    let mut resp = ResponseHeader::with_status(status::SUCCESS);
+    resp.rets[0] = u64::try_from(born.elapsed().as_millis()).unwrap_or(u64::MAX);
+    channel
+        .send_to_daemon(&FromWorker::Done(resp, 0))
+        .map_err(|e| format!("its channel: {e}"))?;
+    debug!(session, ms = resp.rets[0], "spare worker given its session");
+    Ok(Some(session))
+}
+
 /// The worker's `main`: returns the exit status.
 pub fn run(config: &WorkerConfig) -> i32 {
+    let born = Instant::now();
     // At ERROR level, so that the span (and the session id) is on every line that is logged.
-    let span = error_span!("worker", vm = %config.vm, session = config.session);
+    // A spare's session is recorded once it is given one.
+    let span = if config.spare {
+        error_span!("worker", vm = %config.vm, session = tracing::field::Empty)
+    } else {
+        error_span!("worker", vm = %config.vm, session = config.session)
+    };
     let _entered = span.enter();
     // The daemon decides when a worker ends (a Ctrl-C in its terminal reaches us too).
     if let Err(e) = signals::block() {
@@ -896,6 +942,27 @@ pub fn run(config: &WorkerConfig) -> i32 {
             return 1;
         }
     };
+    // A spare: the driver's first context now, then the session it will serve.
+    let session_id = if config.spare {
+        if let Err(e) = host.warm_context(0) {
+            // The session makes its context when it needs one, as without a spare.
+            warn!("spare worker: no context made ahead ({e:?})");
+        }
+        match wait_for_binding(&channel, &host, born) {
+            Ok(Some(id)) => {
+                span.record("session", id);
+                id
+            }
+            // The daemon ended the spare before it was needed.
+            Ok(None) => return 0,
+            Err(e) => {
+                error!("spare worker: {e}");
+                return 1;
+            }
+        }
+    } else {
+        config.session
+    };
     if let Some(slot) = config.gpu_memory_slot {
         // SAFETY: the daemon passes the quota file on QUOTA_FD exactly when it gives a slot,
         // and nothing else in this process uses that descriptor.
@@ -915,7 +982,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
             host.set_address_space(AddressSpace::OFF);
         }
     }
-    let mut session = GpuState::open(&host, config.session);
+    let mut session = GpuState::open(&host, session_id);
     debug!(
         pid = std::process::id(),
         gpus = host.gpu_count(),
@@ -941,7 +1008,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
     let (mut checks, mut check_ns) = (0u64, 0u64);
     let served = serve(
         &channel,
-        config.session,
+        session_id,
         config.hop_poll,
         |work| {
             let req = match work {
@@ -990,7 +1057,7 @@ pub fn run(config: &WorkerConfig) -> i32 {
         debug!(
             target: "qcuda::phases",
             "session {}: device-output checks: {checks}, mean µs {:.2}",
-            config.session,
+            session_id,
             check_ns as f64 / 1e3 / checks.max(1) as f64
         );
     }

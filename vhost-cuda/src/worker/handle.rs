@@ -33,9 +33,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use qcuda_proto::ResponseHeader;
+use qcuda_proto::{status, ResponseHeader};
 use thiserror::Error;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::{
@@ -76,6 +76,8 @@ pub struct WorkerCommand {
     hop_poll: Duration,
     /// `--hop-mailbox`: each worker gets the hop's shared mailbox.
     hop_mailbox: bool,
+    /// `--spare-workers`: workers each VM keeps started ahead of its sessions.
+    spares: usize,
     /// `--sandbox`.
     sandbox: SandboxMode,
     /// `--worker-seccomp`.
@@ -149,6 +151,7 @@ impl WorkerCommand {
             limits: Limits::default(),
             hop_poll: Duration::ZERO,
             hop_mailbox: false,
+            spares: 0,
             sandbox: SandboxMode::None,
             seccomp: SeccompMode::Enforce,
             address_space: AddressSpace::default(),
@@ -232,6 +235,18 @@ impl WorkerCommand {
         self
     }
 
+    /// The same command, each VM keeping `n` workers started ahead of its sessions
+    /// ([`WorkerProcess::spawn_spare`]).
+    pub fn with_spares(mut self, n: usize) -> Self {
+        self.spares = n;
+        self
+    }
+
+    /// How many spare workers each VM keeps.
+    pub fn spares(&self) -> usize {
+        self.spares
+    }
+
     /// The same command, with workers confined by `mode` and a seccomp filter in `seccomp`
     /// mode.
     pub fn with_sandbox(mut self, mode: SandboxMode, seccomp: SeccompMode) -> Self {
@@ -245,9 +260,10 @@ impl WorkerCommand {
         self.sandbox
     }
 
+    /// `session` `None`: a spare (`--spare`), given its session later.
     fn spec(
         &self,
-        session: u64,
+        session: Option<u64>,
         vm: &str,
         quota_slot: Option<usize>,
         fds: Vec<RawFd>,
@@ -260,7 +276,7 @@ impl WorkerCommand {
             },
             "--session-worker".into(),
             "--session-id".into(),
-            session.to_string().into(),
+            session.unwrap_or(0).to_string().into(),
             "--vm".into(),
             vm.into(),
             "--log-level".into(),
@@ -293,6 +309,9 @@ impl WorkerCommand {
         }
         if self.keep.is_some() {
             args.push("--outlive-daemon".into());
+        }
+        if session.is_none() {
+            args.push("--spare".into());
         }
         let shm = self
             .shared_shm()
@@ -389,6 +408,8 @@ pub struct WorkerProcess {
     _quota: Option<SlotLease>,
     /// The store and name its channel is kept under for the next daemon, if it is.
     stored: Option<(Arc<FdStore>, String)>,
+    /// A spare not yet given a session ([`WorkerProcess::spawn_spare`]).
+    spare: bool,
 }
 
 /// How long taking over a worker waits for its answer (it finishes the op it runs first).
@@ -575,7 +596,7 @@ impl WorkerProcess {
         let mut fds = vec![theirs.as_raw_fd()];
         fds.extend(quota_copy.as_ref().map(AsRawFd::as_raw_fd));
         let spec = cmd
-            .spec(session, vm, quota.as_ref().map(SlotLease::index), fds)
+            .spec(Some(session), vm, quota.as_ref().map(SlotLease::index), fds)
             .map_err(WorkerError::Spawn)?;
         // Both copies stay open until the spawn returns (the child has its own by then).
         let child = sandbox::spawn(spec).map_err(WorkerError::Spawn)?;
@@ -610,24 +631,138 @@ impl WorkerProcess {
             answers: 0,
             _quota: quota,
             stored: None,
+            spare: false,
         };
         if let Some(keep) = &cmd.keep {
             worker.keep_in(keep);
         }
-        // Without a mailbox the socket carries everything, as it always can.
+        worker.open_mailbox(cmd)?;
+        Ok(worker)
+    }
+
+    /// Without a mailbox the socket carries everything, as it always can.
+    fn open_mailbox(&mut self, cmd: &WorkerCommand) -> Result<(), WorkerError> {
         if cmd.hop_mailbox {
             match Mailbox::create() {
                 Ok((mailbox, fd)) => {
-                    worker.send_message(&ToWorker::Mailbox, &[fd.as_raw_fd()])?;
-                    worker.mailbox = Some(mailbox);
+                    self.send_message(&ToWorker::Mailbox, &[fd.as_raw_fd()])?;
+                    self.mailbox = Some(mailbox);
                 }
                 Err(e) => warn!(
-                    vm,
-                    "session {session}: no hop mailbox ({e}); the socket alone"
+                    vm = %self.vm,
+                    "session {}: no hop mailbox ({e}); the socket alone", self.session
                 ),
             }
         }
-        Ok(worker)
+        Ok(())
+    }
+
+    /// Starts a spare worker of VM `vm` (`--spare`): it makes its context on the first GPU
+    /// and waits, for [`WorkerProcess::bind`]. Returns once the process is started, not warm.
+    pub fn spawn_spare(cmd: &WorkerCommand, vm: &str) -> Result<Self, WorkerError> {
+        let (channel, theirs) = WorkerChannel::pair().map_err(WorkerError::Spawn)?;
+        channel
+            .set_timeouts(CHANNEL_TIMEOUT)
+            .map_err(WorkerError::Spawn)?;
+        let theirs = {
+            let stream = theirs;
+            above_quota_fd(stream.as_raw_fd())?
+        };
+        let spec = cmd
+            .spec(None, vm, None, vec![theirs.as_raw_fd()])
+            .map_err(WorkerError::Spawn)?;
+        let child = sandbox::spawn(spec).map_err(WorkerError::Spawn)?;
+        drop(theirs);
+        let pid = child.id();
+        debug!(vm, "spare worker process {pid} started");
+        Ok(Self {
+            session: 0,
+            vm: vm.to_string(),
+            pid,
+            child,
+            channel: Some(channel),
+            shared: Weak::new(),
+            reaped: false,
+            last_exec_ns: 0,
+            hop_poll: cmd.hop_poll,
+            mailbox: None,
+            frames_sent: 0,
+            requests_posted: 0,
+            answers: 0,
+            _quota: None,
+            stored: None,
+            spare: true,
+        })
+    }
+
+    /// Gives a spare ([`WorkerProcess::spawn_spare`]) its session and its slot of the VM's
+    /// accounting file, then what every worker gets at its start (the store for the next
+    /// daemon, the hop's mailbox). Waits for the spare to finish its warm-up (at most
+    /// [`CHANNEL_TIMEOUT`]). On an error the spare is of no use (end it); the slot comes back.
+    pub fn bind(
+        &mut self,
+        cmd: &WorkerCommand,
+        session: u64,
+        quota: Option<SlotLease>,
+    ) -> Result<(), (WorkerError, Option<SlotLease>)> {
+        let slot = quota
+            .as_ref()
+            .map(|q| u32::try_from(q.index()).unwrap_or(u32::MAX));
+        let fds: Vec<RawFd> = quota.iter().map(SlotLease::fd).collect();
+        if let Err(e) = self.send_message(&ToWorker::Bind { session, slot }, &fds) {
+            return Err((e, quota));
+        }
+        let warm_ms = match self.bind_answer() {
+            Ok(ms) => ms,
+            Err(e) => return Err((e, quota)),
+        };
+        self.session = session;
+        self._quota = quota;
+        self.spare = false;
+        info!(
+            vm = %self.vm,
+            "session {session}: spare worker process {} taken (started {warm_ms} ms before)",
+            self.pid
+        );
+        if let Some(keep) = &cmd.keep {
+            self.keep_in(keep);
+        }
+        self.open_mailbox(cmd).map_err(|e| (e, None))
+    }
+
+    /// The spare's answer to its binding, read on the socket and not counted among the hop's
+    /// answers: the milliseconds since it started.
+    fn bind_answer(&mut self) -> Result<u64, WorkerError> {
+        let ch = self.channel()?;
+        let mut fds = [libc::pollfd {
+            fd: ch.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let deadline = Instant::now() + CHANNEL_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+            // SAFETY: one initialised pollfd that outlives the call.
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+            if rc == 0 {
+                return Err(MessageError::Io(io::Error::from(io::ErrorKind::TimedOut)).into());
+            }
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(MessageError::Io(e).into());
+            }
+            return match ch.recv_from_worker()? {
+                Some(FromWorker::Done(resp, _)) if resp.status == status::SUCCESS => {
+                    Ok(resp.rets[0])
+                }
+                Some(_) => Err(MessageError::Mailbox.into()),
+                None => Err(WorkerError::Closed),
+            };
+        }
     }
 
     /// Hands systemd copies of the channel and a pidfd, for the next daemon.
@@ -686,6 +821,7 @@ impl WorkerProcess {
             answers: 0,
             _quota: quota,
             stored: keep,
+            spare: false,
         };
         worker.send_message(&ToWorker::Adopt, &[])?;
         let deadline = Instant::now() + ADOPT_WAIT;
@@ -1111,6 +1247,21 @@ impl WorkerProcess {
         }
     }
 
+    /// Whether the process has ended (it is reaped then).
+    pub fn has_exited(&mut self) -> bool {
+        if self.reaped {
+            return true;
+        }
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                self.reaped(status);
+                true
+            }
+            Ok(None) => false,
+            Err(_) => true,
+        }
+    }
+
     /// Ends the worker at once with SIGKILL (which also ends its running kernels) and reaps it.
     pub fn kill(mut self) -> ExitStatus {
         self.kill_and_reap()
@@ -1141,10 +1292,14 @@ impl WorkerProcess {
                 self.session, self.pid
             );
         }
-        info!(
-            vm = %self.vm,
-            "session {}: worker process {} exited ({status})", self.session, self.pid
-        );
+        if self.spare {
+            debug!(vm = %self.vm, "spare worker process {} exited ({status})", self.pid);
+        } else {
+            info!(
+                vm = %self.vm,
+                "session {}: worker process {} exited ({status})", self.session, self.pid
+            );
+        }
         status
     }
 }

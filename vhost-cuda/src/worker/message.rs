@@ -72,6 +72,7 @@ const TAG_EXPORT_RUNS: u8 = 17;
 const TAG_IMPORT_RUNS: u8 = 18;
 const TAG_RESTORE_HANDED_OVER: u8 = 19;
 const TAG_RUNS: u8 = 20;
+const TAG_BIND: u8 = 21;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -174,6 +175,17 @@ pub enum ToWorker {
     /// state, every run mapped from the runs given before (`GpuState::restore_handed_over`),
     /// which it then forgets. Answered as `RestoreState` is.
     RestoreHandedOver,
+    /// A spare worker (`--spare`, started before any guest process needed it) is given the
+    /// session it serves from now on, and its slot of the VM's accounting file (the file
+    /// travels with the message when `slot` is set). The first message a spare takes, and
+    /// the only one; answered [`FromWorker::Done`] on the socket (never counted as an answer
+    /// of the hop) once its warm-up is over: rets[0] the milliseconds since it started.
+    Bind {
+        /// The session.
+        session: u64,
+        /// Its slot of the accounting file, if the VM has one.
+        slot: Option<u32>,
+    },
     /// Test double, compiled only with the `test-hooks` feature (the sandbox tests): the
     /// worker tries what `crate::sandbox::test_hook` encodes here and answers `Done`.
     #[cfg(feature = "test-hooks")]
@@ -247,6 +259,9 @@ pub enum MessageError {
     /// worker) or an answer (to the daemon), or an answer longer than its slot.
     #[error("the hop mailbox held something other than a request or an answer")]
     Mailbox,
+    /// A message out of place: a session given to a worker that serves one already.
+    #[error("a session given to a worker that has one")]
+    Rebound,
     /// The socket failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -341,6 +356,7 @@ impl ToWorker {
             | Self::ExportRuns
             | Self::RestoreHandedOver => 1,
             Self::ImportRuns(runs) => runs.len(),
+            Self::Bind { slot, .. } => usize::from(slot.is_some()),
             Self::Posted | Self::Pause | Self::Resume | Self::Adopt | Self::End => 0,
             Self::Ipc(call) => usize::from(call.import),
             #[cfg(feature = "test-hooks")]
@@ -410,6 +426,12 @@ impl ToWorker {
                 put_runs(&mut out, runs)?;
             }
             Self::RestoreHandedOver => out.push(TAG_RESTORE_HANDED_OVER),
+            Self::Bind { session, slot } => {
+                out.push(TAG_BIND);
+                out.extend_from_slice(&session.to_le_bytes());
+                out.push(u8::from(slot.is_some()));
+                out.extend_from_slice(&slot.unwrap_or(0).to_le_bytes());
+            }
             #[cfg(feature = "test-hooks")]
             Self::SandboxTestHook(bytes) => {
                 let n = u32::try_from(bytes.len())
@@ -491,6 +513,22 @@ impl ToWorker {
             TAG_EXPORT_RUNS => Self::ExportRuns,
             TAG_IMPORT_RUNS => Self::ImportRuns(get_runs(&mut r)?),
             TAG_RESTORE_HANDED_OVER => Self::RestoreHandedOver,
+            TAG_BIND => {
+                let session = r.u64()?;
+                let has_slot = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(MessageError::Truncated),
+                };
+                let slot = r.u32()?;
+                if !has_slot && slot != 0 {
+                    return Err(MessageError::Truncated);
+                }
+                Self::Bind {
+                    session,
+                    slot: has_slot.then_some(slot),
+                }
+            }
             #[cfg(feature = "test-hooks")]
             TAG_SANDBOX_TEST_HOOK => {
                 let n = usize::try_from(r.u32()?).map_err(|_| MessageError::Truncated)?;
@@ -880,6 +918,15 @@ mod tests {
         ] {
             assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
         }
+        // A spare's binding carries the quota file exactly when it names a slot.
+        for slot in [None, Some(0), Some(u32::MAX)] {
+            let msg = ToWorker::Bind {
+                session: u64::MAX,
+                slot,
+            };
+            assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
+            assert_eq!(msg.fd_count(), usize::from(slot.is_some()));
+        }
         let mut resp = ResponseHeader::with_status(700);
         resp.flags = 1;
         resp.rets = [1, 2, 3, 4, 5, 6, u64::MAX];
@@ -951,6 +998,24 @@ mod tests {
         let mut bad_flag = ipc.clone();
         bad_flag[1] = 2;
         ToWorker::decode(&bad_flag).unwrap_err();
+        // A binding with a bad slot flag, a slot without the flag, or cut short.
+        let bind = ToWorker::Bind {
+            session: 5,
+            slot: Some(2),
+        }
+        .encode()
+        .unwrap();
+        let mut bad = bind.clone();
+        bad[9] = 2;
+        ToWorker::decode(&bad).unwrap_err();
+        bad[9] = 0;
+        ToWorker::decode(&bad).unwrap_err();
+        for n in 0..bind.len() {
+            assert!(
+                matches!(ToWorker::decode(&bind[..n]), Err(MessageError::Truncated)),
+                "prefix of {n}"
+            );
+        }
         for n in 0..ipc.len() {
             assert!(
                 matches!(ToWorker::decode(&ipc[..n]), Err(MessageError::Truncated)),

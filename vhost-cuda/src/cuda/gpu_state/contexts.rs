@@ -31,13 +31,28 @@ impl GpuState {
                 .get(dev)
                 .ok_or(Fault::Status(status::INVALID_DEVICE))?;
             let (gpu, host_ordinal) = (gpu.dev, gpu.host_ordinal);
-            let ctx = self.drv.ctx_create(gpu).map_err(on(dev))?;
-            debug!(
-                session = self.id,
-                dev,
-                gpu = host_ordinal,
-                "context created"
-            );
+            // A spare worker made one before the session came: the driver's cost is paid.
+            let ctx = match self.host.take_warm_context(gpu) {
+                Some(ctx) => {
+                    debug!(
+                        session = self.id,
+                        dev,
+                        gpu = host_ordinal,
+                        "context taken from the warm-up"
+                    );
+                    ctx
+                }
+                None => {
+                    let ctx = self.drv.ctx_create(gpu).map_err(on(dev))?;
+                    debug!(
+                        session = self.id,
+                        dev,
+                        gpu = host_ordinal,
+                        "context created"
+                    );
+                    ctx
+                }
+            };
             let range = match self.drv.ctx_set_current(ctx) {
                 Ok(()) => self.reserve_range(dev, gpu),
                 Err(_) => None,

@@ -393,6 +393,12 @@ impl std::fmt::Debug for GpuState {
 }
 
 impl GpuState {
+    /// A spare worker's state, opened before its session was known, is given it
+    /// (`ToWorker::Bind`): the id its logs and saved states carry. Only before any request.
+    pub fn assign_session(&mut self, id: u64) {
+        self.id = id;
+    }
+
     /// A new, empty session of `host` for guest process `id`. Its contexts are created on
     /// first use.
     pub fn open(host: &Arc<CudaHost>, id: u64) -> Self {
