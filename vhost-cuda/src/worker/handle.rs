@@ -709,7 +709,12 @@ impl WorkerProcess {
             .as_ref()
             .map(|q| u32::try_from(q.index()).unwrap_or(u32::MAX));
         let fds: Vec<RawFd> = quota.iter().map(SlotLease::fd).collect();
-        if let Err(e) = self.send_message(&ToWorker::Bind { session, slot }, &fds) {
+        // Not counted among the frames sent: the worker reads it before its hop begins, and
+        // the mailbox's posts name how many frames of the hop come before them.
+        let sent = self
+            .channel()
+            .and_then(|ch| Ok(ch.send_to_worker(&ToWorker::Bind { session, slot }, &fds)?));
+        if let Err(e) = sent {
             return Err((e, quota));
         }
         let warm_ms = match self.bind_answer() {
