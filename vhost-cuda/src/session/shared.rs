@@ -163,17 +163,30 @@ impl Shared {
         }
     }
 
+    /// Starts spares until there are `--spare-workers`, each outside the list's lock (a
+    /// session taking one does not wait for a start); one no longer wanted when it is up (the
+    /// VM went, or another refill filled the list) is ended.
     fn fill_spares(&self) {
-        let mut list = self.spare_list();
-        while self.spares.on.load(Ordering::Acquire) && list.len() < self.command.spares() {
-            match WorkerProcess::spawn_spare(&self.command, &self.label) {
-                Ok(w) => list.push(w),
+        let wanted = |list: &Vec<WorkerProcess>| {
+            self.spares.on.load(Ordering::Acquire) && list.len() < self.command.spares()
+        };
+        while wanted(&self.spare_list()) {
+            let w = match WorkerProcess::spawn_spare(&self.command, &self.label) {
+                Ok(w) => w,
                 Err(e) => {
                     if !self.spares.failed.swap(true, Ordering::AcqRel) {
                         warn!(vm = %self.label, "no spare worker started: {e}");
                     }
                     return;
                 }
+            };
+            let mut list = self.spare_list();
+            if wanted(&list) {
+                list.push(w);
+            } else {
+                drop(list);
+                w.close(SPARE_CLOSE_WAIT);
+                return;
             }
         }
     }

@@ -598,25 +598,25 @@ impl SessionThread {
                 Err(_) => None,
             };
             let slot = quota.as_ref().map(crate::limits::SlotLease::usage);
-            let spawned = match self.shared.take_spare() {
-                Some(mut spare) => match spare.bind(&self.shared.command, self.id, quota) {
-                    Ok(()) => Ok(spare),
-                    Err((e, quota)) => {
+            // A spare the VM keeps started ahead, else a worker of its own.
+            let mut quota = quota;
+            let mut taken = None;
+            if let Some(mut spare) = self.shared.take_spare() {
+                match spare.bind(&self.shared.command, self.id, quota.take()) {
+                    Ok(()) => taken = Some(spare),
+                    Err((e, back)) => {
                         warn!(
                             vm = %self.shared.label,
                             "session {}: spare worker {} not taken ({e}); starting one",
                             self.id,
                             spare.pid()
                         );
-                        drop(spare);
-                        WorkerProcess::spawn_with_quota(
-                            &self.shared.command,
-                            self.id,
-                            &self.shared.label,
-                            quota,
-                        )
+                        quota = back;
                     }
-                },
+                }
+            }
+            let spawned = match taken {
+                Some(spare) => Ok(spare),
                 None => WorkerProcess::spawn_with_quota(
                     &self.shared.command,
                     self.id,

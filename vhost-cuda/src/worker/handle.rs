@@ -430,6 +430,32 @@ fn above_quota_fd(fd: RawFd) -> Result<std::os::fd::OwnedFd, WorkerError> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(copy) })
 }
 
+/// Waits until `ch` has something to read (a frame, or the end), at most until `deadline`:
+/// `TimedOut` after it.
+fn wait_readable(ch: &WorkerChannel, deadline: Instant) -> Result<(), WorkerError> {
+    let mut fds = [libc::pollfd {
+        fd: ch.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one initialised pollfd that outlives the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+        if rc > 0 {
+            return Ok(());
+        }
+        if rc == 0 {
+            return Err(MessageError::Io(io::Error::from(io::ErrorKind::TimedOut)).into());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(MessageError::Io(e).into());
+        }
+    }
+}
+
 /// Waits for answer number `expected` of the worker on `ch` (and `mailbox`), or until `wake`
 /// fires (`None`). Looks without blocking for up to `spin` first (the mailbox, and the socket
 /// now and then). Whenever it is about to block on the socket it first raises the daemon's
@@ -579,6 +605,22 @@ impl WorkerProcess {
         vm: &str,
         quota: Option<SlotLease>,
     ) -> Result<Self, WorkerError> {
+        let mut worker = Self::start(cmd, Some(session), vm, quota)?;
+        if let Some(keep) = &cmd.keep {
+            worker.keep_in(keep);
+        }
+        worker.open_mailbox(cmd)?;
+        Ok(worker)
+    }
+
+    /// Starts the process of session `session` (`None`: a spare, `--spare`), the channel on
+    /// its CHANNEL_FD and the quota file (if any) on QUOTA_FD.
+    fn start(
+        cmd: &WorkerCommand,
+        session: Option<u64>,
+        vm: &str,
+        quota: Option<SlotLease>,
+    ) -> Result<Self, WorkerError> {
         let (channel, theirs) = WorkerChannel::pair().map_err(WorkerError::Spawn)?;
         channel
             .set_timeouts(CHANNEL_TIMEOUT)
@@ -592,31 +634,31 @@ impl WorkerProcess {
             Some(q) => Some(above_quota_fd(q.fd())?),
             None => None,
         };
-        // The channel on CHANNEL_FD, the quota file (if any) on QUOTA_FD.
         let mut fds = vec![theirs.as_raw_fd()];
         fds.extend(quota_copy.as_ref().map(AsRawFd::as_raw_fd));
         let spec = cmd
-            .spec(Some(session), vm, quota.as_ref().map(SlotLease::index), fds)
+            .spec(session, vm, quota.as_ref().map(SlotLease::index), fds)
             .map_err(WorkerError::Spawn)?;
         // Both copies stay open until the spawn returns (the child has its own by then).
         let child = sandbox::spawn(spec).map_err(WorkerError::Spawn)?;
         drop(theirs);
         drop(quota_copy);
         let pid = child.id();
-        match child.worker_id() {
-            gpu if gpu != pid => info!(
+        match (session, child.worker_id()) {
+            (None, _) => debug!(vm, "spare worker process {pid} started"),
+            (Some(session), gpu) if gpu != pid => info!(
                 vm,
                 "session {session}: worker process {pid} started (sandbox: {}; the init of its \
                  PID namespace, the worker proper {gpu})",
                 cmd.sandbox
             ),
-            _ => info!(
+            (Some(session), _) => info!(
                 vm,
                 "session {session}: worker process {pid} started (sandbox: {})", cmd.sandbox
             ),
         }
-        let mut worker = Self {
-            session,
+        Ok(Self {
+            session: session.unwrap_or(0),
             vm: vm.to_string(),
             pid,
             child,
@@ -631,13 +673,8 @@ impl WorkerProcess {
             answers: 0,
             _quota: quota,
             stored: None,
-            spare: false,
-        };
-        if let Some(keep) = &cmd.keep {
-            worker.keep_in(keep);
-        }
-        worker.open_mailbox(cmd)?;
-        Ok(worker)
+            spare: session.is_none(),
+        })
     }
 
     /// Without a mailbox the socket carries everything, as it always can.
@@ -660,39 +697,7 @@ impl WorkerProcess {
     /// Starts a spare worker of VM `vm` (`--spare`): it makes its context on the first GPU
     /// and waits, for [`WorkerProcess::bind`]. Returns once the process is started, not warm.
     pub fn spawn_spare(cmd: &WorkerCommand, vm: &str) -> Result<Self, WorkerError> {
-        let (channel, theirs) = WorkerChannel::pair().map_err(WorkerError::Spawn)?;
-        channel
-            .set_timeouts(CHANNEL_TIMEOUT)
-            .map_err(WorkerError::Spawn)?;
-        let theirs = {
-            let stream = theirs;
-            above_quota_fd(stream.as_raw_fd())?
-        };
-        let spec = cmd
-            .spec(None, vm, None, vec![theirs.as_raw_fd()])
-            .map_err(WorkerError::Spawn)?;
-        let child = sandbox::spawn(spec).map_err(WorkerError::Spawn)?;
-        drop(theirs);
-        let pid = child.id();
-        debug!(vm, "spare worker process {pid} started");
-        Ok(Self {
-            session: 0,
-            vm: vm.to_string(),
-            pid,
-            child,
-            channel: Some(channel),
-            shared: Weak::new(),
-            reaped: false,
-            last_exec_ns: 0,
-            hop_poll: cmd.hop_poll,
-            mailbox: None,
-            frames_sent: 0,
-            requests_posted: 0,
-            answers: 0,
-            _quota: None,
-            stored: None,
-            spare: true,
-        })
+        Self::start(cmd, None, vm, None)
     }
 
     /// Gives a spare ([`WorkerProcess::spawn_spare`]) its session and its slot of the VM's
@@ -739,34 +744,11 @@ impl WorkerProcess {
     /// answers: the milliseconds since it started.
     fn bind_answer(&mut self) -> Result<u64, WorkerError> {
         let ch = self.channel()?;
-        let mut fds = [libc::pollfd {
-            fd: ch.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        let deadline = Instant::now() + CHANNEL_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
-            // SAFETY: one initialised pollfd that outlives the call.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
-            if rc == 0 {
-                return Err(MessageError::Io(io::Error::from(io::ErrorKind::TimedOut)).into());
-            }
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(MessageError::Io(e).into());
-            }
-            return match ch.recv_from_worker()? {
-                Some(FromWorker::Done(resp, _)) if resp.status == status::SUCCESS => {
-                    Ok(resp.rets[0])
-                }
-                Some(_) => Err(MessageError::Mailbox.into()),
-                None => Err(WorkerError::Closed),
-            };
+        wait_readable(ch, Instant::now() + CHANNEL_TIMEOUT)?;
+        match ch.recv_from_worker()? {
+            Some(FromWorker::Done(resp, _)) if resp.status == status::SUCCESS => Ok(resp.rets[0]),
+            Some(_) => Err(MessageError::Mailbox.into()),
+            None => Err(WorkerError::Closed),
         }
     }
 
@@ -832,27 +814,7 @@ impl WorkerProcess {
         let deadline = Instant::now() + ADOPT_WAIT;
         let replay = loop {
             let ch = worker.channel()?;
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut fds = [libc::pollfd {
-                fd: ch.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            }];
-            let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
-            // SAFETY: one initialised pollfd that outlives the call.
-            let rc = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
-            if rc == 0 {
-                return Err(WorkerError::Channel(MessageError::Io(io::Error::from(
-                    io::ErrorKind::TimedOut,
-                ))));
-            }
-            if rc < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(MessageError::Io(e).into());
-            }
+            wait_readable(ch, deadline)?;
             match ch.recv_from_worker()? {
                 Some(FromWorker::Adopted { session, replay }) if session == stored.session => {
                     break replay
