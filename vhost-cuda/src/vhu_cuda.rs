@@ -9,12 +9,14 @@
 //!
 //! Live migration (QEMU's `migrate`) goes through here too. The device offers dirty logging
 //! (`VHOST_F_LOG_ALL`, `VHOST_USER_PROTOCOL_F_LOG_SHMFD`): every write through the daemon's
-//! map of guest RAM marks its pages in QEMU's log, and when the request ring stops while
-//! logging is on (the migration's last stop, the VM paused) the daemon waits for the requests
-//! under way, quiesces every session (its worker synchronises its GPU work and saves its record
-//! without device memory), and marks all of guest RAM dirty if a session has a worker, since the
-//! GPU writes guest pages (pinned host memory, copies) behind the daemon's back; QEMU's last RAM
-//! pass then carries them. QEMU then takes the sessions' state through
+//! map of guest RAM marks its pages in QEMU's log, and so does every request's output buffers
+//! as its chain completes, since workers write them through maps of their own and the GPU by
+//! DMA. When the request ring stops while logging is on (the migration's last stop, the VM
+//! paused) the daemon waits for the requests under way, quiesces every session (its worker
+//! synchronises its GPU work and saves its record without device memory), and marks the guest
+//! pages the GPU can write at any time, which each record lists (pinned, registered and managed
+//! memory); all of guest RAM if a worker ended while QEMU logged. QEMU's last RAM pass then
+//! carries them. QEMU then takes the sessions' state through
 //! `VHOST_USER_PROTOCOL_F_DEVICE_STATE` ([`VhostUserBackend::set_device_state_fd`], in the
 //! `session/migration.rs` stream): first its head, with an offer of the device memory to a
 //! destination on this host (`session/handover.rs`); if one claims it within
@@ -53,7 +55,8 @@ use virtio_bindings::bindings::{
 };
 use virtio_queue::QueueT;
 use vm_memory::{
-    bitmap::Bitmap, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryRegion,
+    bitmap::Bitmap, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
+    GuestMemoryRegion,
 };
 use vmm_sys_util::{
     epoll::EventSet,
@@ -63,7 +66,7 @@ use vmm_sys_util::{
 use crate::{
     chain,
     cuda::CudaHost,
-    guest_buffer::GuestRam,
+    guest_buffer::{GuestBuffer, GuestRam},
     ring_record::{RingAddrs, RingRecord},
     session::{
         handover::{self, Claim, HandoverServer, Offer, Piece},
@@ -160,6 +163,39 @@ pub fn feature_names(features: u64) -> String {
     }
 }
 
+/// Marks `len` bytes of guest RAM from `gpa` dirty in QEMU's log, region by region (a no-op
+/// without a log; bytes outside guest RAM are skipped). Returns the bytes inside guest RAM.
+fn mark_dirty(mem: &GuestRam, gpa: u64, len: u64) -> u64 {
+    let (mut at, end) = (gpa, gpa.saturating_add(len));
+    let mut marked = 0;
+    while at < end {
+        let Some(r) = mem.find_region(GuestAddress(at)) else {
+            // A hole: go on at the next region above it, if any.
+            match mem
+                .iter()
+                .map(|r| r.start_addr().0)
+                .filter(|&s| s > at)
+                .min()
+            {
+                Some(next) => {
+                    at = next;
+                    continue;
+                }
+                None => break,
+            }
+        };
+        let off = at - r.start_addr().0;
+        let n = (r.len() - off).min(end - at);
+        r.bitmap().mark_dirty(
+            usize::try_from(off).unwrap_or(usize::MAX),
+            usize::try_from(n).unwrap_or(usize::MAX),
+        );
+        marked += n;
+        at += n;
+    }
+    marked
+}
+
 /// Completes chains on the request vring, from any session thread.
 pub struct VringCompleter {
     vring: Vring,
@@ -168,6 +204,10 @@ pub struct VringCompleter {
     live: Arc<RwLock<bool>>,
     /// The record of chains in flight, for a restarted daemon (`ring_record.rs`).
     record: Option<Arc<RingRecord>>,
+    /// Guest RAM as the daemon maps it now, whose bitmaps are QEMU's dirty log once it gave one.
+    mem: GuestMemoryHandle,
+    /// Whether QEMU asked for dirty logging (the backend's flag).
+    logging: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for VringCompleter {
@@ -177,6 +217,19 @@ impl std::fmt::Debug for VringCompleter {
 }
 
 impl ChainCompleter for VringCompleter {
+    fn wrote(&self, outputs: &[GuestBuffer]) {
+        // Checked before the chain completes, so a page written before logging began was
+        // written before QEMU's first pass copies it (QEMU waits for SET_FEATURES' answer when
+        // it turns logging on), and one written after is marked here.
+        if !self.logging.load(Ordering::Acquire) {
+            return;
+        }
+        let mem = self.mem.memory();
+        for run in outputs.iter().flat_map(GuestBuffer::runs) {
+            mark_dirty(&mem, run.addr.0, run.len as u64);
+        }
+    }
+
     fn complete(&self, head: u16, used_len: u32) {
         // Held across the update, so stopping the ring waits for a completion under way.
         let live = self.live.read().unwrap_or_else(|p| p.into_inner());
@@ -224,7 +277,10 @@ pub struct VhostCudaBackend {
     /// chains it had in flight are taken again then.
     recover: AtomicBool,
     /// Whether QEMU asked for dirty logging (`VHOST_F_LOG_ALL` acked: a migration runs).
-    logging: AtomicBool,
+    logging: Arc<AtomicBool>,
+    /// How many of the VM's workers had ended when logging last began: a worker that ends
+    /// while QEMU logs takes with it the knowledge of which guest pages its GPU wrote.
+    ended_before_log: AtomicU64,
     /// A migration's state transfer.
     migration: Mutex<Migration>,
     /// The VM's migration figures, phase by phase (`session/migration_figures.rs`).
@@ -320,7 +376,8 @@ impl VhostCudaBackend {
             connected: AtomicBool::new(false),
             record: None,
             recover: AtomicBool::new(false),
-            logging: AtomicBool::new(false),
+            logging: Arc::new(AtomicBool::new(false)),
+            ended_before_log: AtomicU64::new(0),
             migration: Mutex::new(Migration::default()),
             figures: MigrationLog::default(),
             handover: HandoverSetup::default(),
@@ -394,6 +451,17 @@ impl VhostCudaBackend {
         &self.sessions
     }
 
+    /// What completes the request ring's chains.
+    fn completer(&self, vring: &Vring) -> VringCompleter {
+        VringCompleter {
+            vring: vring.clone(),
+            live: self.live.clone(),
+            record: self.record.clone(),
+            mem: self.mem.clone(),
+            logging: self.logging.clone(),
+        }
+    }
+
     /// Whether the rings are still ours (a reset or disconnect ends a poll).
     fn sessions_live(&self) -> bool {
         *self.live.read().unwrap_or_else(|p| p.into_inner())
@@ -416,6 +484,61 @@ impl VhostCudaBackend {
         }
     }
 
+    /// At the last stop, with every worker quiesced: marks dirty in QEMU's log the guest pages
+    /// the GPU can write behind the daemon's map at any time, those of every writable host
+    /// mapping (pinned, registered, and managed memory's guest side) and of managed memory
+    /// placed on the device, as each session's record lists them. What workers wrote into
+    /// requests' buffers was marked as each chain completed ([`VringCompleter::wrote`]).
+    /// Where that is not known for sure, all of guest RAM is marked: logging never began
+    /// before this stop, a worker ended while QEMU logged (its mappings went with it), or a
+    /// record cannot be read. Returns the bytes marked.
+    fn mark_gpu_written(&self, states: &[SessionState]) -> u64 {
+        let all = || -> u64 { self.mem.memory().iter().map(|r| r.len()).sum() };
+        let ended = self.sessions.workers_ended();
+        if !self.logging.load(Ordering::Acquire) {
+            self.mark_all_dirty();
+            return all();
+        }
+        if ended != self.ended_before_log.load(Ordering::Acquire) {
+            info!(
+                vm = %self.label,
+                "migration: a worker ended while QEMU logged dirty pages: all of guest RAM is \
+                 marked for the last pass"
+            );
+            self.mark_all_dirty();
+            return all();
+        }
+        let mem = self.mem.memory();
+        let mut bytes = 0u64;
+        for s in states {
+            let SavedGpu::State(file) = &s.gpu else {
+                continue;
+            };
+            let runs = file
+                .to_vec()
+                .map_err(|e| e.to_string())
+                .and_then(|b| crate::cuda::gpu_written_guest_ram(&b));
+            match runs {
+                Ok(runs) => {
+                    for (gpa, len) in runs {
+                        bytes = bytes.saturating_add(mark_dirty(&mem, gpa, len));
+                    }
+                }
+                Err(e) => {
+                    warn!(
+                        vm = %self.label,
+                        session = s.id,
+                        "migration: the record does not read back ({e}): all of guest RAM is \
+                         marked for the last pass"
+                    );
+                    self.mark_all_dirty();
+                    return all();
+                }
+            }
+        }
+        bytes
+    }
+
     /// The last stop of a migration's source (the VM is paused, the ring idle): saves every
     /// session's state now, while QEMU has yet to copy guest RAM for the last time, and marks
     /// guest RAM dirty where the GPU may have written it.
@@ -430,15 +553,14 @@ impl VhostCudaBackend {
             Ok(states) => {
                 let bytes = state_bytes(states);
                 self.figures.record(&self.label, "quiesce", bytes, started);
-                if states.iter().any(|s| matches!(s.gpu, SavedGpu::State(_))) {
-                    // The GPU wrote pinned guest memory and copy destinations without the
-                    // daemon's map seeing it: QEMU's last pass must carry all of it.
-                    self.mark_all_dirty();
-                }
+                // The GPU wrote pinned guest memory without the daemon's map seeing it: QEMU's
+                // last pass must carry those pages.
+                let marked = self.mark_gpu_written(states);
                 info!(
                     vm = %self.label,
                     sessions = states.len(),
                     bytes,
+                    marked,
                     ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                     "migration: sessions quiesced at the last stop"
                 );
@@ -521,11 +643,7 @@ impl VhostCudaBackend {
         );
         record.start(addrs, recovery.next_avail, next_used);
         self.set_live(true);
-        let completer: Arc<dyn ChainCompleter> = Arc::new(VringCompleter {
-            vring: vring.clone(),
-            live: self.live.clone(),
-            record: self.record.clone(),
-        });
+        let completer: Arc<dyn ChainCompleter> = Arc::new(self.completer(vring));
         for (pos, head) in recovery.in_flight {
             let chain = {
                 let mut state = vring.get_mut();
@@ -574,11 +692,7 @@ impl VhostCudaBackend {
             return;
         }
         self.set_live(true);
-        let completer: Arc<dyn ChainCompleter> = Arc::new(VringCompleter {
-            vring: vring.clone(),
-            live: self.live.clone(),
-            record: self.record.clone(),
-        });
+        let completer: Arc<dyn ChainCompleter> = Arc::new(self.completer(vring));
         let mut last_chain = Instant::now();
         // Polling is spinning: it needs a slot of the host's spin budget (spin_wait.rs), kept
         // while chains keep coming; without one, the queue waits for the next kick at once.
@@ -687,6 +801,11 @@ impl VhostUserBackend for VhostCudaBackend {
     fn acked_features(&self, features: u64) {
         self.acked_features.store(features, Ordering::Release);
         let logging = features & VHOST_F_LOG_ALL != 0;
+        if logging && !self.logging.load(Ordering::Acquire) {
+            // Counted before the flag is set: a worker ending from here on is seen at the stop.
+            self.ended_before_log
+                .store(self.sessions.workers_ended(), Ordering::Release);
+        }
         if self.logging.swap(logging, Ordering::AcqRel) != logging {
             info!(vm = %self.label, "dirty logging {}", if logging { "on" } else { "off" });
         }
@@ -1132,7 +1251,7 @@ mod tests {
         desc::{split::Descriptor, RawDescriptor},
         mock::MockSplitQueue,
     };
-    use vm_memory::{Bytes, GuestAddress};
+    use vm_memory::Bytes;
 
     use super::*;
 
@@ -1293,9 +1412,8 @@ mod tests {
             .unwrap();
         r.backend.stop_vring(0).unwrap();
         let completer = VringCompleter {
-            vring: v.clone(),
-            live: r.backend.live.clone(),
             record: None,
+            ..r.backend.completer(v)
         };
         completer.complete(0, 64);
         assert_eq!(used_idx(&ram, &q), 0);
@@ -1388,9 +1506,9 @@ mod tests {
             record.advanced(pos + 1);
         }
         let completer = VringCompleter {
-            vring: old.vrings[0].clone(),
             live: Arc::new(RwLock::new(true)),
             record: Some(record.clone()),
+            ..old.backend.completer(&old.vrings[0])
         };
         completer.complete(0, 64);
         completer.complete(4, 64);

@@ -43,3 +43,13 @@ pub use device_arena::{AddressSpace, DEFAULT_VA_BASE, DEFAULT_VA_SIZE, VA_ALIGN,
 pub use gpu_state::{CheckpointError, ExportedRun, GpuState, IpcExported, SaveFigures};
 pub use host::{CudaHost, HostError};
 pub use host_mappings::reserve_window;
+
+/// The guest-physical runs (address, length) that the GPU of the session whose saved state is
+/// `state` can write behind the daemon's map of guest RAM (`SavedState::gpu_written_runs`): a
+/// migration's source marks them dirty at its last stop. `state` comes from a worker, and is
+/// decoded as any state from elsewhere is.
+pub fn gpu_written_guest_ram(state: &[u8]) -> Result<Vec<(u64, u64)>, String> {
+    saved_state::SavedState::decode_borrowed(state)
+        .map(|(s, _)| s.gpu_written_runs())
+        .map_err(|e| e.to_string())
+}

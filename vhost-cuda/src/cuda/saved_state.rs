@@ -860,6 +860,19 @@ impl SavedState {
         Ok(HEADER_LEN as u64 + len)
     }
 
+    /// The guest-physical runs (address, length) the GPU can write behind the daemon's map of
+    /// guest RAM at any time: those of every host mapping but read-only ones (pinned,
+    /// registered, managed memory left in guest RAM) and the guest side of managed memory
+    /// placed on the device.
+    pub(crate) fn gpu_written_runs(&self) -> Vec<(u64, u64)> {
+        self.host_mappings
+            .iter()
+            .filter(|m| u64::from(m.flags) & qcuda_proto::HOST_MAP_READ_ONLY == 0)
+            .flat_map(|m| m.runs.iter().copied())
+            .chain(self.managed.iter().flat_map(|m| m.runs.iter().copied()))
+            .collect()
+    }
+
     /// Decodes bytes from anywhere (a file, another daemon): refuses anything that is not
     /// exactly a state this version writes, never panics.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
@@ -1653,6 +1666,25 @@ pub(crate) mod tests {
             field(decode_changed(|g, _, _| g[0].nodes[0].kind = plain(10, &[]))),
             "graph node type"
         );
+    }
+
+    #[test]
+    fn the_guest_ram_a_gpu_writes_is_every_writable_mapping_and_managed_memory() {
+        let s = sample();
+        // The read-only mapping (flags 1) is left out; the managed memory's guest side is in.
+        let want = vec![(0x10_0000, 0x1000), (0x8_0000, 0x2000), (0x30_0000, 0x2000)];
+        assert_eq!(s.gpu_written_runs(), want);
+        assert_eq!(crate::cuda::gpu_written_guest_ram(&s.encode()), Ok(want));
+        assert_eq!(
+            crate::cuda::gpu_written_guest_ram(&SavedState::default().encode()),
+            Ok(vec![])
+        );
+        // What is not a state is an error (the caller then marks all of guest RAM), never a
+        // panic or a partial list.
+        let mut bad = s.encode();
+        bad.truncate(bad.len() - 3);
+        crate::cuda::gpu_written_guest_ram(&bad).unwrap_err();
+        crate::cuda::gpu_written_guest_ram(b"QCUDAGS1").unwrap_err();
     }
 
     #[test]

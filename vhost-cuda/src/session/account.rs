@@ -196,6 +196,9 @@ pub(super) struct VmTotals {
     pub(super) ended_graph_launches: AtomicU64,
     pub(super) ended_gpu_busy_ns: AtomicU64,
     pub(super) ended_gpu_traced_ns: AtomicU64,
+    /// Worker processes of the VM's sessions reaped so far (a migration's source asks whether
+    /// one ended while QEMU logged dirty pages).
+    pub(super) workers_ended: AtomicU64,
 }
 
 /// One session in the host's view: its record and its worker process.

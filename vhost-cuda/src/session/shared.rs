@@ -29,7 +29,7 @@ use crate::{
     chain::Reply,
     cuda::CudaHost,
     fd_store::StoredWorker,
-    guest_buffer::{GuestRam, Request},
+    guest_buffer::{GuestBuffer, GuestRam, Request},
     host_function_link::{HostFnLink, Waiter},
     limits::{GpuMemoryQuota, SlotLease},
     worker::{WorkerCommand, WorkerProcess},
@@ -43,6 +43,12 @@ const SPARE_CLOSE_WAIT: Duration = Duration::from_millis(500);
 pub trait ChainCompleter: Send + Sync {
     /// Completes the chain whose head descriptor is `head`, reporting `used_len` bytes written.
     fn complete(&self, head: u16, used_len: u32);
+
+    /// Notes, before the chain completes, that its request's `outputs` may have been written
+    /// behind the daemon's map of guest RAM: by a worker through its own map, or by the GPU's
+    /// DMA. A migration's dirty log must see those pages (the virtio edge marks them while
+    /// logging); by default nothing is noted.
+    fn wrote(&self, _outputs: &[GuestBuffer]) {}
 }
 
 /// A worker of the previous daemon that a new session thread takes over first.
@@ -263,6 +269,7 @@ pub(super) struct Job {
 impl Job {
     /// Writes the response and completes the chain.
     pub(super) fn finish(self, resp: &ResponseHeader) {
+        self.completer.wrote(self.request.outputs());
         let used = self.reply.write(resp);
         self.completer.complete(self.head, used);
     }

@@ -158,6 +158,12 @@ impl SessionTable {
         self.shared.spare_pids()
     }
 
+    /// How many of this VM's sessions' worker processes were reaped so far (spares that never
+    /// served are not counted).
+    pub fn workers_ended(&self) -> u64 {
+        self.shared.totals.workers_ended.load(Ordering::Acquire)
+    }
+
     /// Sessions of this VM not yet ended.
     pub fn open_count(&self) -> usize {
         self.shared.counters().open

@@ -21,7 +21,7 @@ use super::{ChainCompleter, SessionTable};
 use crate::{
     chain::{self, ParsedRequest},
     cuda::CudaHost,
-    guest_buffer::GuestRam,
+    guest_buffer::{GuestBuffer, GuestRam},
     worker::WorkerCommand,
 };
 
@@ -32,6 +32,8 @@ const WAIT: Duration = Duration::from_secs(10);
 struct Recorder {
     done: Mutex<Vec<(u16, u32)>>,
     cv: Condvar,
+    /// Every output run reported written, with how many chains had completed by then.
+    written: Mutex<Vec<(u64, usize, usize)>>,
 }
 
 impl Recorder {
@@ -48,6 +50,14 @@ impl Recorder {
 }
 
 impl ChainCompleter for Recorder {
+    fn wrote(&self, outputs: &[GuestBuffer]) {
+        let done = self.done.lock().unwrap().len();
+        let mut w = self.written.lock().unwrap();
+        for r in outputs.iter().flat_map(GuestBuffer::runs) {
+            w.push((r.addr.0, r.len, done));
+        }
+    }
+
     fn complete(&self, head: u16, used_len: u32) {
         self.done.lock().unwrap().push((head, used_len));
         self.cv.notify_all();
@@ -239,6 +249,22 @@ fn hello_and_echo_run_on_their_sessions() {
     assert!(g.table.wait_idle(WAIT));
     assert_eq!(g.table.close_all(WAIT), 0);
     assert_eq!(g.table.open_count(), 0);
+}
+
+#[test]
+fn a_finished_request_reports_its_outputs_written_before_it_completes() {
+    // What a migration's dirty log learns of writes behind the daemon's map: every output
+    // buffer of every request, before its chain is on the used ring.
+    let mut g = Guest::new();
+    let (hello, _) = g.simple(Op::Hello, 1);
+    g.send(1, hello);
+    g.rec.wait(1);
+    assert_eq!(*g.rec.written.lock().unwrap(), vec![]);
+    let (echo, echo_out) = g.echo(1, &[3; 5000]);
+    g.send(2, echo);
+    g.rec.wait(2);
+    assert_eq!(*g.rec.written.lock().unwrap(), vec![(echo_out, 5000, 1)]);
+    assert_eq!(g.table.close_all(WAIT), 0);
 }
 
 #[test]

@@ -351,7 +351,7 @@ impl SessionThread {
             self.account.worker_ending();
             process.close(CLOSE_WAIT);
             self.pid.store(0, Ordering::Release);
-            self.account.worker_ended(false);
+            self.reaped(false);
         }
         // Its exports: no process can open them any more (what others opened stays theirs).
         let exports = self.shared.ipc.drop_session(self.id);
@@ -400,6 +400,15 @@ impl SessionThread {
         }
     }
 
+    /// The session's worker was reaped (`failed`: it died unexpectedly).
+    fn reaped(&self, failed: bool) {
+        self.account.worker_ended(failed);
+        self.shared
+            .totals
+            .workers_ended
+            .fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Kills the worker (if any) and reaps it.
     fn end_worker(&self, gpu: &mut Gpu, next: Gpu) {
         self.host_fns.disconnect();
@@ -414,7 +423,7 @@ impl SessionThread {
                 process.kill();
             }
             self.pid.store(0, Ordering::Release);
-            self.account.worker_ended(failed);
+            self.reaped(failed);
         }
     }
 
