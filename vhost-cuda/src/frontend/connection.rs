@@ -2,7 +2,8 @@
 
 use std::{
     fs::File,
-    os::fd::FromRawFd,
+    os::fd::{AsRawFd, FromRawFd},
+    os::unix::fs::FileExt,
     path::Path,
     thread,
     time::{Duration, Instant},
@@ -11,7 +12,7 @@ use std::{
 use qcuda_proto::{NUM_QUEUES, QUEUE_SIZE};
 use vhost::{
     vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures},
-    VhostBackend, VhostUserMemoryRegionInfo, VringConfigData,
+    VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo, VringConfigData,
 };
 use virtio_bindings::bindings::virtio_ring::{
     VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC,
@@ -199,5 +200,73 @@ impl GuestVm {
     /// Bytes of guest RAM.
     pub fn ram_bytes(&self) -> u64 {
         self.mem.iter().map(|r| r.len()).sum()
+    }
+
+    /// Turns dirty logging on as QEMU does when a migration starts: the log (one bit per
+    /// 4 KiB page of guest RAM, in a memfd) through `SET_LOG_BASE`, then the features with
+    /// `VHOST_F_LOG_ALL`, then `GET_FEATURES`, whose answer says the device has taken them.
+    pub fn start_dirty_log(&self) -> Result<DirtyLog> {
+        let pages = self.ram_bytes().div_ceil(LOG_PAGE);
+        let log = DirtyLog {
+            file: memfd(usize::try_from(pages.div_ceil(8)).unwrap_or(usize::MAX))?,
+            pages,
+        };
+        step(
+            "SET_LOG_BASE",
+            self.frontend.set_log_base(
+                0,
+                Some(VhostUserDirtyLogRegion {
+                    mmap_size: pages.div_ceil(8),
+                    mmap_offset: 0,
+                    mmap_handle: log.file.as_raw_fd(),
+                }),
+            ),
+        )?;
+        step(
+            "SET_FEATURES",
+            self.frontend.set_features(self.features | VHOST_F_LOG_ALL),
+        )?;
+        step("GET_FEATURES", self.frontend.get_features())?;
+        Ok(log)
+    }
+
+    /// Stops queue `q` as QEMU does when the VM stops (`GET_VRING_BASE`); returns the ring's
+    /// next available index. With logging on, this is a migration's last stop.
+    pub fn stop_queue(&self, q: usize) -> Result<u32> {
+        step("GET_VRING_BASE", self.frontend.get_vring_base(q))
+    }
+}
+
+/// Bytes of guest RAM per bit of the dirty log (`VHOST_LOG_PAGE`).
+const LOG_PAGE: u64 = 0x1000;
+
+/// QEMU's dirty log of guest RAM as the device writes it ([`GuestVm::start_dirty_log`]).
+#[derive(Debug)]
+pub struct DirtyLog {
+    file: File,
+    pages: u64,
+}
+
+impl DirtyLog {
+    /// The guest pages (numbers of 4 KiB pages) marked since the last take, which clears them,
+    /// as QEMU's sync of the log does. For a quiet device only: a page the device marks while
+    /// this runs may be cleared unseen.
+    pub fn take(&self) -> Result<Vec<u64>> {
+        let io = |what| move |source| FrontendError::Io { what, source };
+        let mut bytes = vec![0u8; usize::try_from(self.pages.div_ceil(8)).unwrap_or(0)];
+        self.file
+            .read_exact_at(&mut bytes, 0)
+            .map_err(io("reading the dirty log"))?;
+        self.file
+            .write_all_at(&vec![0u8; bytes.len()], 0)
+            .map_err(io("clearing the dirty log"))?;
+        Ok((0..self.pages)
+            .filter(|&p| bytes[(p / 8) as usize] & (1 << (p % 8)) != 0)
+            .collect())
+    }
+
+    /// Pages of guest RAM the log covers.
+    pub fn pages(&self) -> u64 {
+        self.pages
     }
 }

@@ -22,7 +22,7 @@ mod error;
 mod request_queue;
 mod split_ring;
 
-pub use connection::{GuestVm, RING_AREA};
+pub use connection::{DirtyLog, GuestVm, RING_AREA};
 pub use error::{FrontendError, Result};
 pub use request_queue::{QueueStats, QueueWait, Reply, RequestQueue, SLOT_BOUNCE, SLOT_BYTES};
 pub use split_ring::{ring_layout, SplitRing};
