@@ -20,6 +20,10 @@
 #     the two CHECKSUM lines must be equal. --graph 1 and --managed 1 (the defaults of the
 #     program) keep its CUDA graph (captured once, launched every iteration) and its managed
 #     buffer (placed on the device at its guest address), which the saved state carries.
+#     --journal 1 (the default) has the program copy a value from the device into a pageable
+#     and into a pinned host journal every iteration (each entry written once, the pinned one
+#     by the GPU's DMA after the call returned), both checked and in the checksum: a guest page
+#     the GPU or a worker wrote that the migration's last pass of guest RAM left behind shows.
 #     --rewrite 1 rewrites the whole working set every iteration (a training-like loop: every
 #     byte changed between any two stops). Both runs print their loop's rate (RATE: iterations,
 #     seconds, iterations/s), shown as "iteration rate" uninterrupted and migrated.
@@ -33,7 +37,7 @@
 # GiB/s (source: save, send; destination: receive, restore), as `vhost-cuda --stats` keeps them. Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
 #
 #   scripts/test-migration.sh [--program transport|checkpoint] [--window S] [--iterations N]
-#       [--working-set-mib M] [--rewrite 0|1] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
+#       [--working-set-mib M] [--rewrite 0|1] [--journal 0|1] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
 #       [--mem SIZE] [--spare-workers N] [--downtime-limit-ms MS] [--max-bandwidth B] [--log-dir DIR]
 #
 # --spare-workers: both daemons keep N workers started ahead (default 1, as docs/operators.md
@@ -47,7 +51,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 target_gpu="" mem=1G log_dir="" spare_workers=1 downtime_limit_ms=50 max_bandwidth=8G
+program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 journal=1 target_gpu="" mem=1G log_dir="" spare_workers=1 downtime_limit_ms=50 max_bandwidth=8G
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -55,6 +59,7 @@ while (($#)); do
     --iterations) iterations=$2; shift 2 ;;
     --working-set-mib) working_mib=$2; shift 2 ;;
     --rewrite) rewrite=$2; shift 2 ;;
+    --journal) journal=$2; shift 2 ;;
     --graph) graph=$2; shift 2 ;;
     --managed) managed=$2; shift 2 ;;
     --live-async) live_async=$2; shift 2 ;;
@@ -134,7 +139,7 @@ if [[ $program == transport ]]; then
     ready='^MIGRATE ready'
 else
     prog=/opt/qcuda/tests/checkpoint_linked_list
-    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed $live_async $rewrite; echo EXIT \$?; done"
+    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed $live_async $rewrite $journal; echo EXIT \$?; done"
     ready='^\(CHECKPOINT ready\|SKIP\)'
 fi
 vm_opts=(--accel tcg --mem "$mem" --timeout 3000)

@@ -18,7 +18,11 @@
 // of that iteration (a training-like loop whose memory changes between any two stops); the end
 // checks the last iteration's pattern. Prints "RATE <iterations> <seconds> <iterations/s>" (the
 // loop's own wall time) before the checksum, so that a migrated run's rate can be set against
-// an uninterrupted one's.
+// an uninterrupted one's. argv[8], JOURNAL (default 0), 1 copies the walk's accumulator
+// every iteration into entry `it` of two journals in host memory, each entry written once: a
+// pageable one (cudaMemcpy) and a pinned one (cudaMemcpyAsync into cudaHostAlloc memory, the
+// GPU's DMA, landing after the call returns). Both are checked equal and folded into the
+// checksum, so a page of either that a migration's last pass of guest RAM left behind shows.
 #define TEST_NAME "checkpoint_linked_list"
 #include "selfcheck.cuh"
 
@@ -93,6 +97,7 @@ int main(int argc, char **argv)
     const bool use_managed = argc > 5 ? atoi(argv[5]) != 0 : true;
     const bool live_async = argc > 6 ? atoi(argv[6]) != 0 : false;
     const bool rewrite = argc > 7 ? atoi(argv[7]) != 0 : false;
+    const bool use_journal = argc > 8 ? atoi(argv[8]) != 0 : false;
     unsigned int salt = 0;
     const int nodes = 300, N = 1 << 16, M = 64;
     // The working set: a pattern the GPU writes, checked and folded into the checksum at the end.
@@ -162,6 +167,16 @@ int main(int argc, char **argv)
         CHECK(cudaMemsetAsync(held, 0, 4096, a));
     }
 
+    unsigned long long *journal = nullptr, *pinned_journal = nullptr;
+    if (use_journal) {
+        journal = static_cast<unsigned long long *>(calloc(iterations, sizeof *journal));
+        if (journal == nullptr)
+            fail("no memory for the journal");
+        CHECK(cudaHostAlloc(&pinned_journal, iterations * sizeof *pinned_journal,
+                            cudaHostAllocDefault));
+        std::memset(pinned_journal, 0, iterations * sizeof *pinned_journal);
+    }
+
     const auto loop_start = std::chrono::steady_clock::now();
     for (int it = 0; it < iterations; it++) {
         if (rewrite && working != nullptr) {
@@ -169,6 +184,9 @@ int main(int argc, char **argv)
             fill_working<<<1024, 256, 0, a>>>(working, words, salt);
         }
         walk<<<1, 1, 0, a>>>(head, acc, (unsigned long long)it);
+        if (use_journal)
+            CHECK(cudaMemcpyAsync(&pinned_journal[it], acc, sizeof *acc, cudaMemcpyDeviceToHost,
+                                  a));
         CHECK(cudaEventRecord(done_a, a));
         CHECK(cudaStreamWaitEvent(b, done_a, 0));
         if (use_graph) {
@@ -180,6 +198,9 @@ int main(int argc, char **argv)
         CHECK(cudaEventRecord(done_b, b));
         CHECK(cudaStreamWaitEvent(a, done_b, 0));
         CHECK(cudaEventSynchronize(done_b));
+        // Stream a had walked (b waited for it), so acc holds this iteration's value.
+        if (use_journal)
+            CHECK(cudaMemcpy(&journal[it], acc, sizeof *acc, cudaMemcpyDeviceToHost));
         if (it == 0) {
             std::printf("CHECKPOINT ready\n");
             std::fflush(stdout);
@@ -207,6 +228,16 @@ int main(int argc, char **argv)
         CHECK(cudaMemcpy(managed_end, managed, sizeof managed_end, cudaMemcpyDeviceToHost));
     for (int i = 0; i < M; i++)
         h = (h ^ managed_end[i]) * 0x100000001b3ULL;
+    if (use_journal) {
+        for (int it = 0; it < iterations; it++) {
+            if (journal[it] != pinned_journal[it] || journal[it] == 0)
+                fail("journal entry %d: pageable %016llx, pinned %016llx", it, journal[it],
+                     pinned_journal[it]);
+            h = (h ^ journal[it]) * 0x100000001b3ULL;
+        }
+        CHECK(cudaFreeHost(pinned_journal));
+        free(journal);
+    }
     // The list still walks from its head to its end, every link intact.
     int walked = 0;
     for (Node *n = head; n != nullptr; walked++) {
