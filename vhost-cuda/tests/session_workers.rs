@@ -82,6 +82,11 @@ fn gpu_ops_run_in_a_worker_process_that_close_reaps() {
         cmd.contains("--session-worker --session-id 11 --vm workers-basic"),
         "{cmd}"
     );
+    // Without address-space randomisation (ADDR_NO_RANDOMIZE, 0x0040000), so that a session
+    // restored in another worker finds its modules' globals where they were.
+    let persona = fs::read_to_string(format!("/proc/{pid}/personality")).unwrap();
+    let persona = u32::from_str_radix(persona.trim(), 16).unwrap();
+    assert_ne!(persona & 0x0040000, 0, "personality {persona:#x}");
     // The same worker serves the session's next ops.
     let r = rig.op(11, Op::MemGetInfo, &[]);
     expect_gpu_op(&rig, r);

@@ -70,6 +70,8 @@ pub struct SpawnSpec {
     /// A directory to make (if missing) and open beneath a directory descriptor, given to the
     /// child after `fds` (its VM's shared `/dev/shm`, shared_shm.rs).
     shared_dir: Option<(RawFd, CString)>,
+    /// Whether the child runs without address-space randomisation (`ADDR_NO_RANDOMIZE`).
+    fixed_layout: bool,
 }
 
 impl SpawnSpec {
@@ -105,6 +107,7 @@ impl SpawnSpec {
             id_maps: None,
             outlive_parent: false,
             shared_dir: None,
+            fixed_layout: false,
         })
     }
 
@@ -119,6 +122,15 @@ impl SpawnSpec {
     /// `O_PATH` between clone and exec.
     pub fn with_shared_dir(mut self, parent: RawFd, name: CString) -> Self {
         self.shared_dir = Some((parent, name));
+        self
+    }
+
+    /// Runs the child without address-space randomisation (`personality(ADDR_NO_RANDOMIZE)`
+    /// before the exec): two children of the same program that make the same calls get the
+    /// same addresses (a worker's CUDA driver places a module's data where it placed it in the
+    /// worker the session came from).
+    pub fn with_fixed_layout(mut self, on: bool) -> Self {
+        self.fixed_layout = on;
         self
     }
 
@@ -618,6 +630,20 @@ fn child_after_clone(
             fail();
         }
         target += 1;
+    }
+    if spec.fixed_layout {
+        // SAFETY: personality(0xffffffff) reads this process's persona; setting it again with
+        // ADDR_NO_RANDOMIZE changes only how the exec below lays out the new image.
+        let persona = unsafe { libc::personality(0xffff_ffff) };
+        if persona < 0
+            || unsafe {
+                libc::personality(
+                    persona as libc::c_ulong | libc::ADDR_NO_RANDOMIZE as libc::c_ulong,
+                )
+            } < 0
+        {
+            fail();
+        }
     }
     // Best effort: kernels before 5.11 lack the flag, and then only descriptors opened
     // close-on-exec stay out of the worker.

@@ -333,8 +333,13 @@ impl WorkerCommand {
         if let Some((parent, name)) = shm {
             spec = spec.with_shared_dir(parent, name);
         }
+        // Every worker starts the same way, so that a session restored in a new one (a
+        // migration's destination, on this host or another with the same driver) finds its
+        // modules' globals at the addresses the program holds: the driver places them in its
+        // own part of the address space, which only randomisation moves.
         Ok(spec
             .with_fds(fds)
+            .with_fixed_layout(true)
             .outliving_parent(self.keep.is_some())
             .with_namespaces(flags, user.then(IdMaps::own_ids_as_root)))
     }
