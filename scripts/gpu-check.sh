@@ -281,8 +281,10 @@ summarize() { # name kind rc log
         r=$(grep -m1 'iteration rate:' "$log" | sed -E 's/.*iteration rate: ([^(]*).*/\1/; s/ *$//')
         head="${head}${r:+, iterations $r}"
         # handover (a destination on the host claimed the device memory) or copy.
-        p=$(grep -m1 'migration path:' "$log" | sed -E 's/.*migration path: *//')
-        head="${head}${p:+, path $p}"
+        local path
+        path=$(grep -m1 'migration path:' "$log" | sed -E 's/.*migration path: *//')
+        head="${head}${path:+, path $path}"
+        head=${head#, }
         grep -q "was refused and the program goes on" "$log" && head="refused as it must${head:+; $head}"
         ;;
     restart) head=$(grep -oE 'served again [0-9]+ ms' "$log" | awk '{ print $3 }' | paste -sd/ | sed 's|$| ms to serve again|') ;;
