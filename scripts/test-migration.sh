@@ -169,9 +169,9 @@ elif [[ $program == checkpoint ]]; then
     guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed $live_async $rewrite; echo EXIT \$?; done"
     ready='^\(CHECKPOINT ready\|SKIP\)'
 else
-    # The steps are slowed a little, as in test-torch-pause.sh, so that the migration lands
-    # mid-run.
-    run="env LD_LIBRARY_PATH=/usr/lib/qcuda TRAIN_STEPS=$steps TRAIN_STEP_SLEEP=0.3 $python /opt/qcuda/train_check.py"
+    # The steps are slowed so that the migration ends mid-run: on an H200 host a step took
+    # about 0.2 s, and the pre-copy of the 16 GiB TCG guest about 16 s.
+    run="env LD_LIBRARY_PATH=/usr/lib/qcuda TRAIN_STEPS=$steps TRAIN_STEP_SLEEP=1 $python /opt/qcuda/train_check.py"
     guest_cmd="echo RUN plain; $run; echo EXIT \$?; echo RUN migrated; $run; echo EXIT \$?"
     ready='^\(TRAIN ready\|SKIP\)'
     # Both sides share the same host root: find-paths (virtiofsd's default, named because the
