@@ -20,6 +20,7 @@
 #                             fd-store.py playing systemd's store: the same result as uninterrupted
 #   test-migration.sh         live-migrates a VM running a CUDA program to a second QEMU and
 #                             daemon (--target-gpu 1: onto the other GPU); the checksums agree
+#                             (--program torch: a PyTorch loss curve, equal bit for bit)
 #   test-checkpoint.sh        the operator pauses and resumes a guest program mid-loop; its
 #                             checksum must equal an uninterrupted run's (pause/resume rates)
 #   test-cuda-checkpoint.sh   cuda-checkpoint --toggle (or cuCheckpointProcess* from our tool) on a

@@ -58,6 +58,7 @@ jax|own|3|560|-|counts|./run-torch-test.sh --check jax_check --log-dir "$L"
 expandable-segments|own|2|420|-|counts|./run-torch-test.sh --check vmm_check --log-dir "$L"
 libraries|own|2|480|-|counts|./run-gpu-tests.sh --libraries --log-dir "$L"
 torch-pause|own|4|560|-|pause|./test-torch-pause.sh --log-dir "$L"
+migration-torch|own|4|600|-|migration|./test-migration.sh --program torch --log-dir "$L"
 trace|own|4|480|-|counts|./test-trace.sh --log-dir "$L"
 migration|own|2|420|q|migration|./test-migration.sh --program checkpoint --working-set-mib 1024 --log-dir "$L"
 migration-16g|own|2|600|-|migration|./test-migration.sh --program checkpoint --working-set-mib 16384 --log-dir "$L"
@@ -281,9 +282,14 @@ summarize() { # name kind rc log
         r=$(grep -m1 'iteration rate:' "$log" | sed -E 's/.*iteration rate: ([^(]*).*/\1/; s/ *$//')
         head="${head}${r:+, iterations $r}"
         # handover (a destination on the host claimed the device memory) or copy.
-        p=$(grep -m1 'migration path:' "$log" | sed -E 's/.*migration path: *//')
-        head="${head}${p:+, path $p}"
+        local path
+        path=$(grep -m1 'migration path:' "$log" | sed -E 's/.*migration path: *//')
+        head="${head}${path:+, path $path}"
+        head=${head#, }
         grep -q "was refused and the program goes on" "$log" && head="refused as it must${head:+; $head}"
+        # The torch program: whether the migrated run's loss curve is the uninterrupted one's.
+        grep -q "equals the uninterrupted run's bit for bit" "$log" && head="the same loss curve${head:+, $head}"
+        grep -q "loss curve differs" "$log" && head="the loss curves differ${head:+; $head}"
         ;;
     restart) head=$(grep -oE 'served again [0-9]+ ms' "$log" | awk '{ print $3 }' | paste -sd/ | sed 's|$| ms to serve again|') ;;
     bench)

@@ -3,7 +3,7 @@
 # second QEMU (-incoming) with a daemon of its own, on this host, driven through QEMU's monitor
 # as an operator would (`migrate_set_capability return-path on` on both sides, `-incoming defer`
 # and `migrate_incoming unix:PATH` on the destination, `migrate -d unix:PATH`, `info migrate`). Guests run under TCG with 1 GiB
-# of RAM. Two programs:
+# of RAM (the torch program's: 16 GiB and 4 CPUs, as scripts/test-torch-pause.sh gives). Three programs:
 #
 #   --program transport (default; no GPU needed): the guest keeps two sessions open and calls the
 #     device from them and from a stream of short programs (tests/guest/check-migrate) while the
@@ -31,14 +31,26 @@
 #     state cannot hold: the migration must then fail and the
 #     program go on at the source, unharmed, with the same checksum.
 #     Without a GPU the program prints SKIP and so does this script ("skipped: no GPU").
+#   --program torch (a GPU and PyTorch): tests/torch/train_check.py (a small conv net, cuDNN and
+#     cuBLAS, a fixed seed, deterministic algorithms) trains --steps steps twice in one guest on
+#     the host's own PyTorch (a read-only virtiofs share of /, chrooted, qcuda's libraries in
+#     front, as scripts/test-torch-pause.sh runs it): uninterrupted, then migrated once a
+#     quarter of its steps are done (the other three quarters give the migration time to end
+#     mid-run). The share moves with the VM: the destination has a virtiofsd of its own on the
+#     same directory, and QEMU carries the source virtiofsd's state (the files the guest has
+#     looked up and opened, as paths: --migration-mode find-paths) in the stop phase. The two
+#     loss curves (every LOSS line and the final PARAMS) must be equal bit for bit. Without a
+#     GPU: "skipped: no GPU"; without PyTorch in --python (default $PYTHON, else python3):
+#     "skipped: no PyTorch", both before any VM starts.
 #
 # Prints the migration's figures from `info migrate` (total time, downtime, setup, transferred
 # RAM) and the daemons' lines about the sessions' state: each stop phase's bytes, seconds and
 # GiB/s (source: save, send; destination: receive, restore), as `vhost-cuda --stats` keeps them. Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
 #
-#   scripts/test-migration.sh [--program transport|checkpoint] [--window S] [--iterations N]
+#   scripts/test-migration.sh [--program transport|checkpoint|torch] [--window S] [--iterations N]
 #       [--working-set-mib M] [--rewrite 0|1] [--journal 0|1] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
-#       [--mem SIZE] [--spare-workers N] [--downtime-limit-ms MS] [--max-bandwidth B] [--log-dir DIR]
+#       [--steps N] [--python PATH] [--mem SIZE] [--spare-workers N] [--downtime-limit-ms MS]
+#       [--max-bandwidth B] [--log-dir DIR]
 #
 # --spare-workers: both daemons keep N workers started ahead (default 1, as docs/operators.md
 #   advises for a migration's destination: the restore takes one, its context made already).
@@ -47,11 +59,14 @@
 #   128 MiB/s, with which its last pass of guest RAM alone may take most of 300 ms).
 #
 # --window: how long the transport program's guest waits to arrive at the destination.
+# --steps, --python: the torch program's training steps (default 50) and the host's Python with
+#   PyTorch.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 journal=1 target_gpu="" mem=1G log_dir="" spare_workers=1 downtime_limit_ms=50 max_bandwidth=8G
+program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 journal=1 target_gpu="" mem="" log_dir="" spare_workers=1 downtime_limit_ms=50 max_bandwidth=8G
+steps=50 python=${PYTHON:-$(command -v python3 || true)}
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -64,6 +79,8 @@ while (($#)); do
     --managed) managed=$2; shift 2 ;;
     --live-async) live_async=$2; shift 2 ;;
     --target-gpu) target_gpu=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --log-dir) log_dir=$2; shift 2 ;;
     --spare-workers) spare_workers=$2; shift 2 ;;
@@ -73,7 +90,21 @@ while (($#)); do
     *) echo "test-migration.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-[[ $program == transport || $program == checkpoint ]] || { echo "test-migration.sh: --program transport|checkpoint" >&2; exit 2; }
+[[ $program == transport || $program == checkpoint || $program == torch ]] || { echo "test-migration.sh: --program transport|checkpoint|torch" >&2; exit 2; }
+# shellcheck source=scripts/gpu-host.sh
+. "$here/gpu-host.sh"
+if [[ $program == torch ]]; then
+    # Before any VM starts: the guest would only find this out after booting.
+    if ! gpu_present; then
+        echo "skipped: no GPU"
+        exit 0
+    fi
+    if [[ -z $python ]] || ! "$python" -c 'import torch' 2>/dev/null; then
+        echo "skipped: no PyTorch in ${python:-python3}"
+        exit 0
+    fi
+    if [[ -x $here/bin/vhost-cuda ]]; then train_check=$here/tests/torch/train_check.py; else train_check=$here/../tests/torch/train_check.py; fi
+fi
 log_dir=${log_dir:-$(mktemp -d)}
 mkdir -p "$log_dir"
 log_dir=$(cd "$log_dir" && pwd)
@@ -134,15 +165,27 @@ EOF
 
 # The guest: one command line for both sides (the destination's guest never runs it: it
 # arrives running). Identical options matter: QEMU migrates between identical machines.
+vm_opts=(--accel tcg --mem "${mem:-1G}" --timeout 3000)
 if [[ $program == transport ]]; then
     guest_cmd="/opt/qcuda/bin/check-migrate $window"
     ready='^MIGRATE ready'
-else
+elif [[ $program == checkpoint ]]; then
     prog=/opt/qcuda/tests/checkpoint_linked_list
     guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed $live_async $rewrite $journal; echo EXIT \$?; done"
     ready='^\(CHECKPOINT ready\|SKIP\)'
+else
+    # The steps are slowed so that the migration ends mid-run: on an H200 host a step took
+    # about 0.2 s, and the pre-copy of the 16 GiB TCG guest about 16 s.
+    run="env LD_LIBRARY_PATH=/usr/lib/qcuda TRAIN_STEPS=$steps TRAIN_STEP_SLEEP=1 $python /opt/qcuda/train_check.py"
+    guest_cmd="echo RUN plain; $run; echo EXIT \$?; echo RUN migrated; $run; echo EXIT \$?"
+    ready='^\(TRAIN ready\|SKIP\)'
+    # Both sides share the same host root: find-paths (virtiofsd's default, named because the
+    # migration depends on it) sends the guest's files as paths, which the destination's
+    # virtiofsd opens again in the same directory.
+    vm_opts=(--accel tcg --mem "${mem:-16G}" --smp 4 --timeout 3000
+        --share /:/host:ro --chroot /host --add "$train_check:/opt/qcuda/train_check.py"
+        --virtiofsd-arg --migration-mode=find-paths)
 fi
-vm_opts=(--accel tcg --mem "$mem" --timeout 3000)
 
 start_vm() { # name, socket, extra run-vm args...: starts run-vm.sh in the background, its pid in $started
     local name=$1 sock=$2
@@ -177,6 +220,9 @@ migrate() { # incoming socket, seconds
     while ((n < $2 * 5)); do
         sleep 0.2
         n=$((n + 1))
+        # A guest that ends its command mid-migration powers the source off (QEMU removes its
+        # monitor's socket): nothing more to ask.
+        [[ -S $log_dir/monitor-src.sock ]] || { status="none (the source VM ended)"; break; }
         status=$(hmp "$log_dir/monitor-src.sock" "info migrate" | tee "$log_dir/info-migrate.txt" |
             sed -n 's/^Status: *\([a-z-]*\).*/\1/p; s/^Migration status: *\([a-z-]*\).*/\1/p' | head -n 1)
         [[ $status == completed || $status == failed || $status == cancelled ]] && break
@@ -215,6 +261,11 @@ if ! wait_line "$log_dir/guest-src.log" "$ready" 1 900 "$src_vm"; then
     exit 1
 fi
 if grep -q '^SKIP' "$log_dir/guest-src.log"; then
+    # The torch program has found a GPU on the host already: a guest without one is a failure.
+    if [[ $program == torch ]]; then
+        say "FAILED: the guest found no CUDA device: $(grep -m1 '^SKIP' "$log_dir/guest-src.log")"
+        exit 1
+    fi
     say "skipped: no GPU"
     exit 0
 fi
@@ -270,8 +321,9 @@ if [[ $program == transport ]]; then
     wait "$gone_vm" 2>/dev/null || true
 fi
 
-# 3. The real migration (in the checkpoint program: in the second run, mid-loop; the destination
-# is up and listening before that run starts its loop).
+# 3. The real migration (in the checkpoint program: in the second run, mid-loop; in the torch
+# program: in the second run, a quarter of its steps done; the destination is up and listening before
+# that run starts its loop).
 # The guest of the transport program knows it has arrived by this daemon's memory limit.
 [[ $program == transport ]] && dst_args+=(--max-gpu-memory 64G)
 start_daemon dst "${dst_args[@]}"
@@ -281,6 +333,11 @@ listen_incoming dst "$log_dir/incoming-dst.sock" "$dst_vm" || { say "FAILED: the
 if [[ $program == checkpoint ]]; then
     wait_line "$log_dir/guest-src.log" '^CHECKPOINT ready' 2 900 "$src_vm" || { say "FAILED: the second run never got ready"; exit 1; }
     sleep 1
+elif [[ $program == torch ]]; then
+    wait_line "$log_dir/guest-src.log" '^TRAIN ready' 2 1800 "$src_vm" || { say "FAILED: the second run never started"; exit 1; }
+    # The first run's LOSS lines, then a quarter of the second's.
+    wait_line "$log_dir/guest-src.log" '^LOSS ' $((steps + steps / 4)) 1800 "$src_vm" ||
+        { say "FAILED: the second run stopped before step $((steps / 4))"; exit 1; }
 fi
 status=$(migrate "$log_dir/incoming-dst.sock" 600)
 say "migration: $status"
@@ -314,6 +371,7 @@ if ((expect_fail)); then
 else
     if [[ $status != completed ]]; then
         say "FAILED: the migration ended '$status'; logs in $log_dir"
+        [[ $status != none* ]] || say "the guest's command ended before the migration did (a longer run: --iterations, --steps)"
         sed 's/^/  /' "$log_dir/info-migrate.txt"
         grep -h 'migration\|refused' "$log_dir"/daemon-*.log | tail -n 10 | sed 's/^/  /'
         exit 1
@@ -341,6 +399,47 @@ if [[ $program == transport ]]; then
     fi
     ((rc == 0)) || exit 1
     say "ok: migrated with sessions open; the guest's transport works on the destination"
+    exit 0
+fi
+if [[ $program == torch ]]; then
+    # The console as the guest wrote it: the source's, then the destination's. QEMU moves the
+    # serial port with the VM, so a line the stop cut in two goes on in the destination's file.
+    tr -d '\r' <"$log_dir/vm-src/serial.log" >"$log_dir/console-src.log"
+    tr -d '\r' <"$log_dir/vm-dst/serial.log" >"$log_dir/console-dst.log"
+    cat "$log_dir/console-src.log" "$log_dir/console-dst.log" >"$log_dir/console.log"
+    awk '/^RUN plain/ { f = "plain" } /^RUN migrated/ { f = "migrated" }
+        f && /^(LOSS|PARAMS|PASS|FAIL|SKIP|EXIT)/ { print > (dir "/" f ".log") }' dir="$log_dir" "$log_dir/console.log"
+    for f in plain migrated; do
+        [[ -f $log_dir/$f.log ]] || : >"$log_dir/$f.log"
+    done
+    curve() { grep -E '^(LOSS|PARAMS) ' "$1" | awk '{ print $1, $2, $3 }'; }
+    n_plain=$(grep -c '^LOSS ' "$log_dir/plain.log") n_migrated=$(grep -c '^LOSS ' "$log_dir/migrated.log")
+    # The migrated run's steps printed before the stop (a line cut by it counts here).
+    at_src=$(awk '/^RUN migrated/ { f = 1 } f && /^LOSS / { n++ } END { print n + 0 }' "$log_dir/console-src.log")
+    paste -d' ' <(grep '^LOSS ' "$log_dir/plain.log" | awk '{ print $2, $4 }') \
+        <(grep '^LOSS ' "$log_dir/migrated.log" | awk '{ print $4 }') |
+        awk -v at="$at_src" 'BEGIN { print "  step uninterrupted migrated" }
+            { print "  " $0 } NR == at { print "  -- migrated here --" }'
+    grep -hE '^(RUN|PARAMS|PASS|FAIL|EXIT)' "$log_dir/console.log" | sed 's/^/  /'
+    say "steps: $n_plain uninterrupted, $n_migrated migrated ($at_src at the source, the rest at the destination)"
+    if ((n_plain != steps || n_migrated != steps)); then
+        say "FAILED: a run did not finish its $steps steps; logs in $log_dir"
+        exit 1
+    fi
+    if ! grep -q '^PARAMS ' "$log_dir/console-dst.log"; then
+        say "FAILED: the migrated run did not end at the destination (it ended before the migration; raise --steps); logs in $log_dir"
+        exit 1
+    fi
+    if ! diff <(curve "$log_dir/plain.log") <(curve "$log_dir/migrated.log") >"$log_dir/curve.diff"; then
+        say "FAILED: the migrated run's loss curve differs from the uninterrupted run's:"
+        head -n 20 "$log_dir/curve.diff" | sed 's/^/  /'
+        exit 1
+    fi
+    if ((vm_rc != 0)) || (($(grep -c '^PASS ' "$log_dir/console.log") != 2)); then
+        say "FAILED (guest exit $vm_rc, $(grep -c '^PASS ' "$log_dir/console.log") of 2 runs passed); logs in $log_dir"
+        exit 1
+    fi
+    say "ok: the loss curve of $steps steps, migrated after $at_src of them, equals the uninterrupted run's bit for bit"
     exit 0
 fi
 logs=("$log_dir/guest-src.log")
