@@ -6,7 +6,9 @@
 // libcuda.so.1 and the test double of /dev/qcuda, tests/device-double) and divides.
 //
 // Outside valgrind the client requests do nothing: the program runs the rows, checks every
-// answer and prints "row,calls" lines; a failed call is FAIL (exit 1).
+// answer and prints "row,calls" lines; a failed call is FAIL (exit 1). With DRIVER_FACE_MARKS=1
+// it also writes "driver-face-cost: begin ROW" and "... end ROW" on stderr around each row's
+// counted calls, so that the double's trace of requests (QCUDA_DOUBLE_TRACE) splits into rows.
 //   driver_face_cost [N]        (default 2000 calls per row)
 #include <cstdint>
 #include <cstdio>
@@ -29,13 +31,18 @@ __global__ void empty_kernel() {}
 // Ten warm-up calls (first-use work: lookups, caches), then n counted ones.
 template <class Op> void row(const char *name, int n, Op op)
 {
+    static const bool marks = std::getenv("DRIVER_FACE_MARKS") != nullptr;
     for (int i = 0; i < 10; i++)
         op(i);
+    if (marks)
+        std::fprintf(stderr, "driver-face-cost: begin %s\n", name);
     CALLGRIND_ZERO_STATS;
     CALLGRIND_TOGGLE_COLLECT;
     for (int i = 0; i < n; i++)
         op(i);
     CALLGRIND_TOGGLE_COLLECT;
+    if (marks)
+        std::fprintf(stderr, "driver-face-cost: end %s\n", name);
     CALLGRIND_DUMP_STATS_AT(name);
     std::printf("%s,%d\n", name, n);
 }

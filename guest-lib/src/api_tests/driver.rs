@@ -743,12 +743,13 @@ fn profiler_control_is_a_successful_no_op() {
 
 /// The driver face's small calls go out exactly as the runtime face's: the same requests, each
 /// waited for (or not) the same way, with the same payloads. NVIDIA's runtime over our driver
-/// then costs what our runtime costs per launch, synchronisation and small copy.
+/// then costs what our runtime costs per launch, synchronisation, small copy either way and
+/// allocation with its free (the benchmark's rows; issue 35).
 #[test]
 fn driver_calls_send_what_runtime_calls_send() {
     use crate::runtime::{
         launch::cudaLaunchKernel,
-        memory::{cudaMalloc, cudaMemcpy},
+        memory::{cudaFree, cudaMalloc, cudaMemcpy},
         streams::cudaStreamSynchronize,
     };
     let fake = setup();
@@ -760,6 +761,7 @@ fn driver_calls_send_what_runtime_calls_send() {
     let mut b = 9u32;
     let mut args = [(&raw mut a).cast::<c_void>(), (&raw mut b).cast::<c_void>()];
     let host = [1u8, 2, 3, 4];
+    let mut back = [0u8; 4];
     let calls = |from: usize| -> Vec<(Op, bool, u64, u64, qcuda_proto::WaitMode)> {
         flush();
         fake.state().log[from..]
@@ -820,6 +822,18 @@ fn driver_calls_send_what_runtime_calls_send() {
             0
         );
         assert_eq!(cudaStreamSynchronize(std::ptr::null_mut()), 0);
+        assert_eq!(
+            cudaMemcpy(
+                back.as_mut_ptr().cast(),
+                dev,
+                4,
+                crate::generated::cudaMemcpyDeviceToHost
+            ),
+            0
+        );
+        let mut block_mib: *mut c_void = std::ptr::null_mut();
+        assert_eq!(cudaMalloc(&raw mut block_mib, 1 << 20), 0);
+        assert_eq!(cudaFree(block_mib), 0);
         let runtime = calls(start);
 
         let start = fake.state().log.len();
@@ -839,9 +853,20 @@ fn driver_calls_send_what_runtime_calls_send() {
         cu(cuStreamSynchronize(std::ptr::null_mut()));
         cu(cuMemcpyHtoD_v2(dptr, host.as_ptr().cast(), 4));
         cu(cuStreamSynchronize(std::ptr::null_mut()));
+        cu(cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), dptr, 4));
+        let mut block_mib: d::CUdeviceptr = 0;
+        cu(cuMemAlloc_v2(&raw mut block_mib, 1 << 20));
+        cu(cuMemFree_v2(block_mib));
         let driver = calls(start);
 
-        assert!(!runtime.is_empty());
+        let ops: Vec<Op> = runtime.iter().map(|c| c.0).collect();
+        for op in [Op::MemcpyHtoD, Op::MemcpyDtoH, Op::Malloc, Op::Free] {
+            assert_eq!(
+                ops.iter().filter(|&&o| o == op).count(),
+                1,
+                "{op:?} in {ops:?}"
+            );
+        }
         assert_eq!(driver, runtime);
         cu(cuDevicePrimaryCtxRelease_v2(0));
     }

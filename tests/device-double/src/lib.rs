@@ -10,6 +10,12 @@
 //! fails loudly (stderr, `CUDA_ERROR_NOT_SUPPORTED`) on any op it does not know, so a row that
 //! needs one shows up instead of being measured wrong. Its own work happens inside its `ioctl`,
 //! which the cost script subtracts: what remains is guest-lib's (and NVIDIA's runtime's) cost.
+//!
+//! `QCUDA_DOUBLE_TRACE=1`: one line on stderr per ioctl on the device (in a VM each is one trip
+//! to the host): the op, its flags (the wait mode among them), device, calling thread, inline
+//! arguments, buffers (`in:N@addr`, `out:N@addr`) and a batch's records; `IOCTL_HOST_MAP` and
+//! `IOCTL_HOST_UNMAP` as `host-map`/`host-unmap` with their length. It shows the round trips
+//! each operation makes, for comparing the faces (scripts/driver-face-cost.sh `--requests`).
 
 #![expect(
     clippy::cast_possible_truncation,
@@ -89,6 +95,7 @@ fn attribute(id: i32) -> i32 {
         12 | 82 => 64 << 10,    // registers per block, per SM
         13 => 1_980_000,        // clock rate (kHz)
         16 => 132,              // multiprocessors
+        19 => 1,                // can map host memory (qcuda_bench then sets cudaDeviceMapHost)
         40 | 41 | 83 | 89 => 1, // unified addressing, 64-bit, managed memory, concurrent managed
         75 => 9,                // compute capability major
         81 => 228 << 10,        // shared memory per SM
@@ -203,8 +210,79 @@ fn run(h: &mut Host, call: &IoctlCall, ins: &[&[u8]], outs: &mut [&mut [u8]]) ->
     (result.err().unwrap_or(status::SUCCESS), rets)
 }
 
+/// Whether `QCUDA_DOUBLE_TRACE` asks for a line per ioctl.
+fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("QCUDA_DOUBLE_TRACE").is_some_and(|v| v != "0"))
+}
+
+/// The op's name, or its number where it has none.
+fn op_name(op: u32) -> String {
+    Op::from_u32(op).map_or_else(|| format!("op#{op}"), |op| format!("{op:?}"))
+}
+
+/// The trace line of one `IOCTL_CALL` (see the module's doc).
+fn trace_call(call: &IoctlCall) {
+    use std::fmt::Write;
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let mut line = format!(
+        "qcuda-double: {} flags={:#x} device={} tid={tid}",
+        op_name(call.op),
+        call.flags,
+        call.device
+    );
+    let used = call.args.iter().rposition(|&a| a != 0).map_or(0, |i| i + 1);
+    if used > 0 {
+        let args: Vec<String> = call.args[..used]
+            .iter()
+            .map(|a| format!("{a:#x}"))
+            .collect();
+        let _ = write!(line, " args=[{}]", args.join(","));
+    }
+    for b in &call.bufs[..(call.nbufs as usize).min(call.bufs.len())] {
+        let dir = if b.dir == Direction::In as u32 {
+            "in"
+        } else {
+            "out"
+        };
+        let _ = write!(line, " {dir}:{}@{:#x}", b.len, b.addr);
+    }
+    if call.op == Op::Batch as u32 && call.nbufs > 0 {
+        // SAFETY: as in `execute`: the batch's In buffer is valid for the ioctl.
+        let ins = unsafe {
+            std::slice::from_raw_parts(call.bufs[0].addr as *const u8, call.bufs[0].len as usize)
+        };
+        // Runs of one op with one in-data length as one entry, `op in:N *count`.
+        let mut runs: Vec<(Op, u32, u64)> = Vec::new();
+        let mut at = 0usize;
+        for _ in 0..call.args[0] {
+            let Ok((op, rec)) = BatchRecord::decode(&ins[at.min(ins.len())..]) else {
+                break;
+            };
+            match runs.last_mut() {
+                Some((o, n, count)) if *o == op && *n == rec.in_len => *count += 1,
+                _ => runs.push((op, rec.in_len, 1)),
+            }
+            at += rec.footprint();
+        }
+        let runs: Vec<String> = runs
+            .iter()
+            .map(|(op, n, count)| match count {
+                1 => format!("{op:?} in:{n}"),
+                _ => format!("{op:?} in:{n} *{count}"),
+            })
+            .collect();
+        let _ = write!(line, " [{}]", runs.join(", "));
+    }
+    eprintln!("{line}");
+}
+
 /// `IOCTL_CALL`: the request named by `call`, its buffers in this process.
 fn execute(call: &mut IoctlCall) {
+    if tracing() {
+        trace_call(call);
+    }
     let bufs = &call.bufs[..(call.nbufs as usize).min(call.bufs.len())];
     let ins: Vec<&[u8]> = bufs
         .iter()
@@ -331,6 +409,17 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) ->
     {
         // SAFETY: both take a HostMapCall the caller owns for the call.
         let call = unsafe { &mut *arg.cast::<HostMapCall>() };
+        if tracing() {
+            let what = if request == c_ulong::from(IOCTL_HOST_MAP) {
+                "host-map"
+            } else {
+                "host-unmap"
+            };
+            eprintln!(
+                "qcuda-double: {what} len={} flags={:#x}",
+                call.len, call.flags
+            );
+        }
         // Pages of the double's own mmap are the "device" address, as inside the window.
         call.status = status::SUCCESS;
         call.dev_addr = call.addr;
