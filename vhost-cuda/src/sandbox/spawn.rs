@@ -632,16 +632,14 @@ fn child_after_clone(
         target += 1;
     }
     if spec.fixed_layout {
-        // SAFETY: personality(0xffffffff) reads this process's persona; setting it again with
-        // ADDR_NO_RANDOMIZE changes only how the exec below lays out the new image.
+        // SAFETY: personality(0xffffffff) only reads this process's persona.
         let persona = unsafe { libc::personality(0xffff_ffff) };
-        if persona < 0
-            || unsafe {
-                libc::personality(
-                    persona as libc::c_ulong | libc::ADDR_NO_RANDOMIZE as libc::c_ulong,
-                )
-            } < 0
-        {
+        let Ok(persona) = libc::c_ulong::try_from(persona) else {
+            fail()
+        };
+        // SAFETY: setting the persona again with ADDR_NO_RANDOMIZE changes only how the exec
+        // below lays out the new image.
+        if unsafe { libc::personality(persona | libc::ADDR_NO_RANDOMIZE as libc::c_ulong) } < 0 {
             fail();
         }
     }
