@@ -75,7 +75,7 @@ use crate::{
         ChainCompleter, SessionTable,
     },
     spin_wait,
-    worker::{widen_pipe, WorkerCommand},
+    worker::{widen_pipe, SealedMap, WorkerCommand},
 };
 
 /// Guest memory as vhost-user-backend shares it with us (swapped on SET_MEM_TABLE).
@@ -475,68 +475,88 @@ impl VhostCudaBackend {
         self.migration.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Marks every page of guest RAM dirty in QEMU's log (a no-op without a log).
-    fn mark_all_dirty(&self) {
+    /// Marks every page of guest RAM dirty in QEMU's log (a no-op without a log); returns the
+    /// bytes marked.
+    fn mark_all_dirty(&self) -> u64 {
         let mem = self.mem.memory();
+        let mut bytes = 0;
         for r in mem.iter() {
             r.bitmap()
                 .mark_dirty(0, usize::try_from(r.len()).unwrap_or(usize::MAX));
+            bytes += r.len();
         }
+        bytes
     }
 
     /// At the last stop, with every worker quiesced: marks dirty in QEMU's log the guest pages
-    /// the GPU can write behind the daemon's map at any time, those of every writable host
-    /// mapping (pinned, registered, and managed memory's guest side) and of managed memory
-    /// placed on the device, as each session's record lists them. What workers wrote into
-    /// requests' buffers was marked as each chain completed ([`VringCompleter::wrote`]).
-    /// Where that is not known for sure, all of guest RAM is marked: logging never began
-    /// before this stop, a worker ended while QEMU logged (its mappings went with it), or a
-    /// record cannot be read. Returns the bytes marked.
+    /// the GPU can write behind the daemon's map at any time ([`Self::gpu_written_runs`]).
+    /// What workers wrote into requests' buffers was marked as each chain completed
+    /// ([`VringCompleter::wrote`]). Where those pages are not known for sure, all of guest RAM
+    /// is marked. Returns the bytes marked.
     fn mark_gpu_written(&self, states: &[SessionState]) -> u64 {
-        let all = || -> u64 { self.mem.memory().iter().map(|r| r.len()).sum() };
-        let ended = self.sessions.workers_ended();
+        match self.gpu_written_runs(states) {
+            Ok(runs) => {
+                let mem = self.mem.memory();
+                let ram: u64 = mem.iter().map(|r| r.len()).sum();
+                let mut bytes = 0u64;
+                for (gpa, len) in runs {
+                    bytes = bytes.saturating_add(mark_dirty(&mem, gpa, len));
+                    if bytes >= ram {
+                        // The records (a worker's word) name more than guest RAM holds: marking
+                        // it all once is cheaper than going on.
+                        return self.mark_all_dirty();
+                    }
+                }
+                bytes
+            }
+            Err(why) => {
+                info!(
+                    vm = %self.label,
+                    "migration: {why}: all of guest RAM is marked for the last pass"
+                );
+                self.mark_all_dirty()
+            }
+        }
+    }
+
+    /// The guest-physical runs every session's GPU can write behind the daemon's map: those of
+    /// its writable host mappings (pinned, registered, and managed memory's guest side) and of
+    /// managed memory placed on the device, as its record lists them. Unknown (`Err`, why) when
+    /// logging did not begin before this stop, when a worker ended while QEMU logged (its
+    /// mappings went with it), or when a record does not read back.
+    fn gpu_written_runs(&self, states: &[SessionState]) -> Result<Vec<(u64, u64)>, String> {
         if !self.logging.load(Ordering::Acquire) {
-            self.mark_all_dirty();
-            return all();
+            return Err("dirty logging is off".into());
         }
-        if ended != self.ended_before_log.load(Ordering::Acquire) {
-            info!(
-                vm = %self.label,
-                "migration: a worker ended while QEMU logged dirty pages: all of guest RAM is \
-                 marked for the last pass"
-            );
-            self.mark_all_dirty();
-            return all();
+        if self.sessions.workers_ended() != self.ended_before_log.load(Ordering::Acquire) {
+            return Err("a worker ended while QEMU logged dirty pages".into());
         }
-        let mem = self.mem.memory();
-        let mut bytes = 0u64;
+        let mut runs = Vec::new();
         for s in states {
             let SavedGpu::State(file) = &s.gpu else {
                 continue;
             };
-            let runs = file
-                .to_vec()
+            // Sealed and mapped, as a restore reads one: the worker cannot change it meanwhile.
+            let record = file
+                .seal()
+                .and_then(|()| SealedMap::new(file.file()))
                 .map_err(|e| e.to_string())
-                .and_then(|b| crate::cuda::gpu_written_guest_ram(&b));
-            match runs {
-                Ok(runs) => {
-                    for (gpa, len) in runs {
-                        bytes = bytes.saturating_add(mark_dirty(&mem, gpa, len));
-                    }
-                }
+                .and_then(|map| {
+                    let len = usize::try_from(file.len()).unwrap_or(usize::MAX);
+                    let bytes = map.bytes().get(..len).ok_or("the file is shorter")?;
+                    crate::cuda::gpu_written_guest_ram(bytes)
+                });
+            match record {
+                Ok(r) => runs.extend(r),
                 Err(e) => {
-                    warn!(
-                        vm = %self.label,
-                        session = s.id,
-                        "migration: the record does not read back ({e}): all of guest RAM is \
-                         marked for the last pass"
-                    );
-                    self.mark_all_dirty();
-                    return all();
+                    return Err(format!(
+                        "the record of session {} does not read back ({e})",
+                        s.id
+                    ))
                 }
             }
         }
-        bytes
+        Ok(runs)
     }
 
     /// The last stop of a migration's source (the VM is paused, the ring idle): saves every
