@@ -7,6 +7,19 @@ gpu_present() {
     nvidia-smi -L 2>/dev/null | grep -q '^GPU'
 }
 
+# Ends the calling script with one "skipped" line (exit 0) unless the host has a GPU and
+# python $1 imports PyTorch: what the PyTorch suites check before they start anything.
+skip_without_gpu_torch() { # python
+    if ! gpu_present; then
+        echo "skipped: no GPU"
+        exit 0
+    fi
+    if [[ -z $1 ]] || ! "$1" -c 'import torch' 2>/dev/null; then
+        echo "skipped: no PyTorch in ${1:-python3}"
+        exit 0
+    fi
+}
+
 # The folder of the host's own CUDA runtime (NVIDIA's libcudart), for native runs; empty if the
 # toolkit is not in its usual place (the loader's default path is used then).
 host_cudart() {

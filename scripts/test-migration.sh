@@ -95,14 +95,7 @@ done
 . "$here/gpu-host.sh"
 if [[ $program == torch ]]; then
     # Before any VM starts: the guest would only find this out after booting.
-    if ! gpu_present; then
-        echo "skipped: no GPU"
-        exit 0
-    fi
-    if [[ -z $python ]] || ! "$python" -c 'import torch' 2>/dev/null; then
-        echo "skipped: no PyTorch in ${python:-python3}"
-        exit 0
-    fi
+    skip_without_gpu_torch "$python"
     if [[ -x $here/bin/vhost-cuda ]]; then train_check=$here/tests/torch/train_check.py; else train_check=$here/../tests/torch/train_check.py; fi
 fi
 log_dir=${log_dir:-$(mktemp -d)}

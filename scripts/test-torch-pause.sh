@@ -37,14 +37,7 @@ done
 logs=${logs:-$(mktemp -d)}
 mkdir -p "$logs"
 say() { printf '[test-torch-pause] %s\n' "$*"; }
-if ! gpu_present; then
-    echo "skipped: no GPU"
-    exit 0
-fi
-if [[ -z $python ]] || ! "$python" -c 'import torch' 2>/dev/null; then
-    echo "skipped: no PyTorch in ${python:-python3}"
-    exit 0
-fi
+skip_without_gpu_torch "$python"
 
 say "native"
 TRAIN_STEPS=$steps "$python" "$check" >"$logs/native.log" 2>&1

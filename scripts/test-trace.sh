@@ -42,14 +42,7 @@ done
 logs=${logs:-$(mktemp -d)}
 mkdir -p "$logs" && logs=$(cd "$logs" && pwd)
 say() { printf '[test-trace] %s\n' "$*"; }
-if ! gpu_present; then
-    echo "skipped: no GPU"
-    exit 0
-fi
-if [[ -z $python ]] || ! "$python" -c 'import torch' 2>/dev/null; then
-    echo "skipped: no PyTorch in ${python:-python3}"
-    exit 0
-fi
+skip_without_gpu_torch "$python"
 passed=0 failed=0
 check() { # ok? what
     if [[ $1 == 0 ]]; then
