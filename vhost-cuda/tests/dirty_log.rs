@@ -9,6 +9,7 @@ mod common;
 
 use common::{scratch_dir, Daemon, GuestVm};
 use qcuda_proto::{status, Op, RequestHeader, RESPONSE_HEADER_SIZE};
+use vhost_cuda::frontend::DirtyLog;
 
 const PAGE: usize = 4096;
 
@@ -29,6 +30,18 @@ fn vm_with_workers(name: &str) -> (Daemon, GuestVm) {
     let started = daemon.log().matches("worker process ").count();
     assert!(started >= 2, "{}", daemon.log());
     (daemon, vm)
+}
+
+/// Stops the request ring as QEMU does at a migration's last stop, waits for the daemon to have
+/// quiesced the sessions, and takes the pages marked since the last take.
+fn last_stop(daemon: &Daemon, vm: &GuestVm, log: &DirtyLog) -> Vec<u64> {
+    vm.stop_queue(0).unwrap();
+    assert!(
+        daemon.wait_log("sessions quiesced at the last stop", 1),
+        "{}",
+        daemon.log()
+    );
+    log.take().unwrap()
 }
 
 #[test]
@@ -53,13 +66,7 @@ fn the_last_stop_marks_what_the_gpu_can_write_not_all_of_guest_ram() {
     // The last stop: every worker quiesces (its record saved), and what the GPU can write
     // behind the daemon's map is marked: here nothing (no GPU memory is mapped), not all of
     // guest RAM.
-    vm.stop_queue(0).unwrap();
-    assert!(
-        daemon.wait_log("sessions quiesced at the last stop", 1),
-        "{}",
-        daemon.log()
-    );
-    let dirty = log.take().unwrap();
+    let dirty = last_stop(&daemon, &vm, &log);
     assert!(
         dirty.len() < 16,
         "{} of {} pages marked at the last stop",
@@ -78,13 +85,7 @@ fn a_worker_that_ends_while_qemu_logs_makes_the_last_stop_mark_all_of_guest_ram(
     assert_eq!(vm.close_session(2).status, status::SUCCESS);
     assert!(daemon.wait_log("session 2 closed", 1), "{}", daemon.log());
     log.take().unwrap();
-    vm.stop_queue(0).unwrap();
-    assert!(
-        daemon.wait_log("sessions quiesced at the last stop", 1),
-        "{}",
-        daemon.log()
-    );
-    let dirty = log.take().unwrap();
+    let dirty = last_stop(&daemon, &vm, &log);
     assert_eq!(
         dirty.len() as u64,
         log.pages(),
