@@ -183,6 +183,8 @@ pub struct Config {
     /// How long a migration's source waits for a destination on its host to claim the device
     /// memory before it copies it (`--handover-wait-ms`; 0: it never offers).
     pub handover_wait: Duration,
+    /// A migration's pre-copy of device memory (`--precopy-round-mib`, `--precopy-passes`).
+    pub precopy: vhu_cuda::PrecopySetup,
     /// How long each wait between the request queue and the GPU spins before it blocks
     /// (`--hop-poll-us`; 0: block at once).
     pub hop_poll: Duration,
@@ -522,6 +524,7 @@ pub struct Server {
     workers: WorkerCommand,
     poll: Duration,
     handover_wait: Duration,
+    precopy: vhu_cuda::PrecopySetup,
     stats: Arc<StatsRegistry>,
     /// Where workers are kept for the next daemon, if they are.
     keep: Option<worker::KeepWorkers>,
@@ -579,6 +582,7 @@ impl Server {
             workers,
             poll: config.poll,
             handover_wait: config.handover_wait,
+            precopy: config.precopy,
             stats,
             keep: None,
             passed: fd_store::Passed::default(),
@@ -642,7 +646,10 @@ impl Server {
                 .workers
                 .clone()
                 .with_keep(self.keep.as_ref().map(|k| k.for_vm(i)));
-            let (host, poll) = (self.host.clone(), (self.poll, self.handover_wait));
+            let (host, poll) = (
+                self.host.clone(),
+                (self.poll, self.handover_wait, self.precopy),
+            );
             let stats = (self.stats.clone(), i);
             let record = ring_record_for(i, passed.rings.remove(&i), self.keep.as_ref());
             let inherited = Inherited {
@@ -818,7 +825,7 @@ fn serve_socket(
     control: Arc<SocketControl>,
     host: Arc<CudaHost>,
     workers: WorkerCommand,
-    (poll, handover_wait): (Duration, Duration),
+    (poll, handover_wait, precopy): (Duration, Duration, vhu_cuda::PrecopySetup),
     (stats, stats_index): (Arc<StatsRegistry>, usize),
     inherited: Inherited,
 ) -> Result<()> {
@@ -851,7 +858,8 @@ fn serve_socket(
             .with_poll(poll)
             .with_ring_record(record.clone(), std::mem::take(&mut recover))
             .with_migration_log(stats.migration_log(stats_index))
-            .with_handover(handover.clone()),
+            .with_handover(handover.clone())
+            .with_precopy(precopy),
         );
         // The previous daemon's sessions of this VM, for the frontend that reconnects.
         if !adopted.is_empty() {

@@ -70,6 +70,18 @@ struct Args {
     #[arg(long, value_name = "MILLISECONDS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     handover_wait_ms: u64,
 
+    /// While a live migration copies guest RAM, pre-copy the guests' device memory too, in
+    /// rounds of at most this many MiB (QEMU's `max-bandwidth` paces them): the stop then
+    /// sends only what changed since. A migration whose device memory is handed over (same
+    /// host) does not need it, but pays only the background traffic. See docs/operators.md.
+    #[arg(long, value_name = "MIB", default_value_t = 64, value_parser = clap::value_parser!(u64).range(2..=4096))]
+    precopy_round_mib: u64,
+
+    /// Passes over the device memory a pre-copy makes at most: memory that changes faster
+    /// than the passes go is left to the stop. 0: no pre-copy.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=16))]
+    precopy_passes: u32,
+
     /// Spin for up to this many microseconds before each wait on the hop between the request
     /// queue and the GPU: the session thread for its next request, the session's worker
     /// process for its next message, the daemon for the worker's answer. Back-to-back calls
@@ -339,6 +351,10 @@ impl TryFrom<Args> for Config {
             log_filter: log_filter.clone(),
             poll: Duration::from_micros(args.poll_us),
             handover_wait: Duration::from_millis(args.handover_wait_ms),
+            precopy: vhost_cuda::vhu_cuda::PrecopySetup {
+                round_bytes: args.precopy_round_mib << 20,
+                passes: args.precopy_passes,
+            },
             hop_poll: Duration::from_micros(args.hop_poll_us.unwrap_or_else(default_hop_poll_us)),
             hop_mailbox: args.hop_mailbox,
             spare_workers: usize::from(args.spare_workers),
@@ -611,6 +627,8 @@ mod tests {
             gpu: None,
             poll_us: 200,
             handover_wait_ms: 300,
+            precopy_round_mib: 64,
+            precopy_passes: 2,
             hop_poll_us: None,
             hop_mailbox: false,
             spare_workers: 0,
@@ -705,6 +723,7 @@ mod tests {
                 log_filter: "info".into(),
                 poll: Duration::from_micros(200),
                 handover_wait: Duration::from_millis(300),
+                precopy: vhost_cuda::vhu_cuda::PrecopySetup::default(),
                 hop_poll: Duration::from_micros(default_hop_poll_us()),
                 hop_mailbox: false,
                 spare_workers: 0,

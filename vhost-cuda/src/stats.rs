@@ -514,7 +514,7 @@ fn migration_lines(s: &mut String, m: &MigrationFigures) {
             );
             continue;
         }
-        let _ = writeln!(
+        let _ = write!(
             s,
             "    {:<8} {:>11} in {:>8.3} s, {:>7.2} GiB/s",
             p.name,
@@ -522,6 +522,10 @@ fn migration_lines(s: &mut String, m: &MigrationFigures) {
             p.secs,
             p.gib_per_s()
         );
+        if p.name == "precopy" {
+            let _ = write!(s, " in {} round(s) while the VM ran", p.rounds);
+        }
+        let _ = writeln!(s);
     }
 }
 
@@ -600,6 +604,7 @@ fn json(r: &Report) -> String {
                         "phase": p.name,
                         "bytes": p.bytes,
                         "pieces": p.pieces,
+                        "rounds": p.rounds,
                         "seconds": p.secs,
                         "gib_per_s": p.gib_per_s(),
                     })).collect::<Vec<_>>(),
@@ -749,7 +754,7 @@ fn prometheus(r: &Report) -> String {
     for (name, help, f) in [
         (
             "qcuda_vm_migration_phase_seconds",
-            "Seconds each phase of the VM's last migration through this daemon took (quiesce, handover, save, send, receive, restore).",
+            "Seconds each phase of the VM's last migration through this daemon took (precopy, quiesce, handover, save, send, receive, restore).",
             (|p: &Phase| p.secs) as fn(&Phase) -> f64,
         ),
         (
@@ -763,6 +768,12 @@ fn prometheus(r: &Report) -> String {
             "Pieces of device memory each phase of the VM's last migration through this daemon handed over (handover only).",
             #[expect(clippy::cast_precision_loss, reason = "a gauge")]
             |p: &Phase| p.pieces as f64,
+        ),
+        (
+            "qcuda_vm_migration_phase_rounds",
+            "Rounds each phase of the VM's last migration through this daemon took (precopy only: device memory copied while the VM ran).",
+            #[expect(clippy::cast_precision_loss, reason = "a gauge")]
+            |p: &Phase| p.rounds as f64,
         ),
     ] {
         let _ = writeln!(s, "# HELP {name} {help}");
@@ -887,12 +898,14 @@ mod tests {
                                 name: "save",
                                 bytes: 1 << 30,
                                 pieces: 0,
+                                rounds: 0,
                                 secs: 0.5,
                             },
                             Phase {
                                 name: "send",
                                 bytes: 1 << 30,
                                 pieces: 0,
+                                rounds: 0,
                                 secs: 0.25,
                             },
                         ],

@@ -33,7 +33,7 @@
 
 use std::{
     fs::File,
-    io,
+    io::{self, Read},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, RwLock,
@@ -72,6 +72,7 @@ use crate::{
         handover::{self, Claim, HandoverServer, Offer, Piece},
         migration::{self, SavedGpu, SessionState, PATH_COPY, PATH_HANDOVER},
         migration_figures::MigrationLog,
+        precopy::{self, SessionRound, Stores},
         ChainCompleter, SessionTable,
     },
     spin_wait,
@@ -123,6 +124,29 @@ impl Default for HandoverSetup {
         }
     }
 }
+
+/// How a migration's source pre-copies its device memory while the VM runs
+/// (`session/precopy.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrecopySetup {
+    /// Bytes of chunk contents one round carries at most (`--precopy-round-mib`).
+    pub round_bytes: u64,
+    /// Passes over the device memory at most (`--precopy-passes`); 0: no pre-copy (every
+    /// round reports nothing pending).
+    pub passes: u32,
+}
+
+impl Default for PrecopySetup {
+    fn default() -> Self {
+        Self {
+            round_bytes: 64 << 20,
+            passes: 2,
+        }
+    }
+}
+
+/// How long a pre-copy round waits for every session's chunk log.
+pub const PRECOPY_WAIT: Duration = Duration::from_secs(60);
 
 /// `VHOST_F_LOG_ALL`: the back-end logs its writes to guest RAM (a vhost feature bit, not a
 /// virtio one: QEMU sets it while a migration runs; the guest never acks it).
@@ -287,6 +311,13 @@ pub struct VhostCudaBackend {
     figures: MigrationLog,
     /// The same-host handover of a migration's device memory.
     handover: HandoverSetup,
+    /// The pre-copy of device memory while the VM runs.
+    precopy: PrecopySetup,
+    /// A destination's pre-copied device memory, per session, until the final state's
+    /// restore takes it (`None` until the first round arrives).
+    stores: Arc<Mutex<Option<Stores>>>,
+    /// Whether a state transfer into this connection began (a destination's).
+    loading: AtomicBool,
 }
 
 /// A migration's state transfer, as far as it has come.
@@ -315,6 +346,13 @@ trait MigrationSessions: Send + Sync {
     fn save_states(&self, timeout: Duration) -> Result<Vec<SessionState>, String>;
     /// Every session's runs exported and its state without contents.
     fn export_states(&self, timeout: Duration) -> Result<(Vec<SessionState>, Vec<Piece>), String>;
+    /// One pre-copy round of every session (`SessionTable::precopy_round`).
+    fn precopy_round(
+        &self,
+        budget: u64,
+        passes: u32,
+        timeout: Duration,
+    ) -> Result<Vec<SessionRound>, String>;
 }
 
 impl MigrationSessions for SessionTable {
@@ -324,6 +362,15 @@ impl MigrationSessions for SessionTable {
 
     fn export_states(&self, timeout: Duration) -> Result<(Vec<SessionState>, Vec<Piece>), String> {
         SessionTable::export_states(self, timeout)
+    }
+
+    fn precopy_round(
+        &self,
+        budget: u64,
+        passes: u32,
+        timeout: Duration,
+    ) -> Result<Vec<SessionRound>, String> {
+        SessionTable::precopy_round(self, budget, passes, timeout)
     }
 }
 
@@ -381,7 +428,16 @@ impl VhostCudaBackend {
             migration: Mutex::new(Migration::default()),
             figures: MigrationLog::default(),
             handover: HandoverSetup::default(),
+            precopy: PrecopySetup::default(),
+            stores: Arc::new(Mutex::new(None)),
+            loading: AtomicBool::new(false),
         }
+    }
+
+    /// Pre-copies device memory during a migration as `setup` says.
+    pub fn with_precopy(mut self, setup: PrecopySetup) -> Self {
+        self.precopy = setup;
+        self
     }
 
     /// Offers a migration's device memory to a destination on this host as `setup` says.
@@ -564,7 +620,8 @@ impl VhostCudaBackend {
     /// guest RAM dirty where the GPU may have written it.
     fn save_for_migration(&self) {
         let started = Instant::now();
-        self.figures.begin("source");
+        // The figures began when logging did (`acked_features`): the pre-copy's rounds are
+        // this migration's too.
         // Only the records (no device memory): they quiesce every worker and tell whether its
         // state can be saved at all. Whether the memory is then handed over or copied is known
         // once the state transfer begins (`send_state`).
@@ -828,6 +885,12 @@ impl VhostUserBackend for VhostCudaBackend {
         }
         if self.logging.swap(logging, Ordering::AcqRel) != logging {
             info!(vm = %self.label, "dirty logging {}", if logging { "on" } else { "off" });
+            // A migration begins, or ended without a stop here (failed, cancelled): what an
+            // earlier pre-copy sent is no base for the next.
+            self.sessions.precopy_reset();
+            if logging {
+                self.figures.begin("source");
+            }
         }
         if !logging {
             // No migration runs (any more): a state saved for one is stale.
@@ -944,6 +1007,22 @@ impl VhostUserBackend for VhostCudaBackend {
         }
         let label = self.label.clone();
         let spawned = match direction {
+            // While QEMU logs and the request ring has not had its last stop, the VM runs:
+            // QEMU's pre-copy section asks for a round (qemu-patches/0006).
+            VhostTransferStateDirection::SAVE
+                if self.logging.load(Ordering::Acquire) && m.saved.is_none() =>
+            {
+                let source = Source {
+                    label,
+                    figures: self.figures.clone(),
+                    offer: None,
+                    wait: Duration::ZERO,
+                };
+                let (sessions, precopy) = (Arc::clone(&self.sessions), self.precopy);
+                thread::Builder::new()
+                    .name("qcuda-precopy-out".into())
+                    .spawn(move || send_round(&source, &*sessions, precopy, file))
+            }
             VhostTransferStateDirection::SAVE => {
                 // Quiesced at the ring's last stop; without one (no migration's logging: a
                 // snapshot, say) the sessions are quiesced now.
@@ -981,12 +1060,18 @@ impl VhostUserBackend for VhostCudaBackend {
                     .spawn(move || send_state(&source, &*sessions, file, saved))
             }
             VhostTransferStateDirection::LOAD => {
-                self.figures.begin("destination");
+                // The first transfer into this connection, a pre-copy round or the state,
+                // begins the migration's figures.
+                if !self.loading.swap(true, Ordering::AcqRel) {
+                    self.figures.begin("destination");
+                }
                 let figures = self.figures.clone();
                 let local = self.identity();
+                let stores = Arc::clone(&self.stores);
+                let limit = self.sessions.gpu_memory().saturating_mul(2);
                 thread::Builder::new()
                     .name("qcuda-migrate-in".into())
-                    .spawn(move || receive_state(&label, &figures, local, file))
+                    .spawn(move || receive(&label, &figures, local, &stores, limit, file))
             }
         };
         m.transfer = Some(spawned?);
@@ -1006,17 +1091,26 @@ impl VhostUserBackend for VhostCudaBackend {
                 let started = Instant::now();
                 let n = states.len();
                 let bytes = state_bytes(&states);
-                self.sessions
-                    .restore_handed_over(states, pieces, RESTORE_WAIT)
-                    .map(|()| {
-                        self.figures.record(&self.label, "restore", bytes, started);
-                        info!(
-                            vm = %self.label,
-                            sessions = n,
-                            ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                            "migration: sessions restored"
-                        );
-                    })
+                let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let restored = match stores {
+                    // A handover brought the memory itself: what was pre-copied goes unused.
+                    Some(mut stores) if pieces.is_empty() => {
+                        self.sessions
+                            .restore_precopied(states, &mut stores, RESTORE_WAIT)
+                    }
+                    _ => self
+                        .sessions
+                        .restore_handed_over(states, pieces, RESTORE_WAIT),
+                };
+                restored.map(|()| {
+                    self.figures.record(&self.label, "restore", bytes, started);
+                    info!(
+                        vm = %self.label,
+                        sessions = n,
+                        ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        "migration: sessions restored"
+                    );
+                })
             }
             Ok(None) => Ok(()),
             Err(why) => Err(why),
@@ -1192,16 +1286,77 @@ fn hand_over(
 /// A migration's destination: reads the head from QEMU's pipe, claims the device memory if the
 /// head offers it from this host (`local`: this host's boot id and GPUs), then reads the
 /// sessions to the stream's end.
-fn receive_state(
+/// A round of a migration's pre-copy, while the VM runs: every session's chunk log of what
+/// changed since it last sent, in one round (`session/precopy.rs`) into QEMU's pipe; closes
+/// the pipe at the end. QEMU reads the head's `pending` to decide when to stop the VM.
+fn send_round(
+    source: &Source,
+    sessions: &dyn MigrationSessions,
+    setup: PrecopySetup,
+    file: File,
+) -> Result<Option<Incoming>, String> {
+    let started = Instant::now();
+    let rounds = if setup.passes == 0 {
+        Vec::new()
+    } else {
+        sessions.precopy_round(setup.round_bytes, setup.passes, PRECOPY_WAIT)?
+    };
+    let pending: u64 = rounds.iter().map(|r| r.pending).sum();
+    let bytes: u64 = rounds.iter().map(|r| r.log.len()).sum();
+    widen_pipe(&file);
+    let mut out = io::BufWriter::with_capacity(1 << 20, file);
+    precopy::write_round(&mut out, pending, &rounds).map_err(|e| e.to_string())?;
+    let chunks: u64 = rounds.iter().map(|r| r.chunks).sum();
+    debug!(vm = %source.label, sessions = rounds.len(), chunks, "migration: pre-copy round sent");
+    source
+        .figures
+        .record_round(&source.label, bytes, pending, started.elapsed());
+    Ok(None)
+}
+
+/// A migration's destination: a state transfer is either a pre-copy round (appended to the
+/// sessions' stores, nothing restored yet) or the final state.
+fn receive(
     label: &str,
     figures: &MigrationLog,
     local: Option<Identity>,
+    stores: &Mutex<Option<Stores>>,
+    limit: u64,
     file: File,
 ) -> Result<Option<Incoming>, String> {
     let started = Instant::now();
     widen_pipe(&file);
     let mut input = io::BufReader::with_capacity(1 << 20, file);
-    let head = migration::read_head(&mut input).map_err(|e| e.to_string())?;
+    let mut magic = [0u8; 8];
+    input
+        .read_exact(&mut magic)
+        .map_err(|e| format!("the state transfer: {e}"))?;
+    if magic != precopy::MAGIC {
+        return receive_state(
+            label,
+            figures,
+            local,
+            &mut io::Cursor::new(magic).chain(input),
+            started,
+        );
+    }
+    let mut held = stores.lock().unwrap_or_else(|p| p.into_inner());
+    let stores = held.get_or_insert_with(|| Stores::new(limit));
+    let round = stores
+        .read_round(&mut input)
+        .map_err(|e| format!("a pre-copy round: {e}"))?;
+    figures.record_round(label, round.bytes, round.pending, started.elapsed());
+    Ok(None)
+}
+
+fn receive_state(
+    label: &str,
+    figures: &MigrationLog,
+    local: Option<Identity>,
+    input: &mut impl Read,
+    started: Instant,
+) -> Result<Option<Incoming>, String> {
+    let head = migration::read_head(input).map_err(|e| e.to_string())?;
     let mut pieces = Vec::new();
     let mut claimed = false;
     if let Some(offer) = &head.offer {
@@ -1232,7 +1387,7 @@ fn receive_state(
             ),
         }
     }
-    let (path, states) = migration::read_body(&mut input, &head).map_err(|e| e.to_string())?;
+    let (path, states) = migration::read_body(input, &head).map_err(|e| e.to_string())?;
     match path {
         PATH_HANDOVER if !claimed => {
             return Err(
@@ -1628,6 +1783,7 @@ mod tests {
     struct FakeSessions {
         exports: std::sync::atomic::AtomicUsize,
         export_fails: bool,
+        rounds: std::sync::atomic::AtomicUsize,
     }
 
     const STATE: &[u8] = b"QCUDAGS1 with device memory";
@@ -1638,6 +1794,7 @@ mod tests {
             Self {
                 exports: std::sync::atomic::AtomicUsize::new(0),
                 export_fails,
+                rounds: std::sync::atomic::AtomicUsize::new(0),
             }
         }
 
@@ -1684,6 +1841,142 @@ mod tests {
                 pieces,
             ))
         }
+
+        /// Session 3 sends [`LOG`] in each round, with 2 MiB pending.
+        fn precopy_round(
+            &self,
+            budget: u64,
+            passes: u32,
+            _: Duration,
+        ) -> Result<Vec<SessionRound>, String> {
+            self.rounds.fetch_add(1, Ordering::AcqRel);
+            assert!(budget >= precopy::CHUNK && passes > 0);
+            Ok(vec![SessionRound {
+                id: 3,
+                log: crate::worker::StateFile::from_bytes(&log()).unwrap(),
+                chunks: 1,
+                pending: 2 << 20,
+            }])
+        }
+    }
+
+    /// A chunk log of one record: 16 bytes at offset 2 MiB of an allocation.
+    fn log() -> Vec<u8> {
+        let mut r = Vec::new();
+        r.extend_from_slice(&0u32.to_le_bytes());
+        r.extend_from_slice(&0x7000_0000_0000u64.to_le_bytes());
+        r.extend_from_slice(&(2u64 << 20).to_le_bytes());
+        r.extend_from_slice(&16u64.to_le_bytes());
+        r.extend_from_slice(&[5; 16]);
+        r.extend_from_slice(&[6; 16]);
+        r
+    }
+
+    /// One pre-copy round from `sessions` through a pipe into the destination's `stores`.
+    fn round_through(
+        sessions: &FakeSessions,
+        setup: PrecopySetup,
+        stores: &Mutex<Option<Stores>>,
+        dst_log: &MigrationLog,
+    ) -> Result<Option<Incoming>, String> {
+        let (from_src, to_dst) = std::io::pipe().unwrap();
+        let source = Source {
+            label: "src".into(),
+            figures: MigrationLog::default(),
+            offer: None,
+            wait: Duration::ZERO,
+        };
+        let file = File::from(std::os::fd::OwnedFd::from(to_dst));
+        let sent = thread::scope(|s| {
+            let sender = s.spawn(|| send_round(&source, sessions, setup, file));
+            let file = File::from(std::os::fd::OwnedFd::from(from_src));
+            let got = receive("dst", dst_log, None, stores, 1 << 30, file);
+            assert!(sender.join().unwrap().unwrap().is_none());
+            got
+        });
+        let f = source.figures.snapshot();
+        assert_eq!(f.phases[0].name, "precopy");
+        sent
+    }
+
+    #[test]
+    fn pre_copy_rounds_reach_the_destinations_store_and_the_final_state_still_follows() {
+        let sessions = FakeSessions::new(false);
+        let stores = Mutex::new(None);
+        let dst_log = MigrationLog::default();
+        for _ in 0..2 {
+            let got = round_through(&sessions, PrecopySetup::default(), &stores, &dst_log);
+            assert!(got.unwrap().is_none());
+        }
+        assert_eq!(sessions.rounds.load(Ordering::Acquire), 2);
+        let p = &dst_log.snapshot().phases[0];
+        assert_eq!((p.name, p.rounds, p.bytes), ("precopy", 2, 32));
+        // Session 3's store holds both rounds' logs, one after the other.
+        let store = stores.lock().unwrap().as_mut().unwrap().take(3).unwrap();
+        assert_eq!(store.unwrap().to_vec().unwrap(), [log(), log()].concat());
+        // Without passes no session is asked, and nothing is pending.
+        let none = PrecopySetup {
+            passes: 0,
+            ..PrecopySetup::default()
+        };
+        let got = round_through(&sessions, none, &stores, &dst_log);
+        assert!(got.unwrap().is_none());
+        assert_eq!(sessions.rounds.load(Ordering::Acquire), 2);
+        // A round cut short is refused.
+        let mut bytes = Vec::new();
+        let rounds = sessions.precopy_round(64 << 20, 2, Duration::ZERO).unwrap();
+        precopy::write_round(&mut bytes, 0, &rounds).unwrap();
+        bytes.truncate(bytes.len() - 1);
+        let f = crate::worker::StateFile::from_bytes(&bytes).unwrap();
+        let file = f.file().try_clone().unwrap();
+        assert!(receive("dst", &dst_log, None, &stores, 1 << 30, file).is_err());
+    }
+
+    #[test]
+    fn a_save_while_the_ring_runs_and_qemu_logs_is_a_pre_copy_round() {
+        let src = rig();
+        let dst = rig();
+        let log = MigrationLog::default();
+        let src_backend = src.backend.with_migration_log(log.clone());
+        src_backend.acked_features(DEVICE_FEATURES);
+        let (from_src, to_qemu) = std::io::pipe().unwrap();
+        src_backend
+            .set_device_state_fd(
+                VhostTransferStateDirection::SAVE,
+                VhostTransferStatePhase::STOPPED,
+                File::from(std::os::fd::OwnedFd::from(to_qemu)),
+            )
+            .unwrap();
+        let mut bytes = Vec::new();
+        let mut from_src = from_src;
+        io::copy(&mut from_src, &mut bytes).unwrap();
+        src_backend.check_device_state().unwrap();
+        // The head QEMU reads (nothing pending: no session has device memory), the version
+        // and no sessions.
+        assert_eq!(bytes[..8], precopy::MAGIC);
+        assert_eq!(bytes[8..16], 0u64.to_le_bytes());
+        assert_eq!(bytes.len(), 24);
+        assert_eq!(log.snapshot().role, "source");
+        assert_eq!(log.snapshot().phases[0].rounds, 1);
+        // The destination takes it as a round, and restores nothing yet.
+        let f = crate::worker::StateFile::from_bytes(&bytes).unwrap();
+        dst.backend
+            .set_device_state_fd(
+                VhostTransferStateDirection::LOAD,
+                VhostTransferStatePhase::STOPPED,
+                f.file().try_clone().unwrap(),
+            )
+            .unwrap();
+        dst.backend.check_device_state().unwrap();
+        assert!(dst
+            .backend
+            .stores
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .is_empty());
+        assert_eq!(dst.backend.migration_log().snapshot().role, "destination");
     }
 
     const BOOT: [u8; 16] = [1; 16];
@@ -1719,7 +2012,7 @@ mod tests {
         let log = dst_log.clone();
         let dst = thread::spawn(move || {
             let file = File::from(std::os::fd::OwnedFd::from(from_qemu));
-            receive_state("dst", &log, local, file)
+            receive("dst", &log, local, &Mutex::new(None), u64::MAX, file)
         });
         let source = Source {
             label: "src".into(),
@@ -1817,10 +2110,12 @@ mod tests {
     fn hostile_heads_end_the_load_with_an_error_not_a_panic() {
         let load = |bytes: Vec<u8>, local: Option<([u8; 16], Vec<[u8; 16]>)>| {
             let f = crate::worker::StateFile::from_bytes(&bytes).unwrap();
-            receive_state(
+            receive(
                 "dst",
                 &MigrationLog::default(),
                 local,
+                &Mutex::new(None),
+                u64::MAX,
                 f.file().try_clone().unwrap(),
             )
         };

@@ -19,12 +19,16 @@ use tracing::info;
 /// One phase of a migration's stop.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Phase {
-    /// Its name: `quiesce`, `handover`, `save`, `send`, `receive`, `restore`.
+    /// Its name: `precopy` (while the VM runs, on both ends), then the stop's: `quiesce`,
+    /// `handover`, `save`, `send`, `receive`, `restore`.
     pub name: &'static str,
     /// Bytes it moved (for `handover`: the device memory handed over, which was not copied).
     pub bytes: u64,
     /// Pieces of device memory handed over (`handover` only; 0 elsewhere).
     pub pieces: u64,
+    /// Rounds it took (`precopy`, device memory pre-copied while the VM ran, only; 0
+    /// elsewhere).
+    pub rounds: u64,
     /// Seconds it took.
     pub secs: f64,
 }
@@ -87,6 +91,7 @@ impl MigrationLog {
             name,
             bytes,
             pieces,
+            rounds: 0,
             secs: took.as_secs_f64(),
         };
         info!(
@@ -102,6 +107,38 @@ impl MigrationLog {
         // The same phase again (a second save without a migration between) replaces the last.
         f.phases.retain(|p| p.name != name);
         f.phases.push(phase);
+    }
+
+    /// Adds one pre-copy round of VM `vm` to phase `precopy`: `bytes` of device memory
+    /// moved in `took`, `pending` still to go (logged, not kept).
+    pub fn record_round(&self, vm: &str, bytes: u64, pending: u64, took: Duration) {
+        let mut f = self.lock();
+        let at = match f.phases.iter().position(|p| p.name == "precopy") {
+            Some(i) => i,
+            None => {
+                f.phases.push(Phase {
+                    name: "precopy",
+                    bytes: 0,
+                    pieces: 0,
+                    rounds: 0,
+                    secs: 0.0,
+                });
+                f.phases.len() - 1
+            }
+        };
+        let p = &mut f.phases[at];
+        p.bytes = p.bytes.saturating_add(bytes);
+        p.rounds += 1;
+        p.secs += took.as_secs_f64();
+        info!(
+            vm,
+            round = p.rounds,
+            bytes,
+            pending,
+            secs = format_args!("{:.3}", took.as_secs_f64()),
+            total_bytes = p.bytes,
+            "migration: pre-copy round"
+        );
     }
 
     /// The figures now.

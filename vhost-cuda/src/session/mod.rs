@@ -59,6 +59,7 @@ mod limits;
 mod locking;
 pub mod migration;
 pub mod migration_figures;
+pub mod precopy;
 mod process_checkpoint;
 mod shared;
 mod table;

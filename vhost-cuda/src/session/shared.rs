@@ -302,8 +302,23 @@ pub(super) struct Saved {
     pub(super) pieces: Vec<Piece>,
 }
 
+/// A migration's pre-copy asked of a session ([`Msg::Precopy`], `precopy.rs`).
+pub(super) enum PrecopyAsk {
+    /// A round of at most `budget` bytes in at most `passes` passes; the answer is the
+    /// worker's chunk log (`None`: no worker, nothing on the GPU to pre-copy).
+    Round {
+        budget: u64,
+        passes: u32,
+        reply: Sender<Result<Option<crate::worker::PrecopiedByWorker>, String>>,
+    },
+    /// Forget what was sent (not answered).
+    Reset,
+}
+
 pub(super) enum Msg {
     Run(Box<Job>),
+    /// A migration's pre-copy, between the session's requests.
+    Precopy(PrecopyAsk),
     /// A new guest memory map (SET_MEM_TABLE), for the worker process.
     Memory(Arc<GuestRam>),
     /// The VM, or the guest driver instance the session belonged to, is gone: close the
@@ -335,6 +350,7 @@ impl Msg {
             | Msg::Checkpoint { .. }
             | Msg::Process(_)
             | Msg::SaveState(..)
+            | Msg::Precopy(_)
             | Msg::Trace(_) => false,
             Msg::Shutdown(_) => true,
         }

@@ -26,9 +26,10 @@ use super::{
     handover::Piece,
     limits::{MAX_IN_FLIGHT, MAX_SESSIONS},
     migration::{SavedGpu, SessionState},
+    precopy::{SessionRound, Stores},
     process_checkpoint::{is_transition, ProcessState},
     shared::{
-        end_sessions, Adopting, ChainCompleter, Counters, InFlight, Job, Msg, SaveMode,
+        end_sessions, Adopting, ChainCompleter, Counters, InFlight, Job, Msg, PrecopyAsk, SaveMode,
         SessionHandle, Shared, Transition,
     },
     thread::{Restore, SessionThread},
@@ -446,6 +447,75 @@ impl SessionTable {
         self.save_as(SaveMode::Export, timeout)
     }
 
+    /// One round of a migration's pre-copy: every session with a worker writes a chunk log of
+    /// at most `budget` bytes (but one chunk at least) of the device memory changed since it
+    /// last sent it, in at most `passes` passes over its memory. The sessions' logs, in
+    /// session order (sessions without a worker send none), with the bytes each still has to
+    /// pre-copy; an error if one could not (the migration then fails, the VM runs on).
+    pub fn precopy_round(
+        &self,
+        budget: u64,
+        passes: u32,
+        timeout: Duration,
+    ) -> Result<Vec<SessionRound>, String> {
+        let mut asked = Vec::new();
+        {
+            let threads = self.shared.threads();
+            let each = (budget / threads.len().max(1) as u64).max(super::precopy::CHUNK);
+            for (&id, t) in threads.iter() {
+                let (reply, answer) = mpsc::channel();
+                let ask = PrecopyAsk::Round {
+                    budget: each,
+                    passes,
+                    reply,
+                };
+                if t.send(Msg::Precopy(ask)).is_ok() {
+                    asked.push((id, answer));
+                }
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        let mut rounds = Vec::with_capacity(asked.len());
+        for (id, answer) in asked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match answer.recv_timeout(left) {
+                Ok(Ok(Some(r))) => rounds.push(SessionRound {
+                    id,
+                    log: r.log,
+                    chunks: r.chunks,
+                    pending: r.pending,
+                }),
+                Ok(Ok(None)) => {}
+                Ok(Err(why)) => return Err(format!("session {id}: {why}")),
+                // A session that ended meanwhile has nothing more to send.
+                Err(mpsc::RecvTimeoutError::Disconnected) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!(
+                        "session {id}: no pre-copy round within {timeout:?}"
+                    ))
+                }
+            }
+        }
+        rounds.sort_by_key(|r| r.id);
+        Ok(rounds)
+    }
+
+    /// Every session's worker forgets what its pre-copy sent: a migration that ended without
+    /// a stop (failed or cancelled), or a new one.
+    pub fn precopy_reset(&self) {
+        for t in self.shared.threads().values() {
+            let _ = t.send(Msg::Precopy(PrecopyAsk::Reset));
+        }
+    }
+
+    /// Bytes of memory of every GPU the VM's guest devices are.
+    pub fn gpu_memory(&self) -> u64 {
+        let host = &self.shared.host;
+        (0..host.gpu_count())
+            .filter_map(|i| host.gpu_info(i).map(|g| g.total_mem))
+            .sum()
+    }
+
     /// The UUID of each guest device's GPU, in guest-device order (none without a driver): what
     /// a handover's offer names, and what a destination compares with it.
     pub fn gpu_uuids(&self) -> Vec<[u8; 16]> {
@@ -521,6 +591,28 @@ impl SessionTable {
         pieces: Vec<Piece>,
         timeout: Duration,
     ) -> Result<(), String> {
+        self.restore_all(states, pieces, None, timeout)
+    }
+
+    /// [`restore_states`](Self::restore_states) after a pre-copy: each session's worker is
+    /// given its store of pre-copied chunks from `stores`, from which its state's references
+    /// are filled (a session without a store gets none, and refuses a state with references).
+    pub fn restore_precopied(
+        &self,
+        states: Vec<SessionState>,
+        stores: &mut Stores,
+        timeout: Duration,
+    ) -> Result<(), String> {
+        self.restore_all(states, Vec::new(), Some(stores), timeout)
+    }
+
+    fn restore_all(
+        &self,
+        states: Vec<SessionState>,
+        pieces: Vec<Piece>,
+        mut stores: Option<&mut Stores>,
+        timeout: Duration,
+    ) -> Result<(), String> {
         let wanted: u64 = states
             .iter()
             .map(|s| match s.gpu {
@@ -556,9 +648,17 @@ impl SessionTable {
                     }
                     _ => Vec::new(),
                 };
+                let store = match stores.as_mut().map(|st| st.take(s.id)).transpose() {
+                    Ok(store) => store.flatten(),
+                    Err(e) => {
+                        failed = Some(format!("session {}: its pre-copied chunks: {e}", s.id));
+                        break;
+                    }
+                };
                 let restore = Restore {
                     gpu: s.gpu,
                     pieces: mine,
+                    store,
                     reply,
                 };
                 match self.start_thread(&mut threads, s.id, s.pid, None, Some(restore)) {

@@ -27,7 +27,7 @@ use super::{
     latency::{ns, LatencyStats},
     migration::SavedGpu,
     process_checkpoint::{self, ProcessState},
-    shared::{Adopting, Msg, SaveMode, Saved, Shared},
+    shared::{Adopting, Msg, PrecopyAsk, SaveMode, Saved, Shared},
     usage,
 };
 use crate::{
@@ -35,7 +35,7 @@ use crate::{
     host_function_link::{self, HostFnLink},
     spin_wait, transport_ops,
     worker::message::{IpcCall, ToWorker},
-    worker::{Waited, WorkerError, WorkerProcess, CLOSE_WAIT},
+    worker::{PrecopiedByWorker, StateFile, Waited, WorkerError, WorkerProcess, CLOSE_WAIT},
 };
 
 /// Sessions open in this process, over all VMs.
@@ -87,6 +87,8 @@ pub(super) struct Restore {
     pub(super) gpu: SavedGpu,
     /// The pieces of a handed-over state's runs (none otherwise).
     pub(super) pieces: Vec<Piece>,
+    /// The session's pre-copied chunks, if a pre-copy sent any (`precopy.rs`).
+    pub(super) store: Option<StateFile>,
     pub(super) reply: std::sync::mpsc::Sender<Result<(), String>>,
 }
 
@@ -121,7 +123,11 @@ fn answer_unrun(msg: Msg, resp: &ResponseHeader) {
             }
         }
         Msg::Trace(job) => job.finish(&ResponseHeader::with_status(status::INITIALIZATION_ERROR)),
-        Msg::Memory(_) | Msg::Shutdown(_) | Msg::Checkpoint { .. } | Msg::SaveState(..) => {}
+        Msg::Memory(_)
+        | Msg::Shutdown(_)
+        | Msg::Checkpoint { .. }
+        | Msg::SaveState(..)
+        | Msg::Precopy(_) => {}
     }
 }
 
@@ -153,10 +159,11 @@ impl SessionThread {
         if let Some(Restore {
             gpu: saved,
             pieces,
+            store,
             reply,
         }) = self.restore.take()
         {
-            let restored = self.restore(&mut gpu, saved, &pieces);
+            let restored = self.restore(&mut gpu, saved, &pieces, store.as_ref());
             // The worker mapped what it imported: the daemon's descriptors go.
             drop(pieces);
             let ok = restored.is_ok();
@@ -205,6 +212,24 @@ impl SessionThread {
                         self.save(&mut gpu, mode)
                     };
                     let _ = reply.send(saved);
+                    continue;
+                }
+                Msg::Precopy(ask) => {
+                    match ask {
+                        PrecopyAsk::Round {
+                            budget,
+                            passes,
+                            reply,
+                        } => {
+                            let round = if paused {
+                                Err("paused by the operator".to_string())
+                            } else {
+                                self.precopy_round(&mut gpu, budget, passes)
+                            };
+                            let _ = reply.send(round);
+                        }
+                        PrecopyAsk::Reset => self.precopy_reset(&mut gpu),
+                    }
                     continue;
                 }
                 Msg::Checkpoint { pause, reply } => {
@@ -840,8 +865,62 @@ impl SessionThread {
         }
     }
 
+    /// A round of a migration's pre-copy: the worker's chunk log of what changed since it last
+    /// sent (`None` without a worker: nothing on the GPU).
+    fn precopy_round(
+        &self,
+        gpu: &mut Gpu,
+        budget: u64,
+        passes: u32,
+    ) -> Result<Option<PrecopiedByWorker>, String> {
+        let process = match gpu {
+            Gpu::Idle | Gpu::Failed => return Ok(None),
+            Gpu::Running { sticky: true, .. } => {
+                return Err("its worker holds a sticky CUDA error".into())
+            }
+            Gpu::Running { process, .. } => process,
+        };
+        match process.precopy_round(budget, passes) {
+            Ok(Ok(round)) => Ok(Some(round)),
+            Ok(Err(resp)) => Err(format!(
+                "its device memory cannot be pre-copied (CUDA error {})",
+                resp.status
+            )),
+            Err(e) => {
+                let why = e.to_string();
+                self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+                Err(why)
+            }
+        }
+    }
+
+    /// The worker forgets what its pre-copy sent (a failed migration, or a new one).
+    fn precopy_reset(&self, gpu: &mut Gpu) {
+        let Gpu::Running { process, .. } = gpu else {
+            return;
+        };
+        match process.precopy_reset() {
+            Ok(resp) if resp.status == status::SUCCESS => {}
+            Ok(resp) => warn!(
+                vm = %self.shared.label,
+                session = self.id,
+                status = resp.status,
+                "the worker did not forget its pre-copy"
+            ),
+            Err(e) => {
+                self.worker_failed(gpu, Op::DeviceSynchronize, &e);
+            }
+        }
+    }
+
     /// A migration's destination: makes the session's GPU side again from `saved`.
-    fn restore(&self, gpu: &mut Gpu, saved: SavedGpu, pieces: &[Piece]) -> Result<(), String> {
+    fn restore(
+        &self,
+        gpu: &mut Gpu,
+        saved: SavedGpu,
+        pieces: &[Piece],
+        store: Option<&StateFile>,
+    ) -> Result<(), String> {
         let (bytes, handed_over) = match saved {
             SavedGpu::None => return Ok(()),
             SavedGpu::Failed => {
@@ -862,7 +941,7 @@ impl SessionThread {
                 pieces.iter().map(|p| (p.meta, p.fd.as_raw_fd())).collect();
             process.restore_handed_over(&bytes, &runs)
         } else {
-            process.restore_state(&bytes)
+            process.restore_state(&bytes, store)
         };
         match restored {
             Ok(resp) if resp.status == status::SUCCESS => {

@@ -254,9 +254,27 @@ pub enum Work<'a> {
     /// Save the whole state into this file from offset 0 ([`ToWorker::SaveState`]); the
     /// answer's rets[0] is the bytes written.
     SaveState(&'a std::fs::File),
-    /// Replace the (fresh) state with the saved state this file holds from offset 0
-    /// ([`ToWorker::RestoreState`]); the answer's rets[0] is the bytes read.
-    RestoreState(&'a std::fs::File),
+    /// Replace the (fresh) state with the saved state `file` holds from offset 0
+    /// ([`ToWorker::RestoreState`]), taking the chunks it refers to from `store`, the
+    /// session's pre-copied chunks ([`ToWorker::RestorePrecopied`]); the answer's rets[0] is
+    /// the bytes read.
+    RestoreState {
+        /// The saved state.
+        file: &'a std::fs::File,
+        /// The session's store of pre-copied chunks, if it has one.
+        store: Option<&'a std::fs::File>,
+    },
+    /// One pre-copy round into `file` ([`ToWorker::PrecopyRound`]).
+    PrecopyRound {
+        /// Where the chunk log goes, from offset 0.
+        file: &'a std::fs::File,
+        /// Bytes of chunk contents at most.
+        budget: u64,
+        /// Passes at most.
+        max_passes: u32,
+    },
+    /// Forget what the pre-copy sent ([`ToWorker::PrecopyReset`]).
+    PrecopyReset,
     /// Save the state without the allocations' contents into this file
     /// ([`ToWorker::SaveRecord`]); answered as `SaveState` is.
     SaveRecord(&'a std::fs::File),
@@ -366,16 +384,73 @@ fn saved_answer(figures: &crate::cuda::SaveFigures) -> ResponseHeader {
 /// decoder (`saved_state.rs`) and every object is checked as it is made again. The file is
 /// mapped, not read: the state's gigabytes of device memory are copied once, from the
 /// mapping to the device.
-fn restore_state_from(session: &mut GpuState, file: &std::fs::File) -> ResponseHeader {
-    let mapped = match super::state_file::SealedMap::new(file) {
+///
+/// After a pre-copy, `store` is the session's store of pre-copied chunks (a chunk log the
+/// destination's daemon kept, sealed and mapped the same way), from which the chunks the state
+/// refers to come.
+fn restore_state_from(
+    session: &mut GpuState,
+    file: &std::fs::File,
+    store: Option<&std::fs::File>,
+) -> ResponseHeader {
+    let map = |f: &std::fs::File, what: &str| {
+        super::state_file::SealedMap::new(f).map_err(|e| {
+            error!("cannot map the {what} to restore: {e}");
+            ResponseHeader::with_status(status::MEMORY_ALLOCATION)
+        })
+    };
+    let mapped = match map(file, "state") {
         Ok(m) => m,
+        Err(resp) => return resp,
+    };
+    let store = match store.map(|f| map(f, "pre-copied chunks")).transpose() {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    let bytes = mapped.bytes();
+    checkpoint_answer(
+        session
+            .restore_saved_with(bytes, store.as_ref().map(|s| s.bytes()))
+            .map(|()| bytes.len() as u64),
+    )
+}
+
+/// One round of a migration's pre-copy: a chunk log into `file` from offset 0
+/// (`GpuState::precopy_round`); the answer's rets[0] is the bytes written, rets[2] the chunks,
+/// rets[3] the bytes still to pre-copy (rets[1], the nanoseconds, is the loop's).
+fn precopy_round_into(
+    session: &mut GpuState,
+    file: &std::fs::File,
+    budget: u64,
+    max_passes: u32,
+) -> ResponseHeader {
+    let mut out = io::BufWriter::with_capacity(1 << 20, file);
+    let round = match session.precopy_round(budget, max_passes, &mut out) {
+        Ok(r) => r,
+        Err(e) => return checkpoint_answer(Err(e)),
+    };
+    let written = match out.into_inner() {
+        Ok(f) => f.metadata().map(|m| m.len()),
+        Err(e) => Err(e.into_error()),
+    };
+    let written = match written {
+        Ok(n) => n,
         Err(e) => {
-            error!("cannot map the state to restore: {e}");
+            error!("cannot write the pre-copy round: {e}");
             return ResponseHeader::with_status(status::MEMORY_ALLOCATION);
         }
     };
-    let bytes = mapped.bytes();
-    checkpoint_answer(session.restore_saved(bytes).map(|()| bytes.len() as u64))
+    debug!(
+        chunks = round.chunks,
+        bytes = round.bytes,
+        pending = round.pending,
+        pass = round.pass,
+        "pre-copy round written"
+    );
+    let mut r = checkpoint_answer(Ok(written));
+    r.rets[2] = round.chunks;
+    r.rets[3] = round.pending;
+    r
 }
 
 /// Saves the state without the allocations' contents into `file` (from offset 0): a
@@ -648,14 +723,32 @@ pub fn serve(
             | ToWorker::SaveState
             | ToWorker::RestoreState
             | ToWorker::SaveRecord
-            | ToWorker::RestoreHandedOver => {
+            | ToWorker::RestoreHandedOver
+            | ToWorker::PrecopyRound { .. }
+            | ToWorker::PrecopyReset
+            | ToWorker::RestorePrecopied => {
                 let started = Instant::now();
                 let file = files.first();
                 let mut resp = match (&msg, file) {
                     (ToWorker::Pause, _) => execute(Work::Pause),
                     (ToWorker::Resume, _) => execute(Work::Resume),
+                    (ToWorker::PrecopyReset, _) => execute(Work::PrecopyReset),
                     (ToWorker::SaveState, Some(f)) => execute(Work::SaveState(f)),
-                    (ToWorker::RestoreState, Some(f)) => execute(Work::RestoreState(f)),
+                    (ToWorker::RestoreState, Some(f)) => execute(Work::RestoreState {
+                        file: f,
+                        store: None,
+                    }),
+                    (ToWorker::RestorePrecopied, Some(f)) => execute(Work::RestoreState {
+                        file: f,
+                        store: files.get(1),
+                    }),
+                    (&ToWorker::PrecopyRound { budget, max_passes }, Some(f)) => {
+                        execute(Work::PrecopyRound {
+                            file: f,
+                            budget,
+                            max_passes,
+                        })
+                    }
                     (ToWorker::SaveRecord, Some(f)) => execute(Work::SaveRecord(f)),
                     (ToWorker::RestoreHandedOver, Some(f)) => {
                         let runs = std::mem::take(&mut imported);
@@ -1019,7 +1112,18 @@ pub fn run(config: &WorkerConfig) -> i32 {
                     return ipc_answer(&mut session, &call, fd, exported)
                 }
                 Work::SaveState(file) => return save_state_into(&mut session, file),
-                Work::RestoreState(file) => return restore_state_from(&mut session, file),
+                Work::RestoreState { file, store } => {
+                    return restore_state_from(&mut session, file, store)
+                }
+                Work::PrecopyRound {
+                    file,
+                    budget,
+                    max_passes,
+                } => return precopy_round_into(&mut session, file, budget, max_passes),
+                Work::PrecopyReset => {
+                    session.precopy_reset();
+                    return ResponseHeader::with_status(status::SUCCESS);
+                }
                 Work::SaveRecord(file) => {
                     return save_without_contents_into(&mut session, file, None)
                 }
@@ -1377,7 +1481,10 @@ mod tests {
                             r.rets[0] = 5;
                             return r;
                         }
-                        Work::RestoreState(_) => return ResponseHeader::with_status(79),
+                        Work::RestoreState { .. } => return ResponseHeader::with_status(79),
+                        Work::PrecopyRound { .. } | Work::PrecopyReset => {
+                            return ResponseHeader::with_status(82)
+                        }
                         Work::SaveRecord(_) => return ResponseHeader::with_status(81),
                         // A test double of a handover's export: memfds stand for the device
                         // memory of 300 runs (more than one frame carries).

@@ -376,6 +376,17 @@ pub struct SavedByWorker {
     pub encode_us: u64,
 }
 
+/// What a worker wrote for one pre-copy round ([`WorkerProcess::precopy_round`]).
+#[derive(Debug)]
+pub struct PrecopiedByWorker {
+    /// The chunk log (`session/precopy.rs` frames it in the round).
+    pub log: StateFile,
+    /// Chunks in it.
+    pub chunks: u64,
+    /// Bytes still to pre-copy after it.
+    pub pending: u64,
+}
+
 /// What [`WorkerProcess::wait`] saw first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waited {
@@ -1074,6 +1085,50 @@ impl WorkerProcess {
         }))
     }
 
+    /// One round of a migration's pre-copy ([`ToWorker::PrecopyRound`]): the worker writes a
+    /// chunk log of at most `budget` bytes of changed device memory. `Ok(Ok(round))`: the log
+    /// and its figures; `Ok(Err(answer))`: the worker's refusal (its state cannot be
+    /// pre-copied). The worker goes on running.
+    pub fn precopy_round(
+        &mut self,
+        budget: u64,
+        max_passes: u32,
+    ) -> Result<Result<PrecopiedByWorker, ResponseHeader>, WorkerError> {
+        let file = StateFile::create(c"qcuda-precopy-round").map_err(WorkerError::StateFile)?;
+        self.send_message(
+            &ToWorker::PrecopyRound { budget, max_passes },
+            &[file.file().as_raw_fd()],
+        )?;
+        let resp = loop {
+            if let Waited::Done(resp) = self.wait(None)? {
+                break resp;
+            }
+        };
+        if resp.status != qcuda_proto::status::SUCCESS {
+            return Ok(Err(resp));
+        }
+        let log = StateFile::filled(
+            file.file().try_clone().map_err(WorkerError::StateFile)?,
+            resp.rets[0],
+        )
+        .map_err(WorkerError::StateFile)?;
+        Ok(Ok(PrecopiedByWorker {
+            log,
+            chunks: resp.rets[2],
+            pending: resp.rets[3],
+        }))
+    }
+
+    /// The worker forgets what its pre-copy sent ([`ToWorker::PrecopyReset`]).
+    pub fn precopy_reset(&mut self) -> Result<ResponseHeader, WorkerError> {
+        self.send_message(&ToWorker::PrecopyReset, &[])?;
+        loop {
+            if let Waited::Done(resp) = self.wait(None)? {
+                return Ok(resp);
+            }
+        }
+    }
+
     /// A same-host handover's source (`session/handover.rs`): the worker exports the memory
     /// under every mapped run of its ranges and saves its state without their contents
     /// ([`ToWorker::ExportRuns`]). `Ok(Ok((saved, runs)))`: the state, and each run (guest
@@ -1153,23 +1208,28 @@ impl WorkerProcess {
     /// which must not have run a request yet. The answer's status says whether it was taken
     /// (as for [`checkpoint`](Self::checkpoint)); on a refusal the worker's state is left
     /// fresh or broken and the caller ends it.
-    pub fn restore_state(&mut self, state: &StateFile) -> Result<ResponseHeader, WorkerError> {
-        // The worker reads the file to its end: a file longer than the state (none the
-        // daemon makes) is cut first.
-        if state
-            .file()
-            .metadata()
-            .map_err(WorkerError::StateFile)?
-            .len()
-            != state.len()
-        {
-            state
-                .file()
-                .set_len(state.len())
-                .map_err(WorkerError::StateFile)?;
+    /// After a pre-copy, `store` is the session's store of pre-copied chunks, which travels
+    /// with the state (sealed the same way).
+    pub fn restore_state(
+        &mut self,
+        state: &StateFile,
+        store: Option<&StateFile>,
+    ) -> Result<ResponseHeader, WorkerError> {
+        for f in std::iter::once(state).chain(store) {
+            // The worker reads the file to its end: a file longer than the state (none the
+            // daemon makes) is cut first.
+            if f.file().metadata().map_err(WorkerError::StateFile)?.len() != f.len() {
+                f.file().set_len(f.len()).map_err(WorkerError::StateFile)?;
+            }
+            f.seal().map_err(WorkerError::StateFile)?;
         }
-        state.seal().map_err(WorkerError::StateFile)?;
-        self.send_message(&ToWorker::RestoreState, &[state.file().as_raw_fd()])?;
+        match store {
+            None => self.send_message(&ToWorker::RestoreState, &[state.file().as_raw_fd()])?,
+            Some(store) => self.send_message(
+                &ToWorker::RestorePrecopied,
+                &[state.file().as_raw_fd(), store.file().as_raw_fd()],
+            )?,
+        }
         loop {
             if let Waited::Done(resp) = self.wait(None)? {
                 return Ok(resp);

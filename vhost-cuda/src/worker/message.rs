@@ -73,6 +73,9 @@ const TAG_IMPORT_RUNS: u8 = 18;
 const TAG_RESTORE_HANDED_OVER: u8 = 19;
 const TAG_RUNS: u8 = 20;
 const TAG_BIND: u8 = 21;
+const TAG_PRECOPY_ROUND: u8 = 22;
+const TAG_PRECOPY_RESET: u8 = 23;
+const TAG_RESTORE_PRECOPIED: u8 = 24;
 /// Only in builds with the `test-hooks` feature: elsewhere the tag is unknown, and a worker
 /// that receives it exits as for any undecodable frame.
 #[cfg(feature = "test-hooks")]
@@ -175,6 +178,25 @@ pub enum ToWorker {
     /// state, every run mapped from the runs given before (`GpuState::restore_handed_over`),
     /// which it then forgets. Answered as `RestoreState` is.
     RestoreHandedOver,
+    /// One round of a migration's pre-copy (`GpuState::precopy_round`, the VM still running):
+    /// the worker writes into the file that travels with it, from offset 0, a chunk log of at
+    /// most `budget` bytes of the device memory changed since it last sent it, in at most
+    /// `max_passes` passes over its memory. Answered [`FromWorker::Done`] with the status,
+    /// rets[0] the bytes written, rets[1] the nanoseconds it took, rets[2] the chunks, rets[3]
+    /// the bytes still to pre-copy after this round (0: none, or the passes are over).
+    PrecopyRound {
+        /// Bytes of chunk contents at most.
+        budget: u64,
+        /// Passes over the memory at most.
+        max_passes: u32,
+    },
+    /// Forget what the pre-copy sent (a migration failed or was cancelled, or a new one
+    /// begins). Answered `Done`.
+    PrecopyReset,
+    /// [`ToWorker::RestoreState`] after a pre-copy: two files travel with it, the saved state
+    /// and the session's store of pre-copied chunks (a chunk log), from which the restore takes
+    /// every chunk the state refers to. Answered as `RestoreState` is.
+    RestorePrecopied,
     /// A spare worker (`--spare`, started before any guest process needed it) is given the
     /// session it serves from now on, and its slot of the VM's accounting file (the file
     /// travels with the message when `slot` is set). The first message a spare takes, and
@@ -354,7 +376,10 @@ impl ToWorker {
             | Self::RestoreState
             | Self::SaveRecord
             | Self::ExportRuns
-            | Self::RestoreHandedOver => 1,
+            | Self::RestoreHandedOver
+            | Self::PrecopyRound { .. } => 1,
+            Self::RestorePrecopied => 2,
+            Self::PrecopyReset => 0,
             Self::ImportRuns(runs) => runs.len(),
             Self::Bind { slot, .. } => usize::from(slot.is_some()),
             Self::Posted | Self::Pause | Self::Resume | Self::Adopt | Self::End => 0,
@@ -426,6 +451,13 @@ impl ToWorker {
                 put_runs(&mut out, runs)?;
             }
             Self::RestoreHandedOver => out.push(TAG_RESTORE_HANDED_OVER),
+            Self::PrecopyRound { budget, max_passes } => {
+                out.push(TAG_PRECOPY_ROUND);
+                out.extend_from_slice(&budget.to_le_bytes());
+                out.extend_from_slice(&max_passes.to_le_bytes());
+            }
+            Self::PrecopyReset => out.push(TAG_PRECOPY_RESET),
+            Self::RestorePrecopied => out.push(TAG_RESTORE_PRECOPIED),
             Self::Bind { session, slot } => {
                 out.push(TAG_BIND);
                 out.extend_from_slice(&session.to_le_bytes());
@@ -513,6 +545,12 @@ impl ToWorker {
             TAG_EXPORT_RUNS => Self::ExportRuns,
             TAG_IMPORT_RUNS => Self::ImportRuns(get_runs(&mut r)?),
             TAG_RESTORE_HANDED_OVER => Self::RestoreHandedOver,
+            TAG_PRECOPY_ROUND => Self::PrecopyRound {
+                budget: r.u64()?,
+                max_passes: r.u32()?,
+            },
+            TAG_PRECOPY_RESET => Self::PrecopyReset,
+            TAG_RESTORE_PRECOPIED => Self::RestorePrecopied,
             TAG_BIND => {
                 let session = r.u64()?;
                 let has_slot = match r.u8()? {
@@ -915,9 +953,17 @@ mod tests {
             ToWorker::End,
             ToWorker::SaveState,
             ToWorker::RestoreState,
+            ToWorker::PrecopyRound {
+                budget: 64 << 20,
+                max_passes: 2,
+            },
+            ToWorker::PrecopyReset,
+            ToWorker::RestorePrecopied,
         ] {
             assert_eq!(ToWorker::decode(&msg.encode().unwrap()).unwrap(), msg);
         }
+        assert_eq!(ToWorker::RestorePrecopied.fd_count(), 2);
+        assert_eq!(ToWorker::PrecopyReset.fd_count(), 0);
         // A spare's binding carries the quota file exactly when it names a slot.
         for slot in [None, Some(0), Some(u32::MAX)] {
             let msg = ToWorker::Bind {

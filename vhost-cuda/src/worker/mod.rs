@@ -20,7 +20,7 @@ pub use child::{
     build_request, checkpoint_answer, run, serve, RunError, Work, WorkerConfig, CHANNEL_FD,
 };
 pub use handle::{
-    KeepWorkers, SavedByWorker, Waited, WorkerCommand, WorkerError, WorkerProcess, ADOPT_WAIT,
-    CLOSE_WAIT,
+    KeepWorkers, PrecopiedByWorker, SavedByWorker, Waited, WorkerCommand, WorkerError,
+    WorkerProcess, ADOPT_WAIT, CLOSE_WAIT,
 };
 pub use state_file::{widen_pipe, SealedMap, StateFile};

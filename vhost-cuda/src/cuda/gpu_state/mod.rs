@@ -72,6 +72,7 @@ mod managed;
 mod memory;
 mod modules;
 mod pools;
+mod precopy_stub;
 mod saved_host_memory;
 mod streams;
 mod tables;
