@@ -50,13 +50,17 @@
 #   scripts/test-migration.sh [--program transport|checkpoint|torch] [--window S] [--iterations N]
 #       [--working-set-mib M] [--rewrite 0|1] [--journal 0|1] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
 #       [--steps N] [--python PATH] [--mem SIZE] [--spare-workers N] [--downtime-limit-ms MS]
-#       [--max-bandwidth B] [--log-dir DIR]
+#       [--max-bandwidth B] [--device-precopy on|off] [--log-dir DIR]
 #
 # --spare-workers: both daemons keep N workers started ahead (default 1, as docs/operators.md
 #   advises for a migration's destination: the restore takes one, its context made already).
 # --downtime-limit-ms, --max-bandwidth: QEMU's migration parameters of the same names, set on
 #   the source before `migrate` (default 50 ms and 8G: a local link; QEMU's own are 300 ms and
 #   128 MiB/s, with which its last pass of guest RAM alone may take most of 300 ms).
+# --device-precopy: the qcuda device's property of that name on every QEMU, source and
+#   destinations alike (default on, as QEMU's): on, the back-end's device memory is copied in
+#   rounds while the VM runs (QEMU's section vhost-user-cuda-precopy, docs/qemu.md); off, all
+#   of it goes in the stop phase, as before the property existed.
 #
 # --window: how long the transport program's guest waits to arrive at the destination.
 # --steps, --python: the torch program's training steps (default 50) and the host's Python with
@@ -66,7 +70,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
 program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 journal=1 target_gpu="" mem="" log_dir="" spare_workers=1 downtime_limit_ms=50 max_bandwidth=8G
-steps=50 python=${PYTHON:-$(command -v python3 || true)}
+device_precopy=on steps=50 python=${PYTHON:-$(command -v python3 || true)}
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -86,11 +90,13 @@ while (($#)); do
     --spare-workers) spare_workers=$2; shift 2 ;;
     --downtime-limit-ms) downtime_limit_ms=$2; shift 2 ;;
     --max-bandwidth) max_bandwidth=$2; shift 2 ;;
+    --device-precopy) device_precopy=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "test-migration.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 [[ $program == transport || $program == checkpoint || $program == torch ]] || { echo "test-migration.sh: --program transport|checkpoint|torch" >&2; exit 2; }
+[[ $device_precopy == on || $device_precopy == off ]] || { echo "test-migration.sh: --device-precopy on|off" >&2; exit 2; }
 # shellcheck source=scripts/gpu-host.sh
 . "$here/gpu-host.sh"
 if [[ $program == torch ]]; then
@@ -179,6 +185,9 @@ else
         --share /:/host:ro --chroot /host --add "$train_check:/opt/qcuda/train_check.py"
         --virtiofsd-arg --migration-mode=find-paths)
 fi
+# On the bare virtio device, which vhost-user-cuda-pci holds: -global sets it wherever run-vm.sh
+# puts the device. Both ends must agree, or the destination meets a section it does not know.
+vm_opts+=(--qemu-arg -global --qemu-arg "vhost-user-cuda.device-precopy=$device_precopy")
 
 start_vm() { # name, socket, extra run-vm args...: starts run-vm.sh in the background, its pid in $started
     local name=$1 sock=$2
