@@ -50,7 +50,8 @@
 #   scripts/test-migration.sh [--program transport|checkpoint|torch] [--window S] [--iterations N]
 #       [--working-set-mib M] [--rewrite 0|1] [--journal 0|1] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
 #       [--steps N] [--python PATH] [--mem SIZE] [--spare-workers N] [--downtime-limit-ms MS]
-#       [--max-bandwidth B] [--device-precopy on|off] [--log-dir DIR]
+#       [--max-bandwidth B] [--device-precopy on|off] [--path auto|copy] [--precopy-passes N]
+#       [--log-dir DIR]
 #
 # --spare-workers: both daemons keep N workers started ahead (default 1, as docs/operators.md
 #   advises for a migration's destination: the restore takes one, its context made already).
@@ -61,6 +62,14 @@
 #   destinations alike (default on, as QEMU's): on, the back-end's device memory is copied in
 #   rounds while the VM runs (QEMU's section vhost-user-cuda-precopy, docs/qemu.md); off, all
 #   of it goes in the stop phase, as before the property existed.
+# --path copy: the source's daemon offers no same-host handover (--handover-wait-ms 0), so the
+#   device memory travels as data, as it does to another host; auto (default): the handover
+#   where the destination can claim it. --precopy-passes: the source daemon's passes over device
+#   memory while the VM runs (its --precopy-passes; default its own, 2; 0: no pre-copy). With the
+#   checkpoint program and a pre-copy, the script prints the rounds, the bytes pre-copied and
+#   the stop's bytes of device memory, and fails if the pre-copy ran faster than
+#   --max-bandwidth allows (QEMU's rate limit paces the rounds) or, with a working set that does
+#   not change (--rewrite 0) on the copy path, if the stop still carried most of it.
 #
 # --window: how long the transport program's guest waits to arrive at the destination.
 # --steps, --python: the torch program's training steps (default 50) and the host's Python with
@@ -70,7 +79,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
 DAEMON=${QCUDA_DAEMON:-$DAEMON}
 program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 journal=1 target_gpu="" mem="" log_dir="" spare_workers=1 downtime_limit_ms=50 max_bandwidth=8G
-device_precopy=on steps=50 python=${PYTHON:-$(command -v python3 || true)}
+device_precopy=on path=auto precopy_passes="" steps=50 python=${PYTHON:-$(command -v python3 || true)}
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -91,12 +100,15 @@ while (($#)); do
     --downtime-limit-ms) downtime_limit_ms=$2; shift 2 ;;
     --max-bandwidth) max_bandwidth=$2; shift 2 ;;
     --device-precopy) device_precopy=$2; shift 2 ;;
+    --path) path=$2; shift 2 ;;
+    --precopy-passes) precopy_passes=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "test-migration.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 [[ $program == transport || $program == checkpoint || $program == torch ]] || { echo "test-migration.sh: --program transport|checkpoint|torch" >&2; exit 2; }
 [[ $device_precopy == on || $device_precopy == off ]] || { echo "test-migration.sh: --device-precopy on|off" >&2; exit 2; }
+[[ $path == auto || $path == copy ]] || { echo "test-migration.sh: --path auto|copy" >&2; exit 2; }
 # shellcheck source=scripts/gpu-host.sh
 . "$here/gpu-host.sh"
 if [[ $program == torch ]]; then
@@ -252,7 +264,10 @@ listen_incoming() { # name, socket, pid
 }
 src_running() { [[ $(hmp "$log_dir/monitor-src.sock" "info status") == *running* ]]; }
 
-start_daemon src
+src_args=()
+[[ $path == copy ]] && src_args+=(--handover-wait-ms 0)
+[[ -z $precopy_passes ]] || src_args+=(--precopy-passes "$precopy_passes")
+start_daemon src "${src_args[@]}"
 dst_args=()
 [[ -z $target_gpu ]] || dst_args=(--gpu "$target_gpu")
 start_vm src "$log_dir/src.sock"
@@ -349,11 +364,48 @@ sed -n 's/.*\(migration: sessions \(saved\|quiesced\) at the last stop.*\)/  sou
 # ("migration: state sent ... path=handover" when a destination on this host claimed the device
 # memory, "path=copy" when it went as data); a daemon of before the handover logs no path and
 # always copies. The downtime above is QEMU's own (`info migrate`), whatever the path.
-path=$(sed -n 's/.*migration: state sent.*path="\{0,1\}\([a-z]*\).*/\1/p' "$log_dir/daemon-src.log" | tail -n 1)
-if [[ $path == handover ]] || grep -q 'phase=.\?handover' "$log_dir/daemon-src.log" 2>/dev/null; then
-    say "migration path: handover"
+taken=$(sed -n 's/.*migration: state sent.*path="\{0,1\}\([a-z]*\).*/\1/p' "$log_dir/daemon-src.log" | tail -n 1)
+if [[ $taken == handover ]] || grep -q 'phase=.\?handover' "$log_dir/daemon-src.log" 2>/dev/null; then
+    taken=handover
 else
-    say "migration path: copy"
+    taken=copy
+fi
+say "migration path: $taken"
+if [[ $path == copy && $taken != copy ]]; then
+    say "FAILED: --path copy, yet the device memory was handed over"
+    rc=1
+fi
+# The pre-copy of device memory while the VM ran: the source's rounds (the last migration's:
+# those after the last "dirty logging on").
+precopy_lines() { # daemon log
+    awk '/dirty logging on/ { n = 0; delete l } /migration: pre-copy round/ { l[++n] = $0 } END { for (i = 1; i <= n; i++) print l[i] }' "$1"
+}
+rounds=$(precopy_lines "$log_dir/daemon-src.log" | grep -c . || true)
+precopied=$(precopy_lines "$log_dir/daemon-src.log" | sed -n 's/.* total_bytes=\([0-9]*\).*/\1/p' | tail -n 1)
+precopy_s=$(precopy_lines "$log_dir/daemon-src.log" | sed -n 's/.* secs=\([0-9.]*\).*/\1/p' | awk '{ s += $1 } END { printf "%.3f", s }')
+first=$(precopy_lines "$log_dir/daemon-src.log" | head -n 1 | cut -c1-26)
+last=$(precopy_lines "$log_dir/daemon-src.log" | tail -n 1 | cut -c1-26)
+# The copy path's whole states (mode Full), saved in the stop.
+stop_bytes=$(awk '/dirty logging on/ { s = 0 } /GPU state saved for migration.*mode=Full/ && match($0, / bytes=[0-9]+/) { s += substr($0, RSTART + 7, RLENGTH - 7) } END { print s + 0 }' "$log_dir/daemon-src.log")
+if ((rounds > 0)); then
+    span=$(python3 -c 'import sys, datetime as d; f = lambda t: d.datetime.fromisoformat(t.rstrip("Z")); print("%.3f" % (f(sys.argv[2]) - f(sys.argv[1])).total_seconds())' "$first" "$last" 2>/dev/null || echo 0)
+    say "pre-copy: $rounds round(s), $((${precopied:-0} >> 20)) MiB of device memory while the VM ran, over ${span} s (${precopy_s} s in the rounds themselves); the stop's saved states: $((stop_bytes >> 20)) MiB"
+    # QEMU's max-bandwidth paces the rounds: the bytes cannot have gone faster than it (a tenth
+    # of slack for the first round, which goes out before QEMU's first rate window closes).
+    if [[ $program == checkpoint ]] && ((${precopied:-0} > (256 << 20))); then
+        limit=$(numfmt --from=iec "${max_bandwidth}" 2>/dev/null || echo 0)
+        if ((limit > 0)) && python3 -c 'import sys; b, s, l = map(float, sys.argv[1:]); sys.exit(0 if b / max(s, 1e-3) > 1.1 * l else 1)' "$precopied" "$span" "$limit"; then
+            say "FAILED: the pre-copy moved $precopied bytes in $span s, faster than --max-bandwidth $max_bandwidth"
+            rc=1
+        fi
+    fi
+    if [[ $program == checkpoint && $taken == copy && $rewrite == 0 ]] && ((working_mib > 0 && stop_bytes > (working_mib << 19))); then
+        say "FAILED: the working set does not change, yet the stop carried $((stop_bytes >> 20)) MiB of its $working_mib MiB"
+        rc=1
+    fi
+elif [[ $device_precopy == on && ${precopy_passes:-2} != 0 && $program == checkpoint ]]; then
+    say "FAILED: no pre-copy round reached the source's daemon"
+    rc=1
 fi
 expect_fail=0
 [[ $program == checkpoint && $live_async != 0 ]] && expect_fail=1
@@ -382,7 +434,7 @@ else
     # The same phases as each daemon's stats socket reports them (vhost-cuda --stats).
     for side in src dst; do
         "$DAEMON" --stats --socket-path "$log_dir/$side.sock" 2>/dev/null |
-            grep -E 'last migration|^    (save|send|receive|restore) ' | sed "s/^ */  stats ($side): /"
+            grep -E 'last migration|^    (precopy|quiesce|handover|save|send|receive|restore) ' | sed "s/^ */  stats ($side): /"
     done
     # The source has handed over: it stays paused until told to quit.
     hmp "$log_dir/monitor-src.sock" quit >/dev/null 2>&1 || true
