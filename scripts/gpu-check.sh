@@ -64,6 +64,7 @@ migration|own|2|420|q|migration|./test-migration.sh --program checkpoint --worki
 migration-16g|own|2|600|-|migration|./test-migration.sh --program checkpoint --working-set-mib 16384 --log-dir "$L"
 migration-4g|own|2|480|-|migration|./test-migration.sh --program checkpoint --working-set-mib 4096 --log-dir "$L"
 migration-rewrite|own|2|480|-|migration|./test-migration.sh --program checkpoint --working-set-mib 1024 --rewrite 1 --log-dir "$L"
+migration-copy|own|2|480|-|migration|./test-migration.sh --program checkpoint --working-set-mib 4096 --path copy --max-bandwidth 4G --log-dir "$L"
 migration-refused|own|2|420|-|migration|./test-migration.sh --program checkpoint --live-async 1 --log-dir "$L"
 checkpoint|own|2|420|q|pause|./test-checkpoint.sh --log-dir "$L"
 restart|own|2|420|-|restart|./test-restart-gpu.sh --log-dir "$L"
