@@ -84,7 +84,10 @@ pub const fn mix1(mut z: u64) -> u64 {
 /// Changes that are not made to collide do so with a chance of about 2^-128.
 #[must_use]
 pub fn hash(bytes: &[u8]) -> [u64; 2] {
-    let mut h = [mix0(bytes.len() as u64 ^ L[0]), mix1(bytes.len() as u64 ^ L[1])];
+    let mut h = [
+        mix0(bytes.len() as u64 ^ L[0]),
+        mix1(bytes.len() as u64 ^ L[1]),
+    ];
     let mut words = bytes.chunks_exact(8);
     let mut keys = [0u64; 2];
     for w in words.by_ref() {
@@ -244,12 +247,13 @@ impl<'a> Iterator for Records<'a> {
             return Some(Err(LogError::Chunk(at)));
         }
         let hash = [u64_at(rest, 28), u64_at(rest, 36)];
-        // len <= CHUNK_MAX: no overflow.
-        let end = CHUNK_HEAD_LEN + key.len as usize;
-        let Some(data) = rest.get(CHUNK_HEAD_LEN..end) else {
+        let Some(data) = usize::try_from(key.len)
+            .ok()
+            .and_then(|len| rest.get(CHUNK_HEAD_LEN..CHUNK_HEAD_LEN.checked_add(len)?))
+        else {
             return Some(Err(LogError::Truncated(at)));
         };
-        self.at = at + end;
+        self.at = at + CHUNK_HEAD_LEN + data.len();
         Some(Ok((key, hash, data)))
     }
 }
@@ -435,7 +439,9 @@ mod tests {
 
     /// Byte j of test buffer n, as precopy_mixer_check.cu makes them.
     fn buffer(n: u64, len: u64) -> Vec<u8> {
-        (0..len).map(|j| ((j * 131 + n * 7 + 1) & 0xff) as u8).collect()
+        (0..len)
+            .map(|j| ((j * 131 + n * 7 + 1) & 0xff) as u8)
+            .collect()
     }
 
     const CHECK_INPUTS: [u64; 8] = [
@@ -586,11 +592,7 @@ cc6db9b9410dd961 ea322112152da5b5
         words.reverse();
         let mut h = [mix0(1000 ^ L[0]), mix1(1000 ^ L[1])];
         for (i, x) in words {
-            add_word(
-                &mut h,
-                x,
-                [i.wrapping_mul(K[0]), i.wrapping_mul(K[1])],
-            );
+            add_word(&mut h, x, [i.wrapping_mul(K[0]), i.wrapping_mul(K[1])]);
         }
         assert_eq!(h, hash(&b));
     }
@@ -614,7 +616,15 @@ cc6db9b9410dd961 ea322112152da5b5
             (1, CHUNK, vec![7; 100]),
             (0, 0, b"again".to_vec()),
         ] {
-            write_chunk(&mut log, dev, 0x6800_0000_0000, offset, &bytes, hash(&bytes)).unwrap();
+            write_chunk(
+                &mut log,
+                dev,
+                0x6800_0000_0000,
+                offset,
+                &bytes,
+                hash(&bytes),
+            )
+            .unwrap();
         }
         log
     }
@@ -648,7 +658,7 @@ cc6db9b9410dd961 ea322112152da5b5
         let mut out = Vec::new();
         write_chunk(&mut out, 0, 0, 0, &[], [0; 2]).unwrap_err();
         write_chunk(&mut out, 0, 0, 4096, &[1], [0; 2]).unwrap_err();
-        write_chunk(&mut out, 0, 0, 0, &vec![0; CHUNK as usize + 1], [0; 2]).unwrap_err();
+        write_chunk(&mut out, 0, 0, 0, &vec![0; (2 << 20) + 1], [0; 2]).unwrap_err();
         write_chunk(&mut out, 0, u64::MAX, 0, &[1], [0; 2]).unwrap_err();
         assert!(out.is_empty());
     }
