@@ -185,17 +185,19 @@ impl GpuState {
     /// Quiesces the state and saves it (see the module documentation). The state goes on
     /// running unchanged.
     pub(crate) fn capture(&mut self) -> Result<SavedState, CheckpointError> {
-        self.capture_with(false)
+        self.capture_with(false, true)
     }
 
     /// [`capture`](Self::capture) without the allocations' contents (a handover's state).
     pub(super) fn capture_without_contents(&mut self) -> Result<SavedState, CheckpointError> {
-        self.capture_with(true)
+        self.capture_with(true, false)
     }
 
     /// [`capture`](Self::capture); with `deferred`, the allocations' contents are left out
     /// (empty), for [`save_into`](Self::save_into) to stream from the device as it encodes.
-    fn capture_with(&mut self, deferred: bool) -> Result<SavedState, CheckpointError> {
+    /// With `refer` (a save that carries contents), the chunks pre-copy rounds sent that still
+    /// hash as sent are referred to instead (`precopy.rs`).
+    fn capture_with(&mut self, deferred: bool, refer: bool) -> Result<SavedState, CheckpointError> {
         if self.paused.is_some() {
             return Err(CheckpointError::WrongPhase("paused"));
         }
@@ -243,7 +245,11 @@ impl GpuState {
                     class,
                 }));
             // After pre-copy rounds: the chunks that still hash as sent are referred to.
-            let all_refs = self.unchanged_chunks(dev, &allocations)?;
+            let all_refs = if refer {
+                self.unchanged_chunks(dev, &allocations)?
+            } else {
+                vec![Vec::new(); allocations.len()]
+            };
             for ((&(ptr, size), block), refs) in allocations.iter().zip(blocks).zip(all_refs) {
                 let block = block.ok_or_else(|| mismatch("an allocation outside its range"))?;
                 let contents = if deferred {
@@ -813,7 +819,7 @@ impl GpuState {
         out: &mut (impl std::io::Write + std::io::Seek),
     ) -> Result<SaveFigures, CheckpointError> {
         let started = std::time::Instant::now();
-        let saved = self.capture_with(true)?;
+        let saved = self.capture_with(true, true)?;
         let captured = started.elapsed();
         let mut device_bytes = saved.device_bytes();
         let mut failed = None;

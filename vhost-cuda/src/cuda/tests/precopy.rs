@@ -177,6 +177,13 @@ fn migrate(staging_half: usize) -> Migrated {
         }
     }
     assert!(s.precopy_tracking());
+    // A state without contents (a handover's, the last stop's record) refers to nothing.
+    let mut record = std::io::Cursor::new(Vec::new());
+    let launches = rig.fake.calls("launch");
+    s.save_for_handover_into(&mut record).unwrap();
+    assert_eq!(rig.fake.calls("launch"), launches);
+    let record = SavedState::decode(&record.into_inner()).unwrap();
+    assert!(record.allocations.iter().all(|a| a.refs.is_empty()));
     assert!(rig.fake.poke(a + CHUNK + 5, b"after the rounds"));
     let saved = s.save().unwrap();
     let mut out = std::io::Cursor::new(Vec::new());
