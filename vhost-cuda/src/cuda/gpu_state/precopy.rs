@@ -249,9 +249,10 @@ impl GpuState {
     /// early. After the last, a round sends nothing and reports pending 0. Allocations freed
     /// since are dropped from the tracking.
     ///
-    /// Runs between the guest's ops, while its work goes on on the GPU. A stream capture under
-    /// way does not stop it; what the final save refuses (`CheckpointError::Unsupported`), a
-    /// sticky error, or a paused state do.
+    /// Runs between the guest's ops, while its work goes on on the GPU. While a stream capture
+    /// is under way (or a managed allocation is being made) a round sends nothing and reports
+    /// at least 1 byte pending if passes are left; what the final save refuses
+    /// (`CheckpointError::Unsupported`), a sticky error, or a paused state fail it.
     pub fn precopy_round(
         &mut self,
         budget: u64,
@@ -262,7 +263,19 @@ impl GpuState {
             return Err(CheckpointError::WrongPhase("paused"));
         }
         match self.check_capturable() {
-            Ok(()) | Err(CheckpointError::Busy) => {}
+            Ok(()) => {}
+            Err(CheckpointError::Busy) => {
+                // A stream capture under way forbids the driver calls a round makes (they
+                // would invalidate the guest's capture): this round sends nothing, and says
+                // there is more while passes are left.
+                let t = self.precopy.get_or_insert_default();
+                let more = !t.finished && (t.passes < max_passes || !t.dirty.is_empty());
+                return Ok(RoundFigures {
+                    pending: if more { t.pending().max(1) } else { 0 },
+                    pass: t.passes,
+                    ..RoundFigures::default()
+                });
+            }
             Err(e) => return Err(e),
         }
         let mut t = self.precopy.take().unwrap_or_default();

@@ -383,3 +383,19 @@ fn the_precopy_fuzz_seed_restores_and_its_mutations_are_refused_cleanly() {
     // Without the store's last byte: the chunk is missing, the restore refused.
     assert!(!restore_with_store(&seed[..seed.len() - 1]));
 }
+
+#[test]
+fn a_round_during_a_stream_capture_sends_nothing_and_says_there_is_more() {
+    let mut rig = Rig::new(1);
+    let (mut s, _, _) = program(&mut rig);
+    let stream = ok(run(&mut s, Op::StreamCreate, &[0, 0]))[0];
+    ok(run(&mut s, Op::StreamBeginCapture, &[stream, 0]));
+    let launches = rig.fake.calls("launch");
+    let (f, log) = round(&mut s, 64 * MIB, 2);
+    assert_eq!((f.chunks, f.pending, f.pass), (0, 1, 0));
+    assert!(log.is_empty());
+    assert_eq!(rig.fake.calls("launch"), launches);
+    ok(run(&mut s, Op::StreamEndCapture, &[stream]));
+    let (f, _) = round(&mut s, 64 * MIB, 2);
+    assert_eq!((f.chunks, f.bytes), (4, BIG + 100));
+}
