@@ -243,7 +243,7 @@ struct DeviceContext {
     /// The stream and event managed memory's migrations use (managed.rs), made on first need.
     managed_sync: Option<ManagedSync>,
     /// The pre-copy kernel, its stream and buffers (precopy.rs), loaded on first need.
-    precopy: Option<precopy::PrecopyDevice>,
+    precopy: Option<PrecopyDevice>,
 }
 
 #[derive(Debug)]

@@ -27,18 +27,6 @@ use crate::cuda::{
 /// cudaStreamNonBlocking.
 const NON_BLOCKING: u32 = 1;
 
-/// The pre-copy kernel in one context, with its stream and buffers (its module, stream and
-/// buffers are the context's, and go with it).
-#[derive(Debug)]
-pub(super) struct PrecopyDevice {
-    func: Function,
-    stream: Stream,
-    /// Device buffers for `capacity` ranges: the ranges (ptr, len) and their sums.
-    ranges: u64,
-    sums: u64,
-    capacity: usize,
-}
-
 fn dev_u32(dev: usize) -> u32 {
     u32::try_from(dev).unwrap_or(u32::MAX)
 }
