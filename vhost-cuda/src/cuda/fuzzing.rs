@@ -15,6 +15,17 @@ use super::{
 /// Most bytes of host memory a fuzzed fake driver's buffers hold together.
 const FUZZ_RAM_BUDGET: u64 = 256 << 20;
 
+/// Held by each restore below: a restored state maps its host mappings at their addresses in
+/// this process, so two restores at once (the unit tests' threads; a fuzzer runs one input at
+/// a time) would take each other's addresses.
+static RESTORING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn restoring() -> std::sync::MutexGuard<'static, ()> {
+    RESTORING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A host over the fake driver with `gpus` GPUs and tiny staging, so that small buffers take
 /// every copy path.
 pub fn fake_host(gpus: i32) -> Arc<CudaHost> {
@@ -51,6 +62,7 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
         return false;
     };
     assert_eq!(SavedState::decode(&state.encode()).as_ref(), Ok(&state));
+    let _one_at_a_time = restoring();
     // As a worker does before its driver starts: managed memory is placed in the window.
     super::reserve_window();
     let driver = Arc::new(FakeDriver::new(2).with_ram_budget(FUZZ_RAM_BUDGET));
@@ -119,6 +131,7 @@ pub fn restore_with_store(data: &[u8]) -> bool {
     let Ok(saved) = SavedState::decode(state) else {
         return false;
     };
+    let _one_at_a_time = restoring();
     super::reserve_window();
     let driver = Arc::new(FakeDriver::new(2).with_ram_budget(FUZZ_RAM_BUDGET));
     let host = Arc::new(
