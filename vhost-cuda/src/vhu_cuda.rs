@@ -1929,7 +1929,7 @@ mod tests {
         bytes.truncate(bytes.len() - 1);
         let f = crate::worker::StateFile::from_bytes(&bytes).unwrap();
         let file = f.file().try_clone().unwrap();
-        assert!(receive("dst", &dst_log, None, &stores, 1 << 30, file).is_err());
+        receive("dst", &dst_log, None, &stores, 1 << 30, file).unwrap_err();
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! What the fuzz targets (`fuzz/`, feature `fuzzing`) need from inside the executor: a host
-//! over the fake driver, the host-side module image check, and the saved-state decoder and
-//! restore. Not built into the binary.
+//! over the fake driver, the host-side module image check, the saved-state decoder and
+//! restore, and the pre-copy logs with a restore from a store. Not built into the binary.
 
 use std::sync::Arc;
 
@@ -14,6 +14,17 @@ use super::{
 
 /// Most bytes of host memory a fuzzed fake driver's buffers hold together.
 const FUZZ_RAM_BUDGET: u64 = 256 << 20;
+
+/// Held by each restore below: a restored state maps its host mappings at their addresses in
+/// this process, so two restores at once (the unit tests' threads; a fuzzer runs one input at
+/// a time) would take each other's addresses.
+static RESTORING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn restoring() -> std::sync::MutexGuard<'static, ()> {
+    RESTORING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// A host over the fake driver with `gpus` GPUs and tiny staging, so that small buffers take
 /// every copy path.
@@ -51,6 +62,7 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
         return false;
     };
     assert_eq!(SavedState::decode(&state.encode()).as_ref(), Ok(&state));
+    let _one_at_a_time = restoring();
     // As a worker does before its driver starts: managed memory is placed in the window.
     super::reserve_window();
     let driver = Arc::new(FakeDriver::new(2).with_ram_budget(FUZZ_RAM_BUDGET));
@@ -86,6 +98,81 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
     assert_eq!(driver.vmm_ranges(), (0, 0));
     assert_eq!(driver.registered(), 0);
     restored
+}
+
+/// A live migration's pre-copy input from anywhere (it comes from the source host through
+/// QEMU): `data` is a u32 (little-endian) length `n`, a final saved state of `n` bytes, and a
+/// pre-copy store (chunk logs), as a destination's worker gets them. The store's framing is
+/// checked ([`precopy::check_log`], [`precopy::scan`], which must agree, and the whole input is
+/// tried as a round, [`precopy::read_round`]), then the state restored from the store into a
+/// fresh state over the fake driver: nothing panics, and nothing stays behind. Returns whether
+/// it restored.
+pub fn restore_with_store(data: &[u8]) -> bool {
+    use super::precopy;
+    if let Ok(round) = precopy::read_round(data) {
+        for (_, log) in round.sessions {
+            precopy::check_log(log).expect("a round's logs are checked");
+        }
+    }
+    let Some((head, rest)) = data.split_first_chunk::<4>() else {
+        return false;
+    };
+    let n = u32::from_le_bytes(*head) as usize;
+    if n > rest.len() {
+        return false;
+    }
+    let (state, store) = rest.split_at(n);
+    let checked = precopy::check_log(store);
+    let scanned = precopy::scan(store);
+    assert_eq!(checked.is_ok(), scanned.is_ok());
+    if let (Ok(count), Ok(index)) = (checked, scanned) {
+        assert!(index.len() as u64 <= count.chunks);
+    }
+    let Ok(saved) = SavedState::decode(state) else {
+        return false;
+    };
+    let _one_at_a_time = restoring();
+    super::reserve_window();
+    let driver = Arc::new(FakeDriver::new(2).with_ram_budget(FUZZ_RAM_BUDGET));
+    let host = Arc::new(
+        CudaHost::from_driver(driver.clone(), 13000, None, Tuning::default())
+            .expect("fake driver host"),
+    );
+    let restored = {
+        let mut fresh = GpuState::open(&host, saved.session);
+        fresh.restore_saved_with_store(state, Some(store)).is_ok()
+    };
+    assert_eq!(driver.live_contexts(), 0);
+    assert_eq!(driver.vmm_ranges(), (0, 0));
+    assert_eq!(driver.registered(), 0);
+    restored
+}
+
+/// [`sample_saved_state`] with its allocation pre-copied: the input [`restore_with_store`]
+/// takes, which restores (a seed for the fuzz target `precopy_log`).
+pub fn sample_precopy_input() -> Vec<u8> {
+    use super::{precopy, saved_state::SavedChunkRef};
+    let mut state = SavedState::decode(&sample_saved_state()).expect("the seed decodes");
+    let mut store = Vec::new();
+    for a in &mut state.allocations {
+        let hash = precopy::hash(&a.contents);
+        precopy::write_chunk(&mut store, a.dev, a.ptr, 0, &a.contents, hash)
+            .expect("writing into memory");
+        a.refs = vec![SavedChunkRef {
+            offset: 0,
+            len: a.size,
+            hash,
+        }];
+        a.contents.clear();
+    }
+    let state = state.encode();
+    let mut input = u32::try_from(state.len())
+        .expect("a small state")
+        .to_le_bytes()
+        .to_vec();
+    input.extend_from_slice(&state);
+    input.extend_from_slice(&store);
+    input
 }
 
 /// A same-host handover's offer from anywhere (it rides in the migration stream): decoded,
@@ -257,6 +344,7 @@ pub fn sample_saved_state() -> Vec<u8> {
             size: 16,
             block: 256,
             contents: b"0123456789abcdef".to_vec(),
+            refs: Vec::new(),
         }],
         modules: vec![SavedModule {
             handle: 2,

@@ -27,6 +27,7 @@ mod host_mappings;
 mod host_queries;
 mod launch;
 mod module_image;
+pub mod precopy;
 mod ram_registry;
 mod saved_state;
 mod status;

@@ -15,6 +15,14 @@
 //! the length of its body (u64) and the body. Bodies are fixed fields and length-prefixed byte
 //! strings (u64 length). A reader refuses an unknown tag, a body longer or shorter than its
 //! fields, and trailing bytes. The first record is [`TAG_SESSION`], exactly once.
+//!
+//! Versions 2 and 3 are read; 3 is written only for a state with an allocation that refers to
+//! pre-copied chunks ([`TAG_ALLOCATION_CHUNKS`], the final state of a live migration that
+//! pre-copied, `cuda/precopy.rs`): dev (u32), ptr, size, block (u64), the number of chunks
+//! referred to (u64), each chunk's offset, length and hash (4 x u64: a chunk as
+//! `precopy::chunks_of` cuts the allocation, in increasing order, at least one), then the bytes
+//! of the other chunks, in order (length-prefixed, exactly as long as they are). Each chunk of
+//! the allocation is thus either referred to or carried, once.
 
 use std::{ffi::CString, io};
 
@@ -22,8 +30,8 @@ mod codec;
 mod graphs;
 
 pub use codec::DecodeError;
-pub(crate) use codec::VERSION;
 use codec::{Reader, Writer};
+pub(crate) use codec::{OLDEST_VERSION, VERSION};
 pub(crate) use graphs::{
     GraphRole, SavedConditional, SavedExec, SavedGraph, SavedNode, SavedNodeKind,
 };
@@ -47,6 +55,8 @@ const TAG_POOL: u32 = 10;
 const TAG_VMM_ALLOCATION: u32 = 11;
 const TAG_VMM_RESERVATION: u32 = 12;
 const TAG_VMM_MAPPING: u32 = 13;
+/// An allocation whose pre-copied chunks are referred to, not carried (version 3).
+const TAG_ALLOCATION_CHUNKS: u32 = 14;
 const TAG_HOST_MAPPING: u32 = 30;
 const TAG_MANAGED: u32 = 31;
 
@@ -350,7 +360,40 @@ pub(crate) struct SavedAllocation {
     pub(crate) size: u64,
     /// The block's length in the range (what it was cut to).
     pub(crate) block: u64,
+    /// The bytes of the chunks it carries (`cuda/precopy.rs` cuts it into chunks): all of
+    /// them, or, with `refs`, those of the chunks not referred to, in order.
     pub(crate) contents: Vec<u8>,
+    /// The chunks a live migration pre-copied and that still hash as sent, in order: the
+    /// destination fills them from its pre-copy store (record `TAG_ALLOCATION_CHUNKS`).
+    pub(crate) refs: Vec<SavedChunkRef>,
+}
+
+/// A chunk of an allocation that a saved state refers to instead of carrying it: its offset
+/// and length (as `precopy::chunks_of` cuts the allocation) and the hash of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SavedChunkRef {
+    pub(crate) offset: u64,
+    pub(crate) len: u64,
+    pub(crate) hash: [u64; 2],
+}
+
+impl SavedAllocation {
+    /// Bytes of the chunks it carries (its size, less the chunks it refers to).
+    pub(crate) fn carried(&self) -> u64 {
+        self.size
+            .saturating_sub(self.refs.iter().map(|r| r.len).sum::<u64>())
+    }
+}
+
+/// Whether `refs` name chunks of an allocation of `size` bytes as `precopy::chunks_of` cuts
+/// it, each once, in order, at least one.
+fn chunk_refs_ok(size: u64, refs: &[SavedChunkRef]) -> bool {
+    use super::precopy::CHUNK;
+    !refs.is_empty()
+        && refs.windows(2).all(|w| w[0].offset < w[1].offset)
+        && refs.iter().all(|r| {
+            r.offset.is_multiple_of(CHUNK) && r.offset < size && r.len == CHUNK.min(size - r.offset)
+        })
 }
 
 /// A loaded module: its handle, device and image.
@@ -675,8 +718,14 @@ impl SavedState {
         mut fill: Option<ContentsFill<'_>>,
     ) -> io::Result<u64> {
         let start = out.stream_position()?;
+        // Version 3 only for what version 2 cannot say, so that older daemons read the rest.
+        let version = if self.allocations.iter().any(|a| !a.refs.is_empty()) {
+            VERSION
+        } else {
+            OLDEST_VERSION
+        };
         out.write_all(&MAGIC)?;
-        out.write_all(&VERSION.to_le_bytes())?;
+        out.write_all(&version.to_le_bytes())?;
         out.write_all(&0u32.to_le_bytes())?;
         out.write_all(&0u64.to_le_bytes())?;
         let mut rec = RecordSink {
@@ -712,14 +761,24 @@ impl SavedState {
         }
         for a in &self.allocations {
             w.u32(a.dev).u64(a.ptr).u64(a.size).u64(a.block);
+            let tag = if a.refs.is_empty() {
+                TAG_ALLOCATION
+            } else {
+                w.u64(a.refs.len() as u64);
+                for r in &a.refs {
+                    w.u64(r.offset).u64(r.len).u64(r.hash[0]).u64(r.hash[1]);
+                }
+                TAG_ALLOCATION_CHUNKS
+            };
+            let carried = a.carried();
             match fill.as_mut() {
-                Some(fill) if a.contents.is_empty() && a.size > 0 => {
-                    w.u64(a.size);
-                    rec.put_filled(TAG_ALLOCATION, &mut w, a.size, &mut |out| fill(a, out));
+                Some(fill) if a.contents.is_empty() && carried > 0 => {
+                    w.u64(carried);
+                    rec.put_filled(tag, &mut w, carried, &mut |out| fill(a, out));
                 }
                 _ => {
                     w.u64(a.contents.len() as u64);
-                    rec.put_with(TAG_ALLOCATION, &mut w, &a.contents);
+                    rec.put_with(tag, &mut w, &a.contents);
                 }
             }
         }
@@ -898,7 +957,7 @@ impl SavedState {
             return Err(DecodeError::Magic);
         }
         let version = r.u32()?;
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(DecodeError::Version(version));
         }
         if r.u32()? != 0 {
@@ -974,7 +1033,41 @@ impl SavedState {
                         size,
                         block,
                         contents,
+                        refs: Vec::new(),
                     });
+                }
+                TAG_ALLOCATION_CHUNKS if version >= 3 => {
+                    let (dev, ptr, size, block) = (f.u32()?, f.u64()?, f.u64()?, f.u64()?);
+                    let n = f.count(32)?;
+                    let refs = (0..n)
+                        .map(|_| {
+                            Ok(SavedChunkRef {
+                                offset: f.u64()?,
+                                len: f.u64()?,
+                                hash: [f.u64()?, f.u64()?],
+                            })
+                        })
+                        .collect::<Result<Vec<_>, DecodeError>>()?;
+                    if !chunk_refs_ok(size, &refs) {
+                        return Err(DecodeError::Field("allocation chunks"));
+                    }
+                    let mut a = SavedAllocation {
+                        dev,
+                        ptr,
+                        size,
+                        block,
+                        contents: Vec::new(),
+                        refs,
+                    };
+                    let bytes = f.bytes()?;
+                    if bytes.len() as u64 != a.carried() {
+                        return Err(DecodeError::Field("allocation chunks"));
+                    }
+                    match borrowed.as_mut() {
+                        Some(b) => b.push(bytes),
+                        None => a.contents = bytes.to_vec(),
+                    }
+                    s.allocations.push(a);
                 }
                 TAG_MODULE => s.modules.push(SavedModule {
                     handle: f.u64()?,
@@ -1308,6 +1401,7 @@ pub(crate) mod tests {
                 size: 5,
                 block: 256,
                 contents: b"hello".to_vec(),
+                refs: Vec::new(),
             }],
             modules: vec![SavedModule {
                 handle: 3,
@@ -1754,6 +1848,125 @@ pub(crate) mod tests {
                 let _ = SavedState::decode(&b);
             }
         }
+    }
+
+    /// A state whose second allocation (two chunks and 5 bytes) refers to its first two
+    /// chunks and carries the last.
+    fn sample_with_refs() -> SavedState {
+        use super::super::precopy::CHUNK;
+        let mut s = sample();
+        s.allocations.push(SavedAllocation {
+            dev: 1,
+            ptr: 0x6840_0020_0000,
+            size: 2 * CHUNK + 5,
+            block: 3 * CHUNK,
+            contents: b"tail!".to_vec(),
+            refs: vec![
+                SavedChunkRef {
+                    offset: 0,
+                    len: CHUNK,
+                    hash: [1, 2],
+                },
+                SavedChunkRef {
+                    offset: CHUNK,
+                    len: CHUNK,
+                    hash: [3, 4],
+                },
+            ],
+        });
+        s
+    }
+
+    #[test]
+    fn a_state_with_pre_copied_chunks_round_trips_as_version_3_and_others_stay_version_2() {
+        let s = sample_with_refs();
+        let bytes = s.encode();
+        assert_eq!(&bytes[8..12], &3u32.to_le_bytes());
+        assert_eq!(SavedState::decode(&bytes), Ok(s.clone()));
+        let (got, contents) = SavedState::decode_borrowed(&bytes).unwrap();
+        assert_eq!(contents[1], b"tail!");
+        assert_eq!(got.allocations[1].refs, s.allocations[1].refs);
+        assert_eq!(&sample().encode()[8..12], &2u32.to_le_bytes());
+        // Streamed: the fill writes only the carried bytes.
+        let mut deferred = s.clone();
+        deferred.allocations[1].contents.clear();
+        let mut fill = |a: &SavedAllocation, out: &mut dyn io::Write| {
+            let c = s.allocations.iter().find(|b| b.ptr == a.ptr).unwrap();
+            out.write_all(&c.contents)
+        };
+        let mut out = io::Cursor::new(Vec::new());
+        deferred
+            .encode_streaming(&mut out, Some(&mut fill))
+            .unwrap();
+        // The first allocation was not deferred: the fill ran for the second only.
+        assert_eq!(out.into_inner(), bytes);
+    }
+
+    #[test]
+    fn every_truncation_and_every_flipped_byte_of_a_state_with_references_is_refused_or_another_state(
+    ) {
+        let bytes = sample_with_refs().encode();
+        for n in 0..bytes.len() {
+            assert!(SavedState::decode(&bytes[..n]).is_err(), "prefix of {n}");
+        }
+        for i in 0..bytes.len() {
+            for x in [0x01, 0x80, 0xff] {
+                let mut b = bytes.clone();
+                b[i] ^= x;
+                if let Ok(s) = SavedState::decode(&b) {
+                    for a in s.allocations.iter().filter(|a| !a.refs.is_empty()) {
+                        assert!(chunk_refs_ok(a.size, &a.refs));
+                        assert_eq!(a.contents.len() as u64, a.carried());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn references_that_do_not_cover_their_allocation_exactly_are_refused() {
+        use super::super::precopy::CHUNK;
+        let refused = |f: &dyn Fn(&mut SavedAllocation)| {
+            let mut s = sample_with_refs();
+            f(&mut s.allocations[1]);
+            assert_eq!(
+                SavedState::decode(&s.encode()),
+                Err(DecodeError::Field("allocation chunks"))
+            );
+        };
+        refused(&|a| a.refs[1].offset = CHUNK + 8);
+        refused(&|a| a.refs[1].len = 5);
+        refused(&|a| a.refs.swap(0, 1));
+        refused(&|a| a.refs[1] = a.refs[0]);
+        refused(&|a| a.refs[1].offset = 3 * CHUNK);
+        refused(&|a| a.contents.push(0));
+        refused(&|a| a.contents.clear());
+        refused(&|a| {
+            a.refs.push(SavedChunkRef {
+                offset: 2 * CHUNK,
+                len: 5,
+                hash: [0; 2],
+            });
+        });
+        // Every chunk referred to: nothing carried.
+        let mut s = sample_with_refs();
+        let a = &mut s.allocations[1];
+        a.refs.push(SavedChunkRef {
+            offset: 2 * CHUNK,
+            len: 5,
+            hash: [5, 6],
+        });
+        a.contents.clear();
+        assert_eq!(SavedState::decode(&s.encode()), Ok(s.clone()));
+        // The record is version 3's: in a state that says version 2 it is unknown.
+        let mut b = s.encode();
+        b[8..12].copy_from_slice(&2u32.to_le_bytes());
+        assert!(matches!(
+            SavedState::decode(&b),
+            Err(DecodeError::Tag(TAG_ALLOCATION_CHUNKS, _))
+        ));
+        b[8..12].copy_from_slice(&4u32.to_le_bytes());
+        assert_eq!(SavedState::decode(&b), Err(DecodeError::Version(4)));
     }
 
     #[test]

@@ -1988,6 +1988,7 @@ mod frameworks;
 mod graphs;
 mod ipc;
 mod managed;
+mod precopy;
 mod reserved_range;
 mod saved_host_memory;
 mod trace;

@@ -13,17 +13,15 @@
 //! restore hands each session its store, from which the worker takes every chunk the last
 //! stop did not send again.
 //!
-//! Layout (little-endian): the 8-byte magic [`MAGIC`], `pending` (u64), the version (u32,
-//! [`VERSION`]), the number of sessions (u32), then per session its id (u64), the length of
-//! its chunk log (u64) and the log. A log is chunk records, each a head of
-//! [`RECORD_HEAD`] bytes (device u32, the allocation's base u64, the offset into it u64, the
-//! length u64, the hash 16 bytes) and `length` bytes.
+//! The layout and its checked reader are `cuda/precopy.rs`'s (the magic [`MAGIC`], `pending`,
+//! the version, then per session its id and chunk log), one definition for the worker that
+//! writes the logs, this module that frames them, and the fuzz target.
 //!
 //! The stream comes from another host through QEMU unchecked: the reader trusts nothing. A
-//! log's records are checked one by one as they arrive (their lengths bounded by
-//! [`CHUNK_MAX`], offsets on [`CHUNK`]); no length is allocated before its bytes arrived (a
-//! store grows with what came); the stores of one VM together are bounded; ids are distinct
-//! within a round. A record's contents and hash are the guest's own memory: they are checked
+//! round is copied into an anonymous file no longer than what the VM's stores may still take
+//! (so a hostile length costs nothing), then checked whole (every record's key and length,
+//! nothing after the last session) before any of it is appended; ids must be distinct within a
+//! round. A record's contents and hash are the guest's own memory: they are checked
 //! by the restoring worker, which refuses a store that does not hold what the last stop names.
 
 use std::{
@@ -35,48 +33,32 @@ use std::{
 
 use thiserror::Error;
 
-use super::limits::MAX_SESSIONS;
-use crate::worker::StateFile;
+use crate::{
+    cuda::precopy::{self as codec, LogError},
+    worker::{SealedMap, StateFile},
+};
 
 /// The first bytes of every round.
-pub const MAGIC: [u8; 8] = *b"QCUDAPC1";
-/// The version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const MAGIC: [u8; 8] = codec::ROUND_MAGIC;
 /// Device memory is pre-copied in chunks of this size (the last of an allocation may be
 /// shorter).
-pub const CHUNK: u64 = 2 << 20;
-/// Longest chunk a record may hold.
-pub const CHUNK_MAX: u64 = CHUNK;
-/// Bytes of a chunk record's head.
-pub const RECORD_HEAD: usize = 4 + 8 + 8 + 8 + 16;
+pub const CHUNK: u64 = codec::CHUNK;
 
 /// Why a round was refused.
 #[derive(Debug, Error)]
 pub enum RoundError {
-    /// Not a round (or not of this version).
-    #[error("not a qcuda pre-copy round of version {VERSION}")]
-    Magic,
-    /// A count, id, offset or length no source writes.
+    /// Not a round of this version, or its framing is broken (`cuda/precopy.rs` checks it).
     #[error("bad pre-copy round: {0}")]
-    Field(&'static str),
+    Format(#[from] LogError),
+    /// A session twice in one round.
+    #[error("bad pre-copy round: session {0} twice")]
+    Twice(u64),
     /// The stores would outgrow their bound.
     #[error("pre-copy stores would hold more than {0} bytes")]
     TooLarge(u64),
-    /// The round ended early, or has bytes after its end.
-    #[error("pre-copy round truncated or with trailing bytes")]
-    Length,
     /// Reading the round or writing a store failed.
     #[error("pre-copy round: {0}")]
     Io(#[from] io::Error),
-}
-
-fn read_array<const N: usize>(input: &mut impl Read) -> Result<[u8; N], RoundError> {
-    let mut b = [0u8; N];
-    input.read_exact(&mut b).map_err(|e| match e.kind() {
-        io::ErrorKind::UnexpectedEof => RoundError::Length,
-        _ => RoundError::Io(e),
-    })?;
-    Ok(b)
 }
 
 /// What one session's worker wrote for a round: its chunk log, and its figures.
@@ -92,20 +74,17 @@ pub struct SessionRound {
     pub pending: u64,
 }
 
-/// Writes a round: the head with `pending`, then each session's log.
+/// Writes a round: the head with `pending`, then each session's log (copied by the kernel
+/// from the worker's file).
 pub fn write_round(
     out: &mut impl Write,
     pending: u64,
     sessions: &[SessionRound],
 ) -> io::Result<()> {
     let n = u32::try_from(sessions.len()).map_err(io::Error::other)?;
-    out.write_all(&MAGIC)?;
-    out.write_all(&pending.to_le_bytes())?;
-    out.write_all(&VERSION.to_le_bytes())?;
-    out.write_all(&n.to_le_bytes())?;
+    codec::write_round_head(out, pending, n)?;
     for s in sessions {
-        out.write_all(&s.id.to_le_bytes())?;
-        out.write_all(&s.log.len().to_le_bytes())?;
+        codec::write_session_head(out, s.id, s.log.len())?;
         s.log.write_to(out)?;
     }
     out.flush()
@@ -149,7 +128,7 @@ impl Stores {
         }
     }
 
-    /// Bytes held, heads included.
+    /// Bytes held, record heads included.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -159,98 +138,66 @@ impl Stores {
         self.logs.is_empty()
     }
 
-    /// Reads one round from `input`, whose magic was read already, to its end, appending each
-    /// session's log to its store. On an error the stores may hold part of the round: the
-    /// caller fails the migration and drops them.
+    /// Reads one round from `input`, whose magic was read already, to its end and appends each session's log to its store.
+    /// The round goes into an anonymous file first (the kernel's copy, at most what the
+    /// stores may still take, so a hostile length costs nothing), is sealed, mapped and
+    /// checked whole by the format's reader; only then is anything appended, so a refused
+    /// round leaves the stores as they were.
     pub fn read_round(&mut self, input: &mut impl Read) -> Result<RoundSummary, RoundError> {
-        let pending = u64::from_le_bytes(read_array(input)?);
-        if u32::from_le_bytes(read_array(input)?) != VERSION {
-            return Err(RoundError::Magic);
-        }
-        let sessions = u32::from_le_bytes(read_array(input)?);
-        if sessions as usize > MAX_SESSIONS {
-            return Err(RoundError::Field("more sessions than a VM may have"));
-        }
+        let room = self.limit.saturating_sub(self.bytes);
+        let file = StateFile::create(c"qcuda-precopy-round")?;
+        file.file().write_all_at(&MAGIC, 0)?;
+        let got = {
+            let mut out: &File = file.file();
+            io::Seek::seek(&mut out, io::SeekFrom::Start(MAGIC.len() as u64))?;
+            // The heads come on top of the contents: a round's is 24 bytes, a session's 16.
+            let cap = room.saturating_add(codec::ROUND_HEAD_LEN as u64 + (1 << 20));
+            io::copy(&mut input.by_ref().take(cap.saturating_add(1)), &mut out)?
+        };
+        let file = StateFile::filled(file.file().try_clone()?, MAGIC.len() as u64 + got)?;
+        file.seal()?;
+        let map = SealedMap::new(file.file())?;
+        let round = codec::read_round(map.bytes())?;
         let mut summary = RoundSummary {
-            pending,
-            sessions,
+            pending: round.pending,
+            sessions: u32::try_from(round.sessions.len()).unwrap_or(u32::MAX),
             ..RoundSummary::default()
         };
-        let mut seen = Vec::with_capacity(sessions as usize);
-        for _ in 0..sessions {
-            let id = u64::from_le_bytes(read_array(input)?);
-            if seen.contains(&id) {
-                return Err(RoundError::Field("a session twice in one round"));
-            }
-            seen.push(id);
-            let len = u64::from_le_bytes(read_array(input)?);
-            let (chunks, bytes) = self.append(id, &mut input.by_ref().take(len), len)?;
-            summary.chunks += chunks;
-            summary.bytes += bytes;
+        let grow: u64 = round.sessions.iter().map(|(_, log)| log.len() as u64).sum();
+        if self.bytes.saturating_add(grow) > self.limit {
+            return Err(RoundError::TooLarge(self.limit));
         }
-        let mut extra = [0u8; 1];
-        if input.read(&mut extra)? != 0 {
-            return Err(RoundError::Length);
+        let mut seen = Vec::with_capacity(round.sessions.len());
+        for (id, _) in &round.sessions {
+            if seen.contains(id) {
+                return Err(RoundError::Twice(*id));
+            }
+            seen.push(*id);
+        }
+        for (id, log) in round.sessions {
+            let n = codec::check_log(log)?;
+            summary.chunks += n.chunks;
+            summary.bytes += n.bytes;
+            self.append(id, log)?;
         }
         Ok(summary)
     }
 
-    /// Appends exactly `len` bytes of a chunk log from `input` to session `id`'s store,
-    /// checking each record as it arrives. Chunks and content bytes appended.
-    fn append(
-        &mut self,
-        id: u64,
-        input: &mut impl Read,
-        len: u64,
-    ) -> Result<(u64, u64), RoundError> {
-        if !self.logs.contains_key(&id) {
-            let f = StateFile::create(c"qcuda-precopy-store")?;
-            let file = f.file().try_clone()?;
-            self.logs.insert(id, StoreLog { file, len: 0 });
-        }
-        let mut left = len;
-        let (mut chunks, mut bytes) = (0u64, 0u64);
-        let mut buf = vec![0u8; 1 << 20];
-        while left > 0 {
-            if left < RECORD_HEAD as u64 {
-                return Err(RoundError::Field("a chunk log that ends inside a record"));
+    fn append(&mut self, id: u64, log: &[u8]) -> io::Result<()> {
+        let store = match self.logs.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let f = StateFile::create(c"qcuda-precopy-store")?;
+                e.insert(StoreLog {
+                    file: f.file().try_clone()?,
+                    len: 0,
+                })
             }
-            let head: [u8; RECORD_HEAD] = read_array(input)?;
-            let rec = record_len(&head)?;
-            left -= RECORD_HEAD as u64;
-            if rec > left {
-                return Err(RoundError::Field("a chunk log that ends inside a record"));
-            }
-            let grow = RECORD_HEAD as u64 + rec;
-            if self.bytes.saturating_add(grow) > self.limit {
-                return Err(RoundError::TooLarge(self.limit));
-            }
-            let log = self
-                .logs
-                .get_mut(&id)
-                .ok_or(RoundError::Field("a session"))?;
-            log.file.write_all_at(&head, log.len)?;
-            let mut at = log.len + RECORD_HEAD as u64;
-            let mut n = rec;
-            while n > 0 {
-                let k = usize::try_from(n.min(buf.len() as u64)).unwrap_or(buf.len());
-                input
-                    .read_exact(&mut buf[..k])
-                    .map_err(|e| match e.kind() {
-                        io::ErrorKind::UnexpectedEof => RoundError::Length,
-                        _ => RoundError::Io(e),
-                    })?;
-                log.file.write_all_at(&buf[..k], at)?;
-                at += k as u64;
-                n -= k as u64;
-            }
-            log.len = at;
-            self.bytes += grow;
-            left -= rec;
-            chunks += 1;
-            bytes += rec;
-        }
-        Ok((chunks, bytes))
+        };
+        store.file.write_all_at(log, store.len)?;
+        store.len += log.len() as u64;
+        self.bytes += log.len() as u64;
+        Ok(())
     }
 
     /// Takes session `id`'s store (a restore hands it to the session's worker).
@@ -263,31 +210,6 @@ impl Stores {
             None => Ok(None),
         }
     }
-}
-
-/// A record head's contents length, checked: 1 to [`CHUNK_MAX`] bytes, at an offset that is
-/// a multiple of [`CHUNK`], within the address space.
-fn record_len(head: &[u8; RECORD_HEAD]) -> Result<u64, RoundError> {
-    let word = |at: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&head[at..at + 8]);
-        u64::from_le_bytes(b)
-    };
-    let (alloc, offset, len) = (word(4), word(12), word(20));
-    if len == 0 || len > CHUNK_MAX {
-        return Err(RoundError::Field("a chunk's length"));
-    }
-    if offset % CHUNK != 0 {
-        return Err(RoundError::Field("a chunk's offset"));
-    }
-    if alloc
-        .checked_add(offset)
-        .and_then(|a| a.checked_add(len))
-        .is_none()
-    {
-        return Err(RoundError::Field("a chunk beyond the address space"));
-    }
-    Ok(len)
 }
 
 #[cfg(test)]
@@ -370,31 +292,37 @@ mod tests {
         // Trailing bytes.
         let mut long = whole.clone();
         long.push(0);
-        assert!(matches!(read(&mut stores, &long), Err(RoundError::Length)));
+        assert!(matches!(
+            read(&mut stores, &long),
+            Err(RoundError::Format(LogError::Trailing(_)))
+        ));
         // Another version.
         let mut v = whole.clone();
         v[16] = 9;
-        assert!(matches!(read(&mut stores, &v), Err(RoundError::Magic)));
+        assert!(matches!(
+            read(&mut stores, &v),
+            Err(RoundError::Format(LogError::Version(9)))
+        ));
         // Too many sessions, a session twice.
         let mut many = whole.clone();
         many[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(read(&mut stores, &many).is_err());
+        read(&mut stores, &many).unwrap_err();
         let twice = round(1, &[(5, good.clone()), (5, good.clone())]);
-        assert!(read(&mut stores, &twice).is_err());
+        read(&mut stores, &twice).unwrap_err();
         // Records: empty, too long, off a chunk's start, past the address space, a log that
         // ends inside a record, a length that names more than came.
         for bad in [
             record(0, 0, 0, &[]),
-            record(0, 0, 0, &vec![0; CHUNK_MAX as usize + 1]),
+            record(0, 0, 0, &vec![0; (2 << 20) + 1]),
             record(0, 0, 4096, &[1]),
             record(0, u64::MAX - 4, 0, &[1; 8]),
             good[..good.len() - 1].to_vec(),
         ] {
-            assert!(read(&mut stores, &round(1, &[(5, bad)])).is_err());
+            read(&mut stores, &round(1, &[(5, bad)])).unwrap_err();
         }
         let mut lying = round(1, &[(5, good.clone())]);
         lying[32..40].copy_from_slice(&(1u64 << 40).to_le_bytes());
-        assert!(read(&mut stores, &lying).is_err());
+        read(&mut stores, &lying).unwrap_err();
     }
 
     #[test]

@@ -410,7 +410,7 @@ fn restore_state_from(
     let bytes = mapped.bytes();
     checkpoint_answer(
         session
-            .restore_saved_with(bytes, store.as_ref().map(|s| s.bytes()))
+            .restore_saved_with_store(bytes, store.as_ref().map(|s| s.bytes()))
             .map(|()| bytes.len() as u64),
     )
 }

@@ -43,6 +43,10 @@ pub(crate) const KERNELS: &[(&str, &[(usize, usize)])] = &[
     ("spin", &[]),
     // void lazy(char c): its module is loaded lazily, so param info needs cuFuncLoad first
     ("lazy", &[(0, 1)]),
+    // void qcuda_precopy_hash(const u64* ranges, unsigned count, u64* out): adds the chunk
+    // hash of each (ptr, len) of `ranges` to its [u64; 2] of `out`, as the pre-copy kernel
+    // does (cuda/precopy.rs), computed by the CPU reference
+    ("qcuda_precopy_hash", &[(0, 8), (8, 4), (16, 8)]),
 ];
 
 /// The global every fake module has.
@@ -319,6 +323,17 @@ impl FakeDriver {
         })
     }
 
+    /// Writes device memory directly, as a guest's kernel would behind the session's back (for
+    /// tests). Returns whether the range was device memory of some context.
+    pub(crate) fn poke(&self, ptr: u64, bytes: &[u8]) -> bool {
+        let mut st = self.st();
+        st.contexts.values_mut().any(|c| {
+            slice_mut(c, ptr, bytes.len())
+                .map(|s| s.copy_from_slice(bytes))
+                .is_ok()
+        })
+    }
+
     /// Bytes allocated on device `dev` over all contexts.
     fn used(st: &State, dev: i32) -> u64 {
         st.contexts
@@ -454,6 +469,37 @@ pub(super) fn check_stream(c: &Ctx, s: Raw) -> CuResult<()> {
 fn fresh(next: &mut Raw) -> Raw {
     *next += 0x10;
     *next
+}
+
+/// The pre-copy kernel over `c`'s memory: for each of the `count` (ptr, len) pairs at
+/// `ranges`, the CPU reference hash of its bytes added (mod 2^64) to the pair of u64 at `out`
+/// (which the caller zeroed), as the kernel's atomics do. An address outside `c`'s memory is
+/// the illegal address a real kernel would make.
+fn precopy_hash(c: &mut Ctx, ranges: u64, count: u32, out: u64) -> CuResult<()> {
+    let n = usize::try_from(count).map_err(|_| INVALID_VALUE)?;
+    let table = slice_mut(c, ranges, n.checked_mul(16).ok_or(INVALID_VALUE)?)?.to_vec();
+    let word = |b: &[u8], i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[8 * i..8 * i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let mut sums = Vec::with_capacity(n);
+    for r in 0..n {
+        let (ptr, len) = (word(&table, 2 * r), word(&table, 2 * r + 1));
+        let len = usize::try_from(len).map_err(|_| INVALID_VALUE)?;
+        sums.push(crate::cuda::precopy::hash(slice_mut(c, ptr, len)?));
+    }
+    let o = slice_mut(c, out, n.checked_mul(16).ok_or(INVALID_VALUE)?)?;
+    for (r, h) in sums.into_iter().enumerate() {
+        for (lane, v) in h.into_iter().enumerate() {
+            let at = 16 * r + 8 * lane;
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&o[at..at + 8]);
+            let sum = u64::from_le_bytes(w).wrapping_add(v);
+            o[at..at + 8].copy_from_slice(&sum.to_le_bytes());
+        }
+    }
+    Ok(())
 }
 
 /// Function handles encode (module, kernel index): module + 1 + index.
@@ -1178,6 +1224,13 @@ impl DriverApi for FakeDriver {
                             f32::from_le_bytes([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]])
                         };
                         z[4 * i..4 * i + 4].copy_from_slice(&(f(&x) + f(&y)).to_le_bytes());
+                    }
+                }
+                "qcuda_precopy_hash" => {
+                    let mut w = [0u8; 4];
+                    w.copy_from_slice(&read(1, 4));
+                    if precopy_hash(c, u64_at(0), u32::from_le_bytes(w), u64_at(2)).is_err() {
+                        c.pending_fault = Some(ILLEGAL_ADDRESS);
                     }
                 }
                 "fault" => c.pending_fault = Some(ILLEGAL_ADDRESS),

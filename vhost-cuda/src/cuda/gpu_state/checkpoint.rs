@@ -43,10 +43,12 @@
 //! refused above but a capture under way and allocations outside a range. An op that arrives
 //! while paused resumes first: the guest program goes on unaware.
 
+use super::precopy::inline_chunks;
 use super::*;
 use crate::cuda::{
     copy::SinkError,
     device_arena::{ArenaError, SavedRun as ArenaRun},
+    precopy::{self, ChunkIndex},
     saved_state::{
         SavedAllocation, SavedContext, SavedEvent, SavedFunction, SavedGlobal, SavedModule,
         SavedPool, SavedRun, SavedStream,
@@ -183,17 +185,19 @@ impl GpuState {
     /// Quiesces the state and saves it (see the module documentation). The state goes on
     /// running unchanged.
     pub(crate) fn capture(&mut self) -> Result<SavedState, CheckpointError> {
-        self.capture_with(false)
+        self.capture_with(false, true)
     }
 
     /// [`capture`](Self::capture) without the allocations' contents (a handover's state).
     pub(super) fn capture_without_contents(&mut self) -> Result<SavedState, CheckpointError> {
-        self.capture_with(true)
+        self.capture_with(true, false)
     }
 
     /// [`capture`](Self::capture); with `deferred`, the allocations' contents are left out
     /// (empty), for [`save_into`](Self::save_into) to stream from the device as it encodes.
-    fn capture_with(&mut self, deferred: bool) -> Result<SavedState, CheckpointError> {
+    /// With `refer` (a save that carries contents), the chunks pre-copy rounds sent that still
+    /// hash as sent are referred to instead (`precopy.rs`).
+    fn capture_with(&mut self, deferred: bool, refer: bool) -> Result<SavedState, CheckpointError> {
         if self.paused.is_some() {
             return Err(CheckpointError::WrongPhase("paused"));
         }
@@ -240,12 +244,24 @@ impl GpuState {
                     len,
                     class,
                 }));
-            for (&(ptr, size), block) in allocations.iter().zip(blocks) {
+            // After pre-copy rounds: the chunks that still hash as sent are referred to.
+            let all_refs = if refer {
+                self.unchanged_chunks(dev, &allocations)?
+            } else {
+                vec![Vec::new(); allocations.len()]
+            };
+            for ((&(ptr, size), block), refs) in allocations.iter().zip(blocks).zip(all_refs) {
                 let block = block.ok_or_else(|| mismatch("an allocation outside its range"))?;
                 let contents = if deferred {
                     Vec::new()
-                } else {
+                } else if refs.is_empty() {
                     self.read_device(dev, ptr, size)?
+                } else {
+                    let mut carried = Vec::new();
+                    for (offset, len) in inline_chunks(size, &refs) {
+                        carried.extend(self.read_device(dev, ptr + offset, len)?);
+                    }
+                    carried
                 };
                 saved.allocations.push(SavedAllocation {
                     dev: dev_u32(dev),
@@ -253,6 +269,7 @@ impl GpuState {
                     size,
                     block,
                     contents,
+                    refs,
                 });
             }
         }
@@ -363,9 +380,14 @@ impl GpuState {
     }
 
     /// Makes the saved state again in this state, which has no context (a fresh one, or one
-    /// paused). On an error, what was made stays for the caller to tear down.
-    pub(crate) fn restore_into(&mut self, saved: &SavedState) -> Result<(), CheckpointError> {
-        self.restore_into_with(saved, &[], None)
+    /// paused); `store` holds the pre-copied chunks its allocations may refer to. On an
+    /// error, what was made stays for the caller to tear down.
+    pub(crate) fn restore_into(
+        &mut self,
+        saved: &SavedState,
+        store: Option<&ChunkIndex<'_>>,
+    ) -> Result<(), CheckpointError> {
+        self.restore_into_with(saved, &[], None, store)
     }
 
     /// [`restore_into`](Self::restore_into) of a state without allocation contents, every run
@@ -375,17 +397,19 @@ impl GpuState {
         saved: &SavedState,
         imported: &[ExportedRun],
     ) -> Result<(), CheckpointError> {
-        self.restore_into_with(saved, &[], Some(imported))
+        self.restore_into_with(saved, &[], Some(imported), None)
     }
 
     /// [`restore_into`](Self::restore_into), where `contents` (when not empty: one per
-    /// allocation, `SavedState::decode_borrowed`) are the allocations' bytes, and `imported`
-    /// (when given) the memory of every run, whose allocations then carry no contents.
+    /// allocation, `SavedState::decode_borrowed`) are the allocations' bytes, `imported`
+    /// (when given) the memory of every run, whose allocations then carry no contents, and
+    /// `store` the pre-copied chunks the allocations may refer to.
     fn restore_into_with(
         &mut self,
         saved: &SavedState,
         contents: &[&[u8]],
         imported: Option<&[ExportedRun]>,
+        store: Option<&ChunkIndex<'_>>,
     ) -> Result<(), CheckpointError> {
         if !contents.is_empty() && contents.len() != saved.allocations.len() {
             return Err(mismatch("allocations and their contents"));
@@ -489,22 +513,51 @@ impl GpuState {
                     )))
                 }
             }
+            // Chunks written from the pre-copy store, checked once all are written.
+            let mut stored = Vec::new();
             for (a, bytes) in allocations {
                 if imported.is_some() {
                     // Its bytes are in the imported memory already.
-                    if !bytes.is_empty() || a.size > a.block {
+                    if !bytes.is_empty() || !a.refs.is_empty() || a.size > a.block {
                         return Err(mismatch("a handed-over allocation"));
                     }
-                } else {
+                } else if a.refs.is_empty() {
                     if bytes.len() as u64 != a.size || a.size > a.block {
                         return Err(mismatch("an allocation's contents"));
                     }
                     self.write_device(dev, a.ptr, bytes)?;
+                } else {
+                    if bytes.len() as u64 != a.carried() || a.size > a.block {
+                        return Err(mismatch("an allocation's contents"));
+                    }
+                    let mut refs = a.refs.iter().peekable();
+                    let mut carried = bytes;
+                    for (offset, len) in precopy::chunks_of(a.size) {
+                        let chunk = match refs.next_if(|r| r.offset == offset) {
+                            Some(r) => {
+                                let b = Self::stored_chunk(store, a.dev, a.ptr, r)?;
+                                stored.push((a.dev, a.ptr + offset, len, r.hash));
+                                b
+                            }
+                            None => {
+                                let (b, rest) = carried.split_at(to_usize(len)?);
+                                carried = rest;
+                                b
+                            }
+                        };
+                        self.write_device(dev, a.ptr + offset, chunk)?;
+                    }
+                    if refs.next().is_some() {
+                        return Err(mismatch("an allocation's pre-copied chunks"));
+                    }
                 }
                 self.context(dev)?
                     .memory
                     .insert_allocation(a.ptr, a.size)
                     .map_err(|e| mismatch(format!("allocation {:#x}: {e:?}", a.ptr)))?;
+            }
+            if !stored.is_empty() {
+                self.check_restored_chunks(&stored)?;
             }
         }
         for c in &saved.contexts {
@@ -766,15 +819,24 @@ impl GpuState {
         out: &mut (impl std::io::Write + std::io::Seek),
     ) -> Result<SaveFigures, CheckpointError> {
         let started = std::time::Instant::now();
-        let saved = self.capture_with(true)?;
+        let saved = self.capture_with(true, true)?;
         let captured = started.elapsed();
         let mut device_bytes = saved.device_bytes();
         let mut failed = None;
         let written = saved.encode_streaming(
             out,
             Some(&mut |a: &SavedAllocation, out: &mut dyn std::io::Write| {
-                device_bytes += a.size;
-                self.stream_device(a.dev, a.ptr, a.size, out)
+                device_bytes += a.carried();
+                let pieces = if a.refs.is_empty() {
+                    vec![(0, a.size)]
+                } else {
+                    inline_chunks(a.size, &a.refs)
+                };
+                pieces
+                    .into_iter()
+                    .try_for_each(|(offset, len)| {
+                        self.stream_device(a.dev, a.ptr + offset, len, out)
+                    })
                     .map_err(|e| match e {
                         StreamedError::Device(e) => {
                             failed = Some(e);
@@ -839,10 +901,33 @@ impl GpuState {
     /// A fresh state of `host` for guest process `id`, restored from `bytes` (a saved state
     /// from anywhere: it is checked as it is decoded and as it is made).
     pub fn restore(host: &Arc<CudaHost>, id: u64, bytes: &[u8]) -> Result<Self, CheckpointError> {
+        Self::restore_with_store(host, id, bytes, None)
+    }
+
+    /// [`restore`](Self::restore) of a live migration's final state, whose allocations may
+    /// refer to pre-copied chunks: those are filled from `store` (the session's pre-copy
+    /// store, chunk logs one after another, `cuda/precopy.rs`), each from the record of the
+    /// same chunk with the same hash. A chunk missing from the store, or there with another
+    /// hash, fails the restore.
+    pub fn restore_with_store(
+        host: &Arc<CudaHost>,
+        id: u64,
+        bytes: &[u8],
+        store: Option<&[u8]>,
+    ) -> Result<Self, CheckpointError> {
         let saved = SavedState::decode(bytes).map_err(|e| mismatch(e.to_string()))?;
+        let index = Self::index_store(store)?;
         let mut state = Self::open(host, id);
-        state.restore_into(&saved)?;
+        state.restore_into(&saved, index.as_ref())?;
         Ok(state)
+    }
+
+    /// The index of a pre-copy store, checked.
+    fn index_store(store: Option<&[u8]>) -> Result<Option<ChunkIndex<'_>>, CheckpointError> {
+        store
+            .map(precopy::scan)
+            .transpose()
+            .map_err(|e| mismatch(format!("the pre-copy store: {e}")))
     }
 
     /// Makes the saved state in `bytes` (from anywhere: checked as it is decoded and as it is
@@ -850,9 +935,22 @@ impl GpuState {
     /// state already set up (its host-function link, say). On an error, what was made stays
     /// for the caller to tear down (end the worker).
     pub fn restore_saved(&mut self, bytes: &[u8]) -> Result<(), CheckpointError> {
+        self.restore_saved_with_store(bytes, None)
+    }
+
+    /// [`restore_saved`](Self::restore_saved) of a live migration's final state, its
+    /// references to pre-copied chunks filled from `store` as
+    /// [`restore_with_store`](Self::restore_with_store) does. The store is read where it lies
+    /// (a mapped memfd), as the state is.
+    pub fn restore_saved_with_store(
+        &mut self,
+        bytes: &[u8],
+        store: Option<&[u8]>,
+    ) -> Result<(), CheckpointError> {
         let (saved, contents) =
             SavedState::decode_borrowed(bytes).map_err(|e| mismatch(e.to_string()))?;
-        self.restore_into_with(&saved, &contents, None)
+        let index = Self::index_store(store)?;
+        self.restore_into_with(&saved, &contents, None, index.as_ref())
     }
 
     /// Pauses the state: waits for its work, copies every run of its reserved ranges (every

@@ -68,6 +68,7 @@ impl GpuState {
                 cache_config: None,
                 peers: Vec::new(),
                 managed_sync: None,
+                precopy: None,
             });
         }
         let c = self

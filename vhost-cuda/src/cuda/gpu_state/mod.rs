@@ -20,11 +20,12 @@
 //! mappings), `pools.rs` (memory pools, stream-ordered allocations), `copies.rs` (copies and
 //! memsets), `modules.rs` (modules, functions, globals, launches), `streams.rs` (streams,
 //! events, host functions), `batch.rs` (Batch), `arrays.rs` (pitched memory, arrays, texture
-//! and surface objects), `graphs.rs` (graphs and stream capture), `vmm.rs` (virtual memory
-//! management: physical allocations, reservations, mappings), `trace.rs` (the GPU timeline
-//! recorder's op, request records and event timer). Beneath them all: `fault.rs` (why an op
-//! failed, what it answers) and `tables.rs` (what the state holds of arrays, graphs, IPC,
-//! managed memory, reserved ranges, VMM and a pause), which the op files act on.
+//! and surface objects), `graphs.rs` (graphs and stream capture), `precopy.rs` (a live
+//! migration's pre-copy rounds), `vmm.rs` (virtual memory management: physical allocations,
+//! reservations, mappings), `trace.rs` (the GPU timeline recorder's op, request records and
+//! event timer). Beneath them all: `fault.rs` (why an op failed, what it answers) and
+//! `tables.rs` (what the state holds of arrays, graphs, IPC, managed memory, reserved ranges,
+//! VMM and a pause), which the op files act on.
 
 use std::{ffi::CString, sync::Arc};
 
@@ -72,7 +73,7 @@ mod managed;
 mod memory;
 mod modules;
 mod pools;
-mod precopy_stub;
+mod precopy;
 mod saved_host_memory;
 mod streams;
 mod tables;
@@ -241,6 +242,8 @@ struct DeviceContext {
     peers: Vec<usize>,
     /// The stream and event managed memory's migrations use (managed.rs), made on first need.
     managed_sync: Option<ManagedSync>,
+    /// The pre-copy kernel, its stream and buffers (precopy.rs), loaded on first need.
+    precopy: Option<PrecopyDevice>,
 }
 
 #[derive(Debug)]
@@ -376,6 +379,8 @@ pub struct GpuState {
     /// The GPU timeline recording, once one was armed (gpu_state/trace.rs); `None` costs each
     /// request one check.
     trace: Option<Box<Tracing>>,
+    /// What pre-copy rounds sent, while a migration pre-copies (precopy.rs).
+    precopy: Option<Box<super::precopy::Tracking>>,
 }
 
 impl std::fmt::Debug for GpuState {
@@ -431,6 +436,7 @@ impl GpuState {
             vmm: VmmTables::default(),
             ipc: IpcImports::default(),
             trace: None,
+            precopy: None,
         }
     }
 

@@ -3,7 +3,8 @@
 //! memory opened from other processes (ipc.rs), managed placements (managed.rs), the reserved
 //! range of each device (memory.rs), restored host mappings waiting for guest RAM
 //! (saved_host_memory.rs), VMM objects (vmm.rs), the ranges of a paused state
-//! (checkpoint.rs), and a GPU timeline recording (trace.rs). Nothing here acts on the
+//! (checkpoint.rs), a GPU timeline recording (trace.rs), and the pre-copy kernel of a context
+//! (precopy.rs). Nothing here acts on the
 //! `GpuState`: the files named do.
 
 use std::{
@@ -22,7 +23,7 @@ use crate::{
             array::{Array, ArrayDesc, MipmappedArray, TexParams, ViewParams},
             graph::{Graph, GraphExec, GraphNode},
             vmm::{AllocProps, MemHandle},
-            CuError, DriverApi, Event, Stream,
+            CuError, DriverApi, Event, Function, Stream,
         },
         handles::{HandleCounter, HandleTable},
         host_mappings::HeldRange,
@@ -478,6 +479,18 @@ pub(super) struct Placement {
 pub(super) struct ManagedSync {
     pub(super) stream: Stream,
     pub(super) fence: Event,
+}
+
+/// The pre-copy hash kernel in one context (precopy.rs), with its non-blocking stream and two
+/// device buffers for `capacity` ranges: the ranges (ptr, len) of a launch and their sums.
+/// Its module, stream and buffers are the context's, and go with it.
+#[derive(Debug)]
+pub(super) struct PrecopyDevice {
+    pub(super) func: Function,
+    pub(super) stream: Stream,
+    pub(super) ranges: u64,
+    pub(super) sums: u64,
+    pub(super) capacity: usize,
 }
 
 /// Physical memory under a session's range, through the driver's VMM calls: one `cuMemCreate`

@@ -6,8 +6,11 @@ use std::ffi::CString;
 
 use thiserror::Error;
 
-/// The format version this build writes and reads.
-pub(crate) const VERSION: u32 = 2;
+/// The newest format version, which this build writes when a state needs it (version 3 added
+/// allocations that refer to pre-copied chunks, `TAG_ALLOCATION_CHUNKS`).
+pub(crate) const VERSION: u32 = 3;
+/// The oldest version this build reads, and writes when a state needs nothing newer.
+pub(crate) const OLDEST_VERSION: u32 = 2;
 
 /// Why bytes are not a saved state.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -16,7 +19,7 @@ pub enum DecodeError {
     #[error("not a qcuda saved state (bad magic)")]
     Magic,
     /// Written by another format version.
-    #[error("saved-state format version {0}, this build reads {VERSION}")]
+    #[error("saved-state format version {0}, this build reads {OLDEST_VERSION} to {VERSION}")]
     Version(u32),
     /// A length or count points past the end, or bytes are left over.
     #[error("saved state truncated or with trailing bytes at offset {0}")]
