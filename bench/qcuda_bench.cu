@@ -13,7 +13,12 @@
 //                                as NVIDIA's bandwidthTest measures: the copy engine's rate
 //   zerocopy_read, _write        a kernel reading/writing cudaHostAllocMapped memory, GB/s
 //   launch_sync_us ...           latencies in microseconds (bytes is the size moved, or 0);
-//                                the small synchronous calls, cudaMalloc + cudaFree
+//                                the small synchronous calls, cudaMalloc + cudaFree; in the
+//                                guest their progress lines (stderr) add qcuda.ko's phases of
+//                                the counted calls: "| qcuda.ko: W waited/call, prepare P
+//                                submit S wait T finish F us, outside O us/call"
+//                                (module_phases.cuh; scripts/bench.sh collects them in
+//                                phases.txt)
 //   first_call_us,               fresh processes (the helpers qcuda_bench_startup and
 //   session_start_us,            qcuda_bench_startup_10m beside this program, see startup.cuh):
 //   startup_us, startup_10m_us,  the first CUDA call, it and the first cudaMalloc, spawn to the
@@ -65,6 +70,8 @@
 #include <unistd.h>
 
 #include <cuda_runtime.h>
+
+#include "module_phases.cuh"
 
 extern char **environ;
 
@@ -564,15 +571,20 @@ void zerocopy_rows(const Plan &plan, size_t bytes, int grid, bool can_map)
     });
 }
 
-// Mean microseconds per call of `op` over n calls, after a few warm-up calls.
+// Mean microseconds per call of `op` over n calls, after a few warm-up calls. In the guest the
+// progress line adds where the counted calls' time went in qcuda.ko (module_phases.cuh), read
+// from fdinfo before and after the timed loop, outside it.
 template <class Op> Sample mean_us(int n, Op op)
 {
     for (int i = 0; i < std::min(n, 10); i++)
         op(i);
+    const ModulePhases before = read_module_phases();
     double t = now_seconds();
     for (int i = 0; i < n; i++)
         op(i);
-    return Sample{(now_seconds() - t) / n * 1e6, "mean of " + std::to_string(n)};
+    const double us = (now_seconds() - t) / n * 1e6;
+    const ModulePhases after = read_module_phases();
+    return Sample{us, "mean of " + std::to_string(n) + module_phases_per_call(before, after, n, us)};
 }
 
 void latency_rows(const Plan &plan)
@@ -589,13 +601,16 @@ void latency_rows(const Plan &plan)
         const int n = plan.launch_async;
         empty_kernel<<<1, 1>>>();
         NEED(cudaDeviceSynchronize());
+        const ModulePhases before = read_module_phases();
         double t = now_seconds();
         for (int i = 0; i < n; i++)
             empty_kernel<<<1, 1>>>();
         NEED(cudaGetLastError());
         NEED(cudaDeviceSynchronize());
-        return Sample{(now_seconds() - t) / n * 1e6,
-                      std::to_string(n) + " launches, then one synchronize"};
+        const double us = (now_seconds() - t) / n * 1e6;
+        const ModulePhases after = read_module_phases();
+        return Sample{us, std::to_string(n) + " launches, then one synchronize" +
+                              module_phases_per_call(before, after, n, us)};
     });
     measure("stream_sync_idle_us", 0, "us", [&] {
         Stream stream;

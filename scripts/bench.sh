@@ -25,6 +25,10 @@
 #                           the same ratios for the frontend and the guest (the table printed)
 #   native.log, frontend.log, guest.log, vm/   progress, the guest console, the daemons' and
 #                           QEMU's logs
+#   phases.txt              per guest run (one "== RUNTIME: ..." section each), the latency
+#                           rows' progress lines with where their calls' time went in qcuda.ko:
+#                           waited calls per call, prepare/submit/wait/finish us per waited
+#                           call, and the us per call outside the module (bench/module_phases.cuh)
 # --no-frontend leaves the frontend run out; --frontend-arg passes an argument to
 # bench-frontend.sh (repeatable, e.g. --frontend-arg --vms --frontend-arg 8).
 # The guest runs with --quick (a guest under TCG is slow on the CPU side), the host in full.
@@ -117,11 +121,14 @@ guest_run() { # runtime
     local rc=${PIPESTATUS[0]}
     csv_rows <"$out/guest$suffix.log" >"$out/guest$suffix.csv"
     ((rc == 0)) || { echo "bench: guest run ($what) exited $rc: $(tr -d '\r' <"$out/guest$suffix.log" | grep -E '^(FAIL|SKIP)' | tail -n 1)"; status=1; }
+    bench_phases "$1" "$what" "$out/guest$suffix.log" >>"$out/phases.txt"
+    echo "   qcuda.ko's phases ($1): $(grep -c '| qcuda\.ko: [0-9]' "$out/guest$suffix.log") rows, in phases.txt"
     if [[ $guest_env == *QCUDA_DRIVER_TRACE=count* ]]; then
         tr -d '\r' <"$out/guest$suffix.log" | grep 'qcuda-trace' >"$out/trace$suffix.txt"
         echo "   driver calls ($1): $(wc -l <"$out/trace$suffix.txt") lines in trace$suffix.txt"
     fi
 }
+rm -f "$out/phases.txt"
 for r in "${runtimes[@]}"; do guest_run "$r"; done
 cp "$out/guest-${runtimes[0]}.csv" "$out/guest.csv"
 cp "$out/guest-${runtimes[0]}.log" "$out/guest.log"

@@ -45,6 +45,15 @@ bench_host_start() { # name, bench
     nvidia-smi -L
 }
 
+# One section of bench.sh's phases.txt: a "== RUNTIME: WHAT" line, then the guest run's
+# progress lines (from its console log LOG) that carry qcuda.ko's phases of a latency row
+# (bench/module_phases.cuh), or a line saying the run printed none.
+bench_phases() { # runtime what log
+    echo "== $1: $2"
+    tr -d '\r' <"$3" | grep -E '^qcuda_bench: .* \| qcuda\.ko: ' ||
+        echo "(no latency row reported qcuda.ko's phases)"
+}
+
 # The daemon the test scripts start: $QCUDA_DAEMON if set, else the bundle's bin/vhost-cuda
 # beside the script's folder HERE, else the repo's release build.
 daemon_binary() { # here

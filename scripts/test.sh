@@ -132,6 +132,7 @@ host_commands_fail() {
 }
 step "host commands: the check fails without mmdebstrap in setup.sh, and on a command nothing installs" host_commands_fail
 step "gpu-check.sh's scheduler, table, verdicts and archive (test-double lanes and nvidia-smi)" tests/host/check-gpu-check
+step "qcuda_bench's qcuda.ko phases from fdinfo, and bench.sh's phases.txt section (samples)" tests/host/check-bench-phases
 step "gpu-check.sh without a GPU: one \"skipped: no GPU\" line per lane, exit 0" sh -c \
     'out=$(scripts/gpu-check.sh) && echo "$out" && n=$(echo "$out" | grep -c "skipped: no GPU") && test "$n" -eq "$(scripts/gpu-check.sh --list | tail -n +2 | wc -l)" && test "$n" -gt 5'
 gpu_tests() { cargo test --workspace --locked -q --test cuda_gpu --test worker_gpu -- --nocapture; }

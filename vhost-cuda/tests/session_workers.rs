@@ -14,6 +14,7 @@ mod common;
 use std::{
     fs,
     os::unix::{fs::PermissionsExt, process::ExitStatusExt},
+    sync::Arc,
     thread,
     time::{Duration, Instant},
 };
@@ -31,7 +32,9 @@ use qcuda_proto::{
     PROCESS_STATE_RUNNING, PROCESS_UNLOCK, REQUEST_HEADER_SIZE, RESP_FLAG_STICKY,
 };
 use vhost_cuda::{
-    guest_buffer::{GuestBuffer, Request},
+    cuda::CudaHost,
+    guest_buffer::{GuestBuffer, GuestRam, Request},
+    session::SessionTable,
     worker::message::{RunRequest, Span, ToWorker},
     worker::{Waited, WorkerCommand, WorkerError, WorkerProcess},
 };
@@ -912,6 +915,69 @@ fn a_session_with_a_worker_migrates_into_a_restored_worker_of_another_table() {
 
     assert_eq!(src.op(41, Op::SessionClose, &[]).status, status::SUCCESS);
     assert_eq!(dst.op(41, Op::SessionClose, &[]).status, status::SUCCESS);
+}
+
+#[test]
+fn a_worker_started_before_there_is_guest_ram_is_sent_no_table_until_there_is() {
+    // A migration's destination restores its sessions, and starts their workers, before QEMU's
+    // SET_MEM_TABLE: the worker is sent no table then (an empty one it would refuse as a bad
+    // table, with an error in the log), and the table that comes later is sent and mapped.
+    let mut w = WorkerProcess::spawn(&worker_binary("error"), 64, "workers-no-ram").unwrap();
+    w.share_memory(&Arc::new(GuestRam::new())).unwrap();
+    assert_eq!(
+        w.memory_tables_sent(),
+        0,
+        "an empty table went to the worker"
+    );
+    let mem = guest_ram();
+    w.share_memory(&mem).unwrap();
+    w.share_memory(&mem).unwrap();
+    assert_eq!(w.memory_tables_sent(), 1);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 % 251) as u8).collect();
+    mem.write_slice(&data, GuestAddress(0x10_0000)).unwrap();
+    let echo = request(
+        64,
+        Op::Echo,
+        &mem,
+        &[(0x10_0000, data.len())],
+        &[(HIGH + 0x20_0000, data.len())],
+    );
+    let r = w.execute(&echo).unwrap();
+    assert_eq!(
+        (r.status, r.rets[0]),
+        (status::SUCCESS, Checksum::of(&data))
+    );
+    let pid = w.pid();
+    assert_eq!(w.close(WAIT).code(), Some(0));
+    assert!(!is_our_child(pid));
+}
+
+#[test]
+fn a_session_restored_before_set_mem_table_serves_once_the_table_comes() {
+    use vhost_cuda::session::migration::{read_copied, write_stream};
+    let mut src = Rig::new(worker_binary("warn"), "workers-early-src");
+    let r = src.op(43, Op::Malloc, &[64]);
+    expect_gpu_op(&src, r);
+    assert!(src.table.wait_idle(WAIT));
+    let states = src.table.save_states(WAIT).unwrap();
+    let mut stream = Vec::new();
+    write_stream(&mut stream, &states).unwrap();
+
+    // The destination's table has no guest RAM yet when the session is restored into it; the
+    // rig's set_memory then plays QEMU's SET_MEM_TABLE.
+    let host = CudaHost::probe();
+    let table = SessionTable::new(host.clone(), worker_binary("warn"), "workers-early-dst");
+    table
+        .restore_states(read_copied(&mut stream.as_slice()).unwrap(), WAIT)
+        .unwrap();
+    let dst_pid = table.worker_pid(43).expect("a restored worker");
+    let mut dst = Rig::with_table(host, table, guest_ram());
+    let r = dst.op(43, Op::MemGetInfo, &[]);
+    expect_gpu_op(&dst, r);
+    assert_eq!(dst.table.worker_pid(43), Some(dst_pid));
+
+    assert_eq!(src.op(43, Op::SessionClose, &[]).status, status::SUCCESS);
+    assert_eq!(dst.op(43, Op::SessionClose, &[]).status, status::SUCCESS);
 }
 
 #[test]

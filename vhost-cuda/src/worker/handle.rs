@@ -416,6 +416,8 @@ pub struct WorkerProcess {
     mailbox: Option<Mailbox>,
     /// Frames sent over the socket so far.
     frames_sent: u64,
+    /// Memory tables sent so far ([`WorkerProcess::share_memory`]).
+    tables_sent: u64,
     /// Requests posted to the mailbox so far.
     requests_posted: u64,
     /// Answers received so far (both ways): the next one's number is this plus one.
@@ -685,6 +687,7 @@ impl WorkerProcess {
             hop_poll: cmd.hop_poll,
             mailbox: None,
             frames_sent: 0,
+            tables_sent: 0,
             requests_posted: 0,
             answers: 0,
             _quota: quota,
@@ -820,6 +823,7 @@ impl WorkerProcess {
             hop_poll: cmd.hop_poll,
             mailbox: None,
             frames_sent: 0,
+            tables_sent: 0,
             requests_posted: 0,
             answers: 0,
             _quota: quota,
@@ -900,7 +904,11 @@ impl WorkerProcess {
         self.channel.as_ref().ok_or(WorkerError::Closed)
     }
 
-    /// Gives the worker `mem`'s memory table, unless it has it already.
+    /// Gives the worker `mem`'s memory table, unless it has it already. A table with nothing
+    /// to map goes to a worker that has had none only as nothing: a migration's destination
+    /// restores its sessions (and starts their workers) before QEMU's `SET_MEM_TABLE`, and the
+    /// worker would refuse an empty table as a bad one; the table comes with `SET_MEM_TABLE`
+    /// (`SessionTable::set_memory` sends it to every session's worker).
     pub fn share_memory(&mut self, mem: &Arc<GuestRam>) -> Result<(), WorkerError> {
         if Weak::ptr_eq(&self.shared, &Arc::downgrade(mem)) {
             return Ok(());
@@ -914,11 +922,22 @@ impl WorkerProcess {
                 self.session
             );
         }
+        if regions.is_empty() && self.tables_sent == 0 {
+            // A worker that had a table is sent the empty one, which unmaps the old RAM.
+            self.shared = Arc::downgrade(mem);
+            return Ok(());
+        }
         self.channel()?
             .send_to_worker(&ToWorker::MemoryTable(regions), &fds)?;
         self.frames_sent += 1;
+        self.tables_sent += 1;
         self.shared = Arc::downgrade(mem);
         Ok(())
+    }
+
+    /// Memory tables sent to the worker so far (tests: none while there is no guest RAM).
+    pub fn memory_tables_sent(&self) -> u64 {
+        self.tables_sent
     }
 
     /// Sends a request. The worker first gets the memory map the request was checked against,
