@@ -1095,12 +1095,19 @@ impl VhostUserBackend for VhostCudaBackend {
                 let restored = match stores {
                     // A handover brought the memory itself: what was pre-copied goes unused.
                     Some(mut stores) if pieces.is_empty() => {
-                        self.sessions
-                            .restore_precopied(states, &mut stores, RESTORE_WAIT)
+                        let r = self
+                            .sessions
+                            .restore_precopied(states, &mut stores, RESTORE_WAIT);
+                        stores.release();
+                        r
                     }
-                    _ => self
-                        .sessions
-                        .restore_handed_over(states, pieces, RESTORE_WAIT),
+                    stores => {
+                        if let Some(s) = stores {
+                            s.release();
+                        }
+                        self.sessions
+                            .restore_handed_over(states, pieces, RESTORE_WAIT)
+                    }
                 };
                 restored.map(|()| {
                     self.figures.record(&self.label, "restore", bytes, started);

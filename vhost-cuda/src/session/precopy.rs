@@ -97,6 +97,10 @@ pub struct Stores {
     logs: HashMap<u64, StoreLog>,
     bytes: u64,
     limit: u64,
+    /// The files of stores taken: their pages are freed when the last descriptor closes,
+    /// which for gigabytes takes a second or more, so the stores keep one of each until they
+    /// are dropped themselves (off the downtime's path: [`Stores::release`]).
+    taken: Vec<File>,
 }
 
 #[derive(Debug)]
@@ -125,6 +129,18 @@ impl Stores {
             logs: HashMap::new(),
             bytes: 0,
             limit,
+            taken: Vec::new(),
+        }
+    }
+
+    /// Drops the stores on a thread of their own: freeing gigabytes of pre-copied chunks
+    /// must not hold up the migration's last steps (QEMU waits for `CHECK_DEVICE_STATE`).
+    pub fn release(self) {
+        let spawned = std::thread::Builder::new()
+            .name("qcuda-store-free".into())
+            .spawn(move || drop(self));
+        if let Err(e) = spawned {
+            tracing::warn!("pre-copy stores freed in place: no thread for it ({e})");
         }
     }
 
@@ -205,6 +221,7 @@ impl Stores {
         match self.logs.remove(&id) {
             Some(log) => {
                 self.bytes -= log.len;
+                self.taken.push(log.file.try_clone()?);
                 StateFile::filled(log.file, log.len).map(Some)
             }
             None => Ok(None),

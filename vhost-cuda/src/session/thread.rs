@@ -164,8 +164,10 @@ impl SessionThread {
         }) = self.restore.take()
         {
             let restored = self.restore(&mut gpu, saved, &pieces, store.as_ref());
-            // The worker mapped what it imported: the daemon's descriptors go.
+            // The worker mapped what it imported: the daemon's descriptors go. The store's last
+            // descriptor is the table's, freed off the downtime's path (`Stores::release`).
             drop(pieces);
+            drop(store);
             let ok = restored.is_ok();
             let _ = reply.send(restored);
             if !ok {
