@@ -651,11 +651,15 @@ impl VhostCudaBackend {
         self.migration().saved = Some(saved);
     }
 
-    /// The frontend is gone: stop completing chains and close every session.
+    /// The frontend is gone: stop completing chains and close every session. A destination
+    /// whose migration never finished frees what it kept of the source's pre-copy.
     pub fn disconnect(&self) {
         self.set_live(false);
         self.sessions.stop_spares();
         self.sessions.close_all(CLOSE_WAIT);
+        if let Some(stores) = self.stores.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            stores.release();
+        }
     }
 
     /// Logs a queue's layout the first time it is serviced after (re)starting; for the
@@ -1984,6 +1988,9 @@ mod tests {
             .unwrap()
             .is_empty());
         assert_eq!(dst.backend.migration_log().snapshot().role, "destination");
+        // A destination whose QEMU goes before the final state keeps nothing of the rounds.
+        dst.backend.disconnect();
+        assert!(dst.backend.stores.lock().unwrap().is_none());
     }
 
     const BOOT: [u8; 16] = [1; 16];
