@@ -95,6 +95,19 @@ awk '/^test result:/ { p += $4; f += $6 } END { printf "   cargo test: %d passed
 # Coverage-guided fuzzing, short and seeded (scripts/fuzz.sh runs the long ones).
 step "fuzz: every cargo-fuzz target, seeded, 7 s each" scripts/fuzz.sh --runs 2000000 --time 7 --seed 1 --scratch &&
     sed 's/^/   /' "$LOGS"/fuzz_*.log | grep '^   fuzz '
+# The targets' own entry points (vhost-cuda's feature `fuzzing`) over their seeds and every
+# flipped byte of them, as unit tests; the plain `cargo test` above builds without the feature.
+# A filter that matches nothing passes: the step wants every seed test to have run.
+fuzz_seeds() {
+    local out
+    out=$(cargo test --release --locked -p vhost-cuda --features fuzzing --lib fuzz_seed 2>&1)
+    local rc=$?
+    echo "$out"
+    ((rc == 0)) || return "$rc"
+    echo "$out" | grep -qE '^test result: ok\. ([3-9]|[1-9][0-9]+) passed' ||
+        { echo "fewer than 3 fuzz-seed tests ran" >&2; return 1; }
+}
+step "fuzz targets' seeds and their mutations as unit tests (feature fuzzing)" fuzz_seeds
 step "systemd units pass systemd-analyze verify (deploy/systemd)" scripts/check-systemd-units.sh
 step "libvirt domain XML passes virt-xml-validate (deploy/libvirt)" virt-xml-validate deploy/libvirt/qcuda-vm.xml domain
 step "docs: README and docs/ speak of the product (no words about how it was built)" scripts/check-doc-words.sh

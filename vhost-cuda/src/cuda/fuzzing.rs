@@ -26,6 +26,22 @@ fn restoring() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The fake driver (2 GPUs) and a host over it, with the default tuning, that a restore below
+/// goes into.
+fn restore_host() -> (Arc<FakeDriver>, Arc<CudaHost>) {
+    let driver = Arc::new(FakeDriver::new(2).with_ram_budget(FUZZ_RAM_BUDGET));
+    let host = CudaHost::from_driver(driver.clone(), 13000, None, Tuning::default())
+        .expect("fake driver host");
+    (driver, Arc::new(host))
+}
+
+/// Whatever a restore did, once its state is dropped nothing stays on the fake device.
+fn assert_nothing_left(driver: &FakeDriver) {
+    assert_eq!(driver.live_contexts(), 0);
+    assert_eq!(driver.vmm_ranges(), (0, 0));
+    assert_eq!(driver.registered(), 0);
+}
+
 /// A host over the fake driver with `gpus` GPUs and tiny staging, so that small buffers take
 /// every copy path.
 pub fn fake_host(gpus: i32) -> Arc<CudaHost> {
@@ -65,15 +81,9 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
     let _one_at_a_time = restoring();
     // As a worker does before its driver starts: managed memory is placed in the window.
     super::reserve_window();
-    let driver = Arc::new(FakeDriver::new(2).with_ram_budget(FUZZ_RAM_BUDGET));
-    let host = Arc::new(
-        CudaHost::from_driver(driver.clone(), 13000, None, Tuning::default())
-            .expect("fake driver host"),
-    );
+    let (driver, host) = restore_host();
     let restored = GpuState::restore(&host, state.session, bytes).is_ok();
-    assert_eq!(driver.live_contexts(), 0);
-    assert_eq!(driver.vmm_ranges(), (0, 0));
-    assert_eq!(driver.registered(), 0);
+    assert_nothing_left(&driver);
     // Decoded in place (a worker's restore from its mapped file): the same state, the
     // allocations' bytes where they lie.
     let (mut borrowed, contents) = SavedState::decode_borrowed(bytes).expect("it decoded");
@@ -94,9 +104,7 @@ pub fn restore_saved_state(bytes: &[u8]) -> bool {
         let mut fresh = GpuState::open(&host, state.session);
         let _ = fresh.restore_saved(bytes);
     }
-    assert_eq!(driver.live_contexts(), 0);
-    assert_eq!(driver.vmm_ranges(), (0, 0));
-    assert_eq!(driver.registered(), 0);
+    assert_nothing_left(&driver);
     restored
 }
 
@@ -133,18 +141,12 @@ pub fn restore_with_store(data: &[u8]) -> bool {
     };
     let _one_at_a_time = restoring();
     super::reserve_window();
-    let driver = Arc::new(FakeDriver::new(2).with_ram_budget(FUZZ_RAM_BUDGET));
-    let host = Arc::new(
-        CudaHost::from_driver(driver.clone(), 13000, None, Tuning::default())
-            .expect("fake driver host"),
-    );
+    let (driver, host) = restore_host();
     let restored = {
         let mut fresh = GpuState::open(&host, saved.session);
         fresh.restore_saved_with_store(state, Some(store)).is_ok()
     };
-    assert_eq!(driver.live_contexts(), 0);
-    assert_eq!(driver.vmm_ranges(), (0, 0));
-    assert_eq!(driver.registered(), 0);
+    assert_nothing_left(&driver);
     restored
 }
 
