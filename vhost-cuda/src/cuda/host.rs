@@ -432,7 +432,7 @@ mod test_double {
         }
         warn!(
             "{VAR}=1: the fake CUDA driver (a test double) serves this process, not libcuda; \
-             device memory lives in host memory and kernels do not run"
+             device memory lives in host memory and the guest's kernels do not run"
         );
         let driver = Arc::new(FakeDriver::new(1).without_activity());
         Some(CudaHost::from_driver(
