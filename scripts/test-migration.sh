@@ -31,6 +31,16 @@
 #     state cannot hold: the migration must then fail and the
 #     program go on at the source, unharmed, with the same checksum.
 #     Without a GPU the program prints SKIP and so does this script ("skipped: no GPU").
+#   --program precopy-fake (no GPU needed): the pre-copy of device memory through QEMU without
+#     a GPU. Both daemons are the test-double build (cargo's feature test-double-driver, in
+#     build/test-double-daemon; QCUDA_DAEMON names another) run with QCUDA_TEST_DOUBLE_DRIVER=1,
+#     so their workers serve the guest with the fake CUDA driver (device memory in host memory,
+#     no kernels). tests/cuda/precopy_memcpy (a working set of --working-set-mib MiB, default
+#     256, written and read back with copies only; --rewrite 1 rewrites a 64th of it every
+#     iteration) runs twice, uninterrupted and migrated mid-loop, as the checkpoint program does;
+#     the checksums must be equal, and the checks of the pre-copy below apply, with more: at
+#     least two rounds, the whole working set pre-copied, an unchanged set in at most an eighth
+#     of the stop, a rewritten one sent again. A guest that finds no device fails.
 #   --program torch (a GPU and PyTorch): tests/torch/train_check.py (a small conv net, cuDNN and
 #     cuBLAS, a fixed seed, deterministic algorithms) trains --steps steps twice in one guest on
 #     the host's own PyTorch (a read-only virtiofs share of /, chrooted, qcuda's libraries in
@@ -47,11 +57,11 @@
 # RAM) and the daemons' lines about the sessions' state: each stop phase's bytes, seconds and
 # GiB/s (source: save, send; destination: receive, restore), as `vhost-cuda --stats` keeps them. Works from the repo and from an unpacked bundle, like run-vm.sh. Exit 0 when it held.
 #
-#   scripts/test-migration.sh [--program transport|checkpoint|torch] [--window S] [--iterations N]
+#   scripts/test-migration.sh [--program transport|checkpoint|precopy-fake|torch] [--window S] [--iterations N]
 #       [--working-set-mib M] [--rewrite 0|1] [--journal 0|1] [--graph 0|1] [--managed 0|1] [--live-async 0|1] [--target-gpu N]
 #       [--steps N] [--python PATH] [--mem SIZE] [--spare-workers N] [--downtime-limit-ms MS]
 #       [--max-bandwidth B] [--device-precopy on|off] [--path auto|copy] [--precopy-passes N]
-#       [--log-dir DIR]
+#       [--precopy-round-mib N] [--unpaced-mibps R] [--log-dir DIR]
 #
 # --spare-workers: both daemons keep N workers started ahead (default 1, as docs/operators.md
 #   advises for a migration's destination: the restore takes one, its context made already).
@@ -65,11 +75,16 @@
 # --path copy: the source's daemon offers no same-host handover (--handover-wait-ms 0), so the
 #   device memory travels as data, as it does to another host; auto (default): the handover
 #   where the destination can claim it. --precopy-passes: the source daemon's passes over device
-#   memory while the VM runs (its --precopy-passes; default its own, 2; 0: no pre-copy). With the
-#   checkpoint program and a pre-copy, the script prints the rounds, the bytes pre-copied and
-#   the stop's bytes of device memory, and fails if the pre-copy ran faster than
-#   --max-bandwidth allows (QEMU's rate limit paces the rounds) or, with a working set that does
-#   not change (--rewrite 0) on the copy path, if the stop still carried most of it.
+#   memory while the VM runs (its --precopy-passes; default its own, 2; 0: no pre-copy);
+#   --precopy-round-mib: its rounds' most bytes (its --precopy-round-mib; default its own, 64).
+#   With the checkpoint or precopy-fake program and a pre-copy, the script prints the rounds,
+#   the bytes pre-copied and the stop's bytes of device memory, and fails if the pre-copy ran
+#   faster than --max-bandwidth allows (QEMU's rate limit paces the rounds; a tenth of slack)
+#   or, with a working set that does not change (--rewrite 0) on the copy path, if the stop
+#   still carried most of it (precopy-fake: more than an eighth). --unpaced-mibps R
+#   (the "pre-copy rate" over its span of the same pre-copy under a high --max-bandwidth, from
+#   another run) also fails unless R is at least one and a half times --max-bandwidth: the
+#   limit must have held something back for the rate check to mean anything.
 #
 # --window: how long the transport program's guest waits to arrive at the destination.
 # --steps, --python: the torch program's training steps (default 50) and the host's Python with
@@ -77,9 +92,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [[ -x $here/bin/vhost-cuda ]]; then DAEMON=$here/bin/vhost-cuda; else DAEMON=$here/../target/release/vhost-cuda; fi
-DAEMON=${QCUDA_DAEMON:-$DAEMON}
-program=transport window=900 iterations=10000 working_mib=0 rewrite=0 graph=1 managed=1 live_async=0 journal=1 target_gpu="" mem="" log_dir="" spare_workers=1 downtime_limit_ms=50 max_bandwidth=8G
-device_precopy=on path=auto precopy_passes="" steps=50 python=${PYTHON:-$(command -v python3 || true)}
+program=transport window=900 iterations=10000 working_mib="" rewrite=0 graph=1 managed=1 live_async=0 journal=1 target_gpu="" mem="" log_dir="" spare_workers=1 downtime_limit_ms=50 max_bandwidth=8G
+device_precopy=on path=auto precopy_passes="" precopy_round_mib="" unpaced_mibps="" steps=50 python=${PYTHON:-$(command -v python3 || true)}
 while (($#)); do
     case $1 in
     --program) program=$2; shift 2 ;;
@@ -102,11 +116,26 @@ while (($#)); do
     --device-precopy) device_precopy=$2; shift 2 ;;
     --path) path=$2; shift 2 ;;
     --precopy-passes) precopy_passes=$2; shift 2 ;;
+    --precopy-round-mib) precopy_round_mib=$2; shift 2 ;;
+    --unpaced-mibps) unpaced_mibps=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "test-migration.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-[[ $program == transport || $program == checkpoint || $program == torch ]] || { echo "test-migration.sh: --program transport|checkpoint|torch" >&2; exit 2; }
+[[ $program == transport || $program == checkpoint || $program == precopy-fake || $program == torch ]] ||
+    { echo "test-migration.sh: --program transport|checkpoint|precopy-fake|torch" >&2; exit 2; }
+# The programs whose device memory a pre-copy moves.
+device_program=0
+[[ $program == checkpoint || $program == precopy-fake ]] && device_program=1
+if [[ $program == precopy-fake ]]; then
+    # Only the repository builds the test double; the bundle never carries it.
+    DAEMON=$here/../build/test-double-daemon/release/vhost-cuda
+    working_mib=${working_mib:-256}
+    # What makes the test-double build's daemons and workers take the fake driver.
+    export QCUDA_TEST_DOUBLE_DRIVER=1
+fi
+DAEMON=${QCUDA_DAEMON:-$DAEMON}
+working_mib=${working_mib:-0}
 [[ $device_precopy == on || $device_precopy == off ]] || { echo "test-migration.sh: --device-precopy on|off" >&2; exit 2; }
 [[ $path == auto || $path == copy ]] || { echo "test-migration.sh: --path auto|copy" >&2; exit 2; }
 # shellcheck source=scripts/gpu-host.sh
@@ -138,7 +167,14 @@ start_daemon() { # name, extra args...
     pids+=("$pid")
     started=$pid
     for _ in $(seq 200); do
-        grep -q 'waiting for a frontend' "$log_dir/daemon-$name.log" 2>/dev/null && [[ -S $sock ]] && return 0
+        if grep -q 'waiting for a frontend' "$log_dir/daemon-$name.log" 2>/dev/null && [[ -S $sock ]]; then
+            # A daemon without the test double would serve the guest no device at all.
+            if [[ $program == precopy-fake ]] && ! grep -q 'the fake CUDA driver (a test double) serves' "$log_dir/daemon-$name.log"; then
+                say "vhost-cuda ($name) is not the test-double build ($DAEMON: cargo build --release -p vhost-cuda --features test-double-driver --target-dir build/test-double-daemon)"
+                return 1
+            fi
+            return 0
+        fi
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.05
     done
@@ -183,6 +219,16 @@ if [[ $program == transport ]]; then
 elif [[ $program == checkpoint ]]; then
     prog=/opt/qcuda/tests/checkpoint_linked_list
     guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 2000 $working_mib $graph $managed $live_async $rewrite $journal; echo EXIT \$?; done"
+    ready='^\(CHECKPOINT ready\|SKIP\)'
+elif [[ $program == precopy-fake ]]; then
+    # Its loop sleeps 20 ms an iteration: a TCG guest that keeps the host's cores busy would
+    # slow the daemons' rounds, and the rate limit would then have nothing to hold back.
+    prog=/opt/qcuda/tests/precopy_memcpy
+    # The program as this tree builds it (scripts/build-cuda-tests.sh), over the payload's.
+    precopy_bin=$here/../build/cuda-tests/precopy_memcpy
+    [[ -x $precopy_bin ]] || { say "no $precopy_bin (scripts/build-cuda-tests.sh precopy_memcpy)"; exit 1; }
+    vm_opts+=(--add "$precopy_bin:$prog")
+    guest_cmd="insmod /lib/modules/qcuda.ko; for run in plain migrated; do echo RUN \$run; $prog $iterations 20000 $working_mib $rewrite; echo EXIT \$?; done"
     ready='^\(CHECKPOINT ready\|SKIP\)'
 else
     # The steps are slowed so that the migration ends mid-run: on an H200 host a step took
@@ -267,6 +313,7 @@ src_running() { [[ $(hmp "$log_dir/monitor-src.sock" "info status") == *running*
 src_args=()
 [[ $path == copy ]] && src_args+=(--handover-wait-ms 0)
 [[ -z $precopy_passes ]] || src_args+=(--precopy-passes "$precopy_passes")
+[[ -z $precopy_round_mib ]] || src_args+=(--precopy-round-mib "$precopy_round_mib")
 start_daemon src "${src_args[@]}"
 dst_args=()
 [[ -z $target_gpu ]] || dst_args=(--gpu "$target_gpu")
@@ -279,7 +326,7 @@ if ! wait_line "$log_dir/guest-src.log" "$ready" 1 900 "$src_vm"; then
 fi
 if grep -q '^SKIP' "$log_dir/guest-src.log"; then
     # The torch program has found a GPU on the host already: a guest without one is a failure.
-    if [[ $program == torch ]]; then
+    if [[ $program == torch || $program == precopy-fake ]]; then
         say "FAILED: the guest found no CUDA device: $(grep -m1 '^SKIP' "$log_dir/guest-src.log")"
         exit 1
     fi
@@ -347,7 +394,7 @@ start_daemon dst "${dst_args[@]}"
 start_vm dst "$log_dir/dst.sock" --qemu-arg -incoming --qemu-arg defer
 dst_vm=$started
 listen_incoming dst "$log_dir/incoming-dst.sock" "$dst_vm" || { say "FAILED: the destination never listened"; exit 1; }
-if [[ $program == checkpoint ]]; then
+if ((device_program)); then
     wait_line "$log_dir/guest-src.log" '^CHECKPOINT ready' 2 900 "$src_vm" || { say "FAILED: the second run never got ready"; exit 1; }
     sleep 1
 elif [[ $program == torch ]]; then
@@ -385,26 +432,66 @@ precopied=$(precopy_lines "$log_dir/daemon-src.log" | sed -n 's/.* total_bytes=\
 precopy_s=$(precopy_lines "$log_dir/daemon-src.log" | sed -n 's/.* secs=\([0-9.]*\).*/\1/p' | awk '{ s += $1 } END { printf "%.3f", s }')
 # (awk, not head: under pipefail a head that stops reading early fails the pipe with SIGPIPE.)
 first=$(precopy_lines "$log_dir/daemon-src.log" | awk 'NR == 1 { print substr($0, 1, 26) }')
+first_s=$(precopy_lines "$log_dir/daemon-src.log" | sed -n 's/.* secs=\([0-9.]*\).*/\1/p' | awk 'NR == 1')
 last=$(precopy_lines "$log_dir/daemon-src.log" | awk '{ l = substr($0, 1, 26) } END { print l }')
 # The copy path's whole states (mode Full), saved in the stop.
 stop_bytes=$(awk '/dirty logging on/ { s = 0 } /GPU state saved for migration.*mode=Full/ && match($0, / bytes=[0-9]+/) { s += substr($0, RSTART + 7, RLENGTH - 7) } END { print s + 0 }' "$log_dir/daemon-src.log")
 if ((rounds > 0)); then
-    span=$(python3 -c 'import sys, datetime as d; f = lambda t: d.datetime.fromisoformat(t.rstrip("Z")); print("%.3f" % (f(sys.argv[2]) - f(sys.argv[1])).total_seconds())' "$first" "$last" 2>/dev/null || echo 0)
+    # From the first round's start (its line is logged at its end) to the last round's end.
+    span=$(python3 -c 'import sys, datetime as d; f = lambda t: d.datetime.fromisoformat(t.rstrip("Z")); print("%.3f" % ((f(sys.argv[2]) - f(sys.argv[1])).total_seconds() + float(sys.argv[3])))' "$first" "$last" "${first_s:-0}" 2>/dev/null || echo 0)
     say "pre-copy: $rounds round(s), $((${precopied:-0} >> 20)) MiB of device memory while the VM ran, over ${span} s (${precopy_s} s in the rounds themselves); the stop's saved states: $((stop_bytes >> 20)) MiB"
+    limit=$(numfmt --from=iec "${max_bandwidth}" 2>/dev/null || echo 0)
+    rates=$(python3 -c 'import sys; b, s, r = map(float, sys.argv[1:]); print("%.1f %.1f" % (b / max(s, 1e-3) / 2**20, b / max(r, 1e-3) / 2**20))' "${precopied:-0}" "$span" "$precopy_s")
+    say "pre-copy rate: ${rates% *} MiB/s over its span, ${rates#* } MiB/s in the rounds themselves; --max-bandwidth $max_bandwidth ($((limit >> 20)) MiB/s)"
     # QEMU's max-bandwidth paces the rounds: the bytes cannot have gone faster than it (a tenth
     # of slack for the first round, which goes out before QEMU's first rate window closes).
-    if [[ $program == checkpoint ]] && ((${precopied:-0} > (256 << 20))); then
-        limit=$(numfmt --from=iec "${max_bandwidth}" 2>/dev/null || echo 0)
-        if ((limit > 0)) && python3 -c 'import sys; b, s, l = map(float, sys.argv[1:]); sys.exit(0 if b / max(s, 1e-3) > 1.1 * l else 1)' "$precopied" "$span" "$limit"; then
+    # Over the fake driver it applies to any pre-copy of more than a second at the limit.
+    rate_checked=0
+    [[ $program == checkpoint ]] && ((${precopied:-0} > (256 << 20))) && rate_checked=1
+    [[ $program == precopy-fake ]] && ((${precopied:-0} > limit)) && rate_checked=1
+    if ((limit > 0 && rate_checked)); then
+        if python3 -c 'import sys; b, s, l = map(float, sys.argv[1:]); sys.exit(0 if b / max(s, 1e-3) > 1.1 * l else 1)' "$precopied" "$span" "$limit"; then
             say "FAILED: the pre-copy moved $precopied bytes in $span s, faster than --max-bandwidth $max_bandwidth"
             rc=1
         fi
     fi
-    if [[ $program == checkpoint && $taken == copy && $rewrite == 0 ]] && ((working_mib > 0 && stop_bytes > (working_mib << 19))); then
+    # --unpaced-mibps: the rate over its span of the same pre-copy without a limit (another
+    # run's "pre-copy rate" line): the check above only means something if that is well above
+    # the limit, which must then have held the rounds back.
+    if [[ -n $unpaced_mibps ]] && ! python3 -c 'import sys; u, l = map(float, sys.argv[1:]); sys.exit(0 if l > 0 and u >= 1.5 * l / 2**20 else 1)' "$unpaced_mibps" "$limit"; then
+        say "FAILED: unpaced, the pre-copy went at $unpaced_mibps MiB/s, not well above --max-bandwidth $max_bandwidth: the limit holds nothing back, and the rate check says nothing"
+        rc=1
+    fi
+    # Of a set that does not change, at most half may go in the stop (the fake driver's
+    # program: an eighth, the chunks the pre-copy had not reached yet when QEMU stopped).
+    unchanged_max=$((working_mib << 19))
+    [[ $program == precopy-fake ]] && unchanged_max=$((working_mib << 17))
+    if [[ $taken == copy && $rewrite == 0 ]] && ((device_program && working_mib > 0 && stop_bytes > unchanged_max)); then
         say "FAILED: the working set does not change, yet the stop carried $((stop_bytes >> 20)) MiB of its $working_mib MiB"
         rc=1
     fi
-elif [[ $device_precopy == on && ${precopy_passes:-2} != 0 && $program == checkpoint && $live_async == 0 ]]; then
+    if [[ $program == precopy-fake ]]; then
+        # The fake driver's program: at least two rounds while the VM ran; every byte of the
+        # working set pre-copied; a set rewritten a 64th an iteration sent again (a 16th of it
+        # at least), in a later pass or in the stop.
+        if ((rounds < 2)); then
+            say "FAILED: $rounds pre-copy round(s) while the VM ran, not at least 2"
+            rc=1
+        fi
+        if ((${precopied:-0} < (working_mib << 20))); then
+            say "FAILED: the pre-copy sent $((${precopied:-0} >> 20)) MiB, less than the $working_mib MiB working set"
+            rc=1
+        fi
+        if [[ $rewrite != 0 ]]; then
+            again=$((${precopied:-0} + stop_bytes - (working_mib << 20)))
+            say "sent again (rewritten since it was first sent): $((again >> 20)) MiB"
+            if ((again < (working_mib << 16))); then
+                say "FAILED: a 64th of the working set is rewritten every iteration, yet only $((again >> 20)) MiB of it went again (pre-copy $((${precopied:-0} >> 20)) MiB, stop $((stop_bytes >> 20)) MiB)"
+                rc=1
+            fi
+        fi
+    fi
+elif [[ $device_precopy == on && ${precopy_passes:-2} != 0 && $live_async == 0 ]] && ((device_program)); then
     say "FAILED: no pre-copy round reached the source's daemon"
     rc=1
 fi

@@ -13,9 +13,10 @@
 #    GPU they must report "no device" cleanly); host directories shared over virtiofs (read-only,
 #    writable, and a chroot into the host's root); two VMs on one daemon, each qcuda-smi listing
 #    only its own processes and the host's stats the same per VM
-# 4. the daemon's bad-input handling, a daemon restart under a running guest, 1000 guest CUDA
-#    programs killed at random points (GPU only), and the relocatable bundle booting from a
-#    fresh folder
+# 4. the daemon's bad-input handling, a daemon restart under a running guest, live migration
+#    (and the pre-copy of device memory through QEMU over the fake driver, in a daemon built
+#    with that test double, which the shipped binary must lack), 1000 guest CUDA programs
+#    killed at random points (GPU only), and the relocatable bundle booting from a fresh folder
 # 5. operators: the systemd units pass `systemd-analyze verify` and the libvirt domain XML
 #    `virt-xml-validate` (with the static checks); a guest served by a daemon that systemd's
 #    socket activation started; libvirt boots the domain with our device and a CUDA program
@@ -467,6 +468,43 @@ migration() {
     return $rc
 }
 step "live migration: two QEMUs and daemons; a failed one leaves the source running, sessions move" migration 3>&1
+# The pre-copy of device memory through QEMU (patch 0006's section vhost-user-cuda-precopy)
+# without a GPU: the daemons are a build of their own with the fake CUDA driver, a test double
+# (feature test-double-driver, in build/test-double-daemon; QCUDA_TEST_DOUBLE_DRIVER=1 picks
+# it), which the shipped binary must not contain. tests/cuda/precopy_memcpy's 256 MiB working
+# set is migrated mid-loop twice: rewritten every iteration without a limit (the changed chunks
+# go again; its rate is the one unpaced), then unchanged under max-bandwidth 32M (the stop
+# carries none of it; the rounds keep to the limit, which must have held them back).
+precopy_double_build() {
+    cargo build --release --locked -p vhost-cuda --features test-double-driver --target-dir build/test-double-daemon
+}
+step "build the test-double daemon (vhost-cuda --features test-double-driver, build/test-double-daemon)" precopy_double_build
+shipped_lacks_double() {
+    grep -q QCUDA_TEST_DOUBLE_DRIVER build/test-double-daemon/release/vhost-cuda &&
+        ! grep -q QCUDA_TEST_DOUBLE_DRIVER target/release/vhost-cuda
+}
+step "the shipped vhost-cuda has no test double (target/release/vhost-cuda lacks QCUDA_TEST_DOUBLE_DRIVER)" shipped_lacks_double
+precopy_fake() { # name, test-migration.sh arguments...
+    local out name=$1
+    shift
+    out=$(scripts/test-migration.sh --program precopy-fake --path copy --log-dir "$LOGS/$name" "$@" 2>&1)
+    local rc=$?
+    echo "$out"
+    echo "$out" | grep -E '^\[test-migration\] (ok|FAILED|migration:|pre-copy|sent again|iteration rate)|^  (total time|downtime):' |
+        sed 's/^\[test-migration\] /   /' >&3
+    echo "$out" | sed -n 's/^\[test-migration\] pre-copy rate: \([0-9.]*\) MiB\/s over its span.*/\1/p' >"$LOGS/$name.mibps"
+    return $rc
+}
+step "pre-copy over the fake driver, a set rewritten every iteration: the changed chunks go again, the same checksum" \
+    precopy_fake precopy-rewrite --rewrite 1 --iterations 500 3>&1
+precopy_paced() {
+    local unpaced
+    unpaced=$(cat "$LOGS/precopy-rewrite.mibps" 2>/dev/null)
+    [[ -n $unpaced ]] || { echo "no unpaced pre-copy rate from the rewrite step"; return 1; }
+    precopy_fake precopy-paced --max-bandwidth 32M --iterations 1500 --unpaced-mibps "$unpaced"
+}
+step "pre-copy over the fake driver under max-bandwidth 32M, a set unchanged: the stop carries none of it, the rounds keep to the limit" \
+    precopy_paced 3>&1
 # 1000 guest CUDA programs killed at random points, over 4 VMs (issue 11, point 6); needs the
 # GPU. (load-test.sh load, the 5-minute 32 x 8 load test, runs from the bundle: docs/testing.md.)
 kills() { scripts/load-test.sh kills --count 1000 --vms 4 --log-dir "$LOGS/kills"; }

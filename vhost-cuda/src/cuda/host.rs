@@ -179,6 +179,10 @@ impl CudaHost {
     /// a host without a usable driver still gets a GPU-less `CudaHost`, so a daemon started
     /// with `--gpu` on such a host answers "no device" rather than refusing to start.
     pub fn with_gpu_filter(gpu: Option<u32>) -> Result<Arc<CudaHost>, HostError> {
+        #[cfg(feature = "test-double-driver")]
+        if let Some(host) = test_double::host(gpu) {
+            return host.map(Arc::new);
+        }
         Self::from_load(load_driver(), gpu).map(Arc::new)
     }
 
@@ -399,6 +403,44 @@ impl CudaHost {
             trace_mode: OnceLock::new(),
             warm: Mutex::new(Vec::new()),
         })
+    }
+}
+
+/// The fake CUDA driver as this process's driver, for the pre-copy test without a GPU
+/// (scripts/test.sh, scripts/test-migration.sh `--program precopy-fake`): only in a daemon
+/// built with the feature `test-double-driver`, and only where `QCUDA_TEST_DOUBLE_DRIVER=1` is
+/// set (the daemon's workers inherit it). Its one device keeps its memory in host memory and
+/// reports the fake's size for it, to the guest and to the pre-copy's stores alike.
+#[cfg(feature = "test-double-driver")]
+mod test_double {
+    use std::sync::Arc;
+
+    use tracing::warn;
+
+    use super::{CudaHost, HostError, Tuning};
+    use crate::cuda::driver::fake::FakeDriver;
+
+    /// The environment variable that chooses the test double.
+    const VAR: &str = "QCUDA_TEST_DOUBLE_DRIVER";
+    /// What `cuDriverGetVersion` would say (CUDA 13.0).
+    const VERSION: u32 = 13000;
+
+    /// A host over the test double, if the environment asks for it.
+    pub(super) fn host(gpu: Option<u32>) -> Option<Result<CudaHost, HostError>> {
+        if std::env::var_os(VAR).is_none_or(|v| v != "1") {
+            return None;
+        }
+        warn!(
+            "{VAR}=1: the fake CUDA driver (a test double) serves this process, not libcuda; \
+             device memory lives in host memory and the guest's kernels do not run"
+        );
+        let driver = Arc::new(FakeDriver::new(1).without_activity());
+        Some(CudaHost::from_driver(
+            driver,
+            VERSION,
+            gpu,
+            Tuning::default(),
+        ))
     }
 }
 

@@ -66,11 +66,12 @@ pub(crate) mod tensor_maps;
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod vmm;
 
-// The test double also serves the fuzz targets (fuzz/, feature `fuzzing`), never the binary.
-#[cfg(any(test, feature = "fuzzing"))]
+// The test double also serves the fuzz targets (fuzz/, feature `fuzzing`) and the daemon built
+// for the pre-copy test without a GPU (feature `test-double-driver`), never the binary that ships.
+#[cfg(any(test, feature = "fuzzing", feature = "test-double-driver"))]
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) mod fake;
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(any(test, feature = "fuzzing", feature = "test-double-driver"))]
 #[cfg_attr(not(test), allow(dead_code))]
 mod fake_graphs;
 
