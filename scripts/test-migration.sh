@@ -79,7 +79,7 @@
 #   --precopy-round-mib: its rounds' most bytes (its --precopy-round-mib; default its own, 64).
 #   With the checkpoint or precopy-fake program and a pre-copy, the script prints the rounds,
 #   the bytes pre-copied and the stop's bytes of device memory, and fails if the pre-copy ran
-#   faster than --max-bandwidth allows (QEMU's rate limit paces the rounds; a tenth of slack)
+#   faster than --max-bandwidth allows (patch 0006 paces each round to it; a tenth of slack)
 #   or, with a working set that does not change (--rewrite 0) on the copy path, if the stop
 #   still carried most of it (precopy-fake: more than an eighth). --unpaced-mibps R
 #   (the "pre-copy rate" over its span of the same pre-copy under a high --max-bandwidth, from

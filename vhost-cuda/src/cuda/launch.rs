@@ -186,6 +186,7 @@ impl DriverLaunchAttr {
         })
     }
 
+    /// The 32-bit value at `index` (scalars: 0; cluster dimensions: 0..3).
     #[cfg(any(test, feature = "fuzzing", feature = "test-double-driver"))]
     pub(crate) fn scalar(&self, index: usize) -> u32 {
         let b = &self.value[4 * index..4 * index + 4];

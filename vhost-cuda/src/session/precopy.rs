@@ -7,11 +7,11 @@
 //! that changed since it last sent it (`cuda/precopy.rs`, at most the round's budget), and
 //! this module frames them. QEMU reads the round's first 16 bytes (the magic and `pending`,
 //! the bytes the daemon still has to pre-copy, for QEMU's convergence decision) and relays
-//! the whole round; QEMU's `max-bandwidth` paces the rounds. On the destination QEMU writes
-//! each round into a state transfer of direction load, before the final state: the daemon
-//! checks each log's framing and appends it to its session's [`Stores`]; the final state's
-//! restore hands each session its store, from which the worker takes every chunk the last
-//! stop did not send again.
+//! the whole round, keeping it to QEMU's `max-bandwidth` as it goes. On the destination QEMU
+//! writes each round into a state transfer of direction load, before the final state: the
+//! daemon checks each log's framing and appends it to its session's [`Stores`]; the final
+//! state's restore hands each session its store, from which the worker takes every chunk the
+//! last stop did not send again.
 //!
 //! The layout and its checked reader are `cuda/precopy.rs`'s (the magic [`MAGIC`], `pending`,
 //! the version, then per session its id and chunk log), one definition for the worker that
