@@ -443,8 +443,8 @@ if ((rounds > 0)); then
     limit=$(numfmt --from=iec "${max_bandwidth}" 2>/dev/null || echo 0)
     rates=$(python3 -c 'import sys; b, s, r = map(float, sys.argv[1:]); print("%.1f %.1f" % (b / max(s, 1e-3) / 2**20, b / max(r, 1e-3) / 2**20))' "${precopied:-0}" "$span" "$precopy_s")
     say "pre-copy rate: ${rates% *} MiB/s over its span, ${rates#* } MiB/s in the rounds themselves; --max-bandwidth $max_bandwidth ($((limit >> 20)) MiB/s)"
-    # QEMU's max-bandwidth paces the rounds: the bytes cannot have gone faster than it (a tenth
-    # of slack for the first round, which goes out before QEMU's first rate window closes).
+    # Patch 0006 keeps each round to QEMU's max-bandwidth: the bytes cannot have gone faster
+    # than it (a tenth of slack for the clocks: the span comes from the daemon's log lines).
     # Over the fake driver it applies to any pre-copy of more than a second at the limit.
     rate_checked=0
     [[ $program == checkpoint ]] && ((${precopied:-0} > (256 << 20))) && rate_checked=1
